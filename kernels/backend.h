@@ -1,0 +1,175 @@
+/* backend.h - the table of operations the model computes with.
+ *
+ * The model (model/gpt.c) never calls BLAS, OpenMP or CUDA directly: every layer's forward
+ * and backward goes through a kb_backend, which holds a table of function pointers (kb_ops)
+ * and the backend's private state. The CPU backend (kernels/cpu/) is the reference; the
+ * CUDA backend (kernels/cuda/, a later issue) provides the same table over device memory.
+ *
+ * Conventions for every operation:
+ *  - Row-major tensors. N = B*T rows (tokens) unless said otherwise; C = hidden size.
+ *  - Weights of linear layers are stored as PyTorch stores them: W[OC, IC], y = x W^T + b.
+ *  - Backward operations ACCUMULATE (+=) into parameter gradients (dW, db, dwte, ...) and
+ *    into activation gradients named d* unless the comment says "overwrites".
+ *  - All operations are deterministic: the same inputs and thread count give the same bits
+ *    (reductions use a fixed partition, no atomics).
+ *  - Dropout and any other randomness comes from a counter-based generator keyed by
+ *    (seed, offset, element index), so backward regenerates the same mask and a step can be
+ *    replayed exactly.
+ *  - Pointers named *16 are bfloat16 (uint16_t) copies used only by matrix products in
+ *    bf16 mode; they may be NULL when the backend runs in fp32.
+ */
+#ifndef COHORT_KERNELS_BACKEND_H
+#define COHORT_KERNELS_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef uint16_t kb_bf16;
+
+typedef enum { KB_DEVICE_CPU = 0, KB_DEVICE_CUDA = 1 } kb_device;
+
+typedef struct kb_options {
+    kb_device device;
+    int threads;      /* CPU threads; <= 0 means all online cores */
+    bool bf16;        /* matrix products take bf16 inputs, accumulate and output fp32 */
+} kb_options;
+
+typedef struct kb_backend kb_backend;
+
+typedef struct kb_ops {
+    /* ---- memory ---- */
+    /* Allocates n bytes (64-byte aligned, zeroed). NULL on failure. */
+    void *(*alloc)(kb_backend *b, size_t nbytes);
+    void (*free)(kb_backend *b, void *p);
+    /* x[0..n) = 0 */
+    void (*zero)(kb_backend *b, float *x, size_t n);
+    /* dst16[i] = round-to-nearest-even bf16(src[i]) */
+    void (*to_bf16)(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n);
+
+    /* ---- matrix products ---- */
+    /* out[N,OC] = in[N,IC] W[OC,IC]^T (+ bias[OC] if bias != NULL). Overwrites out.
+     * in16 / W16: optional bf16 copies of in / W (bf16 mode converts in itself if in16 is NULL). */
+    void (*linear_forward)(kb_backend *b, float *out, const float *in, const float *W,
+                           const kb_bf16 *W16, const float *bias, int N, int IC, int OC);
+    /* din[N,IC] (overwrites, skipped if NULL) = dout[N,OC] W[OC,IC]
+     * dW[OC,IC] += dout^T in ; dbias[OC] += sum_rows dout (skipped if NULL) */
+    void (*linear_backward)(kb_backend *b, float *din, float *dW, float *dbias,
+                            const float *dout, const float *in, const float *W,
+                            const kb_bf16 *W16, int N, int IC, int OC);
+
+    /* ---- embeddings ---- */
+    /* out[N,C] = wte[tok[n]] (+ wpe[pos[n]] if wpe != NULL). Overwrites out. */
+    void (*embed_forward)(kb_backend *b, float *out, const int32_t *tok, const int32_t *pos,
+                          const float *wte, const float *wpe, int N, int C);
+    /* dwte[tok[n]] += dout[n]; dwpe[pos[n]] += dout[n] (if dwpe). Deterministic order. */
+    void (*embed_backward)(kb_backend *b, float *dwte, float *dwpe, const float *dout,
+                           const int32_t *tok, const int32_t *pos, int N, int C, int V);
+
+    /* ---- normalisation ---- */
+    /* LayerNorm (bias != NULL... weight and bias) or RMSNorm (rms = true, bias ignored).
+     * out[N,C]; mean[N] (unused for RMSNorm, may be NULL then), rstd[N] saved for backward. */
+    void (*norm_forward)(kb_backend *b, bool rms, float *out, float *mean, float *rstd,
+                         const float *in, const float *w, const float *bias, int N, int C,
+                         float eps);
+    /* din[N,C] += ...; dw[C] += ...; dbias[C] += ... (LayerNorm only) */
+    void (*norm_backward)(kb_backend *b, bool rms, float *din, float *dw, float *dbias,
+                          const float *dout, const float *in, const float *w,
+                          const float *mean, const float *rstd, int N, int C);
+
+    /* ---- rotary position embedding ---- */
+    /* In place on the q and k heads of qkv[N, (nh + 2*nkv) * hd]: rotates the first
+     * hd dims of each q and k head (pairs (i, i + hd/2), as Megatron's non-interleaved rope)
+     * by angle pos[n] * base^(-2i/hd). inverse = true applies the transpose (for backward
+     * on dqkv). */
+    void (*rope)(kb_backend *b, float *qkv, const int32_t *pos, int N, int nh, int nkv,
+                 int hd, float base, bool inverse);
+
+    /* ---- attention ---- */
+    /* Causal grouped-query attention.
+     * qkv[B*T, (nh + 2*nkv)*hd]: per token, nh query heads, then nkv key heads, then nkv
+     *   value heads, each hd wide. Query head h uses key/value group h / (nh/nkv).
+     * seg[B*T] (may be NULL): index of the first position of the token's document within
+     *   its sequence; token t attends to j with seg[t] <= j <= t (reset_attention_mask).
+     * out[B*T, nh*hd]; lse[B*nh*T] = log-sum-exp of each softmax row (saved for backward).
+     * dropout p on the attention probabilities, mask from (seed, offset). Memory grows
+     * with T, not T^2; the masked upper half is not computed. */
+    void (*attention_forward)(kb_backend *b, float *out, float *lse, const float *qkv,
+                              const int32_t *seg, int B, int T, int nh, int nkv, int hd,
+                              float p_drop, uint64_t seed, uint64_t offset);
+    /* dqkv[B*T, (nh+2*nkv)*hd] (overwrites) from dout[B*T, nh*hd]. */
+    void (*attention_backward)(kb_backend *b, float *dqkv, const float *dout,
+                               const float *qkv, const float *out, const float *lse,
+                               const int32_t *seg, int B, int T, int nh, int nkv, int hd,
+                               float p_drop, uint64_t seed, uint64_t offset);
+
+    /* ---- activations ---- */
+    /* GELU (tanh approximation): out[n] = gelu(in[n]). Overwrites out. */
+    void (*gelu_forward)(kb_backend *b, float *out, const float *in, size_t n);
+    /* din[n] = dout[n] * gelu'(in[n]). Overwrites din (din may alias dout). */
+    void (*gelu_backward)(kb_backend *b, float *din, const float *dout, const float *in,
+                          size_t n);
+    /* SwiGLU: in[N, 2F] = [a | g] per row; out[N,F] = silu(a) * g. */
+    void (*swiglu_forward)(kb_backend *b, float *out, const float *in, int N, int F);
+    /* din[N,2F] (overwrites) from dout[N,F]. */
+    void (*swiglu_backward)(kb_backend *b, float *din, const float *dout, const float *in,
+                            int N, int F);
+
+    /* ---- elementwise ---- */
+    /* out = a + b (out may alias a or b) */
+    void (*add)(kb_backend *b, float *out, const float *x, const float *y, size_t n);
+    /* x *= s */
+    void (*scale)(kb_backend *b, float *x, float s, size_t n);
+    /* Inverted dropout: out[i] = keep(i) ? in[i] / (1-p) : 0, keep(i) from (seed, offset+i).
+     * backward is the same operation applied to the gradient (same seed/offset).
+     * p == 0 copies. out may alias in. */
+    void (*dropout)(kb_backend *b, float *out, const float *in, size_t n, float p,
+                    uint64_t seed, uint64_t offset);
+
+    /* ---- loss ---- */
+    /* Fused softmax cross-entropy over the padded vocabulary Vp.
+     * logits[N,Vp] is OVERWRITTEN with d(loss)/d(logits) * dscale[n]
+     * (softmax - onehot(target)) * dscale[n]; losses[N] = -log softmax[target] (per token,
+     * unmasked). Rows with dscale[n] == 0 get a zero gradient. */
+    void (*cross_entropy)(kb_backend *b, float *losses, float *logits, const int32_t *targets,
+                          const float *dscale, int N, int Vp);
+
+    /* ---- optimizer ---- */
+    /* Sum of squares of x[0..n) in double, with a fixed reduction order. */
+    double (*sumsq)(kb_backend *b, const float *x, size_t n);
+    /* AdamW with decoupled weight decay, bias correction for step t (1-based), grads are
+     * multiplied by gscale first (clipping). p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p). */
+    void (*adamw)(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float wd, float gscale,
+                  int64_t t);
+} kb_ops;
+
+struct kb_backend {
+    const kb_ops *ops;
+    kb_options opt;
+    void *impl; /* backend-private state */
+};
+
+/* Creates a backend. Returns 0 or a negative CO_E* code (CO_EUNSUPPORTED for a device this
+ * build or machine lacks; co_err_detail() says why). */
+int kb_backend_new(kb_backend **out, const kb_options *opt);
+/* Destroys the backend and nulls the pointer. */
+void kb_backend_destroy(kb_backend **b);
+/* A short description ("cpu: oneDNN 2.6.3, 2 threads, fp32"). */
+const char *kb_backend_describe(const kb_backend *b);
+
+/* Counter-based random stream shared by all backends: a uniform 32-bit value for
+ * (seed, counter), and the dropout keep test used by every kernel. */
+static inline uint32_t kb_rand32(uint64_t seed, uint64_t counter) {
+    uint64_t z = seed ^ (counter * 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (uint32_t)(z >> 32);
+}
+static inline bool kb_keep(uint64_t seed, uint64_t counter, float p) {
+    /* keep with probability 1-p */
+    return (float)kb_rand32(seed, counter) * (1.0f / 4294967296.0f) >= p;
+}
+
+#endif

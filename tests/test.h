@@ -1,0 +1,72 @@
+/* test.h - a minimal assertion and case runner for cohort's C tests.
+ *
+ * Each test executable is one meson test (meson isolates it in its own process with a
+ * timeout). Inside, TEST_CASE functions run in order; CHECK records a failure with file and
+ * line and carries on, REQUIRE stops the case. main() returns 1 if anything failed, 77 if
+ * the test asked to be skipped (tests needing a GPU). */
+#ifndef COHORT_TESTS_TEST_H
+#define COHORT_TESTS_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int t__failures;
+static int t__checks;
+
+#define CHECK(cond)                                                                    \
+    do {                                                                               \
+        t__checks++;                                                                   \
+        if (!(cond)) {                                                                 \
+            t__failures++;                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
+        }                                                                              \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                           \
+    do {                                                                               \
+        t__checks++;                                                                   \
+        if (!(cond)) {                                                                 \
+            t__failures++;                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);   \
+            fprintf(stderr, __VA_ARGS__);                                              \
+            fputc('\n', stderr);                                                       \
+        }                                                                              \
+    } while (0)
+
+#define REQUIRE(cond)                                                                  \
+    do {                                                                               \
+        t__checks++;                                                                   \
+        if (!(cond)) {                                                                 \
+            t__failures++;                                                             \
+            fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond); \
+            return;                                                                    \
+        }                                                                              \
+    } while (0)
+
+/* |a-b| <= atol + rtol*|b| */
+#define CHECK_CLOSE(a, b, atol, rtol)                                                  \
+    do {                                                                               \
+        double t__a = (a), t__b = (b);                                                 \
+        t__checks++;                                                                   \
+        if (!(fabs(t__a - t__b) <= (atol) + (rtol)*fabs(t__b))) {                      \
+            t__failures++;                                                             \
+            fprintf(stderr, "%s:%d: CHECK_CLOSE failed: %s = %.9g vs %s = %.9g\n",     \
+                    __FILE__, __LINE__, #a, t__a, #b, t__b);                           \
+        }                                                                              \
+    } while (0)
+
+#define RUN(fn)                                                                        \
+    do {                                                                               \
+        int t__before = t__failures;                                                   \
+        fn();                                                                          \
+        fprintf(stderr, "%s %s\n", t__failures == t__before ? "ok  " : "FAIL", #fn);   \
+    } while (0)
+
+#define TEST_EXIT() \
+    (fprintf(stderr, "%d checks, %d failed\n", t__checks, t__failures), t__failures ? 1 : 0)
+
+#define TEST_SKIP(why) do { fprintf(stderr, "skip: %s\n", why); exit(77); } while (0)
+
+#endif
