@@ -1,0 +1,21 @@
+/* cli.h - the `cohort` command's subcommands. Each returns the process exit status:
+ *   0 success (training reached --train-iters, an exit condition, or a clean stop on
+ *     SIGTERM/SIGINT); 1 a runtime failure (I/O, memory, malformed data); 2 a usage or
+ *     configuration error (nothing was run); 3 training stopped on a NaN/Inf loss or
+ *     gradient norm. */
+#ifndef COHORT_CLI_H
+#define COHORT_CLI_H
+
+#include "common/config.h"
+
+enum { CLI_OK = 0, CLI_FAILURE = 1, CLI_USAGE = 2, CLI_NAN = 3 };
+
+int cli_train(int argc, char **argv);
+int cli_data(int argc, char **argv);
+
+/* Resolves the tokenizer named in the configuration to (vocab size, EOD id). */
+int cli_tokenizer(const co_config *c, int *vocab, int *eod, char *err, size_t errlen);
+/* Resolves --data-path ("PREFIX" or "1.0 PREFIX") to one prefix; NULL when absent. */
+const char *cli_data_prefix(const co_config *c);
+
+#endif

@@ -1,0 +1,232 @@
+/* cmd_train.c - `cohort train`: parse Megatron flags, set up the data (or the embedded
+ * default corpus), train, evaluate, and (embedded job) show text sampled from the model. */
+#include "cli/cli.h"
+
+#include "common/error.h"
+#include "data/corpus.h"
+#include "data/tokenizer.h"
+#include "kernels/backend.h"
+#include "train/sample.h"
+#include "train/trainer.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+    (void)sig;
+    if (g_stop) {
+        /* a second Ctrl-C: stop now */
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        raise(sig);
+    }
+    g_stop = 1;
+}
+
+int cli_tokenizer(const co_config *c, int *vocab, int *eod, char *err, size_t errlen) {
+    if (!strcmp(c->tokenizer_type, "GPT2BPETokenizer")) {
+        /* GPT-2's vocabulary: 50257 entries, <|endoftext|> = 50256 */
+        *vocab = 50257;
+        *eod = 50256;
+    } else if (!strcmp(c->tokenizer_type, "NullTokenizer")) {
+        /* Megatron's _NullTokenizer: EOD is vocab_size and the vocabulary has one more entry */
+        *vocab = c->vocab_size + 1;
+        *eod = c->vocab_size;
+    } else if (!strcmp(c->tokenizer_type, "ByteLevelTokenizer")) {
+        *vocab = TOK_BYTE_VOCAB;
+        *eod = TOK_BYTE_EOD;
+    } else {
+        snprintf(err, errlen, "unsupported --tokenizer-type %s", c->tokenizer_type);
+        return CO_EINVAL;
+    }
+    return 0;
+}
+
+const char *cli_data_prefix(const co_config *c) {
+    if (c->n_data_path == 1) return c->data_path[0];
+    if (c->n_data_path == 2) {
+        char *end;
+        strtod(c->data_path[0], &end);
+        if (end != c->data_path[0] && !*end) return c->data_path[1];
+    }
+    return NULL;
+}
+
+/* Defaults of the embedded job, applied to flags the user did not give. */
+static void embedded_defaults(co_config *c) {
+#define DEF(flag, field, val) if (!co_config_was_set(c, flag)) c->field = (val)
+    DEF("num-layers", num_layers, 4);
+    DEF("hidden-size", hidden_size, 256);
+    DEF("num-attention-heads", num_attention_heads, 4);
+    DEF("seq-length", seq_length, 128);
+    DEF("micro-batch-size", micro_batch_size, 16);
+    DEF("global-batch-size", global_batch_size, 32);
+    if (!co_config_was_set(c, "train-iters") && !co_config_was_set(c, "train-samples")) c->train_iters = 300;
+    DEF("lr", lr, 2e-3);
+    DEF("min-lr", min_lr, 1e-4);
+    DEF("lr-warmup-iters", lr_warmup_iters, c->train_iters > 0 ? c->train_iters / 10 : 0);
+    DEF("hidden-dropout", hidden_dropout, 0.0);
+    DEF("attention-dropout", attention_dropout, 0.0);
+    DEF("log-interval", log_interval, 25);
+    DEF("eval-interval", eval_interval, 100);
+    DEF("eval-iters", eval_iters, 4);
+    DEF("weight-decay", weight_decay, 0.1);
+    DEF("make-vocab-size-divisible-by", make_vocab_size_divisible_by, 64);
+#undef DEF
+    if (!co_config_was_set(c, "lr-decay-style")) strcpy(c->lr_decay_style, "cosine");
+    if (!co_config_was_set(c, "split")) strcpy(c->split, "90,5,5");
+    if (!co_config_was_set(c, "tokenizer-type")) strcpy(c->tokenizer_type, "ByteLevelTokenizer");
+}
+
+static void default_workdir(co_config *c) {
+    if (c->workdir[0]) return;
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg) snprintf(c->workdir, sizeof c->workdir, "%s/cohort", xdg);
+    else if (home && *home) snprintf(c->workdir, sizeof c->workdir, "%s/.cache/cohort", home);
+    else snprintf(c->workdir, sizeof c->workdir, "cohort-work");
+}
+
+static void print_samples(trainer *t, const co_config *c, int lines) {
+    static const char *prompts[] = {"The ", "You may ", "Permission is ", "This License ", "THE SOFTWARE ",
+                                    "Copyright ", "If you ", "Each "};
+    gpt_model *m = trainer_model(t);
+    int max_len = 160;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)max_len);
+    if (!tok) return;
+    printf("\nsamples from the trained model (seed %lld, temperature 0.7):\n", (long long)c->seed);
+    for (int i = 0; i < lines; i++) {
+        const char *p = prompts[i % (int)(sizeof prompts / sizeof prompts[0])];
+        tok_tokenizer bt;
+        tok_byte_init(&bt);
+        int n = (int)tok_encode(&bt, p, strlen(p), tok, (size_t)max_len);
+        n = sample_extend(m, tok, n, max_len, 100, c->seq_length, 0.7f, '\n', (uint64_t)c->seed + (uint64_t)i);
+        char text[256];
+        int64_t dl = tok_decode(&bt, tok, (size_t)n, text, sizeof text);
+        size_t len = dl < 0 ? 0 : (size_t)dl < sizeof text - 1 ? (size_t)dl : sizeof text - 1;
+        text[len] = '\0';
+        for (size_t k = 0; k < len; k++)
+            if (text[k] == '\n' || (unsigned char)text[k] < 0x20) text[k] = ' ';
+        printf("  > %s\n", text);
+    }
+    free(tok);
+}
+
+int cli_train(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: cohort train [flags]\n\n"
+                   "Pretrains a GPT model. Flags are Megatron-LM's (pretrain_gpt.py) with its defaults;\n"
+                   "--flag=value and --flag value both work. With neither --data-path nor --mock-data,\n"
+                   "runs the embedded default job: a byte-level model trained for a minute or two on\n"
+                   "the licence texts in /usr/share/common-licenses, then sampled.\n");
+            co_config_help(stdout);
+            printf("\nexit status: 0 done or stopped cleanly (signal, exit interval or duration), 1 runtime\n"
+                   "failure, 2 usage or configuration error, 3 stopped on a NaN/Inf loss or gradient.\n");
+            return CLI_OK;
+        }
+    co_config c;
+    co_config_defaults(&c);
+    char err[4096];
+    int rc = co_config_parse(&c, argc, argv, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "cohort train: %s\n", err);
+        co_config_free(&c);
+        return CLI_USAGE;
+    }
+    bool embedded = c.n_data_path == 0 && !c.mock_data;
+    if (embedded) embedded_defaults(&c);
+    rc = co_config_finalize(&c, 1, err, sizeof err);
+    int vocab = 0, eod = 0;
+    if (!rc) rc = cli_tokenizer(&c, &vocab, &eod, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "cohort train: invalid configuration:\n");
+        for (char *line = strtok(err, "\n"); line; line = strtok(NULL, "\n")) fprintf(stderr, "  %s\n", line);
+        co_config_free(&c);
+        return CLI_USAGE;
+    }
+
+    trainer_data data = {.prefix = cli_data_prefix(&c), .vocab_size = vocab, .eod = eod};
+    corpus_info info;
+    memset(&info, 0, sizeof info);
+    char prefix[1024];
+    if (embedded) {
+        default_workdir(&c);
+        rc = corpus_build_default(c.workdir, prefix, sizeof prefix, &info);
+        if (rc) {
+            fprintf(stderr, "cohort train: building the embedded corpus failed: %s\n", co_err_detail());
+            co_config_free(&c);
+            return CLI_FAILURE;
+        }
+        data.prefix = prefix;
+        printf("cohort: no --data-path given: running the embedded default job\n"
+               "  corpus: %s (%lld documents, %lld tokens, unigram entropy %.3f nats/token)\n"
+               "  written as Megatron .bin/.idx at %s\n",
+               info.source_dir, (long long)info.documents, (long long)info.tokens, info.unigram_entropy, prefix);
+    }
+
+    trainer *t = NULL;
+    rc = trainer_new(&t, &c, &data, stdout);
+    if (rc) {
+        fprintf(stderr, "cohort train: setup failed: %s (%s)\n", co_err_detail(), co_strerror(rc));
+        co_config_free(&c);
+        return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE;
+    }
+    printf("cohort: model %zu parameters (%d layers, hidden %d, %d heads, vocab %d padded to %d), %s\n",
+           gpt_num_params(trainer_model(t)), c.num_layers, c.hidden_size, c.num_attention_heads, vocab,
+           gpt_get_config(trainer_model(t))->padded_vocab, kb_backend_describe(gpt_backend(trainer_model(t))));
+    printf("cohort: training %lld iterations of %d samples x %d tokens (%d micro batches of %d)\n",
+           (long long)c.train_iters, c.global_batch_size, c.seq_length, c.global_batch_size / c.micro_batch_size,
+           c.micro_batch_size);
+    fflush(stdout);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+
+    train_end why;
+    rc = trainer_train(t, &g_stop, &why);
+    int status = CLI_OK;
+    if (rc) {
+        fprintf(stderr, "cohort train: training failed at iteration %lld: %s (%s)\n",
+                (long long)trainer_iteration(t), co_err_detail(), co_strerror(rc));
+        status = CLI_FAILURE;
+    } else if (why == TRAIN_NAN) {
+        status = CLI_NAN;
+    } else {
+        if (why == TRAIN_SIGNAL) printf("cohort: stopped by signal after iteration %lld\n", (long long)trainer_iteration(t));
+        if (why == TRAIN_EXIT_INTERVAL) printf("cohort: --exit-interval reached at iteration %lld\n", (long long)trainer_iteration(t));
+        if (why == TRAIN_EXIT_DURATION) printf("cohort: --exit-duration-in-mins reached at iteration %lld\n", (long long)trainer_iteration(t));
+        char label[96];
+        double vl = NAN, tl = NAN;
+        if (why != TRAIN_SIGNAL) {
+            snprintf(label, sizeof label, "iteration %lld on validation set", (long long)trainer_iteration(t));
+            rc = trainer_evaluate(t, 1, label, &vl);
+            snprintf(label, sizeof label, "iteration %lld on test set", (long long)trainer_iteration(t));
+            if (!rc) rc = trainer_evaluate(t, 2, label, &tl);
+            if (rc) {
+                fprintf(stderr, "cohort train: evaluation failed: %s\n", co_err_detail());
+                status = CLI_FAILURE;
+            }
+        }
+        if (embedded && status == CLI_OK) {
+            printf("\ncohort: validation loss %.3f nats/token against the corpus's unigram entropy %.3f: %s\n", vl,
+                   info.unigram_entropy,
+                   vl < info.unigram_entropy * 0.75 ? "the model learned structure beyond letter frequencies"
+                                                    : "not much below letter frequencies yet (train longer)");
+            if (c.sample_lines > 0) print_samples(t, &c, c.sample_lines);
+        }
+    }
+    trainer_destroy(&t);
+    co_config_free(&c);
+    return status;
+}

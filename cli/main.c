@@ -1,0 +1,40 @@
+/* main.c - the `cohort` binary: dispatches to subcommands. */
+#include "cli/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fputs("usage: cohort <command> [flags]\n"
+          "\n"
+          "commands:\n"
+          "  train        pretrain a GPT model (Megatron-LM flags; with no data flags, a small\n"
+          "               embedded job on text every Debian machine has)\n"
+          "  data order   print the (document position, offset) of a split's first samples\n"
+          "  version      print the version\n"
+          "  help         this text\n"
+          "\n"
+          "`cohort train --help` lists the training flags with their defaults.\n",
+          f);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "train")) return cli_train(argc - 2, argv + 2);
+    if (!strcmp(cmd, "data")) return cli_data(argc - 2, argv + 2);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        puts("cohort " COHORT_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "cohort: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return CLI_USAGE;
+}

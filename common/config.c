@@ -1,0 +1,544 @@
+/* config.c - the flag table, parsing, validation and help of cohort's configuration.
+ *
+ * Flag names and defaults follow Megatron-LM (shared/reference/megatron-facts.md §8) so a
+ * Megatron launch script's flags work unchanged; flags marked [cohort] are our own. */
+#include "common/config.h"
+
+#include "common/error.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { F_INT, F_I64, F_DBL, F_STR, F_BOOL, F_NOBOOL, F_LIST } flag_kind;
+
+typedef struct flag {
+    const char *group;
+    const char *name;    /* without the leading dashes */
+    flag_kind kind;
+    size_t off;          /* offset in co_config */
+    size_t size;         /* for F_STR: buffer size */
+    const char *def;     /* default as text; NULL: none (unset) */
+    const char *choices; /* "a|b|c" or NULL */
+    const char *help;
+} flag;
+
+#define OFF(f) offsetof(co_config, f)
+#define SZ(f) sizeof(((co_config *)0)->f)
+#define I(g, n, f, d, h) {g, n, F_INT, OFF(f), 0, d, NULL, h}
+#define L(g, n, f, d, h) {g, n, F_I64, OFF(f), 0, d, NULL, h}
+#define D(g, n, f, d, h) {g, n, F_DBL, OFF(f), 0, d, NULL, h}
+#define S(g, n, f, d, ch, h) {g, n, F_STR, OFF(f), SZ(f), d, ch, h}
+#define B(g, n, f, h) {g, n, F_BOOL, OFF(f), 0, "false", NULL, h}
+#define NB(g, n, f, h) {g, n, F_NOBOOL, OFF(f), 0, "true", NULL, h}
+
+static const flag flags[] = {
+    /* model */
+    I("model", "num-layers", num_layers, NULL, "number of transformer layers"),
+    I("model", "hidden-size", hidden_size, NULL, "transformer hidden size"),
+    I("model", "ffn-hidden-size", ffn_hidden_size, NULL,
+      "MLP hidden size (default 4*hidden, or 8/3*hidden rounded down to 64 with --swiglu)"),
+    I("model", "num-attention-heads", num_attention_heads, NULL, "number of attention heads"),
+    B("model", "group-query-attention", group_query_attention, "use grouped-query attention"),
+    I("model", "num-query-groups", num_query_groups, "1", "key/value groups with --group-query-attention"),
+    I("model", "kv-channels", kv_channels, NULL, "head dimension (default hidden/heads)"),
+    I("model", "seq-length", seq_length, NULL, "sequence length of a sample"),
+    I("model", "max-position-embeddings", max_position_embeddings, NULL,
+      "positions the model supports (default --seq-length)"),
+    S("model", "position-embedding-type", position_embedding_type, "learned_absolute",
+      "learned_absolute|rope", "position embedding"),
+    D("model", "rotary-base", rotary_base, "10000", "RoPE base"),
+    S("model", "normalization", normalization, "LayerNorm", "LayerNorm|RMSNorm", "normalisation layer"),
+    D("model", "norm-epsilon", norm_epsilon, "1e-5", "epsilon of the normalisation"),
+    B("model", "swiglu", swiglu, "SwiGLU MLP instead of GELU"),
+    B("model", "untie-embeddings-and-output-weights", untie_embeddings_and_output_weights,
+      "separate output layer instead of the tied embedding"),
+    B("model", "disable-bias-linear", disable_bias_linear, "no biases in linear layers"),
+    D("model", "init-method-std", init_method_std, "0.02", "standard deviation of the initial weights"),
+    I("model", "make-vocab-size-divisible-by", make_vocab_size_divisible_by, "128",
+      "pad the vocabulary to a multiple of this"),
+    D("model", "hidden-dropout", hidden_dropout, "0.1", "dropout on the residual branches and embeddings"),
+    D("model", "attention-dropout", attention_dropout, "0.1", "dropout on attention probabilities"),
+    /* parallelism */
+    I("parallel", "tensor-model-parallel-size", tensor_model_parallel_size, "1", "tensor-parallel ranks"),
+    I("parallel", "pipeline-model-parallel-size", pipeline_model_parallel_size, "1", "pipeline stages"),
+    I("parallel", "context-parallel-size", context_parallel_size, "1", "context-parallel ranks"),
+    B("parallel", "sequence-parallel", sequence_parallel, "sequence parallelism (with tensor parallelism)"),
+    B("parallel", "use-distributed-optimizer", use_distributed_optimizer, "shard optimizer state over data-parallel ranks"),
+    /* batch */
+    I("batch", "micro-batch-size", micro_batch_size, NULL, "samples per micro batch"),
+    I("batch", "global-batch-size", global_batch_size, NULL,
+      "samples per iteration (default micro batch x data-parallel size)"),
+    L("batch", "train-iters", train_iters, NULL, "iterations to train"),
+    L("batch", "train-samples", train_samples, NULL, "samples to train (instead of --train-iters)"),
+    /* optimizer */
+    S("optimizer", "optimizer", optimizer, "adam", "adam", "optimizer (AdamW)"),
+    D("optimizer", "lr", lr, NULL, "peak learning rate"),
+    D("optimizer", "min-lr", min_lr, "0.0", "learning rate floor after decay"),
+    S("optimizer", "lr-decay-style", lr_decay_style, "linear",
+      "constant|linear|cosine|inverse-square-root|WSD", "learning-rate decay"),
+    L("optimizer", "lr-decay-iters", lr_decay_iters, NULL, "iterations to decay over (default --train-iters)"),
+    L("optimizer", "lr-decay-samples", lr_decay_samples, NULL, "samples to decay over (with --train-samples)"),
+    L("optimizer", "lr-warmup-iters", lr_warmup_iters, "0", "linear warm-up iterations"),
+    L("optimizer", "lr-warmup-samples", lr_warmup_samples, "0", "linear warm-up samples"),
+    D("optimizer", "lr-warmup-fraction", lr_warmup_fraction, NULL, "warm-up as a fraction of the decay"),
+    D("optimizer", "lr-warmup-init", lr_warmup_init, "0.0", "learning rate at the start of warm-up"),
+    L("optimizer", "lr-wsd-decay-iters", lr_wsd_decay_iters, NULL, "iterations of the WSD anneal phase"),
+    S("optimizer", "lr-wsd-decay-style", lr_wsd_decay_style, "exponential",
+      "exponential|linear|cosine|minus_sqrt", "shape of the WSD anneal"),
+    D("optimizer", "weight-decay", weight_decay, "0.01", "decoupled weight decay (weights and embeddings)"),
+    D("optimizer", "adam-beta1", adam_beta1, "0.9", "Adam beta1"),
+    D("optimizer", "adam-beta2", adam_beta2, "0.999", "Adam beta2"),
+    D("optimizer", "adam-eps", adam_eps, "1e-08", "Adam epsilon"),
+    D("optimizer", "clip-grad", clip_grad, "1.0", "clip gradients to this global norm (0: off)"),
+    B("optimizer", "bf16", bf16, "bf16 matrix products, fp32 master weights and optimizer state"),
+    B("optimizer", "fp16", fp16, "fp16 mixed precision (not supported: use --bf16)"),
+    /* data */
+    {"data", "data-path", F_LIST, OFF(data_path), 0, NULL, NULL,
+     "PREFIX of .bin/.idx files, or 'W1 P1 W2 P2 ...' (one prefix for now)"},
+    S("data", "split", split, "969, 30, 1", NULL, "train,valid,test proportions"),
+    S("data", "data-cache-path", data_cache_path, NULL, NULL, "where index caches go (default beside the data)"),
+    B("data", "mock-data", mock_data, "Megatron's MockGPTDataset instead of files"),
+    S("data", "tokenizer-type", tokenizer_type, "GPT2BPETokenizer",
+      "GPT2BPETokenizer|NullTokenizer|ByteLevelTokenizer", "tokenizer"),
+    I("data", "vocab-size", vocab_size, NULL, "vocabulary size for NullTokenizer"),
+    S("data", "vocab-file", vocab_file, NULL, NULL, "GPT-2 vocabulary (encoder.json)"),
+    S("data", "merge-file", merge_file, NULL, NULL, "GPT-2 merges (vocab.bpe)"),
+    L("data", "seed", seed, "1234", "random seed (data order, initialisation, dropout)"),
+    B("data", "eod-mask-loss", eod_mask_loss, "no loss on end-of-document tokens"),
+    B("data", "reset-position-ids", reset_position_ids, "restart position ids after each end of document"),
+    B("data", "reset-attention-mask", reset_attention_mask, "no attention across end of document"),
+    /* logging and evaluation */
+    I("logging", "log-interval", log_interval, "100", "iterations between log lines"),
+    L("logging", "eval-interval", eval_interval, "1000", "iterations between evaluations"),
+    L("logging", "eval-iters", eval_iters, "100", "iterations of each evaluation"),
+    S("logging", "metrics-file", metrics_file, NULL, NULL, "[cohort] append one JSON object per logged iteration"),
+    NB("logging", "progress", progress, "[cohort] live progress bar when stdout is a terminal"),
+    /* exit */
+    L("exit", "exit-interval", exit_interval, NULL, "stop after an iteration divisible by this"),
+    D("exit", "exit-duration-in-mins", exit_duration_in_mins, NULL, "stop after this many minutes"),
+    B("exit", "exit-signal-handler", exit_signal_handler,
+      "accepted for Megatron scripts: SIGTERM/SIGINT always finish the step and stop"),
+    /* resilience */
+    NB("resilience", "check-for-nan-in-loss-and-grad", check_for_nan_in_loss_and_grad,
+       "stop when a loss or gradient norm is NaN or Inf"),
+    /* cohort */
+    I("cohort", "threads", threads, NULL, "[cohort] CPU threads (default: all online cores)"),
+    S("cohort", "device", device, "cpu", "cpu|cuda", "[cohort] where the model runs"),
+    S("cohort", "workdir", workdir, NULL, NULL,
+      "[cohort] where the embedded default job keeps its corpus (default ~/.cache/cohort)"),
+    I("cohort", "sample-lines", sample_lines, "4", "[cohort] lines to sample after the embedded job"),
+};
+#define NFLAGS (sizeof flags / sizeof flags[0])
+_Static_assert(NFLAGS <= 256, "co_config.set is too small");
+
+static int set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int set_err(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return CO_EINVAL;
+}
+
+static int parse_i64(const char *s, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_dbl(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+static bool in_choices(const char *choices, const char *v) {
+    size_t n = strlen(v);
+    const char *p = choices;
+    while (*p) {
+        const char *q = strchr(p, '|');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (len == n && strncmp(p, v, n) == 0) return true;
+        if (!q) break;
+        p = q + 1;
+    }
+    return false;
+}
+
+/* Sets flag f from text v. */
+static int apply(co_config *c, const flag *f, const char *v, char *err, size_t errlen) {
+    char *base = (char *)c + f->off;
+    int64_t iv;
+    double dv;
+    switch (f->kind) {
+    case F_INT:
+        if (parse_i64(v, &iv) || iv < INT_MIN || iv > INT_MAX)
+            return set_err(err, errlen, "--%s expects an integer, got '%s'", f->name, v);
+        *(int *)base = (int)iv;
+        break;
+    case F_I64:
+        if (parse_i64(v, &iv)) return set_err(err, errlen, "--%s expects an integer, got '%s'", f->name, v);
+        *(int64_t *)base = iv;
+        break;
+    case F_DBL:
+        if (parse_dbl(v, &dv)) return set_err(err, errlen, "--%s expects a number, got '%s'", f->name, v);
+        *(double *)base = dv;
+        break;
+    case F_STR:
+        if (f->choices && !in_choices(f->choices, v))
+            return set_err(err, errlen, "--%s must be one of %s, got '%s'", f->name, f->choices, v);
+        if (strlen(v) >= f->size) return set_err(err, errlen, "--%s: value too long", f->name);
+        strcpy(base, v);
+        break;
+    case F_BOOL: *(bool *)base = true; break;
+    case F_NOBOOL: *(bool *)base = true; break;
+    case F_LIST: {
+        /* "A" or "W1 A W2 B" (spaces or several argv words) */
+        char *copy = strdup(v), *save = NULL;
+        if (!copy) return CO_ENOMEM;
+        for (char *tok = strtok_r(copy, " \t,", &save); tok; tok = strtok_r(NULL, " \t,", &save)) {
+            if (c->n_data_path >= CO_MAX_DATA_PATHS) {
+                free(copy);
+                return set_err(err, errlen, "--%s: more than %d entries", f->name, CO_MAX_DATA_PATHS);
+            }
+            c->data_path[c->n_data_path] = strdup(tok);
+            if (!c->data_path[c->n_data_path]) { free(copy); return CO_ENOMEM; }
+            c->n_data_path++;
+        }
+        free(copy);
+        break;
+    }
+    }
+    return 0;
+}
+
+void co_config_defaults(co_config *c) {
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < NFLAGS; i++) {
+        const flag *f = &flags[i];
+        char *base = (char *)c + f->off;
+        if (f->kind == F_BOOL) { *(bool *)base = false; continue; }
+        if (f->kind == F_NOBOOL) { *(bool *)base = true; continue; }
+        if (f->kind == F_LIST) continue;
+        if (!f->def) {
+            /* unset: -1 for numbers, "" for strings */
+            if (f->kind == F_INT) *(int *)base = -1;
+            else if (f->kind == F_I64) *(int64_t *)base = -1;
+            else if (f->kind == F_DBL) *(double *)base = -1.0;
+            continue;
+        }
+        char e[128];
+        int rc = apply(c, f, f->def, e, sizeof e);
+        (void)rc;
+    }
+}
+
+void co_config_free(co_config *c) {
+    for (int i = 0; i < c->n_data_path; i++) free(c->data_path[i]);
+    c->n_data_path = 0;
+}
+
+int co_edit_distance(const char *a, const char *b) {
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 128 || m > 128) return INT_MAX;
+    int prev[129], cur[129];
+    for (size_t j = 0; j <= m; j++) prev[j] = (int)j;
+    for (size_t i = 1; i <= n; i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= m; j++) {
+            int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            int del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, sizeof(int) * (m + 1));
+    }
+    return prev[m];
+}
+
+static const flag *find_flag(const char *name, size_t len, bool *negated) {
+    *negated = false;
+    for (size_t i = 0; i < NFLAGS; i++)
+        if (strlen(flags[i].name) == len && strncmp(flags[i].name, name, len) == 0) return &flags[i];
+    if (len > 3 && strncmp(name, "no-", 3) == 0) {
+        for (size_t i = 0; i < NFLAGS; i++)
+            if (flags[i].kind == F_NOBOOL && strlen(flags[i].name) == len - 3 &&
+                strncmp(flags[i].name, name + 3, len - 3) == 0) {
+                *negated = true;
+                return &flags[i];
+            }
+    }
+    return NULL;
+}
+
+static const char *closest_flag(const char *name) {
+    const char *best = NULL;
+    int bestd = INT_MAX;
+    for (size_t i = 0; i < NFLAGS; i++) {
+        int d = co_edit_distance(name, flags[i].name);
+        /* a flag that contains what was typed (or the reverse) is a good guess too */
+        if (strstr(flags[i].name, name) || strstr(name, flags[i].name)) d = d < 3 ? d : 3;
+        if (d < bestd) { bestd = d; best = flags[i].name; }
+    }
+    return best;
+}
+
+int co_config_parse(co_config *c, int argc, char **argv, char *err, size_t errlen) {
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || !a[2])
+            return set_err(err, errlen, "unexpected argument '%s' (flags start with --)", a);
+        const char *name = a + 2;
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        /* accept underscores as Megatron's argparse does not, but users type them */
+        char norm[128];
+        if (len >= sizeof norm) return set_err(err, errlen, "unknown flag '%s'", a);
+        for (size_t k = 0; k < len; k++) norm[k] = name[k] == '_' ? '-' : name[k];
+        norm[len] = '\0';
+        bool neg;
+        const flag *f = find_flag(norm, len, &neg);
+        if (!f) {
+            const char *guess = closest_flag(norm);
+            return set_err(err, errlen, "unknown flag '--%s'; did you mean '--%s'?", norm, guess);
+        }
+        c->set[f - flags] = 1;
+        if (f->kind == F_BOOL || f->kind == F_NOBOOL) {
+            if (eq) return set_err(err, errlen, "--%s takes no value", f->name);
+            *(bool *)((char *)c + f->off) = !neg;
+            continue;
+        }
+        const char *v;
+        if (eq) v = eq + 1;
+        else if (i + 1 < argc) v = argv[++i];
+        else return set_err(err, errlen, "--%s needs a value", f->name);
+        if (f->kind == F_LIST) {
+            /* every following word that is not a flag belongs to the list */
+            int rc = apply(c, f, v, err, errlen);
+            if (rc) return rc;
+            while (!eq && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
+                rc = apply(c, f, argv[++i], err, errlen);
+                if (rc) return rc;
+            }
+            continue;
+        }
+        int rc = apply(c, f, v, err, errlen);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+bool co_config_was_set(const co_config *c, const char *name) {
+    for (size_t i = 0; i < NFLAGS; i++)
+        if (strcmp(flags[i].name, name) == 0) return c->set[i] != 0;
+    return false;
+}
+
+/* Collects problems one per line. */
+typedef struct problems {
+    char *buf;
+    size_t len, cap;
+    int n;
+} problems;
+
+static void problem(problems *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void problem(problems *p, const char *fmt, ...) {
+    if (p->len + 2 >= p->cap) { p->n++; return; }
+    va_list ap;
+    va_start(ap, fmt);
+    if (p->n) p->buf[p->len++] = '\n';
+    int w = vsnprintf(p->buf + p->len, p->cap - p->len, fmt, ap);
+    va_end(ap);
+    if (w > 0) p->len += (size_t)w < p->cap - p->len ? (size_t)w : p->cap - p->len - 1;
+    p->n++;
+}
+
+int co_config_parse_split(const char *s, double out[3]) {
+    double v[3] = {0, 0, 0};
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ' || *p == ',' || *p == '/') p++;
+        if (!*p) break;
+        if (n == 3) return -1;
+        char *end;
+        errno = 0;
+        double x = strtod(p, &end);
+        if (end == p || errno || x < 0 || x != x) return -1;
+        v[n++] = x;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p && *p != ',' && *p != '/') return -1;
+    }
+    double sum = v[0] + v[1] + v[2];
+    if (n == 0 || !(sum > 0)) return -1;
+    for (int i = 0; i < 3; i++) out[i] = v[i] / sum;
+    return 0;
+}
+
+int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
+    problems P = {err, 0, errlen, 0};
+    if (errlen) err[0] = '\0';
+    if (c->num_layers < 1) problem(&P, "--num-layers must be given and positive");
+    if (c->hidden_size < 1) problem(&P, "--hidden-size must be given and positive");
+    if (c->num_attention_heads < 1) problem(&P, "--num-attention-heads must be given and positive");
+    if (c->seq_length < 1) problem(&P, "--seq-length must be given and positive");
+    if (c->micro_batch_size < 1) problem(&P, "--micro-batch-size must be given and positive");
+    if (P.n) return CO_EINVAL;
+
+    if (c->hidden_size % c->num_attention_heads)
+        problem(&P, "--hidden-size %d is not divisible by --num-attention-heads %d", c->hidden_size,
+                c->num_attention_heads);
+    if (c->kv_channels < 0) c->kv_channels = c->hidden_size / c->num_attention_heads;
+    if (!c->group_query_attention) c->num_query_groups = c->num_attention_heads;
+    if (c->num_query_groups < 1 || c->num_attention_heads % c->num_query_groups)
+        problem(&P, "--num-attention-heads %d is not divisible by --num-query-groups %d",
+                c->num_attention_heads, c->num_query_groups);
+    if (c->ffn_hidden_size < 0)
+        c->ffn_hidden_size = c->swiglu ? (int)((4 * (int64_t)c->hidden_size * 2 / 3) / 64 * 64)
+                                       : 4 * c->hidden_size;
+    if (c->ffn_hidden_size < 1) problem(&P, "--ffn-hidden-size must be positive");
+    bool rope = strcmp(c->position_embedding_type, "rope") == 0;
+    if (rope && c->kv_channels % 2) problem(&P, "rope needs an even head dimension, got %d", c->kv_channels);
+    if (c->max_position_embeddings < 0) c->max_position_embeddings = c->seq_length;
+    if (!rope && c->seq_length > c->max_position_embeddings)
+        problem(&P, "--seq-length %d is longer than --max-position-embeddings %d", c->seq_length,
+                c->max_position_embeddings);
+    if (c->tensor_model_parallel_size != 1 || c->pipeline_model_parallel_size != 1 ||
+        c->context_parallel_size != 1)
+        problem(&P, "tensor, pipeline and context parallelism are not supported yet (sizes must be 1)");
+    if (c->fp16) problem(&P, "--fp16 is not supported; use --bf16");
+    if (c->global_batch_size < 0) c->global_batch_size = c->micro_batch_size * dp;
+    if (c->global_batch_size % (c->micro_batch_size * dp))
+        problem(&P, "--global-batch-size %d is not a multiple of --micro-batch-size %d x data-parallel size %d",
+                c->global_batch_size, c->micro_batch_size, dp);
+    if ((c->train_iters > 0) == (c->train_samples > 0))
+        problem(&P, "give exactly one of --train-iters and --train-samples (positive)");
+    if (c->train_samples > 0) {
+        if (c->train_samples % c->global_batch_size)
+            problem(&P, "--train-samples %lld is not a multiple of --global-batch-size %d",
+                    (long long)c->train_samples, c->global_batch_size);
+        c->train_iters = c->train_samples / c->global_batch_size;
+    }
+    if (!(c->lr > 0)) problem(&P, "--lr must be given and positive");
+    if (c->min_lr < 0 || c->min_lr > c->lr) problem(&P, "--min-lr must be between 0 and --lr");
+    if (c->lr_warmup_fraction >= 0 && c->lr_warmup_iters > 0)
+        problem(&P, "give only one of --lr-warmup-fraction and --lr-warmup-iters");
+    if (c->lr_warmup_fraction > 1) problem(&P, "--lr-warmup-fraction must be at most 1");
+    if (c->lr_decay_iters < 0) c->lr_decay_iters = c->train_iters;
+    if (c->lr_warmup_samples > 0 || c->lr_decay_samples > 0) {
+        /* sample-based schedule: convert to iterations */
+        if (c->lr_warmup_samples > 0) c->lr_warmup_iters = c->lr_warmup_samples / c->global_batch_size;
+        if (c->lr_decay_samples > 0) c->lr_decay_iters = c->lr_decay_samples / c->global_batch_size;
+    }
+    if (strcmp(c->lr_decay_style, "WSD") == 0 && c->lr_wsd_decay_iters < 0)
+        problem(&P, "--lr-decay-style WSD needs --lr-wsd-decay-iters");
+    if (c->lr_warmup_iters > c->lr_decay_iters && strcmp(c->lr_decay_style, "constant") != 0 &&
+        c->lr_warmup_fraction < 0)
+        problem(&P, "--lr-warmup-iters %lld exceeds the decay iterations %lld", (long long)c->lr_warmup_iters,
+                (long long)c->lr_decay_iters);
+    if (c->hidden_dropout < 0 || c->hidden_dropout >= 1) problem(&P, "--hidden-dropout must be in [0, 1)");
+    if (c->attention_dropout < 0 || c->attention_dropout >= 1) problem(&P, "--attention-dropout must be in [0, 1)");
+    if (c->init_method_std <= 0) problem(&P, "--init-method-std must be positive");
+    if (c->make_vocab_size_divisible_by < 1) problem(&P, "--make-vocab-size-divisible-by must be positive");
+    if (c->adam_beta1 < 0 || c->adam_beta1 >= 1 || c->adam_beta2 < 0 || c->adam_beta2 >= 1)
+        problem(&P, "--adam-beta1 and --adam-beta2 must be in [0, 1)");
+    if (c->adam_eps <= 0) problem(&P, "--adam-eps must be positive");
+    if (c->clip_grad < 0) problem(&P, "--clip-grad must be >= 0");
+    if (c->log_interval < 1) problem(&P, "--log-interval must be positive");
+    if (c->eval_interval < 1) problem(&P, "--eval-interval must be positive");
+    if (c->eval_iters < 0) problem(&P, "--eval-iters must be >= 0");
+    double sp[3];
+    if (co_config_parse_split(c->split, sp))
+        problem(&P, "--split '%s' is not 1 to 3 non-negative numbers with a positive sum", c->split);
+    if (strcmp(c->tokenizer_type, "NullTokenizer") == 0 && c->vocab_size < 1)
+        problem(&P, "--tokenizer-type NullTokenizer needs --vocab-size");
+    if (c->n_data_path > 1) {
+        if (c->n_data_path % 2) problem(&P, "--data-path with weights needs 'W1 PREFIX1 W2 PREFIX2 ...'");
+        else problem(&P, "blending several --data-path prefixes is not supported yet; give one prefix");
+    }
+    if (c->n_data_path && c->mock_data) problem(&P, "give --data-path or --mock-data, not both");
+    if (c->threads == 0 || c->threads < -1) problem(&P, "--threads must be positive");
+    return P.n ? CO_EINVAL : 0;
+}
+
+static void default_text(const co_config *c, const flag *f, char *buf, size_t n) {
+    (void)c;
+    if (f->kind == F_BOOL) snprintf(buf, n, "off");
+    else if (f->kind == F_NOBOOL) snprintf(buf, n, "on; --no-%s turns it off", f->name);
+    else if (f->def) snprintf(buf, n, "%s", f->def);
+    else buf[0] = '\0';
+}
+
+void co_config_help(FILE *out) {
+    const char *group = "";
+    for (size_t i = 0; i < NFLAGS; i++) {
+        const flag *f = &flags[i];
+        if (strcmp(group, f->group)) {
+            group = f->group;
+            fprintf(out, "\n%s:\n", group);
+        }
+        char name[80], def[128];
+        const char *meta = f->kind == F_BOOL || f->kind == F_NOBOOL ? ""
+                           : f->kind == F_STR && f->choices     ? " {...}"
+                           : f->kind == F_LIST                  ? " PREFIX"
+                           : f->kind == F_DBL                   ? " X"
+                           : f->kind == F_STR                   ? " TEXT"
+                                                                : " N";
+        snprintf(name, sizeof name, "--%s%s", f->name, meta);
+        default_text(NULL, f, def, sizeof def);
+        fprintf(out, "  %-44s %s", name, f->help);
+        if (f->choices) fprintf(out, " {%s}", f->choices);
+        if (def[0]) fprintf(out, " (default: %s)", def);
+        fputc('\n', out);
+    }
+}
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+        else fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+void co_config_write_json(const co_config *c, FILE *out) {
+    fputc('{', out);
+    for (size_t i = 0; i < NFLAGS; i++) {
+        const flag *f = &flags[i];
+        const char *base = (const char *)c + f->off;
+        if (i) fputc(',', out);
+        json_str(out, f->name);
+        fputc(':', out);
+        switch (f->kind) {
+        case F_INT: fprintf(out, "%d", *(const int *)base); break;
+        case F_I64: fprintf(out, "%lld", (long long)*(const int64_t *)base); break;
+        case F_DBL: fprintf(out, "%.17g", *(const double *)base); break;
+        case F_STR: json_str(out, base); break;
+        case F_BOOL:
+        case F_NOBOOL: fputs(*(const bool *)base ? "true" : "false", out); break;
+        case F_LIST:
+            fputc('[', out);
+            for (int k = 0; k < c->n_data_path; k++) {
+                if (k) fputc(',', out);
+                json_str(out, c->data_path[k]);
+            }
+            fputc(']', out);
+            break;
+        }
+    }
+    fputc('}', out);
+}

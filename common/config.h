@@ -1,0 +1,106 @@
+/* config.h - the training configuration and its command-line flags.
+ *
+ * One table (config.c) lists every flag cohort accepts, with Megatron-LM's name, its
+ * default and its help line; the CLI, `--help`, the validation and (later) the checkpoint
+ * manifest all read that one table. Parsing never exits: it returns an error code and a
+ * message the caller prints. */
+#ifndef COHORT_COMMON_CONFIG_H
+#define COHORT_COMMON_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CO_MAX_DATA_PATHS 64
+
+typedef struct co_config {
+    /* model */
+    int num_layers, hidden_size, ffn_hidden_size, num_attention_heads;
+    int num_query_groups;
+    bool group_query_attention;
+    int kv_channels;
+    int seq_length, max_position_embeddings;
+    char position_embedding_type[32]; /* learned_absolute | rope */
+    double rotary_base;
+    char normalization[16]; /* LayerNorm | RMSNorm */
+    double norm_epsilon;
+    bool swiglu, untie_embeddings_and_output_weights, disable_bias_linear;
+    double init_method_std;
+    int make_vocab_size_divisible_by;
+    double hidden_dropout, attention_dropout;
+    /* parallelism */
+    int tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size;
+    bool sequence_parallel, use_distributed_optimizer;
+    /* batch */
+    int micro_batch_size, global_batch_size;
+    int64_t train_iters, train_samples;
+    /* optimizer */
+    char optimizer[16];
+    double lr, min_lr;
+    char lr_decay_style[32];
+    int64_t lr_decay_iters, lr_decay_samples, lr_warmup_iters, lr_warmup_samples;
+    double lr_warmup_fraction, lr_warmup_init;
+    int64_t lr_wsd_decay_iters;
+    char lr_wsd_decay_style[16];
+    double weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad;
+    bool bf16, fp16;
+    /* data */
+    char *data_path[CO_MAX_DATA_PATHS];
+    int n_data_path;
+    char split[64];
+    char data_cache_path[512];
+    bool mock_data;
+    char tokenizer_type[32];
+    int vocab_size;
+    char vocab_file[512], merge_file[512];
+    int64_t seed;
+    bool eod_mask_loss, reset_position_ids, reset_attention_mask;
+    /* logging / evaluation */
+    int log_interval;
+    int64_t eval_interval, eval_iters;
+    char metrics_file[512];
+    bool progress; /* live progress bar when stdout is a terminal */
+    /* exit */
+    int64_t exit_interval;
+    double exit_duration_in_mins;
+    bool exit_signal_handler;
+    /* resilience (validated by the supervisor in a later issue) */
+    bool check_for_nan_in_loss_and_grad;
+    /* cohort */
+    int threads;
+    char device[16];
+    char workdir[512];
+    int sample_lines;
+
+    /* which flags the user set (index into the flag table) */
+    uint8_t set[256];
+} co_config;
+
+/* Fills the Megatron defaults. */
+void co_config_defaults(co_config *c);
+/* Frees what parse allocated (data paths). */
+void co_config_free(co_config *c);
+
+/* Parses argv (after the subcommand). On error returns CO_EINVAL and writes one message
+ * (naming the flag, and the closest known flag for an unknown one) into err. */
+int co_config_parse(co_config *c, int argc, char **argv, char *err, size_t errlen);
+/* Was flag `name` (without dashes, e.g. "num-layers") given on the command line? */
+bool co_config_was_set(const co_config *c, const char *name);
+
+/* Completes derived values (ffn size, kv channels, max positions, global batch) and checks
+ * consistency. data_parallel_size is the number of data-parallel replicas. Returns 0, or
+ * CO_EINVAL with every problem found listed one per line in err. */
+int co_config_finalize(co_config *c, int data_parallel_size, char *err, size_t errlen);
+
+/* Prints the flags, grouped, with defaults. */
+void co_config_help(FILE *f);
+/* Writes the configuration as one JSON object (for metrics files and manifests). */
+void co_config_write_json(const co_config *c, FILE *f);
+
+/* Parses a --split string ("98,1,1") into fractions summing to 1. 0 or -1. */
+int co_config_parse_split(const char *s, double out[3]);
+
+/* Edit distance (for "did you mean"). */
+int co_edit_distance(const char *a, const char *b);
+
+#endif

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# setup.sh - installs what cohort needs on Debian 12, builds it, and runs the main job or the tests.
+#
+#   deploy/setup.sh train [cohort train flags]   set up, build, run `cohort train` (embedded default job)
+#   deploy/setup.sh test                         set up, build, run every test suite; ends with "N passed, N failed"
+#   deploy/setup.sh deps | build                 only install the packages / only (re)build
+#
+# Non-interactive and idempotent: packages already installed are not touched; `apt-get update` runs
+# only when a package is missing. Builds go to build/ (release) and build-asan/ (ASan+UBSan, tests).
+# With CI=true the build treats warnings as errors.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+
+# Debian packages by name: compiler, build tools, oneDNN (matrix products), numpy (reference tests).
+PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev python3 python3-numpy)
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+deps() {
+    local missing=()
+    for p in "${PACKAGES[@]}"; do
+        if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then missing+=("$p"); fi
+    done
+    [ ${#missing[@]} -eq 0 ] && { log "packages present"; return 0; }
+    local sudo=()
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null || { log "need root (or sudo) to install: ${missing[*]}"; exit 1; }
+        sudo=(sudo)
+    fi
+    log "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo[@]}" apt-get update -q >/dev/null
+    "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+configure() { # dir [meson options...]
+    local dir=$1; shift
+    local werror=false
+    [ "${CI:-}" = "true" ] && werror=true
+    if [ ! -f "$dir/build.ninja" ]; then
+        meson setup "$dir" -Dwerror=$werror "$@" >/dev/null
+    else
+        meson configure "$dir" -Dwerror=$werror "$@" >/dev/null
+    fi
+}
+
+build() {
+    configure build
+    ninja -C build >/dev/null
+    log "built build/cohort"
+}
+
+# Runs meson test and adds its counts to the totals.
+passed=0; failed=0; skipped=0
+run_suite() { # dir [meson test args...]
+    local dir=$1; shift
+    local out rc=0
+    out=$(meson test -C "$dir" --no-rebuild --print-errorlogs "$@" 2>&1) || rc=$?
+    printf '%s\n' "$out" | grep -vE '^(Ok|Expected Fail|Fail|Unexpected Pass|Skipped|Timeout): ' || true
+    local ok fail skip xf up to
+    ok=$(printf '%s\n' "$out" | awk '/^Ok:/ {print $2}')
+    fail=$(printf '%s\n' "$out" | awk '/^Fail:/ {print $2}')
+    skip=$(printf '%s\n' "$out" | awk '/^Skipped:/ {print $2}')
+    xf=$(printf '%s\n' "$out" | awk '/^Expected Fail:/ {print $3}')
+    up=$(printf '%s\n' "$out" | awk '/^Unexpected Pass:/ {print $3}')
+    to=$(printf '%s\n' "$out" | awk '/^Timeout:/ {print $2}')
+    passed=$((passed + ${ok:-0} + ${xf:-0}))
+    failed=$((failed + ${fail:-0} + ${up:-0} + ${to:-0}))
+    skipped=$((skipped + ${skip:-0}))
+    if [ "$rc" -ne 0 ] && [ "${fail:-0}${to:-0}${up:-0}" = "000" ]; then failed=$((failed + 1)); fi
+}
+
+cmd=${1:-train}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+deps) deps ;;
+build) deps; build ;;
+train)
+    deps; build
+    exec build/cohort train "$@"
+    ;;
+test)
+    deps; build
+    log "running the test suites (release build)"
+    run_suite build
+    log "running the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer"
+    configure build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
+    ninja -C build-asan >/dev/null
+    UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_suite build-asan --suite unit
+    echo "$passed passed, $failed failed, $skipped skipped"
+    [ "$failed" -eq 0 ]
+    ;;
+*) echo "usage: deploy/setup.sh train|test|deps|build" >&2; exit 2 ;;
+esac

@@ -1,0 +1,55 @@
+/* adamw.c - the optimizer step: clip by global norm, AdamW per tensor. */
+#include "optim/adamw.h"
+
+#include "common/error.h"
+
+#include <math.h>
+
+int opt_adamw_init(opt_adamw *o, gpt_model *model, float beta1, float beta2, float eps, float wd, float clip) {
+    kb_backend *be = gpt_backend(model);
+    o->beta1 = beta1;
+    o->beta2 = beta2;
+    o->eps = eps;
+    o->weight_decay = wd;
+    o->clip_grad = clip;
+    o->n = gpt_num_params(model);
+    o->step = 0;
+    o->m = be->ops->alloc(be, o->n * sizeof(float));
+    o->v = be->ops->alloc(be, o->n * sizeof(float));
+    if (!o->m || !o->v) {
+        opt_adamw_free(o, model);
+        return co_err_set(CO_ENOMEM, "optimizer: cannot allocate Adam moments (%zu parameters)", o->n);
+    }
+    return 0;
+}
+
+void opt_adamw_free(opt_adamw *o, gpt_model *model) {
+    kb_backend *be = gpt_backend(model);
+    if (o->m) be->ops->free(be, o->m);
+    if (o->v) be->ops->free(be, o->v);
+    o->m = o->v = NULL;
+}
+
+double opt_grad_norm(gpt_model *model) {
+    kb_backend *be = gpt_backend(model);
+    /* the flat buffer has alignment padding that stays zero, so one reduction covers all */
+    return sqrt(be->ops->sumsq(be, gpt_grads(model), gpt_num_params(model)));
+}
+
+void opt_adamw_step(opt_adamw *o, gpt_model *model, double lr, double grad_norm) {
+    kb_backend *be = gpt_backend(model);
+    float gscale = 1.0f;
+    if (o->clip_grad > 0) {
+        double coeff = o->clip_grad / (grad_norm + 1e-6); /* Megatron's clip_grad_norm */
+        if (coeff < 1.0) gscale = (float)coeff;
+    }
+    o->step++;
+    const gpt_tensor *t = gpt_tensors(model);
+    float *p = gpt_params(model), *g = gpt_grads(model);
+    for (int i = 0; i < gpt_num_tensors(model); i++) {
+        size_t off = t[i].offset;
+        be->ops->adamw(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, (float)lr, o->beta1, o->beta2,
+                       o->eps, t[i].decay ? o->weight_decay : 0.0f, gscale, o->step);
+    }
+    gpt_sync_bf16(model);
+}

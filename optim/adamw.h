@@ -1,0 +1,26 @@
+/* adamw.h - AdamW over the model's flat parameter buffer with global-norm clipping.
+ * Weight decay applies to the tensors the model marks (weight matrices and embeddings),
+ * not to biases and norm parameters, as in Megatron. Moments are fp32, like the master
+ * weights. */
+#ifndef COHORT_OPTIM_ADAMW_H
+#define COHORT_OPTIM_ADAMW_H
+
+#include "model/gpt.h"
+
+typedef struct opt_adamw {
+    float beta1, beta2, eps, weight_decay, clip_grad;
+    float *m, *v;   /* same layout as the parameters */
+    size_t n;
+    int64_t step;   /* optimizer steps taken */
+} opt_adamw;
+
+int opt_adamw_init(opt_adamw *o, gpt_model *model, float beta1, float beta2, float eps, float wd,
+                   float clip_grad);
+void opt_adamw_free(opt_adamw *o, gpt_model *model);
+/* Global L2 norm of the gradients (tied weights counted once: they are one tensor). */
+double opt_grad_norm(gpt_model *model);
+/* One step at learning rate lr, clipping with the given gradient norm. Refreshes the bf16
+ * weight copy. */
+void opt_adamw_step(opt_adamw *o, gpt_model *model, double lr, double grad_norm);
+
+#endif

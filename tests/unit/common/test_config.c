@@ -1,0 +1,175 @@
+/* test_config.c - flag parsing, "did you mean", validation, and the LR schedules. */
+#include "common/config.h"
+#include "common/error.h"
+#include "optim/lr.h"
+#include "tests/test.h"
+
+#include <math.h>
+#include <string.h>
+
+static int parse(co_config *c, const char *line, char *err, size_t n) {
+    char buf[2048];
+    char *argv[128];
+    int argc = 0;
+    snprintf(buf, sizeof buf, "%s", line);
+    for (char *t = strtok(buf, " "); t; t = strtok(NULL, " ")) argv[argc++] = t;
+    co_config_defaults(c);
+    return co_config_parse(c, argc, argv, err, n);
+}
+
+static const char *base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+                          "--micro-batch-size 2 --train-iters 10 --lr 1e-3 ";
+
+static int check_line(const char *extra, char *err, size_t n) {
+    co_config c;
+    char line[2048];
+    snprintf(line, sizeof line, "%s%s", base, extra);
+    int rc = parse(&c, line, err, n);
+    if (!rc) rc = co_config_finalize(&c, 1, err, n);
+    co_config_free(&c);
+    return rc;
+}
+
+static void test_defaults_are_megatrons(void) {
+    co_config c;
+    co_config_defaults(&c);
+    CHECK(c.init_method_std == 0.02);
+    CHECK(c.make_vocab_size_divisible_by == 128);
+    CHECK(c.adam_beta1 == 0.9 && c.adam_beta2 == 0.999 && c.adam_eps == 1e-8);
+    CHECK(c.weight_decay == 0.01 && c.clip_grad == 1.0);
+    CHECK(c.seed == 1234);
+    CHECK(!strcmp(c.split, "969, 30, 1"));
+    CHECK(!strcmp(c.lr_decay_style, "linear"));
+    CHECK(!strcmp(c.tokenizer_type, "GPT2BPETokenizer"));
+    CHECK(c.log_interval == 100 && c.eval_interval == 1000 && c.eval_iters == 100);
+    CHECK(c.hidden_dropout == 0.1 && c.attention_dropout == 0.1);
+    CHECK(c.check_for_nan_in_loss_and_grad);
+    co_config_free(&c);
+}
+
+static void test_parse_forms(void) {
+    co_config c;
+    char err[512];
+    REQUIRE(parse(&c, "--hidden-size=128 --lr 3e-4 --swiglu --no-check-for-nan-in-loss-and-grad "
+                      "--data-path 0.5 A --split=98,1,1 --micro_batch_size 3",
+                  err, sizeof err) == 0);
+    CHECK(c.hidden_size == 128);
+    CHECK(fabs(c.lr - 3e-4) < 1e-12);
+    CHECK(c.swiglu);
+    CHECK(!c.check_for_nan_in_loss_and_grad);
+    CHECK(c.n_data_path == 2 && !strcmp(c.data_path[1], "A"));
+    CHECK(!strcmp(c.split, "98,1,1"));
+    CHECK(c.micro_batch_size == 3);
+    CHECK(co_config_was_set(&c, "hidden-size") && !co_config_was_set(&c, "num-layers"));
+    co_config_free(&c);
+}
+
+static void test_unknown_flag_suggests(void) {
+    co_config c;
+    char err[512];
+    CHECK(parse(&c, "--hiden-size 12", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "did you mean '--hidden-size'"), "%s", err);
+    co_config_free(&c);
+    CHECK(parse(&c, "--num-layer 12", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "'--num-layers'"), "%s", err);
+    co_config_free(&c);
+    CHECK(parse(&c, "--lr", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "needs a value"), "%s", err);
+    co_config_free(&c);
+    CHECK(parse(&c, "--lr abc", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "expects a number"), "%s", err);
+    co_config_free(&c);
+    CHECK(parse(&c, "--normalization BatchNorm", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "LayerNorm|RMSNorm"), "%s", err);
+    co_config_free(&c);
+}
+
+static void test_validation(void) {
+    char err[2048];
+    CHECK(check_line("", err, sizeof err) == 0);
+    CHECK(check_line("--hidden-size 66", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "not divisible by --num-attention-heads"), "%s", err);
+    CHECK(check_line("--global-batch-size 5", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "not a multiple of --micro-batch-size"), "%s", err);
+    CHECK(check_line("--max-position-embeddings 16", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "longer than --max-position-embeddings"), "%s", err);
+    CHECK(check_line("--max-position-embeddings 16 --position-embedding-type rope", err, sizeof err) == 0);
+    CHECK(check_line("--split 0,0,0", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "--split"), "%s", err);
+    CHECK(check_line("--split 1,2,3,4", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--split 98,-1,1", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--group-query-attention --num-query-groups 3", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "--num-query-groups"), "%s", err);
+    CHECK(check_line("--train-samples 20", err, sizeof err) == CO_EINVAL); /* both given */
+    CHECK(check_line("--fp16", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--tensor-model-parallel-size 2", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--lr-warmup-iters 5 --lr-warmup-fraction 0.1", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--tokenizer-type NullTokenizer", err, sizeof err) == CO_EINVAL);
+    /* several problems are reported together, one per line */
+    CHECK(check_line("--hidden-size 66 --global-batch-size 5", err, sizeof err) == CO_EINVAL);
+    CHECK(strchr(err, '\n') != NULL);
+}
+
+static void test_derived(void) {
+    co_config c;
+    char err[512];
+    REQUIRE(parse(&c, "--num-layers 2 --hidden-size 96 --num-attention-heads 4 --seq-length 32 "
+                      "--micro-batch-size 2 --train-iters 10 --lr 1e-3 --swiglu",
+                  err, sizeof err) == 0);
+    REQUIRE(co_config_finalize(&c, 2, err, sizeof err) == 0);
+    CHECK(c.ffn_hidden_size == 256); /* int(4*96*2/3 / 64) * 64 */
+    CHECK(c.kv_channels == 24);
+    CHECK(c.num_query_groups == 4);
+    CHECK(c.max_position_embeddings == 32);
+    CHECK(c.global_batch_size == 4); /* micro x dp */
+    CHECK(c.lr_decay_iters == 10);
+    co_config_free(&c);
+}
+
+static void test_lr_schedules(void) {
+    lr_schedule s = {.max_lr = 1.0, .min_lr = 0.1, .init_lr = 0.0, .warmup_iters = 10, .decay_iters = 110,
+                     .wsd_decay_iters = 20, .style = LR_COSINE, .wsd_style = WSD_EXPONENTIAL};
+    CHECK_CLOSE(lr_at(&s, 0), 0.0, 1e-12, 0);
+    CHECK_CLOSE(lr_at(&s, 5), 0.5, 1e-12, 0);
+    CHECK_CLOSE(lr_at(&s, 10), 1.0, 1e-12, 0);
+    CHECK_CLOSE(lr_at(&s, 60), 0.1 + 0.9 * 0.5 * (cos(M_PI * 0.5) + 1), 1e-12, 0);
+    CHECK_CLOSE(lr_at(&s, 200), 0.1, 1e-12, 0);
+    s.style = LR_LINEAR;
+    CHECK_CLOSE(lr_at(&s, 35), 0.1 + 0.9 * 0.75, 1e-12, 0);
+    s.style = LR_CONSTANT;
+    CHECK_CLOSE(lr_at(&s, 500), 1.0, 1e-12, 0);
+    s.style = LR_INVSQRT;
+    CHECK_CLOSE(lr_at(&s, 40), sqrt(10.0) / sqrt(40.0), 1e-12, 0);
+    s.style = LR_WSD;
+    CHECK_CLOSE(lr_at(&s, 80), 1.0, 1e-12, 0);                           /* stable phase */
+    CHECK_CLOSE(lr_at(&s, 100), 0.1 + 0.9 * (2 * pow(0.5, 0.5) - 1), 1e-12, 0); /* half-way anneal */
+    s.wsd_style = WSD_LINEAR;
+    CHECK_CLOSE(lr_at(&s, 100), 0.1 + 0.9 * 0.5, 1e-12, 0);
+    CHECK(lr_style_parse("WSD") == LR_WSD && lr_style_parse("bogus") == -1);
+}
+
+static void test_split_parse(void) {
+    double f[3];
+    CHECK(co_config_parse_split("98,1,1", f) == 0 && fabs(f[0] - 0.98) < 1e-12 && fabs(f[2] - 0.01) < 1e-12);
+    CHECK(co_config_parse_split("969, 30, 1", f) == 0 && fabs(f[1] - 0.03) < 1e-12);
+    CHECK(co_config_parse_split("1", f) == 0 && f[0] == 1.0 && f[1] == 0 && f[2] == 0);
+    CHECK(co_config_parse_split("a,b", f) == -1);
+}
+
+static void test_edit_distance(void) {
+    CHECK(co_edit_distance("kitten", "sitting") == 3);
+    CHECK(co_edit_distance("", "abc") == 3);
+    CHECK(co_edit_distance("same", "same") == 0);
+}
+
+int main(void) {
+    RUN(test_defaults_are_megatrons);
+    RUN(test_parse_forms);
+    RUN(test_unknown_flag_suggests);
+    RUN(test_validation);
+    RUN(test_derived);
+    RUN(test_lr_schedules);
+    RUN(test_split_parse);
+    RUN(test_edit_distance);
+    return TEST_EXIT();
+}

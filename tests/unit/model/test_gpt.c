@@ -1,0 +1,269 @@
+/* test_gpt.c - the whole model against finite differences, determinism of training steps,
+ * and a learnable synthetic task whose loss must fall below a bound. */
+#include "common/rng.h"
+#include "kernels/backend.h"
+#include "model/gpt.h"
+#include "optim/adamw.h"
+#include "tests/test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static kb_backend *backend(bool bf16) {
+    kb_backend *be = NULL;
+    kb_options o = {.device = KB_DEVICE_CPU, .threads = 2, .bf16 = bf16};
+    if (kb_backend_new(&be, &o)) return NULL;
+    return be;
+}
+
+typedef struct batch_buf {
+    int32_t tok[64], tgt[64], pos[64], seg[64];
+    float mask[64], dscale[64];
+    gpt_batch b;
+} batch_buf;
+
+static void make_batch(batch_buf *bb, int B, int T, int V, uint64_t seed, bool reset) {
+    co_rng r;
+    co_rng_seed(&r, seed);
+    for (int i = 0; i < B * T; i++) {
+        bb->tok[i] = (int32_t)(co_rng_next(&r) % (uint64_t)V);
+        bb->tgt[i] = (int32_t)(co_rng_next(&r) % (uint64_t)V);
+        int t = i % T;
+        bb->pos[i] = t;
+        /* a document boundary at t = T/2 when reset */
+        bb->seg[i] = reset && t >= T / 2 ? T / 2 : 0;
+        bb->mask[i] = (i % 5 == 3) ? 0.0f : 1.0f;
+    }
+    double ntok = 0;
+    for (int i = 0; i < B * T; i++) ntok += bb->mask[i];
+    for (int i = 0; i < B * T; i++) bb->dscale[i] = bb->mask[i] / (float)ntok;
+    bb->b = (gpt_batch){.B = B, .T = T, .tokens = bb->tok, .targets = bb->tgt, .positions = bb->pos,
+                        .seg = reset ? bb->seg : NULL, .loss_mask = bb->mask};
+}
+
+/* mean masked loss, in double from the model's float per-token losses */
+static double loss_of(gpt_model *m, batch_buf *bb, uint64_t dseed) {
+    double ntok = 0;
+    for (int i = 0; i < bb->b.B * bb->b.T; i++) ntok += bb->mask[i];
+    return gpt_forward(m, &bb->b, true, dseed, bb->dscale, NULL) / ntok;
+}
+
+static void grad_check(gpt_config cfg, bool reset, const char *label) {
+    kb_backend *be = backend(false);
+    REQUIRE(be);
+    gpt_model *m = NULL;
+    int B = 2, T = 8;
+    REQUIRE(gpt_new(&m, &cfg, be, B, T) == 0);
+    gpt_init(m, 7);
+    /* larger weights than the default init so every path carries a visible gradient */
+    float *p = gpt_params(m);
+    const gpt_tensor *ts = gpt_tensors(m);
+    co_rng r;
+    co_rng_seed(&r, 99);
+    for (int i = 0; i < gpt_num_tensors(m); i++)
+        for (size_t k = 0; k < ts[i].numel; k++) p[ts[i].offset + k] += (float)(0.3 * co_rng_normal(&r));
+    batch_buf bb;
+    make_batch(&bb, B, T, cfg.vocab, 5, reset);
+    uint64_t dseed = 42;
+    gpt_zero_grad(m);
+    loss_of(m, &bb, dseed);
+    gpt_backward(m, &bb.b, dseed);
+    float *g = malloc(sizeof(float) * gpt_num_params(m));
+    REQUIRE(g);
+    memcpy(g, gpt_grads(m), sizeof(float) * gpt_num_params(m));
+    int bad = 0, checked = 0;
+    double worst = 0;
+    for (int i = 0; i < gpt_num_tensors(m); i++) {
+        const gpt_tensor *t = &ts[i];
+        /* a few entries of every tensor, spread over it */
+        for (int s = 0; s < 6; s++) {
+            size_t k = t->offset + (size_t)((s * 2654435761u) % t->numel);
+            float save = p[k];
+            /* central differences at h and h/2, Richardson-extrapolated to cancel the h^2 term */
+            double d[2];
+            for (int j = 0; j < 2; j++) {
+                float h = j ? 5e-3f : 1e-2f;
+                p[k] = save + h;
+                double lp = loss_of(m, &bb, dseed);
+                p[k] = save - h;
+                double lm = loss_of(m, &bb, dseed);
+                p[k] = save;
+                d[j] = (lp - lm) / (2.0 * h);
+            }
+            double fd = (4.0 * d[1] - d[0]) / 3.0;
+            double err = fabs(fd - g[k]);
+            double tol = 3e-4 + 3e-2 * fabs(fd);
+            checked++;
+            if (err > tol) {
+                if (bad < 5) fprintf(stderr, "  %s: %s[%zu] fd %.6g analytic %.6g\n", label, t->name, k - t->offset, fd, g[k]);
+                bad++;
+            }
+            if (err > worst) worst = err;
+        }
+    }
+    CHECK_MSG(bad == 0, "%s: %d of %d gradient entries disagree with finite differences", label, bad, checked);
+    free(g);
+    gpt_destroy(&m);
+    CHECK(m == NULL);
+    kb_backend_destroy(&be);
+}
+
+static gpt_config tiny(void) {
+    gpt_config c = {.num_layers = 2, .hidden = 16, .heads = 4, .kv_groups = 4, .head_dim = 4, .ffn_hidden = 32,
+                    .vocab = 37, .padded_vocab = gpt_padded_vocab(37, 8), .max_positions = 16, .rope = false,
+                    .rotary_base = 10000.0f, .rmsnorm = false, .norm_eps = 1e-5f, .swiglu = false, .tied = true,
+                    .bias = true, .init_std = 0.02f, .hidden_dropout = 0.0f, .attention_dropout = 0.0f};
+    return c;
+}
+
+static void test_grad_gpt2_style(void) { grad_check(tiny(), false, "layernorm/learned/gelu/tied"); }
+
+static void test_grad_llama_style(void) {
+    gpt_config c = tiny();
+    c.rope = true;
+    c.rmsnorm = true;
+    c.swiglu = true;
+    c.tied = false;
+    c.bias = false;
+    c.kv_groups = 2;
+    grad_check(c, false, "rmsnorm/rope/swiglu/untied/gqa");
+}
+
+static void test_grad_dropout_and_reset_mask(void) {
+    gpt_config c = tiny();
+    c.hidden_dropout = 0.2f;
+    c.attention_dropout = 0.2f;
+    grad_check(c, true, "dropout/reset-attention-mask");
+}
+
+/* Trains a few steps; returns a malloc'd copy of the parameters. */
+static float *train_steps(gpt_config cfg, int steps, bool bf16, double *final_loss) {
+    kb_backend *be = backend(bf16);
+    if (!be) return NULL;
+    gpt_model *m = NULL;
+    int B = 4, T = 16;
+    if (gpt_new(&m, &cfg, be, B, T)) return NULL;
+    gpt_init(m, 1234);
+    opt_adamw opt;
+    opt_adamw_init(&opt, m, 0.9f, 0.95f, 1e-8f, 0.01f, 1.0f);
+    int32_t tok[64], tgt[64], pos[64];
+    float mask[64], dscale[64];
+    co_rng r;
+    co_rng_seed(&r, 3);
+    double loss = 0;
+    for (int s = 0; s < steps; s++) {
+        /* learnable task: each sequence counts up from a random start, modulo the vocabulary */
+        for (int b = 0; b < B; b++) {
+            int start = (int)(co_rng_next(&r) % (uint64_t)cfg.vocab);
+            for (int t = 0; t < T; t++) {
+                int i = b * T + t;
+                tok[i] = (start + t) % cfg.vocab;
+                tgt[i] = (start + t + 1) % cfg.vocab;
+                pos[i] = t;
+                mask[i] = 1;
+                dscale[i] = 1.0f / (float)(B * T);
+            }
+        }
+        gpt_batch bt = {.B = B, .T = T, .tokens = tok, .targets = tgt, .positions = pos, .seg = NULL, .loss_mask = mask};
+        gpt_zero_grad(m);
+        loss = gpt_forward(m, &bt, true, (uint64_t)s, dscale, NULL) / (B * T);
+        gpt_backward(m, &bt, (uint64_t)s);
+        opt_adamw_step(&opt, m, 3e-3, opt_grad_norm(m));
+    }
+    *final_loss = loss;
+    float *copy = malloc(sizeof(float) * gpt_num_params(m));
+    if (copy) memcpy(copy, gpt_params(m), sizeof(float) * gpt_num_params(m));
+    opt_adamw_free(&opt, m);
+    gpt_destroy(&m);
+    kb_backend_destroy(&be);
+    return copy;
+}
+
+static void test_bitwise_repeatable(void) {
+    gpt_config c = tiny();
+    c.hidden_dropout = 0.1f;
+    c.attention_dropout = 0.1f;
+    double l1, l2;
+    float *a = train_steps(c, 20, false, &l1);
+    float *b = train_steps(c, 20, false, &l2);
+    REQUIRE(a && b);
+    kb_backend *be = backend(false);
+    gpt_model *m = NULL;
+    REQUIRE(gpt_new(&m, &c, be, 4, 16) == 0);
+    size_t n = gpt_num_params(m);
+    gpt_destroy(&m);
+    kb_backend_destroy(&be);
+    CHECK(memcmp(a, b, n * sizeof(float)) == 0);
+    CHECK(l1 == l2);
+    free(a);
+    free(b);
+}
+
+static void test_learns_counting(void) {
+    gpt_config c = tiny();
+    c.hidden = 32;
+    c.head_dim = 8;
+    c.ffn_hidden = 64;
+    double loss;
+    float *p = train_steps(c, 150, false, &loss);
+    REQUIRE(p);
+    /* chance is log(37) = 3.61 nats; the task is deterministic given the previous token */
+    CHECK_MSG(loss < 0.5, "loss after 150 steps: %.4f", loss);
+    free(p);
+}
+
+static void test_learns_counting_bf16(void) {
+    gpt_config c = tiny();
+    c.hidden = 32;
+    c.head_dim = 8;
+    c.ffn_hidden = 64;
+    double loss;
+    float *p = train_steps(c, 150, true, &loss);
+    if (!p) TEST_SKIP("bf16 backend unavailable");
+    CHECK_MSG(loss < 0.6, "bf16 loss after 150 steps: %.4f", loss);
+    free(p);
+}
+
+static void test_param_layout(void) {
+    kb_backend *be = backend(false);
+    REQUIRE(be);
+    gpt_config c = tiny();
+    gpt_model *m = NULL;
+    REQUIRE(gpt_new(&m, &c, be, 1, 8) == 0);
+    const gpt_tensor *t = gpt_tensors(m);
+    size_t expect = 0;
+    int decayed = 0;
+    for (int i = 0; i < gpt_num_tensors(m); i++) {
+        CHECK(t[i].offset % 16 == 0);
+        CHECK(t[i].offset >= expect);
+        expect = t[i].offset + t[i].numel;
+        if (t[i].decay) { decayed++; CHECK(t[i].ndim == 2); }
+        else CHECK(t[i].ndim == 1);
+    }
+    CHECK(expect <= gpt_num_params(m));
+    CHECK(!strcmp(t[0].name, "embedding.word_embeddings.weight") && t[0].shape[0] == 40);
+    /* 2 layers x (qkv, proj, fc1, fc2) + wte + wpe */
+    CHECK(decayed == 10);
+    gpt_init(m, 1);
+    /* output projections use std / sqrt(2L) */
+    for (int i = 0; i < gpt_num_tensors(m); i++) {
+        if (strstr(t[i].name, "proj.weight") || strstr(t[i].name, "fc2.weight"))
+            CHECK(fabsf(t[i].init_std - 0.01f) < 1e-7f);
+        else if (t[i].decay)
+            CHECK(fabsf(t[i].init_std - 0.02f) < 1e-7f);
+    }
+    gpt_destroy(&m);
+    kb_backend_destroy(&be);
+}
+
+int main(void) {
+    RUN(test_param_layout);
+    RUN(test_grad_gpt2_style);
+    RUN(test_grad_llama_style);
+    RUN(test_grad_dropout_and_reset_mask);
+    RUN(test_bitwise_repeatable);
+    RUN(test_learns_counting);
+    RUN(test_learns_counting_bf16);
+    return TEST_EXIT();
+}

@@ -1,0 +1,386 @@
+/* trainer.c - one process's training loop (see trainer.h).
+ *
+ * An iteration: for each of M micro batches, read samples consumed + m*mbs ..., forward,
+ * loss = sum(per-token loss * mask), backward with each token weighted
+ * mask / (tokens in its micro batch) / M (Megatron's averaging); then the global gradient
+ * norm, clipping, AdamW at the scheduled rate. Everything is deterministic for a fixed
+ * seed and thread count: dropout masks come from (seed, iteration, micro batch). */
+#include "train/trainer.h"
+
+#include "common/error.h"
+#include "common/rng.h"
+#include "data/gpt_dataset.h"
+#include "kernels/backend.h"
+#include "optim/adamw.h"
+#include "optim/lr.h"
+#include "scheduler/topology.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct trainer {
+    co_config cfg;
+    FILE *log;
+    FILE *metrics;
+    kb_backend *be;
+    gpt_model *model;
+    gpt_config mcfg;
+    opt_adamw opt;
+    lr_schedule lr;
+    topo topo;
+    int M;                   /* micro batches per iteration */
+    gds_dataset *ds[3];      /* train, valid, test (NULL: empty split) */
+    int64_t consumed[3];     /* samples consumed of each split */
+    int64_t iteration;
+    double flops_per_sample;
+    /* one micro batch */
+    int32_t *tokens, *targets, *positions, *seg;
+    float *mask, *dscale, *zeros;
+    /* logging accumulators since the last log line */
+    double loss_sum, tok_sum;
+    int iters_since_log;
+    double time_since_log;
+    int64_t skipped, nan_iters;
+    double last_loss;
+    double start_time;
+    int progress_shown;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void timestamp(char *buf, size_t n) {
+    time_t t = time(NULL);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(buf, n, "%Y-%m-%d %H:%M:%S", &tm);
+}
+
+static uint64_t mix(uint64_t a, uint64_t b) {
+    uint64_t x = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
+    return co_splitmix64(&x);
+}
+
+/* Requested samples per split (megatron-facts.md §2). */
+static int64_t split_samples(const co_config *c, int split) {
+    int64_t gbs = c->global_batch_size;
+    if (split == 0) return c->train_iters * gbs;
+    if (split == 1) return (c->train_iters / c->eval_interval + 1) * c->eval_iters * gbs;
+    return c->eval_iters * gbs;
+}
+
+int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, FILE *log) {
+    *out = NULL;
+    trainer *t = calloc(1, sizeof *t);
+    if (!t) return CO_ENOMEM;
+    t->cfg = *cfg;
+    /* the data paths stay owned by the caller's config */
+    t->log = log ? log : stdout;
+    const co_config *c = &t->cfg;
+    int rc = topo_init(&t->topo, 1, c->tensor_model_parallel_size, c->pipeline_model_parallel_size,
+                       c->context_parallel_size, 0);
+    if (rc) goto fail;
+    t->M = topo_num_microbatches(&t->topo, c->global_batch_size, c->micro_batch_size);
+
+    kb_options bo = {.device = strcmp(c->device, "cuda") == 0 ? KB_DEVICE_CUDA : KB_DEVICE_CPU,
+                     .threads = c->threads,
+                     .bf16 = c->bf16};
+    rc = kb_backend_new(&t->be, &bo);
+    if (rc) goto fail;
+
+    gpt_config *m = &t->mcfg;
+    m->num_layers = c->num_layers;
+    m->hidden = c->hidden_size;
+    m->heads = c->num_attention_heads;
+    m->kv_groups = c->num_query_groups;
+    m->head_dim = c->kv_channels;
+    m->ffn_hidden = c->ffn_hidden_size;
+    m->vocab = data->vocab_size;
+    m->padded_vocab = gpt_padded_vocab(data->vocab_size, c->make_vocab_size_divisible_by);
+    m->max_positions = c->max_position_embeddings;
+    m->rope = strcmp(c->position_embedding_type, "rope") == 0;
+    m->rotary_base = (float)c->rotary_base;
+    m->rmsnorm = strcmp(c->normalization, "RMSNorm") == 0;
+    m->norm_eps = (float)c->norm_epsilon;
+    m->swiglu = c->swiglu;
+    m->tied = !c->untie_embeddings_and_output_weights;
+    m->bias = !c->disable_bias_linear;
+    m->init_std = (float)c->init_method_std;
+    m->hidden_dropout = (float)c->hidden_dropout;
+    m->attention_dropout = (float)c->attention_dropout;
+    rc = gpt_new(&t->model, m, t->be, c->micro_batch_size, c->seq_length);
+    if (rc) goto fail;
+    gpt_init(t->model, (uint64_t)c->seed);
+    rc = opt_adamw_init(&t->opt, t->model, (float)c->adam_beta1, (float)c->adam_beta2, (float)c->adam_eps,
+                        (float)c->weight_decay, (float)c->clip_grad);
+    if (rc) goto fail;
+    t->flops_per_sample = gpt_flops_per_sample(m, c->seq_length);
+
+    t->lr.max_lr = c->lr;
+    t->lr.min_lr = c->min_lr;
+    t->lr.init_lr = c->lr_warmup_init;
+    t->lr.decay_iters = c->lr_decay_iters;
+    t->lr.warmup_iters = c->lr_warmup_fraction >= 0 ? (int64_t)(c->lr_warmup_fraction * (double)c->lr_decay_iters)
+                                                    : c->lr_warmup_iters;
+    t->lr.wsd_decay_iters = c->lr_wsd_decay_iters;
+    t->lr.style = (lr_style)lr_style_parse(c->lr_decay_style);
+    t->lr.wsd_style = (lr_wsd_style)lr_wsd_style_parse(c->lr_wsd_decay_style);
+
+    size_t N = (size_t)c->micro_batch_size * c->seq_length;
+    t->tokens = malloc(N * sizeof(int32_t));
+    t->targets = malloc(N * sizeof(int32_t));
+    t->positions = malloc(N * sizeof(int32_t));
+    t->seg = malloc(N * sizeof(int32_t));
+    t->mask = malloc(N * sizeof(float));
+    t->dscale = malloc(N * sizeof(float));
+    t->zeros = calloc(N, sizeof(float));
+    if (!t->tokens || !t->targets || !t->positions || !t->seg || !t->mask || !t->dscale || !t->zeros) {
+        rc = CO_ENOMEM;
+        goto fail;
+    }
+
+    gds_config dc;
+    memset(&dc, 0, sizeof dc);
+    dc.prefix = data->prefix;
+    dc.mock = c->mock_data;
+    dc.split = c->split;
+    dc.seq_length = c->seq_length;
+    dc.seed = (uint32_t)c->seed;
+    dc.eod = data->eod;
+    dc.vocab_size = data->vocab_size;
+    dc.eod_mask_loss = c->eod_mask_loss;
+    dc.reset_position_ids = c->reset_position_ids;
+    dc.reset_attention_mask = c->reset_attention_mask;
+    dc.cache_dir = c->data_cache_path[0] ? c->data_cache_path : NULL;
+    for (int s = 0; s < 3; s++) {
+        int64_t want = split_samples(c, s);
+        if (want <= 0) continue;
+        rc = gds_build(&t->ds[s], &dc, s, want);
+        if (rc) goto fail;
+    }
+    if (!t->ds[0]) {
+        rc = co_err_set(CO_EINVAL, "the train split of --split '%s' is empty", c->split);
+        goto fail;
+    }
+    if (c->metrics_file[0]) {
+        t->metrics = fopen(c->metrics_file, "a");
+        if (!t->metrics) {
+            rc = co_err_set(CO_EIO, "cannot open --metrics-file %s", c->metrics_file);
+            goto fail;
+        }
+    }
+    t->start_time = now_s();
+    *out = t;
+    return 0;
+fail:
+    trainer_destroy(&t);
+    return rc;
+}
+
+void trainer_destroy(trainer **pt) {
+    trainer *t = *pt;
+    if (!t) return;
+    for (int s = 0; s < 3; s++) gds_destroy(&t->ds[s]);
+    if (t->model) {
+        opt_adamw_free(&t->opt, t->model);
+        gpt_destroy(&t->model);
+    }
+    kb_backend_destroy(&t->be);
+    if (t->metrics) fclose(t->metrics);
+    free(t->tokens);
+    free(t->targets);
+    free(t->positions);
+    free(t->seg);
+    free(t->mask);
+    free(t->dscale);
+    free(t->zeros);
+    free(t);
+    *pt = NULL;
+}
+
+int64_t trainer_iteration(const trainer *t) { return t->iteration; }
+gpt_model *trainer_model(trainer *t) { return t->model; }
+double trainer_last_loss(const trainer *t) { return t->last_loss; }
+
+/* Reads micro batch samples [first, first+B) of split s into the batch buffers. */
+static int load_batch(trainer *t, int s, int64_t first, gpt_batch *b) {
+    const co_config *c = &t->cfg;
+    int B = c->micro_batch_size, T = c->seq_length;
+    int64_t n = gds_num_samples(t->ds[s]);
+    for (int i = 0; i < B; i++) {
+        /* the valid iterator wraps around as Megatron's cyclic evaluation iterator does */
+        int64_t idx = (first + i) % n;
+        size_t o = (size_t)i * T;
+        int rc = gds_get(t->ds[s], idx, t->tokens + o, t->targets + o, t->mask + o, t->positions + o, t->seg + o);
+        if (rc) return rc;
+    }
+    b->B = B;
+    b->T = T;
+    b->tokens = t->tokens;
+    b->targets = t->targets;
+    b->positions = t->positions;
+    b->seg = c->reset_attention_mask ? t->seg : NULL;
+    b->loss_mask = t->mask;
+    return 0;
+}
+
+static void progress_clear(trainer *t) {
+    if (t->progress_shown) {
+        fputs("\r\033[K", stdout);
+        t->progress_shown = 0;
+    }
+}
+
+static void progress_draw(trainer *t, double loss, double tok_s) {
+    const co_config *c = &t->cfg;
+    int width = 30;
+    double frac = (double)t->iteration / (double)c->train_iters;
+    int fill = (int)(frac * width);
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = '\0';
+    double eta = tok_s > 0 ? (double)(c->train_iters - t->iteration) * c->global_batch_size * c->seq_length / tok_s : 0;
+    fprintf(stdout, "\r\033[K[%s] %lld/%lld  loss %.4f  %.0f tok/s  eta %dm%02ds", bar, (long long)t->iteration,
+            (long long)c->train_iters, loss, tok_s, (int)eta / 60, (int)eta % 60);
+    fflush(stdout);
+    t->progress_shown = 1;
+}
+
+static void log_line(trainer *t, double lr, double grad_norm) {
+    const co_config *c = &t->cfg;
+    double ms = 1000.0 * t->time_since_log / t->iters_since_log;
+    double loss = t->tok_sum > 0 ? t->loss_sum / t->tok_sum : NAN;
+    double tflops = t->flops_per_sample * c->global_batch_size / (ms / 1000.0) / 1e12 / t->topo.world;
+    double tok_s = (double)c->global_batch_size * c->seq_length / (ms / 1000.0);
+    char ts[32];
+    timestamp(ts, sizeof ts);
+    progress_clear(t);
+    fprintf(t->log,
+            " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
+            "throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | "
+            "loss scale: %.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: "
+            "%3lld |\n",
+            ts, (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tflops, lr,
+            c->global_batch_size, loss, 1.0, grad_norm, (long long)t->skipped, (long long)t->nan_iters);
+    fflush(t->log);
+    if (t->metrics) {
+        fprintf(t->metrics,
+                "{\"iteration\":%lld,\"train_iters\":%lld,\"consumed_samples\":%lld,\"elapsed_ms_per_iteration\":%.3f,"
+                "\"tokens_per_second\":%.1f,\"tflops_per_rank\":%.4f,\"learning_rate\":%.9e,\"global_batch_size\":%d,"
+                "\"lm_loss\":%.9e,\"loss_scale\":1.0,\"grad_norm\":%.6f,\"skipped_iterations\":%lld,"
+                "\"nan_iterations\":%lld,\"time\":\"%s\"}\n",
+                (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tok_s, tflops, lr,
+                c->global_batch_size, loss, grad_norm, (long long)t->skipped, (long long)t->nan_iters, ts);
+        fflush(t->metrics);
+    }
+    t->last_loss = loss;
+    t->loss_sum = t->tok_sum = 0;
+    t->iters_since_log = 0;
+    t->time_since_log = 0;
+}
+
+int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
+    const co_config *c = &t->cfg;
+    *why = TRAIN_DONE;
+    int B = c->micro_batch_size, T = c->seq_length, N = B * T;
+    bool tty = c->progress && isatty(STDOUT_FILENO);
+    while (t->iteration < c->train_iters) {
+        double t0 = now_s();
+        gpt_zero_grad(t->model);
+        double it_loss = 0, it_tok = 0;
+        for (int mb = 0; mb < t->M; mb++) {
+            gpt_batch b;
+            int rc = load_batch(t, 0, t->consumed[0] + (int64_t)mb * B, &b);
+            if (rc) return rc;
+            double ntok = 0;
+            for (int i = 0; i < N; i++) ntok += t->mask[i];
+            float w = ntok > 0 ? (float)(1.0 / (ntok * t->M)) : 0.0f;
+            for (int i = 0; i < N; i++) t->dscale[i] = t->mask[i] * w;
+            uint64_t seed = mix(mix((uint64_t)c->seed, (uint64_t)t->iteration), (uint64_t)mb);
+            it_loss += gpt_forward(t->model, &b, true, seed, t->dscale, NULL);
+            it_tok += ntok;
+            gpt_backward(t->model, &b, seed);
+        }
+        double gnorm = opt_grad_norm(t->model);
+        double loss = it_tok > 0 ? it_loss / it_tok : 0;
+        if (c->check_for_nan_in_loss_and_grad && (!isfinite(loss) || !isfinite(gnorm))) {
+            t->nan_iters++;
+            progress_clear(t);
+            fprintf(stderr, "cohort: iteration %lld: %s (lm loss %g, grad norm %g); stopping\n",
+                    (long long)t->iteration + 1, !isfinite(loss) ? "NaN/Inf in the loss" : "NaN/Inf in the gradients",
+                    loss, gnorm);
+            *why = TRAIN_NAN;
+            return 0;
+        }
+        double lr = lr_at(&t->lr, t->iteration);
+        opt_adamw_step(&t->opt, t->model, lr, gnorm);
+        t->iteration++;
+        t->consumed[0] += c->global_batch_size;
+        double dt = now_s() - t0;
+        t->loss_sum += it_loss;
+        t->tok_sum += it_tok;
+        t->iters_since_log++;
+        t->time_since_log += dt;
+        if (t->iteration % c->log_interval == 0) log_line(t, lr_at(&t->lr, t->iteration), gnorm);
+        else if (tty) progress_draw(t, loss, (double)c->global_batch_size * T / dt);
+
+        if (c->eval_iters > 0 && t->iteration % c->eval_interval == 0 && t->ds[1] &&
+            t->iteration < c->train_iters) {
+            char label[64];
+            snprintf(label, sizeof label, "iteration %lld", (long long)t->iteration);
+            double vl;
+            int rc = trainer_evaluate(t, 1, label, &vl);
+            if (rc) return rc;
+        }
+        if (stop && *stop) { *why = TRAIN_SIGNAL; break; }
+        if (c->exit_interval > 0 && t->iteration % c->exit_interval == 0) { *why = TRAIN_EXIT_INTERVAL; break; }
+        if (c->exit_duration_in_mins > 0 && (now_s() - t->start_time) / 60.0 > c->exit_duration_in_mins) {
+            *why = TRAIN_EXIT_DURATION;
+            break;
+        }
+    }
+    progress_clear(t);
+    return 0;
+}
+
+int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss) {
+    const co_config *c = &t->cfg;
+    *out_loss = NAN;
+    if (!t->ds[split] || c->eval_iters <= 0) return 0;
+    int B = c->micro_batch_size, N = B * c->seq_length;
+    double loss = 0, tok = 0;
+    for (int64_t it = 0; it < c->eval_iters; it++) {
+        for (int mb = 0; mb < t->M; mb++) {
+            gpt_batch b;
+            int rc = load_batch(t, split, t->consumed[split] + (int64_t)mb * B, &b);
+            if (rc) return rc;
+            loss += gpt_forward(t->model, &b, false, 0, t->zeros, NULL);
+            for (int i = 0; i < N; i++) tok += t->mask[i];
+        }
+        t->consumed[split] += c->global_batch_size;
+    }
+    double mean = tok > 0 ? loss / tok : NAN;
+    *out_loss = mean;
+    char line[512];
+    int n = snprintf(line, sizeof line, " validation loss at %s | lm loss value: %.6E | lm loss PPL: %.6E | ", label,
+                     mean, exp(fmin(20.0, mean)));
+    progress_clear(t);
+    char dashes[512];
+    int len = n + 1 < (int)sizeof dashes ? n + 1 : (int)sizeof dashes - 1;
+    memset(dashes, '-', (size_t)len);
+    dashes[len] = '\0';
+    fprintf(t->log, "%s\n%s\n%s\n", dashes, line, dashes);
+    fflush(t->log);
+    if (t->metrics) {
+        fprintf(t->metrics, "{\"evaluation\":\"%s\",\"iteration\":%lld,\"lm_loss\":%.9e,\"lm_loss_ppl\":%.9e}\n",
+                split == 1 ? "valid" : "test", (long long)t->iteration, mean, exp(fmin(20.0, mean)));
+        fflush(t->metrics);
+    }
+    return 0;
+}

@@ -1,0 +1,49 @@
+/* trainer.h - the training loop of one process: data -> forward -> loss -> backward ->
+ * clip -> AdamW, evaluation, Megatron's log line, metrics file, exit conditions.
+ *
+ * The trainer owns the backend, the model, the optimizer and the three data iterators.
+ * It never exits the process and never installs signal handlers: the caller passes a flag
+ * that a handler sets, and the trainer finishes the current iteration and returns. */
+#ifndef COHORT_TRAIN_TRAINER_H
+#define COHORT_TRAIN_TRAINER_H
+
+#include "common/config.h"
+#include "model/gpt.h"
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct trainer trainer;
+
+/* Why train() returned. */
+typedef enum {
+    TRAIN_DONE = 0,        /* reached --train-iters */
+    TRAIN_EXIT_INTERVAL,   /* --exit-interval */
+    TRAIN_EXIT_DURATION,   /* --exit-duration-in-mins */
+    TRAIN_SIGNAL,          /* SIGTERM / SIGINT */
+    TRAIN_NAN,             /* NaN or Inf loss or gradient norm */
+} train_end;
+
+typedef struct trainer_data {
+    const char *prefix;    /* .bin/.idx prefix, or NULL with cfg->mock_data */
+    int vocab_size;        /* tokenizer vocabulary (before padding) */
+    int eod;               /* end-of-document token id */
+} trainer_data;
+
+/* Builds everything from a finalized configuration. out: log lines (stdout). */
+int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, FILE *log);
+void trainer_destroy(trainer **t);
+
+/* Trains until an exit condition; stop may be set asynchronously by a signal handler. */
+int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why);
+/* Evaluates eval_iters global batches of split (1 valid, 2 test) and prints Megatron's
+ * "validation loss at ..." block. Returns the mean loss in *loss (NaN if the split is empty). */
+int trainer_evaluate(trainer *t, int split, const char *label, double *loss);
+
+int64_t trainer_iteration(const trainer *t);
+gpt_model *trainer_model(trainer *t);
+/* Mean lm loss of the most recent logged interval. */
+double trainer_last_loss(const trainer *t);
+
+#endif
