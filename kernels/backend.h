@@ -91,8 +91,11 @@ typedef struct kb_ops {
      *   value heads, each hd wide. Query head h uses key/value group h / (nh/nkv).
      * seg[B*T] (may be NULL): index of the first position of the token's document within
      *   its sequence; token t attends to j with seg[t] <= j <= t (reset_attention_mask).
-     * out[B*T, nh*hd]; lse[B*nh*T] = log-sum-exp of each softmax row (saved for backward).
-     * dropout p on the attention probabilities, mask from (seed, offset). Memory grows
+     * out[B*T, nh*hd]; lse[B*nh*T] = log-sum-exp of each softmax row (saved for backward),
+     *   laid out lse[(b*nh + h)*T + t], scores scaled by 1/sqrt(hd).
+     * dropout p on the attention probabilities, mask from (seed, offset): probability
+     *   (b, h, t, j) is kept iff kb_keep(seed, offset + ((b*nh + h)*T + t)*T + j, p), then
+     *   scaled by 1/(1-p); lse is that of the undropped softmax. Memory grows
      * with T, not T^2; the masked upper half is not computed. */
     void (*attention_forward)(kb_backend *b, float *out, float *lse, const float *qkv,
                               const int32_t *seg, int B, int T, int nh, int nkv, int hd,

@@ -1,0 +1,47 @@
+/* tokenizer.h - the two tokenizers cohort needs without external vocabularies.
+ *
+ *  - byte: ids 0..255 are the bytes, TOK_BYTE_EOD = 256 is the end-of-document token,
+ *    vocabulary size 257.
+ *  - null: Megatron's _NullTokenizer (--tokenizer-type NullTokenizer --vocab-size V): text is
+ *    space-separated integer ids; eod = V and the reported vocab_size is V + 1 (Megatron's
+ *    _NullTokenizer sets _eod_id = vocab_size and returns vocab_size + 1 from its property),
+ *    so ids 0..V-1 are ordinary tokens and V is EOD. */
+#ifndef COHORT_DATA_TOKENIZER_H
+#define COHORT_DATA_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TOK_BYTE_EOD 256
+#define TOK_BYTE_VOCAB 257
+
+enum { TOK_BYTE = 1, TOK_NULL = 2 };
+
+typedef struct {
+    int kind;
+    int64_t vocab_size; /* ids are 0 .. vocab_size-1, EOD included */
+    int32_t eod;
+} tok_tokenizer;
+
+void tok_byte_init(tok_tokenizer *t);
+/* NullTokenizer with --vocab-size V (V >= 1): vocab_size = V + 1, eod = V. */
+int tok_null_init(tok_tokenizer *t, int64_t vocab_size_arg);
+static inline int64_t tok_vocab_size(const tok_tokenizer *t) { return t->vocab_size; }
+static inline int32_t tok_eod(const tok_tokenizer *t) { return t->eod; }
+
+/* Encodes len bytes of text into at most cap ids (EOD is not appended). Returns the number
+ * of ids the full encoding has (may exceed cap: then only cap were written), or a negative
+ * CO_E* code (null tokenizer: CO_EINVAL for a word that is not an id in range). */
+int64_t tok_encode(const tok_tokenizer *t, const char *text, size_t len, int32_t *out, size_t cap);
+/* Decodes n ids into at most cap bytes (NUL-terminated when cap > 0). byte: EOD decodes to
+ * nothing; null: ids joined by single spaces. Returns the full decoded length (excluding
+ * the NUL) or CO_EINVAL for an id out of range. */
+int64_t tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap);
+
+/* Byte tokenizer shortcuts: encode writes min(len, cap) ids and returns that count;
+ * decode writes at most cap bytes (no NUL), skipping EOD and ids above 255, and returns
+ * the number of bytes written. */
+int tok_byte_encode(const char *text, size_t len, int32_t *out, int cap);
+size_t tok_byte_decode(const int32_t *ids, int n, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,147 @@
+/* cpu.h - private interface of the CPU backend (kernels/cpu/).
+ *
+ * The CPU backend keeps one cpu_state behind kb_backend.impl: the thread count, the oneDNN
+ * engine/stream and a cache of matmul primitives, and scratch buffers grown on demand.
+ * A backend object is used by one thread at a time (the caller's); the kernels
+ * parallelise internally with OpenMP using exactly st->threads threads and static
+ * partitions, so results are bitwise repeatable at a fixed thread count. */
+#ifndef COHORT_KERNELS_CPU_CPU_H
+#define COHORT_KERNELS_CPU_CPU_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "kernels/backend.h"
+
+#define CPU_MM_CACHE 64
+#define CPU_NSCRATCH 5
+
+/* scratch slots */
+enum { CPU_SCR_A16 = 0, CPU_SCR_B16 = 1, CPU_SCR_W16 = 2, CPU_SCR_ATTN = 3, CPU_SCR_MISC = 4 };
+
+typedef struct cpu_mm {
+    /* key */
+    int64_t M, N, K;
+    int ta, tb, bias, acc;
+    /* value */
+    dnnl_primitive_t prim;
+    dnnl_memory_t mem_a, mem_b, mem_bias, mem_c;
+    int manual_bias; /* primitive built without bias: add it afterwards */
+} cpu_mm;
+
+typedef struct cpu_state {
+    int threads;
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    cpu_mm mm[CPU_MM_CACHE];
+    int n_mm, next_evict;
+    void *scratch[CPU_NSCRATCH];
+    size_t scratch_size[CPU_NSCRATCH];
+    /* rope cos/sin table: [npos][hd/2] each */
+    float *rope_cos, *rope_sin;
+    int rope_npos, rope_hd;
+    float rope_base;
+    char desc[128];
+} cpu_state;
+
+static inline cpu_state *cpu_st(kb_backend *b) { return (cpu_state *)b->impl; }
+
+/* Returns a buffer of at least nbytes (64-byte aligned), contents undefined; NULL on OOM. */
+void *cpu_scratch(cpu_state *st, int slot, size_t nbytes);
+
+/* backend construction (cpu_backend.c) */
+int cpu_backend_create(kb_backend **out, const kb_options *opt);
+void cpu_backend_release(kb_backend *b);
+const char *cpu_backend_describe(const kb_backend *b);
+
+/* operations, one group per file */
+void cpu_linear_forward(kb_backend *b, float *out, const float *in, const float *W,
+                        const kb_bf16 *W16, const float *bias, int N, int IC, int OC);
+void cpu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias,
+                         const float *dout, const float *in, const float *W,
+                         const kb_bf16 *W16, int N, int IC, int OC);
+void cpu_mm_release(cpu_state *st);
+
+void cpu_attention_forward(kb_backend *b, float *out, float *lse, const float *qkv,
+                           const int32_t *seg, int B, int T, int nh, int nkv, int hd,
+                           float p_drop, uint64_t seed, uint64_t offset);
+void cpu_attention_backward(kb_backend *b, float *dqkv, const float *dout,
+                            const float *qkv, const float *out, const float *lse,
+                            const int32_t *seg, int B, int T, int nh, int nkv, int hd,
+                            float p_drop, uint64_t seed, uint64_t offset);
+
+void cpu_zero(kb_backend *b, float *x, size_t n);
+void cpu_to_bf16(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n);
+void cpu_embed_forward(kb_backend *b, float *out, const int32_t *tok, const int32_t *pos,
+                       const float *wte, const float *wpe, int N, int C);
+void cpu_embed_backward(kb_backend *b, float *dwte, float *dwpe, const float *dout,
+                        const int32_t *tok, const int32_t *pos, int N, int C, int V);
+void cpu_norm_forward(kb_backend *b, bool rms, float *out, float *mean, float *rstd,
+                      const float *in, const float *w, const float *bias, int N, int C,
+                      float eps);
+void cpu_norm_backward(kb_backend *b, bool rms, float *din, float *dw, float *dbias,
+                       const float *dout, const float *in, const float *w,
+                       const float *mean, const float *rstd, int N, int C);
+void cpu_rope(kb_backend *b, float *qkv, const int32_t *pos, int N, int nh, int nkv, int hd,
+              float base, bool inverse);
+void cpu_gelu_forward(kb_backend *b, float *out, const float *in, size_t n);
+void cpu_gelu_backward(kb_backend *b, float *din, const float *dout, const float *in,
+                       size_t n);
+void cpu_swiglu_forward(kb_backend *b, float *out, const float *in, int N, int F);
+void cpu_swiglu_backward(kb_backend *b, float *din, const float *dout, const float *in,
+                         int N, int F);
+void cpu_add(kb_backend *b, float *out, const float *x, const float *y, size_t n);
+void cpu_scale(kb_backend *b, float *x, float s, size_t n);
+void cpu_dropout(kb_backend *b, float *out, const float *in, size_t n, float p, uint64_t seed,
+                 uint64_t offset);
+void cpu_cross_entropy(kb_backend *b, float *losses, float *logits, const int32_t *targets,
+                       const float *dscale, int N, int Vp);
+double cpu_sumsq(kb_backend *b, const float *x, size_t n);
+void cpu_adamw(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr,
+               float beta1, float beta2, float eps, float wd, float gscale, int64_t t);
+
+/* ---- small inline helpers ---- */
+
+/* bf16 round-to-nearest-even; NaN stays NaN (quiet bit set). */
+static inline kb_bf16 cpu_f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (kb_bf16)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (kb_bf16)(u >> 16);
+}
+static inline float cpu_bf2f(kb_bf16 h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* exp(x) for float, branch-free so loops calling it vectorise; relative error ~2 ulp over
+ * the normal range; x < -87 (including -inf) gives 0, x > 88.5 saturates to a large finite
+ * value. Deterministic (pure arithmetic). */
+static inline float cpu_expf(float x0) {
+    float x = x0 < -87.0f ? -87.0f : x0;
+    x = x > 88.5f ? 88.5f : x;
+    /* round to nearest by the 1.5*2^23 trick (vectorises, no libm call) */
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    /* exp(r) on |r| <= ln2/2: degree-6 Taylor/minimax (Cephes coefficients) */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float s;
+    memcpy(&s, &e, 4);
+    return x0 < -87.0f ? 0.0f : p * s;
+}
+
+#endif

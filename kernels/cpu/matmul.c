@@ -1,0 +1,257 @@
+/* matmul.c - linear layers: fp32 through dnnl_sgemm, bf16 through cached oneDNN matmul
+ * primitives (AMX / AVX512-BF16 where the CPU has them), fp32 accumulation and output. */
+#include <omp.h>
+#include <stdlib.h>
+
+#include "kernels/cpu/cpu.h"
+
+static void sync_threads(cpu_state *st) {
+    /* oneDNN sizes its parallel regions from this thread's OpenMP setting */
+    if (omp_get_max_threads() != st->threads) omp_set_num_threads(st->threads);
+}
+
+void cpu_mm_release(cpu_state *st) {
+    for (int i = 0; i < st->n_mm; i++) {
+        cpu_mm *m = &st->mm[i];
+        if (m->prim) dnnl_primitive_destroy(m->prim);
+        if (m->mem_a) dnnl_memory_destroy(m->mem_a);
+        if (m->mem_b) dnnl_memory_destroy(m->mem_b);
+        if (m->mem_bias) dnnl_memory_destroy(m->mem_bias);
+        if (m->mem_c) dnnl_memory_destroy(m->mem_c);
+        memset(m, 0, sizeof *m);
+    }
+    st->n_mm = 0;
+}
+
+static void mm_clear(cpu_mm *m) {
+    if (m->prim) dnnl_primitive_destroy(m->prim);
+    if (m->mem_a) dnnl_memory_destroy(m->mem_a);
+    if (m->mem_b) dnnl_memory_destroy(m->mem_b);
+    if (m->mem_bias) dnnl_memory_destroy(m->mem_bias);
+    if (m->mem_c) dnnl_memory_destroy(m->mem_c);
+    memset(m, 0, sizeof *m);
+}
+
+/* Builds C[M,N] (+)= A[M,K] B[K,N] (+ bias[N]) with A, B bf16 and C, bias fp32.
+ * ta: A is stored as [K,M]; tb: B is stored as [N,K]. Returns 0 or -1. */
+static int mm_build(cpu_state *st, cpu_mm *m) {
+    dnnl_memory_desc_t a_md, b_md, c_md, bias_md;
+    dnnl_dims_t a_dims = {m->M, m->K}, b_dims = {m->K, m->N}, c_dims = {m->M, m->N};
+    dnnl_dims_t a_str = {m->ta ? 1 : m->K, m->ta ? m->M : 1};
+    dnnl_dims_t b_str = {m->tb ? 1 : m->N, m->tb ? m->K : 1};
+    dnnl_dims_t c_str = {m->N, 1};
+    dnnl_dims_t bias_dims = {1, m->N}, bias_str = {m->N, 1};
+    if (dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_bf16, a_str) ||
+        dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_bf16, b_str) ||
+        dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_str) ||
+        dnnl_memory_desc_init_by_strides(&bias_md, 2, bias_dims, dnnl_f32, bias_str))
+        return -1;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    if (dnnl_primitive_attr_create(&attr)) return -1;
+    if (m->acc) {
+        if (dnnl_post_ops_create(&po) || dnnl_post_ops_append_sum(po, 1.0f) ||
+            dnnl_primitive_attr_set_post_ops(attr, po)) {
+            if (po) dnnl_post_ops_destroy(po);
+            dnnl_primitive_attr_destroy(attr);
+            return -1;
+        }
+        dnnl_post_ops_destroy(po);
+    }
+    dnnl_primitive_desc_t pd = NULL;
+    for (int with_bias = m->bias; with_bias >= 0; with_bias--) {
+        dnnl_matmul_desc_t d;
+        if (dnnl_matmul_desc_init(&d, &a_md, &b_md, with_bias ? &bias_md : NULL, &c_md))
+            continue;
+        if (dnnl_primitive_desc_create(&pd, &d, attr, st->engine, NULL) == dnnl_success) {
+            m->manual_bias = m->bias && !with_bias;
+            break;
+        }
+        pd = NULL;
+        if (!m->bias) break;
+    }
+    dnnl_primitive_attr_destroy(attr);
+    if (!pd) return -1;
+    int rc = dnnl_primitive_create(&m->prim, pd);
+    dnnl_primitive_desc_destroy(pd);
+    if (rc) return -1;
+    if (dnnl_memory_create(&m->mem_a, &a_md, st->engine, DNNL_MEMORY_NONE) ||
+        dnnl_memory_create(&m->mem_b, &b_md, st->engine, DNNL_MEMORY_NONE) ||
+        dnnl_memory_create(&m->mem_c, &c_md, st->engine, DNNL_MEMORY_NONE) ||
+        dnnl_memory_create(&m->mem_bias, &bias_md, st->engine, DNNL_MEMORY_NONE))
+        return -1;
+    return 0;
+}
+
+static cpu_mm *mm_get(cpu_state *st, int64_t M, int64_t N, int64_t K, int ta, int tb, int bias,
+                      int acc) {
+    for (int i = 0; i < st->n_mm; i++) {
+        cpu_mm *m = &st->mm[i];
+        if (m->M == M && m->N == N && m->K == K && m->ta == ta && m->tb == tb &&
+            m->bias == bias && m->acc == acc)
+            return m->prim ? m : NULL;
+    }
+    cpu_mm *m;
+    if (st->n_mm < CPU_MM_CACHE) {
+        m = &st->mm[st->n_mm++];
+    } else {
+        m = &st->mm[st->next_evict];
+        st->next_evict = (st->next_evict + 1) % CPU_MM_CACHE;
+        mm_clear(m);
+    }
+    m->M = M, m->N = N, m->K = K, m->ta = ta, m->tb = tb, m->bias = bias, m->acc = acc;
+    if (mm_build(st, m)) {
+        /* keep the key with prim == NULL: the caller falls back to fp32, and does not
+         * retry the build every call */
+        mm_clear(m);
+        m->M = M, m->N = N, m->K = K, m->ta = ta, m->tb = tb, m->bias = bias, m->acc = acc;
+        return NULL;
+    }
+    return m;
+}
+
+static int mm_run(cpu_state *st, cpu_mm *m, const kb_bf16 *A, const kb_bf16 *B,
+                  const float *bias, float *C) {
+    dnnl_memory_set_data_handle(m->mem_a, (void *)A);
+    dnnl_memory_set_data_handle(m->mem_b, (void *)B);
+    dnnl_memory_set_data_handle(m->mem_c, C);
+    dnnl_exec_arg_t args[4] = {
+        {DNNL_ARG_SRC, m->mem_a}, {DNNL_ARG_WEIGHTS, m->mem_b}, {DNNL_ARG_DST, m->mem_c}};
+    int nargs = 3;
+    if (m->bias && !m->manual_bias) {
+        dnnl_memory_set_data_handle(m->mem_bias, (void *)bias);
+        args[3] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, m->mem_bias};
+        nargs = 4;
+    }
+    if (dnnl_primitive_execute(m->prim, st->stream, nargs, args)) return -1;
+    if (dnnl_stream_wait(st->stream)) return -1;
+    return 0;
+}
+
+/* ---- helpers ---- */
+
+static void convert(cpu_state *st, kb_bf16 *dst, const float *src, size_t n) {
+    const size_t chunk = 1 << 14;
+    size_t nc = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) num_threads(st->threads)
+    for (size_t c = 0; c < nc; c++) {
+        size_t lo = c * chunk, hi = lo + chunk < n ? lo + chunk : n;
+        for (size_t i = lo; i < hi; i++) dst[i] = cpu_f2bf(src[i]);
+    }
+}
+
+static void add_bias(cpu_state *st, float *out, const float *bias, int N, int OC) {
+#pragma omp parallel for schedule(static) num_threads(st->threads)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * OC;
+        for (int j = 0; j < OC; j++) o[j] += bias[j];
+    }
+}
+
+static void fill_bias(cpu_state *st, float *out, const float *bias, int N, int OC) {
+#pragma omp parallel for schedule(static) num_threads(st->threads)
+    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
+}
+
+/* dbias[j] += sum_n dout[n][j]: column blocks in parallel, rows in order within a block. */
+static void col_sums(cpu_state *st, float *dbias, const float *dout, int N, int OC) {
+    enum { CB = 64 };
+    int nb = (OC + CB - 1) / CB;
+#pragma omp parallel for schedule(static) num_threads(st->threads)
+    for (int cb = 0; cb < nb; cb++) {
+        int j0 = cb * CB, j1 = j0 + CB < OC ? j0 + CB : OC;
+        float acc[CB];
+        for (int j = 0; j < CB; j++) acc[j] = 0.0f;
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * OC + j0;
+            if (j1 - j0 == CB) {
+                for (int j = 0; j < CB; j++) acc[j] += d[j];
+            } else {
+                for (int j = 0; j < j1 - j0; j++) acc[j] += d[j];
+            }
+        }
+        for (int j = 0; j < j1 - j0; j++) dbias[j0 + j] += acc[j];
+    }
+}
+
+/* ---- fp32 ---- */
+
+static void fwd_f32(cpu_state *st, float *out, const float *in, const float *W,
+                    const float *bias, int N, int IC, int OC) {
+    if (bias) fill_bias(st, out, bias, N, OC);
+    dnnl_sgemm('N', 'T', N, OC, IC, 1.0f, in, IC, W, IC, bias ? 1.0f : 0.0f, out, OC);
+}
+
+static void bwd_f32(cpu_state *st, float *din, float *dW, const float *dout, const float *in,
+                    const float *W, int N, int IC, int OC) {
+    (void)st;
+    if (din) dnnl_sgemm('N', 'N', N, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, din, IC);
+    if (dW) dnnl_sgemm('T', 'N', OC, IC, N, 1.0f, dout, OC, in, IC, 1.0f, dW, IC);
+}
+
+/* ---- entry points ---- */
+
+void cpu_linear_forward(kb_backend *b, float *out, const float *in, const float *W,
+                        const kb_bf16 *W16, const float *bias, int N, int IC, int OC) {
+    cpu_state *st = cpu_st(b);
+    if (N <= 0 || OC <= 0) return;
+    sync_threads(st);
+    if (b->opt.bf16 && IC > 0) {
+        cpu_mm *m = mm_get(st, N, OC, IC, 0, 1, bias != NULL, 0);
+        kb_bf16 *in16 = cpu_scratch(st, CPU_SCR_A16, (size_t)N * IC * sizeof(kb_bf16));
+        if (m && in16 && !W16) {
+            kb_bf16 *w = cpu_scratch(st, CPU_SCR_W16, (size_t)OC * IC * sizeof(kb_bf16));
+            if (w) convert(st, w, W, (size_t)OC * IC);
+            W16 = w;
+        }
+        if (m && in16 && W16) {
+            convert(st, in16, in, (size_t)N * IC);
+            if (mm_run(st, m, in16, W16, bias, out) == 0) {
+                if (m->manual_bias) add_bias(st, out, bias, N, OC);
+                return;
+            }
+        }
+    }
+    if (IC <= 0) {
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < OC; j++) out[(size_t)n * OC + j] = bias ? bias[j] : 0.0f;
+        return;
+    }
+    fwd_f32(st, out, in, W, bias, N, IC, OC);
+}
+
+void cpu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias,
+                         const float *dout, const float *in, const float *W,
+                         const kb_bf16 *W16, int N, int IC, int OC) {
+    cpu_state *st = cpu_st(b);
+    if (N <= 0 || OC <= 0 || IC <= 0) {
+        if (din && N > 0 && IC > 0) memset(din, 0, (size_t)N * IC * sizeof(float));
+        if (dbias && N > 0 && OC > 0) col_sums(st, dbias, dout, N, OC);
+        return;
+    }
+    sync_threads(st);
+    if (dbias) col_sums(st, dbias, dout, N, OC);
+    if (b->opt.bf16) {
+        cpu_mm *md = din ? mm_get(st, N, IC, OC, 0, 0, 0, 0) : NULL;
+        cpu_mm *mw = dW ? mm_get(st, OC, IC, N, 1, 0, 0, 1) : NULL;
+        kb_bf16 *dout16 = cpu_scratch(st, CPU_SCR_B16, (size_t)N * OC * sizeof(kb_bf16));
+        if (dout16 && (md || mw)) convert(st, dout16, dout, (size_t)N * OC);
+        if (md && dout16) {
+            if (!W16) {
+                kb_bf16 *w = cpu_scratch(st, CPU_SCR_W16, (size_t)OC * IC * sizeof(kb_bf16));
+                if (w) convert(st, w, W, (size_t)OC * IC);
+                W16 = w;
+            }
+            if (W16 && mm_run(st, md, dout16, W16, NULL, din) == 0) din = NULL;
+        }
+        if (mw && dout16) {
+            kb_bf16 *in16 = cpu_scratch(st, CPU_SCR_A16, (size_t)N * IC * sizeof(kb_bf16));
+            if (in16) {
+                convert(st, in16, in, (size_t)N * IC);
+                if (mm_run(st, mw, dout16, in16, NULL, dW) == 0) dW = NULL;
+            }
+        }
+    }
+    /* fp32 (or the fallback for anything the bf16 path could not do) */
+    bwd_f32(st, din, dW, dout, in, W, N, IC, OC);
+}
