@@ -119,8 +119,8 @@ int main(int argc, char **argv) {
     double tok_s = N / (total / steps);
     double model_gflops = gpt_flops_per_sample(&c, T) * B / (total / steps) / 1e9;
     int shapes[][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}, {C, c.padded_vocab}};
+    long rss = peak_rss_mb(); /* before the library measurement allocates its own buffers */
     double lib = bf16 ? 0.0 : library_rate(N, shapes, 5, 3);
-    long rss = peak_rss_mb();
     if (json)
         printf("{\"layers\":%d,\"hidden\":%d,\"seq\":%d,\"micro\":%d,\"vocab\":%d,\"bf16\":%s,\"ms_per_step\":%.1f,"
                "\"tokens_per_s\":%.1f,\"model_gflops\":%.1f,\"library_fp32_gflops\":%.1f,\"peak_rss_mb\":%ld,"
