@@ -165,10 +165,19 @@ int cli_train(int argc, char **argv) {
             return CLI_FAILURE;
         }
         data.prefix = prefix;
+        if (!c.metrics_file[0]) {
+            /* each embedded run starts its own metrics file */
+            if (snprintf(c.metrics_file, sizeof c.metrics_file, "%s/metrics.jsonl", c.workdir) >=
+                (int)sizeof c.metrics_file)
+                c.metrics_file[0] = '\0'; /* workdir path too long: no metrics file */
+            else
+                unlink(c.metrics_file);
+        }
         printf("cohort: no --data-path given: running the embedded default job\n"
                "  corpus: %s (%lld documents, %lld tokens, unigram entropy %.3f nats/token)\n"
                "  written as Megatron .bin/.idx at %s\n",
                info.source_dir, (long long)info.documents, (long long)info.tokens, info.unigram_entropy, prefix);
+        printf("  metrics: %s\n", c.metrics_file);
     }
 
     trainer *t = NULL;

@@ -2,7 +2,7 @@
 #include "data/corpus.h"
 
 #include "common/error.h"
-#include "data/fsutil.h"
+#include "common/fsutil.h"
 #include "data/indexed.h"
 #include "data/tokenizer.h"
 

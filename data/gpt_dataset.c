@@ -2,7 +2,7 @@
 #include "data/gpt_dataset.h"
 
 #include "common/error.h"
-#include "data/fsutil.h"
+#include "common/fsutil.h"
 #include "data/indexed.h"
 #include "data/md5.h"
 #include "data/npy.h"

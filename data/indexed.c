@@ -2,7 +2,7 @@
 #include "data/indexed.h"
 
 #include "common/error.h"
-#include "data/fsutil.h"
+#include "common/fsutil.h"
 
 #include <errno.h>
 #include <fcntl.h>

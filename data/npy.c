@@ -2,7 +2,7 @@
 #include "data/npy.h"
 
 #include "common/error.h"
-#include "data/fsutil.h"
+#include "common/fsutil.h"
 
 #include <inttypes.h>
 #include <stdio.h>

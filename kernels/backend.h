@@ -151,7 +151,16 @@ struct kb_backend {
     const kb_ops *ops;
     kb_options opt;
     void *impl; /* backend-private state */
+    /* Sticky error: operations return void, so one that cannot run (scratch memory it could
+     * not allocate; on a GPU, an asynchronous fault) records a negative CO_E* code here and
+     * leaves its outputs unspecified. Callers check it once per step with kb_backend_status;
+     * it stays set until kb_backend_clear_status. */
+    int status;
 };
+
+/* The sticky error (0 if none); co_err_detail() of the failing thread says which op. */
+static inline int kb_backend_status(const kb_backend *b) { return b->status; }
+static inline void kb_backend_clear_status(kb_backend *b) { b->status = 0; }
 
 /* Creates a backend. Returns 0 or a negative CO_E* code (CO_EUNSUPPORTED for a device this
  * build or machine lacks; co_err_detail() says why). */

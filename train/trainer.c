@@ -47,6 +47,7 @@ struct trainer {
     double last_loss;
     double start_time;
     int progress_shown;
+    double ema_step_s;      /* smoothed step time for the progress bar's rate and ETA */
 };
 
 static double now_s(void) {
@@ -306,8 +307,10 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             it_loss += gpt_forward(t->model, &b, true, seed, t->dscale, NULL);
             it_tok += ntok;
             gpt_backward(t->model, &b, seed);
+            if (kb_backend_status(t->be)) return kb_backend_status(t->be);
         }
         double gnorm = opt_grad_norm(t->model);
+        if (kb_backend_status(t->be)) return kb_backend_status(t->be);
         double loss = it_tok > 0 ? it_loss / it_tok : 0;
         if (c->check_for_nan_in_loss_and_grad && (!isfinite(loss) || !isfinite(gnorm))) {
             t->nan_iters++;
@@ -320,6 +323,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         }
         double lr = lr_at(&t->lr, t->iteration);
         opt_adamw_step(&t->opt, t->model, lr, gnorm);
+        if (kb_backend_status(t->be)) return kb_backend_status(t->be);
         t->iteration++;
         t->consumed[0] += c->global_batch_size;
         double dt = now_s() - t0;
@@ -328,7 +332,9 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         t->iters_since_log++;
         t->time_since_log += dt;
         if (t->iteration % c->log_interval == 0) log_line(t, lr_at(&t->lr, t->iteration), gnorm);
-        else if (tty) progress_draw(t, loss, (double)c->global_batch_size * T / dt);
+        t->ema_step_s = t->ema_step_s > 0 ? 0.9 * t->ema_step_s + 0.1 * dt : dt;
+        if (t->iteration % c->log_interval && tty)
+            progress_draw(t, loss, (double)c->global_batch_size * T / t->ema_step_s);
 
         if (c->eval_iters > 0 && t->iteration % c->eval_interval == 0 && t->ds[1] &&
             t->iteration < c->train_iters) {
@@ -361,6 +367,7 @@ int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss)
             int rc = load_batch(t, split, t->consumed[split] + (int64_t)mb * B, &b);
             if (rc) return rc;
             loss += gpt_forward(t->model, &b, false, 0, t->zeros, NULL);
+            if (kb_backend_status(t->be)) return kb_backend_status(t->be);
             for (int i = 0; i < N; i++) tok += t->mask[i];
         }
         t->consumed[split] += c->global_batch_size;

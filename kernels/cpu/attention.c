@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu.h"
+#include "common/error.h"
 
 #define BQ 64
 #define BK 64
@@ -279,7 +280,10 @@ void cpu_attention_forward(kb_backend *b, float *out, float *lse, const float *q
     geo_init(&g, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
     const size_t per = fwd_scratch_floats(hd);
     float *scr = cpu_scratch(st, CPU_SCR_ATTN, (size_t)st->threads * per * sizeof(float));
-    if (!scr) abort();
+    if (!scr) {
+        b->status = co_err_set(CO_ENOMEM, "attention_forward: cannot allocate scratch");
+        return;
+    }
     const int nqb = (T + BQ - 1) / BQ;
     /* items ordered so that the static partition mixes long (late) and short query blocks */
     const int items = B * nh * nqb;
@@ -446,7 +450,10 @@ void cpu_attention_backward(kb_backend *b, float *dqkv, const float *dout,
     float *scr = cpu_scratch(st, CPU_SCR_ATTN, (size_t)st->threads * per * sizeof(float));
     const size_t headsz = (size_t)B * nh * T * hd;
     float *dkh = cpu_scratch(st, CPU_SCR_MISC, 2 * headsz * sizeof(float));
-    if (!scr || !dkh) abort();
+    if (!scr || !dkh) {
+        b->status = co_err_set(CO_ENOMEM, "attention_backward: cannot allocate scratch");
+        return;
+    }
     float *dvh = dkh + headsz;
     const int items = B * nh;
 #pragma omp parallel num_threads(st->threads)

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu.h"
+#include "common/error.h"
 
 #define CHUNK ((size_t)16384)
 #define NCHUNK(n) (((n) + CHUNK - 1) / CHUNK)
@@ -135,7 +136,10 @@ void cpu_norm_backward(kb_backend *b, bool rms, float *din, float *dw, float *db
     float *part = NULL;
     if (dw || dbias) {
         part = cpu_scratch(st, CPU_SCR_MISC, 2 * (size_t)P * per * sizeof(float));
-        if (!part) abort();
+        if (!part) {
+            b->status = co_err_set(CO_ENOMEM, "norm_backward: cannot allocate scratch");
+            return;
+        }
         memset(part, 0, 2 * (size_t)P * per * sizeof(float));
     }
 #pragma omp parallel for schedule(static) num_threads(st->threads)
@@ -232,7 +236,10 @@ void cpu_rope(kb_backend *b, float *qkv, const int32_t *pos, int N, int nh, int 
     if (N <= 0 || hd < 2) return;
     int maxp = 0;
     for (int n = 0; n < N; n++) maxp = pos[n] > maxp ? pos[n] : maxp;
-    if (rope_table(st, maxp + 1, hd, base)) abort();
+    if (rope_table(st, maxp + 1, hd, base)) {
+        b->status = co_err_set(CO_ENOMEM, "rope: cannot allocate the angle table");
+        return;
+    }
     int half = hd / 2, row = (nh + 2 * nkv) * hd, heads = nh + nkv;
     float sg = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for schedule(static) num_threads(st->threads)
@@ -399,7 +406,10 @@ double cpu_sumsq(kb_backend *b, const float *x, size_t n) {
     size_t nc = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
     if (nc == 0) return 0.0;
     double *part = cpu_scratch(st, CPU_SCR_MISC, nc * sizeof(double));
-    if (!part) abort();
+    if (!part) {
+        b->status = co_err_set(CO_ENOMEM, "sumsq: cannot allocate scratch");
+        return NAN;
+    }
 #pragma omp parallel for schedule(static) num_threads(st->threads)
     for (size_t c = 0; c < nc; c++) {
         size_t lo = c * SUMSQ_CHUNK, hi = lo + SUMSQ_CHUNK < n ? lo + SUMSQ_CHUNK : n;

@@ -1,9 +1,10 @@
-/* fsutil.h - small crash-safe file helpers shared by the data modules.
+/* fsutil.h - crash-safe file helpers shared by every module that writes files: atomic
+ * writes, mkdir -p, whole-file reads.
  *
  * Crash-safe write: the data goes to PATH.tmp, which is fsync'ed, renamed over PATH, and
  * the directory is fsync'ed; a reader sees the old file or the complete new one. */
-#ifndef COHORT_DATA_FSUTIL_H
-#define COHORT_DATA_FSUTIL_H
+#ifndef COHORT_COMMON_FSUTIL_H
+#define COHORT_COMMON_FSUTIL_H
 
 #include <stddef.h>
 

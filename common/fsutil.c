@@ -1,5 +1,5 @@
 /* fsutil.c - crash-safe file helpers. */
-#include "data/fsutil.h"
+#include "common/fsutil.h"
 
 #include "common/error.h"
 
