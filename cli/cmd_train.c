@@ -68,14 +68,14 @@ static void embedded_defaults(co_config *c) {
     DEF("seq-length", seq_length, 128);
     DEF("micro-batch-size", micro_batch_size, 16);
     DEF("global-batch-size", global_batch_size, 32);
-    if (!co_config_was_set(c, "train-iters") && !co_config_was_set(c, "train-samples")) c->train_iters = 300;
+    if (!co_config_was_set(c, "train-iters") && !co_config_was_set(c, "train-samples")) c->train_iters = 240;
     DEF("lr", lr, 2e-3);
     DEF("min-lr", min_lr, 1e-4);
     DEF("lr-warmup-iters", lr_warmup_iters, c->train_iters > 0 ? c->train_iters / 10 : 0);
     DEF("hidden-dropout", hidden_dropout, 0.0);
     DEF("attention-dropout", attention_dropout, 0.0);
     DEF("log-interval", log_interval, 25);
-    DEF("eval-interval", eval_interval, 100);
+    DEF("eval-interval", eval_interval, 80);
     DEF("eval-iters", eval_iters, 4);
     DEF("weight-decay", weight_decay, 0.1);
     DEF("make-vocab-size-divisible-by", make_vocab_size_divisible_by, 64);
