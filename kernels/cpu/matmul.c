@@ -10,19 +10,6 @@ static void sync_threads(cpu_state *st) {
     if (omp_get_max_threads() != st->threads) omp_set_num_threads(st->threads);
 }
 
-void cpu_mm_release(cpu_state *st) {
-    for (int i = 0; i < st->n_mm; i++) {
-        cpu_mm *m = &st->mm[i];
-        if (m->prim) dnnl_primitive_destroy(m->prim);
-        if (m->mem_a) dnnl_memory_destroy(m->mem_a);
-        if (m->mem_b) dnnl_memory_destroy(m->mem_b);
-        if (m->mem_bias) dnnl_memory_destroy(m->mem_bias);
-        if (m->mem_c) dnnl_memory_destroy(m->mem_c);
-        memset(m, 0, sizeof *m);
-    }
-    st->n_mm = 0;
-}
-
 static void mm_clear(cpu_mm *m) {
     if (m->prim) dnnl_primitive_destroy(m->prim);
     if (m->mem_a) dnnl_memory_destroy(m->mem_a);
@@ -30,6 +17,11 @@ static void mm_clear(cpu_mm *m) {
     if (m->mem_bias) dnnl_memory_destroy(m->mem_bias);
     if (m->mem_c) dnnl_memory_destroy(m->mem_c);
     memset(m, 0, sizeof *m);
+}
+
+void cpu_mm_release(cpu_state *st) {
+    for (int i = 0; i < st->n_mm; i++) mm_clear(&st->mm[i]);
+    st->n_mm = 0;
 }
 
 /* Builds C[M,N] (+)= A[M,K] B[K,N] (+ bias[N]) with A, B bf16 and C, bias fp32.
