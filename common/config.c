@@ -15,12 +15,14 @@
 #include <string.h>
 
 typedef enum { F_INT, F_I64, F_DBL, F_STR, F_BOOL, F_NOBOOL, F_LIST } flag_kind;
+/* F_LIST flags store char *[CO_MAX_DATA_PATHS] at off and their count at off2. */
 
 typedef struct flag {
     const char *group;
     const char *name;    /* without the leading dashes */
     flag_kind kind;
     size_t off;          /* offset in co_config */
+    size_t off2;         /* F_LIST: offset of the count */
     size_t size;         /* for F_STR: buffer size */
     const char *def;     /* default as text; NULL: none (unset) */
     const char *choices; /* "a|b|c" or NULL */
@@ -29,12 +31,13 @@ typedef struct flag {
 
 #define OFF(f) offsetof(co_config, f)
 #define SZ(f) sizeof(((co_config *)0)->f)
-#define I(g, n, f, d, h) {g, n, F_INT, OFF(f), 0, d, NULL, h}
-#define L(g, n, f, d, h) {g, n, F_I64, OFF(f), 0, d, NULL, h}
-#define D(g, n, f, d, h) {g, n, F_DBL, OFF(f), 0, d, NULL, h}
-#define S(g, n, f, d, ch, h) {g, n, F_STR, OFF(f), SZ(f), d, ch, h}
-#define B(g, n, f, h) {g, n, F_BOOL, OFF(f), 0, "false", NULL, h}
-#define NB(g, n, f, h) {g, n, F_NOBOOL, OFF(f), 0, "true", NULL, h}
+#define I(g, n, f, d, h) {g, n, F_INT, OFF(f), 0, 0, d, NULL, h}
+#define L(g, n, f, d, h) {g, n, F_I64, OFF(f), 0, 0, d, NULL, h}
+#define D(g, n, f, d, h) {g, n, F_DBL, OFF(f), 0, 0, d, NULL, h}
+#define S(g, n, f, d, ch, h) {g, n, F_STR, OFF(f), 0, SZ(f), d, ch, h}
+#define B(g, n, f, h) {g, n, F_BOOL, OFF(f), 0, 0, "false", NULL, h}
+#define NB(g, n, f, h) {g, n, F_NOBOOL, OFF(f), 0, 0, "true", NULL, h}
+#define LIST(g, n, f, h) {g, n, F_LIST, OFF(f), OFF(n_##f), 0, NULL, NULL, h}
 
 static const flag flags[] = {
     /* model */
@@ -98,8 +101,11 @@ static const flag flags[] = {
     B("optimizer", "bf16", bf16, "bf16 matrix products, fp32 master weights and optimizer state"),
     B("optimizer", "fp16", fp16, "fp16 mixed precision (not supported: use --bf16)"),
     /* data */
-    {"data", "data-path", F_LIST, OFF(data_path), 0, NULL, NULL,
-     "PREFIX of .bin/.idx files, or 'W1 P1 W2 P2 ...' (one prefix for now)"},
+    LIST("data", "data-path", data_path, "PREFIX of .bin/.idx files, or 'W1 P1 W2 P2 ...' to blend"),
+    LIST("data", "train-data-path", train_data_path, "blend for the train split only ('W1 P1 ...')"),
+    LIST("data", "valid-data-path", valid_data_path, "blend for the valid split only"),
+    LIST("data", "test-data-path", test_data_path, "blend for the test split only"),
+    B("data", "sft", sft, "supervised fine-tuning data (JSONL chat messages, prompt masked)"),
     S("data", "split", split, "969, 30, 1", NULL, "train,valid,test proportions"),
     S("data", "data-cache-path", data_cache_path, NULL, NULL, "where index caches go (default beside the data)"),
     B("data", "mock-data", mock_data, "Megatron's MockGPTDataset instead of files"),
@@ -123,6 +129,28 @@ static const flag flags[] = {
     D("exit", "exit-duration-in-mins", exit_duration_in_mins, NULL, "stop after this many minutes"),
     B("exit", "exit-signal-handler", exit_signal_handler,
       "accepted for Megatron scripts: SIGTERM/SIGINT always finish the step and stop"),
+    /* checkpoints */
+    S("checkpoint", "save", save, NULL, NULL, "directory to save checkpoints in"),
+    S("checkpoint", "load", load, NULL, NULL, "directory to load a checkpoint from"),
+    L("checkpoint", "save-interval", save_interval, NULL, "iterations between checkpoints"),
+    I("checkpoint", "most-recent-k", most_recent_k, "-1", "keep only the k most recent checkpoints (-1: all)"),
+    B("checkpoint", "no-save-optim", no_save_optim, "do not save optimizer state"),
+    B("checkpoint", "no-load-optim", no_load_optim, "do not load optimizer state"),
+    B("checkpoint", "no-load-rng", no_load_rng, "do not load generator state"),
+    B("checkpoint", "finetune", finetune, "load weights only; start at iteration 0"),
+    B("checkpoint", "use-checkpoint-args", use_checkpoint_args, "take model arguments from the checkpoint"),
+    B("checkpoint", "exit-on-missing-checkpoint", exit_on_missing_checkpoint, "fail if --load has no checkpoint"),
+    B("checkpoint", "async-save", async_save, "snapshot to memory, write in the background"),
+    L("checkpoint", "ckpt-step", ckpt_step, NULL, "load this iteration instead of the latest"),
+    B("checkpoint", "refuse-corrupt-checkpoint", refuse_corrupt_checkpoint,
+      "[cohort] fail on a corrupt checkpoint instead of falling back to the previous good one"),
+    /* distributed launch */
+    I("distributed", "nproc-per-node", nproc_per_node, "1", "worker processes on this node (torchrun's name)"),
+    I("distributed", "nnodes", nnodes, "1", "nodes in the job"),
+    I("distributed", "node-rank", node_rank, "0", "this node's rank"),
+    S("distributed", "master-addr", master_addr, "127.0.0.1", NULL, "address of node 0's supervisor"),
+    I("distributed", "master-port", master_port, "29500", "port of node 0's supervisor"),
+    S("distributed", "job-secret", job_secret, NULL, NULL, "[cohort] key file from `cohort keygen` (required on tcp)"),
     /* resilience */
     NB("resilience", "check-for-nan-in-loss-and-grad", check_for_nan_in_loss_and_grad,
        "stop when a loss or gradient norm is NaN or Inf"),
@@ -205,16 +233,18 @@ static int apply(co_config *c, const flag *f, const char *v, char *err, size_t e
     case F_NOBOOL: *(bool *)base = true; break;
     case F_LIST: {
         /* "A" or "W1 A W2 B" (spaces or several argv words) */
+        char **list = (char **)(void *)base;
+        int *count = (int *)(void *)((char *)c + f->off2);
         char *copy = strdup(v), *save = NULL;
         if (!copy) return CO_ENOMEM;
-        for (char *tok = strtok_r(copy, " \t,", &save); tok; tok = strtok_r(NULL, " \t,", &save)) {
-            if (c->n_data_path >= CO_MAX_DATA_PATHS) {
+        for (char *tok = strtok_r(copy, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+            if (*count >= CO_MAX_DATA_PATHS) {
                 free(copy);
                 return set_err(err, errlen, "--%s: more than %d entries", f->name, CO_MAX_DATA_PATHS);
             }
-            c->data_path[c->n_data_path] = strdup(tok);
-            if (!c->data_path[c->n_data_path]) { free(copy); return CO_ENOMEM; }
-            c->n_data_path++;
+            list[*count] = strdup(tok);
+            if (!list[*count]) { free(copy); return CO_ENOMEM; }
+            (*count)++;
         }
         free(copy);
         break;
@@ -245,8 +275,13 @@ void co_config_defaults(co_config *c) {
 }
 
 void co_config_free(co_config *c) {
-    for (int i = 0; i < c->n_data_path; i++) free(c->data_path[i]);
-    c->n_data_path = 0;
+    for (size_t i = 0; i < NFLAGS; i++) {
+        if (flags[i].kind != F_LIST) continue;
+        char **list = (char **)(void *)((char *)c + flags[i].off);
+        int *count = (int *)(void *)((char *)c + flags[i].off2);
+        for (int k = 0; k < *count; k++) free(list[k]);
+        *count = 0;
+    }
 }
 
 int co_edit_distance(const char *a, const char *b) {
@@ -465,8 +500,14 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         problem(&P, "--tokenizer-type NullTokenizer needs --vocab-size");
     if (c->n_data_path > 1) {
         if (c->n_data_path % 2) problem(&P, "--data-path with weights needs 'W1 PREFIX1 W2 PREFIX2 ...'");
-        else problem(&P, "blending several --data-path prefixes is not supported yet; give one prefix");
+        else if (c->n_data_path > 2) problem(&P, "blending several --data-path prefixes is not supported yet; give one prefix");
     }
+    if (c->n_train_data_path || c->n_valid_data_path || c->n_test_data_path)
+        problem(&P, "--train-data-path/--valid-data-path/--test-data-path are not supported yet");
+    if (c->sft) problem(&P, "--sft is not supported yet");
+    if (c->nproc_per_node < 1 || c->nnodes < 1 || c->node_rank < 0 || c->node_rank >= c->nnodes)
+        problem(&P, "--nproc-per-node and --nnodes must be positive and --node-rank in [0, --nnodes)");
+    if (c->master_port < 1 || c->master_port > 65535) problem(&P, "--master-port must be in 1..65535");
     if (c->n_data_path && c->mock_data) problem(&P, "give --data-path or --mock-data, not both");
     if (c->threads == 0 || c->threads < -1) problem(&P, "--threads must be positive");
     return P.n ? CO_EINVAL : 0;
@@ -530,14 +571,17 @@ void co_config_write_json(const co_config *c, FILE *out) {
         case F_STR: json_str(out, base); break;
         case F_BOOL:
         case F_NOBOOL: fputs(*(const bool *)base ? "true" : "false", out); break;
-        case F_LIST:
+        case F_LIST: {
+            char *const *list = (char *const *)(const void *)base;
+            int count = *(const int *)(const void *)((const char *)c + f->off2);
             fputc('[', out);
-            for (int k = 0; k < c->n_data_path; k++) {
+            for (int k = 0; k < count; k++) {
                 if (k) fputc(',', out);
-                json_str(out, c->data_path[k]);
+                json_str(out, list[k]);
             }
             fputc(']', out);
             break;
+        }
         }
     }
     fputc('}', out);

@@ -47,6 +47,13 @@ typedef struct co_config {
     /* data */
     char *data_path[CO_MAX_DATA_PATHS];
     int n_data_path;
+    char *train_data_path[CO_MAX_DATA_PATHS];
+    int n_train_data_path;
+    char *valid_data_path[CO_MAX_DATA_PATHS];
+    int n_valid_data_path;
+    char *test_data_path[CO_MAX_DATA_PATHS];
+    int n_test_data_path;
+    bool sft;
     char split[64];
     char data_cache_path[512];
     bool mock_data;
@@ -64,6 +71,19 @@ typedef struct co_config {
     int64_t exit_interval;
     double exit_duration_in_mins;
     bool exit_signal_handler;
+    /* checkpoints */
+    char save[512], load[512];
+    int64_t save_interval;
+    int most_recent_k;
+    bool no_save_optim, no_load_optim, no_load_rng, finetune, use_checkpoint_args;
+    bool exit_on_missing_checkpoint, async_save;
+    int64_t ckpt_step;
+    bool refuse_corrupt_checkpoint;
+    /* distributed launch (torchrun's names) */
+    int nproc_per_node, nnodes, node_rank;
+    char master_addr[256];
+    int master_port;
+    char job_secret[512];
     /* resilience (validated by the supervisor in a later issue) */
     bool check_for_nan_in_loss_and_grad;
     /* cohort */

@@ -1,8 +1,10 @@
 /* error.h - cohort's error codes: negative integers, one table for names and messages.
  *
  * Every library function that can fail returns 0 (or a count) on success and a negative
- * CO_E* code on failure. The code says what kind of failure it was (local resource,
- * malformed input, misuse by the caller, ...); co_err_detail() holds the human sentence
+ * CO_E* code on failure. The code says what kind of failure it was: local (NOMEM, IO,
+ * NOSPC), remote (REMOTE, PROTOCOL, TIMEOUT waiting on a peer), misuse by the caller
+ * (INVAL), or an abort that was asked for (ABORTED) -- what a supervisor needs to choose
+ * between restart and stop. co_err_detail() holds the human sentence
  * for the most recent failure on this thread (file names, the step that failed).
  * Library code never calls exit(). */
 #ifndef COHORT_COMMON_ERROR_H
@@ -22,7 +24,11 @@
     X(INTERRUPTED, -8, "interrupted")                                            \
     X(TIMEOUT, -9, "timed out")                                                  \
     X(NOSPC, -10, "no space left on device")                                     \
-    X(INTERNAL, -11, "internal error")
+    X(INTERNAL, -11, "internal error")                                           \
+    X(ABORTED, -12, "aborted")                                                   \
+    X(REMOTE, -13, "a remote peer failed or went away")                          \
+    X(PROTOCOL, -14, "protocol violation by a peer")                             \
+    X(DENIED, -15, "permission denied")
 
 typedef enum {
     CO_OK = 0,

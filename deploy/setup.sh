@@ -12,8 +12,11 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
 
-# Debian packages by name: compiler, build tools, oneDNN (matrix products), numpy (reference tests).
-PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev python3 python3-numpy)
+# Debian packages by name: compiler, build tools, oneDNN (matrix products), ZeroMQ, libuv and
+# protobuf-c (actors and their protocol), xxHash and Jansson (checkpoints), numpy (reference tests),
+# clang with its sanitizer/fuzzer runtime (fuzz targets).
+PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev libzmq3-dev libuv1-dev libprotobuf-c-dev
+          protobuf-c-compiler libxxhash-dev libjansson-dev python3 python3-numpy clang libclang-rt-14-dev)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 

@@ -48,7 +48,38 @@ struct trainer {
     double start_time;
     int progress_shown;
     double ema_step_s;      /* smoothed step time for the progress bar's rate and ETA */
+    trainer_hook hook;
+    void *hook_ctx;
 };
+
+void trainer_get_progress(const trainer *t, trainer_progress *p) {
+    p->iteration = t->iteration;
+    for (int s = 0; s < 3; s++) p->consumed[s] = t->consumed[s];
+    p->skipped = t->skipped;
+    p->nan_iters = t->nan_iters;
+    p->loss_sum = t->loss_sum;
+    p->tok_sum = t->tok_sum;
+    p->iters_since_log = t->iters_since_log;
+}
+
+void trainer_set_progress(trainer *t, const trainer_progress *p) {
+    t->iteration = p->iteration;
+    for (int s = 0; s < 3; s++) t->consumed[s] = p->consumed[s];
+    t->skipped = p->skipped;
+    t->nan_iters = p->nan_iters;
+    t->loss_sum = p->loss_sum;
+    t->tok_sum = p->tok_sum;
+    t->iters_since_log = p->iters_since_log;
+    t->time_since_log = 0;
+}
+
+struct opt_adamw *trainer_optimizer(trainer *t) { return &t->opt; }
+const co_config *trainer_config(const trainer *t) { return &t->cfg; }
+
+void trainer_set_hook(trainer *t, trainer_hook fn, void *ctx) {
+    t->hook = fn;
+    t->hook_ctx = ctx;
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -344,6 +375,10 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             int rc = trainer_evaluate(t, 1, label, &vl);
             if (rc) return rc;
         }
+        if (t->hook) {
+            int rc = t->hook(t, t->hook_ctx, false, TRAIN_DONE);
+            if (rc < 0) return rc;
+        }
         if (stop && *stop) { *why = TRAIN_SIGNAL; break; }
         if (c->exit_interval > 0 && t->iteration % c->exit_interval == 0) { *why = TRAIN_EXIT_INTERVAL; break; }
         if (c->exit_duration_in_mins > 0 && (now_s() - t->start_time) / 60.0 > c->exit_duration_in_mins) {
@@ -352,6 +387,10 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         }
     }
     progress_clear(t);
+    if (t->hook) {
+        int rc = t->hook(t, t->hook_ctx, true, *why);
+        if (rc < 0) return rc;
+    }
     return 0;
 }
 

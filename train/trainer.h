@@ -11,6 +11,7 @@
 #include "model/gpt.h"
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -40,6 +41,28 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why);
 /* Evaluates eval_iters global batches of split (1 valid, 2 test) and prints Megatron's
  * "validation loss at ..." block. Returns the mean loss in *loss (NaN if the split is empty). */
 int trainer_evaluate(trainer *t, int split, const char *label, double *loss);
+
+/* Everything about the run's position a checkpoint must carry to resume it exactly
+ * (besides the parameters and optimizer state). */
+typedef struct trainer_progress {
+    int64_t iteration;       /* completed iterations */
+    int64_t consumed[3];     /* samples consumed of train, valid, test */
+    int64_t skipped, nan_iters;
+    /* log accumulators since the last log line, so a resumed run logs the same lines */
+    double loss_sum, tok_sum;
+    int iters_since_log;
+} trainer_progress;
+
+void trainer_get_progress(const trainer *t, trainer_progress *p);
+void trainer_set_progress(trainer *t, const trainer_progress *p);
+struct opt_adamw *trainer_optimizer(trainer *t);
+const co_config *trainer_config(const trainer *t);
+
+/* Called on the training thread after every completed iteration, and once more with
+ * final = true when training stops for any reason but an error. A negative return stops
+ * training with that error. Used for checkpoint saving. */
+typedef int (*trainer_hook)(trainer *t, void *ctx, bool final, train_end why);
+void trainer_set_hook(trainer *t, trainer_hook fn, void *ctx);
 
 int64_t trainer_iteration(const trainer *t);
 gpt_model *trainer_model(trainer *t);

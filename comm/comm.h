@@ -1,0 +1,53 @@
+/* comm.h - the collective interface every backend implements: the CPU one over ZeroMQ
+ * (comm/zmq_comm.c) and, later, NCCL. A communicator is a group of `size` ranks; this
+ * process is `rank` in it. Sub-groups (tensor-, pipeline-, data-parallel) are split off.
+ *
+ * Every call blocks until done, until timeout_ms passes (CO_ETIMEOUT; timeout_ms < 0 waits
+ * without limit, still abortable), or until cm_abort is called from any thread
+ * (CO_EABORTED). A peer that disconnects or fails gives CO_EREMOTE. After an error the
+ * communicator is unusable: destroy it and build a new one (the restart path does this).
+ * Reductions use a fixed order, so results are bitwise identical from run to run. */
+#ifndef COHORT_COMM_COMM_H
+#define COHORT_COMM_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { CM_F32 = 0, CM_F64 = 1, CM_I64 = 2 } cm_dtype;
+
+typedef struct cm_comm cm_comm;
+
+typedef struct cm_ops {
+    /* buf[count] = sum over ranks of buf[count], in place */
+    int (*allreduce_sum)(cm_comm *c, void *buf, size_t count, cm_dtype dt, int timeout_ms);
+    /* buf[bytes] from root to everyone */
+    int (*broadcast)(cm_comm *c, void *buf, size_t bytes, int root, int timeout_ms);
+    /* recv[size * bytes] = concatenation of every rank's send[bytes], in rank order */
+    int (*allgather)(cm_comm *c, const void *send, void *recv, size_t bytes, int timeout_ms);
+    /* recv[count] = sum over ranks of send[rank * count .. (rank+1) * count) */
+    int (*reduce_scatter_sum)(cm_comm *c, const void *send, void *recv, size_t count, cm_dtype dt,
+                              int timeout_ms);
+    int (*barrier)(cm_comm *c, int timeout_ms);
+    int (*send)(cm_comm *c, const void *buf, size_t bytes, int peer, int timeout_ms);
+    int (*recv)(cm_comm *c, void *buf, size_t bytes, int peer, int timeout_ms);
+    /* A communicator over ranks[0..n) of this one (this rank must be among them; its new
+     * rank is its index in ranks). Every listed rank calls it with the same list. */
+    int (*split)(cm_comm *c, const int *ranks, int n, cm_comm **out);
+    /* Thread-safe, async-signal-unsafe: makes every blocked and future call return
+     * CO_EABORTED promptly. */
+    void (*abort)(cm_comm *c);
+    void (*destroy)(cm_comm *c);
+} cm_ops;
+
+struct cm_comm {
+    const cm_ops *ops;
+    int rank, size;
+    void *impl;
+};
+
+static inline void cm_destroy(cm_comm **c) {
+    if (*c) (*c)->ops->destroy(*c);
+    *c = NULL;
+}
+
+#endif
