@@ -181,7 +181,7 @@ int cli_train(int argc, char **argv) {
     }
 
     trainer *t = NULL;
-    rc = trainer_new(&t, &c, &data, stdout);
+    rc = trainer_new(&t, &c, &data, stdout, NULL);
     if (rc) {
         fprintf(stderr, "cohort train: setup failed: %s (%s)\n", co_err_detail(), co_strerror(rc));
         co_config_free(&c);

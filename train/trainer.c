@@ -8,6 +8,7 @@
 #include "train/trainer.h"
 
 #include "common/error.h"
+#include "comm/comm.h"
 #include "common/rng.h"
 #include "data/gpt_dataset.h"
 #include "kernels/backend.h"
@@ -23,8 +24,9 @@
 
 struct trainer {
     co_config cfg;
-    FILE *log;
+    FILE *log;              /* NULL on ranks that do not print */
     FILE *metrics;
+    cm_comm *dp;            /* data-parallel group, or NULL */
     kb_backend *be;
     gpt_model *model;
     gpt_config mcfg;
@@ -81,6 +83,9 @@ void trainer_set_hook(trainer *t, trainer_hook fn, void *ctx) {
     t->hook_ctx = ctx;
 }
 
+/* How long a rank waits for its peers in a step's collectives before giving up. */
+#define TRAIN_COMM_TIMEOUT_MS (10 * 60 * 1000)
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -107,16 +112,17 @@ static int64_t split_samples(const co_config *c, int split) {
     return c->eval_iters * gbs;
 }
 
-int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, FILE *log) {
+int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, FILE *log, cm_comm *dp) {
     *out = NULL;
     trainer *t = calloc(1, sizeof *t);
     if (!t) return CO_ENOMEM;
     t->cfg = *cfg;
     /* the data paths stay owned by the caller's config */
-    t->log = log ? log : stdout;
+    t->log = log;
+    t->dp = dp;
     const co_config *c = &t->cfg;
-    int rc = topo_init(&t->topo, 1, c->tensor_model_parallel_size, c->pipeline_model_parallel_size,
-                       c->context_parallel_size, 0);
+    int rc = topo_init(&t->topo, dp ? dp->size : 1, c->tensor_model_parallel_size, c->pipeline_model_parallel_size,
+                       c->context_parallel_size, dp ? dp->rank : 0);
     if (rc) goto fail;
     t->M = topo_num_microbatches(&t->topo, c->global_batch_size, c->micro_batch_size);
 
@@ -177,6 +183,8 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         goto fail;
     }
 
+    /* rank 0 builds (and caches) the data indices first; the others then load them */
+    if (t->dp && t->dp->rank != 0 && (rc = t->dp->ops->barrier(t->dp, -1))) goto fail;
     gds_config dc;
     memset(&dc, 0, sizeof dc);
     dc.prefix = data->prefix;
@@ -196,11 +204,12 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         rc = gds_build(&t->ds[s], &dc, s, want);
         if (rc) goto fail;
     }
+    if (t->dp && t->dp->rank == 0 && (rc = t->dp->ops->barrier(t->dp, -1))) goto fail;
     if (!t->ds[0]) {
         rc = co_err_set(CO_EINVAL, "the train split of --split '%s' is empty", c->split);
         goto fail;
     }
-    if (c->metrics_file[0]) {
+    if (c->metrics_file[0] && t->log) {
         t->metrics = fopen(c->metrics_file, "a");
         if (!t->metrics) {
             rc = co_err_set(CO_EIO, "cannot open --metrics-file %s", c->metrics_file);
@@ -293,14 +302,14 @@ static void log_line(trainer *t, double lr, double grad_norm) {
     char ts[32];
     timestamp(ts, sizeof ts);
     progress_clear(t);
-    fprintf(t->log,
+    if (t->log) fprintf(t->log,
             " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
             "throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | "
             "loss scale: %.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: "
             "%3lld |\n",
             ts, (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tflops, lr,
             c->global_batch_size, loss, 1.0, grad_norm, (long long)t->skipped, (long long)t->nan_iters);
-    fflush(t->log);
+    if (t->log) fflush(t->log);
     if (t->metrics) {
         fprintf(t->metrics,
                 "{\"iteration\":%lld,\"train_iters\":%lld,\"consumed_samples\":%lld,\"elapsed_ms_per_iteration\":%.3f,"
@@ -317,28 +326,58 @@ static void log_line(trainer *t, double lr, double grad_norm) {
     t->time_since_log = 0;
 }
 
+/* Data-parallel reduction of one step: gradients summed then averaged (one flat
+ * all-reduce over the gradient buffer, chunked by the communicator), loss sums and token
+ * counts summed, and the stop votes combined (a signal on any rank wins over a duration
+ * limit). Every rank ends with identical bits. */
+static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) {
+    cm_comm *dp = t->dp;
+    int rc = dp->ops->allreduce_sum(dp, gpt_grads(t->model), gpt_num_params(t->model), CM_F32, TRAIN_COMM_TIMEOUT_MS);
+    if (rc) return rc;
+    kb_backend *be = t->be;
+    be->ops->scale(be, gpt_grads(t->model), 1.0f / (float)dp->size, gpt_num_params(t->model));
+    double rep[4] = {*loss, *tok, *stop_reason == 1, *stop_reason == 2};
+    rc = dp->ops->allreduce_sum(dp, rep, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    if (rc) return rc;
+    *loss = rep[0];
+    *tok = rep[1];
+    *stop_reason = rep[2] > 0 ? 1 : rep[3] > 0 ? 2 : 0;
+    return 0;
+}
+
 int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
     const co_config *c = &t->cfg;
     *why = TRAIN_DONE;
     int B = c->micro_batch_size, T = c->seq_length, N = B * T;
-    bool tty = c->progress && isatty(STDOUT_FILENO);
+    bool tty = c->progress && t->log == stdout && isatty(STDOUT_FILENO);
     while (t->iteration < c->train_iters) {
         double t0 = now_s();
         gpt_zero_grad(t->model);
         double it_loss = 0, it_tok = 0;
         for (int mb = 0; mb < t->M; mb++) {
             gpt_batch b;
-            int rc = load_batch(t, 0, t->consumed[0] + (int64_t)mb * B, &b);
+            /* Megatron's sampler: each group of micro x dp samples is one micro batch per
+             * rank; gmb is the micro batch's index in a one-rank run of the same batch */
+            int64_t gmb = (int64_t)mb * t->topo.dp + t->topo.dp_rank;
+            int rc = load_batch(t, 0, t->consumed[0] + gmb * B, &b);
             if (rc) return rc;
             double ntok = 0;
             for (int i = 0; i < N; i++) ntok += t->mask[i];
             float w = ntok > 0 ? (float)(1.0 / (ntok * t->M)) : 0.0f;
             for (int i = 0; i < N; i++) t->dscale[i] = t->mask[i] * w;
-            uint64_t seed = mix(mix((uint64_t)c->seed, (uint64_t)t->iteration), (uint64_t)mb);
+            uint64_t seed = mix(mix((uint64_t)c->seed, (uint64_t)t->iteration), (uint64_t)gmb);
             it_loss += gpt_forward(t->model, &b, true, seed, t->dscale, NULL);
             it_tok += ntok;
             gpt_backward(t->model, &b, seed);
             if (kb_backend_status(t->be)) return kb_backend_status(t->be);
+        }
+        /* one vote per rank on stopping, so that every rank stops after the same iteration */
+        bool want_stop = (stop && *stop) ||
+                         (c->exit_duration_in_mins > 0 && (now_s() - t->start_time) / 60.0 > c->exit_duration_in_mins);
+        int stop_reason = stop && *stop ? 1 : want_stop ? 2 : 0;
+        if (t->dp) {
+            int rc = reduce_step(t, &it_loss, &it_tok, &stop_reason);
+            if (rc) return rc;
         }
         double gnorm = opt_grad_norm(t->model);
         if (kb_backend_status(t->be)) return kb_backend_status(t->be);
@@ -379,12 +418,9 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             int rc = t->hook(t, t->hook_ctx, false, TRAIN_DONE);
             if (rc < 0) return rc;
         }
-        if (stop && *stop) { *why = TRAIN_SIGNAL; break; }
+        if (stop_reason == 1) { *why = TRAIN_SIGNAL; break; }
         if (c->exit_interval > 0 && t->iteration % c->exit_interval == 0) { *why = TRAIN_EXIT_INTERVAL; break; }
-        if (c->exit_duration_in_mins > 0 && (now_s() - t->start_time) / 60.0 > c->exit_duration_in_mins) {
-            *why = TRAIN_EXIT_DURATION;
-            break;
-        }
+        if (stop_reason == 2) { *why = TRAIN_EXIT_DURATION; break; }
     }
     progress_clear(t);
     if (t->hook) {
@@ -403,13 +439,21 @@ int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss)
     for (int64_t it = 0; it < c->eval_iters; it++) {
         for (int mb = 0; mb < t->M; mb++) {
             gpt_batch b;
-            int rc = load_batch(t, split, t->consumed[split] + (int64_t)mb * B, &b);
+            int64_t gmb = (int64_t)mb * t->topo.dp + t->topo.dp_rank;
+            int rc = load_batch(t, split, t->consumed[split] + gmb * B, &b);
             if (rc) return rc;
             loss += gpt_forward(t->model, &b, false, 0, t->zeros, NULL);
             if (kb_backend_status(t->be)) return kb_backend_status(t->be);
             for (int i = 0; i < N; i++) tok += t->mask[i];
         }
         t->consumed[split] += c->global_batch_size;
+    }
+    if (t->dp) {
+        double rep[2] = {loss, tok};
+        int rc = t->dp->ops->allreduce_sum(t->dp, rep, 2, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+        if (rc) return rc;
+        loss = rep[0];
+        tok = rep[1];
     }
     double mean = tok > 0 ? loss / tok : NAN;
     *out_loss = mean;
@@ -421,8 +465,10 @@ int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss)
     int len = n + 1 < (int)sizeof dashes ? n + 1 : (int)sizeof dashes - 1;
     memset(dashes, '-', (size_t)len);
     dashes[len] = '\0';
-    fprintf(t->log, "%s\n%s\n%s\n", dashes, line, dashes);
-    fflush(t->log);
+    if (t->log) {
+        fprintf(t->log, "%s\n%s\n%s\n", dashes, line, dashes);
+        fflush(t->log);
+    }
     if (t->metrics) {
         fprintf(t->metrics, "{\"evaluation\":\"%s\",\"iteration\":%lld,\"lm_loss\":%.9e,\"lm_loss_ppl\":%.9e}\n",
                 split == 1 ? "valid" : "test", (long long)t->iteration, mean, exp(fmin(20.0, mean)));

@@ -32,8 +32,14 @@ typedef struct trainer_data {
     int eod;               /* end-of-document token id */
 } trainer_data;
 
-/* Builds everything from a finalized configuration. out: log lines (stdout). */
-int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, FILE *log);
+struct cm_comm;
+
+/* Builds everything from a finalized configuration. log: where log lines go (stdout; NULL
+ * for a rank that does not print). dp: the data-parallel communicator (NULL: one process);
+ * with it, this rank takes its share of every global batch, gradients and loss reports are
+ * all-reduced each step, and rank 0 builds the data index caches before the others. */
+int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, FILE *log,
+                struct cm_comm *dp);
 void trainer_destroy(trainer **t);
 
 /* Trains until an exit condition; stop may be set asynchronously by a signal handler. */
