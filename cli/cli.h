@@ -12,6 +12,8 @@ enum { CLI_OK = 0, CLI_FAILURE = 1, CLI_USAGE = 2, CLI_NAN = 3 };
 
 int cli_train(int argc, char **argv);
 int cli_data(int argc, char **argv);
+int cli_ckpt(int argc, char **argv);
+int cli_keygen(int argc, char **argv);
 
 /* Resolves the tokenizer named in the configuration to (vocab size, EOD id). */
 int cli_tokenizer(const co_config *c, int *vocab, int *eod, char *err, size_t errlen);

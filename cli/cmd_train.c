@@ -2,14 +2,20 @@
  * default corpus), train, evaluate, and (embedded job) show text sampled from the model. */
 #include "cli/cli.h"
 
+#include "checkpoint/train_ckpt.h"
 #include "common/error.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
 #include "kernels/backend.h"
 #include "train/sample.h"
 #include "train/trainer.h"
+#include "comm/zmq_comm.h"
+#include "supervisor/link.h"
+#include "supervisor/supervisor.h"
 
 #include <math.h>
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,14 +99,14 @@ static void default_workdir(co_config *c) {
     else snprintf(c->workdir, sizeof c->workdir, "cohort-work");
 }
 
-static void print_samples(trainer *t, const co_config *c, int lines) {
+static void print_samples(trainer *t, const co_config *c, int lines, FILE *out) {
     static const char *prompts[] = {"The ", "You may ", "Permission is ", "This License ", "THE SOFTWARE ",
                                     "Copyright ", "If you ", "Each "};
     gpt_model *m = trainer_model(t);
     int max_len = 160;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)max_len);
     if (!tok) return;
-    printf("\nsamples from the trained model (seed %lld, temperature 0.7):\n", (long long)c->seed);
+    fprintf(out, "\nsamples from the trained model (seed %lld, temperature 0.7):\n", (long long)c->seed);
     for (int i = 0; i < lines; i++) {
         const char *p = prompts[i % (int)(sizeof prompts / sizeof prompts[0])];
         tok_tokenizer bt;
@@ -113,9 +119,137 @@ static void print_samples(trainer *t, const co_config *c, int lines) {
         text[len] = '\0';
         for (size_t k = 0; k < len; k++)
             if (text[k] == '\n' || (unsigned char)text[k] < 0x20) text[k] = ' ';
-        printf("  > %s\n", text);
+        fprintf(out, "  > %s\n", text);
     }
     free(tok);
+}
+
+/* This node's address as the other nodes reach it. */
+static void node_address(const co_config *c, char *out, size_t n) {
+    if (c->node_addr[0]) {
+        snprintf(out, n, "%s", c->node_addr);
+        return;
+    }
+    if (c->node_rank == 0 || c->nnodes == 1) {
+        snprintf(out, n, "%s", c->master_addr);
+        return;
+    }
+    char host[256] = "localhost";
+    gethostname(host, sizeof host - 1);
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_INET;
+    snprintf(out, n, "%s", host);
+    if (getaddrinfo(host, NULL, &hints, &res) == 0 && res) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)res->ai_addr)->sin_addr, out, (socklen_t)n);
+        freeaddrinfo(res);
+    }
+}
+
+static void install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+static int report_progress(trainer *t, void *ctx, bool final, train_end why) {
+    (void)final;
+    (void)why;
+    sv_link_progress(ctx, trainer_iteration(t));
+    return 0;
+}
+
+/* Trains in this process: alone, or as one data-parallel worker (link != NULL). out: where
+ * this rank prints (NULL: it does not). info: the embedded corpus, or NULL. */
+static int run_training(co_config *cp, const trainer_data *data, const corpus_info *info, FILE *out,
+                        sv_link *link, const sv_assignment *asg) {
+    co_config c = *cp;
+    cm_comm *dp = NULL;
+    int rc = 0;
+    if (link && asg->world > 1) {
+        rc = cm_zmq_new(&dp, asg->rank, asg->world, (const char *const *)asg->endpoints, NULL);
+        if (rc) {
+            fprintf(stderr, "cohort worker %d: connecting to the other workers failed: %s (%s)\n", asg->rank,
+                    co_err_detail(), co_strerror(rc));
+            return CLI_FAILURE;
+        }
+        sv_link_attach_comm(link, dp);
+    }
+    trainer *t = NULL;
+    rc = trainer_new(&t, &c, data, out, dp);
+    if (rc) {
+        fprintf(stderr, "cohort train: setup failed: %s (%s)\n", co_err_detail(), co_strerror(rc));
+        if (link) sv_link_attach_comm(link, NULL);
+        cm_destroy(&dp);
+        return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE;
+    }
+    if (link) trainer_set_hook(t, report_progress, link);
+    /* --- checkpoint (issue 5): --load, then the --save hook (rank 0 writes) --- */
+    ck_train *ckpt = NULL;
+    rc = ck_train_attach(&ckpt, t, out, link ? asg->rank : 0, dp ? dp->size : 1);
+    if (rc) {
+        fprintf(stderr, "cohort train: checkpoint: %s (%s)\n", co_err_detail(), co_strerror(rc));
+        trainer_destroy(&t);
+        if (link) sv_link_attach_comm(link, NULL);
+        cm_destroy(&dp);
+        return CLI_FAILURE;
+    }
+    /* --- end checkpoint --- */
+    if (out) {
+        fprintf(out, "cohort: model %zu parameters (%d layers, hidden %d, %d heads, vocab %d padded to %d), %s\n",
+                gpt_num_params(trainer_model(t)), c.num_layers, c.hidden_size, c.num_attention_heads, data->vocab_size,
+                gpt_get_config(trainer_model(t))->padded_vocab, kb_backend_describe(gpt_backend(trainer_model(t))));
+        fprintf(out, "cohort: training %lld iterations of %d samples x %d tokens (%d micro batches of %d per rank, %d rank%s)\n",
+                (long long)c.train_iters, c.global_batch_size, c.seq_length,
+                c.global_batch_size / c.micro_batch_size / (dp ? dp->size : 1), c.micro_batch_size, dp ? dp->size : 1,
+                dp && dp->size > 1 ? "s" : "");
+        fflush(out);
+    }
+    if (!link) install_signals();
+
+    train_end why;
+    rc = trainer_train(t, &g_stop, &why);
+    int status = CLI_OK;
+    if (rc) {
+        fprintf(stderr, "cohort train: training failed at iteration %lld: %s (%s)\n",
+                (long long)trainer_iteration(t), co_err_detail(), co_strerror(rc));
+        status = CLI_FAILURE;
+    } else if (why == TRAIN_NAN) {
+        status = CLI_NAN;
+    } else {
+        long long it = (long long)trainer_iteration(t);
+        if (out && why == TRAIN_SIGNAL) fprintf(out, "cohort: stopped by signal after iteration %lld\n", it);
+        if (out && why == TRAIN_EXIT_INTERVAL) fprintf(out, "cohort: --exit-interval reached at iteration %lld\n", it);
+        if (out && why == TRAIN_EXIT_DURATION) fprintf(out, "cohort: --exit-duration-in-mins reached at iteration %lld\n", it);
+        char label[96];
+        double vl = NAN, tl = NAN;
+        if (why != TRAIN_SIGNAL) {
+            snprintf(label, sizeof label, "iteration %lld on validation set", it);
+            rc = trainer_evaluate(t, 1, label, &vl);
+            snprintf(label, sizeof label, "iteration %lld on test set", it);
+            if (!rc) rc = trainer_evaluate(t, 2, label, &tl);
+            if (rc) {
+                fprintf(stderr, "cohort train: evaluation failed: %s\n", co_err_detail());
+                status = CLI_FAILURE;
+            }
+        }
+        if (info && out && status == CLI_OK) {
+            fprintf(out, "\ncohort: validation loss %.3f nats/token against the corpus's unigram entropy %.3f: %s\n", vl,
+                    info->unigram_entropy,
+                    vl < info->unigram_entropy * 0.75 ? "the model learned structure beyond letter frequencies"
+                                                      : "not much below letter frequencies yet (train longer)");
+            if (c.sample_lines > 0) print_samples(t, &c, c.sample_lines, out);
+        }
+    }
+    if (out) fflush(out);
+    ck_train_destroy(&ckpt); /* checkpoint (issue 5): waits for a background save */
+    trainer_destroy(&t);
+    if (link) sv_link_attach_comm(link, NULL);
+    cm_destroy(&dp);
+    return status;
 }
 
 int cli_train(int argc, char **argv) {
@@ -140,17 +274,51 @@ int cli_train(int argc, char **argv) {
         co_config_free(&c);
         return CLI_USAGE;
     }
-    bool embedded = c.n_data_path == 0 && !c.mock_data;
+    bool embedded = c.n_data_path == 0 && !c.mock_data && !c.n_train_data_path; /* no data flags at all */
     if (embedded) embedded_defaults(&c);
-    rc = co_config_finalize(&c, 1, err, sizeof err);
+    /* --- checkpoint (issue 5): --use-checkpoint-args and the checkpoint's seed --- */
+    ck_train_prepare(&c, sv_link_wanted() ? NULL : stdout);
+    /* --- end checkpoint --- */
+
+    /* A worker learns its place from the supervisor before validating (the data-parallel
+     * size decides what a valid global batch is). */
+    sv_link *link = NULL;
+    sv_assignment asg;
+    memset(&asg, 0, sizeof asg);
+    bool worker = sv_link_wanted();
+    if (worker) {
+        install_signals();
+        rc = sv_link_open(&link, &g_stop, (int)(c.rendezvous_timeout * 1000), &asg);
+        if (rc) {
+            fprintf(stderr, "cohort worker: %s (%s)\n", co_err_detail(), co_strerror(rc));
+            co_config_free(&c);
+            return CLI_FAILURE;
+        }
+    }
+    int dp = worker ? asg.dp : c.nproc_per_node * c.nnodes;
+    if (worker && !co_config_was_set(&c, "threads")) {
+        /* the node's cores are shared by its workers */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        c.threads = (int)(cores / c.nproc_per_node > 0 ? cores / c.nproc_per_node : 1);
+    }
+    rc = co_config_finalize(&c, dp, err, sizeof err);
     int vocab = 0, eod = 0;
     if (!rc) rc = cli_tokenizer(&c, &vocab, &eod, err, sizeof err);
     if (rc) {
         fprintf(stderr, "cohort train: invalid configuration:\n");
         for (char *line = strtok(err, "\n"); line; line = strtok(NULL, "\n")) fprintf(stderr, "  %s\n", line);
+        sv_link_close(&link, CLI_USAGE);
+        sv_assignment_free(&asg);
         co_config_free(&c);
         return CLI_USAGE;
     }
+    bool supervisor = !worker && dp > 1;
+
+    /* Only the logging rank (the last, as in Megatron) prints; a worker's lines travel to
+     * the supervisor, which prints them. */
+    bool printer = !worker || asg.rank == asg.world - 1;
+    FILE *out = !worker ? stdout : printer ? sv_link_log_stream(link) : NULL;
+    if (printer && !out) out = stdout;
 
     trainer_data data = {.prefix = cli_data_prefix(&c), .vocab_size = vocab, .eod = eod};
     corpus_info info;
@@ -158,11 +326,22 @@ int cli_train(int argc, char **argv) {
     char prefix[1024];
     if (embedded) {
         default_workdir(&c);
-        rc = corpus_build_default(c.workdir, prefix, sizeof prefix, &info);
-        if (rc) {
-            fprintf(stderr, "cohort train: building the embedded corpus failed: %s\n", co_err_detail());
-            co_config_free(&c);
-            return CLI_FAILURE;
+        const char *ready = getenv("COHORT_CORPUS_READY");
+        if (worker && ready) {
+            /* the supervisor built it once for every worker */
+            snprintf(prefix, sizeof prefix, "%s", ready);
+            const char *st = getenv("COHORT_CORPUS_STATS");
+            if (st) sscanf(st, "%lld %lld %lf", (long long *)&info.documents, (long long *)&info.tokens, &info.unigram_entropy);
+            snprintf(info.source_dir, sizeof info.source_dir, "%s", CORPUS_DEFAULT_DIR);
+        } else {
+            rc = corpus_build_default(c.workdir, prefix, sizeof prefix, &info);
+            if (rc) {
+                fprintf(stderr, "cohort train: building the embedded corpus failed: %s\n", co_err_detail());
+                sv_link_close(&link, CLI_FAILURE);
+                sv_assignment_free(&asg);
+                co_config_free(&c);
+                return CLI_FAILURE;
+            }
         }
         data.prefix = prefix;
         if (!c.metrics_file[0]) {
@@ -170,72 +349,45 @@ int cli_train(int argc, char **argv) {
             if (snprintf(c.metrics_file, sizeof c.metrics_file, "%s/metrics.jsonl", c.workdir) >=
                 (int)sizeof c.metrics_file)
                 c.metrics_file[0] = '\0'; /* workdir path too long: no metrics file */
-            else
+            else if (!worker)
                 unlink(c.metrics_file);
         }
-        printf("cohort: no --data-path given: running the embedded default job\n"
-               "  corpus: %s (%lld documents, %lld tokens, unigram entropy %.3f nats/token)\n"
-               "  written as Megatron .bin/.idx at %s\n",
-               info.source_dir, (long long)info.documents, (long long)info.tokens, info.unigram_entropy, prefix);
-        printf("  metrics: %s\n", c.metrics_file);
+        if (out && !supervisor) {
+            fprintf(out,
+                    "cohort: no --data-path given: running the embedded default job\n"
+                    "  corpus: %s (%lld documents, %lld tokens, unigram entropy %.3f nats/token)\n"
+                    "  written as Megatron .bin/.idx at %s\n",
+                    info.source_dir, (long long)info.documents, (long long)info.tokens, info.unigram_entropy, prefix);
+            fprintf(out, "  metrics: %s\n", c.metrics_file);
+        }
     }
 
-    trainer *t = NULL;
-    rc = trainer_new(&t, &c, &data, stdout, NULL);
-    if (rc) {
-        fprintf(stderr, "cohort train: setup failed: %s (%s)\n", co_err_detail(), co_strerror(rc));
+    if (supervisor) {
+        char ready[1100], stats[200];
+        char *env[2] = {ready, stats};
+        snprintf(ready, sizeof ready, "COHORT_CORPUS_READY=%s", prefix);
+        snprintf(stats, sizeof stats, "COHORT_CORPUS_STATS=%lld %lld %.6f", (long long)info.documents,
+                 (long long)info.tokens, info.unigram_entropy);
+        if (c.nnodes > 1 && c.node_rank > 0)
+            printf("cohort: node agent %d starting %d worker processes for the supervisor at %s:%d\n", c.node_rank,
+                   c.nproc_per_node, c.master_addr, c.master_port);
+        else
+            printf("cohort: supervisor starting %d worker processes (data-parallel size %d)\n", c.nproc_per_node, dp);
+        fflush(stdout);
+        char node_addr[256];
+        node_address(&c, node_addr, sizeof node_addr);
+        sv_options so = {.nproc = c.nproc_per_node, .nnodes = c.nnodes, .node_rank = c.node_rank,
+                         .master_addr = c.master_addr, .master_port = c.master_port, .node_addr = node_addr,
+                         .secret_path = c.job_secret, .exe = "/proc/self/exe", .worker_args = argv,
+                         .nworker_args = argc, .extra_env = env, .nextra_env = embedded ? 2 : 0,
+                         .rendezvous_timeout_ms = (int)(c.rendezvous_timeout * 1000)};
+        int status = sv_run(&so);
         co_config_free(&c);
-        return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE;
+        return status;
     }
-    printf("cohort: model %zu parameters (%d layers, hidden %d, %d heads, vocab %d padded to %d), %s\n",
-           gpt_num_params(trainer_model(t)), c.num_layers, c.hidden_size, c.num_attention_heads, vocab,
-           gpt_get_config(trainer_model(t))->padded_vocab, kb_backend_describe(gpt_backend(trainer_model(t))));
-    printf("cohort: training %lld iterations of %d samples x %d tokens (%d micro batches of %d)\n",
-           (long long)c.train_iters, c.global_batch_size, c.seq_length, c.global_batch_size / c.micro_batch_size,
-           c.micro_batch_size);
-    fflush(stdout);
-
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-
-    train_end why;
-    rc = trainer_train(t, &g_stop, &why);
-    int status = CLI_OK;
-    if (rc) {
-        fprintf(stderr, "cohort train: training failed at iteration %lld: %s (%s)\n",
-                (long long)trainer_iteration(t), co_err_detail(), co_strerror(rc));
-        status = CLI_FAILURE;
-    } else if (why == TRAIN_NAN) {
-        status = CLI_NAN;
-    } else {
-        if (why == TRAIN_SIGNAL) printf("cohort: stopped by signal after iteration %lld\n", (long long)trainer_iteration(t));
-        if (why == TRAIN_EXIT_INTERVAL) printf("cohort: --exit-interval reached at iteration %lld\n", (long long)trainer_iteration(t));
-        if (why == TRAIN_EXIT_DURATION) printf("cohort: --exit-duration-in-mins reached at iteration %lld\n", (long long)trainer_iteration(t));
-        char label[96];
-        double vl = NAN, tl = NAN;
-        if (why != TRAIN_SIGNAL) {
-            snprintf(label, sizeof label, "iteration %lld on validation set", (long long)trainer_iteration(t));
-            rc = trainer_evaluate(t, 1, label, &vl);
-            snprintf(label, sizeof label, "iteration %lld on test set", (long long)trainer_iteration(t));
-            if (!rc) rc = trainer_evaluate(t, 2, label, &tl);
-            if (rc) {
-                fprintf(stderr, "cohort train: evaluation failed: %s\n", co_err_detail());
-                status = CLI_FAILURE;
-            }
-        }
-        if (embedded && status == CLI_OK) {
-            printf("\ncohort: validation loss %.3f nats/token against the corpus's unigram entropy %.3f: %s\n", vl,
-                   info.unigram_entropy,
-                   vl < info.unigram_entropy * 0.75 ? "the model learned structure beyond letter frequencies"
-                                                    : "not much below letter frequencies yet (train longer)");
-            if (c.sample_lines > 0) print_samples(t, &c, c.sample_lines);
-        }
-    }
-    trainer_destroy(&t);
+    int status = run_training(&c, &data, embedded ? &info : NULL, out, link, &asg);
+    sv_link_close(&link, status);
+    sv_assignment_free(&asg);
     co_config_free(&c);
     return status;
 }

@@ -11,6 +11,8 @@ static void usage(FILE *f) {
           "  train        pretrain a GPT model (Megatron-LM flags; with no data flags, a small\n"
           "               embedded job on text every Debian machine has)\n"
           "  data order   print the (document position, offset) of a split's first samples\n"
+          "  ckpt         checkpoint tools: ls, inspect, verify, diff, convert, prune\n"
+          "  keygen       write a job secret: keygen --output FILE\n"
           "  version      print the version\n"
           "  help         this text\n"
           "\n"
@@ -26,6 +28,8 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "train")) return cli_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "data")) return cli_data(argc - 2, argv + 2);
+    if (!strcmp(cmd, "ckpt")) return cli_ckpt(argc - 2, argv + 2);
+    if (!strcmp(cmd, "keygen")) return cli_keygen(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         puts("cohort " COHORT_VERSION);
         return 0;

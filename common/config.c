@@ -149,7 +149,12 @@ static const flag flags[] = {
     I("distributed", "nnodes", nnodes, "1", "nodes in the job"),
     I("distributed", "node-rank", node_rank, "0", "this node's rank"),
     S("distributed", "master-addr", master_addr, "127.0.0.1", NULL, "address of node 0's supervisor"),
-    I("distributed", "master-port", master_port, "29500", "port of node 0's supervisor"),
+    I("distributed", "master-port", master_port, "29500",
+      "port of node 0's supervisor; workers' data ports follow it (port + 1 + rank)"),
+    S("distributed", "node-addr", node_addr, NULL, NULL,
+      "[cohort] this node's address for its peers (default: --master-addr on node 0, else the host's)"),
+    D("distributed", "rendezvous-timeout", rendezvous_timeout, "120",
+      "[cohort] seconds for every worker to register before the job fails"),
     S("distributed", "job-secret", job_secret, NULL, NULL, "[cohort] key file from `cohort keygen` (required on tcp)"),
     /* resilience */
     NB("resilience", "check-for-nan-in-loss-and-grad", check_for_nan_in_loss_and_grad,
@@ -498,16 +503,23 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         problem(&P, "--split '%s' is not 1 to 3 non-negative numbers with a positive sum", c->split);
     if (strcmp(c->tokenizer_type, "NullTokenizer") == 0 && c->vocab_size < 1)
         problem(&P, "--tokenizer-type NullTokenizer needs --vocab-size");
-    if (c->n_data_path > 1) {
-        if (c->n_data_path % 2) problem(&P, "--data-path with weights needs 'W1 PREFIX1 W2 PREFIX2 ...'");
-        else if (c->n_data_path > 2) problem(&P, "blending several --data-path prefixes is not supported yet; give one prefix");
+    if (c->n_data_path > 1 && c->n_data_path % 2)
+        problem(&P, "--data-path with weights needs 'W1 PREFIX1 W2 PREFIX2 ...'");
+    {
+        static const char *names[3] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
+        const int ns[3] = {c->n_train_data_path, c->n_valid_data_path, c->n_test_data_path};
+        for (int s = 0; s < 3; s++)
+            if (ns[s] > 1 && ns[s] % 2) problem(&P, "%s with weights needs 'W1 PREFIX1 W2 PREFIX2 ...'", names[s]);
+        if ((ns[0] || ns[1] || ns[2]) && (c->n_data_path || c->mock_data))
+            problem(&P, "give --data-path (or --mock-data) or the per-split --train/valid/test-data-path, not both");
+        if ((ns[1] || ns[2]) && !ns[0] && !c->n_data_path && !c->mock_data)
+            problem(&P, "--valid-data-path/--test-data-path need --train-data-path");
     }
-    if (c->n_train_data_path || c->n_valid_data_path || c->n_test_data_path)
-        problem(&P, "--train-data-path/--valid-data-path/--test-data-path are not supported yet");
-    if (c->sft) problem(&P, "--sft is not supported yet");
+    if (c->sft && c->mock_data) problem(&P, "--sft reads JSONL conversations: give --data-path, not --mock-data");
     if (c->nproc_per_node < 1 || c->nnodes < 1 || c->node_rank < 0 || c->node_rank >= c->nnodes)
         problem(&P, "--nproc-per-node and --nnodes must be positive and --node-rank in [0, --nnodes)");
     if (c->master_port < 1 || c->master_port > 65535) problem(&P, "--master-port must be in 1..65535");
+    if (!(c->rendezvous_timeout > 0)) problem(&P, "--rendezvous-timeout must be positive");
     if (c->n_data_path && c->mock_data) problem(&P, "give --data-path or --mock-data, not both");
     if (c->threads == 0 || c->threads < -1) problem(&P, "--threads must be positive");
     return P.n ? CO_EINVAL : 0;

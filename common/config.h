@@ -83,6 +83,8 @@ typedef struct co_config {
     int nproc_per_node, nnodes, node_rank;
     char master_addr[256];
     int master_port;
+    char node_addr[256];
+    double rendezvous_timeout;
     char job_secret[512];
     /* resilience (validated by the supervisor in a later issue) */
     bool check_for_nan_in_loss_and_grad;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 static size_t descr_size(const char *d) {
+    if (!strcmp(d, "<i2") || !strcmp(d, "<u2")) return 2;
     if (!strcmp(d, "<i4") || !strcmp(d, "<u4")) return 4;
     if (!strcmp(d, "<i8") || !strcmp(d, "<u8")) return 8;
     return 0;

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* descr is a numpy type string: "<i4", "<u4", "<i8". ndim is 1 or 2. Crash-safe write. */
+/* descr is a numpy type string: "<i2", "<u2", "<i4", "<u4", "<i8", "<u8". ndim is 1 or 2. Crash-safe write. */
 /* (The temporary file name is unique per process, so concurrent writers are safe.) */
 int npy_write(const char *path, const char *descr, int ndim, const int64_t shape[2], const void *data);
 

@@ -1,5 +1,8 @@
-/* tokenizer.h - the two tokenizers cohort needs without external vocabularies.
+/* tokenizer.h - cohort's tokenizers behind one interface (--tokenizer-type):
  *
+ *  - GPT2BPETokenizer (the default): GPT-2's byte-level BPE (bpe.h) from --vocab-file and
+ *    --merge-file (encoder.json, vocab.bpe), found by bpe_default_files when not given;
+ *    vocabulary 50257, eod = id of "<|endoftext|>" (50256).
  *  - byte: ids 0..255 are the bytes, TOK_BYTE_EOD = 256 is the end-of-document token,
  *    vocabulary size 257.
  *  - null: Megatron's _NullTokenizer (--tokenizer-type NullTokenizer --vocab-size V): text is
@@ -15,14 +18,33 @@
 #define TOK_BYTE_EOD 256
 #define TOK_BYTE_VOCAB 257
 
-enum { TOK_BYTE = 1, TOK_NULL = 2 };
+enum { TOK_BYTE = 1, TOK_NULL = 2, TOK_GPT2 = 3 };
+
+struct bpe_model;
 
 typedef struct {
     int kind;
     int64_t vocab_size; /* ids are 0 .. vocab_size-1, EOD included */
     int32_t eod;
+    struct bpe_model *bpe; /* TOK_GPT2 only (owned) */
 } tok_tokenizer;
 
+/* Opens the tokenizer named by type ("GPT2BPETokenizer", "ByteLevelTokenizer",
+ * "NullTokenizer"); vocab_size_arg is NullTokenizer's --vocab-size; vocab_file/merge_file
+ * (NULL or "" for the defaults) are GPT-2's. CO_EINVAL for an unknown type, file errors
+ * from bpe_load. Release with tok_close. */
+int tok_open(tok_tokenizer *t, const char *type, int64_t vocab_size_arg, const char *vocab_file,
+             const char *merge_file);
+void tok_close(tok_tokenizer *t);
+
+/* A per-thread encoding context (GPT-2: a piece cache; other kinds: nothing). */
+typedef struct tok_session tok_session;
+int tok_session_new(tok_session **out, const tok_tokenizer *t);
+void tok_session_free(tok_session **s);
+/* As tok_encode, through the session's cache. */
+int64_t tok_session_encode(tok_session *s, const char *text, size_t len, int32_t *out, size_t cap);
+
+/* Byte-level tokenizer (never fails, needs no tok_close). */
 void tok_byte_init(tok_tokenizer *t);
 /* NullTokenizer with --vocab-size V (V >= 1): vocab_size = V + 1, eod = V. */
 int tok_null_init(tok_tokenizer *t, int64_t vocab_size_arg);
@@ -33,7 +55,8 @@ static inline int32_t tok_eod(const tok_tokenizer *t) { return t->eod; }
  * of ids the full encoding has (may exceed cap: then only cap were written), or a negative
  * CO_E* code (null tokenizer: CO_EINVAL for a word that is not an id in range). */
 int64_t tok_encode(const tok_tokenizer *t, const char *text, size_t len, int32_t *out, size_t cap);
-/* Decodes n ids into at most cap bytes (NUL-terminated when cap > 0). byte: EOD decodes to
+/* Decodes n ids into at most cap bytes (NUL-terminated when cap > 0). GPT-2: EOD decodes to
+ * "<|endoftext|>" (as the reference encoder). byte: EOD decodes to
  * nothing; null: ids joined by single spaces. Returns the full decoded length (excluding
  * the NUL) or CO_EINVAL for an id out of range. */
 int64_t tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap);

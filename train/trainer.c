@@ -10,7 +10,7 @@
 #include "common/error.h"
 #include "comm/comm.h"
 #include "common/rng.h"
-#include "data/gpt_dataset.h"
+#include "data/loader.h"
 #include "kernels/backend.h"
 #include "optim/adamw.h"
 #include "optim/lr.h"
@@ -34,7 +34,8 @@ struct trainer {
     lr_schedule lr;
     topo topo;
     int M;                   /* micro batches per iteration */
-    gds_dataset *ds[3];      /* train, valid, test (NULL: empty split) */
+    dl_dataset *ds[3];       /* train, valid, test (NULL: empty split) */
+    tok_tokenizer sft_tok;   /* the tokenizer SFT data is tokenized with (--sft) */
     int64_t consumed[3];     /* samples consumed of each split */
     int64_t iteration;
     double flops_per_sample;
@@ -50,8 +51,9 @@ struct trainer {
     double start_time;
     int progress_shown;
     double ema_step_s;      /* smoothed step time for the progress bar's rate and ETA */
-    trainer_hook hook;
-    void *hook_ctx;
+    trainer_hook hook[4];
+    void *hook_ctx[4];
+    int nhooks;
 };
 
 void trainer_get_progress(const trainer *t, trainer_progress *p) {
@@ -79,8 +81,18 @@ struct opt_adamw *trainer_optimizer(trainer *t) { return &t->opt; }
 const co_config *trainer_config(const trainer *t) { return &t->cfg; }
 
 void trainer_set_hook(trainer *t, trainer_hook fn, void *ctx) {
-    t->hook = fn;
-    t->hook_ctx = ctx;
+    if (t->nhooks < 4) {
+        t->hook[t->nhooks] = fn;
+        t->hook_ctx[t->nhooks++] = ctx;
+    }
+}
+
+static int run_hooks(trainer *t, bool final, train_end why) {
+    for (int i = 0; i < t->nhooks; i++) {
+        int rc = t->hook[i](t, t->hook_ctx[i], final, why);
+        if (rc < 0) return rc;
+    }
+    return 0;
 }
 
 /* How long a rank waits for its peers in a step's collectives before giving up. */
@@ -185,23 +197,34 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
 
     /* rank 0 builds (and caches) the data indices first; the others then load them */
     if (t->dp && t->dp->rank != 0 && (rc = t->dp->ops->barrier(t->dp, -1))) goto fail;
-    gds_config dc;
+    dl_config dc;
     memset(&dc, 0, sizeof dc);
-    dc.prefix = data->prefix;
-    dc.mock = c->mock_data;
-    dc.split = c->split;
-    dc.seq_length = c->seq_length;
-    dc.seed = (uint32_t)c->seed;
-    dc.eod = data->eod;
-    dc.vocab_size = data->vocab_size;
-    dc.eod_mask_loss = c->eod_mask_loss;
-    dc.reset_position_ids = c->reset_position_ids;
-    dc.reset_attention_mask = c->reset_attention_mask;
-    dc.cache_dir = c->data_cache_path[0] ? c->data_cache_path : NULL;
+    dc.base.mock = c->mock_data;
+    dc.base.split = c->split;
+    dc.base.seq_length = c->seq_length;
+    dc.base.seed = (uint32_t)c->seed;
+    dc.base.eod = data->eod;
+    dc.base.vocab_size = data->vocab_size;
+    dc.base.eod_mask_loss = c->eod_mask_loss;
+    dc.base.reset_position_ids = c->reset_position_ids;
+    dc.base.reset_attention_mask = c->reset_attention_mask;
+    dc.base.cache_dir = c->data_cache_path[0] ? c->data_cache_path : NULL;
+    char *single[1] = {(char *)data->prefix};
+    dc.data_path = data->prefix ? single : c->data_path;
+    dc.n_data_path = data->prefix ? 1 : c->n_data_path;
+    dc.split_path[0] = c->train_data_path, dc.n_split_path[0] = c->n_train_data_path;
+    dc.split_path[1] = c->valid_data_path, dc.n_split_path[1] = c->n_valid_data_path;
+    dc.split_path[2] = c->test_data_path, dc.n_split_path[2] = c->n_test_data_path;
+    dc.sft = c->sft;
+    if (c->sft) {
+        rc = tok_open(&t->sft_tok, c->tokenizer_type, c->vocab_size, c->vocab_file, c->merge_file);
+        if (rc) goto fail;
+        dc.tok = &t->sft_tok;
+    }
     for (int s = 0; s < 3; s++) {
         int64_t want = split_samples(c, s);
         if (want <= 0) continue;
-        rc = gds_build(&t->ds[s], &dc, s, want);
+        rc = dl_build(&t->ds[s], &dc, s, want);
         if (rc) goto fail;
     }
     if (t->dp && t->dp->rank == 0 && (rc = t->dp->ops->barrier(t->dp, -1))) goto fail;
@@ -227,7 +250,8 @@ fail:
 void trainer_destroy(trainer **pt) {
     trainer *t = *pt;
     if (!t) return;
-    for (int s = 0; s < 3; s++) gds_destroy(&t->ds[s]);
+    for (int s = 0; s < 3; s++) dl_destroy(&t->ds[s]);
+    tok_close(&t->sft_tok);
     if (t->model) {
         opt_adamw_free(&t->opt, t->model);
         gpt_destroy(&t->model);
@@ -253,12 +277,12 @@ double trainer_last_loss(const trainer *t) { return t->last_loss; }
 static int load_batch(trainer *t, int s, int64_t first, gpt_batch *b) {
     const co_config *c = &t->cfg;
     int B = c->micro_batch_size, T = c->seq_length;
-    int64_t n = gds_num_samples(t->ds[s]);
+    int64_t n = dl_num_samples(t->ds[s]);
     for (int i = 0; i < B; i++) {
         /* the valid iterator wraps around as Megatron's cyclic evaluation iterator does */
         int64_t idx = (first + i) % n;
         size_t o = (size_t)i * T;
-        int rc = gds_get(t->ds[s], idx, t->tokens + o, t->targets + o, t->mask + o, t->positions + o, t->seg + o);
+        int rc = dl_get(t->ds[s], idx, t->tokens + o, t->targets + o, t->mask + o, t->positions + o, t->seg + o);
         if (rc) return rc;
     }
     b->B = B;
@@ -266,7 +290,7 @@ static int load_batch(trainer *t, int s, int64_t first, gpt_batch *b) {
     b->tokens = t->tokens;
     b->targets = t->targets;
     b->positions = t->positions;
-    b->seg = c->reset_attention_mask ? t->seg : NULL;
+    b->seg = c->reset_attention_mask || c->sft ? t->seg : NULL; /* SFT: packed conversations */
     b->loss_mask = t->mask;
     return 0;
 }
@@ -414,8 +438,8 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             int rc = trainer_evaluate(t, 1, label, &vl);
             if (rc) return rc;
         }
-        if (t->hook) {
-            int rc = t->hook(t, t->hook_ctx, false, TRAIN_DONE);
+        if (t->nhooks) {
+            int rc = run_hooks(t, false, TRAIN_DONE);
             if (rc < 0) return rc;
         }
         if (stop_reason == 1) { *why = TRAIN_SIGNAL; break; }
@@ -423,8 +447,8 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         if (stop_reason == 2) { *why = TRAIN_EXIT_DURATION; break; }
     }
     progress_clear(t);
-    if (t->hook) {
-        int rc = t->hook(t, t->hook_ctx, true, *why);
+    if (t->nhooks) {
+        int rc = run_hooks(t, true, *why);
         if (rc < 0) return rc;
     }
     return 0;

@@ -64,9 +64,10 @@ void trainer_set_progress(trainer *t, const trainer_progress *p);
 struct opt_adamw *trainer_optimizer(trainer *t);
 const co_config *trainer_config(const trainer *t);
 
-/* Called on the training thread after every completed iteration, and once more with
- * final = true when training stops for any reason but an error. A negative return stops
- * training with that error. Used for checkpoint saving. */
+/* Adds a hook (up to 4, run in the order added) called on the training thread after every
+ * completed iteration, and once more with final = true when training stops for any reason
+ * but an error. A negative return stops training with that error. Used for checkpoint
+ * saving and for the worker's heartbeat progress. */
 typedef int (*trainer_hook)(trainer *t, void *ctx, bool final, train_end why);
 void trainer_set_hook(trainer *t, trainer_hook fn, void *ctx);
 

@@ -66,7 +66,8 @@ exit_interval)
 sigterm)
     "$cohort" train "${tiny[@]}" --train-iters 100000 >"$work/out" 2>&1 &
     pid=$!
-    for _ in $(seq 100); do grep -q "iteration        2/" "$work/out" && break; sleep 0.1; done
+    for _ in $(seq 600); do grep -q "iteration        2/" "$work/out" && break; sleep 0.1; done
+    grep -q "iteration        2/" "$work/out" || fail "no progress within 60 s"
     kill -TERM $pid
     wait $pid; rc=$?
     [ $rc -eq 0 ] || fail "exit $rc after SIGTERM"

@@ -1,0 +1,127 @@
+/* ckpt.h - saving and loading checkpoints of named global tensors (docs/checkpoints.md).
+ *
+ * Save: the caller lists its tensors (global names and shapes, fp32 data) and the run's
+ * metadata; a plan assigns them to shard files, split by rows across `writers` data-parallel
+ * ranks when there are several; each writer writes its files (hashing as it goes); the
+ * manifest is written last and the directory committed (store.h). One process plays every
+ * writer today; with several ranks each calls ck_write_shards for its own index and the
+ * coordinator writes the manifest and commits.
+ *
+ * Load: whatever layout is on disk (whole tensors, row slices, flat ranges), the loader
+ * assembles global tensors into the caller's buffers, verifying every file's size and
+ * XXH3-128 as it reads. */
+#ifndef COHORT_CHECKPOINT_CKPT_H
+#define COHORT_CHECKPOINT_CKPT_H
+
+#include "checkpoint/format.h"
+#include "checkpoint/store.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* A global tensor this process holds whole (fp32, row-major). */
+typedef struct ck_tensor_ref {
+    const char *name;
+    int kind;                          /* CK_KIND_MODEL | CK_KIND_OPTIM */
+    int ndim;
+    int64_t shape[CK_MAX_DIMS];
+    const float *data;                 /* save: source */
+    float *dst;                        /* load: destination */
+} ck_tensor_ref;
+
+/* Everything but the tensors. json members may be NULL; they are copied. */
+typedef struct ck_meta {
+    int64_t iteration;
+    ck_progress progress;
+    int64_t seed;
+    ck_layout layout;
+    ck_model_info model;
+    ck_optim_info optim;
+    json_t *config;                    /* the flags (co_config_write_json) */
+    json_t *lr_scheduler;
+    json_t *rng_generators;
+} ck_meta;
+
+/* ---- save ----------------------------------------------------------------------------- */
+
+/* Builds the write plan: a manifest with files, tensors and slices (sizes and hashes not yet
+ * known). writers > 1 spreads each kind's bytes evenly over writers files, splitting tensors
+ * by rows where a boundary falls. Tensor i of the plan is refs[i]. */
+int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, ck_manifest **out);
+/* Writes writer `writer`'s files of the plan into dir and records their sizes and hashes
+ * in plan->files. */
+int ck_write_shards(const char *dir, ck_manifest *plan, const ck_tensor_ref *refs, int n, int writer);
+/* Writes dir/manifest.json crash-safely (the files' sizes and hashes must be filled in). */
+int ck_write_manifest(const char *dir, const ck_manifest *plan);
+
+/* One whole save in this process: begin, plan, shards, manifest, commit, retention
+ * (keep > 0: the most recent keep). On failure the temporary directory is removed and the
+ * previous checkpoint and tracker are untouched. */
+int ck_save(const char *save_dir, const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, int keep);
+
+/* Saves in order, synchronously or on a background thread (async): ck_saver_save with async
+ * copies the tensors into host memory (reused between saves) and returns; the previous
+ * background save is waited for first. */
+typedef struct ck_saver ck_saver;
+typedef struct ck_saver_opts {
+    const char *save_dir;
+    bool async;
+    int keep;                          /* --most-recent-k (<= 0: keep all) */
+    int writers;                       /* shard files per kind (1) */
+    FILE *log;                         /* progress lines, or NULL */
+} ck_saver_opts;
+int ck_saver_new(ck_saver **out, const ck_saver_opts *o);
+void ck_saver_destroy(ck_saver **s);   /* waits for a background save */
+/* Allocates and touches the snapshot buffer for nfloats floats (async), so the first save
+ * does not pay for page faults. */
+int ck_saver_reserve(ck_saver *s, size_t nfloats);
+int ck_saver_save(ck_saver *s, const ck_meta *meta, const ck_tensor_ref *refs, int n);
+/* Waits for the background save; its result (0, or the error with its detail restored on
+ * this thread). */
+int ck_saver_wait(ck_saver *s);
+/* Seconds the caller was blocked by the last ck_saver_save (snapshot and waiting). */
+double ck_saver_last_stall(const ck_saver *s);
+int64_t ck_saver_last_iteration(const ck_saver *s);
+
+/* ---- load ----------------------------------------------------------------------------- */
+
+/* Failure categories of a load or verify (the tools' exit codes follow them). */
+typedef enum {
+    CK_OK = 0,
+    CK_BAD_IO = 1,          /* could not read (permissions, I/O error) */
+    CK_BAD_FORMAT = 3,      /* manifest or shard header malformed or inconsistent */
+    CK_BAD_INCOMPLETE = 4,  /* a file missing, truncated or of the wrong size */
+    CK_BAD_CHECKSUM = 5,    /* a file's XXH3-128 differs from the manifest */
+} ck_bad;
+
+/* Loads the tensors in refs (by name; dst buffers of refs[i].shape) from the checkpoint in
+ * ckpt_dir described by m. Every file holding a wanted tensor is read whole and verified.
+ * Shapes must match. *bad (may be NULL) gets the category of a failure. */
+int ck_load_tensors(const char *ckpt_dir, const ck_manifest *m, const ck_tensor_ref *refs, int n, ck_bad *bad);
+
+/* Verifies a checkpoint directory: manifest, every file's presence, size, checksum and
+ * safetensors header against the manifest. Returns 0 or an error; *bad says which kind,
+ * and report (may be NULL) is called once per file. */
+typedef void (*ck_verify_cb)(void *ctx, const char *file, ck_bad bad, const char *detail);
+int ck_verify(const char *ckpt_dir, ck_bad *bad, ck_verify_cb report, void *ctx);
+
+/* Reads every tensor of the given kinds (bit mask: 1 << CK_KIND_MODEL | 1 << CK_KIND_OPTIM)
+ * into malloc'ed fp32 buffers indexed like m->tensors (NULL for tensors not read), verifying
+ * the files read. Free with ck_free_all. */
+int ck_read_all(const char *ckpt_dir, const ck_manifest *m, int kinds, float ***bufs, ck_bad *bad);
+void ck_free_all(const ck_manifest *m, float ***bufs);
+
+/* Chooses the checkpoint to load from load_dir: want >= 0 that iteration (--ckpt-step),
+ * else the tracker's (or, without a tracker, the newest directory). Writes the candidates in
+ * the order to try -- the chosen one, then older ones newest first -- into *its (malloc'ed).
+ * CO_ENOENT when there is none. */
+int ck_candidates(const char *load_dir, int64_t want, int64_t **its, int *n);
+
+/* ---- export --------------------------------------------------------------------------- */
+
+/* Writes a Hugging Face GPT-2 model (model.safetensors + config.json) into out_dir from the
+ * checkpoint. CO_EUNSUPPORTED (with the reason) for models without GPT-2's options. */
+int ck_export_hf_gpt2(const char *ckpt_dir, const ck_manifest *m, const char *out_dir);
+
+#endif

@@ -1,0 +1,176 @@
+/* convert.c - export of a checkpoint to the Hugging Face GPT-2 layout (model.safetensors +
+ * config.json), for models with GPT-2's options: learned positions, LayerNorm, GELU (tanh,
+ * HF "gelu_new"), tied embeddings, biases, no grouped-query attention.
+ *
+ * cohort keeps linear weights PyTorch-style [out, in] with qkv rows [q heads | k heads |
+ * v heads]; HF GPT-2's Conv1D keeps [in, out] with c_attn columns [q | k | v], so every
+ * linear weight is transposed and nothing else moves. The padded vocabulary rows are cut. */
+#include "checkpoint/ckpt.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct out_t {
+    char name[CK_NAME_MAX];
+    int ndim;
+    int64_t shape[CK_MAX_DIMS];
+    float *data;  /* owned */
+} out_t;
+
+static const float *get(const ck_manifest *m, float **bufs, const char *name, int64_t *r, int64_t *c) {
+    const ck_mtensor *t = ck_manifest_find(m, name);
+    if (!t || !bufs[t - m->tensors]) return NULL;
+    *r = t->shape[0];
+    *c = t->ndim > 1 ? t->shape[1] : 1;
+    return bufs[t - m->tensors];
+}
+
+static int add(out_t *o, int *n, const char *name, const float *src, int64_t rows, int64_t cols, bool vec,
+               bool transpose, int64_t keep_rows) {
+    out_t *t = &o[(*n)++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    int64_t r = keep_rows >= 0 ? keep_rows : rows;
+    t->data = malloc((size_t)(r * cols) * sizeof(float));
+    if (!t->data) return co_err_set(CO_ENOMEM, "convert: out of memory for %s", name);
+    if (transpose) {
+        for (int64_t i = 0; i < r; i++)
+            for (int64_t j = 0; j < cols; j++) t->data[j * r + i] = src[i * cols + j];
+        t->ndim = 2;
+        t->shape[0] = cols;
+        t->shape[1] = r;
+    } else {
+        memcpy(t->data, src, (size_t)(r * cols) * sizeof(float));
+        t->ndim = vec ? 1 : 2;
+        t->shape[0] = vec ? r * cols : r;
+        t->shape[1] = cols;
+    }
+    return 0;
+}
+
+int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir) {
+    const ck_model_info *mi = &m->model;
+    const char *why = mi->rope ? "rotary position embeddings (GPT-2 learns absolute positions)"
+                      : mi->rmsnorm ? "RMSNorm (GPT-2 uses LayerNorm)"
+                      : mi->swiglu ? "SwiGLU (GPT-2 uses GELU)"
+                      : !mi->tied ? "untied output weights (GPT-2 ties them to the embedding)"
+                      : !mi->bias ? "no biases (GPT-2 has them)"
+                      : mi->kv_groups != mi->heads ? "grouped-query attention"
+                      : mi->head_dim * mi->heads != mi->hidden ? "a head dimension other than hidden/heads"
+                                                                : NULL;
+    if (why) return co_err_set(CO_EUNSUPPORTED, "convert to hf-gpt2: the model has %s", why);
+    float **bufs = NULL;
+    ck_bad bad;
+    int rc = ck_read_all(dir, m, 1 << CK_KIND_MODEL, &bufs, &bad);
+    if (rc) return rc;
+    int L = mi->num_layers, cap = 4 + 12 * L, n = 0;
+    out_t *o = calloc((size_t)cap, sizeof *o);
+    if (!o) {
+        ck_free_all(m, &bufs);
+        return co_err_set(CO_ENOMEM, "convert: out of memory");
+    }
+    int64_t r = 0, c = 0;
+    const float *p = NULL;
+#define NEED(name)                                                                                  \
+    if (!rc && !(p = get(m, bufs, name, &r, &c)))                                                   \
+        rc = co_err_set(CO_EFORMAT, "convert: %s: the checkpoint has no tensor %s", dir, name);
+    NEED("embedding.word_embeddings.weight");
+    if (!rc) rc = add(o, &n, "transformer.wte.weight", p, r, c, false, false, mi->vocab);
+    NEED("embedding.position_embeddings.weight");
+    if (!rc) rc = add(o, &n, "transformer.wpe.weight", p, r, c, false, false, -1);
+    static const struct {
+        const char *ours, *hf;
+        bool vec, transpose;
+    } map[] = {
+        {"input_norm.weight", "ln_1.weight", true, false},      {"input_norm.bias", "ln_1.bias", true, false},
+        {"attention.qkv.weight", "attn.c_attn.weight", false, true}, {"attention.qkv.bias", "attn.c_attn.bias", true, false},
+        {"attention.proj.weight", "attn.c_proj.weight", false, true}, {"attention.proj.bias", "attn.c_proj.bias", true, false},
+        {"mlp_norm.weight", "ln_2.weight", true, false},        {"mlp_norm.bias", "ln_2.bias", true, false},
+        {"mlp.fc1.weight", "mlp.c_fc.weight", false, true},     {"mlp.fc1.bias", "mlp.c_fc.bias", true, false},
+        {"mlp.fc2.weight", "mlp.c_proj.weight", false, true},   {"mlp.fc2.bias", "mlp.c_proj.bias", true, false},
+    };
+    for (int l = 0; l < L && !rc; l++)
+        for (size_t k = 0; k < sizeof map / sizeof map[0] && !rc; k++) {
+            char ours[CK_NAME_MAX], hf[CK_NAME_MAX];
+            snprintf(ours, sizeof ours, "layers.%d.%s", l, map[k].ours);
+            snprintf(hf, sizeof hf, "transformer.h.%d.%s", l, map[k].hf);
+            NEED(ours);
+            if (!rc) rc = add(o, &n, hf, p, r, c, map[k].vec, map[k].transpose, -1);
+        }
+    NEED("final_norm.weight");
+    if (!rc) rc = add(o, &n, "transformer.ln_f.weight", p, r, c, true, false, -1);
+    NEED("final_norm.bias");
+    if (!rc) rc = add(o, &n, "transformer.ln_f.bias", p, r, c, true, false, -1);
+#undef NEED
+    ck_free_all(m, &bufs);
+
+    if (!rc) rc = fs_mkdirs(out_dir);
+    char path[4400], tmp[4500];
+    snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (!rc) {
+        const char **names = calloc((size_t)n, sizeof *names);
+        int *dts = calloc((size_t)n, sizeof *dts), *nds = calloc((size_t)n, sizeof *nds);
+        int64_t(*shapes)[CK_MAX_DIMS] = calloc((size_t)n, sizeof *shapes);
+        char *hdr = NULL;
+        size_t hlen = 0;
+        if (!names || !dts || !nds || !shapes) rc = co_err_set(CO_ENOMEM, "convert: out of memory");
+        for (int i = 0; i < n && !rc; i++) {
+            names[i] = o[i].name;
+            dts[i] = CK_DT_F32;
+            nds[i] = o[i].ndim;
+            memcpy(shapes[i], o[i].shape, sizeof shapes[i]);
+        }
+        json_t *meta = json_pack("{ss}", "format", "pt");
+        if (!rc) rc = ck_st_build_header(names, dts, nds, (const int64_t(*)[CK_MAX_DIMS])shapes, n, meta, &hdr, &hlen);
+        json_decref(meta);
+        unlink(tmp);
+        ck_file f;
+        if (!rc) rc = ck_file_create(&f, tmp);
+        if (!rc) {
+            rc = ck_file_write(&f, hdr, hlen);
+            for (int i = 0; i < n && !rc; i++) {
+                int64_t ne = o[i].ndim == 1 ? o[i].shape[0] : o[i].shape[0] * o[i].shape[1];
+                rc = ck_file_write(&f, o[i].data, (size_t)ne * sizeof(float));
+            }
+            uint8_t h[16];
+            if (!rc) rc = ck_file_finish(&f, h);
+            else ck_file_abort(&f);
+        }
+        if (!rc && rename(tmp, path)) rc = co_err_set(CO_EIO, "convert: renaming %s: %m", tmp);
+        if (!rc) rc = fs_fsync_parent(path);
+        if (rc) unlink(tmp);
+        free(hdr);
+        free(names), free(dts), free(nds), free(shapes);
+    }
+    for (int i = 0; i < n; i++) free(o[i].data);
+    free(o);
+    if (rc) return rc;
+
+    json_t *cfg = json_pack("{s[s]sssisisisisisisisssfsfsfsfsfsbsbsbss}", "architectures", "GPT2LMHeadModel", "model_type",
+                            "gpt2", "vocab_size", mi->vocab, "n_positions", mi->max_positions, "n_ctx", mi->max_positions,
+                            "n_embd", mi->hidden, "n_layer", mi->num_layers, "n_head", mi->heads, "n_inner",
+                            mi->ffn_hidden, "activation_function", "gelu_new", "layer_norm_epsilon", mi->norm_eps,
+                            "resid_pdrop", 0.0, "embd_pdrop", 0.0, "attn_pdrop", 0.0, "initializer_range", 0.02,
+                            "scale_attn_weights", 1, "tie_word_embeddings", 1, "use_cache", 1, "torch_dtype", "float32");
+    json_t *conf = json_object_get(m->doc, "config");
+    json_t *tt = conf ? json_object_get(conf, "tokenizer-type") : NULL;
+    if (json_is_string(tt) && (!strcmp(json_string_value(tt), "GPT2BPETokenizer") ||
+                               !strcmp(json_string_value(tt), "NullTokenizer"))) {
+        json_object_set_new(cfg, "bos_token_id", json_integer(mi->vocab - 1));
+        json_object_set_new(cfg, "eos_token_id", json_integer(mi->vocab - 1));
+    }
+    char *text = json_dumps(cfg, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(cfg);
+    if (!text) return co_err_set(CO_ENOMEM, "convert: out of memory");
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    const void *bufs2[2] = {text, "\n"};
+    size_t lens[2] = {strlen(text), 1};
+    rc = fs_write_atomic(path, bufs2, lens, 2);
+    free(text);
+    return rc;
+}

@@ -1,0 +1,445 @@
+/* save.c - checkpoint saving: the write plan, shard files, the manifest, the whole commit,
+ * and the (optionally asynchronous) saver (see ckpt.h). */
+#include "checkpoint/ckpt.h"
+
+#include "common/error.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int64_t numel_of(int ndim, const int64_t *shape) {
+    int64_t p = 1;
+    for (int d = 0; d < ndim; d++) p *= shape[d];
+    return p;
+}
+
+static void file_name(char *out, size_t n, int kind, int w, int writers) {
+    const char *base = kind == CK_KIND_MODEL ? "model" : "optim";
+    if (writers == 1) snprintf(out, n, "%s.safetensors", base);
+    else snprintf(out, n, "%s-%05d-of-%05d.safetensors", base, w + 1, writers);
+}
+
+int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, ck_manifest **out) {
+    *out = NULL;
+    if (writers < 1 || writers > 4096) return co_err_set(CO_EINVAL, "checkpoint plan: %d writers", writers);
+    ck_manifest *m = calloc(1, sizeof *m);
+    if (!m) return co_err_set(CO_ENOMEM, "checkpoint plan: out of memory");
+    m->version = CK_FORMAT_VERSION;
+    m->iteration = meta->iteration;
+    m->created_unix = (int64_t)time(NULL);
+    m->progress = meta->progress;
+    m->seed = meta->seed;
+    m->layout = meta->layout;
+    m->layout.writers = writers;
+    m->model = meta->model;
+    m->optim = meta->optim;
+    m->doc = json_object();
+    if (meta->config) json_object_set_new(m->doc, "config", json_deep_copy(meta->config));
+    if (meta->lr_scheduler) json_object_set_new(m->doc, "lr_scheduler", json_deep_copy(meta->lr_scheduler));
+    json_object_set_new(m->doc, "rng", json_pack("{sIso}", "seed", (json_int_t)meta->seed, "generators",
+                                                 meta->rng_generators ? json_deep_copy(meta->rng_generators) : json_array()));
+
+    bool has[2] = {false, false};
+    int64_t bytes[2] = {0, 0};
+    for (int i = 0; i < n; i++) {
+        has[refs[i].kind] = true;
+        bytes[refs[i].kind] += numel_of(refs[i].ndim, refs[i].shape) * 4;
+    }
+    int nfiles = (has[0] ? writers : 0) + (has[1] ? writers : 0);
+    m->files = calloc((size_t)(nfiles ? nfiles : 1), sizeof *m->files);
+    m->tensors = calloc((size_t)(n ? n : 1), sizeof *m->tensors);
+    if (!m->files || !m->tensors) goto nomem;
+    int first_file[2] = {-1, -1};
+    for (int k = 0; k < 2; k++) {
+        if (!has[k]) continue;
+        first_file[k] = m->nfiles;
+        for (int w = 0; w < writers; w++) {
+            ck_mfile *f = &m->files[m->nfiles++];
+            file_name(f->name, sizeof f->name, k, w, writers);
+            f->kind = k;
+            f->writer = w;
+        }
+    }
+    /* fill writer w up to (w+1)/writers of the kind's bytes, splitting rows at boundaries */
+    int64_t pos[2] = {0, 0};
+    for (int i = 0; i < n; i++) {
+        const ck_tensor_ref *r = &refs[i];
+        ck_mtensor *t = &m->tensors[m->ntensors++];
+        snprintf(t->name, sizeof t->name, "%s", r->name);
+        t->kind = r->kind;
+        t->dtype = CK_DT_F32;
+        t->ndim = r->ndim;
+        memcpy(t->shape, r->shape, sizeof t->shape);
+        int k = r->kind;
+        int64_t rows = r->ndim ? r->shape[0] : 1;
+        int64_t row_bytes = rows ? numel_of(r->ndim, r->shape) / rows * 4 : 0;
+        t->slices = calloc((size_t)writers, sizeof *t->slices);
+        if (!t->slices) goto nomem;
+        int64_t row = 0;
+        while (row < rows || (rows == 0 && t->nslices == 0)) {
+            int w = (int)(bytes[k] ? pos[k] * writers / bytes[k] : 0);
+            if (w >= writers) w = writers - 1;
+            int64_t boundary = bytes[k] * (w + 1) / writers; /* end of writer w's share */
+            int64_t take = rows - row;
+            if (w < writers - 1 && row_bytes > 0 && r->ndim > 0) {
+                int64_t fit = (boundary - pos[k] + row_bytes - 1) / row_bytes;
+                if (fit < 1) fit = 1;
+                if (fit < take) take = fit;
+            }
+            ck_slice *s = &t->slices[t->nslices];
+            s->file = first_file[k] + w;
+            memcpy(s->shape, r->shape, sizeof s->shape);
+            if (r->ndim) {
+                s->offsets[0] = row;
+                s->shape[0] = take;
+            }
+            if (take == rows) snprintf(s->key, sizeof s->key, "%s", r->name);
+            else snprintf(s->key, sizeof s->key, "%s#%d", r->name, t->nslices);
+            if (strlen(r->name) + 8 >= CK_NAME_MAX || !ck_name_ok(r->name, false)) {
+                ck_manifest_free(&m);
+                return co_err_set(CO_EINVAL, "checkpoint plan: tensor name '%s' is not valid", r->name);
+            }
+            t->nslices++;
+            pos[k] += take * row_bytes;
+            row += take;
+            if (rows == 0 || r->ndim == 0) break;
+            if (t->nslices == writers && row < rows) { /* rounding: the rest goes to the last piece */
+                t->slices[t->nslices - 1].shape[0] += rows - row;
+                pos[k] += (rows - row) * row_bytes;
+                row = rows;
+            }
+        }
+    }
+    *out = m;
+    return 0;
+nomem:
+    ck_manifest_free(&m);
+    return co_err_set(CO_ENOMEM, "checkpoint plan: out of memory");
+}
+
+int ck_write_shards(const char *dir, ck_manifest *plan, const ck_tensor_ref *refs, int n, int writer) {
+    if (n != plan->ntensors) return co_err_set(CO_EINVAL, "checkpoint shards: plan has %d tensors, given %d", plan->ntensors, n);
+    for (int fi = 0; fi < plan->nfiles; fi++) {
+        ck_mfile *f = &plan->files[fi];
+        if (f->writer != writer) continue;
+        /* the file's pieces, in tensor order */
+        int cnt = 0;
+        for (int i = 0; i < plan->ntensors; i++)
+            for (int k = 0; k < plan->tensors[i].nslices; k++) cnt += plan->tensors[i].slices[k].file == fi;
+        const char **names = calloc((size_t)cnt + 1, sizeof *names);
+        int *dts = calloc((size_t)cnt + 1, sizeof *dts), *nds = calloc((size_t)cnt + 1, sizeof *nds);
+        int64_t(*shapes)[CK_MAX_DIMS] = calloc((size_t)cnt + 1, sizeof *shapes);
+        const float **src = calloc((size_t)cnt + 1, sizeof *src);
+        size_t *len = calloc((size_t)cnt + 1, sizeof *len);
+        json_t *meta = json_pack("{ssss}", "format", "pt", "cohort.iteration", "");
+        if (!names || !dts || !nds || !shapes || !src || !len || !meta) {
+            free(names), free(dts), free(nds), free(shapes), free(src), free(len);
+            if (meta) json_decref(meta);
+            return co_err_set(CO_ENOMEM, "checkpoint shards: out of memory");
+        }
+        char itbuf[32];
+        snprintf(itbuf, sizeof itbuf, "%" PRId64, plan->iteration);
+        json_object_set_new(meta, "cohort.iteration", json_string(itbuf));
+        int c = 0, rc = 0;
+        for (int i = 0; i < plan->ntensors && !rc; i++) {
+            const ck_mtensor *t = &plan->tensors[i];
+            if (strcmp(t->name, refs[i].name))
+                rc = co_err_set(CO_EINVAL, "checkpoint shards: plan tensor %d is %s, given %s", i, t->name, refs[i].name);
+            for (int k = 0; k < t->nslices && !rc; k++) {
+                const ck_slice *s = &t->slices[k];
+                if (s->file != fi) continue;
+                /* the planner cuts rows only, so every piece is contiguous in the source */
+                for (int d = 1; d < t->ndim; d++)
+                    if (s->offsets[d] || s->shape[d] != t->shape[d] || s->flat)
+                        rc = co_err_set(CO_EUNSUPPORTED, "checkpoint shards: %s: only row slices can be written", s->key);
+                int64_t row_elems = t->ndim ? numel_of(t->ndim, t->shape) / (t->shape[0] ? t->shape[0] : 1) : 1;
+                names[c] = s->key;
+                dts[c] = CK_DT_F32;
+                nds[c] = t->ndim;
+                memcpy(shapes[c], s->shape, sizeof shapes[c]);
+                src[c] = refs[i].data + (t->ndim ? s->offsets[0] * row_elems : 0);
+                len[c] = (size_t)numel_of(t->ndim, s->shape) * 4;
+                if (strcmp(s->key, t->name)) {
+                    char mk[CK_NAME_MAX + 16], mv[256];
+                    snprintf(mk, sizeof mk, "cohort.slice.%s", s->key);
+                    int o = snprintf(mv, sizeof mv, "{\"tensor\":\"%s\",\"offsets\":[", t->name);
+                    for (int d = 0; d < t->ndim && o < (int)sizeof mv; d++)
+                        o += snprintf(mv + o, sizeof mv - (size_t)o, "%s%" PRId64, d ? "," : "", s->offsets[d]);
+                    if (o < (int)sizeof mv) snprintf(mv + o, sizeof mv - (size_t)o, "]}");
+                    json_object_set_new(meta, mk, json_string(mv));
+                }
+                c++;
+            }
+        }
+        char *hdr = NULL;
+        size_t hlen = 0;
+        if (!rc) rc = ck_st_build_header(names, dts, nds, (const int64_t(*)[CK_MAX_DIMS])shapes, c, meta, &hdr, &hlen);
+        json_decref(meta);
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", dir, f->name);
+        ck_file cf;
+        if (!rc) rc = ck_file_create(&cf, path);
+        if (!rc) {
+            rc = ck_file_write(&cf, hdr, hlen);
+            for (int j = 0; j < c && !rc; j++) {
+                rc = ck_file_write(&cf, src[j], len[j]);
+                if (!rc && j == 0) ck_crash_point("shard"); /* a shard half written */
+            }
+            if (!rc) rc = ck_file_finish(&cf, f->xxh128);
+            else ck_file_abort(&cf);
+            f->size = cf.bytes;
+        }
+        free(hdr);
+        free(names), free(dts), free(nds), free(shapes), free(src), free(len);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int ck_write_manifest(const char *dir, const ck_manifest *plan) {
+    char *text;
+    size_t len;
+    int rc = ck_manifest_dump(plan, &text, &len);
+    if (rc) return rc;
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, CK_MANIFEST_NAME);
+    ck_file f;
+    rc = ck_file_create(&f, path);
+    if (!rc) {
+        rc = ck_file_write(&f, text, len);
+        if (!rc) rc = ck_file_write(&f, "\n", 1);
+        uint8_t h[16];
+        if (!rc) rc = ck_file_finish(&f, h);
+        else ck_file_abort(&f);
+    }
+    free(text);
+    return rc;
+}
+
+int ck_save(const char *save_dir, const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, int keep) {
+    char tmp[4400];
+    int rc = ck_begin(save_dir, meta->iteration, tmp, sizeof tmp);
+    if (rc) return rc;
+    ck_manifest *plan = NULL;
+    rc = ck_plan(meta, refs, n, writers, &plan);
+    for (int w = 0; w < writers && !rc; w++) rc = ck_write_shards(tmp, plan, refs, n, w);
+    if (!rc) ck_crash_point("shards");
+    if (!rc) rc = ck_write_manifest(tmp, plan);
+    if (!rc) ck_crash_point("manifest");
+    ck_manifest_free(&plan);
+    if (!rc) rc = ck_commit(save_dir, meta->iteration, tmp);
+    if (rc) {
+        char detail[1024];
+        snprintf(detail, sizeof detail, "%s", co_err_detail());
+        ck_remove_dir(tmp);
+        co_err_set(rc, "%s", detail);
+        return rc;
+    }
+    if (keep > 0) {
+        int64_t removed[64];
+        int nr;
+        rc = ck_prune(save_dir, keep, false, removed, 64, &nr);
+        if (rc) return co_err_set(rc, "retention (--most-recent-k %d) after saving: %s", keep, co_err_detail());
+    }
+    return 0;
+}
+
+/* ---- saver ---------------------------------------------------------------------------- */
+
+typedef struct snap_tensor {
+    char name[CK_NAME_MAX];
+    int kind, ndim;
+    int64_t shape[CK_MAX_DIMS];
+    size_t offset; /* floats into the arena */
+} snap_tensor;
+
+struct ck_saver {
+    ck_saver_opts o;
+    char save_dir[4096];
+    /* background job */
+    pthread_t thread;
+    bool running;
+    int result;
+    char detail[1024];
+    /* snapshot */
+    float *arena;
+    size_t arena_cap;
+    snap_tensor *st;
+    int nst, st_cap;
+    ck_meta meta;
+    double last_stall;
+    int64_t last_it;
+    double job_start;
+};
+
+int ck_saver_new(ck_saver **out, const ck_saver_opts *o) {
+    *out = NULL;
+    ck_saver *s = calloc(1, sizeof *s);
+    if (!s) return co_err_set(CO_ENOMEM, "checkpoint saver: out of memory");
+    s->o = *o;
+    snprintf(s->save_dir, sizeof s->save_dir, "%s", o->save_dir);
+    s->o.save_dir = s->save_dir;
+    if (s->o.writers < 1) s->o.writers = 1;
+    s->last_it = -1;
+    *out = s;
+    return 0;
+}
+
+static void meta_release(ck_meta *m) {
+    if (m->config) json_decref(m->config);
+    if (m->lr_scheduler) json_decref(m->lr_scheduler);
+    if (m->rng_generators) json_decref(m->rng_generators);
+    m->config = m->lr_scheduler = m->rng_generators = NULL;
+}
+
+void ck_saver_destroy(ck_saver **ps) {
+    ck_saver *s = *ps;
+    if (!s) return;
+    ck_saver_wait(s);
+    meta_release(&s->meta);
+    free(s->arena);
+    free(s->st);
+    free(s);
+    *ps = NULL;
+}
+
+int ck_saver_reserve(ck_saver *s, size_t nfloats) {
+    if (nfloats <= s->arena_cap) return 0;
+    float *a = realloc(s->arena, nfloats * sizeof(float));
+    if (!a) return co_err_set(CO_ENOMEM, "checkpoint snapshot: cannot allocate %zu MB of host memory", nfloats * 4 >> 20);
+    /* touch every page now rather than during the first snapshot */
+    memset(a + s->arena_cap, 0, (nfloats - s->arena_cap) * sizeof(float));
+    s->arena = a;
+    s->arena_cap = nfloats;
+    return 0;
+}
+
+static void log_saved(ck_saver *s, int64_t it, double secs, int rc) {
+    if (!s->o.log) return;
+    if (rc) fprintf(s->o.log, "cohort: saving checkpoint at iteration %" PRId64 " to %s FAILED: %s\n", it, s->save_dir,
+                    co_err_detail());
+    else fprintf(s->o.log, "  successfully saved checkpoint from iteration %8" PRId64 " to %s (%.2f s)\n", it, s->save_dir, secs);
+    fflush(s->o.log);
+}
+
+static int save_snapshot(ck_saver *s) {
+    ck_tensor_ref *refs = calloc((size_t)(s->nst ? s->nst : 1), sizeof *refs);
+    if (!refs) return co_err_set(CO_ENOMEM, "checkpoint save: out of memory");
+    for (int i = 0; i < s->nst; i++) {
+        refs[i].name = s->st[i].name;
+        refs[i].kind = s->st[i].kind;
+        refs[i].ndim = s->st[i].ndim;
+        memcpy(refs[i].shape, s->st[i].shape, sizeof refs[i].shape);
+        refs[i].data = s->arena + s->st[i].offset;
+    }
+    int rc = ck_save(s->save_dir, &s->meta, refs, s->nst, s->o.writers, s->o.keep);
+    free(refs);
+    return rc;
+}
+
+static void *bg_main(void *arg) {
+    ck_saver *s = arg;
+    int rc = save_snapshot(s);
+    s->result = rc;
+    snprintf(s->detail, sizeof s->detail, "%s", rc ? co_err_detail() : "");
+    log_saved(s, s->meta.iteration, now_s() - s->job_start, rc);
+    return NULL;
+}
+
+int ck_saver_wait(ck_saver *s) {
+    if (!s->running) return 0;
+    pthread_join(s->thread, NULL);
+    s->running = false;
+    int rc = s->result;
+    s->result = 0;
+    if (rc) co_err_set(rc, "%s", s->detail);
+    return rc;
+}
+
+double ck_saver_last_stall(const ck_saver *s) { return s->last_stall; }
+int64_t ck_saver_last_iteration(const ck_saver *s) { return s->last_it; }
+
+int ck_saver_save(ck_saver *s, const ck_meta *meta, const ck_tensor_ref *refs, int n) {
+    double t0 = now_s();
+    /* a background save still running is waited for (its failure is reported now) */
+    int rc = ck_saver_wait(s);
+    if (rc) {
+        s->last_stall = now_s() - t0;
+        return rc;
+    }
+    if (s->o.log) {
+        fprintf(s->o.log, "cohort: saving checkpoint at iteration %8" PRId64 " to %s%s\n", meta->iteration, s->save_dir,
+                s->o.async ? " (async)" : "");
+        fflush(s->o.log);
+    }
+    if (!s->o.async) {
+        rc = ck_save(s->save_dir, meta, refs, n, s->o.writers, s->o.keep);
+        s->last_stall = now_s() - t0;
+        if (!rc) s->last_it = meta->iteration;
+        log_saved(s, meta->iteration, s->last_stall, rc);
+        return rc;
+    }
+    /* snapshot: one arena, tensors at their running offsets */
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (size_t)numel_of(refs[i].ndim, refs[i].shape);
+    rc = ck_saver_reserve(s, total);
+    if (rc) return rc;
+    if (n > s->st_cap) {
+        snap_tensor *p = realloc(s->st, (size_t)n * sizeof *p);
+        if (!p) return co_err_set(CO_ENOMEM, "checkpoint snapshot: out of memory");
+        s->st = p;
+        s->st_cap = n;
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        snap_tensor *t = &s->st[i];
+        snprintf(t->name, sizeof t->name, "%s", refs[i].name);
+        t->kind = refs[i].kind;
+        t->ndim = refs[i].ndim;
+        memcpy(t->shape, refs[i].shape, sizeof t->shape);
+        t->offset = off;
+        off += (size_t)numel_of(refs[i].ndim, refs[i].shape);
+    }
+    s->nst = n;
+    /* the copy: tensors are independent, so threads split them (large ones by chunks) */
+    const size_t chunk = (size_t)4 << 20;
+    long njobs = 0;
+    for (int i = 0; i < n; i++) njobs += (long)((numel_of(refs[i].ndim, refs[i].shape) + (int64_t)chunk - 1) / (int64_t)chunk);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long j = 0; j < njobs; j++) {
+        long k = j;
+        for (int i = 0; i < n; i++) {
+            size_t ne = (size_t)numel_of(refs[i].ndim, refs[i].shape);
+            long pieces = (long)((ne + chunk - 1) / chunk);
+            if (k < pieces) {
+                size_t b = (size_t)k * chunk, e = b + chunk < ne ? b + chunk : ne;
+                memcpy(s->arena + s->st[i].offset + b, refs[i].data + b, (e - b) * sizeof(float));
+                break;
+            }
+            k -= pieces;
+        }
+    }
+    meta_release(&s->meta);
+    s->meta = *meta;
+    s->meta.config = meta->config ? json_deep_copy(meta->config) : NULL;
+    s->meta.lr_scheduler = meta->lr_scheduler ? json_deep_copy(meta->lr_scheduler) : NULL;
+    s->meta.rng_generators = meta->rng_generators ? json_deep_copy(meta->rng_generators) : NULL;
+    s->job_start = now_s();
+    if (pthread_create(&s->thread, NULL, bg_main, s)) {
+        s->last_stall = now_s() - t0;
+        return co_err_set(CO_ENOMEM, "checkpoint save: cannot start the background thread");
+    }
+    s->running = true;
+    s->last_it = meta->iteration;
+    s->last_stall = now_s() - t0;
+    return 0;
+}

@@ -1,0 +1,501 @@
+/* store.c - save-directory operations: hashing file I/O with fault injection, the tracker,
+ * the commit protocol, listing and retention (see store.h). */
+#include "checkpoint/store.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define IO_CHUNK (8u << 20)
+
+/* ---- test hooks ----------------------------------------------------------------------- */
+
+static pthread_mutex_t hook_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool hooks_read;
+static char crash_phase[32];
+static long crash_nth, crash_seen;
+static long fail_nth, fail_count;
+static int fail_errno = ENOSPC;
+
+static void read_hooks(void) {
+    if (hooks_read) return;
+    hooks_read = true;
+    const char *c = getenv("COHORT_CKPT_CRASH_AT");
+    if (c && *c) {
+        snprintf(crash_phase, sizeof crash_phase, "%s", c);
+        char *colon = strchr(crash_phase, ':');
+        crash_nth = 1;
+        if (colon) {
+            *colon = '\0';
+            crash_nth = strtol(colon + 1, NULL, 10);
+        }
+    }
+    const char *w = getenv("COHORT_CKPT_FAIL_WRITE");
+    if (w && *w) {
+        char *end;
+        fail_nth = strtol(w, &end, 10);
+        if (*end == ':') fail_errno = (int)strtol(end + 1, NULL, 10);
+    }
+}
+
+void ck_crash_point(const char *phase) {
+    pthread_mutex_lock(&hook_mu);
+    read_hooks();
+    bool die = crash_phase[0] && !strcmp(crash_phase, phase) && ++crash_seen == crash_nth;
+    pthread_mutex_unlock(&hook_mu);
+    if (die) {
+        fprintf(stderr, "cohort: COHORT_CKPT_CRASH_AT=%s: killing the process\n", phase);
+        fflush(NULL);
+        raise(SIGKILL);
+    }
+}
+
+void ck_test_fail_write(long n, int err) {
+    pthread_mutex_lock(&hook_mu);
+    read_hooks();
+    fail_nth = n;
+    fail_count = 0;
+    fail_errno = err;
+    pthread_mutex_unlock(&hook_mu);
+}
+
+/* write(2) with the failing-write hook. */
+static ssize_t hooked_write(int fd, const void *buf, size_t len) {
+    pthread_mutex_lock(&hook_mu);
+    read_hooks();
+    bool fail = fail_nth > 0 && ++fail_count == fail_nth;
+    int e = fail_errno;
+    pthread_mutex_unlock(&hook_mu);
+    if (fail) {
+        errno = e;
+        return -1;
+    }
+    return write(fd, buf, len);
+}
+
+/* ---- hashing file I/O ----------------------------------------------------------------- */
+
+int ck_file_create(ck_file *f, const char *path) {
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    snprintf(f->path, sizeof f->path, "%s", path);
+    f->hash = XXH3_createState();
+    if (!f->hash) return co_err_set(CO_ENOMEM, "%s: out of memory", path);
+    XXH3_128bits_reset(f->hash);
+    f->fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (f->fd < 0) {
+        int e = errno;
+        XXH3_freeState(f->hash);
+        f->hash = NULL;
+        return co_err_set(fs_errno_code(e), "creating %s: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+int ck_file_write(ck_file *f, const void *buf, size_t len) {
+    const char *p = buf;
+    while (len) {
+        size_t n = len < IO_CHUNK ? len : IO_CHUNK;
+        XXH3_128bits_update(f->hash, p, n);
+        size_t done = 0;
+        while (done < n) {
+            ssize_t w = hooked_write(f->fd, p + done, n - done);
+            if (w < 0) {
+                if (errno == EINTR) continue;
+                int e = errno;
+                return co_err_set(fs_errno_code(e), "writing %s at byte %" PRIu64 ": %s", f->path, f->bytes + done,
+                                  strerror(e));
+            }
+            done += (size_t)w;
+        }
+        f->bytes += n;
+        p += n;
+        len -= n;
+    }
+    return 0;
+}
+
+void ck_file_abort(ck_file *f) {
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
+    if (f->hash) XXH3_freeState(f->hash);
+    f->hash = NULL;
+}
+
+static void digest(XXH3_state_t *s, uint8_t h[16]) {
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(s));
+    memcpy(h, c.digest, 16);
+}
+
+int ck_file_finish(ck_file *f, uint8_t h[16]) {
+    if (fsync(f->fd)) {
+        int e = errno;
+        ck_file_abort(f);
+        return co_err_set(fs_errno_code(e), "fsync of %s: %s", f->path, strerror(e));
+    }
+    digest(f->hash, h);
+    int rc = close(f->fd);
+    int e = errno;
+    f->fd = -1;
+    ck_file_abort(f);
+    if (rc) return co_err_set(fs_errno_code(e), "closing %s: %s", f->path, strerror(e));
+    return 0;
+}
+
+int ck_file_open(ck_file *f, const char *path, uint64_t *size) {
+    memset(f, 0, sizeof *f);
+    snprintf(f->path, sizeof f->path, "%s", path);
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0) {
+        int e = errno;
+        return co_err_set(fs_errno_code(e), "opening %s: %s", path, strerror(e));
+    }
+    struct stat st;
+    if (fstat(f->fd, &st)) {
+        int e = errno;
+        close(f->fd);
+        return co_err_set(fs_errno_code(e), "stat of %s: %s", path, strerror(e));
+    }
+    f->hash = XXH3_createState();
+    if (!f->hash) {
+        close(f->fd);
+        return co_err_set(CO_ENOMEM, "%s: out of memory", path);
+    }
+    XXH3_128bits_reset(f->hash);
+    if (size) *size = (uint64_t)st.st_size;
+    posix_fadvise(f->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    return 0;
+}
+
+int ck_file_read(ck_file *f, void *buf, size_t len) {
+    char *p = buf;
+    while (len) {
+        size_t n = len < IO_CHUNK ? len : IO_CHUNK;
+        size_t done = 0;
+        while (done < n) {
+            ssize_t r = read(f->fd, p + done, n - done);
+            if (r < 0) {
+                if (errno == EINTR) continue;
+                int e = errno;
+                return co_err_set(fs_errno_code(e), "reading %s at byte %" PRIu64 ": %s", f->path, f->bytes + done,
+                                  strerror(e));
+            }
+            if (r == 0)
+                return co_err_set(CO_EFORMAT, "%s: truncated: ends at byte %" PRIu64, f->path, f->bytes + done);
+            done += (size_t)r;
+        }
+        XXH3_128bits_update(f->hash, p, n);
+        f->bytes += n;
+        p += n;
+        len -= n;
+    }
+    return 0;
+}
+
+void ck_file_close(ck_file *f, uint8_t h[16]) {
+    if (h && f->hash) digest(f->hash, h);
+    ck_file_abort(f);
+}
+
+int ck_hash_file(const char *path, uint8_t h[16], uint64_t *size) {
+    ck_file f;
+    uint64_t sz;
+    int rc = ck_file_open(&f, path, &sz);
+    if (rc) return rc;
+    char *buf = malloc(IO_CHUNK);
+    if (!buf) {
+        ck_file_close(&f, NULL);
+        return co_err_set(CO_ENOMEM, "%s: out of memory", path);
+    }
+    uint64_t left = sz;
+    while (left && !rc) {
+        size_t n = left < IO_CHUNK ? (size_t)left : IO_CHUNK;
+        rc = ck_file_read(&f, buf, n);
+        left -= n;
+    }
+    free(buf);
+    ck_file_close(&f, h);
+    if (size) *size = sz;
+    return rc;
+}
+
+/* ---- directory ------------------------------------------------------------------------ */
+
+void ck_iter_dir(char *out, size_t n, const char *save_dir, int64_t it) {
+    snprintf(out, n, "%s/iter_%07" PRId64, save_dir, it);
+}
+
+int64_t ck_parse_iter_name(const char *name) {
+    if (strncmp(name, "iter_", 5)) return -1;
+    const char *d = name + 5;
+    size_t n = strlen(d);
+    if (n < 7 || n > 18) return -1;
+    int64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (d[i] < '0' || d[i] > '9') return -1;
+        v = v * 10 + (d[i] - '0');
+    }
+    return v;
+}
+
+int ck_read_tracker(const char *save_dir, int64_t *it) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", save_dir, CK_TRACKER_NAME);
+    char *data;
+    size_t len;
+    int rc = fs_read_all(path, &data, &len);
+    if (rc) return rc == CO_ENOENT ? co_err_set(CO_ENOENT, "%s: no tracker file", path) : rc;
+    char *p = data;
+    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
+    int64_t v = 0;
+    int digits = 0;
+    while (*p >= '0' && *p <= '9' && digits < 18) v = v * 10 + (*p++ - '0'), digits++;
+    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
+    bool ok = digits > 0 && *p == '\0' && (size_t)(p - data) == len;
+    if (!ok && !strncmp(data, "release", 7))
+        rc = co_err_set(CO_EFORMAT, "%s: 'release' checkpoints are not supported", path);
+    else if (!ok)
+        rc = co_err_set(CO_EFORMAT, "%s: does not hold an iteration number", path);
+    free(data);
+    if (!rc) *it = v;
+    return rc;
+}
+
+int ck_write_tracker(const char *save_dir, int64_t it) {
+    char path[4096], text[32];
+    snprintf(path, sizeof path, "%s/%s", save_dir, CK_TRACKER_NAME);
+    int n = snprintf(text, sizeof text, "%" PRId64, it);
+    const void *bufs[1] = {text};
+    size_t lens[1] = {(size_t)n};
+    int rc = fs_write_atomic(path, bufs, lens, 1);
+    if (rc) return co_err_set(rc, "replacing the tracker %s: %s", path, co_err_detail());
+    return 0;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int ck_list_iterations(const char *save_dir, int64_t **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(save_dir);
+    if (!d) {
+        int e = errno;
+        return co_err_set(fs_errno_code(e), "listing %s: %s", save_dir, strerror(e));
+    }
+    int cap = 0;
+    struct dirent *de;
+    int rc = 0;
+    while ((de = readdir(d))) {
+        int64_t it = ck_parse_iter_name(de->d_name);
+        if (it < 0) continue;
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            int64_t *p = realloc(*out, (size_t)cap * sizeof *p);
+            if (!p) {
+                rc = co_err_set(CO_ENOMEM, "listing %s: out of memory", save_dir);
+                break;
+            }
+            *out = p;
+        }
+        (*out)[(*n)++] = it;
+    }
+    closedir(d);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+        return rc;
+    }
+    if (*n) qsort(*out, (size_t)*n, sizeof **out, cmp_i64);
+    return 0;
+}
+
+int ck_remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        int e = errno;
+        if (e == ENOENT) return 0;
+        return co_err_set(fs_errno_code(e), "removing %s: %s", dir, strerror(e));
+    }
+    struct dirent *de;
+    int rc = 0;
+    char path[4096 + 256];
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (unlink(path) && errno != ENOENT) {
+            int e = errno;
+            if (e == EISDIR || e == EPERM) {
+                rc = ck_remove_dir(path);
+                if (rc) break;
+                continue;
+            }
+            rc = co_err_set(fs_errno_code(e), "removing %s: %s", path, strerror(e));
+            break;
+        }
+    }
+    closedir(d);
+    if (!rc && rmdir(dir) && errno != ENOENT) {
+        int e = errno;
+        rc = co_err_set(fs_errno_code(e), "removing %s: %s", dir, strerror(e));
+    }
+    return rc;
+}
+
+/* iter_NNN.tmp-* / iter_NNN.del-* */
+static bool is_leftover(const char *name) {
+    if (strncmp(name, "iter_", 5)) return false;
+    return strstr(name, ".tmp-") || strstr(name, ".del-");
+}
+
+int ck_clean_stale(const char *save_dir) {
+    DIR *d = opendir(save_dir);
+    if (!d) return errno == ENOENT ? 0 : co_err_set(fs_errno_code(errno), "listing %s: %s", save_dir, strerror(errno));
+    struct dirent *de;
+    int rc = 0;
+    char path[4096 + 256];
+    while ((de = readdir(d)) && !rc) {
+        if (!is_leftover(de->d_name)) continue;
+        snprintf(path, sizeof path, "%s/%s", save_dir, de->d_name);
+        rc = ck_remove_dir(path);
+    }
+    closedir(d);
+    return rc;
+}
+
+int ck_begin(const char *save_dir, int64_t iteration, char *tmp, size_t n) {
+    int rc = fs_mkdirs(save_dir);
+    if (rc) return co_err_set(rc, "creating the save directory %s: %s", save_dir, co_err_detail());
+    char final[4096];
+    ck_iter_dir(final, sizeof final, save_dir, iteration);
+    snprintf(tmp, n, "%s.tmp-%ld", final, (long)getpid());
+    rc = ck_remove_dir(tmp);
+    if (rc) return rc;
+    if (mkdir(tmp, 0777)) {
+        int e = errno;
+        return co_err_set(fs_errno_code(e), "creating %s: %s", tmp, strerror(e));
+    }
+    ck_crash_point("start");
+    return 0;
+}
+
+static int fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return co_err_set(fs_errno_code(e), "opening directory %s: %s", dir, strerror(e));
+    }
+    int rc = 0;
+    if (fsync(fd)) {
+        int e = errno;
+        rc = co_err_set(fs_errno_code(e), "fsync of directory %s: %s", dir, strerror(e));
+    }
+    close(fd);
+    return rc;
+}
+
+int ck_commit(const char *save_dir, int64_t iteration, const char *tmp) {
+    int rc = fsync_dir(tmp);
+    if (rc) return rc;
+    char final[4096];
+    ck_iter_dir(final, sizeof final, save_dir, iteration);
+    bool exchanged = false;
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_NOREPLACE)) {
+        int e = errno;
+        if (e == EEXIST || e == ENOTEMPTY) {
+            /* an older checkpoint of this iteration (not the tracker's: the caller never
+             * re-saves the tracked iteration) is swapped out atomically */
+            if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE)) {
+                e = errno;
+                return co_err_set(fs_errno_code(e), "exchanging %s with %s: %s", tmp, final, strerror(e));
+            }
+            exchanged = true;
+        } else if (e == EINVAL || e == ENOSYS) {
+            /* file systems without renameat2 flags */
+            if (rename(tmp, final)) {
+                e = errno;
+                return co_err_set(fs_errno_code(e), "renaming %s to %s: %s", tmp, final, strerror(e));
+            }
+        } else {
+            return co_err_set(fs_errno_code(e), "renaming %s to %s: %s", tmp, final, strerror(e));
+        }
+    }
+    ck_crash_point("renamed");
+    rc = fsync_dir(save_dir);
+    if (rc) return rc;
+    ck_crash_point("committed");
+    rc = ck_write_tracker(save_dir, iteration);
+    if (rc) return rc;
+    ck_crash_point("tracker");
+    if (exchanged) ck_remove_dir(tmp); /* the replaced checkpoint; a leftover is cleaned later */
+    return 0;
+}
+
+int ck_remove_checkpoint(const char *save_dir, int64_t iteration) {
+    char dir[4096], del[4200];
+    ck_iter_dir(dir, sizeof dir, save_dir, iteration);
+    snprintf(del, sizeof del, "%s.del-%ld", dir, (long)getpid());
+    if (rename(dir, del)) {
+        int e = errno;
+        return co_err_set(fs_errno_code(e), "removing %s: %s", dir, strerror(e));
+    }
+    int rc = fsync_dir(save_dir);
+    ck_crash_point("prune");
+    if (!rc) rc = ck_remove_dir(del);
+    return rc;
+}
+
+int ck_prune(const char *save_dir, int keep, bool dry_run, int64_t *removed, int max, int *nremoved) {
+    *nremoved = 0;
+    if (keep < 1) return co_err_set(CO_EINVAL, "retention must keep at least one checkpoint (got %d)", keep);
+    int64_t tracked = -1;
+    int rc = ck_read_tracker(save_dir, &tracked);
+    if (rc && rc != CO_ENOENT) return rc;
+    if (rc) tracked = -1;
+    int64_t *its;
+    int n;
+    rc = ck_list_iterations(save_dir, &its, &n);
+    if (rc) return rc;
+    /* the newest `keep` stay; so does the tracker's; so does anything newer than the
+     * tracker (a save that crashed before replacing the tracker is not retention's call) */
+    for (int i = 0; i < n - keep && !rc; i++) {
+        if (its[i] == tracked || (tracked >= 0 && its[i] > tracked)) continue;
+        if (!dry_run) rc = ck_remove_checkpoint(save_dir, its[i]);
+        if (!rc) {
+            if (*nremoved < max) removed[*nremoved] = its[i];
+            (*nremoved)++;
+        }
+    }
+    free(its);
+    return rc;
+}
+
+int ck_read_manifest(const char *ckpt_dir, ck_manifest **out) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", ckpt_dir, CK_MANIFEST_NAME);
+    char *data;
+    size_t len;
+    int rc = fs_read_all(path, &data, &len);
+    if (rc) {
+        if (rc == CO_ENOENT) return co_err_set(CO_ENOENT, "%s: missing (an incomplete checkpoint?)", path);
+        return rc;
+    }
+    rc = ck_manifest_parse(data, len, path, out);
+    free(data);
+    return rc;
+}

@@ -1,0 +1,99 @@
+/* store.h - a save directory on disk: checkpoint directory names, the tracker file, the
+ * commit protocol, listing and retention, and the file writer every shard goes through
+ * (hashing as it writes, with test hooks that fail the Nth write or kill the process at a
+ * named phase).
+ *
+ * Layout of a save directory SAVE:
+ *   SAVE/latest_checkpointed_iteration.txt    the committed iteration ("100"), as Megatron
+ *   SAVE/iter_0000100/manifest.json, *.safetensors
+ *   SAVE/iter_0000100.tmp-PID/                being written (removed at the next start)
+ *   SAVE/iter_0000050.del-PID/                being removed by retention
+ * Commit: files written and fsync'ed in the temporary directory, the directory fsync'ed,
+ * renamed to iter_N (atomically exchanged if iter_N exists), SAVE fsync'ed, then the tracker
+ * replaced atomically. At every instant the tracker names a complete checkpoint. */
+#ifndef COHORT_CHECKPOINT_STORE_H
+#define COHORT_CHECKPOINT_STORE_H
+
+#include "checkpoint/format.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <xxhash.h>
+
+/* ---- test hooks ----------------------------------------------------------------------
+ * COHORT_CKPT_CRASH_AT=PHASE[:N]  raise SIGKILL the Nth time (default 1st) this process
+ *   reaches PHASE: start, shard (half of the first shard written), shards, manifest,
+ *   renamed, committed (parent fsync'ed, tracker not yet replaced), tracker, prune.
+ * COHORT_CKPT_FAIL_WRITE=N[:ERRNO] the Nth checkpoint write(2) fails with ERRNO (default
+ *   ENOSPC=28; 5 is EIO), SQLite-style. */
+void ck_crash_point(const char *phase);
+/* Programmatic equivalent of COHORT_CKPT_FAIL_WRITE (n = 0 disables); resets the count. */
+void ck_test_fail_write(long n, int err);
+
+/* ---- hashing writer/reader ------------------------------------------------------------ */
+
+typedef struct ck_file {
+    int fd;
+    char path[4096];
+    uint64_t bytes;
+    XXH3_state_t *hash;
+} ck_file;
+
+/* Creates path (O_EXCL) for writing. */
+int ck_file_create(ck_file *f, const char *path);
+/* Appends len bytes (hashing them); large buffers go in chunks. */
+int ck_file_write(ck_file *f, const void *buf, size_t len);
+/* fsync, close; the XXH3-128 of everything written into h. On error the file is closed. */
+int ck_file_finish(ck_file *f, uint8_t h[16]);
+/* Closes without syncing (error paths). */
+void ck_file_abort(ck_file *f);
+
+/* Opens path for reading with hashing. */
+int ck_file_open(ck_file *f, const char *path, uint64_t *size);
+/* Reads exactly len bytes (hashing them); CO_EFORMAT on a short file. */
+int ck_file_read(ck_file *f, void *buf, size_t len);
+/* Hash of everything read so far; closes. */
+void ck_file_close(ck_file *f, uint8_t h[16]);
+
+/* XXH3-128 of a whole file, and its size. */
+int ck_hash_file(const char *path, uint8_t h[16], uint64_t *size);
+
+/* ---- directory ------------------------------------------------------------------------ */
+
+/* "SAVE/iter_0000100" */
+void ck_iter_dir(char *out, size_t n, const char *save_dir, int64_t iteration);
+/* Parses "iter_0000100" (exactly: 7+ digits, no suffix); -1 if not a checkpoint name. */
+int64_t ck_parse_iter_name(const char *name);
+
+/* The tracker's iteration: 0 and *it, CO_ENOENT when there is no tracker, CO_EFORMAT when it
+ * does not hold a non-negative integer. */
+int ck_read_tracker(const char *save_dir, int64_t *it);
+/* Replaces the tracker atomically. */
+int ck_write_tracker(const char *save_dir, int64_t it);
+
+/* Iterations of the checkpoint directories in save_dir (names only; complete or not),
+ * ascending. *out is malloc'ed. */
+int ck_list_iterations(const char *save_dir, int64_t **out, int *n);
+
+/* Removes leftovers of interrupted saves and removals (iter_*.tmp-*, iter_*.del-*). */
+int ck_clean_stale(const char *save_dir);
+
+/* Creates SAVE/iter_N.tmp-PID (removing a stale one) and writes its path into tmp. */
+int ck_begin(const char *save_dir, int64_t iteration, char *tmp, size_t n);
+/* Commits tmp as iteration N: fsync tmp, rename (exchange with an existing iter_N, which is
+ * then removed), fsync SAVE, replace the tracker. */
+int ck_commit(const char *save_dir, int64_t iteration, const char *tmp);
+/* Removes a directory tree of plain files (one level: checkpoint directories). */
+int ck_remove_dir(const char *dir);
+/* Removes a checkpoint: renamed to iter_N.del-PID first, so it never looks complete while
+ * half deleted. */
+int ck_remove_checkpoint(const char *save_dir, int64_t iteration);
+/* Retention: keeps the keep most recent checkpoints and the tracker's; removes the rest.
+ * Writes the removed iterations into removed (up to max) and their count into *nremoved. */
+int ck_prune(const char *save_dir, int keep, bool dry_run, int64_t *removed, int max, int *nremoved);
+
+/* Reads and parses SAVE/iter_N/manifest.json (or DIR/manifest.json with dir given). */
+int ck_read_manifest(const char *ckpt_dir, ck_manifest **out);
+
+#endif

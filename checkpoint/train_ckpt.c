@@ -1,0 +1,445 @@
+/* train_ckpt.c - checkpoints in `cohort train` (see train_ckpt.h): what a checkpoint of
+ * the trainer holds, loading with fallback, and the saving hook.
+ *
+ * Resuming is exact because everything random is keyed, not stateful: dropout masks hash
+ * (seed, iteration, micro batch), the data order is a function of the seed and the
+ * consumed-samples position, and the initialisation generator is not used after init. So
+ * the generators' state is the seed plus the iteration, and the data iterators' state is
+ * the consumed samples of each split (global, so it survives a change of data-parallel
+ * size). The log accumulators travel too, so the first log line after a resume averages
+ * the same iterations as an uninterrupted run. */
+#include "checkpoint/train_ckpt.h"
+
+#include "checkpoint/ckpt.h"
+#include "common/error.h"
+#include "optim/adamw.h"
+#include "optim/lr.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ck_train {
+    trainer *t;
+    FILE *log;
+    co_config cfg;
+    ck_saver *saver;
+    int64_t last_saved;      /* iteration saved or loaded last (not saved again) */
+    json_t *config_json;
+    int nrefs;
+    ck_tensor_ref *refs;     /* model tensors, then exp_avg and exp_avg_sq */
+    char (*names)[CK_NAME_MAX];
+    double stall_total;
+    int saves;
+    int world;               /* data-parallel size */
+};
+
+/* ---- what the trainer's checkpoint holds ---------------------------------------------- */
+
+static json_t *config_to_json(const co_config *c) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return NULL;
+    co_config_write_json(c, f);
+    fclose(f);
+    json_t *j = json_loadb(text, len, 0, NULL);
+    free(text);
+    return j;
+}
+
+static void lr_from_config(const co_config *c, lr_schedule *s) {
+    /* as trainer_new builds it */
+    s->max_lr = c->lr;
+    s->min_lr = c->min_lr;
+    s->init_lr = c->lr_warmup_init;
+    s->decay_iters = c->lr_decay_iters;
+    s->warmup_iters = c->lr_warmup_fraction >= 0 ? (int64_t)(c->lr_warmup_fraction * (double)c->lr_decay_iters)
+                                                 : c->lr_warmup_iters;
+    s->wsd_decay_iters = c->lr_wsd_decay_iters;
+    s->style = (lr_style)lr_style_parse(c->lr_decay_style);
+    s->wsd_style = (lr_wsd_style)lr_wsd_style_parse(c->lr_wsd_decay_style);
+}
+
+static json_t *lr_json(const co_config *c, int64_t it) {
+    lr_schedule s;
+    lr_from_config(c, &s);
+    return json_pack("{sfsfsfsssIsIsIsssIsIsf}", "max_lr", s.max_lr, "min_lr", s.min_lr, "init_lr", s.init_lr,
+                     "decay_style", c->lr_decay_style, "warmup_iters", (json_int_t)s.warmup_iters, "decay_iters",
+                     (json_int_t)s.decay_iters, "wsd_decay_iters", (json_int_t)s.wsd_decay_iters, "wsd_decay_style",
+                     c->lr_wsd_decay_style, "num_steps", (json_int_t)it, "num_samples",
+                     (json_int_t)(it * c->global_batch_size), "lr", lr_at(&s, it));
+}
+
+static json_t *rng_json(int64_t seed, int64_t it) {
+    return json_pack("[{sssssIsI}{sssssIss}{sssssIss}]", "name", "dropout", "algorithm",
+                     "splitmix64 hash of (seed, iteration, micro batch, site, element)", "seed", (json_int_t)seed,
+                     "iteration", (json_int_t)it, "name", "init", "algorithm", "splitmix64 stream", "seed",
+                     (json_int_t)seed, "state", "used only at initialisation", "name", "data", "algorithm",
+                     "numpy RandomState (MT19937) / default_rng (PCG64) shuffles keyed by the seed", "seed",
+                     (json_int_t)seed, "state", "position = consumed samples of each split");
+}
+
+static void model_info(const gpt_config *g, ck_model_info *mi) {
+    mi->num_layers = g->num_layers;
+    mi->hidden = g->hidden;
+    mi->heads = g->heads;
+    mi->kv_groups = g->kv_groups;
+    mi->head_dim = g->head_dim;
+    mi->ffn_hidden = g->ffn_hidden;
+    mi->vocab = g->vocab;
+    mi->padded_vocab = g->padded_vocab;
+    mi->max_positions = g->max_positions;
+    mi->rope = g->rope;
+    mi->rmsnorm = g->rmsnorm;
+    mi->swiglu = g->swiglu;
+    mi->tied = g->tied;
+    mi->bias = g->bias;
+    mi->norm_eps = g->norm_eps;
+    mi->rotary_base = g->rotary_base;
+}
+
+/* Tensor list: model weights (views of the flat parameter buffer), then the Adam moments
+ * under optimizer.exp_avg.<name> / optimizer.exp_avg_sq.<name>. */
+static int build_refs(ck_train *k) {
+    gpt_model *model = trainer_model(k->t);
+    opt_adamw *o = trainer_optimizer(k->t);
+    int nt = gpt_num_tensors(model);
+    const gpt_tensor *gt = gpt_tensors(model);
+    k->refs = calloc((size_t)nt * 3, sizeof *k->refs);
+    k->names = calloc((size_t)nt * 3, sizeof *k->names);
+    if (!k->refs || !k->names) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
+    float *params = gpt_params(model);
+    for (int part = 0; part < 3; part++)
+        for (int i = 0; i < nt; i++) {
+            int j = part * nt + i;
+            ck_tensor_ref *r = &k->refs[j];
+            static const char *prefix[] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
+            snprintf(k->names[j], CK_NAME_MAX, "%s%s", prefix[part], gt[i].name);
+            r->name = k->names[j];
+            r->kind = part ? CK_KIND_OPTIM : CK_KIND_MODEL;
+            r->ndim = gt[i].ndim;
+            r->shape[0] = gt[i].shape[0];
+            r->shape[1] = gt[i].shape[1];
+            float *base = part == 0 ? params : part == 1 ? o->m : o->v;
+            r->data = base + gt[i].offset;
+            r->dst = base + gt[i].offset;
+        }
+    k->nrefs = nt * 3;
+    return 0;
+}
+
+static int save_now(ck_train *k) {
+    trainer_progress tp;
+    trainer_get_progress(k->t, &tp);
+    const co_config *c = &k->cfg;
+    opt_adamw *o = trainer_optimizer(k->t);
+    ck_meta meta;
+    memset(&meta, 0, sizeof meta);
+    meta.iteration = tp.iteration;
+    meta.progress = (ck_progress){tp.iteration, {tp.consumed[0], tp.consumed[1], tp.consumed[2]}, tp.skipped,
+                                  tp.nan_iters, tp.loss_sum, tp.tok_sum, tp.iters_since_log};
+    meta.seed = c->seed;
+    meta.layout = (ck_layout){1, c->tensor_model_parallel_size, c->pipeline_model_parallel_size,
+                              c->context_parallel_size, k->world, c->use_distributed_optimizer, 1};
+    meta.layout.world = k->world * c->tensor_model_parallel_size * c->pipeline_model_parallel_size * c->context_parallel_size;
+    model_info(gpt_get_config(trainer_model(k->t)), &meta.model);
+    if (!c->no_save_optim) {
+        meta.optim.present = true;
+        snprintf(meta.optim.type, sizeof meta.optim.type, "adamw");
+        meta.optim.step = o->step;
+        meta.optim.beta1 = o->beta1;
+        meta.optim.beta2 = o->beta2;
+        meta.optim.eps = o->eps;
+        meta.optim.weight_decay = o->weight_decay;
+        meta.optim.clip_grad = o->clip_grad;
+    }
+    meta.config = k->config_json;
+    meta.lr_scheduler = lr_json(c, tp.iteration);
+    meta.rng_generators = rng_json(c->seed, tp.iteration);
+    int n = c->no_save_optim ? k->nrefs / 3 : k->nrefs;
+    int rc = ck_saver_save(k->saver, &meta, k->refs, n);
+    json_decref(meta.lr_scheduler);
+    json_decref(meta.rng_generators);
+    if (!rc) {
+        k->last_saved = tp.iteration;
+        k->stall_total += ck_saver_last_stall(k->saver);
+        k->saves++;
+    }
+    return rc;
+}
+
+static int hook(trainer *t, void *ctx, bool final, train_end why) {
+    ck_train *k = ctx;
+    int64_t it = trainer_iteration(t);
+    int rc = 0;
+    if (!final) {
+        if (k->cfg.save_interval > 0 && it % k->cfg.save_interval == 0 && it != k->last_saved) rc = save_now(k);
+    } else {
+        if (why != TRAIN_NAN && it > 0 && it != k->last_saved) rc = save_now(k);
+        int w = ck_saver_wait(k->saver);
+        if (!rc) rc = w;
+        if (!rc && k->cfg.async_save && k->saves && k->log) {
+            fprintf(k->log, "cohort: --async-save blocked training %.3f s per checkpoint on average (%d saves)\n",
+                    k->stall_total / k->saves, k->saves);
+            fflush(k->log);
+        }
+    }
+    if (rc) co_err_set(rc, "checkpoint save: %s", co_err_detail());
+    return rc;
+}
+
+/* ---- --use-checkpoint-args and the seed ----------------------------------------------- */
+
+static void take_args(co_config *c, json_t *conf, FILE *log) {
+#define INT_ARG(key, field)                                                                     \
+    do {                                                                                        \
+        json_t *v = json_object_get(conf, key);                                                 \
+        if (json_is_integer(v) && c->field != (int)json_integer_value(v)) {                     \
+            if (log) fprintf(log, "  --%s %d from the checkpoint\n", key, (int)json_integer_value(v)); \
+            c->field = (int)json_integer_value(v);                                              \
+        }                                                                                       \
+    } while (0)
+#define DBL_ARG(key, field)                                                                     \
+    do {                                                                                        \
+        json_t *v = json_object_get(conf, key);                                                 \
+        if (json_is_number(v) && c->field != json_number_value(v)) {                            \
+            if (log) fprintf(log, "  --%s %g from the checkpoint\n", key, json_number_value(v)); \
+            c->field = json_number_value(v);                                                    \
+        }                                                                                       \
+    } while (0)
+#define BOOL_ARG(key, field)                                                                    \
+    do {                                                                                        \
+        json_t *v = json_object_get(conf, key);                                                 \
+        if (json_is_boolean(v) && c->field != json_is_true(v)) {                                \
+            if (log) fprintf(log, "  --%s %s from the checkpoint\n", key, json_is_true(v) ? "on" : "off"); \
+            c->field = json_is_true(v);                                                         \
+        }                                                                                       \
+    } while (0)
+#define STR_ARG(key, field)                                                                     \
+    do {                                                                                        \
+        json_t *v = json_object_get(conf, key);                                                 \
+        if (json_is_string(v) && strlen(json_string_value(v)) < sizeof c->field &&              \
+            strcmp(c->field, json_string_value(v))) {                                           \
+            if (log) fprintf(log, "  --%s %s from the checkpoint\n", key, json_string_value(v)); \
+            snprintf(c->field, sizeof c->field, "%s", json_string_value(v));                    \
+        }                                                                                       \
+    } while (0)
+    INT_ARG("num-layers", num_layers);
+    INT_ARG("hidden-size", hidden_size);
+    INT_ARG("ffn-hidden-size", ffn_hidden_size);
+    INT_ARG("num-attention-heads", num_attention_heads);
+    BOOL_ARG("group-query-attention", group_query_attention);
+    INT_ARG("num-query-groups", num_query_groups);
+    INT_ARG("kv-channels", kv_channels);
+    INT_ARG("seq-length", seq_length);
+    INT_ARG("max-position-embeddings", max_position_embeddings);
+    STR_ARG("position-embedding-type", position_embedding_type);
+    DBL_ARG("rotary-base", rotary_base);
+    STR_ARG("normalization", normalization);
+    DBL_ARG("norm-epsilon", norm_epsilon);
+    BOOL_ARG("swiglu", swiglu);
+    BOOL_ARG("untie-embeddings-and-output-weights", untie_embeddings_and_output_weights);
+    BOOL_ARG("disable-bias-linear", disable_bias_linear);
+    INT_ARG("make-vocab-size-divisible-by", make_vocab_size_divisible_by);
+    STR_ARG("tokenizer-type", tokenizer_type);
+    INT_ARG("vocab-size", vocab_size);
+#undef INT_ARG
+#undef DBL_ARG
+#undef BOOL_ARG
+#undef STR_ARG
+}
+
+int ck_train_prepare(co_config *c, FILE *log) {
+    if (!c->load[0]) return 0;
+    bool want_args = c->use_checkpoint_args, want_seed = !c->no_load_rng && !c->finetune;
+    if (!want_args && !want_seed) return 0;
+    int64_t *its = NULL;
+    int n = 0;
+    int rc = ck_candidates(c->load, c->ckpt_step >= 0 && co_config_was_set(c, "ckpt-step") ? c->ckpt_step : -1, &its, &n);
+    if (rc) return 0; /* attach reports a missing checkpoint */
+    ck_manifest *m = NULL;
+    for (int i = 0; i < n && !m; i++) {
+        char dir[4200];
+        ck_iter_dir(dir, sizeof dir, c->load, its[i]);
+        if (ck_read_manifest(dir, &m)) m = NULL;
+        if (c->refuse_corrupt_checkpoint) break;
+    }
+    free(its);
+    if (!m) return 0;
+    if (want_args) {
+        if (log) fprintf(log, "cohort: --use-checkpoint-args: model flags from %s iteration %" PRId64 "\n", c->load, m->iteration);
+        take_args(c, json_object_get(m->doc, "config"), log);
+    }
+    if (want_seed && m->seed != c->seed) {
+        if (log)
+            fprintf(log, "cohort: --seed %" PRId64 " replaced by the checkpoint's seed %" PRId64
+                         " (the generators' state; --no-load-rng keeps --seed)\n", c->seed, m->seed);
+        c->seed = m->seed;
+    }
+    if (log) fflush(log);
+    ck_manifest_free(&m);
+    return 0;
+}
+
+/* ---- load ----------------------------------------------------------------------------- */
+
+static void warn_schedule(ck_train *k, const ck_manifest *m) {
+    json_t *ls = json_object_get(m->doc, "lr_scheduler");
+    if (!json_is_object(ls) || !k->log) return;
+    lr_schedule s;
+    lr_from_config(&k->cfg, &s);
+    json_t *mx = json_object_get(ls, "max_lr"), *mn = json_object_get(ls, "min_lr"), *st = json_object_get(ls, "decay_style"),
+           *wu = json_object_get(ls, "warmup_iters"), *di = json_object_get(ls, "decay_iters");
+    bool same = json_is_number(mx) && json_number_value(mx) == s.max_lr && json_is_number(mn) &&
+                json_number_value(mn) == s.min_lr && json_is_string(st) &&
+                !strcmp(json_string_value(st), k->cfg.lr_decay_style) && json_is_integer(wu) &&
+                json_integer_value(wu) == s.warmup_iters && json_is_integer(di) && json_integer_value(di) == s.decay_iters;
+    if (!same)
+        fprintf(k->log, "cohort: note: the learning-rate schedule differs from the checkpoint's; using the command line's\n");
+}
+
+static int load(ck_train *k) {
+    const co_config *c = &k->cfg;
+    int64_t want = co_config_was_set(c, "ckpt-step") && c->ckpt_step >= 0 ? c->ckpt_step : -1;
+    int64_t *its = NULL;
+    int n = 0;
+    int rc = ck_candidates(c->load, want, &its, &n);
+    if (rc) {
+        if (c->exit_on_missing_checkpoint)
+            return co_err_set(CO_ENOENT, "--exit-on-missing-checkpoint: %s", co_err_detail());
+        if (k->log) fprintf(k->log, "cohort: WARNING: %s; starting from random initialisation\n", co_err_detail());
+        return 0;
+    }
+    int64_t tracked;
+    if (want < 0 && ck_read_tracker(c->load, &tracked) && k->log)
+        fprintf(k->log, "cohort: WARNING: %s; trying the newest checkpoint directory\n", co_err_detail());
+    bool load_optim = !c->no_load_optim && !c->finetune;
+    rc = CO_ENOENT;
+    for (int i = 0; i < n; i++) {
+        char dir[4200];
+        ck_iter_dir(dir, sizeof dir, c->load, its[i]);
+        if (k->log) {
+            fprintf(k->log, " loading checkpoint from %s at iteration %" PRId64 "\n", c->load, its[i]);
+            fflush(k->log);
+        }
+        ck_manifest *m = NULL;
+        ck_bad bad = CK_OK;
+        rc = ck_read_manifest(dir, &m);
+        if (rc) bad = rc == CO_EFORMAT ? CK_BAD_FORMAT : rc == CO_ENOENT ? CK_BAD_INCOMPLETE : CK_BAD_IO;
+        if (!rc && load_optim && !m->optim.present) {
+            rc = co_err_set(CO_EINVAL, "%s holds no optimizer state (saved with --no-save-optim); pass --no-load-optim "
+                                       "or --finetune", dir);
+            ck_manifest_free(&m);
+            break;
+        }
+        if (!rc) {
+            int nl = load_optim ? k->nrefs : k->nrefs / 3;
+            rc = ck_load_tensors(dir, m, k->refs, nl, &bad);
+            if (rc == CO_EINVAL || rc == CO_EUNSUPPORTED) { /* the model does not match: no fallback helps */
+                ck_manifest_free(&m);
+                break;
+            }
+        }
+        if (rc) {
+            char detail[1200];
+            snprintf(detail, sizeof detail, "%s", co_err_detail());
+            ck_manifest_free(&m);
+            const char *kind = bad == CK_BAD_CHECKSUM ? "corrupt" : bad == CK_BAD_INCOMPLETE ? "incomplete or truncated"
+                               : bad == CK_BAD_FORMAT ? "malformed" : "unreadable";
+            if (c->refuse_corrupt_checkpoint) {
+                rc = co_err_set(rc, "checkpoint at iteration %" PRId64 " is %s: %s (refused: --refuse-corrupt-checkpoint)",
+                                its[i], kind, detail);
+                break;
+            }
+            if (k->log) {
+                fprintf(k->log, "cohort: WARNING: checkpoint at iteration %" PRId64 " is %s: %s\n", its[i], kind, detail);
+                fprintf(k->log, i + 1 < n ? "cohort: falling back to the previous checkpoint\n"
+                                          : "cohort: no older checkpoint to fall back to\n");
+                fflush(k->log);
+            }
+            co_err_set(rc, "checkpoint at iteration %" PRId64 " is %s: %s", its[i], kind, detail);
+            continue;
+        }
+        /* loaded: the run's position */
+        opt_adamw *o = trainer_optimizer(k->t);
+        if (load_optim) o->step = m->optim.step;
+        trainer_progress tp;
+        trainer_get_progress(k->t, &tp);
+        if (!c->finetune) {
+            tp.iteration = m->progress.iteration;
+            for (int s = 0; s < 3; s++) tp.consumed[s] = m->progress.consumed[s];
+            tp.skipped = m->progress.skipped;
+            tp.nan_iters = m->progress.nan_iters;
+            tp.loss_sum = m->progress.loss_sum;
+            tp.tok_sum = m->progress.tok_sum;
+            tp.iters_since_log = m->progress.iters_since_log;
+            trainer_set_progress(k->t, &tp);
+            k->last_saved = m->iteration;
+            warn_schedule(k, m);
+        }
+        if (c->bf16) gpt_sync_bf16(trainer_model(k->t));
+        if (k->log) {
+            if (m->layout.data != k->world)
+                fprintf(k->log, "cohort: checkpoint written at data-parallel size %d, loaded at %d: consumed samples are "
+                                "global and kept\n", m->layout.data, k->world);
+            fprintf(k->log, "  successfully loaded checkpoint from %s [ t 1/1, p 1/1 ] at iteration %" PRId64 "%s\n", c->load,
+                    c->finetune ? 0 : m->iteration, c->finetune ? " (--finetune: weights only)" : "");
+            fflush(k->log);
+        }
+        ck_manifest_free(&m);
+        rc = 0;
+        break;
+    }
+    free(its);
+    return rc;
+}
+
+int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world) {
+    *out = NULL;
+    const co_config *c = trainer_config(t);
+    if (!c->load[0] && !c->save[0]) return 0;
+    ck_train *k = calloc(1, sizeof *k);
+    if (!k) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
+    k->t = t;
+    k->log = log;
+    k->cfg = *c;
+    k->last_saved = -1;
+    k->world = world;
+    int rc = build_refs(k);
+    if (!rc && c->load[0]) rc = load(k);
+    if (!rc && c->save[0] && rank == 0) {
+        k->config_json = config_to_json(c);
+        if (!k->config_json) rc = co_err_set(CO_ENOMEM, "checkpoint: cannot serialise the configuration");
+        if (!rc) rc = ck_clean_stale(c->save);
+        ck_saver_opts so = {.save_dir = c->save, .async = c->async_save, .keep = c->most_recent_k, .writers = 1, .log = log};
+        if (!rc) rc = ck_saver_new(&k->saver, &so);
+        if (!rc && c->async_save) {
+            size_t total = 0;
+            int n = c->no_save_optim ? k->nrefs / 3 : k->nrefs;
+            for (int i = 0; i < n; i++) total += (size_t)k->refs[i].shape[0] * (size_t)(k->refs[i].ndim > 1 ? k->refs[i].shape[1] : 1);
+            rc = ck_saver_reserve(k->saver, total);
+        }
+        if (!rc) trainer_set_hook(t, hook, k);
+    }
+    if (rc) {
+        char detail[1200];
+        snprintf(detail, sizeof detail, "%s", co_err_detail());
+        ck_train_destroy(&k);
+        co_err_set(rc, "%s", detail);
+        return rc;
+    }
+    *out = k;
+    return 0;
+}
+
+void ck_train_destroy(ck_train **p) {
+    ck_train *k = *p;
+    if (!k) return;
+    ck_saver_destroy(&k->saver);
+    if (k->config_json) json_decref(k->config_json);
+    free(k->refs);
+    free(k->names);
+    free(k);
+    *p = NULL;
+}

@@ -1,0 +1,30 @@
+/* train_ckpt.h - checkpoints in `cohort train`: Megatron's --load/--save flags wired to the
+ * trainer (progress, model, optimizer) through three calls.
+ *
+ *   ck_train_prepare(&cfg, log)   before co_config_finalize: with --load, takes the model
+ *                                 flags from the checkpoint (--use-checkpoint-args) and its
+ *                                 seed (the generators' state; not with --no-load-rng or
+ *                                 --finetune)
+ *   ck_train_attach(&ck,t,log,r,w) after trainer_new: loads --load (falling back to the
+ *                                 previous good checkpoint, or refusing with
+ *                                 --refuse-corrupt-checkpoint) and, with --save, installs
+ *                                 the trainer hook that saves every --save-interval and at
+ *                                 the end (done, exit interval or duration, SIGTERM)
+ *   ck_train_destroy(&ck)         before trainer_destroy: waits for a background save */
+#ifndef COHORT_CHECKPOINT_TRAIN_CKPT_H
+#define COHORT_CHECKPOINT_TRAIN_CKPT_H
+
+#include "common/config.h"
+#include "train/trainer.h"
+
+#include <stdio.h>
+
+typedef struct ck_train ck_train;
+
+int ck_train_prepare(co_config *c, FILE *log);
+/* rank, world: this process's data-parallel rank and size; rank 0 writes the checkpoint
+ * (replicas hold the same state) and every rank loads. log may be NULL. */
+int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world);
+void ck_train_destroy(ck_train **p);
+
+#endif

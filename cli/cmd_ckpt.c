@@ -1,0 +1,575 @@
+/* cmd_ckpt.c - `cohort ckpt`: tools for checkpoint directories (docs/checkpoints.md):
+ * ls, inspect, verify, diff, convert, prune; each with --help and --json. */
+#include "cli/cli.h"
+
+#include "checkpoint/ckpt.h"
+#include "common/error.h"
+
+#include <dirent.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+/* verify's exit codes follow ck_bad: 0 ok, 1 unreadable, 3 malformed, 4 incomplete, 5 checksum */
+enum { X_OK = 0, X_DIFFER = 1, X_USAGE = 2, X_UNSUPPORTED = 3 };
+
+static const char *top_usage =
+    "usage: cohort ckpt <tool> [flags]   (each tool takes --help and --json)\n"
+    "\n"
+    "  ls SAVE                    checkpoints in a save directory: iteration, time, size, status\n"
+    "  inspect CKPT               manifest, and tensors with shapes, dtypes and L2 norms\n"
+    "  verify CKPT                checksums and completeness (exit status says what failed)\n"
+    "  diff CKPT_A CKPT_B         which tensors differ (exit 0 bitwise equal, 1 different)\n"
+    "  convert CKPT --to hf-gpt2 --output DIR   export to Hugging Face GPT-2 (model.safetensors\n"
+    "                             + config.json)\n"
+    "  prune SAVE --keep K        retention: keep the K most recent and the tracker's\n"
+    "\n"
+    "CKPT is a checkpoint directory (SAVE/iter_0000100) or a save directory (the tracker's\n"
+    "checkpoint, or --iteration N).\n";
+
+typedef struct args {
+    bool json, help, dry_run;
+    int64_t iteration;
+    int keep;
+    const char *to, *output;
+    const char *pos[4];
+    int npos;
+} args;
+
+static int parse_args(int argc, char **argv, args *a, const char *tool) {
+    memset(a, 0, sizeof *a);
+    a->iteration = -1;
+    a->keep = -1;
+    for (int i = 0; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "--json")) a->json = true;
+        else if (!strcmp(s, "--help") || !strcmp(s, "-h")) a->help = true;
+        else if (!strcmp(s, "--dry-run")) a->dry_run = true;
+        else if ((!strcmp(s, "--iteration") || !strcmp(s, "--keep") || !strcmp(s, "--to") || !strcmp(s, "--output")) &&
+                 i + 1 < argc) {
+            const char *v = argv[++i];
+            char *end;
+            if (!strcmp(s, "--to")) a->to = v;
+            else if (!strcmp(s, "--output")) a->output = v;
+            else {
+                long long x = strtoll(v, &end, 10);
+                if (*end || end == v || x < 0) {
+                    fprintf(stderr, "cohort ckpt %s: %s needs a non-negative integer, got '%s'\n", tool, s, v);
+                    return X_USAGE;
+                }
+                if (!strcmp(s, "--keep")) a->keep = (int)x;
+                else a->iteration = x;
+            }
+        } else if (s[0] == '-' && s[1]) {
+            fprintf(stderr, "cohort ckpt %s: unknown or incomplete flag '%s' (see --help)\n", tool, s);
+            return X_USAGE;
+        } else if (a->npos < 4) {
+            a->pos[a->npos++] = s;
+        } else {
+            fprintf(stderr, "cohort ckpt %s: too many arguments\n", tool);
+            return X_USAGE;
+        }
+    }
+    return 0;
+}
+
+/* CKPT: a checkpoint directory, or a save directory (tracker / --iteration). */
+static int resolve(const char *path, int64_t iteration, char *out, size_t n) {
+    char mp[4200];
+    snprintf(mp, sizeof mp, "%s/%s", path, CK_MANIFEST_NAME);
+    struct stat st;
+    if (iteration < 0 && !stat(mp, &st)) {
+        snprintf(out, n, "%s", path);
+        return 0;
+    }
+    int64_t it = iteration;
+    if (it < 0) {
+        int rc = ck_read_tracker(path, &it);
+        if (rc) {
+            char base[4096];
+            snprintf(base, sizeof base, "%s", path);
+            const char *slash = strrchr(base, '/');
+            if (ck_parse_iter_name(slash ? slash + 1 : base) >= 0) { /* an iter_ dir without a manifest */
+                snprintf(out, n, "%s", path);
+                return 0;
+            }
+            return co_err_set(CO_ENOENT, "%s: neither a checkpoint (no %s) nor a save directory with a tracker", path,
+                              CK_MANIFEST_NAME);
+        }
+    }
+    ck_iter_dir(out, n, path, it);
+    return 0;
+}
+
+static void print_time(char *buf, size_t n, int64_t unix_s) {
+    time_t t = (time_t)unix_s;
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(buf, n, "%Y-%m-%d %H:%M:%S", &tm);
+}
+
+static uint64_t dir_size(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    uint64_t total = 0;
+    struct dirent *de;
+    char p[4608];
+    struct stat st;
+    while ((de = readdir(d)))
+        if (de->d_name[0] != '.') {
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            if (!stat(p, &st) && S_ISREG(st.st_mode)) total += (uint64_t)st.st_size;
+        }
+    closedir(d);
+    return total;
+}
+
+/* ---- ls ---------------------------------------------------------------------------------- */
+
+/* Cheap status: manifest parses and every file is present with its size. */
+static const char *quick_status(const char *dir, ck_manifest **out) {
+    ck_manifest *m = NULL;
+    int rc = ck_read_manifest(dir, &m);
+    *out = NULL;
+    if (rc) return rc == CO_ENOENT ? "incomplete" : "malformed";
+    for (int i = 0; i < m->nfiles; i++) {
+        char p[4400];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, m->files[i].name);
+        if (stat(p, &st) || (uint64_t)st.st_size != m->files[i].size) {
+            ck_manifest_free(&m);
+            return "incomplete";
+        }
+    }
+    *out = m;
+    return "complete";
+}
+
+static int tool_ls(int argc, char **argv) {
+    args a;
+    int rc = parse_args(argc, argv, &a, "ls");
+    if (rc) return rc;
+    if (a.help) {
+        printf("usage: cohort ckpt ls SAVE [--json]\n\nLists the checkpoints in save directory SAVE: iteration, creation time,\n"
+               "size, status (complete: manifest and every file of the right size; incomplete;\n"
+               "malformed) and which one the tracker names. Checksums: `cohort ckpt verify`.\n"
+               "Exit: 0, 1 cannot read SAVE, 2 usage.\n");
+        return 0;
+    }
+    if (a.npos != 1) {
+        fprintf(stderr, "cohort ckpt ls: needs one save directory (see --help)\n");
+        return X_USAGE;
+    }
+    const char *save = a.pos[0];
+    int64_t *its;
+    int n;
+    rc = ck_list_iterations(save, &its, &n);
+    if (rc) {
+        fprintf(stderr, "cohort ckpt ls: %s\n", co_err_detail());
+        return 1;
+    }
+    int64_t tracked = -1;
+    bool has_tracker = !ck_read_tracker(save, &tracked);
+    json_t *arr = json_array();
+    if (!a.json) printf("%-10s  %-19s  %12s  %-10s  %s\n", "iteration", "time", "size", "status", "");
+    for (int i = 0; i < n; i++) {
+        char dir[4200], when[32] = "-";
+        ck_iter_dir(dir, sizeof dir, save, its[i]);
+        ck_manifest *m;
+        const char *status = quick_status(dir, &m);
+        if (m) print_time(when, sizeof when, m->created_unix);
+        uint64_t size = dir_size(dir);
+        bool latest = has_tracker && its[i] == tracked;
+        if (a.json)
+            json_array_append_new(arr, json_pack("{sIsssIsssbss}", "iteration", (json_int_t)its[i], "time", when, "size",
+                                                 (json_int_t)size, "status", status, "latest", latest, "path", dir));
+        else
+            printf("%-10" PRId64 "  %-19s  %12" PRIu64 "  %-10s  %s\n", its[i], when, size, status,
+                   latest ? "<- latest (tracker)" : "");
+        ck_manifest_free(&m);
+    }
+    if (a.json) {
+        json_t *o = json_pack("{sssoso}", "save_dir", save, "checkpoints", arr, "tracker",
+                              has_tracker ? json_integer(tracked) : json_null());
+        json_dumpf(o, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+        putchar('\n');
+        json_decref(o);
+    } else {
+        json_decref(arr);
+        if (!has_tracker) printf("(no %s)\n", CK_TRACKER_NAME);
+        else if (!n || tracked != its[n - 1]) printf("tracker: iteration %" PRId64 "\n", tracked);
+    }
+    free(its);
+    return 0;
+}
+
+/* ---- inspect ----------------------------------------------------------------------------- */
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+    int o = snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && o < (int)n; d++) o += snprintf(buf + o, n - (size_t)o, "%s%" PRId64, d ? ", " : "", shape[d]);
+    if (o < (int)n) snprintf(buf + o, n - (size_t)o, "]");
+}
+
+static int64_t numel(const ck_mtensor *t) {
+    int64_t p = 1;
+    for (int d = 0; d < t->ndim; d++) p *= t->shape[d];
+    return p;
+}
+
+static int exit_of_bad(ck_bad b) { return b == CK_OK ? 1 : (int)b; }
+
+static int tool_inspect(int argc, char **argv) {
+    args a;
+    int rc = parse_args(argc, argv, &a, "inspect");
+    if (rc) return rc;
+    if (a.help) {
+        printf("usage: cohort ckpt inspect CKPT [--iteration N] [--json]\n\nPrints the manifest (iteration, progress, "
+               "seed, layout, model, optimizer, files) and\nevery tensor with its dtype, shape, pieces on disk and L2 "
+               "norm (reading and verifying\nthe shards). Exit: 0, 1 unreadable, 2 usage, 3 malformed, 4 incomplete, 5 "
+               "checksum.\n");
+        return 0;
+    }
+    if (a.npos != 1) {
+        fprintf(stderr, "cohort ckpt inspect: needs one checkpoint (see --help)\n");
+        return X_USAGE;
+    }
+    char dir[4200];
+    ck_manifest *m = NULL;
+    if ((rc = resolve(a.pos[0], a.iteration, dir, sizeof dir)) || (rc = ck_read_manifest(dir, &m))) {
+        fprintf(stderr, "cohort ckpt inspect: %s\n", co_err_detail());
+        return rc == CO_EFORMAT ? CK_BAD_FORMAT : rc == CO_ENOENT ? CK_BAD_INCOMPLETE : 1;
+    }
+    float **bufs = NULL;
+    ck_bad bad = CK_OK;
+    rc = ck_read_all(dir, m, 1 << CK_KIND_MODEL | 1 << CK_KIND_OPTIM, &bufs, &bad);
+    if (rc) {
+        fprintf(stderr, "cohort ckpt inspect: %s\n", co_err_detail());
+        ck_manifest_free(&m);
+        return exit_of_bad(bad);
+    }
+    json_t *tens = json_array();
+    for (int i = 0; i < m->ntensors; i++) {
+        const ck_mtensor *t = &m->tensors[i];
+        double s = 0;
+        int64_t ne = numel(t);
+        for (int64_t k = 0; k < ne; k++) s += (double)bufs[i][k] * bufs[i][k];
+        json_t *sh = json_array();
+        for (int d = 0; d < t->ndim; d++) json_array_append_new(sh, json_integer(t->shape[d]));
+        json_array_append_new(tens, json_pack("{sssssssosisf}", "name", t->name, "kind", t->kind ? "optim" : "model",
+                                              "dtype", ck_dtype_name(t->dtype), "shape", sh, "pieces", t->nslices, "norm",
+                                              sqrt(s)));
+    }
+    ck_free_all(m, &bufs);
+    if (a.json) {
+        json_t *o = json_pack("{sssOso}", "path", dir, "manifest", m->doc, "tensors", tens);
+        json_dumpf(o, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+        putchar('\n');
+        json_decref(o);
+    } else {
+        char when[32];
+        print_time(when, sizeof when, m->created_unix);
+        const ck_progress *p = &m->progress;
+        const ck_model_info *mi = &m->model;
+        printf("checkpoint %s\n  format %s version %d, created %s\n", dir, CK_FORMAT_NAME, m->version, when);
+        printf("  iteration %" PRId64 ", consumed samples train %" PRId64 " valid %" PRId64 " test %" PRId64
+               ", skipped %" PRId64 ", nan %" PRId64 "\n",
+               m->iteration, p->consumed[0], p->consumed[1], p->consumed[2], p->skipped, p->nan_iters);
+        printf("  seed %" PRId64 "; parallel: world %d = tensor %d x pipeline %d x context %d x data %d, %d writer%s\n",
+               m->seed, m->layout.world, m->layout.tensor, m->layout.pipeline, m->layout.context, m->layout.data,
+               m->layout.writers, m->layout.writers == 1 ? "" : "s");
+        printf("  model: %d layers, hidden %d, %d heads (%d kv groups, head dim %d), ffn %d, vocab %d (padded %d), "
+               "%s, %s, %s, %s, %s\n",
+               mi->num_layers, mi->hidden, mi->heads, mi->kv_groups, mi->head_dim, mi->ffn_hidden, mi->vocab,
+               mi->padded_vocab, mi->rope ? "rope" : "learned positions", mi->rmsnorm ? "RMSNorm" : "LayerNorm",
+               mi->swiglu ? "SwiGLU" : "GELU", mi->tied ? "tied" : "untied", mi->bias ? "biases" : "no biases");
+        if (m->optim.present)
+            printf("  optimizer: %s, step %" PRId64 ", betas (%g, %g), eps %g, weight decay %g, clip %g\n", m->optim.type,
+                   m->optim.step, m->optim.beta1, m->optim.beta2, m->optim.eps, m->optim.weight_decay, m->optim.clip_grad);
+        else
+            printf("  optimizer: not saved (--no-save-optim)\n");
+        for (int i = 0; i < m->nfiles; i++) {
+            char hx[33];
+            ck_hex128(m->files[i].xxh128, hx);
+            printf("  file %-36s %12" PRIu64 " bytes  xxh3-128 %s\n", m->files[i].name, m->files[i].size, hx);
+        }
+        printf("  %-52s %-5s %-4s %-16s %6s  %s\n", "tensor", "kind", "type", "shape", "pieces", "L2 norm");
+        size_t i;
+        json_t *t;
+        json_array_foreach(tens, i, t) {
+            char sh[64];
+            shape_str(sh, sizeof sh, m->tensors[i].ndim, m->tensors[i].shape);
+            printf("  %-52s %-5s %-4s %-16s %6d  %.6g\n", m->tensors[i].name, m->tensors[i].kind ? "optim" : "model",
+                   ck_dtype_name(m->tensors[i].dtype), sh, m->tensors[i].nslices,
+                   json_real_value(json_object_get(t, "norm")));
+        }
+        json_decref(tens);
+    }
+    ck_manifest_free(&m);
+    return 0;
+}
+
+/* ---- verify ------------------------------------------------------------------------------ */
+
+typedef struct vctx {
+    bool json;
+    json_t *files;
+} vctx;
+
+static const char *bad_name(ck_bad b) {
+    switch (b) {
+    case CK_OK: return "ok";
+    case CK_BAD_IO: return "unreadable";
+    case CK_BAD_FORMAT: return "malformed";
+    case CK_BAD_INCOMPLETE: return "incomplete";
+    case CK_BAD_CHECKSUM: return "checksum mismatch";
+    }
+    return "?";
+}
+
+static void vreport(void *ctx, const char *file, ck_bad bad, const char *detail) {
+    vctx *v = ctx;
+    if (v->json) json_array_append_new(v->files, json_pack("{sssiss}", "file", file, "status", bad_name(bad), "code", (int)bad,
+                                                          "detail", detail));
+    else if (bad == CK_OK) printf("  %-40s ok\n", file);
+    else printf("  %-40s %s: %s\n", file, bad_name(bad), detail);
+}
+
+static int tool_verify(int argc, char **argv) {
+    args a;
+    int rc = parse_args(argc, argv, &a, "verify");
+    if (rc) return rc;
+    if (a.help) {
+        printf("usage: cohort ckpt verify CKPT [--iteration N] [--json]\n\nReads every file the manifest lists and checks "
+               "its presence, size, safetensors header\n(against the manifest) and XXH3-128 checksum.\n\n"
+               "exit status: 0 verified; 1 unreadable (I/O, permissions); 2 usage; 3 malformed (manifest or\n"
+               "shard header unparsable or inconsistent); 4 incomplete (manifest or a file missing, a file\n"
+               "truncated or of the wrong size); 5 checksum mismatch (corrupt data). With several problems\n"
+               "the first in the order 3, 4, 5, 1 decides.\n");
+        return 0;
+    }
+    if (a.npos != 1) {
+        fprintf(stderr, "cohort ckpt verify: needs one checkpoint (see --help)\n");
+        return X_USAGE;
+    }
+    char dir[4200];
+    if ((rc = resolve(a.pos[0], a.iteration, dir, sizeof dir))) {
+        fprintf(stderr, "cohort ckpt verify: %s\n", co_err_detail());
+        return CK_BAD_INCOMPLETE;
+    }
+    vctx v = {a.json, json_array()};
+    if (!a.json) printf("verifying %s\n", dir);
+    ck_bad bad = CK_OK;
+    rc = ck_verify(dir, &bad, vreport, &v);
+    if (a.json) {
+        json_t *o = json_pack("{sssssiso}", "path", dir, "status", bad_name(bad), "code", (int)bad, "files", v.files);
+        json_dumpf(o, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+        putchar('\n');
+        json_decref(o);
+    } else {
+        json_decref(v.files);
+        printf(rc ? "FAILED: %s\n" : "%s: checkpoint verified\n", rc ? bad_name(bad) : dir);
+    }
+    return rc ? (int)(bad ? bad : CK_BAD_IO) : 0;
+}
+
+/* ---- diff -------------------------------------------------------------------------------- */
+
+static int open_all(const char *path, int64_t it, char *dir, size_t n, ck_manifest **m, float ***bufs) {
+    int rc = resolve(path, it, dir, n);
+    if (!rc) rc = ck_read_manifest(dir, m);
+    ck_bad bad;
+    if (!rc) rc = ck_read_all(dir, *m, 1 << CK_KIND_MODEL | 1 << CK_KIND_OPTIM, bufs, &bad);
+    if (rc) {
+        fprintf(stderr, "cohort ckpt: %s\n", co_err_detail());
+        ck_manifest_free(m);
+    }
+    return rc;
+}
+
+static int tool_diff(int argc, char **argv) {
+    args a;
+    int rc = parse_args(argc, argv, &a, "diff");
+    if (rc) return rc;
+    if (a.help) {
+        printf("usage: cohort ckpt diff CKPT_A CKPT_B [--json]\n\nCompares every tensor (model and optimizer state) of "
+               "two checkpoints, whatever their\nlayouts on disk: bitwise equal, or the largest absolute and relative "
+               "difference\n(|a-b| / max(|b|, 1e-30)); tensors in one only or with other shapes.\n"
+               "exit status: 0 every tensor bitwise equal; 1 they differ; 2 usage or a checkpoint unreadable.\n");
+        return 0;
+    }
+    if (a.npos != 2) {
+        fprintf(stderr, "cohort ckpt diff: needs two checkpoints (see --help)\n");
+        return X_USAGE;
+    }
+    char da[4200], db[4200];
+    ck_manifest *ma = NULL, *mb = NULL;
+    float **ba = NULL, **bb = NULL;
+    if (open_all(a.pos[0], -1, da, sizeof da, &ma, &ba)) return X_USAGE;
+    if (open_all(a.pos[1], -1, db, sizeof db, &mb, &bb)) {
+        ck_free_all(ma, &ba);
+        ck_manifest_free(&ma);
+        return X_USAGE;
+    }
+    json_t *arr = json_array();
+    int ndiff = 0, nequal = 0;
+    for (int i = 0; i < ma->ntensors; i++) {
+        const ck_mtensor *t = &ma->tensors[i], *u = ck_manifest_find(mb, t->name);
+        const char *status;
+        double maxabs = 0, maxrel = 0;
+        if (!u) status = "only in A";
+        else {
+            bool same_shape = t->ndim == u->ndim;
+            for (int d = 0; same_shape && d < t->ndim; d++) same_shape = t->shape[d] == u->shape[d];
+            if (!same_shape) status = "shape differs";
+            else {
+                const float *x = ba[i], *y = bb[u - mb->tensors];
+                int64_t ne = numel(t);
+                status = memcmp(x, y, (size_t)ne * sizeof(float)) ? "differs" : "bitwise equal";
+                if (strcmp(status, "bitwise equal"))
+                    for (int64_t k = 0; k < ne; k++) {
+                        double d = fabs((double)x[k] - (double)y[k]);
+                        double r = d / fmax(fabs((double)y[k]), 1e-30);
+                        if (d > maxabs || isnan(d)) maxabs = d;
+                        if (r > maxrel || isnan(r)) maxrel = r;
+                    }
+            }
+        }
+        bool eq = !strcmp(status, "bitwise equal");
+        eq ? nequal++ : ndiff++;
+        if (a.json)
+            json_array_append_new(arr, json_pack("{sssssfsf}", "name", t->name, "status", status, "max_abs", maxabs,
+                                                 "max_rel", maxrel));
+        else if (!eq) {
+            if (!strcmp(status, "differs"))
+                printf("  %-52s differs: max abs %.6g, max rel %.6g\n", t->name, maxabs, maxrel);
+            else
+                printf("  %-52s %s\n", t->name, status);
+        }
+    }
+    for (int i = 0; i < mb->ntensors; i++)
+        if (!ck_manifest_find(ma, mb->tensors[i].name)) {
+            ndiff++;
+            if (a.json) json_array_append_new(arr, json_pack("{ssss}", "name", mb->tensors[i].name, "status", "only in B"));
+            else printf("  %-52s only in B\n", mb->tensors[i].name);
+        }
+    if (a.json) {
+        json_t *o = json_pack("{sssssbsisiso}", "a", da, "b", db, "bitwise_equal", ndiff == 0, "equal", nequal, "different",
+                              ndiff, "tensors", arr);
+        json_dumpf(o, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+        putchar('\n');
+        json_decref(o);
+    } else {
+        json_decref(arr);
+        if (ndiff) printf("%d tensor%s differ, %d bitwise equal\n", ndiff, ndiff == 1 ? "" : "s", nequal);
+        else printf("bitwise equal: %d tensors\n", nequal);
+    }
+    ck_free_all(ma, &ba);
+    ck_free_all(mb, &bb);
+    ck_manifest_free(&ma);
+    ck_manifest_free(&mb);
+    return ndiff ? X_DIFFER : X_OK;
+}
+
+/* ---- convert ----------------------------------------------------------------------------- */
+
+static int tool_convert(int argc, char **argv) {
+    args a;
+    int rc = parse_args(argc, argv, &a, "convert");
+    if (rc) return rc;
+    if (a.help) {
+        printf("usage: cohort ckpt convert CKPT --to hf-gpt2 --output DIR [--iteration N] [--json]\n\n"
+               "hf-gpt2: writes DIR/model.safetensors and DIR/config.json in the Hugging Face GPT-2\n"
+               "layout (GPT2LMHeadModel; Conv1D weights [in, out], c_attn = [q | k | v], vocabulary\n"
+               "padding removed, output layer tied). Needs GPT-2's options: learned positions,\n"
+               "LayerNorm, GELU, tied embeddings, biases, no grouped-query attention.\n"
+               "Other layouts (tensor/pipeline-parallel shards): not yet -- cohort has no tensor or\n"
+               "pipeline parallelism, and its loader already reads any layout on disk.\n"
+               "exit status: 0 written; 1 failure; 2 usage; 3 the model or target is not supported.\n");
+        return 0;
+    }
+    if (a.npos != 1 || !a.to || !a.output) {
+        fprintf(stderr, "cohort ckpt convert: needs CKPT, --to and --output (see --help)\n");
+        return X_USAGE;
+    }
+    if (strcmp(a.to, "hf-gpt2")) {
+        fprintf(stderr, "cohort ckpt convert: --to %s: not yet; only hf-gpt2 (tensor/pipeline-parallel layouts come "
+                        "with tensor parallelism)\n", a.to);
+        return X_UNSUPPORTED;
+    }
+    char dir[4200];
+    ck_manifest *m = NULL;
+    if ((rc = resolve(a.pos[0], a.iteration, dir, sizeof dir)) || (rc = ck_read_manifest(dir, &m))) {
+        fprintf(stderr, "cohort ckpt convert: %s\n", co_err_detail());
+        return 1;
+    }
+    rc = ck_export_hf_gpt2(dir, m, a.output);
+    ck_manifest_free(&m);
+    if (rc) {
+        fprintf(stderr, "cohort ckpt convert: %s\n", co_err_detail());
+        return rc == CO_EUNSUPPORTED ? X_UNSUPPORTED : 1;
+    }
+    if (a.json) printf("{\"from\": \"%s\", \"to\": \"hf-gpt2\", \"output\": \"%s\"}\n", dir, a.output);
+    else printf("wrote %s/model.safetensors and %s/config.json (Hugging Face GPT-2) from %s\n", a.output, a.output, dir);
+    return 0;
+}
+
+/* ---- prune ------------------------------------------------------------------------------- */
+
+static int tool_prune(int argc, char **argv) {
+    args a;
+    int rc = parse_args(argc, argv, &a, "prune");
+    if (rc) return rc;
+    if (a.help) {
+        printf("usage: cohort ckpt prune SAVE --keep K [--dry-run] [--json]\n\nRemoves all but the K most recent "
+               "checkpoints of SAVE. Never removes the one the\ntracker names, nor any newer than it (a save that did "
+               "not reach its commit), and\nremoves leftovers of interrupted saves. A checkpoint is renamed away before "
+               "it is\ndeleted, so it never looks complete while half removed.\nexit status: 0, 1 failure, 2 usage.\n");
+        return 0;
+    }
+    if (a.npos != 1 || a.keep < 1) {
+        fprintf(stderr, "cohort ckpt prune: needs SAVE and --keep K >= 1 (see --help)\n");
+        return X_USAGE;
+    }
+    int64_t removed[4096];
+    int nr = 0;
+    if (!a.dry_run) rc = ck_clean_stale(a.pos[0]);
+    if (!rc) rc = ck_prune(a.pos[0], a.keep, a.dry_run, removed, 4096, &nr);
+    if (rc) {
+        fprintf(stderr, "cohort ckpt prune: %s\n", co_err_detail());
+        return 1;
+    }
+    if (a.json) {
+        json_t *arr = json_array();
+        for (int i = 0; i < nr && i < 4096; i++) json_array_append_new(arr, json_integer(removed[i]));
+        json_t *o = json_pack("{sssbso}", "save_dir", a.pos[0], "dry_run", a.dry_run, "removed", arr);
+        json_dumpf(o, stdout, JSON_PRESERVE_ORDER);
+        putchar('\n');
+        json_decref(o);
+    } else {
+        for (int i = 0; i < nr && i < 4096; i++)
+            printf("%s iteration %" PRId64 "\n", a.dry_run ? "would remove" : "removed", removed[i]);
+        printf("%d checkpoint%s %s\n", nr, nr == 1 ? "" : "s", a.dry_run ? "would be removed" : "removed");
+    }
+    return 0;
+}
+
+int cli_ckpt(int argc, char **argv) {
+    if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h") || !strcmp(argv[0], "help")) {
+        fputs(top_usage, argc < 1 ? stderr : stdout);
+        return argc < 1 ? X_USAGE : 0;
+    }
+    const char *tool = argv[0];
+    if (!strcmp(tool, "ls")) return tool_ls(argc - 1, argv + 1);
+    if (!strcmp(tool, "inspect")) return tool_inspect(argc - 1, argv + 1);
+    if (!strcmp(tool, "verify")) return tool_verify(argc - 1, argv + 1);
+    if (!strcmp(tool, "diff")) return tool_diff(argc - 1, argv + 1);
+    if (!strcmp(tool, "convert")) return tool_convert(argc - 1, argv + 1);
+    if (!strcmp(tool, "prune")) return tool_prune(argc - 1, argv + 1);
+    fprintf(stderr, "cohort ckpt: unknown tool '%s'\n%s", tool, top_usage);
+    return X_USAGE;
+}

@@ -1,0 +1,56 @@
+/* zmq_comm.h - the CPU implementation of the collective interface (comm.h) over ZeroMQ.
+ *
+ * Every rank binds one data endpoint (ipc:// or tcp://, handed out by the supervisor at
+ * rendezvous) with a ROUTER socket and connects one DEALER to every peer's endpoint, so
+ * ranks may start in any order: cm_zmq_new exchanges a HELLO with every peer and returns
+ * once all are reachable, or CO_ETIMEOUT after connect_timeout_ms.
+ *
+ * Sub-groups made by split() share the parent's sockets (messages carry a group id), so
+ * split costs no new connections. All communicators split from one cm_zmq_new form a
+ * family: a failure or an abort on any of them (from any thread) fails the whole family;
+ * every blocked and later call on any of them returns promptly. A failing rank tells its
+ * peers why (they get CO_EREMOTE naming it), and a peer that dies is detected through its
+ * disconnect (ipc, tcp) or missed ZMTP heartbeats (tcp), so a dead worker gives a
+ * job-level error on every rank rather than a hang.
+ *
+ * Algorithms: all-reduce is a ring reduce-scatter then all-gather, pipelined in chunks of
+ * chunk_bytes (a chunk is forwarded as soon as it is reduced, so sends and receives
+ * overlap, and received buffers are forwarded without a copy); buffers up to small_bytes
+ * use a direct exchange (every rank sums all contributions in rank order). Both fix the
+ * summation order of every element, so results are bitwise identical from run to run and
+ * on every rank. f32 sums in f32, f64 in f64, i64 in i64 (wrapping). The library never
+ * keeps a pointer to a caller's buffer after a call returns, even after an error.
+ *
+ * Threading: a communicator is used from one thread; only abort may be called from any
+ * other thread (or a mailbox loop). Options must agree on all ranks (checked at HELLO). */
+#ifndef COHORT_COMM_ZMQ_COMM_H
+#define COHORT_COMM_ZMQ_COMM_H
+
+#include "comm/comm.h"
+
+typedef struct cm_zmq_options {
+    int connect_timeout_ms;   /* cm_zmq_new waits this long for every peer (30000) */
+    size_t chunk_bytes;       /* pipeline chunk and largest message (1 MiB); same on all ranks */
+    size_t small_bytes;       /* all-reduce of at most this many bytes: direct exchange (32 KiB) */
+    int io_threads;           /* ZeroMQ I/O threads (1) */
+    int linger_ms;            /* destroy waits at most this long to flush last sends (2000) */
+    int peer_grace_ms;        /* a disconnected peer's in-flight data is awaited this long before
+                                 CO_EREMOTE (500) */
+    int heartbeat_ivl_ms;     /* ZMTP heartbeats on every connection, 0 = off (1000) */
+    int heartbeat_timeout_ms; /* no traffic for this long = peer dead (10000) */
+    /* Hook for CURVE on the data plane (Z85 keys, 40 characters). Not implemented yet:
+     * setting them gives CO_EUNSUPPORTED. */
+    const char *curve_public_key, *curve_secret_key, *curve_server_key;
+} cm_zmq_options;
+
+/* The defaults above. */
+void cm_zmq_options_default(cm_zmq_options *opt);
+
+/* A communicator of `size` ranks in which this process is `rank`; endpoints[r] is the
+ * endpoint rank r binds (this process binds endpoints[rank]). opt NULL = defaults.
+ * Errors: CO_EINVAL (arguments), CO_EIO (bind/connect), CO_ETIMEOUT (a peer never answered),
+ * CO_EPROTOCOL (a peer with other options or another world size), CO_ENOMEM. */
+int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
+               const cm_zmq_options *opt);
+
+#endif

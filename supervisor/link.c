@@ -1,0 +1,349 @@
+/* link.c - the worker's mailbox thread: registers with the supervisor, waits for the
+ * assignment, sends heartbeats and log lines, and turns the supervisor's Shutdown and
+ * Abort orders (or its silence) into the stop flag and an aborted communicator. */
+#include "supervisor/link.h"
+
+#include "actors/actor.h"
+#include "common/error.h"
+#include "supervisor/msg.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LINK_HEARTBEAT_MS 1000
+#define LINK_SILENCE_MS 30000
+
+struct sv_link {
+    ac_actor *a;
+    ac_mailbox *mb;
+    sv__sender snd;
+    int local_rank, node_rank;
+    char endpoint[400], identity[64], data_endpoint[400];
+    ac_secret secret;
+    bool have_secret;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool assigned, goodbye_done;
+    sv_assignment asg;
+    int asg_rc;
+    volatile sig_atomic_t *stop;
+    _Atomic(cm_comm *) comm;
+    _Atomic int64_t iteration;
+    _Atomic uint64_t last_heard_ms;
+    bool lost_reported;
+    ac_timer *hb;
+    pw_stats stats;
+    FILE *log;
+};
+
+bool sv_link_wanted(void) { return getenv("COHORT_SUPERVISOR") != NULL; }
+
+void sv_assignment_free(sv_assignment *a) {
+    if (a->endpoints)
+        for (int r = 0; r < a->world; r++) free(a->endpoints[r]);
+    free(a->endpoints);
+    a->endpoints = NULL;
+}
+
+static void abort_all(sv_link *l) {
+    *l->stop = 1;
+    cm_comm *c = atomic_load(&l->comm);
+    if (c) c->ops->abort(c);
+}
+
+static void take_assignment(sv_link *l, const Cohort__V1__Assign *as) {
+    sv_assignment *a = &l->asg;
+    int rc = 0;
+    if (as->world_size < 1 || as->rank >= as->world_size || as->n_peers != as->world_size || !as->topology)
+        rc = co_err_set(CO_EPROTOCOL, "supervisor sent an inconsistent assignment");
+    if (!rc) {
+        a->rank = (int)as->rank;
+        a->world = (int)as->world_size;
+        a->tp = (int)as->topology->tp;
+        a->pp = (int)as->topology->pp;
+        a->cp = (int)as->topology->cp;
+        a->dp = (int)as->topology->dp;
+        a->job_id = as->job_id;
+        a->generation = as->generation;
+        a->endpoints = calloc((size_t)a->world, sizeof *a->endpoints);
+        if (!a->endpoints) rc = CO_ENOMEM;
+        for (size_t i = 0; !rc && i < as->n_peers; i++) {
+            uint32_t r = as->peers[i]->rank;
+            if (r >= (uint32_t)a->world || a->endpoints[r]) {
+                rc = co_err_set(CO_EPROTOCOL, "supervisor's assignment lists rank %u twice or out of range", r);
+                break;
+            }
+            if (!(a->endpoints[r] = strdup(as->peers[i]->endpoint))) rc = CO_ENOMEM;
+        }
+        if (!rc) {
+            l->snd.sender = (uint32_t)a->rank;
+            l->snd.generation = a->generation;
+            l->snd.seq = 0;
+        }
+    }
+    pthread_mutex_lock(&l->mu);
+    l->assigned = true;
+    l->asg_rc = rc;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
+    (void)mb;
+    sv_link *l = ctx;
+    pw_msg *msg = sv__decode(m, l->snd.job_id, 0, &l->stats);
+    if (!msg) return;
+    atomic_store(&l->last_heard_ms, sv__now_ms());
+    Cohort__V1__Envelope *e = msg->env;
+    switch (e->body_case) {
+    case COHORT__V1__ENVELOPE__BODY_ASSIGN:
+        if (!l->assigned) take_assignment(l, e->assign);
+        break;
+    case COHORT__V1__ENVELOPE__BODY_SHUTDOWN:
+        /* status 0: finish the current step and stop; otherwise the job failed: abort now */
+        if (e->shutdown->exit_status == 0) *l->stop = 1;
+        else abort_all(l);
+        break;
+    case COHORT__V1__ENVELOPE__BODY_ABORT: abort_all(l); break;
+    default: break;
+    }
+    pw_msg_free(&msg);
+}
+
+static void heartbeat_tick(ac_timer *t, void *ctx) {
+    (void)t;
+    sv_link *l = ctx;
+    Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
+    hb.iteration = (uint64_t)atomic_load(&l->iteration);
+    sv__send(l->mb, NULL, &l->snd, &hb.base);
+    if (!l->lost_reported && sv__now_ms() - atomic_load(&l->last_heard_ms) > LINK_SILENCE_MS) {
+        l->lost_reported = true;
+        fprintf(stderr, "cohort worker %d: no word from the supervisor for %d s; stopping\n", l->local_rank,
+                LINK_SILENCE_MS / 1000);
+        abort_all(l);
+    }
+}
+
+/* Test hook: COHORT_TEST_REGISTER_DELAY="LOCAL_RANK:MS,..." delays that worker's
+ * registration, so tests can start ranks in any order and kill one mid-rendezvous. */
+static void test_register_delay(int local_rank) {
+    const char *spec = getenv("COHORT_TEST_REGISTER_DELAY");
+    while (spec && *spec) {
+        int r, ms, n = 0;
+        if (sscanf(spec, "%d:%d%n", &r, &ms, &n) != 2) return;
+        if (r == local_rank && ms > 0) usleep((useconds_t)ms * 1000);
+        spec += n;
+        if (*spec == ',') spec++;
+    }
+}
+
+static int link_on_start(ac_actor *a, void *ctx) {
+    sv_link *l = ctx;
+    l->a = a;
+    test_register_delay(l->local_rank);
+    ac_mailbox_opts mo;
+    memset(&mo, 0, sizeof mo);
+    mo.on_message = on_message;
+    mo.ctx = l;
+    mo.secret = l->have_secret ? &l->secret : NULL;
+    int rc = ac_mailbox_connect(a, l->endpoint, l->identity, &mo, &l->mb);
+    if (rc) return rc;
+    char host[256] = "localhost";
+    gethostname(host, sizeof host - 1);
+    Cohort__V1__Register r = COHORT__V1__REGISTER__INIT;
+    r.hostname = host;
+    r.pid = (uint32_t)getpid();
+    r.local_rank = (uint32_t)l->local_rank;
+    r.node_rank = (uint32_t)l->node_rank;
+    r.data_endpoint = l->data_endpoint;
+    rc = sv__send(l->mb, NULL, &l->snd, &r.base);
+    if (!rc) rc = ac_timer_start(a, LINK_HEARTBEAT_MS, LINK_HEARTBEAT_MS, heartbeat_tick, l, &l->hb);
+    return rc;
+}
+
+int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, int timeout_ms, sv_assignment *asg) {
+    *out = NULL;
+    memset(asg, 0, sizeof *asg);
+    const char *ep = getenv("COHORT_SUPERVISOR"), *job = getenv("COHORT_JOB_ID"), *lr = getenv("COHORT_LOCAL_RANK");
+    const char *dir = getenv("COHORT_IPC_DIR");
+    if (!ep || !job || !lr || !dir) return co_err_set(CO_EINVAL, "worker: COHORT_SUPERVISOR/JOB_ID/LOCAL_RANK/IPC_DIR not set");
+    /* a local worker must not outlive its supervisor */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() == 1) return co_err_set(CO_EREMOTE, "worker: the supervisor is already gone");
+    sv_link *l = calloc(1, sizeof *l);
+    if (!l) return CO_ENOMEM;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    l->stop = stop;
+    l->local_rank = atoi(lr);
+    l->snd.job_id = strtoull(job, NULL, 16);
+    l->snd.sender = PW_SENDER_UNASSIGNED;
+    atomic_store(&l->last_heard_ms, sv__now_ms());
+    snprintf(l->endpoint, sizeof l->endpoint, "%s", ep);
+    const char *id = getenv("COHORT_WORKER_ID"), *node = getenv("COHORT_NODE_RANK");
+    const char *data_ep = getenv("COHORT_DATA_ENDPOINT"), *secret = getenv("COHORT_JOB_SECRET");
+    l->node_rank = node ? atoi(node) : 0;
+    snprintf(l->identity, sizeof l->identity, "w%d", id ? atoi(id) : l->local_rank);
+    int rc = 0;
+    if (data_ep && *data_ep) {
+        snprintf(l->data_endpoint, sizeof l->data_endpoint, "%s", data_ep);
+    } else {
+        char name[64];
+        snprintf(name, sizeof name, "data-%d", l->local_rank);
+        rc = ac_ipc_endpoint(dir, name, l->data_endpoint, sizeof l->data_endpoint);
+    }
+    if (!rc && secret && *secret) {
+        rc = ac_secret_load(secret, &l->secret);
+        l->have_secret = rc == 0;
+    }
+    ac_actor_opts ao = {.name = "worker-link", .on_start = link_on_start, .ctx = l};
+    if (!rc) rc = ac_actor_start(&ao, &l->a);
+    if (rc) {
+        sv_link_close(&l, 1);
+        return rc;
+    }
+    /* wait for the assignment */
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+    pthread_mutex_lock(&l->mu);
+    while (!l->assigned && !*stop) {
+        if (pthread_cond_timedwait(&l->cv, &l->mu, &dl)) break;
+    }
+    bool got = l->assigned;
+    rc = l->asg_rc;
+    pthread_mutex_unlock(&l->mu);
+    if (!got) rc = co_err_set(*stop ? CO_EABORTED : CO_ETIMEOUT, "worker %d: no rank assignment from the supervisor", l->local_rank);
+    if (rc) {
+        sv_link_close(&l, 1);
+        return rc;
+    }
+    *asg = l->asg;
+    l->asg.endpoints = NULL; /* the caller owns them now */
+    *out = l;
+    return 0;
+}
+
+void sv_link_attach_comm(sv_link *l, cm_comm *c) { atomic_store(&l->comm, c); }
+
+void sv_link_progress(sv_link *l, int64_t iteration) { atomic_store(&l->iteration, iteration); }
+
+/* ---- log forwarding: a FILE whose complete lines become LogLine messages ---- */
+
+typedef struct log_post {
+    sv_link *l;
+    char *text;
+} log_post;
+
+static void send_log(ac_actor *a, void *ctx) {
+    (void)a;
+    log_post *p = ctx;
+    Cohort__V1__LogLine ll = COHORT__V1__LOG_LINE__INIT;
+    ll.rank = p->l->snd.sender;
+    ll.level = COHORT__V1__LOG_LEVEL__LOG_INFO;
+    ll.text = p->text;
+    sv__send(p->l->mb, NULL, &p->l->snd, &ll.base);
+    free(p->text);
+    free(p);
+}
+
+static ssize_t log_write(void *cookie, const char *buf, size_t n) {
+    sv_link *l = cookie;
+    /* the stream is line buffered: buf holds whole lines (or a flush of a partial one);
+     * split long ones below the protocol's string limit */
+    size_t off = 0;
+    while (off < n) {
+        size_t len = n - off < 3500 ? n - off : 3500;
+        log_post *p = malloc(sizeof *p);
+        char *text = malloc(len + 1);
+        if (!p || !text) {
+            free(p);
+            free(text);
+            return -1;
+        }
+        memcpy(text, buf + off, len);
+        text[len] = '\0';
+        p->l = l;
+        p->text = text;
+        if (ac_post(l->a, send_log, p)) {
+            free(text);
+            free(p);
+            return -1;
+        }
+        off += len;
+    }
+    return (ssize_t)n;
+}
+
+FILE *sv_link_log_stream(sv_link *l) {
+    if (l->log) return l->log;
+    cookie_io_functions_t io = {.write = log_write};
+    l->log = fopencookie(l, "w", io);
+    if (l->log) setvbuf(l->log, NULL, _IOLBF, 8192);
+    return l->log;
+}
+
+/* ---- closing: a request the supervisor answers proves everything before it arrived ---- */
+
+static void goodbye_reply(ac_mailbox *mb, int status, const ac_msg *reply, void *ctx) {
+    (void)mb;
+    (void)status;
+    (void)reply;
+    sv_link *l = ctx;
+    pthread_mutex_lock(&l->mu);
+    l->goodbye_done = true;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+static void send_goodbye(ac_actor *a, void *ctx) {
+    (void)a;
+    sv_link *l = ctx;
+    Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
+    hb.iteration = (uint64_t)atomic_load(&l->iteration);
+    hb.has_phase = 1;
+    hb.phase = COHORT__V1__PHASE__PHASE_SHUTDOWN;
+    pw_header h = {.job_id = l->snd.job_id, .generation = l->snd.generation, .sender = l->snd.sender,
+                   .seq = ++l->snd.seq};
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (!pw_encode_alloc(&h, &hb.base, &buf, &len) && !ac_request(l->mb, NULL, buf, len, 2000, goodbye_reply, l)) {
+        free(buf);
+        return;
+    }
+    free(buf);
+    goodbye_reply(NULL, CO_EIO, NULL, l);
+}
+
+void sv_link_close(sv_link **pl, int exit_status) {
+    sv_link *l = *pl;
+    if (!l) return;
+    (void)exit_status;
+    if (l->log) {
+        fclose(l->log);
+        l->log = NULL;
+    }
+    if (l->a && l->mb && !ac_post(l->a, send_goodbye, l)) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += 3;
+        pthread_mutex_lock(&l->mu);
+        while (!l->goodbye_done)
+            if (pthread_cond_timedwait(&l->cv, &l->mu, &dl)) break;
+        pthread_mutex_unlock(&l->mu);
+    }
+    ac_actor_stop(&l->a);
+    sv_assignment_free(&l->asg);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    free(l);
+    *pl = NULL;
+}

@@ -1,0 +1,50 @@
+/* link.h - a worker's side of the supervisor: registration, rank assignment, heartbeats
+ * both ways, log forwarding, and stop/abort orders. It runs on its own actor thread (the
+ * worker's mailbox thread), next to the training thread.
+ *
+ * The supervisor starts each worker with these environment variables:
+ *   COHORT_SUPERVISOR   control endpoint of the supervisor
+ *   COHORT_JOB_ID       the job id (hex)
+ *   COHORT_LOCAL_RANK   this worker's index on its node
+ *   COHORT_IPC_DIR      private directory for this node's ipc endpoints
+ *   COHORT_NODE_RANK, COHORT_WORKER_ID (its global rank), COHORT_DATA_ENDPOINT (where it
+ *   binds for its peers), COHORT_JOB_SECRET (the job secret file, several nodes only)
+ * A worker that hears nothing from its supervisor for the heartbeat timeout stops (it
+ * never trains headless): the stop flag is raised and the collectives are aborted. */
+#ifndef COHORT_SUPERVISOR_LINK_H
+#define COHORT_SUPERVISOR_LINK_H
+
+#include "comm/comm.h"
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct sv_link sv_link;
+
+typedef struct sv_assignment {
+    int rank, world;
+    int tp, pp, cp, dp;
+    uint64_t job_id, generation;
+    char **endpoints; /* [world] data endpoints by rank */
+} sv_assignment;
+
+/* True when this process was started by a supervisor. */
+bool sv_link_wanted(void);
+
+/* Connects to the supervisor, registers and waits for the assignment (timeout_ms).
+ * stop: the flag the training loop polls; the link raises it on a stop order or when
+ * the supervisor goes silent. */
+int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, int timeout_ms, sv_assignment *a);
+/* The collectives to abort when the job is aborted or the supervisor is lost. */
+void sv_link_attach_comm(sv_link *l, cm_comm *c);
+/* Progress for heartbeats (any thread). */
+void sv_link_progress(sv_link *l, int64_t iteration);
+/* A stream whose lines go to the supervisor's log (NULL on failure). */
+FILE *sv_link_log_stream(sv_link *l);
+/* Tells the supervisor how this worker ends and closes the link. NULL-safe. */
+void sv_link_close(sv_link **l, int exit_status);
+void sv_assignment_free(sv_assignment *a);
+
+#endif

@@ -1,0 +1,457 @@
+/* supervisor.c - spawns this node's workers, runs the rendezvous, watches heartbeats and
+ * exits, prints the log lines workers send, and decides how the job ended (supervisor.h).
+ * Everything runs on one actor loop on the calling thread: the control mailbox, the
+ * worker processes (uv_spawn), the timers and the signal handlers. */
+#include "supervisor/supervisor.h"
+
+#include "actors/actor.h"
+#include "common/error.h"
+#include "supervisor/msg.h"
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+extern char **environ;
+
+typedef struct worker {
+    struct sv *sv;
+    int index;              /* global rank: node_rank * nproc + local_rank */
+    int local_rank;
+    uv_process_t proc;
+    bool spawned, exited, registered;
+    int64_t exit_status;
+    int term_signal;
+    char identity[64];
+    char spawn_endpoint[400]; /* the data endpoint given to a worker spawned here */
+    char *data_endpoint;      /* as registered */
+    uint32_t pid;
+    uint64_t last_seen_ms;
+    uint64_t iteration;
+} worker;
+
+typedef struct sv {
+    sv_options o;
+    ac_actor *a;
+    ac_mailbox *mb;
+    sv__sender snd;
+    char ipc_dir[256];
+    char endpoint[320];
+    worker *w;              /* supervisor: every worker of the job; agent: this node's */
+    int nw;
+    int nspawned;
+    bool agent;             /* a node agent (node_rank > 0) */
+    ac_secret secret;
+    bool have_secret;
+    int first_failure;      /* agent: the first failing worker's status */
+    int nregistered, nexited;
+    bool assigned, stopping;
+    int status;             /* -1 until decided */
+    ac_timer *hb_timer, *rdv_timer, *kill_timer;
+    uv_signal_t sig_int, sig_term;
+    int signals;
+    pw_stats stats;
+} sv;
+
+static uint64_t random_job_id(void) {
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) id = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^ sv__now_ms();
+    return id ? id : 1;
+}
+
+static void send_shutdown(sv *s, worker *w, int status, const char *reason) {
+    Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
+    sd.exit_status = status;
+    sd.reason = (char *)reason;
+    sv__send(s->mb, w->identity, &s->snd, &sd.base);
+}
+
+static void kill_remaining(ac_timer *t, void *ctx) {
+    (void)t;
+    sv *s = ctx;
+    s->kill_timer = NULL;
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].spawned && !s->w[i].exited) {
+            fprintf(stderr, "cohort supervisor: worker %d (pid %u) did not stop; killing it\n", i, s->w[i].pid);
+            uv_process_kill(&s->w[i].proc, SIGKILL);
+        }
+}
+
+/* Ends the job with status: tells every worker, then kills what is left after a grace. */
+static void begin_shutdown(sv *s, int status, const char *reason) {
+    if (s->status < 0) s->status = status;
+    if (s->stopping) return;
+    s->stopping = true;
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].registered && !s->w[i].exited) send_shutdown(s, &s->w[i], status, reason);
+    ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, kill_remaining, s, &s->kill_timer);
+}
+
+static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
+    worker *w = p->data;
+    sv *s = w->sv;
+    w->exited = true;
+    w->exit_status = status;
+    w->term_signal = term_signal;
+    s->nexited++;
+    uv_close((uv_handle_t *)p, NULL);
+    if (term_signal || status != 0) {
+        char why[256];
+        if (term_signal)
+            snprintf(why, sizeof why, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->index,
+                     s->o.node_rank, w->pid, term_signal, strsignal(term_signal));
+        else
+            snprintf(why, sizeof why, "rank %d (node %d, pid %u) exited with status %" PRId64, w->index,
+                     s->o.node_rank, w->pid, status);
+        int st = status == 3 && !term_signal ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED;
+        if (s->agent) {
+            /* tell the supervisor at once; it stops the job */
+            if (!s->first_failure) {
+                s->first_failure = st;
+                fprintf(stderr, "cohort node agent %d: %s\n", s->o.node_rank, why);
+                Cohort__V1__Abort ab = COHORT__V1__ABORT__INIT;
+                ab.generation = s->snd.generation;
+                ab.reason = why;
+                ab.has_failed_rank = 1;
+                ab.failed_rank = (uint32_t)w->index;
+                ab.has_error_code = 1;
+                ab.error_code = st;
+                sv__send(s->mb, NULL, &s->snd, &ab.base);
+                ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, kill_remaining, s, &s->kill_timer);
+            }
+        } else if (!s->stopping) {
+            fprintf(stderr, "cohort supervisor: %s at iteration %" PRIu64 "; stopping the job\n", why, w->iteration);
+            begin_shutdown(s, st, why);
+        }
+    }
+    if (s->nexited == s->nspawned) {
+        if (s->agent || s->nregistered == s->nw || s->stopping) ac_actor_request_stop(s->a);
+    }
+}
+
+static void assign_ranks(sv *s) {
+    int n = s->nw;
+    Cohort__V1__PeerEndpoint *pe = calloc((size_t)n, sizeof *pe);
+    Cohort__V1__PeerEndpoint **pp = calloc((size_t)n, sizeof *pp);
+    if (!pe || !pp) {
+        free(pe);
+        free(pp);
+        begin_shutdown(s, SV_EXIT_FAILURE, "out of memory");
+        return;
+    }
+    for (int r = 0; r < n; r++) {
+        Cohort__V1__PeerEndpoint init = COHORT__V1__PEER_ENDPOINT__INIT;
+        pe[r] = init;
+        pe[r].rank = (uint32_t)r;
+        pe[r].endpoint = s->w[r].data_endpoint;
+        pe[r].has_local_rank = 1;
+        pe[r].local_rank = (uint32_t)s->w[r].local_rank;
+        pe[r].has_node_rank = 1;
+        pe[r].node_rank = (uint32_t)(r / s->o.nproc);
+        pp[r] = &pe[r];
+    }
+    Cohort__V1__Topology topo = COHORT__V1__TOPOLOGY__INIT;
+    topo.tp = topo.pp = topo.cp = 1;
+    topo.dp = (uint32_t)n;
+    for (int r = 0; r < n; r++) {
+        Cohort__V1__Assign as = COHORT__V1__ASSIGN__INIT;
+        as.rank = (uint32_t)r; /* node-major: node_rank * nproc + local_rank */
+        as.world_size = (uint32_t)n;
+        as.topology = &topo;
+        as.n_peers = (size_t)n;
+        as.peers = pp;
+        as.job_id = s->snd.job_id;
+        as.generation = s->snd.generation;
+        int rc = sv__send(s->mb, s->w[r].identity, &s->snd, &as.base);
+        if (rc) fprintf(stderr, "cohort supervisor: sending the assignment to worker %d failed: %s\n", r, co_strerror(rc));
+    }
+    s->assigned = true;
+    ac_timer_stop(&s->rdv_timer);
+    free(pe);
+    free(pp);
+}
+
+static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
+    sv *s = ctx;
+    pw_msg *msg = sv__decode(m, s->snd.job_id, 0, &s->stats);
+    if (m->request_id) ac_reply(mb, m, "", 0); /* a worker's goodbye: its earlier messages are in */
+    if (!msg) return;
+    Cohort__V1__Envelope *e = msg->env;
+    worker *w = NULL;
+    for (int i = 0; i < s->nw && m->peer; i++)
+        if (!strcmp(s->w[i].identity, m->peer)) w = &s->w[i];
+    if (!w) {
+        /* a node agent reporting a dead worker on its node */
+        if (m->peer && !strncmp(m->peer, "agent", 5) && e->body_case == COHORT__V1__ENVELOPE__BODY_ABORT &&
+            !s->stopping) {
+            Cohort__V1__Abort *ab = e->abort;
+            fprintf(stderr, "cohort supervisor: %s; stopping the job\n", ab->reason);
+            begin_shutdown(s, ab->has_error_code && ab->error_code == SV_EXIT_NAN ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED,
+                           ab->reason);
+        }
+        goto out;
+    }
+    w->last_seen_ms = sv__now_ms();
+    switch (e->body_case) {
+    case COHORT__V1__ENVELOPE__BODY_REGISTRATION: {
+        Cohort__V1__Register *r = e->registration;
+        if (w->registered || (int)r->local_rank != w->local_rank || (int)r->node_rank * s->o.nproc + w->local_rank != w->index)
+            break;
+        w->registered = true;
+        w->pid = r->pid;
+        w->data_endpoint = strdup(r->data_endpoint);
+        if (!w->data_endpoint) {
+            begin_shutdown(s, SV_EXIT_FAILURE, "out of memory");
+            break;
+        }
+        if (++s->nregistered == s->nw && !s->stopping) assign_ranks(s);
+        break;
+    }
+    case COHORT__V1__ENVELOPE__BODY_HEARTBEAT: w->iteration = e->heartbeat->iteration; break;
+    case COHORT__V1__ENVELOPE__BODY_LOG_LINE: {
+        FILE *f = e->log_line->level >= COHORT__V1__LOG_LEVEL__LOG_WARNING ? stderr : stdout;
+        fputs(e->log_line->text, f);
+        fflush(f);
+        break;
+    }
+    default: break;
+    }
+out:
+    pw_msg_free(&msg);
+}
+
+static void heartbeat_tick(ac_timer *t, void *ctx) {
+    (void)t;
+    sv *s = ctx;
+    uint64_t now = sv__now_ms();
+    if (s->agent) {
+        Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
+        sv__send(s->mb, NULL, &s->snd, &hb.base);
+        return;
+    }
+    for (int i = 0; i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (!w->registered || w->exited) continue;
+        Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
+        hb.iteration = w->iteration;
+        sv__send(s->mb, w->identity, &s->snd, &hb.base);
+        if (!s->stopping && now - w->last_seen_ms > (uint64_t)s->o.heartbeat_timeout_ms) {
+            char why[160];
+            snprintf(why, sizeof why, "rank %d (pid %u) sent no heartbeat for %d s", i, w->pid,
+                     s->o.heartbeat_timeout_ms / 1000);
+            fprintf(stderr, "cohort supervisor: %s; stopping the job\n", why);
+            begin_shutdown(s, SV_EXIT_LOST_WORKER, why);
+        }
+    }
+}
+
+static void rendezvous_timeout(ac_timer *t, void *ctx) {
+    (void)t;
+    sv *s = ctx;
+    s->rdv_timer = NULL;
+    if (s->assigned || s->stopping) return;
+    fprintf(stderr, "cohort supervisor: rendezvous timed out after %d s: %d of %d workers registered\n",
+            s->o.rendezvous_timeout_ms / 1000, s->nregistered, s->nw);
+    begin_shutdown(s, SV_EXIT_RENDEZVOUS, "rendezvous timed out");
+    /* unregistered workers cannot hear the shutdown */
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].spawned && !s->w[i].exited && !s->w[i].registered) uv_process_kill(&s->w[i].proc, SIGTERM);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+    sv *s = h->data;
+    if (++s->signals == 1) {
+        fprintf(stderr, "cohort supervisor: %s: workers stop after their current step\n", strsignal(signum));
+        for (int i = 0; i < s->nw; i++)
+            if (s->w[i].registered && !s->w[i].exited) send_shutdown(s, &s->w[i], 0, "signal");
+        /* a worker still in rendezvous just ends */
+        for (int i = 0; i < s->nw; i++)
+            if (s->w[i].spawned && !s->w[i].exited && !s->w[i].registered) uv_process_kill(&s->w[i].proc, SIGTERM);
+    } else {
+        fprintf(stderr, "cohort supervisor: second %s: killing the workers\n", strsignal(signum));
+        begin_shutdown(s, SV_EXIT_WORKER_FAILED, "interrupted twice");
+        kill_remaining(NULL, s);
+    }
+}
+
+static int spawn_workers(sv *s) {
+    uv_loop_t *loop = ac_actor_loop(s->a);
+    int nenv = 0;
+    while (environ[nenv]) nenv++;
+    for (int i = 0; i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (w->index / s->o.nproc != s->o.node_rank) continue; /* another node's */
+        char **args = calloc((size_t)s->o.nworker_args + 3, sizeof *args);
+        char **env = calloc((size_t)nenv + (size_t)s->o.nextra_env + 9, sizeof *env); /* + 8 vars + NULL */
+        char vars[8][600];
+        if (!args || !env) {
+            free(args);
+            free(env);
+            return co_err_set(CO_ENOMEM, "supervisor: spawning workers");
+        }
+        args[0] = (char *)s->o.exe;
+        args[1] = "train";
+        for (int k = 0; k < s->o.nworker_args; k++) args[2 + k] = s->o.worker_args[k];
+        int ne = 0;
+        for (int k = 0; k < nenv; k++)
+            if (strncmp(environ[k], "COHORT_", 7) || !strncmp(environ[k], "COHORT_TEST_", 12) ||
+                !strncmp(environ[k], "COHORT_CORPUS_", 14))
+                env[ne++] = environ[k];
+        snprintf(vars[0], sizeof vars[0], "COHORT_SUPERVISOR=%s", s->endpoint);
+        snprintf(vars[1], sizeof vars[1], "COHORT_JOB_ID=%" PRIx64, s->snd.job_id);
+        snprintf(vars[2], sizeof vars[2], "COHORT_LOCAL_RANK=%d", w->local_rank);
+        snprintf(vars[3], sizeof vars[3], "COHORT_IPC_DIR=%s", s->ipc_dir);
+        snprintf(vars[4], sizeof vars[4], "COHORT_NODE_RANK=%d", s->o.node_rank);
+        snprintf(vars[5], sizeof vars[5], "COHORT_WORKER_ID=%d", w->index);
+        snprintf(vars[6], sizeof vars[6], "COHORT_DATA_ENDPOINT=%s", w->spawn_endpoint);
+        snprintf(vars[7], sizeof vars[7], "COHORT_JOB_SECRET=%s", s->have_secret ? s->o.secret_path : "");
+        for (int k = 0; k < 8; k++) env[ne++] = vars[k];
+        for (int k = 0; k < s->o.nextra_env; k++) env[ne++] = s->o.extra_env[k];
+        uv_stdio_container_t stdio[3];
+        for (int k = 0; k < 3; k++) {
+            stdio[k].flags = UV_INHERIT_FD;
+            stdio[k].data.fd = k;
+        }
+        uv_process_options_t po;
+        memset(&po, 0, sizeof po);
+        po.file = s->o.exe;
+        po.args = args;
+        po.env = env;
+        po.exit_cb = on_exit_cb;
+        po.stdio = stdio;
+        po.stdio_count = 3;
+        w->proc.data = w;
+        int rc = uv_spawn(loop, &w->proc, &po);
+        free(args);
+        free(env);
+        if (rc) return co_err_set(CO_EIO, "supervisor: starting worker %d (%s) failed: %s", i, s->o.exe, uv_strerror(rc));
+        w->spawned = true;
+        s->nspawned++;
+        w->pid = (uint32_t)w->proc.pid;
+        w->last_seen_ms = sv__now_ms();
+    }
+    return 0;
+}
+
+static int sv_on_start(ac_actor *a, void *ctx) {
+    sv *s = ctx;
+    s->a = a;
+    int rc = ac_ipc_dir_create(s->ipc_dir, sizeof s->ipc_dir);
+    ac_mailbox_opts mo;
+    memset(&mo, 0, sizeof mo);
+    mo.on_message = on_message;
+    mo.ctx = s;
+    mo.secret = s->have_secret ? &s->secret : NULL;
+    if (s->o.nnodes == 1) {
+        if (!rc) rc = ac_ipc_endpoint(s->ipc_dir, "supervisor", s->endpoint, sizeof s->endpoint);
+        if (!rc) rc = ac_mailbox_bind(a, s->endpoint, &mo, &s->mb);
+    } else if (!s->agent) {
+        char bind_ep[300];
+        snprintf(bind_ep, sizeof bind_ep, "tcp://*:%d", s->o.master_port);
+        snprintf(s->endpoint, sizeof s->endpoint, "tcp://%s:%d", s->o.master_addr, s->o.master_port);
+        if (!rc) rc = ac_mailbox_bind(a, bind_ep, &mo, &s->mb);
+    } else {
+        char id[32];
+        snprintf(id, sizeof id, "agent%d", s->o.node_rank);
+        snprintf(s->endpoint, sizeof s->endpoint, "tcp://%s:%d", s->o.master_addr, s->o.master_port);
+        if (!rc) rc = ac_mailbox_connect(a, s->endpoint, id, &mo, &s->mb);
+    }
+    for (int i = 0; !rc && i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (s->o.nnodes == 1) {
+            char name[32];
+            snprintf(name, sizeof name, "data-%d", w->index);
+            rc = ac_ipc_endpoint(s->ipc_dir, name, w->spawn_endpoint, sizeof w->spawn_endpoint);
+        } else {
+            snprintf(w->spawn_endpoint, sizeof w->spawn_endpoint, "tcp://%s:%d", s->o.node_addr,
+                     s->o.master_port + 1 + w->index);
+        }
+    }
+    if (rc) return rc;
+    uv_signal_init(ac_actor_loop(a), &s->sig_int);
+    uv_signal_init(ac_actor_loop(a), &s->sig_term);
+    s->sig_int.data = s->sig_term.data = s;
+    uv_signal_start(&s->sig_int, on_signal, SIGINT);
+    uv_signal_start(&s->sig_term, on_signal, SIGTERM);
+    rc = ac_timer_start(a, (uint64_t)s->o.heartbeat_interval_ms, (uint64_t)s->o.heartbeat_interval_ms, heartbeat_tick, s,
+                        &s->hb_timer);
+    if (!rc && !s->agent)
+        rc = ac_timer_start(a, (uint64_t)s->o.rendezvous_timeout_ms, 0, rendezvous_timeout, s, &s->rdv_timer);
+    if (!rc) rc = spawn_workers(s);
+    if (rc) {
+        /* workers already started must not outlive us */
+        for (int i = 0; i < s->nw; i++)
+            if (s->w[i].spawned) uv_process_kill(&s->w[i].proc, SIGKILL);
+    }
+    return rc;
+}
+
+static void sv_on_stop(ac_actor *a, void *ctx) {
+    (void)a;
+    sv *s = ctx;
+    uv_signal_stop(&s->sig_int);
+    uv_signal_stop(&s->sig_term);
+    uv_close((uv_handle_t *)&s->sig_int, NULL);
+    uv_close((uv_handle_t *)&s->sig_term, NULL);
+}
+
+int sv_run(const sv_options *opt) {
+    sv s;
+    memset(&s, 0, sizeof s);
+    s.o = *opt;
+    if (!s.o.rendezvous_timeout_ms) s.o.rendezvous_timeout_ms = 120000;
+    if (!s.o.heartbeat_interval_ms) s.o.heartbeat_interval_ms = 1000;
+    if (!s.o.heartbeat_timeout_ms) s.o.heartbeat_timeout_ms = 30000;
+    if (!s.o.kill_grace_ms) s.o.kill_grace_ms = 10000;
+    if (s.o.nnodes < 1) s.o.nnodes = 1;
+    s.status = -1;
+    s.agent = s.o.nnodes > 1 && s.o.node_rank > 0;
+    s.snd.job_id = random_job_id();
+    s.snd.generation = 1;
+    s.snd.sender = s.agent ? PW_SENDER_UNASSIGNED : PW_SENDER_SUPERVISOR;
+    if (s.o.nnodes > 1) {
+        int rc = s.o.secret_path && *s.o.secret_path ? ac_secret_load(s.o.secret_path, &s.secret)
+                                                     : co_err_set(CO_EINVAL, "several nodes need --job-secret (cohort keygen)");
+        if (rc) {
+            fprintf(stderr, "cohort supervisor: job secret: %s (%s)\n", co_err_detail(), co_strerror(rc));
+            return SV_EXIT_FAILURE;
+        }
+        s.have_secret = true;
+        /* every node derives the same job id from the job's secret */
+        s.snd.job_id = XXH64(s.secret.server_public, strlen(s.secret.server_public), 0) | 1u;
+    }
+    /* the supervisor tracks every worker of the job, an agent its node's */
+    s.nw = s.agent ? s.o.nproc : s.o.nproc * s.o.nnodes;
+    s.w = calloc((size_t)s.nw, sizeof *s.w);
+    if (!s.w) return SV_EXIT_FAILURE;
+    for (int i = 0; i < s.nw; i++) {
+        worker *w = &s.w[i];
+        w->sv = &s;
+        w->index = s.agent ? s.o.node_rank * s.o.nproc + i : i;
+        w->local_rank = w->index % s.o.nproc;
+        snprintf(w->identity, sizeof w->identity, "w%d", w->index);
+    }
+    ac_actor_opts ao = {.name = "supervisor", .on_start = sv_on_start, .on_stop = sv_on_stop, .ctx = &s};
+    int rc = ac_actor_new(&ao, &s.a);
+    if (!rc) rc = ac_actor_run(s.a);
+    if (rc) fprintf(stderr, "cohort supervisor: %s (%s)\n", co_err_detail(), co_strerror(rc));
+    ac_actor_destroy(&s.a);
+    if (s.ipc_dir[0]) ac_ipc_dir_remove(s.ipc_dir);
+    int status = rc ? SV_EXIT_FAILURE : s.status >= 0 ? s.status : s.first_failure ? s.first_failure : SV_EXIT_OK;
+    if (!rc && s.status < 0 && !s.first_failure) {
+        /* every worker exited on its own: a clean end only if all exited 0 */
+        for (int i = 0; i < s.nw; i++)
+            if (s.w[i].spawned && (s.w[i].exit_status || s.w[i].term_signal)) status = SV_EXIT_WORKER_FAILED;
+    }
+    uint64_t dropped = pw_stats_dropped(&s.stats);
+    if (dropped) fprintf(stderr, "cohort supervisor: dropped %" PRIu64 " malformed or foreign messages\n", dropped);
+    for (int i = 0; i < s.nw; i++) free(s.w[i].data_endpoint);
+    free(s.w);
+    return status;
+}

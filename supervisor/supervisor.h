@@ -1,0 +1,58 @@
+/* supervisor.h - the job's supervisor: spawns the worker processes of this node, runs the
+ * rendezvous (workers register; ranks, topology and peers' data endpoints are assigned),
+ * exchanges heartbeats both ways, prints the log lines workers send, and ends the job with
+ * an exit status that says how it ended.
+ *
+ * Several nodes: node 0 runs the supervisor on tcp (master address and port, CURVE with the
+ * job secret); every other node runs a node agent (sv_run with node_rank > 0) that spawns
+ * that node's workers, points them at node 0's supervisor, and reports a local worker's
+ * death to the supervisor at once. Ranks are node-major: node_rank * nproc + local_rank.
+ * Workers' data endpoints are tcp://NODE_ADDR:(master_port + 1 + rank).
+ *
+ * A worker is `cohort train` itself, started with the same flags and with COHORT_SUPERVISOR
+ * (and a few more variables, see link.h) in its environment. A local worker's death is
+ * noticed at once from its exit; a silent one through missed heartbeats.
+ *
+ * Exit statuses (cohort train with --nproc-per-node > 1):
+ *   0 every worker finished (train-iters, exit interval or duration, or a clean stop on
+ *     SIGTERM/SIGINT after the current step)
+ *   1 the supervisor itself failed (spawn, sockets, memory)
+ *   3 training stopped on a NaN/Inf loss or gradient norm
+ *   4 a worker failed or died; the others were stopped
+ *   5 the rendezvous did not complete in time
+ *   6 a worker stopped sending heartbeats; the job was stopped */
+#ifndef COHORT_SUPERVISOR_SUPERVISOR_H
+#define COHORT_SUPERVISOR_SUPERVISOR_H
+
+enum {
+    SV_EXIT_OK = 0,
+    SV_EXIT_FAILURE = 1,
+    SV_EXIT_NAN = 3,
+    SV_EXIT_WORKER_FAILED = 4,
+    SV_EXIT_RENDEZVOUS = 5,
+    SV_EXIT_LOST_WORKER = 6,
+};
+
+typedef struct sv_options {
+    int nproc;                     /* workers to spawn on this node */
+    int nnodes, node_rank;         /* 1, 0 for one node */
+    const char *master_addr;       /* node 0's address (several nodes) */
+    int master_port;               /* node 0's control port; data ports follow it */
+    const char *node_addr;         /* this node's address as the others reach it */
+    const char *secret_path;       /* job secret file (required for several nodes) */
+    const char *exe;               /* the cohort binary (/proc/self/exe) */
+    char *const *worker_args;      /* argv after "cohort train", passed to every worker */
+    int nworker_args;
+    int rendezvous_timeout_ms;     /* all workers registered and ready (default 120000) */
+    int heartbeat_interval_ms;     /* both ways (default 1000) */
+    int heartbeat_timeout_ms;      /* a worker silent this long is lost (default 30000) */
+    int kill_grace_ms;             /* after asking workers to stop, SIGKILL after (default 10000) */
+    /* extra environment for workers ("NAME=value"), e.g. the embedded corpus location */
+    char *const *extra_env;
+    int nextra_env;
+} sv_options;
+
+/* Runs the job to its end; returns one of the exit statuses above. */
+int sv_run(const sv_options *o);
+
+#endif

@@ -1,0 +1,277 @@
+#!/usr/bin/env bash
+# ckpt_test.sh - integration tests of checkpoints through the `cohort` binary, one case
+# per meson test: exact resume (2N steps == N + save + resume N, bitwise, sync and async),
+# a SIGKILL at each phase of the commit, failing writes (ENOSPC, EIO), save on SIGTERM,
+# corrupt/truncated fallback and refusal, the load flags, the `cohort ckpt` tools' exit
+# codes, and safetensors files read by a 20-line numpy reader.
+#   ckpt_test.sh COHORT PYTHON CASE
+set -uo pipefail
+cohort=$1; py=$2; case_name=$3
+work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-ckpt.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+S=$work/save
+
+tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
+      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 4 --lr 1e-3
+      --data-cache-path "$work/cache" --log-interval 3 --eval-interval 3 --eval-iters 1 --threads 2)
+train() { "$cohort" train "${tiny[@]}" "$@"; }
+tracker() { cat "$S/latest_checkpointed_iteration.txt" 2>/dev/null; }
+# the lines that must match between runs: training log lines without time and speed, and
+# the in-loop validation lines
+loglines() {
+    grep -hE '^ \[.*\] iteration +[0-9]+/|^ validation loss at iteration [0-9]+ \|' "$@" |
+        sed -E 's/^ \[[^]]*\]//; s/elapsed time per iteration \(ms\): [0-9.]+ \| throughput per GPU \(TFLOP\/s\/GPU\): [0-9.]+ \|//'
+}
+
+# A tiny safetensors reader (format: u64 little-endian header length, JSON header with
+# dtype/shape/data_offsets per tensor, raw little-endian data).
+cat >"$work/st.py" <<'EOF'
+import json, struct, sys
+import numpy as np
+DT = {"F32": "<f4", "F64": "<f8", "F16": "<f2", "I64": "<i8", "I32": "<i4", "U8": "u1"}
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        buf = f.read()
+    (n,) = struct.unpack("<Q", buf[:8])
+    header = json.loads(buf[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    data = buf[8 + n:]
+    out = {}
+    for name, t in header.items():
+        b, e = t["data_offsets"]
+        out[name] = np.frombuffer(data[b:e], dtype=DT[t["dtype"]]).reshape(t["shape"])
+    return out, meta
+EOF
+
+case $case_name in
+resume|resume_async)
+    async=(); [ "$case_name" = resume_async ] && async=(--async-save)
+    drop=(--hidden-dropout 0.1 --attention-dropout 0.1)
+    # uninterrupted: 8 iterations (saving only at the end)
+    train "${drop[@]}" --train-iters 8 --save "$work/full" --metrics-file "$work/m_full.jsonl" >"$work/full.out" 2>&1 ||
+        fail "full run: $(tail -3 "$work/full.out")"
+    # 4 iterations, save, exit; then a new process resumes for 4 more
+    train "${drop[@]}" "${async[@]}" --train-iters 8 --exit-interval 4 --save "$S" --metrics-file "$work/m_a.jsonl" \
+        >"$work/a.out" 2>&1 || fail "first half: $(tail -3 "$work/a.out")"
+    [ "$(tracker)" = 4 ] || fail "tracker after the first half: $(tracker)"
+    train "${drop[@]}" "${async[@]}" --train-iters 8 --load "$S" --save "$S" --metrics-file "$work/m_b.jsonl" \
+        >"$work/b.out" 2>&1 || fail "second half: $(tail -3 "$work/b.out")"
+    grep -q "successfully loaded checkpoint from $S .* at iteration 4" "$work/b.out" || fail "no load line: $(head "$work/b.out")"
+    loglines "$work/full.out" >"$work/l_full"
+    loglines "$work/a.out" "$work/b.out" >"$work/l_split"
+    [ "$(grep -c 'lm loss:' "$work/l_full")" -eq 2 ] || fail "expected 2 log lines (iterations 3, 6)"
+    diff "$work/l_full" "$work/l_split" >&2 || fail "log lines differ between 8 and 4+4"
+    # the final evaluation of the resumed run equals the uninterrupted one
+    [ "$(grep 'on validation set' "$work/full.out")" = "$(grep 'on validation set' "$work/b.out")" ] || fail "final validation differs"
+    # parameters and optimizer state bitwise equal
+    "$cohort" ckpt diff "$work/full" "$S" >"$work/diff.out" 2>&1 || fail "checkpoints differ: $(tail -5 "$work/diff.out")"
+    grep -q "bitwise equal: 84 tensors" "$work/diff.out" || fail "$(cat "$work/diff.out")"
+    # the metrics' loss values too
+    grep -v '"evaluation"' "$work/m_full.jsonl" | grep -o '"iteration":[0-9]*,.*"lm_loss":[^,]*' | sed -E 's/"elapsed[^,]*,"tokens[^,]*,"tflops[^,]*,//' >"$work/x1"
+    cat "$work/m_a.jsonl" "$work/m_b.jsonl" | grep -v '"evaluation"' | grep -o '"iteration":[0-9]*,.*"lm_loss":[^,]*' |
+        sed -E 's/"elapsed[^,]*,"tokens[^,]*,"tflops[^,]*,//' >"$work/x2"
+    diff "$work/x1" "$work/x2" >&2 || fail "metrics differ"
+    if [ "$case_name" = resume_async ]; then
+        grep -q "saving checkpoint at iteration .* (async)" "$work/a.out" || fail "not async"
+        grep -q "async-save blocked training" "$work/a.out" || fail "no stall report"
+    fi
+    ;;
+crash_*)
+    phase=${case_name#crash_}
+    train --train-iters 2 --save "$S" >"$work/1.out" 2>&1 || fail "first run: $(tail -3 "$work/1.out")"
+    COHORT_CKPT_CRASH_AT=$phase train --train-iters 4 --load "$S" --save "$S" --save-interval 2 --most-recent-k 1 \
+        >"$work/2.out" 2>&1; rc=$?
+    [ $rc -eq 137 ] || fail "run with COHORT_CKPT_CRASH_AT=$phase exited $rc, not killed: $(tail -3 "$work/2.out")"
+    case $phase in
+    start|shard|shards|manifest|renamed|committed) want=2 ;;
+    tracker|prune) want=4 ;;
+    esac
+    [ "$(tracker)" = "$want" ] || fail "after a kill at $phase the tracker says '$(tracker)', want $want"
+    "$cohort" ckpt verify "$S" >"$work/v.out" 2>&1 || fail "the tracker's checkpoint does not verify: $(cat "$work/v.out")"
+    if [ "$phase" = renamed ] || [ "$phase" = committed ]; then
+        "$cohort" ckpt verify "$S/iter_0000004" >/dev/null || fail "iter_4 renamed but incomplete"
+    fi
+    # resuming works and finishes the job; leftovers are cleaned
+    train --train-iters 6 --load "$S" --save "$S" --save-interval 2 --most-recent-k 1 >"$work/3.out" 2>&1 ||
+        fail "resume after a kill at $phase: $(tail -3 "$work/3.out")"
+    grep -q "successfully loaded checkpoint .* at iteration $want" "$work/3.out" || fail "resumed from the wrong place"
+    [ "$(tracker)" = 6 ] || fail "final tracker $(tracker)"
+    ! ls -d "$S"/iter_*.tmp-* "$S"/iter_*.del-* 2>/dev/null | grep . >/dev/null || fail "leftovers: $(ls "$S")"
+    [ "$(ls -d "$S"/iter_* | wc -l)" -eq 1 ] || fail "--most-recent-k 1 kept: $(ls "$S")"
+    ;;
+enospc|eio|enospc_async)
+    train --train-iters 2 --save "$S" >"$work/1.out" 2>&1 || fail "first run"
+    spec=3; msg="No space left on device"; extra=()
+    [ "$case_name" = eio ] && { spec=2:5; msg="Input/output error"; }
+    [ "$case_name" = enospc_async ] && extra=(--async-save)
+    COHORT_CKPT_FAIL_WRITE=$spec train --train-iters 4 --load "$S" --save "$S" "${extra[@]}" >"$work/2.out" 2>"$work/2.err"; rc=$?
+    [ $rc -eq 1 ] || fail "failing write: exit $rc, want 1"
+    grep -q "$msg" "$work/2.err" || fail "error does not say '$msg': $(cat "$work/2.err")"
+    grep -q "safetensors\|manifest" "$work/2.err" || fail "error does not name the file: $(cat "$work/2.err")"
+    [ "$(tracker)" = 2 ] || fail "tracker moved: $(tracker)"
+    [ ! -e "$S/iter_0000004" ] || fail "a failed save left iter_4"
+    ! ls -d "$S"/iter_*.tmp-* 2>/dev/null | grep . >/dev/null || fail "temporary directory left: $(ls "$S")"
+    "$cohort" ckpt verify "$S" >/dev/null || fail "previous checkpoint damaged"
+    ;;
+sigterm)
+    "$cohort" train "${tiny[@]}" --train-iters 3000 --save "$S" >"$work/out" 2>&1 &
+    pid=$!
+    for _ in $(seq 600); do grep -q "iteration        3/" "$work/out" && break; sleep 0.1; done
+    grep -q "iteration        3/" "$work/out" || fail "no progress within 60 s"
+    kill -TERM $pid
+    wait $pid; rc=$?
+    [ $rc -eq 0 ] || fail "exit $rc after SIGTERM"
+    it=$(sed -n 's/.*stopped by signal after iteration \([0-9]*\).*/\1/p' "$work/out")
+    [ -n "$it" ] && [ "$(tracker)" = "$it" ] || fail "no checkpoint at the stop (iteration '$it', tracker '$(tracker)')"
+    "$cohort" ckpt verify "$S" >/dev/null || fail "checkpoint saved on SIGTERM does not verify"
+    ;;
+corrupt)
+    train --train-iters 4 --save "$S" --save-interval 2 >"$work/1.out" 2>&1 || fail "first run"
+    "$py" -c "
+import sys; p=sys.argv[1]; b=bytearray(open(p,'rb').read()); b[-5]^=0x40; open(p,'wb').write(b)" "$S/iter_0000004/model.safetensors"
+    "$cohort" ckpt verify "$S" >/dev/null 2>&1; rc=$?
+    [ $rc -eq 5 ] || fail "verify of a corrupt checkpoint exited $rc, want 5"
+    train --train-iters 6 --load "$S" --refuse-corrupt-checkpoint >"$work/r.out" 2>"$work/r.err"; rc=$?
+    [ $rc -eq 1 ] || fail "--refuse-corrupt-checkpoint: exit $rc"
+    grep -q "is corrupt: .*checksum mismatch.*refused" "$work/r.err" || fail "refusal unclear: $(cat "$work/r.err")"
+    train --train-iters 6 --load "$S" --save "$S" --save-interval 2 >"$work/2.out" 2>&1 || fail "fallback run: $(tail -3 "$work/2.out")"
+    grep -q "WARNING: checkpoint at iteration 4 is corrupt: .*model.safetensors: checksum mismatch" "$work/2.out" ||
+        fail "corruption not reported: $(head "$work/2.out")"
+    grep -q "successfully loaded checkpoint .* at iteration 2" "$work/2.out" || fail "did not fall back to 2"
+    "$cohort" ckpt verify "$S/iter_0000004" >/dev/null || fail "the re-saved iteration 4 does not verify"
+    # truncated
+    truncate -s 1000 "$S/iter_0000006/optim.safetensors"
+    "$cohort" ckpt verify "$S" >/dev/null 2>&1; rc=$?
+    [ $rc -eq 4 ] || fail "verify of a truncated checkpoint exited $rc, want 4"
+    train --train-iters 8 --load "$S" >"$work/3.out" 2>&1 || fail "truncated fallback run"
+    grep -q "iteration 6 is incomplete or truncated: .*optim.safetensors: .* (truncated)" "$work/3.out" ||
+        fail "truncation not reported: $(head "$work/3.out")"
+    grep -q "successfully loaded checkpoint .* at iteration 4" "$work/3.out" || fail "did not fall back to 4"
+    # a tracker pointing at a directory that is gone
+    rm -rf "$S/iter_0000006"
+    train --train-iters 8 --load "$S" >"$work/4.out" 2>&1 || fail "missing directory fallback"
+    grep -q "successfully loaded checkpoint .* at iteration 4" "$work/4.out" || fail "$(head "$work/4.out")"
+    ;;
+flags)
+    train --train-iters 2 --save "$S" --no-save-optim >"$work/1.out" 2>&1 || fail "no-save-optim"
+    [ ! -e "$S/iter_0000002/optim.safetensors" ] || fail "--no-save-optim wrote the optimizer"
+    train --train-iters 4 --load "$S" >"$work/2.out" 2>"$work/2.err"; rc=$?
+    [ $rc -eq 1 ] && grep -q "no optimizer state.*--no-load-optim" "$work/2.err" || fail "missing optimizer: $rc $(cat "$work/2.err")"
+    train --train-iters 4 --load "$S" --no-load-optim >"$work/3.out" 2>&1 || fail "--no-load-optim: $(tail -2 "$work/3.out")"
+    grep -q "iteration        3/" "$work/3.out" && ! grep -q "iteration        1/" "$work/3.out" || fail "did not resume at 2"
+    train --train-iters 2 --load "$S" --finetune --log-interval 1 >"$work/4.out" 2>&1 || fail "--finetune"
+    grep -q "iteration        1/" "$work/4.out" && grep -q "(--finetune: weights only)" "$work/4.out" || fail "--finetune did not restart at 0"
+    # model flags from the checkpoint
+    train --train-iters 4 --load "$S" --no-load-optim --hidden-size 64 >"$work/5.out" 2>"$work/5.err"; rc=$?
+    [ $rc -eq 1 ] && grep -q "is \[512,32\] in the checkpoint but \[512,64\] in the model" "$work/5.err" || fail "shape mismatch: $rc $(cat "$work/5.err")"
+    train --train-iters 4 --load "$S" --no-load-optim --hidden-size 64 --use-checkpoint-args >"$work/6.out" 2>&1 ||
+        fail "--use-checkpoint-args: $(tail -3 "$work/6.out")"
+    grep -q -- "--hidden-size 32 from the checkpoint" "$work/6.out" || fail "$(head -5 "$work/6.out")"
+    # seed: the checkpoint's unless --no-load-rng
+    train --train-iters 3 --load "$S" --no-load-optim --seed 77 >"$work/7.out" 2>&1 || fail "seed run"
+    grep -q -- "--seed 77 replaced by the checkpoint's seed 1234" "$work/7.out" || fail "seed not taken"
+    train --train-iters 3 --load "$S" --no-load-optim --no-load-rng --seed 77 >"$work/8.out" 2>&1 || fail "no-load-rng"
+    ! grep -q "replaced by" "$work/8.out" || fail "--no-load-rng took the seed"
+    # --ckpt-step and missing checkpoints
+    train --train-iters 4 --save "$work/s2" --save-interval 2 >/dev/null 2>&1 || fail "s2"
+    train --train-iters 6 --load "$work/s2" --ckpt-step 2 >"$work/9.out" 2>&1 || fail "--ckpt-step"
+    grep -q "successfully loaded checkpoint .* at iteration 2" "$work/9.out" || fail "--ckpt-step ignored"
+    mkdir -p "$work/empty"
+    train --train-iters 1 --load "$work/empty" --exit-on-missing-checkpoint >/dev/null 2>"$work/10.err"; rc=$?
+    [ $rc -eq 1 ] && grep -q "exit-on-missing-checkpoint" "$work/10.err" || fail "--exit-on-missing-checkpoint: $rc"
+    train --train-iters 1 --load "$work/empty" >"$work/11.out" 2>&1 || fail "missing checkpoint without the flag"
+    grep -q "WARNING: .*no checkpoint.*starting from random" "$work/11.out" || fail "$(head -3 "$work/11.out")"
+    ;;
+tools)
+    train --train-iters 6 --save "$S" --save-interval 2 >/dev/null 2>&1 || fail "training"
+    for t in ls inspect verify diff convert prune; do
+        "$cohort" ckpt $t --help >"$work/h" || fail "$t --help"
+        grep -q "usage: cohort ckpt $t" "$work/h" || fail "$t --help text"
+    done
+    "$cohort" ckpt bogus >/dev/null 2>&1; [ $? -eq 2 ] || fail "unknown tool"
+    "$cohort" ckpt ls "$S" | grep "^6 .*complete .*latest" >/dev/null || fail "ls: $("$cohort" ckpt ls "$S")"
+    "$cohort" ckpt ls "$S" --json | "$py" -c "
+import json,sys; d=json.load(sys.stdin); c=d['checkpoints']
+assert [x['iteration'] for x in c]==[2,4,6] and d['tracker']==6 and all(x['status']=='complete' for x in c), d" || fail "ls --json"
+    "$cohort" ckpt inspect "$S" --json | "$py" -c "
+import json,sys; d=json.load(sys.stdin); m=d['manifest']
+assert m['iteration']==6 and m['progress']['consumed_samples']['train']==24 and len(d['tensors'])==84, m['iteration']
+assert all(t['norm']>0 for t in d['tensors'] if t['kind']=='model')" || fail "inspect --json"
+    "$cohort" ckpt inspect "$S" --iteration 2 | grep "iteration 2, consumed samples train 8" >/dev/null || fail "inspect --iteration"
+    "$cohort" ckpt verify "$S" --json | "$py" -c "import json,sys; d=json.load(sys.stdin); assert d['code']==0" || fail "verify --json"
+    "$cohort" ckpt diff "$S/iter_0000006" "$S" >/dev/null; [ $? -eq 0 ] || fail "diff of a checkpoint with itself"
+    "$cohort" ckpt diff "$S/iter_0000002" "$S/iter_0000004" >"$work/d"; [ $? -eq 1 ] || fail "diff of different checkpoints"
+    grep -q "embedding.word_embeddings.weight .*differs: max abs" "$work/d" || fail "$(head -3 "$work/d")"
+    "$cohort" ckpt diff "$S/iter_0000002" "$work/nothing" >/dev/null 2>&1; [ $? -eq 2 ] || fail "diff of a missing checkpoint"
+    # verify's codes: malformed 3, incomplete 4, checksum 5
+    cp -r "$S/iter_0000004" "$work/c3"; echo '{"format": 1' >"$work/c3/manifest.json"
+    "$cohort" ckpt verify "$work/c3" >/dev/null 2>&1; [ $? -eq 3 ] || fail "verify: malformed manifest"
+    cp -r "$S/iter_0000004" "$work/c4"; rm "$work/c4/optim.safetensors"
+    "$cohort" ckpt verify "$work/c4" >/dev/null 2>&1; [ $? -eq 4 ] || fail "verify: missing file"
+    cp -r "$S/iter_0000004" "$work/c5"; truncate -s -4 "$work/c5/model.safetensors"; printf 'abcd' >>"$work/c5/model.safetensors"
+    "$cohort" ckpt verify "$work/c5" >/dev/null 2>&1; [ $? -eq 5 ] || fail "verify: flipped byte"
+    # prune: keep 1, never the tracker's
+    echo 4 >"$S/latest_checkpointed_iteration.txt"
+    "$cohort" ckpt prune "$S" --keep 1 --dry-run | grep "would remove iteration 2" >/dev/null || fail "prune --dry-run"
+    "$cohort" ckpt prune "$S" --keep 1 --json | grep '"removed": \[2\]' >/dev/null || fail "prune"
+    [ -d "$S/iter_0000004" ] && [ -d "$S/iter_0000006" ] && [ ! -e "$S/iter_0000002" ] || fail "prune removed the wrong ones"
+    "$cohort" ckpt prune "$S" >/dev/null 2>&1; [ $? -eq 2 ] || fail "prune without --keep"
+    # convert: unsupported models and targets
+    "$cohort" ckpt convert "$S" --to tp=2 --output "$work/x" 2>/dev/null; [ $? -eq 3 ] || fail "convert to tp"
+    train --train-iters 1 --save "$work/rope" --position-embedding-type rope >/dev/null 2>&1 || fail "rope run"
+    "$cohort" ckpt convert "$work/rope" --to hf-gpt2 --output "$work/x" 2>"$work/e"; [ $? -eq 3 ] || fail "convert rope"
+    grep -q "rotary" "$work/e" || fail "$(cat "$work/e")"
+    ;;
+safetensors)
+    train --train-iters 3 --save "$S" >/dev/null 2>&1 || fail "training"
+    "$cohort" ckpt inspect "$S" --json >"$work/inspect.json" || fail "inspect"
+    "$py" - "$work/st.py" "$S/iter_0000003" "$work/inspect.json" <<'EOF' || fail "checkpoint shards unreadable by a plain safetensors reader"
+import json, sys
+import numpy as np
+exec(open(sys.argv[1]).read())
+d = sys.argv[2]
+model, meta = read_safetensors(d + "/model.safetensors")
+optim, _ = read_safetensors(d + "/optim.safetensors")
+assert meta.get("format") == "pt", meta
+ins = json.load(open(sys.argv[3]))
+man = json.load(open(d + "/manifest.json"))
+for t in ins["tensors"]:
+    src = model if t["kind"] == "model" else optim
+    a = src[t["name"]]
+    assert list(a.shape) == t["shape"], t["name"]
+    assert abs(float(np.linalg.norm(a.astype(np.float64))) - t["norm"]) <= 1e-6 * max(1, t["norm"]), t["name"]
+assert set(model) == {t["name"] for t in man["tensors"] if t["kind"] == "model"}
+assert model["embedding.word_embeddings.weight"].shape == (512, 32)
+EOF
+    "$cohort" ckpt convert "$S" --to hf-gpt2 --output "$work/hf" >/dev/null || fail "convert"
+    "$py" - "$work/st.py" "$S/iter_0000003" "$work/hf" <<'EOF' || fail "Hugging Face export wrong"
+import json, sys
+import numpy as np
+exec(open(sys.argv[1]).read())
+ours, _ = read_safetensors(sys.argv[2] + "/model.safetensors")
+hf, meta = read_safetensors(sys.argv[3] + "/model.safetensors")
+cfg = json.load(open(sys.argv[3] + "/config.json"))
+assert meta["format"] == "pt" and cfg["model_type"] == "gpt2" and cfg["n_layer"] == 2 and cfg["n_embd"] == 32
+assert cfg["vocab_size"] == 501 and cfg["n_head"] == 4 and cfg["activation_function"] == "gelu_new"
+p = "transformer."
+assert hf[p + "wte.weight"].shape == (501, 32)
+assert np.array_equal(hf[p + "wte.weight"], ours["embedding.word_embeddings.weight"][:501])
+assert np.array_equal(hf[p + "wpe.weight"], ours["embedding.position_embeddings.weight"])
+for l in range(2):
+    h, o = p + "h.%d." % l, "layers.%d." % l
+    assert hf[h + "attn.c_attn.weight"].shape == (32, 96)
+    assert np.array_equal(hf[h + "attn.c_attn.weight"], ours[o + "attention.qkv.weight"].T)
+    assert np.array_equal(hf[h + "attn.c_attn.bias"], ours[o + "attention.qkv.bias"])
+    assert np.array_equal(hf[h + "attn.c_proj.weight"], ours[o + "attention.proj.weight"].T)
+    assert np.array_equal(hf[h + "mlp.c_fc.weight"], ours[o + "mlp.fc1.weight"].T)
+    assert np.array_equal(hf[h + "mlp.c_proj.weight"], ours[o + "mlp.fc2.weight"].T)
+    assert np.array_equal(hf[h + "ln_1.weight"], ours[o + "input_norm.weight"])
+    assert np.array_equal(hf[h + "ln_2.bias"], ours[o + "mlp_norm.bias"])
+assert np.array_equal(hf[p + "ln_f.weight"], ours["final_norm.weight"])
+assert len(hf) == 2 + 12 * 2 + 2 and "lm_head.weight" not in hf
+EOF
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
+exit 0

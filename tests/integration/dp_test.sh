@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# dp_test.sh - multi-process training under the supervisor, one case per meson test.
+#   dp_test.sh COHORT CASE
+set -uo pipefail
+cohort=$1; case_name=$2
+work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-dp.XXXXXX")
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
+      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
+      --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 1)
+# the fields of a metrics line that must not depend on timing
+losses() { grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' "$1" | paste -sd' '; }
+
+case $case_name in
+matches_one_rank)
+    # 1, 2 and 4 ranks on the same global batches agree within fp32 reduction tolerance;
+    # each configuration is bitwise reproducible from run to run
+    for n in 1 2 4 2; do
+        f="$work/m$n.jsonl"; [ -f "$f" ] && f="$work/m${n}b.jsonl"
+        "$cohort" train "${tiny[@]}" --nproc-per-node $n --train-iters 5 --metrics-file "$f" >"$work/out$n" 2>&1 \
+            || fail "$n ranks: $(tail -5 "$work/out$n")"
+    done
+    [ "$(losses "$work/m2.jsonl")" = "$(losses "$work/m2b.jsonl")" ] || fail "2-rank runs differ"
+    /usr/bin/python3 - "$work" <<'PY' || fail "ranks disagree"
+import json, sys
+w = sys.argv[1]
+runs = {n: [r for r in map(json.loads, open(f"{w}/m{n}.jsonl")) if "grad_norm" in r] for n in (1, 2, 4)}
+assert len(runs[1]) == 5, runs[1]
+for n in (2, 4):
+    for a, b in zip(runs[1], runs[n]):
+        for k in ("lm_loss", "grad_norm"):
+            rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-12)
+            # fp32 sums in another order: a few ulp per element, a few 1e-7 relative after 5 steps
+            if rel > 1e-5:
+                print(f"{n} ranks, iteration {a['iteration']}: {k} {b[k]} vs {a[k]} (rel {rel:.2e})"); sys.exit(1)
+print("ok: 1/2/4 ranks agree")
+PY
+    ;;
+worker_killed)
+    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 >"$work/out" 2>&1 &
+    sup=$!
+    for _ in $(seq 600); do grep -q "iteration        3/" "$work/out" && break; sleep 0.1; done
+    grep -q "iteration        3/" "$work/out" || fail "no progress within 60 s"
+    victim=$(pgrep -f -n "cohort.*train" -P $sup) || fail "no worker found"
+    kill -9 "$victim"
+    for _ in $(seq 300); do kill -0 $sup 2>/dev/null || break; sleep 0.1; done
+    kill -0 $sup 2>/dev/null && fail "supervisor still running 30 s after a worker died"
+    wait $sup; rc=$?
+    [ $rc -eq 4 ] || fail "exit $rc, want 4: $(tail -5 "$work/out")"
+    grep -q "was killed by signal 9" "$work/out" || fail "no diagnosis: $(tail -5 "$work/out")"
+    ;;
+sigterm)
+    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 >"$work/out" 2>&1 &
+    sup=$!
+    for _ in $(seq 600); do grep -q "iteration        2/" "$work/out" && break; sleep 0.1; done
+    grep -q "iteration        2/" "$work/out" || fail "no progress within 60 s"
+    kill -TERM $sup
+    wait $sup; rc=$?
+    [ $rc -eq 0 ] || fail "exit $rc after SIGTERM: $(tail -5 "$work/out")"
+    grep -q "stopped by signal after iteration" "$work/out" || fail "no clean stop: $(tail -5 "$work/out")"
+    ;;
+any_order)
+    # rank 0 registers last, 1.5 s after the others: the rendezvous still completes
+    COHORT_TEST_REGISTER_DELAY=0:1500,2:700 "$cohort" train "${tiny[@]}" --nproc-per-node 3 --global-batch-size 6 \
+        --train-iters 2 >"$work/out" 2>&1 || fail "$(tail -5 "$work/out")"
+    grep -q "iteration        2/       2" "$work/out" || fail "did not train"
+    ;;
+killed_in_rendezvous)
+    COHORT_TEST_REGISTER_DELAY=1:20000 "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 2 >"$work/out" 2>&1 &
+    sup=$!
+    sleep 1.5
+    victim=$(pgrep -f "cohort.*train" -P $sup | sort -n | tail -1)
+    kill -9 "$victim"
+    for _ in $(seq 300); do kill -0 $sup 2>/dev/null || break; sleep 0.1; done
+    kill -0 $sup 2>/dev/null && fail "supervisor still running 30 s after a worker died in rendezvous"
+    wait $sup; rc=$?
+    [ $rc -eq 4 ] || fail "exit $rc, want 4: $(tail -5 "$work/out")"
+    ;;
+two_nodes)
+    # two nodes on one machine over tcp: node 0's supervisor, node 1's agent, CURVE with the job secret
+    "$cohort" keygen --output "$work/secret" >/dev/null || fail "keygen"
+    port=$((20000 + RANDOM % 20000))
+    net=(--nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port --job-secret "$work/secret")
+    "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 1 --train-iters 3 >"$work/n1" 2>&1 &
+    agent=$!
+    "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --train-iters 3 >"$work/n0" 2>&1 || fail "node 0: $(tail -5 "$work/n0")"
+    wait $agent || fail "node 1: $(tail -5 "$work/n1")"
+    grep -q "2 ranks" "$work/n0" && grep -q "iteration        3/       3" "$work/n0" || fail "$(cat "$work/n0")"
+    ;;
+wrong_key)
+    # a node whose secret is not the job's is refused: its worker never registers
+    "$cohort" keygen --output "$work/secret" >/dev/null && "$cohort" keygen --output "$work/other" >/dev/null || fail "keygen"
+    port=$((20000 + RANDOM % 20000))
+    net=(--nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port --rendezvous-timeout 4)
+    "$cohort" train "${tiny[@]}" "${net[@]}" --job-secret "$work/other" --node-rank 1 --train-iters 3 >"$work/n1" 2>&1 &
+    agent=$!
+    "$cohort" train "${tiny[@]}" "${net[@]}" --job-secret "$work/secret" --node-rank 0 --train-iters 3 >"$work/n0" 2>&1; rc=$?
+    [ $rc -eq 5 ] || fail "node 0 exit $rc, want 5 (rendezvous): $(tail -5 "$work/n0")"
+    grep -q "1 of 2 workers registered" "$work/n0" || fail "$(tail -5 "$work/n0")"
+    wait $agent; [ $? -ne 0 ] || fail "the refused node reported success"
+    ;;
+embedded)
+    "$cohort" train --nproc-per-node 2 --train-iters 4 --log-interval 2 --eval-iters 1 --workdir "$work/w" \
+        --sample-lines 1 >"$work/out" 2>&1 || fail "$(tail -5 "$work/out")"
+    grep -q "2 ranks" "$work/out" || fail "not data-parallel: $(head -5 "$work/out")"
+    [ "$(grep -c '^  > ' "$work/out")" -eq 1 ] || fail "no sample: $(tail -5 "$work/out")"
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
+echo "ok $case_name"

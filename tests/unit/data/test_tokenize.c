@@ -1,0 +1,87 @@
+/* test_tokenize.c - GPT-2 pre-tokeniser rules, Unicode classes, blending arithmetic and the
+ * blend over-request error, which need no vocabulary files (the id-for-id comparison with
+ * the reference encoder is the integration test data_bpe_node). */
+#include "common/error.h"
+#include "data/bpe.h"
+#include "data/loader.h"
+#include "data/unicode.h"
+#include "tests/test.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* Splits s into pieces joined by '|'. */
+static void pieces(const char *s, char *out, size_t cap) {
+    size_t n = strlen(s), p = 0, w = 0;
+    while (p < n) {
+        size_t k = bpe_next_piece(s + p, n - p);
+        if (w && w + 1 < cap) out[w++] = '|';
+        for (size_t i = 0; i < k && w + 1 < cap; i++) out[w++] = s[p + i];
+        p += k;
+    }
+    out[w] = '\0';
+}
+
+#define PIECES(in, want)                                                     \
+    do {                                                                     \
+        char got[256];                                                       \
+        pieces(in, got, sizeof got);                                         \
+        CHECK_MSG(!strcmp(got, want), "\"%s\": got \"%s\" want \"%s\"", in, got, want); \
+    } while (0)
+
+static void test_pieces(void) {
+    PIECES("Hello world", "Hello| world");
+    PIECES("it's we're I'll they'd 'x", "it|'s| we|'re| I|'ll| they|'d| '|x");
+    PIECES("a  b", "a| | b");         /* the run keeps its last space for the word */
+    PIECES("a   \n b", "a|   \n| b");
+    PIECES("x \n\ny", "x| \n|\n|y");
+    PIECES("end   ", "end|   ");      /* a run at the end is one piece */
+    PIECES("abc123 456", "abc|123| 456");
+    PIECES("foo(); bar", "foo|();| bar");
+    PIECES(" !!", " !!");
+    PIECES("''s", "''|s");
+    PIECES("caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87", "caf\xc3\xa9| \xe4\xb8\xad\xe6\x96\x87");
+    PIECES("\xc2\xa0x", "\xc2\xa0|x");                      /* NBSP is \s; not " ?" */
+    PIECES("a\xe2\x80\x8b" "b", "a|\xe2\x80\x8b|b");        /* U+200B is not \s */
+    PIECES("\xf0\x9f\x98\x80\xf0\x9f\x98\x80 x", "\xf0\x9f\x98\x80\xf0\x9f\x98\x80| x");
+    PIECES("\xff\xfe" "a", "\xff\xfe|a");                   /* invalid UTF-8: "other" bytes */
+}
+
+static void test_classes(void) {
+    CHECK(uni_class('a') == UNI_LETTER && uni_class('7') == UNI_NUMBER && uni_class('\t') == UNI_SPACE);
+    CHECK(uni_class(0x4e2d) == UNI_LETTER);   /* 中 */
+    CHECK(uni_class(0x0663) == UNI_NUMBER);   /* Arabic-Indic three */
+    CHECK(uni_class(0x2165) == UNI_NUMBER);   /* Roman numeral six (Nl) */
+    CHECK(uni_class(0x00bd) == UNI_NUMBER);   /* one half (No) */
+    CHECK(uni_class(0x3000) == UNI_SPACE && uni_class(0xfeff) == UNI_SPACE);
+    CHECK(uni_class(0x0085) == UNI_OTHER);    /* NEL is not JavaScript \s */
+    CHECK(uni_class(0x0301) == UNI_OTHER);    /* combining mark */
+    CHECK(uni_class(0x1f600) == UNI_OTHER);
+    uint32_t cp;
+    CHECK(uni_decode((const unsigned char *)"\xed\xa0\x80", 3, &cp) == 1 && cp == 0xfffd); /* surrogate */
+    CHECK(uni_decode((const unsigned char *)"\xc0\xaf", 2, &cp) == 1);                    /* overlong */
+    CHECK(uni_decode((const unsigned char *)"\xf0\x9f\x98\x80", 4, &cp) == 4 && cp == 0x1f600);
+}
+
+static void test_blend(void) {
+    double w[3] = {0.3, 0.5, 0.2};
+    double s = dl_numpy_sum(w, 3);
+    for (int i = 0; i < 3; i++) w[i] /= s;
+    int16_t di[12];
+    int64_t dsi[12], counts[3];
+    dl_blend_indices(w, 3, 12, di, dsi, counts);
+    /* numpy/helpers.cpp: 0.3*10 rounds to 3.0, so sample 10 is a three-way tie won by 0 */
+    static const int16_t want[12] = {1, 0, 2, 1, 0, 1, 2, 1, 0, 1, 0, 1};
+    for (int i = 0; i < 12; i++) CHECK_MSG(di[i] == want[i], "sample %d: dataset %d, want %d", i, di[i], want[i]);
+    CHECK(counts[0] + counts[1] + counts[2] == 12 && dsi[11] == counts[1] - 1);
+    CHECK(dl_check_request("x", 10, 10) == 0);
+    CHECK(dl_check_request("--data-path (train split, dataset 1: B)", 11, 10) == CO_EINVAL);
+    CHECK(strstr(co_err_detail(), "asks for 11 samples but the dataset has only 10") != NULL);
+}
+
+int main(void) {
+    RUN(test_pieces);
+    RUN(test_classes);
+    RUN(test_blend);
+    return TEST_EXIT();
+}
