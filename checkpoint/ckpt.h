@@ -60,8 +60,11 @@ int ck_write_manifest(const char *dir, const ck_manifest *plan);
  * previous checkpoint and tracker are untouched. */
 int ck_save(const char *save_dir, const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, int keep);
 
-/* Saves in order, synchronously or on a background thread (async): ck_saver_save with async
- * copies the tensors into host memory (reused between saves) and returns; the previous
+/* Saves in order, synchronously or on a background thread (async). With async,
+ * ck_saver_save returns at once: the background thread first copies the tensors into host
+ * memory (reused between saves), then writes them. The caller must not change the tensors
+ * until ck_saver_wait_snapshot (or ck_saver_wait) has returned -- the trainer calls it just
+ * before its next optimizer step, so the copy overlaps forward and backward. The previous
  * background save is waited for first. */
 typedef struct ck_saver ck_saver;
 typedef struct ck_saver_opts {
@@ -77,10 +80,14 @@ void ck_saver_destroy(ck_saver **s);   /* waits for a background save */
  * does not pay for page faults. */
 int ck_saver_reserve(ck_saver *s, size_t nfloats);
 int ck_saver_save(ck_saver *s, const ck_meta *meta, const ck_tensor_ref *refs, int n);
+/* Waits until the background save has copied the tensors (they may change after it);
+ * returns the seconds it waited. */
+double ck_saver_wait_snapshot(ck_saver *s);
 /* Waits for the background save; its result (0, or the error with its detail restored on
  * this thread). */
 int ck_saver_wait(ck_saver *s);
-/* Seconds the caller was blocked by the last ck_saver_save (snapshot and waiting). */
+/* Seconds the caller was blocked by the last ck_saver_save (waiting for the previous save,
+ * starting the thread); add ck_saver_wait_snapshot's wait for the whole stall. */
 double ck_saver_last_stall(const ck_saver *s);
 int64_t ck_saver_last_iteration(const ck_saver *s);
 

@@ -279,6 +279,13 @@ struct ck_saver {
     double last_stall;
     int64_t last_it;
     double job_start;
+    /* deferred snapshot: the background thread copies from the live tensors (src[i]) first;
+     * the trainer waits for `copied` before its next optimizer step changes them */
+    const float **src;
+    int src_cap;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool copied;
 };
 
 int ck_saver_new(ck_saver **out, const ck_saver_opts *o) {
@@ -290,6 +297,9 @@ int ck_saver_new(ck_saver **out, const ck_saver_opts *o) {
     s->o.save_dir = s->save_dir;
     if (s->o.writers < 1) s->o.writers = 1;
     s->last_it = -1;
+    s->copied = true;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
     *out = s;
     return 0;
 }
@@ -308,6 +318,9 @@ void ck_saver_destroy(ck_saver **ps) {
     meta_release(&s->meta);
     free(s->arena);
     free(s->st);
+    free(s->src);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
     free(s);
     *ps = NULL;
 }
@@ -348,11 +361,28 @@ static int save_snapshot(ck_saver *s) {
 
 static void *bg_main(void *arg) {
     ck_saver *s = arg;
+    /* first the copy out of the live tensors, then the trainer may change them again */
+    for (int i = 0; i < s->nst; i++)
+        memcpy(s->arena + s->st[i].offset, s->src[i],
+               (size_t)numel_of(s->st[i].ndim, s->st[i].shape) * sizeof(float));
+    pthread_mutex_lock(&s->mu);
+    s->copied = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
     int rc = save_snapshot(s);
     s->result = rc;
     snprintf(s->detail, sizeof s->detail, "%s", rc ? co_err_detail() : "");
     log_saved(s, s->meta.iteration, now_s() - s->job_start, rc);
     return NULL;
+}
+
+double ck_saver_wait_snapshot(ck_saver *s) {
+    if (!s->running) return 0.0;
+    double t0 = now_s();
+    pthread_mutex_lock(&s->mu);
+    while (!s->copied) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return now_s() - t0;
 }
 
 int ck_saver_wait(ck_saver *s) {
@@ -410,24 +440,16 @@ int ck_saver_save(ck_saver *s, const ck_meta *meta, const ck_tensor_ref *refs, i
         off += (size_t)numel_of(refs[i].ndim, refs[i].shape);
     }
     s->nst = n;
-    /* the copy: tensors are independent, so threads split them (large ones by chunks) */
-    const size_t chunk = (size_t)4 << 20;
-    long njobs = 0;
-    for (int i = 0; i < n; i++) njobs += (long)((numel_of(refs[i].ndim, refs[i].shape) + (int64_t)chunk - 1) / (int64_t)chunk);
-#pragma omp parallel for schedule(dynamic, 1)
-    for (long j = 0; j < njobs; j++) {
-        long k = j;
-        for (int i = 0; i < n; i++) {
-            size_t ne = (size_t)numel_of(refs[i].ndim, refs[i].shape);
-            long pieces = (long)((ne + chunk - 1) / chunk);
-            if (k < pieces) {
-                size_t b = (size_t)k * chunk, e = b + chunk < ne ? b + chunk : ne;
-                memcpy(s->arena + s->st[i].offset + b, refs[i].data + b, (e - b) * sizeof(float));
-                break;
-            }
-            k -= pieces;
-        }
+    /* the copy itself runs on the background thread (bg_main), overlapping the next
+     * forward and backward; ck_saver_wait_snapshot holds the optimizer step until it is done */
+    if (n > s->src_cap) {
+        const float **p = realloc(s->src, (size_t)n * sizeof *p);
+        if (!p) return co_err_set(CO_ENOMEM, "checkpoint snapshot: out of memory");
+        s->src = p;
+        s->src_cap = n;
     }
+    for (int i = 0; i < n; i++) s->src[i] = refs[i].data;
+    s->copied = false;
     meta_release(&s->meta);
     s->meta = *meta;
     s->meta.config = meta->config ? json_deep_copy(meta->config) : NULL;
@@ -435,6 +457,7 @@ int ck_saver_save(ck_saver *s, const ck_meta *meta, const ck_tensor_ref *refs, i
     s->meta.rng_generators = meta->rng_generators ? json_deep_copy(meta->rng_generators) : NULL;
     s->job_start = now_s();
     if (pthread_create(&s->thread, NULL, bg_main, s)) {
+        s->copied = true;
         s->last_stall = now_s() - t0;
         return co_err_set(CO_ENOMEM, "checkpoint save: cannot start the background thread");
     }

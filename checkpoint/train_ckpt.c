@@ -169,6 +169,15 @@ static int save_now(ck_train *k) {
     return rc;
 }
 
+/* Before the optimizer step: an async snapshot started after the previous iteration must
+ * have finished copying; the wait (usually none) counts as stall. */
+static int pre_step(trainer *t, void *ctx) {
+    (void)t;
+    ck_train *k = ctx;
+    k->stall_total += ck_saver_wait_snapshot(k->saver);
+    return 0;
+}
+
 static int hook(trainer *t, void *ctx, bool final, train_end why) {
     ck_train *k = ctx;
     int64_t it = trainer_iteration(t);
@@ -421,6 +430,7 @@ int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world) 
             rc = ck_saver_reserve(k->saver, total);
         }
         if (!rc) trainer_set_hook(t, hook, k);
+        if (!rc && c->async_save) trainer_set_pre_step_hook(t, pre_step, k);
     }
     if (rc) {
         char detail[1200];

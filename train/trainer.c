@@ -54,6 +54,9 @@ struct trainer {
     trainer_hook hook[4];
     void *hook_ctx[4];
     int nhooks;
+    trainer_pre_step_hook pre_step[4];
+    void *pre_step_ctx[4];
+    int npre_step;
 };
 
 void trainer_get_progress(const trainer *t, trainer_progress *p) {
@@ -84,6 +87,13 @@ void trainer_set_hook(trainer *t, trainer_hook fn, void *ctx) {
     if (t->nhooks < 4) {
         t->hook[t->nhooks] = fn;
         t->hook_ctx[t->nhooks++] = ctx;
+    }
+}
+
+void trainer_set_pre_step_hook(trainer *t, trainer_pre_step_hook fn, void *ctx) {
+    if (t->npre_step < 4) {
+        t->pre_step[t->npre_step] = fn;
+        t->pre_step_ctx[t->npre_step++] = ctx;
     }
 }
 
@@ -414,6 +424,10 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                     loss, gnorm);
             *why = TRAIN_NAN;
             return 0;
+        }
+        for (int i = 0; i < t->npre_step; i++) {
+            int rc = t->pre_step[i](t, t->pre_step_ctx[i]);
+            if (rc < 0) return rc;
         }
         double lr = lr_at(&t->lr, t->iteration);
         opt_adamw_step(&t->opt, t->model, lr, gnorm);

@@ -71,6 +71,12 @@ const co_config *trainer_config(const trainer *t);
 typedef int (*trainer_hook)(trainer *t, void *ctx, bool final, train_end why);
 void trainer_set_hook(trainer *t, trainer_hook fn, void *ctx);
 
+/* Adds a hook (up to 4) called on the training thread just before each optimizer step,
+ * the one moment parameters and optimizer state change. An async checkpoint uses it to
+ * wait until its snapshot copy, made during forward and backward, is complete. */
+typedef int (*trainer_pre_step_hook)(trainer *t, void *ctx);
+void trainer_set_pre_step_hook(trainer *t, trainer_pre_step_hook fn, void *ctx);
+
 int64_t trainer_iteration(const trainer *t);
 gpt_model *trainer_model(trainer *t);
 /* Mean lm loss of the most recent logged interval. */

@@ -10,6 +10,13 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
       --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
       --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 1)
+# children of a process, newest last (from /proc: no procps on a minimal Debian)
+children() {
+    local p
+    for p in /proc/[0-9]*; do
+        [ "$(awk '{print $4}' "$p/stat" 2>/dev/null)" = "$1" ] && echo "${p#/proc/}"
+    done | sort -n
+}
 # the fields of a metrics line that must not depend on timing
 losses() { grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' "$1" | paste -sd' '; }
 
@@ -43,7 +50,7 @@ worker_killed)
     sup=$!
     for _ in $(seq 600); do grep -q "iteration        3/" "$work/out" && break; sleep 0.1; done
     grep -q "iteration        3/" "$work/out" || fail "no progress within 60 s"
-    victim=$(pgrep -f -n "cohort.*train" -P $sup) || fail "no worker found"
+    victim=$(children $sup | tail -1); [ -n "$victim" ] || fail "no worker found"
     kill -9 "$victim"
     for _ in $(seq 300); do kill -0 $sup 2>/dev/null || break; sleep 0.1; done
     kill -0 $sup 2>/dev/null && fail "supervisor still running 30 s after a worker died"
@@ -71,7 +78,7 @@ killed_in_rendezvous)
     COHORT_TEST_REGISTER_DELAY=1:20000 "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 2 >"$work/out" 2>&1 &
     sup=$!
     sleep 1.5
-    victim=$(pgrep -f "cohort.*train" -P $sup | sort -n | tail -1)
+    victim=$(children $sup | tail -1); [ -n "$victim" ] || fail "no worker found"
     kill -9 "$victim"
     for _ in $(seq 300); do kill -0 $sup 2>/dev/null || break; sleep 0.1; done
     kill -0 $sup 2>/dev/null && fail "supervisor still running 30 s after a worker died in rendezvous"
@@ -83,9 +90,11 @@ two_nodes)
     "$cohort" keygen --output "$work/secret" >/dev/null || fail "keygen"
     port=$((20000 + RANDOM % 20000))
     net=(--nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port --job-secret "$work/secret")
-    "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 1 --train-iters 3 >"$work/n1" 2>&1 &
+    # (both nodes are this machine: node 1 says so rather than resolving its host name)
+    "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 1 --node-addr 127.0.0.1 --train-iters 3 >"$work/n1" 2>&1 &
     agent=$!
-    "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --train-iters 3 >"$work/n0" 2>&1 || fail "node 0: $(tail -5 "$work/n0")"
+    "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --train-iters 3 >"$work/n0" 2>&1 ||
+        fail "node 0: $(tail -5 "$work/n0"); node 1: $(tail -5 "$work/n1")"
     wait $agent || fail "node 1: $(tail -5 "$work/n1")"
     grep -q "2 ranks" "$work/n0" && grep -q "iteration        3/       3" "$work/n0" || fail "$(cat "$work/n0")"
     ;;
@@ -94,7 +103,8 @@ wrong_key)
     "$cohort" keygen --output "$work/secret" >/dev/null && "$cohort" keygen --output "$work/other" >/dev/null || fail "keygen"
     port=$((20000 + RANDOM % 20000))
     net=(--nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port --rendezvous-timeout 4)
-    "$cohort" train "${tiny[@]}" "${net[@]}" --job-secret "$work/other" --node-rank 1 --train-iters 3 >"$work/n1" 2>&1 &
+    "$cohort" train "${tiny[@]}" "${net[@]}" --job-secret "$work/other" --node-rank 1 --node-addr 127.0.0.1 \
+        --train-iters 3 >"$work/n1" 2>&1 &
     agent=$!
     "$cohort" train "${tiny[@]}" "${net[@]}" --job-secret "$work/secret" --node-rank 0 --train-iters 3 >"$work/n0" 2>&1; rc=$?
     [ $rc -eq 5 ] || fail "node 0 exit $rc, want 5 (rendezvous): $(tail -5 "$work/n0")"

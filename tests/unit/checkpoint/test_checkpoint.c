@@ -504,7 +504,10 @@ static void test_async_saver(void) {
         ck_meta meta;
         meta_for(&meta, it);
         CHECK(!ck_saver_save(s, &meta, refs, NT));
-        fill(100); /* the snapshot is taken: changing the source must not matter */
+        /* the copy runs in the background; once it is done (the trainer waits here before
+         * its optimizer step) changing the source must not matter */
+        CHECK(ck_saver_wait_snapshot(s) >= 0.0);
+        fill(100);
     }
     CHECK(!ck_saver_wait(s));
     ck_iter_dir(dir, sizeof dir, save, 3);
