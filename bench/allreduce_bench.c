@@ -10,7 +10,7 @@
  * ZeroMQ can move) and "copy" (zmq_send/zmq_recv to and from user buffers). Prints a
  * markdown table; the last column is busbw / raw point-to-point.
  *
- * usage: allreduce_bench [max_bytes] [chunk_bytes]   (defaults 256 MiB, 1 MiB) */
+ * usage: allreduce_bench [max_bytes] [chunk_bytes]   (defaults 256 MiB, 4 MiB) */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -188,7 +188,7 @@ static const char *human(size_t b, char *s, size_t n) {
 
 int main(int argc, char **argv) {
     size_t max_bytes = argc > 1 ? strtoull(argv[1], NULL, 0) : (size_t)256 << 20;
-    size_t chunk = argc > 2 ? strtoull(argv[2], NULL, 0) : (size_t)1 << 20;
+    size_t chunk = argc > 2 ? strtoull(argv[2], NULL, 0) : (size_t)4 << 20;
     static const int ns[] = {2, 4};
     row res[2][16];
     int nrows = 0;

@@ -152,15 +152,25 @@ int main(int argc, char **argv) {
     size_t mb8 = (bytes + (8u << 20) - 1) / (8u << 20);
     for (int r = 0; r < reps; r++) {
         meta.iteration = meta.progress.iteration = r + 1;
-        double t0 = now_s();
-        if (ck_save(save, &meta, refs, nt * 3, 1, 1)) {
-            fprintf(stderr, "ckpt_bench: save: %s\n", co_err_detail());
-            return 1;
-        }
-        double ts = now_s() - t0;
+        /* each write starts with no dirty pages left by the other, and the two alternate
+         * which goes first: the disk's write-back state otherwise decides the ratio */
         unlink(ddf);
         snprintf(cmd, sizeof cmd, "dd if=/dev/zero of='%s' bs=8M count=%zu conv=fsync status=none", ddf, mb8);
-        double tw = run(cmd);
+        double ts = 0, tw = 0;
+        for (int k = 0; k < 2; k++) {
+            sync();
+            if ((k == 0) == (r % 2 == 0)) {
+                double t0 = now_s();
+                if (ck_save(save, &meta, refs, nt * 3, 1, 1)) {
+                    fprintf(stderr, "ckpt_bench: save: %s\n", co_err_detail());
+                    return 1;
+                }
+                ts = now_s() - t0;
+            } else {
+                tw = run(cmd);
+            }
+        }
+        double t0;
         ck_iter_dir(ckdir, sizeof ckdir, save, r + 1);
         ck_manifest *man = NULL;
         if (ck_read_manifest(ckdir, &man)) return 1;

@@ -72,8 +72,11 @@ static void embedded_defaults(co_config *c) {
     DEF("hidden-size", hidden_size, 256);
     DEF("num-attention-heads", num_attention_heads, 4);
     DEF("seq-length", seq_length, 128);
-    DEF("micro-batch-size", micro_batch_size, 16);
     DEF("global-batch-size", global_batch_size, 32);
+    /* the 32 samples of a step split over the data-parallel ranks (16 per micro batch alone) */
+    int world = c->nproc_per_node * c->nnodes;
+    int mbs = world > 1 && world <= 32 && 32 % world == 0 ? 32 / world : 16;
+    DEF("micro-batch-size", micro_batch_size, mbs > 16 ? 16 : mbs);
     if (!co_config_was_set(c, "train-iters") && !co_config_was_set(c, "train-samples")) c->train_iters = 240;
     DEF("lr", lr, 2e-3);
     DEF("min-lr", min_lr, 1e-4);

@@ -20,6 +20,7 @@
 #include "comm/zmq_comm.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -1091,7 +1092,7 @@ static const cm_ops cm__zmq_ops = {
 void cm_zmq_options_default(cm_zmq_options *o) {
     memset(o, 0, sizeof *o);
     o->connect_timeout_ms = 30000;
-    o->chunk_bytes = (size_t)1 << 20;
+    o->chunk_bytes = (size_t)4 << 20; /* measured: 4 MiB beats 1 MiB for 4 ranks on 2 cores */
     o->small_bytes = (size_t)32 << 10;
     o->io_threads = 1;
     o->linger_ms = 2000;
@@ -1156,6 +1157,16 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
         cm_zmq_options_default(&o);
     if (size < 1 || size > 65536 || rank < 0 || rank >= size || !endpoints)
         return co_err_set(CO_EINVAL, "cm_zmq_new: rank %d of %d", rank, size);
+    /* Every chunk travels in a ZeroMQ message that malloc provides. glibc maps blocks this
+     * large with mmap and unmaps them on free, so each chunk would fault its pages in
+     * again; keep them in the heap instead, where freed chunks are reused. */
+    static atomic_flag malloc_tuned = ATOMIC_FLAG_INIT;
+    if (!atomic_flag_test_and_set(&malloc_tuned)) {
+        size_t big = o.chunk_bytes * 2 + 4096;
+        if (big < ((size_t)1 << 22)) big = (size_t)1 << 22;
+        mallopt(M_MMAP_THRESHOLD, (int)big);
+        mallopt(M_TRIM_THRESHOLD, (int)(big * 64));
+    }
     for (int r = 0; r < size; r++)
         if (!endpoints[r] || !endpoints[r][0])
             return co_err_set(CO_EINVAL, "cm_zmq_new: no endpoint for rank %d", r);

@@ -30,7 +30,7 @@
 
 typedef struct cm_zmq_options {
     int connect_timeout_ms;   /* cm_zmq_new waits this long for every peer (30000) */
-    size_t chunk_bytes;       /* pipeline chunk and largest message (1 MiB); same on all ranks */
+    size_t chunk_bytes;       /* pipeline chunk and largest message (4 MiB); same on all ranks */
     size_t small_bytes;       /* all-reduce of at most this many bytes: direct exchange (32 KiB) */
     int io_threads;           /* ZeroMQ I/O threads (1) */
     int linger_ms;            /* destroy waits at most this long to flush last sends (2000) */

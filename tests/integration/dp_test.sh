@@ -111,10 +111,36 @@ wrong_key)
     grep -q "1 of 2 workers registered" "$work/n0" || fail "$(tail -5 "$work/n0")"
     wait $agent; [ $? -ne 0 ] || fail "the refused node reported success"
     ;;
+reshard)
+    # a checkpoint saved at data-parallel size 2 resumes at 4 (and at 1) with the data position
+    # kept: iterations 5..8 continue from the same consumed samples and match one
+    # uninterrupted run within fp32 reduction tolerance
+    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 8 --save "$work/ck" --save-interval 4 \
+        --exit-interval 4 >"$work/o1" 2>&1 || fail "save at 2: $(tail -5 "$work/o1")"
+    for n in 4 1; do
+        "$cohort" train "${tiny[@]}" --nproc-per-node $n --train-iters 8 --load "$work/ck" \
+            --metrics-file "$work/r$n.jsonl" >"$work/o$n" 2>&1 || fail "load at $n: $(tail -5 "$work/o$n")"
+    done
+    "$cohort" train "${tiny[@]}" --train-iters 8 --metrics-file "$work/full.jsonl" >/dev/null 2>&1 || fail "full run"
+    /usr/bin/python3 - "$work" <<'PY' || fail "resumed runs differ from the uninterrupted one"
+import json, sys
+w = sys.argv[1]
+rows = lambda f: {r["iteration"]: r for r in map(json.loads, open(f"{w}/{f}")) if "grad_norm" in r}
+full = rows("full.jsonl")
+for n in (4, 1):
+    got = rows(f"r{n}.jsonl")
+    assert sorted(got) == [5, 6, 7, 8], (n, sorted(got))
+    for it, r in got.items():
+        assert r["consumed_samples"] == full[it]["consumed_samples"], (n, it)
+        rel = abs(r["lm_loss"] - full[it]["lm_loss"]) / full[it]["lm_loss"]
+        assert rel < 1e-5, (n, it, r["lm_loss"], full[it]["lm_loss"])
+print("ok: resharded resume matches")
+PY
+    ;;
 embedded)
-    "$cohort" train --nproc-per-node 2 --train-iters 4 --log-interval 2 --eval-iters 1 --workdir "$work/w" \
+    "$cohort" train --nproc-per-node 4 --train-iters 4 --log-interval 2 --eval-iters 1 --workdir "$work/w" \
         --sample-lines 1 >"$work/out" 2>&1 || fail "$(tail -5 "$work/out")"
-    grep -q "2 ranks" "$work/out" || fail "not data-parallel: $(head -5 "$work/out")"
+    grep -q "4 ranks" "$work/out" || fail "not data-parallel: $(head -5 "$work/out")"
     [ "$(grep -c '^  > ' "$work/out")" -eq 1 ] || fail "no sample: $(tail -5 "$work/out")"
     ;;
 *) fail "unknown case $case_name" ;;
