@@ -687,6 +687,11 @@ static int cm__allreduce_ring(cm__group *g, cm__hdr *h, void *bufv, size_t count
     int n = g->pub.size, me = g->pub.rank;
     int nxt = (me + 1) % n, prv = cm__mod(me - 1, n);
     size_t es = cm__dt_size(dt), ce = t->opt.chunk_bytes / es;
+    /* at least four chunks per segment, so that they pipeline round the ring, but none
+     * under 256 KiB; every rank derives the same size from (count, n) */
+    size_t quarter = count / (size_t)n / 4, floor_e = ((size_t)256 << 10) / es;
+    if (quarter < floor_e) quarter = floor_e;
+    if (quarter < ce) ce = quarter;
     unsigned char *buf = bufv;
     uint32_t tag_out = 0, tag_in = 0;
     int last = 2 * n - 3;
