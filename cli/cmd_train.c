@@ -323,7 +323,8 @@ int cli_train(int argc, char **argv) {
     FILE *out = !worker ? stdout : printer ? sv_link_log_stream(link) : NULL;
     if (printer && !out) out = stdout;
 
-    trainer_data data = {.prefix = cli_data_prefix(&c), .vocab_size = vocab, .eod = eod};
+    trainer_data data = {.prefix = cli_data_prefix(&c), .vocab_size = vocab, .eod = eod,
+                         .metrics = worker && printer ? sv_link_metrics_stream(link) : NULL};
     corpus_info info;
     memset(&info, 0, sizeof info);
     char prefix[1024];
@@ -383,7 +384,8 @@ int cli_train(int argc, char **argv) {
                          .master_addr = c.master_addr, .master_port = c.master_port, .node_addr = node_addr,
                          .secret_path = c.job_secret, .exe = "/proc/self/exe", .worker_args = argv,
                          .nworker_args = argc, .extra_env = env, .nextra_env = embedded ? 2 : 0,
-                         .rendezvous_timeout_ms = (int)(c.rendezvous_timeout * 1000)};
+                         .rendezvous_timeout_ms = (int)(c.rendezvous_timeout * 1000),
+                         .metrics_file = c.metrics_file};
         int status = sv_run(&so);
         co_config_free(&c);
         return status;

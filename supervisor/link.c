@@ -39,7 +39,7 @@ struct sv_link {
     bool lost_reported;
     ac_timer *hb;
     pw_stats stats;
-    FILE *log;
+    FILE *log, *metrics;
 };
 
 bool sv_link_wanted(void) { return getenv("COHORT_SUPERVISOR") != NULL; }
@@ -241,22 +241,30 @@ void sv_link_progress(sv_link *l, int64_t iteration) { atomic_store(&l->iteratio
 typedef struct log_post {
     sv_link *l;
     char *text;
+    bool metrics;
 } log_post;
 
 static void send_log(ac_actor *a, void *ctx) {
     (void)a;
     log_post *p = ctx;
-    Cohort__V1__LogLine ll = COHORT__V1__LOG_LINE__INIT;
-    ll.rank = p->l->snd.sender;
-    ll.level = COHORT__V1__LOG_LEVEL__LOG_INFO;
-    ll.text = p->text;
-    sv__send(p->l->mb, NULL, &p->l->snd, &ll.base);
+    if (p->metrics) {
+        Cohort__V1__Metrics mt = COHORT__V1__METRICS__INIT;
+        mt.has_rank = 1;
+        mt.rank = p->l->snd.sender;
+        mt.record = p->text;
+        sv__send(p->l->mb, NULL, &p->l->snd, &mt.base);
+    } else {
+        Cohort__V1__LogLine ll = COHORT__V1__LOG_LINE__INIT;
+        ll.rank = p->l->snd.sender;
+        ll.level = COHORT__V1__LOG_LEVEL__LOG_INFO;
+        ll.text = p->text;
+        sv__send(p->l->mb, NULL, &p->l->snd, &ll.base);
+    }
     free(p->text);
     free(p);
 }
 
-static ssize_t log_write(void *cookie, const char *buf, size_t n) {
-    sv_link *l = cookie;
+static ssize_t forward_write(sv_link *l, const char *buf, size_t n, bool metrics) {
     /* the stream is line buffered: buf holds whole lines (or a flush of a partial one);
      * split long ones below the protocol's string limit */
     size_t off = 0;
@@ -273,6 +281,7 @@ static ssize_t log_write(void *cookie, const char *buf, size_t n) {
         text[len] = '\0';
         p->l = l;
         p->text = text;
+        p->metrics = metrics;
         if (ac_post(l->a, send_log, p)) {
             free(text);
             free(p);
@@ -283,12 +292,24 @@ static ssize_t log_write(void *cookie, const char *buf, size_t n) {
     return (ssize_t)n;
 }
 
+static ssize_t log_write(void *cookie, const char *buf, size_t n) { return forward_write(cookie, buf, n, false); }
+static ssize_t metrics_write(void *cookie, const char *buf, size_t n) { return forward_write(cookie, buf, n, true); }
+
 FILE *sv_link_log_stream(sv_link *l) {
     if (l->log) return l->log;
     cookie_io_functions_t io = {.write = log_write};
     l->log = fopencookie(l, "w", io);
     if (l->log) setvbuf(l->log, NULL, _IOLBF, 8192);
     return l->log;
+}
+
+FILE *sv_link_metrics_stream(sv_link *l) {
+    if (l->metrics) return l->metrics;
+    cookie_io_functions_t io = {.write = metrics_write};
+    l->metrics = fopencookie(l, "w", io);
+    /* a record is one line; fully buffered streams would split long records */
+    if (l->metrics) setvbuf(l->metrics, NULL, _IOLBF, 8192);
+    return l->metrics;
 }
 
 /* ---- closing: a request the supervisor answers proves everything before it arrived ---- */
@@ -330,6 +351,10 @@ void sv_link_close(sv_link **pl, int exit_status) {
     if (l->log) {
         fclose(l->log);
         l->log = NULL;
+    }
+    if (l->metrics) {
+        fclose(l->metrics);
+        l->metrics = NULL;
     }
     if (l->a && l->mb && !ac_post(l->a, send_goodbye, l)) {
         struct timespec dl;

@@ -43,6 +43,8 @@ void sv_link_attach_comm(sv_link *l, cm_comm *c);
 void sv_link_progress(sv_link *l, int64_t iteration);
 /* A stream whose lines go to the supervisor's log (NULL on failure). */
 FILE *sv_link_log_stream(sv_link *l);
+/* A stream whose lines (metrics records) go to the supervisor's --metrics-file. */
+FILE *sv_link_metrics_stream(sv_link *l);
 /* Tells the supervisor how this worker ends and closes the link. NULL-safe. */
 void sv_link_close(sv_link **l, int exit_status);
 void sv_assignment_free(sv_assignment *a);

@@ -57,6 +57,7 @@ typedef struct sv {
     uv_signal_t sig_int, sig_term;
     int signals;
     pw_stats stats;
+    FILE *metrics;          /* --metrics-file, written from the workers' Metrics records */
 } sv;
 
 static uint64_t random_job_id(void) {
@@ -214,6 +215,12 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         break;
     }
     case COHORT__V1__ENVELOPE__BODY_HEARTBEAT: w->iteration = e->heartbeat->iteration; break;
+    case COHORT__V1__ENVELOPE__BODY_METRICS:
+        if (s->metrics && e->metrics->record) {
+            fputs(e->metrics->record, s->metrics);
+            fflush(s->metrics);
+        }
+        break;
     case COHORT__V1__ENVELOPE__BODY_LOG_LINE: {
         FILE *f = e->log_line->level >= COHORT__V1__LOG_LEVEL__LOG_WARNING ? stderr : stdout;
         fputs(e->log_line->text, f);
@@ -437,6 +444,11 @@ int sv_run(const sv_options *opt) {
         w->local_rank = w->index % s.o.nproc;
         snprintf(w->identity, sizeof w->identity, "w%d", w->index);
     }
+    if (!s.agent && s.o.metrics_file && *s.o.metrics_file && !(s.metrics = fopen(s.o.metrics_file, "a"))) {
+        fprintf(stderr, "cohort supervisor: cannot open --metrics-file %s\n", s.o.metrics_file);
+        free(s.w);
+        return SV_EXIT_FAILURE;
+    }
     ac_actor_opts ao = {.name = "supervisor", .on_start = sv_on_start, .on_stop = sv_on_stop, .ctx = &s};
     int rc = ac_actor_new(&ao, &s.a);
     if (!rc) rc = ac_actor_run(s.a);
@@ -452,6 +464,7 @@ int sv_run(const sv_options *opt) {
     uint64_t dropped = pw_stats_dropped(&s.stats);
     if (dropped) fprintf(stderr, "cohort supervisor: dropped %" PRIu64 " malformed or foreign messages\n", dropped);
     for (int i = 0; i < s.nw; i++) free(s.w[i].data_endpoint);
+    if (s.metrics) fclose(s.metrics);
     free(s.w);
     return status;
 }

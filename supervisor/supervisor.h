@@ -47,6 +47,7 @@ typedef struct sv_options {
     int heartbeat_interval_ms;     /* both ways (default 1000) */
     int heartbeat_timeout_ms;      /* a worker silent this long is lost (default 30000) */
     int kill_grace_ms;             /* after asking workers to stop, SIGKILL after (default 10000) */
+    const char *metrics_file;      /* where workers' metrics records go ("" or NULL: none) */
     /* extra environment for workers ("NAME=value"), e.g. the embedded corpus location */
     char *const *extra_env;
     int nextra_env;

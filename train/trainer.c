@@ -26,6 +26,7 @@ struct trainer {
     co_config cfg;
     FILE *log;              /* NULL on ranks that do not print */
     FILE *metrics;
+    bool metrics_borrowed;  /* given by the caller (trainer_data.metrics), not ours to close */
     cm_comm *dp;            /* data-parallel group, or NULL */
     kb_backend *be;
     gpt_model *model;
@@ -242,7 +243,10 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         rc = co_err_set(CO_EINVAL, "the train split of --split '%s' is empty", c->split);
         goto fail;
     }
-    if (c->metrics_file[0] && t->log) {
+    if (data->metrics && t->log) {
+        t->metrics = data->metrics;
+        t->metrics_borrowed = true;
+    } else if (c->metrics_file[0] && t->log) {
         t->metrics = fopen(c->metrics_file, "a");
         if (!t->metrics) {
             rc = co_err_set(CO_EIO, "cannot open --metrics-file %s", c->metrics_file);
@@ -267,7 +271,8 @@ void trainer_destroy(trainer **pt) {
         gpt_destroy(&t->model);
     }
     kb_backend_destroy(&t->be);
-    if (t->metrics) fclose(t->metrics);
+    if (t->metrics && !t->metrics_borrowed) fclose(t->metrics);
+    else if (t->metrics) fflush(t->metrics);
     free(t->tokens);
     free(t->targets);
     free(t->positions);

@@ -30,6 +30,9 @@ typedef struct trainer_data {
     const char *prefix;    /* .bin/.idx prefix, or NULL with cfg->mock_data */
     int vocab_size;        /* tokenizer vocabulary (before padding) */
     int eod;               /* end-of-document token id */
+    /* where metrics records go instead of opening cfg->metrics_file (a worker forwards
+     * them to its supervisor); NULL: the file itself. Not closed by the trainer. */
+    FILE *metrics;
 } trainer_data;
 
 struct cm_comm;

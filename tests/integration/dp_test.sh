@@ -93,10 +93,12 @@ two_nodes)
     # (both nodes are this machine: node 1 says so rather than resolving its host name)
     "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 1 --node-addr 127.0.0.1 --train-iters 3 >"$work/n1" 2>&1 &
     agent=$!
-    "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --train-iters 3 >"$work/n0" 2>&1 ||
+    "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --train-iters 3 --metrics-file "$work/m.jsonl" >"$work/n0" 2>&1 ||
         fail "node 0: $(tail -5 "$work/n0"); node 1: $(tail -5 "$work/n1")"
     wait $agent || fail "node 1: $(tail -5 "$work/n1")"
+    # the log lines and metrics of the last rank (on node 1) reach node 0's supervisor
     grep -q "2 ranks" "$work/n0" && grep -q "iteration        3/       3" "$work/n0" || fail "$(cat "$work/n0")"
+    [ "$(grep -c '"grad_norm"' "$work/m.jsonl")" -eq 3 ] || fail "metrics not gathered: $(cat "$work/m.jsonl")"
     ;;
 wrong_key)
     # a node whose secret is not the job's is refused: its worker never registers
