@@ -265,7 +265,9 @@ int cli_train(int argc, char **argv) {
                    "the licence texts in /usr/share/common-licenses, then sampled.\n");
             co_config_help(stdout);
             printf("\nexit status: 0 done or stopped cleanly (signal, exit interval or duration), 1 runtime\n"
-                   "failure, 2 usage or configuration error, 3 stopped on a NaN/Inf loss or gradient.\n");
+                   "failure, 2 usage or configuration error, 3 stopped on a NaN/Inf loss or gradient; with\n"
+                   "--nproc-per-node > 1 or --nnodes > 1 also 4 a worker failed or died, 5 the rendezvous did\n"
+                   "not complete in time, 6 a worker stopped sending heartbeats.\n");
             return CLI_OK;
         }
     co_config c;

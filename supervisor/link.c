@@ -55,6 +55,10 @@ static void abort_all(sv_link *l) {
     *l->stop = 1;
     cm_comm *c = atomic_load(&l->comm);
     if (c) c->ops->abort(c);
+    /* a worker still waiting for its assignment gives up now */
+    pthread_mutex_lock(&l->mu);
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
 }
 
 static void take_assignment(sv_link *l, const Cohort__V1__Assign *as) {
@@ -107,8 +111,14 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         break;
     case COHORT__V1__ENVELOPE__BODY_SHUTDOWN:
         /* status 0: finish the current step and stop; otherwise the job failed: abort now */
-        if (e->shutdown->exit_status == 0) *l->stop = 1;
-        else abort_all(l);
+        if (e->shutdown->exit_status == 0) {
+            *l->stop = 1;
+            pthread_mutex_lock(&l->mu); /* wakes a worker still waiting for its assignment */
+            pthread_cond_broadcast(&l->cv);
+            pthread_mutex_unlock(&l->mu);
+        } else {
+            abort_all(l);
+        }
         break;
     case COHORT__V1__ENVELOPE__BODY_ABORT: abort_all(l); break;
     default: break;

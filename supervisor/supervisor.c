@@ -73,6 +73,9 @@ static void send_shutdown(sv *s, worker *w, int status, const char *reason) {
     sv__send(s->mb, w->identity, &s->snd, &sd.base);
 }
 
+/* Ends the loop once no worker of this node is left running and the job cannot go on. */
+static void maybe_finish(struct sv *s);
+
 static void kill_remaining(ac_timer *t, void *ctx) {
     (void)t;
     sv *s = ctx;
@@ -131,9 +134,12 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
             begin_shutdown(s, st, why);
         }
     }
-    if (s->nexited == s->nspawned) {
-        if (s->agent || s->nregistered == s->nw || s->stopping) ac_actor_request_stop(s->a);
-    }
+    maybe_finish(s);
+}
+
+static void maybe_finish(sv *s) {
+    if (s->nexited == s->nspawned && (s->agent || s->nregistered == s->nw || s->stopping))
+        ac_actor_request_stop(s->a);
 }
 
 static void assign_ranks(sv *s) {
@@ -269,6 +275,7 @@ static void rendezvous_timeout(ac_timer *t, void *ctx) {
     /* unregistered workers cannot hear the shutdown */
     for (int i = 0; i < s->nw; i++)
         if (s->w[i].spawned && !s->w[i].exited && !s->w[i].registered) uv_process_kill(&s->w[i].proc, SIGTERM);
+    maybe_finish(s); /* every local worker may already be gone */
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
