@@ -17,8 +17,8 @@ children() {
         [ "$(awk '{print $4}' "$p/stat" 2>/dev/null)" = "$1" ] && echo "${p#/proc/}"
     done | sort -n
 }
-# the fields of a metrics line that must not depend on timing
-losses() { grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' "$1" | paste -sd' '; }
+# the fields of the training lines of a metrics file that must not depend on timing
+losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
 
 case $case_name in
 matches_one_rank)
@@ -138,6 +138,25 @@ for n in (4, 1):
         assert rel < 1e-5, (n, it, r["lm_loss"], full[it]["lm_loss"])
 print("ok: resharded resume matches")
 PY
+    ;;
+resume_exact)
+    # data parallel, 2 ranks: 8 iterations in one go, and 4 + 4 with a checkpoint and a new
+    # job in between (sync and async save), give bitwise the same parameters, optimizer state
+    # and logged losses
+    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 8 --save "$work/a" \
+        --metrics-file "$work/a.jsonl" >"$work/oa" 2>&1 || fail "uninterrupted: $(tail -5 "$work/oa")"
+    for mode in sync async; do
+        extra=(); [ $mode = async ] && extra=(--async-save)
+        "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 8 --save "$work/$mode" --save-interval 4 \
+            --exit-interval 4 "${extra[@]}" --metrics-file "$work/$mode.jsonl" >"$work/o1$mode" 2>&1 \
+            || fail "first half ($mode): $(tail -5 "$work/o1$mode")"
+        "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 8 --save "$work/$mode" --load "$work/$mode" \
+            "${extra[@]}" --metrics-file "$work/$mode.jsonl" >"$work/o2$mode" 2>&1 \
+            || fail "second half ($mode): $(tail -5 "$work/o2$mode")"
+        "$cohort" ckpt diff "$work/a" "$work/$mode" >"$work/diff$mode" 2>&1 \
+            || fail "$mode: checkpoints at iteration 8 differ: $(head -5 "$work/diff$mode")"
+        [ "$(losses "$work/a.jsonl")" = "$(losses "$work/$mode.jsonl")" ] || fail "$mode: logged losses differ"
+    done
     ;;
 embedded)
     "$cohort" train --nproc-per-node 4 --train-iters 4 --log-interval 2 --eval-iters 1 --workdir "$work/w" \
