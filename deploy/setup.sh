@@ -6,7 +6,8 @@
 #   deploy/setup.sh deps | build                 only install the packages / only (re)build
 #
 # Non-interactive and idempotent: packages already installed are not touched; `apt-get update` runs
-# only when a package is missing. Builds go to build/ (release) and build-asan/ (ASan+UBSan, tests).
+# only when a package is missing. Builds go to build/ (release), build-asan/ (ASan+UBSan, unit
+# tests) and build-tsan/ (ThreadSanitizer, the actor runtime's and the collectives' tests).
 # With CI=true the build treats warnings as errors.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -113,6 +114,10 @@ test)
     configure build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
     ninja -C build-asan >/dev/null
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_suite build-asan --suite unit
+    log "running the actor runtime and collective tests under ThreadSanitizer"
+    configure build-tsan -Dbuildtype=debug -Db_sanitize=thread
+    ninja -C build-tsan tests/unit/actors/test_actors tests/unit/comm/test_comm >/dev/null
+    run_suite build-tsan --suite unit actors comm
     echo "$passed passed, $failed failed, $skipped skipped"
     [ "$failed" -eq 0 ]
     ;;
