@@ -365,10 +365,7 @@ static int data_order(int argc, char **argv) {
         co_config_free(&c);
         return CLI_USAGE;
     }
-    int64_t gbs = c.global_batch_size;
-    int64_t want = split == 0 ? c.train_iters * gbs
-                 : split == 1 ? (c.train_iters / c.eval_interval + 1) * c.eval_iters * gbs
-                              : c.eval_iters * gbs;
+    int64_t want = co_config_split_samples(&c, split);
     dl_config dc;
     memset(&dc, 0, sizeof dc);
     dc.base.mock = c.mock_data;

@@ -312,7 +312,7 @@ int cli_train(int argc, char **argv) {
     if (rc) {
         fprintf(stderr, "cohort train: invalid configuration:\n");
         for (char *line = strtok(err, "\n"); line; line = strtok(NULL, "\n")) fprintf(stderr, "  %s\n", line);
-        sv_link_close(&link, CLI_USAGE);
+        sv_link_close(&link);
         sv_assignment_free(&asg);
         co_config_free(&c);
         return CLI_USAGE;
@@ -343,7 +343,7 @@ int cli_train(int argc, char **argv) {
             rc = corpus_build_default(c.workdir, prefix, sizeof prefix, &info);
             if (rc) {
                 fprintf(stderr, "cohort train: building the embedded corpus failed: %s\n", co_err_detail());
-                sv_link_close(&link, CLI_FAILURE);
+                sv_link_close(&link);
                 sv_assignment_free(&asg);
                 co_config_free(&c);
                 return CLI_FAILURE;
@@ -393,7 +393,7 @@ int cli_train(int argc, char **argv) {
         return status;
     }
     int status = run_training(&c, &data, embedded ? &info : NULL, out, link, &asg);
-    sv_link_close(&link, status);
+    sv_link_close(&link);
     sv_assignment_free(&asg);
     co_config_free(&c);
     return status;

@@ -112,8 +112,8 @@ static const flag flags[] = {
     S("data", "tokenizer-type", tokenizer_type, "GPT2BPETokenizer",
       "GPT2BPETokenizer|NullTokenizer|ByteLevelTokenizer", "tokenizer"),
     I("data", "vocab-size", vocab_size, NULL, "vocabulary size for NullTokenizer"),
-    S("data", "vocab-file", vocab_file, NULL, NULL, "GPT-2 vocabulary (encoder.json); accepted, not needed to train on preprocessed data"),
-    S("data", "merge-file", merge_file, NULL, NULL, "GPT-2 merges (vocab.bpe); accepted, not needed to train on preprocessed data"),
+    S("data", "vocab-file", vocab_file, NULL, NULL, "GPT-2 vocabulary (encoder.json; default: the copy deploy/setup.sh installs)"),
+    S("data", "merge-file", merge_file, NULL, NULL, "GPT-2 merges (vocab.bpe; default: the copy deploy/setup.sh installs)"),
     L("data", "seed", seed, "1234", "random seed (data order, initialisation, dropout)"),
     B("data", "eod-mask-loss", eod_mask_loss, "no loss on end-of-document tokens"),
     B("data", "reset-position-ids", reset_position_ids, "restart position ids after each end of document"),
@@ -401,6 +401,13 @@ static void problem(problems *p, const char *fmt, ...) {
     va_end(ap);
     if (w > 0) p->len += (size_t)w < p->cap - p->len ? (size_t)w : p->cap - p->len - 1;
     p->n++;
+}
+
+int64_t co_config_split_samples(const co_config *c, int split) {
+    int64_t gbs = c->global_batch_size;
+    if (split == 0) return c->train_iters * gbs;
+    if (split == 1) return (c->train_iters / c->eval_interval + 1) * c->eval_iters * gbs;
+    return c->eval_iters * gbs;
 }
 
 int co_config_parse_split(const char *s, double out[3]) {

@@ -122,6 +122,11 @@ void co_config_write_json(const co_config *c, FILE *f);
 /* Parses a --split string ("98,1,1") into fractions summing to 1. 0 or -1. */
 int co_config_parse_split(const char *s, double out[3]);
 
+/* Samples requested from split 0 (train), 1 (valid) or 2 (test) over the whole run, as
+ * Megatron computes them (train_iters x global batch; valid (train_iters / eval_interval
+ * + 1) x eval_iters x global batch; test eval_iters x global batch). */
+int64_t co_config_split_samples(const co_config *c, int split);
+
 /* Edit distance (for "did you mean"). */
 int co_edit_distance(const char *a, const char *b);
 

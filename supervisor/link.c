@@ -215,7 +215,7 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, int timeout_ms, sv_
     ac_actor_opts ao = {.name = "worker-link", .on_start = link_on_start, .ctx = l};
     if (!rc) rc = ac_actor_start(&ao, &l->a);
     if (rc) {
-        sv_link_close(&l, 1);
+        sv_link_close(&l);
         return rc;
     }
     /* wait for the assignment */
@@ -233,7 +233,7 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, int timeout_ms, sv_
     pthread_mutex_unlock(&l->mu);
     if (!got) rc = co_err_set(*stop ? CO_EABORTED : CO_ETIMEOUT, "worker %d: no rank assignment from the supervisor", l->local_rank);
     if (rc) {
-        sv_link_close(&l, 1);
+        sv_link_close(&l);
         return rc;
     }
     *asg = l->asg;
@@ -342,22 +342,13 @@ static void send_goodbye(ac_actor *a, void *ctx) {
     hb.iteration = (uint64_t)atomic_load(&l->iteration);
     hb.has_phase = 1;
     hb.phase = COHORT__V1__PHASE__PHASE_SHUTDOWN;
-    pw_header h = {.job_id = l->snd.job_id, .generation = l->snd.generation, .sender = l->snd.sender,
-                   .seq = ++l->snd.seq};
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    if (!pw_encode_alloc(&h, &hb.base, &buf, &len) && !ac_request(l->mb, NULL, buf, len, 2000, goodbye_reply, l)) {
-        free(buf);
-        return;
-    }
-    free(buf);
-    goodbye_reply(NULL, CO_EIO, NULL, l);
+    if (sv__request(l->mb, NULL, &l->snd, &hb.base, 2000, goodbye_reply, l))
+        goodbye_reply(NULL, CO_EIO, NULL, l); /* nothing to wait for */
 }
 
-void sv_link_close(sv_link **pl, int exit_status) {
+void sv_link_close(sv_link **pl) {
     sv_link *l = *pl;
     if (!l) return;
-    (void)exit_status;
     if (l->log) {
         fclose(l->log);
         l->log = NULL;

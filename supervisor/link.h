@@ -45,8 +45,10 @@ void sv_link_progress(sv_link *l, int64_t iteration);
 FILE *sv_link_log_stream(sv_link *l);
 /* A stream whose lines (metrics records) go to the supervisor's --metrics-file. */
 FILE *sv_link_metrics_stream(sv_link *l);
-/* Tells the supervisor how this worker ends and closes the link. NULL-safe. */
-void sv_link_close(sv_link **l, int exit_status);
+/* Flushes the log and metrics streams, waits (at most 3 s) until the supervisor has
+ * everything sent before, and closes the link. The supervisor learns the worker's exit
+ * status from the process itself. NULL-safe. */
+void sv_link_close(sv_link **l);
 void sv_assignment_free(sv_assignment *a);
 
 #endif

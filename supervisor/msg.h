@@ -17,6 +17,10 @@ typedef struct sv__sender {
 /* Encodes body under the next header of s and sends it to peer (NULL on a client mailbox). */
 int sv__send(ac_mailbox *mb, const char *peer, sv__sender *s, const ProtobufCMessage *body);
 
+/* The same as a request (ac_request): cb gets the reply or CO_ETIMEOUT after timeout_ms. */
+int sv__request(ac_mailbox *mb, const char *peer, sv__sender *s, const ProtobufCMessage *body, int timeout_ms,
+                ac_reply_fn cb, void *ctx);
+
 /* Decodes a received message for this job; NULL (and counted in stats) if it is dropped. */
 pw_msg *sv__decode(const ac_msg *m, uint64_t job_id, uint64_t min_generation, pw_stats *stats);
 

@@ -127,13 +127,6 @@ static uint64_t mix(uint64_t a, uint64_t b) {
     return co_splitmix64(&x);
 }
 
-/* Requested samples per split (megatron-facts.md §2). */
-static int64_t split_samples(const co_config *c, int split) {
-    int64_t gbs = c->global_batch_size;
-    if (split == 0) return c->train_iters * gbs;
-    if (split == 1) return (c->train_iters / c->eval_interval + 1) * c->eval_iters * gbs;
-    return c->eval_iters * gbs;
-}
 
 int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, FILE *log, cm_comm *dp) {
     *out = NULL;
@@ -233,7 +226,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         dc.tok = &t->sft_tok;
     }
     for (int s = 0; s < 3; s++) {
-        int64_t want = split_samples(c, s);
+        int64_t want = co_config_split_samples(c, s);
         if (want <= 0) continue;
         rc = dl_build(&t->ds[s], &dc, s, want);
         if (rc) goto fail;
