@@ -28,10 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include "comm/shm_seg.h"
 #include "common/error.h"
 
 #define CM__MAGIC 0x315A4D43u /* "CMZ1" */
@@ -39,8 +41,13 @@
 #define CM__SLICE_MS 100
 #define CM__FAIL_LINGER_MS 200
 #define CM__MSG_MAX 480
+#define CM__HELLO_BYTES 48
+#define CM__SHM_SLOTS 4        /* slots per segment: blocks in flight per rank */
+#define CM__SHM_MAX_RANKS 256  /* shared memory is offered in worlds up to this size */
 
-enum { CM__K_HELLO = 1, CM__K_COLL = 2, CM__K_P2P = 3, CM__K_FAIL = 4 };
+enum { CM__K_HELLO = 1, CM__K_COLL = 2, CM__K_P2P = 3, CM__K_FAIL = 4, CM__K_SHM = 5 };
+enum { CM__SHM_FDS = 1, CM__SHM_LIST = 2 }; /* arg of a CM__K_SHM message */
+enum { CM__SS_FDS = 1, CM__SS_MAPPED = 2, CM__SS_LIST = 4 }; /* shm_state bits */
 enum {
     CM__OP_NONE = 0,
     CM__OP_ALLREDUCE = 1,
@@ -83,6 +90,19 @@ typedef struct cm__tp {
     bool *hello;      /* [size] */
     cm__ent **head, **tail; /* [size] stash per source */
     cm__ent *free_ents;
+    /* shared memory with the ranks on this host (see the top of this file) */
+    bool shm_on;          /* this rank offers its segment */
+    uint64_t nonce;       /* this transport's, in HELLO and in the segment; 0 = no offer */
+    int shm_sock;         /* descriptor socket (during cm_zmq_new only), -1 = none */
+    char *shm_sock_path;
+    int shm_memfd;        /* own segment's memfd (during cm_zmq_new only) */
+    char **shm_path;      /* [size] peers' descriptor sockets, NULL = peer not on ipc */
+    cm_shm_seg *seg;      /* [size] mapped segments; seg[rank] is this rank's own */
+    uint64_t *peer_nonce; /* [size] from HELLO, 0 = the peer offers no segment */
+    int *pend_mem, *pend_efd; /* [size] descriptors received, not yet mapped, -1 = none */
+    uint64_t *pend_nonce;
+    uint8_t *shm_state;   /* [size] CM__SS_* */
+    uint8_t *pair;        /* [size * size]: pair[a * size + b] = rank a mapped b's segment */
 } cm__tp;
 
 typedef struct cm__split_rec {
@@ -99,6 +119,7 @@ typedef struct cm__group {
     uint32_t *p2p_send, *p2p_recv; /* [n] sequence per peer */
     cm__split_rec *splits;
     int nsplits;
+    bool shm; /* every pair of members shares memory: all-reduce goes through it */
 } cm__group;
 
 static const cm_ops cm__zmq_ops;
@@ -375,6 +396,91 @@ static void cm__drain_monitors(cm__tp *t) {
     }
 }
 
+/* ---------------------------------------------------------------- shared-memory setup */
+
+/* Reads every descriptor message waiting on this rank's socket into the pending table. */
+static void cm__shm_drain_sock(cm__tp *t) {
+    if (t->shm_sock < 0) return;
+    for (;;) {
+        uint32_t r;
+        uint64_t nonce;
+        int mfd, efd;
+        int rc = cm_shm_recv(t->shm_sock, &r, &nonce, &mfd, &efd);
+        if (rc == 2) continue; /* malformed: dropped */
+        if (rc <= 0) return;
+        if (r >= (uint32_t)t->size || (int)r == t->rank) {
+            close(mfd);
+            close(efd);
+            continue;
+        }
+        if (t->pend_mem[r] >= 0) close(t->pend_mem[r]);
+        if (t->pend_efd[r] >= 0) close(t->pend_efd[r]);
+        t->pend_mem[r] = mfd;
+        t->pend_efd[r] = efd;
+        t->pend_nonce[r] = nonce;
+    }
+}
+
+/* Answers world rank r's HELLO (r offers a segment, so does this rank): sends this rank's
+ * descriptors to r's socket, then tells r over ZeroMQ whether that worked (the datagram is
+ * in r's queue before r reads the message). A failure only means no shared memory with r. */
+static int cm__shm_offer(cm__tp *t, int r) {
+    int ok = 0;
+    if (t->shm_path[r]) {
+        int64_t until = cm__now_ms() + 2000;
+        for (;;) {
+            int rc = cm_shm_send(t->shm_sock, t->shm_path[r], t->shm_memfd, t->seg[t->rank].efd,
+                                 (uint32_t)t->rank, t->nonce);
+            if (rc == 0) {
+                ok = 1;
+                break;
+            }
+            if (rc != -EAGAIN || cm__now_ms() >= until) break;
+            /* r's queue is full: r may be waiting on ours, so keep ours moving meanwhile */
+            cm__shm_drain_sock(t);
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    cm__hdr h = {.kind = CM__K_SHM, .arg = CM__SHM_FDS, .aux = (uint64_t)ok};
+    return cm__send_copy(t, r, &h, NULL, 0, cm__deadline(t->opt.connect_timeout_ms));
+}
+
+/* A CM__K_SHM message from world rank src during cm_zmq_new. */
+static int cm__shm_msg(cm__tp *t, int src, const cm__hdr *h, zmq_msg_t *m) {
+    if (!t->shm_on) return 0; /* not offered: nothing to do */
+    if (h->arg == CM__SHM_FDS) {
+        t->shm_state[src] |= CM__SS_FDS;
+        if (h->aux != 1 || !t->peer_nonce[src]) return 0;
+        cm__shm_drain_sock(t);
+        if (t->pend_mem[src] < 0) return 0;
+        int mfd = t->pend_mem[src], efd = t->pend_efd[src];
+        t->pend_mem[src] = t->pend_efd[src] = -1;
+        if (t->pend_nonce[src] != t->peer_nonce[src]) {
+            close(mfd);
+            close(efd);
+            return 0;
+        }
+        if (cm_shm_attach(&t->seg[src], mfd, efd, (uint32_t)src, t->peer_nonce[src],
+                          t->opt.shm_block_bytes, CM__SHM_SLOTS) == 0) {
+            t->shm_state[src] |= CM__SS_MAPPED;
+            t->pair[(size_t)t->rank * (size_t)t->size + (size_t)src] = 1;
+        }
+        return 0;
+    }
+    if (h->arg == CM__SHM_LIST) {
+        size_t n = zmq_msg_size(m) / 4;
+        const unsigned char *p = zmq_msg_data(m);
+        for (size_t i = 0; i < n; i++) {
+            uint32_t q = cm__get32(p + 4 * i);
+            if (q < (uint32_t)t->size) t->pair[(size_t)src * (size_t)t->size + q] = 1;
+        }
+        t->shm_state[src] |= CM__SS_LIST;
+        return 0;
+    }
+    return cm__fail(t, CO_EPROTOCOL, "unknown shared-memory message %u from world rank %d", h->arg, src);
+}
+
 /* Reads one message from the ROUTER if one is there: 1 = got one (stashed or handled),
  * 0 = none, < 0 = failure. src_out and ent_out name the stashed entry. */
 static int cm__read_one(cm__tp *t, int *src_out, cm__ent **ent_out) {
@@ -451,18 +557,32 @@ static int cm__read_one(cm__tp *t, int *src_out, cm__ent **ent_out) {
     if (e->h.kind == CM__K_HELLO) {
         size_t n = zmq_msg_size(&e->data);
         const unsigned char *p = zmq_msg_data(&e->data);
-        int bad = n != 24 || (int)cm__get32(p) != src || (int)cm__get32(p + 4) != t->size ||
-                  cm__get64(p + 8) != t->opt.chunk_bytes || cm__get64(p + 16) != t->opt.small_bytes;
+        int bad = n != CM__HELLO_BYTES || (int)cm__get32(p) != src || (int)cm__get32(p + 4) != t->size ||
+                  cm__get64(p + 8) != t->opt.chunk_bytes || cm__get64(p + 16) != t->opt.small_bytes ||
+                  cm__get64(p + 24) != t->opt.shm_block_bytes;
         uint32_t their_size = n >= 8 ? cm__get32(p + 4) : 0;
+        uint64_t nonce = bad ? 0 : cm__get64(p + 32);
         zmq_msg_close(&e->data);
         cm__ent_free(t, e);
         if (bad)
             return cm__fail(t, CO_EPROTOCOL,
                             "world rank %d has another world size (%u vs %d) or other "
-                            "chunk_bytes/small_bytes options",
+                            "chunk_bytes/small_bytes/shm_block_bytes options",
                             src, their_size, t->size);
+        if (t->hello[src]) return 1;
         t->hello[src] = true;
+        t->peer_nonce[src] = nonce;
+        if (t->shm_on && nonce) {
+            int rc = cm__shm_offer(t, src);
+            if (rc) return rc;
+        }
         return 1;
+    }
+    if (e->h.kind == CM__K_SHM) {
+        int rc = cm__shm_msg(t, src, &e->h, &e->data);
+        zmq_msg_close(&e->data);
+        cm__ent_free(t, e);
+        return rc ? rc : 1;
     }
     if (e->h.kind != CM__K_COLL && e->h.kind != CM__K_P2P) {
         zmq_msg_close(&e->data);
@@ -729,6 +849,293 @@ static int cm__allreduce_ring(cm__group *g, cm__hdr *h, void *bufv, size_t count
     return 0;
 }
 
+/* ---------------------------------------------------------------- shared-memory all-reduce */
+
+static uint64_t cm__fnv(uint64_t h, const void *p, size_t n);
+
+/* What a slot holds, for (group, call, block): never 0, which a fresh slot holds. */
+static uint64_t cm__stamp(const cm__group *g, uint32_t seq, size_t b) {
+    uint64_t k = cm__fnv(14695981039346656037ull, &g->id, sizeof g->id);
+    k = cm__fnv(k, &seq, sizeof seq);
+    uint64_t bb = b;
+    return cm__fnv(k, &bb, sizeof bb) | 1;
+}
+
+/* Wakes world rank w if it sleeps on its doorbell. Called after the store it should see
+ * (sequentially consistent on both sides: either w sees the store before it sleeps, or
+ * this sees its sleeping flag). */
+static void cm__shm_ring(cm__tp *t, int w) {
+    cm_shm_seg *s = &t->seg[w];
+    if (atomic_load(&s->hdr->sleeping)) {
+        uint64_t one = 1;
+        ssize_t x = write(s->efd, &one, sizeof one);
+        (void)x;
+    }
+}
+
+/* One read of a peer's slot done: the last reader hands it back to its owner. */
+static void cm__shm_release(cm__tp *t, int w, int slot) {
+    if (atomic_fetch_sub(&t->seg[w].hdr->slot[slot].readers, 1) == 1) cm__shm_ring(t, w);
+}
+
+/* A peer that made another call with this sequence number goes over ZeroMQ: its message
+ * waits in the stash. */
+static int cm__shm_mismatch(cm__group *g, const cm__hdr *h) {
+    cm__tp *t = g->tp;
+    for (int k = 0; k < g->pub.size; k++) {
+        int q = g->world[k];
+        if (q == t->rank) continue;
+        for (cm__ent *e = t->head[q]; e; e = e->next)
+            if (e->h.group == g->id && e->h.kind == CM__K_COLL && e->h.seq == h->seq)
+                return cm__fail(t, CO_EPROTOCOL,
+                                "%s #%u: world rank %d sent %s #%u instead (mismatched calls)",
+                                cm__op_name[h->op], h->seq, q, cm__op_name[e->h.op < 8 ? e->h.op : 0],
+                                e->h.seq);
+    }
+    return 0;
+}
+
+/* Waits until *w == want (a word in shared memory that world rank wsrc will set; -1: the
+ * group's members). Between checks it reads ZeroMQ (FAIL messages, mismatched calls), checks
+ * abort, deadline and dead members, and sleeps in zmq_poll on the ROUTER, the abort eventfd,
+ * the disconnect monitors and this rank's doorbell, for at most one slice: no spinning. */
+static int cm__shm_wait(cm__group *g, const cm__hdr *h, _Atomic uint64_t *w, uint64_t want,
+                        int wsrc, int64_t dl) {
+    cm__tp *t = g->tp;
+    const char *what = cm__op_name[h->op];
+    cm_shm_seg *own = &t->seg[t->rank];
+    for (;;) {
+        if (atomic_load_explicit(w, memory_order_acquire) == want) return 0;
+        int rc = cm__check(t);
+        if (rc) return rc;
+        for (int i = 0; i < 1024; i++) {
+            int s;
+            cm__ent *e;
+            rc = cm__read_one(t, &s, &e);
+            if (rc < 0) return rc;
+            if (rc == 0) break;
+        }
+        rc = cm__shm_mismatch(g, h);
+        if (rc) return rc;
+        cm__drain_monitors(t);
+        int64_t now = cm__now_ms();
+        for (int k = 0; k < g->pub.size; k++) {
+            int q = g->world[k];
+            if (q != t->rank && t->dead_at[q] && now - t->dead_at[q] >= t->opt.peer_grace_ms)
+                return cm__fail(t, CO_EREMOTE, "%s: world rank %d disconnected (process died or exited)",
+                                what, q);
+        }
+        if (dl >= 0 && now >= dl) {
+            if (wsrc >= 0) return cm__fail(t, CO_ETIMEOUT, "%s: timed out waiting for world rank %d", what, wsrc);
+            return cm__fail(t, CO_ETIMEOUT, "%s: timed out waiting for peers to read this rank's data", what);
+        }
+        long slice = CM__SLICE_MS;
+        if (dl >= 0 && dl - now < slice) slice = (long)(dl - now);
+        if (slice < 1) slice = 1;
+        atomic_store(&own->hdr->sleeping, 1);
+        int prc = 0;
+        if (atomic_load(w) != want) prc = zmq_poll(t->items, t->nitems + 1, slice);
+        int perr = errno;
+        atomic_store(&own->hdr->sleeping, 0);
+        uint64_t junk;
+        ssize_t x = read(own->efd, &junk, sizeof junk); /* the doorbell, non-blocking */
+        (void)x;
+        if (prc < 0 && perr != EINTR) return cm__fail(t, CO_EIO, "%s: poll: %s", what, zmq_strerror(perr));
+    }
+}
+
+/* dst1 (and dst2 if not NULL) [len] = src[0] + src[1] + ... + src[n-1], added in that order
+ * per element, in tiles that stay in L1; any pointer may be unaligned and dst1 may be one of
+ * the sources (each tile is read in full before it is written). */
+static void cm__sum_n(cm_dtype dt, size_t len, const unsigned char *const *src, int n,
+                      unsigned char *dst1, unsigned char *dst2) {
+    size_t es = cm__dt_size(dt), tile = 8192 / es;
+    union {
+        float f[2048];
+        double d[1024];
+        uint64_t u[1024];
+    } acc;
+    for (size_t o = 0; o < len; o += tile) {
+        size_t k = len - o < tile ? len - o : tile;
+        memcpy(&acc, src[0] + o * es, k * es);
+        for (int r = 1; r < n; r++) {
+            const unsigned char *s = src[r] + o * es;
+            if (dt == CM_F32) {
+                for (size_t i = 0; i < k; i++) {
+                    float v;
+                    memcpy(&v, s + 4 * i, 4);
+                    acc.f[i] += v;
+                }
+            } else if (dt == CM_F64) {
+                for (size_t i = 0; i < k; i++) {
+                    double v;
+                    memcpy(&v, s + 8 * i, 8);
+                    acc.d[i] += v;
+                }
+            } else {
+                for (size_t i = 0; i < k; i++) { /* wrapping sum of i64 */
+                    uint64_t v;
+                    memcpy(&v, s + 8 * i, 8);
+                    acc.u[i] += v;
+                }
+            }
+        }
+        memcpy(dst1 + o * es, &acc, k * es);
+        if (dst2) memcpy(dst2 + o * es, &acc, k * es);
+    }
+}
+
+typedef struct cm__ar {
+    cm__group *g;
+    const cm__hdr *h;
+    unsigned char *buf;
+    size_t count, es, be, nblk; /* be: elements per block */
+    cm_dtype dt;
+    bool direct;
+    int64_t dl;
+} cm__ar;
+
+static void cm__ar_block(const cm__ar *a, size_t b, size_t *bo, size_t *bc) {
+    *bo = b * a->be;
+    *bc = a->count - *bo < a->be ? a->count - *bo : a->be;
+}
+
+/* Block b into slot b % SLOTS of this rank's segment, once the slot's last readers are done:
+ * the pieces the other members reduce (direct: the whole block), then the stamp. */
+static int cm__ar_post(cm__ar *a, size_t b) {
+    cm__tp *t = a->g->tp;
+    int n = a->g->pub.size, me = a->g->pub.rank, s = (int)(b % CM__SHM_SLOTS);
+    cm_shm_seg *own = &t->seg[t->rank];
+    cm_shm_slot *sl = &own->hdr->slot[s];
+    int rc = cm__shm_wait(a->g, a->h, &sl->readers, 0, -1, a->dl);
+    if (rc) return rc;
+    size_t bo, bc, es = a->es;
+    cm__ar_block(a, b, &bo, &bc);
+    unsigned char *d = cm_shm_slot_data(own, s);
+    const unsigned char *src = a->buf + bo * es;
+    if (a->direct) {
+        memcpy(d, src, bc * es);
+    } else {
+        for (int j = 0; j < n; j++) {
+            size_t o, l;
+            if (j == me) continue;
+            cm__seg(bc, n, j, &o, &l);
+            memcpy(d + o * es, src + o * es, l * es);
+        }
+    }
+    sl->count = a->count;
+    sl->desc = (uint64_t)a->h->op << 8 | (uint64_t)a->dt;
+    atomic_store_explicit(&sl->readers, (uint64_t)(a->direct ? n - 1 : 2 * (n - 1)), memory_order_relaxed);
+    atomic_store(&sl->posted, cm__stamp(a->g, a->h->seq, b));
+    for (int k = 0; k < n; k++)
+        if (k != me) cm__shm_ring(t, a->g->world[k]);
+    return 0;
+}
+
+/* This rank's piece of block b (direct: the whole block) = the members' contributions in
+ * group rank order, into the caller's buffer and (for the others to gather) its slot. */
+static int cm__ar_reduce(cm__ar *a, size_t b) {
+    cm__tp *t = a->g->tp;
+    int n = a->g->pub.size, me = a->g->pub.rank, s = (int)(b % CM__SHM_SLOTS);
+    uint64_t stamp = cm__stamp(a->g, a->h->seq, b), desc = (uint64_t)a->h->op << 8 | (uint64_t)a->dt;
+    size_t bo, bc, o, l, es = a->es;
+    cm__ar_block(a, b, &bo, &bc);
+    if (a->direct) {
+        o = 0;
+        l = bc;
+    } else {
+        cm__seg(bc, n, me, &o, &l);
+    }
+    const unsigned char *src[CM__SHM_MAX_RANKS];
+    for (int k = 0; k < n; k++) {
+        if (k == me) {
+            src[k] = a->buf + (bo + o) * es;
+            continue;
+        }
+        int w = a->g->world[k];
+        cm_shm_slot *sl = &t->seg[w].hdr->slot[s];
+        int rc = cm__shm_wait(a->g, a->h, &sl->posted, stamp, w, a->dl);
+        if (rc) return rc;
+        if (sl->count != a->count || sl->desc != desc)
+            return cm__fail(t, CO_EPROTOCOL,
+                            "%s #%u: world rank %d called it with size %llu, dtype %d where this "
+                            "rank used %llu, %d (mismatched calls)",
+                            cm__op_name[a->h->op], a->h->seq, w, (unsigned long long)sl->count,
+                            (int)(sl->desc & 0xff), (unsigned long long)a->count, (int)a->dt);
+        src[k] = cm_shm_slot_data(&t->seg[w], s) + o * es;
+    }
+    cm_shm_seg *own = &t->seg[t->rank];
+    cm__sum_n(a->dt, l, src, n, a->buf + (bo + o) * es, a->direct ? NULL : cm_shm_slot_data(own, s) + o * es);
+    for (int k = 0; k < n; k++)
+        if (k != me) cm__shm_release(t, a->g->world[k], s);
+    if (!a->direct) {
+        atomic_store(&own->hdr->slot[s].reduced, stamp);
+        for (int k = 0; k < n; k++)
+            if (k != me) cm__shm_ring(t, a->g->world[k]);
+    }
+    return 0;
+}
+
+/* The other members' reduced pieces of block b into the caller's buffer, whichever is
+ * ready first. */
+static int cm__ar_gather(cm__ar *a, size_t b) {
+    cm__tp *t = a->g->tp;
+    int n = a->g->pub.size, me = a->g->pub.rank, s = (int)(b % CM__SHM_SLOTS);
+    uint64_t stamp = cm__stamp(a->g, a->h->seq, b);
+    size_t bo, bc, es = a->es;
+    cm__ar_block(a, b, &bo, &bc);
+    bool done[CM__SHM_MAX_RANKS] = {false};
+    int left = n - 1;
+    while (left > 0) {
+        int first = -1;
+        for (int kk = 1; kk < n; kk++) {
+            int k = (me + kk) % n;
+            if (done[k]) continue;
+            int w = a->g->world[k];
+            cm_shm_slot *sl = &t->seg[w].hdr->slot[s];
+            if (atomic_load_explicit(&sl->reduced, memory_order_acquire) != stamp) {
+                if (first < 0) first = k;
+                continue;
+            }
+            size_t o, l;
+            cm__seg(bc, n, k, &o, &l);
+            memcpy(a->buf + (bo + o) * es, cm_shm_slot_data(&t->seg[w], s) + o * es, l * es);
+            cm__shm_release(t, w, s);
+            done[k] = true;
+            left--;
+        }
+        if (left > 0 && first >= 0) {
+            int w = a->g->world[first];
+            int rc = cm__shm_wait(a->g, a->h, &t->seg[w].hdr->slot[s].reduced, stamp, w, a->dl);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
+/* Blocks of shm_block_bytes, up to SLOTS - 1 posted ahead of the one being reduced, so that
+ * peers always have work while this rank waits. Direct (one block of at most small_bytes):
+ * every member sums the whole block itself, one synchronisation instead of two. */
+static int cm__allreduce_shm(cm__group *g, const cm__hdr *h, void *buf, size_t count, cm_dtype dt,
+                             int64_t dl) {
+    cm__ar a = {.g = g, .h = h, .buf = buf, .count = count, .es = cm__dt_size(dt), .dt = dt, .dl = dl};
+    a.be = g->tp->opt.shm_block_bytes / a.es;
+    a.nblk = (count + a.be - 1) / a.be;
+    a.direct = a.nblk == 1 && count * a.es <= g->tp->opt.small_bytes;
+    size_t ahead = CM__SHM_SLOTS - 1 < a.nblk ? CM__SHM_SLOTS - 1 : a.nblk;
+    for (size_t b = 0; b < ahead; b++) {
+        int rc = cm__ar_post(&a, b);
+        if (rc) return rc;
+    }
+    for (size_t b = 0; b < a.nblk; b++) {
+        int rc = cm__ar_reduce(&a, b);
+        if (!rc && b + ahead < a.nblk) rc = cm__ar_post(&a, b + ahead);
+        if (!rc && !a.direct) rc = cm__ar_gather(&a, b);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 static int cm__allreduce(cm_comm *c, void *buf, size_t count, cm_dtype dt, int timeout_ms) {
     cm__group *g = cm__g(c);
     size_t es = cm__dt_size(dt);
@@ -738,6 +1145,7 @@ static int cm__allreduce(cm_comm *c, void *buf, size_t count, cm_dtype dt, int t
     int rc = cm__begin(g, CM__OP_ALLREDUCE, dt, count, 0, &h);
     if (rc || c->size == 1 || count == 0) return rc;
     int64_t dl = cm__deadline(timeout_ms);
+    if (g->shm) return cm__allreduce_shm(g, &h, buf, count, dt, dl);
     if (count * es <= g->tp->opt.small_bytes) return cm__allreduce_direct(g, &h, buf, count, dt, dl);
     return cm__allreduce_ring(g, &h, buf, count, dt, dl);
 }
@@ -1001,6 +1409,14 @@ static cm__group *cm__group_new(cm__tp *t, uint64_t id, const int *world, int n,
     g->pub.impl = g;
     g->tp = t;
     g->id = id;
+    /* the same answer on every member: pair[] is the same matrix everywhere */
+    g->shm = t->shm_on && n > 1;
+    for (int a = 0; g->shm && a < n; a++)
+        for (int b = 0; b < n; b++)
+            if (a != b && !t->pair[(size_t)world[a] * (size_t)t->size + (size_t)world[b]]) {
+                g->shm = false;
+                break;
+            }
     return g;
 }
 
@@ -1104,6 +1520,89 @@ void cm_zmq_options_default(cm_zmq_options *o) {
     o->peer_grace_ms = 500;
     o->heartbeat_ivl_ms = 1000;
     o->heartbeat_timeout_ms = 10000;
+    o->shm_block_bytes = (size_t)1 << 20;
+}
+
+/* End of cm_zmq_new (or its failure): the descriptor socket, its file and this rank's memfd
+ * are no longer needed (peers hold their own descriptors); unmapped descriptors closed. */
+static void cm__shm_setup_done(cm__tp *t) {
+    if (t->shm_sock >= 0) close(t->shm_sock);
+    t->shm_sock = -1;
+    if (t->shm_sock_path) unlink(t->shm_sock_path);
+    free(t->shm_sock_path);
+    t->shm_sock_path = NULL;
+    if (t->shm_memfd >= 0) close(t->shm_memfd);
+    t->shm_memfd = -1;
+    for (int r = 0; t->pend_mem && r < t->size; r++) {
+        if (t->pend_mem[r] >= 0) close(t->pend_mem[r]);
+        if (t->pend_efd[r] >= 0) close(t->pend_efd[r]);
+        t->pend_mem[r] = t->pend_efd[r] = -1;
+    }
+}
+
+/* The file path of an ipc:// endpoint, NULL for other transports and abstract names. */
+static char *cm__ipc_sock_path(const char *ep) {
+    if (strncmp(ep, "ipc://", 6) != 0 || ep[6] == '@' || ep[6] == '\0') return NULL;
+    size_t n = strlen(ep + 6);
+    if (n + 5 > 107) return NULL; /* sun_path */
+    char *p = malloc(n + 5);
+    if (p) {
+        memcpy(p, ep + 6, n);
+        memcpy(p + n, ".shm", 5);
+    }
+    return p;
+}
+
+/* This rank's offer: its segment, doorbell and descriptor socket. Any failure (no memfd,
+ * path too long, ...) only means ZeroMQ carries everything. */
+static int cm__shm_setup(cm__tp *t, const char *const *endpoints) {
+    int n = t->size;
+    t->seg = calloc((size_t)n, sizeof *t->seg);
+    t->shm_path = calloc((size_t)n, sizeof(char *));
+    t->peer_nonce = calloc((size_t)n, sizeof(uint64_t));
+    t->pend_mem = malloc(sizeof(int) * (size_t)n);
+    t->pend_efd = malloc(sizeof(int) * (size_t)n);
+    t->pend_nonce = calloc((size_t)n, sizeof(uint64_t));
+    t->shm_state = calloc((size_t)n, 1);
+    if (!t->seg || !t->shm_path || !t->peer_nonce || !t->pend_mem || !t->pend_efd || !t->pend_nonce ||
+        !t->shm_state)
+        return co_err_set(CO_ENOMEM, "cm_zmq_new");
+    for (int r = 0; r < n; r++) {
+        t->seg[r].efd = -1;
+        t->pend_mem[r] = t->pend_efd[r] = -1;
+    }
+    if (!t->opt.shm_block_bytes || n < 2 || n > CM__SHM_MAX_RANKS) return 0;
+    char *mine = cm__ipc_sock_path(endpoints[t->rank]);
+    if (!mine) return 0;
+    t->pair = calloc((size_t)n * (size_t)n, 1);
+    if (!t->pair) {
+        free(mine);
+        return co_err_set(CO_ENOMEM, "cm_zmq_new");
+    }
+    for (int r = 0; r < n; r++)
+        if (r != t->rank) t->shm_path[r] = cm__ipc_sock_path(endpoints[r]);
+    uint64_t nonce = 0;
+    if (getrandom(&nonce, sizeof nonce, GRND_NONBLOCK) != (ssize_t)sizeof nonce)
+        nonce = (uint64_t)cm__now_ms() * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+    nonce |= 1;
+    if (cm_shm_create(&t->seg[t->rank], &t->shm_memfd, (uint32_t)t->rank, nonce,
+                      t->opt.shm_block_bytes, CM__SHM_SLOTS) != 0) {
+        free(mine);
+        return 0;
+    }
+    int sock = cm_shm_sock_bind(mine);
+    if (sock < 0) {
+        free(mine);
+        cm_shm_release(&t->seg[t->rank]);
+        close(t->shm_memfd);
+        t->shm_memfd = -1;
+        return 0;
+    }
+    t->shm_sock = sock;
+    t->shm_sock_path = mine;
+    t->nonce = nonce;
+    t->shm_on = true;
+    return 0;
 }
 
 static void cm__tp_free(cm__tp *t) {
@@ -1122,6 +1621,17 @@ static void cm__tp_free(cm__tp *t) {
     }
     if (t->ctx) zmq_ctx_term(t->ctx); /* waits for lingering sends (bounded by linger_ms) */
     if (t->efd >= 0) close(t->efd);
+    cm__shm_setup_done(t);
+    for (int r = 0; t->seg && r < t->size; r++) cm_shm_release(&t->seg[r]);
+    for (int r = 0; t->shm_path && r < t->size; r++) free(t->shm_path[r]);
+    free(t->shm_path);
+    free(t->seg);
+    free(t->peer_nonce);
+    free(t->pend_mem);
+    free(t->pend_efd);
+    free(t->pend_nonce);
+    free(t->shm_state);
+    free(t->pair);
     free(t->dealer);
     free(t->mon);
     free(t->items);
@@ -1177,17 +1687,22 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
             return co_err_set(CO_EINVAL, "cm_zmq_new: no endpoint for rank %d", r);
     if (o.chunk_bytes < 64 || o.chunk_bytes % 8 || o.chunk_bytes > ((size_t)1 << 30) ||
         o.small_bytes > o.chunk_bytes || o.io_threads < 1 || o.linger_ms < 0 ||
-        o.peer_grace_ms < 0 || o.heartbeat_ivl_ms < 0 || o.heartbeat_timeout_ms < 0)
+        o.peer_grace_ms < 0 || o.heartbeat_ivl_ms < 0 || o.heartbeat_timeout_ms < 0 ||
+        (o.shm_block_bytes && (o.shm_block_bytes < 256 || o.shm_block_bytes % 64 ||
+                               o.shm_block_bytes > ((size_t)1 << 30))))
         return co_err_set(CO_EINVAL,
                           "cm_zmq_new: chunk_bytes %zu must be a multiple of 8 in [64, 1 GiB] "
-                          "and at least small_bytes %zu; other options must be >= 0",
-                          o.chunk_bytes, o.small_bytes);
+                          "and at least small_bytes %zu; shm_block_bytes %zu 0 or a multiple of "
+                          "64 in [256, 1 GiB]; other options must be >= 0",
+                          o.chunk_bytes, o.small_bytes, o.shm_block_bytes);
     if (o.curve_public_key || o.curve_secret_key || o.curve_server_key)
         return co_err_set(CO_EUNSUPPORTED, "cm_zmq_new: CURVE on the data plane is not implemented");
 
     cm__tp *t = calloc(1, sizeof *t);
     if (!t) return co_err_set(CO_ENOMEM, "cm_zmq_new");
     t->efd = -1;
+    t->shm_sock = -1;
+    t->shm_memfd = -1;
     t->rank = rank;
     t->size = size;
     t->opt = o;
@@ -1195,7 +1710,7 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
     atomic_init(&t->aborted, 0);
     t->dealer = calloc((size_t)size, sizeof(void *));
     t->mon = calloc((size_t)size, sizeof(void *));
-    t->items = calloc((size_t)size + 1, sizeof(zmq_pollitem_t));
+    t->items = calloc((size_t)size + 2, sizeof(zmq_pollitem_t)); /* + abort efd, doorbell */
     t->dead_at = calloc((size_t)size, sizeof(int64_t));
     t->hello = calloc((size_t)size, sizeof(bool));
     t->head = calloc((size_t)size, sizeof(cm__ent *));
@@ -1222,6 +1737,8 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
         rc = co_err_set(CO_EIO, "cm_zmq_new: bind %s: %s", endpoints[rank], zmq_strerror(errno));
         goto fail;
     }
+    rc = cm__shm_setup(t, endpoints);
+    if (rc) goto fail;
     t->items[0] = (zmq_pollitem_t){t->router, 0, ZMQ_POLLIN, 0};
     t->items[1] = (zmq_pollitem_t){NULL, t->efd, ZMQ_POLLIN, 0};
     t->nitems = 2;
@@ -1248,14 +1765,18 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
         }
         t->items[t->nitems++] = (zmq_pollitem_t){m, 0, ZMQ_POLLIN, 0};
     }
+    /* one past nitems: this rank's doorbell, polled only by shared-memory waits */
+    t->items[t->nitems] = (zmq_pollitem_t){NULL, t->shm_on ? t->seg[rank].efd : t->efd, ZMQ_POLLIN, 0};
     /* HELLO to everyone; messages queue until the peer's endpoint exists. */
     for (int r = 0; r < size; r++) {
         if (r == rank) continue;
-        unsigned char p[24];
+        unsigned char p[CM__HELLO_BYTES] = {0};
         cm__put32(p, (uint32_t)rank);
         cm__put32(p + 4, (uint32_t)size);
         cm__put64(p + 8, o.chunk_bytes);
         cm__put64(p + 16, o.small_bytes);
+        cm__put64(p + 24, o.shm_block_bytes);
+        cm__put64(p + 32, t->nonce); /* 0: no segment offered */
         cm__hdr h = {.kind = CM__K_HELLO};
         rc = cm__send_copy(t, r, &h, p, sizeof p, cm__deadline(o.connect_timeout_ms));
         if (rc) goto fail;
@@ -1266,6 +1787,38 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
             rc = cm__pump(t, -1, 0, 0, dl, "connect");
             if (rc) goto fail;
         }
+    }
+    if (t->shm_on) {
+        /* every peer that offers a segment answers ours (CM__SHM_FDS); then every rank tells
+         * the others whose segments it mapped, so that all agree on the pairs that share */
+        for (int r = 0; r < size; r++) {
+            while (r != rank && t->peer_nonce[r] && !(t->shm_state[r] & CM__SS_FDS)) {
+                rc = cm__pump(t, -1, 0, 0, dl, "connect (shared memory)");
+                if (rc) goto fail;
+            }
+        }
+        uint32_t nl = 0;
+        unsigned char *lst = malloc(4 * (size_t)size);
+        if (!lst) {
+            rc = co_err_set(CO_ENOMEM, "cm_zmq_new");
+            goto fail;
+        }
+        for (int r = 0; r < size; r++)
+            if (t->shm_state[r] & CM__SS_MAPPED) cm__put32(lst + 4 * nl++, (uint32_t)r);
+        for (int r = 0; r < size && !rc; r++) {
+            if (r == rank || !t->peer_nonce[r]) continue;
+            cm__hdr h = {.kind = CM__K_SHM, .arg = CM__SHM_LIST};
+            rc = cm__send_copy(t, r, &h, lst, 4 * (size_t)nl, dl);
+        }
+        free(lst);
+        if (rc) goto fail;
+        for (int r = 0; r < size; r++) {
+            while (r != rank && t->peer_nonce[r] && !(t->shm_state[r] & CM__SS_LIST)) {
+                rc = cm__pump(t, -1, 0, 0, dl, "connect (shared memory)");
+                if (rc) goto fail;
+            }
+        }
+        cm__shm_setup_done(t);
     }
     int *world = malloc(sizeof(int) * (size_t)size);
     if (!world) {

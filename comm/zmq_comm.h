@@ -32,6 +32,8 @@ typedef struct cm_zmq_options {
     int connect_timeout_ms;   /* cm_zmq_new waits this long for every peer (30000) */
     size_t chunk_bytes;       /* pipeline chunk and largest message (4 MiB); same on all ranks */
     size_t small_bytes;       /* all-reduce of at most this many bytes: direct exchange (32 KiB) */
+    size_t shm_block_bytes;   /* shared-memory all-reduce block between ranks on one host (1 MiB);
+                                 0 = ZeroMQ only; a multiple of 64 in [256, 1 GiB] */
     int io_threads;           /* ZeroMQ I/O threads (1) */
     int linger_ms;            /* destroy waits at most this long to flush last sends (2000) */
     int peer_grace_ms;        /* a disconnected peer's in-flight data is awaited this long before

@@ -7,12 +7,18 @@
  * chunks, both the direct and the ring algorithms, in-place variants), sub-groups split
  * off the world, send/recv, f32 results bitwise identical across ranks and across two
  * runs, abort from another thread in the middle of a collective, a peer SIGKILLed during
- * collectives, timeouts, connection timeouts, mismatched options and mismatched calls. */
+ * collectives, timeouts, connection timeouts, mismatched options and mismatched calls.
+ * The all-reduce cases run both ways: over ZeroMQ only (shm_block_bytes 0) and through the
+ * shared memory of ranks on one host (small blocks, so that slots are reused many times);
+ * which pairs share memory is checked on a world that mixes ipc and tcp endpoints. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -129,7 +135,10 @@ static int run_group(const char *name, int n, scenario fn, const void *arg, int 
 typedef struct opts {
     size_t chunk, small;
     int connect_ms;
+    long shm; /* shared-memory block bytes: 0 = the default, -1 = ZeroMQ only */
 } opts;
+
+#define NO_SHM -1
 
 static cm_comm *mk(int rank, int n, const char *dir, const opts *o) {
     char eps[8][128];
@@ -144,6 +153,7 @@ static cm_comm *mk(int rank, int n, const char *dir, const opts *o) {
     zo.small_bytes = o ? o->small : 256;
     zo.connect_timeout_ms = o && o->connect_ms ? o->connect_ms : 20000;
     zo.linger_ms = 1000;
+    if (o && o->shm) zo.shm_block_bytes = o->shm < 0 ? 0 : (size_t)o->shm;
     cm_comm *c = NULL;
     int rc = cm_zmq_new(&c, rank, n, ep, &zo);
     CHECK_MSG(rc == 0, "rank %d: cm_zmq_new: %s: %s", rank, co_err_name(rc), co_err_detail());
@@ -268,17 +278,33 @@ static void sc_collectives(int rank, int n, const char *dir, const void *arg) {
     cm_destroy(&c);
 }
 
+/* ZeroMQ only: the direct exchange and the ring */
 static void test_collectives_2(void) {
-    opts o = {4096, 256, 0};
+    opts o = {4096, 256, 0, NO_SHM};
     CHECK(run_group("collectives-2", 2, sc_collectives, &o, -1, 60000) == 0);
 }
 static void test_collectives_3_ring_only(void) {
-    opts o = {4096, 0, 0}; /* ring even for 1 element: segments smaller than the rank count */
+    opts o = {4096, 0, 0, NO_SHM}; /* ring even for 1 element: segments smaller than the rank count */
     CHECK(run_group("collectives-3", 3, sc_collectives, &o, -1, 60000) == 0);
 }
 static void test_collectives_4(void) {
-    opts o = {2048, 64, 0};
+    opts o = {2048, 64, 0, NO_SHM};
     CHECK(run_group("collectives-4", 4, sc_collectives, &o, -1, 60000) == 0);
+}
+
+/* Shared memory: small blocks, so that large buffers take hundreds of blocks and every slot
+ * is reused many times; direct (one block within small_bytes) and blocked paths. */
+static void test_collectives_2_shm(void) {
+    opts o = {4096, 256, 0, 1024};
+    CHECK(run_group("collectives-2-shm", 2, sc_collectives, &o, -1, 60000) == 0);
+}
+static void test_collectives_3_shm_blocked_only(void) {
+    opts o = {4096, 0, 0, 256}; /* pieces smaller than the rank count, empty pieces */
+    CHECK(run_group("collectives-3-shm", 3, sc_collectives, &o, -1, 60000) == 0);
+}
+static void test_collectives_4_shm(void) {
+    opts o = {2048, 64, 0, 4096};
+    CHECK(run_group("collectives-4-shm", 4, sc_collectives, &o, -1, 60000) == 0);
 }
 
 /* ------------------------------------------------------------ sub-groups */
@@ -324,8 +350,10 @@ static void sc_subgroups(int rank, int n, const char *dir, const void *arg) {
 }
 
 static void test_subgroups(void) {
-    opts o = {4096, 128, 0};
+    opts o = {4096, 128, 0, 512};
     CHECK(run_group("subgroups", 4, sc_subgroups, &o, -1, 60000) == 0);
+    opts z = {4096, 128, 0, NO_SHM};
+    CHECK(run_group("subgroups-zmq", 4, sc_subgroups, &z, -1, 60000) == 0);
 }
 
 /* ------------------------------------------------------------ determinism */
@@ -386,7 +414,7 @@ static void test_determinism_across_runs(void) {
     char out1[64], out2[64];
     snprintf(out1, sizeof out1, "%s/a", base);
     snprintf(out2, sizeof out2, "%s/b", base);
-    det_arg a1 = {{4096, 64, 0}, out1}, a2 = {{4096, 64, 0}, out2};
+    det_arg a1 = {{4096, 64, 0, 1024}, out1}, a2 = {{4096, 64, 0, 1024}, out2};
     CHECK(run_group("determinism-1", 3, sc_determinism, &a1, -1, 60000) == 0);
     CHECK(run_group("determinism-2", 3, sc_determinism, &a2, -1, 60000) == 0);
     for (int r = 0; r < 3; r++) {
@@ -455,8 +483,10 @@ static void sc_abort(int rank, int n, const char *dir, const void *arg) {
 }
 
 static void test_abort_mid_collective(void) {
-    opts o = {65536, 1024, 0};
+    opts o = {65536, 1024, 0, 0}; /* shared memory, 4 blocks of 1 MiB */
     CHECK(run_group("abort", 3, sc_abort, &o, -1, 30000) == 0);
+    opts z = {65536, 1024, 0, NO_SHM};
+    CHECK(run_group("abort-zmq", 3, sc_abort, &z, -1, 30000) == 0);
 }
 
 static void *kill_thread(void *p) {
@@ -490,8 +520,10 @@ static void sc_killed_peer(int rank, int n, const char *dir, const void *arg) {
 }
 
 static void test_killed_peer(void) {
-    opts o = {65536, 1024, 0};
+    opts o = {65536, 1024, 0, 0};
     CHECK(run_group("killed-peer", 3, sc_killed_peer, &o, 2, 30000) == 0);
+    opts z = {65536, 1024, 0, NO_SHM};
+    CHECK(run_group("killed-peer-zmq", 3, sc_killed_peer, &z, 2, 30000) == 0);
 }
 
 static void sc_timeout(int rank, int n, const char *dir, const void *arg) {
@@ -520,8 +552,10 @@ static void sc_timeout(int rank, int n, const char *dir, const void *arg) {
 }
 
 static void test_timeout(void) {
-    opts o = {4096, 1024, 0};
+    opts o = {4096, 1024, 0, 0};
     CHECK(run_group("timeout", 2, sc_timeout, &o, -1, 30000) == 0);
+    opts z = {4096, 1024, 0, NO_SHM};
+    CHECK(run_group("timeout-zmq", 2, sc_timeout, &z, -1, 30000) == 0);
 }
 
 static void sc_connect_timeout(int rank, int n, const char *dir, const void *arg) {
@@ -553,9 +587,8 @@ static void sc_mismatch(int rank, int n, const char *dir, const void *arg) {
     /* other options on rank 1: refused at HELLO */
     char sub[200];
     snprintf(sub, sizeof sub, "%s/a", dir);
-    if (rank == 0) mkdir(sub, 0700);
-    else sleep_ms(50);
-    opts o = {rank == 1 ? 8192 : 4096, 64, 3000};
+    mkdir(sub, 0700); /* whoever comes first */
+    opts o = {rank == 1 ? 8192 : 4096, 64, 3000, 0};
     char eps[2][256];
     const char *ep[2];
     for (int r = 0; r < 2; r++) {
@@ -572,11 +605,10 @@ static void sc_mismatch(int rank, int n, const char *dir, const void *arg) {
     CHECK_MSG(rc == CO_EPROTOCOL || rc == CO_EREMOTE, "options: %s: %s", co_err_name(rc), co_err_detail());
     cm_destroy(&c);
     /* mismatched calls: counts differ */
-    opts same = {4096, 64, 0};
+    opts same = {4096, 64, 0, 0};
     char sub2[200];
     snprintf(sub2, sizeof sub2, "%s/b", dir);
-    if (rank == 0) mkdir(sub2, 0700);
-    else sleep_ms(50);
+    mkdir(sub2, 0700); /* whoever comes first */
     c = mk(rank, n, sub2, &same);
     if (!c) return;
     float x[11] = {0};
@@ -584,6 +616,118 @@ static void sc_mismatch(int rank, int n, const char *dir, const void *arg) {
     CHECK_MSG(rc == CO_EPROTOCOL || rc == CO_EREMOTE, "calls: %s: %s", co_err_name(rc), co_err_detail());
     CHECK(strstr(co_err_detail(), "allreduce") != NULL);
     cm_destroy(&c);
+    /* another operation: an all-reduce through shared memory on rank 0 meets a broadcast
+     * from rank 1 over ZeroMQ; rank 0 reports it at once, rank 1 learns it from rank 0 */
+    snprintf(sub2, sizeof sub2, "%s/c", dir);
+    mkdir(sub2, 0700); /* whoever comes first */
+    c = mk(rank, n, sub2, &same);
+    if (!c) return;
+    int64_t t0 = now_ms();
+    if (rank == 0) {
+        rc = c->ops->allreduce_sum(c, x, 11, CM_F32, 5000);
+        CHECK_MSG(rc == CO_EPROTOCOL && strstr(co_err_detail(), "broadcast") &&
+                      strstr(co_err_detail(), "mismatched"),
+                  "op mismatch: %s: %s", co_err_name(rc), co_err_detail());
+    } else {
+        rc = c->ops->broadcast(c, x, sizeof x, 1, 5000);
+        CHECK(rc == 0 || rc == CO_EREMOTE);
+        rc = c->ops->barrier(c, 5000);
+        CHECK_MSG(rc == CO_EREMOTE && strstr(co_err_detail(), "mismatched"), "op mismatch, rank 1: %s: %s",
+                  co_err_name(rc), co_err_detail());
+    }
+    CHECK_MSG(now_ms() - t0 < 3000, "op mismatch took %lld ms", (long long)(now_ms() - t0));
+    cm_destroy(&c);
+}
+
+/* ------------------------------------------------------------ which pairs share memory */
+
+/* Segments this process has mapped (its own and its peers'). */
+static int mapped_segments(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return -1;
+    char line[512];
+    int k = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "memfd:cohort-comm")) k++;
+    fclose(f);
+    return k;
+}
+
+static int leftover_shm_files(const char *dir) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "ls %s | grep -c '[.]shm$' >/dev/null", dir);
+    return system(cmd) == 0;
+}
+
+static void sc_shm_all(int rank, int n, const char *dir, const void *arg) {
+    cm_comm *c = mk(rank, n, dir, arg);
+    if (!c) return;
+    CHECK_MSG(mapped_segments() == n, "rank %d maps %d segments, want %d", rank, mapped_segments(), n);
+    CHECK(c->ops->barrier(c, T_MS) == 0); /* everyone is past cm_zmq_new */
+    CHECK_MSG(!leftover_shm_files(dir), "descriptor sockets left in %s", dir);
+    cm_destroy(&c);
+    CHECK(mapped_segments() == 0);
+    opts z = {4096, 64, 0, NO_SHM};
+    char sub[200];
+    snprintf(sub, sizeof sub, "%s/z", dir);
+    mkdir(sub, 0700); /* whoever comes first */
+    c = mk(rank, n, sub, &z);
+    if (!c) return;
+    CHECK(mapped_segments() == 0);
+    int world[4] = {0, 1, 2, 3};
+    check_allreduce(c, world, 1000, CM_F32, 1);
+    cm_destroy(&c);
+}
+
+/* Ranks 0 and 1 on ipc, rank 2 on tcp: only 0 and 1 share memory. The world's all-reduce
+ * goes round the ring, the {0, 1} sub-group's through shared memory; both are right. */
+static void sc_mixed(int rank, int n, const char *dir, const void *arg) {
+    const int *port = arg;
+    char eps[3][128];
+    const char *ep[3];
+    snprintf(eps[0], sizeof eps[0], "ipc://%s/r0", dir);
+    snprintf(eps[1], sizeof eps[1], "ipc://%s/r1", dir);
+    snprintf(eps[2], sizeof eps[2], "tcp://127.0.0.1:%d", *port);
+    for (int r = 0; r < 3; r++) ep[r] = eps[r];
+    cm_zmq_options zo;
+    cm_zmq_options_default(&zo);
+    zo.chunk_bytes = 4096;
+    zo.small_bytes = 64;
+    zo.shm_block_bytes = 1024;
+    cm_comm *c = NULL;
+    int rc = cm_zmq_new(&c, rank, n, ep, &zo);
+    CHECK_MSG(rc == 0, "rank %d: cm_zmq_new: %s: %s", rank, co_err_name(rc), co_err_detail());
+    if (!c) return;
+    CHECK_MSG(mapped_segments() == (rank < 2 ? 2 : 0), "rank %d maps %d segments", rank, mapped_segments());
+    int world[3] = {0, 1, 2}, pair[2] = {0, 1};
+    check_allreduce(c, world, 100003, CM_F32, 1);
+    check_allreduce(c, world, 7, CM_F64, 2);
+    if (rank < 2) {
+        cm_comm *g = NULL;
+        rc = c->ops->split(c, pair, 2, &g);
+        CHECK_MSG(rc == 0, "split: %s", co_err_detail());
+        if (g) {
+            check_allreduce(g, pair, 100003, CM_F32, 3);
+            check_allreduce(g, pair, 5, CM_I64, 4);
+            cm_destroy(&g);
+        }
+    }
+    CHECK(c->ops->barrier(c, T_MS) == 0);
+    cm_destroy(&c);
+}
+
+static void test_shm_pairs(void) {
+    opts o = {4096, 64, 0, 1024};
+    CHECK(run_group("shm-all", 4, sc_shm_all, &o, -1, 30000) == 0);
+    int s = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(s, (struct sockaddr *)&a, &al) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0) close(s);
+    REQUIRE(port > 0);
+    CHECK(run_group("shm-mixed", 3, sc_mixed, &port, -1, 30000) == 0);
 }
 
 static void test_mismatch(void) {
@@ -594,7 +738,11 @@ int main(void) {
     RUN(test_collectives_2);
     RUN(test_collectives_3_ring_only);
     RUN(test_collectives_4);
+    RUN(test_collectives_2_shm);
+    RUN(test_collectives_3_shm_blocked_only);
+    RUN(test_collectives_4_shm);
     RUN(test_subgroups);
+    RUN(test_shm_pairs);
     RUN(test_determinism_across_runs);
     RUN(test_abort_mid_collective);
     RUN(test_killed_peer);
