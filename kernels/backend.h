@@ -3,7 +3,9 @@
  * The model (model/gpt.c) never calls BLAS, OpenMP or CUDA directly: every layer's forward
  * and backward goes through a kb_backend, which holds a table of function pointers (kb_ops)
  * and the backend's private state. The CPU backend (kernels/cpu/) is the reference; the
- * CUDA backend (kernels/cuda/, a later issue) provides the same table over device memory.
+ * CUDA backend (kernels/cuda/, docs/gpu.md) provides the same table over CUDA managed
+ * memory: its operations are queued on a stream and return before they finish, so host code
+ * reads buffers the backend wrote only after `sync` (or through `copy` into host memory).
  *
  * Conventions for every operation:
  *  - Row-major tensors. N = B*T rows (tokens) unless said otherwise; C = hidden size.
@@ -33,6 +35,7 @@ typedef struct kb_options {
     kb_device device;
     int threads;      /* CPU threads; <= 0 means all online cores */
     bool bf16;        /* matrix products take bf16 inputs, accumulate and output fp32 */
+    int cuda_device;  /* CUDA: index of the GPU to use (0 by default) */
 } kb_options;
 
 typedef struct kb_backend kb_backend;
@@ -46,6 +49,14 @@ typedef struct kb_ops {
     void (*zero)(kb_backend *b, float *x, size_t n);
     /* dst16[i] = round-to-nearest-even bf16(src[i]) */
     void (*to_bf16)(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n);
+    /* Waits until every operation queued so far has finished, so the host may read (and
+     * write) backend memory; an asynchronous failure found here sets the sticky status.
+     * CPU: nothing to do (operations finish before they return). */
+    void (*sync)(kb_backend *b);
+    /* dst[0..nbytes) = src[0..nbytes), in order with the queued operations; either side may
+     * be host memory or backend memory. When dst is host memory the bytes are there on
+     * return; a host src may be reused as soon as the call returns. */
+    void (*copy)(kb_backend *b, void *dst, const void *src, size_t nbytes);
 
     /* ---- matrix products ---- */
     /* out[N,OC] = in[N,IC] W[OC,IC]^T (+ bias[OC] if bias != NULL). Overwrites out.
@@ -169,6 +180,9 @@ int kb_backend_new(kb_backend **out, const kb_options *opt);
 void kb_backend_destroy(kb_backend **b);
 /* A short description ("cpu: oneDNN 2.6.3, 2 threads, fp32"). */
 const char *kb_backend_describe(const kb_backend *b);
+/* Whether this build and machine can run the CUDA backend: 1 yes, 0 no (then why[0..n)
+ * says why: no CUDA in this build, no driver, no device). Cheap enough to call once. */
+int kb_cuda_available(char *why, size_t n);
 
 /* Counter-based random stream shared by all backends: a uniform 32-bit value for
  * (seed, counter), and the dropout keep test used by every kernel. */

@@ -56,6 +56,12 @@ struct gpt_model {
     float *dx, *dh, *dbig, *dqkv, *datt, *dffn;
     float *tmp;         /* [N,C] */
     int last_B, last_T;
+    /* Backends whose memory the host cannot hand to kernels (CUDA): the batch arrays are
+     * copied into backend buffers each forward, and losses come back through host_losses.
+     * host_batch (CPU): the caller's arrays are used as they are. */
+    bool host_batch;
+    int32_t *d_tok, *d_tgt, *d_pos, *d_seg;
+    float *d_dscale, *host_losses;
 };
 
 int gpt_padded_vocab(int vocab, int m) { return (vocab + m - 1) / m * m; }
@@ -177,6 +183,15 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     A(m->datt, N * AH);
     A(m->dbig, N * fc1_width(c));
     A(m->dffn, N * F);
+    m->host_batch = be->opt.device == KB_DEVICE_CPU;
+    if (!m->host_batch) {
+        A(m->d_tok, N);
+        A(m->d_tgt, N);
+        A(m->d_pos, N);
+        A(m->d_seg, N);
+        A(m->d_dscale, N);
+        if (!(m->host_losses = malloc(N * sizeof(float)))) goto nomem;
+    }
 #undef A
     *out = m;
     return 0;
@@ -199,9 +214,11 @@ void gpt_destroy(gpt_model **pm) {
         }
     }
     float *ps[] = {m->params, m->grads, m->x_final, m->lnf, m->lnf_mean, m->lnf_rstd, m->logits,
-                   m->losses, m->dx, m->dh, m->tmp, m->dqkv, m->datt, m->dbig, m->dffn};
+                   m->losses, m->dx, m->dh, m->tmp, m->dqkv, m->datt, m->dbig, m->dffn,
+                   (float *)m->d_tok, (float *)m->d_tgt, (float *)m->d_pos, (float *)m->d_seg, m->d_dscale};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) if (ps[k]) o->free(be, ps[k]);
     if (m->params16) o->free(be, m->params16);
+    free(m->host_losses);
     free(m->acts);
     free(m->t_layer);
     free(m->tensors);
@@ -222,6 +239,7 @@ void gpt_init(gpt_model *m, uint64_t seed) {
             for (size_t k = 0; k < t->numel; k++) p[k] = (float)(co_rng_normal(&r) * t->init_std);
     }
     gpt_sync_bf16(m);
+    m->ops->sync(m->be); /* the host may read or overwrite the parameters next (checkpoint load) */
 }
 
 size_t gpt_num_params(const gpt_model *m) { return m->nparams; }
@@ -251,9 +269,33 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
     float ph = train ? c->hidden_dropout : 0.0f, pa = train ? c->attention_dropout : 0.0f;
     m->last_B = B;
     m->last_T = T;
+    const int32_t *tokens = b->tokens, *positions = b->positions, *seg = b->seg, *targets = b->targets;
+    if (!m->host_batch) {
+        /* into backend memory, in order with the queued work (the previous micro batch's
+         * backward may still be reading the last copies) */
+        size_t ib = sizeof(int32_t) * (size_t)N;
+        o->copy(be, m->d_tok, b->tokens, ib);
+        tokens = m->d_tok;
+        if (b->positions) {
+            o->copy(be, m->d_pos, b->positions, ib);
+            positions = m->d_pos;
+        }
+        if (b->seg) {
+            o->copy(be, m->d_seg, b->seg, ib);
+            seg = m->d_seg;
+        }
+        if (b->targets && dscale) {
+            o->copy(be, m->d_tgt, b->targets, ib);
+            targets = m->d_tgt;
+        }
+        if (dscale) {
+            o->copy(be, m->d_dscale, dscale, sizeof(float) * (size_t)N);
+            dscale = m->d_dscale;
+        }
+    }
 
     float *x = m->acts[0].x_in;
-    o->embed_forward(be, x, b->tokens, b->positions, P(m, m->t_wte), P(m, m->t_wpe), N, C);
+    o->embed_forward(be, x, tokens, positions, P(m, m->t_wte), P(m, m->t_wpe), N, C);
     if (ph > 0) o->dropout(be, x, x, (size_t)N * C, ph, seed, site(-1, 0));
 
     for (int l = 0; l < c->num_layers; l++) {
@@ -263,8 +305,8 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
         o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, P(m, t[LN1_W]),
                         P(m, t[LN1_B]), N, C, c->norm_eps);
         o->linear_forward(be, a->qkv, a->ln1, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), N, C, Q);
-        if (c->rope) o->rope(be, a->qkv, b->positions, N, c->heads, c->kv_groups, c->head_dim, c->rotary_base, false);
-        o->attention_forward(be, a->att, a->lse, a->qkv, b->seg, B, T, c->heads, c->kv_groups, c->head_dim, pa,
+        if (c->rope) o->rope(be, a->qkv, positions, N, c->heads, c->kv_groups, c->head_dim, c->rotary_base, false);
+        o->attention_forward(be, a->att, a->lse, a->qkv, seg, B, T, c->heads, c->kv_groups, c->head_dim, pa,
                              seed, site(l, 1));
         /* x_mid = x_in + dropout(att Wproj^T + b) */
         o->linear_forward(be, m->tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, C);
@@ -302,6 +344,10 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
     int AH = c->heads * c->head_dim;
     float ph = c->hidden_dropout, pa = c->attention_dropout;
     size_t NC = (size_t)N * C;
+    /* the batch as the last forward copied it (CPU: the caller's arrays) */
+    const int32_t *tokens = m->host_batch ? b->tokens : m->d_tok;
+    const int32_t *positions = m->host_batch || !b->positions ? b->positions : m->d_pos;
+    const int32_t *seg = m->host_batch || !b->seg ? b->seg : m->d_seg;
 
     /* LM head: logits hold dloss/dlogits */
     o->linear_backward(be, m->dh, G(m, m->t_lm), NULL, m->logits, m->lnf, P(m, m->t_lm), P16(m, m->t_lm), N, C,
@@ -335,18 +381,19 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
         }
         o->linear_backward(be, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
                            P16(m, t[PROJ_W]), N, AH, C);
-        o->attention_backward(be, m->dqkv, m->datt, a->qkv, a->att, a->lse, b->seg, B, T, c->heads, c->kv_groups,
+        o->attention_backward(be, m->dqkv, m->datt, a->qkv, a->att, a->lse, seg, B, T, c->heads, c->kv_groups,
                               c->head_dim, pa, seed, site(l, 1));
         if (c->rope)
-            o->rope(be, m->dqkv, b->positions, N, c->heads, c->kv_groups, c->head_dim, c->rotary_base, true);
+            o->rope(be, m->dqkv, positions, N, c->heads, c->kv_groups, c->head_dim, c->rotary_base, true);
         o->linear_backward(be, m->dh, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, a->ln1, P(m, t[QKV_W]),
                            P16(m, t[QKV_W]), N, C, Q);
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN1_W]), G(m, t[LN1_B]), m->dh, a->x_in, P(m, t[LN1_W]),
                          a->ln1_mean, a->ln1_rstd, N, C);
     }
     if (ph > 0) o->dropout(be, m->dx, m->dx, NC, ph, seed, site(-1, 0));
-    o->embed_backward(be, G(m, m->t_wte), G(m, m->t_wpe), m->dx, b->tokens, b->positions, N, C,
+    o->embed_backward(be, G(m, m->t_wte), G(m, m->t_wpe), m->dx, tokens, positions, N, C,
                       c->padded_vocab);
+    o->sync(be); /* the gradients are complete before the host (all-reduce, clipping) reads them */
 }
 
 double gpt_flops_per_sample(const gpt_config *c, int s) {

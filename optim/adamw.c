@@ -52,4 +52,7 @@ void opt_adamw_step(opt_adamw *o, gpt_model *model, double lr, double grad_norm)
                        o->eps, t[i].decay ? o->weight_decay : 0.0f, gscale, o->step);
     }
     gpt_sync_bf16(model);
+    /* queued backends (CUDA): the step is done before the host reads parameters or moments
+     * (checkpoints) and before an asynchronous failure could go unnoticed */
+    be->ops->sync(be);
 }

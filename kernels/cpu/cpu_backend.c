@@ -21,6 +21,14 @@ static void cpu_free(kb_backend *b, void *p) {
     free(p);
 }
 
+/* operations finish before they return: nothing to wait for */
+static void cpu_sync(kb_backend *b) { (void)b; }
+
+static void cpu_copy(kb_backend *b, void *dst, const void *src, size_t nbytes) {
+    (void)b;
+    if (nbytes && dst != src) memmove(dst, src, nbytes);
+}
+
 void *cpu_scratch(cpu_state *st, int slot, size_t nbytes) {
     if (st->scratch_size[slot] >= nbytes && st->scratch[slot]) return st->scratch[slot];
     free(st->scratch[slot]);
@@ -38,6 +46,8 @@ static const kb_ops cpu_ops = {
     .free = cpu_free,
     .zero = cpu_zero,
     .to_bf16 = cpu_to_bf16,
+    .sync = cpu_sync,
+    .copy = cpu_copy,
     .linear_forward = cpu_linear_forward,
     .linear_backward = cpu_linear_backward,
     .embed_forward = cpu_embed_forward,

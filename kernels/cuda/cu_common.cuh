@@ -1,0 +1,184 @@
+// cu_common.cuh - private interface of the CUDA backend (kernels/cuda/*.cu): its state,
+// error helpers and device versions of the CPU backend's numeric helpers.
+//
+// One cu_state sits behind kb_backend.impl: the GPU index, one non-blocking stream on which
+// every operation is queued in call order, a cuBLASLt handle with its workspace and a cache
+// of chosen algorithms (one per shape, so a shape always runs the same algorithm: results
+// are bitwise repeatable), and stream-ordered scratch buffers grown on demand.
+// Every reduction has a fixed partition and a fixed combining order; nothing uses atomics,
+// so the same inputs give the same bits on the same GPU model.
+#ifndef COHORT_KERNELS_CUDA_CU_COMMON_CUH
+#define COHORT_KERNELS_CUDA_CU_COMMON_CUH
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+extern "C" {
+#include "common/error.h"
+#include "kernels/backend.h"
+}
+
+#define CU_MM_CACHE 128
+
+// scratch slots
+enum { CU_SCR_A16 = 0, CU_SCR_B16, CU_SCR_W16, CU_SCR_ATT, CU_SCR_MISC, CU_SCR_RED, CU_NSCRATCH };
+
+typedef struct cu_mm {
+    // key
+    int m, n, k, ta, tb, bf16, epi_bias, beta1, align;
+    // value
+    int ok;  // 1: algo valid; 0: build failed (the caller falls back)
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} cu_mm;
+
+typedef struct cu_state {
+    int device;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *ws;
+    size_t ws_size;
+    cu_mm mm[CU_MM_CACHE];
+    int n_mm, next_evict;
+    void *scratch[CU_NSCRATCH];
+    size_t scratch_size[CU_NSCRATCH];
+    double *host_result;  // pinned, for sumsq
+    char desc[256];
+} cu_state;
+
+static inline cu_state *cu_st(kb_backend *b) { return (cu_state *)b->impl; }
+
+// Records a CUDA failure in the sticky status (the first one wins) and returns it.
+int cu_fail(kb_backend *b, int code, const char *op, const char *what);
+// Checks a CUDA runtime result; on error records it and returns nonzero.
+int cu_check(kb_backend *b, cudaError_t e, const char *op);
+// After a kernel launch: checks the launch error.
+static inline int cu_launched(kb_backend *b, const char *op) { return cu_check(b, cudaGetLastError(), op); }
+// Stream-ordered scratch of at least nbytes (256-byte aligned), contents undefined; NULL on failure
+// (status set).
+void *cu_scratch(kb_backend *b, int slot, size_t nbytes, const char *op);
+// Entry of every operation: false when the backend already failed (the op is skipped).
+static inline bool cu_enter(kb_backend *b) {
+    if (b->status) return false;
+    return cudaSetDevice(cu_st(b)->device) == cudaSuccess || (cu_fail(b, CO_EINTERNAL, "cudaSetDevice", "failed"), false);
+}
+
+// grid size for n elements, threads per block t, capped
+static inline unsigned cu_blocks(size_t n, unsigned t, size_t cap = 65535u * 16u) {
+    size_t g = (n + t - 1) / t;
+    if (g > cap) g = cap;
+    if (g < 1) g = 1;
+    return (unsigned)g;
+}
+
+// ---- device helpers shared by the kernels (bitwise the CPU backend's formulas) ----
+
+__device__ __forceinline__ uint32_t cu_rand32(uint64_t seed, uint64_t counter) {
+    uint64_t z = seed ^ (counter * 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (uint32_t)(z >> 32);
+}
+__device__ __forceinline__ bool cu_keep(uint64_t seed, uint64_t counter, float p) {
+    return __uint2float_rn(cu_rand32(seed, counter)) * (1.0f / 4294967296.0f) >= p;
+}
+
+// bf16 round-to-nearest-even; NaN stays NaN (quiet bit set) -- cpu_f2bf
+__device__ __forceinline__ uint16_t cu_f2bf(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+// cpu_expf: x < -87 (and -inf) gives 0, x > 88.5 saturates
+__device__ __forceinline__ float cu_expf(float x0) {
+    float x = x0 < -87.0f ? -87.0f : x0;
+    x = x > 88.5f ? 88.5f : x;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float s = __int_as_float(e);
+    return x0 < -87.0f ? 0.0f : p * s;
+}
+
+// Fixed-order block reduction (sum) over blockDim.x threads (a multiple of 32, <= 1024).
+// red: shared scratch of 32 entries. All threads get the result.
+template <typename V>
+__device__ __forceinline__ V cu_block_sum(V v, V *red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();  // red may still be read by a previous call
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    V s = l < nw ? red[l] : V(0);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+__device__ __forceinline__ float cu_block_max(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    float s = l < nw ? red[l] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
+    return s;
+}
+
+// ---- operations (one group per file) ----
+void cu_to_bf16_raw(kb_backend *b, uint16_t *dst, const float *src, size_t n);  // no cu_enter
+
+void cu_linear_forward(kb_backend *b, float *out, const float *in, const float *W, const kb_bf16 *W16,
+                       const float *bias, int N, int IC, int OC);
+void cu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias, const float *dout, const float *in,
+                        const float *W, const kb_bf16 *W16, int N, int IC, int OC);
+void cu_mm_release(cu_state *st);
+// dst[c] += sum over rows of (mode 0) dy[n,c]; (mode 1) dy[n,c] * (x[n,c]-mean[n])*rstd[n]
+void cu_col_sums(kb_backend *b, float *dst, const float *dy, const float *x, const float *mean,
+                 const float *rstd, int N, int C, int mode);
+
+void cu_attention_forward(kb_backend *b, float *out, float *lse, const float *qkv, const int32_t *seg, int B,
+                          int T, int nh, int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset);
+void cu_attention_backward(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const float *out,
+                           const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd,
+                           float p_drop, uint64_t seed, uint64_t offset);
+
+void cu_zero(kb_backend *b, float *x, size_t n);
+void cu_to_bf16(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n);
+void cu_embed_forward(kb_backend *b, float *out, const int32_t *tok, const int32_t *pos, const float *wte,
+                      const float *wpe, int N, int C);
+void cu_embed_backward(kb_backend *b, float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+                       const int32_t *pos, int N, int C, int V);
+void cu_norm_forward(kb_backend *b, bool rms, float *out, float *mean, float *rstd, const float *in,
+                     const float *w, const float *bias, int N, int C, float eps);
+void cu_norm_backward(kb_backend *b, bool rms, float *din, float *dw, float *dbias, const float *dout,
+                      const float *in, const float *w, const float *mean, const float *rstd, int N, int C);
+void cu_rope(kb_backend *b, float *qkv, const int32_t *pos, int N, int nh, int nkv, int hd, float base,
+             bool inverse);
+void cu_gelu_forward(kb_backend *b, float *out, const float *in, size_t n);
+void cu_gelu_backward(kb_backend *b, float *din, const float *dout, const float *in, size_t n);
+void cu_swiglu_forward(kb_backend *b, float *out, const float *in, int N, int F);
+void cu_swiglu_backward(kb_backend *b, float *din, const float *dout, const float *in, int N, int F);
+void cu_add(kb_backend *b, float *out, const float *x, const float *y, size_t n);
+void cu_scale(kb_backend *b, float *x, float s, size_t n);
+void cu_dropout(kb_backend *b, float *out, const float *in, size_t n, float p, uint64_t seed, uint64_t offset);
+void cu_cross_entropy(kb_backend *b, float *losses, float *logits, const int32_t *targets, const float *dscale,
+                      int N, int Vp);
+double cu_sumsq(kb_backend *b, const float *x, size_t n);
+void cu_adamw(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+              float beta2, float eps, float wd, float gscale, int64_t t);
+
+#endif

@@ -1,0 +1,30 @@
+/* cuda.h - the C-facing entry points of the CUDA backend (the .cu files in kernels/cuda/).
+ *
+ * backend.c calls these when kb_options.device is KB_DEVICE_CUDA and the build has CUDA
+ * (COHORT_HAVE_CUDA). Everything else about the backend is private to kernels/cuda/. */
+#ifndef COHORT_KERNELS_CUDA_CUDA_H
+#define COHORT_KERNELS_CUDA_CUDA_H
+
+#include <stddef.h>
+
+#include "kernels/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Creates the CUDA backend on GPU opt->cuda_device. 0 or a negative CO_E* code
+ * (CO_EUNSUPPORTED when there is no usable GPU; co_err_detail() says why). */
+int cuda_backend_create(kb_backend **out, const kb_options *opt);
+void cuda_backend_release(kb_backend *b);
+const char *cuda_backend_describe(const kb_backend *b);
+
+/* Number of CUDA devices this process can use (0 on any error); when 0 and why != NULL,
+ * why[0..n) receives the reason ("no CUDA-capable device is detected", ...). */
+int cuda_device_count(char *why, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

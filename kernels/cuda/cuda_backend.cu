@@ -1,0 +1,259 @@
+// cuda_backend.cu - the CUDA backend object: device, stream, cuBLASLt, scratch, memory
+// operations and the operation table (the same kb_ops as the CPU backend, kernels/backend.h).
+//
+// Memory: alloc returns CUDA managed memory, so the host code that reads parameters,
+// optimizer moments or losses (optimizer, checkpoints, sampling) keeps working; it must
+// call ops->sync first (model/gpt.c and optim/adamw.c do at the points where the host
+// reads). Operations are queued on one stream in call order and return at once.
+#include "kernels/cuda/cu_common.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" {
+#include "kernels/cuda/cuda.h"
+}
+
+int cu_fail(kb_backend *b, int code, const char *op, const char *what) {
+    if (!b->status) b->status = co_err_set(code, "cuda backend: %s: %s", op, what);
+    return b->status;
+}
+
+int cu_check(kb_backend *b, cudaError_t e, const char *op) {
+    if (e == cudaSuccess) return 0;
+    (void)cudaGetLastError(); // clear a non-sticky error so the next check is about the next call
+    return cu_fail(b, e == cudaErrorMemoryAllocation ? CO_ENOMEM : CO_EINTERNAL, op, cudaGetErrorString(e));
+}
+
+void *cu_scratch(kb_backend *b, int slot, size_t nbytes, const char *op) {
+    cu_state *st = cu_st(b);
+    if (st->scratch[slot] && st->scratch_size[slot] >= nbytes) return st->scratch[slot];
+    size_t n = (nbytes + 4095) & ~(size_t)4095;
+    n += n / 8;
+    n = (n + 255) & ~(size_t)255;
+    if (st->scratch[slot]) {
+        // stream-ordered: kernels queued before still see the old buffer
+        if (cu_check(b, cudaFreeAsync(st->scratch[slot], st->stream), op)) return NULL;
+        st->scratch[slot] = NULL;
+        st->scratch_size[slot] = 0;
+    }
+    void *p = NULL;
+    if (cu_check(b, cudaMallocAsync(&p, n, st->stream), op)) return NULL;
+    st->scratch[slot] = p;
+    st->scratch_size[slot] = n;
+    return p;
+}
+
+// ---- memory ----
+
+static void *cu_alloc(kb_backend *b, size_t nbytes) {
+    if (b->status) return NULL;
+    cu_state *st = cu_st(b);
+    if (cudaSetDevice(st->device) != cudaSuccess) return NULL;
+    size_t n = (nbytes + 255) & ~(size_t)255;
+    if (n == 0) n = 256;
+    void *p = NULL;
+    cudaError_t e = cudaMallocManaged(&p, n, cudaMemAttachGlobal);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        co_err_set(CO_ENOMEM, "cuda backend: cudaMallocManaged(%zu bytes): %s", n, cudaGetErrorString(e));
+        return NULL;
+    }
+    // Place it on the GPU and zero it there; wait, so host writes right after (model
+    // initialisation, checkpoint loads) cannot race the memset.
+    cudaMemLocation loc;
+    memset(&loc, 0, sizeof loc);
+    loc.type = cudaMemLocationTypeDevice;
+    loc.id = st->device;
+    (void)cudaMemPrefetchAsync(p, n, loc, 0, st->stream); // a hint: failure is harmless
+    (void)cudaGetLastError();
+    e = cudaMemsetAsync(p, 0, n, st->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st->stream);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaFree(p);
+        co_err_set(CO_EINTERNAL, "cuda backend: zeroing %zu bytes: %s", n, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_free(kb_backend *b, void *p) {
+    if (!p) return;
+    cu_state *st = cu_st(b);
+    cudaSetDevice(st->device);
+    // queued work may still use it: cudaFree waits for the device, which is what we want
+    cudaError_t e = cudaFree(p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cu_fail(b, CO_EINTERNAL, "cudaFree", cudaGetErrorString(e));
+    }
+}
+
+void cu_zero(kb_backend *b, float *x, size_t n) {
+    if (!cu_enter(b) || n == 0) return;
+    cu_check(b, cudaMemsetAsync(x, 0, n * sizeof(float), cu_st(b)->stream), "zero");
+}
+
+__global__ void k_to_bf16(uint16_t *__restrict__ dst, const float *__restrict__ src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = cu_f2bf(src[i]);
+}
+
+void cu_to_bf16_raw(kb_backend *b, uint16_t *dst, const float *src, size_t n) {
+    if (n == 0) return;
+    k_to_bf16<<<cu_blocks(n, 256), 256, 0, cu_st(b)->stream>>>(dst, src, n);
+    cu_launched(b, "to_bf16");
+}
+
+void cu_to_bf16(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n) {
+    if (!cu_enter(b)) return;
+    cu_to_bf16_raw(b, dst16, src, n);
+}
+
+static void cu_sync(kb_backend *b) {
+    cu_state *st = cu_st(b);
+    if (cudaSetDevice(st->device) != cudaSuccess) {
+        cu_fail(b, CO_EINTERNAL, "sync", "cudaSetDevice failed");
+        return;
+    }
+    cudaError_t e = cudaStreamSynchronize(st->stream);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess) cu_fail(b, CO_EINTERNAL, "asynchronous failure found at sync", cudaGetErrorString(e));
+}
+
+static bool host_memory(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true;
+    }
+    return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
+}
+
+static void cu_copy(kb_backend *b, void *dst, const void *src, size_t nbytes) {
+    if (!cu_enter(b) || nbytes == 0 || dst == src) return;
+    cu_state *st = cu_st(b);
+    if (cu_check(b, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, st->stream), "copy")) return;
+    if (host_memory(dst)) cu_check(b, cudaStreamSynchronize(st->stream), "copy (waiting for it)");
+}
+
+// ---- table ----
+
+static const kb_ops cuda_ops = {
+    /* .alloc = */ cu_alloc,
+    /* .free = */ cu_free,
+    /* .zero = */ cu_zero,
+    /* .to_bf16 = */ cu_to_bf16,
+    /* .sync = */ cu_sync,
+    /* .copy = */ cu_copy,
+    /* .linear_forward = */ cu_linear_forward,
+    /* .linear_backward = */ cu_linear_backward,
+    /* .embed_forward = */ cu_embed_forward,
+    /* .embed_backward = */ cu_embed_backward,
+    /* .norm_forward = */ cu_norm_forward,
+    /* .norm_backward = */ cu_norm_backward,
+    /* .rope = */ cu_rope,
+    /* .attention_forward = */ cu_attention_forward,
+    /* .attention_backward = */ cu_attention_backward,
+    /* .gelu_forward = */ cu_gelu_forward,
+    /* .gelu_backward = */ cu_gelu_backward,
+    /* .swiglu_forward = */ cu_swiglu_forward,
+    /* .swiglu_backward = */ cu_swiglu_backward,
+    /* .add = */ cu_add,
+    /* .scale = */ cu_scale,
+    /* .dropout = */ cu_dropout,
+    /* .cross_entropy = */ cu_cross_entropy,
+    /* .sumsq = */ cu_sumsq,
+    /* .adamw = */ cu_adamw,
+};
+
+extern "C" int cuda_device_count(char *why, size_t n) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (why && n) snprintf(why, n, "no usable CUDA GPU: %s", cudaGetErrorString(e));
+        return 0;
+    }
+    if (count == 0 && why && n) snprintf(why, n, "no CUDA GPU on this machine");
+    return count;
+}
+
+extern "C" void cuda_backend_release(kb_backend *b) {
+    if (!b) return;
+    cu_state *st = (cu_state *)b->impl;
+    if (st) {
+        cudaSetDevice(st->device);
+        if (st->stream) cudaStreamSynchronize(st->stream);
+        cu_mm_release(st);
+        for (int i = 0; i < CU_NSCRATCH; i++)
+            if (st->scratch[i]) cudaFreeAsync(st->scratch[i], st->stream);
+        if (st->stream) cudaStreamSynchronize(st->stream);
+        if (st->ws) cudaFree(st->ws);
+        if (st->host_result) cudaFreeHost(st->host_result);
+        if (st->lt) cublasLtDestroy(st->lt);
+        if (st->stream) cudaStreamDestroy(st->stream);
+        (void)cudaGetLastError();
+        free(st);
+    }
+    free(b);
+}
+
+extern "C" int cuda_backend_create(kb_backend **out, const kb_options *opt) {
+    *out = NULL;
+    char why[256];
+    int count = cuda_device_count(why, sizeof why);
+    if (count <= 0) return co_err_set(CO_EUNSUPPORTED, "the CUDA backend cannot run: %s", why);
+    if (opt->cuda_device < 0 || opt->cuda_device >= count)
+        return co_err_set(CO_EUNSUPPORTED, "CUDA device %d does not exist (%d device%s)", opt->cuda_device, count,
+                          count == 1 ? "" : "s");
+    kb_backend *b = (kb_backend *)calloc(1, sizeof *b);
+    cu_state *st = (cu_state *)calloc(1, sizeof *st);
+    if (!b || !st) {
+        free(b);
+        free(st);
+        return co_err_set(CO_ENOMEM, "cuda backend: out of memory");
+    }
+    b->ops = &cuda_ops;
+    b->opt = *opt;
+    b->impl = st;
+    st->device = opt->cuda_device;
+    cudaDeviceProp prop;
+    cudaError_t e = cudaSetDevice(st->device);
+    if (e == cudaSuccess) e = cudaGetDeviceProperties(&prop, st->device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&st->host_result, sizeof(double) * 4);
+    st->ws_size = (size_t)32 << 20; // cuBLASLt workspace, as NVIDIA recommends for Hopper
+    if (e == cudaSuccess) e = cudaMalloc(&st->ws, st->ws_size);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        int rc = co_err_set(e == cudaErrorMemoryAllocation ? CO_ENOMEM : CO_EUNSUPPORTED,
+                            "cuda backend: cannot set up device %d: %s", st->device, cudaGetErrorString(e));
+        cuda_backend_release(b);
+        return rc;
+    }
+    if (prop.major < 8) {
+        cuda_backend_release(b);
+        return co_err_set(CO_EUNSUPPORTED, "cuda backend: %s is compute capability %d.%d; this build targets sm_90",
+                          prop.name, prop.major, prop.minor);
+    }
+    if (!prop.managedMemory) {
+        cuda_backend_release(b);
+        return co_err_set(CO_EUNSUPPORTED, "cuda backend: %s does not support managed memory", prop.name);
+    }
+    if (cublasLtCreate(&st->lt) != CUBLAS_STATUS_SUCCESS) {
+        st->lt = NULL;
+        cuda_backend_release(b);
+        return co_err_set(CO_EINTERNAL, "cuda backend: cannot create the cuBLASLt handle");
+    }
+    int rt = 0;
+    cudaRuntimeGetVersion(&rt);
+    snprintf(st->desc, sizeof st->desc, "cuda: %.80s (sm_%d%d, %.0f GiB), CUDA %d.%d, cuBLASLt, %s, deterministic",
+             prop.name, prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), rt / 1000,
+             (rt % 1000) / 10, opt->bf16 ? "bf16" : "fp32");
+    *out = b;
+    return 0;
+}
+
+extern "C" const char *cuda_backend_describe(const kb_backend *b) { return ((const cu_state *)b->impl)->desc; }

@@ -1,0 +1,215 @@
+// cuda_matmul.cu - linear layers through cuBLASLt: bf16 inputs with fp32 accumulation and
+// output in bf16 mode, plain fp32 (CUBLAS_COMPUTE_32F, no TF32) otherwise.
+//
+// Row-major y[N,OC] = x[N,IC] W[OC,IC]^T is the column-major product y^T = W^T' x^T, so
+// every call maps onto one cuBLASLt matmul without copies. The algorithm for each shape
+// (and operand alignment) is chosen once by cuBLASLt's heuristic and cached: a shape always
+// runs the same algorithm, so results are bitwise repeatable. Bias gradients are column sums
+// with a fixed order (cu_col_sums), not a cuBLASLt epilogue.
+#include "kernels/cuda/cu_common.cuh"
+
+#include <stdio.h>
+
+static void mm_clear(cu_mm *m) {
+    if (m->desc) cublasLtMatmulDescDestroy(m->desc);
+    if (m->la) cublasLtMatrixLayoutDestroy(m->la);
+    if (m->lb) cublasLtMatrixLayoutDestroy(m->lb);
+    if (m->lc) cublasLtMatrixLayoutDestroy(m->lc);
+    memset(m, 0, sizeof *m);
+}
+
+void cu_mm_release(cu_state *st) {
+    for (int i = 0; i < st->n_mm; i++) mm_clear(&st->mm[i]);
+    st->n_mm = 0;
+}
+
+// Column-major C[m,n] (beta: 0 or 1) = op(A) op(B); A stored [ta ? k x m : m x k], B stored
+// [tb ? n x k : k x n], all tightly packed (leading dimension = stored rows).
+static int mm_build(cu_state *st, cu_mm *m) {
+    cudaDataType_t ab = m->bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasOperation_t opa = m->ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = m->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    uint64_t ar = m->ta ? m->k : m->m, ac = m->ta ? m->m : m->k;
+    uint64_t br = m->tb ? m->n : m->k, bc = m->tb ? m->k : m->n;
+    if (cublasLtMatmulDescCreate(&m->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return -1;
+    if (cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa) ||
+        cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb))
+        return -1;
+    if (m->epi_bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        cudaDataType_t bt = CUDA_R_32F;
+        if (cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
+            cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt))
+            return -1;
+    }
+    if (cublasLtMatrixLayoutCreate(&m->la, ab, ar, ac, (int64_t)ar) ||
+        cublasLtMatrixLayoutCreate(&m->lb, ab, br, bc, (int64_t)br) ||
+        cublasLtMatrixLayoutCreate(&m->lc, CUDA_R_32F, (uint64_t)m->m, (uint64_t)m->n, (int64_t)m->m))
+        return -1;
+    cublasLtMatmulPreference_t pref = NULL;
+    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return -1;
+    uint64_t ws = st->ws_size;
+    uint32_t al = (uint32_t)m->align;
+    int bad = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ||
+              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al) ||
+              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al) ||
+              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al) ||
+              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al);
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int found = 0;
+    if (!bad &&
+        cublasLtMatmulAlgoGetHeuristic(st->lt, m->desc, m->la, m->lb, m->lc, m->lc, pref, 1, &res, &found) !=
+            CUBLAS_STATUS_SUCCESS)
+        found = 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (bad || found < 1) return -1;
+    m->algo = res.algo;
+    return 0;
+}
+
+static cu_mm *mm_get(cu_state *st, int m, int n, int k, int ta, int tb, int bf16, int epi_bias, int beta1,
+                     int align) {
+    for (int i = 0; i < st->n_mm; i++) {
+        cu_mm *c = &st->mm[i];
+        if (c->m == m && c->n == n && c->k == k && c->ta == ta && c->tb == tb && c->bf16 == bf16 &&
+            c->epi_bias == epi_bias && c->beta1 == beta1 && c->align == align)
+            return c->ok ? c : NULL;
+    }
+    cu_mm *c;
+    if (st->n_mm < CU_MM_CACHE) {
+        c = &st->mm[st->n_mm++];
+    } else {
+        c = &st->mm[st->next_evict];
+        st->next_evict = (st->next_evict + 1) % CU_MM_CACHE;
+        mm_clear(c);
+    }
+    c->m = m, c->n = n, c->k = k, c->ta = ta, c->tb = tb, c->bf16 = bf16, c->epi_bias = epi_bias, c->beta1 = beta1;
+    c->align = align;
+    if (mm_build(st, c)) {
+        mm_clear(c); // keep the key with ok = 0 so a failing shape is not rebuilt each call
+        c->m = m, c->n = n, c->k = k, c->ta = ta, c->tb = tb, c->bf16 = bf16, c->epi_bias = epi_bias;
+        c->beta1 = beta1, c->align = align;
+        return NULL;
+    }
+    c->ok = 1;
+    return c;
+}
+
+static int align_of(const void *p) {
+    uintptr_t u = (uintptr_t)p;
+    return (u & 15) == 0 ? 16 : (u & 7) == 0 ? 8 : (u & 3) == 0 ? 4 : 2;
+}
+
+// C = op(A) op(B) (+ C if beta1) (+ bias[m] per column if bias). 0 or -1 (no algorithm).
+static int mm_run(kb_backend *b, int m, int n, int k, int ta, int tb, int bf16, const void *A, const void *B,
+                  float *C, const float *bias, int beta1, const char *op) {
+    cu_state *st = cu_st(b);
+    int al = align_of(A);
+    int a2 = align_of(B), a3 = align_of(C);
+    al = a2 < al ? a2 : al;
+    al = a3 < al ? a3 : al;
+    cu_mm *mm = mm_get(st, m, n, k, ta, tb, bf16, bias != NULL, beta1, al);
+    if (!mm) return -1;
+    if (bias && cublasLtMatmulDescSetAttribute(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias))
+        return -1;
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = cublasLtMatmul(st->lt, mm->desc, &one, A, mm->la, B, mm->lb, beta1 ? &one : &zero, C, mm->lc,
+                                      C, mm->lc, &mm->algo, st->ws, st->ws_size, st->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        char what[96];
+        snprintf(what, sizeof what, "cublasLtMatmul failed (status %d) for %dx%dx%d", (int)s, m, n, k);
+        cu_fail(b, CO_EINTERNAL, op, what);
+        return 0; // failure recorded; do not retry another way
+    }
+    return 0;
+}
+
+__global__ void k_fill_rows(float *__restrict__ out, const float *__restrict__ bias, int N, int OC) {
+    size_t total = (size_t)N * OC;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = bias ? bias[i % (size_t)OC] : 0.0f;
+}
+
+static void fill_rows(kb_backend *b, float *out, const float *bias, int N, int OC) {
+    k_fill_rows<<<cu_blocks((size_t)N * OC, 256), 256, 0, cu_st(b)->stream>>>(out, bias, N, OC);
+    cu_launched(b, "linear_forward (bias)");
+}
+
+static void no_algo(kb_backend *b, const char *op, int m, int n, int k, bool bf16) {
+    char what[128];
+    snprintf(what, sizeof what, "cuBLASLt has no %s algorithm for %dx%dx%d", bf16 ? "bf16" : "fp32", m, n, k);
+    cu_fail(b, CO_EUNSUPPORTED, op, what);
+}
+
+void cu_linear_forward(kb_backend *b, float *out, const float *in, const float *W, const kb_bf16 *W16,
+                       const float *bias, int N, int IC, int OC) {
+    if (!cu_enter(b) || N <= 0 || OC <= 0) return;
+    if (IC <= 0) {
+        fill_rows(b, out, bias, N, OC);
+        return;
+    }
+    const bool bf = b->opt.bf16;
+    const void *A = W, *B = in;
+    if (bf) {
+        uint16_t *in16 = (uint16_t *)cu_scratch(b, CU_SCR_A16, (size_t)N * IC * 2, "linear_forward");
+        if (!in16) return;
+        cu_to_bf16_raw(b, in16, in, (size_t)N * IC);
+        if (!W16) {
+            uint16_t *w = (uint16_t *)cu_scratch(b, CU_SCR_W16, (size_t)OC * IC * 2, "linear_forward");
+            if (!w) return;
+            cu_to_bf16_raw(b, w, W, (size_t)OC * IC);
+            W16 = w;
+        }
+        A = W16;
+        B = in16;
+    }
+    // out^T[OC,N] = W (stored IC x OC, transposed) x in^T (stored IC x N)
+    if (mm_run(b, OC, N, IC, 1, 0, bf, A, B, out, bias, 0, "linear_forward") == 0) return;
+    if (bias) { // no algorithm with the bias epilogue: bias first, then accumulate
+        fill_rows(b, out, bias, N, OC);
+        if (mm_run(b, OC, N, IC, 1, 0, bf, A, B, out, NULL, 1, "linear_forward") == 0) return;
+    }
+    no_algo(b, "linear_forward", OC, N, IC, bf);
+}
+
+void cu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias, const float *dout, const float *in,
+                        const float *W, const kb_bf16 *W16, int N, int IC, int OC) {
+    if (!cu_enter(b)) return;
+    cudaStream_t s = cu_st(b)->stream;
+    if (N <= 0 || OC <= 0 || IC <= 0) {
+        if (din && N > 0 && IC > 0) cu_check(b, cudaMemsetAsync(din, 0, (size_t)N * IC * sizeof(float), s), "linear_backward");
+        if (dbias && N > 0 && OC > 0) cu_col_sums(b, dbias, dout, NULL, NULL, NULL, N, OC, 0);
+        return;
+    }
+    if (dbias) cu_col_sums(b, dbias, dout, NULL, NULL, NULL, N, OC, 0);
+    if (!din && !dW) return;
+    const bool bf = b->opt.bf16;
+    const void *dO = dout, *Wp = W, *X = in;
+    if (bf) {
+        uint16_t *d16 = (uint16_t *)cu_scratch(b, CU_SCR_B16, (size_t)N * OC * 2, "linear_backward");
+        if (!d16) return;
+        cu_to_bf16_raw(b, d16, dout, (size_t)N * OC);
+        dO = d16;
+        if (din) {
+            if (!W16) {
+                uint16_t *w = (uint16_t *)cu_scratch(b, CU_SCR_W16, (size_t)OC * IC * 2, "linear_backward");
+                if (!w) return;
+                cu_to_bf16_raw(b, w, W, (size_t)OC * IC);
+                W16 = w;
+            }
+            Wp = W16;
+        }
+        if (dW) {
+            uint16_t *x16 = (uint16_t *)cu_scratch(b, CU_SCR_A16, (size_t)N * IC * 2, "linear_backward");
+            if (!x16) return;
+            cu_to_bf16_raw(b, x16, in, (size_t)N * IC);
+            X = x16;
+        }
+    }
+    // din^T[IC,N] = W (stored IC x OC) x dout^T (stored OC x N)
+    if (din && mm_run(b, IC, N, OC, 0, 0, bf, Wp, dO, din, NULL, 0, "linear_backward (input)"))
+        no_algo(b, "linear_backward (input)", IC, N, OC, bf);
+    // dW^T[IC,OC] += in^T (stored IC x N) x dout (stored OC x N, transposed)
+    if (dW && mm_run(b, IC, OC, N, 0, 1, bf, X, dO, dW, NULL, 1, "linear_backward (weight)"))
+        no_algo(b, "linear_backward (weight)", IC, OC, N, bf);
+}
