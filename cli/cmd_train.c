@@ -317,6 +317,22 @@ int cli_train(int argc, char **argv) {
         co_config_free(&c);
         return CLI_USAGE;
     }
+    /* --device: auto = cuda where this build and machine have a GPU, else cpu (said once) */
+    {
+        char why[256] = "";
+        bool gpu = strcmp(c.device, "cpu") != 0 && kb_cuda_available(why, sizeof why);
+        if (!strcmp(c.device, "cuda") && !gpu) {
+            fprintf(stderr, "cohort train: invalid configuration:\n  --device cuda: %s\n", why);
+            sv_link_close(&link);
+            sv_assignment_free(&asg);
+            co_config_free(&c);
+            return CLI_USAGE;
+        }
+        if (!strcmp(c.device, "auto")) {
+            snprintf(c.device, sizeof c.device, "%s", gpu ? "cuda" : "cpu");
+            if (!gpu && !worker) fprintf(stderr, "cohort: %s: training on the CPU (--device cpu says so quietly)\n", why);
+        }
+    }
     bool supervisor = !worker && dp > 1;
 
     /* Only the logging rank (the last, as in Megatron) prints; a worker's lines travel to

@@ -161,7 +161,8 @@ static const flag flags[] = {
        "stop when a loss or gradient norm is NaN or Inf"),
     /* cohort */
     I("cohort", "threads", threads, NULL, "[cohort] CPU threads (default: all online cores)"),
-    S("cohort", "device", device, "cpu", "cpu|cuda", "[cohort] where the model runs"),
+    S("cohort", "device", device, "auto", "auto|cpu|cuda",
+      "[cohort] where the model runs: auto = cuda where a GPU is present, else cpu"),
     S("cohort", "workdir", workdir, NULL, NULL,
       "[cohort] where the embedded default job keeps its corpus (default ~/.cache/cohort)"),
     I("cohort", "sample-lines", sample_lines, "4", "[cohort] lines to sample after the embedded job"),
