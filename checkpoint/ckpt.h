@@ -16,6 +16,7 @@
 #include "checkpoint/format.h"
 #include "checkpoint/store.h"
 
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -52,8 +53,47 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
 /* Writes writer `writer`'s files of the plan into dir and records their sizes and hashes
  * in plan->files. */
 int ck_write_shards(const char *dir, ck_manifest *plan, const ck_tensor_ref *refs, int n, int writer);
+/* As ck_write_shards; with xxh64 also fills plan->files[i].xxh64. */
+int ck_write_shards_ex(const char *dir, ck_manifest *plan, const ck_tensor_ref *refs, int n, int writer, bool xxh64);
 /* Writes dir/manifest.json crash-safely (the files' sizes and hashes must be filled in). */
 int ck_write_manifest(const char *dir, const ck_manifest *plan);
+
+/* ---- multi-rank save, committed by a coordinator (the supervisor) ----------------------
+ * Every data-parallel rank computes the same plan (ck_plan with writers = world) and writes
+ * its own files into the shared temporary directory (ck_begin_shared), then a writer record
+ * CK_WRITER_FMT (its files' names, sizes, XXH3-128 and XXH64), fsync'ed; rank 0 also writes
+ * the plan (CK_PLAN_NAME: the manifest with the hashes still zero). Each rank then
+ * acknowledges (ck_coord.ack: its files with size and XXH64, or the error) and waits for
+ * the coordinator's answer. The coordinator, once every rank has acknowledged success,
+ * completes the manifest from the plan and the writer records (ck_complete_shared),
+ * commits (ck_commit), applies retention and answers COMMIT; on any failure it removes the
+ * temporary directory and answers ABORT. */
+#define CK_PLAN_NAME "plan.json"
+#define CK_WRITER_FMT "writer-%05d.json"
+typedef struct ck_coord {
+    char token[64];                    /* names the shared temporary directory (the job id) */
+    /* the rank's files (name, writer, size, xxh64) or status != 0 with error */
+    int (*ack)(void *ctx, int64_t iteration, int status, const char *error, const ck_mfile *files, int nfiles);
+    /* 0 when the coordinator committed the iteration; an error (with its detail) when it
+     * aborted, went away or did not answer within timeout_ms */
+    int (*wait)(void *ctx, int64_t iteration, int timeout_ms);
+    void *ctx;
+    int timeout_ms;                    /* for wait (0: CK_COORD_TIMEOUT_MS) */
+} ck_coord;
+#define CK_COORD_TIMEOUT_MS (15 * 60 * 1000)
+/* The token of a supervised job (its 64-bit id), as the workers and the supervisor write it. */
+#define CK_JOB_TOKEN_FMT "job%016" PRIx64
+
+/* One rank's part of a multi-rank save: begin_shared, plan, its shards, its writer record
+ * (and the plan on rank 0), ack, wait for the answer. Returns 0 once the coordinator has
+ * committed. A failure is acknowledged (the coordinator removes the directory). */
+int ck_save_part(const char *save_dir, const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, int writer,
+                 const ck_coord *co);
+/* The coordinator's step: checks that the plan in tmp lists exactly the acknowledged files
+ * (acked[i]: name, writer, size, xxh64 as the ranks reported them) and that each writer
+ * record agrees, writes tmp/manifest.json with every file's XXH3-128, and removes the plan
+ * and the writer records. The caller then commits with ck_commit. */
+int ck_complete_shared(const char *tmp, int64_t iteration, int writers, const ck_mfile *acked, int nacked);
 
 /* One whole save in this process: begin, plan, shards, manifest, commit, retention
  * (keep > 0: the most recent keep). On failure the temporary directory is removed and the
@@ -73,6 +113,10 @@ typedef struct ck_saver_opts {
     int keep;                          /* --most-recent-k (<= 0: keep all) */
     int writers;                       /* shard files per kind (1) */
     FILE *log;                         /* progress lines, or NULL */
+    /* several ranks: this process writes writer `writer`'s files and coord commits
+     * (ck_save_part); NULL: this process writes every file and commits itself (ck_save) */
+    const ck_coord *coord;             /* copied */
+    int writer;
 } ck_saver_opts;
 int ck_saver_new(ck_saver **out, const ck_saver_opts *o);
 void ck_saver_destroy(ck_saver **s);   /* waits for a background save */

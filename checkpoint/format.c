@@ -126,7 +126,11 @@ int ck_st_parse(const void *buf, size_t len, uint64_t file_size, const char *wha
     *out = NULL;
     uint64_t jl;
     int rc = ck_st_header_len(buf, len, file_size, &jl);
-    if (rc) return co_err_set(rc, "%s: not a safetensors file: %s", what, co_err_detail());
+    if (rc) {
+        char detail[1024];
+        snprintf(detail, sizeof detail, "%s", co_err_detail()); /* (not both source and destination) */
+        return co_err_set(rc, "%s: not a safetensors file: %s", what, detail);
+    }
     if (len - 8 < jl) return co_err_set(CO_EFORMAT, "%s: header truncated", what);
     const char *js = (const char *)buf + 8;
     if (js[0] != '{') return co_err_set(CO_EFORMAT, "%s: safetensors header does not start with '{'", what);

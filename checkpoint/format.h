@@ -107,6 +107,9 @@ typedef struct ck_mfile {
     int writer;                        /* data-parallel rank that wrote it */
     uint64_t size;
     uint8_t xxh128[16];                /* XXH3-128 of the whole file, canonical (big-endian) */
+    uint64_t xxh64;                    /* XXH64 of the file when its writer computed it (a
+                                          rank's acknowledgement to the supervisor); not in
+                                          the manifest */
 } ck_mfile;
 
 /* The run's position (trainer_progress, without the train/ dependency). */

@@ -87,7 +87,7 @@ static int process_file(const char *dir, const ck_manifest *m, int fi, float *co
     if (!rc) rc = ck_st_header_len(lenbuf, 8, size, &jl);
     if (rc) {
         ck_file_close(&cf, NULL);
-        return fail(bad, CK_BAD_FORMAT, co_err_set(CO_EFORMAT, "%s: %s", path, co_err_detail()));
+        return fail(bad, CK_BAD_FORMAT, ck_err_wrap(CO_EFORMAT, "%s", path));
     }
     char *hbuf = malloc(8 + jl);
     if (!hbuf) {

@@ -1,14 +1,17 @@
 /* save.c - checkpoint saving: the write plan, shard files, the manifest, the whole commit,
+ * one rank's part of a multi-rank save and the coordinator's completion of its manifest,
  * and the (optionally asynchronous) saver (see ckpt.h). */
 #include "checkpoint/ckpt.h"
 
 #include "common/error.h"
+#include "common/fsutil.h"
 
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static double now_s(void) {
     struct timespec ts;
@@ -127,6 +130,10 @@ nomem:
 }
 
 int ck_write_shards(const char *dir, ck_manifest *plan, const ck_tensor_ref *refs, int n, int writer) {
+    return ck_write_shards_ex(dir, plan, refs, n, writer, false);
+}
+
+int ck_write_shards_ex(const char *dir, ck_manifest *plan, const ck_tensor_ref *refs, int n, int writer, bool xxh64) {
     if (n != plan->ntensors) return co_err_set(CO_EINVAL, "checkpoint shards: plan has %d tensors, given %d", plan->ntensors, n);
     for (int fi = 0; fi < plan->nfiles; fi++) {
         ck_mfile *f = &plan->files[fi];
@@ -188,7 +195,8 @@ int ck_write_shards(const char *dir, ck_manifest *plan, const ck_tensor_ref *ref
         snprintf(path, sizeof path, "%s/%s", dir, f->name);
         ck_file cf;
         if (!rc) rc = ck_file_create(&cf, path);
-        if (!rc) {
+        if (!rc && xxh64 && (rc = ck_file_want_xxh64(&cf))) ck_file_abort(&cf);
+        else if (!rc) {
             rc = ck_file_write(&cf, hdr, hlen);
             for (int j = 0; j < c && !rc; j++) {
                 rc = ck_file_write(&cf, src[j], len[j]);
@@ -197,6 +205,7 @@ int ck_write_shards(const char *dir, ck_manifest *plan, const ck_tensor_ref *ref
             if (!rc) rc = ck_file_finish(&cf, f->xxh128);
             else ck_file_abort(&cf);
             f->size = cf.bytes;
+            f->xxh64 = cf.xxh64;
         }
         free(hdr);
         free(names), free(dts), free(nds), free(shapes), free(src), free(len);
@@ -205,15 +214,12 @@ int ck_write_shards(const char *dir, ck_manifest *plan, const ck_tensor_ref *ref
     return 0;
 }
 
-int ck_write_manifest(const char *dir, const ck_manifest *plan) {
-    char *text;
-    size_t len;
-    int rc = ck_manifest_dump(plan, &text, &len);
-    if (rc) return rc;
-    char path[4400];
-    snprintf(path, sizeof path, "%s/%s", dir, CK_MANIFEST_NAME);
+/* dir/name := text (created, written, fsync'ed). */
+static int write_text(const char *dir, const char *name, const char *text, size_t len) {
+    char path[4600];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
     ck_file f;
-    rc = ck_file_create(&f, path);
+    int rc = ck_file_create(&f, path);
     if (!rc) {
         rc = ck_file_write(&f, text, len);
         if (!rc) rc = ck_file_write(&f, "\n", 1);
@@ -221,9 +227,20 @@ int ck_write_manifest(const char *dir, const ck_manifest *plan) {
         if (!rc) rc = ck_file_finish(&f, h);
         else ck_file_abort(&f);
     }
+    return rc;
+}
+
+static int write_manifest_as(const char *dir, const char *name, const ck_manifest *plan) {
+    char *text;
+    size_t len;
+    int rc = ck_manifest_dump(plan, &text, &len);
+    if (rc) return rc;
+    rc = write_text(dir, name, text, len);
     free(text);
     return rc;
 }
+
+int ck_write_manifest(const char *dir, const ck_manifest *plan) { return write_manifest_as(dir, CK_MANIFEST_NAME, plan); }
 
 int ck_save(const char *save_dir, const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, int keep) {
     char tmp[4400];
@@ -248,7 +265,162 @@ int ck_save(const char *save_dir, const ck_meta *meta, const ck_tensor_ref *refs
         int64_t removed[64];
         int nr;
         rc = ck_prune(save_dir, keep, false, removed, 64, &nr);
-        if (rc) return co_err_set(rc, "retention (--most-recent-k %d) after saving: %s", keep, co_err_detail());
+        if (rc) return ck_err_wrap(rc, "retention (--most-recent-k %d) after saving", keep);
+    }
+    return 0;
+}
+
+/* ---- multi-rank save ------------------------------------------------------------------ */
+
+/* writer-NNNNN.json: what writer w wrote (names, sizes, XXH3-128, XXH64). */
+static int write_writer_record(const char *dir, const ck_manifest *plan, int w) {
+    json_t *files = json_array();
+    for (int i = 0; i < plan->nfiles; i++) {
+        const ck_mfile *f = &plan->files[i];
+        if (f->writer != w) continue;
+        char h[33], h64[17];
+        ck_hex128(f->xxh128, h);
+        snprintf(h64, sizeof h64, "%016" PRIx64, f->xxh64);
+        json_array_append_new(files, json_pack("{sssIssss}", "name", f->name, "size", (json_int_t)f->size, "xxh3_128", h,
+                                               "xxh64", h64));
+    }
+    json_t *rec = json_pack("{sIsiso}", "iteration", (json_int_t)plan->iteration, "writer", w, "files", files);
+    char *text = rec ? json_dumps(rec, JSON_COMPACT) : NULL;
+    if (rec) json_decref(rec);
+    if (!text) return co_err_set(CO_ENOMEM, "checkpoint writer record: out of memory");
+    char name[64];
+    snprintf(name, sizeof name, CK_WRITER_FMT, w);
+    int rc = write_text(dir, name, text, strlen(text));
+    free(text);
+    return rc;
+}
+
+int ck_save_part(const char *save_dir, const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, int writer,
+                 const ck_coord *co) {
+    char tmp[4400];
+    ck_manifest *plan = NULL;
+    int rc = ck_begin_shared(save_dir, meta->iteration, co->token, tmp, sizeof tmp);
+    if (!rc) rc = ck_plan(meta, refs, n, writers, &plan);
+    if (!rc) rc = ck_write_shards_ex(tmp, plan, refs, n, writer, true);
+    if (!rc) ck_crash_point("shards");
+    if (!rc && writer == 0) rc = write_manifest_as(tmp, CK_PLAN_NAME, plan);
+    if (!rc) rc = write_writer_record(tmp, plan, writer);
+    if (!rc) ck_crash_point("written");
+    char detail[1200] = "";
+    if (rc) snprintf(detail, sizeof detail, "%s", co_err_detail());
+    /* acknowledge: this rank's files, or the failure (the coordinator removes the directory) */
+    ck_mfile *mine = calloc((size_t)(plan && plan->nfiles ? plan->nfiles : 1), sizeof *mine);
+    int nmine = 0;
+    for (int i = 0; !rc && plan && i < plan->nfiles; i++)
+        if (plan->files[i].writer == writer) mine[nmine++] = plan->files[i];
+    int arc = mine ? co->ack(co->ctx, meta->iteration, rc, rc ? detail : NULL, mine, nmine)
+                   : co_err_set(CO_ENOMEM, "out of memory");
+    free(mine);
+    ck_manifest_free(&plan);
+    if (rc) return co_err_set(rc, "%s", detail);
+    if (arc) return ck_err_wrap(arc, "acknowledging checkpoint iteration %" PRId64 " to the supervisor", meta->iteration);
+    ck_crash_point("acked");
+    rc = co->wait(co->ctx, meta->iteration, co->timeout_ms > 0 ? co->timeout_ms : CK_COORD_TIMEOUT_MS);
+    if (rc) return ck_err_wrap(rc, "checkpoint at iteration %" PRId64 " not committed", meta->iteration);
+    return 0;
+}
+
+static int read_json(const char *dir, const char *name, json_t **out) {
+    char path[4600];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char *data;
+    size_t len;
+    int rc = fs_read_all(path, &data, &len);
+    if (rc) return ck_err_wrap(rc, "%s", path);
+    json_error_t je;
+    *out = json_loadb(data, len, JSON_REJECT_DUPLICATES, &je);
+    free(data);
+    if (!*out || !json_is_object(*out)) {
+        if (*out) json_decref(*out);
+        return co_err_set(CO_EFORMAT, "%s: not a JSON object (%s)", path, je.text);
+    }
+    return 0;
+}
+
+int ck_complete_shared(const char *tmp, int64_t iteration, int writers, const ck_mfile *acked, int nacked) {
+    char path[4600];
+    snprintf(path, sizeof path, "%s/%s", tmp, CK_PLAN_NAME);
+    char *data;
+    size_t len;
+    int rc = fs_read_all(path, &data, &len);
+    if (rc) return ck_err_wrap(rc, "reading the plan %s (rank 0 writes it)", path);
+    ck_manifest *plan = NULL;
+    rc = ck_manifest_parse(data, len, path, &plan);
+    free(data);
+    if (rc) return rc;
+    bool *seen = calloc((size_t)(plan->nfiles ? plan->nfiles : 1), sizeof *seen);
+    if (!seen) rc = co_err_set(CO_ENOMEM, "out of memory");
+    if (!rc && (plan->iteration != iteration || plan->layout.writers != writers))
+        rc = co_err_set(CO_EPROTOCOL, "%s: iteration %" PRId64 " with %d writers, expected %" PRId64 " with %d", path,
+                        plan->iteration, plan->layout.writers, iteration, writers);
+    /* the writers' records give each file's size and hashes */
+    for (int w = 0; w < writers && !rc; w++) {
+        char name[64];
+        snprintf(name, sizeof name, CK_WRITER_FMT, w);
+        json_t *rec = NULL;
+        rc = read_json(tmp, name, &rec);
+        if (rc) break;
+        json_t *files = json_object_get(rec, "files"), *jw = json_object_get(rec, "writer"), *ji = json_object_get(rec, "iteration");
+        if (!json_is_array(files) || !json_is_integer(jw) || json_integer_value(jw) != w || !json_is_integer(ji) ||
+            json_integer_value(ji) != iteration)
+            rc = co_err_set(CO_EFORMAT, "%s/%s: not writer %d's record of iteration %" PRId64, tmp, name, w, iteration);
+        size_t k;
+        json_t *e;
+        json_array_foreach(files, k, e) {
+            if (rc) break;
+            const char *fn = json_string_value(json_object_get(e, "name"));
+            const char *h = json_string_value(json_object_get(e, "xxh3_128"));
+            const char *h64 = json_string_value(json_object_get(e, "xxh64"));
+            json_t *sz = json_object_get(e, "size");
+            int fi = -1;
+            for (int i = 0; fn && i < plan->nfiles; i++)
+                if (!strcmp(plan->files[i].name, fn)) fi = i;
+            ck_mfile *f = fi >= 0 ? &plan->files[fi] : NULL;
+            char *end = NULL;
+            uint64_t v64 = h64 ? strtoull(h64, &end, 16) : 0;
+            if (!f || f->writer != w || seen[fi] || !h || ck_unhex128(h, f->xxh128) || !h64 || strlen(h64) != 16 ||
+                *end || !json_is_integer(sz) || json_integer_value(sz) < 0) {
+                rc = co_err_set(CO_EFORMAT, "%s/%s: file entry %zu (%s) is not one of writer %d's files in the plan", tmp,
+                                name, k, fn ? fn : "?", w);
+                break;
+            }
+            seen[fi] = true;
+            f->size = (uint64_t)json_integer_value(sz);
+            f->xxh64 = v64;
+        }
+        json_decref(rec);
+    }
+    for (int i = 0; i < plan->nfiles && !rc; i++)
+        if (!seen[i]) rc = co_err_set(CO_EFORMAT, "%s: writer %d did not record %s", tmp, plan->files[i].writer, plan->files[i].name);
+    /* and agree with what the ranks acknowledged */
+    if (!rc && nacked != plan->nfiles)
+        rc = co_err_set(CO_EPROTOCOL, "%s: the ranks acknowledged %d files, the plan has %d", tmp, nacked, plan->nfiles);
+    for (int a = 0; a < nacked && !rc; a++) {
+        const ck_mfile *f = NULL;
+        for (int i = 0; i < plan->nfiles; i++)
+            if (!strcmp(plan->files[i].name, acked[a].name)) f = &plan->files[i];
+        if (!f || f->writer != acked[a].writer || f->size != acked[a].size || f->xxh64 != acked[a].xxh64)
+            rc = co_err_set(CO_EPROTOCOL, "%s: rank %d acknowledged %s (%" PRIu64 " bytes) but %s", tmp, acked[a].writer,
+                            acked[a].name, acked[a].size,
+                            !f ? "the plan does not list it" : f->writer != acked[a].writer ? "the plan gives it to another rank"
+                                                                                             : "its writer record differs");
+    }
+    free(seen);
+    if (!rc) rc = ck_write_manifest(tmp, plan);
+    ck_manifest_free(&plan);
+    if (rc) return rc;
+    /* the plan and the records are not part of the checkpoint */
+    unlink(path);
+    for (int w = 0; w < writers; w++) {
+        char name[64], p2[4600];
+        snprintf(name, sizeof name, CK_WRITER_FMT, w);
+        snprintf(p2, sizeof p2, "%s/%s", tmp, name);
+        unlink(p2);
     }
     return 0;
 }
@@ -264,6 +436,7 @@ typedef struct snap_tensor {
 
 struct ck_saver {
     ck_saver_opts o;
+    ck_coord coord;          /* with o.coord */
     char save_dir[4096];
     /* background job */
     pthread_t thread;
@@ -296,6 +469,10 @@ int ck_saver_new(ck_saver **out, const ck_saver_opts *o) {
     snprintf(s->save_dir, sizeof s->save_dir, "%s", o->save_dir);
     s->o.save_dir = s->save_dir;
     if (s->o.writers < 1) s->o.writers = 1;
+    if (o->coord) {
+        s->coord = *o->coord;
+        s->o.coord = &s->coord;
+    }
     s->last_it = -1;
     s->copied = true;
     pthread_mutex_init(&s->mu, NULL);
@@ -354,7 +531,8 @@ static int save_snapshot(ck_saver *s) {
         memcpy(refs[i].shape, s->st[i].shape, sizeof refs[i].shape);
         refs[i].data = s->arena + s->st[i].offset;
     }
-    int rc = ck_save(s->save_dir, &s->meta, refs, s->nst, s->o.writers, s->o.keep);
+    int rc = s->o.coord ? ck_save_part(s->save_dir, &s->meta, refs, s->nst, s->o.writers, s->o.writer, s->o.coord)
+                        : ck_save(s->save_dir, &s->meta, refs, s->nst, s->o.writers, s->o.keep);
     free(refs);
     return rc;
 }
@@ -412,7 +590,8 @@ int ck_saver_save(ck_saver *s, const ck_meta *meta, const ck_tensor_ref *refs, i
         fflush(s->o.log);
     }
     if (!s->o.async) {
-        rc = ck_save(s->save_dir, meta, refs, n, s->o.writers, s->o.keep);
+        rc = s->o.coord ? ck_save_part(s->save_dir, meta, refs, n, s->o.writers, s->o.writer, s->o.coord)
+                        : ck_save(s->save_dir, meta, refs, n, s->o.writers, s->o.keep);
         s->last_stall = now_s() - t0;
         if (!rc) s->last_it = meta->iteration;
         log_saved(s, meta->iteration, s->last_stall, rc);

@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,22 @@ static char crash_phase[32];
 static long crash_nth, crash_seen;
 static long fail_nth, fail_count;
 static int fail_errno = ENOSPC;
+static char role[16];        /* "sv", a worker's rank, or "" (one process) */
+static bool role_set;
+
+/* A hook's optional "@WHO" suffix: the hook applies only in the process of that role (a
+ * data-parallel rank, or "sv" for the supervisor); without one, in every process. Returns
+ * whether it applies here and cuts the suffix off. */
+static bool for_me(char *spec) {
+    char *at = strchr(spec, '@');
+    if (!at) return true;
+    *at = '\0';
+    if (!role_set) {
+        const char *w = getenv("COHORT_WORKER_ID");
+        snprintf(role, sizeof role, "%s", w && getenv("COHORT_SUPERVISOR") ? w : "");
+    }
+    return !strcmp(at + 1, role);
+}
 
 static void read_hooks(void) {
     if (hooks_read) return;
@@ -34,6 +51,7 @@ static void read_hooks(void) {
     const char *c = getenv("COHORT_CKPT_CRASH_AT");
     if (c && *c) {
         snprintf(crash_phase, sizeof crash_phase, "%s", c);
+        if (!for_me(crash_phase)) crash_phase[0] = '\0';
         char *colon = strchr(crash_phase, ':');
         crash_nth = 1;
         if (colon) {
@@ -43,10 +61,25 @@ static void read_hooks(void) {
     }
     const char *w = getenv("COHORT_CKPT_FAIL_WRITE");
     if (w && *w) {
-        char *end;
-        fail_nth = strtol(w, &end, 10);
-        if (*end == ':') fail_errno = (int)strtol(end + 1, NULL, 10);
+        char spec[64];
+        snprintf(spec, sizeof spec, "%s", w);
+        if (for_me(spec)) {
+            char *end;
+            fail_nth = strtol(spec, &end, 10);
+            if (*end == ':') fail_errno = (int)strtol(end + 1, NULL, 10);
+        }
     }
+}
+
+void ck_test_set_role(const char *who) {
+    pthread_mutex_lock(&hook_mu);
+    snprintf(role, sizeof role, "%s", who ? who : "");
+    role_set = true;
+    hooks_read = false; /* re-read the hooks for this role */
+    crash_phase[0] = '\0';
+    fail_nth = 0;
+    read_hooks();
+    pthread_mutex_unlock(&hook_mu);
 }
 
 void ck_crash_point(const char *phase) {
@@ -84,6 +117,16 @@ static ssize_t hooked_write(int fd, const void *buf, size_t len) {
     return write(fd, buf, len);
 }
 
+int ck_err_wrap(int rc, const char *fmt, ...) {
+    char prefix[1024], detail[2048];
+    snprintf(detail, sizeof detail, "%s", co_err_detail());
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    return co_err_set(rc, "%s: %s", prefix, detail);
+}
+
 /* ---- hashing file I/O ----------------------------------------------------------------- */
 
 int ck_file_create(ck_file *f, const char *path) {
@@ -108,6 +151,7 @@ int ck_file_write(ck_file *f, const void *buf, size_t len) {
     while (len) {
         size_t n = len < IO_CHUNK ? len : IO_CHUNK;
         XXH3_128bits_update(f->hash, p, n);
+        if (f->hash64) XXH64_update(f->hash64, p, n);
         size_t done = 0;
         while (done < n) {
             ssize_t w = hooked_write(f->fd, p + done, n - done);
@@ -131,6 +175,16 @@ void ck_file_abort(ck_file *f) {
     f->fd = -1;
     if (f->hash) XXH3_freeState(f->hash);
     f->hash = NULL;
+    if (f->hash64) XXH64_freeState(f->hash64);
+    f->hash64 = NULL;
+}
+
+int ck_file_want_xxh64(ck_file *f) {
+    if (f->hash64) return 0;
+    f->hash64 = XXH64_createState();
+    if (!f->hash64) return co_err_set(CO_ENOMEM, "%s: out of memory", f->path);
+    XXH64_reset(f->hash64, 0);
+    return 0;
 }
 
 static void digest(XXH3_state_t *s, uint8_t h[16]) {
@@ -146,6 +200,7 @@ int ck_file_finish(ck_file *f, uint8_t h[16]) {
         return co_err_set(fs_errno_code(e), "fsync of %s: %s", f->path, strerror(e));
     }
     digest(f->hash, h);
+    if (f->hash64) f->xxh64 = XXH64_digest(f->hash64);
     int rc = close(f->fd);
     int e = errno;
     f->fd = -1;
@@ -280,7 +335,7 @@ int ck_write_tracker(const char *save_dir, int64_t it) {
     const void *bufs[1] = {text};
     size_t lens[1] = {(size_t)n};
     int rc = fs_write_atomic(path, bufs, lens, 1);
-    if (rc) return co_err_set(rc, "replacing the tracker %s: %s", path, co_err_detail());
+    if (rc) return ck_err_wrap(rc, "replacing the tracker %s", path);
     return 0;
 }
 
@@ -380,7 +435,7 @@ int ck_clean_stale(const char *save_dir) {
 
 int ck_begin(const char *save_dir, int64_t iteration, char *tmp, size_t n) {
     int rc = fs_mkdirs(save_dir);
-    if (rc) return co_err_set(rc, "creating the save directory %s: %s", save_dir, co_err_detail());
+    if (rc) return ck_err_wrap(rc, "creating the save directory %s", save_dir);
     char final[4096];
     ck_iter_dir(final, sizeof final, save_dir, iteration);
     snprintf(tmp, n, "%s.tmp-%ld", final, (long)getpid());
@@ -392,6 +447,44 @@ int ck_begin(const char *save_dir, int64_t iteration, char *tmp, size_t n) {
     }
     ck_crash_point("start");
     return 0;
+}
+
+void ck_tmp_dir_shared(char *out, size_t n, const char *save_dir, int64_t iteration, const char *token) {
+    snprintf(out, n, "%s/iter_%07" PRId64 ".tmp-%s", save_dir, iteration, token);
+}
+
+int ck_begin_shared(const char *save_dir, int64_t iteration, const char *token, char *tmp, size_t n) {
+    int rc = fs_mkdirs(save_dir);
+    if (rc) return ck_err_wrap(rc, "creating the save directory %s", save_dir);
+    ck_tmp_dir_shared(tmp, n, save_dir, iteration, token);
+    /* every writer creates the same directory; whoever comes first makes it */
+    if (mkdir(tmp, 0777) && errno != EEXIST) {
+        int e = errno;
+        return co_err_set(fs_errno_code(e), "creating %s: %s", tmp, strerror(e));
+    }
+    struct stat st;
+    if (stat(tmp, &st) || !S_ISDIR(st.st_mode)) return co_err_set(CO_EIO, "creating %s: not a directory", tmp);
+    ck_crash_point("start");
+    return 0;
+}
+
+int ck_remove_tmp_dirs(const char *save_dir, const char *token) {
+    DIR *d = opendir(save_dir);
+    if (!d) return errno == ENOENT ? 0 : co_err_set(fs_errno_code(errno), "listing %s: %s", save_dir, strerror(errno));
+    char suffix[128];
+    snprintf(suffix, sizeof suffix, ".tmp-%s", token);
+    size_t sl = strlen(suffix);
+    struct dirent *de;
+    int rc = 0;
+    char path[4096 + 256];
+    while ((de = readdir(d)) && !rc) {
+        size_t l = strlen(de->d_name);
+        if (strncmp(de->d_name, "iter_", 5) || l < sl || strcmp(de->d_name + l - sl, suffix)) continue;
+        snprintf(path, sizeof path, "%s/%s", save_dir, de->d_name);
+        rc = ck_remove_dir(path);
+    }
+    closedir(d);
+    return rc;
 }
 
 static int fsync_dir(const char *dir) {

@@ -22,14 +22,27 @@
 #include <xxhash.h>
 
 /* ---- test hooks ----------------------------------------------------------------------
- * COHORT_CKPT_CRASH_AT=PHASE[:N]  raise SIGKILL the Nth time (default 1st) this process
- *   reaches PHASE: start, shard (half of the first shard written), shards, manifest,
- *   renamed, committed (parent fsync'ed, tracker not yet replaced), tracker, prune.
- * COHORT_CKPT_FAIL_WRITE=N[:ERRNO] the Nth checkpoint write(2) fails with ERRNO (default
- *   ENOSPC=28; 5 is EIO), SQLite-style. */
+ * COHORT_CKPT_CRASH_AT=PHASE[:N][@WHO]  raise SIGKILL the Nth time (default 1st) this
+ *   process reaches PHASE: start, shard (half of the first shard written), shards,
+ *   written (a rank's files and its writer record fsync'ed, not yet acknowledged), acked
+ *   (acknowledged to the supervisor, no answer yet), manifest, renamed, committed (parent
+ *   fsync'ed, tracker not yet replaced), tracker, prune.
+ * COHORT_CKPT_FAIL_WRITE=N[:ERRNO][@WHO] the Nth checkpoint write(2) fails with ERRNO
+ *   (default ENOSPC=28; 5 is EIO), SQLite-style.
+ * @WHO limits a hook to one process of a supervised job: a worker's data-parallel rank
+ *   ("@1") or the supervisor ("@sv"). Without it the hook applies in every process that
+ *   sees the variable (the supervisor passes COHORT_CKPT_* on to its workers). */
 void ck_crash_point(const char *phase);
+/* This process's role for @WHO ("sv", or a rank); by default a supervised worker's rank
+ * (COHORT_WORKER_ID). Re-reads the hooks. */
+void ck_test_set_role(const char *who);
 /* Programmatic equivalent of COHORT_CKPT_FAIL_WRITE (n = 0 disables); resets the count. */
 void ck_test_fail_write(long n, int err);
+
+/* Returns rc with the current error detail prefixed by the formatted context
+ * ("context: detail"); safe where co_err_set(rc, "...: %s", co_err_detail()) is not (the
+ * detail buffer would be both source and destination). */
+int ck_err_wrap(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- hashing writer/reader ------------------------------------------------------------ */
 
@@ -38,10 +51,14 @@ typedef struct ck_file {
     char path[4096];
     uint64_t bytes;
     XXH3_state_t *hash;
+    XXH64_state_t *hash64;     /* with ck_file_want_xxh64 */
+    uint64_t xxh64;            /* set by ck_file_finish when hash64 was wanted */
 } ck_file;
 
 /* Creates path (O_EXCL) for writing. */
 int ck_file_create(ck_file *f, const char *path);
+/* Also computes XXH64 (seed 0) of what is written (a rank's acknowledgement carries it). */
+int ck_file_want_xxh64(ck_file *f);
 /* Appends len bytes (hashing them); large buffers go in chunks. */
 int ck_file_write(ck_file *f, const void *buf, size_t len);
 /* fsync, close; the XXH3-128 of everything written into h. On error the file is closed. */
@@ -81,6 +98,13 @@ int ck_clean_stale(const char *save_dir);
 
 /* Creates SAVE/iter_N.tmp-PID (removing a stale one) and writes its path into tmp. */
 int ck_begin(const char *save_dir, int64_t iteration, char *tmp, size_t n);
+/* The temporary directory shared by the writers of a multi-rank save:
+ * SAVE/iter_N.tmp-TOKEN (TOKEN: the job's id, so every rank and the supervisor name it
+ * alike). ck_begin_shared creates it (or finds it made by another rank). */
+void ck_tmp_dir_shared(char *out, size_t n, const char *save_dir, int64_t iteration, const char *token);
+int ck_begin_shared(const char *save_dir, int64_t iteration, const char *token, char *tmp, size_t n);
+/* Removes every SAVE/iter_*.tmp-TOKEN (a job's unfinished saves). */
+int ck_remove_tmp_dirs(const char *save_dir, const char *token);
 /* Commits tmp as iteration N: fsync tmp, rename (exchange with an existing iter_N, which is
  * then removed), fsync SAVE, replace the tracker. */
 int ck_commit(const char *save_dir, int64_t iteration, const char *tmp);

@@ -32,6 +32,7 @@ struct ck_train {
     double stall_total;
     int saves;
     int world;               /* data-parallel size */
+    int rank;                /* data-parallel rank */
 };
 
 /* ---- what the trainer's checkpoint holds ---------------------------------------------- */
@@ -141,7 +142,7 @@ static int save_now(ck_train *k) {
                                   tp.nan_iters, tp.loss_sum, tp.tok_sum, tp.iters_since_log};
     meta.seed = c->seed;
     meta.layout = (ck_layout){1, c->tensor_model_parallel_size, c->pipeline_model_parallel_size,
-                              c->context_parallel_size, k->world, c->use_distributed_optimizer, 1};
+                              c->context_parallel_size, k->world, c->use_distributed_optimizer, 1}; /* writers: ck_plan's */
     meta.layout.world = k->world * c->tensor_model_parallel_size * c->pipeline_model_parallel_size * c->context_parallel_size;
     model_info(gpt_get_config(trainer_model(k->t)), &meta.model);
     if (!c->no_save_optim) {
@@ -194,7 +195,7 @@ static int hook(trainer *t, void *ctx, bool final, train_end why) {
             fflush(k->log);
         }
     }
-    if (rc) co_err_set(rc, "checkpoint save: %s", co_err_detail());
+    if (rc) ck_err_wrap(rc, "checkpoint save");
     return rc;
 }
 
@@ -316,7 +317,7 @@ static int load(ck_train *k) {
     int rc = ck_candidates(c->load, want, &its, &n);
     if (rc) {
         if (c->exit_on_missing_checkpoint)
-            return co_err_set(CO_ENOENT, "--exit-on-missing-checkpoint: %s", co_err_detail());
+            return ck_err_wrap(CO_ENOENT, "--exit-on-missing-checkpoint");
         if (k->log) fprintf(k->log, "cohort: WARNING: %s; starting from random initialisation\n", co_err_detail());
         return 0;
     }
@@ -404,6 +405,31 @@ static int load(ck_train *k) {
     return rc;
 }
 
+/* The saver and the trainer hooks. coord NULL: this process writes every file and commits
+ * (one process, or rank 0 without a coordinator); else it writes writer `rank`'s files of a
+ * world-writer plan and coord commits. */
+static int setup_saver(ck_train *k, int rank, const ck_coord *coord) {
+    const co_config *c = &k->cfg;
+    ck_saver_destroy(&k->saver);
+    int rc = 0;
+    if (!k->config_json) {
+        k->config_json = config_to_json(c);
+        if (!k->config_json) return co_err_set(CO_ENOMEM, "checkpoint: cannot serialise the configuration");
+    }
+    ck_saver_opts so = {.save_dir = c->save, .async = c->async_save, .keep = coord ? 0 : c->most_recent_k,
+                        .writers = coord ? k->world : 1, .log = k->log, .coord = coord, .writer = coord ? rank : 0};
+    rc = ck_saver_new(&k->saver, &so);
+    if (!rc && c->async_save) {
+        size_t total = 0;
+        int n = c->no_save_optim ? k->nrefs / 3 : k->nrefs;
+        for (int i = 0; i < n; i++) total += (size_t)k->refs[i].shape[0] * (size_t)(k->refs[i].ndim > 1 ? k->refs[i].shape[1] : 1);
+        rc = ck_saver_reserve(k->saver, total);
+    }
+    if (!rc) trainer_set_hook(k->t, hook, k);
+    if (!rc && c->async_save) trainer_set_pre_step_hook(k->t, pre_step, k);
+    return rc;
+}
+
 int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world) {
     *out = NULL;
     const co_config *c = trainer_config(t);
@@ -415,22 +441,12 @@ int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world) 
     k->cfg = *c;
     k->last_saved = -1;
     k->world = world;
+    k->rank = rank;
     int rc = build_refs(k);
     if (!rc && c->load[0]) rc = load(k);
     if (!rc && c->save[0] && rank == 0) {
-        k->config_json = config_to_json(c);
-        if (!k->config_json) rc = co_err_set(CO_ENOMEM, "checkpoint: cannot serialise the configuration");
-        if (!rc) rc = ck_clean_stale(c->save);
-        ck_saver_opts so = {.save_dir = c->save, .async = c->async_save, .keep = c->most_recent_k, .writers = 1, .log = log};
-        if (!rc) rc = ck_saver_new(&k->saver, &so);
-        if (!rc && c->async_save) {
-            size_t total = 0;
-            int n = c->no_save_optim ? k->nrefs / 3 : k->nrefs;
-            for (int i = 0; i < n; i++) total += (size_t)k->refs[i].shape[0] * (size_t)(k->refs[i].ndim > 1 ? k->refs[i].shape[1] : 1);
-            rc = ck_saver_reserve(k->saver, total);
-        }
-        if (!rc) trainer_set_hook(t, hook, k);
-        if (!rc && c->async_save) trainer_set_pre_step_hook(t, pre_step, k);
+        rc = ck_clean_stale(c->save);
+        if (!rc) rc = setup_saver(k, rank, NULL);
     }
     if (rc) {
         char detail[1200];
@@ -441,6 +457,11 @@ int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world) 
     }
     *out = k;
     return 0;
+}
+
+int ck_train_set_coordinator(ck_train *k, const ck_coord *coord) {
+    if (!k || !k->cfg.save[0] || k->world < 2) return 0;
+    return setup_saver(k, k->rank, coord);
 }
 
 void ck_train_destroy(ck_train **p) {

@@ -10,10 +10,13 @@
  *                                 --refuse-corrupt-checkpoint) and, with --save, installs
  *                                 the trainer hook that saves every --save-interval and at
  *                                 the end (done, exit interval or duration, SIGTERM)
+ *   ck_train_set_coordinator(ck,co) several ranks: each writes its share, the supervisor
+ *                                 commits (docs/checkpoints.md)
  *   ck_train_destroy(&ck)         before trainer_destroy: waits for a background save */
 #ifndef COHORT_CHECKPOINT_TRAIN_CKPT_H
 #define COHORT_CHECKPOINT_TRAIN_CKPT_H
 
+#include "checkpoint/ckpt.h"
 #include "common/config.h"
 #include "train/trainer.h"
 
@@ -22,9 +25,14 @@
 typedef struct ck_train ck_train;
 
 int ck_train_prepare(co_config *c, FILE *log);
-/* rank, world: this process's data-parallel rank and size; rank 0 writes the checkpoint
- * (replicas hold the same state) and every rank loads. log may be NULL. */
+/* rank, world: this process's data-parallel rank and size; every rank loads. Saving: rank
+ * 0 writes the whole checkpoint and commits it, unless ck_train_set_coordinator is called.
+ * log may be NULL. */
 int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world);
+/* With world > 1 and --save: every rank writes its share of the files (writers = world)
+ * and coord (the supervisor, through the worker's link) commits; call it on every rank
+ * after ck_train_attach and before training. No-op otherwise. */
+int ck_train_set_coordinator(ck_train *k, const ck_coord *coord);
 void ck_train_destroy(ck_train **p);
 
 #endif

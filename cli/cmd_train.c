@@ -165,6 +165,18 @@ static int report_progress(trainer *t, void *ctx, bool final, train_end why) {
     return 0;
 }
 
+/* checkpoint (issue 5): a rank's part of a save is acknowledged to the supervisor, which
+ * commits it (checkpoint/ckpt.h ck_coord, supervisor/ckpt_coord.c) */
+static int ckpt_ack(void *ctx, int64_t it, int status, const char *error, const ck_mfile *files, int n) {
+    sv_file_info *fi = calloc((size_t)(n > 0 ? n : 1), sizeof *fi);
+    if (!fi) return co_err_set(CO_ENOMEM, "checkpoint acknowledgement: out of memory");
+    for (int i = 0; i < n; i++) fi[i] = (sv_file_info){files[i].name, files[i].size, files[i].xxh64};
+    int rc = sv_link_checkpoint_ack(ctx, it, status, error, fi, n);
+    free(fi);
+    return rc;
+}
+static int ckpt_wait(void *ctx, int64_t it, int timeout_ms) { return sv_link_checkpoint_wait(ctx, it, timeout_ms); }
+
 /* Trains in this process: alone, or as one data-parallel worker (link != NULL). out: where
  * this rank prints (NULL: it does not). info: the embedded corpus, or NULL. */
 static int run_training(co_config *cp, const trainer_data *data, const corpus_info *info, FILE *out,
@@ -193,6 +205,11 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
     /* --- checkpoint (issue 5): --load, then the --save hook (rank 0 writes) --- */
     ck_train *ckpt = NULL;
     rc = ck_train_attach(&ckpt, t, out, link ? asg->rank : 0, dp ? dp->size : 1);
+    if (!rc && link && dp && dp->size > 1) { /* every rank writes its share; the supervisor commits */
+        ck_coord co = {.ack = ckpt_ack, .wait = ckpt_wait, .ctx = link};
+        snprintf(co.token, sizeof co.token, CK_JOB_TOKEN_FMT, sv_link_job_id(link));
+        rc = ck_train_set_coordinator(ckpt, &co);
+    }
     if (rc) {
         fprintf(stderr, "cohort train: checkpoint: %s (%s)\n", co_err_detail(), co_strerror(rc));
         trainer_destroy(&t);
@@ -403,7 +420,7 @@ int cli_train(int argc, char **argv) {
                          .secret_path = c.job_secret, .exe = "/proc/self/exe", .worker_args = argv,
                          .nworker_args = argc, .extra_env = env, .nextra_env = embedded ? 2 : 0,
                          .rendezvous_timeout_ms = (int)(c.rendezvous_timeout * 1000),
-                         .metrics_file = c.metrics_file};
+                         .metrics_file = c.metrics_file, .save_dir = c.save, .most_recent_k = c.most_recent_k};
         int status = sv_run(&so);
         co_config_free(&c);
         return status;

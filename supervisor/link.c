@@ -40,6 +40,10 @@ struct sv_link {
     ac_timer *hb;
     pw_stats stats;
     FILE *log, *metrics;
+    /* checkpoint commit (sv_link_checkpoint_*): the supervisor's last answer, under mu */
+    int64_t ckpt_iteration;
+    int ckpt_phase;
+    bool aborted;             /* the job was aborted or the supervisor lost */
 };
 
 bool sv_link_wanted(void) { return getenv("COHORT_SUPERVISOR") != NULL; }
@@ -55,8 +59,9 @@ static void abort_all(sv_link *l) {
     *l->stop = 1;
     cm_comm *c = atomic_load(&l->comm);
     if (c) c->ops->abort(c);
-    /* a worker still waiting for its assignment gives up now */
+    /* a worker still waiting for its assignment (or a checkpoint's commit) gives up now */
     pthread_mutex_lock(&l->mu);
+    l->aborted = true;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
 }
@@ -121,6 +126,13 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         }
         break;
     case COHORT__V1__ENVELOPE__BODY_ABORT: abort_all(l); break;
+    case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_COMMAND: /* the supervisor's COMMIT or ABORT */
+        pthread_mutex_lock(&l->mu);
+        l->ckpt_iteration = (int64_t)e->checkpoint_command->iteration;
+        l->ckpt_phase = (int)e->checkpoint_command->phase;
+        pthread_cond_broadcast(&l->cv);
+        pthread_mutex_unlock(&l->mu);
+        break;
     default: break;
     }
     pw_msg_free(&msg);
@@ -245,6 +257,90 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, int timeout_ms, sv_
 void sv_link_attach_comm(sv_link *l, cm_comm *c) { atomic_store(&l->comm, c); }
 
 void sv_link_progress(sv_link *l, int64_t iteration) { atomic_store(&l->iteration, iteration); }
+
+/* ---- checkpoint commit: acknowledgements out, the supervisor's answer in ---- */
+
+uint64_t sv_link_job_id(const sv_link *l) { return l->snd.job_id; }
+
+typedef struct ack_post {
+    sv_link *l;
+    Cohort__V1__CheckpointAck ack;
+    Cohort__V1__FileInfo *fi;
+    Cohort__V1__FileInfo **fp;
+} ack_post;
+
+static void send_ack(ac_actor *a, void *ctx) {
+    (void)a;
+    ack_post *p = ctx;
+    p->ack.rank = p->l->snd.sender;
+    int rc = sv__send(p->l->mb, NULL, &p->l->snd, &p->ack.base);
+    if (rc) fprintf(stderr, "cohort worker %d: sending the checkpoint acknowledgement failed: %s\n", p->l->local_rank, co_strerror(rc));
+    for (size_t i = 0; i < p->ack.n_files; i++) free(p->fi[i].path);
+    free(p->ack.error);
+    free(p->fi);
+    free(p->fp);
+    free(p);
+}
+
+int sv_link_checkpoint_ack(sv_link *l, int64_t iteration, int status, const char *error, const sv_file_info *files, int n) {
+    ack_post *p = calloc(1, sizeof *p);
+    if (!p) return co_err_set(CO_ENOMEM, "checkpoint acknowledgement: out of memory");
+    Cohort__V1__CheckpointAck init = COHORT__V1__CHECKPOINT_ACK__INIT;
+    p->l = l;
+    p->ack = init;
+    p->ack.iteration = (uint64_t)iteration;
+    p->ack.phase = COHORT__V1__CHECKPOINT_PHASE__CKPT_WRITE;
+    p->ack.status = status;
+    p->ack.has_rank = 1;
+    p->fi = calloc((size_t)(n > 0 ? n : 1), sizeof *p->fi);
+    p->fp = calloc((size_t)(n > 0 ? n : 1), sizeof *p->fp);
+    bool ok = p->fi && p->fp && (!error || (p->ack.error = strndup(error, 2000)));
+    for (int i = 0; ok && i < n; i++) {
+        Cohort__V1__FileInfo fi = COHORT__V1__FILE_INFO__INIT;
+        p->fi[i] = fi;
+        p->fi[i].size = files[i].size;
+        p->fi[i].checksum = files[i].checksum;
+        ok = (p->fi[i].path = strdup(files[i].path)) != NULL;
+        p->fp[i] = &p->fi[i];
+        p->ack.n_files = (size_t)i + 1;
+    }
+    p->ack.files = p->fp;
+    if (!ok || ac_post(l->a, send_ack, p)) {
+        for (size_t i = 0; p->fi && i < p->ack.n_files; i++) free(p->fi[i].path);
+        free(p->ack.error);
+        free(p->fi);
+        free(p->fp);
+        free(p);
+        return co_err_set(ok ? CO_EIO : CO_ENOMEM, "checkpoint acknowledgement: cannot post it to the link thread");
+    }
+    return 0;
+}
+
+int sv_link_checkpoint_wait(sv_link *l, int64_t iteration, int timeout_ms) {
+    uint64_t deadline = sv__now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+    pid_t parent = getppid();
+    int phase = 0;
+    bool aborted = false;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        if (l->ckpt_iteration == iteration && l->ckpt_phase) phase = l->ckpt_phase;
+        aborted = l->aborted;
+        if (phase || aborted || sv__now_ms() >= deadline || getppid() != parent) break;
+        /* wake at least every 200 ms: the supervisor (our parent) may have died */
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 200 * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&l->cv, &l->mu, &dl);
+    }
+    pthread_mutex_unlock(&l->mu);
+    if (phase == COHORT__V1__CHECKPOINT_PHASE__CKPT_COMMIT) return 0;
+    if (phase == COHORT__V1__CHECKPOINT_PHASE__CKPT_ABORT)
+        return co_err_set(CO_EABORTED, "the supervisor aborted it (a rank failed or died; see the supervisor's message)");
+    if (aborted) return co_err_set(CO_EABORTED, "the job was aborted before the supervisor committed it");
+    if (getppid() != parent) return co_err_set(CO_EREMOTE, "the supervisor went away before committing it");
+    return co_err_set(CO_ETIMEOUT, "no answer from the supervisor within %d s", timeout_ms / 1000);
+}
 
 /* ---- log forwarding: a FILE whose complete lines become LogLine messages ---- */
 

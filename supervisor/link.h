@@ -41,6 +41,19 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, int timeout_ms, sv_
 void sv_link_attach_comm(sv_link *l, cm_comm *c);
 /* Progress for heartbeats (any thread). */
 void sv_link_progress(sv_link *l, int64_t iteration);
+/* Checkpoint commit (docs/checkpoints.md): a rank acknowledges its part of a save (phase
+ * WRITE: its files with size and XXH64, or status < 0 and the error), posted on the link
+ * thread; then waits (timeout_ms) for the supervisor's CheckpointCommand: 0 on COMMIT,
+ * CO_EABORTED on ABORT or when the job is aborted, CO_EREMOTE when the supervisor (this
+ * process's parent) is gone, CO_ETIMEOUT. */
+typedef struct sv_file_info {
+    const char *path;
+    uint64_t size, checksum;
+} sv_file_info;
+int sv_link_checkpoint_ack(sv_link *l, int64_t iteration, int status, const char *error, const sv_file_info *files, int n);
+int sv_link_checkpoint_wait(sv_link *l, int64_t iteration, int timeout_ms);
+/* The job id (names the checkpoint's shared temporary directory). */
+uint64_t sv_link_job_id(const sv_link *l);
 /* A stream whose lines go to the supervisor's log (NULL on failure). */
 FILE *sv_link_log_stream(sv_link *l);
 /* A stream whose lines (metrics records) go to the supervisor's --metrics-file. */

@@ -6,6 +6,7 @@
 
 #include "actors/actor.h"
 #include "common/error.h"
+#include "supervisor/ckpt_coord.h"
 #include "supervisor/msg.h"
 
 #include <inttypes.h>
@@ -58,6 +59,7 @@ typedef struct sv {
     int signals;
     pw_stats stats;
     FILE *metrics;          /* --metrics-file, written from the workers' Metrics records */
+    svc *ckpt;              /* commits the ranks' checkpoints (--save; ckpt_coord.c) */
 } sv;
 
 static uint64_t random_job_id(void) {
@@ -89,6 +91,7 @@ static void kill_remaining(ac_timer *t, void *ctx) {
 
 /* Ends the job with status: tells every worker, then kills what is left after a grace. */
 static void begin_shutdown(sv *s, int status, const char *reason) {
+    svc_abort(s->ckpt, reason); /* a checkpoint in progress is not committed */
     if (s->status < 0) s->status = status;
     if (s->stopping) return;
     s->stopping = true;
@@ -221,6 +224,9 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         break;
     }
     case COHORT__V1__ENVELOPE__BODY_HEARTBEAT: w->iteration = e->heartbeat->iteration; break;
+    case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_ACK:
+        if (s->ckpt) svc_on_ack(s->ckpt, w->index, e->checkpoint_ack);
+        break;
     case COHORT__V1__ENVELOPE__BODY_METRICS:
         if (s->metrics && e->metrics->record) {
             fputs(e->metrics->record, s->metrics);
@@ -315,7 +321,7 @@ static int spawn_workers(sv *s) {
         int ne = 0;
         for (int k = 0; k < nenv; k++)
             if (strncmp(environ[k], "COHORT_", 7) || !strncmp(environ[k], "COHORT_TEST_", 12) ||
-                !strncmp(environ[k], "COHORT_CORPUS_", 14))
+                !strncmp(environ[k], "COHORT_CORPUS_", 14) || !strncmp(environ[k], "COHORT_CKPT_", 12))
                 env[ne++] = environ[k];
         snprintf(vars[0], sizeof vars[0], "COHORT_SUPERVISOR=%s", s->endpoint);
         snprintf(vars[1], sizeof vars[1], "COHORT_JOB_ID=%" PRIx64, s->snd.job_id);
@@ -351,6 +357,13 @@ static int spawn_workers(sv *s) {
         w->last_seen_ms = sv__now_ms();
     }
     return 0;
+}
+
+/* ckpt_coord.c's way to reach a rank. */
+static int send_to_rank(void *ctx, int rank, const ProtobufCMessage *body) {
+    sv *s = ctx;
+    if (rank < 0 || rank >= s->nw || !s->w[rank].registered || s->w[rank].exited) return CO_ENOENT;
+    return sv__send(s->mb, s->w[rank].identity, &s->snd, body);
 }
 
 static int sv_on_start(ac_actor *a, void *ctx) {
@@ -456,11 +469,19 @@ int sv_run(const sv_options *opt) {
         free(s.w);
         return SV_EXIT_FAILURE;
     }
+    if (!s.agent && s.o.save_dir && *s.o.save_dir &&
+        svc_new(&s.ckpt, s.o.save_dir, s.o.most_recent_k, s.nw, s.snd.job_id, send_to_rank, &s)) {
+        fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
+        if (s.metrics) fclose(s.metrics);
+        free(s.w);
+        return SV_EXIT_FAILURE;
+    }
     ac_actor_opts ao = {.name = "supervisor", .on_start = sv_on_start, .on_stop = sv_on_stop, .ctx = &s};
     int rc = ac_actor_new(&ao, &s.a);
     if (!rc) rc = ac_actor_run(s.a);
     if (rc) fprintf(stderr, "cohort supervisor: %s (%s)\n", co_err_detail(), co_strerror(rc));
     ac_actor_destroy(&s.a);
+    svc_destroy(&s.ckpt); /* every local worker is gone: unfinished saves' directories go */
     if (s.ipc_dir[0]) ac_ipc_dir_remove(s.ipc_dir);
     int status = rc ? SV_EXIT_FAILURE : s.status >= 0 ? s.status : s.first_failure ? s.first_failure : SV_EXIT_OK;
     if (!rc && s.status < 0 && !s.first_failure) {

@@ -48,6 +48,10 @@ typedef struct sv_options {
     int heartbeat_timeout_ms;      /* a worker silent this long is lost (default 30000) */
     int kill_grace_ms;             /* after asking workers to stop, SIGKILL after (default 10000) */
     const char *metrics_file;      /* where workers' metrics records go ("" or NULL: none) */
+    /* checkpoints: the ranks write their parts of each save into --save and the supervisor
+     * commits them (ckpt_coord.c); NULL or "": no --save */
+    const char *save_dir;
+    int most_recent_k;             /* retention after each commit (<= 0: keep all) */
     /* extra environment for workers ("NAME=value"), e.g. the embedded corpus location */
     char *const *extra_env;
     int nextra_env;

@@ -3,12 +3,15 @@
 # per meson test: exact resume (2N steps == N + save + resume N, bitwise, sync and async),
 # a SIGKILL at each phase of the commit, failing writes (ENOSPC, EIO), save on SIGTERM,
 # corrupt/truncated fallback and refusal, the load flags, the `cohort ckpt` tools' exit
-# codes, and safetensors files read by a 20-line numpy reader.
+# codes, and safetensors files read by a 20-line numpy reader. The dp_* cases run several
+# ranks under the supervisor: every rank writes its share of the files and the supervisor
+# commits (layout, tools and export on such checkpoints, a kill of a rank or of the
+# supervisor at each phase, a failing write on one rank).
 #   ckpt_test.sh COHORT PYTHON CASE
 set -uo pipefail
 cohort=$1; py=$2; case_name=$3
 work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-ckpt.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 S=$work/save
 
@@ -16,6 +19,8 @@ tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2
       --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 4 --lr 1e-3
       --data-cache-path "$work/cache" --log-interval 3 --eval-interval 3 --eval-iters 1 --threads 2)
 train() { "$cohort" train "${tiny[@]}" "$@"; }
+# several ranks: a global batch that 1, 2 and 4 ranks divide, one thread each
+dp=(--global-batch-size 8 --threads 1)
 tracker() { cat "$S/latest_checkpointed_iteration.txt" 2>/dev/null; }
 # the lines that must match between runs: training log lines without time and speed, and
 # the in-loop validation lines
@@ -271,6 +276,124 @@ for l in range(2):
 assert np.array_equal(hf[p + "ln_f.weight"], ours["final_norm.weight"])
 assert len(hf) == 2 + 12 * 2 + 2 and "lm_head.weight" not in hf
 EOF
+    ;;
+dp_layout)
+    # 2 and 4 ranks: each rank writes its own files (the manifest says which), the checkpoint
+    # verifies, the tools read it, numpy reads every shard, and the weights and the Hugging
+    # Face export agree with one process's
+    train "${dp[@]}" --train-iters 3 --save "$work/one" >"$work/one.out" 2>&1 || fail "1 rank: $(tail -3 "$work/one.out")"
+    "$cohort" ckpt convert "$work/one" --to hf-gpt2 --output "$work/hf1" >/dev/null || fail "1 rank: convert"
+    for n in 2 4; do
+        train "${dp[@]}" --nproc-per-node $n --train-iters 3 --save "$work/s$n" >"$work/o$n" 2>&1 ||
+            fail "$n ranks: $(tail -5 "$work/o$n")"
+        d=$work/s$n/iter_0000003
+        "$cohort" ckpt verify "$work/s$n" >"$work/v$n" 2>&1 || fail "$n ranks: verify: $(cat "$work/v$n")"
+        "$py" - "$d" $n <<'PY' || fail "$n ranks: layout"
+import json, os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+m = json.load(open(d + "/manifest.json"))
+assert m["parallel"]["writers"] == n and m["parallel"]["data"] == n, m["parallel"]
+files = m["files"]
+assert sorted(f["writer"] for f in files) == sorted(list(range(n)) * 2), files
+for f in files:
+    want = "%s-%05d-of-%05d.safetensors" % (f["kind"], f["writer"] + 1, n)
+    assert f["name"] == want, (f["name"], want)
+    assert os.path.getsize(d + "/" + f["name"]) == f["size"]
+assert sorted(os.listdir(d)) == sorted(["manifest.json"] + [f["name"] for f in files]), os.listdir(d)
+PY
+        grep -q "successfully saved checkpoint from iteration        3" "$work/o$n" || fail "$n ranks: no save line: $(tail -5 "$work/o$n")"
+        ! ls -d "$work/s$n"/iter_*.tmp-* 2>/dev/null | grep . >/dev/null || fail "$n ranks: leftovers: $(ls "$work/s$n")"
+        "$cohort" ckpt ls "$work/s$n" | grep "^3 .*complete .*latest" >/dev/null || fail "ls: $("$cohort" ckpt ls "$work/s$n")"
+        "$cohort" ckpt inspect "$work/s$n" --json | "$py" -c "
+import json,sys; d=json.load(sys.stdin); assert len(d['tensors'])==84 and all(t['norm']>0 for t in d['tensors'] if t['kind']=='model')" ||
+            fail "$n ranks: inspect"
+        # the same tensors as one process's, within fp32 rounding of the data-parallel sums
+        "$cohort" ckpt diff "$work/one" "$work/s$n" --json >"$work/d$n" 2>&1; rc=$?
+        [ $rc -le 1 ] || fail "$n ranks: diff: $(head -3 "$work/d$n")"
+        "$py" - "$work/d$n" <<'PY' || fail "$n ranks: tensors differ from one process's: $(head -c 600 "$work/d$n")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = d["tensors"]
+assert len(rows) == 84, len(rows)
+for r in rows:
+    assert r["status"] in ("bitwise equal", "differs"), r
+    assert r["status"] == "bitwise equal" or r["max_abs"] < 1e-4, r
+PY
+        # every shard read by the 20-line reader; together they hold each tensor exactly once
+        "$py" - "$work/st.py" "$d" <<'PY' || fail "$n ranks: shards unreadable by a plain safetensors reader"
+import json, sys
+import numpy as np
+exec(open(sys.argv[1]).read())
+d = sys.argv[2]
+m = json.load(open(d + "/manifest.json"))
+parts = [read_safetensors(d + "/" + f["name"])[0] for f in m["files"]]
+for t in m["tensors"]:
+    full = np.full(t["shape"], np.nan, dtype=np.float32)
+    for s in t["slices"]:
+        a = parts[s["file"]][s["key"]]
+        sl = tuple(slice(o, o + k) for o, k in zip(s["offsets"], s["shape"]))
+        assert np.isnan(full[sl]).all(), t["name"]
+        full[sl] = a
+    assert not np.isnan(full).any(), t["name"]
+PY
+        "$cohort" ckpt convert "$work/s$n" --to hf-gpt2 --output "$work/hf$n" >/dev/null || fail "$n ranks: convert"
+        cmp -s "$work/hf1/config.json" "$work/hf$n/config.json" || fail "$n ranks: config.json differs"
+        [ "$(wc -c <"$work/hf$n/model.safetensors")" = "$(wc -c <"$work/hf1/model.safetensors")" ] || fail "$n ranks: export size"
+    done
+    ;;
+dp_crash_*)
+    # a kill at one phase of a multi-rank save: the case is dp_crash_PHASE@WHO (WHO: a rank,
+    # or sv for the supervisor)
+    spec=${case_name#dp_crash_}; phase=${spec%@*}; who=${spec#*@}
+    train "${dp[@]}" --nproc-per-node 2 --train-iters 2 --save "$S" >"$work/1.out" 2>&1 || fail "first run: $(tail -3 "$work/1.out")"
+    COHORT_CKPT_CRASH_AT="$phase@$who" train "${dp[@]}" --nproc-per-node 2 --train-iters 4 --load "$S" --save "$S" \
+        --save-interval 2 --most-recent-k 1 >"$work/2.out" 2>&1; rc=$?
+    grep -q "COHORT_CKPT_CRASH_AT=$phase: killing the process" "$work/2.out" || fail "no kill at $phase: $(tail -5 "$work/2.out")"
+    if [ "$who" = sv ]; then want_rc=137; else want_rc=4; fi
+    [ $rc -eq $want_rc ] || fail "kill at $phase@$who: exit $rc, want $want_rc: $(tail -5 "$work/2.out")"
+    # the orphaned workers of a killed supervisor notice and end
+    for _ in $(seq 300); do
+        left=$(grep -l -- "${S%save}[s]ave" /proc/[0-9]*/cmdline 2>/dev/null | wc -l) # ([s]: not grep itself)
+        [ "$left" -eq 0 ] && break; sleep 0.1
+    done
+    [ "$left" -eq 0 ] || fail "workers still running 30 s after the supervisor was killed"
+    case $phase in
+    tracker|prune) want=4 ;;
+    acked) want=$(tracker); [ "$want" = 2 ] || [ "$want" = 4 ] || fail "tracker '$want'" ;;
+    *) want=2 ;;
+    esac
+    [ "$(tracker)" = "$want" ] || fail "after a kill at $phase@$who the tracker says '$(tracker)', want $want"
+    "$cohort" ckpt verify "$S" >"$work/v.out" 2>&1 || fail "the tracker's checkpoint does not verify: $(cat "$work/v.out")"
+    if [ "$phase" = renamed ] || [ "$phase" = committed ]; then
+        "$cohort" ckpt verify "$S/iter_0000004" >/dev/null || fail "iter_4 renamed but incomplete"
+    fi
+    # a killed worker's save is aborted by the supervisor, which removes the directory
+    [ "$who" = sv ] || ! ls -d "$S"/iter_*.tmp-* 2>/dev/null | grep . >/dev/null || fail "temporary directory left: $(ls "$S")"
+    # resuming loads the tracker's checkpoint and finishes; leftovers are cleaned
+    train "${dp[@]}" --nproc-per-node 2 --train-iters 6 --load "$S" --save "$S" --save-interval 2 --most-recent-k 1 \
+        >"$work/3.out" 2>&1 || fail "resume after a kill at $phase@$who: $(tail -5 "$work/3.out")"
+    grep -q "successfully loaded checkpoint .* at iteration $want" "$work/3.out" || fail "resumed from the wrong place: $(grep -i load "$work/3.out")"
+    [ "$(tracker)" = 6 ] || fail "final tracker $(tracker)"
+    ! ls -d "$S"/iter_*.tmp-* "$S"/iter_*.del-* 2>/dev/null | grep . >/dev/null || fail "leftovers: $(ls "$S")"
+    [ "$(ls -d "$S"/iter_* | wc -l)" -eq 1 ] || fail "--most-recent-k 1 kept: $(ls "$S")"
+    "$cohort" ckpt verify "$S" >/dev/null || fail "final checkpoint does not verify"
+    ;;
+dp_enospc|dp_eio_async)
+    # one rank's write fails: the supervisor aborts that checkpoint, removes its temporary
+    # directory, says why, and the job stops (as one process stops on a failing save)
+    train "${dp[@]}" --nproc-per-node 2 --train-iters 2 --save "$S" >"$work/1.out" 2>&1 || fail "first run"
+    spec=3@1; msg="No space left on device"; extra=()
+    [ "$case_name" = dp_eio_async ] && { spec=2:5@0; msg="Input/output error"; extra=(--async-save); }
+    COHORT_CKPT_FAIL_WRITE=$spec train "${dp[@]}" --nproc-per-node 2 --train-iters 4 --load "$S" --save "$S" \
+        "${extra[@]}" >"$work/2.out" 2>&1; rc=$?
+    [ $rc -eq 4 ] || fail "failing write on rank ${spec#*@}: exit $rc, want 4 (a worker failed): $(tail -5 "$work/2.out")"
+    grep -q "checkpoint at iteration 4 aborted: rank ${spec#*@} failed to write its part: .*safetensors.*$msg" "$work/2.out" ||
+        fail "no clear message: $(cat "$work/2.out")"
+    grep -q "removed .*iter_0000004.tmp-" "$work/2.out" || fail "temporary directory not reported removed"
+    [ "$(tracker)" = 2 ] || fail "tracker moved: $(tracker)"
+    [ ! -e "$S/iter_0000004" ] || fail "a failed save left iter_4"
+    ! ls -d "$S"/iter_*.tmp-* 2>/dev/null | grep . >/dev/null || fail "temporary directory left: $(ls "$S")"
+    "$cohort" ckpt verify "$S" >/dev/null || fail "previous checkpoint damaged"
     ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -140,22 +140,29 @@ print("ok: resharded resume matches")
 PY
     ;;
 resume_exact)
-    # data parallel, 2 ranks: 8 iterations in one go, and 4 + 4 with a checkpoint and a new
-    # job in between (sync and async save), give bitwise the same parameters, optimizer state
+    # data parallel, 2 and 4 ranks (each rank writes its share of the checkpoint, the
+    # supervisor commits): 8 iterations in one go, and 4 + 4 with a checkpoint and a new job
+    # in between (sync and async save), give bitwise the same parameters, optimizer state
     # and logged losses
-    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 8 --save "$work/a" \
-        --metrics-file "$work/a.jsonl" >"$work/oa" 2>&1 || fail "uninterrupted: $(tail -5 "$work/oa")"
-    for mode in sync async; do
-        extra=(); [ $mode = async ] && extra=(--async-save)
-        "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 8 --save "$work/$mode" --save-interval 4 \
-            --exit-interval 4 "${extra[@]}" --metrics-file "$work/$mode.jsonl" >"$work/o1$mode" 2>&1 \
-            || fail "first half ($mode): $(tail -5 "$work/o1$mode")"
-        "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 8 --save "$work/$mode" --load "$work/$mode" \
-            "${extra[@]}" --metrics-file "$work/$mode.jsonl" >"$work/o2$mode" 2>&1 \
-            || fail "second half ($mode): $(tail -5 "$work/o2$mode")"
-        "$cohort" ckpt diff "$work/a" "$work/$mode" >"$work/diff$mode" 2>&1 \
-            || fail "$mode: checkpoints at iteration 8 differ: $(head -5 "$work/diff$mode")"
-        [ "$(losses "$work/a.jsonl")" = "$(losses "$work/$mode.jsonl")" ] || fail "$mode: logged losses differ"
+    for n in 2 4; do
+        "$cohort" train "${tiny[@]}" --nproc-per-node $n --train-iters 8 --save "$work/a$n" \
+            --metrics-file "$work/a$n.jsonl" >"$work/oa" 2>&1 || fail "$n ranks uninterrupted: $(tail -5 "$work/oa")"
+        [ "$(grep -o '"writer": *[0-9]*' "$work/a$n/iter_0000008/manifest.json" | sort -u | wc -l)" -eq $n ] ||
+            fail "$n ranks: not every rank wrote files: $(grep -o '"writer": *[0-9]*' "$work/a$n/iter_0000008/manifest.json")"
+        for mode in sync async; do
+            extra=(); [ $mode = async ] && extra=(--async-save)
+            d=$work/$mode$n
+            "$cohort" train "${tiny[@]}" --nproc-per-node $n --train-iters 8 --save "$d" --save-interval 4 \
+                --exit-interval 4 "${extra[@]}" --metrics-file "$d.jsonl" >"$work/o1$mode" 2>&1 \
+                || fail "$n ranks, first half ($mode): $(tail -5 "$work/o1$mode")"
+            "$cohort" ckpt verify "$d" >/dev/null 2>&1 || fail "$n ranks ($mode): the checkpoint does not verify"
+            "$cohort" train "${tiny[@]}" --nproc-per-node $n --train-iters 8 --save "$d" --load "$d" \
+                "${extra[@]}" --metrics-file "$d.jsonl" >"$work/o2$mode" 2>&1 \
+                || fail "$n ranks, second half ($mode): $(tail -5 "$work/o2$mode")"
+            "$cohort" ckpt diff "$work/a$n" "$d" >"$work/diff$mode" 2>&1 \
+                || fail "$n ranks, $mode: checkpoints at iteration 8 differ: $(head -5 "$work/diff$mode")"
+            [ "$(losses "$work/a$n.jsonl")" = "$(losses "$d.jsonl")" ] || fail "$n ranks, $mode: logged losses differ"
+        done
     done
     ;;
 embedded)

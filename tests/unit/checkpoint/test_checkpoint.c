@@ -2,7 +2,8 @@
  * and hostile), save/load round trips in every layout the loader accepts (whole tensors,
  * row slices over several writers, column and flat slices), the commit protocol under
  * failing writes (every write in turn, ENOSPC and EIO), corruption detection, retention,
- * candidates and the asynchronous saver. */
+ * candidates, the asynchronous saver, and a multi-rank save (each writer its part, a fake
+ * coordinator completing and committing it). */
 #include "checkpoint/ckpt.h"
 #include "common/error.h"
 #include "tests/test.h"
@@ -531,6 +532,91 @@ static void test_async_saver(void) {
     CHECK(s == NULL);
 }
 
+
+/* ---- multi-rank save: ranks' parts, the coordinator's completion ---- */
+
+static ck_mfile acked[32];
+static int nacked, ack_fail_status;
+static char ack_error[1200];
+
+static int fake_ack(void *ctx, int64_t it, int status, const char *error, const ck_mfile *files, int n) {
+    (void)ctx;
+    (void)it;
+    if (status) {
+        ack_fail_status = status;
+        snprintf(ack_error, sizeof ack_error, "%s", error ? error : "");
+        return 0;
+    }
+    for (int i = 0; i < n && nacked < 32; i++) acked[nacked++] = files[i];
+    return 0;
+}
+static int fake_wait(void *ctx, int64_t it, int timeout_ms) {
+    (void)ctx;
+    (void)it;
+    (void)timeout_ms;
+    return 0; /* the test commits after every part is written */
+}
+
+static void test_save_parts(void) {
+    char save[512], tmp[700], dir[600], ref[512], rdir[600], p[800];
+    ck_coord co = {.token = "job00000000000000ab", .ack = fake_ack, .wait = fake_wait};
+    for (int writers = 2; writers <= 3; writers++) {
+        scratch(save, sizeof save, "parts");
+        scratch(ref, sizeof ref, "parts-ref");
+        fill(4.5f);
+        ck_meta meta;
+        meta_for(&meta, 12);
+        nacked = 0;
+        for (int w = writers - 1; w >= 0; w--) CHECK(!ck_save_part(save, &meta, refs, NT, writers, w, &co));
+        CHECK(nacked == 2 * writers);
+        for (int i = 0; i < nacked; i++) CHECK(acked[i].xxh64 != 0 && acked[i].size > 8);
+        ck_tmp_dir_shared(tmp, sizeof tmp, save, 12, co.token);
+        snprintf(p, sizeof p, "%s/%s", tmp, CK_PLAN_NAME);
+        CHECK(exists(p));
+        /* an acknowledgement that does not match what was written is refused */
+        acked[1].size++;
+        CHECK(ck_complete_shared(tmp, 12, writers, acked, nacked) == CO_EPROTOCOL);
+        acked[1].size--;
+        CHECK(ck_complete_shared(tmp, 12, writers, acked, nacked - 1) == CO_EPROTOCOL);
+        CHECK(ck_complete_shared(tmp, 12, writers + 1, acked, nacked) == CO_EPROTOCOL);
+        REQUIRE(!ck_complete_shared(tmp, 12, writers, acked, nacked));
+        CHECK(!exists(p)); /* the plan and the writer records are not part of the checkpoint */
+        REQUIRE(!ck_commit(save, 12, tmp));
+        ck_iter_dir(dir, sizeof dir, save, 12);
+        ck_bad bad;
+        CHECK(!ck_verify(dir, &bad, NULL, NULL) && bad == CK_OK);
+        CHECK(loads_equal(dir, 4.5f));
+        /* the same files as one process writing every part */
+        fill(4.5f);
+        REQUIRE(!ck_save(ref, &meta, refs, NT, writers, 0));
+        ck_iter_dir(rdir, sizeof rdir, ref, 12);
+        ck_manifest *a = NULL, *b = NULL;
+        REQUIRE(!ck_read_manifest(dir, &a) && !ck_read_manifest(rdir, &b));
+        CHECK(a->nfiles == b->nfiles && a->layout.writers == writers);
+        for (int i = 0; i < a->nfiles && i < b->nfiles; i++) {
+            CHECK(!strcmp(a->files[i].name, b->files[i].name) && a->files[i].writer == b->files[i].writer);
+            CHECK(a->files[i].size == b->files[i].size && !memcmp(a->files[i].xxh128, b->files[i].xxh128, 16));
+        }
+        ck_manifest_free(&a);
+        ck_manifest_free(&b);
+    }
+    /* a writer whose write fails acknowledges the failure with the detail */
+    fill(5.5f);
+    ck_meta meta;
+    meta_for(&meta, 14);
+    ack_fail_status = 0;
+    ck_test_fail_write(2, ENOSPC);
+    int rc = ck_save_part(save, &meta, refs, NT, 2, 1, &co);
+    ck_test_fail_write(0, 0);
+    CHECK(rc == CO_ENOSPC && ack_fail_status == CO_ENOSPC);
+    CHECK_MSG(strstr(ack_error, "No space left on device") && strstr(ack_error, "safetensors"), "%s", ack_error);
+    CHECK(!ck_remove_tmp_dirs(save, co.token));
+    ck_tmp_dir_shared(tmp, sizeof tmp, save, 14, co.token);
+    CHECK(!exists(tmp));
+    int64_t it = -1;
+    CHECK(!ck_read_tracker(save, &it) && it == 12);
+}
+
 int main(void) {
     snprintf(root, sizeof root, "%s/cohort-ckpt-unit.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(root)) return 1;
@@ -543,6 +629,7 @@ int main(void) {
     RUN(test_corruption);
     RUN(test_retention_and_candidates);
     RUN(test_async_saver);
+    RUN(test_save_parts);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", root);

@@ -1,0 +1,192 @@
+/* ckpt_coord.c - the supervisor coordinates the commit of a checkpoint written by several
+ * ranks (see ckpt_coord.h and docs/checkpoints.md, "Several ranks").
+ *
+ * Each rank writes its files into SAVE/iter_N.tmp-JOB, fsyncs them and acknowledges
+ * (CheckpointAck, phase WRITE: its files with size and XXH64, or its error). When all W
+ * have acknowledged success, the supervisor completes the manifest from rank 0's plan and
+ * every rank's writer record (ck_complete_shared), commits (ck_commit: fsync, rename, fsync
+ * of SAVE, tracker), applies --most-recent-k and answers every rank COMMIT. A failed
+ * acknowledgement, a failure here, or the job failing before all are in aborts: the
+ * temporary directory is removed and every rank is answered ABORT. The tracker only ever
+ * moves to a committed, complete checkpoint. */
+#include "supervisor/ckpt_coord.h"
+
+#include "checkpoint/ckpt.h"
+#include "common/error.h"
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct svc {
+    char save_dir[4096];
+    char token[64];
+    int keep, world;
+    svc_send_fn send;
+    void *ctx;
+    /* the save in progress */
+    int64_t iteration;       /* -1: none */
+    bool *acked;             /* [world] */
+    int nacked;
+    ck_mfile *files;         /* acknowledged files */
+    int nfiles, cap;
+    bool aborted;            /* the save in progress was aborted */
+    bool failing;            /* the job is failing: no more commits */
+};
+
+int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_id, svc_send_fn send, void *ctx) {
+    *out = NULL;
+    svc *c = calloc(1, sizeof *c);
+    if (!c || !(c->acked = calloc((size_t)(world > 0 ? world : 1), sizeof *c->acked))) {
+        free(c);
+        return co_err_set(CO_ENOMEM, "supervisor: checkpoint coordinator: out of memory");
+    }
+    snprintf(c->save_dir, sizeof c->save_dir, "%s", save_dir);
+    snprintf(c->token, sizeof c->token, CK_JOB_TOKEN_FMT, job_id);
+    c->keep = keep;
+    c->world = world;
+    c->send = send;
+    c->ctx = ctx;
+    c->iteration = -1;
+    ck_test_set_role("sv"); /* COHORT_CKPT_CRASH_AT=PHASE@sv */
+    *out = c;
+    return 0;
+}
+
+static void tell_all(svc *c, int64_t it, Cohort__V1__CheckpointPhase phase, const char *dir) {
+    for (int r = 0; r < c->world; r++) {
+        Cohort__V1__CheckpointCommand cmd = COHORT__V1__CHECKPOINT_COMMAND__INIT;
+        cmd.iteration = (uint64_t)it;
+        cmd.directory = (char *)dir;
+        cmd.phase = phase;
+        c->send(c->ctx, r, &cmd.base);
+    }
+}
+
+static void reset(svc *c) {
+    c->iteration = -1;
+    c->nacked = 0;
+    c->nfiles = 0;
+    c->aborted = false;
+    memset(c->acked, 0, (size_t)c->world * sizeof *c->acked);
+}
+
+/* Aborts the save in progress: every rank is answered ABORT at once; the temporary
+ * directory is removed when every rank has acknowledged (none writes into it any more), or
+ * at the end of the job. */
+static void abort_save(svc *c, const char *why) {
+    if (c->aborted) return;
+    c->aborted = true;
+    char tmp[4400];
+    ck_tmp_dir_shared(tmp, sizeof tmp, c->save_dir, c->iteration, c->token);
+    fprintf(stderr, "cohort supervisor: checkpoint at iteration %" PRId64 " aborted: %s; removed %s once no rank writes "
+                    "into it (the tracker still names the previous checkpoint)\n", c->iteration, why, tmp);
+    fflush(stderr);
+    tell_all(c, c->iteration, COHORT__V1__CHECKPOINT_PHASE__CKPT_ABORT, tmp);
+}
+
+static void finish_aborted(svc *c) {
+    char tmp[4400];
+    ck_tmp_dir_shared(tmp, sizeof tmp, c->save_dir, c->iteration, c->token);
+    if (ck_remove_dir(tmp)) fprintf(stderr, "cohort supervisor: removing %s: %s\n", tmp, co_err_detail());
+    reset(c);
+}
+
+static void commit(svc *c) {
+    int64_t it = c->iteration;
+    char tmp[4400], final[4400];
+    ck_tmp_dir_shared(tmp, sizeof tmp, c->save_dir, it, c->token);
+    ck_iter_dir(final, sizeof final, c->save_dir, it);
+    int rc = ck_complete_shared(tmp, it, c->world, c->files, c->nfiles);
+    if (!rc) ck_crash_point("manifest"); /* manifest written, not yet renamed */
+    if (!rc) rc = ck_commit(c->save_dir, it, tmp);
+    if (rc) {
+        char why[1400];
+        snprintf(why, sizeof why, "committing failed: %s", co_err_detail());
+        abort_save(c, why);
+        finish_aborted(c);
+        return;
+    }
+    if (c->keep > 0) {
+        int64_t removed[64];
+        int nr = 0;
+        if (ck_prune(c->save_dir, c->keep, false, removed, 64, &nr))
+            fprintf(stderr, "cohort supervisor: retention (--most-recent-k %d) after saving iteration %" PRId64 ": %s\n",
+                    c->keep, it, co_err_detail());
+    }
+    tell_all(c, it, COHORT__V1__CHECKPOINT_PHASE__CKPT_COMMIT, final);
+    reset(c);
+}
+
+void svc_on_ack(svc *c, int rank, const Cohort__V1__CheckpointAck *ack) {
+    if (rank < 0 || rank >= c->world || ack->phase != COHORT__V1__CHECKPOINT_PHASE__CKPT_WRITE) return;
+    int64_t it = (int64_t)ack->iteration;
+    if (c->iteration >= 0 && c->iteration != it) {
+        /* ranks save in lockstep; one that is elsewhere ends both saves */
+        char why[200];
+        snprintf(why, sizeof why, "rank %d acknowledged iteration %" PRId64 " while %" PRId64 " was in progress", rank, it,
+                 c->iteration);
+        abort_save(c, why);
+        finish_aborted(c);
+        c->failing = true;
+    }
+    if (c->iteration < 0) c->iteration = it;
+    if (c->failing) abort_save(c, "the job is stopping");
+    if (c->acked[rank]) return; /* a duplicate */
+    c->acked[rank] = true;
+    c->nacked++;
+    if (ack->status != 0) {
+        char why[2400];
+        snprintf(why, sizeof why, "rank %d failed to write its part: %s (%s)", rank, ack->error ? ack->error : "no detail",
+                 co_strerror(ack->status));
+        abort_save(c, why);
+    }
+    for (size_t i = 0; i < ack->n_files && !c->aborted; i++) {
+        if (c->nfiles == c->cap) {
+            int cap = c->cap ? 2 * c->cap : 16;
+            ck_mfile *p = realloc(c->files, (size_t)cap * sizeof *p);
+            if (!p) {
+                abort_save(c, "out of memory");
+                break;
+            }
+            c->files = p;
+            c->cap = cap;
+        }
+        ck_mfile *f = &c->files[c->nfiles++];
+        memset(f, 0, sizeof *f);
+        snprintf(f->name, sizeof f->name, "%s", ack->files[i]->path);
+        f->writer = rank;
+        f->size = ack->files[i]->size;
+        f->xxh64 = ack->files[i]->checksum;
+    }
+    if (c->aborted) {
+        /* (the rank may have acknowledged after the ABORT went out: it hears it again) */
+        Cohort__V1__CheckpointCommand cmd = COHORT__V1__CHECKPOINT_COMMAND__INIT;
+        cmd.iteration = (uint64_t)it;
+        cmd.directory = "";
+        cmd.phase = COHORT__V1__CHECKPOINT_PHASE__CKPT_ABORT;
+        c->send(c->ctx, rank, &cmd.base);
+        if (c->nacked == c->world) finish_aborted(c);
+        return;
+    }
+    if (c->nacked == c->world) commit(c);
+}
+
+void svc_abort(svc *c, const char *why) {
+    if (!c) return;
+    c->failing = true;
+    if (c->iteration >= 0) abort_save(c, why);
+}
+
+void svc_destroy(svc **pc) {
+    svc *c = *pc;
+    if (!c) return;
+    ck_remove_tmp_dirs(c->save_dir, c->token);
+    free(c->acked);
+    free(c->files);
+    free(c);
+    *pc = NULL;
+}

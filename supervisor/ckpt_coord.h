@@ -1,0 +1,28 @@
+/* ckpt_coord.h - the supervisor's side of a multi-rank checkpoint (docs/checkpoints.md):
+ * collects every rank's acknowledgement of its part of a save, then commits (manifest,
+ * rename, parent fsync, tracker, retention) and answers COMMIT, or removes the temporary
+ * directory and answers ABORT. Private to supervisor/; runs on the supervisor's loop. */
+#ifndef COHORT_SUPERVISOR_CKPT_COORD_H
+#define COHORT_SUPERVISOR_CKPT_COORD_H
+
+#include "protocol/wire.h"
+
+#include <stdint.h>
+
+typedef struct svc svc;
+
+/* Sends body to rank `rank` (the supervisor's mailbox). */
+typedef int (*svc_send_fn)(void *ctx, int rank, const ProtobufCMessage *body);
+
+/* save_dir: --save; keep: --most-recent-k (<= 0 keeps all); world: ranks that write;
+ * job_id: names the shared temporary directory (as the workers name it). */
+int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_id, svc_send_fn send, void *ctx);
+/* A rank's CheckpointAck. */
+void svc_on_ack(svc *c, int rank, const Cohort__V1__CheckpointAck *ack);
+/* The job is failing (a rank died or failed, heartbeats lost): a save in progress is
+ * aborted and its directory removed; later acknowledgements are answered with ABORT. */
+void svc_abort(svc *c, const char *why);
+/* Removes the job's unfinished temporary directories (every local worker has exited). */
+void svc_destroy(svc **c);
+
+#endif
