@@ -1,0 +1,440 @@
+/* test_gpu_kernels.c - every operation of the CUDA backend against the CPU backend on fresh
+ * random inputs (never zeros), several odd shapes, fp32 and bf16 tolerances. Exits 77
+ * without a GPU. */
+#include "tests/gpu/gpu_util.h"
+
+static kb_backend *CPU32, *CPU16, *GPU32, *GPU16;
+
+/* ---------------------------------------------------------------- memory, bf16 */
+
+static void test_memory(void) {
+    size_t n = 100003;
+    float *x = gu_rand(n, 7.0f);
+    x[5] = NAN;
+    x[6] = INFINITY;
+    x[7] = -0.0f;
+    float *d = gu_buf(GPU32, x, n);
+    float *back = gu_fetch(GPU32, d, n);
+    GU_EQUAL("copy round trip", back, x, n * sizeof(float));
+    uint16_t *c16 = malloc(n * 2), *g16h = malloc(n * 2);
+    CPU32->ops->to_bf16(CPU32, c16, x, n);
+    uint16_t *g16 = GPU32->ops->alloc(GPU32, n * 2);
+    GPU32->ops->to_bf16(GPU32, g16, d, n);
+    GPU32->ops->copy(GPU32, g16h, g16, n * 2);
+    GU_EQUAL("to_bf16", g16h, c16, n * 2);
+    GPU32->ops->zero(GPU32, d + 3, n - 10);
+    free(back);
+    back = gu_fetch(GPU32, d, n);
+    int ok = back[0] == x[0] && back[2] == x[2] && back[n - 7] == x[n - 7];
+    for (size_t i = 3; i < n - 7; i++) ok &= back[i] == 0.0f;
+    CHECK_MSG(ok, "zero touched the wrong range");
+    GPU32->ops->free(GPU32, d);
+    GPU32->ops->free(GPU32, g16);
+    free(x), free(back), free(c16), free(g16h);
+    CHECK(GPU32->status == 0);
+}
+
+/* ---------------------------------------------------------------- linear */
+
+static void linear_case(bool bf16, int N, int IC, int OC, bool bias, bool pass16) {
+    kb_backend *C = bf16 ? CPU16 : CPU32, *G = bf16 ? GPU16 : GPU32;
+    char label[128];
+    snprintf(label, sizeof label, "linear %s N=%d IC=%d OC=%d bias=%d W16=%d", bf16 ? "bf16" : "fp32", N, IC, OC,
+             bias, pass16);
+    float *in = gu_rand((size_t)N * IC, 1.0f), *W = gu_rand((size_t)OC * IC, 0.5f), *b = gu_rand(OC, 1.0f);
+    float *dout = gu_rand((size_t)N * OC, 1.0f), *dW0 = gu_rand((size_t)OC * IC, 0.1f), *db0 = gu_rand(OC, 0.1f);
+    uint16_t *W16 = malloc((size_t)OC * IC * 2);
+    C->ops->to_bf16(C, W16, W, (size_t)OC * IC);
+    /* CPU reference */
+    float *out = malloc(sizeof(float) * N * OC), *din = malloc(sizeof(float) * N * IC);
+    float *dW = malloc(sizeof(float) * OC * IC), *db = malloc(sizeof(float) * OC);
+    memcpy(dW, dW0, sizeof(float) * OC * IC);
+    memcpy(db, db0, sizeof(float) * OC);
+    C->ops->linear_forward(C, out, in, W, pass16 ? W16 : NULL, bias ? b : NULL, N, IC, OC);
+    C->ops->linear_backward(C, din, dW, bias ? db : NULL, dout, in, W, pass16 ? W16 : NULL, N, IC, OC);
+    /* GPU */
+    float *gin = gu_buf(G, in, (size_t)N * IC), *gW = gu_buf(G, W, (size_t)OC * IC), *gb = gu_buf(G, b, OC);
+    float *gdout = gu_buf(G, dout, (size_t)N * OC), *gdW = gu_buf(G, dW0, (size_t)OC * IC), *gdb = gu_buf(G, db0, OC);
+    float *gout = gu_buf(G, NULL, (size_t)N * OC), *gdin = gu_buf(G, NULL, (size_t)N * IC);
+    uint16_t *gW16 = G->ops->alloc(G, (size_t)OC * IC * 2);
+    G->ops->to_bf16(G, gW16, gW, (size_t)OC * IC);
+    G->ops->linear_forward(G, gout, gin, gW, pass16 ? gW16 : NULL, bias ? gb : NULL, N, IC, OC);
+    G->ops->linear_backward(G, gdin, gdW, bias ? gdb : NULL, gdout, gin, gW, pass16 ? gW16 : NULL, N, IC, OC);
+    G->ops->sync(G);
+    CHECK_MSG(G->status == 0, "%s: status %d %s", label, G->status, co_err_detail());
+    double at = bf16 ? 2e-3 : 1e-4, rt = bf16 ? 2e-3 : 1e-4;
+    float *h;
+    char l2[160];
+    snprintf(l2, sizeof l2, "%s out", label);
+    h = gu_fetch(G, gout, (size_t)N * OC);
+    GU_CLOSE(l2, h, out, (size_t)N * OC, at * IC / 16 + at, rt);
+    free(h);
+    snprintf(l2, sizeof l2, "%s din", label);
+    h = gu_fetch(G, gdin, (size_t)N * IC);
+    GU_CLOSE(l2, h, din, (size_t)N * IC, at * OC / 16 + at, rt);
+    free(h);
+    snprintf(l2, sizeof l2, "%s dW", label);
+    h = gu_fetch(G, gdW, (size_t)OC * IC);
+    GU_CLOSE(l2, h, dW, (size_t)OC * IC, at * N / 16 + at, rt);
+    free(h);
+    if (bias) {
+        snprintf(l2, sizeof l2, "%s dbias", label);
+        h = gu_fetch(G, gdb, OC);
+        GU_CLOSE(l2, h, db, OC, 1e-4 * N / 16 + 1e-5, 1e-4);
+        free(h);
+    }
+    float *gp[] = {gin, gW, gb, gdout, gdW, gdb, gout, gdin};
+    for (int i = 0; i < 8; i++) G->ops->free(G, gp[i]);
+    G->ops->free(G, gW16);
+    free(in), free(W), free(b), free(dout), free(dW0), free(db0), free(W16), free(out), free(din), free(dW), free(db);
+}
+
+static void test_linear(void) {
+    int shapes[][3] = {{7, 13, 5}, {64, 96, 200}, {33, 768, 50}, {1, 8, 3}, {130, 64, 2304}};
+    for (int s = 0; s < 5; s++)
+        for (int bf = 0; bf < 2; bf++) {
+            linear_case(bf, shapes[s][0], shapes[s][1], shapes[s][2], true, bf);
+            linear_case(bf, shapes[s][0], shapes[s][1], shapes[s][2], false, false);
+        }
+}
+
+/* ---------------------------------------------------------------- embeddings */
+
+static void embed_case(int N, int C, int V, int P, bool wpe) {
+    int32_t *tok = malloc(sizeof(int32_t) * N), *pos = malloc(sizeof(int32_t) * N);
+    for (int n = 0; n < N; n++) {
+        tok[n] = n % 3 == 0 ? 1 : gu_randint(V); /* a frequent id, as real text has */
+        pos[n] = n % P;
+    }
+    float *wte = gu_rand((size_t)V * C, 1.0f), *wp = gu_rand((size_t)P * C, 1.0f), *dout = gu_rand((size_t)N * C, 1.0f);
+    float *dwte = gu_rand((size_t)V * C, 0.1f), *dwpe = gu_rand((size_t)P * C, 0.1f);
+    float *out = malloc(sizeof(float) * N * C);
+    float *gte = gu_buf(GPU32, wte, (size_t)V * C), *gpe = gu_buf(GPU32, wp, (size_t)P * C);
+    float *gdo = gu_buf(GPU32, dout, (size_t)N * C), *gdte = gu_buf(GPU32, dwte, (size_t)V * C);
+    float *gdpe = gu_buf(GPU32, dwpe, (size_t)P * C), *gout = gu_buf(GPU32, NULL, (size_t)N * C);
+    int32_t *gtok = gu_ibuf(GPU32, tok, N), *gpos = gu_ibuf(GPU32, pos, N);
+    CPU32->ops->embed_forward(CPU32, out, tok, pos, wte, wpe ? wp : NULL, N, C);
+    CPU32->ops->embed_backward(CPU32, dwte, wpe ? dwpe : NULL, dout, tok, pos, N, C, V);
+    GPU32->ops->embed_forward(GPU32, gout, gtok, gpos, gte, wpe ? gpe : NULL, N, C);
+    GPU32->ops->embed_backward(GPU32, gdte, wpe ? gdpe : NULL, gdo, gtok, gpos, N, C, V);
+    float *h;
+    h = gu_fetch(GPU32, gout, (size_t)N * C);
+    GU_EQUAL("embed_forward", h, out, sizeof(float) * N * C);
+    free(h);
+    /* same order of additions as the CPU: bitwise equal */
+    h = gu_fetch(GPU32, gdte, (size_t)V * C);
+    GU_EQUAL("embed_backward dwte", h, dwte, sizeof(float) * V * C);
+    free(h);
+    if (wpe) {
+        h = gu_fetch(GPU32, gdpe, (size_t)P * C);
+        GU_EQUAL("embed_backward dwpe", h, dwpe, sizeof(float) * P * C);
+        free(h);
+    }
+    float *gp[] = {gte, gpe, gdo, gdte, gdpe, gout, (float *)gtok, (float *)gpos};
+    for (int i = 0; i < 8; i++) GPU32->ops->free(GPU32, gp[i]);
+    free(tok), free(pos), free(wte), free(wp), free(dout), free(dwte), free(dwpe), free(out);
+}
+
+static void test_embed(void) {
+    embed_case(37, 5, 11, 7, true);
+    embed_case(1000, 96, 300, 128, true);
+    embed_case(4096, 768, 50304, 1024, false);
+    embed_case(3000, 33, 2000, 1500, true);
+}
+
+/* ---------------------------------------------------------------- norms */
+
+static void norm_case(bool rms, int N, int C) {
+    char label[96];
+    snprintf(label, sizeof label, "%s N=%d C=%d", rms ? "rmsnorm" : "layernorm", N, C);
+    float *in = gu_rand((size_t)N * C, 2.0f), *w = gu_rand(C, 1.0f), *b = gu_rand(C, 1.0f);
+    for (int i = 0; i < N * C; i++) in[i] += 0.5f; /* a nonzero mean */
+    float *dout = gu_rand((size_t)N * C, 1.0f), *din = gu_rand((size_t)N * C, 0.3f);
+    float *dw = gu_rand(C, 0.1f), *db = gu_rand(C, 0.1f);
+    float *out = malloc(sizeof(float) * N * C), *mean = malloc(sizeof(float) * N), *rstd = malloc(sizeof(float) * N);
+    float *g_in = gu_buf(GPU32, in, (size_t)N * C), *g_w = gu_buf(GPU32, w, C), *g_b = gu_buf(GPU32, b, C);
+    float *g_do = gu_buf(GPU32, dout, (size_t)N * C), *g_din = gu_buf(GPU32, din, (size_t)N * C);
+    float *g_dw = gu_buf(GPU32, dw, C), *g_db = gu_buf(GPU32, db, C), *g_out = gu_buf(GPU32, NULL, (size_t)N * C);
+    float *g_mean = gu_buf(GPU32, NULL, N), *g_rstd = gu_buf(GPU32, NULL, N);
+    CPU32->ops->norm_forward(CPU32, rms, out, mean, rstd, in, w, b, N, C, 1e-5f);
+    CPU32->ops->norm_backward(CPU32, rms, din, dw, db, dout, in, w, mean, rstd, N, C);
+    GPU32->ops->norm_forward(GPU32, rms, g_out, g_mean, g_rstd, g_in, g_w, g_b, N, C, 1e-5f);
+    GPU32->ops->norm_backward(GPU32, rms, g_din, g_dw, g_db, g_do, g_in, g_w, g_mean, g_rstd, N, C);
+    float *h;
+    char l2[128];
+    snprintf(l2, sizeof l2, "%s out", label);
+    h = gu_fetch(GPU32, g_out, (size_t)N * C);
+    GU_CLOSE(l2, h, out, (size_t)N * C, 1e-5, 1e-4);
+    free(h);
+    snprintf(l2, sizeof l2, "%s rstd", label);
+    h = gu_fetch(GPU32, g_rstd, N);
+    GU_CLOSE(l2, h, rstd, N, 1e-6, 1e-5);
+    free(h);
+    snprintf(l2, sizeof l2, "%s din", label);
+    h = gu_fetch(GPU32, g_din, (size_t)N * C);
+    GU_CLOSE(l2, h, din, (size_t)N * C, 1e-5, 1e-4);
+    free(h);
+    snprintf(l2, sizeof l2, "%s dw", label);
+    h = gu_fetch(GPU32, g_dw, C);
+    GU_CLOSE(l2, h, dw, C, 1e-5 * N, 1e-4);
+    free(h);
+    if (!rms) {
+        snprintf(l2, sizeof l2, "%s dbias", label);
+        h = gu_fetch(GPU32, g_db, C);
+        GU_CLOSE(l2, h, db, C, 1e-5 * N, 1e-4);
+        free(h);
+        snprintf(l2, sizeof l2, "%s mean", label);
+        h = gu_fetch(GPU32, g_mean, N);
+        GU_CLOSE(l2, h, mean, N, 1e-6, 1e-5);
+        free(h);
+    }
+    float *gp[] = {g_in, g_w, g_b, g_do, g_din, g_dw, g_db, g_out, g_mean, g_rstd};
+    for (int i = 0; i < 10; i++) GPU32->ops->free(GPU32, gp[i]);
+    free(in), free(w), free(b), free(dout), free(din), free(dw), free(db), free(out), free(mean), free(rstd);
+}
+
+static void test_norm(void) {
+    int shapes[][2] = {{37, 1}, {5, 7}, {300, 96}, {1000, 768}, {3, 1000}, {2, 4099}};
+    for (int s = 0; s < 6; s++) {
+        norm_case(false, shapes[s][0], shapes[s][1]);
+        norm_case(true, shapes[s][0], shapes[s][1]);
+    }
+}
+
+/* ---------------------------------------------------------------- rope */
+
+static void test_rope(void) {
+    int cases[][4] = {{7, 2, 1, 4}, {300, 4, 2, 64}, {64, 3, 3, 6}};
+    for (int k = 0; k < 3; k++) {
+        int N = cases[k][0], nh = cases[k][1], nkv = cases[k][2], hd = cases[k][3];
+        size_t n = (size_t)N * (nh + 2 * nkv) * hd;
+        float *x = gu_rand(n, 1.0f);
+        int32_t *pos = malloc(sizeof(int32_t) * N);
+        for (int i = 0; i < N; i++) pos[i] = gu_randint(5000);
+        float *gx = gu_buf(GPU32, x, n);
+        int32_t *gpos = gu_ibuf(GPU32, pos, N);
+        for (int inv = 0; inv < 2; inv++) {
+            CPU32->ops->rope(CPU32, x, pos, N, nh, nkv, hd, 10000.0f, inv);
+            GPU32->ops->rope(GPU32, gx, gpos, N, nh, nkv, hd, 10000.0f, inv);
+            float *h = gu_fetch(GPU32, gx, n);
+            GU_CLOSE(inv ? "rope inverse" : "rope", h, x, n, 1e-6, 1e-5);
+            free(h);
+        }
+        GPU32->ops->free(GPU32, gx);
+        GPU32->ops->free(GPU32, gpos);
+        free(x), free(pos);
+    }
+}
+
+/* ---------------------------------------------------------------- attention */
+
+typedef struct attn_geo {
+    int B, T, nh, nkv, hd;
+    float p;
+    bool seg;
+} attn_geo;
+
+static void attn_case(attn_geo g) {
+    char label[128];
+    snprintf(label, sizeof label, "attention B=%d T=%d nh=%d nkv=%d hd=%d p=%.2f seg=%d", g.B, g.T, g.nh, g.nkv,
+             g.hd, g.p, g.seg);
+    int N = g.B * g.T, R = (g.nh + 2 * g.nkv) * g.hd, AH = g.nh * g.hd;
+    size_t nq = (size_t)N * R, no = (size_t)N * AH, nl = (size_t)g.B * g.nh * g.T;
+    float *qkv = gu_rand(nq, 1.5f), *dout = gu_rand(no, 1.0f);
+    int32_t *seg = malloc(sizeof(int32_t) * N);
+    for (int b = 0; b < g.B; b++) {
+        int start = 0;
+        for (int t = 0; t < g.T; t++) {
+            if (t > 0 && gu_randint(9) == 0) start = t; /* documents of random lengths */
+            seg[b * g.T + t] = start;
+        }
+    }
+    float *out = malloc(sizeof(float) * no), *lse = malloc(sizeof(float) * nl), *dqkv = malloc(sizeof(float) * nq);
+    uint64_t seed = 1234, off = 99;
+    CPU32->ops->attention_forward(CPU32, out, lse, qkv, g.seg ? seg : NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p, seed, off);
+    CPU32->ops->attention_backward(CPU32, dqkv, dout, qkv, out, lse, g.seg ? seg : NULL, g.B, g.T, g.nh, g.nkv, g.hd,
+                                   g.p, seed, off);
+    float *gq = gu_buf(GPU32, qkv, nq), *gdo = gu_buf(GPU32, dout, no), *go = gu_buf(GPU32, NULL, no);
+    float *gl = gu_buf(GPU32, NULL, nl), *gdq = gu_buf(GPU32, NULL, nq);
+    int32_t *gseg = gu_ibuf(GPU32, seg, N);
+    GPU32->ops->attention_forward(GPU32, go, gl, gq, g.seg ? gseg : NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p, seed, off);
+    GPU32->ops->attention_backward(GPU32, gdq, gdo, gq, go, gl, g.seg ? gseg : NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p,
+                                   seed, off);
+    GPU32->ops->sync(GPU32);
+    CHECK_MSG(GPU32->status == 0, "%s: status %d %s", label, GPU32->status, co_err_detail());
+    char l2[192];
+    float *h;
+    snprintf(l2, sizeof l2, "%s out", label);
+    h = gu_fetch(GPU32, go, no);
+    GU_CLOSE(l2, h, out, no, 1e-4, 1e-3);
+    free(h);
+    snprintf(l2, sizeof l2, "%s lse", label);
+    h = gu_fetch(GPU32, gl, nl);
+    GU_CLOSE(l2, h, lse, nl, 1e-5, 1e-5);
+    free(h);
+    snprintf(l2, sizeof l2, "%s dqkv", label);
+    h = gu_fetch(GPU32, gdq, nq);
+    GU_CLOSE(l2, h, dqkv, nq, 2e-4, 2e-3);
+    free(h);
+    float *gp[] = {gq, gdo, go, gl, gdq, (float *)gseg};
+    for (int i = 0; i < 6; i++) GPU32->ops->free(GPU32, gp[i]);
+    free(qkv), free(dout), free(seg), free(out), free(lse), free(dqkv);
+}
+
+static void test_attention(void) {
+    attn_geo cases[] = {
+        {2, 7, 2, 2, 4, 0.0f, false},    {2, 77, 4, 2, 24, 0.3f, true},  {1, 130, 2, 1, 64, 0.0f, false},
+        {1, 64, 3, 3, 128, 0.1f, false}, {3, 33, 6, 2, 16, 0.0f, true},  {1, 257, 2, 2, 64, 0.2f, true},
+        {2, 100, 4, 4, 80, 0.0f, false}, {1, 5, 1, 1, 2, 0.5f, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) attn_case(cases[i]);
+}
+
+/* ---------------------------------------------------------------- activations, elementwise */
+
+static void test_activations(void) {
+    size_t n = 100001;
+    float *x = gu_rand(n, 6.0f), *d = gu_rand(n, 1.0f), *y = gu_rand(n, 1.0f);
+    float *gx = gu_buf(GPU32, x, n), *gd = gu_buf(GPU32, d, n), *gy = gu_buf(GPU32, y, n), *go = gu_buf(GPU32, NULL, n);
+    float *o = malloc(sizeof(float) * n), *h;
+    CPU32->ops->gelu_forward(CPU32, o, x, n);
+    GPU32->ops->gelu_forward(GPU32, go, gx, n);
+    h = gu_fetch(GPU32, go, n);
+    GU_CLOSE("gelu_forward", h, o, n, 1e-6, 1e-5);
+    free(h);
+    CPU32->ops->gelu_backward(CPU32, o, d, x, n);
+    GPU32->ops->gelu_backward(GPU32, go, gd, gx, n);
+    h = gu_fetch(GPU32, go, n);
+    GU_CLOSE("gelu_backward", h, o, n, 1e-6, 1e-5);
+    free(h);
+    int N = 333, F = 150; /* n >= N * 2F */
+    CPU32->ops->swiglu_forward(CPU32, o, x, N, F);
+    GPU32->ops->swiglu_forward(GPU32, go, gx, N, F);
+    h = gu_fetch(GPU32, go, (size_t)N * F);
+    GU_CLOSE("swiglu_forward", h, o, (size_t)N * F, 1e-6, 1e-5);
+    free(h);
+    CPU32->ops->swiglu_backward(CPU32, o, d, x, N, F);
+    GPU32->ops->swiglu_backward(GPU32, go, gd, gx, N, F);
+    h = gu_fetch(GPU32, go, (size_t)N * 2 * F);
+    GU_CLOSE("swiglu_backward", h, o, (size_t)N * 2 * F, 1e-6, 1e-5);
+    free(h);
+    /* elementwise: same arithmetic, bitwise equal */
+    CPU32->ops->add(CPU32, o, x, y, n);
+    GPU32->ops->add(GPU32, go, gx, gy, n);
+    h = gu_fetch(GPU32, go, n);
+    GU_EQUAL("add", h, o, n * sizeof(float));
+    free(h);
+    CPU32->ops->scale(CPU32, o, 0.37f, n);
+    GPU32->ops->scale(GPU32, go, 0.37f, n);
+    h = gu_fetch(GPU32, go, n);
+    GU_EQUAL("scale", h, o, n * sizeof(float));
+    free(h);
+    float ps[] = {0.0f, 0.1f, 0.5f};
+    for (int k = 0; k < 3; k++) {
+        CPU32->ops->dropout(CPU32, o, x, n, ps[k], 77, 1ull << 41);
+        GPU32->ops->dropout(GPU32, go, gx, n, ps[k], 77, 1ull << 41);
+        h = gu_fetch(GPU32, go, n);
+        GU_EQUAL("dropout (identical masks)", h, o, n * sizeof(float));
+        free(h);
+    }
+    GPU32->ops->free(GPU32, gx), GPU32->ops->free(GPU32, gd), GPU32->ops->free(GPU32, gy), GPU32->ops->free(GPU32, go);
+    free(x), free(d), free(y), free(o);
+}
+
+/* ---------------------------------------------------------------- loss */
+
+static void ce_case(int N, int Vp) {
+    char label[96];
+    snprintf(label, sizeof label, "cross_entropy N=%d Vp=%d", N, Vp);
+    size_t n = (size_t)N * Vp;
+    float *logits = gu_rand(n, 4.0f), *ds = malloc(sizeof(float) * N), *loss = malloc(sizeof(float) * N);
+    int32_t *tg = malloc(sizeof(int32_t) * N);
+    for (int i = 0; i < N; i++) {
+        tg[i] = i % 7 == 5 ? -1 : gu_randint(Vp);
+        ds[i] = i % 5 == 3 ? 0.0f : 0.5f + 0.5f * gu_uniform();
+    }
+    float *gl = gu_buf(GPU32, logits, n), *gds = gu_buf(GPU32, ds, N), *gloss = gu_buf(GPU32, NULL, N);
+    int32_t *gtg = gu_ibuf(GPU32, tg, N);
+    CPU32->ops->cross_entropy(CPU32, loss, logits, tg, ds, N, Vp);
+    GPU32->ops->cross_entropy(GPU32, gloss, gl, gtg, gds, N, Vp);
+    char l2[128];
+    float *h;
+    snprintf(l2, sizeof l2, "%s losses", label);
+    h = gu_fetch(GPU32, gloss, N);
+    GU_CLOSE(l2, h, loss, N, 1e-5, 1e-5);
+    free(h);
+    snprintf(l2, sizeof l2, "%s gradient", label);
+    h = gu_fetch(GPU32, gl, n);
+    GU_CLOSE(l2, h, logits, n, 1e-8, 1e-4);
+    free(h);
+    GPU32->ops->free(GPU32, gl), GPU32->ops->free(GPU32, gds), GPU32->ops->free(GPU32, gloss);
+    GPU32->ops->free(GPU32, gtg);
+    free(logits), free(ds), free(loss), free(tg);
+}
+
+static void test_cross_entropy(void) {
+    ce_case(9, 1);
+    ce_case(37, 100);
+    ce_case(64, 50304);
+    ce_case(3, 2049);
+}
+
+/* ---------------------------------------------------------------- optimizer */
+
+static void test_optimizer(void) {
+    size_t sizes[] = {1, 1000, 8192, 8193, 3000001};
+    for (int k = 0; k < 5; k++) {
+        size_t n = sizes[k];
+        float *x = gu_rand(n, 3.0f);
+        float *gx = gu_buf(GPU32, x, n);
+        double c = CPU32->ops->sumsq(CPU32, x, n), g = GPU32->ops->sumsq(GPU32, gx, n);
+        double g2 = GPU32->ops->sumsq(GPU32, gx, n);
+        CHECK_MSG(fabs(c - g) <= 1e-12 * c, "sumsq n=%zu: gpu %.17g cpu %.17g", n, g, c);
+        CHECK_MSG(memcmp(&g, &g2, sizeof g) == 0, "sumsq not repeatable");
+        float *p = gu_rand(n, 1.0f), *gr = gu_rand(n, 1.0f), *m = gu_rand(n, 0.1f), *v = gu_rand(n, 0.01f);
+        for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+        float *gp = gu_buf(GPU32, p, n), *gg = gu_buf(GPU32, gr, n), *gm = gu_buf(GPU32, m, n), *gv = gu_buf(GPU32, v, n);
+        for (int t = 1; t <= 3; t++) {
+            CPU32->ops->adamw(CPU32, p, gr, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t);
+            GPU32->ops->adamw(GPU32, gp, gg, gm, gv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t);
+        }
+        float *h;
+        h = gu_fetch(GPU32, gp, n);
+        GU_CLOSE("adamw p", h, p, n, 1e-7, 1e-6);
+        free(h);
+        h = gu_fetch(GPU32, gm, n);
+        GU_CLOSE("adamw m", h, m, n, 1e-8, 1e-6);
+        free(h);
+        h = gu_fetch(GPU32, gv, n);
+        GU_CLOSE("adamw v", h, v, n, 1e-10, 1e-6);
+        free(h);
+        float *gp2[] = {gx, gp, gg, gm, gv};
+        for (int i = 0; i < 5; i++) GPU32->ops->free(GPU32, gp2[i]);
+        free(x), free(p), free(gr), free(m), free(v);
+    }
+}
+
+int main(void) {
+    gu_require_gpu();
+    CPU32 = gu_backend(KB_DEVICE_CPU, false);
+    CPU16 = gu_backend(KB_DEVICE_CPU, true);
+    GPU32 = gu_backend(KB_DEVICE_CUDA, false);
+    GPU16 = gu_backend(KB_DEVICE_CUDA, true);
+    fprintf(stderr, "%s\n%s\n", kb_backend_describe(GPU32), kb_backend_describe(GPU16));
+    RUN(test_memory);
+    RUN(test_linear);
+    RUN(test_embed);
+    RUN(test_norm);
+    RUN(test_rope);
+    RUN(test_attention);
+    RUN(test_activations);
+    RUN(test_cross_entropy);
+    RUN(test_optimizer);
+    CHECK_MSG(GPU32->status == 0 && GPU16->status == 0, "sticky status: %d %d (%s)", GPU32->status, GPU16->status,
+              co_err_detail());
+    kb_backend_destroy(&GPU32);
+    kb_backend_destroy(&GPU16);
+    kb_backend_destroy(&CPU32);
+    kb_backend_destroy(&CPU16);
+    return TEST_EXIT();
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# train_test.sh - `cohort train --device cuda` end to end against `--device cpu`, one case
+# per meson test (suite gpu); exits 77 where there is no GPU.
+#   train_test.sh COHORT CASE     CASE: tracks_cpu | tracks_cpu_bf16 | deterministic
+set -uo pipefail
+cohort=$1; case_name=$2
+work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-gpu.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 64
+      --num-attention-heads 4 --seq-length 64 --micro-batch-size 4 --global-batch-size 8 --lr 1e-3
+      --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 10 --data-cache-path "$work/cache"
+      --log-interval 10 --eval-interval 100000 --eval-iters 1 --threads 2)
+
+# skip without a GPU
+"$cohort" train "${tiny[@]}" --device cuda --train-iters 12 >"$work/probe" 2>&1; rc=$?
+if [ $rc -eq 2 ] && grep -q -- "--device cuda:" "$work/probe"; then
+    echo "skip: $(grep -- '--device cuda:' "$work/probe")" >&2
+    exit 77
+fi
+[ $rc -eq 0 ] || fail "probe run: exit $rc: $(tail -5 "$work/probe")"
+
+losses() { # metrics file -> "iteration loss" per logged training iteration
+    sed -n 's/^{"iteration":\([0-9]*\),.*"lm_loss":\([-0-9.eE+]*\),.*/\1 \2/p' "$1"
+}
+
+compare() { # a b abs rel: every logged loss of b within abs + rel*|a| of a's
+    paste <(losses "$1") <(losses "$2") | awk -v A="$3" -v R="$4" '
+        { n++; d = $2 - $4; if (d < 0) d = -d; a = $2 < 0 ? -$2 : $2
+          if ($1 != $3 || d > A + R * a) { bad++; if (bad <= 5) printf "iteration %s: cpu %s gpu %s\n", $1, $2, $4 } }
+        END { printf "%d logged iterations compared, %d off\n", n, bad; exit (n < 5 || bad > 0) }' >&2
+}
+
+case $case_name in
+tracks_cpu|tracks_cpu_bf16)
+    extra=(); abs=0.02; rel=0.01
+    if [ "$case_name" = tracks_cpu_bf16 ]; then extra=(--bf16); abs=0.08; rel=0.03; fi
+    for dev in cpu cuda; do
+        "$cohort" train "${tiny[@]}" "${extra[@]}" --device $dev --train-iters 300 --hidden-dropout 0 \
+            --attention-dropout 0 --metrics-file "$work/$dev.jsonl" >"$work/$dev.out" 2>&1 ||
+            fail "$dev run: $(tail -5 "$work/$dev.out")"
+    done
+    grep -q "cuda:" "$work/cuda.out" || fail "the cuda run did not use the CUDA backend: $(head -3 "$work/cuda.out")"
+    compare "$work/cpu.jsonl" "$work/cuda.jsonl" $abs $rel || fail "the GPU losses do not track the CPU's"
+    ;;
+deterministic)
+    for r in 1 2; do
+        "$cohort" train "${tiny[@]}" --device cuda --train-iters 40 --hidden-dropout 0.1 --attention-dropout 0.1 \
+            --log-interval 1 --metrics-file "$work/m$r.jsonl" >"$work/out$r" 2>&1 || fail "run $r: $(tail -5 "$work/out$r")"
+        sed -E 's/"(elapsed_ms_per_iteration|tokens_per_second|tflops_per_rank|time)":[^,}]*//g' "$work/m$r.jsonl" >"$work/s$r"
+    done
+    [ "$(grep -c lm_loss "$work/s1")" -ge 40 ] || fail "metrics file has too few lines"
+    cmp -s "$work/s1" "$work/s2" || fail "two GPU runs with the same seed differ: $(diff "$work/s1" "$work/s2" | head)"
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
+echo "ok: $case_name" >&2
