@@ -16,7 +16,31 @@
  * Waiting: zmq_poll over the ROUTER, an eventfd written by abort(), and one monitor socket
  * per DEALER (disconnect events), in slices of at most 100 ms; deadline, abort flag and
  * dead peers are checked on every slice. Any failure is fatal for the transport: it sends a
- * FAIL message naming the root cause to every peer, closes the sockets and stays failed. */
+ * FAIL message naming the root cause to every peer, closes the sockets and stays failed.
+ *
+ * Shared memory (ranks on one host; setup in cm_zmq_new, segments in shm_seg.c): each rank
+ * owns a segment of CM__SHM_SLOTS slots of shm_block_bytes and writes only its own; peers
+ * read it. All-reduce block b uses slot b % SLOTS on every member. The owner waits until
+ * the slot's `readers` count (left by its last use, in any group) is 0, copies in the pieces
+ * of the block the other members own, sets readers = 2(n-1) and stores the block's stamp
+ * (a hash of group, call sequence number and block) in `posted`. The owner of piece j waits
+ * for every member's `posted` stamp, checks the member's call (count, dtype: a mismatch is
+ * CO_EPROTOCOL), sums piece j over members in rank order from their slots (its own
+ * contribution from the caller's buffer) into its buffer and into its slot, releases the
+ * members' slots (readers - 1) and stores `reduced`; every rank copies the other pieces from
+ * their owners' slots once their `reduced` stamp is there, and releases those. Up to
+ * SLOTS - 1 blocks are posted ahead, so a rank that waits has left work for the others.
+ * One block of at most small_bytes is direct: every member sums the whole block itself.
+ * Each byte thus moves by memcpy and adds in user space, without kernel copies or
+ * ZeroMQ's I/O threads; with 4 ranks on 2 cores that is what matters.
+ *
+ * Shared-memory waits never spin (ranks may outnumber cores): a waiter sets its `sleeping`
+ * flag, re-checks the word it waits for and sleeps in zmq_poll over the same items as
+ * above plus its doorbell eventfd, one slice at most; whoever stores a stamp or hands a
+ * slot back writes the doorbell of a sleeping peer (sequentially consistent stores and
+ * loads on both sides, so no wake-up is lost). Between sleeps it reads ZeroMQ, so a FAIL,
+ * an abort, a disconnect, the deadline or a peer's ZeroMQ message for the same call (the
+ * peer made another call: CO_EPROTOCOL) end the wait as they end any other. */
 #include "comm/zmq_comm.h"
 
 #include <errno.h>

@@ -13,13 +13,30 @@
  * disconnect (ipc, tcp) or missed ZMTP heartbeats (tcp), so a dead worker gives a
  * job-level error on every rank rather than a hang.
  *
- * Algorithms: all-reduce is a ring reduce-scatter then all-gather, pipelined in chunks of
- * chunk_bytes (a chunk is forwarded as soon as it is reduced, so sends and receives
- * overlap, and received buffers are forwarded without a copy); buffers up to small_bytes
- * use a direct exchange (every rank sums all contributions in rank order). Both fix the
- * summation order of every element, so results are bitwise identical from run to run and
- * on every rank. f32 sums in f32, f64 in f64, i64 in i64 (wrapping). The library never
- * keeps a pointer to a caller's buffer after a call returns, even after an error.
+ * Shared memory: ranks whose endpoints are both ipc:// (so on one host) also share memory.
+ * At HELLO each such rank offers an anonymous memfd segment and an eventfd doorbell, handed
+ * to its peers over a unix datagram socket next to its endpoint (removed once cm_zmq_new
+ * returns; a memfd leaves nothing behind when a process is killed); every rank then tells
+ * every other whose segments it mapped, so all agree which pairs share memory. A group
+ * (the world or a split) whose members all share memory pairwise all-reduces through the
+ * segments; everything else, and every other collective, goes over ZeroMQ. ZeroMQ still
+ * carries failures (FAIL messages, disconnects), so abort, timeouts and dead peers behave
+ * the same on both paths.
+ *
+ * Algorithms: all-reduce through shared memory works in blocks of shm_block_bytes: each
+ * rank copies the pieces of a block that others own into its segment, the owner of each
+ * piece sums the members' contributions in group rank order (x_0 + x_1 + ... + x_{n-1})
+ * straight from their segments and publishes the sum, and every rank copies the sums in;
+ * a few blocks are in flight at once. Over ZeroMQ all-reduce is a ring reduce-scatter then
+ * all-gather, pipelined in chunks of chunk_bytes (a chunk is forwarded as soon as it is
+ * reduced, so sends and receives overlap, and received buffers are forwarded without a
+ * copy), segment j summed in ring order x_j + x_{j+1} + ... + x_{j-1}; buffers up to
+ * small_bytes use a direct exchange (every rank sums all contributions in rank order).
+ * Which algorithm a group uses depends only on its members' endpoints and options, so
+ * every element's summation order is fixed for a job: results are bitwise identical from
+ * run to run and on every rank. f32 sums in f32, f64 in f64, i64 in i64 (wrapping). The
+ * library never keeps a pointer to a caller's buffer after a call returns, even after an
+ * error (peers only ever read the segments).
  *
  * Threading: a communicator is used from one thread; only abort may be called from any
  * other thread (or a mailbox loop). Options must agree on all ranks (checked at HELLO). */
