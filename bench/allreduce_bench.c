@@ -1,5 +1,6 @@
-/* allreduce_bench.c - all-reduce bus bandwidth of the ZeroMQ collectives (comm/zmq_comm.c)
- * beside raw ZeroMQ point-to-point bandwidth, measured in the same run on the same transport.
+/* allreduce_bench.c - all-reduce bus bandwidth of the CPU collectives (comm/zmq_comm.c:
+ * shared memory between ranks on one host, ZeroMQ otherwise) beside raw ZeroMQ
+ * point-to-point bandwidth, measured in the same run on the same transport.
  *
  * For each rank count (2 and 4) it forks the ranks on ipc endpoints in a temporary
  * directory and, for f32 buffers from 1 KiB to 256 MiB (powers of 4), times the all-reduce
@@ -10,7 +11,9 @@
  * ZeroMQ can move) and "copy" (zmq_send/zmq_recv to and from user buffers). Prints a
  * markdown table; the last column is busbw / raw point-to-point.
  *
- * usage: allreduce_bench [max_bytes] [chunk_bytes]   (defaults 256 MiB, 4 MiB) */
+ * usage: allreduce_bench [max_bytes] [chunk_bytes] [shm_block_bytes]
+ *        (defaults 256 MiB, 4 MiB and the library's default block; shm_block_bytes 0 = the
+ *        all-reduce over ZeroMQ only, as before shared memory) */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,7 +91,8 @@ typedef struct row {
     double us, busbw, raw, copy;
 } row;
 
-static int rank_main(int rank, int n, const char *dir, size_t max_bytes, size_t chunk, int out_fd) {
+static int rank_main(int rank, int n, const char *dir, size_t max_bytes, size_t chunk, long shm,
+                     int out_fd) {
     char eps[4][160];
     const char *ep[4];
     for (int r = 0; r < n; r++) {
@@ -98,6 +102,7 @@ static int rank_main(int rank, int n, const char *dir, size_t max_bytes, size_t 
     cm_zmq_options o;
     cm_zmq_options_default(&o);
     o.chunk_bytes = chunk;
+    if (shm >= 0) o.shm_block_bytes = (size_t)shm;
     cm_comm *c = NULL;
     int rc = cm_zmq_new(&c, rank, n, ep, &o);
     if (rc) {
@@ -189,6 +194,10 @@ static const char *human(size_t b, char *s, size_t n) {
 int main(int argc, char **argv) {
     size_t max_bytes = argc > 1 ? strtoull(argv[1], NULL, 0) : (size_t)256 << 20;
     size_t chunk = argc > 2 ? strtoull(argv[2], NULL, 0) : (size_t)4 << 20;
+    long shm = argc > 3 ? strtol(argv[3], NULL, 0) : -1; /* -1: the library's default */
+    cm_zmq_options dflt;
+    cm_zmq_options_default(&dflt);
+    size_t shm_eff = shm >= 0 ? (size_t)shm : dflt.shm_block_bytes;
     static const int ns[] = {2, 4};
     row res[2][16];
     int nrows = 0;
@@ -203,7 +212,7 @@ int main(int argc, char **argv) {
             pid[r] = fork();
             if (pid[r] == 0) {
                 close(fds[0]);
-                _exit(rank_main(r, n, dir, max_bytes, chunk, fds[1]));
+                _exit(rank_main(r, n, dir, max_bytes, chunk, shm, fds[1]));
             }
         }
         close(fds[1]);
@@ -226,9 +235,13 @@ int main(int argc, char **argv) {
         }
         nrows = m;
     }
-    printf("All-reduce f32 over ZeroMQ ipc, chunk %zu KiB; GB/s = 1e9 B/s; p2p = PUSH->PULL "
-           "between ranks 0 and 1 of the same run (raw: zero-copy, copy: zmq_send/zmq_recv)\n\n",
-           chunk >> 10);
+    if (shm_eff)
+        printf("All-reduce f32 between ranks on ipc endpoints, through shared memory in blocks of "
+               "%zu KiB", shm_eff >> 10);
+    else
+        printf("All-reduce f32 over ZeroMQ ipc only, chunk %zu KiB", chunk >> 10);
+    printf("; GB/s = 1e9 B/s; p2p = PUSH->PULL between ranks 0 and 1 of the same run (raw: "
+           "zero-copy, copy: zmq_send/zmq_recv)\n\n");
     printf("| size | ranks | time (us) | busbw GB/s | p2p raw GB/s | p2p copy GB/s | busbw / raw |\n");
     printf("|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < nrows; i++)
