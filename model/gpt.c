@@ -43,6 +43,10 @@ struct gpt_model {
     size_t nparams;
     float *params, *grads;
     kb_bf16 *params16; /* bf16 copy (bf16 mode) */
+    /* fault injection: flip one bit of the final norm's output in the next forward */
+    bool act_flip;
+    size_t act_flip_index;
+    int act_flip_bit;
     /* tensor indices */
     int t_wte, t_wpe, t_lnf_w, t_lnf_b, t_lm;
     int *t_layer; /* [L][NLAYER_T], -1 when absent */
@@ -254,6 +258,12 @@ void gpt_sync_bf16(gpt_model *m) {
     if (m->params16) m->ops->to_bf16(m->be, m->params16, m->params, m->nparams);
 }
 
+void gpt_inject_act_flip(gpt_model *m, size_t index, int bit) {
+    m->act_flip = true;
+    m->act_flip_index = index;
+    m->act_flip_bit = bit & 31;
+}
+
 void gpt_zero_grad(gpt_model *m) { m->ops->zero(m->be, m->grads, m->nparams); }
 
 /* Dropout stream offsets: each dropout site of a micro batch gets its own counter range. */
@@ -323,6 +333,20 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
     }
     o->norm_forward(be, c->rmsnorm, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_final, P(m, m->t_lnf_w),
                     P(m, m->t_lnf_b), N, C, c->norm_eps);
+    if (m->act_flip) {
+        /* an injected silent corruption of one activation (resilience/inject.h): the
+         * final norm's output, which the output layer and its gradients read */
+        uint32_t u;
+        size_t n = (size_t)N * (size_t)C, i = m->act_flip_index % n;
+        /* the first element from there below 1 in magnitude: a high exponent bit then
+         * turns it into a huge value instead of a tiny one */
+        o->sync(be); /* the norm's output is written before the host reads it (CUDA) */
+        for (size_t k = 0; k < n && !(fabsf(m->lnf[i]) < 1.0f); k++) i = (i + 1) % n;
+        memcpy(&u, &m->lnf[i], sizeof u);
+        u ^= 1u << m->act_flip_bit;
+        memcpy(&m->lnf[i], &u, sizeof u);
+        m->act_flip = false;
+    }
     o->linear_forward(be, m->logits, m->lnf, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, c->padded_vocab);
     if (!dscale) return 0.0; /* sampling: the logits stay readable */
     o->cross_entropy(be, m->losses, m->logits, b->targets, dscale, N, c->padded_vocab);
