@@ -1,6 +1,7 @@
 /* cmd_train.c - `cohort train`: parse Megatron flags, set up the data (or the embedded
  * default corpus), train, evaluate, and (embedded job) show text sampled from the model. */
 #include "cli/cli.h"
+#include "cli/train_resilience.h"
 
 #include "checkpoint/train_ckpt.h"
 #include "common/error.h"
@@ -202,6 +203,20 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
         return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE;
     }
     if (link) trainer_set_hook(t, report_progress, link);
+    /* resilience: the rerun state machine's validator, --inject, --iterations-to-skip */
+    cli_resil *resil = NULL;
+    {
+        char rerr[600];
+        rc = cli_resil_new(&resil, &c, link, link ? asg->rank : 0, dp ? dp->size : 1, rerr, sizeof rerr);
+        if (rc) {
+            fprintf(stderr, "cohort train: %s\n", rerr);
+            trainer_destroy(&t);
+            if (link) sv_link_attach_comm(link, NULL);
+            cm_destroy(&dp);
+            return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE;
+        }
+        cli_resil_attach(resil, t, out);
+    }
     /* --- checkpoint (issue 5): --load, then the --save hook (rank 0 writes) --- */
     ck_train *ckpt = NULL;
     rc = ck_train_attach(&ckpt, t, out, link ? asg->rank : 0, dp ? dp->size : 1);
@@ -237,7 +252,7 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
         fprintf(stderr, "cohort train: training failed at iteration %lld: %s (%s)\n",
                 (long long)trainer_iteration(t), co_err_detail(), co_strerror(rc));
         status = CLI_FAILURE;
-    } else if (why == TRAIN_NAN) {
+    } else if (why == TRAIN_NAN || why == TRAIN_REJECTED) {
         status = CLI_NAN;
     } else {
         long long it = (long long)trainer_iteration(t);
@@ -267,6 +282,7 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
     if (out) fflush(out);
     ck_train_destroy(&ckpt); /* checkpoint (issue 5): waits for a background save */
     trainer_destroy(&t);
+    cli_resil_destroy(&resil);
     if (link) sv_link_attach_comm(link, NULL);
     cm_destroy(&dp);
     return status;
@@ -421,7 +437,22 @@ int cli_train(int argc, char **argv) {
                          .nworker_args = argc, .extra_env = env, .nextra_env = embedded ? 2 : 0,
                          .rendezvous_timeout_ms = (int)(c.rendezvous_timeout * 1000),
                          .metrics_file = c.metrics_file, .save_dir = c.save, .most_recent_k = c.most_recent_k};
+        cli_rr_options(&c, dp, &so.rerun);
+        so.tracker_file = c.result_rejected_tracker_filename;
+        char report[1100];
+        snprintf(report, sizeof report, "%s", c.run_report);
+        if (!report[0] && c.save[0]) snprintf(report, sizeof report, "%s/run_report.json", c.save);
+        so.report_file = report;
+        so.straggler_threshold = c.straggler_threshold;
+        fi_schedule inj;
+        if (cli_inject_parse(&c, dp, &inj, err, sizeof err)) {
+            fprintf(stderr, "cohort train: %s\n", err);
+            co_config_free(&c);
+            return CLI_USAGE;
+        }
+        so.inject = &inj;
         int status = sv_run(&so);
+        fi_schedule_free(&inj);
         co_config_free(&c);
         return status;
     }

@@ -158,7 +158,35 @@ static const flag flags[] = {
     S("distributed", "job-secret", job_secret, NULL, NULL, "[cohort] key file from `cohort keygen` (required on tcp)"),
     /* resilience */
     NB("resilience", "check-for-nan-in-loss-and-grad", check_for_nan_in_loss_and_grad,
-       "stop when a loss or gradient norm is NaN or Inf"),
+       "reject a loss or gradient norm that is NaN or Inf (fatal unless a replay clears it)"),
+    S("resilience", "rerun-mode", rerun_mode, "validate_results", "disabled|validate_results|report_determinism_stats",
+      "validate every iteration's losses and gradient norms before its optimizer step"),
+    B("resilience", "check-for-spiky-loss", check_for_spiky_loss,
+      "reject a micro batch loss >= 10x the largest of the first 100 (non-fatal)"),
+    B("resilience", "check-for-large-grads", check_for_large_grads,
+      "reject a gradient norm >= 10x the largest of the first 100 (non-fatal)"),
+    NB("resilience", "check-rank-outliers", check_rank_outliers,
+       "[cohort] reject a rank whose gradient norm is > 10x the median of the other ranks'"),
+    S("resilience", "on-reproducible-error", on_reproducible_error, "stop", "stop|skip",
+      "[cohort] a NaN/Inf that reproduces on a healthy peer too: stop the job (status 3) or skip the iteration"),
+    I("resilience", "error-injection-rate", error_injection_rate, "0",
+      "inject a validation error about once per N iterations (0: never)"),
+    S("resilience", "error-injection-type", error_injection_type, "transient_error",
+      "correct_result|transient_error|persistent_error", "kind of error --error-injection-rate injects"),
+    S("resilience", "result-rejected-tracker-filename", result_rejected_tracker_filename, NULL, NULL,
+      "append a line per rejected result; iterations it shows failing reproducibly are skipped at start"),
+    LIST("resilience", "iterations-to-skip", iterations_to_skip, "iterations whose update is skipped"),
+    L("resilience", "check-replicas-interval", check_replicas_interval, "100",
+      "[cohort] every N iterations data-parallel replicas compare checksums of their state (0: never)"),
+    LIST("resilience", "inject", inject,
+         "[cohort] inject a fault, repeatable: KIND@rank=R,step=S[,microbatch=M][,phase=forward|backward|"
+         "allreduce|optimizer][,times=once|always][,bit=B][,ms=N]; KIND: kill stop hang slow nan inf spike "
+         "bitflip-grad bitflip-param bitflip-act msg-delay msg-drop msg-dup kill-supervisor; R, S may be * or A-B"),
+    L("resilience", "inject-seed", inject_seed, "0", "[cohort] seed of random --inject choices (*, A-B, bits)"),
+    D("resilience", "straggler-threshold", straggler_threshold, "0.75",
+      "[cohort] flag a rank whose speed score (median of others / its time) is below this"),
+    S("resilience", "run-report", run_report, NULL, NULL,
+      "[cohort] JSON run report path (default: run_report.json in --save, if given)"),
     /* cohort */
     I("cohort", "threads", threads, NULL, "[cohort] CPU threads (default: all online cores)"),
     S("cohort", "device", device, "auto", "auto|cpu|cuda",
@@ -530,6 +558,15 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (!(c->rendezvous_timeout > 0)) problem(&P, "--rendezvous-timeout must be positive");
     if (c->n_data_path && c->mock_data) problem(&P, "give --data-path or --mock-data, not both");
     if (c->threads == 0 || c->threads < -1) problem(&P, "--threads must be positive");
+    if (c->error_injection_rate < 0) problem(&P, "--error-injection-rate must be >= 0");
+    if (c->check_replicas_interval < 0) problem(&P, "--check-replicas-interval must be >= 0");
+    if (!(c->straggler_threshold > 0 && c->straggler_threshold <= 1))
+        problem(&P, "--straggler-threshold must be in (0, 1]");
+    for (int i = 0; i < c->n_iterations_to_skip; i++) {
+        int64_t it;
+        if (parse_i64(c->iterations_to_skip[i], &it) || it < 1)
+            problem(&P, "--iterations-to-skip: '%s' is not an iteration number (1, 2, ...)", c->iterations_to_skip[i]);
+    }
     return P.n ? CO_EINVAL : 0;
 }
 

@@ -86,8 +86,22 @@ typedef struct co_config {
     char node_addr[256];
     double rendezvous_timeout;
     char job_secret[512];
-    /* resilience (validated by the supervisor in a later issue) */
+    /* resilience (the rerun state machine, fault injection; resilience/) */
     bool check_for_nan_in_loss_and_grad;
+    char rerun_mode[32];
+    bool check_for_spiky_loss, check_for_large_grads, check_rank_outliers;
+    char on_reproducible_error[8];
+    int error_injection_rate;
+    char error_injection_type[24];
+    char result_rejected_tracker_filename[512];
+    char *iterations_to_skip[CO_MAX_DATA_PATHS];
+    int n_iterations_to_skip;
+    int64_t check_replicas_interval;
+    char *inject[CO_MAX_DATA_PATHS];
+    int n_inject;
+    int64_t inject_seed;
+    double straggler_threshold;
+    char run_report[512];
     /* cohort */
     int threads;
     char device[16];

@@ -95,6 +95,10 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t dropou
 void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t dropout_seed);
 /* Zeroes the gradient buffer. */
 void gpt_zero_grad(gpt_model *m);
+/* Fault injection: the next forward flips bit `bit` of element index (mod B*T*C) of the
+ * final norm's output, the activation the output layer reads (resilience/inject.h). An
+ * earlier one is mostly normalised away by the next LayerNorm: silent, but harmless. */
+void gpt_inject_act_flip(gpt_model *m, size_t index, int bit);
 
 /* Logits of position t of sequence b after a forward with dscale = NULL: Vp floats, valid
  * until the next forward. */

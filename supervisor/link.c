@@ -6,6 +6,7 @@
 #include "actors/actor.h"
 #include "common/error.h"
 #include "supervisor/msg.h"
+#include "resilience/rerun.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -40,11 +41,18 @@ struct sv_link {
     ac_timer *hb;
     pw_stats stats;
     FILE *log, *metrics;
+    /* the rerun state machine's verdicts (sv_link_verdict), under mu */
+    rr_verdict verdict;
+    bool have_verdict;
+    Cohort__V1__LossReport *last_report[RR_MAX_MB]; /* the last round sent, for resending */
+    int nlast;
     /* checkpoint commit (sv_link_checkpoint_*): the supervisor's last answer, under mu */
     int64_t ckpt_iteration;
     int ckpt_phase;
     bool aborted;             /* the job was aborted or the supervisor lost */
 };
+
+static void free_round(sv_link *l);
 
 bool sv_link_wanted(void) { return getenv("COHORT_SUPERVISOR") != NULL; }
 
@@ -103,6 +111,25 @@ static void take_assignment(sv_link *l, const Cohort__V1__Assign *as) {
     pthread_mutex_unlock(&l->mu);
 }
 
+static void take_verdict(sv_link *l, const Cohort__V1__Verdict *vd) {
+    pthread_mutex_lock(&l->mu);
+    rr_verdict *v = &l->verdict;
+    memset(v, 0, sizeof *v);
+    v->iteration = (int64_t)vd->iteration;
+    v->decision = (rr_decision)vd->decision;
+    v->attempt = vd->has_attempt ? (int)vd->attempt : 0;
+    v->suspect = vd->has_suspect ? vd->suspect : -1;
+    v->helper = vd->has_helper ? vd->helper : -1;
+    v->diagnosis = RR_DIAG_NONE;
+    if (vd->diagnosis)
+        for (int d = RR_DIAG_CORRECT; d <= RR_DIAG_PERSISTENT; d++)
+            if (!strcmp(vd->diagnosis, rr_diagnosis_name((rr_diagnosis)d))) v->diagnosis = (rr_diagnosis)d;
+    snprintf(v->reason, sizeof v->reason, "%s", vd->reason ? vd->reason : "");
+    l->have_verdict = true;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
 static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
     (void)mb;
     sv_link *l = ctx;
@@ -126,6 +153,7 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         }
         break;
     case COHORT__V1__ENVELOPE__BODY_ABORT: abort_all(l); break;
+    case COHORT__V1__ENVELOPE__BODY_VERDICT: take_verdict(l, e->verdict); break;
     case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_COMMAND: /* the supervisor's COMMIT or ABORT */
         pthread_mutex_lock(&l->mu);
         l->ckpt_iteration = (int64_t)e->checkpoint_command->iteration;
@@ -463,9 +491,204 @@ void sv_link_close(sv_link **pl) {
         pthread_mutex_unlock(&l->mu);
     }
     ac_actor_stop(&l->a);
+    free_round(l);
     sv_assignment_free(&l->asg);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
     free(l);
     *pl = NULL;
+}
+
+/* ---- the rerun state machine: loss reports out, verdicts in ---- */
+
+static void free_round(sv_link *l) {
+    for (int i = 0; i < l->nlast; i++) {
+        Cohort__V1__LossReport *r = l->last_report[i];
+        for (size_t k = 0; k < r->n_phase_ms; k++) free(r->phase_ms[k]);
+        free(r->phase_ms);
+        free(r);
+    }
+    l->nlast = 0;
+}
+
+typedef struct report_post {
+    sv_link *l;
+    rr_report r;
+    double phase_ms[8];
+    const char *const *phase_names;
+    int nphases;
+    int copies;     /* 1, or 2 for an injected duplicate */
+    int delay_ms;
+    ac_timer *timer;
+} report_post;
+
+static void send_round(sv_link *l, int copies) {
+    for (int c = 0; c < copies; c++)
+        for (int i = 0; i < l->nlast; i++) sv__send(l->mb, NULL, &l->snd, &l->last_report[i]->base);
+}
+
+static void post_report(ac_actor *a, void *ctx) {
+    (void)a;
+    report_post *p = ctx;
+    sv_link *l = p->l;
+    free_round(l);
+    int n = p->r.nmb > 0 ? p->r.nmb : 1;
+    for (int i = 0; i < n && i < RR_MAX_MB; i++) {
+        Cohort__V1__LossReport *lr = calloc(1, sizeof *lr);
+        if (!lr) break;
+        Cohort__V1__LossReport init = COHORT__V1__LOSS_REPORT__INIT;
+        *lr = init;
+        lr->iteration = (uint64_t)p->r.iteration;
+        lr->micro_batch = (uint32_t)i;
+        lr->loss_sum = i < p->r.nmb ? p->r.loss[i] : 0;
+        lr->has_tokens = 1;
+        lr->tokens = i < p->r.nmb ? p->r.tokens[i] : 0;
+        lr->token_count = (uint64_t)(lr->tokens > 0 ? lr->tokens + 0.5 : 0);
+        lr->rank = (uint32_t)p->r.rank;
+        lr->has_loss_bits = 1;
+        memcpy(&lr->loss_bits, &lr->loss_sum, sizeof lr->loss_bits);
+        lr->has_attempt = 1;
+        lr->attempt = (uint32_t)p->r.attempt;
+        lr->has_micro_batches = 1;
+        lr->micro_batches = (uint32_t)p->r.nmb;
+        lr->has_check_for = 1;
+        lr->check_for = p->r.check_for;
+        if (i == n - 1) {
+            lr->has_grad_norm = 1;
+            lr->grad_norm = p->r.grad_norm;
+            lr->phase_ms = calloc((size_t)p->nphases, sizeof *lr->phase_ms);
+            for (int k = 0; lr->phase_ms && k < p->nphases; k++) {
+                Cohort__V1__KeyValue *kv = malloc(sizeof *kv);
+                if (!kv) break;
+                Cohort__V1__KeyValue kinit = COHORT__V1__KEY_VALUE__INIT;
+                *kv = kinit;
+                kv->key = (char *)p->phase_names[k];
+                kv->value = p->phase_ms[k];
+                lr->phase_ms[lr->n_phase_ms++] = kv;
+            }
+        }
+        l->last_report[l->nlast++] = lr;
+    }
+    send_round(l, p->copies);
+    free(p);
+}
+
+static void delayed_report(ac_timer *t, void *ctx) {
+    (void)t;
+    report_post *p = ctx;
+    post_report(p->l->a, p);
+}
+
+static void post_delayed(ac_actor *a, void *ctx) {
+    report_post *p = ctx;
+    if (ac_timer_start(a, (uint64_t)p->delay_ms, 0, delayed_report, p, &p->timer)) post_report(a, p);
+}
+
+int sv_link_report(sv_link *l, const rr_report *r, const double *phase_ms, const char *const *phase_names,
+                   int nphases, int copies, int delay_ms) {
+    report_post *p = calloc(1, sizeof *p);
+    if (!p) return co_err_set(CO_ENOMEM, "loss report: out of memory");
+    p->l = l;
+    p->r = *r;
+    p->nphases = nphases < 8 ? nphases : 8;
+    for (int k = 0; k < p->nphases; k++) p->phase_ms[k] = phase_ms[k];
+    p->phase_names = phase_names;
+    p->copies = copies;
+    p->delay_ms = delay_ms;
+    pthread_mutex_lock(&l->mu);
+    l->have_verdict = false;
+    pthread_mutex_unlock(&l->mu);
+    int rc = ac_post(l->a, delay_ms > 0 ? post_delayed : post_report, p);
+    if (rc) free(p);
+    return rc;
+}
+
+static void resend_round(ac_actor *a, void *ctx) {
+    (void)a;
+    sv_link *l = ctx;
+    send_round(l, 1);
+}
+
+/* Does v answer the round (iteration, attempt)? RERUN/CHECK/REPAIR name the next round. */
+static bool answers(const rr_verdict *v, int64_t iteration, int attempt) {
+    if (v->iteration != iteration) return false;
+    if (v->decision == RR_RERUN || v->decision == RR_CHECK || v->decision == RR_REPAIR) return v->attempt > attempt;
+    return v->attempt >= attempt;
+}
+
+int sv_link_verdict(sv_link *l, int64_t iteration, int attempt, rr_verdict *out, int timeout_ms) {
+    uint64_t start = sv__now_ms(), last_send = start, stop_seen = 0;
+    int rc = 0;
+    pthread_mutex_lock(&l->mu);
+    while (!(l->have_verdict && answers(&l->verdict, iteration, attempt))) {
+        uint64_t now = sv__now_ms();
+        if (l->aborted) {
+            rc = co_err_set(CO_EABORTED, "waiting for the verdict of iteration %lld: the job was aborted",
+                            (long long)iteration);
+            break;
+        }
+        if (*l->stop && !stop_seen) stop_seen = now;
+        if (stop_seen && now - stop_seen > 3000) {
+            rc = co_err_set(CO_EABORTED, "waiting for the verdict of iteration %lld: stopping", (long long)iteration);
+            break;
+        }
+        if (timeout_ms >= 0 && now - start > (uint64_t)timeout_ms) {
+            rc = co_err_set(CO_ETIMEOUT, "no verdict for iteration %lld from the supervisor in %d s",
+                            (long long)iteration, timeout_ms / 1000);
+            break;
+        }
+        if (now - last_send >= 1000) {
+            /* a report (or the verdict) may have been lost: the supervisor answers a repeat */
+            last_send = now;
+            pthread_mutex_unlock(&l->mu);
+            ac_post(l->a, resend_round, l);
+            pthread_mutex_lock(&l->mu);
+            continue;
+        }
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 100 * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&l->cv, &l->mu, &dl);
+    }
+    if (!rc) *out = l->verdict;
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
+static void send_event(ac_actor *a, void *ctx) {
+    (void)a;
+    log_post *p = ctx;
+    Cohort__V1__LogLine ll = COHORT__V1__LOG_LINE__INIT;
+    ll.rank = p->l->snd.sender;
+    ll.level = COHORT__V1__LOG_LEVEL__LOG_WARNING;
+    ll.text = p->text;
+    sv__send(p->l->mb, NULL, &p->l->snd, &ll.base);
+    free(p->text);
+    free(p);
+}
+
+void sv_link_event(sv_link *l, const char *line) {
+    log_post *p = malloc(sizeof *p);
+    size_t n = strnlen(line, 3000);
+    char *text = malloc(n + 2 + 7);
+    if (!p || !text) {
+        free(p);
+        free(text);
+        return;
+    }
+    memcpy(text, "event: ", 7);
+    memcpy(text + 7, line, n);
+    text[7 + n] = '\n';
+    text[8 + n] = '\0';
+    p->l = l;
+    p->text = text;
+    p->metrics = false;
+    if (ac_post(l->a, send_event, p)) {
+        free(text);
+        free(p);
+    }
 }

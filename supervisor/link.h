@@ -64,4 +64,20 @@ FILE *sv_link_metrics_stream(sv_link *l);
 void sv_link_close(sv_link **l);
 void sv_assignment_free(sv_assignment *a);
 
+/* ---- the rerun state machine (resilience/rerun.h) ----
+ * Sends one round's results as LossReport messages (one per micro batch; the last carries
+ * the gradient norm and the phase times). copies 2 sends them twice and delay_ms > 0 sends
+ * them late (injected message faults). Any thread. */
+struct rr_report;
+struct rr_verdict;
+int sv_link_report(sv_link *l, const struct rr_report *r, const double *phase_ms, const char *const *phase_names,
+                   int nphases, int copies, int delay_ms);
+/* Waits for the supervisor's verdict on the round (iteration, attempt) just reported,
+ * resending the round every second until it comes (a lost report or verdict costs a
+ * second, never the job). CO_EABORTED when the job is aborted or the worker is stopping
+ * and no verdict comes within 3 s; CO_ETIMEOUT after timeout_ms (< 0: none). */
+int sv_link_verdict(sv_link *l, int64_t iteration, int attempt, struct rr_verdict *v, int timeout_ms);
+/* One line for the supervisor's run report and log (a fault injected or repaired here). */
+void sv_link_event(sv_link *l, const char *line);
+
 #endif

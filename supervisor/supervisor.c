@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "supervisor/ckpt_coord.h"
 #include "supervisor/msg.h"
+#include "supervisor/validate.h"
 
 #include <inttypes.h>
 #include <signal.h>
@@ -60,6 +61,7 @@ typedef struct sv {
     pw_stats stats;
     FILE *metrics;          /* --metrics-file, written from the workers' Metrics records */
     svc *ckpt;              /* commits the ranks' checkpoints (--save; ckpt_coord.c) */
+    svv *val;               /* validates every iteration, writes the run report (validate.c) */
 } sv;
 
 static uint64_t random_job_id(void) {
@@ -133,6 +135,7 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
                 ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, kill_remaining, s, &s->kill_timer);
             }
         } else if (!s->stopping) {
+            if (s->val) svv_note_fault(s->val, term_signal ? "killed" : "exited", w->index, why);
             fprintf(stderr, "cohort supervisor: %s at iteration %" PRIu64 "; stopping the job\n", why, w->iteration);
             begin_shutdown(s, st, why);
         }
@@ -224,6 +227,13 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         break;
     }
     case COHORT__V1__ENVELOPE__BODY_HEARTBEAT: w->iteration = e->heartbeat->iteration; break;
+    case COHORT__V1__ENVELOPE__BODY_LOSS_REPORT:
+        if (s->val && !s->stopping) {
+            char why[400];
+            int st = svv_on_report(s->val, w->index, e->loss_report, why, sizeof why);
+            if (st > 0) begin_shutdown(s, st, why);
+        }
+        break;
     case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_ACK:
         if (s->ckpt) svc_on_ack(s->ckpt, w->index, e->checkpoint_ack);
         break;
@@ -234,6 +244,11 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         }
         break;
     case COHORT__V1__ENVELOPE__BODY_LOG_LINE: {
+        if (s->val && !strncmp(e->log_line->text, "event: ", 7)) {
+            /* an injected or repaired fault on that rank: for the run report */
+            svv_on_event(s->val, w->index, e->log_line->text + 7);
+            break;
+        }
         FILE *f = e->log_line->level >= COHORT__V1__LOG_LEVEL__LOG_WARNING ? stderr : stdout;
         fputs(e->log_line->text, f);
         fflush(f);
@@ -476,6 +491,22 @@ int sv_run(const sv_options *opt) {
         free(s.w);
         return SV_EXIT_FAILURE;
     }
+    uint64_t t_start = sv__now_ms();
+    if (!s.agent) {
+        char job[32];
+        snprintf(job, sizeof job, "%016" PRIx64, s.snd.job_id);
+        svv_options vo = {.rr = s.o.rerun, .tracker_file = s.o.tracker_file, .job = job,
+                          .straggler_threshold = s.o.straggler_threshold > 0 ? s.o.straggler_threshold : 0.75,
+                          .inject = s.o.inject, .metrics = s.metrics};
+        vo.rr.world = s.nw;
+        if (svv_new(&s.val, &vo, send_to_rank, &s)) {
+            fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
+            svc_destroy(&s.ckpt);
+            if (s.metrics) fclose(s.metrics);
+            free(s.w);
+            return SV_EXIT_FAILURE;
+        }
+    }
     ac_actor_opts ao = {.name = "supervisor", .on_start = sv_on_start, .on_stop = sv_on_stop, .ctx = &s};
     int rc = ac_actor_new(&ao, &s.a);
     if (!rc) rc = ac_actor_run(s.a);
@@ -488,6 +519,11 @@ int sv_run(const sv_options *opt) {
         /* every worker exited on its own: a clean end only if all exited 0 */
         for (int i = 0; i < s.nw; i++)
             if (s.w[i].spawned && (s.w[i].exit_status || s.w[i].term_signal)) status = SV_EXIT_WORKER_FAILED;
+    }
+    if (s.val) {
+        if (svv_write_report(s.val, stderr, s.o.report_file, status, (double)(sv__now_ms() - t_start) / 1000.0))
+            fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
+        svv_destroy(&s.val);
     }
     uint64_t dropped = pw_stats_dropped(&s.stats);
     if (dropped) fprintf(stderr, "cohort supervisor: dropped %" PRIu64 " malformed or foreign messages\n", dropped);

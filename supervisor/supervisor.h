@@ -17,12 +17,16 @@
  *   0 every worker finished (train-iters, exit interval or duration, or a clean stop on
  *     SIGTERM/SIGINT after the current step)
  *   1 the supervisor itself failed (spawn, sockets, memory)
- *   3 training stopped on a NaN/Inf loss or gradient norm
+ *   3 training stopped on a NaN/Inf loss or gradient norm that the rerun state machine found
+ *     reproducible (on a healthy peer too): a data or model problem, not a fault
  *   4 a worker failed or died; the others were stopped
  *   5 the rendezvous did not complete in time
  *   6 a worker stopped sending heartbeats; the job was stopped */
 #ifndef COHORT_SUPERVISOR_SUPERVISOR_H
 #define COHORT_SUPERVISOR_SUPERVISOR_H
+
+#include "resilience/inject.h"
+#include "resilience/rerun.h"
 
 enum {
     SV_EXIT_OK = 0,
@@ -55,6 +59,13 @@ typedef struct sv_options {
     /* extra environment for workers ("NAME=value"), e.g. the embedded corpus location */
     char *const *extra_env;
     int nextra_env;
+    /* the rerun state machine (mode RR_MODE_DISABLED: workers do not report) and the run
+     * report (supervisor/validate.h) */
+    rr_options rerun;
+    const char *tracker_file;      /* --result-rejected-tracker-filename */
+    const char *report_file;       /* JSON run report (NULL: none) */
+    double straggler_threshold;
+    fi_schedule *inject;           /* --inject (kill-supervisor fires here) */
 } sv_options;
 
 /* Runs the job to its end; returns one of the exit statuses above. */

@@ -16,6 +16,9 @@
 #include "optim/lr.h"
 #include "scheduler/topology.h"
 
+#include <signal.h>
+#include <xxhash.h>
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +61,39 @@ struct trainer {
     trainer_pre_step_hook pre_step[4];
     void *pre_step_ctx[4];
     int npre_step;
+    /* validation, injection, skips (resilience/) */
+    trainer_validator val;
+    bool have_val;
+    fi_schedule *inj;
+    int64_t *skips;
+    int nskips;
+    trainer_event_fn ev_fn;
+    void *ev_ctx;
+    volatile sig_atomic_t *stop; /* the caller's stop flag (a hang injected in compute polls it) */
+    double phase_ms[TR_NPHASES];
+    double mb_loss[RR_MAX_MB], mb_tok[RR_MAX_MB];
 };
+
+const char *const trainer_phase_names[TR_NPHASES] = {"data", "forward", "backward", "allreduce", "optimizer"};
+
+void trainer_set_validator(trainer *t, const trainer_validator *v) {
+    t->val = *v;
+    t->have_val = v && v->report && v->verdict;
+}
+void trainer_set_injector(trainer *t, fi_schedule *s) { t->inj = s; }
+void trainer_set_event_sink(trainer *t, trainer_event_fn fn, void *ctx) {
+    t->ev_fn = fn;
+    t->ev_ctx = ctx;
+}
+void trainer_set_skips(trainer *t, const int64_t *iters, int n) {
+    free(t->skips);
+    t->skips = NULL;
+    t->nskips = 0;
+    if (n <= 0 || !(t->skips = malloc(sizeof *t->skips * (size_t)n))) return;
+    memcpy(t->skips, iters, sizeof *t->skips * (size_t)n);
+    t->nskips = n;
+}
+void trainer_phase_ms(const trainer *t, double out[TR_NPHASES]) { memcpy(out, t->phase_ms, sizeof t->phase_ms); }
 
 void trainer_get_progress(const trainer *t, trainer_progress *p) {
     p->iteration = t->iteration;
@@ -273,6 +308,7 @@ void trainer_destroy(trainer **pt) {
     free(t->mask);
     free(t->dscale);
     free(t->zeros);
+    free(t->skips);
     free(t);
     *pt = NULL;
 }
@@ -377,59 +413,331 @@ static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) 
     return 0;
 }
 
+/* A fault-related line on stderr; to_sink: also an event for the run report (a fault
+ * injected or repaired here; the supervisor records its own verdicts itself). */
+static void emit_line(trainer *t, const char *line, bool to_sink) {
+    progress_clear(t);
+    fprintf(stderr, "cohort rank %d: %s\n", t->topo.dp_rank, line);
+    if (to_sink && t->ev_fn) t->ev_fn(t->ev_ctx, line);
+}
+static void emit(trainer *t, const char *line) { emit_line(t, line, true); }
+
+/* kill, stop, hang and slow faults of this rank at (step, micro batch, phase) */
+static void fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph) {
+    if (!t->inj) return;
+    int r = t->topo.dp_rank;
+    static const fi_kind kinds[] = {FI_SLOW, FI_KILL, FI_STOP, FI_HANG};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        fi_fault *f = fi_take(t->inj, kinds[k], r, r, step, mb, ph);
+        if (!f) continue;
+        char line[400];
+        fi_describe(f, r, step, mb, line, sizeof line);
+        if (f->kind != FI_SLOW || f->fired == 1) emit(t, line);
+        switch (f->kind) {
+        case FI_SLOW: usleep((useconds_t)f->ms * 1000); break;
+        case FI_KILL: raise(SIGKILL); break;
+        case FI_STOP: raise(SIGSTOP); break;
+        case FI_HANG: {
+            /* a busy loop inside compute: only a stop order or an abort ends it */
+            volatile uint64_t spin = 0;
+            while (!(t->stop && *t->stop)) spin++;
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+/* Forward and backward of data_rank's share of the step (micro batches mb*dp + data_rank),
+ * gradients cleared first. Per micro batch loss sums and token counts go to t->mb_loss and
+ * t->mb_tok; *grad_norm is the norm of this rank's gradients before any reduction. */
+static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,
+                         double *grad_norm) {
+    const co_config *c = &t->cfg;
+    int B = c->micro_batch_size, T = c->seq_length, N = B * T, me = t->topo.dp_rank;
+    gpt_zero_grad(t->model);
+    double it_loss = 0, it_tok = 0;
+    for (int mb = 0; mb < t->M; mb++) {
+        double t0 = now_s();
+        gpt_batch b;
+        /* Megatron's sampler: each group of micro x dp samples is one micro batch per
+         * rank; gmb is the micro batch's index in a one-rank run of the same batch */
+        int64_t gmb = (int64_t)mb * t->topo.dp + data_rank;
+        int rc = load_batch(t, 0, t->consumed[0] + gmb * B, &b);
+        if (rc) return rc;
+        double ntok = 0;
+        for (int i = 0; i < N; i++) ntok += t->mask[i];
+        float w = ntok > 0 ? (float)(1.0 / (ntok * t->M)) : 0.0f;
+        for (int i = 0; i < N; i++) t->dscale[i] = t->mask[i] * w;
+        uint64_t seed = mix(mix((uint64_t)c->seed, (uint64_t)t->iteration), (uint64_t)gmb);
+        double t1 = now_s();
+        t->phase_ms[TR_PH_DATA] += 1000 * (t1 - t0);
+        fire_process_faults(t, step, mb, FI_PH_FORWARD);
+        fi_fault *f;
+        char line[400];
+        if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_PARAM, me, me, step, mb, FI_PH_FORWARD))) {
+            int bit;
+            size_t idx = fi_flip(f, gpt_params(t->model), gpt_num_params(t->model), &bit);
+            gpt_sync_bf16(t->model);
+            fi_describe(f, me, step, mb, line, sizeof line);
+            emit(t, line);
+            fprintf(stderr, "cohort rank %d: inject: flipped bit %d of parameter %zu\n", me, bit, idx);
+        }
+        if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_ACT, me, me, step, mb, FI_PH_FORWARD))) {
+            int bit = f->bit >= 0 ? f->bit : 30;
+            gpt_inject_act_flip(t->model, (size_t)(f->salt % ((uint64_t)N * (uint64_t)c->hidden_size)), bit);
+            fi_describe(f, me, step, mb, line, sizeof line);
+            emit(t, line);
+        }
+        double loss = gpt_forward(t->model, &b, true, seed, t->dscale, NULL);
+        /* a corrupted loss (nan, inf, spike): the value reported, and for nan/inf the
+         * gradients too, as a real one would poison them */
+        static const fi_kind lk[] = {FI_NAN, FI_INF, FI_SPIKE};
+        int poison = -1;
+        for (int k = 0; t->inj && k < 3 && poison < 0; k++)
+            if ((f = fi_take(t->inj, lk[k], me, data_rank, step, mb, FI_PH_FORWARD))) {
+                poison = (int)lk[k];
+                loss = lk[k] == FI_NAN ? NAN : lk[k] == FI_INF ? INFINITY : loss * 1000.0;
+                fi_describe(f, me, step, mb, line, sizeof line);
+                emit_line(t, line, f->fired == 1); /* times=always: one event, many firings */
+            }
+        double t2 = now_s();
+        t->phase_ms[TR_PH_FORWARD] += 1000 * (t2 - t1);
+        fire_process_faults(t, step, mb, FI_PH_BACKWARD);
+        gpt_backward(t->model, &b, seed);
+        if (poison == FI_NAN || poison == FI_INF) gpt_grads(t->model)[0] = poison == FI_NAN ? NAN : INFINITY;
+        if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_GRAD, me, me, step, mb, FI_PH_BACKWARD))) {
+            int bit;
+            size_t idx = fi_flip(f, gpt_grads(t->model), gpt_num_params(t->model), &bit);
+            fi_describe(f, me, step, mb, line, sizeof line);
+            emit(t, line);
+            fprintf(stderr, "cohort rank %d: inject: flipped bit %d of gradient %zu\n", me, bit, idx);
+        }
+        t->phase_ms[TR_PH_BACKWARD] += 1000 * (now_s() - t2);
+        if (mb < RR_MAX_MB) {
+            t->mb_loss[mb] = loss;
+            t->mb_tok[mb] = ntok;
+        }
+        it_loss += loss;
+        it_tok += ntok;
+        if (kb_backend_status(t->be)) return kb_backend_status(t->be);
+    }
+    *loss_out = it_loss;
+    *tok_out = it_tok;
+    kb_backend *be = t->be;
+    *grad_norm = t->have_val ? sqrt(be->ops->sumsq(be, gpt_grads(t->model), gpt_num_params(t->model))) : 0;
+    return 0;
+}
+
+static bool skip_listed(const trainer *t, int64_t step) {
+    for (int i = 0; i < t->nskips; i++)
+        if (t->skips[i] == step) return true;
+    return false;
+}
+
+/* Every rank takes rank `root`'s parameters and optimizer state (REPAIR, replica repair). */
+static int take_state(trainer *t, int root) {
+    cm_comm *dp = t->dp;
+    size_t n = gpt_num_params(t->model);
+    int rc = dp->ops->broadcast(dp, gpt_params(t->model), n * sizeof(float), root, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc && t->opt.m) rc = dp->ops->broadcast(dp, t->opt.m, n * sizeof(float), root, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc && t->opt.v) rc = dp->ops->broadcast(dp, t->opt.v, n * sizeof(float), root, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc) gpt_sync_bf16(t->model);
+    return rc;
+}
+
+/* Replica consistency: every rank hashes its parameters and optimizer state; a rank that
+ * differs from the majority (the lowest rank's hash when there is no majority of two or
+ * more... with two ranks a mismatch cannot be attributed: both are reported) takes the
+ * majority's state. */
+static int check_replicas(trainer *t) {
+    cm_comm *dp = t->dp;
+    size_t n = gpt_num_params(t->model);
+    XXH64_state_t *h = XXH64_createState();
+    if (!h) return CO_ENOMEM;
+    XXH64_reset(h, 0);
+    XXH64_update(h, gpt_params(t->model), n * sizeof(float));
+    if (t->opt.m) XXH64_update(h, t->opt.m, n * sizeof(float));
+    if (t->opt.v) XXH64_update(h, t->opt.v, n * sizeof(float));
+    uint64_t mine = XXH64_digest(h);
+    XXH64_freeState(h);
+    uint64_t *all = calloc((size_t)dp->size, sizeof *all);
+    if (!all) return CO_ENOMEM;
+    int rc = dp->ops->allgather(dp, &mine, all, sizeof mine, TRAIN_COMM_TIMEOUT_MS);
+    if (rc) {
+        free(all);
+        return rc;
+    }
+    /* the majority hash; ties go to the lowest rank's */
+    int best = 0, best_count = 0;
+    for (int r = 0; r < dp->size; r++) {
+        int cnt = 0;
+        for (int q = 0; q < dp->size; q++) cnt += all[q] == all[r];
+        if (cnt > best_count) {
+            best = r;
+            best_count = cnt;
+        }
+    }
+    int bad = 0;
+    for (int r = 0; r < dp->size; r++) bad += all[r] != all[best];
+    if (bad) {
+        char line[300];
+        int len = snprintf(line, sizeof line, "replica check at iteration %lld: rank(s)", (long long)t->iteration);
+        for (int r = 0; r < dp->size && len < (int)sizeof line - 40; r++)
+            if (all[r] != all[best]) len += snprintf(line + len, sizeof line - (size_t)len, " %d", r);
+        snprintf(line + len, sizeof line - (size_t)len, " differ from rank %d (%d of %d agree); repaired from rank %d",
+                 best, best_count, dp->size, best);
+        if (t->topo.dp_rank == best || all[t->topo.dp_rank] != all[best]) emit(t, line);
+        rc = take_state(t, best);
+    }
+    free(all);
+    return rc;
+}
+
 int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
     const co_config *c = &t->cfg;
     *why = TRAIN_DONE;
-    int B = c->micro_batch_size, T = c->seq_length, N = B * T;
+    int T = c->seq_length;
+    t->stop = stop;
     bool tty = c->progress && t->log == stdout && isatty(STDOUT_FILENO);
+    int me = t->topo.dp_rank;
     while (t->iteration < c->train_iters) {
         double t0 = now_s();
-        gpt_zero_grad(t->model);
-        double it_loss = 0, it_tok = 0;
-        for (int mb = 0; mb < t->M; mb++) {
-            gpt_batch b;
-            /* Megatron's sampler: each group of micro x dp samples is one micro batch per
-             * rank; gmb is the micro batch's index in a one-rank run of the same batch */
-            int64_t gmb = (int64_t)mb * t->topo.dp + t->topo.dp_rank;
-            int rc = load_batch(t, 0, t->consumed[0] + gmb * B, &b);
-            if (rc) return rc;
-            double ntok = 0;
-            for (int i = 0; i < N; i++) ntok += t->mask[i];
-            float w = ntok > 0 ? (float)(1.0 / (ntok * t->M)) : 0.0f;
-            for (int i = 0; i < N; i++) t->dscale[i] = t->mask[i] * w;
-            uint64_t seed = mix(mix((uint64_t)c->seed, (uint64_t)t->iteration), (uint64_t)gmb);
-            it_loss += gpt_forward(t->model, &b, true, seed, t->dscale, NULL);
-            it_tok += ntok;
-            gpt_backward(t->model, &b, seed);
-            if (kb_backend_status(t->be)) return kb_backend_status(t->be);
-        }
-        /* one vote per rank on stopping, so that every rank stops after the same iteration */
-        bool want_stop = (stop && *stop) ||
-                         (c->exit_duration_in_mins > 0 && (now_s() - t->start_time) / 60.0 > c->exit_duration_in_mins);
-        int stop_reason = stop && *stop ? 1 : want_stop ? 2 : 0;
-        if (t->dp) {
-            int rc = reduce_step(t, &it_loss, &it_tok, &stop_reason);
-            if (rc) return rc;
-        }
-        double gnorm = opt_grad_norm(t->model);
-        if (kb_backend_status(t->be)) return kb_backend_status(t->be);
-        double loss = it_tok > 0 ? it_loss / it_tok : 0;
-        if (c->check_for_nan_in_loss_and_grad && (!isfinite(loss) || !isfinite(gnorm))) {
-            t->nan_iters++;
+        int64_t step = t->iteration + 1;
+        memset(t->phase_ms, 0, sizeof t->phase_ms);
+        if (skip_listed(t, step)) {
+            /* --iterations-to-skip: the batch is consumed, nothing is computed */
             progress_clear(t);
-            fprintf(stderr, "cohort: iteration %lld: %s (lm loss %g, grad norm %g); stopping\n",
-                    (long long)t->iteration + 1, !isfinite(loss) ? "NaN/Inf in the loss" : "NaN/Inf in the gradients",
-                    loss, gnorm);
-            *why = TRAIN_NAN;
-            return 0;
+            if (t->log) fprintf(t->log, "cohort: skipping iteration %lld (--iterations-to-skip)\n", (long long)step);
+            t->iteration++;
+            t->consumed[0] += c->global_batch_size;
+            t->skipped++;
+            if (t->nhooks) {
+                int rc = run_hooks(t, false, TRAIN_DONE);
+                if (rc < 0) return rc;
+            }
+            continue;
         }
-        for (int i = 0; i < t->npre_step; i++) {
-            int rc = t->pre_step[i](t, t->pre_step_ctx[i]);
-            if (rc < 0) return rc;
+        double it_loss = 0, it_tok = 0, gnorm = 0, local_norm = 0;
+        int stop_reason = 0;
+        int attempt = 0, role_check_for = -1; /* role_check_for >= 0: this round recomputes that rank's share */
+        bool checking_round = false, skip_step = false;
+        for (;;) {
+            if (!checking_round) {
+                int rc = compute_share(t, me, step, &it_loss, &it_tok, &local_norm);
+                if (rc) return rc;
+                if (t->have_val) {
+                    rr_report r = {.iteration = step, .attempt = attempt, .rank = me, .check_for = -1,
+                                   .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB, .grad_norm = local_norm};
+                    memcpy(r.loss, t->mb_loss, sizeof(double) * (size_t)r.nmb);
+                    memcpy(r.tokens, t->mb_tok, sizeof(double) * (size_t)r.nmb);
+                    if ((rc = t->val.report(t->val.ctx, &r, t->phase_ms))) return rc;
+                }
+                fire_process_faults(t, step, -1, FI_PH_ALLREDUCE);
+                /* one vote per rank on stopping, so that every rank stops after the same iteration */
+                bool want_stop = (stop && *stop) || (c->exit_duration_in_mins > 0 &&
+                                                     (now_s() - t->start_time) / 60.0 > c->exit_duration_in_mins);
+                stop_reason = stop && *stop ? 1 : want_stop ? 2 : 0;
+                double ta = now_s();
+                if (t->dp && (rc = reduce_step(t, &it_loss, &it_tok, &stop_reason))) return rc;
+                t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - ta);
+            } else if (role_check_for >= 0) {
+                double l, k;
+                int rc = compute_share(t, role_check_for, step, &l, &k, &local_norm);
+                if (rc) return rc;
+                rr_report r = {.iteration = step, .attempt = attempt, .rank = me, .check_for = role_check_for,
+                               .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB, .grad_norm = local_norm};
+                memcpy(r.loss, t->mb_loss, sizeof(double) * (size_t)r.nmb);
+                memcpy(r.tokens, t->mb_tok, sizeof(double) * (size_t)r.nmb);
+                if ((rc = t->val.report(t->val.ctx, &r, t->phase_ms))) return rc;
+            }
+            if (!t->have_val) break;
+            double tv = now_s();
+            rr_verdict v;
+            int rc = t->val.verdict(t->val.ctx, step, attempt, &v);
+            if (rc) return rc;
+            t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - tv);
+            if (v.decision == RR_ACCEPT) {
+                if (checking_round) return co_err_set(CO_EPROTOCOL, "verdict ACCEPT after a check round");
+                if (v.diagnosis != RR_DIAG_NONE) {
+                    char line[400];
+                    snprintf(line, sizeof line, "iteration %lld: %s: %s", (long long)step,
+                             rr_diagnosis_name(v.diagnosis), v.reason);
+                    if (me == 0 && !t->dp) emit_line(t, line, false);
+                }
+                break;
+            }
+            char line[400];
+            snprintf(line, sizeof line, "iteration %lld: %s: %s", (long long)step, rr_decision_name(v.decision),
+                     v.reason);
+            if (!t->dp || v.suspect == me) emit_line(t, line, false);
+            if (v.decision == RR_RERUN) {
+                attempt = v.attempt;
+                checking_round = false;
+            } else if (v.decision == RR_CHECK) {
+                attempt = v.attempt;
+                checking_round = true;
+                role_check_for = v.helper == me ? v.suspect : -1;
+            } else if (v.decision == RR_REPAIR) {
+                if (!t->dp || v.helper < 0 || v.helper >= t->dp->size)
+                    return co_err_set(CO_EPROTOCOL, "verdict REPAIR from rank %d", v.helper);
+                if ((rc = take_state(t, v.helper))) return rc;
+                attempt = v.attempt;
+                checking_round = false;
+            } else if (v.decision == RR_SKIP) {
+                skip_step = true;
+                break;
+            } else {
+                *why = TRAIN_REJECTED;
+                progress_clear(t);
+                return 0;
+            }
         }
-        double lr = lr_at(&t->lr, t->iteration);
-        opt_adamw_step(&t->opt, t->model, lr, gnorm);
-        if (kb_backend_status(t->be)) return kb_backend_status(t->be);
+        kb_backend *be = t->be;
+        if (!skip_step) {
+            double to = now_s();
+            gnorm = opt_grad_norm(t->model);
+            if (kb_backend_status(be)) return kb_backend_status(be);
+            double loss = it_tok > 0 ? it_loss / it_tok : 0;
+            if (!t->have_val && c->check_for_nan_in_loss_and_grad && (!isfinite(loss) || !isfinite(gnorm))) {
+                t->nan_iters++;
+                progress_clear(t);
+                fprintf(stderr, "cohort: iteration %lld: %s (lm loss %g, grad norm %g); stopping\n", (long long)step,
+                        !isfinite(loss) ? "NaN/Inf in the loss" : "NaN/Inf in the gradients", loss, gnorm);
+                *why = TRAIN_NAN;
+                return 0;
+            }
+            if (!isfinite(gnorm)) {
+                /* validated per rank, yet the reduced gradients overflowed: never apply them */
+                t->nan_iters++;
+                progress_clear(t);
+                fprintf(stderr, "cohort: iteration %lld: NaN/Inf in the reduced gradients; stopping\n", (long long)step);
+                *why = TRAIN_NAN;
+                return 0;
+            }
+            for (int i = 0; i < t->npre_step; i++) {
+                int rc = t->pre_step[i](t, t->pre_step_ctx[i]);
+                if (rc < 0) return rc;
+            }
+            fire_process_faults(t, step, -1, FI_PH_OPTIMIZER);
+            double lr = lr_at(&t->lr, t->iteration);
+            opt_adamw_step(&t->opt, t->model, lr, gnorm);
+            if (kb_backend_status(be)) return kb_backend_status(be);
+            fi_fault *f;
+            if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_PARAM, me, me, step, -1, FI_PH_OPTIMIZER))) {
+                int bit;
+                char line[400];
+                size_t idx = fi_flip(f, gpt_params(t->model), gpt_num_params(t->model), &bit);
+                gpt_sync_bf16(t->model);
+                fi_describe(f, me, step, -1, line, sizeof line);
+                emit(t, line);
+                fprintf(stderr, "cohort rank %d: inject: flipped bit %d of parameter %zu\n", me, bit, idx);
+            }
+            t->phase_ms[TR_PH_OPTIMIZER] += 1000 * (now_s() - to);
+        } else {
+            t->skipped++;
+            it_loss = it_tok = 0;
+        }
         t->iteration++;
         t->consumed[0] += c->global_batch_size;
         double dt = now_s() - t0;
@@ -440,8 +748,12 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         if (t->iteration % c->log_interval == 0) log_line(t, lr_at(&t->lr, t->iteration), gnorm);
         t->ema_step_s = t->ema_step_s > 0 ? 0.9 * t->ema_step_s + 0.1 * dt : dt;
         if (t->iteration % c->log_interval && tty)
-            progress_draw(t, loss, (double)c->global_batch_size * T / t->ema_step_s);
+            progress_draw(t, it_tok > 0 ? it_loss / it_tok : 0, (double)c->global_batch_size * T / t->ema_step_s);
 
+        if (t->dp && c->check_replicas_interval > 0 && t->iteration % c->check_replicas_interval == 0) {
+            int rc = check_replicas(t);
+            if (rc) return rc;
+        }
         if (c->eval_iters > 0 && t->iteration % c->eval_interval == 0 && t->ds[1] &&
             t->iteration < c->train_iters) {
             char label[64];

@@ -24,6 +24,7 @@ typedef enum {
     TRAIN_EXIT_DURATION,   /* --exit-duration-in-mins */
     TRAIN_SIGNAL,          /* SIGTERM / SIGINT */
     TRAIN_NAN,             /* NaN or Inf loss or gradient norm */
+    TRAIN_REJECTED,        /* the rerun state machine stopped the job (a reproducible fault) */
 } train_end;
 
 typedef struct trainer_data {
@@ -79,6 +80,39 @@ void trainer_set_hook(trainer *t, trainer_hook fn, void *ctx);
  * wait until its snapshot copy, made during forward and backward, is complete. */
 typedef int (*trainer_pre_step_hook)(trainer *t, void *ctx);
 void trainer_set_pre_step_hook(trainer *t, trainer_pre_step_hook fn, void *ctx);
+
+/* ---- validation of every iteration (the rerun state machine, resilience/rerun.h) ----
+ * With a validator, each iteration's results are reported before the gradient reduction
+ * and the optimizer step waits for the verdict: ACCEPT steps, RERUN replays the step in
+ * place (same micro batches, same dropout streams, gradients cleared), CHECK makes the
+ * helper rank recompute the suspect's micro batches, REPAIR makes every rank take the
+ * helper's parameters and optimizer state (a broadcast) and replay, SKIP drops the
+ * iteration's update, STOP ends training with TRAIN_REJECTED. */
+#include "resilience/inject.h"
+#include "resilience/rerun.h"
+
+enum { TR_PH_DATA, TR_PH_FORWARD, TR_PH_BACKWARD, TR_PH_ALLREDUCE, TR_PH_OPTIMIZER, TR_NPHASES };
+extern const char *const trainer_phase_names[TR_NPHASES];
+
+typedef struct trainer_validator {
+    /* this rank's results of one round; called before the reduction, must not block */
+    int (*report)(void *ctx, const rr_report *r, const double phase_ms[TR_NPHASES]);
+    /* blocks until the verdict for (iteration, the round just reported) */
+    int (*verdict)(void *ctx, int64_t iteration, int attempt, rr_verdict *v);
+    void *ctx;
+} trainer_validator;
+void trainer_set_validator(trainer *t, const trainer_validator *v);
+
+/* Faults to inject on this rank (tests and drills; the schedule stays the caller's). */
+void trainer_set_injector(trainer *t, fi_schedule *s);
+/* Iterations (1-based, as logged) whose update is skipped without computing them. */
+void trainer_set_skips(trainer *t, const int64_t *iters, int n);
+/* Called with one line for every fault injected or repaired on this rank (log, report). */
+typedef void (*trainer_event_fn)(void *ctx, const char *line);
+void trainer_set_event_sink(trainer *t, trainer_event_fn fn, void *ctx);
+
+/* Time spent per phase in the last iteration (ms). */
+void trainer_phase_ms(const trainer *t, double out[TR_NPHASES]);
 
 int64_t trainer_iteration(const trainer *t);
 gpt_model *trainer_model(trainer *t);

@@ -1,0 +1,27 @@
+/* train_resilience.h - `cohort train`'s resilience flags wired to the trainer (see
+ * train_resilience.c). Private to cli/. */
+#ifndef COHORT_CLI_TRAIN_RESILIENCE_H
+#define COHORT_CLI_TRAIN_RESILIENCE_H
+
+#include "common/config.h"
+#include "resilience/inject.h"
+#include "resilience/rerun.h"
+#include "supervisor/link.h"
+#include "train/trainer.h"
+
+#include <stdio.h>
+
+typedef struct cli_resil cli_resil;
+
+/* The rerun state machine's options from the flags. */
+void cli_rr_options(const co_config *c, int world, rr_options *o);
+/* The --inject schedule (flags checked: CO_EINVAL with the message in err). */
+int cli_inject_parse(const co_config *c, int world, fi_schedule *s, char *err, size_t n);
+
+/* link NULL: one process (the state machine runs here); else a supervised worker. */
+int cli_resil_new(cli_resil **out, const co_config *c, sv_link *link, int rank, int world, char *err, size_t n);
+void cli_resil_attach(cli_resil *x, trainer *t, FILE *log);
+/* Prints what the in-process state machine handled; frees. NULL-safe. */
+void cli_resil_destroy(cli_resil **x);
+
+#endif

@@ -1,0 +1,671 @@
+/* rerun.c - the rerun state machine (see rerun.h for the rounds and the diagnoses). */
+#include "resilience/rerun.h"
+
+#include "common/error.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RR_TRACK_N 100   /* values the spike and gradient trackers learn from, then freeze */
+#define RR_MAX_ATTEMPT 4 /* replays of one iteration before giving up */
+
+typedef enum { ROUND_ALL = 0, ROUND_CHECK = 1 } round_kind;
+
+struct rr_machine {
+    rr_options o;
+    int64_t iter;        /* iteration of the current round, -1 before the first report */
+    int attempt;         /* attempt the current round expects */
+    round_kind kind;
+    rr_report *cur;      /* [world] this round's reports (ROUND_CHECK: the helper's in cur[0]) */
+    bool *have;
+    int nhave;
+    rr_report *first;    /* [world] the reports of the round that was rejected */
+    rr_report suspect_rerun;
+    int suspect, helper;
+    char rej_check[32];
+    double rej_value;
+    bool rej_fatal;
+    bool after_repair;
+    bool accept_replay;  /* the next round only rebuilds gradients after a peer check */
+    /* --error-injection-rate: the rank whose result is replaced in this iteration */
+    int inj_rank;
+    bool inj_active;
+    /* trackers of Megatron's spiky-loss and large-gradient checks */
+    double spiky_max, grad_max;
+    int spiky_n, grad_n;
+    int *faults;         /* [world] faults attributed to each rank */
+    rr_event *ev;
+    int nev, cap;
+    /* report_determinism_stats */
+    double *rel;
+    int nrel, relcap;
+    int64_t compared, identical;
+};
+
+void rr_options_default(rr_options *o, int world) {
+    memset(o, 0, sizeof *o);
+    o->mode = RR_MODE_VALIDATE;
+    o->world = world;
+    o->check_nan = true;
+    o->check_rank_outliers = true;
+    o->spiky_factor = 10;
+    o->large_grad_factor = 10;
+    o->outlier_factor = 10;
+    o->injection_type = RR_INJECT_TRANSIENT;
+}
+
+const char *rr_decision_name(rr_decision d) {
+    switch (d) {
+    case RR_ACCEPT: return "accept";
+    case RR_RERUN: return "rerun";
+    case RR_SKIP: return "skip";
+    case RR_STOP: return "stop";
+    case RR_CHECK: return "check";
+    case RR_REPAIR: return "repair";
+    }
+    return "?";
+}
+
+const char *rr_diagnosis_name(rr_diagnosis d) {
+    switch (d) {
+    case RR_DIAG_CORRECT: return "correct_result";
+    case RR_DIAG_TRANSIENT: return "transient_error";
+    case RR_DIAG_PERSISTENT: return "persistent_error";
+    default: return "none";
+    }
+}
+
+int rr_new(rr_machine **out, const rr_options *o) {
+    *out = NULL;
+    if (o->world < 1 || o->world > 1 << 20) return co_err_set(CO_EINVAL, "rerun: world size %d", o->world);
+    rr_machine *m = calloc(1, sizeof *m);
+    if (!m) return CO_ENOMEM;
+    m->o = *o;
+    m->iter = -1;
+    m->suspect = m->helper = m->inj_rank = -1;
+    m->cur = calloc((size_t)o->world, sizeof *m->cur);
+    m->first = calloc((size_t)o->world, sizeof *m->first);
+    m->have = calloc((size_t)o->world, sizeof *m->have);
+    m->faults = calloc((size_t)o->world, sizeof *m->faults);
+    if (!m->cur || !m->first || !m->have || !m->faults) {
+        rr_destroy(&m);
+        return CO_ENOMEM;
+    }
+    *out = m;
+    return 0;
+}
+
+void rr_destroy(rr_machine **pm) {
+    rr_machine *m = *pm;
+    if (!m) return;
+    free(m->cur);
+    free(m->first);
+    free(m->have);
+    free(m->faults);
+    free(m->ev);
+    free(m->rel);
+    free(m);
+    *pm = NULL;
+}
+
+static void start_round(rr_machine *m, round_kind kind, int attempt) {
+    m->kind = kind;
+    m->attempt = attempt;
+    m->nhave = 0;
+    memset(m->have, 0, sizeof *m->have * (size_t)m->o.world);
+}
+
+int rr_add(rr_machine *m, const rr_report *r) {
+    if (r->rank < 0 || r->rank >= m->o.world || r->nmb < 0 || r->nmb > RR_MAX_MB)
+        return co_err_set(CO_EPROTOCOL, "rerun: report from rank %d with %d micro batches", r->rank, r->nmb);
+    if (m->iter < 0 || (r->iteration > m->iter && r->attempt == 0 && m->nhave == 0 && m->kind == ROUND_ALL &&
+                        m->attempt == 0)) {
+        /* the first report of a new iteration */
+        if (m->iter >= 0 && r->iteration <= m->iter) return co_err_set(CO_EPROTOCOL, "rerun: stale iteration");
+        m->iter = r->iteration;
+        start_round(m, ROUND_ALL, 0);
+        m->after_repair = false;
+        m->accept_replay = false;
+        m->suspect = m->helper = -1;
+        m->inj_active = false;
+    }
+    if (r->iteration != m->iter || r->attempt != m->attempt)
+        return co_err_set(CO_EPROTOCOL, "rerun: report for iteration %lld attempt %d, expecting %lld attempt %d",
+                          (long long)r->iteration, r->attempt, (long long)m->iter, m->attempt);
+    if (m->kind == ROUND_CHECK) {
+        if (r->rank != m->helper || r->check_for != m->suspect)
+            return co_err_set(CO_EPROTOCOL, "rerun: unexpected check report from rank %d", r->rank);
+        m->cur[0] = *r;
+        m->nhave = 1;
+        return 1;
+    }
+    if (r->check_for >= 0 || m->have[r->rank])
+        return co_err_set(CO_EPROTOCOL, "rerun: duplicate report from rank %d", r->rank);
+    m->have[r->rank] = true;
+    m->cur[r->rank] = *r;
+    return ++m->nhave == m->o.world ? 1 : 0;
+}
+
+/* ---- checks ---------------------------------------------------------------------------- */
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* First rejection among the round's reports: returns its rank or -1. */
+static int find_rejection(rr_machine *m, const rr_report *rs, int n, char *check, double *value, bool *fatal) {
+    const rr_options *o = &m->o;
+    for (int k = 0; k < n; k++) {
+        const rr_report *r = &rs[k];
+        if (o->check_nan) {
+            for (int i = 0; i < r->nmb; i++)
+                if (!isfinite(r->loss[i])) {
+                    snprintf(check, 32, "%s", isnan(r->loss[i]) ? "nan_loss" : "inf_loss");
+                    *value = r->loss[i];
+                    *fatal = true;
+                    return r->rank;
+                }
+            if (!isfinite(r->grad_norm)) {
+                snprintf(check, 32, "%s", isnan(r->grad_norm) ? "nan_grad" : "inf_grad");
+                *value = r->grad_norm;
+                *fatal = true;
+                return r->rank;
+            }
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        const rr_report *r = &rs[k];
+        if (o->check_spiky && m->spiky_n > 0)
+            for (int i = 0; i < r->nmb; i++)
+                if (fabs(r->loss[i]) >= o->spiky_factor * m->spiky_max) {
+                    snprintf(check, 32, "spiky_loss");
+                    *value = r->loss[i];
+                    *fatal = false;
+                    return r->rank;
+                }
+        if (o->check_large_grads && m->grad_n > 0 && r->grad_norm >= o->large_grad_factor * m->grad_max) {
+            snprintf(check, 32, "large_grad");
+            *value = r->grad_norm;
+            *fatal = false;
+            return r->rank;
+        }
+    }
+    if (o->check_rank_outliers && n >= 2) {
+        double *others = malloc(sizeof(double) * (size_t)n);
+        if (!others) return -1;
+        for (int k = 0; k < n; k++) {
+            int c = 0;
+            for (int j = 0; j < n; j++)
+                if (j != k) others[c++] = rs[j].grad_norm;
+            qsort(others, (size_t)c, sizeof *others, cmp_dbl);
+            double med = c % 2 ? others[c / 2] : 0.5 * (others[c / 2 - 1] + others[c / 2]);
+            /* with two ranks the larger one is the outlier; the smaller is never flagged */
+            if (med > 0 && rs[k].grad_norm > o->outlier_factor * med) {
+                free(others);
+                snprintf(check, 32, "grad_outlier");
+                *value = rs[k].grad_norm;
+                *fatal = false;
+                return rs[k].rank;
+            }
+        }
+        free(others);
+    }
+    return -1;
+}
+
+static void track(rr_machine *m) {
+    for (int k = 0; k < m->o.world; k++) {
+        const rr_report *r = &m->cur[k];
+        for (int i = 0; i < r->nmb && m->spiky_n < RR_TRACK_N; i++, m->spiky_n++)
+            if (fabs(r->loss[i]) > m->spiky_max) m->spiky_max = fabs(r->loss[i]);
+        if (m->grad_n < RR_TRACK_N) {
+            if (r->grad_norm > m->grad_max) m->grad_max = r->grad_norm;
+            m->grad_n++;
+        }
+    }
+}
+
+static bool same_dbl(double a, double b) {
+    if (isnan(a) && isnan(b)) return true;
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* The same result bit for bit (NaN equals NaN, as Megatron's comparison). */
+static bool same_result(const rr_report *a, const rr_report *b) {
+    if (a->nmb != b->nmb) return false;
+    for (int i = 0; i < a->nmb; i++)
+        if (!same_dbl(a->loss[i], b->loss[i]) || !same_dbl(a->tokens[i], b->tokens[i])) return false;
+    return same_dbl(a->grad_norm, b->grad_norm);
+}
+
+static double rel_diff(double a, double b) {
+    if (same_dbl(a, b)) return 0;
+    if (!isfinite(a) || !isfinite(b)) return INFINITY;
+    return fabs((a - b) / (a + b) * 2);
+}
+
+/* ---- injection (--error-injection-rate / --error-injection-type) ------------------------ */
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void poison(rr_report *r) {
+    if (r->nmb > 0) r->loss[0] = NAN;
+    else r->grad_norm = NAN;
+}
+
+/* ---- events ----------------------------------------------------------------------------- */
+
+static void add_event(rr_machine *m, int rank, rr_diagnosis d, rr_decision outcome, bool repaired, const char *msg) {
+    if (m->nev == m->cap) {
+        int cap = m->cap ? 2 * m->cap : 16;
+        rr_event *e = realloc(m->ev, sizeof *e * (size_t)cap);
+        if (!e) return; /* the event is lost, the decision is not */
+        m->ev = e;
+        m->cap = cap;
+    }
+    rr_event *e = &m->ev[m->nev++];
+    memset(e, 0, sizeof *e);
+    e->iteration = m->iter;
+    e->rank = rank;
+    e->diagnosis = d;
+    e->outcome = outcome;
+    e->injected = m->inj_active && rank == m->inj_rank;
+    e->repaired = repaired;
+    snprintf(e->check, sizeof e->check, "%s", m->rej_check);
+    e->value = m->rej_value;
+    snprintf(e->message, sizeof e->message, "%s", msg);
+}
+
+const rr_event *rr_events(const rr_machine *m, int *n) {
+    *n = m->nev;
+    return m->ev;
+}
+
+/* ---- decisions -------------------------------------------------------------------------- */
+
+static void verdict(rr_verdict *v, const rr_machine *m, rr_decision d, rr_diagnosis diag, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void verdict(rr_verdict *v, const rr_machine *m, rr_decision d, rr_diagnosis diag, const char *fmt, ...) {
+    v->iteration = m->iter;
+    v->decision = d;
+    v->attempt = m->attempt;
+    v->suspect = m->suspect;
+    v->helper = m->helper;
+    v->diagnosis = diag;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v->reason, sizeof v->reason, fmt, ap);
+    va_end(ap);
+}
+
+static rr_decision give_up(const rr_machine *m) { return m->o.skip_on_reproducible ? RR_SKIP : RR_STOP; }
+
+static int decide_all(rr_machine *m, rr_verdict *v) {
+    int W = m->o.world;
+    /* injection: choose once per iteration, replace the chosen rank's result */
+    if (m->attempt == 0 && m->o.injection_rate > 0 && m->o.mode == RR_MODE_VALIDATE) {
+        uint64_t h = mix64(m->o.seed ^ mix64((uint64_t)m->iter + 0x1234567ull));
+        if (h % (uint64_t)m->o.injection_rate == 0) {
+            m->inj_active = true;
+            m->inj_rank = (int)((h >> 32) % (uint64_t)W);
+        }
+    }
+    if (m->inj_active && !m->after_repair &&
+        (m->attempt == 0 || m->o.injection_type != RR_INJECT_TRANSIENT))
+        poison(&m->cur[m->inj_rank]);
+
+    if (m->o.mode == RR_MODE_DETERMINISM) {
+        if (m->attempt == 0) {
+            memcpy(m->first, m->cur, sizeof *m->cur * (size_t)W);
+            start_round(m, ROUND_ALL, 1);
+            verdict(v, m, RR_RERUN, RR_DIAG_NONE, "report_determinism_stats: every iteration runs twice");
+            return 0;
+        }
+        for (int k = 0; k < W; k++) {
+            for (int i = 0; i <= m->cur[k].nmb; i++) {
+                double a = i < m->cur[k].nmb ? m->first[k].loss[i] : m->first[k].grad_norm;
+                double b = i < m->cur[k].nmb ? m->cur[k].loss[i] : m->cur[k].grad_norm;
+                double d = rel_diff(a, b);
+                m->compared++;
+                if (d == 0) {
+                    m->identical++;
+                    continue;
+                }
+                if (m->nrel == m->relcap) {
+                    int cap = m->relcap ? 2 * m->relcap : 64;
+                    double *p = realloc(m->rel, sizeof *p * (size_t)cap);
+                    if (!p) continue;
+                    m->rel = p;
+                    m->relcap = cap;
+                }
+                m->rel[m->nrel++] = d;
+            }
+        }
+        track(m);
+        verdict(v, m, RR_ACCEPT, RR_DIAG_NONE, "determinism compared");
+        start_round(m, ROUND_ALL, 0);
+        return 0;
+    }
+
+    char check[32] = "";
+    double value = 0;
+    bool fatal = false;
+    int rej = find_rejection(m, m->cur, W, check, &value, &fatal);
+
+    if (m->accept_replay) {
+        m->accept_replay = false;
+        if (rej < 0 || !fatal) {
+            track(m);
+            verdict(v, m, RR_ACCEPT, RR_DIAG_CORRECT, "rank %d: %s reproduced on a peer: accepted", m->suspect,
+                    m->rej_check);
+            start_round(m, ROUND_ALL, 0);
+            return 0;
+        }
+        m->suspect = -1; /* a fatal result in the rebuild: handle it from the start */
+    }
+    if (m->suspect < 0) {
+        /* the iteration's first round */
+        if (rej < 0) {
+            track(m);
+            verdict(v, m, RR_ACCEPT, RR_DIAG_NONE, "validated");
+            start_round(m, ROUND_ALL, 0);
+            return 0;
+        }
+        memcpy(m->first, m->cur, sizeof *m->cur * (size_t)W);
+        m->suspect = rej;
+        snprintf(m->rej_check, sizeof m->rej_check, "%s", check);
+        m->rej_value = value;
+        m->rej_fatal = fatal;
+        start_round(m, ROUND_ALL, m->attempt + 1);
+        verdict(v, m, RR_RERUN, RR_DIAG_NONE, "rank %d: %s (%g); replaying the step in place", rej, check, value);
+        return 0;
+    }
+
+    if (m->after_repair) {
+        if (rej < 0) {
+            track(m);
+            verdict(v, m, RR_ACCEPT, RR_DIAG_PERSISTENT, "rank %d repaired from rank %d; the replay is valid",
+                    m->suspect, m->helper);
+            start_round(m, ROUND_ALL, 0);
+            return 0;
+        }
+        char msg[160];
+        snprintf(msg, sizeof msg, "rank %d: %s (%g) again after its state was repaired", rej, check, value);
+        snprintf(m->rej_check, sizeof m->rej_check, "%s", check);
+        m->rej_value = value;
+        add_event(m, rej, RR_DIAG_CORRECT, give_up(m), false, msg);
+        verdict(v, m, give_up(m), RR_DIAG_CORRECT, "%s", msg);
+        start_round(m, ROUND_ALL, 0);
+        return 0;
+    }
+
+    /* a replay after a rejection: does the suspect reproduce its result? */
+    int s = m->suspect;
+    bool reproduces = same_result(&m->cur[s], &m->first[s]);
+    if (!reproduces) {
+        if (rej < 0) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "rank %d: %s (%g) did not reproduce on replay: transient fault", s, m->rej_check,
+                     m->rej_value);
+            m->faults[s]++;
+            add_event(m, s, RR_DIAG_TRANSIENT, RR_ACCEPT, false, msg);
+            track(m);
+            verdict(v, m, RR_ACCEPT, RR_DIAG_TRANSIENT, "%s", msg);
+            start_round(m, ROUND_ALL, 0);
+            return 0;
+        }
+        if (m->attempt >= RR_MAX_ATTEMPT) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "rank %d: %s (%g): results differ on every replay", rej, check, value);
+            add_event(m, rej, RR_DIAG_PERSISTENT, RR_STOP, false, msg);
+            verdict(v, m, RR_STOP, RR_DIAG_PERSISTENT, "%s", msg);
+            start_round(m, ROUND_ALL, 0);
+            return 0;
+        }
+        /* another rejection in the replay: start over from it */
+        memcpy(m->first, m->cur, sizeof *m->cur * (size_t)W);
+        m->suspect = rej;
+        snprintf(m->rej_check, sizeof m->rej_check, "%s", check);
+        m->rej_value = value;
+        m->rej_fatal = fatal;
+        start_round(m, ROUND_ALL, m->attempt + 1);
+        verdict(v, m, RR_RERUN, RR_DIAG_NONE, "rank %d: %s (%g) in the replay; replaying again", rej, check, value);
+        return 0;
+    }
+    if (W == 1 && !m->rej_fatal) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "%s (%g) reproduced: a real value, training goes on", m->rej_check, m->rej_value);
+        add_event(m, s, RR_DIAG_CORRECT, RR_ACCEPT, false, msg);
+        track(m);
+        verdict(v, m, RR_ACCEPT, RR_DIAG_CORRECT, "%s", msg);
+        start_round(m, ROUND_ALL, 0);
+        return 0;
+    }
+    if (W == 1) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "%s (%g) reproduced on replay: the data or the model is at fault", m->rej_check,
+                 m->rej_value);
+        add_event(m, s, RR_DIAG_CORRECT, give_up(m), false, msg);
+        verdict(v, m, give_up(m), RR_DIAG_CORRECT, "%s", msg);
+        start_round(m, ROUND_ALL, 0);
+        return 0;
+    }
+    m->suspect_rerun = m->cur[s];
+    m->helper = (s + 1) % W;
+    start_round(m, ROUND_CHECK, m->attempt + 1);
+    verdict(v, m, RR_CHECK, RR_DIAG_NONE, "rank %d: %s (%g) reproduced; rank %d recomputes its micro batches", s,
+            m->rej_check, m->rej_value, m->helper);
+    return 0;
+}
+
+static int decide_check(rr_machine *m, rr_verdict *v) {
+    rr_report *h = &m->cur[0];
+    if (m->inj_active && m->o.injection_type == RR_INJECT_CORRECT) poison(h);
+    int s = m->suspect;
+    rr_report as_suspect = *h;
+    as_suspect.rank = s;
+    char check[32];
+    double value;
+    bool fatal;
+    if (same_result(&as_suspect, &m->suspect_rerun) && !m->rej_fatal) {
+        /* a non-fatal check (spike, large or outlying gradient) that a healthy peer
+         * reproduces: a real value, as Megatron treats it */
+        char msg[220];
+        snprintf(msg, sizeof msg, "rank %d: %s (%g) reproduced on rank %d too: a real value, training goes on", s,
+                 m->rej_check, m->rej_value, m->helper);
+        add_event(m, s, RR_DIAG_CORRECT, RR_ACCEPT, false, msg);
+        m->after_repair = false;
+        start_round(m, ROUND_ALL, m->attempt + 1);
+        verdict(v, m, RR_RERUN, RR_DIAG_CORRECT, "%s; replaying the step to rebuild the gradients", msg);
+        m->accept_replay = true;
+        return 0;
+    }
+    if (same_result(&as_suspect, &m->suspect_rerun)) {
+        char msg[220];
+        snprintf(msg, sizeof msg, "rank %d: %s (%g) reproduced on rank %d too: the data or the model is at fault", s,
+                 m->rej_check, m->rej_value, m->helper);
+        add_event(m, s, RR_DIAG_CORRECT, give_up(m), false, msg);
+        verdict(v, m, give_up(m), RR_DIAG_CORRECT, "%s", msg);
+        start_round(m, ROUND_ALL, 0);
+        return 0;
+    }
+    if (find_rejection(m, &as_suspect, 1, check, &value, &fatal) >= 0) {
+        char msg[220];
+        snprintf(msg, sizeof msg, "rank %d: %s (%g); rank %d gets another invalid result (%s): cannot attribute", s,
+                 m->rej_check, m->rej_value, m->helper, check);
+        add_event(m, s, RR_DIAG_PERSISTENT, RR_STOP, false, msg);
+        verdict(v, m, RR_STOP, RR_DIAG_PERSISTENT, "%s", msg);
+        start_round(m, ROUND_ALL, 0);
+        return 0;
+    }
+    char msg[220];
+    snprintf(msg, sizeof msg, "rank %d: %s (%g) reproduces on rank %d only: its state is corrupt; repaired from rank %d",
+             s, m->rej_check, m->rej_value, s, m->helper);
+    m->faults[s]++;
+    add_event(m, s, RR_DIAG_PERSISTENT, RR_ACCEPT, true, msg);
+    m->after_repair = true;
+    start_round(m, ROUND_ALL, m->attempt + 1);
+    verdict(v, m, RR_REPAIR, RR_DIAG_PERSISTENT, "%s", msg);
+    return 0;
+}
+
+int rr_decide(rr_machine *m, rr_verdict *v) {
+    memset(v, 0, sizeof *v);
+    if (m->iter < 0) return co_err_set(CO_EINVAL, "rerun: no report yet");
+    if (m->kind == ROUND_CHECK ? m->nhave < 1 : m->nhave < m->o.world)
+        return co_err_set(CO_EINVAL, "rerun: round incomplete (%d reports)", m->nhave);
+    if (m->o.mode == RR_MODE_DISABLED) {
+        verdict(v, m, RR_ACCEPT, RR_DIAG_NONE, "validation disabled");
+        start_round(m, ROUND_ALL, 0);
+        return 0;
+    }
+    return m->kind == ROUND_CHECK ? decide_check(m, v) : decide_all(m, v);
+}
+
+/* ---- determinism summary ---------------------------------------------------------------- */
+
+void rr_determinism_summary(const rr_machine *m, char *buf, size_t n) {
+    if (!m->nrel) {
+        snprintf(buf, n, "%lld values compared, all identical", (long long)m->compared);
+        return;
+    }
+    double *s = malloc(sizeof *s * (size_t)m->nrel);
+    if (!s) {
+        snprintf(buf, n, "%lld values compared", (long long)m->compared);
+        return;
+    }
+    memcpy(s, m->rel, sizeof *s * (size_t)m->nrel);
+    qsort(s, (size_t)m->nrel, sizeof *s, cmp_dbl);
+    double sum = 0;
+    for (int i = 0; i < m->nrel; i++) sum += s[i];
+    int64_t t = m->compared;
+    double ps[4] = {0.5, 0.9, 0.99, 0.999};
+    double q[4];
+    for (int k = 0; k < 4; k++) {
+        int64_t idx = (int64_t)((double)t * ps[k]) - m->identical;
+        q[k] = idx >= 0 && idx < m->nrel ? s[idx] : 0;
+    }
+    snprintf(buf, n,
+             "%lld/%lld total/identical samples, rel. variability: avg= %.3E, p50= %.3E, p90= %.3E, p99= %.3E, "
+             "p99.9= %.3E, max: %.3E",
+             (long long)t, (long long)m->identical, sum / (double)t, q[0], q[1], q[2], q[3], s[m->nrel - 1]);
+    free(s);
+}
+
+/* ---- state in checkpoints --------------------------------------------------------------- */
+
+int rr_state_save(const rr_machine *m, char *buf, size_t n) {
+    json_t *o = json_object(), *f = json_array();
+    if (!o || !f) {
+        json_decref(o);
+        json_decref(f);
+        return CO_ENOMEM;
+    }
+    for (int k = 0; k < m->o.world; k++) json_array_append_new(f, json_integer(m->faults[k]));
+    json_object_set_new(o, "spiky_max", json_real(m->spiky_max));
+    json_object_set_new(o, "spiky_n", json_integer(m->spiky_n));
+    json_object_set_new(o, "grad_max", json_real(m->grad_max));
+    json_object_set_new(o, "grad_n", json_integer(m->grad_n));
+    json_object_set_new(o, "faults", f);
+    char *text = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(o);
+    if (!text) return CO_ENOMEM;
+    size_t len = strlen(text);
+    int rc = len < n ? 0 : co_err_set(CO_EINVAL, "rerun: state does not fit %zu bytes", n);
+    if (!rc) memcpy(buf, text, len + 1);
+    free(text);
+    return rc;
+}
+
+int rr_state_load(rr_machine *m, const char *text) {
+    json_error_t e;
+    json_t *o = json_loads(text, 0, &e);
+    if (!o || !json_is_object(o)) {
+        json_decref(o);
+        return co_err_set(CO_EFORMAT, "rerun state: not a JSON object (%s)", e.text);
+    }
+    json_t *sm = json_object_get(o, "spiky_max"), *sn = json_object_get(o, "spiky_n");
+    json_t *gm = json_object_get(o, "grad_max"), *gn = json_object_get(o, "grad_n");
+    json_t *f = json_object_get(o, "faults");
+    int rc = 0;
+    if (!json_is_number(sm) || !json_is_integer(sn) || !json_is_number(gm) || !json_is_integer(gn) ||
+        !json_is_array(f) || json_integer_value(sn) < 0 || json_integer_value(sn) > RR_TRACK_N ||
+        json_integer_value(gn) < 0 || json_integer_value(gn) > RR_TRACK_N)
+        rc = co_err_set(CO_EFORMAT, "rerun state: missing or invalid fields");
+    if (!rc) {
+        m->spiky_max = json_number_value(sm);
+        m->spiky_n = (int)json_integer_value(sn);
+        m->grad_max = json_number_value(gm);
+        m->grad_n = (int)json_integer_value(gn);
+        /* fault counts are per rank: kept only when the layout is the same */
+        if ((int)json_array_size(f) == m->o.world)
+            for (int k = 0; k < m->o.world; k++) m->faults[k] = (int)json_integer_value(json_array_get(f, (size_t)k));
+    }
+    json_decref(o);
+    return rc;
+}
+
+/* ---- Megatron's tracker file ------------------------------------------------------------- */
+
+int rr_tracker_append(const char *path, const rr_event *e, const char *job) {
+    FILE *f = fopen(path, "a");
+    if (!f) return co_err_set(CO_EIO, "rerun tracker %s: %s", path, strerror(errno));
+    char host[256] = "localhost";
+    gethostname(host, sizeof host - 1);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    localtime_r(&ts.tv_sec, &tm);
+    char when[64];
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", e->message);
+    for (char *p = msg; *p; p++)
+        if (*p == '\'' || *p == '\n') *p = ' ';
+    fprintf(f, "ts=%s.%06ld node=%s device=cpu jobID=%s rank=%d iteration=%lld status=%s result=%g message='%s: %s'\n",
+            when, ts.tv_nsec / 1000, host, job && *job ? job : "N/A", e->rank, (long long)e->iteration,
+            rr_diagnosis_name(e->diagnosis), e->value, e->check, msg);
+    int rc = fclose(f) ? co_err_set(CO_EIO, "rerun tracker %s: %s", path, strerror(errno)) : 0;
+    return rc;
+}
+
+int rr_tracker_skips(const char *path, int64_t *iters, int cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[1024];
+    /* (rank, iteration) pairs seen, to apply "more than once on a rank" */
+    int64_t seen_it[512];
+    int seen_rank[512], nseen = 0, added = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *pr = strstr(line, " rank="), *pi = strstr(line, " iteration="), *ps = strstr(line, " status=");
+        if (!pr || !pi || !ps) continue;
+        int rank = atoi(pr + 6);
+        long long it = atoll(pi + 11);
+        bool reproducible = !strncmp(ps + 8, "correct_result", 14);
+        bool twice = false;
+        for (int k = 0; k < nseen; k++)
+            if (seen_it[k] == it && seen_rank[k] == rank) twice = true;
+        if (!twice && nseen < 512) {
+            seen_it[nseen] = it;
+            seen_rank[nseen++] = rank;
+        }
+        if (!reproducible && !twice) continue;
+        bool dup = false;
+        for (int k = 0; k < added; k++)
+            if (iters[k] == it) dup = true;
+        if (!dup && added < cap) iters[added++] = it;
+    }
+    fclose(f);
+    return added;
+}

@@ -1,0 +1,135 @@
+/* rerun.h - the rerun state machine: every loss and gradient norm validated before any rank
+ * applies its optimizer step, and a rejected result replayed to tell a transient fault
+ * from a real problem (megatron-facts.md §4, extended to attribute faults to a rank).
+ *
+ * Pure logic, no I/O: the supervisor feeds it the reports of every data-parallel rank and
+ * sends its verdict to all of them; a single-process run keeps one in-process. One
+ * iteration goes through rounds:
+ *
+ *   initial   every rank reports each micro batch's summed masked loss and its own
+ *             gradient norm (before the data-parallel reduction). All pass -> ACCEPT.
+ *   rerun     a rejection -> RERUN: every rank replays the step in place (same micro
+ *             batches, same dropout streams, gradients cleared) and reports again. The
+ *             suspect's new result differs from its first -> transient fault: ACCEPT the
+ *             replay, record the rank. It reproduces -> for a non-fatal check (spike,
+ *             large gradient) a real value: ACCEPT; for a fatal one (NaN, Inf) -> CHECK.
+ *   check     another data-parallel rank (same parameters) recomputes the suspect's micro
+ *             batches. Same result -> the data or the model is at fault: STOP or SKIP by
+ *             policy. Different and valid -> the suspect's state is corrupt: REPAIR (every
+ *             rank takes the checker's parameters and optimizer state), then RERUN.
+ *
+ * With one rank there is no peer: a reproducible fatal result is a real problem.
+ * Results are compared bit for bit (a deterministic backend replays exactly). */
+#ifndef COHORT_RESILIENCE_RERUN_H
+#define COHORT_RESILIENCE_RERUN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum { RR_MODE_DISABLED = 0, RR_MODE_VALIDATE = 1, RR_MODE_DETERMINISM = 2 } rr_mode;
+
+/* Values match protocol Decision (cohort.proto). */
+typedef enum {
+    RR_ACCEPT = 1, /* apply the optimizer step */
+    RR_RERUN = 2,  /* every rank replays the step and reports again */
+    RR_SKIP = 3,   /* drop this iteration's update and go on */
+    RR_STOP = 4,   /* stop the job */
+    RR_CHECK = 5,  /* `helper` recomputes `suspect`'s micro batches and reports */
+    RR_REPAIR = 6, /* every rank takes `helper`'s state, then replays the step */
+} rr_decision;
+
+/* Megatron's error-injection types (--error-injection-type). */
+typedef enum { RR_INJECT_CORRECT = 0, RR_INJECT_TRANSIENT = 1, RR_INJECT_PERSISTENT = 2 } rr_inject_type;
+
+typedef struct rr_options {
+    rr_mode mode;
+    int world;                 /* data-parallel ranks reporting */
+    bool check_nan;            /* NaN/Inf in losses and gradient norms (fatal) */
+    bool check_spiky;          /* --check-for-spiky-loss (non-fatal) */
+    bool check_large_grads;    /* --check-for-large-grads (non-fatal) */
+    bool check_rank_outliers;  /* a rank's gradient norm > factor x the median of the others */
+    double spiky_factor;       /* 10: a loss >= factor x the running max of the first 100 is a spike */
+    double large_grad_factor;  /* 10 */
+    double outlier_factor;     /* 10 */
+    bool skip_on_reproducible; /* a reproducible fatal result: SKIP the iteration (else STOP) */
+    int injection_rate;        /* --error-injection-rate: about once per N validated iterations */
+    rr_inject_type injection_type;
+    uint64_t seed;
+} rr_options;
+
+void rr_options_default(rr_options *o, int world);
+
+/* One rank's report for one round: its micro batches' loss sums and token counts, and the
+ * norm of its own gradients before reduction. check_for >= 0 in a CHECK round: these are
+ * the micro batches of rank check_for, recomputed here. */
+#define RR_MAX_MB 64
+typedef struct rr_report {
+    int64_t iteration;
+    int attempt;
+    int rank;
+    int check_for;
+    int nmb;
+    double loss[RR_MAX_MB];
+    double tokens[RR_MAX_MB];
+    double grad_norm;
+} rr_report;
+
+typedef enum { RR_DIAG_NONE = 0, RR_DIAG_CORRECT, RR_DIAG_TRANSIENT, RR_DIAG_PERSISTENT } rr_diagnosis;
+
+typedef struct rr_verdict {
+    int64_t iteration;
+    rr_decision decision;
+    int attempt;        /* the round the ranks run next (RERUN/CHECK/REPAIR), or the last one */
+    int suspect;        /* rank under suspicion (-1 none) */
+    int helper;         /* CHECK: who recomputes; REPAIR: whose state everyone takes (-1) */
+    rr_diagnosis diagnosis;
+    char reason[256];
+} rr_verdict;
+
+/* One finished fault (for the run report and the tracker file). */
+typedef struct rr_event {
+    int64_t iteration;
+    int rank;
+    rr_diagnosis diagnosis;
+    rr_decision outcome;     /* ACCEPT (went on), SKIP or STOP */
+    bool injected;           /* came from --error-injection-rate */
+    bool repaired;           /* the rank's state was replaced from a peer */
+    char check[32];          /* "nan_loss", "inf_loss", "nan_grad", "spiky_loss", ... */
+    double value;
+    char message[256];
+} rr_event;
+
+typedef struct rr_machine rr_machine;
+
+int rr_new(rr_machine **out, const rr_options *o);
+void rr_destroy(rr_machine **m);
+
+/* Adds one report. Returns 1 when the round is complete (every expected rank reported),
+ * 0 when more are expected, or a negative CO_E* code for a report that does not belong to
+ * the current round (stale attempt, unknown rank, duplicate): it is ignored. */
+int rr_add(rr_machine *m, const rr_report *r);
+/* The verdict of a complete round; starts the next round (or the next iteration). */
+int rr_decide(rr_machine *m, rr_verdict *v);
+
+/* Events of finished faults since the start; *n their count. */
+const rr_event *rr_events(const rr_machine *m, int *n);
+/* report_determinism_stats: a one-line summary of the relative differences seen. */
+void rr_determinism_summary(const rr_machine *m, char *buf, size_t n);
+
+/* The state that must survive a checkpoint (spike and gradient trackers, fault counts),
+ * as one JSON object text; rr_state_load restores it. */
+int rr_state_save(const rr_machine *m, char *buf, size_t n);
+int rr_state_load(rr_machine *m, const char *json);
+
+/* Appends one line for a rejected result in Megatron's tracker format
+ * (ts=... node=... device=... jobID=... rank=R iteration=I status=S result=V message='...'). */
+int rr_tracker_append(const char *path, const rr_event *e, const char *job);
+/* Iterations to skip from a tracker file: those rejected reproducibly, or more than once on
+ * one rank (Megatron's rule). Appends to iters (up to cap); returns the count added. */
+int rr_tracker_skips(const char *path, int64_t *iters, int cap);
+
+const char *rr_decision_name(rr_decision d);
+const char *rr_diagnosis_name(rr_diagnosis d);
+
+#endif

@@ -1,0 +1,378 @@
+/* validate.c - the supervisor's rerun state machine, straggler scores and run report
+ * (see validate.h). */
+#include "supervisor/validate.h"
+
+#include "common/error.h"
+#include "supervisor/msg.h"
+#include "supervisor/supervisor.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SVV_NPH 5 /* data, forward, backward, allreduce, optimizer (train/trainer.h) */
+static const char *const ph_names[SVV_NPH] = {"data", "forward", "backward", "allreduce", "optimizer"};
+
+typedef struct pend {
+    rr_report r;
+    uint64_t seen; /* micro batches received (bit per micro batch) */
+    int got;
+    bool added;
+    double phase_ms[SVV_NPH];
+} pend;
+
+typedef struct fault_rec {
+    char kind[32];
+    int rank;
+    int64_t iteration;
+    char diagnosis[32];
+    char outcome[16];
+    char text[400];
+    double detect_ms, recover_ms; /* < 0: not measured */
+    bool open;                    /* an rr fault whose recovery is still running */
+} fault_rec;
+
+struct svv {
+    svv_options o;
+    rr_machine *rr;
+    svv_send_fn send;
+    void *ctx;
+    int W;
+    pend *p;
+    rr_verdict last;
+    bool have_last;
+    int64_t last_iter;
+    int last_attempt;
+    uint64_t first_report_ms, reject_ms;
+    int64_t first_report_iter;
+    int nev_seen;
+    fault_rec *f;
+    int nf, capf;
+    double *ema;    /* [W] compute time (data + forward + backward) per iteration, smoothed */
+    double *worst;  /* [W] lowest score seen */
+    int *low;       /* [W] consecutive iterations scored below the threshold */
+    bool *flagged;
+    int64_t rounds;
+    int64_t validated, reruns, checks, repairs, skips;
+};
+
+int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
+    *out = NULL;
+    svv *v = calloc(1, sizeof *v);
+    if (!v) return CO_ENOMEM;
+    v->o = *o;
+    v->send = send;
+    v->ctx = ctx;
+    v->W = o->rr.world;
+    int rc = rr_new(&v->rr, &o->rr);
+    v->p = calloc((size_t)v->W, sizeof *v->p);
+    v->ema = calloc((size_t)v->W, sizeof *v->ema);
+    v->worst = calloc((size_t)v->W, sizeof *v->worst);
+    v->flagged = calloc((size_t)v->W, sizeof *v->flagged);
+    v->low = calloc((size_t)v->W, sizeof *v->low);
+    if (!rc && (!v->p || !v->ema || !v->worst || !v->flagged || !v->low)) rc = CO_ENOMEM;
+    if (rc) {
+        svv_destroy(&v);
+        return rc;
+    }
+    for (int r = 0; r < v->W; r++) v->worst[r] = INFINITY;
+    *out = v;
+    return 0;
+}
+
+void svv_destroy(svv **pv) {
+    svv *v = *pv;
+    if (!v) return;
+    rr_destroy(&v->rr);
+    free(v->p);
+    free(v->ema);
+    free(v->worst);
+    free(v->flagged);
+    free(v->low);
+    free(v->f);
+    free(v);
+    *pv = NULL;
+}
+
+static fault_rec *new_fault(svv *v) {
+    if (v->nf == v->capf) {
+        int cap = v->capf ? 2 * v->capf : 16;
+        fault_rec *f = realloc(v->f, sizeof *f * (size_t)cap);
+        if (!f) return NULL;
+        v->f = f;
+        v->capf = cap;
+    }
+    fault_rec *f = &v->f[v->nf++];
+    memset(f, 0, sizeof *f);
+    f->detect_ms = f->recover_ms = -1;
+    return f;
+}
+
+void svv_on_event(svv *v, int rank, const char *line) {
+    fault_rec *f = new_fault(v);
+    if (!f) return;
+    snprintf(f->kind, sizeof f->kind, "%s", strstr(line, "inject:") ? "injected" : "worker");
+    f->rank = rank;
+    f->iteration = -1;
+    const char *at = strstr(line, " at step ");
+    if (at) f->iteration = atoll(at + 9);
+    snprintf(f->text, sizeof f->text, "%s", line);
+    size_t n = strlen(f->text);
+    while (n && f->text[n - 1] == '\n') f->text[--n] = '\0';
+}
+
+void svv_note_fault(svv *v, const char *kind, int rank, const char *diagnosis) {
+    fault_rec *f = new_fault(v);
+    if (!f) return;
+    snprintf(f->kind, sizeof f->kind, "%s", kind);
+    f->rank = rank;
+    f->iteration = v->last_iter;
+    snprintf(f->text, sizeof f->text, "%s", diagnosis);
+}
+
+static void send_verdict(svv *v, const rr_verdict *vd, int only_rank) {
+    Cohort__V1__Verdict m = COHORT__V1__VERDICT__INIT;
+    m.iteration = (uint64_t)vd->iteration;
+    m.decision = (Cohort__V1__Decision)vd->decision;
+    m.reason = (char *)vd->reason;
+    m.has_attempt = 1;
+    m.attempt = (uint32_t)vd->attempt;
+    m.has_suspect = 1;
+    m.suspect = vd->suspect;
+    m.has_helper = 1;
+    m.helper = vd->helper;
+    if (vd->diagnosis != RR_DIAG_NONE) m.diagnosis = (char *)rr_diagnosis_name(vd->diagnosis);
+    for (int r = 0; r < v->W; r++)
+        if (only_rank < 0 || r == only_rank) v->send(v->ctx, r, &m.base);
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Straggler scores from the first round of an iteration: median of the others' compute
+ * time / this rank's (Megatron's section score), each smoothed over iterations. */
+static void score_stragglers(svv *v, int64_t iteration) {
+    int W = v->W;
+    if (W < 2) return;
+    for (int r = 0; r < W; r++) {
+        const double *ph = v->p[r].phase_ms;
+        double c = ph[0] + ph[1] + ph[2];
+        v->ema[r] = v->rounds ? 0.7 * v->ema[r] + 0.3 * c : c;
+    }
+    v->rounds++;
+    if (v->rounds < 5) return; /* warm-up: first iterations are slow everywhere */
+    double *others = malloc(sizeof(double) * (size_t)W);
+    if (!others) return;
+    for (int r = 0; r < W; r++) {
+        int n = 0;
+        for (int q = 0; q < W; q++)
+            if (q != r) others[n++] = v->ema[q];
+        qsort(others, (size_t)n, sizeof *others, cmp_dbl);
+        double med = n % 2 ? others[n / 2] : 0.5 * (others[n / 2 - 1] + others[n / 2]);
+        double score = v->ema[r] > 0 ? med / v->ema[r] : 1;
+        if (score < v->worst[r]) v->worst[r] = score;
+        v->low[r] = score < v->o.straggler_threshold ? v->low[r] + 1 : 0;
+        /* three iterations in a row: one slow step is noise, not a straggler */
+        if (v->low[r] >= 3 && !v->flagged[r]) {
+            v->flagged[r] = true;
+            fprintf(stderr,
+                    "cohort supervisor: straggler: rank %d at iteration %" PRId64 " scores %.2f (compute %.0f ms per "
+                    "iteration, others' median %.0f ms; threshold %.2f)\n",
+                    r, iteration, score, v->ema[r], med, v->o.straggler_threshold);
+            if (v->o.metrics) {
+                fprintf(v->o.metrics,
+                        "{\"event\":\"straggler\",\"iteration\":%" PRId64 ",\"rank\":%d,\"score\":%.4f,"
+                        "\"compute_ms\":%.3f,\"others_median_ms\":%.3f}\n",
+                        iteration, r, score, v->ema[r], med);
+                fflush(v->o.metrics);
+            }
+        }
+    }
+    free(others);
+}
+
+static void take_events(svv *v, uint64_t now) {
+    int n;
+    const rr_event *ev = rr_events(v->rr, &n);
+    for (; v->nev_seen < n; v->nev_seen++) {
+        const rr_event *e = &ev[v->nev_seen];
+        if (v->o.tracker_file && *v->o.tracker_file) {
+            int rc = rr_tracker_append(v->o.tracker_file, e, v->o.job);
+            if (rc) fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
+        }
+        fault_rec *f = new_fault(v);
+        if (!f) continue;
+        snprintf(f->kind, sizeof f->kind, "%s", e->check);
+        f->rank = e->rank;
+        f->iteration = e->iteration;
+        snprintf(f->diagnosis, sizeof f->diagnosis, "%s", rr_diagnosis_name(e->diagnosis));
+        snprintf(f->outcome, sizeof f->outcome, "%s", rr_decision_name(e->outcome));
+        snprintf(f->text, sizeof f->text, "%s%s", e->message, e->injected ? " (--error-injection-rate)" : "");
+        f->detect_ms = v->reject_ms >= v->first_report_ms ? (double)(v->reject_ms - v->first_report_ms) : -1;
+        f->open = true;
+        (void)now;
+    }
+}
+
+int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why, size_t n) {
+    if (rank < 0 || rank >= v->W || (int)lr->rank != rank) return 0;
+    int64_t it = (int64_t)lr->iteration;
+    int attempt = lr->has_attempt ? (int)lr->attempt : 0;
+    int check_for = lr->has_check_for ? lr->check_for : -1;
+    int nmb = lr->has_micro_batches ? (int)lr->micro_batches : 1;
+    if (nmb < 1 || nmb > RR_MAX_MB || lr->micro_batch >= (uint32_t)nmb) return 0;
+    uint64_t now = sv__now_ms();
+    if (v->have_last && it == v->last_iter && attempt == v->last_attempt) {
+        /* a repeat of a round already decided: its verdict was lost on the way */
+        if (lr->micro_batch == (uint32_t)nmb - 1) send_verdict(v, &v->last, rank);
+        return 0;
+    }
+    pend *p = &v->p[rank];
+    if (p->r.iteration != it || p->r.attempt != attempt || p->r.check_for != check_for || p->r.nmb != nmb ||
+        !p->got) {
+        if (p->added && p->r.iteration == it && p->r.attempt == attempt) return 0; /* duplicate */
+        memset(p, 0, sizeof *p);
+        p->r.iteration = it;
+        p->r.attempt = attempt;
+        p->r.rank = rank;
+        p->r.check_for = check_for;
+        p->r.nmb = nmb;
+    }
+    if (p->seen & (1ull << lr->micro_batch)) return 0; /* a duplicate message */
+    p->seen |= 1ull << lr->micro_batch;
+    p->got++;
+    p->r.loss[lr->micro_batch] = lr->loss_sum;
+    p->r.tokens[lr->micro_batch] = lr->has_tokens ? lr->tokens : (double)lr->token_count;
+    if (lr->has_grad_norm) p->r.grad_norm = lr->grad_norm;
+    for (size_t k = 0; k < lr->n_phase_ms; k++)
+        for (int q = 0; q < SVV_NPH; q++)
+            if (!strcmp(lr->phase_ms[k]->key, ph_names[q])) p->phase_ms[q] = lr->phase_ms[k]->value;
+    if (p->got < nmb || p->added) return 0;
+    if (attempt == 0 && check_for < 0 && it != v->first_report_iter) {
+        v->first_report_iter = it;
+        v->first_report_ms = now;
+        v->reject_ms = 0;
+        /* kill-supervisor: the supervisor dies as the step's results come in */
+        fi_fault *f = fi_take(v->o.inject, FI_KILL_SUPERVISOR, -1, -1, it, -1, FI_PH_FORWARD);
+        if (f) {
+            char line[300];
+            fi_describe(f, -1, it, -1, line, sizeof line);
+            fprintf(stderr, "cohort supervisor: %s\n", line);
+            fflush(stderr);
+            raise(SIGKILL);
+        }
+    }
+    int rc = rr_add(v->rr, &p->r);
+    if (rc < 0) return 0; /* not part of the current round: ignored */
+    p->added = true;
+    if (rc == 0) return 0;
+    rr_verdict vd;
+    if (rr_decide(v->rr, &vd)) return 0;
+    if (attempt == 0 && check_for < 0) {
+        v->validated++;
+        score_stragglers(v, it);
+    }
+    for (int r = 0; r < v->W; r++) v->p[r].added = false, v->p[r].got = 0;
+    v->last = vd;
+    v->have_last = true;
+    v->last_iter = it;
+    v->last_attempt = attempt;
+    if (vd.decision != RR_ACCEPT && !v->reject_ms) v->reject_ms = now;
+    switch (vd.decision) {
+    case RR_RERUN: v->reruns++; break;
+    case RR_CHECK: v->checks++; break;
+    case RR_REPAIR: v->repairs++; break;
+    case RR_SKIP: v->skips++; break;
+    default: break;
+    }
+    take_events(v, now);
+    if (vd.decision == RR_ACCEPT || vd.decision == RR_SKIP || vd.decision == RR_STOP) {
+        for (int k = 0; k < v->nf; k++)
+            if (v->f[k].open) {
+                v->f[k].open = false;
+                v->f[k].recover_ms = v->reject_ms ? (double)(now - v->reject_ms) : 0;
+            }
+    }
+    if (vd.decision != RR_ACCEPT || vd.diagnosis != RR_DIAG_NONE)
+        fprintf(stderr, "cohort supervisor: iteration %" PRId64 ": %s%s%s%s: %s\n", it, rr_decision_name(vd.decision),
+                vd.diagnosis != RR_DIAG_NONE ? " (" : "", vd.diagnosis != RR_DIAG_NONE ? rr_diagnosis_name(vd.diagnosis) : "",
+                vd.diagnosis != RR_DIAG_NONE ? ")" : "", vd.reason);
+    send_verdict(v, &vd, -1);
+    if (vd.decision == RR_STOP) {
+        snprintf(why, n, "iteration %" PRId64 ": %s", it, vd.reason);
+        return SV_EXIT_NAN;
+    }
+    return 0;
+}
+
+int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status, double wall_s) {
+    int nstrag = 0;
+    for (int r = 0; r < v->W; r++) nstrag += v->flagged[r];
+    if (human && (v->nf || nstrag || v->reruns)) {
+        fprintf(human, "cohort run report: exit status %d after %.1f s; %" PRId64 " iterations validated, %" PRId64
+                       " replays, %" PRId64 " peer checks, %" PRId64 " repairs, %" PRId64 " skipped; %d fault(s), "
+                       "%d straggler(s), 0 restarts, 0 steps lost\n",
+                exit_status, wall_s, v->validated, v->reruns, v->checks, v->repairs, v->skips, v->nf, nstrag);
+        for (int k = 0; k < v->nf; k++) {
+            const fault_rec *f = &v->f[k];
+            fprintf(human, "  - %s, rank %d, iteration %" PRId64 "%s%s: %s", f->kind, f->rank, f->iteration,
+                    f->diagnosis[0] ? ", " : "", f->diagnosis, f->text);
+            if (f->detect_ms >= 0) fprintf(human, " (detected in %.0f ms, recovered in %.0f ms)", f->detect_ms, f->recover_ms);
+            fputc('\n', human);
+        }
+        for (int r = 0; r < v->W; r++)
+            if (v->flagged[r]) fprintf(human, "  - straggler: rank %d, lowest score %.2f\n", r, v->worst[r]);
+    }
+    if (!json_path || !*json_path) return 0;
+    json_t *o = json_object(), *fs = json_array(), *ss = json_array();
+    if (!o || !fs || !ss) {
+        json_decref(o);
+        json_decref(fs);
+        json_decref(ss);
+        return CO_ENOMEM;
+    }
+    json_object_set_new(o, "exit_status", json_integer(exit_status));
+    json_object_set_new(o, "wall_seconds", json_real(wall_s));
+    json_object_set_new(o, "iterations_validated", json_integer(v->validated));
+    json_object_set_new(o, "replays", json_integer(v->reruns));
+    json_object_set_new(o, "peer_checks", json_integer(v->checks));
+    json_object_set_new(o, "repairs", json_integer(v->repairs));
+    json_object_set_new(o, "iterations_skipped", json_integer(v->skips));
+    json_object_set_new(o, "restarts", json_integer(0));
+    json_object_set_new(o, "steps_lost", json_integer(0));
+    json_object_set_new(o, "quarantined_ranks", json_array());
+    for (int k = 0; k < v->nf; k++) {
+        const fault_rec *f = &v->f[k];
+        json_t *j = json_object();
+        json_object_set_new(j, "kind", json_string(f->kind));
+        json_object_set_new(j, "rank", json_integer(f->rank));
+        json_object_set_new(j, "iteration", json_integer(f->iteration));
+        if (f->diagnosis[0]) json_object_set_new(j, "diagnosis", json_string(f->diagnosis));
+        if (f->outcome[0]) json_object_set_new(j, "outcome", json_string(f->outcome));
+        json_object_set_new(j, "text", json_string(f->text));
+        if (f->detect_ms >= 0) json_object_set_new(j, "detection_ms", json_real(f->detect_ms));
+        if (f->recover_ms >= 0) json_object_set_new(j, "recovery_ms", json_real(f->recover_ms));
+        json_array_append_new(fs, j);
+    }
+    json_object_set_new(o, "faults", fs);
+    for (int r = 0; r < v->W; r++)
+        if (v->flagged[r]) {
+            json_t *j = json_object();
+            json_object_set_new(j, "rank", json_integer(r));
+            json_object_set_new(j, "lowest_score", json_real(v->worst[r]));
+            json_array_append_new(ss, j);
+        }
+    json_object_set_new(o, "stragglers", ss);
+    char det[512];
+    rr_determinism_summary(v->rr, det, sizeof det);
+    if (v->o.rr.mode == RR_MODE_DETERMINISM) json_object_set_new(o, "determinism", json_string(det));
+    if (v->o.rr.mode == RR_MODE_DETERMINISM && human) fprintf(human, "cohort: determinism: %s\n", det);
+    int rc = json_dump_file(o, json_path, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(o);
+    return rc ? co_err_set(CO_EIO, "run report: cannot write %s", json_path) : 0;
+}

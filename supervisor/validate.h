@@ -1,0 +1,42 @@
+/* validate.h - the supervisor's side of the rerun state machine and of the run report:
+ * gathers every rank's LossReports into rounds, asks resilience/rerun.c for the verdict,
+ * sends it to every rank, appends rejected results to Megatron's tracker file, scores
+ * stragglers from the per-phase timings, fires supervisor-side injected faults, and at the
+ * end writes the run report. Private to supervisor/; runs on the supervisor's loop. */
+#ifndef COHORT_SUPERVISOR_VALIDATE_H
+#define COHORT_SUPERVISOR_VALIDATE_H
+
+#include "protocol/wire.h"
+#include "resilience/inject.h"
+#include "resilience/rerun.h"
+
+#include <stdio.h>
+
+typedef struct svv svv;
+
+typedef int (*svv_send_fn)(void *ctx, int rank, const ProtobufCMessage *body);
+
+typedef struct svv_options {
+    rr_options rr;                /* world = data-parallel ranks */
+    const char *tracker_file;     /* --result-rejected-tracker-filename ("" / NULL: none) */
+    const char *job;              /* job id for the tracker lines */
+    double straggler_threshold;   /* --straggler-threshold (0.75) */
+    fi_schedule *inject;          /* kill-supervisor faults */
+    FILE *metrics;                /* straggler records (NULL: none) */
+} svv_options;
+
+int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx);
+void svv_destroy(svv **v);
+
+/* A rank's LossReport. Returns 0, or an exit status (> 0) when the verdict stops the job;
+ * why then says why. */
+int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *r, char *why, size_t n);
+/* An "event: ..." line a worker sent (an injected or repaired fault on that rank). */
+void svv_on_event(svv *v, int rank, const char *line);
+/* Another kind of fault the supervisor saw (a dead or silent rank): kind, rank, text. */
+void svv_note_fault(svv *v, const char *kind, int rank, const char *diagnosis);
+
+/* The run report: a human summary on `human` and a JSON file at json_path (NULL: none). */
+int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status, double wall_s);
+
+#endif
