@@ -348,11 +348,19 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
         m->act_flip = false;
     }
     o->linear_forward(be, m->logits, m->lnf, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, c->padded_vocab);
-    if (!dscale) return 0.0; /* sampling: the logits stay readable */
-    o->cross_entropy(be, m->losses, m->logits, b->targets, dscale, N, c->padded_vocab);
+    if (!dscale) {
+        o->sync(be); /* sampling: the logits stay readable by the host */
+        return 0.0;
+    }
+    o->cross_entropy(be, m->losses, m->logits, targets, dscale, N, c->padded_vocab);
+    const float *ls = m->losses;
+    if (!m->host_batch) {
+        o->copy(be, m->host_losses, m->losses, sizeof(float) * (size_t)N); /* waits for the forward */
+        ls = m->host_losses;
+    }
     double sum = 0;
-    for (int n = 0; n < N; n++) sum += (double)m->losses[n] * b->loss_mask[n];
-    if (losses) memcpy(losses, m->losses, sizeof(float) * (size_t)N);
+    for (int n = 0; n < N; n++) sum += (double)ls[n] * b->loss_mask[n];
+    if (losses) memcpy(losses, ls, sizeof(float) * (size_t)N);
     return sum;
 }
 
