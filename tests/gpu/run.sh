@@ -11,6 +11,9 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-$PWD/gpu-results}
 build=${GPU_BUILD_DIR:-$root/build-gpu}
 jobs=$(nproc 2>/dev/null || echo 4)
+# nvcc and the CUDA libraries where the CUDA toolkit installs them
+[ -d /usr/local/cuda/bin ] && export PATH=/usr/local/cuda/bin:$PATH
+[ -d /usr/local/cuda/lib64 ] && export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p "$out"
 t0=$SECONDS
 log() { echo "[run.sh +$((SECONDS - t0))s] $*" | tee -a "$out/run.log" >&2; }
