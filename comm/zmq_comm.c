@@ -66,7 +66,14 @@
 #define CM__FAIL_LINGER_MS 200
 #define CM__MSG_MAX 480
 #define CM__HELLO_BYTES 48
+#ifndef CM__SHM_SLOTS
 #define CM__SHM_SLOTS 4        /* slots per segment: blocks in flight per rank */
+#define CM__SHM_AHEAD 3        /* blocks posted ahead of the one being reduced */
+#define CM__SHM_LAG 0          /* blocks gathered behind the one being reduced */
+#endif
+/* A rank posting block b + AHEAD waits for the readers of block b + AHEAD - SLOTS; with
+ * AHEAD + LAG < SLOTS those never wait, in turn, for this rank. */
+_Static_assert(CM__SHM_AHEAD + CM__SHM_LAG < CM__SHM_SLOTS && CM__SHM_AHEAD >= 1, "no deadlock");
 #define CM__SHM_MAX_RANKS 256  /* shared memory is offered in worlds up to this size */
 
 enum { CM__K_HELLO = 1, CM__K_COLL = 2, CM__K_P2P = 3, CM__K_FAIL = 4, CM__K_SHM = 5 };
@@ -1146,15 +1153,17 @@ static int cm__allreduce_shm(cm__group *g, const cm__hdr *h, void *buf, size_t c
     a.be = g->tp->opt.shm_block_bytes / a.es;
     a.nblk = (count + a.be - 1) / a.be;
     a.direct = a.nblk == 1 && count * a.es <= g->tp->opt.small_bytes;
-    size_t ahead = CM__SHM_SLOTS - 1 < a.nblk ? CM__SHM_SLOTS - 1 : a.nblk;
+    size_t ahead = CM__SHM_AHEAD < a.nblk ? CM__SHM_AHEAD : a.nblk;
     for (size_t b = 0; b < ahead; b++) {
         int rc = cm__ar_post(&a, b);
         if (rc) return rc;
     }
-    for (size_t b = 0; b < a.nblk; b++) {
-        int rc = cm__ar_reduce(&a, b);
+    size_t lag = CM__SHM_LAG;
+    for (size_t b = 0; b < a.nblk + lag; b++) {
+        int rc = 0;
+        if (b < a.nblk) rc = cm__ar_reduce(&a, b);
         if (!rc && b + ahead < a.nblk) rc = cm__ar_post(&a, b + ahead);
-        if (!rc && !a.direct) rc = cm__ar_gather(&a, b);
+        if (!rc && !a.direct && b >= lag && b - lag < a.nblk) rc = cm__ar_gather(&a, b - lag);
         if (rc) return rc;
     }
     return 0;
