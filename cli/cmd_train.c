@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 static volatile sig_atomic_t g_stop;
+static volatile sig_atomic_t g_abort; /* the supervisor aborted this generation (in-process restart) */
 
 static void on_signal(int sig) {
     (void)sig;
@@ -195,7 +196,11 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
         sv_link_attach_comm(link, dp);
     }
     trainer *t = NULL;
-    rc = trainer_new(&t, &c, data, out, dp);
+    int status_early = 0;
+    trainer_data td = *data;
+    td.joining = link && asg->generation > 1;
+    if (td.joining) c.load[0] = '\0'; /* a replacement takes its state from a replica, not from disk */
+    rc = trainer_new(&t, &c, &td, out, dp);
     if (rc) {
         fprintf(stderr, "cohort train: setup failed: %s (%s)\n", co_err_detail(), co_strerror(rc));
         if (link) sv_link_attach_comm(link, NULL);
@@ -245,8 +250,57 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
     }
     if (!link) install_signals();
 
-    train_end why;
-    rc = trainer_train(t, &g_stop, &why);
+    if (link && dp) {
+        /* in-process restart: an Abort unwinds the step instead of stopping the worker */
+        sv_link_enable_restart(link, &g_abort);
+        trainer_set_abort_flag(t, &g_abort);
+        if (asg->generation > 1) {
+            /* a replacement: the state comes from a surviving replica's memory */
+            cli_resil_mark_replayed(resil, asg->start_iteration + 1);
+            rc = trainer_sync_state(t, asg->state_source);
+            if (rc) {
+                fprintf(stderr, "cohort worker %d: taking the state of rank %d failed: %s (%s)\n", asg->rank,
+                        asg->state_source, co_err_detail(), co_strerror(rc));
+                status_early = CLI_FAILURE;
+            } else if (out) {
+                fprintf(out, "cohort: rank %d replaced in process generation %llu: state of iteration %lld taken from "
+                             "rank %d's memory\n", asg->rank, (unsigned long long)asg->generation,
+                        (long long)trainer_iteration(t), asg->state_source);
+            }
+        }
+    }
+
+    train_end why = TRAIN_DONE;
+    rc = status_early ? CO_EIO : trainer_train(t, &g_stop, &why);
+    for (;;) {
+        if (!rc || !link || !dp) break;
+        if (!sv_link_restart_pending(link)) {
+            /* a peer failed before the supervisor's Abort arrived: tell it, wait for it */
+            if (rc != CO_EREMOTE && rc != CO_ETIMEOUT && rc != CO_EABORTED) break;
+            char what[400];
+            snprintf(what, sizeof what, "rank %d: %s (%s)", asg->rank, co_err_detail(), co_strerror(rc));
+            if (!sv_link_await_abort(link, rc, what, (int)(c.inprocess_hard_timeout * 1000))) break;
+        }
+        /* the supervisor aborted this generation: unwind to the restart barrier, keeping
+         * the loaded state, and continue in the next generation */
+        int64_t it = trainer_iteration(t);
+        fprintf(stderr, "cohort worker %d: generation aborted during iteration %lld (%s); at the restart barrier\n",
+                asg->rank, (long long)it + 1, co_strerror(rc));
+        sv_link_attach_comm(link, NULL);
+        cm_destroy(&dp);
+        trainer_set_comm(t, NULL);
+        sv_assignment na;
+        rc = sv_link_await_restart(link, it, &na, (int)(c.rendezvous_timeout * 1000));
+        if (rc) break;
+        rc = cm_zmq_new(&dp, na.rank, na.world, (const char *const *)na.endpoints, NULL);
+        int source = na.state_source;
+        sv_assignment_free(&na);
+        if (rc) continue; /* another abort during the rebuild: back to the barrier */
+        sv_link_attach_comm(link, dp);
+        trainer_set_comm(t, dp);
+        rc = trainer_sync_state(t, source);
+        if (!rc) rc = trainer_train(t, &g_stop, &why);
+    }
     int status = CLI_OK;
     if (rc) {
         fprintf(stderr, "cohort train: training failed at iteration %lld: %s (%s)\n",
@@ -451,6 +505,15 @@ int cli_train(int argc, char **argv) {
             return CLI_USAGE;
         }
         so.inject = &inj;
+        so.restart = c.inprocess_restart;
+        so.restart_limit = c.inprocess_restart_limit;
+        so.restart_window_ms = (int)(c.inprocess_restart_window * 1000);
+        so.soft_timeout_ms = (int)(c.inprocess_soft_timeout * 1000);
+        so.soft_timeout_set = co_config_was_set(&c, "inprocess-soft-timeout");
+        so.hard_timeout_ms = (int)(c.inprocess_hard_timeout * 1000);
+        so.barrier_timeout_ms = (int)(c.inprocess_barrier_timeout * 1000);
+        so.heartbeat_interval_ms = (int)(c.inprocess_heartbeat_interval * 1000);
+        so.heartbeat_timeout_ms = (int)(c.inprocess_heartbeat_timeout * 1000);
         int status = sv_run(&so);
         fi_schedule_free(&inj);
         co_config_free(&c);

@@ -147,6 +147,12 @@ void cli_resil_attach(cli_resil *x, trainer *t, FILE *log) {
     }
 }
 
+void cli_resil_mark_replayed(cli_resil *x, int64_t step) {
+    /* the process this one replaces already fired its faults up to the step it died in */
+    for (int i = 0; i < x->inj.n; i++)
+        if (x->inj.f[i].rank == x->rank && x->inj.f[i].step <= step) x->inj.f[i].fired++;
+}
+
 void cli_resil_destroy(cli_resil **px) {
     cli_resil *x = *px;
     if (!x) return;

@@ -21,6 +21,9 @@ int cli_inject_parse(const co_config *c, int world, fi_schedule *s, char *err, s
 /* link NULL: one process (the state machine runs here); else a supervised worker. */
 int cli_resil_new(cli_resil **out, const co_config *c, sv_link *link, int rank, int world, char *err, size_t n);
 void cli_resil_attach(cli_resil *x, trainer *t, FILE *log);
+/* A replacement process: faults of its rank at steps up to `step` count as fired (the
+ * process it replaces fired them). */
+void cli_resil_mark_replayed(cli_resil *x, int64_t step);
 /* Prints what the in-process state machine handled; frees. NULL-safe. */
 void cli_resil_destroy(cli_resil **x);
 

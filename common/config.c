@@ -185,6 +185,24 @@ static const flag flags[] = {
     L("resilience", "inject-seed", inject_seed, "0", "[cohort] seed of random --inject choices (*, A-B, bits)"),
     D("resilience", "straggler-threshold", straggler_threshold, "0.75",
       "[cohort] flag a rank whose speed score (median of others / its time) is below this"),
+    NB("resilience", "inprocess-restart", inprocess_restart,
+       "on a dead, hung or silent rank: abort the generation, replace the rank, take its state from a "
+       "data-parallel replica's memory and train on inside the surviving processes"),
+    D("resilience", "inprocess-soft-timeout", inprocess_soft_timeout, "60",
+      "seconds a rank may make no progress before the generation is aborted and restarted (default: learned, "
+      "5x the slowest step after 5 steps, at most this)"),
+    D("resilience", "inprocess-hard-timeout", inprocess_hard_timeout, "90",
+      "seconds without progress after which a rank that did not answer the abort is killed and replaced"),
+    D("resilience", "inprocess-barrier-timeout", inprocess_barrier_timeout, "120",
+      "seconds for every rank to reach the restart barrier"),
+    D("resilience", "inprocess-heartbeat-interval", inprocess_heartbeat_interval, "1",
+      "seconds between heartbeats, both ways"),
+    D("resilience", "inprocess-heartbeat-timeout", inprocess_heartbeat_timeout, "30",
+      "seconds of silence after which a rank is lost (killed and replaced, or the job stops)"),
+    I("resilience", "inprocess-restart-limit", inprocess_restart_limit, "5",
+      "[cohort] at most this many restarts within --inprocess-restart-window; then the job stops (status 4)"),
+    D("resilience", "inprocess-restart-window", inprocess_restart_window, "600",
+      "[cohort] seconds over which --inprocess-restart-limit counts"),
     S("resilience", "run-report", run_report, NULL, NULL,
       "[cohort] JSON run report path (default: run_report.json in --save, if given)"),
     /* cohort */
@@ -559,6 +577,13 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->n_data_path && c->mock_data) problem(&P, "give --data-path or --mock-data, not both");
     if (c->threads == 0 || c->threads < -1) problem(&P, "--threads must be positive");
     if (c->error_injection_rate < 0) problem(&P, "--error-injection-rate must be >= 0");
+    if (!(c->inprocess_soft_timeout > 0 && c->inprocess_soft_timeout < c->inprocess_hard_timeout &&
+          c->inprocess_hard_timeout < c->inprocess_barrier_timeout))
+        problem(&P, "in-process restart timeouts must satisfy 0 < soft < hard < barrier");
+    if (!(c->inprocess_heartbeat_interval > 0 && c->inprocess_heartbeat_interval < c->inprocess_heartbeat_timeout))
+        problem(&P, "--inprocess-heartbeat-interval must be positive and below --inprocess-heartbeat-timeout");
+    if (c->inprocess_restart_limit < 0 || !(c->inprocess_restart_window > 0))
+        problem(&P, "--inprocess-restart-limit must be >= 0 and --inprocess-restart-window positive");
     if (c->check_replicas_interval < 0) problem(&P, "--check-replicas-interval must be >= 0");
     if (!(c->straggler_threshold > 0 && c->straggler_threshold <= 1))
         problem(&P, "--straggler-threshold must be in (0, 1]");

@@ -101,6 +101,11 @@ typedef struct co_config {
     int n_inject;
     int64_t inject_seed;
     double straggler_threshold;
+    bool inprocess_restart;
+    double inprocess_soft_timeout, inprocess_hard_timeout, inprocess_barrier_timeout;
+    double inprocess_heartbeat_interval, inprocess_heartbeat_timeout;
+    int inprocess_restart_limit;
+    double inprocess_restart_window;
     char run_report[512];
     /* cohort */
     int threads;

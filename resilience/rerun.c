@@ -287,6 +287,13 @@ static void add_event(rr_machine *m, int rank, rr_diagnosis d, rr_decision outco
     snprintf(e->message, sizeof e->message, "%s", msg);
 }
 
+void rr_restart(rr_machine *m) {
+    m->iter = -1;
+    m->suspect = m->helper = -1;
+    m->after_repair = m->accept_replay = m->inj_active = false;
+    start_round(m, ROUND_ALL, 0);
+}
+
 const rr_event *rr_events(const rr_machine *m, int *n) {
     *n = m->nev;
     return m->ev;

@@ -112,6 +112,10 @@ int rr_add(rr_machine *m, const rr_report *r);
 /* The verdict of a complete round; starts the next round (or the next iteration). */
 int rr_decide(rr_machine *m, rr_verdict *v);
 
+/* The generation was aborted (in-process restart): the round in progress is dropped and the
+ * next report starts its iteration afresh (the interrupted step is replayed). */
+void rr_restart(rr_machine *m);
+
 /* Events of finished faults since the start; *n their count. */
 const rr_event *rr_events(const rr_machine *m, int *n);
 /* report_determinism_stats: a one-line summary of the relative differences seen. */

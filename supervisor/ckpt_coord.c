@@ -181,6 +181,13 @@ void svc_abort(svc *c, const char *why) {
     if (c->iteration >= 0) abort_save(c, why);
 }
 
+void svc_restart(svc *c, const char *why) {
+    if (!c || c->iteration < 0) return;
+    /* the save in progress dies with its generation; the next generation saves afresh */
+    abort_save(c, why);
+    finish_aborted(c);
+}
+
 void svc_destroy(svc **pc) {
     svc *c = *pc;
     if (!c) return;

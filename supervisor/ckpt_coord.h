@@ -22,6 +22,9 @@ void svc_on_ack(svc *c, int rank, const Cohort__V1__CheckpointAck *ack);
 /* The job is failing (a rank died or failed, heartbeats lost): a save in progress is
  * aborted and its directory removed; later acknowledgements are answered with ABORT. */
 void svc_abort(svc *c, const char *why);
+/* An in-process restart: a save in progress is aborted and its directory removed, and
+ * later saves proceed as usual (the old generation's acknowledgements never reach here). */
+void svc_restart(svc *c, const char *why);
 /* Removes the job's unfinished temporary directories (every local worker has exited). */
 void svc_destroy(svc **c);
 

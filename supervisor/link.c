@@ -41,6 +41,12 @@ struct sv_link {
     ac_timer *hb;
     pw_stats stats;
     FILE *log, *metrics;
+    /* in-process restart (sv_link_await_restart), under mu */
+    volatile sig_atomic_t *abort_flag; /* NULL: restart disabled, an Abort stops the worker */
+    uint64_t pending_gen;              /* the newest Abort's generation */
+    uint64_t gen;                      /* the generation this worker runs in */
+    bool have_restart;
+    sv_assignment restart_asg;
     /* the rerun state machine's verdicts (sv_link_verdict), under mu */
     rr_verdict verdict;
     bool have_verdict;
@@ -74,40 +80,81 @@ static void abort_all(sv_link *l) {
     pthread_mutex_unlock(&l->mu);
 }
 
-static void take_assignment(sv_link *l, const Cohort__V1__Assign *as) {
-    sv_assignment *a = &l->asg;
-    int rc = 0;
+/* Fills a from an Assign (the first one, or a Restart's). */
+static int parse_assignment(const Cohort__V1__Assign *as, sv_assignment *a) {
+    memset(a, 0, sizeof *a);
     if (as->world_size < 1 || as->rank >= as->world_size || as->n_peers != as->world_size || !as->topology)
-        rc = co_err_set(CO_EPROTOCOL, "supervisor sent an inconsistent assignment");
+        return co_err_set(CO_EPROTOCOL, "supervisor sent an inconsistent assignment");
+    a->rank = (int)as->rank;
+    a->world = (int)as->world_size;
+    a->tp = (int)as->topology->tp;
+    a->pp = (int)as->topology->pp;
+    a->cp = (int)as->topology->cp;
+    a->dp = (int)as->topology->dp;
+    a->job_id = as->job_id;
+    a->generation = as->generation;
+    a->start_iteration = as->has_start_iteration ? (int64_t)as->start_iteration : 0;
+    a->state_source = as->has_state_source ? as->state_source : -1;
+    if (a->state_source >= a->world) return co_err_set(CO_EPROTOCOL, "assignment: state source %d", a->state_source);
+    a->endpoints = calloc((size_t)a->world, sizeof *a->endpoints);
+    if (!a->endpoints) return CO_ENOMEM;
+    for (size_t i = 0; i < as->n_peers; i++) {
+        uint32_t r = as->peers[i]->rank;
+        if (r >= (uint32_t)a->world || a->endpoints[r]) {
+            sv_assignment_free(a);
+            return co_err_set(CO_EPROTOCOL, "supervisor's assignment lists rank %u twice or out of range", r);
+        }
+        if (!(a->endpoints[r] = strdup(as->peers[i]->endpoint))) {
+            sv_assignment_free(a);
+            return CO_ENOMEM;
+        }
+    }
+    return 0;
+}
+
+static void take_assignment(sv_link *l, const Cohort__V1__Assign *as) {
+    int rc = parse_assignment(as, &l->asg);
     if (!rc) {
-        a->rank = (int)as->rank;
-        a->world = (int)as->world_size;
-        a->tp = (int)as->topology->tp;
-        a->pp = (int)as->topology->pp;
-        a->cp = (int)as->topology->cp;
-        a->dp = (int)as->topology->dp;
-        a->job_id = as->job_id;
-        a->generation = as->generation;
-        a->endpoints = calloc((size_t)a->world, sizeof *a->endpoints);
-        if (!a->endpoints) rc = CO_ENOMEM;
-        for (size_t i = 0; !rc && i < as->n_peers; i++) {
-            uint32_t r = as->peers[i]->rank;
-            if (r >= (uint32_t)a->world || a->endpoints[r]) {
-                rc = co_err_set(CO_EPROTOCOL, "supervisor's assignment lists rank %u twice or out of range", r);
-                break;
-            }
-            if (!(a->endpoints[r] = strdup(as->peers[i]->endpoint))) rc = CO_ENOMEM;
-        }
-        if (!rc) {
-            l->snd.sender = (uint32_t)a->rank;
-            l->snd.generation = a->generation;
-            l->snd.seq = 0;
-        }
+        l->snd.sender = (uint32_t)l->asg.rank;
+        l->snd.generation = l->asg.generation;
+        l->snd.seq = 0;
     }
     pthread_mutex_lock(&l->mu);
     l->assigned = true;
     l->asg_rc = rc;
+    if (!rc) l->gen = l->asg.generation;
     pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* An Abort of a newer generation with restart enabled: unwind, do not stop. */
+static void take_abort(sv_link *l, const Cohort__V1__Abort *ab) {
+    if (!l->abort_flag || ab->generation <= l->snd.generation) {
+        abort_all(l);
+        return;
+    }
+    *l->abort_flag = 1;
+    cm_comm *c = atomic_load(&l->comm);
+    if (c) c->ops->abort(c);
+    pthread_mutex_lock(&l->mu);
+    if (ab->generation > l->pending_gen) l->pending_gen = ab->generation;
+    l->aborted = true;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+static void take_restart(sv_link *l, const Cohort__V1__Restart *rs) {
+    sv_assignment a;
+    int rc = parse_assignment(rs->assignment, &a);
+    pthread_mutex_lock(&l->mu);
+    if (!rc && rs->new_generation == l->pending_gen && a.generation == rs->new_generation) {
+        sv_assignment_free(&l->restart_asg);
+        l->restart_asg = a;
+        l->have_restart = true;
+        pthread_cond_broadcast(&l->cv);
+    } else if (!rc) {
+        sv_assignment_free(&a); /* an older restart than the abort we are answering */
+    }
     pthread_mutex_unlock(&l->mu);
 }
 
@@ -152,7 +199,8 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
             abort_all(l);
         }
         break;
-    case COHORT__V1__ENVELOPE__BODY_ABORT: abort_all(l); break;
+    case COHORT__V1__ENVELOPE__BODY_ABORT: take_abort(l, e->abort); break;
+    case COHORT__V1__ENVELOPE__BODY_RESTART: take_restart(l, e->restart); break;
     case COHORT__V1__ENVELOPE__BODY_VERDICT: take_verdict(l, e->verdict); break;
     case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_COMMAND: /* the supervisor's COMMIT or ABORT */
         pthread_mutex_lock(&l->mu);
@@ -493,6 +541,7 @@ void sv_link_close(sv_link **pl) {
     ac_actor_stop(&l->a);
     free_round(l);
     sv_assignment_free(&l->asg);
+    sv_assignment_free(&l->restart_asg);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
     free(l);
@@ -691,4 +740,160 @@ void sv_link_event(sv_link *l, const char *line) {
         free(text);
         free(p);
     }
+}
+
+/* ---- in-process restart ---- */
+
+void sv_link_enable_restart(sv_link *l, volatile sig_atomic_t *abort_flag) {
+    pthread_mutex_lock(&l->mu);
+    l->abort_flag = abort_flag;
+    pthread_mutex_unlock(&l->mu);
+}
+
+bool sv_link_restart_pending(sv_link *l) {
+    pthread_mutex_lock(&l->mu);
+    bool p = l->abort_flag && l->pending_gen > l->gen;
+    pthread_mutex_unlock(&l->mu);
+    return p;
+}
+
+typedef struct ready_post {
+    sv_link *l;
+    uint64_t gen;
+    int64_t iteration;
+} ready_post;
+
+static void send_ready(ac_actor *a, void *ctx) {
+    (void)a;
+    ready_post *p = ctx;
+    sv_link *l = p->l;
+    /* the barrier message travels in the new generation, so the supervisor takes it */
+    uint64_t g = l->snd.generation, seq = l->snd.seq;
+    l->snd.generation = p->gen;
+    l->snd.seq = 0;
+    Cohort__V1__Ready rd = COHORT__V1__READY__INIT;
+    rd.has_rank = 1;
+    rd.rank = l->snd.sender;
+    rd.has_iteration = 1;
+    rd.iteration = (uint64_t)p->iteration;
+    sv__send(l->mb, NULL, &l->snd, &rd.base);
+    l->snd.generation = g;
+    l->snd.seq = seq;
+    free(p);
+}
+
+static void apply_generation(ac_actor *a, void *ctx) {
+    (void)a;
+    ready_post *p = ctx;
+    p->l->snd.generation = p->gen;
+    p->l->snd.sender = (uint32_t)p->iteration; /* the new rank */
+    p->l->snd.seq = 0;
+    free(p);
+}
+
+int sv_link_await_restart(sv_link *l, int64_t iteration, sv_assignment *out, int timeout_ms) {
+    memset(out, 0, sizeof *out);
+    uint64_t start = sv__now_ms(), sent_gen = 0;
+    int rc = 0;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        if (l->have_restart && l->restart_asg.generation == l->pending_gen) break;
+        if (*l->stop) {
+            rc = co_err_set(CO_EABORTED, "stopping while waiting to restart");
+            break;
+        }
+        if (timeout_ms >= 0 && sv__now_ms() - start > (uint64_t)timeout_ms) {
+            rc = co_err_set(CO_ETIMEOUT, "no restart order from the supervisor in %d s", timeout_ms / 1000);
+            break;
+        }
+        if (l->pending_gen != sent_gen) {
+            /* (again, when a newer abort came while waiting) */
+            ready_post *p = malloc(sizeof *p);
+            if (!p) {
+                rc = CO_ENOMEM;
+                break;
+            }
+            p->l = l;
+            p->gen = sent_gen = l->pending_gen;
+            p->iteration = iteration;
+            pthread_mutex_unlock(&l->mu);
+            if (ac_post(l->a, send_ready, p)) free(p);
+            pthread_mutex_lock(&l->mu);
+            continue;
+        }
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 100 * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&l->cv, &l->mu, &dl);
+    }
+    if (!rc) {
+        *out = l->restart_asg;
+        memset(&l->restart_asg, 0, sizeof l->restart_asg);
+        l->have_restart = false;
+        l->gen = out->generation;
+        l->aborted = false;
+        l->have_verdict = false;
+        *l->abort_flag = 0;
+    }
+    pthread_mutex_unlock(&l->mu);
+    if (!rc) {
+        /* the new generation's identity, set on the link thread before anything sent later */
+        ready_post *p = malloc(sizeof *p);
+        if (!p) return CO_ENOMEM;
+        p->l = l;
+        p->gen = out->generation;
+        p->iteration = out->rank;
+        if ((rc = ac_post(l->a, apply_generation, p))) free(p);
+    }
+    return rc;
+}
+
+typedef struct failure_post {
+    sv_link *l;
+    int code;
+    char text[400];
+} failure_post;
+
+static void send_failure(ac_actor *a, void *ctx) {
+    (void)a;
+    failure_post *p = ctx;
+    Cohort__V1__Abort ab = COHORT__V1__ABORT__INIT;
+    ab.generation = p->l->snd.generation;
+    ab.reason = p->text;
+    ab.has_error_code = 1;
+    ab.error_code = p->code;
+    ab.has_failed_rank = 1;
+    ab.failed_rank = p->l->snd.sender;
+    sv__send(p->l->mb, NULL, &p->l->snd, &ab.base);
+    free(p);
+}
+
+bool sv_link_await_abort(sv_link *l, int code, const char *what, int timeout_ms) {
+    failure_post *p = calloc(1, sizeof *p);
+    if (p) {
+        p->l = l;
+        p->code = code;
+        snprintf(p->text, sizeof p->text, "%s", what);
+        if (ac_post(l->a, send_failure, p)) free(p);
+    }
+    uint64_t start = sv__now_ms();
+    pthread_mutex_lock(&l->mu);
+    bool pending = false;
+    while (l->abort_flag && !(pending = l->pending_gen > l->gen) && !*l->stop &&
+           sv__now_ms() - start < (uint64_t)timeout_ms) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 50 * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&l->cv, &l->mu, &dl);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return pending;
 }

@@ -28,6 +28,10 @@ typedef struct sv_assignment {
     int tp, pp, cp, dp;
     uint64_t job_id, generation;
     char **endpoints; /* [world] data endpoints by rank */
+    /* after an in-process restart (generation > 1): the iteration to resume at and the
+     * rank whose parameters, optimizer state and progress every rank takes (-1: none) */
+    int64_t start_iteration;
+    int state_source;
 } sv_assignment;
 
 /* True when this process was started by a supervisor. */
@@ -63,6 +67,21 @@ FILE *sv_link_metrics_stream(sv_link *l);
  * status from the process itself. NULL-safe. */
 void sv_link_close(sv_link **l);
 void sv_assignment_free(sv_assignment *a);
+
+/* ---- in-process restart ----
+ * With restart enabled, an Abort from the supervisor no longer stops the worker: it aborts
+ * the collectives, raises *abort_flag (a hang injected in compute polls it) and makes
+ * sv_link_verdict and checkpoint waits return CO_EABORTED, so the training loop unwinds to
+ * the last committed step. The worker then calls sv_link_await_restart: it reports its
+ * iteration at the restart barrier (a Ready of the new generation) and waits for the
+ * supervisor's Restart, whose assignment names the new generation's endpoints and the
+ * rank to take state from. */
+void sv_link_enable_restart(sv_link *l, volatile sig_atomic_t *abort_flag);
+bool sv_link_restart_pending(sv_link *l);
+int sv_link_await_restart(sv_link *l, int64_t iteration, sv_assignment *a, int timeout_ms);
+/* A collective failed here (code, what): tells the supervisor (which restarts the job if it
+ * has not begun already) and waits up to timeout_ms for its Abort. True if one came. */
+bool sv_link_await_abort(sv_link *l, int code, const char *what, int timeout_ms);
 
 /* ---- the rerun state machine (resilience/rerun.h) ----
  * Sends one round's results as LossReport messages (one per micro batch; the last carries

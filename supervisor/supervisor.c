@@ -36,6 +36,13 @@ typedef struct worker {
     uint32_t pid;
     uint64_t last_seen_ms;
     uint64_t iteration;
+    /* in-process restart */
+    bool closing;             /* its exited process handle is being closed */
+    bool respawn;             /* start a replacement once it is closed */
+    bool replacing;           /* a replacement not yet assigned */
+    uint64_t ready_gen;       /* generation whose restart barrier it reached */
+    int64_t ready_iter;       /* the iteration it committed last */
+    uint64_t abort_ms;        /* when it was sent the Abort */
 } worker;
 
 typedef struct sv {
@@ -62,6 +69,11 @@ typedef struct sv {
     FILE *metrics;          /* --metrics-file, written from the workers' Metrics records */
     svc *ckpt;              /* commits the ranks' checkpoints (--save; ckpt_coord.c) */
     svv *val;               /* validates every iteration, writes the run report (validate.c) */
+    bool restart_enabled;   /* in-process restart (one node) */
+    bool restarting;        /* between an Abort and every rank's Restart */
+    uint64_t restart_t0;
+    uint64_t restart_times[64];
+    int nrestarts;
 } sv;
 
 static uint64_t random_job_id(void) {
@@ -79,6 +91,11 @@ static void send_shutdown(sv *s, worker *w, int status, const char *reason) {
 
 /* Ends the loop once no worker of this node is left running and the job cannot go on. */
 static void maybe_finish(struct sv *s);
+static void on_proc_closed(uv_handle_t *h);
+static void begin_restart(sv *s, const char *kind, int rank, const char *why, uint64_t detect_ms);
+static void check_restart_done(sv *s);
+static int spawn_one(sv *s, worker *w);
+static void watch_progress(sv *s, uint64_t now);
 
 static void kill_remaining(ac_timer *t, void *ctx) {
     (void)t;
@@ -109,7 +126,8 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
     w->exit_status = status;
     w->term_signal = term_signal;
     s->nexited++;
-    uv_close((uv_handle_t *)p, NULL);
+    w->closing = true;
+    uv_close((uv_handle_t *)p, on_proc_closed);
     if (term_signal || status != 0) {
         char why[256];
         if (term_signal)
@@ -134,6 +152,8 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
                 sv__send(s->mb, NULL, &s->snd, &ab.base);
                 ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, kill_remaining, s, &s->kill_timer);
             }
+        } else if (!s->stopping && s->restart_enabled && s->assigned && st != SV_EXIT_NAN) {
+            begin_restart(s, term_signal ? "killed" : "exited", w->index, why, 0);
         } else if (!s->stopping) {
             if (s->val) svv_note_fault(s->val, term_signal ? "killed" : "exited", w->index, why);
             fprintf(stderr, "cohort supervisor: %s at iteration %" PRIu64 "; stopping the job\n", why, w->iteration);
@@ -144,11 +164,15 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
 }
 
 static void maybe_finish(sv *s) {
+    if (s->restarting && !s->stopping) return; /* replacements are on their way */
     if (s->nexited == s->nspawned && (s->agent || s->nregistered == s->nw || s->stopping))
         ac_actor_request_stop(s->a);
 }
 
-static void assign_ranks(sv *s) {
+/* Sends every rank its assignment for the current generation: an Assign (at the start, and
+ * to a replacement) or a Restart (to a survivor of an aborted generation). start_iteration
+ * and source: where the new generation resumes and whose state every rank takes. */
+static void send_assignments(sv *s, int64_t start_iteration, int source) {
     int n = s->nw;
     Cohort__V1__PeerEndpoint *pe = calloc((size_t)n, sizeof *pe);
     Cohort__V1__PeerEndpoint **pp = calloc((size_t)n, sizeof *pp);
@@ -158,11 +182,13 @@ static void assign_ranks(sv *s) {
         begin_shutdown(s, SV_EXIT_FAILURE, "out of memory");
         return;
     }
+    bool restart = s->snd.generation > 1;
     for (int r = 0; r < n; r++) {
         Cohort__V1__PeerEndpoint init = COHORT__V1__PEER_ENDPOINT__INIT;
         pe[r] = init;
         pe[r].rank = (uint32_t)r;
-        pe[r].endpoint = s->w[r].data_endpoint;
+        /* after a restart every rank binds its endpoint of the new generation */
+        pe[r].endpoint = restart ? s->w[r].spawn_endpoint : s->w[r].data_endpoint;
         pe[r].has_local_rank = 1;
         pe[r].local_rank = (uint32_t)s->w[r].local_rank;
         pe[r].has_node_rank = 1;
@@ -181,13 +207,138 @@ static void assign_ranks(sv *s) {
         as.peers = pp;
         as.job_id = s->snd.job_id;
         as.generation = s->snd.generation;
-        int rc = sv__send(s->mb, s->w[r].identity, &s->snd, &as.base);
+        if (restart) {
+            as.has_start_iteration = 1;
+            as.start_iteration = (uint64_t)start_iteration;
+            as.has_state_source = 1;
+            as.state_source = source;
+        }
+        int rc;
+        if (!restart || s->w[r].replacing) {
+            rc = sv__send(s->mb, s->w[r].identity, &s->snd, &as.base);
+            s->w[r].replacing = false;
+        } else {
+            Cohort__V1__Restart rs = COHORT__V1__RESTART__INIT;
+            rs.new_generation = s->snd.generation;
+            rs.assignment = &as;
+            rs.reason = "in-process restart";
+            rc = sv__send(s->mb, s->w[r].identity, &s->snd, &rs.base);
+        }
         if (rc) fprintf(stderr, "cohort supervisor: sending the assignment to worker %d failed: %s\n", r, co_strerror(rc));
     }
     s->assigned = true;
     ac_timer_stop(&s->rdv_timer);
     free(pe);
     free(pp);
+}
+
+static void assign_ranks(sv *s) { send_assignments(s, 0, -1); }
+
+/* ---- in-process restart ---------------------------------------------------------------- */
+
+static void on_proc_closed(uv_handle_t *h) {
+    worker *w = h->data;
+    w->closing = false;
+    if (w->respawn) {
+        w->respawn = false;
+        int rc = spawn_one(w->sv, w);
+        if (rc) {
+            fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
+            begin_shutdown(w->sv, SV_EXIT_FAILURE, "could not start a replacement worker");
+        }
+    }
+}
+
+/* Aborts the current generation: the survivors unwind to their restart barrier, dead ranks
+ * are respawned. Called again if anything fails while a restart is in progress. */
+static void begin_restart(sv *s, const char *kind, int rank, const char *why, uint64_t detect_ms) {
+    uint64_t now = sv__now_ms();
+    int recent = 0;
+    for (int k = 0; k < s->nrestarts && k < 64; k++)
+        if (now - s->restart_times[k] <= (uint64_t)s->o.restart_window_ms) recent++;
+    if (s->val) svv_restart_begin(s->val, kind, rank, why, detect_ms);
+    if (recent >= s->o.restart_limit) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s; %d restarts within %d s already (--inprocess-restart-limit): stopping the job",
+                 why, recent, s->o.restart_window_ms / 1000);
+        fprintf(stderr, "cohort supervisor: %s\n", msg);
+        begin_shutdown(s, SV_EXIT_WORKER_FAILED, msg);
+        return;
+    }
+    s->restart_times[s->nrestarts % 64] = now;
+    s->nrestarts++;
+    uint64_t gen = ++s->snd.generation;
+    if (!s->restarting) s->restart_t0 = now;
+    s->restarting = true;
+    fprintf(stderr, "cohort supervisor: %s; in-process restart into generation %" PRIu64 "\n", why, gen);
+    fflush(stderr);
+    svc_restart(s->ckpt, why);
+    for (int i = 0; i < s->nw; i++) {
+        worker *w = &s->w[i];
+        char name[48];
+        snprintf(name, sizeof name, "data-%d-g%" PRIu64, w->index, gen);
+        if (ac_ipc_endpoint(s->ipc_dir, name, w->spawn_endpoint, sizeof w->spawn_endpoint)) {
+            begin_shutdown(s, SV_EXIT_FAILURE, "no endpoint for the new generation");
+            return;
+        }
+        w->ready_gen = 0;
+        if (w->exited || !w->spawned) {
+            if (!w->replacing) {
+                w->replacing = true;
+                if (w->registered) s->nregistered--;
+                w->registered = false;
+                free(w->data_endpoint);
+                w->data_endpoint = NULL;
+            }
+            if (w->exited && !w->respawn) {
+                w->exited = false;
+                if (w->closing) w->respawn = true;
+                else if (spawn_one(s, w)) {
+                    fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
+                    begin_shutdown(s, SV_EXIT_FAILURE, "could not start a replacement worker");
+                    return;
+                }
+            }
+        } else if (w->registered && !w->replacing) {
+            Cohort__V1__Abort ab = COHORT__V1__ABORT__INIT;
+            ab.generation = gen;
+            ab.reason = (char *)why;
+            ab.has_failed_rank = 1;
+            ab.failed_rank = (uint32_t)(rank >= 0 ? rank : 0);
+            sv__send(s->mb, w->identity, &s->snd, &ab.base);
+            w->abort_ms = now;
+        }
+    }
+}
+
+static void check_restart_done(sv *s) {
+    if (!s->restarting || s->stopping) return;
+    uint64_t gen = s->snd.generation;
+    int64_t M = -1;
+    int src = -1, replaced = 0;
+    for (int i = 0; i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (w->replacing) {
+            if (!w->registered || w->closing || w->respawn) return;
+            replaced++;
+            continue;
+        }
+        if (w->ready_gen != gen) return;
+        if (w->ready_iter > M) {
+            M = w->ready_iter;
+            src = i;
+        }
+    }
+    if (src < 0) {
+        begin_shutdown(s, SV_EXIT_WORKER_FAILED, "no data-parallel replica survived: resume from the last checkpoint");
+        return;
+    }
+    s->restarting = false;
+    fprintf(stderr, "cohort supervisor: generation %" PRIu64 ": %d rank(s) resume after iteration %" PRId64
+                    " with the state of rank %d (%d replaced; %.0f ms since the fault)\n",
+            gen, s->nw, M, src, replaced, (double)(sv__now_ms() - s->restart_t0));
+    if (s->val) svv_restart_done(s->val, M);
+    send_assignments(s, M, src);
 }
 
 static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
@@ -223,19 +374,39 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
             begin_shutdown(s, SV_EXIT_FAILURE, "out of memory");
             break;
         }
-        if (++s->nregistered == s->nw && !s->stopping) assign_ranks(s);
+        ++s->nregistered;
+        if (w->replacing) check_restart_done(s); /* a replacement */
+        else if (s->nregistered == s->nw && !s->stopping && !s->assigned) assign_ranks(s);
         break;
     }
     case COHORT__V1__ENVELOPE__BODY_HEARTBEAT: w->iteration = e->heartbeat->iteration; break;
+    case COHORT__V1__ENVELOPE__BODY_ABORT:
+        /* a worker's collective failed (a peer died or timed out): restart if not begun */
+        if (s->restart_enabled && !s->stopping && !s->restarting && e->generation == s->snd.generation) {
+            char why[600];
+            snprintf(why, sizeof why, "%s", e->abort->reason);
+            begin_restart(s, "collective", w->index, why, 0);
+        } else if (!s->restart_enabled && !s->stopping && e->generation == s->snd.generation) {
+            begin_shutdown(s, SV_EXIT_WORKER_FAILED, e->abort->reason);
+        }
+        break;
+    case COHORT__V1__ENVELOPE__BODY_READY:
+        /* a survivor at the restart barrier of the current generation */
+        if (s->restarting && e->generation == s->snd.generation && !w->replacing) {
+            w->ready_gen = e->generation;
+            w->ready_iter = e->ready->has_iteration ? (int64_t)e->ready->iteration : 0;
+            check_restart_done(s);
+        }
+        break;
     case COHORT__V1__ENVELOPE__BODY_LOSS_REPORT:
-        if (s->val && !s->stopping) {
+        if (s->val && !s->stopping && !s->restarting && e->generation == s->snd.generation) {
             char why[400];
             int st = svv_on_report(s->val, w->index, e->loss_report, why, sizeof why);
             if (st > 0) begin_shutdown(s, st, why);
         }
         break;
     case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_ACK:
-        if (s->ckpt) svc_on_ack(s->ckpt, w->index, e->checkpoint_ack);
+        if (s->ckpt && e->generation == s->snd.generation) svc_on_ack(s->ckpt, w->index, e->checkpoint_ack);
         break;
     case COHORT__V1__ENVELOPE__BODY_METRICS:
         if (s->metrics && e->metrics->record) {
@@ -269,12 +440,20 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
         sv__send(s->mb, NULL, &s->snd, &hb.base);
         return;
     }
+    watch_progress(s, now);
     for (int i = 0; i < s->nw; i++) {
         worker *w = &s->w[i];
         if (!w->registered || w->exited) continue;
         Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
         hb.iteration = w->iteration;
         sv__send(s->mb, w->identity, &s->snd, &hb.base);
+        if (!s->stopping && s->restart_enabled && now - w->last_seen_ms > (uint64_t)s->o.heartbeat_timeout_ms) {
+            fprintf(stderr, "cohort supervisor: rank %d (pid %u) sent no heartbeat for %d s; killing it to replace it\n",
+                    i, w->pid, s->o.heartbeat_timeout_ms / 1000);
+            w->last_seen_ms = now; /* once */
+            uv_process_kill(&w->proc, SIGKILL);
+            continue;
+        }
         if (!s->stopping && now - w->last_seen_ms > (uint64_t)s->o.heartbeat_timeout_ms) {
             char why[160];
             snprintf(why, sizeof why, "rank %d (pid %u) sent no heartbeat for %d s", i, w->pid,
@@ -282,6 +461,50 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
             fprintf(stderr, "cohort supervisor: %s; stopping the job\n", why);
             begin_shutdown(s, SV_EXIT_LOST_WORKER, why);
         }
+    }
+}
+
+/* Hangs: a round whose reports stopped coming for the soft timeout aborts the generation;
+ * a rank that does not reach the restart barrier by the hard timeout is killed; the whole
+ * barrier has the barrier timeout. */
+static void watch_progress(sv *s, uint64_t now) {
+    if (!s->restart_enabled || s->stopping || !s->assigned) return;
+    uint64_t soft = (uint64_t)s->o.soft_timeout_ms, hard = (uint64_t)s->o.hard_timeout_ms;
+    if (!s->o.soft_timeout_set && s->val) {
+        /* learned: 5x the slowest step seen, once there are enough steps to know */
+        double step = svv_max_step_ms(s->val);
+        if (step > 0) {
+            uint64_t learned = (uint64_t)(5 * step) < 2000 ? 2000 : (uint64_t)(5 * step);
+            if (learned < soft) {
+                hard = hard - soft + learned;
+                soft = learned;
+            }
+        }
+    }
+    if (s->restarting) {
+        for (int i = 0; i < s->nw; i++) {
+            worker *w = &s->w[i];
+            if (w->replacing || w->exited || w->ready_gen == s->snd.generation || !w->abort_ms) continue;
+            if (now - w->abort_ms > hard - soft) {
+                fprintf(stderr, "cohort supervisor: rank %d did not reach the restart barrier in %.1f s; killing it to "
+                                "replace it\n", i, (double)(hard - soft) / 1000);
+                w->abort_ms = 0;
+                uv_process_kill(&w->proc, SIGKILL);
+            }
+        }
+        if (now - s->restart_t0 > (uint64_t)s->o.barrier_timeout_ms)
+            begin_shutdown(s, SV_EXIT_WORKER_FAILED, "the restart barrier timed out (--inprocess-barrier-timeout)");
+        return;
+    }
+    int missing[64], nmissing = 0;
+    uint64_t since = 0;
+    if (s->val && svv_stalled(s->val, now, soft, missing, 64, &nmissing, &since)) {
+        char why[300];
+        int len = snprintf(why, sizeof why, "no progress for %.1f s (rank", (double)(now - since) / 1000);
+        for (int k = 0; k < nmissing && len < (int)sizeof why - 40; k++)
+            len += snprintf(why + len, sizeof why - (size_t)len, " %d", missing[k]);
+        snprintf(why + len, sizeof why - (size_t)len, " did not report; soft timeout %.1f s)", (double)soft / 1000);
+        begin_restart(s, "hang", nmissing ? missing[0] : -1, why, now - since);
     }
 }
 
@@ -315,61 +538,68 @@ static void on_signal(uv_signal_t *h, int signum) {
     }
 }
 
-static int spawn_workers(sv *s) {
+/* Starts the worker process of slot w (at the start, or to replace a dead rank). */
+static int spawn_one(sv *s, worker *w) {
     uv_loop_t *loop = ac_actor_loop(s->a);
     int nenv = 0;
     while (environ[nenv]) nenv++;
+    char **args = calloc((size_t)s->o.nworker_args + 3, sizeof *args);
+    char **env = calloc((size_t)nenv + (size_t)s->o.nextra_env + 9, sizeof *env); /* + 8 vars + NULL */
+    char vars[8][600];
+    if (!args || !env) {
+        free(args);
+        free(env);
+        return co_err_set(CO_ENOMEM, "supervisor: spawning workers");
+    }
+    args[0] = (char *)s->o.exe;
+    args[1] = "train";
+    for (int k = 0; k < s->o.nworker_args; k++) args[2 + k] = s->o.worker_args[k];
+    int ne = 0;
+    for (int k = 0; k < nenv; k++)
+        if (strncmp(environ[k], "COHORT_", 7) || !strncmp(environ[k], "COHORT_TEST_", 12) ||
+            !strncmp(environ[k], "COHORT_CORPUS_", 14) || !strncmp(environ[k], "COHORT_CKPT_", 12))
+            env[ne++] = environ[k];
+    snprintf(vars[0], sizeof vars[0], "COHORT_SUPERVISOR=%s", s->endpoint);
+    snprintf(vars[1], sizeof vars[1], "COHORT_JOB_ID=%" PRIx64, s->snd.job_id);
+    snprintf(vars[2], sizeof vars[2], "COHORT_LOCAL_RANK=%d", w->local_rank);
+    snprintf(vars[3], sizeof vars[3], "COHORT_IPC_DIR=%s", s->ipc_dir);
+    snprintf(vars[4], sizeof vars[4], "COHORT_NODE_RANK=%d", s->o.node_rank);
+    snprintf(vars[5], sizeof vars[5], "COHORT_WORKER_ID=%d", w->index);
+    snprintf(vars[6], sizeof vars[6], "COHORT_DATA_ENDPOINT=%s", w->spawn_endpoint);
+    snprintf(vars[7], sizeof vars[7], "COHORT_JOB_SECRET=%s", s->have_secret ? s->o.secret_path : "");
+    for (int k = 0; k < 8; k++) env[ne++] = vars[k];
+    for (int k = 0; k < s->o.nextra_env; k++) env[ne++] = s->o.extra_env[k];
+    uv_stdio_container_t stdio[3];
+    for (int k = 0; k < 3; k++) {
+        stdio[k].flags = UV_INHERIT_FD;
+        stdio[k].data.fd = k;
+    }
+    uv_process_options_t po;
+    memset(&po, 0, sizeof po);
+    po.file = s->o.exe;
+    po.args = args;
+    po.env = env;
+    po.exit_cb = on_exit_cb;
+    po.stdio = stdio;
+    po.stdio_count = 3;
+    w->proc.data = w;
+    int rc = uv_spawn(loop, &w->proc, &po);
+    free(args);
+    free(env);
+    if (rc) return co_err_set(CO_EIO, "supervisor: starting worker %d (%s) failed: %s", w->index, s->o.exe, uv_strerror(rc));
+    w->spawned = true;
+    s->nspawned++;
+    w->pid = (uint32_t)w->proc.pid;
+    w->last_seen_ms = sv__now_ms();
+    return 0;
+}
+
+static int spawn_workers(sv *s) {
     for (int i = 0; i < s->nw; i++) {
         worker *w = &s->w[i];
         if (w->index / s->o.nproc != s->o.node_rank) continue; /* another node's */
-        char **args = calloc((size_t)s->o.nworker_args + 3, sizeof *args);
-        char **env = calloc((size_t)nenv + (size_t)s->o.nextra_env + 9, sizeof *env); /* + 8 vars + NULL */
-        char vars[8][600];
-        if (!args || !env) {
-            free(args);
-            free(env);
-            return co_err_set(CO_ENOMEM, "supervisor: spawning workers");
-        }
-        args[0] = (char *)s->o.exe;
-        args[1] = "train";
-        for (int k = 0; k < s->o.nworker_args; k++) args[2 + k] = s->o.worker_args[k];
-        int ne = 0;
-        for (int k = 0; k < nenv; k++)
-            if (strncmp(environ[k], "COHORT_", 7) || !strncmp(environ[k], "COHORT_TEST_", 12) ||
-                !strncmp(environ[k], "COHORT_CORPUS_", 14) || !strncmp(environ[k], "COHORT_CKPT_", 12))
-                env[ne++] = environ[k];
-        snprintf(vars[0], sizeof vars[0], "COHORT_SUPERVISOR=%s", s->endpoint);
-        snprintf(vars[1], sizeof vars[1], "COHORT_JOB_ID=%" PRIx64, s->snd.job_id);
-        snprintf(vars[2], sizeof vars[2], "COHORT_LOCAL_RANK=%d", w->local_rank);
-        snprintf(vars[3], sizeof vars[3], "COHORT_IPC_DIR=%s", s->ipc_dir);
-        snprintf(vars[4], sizeof vars[4], "COHORT_NODE_RANK=%d", s->o.node_rank);
-        snprintf(vars[5], sizeof vars[5], "COHORT_WORKER_ID=%d", w->index);
-        snprintf(vars[6], sizeof vars[6], "COHORT_DATA_ENDPOINT=%s", w->spawn_endpoint);
-        snprintf(vars[7], sizeof vars[7], "COHORT_JOB_SECRET=%s", s->have_secret ? s->o.secret_path : "");
-        for (int k = 0; k < 8; k++) env[ne++] = vars[k];
-        for (int k = 0; k < s->o.nextra_env; k++) env[ne++] = s->o.extra_env[k];
-        uv_stdio_container_t stdio[3];
-        for (int k = 0; k < 3; k++) {
-            stdio[k].flags = UV_INHERIT_FD;
-            stdio[k].data.fd = k;
-        }
-        uv_process_options_t po;
-        memset(&po, 0, sizeof po);
-        po.file = s->o.exe;
-        po.args = args;
-        po.env = env;
-        po.exit_cb = on_exit_cb;
-        po.stdio = stdio;
-        po.stdio_count = 3;
-        w->proc.data = w;
-        int rc = uv_spawn(loop, &w->proc, &po);
-        free(args);
-        free(env);
-        if (rc) return co_err_set(CO_EIO, "supervisor: starting worker %d (%s) failed: %s", i, s->o.exe, uv_strerror(rc));
-        w->spawned = true;
-        s->nspawned++;
-        w->pid = (uint32_t)w->proc.pid;
-        w->last_seen_ms = sv__now_ms();
+        int rc = spawn_one(s, w);
+        if (rc) return rc;
     }
     return 0;
 }
@@ -454,6 +684,12 @@ int sv_run(const sv_options *opt) {
     if (s.o.nnodes < 1) s.o.nnodes = 1;
     s.status = -1;
     s.agent = s.o.nnodes > 1 && s.o.node_rank > 0;
+    /* several nodes: a failure still stops the job (restart needs a node agent's part) */
+    s.restart_enabled = s.o.restart && s.o.nnodes == 1;
+    if (!s.o.restart_window_ms) s.o.restart_window_ms = 600000;
+    if (!s.o.soft_timeout_ms) s.o.soft_timeout_ms = 60000;
+    if (!s.o.hard_timeout_ms) s.o.hard_timeout_ms = 90000;
+    if (!s.o.barrier_timeout_ms) s.o.barrier_timeout_ms = 120000;
     s.snd.job_id = random_job_id();
     s.snd.generation = 1;
     s.snd.sender = s.agent ? PW_SENDER_UNASSIGNED : PW_SENDER_SUPERVISOR;

@@ -19,9 +19,11 @@
  *   1 the supervisor itself failed (spawn, sockets, memory)
  *   3 training stopped on a NaN/Inf loss or gradient norm that the rerun state machine found
  *     reproducible (on a healthy peer too): a data or model problem, not a fault
- *   4 a worker failed or died; the others were stopped
+ *   4 a worker failed or died and could not be replaced (in-process restart disabled, the
+ *     restart limit reached, or no replica of its state survived); the others were stopped
  *   5 the rendezvous did not complete in time
- *   6 a worker stopped sending heartbeats; the job was stopped */
+ *   6 a worker stopped sending heartbeats and in-process restart is disabled; the job was
+ *     stopped */
 #ifndef COHORT_SUPERVISOR_SUPERVISOR_H
 #define COHORT_SUPERVISOR_SUPERVISOR_H
 
@@ -66,6 +68,16 @@ typedef struct sv_options {
     const char *report_file;       /* JSON run report (NULL: none) */
     double straggler_threshold;
     fi_schedule *inject;           /* --inject (kill-supervisor fires here) */
+    /* in-process restart (one node): a dead, hung or silent rank aborts the generation; the
+     * survivors wait at a restart barrier inside their processes, dead ranks are respawned
+     * and take their state from a surviving replica. 0 restart_limit: disabled. */
+    bool restart;
+    int restart_limit;             /* restarts allowed within restart_window_ms */
+    int restart_window_ms;
+    int soft_timeout_ms;           /* no progress this long: abort and restart (0: 60000) */
+    bool soft_timeout_set;         /* given explicitly; else learned from step times */
+    int hard_timeout_ms;           /* ... and a rank still not at the barrier is killed */
+    int barrier_timeout_ms;        /* every rank at the restart barrier within this */
 } sv_options;
 
 /* Runs the job to its end; returns one of the exit statuses above. */

@@ -33,6 +33,8 @@ typedef struct fault_rec {
     char text[400];
     double detect_ms, recover_ms; /* < 0: not measured */
     bool open;                    /* an rr fault whose recovery is still running */
+    bool restart;                 /* recovered by an in-process restart */
+    uint64_t t_detect;            /* when it was detected (restart faults) */
 } fault_rec;
 
 struct svv {
@@ -57,6 +59,14 @@ struct svv {
     bool *flagged;
     int64_t rounds;
     int64_t validated, reruns, checks, repairs, skips;
+    int64_t restarts;
+    uint64_t round_first_ms;      /* first report of the round in progress (0: none) */
+    uint64_t last_accept_ms;
+    int naccepts;
+    double max_step_ms;
+    int64_t resumed_at;           /* iteration the last restart resumed after (-1: none) */
+    int64_t last_accepted;        /* the last iteration accepted (or skipped) */
+    int64_t lost_steps;
 };
 
 int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
@@ -79,6 +89,8 @@ int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
         return rc;
     }
     for (int r = 0; r < v->W; r++) v->worst[r] = INFINITY;
+    v->resumed_at = -1;
+    v->first_report_iter = -1;
     *out = v;
     return 0;
 }
@@ -244,6 +256,7 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
         p->r.nmb = nmb;
     }
     if (p->seen & (1ull << lr->micro_batch)) return 0; /* a duplicate message */
+    if (!v->round_first_ms) v->round_first_ms = now;
     p->seen |= 1ull << lr->micro_batch;
     p->got++;
     p->r.loss[lr->micro_batch] = lr->loss_sum;
@@ -278,6 +291,14 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
         score_stragglers(v, it);
     }
     for (int r = 0; r < v->W; r++) v->p[r].added = false, v->p[r].got = 0;
+    v->round_first_ms = 0;
+    if (vd.decision == RR_ACCEPT || vd.decision == RR_SKIP) {
+        if (v->last_accept_ms && v->naccepts >= 5 && (double)(now - v->last_accept_ms) > v->max_step_ms)
+            v->max_step_ms = (double)(now - v->last_accept_ms);
+        v->last_accept_ms = now;
+        v->naccepts++;
+        v->last_accepted = it;
+    }
     v->last = vd;
     v->have_last = true;
     v->last_iter = it;
@@ -295,7 +316,9 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
         for (int k = 0; k < v->nf; k++)
             if (v->f[k].open) {
                 v->f[k].open = false;
-                v->f[k].recover_ms = v->reject_ms ? (double)(now - v->reject_ms) : 0;
+                v->f[k].recover_ms = v->f[k].restart ? (double)(now - v->f[k].t_detect)
+                                     : v->reject_ms  ? (double)(now - v->reject_ms)
+                                                     : 0;
             }
     }
     if (vd.decision != RR_ACCEPT || vd.diagnosis != RR_DIAG_NONE)
@@ -313,16 +336,19 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
 int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status, double wall_s) {
     int nstrag = 0;
     for (int r = 0; r < v->W; r++) nstrag += v->flagged[r];
-    if (human && (v->nf || nstrag || v->reruns)) {
+    if (human && (v->nf || nstrag || v->reruns || v->restarts)) {
         fprintf(human, "cohort run report: exit status %d after %.1f s; %" PRId64 " iterations validated, %" PRId64
                        " replays, %" PRId64 " peer checks, %" PRId64 " repairs, %" PRId64 " skipped; %d fault(s), "
-                       "%d straggler(s), 0 restarts, 0 steps lost\n",
-                exit_status, wall_s, v->validated, v->reruns, v->checks, v->repairs, v->skips, v->nf, nstrag);
+                       "%d straggler(s), %" PRId64 " restart(s), %" PRId64 " step(s) lost\n",
+                exit_status, wall_s, v->validated, v->reruns, v->checks, v->repairs, v->skips, v->nf, nstrag,
+                v->restarts, v->lost_steps);
         for (int k = 0; k < v->nf; k++) {
             const fault_rec *f = &v->f[k];
             fprintf(human, "  - %s, rank %d, iteration %" PRId64 "%s%s: %s", f->kind, f->rank, f->iteration,
                     f->diagnosis[0] ? ", " : "", f->diagnosis, f->text);
-            if (f->detect_ms >= 0) fprintf(human, " (detected in %.0f ms, recovered in %.0f ms)", f->detect_ms, f->recover_ms);
+            if (f->detect_ms >= 0 && f->recover_ms >= 0)
+                fprintf(human, " (detected in %.0f ms, %s in %.0f ms)", f->detect_ms,
+                        f->restart ? "next step completed" : "recovered", f->recover_ms);
             fputc('\n', human);
         }
         for (int r = 0; r < v->W; r++)
@@ -343,8 +369,8 @@ int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status
     json_object_set_new(o, "peer_checks", json_integer(v->checks));
     json_object_set_new(o, "repairs", json_integer(v->repairs));
     json_object_set_new(o, "iterations_skipped", json_integer(v->skips));
-    json_object_set_new(o, "restarts", json_integer(0));
-    json_object_set_new(o, "steps_lost", json_integer(0));
+    json_object_set_new(o, "restarts", json_integer(v->restarts));
+    json_object_set_new(o, "steps_lost", json_integer(v->lost_steps));
     json_object_set_new(o, "quarantined_ranks", json_array());
     for (int k = 0; k < v->nf; k++) {
         const fault_rec *f = &v->f[k];
@@ -357,6 +383,7 @@ int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status
         json_object_set_new(j, "text", json_string(f->text));
         if (f->detect_ms >= 0) json_object_set_new(j, "detection_ms", json_real(f->detect_ms));
         if (f->recover_ms >= 0) json_object_set_new(j, "recovery_ms", json_real(f->recover_ms));
+        if (f->restart) json_object_set_new(j, "recovered_by", json_string("in-process restart"));
         json_array_append_new(fs, j);
     }
     json_object_set_new(o, "faults", fs);
@@ -376,3 +403,47 @@ int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status
     json_decref(o);
     return rc ? co_err_set(CO_EIO, "run report: cannot write %s", json_path) : 0;
 }
+
+void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint64_t detect_ms) {
+    uint64_t now = sv__now_ms();
+    fault_rec *f = new_fault(v);
+    if (f) {
+        snprintf(f->kind, sizeof f->kind, "%s", kind);
+        f->rank = rank;
+        f->iteration = v->have_last ? v->last_iter + 1 : -1;
+        snprintf(f->diagnosis, sizeof f->diagnosis, "%s", "rank_failure");
+        snprintf(f->outcome, sizeof f->outcome, "%s", "restart");
+        snprintf(f->text, sizeof f->text, "%s", why);
+        f->detect_ms = (double)detect_ms;
+        f->open = true;
+        f->restart = true;
+        f->t_detect = now;
+    }
+    v->restarts++;
+    rr_restart(v->rr);
+    memset(v->p, 0, sizeof *v->p * (size_t)v->W);
+    v->have_last = false;
+    v->first_report_iter = -1;
+    v->round_first_ms = 0;
+    v->last_accept_ms = 0; /* the restart is not a step */
+    v->rounds = 0;         /* straggler scores start over: a restart disturbs every rank's times */
+    memset(v->low, 0, sizeof *v->low * (size_t)v->W);
+}
+
+void svv_restart_done(svv *v, int64_t iteration) {
+    /* steps lost: accepted iterations the new generation does not resume from (a survivor
+     * always holds the last accepted step, so this stays 0 unless every holder died) */
+    if (v->last_accepted > iteration) v->lost_steps += v->last_accepted - iteration;
+    v->resumed_at = iteration;
+}
+
+bool svv_stalled(svv *v, uint64_t now, uint64_t soft_ms, int *missing, int cap, int *nmissing, uint64_t *since) {
+    *nmissing = 0;
+    if (!v->round_first_ms || now - v->round_first_ms <= soft_ms) return false;
+    for (int r = 0; r < v->W; r++)
+        if (!v->p[r].added && *nmissing < cap) missing[(*nmissing)++] = r;
+    *since = v->round_first_ms;
+    return *nmissing > 0;
+}
+
+double svv_max_step_ms(const svv *v) { return v->naccepts >= 6 ? v->max_step_ms : 0; }

@@ -36,6 +36,18 @@ void svv_on_event(svv *v, int rank, const char *line);
 /* Another kind of fault the supervisor saw (a dead or silent rank): kind, rank, text. */
 void svv_note_fault(svv *v, const char *kind, int rank, const char *diagnosis);
 
+/* In-process restart: the generation was aborted for `why` (kind "killed", "exited", "hang",
+ * ...; detect_ms: how long the fault went unnoticed); the round in progress is dropped.
+ * svv_restart_done: every rank resumes after iteration `iteration`. The fault's recovery
+ * time runs until the first iteration accepted after it. */
+void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint64_t detect_ms);
+void svv_restart_done(svv *v, int64_t iteration);
+/* A round that stopped progressing: some ranks reported, others not, for soft_ms. Returns
+ * true with the silent ranks in missing (at most cap) and when the round began in *since. */
+bool svv_stalled(svv *v, uint64_t now, uint64_t soft_ms, int *missing, int cap, int *nmissing, uint64_t *since);
+/* The slowest iteration seen (ms between accepted verdicts) once 5 have completed, else 0. */
+double svv_max_step_ms(const svv *v);
+
 /* The run report: a human summary on `human` and a JSON file at json_path (NULL: none). */
 int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status, double wall_s);
 

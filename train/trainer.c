@@ -70,6 +70,7 @@ struct trainer {
     trainer_event_fn ev_fn;
     void *ev_ctx;
     volatile sig_atomic_t *stop; /* the caller's stop flag (a hang injected in compute polls it) */
+    volatile sig_atomic_t *abort_flag;
     double phase_ms[TR_NPHASES];
     double mb_loss[RR_MAX_MB], mb_tok[RR_MAX_MB];
 };
@@ -235,7 +236,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     }
 
     /* rank 0 builds (and caches) the data indices first; the others then load them */
-    if (t->dp && t->dp->rank != 0 && (rc = t->dp->ops->barrier(t->dp, -1))) goto fail;
+    if (t->dp && !data->joining && t->dp->rank != 0 && (rc = t->dp->ops->barrier(t->dp, -1))) goto fail;
     dl_config dc;
     memset(&dc, 0, sizeof dc);
     dc.base.mock = c->mock_data;
@@ -266,7 +267,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         rc = dl_build(&t->ds[s], &dc, s, want);
         if (rc) goto fail;
     }
-    if (t->dp && t->dp->rank == 0 && (rc = t->dp->ops->barrier(t->dp, -1))) goto fail;
+    if (t->dp && !data->joining && t->dp->rank == 0 && (rc = t->dp->ops->barrier(t->dp, -1))) goto fail;
     if (!t->ds[0]) {
         rc = co_err_set(CO_EINVAL, "the train split of --split '%s' is empty", c->split);
         goto fail;
@@ -440,7 +441,7 @@ static void fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph) {
         case FI_HANG: {
             /* a busy loop inside compute: only a stop order or an abort ends it */
             volatile uint64_t spin = 0;
-            while (!(t->stop && *t->stop)) spin++;
+            while (!(t->stop && *t->stop) && !(t->abort_flag && *t->abort_flag)) spin++;
             break;
         }
         default: break;
@@ -592,6 +593,36 @@ static int check_replicas(trainer *t) {
     }
     free(all);
     return rc;
+}
+
+void trainer_set_abort_flag(trainer *t, volatile sig_atomic_t *flag) { t->abort_flag = flag; }
+
+void trainer_set_comm(trainer *t, cm_comm *dp) {
+    t->dp = dp;
+    if (dp) topo_init(&t->topo, dp->size, t->cfg.tensor_model_parallel_size, t->cfg.pipeline_model_parallel_size,
+                      t->cfg.context_parallel_size, dp->rank);
+}
+
+int trainer_sync_state(trainer *t, int root) {
+    if (!t->dp) return 0;
+    int rc = take_state(t, root);
+    if (rc) return rc;
+    /* progress: iteration, samples consumed, counters, log accumulators, optimizer steps */
+    double p[11] = {(double)t->iteration, (double)t->consumed[0], (double)t->consumed[1], (double)t->consumed[2],
+                    (double)t->skipped,   (double)t->nan_iters,   t->loss_sum,            t->tok_sum,
+                    (double)t->iters_since_log, (double)t->opt.step, t->time_since_log};
+    rc = t->dp->ops->broadcast(t->dp, p, sizeof p, root, TRAIN_COMM_TIMEOUT_MS);
+    if (rc) return rc;
+    t->iteration = (int64_t)p[0];
+    for (int s = 0; s < 3; s++) t->consumed[s] = (int64_t)p[1 + s];
+    t->skipped = (int64_t)p[4];
+    t->nan_iters = (int64_t)p[5];
+    t->loss_sum = p[6];
+    t->tok_sum = p[7];
+    t->iters_since_log = (int)p[8];
+    t->opt.step = (int64_t)p[9];
+    t->time_since_log = p[10];
+    return 0;
 }
 
 int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {

@@ -34,6 +34,9 @@ typedef struct trainer_data {
     /* where metrics records go instead of opening cfg->metrics_file (a worker forwards
      * them to its supervisor); NULL: the file itself. Not closed by the trainer. */
     FILE *metrics;
+    /* a replacement joining a running job after an in-process restart: the data index
+     * caches exist, the ranks already running are not in trainer_new (no barriers) */
+    bool joining;
 } trainer_data;
 
 struct cm_comm;
@@ -110,6 +113,17 @@ void trainer_set_skips(trainer *t, const int64_t *iters, int n);
 /* Called with one line for every fault injected or repaired on this rank (log, report). */
 typedef void (*trainer_event_fn)(void *ctx, const char *line);
 void trainer_set_event_sink(trainer *t, trainer_event_fn fn, void *ctx);
+
+/* ---- in-process restart ----
+ * After an abort, trainer_train returns at the last step this rank committed (its state is
+ * always that of a completed iteration: an abort only interrupts collectives and waits that
+ * come before the optimizer step or after it completed). The caller builds the new
+ * generation's communicator, gives it here, and every rank takes rank `root`'s parameters,
+ * optimizer state and progress; then trainer_train continues. */
+void trainer_set_comm(trainer *t, struct cm_comm *dp);
+int trainer_sync_state(trainer *t, int root);
+/* A flag raised when the job is aborted (a hang injected in compute polls it). */
+void trainer_set_abort_flag(trainer *t, volatile sig_atomic_t *flag);
 
 /* Time spent per phase in the last iteration (ms). */
 void trainer_phase_ms(const trainer *t, double out[TR_NPHASES]);
