@@ -1,0 +1,326 @@
+/* test_resilience.c - the rerun state machine's rounds and diagnoses, its state and tracker
+ * file, and the fault injector's schedule (resilience/). */
+#include "common/error.h"
+#include "resilience/inject.h"
+#include "resilience/rerun.h"
+#include "tests/test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static rr_report rep(int64_t it, int attempt, int rank, double loss, double gnorm) {
+    rr_report r;
+    memset(&r, 0, sizeof r);
+    r.iteration = it;
+    r.attempt = attempt;
+    r.rank = rank;
+    r.check_for = -1;
+    r.nmb = 2;
+    r.loss[0] = loss;
+    r.loss[1] = loss + 0.5;
+    r.tokens[0] = r.tokens[1] = 64;
+    r.grad_norm = gnorm;
+    return r;
+}
+
+/* One round: every rank reports (loss, norm) and the verdict comes back. */
+static rr_verdict round_all(rr_machine *m, int W, int64_t it, int attempt, const double *loss, const double *gn) {
+    rr_verdict v;
+    memset(&v, 0, sizeof v);
+    for (int r = 0; r < W; r++) {
+        rr_report x = rep(it, attempt, r, loss[r], gn[r]);
+        int rc = rr_add(m, &x);
+        if (rc != (r == W - 1)) fprintf(stderr, "rr_add rank %d: %d\n", r, rc);
+    }
+    rr_decide(m, &v);
+    return v;
+}
+
+static void accepts_valid(void) {
+    rr_options o;
+    rr_options_default(&o, 3);
+    rr_machine *m;
+    REQUIRE(rr_new(&m, &o) == 0);
+    double l[3] = {100, 101, 99}, g[3] = {1, 1.1, 0.9};
+    for (int it = 1; it <= 5; it++) {
+        rr_verdict v = round_all(m, 3, it, 0, l, g);
+        CHECK(v.decision == RR_ACCEPT);
+    }
+    int n;
+    rr_events(m, &n);
+    CHECK(n == 0);
+    /* a report for a stale iteration, a duplicate and an unknown rank are refused */
+    rr_report x = rep(6, 0, 0, 1, 1);
+    CHECK(rr_add(m, &x) == 0);
+    CHECK(rr_add(m, &x) < 0);
+    x = rep(6, 0, 7, 1, 1);
+    CHECK(rr_add(m, &x) < 0);
+    x = rep(3, 0, 1, 1, 1);
+    CHECK(rr_add(m, &x) < 0);
+    rr_destroy(&m);
+    CHECK(m == NULL);
+}
+
+static void transient_nan(void) {
+    rr_options o;
+    rr_options_default(&o, 3);
+    rr_machine *m;
+    REQUIRE(rr_new(&m, &o) == 0);
+    double l[3] = {100, NAN, 99}, g[3] = {1, 1.1, 0.9};
+    rr_verdict v = round_all(m, 3, 1, 0, l, g);
+    CHECK(v.decision == RR_RERUN && v.attempt == 1 && v.suspect == 1);
+    l[1] = 101; /* the replay is clean */
+    v = round_all(m, 3, 1, 1, l, g);
+    CHECK(v.decision == RR_ACCEPT && v.diagnosis == RR_DIAG_TRANSIENT);
+    int n;
+    const rr_event *e = rr_events(m, &n);
+    REQUIRE(n == 1);
+    CHECK(e[0].rank == 1 && e[0].diagnosis == RR_DIAG_TRANSIENT && !strcmp(e[0].check, "nan_loss"));
+    rr_destroy(&m);
+}
+
+/* A NaN that reproduces on its rank: a peer recomputes; the same NaN there is a data
+ * problem (stop, or skip by policy); a clean result there means the rank is corrupt. */
+static void reproducible(bool peer_agrees, bool skip) {
+    rr_options o;
+    rr_options_default(&o, 3);
+    o.skip_on_reproducible = skip;
+    rr_machine *m;
+    REQUIRE(rr_new(&m, &o) == 0);
+    double l[3] = {100, 101, INFINITY}, g[3] = {1, 1.1, 0.9};
+    rr_verdict v = round_all(m, 3, 4, 0, l, g);
+    CHECK(v.decision == RR_RERUN);
+    v = round_all(m, 3, 4, 1, l, g);
+    CHECK(v.decision == RR_CHECK && v.suspect == 2 && v.helper == 0 && v.attempt == 2);
+    rr_report c = rep(4, 2, 0, peer_agrees ? INFINITY : 99.5, 0.9);
+    c.check_for = 2;
+    CHECK(rr_add(m, &c) == 1);
+    rr_decide(m, &v);
+    if (peer_agrees) {
+        CHECK(v.decision == (skip ? RR_SKIP : RR_STOP) && v.diagnosis == RR_DIAG_CORRECT);
+    } else {
+        CHECK(v.decision == RR_REPAIR && v.helper == 0 && v.diagnosis == RR_DIAG_PERSISTENT && v.attempt == 3);
+        l[2] = 99.5;
+        v = round_all(m, 3, 4, 3, l, g);
+        CHECK(v.decision == RR_ACCEPT);
+        int n;
+        const rr_event *e = rr_events(m, &n);
+        REQUIRE(n == 1);
+        CHECK(e[0].repaired && e[0].rank == 2 && e[0].diagnosis == RR_DIAG_PERSISTENT);
+    }
+    rr_destroy(&m);
+}
+static void reproducible_stop(void) { reproducible(true, false); }
+static void reproducible_skip(void) { reproducible(true, true); }
+static void corrupt_rank_repaired(void) { reproducible(false, false); }
+
+static void one_rank(void) {
+    rr_options o;
+    rr_options_default(&o, 1);
+    rr_machine *m;
+    REQUIRE(rr_new(&m, &o) == 0);
+    double l[1] = {NAN}, g[1] = {1};
+    rr_verdict v = round_all(m, 1, 1, 0, l, g);
+    CHECK(v.decision == RR_RERUN);
+    v = round_all(m, 1, 1, 1, l, g);
+    CHECK(v.decision == RR_STOP && v.diagnosis == RR_DIAG_CORRECT);
+    rr_destroy(&m);
+}
+
+static void outlier_and_spike(void) {
+    rr_options o;
+    rr_options_default(&o, 4);
+    o.check_spiky = true;
+    rr_machine *m;
+    REQUIRE(rr_new(&m, &o) == 0);
+    double l[4] = {100, 101, 99, 100}, g[4] = {1, 1, 1, 1};
+    CHECK(round_all(m, 4, 1, 0, l, g).decision == RR_ACCEPT);
+    g[3] = 1e30; /* a flipped exponent bit in one rank's gradients */
+    rr_verdict v = round_all(m, 4, 2, 0, l, g);
+    CHECK(v.decision == RR_RERUN && v.suspect == 3);
+    g[3] = 1;
+    v = round_all(m, 4, 2, 1, l, g);
+    CHECK(v.decision == RR_ACCEPT && v.diagnosis == RR_DIAG_TRANSIENT);
+    l[0] = 5000; /* 10x the largest loss seen: a spike, which reproduces on a peer too */
+    v = round_all(m, 4, 3, 0, l, g);
+    CHECK(v.decision == RR_RERUN && v.suspect == 0);
+    v = round_all(m, 4, 3, 1, l, g);
+    CHECK(v.decision == RR_CHECK && v.helper == 1);
+    rr_report c = rep(3, 2, 1, 5000, 1);
+    c.check_for = 0;
+    CHECK(rr_add(m, &c) == 1);
+    rr_decide(m, &v);
+    CHECK(v.decision == RR_RERUN && v.diagnosis == RR_DIAG_CORRECT); /* rebuild the gradients */
+    v = round_all(m, 4, 3, 3, l, g);
+    CHECK(v.decision == RR_ACCEPT); /* a real spike: training goes on */
+    rr_destroy(&m);
+}
+
+static void determinism_mode(void) {
+    rr_options o;
+    rr_options_default(&o, 2);
+    o.mode = RR_MODE_DETERMINISM;
+    rr_machine *m;
+    REQUIRE(rr_new(&m, &o) == 0);
+    double l[2] = {100, 101}, g[2] = {1, 1};
+    CHECK(round_all(m, 2, 1, 0, l, g).decision == RR_RERUN);
+    l[1] = 101.001;
+    CHECK(round_all(m, 2, 1, 1, l, g).decision == RR_ACCEPT);
+    char buf[400];
+    rr_determinism_summary(m, buf, sizeof buf);
+    CHECK_MSG(strstr(buf, "6/4 total/identical") != NULL, "%s", buf); /* rank 1: two losses differ */
+    rr_destroy(&m);
+}
+
+static void injection_types(void) {
+    /* --error-injection-rate 1: every iteration; the three types end three ways */
+    rr_inject_type types[3] = {RR_INJECT_TRANSIENT, RR_INJECT_PERSISTENT, RR_INJECT_CORRECT};
+    rr_diagnosis want[3] = {RR_DIAG_TRANSIENT, RR_DIAG_PERSISTENT, RR_DIAG_CORRECT};
+    for (int k = 0; k < 3; k++) {
+        rr_options o;
+        rr_options_default(&o, 2);
+        o.injection_rate = 1;
+        o.injection_type = types[k];
+        rr_machine *m;
+        REQUIRE(rr_new(&m, &o) == 0);
+        double l[2] = {100, 101}, g[2] = {1, 1};
+        rr_verdict v = round_all(m, 2, 1, 0, l, g);
+        CHECK(v.decision == RR_RERUN);
+        int s = v.suspect;
+        v = round_all(m, 2, 1, 1, l, g);
+        if (types[k] != RR_INJECT_TRANSIENT) {
+            CHECK(v.decision == RR_CHECK);
+            rr_report c = rep(1, 2, v.helper, l[s], 1);
+            c.check_for = s;
+            CHECK(rr_add(m, &c) == 1);
+            rr_decide(m, &v);
+            if (types[k] == RR_INJECT_PERSISTENT) {
+                CHECK(v.decision == RR_REPAIR);
+                v = round_all(m, 2, 1, 3, l, g);
+            }
+        }
+        CHECK_MSG(v.diagnosis == want[k], "type %d: diagnosis %d", k, v.diagnosis);
+        int n;
+        const rr_event *e = rr_events(m, &n);
+        CHECK(n == 1 && e[0].injected);
+        rr_destroy(&m);
+    }
+}
+
+static void state_and_tracker(void) {
+    rr_options o;
+    rr_options_default(&o, 2);
+    o.check_spiky = true;
+    rr_machine *m, *m2;
+    REQUIRE(rr_new(&m, &o) == 0);
+    REQUIRE(rr_new(&m2, &o) == 0);
+    double l[2] = {100, 101}, g[2] = {1, 2};
+    round_all(m, 2, 1, 0, l, g);
+    char a[512], b[512];
+    REQUIRE(rr_state_save(m, a, sizeof a) == 0);
+    CHECK(rr_state_load(m2, a) == 0);
+    REQUIRE(rr_state_save(m2, b, sizeof b) == 0);
+    CHECK_MSG(!strcmp(a, b), "%s vs %s", a, b);
+    CHECK(rr_state_load(m2, "{\"spiky_max\": 1}") == CO_EFORMAT);
+    CHECK(rr_state_load(m2, "not json") == CO_EFORMAT);
+    /* the restored tracker still knows the running maximum: 10x is a spike */
+    l[0] = 1100; /* > 10 x 101.5, the largest loss of iteration 1 */
+    CHECK(round_all(m2, 2, 2, 0, l, g).decision == RR_RERUN);
+
+    char path[] = "/tmp/cohort-tracker-XXXXXX";
+    int fd = mkstemp(path);
+    REQUIRE(fd >= 0);
+    close(fd);
+    rr_event e;
+    memset(&e, 0, sizeof e);
+    e.iteration = 7, e.rank = 1, e.diagnosis = RR_DIAG_TRANSIENT;
+    snprintf(e.check, sizeof e.check, "nan_loss");
+    snprintf(e.message, sizeof e.message, "a 'quoted' message");
+    CHECK(rr_tracker_append(path, &e, "42") == 0);
+    int64_t its[8];
+    CHECK(rr_tracker_skips(path, its, 8) == 0); /* transient once: not skipped */
+    CHECK(rr_tracker_append(path, &e, "42") == 0);
+    CHECK(rr_tracker_skips(path, its, 8) == 1 && its[0] == 7); /* twice on one rank */
+    e.iteration = 9, e.diagnosis = RR_DIAG_CORRECT;
+    CHECK(rr_tracker_append(path, &e, NULL) == 0);
+    CHECK(rr_tracker_skips(path, its, 8) == 2 && its[1] == 9);
+    FILE *f = fopen(path, "r");
+    char line[512] = "";
+    REQUIRE(f && fgets(line, sizeof line, f));
+    fclose(f);
+    CHECK_MSG(strstr(line, " jobID=42 rank=1 iteration=7 status=transient_error ") && strstr(line, "message='") &&
+                  !strstr(line, "'quoted'"), "%s", line);
+    unlink(path);
+    rr_destroy(&m);
+    rr_destroy(&m2);
+}
+
+static void inject_schedule(void) {
+    char err[512];
+    fi_schedule s;
+    char *ok[] = {"nan@rank=1,step=5", "kill@rank=*,step=10-20", "bitflip-grad@rank=0,step=3,bit=30",
+                  "slow@rank=2,step=4,ms=50,times=always", "kill-supervisor@step=8", "spike@rank=3,step=6,microbatch=1,times=always"};
+    REQUIRE(fi_schedule_parse(&s, ok, 6, 7, 4, 100, err, sizeof err) == 0);
+    CHECK(s.n == 6 && s.f[0].kind == FI_NAN && s.f[0].rank == 1 && s.f[0].step == 5 && s.f[0].phase == FI_PH_FORWARD);
+    CHECK(s.f[1].rank >= 0 && s.f[1].rank < 4 && s.f[1].step >= 10 && s.f[1].step <= 20);
+    CHECK(s.f[2].bit == 30 && s.f[2].phase == FI_PH_BACKWARD);
+    CHECK(s.f[4].rank == -1);
+    /* the same seed draws the same schedule; another seed may not */
+    fi_schedule s2;
+    REQUIRE(fi_schedule_parse(&s2, ok, 6, 7, 4, 100, err, sizeof err) == 0);
+    CHECK(s2.f[1].rank == s.f[1].rank && s2.f[1].step == s.f[1].step);
+    fi_schedule_free(&s2);
+    /* once: fires on its rank, once */
+    CHECK(fi_take(&s, FI_NAN, 1, 1, 5, 0, FI_PH_FORWARD) != NULL);
+    CHECK(fi_take(&s, FI_NAN, 1, 1, 5, 0, FI_PH_FORWARD) == NULL);
+    CHECK(fi_take(&s, FI_NAN, 0, 0, 5, 0, FI_PH_FORWARD) == NULL);
+    /* always on a batch: whoever computes it, every time, only that micro batch */
+    CHECK(fi_take(&s, FI_SPIKE, 3, 3, 6, 1, FI_PH_FORWARD) != NULL);
+    CHECK(fi_take(&s, FI_SPIKE, 0, 3, 6, 1, FI_PH_FORWARD) != NULL);
+    CHECK(fi_take(&s, FI_SPIKE, 3, 3, 6, 0, FI_PH_FORWARD) == NULL);
+    /* slow,times=always: every step from its own on */
+    CHECK(fi_take(&s, FI_SLOW, 2, 2, 3, 0, FI_PH_FORWARD) == NULL);
+    CHECK(fi_take(&s, FI_SLOW, 2, 2, 4, 0, FI_PH_FORWARD) != NULL);
+    CHECK(fi_take(&s, FI_SLOW, 2, 2, 9, 1, FI_PH_FORWARD) != NULL);
+    /* a flip changes exactly one bit of one value */
+    float x[16];
+    for (int i = 0; i < 16; i++) x[i] = 0.5f;
+    int bit;
+    size_t idx = fi_flip(&s.f[2], x, 16, &bit);
+    CHECK(bit == 30 && idx < 16 && x[idx] > 1e30f);
+    for (int i = 0; i < 16; i++)
+        if ((size_t)i != idx) CHECK(x[i] == 0.5f);
+    fi_schedule_free(&s);
+
+    const char *bad[][2] = {{"melt@rank=0,step=1", "unknown kind 'melt'"},
+                            {"nan@rank=4,step=1", "rank '4' is not in 0..3"},
+                            {"nan@rank=0", "step= is required"},
+                            {"nan@step=2", "rank= is required"},
+                            {"nan@rank=0,step=101", "is not in 1..100"},
+                            {"kill@rank=0,step=2,times=always", "times=always applies to"},
+                            {"nan@rank=0,step=2,phase=lunch", "phase 'lunch'"},
+                            {"nan@rank=0,step=2,colour=red", "unknown key 'colour'"},
+                            {"bitflip-grad@rank=0,step=2,bit=32", "bit '32'"}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char *spec[1] = {(char *)bad[k][0]};
+        int rc = fi_schedule_parse(&s, spec, 1, 0, 4, 100, err, sizeof err);
+        CHECK_MSG(rc == CO_EINVAL && strstr(err, bad[k][1]), "%s: %s", bad[k][0], err);
+    }
+}
+
+int main(void) {
+    RUN(accepts_valid);
+    RUN(transient_nan);
+    RUN(reproducible_stop);
+    RUN(reproducible_skip);
+    RUN(corrupt_rank_repaired);
+    RUN(one_rank);
+    RUN(outlier_and_spike);
+    RUN(determinism_mode);
+    RUN(injection_types);
+    RUN(state_and_tracker);
+    RUN(inject_schedule);
+    return TEST_EXIT();
+}
