@@ -43,6 +43,7 @@ typedef struct worker {
     uint64_t ready_gen;       /* generation whose restart barrier it reached */
     int64_t ready_iter;       /* the iteration it committed last */
     uint64_t abort_ms;        /* when it was sent the Abort */
+    int64_t replaced_iter;    /* the last iteration a replaced process reported complete */
 } worker;
 
 typedef struct sv {
@@ -74,6 +75,10 @@ typedef struct sv {
     uint64_t restart_t0;
     uint64_t restart_times[64];
     int nrestarts;
+    ac_timer *collective_timer; /* a worker's failed collective, awaiting its explanation */
+    char collective_why[600];
+    int collective_rank;
+    uint64_t collective_gen, collective_t0;
 } sv;
 
 static uint64_t random_job_id(void) {
@@ -282,9 +287,11 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
             return;
         }
         w->ready_gen = 0;
+        if (!w->exited && w->spawned) w->replaced_iter = 0;
         if (w->exited || !w->spawned) {
             if (!w->replacing) {
                 w->replacing = true;
+                w->replaced_iter = (int64_t)w->iteration;
                 if (w->registered) s->nregistered--;
                 w->registered = false;
                 free(w->data_endpoint);
@@ -309,6 +316,14 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
             w->abort_ms = now;
         }
     }
+}
+
+static void collective_failed(ac_timer *t, void *ctx) {
+    (void)t;
+    sv *s = ctx;
+    s->collective_timer = NULL;
+    if (s->stopping || s->restarting || s->snd.generation != s->collective_gen) return; /* explained already */
+    begin_restart(s, "collective", s->collective_rank, s->collective_why, sv__now_ms() - s->collective_t0);
 }
 
 static void check_restart_done(sv *s) {
@@ -337,7 +352,10 @@ static void check_restart_done(sv *s) {
     fprintf(stderr, "cohort supervisor: generation %" PRIu64 ": %d rank(s) resume after iteration %" PRId64
                     " with the state of rank %d (%d replaced; %.0f ms since the fault)\n",
             gen, s->nw, M, src, replaced, (double)(sv__now_ms() - s->restart_t0));
-    if (s->val) svv_restart_done(s->val, M);
+    int64_t lost = 0;
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].replaced_iter > M && s->w[i].replaced_iter - M > lost) lost = s->w[i].replaced_iter - M;
+    if (s->val) svv_restart_done(s->val, M, lost);
     send_assignments(s, M, src);
 }
 
@@ -381,11 +399,16 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
     }
     case COHORT__V1__ENVELOPE__BODY_HEARTBEAT: w->iteration = e->heartbeat->iteration; break;
     case COHORT__V1__ENVELOPE__BODY_ABORT:
-        /* a worker's collective failed (a peer died or timed out): restart if not begun */
+        /* a worker's collective failed (a peer died or timed out): restart if nothing else
+         * does within a moment (a dead peer's exit usually arrives too, and names the rank) */
         if (s->restart_enabled && !s->stopping && !s->restarting && e->generation == s->snd.generation) {
-            char why[600];
-            snprintf(why, sizeof why, "%s", e->abort->reason);
-            begin_restart(s, "collective", w->index, why, 0);
+            if (!s->collective_timer) {
+                snprintf(s->collective_why, sizeof s->collective_why, "%s", e->abort->reason);
+                s->collective_rank = w->index;
+                s->collective_gen = s->snd.generation;
+                s->collective_t0 = sv__now_ms();
+                ac_timer_start(s->a, 300, 0, collective_failed, s, &s->collective_timer);
+            }
         } else if (!s->restart_enabled && !s->stopping && e->generation == s->snd.generation) {
             begin_shutdown(s, SV_EXIT_WORKER_FAILED, e->abort->reason);
         }

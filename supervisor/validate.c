@@ -65,7 +65,6 @@ struct svv {
     int naccepts;
     double max_step_ms;
     int64_t resumed_at;           /* iteration the last restart resumed after (-1: none) */
-    int64_t last_accepted;        /* the last iteration accepted (or skipped) */
     int64_t lost_steps;
 };
 
@@ -297,7 +296,6 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
             v->max_step_ms = (double)(now - v->last_accept_ms);
         v->last_accept_ms = now;
         v->naccepts++;
-        v->last_accepted = it;
     }
     v->last = vd;
     v->have_last = true;
@@ -430,10 +428,10 @@ void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint
     memset(v->low, 0, sizeof *v->low * (size_t)v->W);
 }
 
-void svv_restart_done(svv *v, int64_t iteration) {
-    /* steps lost: accepted iterations the new generation does not resume from (a survivor
-     * always holds the last accepted step, so this stays 0 unless every holder died) */
-    if (v->last_accepted > iteration) v->lost_steps += v->last_accepted - iteration;
+void svv_restart_done(svv *v, int64_t iteration, int64_t lost) {
+    /* steps lost: iterations a dead rank had completed beyond what the survivors hold (0
+     * unless every holder of the newest state died) */
+    if (lost > 0) v->lost_steps += lost;
     v->resumed_at = iteration;
 }
 

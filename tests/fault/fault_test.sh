@@ -8,7 +8,7 @@
 set -uo pipefail
 cohort=$1; case_name=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-fault.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 iters=12
@@ -19,6 +19,8 @@ tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2
 # the fields of the training records of a metrics file that must not depend on timing
 losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
 
+# short timeouts so that hangs are found within seconds
+quick="--inprocess-soft-timeout 2 --inprocess-hard-timeout 4 --inprocess-barrier-timeout 60"
 # run NAME [flags...]: a 4-rank job; output in $work/NAME.{out,err,jsonl}, status in $rc
 run() {
     local name=$1; shift
@@ -175,6 +177,110 @@ disabled)
     expect_rc f 0
     expect_same f
     grep -q '"iterations_validated": 0' "$work/f.report.json" || fail "validated with validation disabled"
+    ;;
+kill|kill_allreduce|kill_optimizer)
+    # a rank killed in forward, in the all-reduce or right after its optimizer step: the
+    # survivors unwind to the restart barrier in their processes, a new process replaces
+    # it with a survivor's state, and the job ends with the fault-free numbers
+    case $case_name in kill) where=;; kill_allreduce) where=,phase=allreduce;; *) where=,phase=optimizer;; esac
+    clean
+    run f --inject "kill@rank=2,step=6$where" $quick
+    expect_rc f 0
+    expect_same f
+    expect_fault f killed 2 rank_failure
+    grep -q "in-process restart into generation 2" "$work/f.err" || fail "no restart"
+    grep -q "generation 2: 4 rank(s) resume after iteration [0-9]* with the state of rank [0-9] (1 replaced" \
+        "$work/f.err" || fail "not resumed: $(grep supervisor "$work/f.err")"
+    grep -q '"restarts": 1' "$work/f.report.json" || fail "restart not counted"
+    ;;
+hang)
+    # a busy loop inside compute: no report for the soft timeout aborts the generation; the
+    # hung rank unwinds too (the abort reaches its loop) and nobody is replaced
+    clean
+    run f --inject "hang@rank=1,step=4" $quick
+    expect_rc f 0
+    expect_same f
+    expect_fault f hang 1 rank_failure
+    grep -q "generation 2: 4 rank(s) resume after iteration 3 with the state of rank 0 (0 replaced" "$work/f.err" ||
+        fail "$(grep supervisor "$work/f.err")"
+    ;;
+stop)
+    # SIGSTOP: the rank answers nothing; after the soft timeout the generation is aborted,
+    # after the hard one the rank is killed and replaced
+    clean
+    # (not rank 3: the logging rank's last line may die with it, unsent)
+    run f --inject "stop@rank=2,step=5" $quick
+    expect_rc f 0
+    expect_same f
+    expect_fault f hang 2 rank_failure
+    expect_fault f killed 2 rank_failure
+    grep -q "rank 2 did not reach the restart barrier" "$work/f.err" || fail "$(grep supervisor "$work/f.err")"
+    ;;
+crash_loop)
+    # a rank that dies at every step: the restart-intensity limit turns the crash loop into
+    # a clean stop with a report
+    run f --inject "kill@rank=1,step=3" --inject "kill@rank=1,step=4" --inject "kill@rank=1,step=5" \
+        --inject "kill@rank=1,step=6" --inprocess-restart-limit 2 $quick
+    expect_rc f 4
+    grep -q "2 restarts within 600 s already (--inprocess-restart-limit): stopping the job" "$work/f.err" ||
+        fail "$(grep supervisor "$work/f.err")"
+    grep -q '"restarts": 3' "$work/f.report.json" || fail "$(grep restarts "$work/f.report.json")"
+    ;;
+kill_supervisor)
+    # the supervisor dies: the workers stop on their own (no orphan trains headless), the
+    # last checkpoint is intact, and the job resumes from it to the fault-free result
+    clean --save "$work/clean.ckpt" --save-interval 4
+    run f --inject "kill-supervisor@step=7" --save "$work/f.ckpt" --save-interval 4
+    [ $rc -eq 137 ] || fail "supervisor exited $rc, not killed"
+    for _ in $(seq 300); do
+        left=$(grep -l "cohort-fault" /proc/[0-9]*/cmdline 2>/dev/null | while read -r f; do
+            [ -r "$f" ] || continue
+            tr '\0' ' ' <"$f" 2>/dev/null | grep -q "f.jsonl" && echo x; done | wc -l)
+        [ "$left" -eq 0 ] && break
+        sleep 0.1
+    done
+    [ "$left" -eq 0 ] || fail "$left workers still running 30 s after their supervisor died"
+    [ "$(cat "$work/f.ckpt/latest_checkpointed_iteration.txt")" = 4 ] || fail "tracker: $(cat "$work/f.ckpt/latest_checkpointed_iteration.txt")"
+    "$cohort" ckpt verify "$work/f.ckpt" >/dev/null || fail "the last checkpoint does not verify"
+    run g --load "$work/f.ckpt" --save "$work/f.ckpt" --save-interval 4
+    expect_rc g 0
+    "$cohort" ckpt diff "$work/clean.ckpt/iter_0000012" "$work/f.ckpt/iter_0000012" >"$work/diff" ||
+        fail "resumed run differs from the fault-free one: $(head "$work/diff")"
+    ;;
+chaos)
+    # 200 steps with 14 mixed faults (kills, a hang, transient NaN/Inf and a spike, bit flips
+    # in gradients, parameters and activations, message faults): the parameters and optimizer
+    # state at the end are bitwise those of the fault-free run, and the report lists them all
+    chaos_iters=(--train-iters 200 --check-for-spiky-loss --log-interval 10)
+    clean "${chaos_iters[@]}" --save "$work/clean.ckpt" --save-interval 1000
+    faults=(kill@rank=1,step=20 nan@rank=0,step=30 hang@rank=2,step=45 msg-drop@rank=2,step=60
+            bitflip-grad@rank=1,step=70,bit=30 kill@rank=2,step=90,phase=allreduce msg-dup@rank=1,step=100
+            inf@rank=2,step=110 bitflip-param@rank=3,step=120,bit=30 msg-delay@rank=0,step=130
+            spike@rank=1,step=140 bitflip-act@rank=0,step=160,bit=30 kill@rank=0,step=175,phase=optimizer
+            nan@rank=3,step=190,microbatch=1)
+    args=()
+    for f in "${faults[@]}"; do args+=(--inject "$f"); done
+    run f "${chaos_iters[@]}" "${args[@]}" $quick --save "$work/f.ckpt" --save-interval 1000
+    expect_rc f 0
+    "$cohort" ckpt diff "$work/clean.ckpt/iter_0000200" "$work/f.ckpt/iter_0000200" >"$work/diff" ||
+        fail "parameters or optimizer state differ from the fault-free run: $(head "$work/diff")"
+    grep -q "bitwise" "$work/diff" || fail "diff did not say bitwise equal: $(cat "$work/diff")"
+    [ "$(losses "$work/f.jsonl")" = "$(losses "$work/clean.jsonl")" ] || fail "logged losses differ"
+    /usr/bin/python3 - "$work/f.report.json" <<'PY' || fail "report incomplete: $(cat "$work/f.report.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+f = r["faults"]
+def has(kind, rank, step=None):
+    return any(x["kind"] in kind.split("|") and x["rank"] == rank and (step is None or x["iteration"] == step) for x in f)
+kill = "killed|collective|exited"  # whichever the supervisor heard of first: the exit or a peer's failed collective
+flip = "nan_grad|inf_grad|grad_outlier|nan_loss|inf_loss|spiky_loss"  # whichever check the flipped value trips
+want = [(kill, 1, 20), ("nan_loss", 0, 30), ("hang", 2, 45), ("injected", 2, 60), (flip, 1, 70), (kill, 2, 90),
+        ("injected", 1, 100), ("inf_loss", 2, 110), (flip, 3, 120), ("injected", 0, 130), ("spiky_loss", 1, 140),
+        (flip, 0, 160), (kill, 0, None), ("nan_loss", 3, 190)]
+missing = [w for w in want if not has(*w)]
+assert not missing, missing
+assert r["restarts"] >= 4 and r["steps_lost"] == 0, r
+PY
     ;;
 bad_spec)
     "$cohort" train "${tiny[@]}" --inject "nan@rank=9,step=2" >"$work/o" 2>&1
