@@ -506,6 +506,8 @@ int cli_train(int argc, char **argv) {
         }
         so.inject = &inj;
         so.restart = c.inprocess_restart;
+        so.quarantine_after = c.quarantine_after;
+        so.quarantine_window = c.quarantine_window;
         so.restart_limit = c.inprocess_restart_limit;
         so.restart_window_ms = (int)(c.inprocess_restart_window * 1000);
         so.soft_timeout_ms = (int)(c.inprocess_soft_timeout * 1000);

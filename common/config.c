@@ -203,6 +203,10 @@ static const flag flags[] = {
       "[cohort] at most this many restarts within --inprocess-restart-window; then the job stops (status 4)"),
     D("resilience", "inprocess-restart-window", inprocess_restart_window, "600",
       "[cohort] seconds over which --inprocess-restart-limit counts"),
+    I("resilience", "quarantine-after", quarantine_after, "2",
+      "[cohort] a rank the rerun state machine finds faulty this many times within --quarantine-window "
+      "iterations is killed and replaced (0: never)"),
+    L("resilience", "quarantine-window", quarantine_window, "1000", "[cohort] see --quarantine-after"),
     S("resilience", "run-report", run_report, NULL, NULL,
       "[cohort] JSON run report path (default: run_report.json in --save, if given)"),
     /* cohort */

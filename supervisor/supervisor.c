@@ -424,8 +424,11 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
     case COHORT__V1__ENVELOPE__BODY_LOSS_REPORT:
         if (s->val && !s->stopping && !s->restarting && e->generation == s->snd.generation) {
             char why[400];
-            int st = svv_on_report(s->val, w->index, e->loss_report, why, sizeof why);
+            int quarantine = -1;
+            int st = svv_on_report(s->val, w->index, e->loss_report, why, sizeof why, &quarantine);
             if (st > 0) begin_shutdown(s, st, why);
+            else if (quarantine >= 0 && s->restart_enabled && !s->w[quarantine].exited)
+                uv_process_kill(&s->w[quarantine].proc, SIGKILL); /* replaced by the restart its exit starts */
         }
         break;
     case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_ACK:
@@ -756,7 +759,8 @@ int sv_run(const sv_options *opt) {
         snprintf(job, sizeof job, "%016" PRIx64, s.snd.job_id);
         svv_options vo = {.rr = s.o.rerun, .tracker_file = s.o.tracker_file, .job = job,
                           .straggler_threshold = s.o.straggler_threshold > 0 ? s.o.straggler_threshold : 0.75,
-                          .inject = s.o.inject, .metrics = s.metrics};
+                          .inject = s.o.inject, .metrics = s.metrics, .quarantine_after = s.o.quarantine_after,
+                          .quarantine_window = s.o.quarantine_window};
         vo.rr.world = s.nw;
         if (svv_new(&s.val, &vo, send_to_rank, &s)) {
             fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());

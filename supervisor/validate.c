@@ -65,6 +65,8 @@ struct svv {
     int naccepts;
     double max_step_ms;
     int64_t resumed_at;           /* iteration the last restart resumed after (-1: none) */
+    int64_t *fault_iters;         /* [W][8] iterations of each rank's latest attributed faults */
+    int quarantined[64], nquar;
     int64_t lost_steps;
 };
 
@@ -82,7 +84,8 @@ int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
     v->worst = calloc((size_t)v->W, sizeof *v->worst);
     v->flagged = calloc((size_t)v->W, sizeof *v->flagged);
     v->low = calloc((size_t)v->W, sizeof *v->low);
-    if (!rc && (!v->p || !v->ema || !v->worst || !v->flagged || !v->low)) rc = CO_ENOMEM;
+    v->fault_iters = calloc((size_t)v->W * 8, sizeof *v->fault_iters);
+    if (!rc && (!v->p || !v->ema || !v->worst || !v->flagged || !v->low || !v->fault_iters)) rc = CO_ENOMEM;
     if (rc) {
         svv_destroy(&v);
         return rc;
@@ -103,6 +106,7 @@ void svv_destroy(svv **pv) {
     free(v->worst);
     free(v->flagged);
     free(v->low);
+    free(v->fault_iters);
     free(v->f);
     free(v);
     *pv = NULL;
@@ -207,11 +211,29 @@ static void score_stragglers(svv *v, int64_t iteration) {
     free(others);
 }
 
-static void take_events(svv *v, uint64_t now) {
+static void take_events(svv *v, uint64_t now, int *quarantine) {
     int n;
     const rr_event *ev = rr_events(v->rr, &n);
     for (; v->nev_seen < n; v->nev_seen++) {
         const rr_event *e = &ev[v->nev_seen];
+        if ((e->diagnosis == RR_DIAG_TRANSIENT || e->diagnosis == RR_DIAG_PERSISTENT) && v->o.quarantine_after > 0 &&
+            e->rank >= 0 && e->rank < v->W) {
+            /* faults attributed to this rank within the window: too many and it is replaced */
+            int64_t *h = v->fault_iters + (size_t)e->rank * 8;
+            int cnt = 1;
+            for (int k = 0; k < 8; k++)
+                if (h[k] > 0 && e->iteration - h[k] < v->o.quarantine_window) cnt++;
+            memmove(h + 1, h, sizeof *h * 7);
+            h[0] = e->iteration;
+            if (cnt >= v->o.quarantine_after && *quarantine < 0) {
+                *quarantine = e->rank;
+                memset(h, 0, sizeof *h * 8);
+                if (v->nquar < 64) v->quarantined[v->nquar++] = e->rank;
+                fprintf(stderr, "cohort supervisor: rank %d was found faulty %d times within %" PRId64
+                                " iterations: quarantined; its process is replaced\n", e->rank, cnt,
+                        v->o.quarantine_window);
+            }
+        }
         if (v->o.tracker_file && *v->o.tracker_file) {
             int rc = rr_tracker_append(v->o.tracker_file, e, v->o.job);
             if (rc) fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
@@ -230,7 +252,8 @@ static void take_events(svv *v, uint64_t now) {
     }
 }
 
-int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why, size_t n) {
+int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why, size_t n, int *quarantine) {
+    *quarantine = -1;
     if (rank < 0 || rank >= v->W || (int)lr->rank != rank) return 0;
     int64_t it = (int64_t)lr->iteration;
     int attempt = lr->has_attempt ? (int)lr->attempt : 0;
@@ -309,7 +332,7 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
     case RR_SKIP: v->skips++; break;
     default: break;
     }
-    take_events(v, now);
+    take_events(v, now, quarantine);
     if (vd.decision == RR_ACCEPT || vd.decision == RR_SKIP || vd.decision == RR_STOP) {
         for (int k = 0; k < v->nf; k++)
             if (v->f[k].open) {
@@ -351,6 +374,7 @@ int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status
         }
         for (int r = 0; r < v->W; r++)
             if (v->flagged[r]) fprintf(human, "  - straggler: rank %d, lowest score %.2f\n", r, v->worst[r]);
+        for (int k = 0; k < v->nquar; k++) fprintf(human, "  - quarantined and replaced: rank %d\n", v->quarantined[k]);
     }
     if (!json_path || !*json_path) return 0;
     json_t *o = json_object(), *fs = json_array(), *ss = json_array();
@@ -369,7 +393,9 @@ int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status
     json_object_set_new(o, "iterations_skipped", json_integer(v->skips));
     json_object_set_new(o, "restarts", json_integer(v->restarts));
     json_object_set_new(o, "steps_lost", json_integer(v->lost_steps));
-    json_object_set_new(o, "quarantined_ranks", json_array());
+    json_t *q = json_array();
+    for (int k = 0; k < v->nquar; k++) json_array_append_new(q, json_integer(v->quarantined[k]));
+    json_object_set_new(o, "quarantined_ranks", q);
     for (int k = 0; k < v->nf; k++) {
         const fault_rec *f = &v->f[k];
         json_t *j = json_object();

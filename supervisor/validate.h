@@ -23,14 +23,16 @@ typedef struct svv_options {
     double straggler_threshold;   /* --straggler-threshold (0.75) */
     fi_schedule *inject;          /* kill-supervisor faults */
     FILE *metrics;                /* straggler records (NULL: none) */
+    int quarantine_after;         /* faults attributed to one rank ... (0: never quarantine) */
+    int64_t quarantine_window;    /* ... within this many iterations quarantine it */
 } svv_options;
 
 int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx);
 void svv_destroy(svv **v);
 
 /* A rank's LossReport. Returns 0, or an exit status (> 0) when the verdict stops the job;
- * why then says why. */
-int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *r, char *why, size_t n);
+ * why then says why. *quarantine: a rank found faulty too often (to be replaced), or -1. */
+int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *r, char *why, size_t n, int *quarantine);
 /* An "event: ..." line a worker sent (an injected or repaired fault on that rank). */
 void svv_on_event(svv *v, int rank, const char *line);
 /* Another kind of fault the supervisor saw (a dead or silent rank): kind, rank, text. */

@@ -226,6 +226,19 @@ crash_loop)
         fail "$(grep supervisor "$work/f.err")"
     grep -q '"restarts": 3' "$work/f.report.json" || fail "$(grep restarts "$work/f.report.json")"
     ;;
+quarantine)
+    # a rank found faulty twice within --quarantine-window is killed and replaced
+    clean
+    run f --inject "nan@rank=2,step=3" --inject "inf@rank=2,step=6" $quick
+    expect_rc f 0
+    expect_same f
+    grep -q "rank 2 was found faulty 2 times within 1000 iterations: quarantined" "$work/f.err" ||
+        fail "$(grep supervisor "$work/f.err")"
+    grep -q '"quarantined_ranks": \[\s*2\s*\]' "$work/f.report.json" ||
+        /usr/bin/python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['quarantined_ranks'] == [2]" \
+            "$work/f.report.json" || fail "not in the report"
+    expect_fault f "killed" 2 rank_failure
+    ;;
 kill_supervisor)
     # the supervisor dies: the workers stop on their own (no orphan trains headless), the
     # last checkpoint is intact, and the job resumes from it to the fault-free result
@@ -260,7 +273,7 @@ chaos)
             nan@rank=3,step=190,microbatch=1)
     args=()
     for f in "${faults[@]}"; do args+=(--inject "$f"); done
-    run f "${chaos_iters[@]}" "${args[@]}" $quick --save "$work/f.ckpt" --save-interval 1000
+    run f "${chaos_iters[@]}" "${args[@]}" $quick --save "$work/f.ckpt" --save-interval 1000 --inprocess-restart-limit 20
     expect_rc f 0
     "$cohort" ckpt diff "$work/clean.ckpt/iter_0000200" "$work/f.ckpt/iter_0000200" >"$work/diff" ||
         fail "parameters or optimizer state differ from the fault-free run: $(head "$work/diff")"
@@ -280,6 +293,8 @@ want = [(kill, 1, 20), ("nan_loss", 0, 30), ("hang", 2, 45), ("injected", 2, 60)
 missing = [w for w in want if not has(*w)]
 assert not missing, missing
 assert r["restarts"] >= 4 and r["steps_lost"] == 0, r
+# ranks 0, 1 and 3 are found faulty twice within 1000 iterations: quarantined and replaced
+assert sorted(r["quarantined_ranks"]) == [0, 1, 3], r["quarantined_ranks"]
 PY
     ;;
 bad_spec)
