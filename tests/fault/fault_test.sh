@@ -142,9 +142,11 @@ slow)
     /usr/bin/python3 - "$work/f.report.json" <<'PY' || fail "straggler not reported: $(cat "$work/f.report.json")"
 import json, sys
 r = json.load(open(sys.argv[1]))
-s = r["stragglers"]
-assert [x["rank"] for x in s] == [2], s
-assert s[0]["lowest_score"] < 0.75, s
+s = {x["rank"]: x["lowest_score"] for x in r["stragglers"]}
+# rank 2 is ~30x slower; on a loaded 2-core machine another rank may dip below the
+# threshold for a while too, but never that far
+assert 2 in s and s[2] < 0.2, s
+assert all(v > s[2] for k, v in s.items() if k != 2), s
 PY
     grep -q '"event":"straggler".*"rank":2' "$work/f.jsonl" || fail "straggler not in the metrics"
     ;;
