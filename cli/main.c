@@ -13,6 +13,7 @@ static void usage(FILE *f) {
           "  data         Megatron-format data: preprocess (JSONL -> .bin/.idx with GPT-2 BPE),\n"
           "               inspect, verify, order (a split's sample order), tokenize\n"
           "  ckpt         checkpoint tools: ls, inspect, verify, diff, convert, prune\n"
+          "  inject       inject a fault into a running job (the syntax of train --inject)\n"
           "  keygen       write a job secret: keygen --output FILE\n"
           "  version      print the version\n"
           "  help         this text\n"
@@ -31,6 +32,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "data")) return cli_data(argc - 2, argv + 2);
     if (!strcmp(cmd, "ckpt")) return cli_ckpt(argc - 2, argv + 2);
     if (!strcmp(cmd, "keygen")) return cli_keygen(argc - 2, argv + 2);
+    if (!strcmp(cmd, "inject")) return cli_inject(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         puts("cohort " COHORT_VERSION);
         return 0;

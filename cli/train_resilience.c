@@ -127,6 +127,23 @@ int cli_resil_new(cli_resil **out, const co_config *c, sv_link *link, int rank, 
     return 0;
 }
 
+/* After every iteration: faults `cohort inject` sent join the schedule. */
+static int pull_injections(trainer *t, void *ctx, bool final, train_end why) {
+    (void)t;
+    (void)why;
+    cli_resil *x = ctx;
+    if (final) return 0;
+    char *specs[16];
+    int n = sv_link_take_injections(x->link, specs, 16);
+    for (int i = 0; i < n; i++) {
+        char err[600];
+        if (fi_schedule_add(&x->inj, specs[i], (uint64_t)x->c.inject_seed, x->world, x->c.train_iters, err, sizeof err))
+            fprintf(stderr, "cohort rank %d: %s\n", x->rank, err);
+        free(specs[i]);
+    }
+    return 0;
+}
+
 void cli_resil_attach(cli_resil *x, trainer *t, FILE *log) {
     if (x->nskips) {
         trainer_set_skips(t, x->skips, x->nskips);
@@ -134,8 +151,9 @@ void cli_resil_attach(cli_resil *x, trainer *t, FILE *log) {
             fprintf(log, "cohort: skipping %d iteration(s) that %s shows failing reproducibly\n",
                     x->nskips - x->c.n_iterations_to_skip, x->c.result_rejected_tracker_filename);
     }
-    if (x->inj.n) trainer_set_injector(t, &x->inj);
+    trainer_set_injector(t, &x->inj);
     if (x->link) {
+        trainer_set_hook(t, pull_injections, x);
         trainer_set_event_sink(t, link_event, x);
         if (strcmp(x->c.rerun_mode, "disabled")) {
             trainer_validator v = {.report = link_report, .verdict = link_verdict, .ctx = x};

@@ -162,6 +162,18 @@ int fi_schedule_parse(fi_schedule *s, char *const *specs, int nspecs, uint64_t s
     return 0;
 }
 
+int fi_schedule_add(fi_schedule *s, const char *spec, uint64_t seed, int world, int64_t train_iters, char *err,
+                    size_t errlen) {
+    fi_fault f;
+    int rc = parse_one(spec, s->n, seed, world, train_iters, &f, err, errlen);
+    if (rc) return rc;
+    fi_fault *nf = realloc(s->f, sizeof *nf * (size_t)(s->n + 1));
+    if (!nf) return CO_ENOMEM;
+    s->f = nf;
+    s->f[s->n++] = f;
+    return 0;
+}
+
 void fi_schedule_free(fi_schedule *s) {
     free(s->f);
     s->f = NULL;

@@ -58,6 +58,9 @@ typedef struct fi_schedule {
  * On error: CO_EINVAL and one message naming the spec in err. */
 int fi_schedule_parse(fi_schedule *s, char *const *specs, int nspecs, uint64_t seed, int world, int64_t train_iters,
                       char *err, size_t errlen);
+/* Adds one more (`cohort inject` against a running job). */
+int fi_schedule_add(fi_schedule *s, const char *spec, uint64_t seed, int world, int64_t train_iters, char *err,
+                    size_t errlen);
 void fi_schedule_free(fi_schedule *s);
 
 /* The natural phase of a kind (where it fires when phase= is not given). */

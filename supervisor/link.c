@@ -41,6 +41,8 @@ struct sv_link {
     ac_timer *hb;
     pw_stats stats;
     FILE *log, *metrics;
+    char *inject[16];                  /* specs from `cohort inject`, under mu */
+    int ninject;
     /* in-process restart (sv_link_await_restart), under mu */
     volatile sig_atomic_t *abort_flag; /* NULL: restart disabled, an Abort stops the worker */
     uint64_t pending_gen;              /* the newest Abort's generation */
@@ -201,6 +203,14 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         break;
     case COHORT__V1__ENVELOPE__BODY_ABORT: take_abort(l, e->abort); break;
     case COHORT__V1__ENVELOPE__BODY_RESTART: take_restart(l, e->restart); break;
+    case COHORT__V1__ENVELOPE__BODY_INJECT_FAULT: /* `cohort inject`, through the supervisor */
+        for (size_t i = 0; i < e->inject_fault->n_params; i++)
+            if (!strcmp(e->inject_fault->params[i]->key, "spec")) {
+                pthread_mutex_lock(&l->mu);
+                if (l->ninject < 16 && (l->inject[l->ninject] = strdup(e->inject_fault->params[i]->value))) l->ninject++;
+                pthread_mutex_unlock(&l->mu);
+            }
+        break;
     case COHORT__V1__ENVELOPE__BODY_VERDICT: take_verdict(l, e->verdict); break;
     case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_COMMAND: /* the supervisor's COMMIT or ABORT */
         pthread_mutex_lock(&l->mu);
@@ -540,6 +550,7 @@ void sv_link_close(sv_link **pl) {
     }
     ac_actor_stop(&l->a);
     free_round(l);
+    for (int i = 0; i < l->ninject; i++) free(l->inject[i]);
     sv_assignment_free(&l->asg);
     sv_assignment_free(&l->restart_asg);
     pthread_mutex_destroy(&l->mu);
@@ -896,4 +907,14 @@ bool sv_link_await_abort(sv_link *l, int code, const char *what, int timeout_ms)
     }
     pthread_mutex_unlock(&l->mu);
     return pending;
+}
+
+int sv_link_take_injections(sv_link *l, char **specs, int cap) {
+    pthread_mutex_lock(&l->mu);
+    int n = l->ninject < cap ? l->ninject : cap;
+    memcpy(specs, l->inject, sizeof *specs * (size_t)n);
+    memmove(l->inject, l->inject + n, sizeof *l->inject * (size_t)(l->ninject - n));
+    l->ninject -= n;
+    pthread_mutex_unlock(&l->mu);
+    return n;
 }

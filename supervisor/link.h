@@ -96,6 +96,8 @@ int sv_link_report(sv_link *l, const struct rr_report *r, const double *phase_ms
  * second, never the job). CO_EABORTED when the job is aborted or the worker is stopping
  * and no verdict comes within 3 s; CO_ETIMEOUT after timeout_ms (< 0: none). */
 int sv_link_verdict(sv_link *l, int64_t iteration, int attempt, struct rr_verdict *v, int timeout_ms);
+/* Faults `cohort inject` sent since the last call (specs, malloc'd: the caller frees). */
+int sv_link_take_injections(sv_link *l, char **specs, int cap);
 /* One line for the supervisor's run report and log (a fault injected or repaired here). */
 void sv_link_event(sv_link *l, const char *line);
 

@@ -359,9 +359,64 @@ static void check_restart_done(sv *s) {
     send_assignments(s, M, src);
 }
 
+/* `cohort inject` against this job: checks the spec, forwards it to the workers (or keeps
+ * a kill-supervisor), and answers with one line: "ok: ..." or "error: ...". */
+static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *msg) {
+    char out[900];
+    const char *spec = NULL;
+    if (msg && msg->env->body_case == COHORT__V1__ENVELOPE__BODY_INJECT_FAULT)
+        for (size_t i = 0; i < msg->env->inject_fault->n_params; i++)
+            if (!strcmp(msg->env->inject_fault->params[i]->key, "spec")) spec = msg->env->inject_fault->params[i]->value;
+    int64_t cur = 0;
+    for (int i = 0; i < s->nw; i++)
+        if ((int64_t)s->w[i].iteration > cur) cur = (int64_t)s->w[i].iteration;
+    if (s->val && svv_current_iteration(s->val) > cur) cur = svv_current_iteration(s->val);
+    fi_schedule one = {0};
+    char err[600];
+    if (!spec) {
+        snprintf(out, sizeof out, "error: not an injection request");
+    } else if (!s->assigned || s->stopping || s->agent) {
+        snprintf(out, sizeof out, "error: the job is %s", s->stopping ? "stopping" : "not running yet");
+    } else if (fi_schedule_add(&one, spec, (uint64_t)sv__now_ms(), s->nw, INT64_MAX / 4, err, sizeof err)) {
+        snprintf(out, sizeof out, "error: %s", err);
+    } else if (one.f[0].step <= cur + 1) {
+        snprintf(out, sizeof out, "error: step %lld is too soon: the job is at iteration %lld (give step >= %lld)",
+                 (long long)one.f[0].step, (long long)cur, (long long)cur + 2);
+    } else {
+        if (one.f[0].kind == FI_KILL_SUPERVISOR) {
+            if (!s->o.inject || fi_schedule_add(s->o.inject, spec, 0, s->nw, INT64_MAX / 4, err, sizeof err))
+                snprintf(out, sizeof out, "error: cannot keep it");
+        } else {
+            Cohort__V1__Param pm = COHORT__V1__PARAM__INIT, *pp = &pm;
+            pm.key = "spec";
+            pm.value = (char *)spec;
+            Cohort__V1__InjectFault inj = COHORT__V1__INJECT_FAULT__INIT;
+            inj.target_rank = one.f[0].rank;
+            inj.has_iteration = 1;
+            inj.iteration = (uint64_t)one.f[0].step;
+            inj.n_params = 1;
+            inj.params = &pp;
+            for (int i = 0; i < s->nw; i++)
+                if (s->w[i].registered && !s->w[i].exited) sv__send(s->mb, s->w[i].identity, &s->snd, &inj.base);
+        }
+        char line[700];
+        snprintf(line, sizeof line, "inject: %s (cohort inject), requested at iteration %lld", spec, (long long)cur);
+        fprintf(stderr, "cohort supervisor: %s\n", line);
+        if (s->val) svv_on_event(s->val, one.f[0].rank, line);
+        snprintf(out, sizeof out, "ok: %s (the job is at iteration %lld)", spec, (long long)cur);
+    }
+    fi_schedule_free(&one);
+    if (m->request_id) ac_reply(mb, m, out, strlen(out));
+}
+
 static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
     sv *s = ctx;
     pw_msg *msg = sv__decode(m, s->snd.job_id, 0, &s->stats);
+    if (m->peer && !strncmp(m->peer, "inject-", 7)) {
+        handle_inject(s, mb, m, msg);
+        pw_msg_free(&msg);
+        return;
+    }
     if (m->request_id) ac_reply(mb, m, "", 0); /* a worker's goodbye: its earlier messages are in */
     if (!msg) return;
     Cohort__V1__Envelope *e = msg->env;
@@ -659,6 +714,16 @@ static int sv_on_start(ac_actor *a, void *ctx) {
         snprintf(id, sizeof id, "agent%d", s->o.node_rank);
         snprintf(s->endpoint, sizeof s->endpoint, "tcp://%s:%d", s->o.master_addr, s->o.master_port);
         if (!rc) rc = ac_mailbox_connect(a, s->endpoint, id, &mo, &s->mb);
+    }
+    if (!rc && !s->agent) {
+        /* how `cohort inject` finds this job: <ipc dir>/job */
+        char path[400];
+        snprintf(path, sizeof path, "%s/job", s->ipc_dir);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "pid=%d\nendpoint=%s\njob=%" PRIx64 "\n", (int)getpid(), s->endpoint, s->snd.job_id);
+            fclose(f);
+        }
     }
     for (int i = 0; !rc && i < s->nw; i++) {
         worker *w = &s->w[i];

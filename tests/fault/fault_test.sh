@@ -241,6 +241,27 @@ quarantine)
             "$work/f.report.json" || fail "not in the report"
     expect_fault f "killed" 2 rank_failure
     ;;
+inject_cli)
+    # `cohort inject` against a running job: refused specs say why, an accepted kill
+    # restarts the job like --inject does
+    "$cohort" train "${tiny[@]}" --train-iters 400 --metrics-file "$work/f.jsonl" \
+        --run-report "$work/f.report.json" $quick >"$work/f.out" 2>"$work/f.err" &
+    job=$!
+    for _ in $(seq 300); do [ "$(grep -c grad_norm "$work/f.jsonl" 2>/dev/null)" -ge 5 ] && break; sleep 0.1; done
+    "$cohort" inject --pid $job "nan@rank=7,step=900" >"$work/i1" 2>&1; r1=$?
+    "$cohort" inject --pid $job "nan@rank=0,step=1" >"$work/i2" 2>&1; r2=$?
+    "$cohort" inject --pid 1 "nan@rank=0,step=1" >"$work/i3" 2>&1; r3=$?
+    at=$(( $(grep -c grad_norm "$work/f.jsonl") + 40 ))
+    "$cohort" inject --pid $job --json "kill@rank=1,step=$at" >"$work/i4" 2>&1; r4=$?
+    wait $job; rc=$?
+    [ $r1 -eq 1 ] && grep -q "rank '7' is not in 0..3" "$work/i1" || fail "bad rank: $r1 $(cat "$work/i1")"
+    [ $r2 -eq 1 ] && grep -q "step 1 is too soon" "$work/i2" || fail "past step: $r2 $(cat "$work/i2")"
+    [ $r3 -eq 2 ] && grep -q "no running cohort job with supervisor pid 1" "$work/i3" || fail "no job: $(cat "$work/i3")"
+    [ $r4 -eq 0 ] && grep -q '"ok":true' "$work/i4" || fail "kill refused: $r4 $(cat "$work/i4")"
+    expect_rc f 0
+    expect_fault f killed 1 rank_failure
+    grep -q "inject: kill@rank=1,step=$at (cohort inject)" "$work/f.report.json" || fail "not in the report"
+    ;;
 kill_supervisor)
     # the supervisor dies: the workers stop on their own (no orphan trains headless), the
     # last checkpoint is intact, and the job resumes from it to the fault-free result

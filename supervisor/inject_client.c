@@ -1,0 +1,139 @@
+/* inject_client.c - `cohort inject`'s side: finds a running job's supervisor (the `job`
+ * file in its private ipc directory), sends it an InjectFault request and waits for the
+ * one-line answer (supervisor.c handle_inject). */
+#include "supervisor/inject_client.h"
+
+#include "actors/actor.h"
+#include "common/error.h"
+#include "supervisor/msg.h"
+
+#include <errno.h>
+#include <glob.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int read_job(const char *path, sv_job *j) {
+    FILE *f = fopen(path, "r");
+    if (!f) return CO_ENOENT;
+    char line[600];
+    memset(j, 0, sizeof *j);
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (!strncmp(line, "pid=", 4)) j->pid = atoi(line + 4);
+        else if (!strncmp(line, "endpoint=", 9)) snprintf(j->endpoint, sizeof j->endpoint, "%.399s", line + 9);
+        else if (!strncmp(line, "job=", 4)) j->job_id = strtoull(line + 4, NULL, 16);
+    }
+    fclose(f);
+    return j->pid > 0 && j->endpoint[0] && j->job_id ? 0 : CO_EFORMAT;
+}
+
+int sv_find_jobs(sv_job *jobs, int cap, int *n) {
+    *n = 0;
+    char pat[2][400];
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    snprintf(pat[0], sizeof pat[0], "%s/cohort-*/job", xdg && *xdg ? xdg : "/nonexistent");
+    snprintf(pat[1], sizeof pat[1], "/tmp/cohort-%u-*/job", (unsigned)geteuid());
+    for (int k = 0; k < 2; k++) {
+        glob_t g;
+        if (glob(pat[k], 0, NULL, &g)) continue;
+        for (size_t i = 0; i < g.gl_pathc && *n < cap; i++) {
+            struct stat st;
+            if (stat(g.gl_pathv[i], &st) || st.st_uid != geteuid()) continue;
+            sv_job j;
+            if (read_job(g.gl_pathv[i], &j)) continue;
+            if (kill(j.pid, 0) && errno == ESRCH) continue; /* a job that ended without cleaning up */
+            jobs[(*n)++] = j;
+        }
+        globfree(&g);
+    }
+    return 0;
+}
+
+typedef struct req {
+    const sv_job *job;
+    const char *spec;
+    int timeout_ms;
+    ac_mailbox *mb;
+    sv__sender snd;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status;
+    char answer[1000];
+} req;
+
+static void on_reply(ac_mailbox *mb, int status, const ac_msg *reply, void *ctx) {
+    (void)mb;
+    req *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    r->status = status;
+    if (!status && reply) {
+        size_t n = reply->len < sizeof r->answer - 1 ? reply->len : sizeof r->answer - 1;
+        memcpy(r->answer, reply->data, n);
+        r->answer[n] = '\0';
+    }
+    r->done = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
+    (void)mb;
+    (void)m;
+    (void)ctx; /* nothing but replies is expected */
+}
+
+static int client_start(ac_actor *a, void *ctx) {
+    req *r = ctx;
+    ac_mailbox_opts mo;
+    memset(&mo, 0, sizeof mo);
+    mo.on_message = on_message;
+    mo.ctx = r;
+    char id[48];
+    snprintf(id, sizeof id, "inject-%d", (int)getpid());
+    int rc = ac_mailbox_connect(a, r->job->endpoint, id, &mo, &r->mb);
+    if (rc) return rc;
+    Cohort__V1__Param pm = COHORT__V1__PARAM__INIT, *pp = &pm;
+    pm.key = "spec";
+    pm.value = (char *)r->spec;
+    Cohort__V1__InjectFault inj = COHORT__V1__INJECT_FAULT__INIT;
+    inj.kind = COHORT__V1__FAULT_KIND__FAULT_UNKNOWN;
+    inj.target_rank = -1;
+    inj.n_params = 1;
+    inj.params = &pp;
+    return sv__request(r->mb, NULL, &r->snd, &inj.base, r->timeout_ms, on_reply, r);
+}
+
+int sv_inject(const sv_job *job, const char *spec, int timeout_ms, char *answer, size_t n) {
+    req r;
+    memset(&r, 0, sizeof r);
+    r.job = job;
+    r.spec = spec;
+    r.timeout_ms = timeout_ms;
+    r.snd.job_id = job->job_id;
+    r.snd.sender = PW_SENDER_UNASSIGNED;
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_cond_init(&r.cv, NULL);
+    ac_actor *a = NULL;
+    ac_actor_opts ao = {.name = "inject", .on_start = client_start, .ctx = &r};
+    int rc = ac_actor_start(&ao, &a);
+    if (!rc) {
+        pthread_mutex_lock(&r.mu);
+        while (!r.done) pthread_cond_wait(&r.cv, &r.mu); /* the request's own timeout ends it */
+        rc = r.status;
+        pthread_mutex_unlock(&r.mu);
+    }
+    ac_actor_stop(&a);
+    pthread_mutex_destroy(&r.mu);
+    pthread_cond_destroy(&r.cv);
+    if (rc) return co_err_set(rc, "no answer from the supervisor at %s (pid %d)", job->endpoint, job->pid);
+    snprintf(answer, n, "%s", r.answer);
+    return 0;
+}

@@ -1,0 +1,21 @@
+/* inject_client.h - `cohort inject`: a running job's supervisor, found and asked to inject a
+ * fault (the same KIND@rank=R,step=S,... syntax as --inject; resilience/inject.h). */
+#ifndef COHORT_SUPERVISOR_INJECT_CLIENT_H
+#define COHORT_SUPERVISOR_INJECT_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct sv_job {
+    int pid;            /* the supervisor's */
+    char endpoint[400]; /* its control endpoint */
+    uint64_t job_id;
+} sv_job;
+
+/* This user's running jobs on this machine (up to cap). */
+int sv_find_jobs(sv_job *jobs, int cap, int *n);
+/* Sends spec; answer gets the supervisor's line ("ok: ..." or "error: ..."). CO_ETIMEOUT
+ * when it did not answer within timeout_ms. */
+int sv_inject(const sv_job *job, const char *spec, int timeout_ms, char *answer, size_t n);
+
+#endif
