@@ -1,27 +1,31 @@
 /* load.c - checkpoint loading and verification: each shard file is read once, front to
  * back, hashed as it is read, its header checked against the manifest, and every piece
- * copied into place in the global tensors whatever the layout on disk (see ckpt.h). */
+ * read into place in the global tensors whatever the layout on disk (see ckpt.h); the
+ * files' chunks are shared among a few threads (see "reading shard files" below). */
 #include "checkpoint/ckpt.h"
 
+#include "checkpoint/store.h"
 #include "common/error.h"
+#include "common/fsutil.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-#define SCRATCH (8u << 20)
+#include <sys/uio.h>
+#include <unistd.h>
+/* XXH3 compiled here, for this build's CPU (AVX-512 or AVX2 with -march=native), rather than
+ * the shared library's baseline SSE2 build */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 static int64_t numel_of(int ndim, const int64_t *shape) {
     int64_t p = 1;
     for (int d = 0; d < ndim; d++) p *= shape[d];
     return p;
-}
-
-static int fail(ck_bad *bad, ck_bad kind, int rc) {
-    if (bad) *bad = kind;
-    return rc;
 }
 
 static ck_bad bad_of(int rc) {
@@ -65,49 +69,216 @@ typedef struct piece {
     int tensor, slice;
 } piece;
 
-/* Reads file fi whole, verifying it, and places the pieces of tensors with dst[tensor]. */
-static int process_file(const char *dir, const ck_manifest *m, int fi, float *const *dst, ck_bad *bad) {
-    const ck_mfile *f = &m->files[fi];
+/* ---- reading shard files ----------------------------------------------------------------
+ * A file is read with pread(2) in chunks of CHUNK bytes straight into the destination
+ * tensors, and each chunk is hashed right after it lands, while it is still in this core's
+ * cache: one pass, no intermediate buffer. Only pieces that are not one contiguous range of
+ * their tensor (column slices) go through a staging buffer and are scattered, and bytes
+ * with no destination (tensors not asked for, ck_verify) through a small scratch buffer.
+ *
+ * Several threads share the work (up to the online CPUs, at most MAX_THREADS): each file's
+ * XXH3-128 is one sequential stream, so one thread (the file's hasher) hashes a file, in
+ * order; but any thread may read chunks that land in a tensor ahead of the hasher (claimed
+ * in file order, so the file is still read front to back), and the hasher then only hashes
+ * them. A thread with no file of its own left helps the others that way. Nothing is used
+ * before the whole file's hash matched the manifest: the caller gets an error otherwise.
+ *
+ * A warm file costs one kernel copy per byte (page cache to tensor) and one hash pass over
+ * bytes still in cache; XXH3 is compiled inline for this CPU. A cold file is noticed by a
+ * read that would block (RWF_NOWAIT), which then asks the kernel for RA_WINDOW bytes ahead,
+ * so the disk sees large requests however small the chunks are.
+ *
+ * Tuning and test knobs: COHORT_CKPT_LOAD_THREADS (1 = all on the calling thread),
+ * COHORT_CKPT_LOAD_CHUNK (bytes; tiny values make the tests exercise the sharing). */
+
+#define CHUNK_DEFAULT (256u << 10)
+#define MAX_THREADS 4
+
+enum { K_DIRECT, K_SCATTER, K_SKIP };         /* where a chunk's bytes go */
+enum { S_NEW, S_READING, S_DONE, S_FAILED };  /* a chunk's state */
+
+typedef struct chunk {
+    uint64_t off;        /* in the file */
+    size_t len;
+    char *dst;           /* K_DIRECT: into the tensor */
+    int kind, entry;     /* K_SCATTER/K_SKIP: the header entry */
+    uint64_t in_entry;   /* offset inside the entry */
+} chunk;
+
+typedef struct lfile {
+    int fi;
     char path[4400];
-    snprintf(path, sizeof path, "%s/%s", dir, f->name);
-    ck_file cf;
+    int fd;
     uint64_t size;
-    int rc = ck_file_open(&cf, path, &size);
-    if (rc) return fail(bad, rc == CO_ENOENT ? CK_BAD_INCOMPLETE : CK_BAD_IO,
-                        rc == CO_ENOENT ? co_err_set(CO_ENOENT, "%s: missing (the manifest lists it)", path) : rc);
-    if (size != f->size) {
-        ck_file_close(&cf, NULL);
-        return fail(bad, CK_BAD_INCOMPLETE,
-                    co_err_set(CO_EFORMAT, "%s: %" PRIu64 " bytes, the manifest says %" PRIu64 " (%s)", path, size, f->size,
-                               size < f->size ? "truncated" : "grown"));
+    ck_st_header *h;
+    piece *pc;
+    chunk *c;
+    unsigned char *st;
+    int nc;
+    int next_claim;      /* chunks before it are claimed (being read or read) */
+    int next_hash;       /* chunks before it are hashed */
+    uint64_t ra_end;     /* readahead asked up to here (atomic) */
+    bool ready;          /* prepared: data to read */
+    bool owned, finished;
+    XXH3_state_t *hash;
+    int rc;              /* the first failure, with its sentence */
+    ck_bad bad;
+    char detail[1024];
+} lfile;
+
+typedef struct loader {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int waiting;
+    lfile *f;
+    int nf, next_file;
+    size_t chunk;
+    const ck_manifest *m;
+    float *const *dst;
+} loader;
+
+/* Records a failure of f from this thread's co_err_detail() (the first one wins). */
+static void record(lfile *f, int rc, ck_bad kind) {
+    if (f->rc) return;
+    f->rc = rc;
+    f->bad = kind;
+    snprintf(f->detail, sizeof f->detail, "%s", co_err_detail());
+}
+
+/* Bytes read ahead of a reader that found its data not in the page cache (a cold load):
+ * small reads would leave the disk with requests of read_ahead_kb each. */
+#define RA_WINDOW (32u << 20)
+
+static int nowait_ok = 1; /* preadv2(RWF_NOWAIT) works here (atomic) */
+
+/* pread, but a read that would wait for the disk first asks for RA_WINDOW bytes ahead of
+ * it: a warm file is read at no extra cost, a cold one in large requests. */
+static ssize_t pread_ra(lfile *f, void *buf, size_t len, uint64_t off) {
+#ifdef RWF_NOWAIT
+    if (__atomic_load_n(&nowait_ok, __ATOMIC_RELAXED)) {
+        struct iovec iov = {buf, len};
+        ssize_t r = preadv2(f->fd, &iov, 1, (off_t)off, RWF_NOWAIT);
+        if (r > 0) return r;
+        if (r < 0 && errno != EAGAIN) {
+            if (errno != EINTR) __atomic_store_n(&nowait_ok, 0, __ATOMIC_RELAXED); /* EOPNOTSUPP, EINVAL: not here */
+        } else if (r < 0) {
+            uint64_t end = __atomic_load_n(&f->ra_end, __ATOMIC_RELAXED);
+            if (off + len + RA_WINDOW / 2 > end) {
+                uint64_t from = end > off ? end : off;
+                readahead(f->fd, (off64_t)from, RA_WINDOW);
+                __atomic_store_n(&f->ra_end, from + RA_WINDOW, __ATOMIC_RELAXED);
+            }
+        }
+        /* r == 0: the end of the file, or nothing cached; the plain read tells */
     }
+#endif
+    return pread(f->fd, buf, len, (off_t)off);
+}
+
+static int pread_full(lfile *f, void *buf, size_t len, uint64_t off) {
+    char *p = buf;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t r = pread_ra(f, p + done, len - done, off + done);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            return co_err_set(fs_errno_code(e), "reading %s at byte %" PRIu64 ": %s", f->path, off + done, strerror(e));
+        }
+        if (r == 0) return co_err_set(CO_EFORMAT, "%s: truncated: ends at byte %" PRIu64, f->path, off + done);
+        done += (size_t)r;
+    }
+    return 0;
+}
+
+static void lfile_free(lfile *f) {
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
+    if (f->hash) XXH3_freeState(f->hash);
+    f->hash = NULL;
+    ck_st_header_free(&f->h);
+    free(f->pc);
+    free(f->c);
+    free(f->st);
+    f->pc = NULL;
+    f->c = NULL;
+    f->st = NULL;
+}
+
+/* Opens file fi, checks its size, reads, hashes and checks its header against the manifest
+ * and cuts its data into chunks. Returns 0, or the failure (recorded in f). */
+static int prepare(loader *L, lfile *f, const char *dir, int fi) {
+    const ck_manifest *m = L->m;
+    const ck_mfile *mf = &m->files[fi];
+    f->fi = fi;
+    f->fd = -1;
+    snprintf(f->path, sizeof f->path, "%s/%s", dir, mf->name);
+    const char *path = f->path;
+    int rc;
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0) {
+        int e = errno;
+        if (e == ENOENT) rc = co_err_set(CO_ENOENT, "%s: missing (the manifest lists it)", path);
+        else rc = co_err_set(fs_errno_code(e), "opening %s: %s", path, strerror(e));
+        record(f, rc, e == ENOENT ? CK_BAD_INCOMPLETE : CK_BAD_IO);
+        return rc;
+    }
+    struct stat sb;
+    if (fstat(f->fd, &sb)) {
+        int e = errno;
+        rc = co_err_set(fs_errno_code(e), "stat of %s: %s", path, strerror(e));
+        record(f, rc, CK_BAD_IO);
+        return rc;
+    }
+    f->size = (uint64_t)sb.st_size;
+    if (f->size != mf->size) {
+        rc = co_err_set(CO_EFORMAT, "%s: %" PRIu64 " bytes, the manifest says %" PRIu64 " (%s)", path, f->size, mf->size,
+                        f->size < mf->size ? "truncated" : "grown");
+        record(f, rc, CK_BAD_INCOMPLETE);
+        return rc;
+    }
+    posix_fadvise(f->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    f->hash = XXH3_createState();
+    if (!f->hash) {
+        rc = co_err_set(CO_ENOMEM, "%s: out of memory", path);
+        record(f, rc, CK_BAD_IO);
+        return rc;
+    }
+    XXH3_128bits_reset(f->hash);
     uint8_t lenbuf[8];
     uint64_t jl = 0;
-    rc = ck_file_read(&cf, lenbuf, 8);
-    if (!rc) rc = ck_st_header_len(lenbuf, 8, size, &jl);
+    rc = pread_full(f, lenbuf, 8, 0);
+    if (!rc) rc = ck_st_header_len(lenbuf, 8, f->size, &jl);
     if (rc) {
-        ck_file_close(&cf, NULL);
-        return fail(bad, CK_BAD_FORMAT, ck_err_wrap(CO_EFORMAT, "%s", path));
+        rc = ck_err_wrap(CO_EFORMAT, "%s", path);
+        record(f, rc, CK_BAD_FORMAT);
+        return rc;
     }
     char *hbuf = malloc(8 + jl);
     if (!hbuf) {
-        ck_file_close(&cf, NULL);
-        return fail(bad, CK_BAD_IO, co_err_set(CO_ENOMEM, "%s: out of memory", path));
+        rc = co_err_set(CO_ENOMEM, "%s: out of memory", path);
+        record(f, rc, CK_BAD_IO);
+        return rc;
     }
     memcpy(hbuf, lenbuf, 8);
-    rc = ck_file_read(&cf, hbuf + 8, jl);
-    ck_st_header *h = NULL;
-    if (!rc) rc = ck_st_parse(hbuf, 8 + jl, size, path, &h);
+    rc = pread_full(f, hbuf + 8, jl, 8);
+    if (!rc) rc = ck_st_parse(hbuf, 8 + jl, f->size, path, &f->h);
+    if (!rc) XXH3_128bits_update(f->hash, hbuf, 8 + jl);
     free(hbuf);
     if (rc) {
-        ck_file_close(&cf, NULL);
-        return fail(bad, CK_BAD_FORMAT, rc);
+        record(f, rc, CK_BAD_FORMAT);
+        return rc;
     }
+    ck_st_header *h = f->h;
     /* every header entry is a piece the manifest places in this file, and vice versa */
-    piece *pc = calloc((size_t)(h->n ? h->n : 1), sizeof *pc);
-    if (!pc) rc = fail(bad, CK_BAD_IO, co_err_set(CO_ENOMEM, "%s: out of memory", path));
+    f->pc = calloc((size_t)(h->n ? h->n : 1), sizeof *f->pc);
+    if (!f->pc) {
+        rc = co_err_set(CO_ENOMEM, "%s: out of memory", path);
+        record(f, rc, CK_BAD_IO);
+        return rc;
+    }
     int listed = 0;
-    for (int e = 0; e < h->n && !rc; e++) pc[e].tensor = -1;
+    for (int e = 0; e < h->n; e++) f->pc[e].tensor = -1;
     for (int i = 0; i < m->ntensors && !rc; i++) {
         const ck_mtensor *t = &m->tensors[i];
         for (int k = 0; k < t->nslices && !rc; k++) {
@@ -116,7 +287,7 @@ static int process_file(const char *dir, const ck_manifest *m, int fi, float *co
             listed++;
             const ck_st_entry *en = ck_st_find(h, s->key);
             if (!en) {
-                rc = fail(bad, CK_BAD_FORMAT, co_err_set(CO_EFORMAT, "%s: lacks tensor %s (manifest: piece of %s)", path, s->key, t->name));
+                rc = co_err_set(CO_EFORMAT, "%s: lacks tensor %s (manifest: piece of %s)", path, s->key, t->name);
                 break;
             }
             int64_t want_shape[CK_MAX_DIMS];
@@ -130,82 +301,274 @@ static int process_file(const char *dir, const ck_manifest *m, int fi, float *co
             bool same = en->dtype == t->dtype && en->ndim == want_nd;
             for (int d = 0; same && d < want_nd; d++) same = en->shape[d] == want_shape[d];
             if (!same) {
-                rc = fail(bad, CK_BAD_FORMAT,
-                          co_err_set(CO_EFORMAT, "%s: tensor %s has a dtype or shape other than the manifest's", path, s->key));
+                rc = co_err_set(CO_EFORMAT, "%s: tensor %s has a dtype or shape other than the manifest's", path, s->key);
                 break;
             }
-            pc[en - h->e] = (piece){i, k};
+            f->pc[en - h->e] = (piece){i, k};
         }
     }
     if (!rc && listed != h->n)
-        rc = fail(bad, CK_BAD_FORMAT,
-                  co_err_set(CO_EFORMAT, "%s: holds %d tensors, the manifest places %d in it", path, h->n, listed));
-    float *scratch = NULL;
-    size_t scratch_cap = 0;
-    for (int e = 0; e < h->n && !rc; e++) {
+        rc = co_err_set(CO_EFORMAT, "%s: holds %d tensors, the manifest places %d in it", path, h->n, listed);
+    if (rc) {
+        record(f, rc, CK_BAD_FORMAT);
+        return rc;
+    }
+    /* the data section, entry by entry (the parser checked they tile it), in chunks */
+    size_t cs = L->chunk;
+    size_t cap = 0;
+    for (int e = 0; e < h->n; e++) cap += (size_t)((h->e[e].end - h->e[e].begin + cs - 1) / cs);
+    f->c = calloc(cap ? cap : 1, sizeof *f->c);
+    f->st = calloc(cap ? cap : 1, 1);
+    if (!f->c || !f->st) {
+        rc = co_err_set(CO_ENOMEM, "%s: out of memory", path);
+        record(f, rc, CK_BAD_IO);
+        return rc;
+    }
+    uint64_t pos = 8 + jl;
+    for (int e = 0; e < h->n; e++) {
         const ck_st_entry *en = &h->e[e];
+        const ck_mtensor *t = &m->tensors[f->pc[e].tensor];
+        const ck_slice *s = &t->slices[f->pc[e].slice];
+        float *d = L->dst ? L->dst[f->pc[e].tensor] : NULL;
+        int64_t first = 0;
+        int kind = !d || t->dtype != CK_DT_F32 ? K_SKIP : contiguous(t, s, &first) ? K_DIRECT : K_SCATTER;
         uint64_t nbytes = en->end - en->begin;
-        const ck_mtensor *t = &m->tensors[pc[e].tensor];
-        const ck_slice *s = &t->slices[pc[e].slice];
-        float *d = dst ? dst[pc[e].tensor] : NULL;
-        int64_t first;
-        if (d && t->dtype == CK_DT_F32 && contiguous(t, s, &first)) {
-            rc = ck_file_read(&cf, d + first, (size_t)nbytes);
-        } else if (d && t->dtype == CK_DT_F32) {
-            if (nbytes > scratch_cap) {
-                free(scratch);
-                scratch_cap = (size_t)nbytes;
-                scratch = malloc(scratch_cap);
-                if (!scratch) {
-                    rc = fail(bad, CK_BAD_IO, co_err_set(CO_ENOMEM, "%s: out of memory", path));
-                    break;
-                }
+        for (uint64_t o = 0; o < nbytes; o += cs) {
+            chunk *c = &f->c[f->nc++];
+            c->off = pos + o;
+            c->len = (size_t)(nbytes - o < cs ? nbytes - o : cs);
+            c->kind = kind;
+            c->entry = e;
+            c->in_entry = o;
+            c->dst = kind == K_DIRECT ? (char *)(d + first) + o : NULL;
+        }
+        pos += nbytes;
+    }
+    if (pos != f->size) {
+        rc = co_err_set(CO_EFORMAT, "%s: %" PRIu64 " unread bytes", path, f->size - pos);
+        record(f, rc, CK_BAD_FORMAT);
+        return rc;
+    }
+    f->ready = true;
+    return 0;
+}
+
+/* Reads chunk k of f into its tensor (a thread that is not f's hasher; lock not held). */
+static void help_read(loader *L, lfile *f, int k) {
+    chunk *c = &f->c[k];
+    int rc = pread_full(f, c->dst, c->len, c->off);
+    pthread_mutex_lock(&L->mu);
+    if (rc) record(f, rc, rc == CO_EFORMAT ? CK_BAD_INCOMPLETE : CK_BAD_IO);
+    f->st[k] = rc ? S_FAILED : S_DONE;
+    if (L->waiting) pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
+}
+
+typedef struct worker {
+    loader *L;
+    char *stage;          /* a K_SCATTER entry's bytes */
+    size_t stage_cap;
+    char *scratch;        /* K_SKIP bytes */
+} worker;
+
+/* Hashes file f from next_hash to the end, reading what nobody has read yet (lock held on
+ * entry and exit). */
+static void hash_file(worker *w, lfile *f) {
+    loader *L = w->L;
+    const ck_manifest *m = L->m;
+    while (f->next_hash < f->nc && !f->rc) {
+        int k = f->next_hash;
+        chunk *c = &f->c[k];
+        if (f->st[k] == S_FAILED) break;
+        if (f->st[k] == S_READING) {
+            /* a helper is reading it: read ahead of it meanwhile, or wait */
+            int j = f->next_claim;
+            if (j < f->nc && f->c[j].kind == K_DIRECT) {
+                f->next_claim++;
+                f->st[j] = S_READING;
+                pthread_mutex_unlock(&L->mu);
+                help_read(L, f, j); /* takes the lock for the state change */
+                pthread_mutex_lock(&L->mu);
+            } else {
+                L->waiting++;
+                pthread_cond_wait(&L->cv, &L->mu);
+                L->waiting--;
             }
-            rc = ck_file_read(&cf, scratch, (size_t)nbytes);
-            if (!rc) scatter(d, t, s, scratch);
-        } else {
-            if (scratch_cap < SCRATCH) {
-                free(scratch);
-                scratch_cap = SCRATCH;
-                scratch = malloc(scratch_cap);
-                if (!scratch) {
-                    rc = fail(bad, CK_BAD_IO, co_err_set(CO_ENOMEM, "%s: out of memory", path));
-                    break;
-                }
+            continue;
+        }
+        bool mine = f->st[k] == S_NEW; /* then k == next_claim */
+        const ck_st_entry *en = &f->h->e[c->entry];
+        uint64_t nbytes = en->end - en->begin;
+        if (mine) {
+            f->st[k] = S_READING;
+            f->next_claim = k + 1;
+            if (c->kind != K_DIRECT && L->waiting) pthread_cond_broadcast(&L->cv); /* helpers may go past it */
+        }
+        pthread_mutex_unlock(&L->mu);
+        char *p = c->dst;
+        int rc = 0;
+        if (c->kind == K_SCATTER) {
+            if (c->in_entry == 0 && nbytes > w->stage_cap) {
+                free(w->stage);
+                w->stage_cap = 0;
+                w->stage = malloc((size_t)nbytes);
+                if (w->stage) w->stage_cap = (size_t)nbytes;
+                else rc = co_err_set(CO_ENOMEM, "%s: out of memory", f->path);
             }
-            while (nbytes && !rc) {
-                size_t n = nbytes < scratch_cap ? (size_t)nbytes : scratch_cap;
-                rc = ck_file_read(&cf, scratch, n);
-                nbytes -= n;
+            if (!rc) p = w->stage + c->in_entry;
+        } else if (c->kind == K_SKIP) {
+            p = w->scratch;
+        }
+        if (!rc && mine) rc = pread_full(f, p, c->len, c->off);
+        if (!rc) {
+            XXH3_128bits_update(f->hash, p, c->len);
+            if (c->kind == K_SCATTER && c->in_entry + c->len == nbytes) {
+                const ck_mtensor *t = &m->tensors[f->pc[c->entry].tensor];
+                scatter(L->dst[f->pc[c->entry].tensor], t, &t->slices[f->pc[c->entry].slice], (const float *)w->stage);
             }
         }
-        if (rc && bad && !*bad) *bad = rc == CO_EFORMAT ? CK_BAD_INCOMPLETE : CK_BAD_IO;
+        pthread_mutex_lock(&L->mu);
+        if (rc) {
+            record(f, rc, rc == CO_EFORMAT ? CK_BAD_INCOMPLETE : CK_BAD_IO);
+            f->st[k] = S_FAILED;
+            break;
+        }
+        f->st[k] = S_DONE;
+        f->next_hash++;
     }
-    free(scratch);
-    free(pc);
-    ck_st_header_free(&h);
-    uint8_t hash[16];
-    uint64_t read_bytes = cf.bytes;
-    ck_file_close(&cf, hash);
-    if (rc) return rc;
-    if (read_bytes != size)
-        return fail(bad, CK_BAD_FORMAT, co_err_set(CO_EFORMAT, "%s: %" PRIu64 " unread bytes", path, size - read_bytes));
-    if (memcmp(hash, f->xxh128, 16)) {
-        char a[33], b[33];
-        ck_hex128(hash, a);
-        ck_hex128(f->xxh128, b);
-        return fail(bad, CK_BAD_CHECKSUM,
-                    co_err_set(CO_EFORMAT, "%s: checksum mismatch: XXH3-128 %s, the manifest says %s (corrupt)", path, a, b));
+    f->finished = true;
+    f->next_claim = f->nc; /* nothing more for helpers */
+    if (L->waiting) pthread_cond_broadcast(&L->cv);
+}
+
+/* A worker: hashes files nobody hashes yet; then reads ahead for the others. */
+static void *work(void *arg) {
+    worker *w = arg;
+    loader *L = w->L;
+    pthread_mutex_lock(&L->mu);
+    for (;;) {
+        while (L->next_file < L->nf && !L->f[L->next_file].ready) L->next_file++;
+        if (L->next_file < L->nf) {
+            lfile *f = &L->f[L->next_file++];
+            f->owned = true;
+            hash_file(w, f);
+            continue;
+        }
+        lfile *hf = NULL;
+        bool pending = false;
+        for (int i = 0; i < L->nf && !hf; i++) {
+            lfile *f = &L->f[i];
+            if (!f->ready || f->finished) continue;
+            pending = true;
+            if (f->next_claim < f->nc && f->c[f->next_claim].kind == K_DIRECT) hf = f;
+        }
+        if (hf) {
+            int k = hf->next_claim++;
+            hf->st[k] = S_READING;
+            pthread_mutex_unlock(&L->mu);
+            help_read(L, hf, k);
+            pthread_mutex_lock(&L->mu);
+            continue;
+        }
+        if (!pending) break;
+        L->waiting++;
+        pthread_cond_wait(&L->cv, &L->mu);
+        L->waiting--;
     }
-    return 0;
+    pthread_mutex_unlock(&L->mu);
+    return NULL;
+}
+
+static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end || x < lo) return dflt;
+    return x > hi ? hi : (size_t)x;
+}
+
+/* Reads and verifies files fis[0..nf) (placing pieces into dst[tensor] where given) on up
+ * to MAX_THREADS threads. Each file's outcome is left in f[i] (rc, bad, detail). With
+ * stop_at_first, files after the first one whose header fails are not read. */
+static void load_files(const char *dir, const ck_manifest *m, const int *fis, int nf, float *const *dst, lfile *f,
+                       bool stop_at_first) {
+    loader L = {.f = f, .nf = nf, .m = m, .dst = dst};
+    L.chunk = env_size("COHORT_CKPT_LOAD_CHUNK", CHUNK_DEFAULT, 4, 1u << 30);
+    L.chunk &= ~(size_t)3; /* whole floats: a scattered piece is read into place in order anyway */
+    for (int i = 0; i < nf; i++) {
+        if (prepare(&L, &f[i], dir, fis[i]) && stop_at_first) {
+            L.nf = i + 1; /* file i is not ready: nobody reads it */
+            break;
+        }
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t nthreads = env_size("COHORT_CKPT_LOAD_THREADS", ncpu > 1 ? (size_t)ncpu : 1, 1, 64);
+    if (!getenv("COHORT_CKPT_LOAD_THREADS") && nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    int nchunks = 0;
+    for (int i = 0; i < L.nf; i++)
+        if (f[i].ready) nchunks += f[i].nc;
+    if ((size_t)nchunks < 2 * nthreads) nthreads = 1; /* not worth a thread */
+    pthread_mutex_init(&L.mu, NULL);
+    pthread_cond_init(&L.cv, NULL);
+    worker *w = calloc(nthreads, sizeof *w);
+    pthread_t *th = calloc(nthreads, sizeof *th);
+    size_t started = 0;
+    bool ok = w && th;
+    for (size_t t = 0; ok && t < nthreads; t++) {
+        w[t].L = &L;
+        w[t].scratch = malloc(L.chunk);
+        if (!w[t].scratch) ok = false;
+    }
+    if (ok) {
+        for (size_t t = 1; t < nthreads; t++) {
+            if (pthread_create(&th[t], NULL, work, &w[t])) break;
+            started = t;
+        }
+        work(&w[0]);
+        for (size_t t = 1; t <= started; t++) pthread_join(th[t], NULL);
+    } else {
+        int rc = co_err_set(CO_ENOMEM, "loading %s: out of memory", dir);
+        for (int i = 0; i < L.nf; i++)
+            if (f[i].ready) record(&f[i], rc, CK_BAD_IO);
+    }
+    for (size_t t = 0; w && t < nthreads; t++) {
+        free(w[t].scratch);
+        free(w[t].stage);
+    }
+    free(w);
+    free(th);
+    pthread_cond_destroy(&L.cv);
+    pthread_mutex_destroy(&L.mu);
+    for (int i = 0; i < L.nf; i++) {
+        lfile *fl = &f[i];
+        if (fl->ready && !fl->rc) {
+            uint8_t hash[16];
+            XXH128_canonical_t cn;
+            XXH128_canonicalFromHash(&cn, XXH3_128bits_digest(fl->hash));
+            memcpy(hash, cn.digest, 16);
+            const ck_mfile *mf = &m->files[fl->fi];
+            if (memcmp(hash, mf->xxh128, 16)) {
+                char a[33], b[33];
+                ck_hex128(hash, a);
+                ck_hex128(mf->xxh128, b);
+                int rc = co_err_set(CO_EFORMAT, "%s: checksum mismatch: XXH3-128 %s, the manifest says %s (corrupt)",
+                                    fl->path, a, b);
+                record(fl, rc, CK_BAD_CHECKSUM);
+            }
+        }
+        lfile_free(fl);
+    }
 }
 
 int ck_load_tensors(const char *dir, const ck_manifest *m, const ck_tensor_ref *refs, int n, ck_bad *bad) {
     if (bad) *bad = CK_OK;
     float **dst = calloc((size_t)(m->ntensors ? m->ntensors : 1), sizeof *dst);
     bool *need = calloc((size_t)(m->nfiles ? m->nfiles : 1), sizeof *need);
+    int *fis = calloc((size_t)(m->nfiles ? m->nfiles : 1), sizeof *fis);
+    lfile *f = calloc((size_t)(m->nfiles ? m->nfiles : 1), sizeof *f);
     int rc = 0;
-    if (!dst || !need) rc = co_err_set(CO_ENOMEM, "loading %s: out of memory", dir);
+    if (!dst || !need || !fis || !f) rc = co_err_set(CO_ENOMEM, "loading %s: out of memory", dir);
     for (int i = 0; i < n && !rc; i++) {
         const ck_mtensor *t = ck_manifest_find(m, refs[i].name);
         if (!t) {
@@ -231,11 +594,23 @@ int ck_load_tensors(const char *dir, const ck_manifest *m, const ck_tensor_ref *
         dst[t - m->tensors] = refs[i].dst;
         for (int k = 0; k < t->nslices; k++) need[t->slices[k].file] = true;
     }
-    for (int fi = 0; fi < m->nfiles && !rc; fi++)
-        if (need[fi]) rc = process_file(dir, m, fi, dst, bad);
+    if (!rc) {
+        int nf = 0;
+        for (int fi = 0; fi < m->nfiles; fi++)
+            if (need[fi]) fis[nf++] = fi;
+        load_files(dir, m, fis, nf, dst, f, true);
+        /* the first file in order that failed decides, as when they were read one by one */
+        for (int i = 0; i < nf && !rc; i++)
+            if (f[i].rc) {
+                rc = co_err_set(f[i].rc, "%s", f[i].detail);
+                if (bad) *bad = f[i].bad;
+            }
+    }
     if (rc && bad && !*bad) *bad = bad_of(rc);
     free(dst);
     free(need);
+    free(fis);
+    free(f);
     return rc;
 }
 
@@ -250,11 +625,24 @@ int ck_verify(const char *dir, ck_bad *bad, ck_verify_cb report, void *ctx) {
     }
     if (report) report(ctx, CK_MANIFEST_NAME, CK_OK, "");
     int first = 0;
-    for (int fi = 0; fi < m->nfiles; fi++) {
-        ck_bad b = CK_OK;
-        int r = process_file(dir, m, fi, NULL, &b);
+    int nf = m->nfiles;
+    int *fis = calloc((size_t)(nf ? nf : 1), sizeof *fis);
+    lfile *f = calloc((size_t)(nf ? nf : 1), sizeof *f);
+    if (!fis || !f) {
+        free(fis);
+        free(f);
+        ck_manifest_free(&m);
+        *bad = CK_BAD_IO;
+        return co_err_set(CO_ENOMEM, "verifying %s: out of memory", dir);
+    }
+    for (int fi = 0; fi < nf; fi++) fis[fi] = fi;
+    load_files(dir, m, fis, nf, NULL, f, false);
+    for (int fi = 0; fi < nf; fi++) {
+        int r = f[fi].rc;
+        ck_bad b = f[fi].bad;
         if (r && b == CK_OK) b = bad_of(r);
-        if (report) report(ctx, m->files[fi].name, b, r ? co_err_detail() : "");
+        if (r) co_err_set(r, "%s", f[fi].detail);
+        if (report) report(ctx, m->files[fi].name, b, r ? f[fi].detail : "");
         /* the worst problem decides: malformed, then incomplete, then checksum, then I/O */
         if (r) {
             static const int rank[] = {[CK_OK] = 0, [CK_BAD_IO] = 1, [CK_BAD_CHECKSUM] = 2, [CK_BAD_INCOMPLETE] = 3,
@@ -263,6 +651,14 @@ int ck_verify(const char *dir, ck_bad *bad, ck_verify_cb report, void *ctx) {
             if (!first) first = r;
         }
     }
+    /* the detail names the first failing file, the one whose code is returned */
+    for (int fi = 0; fi < nf; fi++)
+        if (f[fi].rc) {
+            co_err_set(f[fi].rc, "%s", f[fi].detail);
+            break;
+        }
+    free(fis);
+    free(f);
     ck_manifest_free(&m);
     return first;
 }

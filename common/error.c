@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char co__detail[1024];
 
@@ -26,11 +27,16 @@ const char *co_strerror(int code) {
     }
 }
 
+/* Formats into a temporary first: an argument may be co_err_detail() itself
+ * (co_err_set(rc, "context: %s", co_err_detail())), which vsnprintf straight into the
+ * detail buffer would overwrite while reading it. */
 int co_err_set(int code, const char *fmt, ...) {
+    char tmp[sizeof co__detail];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(co__detail, sizeof co__detail, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(co__detail, tmp, sizeof tmp);
     return code;
 }
 
