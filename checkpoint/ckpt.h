@@ -42,6 +42,7 @@ typedef struct ck_meta {
     json_t *config;                    /* the flags (co_config_write_json) */
     json_t *lr_scheduler;
     json_t *rng_generators;
+    json_t *rerun_state;               /* the rerun state machine's (resilience/rerun.h) */
 } ck_meta;
 
 /* ---- save ----------------------------------------------------------------------------- */
@@ -94,6 +95,10 @@ int ck_save_part(const char *save_dir, const ck_meta *meta, const ck_tensor_ref 
  * record agrees, writes tmp/manifest.json with every file's XXH3-128, and removes the plan
  * and the writer records. The caller then commits with ck_commit. */
 int ck_complete_shared(const char *tmp, int64_t iteration, int writers, const ck_mfile *acked, int nacked);
+/* As ck_complete_shared; rerun_state (may be NULL) replaces the manifest's
+ * "rerun_state_machine" (the coordinator holds that state). */
+int ck_complete_shared_ex(const char *tmp, int64_t iteration, int writers, const ck_mfile *acked, int nacked,
+                          const json_t *rerun_state);
 
 /* One whole save in this process: begin, plan, shards, manifest, commit, retention
  * (keep > 0: the most recent keep). On failure the temporary directory is removed and the

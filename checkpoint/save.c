@@ -50,6 +50,7 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
     if (meta->lr_scheduler) json_object_set_new(m->doc, "lr_scheduler", json_deep_copy(meta->lr_scheduler));
     json_object_set_new(m->doc, "rng", json_pack("{sIso}", "seed", (json_int_t)meta->seed, "generators",
                                                  meta->rng_generators ? json_deep_copy(meta->rng_generators) : json_array()));
+    if (meta->rerun_state) json_object_set_new(m->doc, "rerun_state_machine", json_deep_copy(meta->rerun_state));
 
     bool has[2] = {false, false};
     int64_t bytes[2] = {0, 0};
@@ -343,6 +344,11 @@ static int read_json(const char *dir, const char *name, json_t **out) {
 }
 
 int ck_complete_shared(const char *tmp, int64_t iteration, int writers, const ck_mfile *acked, int nacked) {
+    return ck_complete_shared_ex(tmp, iteration, writers, acked, nacked, NULL);
+}
+
+int ck_complete_shared_ex(const char *tmp, int64_t iteration, int writers, const ck_mfile *acked, int nacked,
+                          const json_t *rerun_state) {
     char path[4600];
     snprintf(path, sizeof path, "%s/%s", tmp, CK_PLAN_NAME);
     char *data;
@@ -411,6 +417,8 @@ int ck_complete_shared(const char *tmp, int64_t iteration, int writers, const ck
                                                                                              : "its writer record differs");
     }
     free(seen);
+    if (!rc && rerun_state && plan->doc)
+        json_object_set_new(plan->doc, "rerun_state_machine", json_deep_copy(rerun_state));
     if (!rc) rc = ck_write_manifest(tmp, plan);
     ck_manifest_free(&plan);
     if (rc) return rc;
@@ -485,7 +493,8 @@ static void meta_release(ck_meta *m) {
     if (m->config) json_decref(m->config);
     if (m->lr_scheduler) json_decref(m->lr_scheduler);
     if (m->rng_generators) json_decref(m->rng_generators);
-    m->config = m->lr_scheduler = m->rng_generators = NULL;
+    if (m->rerun_state) json_decref(m->rerun_state);
+    m->config = m->lr_scheduler = m->rng_generators = m->rerun_state = NULL;
 }
 
 void ck_saver_destroy(ck_saver **ps) {
@@ -634,6 +643,7 @@ int ck_saver_save(ck_saver *s, const ck_meta *meta, const ck_tensor_ref *refs, i
     s->meta.config = meta->config ? json_deep_copy(meta->config) : NULL;
     s->meta.lr_scheduler = meta->lr_scheduler ? json_deep_copy(meta->lr_scheduler) : NULL;
     s->meta.rng_generators = meta->rng_generators ? json_deep_copy(meta->rng_generators) : NULL;
+    s->meta.rerun_state = meta->rerun_state ? json_deep_copy(meta->rerun_state) : NULL;
     s->job_start = now_s();
     if (pthread_create(&s->thread, NULL, bg_main, s)) {
         s->copied = true;

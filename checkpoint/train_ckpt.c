@@ -32,6 +32,10 @@ struct ck_train {
     double stall_total;
     int saves;
     int world;               /* data-parallel size */
+    /* the rerun state machine's state: saved with each checkpoint, handed back after load */
+    int (*rerun_save)(void *ctx, char *buf, size_t n);
+    void *rerun_ctx;
+    char *loaded_rerun;      /* the loaded checkpoint's "rerun_state_machine" (JSON text) */
     int rank;                /* data-parallel rank */
 };
 
@@ -158,10 +162,15 @@ static int save_now(ck_train *k) {
     meta.config = k->config_json;
     meta.lr_scheduler = lr_json(c, tp.iteration);
     meta.rng_generators = rng_json(c->seed, tp.iteration);
+    if (k->rerun_save) {
+        char buf[4096];
+        if (!k->rerun_save(k->rerun_ctx, buf, sizeof buf)) meta.rerun_state = json_loads(buf, 0, NULL);
+    }
     int n = c->no_save_optim ? k->nrefs / 3 : k->nrefs;
     int rc = ck_saver_save(k->saver, &meta, k->refs, n);
     json_decref(meta.lr_scheduler);
     json_decref(meta.rng_generators);
+    if (meta.rerun_state) json_decref(meta.rerun_state);
     if (!rc) {
         k->last_saved = tp.iteration;
         k->stall_total += ck_saver_last_stall(k->saver);
@@ -295,6 +304,9 @@ int ck_train_prepare(co_config *c, FILE *log) {
 /* ---- load ----------------------------------------------------------------------------- */
 
 static void warn_schedule(ck_train *k, const ck_manifest *m) {
+    json_t *rs = json_object_get(m->doc, "rerun_state_machine");
+    free(k->loaded_rerun);
+    k->loaded_rerun = json_is_object(rs) ? json_dumps(rs, JSON_COMPACT) : NULL;
     json_t *ls = json_object_get(m->doc, "lr_scheduler");
     if (!json_is_object(ls) || !k->log) return;
     lr_schedule s;
@@ -471,6 +483,14 @@ void ck_train_destroy(ck_train **p) {
     if (k->config_json) json_decref(k->config_json);
     free(k->refs);
     free(k->names);
+    free(k->loaded_rerun);
     free(k);
     *p = NULL;
 }
+
+void ck_train_set_rerun_state(ck_train *k, int (*save)(void *ctx, char *buf, size_t n), void *ctx) {
+    k->rerun_save = save;
+    k->rerun_ctx = ctx;
+}
+
+const char *ck_train_loaded_rerun_state(const ck_train *k) { return k ? k->loaded_rerun : NULL; }

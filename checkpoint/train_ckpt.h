@@ -34,5 +34,10 @@ int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world);
  * after ck_train_attach and before training. No-op otherwise. */
 int ck_train_set_coordinator(ck_train *k, const ck_coord *coord);
 void ck_train_destroy(ck_train **p);
+/* The rerun state machine's state travels in every checkpoint: save writes it (JSON object
+ * text into buf; nonzero: none) at each save; after ck_train_attach loaded a checkpoint,
+ * ck_train_loaded_rerun_state is its state (NULL: none). */
+void ck_train_set_rerun_state(ck_train *k, int (*save)(void *ctx, char *buf, size_t n), void *ctx);
+const char *ck_train_loaded_rerun_state(const ck_train *k);
 
 #endif

@@ -3,6 +3,8 @@
 #include "cli/cli.h"
 #include "cli/train_resilience.h"
 
+#include "checkpoint/ckpt.h"
+#include "checkpoint/store.h"
 #include "checkpoint/train_ckpt.h"
 #include "common/error.h"
 #include "data/corpus.h"
@@ -233,11 +235,13 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
     if (rc) {
         fprintf(stderr, "cohort train: checkpoint: %s (%s)\n", co_err_detail(), co_strerror(rc));
         trainer_destroy(&t);
+        cli_resil_destroy(&resil);
         if (link) sv_link_attach_comm(link, NULL);
         cm_destroy(&dp);
         return CLI_FAILURE;
     }
     /* --- end checkpoint --- */
+    cli_resil_attach_ckpt(resil, ckpt);
     if (out) {
         fprintf(out, "cohort: model %zu parameters (%d layers, hidden %d, %d heads, vocab %d padded to %d), %s\n",
                 gpt_num_params(trainer_model(t)), c.num_layers, c.hidden_size, c.num_attention_heads, data->vocab_size,
@@ -505,6 +509,21 @@ int cli_train(int argc, char **argv) {
             return CLI_USAGE;
         }
         so.inject = &inj;
+        /* the state machine's state comes back from the checkpoint the workers load */
+        char *rerun_state = NULL;
+        if (c.load[0]) {
+            int64_t it = c.ckpt_step;
+            if (it < 0 && ck_read_tracker(c.load, &it)) it = -1;
+            ck_manifest *m = NULL;
+            char dir[1100];
+            if (it >= 0) ck_iter_dir(dir, sizeof dir, c.load, it);
+            if (it >= 0 && !ck_read_manifest(dir, &m)) {
+                json_t *rs = json_object_get(m->doc, "rerun_state_machine");
+                if (json_is_object(rs) && json_object_get(rs, "spiky_max")) rerun_state = json_dumps(rs, JSON_COMPACT);
+                ck_manifest_free(&m);
+            }
+        }
+        so.rerun_state = rerun_state;
         so.restart = c.inprocess_restart;
         so.quarantine_after = c.quarantine_after;
         so.quarantine_window = c.quarantine_window;
@@ -517,6 +536,7 @@ int cli_train(int argc, char **argv) {
         so.heartbeat_interval_ms = (int)(c.inprocess_heartbeat_interval * 1000);
         so.heartbeat_timeout_ms = (int)(c.inprocess_heartbeat_timeout * 1000);
         int status = sv_run(&so);
+        free(rerun_state);
         fi_schedule_free(&inj);
         co_config_free(&c);
         return status;

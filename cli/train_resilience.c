@@ -171,6 +171,20 @@ void cli_resil_mark_replayed(cli_resil *x, int64_t step) {
         if (x->inj.f[i].rank == x->rank && x->inj.f[i].step <= step) x->inj.f[i].fired++;
 }
 
+static int local_state_save(void *ctx, char *buf, size_t n) {
+    cli_resil *x = ctx;
+    return x->rr ? rr_state_save(x->rr, buf, n) : CO_ENOENT;
+}
+
+void cli_resil_attach_ckpt(cli_resil *x, ck_train *k) {
+    if (!x->rr || !k) return; /* with a supervisor the state lives there */
+    ck_train_set_rerun_state(k, local_state_save, x);
+    const char *st = ck_train_loaded_rerun_state(k);
+    if (st && strstr(st, "spiky_max") && rr_state_load(x->rr, st))
+        fprintf(stderr, "cohort: the checkpoint's rerun state machine state is not usable (%s); starting afresh\n",
+                co_err_detail());
+}
+
 void cli_resil_destroy(cli_resil **px) {
     cli_resil *x = *px;
     if (!x) return;

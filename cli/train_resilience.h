@@ -3,6 +3,7 @@
 #ifndef COHORT_CLI_TRAIN_RESILIENCE_H
 #define COHORT_CLI_TRAIN_RESILIENCE_H
 
+#include "checkpoint/train_ckpt.h"
 #include "common/config.h"
 #include "resilience/inject.h"
 #include "resilience/rerun.h"
@@ -21,6 +22,9 @@ int cli_inject_parse(const co_config *c, int world, fi_schedule *s, char *err, s
 /* link NULL: one process (the state machine runs here); else a supervised worker. */
 int cli_resil_new(cli_resil **out, const co_config *c, sv_link *link, int rank, int world, char *err, size_t n);
 void cli_resil_attach(cli_resil *x, trainer *t, FILE *log);
+/* One process: the state machine's state is saved with checkpoints and restored from the
+ * one ck_train loaded. */
+void cli_resil_attach_ckpt(cli_resil *x, ck_train *k);
 /* A replacement process: faults of its rank at steps up to `step` count as fired (the
  * process it replaces fired them). */
 void cli_resil_mark_replayed(cli_resil *x, int64_t step);

@@ -585,6 +585,9 @@ int rr_state_save(const rr_machine *m, char *buf, size_t n) {
     json_object_set_new(o, "grad_max", json_real(m->grad_max));
     json_object_set_new(o, "grad_n", json_integer(m->grad_n));
     json_object_set_new(o, "faults", f);
+    json_object_set_new(o, "mode", json_string(m->o.mode == RR_MODE_DISABLED      ? "disabled"
+                                               : m->o.mode == RR_MODE_DETERMINISM ? "report_determinism_stats"
+                                                                                  : "validate_results"));
     char *text = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(o);
     if (!text) return CO_ENOMEM;

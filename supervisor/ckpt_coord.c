@@ -35,6 +35,8 @@ struct svc {
     int nfiles, cap;
     bool aborted;            /* the save in progress was aborted */
     bool failing;            /* the job is failing: no more commits */
+    int (*rerun_save)(void *ctx, char *buf, size_t n);
+    void *rerun_ctx;
 };
 
 int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_id, svc_send_fn send, void *ctx) {
@@ -100,7 +102,13 @@ static void commit(svc *c) {
     char tmp[4400], final[4400];
     ck_tmp_dir_shared(tmp, sizeof tmp, c->save_dir, it, c->token);
     ck_iter_dir(final, sizeof final, c->save_dir, it);
-    int rc = ck_complete_shared(tmp, it, c->world, c->files, c->nfiles);
+    json_t *rerun = NULL;
+    if (c->rerun_save) {
+        char buf[4096];
+        if (!c->rerun_save(c->rerun_ctx, buf, sizeof buf)) rerun = json_loads(buf, 0, NULL);
+    }
+    int rc = ck_complete_shared_ex(tmp, it, c->world, c->files, c->nfiles, rerun);
+    if (rerun) json_decref(rerun);
     if (!rc) ck_crash_point("manifest"); /* manifest written, not yet renamed */
     if (!rc) rc = ck_commit(c->save_dir, it, tmp);
     if (rc) {
@@ -179,6 +187,12 @@ void svc_abort(svc *c, const char *why) {
     if (!c) return;
     c->failing = true;
     if (c->iteration >= 0) abort_save(c, why);
+}
+
+void svc_set_rerun_state(svc *c, int (*save)(void *ctx, char *buf, size_t n), void *ctx) {
+    if (!c) return;
+    c->rerun_save = save;
+    c->rerun_ctx = ctx;
 }
 
 void svc_restart(svc *c, const char *why) {

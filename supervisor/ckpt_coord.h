@@ -17,6 +17,8 @@ typedef int (*svc_send_fn)(void *ctx, int rank, const ProtobufCMessage *body);
 /* save_dir: --save; keep: --most-recent-k (<= 0 keeps all); world: ranks that write;
  * job_id: names the shared temporary directory (as the workers name it). */
 int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_id, svc_send_fn send, void *ctx);
+/* The rerun state machine's state (JSON object text) goes into each committed manifest. */
+void svc_set_rerun_state(svc *c, int (*save)(void *ctx, char *buf, size_t n), void *ctx);
 /* A rank's CheckpointAck. */
 void svc_on_ack(svc *c, int rank, const Cohort__V1__CheckpointAck *ack);
 /* The job is failing (a rank died or failed, heartbeats lost): a save in progress is

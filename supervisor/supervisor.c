@@ -44,6 +44,7 @@ typedef struct worker {
     int64_t ready_iter;       /* the iteration it committed last */
     uint64_t abort_ms;        /* when it was sent the Abort */
     int64_t replaced_iter;    /* the last iteration a replaced process reported complete */
+    bool retiring;            /* quarantined: replaced once it reaches the restart barrier */
 } worker;
 
 typedef struct sv {
@@ -133,6 +134,18 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
     s->nexited++;
     w->closing = true;
     uv_close((uv_handle_t *)p, on_proc_closed);
+    if (w->retiring && !s->stopping) {
+        /* a quarantined rank, retired on purpose: its replacement starts once the handle closes */
+        w->retiring = false;
+        w->exited = false;
+        w->replacing = true;
+        if (w->registered) s->nregistered--;
+        w->registered = false;
+        free(w->data_endpoint);
+        w->data_endpoint = NULL;
+        w->respawn = true;
+        return;
+    }
     if (term_signal || status != 0) {
         char why[256];
         if (term_signal)
@@ -470,7 +483,9 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         break;
     case COHORT__V1__ENVELOPE__BODY_READY:
         /* a survivor at the restart barrier of the current generation */
-        if (s->restarting && e->generation == s->snd.generation && !w->replacing) {
+        if (s->restarting && e->generation == s->snd.generation && !w->replacing && w->retiring) {
+            uv_process_kill(&w->proc, SIGKILL); /* quarantined: its exit starts the replacement */
+        } else if (s->restarting && e->generation == s->snd.generation && !w->replacing) {
             w->ready_gen = e->generation;
             w->ready_iter = e->ready->has_iteration ? (int64_t)e->ready->iteration : 0;
             check_restart_done(s);
@@ -482,8 +497,13 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
             int quarantine = -1;
             int st = svv_on_report(s->val, w->index, e->loss_report, why, sizeof why, &quarantine);
             if (st > 0) begin_shutdown(s, st, why);
-            else if (quarantine >= 0 && s->restart_enabled && !s->w[quarantine].exited)
-                uv_process_kill(&s->w[quarantine].proc, SIGKILL); /* replaced by the restart its exit starts */
+            else if (quarantine >= 0 && s->restart_enabled && !s->w[quarantine].exited) {
+                /* retired at the restart barrier (after its last accepted step's log lines are out) */
+                char q[200];
+                snprintf(q, sizeof q, "rank %d quarantined (found faulty too often)", quarantine);
+                s->w[quarantine].retiring = true;
+                begin_restart(s, "quarantine", quarantine, q, 0);
+            }
         }
         break;
     case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_ACK:
@@ -834,6 +854,10 @@ int sv_run(const sv_options *opt) {
             free(s.w);
             return SV_EXIT_FAILURE;
         }
+        if (s.o.rerun_state && *s.o.rerun_state && svv_state_load(s.val, s.o.rerun_state))
+            fprintf(stderr, "cohort supervisor: the checkpoint's rerun state machine state is not usable (%s); "
+                            "starting afresh\n", co_err_detail());
+        svc_set_rerun_state(s.ckpt, svv_state_save, s.val);
     }
     ac_actor_opts ao = {.name = "supervisor", .on_start = sv_on_start, .on_stop = sv_on_stop, .ctx = &s};
     int rc = ac_actor_new(&ao, &s.a);

@@ -65,6 +65,7 @@ typedef struct sv_options {
      * report (supervisor/validate.h) */
     rr_options rerun;
     const char *tracker_file;      /* --result-rejected-tracker-filename */
+    const char *rerun_state;       /* the --load checkpoint's state machine state (JSON; NULL) */
     const char *report_file;       /* JSON run report (NULL: none) */
     double straggler_threshold;
     fi_schedule *inject;           /* --inject (kill-supervisor fires here) */

@@ -473,3 +473,10 @@ bool svv_stalled(svv *v, uint64_t now, uint64_t soft_ms, int *missing, int cap, 
 double svv_max_step_ms(const svv *v) { return v->naccepts >= 6 ? v->max_step_ms : 0; }
 
 int64_t svv_current_iteration(const svv *v) { return v->have_last ? v->last_iter : 0; }
+
+int svv_state_save(void *ctx, char *buf, size_t n) {
+    svv *v = ctx;
+    return rr_state_save(v->rr, buf, n);
+}
+
+int svv_state_load(svv *v, const char *json) { return rr_state_load(v->rr, json); }

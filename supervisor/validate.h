@@ -48,6 +48,9 @@ void svv_restart_done(svv *v, int64_t iteration, int64_t lost);
 /* A round that stopped progressing: some ranks reported, others not, for soft_ms. Returns
  * true with the silent ranks in missing (at most cap) and when the round began in *since. */
 bool svv_stalled(svv *v, uint64_t now, uint64_t soft_ms, int *missing, int cap, int *nmissing, uint64_t *since);
+/* The state machine's state for checkpoints (ctx: the svv), and restoring it after --load. */
+int svv_state_save(void *ctx, char *buf, size_t n);
+int svv_state_load(svv *v, const char *json);
 /* The iteration of the last verdict (0 before any). */
 int64_t svv_current_iteration(const svv *v);
 /* The slowest iteration seen (ms between accepted verdicts) once 5 have completed, else 0. */

@@ -239,7 +239,8 @@ quarantine)
     grep -q '"quarantined_ranks": \[\s*2\s*\]' "$work/f.report.json" ||
         /usr/bin/python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['quarantined_ranks'] == [2]" \
             "$work/f.report.json" || fail "not in the report"
-    expect_fault f "killed" 2 rank_failure
+    expect_fault f quarantine 2 rank_failure
+    grep -q "generation 2: 4 rank(s) resume after iteration [0-9]* with the state of rank [0-9] (1 replaced" "$work/f.err" || fail "not replaced"
     ;;
 inject_cli)
     # `cohort inject` against a running job: refused specs say why, an accepted kill
@@ -261,6 +262,20 @@ inject_cli)
     expect_rc f 0
     expect_fault f killed 1 rank_failure
     grep -q "inject: kill@rank=1,step=$at (cohort inject)" "$work/f.report.json" || fail "not in the report"
+    ;;
+rerun_state)
+    # the state machine's state travels in the checkpoint: a spike in the first iteration
+    # after a resume is caught against the maxima learned before the save
+    run f --check-for-spiky-loss --save "$work/s" --save-interval 6
+    expect_rc f 0
+    /usr/bin/python3 - "$work/s/iter_0000012/manifest.json" <<'PY' || fail "no state in the manifest"
+import json, sys
+r = json.load(open(sys.argv[1]))["rerun_state_machine"]
+assert r["mode"] == "validate_results" and r["spiky_n"] > 0 and r["spiky_max"] > 0 and len(r["faults"]) == 4, r
+PY
+    run g --check-for-spiky-loss --load "$work/s" --train-iters 14 --inject "spike@rank=2,step=13"
+    expect_rc g 0
+    expect_fault g spiky_loss 2 transient_error
     ;;
 kill_supervisor)
     # the supervisor dies: the workers stop on their own (no orphan trains headless), the
