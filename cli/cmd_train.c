@@ -356,9 +356,12 @@ int cli_train(int argc, char **argv) {
                    "the licence texts in /usr/share/common-licenses, then sampled.\n");
             co_config_help(stdout);
             printf("\nexit status: 0 done or stopped cleanly (signal, exit interval or duration), 1 runtime\n"
-                   "failure, 2 usage or configuration error, 3 stopped on a NaN/Inf loss or gradient; with\n"
-                   "--nproc-per-node > 1 or --nnodes > 1 also 4 a worker failed or died, 5 the rendezvous did\n"
-                   "not complete in time, 6 a worker stopped sending heartbeats.\n");
+                   "failure, 2 usage or configuration error, 3 a NaN/Inf loss or gradient that the rerun state\n"
+                   "machine found reproducible (a data or model problem); with --nproc-per-node > 1 or\n"
+                   "--nnodes > 1 also 4 a worker failed and could not be replaced in process, 5 the rendezvous\n"
+                   "did not complete in time, 6 a worker went silent with --no-inprocess-restart.\n"
+                   "Faults, restarts and the run report: docs/resilience.md; inject into a running job with\n"
+                   "`cohort inject`.\n");
             return CLI_OK;
         }
     co_config c;
