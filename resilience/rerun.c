@@ -316,6 +316,16 @@ static void verdict(rr_verdict *v, const rr_machine *m, rr_decision d, rr_diagno
     va_end(ap);
 }
 
+/* A rejection to replay: the round's results are kept to compare the replay with. */
+static void suspect(rr_machine *m, int rank, const char *check, double value, bool fatal) {
+    memcpy(m->first, m->cur, sizeof *m->cur * (size_t)m->o.world);
+    m->suspect = rank;
+    snprintf(m->rej_check, sizeof m->rej_check, "%s", check);
+    m->rej_value = value;
+    m->rej_fatal = fatal;
+    start_round(m, ROUND_ALL, m->attempt + 1);
+}
+
 static rr_decision give_up(const rr_machine *m) { return m->o.skip_on_reproducible ? RR_SKIP : RR_STOP; }
 
 static int decide_all(rr_machine *m, rr_verdict *v) {
@@ -389,12 +399,7 @@ static int decide_all(rr_machine *m, rr_verdict *v) {
             start_round(m, ROUND_ALL, 0);
             return 0;
         }
-        memcpy(m->first, m->cur, sizeof *m->cur * (size_t)W);
-        m->suspect = rej;
-        snprintf(m->rej_check, sizeof m->rej_check, "%s", check);
-        m->rej_value = value;
-        m->rej_fatal = fatal;
-        start_round(m, ROUND_ALL, m->attempt + 1);
+        suspect(m, rej, check, value, fatal);
         verdict(v, m, RR_RERUN, RR_DIAG_NONE, "rank %d: %s (%g); replaying the step in place", rej, check, value);
         return 0;
     }
@@ -441,12 +446,7 @@ static int decide_all(rr_machine *m, rr_verdict *v) {
             return 0;
         }
         /* another rejection in the replay: start over from it */
-        memcpy(m->first, m->cur, sizeof *m->cur * (size_t)W);
-        m->suspect = rej;
-        snprintf(m->rej_check, sizeof m->rej_check, "%s", check);
-        m->rej_value = value;
-        m->rej_fatal = fatal;
-        start_round(m, ROUND_ALL, m->attempt + 1);
+        suspect(m, rej, check, value, fatal);
         verdict(v, m, RR_RERUN, RR_DIAG_NONE, "rank %d: %s (%g) in the replay; replaying again", rej, check, value);
         return 0;
     }

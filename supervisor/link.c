@@ -62,6 +62,19 @@ struct sv_link {
 
 static void free_round(sv_link *l);
 
+/* Waits on the link's condition (mu held) for at most ms: the waits below re-check their
+ * conditions (abort, stop, deadlines) in slices. */
+static void wait_slice(sv_link *l, long ms) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += ms * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&l->cv, &l->mu, &dl);
+}
+
 bool sv_link_wanted(void) { return getenv("COHORT_SUPERVISOR") != NULL; }
 
 void sv_assignment_free(sv_assignment *a) {
@@ -705,14 +718,7 @@ int sv_link_verdict(sv_link *l, int64_t iteration, int attempt, rr_verdict *out,
             pthread_mutex_lock(&l->mu);
             continue;
         }
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        dl.tv_nsec += 100 * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-            dl.tv_sec++;
-            dl.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&l->cv, &l->mu, &dl);
+        wait_slice(l, 100);
     }
     if (!rc) *out = l->verdict;
     pthread_mutex_unlock(&l->mu);
@@ -832,14 +838,7 @@ int sv_link_await_restart(sv_link *l, int64_t iteration, sv_assignment *out, int
             pthread_mutex_lock(&l->mu);
             continue;
         }
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        dl.tv_nsec += 100 * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-            dl.tv_sec++;
-            dl.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&l->cv, &l->mu, &dl);
+        wait_slice(l, 100);
     }
     if (!rc) {
         *out = l->restart_asg;
@@ -896,14 +895,7 @@ bool sv_link_await_abort(sv_link *l, int code, const char *what, int timeout_ms)
     bool pending = false;
     while (l->abort_flag && !(pending = l->pending_gen > l->gen) && !*l->stop &&
            sv__now_ms() - start < (uint64_t)timeout_ms) {
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        dl.tv_nsec += 50 * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-            dl.tv_sec++;
-            dl.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&l->cv, &l->mu, &dl);
+        wait_slice(l, 50);
     }
     pthread_mutex_unlock(&l->mu);
     return pending;
