@@ -200,8 +200,10 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
     trainer *t = NULL;
     int status_early = 0;
     trainer_data td = *data;
-    td.joining = link && asg->generation > 1;
+    td.joining = link && asg->generation > 1 && asg->state_source >= 0;
     if (td.joining) c.load[0] = '\0'; /* a replacement takes its state from a replica, not from disk */
+    if (link && asg->generation > 1 && asg->state_source < 0 && asg->checkpoint_dir)
+        snprintf(c.load, sizeof c.load, "%s", asg->checkpoint_dir); /* no replica survived: the checkpoint */
     rc = trainer_new(&t, &c, &td, out, dp);
     if (rc) {
         fprintf(stderr, "cohort train: setup failed: %s (%s)\n", co_err_detail(), co_strerror(rc));
@@ -258,9 +260,9 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
         /* in-process restart: an Abort unwinds the step instead of stopping the worker */
         sv_link_enable_restart(link, &g_abort);
         trainer_set_abort_flag(t, &g_abort);
-        if (asg->generation > 1) {
+        if (asg->generation > 1) cli_resil_mark_replayed(resil, asg->faults_through);
+        if (asg->generation > 1 && asg->state_source >= 0) {
             /* a replacement: the state comes from a surviving replica's memory */
-            cli_resil_mark_replayed(resil, asg->start_iteration + 1);
             rc = trainer_sync_state(t, asg->state_source);
             if (rc) {
                 fprintf(stderr, "cohort worker %d: taking the state of rank %d failed: %s (%s)\n", asg->rank,

@@ -82,6 +82,8 @@ void sv_assignment_free(sv_assignment *a) {
         for (int r = 0; r < a->world; r++) free(a->endpoints[r]);
     free(a->endpoints);
     a->endpoints = NULL;
+    free(a->checkpoint_dir);
+    a->checkpoint_dir = NULL;
 }
 
 static void abort_all(sv_link *l) {
@@ -110,6 +112,8 @@ static int parse_assignment(const Cohort__V1__Assign *as, sv_assignment *a) {
     a->generation = as->generation;
     a->start_iteration = as->has_start_iteration ? (int64_t)as->start_iteration : 0;
     a->state_source = as->has_state_source ? as->state_source : -1;
+    a->faults_through = as->has_faults_through ? (int64_t)as->faults_through : 0;
+    if (as->checkpoint_dir && *as->checkpoint_dir && !(a->checkpoint_dir = strdup(as->checkpoint_dir))) return CO_ENOMEM;
     if (a->state_source >= a->world) return co_err_set(CO_EPROTOCOL, "assignment: state source %d", a->state_source);
     a->endpoints = calloc((size_t)a->world, sizeof *a->endpoints);
     if (!a->endpoints) return CO_ENOMEM;

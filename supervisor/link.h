@@ -32,6 +32,8 @@ typedef struct sv_assignment {
      * rank whose parameters, optimizer state and progress every rank takes (-1: none) */
     int64_t start_iteration;
     int state_source;
+    int64_t faults_through;  /* injected faults up to this step fired in processes now gone */
+    char *checkpoint_dir;    /* state_source -1: load this checkpoint (NULL: none) */
 } sv_assignment;
 
 /* True when this process was started by a supervisor. */

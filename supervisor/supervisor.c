@@ -7,6 +7,7 @@
 #include "actors/actor.h"
 #include "common/error.h"
 #include "supervisor/ckpt_coord.h"
+#include "checkpoint/store.h"
 #include "supervisor/msg.h"
 #include "supervisor/validate.h"
 
@@ -43,7 +44,6 @@ typedef struct worker {
     uint64_t ready_gen;       /* generation whose restart barrier it reached */
     int64_t ready_iter;       /* the iteration it committed last */
     uint64_t abort_ms;        /* when it was sent the Abort */
-    int64_t replaced_iter;    /* the last iteration a replaced process reported complete */
     bool retiring;            /* quarantined: replaced once it reaches the restart barrier */
 } worker;
 
@@ -76,6 +76,7 @@ typedef struct sv {
     uint64_t restart_t0;
     uint64_t restart_times[64];
     int nrestarts;
+    int64_t restart_faults_through; /* injected faults up to this step already fired */
     ac_timer *collective_timer; /* a worker's failed collective, awaiting its explanation */
     char collective_why[600];
     int collective_rank;
@@ -230,6 +231,9 @@ static void send_assignments(sv *s, int64_t start_iteration, int source) {
             as.start_iteration = (uint64_t)start_iteration;
             as.has_state_source = 1;
             as.state_source = source;
+            as.has_faults_through = 1;
+            as.faults_through = (uint64_t)s->restart_faults_through;
+            if (source < 0) as.checkpoint_dir = (char *)s->o.save_dir; /* load it */
         }
         int rc;
         if (!restart || s->w[r].replacing) {
@@ -300,11 +304,9 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
             return;
         }
         w->ready_gen = 0;
-        if (!w->exited && w->spawned) w->replaced_iter = 0;
         if (w->exited || !w->spawned) {
             if (!w->replacing) {
                 w->replacing = true;
-                w->replaced_iter = (int64_t)w->iteration;
                 if (w->registered) s->nregistered--;
                 w->registered = false;
                 free(w->data_endpoint);
@@ -357,18 +359,28 @@ static void check_restart_done(sv *s) {
             src = i;
         }
     }
+    int64_t faults_through = s->val ? svv_current_iteration(s->val) + 1 : M + 1;
     if (src < 0) {
-        begin_shutdown(s, SV_EXIT_WORKER_FAILED, "no data-parallel replica survived: resume from the last checkpoint");
-        return;
+        /* every replica died: the new processes load the last checkpoint instead */
+        int64_t ck = -1;
+        if (!s->o.save_dir || !*s->o.save_dir || ck_read_tracker(s->o.save_dir, &ck) || ck < 0) {
+            begin_shutdown(s, SV_EXIT_WORKER_FAILED, "no data-parallel replica survived and there is no checkpoint "
+                                                     "to restart from (--save)");
+            return;
+        }
+        M = ck;
+        fprintf(stderr, "cohort supervisor: no replica of the state survived: the new generation loads the "
+                        "checkpoint of iteration %" PRId64 " from %s\n", ck, s->o.save_dir);
     }
+    s->restart_faults_through = faults_through;
     s->restarting = false;
+    char from[64];
+    if (src >= 0) snprintf(from, sizeof from, "the state of rank %d", src);
+    else snprintf(from, sizeof from, "the checkpoint's state");
     fprintf(stderr, "cohort supervisor: generation %" PRIu64 ": %d rank(s) resume after iteration %" PRId64
-                    " with the state of rank %d (%d replaced; %.0f ms since the fault)\n",
-            gen, s->nw, M, src, replaced, (double)(sv__now_ms() - s->restart_t0));
-    int64_t lost = 0;
-    for (int i = 0; i < s->nw; i++)
-        if (s->w[i].replaced_iter > M && s->w[i].replaced_iter - M > lost) lost = s->w[i].replaced_iter - M;
-    if (s->val) svv_restart_done(s->val, M, lost);
+                    " with %s (%d replaced; %.0f ms since the fault)\n",
+            gen, s->nw, M, from, replaced, (double)(sv__now_ms() - s->restart_t0));
+    if (s->val) svv_restart_done(s->val, M, src < 0);
     send_assignments(s, M, src);
 }
 

@@ -65,6 +65,8 @@ struct svv {
     int naccepts;
     double max_step_ms;
     int64_t resumed_at;           /* iteration the last restart resumed after (-1: none) */
+    int64_t max_iter;             /* the newest iteration any rank reported (kept across restarts) */
+    int64_t last_accepted;        /* the newest iteration accepted (kept across restarts) */
     int64_t *fault_iters;         /* [W][8] iterations of each rank's latest attributed faults */
     int quarantined[64], nquar;
     int64_t lost_steps;
@@ -278,6 +280,7 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
         p->r.nmb = nmb;
     }
     if (p->seen & (1ull << lr->micro_batch)) return 0; /* a duplicate message */
+    if (it > v->max_iter) v->max_iter = it;
     if (!v->round_first_ms) v->round_first_ms = now;
     p->seen |= 1ull << lr->micro_batch;
     p->got++;
@@ -319,6 +322,7 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
             v->max_step_ms = (double)(now - v->last_accept_ms);
         v->last_accept_ms = now;
         v->naccepts++;
+        if (it > v->last_accepted) v->last_accepted = it;
     }
     v->last = vd;
     v->have_last = true;
@@ -454,10 +458,10 @@ void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint
     memset(v->low, 0, sizeof *v->low * (size_t)v->W);
 }
 
-void svv_restart_done(svv *v, int64_t iteration, int64_t lost) {
-    /* steps lost: iterations a dead rank had completed beyond what the survivors hold (0
-     * unless every holder of the newest state died) */
-    if (lost > 0) v->lost_steps += lost;
+void svv_restart_done(svv *v, int64_t iteration, bool from_checkpoint) {
+    /* steps lost: with a surviving replica none (the newest state is resumed); from a
+     * checkpoint, the iterations accepted after it */
+    if (from_checkpoint && v->last_accepted > iteration) v->lost_steps += v->last_accepted - iteration;
     v->resumed_at = iteration;
 }
 
@@ -472,7 +476,7 @@ bool svv_stalled(svv *v, uint64_t now, uint64_t soft_ms, int *missing, int cap, 
 
 double svv_max_step_ms(const svv *v) { return v->naccepts >= 6 ? v->max_step_ms : 0; }
 
-int64_t svv_current_iteration(const svv *v) { return v->have_last ? v->last_iter : 0; }
+int64_t svv_current_iteration(const svv *v) { return v->max_iter; }
 
 int svv_state_save(void *ctx, char *buf, size_t n) {
     svv *v = ctx;

@@ -40,18 +40,18 @@ void svv_note_fault(svv *v, const char *kind, int rank, const char *diagnosis);
 
 /* In-process restart: the generation was aborted for `why` (kind "killed", "exited", "hang",
  * ...; detect_ms: how long the fault went unnoticed); the round in progress is dropped.
- * svv_restart_done: every rank resumes after iteration `iteration`; `lost` completed
- * iterations died with their ranks. The fault's recovery
+ * svv_restart_done: every rank resumes after iteration `iteration`, from a survivor's
+ * memory or (from_checkpoint) from the last checkpoint, losing the iterations since. The fault's recovery
  * time runs until the first iteration accepted after it. */
 void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint64_t detect_ms);
-void svv_restart_done(svv *v, int64_t iteration, int64_t lost);
+void svv_restart_done(svv *v, int64_t iteration, bool from_checkpoint);
 /* A round that stopped progressing: some ranks reported, others not, for soft_ms. Returns
  * true with the silent ranks in missing (at most cap) and when the round began in *since. */
 bool svv_stalled(svv *v, uint64_t now, uint64_t soft_ms, int *missing, int cap, int *nmissing, uint64_t *since);
 /* The state machine's state for checkpoints (ctx: the svv), and restoring it after --load. */
 int svv_state_save(void *ctx, char *buf, size_t n);
 int svv_state_load(svv *v, const char *json);
-/* The iteration of the last verdict (0 before any). */
+/* The newest iteration any rank has reported (0 before any). */
 int64_t svv_current_iteration(const svv *v);
 /* The slowest iteration seen (ms between accepted verdicts) once 5 have completed, else 0. */
 double svv_max_step_ms(const svv *v);

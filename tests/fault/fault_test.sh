@@ -263,6 +263,20 @@ inject_cli)
     expect_fault f killed 1 rank_failure
     grep -q "inject: kill@rank=1,step=$at (cohort inject)" "$work/f.report.json" || fail "not in the report"
     ;;
+all_replicas)
+    # every replica dies at once: no memory holds the state, so the new generation loads
+    # the last checkpoint (iteration 8) and the job still ends bitwise at the fault-free result
+    clean --save "$work/clean.ckpt" --save-interval 4
+    run f --inject "kill@rank=0,step=10" --inject "kill@rank=1,step=10" --inject "kill@rank=2,step=10" \
+        --inject "kill@rank=3,step=10" --save "$work/f.ckpt" --save-interval 4 $quick
+    expect_rc f 0
+    grep -q "no replica of the state survived: the new generation loads the checkpoint of iteration 8" "$work/f.err" ||
+        fail "$(grep supervisor "$work/f.err")"
+    "$cohort" ckpt diff "$work/clean.ckpt/iter_0000012" "$work/f.ckpt/iter_0000012" >"$work/diff" ||
+        fail "differs from the fault-free run: $(head "$work/diff")"
+    /usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['steps_lost'] == 1, r['steps_lost']" \
+        "$work/f.report.json" || fail "steps lost: $(grep steps_lost "$work/f.report.json")"
+    ;;
 rerun_state)
     # the state machine's state travels in the checkpoint: a spike in the first iteration
     # after a resume is caught against the maxima learned before the save
