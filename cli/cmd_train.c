@@ -389,7 +389,12 @@ int cli_train(int argc, char **argv) {
     bool worker = sv_link_wanted();
     if (worker) {
         install_signals();
-        rc = sv_link_open(&link, &g_stop, (int)(c.rendezvous_timeout * 1000), &asg);
+        const char *spare = getenv("COHORT_SPARE");
+        rc = sv_link_open(&link, &g_stop, spare && !strcmp(spare, "1") ? -1 : (int)(c.rendezvous_timeout * 1000), &asg);
+        if (rc && spare && !strcmp(spare, "1") && rc == CO_EABORTED) {
+            co_config_free(&c); /* a warm spare the job did not need */
+            return CLI_OK;
+        }
         if (rc) {
             fprintf(stderr, "cohort worker: %s (%s)\n", co_err_detail(), co_strerror(rc));
             co_config_free(&c);
@@ -397,10 +402,14 @@ int cli_train(int argc, char **argv) {
         }
     }
     int dp = worker ? asg.dp : c.nproc_per_node * c.nnodes;
+    if (!worker && c.nnodes == 1 && c.inprocess_active_world_size > 0 && c.inprocess_active_world_size < dp)
+        dp = c.inprocess_active_world_size; /* the others are warm spares */
     if (worker && !co_config_was_set(&c, "threads")) {
         /* the node's cores are shared by its workers */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        c.threads = (int)(cores / c.nproc_per_node > 0 ? cores / c.nproc_per_node : 1);
+        int active = c.inprocess_active_world_size > 0 && c.inprocess_active_world_size < c.nproc_per_node
+                         ? c.inprocess_active_world_size : c.nproc_per_node; /* spares sleep */
+        c.threads = (int)(cores / active > 0 ? cores / active : 1);
     }
     rc = co_config_finalize(&c, dp, err, sizeof err);
     int vocab = 0, eod = 0;
@@ -530,6 +539,7 @@ int cli_train(int argc, char **argv) {
         }
         so.rerun_state = rerun_state;
         so.restart = c.inprocess_restart;
+        so.active_world = c.inprocess_active_world_size > 0 ? c.inprocess_active_world_size : 0;
         so.quarantine_after = c.quarantine_after;
         so.quarantine_window = c.quarantine_window;
         so.restart_limit = c.inprocess_restart_limit;

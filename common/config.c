@@ -203,6 +203,9 @@ static const flag flags[] = {
       "[cohort] at most this many restarts within --inprocess-restart-window; then the job stops (status 4)"),
     D("resilience", "inprocess-restart-window", inprocess_restart_window, "600",
       "[cohort] seconds over which --inprocess-restart-limit counts"),
+    I("resilience", "inprocess-active-world-size", inprocess_active_world_size, NULL,
+      "ranks that train (default: every process); the other --nproc-per-node processes are warm spares "
+      "that take a dead rank's place (one node)"),
     I("resilience", "quarantine-after", quarantine_after, "2",
       "[cohort] a rank the rerun state machine finds faulty this many times within --quarantine-window "
       "iterations is killed and replaced (0: never)"),
@@ -586,6 +589,9 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         problem(&P, "in-process restart timeouts must satisfy 0 < soft < hard < barrier");
     if (!(c->inprocess_heartbeat_interval > 0 && c->inprocess_heartbeat_interval < c->inprocess_heartbeat_timeout))
         problem(&P, "--inprocess-heartbeat-interval must be positive and below --inprocess-heartbeat-timeout");
+    if (c->inprocess_active_world_size != -1 &&
+        (c->inprocess_active_world_size < 1 || c->inprocess_active_world_size > c->nproc_per_node * c->nnodes))
+        problem(&P, "--inprocess-active-world-size must be between 1 and the number of worker processes");
     if (c->inprocess_restart_limit < 0 || !(c->inprocess_restart_window > 0))
         problem(&P, "--inprocess-restart-limit must be >= 0 and --inprocess-restart-window positive");
     if (c->check_replicas_interval < 0) problem(&P, "--check-replicas-interval must be >= 0");

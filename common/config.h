@@ -106,6 +106,7 @@ typedef struct co_config {
     double inprocess_heartbeat_interval, inprocess_heartbeat_timeout;
     int inprocess_restart_limit;
     double inprocess_restart_window;
+    int inprocess_active_world_size;
     int quarantine_after;
     int64_t quarantine_window;
     char run_report[512];

@@ -340,7 +340,12 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, int timeout_ms, sv_
     dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
     pthread_mutex_lock(&l->mu);
-    while (!l->assigned && !*stop) {
+    while (!l->assigned && !*stop && !l->aborted) {
+        if (timeout_ms < 0) {
+            /* a warm spare: until a rank comes, or the supervisor goes (the silence check) */
+            wait_slice(l, 1000);
+            continue;
+        }
         if (pthread_cond_timedwait(&l->cv, &l->mu, &dl)) break;
     }
     bool got = l->assigned;

@@ -39,7 +39,8 @@ typedef struct sv_assignment {
 /* True when this process was started by a supervisor. */
 bool sv_link_wanted(void);
 
-/* Connects to the supervisor, registers and waits for the assignment (timeout_ms).
+/* Connects to the supervisor, registers and waits for the assignment (timeout_ms; < 0: a
+ * warm spare, which waits until it is given a rank or the supervisor is gone).
  * stop: the flag the training loop polls; the link raises it on a stop order or when
  * the supervisor goes silent. */
 int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, int timeout_ms, sv_assignment *a);

@@ -45,6 +45,7 @@ typedef struct worker {
     int64_t ready_iter;       /* the iteration it committed last */
     uint64_t abort_ms;        /* when it was sent the Abort */
     bool retiring;            /* quarantined: replaced once it reaches the restart barrier */
+    int rank;                 /* its data-parallel rank, -1 for a warm spare (index is its slot) */
 } worker;
 
 typedef struct sv {
@@ -72,6 +73,8 @@ typedef struct sv {
     svc *ckpt;              /* commits the ranks' checkpoints (--save; ckpt_coord.c) */
     svv *val;               /* validates every iteration, writes the run report (validate.c) */
     bool restart_enabled;   /* in-process restart (one node) */
+    int world;              /* active ranks (--inprocess-active-world-size); slots beyond are spares */
+    bool finishing;         /* every active rank finished: the spares are told to go */
     bool restarting;        /* between an Abort and every rank's Restart */
     uint64_t restart_t0;
     uint64_t restart_times[64];
@@ -96,6 +99,9 @@ static void send_shutdown(sv *s, worker *w, int status, const char *reason) {
     sv__send(s->mb, w->identity, &s->snd, &sd.base);
 }
 
+/* The slot holding data-parallel rank r (NULL: none). */
+static worker *rank_slot(struct sv *s, int r);
+
 /* Ends the loop once no worker of this node is left running and the job cannot go on. */
 static void maybe_finish(struct sv *s);
 static void on_proc_closed(uv_handle_t *h);
@@ -103,6 +109,12 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
 static void check_restart_done(sv *s);
 static int spawn_one(sv *s, worker *w);
 static void watch_progress(sv *s, uint64_t now);
+
+static worker *rank_slot(sv *s, int r) {
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].rank == r && r >= 0) return &s->w[i];
+    return NULL;
+}
 
 static void kill_remaining(ac_timer *t, void *ctx) {
     (void)t;
@@ -135,6 +147,19 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
     s->nexited++;
     w->closing = true;
     uv_close((uv_handle_t *)p, on_proc_closed);
+    if (w->rank < 0 && !s->agent) {
+        /* a warm spare died: start another (no rank lost, no restart) */
+        if (!s->stopping && !s->finishing) {
+            w->exited = false;
+            if (w->registered) s->nregistered--;
+            w->registered = false;
+            free(w->data_endpoint);
+            w->data_endpoint = NULL;
+            w->respawn = true;
+        }
+        maybe_finish(s);
+        return;
+    }
     if (w->retiring && !s->stopping) {
         /* a quarantined rank, retired on purpose: its replacement starts once the handle closes */
         w->retiring = false;
@@ -150,10 +175,10 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
     if (term_signal || status != 0) {
         char why[256];
         if (term_signal)
-            snprintf(why, sizeof why, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->index,
+            snprintf(why, sizeof why, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->rank,
                      s->o.node_rank, w->pid, term_signal, strsignal(term_signal));
         else
-            snprintf(why, sizeof why, "rank %d (node %d, pid %u) exited with status %" PRId64, w->index,
+            snprintf(why, sizeof why, "rank %d (node %d, pid %u) exited with status %" PRId64, w->rank,
                      s->o.node_rank, w->pid, status);
         int st = status == 3 && !term_signal ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED;
         if (s->agent) {
@@ -165,19 +190,31 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
                 ab.generation = s->snd.generation;
                 ab.reason = why;
                 ab.has_failed_rank = 1;
-                ab.failed_rank = (uint32_t)w->index;
+                ab.failed_rank = (uint32_t)w->rank;
                 ab.has_error_code = 1;
                 ab.error_code = st;
                 sv__send(s->mb, NULL, &s->snd, &ab.base);
                 ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, kill_remaining, s, &s->kill_timer);
             }
         } else if (!s->stopping && s->restart_enabled && s->assigned && st != SV_EXIT_NAN) {
-            begin_restart(s, term_signal ? "killed" : "exited", w->index, why, 0);
+            begin_restart(s, term_signal ? "killed" : "exited", w->rank, why, 0);
         } else if (!s->stopping) {
-            if (s->val) svv_note_fault(s->val, term_signal ? "killed" : "exited", w->index, why);
+            if (s->val) svv_note_fault(s->val, term_signal ? "killed" : "exited", w->rank, why);
             fprintf(stderr, "cohort supervisor: %s at iteration %" PRIu64 "; stopping the job\n", why, w->iteration);
             begin_shutdown(s, st, why);
         }
+    }
+    if (!term_signal && status == 0 && !s->agent && !s->restarting) {
+        bool active_left = false;
+        for (int i = 0; i < s->nw; i++)
+            if (s->w[i].rank >= 0 && s->w[i].spawned && !s->w[i].exited) active_left = true;
+        if (!active_left) s->finishing = true;
+        if (!active_left)
+            for (int i = 0; i < s->nw; i++)
+                if (s->w[i].rank < 0 && s->w[i].spawned && !s->w[i].exited) {
+                    if (s->w[i].registered) send_shutdown(s, &s->w[i], 0, "the job is done");
+                    else uv_process_kill(&s->w[i].proc, SIGTERM);
+                }
     }
     maybe_finish(s);
 }
@@ -192,7 +229,7 @@ static void maybe_finish(sv *s) {
  * to a replacement) or a Restart (to a survivor of an aborted generation). start_iteration
  * and source: where the new generation resumes and whose state every rank takes. */
 static void send_assignments(sv *s, int64_t start_iteration, int source) {
-    int n = s->nw;
+    int n = s->world;
     Cohort__V1__PeerEndpoint *pe = calloc((size_t)n, sizeof *pe);
     Cohort__V1__PeerEndpoint **pp = calloc((size_t)n, sizeof *pp);
     if (!pe || !pp) {
@@ -203,21 +240,31 @@ static void send_assignments(sv *s, int64_t start_iteration, int source) {
     }
     bool restart = s->snd.generation > 1;
     for (int r = 0; r < n; r++) {
+        if (!rank_slot(s, r)) {
+            free(pe);
+            free(pp);
+            begin_shutdown(s, SV_EXIT_FAILURE, "no worker holds a rank");
+            return;
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        worker *wr = rank_slot(s, r);
         Cohort__V1__PeerEndpoint init = COHORT__V1__PEER_ENDPOINT__INIT;
         pe[r] = init;
         pe[r].rank = (uint32_t)r;
         /* after a restart every rank binds its endpoint of the new generation */
-        pe[r].endpoint = restart ? s->w[r].spawn_endpoint : s->w[r].data_endpoint;
+        pe[r].endpoint = restart ? wr->spawn_endpoint : wr->data_endpoint;
         pe[r].has_local_rank = 1;
-        pe[r].local_rank = (uint32_t)s->w[r].local_rank;
+        pe[r].local_rank = (uint32_t)wr->local_rank;
         pe[r].has_node_rank = 1;
-        pe[r].node_rank = (uint32_t)(r / s->o.nproc);
+        pe[r].node_rank = (uint32_t)(wr->index / s->o.nproc);
         pp[r] = &pe[r];
     }
     Cohort__V1__Topology topo = COHORT__V1__TOPOLOGY__INIT;
     topo.tp = topo.pp = topo.cp = 1;
     topo.dp = (uint32_t)n;
     for (int r = 0; r < n; r++) {
+        worker *wr = rank_slot(s, r);
         Cohort__V1__Assign as = COHORT__V1__ASSIGN__INIT;
         as.rank = (uint32_t)r; /* node-major: node_rank * nproc + local_rank */
         as.world_size = (uint32_t)n;
@@ -236,15 +283,15 @@ static void send_assignments(sv *s, int64_t start_iteration, int source) {
             if (source < 0) as.checkpoint_dir = (char *)s->o.save_dir; /* load it */
         }
         int rc;
-        if (!restart || s->w[r].replacing) {
-            rc = sv__send(s->mb, s->w[r].identity, &s->snd, &as.base);
-            s->w[r].replacing = false;
+        if (!restart || wr->replacing) {
+            rc = sv__send(s->mb, wr->identity, &s->snd, &as.base);
+            wr->replacing = false;
         } else {
             Cohort__V1__Restart rs = COHORT__V1__RESTART__INIT;
             rs.new_generation = s->snd.generation;
             rs.assignment = &as;
             rs.reason = "in-process restart";
-            rc = sv__send(s->mb, s->w[r].identity, &s->snd, &rs.base);
+            rc = sv__send(s->mb, wr->identity, &s->snd, &rs.base);
         }
         if (rc) fprintf(stderr, "cohort supervisor: sending the assignment to worker %d failed: %s\n", r, co_strerror(rc));
     }
@@ -304,7 +351,29 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
             return;
         }
         w->ready_gen = 0;
+        if (w->rank < 0) continue; /* a warm spare: not in the generation */
         if (w->exited || !w->spawned) {
+            worker *sp = NULL;
+            for (int k = 0; k < s->nw && !w->replacing; k++)
+                if (s->w[k].rank < 0 && s->w[k].registered && !s->w[k].exited && !s->w[k].closing) sp = &s->w[k];
+            if (sp) {
+                /* a warm spare takes the dead rank; the dead slot starts a new spare */
+                fprintf(stderr, "cohort supervisor: the warm spare in slot %d takes rank %d\n", sp->index, w->rank);
+                sp->rank = w->rank;
+                sp->replacing = true;
+                snprintf(sp->spawn_endpoint, sizeof sp->spawn_endpoint, "%s", w->spawn_endpoint);
+                w->rank = -1;
+                if (w->registered) s->nregistered--;
+                w->registered = false;
+                free(w->data_endpoint);
+                w->data_endpoint = NULL;
+                if (w->exited && !w->respawn && !s->finishing) {
+                    w->exited = false;
+                    if (w->closing) w->respawn = true;
+                    else if (spawn_one(s, w)) fprintf(stderr, "cohort supervisor: a new spare: %s\n", co_err_detail());
+                }
+                continue;
+            }
             if (!w->replacing) {
                 w->replacing = true;
                 if (w->registered) s->nregistered--;
@@ -348,6 +417,7 @@ static void check_restart_done(sv *s) {
     int src = -1, replaced = 0;
     for (int i = 0; i < s->nw; i++) {
         worker *w = &s->w[i];
+        if (w->rank < 0) continue; /* spares */
         if (w->replacing) {
             if (!w->registered || w->closing || w->respawn) return;
             replaced++;
@@ -356,7 +426,7 @@ static void check_restart_done(sv *s) {
         if (w->ready_gen != gen) return;
         if (w->ready_iter > M) {
             M = w->ready_iter;
-            src = i;
+            src = w->rank;
         }
     }
     int64_t faults_through = s->val ? svv_current_iteration(s->val) + 1 : M + 1;
@@ -379,7 +449,7 @@ static void check_restart_done(sv *s) {
     else snprintf(from, sizeof from, "the checkpoint's state");
     fprintf(stderr, "cohort supervisor: generation %" PRIu64 ": %d rank(s) resume after iteration %" PRId64
                     " with %s (%d replaced; %.0f ms since the fault)\n",
-            gen, s->nw, M, from, replaced, (double)(sv__now_ms() - s->restart_t0));
+            gen, s->world, M, from, replaced, (double)(sv__now_ms() - s->restart_t0));
     if (s->val) svv_restart_done(s->val, M, src < 0);
     send_assignments(s, M, src);
 }
@@ -484,7 +554,7 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         if (s->restart_enabled && !s->stopping && !s->restarting && e->generation == s->snd.generation) {
             if (!s->collective_timer) {
                 snprintf(s->collective_why, sizeof s->collective_why, "%s", e->abort->reason);
-                s->collective_rank = w->index;
+                s->collective_rank = w->rank;
                 s->collective_gen = s->snd.generation;
                 s->collective_t0 = sv__now_ms();
                 ac_timer_start(s->a, 300, 0, collective_failed, s, &s->collective_timer);
@@ -507,19 +577,19 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         if (s->val && !s->stopping && !s->restarting && e->generation == s->snd.generation) {
             char why[400];
             int quarantine = -1;
-            int st = svv_on_report(s->val, w->index, e->loss_report, why, sizeof why, &quarantine);
+            int st = w->rank < 0 ? 0 : svv_on_report(s->val, w->rank, e->loss_report, why, sizeof why, &quarantine);
             if (st > 0) begin_shutdown(s, st, why);
-            else if (quarantine >= 0 && s->restart_enabled && !s->w[quarantine].exited) {
+            else if (quarantine >= 0 && s->restart_enabled && rank_slot(s, quarantine) && !rank_slot(s, quarantine)->exited) {
                 /* retired at the restart barrier (after its last accepted step's log lines are out) */
                 char q[200];
                 snprintf(q, sizeof q, "rank %d quarantined (found faulty too often)", quarantine);
-                s->w[quarantine].retiring = true;
+                rank_slot(s, quarantine)->retiring = true;
                 begin_restart(s, "quarantine", quarantine, q, 0);
             }
         }
         break;
     case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_ACK:
-        if (s->ckpt && e->generation == s->snd.generation) svc_on_ack(s->ckpt, w->index, e->checkpoint_ack);
+        if (s->ckpt && e->generation == s->snd.generation && w->rank >= 0) svc_on_ack(s->ckpt, w->rank, e->checkpoint_ack);
         break;
     case COHORT__V1__ENVELOPE__BODY_METRICS:
         if (s->metrics && e->metrics->record) {
@@ -530,7 +600,7 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
     case COHORT__V1__ENVELOPE__BODY_LOG_LINE: {
         if (s->val && !strncmp(e->log_line->text, "event: ", 7)) {
             /* an injected or repaired fault on that rank: for the run report */
-            svv_on_event(s->val, w->index, e->log_line->text + 7);
+            svv_on_event(s->val, w->rank, e->log_line->text + 7);
             break;
         }
         FILE *f = e->log_line->level >= COHORT__V1__LOG_LEVEL__LOG_WARNING ? stderr : stdout;
@@ -597,7 +667,7 @@ static void watch_progress(sv *s, uint64_t now) {
     if (s->restarting) {
         for (int i = 0; i < s->nw; i++) {
             worker *w = &s->w[i];
-            if (w->replacing || w->exited || w->ready_gen == s->snd.generation || !w->abort_ms) continue;
+            if (w->rank < 0 || w->replacing || w->exited || w->ready_gen == s->snd.generation || !w->abort_ms) continue;
             if (now - w->abort_ms > hard - soft) {
                 fprintf(stderr, "cohort supervisor: rank %d did not reach the restart barrier in %.1f s; killing it to "
                                 "replace it\n", i, (double)(hard - soft) / 1000);
@@ -657,8 +727,8 @@ static int spawn_one(sv *s, worker *w) {
     int nenv = 0;
     while (environ[nenv]) nenv++;
     char **args = calloc((size_t)s->o.nworker_args + 3, sizeof *args);
-    char **env = calloc((size_t)nenv + (size_t)s->o.nextra_env + 9, sizeof *env); /* + 8 vars + NULL */
-    char vars[8][600];
+    char **env = calloc((size_t)nenv + (size_t)s->o.nextra_env + 10, sizeof *env); /* + 9 vars + NULL */
+    char vars[9][600];
     if (!args || !env) {
         free(args);
         free(env);
@@ -680,7 +750,9 @@ static int spawn_one(sv *s, worker *w) {
     snprintf(vars[5], sizeof vars[5], "COHORT_WORKER_ID=%d", w->index);
     snprintf(vars[6], sizeof vars[6], "COHORT_DATA_ENDPOINT=%s", w->spawn_endpoint);
     snprintf(vars[7], sizeof vars[7], "COHORT_JOB_SECRET=%s", s->have_secret ? s->o.secret_path : "");
-    for (int k = 0; k < 8; k++) env[ne++] = vars[k];
+    /* a warm spare waits for a rank as long as its supervisor lives */
+    snprintf(vars[8], sizeof vars[8], "COHORT_SPARE=%d", w->rank < 0 ? 1 : 0);
+    for (int k = 0; k < 9; k++) env[ne++] = vars[k];
     for (int k = 0; k < s->o.nextra_env; k++) env[ne++] = s->o.extra_env[k];
     uv_stdio_container_t stdio[3];
     for (int k = 0; k < 3; k++) {
@@ -720,8 +792,9 @@ static int spawn_workers(sv *s) {
 /* ckpt_coord.c's way to reach a rank. */
 static int send_to_rank(void *ctx, int rank, const ProtobufCMessage *body) {
     sv *s = ctx;
-    if (rank < 0 || rank >= s->nw || !s->w[rank].registered || s->w[rank].exited) return CO_ENOENT;
-    return sv__send(s->mb, s->w[rank].identity, &s->snd, body);
+    worker *w = rank_slot(s, rank);
+    if (!w || !w->registered || w->exited) return CO_ENOENT;
+    return sv__send(s->mb, w->identity, &s->snd, body);
 }
 
 static int sv_on_start(ac_actor *a, void *ctx) {
@@ -829,6 +902,7 @@ int sv_run(const sv_options *opt) {
     }
     /* the supervisor tracks every worker of the job, an agent its node's */
     s.nw = s.agent ? s.o.nproc : s.o.nproc * s.o.nnodes;
+    s.world = s.o.active_world > 0 && s.o.active_world < s.nw && s.o.nnodes == 1 ? s.o.active_world : s.nw;
     s.w = calloc((size_t)s.nw, sizeof *s.w);
     if (!s.w) return SV_EXIT_FAILURE;
     for (int i = 0; i < s.nw; i++) {
@@ -837,6 +911,7 @@ int sv_run(const sv_options *opt) {
         w->index = s.agent ? s.o.node_rank * s.o.nproc + i : i;
         w->local_rank = w->index % s.o.nproc;
         snprintf(w->identity, sizeof w->identity, "w%d", w->index);
+        w->rank = s.agent || w->index < s.world ? w->index : -1;
     }
     if (!s.agent && s.o.metrics_file && *s.o.metrics_file && !(s.metrics = fopen(s.o.metrics_file, "a"))) {
         fprintf(stderr, "cohort supervisor: cannot open --metrics-file %s\n", s.o.metrics_file);
@@ -844,7 +919,7 @@ int sv_run(const sv_options *opt) {
         return SV_EXIT_FAILURE;
     }
     if (!s.agent && s.o.save_dir && *s.o.save_dir &&
-        svc_new(&s.ckpt, s.o.save_dir, s.o.most_recent_k, s.nw, s.snd.job_id, send_to_rank, &s)) {
+        svc_new(&s.ckpt, s.o.save_dir, s.o.most_recent_k, s.world, s.snd.job_id, send_to_rank, &s)) {
         fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
         if (s.metrics) fclose(s.metrics);
         free(s.w);
@@ -858,7 +933,7 @@ int sv_run(const sv_options *opt) {
                           .straggler_threshold = s.o.straggler_threshold > 0 ? s.o.straggler_threshold : 0.75,
                           .inject = s.o.inject, .metrics = s.metrics, .quarantine_after = s.o.quarantine_after,
                           .quarantine_window = s.o.quarantine_window};
-        vo.rr.world = s.nw;
+        vo.rr.world = s.world;
         if (svv_new(&s.val, &vo, send_to_rank, &s)) {
             fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
             svc_destroy(&s.ckpt);
@@ -882,7 +957,8 @@ int sv_run(const sv_options *opt) {
     if (!rc && s.status < 0 && !s.first_failure) {
         /* every worker exited on its own: a clean end only if all exited 0 */
         for (int i = 0; i < s.nw; i++)
-            if (s.w[i].spawned && (s.w[i].exit_status || s.w[i].term_signal)) status = SV_EXIT_WORKER_FAILED;
+            if (s.w[i].spawned && s.w[i].rank >= 0 && (s.w[i].exit_status || s.w[i].term_signal))
+                status = SV_EXIT_WORKER_FAILED;
     }
     if (s.val) {
         if (svv_write_report(s.val, stderr, s.o.report_file, status, (double)(sv__now_ms() - t_start) / 1000.0))

@@ -79,6 +79,8 @@ typedef struct sv_options {
     bool soft_timeout_set;         /* given explicitly; else learned from step times */
     int hard_timeout_ms;           /* ... and a rank still not at the barrier is killed */
     int barrier_timeout_ms;        /* every rank at the restart barrier within this */
+    int active_world;              /* ranks that train (0: every worker); the rest are warm spares
+                                      that take a dead rank's place (one node) */
     int quarantine_after;          /* faults attributed to a rank within quarantine_window */
     int64_t quarantine_window;     /* iterations: then its process is replaced (0: never) */
 } sv_options;

@@ -263,6 +263,17 @@ inject_cli)
     expect_fault f killed 1 rank_failure
     grep -q "inject: kill@rank=1,step=$at (cohort inject)" "$work/f.report.json" || fail "not in the report"
     ;;
+spare)
+    # --inprocess-active-world-size 2 of 3 processes: the third is a warm spare that takes a
+    # dead rank's place; the dead slot starts a new spare; the numbers are the 2-rank run's
+    clean --nproc-per-node 2 # (a later flag overrides the same one earlier)
+    run f --nproc-per-node 3 --inprocess-active-world-size 2 --inject "kill@rank=0,step=5" $quick
+    expect_rc f 0
+    expect_same f
+    grep -q "the warm spare in slot 2 takes rank 0" "$work/f.err" || fail "$(grep supervisor "$work/f.err")"
+    grep -q "no rank assignment" "$work/f.err" && fail "a spare complained at the end"
+    expect_fault f killed 0 rank_failure
+    ;;
 all_replicas)
     # every replica dies at once: no memory holds the state, so the new generation loads
     # the last checkpoint (iteration 8) and the job still ends bitwise at the fault-free result
