@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# fault_bench.sh - what the supervisor's fault tolerance costs and how fast it acts, on the
+# embedded default model (4 layers, hidden 256, byte-level, licence texts, global batch 32)
+# under the supervisor (issue "The supervisor keeps the run alive").
+#
+#   bench/fault_bench.sh [COHORT]          (COHORT: the cohort binary, default build/cli/cohort)
+#
+# Part 1, overhead: the embedded job with --train-iters $ITERS on 2 ranks, three ways, in
+# alternation (the order rotates every repetition; the machine is noisy):
+#   disabled   --rerun-mode disabled          (heartbeats every 1 s)
+#   validate   the default, validate_results  (heartbeats every 1 s)
+#   hb10x      validate_results with --inprocess-heartbeat-interval 0.1 (bounds the heartbeats)
+# per run the median and mean of elapsed_ms_per_iteration from the metrics file, iterations
+# after the first $WARM; the summary pools every run's steps per configuration.
+#
+# Part 2, faults: one run per fault (injected at step $FAULT_STEP of $FAULT_ITERS, on rank 0)
+# for each world size in $NPROCS; from the run report: detection_ms and recovery_ms; from
+# stderr and stdout, time-stamped here as the lines arrive: injection -> the supervisor's
+# first line about it, and injection -> the log line of iteration $FAULT_STEP (the first step
+# completed after recovery); and the run's median step time (for "2 s + one step").
+#
+# Environment: REPS (3), ITERS (60), WARM (5), NPROCS ("2 4"), FAULT_ITERS (18),
+# FAULT_STEP (12), REANALYZE=DIR (print the tables again from a kept work directory), PARTS ("overhead faults"), FAULTS (the fault runs, default all of
+# kill-forward kill-allreduce hang-2s hang-learned stop-2s nan bitflip-grad bitflip-param
+# msg-drop), KEEP=1 keeps the work directory.
+set -uo pipefail
+cohort=${1:-build/cli/cohort}
+[ -x "$cohort" ] || { echo "fault_bench: no executable $cohort (build first)" >&2; exit 2; }
+cohort=$(readlink -f "$cohort")
+REPS=${REPS:-3} ITERS=${ITERS:-60} WARM=${WARM:-5} NPROCS=${NPROCS:-2 4}
+FAULT_ITERS=${FAULT_ITERS:-18} FAULT_STEP=${FAULT_STEP:-12} PARTS=${PARTS:-overhead faults}
+if [ -n "${REANALYZE:-}" ]; then
+    work=$REANALYZE # tables again from a kept work directory (same settings), nothing run
+else
+    work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-fault-bench.XXXXXX")
+    trap '[ -n "${KEEP:-}" ] && echo "work directory kept: $work" >&2 || rm -rf "$work"' EXIT
+fi
+py=/usr/bin/python3
+
+# every line prefixed with the wall-clock time it arrived (s, ms resolution)
+stamp() { perl -MTime::HiRes=time -ne 'BEGIN { $| = 1 } printf "%.3f %s", time, $_'; }
+
+# job NAME ARGS...: the embedded job under the supervisor, own work directory (corpus and
+# index caches), stamped output in $work/NAME.{out,err}, metrics and run report beside them
+job() {
+    local name=$1; shift
+    [ -z "${REANALYZE:-}" ] || return 0
+    awk '{print $1}' /proc/loadavg >"$work/$name.load"
+    ( "$cohort" train --workdir "$work/wd" --log-interval 1 --metrics-file "$work/$name.jsonl" \
+        --run-report "$work/$name.report.json" "$@" 2>&1 1>&3 3>&- | stamp >"$work/$name.err"
+      exit "${PIPESTATUS[0]}" ) 3>&1 | stamp >"$work/$name.out"
+    local rc=${PIPESTATUS[0]}
+    awk '{print $1}' /proc/loadavg >>"$work/$name.load"
+    echo "$rc" >"$work/$name.rc"
+    [ "$rc" -eq 0 ] || echo "fault_bench: $name exited $rc: $(grep -v '^[0-9.]* cohort rank' "$work/$name.err" | tail -3)" >&2
+}
+
+echo "# fault_bench: $(date -u '+%F %T') UTC, $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# cohort: $cohort"
+# corpus and dataset indices built once, outside any timing
+job prep --nproc-per-node 2 --train-iters 2 --eval-iters 1 >/dev/null
+
+if [[ " $PARTS " == *" overhead "* ]]; then
+    configs=(disabled validate hb10x)
+    declare -A flags=([disabled]="--rerun-mode disabled" [validate]="" [hb10x]="--inprocess-heartbeat-interval 0.1")
+    runs=()
+    for ((r = 1; r <= REPS; r++)); do
+        for ((k = 0; k < 3; k++)); do
+            c=${configs[$(((k + r - 1) % 3))]}
+            # shellcheck disable=SC2086
+            job "ovh-$c-$r" --nproc-per-node 2 --train-iters "$ITERS" ${flags[$c]}
+            runs+=("ovh-$c-$r")
+            echo "#   $c rep $r done (load $(paste -sd' ' "$work/ovh-$c-$r.load"))" >&2
+        done
+    done
+    echo
+    echo "## Overhead: embedded model, 2 ranks, --train-iters $ITERS, iterations $((WARM + 1))..$ITERS, $REPS repetitions"
+    $py - "$work" "$WARM" "${runs[@]}" <<'PY'
+import json, statistics as st, sys, os
+work, warm, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def steps(name):
+    out = []
+    for line in open(os.path.join(work, name + ".jsonl")):
+        r = json.loads(line)
+        if "elapsed_ms_per_iteration" in r and r["iteration"] > warm:
+            out.append(r["elapsed_ms_per_iteration"])
+    return out
+def report(name):
+    try: return json.load(open(os.path.join(work, name + ".report.json")))
+    except Exception: return {}
+per = {}
+print("\n| rep | config | load before/after | steps | median ms/iter | mean ms/iter | replays | rc |")
+print("|---:|---|---|---:|---:|---:|---:|---:|")
+for name in runs:
+    _, cfg, rep = name.split("-")
+    s = steps(name)
+    rp = report(name)
+    load = "/".join(open(os.path.join(work, name + ".load")).read().split())
+    rc = open(os.path.join(work, name + ".rc")).read().strip()
+    per.setdefault(cfg, []).append((int(rep), s))
+    print(f"| {rep} | {cfg} | {load} | {len(s)} | {st.median(s):.1f} | {st.mean(s):.1f} | {rp.get('replays', '—')} | {rc} |")
+base_pool = [x for _, s in per["disabled"] for x in s]
+base = st.median(base_pool)
+base_by_rep = {r: st.median(s) for r, s in per["disabled"]}
+print("\n| config | runs | median ms/iter (all steps) | run medians min–max | mean ms/iter | 5th percentile ms/iter | fastest step ms | vs disabled (pooled median) | vs disabled (5th percentile) | vs disabled, paired per repetition: median (min..max) |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+def p5(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 20]
+base_p5 = p5(base_pool)
+summary = {}
+for cfg in ("disabled", "validate", "hb10x"):
+    if cfg not in per: continue
+    pool = [x for _, s in per[cfg] for x in s]
+    meds = [st.median(s) for _, s in per[cfg]]
+    med = st.median(pool)
+    d = 100 * (med / base - 1)
+    paired = sorted(100 * (st.median(s) / base_by_rep[r] - 1) for r, s in per[cfg] if r in base_by_rep)
+    summary[cfg] = (med, d, paired)
+    pc = "—" if cfg == "disabled" else f"{st.median(paired):+.2f}% ({paired[0]:+.2f}..{paired[-1]:+.2f})"
+    q = p5(pool)
+    print(f"| {cfg} | {len(meds)} | {med:.1f} | {min(meds):.1f}–{max(meds):.1f} | {st.mean(pool):.1f} | {q:.1f} | {min(pool):.1f} | "
+          f"{'—' if cfg == 'disabled' else f'{d:+.2f}%'} | {'—' if cfg == 'disabled' else f'{100 * (q / base_p5 - 1):+.2f}%'} | {pc} |")
+if "validate" in summary and "hb10x" in summary:
+    v, h = summary["validate"][1], summary["hb10x"][1]
+    print(f"\nvalidation (gate) vs disabled: {v:+.2f}% of step time (target <= 1%)")
+    print(f"heartbeats at 10 Hz vs 1 Hz: {h - v:+.2f}%; one 1 Hz heartbeat stream is about a ninth of that: {(h - v) / 9:+.3f}%")
+    print(f"validation + heartbeats (1 Hz) estimate: {v + max(0.0, (h - v) / 9):+.2f}% (target <= 1%)")
+PY
+fi
+
+if [[ " $PARTS " == *" faults "* ]]; then
+    S=$FAULT_STEP
+    quick=(--inprocess-soft-timeout 2 --inprocess-hard-timeout 4)
+    read -r -a names <<<"${FAULTS:-kill-forward kill-allreduce hang-2s hang-learned stop-2s nan bitflip-grad bitflip-param msg-drop}"
+    declare -A spec=(
+        [kill-forward]="kill@rank=0,step=$S,phase=forward"
+        [kill-allreduce]="kill@rank=0,step=$S,phase=allreduce"
+        [hang-2s]="hang@rank=0,step=$S" [hang-learned]="hang@rank=0,step=$S"
+        [stop-2s]="stop@rank=0,step=$S"
+        [nan]="nan@rank=0,step=$S"
+        [bitflip-grad]="bitflip-grad@rank=0,step=$S,bit=30"
+        [bitflip-param]="bitflip-param@rank=0,step=$S,bit=30"
+        [msg-drop]="msg-drop@rank=0,step=$S")
+    fruns=()
+    for n in $NPROCS; do
+        for f in "${names[@]}"; do
+            extra=()
+            case $f in *-2s) extra=("${quick[@]}");; esac
+            job "flt-$n-$f" --nproc-per-node "$n" --train-iters "$FAULT_ITERS" --eval-iters 1 \
+                --inject "${spec[$f]}" "${extra[@]}"
+            fruns+=("flt-$n-$f")
+            echo "#   $f on $n ranks done" >&2
+        done
+    done
+    echo
+    echo "## Faults: embedded model, injected on rank 0 at step $S of $FAULT_ITERS (validate_results)"
+    $py - "$work" "$WARM" "$S" "${fruns[@]}" <<'PY'
+import json, re, statistics as st, sys, os
+work, warm, S, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+def lines(path):
+    out = []
+    for l in open(path, errors="replace"):
+        t, _, rest = l.partition(" ")
+        try: out.append((float(t), rest.rstrip("\n")))
+        except ValueError: pass
+    return out
+rows = []
+print("\n| ranks | fault | reported (kind, diagnosis) | detection ms | recovery ms | detection + recovery ms | injection → supervisor's first line ms | injection → iteration %d logged ms | iteration %d ms (metrics) | median step ms | 2 s + one step ms | within? | rc |" % (S, S))
+print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+for name in runs:
+    _, n, fault = name.split("-", 2)
+    base = os.path.join(work, name)
+    rc = open(base + ".rc").read().strip()
+    try: rep = json.load(open(base + ".report.json"))
+    except Exception: rep = {"faults": []}
+    # the fault at step S, and a restart that follows from it (a stopped rank killed after
+    # the barrier timeout is listed with iteration -1)
+    fs = [f for f in rep.get("faults", []) if f.get("iteration") == S or
+          (f.get("recovered_by") and f.get("iteration", 0) < 0)] or \
+         [f for f in rep.get("faults", []) if f.get("recovered_by")]
+    # the injection itself is listed too (kind "injected"); a message fault has no diagnosis
+    diag = [f for f in fs if f["kind"] != "injected"]
+    kinds = ", ".join(f"{f['kind']} ({f.get('diagnosis', '?')})" for f in diag) or \
+        ("injection only" if fs else "—")
+    det = [f["detection_ms"] for f in fs if "detection_ms" in f]
+    rec = [f["recovery_ms"] for f in fs if "recovery_ms" in f]
+    # the first fault of the run carries the timeline; a second (a stopped rank killed
+    # after the hard timeout) is part of the same recovery
+    d0 = det[0] if det else None
+    r0 = rec[0] if rec else None
+    err, out = lines(base + ".err"), lines(base + ".out")
+    t_inj = next((t for t, l in err if " inject: " in l), None)
+    t_sup = next((t for t, l in err if t_inj is not None and t >= t_inj and l.startswith("cohort supervisor:")), None)
+    t_step = None
+    for t, l in out:
+        m = re.search(r"\] iteration +(\d+)/", l)
+        if m and int(m.group(1)) >= S and t_inj is not None and t >= t_inj:
+            t_step = t; break
+    steps, step_s = [], None
+    for l in open(base + ".jsonl"):
+        r = json.loads(l)
+        if "elapsed_ms_per_iteration" not in r: continue
+        if r["iteration"] == S: step_s = r["elapsed_ms_per_iteration"]
+        if r["iteration"] > warm and r["iteration"] not in (S, S + 1):
+            steps.append(r["elapsed_ms_per_iteration"])
+    med = st.median(steps) if steps else float("nan")
+    f = lambda x: "—" if x is None else f"{x:.0f}"
+    inj_sup = None if t_sup is None else 1000 * (t_sup - t_inj)
+    inj_step = None if t_step is None else 1000 * (t_step - t_inj)
+    target = 2000 + med
+    within = "—" if inj_step is None else ("yes" if inj_step <= target else f"no (+{inj_step - target:.0f})")
+    both = None if d0 is None or r0 is None else d0 + r0
+    print(f"| {n} | {fault} | {kinds} | {f(d0)} | {f(r0)} | {f(both)} | {f(inj_sup)} | {f(inj_step)} | {f(step_s)} | {med:.0f} | {target:.0f} | {within} | {rc} |")
+    soft = [m.group(1) for x in fs for m in [re.search(r"soft timeout ([0-9.]+) s", x.get("text", ""))] if m]
+    if soft: rows.append(f"{name}: soft timeout {soft[0]} s")
+for r in rows: print(f"\n{r}")
+PY
+fi
+echo
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
