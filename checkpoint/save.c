@@ -572,6 +572,12 @@ double ck_saver_wait_snapshot(ck_saver *s) {
     return now_s() - t0;
 }
 
+void ck_saver_set_writer(ck_saver *s, int writer) {
+    if (!s) return;
+    ck_saver_wait(s); /* the background job reads it */
+    s->o.writer = writer;
+}
+
 int ck_saver_wait(ck_saver *s) {
     if (!s->running) return 0;
     pthread_join(s->thread, NULL);

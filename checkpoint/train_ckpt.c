@@ -471,6 +471,12 @@ int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world) 
     return 0;
 }
 
+void ck_train_set_rank(ck_train *k, int rank) {
+    if (!k) return;
+    k->rank = rank;
+    ck_saver_set_writer(k->saver, rank);
+}
+
 int ck_train_set_coordinator(ck_train *k, const ck_coord *coord) {
     if (!k || !k->cfg.save[0] || k->world < 2) return 0;
     return setup_saver(k, k->rank, coord);

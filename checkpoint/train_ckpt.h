@@ -34,6 +34,8 @@ int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world);
  * after ck_train_attach and before training. No-op otherwise. */
 int ck_train_set_coordinator(ck_train *k, const ck_coord *coord);
 void ck_train_destroy(ck_train **p);
+/* This process's data-parallel rank changed (an in-process restart with shifted ranks). */
+void ck_train_set_rank(ck_train *k, int rank);
 /* The rerun state machine's state travels in every checkpoint: save writes it (JSON object
  * text into buf; nonzero: none) at each save; after ck_train_attach loaded a checkpoint,
  * ck_train_loaded_rerun_state is its state (NULL: none). */

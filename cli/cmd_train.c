@@ -198,7 +198,7 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
         sv_link_attach_comm(link, dp);
     }
     trainer *t = NULL;
-    int status_early = 0;
+    int early_rc = 0; /* a replacement's first state transfer failed */
     trainer_data td = *data;
     td.joining = link && asg->generation > 1 && asg->state_source >= 0;
     if (td.joining) c.load[0] = '\0'; /* a replacement takes its state from a replica, not from disk */
@@ -267,7 +267,7 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
             if (rc) {
                 fprintf(stderr, "cohort worker %d: taking the state of rank %d failed: %s (%s)\n", asg->rank,
                         asg->state_source, co_err_detail(), co_strerror(rc));
-                status_early = CLI_FAILURE;
+                early_rc = rc;
             } else if (out) {
                 fprintf(out, "cohort: rank %d replaced in process generation %llu: state of iteration %lld taken from "
                              "rank %d's memory\n", asg->rank, (unsigned long long)asg->generation,
@@ -277,21 +277,22 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
     }
 
     train_end why = TRAIN_DONE;
-    rc = status_early ? CO_EIO : trainer_train(t, &g_stop, &why);
+    int my_rank = link ? asg->rank : 0;
+    rc = early_rc ? early_rc : trainer_train(t, &g_stop, &why);
     for (;;) {
         if (!rc || !link || !dp) break;
         if (!sv_link_restart_pending(link)) {
             /* a peer failed before the supervisor's Abort arrived: tell it, wait for it */
             if (rc != CO_EREMOTE && rc != CO_ETIMEOUT && rc != CO_EABORTED) break;
             char what[400];
-            snprintf(what, sizeof what, "rank %d: %s (%s)", asg->rank, co_err_detail(), co_strerror(rc));
+            snprintf(what, sizeof what, "rank %d: %s (%s)", my_rank, co_err_detail(), co_strerror(rc));
             if (!sv_link_await_abort(link, rc, what, (int)(c.inprocess_hard_timeout * 1000))) break;
         }
         /* the supervisor aborted this generation: unwind to the restart barrier, keeping
          * the loaded state, and continue in the next generation */
         int64_t it = trainer_iteration(t);
         fprintf(stderr, "cohort worker %d: generation aborted during iteration %lld (%s); at the restart barrier\n",
-                asg->rank, (long long)it + 1, co_strerror(rc));
+                my_rank, (long long)it + 1, co_strerror(rc));
         sv_link_attach_comm(link, NULL);
         cm_destroy(&dp);
         trainer_set_comm(t, NULL);
@@ -300,6 +301,19 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
         if (rc) break;
         rc = cm_zmq_new(&dp, na.rank, na.world, (const char *const *)na.endpoints, NULL);
         int source = na.state_source;
+        if (na.rank != my_rank) {
+            /* --inprocess-rank-assignment shift: this process has another rank now; the
+             * last rank prints */
+            fprintf(stderr, "cohort worker: rank %d is rank %d from generation %llu\n", my_rank, na.rank,
+                    (unsigned long long)na.generation);
+            bool printer = na.rank == na.world - 1;
+            trainer_set_output(t, printer ? sv_link_log_stream(link) : NULL,
+                               printer ? sv_link_metrics_stream(link) : NULL);
+            ck_train_set_rank(ckpt, na.rank);
+            cli_resil_set_rank(resil, na.rank);
+            cli_resil_mark_replayed(resil, na.faults_through); /* that rank's faults fired already */
+            my_rank = na.rank;
+        }
         sv_assignment_free(&na);
         if (rc) continue; /* another abort during the rebuild: back to the barrier */
         sv_link_attach_comm(link, dp);
@@ -540,6 +554,7 @@ int cli_train(int argc, char **argv) {
         so.rerun_state = rerun_state;
         so.restart = c.inprocess_restart;
         so.active_world = c.inprocess_active_world_size > 0 ? c.inprocess_active_world_size : 0;
+        so.shift_ranks = !strcmp(c.inprocess_rank_assignment, "shift-ranks");
         so.quarantine_after = c.quarantine_after;
         so.quarantine_window = c.quarantine_window;
         so.restart_limit = c.inprocess_restart_limit;

@@ -165,10 +165,13 @@ void cli_resil_attach(cli_resil *x, trainer *t, FILE *log) {
     }
 }
 
+void cli_resil_set_rank(cli_resil *x, int rank) { x->rank = rank; }
+
 void cli_resil_mark_replayed(cli_resil *x, int64_t step) {
-    /* the process this one replaces already fired its faults up to the step it died in */
+    /* faults up to the step the job had reached fired already (in a process now gone, or on
+     * the rank this process held before a shift) */
     for (int i = 0; i < x->inj.n; i++)
-        if (x->inj.f[i].rank == x->rank && x->inj.f[i].step <= step) x->inj.f[i].fired++;
+        if (x->inj.f[i].rank == x->rank && x->inj.f[i].step <= step && !x->inj.f[i].fired) x->inj.f[i].fired = 1;
 }
 
 static int local_state_save(void *ctx, char *buf, size_t n) {

@@ -25,9 +25,12 @@ void cli_resil_attach(cli_resil *x, trainer *t, FILE *log);
 /* One process: the state machine's state is saved with checkpoints and restored from the
  * one ck_train loaded. */
 void cli_resil_attach_ckpt(cli_resil *x, ck_train *k);
-/* A replacement process: faults of its rank at steps up to `step` count as fired (the
- * process it replaces fired them). */
+/* After a restart: this rank's faults at steps up to `step` (the furthest the job got)
+ * count as fired: the process that held the rank before (a dead one, or another survivor
+ * before a shift) fired them. Call after cli_resil_set_rank. */
 void cli_resil_mark_replayed(cli_resil *x, int64_t step);
+/* This process's rank changed (a restart with shifted ranks). */
+void cli_resil_set_rank(cli_resil *x, int rank);
 /* Prints what the in-process state machine handled; frees. NULL-safe. */
 void cli_resil_destroy(cli_resil **x);
 

@@ -203,6 +203,9 @@ static const flag flags[] = {
       "[cohort] at most this many restarts within --inprocess-restart-window; then the job stops (status 4)"),
     D("resilience", "inprocess-restart-window", inprocess_restart_window, "600",
       "[cohort] seconds over which --inprocess-restart-limit counts"),
+    S("resilience", "inprocess-rank-assignment", inprocess_rank_assignment, "fill-gaps", "fill-gaps|shift-ranks",
+      "after a restart: the replacement takes the dead rank's index (fill-gaps), or the survivors keep their "
+      "order and close up and replacements take the last ranks (shift-ranks)"),
     I("resilience", "inprocess-active-world-size", inprocess_active_world_size, NULL,
       "ranks that train (default: every process); the other --nproc-per-node processes are warm spares "
       "that take a dead rank's place (one node)"),

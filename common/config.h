@@ -107,6 +107,7 @@ typedef struct co_config {
     int inprocess_restart_limit;
     double inprocess_restart_window;
     int inprocess_active_world_size;
+    char inprocess_rank_assignment[16];
     int quarantine_after;
     int64_t quarantine_window;
     char run_report[512];

@@ -443,6 +443,24 @@ static void check_restart_done(sv *s) {
                         "checkpoint of iteration %" PRId64 " from %s\n", ck, s->o.save_dir);
     }
     s->restart_faults_through = faults_through;
+    if (s->o.shift_ranks) {
+        /* ShiftRanks: the survivors keep their order and close up; replacements come last */
+        int *nr = malloc(sizeof *nr * (size_t)s->nw), next = 0, src_new = src;
+        if (nr) {
+            for (int i = 0; i < s->nw; i++) nr[i] = -1;
+            for (int pass = 0; pass < 2; pass++)
+                for (int r = 0; r < s->world; r++) {
+                    worker *w = rank_slot(s, r);
+                    if (w && w->replacing == (pass == 1)) nr[w->index - s->w[0].index] = next++;
+                }
+            for (int i = 0; i < s->nw; i++) {
+                if (s->w[i].rank == src && src >= 0) src_new = nr[i];
+                if (s->w[i].rank >= 0) s->w[i].rank = nr[i];
+            }
+            src = src_new;
+            free(nr);
+        }
+    }
     s->restarting = false;
     char from[64];
     if (src >= 0) snprintf(from, sizeof from, "the state of rank %d", src);

@@ -79,6 +79,8 @@ typedef struct sv_options {
     bool soft_timeout_set;         /* given explicitly; else learned from step times */
     int hard_timeout_ms;           /* ... and a rank still not at the barrier is killed */
     int barrier_timeout_ms;        /* every rank at the restart barrier within this */
+    bool shift_ranks;              /* after a restart survivors close up, replacements last
+                                      (ShiftRanks); else a replacement takes the dead rank (FillGaps) */
     int active_world;              /* ranks that train (0: every worker); the rest are warm spares
                                       that take a dead rank's place (one node) */
     int quarantine_after;          /* faults attributed to a rank within quarantine_window */

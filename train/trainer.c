@@ -597,6 +597,14 @@ static int check_replicas(trainer *t) {
 
 void trainer_set_abort_flag(trainer *t, volatile sig_atomic_t *flag) { t->abort_flag = flag; }
 
+void trainer_set_output(trainer *t, FILE *log, FILE *metrics) {
+    if (t->metrics && !t->metrics_borrowed) fclose(t->metrics);
+    else if (t->metrics) fflush(t->metrics);
+    t->log = log;
+    t->metrics = log ? metrics : NULL;
+    t->metrics_borrowed = true;
+}
+
 void trainer_set_comm(trainer *t, cm_comm *dp) {
     t->dp = dp;
     if (dp) topo_init(&t->topo, dp->size, t->cfg.tensor_model_parallel_size, t->cfg.pipeline_model_parallel_size,

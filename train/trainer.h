@@ -122,6 +122,9 @@ void trainer_set_event_sink(trainer *t, trainer_event_fn fn, void *ctx);
  * optimizer state and progress; then trainer_train continues. */
 void trainer_set_comm(trainer *t, struct cm_comm *dp);
 int trainer_sync_state(trainer *t, int root);
+/* Where log lines and metrics records go from now on (the logging rank changed after a
+ * restart with shifted ranks; NULL: this rank does not print). Neither is closed here. */
+void trainer_set_output(trainer *t, FILE *log, FILE *metrics);
 /* A flag raised when the job is aborted (a hang injected in compute polls it). */
 void trainer_set_abort_flag(trainer *t, volatile sig_atomic_t *flag);
 

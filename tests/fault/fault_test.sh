@@ -263,6 +263,17 @@ inject_cli)
     expect_fault f killed 1 rank_failure
     grep -q "inject: kill@rank=1,step=$at (cohort inject)" "$work/f.report.json" || fail "not in the report"
     ;;
+shift_ranks)
+    # --inprocess-rank-assignment shift-ranks: after rank 1 dies the survivors 0 2 3 become
+    # 0 1 2 and the replacement rank 3; the numbers and the log are the fault-free run's
+    clean
+    run f --inprocess-rank-assignment shift-ranks --inject "kill@rank=1,step=5" $quick
+    expect_rc f 0
+    expect_same f
+    grep -q "rank 2 is rank 1 from generation 2" "$work/f.err" && grep -q "rank 3 is rank 2 from generation 2" "$work/f.err" ||
+        fail "ranks not shifted: $(grep 'is rank' "$work/f.err")"
+    [ "$(grep -c ' iteration .*/' "$work/f.out")" -eq $iters ] || fail "log lines lost or doubled: $(grep -c ' iteration .*/' "$work/f.out")"
+    ;;
 spare)
     # --inprocess-active-world-size 2 of 3 processes: the third is a warm spare that takes a
     # dead rank's place; the dead slot starts a new spare; the numbers are the 2-rank run's
