@@ -166,7 +166,7 @@ static const flag flags[] = {
     B("resilience", "check-for-large-grads", check_for_large_grads,
       "reject a gradient norm >= 10x the largest of the first 100 (non-fatal)"),
     NB("resilience", "check-rank-outliers", check_rank_outliers,
-       "[cohort] reject a rank whose gradient norm is > 10x the median of the other ranks'"),
+       "[cohort] reject a rank whose gradient norm is > 1000x the median of the other ranks'"),
     S("resilience", "on-reproducible-error", on_reproducible_error, "stop", "stop|skip",
       "[cohort] a NaN/Inf that reproduces on a healthy peer too: stop the job (status 3) or skip the iteration"),
     I("resilience", "error-injection-rate", error_injection_rate, "0",

@@ -56,7 +56,7 @@ void rr_options_default(rr_options *o, int world) {
     o->check_rank_outliers = true;
     o->spiky_factor = 10;
     o->large_grad_factor = 10;
-    o->outlier_factor = 10;
+    o->outlier_factor = 1000; /* a flipped exponent bit, not the spread of honest gradients */
     o->injection_type = RR_INJECT_TRANSIENT;
 }
 

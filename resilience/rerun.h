@@ -51,7 +51,7 @@ typedef struct rr_options {
     bool check_rank_outliers;  /* a rank's gradient norm > factor x the median of the others */
     double spiky_factor;       /* 10: a loss >= factor x the running max of the first 100 is a spike */
     double large_grad_factor;  /* 10 */
-    double outlier_factor;     /* 10 */
+    double outlier_factor;     /* 1000 */
     bool skip_on_reproducible; /* a reproducible fatal result: SKIP the iteration (else STOP) */
     int injection_rate;        /* --error-injection-rate: about once per N validated iterations */
     rr_inject_type injection_type;
