@@ -72,6 +72,7 @@ struct trainer {
     volatile sig_atomic_t *stop; /* the caller's stop flag (a hang injected in compute polls it) */
     volatile sig_atomic_t *abort_flag;
     double phase_ms[TR_NPHASES];
+    double gate_s;            /* time in the validator (report + verdict wait) since the last log line */
     double mb_loss[RR_MAX_MB], mb_tok[RR_MAX_MB];
 };
 
@@ -384,12 +385,14 @@ static void log_line(trainer *t, double lr, double grad_norm) {
                 "{\"iteration\":%lld,\"train_iters\":%lld,\"consumed_samples\":%lld,\"elapsed_ms_per_iteration\":%.3f,"
                 "\"tokens_per_second\":%.1f,\"tflops_per_rank\":%.4f,\"learning_rate\":%.9e,\"global_batch_size\":%d,"
                 "\"lm_loss\":%.9e,\"loss_scale\":1.0,\"grad_norm\":%.6f,\"skipped_iterations\":%lld,"
-                "\"nan_iterations\":%lld,\"time\":\"%s\"}\n",
+                "\"nan_iterations\":%lld,\"validation_ms_per_iteration\":%.3f,\"time\":\"%s\"}\n",
                 (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tok_s, tflops, lr,
-                c->global_batch_size, loss, grad_norm, (long long)t->skipped, (long long)t->nan_iters, ts);
+                c->global_batch_size, loss, grad_norm, (long long)t->skipped, (long long)t->nan_iters,
+                1000.0 * t->gate_s / t->iters_since_log, ts);
         fflush(t->metrics);
     }
     t->last_loss = loss;
+    t->gate_s = 0;
     t->loss_sum = t->tok_sum = 0;
     t->iters_since_log = 0;
     t->time_since_log = 0;
@@ -670,7 +673,9 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                                    .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB, .grad_norm = local_norm};
                     memcpy(r.loss, t->mb_loss, sizeof(double) * (size_t)r.nmb);
                     memcpy(r.tokens, t->mb_tok, sizeof(double) * (size_t)r.nmb);
+                    double tr = now_s();
                     if ((rc = t->val.report(t->val.ctx, &r, t->phase_ms))) return rc;
+                    t->gate_s += now_s() - tr;
                 }
                 fire_process_faults(t, step, -1, FI_PH_ALLREDUCE);
                 /* one vote per rank on stopping, so that every rank stops after the same iteration */
@@ -696,6 +701,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             int rc = t->val.verdict(t->val.ctx, step, attempt, &v);
             if (rc) return rc;
             t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - tv);
+            t->gate_s += now_s() - tv;
             if (v.decision == RR_ACCEPT) {
                 if (checking_round) return co_err_set(CO_EPROTOCOL, "verdict ACCEPT after a check round");
                 if (v.diagnosis != RR_DIAG_NONE) {
