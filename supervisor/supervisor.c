@@ -429,7 +429,9 @@ static void check_restart_done(sv *s) {
             src = w->rank;
         }
     }
-    int64_t faults_through = s->val ? svv_current_iteration(s->val) + 1 : M + 1;
+    /* injected faults up to the step in progress at the fault fired already: the survivors
+     * committed M, so every rank was in step M + 1 (with no survivor: the newest reported) */
+    int64_t faults_through = src >= 0 ? M + 1 : (s->val ? svv_current_iteration(s->val) + 1 : M + 1);
     if (src < 0) {
         /* every replica died: the new processes load the last checkpoint instead */
         int64_t ck = -1;
