@@ -110,6 +110,14 @@ static void check_restart_done(sv *s);
 static int spawn_one(sv *s, worker *w);
 static void watch_progress(sv *s, uint64_t now);
 
+/* A slot's process is gone (or retired): it is no longer registered. */
+static void unregister(sv *s, worker *w) {
+    if (w->registered) s->nregistered--;
+    w->registered = false;
+    free(w->data_endpoint);
+    w->data_endpoint = NULL;
+}
+
 static worker *rank_slot(sv *s, int r) {
     for (int i = 0; i < s->nw; i++)
         if (s->w[i].rank == r && r >= 0) return &s->w[i];
@@ -151,10 +159,7 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
         /* a warm spare died: start another (no rank lost, no restart) */
         if (!s->stopping && !s->finishing) {
             w->exited = false;
-            if (w->registered) s->nregistered--;
-            w->registered = false;
-            free(w->data_endpoint);
-            w->data_endpoint = NULL;
+            unregister(s, w);
             w->respawn = true;
         }
         maybe_finish(s);
@@ -165,10 +170,7 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
         w->retiring = false;
         w->exited = false;
         w->replacing = true;
-        if (w->registered) s->nregistered--;
-        w->registered = false;
-        free(w->data_endpoint);
-        w->data_endpoint = NULL;
+        unregister(s, w);
         w->respawn = true;
         return;
     }
@@ -363,10 +365,7 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
                 sp->replacing = true;
                 snprintf(sp->spawn_endpoint, sizeof sp->spawn_endpoint, "%s", w->spawn_endpoint);
                 w->rank = -1;
-                if (w->registered) s->nregistered--;
-                w->registered = false;
-                free(w->data_endpoint);
-                w->data_endpoint = NULL;
+                unregister(s, w);
                 if (w->exited && !w->respawn && !s->finishing) {
                     w->exited = false;
                     if (w->closing) w->respawn = true;
@@ -376,10 +375,7 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
             }
             if (!w->replacing) {
                 w->replacing = true;
-                if (w->registered) s->nregistered--;
-                w->registered = false;
-                free(w->data_endpoint);
-                w->data_endpoint = NULL;
+                unregister(s, w);
             }
             if (w->exited && !w->respawn) {
                 w->exited = false;
