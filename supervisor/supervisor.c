@@ -80,6 +80,8 @@ typedef struct sv {
     uint64_t restart_times[64];
     int nrestarts;
     int64_t restart_faults_through; /* injected faults up to this step already fired */
+    int quarantine_rank;        /* a rank to retire once the next iteration starts (-1) */
+    int64_t quarantine_after;
     ac_timer *collective_timer; /* a worker's failed collective, awaiting its explanation */
     char collective_why[600];
     int collective_rank;
@@ -593,14 +595,27 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         if (s->val && !s->stopping && !s->restarting && e->generation == s->snd.generation) {
             char why[400];
             int quarantine = -1;
+            int64_t it = (int64_t)e->loss_report->iteration;
+            if (s->quarantine_rank >= 0 && it > s->quarantine_after) {
+                /* a report of the next iteration: every rank applied (and logged) the one the
+                 * quarantine was decided in; retire the rank at this restart's barrier */
+                int q = s->quarantine_rank;
+                s->quarantine_rank = -1;
+                if (s->restart_enabled && rank_slot(s, q) && !rank_slot(s, q)->exited) {
+                    char msg[200];
+                    snprintf(msg, sizeof msg, "rank %d quarantined (found faulty too often)", q);
+                    rank_slot(s, q)->retiring = true;
+                    begin_restart(s, "quarantine", q, msg, 0);
+                    break;
+                }
+            }
             int st = w->rank < 0 ? 0 : svv_on_report(s->val, w->rank, e->loss_report, why, sizeof why, &quarantine);
             if (st > 0) begin_shutdown(s, st, why);
-            else if (quarantine >= 0 && s->restart_enabled && rank_slot(s, quarantine) && !rank_slot(s, quarantine)->exited) {
-                /* retired at the restart barrier (after its last accepted step's log lines are out) */
-                char q[200];
-                snprintf(q, sizeof q, "rank %d quarantined (found faulty too often)", quarantine);
-                rank_slot(s, quarantine)->retiring = true;
-                begin_restart(s, "quarantine", quarantine, q, 0);
+            else if (quarantine >= 0 && s->quarantine_rank < 0) {
+                /* not now: ranks still in this iteration's all-reduce would be aborted before
+                 * applying it while the others have, and its log line would be lost */
+                s->quarantine_rank = quarantine;
+                s->quarantine_after = it;
             }
         }
         break;
@@ -895,6 +910,7 @@ int sv_run(const sv_options *opt) {
     if (!s.o.kill_grace_ms) s.o.kill_grace_ms = 10000;
     if (s.o.nnodes < 1) s.o.nnodes = 1;
     s.status = -1;
+    s.quarantine_rank = -1;
     s.agent = s.o.nnodes > 1 && s.o.node_rank > 0;
     /* several nodes: a failure still stops the job (restart needs a node agent's part) */
     s.restart_enabled = s.o.restart && s.o.nnodes == 1;

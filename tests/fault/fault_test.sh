@@ -248,7 +248,9 @@ inject_cli)
     "$cohort" train "${tiny[@]}" --train-iters 400 --metrics-file "$work/f.jsonl" \
         --run-report "$work/f.report.json" $quick >"$work/f.out" 2>"$work/f.err" &
     job=$!
-    for _ in $(seq 300); do [ "$(grep -c grad_norm "$work/f.jsonl" 2>/dev/null)" -ge 5 ] && break; sleep 0.1; done
+    for _ in $(seq 300); do
+        n=$(grep -c grad_norm "$work/f.jsonl" 2>/dev/null); [ "${n:-0}" -ge 5 ] && break; sleep 0.1
+    done
     "$cohort" inject --pid $job "nan@rank=7,step=900" >"$work/i1" 2>&1; r1=$?
     "$cohort" inject --pid $job "nan@rank=0,step=1" >"$work/i2" 2>&1; r2=$?
     "$cohort" inject --pid 1 "nan@rank=0,step=1" >"$work/i3" 2>&1; r3=$?
