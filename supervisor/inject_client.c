@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static int read_job(const char *path, sv_job *j) {
@@ -125,9 +126,19 @@ int sv_inject(const sv_job *job, const char *spec, int timeout_ms, char *answer,
     ac_actor_opts ao = {.name = "inject", .on_start = client_start, .ctx = &r};
     int rc = ac_actor_start(&ao, &a);
     if (!rc) {
+        /* the request's own timeout ends the wait; a second later is a guard against a lost callback */
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += timeout_ms / 1000 + 1;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
         pthread_mutex_lock(&r.mu);
-        while (!r.done) pthread_cond_wait(&r.cv, &r.mu); /* the request's own timeout ends it */
-        rc = r.status;
+        while (!r.done)
+            if (pthread_cond_timedwait(&r.cv, &r.mu, &dl)) break;
+        rc = r.done ? r.status : CO_ETIMEOUT;
         pthread_mutex_unlock(&r.mu);
     }
     ac_actor_stop(&a);

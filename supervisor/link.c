@@ -601,7 +601,6 @@ typedef struct report_post {
     int nphases;
     int copies;     /* 1, or 2 for an injected duplicate */
     int delay_ms;
-    ac_timer *timer;
 } report_post;
 
 static void send_round(sv_link *l, int copies) {
@@ -663,7 +662,8 @@ static void delayed_report(ac_timer *t, void *ctx) {
 
 static void post_delayed(ac_actor *a, void *ctx) {
     report_post *p = ctx;
-    if (ac_timer_start(a, (uint64_t)p->delay_ms, 0, delayed_report, p, &p->timer)) post_report(a, p);
+    /* a one-shot timer without a handle frees itself after firing */
+    if (ac_timer_start(a, (uint64_t)p->delay_ms, 0, delayed_report, p, NULL)) post_report(a, p);
 }
 
 int sv_link_report(sv_link *l, const rr_report *r, const double *phase_ms, const char *const *phase_names,

@@ -403,7 +403,7 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
 static void collective_failed(ac_timer *t, void *ctx) {
     (void)t;
     sv *s = ctx;
-    s->collective_timer = NULL;
+    ac_timer_stop(&s->collective_timer); /* frees it: it may fire again in a later generation */
     if (s->stopping || s->restarting || s->snd.generation != s->collective_gen) return; /* explained already */
     begin_restart(s, "collective", s->collective_rank, s->collective_why, sv__now_ms() - s->collective_t0);
 }
