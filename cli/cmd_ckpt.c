@@ -105,6 +105,25 @@ static int resolve(const char *path, int64_t iteration, char *out, size_t n) {
     return 0;
 }
 
+/* A tool's start: its flags parsed, --help answered with usage. False: stop and exit with
+ * *status; true: go on (*status is 0). */
+static bool tool_begin(int argc, char **argv, args *a, const char *tool, const char *usage, int *status) {
+    *status = parse_args(argc, argv, a, tool);
+    if (*status) return false;
+    if (a->help) {
+        fputs(usage, stdout);
+        return false;
+    }
+    return true;
+}
+
+/* False with the usage error "needs WHAT" when the tool lacks it. */
+static bool tool_need(bool ok, const char *tool, const char *what, int *status) {
+    *status = ok ? 0 : X_USAGE;
+    if (!ok) fprintf(stderr, "cohort ckpt %s: needs %s (see --help)\n", tool, what);
+    return ok;
+}
+
 static void print_time(char *buf, size_t n, int64_t unix_s) {
     time_t t = (time_t)unix_s;
     struct tm tm;
@@ -149,21 +168,18 @@ static const char *quick_status(const char *dir, ck_manifest **out) {
     return "complete";
 }
 
+static const char ls_usage[] =
+    "usage: cohort ckpt ls SAVE [--json]\n\nLists the checkpoints in save directory SAVE: iteration, creation time,\n"
+    "size, status (complete: manifest and every file of the right size; incomplete;\n"
+    "malformed) and which one the tracker names. Checksums: `cohort ckpt verify`.\n"
+    "Exit: 0, 1 cannot read SAVE, 2 usage.\n";
+
 static int tool_ls(int argc, char **argv) {
     args a;
-    int rc = parse_args(argc, argv, &a, "ls");
-    if (rc) return rc;
-    if (a.help) {
-        printf("usage: cohort ckpt ls SAVE [--json]\n\nLists the checkpoints in save directory SAVE: iteration, creation time,\n"
-               "size, status (complete: manifest and every file of the right size; incomplete;\n"
-               "malformed) and which one the tracker names. Checksums: `cohort ckpt verify`.\n"
-               "Exit: 0, 1 cannot read SAVE, 2 usage.\n");
-        return 0;
-    }
-    if (a.npos != 1) {
-        fprintf(stderr, "cohort ckpt ls: needs one save directory (see --help)\n");
-        return X_USAGE;
-    }
+    int rc;
+    if (!tool_begin(argc, argv, &a, "ls", ls_usage, &rc) ||
+        !tool_need(a.npos == 1, "ls", "one save directory", &rc))
+        return rc;
     const char *save = a.pos[0];
     int64_t *its;
     int n;
@@ -223,21 +239,18 @@ static int64_t numel(const ck_mtensor *t) {
 
 static int exit_of_bad(ck_bad b) { return b == CK_OK ? 1 : (int)b; }
 
+static const char inspect_usage[] =
+    "usage: cohort ckpt inspect CKPT [--iteration N] [--json]\n\nPrints the manifest (iteration, progress, "
+    "seed, layout, model, optimizer, files) and\nevery tensor with its dtype, shape, pieces on disk and L2 "
+    "norm (reading and verifying\nthe shards). Exit: 0, 1 unreadable, 2 usage, 3 malformed, 4 incomplete, 5 "
+    "checksum.\n";
+
 static int tool_inspect(int argc, char **argv) {
     args a;
-    int rc = parse_args(argc, argv, &a, "inspect");
-    if (rc) return rc;
-    if (a.help) {
-        printf("usage: cohort ckpt inspect CKPT [--iteration N] [--json]\n\nPrints the manifest (iteration, progress, "
-               "seed, layout, model, optimizer, files) and\nevery tensor with its dtype, shape, pieces on disk and L2 "
-               "norm (reading and verifying\nthe shards). Exit: 0, 1 unreadable, 2 usage, 3 malformed, 4 incomplete, 5 "
-               "checksum.\n");
-        return 0;
-    }
-    if (a.npos != 1) {
-        fprintf(stderr, "cohort ckpt inspect: needs one checkpoint (see --help)\n");
-        return X_USAGE;
-    }
+    int rc;
+    if (!tool_begin(argc, argv, &a, "inspect", inspect_usage, &rc) ||
+        !tool_need(a.npos == 1, "inspect", "one checkpoint", &rc))
+        return rc;
     char dir[4200];
     ck_manifest *m = NULL;
     if ((rc = resolve(a.pos[0], a.iteration, dir, sizeof dir)) || (rc = ck_read_manifest(dir, &m))) {
@@ -339,23 +352,20 @@ static void vreport(void *ctx, const char *file, ck_bad bad, const char *detail)
     else printf("  %-40s %s: %s\n", file, bad_name(bad), detail);
 }
 
+static const char verify_usage[] =
+    "usage: cohort ckpt verify CKPT [--iteration N] [--json]\n\nReads every file the manifest lists and checks "
+    "its presence, size, safetensors header\n(against the manifest) and XXH3-128 checksum.\n\n"
+    "exit status: 0 verified; 1 unreadable (I/O, permissions); 2 usage; 3 malformed (manifest or\n"
+    "shard header unparsable or inconsistent); 4 incomplete (manifest or a file missing, a file\n"
+    "truncated or of the wrong size); 5 checksum mismatch (corrupt data). With several problems\n"
+    "the first in the order 3, 4, 5, 1 decides.\n";
+
 static int tool_verify(int argc, char **argv) {
     args a;
-    int rc = parse_args(argc, argv, &a, "verify");
-    if (rc) return rc;
-    if (a.help) {
-        printf("usage: cohort ckpt verify CKPT [--iteration N] [--json]\n\nReads every file the manifest lists and checks "
-               "its presence, size, safetensors header\n(against the manifest) and XXH3-128 checksum.\n\n"
-               "exit status: 0 verified; 1 unreadable (I/O, permissions); 2 usage; 3 malformed (manifest or\n"
-               "shard header unparsable or inconsistent); 4 incomplete (manifest or a file missing, a file\n"
-               "truncated or of the wrong size); 5 checksum mismatch (corrupt data). With several problems\n"
-               "the first in the order 3, 4, 5, 1 decides.\n");
-        return 0;
-    }
-    if (a.npos != 1) {
-        fprintf(stderr, "cohort ckpt verify: needs one checkpoint (see --help)\n");
-        return X_USAGE;
-    }
+    int rc;
+    if (!tool_begin(argc, argv, &a, "verify", verify_usage, &rc) ||
+        !tool_need(a.npos == 1, "verify", "one checkpoint", &rc))
+        return rc;
     char dir[4200];
     if ((rc = resolve(a.pos[0], a.iteration, dir, sizeof dir))) {
         fprintf(stderr, "cohort ckpt verify: %s\n", co_err_detail());
@@ -391,21 +401,18 @@ static int open_all(const char *path, int64_t it, char *dir, size_t n, ck_manife
     return rc;
 }
 
+static const char diff_usage[] =
+    "usage: cohort ckpt diff CKPT_A CKPT_B [--json]\n\nCompares every tensor (model and optimizer state) of "
+    "two checkpoints, whatever their\nlayouts on disk: bitwise equal, or the largest absolute and relative "
+    "difference\n(|a-b| / max(|b|, 1e-30)); tensors in one only or with other shapes.\n"
+    "exit status: 0 every tensor bitwise equal; 1 they differ; 2 usage or a checkpoint unreadable.\n";
+
 static int tool_diff(int argc, char **argv) {
     args a;
-    int rc = parse_args(argc, argv, &a, "diff");
-    if (rc) return rc;
-    if (a.help) {
-        printf("usage: cohort ckpt diff CKPT_A CKPT_B [--json]\n\nCompares every tensor (model and optimizer state) of "
-               "two checkpoints, whatever their\nlayouts on disk: bitwise equal, or the largest absolute and relative "
-               "difference\n(|a-b| / max(|b|, 1e-30)); tensors in one only or with other shapes.\n"
-               "exit status: 0 every tensor bitwise equal; 1 they differ; 2 usage or a checkpoint unreadable.\n");
-        return 0;
-    }
-    if (a.npos != 2) {
-        fprintf(stderr, "cohort ckpt diff: needs two checkpoints (see --help)\n");
-        return X_USAGE;
-    }
+    int rc;
+    if (!tool_begin(argc, argv, &a, "diff", diff_usage, &rc) ||
+        !tool_need(a.npos == 2, "diff", "two checkpoints", &rc))
+        return rc;
     char da[4200], db[4200];
     ck_manifest *ma = NULL, *mb = NULL;
     float **ba = NULL, **bb = NULL;
@@ -477,25 +484,22 @@ static int tool_diff(int argc, char **argv) {
 
 /* ---- convert ----------------------------------------------------------------------------- */
 
+static const char convert_usage[] =
+    "usage: cohort ckpt convert CKPT --to hf-gpt2 --output DIR [--iteration N] [--json]\n\n"
+    "hf-gpt2: writes DIR/model.safetensors and DIR/config.json in the Hugging Face GPT-2\n"
+    "layout (GPT2LMHeadModel; Conv1D weights [in, out], c_attn = [q | k | v], vocabulary\n"
+    "padding removed, output layer tied). Needs GPT-2's options: learned positions,\n"
+    "LayerNorm, GELU, tied embeddings, biases, no grouped-query attention.\n"
+    "Other layouts (tensor/pipeline-parallel shards): not yet -- cohort has no tensor or\n"
+    "pipeline parallelism, and its loader already reads any layout on disk.\n"
+    "exit status: 0 written; 1 failure; 2 usage; 3 the model or target is not supported.\n";
+
 static int tool_convert(int argc, char **argv) {
     args a;
-    int rc = parse_args(argc, argv, &a, "convert");
-    if (rc) return rc;
-    if (a.help) {
-        printf("usage: cohort ckpt convert CKPT --to hf-gpt2 --output DIR [--iteration N] [--json]\n\n"
-               "hf-gpt2: writes DIR/model.safetensors and DIR/config.json in the Hugging Face GPT-2\n"
-               "layout (GPT2LMHeadModel; Conv1D weights [in, out], c_attn = [q | k | v], vocabulary\n"
-               "padding removed, output layer tied). Needs GPT-2's options: learned positions,\n"
-               "LayerNorm, GELU, tied embeddings, biases, no grouped-query attention.\n"
-               "Other layouts (tensor/pipeline-parallel shards): not yet -- cohort has no tensor or\n"
-               "pipeline parallelism, and its loader already reads any layout on disk.\n"
-               "exit status: 0 written; 1 failure; 2 usage; 3 the model or target is not supported.\n");
-        return 0;
-    }
-    if (a.npos != 1 || !a.to || !a.output) {
-        fprintf(stderr, "cohort ckpt convert: needs CKPT, --to and --output (see --help)\n");
-        return X_USAGE;
-    }
+    int rc;
+    if (!tool_begin(argc, argv, &a, "convert", convert_usage, &rc) ||
+        !tool_need(a.npos == 1 && a.to && a.output, "convert", "CKPT, --to and --output", &rc))
+        return rc;
     if (strcmp(a.to, "hf-gpt2")) {
         fprintf(stderr, "cohort ckpt convert: --to %s: not yet; only hf-gpt2 (tensor/pipeline-parallel layouts come "
                         "with tensor parallelism)\n", a.to);
@@ -520,21 +524,18 @@ static int tool_convert(int argc, char **argv) {
 
 /* ---- prune ------------------------------------------------------------------------------- */
 
+static const char prune_usage[] =
+    "usage: cohort ckpt prune SAVE --keep K [--dry-run] [--json]\n\nRemoves all but the K most recent "
+    "checkpoints of SAVE. Never removes the one the\ntracker names, nor any newer than it (a save that did "
+    "not reach its commit), and\nremoves leftovers of interrupted saves. A checkpoint is renamed away before "
+    "it is\ndeleted, so it never looks complete while half removed.\nexit status: 0, 1 failure, 2 usage.\n";
+
 static int tool_prune(int argc, char **argv) {
     args a;
-    int rc = parse_args(argc, argv, &a, "prune");
-    if (rc) return rc;
-    if (a.help) {
-        printf("usage: cohort ckpt prune SAVE --keep K [--dry-run] [--json]\n\nRemoves all but the K most recent "
-               "checkpoints of SAVE. Never removes the one the\ntracker names, nor any newer than it (a save that did "
-               "not reach its commit), and\nremoves leftovers of interrupted saves. A checkpoint is renamed away before "
-               "it is\ndeleted, so it never looks complete while half removed.\nexit status: 0, 1 failure, 2 usage.\n");
-        return 0;
-    }
-    if (a.npos != 1 || a.keep < 1) {
-        fprintf(stderr, "cohort ckpt prune: needs SAVE and --keep K >= 1 (see --help)\n");
-        return X_USAGE;
-    }
+    int rc;
+    if (!tool_begin(argc, argv, &a, "prune", prune_usage, &rc) ||
+        !tool_need(a.npos == 1 && a.keep >= 1, "prune", "SAVE and --keep K >= 1", &rc))
+        return rc;
     int64_t removed[4096];
     int nr = 0;
     if (!a.dry_run) rc = ck_clean_stale(a.pos[0]);
