@@ -4,6 +4,7 @@
  * files' chunks are shared among a few threads (see "reading shard files" below). */
 #include "checkpoint/ckpt.h"
 
+#include "checkpoint/dio.h"
 #include "checkpoint/store.h"
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -84,8 +85,11 @@ typedef struct piece {
  * before the whole file's hash matched the manifest: the caller gets an error otherwise.
  *
  * A warm file costs one kernel copy per byte (page cache to tensor) and one hash pass over
- * bytes still in cache; XXH3 is compiled inline for this CPU. A cold file is noticed by a
- * read that would block (RWF_NOWAIT), which then asks the kernel for RA_WINDOW bytes ahead,
+ * bytes still in cache; XXH3 is compiled inline for this CPU. A cold file (mostly not in
+ * the page cache, by mincore) with a data section of two blocks or more is read past the
+ * page cache: a ck_dr (dio.h) keeps large O_DIRECT reads in flight ahead of the chunks, and
+ * each chunk is copied out of its block instead of read. Elsewhere (or where O_DIRECT is
+ * refused) a read that would block (RWF_NOWAIT) asks the kernel for RA_WINDOW bytes ahead,
  * so the disk sees large requests however small the chunks are.
  *
  * Tuning and test knobs: COHORT_CKPT_LOAD_THREADS (1 = all on the calling thread),
@@ -118,6 +122,8 @@ typedef struct lfile {
     int next_claim;      /* chunks before it are claimed (being read or read) */
     int next_hash;       /* chunks before it are hashed */
     uint64_t ra_end;     /* readahead asked up to here (atomic) */
+    ck_dr *dr;           /* a cold file's data section: direct reads (dio.h) */
+    uint64_t dr_start;
     bool ready;          /* prepared: data to read */
     bool owned, finished;
     XXH3_state_t *hash;
@@ -139,6 +145,7 @@ typedef struct loader {
 
 /* Records a failure of f from this thread's co_err_detail() (the first one wins). */
 static void record(lfile *f, int rc, ck_bad kind) {
+    if (f->dr) ck_dr_abort(f->dr); /* the bytes of an abandoned chunk would hold up the rest */
     if (f->rc) return;
     f->rc = rc;
     f->bad = kind;
@@ -176,6 +183,7 @@ static ssize_t pread_ra(lfile *f, void *buf, size_t len, uint64_t off) {
 }
 
 static int pread_full(lfile *f, void *buf, size_t len, uint64_t off) {
+    if (f->dr && off >= f->dr_start) return ck_dr_copy(f->dr, buf, len, off);
     char *p = buf;
     size_t done = 0;
     while (done < len) {
@@ -192,6 +200,7 @@ static int pread_full(lfile *f, void *buf, size_t len, uint64_t off) {
 }
 
 static void lfile_free(lfile *f) {
+    ck_dr_destroy(&f->dr);
     if (f->fd >= 0) close(f->fd);
     f->fd = -1;
     if (f->hash) XXH3_freeState(f->hash);
@@ -349,6 +358,12 @@ static int prepare(loader *L, lfile *f, const char *dir, int fi) {
         record(f, rc, CK_BAD_FORMAT);
         return rc;
     }
+    /* a cold file with a large data section: read it past the page cache, in large blocks
+     * kept in flight ahead of the readers (falls back to pread where refused) */
+    uint64_t data = 8 + jl;
+    if (ck__dio_enabled() && f->size - data >= 2 * (uint64_t)CK_DIO_BLOCK && ck_dr_file_is_cold(f->fd, f->size) &&
+        !ck_dr_new(&f->dr, path, data, f->size))
+        f->dr_start = data;
     f->ready = true;
     return 0;
 }

@@ -2,6 +2,7 @@
  * one rank's part of a multi-rank save and the coordinator's completion of its manifest,
  * and the (optionally asynchronous) saver (see ckpt.h). */
 #include "checkpoint/ckpt.h"
+#include "checkpoint/dio.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -460,6 +461,7 @@ struct ck_saver {
     double last_stall;
     int64_t last_it;
     double job_start;
+    uint64_t dio_mark;       /* ck_dio_bytes_written() when this save started */
     /* deferred snapshot: the background thread copies from the live tensors (src[i]) first;
      * the trainer waits for `copied` before its next optimizer step changes them */
     const float **src;
@@ -526,7 +528,9 @@ static void log_saved(ck_saver *s, int64_t it, double secs, int rc) {
     if (!s->o.log) return;
     if (rc) fprintf(s->o.log, "cohort: saving checkpoint at iteration %" PRId64 " to %s FAILED: %s\n", it, s->save_dir,
                     co_err_detail());
-    else fprintf(s->o.log, "  successfully saved checkpoint from iteration %8" PRId64 " to %s (%.2f s)\n", it, s->save_dir, secs);
+    else
+        fprintf(s->o.log, "  successfully saved checkpoint from iteration %8" PRId64 " to %s (%.2f s%s)\n", it, s->save_dir,
+                secs, ck_dio_bytes_written() > s->dio_mark ? ", direct I/O" : "");
     fflush(s->o.log);
 }
 
@@ -604,6 +608,7 @@ int ck_saver_save(ck_saver *s, const ck_meta *meta, const ck_tensor_ref *refs, i
                 s->o.async ? " (async)" : "");
         fflush(s->o.log);
     }
+    s->dio_mark = ck_dio_bytes_written();
     if (!s->o.async) {
         rc = s->o.coord ? ck_save_part(s->save_dir, meta, refs, n, s->o.writers, s->o.writer, s->o.coord)
                         : ck_save(s->save_dir, meta, refs, n, s->o.writers, s->o.keep);

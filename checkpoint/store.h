@@ -46,8 +46,11 @@ int ck_err_wrap(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3
 
 /* ---- hashing writer/reader ------------------------------------------------------------ */
 
+typedef struct ck_dw ck_dw;
+
 typedef struct ck_file {
     int fd;
+    ck_dw *dw;                 /* writing: blocks written behind the caller (dio.h) */
     char path[4096];
     uint64_t bytes;
     XXH3_state_t *hash;
@@ -59,7 +62,9 @@ typedef struct ck_file {
 int ck_file_create(ck_file *f, const char *path);
 /* Also computes XXH64 (seed 0) of what is written (a rank's acknowledgement carries it). */
 int ck_file_want_xxh64(ck_file *f);
-/* Appends len bytes (hashing them); large buffers go in chunks. */
+/* Appends len bytes (hashing them). They go through blocks of CK_DIO_BLOCK bytes: a file
+ * that ends within its first block is written with one buffered write at the end; a
+ * larger one goes to disk with O_DIRECT, written behind the caller (dio.h). */
 int ck_file_write(ck_file *f, const void *buf, size_t len);
 /* fsync, close; the XXH3-128 of everything written into h. On error the file is closed. */
 int ck_file_finish(ck_file *f, uint8_t h[16]);

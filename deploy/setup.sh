@@ -114,10 +114,10 @@ test)
     configure build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
     ninja -C build-asan >/dev/null
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_suite build-asan --suite unit
-    log "running the actor runtime and collective tests under ThreadSanitizer"
+    log "running the actor runtime, collective and checkpoint direct-I/O tests under ThreadSanitizer"
     configure build-tsan -Dbuildtype=debug -Db_sanitize=thread
-    ninja -C build-tsan tests/unit/actors/test_actors tests/unit/comm/test_comm >/dev/null
-    run_suite build-tsan --suite unit actors comm
+    ninja -C build-tsan tests/unit/actors/test_actors tests/unit/comm/test_comm tests/unit/checkpoint/test_dio >/dev/null
+    run_suite build-tsan --suite unit actors comm checkpoint_dio
     echo "$passed passed, $failed failed, $skipped skipped"
     [ "$failed" -eq 0 ]
     ;;
