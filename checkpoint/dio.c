@@ -46,7 +46,8 @@ static char *block_new(void) {
     size_t tail = (size_t)(p + len - (a + CK_DIO_BLOCK));
     if (tail) munmap(a + CK_DIO_BLOCK, tail);
 #ifdef MADV_HUGEPAGE
-    madvise(a, CK_DIO_BLOCK, MADV_HUGEPAGE);
+    const char *hp = getenv("COHORT_CKPT_DIO_HUGEPAGES"); /* "0": 4 KiB pages (benchmarks) */
+    if (!(hp && !strcmp(hp, "0"))) madvise(a, CK_DIO_BLOCK, MADV_HUGEPAGE);
 #endif
     return a;
 }

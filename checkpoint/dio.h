@@ -9,7 +9,9 @@
  * of the tensors work, and that copy is where the hash is computed, in cache.
  *
  * Both fall back to buffered I/O where the file system refuses O_DIRECT (tmpfs, some
- * network file systems), and COHORT_CKPT_DIRECT_IO=0 turns direct I/O off altogether. */
+ * network file systems), and COHORT_CKPT_DIRECT_IO=0 turns direct I/O off altogether.
+ * COHORT_CKPT_DIO_HUGEPAGES=0 keeps the blocks in 4 KiB pages (to measure what huge pages
+ * bring; see block_new). */
 #ifndef COHORT_CHECKPOINT_DIO_H
 #define COHORT_CHECKPOINT_DIO_H
 
