@@ -67,6 +67,20 @@ static int t__checks;
 #define TEST_EXIT() \
     (fprintf(stderr, "%d checks, %d failed\n", t__checks, t__failures), t__failures ? 1 : 0)
 
+/* A new directory $TMPDIR/PREFIX.XXXXXX (or under /tmp) into out; 0, or -1. */
+static inline int t_scratch_dir(char *out, size_t n, const char *prefix) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(out, n, "%s/%s.XXXXXX", tmp && *tmp ? tmp : "/tmp", prefix);
+    return mkdtemp(out) ? 0 : -1;
+}
+
+/* Removes dir and everything below it (best effort, said on stderr when it fails). */
+static inline void t_remove_dir(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+}
+
 #define TEST_SKIP(why) do { fprintf(stderr, "skip: %s\n", why); exit(77); } while (0)
 
 #endif

@@ -618,8 +618,7 @@ static void test_save_parts(void) {
 }
 
 int main(void) {
-    snprintf(root, sizeof root, "%s/cohort-ckpt-unit.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(root)) return 1;
+    if (t_scratch_dir(root, sizeof root, "cohort-ckpt-unit")) return 1;
     RUN(test_safetensors);
     RUN(test_manifest_roundtrip_and_hostile);
     RUN(test_manifest_cover);
@@ -630,8 +629,6 @@ int main(void) {
     RUN(test_retention_and_candidates);
     RUN(test_async_saver);
     RUN(test_save_parts);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", root);
+    t_remove_dir(root);
     return TEST_EXIT();
 }

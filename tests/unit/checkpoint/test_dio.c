@@ -86,6 +86,18 @@ static int write_pieces(const char *path, const unsigned char *data, uint8_t h[1
     return ck_file_finish(&f, h);
 }
 
+/* root/name, and n bytes of pattern(seed) written to it in the pieces (NULL on failure). */
+static unsigned char *make_file(const char *name, uint64_t seed, char *path, size_t pn, size_t *n, uint8_t h[16]) {
+    snprintf(path, pn, "%s/%s", root, name);
+    *n = total_bytes();
+    unsigned char *data = pattern(*n, seed);
+    if (data && write_pieces(path, data, h)) {
+        free(data);
+        return NULL;
+    }
+    return data;
+}
+
 static void check_written(const char *path, const unsigned char *data, size_t n, const uint8_t h[16]) {
     size_t got = 0;
     unsigned char *b = read_whole(path, &got);
@@ -100,13 +112,11 @@ static void check_written(const char *path, const unsigned char *data, size_t n,
 
 static void test_writer_blocks(void) {
     char path[512];
-    snprintf(path, sizeof path, "%s/blocks.bin", root);
-    size_t n = total_bytes();
-    unsigned char *data = pattern(n, 1);
-    REQUIRE(data);
+    size_t n;
     uint8_t h[16];
     uint64_t before = ck_dio_bytes_written();
-    REQUIRE(!write_pieces(path, data, h));
+    unsigned char *data = make_file("blocks.bin", 1, path, sizeof path, &n, h);
+    REQUIRE(data);
     uint64_t direct = ck_dio_bytes_written() - before;
     check_written(path, data, n, h);
     if (direct_ok) /* every full block went direct, the tail through the page cache */
@@ -198,12 +208,10 @@ static void *consumer(void *arg) {
 
 static void test_reader(void) {
     char path[512];
-    snprintf(path, sizeof path, "%s/read.bin", root);
-    size_t n = total_bytes();
-    unsigned char *data = pattern(n, 3);
-    REQUIRE(data);
+    size_t n;
     uint8_t h[16];
-    REQUIRE(!write_pieces(path, data, h));
+    unsigned char *data = make_file("read.bin", 3, path, sizeof path, &n, h);
+    REQUIRE(data);
     evict(path);
     int fd = open(path, O_RDONLY);
     REQUIRE(fd >= 0);
@@ -369,8 +377,7 @@ static bool probe_direct(void) {
 }
 
 int main(void) {
-    snprintf(root, sizeof root, "%s/cohort-dio-unit.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(root)) return 1;
+    if (t_scratch_dir(root, sizeof root, "cohort-dio-unit")) return 1;
     unsetenv("COHORT_CKPT_DIRECT_IO");
     direct_ok = probe_direct();
     if (!direct_ok) fprintf(stderr, "note: %s refuses O_DIRECT: only the buffered fallback is tested\n", root);
@@ -379,8 +386,6 @@ int main(void) {
     RUN(test_reader);
     RUN(test_reader_abort);
     RUN(test_save_load);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", root);
+    t_remove_dir(root);
     return TEST_EXIT();
 }
