@@ -70,7 +70,7 @@ struct ck_dw {
     int cur;             /* the slot being filled */
     size_t fill;         /* bytes in it */
     uint64_t off;        /* its offset in the file */
-    bool tried, direct, was_direct;
+    bool tried, direct;
     pthread_mutex_t mu;
     pthread_cond_t cv;   /* a slot changed state, or stop */
     int st[CK_DIO_SLOTS];
@@ -194,7 +194,7 @@ static void start_direct(ck_dw *w) {
         fcntl(w->fd, F_SETFL, fl);
         return;
     }
-    w->direct = w->was_direct = true;
+    w->direct = true;
 }
 
 int ck_dw_commit(ck_dw *w, size_t n) {
@@ -267,8 +267,6 @@ int ck_dw_flush(ck_dw *w) {
     }
     return 0;
 }
-
-bool ck_dw_was_direct(const ck_dw *w) { return w->was_direct; }
 
 void ck_dw_destroy(ck_dw **wp) {
     ck_dw *w = *wp;
@@ -435,13 +433,14 @@ int ck_dr_copy(ck_dr *r, void *dst, size_t len, uint64_t off) {
         int s = (int)(b % CK_DIO_SLOTS);
         pthread_mutex_lock(&r->mu);
         while (!r->failed && !r->stop && !(r->blk[s] == b && r->st[s] == R_READY)) pthread_cond_wait(&r->cv, &r->mu);
-        bool failed = r->failed || r->stop;
+        bool failed = r->failed, stopped = r->stop;
         int e = r->err;
         uint64_t at = r->err_at;
         pthread_mutex_unlock(&r->mu);
-        if (failed) {
-            if (e) return co_err_set(fs_errno_code(e), "reading %s at byte %" PRIu64 ": %s", r->path, at, strerror(e));
-            if (r->stop) return co_err_set(CO_EABORTED, "reading %s: abandoned", r->path);
+        if (failed || stopped) {
+            if (failed && e)
+                return co_err_set(fs_errno_code(e), "reading %s at byte %" PRIu64 ": %s", r->path, at, strerror(e));
+            if (!failed) return co_err_set(CO_EABORTED, "reading %s: abandoned", r->path);
             return co_err_set(CO_EFORMAT, "%s: truncated: ends at byte %" PRIu64, r->path, at);
         }
         uint64_t in = off - (uint64_t)b * CK_DIO_BLOCK;

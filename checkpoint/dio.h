@@ -51,8 +51,6 @@ char *ck_dw_space(ck_dw *w, size_t *room);
 int ck_dw_commit(ck_dw *w, size_t n);
 /* Writes the rest and waits for every write (the file is not fsync'ed). */
 int ck_dw_flush(ck_dw *w);
-/* Direct writes were used. */
-bool ck_dw_was_direct(const ck_dw *w);
 /* Stops the threads (queued blocks are dropped), frees, nulls *w. fd stays open. */
 void ck_dw_destroy(ck_dw **w);
 
