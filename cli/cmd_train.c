@@ -452,6 +452,18 @@ int cli_train(int argc, char **argv) {
             if (!gpu && !worker) fprintf(stderr, "cohort: %s: training on the CPU (--device cpu says so quietly)\n", why);
         }
     }
+    /* --bf16 on the CPU: only where the matrix products have bf16 instructions (AVX512-BF16,
+     * AMX); elsewhere it would be slower than fp32, so it is refused (kernels/cpu/isa.c) */
+    if (c.bf16 && !strcmp(c.device, "cpu")) {
+        char why[400];
+        if (!kb_cpu_bf16_check(why, sizeof why)) {
+            fprintf(stderr, "cohort train: invalid configuration:\n  %s\n", why);
+            sv_link_close(&link);
+            sv_assignment_free(&asg);
+            co_config_free(&c);
+            return CLI_USAGE;
+        }
+    }
     bool supervisor = !worker && dp > 1;
 
     /* Only the logging rank (the last, as in Megatron) prints; a worker's lines travel to

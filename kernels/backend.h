@@ -183,6 +183,12 @@ const char *kb_backend_describe(const kb_backend *b);
 /* Whether this build and machine can run the CUDA backend: 1 yes, 0 no (then why[0..n)
  * says why: no CUDA in this build, no driver, no device). Cheap enough to call once. */
 int kb_cuda_available(char *why, size_t n);
+/* Whether --bf16 is useful on this CPU: 1 yes (AVX512-BF16 or AMX matrix products), 0 no
+ * (then why[0..n) is the one-line refusal, naming the CPU and what to use instead). The
+ * CPU backend refuses to be created with bf16 where this says no. */
+int kb_cpu_bf16_check(char *why, size_t n);
+/* "Intel(R) Xeon(R) ..., kernels for AVX-512": the CPU and the level its kernels use. */
+void kb_cpu_describe_isa(char *out, size_t n);
 
 /* Counter-based random stream shared by all backends: a uniform 32-bit value for
  * (seed, counter), and the dropout keep test used by every kernel. */

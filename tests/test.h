@@ -14,6 +14,7 @@
 
 static int t__failures;
 static int t__checks;
+static int t__skipped; /* cases skipped with TEST_SKIP_CASE */
 
 #define CHECK(cond)                                                                    \
     do {                                                                               \
@@ -59,13 +60,16 @@ static int t__checks;
 
 #define RUN(fn)                                                                        \
     do {                                                                               \
-        int t__before = t__failures;                                                   \
+        int t__before = t__failures, t__skip_before = t__skipped;                      \
         fn();                                                                          \
-        fprintf(stderr, "%s %s\n", t__failures == t__before ? "ok  " : "FAIL", #fn);   \
+        fprintf(stderr, "%s %s\n", t__failures != t__before        ? "FAIL"            \
+                                   : t__skipped != t__skip_before ? "skip"            \
+                                                                  : "ok  ", #fn);     \
     } while (0)
 
 #define TEST_EXIT() \
-    (fprintf(stderr, "%d checks, %d failed\n", t__checks, t__failures), t__failures ? 1 : 0)
+    (fprintf(stderr, "%d checks, %d failed, %d cases skipped\n", t__checks, t__failures, t__skipped), \
+     t__failures ? 1 : 0)
 
 /* A new directory $TMPDIR/PREFIX.XXXXXX (or under /tmp) into out; 0, or -1. */
 static inline int t_scratch_dir(char *out, size_t n, const char *prefix) {
@@ -81,6 +85,12 @@ static inline void t_remove_dir(const char *dir) {
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* Skips the whole executable (exit 77: meson reports SKIP). Only before any check ran, e.g.
+ * a GPU test on a machine without one; a case that needs something absent uses
+ * TEST_SKIP_CASE, so the checks that did run still count. */
 #define TEST_SKIP(why) do { fprintf(stderr, "skip: %s\n", why); exit(77); } while (0)
+/* Ends the current case as skipped, saying why (a CPU feature it needs is absent, ...). */
+#define TEST_SKIP_CASE(why) \
+    do { fprintf(stderr, "skip: %s: %s\n", __func__, why); t__skipped++; return; } while (0)
 
 #endif

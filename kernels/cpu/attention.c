@@ -15,7 +15,13 @@
  *
  * Inner loops run over a fixed block width (BK keys, or hd channels) with no reductions
  * across lanes, so the compiler vectorises them; everything inside an item is sequential,
- * so the results are bitwise independent of the thread count. */
+ * so the results are bitwise independent of the thread count.
+ *
+ * This file is compiled once per instruction set (kernels/meson.build: -DCPU_ATTN_VARIANT=
+ * avx512, avx2 or base, each with its -m flags), and cpu_attention_forward/backward pick
+ * the variant for cpu_isa_level() at run time, so one binary is fast on AVX-512 and on
+ * AVX2-only CPUs and ONEDNN_MAX_CPU_ISA=AVX2 runs the AVX2 kernels here. Every variant
+ * accumulates each lane in the same order with fused multiply-adds. */
 #include <omp.h>
 #include <stdlib.h>
 
@@ -26,9 +32,20 @@
 #define BK 64
 #define AI static inline __attribute__((always_inline))
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define ATTN_AVX2 1
+#endif
+
+/* the variant's names: cpu_attention_forward_avx512, ... (see cpu.h) */
+#ifndef CPU_ATTN_VARIANT
+#define CPU_ATTN_VARIANT base
+#endif
+#define ATTN_CAT2(a, b) a##_##b
+#define ATTN_CAT(a, b) ATTN_CAT2(a, b)
+#define ATTN_FN(name) ATTN_CAT(name, CPU_ATTN_VARIANT)
 
 /* S[r][0:BK] = sum_d A[r*as + d] * Bt[d*BK + 0:BK] for r < nr (nr <= 4). */
 AI void mk_a(float *S, const float *A, size_t as, const float *Bt, int hd, const int nr) {
@@ -50,6 +67,25 @@ AI void mk_a(float *S, const float *A, size_t as, const float *Bt, int hd, const
     }
     for (int r = 0; r < nr; r++)
         for (int q = 0; q < 4; q++) _mm512_storeu_ps(S + (size_t)r * BK + 16 * q, c[r][q]);
+#elif defined(ATTN_AVX2)
+    /* 16 ymm registers: the block's 64 columns in four quarters of 16, 4 rows x 2 each */
+    for (int j = 0; j < BK; j += 16) {
+        __m256 c[4][2];
+        for (int r = 0; r < nr; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d++) {
+            const float *b = Bt + (size_t)d * BK + j;
+            __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+            for (int r = 0; r < nr; r++) {
+                __m256 a = _mm256_broadcast_ss(A + (size_t)r * as + d);
+                c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
+                c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            _mm256_storeu_ps(S + (size_t)r * BK + j, c[r][0]);
+            _mm256_storeu_ps(S + (size_t)r * BK + j + 8, c[r][1]);
+        }
+    }
 #else
     for (int r = 0; r < nr; r++) {
         float *s = S + (size_t)r * BK;
@@ -97,6 +133,27 @@ AI void mk_b(float *O, size_t os, const float *P, size_t ps, const float *X, siz
         }
         for (int r = 0; r < nr; r++) _mm512_storeu_ps(O + (size_t)r * os + d0, c[r]);
     }
+#elif defined(ATTN_AVX2)
+    for (; d0 + 16 <= hd; d0 += 16) {
+        __m256 c[4][2];
+        for (int r = 0; r < nr; r++) {
+            c[r][0] = _mm256_loadu_ps(O + (size_t)r * os + d0);
+            c[r][1] = _mm256_loadu_ps(O + (size_t)r * os + d0 + 8);
+        }
+        for (int k = 0; k < nk; k++) {
+            const float *x = X + (size_t)k * xs + d0;
+            __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
+            for (int r = 0; r < nr; r++) {
+                __m256 p = _mm256_broadcast_ss(P + (size_t)r * ps + k);
+                c[r][0] = _mm256_fmadd_ps(p, x0, c[r][0]);
+                c[r][1] = _mm256_fmadd_ps(p, x1, c[r][1]);
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            _mm256_storeu_ps(O + (size_t)r * os + d0, c[r][0]);
+            _mm256_storeu_ps(O + (size_t)r * os + d0 + 8, c[r][1]);
+        }
+    }
 #endif
     if (d0 < hd)
         for (int r = 0; r < nr; r++) {
@@ -121,6 +178,22 @@ AI float row_max(const float *s, int lo, int hi) {
         m = _mm512_mask_max_ps(m, k, m, _mm512_loadu_ps(s + j));
     }
     return _mm512_reduce_max_ps(m);
+#elif defined(ATTN_AVX2)
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i lov = _mm256_set1_epi32(lo - 1), hiv = _mm256_set1_epi32(hi);
+    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 m = ninf;
+    for (int j = 0; j < BK; j += 8) {
+        /* lanes with lo <= j+l < hi */
+        __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(idx, lov), _mm256_cmpgt_epi32(hiv, idx));
+        __m256 v = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + j), _mm256_castsi256_ps(in));
+        m = _mm256_max_ps(m, v);
+        idx = _mm256_add_epi32(idx, _mm256_set1_epi32(8));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    return _mm_cvtss_f32(h);
 #else
     float m = -INFINITY;
     for (int j = lo; j < hi; j++) m = s[j] > m ? s[j] : m;
@@ -271,7 +344,7 @@ static void geo_init(attn_geo *g, const int32_t *seg, int B, int T, int nh, int 
     g->seed = seed, g->offset = offset, g->seg = seg;
 }
 
-void cpu_attention_forward(kb_backend *b, float *out, float *lse, const float *qkv,
+void ATTN_FN(cpu_attention_forward)(kb_backend *b, float *out, float *lse, const float *qkv,
                            const int32_t *seg, int B, int T, int nh, int nkv, int hd,
                            float p_drop, uint64_t seed, uint64_t offset) {
     cpu_state *st = cpu_st(b);
@@ -438,7 +511,7 @@ static void bwd_item_any(const attn_geo *g, float *dqkv, float *dkh, float *dvh,
     }
 }
 
-void cpu_attention_backward(kb_backend *b, float *dqkv, const float *dout,
+void ATTN_FN(cpu_attention_backward)(kb_backend *b, float *dqkv, const float *dout,
                             const float *qkv, const float *out, const float *lse,
                             const int32_t *seg, int B, int T, int nh, int nkv, int hd,
                             float p_drop, uint64_t seed, uint64_t offset) {

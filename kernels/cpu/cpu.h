@@ -47,6 +47,14 @@ typedef struct cpu_state {
     char desc[128];
 } cpu_state;
 
+/* instruction-set levels (isa.c), ordered: a level includes the ones below it */
+enum { CPU_ISA_BASE = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2, CPU_ISA_AVX512_BF16 = 3, CPU_ISA_AMX = 4 };
+/* The level the backend's kernels use: min(CPU, oneDNN's effective ISA, what was compiled). */
+int cpu_isa_level(void);
+const char *cpu_isa_name(int level);
+/* /proc/cpuinfo's "model name" (or "unknown CPU"). */
+void cpu_model_name(char *out, size_t n);
+
 static inline cpu_state *cpu_st(kb_backend *b) { return (cpu_state *)b->impl; }
 
 /* Returns a buffer of at least nbytes (64-byte aligned), contents undefined; NULL on OOM. */
@@ -65,13 +73,22 @@ void cpu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias,
                          const kb_bf16 *W16, int N, int IC, int OC);
 void cpu_mm_release(cpu_state *st);
 
-void cpu_attention_forward(kb_backend *b, float *out, float *lse, const float *qkv,
-                           const int32_t *seg, int B, int T, int nh, int nkv, int hd,
-                           float p_drop, uint64_t seed, uint64_t offset);
-void cpu_attention_backward(kb_backend *b, float *dqkv, const float *dout,
-                            const float *qkv, const float *out, const float *lse,
-                            const int32_t *seg, int B, int T, int nh, int nkv, int hd,
-                            float p_drop, uint64_t seed, uint64_t offset);
+/* attention (attention.c, compiled once per instruction set as _avx512, _avx2 and _base;
+ * the unsuffixed entry points in cpu_backend.c choose by cpu_isa_level()) */
+#define CPU_ATTN_DECL(sfx)                                                                      \
+    void cpu_attention_forward##sfx(kb_backend *b, float *out, float *lse, const float *qkv,   \
+                                    const int32_t *seg, int B, int T, int nh, int nkv, int hd, \
+                                    float p_drop, uint64_t seed, uint64_t offset);             \
+    void cpu_attention_backward##sfx(kb_backend *b, float *dqkv, const float *dout,             \
+                                     const float *qkv, const float *out, const float *lse,     \
+                                     const int32_t *seg, int B, int T, int nh, int nkv, int hd, \
+                                     float p_drop, uint64_t seed, uint64_t offset);
+CPU_ATTN_DECL()
+CPU_ATTN_DECL(_avx512)
+CPU_ATTN_DECL(_avx2)
+CPU_ATTN_DECL(_base)
+/* which variant the dispatchers call: "avx512", "avx2" or "base" */
+const char *cpu_attention_variant(void);
 
 void cpu_zero(kb_backend *b, float *x, size_t n);
 void cpu_to_bf16(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n);

@@ -69,8 +69,71 @@ static const kb_ops cpu_ops = {
     .adamw = cpu_adamw,
 };
 
+/* Attention through the variant compiled for this CPU's level (kernels/meson.build builds
+ * the ones the compiler can; COHORT_ATTN_AVX512 / _AVX2 say which). */
+typedef void (*attn_fwd_fn)(kb_backend *, float *, float *, const float *, const int32_t *, int, int, int, int,
+                            int, float, uint64_t, uint64_t);
+typedef void (*attn_bwd_fn)(kb_backend *, float *, const float *, const float *, const float *, const float *,
+                            const int32_t *, int, int, int, int, int, float, uint64_t, uint64_t);
+
+static int attn_choice(void) {
+    int level = cpu_isa_level();
+#ifdef COHORT_ATTN_AVX512
+    if (level >= CPU_ISA_AVX512) return 2;
+#endif
+#ifdef COHORT_ATTN_AVX2
+    if (level >= CPU_ISA_AVX2) return 1;
+#endif
+    (void)level;
+    return 0;
+}
+
+const char *cpu_attention_variant(void) {
+    static const char *names[3] = {"base", "avx2", "avx512"};
+    return names[attn_choice()];
+}
+
+void cpu_attention_forward(kb_backend *b, float *out, float *lse, const float *qkv, const int32_t *seg, int B,
+                           int T, int nh, int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset) {
+    static const attn_fwd_fn fns[3] = {
+        cpu_attention_forward_base,
+#ifdef COHORT_ATTN_AVX2
+        cpu_attention_forward_avx2,
+#else
+        cpu_attention_forward_base,
+#endif
+#ifdef COHORT_ATTN_AVX512
+        cpu_attention_forward_avx512,
+#else
+        cpu_attention_forward_base,
+#endif
+    };
+    fns[attn_choice()](b, out, lse, qkv, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
+}
+
+void cpu_attention_backward(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const float *out,
+                            const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd,
+                            float p_drop, uint64_t seed, uint64_t offset) {
+    static const attn_bwd_fn fns[3] = {
+        cpu_attention_backward_base,
+#ifdef COHORT_ATTN_AVX2
+        cpu_attention_backward_avx2,
+#else
+        cpu_attention_backward_base,
+#endif
+#ifdef COHORT_ATTN_AVX512
+        cpu_attention_backward_avx512,
+#else
+        cpu_attention_backward_base,
+#endif
+    };
+    fns[attn_choice()](b, dqkv, dout, qkv, out, lse, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
+}
+
 int cpu_backend_create(kb_backend **out, const kb_options *opt) {
     *out = NULL;
+    char why[400];
+    if (opt->bf16 && !kb_cpu_bf16_check(why, sizeof why)) return co_err_set(CO_EUNSUPPORTED, "%s", why);
     kb_backend *b = calloc(1, sizeof *b);
     cpu_state *st = calloc(1, sizeof *st);
     if (!b || !st) {
@@ -95,8 +158,9 @@ int cpu_backend_create(kb_backend **out, const kb_options *opt) {
         return co_err_set(CO_EINTERNAL, "cpu backend: cannot create the oneDNN engine");
     }
     const dnnl_version_t *v = dnnl_version();
-    snprintf(st->desc, sizeof st->desc, "cpu: oneDNN %d.%d.%d, %d thread%s, %s", v->major,
-             v->minor, v->patch, threads, threads == 1 ? "" : "s", opt->bf16 ? "bf16" : "fp32");
+    snprintf(st->desc, sizeof st->desc, "cpu: oneDNN %d.%d.%d, %d thread%s, %s, %s kernels (attention %s)",
+             v->major, v->minor, v->patch, threads, threads == 1 ? "" : "s", opt->bf16 ? "bf16" : "fp32",
+             cpu_isa_name(cpu_isa_level()), cpu_attention_variant());
     *out = b;
     return 0;
 }

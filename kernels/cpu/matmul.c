@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <stdlib.h>
 
+#include "common/error.h"
 #include "kernels/cpu/cpu.h"
 
 static void sync_threads(cpu_state *st) {
@@ -93,7 +94,7 @@ static cpu_mm *mm_get(cpu_state *st, int64_t M, int64_t N, int64_t K, int ta, in
     }
     m->M = M, m->N = N, m->K = K, m->ta = ta, m->tb = tb, m->bias = bias, m->acc = acc;
     if (mm_build(st, m)) {
-        /* keep the key with prim == NULL: the caller falls back to fp32, and does not
+        /* keep the key with prim == NULL: the caller reports the failure and does not
          * retry the build every call */
         mm_clear(m);
         m->M = M, m->N = N, m->K = K, m->ta = ta, m->tb = tb, m->bias = bias, m->acc = acc;
@@ -121,6 +122,11 @@ static int mm_run(cpu_state *st, cpu_mm *m, const kb_bf16 *A, const kb_bf16 *B,
 }
 
 /* ---- helpers ---- */
+
+static void mm_fail(kb_backend *b, const char *op, int64_t M, int64_t N, int64_t K) {
+    b->status = co_err_set(CO_EINTERNAL, "%s: oneDNN could not build or run the bf16 matrix product "
+                                         "%lldx%lldx%lld", op, (long long)M, (long long)N, (long long)K);
+}
 
 static void convert(cpu_state *st, kb_bf16 *dst, const float *src, size_t n) {
     const size_t chunk = 1 << 14;
@@ -189,6 +195,8 @@ void cpu_linear_forward(kb_backend *b, float *out, const float *in, const float 
     if (N <= 0 || OC <= 0) return;
     sync_threads(st);
     if (b->opt.bf16 && IC > 0) {
+        /* bf16 was checked to be native here (isa.c): a product it cannot do is an error,
+         * never a silent fp32 fallback */
         cpu_mm *m = mm_get(st, N, OC, IC, 0, 1, bias != NULL, 0);
         kb_bf16 *in16 = cpu_scratch(st, CPU_SCR_A16, (size_t)N * IC * sizeof(kb_bf16));
         if (m && in16 && !W16) {
@@ -196,13 +204,21 @@ void cpu_linear_forward(kb_backend *b, float *out, const float *in, const float 
             if (w) convert(st, w, W, (size_t)OC * IC);
             W16 = w;
         }
-        if (m && in16 && W16) {
-            convert(st, in16, in, (size_t)N * IC);
-            if (mm_run(st, m, in16, W16, bias, out) == 0) {
-                if (m->manual_bias) add_bias(st, out, bias, N, OC);
-                return;
-            }
+        if (!m) {
+            mm_fail(b, "linear_forward", N, OC, IC);
+            return;
         }
+        if (!in16 || !W16) {
+            b->status = co_err_set(CO_ENOMEM, "linear_forward: cannot allocate bf16 scratch");
+            return;
+        }
+        convert(st, in16, in, (size_t)N * IC);
+        if (mm_run(st, m, in16, W16, bias, out)) {
+            mm_fail(b, "linear_forward", N, OC, IC);
+            return;
+        }
+        if (m->manual_bias) add_bias(st, out, bias, N, OC);
+        return;
     }
     if (IC <= 0) {
         for (int n = 0; n < N; n++)
@@ -226,24 +242,45 @@ void cpu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias,
     if (b->opt.bf16) {
         cpu_mm *md = din ? mm_get(st, N, IC, OC, 0, 0, 0, 0) : NULL;
         cpu_mm *mw = dW ? mm_get(st, OC, IC, N, 1, 0, 0, 1) : NULL;
+        if ((din && !md) || (dW && !mw)) {
+            if (din && !md) mm_fail(b, "linear_backward (input gradient)", N, IC, OC);
+            else mm_fail(b, "linear_backward (weight gradient)", OC, IC, N);
+            return;
+        }
         kb_bf16 *dout16 = cpu_scratch(st, CPU_SCR_B16, (size_t)N * OC * sizeof(kb_bf16));
-        if (dout16 && (md || mw)) convert(st, dout16, dout, (size_t)N * OC);
-        if (md && dout16) {
+        if (!dout16) {
+            b->status = co_err_set(CO_ENOMEM, "linear_backward: cannot allocate bf16 scratch");
+            return;
+        }
+        convert(st, dout16, dout, (size_t)N * OC);
+        if (md) {
             if (!W16) {
                 kb_bf16 *w = cpu_scratch(st, CPU_SCR_W16, (size_t)OC * IC * sizeof(kb_bf16));
                 if (w) convert(st, w, W, (size_t)OC * IC);
                 W16 = w;
             }
-            if (W16 && mm_run(st, md, dout16, W16, NULL, din) == 0) din = NULL;
-        }
-        if (mw && dout16) {
-            kb_bf16 *in16 = cpu_scratch(st, CPU_SCR_A16, (size_t)N * IC * sizeof(kb_bf16));
-            if (in16) {
-                convert(st, in16, in, (size_t)N * IC);
-                if (mm_run(st, mw, dout16, in16, NULL, dW) == 0) dW = NULL;
+            if (!W16) {
+                b->status = co_err_set(CO_ENOMEM, "linear_backward: cannot allocate bf16 scratch");
+                return;
+            }
+            if (mm_run(st, md, dout16, W16, NULL, din)) {
+                mm_fail(b, "linear_backward (input gradient)", N, IC, OC);
+                return;
             }
         }
+        if (mw) {
+            kb_bf16 *in16 = cpu_scratch(st, CPU_SCR_A16, (size_t)N * IC * sizeof(kb_bf16));
+            if (!in16) {
+                b->status = co_err_set(CO_ENOMEM, "linear_backward: cannot allocate bf16 scratch");
+                return;
+            }
+            convert(st, in16, in, (size_t)N * IC);
+            if (mm_run(st, mw, dout16, in16, NULL, dW)) {
+                mm_fail(b, "linear_backward (weight gradient)", OC, IC, N);
+                return;
+            }
+        }
+        return;
     }
-    /* fp32 (or the fallback for anything the bf16 path could not do) */
     bwd_f32(st, din, dW, dout, in, W, N, IC, OC);
 }

@@ -1,6 +1,7 @@
 /* test_attention.c - causal GQA flash attention against a naive O(T^2) double-precision
  * reference (seg masks, GQA mapping, dropout mask from the documented counter), the
  * reference backward against central differences, and determinism. */
+#include "kernels/cpu/cpu.h"
 #include "tests/unit/kernels/kt_util.h"
 
 typedef struct geo {
@@ -237,8 +238,21 @@ static void test_attention_dropout_mask(void) {
     free(x), free(o1), free(o2), free(o3), free(l);
 }
 
+/* the variant the dispatcher runs follows the CPU's level (ONEDNN_MAX_CPU_ISA=AVX2 runs the
+ * AVX2 kernels on an AVX-512 machine: the unit suite runs this file both ways) */
+static void test_variant(void) {
+    int level = cpu_isa_level();
+    const char *v = cpu_attention_variant();
+    fprintf(stderr, "  attention variant %s at level %s\n", v, cpu_isa_name(level));
+#if defined(COHORT_ATTN_AVX512) && defined(COHORT_ATTN_AVX2)
+    CHECK(strcmp(v, level >= CPU_ISA_AVX512 ? "avx512" : level >= CPU_ISA_AVX2 ? "avx2" : "base") == 0);
+#endif
+    CHECK(strstr(kb_backend_describe(KB), v) != NULL);
+}
+
 int main(void) {
     KB = kt_backend(2, false);
+    RUN(test_variant);
     RUN(test_reference_backward_fd);
     RUN(test_attention_small);
     RUN(test_attention_blocks);

@@ -35,8 +35,32 @@ static void test_backend_new(void) {
         CHECK(strstr(co_err_detail(), "CUDA") != NULL);
     }
 
-    CHECK(strstr(kb_backend_describe(B16), "bf16") != NULL);
     CHECK(strstr(kb_backend_describe(B32), "2 threads") != NULL);
+    CHECK(strstr(kb_backend_describe(B32), " kernels") != NULL);
+    if (B16) CHECK(strstr(kb_backend_describe(B16), "bf16") != NULL);
+}
+
+/* --bf16 where the CPU has no bf16 matrix instructions: refused with a reason, never a
+ * backend that silently computes in fp32 (or slowly emulates bf16) */
+static void test_bf16_choice(void) {
+    char why[400] = "";
+    int ok = kb_cpu_bf16_check(why, sizeof why);
+    char isa[300];
+    kb_cpu_describe_isa(isa, sizeof isa);
+    fprintf(stderr, "  cpu: %s; bf16 %s\n", isa, ok ? "native" : "refused");
+    kb_options o = {.device = KB_DEVICE_CPU, .threads = 1, .bf16 = true};
+    kb_backend *b = NULL;
+    int rc = kb_backend_new(&b, &o);
+    if (ok) {
+        CHECK(rc == 0 && b != NULL);
+        CHECK(strstr(isa, "AMX") || strstr(isa, "AVX-512 BF16"));
+    } else {
+        CHECK(rc == CO_EUNSUPPORTED && b == NULL);
+        CHECK(strstr(co_err_detail(), "--bf16") != NULL);
+        CHECK(strstr(co_err_detail(), "without --bf16") != NULL);
+        CHECK(strstr(why, "--bf16") != NULL);
+    }
+    kb_backend_destroy(&b);
 }
 
 /* ---------------------------------------------------------------- memory, bf16 */
@@ -175,6 +199,9 @@ static void test_linear_fp32(void) {
 }
 
 static void test_linear_bf16(void) {
+    char why[400];
+    if (!B16 && !kb_cpu_bf16_check(why, sizeof why)) TEST_SKIP_CASE(why);
+    REQUIRE(B16);
     linear_case(B16, 37, 29, 19, true, false);
     linear_case(B16, 64, 96, 48, false, true);
     linear_case(B16, 128, 64, 192, true, true);
@@ -559,8 +586,9 @@ static void test_adamw(void) {
 
 int main(void) {
     B32 = kt_backend(2, false);
-    B16 = kt_backend(2, true);
+    B16 = kb_cpu_bf16_check(NULL, 0) ? kt_backend(2, true) : NULL;
     RUN(test_backend_new);
+    RUN(test_bf16_choice);
     RUN(test_zero_to_bf16);
     RUN(test_linear_fp32);
     RUN(test_linear_bf16);

@@ -218,9 +218,11 @@ static void test_learns_counting_bf16(void) {
     c.hidden = 32;
     c.head_dim = 8;
     c.ffn_hidden = 64;
+    char why[400];
+    if (!kb_cpu_bf16_check(why, sizeof why)) TEST_SKIP_CASE(why);
     double loss;
     float *p = train_steps(c, 150, true, &loss);
-    if (!p) TEST_SKIP("bf16 backend unavailable");
+    REQUIRE(p);
     CHECK_MSG(loss < 0.6, "bf16 loss after 150 steps: %.4f", loss);
     free(p);
 }
