@@ -41,7 +41,18 @@ static void on_signal(int sig) {
 }
 
 int cli_tokenizer(const co_config *c, int *vocab, int *eod, char *err, size_t errlen) {
-    if (!strcmp(c->tokenizer_type, "GPT2BPETokenizer")) {
+    if (!strcmp(c->tokenizer_type, "GPT2BPETokenizer") && (c->vocab_file[0] || c->merge_file[0])) {
+        /* as Megatron: the vocabulary's size and <|endoftext|> come from --vocab-file */
+        tok_tokenizer tk;
+        int rc = tok_open(&tk, c->tokenizer_type, 0, c->vocab_file, c->merge_file);
+        if (rc) {
+            snprintf(err, errlen, "--vocab-file/--merge-file: %s", co_err_detail());
+            return CO_EINVAL;
+        }
+        *vocab = (int)tok_vocab_size(&tk);
+        *eod = tk.eod;
+        tok_close(&tk);
+    } else if (!strcmp(c->tokenizer_type, "GPT2BPETokenizer")) {
         /* GPT-2's vocabulary: 50257 entries, <|endoftext|> = 50256 */
         *vocab = 50257;
         *eod = 50256;

@@ -67,11 +67,11 @@ static const flag flags[] = {
     D("model", "hidden-dropout", hidden_dropout, "0.1", "dropout on the residual branches and embeddings"),
     D("model", "attention-dropout", attention_dropout, "0.1", "dropout on attention probabilities"),
     /* parallelism */
-    I("parallel", "tensor-model-parallel-size", tensor_model_parallel_size, "1", "tensor-parallel ranks"),
-    I("parallel", "pipeline-model-parallel-size", pipeline_model_parallel_size, "1", "pipeline stages"),
-    I("parallel", "context-parallel-size", context_parallel_size, "1", "context-parallel ranks"),
-    B("parallel", "sequence-parallel", sequence_parallel, "sequence parallelism (with tensor parallelism)"),
-    B("parallel", "use-distributed-optimizer", use_distributed_optimizer, "shard optimizer state over data-parallel ranks"),
+    I("parallel", "tensor-model-parallel-size", tensor_model_parallel_size, "1", "tensor-parallel ranks (not supported yet: only 1)"),
+    I("parallel", "pipeline-model-parallel-size", pipeline_model_parallel_size, "1", "pipeline stages (not supported yet: only 1)"),
+    I("parallel", "context-parallel-size", context_parallel_size, "1", "context-parallel ranks (not supported yet: only 1)"),
+    B("parallel", "sequence-parallel", sequence_parallel, "sequence parallelism (with tensor parallelism) (not supported yet)"),
+    B("parallel", "use-distributed-optimizer", use_distributed_optimizer, "shard optimizer state over data-parallel ranks (not supported yet)"),
     /* batch */
     I("batch", "micro-batch-size", micro_batch_size, NULL, "samples per micro batch"),
     I("batch", "global-batch-size", global_batch_size, NULL,
@@ -99,7 +99,7 @@ static const flag flags[] = {
     D("optimizer", "adam-eps", adam_eps, "1e-08", "Adam epsilon"),
     D("optimizer", "clip-grad", clip_grad, "1.0", "clip gradients to this global norm (0: off)"),
     B("optimizer", "bf16", bf16, "bf16 matrix products, fp32 master weights and optimizer state"),
-    B("optimizer", "fp16", fp16, "fp16 mixed precision (not supported: use --bf16)"),
+    B("optimizer", "fp16", fp16, "fp16 mixed precision (not supported yet: use --bf16)"),
     /* data */
     LIST("data", "data-path", data_path, "PREFIX of .bin/.idx files, or 'W1 P1 W2 P2 ...' to blend"),
     LIST("data", "train-data-path", train_data_path, "blend for the train split only ('W1 P1 ...')"),
@@ -208,13 +208,14 @@ static const flag flags[] = {
       "order and close up and replacements take the last ranks (shift-ranks)"),
     I("resilience", "inprocess-active-world-size", inprocess_active_world_size, NULL,
       "ranks that train (default: every process); the other --nproc-per-node processes are warm spares "
-      "that take a dead rank's place (one node)"),
+      "that take a dead rank's place (one node; not supported yet with --nnodes > 1 or with 1)"),
     I("resilience", "quarantine-after", quarantine_after, "2",
       "[cohort] a rank the rerun state machine finds faulty this many times within --quarantine-window "
       "iterations is killed and replaced (0: never)"),
     L("resilience", "quarantine-window", quarantine_window, "1000", "[cohort] see --quarantine-after"),
     S("resilience", "run-report", run_report, NULL, NULL,
-      "[cohort] JSON run report path (default: run_report.json in --save, if given)"),
+      "[cohort] JSON run report path (default: run_report.json in --save, if given; the supervisor writes "
+      "it, so not supported yet in a single-process job)"),
     /* cohort */
     I("cohort", "threads", threads, NULL, "[cohort] CPU threads (default: all online cores)"),
     S("cohort", "device", device, "auto", "auto|cpu|cuda",
@@ -490,83 +491,250 @@ int co_config_parse_split(const char *s, double out[3]) {
     return 0;
 }
 
+/* v out of [lo, hi]: one problem naming the flag and the range. Returns true then. */
+static bool out_of_range(problems *P, const char *name, int64_t v, int64_t lo, int64_t hi) {
+    if (v >= lo && v <= hi) return false;
+    problem(P, "--%s %lld is out of range (%lld to %lld)", name, (long long)v, (long long)lo, (long long)hi);
+    return true;
+}
+
+/* A finite number in (lo, hi] (strict = true) or [lo, hi]. */
+static bool dbl_out_of_range(problems *P, const char *name, double v, double lo, double hi, bool strict) {
+    bool ok = (strict ? v > lo : v >= lo) && v <= hi; /* false for NaN */
+    if (ok) return false;
+    problem(P, "--%s %g is out of range (%s%g to %g)", name, v, strict ? "above " : "", lo, hi);
+    return true;
+}
+
+#define GIVEN(name) co_config_was_set(c, name)
+
 int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     problems P = {err, 0, errlen, 0};
     if (errlen) err[0] = '\0';
-    if (c->num_layers < 1) problem(&P, "--num-layers must be given and positive");
-    if (c->hidden_size < 1) problem(&P, "--hidden-size must be given and positive");
-    if (c->num_attention_heads < 1) problem(&P, "--num-attention-heads must be given and positive");
-    if (c->seq_length < 1) problem(&P, "--seq-length must be given and positive");
-    if (c->micro_batch_size < 1) problem(&P, "--micro-batch-size must be given and positive");
-    if (P.n) return CO_EINVAL;
 
+    /* accepted for Megatron's scripts but not implemented: refused, never ignored */
+    if (c->use_distributed_optimizer)
+        problem(&P, "--use-distributed-optimizer is not supported yet (every data-parallel rank keeps the whole "
+                    "optimizer state)");
+    if (c->sequence_parallel)
+        problem(&P, "--sequence-parallel is not supported yet (it needs tensor parallelism, which is not supported yet)");
+    if (c->tensor_model_parallel_size != 1)
+        problem(&P, "--tensor-model-parallel-size %d is not supported yet (only 1)", c->tensor_model_parallel_size);
+    if (c->pipeline_model_parallel_size != 1)
+        problem(&P, "--pipeline-model-parallel-size %d is not supported yet (only 1)", c->pipeline_model_parallel_size);
+    if (c->context_parallel_size != 1)
+        problem(&P, "--context-parallel-size %d is not supported yet (only 1)", c->context_parallel_size);
+    if (c->fp16) problem(&P, "--fp16 is not supported yet; use --bf16");
+    if (GIVEN("inprocess-active-world-size") && c->nnodes > 1)
+        problem(&P, "--inprocess-active-world-size with --nnodes > 1 is not supported yet (warm spares on one node only)");
+    if (GIVEN("inprocess-active-world-size") && c->inprocess_active_world_size == 1 && c->nproc_per_node > 1)
+        problem(&P, "--inprocess-active-world-size 1 is not supported yet (a single training rank runs without the "
+                    "supervisor, so without spares)");
+    if (c->run_report[0] && c->nproc_per_node == 1 && c->nnodes == 1)
+        problem(&P, "--run-report is not supported yet in a single-process job (the supervisor writes it: "
+                    "--nproc-per-node 2 or more)");
+    int n_refused = P.n;
+
+    /* sizes every later step divides by */
+    if (c->num_layers == -1 && !GIVEN("num-layers")) problem(&P, "--num-layers must be given and positive");
+    else out_of_range(&P, "num-layers", c->num_layers, 1, CO_MAX_LAYERS);
+    if (c->hidden_size == -1 && !GIVEN("hidden-size")) problem(&P, "--hidden-size must be given and positive");
+    else out_of_range(&P, "hidden-size", c->hidden_size, 1, CO_MAX_HIDDEN);
+    if (c->num_attention_heads == -1 && !GIVEN("num-attention-heads"))
+        problem(&P, "--num-attention-heads must be given and positive");
+    else out_of_range(&P, "num-attention-heads", c->num_attention_heads, 1, CO_MAX_HIDDEN);
+    if (c->seq_length == -1 && !GIVEN("seq-length")) problem(&P, "--seq-length must be given and positive");
+    else out_of_range(&P, "seq-length", c->seq_length, 1, CO_MAX_SEQ_LENGTH);
+    if (c->micro_batch_size == -1 && !GIVEN("micro-batch-size"))
+        problem(&P, "--micro-batch-size must be given and positive");
+    else out_of_range(&P, "micro-batch-size", c->micro_batch_size, 1, CO_MAX_MICRO_BATCH);
+    bool procs_bad = out_of_range(&P, "nproc-per-node", c->nproc_per_node, 1, CO_MAX_PROCS);
+    procs_bad |= out_of_range(&P, "nnodes", c->nnodes, 1, CO_MAX_PROCS);
+    if (!procs_bad) {
+        int64_t world = (int64_t)c->nproc_per_node * c->nnodes;
+        if (world > CO_MAX_PROCS)
+            problem(&P, "--nproc-per-node %d x --nnodes %d = %lld worker processes: more than %d", c->nproc_per_node,
+                    c->nnodes, (long long)world, CO_MAX_PROCS);
+        else if (c->node_rank < 0 || c->node_rank >= c->nnodes)
+            problem(&P, "--node-rank %d is out of range (0 to --nnodes - 1 = %d)", c->node_rank, c->nnodes - 1);
+        else if (dp < 1)
+            problem(&P, "data-parallel size %d is not positive", dp);
+    }
+    if (P.n > n_refused) return CO_EINVAL;
+
+    int n_before_shape = P.n;
     if (c->hidden_size % c->num_attention_heads)
         problem(&P, "--hidden-size %d is not divisible by --num-attention-heads %d", c->hidden_size,
                 c->num_attention_heads);
-    if (c->kv_channels < 0) c->kv_channels = c->hidden_size / c->num_attention_heads;
+    if (GIVEN("kv-channels")) out_of_range(&P, "kv-channels", c->kv_channels, 1, CO_MAX_KV_CHANNELS);
+    if (c->kv_channels < 1) c->kv_channels = c->hidden_size / c->num_attention_heads;
     if (!c->group_query_attention) c->num_query_groups = c->num_attention_heads;
-    if (c->num_query_groups < 1 || c->num_attention_heads % c->num_query_groups)
+    if (c->num_query_groups < 1 || c->num_query_groups > c->num_attention_heads)
+        problem(&P, "--num-query-groups %d is out of range (1 to --num-attention-heads %d)", c->num_query_groups,
+                c->num_attention_heads);
+    else if (c->num_attention_heads % c->num_query_groups)
         problem(&P, "--num-attention-heads %d is not divisible by --num-query-groups %d",
                 c->num_attention_heads, c->num_query_groups);
-    if (c->ffn_hidden_size < 0)
+    if (GIVEN("ffn-hidden-size")) out_of_range(&P, "ffn-hidden-size", c->ffn_hidden_size, 1, CO_MAX_FFN_HIDDEN);
+    if (c->ffn_hidden_size < 1)
         c->ffn_hidden_size = c->swiglu ? (int)((4 * (int64_t)c->hidden_size * 2 / 3) / 64 * 64)
                                        : 4 * c->hidden_size;
     if (c->ffn_hidden_size < 1) problem(&P, "--ffn-hidden-size must be positive");
     bool rope = strcmp(c->position_embedding_type, "rope") == 0;
     if (rope && c->kv_channels % 2) problem(&P, "rope needs an even head dimension, got %d", c->kv_channels);
-    if (c->max_position_embeddings < 0) c->max_position_embeddings = c->seq_length;
+    if (rope) dbl_out_of_range(&P, "rotary-base", c->rotary_base, 0, 1e12, true);
+    if (GIVEN("max-position-embeddings"))
+        out_of_range(&P, "max-position-embeddings", c->max_position_embeddings, 1, CO_MAX_SEQ_LENGTH);
+    if (c->max_position_embeddings < 1) c->max_position_embeddings = c->seq_length;
     if (!rope && c->seq_length > c->max_position_embeddings)
         problem(&P, "--seq-length %d is longer than --max-position-embeddings %d", c->seq_length,
                 c->max_position_embeddings);
-    if (c->tensor_model_parallel_size != 1 || c->pipeline_model_parallel_size != 1 ||
-        c->context_parallel_size != 1)
-        problem(&P, "tensor, pipeline and context parallelism are not supported yet (sizes must be 1)");
-    if (c->fp16) problem(&P, "--fp16 is not supported; use --bf16");
-    if (c->global_batch_size < 0) c->global_batch_size = c->micro_batch_size * dp;
-    if (c->global_batch_size % (c->micro_batch_size * dp))
+    dbl_out_of_range(&P, "norm-epsilon", c->norm_epsilon, 0, 1, true);
+
+    /* vocabulary (the tokenizer's size before padding; GPT-2's 50257 unless NullTokenizer) */
+    bool null_tok = strcmp(c->tokenizer_type, "NullTokenizer") == 0;
+    if (null_tok && c->vocab_size == -1 && !GIVEN("vocab-size"))
+        problem(&P, "--tokenizer-type NullTokenizer needs --vocab-size");
+    else if (GIVEN("vocab-size"))
+        out_of_range(&P, "vocab-size", c->vocab_size, 1, CO_MAX_VOCAB);
+    bool vocab_bad = out_of_range(&P, "make-vocab-size-divisible-by", c->make_vocab_size_divisible_by, 1,
+                                  CO_MAX_VOCAB_DIVISOR);
+    int64_t vocab = null_tok ? (int64_t)c->vocab_size + 1
+                    : strcmp(c->tokenizer_type, "ByteLevelTokenizer") == 0 ? 257 : 50257;
+    int64_t padded = vocab_bad || vocab < 1 ? 0
+                     : (vocab + c->make_vocab_size_divisible_by - 1) / c->make_vocab_size_divisible_by *
+                           c->make_vocab_size_divisible_by;
+
+    /* products: the kernels' int dimensions, and memory that no machine has */
+    if (P.n == n_before_shape) {
+        int64_t C = c->hidden_size, F = c->ffn_hidden_size, KV = c->kv_channels, L = c->num_layers;
+        int64_t Q = ((int64_t)c->num_attention_heads + 2 * (int64_t)c->num_query_groups) * KV;
+        int64_t AH = (int64_t)c->num_attention_heads * KV, F1 = c->swiglu ? 2 * F : F;
+        int64_t N = (int64_t)c->micro_batch_size * c->seq_length;
+        if (Q > CO_MAX_LAYER_WIDTH || F1 > CO_MAX_LAYER_WIDTH)
+            problem(&P, "layer widths (qkv %lld, MLP %lld) above %d: --num-attention-heads x --kv-channels or "
+                        "--ffn-hidden-size is absurd", (long long)Q, (long long)F1, CO_MAX_LAYER_WIDTH);
+        if (N > CO_MAX_MICRO_BATCH_TOKENS)
+            problem(&P, "--micro-batch-size %d x --seq-length %d = %lld tokens per micro batch: more than %d",
+                    c->micro_batch_size, c->seq_length, (long long)N, CO_MAX_MICRO_BATCH_TOKENS);
+        if (P.n == n_before_shape) {
+            int64_t W = C;
+            if (Q > W) W = Q;
+            if (F1 > W) W = F1;
+            if (padded > W) W = padded;
+            if (N * W > CO_MAX_ACTIVATION)
+                problem(&P, "--micro-batch-size x --seq-length (%lld tokens) x the widest layer (%lld) = %lld "
+                            "activations: more than %lld",
+                        (long long)N, (long long)W, (long long)(N * W), (long long)CO_MAX_ACTIVATION);
+            /* parameters (x4: weights, gradients, Adam's two moments) and one micro batch's
+             * activations, in bytes */
+            double params = (double)padded * C * (c->untie_embeddings_and_output_weights ? 2 : 1) +
+                            (rope ? 0 : (double)c->max_position_embeddings * C) +
+                            (double)L * ((double)Q * C + (double)AH * C + (double)F1 * C + (double)F * C + 8.0 * C);
+            double acts = (double)L * N * (5.0 * C + 2.0 * Q + 2.0 * AH + 2.0 * F1 + 2.0 * F) + (double)N * padded;
+            double bytes = 16.0 * params + 4.0 * acts;
+            if (bytes > CO_MAX_MODEL_BYTES)
+                problem(&P, "the model needs about %.0f GiB (%.3g parameters): more than %.0f GiB, refused as absurd",
+                        bytes / (1 << 30), params, CO_MAX_MODEL_BYTES / (1 << 30));
+        }
+    }
+
+    /* batch and run length */
+    /* -1: not given (derived below); a given value, -1 included, must be in range */
+    if (GIVEN("global-batch-size") || c->global_batch_size != -1)
+        out_of_range(&P, "global-batch-size", c->global_batch_size, 1, CO_MAX_GLOBAL_BATCH);
+    int64_t per_step = (int64_t)c->micro_batch_size * dp;
+    if (c->global_batch_size == -1) {
+        if (per_step > CO_MAX_GLOBAL_BATCH)
+            problem(&P, "--micro-batch-size %d x data-parallel size %d is more than %d samples per iteration",
+                    c->micro_batch_size, dp, CO_MAX_GLOBAL_BATCH);
+        else
+            c->global_batch_size = (int)per_step;
+    }
+    bool batch_ok = c->global_batch_size >= 1 && c->global_batch_size <= CO_MAX_GLOBAL_BATCH;
+    if (batch_ok && c->global_batch_size % per_step) {
         problem(&P, "--global-batch-size %d is not a multiple of --micro-batch-size %d x data-parallel size %d",
                 c->global_batch_size, c->micro_batch_size, dp);
-    if ((c->train_iters > 0) == (c->train_samples > 0))
+        batch_ok = false;
+    }
+    if (batch_ok && strcmp(c->rerun_mode, "disabled") && c->global_batch_size / per_step > CO_RERUN_MAX_MICRO_BATCHES)
+        problem(&P, "--global-batch-size %d is %lld micro batches per rank and iteration; the rerun state machine "
+                    "validates at most %d (not supported yet): raise --micro-batch-size or pass --rerun-mode disabled",
+                c->global_batch_size, (long long)(c->global_batch_size / per_step), CO_RERUN_MAX_MICRO_BATCHES);
+    bool iters_bad = false, samples_bad = false;
+    if (GIVEN("train-iters") || c->train_iters != -1)
+        iters_bad = out_of_range(&P, "train-iters", c->train_iters, 1, CO_MAX_ITERS);
+    if (GIVEN("train-samples") || c->train_samples != -1)
+        samples_bad = out_of_range(&P, "train-samples", c->train_samples, 1, CO_MAX_ITERS);
+    if (iters_bad || samples_bad) batch_ok = false;
+    else if ((c->train_iters > 0) == (c->train_samples > 0))
         problem(&P, "give exactly one of --train-iters and --train-samples (positive)");
-    if (c->train_samples > 0) {
+    else if (batch_ok && c->train_samples > 0) {
         if (c->train_samples % c->global_batch_size)
             problem(&P, "--train-samples %lld is not a multiple of --global-batch-size %d",
                     (long long)c->train_samples, c->global_batch_size);
         c->train_iters = c->train_samples / c->global_batch_size;
     }
-    if (!(c->lr > 0)) problem(&P, "--lr must be given and positive");
+    if (GIVEN("eval-interval") || c->eval_interval < 1)
+        out_of_range(&P, "eval-interval", c->eval_interval, 1, CO_MAX_ITERS);
+    if (GIVEN("eval-iters") || c->eval_iters < 0) out_of_range(&P, "eval-iters", c->eval_iters, 0, CO_MAX_ITERS);
+    if (batch_ok && c->train_iters > 0 && c->eval_interval >= 1 && c->eval_iters >= 0 && c->eval_iters <= CO_MAX_ITERS) {
+        /* the samples each split must provide (co_config_split_samples) fit int64 */
+        double gbs = c->global_batch_size, train = (double)c->train_iters * gbs,
+               valid = ((double)(c->train_iters / c->eval_interval) + 1) * (double)c->eval_iters * gbs;
+        if (train > (double)CO_MAX_ITERS || valid > (double)CO_MAX_ITERS)
+            problem(&P, "the run asks for %.3g training and %.3g validation samples: more than %lld", train, valid,
+                    (long long)CO_MAX_ITERS);
+    }
+
+    /* learning rate */
+    if (!(c->lr > 0 && c->lr <= 1e6)) problem(&P, "--lr must be given and positive (at most 1e6)");
     if (c->min_lr < 0 || c->min_lr > c->lr) problem(&P, "--min-lr must be between 0 and --lr");
-    if (c->lr_warmup_fraction >= 0 && c->lr_warmup_iters > 0)
-        problem(&P, "give only one of --lr-warmup-fraction and --lr-warmup-iters");
-    if (c->lr_warmup_fraction > 1) problem(&P, "--lr-warmup-fraction must be at most 1");
-    if (c->lr_decay_iters < 0) c->lr_decay_iters = c->train_iters;
-    if (c->lr_warmup_samples > 0 || c->lr_decay_samples > 0) {
+    if (c->lr_warmup_init < 0 || c->lr_warmup_init > 1e6) problem(&P, "--lr-warmup-init must be between 0 and 1e6");
+    if (GIVEN("lr-warmup-fraction")) dbl_out_of_range(&P, "lr-warmup-fraction", c->lr_warmup_fraction, 0, 1, false);
+    else if (c->lr_warmup_fraction > 1) problem(&P, "--lr-warmup-fraction must be at most 1");
+    if (c->lr_warmup_fraction >= 0 && (c->lr_warmup_iters > 0 || c->lr_warmup_samples > 0))
+        problem(&P, "give only one of --lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples");
+    if (GIVEN("lr-decay-iters")) out_of_range(&P, "lr-decay-iters", c->lr_decay_iters, 1, CO_MAX_ITERS);
+    if (GIVEN("lr-decay-samples")) out_of_range(&P, "lr-decay-samples", c->lr_decay_samples, 1, CO_MAX_ITERS);
+    out_of_range(&P, "lr-warmup-iters", c->lr_warmup_iters, 0, CO_MAX_ITERS);
+    out_of_range(&P, "lr-warmup-samples", c->lr_warmup_samples, 0, CO_MAX_ITERS);
+    if (GIVEN("lr-wsd-decay-iters")) out_of_range(&P, "lr-wsd-decay-iters", c->lr_wsd_decay_iters, 0, CO_MAX_ITERS);
+    if (c->lr_decay_iters < 1) c->lr_decay_iters = c->train_iters;
+    if (batch_ok && (c->lr_warmup_samples > 0 || c->lr_decay_samples > 0)) {
         /* sample-based schedule: convert to iterations */
         if (c->lr_warmup_samples > 0) c->lr_warmup_iters = c->lr_warmup_samples / c->global_batch_size;
         if (c->lr_decay_samples > 0) c->lr_decay_iters = c->lr_decay_samples / c->global_batch_size;
     }
     if (strcmp(c->lr_decay_style, "WSD") == 0 && c->lr_wsd_decay_iters < 0)
         problem(&P, "--lr-decay-style WSD needs --lr-wsd-decay-iters");
-    if (c->lr_warmup_iters > c->lr_decay_iters && strcmp(c->lr_decay_style, "constant") != 0 &&
+    if (c->lr_decay_iters >= 1 && c->lr_warmup_iters > c->lr_decay_iters && strcmp(c->lr_decay_style, "constant") != 0 &&
         c->lr_warmup_fraction < 0)
         problem(&P, "--lr-warmup-iters %lld exceeds the decay iterations %lld", (long long)c->lr_warmup_iters,
                 (long long)c->lr_decay_iters);
     if (c->hidden_dropout < 0 || c->hidden_dropout >= 1) problem(&P, "--hidden-dropout must be in [0, 1)");
     if (c->attention_dropout < 0 || c->attention_dropout >= 1) problem(&P, "--attention-dropout must be in [0, 1)");
-    if (c->init_method_std <= 0) problem(&P, "--init-method-std must be positive");
-    if (c->make_vocab_size_divisible_by < 1) problem(&P, "--make-vocab-size-divisible-by must be positive");
-    if (c->adam_beta1 < 0 || c->adam_beta1 >= 1 || c->adam_beta2 < 0 || c->adam_beta2 >= 1)
+    if (!(c->init_method_std > 0 && c->init_method_std <= 1e3)) problem(&P, "--init-method-std must be positive");
+    if (!(c->adam_beta1 >= 0 && c->adam_beta1 < 1 && c->adam_beta2 >= 0 && c->adam_beta2 < 1))
         problem(&P, "--adam-beta1 and --adam-beta2 must be in [0, 1)");
-    if (c->adam_eps <= 0) problem(&P, "--adam-eps must be positive");
-    if (c->clip_grad < 0) problem(&P, "--clip-grad must be >= 0");
-    if (c->log_interval < 1) problem(&P, "--log-interval must be positive");
-    if (c->eval_interval < 1) problem(&P, "--eval-interval must be positive");
-    if (c->eval_iters < 0) problem(&P, "--eval-iters must be >= 0");
+    if (!(c->adam_eps > 0 && c->adam_eps < 1)) problem(&P, "--adam-eps must be positive (below 1)");
+    if (!(c->clip_grad >= 0 && c->clip_grad <= 1e12)) problem(&P, "--clip-grad must be >= 0");
+    if (!(c->weight_decay >= 0 && c->weight_decay <= 1e3)) problem(&P, "--weight-decay must be >= 0");
+
+    /* logging, exit, checkpoints */
+    out_of_range(&P, "log-interval", c->log_interval, 1, INT_MAX);
+    if (GIVEN("exit-interval")) out_of_range(&P, "exit-interval", c->exit_interval, 1, CO_MAX_ITERS);
+    if (GIVEN("exit-duration-in-mins"))
+        dbl_out_of_range(&P, "exit-duration-in-mins", c->exit_duration_in_mins, 0, 1e9, true);
+    if (GIVEN("save-interval")) out_of_range(&P, "save-interval", c->save_interval, 1, CO_MAX_ITERS);
+    if (c->most_recent_k != -1) out_of_range(&P, "most-recent-k", c->most_recent_k, 1, INT_MAX);
+    if (GIVEN("ckpt-step")) out_of_range(&P, "ckpt-step", c->ckpt_step, 0, CO_MAX_ITERS);
+    out_of_range(&P, "sample-lines", c->sample_lines, 0, 1000);
+
+    /* data */
     double sp[3];
     if (co_config_parse_split(c->split, sp))
         problem(&P, "--split '%s' is not 1 to 3 non-negative numbers with a positive sum", c->split);
-    if (strcmp(c->tokenizer_type, "NullTokenizer") == 0 && c->vocab_size < 1)
-        problem(&P, "--tokenizer-type NullTokenizer needs --vocab-size");
     if (c->n_data_path > 1 && c->n_data_path % 2)
         problem(&P, "--data-path with weights needs 'W1 PREFIX1 W2 PREFIX2 ...'");
     {
@@ -580,23 +748,34 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
             problem(&P, "--valid-data-path/--test-data-path need --train-data-path");
     }
     if (c->sft && c->mock_data) problem(&P, "--sft reads JSONL conversations: give --data-path, not --mock-data");
-    if (c->nproc_per_node < 1 || c->nnodes < 1 || c->node_rank < 0 || c->node_rank >= c->nnodes)
-        problem(&P, "--nproc-per-node and --nnodes must be positive and --node-rank in [0, --nnodes)");
-    if (c->master_port < 1 || c->master_port > 65535) problem(&P, "--master-port must be in 1..65535");
-    if (!(c->rendezvous_timeout > 0)) problem(&P, "--rendezvous-timeout must be positive");
     if (c->n_data_path && c->mock_data) problem(&P, "give --data-path or --mock-data, not both");
-    if (c->threads == 0 || c->threads < -1) problem(&P, "--threads must be positive");
-    if (c->error_injection_rate < 0) problem(&P, "--error-injection-rate must be >= 0");
+
+    /* distributed launch and resilience */
+    if (c->master_port < 1 || c->master_port > 65535) problem(&P, "--master-port must be in 1..65535");
+    else if ((int64_t)c->nproc_per_node * c->nnodes > 1 &&
+             (int64_t)c->master_port + (int64_t)c->nproc_per_node * c->nnodes > 65535)
+        problem(&P, "--master-port %d: the workers' data ports (port + 1 + rank, up to %lld) pass 65535",
+                c->master_port, (long long)c->master_port + (int64_t)c->nproc_per_node * c->nnodes);
+    /* timeouts become int milliseconds: at most 10^6 s */
+    dbl_out_of_range(&P, "rendezvous-timeout", c->rendezvous_timeout, 0, 1e6, true);
+    if (GIVEN("threads") || c->threads == 0 || c->threads < -1)
+        out_of_range(&P, "threads", c->threads, 1, CO_MAX_THREADS);
+    out_of_range(&P, "error-injection-rate", c->error_injection_rate, 0, INT_MAX);
+    out_of_range(&P, "inject-seed", c->inject_seed, 0, INT64_MAX);
     if (!(c->inprocess_soft_timeout > 0 && c->inprocess_soft_timeout < c->inprocess_hard_timeout &&
-          c->inprocess_hard_timeout < c->inprocess_barrier_timeout))
-        problem(&P, "in-process restart timeouts must satisfy 0 < soft < hard < barrier");
-    if (!(c->inprocess_heartbeat_interval > 0 && c->inprocess_heartbeat_interval < c->inprocess_heartbeat_timeout))
-        problem(&P, "--inprocess-heartbeat-interval must be positive and below --inprocess-heartbeat-timeout");
+          c->inprocess_hard_timeout < c->inprocess_barrier_timeout && c->inprocess_barrier_timeout <= 1e6))
+        problem(&P, "in-process restart timeouts must satisfy 0 < soft < hard < barrier <= 1e6 seconds");
+    if (!(c->inprocess_heartbeat_interval > 0 && c->inprocess_heartbeat_interval < c->inprocess_heartbeat_timeout &&
+          c->inprocess_heartbeat_timeout <= 1e6))
+        problem(&P, "--inprocess-heartbeat-interval must be positive and below --inprocess-heartbeat-timeout "
+                    "(at most 1e6 seconds)");
     if (c->inprocess_active_world_size != -1 &&
         (c->inprocess_active_world_size < 1 || c->inprocess_active_world_size > c->nproc_per_node * c->nnodes))
         problem(&P, "--inprocess-active-world-size must be between 1 and the number of worker processes");
-    if (c->inprocess_restart_limit < 0 || !(c->inprocess_restart_window > 0))
-        problem(&P, "--inprocess-restart-limit must be >= 0 and --inprocess-restart-window positive");
+    if (c->inprocess_restart_limit < 0 || !(c->inprocess_restart_window > 0 && c->inprocess_restart_window <= 1e6))
+        problem(&P, "--inprocess-restart-limit must be >= 0 and --inprocess-restart-window positive (at most 1e6 s)");
+    out_of_range(&P, "quarantine-after", c->quarantine_after, 0, INT_MAX);
+    out_of_range(&P, "quarantine-window", c->quarantine_window, 1, CO_MAX_ITERS);
     if (c->check_replicas_interval < 0) problem(&P, "--check-replicas-interval must be >= 0");
     if (!(c->straggler_threshold > 0 && c->straggler_threshold <= 1))
         problem(&P, "--straggler-threshold must be in (0, 1]");
@@ -607,6 +786,7 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     }
     return P.n ? CO_EINVAL : 0;
 }
+#undef GIVEN
 
 static void default_text(const co_config *c, const flag *f, char *buf, size_t n) {
     (void)c;

@@ -13,6 +13,29 @@
 
 #define CO_MAX_DATA_PATHS 64
 
+/* Upper bounds co_config_finalize enforces (beyond them a configuration is refused as
+ * absurd before anything is allocated: the kernels index with int dimensions, and the
+ * sample counts are int64 products). */
+#define CO_MAX_LAYERS 1024
+#define CO_MAX_HIDDEN 131072
+#define CO_MAX_FFN_HIDDEN 1048576
+#define CO_MAX_KV_CHANNELS 65536
+#define CO_MAX_SEQ_LENGTH 1048576            /* also --max-position-embeddings */
+#define CO_MAX_MICRO_BATCH 65536
+#define CO_MAX_GLOBAL_BATCH 16777216
+#define CO_MAX_MICRO_BATCH_TOKENS 16777216    /* micro batch x seq length */
+#define CO_MAX_LAYER_WIDTH 4194304            /* qkv, attention, fc1 widths (int kernel dimensions) */
+#define CO_MAX_ACTIVATION ((int64_t)1 << 34)  /* elements of one [tokens, width] activation */
+#define CO_MAX_MODEL_BYTES ((double)(1ull << 42)) /* 4 TiB: parameters, gradients, Adam state, activations */
+#define CO_MAX_VOCAB 16777216
+#define CO_MAX_VOCAB_DIVISOR 65536
+#define CO_MAX_ITERS ((int64_t)1 << 40)       /* iterations and samples of a run */
+#define CO_MAX_PROCS 65536                    /* --nproc-per-node, --nnodes */
+#define CO_MAX_THREADS 4096
+/* Micro batches per rank and iteration that the rerun state machine validates (RR_MAX_MB
+ * in resilience/rerun.h); more are refused unless --rerun-mode disabled. */
+#define CO_RERUN_MAX_MICRO_BATCHES 64
+
 typedef struct co_config {
     /* model */
     int num_layers, hidden_size, ffn_hidden_size, num_attention_heads;

@@ -1,6 +1,7 @@
 /* rerun.c - the rerun state machine (see rerun.h for the rounds and the diagnoses). */
 #include "resilience/rerun.h"
 
+#include "common/config.h"
 #include "common/error.h"
 
 #include <errno.h>
@@ -11,6 +12,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+/* the configuration refuses more micro batches per rank than a report holds */
+_Static_assert(RR_MAX_MB == CO_RERUN_MAX_MICRO_BATCHES, "RR_MAX_MB and co_config_finalize's limit differ");
 
 #define RR_TRACK_N 100   /* values the spike and gradient trackers learn from, then freeze */
 #define RR_MAX_ATTEMPT 4 /* replays of one iteration before giving up */

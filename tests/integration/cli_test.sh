@@ -28,6 +28,96 @@ inconsistent)
     grep -q "longer than --max-position-embeddings" "$work/err" || fail "positions: $(cat "$work/err")"
     [ ! -s "$work/out" ] || fail "work started before validation: $(cat "$work/out")"
     ;;
+refused|ranges)
+    # expect_refused MESSAGE FLAGS...: exit 2 with MESSAGE on stderr, before any work (nothing
+    # printed, no checkpoint directory, no metrics file, no corpus)
+    expect_refused() {
+        local msg=$1; shift
+        rm -rf "$work/s" "$work/w" "$work/m.jsonl"
+        "$cohort" train "$@" --save "$work/s" --metrics-file "$work/m.jsonl" >"$work/out" 2>"$work/err"; rc=$?
+        [ $rc -eq 2 ] || fail "$*: exit $rc, want 2: $(tail -3 "$work/err")"
+        grep -qF -- "$msg" "$work/err" || fail "$*: no '$msg' in: $(cat "$work/err")"
+        [ ! -s "$work/out" ] || fail "$*: work started: $(head -3 "$work/out")"
+        [ ! -e "$work/s" ] && [ ! -e "$work/m.jsonl" ] && [ ! -e "$work/w" ] || fail "$*: something was written"
+    }
+    if [ "$case_name" = refused ]; then
+        # accepted by Megatron, not implemented here: refused, and --help says so
+        expect_refused "--use-distributed-optimizer is not supported yet" "${tiny[@]}" --train-iters 2 --use-distributed-optimizer
+        expect_refused "--sequence-parallel is not supported yet" "${tiny[@]}" --train-iters 2 --sequence-parallel
+        expect_refused "--tensor-model-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 --tensor-model-parallel-size 2
+        expect_refused "--pipeline-model-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 --pipeline-model-parallel-size 2
+        expect_refused "--context-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 --context-parallel-size 2
+        expect_refused "--fp16 is not supported yet" "${tiny[@]}" --train-iters 2 --fp16
+        expect_refused "--inprocess-active-world-size with --nnodes > 1 is not supported yet" "${tiny[@]}" --train-iters 2 \
+            --nnodes 2 --nproc-per-node 2 --inprocess-active-world-size 3
+        expect_refused "--inprocess-active-world-size 1 is not supported yet" "${tiny[@]}" --train-iters 2 \
+            --nproc-per-node 2 --inprocess-active-world-size 1
+        expect_refused "--run-report is not supported yet in a single-process job" "${tiny[@]}" --train-iters 2 \
+            --run-report "$work/r.json"
+        expect_refused "the rerun state machine validates at most 64" "${tiny[@]}" --train-iters 2 \
+            --micro-batch-size 1 --global-batch-size 65
+        # ... and with validation off, 65 micro batches train
+        "$cohort" train "${tiny[@]}" --train-iters 1 --micro-batch-size 1 --global-batch-size 65 --rerun-mode disabled \
+            >"$work/out" 2>&1 || fail "65 micro batches without validation: $(tail -3 "$work/out")"
+        "$cohort" train --help >"$work/help" || fail "--help exit $?"
+        for f in use-distributed-optimizer sequence-parallel tensor-model-parallel-size pipeline-model-parallel-size \
+                 context-parallel-size fp16; do
+            grep -E -- "--$f( |$).*not supported yet" "$work/help" >/dev/null || fail "--help does not say --$f is not supported yet"
+        done
+        expect_refused "--vocab-file/--merge-file" --mock-data --num-layers 1 --hidden-size 32 --num-attention-heads 4 \
+            --seq-length 16 --micro-batch-size 1 --train-iters 1 --lr 1e-3 --vocab-file "$work/none.json"
+    else
+        # zero, negative and absurd sizes, counts and ranks: one configuration error each.
+        # The embedded default job (no data flags) divided by the world size before validating.
+        expect_refused "--nproc-per-node 0 is out of range" --nproc-per-node 0 --workdir "$work/w"
+        expect_refused "--nnodes 0 is out of range" --nnodes 0 --workdir "$work/w"
+        expect_refused "--nproc-per-node 0 is out of range" "${tiny[@]}" --train-iters 2 --nproc-per-node 0
+        expect_refused "--nnodes -1 is out of range" "${tiny[@]}" --train-iters 2 --nnodes -1
+        expect_refused "--node-rank 2 is out of range" "${tiny[@]}" --train-iters 2 --nnodes 2 --node-rank 2
+        expect_refused "--global-batch-size -8 is out of range" "${tiny[@]}" --train-iters 2 --global-batch-size -8
+        expect_refused "--global-batch-size 0 is out of range" "${tiny[@]}" --train-iters 2 --global-batch-size 0
+        expect_refused "--global-batch-size -8 is out of range" --global-batch-size -8 --workdir "$work/w"
+        expect_refused "--seq-length 100000000 is out of range (1 to 1048576)" "${tiny[@]}" --train-iters 2 \
+            --seq-length 100000000 --max-position-embeddings 100000000
+        expect_refused "tokens per micro batch: more than 16777216" "${tiny[@]}" --train-iters 2 \
+            --micro-batch-size 4096 --seq-length 8192 --max-position-embeddings 8192 --global-batch-size 4096
+        expect_refused "refused as absurd" "${tiny[@]}" --train-iters 2 --num-layers 1024 --hidden-size 131072 \
+            --num-attention-heads 128
+        expect_refused "--micro-batch-size 0 is out of range" "${tiny[@]}" --train-iters 2 --micro-batch-size 0
+        expect_refused "--num-layers -3 is out of range" "${tiny[@]}" --train-iters 2 --num-layers -3
+        expect_refused "--hidden-size 200000 is out of range" "${tiny[@]}" --train-iters 2 --hidden-size 200000
+        expect_refused "--num-query-groups 8 is out of range" "${tiny[@]}" --train-iters 2 --group-query-attention \
+            --num-query-groups 8
+        expect_refused "--kv-channels 0 is out of range" "${tiny[@]}" --train-iters 2 --kv-channels 0
+        expect_refused "--ffn-hidden-size -1 is out of range" "${tiny[@]}" --train-iters 2 --ffn-hidden-size -1
+        expect_refused "--vocab-size 0 is out of range" "${tiny[@]}" --train-iters 2 --vocab-size 0
+        expect_refused "--train-iters -5 is out of range" "${tiny[@]}" --train-iters -5
+        expect_refused "the run asks for" "${tiny[@]}" --train-iters 1000000000000
+        expect_refused "--threads 0 is out of range" "${tiny[@]}" --train-iters 2 --threads 0
+        expect_refused "--log-interval 0 is out of range" "${tiny[@]}" --train-iters 2 --log-interval 0
+        expect_refused "--eval-iters -1 is out of range" "${tiny[@]}" --train-iters 2 --eval-iters -1
+        expect_refused "--save-interval 0 is out of range" "${tiny[@]}" --train-iters 2 --save-interval 0
+        expect_refused "--most-recent-k 0 is out of range" "${tiny[@]}" --train-iters 2 --most-recent-k 0
+        expect_refused "--most-recent-k -2 is out of range" "${tiny[@]}" --train-iters 2 --most-recent-k -2
+        expect_refused "--exit-interval 0 is out of range" "${tiny[@]}" --train-iters 2 --exit-interval 0
+        expect_refused "--exit-duration-in-mins -1 is out of range" "${tiny[@]}" --train-iters 2 --exit-duration-in-mins -1
+        expect_refused "--lr-decay-iters -4 is out of range" "${tiny[@]}" --train-iters 2 --lr-decay-iters -4
+        expect_refused "--lr-warmup-iters -1 is out of range" "${tiny[@]}" --train-iters 2 --lr-warmup-iters -1
+        expect_refused "--sample-lines -1 is out of range" "${tiny[@]}" --train-iters 2 --sample-lines -1
+        expect_refused "--master-port must be in 1..65535" "${tiny[@]}" --train-iters 2 --master-port 0
+        expect_refused "the workers' data ports" "${tiny[@]}" --train-iters 2 --master-port 65535 --nproc-per-node 2
+        expect_refused "--error-injection-rate -1 is out of range" "${tiny[@]}" --train-iters 2 --error-injection-rate -1
+        expect_refused "--quarantine-after -1 is out of range" "${tiny[@]}" --train-iters 2 --quarantine-after -1
+        expect_refused "--inject-seed -3 is out of range" "${tiny[@]}" --train-iters 2 --inject-seed -3
+        expect_refused "in-process restart timeouts" "${tiny[@]}" --train-iters 2 --inprocess-soft-timeout 0
+        expect_refused "--rendezvous-timeout 1e+07 is out of range" "${tiny[@]}" --train-iters 2 --rendezvous-timeout 1e7
+        # several problems: every one reported, one per line
+        expect_refused "--nnodes 0 is out of range" "${tiny[@]}" --train-iters 2 --nnodes 0 --micro-batch-size 0 \
+            --use-distributed-optimizer
+        grep -qF -- "--micro-batch-size 0 is out of range" "$work/err" || fail "only the first problem reported"
+        grep -qF -- "--use-distributed-optimizer is not supported yet" "$work/err" || fail "refusal not reported"
+    fi
+    ;;
 help)
     "$cohort" train --help >"$work/out" || fail "--help exit $?"
     for f in --num-layers --hidden-size --position-embedding-type --normalization --swiglu --lr-decay-style \

@@ -105,6 +105,58 @@ static void test_validation(void) {
     CHECK(check_line("--tensor-model-parallel-size 2", err, sizeof err) == CO_EINVAL);
     CHECK(check_line("--lr-warmup-iters 5 --lr-warmup-fraction 0.1", err, sizeof err) == CO_EINVAL);
     CHECK(check_line("--tokenizer-type NullTokenizer", err, sizeof err) == CO_EINVAL);
+    /* accepted by Megatron but not implemented: refused, not ignored */
+    CHECK(check_line("--use-distributed-optimizer", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "--use-distributed-optimizer is not supported yet"), "%s", err);
+    CHECK(check_line("--sequence-parallel", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "--sequence-parallel is not supported yet"), "%s", err);
+    CHECK(check_line("--run-report r.json", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--run-report r.json --nproc-per-node 2", err, sizeof err) == 0);
+    CHECK(check_line("--nnodes 2 --inprocess-active-world-size 1", err, sizeof err) == CO_EINVAL);
+    /* zero, negative, absurd: each refused with the range in the message */
+    CHECK(check_line("--nproc-per-node 0", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "--nproc-per-node 0 is out of range (1 to 65536)"), "%s", err);
+    CHECK(check_line("--nnodes 0", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--global-batch-size -8", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "--global-batch-size -8 is out of range"), "%s", err);
+    CHECK(check_line("--global-batch-size -1", err, sizeof err) == CO_EINVAL); /* -1 given is not "unset" */
+    CHECK(check_line("--global-batch-size 0", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--seq-length 2000000", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "(1 to 1048576)"), "%s", err);
+    CHECK(check_line("--num-layers 1024 --hidden-size 65536 --num-attention-heads 64", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "refused as absurd"), "%s", err);
+    CHECK(check_line("--micro-batch-size 65536 --seq-length 65536 --position-embedding-type rope", err, sizeof err) ==
+          CO_EINVAL);
+    CHECK_MSG(strstr(err, "tokens per micro batch"), "%s", err);
+    CHECK(check_line("--train-iters -3", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--save-interval 0", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--most-recent-k 0", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--most-recent-k 3", err, sizeof err) == 0);
+    CHECK(check_line("--exit-interval -1", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--threads 0", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--threads 1", err, sizeof err) == 0);
+    CHECK(check_line("--group-query-attention --num-query-groups 8", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--group-query-attention --num-query-groups 2", err, sizeof err) == 0);
+    /* the rerun state machine validates 64 micro batches per rank: 64 pass, 65 are refused
+     * (unless validation is off) */
+    CHECK(check_line("--micro-batch-size 1 --global-batch-size 64", err, sizeof err) == 0);
+    CHECK(check_line("--micro-batch-size 1 --global-batch-size 65", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "validates at most 64"), "%s", err);
+    CHECK(check_line("--micro-batch-size 1 --global-batch-size 65 --rerun-mode disabled", err, sizeof err) == 0);
+    {
+        co_config c;
+        char e[1024];
+        REQUIRE(parse(&c, "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+                          "--micro-batch-size 1 --global-batch-size 128 --train-iters 10 --lr 1e-3",
+                      e, sizeof e) == 0);
+        CHECK(co_config_finalize(&c, 2, e, sizeof e) == 0); /* 64 per rank with 2 ranks */
+        co_config_free(&c);
+        REQUIRE(parse(&c, "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+                          "--micro-batch-size 2 --train-iters 10 --lr 1e-3",
+                      e, sizeof e) == 0);
+        CHECK(co_config_finalize(&c, 0, e, sizeof e) == CO_EINVAL); /* no division by a zero world */
+        co_config_free(&c);
+    }
     /* several problems are reported together, one per line */
     CHECK(check_line("--hidden-size 66 --global-batch-size 5", err, sizeof err) == CO_EINVAL);
     CHECK(strchr(err, '\n') != NULL);

@@ -310,7 +310,39 @@ static void inject_schedule(void) {
     }
 }
 
+/* The limit the configuration enforces (co_config_finalize refuses more micro batches per
+ * rank): a report of RR_MAX_MB micro batches is validated to its last one (a NaN there is
+ * found), a longer one is refused, never cut. */
+static void micro_batch_limit(void) {
+    CHECK(RR_MAX_MB == 64);
+    rr_options o;
+    rr_options_default(&o, 1);
+    rr_machine *m;
+    REQUIRE(rr_new(&m, &o) == 0);
+    rr_report r = rep(1, 0, 0, 2.0, 1.0);
+    r.nmb = RR_MAX_MB;
+    for (int i = 0; i < RR_MAX_MB; i++) r.loss[i] = 2.0, r.tokens[i] = 64;
+    CHECK(rr_add(m, &r) == 1);
+    rr_verdict v;
+    rr_decide(m, &v);
+    CHECK(v.decision == RR_ACCEPT);
+    r = rep(2, 0, 0, 2.0, 1.0);
+    r.nmb = RR_MAX_MB;
+    for (int i = 0; i < RR_MAX_MB; i++) r.loss[i] = 2.0, r.tokens[i] = 64;
+    r.loss[RR_MAX_MB - 1] = NAN; /* the last micro batch */
+    CHECK(rr_add(m, &r) == 1);
+    rr_decide(m, &v);
+    CHECK_MSG(v.decision != RR_ACCEPT, "a NaN in micro batch %d was accepted", RR_MAX_MB - 1);
+    rr_destroy(&m);
+    REQUIRE(rr_new(&m, &o) == 0);
+    r = rep(1, 0, 0, 2.0, 1.0);
+    r.nmb = RR_MAX_MB + 1;
+    CHECK(rr_add(m, &r) < 0);
+    rr_destroy(&m);
+}
+
 int main(void) {
+    RUN(micro_batch_limit);
     RUN(accepts_valid);
     RUN(transient_nan);
     RUN(reproducible_stop);
