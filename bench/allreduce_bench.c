@@ -13,7 +13,8 @@
  *
  * usage: allreduce_bench [max_bytes] [chunk_bytes] [shm_block_bytes]
  *        (defaults 256 MiB, 4 MiB and the library's default block; shm_block_bytes 0 = the
- *        all-reduce over ZeroMQ only, as before shared memory) */
+ *        all-reduce over ZeroMQ only, as before shared memory)
+ * The output starts with the CPU (bench_cpu.h: model name, ISA flags). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "bench/bench_cpu.h"
 #include "comm/zmq_comm.h"
 #include "common/error.h"
 
@@ -235,6 +237,7 @@ int main(int argc, char **argv) {
         }
         nrows = m;
     }
+    bench_cpu_print(stdout);
     if (shm_eff)
         printf("All-reduce f32 between ranks on ipc endpoints, through shared memory in blocks of "
                "%zu KiB", shm_eff >> 10);

@@ -8,7 +8,8 @@
  * as in the PyTorch reference in bench/torch_ref.py). Prints ms/step, tokens/s, model
  * GFLOP/s (Megatron's formula), peak resident memory, and the library's GFLOP/s on the
  * 15 products of the step (5 linear layers x forward, input-gradient and weight-gradient
- * forms), time-weighted. */
+ * forms), time-weighted. Every result names the CPU (bench_cpu.h: model name, ISA flags). */
+#include "bench/bench_cpu.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
 #include "model/gpt.h"
@@ -121,17 +122,21 @@ int main(int argc, char **argv) {
     int shapes[][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}, {C, c.padded_vocab}};
     long rss = peak_rss_mb(); /* before the library measurement allocates its own buffers */
     double lib = bf16 ? 0.0 : library_rate(N, shapes, 5, 3);
+    char cpu[768];
+    bench_cpu_json(cpu, sizeof cpu);
     if (json)
         printf("{\"layers\":%d,\"hidden\":%d,\"seq\":%d,\"micro\":%d,\"vocab\":%d,\"bf16\":%s,\"ms_per_step\":%.1f,"
                "\"tokens_per_s\":%.1f,\"model_gflops\":%.1f,\"library_fp32_gflops\":%.1f,\"peak_rss_mb\":%ld,"
-               "\"loss\":%.4f,\"fwd_ms\":%.1f,\"bwd_ms\":%.1f,\"opt_ms\":%.1f}\n",
+               "\"loss\":%.4f,\"fwd_ms\":%.1f,\"bwd_ms\":%.1f,\"opt_ms\":%.1f,%s}\n",
                L, C, T, B, V, bf16 ? "true" : "false", ms, tok_s, model_gflops, lib, rss, loss,
-               1000 * fwd / steps, 1000 * bwd / steps, 1000 * optt / steps);
-    else
+               1000 * fwd / steps, 1000 * bwd / steps, 1000 * optt / steps, cpu);
+    else {
+        bench_cpu_print(stdout);
         printf("cohort %s L=%d C=%d T=%d B=%d V=%d: %.1f ms/step (fwd %.1f bwd %.1f opt %.1f), %.1f tokens/s, "
                "model %.1f GFLOP/s, library fp32 %.1f GFLOP/s on the model's shapes, peak RSS %ld MB, loss %.4f\n",
                bf16 ? "bf16" : "fp32", L, C, T, B, V, ms, 1000 * fwd / steps, 1000 * bwd / steps,
                1000 * optt / steps, tok_s, model_gflops, lib, rss, loss);
+    }
     opt_adamw_free(&opt, m);
     gpt_destroy(&m);
     kb_backend_destroy(&be);

@@ -17,7 +17,8 @@
  * seconds of the process) and its dd. --no-async skips the async measurement.
  * Async: ck_saver_save with --async-save blocks only for the snapshot into host memory; the
  * stall is reported in ms and as a share of one training step (--step-ms, measured by
- * bench_train for the same configuration). */
+ * bench_train for the same configuration). Every result names the CPU (bench_cpu.h). */
+#include "bench/bench_cpu.h"
 #include "checkpoint/ckpt.h"
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -257,14 +258,17 @@ int main(int argc, char **argv) {
     ck_saver_destroy(&s);
     ck_remove_dir(dir);
     double gb = (double)bytes / 1e9;
+    char cpu[768];
+    bench_cpu_json(cpu, sizeof cpu);
     if (json)
         printf("{\"bytes\":%zu,\"save_s\":%.3f,\"dd_write_s\":%.3f,\"load_cold_s\":%.3f,\"dd_read_cold_s\":%.3f,"
                "\"load_warm_s\":%.3f,\"dd_read_warm_s\":%.3f,\"save_vs_dd\":%.3f,\"load_cold_vs_dd\":%.3f,"
                "\"load_warm_vs_dd\":%.3f,\"async_stall_ms\":%.1f,\"async_stall_max_ms\":%.1f,\"step_ms\":%.0f,"
-               "\"async_stall_share\":%.4f}\n",
+               "\"async_stall_share\":%.4f,%s}\n",
                bytes, best[0], best[1], best[2], best[3], best[4], best[5], best[1] / best[0], best[3] / best[2],
-               best[5] / best[4], stall * 1e3, stall_max * 1e3, step_ms, stall * 1e3 / step_ms);
+               best[5] / best[4], stall * 1e3, stall_max * 1e3, step_ms, stall * 1e3 / step_ms, cpu);
     else {
+        bench_cpu_print(stdout);
         printf("checkpoint of %zu parameters + Adam moments: %.3f GB, best of %d\n", np, gb, reps);
         printf("  save  %.2f s = %.2f GB/s   dd write (conv=fsync) %.2f s = %.2f GB/s   ratio %.0f%%\n", best[0],
                gb / best[0], best[1], gb / best[1], 100 * best[1] / best[0]);

@@ -4,7 +4,8 @@
 # sequence 256, vocabulary 50257; micro batch 4, global batch 8), mock data.
 #
 #   bench/dp_bench.sh [iterations]     (after deploy/setup.sh build)
-# One rank uses every core; with N ranks each uses cores/N threads (the default).
+# One rank uses every core; with N ranks each uses cores/N threads (the default). The output
+# starts with the CPU (bench/cpuinfo.py: model name, ISA flags).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 iters=${1:-12}
@@ -13,6 +14,8 @@ args=(--mock-data --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq
       --max-position-embeddings 256 --micro-batch-size 4 --global-batch-size 8 --lr 1e-4
       --hidden-dropout 0 --attention-dropout 0 --train-iters "$iters" --log-interval 1 --eval-iters 0
       --data-cache-path "$work/cache" --split 1,0,0)
+/usr/bin/python3 bench/cpuinfo.py
+echo
 echo "| ranks | threads per rank | tokens/s (mean of iterations 3..$iters) | ms/iteration |"
 echo "|---|---|---|---|"
 for n in 1 2; do

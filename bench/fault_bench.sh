@@ -22,7 +22,8 @@
 # Environment: REPS (3), ITERS (60), WARM (5), NPROCS ("2 4"), FAULT_ITERS (18),
 # FAULT_STEP (12), REANALYZE=DIR (print the tables again from a kept work directory), PARTS ("overhead faults"), FAULTS (the fault runs, default all of
 # kill-forward kill-allreduce hang-2s hang-learned stop-2s nan bitflip-grad bitflip-param
-# msg-drop), KEEP=1 keeps the work directory.
+# msg-drop), KEEP=1 keeps the work directory. The output starts with the CPU (bench/cpuinfo.py:
+# model name, ISA flags).
 set -uo pipefail
 cohort=${1:-build/cohort}
 [ -x "$cohort" ] || { echo "fault_bench: no executable $cohort (build first)" >&2; exit 2; }
@@ -57,6 +58,7 @@ job() {
 
 echo "# fault_bench: $(date -u '+%F %T') UTC, $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# cohort: $cohort"
+echo "# $($py "$(dirname "$0")/cpuinfo.py")"
 # corpus and dataset indices built once, outside any timing
 job prep --nproc-per-node 2 --train-iters 2 --eval-iters 1 >/dev/null
 

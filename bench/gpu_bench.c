@@ -7,7 +7,9 @@
  *
  * One step = zero grad, forward + backward over one micro batch of random tokens (dropout
  * off), gradient norm, AdamW (the step ends with the backend's sync, so wall time per step is
- * GPU time). Model FLOPs by Megatron's formula (gpt_flops_per_sample). Exits 77 without a GPU. */
+ * GPU time). Model FLOPs by Megatron's formula (gpt_flops_per_sample). Exits 77 without a GPU.
+ * The result names the host CPU too (bench_cpu.h). */
+#include "bench/bench_cpu.h"
 #include "common/error.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
@@ -146,17 +148,21 @@ int main(int argc, char **argv) {
     double tps = N / step_s, mflops = gpt_flops_per_sample(&cfg, T) * micro / step_s;
     double peak = matmul_rate(8192, 20);
     const char *desc = kb_backend_describe(be);
+    char cpu[768];
+    bench_cpu_json(cpu, sizeof cpu);
     if (json)
         printf("{\"engine\":\"cohort\",\"backend\":\"%s\",\"layers\":%d,\"hidden\":%d,\"seq\":%d,\"micro\":%d,"
                "\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"model_tflops\":%.2f,\"matmul_bf16_tflops\":%.1f,"
-               "\"mfu\":%.4f,\"gpu_mem_used_gib\":%.2f,\"loss\":%.4f}\n",
+               "\"mfu\":%.4f,\"gpu_mem_used_gib\":%.2f,\"loss\":%.4f,%s}\n",
                desc, L, C, T, micro, 1e3 * step_s, tps, mflops / 1e12, peak / 1e12, peak > 0 ? mflops / peak : 0,
-               (double)(totb - freeb) / (1 << 30), loss);
-    else
+               (double)(totb - freeb) / (1 << 30), loss, cpu);
+    else {
+        bench_cpu_print(stdout);
         printf("cohort %s\n  L=%d C=%d T=%d B=%d: %.2f ms/step, %.0f tokens/s, model %.2f TFLOP/s, "
                "bf16 matmul %.1f TFLOP/s measured, MFU %.1f%%, GPU memory in use %.1f GiB, loss %.4f\n",
                desc, L, C, T, micro, 1e3 * step_s, tps, mflops / 1e12, peak / 1e12,
                peak > 0 ? 100 * mflops / peak : 0.0, (double)(totb - freeb) / (1 << 30), loss);
+    }
     opt_adamw_free(&opt, m);
     gpt_destroy(&m);
     kb_backend_destroy(&be);

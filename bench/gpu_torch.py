@@ -3,21 +3,26 @@
 shapes by default: learned positions, pre-LayerNorm, tanh-GELU MLP, tied LM head, biases,
 dropout off), the same step (forward, backward, clip, AdamW on one micro batch of random
 tokens), bf16 autocast with fp32 master weights, eager and then torch.compile in the same
-call. Prints one JSON line per mode. Without torch (or CUDA in torch) it says so and exits 0.
+call. Prints one JSON line per mode, each with the host CPU (bench/cpuinfo.py: model name and
+ISA flags). Without torch (or CUDA in torch) it says so and exits 0.
 
     python3 bench/gpu_torch.py [--layers 12] [--hidden 768] [--heads 12] [--seq 1024]
         [--micro 16] [--vocab 50257] [--steps 10] [--warmup 3] [--modes eager,compile]"""
 import argparse
 import json
+import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpuinfo  # noqa: E402
 
 try:
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
 except Exception as e:  # noqa: BLE001 - any import failure means no baseline
-    print(json.dumps({"engine": "pytorch", "skipped": "torch is not importable: %s" % e}))
+    print(json.dumps({"engine": "pytorch", "skipped": "torch is not importable: %s" % e, "cpu": cpuinfo.cpu()}))
     sys.exit(0)
 
 
@@ -90,7 +95,8 @@ def run(a, mode):
     flops = 12 * B * T * L * C * C * ((1 + 1 + T / C) + 4 + V / (2 * L * C))
     return dict(engine="pytorch", mode=mode, torch=torch.__version__, layers=L, hidden=C, seq=T, micro=B,
                 ms_per_step=round(1e3 * step, 2), tokens_per_s=round(B * T / step), model_tflops=round(flops / step / 1e12, 2),
-                gpu_mem_peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2), loss=round(loss.item(), 4))
+                gpu_mem_peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2), loss=round(loss.item(), 4),
+                gpu=torch.cuda.get_device_name(), cpu=cpuinfo.cpu())
 
 
 def main():
@@ -100,7 +106,8 @@ def main():
     ap.add_argument("--modes", default="eager,compile")
     a = ap.parse_args()
     if not torch.cuda.is_available():
-        print(json.dumps({"engine": "pytorch", "skipped": "torch %s has no usable CUDA device" % torch.__version__}))
+        print(json.dumps({"engine": "pytorch", "skipped": "torch %s has no usable CUDA device" % torch.__version__,
+                          "cpu": cpuinfo.cpu()}))
         return
     for mode in a.modes.split(","):
         try:

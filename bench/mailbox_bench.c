@@ -5,8 +5,10 @@
  *
  *   bench/mailbox_bench [--size BYTES] [--roundtrips N] [--messages N]
  *
- * Target (issue 3): the mailbox's message rate is at least half of raw ZeroMQ's. */
+ * Target (issue 3): the mailbox's message rate is at least half of raw ZeroMQ's. The output
+ * starts with the CPU (bench_cpu.h: model name, ISA flags). */
 #include "actors/actor.h"
+#include "bench/bench_cpu.h"
 #include "common/error.h"
 
 #include <pthread.h>
@@ -305,6 +307,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mailbox_bench: %s\n", co_err_detail());
         return 1;
     }
+    bench_cpu_print(stdout);
     printf("message %zu bytes, %d round trips (after 1000 warm-up); rate: median of %d "
            "alternating runs of %d one-way messages\n\n",
            g_size, g_rt, REPS, g_msgs);

@@ -7,7 +7,7 @@
 #
 # The corpus is tests/data/make_corpus.py's (licence texts, C headers, generated Unicode,
 # emoji, whitespace runs). MB/s counts input text bytes (UTF-8); preprocess counts JSONL bytes.
-# Prints a markdown table. Needs node and third_party/npm (deploy/setup.sh installs both).
+# Prints the CPU (bench/cpuinfo.py) and a markdown table. Needs node and third_party/npm (deploy/setup.sh installs both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mb=${1:-8}
@@ -38,6 +38,7 @@ if command -v node >/dev/null && [ -f "$enc/Encoder.js" ]; then
 fi
 size=$(stat -c %s "$work/corpus.txt")
 echo
+"$py" bench/cpuinfo.py
 echo "corpus: $(awk -v s="$size" 'BEGIN{printf "%.2f", s/1e6}') MB of text, $(nproc) CPUs, $(date -u +%Y-%m-%d)"
 echo
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) (wall-clock scaling needs idle cores)"

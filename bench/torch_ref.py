@@ -3,19 +3,27 @@
 pre-LayerNorm, tanh-GELU MLP, tied LM head, biases, dropout off), the same step (forward,
 backward, AdamW on one micro batch of random tokens), the same report.
 
-    OPENBLAS_CORETYPE=SkylakeX python3 bench/torch_ref.py --layers 12 --hidden 768 --heads 12 \
+    python3 bench/torch_ref.py --layers 12 --hidden 768 --heads 12 \
         --seq 256 --micro 4 --vocab 50257 [--steps 6] [--warmup 2] [--threads 2] [--json]
 
-Peak memory is the process's peak resident set (ru_maxrss), as for cohort."""
+bench/run.sh sets OPENBLAS_CORETYPE only where OpenBLAS falls back to kernels without AVX2
+(bench/cpuinfo.py --openblas-coretype). Peak memory is the process's peak resident set
+(ru_maxrss), as for cohort. The result records the CPU (model name, ISA flags) and the
+OpenBLAS core the products ran on."""
 import argparse
 import json
 import math
+import os
 import resource
+import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpuinfo  # noqa: E402
 
 
 class Block(nn.Module):
@@ -106,9 +114,15 @@ def main():
     r = dict(layers=L, hidden=C, seq=T, micro=a.micro, vocab=a.vocab, ms_per_step=round(ms, 1),
              tokens_per_s=round(N / (total / a.steps), 1), model_gflops=round(flops / (total / a.steps) / 1e9, 1),
              peak_rss_mb=rss, loss=round(loss.item(), 4), torch=torch.__version__, threads=torch.get_num_threads())
+    ob = cpuinfo.openblas()
+    r["blas"] = dict(ob or {"library": "not OpenBLAS"}, coretype_env=os.environ.get("OPENBLAS_CORETYPE"))
+    r["cpu"] = cpuinfo.cpu()
     if a.json:
         print(json.dumps(r))
     else:
+        print(cpuinfo.line())
+        print("blas: %s, core %s%s" % (r["blas"]["library"], r["blas"].get("core", "-"),
+                                       " (OPENBLAS_CORETYPE=%s)" % r["blas"]["coretype_env"] if r["blas"]["coretype_env"] else ""))
         print("pytorch %s L=%d C=%d T=%d B=%d: %.1f ms/step, %.1f tokens/s, model %.1f GFLOP/s, peak RSS %d MB"
               % (torch.__version__, L, C, T, a.micro, ms, r["tokens_per_s"], r["model_gflops"], rss))
 

@@ -179,7 +179,9 @@ int ck_candidates(const char *load_dir, int64_t want, int64_t **its, int *n);
 /* ---- export --------------------------------------------------------------------------- */
 
 /* Writes a Hugging Face GPT-2 model (model.safetensors + config.json) into out_dir from the
- * checkpoint. CO_EUNSUPPORTED (with the reason) for models without GPT-2's options. */
-int ck_export_hf_gpt2(const char *ckpt_dir, const ck_manifest *m, const char *out_dir);
+ * checkpoint, with all padded_vocab rows of the embedding (vocab_size = padded_vocab, so its
+ * softmax is cohort's), or only the tokenizer's vocab rows with trim_vocab (another softmax,
+ * another loss). CO_EUNSUPPORTED (with the reason) for models without GPT-2's options. */
+int ck_export_hf_gpt2(const char *ckpt_dir, const ck_manifest *m, const char *out_dir, bool trim_vocab);
 
 #endif

@@ -4,7 +4,12 @@
  *
  * cohort keeps linear weights PyTorch-style [out, in] with qkv rows [q heads | k heads |
  * v heads]; HF GPT-2's Conv1D keeps [in, out] with c_attn columns [q | k | v], so every
- * linear weight is transposed and nothing else moves. The padded vocabulary rows are cut. */
+ * linear weight is transposed and nothing else moves.
+ *
+ * The vocabulary keeps its padded rows by default (config.json's vocab_size = the padded
+ * size): cohort's softmax, like Megatron's, runs over all padded_vocab logits, so only then
+ * does the exported model compute the loss cohort computes. trim_vocab cuts the rows to the
+ * tokenizer's vocabulary; the softmax then runs over those only and the losses differ. */
 #include "checkpoint/ckpt.h"
 
 #include "common/error.h"
@@ -52,7 +57,7 @@ static int add(out_t *o, int *n, const char *name, const float *src, int64_t row
     return 0;
 }
 
-int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir) {
+int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir, bool trim_vocab) {
     const ck_model_info *mi = &m->model;
     const char *why = mi->rope ? "rotary position embeddings (GPT-2 learns absolute positions)"
                       : mi->rmsnorm ? "RMSNorm (GPT-2 uses LayerNorm)"
@@ -79,7 +84,11 @@ int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir
     if (!rc && !(p = get(m, bufs, name, &r, &c)))                                                   \
         rc = co_err_set(CO_EFORMAT, "convert: %s: the checkpoint has no tensor %s", dir, name);
     NEED("embedding.word_embeddings.weight");
-    if (!rc) rc = add(o, &n, "transformer.wte.weight", p, r, c, false, false, mi->vocab);
+    if (!rc && (r != mi->padded_vocab || mi->vocab > mi->padded_vocab))
+        rc = co_err_set(CO_EFORMAT, "convert: %s: the embedding has %lld rows, the manifest says vocab %d padded to %d",
+                        dir, (long long)r, mi->vocab, mi->padded_vocab);
+    int out_vocab = trim_vocab ? mi->vocab : mi->padded_vocab;
+    if (!rc) rc = add(o, &n, "transformer.wte.weight", p, r, c, false, false, out_vocab);
     NEED("embedding.position_embeddings.weight");
     if (!rc) rc = add(o, &n, "transformer.wpe.weight", p, r, c, false, false, -1);
     static const struct {
@@ -152,7 +161,7 @@ int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir
     if (rc) return rc;
 
     json_t *cfg = json_pack("{s[s]sssisisisisisisisssfsfsfsfsfsbsbsbss}", "architectures", "GPT2LMHeadModel", "model_type",
-                            "gpt2", "vocab_size", mi->vocab, "n_positions", mi->max_positions, "n_ctx", mi->max_positions,
+                            "gpt2", "vocab_size", out_vocab, "n_positions", mi->max_positions, "n_ctx", mi->max_positions,
                             "n_embd", mi->hidden, "n_layer", mi->num_layers, "n_head", mi->heads, "n_inner",
                             mi->ffn_hidden, "activation_function", "gelu_new", "layer_norm_epsilon", mi->norm_eps,
                             "resid_pdrop", 0.0, "embd_pdrop", 0.0, "attn_pdrop", 0.0, "initializer_range", 0.02,

@@ -25,14 +25,14 @@ static const char *top_usage =
     "  verify CKPT                checksums and completeness (exit status says what failed)\n"
     "  diff CKPT_A CKPT_B         which tensors differ (exit 0 bitwise equal, 1 different)\n"
     "  convert CKPT --to hf-gpt2 --output DIR   export to Hugging Face GPT-2 (model.safetensors\n"
-    "                             + config.json)\n"
+    "                             + config.json; the padded vocabulary kept, --trim-vocab cuts it)\n"
     "  prune SAVE --keep K        retention: keep the K most recent and the tracker's\n"
     "\n"
     "CKPT is a checkpoint directory (SAVE/iter_0000100) or a save directory (the tracker's\n"
     "checkpoint, or --iteration N).\n";
 
 typedef struct args {
-    bool json, help, dry_run;
+    bool json, help, dry_run, trim_vocab;
     int64_t iteration;
     int keep;
     const char *to, *output;
@@ -49,6 +49,7 @@ static int parse_args(int argc, char **argv, args *a, const char *tool) {
         if (!strcmp(s, "--json")) a->json = true;
         else if (!strcmp(s, "--help") || !strcmp(s, "-h")) a->help = true;
         else if (!strcmp(s, "--dry-run")) a->dry_run = true;
+        else if (!strcmp(s, "--trim-vocab") && !strcmp(tool, "convert")) a->trim_vocab = true;
         else if ((!strcmp(s, "--iteration") || !strcmp(s, "--keep") || !strcmp(s, "--to") || !strcmp(s, "--output")) &&
                  i + 1 < argc) {
             const char *v = argv[++i];
@@ -485,11 +486,17 @@ static int tool_diff(int argc, char **argv) {
 /* ---- convert ----------------------------------------------------------------------------- */
 
 static const char convert_usage[] =
-    "usage: cohort ckpt convert CKPT --to hf-gpt2 --output DIR [--iteration N] [--json]\n\n"
+    "usage: cohort ckpt convert CKPT --to hf-gpt2 --output DIR [--trim-vocab] [--iteration N] [--json]\n\n"
     "hf-gpt2: writes DIR/model.safetensors and DIR/config.json in the Hugging Face GPT-2\n"
-    "layout (GPT2LMHeadModel; Conv1D weights [in, out], c_attn = [q | k | v], vocabulary\n"
-    "padding removed, output layer tied). Needs GPT-2's options: learned positions,\n"
-    "LayerNorm, GELU, tied embeddings, biases, no grouped-query attention.\n"
+    "layout (GPT2LMHeadModel; Conv1D weights [in, out], c_attn = [q | k | v], output layer\n"
+    "tied). The embedding keeps every padded vocabulary row and config.json's vocab_size is\n"
+    "the padded size, so the softmax runs over the same logits as cohort's and the exported\n"
+    "model computes cohort's loss. Needs GPT-2's options: learned positions, LayerNorm,\n"
+    "GELU, tied embeddings, biases, no grouped-query attention.\n"
+    "  --trim-vocab  drop the padded rows: vocab_size = the tokenizer's vocabulary, and the\n"
+    "                softmax then runs over the real vocabulary only, so the exported model's\n"
+    "                probabilities and losses differ from cohort's (they are equal only when\n"
+    "                nothing was padded).\n"
     "Other layouts (tensor/pipeline-parallel shards): not yet -- cohort has no tensor or\n"
     "pipeline parallelism, and its loader already reads any layout on disk.\n"
     "exit status: 0 written; 1 failure; 2 usage; 3 the model or target is not supported.\n";
@@ -511,14 +518,18 @@ static int tool_convert(int argc, char **argv) {
         fprintf(stderr, "cohort ckpt convert: %s\n", co_err_detail());
         return 1;
     }
-    rc = ck_export_hf_gpt2(dir, m, a.output);
+    rc = ck_export_hf_gpt2(dir, m, a.output, a.trim_vocab);
     ck_manifest_free(&m);
     if (rc) {
         fprintf(stderr, "cohort ckpt convert: %s\n", co_err_detail());
         return rc == CO_EUNSUPPORTED ? X_UNSUPPORTED : 1;
     }
-    if (a.json) printf("{\"from\": \"%s\", \"to\": \"hf-gpt2\", \"output\": \"%s\"}\n", dir, a.output);
-    else printf("wrote %s/model.safetensors and %s/config.json (Hugging Face GPT-2) from %s\n", a.output, a.output, dir);
+    if (a.json)
+        printf("{\"from\": \"%s\", \"to\": \"hf-gpt2\", \"output\": \"%s\", \"trim_vocab\": %s}\n", dir, a.output,
+               a.trim_vocab ? "true" : "false");
+    else
+        printf("wrote %s/model.safetensors and %s/config.json (Hugging Face GPT-2, %s) from %s\n", a.output, a.output,
+               a.trim_vocab ? "padded vocabulary rows dropped" : "padded vocabulary kept", dir);
     return 0;
 }
 

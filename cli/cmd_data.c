@@ -276,9 +276,12 @@ static void data_usage(FILE *f) {
           "Data flags are those of `cohort train`: --data-path, --train/valid/test-data-path,\n"
           "--mock-data, --sft, --split, --seq-length, --seed, --tokenizer-type/--vocab-size,\n"
           "--train-iters or --train-samples, --global-batch-size (or --micro-batch-size),\n"
-          "--eval-interval, --eval-iters, --data-cache-path. --count defaults to 10, --split-name\n"
-          "to train. --items adds each sample's tokens, labels, positions, seg (document starts)\n"
-          "and loss mask.\n",
+          "--eval-interval, --eval-iters, --data-cache-path, --eod-mask-loss, --reset-position-ids,\n"
+          "--reset-attention-mask. --count defaults to 10, --split-name to train. --items adds\n"
+          "each sample's tokens, labels, positions, seg (document starts) and loss mask, as\n"
+          "training reads them (so with --eod-mask-loss the mask is 0 where the token is EOD,\n"
+          "--reset-position-ids restarts positions after each EOD, --reset-attention-mask gives\n"
+          "seg = the position where the token's document starts in the sample, else 0).\n",
           f);
 }
 
@@ -366,6 +369,8 @@ static int data_order(int argc, char **argv) {
         return CLI_USAGE;
     }
     int64_t want = co_config_split_samples(&c, split);
+    /* every field trainer_new (train/trainer.c) sets from the same flags: the samples,
+     * their loss masks, position ids and document starts are then dl_get's, as in training */
     dl_config dc;
     memset(&dc, 0, sizeof dc);
     dc.base.mock = c.mock_data;
@@ -374,6 +379,9 @@ static int data_order(int argc, char **argv) {
     dc.base.seed = (uint32_t)c.seed;
     dc.base.eod = eod;
     dc.base.vocab_size = vocab;
+    dc.base.eod_mask_loss = c.eod_mask_loss;
+    dc.base.reset_position_ids = c.reset_position_ids;
+    dc.base.reset_attention_mask = c.reset_attention_mask;
     dc.base.cache_dir = c.data_cache_path[0] ? c.data_cache_path : NULL;
     dc.data_path = c.data_path;
     dc.n_data_path = c.n_data_path;

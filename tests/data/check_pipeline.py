@@ -6,6 +6,9 @@
   blend       `cohort data order` of weighted blends (--data-path, and per-split paths) equal
               to blend_ref's (dataset, dataset sample, document position, offset), every split
   sft         packed SFT items (tokens, labels, loss mask, positions, seg) equal to blend_ref's
+  items       `data order --items` with every combination of --eod-mask-loss,
+              --reset-position-ids and --reset-attention-mask: tokens equal to gpt_order_ref's,
+              loss mask, positions and attention mask (from seg) equal to Megatron's
 Exit 0 pass, 1 fail, 77 skip when numpy is missing (1 under CI=true)."""
 import json
 import os
@@ -21,6 +24,7 @@ except ImportError:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import blend_ref  # noqa: E402
+import gpt_order_ref  # noqa: E402
 import indexed_ref  # noqa: E402
 import preprocess_ref  # noqa: E402
 
@@ -192,6 +196,88 @@ def case_sft():
         check(0 < masked < sum(len([t for t in it["tokens"]]) for _, it in ref), "SFT masks some but not all tokens")
 
 
-{"preprocess": case_preprocess, "blend": case_blend, "sft": case_sft}[CASE]()
+def parse_items(out):
+    got, cur = [], None
+    for l in out.splitlines():
+        if l.startswith("#"):
+            continue
+        if not l.startswith("  "):
+            cur = {"sample": tuple(map(int, l.split()))}
+            got.append(cur)
+        else:
+            k, *vals = l.split()
+            cur[k] = [int(v) for v in vals]
+    return got
+
+
+def megatron_masks(tokens, labels, eod, eod_mask_loss, reset_position_ids, reset_attention_mask):
+    """Megatron's _get_ltor_masks_and_position_ids for one sample (gpt_dataset.py), with its
+    [T, T] boolean attention mask (True = may attend) in place of the 'masked out' form."""
+    T = len(tokens)
+    tokens = numpy.array(tokens)
+    att = numpy.tril(numpy.ones((T, T), dtype=bool))
+    loss_mask = numpy.ones(T, dtype=numpy.int64)
+    if eod_mask_loss:
+        loss_mask[tokens == eod] = 0
+    position_ids = numpy.arange(T, dtype=numpy.int64)
+    if reset_position_ids or reset_attention_mask:
+        prev = 0
+        for i in numpy.nonzero(tokens == eod)[0]:
+            if reset_attention_mask:
+                att[i + 1:, :i + 1] = False
+            if reset_position_ids:
+                position_ids[i + 1:] -= i + 1 - prev
+                prev = i + 1
+    return loss_mask, position_ids, att
+
+
+def case_items():
+    """`cohort data order --items` honours --eod-mask-loss, --reset-position-ids and
+    --reset-attention-mask as training does: short documents ending in EOD (NullTokenizer
+    1000: EOD = 1000), every combination of the three flags, against Megatron's masks."""
+    rng = random.Random(5)
+    eod, L = 1000, 32
+    docs = [[[rng.randrange(1000) for _ in range(rng.randint(0, 12))] + [eod]] for _ in range(300)]
+    p = os.path.join(WORK, "eod")
+    indexed_ref.write(p, docs, numpy.uint16)
+    sizes = indexed_ref.read_lengths(p)[0]
+    flat = [d[0] for d in docs]
+    ref = gpt_order_ref.build(sizes, "100,0,0", 0, L, 9, 20 * 4)
+    count = 40
+    base = ["data", "order", "--data-path", p, "--tokenizer-type", "NullTokenizer", "--vocab-size", 1000,
+            "--seq-length", L, "--seed", 9, "--global-batch-size", 4, "--train-iters", 20, "--split", "100,0,0",
+            "--data-cache-path", os.path.join(WORK, "cache"), "--count", count, "--items"]
+    names = ("--eod-mask-loss", "--reset-position-ids", "--reset-attention-mask")
+    seen = [0, 0, 0]
+    for combo in range(8):
+        on = [bool(combo >> b & 1) for b in range(3)]
+        got = parse_items(run(*base, *[n for n, o in zip(names, on) if o]))
+        what = "flags %s" % (" ".join(n for n, o in zip(names, on) if o) or "none")
+        if not check(len(got) == count, "%s: %d samples, want %d" % (what, len(got), count)):
+            continue
+        for i, g in enumerate(got):
+            text = gpt_order_ref.get_text(ref, lambda d, off, n=None: numpy.array(flat[d][off:None if n is None else off + n]),
+                                          i, L)
+            tokens, labels = [int(t) for t in text[:L]], [int(t) for t in text[1:L + 1]]
+            lm, pos, att = megatron_masks(tokens, labels, eod, *on)
+            seg = numpy.array(g["seg"])
+            # cohort's seg form of the attention mask: t attends to j iff seg[t] <= j <= t
+            att_got = (numpy.arange(L)[None, :] >= seg[:, None]) & numpy.tril(numpy.ones((L, L), dtype=bool))
+            ok = (check(g["tokens"] == tokens and g["labels"] == labels, "%s sample %d: tokens/labels" % (what, i)) and
+                  check(g["mask"] == lm.tolist(), "%s sample %d: loss mask %s, want %s" % (what, i, g["mask"], lm.tolist())) and
+                  check(g["positions"] == pos.tolist(),
+                        "%s sample %d: positions %s, want %s" % (what, i, g["positions"], pos.tolist())) and
+                  check((att_got == att).all(), "%s sample %d: seg %s gives another attention mask" % (what, i, g["seg"])))
+            if not ok:
+                break
+            # the flags must change something in these samples (EOD before the last position)
+            inner = eod in tokens[:L - 1]
+            seen[0] += on[0] and 0 in g["mask"]
+            seen[1] += on[1] and inner and g["positions"] != list(range(L))
+            seen[2] += on[2] and inner and any(g["seg"])
+    check(all(s > 0 for s in seen), "each flag changed some samples: %s" % seen)
+
+
+{"preprocess": case_preprocess, "blend": case_blend, "sft": case_sft, "items": case_items}[CASE]()
 print("%s: %s" % (CASE, "ok" if not failures else "%d failures" % failures))
 sys.exit(1 if failures else 0)

@@ -3,13 +3,15 @@
 # per meson test: exact resume (2N steps == N + save + resume N, bitwise, sync and async),
 # a SIGKILL at each phase of the commit, failing writes (ENOSPC, EIO), save on SIGTERM,
 # corrupt/truncated fallback and refusal, the load flags, the `cohort ckpt` tools' exit
-# codes, and safetensors files read by a 20-line numpy reader. The dp_* cases run several
-# ranks under the supervisor: every rank writes its share of the files and the supervisor
-# commits (layout, tools and export on such checkpoints, a kill of a rank or of the
+# codes, safetensors files read by a 20-line numpy reader, and the Hugging Face export's
+# loss from an independent numpy GPT-2 (hf_loss) against cohort's evaluation loss. The dp_*
+# cases run several ranks under the supervisor: every rank writes its share of the files and
+# the supervisor commits (layout, tools and export on such checkpoints, a kill of a rank or of the
 # supervisor at each phase, a failing write on one rank).
 #   ckpt_test.sh COHORT PYTHON CASE
 set -uo pipefail
 cohort=$1; py=$2; case_name=$3
+src=${COHORT_SOURCE_ROOT:?}
 work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-ckpt.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -258,10 +260,12 @@ ours, _ = read_safetensors(sys.argv[2] + "/model.safetensors")
 hf, meta = read_safetensors(sys.argv[3] + "/model.safetensors")
 cfg = json.load(open(sys.argv[3] + "/config.json"))
 assert meta["format"] == "pt" and cfg["model_type"] == "gpt2" and cfg["n_layer"] == 2 and cfg["n_embd"] == 32
-assert cfg["vocab_size"] == 501 and cfg["n_head"] == 4 and cfg["activation_function"] == "gelu_new"
+# the padded vocabulary (500 + EOD -> 512) is kept: the softmax runs over cohort's logits
+assert cfg["vocab_size"] == 512 and cfg["n_head"] == 4 and cfg["activation_function"] == "gelu_new"
+assert cfg["eos_token_id"] == 500, cfg.get("eos_token_id")
 p = "transformer."
-assert hf[p + "wte.weight"].shape == (501, 32)
-assert np.array_equal(hf[p + "wte.weight"], ours["embedding.word_embeddings.weight"][:501])
+assert hf[p + "wte.weight"].shape == (512, 32)
+assert np.array_equal(hf[p + "wte.weight"], ours["embedding.word_embeddings.weight"])
 assert np.array_equal(hf[p + "wpe.weight"], ours["embedding.position_embeddings.weight"])
 for l in range(2):
     h, o = p + "h.%d." % l, "layers.%d." % l
@@ -275,6 +279,51 @@ for l in range(2):
     assert np.array_equal(hf[h + "ln_2.bias"], ours[o + "mlp_norm.bias"])
 assert np.array_equal(hf[p + "ln_f.weight"], ours["final_norm.weight"])
 assert len(hf) == 2 + 12 * 2 + 2 and "lm_head.weight" not in hf
+EOF
+    ;;
+hf_loss)
+    # The Hugging Face export computes cohort's loss: a 30-step model whose vocabulary is
+    # padded (NullTokenizer 500 + EOD = 501 -> 512), exported, and its mean loss on the
+    # validation samples of the final evaluation computed by an independent numpy GPT-2
+    # (tests/data/hf_gpt2_ref.py) from the HF tensor names, against cohort's evaluation loss.
+    # The samples come from `cohort data order --items` with the very flags of the run: with
+    # --eval-interval past --train-iters the final evaluation reads valid samples 0..7
+    # (--eval-iters 2 x global batch 4).
+    run=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
+         --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 4 --lr 1e-3
+         --train-iters 30 --eval-interval 1000 --eval-iters 2 --log-interval 10 --threads 2
+         --data-cache-path "$work/cache")
+    "$cohort" train "${run[@]}" --save "$S" --metrics-file "$work/m.jsonl" >"$work/t.out" 2>&1 ||
+        fail "training: $(tail -3 "$work/t.out")"
+    "$cohort" data order "${run[@]}" --split-name valid --count 8 --items >"$work/items" 2>&1 ||
+        fail "data order: $(cat "$work/items")"
+    "$cohort" ckpt convert "$S" --to hf-gpt2 --output "$work/hf" >/dev/null || fail "convert"
+    "$cohort" ckpt convert "$S" --to hf-gpt2 --output "$work/hft" --trim-vocab >/dev/null || fail "convert --trim-vocab"
+    "$cohort" ckpt convert --help | grep -q -- "--trim-vocab .*drop the padded rows" || fail "--trim-vocab not in --help"
+    "$cohort" ckpt inspect "$S" --trim-vocab >/dev/null 2>&1; [ $? -eq 2 ] || fail "--trim-vocab accepted by inspect"
+    PYTHONPATH="$src/tests/data" "$py" - "$work" <<'EOF' || fail "exported model's loss differs from cohort's"
+import json, sys
+import hf_gpt2_ref as R
+w = sys.argv[1]
+ev = [json.loads(l) for l in open(w + "/m.jsonl") if '"evaluation":"valid"' in l]
+assert len(ev) == 1 and ev[0]["iteration"] == 30, ev
+ours = ev[0]["lm_loss"]
+items = R.read_items(w + "/items")
+assert [it["sample"] for it in items] == list(range(8)), [it["sample"] for it in items]
+assert all(len(it["tokens"]) == 32 and it["mask"].sum() == 32 for it in items)
+cfg, wt = R.load(w + "/hf")
+assert cfg["vocab_size"] == 512 and wt["wte.weight"].shape == (512, 32), cfg["vocab_size"]
+full, n = R.mean_loss(cfg, wt, items)
+assert n == 8 * 32, n
+cfg_t, wt_t = R.load(w + "/hft")
+assert cfg_t["vocab_size"] == 501 and wt_t["wte.weight"].shape == (501, 32), cfg_t["vocab_size"]
+assert (wt_t["wte.weight"] == wt["wte.weight"][:501]).all()
+trim, _ = R.mean_loss(cfg_t, wt_t, items)
+print("cohort %.9e  numpy (padded vocabulary) %.9e  numpy (--trim-vocab) %.9e" % (ours, full, trim))
+assert abs(full - ours) <= 1e-4 * abs(ours), "padded export: %.9e vs cohort %.9e" % (full, ours)
+# the test sees the difference the padding makes: trimming removes terms from the softmax
+# denominator, so the loss is lower, by far more than the tolerance
+assert trim < ours - 1e-3 * abs(ours), "trimmed export: %.9e vs cohort %.9e" % (trim, ours)
 EOF
     ;;
 dp_layout)

@@ -34,8 +34,11 @@ bpe_node)
     COHORT_GPT2_DIR=$enc "$cohort" data tokenize --decode --binary --input "$work/ids" --output "$work/back" || fail "decode"
     cmp -s "$work/corpus.txt" "$work/back" || fail "decode(encode(text)) differs from the text"
     ;;
-preprocess|blend|sft)
-    "$py" "$src/tests/data/check_pipeline.py" "$cohort" "$case_name" "$work"; rc=$?
+preprocess|blend|sft|order_items)
+    # order_items: `data order --items` under --eod-mask-loss/--reset-position-ids/
+    # --reset-attention-mask against Megatron's masks (check_pipeline.py case items)
+    c=$case_name; [ "$c" = order_items ] && c=items
+    "$py" "$src/tests/data/check_pipeline.py" "$cohort" "$c" "$work"; rc=$?
     [ $rc -eq 0 ] || exit $rc
     ;;
 malformed)
