@@ -10,6 +10,7 @@
  * 15 products of the step (5 linear layers x forward, input-gradient and weight-gradient
  * forms), time-weighted. Every result names the CPU (bench_cpu.h: model name, ISA flags). */
 #include "bench/bench_cpu.h"
+#include "common/error.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
 #include "model/gpt.h"
@@ -80,7 +81,11 @@ int main(int argc, char **argv) {
     }
     kb_backend *be = NULL;
     kb_options o = {.device = KB_DEVICE_CPU, .threads = threads, .bf16 = bf16};
-    if (kb_backend_new(&be, &o)) { fprintf(stderr, "bench_train: no backend\n"); return 1; }
+    if (kb_backend_new(&be, &o)) {
+        /* e.g. --bf16 on a CPU without bf16 matrix instructions: said, exit 3 (bench/run.sh skips the row) */
+        fprintf(stderr, "bench_train: %s\n", co_err_detail());
+        return bf16 ? 3 : 1;
+    }
     gpt_config c = {.num_layers = L, .hidden = C, .heads = H, .kv_groups = H, .head_dim = C / H,
                     .ffn_hidden = 4 * C, .vocab = V, .padded_vocab = gpt_padded_vocab(V, 128),
                     .max_positions = T, .rotary_base = 10000.0f, .norm_eps = 1e-5f, .tied = true, .bias = true,

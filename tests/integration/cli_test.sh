@@ -189,6 +189,27 @@ embedded)
     [ -s "$work/w/common-licenses.bin" ] && [ -s "$work/w/common-licenses.idx" ] || fail "corpus not written"
     [ "$(grep -c '^  > ' "$work/out")" -eq 2 ] || fail "no samples: $(tail -5 "$work/out")"
     ;;
+bf16_choice)
+    # --bf16 trains only where the CPU has bf16 matrix instructions (AVX512-BF16, AMX); held to
+    # AVX2 or plain AVX-512 (as on an EPYC Zen 3 or a Skylake-X), it is refused before any work
+    for isa in AVX2 AVX512_CORE; do
+        ONEDNN_MAX_CPU_ISA=$isa "$cohort" train "${tiny[@]}" --train-iters 2 --bf16 --device cpu >"$work/out" 2>"$work/err"; rc=$?
+        [ $rc -eq 2 ] || fail "$isa: exit $rc, want 2: $(cat "$work/err")"
+        grep -q -- "--bf16: this CPU .* has no bf16 matrix instructions" "$work/err" || fail "$isa: $(cat "$work/err")"
+        grep -q -- "train without --bf16" "$work/err" || fail "$isa: no advice: $(cat "$work/err")"
+        [ ! -s "$work/out" ] || fail "$isa: work started: $(head -3 "$work/out")"
+        # fp32 still trains there
+        ONEDNN_MAX_CPU_ISA=$isa "$cohort" train "${tiny[@]}" --train-iters 2 --device cpu >"$work/out" 2>&1 \
+            || fail "$isa fp32: $(tail -3 "$work/out")"
+    done
+    if grep -qwE "avx512_bf16|amx_bf16" /proc/cpuinfo; then
+        "$cohort" train "${tiny[@]}" --train-iters 2 --bf16 --device cpu >"$work/out" 2>&1 || fail "native bf16: $(tail -3 "$work/out")"
+        grep -q "cpu: oneDNN .*, bf16, " "$work/out" || fail "native bf16 not in use: $(grep -m1 'cohort: model' "$work/out")"
+    else
+        "$cohort" train "${tiny[@]}" --train-iters 2 --bf16 --device cpu >"$work/out" 2>"$work/err"; rc=$?
+        [ $rc -eq 2 ] || fail "no bf16 instructions here, yet --bf16 exit $rc"
+    fi
+    ;;
 *) fail "unknown case $case_name" ;;
 esac
 echo "ok $case_name"
