@@ -32,7 +32,7 @@ static rr_verdict round_all(rr_machine *m, int W, int64_t it, int attempt, const
     for (int r = 0; r < W; r++) {
         rr_report x = rep(it, attempt, r, loss[r], gn[r]);
         int rc = rr_add(m, &x);
-        if (rc != (r == W - 1)) fprintf(stderr, "rr_add rank %d: %d\n", r, rc);
+        CHECK_MSG(rc == (r == W - 1), "rr_add rank %d: %d", r, rc);
     }
     rr_decide(m, &v);
     return v;
