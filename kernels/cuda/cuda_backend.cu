@@ -61,11 +61,7 @@ static void *cu_alloc(kb_backend *b, size_t nbytes) {
     }
     // Place it on the GPU and zero it there; wait, so host writes right after (model
     // initialisation, checkpoint loads) cannot race the memset.
-    cudaMemLocation loc;
-    memset(&loc, 0, sizeof loc);
-    loc.type = cudaMemLocationTypeDevice;
-    loc.id = st->device;
-    (void)cudaMemPrefetchAsync(p, n, loc, 0, st->stream); // a hint: failure is harmless
+    (void)cu_prefetch_to_device(p, n, st->device, st->stream); // a hint: failure is harmless
     (void)cudaGetLastError();
     e = cudaMemsetAsync(p, 0, n, st->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(st->stream);
