@@ -5,6 +5,7 @@
 #ifndef COHORT_KERNELS_CUDA_CUDA_H
 #define COHORT_KERNELS_CUDA_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "kernels/backend.h"
@@ -26,6 +27,12 @@ const char *cuda_backend_describe(const kb_backend *b);
  * "GPU 0 (...) is compute capability 7.5, and this build has GPU code for ..."). Reads
  * device attributes only: creates no CUDA context. */
 int cuda_device_count(char *why, size_t n);
+
+/* Whether this build's GPU code runs on compute capability major.minor: machine code for
+ * the same major version and a minor at most minor, or PTX of an older architecture. */
+bool cuda_build_covers(int major, int minor);
+/* What this build contains: "sm_80, sm_90 and compute_90 PTX (compute capability 8.0 and newer)". */
+void cuda_build_code(char *buf, size_t n);
 
 #ifdef __cplusplus
 }

@@ -178,15 +178,14 @@ static const kb_ops cuda_ops = {
 static const int cu_built_sm[] = {COHORT_CUDA_SM};
 #define CU_NBUILT (int)(sizeof cu_built_sm / sizeof cu_built_sm[0])
 
-static bool cc_built(int major, int minor) {
+extern "C" bool cuda_build_covers(int major, int minor) {
     int cc = major * 10 + minor;
     for (int i = 0; i < CU_NBUILT; i++)
         if (cu_built_sm[i] / 10 == major && cu_built_sm[i] % 10 <= minor) return true;
     return cc >= cu_built_sm[CU_NBUILT - 1];
 }
 
-// "sm_80, sm_90 and compute_90 PTX (compute capability 8.0 and newer)"
-static void built_desc(char *buf, size_t n) {
+extern "C" void cuda_build_code(char *buf, size_t n) {
     size_t k = 0;
     buf[0] = 0;
     for (int i = 0; i < CU_NBUILT && k < n; i++) k += (size_t)snprintf(buf + k, n - k, "sm_%d, ", cu_built_sm[i]);
@@ -207,9 +206,9 @@ static int device_unusable(int dev, char *why, size_t n) {
         snprintf(why, n, "GPU %d: cannot read its properties: %s", dev, cudaGetErrorString(e));
         return CO_EUNSUPPORTED;
     }
-    if (!cc_built(prop.major, prop.minor)) {
+    if (!cuda_build_covers(prop.major, prop.minor)) {
         char built[160];
-        built_desc(built, sizeof built);
+        cuda_build_code(built, sizeof built);
         snprintf(why, n,
                  "GPU %d (%.80s) is compute capability %d.%d, and this build has GPU code for %s only; use --device cpu, "
                  "or CUDA_VISIBLE_DEVICES to hide it",
@@ -318,7 +317,7 @@ extern "C" int cuda_backend_create(kb_backend **out, const kb_options *opt) {
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         char built[160];
-        built_desc(built, sizeof built);
+        cuda_build_code(built, sizeof built);
         cuda_backend_release(b);
         return co_err_set(CO_EUNSUPPORTED, "cuda backend: GPU %d (%s, compute capability %d.%d) cannot load this "
                           "build's kernels (%s): %s", opt->cuda_device, prop.name, prop.major, prop.minor, built,
