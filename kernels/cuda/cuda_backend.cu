@@ -330,9 +330,10 @@ extern "C" int cuda_backend_create(kb_backend **out, const kb_options *opt) {
     }
     int rt = 0;
     cudaRuntimeGetVersion(&rt);
-    snprintf(st->desc, sizeof st->desc, "cuda: %.80s (sm_%d%d, %.0f GiB), CUDA %d.%d, cuBLASLt, %s, deterministic",
-             prop.name, prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), rt / 1000,
-             (rt % 1000) / 10, opt->bf16 ? "bf16" : "fp32");
+    snprintf(st->desc, sizeof st->desc,
+             "cuda: GPU %d of %d, %.80s (sm_%d%d, %.0f GiB), CUDA %d.%d, cuBLASLt, %s, deterministic", st->device,
+             count, prop.name, prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
+             rt / 1000, (rt % 1000) / 10, opt->bf16 ? "bf16" : "fp32");
     *out = b;
     return 0;
 }
