@@ -437,9 +437,10 @@ int cli_train(int argc, char **argv) {
         return CLI_USAGE;
     }
     /* --device: auto = cuda where this build and machine have a GPU for each worker of the
-     * node, else cpu (said once). A worker uses the GPU of its local rank (docs/gpu.md). */
+     * node, else cpu (said once; the supervisor and every worker decide alike). A worker
+     * uses the GPU of its local rank (docs/gpu.md). */
     const char *lr = worker ? getenv("COHORT_LOCAL_RANK") : NULL;
-    int gpu_index = lr ? atoi(lr) : 0, need = worker ? gpu_index + 1 : dp > 1 ? c.nproc_per_node : 1;
+    int gpu_index = lr ? atoi(lr) : 0, need = worker || dp > 1 ? c.nproc_per_node : 1;
     {
         char why[512] = "";
         int ngpu = strcmp(c.device, "cpu") != 0 ? kb_cuda_available(why, sizeof why) : 0;
