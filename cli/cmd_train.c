@@ -447,10 +447,20 @@ int cli_train(int argc, char **argv) {
         co_config_free(&c);
         return CLI_USAGE;
     }
-    /* --device: auto = cuda where this build and machine have a GPU, else cpu (said once) */
+    /* --device: auto = cuda where this build and machine have a GPU for each worker of the
+     * node, else cpu (said once; the supervisor and every worker decide alike). A worker
+     * uses the GPU of its local rank (docs/gpu.md). */
+    const char *lr = worker ? getenv("COHORT_LOCAL_RANK") : NULL;
+    int gpu_index = lr ? atoi(lr) : 0, need = worker || dp > 1 ? c.nproc_per_node : 1;
     {
-        char why[256] = "";
-        bool gpu = strcmp(c.device, "cpu") != 0 && kb_cuda_available(why, sizeof why);
+        char why[512] = "";
+        int ngpu = strcmp(c.device, "cpu") != 0 ? kb_cuda_available(why, sizeof why) : 0;
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        if (ngpu > 0 && need > ngpu)
+            snprintf(why, sizeof why, "each worker uses the GPU of its local rank, so %d workers on a node need %d GPUs, "
+                     "but this process sees %d (CUDA_VISIBLE_DEVICES%s%s)", need, need, ngpu, vis ? "=" : " is not set",
+                     vis ? vis : "");
+        bool gpu = ngpu > 0 && need <= ngpu;
         if (!strcmp(c.device, "cuda") && !gpu) {
             fprintf(stderr, "cohort train: invalid configuration:\n  --device cuda: %s\n", why);
             sv_link_close(&link);
@@ -484,7 +494,7 @@ int cli_train(int argc, char **argv) {
     if (printer && !out) out = stdout;
 
     trainer_data data = {.prefix = cli_data_prefix(&c), .vocab_size = vocab, .eod = eod,
-                         .metrics = worker && printer ? sv_link_metrics_stream(link) : NULL};
+                         .metrics = worker && printer ? sv_link_metrics_stream(link) : NULL, .cuda_device = gpu_index};
     corpus_info info;
     memset(&info, 0, sizeof info);
     char prefix[1024];

@@ -14,6 +14,12 @@
 #include <time.h>
 #include <unistd.h>
 
+/* meson.build builds this file only with NCCL >= 2.18 (ncclCommSplit; non-blocking
+ * communicators, ncclCommFinalize and ncclConfig_t since 2.14) and CUDA 12 or 13: every
+ * CUDA call here has the same signature in both. */
+#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "comm/nccl_comm.c needs NCCL 2.18 or newer"
+#endif
 _Static_assert(sizeof(ncclUniqueId) == 128, "ncclUniqueId is not 128 bytes");
 
 typedef struct nccl_impl {

@@ -11,9 +11,10 @@
 
 int kb_cuda_available(char *why, size_t n) {
 #ifdef COHORT_HAVE_CUDA
-    return cuda_device_count(why, n) > 0;
+    return cuda_device_count(why, n);
 #else
-    if (why && n) snprintf(why, n, "this build has no CUDA support (nvcc was not found when it was configured)");
+    if (why && n)
+        snprintf(why, n, "this build has no CUDA backend (configured without it: meson's summary says why)");
     return 0;
 #endif
 }
@@ -30,8 +31,8 @@ int kb_backend_new(kb_backend **out, const kb_options *opt) {
 #ifdef COHORT_HAVE_CUDA
         return cuda_backend_create(out, opt);
 #else
-        return co_err_set(CO_EUNSUPPORTED, "the CUDA backend is not part of this build (nvcc was not found when it "
-                                           "was configured)");
+        return co_err_set(CO_EUNSUPPORTED, "the CUDA backend is not part of this build (configured without it: "
+                                           "meson's summary says why)");
 #endif
     }
     return co_err_set(CO_EINVAL, "kb_backend_new: unknown device %d", (int)opt->device);

@@ -35,7 +35,8 @@ typedef struct kb_options {
     kb_device device;
     int threads;      /* CPU threads; <= 0 means all online cores */
     bool bf16;        /* matrix products take bf16 inputs, accumulate and output fp32 */
-    int cuda_device;  /* CUDA: index of the GPU to use (0 by default) */
+    int cuda_device;  /* CUDA: index of the GPU to use; the trainer passes the worker's local
+                       * rank on its node (0 for a single process), docs/gpu.md */
 } kb_options;
 
 typedef struct kb_backend kb_backend;
@@ -180,8 +181,10 @@ int kb_backend_new(kb_backend **out, const kb_options *opt);
 void kb_backend_destroy(kb_backend **b);
 /* A short description ("cpu: oneDNN 2.6.3, 2 threads, fp32"). */
 const char *kb_backend_describe(const kb_backend *b);
-/* Whether this build and machine can run the CUDA backend: 1 yes, 0 no (then why[0..n)
- * says why: no CUDA in this build, no driver, no device). Cheap enough to call once. */
+/* Whether this build and machine can run the CUDA backend: the number of GPUs it can use
+ * (> 0), or 0 (then why[0..n) says why: no CUDA in this build, no driver, no device, a GPU
+ * this build has no code for or that cannot share managed memory with the CPU). Reads
+ * device attributes only (no CUDA context); cheap enough to call once. */
 int kb_cuda_available(char *why, size_t n);
 /* Whether --bf16 is useful on this CPU: 1 yes (AVX512-BF16 or AMX matrix products), 0 no
  * (then why[0..n) is the one-line refusal, naming the CPU and what to use instead). The

@@ -181,7 +181,8 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
 
     kb_options bo = {.device = strcmp(c->device, "cuda") == 0 ? KB_DEVICE_CUDA : KB_DEVICE_CPU,
                      .threads = c->threads,
-                     .bf16 = c->bf16};
+                     .bf16 = c->bf16,
+                     .cuda_device = data->cuda_device};
     rc = kb_backend_new(&t->be, &bo);
     if (rc) goto fail;
 

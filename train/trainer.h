@@ -37,6 +37,8 @@ typedef struct trainer_data {
     /* a replacement joining a running job after an in-process restart: the data index
      * caches exist, the ranks already running are not in trainer_new (no barriers) */
     bool joining;
+    /* with --device cuda: the GPU to use, the worker's local rank on its node (0 alone) */
+    int cuda_device;
 } trainer_data;
 
 struct cm_comm;

@@ -15,6 +15,12 @@
 #include <stdint.h>
 #include <string.h>
 
+// CUDA 12.x and 13.x (meson.build refuses older toolkits before compiling this). Calls whose
+// signature differs between the two go through the helpers below.
+#if !defined(CUDART_VERSION) || CUDART_VERSION < 12000
+#error "the CUDA backend needs CUDA 12.0 or newer"
+#endif
+
 extern "C" {
 #include "common/error.h"
 #include "kernels/backend.h"
@@ -50,6 +56,20 @@ typedef struct cu_state {
 } cu_state;
 
 static inline cu_state *cu_st(kb_backend *b) { return (cu_state *)b->impl; }
+
+// Asks the driver to move managed memory to GPU dev, in order on stream s (a hint).
+// CUDA 13 takes a cudaMemLocation and flags; CUDA 12 the device number.
+static inline cudaError_t cu_prefetch_to_device(const void *p, size_t n, int dev, cudaStream_t s) {
+#if CUDART_VERSION >= 13000
+    cudaMemLocation loc;
+    memset(&loc, 0, sizeof loc);
+    loc.type = cudaMemLocationTypeDevice;
+    loc.id = dev;
+    return cudaMemPrefetchAsync(p, n, loc, 0, s);
+#else
+    return cudaMemPrefetchAsync(p, n, dev, s);
+#endif
+}
 
 // Records a CUDA failure in the sticky status (the first one wins) and returns it.
 int cu_fail(kb_backend *b, int code, const char *op, const char *what);

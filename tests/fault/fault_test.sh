@@ -7,6 +7,8 @@
 #   fault_test.sh COHORT CASE
 set -uo pipefail
 cohort=$1; case_name=$2
+# every `cohort train` here runs with --device cpu, also on a machine with a GPU
+export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
 work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-fault.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }

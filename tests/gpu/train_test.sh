@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # train_test.sh - `cohort train --device cuda` end to end against `--device cpu`, one case
 # per meson test (suite gpu); exits 77 where there is no GPU.
-#   train_test.sh COHORT CASE     CASE: tracks_cpu | tracks_cpu_bf16 | deterministic
+#   train_test.sh COHORT CASE     CASE: tracks_cpu | tracks_cpu_bf16 | deterministic | local_rank
 set -uo pipefail
 cohort=$1; case_name=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-gpu.XXXXXX")
@@ -52,6 +52,17 @@ deterministic)
     done
     [ "$(grep -c lm_loss "$work/s1")" -ge 40 ] || fail "metrics file has too few lines"
     cmp -s "$work/s1" "$work/s2" || fail "two GPU runs with the same seed differ: $(diff "$work/s1" "$work/s2" | head)"
+    ;;
+local_rank)
+    # two workers: each on the GPU of its local rank; the printing rank (the last, local
+    # rank 1) names its GPU in the model line. Skips with fewer than two GPUs.
+    "$cohort" train "${tiny[@]}" --device cuda --nproc-per-node 2 --train-iters 4 >"$work/out" 2>&1; rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "--device cuda: each worker uses the GPU of its local rank" "$work/out"; then
+        echo "skip: $(grep -- '--device cuda:' "$work/out")" >&2
+        exit 77
+    fi
+    [ $rc -eq 0 ] || fail "two workers: exit $rc: $(tail -5 "$work/out")"
+    grep -q "cuda: GPU 1 of " "$work/out" || fail "the last rank is not on GPU 1: $(grep 'cohort: model' "$work/out")"
     ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -12,6 +12,8 @@
 set -uo pipefail
 cohort=$1; py=$2; case_name=$3
 src=${COHORT_SOURCE_ROOT:?}
+# every `cohort train` here runs with --device cpu, also on a machine with a GPU
+export COHORT_CPU_EXE=$cohort; cohort=$src/tests/cpu_cohort.sh
 work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-ckpt.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }

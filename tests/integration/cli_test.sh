@@ -3,6 +3,8 @@
 #   cli_test.sh COHORT PYTHON CASE
 set -uo pipefail
 cohort=$1; py=$2; case_name=$3
+# every `cohort train` here runs with --device cpu, also on a machine with a GPU
+export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
 src=${COHORT_SOURCE_ROOT:?}
 work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-it.XXXXXX")
 trap 'rm -rf "$work"' EXIT
