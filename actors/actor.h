@@ -164,7 +164,17 @@ typedef struct {
     int hwm;                  /* ZeroMQ send/receive high-water mark; 0 means 1000 */
     size_t max_queued;        /* messages waiting in the mailbox's own queue before ac_send
                                  fails with CO_ENOSPC; 0 means 1000000 */
+    int64_t max_msg_size;     /* ZMQ_MAXMSGSIZE: a peer sending a bigger frame is disconnected
+                                 by ZeroMQ (the frame never reaches on_message; the mailbox
+                                 serves the others). 0 means AC_MAX_MSG_DEFAULT; -1 no limit */
 } ac_mailbox_opts;
+
+/* The largest frame a mailbox takes by default: the protocol decoder's limit on a whole
+ * envelope (8 MiB, pw_limits_default in protocol/wire.c: anything larger would be dropped
+ * unparsed anyway) plus the mailbox's own header (kind byte and request id) and slack. The
+ * control plane's messages are far smaller (metrics, log lines, checkpoint acks: kilobytes);
+ * bulk state (parameters, moments) goes through the communicator (comm/), never a mailbox. */
+#define AC_MAX_MSG_DEFAULT ((int64_t)(8 << 20) + 64)
 
 /* Binds a server mailbox (ROUTER, ROUTER_MANDATORY, LINGER 0) on endpoint. opts may be NULL. */
 int ac_mailbox_bind(ac_actor *a, const char *endpoint, const ac_mailbox_opts *opts,

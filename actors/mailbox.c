@@ -621,6 +621,11 @@ static int open_mailbox(ac_actor *a, int server, const char *endpoint, const cha
     if (!rc) rc = set_int(mb, ZMQ_LINGER, 0, "ZMQ_LINGER");
     if (!rc) rc = set_int(mb, ZMQ_SNDHWM, mb->opts.hwm, "ZMQ_SNDHWM");
     if (!rc) rc = set_int(mb, ZMQ_RCVHWM, mb->opts.hwm, "ZMQ_RCVHWM");
+    /* A frame over the limit makes ZeroMQ drop the connection before buffering it. */
+    if (!rc && mb->opts.max_msg_size >= 0) {
+        int64_t lim = mb->opts.max_msg_size ? mb->opts.max_msg_size : AC_MAX_MSG_DEFAULT;
+        if (zmq_setsockopt(mb->sock, ZMQ_MAXMSGSIZE, &lim, sizeof lim)) rc = zerr("ZMQ_MAXMSGSIZE", mb);
+    }
     /* ZMTP heartbeats: a dead tcp peer is noticed (and disconnected) within seconds. */
     if (!rc) rc = set_int(mb, ZMQ_HEARTBEAT_IVL, 1000, "ZMQ_HEARTBEAT_IVL");
     if (!rc) rc = set_int(mb, ZMQ_HEARTBEAT_TIMEOUT, 5000, "ZMQ_HEARTBEAT_TIMEOUT");

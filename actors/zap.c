@@ -1,7 +1,8 @@
 /* zap.c - the process's ZeroMQ context (shared by every actor, so inproc works between
  * them) and its ZAP handler: a thread answering on inproc://zeromq.zap.01 that admits a CURVE
  * client only if its public key is allowed on the request's domain. Fail closed: unknown
- * domain, other mechanism, unknown key -> "400". */
+ * domain, other mechanism, unknown key, any malformed request -> "400"; every request, well
+ * formed or not, is read whole and answered, so one bad request never stalls the next. */
 #include "actors/internal.h"
 
 #include "common/error.h"
@@ -66,48 +67,78 @@ static int allowed(const char *domain, size_t dlen, const uint8_t *key) {
     return ok;
 }
 
-/* Receives one multipart request into frames (at most 8); returns the count or -1. */
-static int recv_frames(void *s, zmq_msg_t *f, int max) {
-    int n = 0, more = 1;
+enum { ZAP_FRAMES = 7 }; /* version, request id, domain, address, identity, mechanism, key */
+
+/* Receives one whole multipart request, keeping its first max frames in f (the rest are
+ * read and closed: the socket is never left inside a message). Returns the number of frames
+ * the request had (0: nothing to read). A receive that fails after the first frame (not
+ * EINTR, which is retried) still drains what ZMQ_RCVMORE announces. */
+static int recv_frames(void *s, zmq_msg_t *f, int max, int *kept, int *broken) {
+    int n = 0, more = 1, retries = 0;
+    *kept = 0;
+    *broken = 0;
     while (more) {
         zmq_msg_t m;
         zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, s, 0) < 0) {
+        int rc;
+        do rc = zmq_msg_recv(&m, s, ZMQ_DONTWAIT);
+        while (rc < 0 && zmq_errno() == EINTR);
+        if (rc < 0) {
             zmq_msg_close(&m);
-            return n > 0 ? -n - 1 : -1;
+            if (n == 0) return 0; /* spurious wake-up: nothing was taken */
+            *broken = 1;          /* cannot happen with ZeroMQ's atomic messages; be safe */
+            int rm = 0;
+            size_t sz = sizeof rm;
+            if (zmq_getsockopt(s, ZMQ_RCVMORE, &rm, &sz) || !rm || ++retries > 100) break;
+            continue; /* try the announced frames again */
         }
         more = zmq_msg_more(&m);
-        if (n < max) f[n++] = m;
+        n++;
+        if (*kept < max) f[(*kept)++] = m;
         else zmq_msg_close(&m);
     }
     return n;
 }
 
-static void send_str(void *s, const void *data, size_t len, int more) {
-    zmq_send(s, data, len, more ? ZMQ_SNDMORE : 0);
+static void send_frame(void *s, const void *data, size_t len, int more) {
+    int rc;
+    do rc = zmq_send(s, data, len, more ? ZMQ_SNDMORE : 0);
+    while (rc < 0 && zmq_errno() == EINTR);
 }
 
+static int frame_is(zmq_msg_t *m, const char *want) {
+    size_t n = strlen(want);
+    return zmq_msg_size(m) == n && !memcmp(zmq_msg_data(m), want, n);
+}
+
+/* One request, one reply, whatever came: a malformed request (too few or too many frames,
+ * another version or mechanism, a field too long, a key not 32 bytes) is answered "400" like
+ * an unknown key, so the REP socket always returns to reading the next request. */
 static void handle_request(void *s) {
-    zmq_msg_t f[8];
-    int n = recv_frames(s, f, 8);
-    if (n < 0) {
-        for (int i = 0; i < -n - 1; i++) zmq_msg_close(&f[i]);
-        return;
-    }
-    /* version, request id, domain, address, identity, mechanism, credentials... */
+    zmq_msg_t f[ZAP_FRAMES + 1];
+    int kept = 0, broken = 0;
+    int n = recv_frames(s, f, ZAP_FRAMES + 1, &kept, &broken);
+    if (n == 0) return;
+    const char *why = "malformed request";
     int ok = 0;
-    if (n >= 7 && zmq_msg_size(&f[0]) == 3 && !memcmp(zmq_msg_data(&f[0]), "1.0", 3) &&
-        zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) &&
-        zmq_msg_size(&f[6]) == 32)
-        ok = allowed(zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), zmq_msg_data(&f[6]));
-    send_str(s, "1.0", 3, 1);
-    if (n >= 2) send_str(s, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), 1);
-    else send_str(s, "", 0, 1);
-    send_str(s, ok ? "200" : "400", 3, 1);
-    send_str(s, ok ? "OK" : "key not allowed", ok ? 2 : 15, 1);
-    send_str(s, ok ? "cohort" : "", ok ? 6 : 0, 1);
-    send_str(s, "", 0, 0);
-    for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
+    if (broken || n != ZAP_FRAMES) why = n < ZAP_FRAMES ? "too few frames" : "too many frames";
+    else if (!frame_is(&f[0], "1.0")) why = "unsupported ZAP version";
+    else if (zmq_msg_size(&f[1]) > 255 || zmq_msg_size(&f[2]) > 255 || zmq_msg_size(&f[3]) > 255 ||
+             zmq_msg_size(&f[4]) > 255)
+        why = "oversized frame";
+    else if (!frame_is(&f[5], "CURVE")) why = "mechanism not allowed";
+    else if (zmq_msg_size(&f[6]) != 32) why = "malformed CURVE key";
+    else if (!(ok = allowed(zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), zmq_msg_data(&f[6])))) why = "key not allowed";
+    send_frame(s, "1.0", 3, 1);
+    /* the request id is echoed when it is one (an oversized one is not: the reply must
+     * still be small) */
+    if (kept >= 2 && zmq_msg_size(&f[1]) <= 255) send_frame(s, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), 1);
+    else send_frame(s, "", 0, 1);
+    send_frame(s, ok ? "200" : "400", 3, 1);
+    send_frame(s, ok ? "OK" : why, strlen(ok ? "OK" : why), 1);
+    send_frame(s, ok ? "cohort" : "", ok ? 6 : 0, 1);
+    send_frame(s, "", 0, 0);
+    for (int i = 0; i < kept; i++) zmq_msg_close(&f[i]);
 }
 
 static void *zap_thread(void *arg) {
@@ -131,6 +162,9 @@ static int start_zap(void) {
     if (!s) return co_err_set(CO_EINTERNAL, "ZAP socket: %s", zmq_strerror(zmq_errno()));
     int zero = 0;
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    /* never wait long on the socket: a reply that cannot go out in a second is dropped */
+    int tmo = 1000;
+    zmq_setsockopt(s, ZMQ_SNDTIMEO, &tmo, sizeof tmo);
     if (zmq_bind(s, "inproc://zeromq.zap.01") != 0) {
         int e = zmq_errno();
         zmq_close(s);

@@ -4,7 +4,16 @@
  * as O_DIRECT wants) and CK_DIO_THREADS threads that each keep one request in flight.
  * Requests go out in file order; pwrite/pread at explicit offsets, so their completion
  * order does not matter. One mutex and one condition variable per file guard the slots'
- * states; copies and hashing happen outside the lock. */
+ * states; copies and hashing happen outside the lock.
+ *
+ * Deadlines: the caller's waits (a free slot, the drain, a block to copy out) end with
+ * CO_ETIMEOUT when nothing progressed (no request finished, no bytes copied out) for
+ * COHORT_CKPT_IO_TIMEOUT seconds (ck__io_timeout_s). A request stuck in the kernel cannot
+ * be taken back: its thread is then abandoned (detached; it exits when its request returns,
+ * issuing no other, and the last such thread frees the writer or reader, which keep their
+ * own descriptor, a dup, so that nothing is ever written to a number since reused). The I/O
+ * threads' own waits for work have no deadline: they wait for their owner, who always ends
+ * them (stop) and whose waits are bounded. */
 #include "checkpoint/dio.h"
 
 #include "common/error.h"
@@ -18,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 bool ck__dio_enabled(void) {
@@ -33,6 +43,68 @@ bool ck__dio_enabled(void) {
 #define HUGE (2u << 20)
 
 static uint64_t bytes_written, bytes_read; /* atomic */
+
+/* ---- deadlines ------------------------------------------------------------------------ */
+
+#define IO_TIMEOUT_DEFAULT 300.0 /* s: one 8 MiB request that slow is a disk that stopped */
+
+double ck__io_timeout_s(void) {
+    const char *v = getenv("COHORT_CKPT_IO_TIMEOUT");
+    if (!v || !*v) return IO_TIMEOUT_DEFAULT;
+    char *end;
+    double t = strtod(v, &end);
+    return *end || !(t > 0) ? IO_TIMEOUT_DEFAULT : t;
+}
+
+static ssize_t (*hook_pwrite)(int, const void *, size_t, off_t);
+static ssize_t (*hook_pread)(int, void *, size_t, off_t);
+
+void ck__dio_set_io_hooks(ssize_t (*pw)(int, const void *, size_t, off_t), ssize_t (*pr)(int, void *, size_t, off_t)) {
+    __atomic_store_n(&hook_pwrite, pw, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&hook_pread, pr, __ATOMIC_SEQ_CST);
+}
+
+static void cond_init_mono(pthread_cond_t *cv) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+static struct timespec after_s(double secs) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    double whole = (double)(long)secs;
+    t.tv_sec += (time_t)whole;
+    t.tv_nsec += (long)((secs - whole) * 1e9);
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+/* One bounded wait of a caller: returns false once nothing progressed (*progress unchanged
+ * since the deadline was set) until the deadline. */
+typedef struct {
+    struct timespec dl;
+    uint64_t seen;
+    double secs;
+} stall_clock;
+
+static void stall_start(stall_clock *c, double secs, uint64_t progress) {
+    c->secs = secs;
+    c->seen = progress;
+    c->dl = after_s(secs);
+}
+
+static bool stall_wait(stall_clock *c, pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *progress) {
+    if (*progress != c->seen) stall_start(c, c->secs, *progress);
+    int e = pthread_cond_timedwait(cv, mu, &c->dl);
+    if (*progress != c->seen) stall_start(c, c->secs, *progress);
+    return e != ETIMEDOUT;
+}
 
 uint64_t ck_dio_bytes_written(void) { return __atomic_load_n(&bytes_written, __ATOMIC_RELAXED); }
 uint64_t ck_dio_bytes_read(void) { return __atomic_load_n(&bytes_read, __ATOMIC_RELAXED); }
@@ -79,9 +151,16 @@ struct ck_dw {
     int err;             /* errno of the first failed write (sticky) */
     uint64_t err_at;
     bool stop, cancel;
+    bool timed_out;      /* a wait of the caller gave up (sticky) */
+    bool abandoned;      /* destroyed with threads still inside a request: the last frees */
+    uint64_t progress;   /* requests finished */
+    double timeout;      /* s */
+    int running;         /* I/O threads not yet returned */
     pthread_t th[CK_DIO_THREADS];
     int nth;
 };
+
+static void dw_free(ck_dw *w);
 
 /* All of buf at off; 0 or the errno (and where it happened). An O_DIRECT write the file
  * system refuses (EINVAL: alignment it does not support) is retried buffered. */
@@ -89,7 +168,9 @@ static int write_all(int fd, const char *buf, size_t len, uint64_t off, uint64_t
     size_t done = 0;
     bool retried = false;
     while (done < len) {
-        ssize_t w = ck__hooked_pwrite(fd, buf + done, len - done, (off_t)(off + done));
+        ssize_t (*hook)(int, const void *, size_t, off_t) = __atomic_load_n(&hook_pwrite, __ATOMIC_SEQ_CST);
+        ssize_t w = hook ? hook(fd, buf + done, len - done, (off_t)(off + done))
+                         : ck__hooked_pwrite(fd, buf + done, len - done, (off_t)(off + done));
         if (w < 0) {
             if (errno == EINTR) continue;
             int e = errno;
@@ -111,6 +192,11 @@ static int write_all(int fd, const char *buf, size_t len, uint64_t off, uint64_t
 }
 
 static int write_error(const ck_dw *w, int e, uint64_t at) {
+    if (w->timed_out)
+        return co_err_set(CO_ETIMEOUT,
+                          "writing %s: no block write finished within %g s (the disk or file system stopped "
+                          "answering; COHORT_CKPT_IO_TIMEOUT sets the limit)",
+                          w->path, w->timeout);
     return co_err_set(fs_errno_code(e), "writing %s at byte %" PRIu64 ": %s", w->path, at, strerror(e));
 }
 
@@ -138,25 +224,42 @@ static void *dw_thread(void *arg) {
             w->err_at = at;
         }
         w->st[k] = W_FREE;
+        w->progress++;
         pthread_cond_broadcast(&w->cv);
     }
+    bool last = --w->running == 0 && w->abandoned;
+    pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    if (last) dw_free(w);
     return NULL;
+}
+
+/* The caller's wait gave up (lock held): every later call fails with the timeout. */
+static void dw_time_out(ck_dw *w) {
+    w->timed_out = true;
+    if (!w->err) w->err = ETIMEDOUT;
 }
 
 int ck_dw_new(ck_dw **out, int fd, const char *path) {
     *out = NULL;
     ck_dw *w = calloc(1, sizeof *w);
     if (!w) return co_err_set(CO_ENOMEM, "%s: out of memory", path);
-    w->fd = fd;
+    w->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* our own: see the deadlines above */
+    if (w->fd < 0) {
+        int e = errno;
+        free(w);
+        return co_err_set(fs_errno_code(e), "%s: dup of its descriptor: %s", path, strerror(e));
+    }
     snprintf(w->path, sizeof w->path, "%s", path);
+    w->timeout = ck__io_timeout_s();
     w->buf[0] = block_new(); /* touched only as far as it is filled */
     if (!w->buf[0]) {
+        close(w->fd);
         free(w);
         return co_err_set(CO_ENOMEM, "%s: out of memory for the write buffer", path);
     }
     pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
+    cond_init_mono(&w->cv);
     *out = w;
     return 0;
 }
@@ -166,16 +269,29 @@ char *ck_dw_space(ck_dw *w, size_t *room) {
     return w->buf[w->cur] + w->fill;
 }
 
-static void stop_threads(ck_dw *w, bool cancel) {
-    if (!w->nth) return;
+/* Stops the I/O threads: joined when they return within the deadline (a second once a wait
+ * already timed out), else detached (true: w now belongs to them). */
+static bool stop_threads(ck_dw *w, bool cancel) {
+    if (!w->nth) return false;
     pthread_mutex_lock(&w->mu);
     w->stop = true;
     w->cancel = w->cancel || cancel;
     pthread_cond_broadcast(&w->cv);
+    stall_clock c;
+    stall_start(&c, w->timed_out ? 1.0 : w->timeout, w->progress);
+    while (w->running && stall_wait(&c, &w->cv, &w->mu, &w->progress)) {}
+    bool stuck = w->running > 0;
+    if (stuck) {
+        dw_time_out(w);
+        w->abandoned = true;
+        for (int i = 0; i < w->nth; i++) pthread_detach(w->th[i]);
+    }
     pthread_mutex_unlock(&w->mu);
+    if (stuck) return true;
     for (int i = 0; i < w->nth; i++) pthread_join(w->th[i], NULL);
     w->nth = 0;
     w->direct = false;
+    return false;
 }
 
 /* Switches to O_DIRECT with the I/O threads, where the file system and memory allow. */
@@ -186,10 +302,13 @@ static void start_direct(ck_dw *w) {
         if (!w->buf[i] && !(w->buf[i] = block_new())) return;
     int fl = fcntl(w->fd, F_GETFL);
     if (fl < 0 || fcntl(w->fd, F_SETFL, fl | O_DIRECT)) return; /* EINVAL: not on this file system */
+    pthread_mutex_lock(&w->mu);
     for (int i = 0; i < CK_DIO_THREADS; i++) {
         if (pthread_create(&w->th[i], NULL, dw_thread, w)) break;
         w->nth++;
+        w->running++;
     }
+    pthread_mutex_unlock(&w->mu);
     if (!w->nth) {
         fcntl(w->fd, F_SETFL, fl);
         return;
@@ -222,6 +341,8 @@ int ck_dw_commit(ck_dw *w, size_t n) {
     pthread_cond_broadcast(&w->cv);
     w->off += w->fill;
     w->fill = 0;
+    stall_clock c;
+    stall_start(&c, w->timeout, w->progress);
     for (;;) {
         if (w->err) break;
         int j = -1;
@@ -231,7 +352,7 @@ int ck_dw_commit(ck_dw *w, size_t n) {
             w->cur = j;
             break;
         }
-        pthread_cond_wait(&w->cv, &w->mu);
+        if (!stall_wait(&c, &w->cv, &w->mu, &w->progress)) dw_time_out(w);
     }
     int e = w->err;
     uint64_t at = w->err_at;
@@ -244,17 +365,19 @@ int ck_dw_flush(ck_dw *w) {
     uint64_t at = 0;
     if (w->direct) {
         pthread_mutex_lock(&w->mu);
+        stall_clock c;
+        stall_start(&c, w->timeout, w->progress);
         for (;;) {
             bool busy = false;
             for (int i = 0; i < CK_DIO_SLOTS; i++) busy = busy || w->st[i] != W_FREE;
-            if (!busy) break;
-            pthread_cond_wait(&w->cv, &w->mu);
+            if (!busy || w->timed_out) break;
+            if (!stall_wait(&c, &w->cv, &w->mu, &w->progress)) dw_time_out(w);
         }
         e = w->err;
         at = w->err_at;
         pthread_mutex_unlock(&w->mu);
+        if (e) return write_error(w, e, at); /* ck_dw_destroy stops the threads */
         stop_threads(w, false);
-        if (e) return write_error(w, e, at);
         /* the tail through the page cache: no padding in the file */
         int fl = fcntl(w->fd, F_GETFL);
         if (fl >= 0 && (fl & O_DIRECT)) fcntl(w->fd, F_SETFL, fl & ~O_DIRECT);
@@ -268,15 +391,20 @@ int ck_dw_flush(ck_dw *w) {
     return 0;
 }
 
-void ck_dw_destroy(ck_dw **wp) {
-    ck_dw *w = *wp;
-    if (!w) return;
-    stop_threads(w, true);
+static void dw_free(ck_dw *w) {
     for (int i = 0; i < CK_DIO_SLOTS; i++) block_free(&w->buf[i]);
+    close(w->fd);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w);
+}
+
+void ck_dw_destroy(ck_dw **wp) {
+    ck_dw *w = *wp;
+    if (!w) return;
     *wp = NULL;
+    if (stop_threads(w, true)) return; /* abandoned: the last I/O thread frees it */
+    dw_free(w);
 }
 
 /* ---- reader --------------------------------------------------------------------------- */
@@ -295,11 +423,17 @@ struct ck_dr {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool failed, stop;
+    bool timed_out, abandoned;     /* as the writer's */
+    uint64_t progress;             /* reads finished and copies made */
+    double timeout;
+    int running;
     int err;                       /* errno, or 0 for a short file */
     uint64_t err_at;
     pthread_t th[CK_DIO_THREADS];
     int nth;
 };
+
+static void dr_free(ck_dr *r);
 
 bool ck_dr_file_is_cold(int fd, uint64_t size) {
     if (!size) return false;
@@ -357,7 +491,9 @@ static void *dr_thread(void *arg) {
         int e = 0;
         bool shortf = false;
         while (got < want) {
-            ssize_t n = pread(r->fd, r->buf[s] + got, ask - got, (off_t)(from + got));
+            ssize_t (*hook)(int, void *, size_t, off_t) = __atomic_load_n(&hook_pread, __ATOMIC_SEQ_CST);
+            ssize_t n = hook ? hook(r->fd, r->buf[s] + got, ask - got, (off_t)(from + got))
+                             : pread(r->fd, r->buf[s] + got, ask - got, (off_t)(from + got));
             if (n < 0 && errno == EINTR) continue;
             if (n < 0) {
                 e = errno;
@@ -375,9 +511,13 @@ static void *dr_thread(void *arg) {
             r->st[s] = R_READY;
             __atomic_add_fetch(&bytes_read, want, __ATOMIC_RELAXED);
         }
+        r->progress++;
         pthread_cond_broadcast(&r->cv);
     }
+    bool last = --r->running == 0 && r->abandoned;
+    pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    if (last) dr_free(r);
     return NULL;
 }
 
@@ -408,12 +548,16 @@ int ck_dr_new(ck_dr **out, const char *path, uint64_t start, uint64_t size) {
     r->next_blk = (int64_t)(start / CK_DIO_BLOCK);
     r->nblk = (int64_t)((size + CK_DIO_BLOCK - 1) / CK_DIO_BLOCK);
     for (int i = 0; i < CK_DIO_SLOTS; i++) r->blk[i] = -1;
+    r->timeout = ck__io_timeout_s();
     pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
+    cond_init_mono(&r->cv);
+    pthread_mutex_lock(&r->mu);
     for (int i = 0; i < CK_DIO_THREADS; i++) {
         if (pthread_create(&r->th[i], NULL, dr_thread, r)) break;
         r->nth++;
+        r->running++;
     }
+    pthread_mutex_unlock(&r->mu);
     if (!r->nth) {
         *out = r;
         ck_dr_destroy(out);
@@ -432,12 +576,24 @@ int ck_dr_copy(ck_dr *r, void *dst, size_t len, uint64_t off) {
         int64_t b = (int64_t)(off / CK_DIO_BLOCK);
         int s = (int)(b % CK_DIO_SLOTS);
         pthread_mutex_lock(&r->mu);
-        while (!r->failed && !r->stop && !(r->blk[s] == b && r->st[s] == R_READY)) pthread_cond_wait(&r->cv, &r->mu);
-        bool failed = r->failed, stopped = r->stop;
+        stall_clock c;
+        stall_start(&c, r->timeout, r->progress);
+        while (!r->failed && !r->stop && !(r->blk[s] == b && r->st[s] == R_READY))
+            if (!stall_wait(&c, &r->cv, &r->mu, &r->progress)) {
+                r->timed_out = true;
+                fail_locked(r, ETIMEDOUT, off);
+            }
+        bool failed = r->failed, stopped = r->stop, timed_out = r->timed_out;
         int e = r->err;
         uint64_t at = r->err_at;
         pthread_mutex_unlock(&r->mu);
         if (failed || stopped) {
+            if (timed_out)
+                return co_err_set(CO_ETIMEOUT,
+                                  "reading %s at byte %" PRIu64 ": no block read finished and no bytes were taken "
+                                  "within %g s (the disk or file system stopped answering; COHORT_CKPT_IO_TIMEOUT "
+                                  "sets the limit)",
+                                  r->path, at, r->timeout);
             if (failed && e)
                 return co_err_set(fs_errno_code(e), "reading %s at byte %" PRIu64 ": %s", r->path, at, strerror(e));
             if (!failed) return co_err_set(CO_EABORTED, "reading %s: abandoned", r->path);
@@ -447,6 +603,7 @@ int ck_dr_copy(ck_dr *r, void *dst, size_t len, uint64_t off) {
         size_t n = CK_DIO_BLOCK - (size_t)in < len ? CK_DIO_BLOCK - (size_t)in : len;
         memcpy(d, r->buf[s] + in, n);
         pthread_mutex_lock(&r->mu);
+        r->progress++;
         r->left[s] -= n;
         if (!r->left[s]) {
             r->st[s] = R_EMPTY;
@@ -467,15 +624,32 @@ void ck_dr_abort(ck_dr *r) {
     pthread_mutex_unlock(&r->mu);
 }
 
-void ck_dr_destroy(ck_dr **rp) {
-    ck_dr *r = *rp;
-    if (!r) return;
-    ck_dr_abort(r);
-    for (int i = 0; i < r->nth; i++) pthread_join(r->th[i], NULL);
+static void dr_free(ck_dr *r) {
     for (int i = 0; i < CK_DIO_SLOTS; i++) block_free(&r->buf[i]);
     close(r->fd);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
+}
+
+void ck_dr_destroy(ck_dr **rp) {
+    ck_dr *r = *rp;
+    if (!r) return;
     *rp = NULL;
+    pthread_mutex_lock(&r->mu);
+    r->stop = true;
+    pthread_cond_broadcast(&r->cv);
+    /* the threads return within a request (a second once a read already timed out) */
+    stall_clock c;
+    stall_start(&c, r->timed_out ? 1.0 : r->timeout, r->progress);
+    while (r->running && stall_wait(&c, &r->cv, &r->mu, &r->progress)) {}
+    bool stuck = r->running > 0;
+    if (stuck) {
+        r->abandoned = true; /* the last thread frees it */
+        for (int i = 0; i < r->nth; i++) pthread_detach(r->th[i]);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (stuck) return;
+    for (int i = 0; i < r->nth; i++) pthread_join(r->th[i], NULL);
+    dr_free(r);
 }

@@ -32,6 +32,13 @@ bool ck__dio_enabled(void);
 uint64_t ck_dio_bytes_written(void);
 uint64_t ck_dio_bytes_read(void);
 
+/* COHORT_CKPT_IO_TIMEOUT (seconds, default 300): how long a writer's or reader's caller
+ * waits with no request finishing (and, reading, no bytes taken) before CO_ETIMEOUT. */
+double ck__io_timeout_s(void);
+/* Tests: the I/O threads' (and the buffered path's) pwrite / pread go to these (NULL: the
+ * real calls) - e.g. one that blocks, to see a stuck disk end in a timeout. */
+void ck__dio_set_io_hooks(ssize_t (*pw)(int, const void *, size_t, off_t), ssize_t (*pr)(int, void *, size_t, off_t));
+
 /* write(2) with the checkpoint failing-write test hook (store.c). */
 ssize_t ck__hooked_pwrite(int fd, const void *buf, size_t len, off_t off);
 

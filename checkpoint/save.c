@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -467,9 +468,35 @@ struct ck_saver {
     const float **src;
     int src_cap;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;       /* CLOCK_MONOTONIC: copied or finished changed */
     bool copied;
+    /* deadlines (see ck_saver_wait_snapshot, ck_saver_wait) */
+    size_t snap_bytes;       /* of the background save under way */
+    bool finished;           /* bg_main is done with s */
+    bool snap_late;          /* the copy outlived its deadline: the snapshot is not saved */
+    bool abandoned;          /* a wait gave up on the thread: s is never freed */
 };
+
+/* How long a background save may take: the copy out of the live tensors at 100 MB/s (a
+ * memcpy runs at gigabytes per second) and 30 s; the whole save the I/O stall limit
+ * (COHORT_CKPT_IO_TIMEOUT, dio.c) plus the bytes at 10 MB/s (a very slow disk; each of its
+ * I/O waits is bounded by the stall limit on its own) and 60 s for the supervisor's commit
+ * (whose wait has its own limit and is aborted by an Abort, supervisor/link.c). */
+static double snapshot_limit_s(size_t bytes) { return 30.0 + (double)bytes / 100e6; }
+static double save_limit_s(size_t bytes) { return ck__io_timeout_s() + 60.0 + (double)bytes / 10e6; }
+
+static struct timespec mono_after(double secs) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    double whole = (double)(long)secs;
+    t.tv_sec += (time_t)whole;
+    t.tv_nsec += (long)((secs - whole) * 1e9);
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
 
 int ck_saver_new(ck_saver **out, const ck_saver_opts *o) {
     *out = NULL;
@@ -486,7 +513,11 @@ int ck_saver_new(ck_saver **out, const ck_saver_opts *o) {
     s->last_it = -1;
     s->copied = true;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
     *out = s;
     return 0;
 }
@@ -503,6 +534,10 @@ void ck_saver_destroy(ck_saver **ps) {
     ck_saver *s = *ps;
     if (!s) return;
     ck_saver_wait(s);
+    if (s->abandoned) { /* its thread may still use it: leaked on purpose (the job is failing) */
+        *ps = NULL;
+        return;
+    }
     meta_release(&s->meta);
     free(s->arena);
     free(s->st);
@@ -558,20 +593,37 @@ static void *bg_main(void *arg) {
                (size_t)numel_of(s->st[i].ndim, s->st[i].shape) * sizeof(float));
     pthread_mutex_lock(&s->mu);
     s->copied = true;
+    bool late = s->snap_late;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    int rc = save_snapshot(s);
+    /* a copy the trainer stopped waiting for may be torn: never saved */
+    int rc = late ? co_err_set(CO_ETIMEOUT, "checkpoint snapshot of iteration %" PRId64 ": copying %zu MB out of the "
+                                            "tensors took longer than %.0f s; not saved",
+                               s->meta.iteration, s->snap_bytes >> 20, snapshot_limit_s(s->snap_bytes))
+                  : save_snapshot(s);
+    pthread_mutex_lock(&s->mu);
     s->result = rc;
     snprintf(s->detail, sizeof s->detail, "%s", rc ? co_err_detail() : "");
+    pthread_mutex_unlock(&s->mu);
     log_saved(s, s->meta.iteration, now_s() - s->job_start, rc);
+    pthread_mutex_lock(&s->mu);
+    s->finished = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
 double ck_saver_wait_snapshot(ck_saver *s) {
     if (!s->running) return 0.0;
     double t0 = now_s();
+    struct timespec dl = mono_after(snapshot_limit_s(s->snap_bytes));
     pthread_mutex_lock(&s->mu);
-    while (!s->copied) pthread_cond_wait(&s->cv, &s->mu);
+    while (!s->copied)
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &dl) == ETIMEDOUT && !s->copied) {
+            /* the trainer goes on (its tensors change); the save fails, reported by ck_saver_wait */
+            s->snap_late = true;
+            break;
+        }
     pthread_mutex_unlock(&s->mu);
     return now_s() - t0;
 }
@@ -584,6 +636,24 @@ void ck_saver_set_writer(ck_saver *s, int writer) {
 
 int ck_saver_wait(ck_saver *s) {
     if (!s->running) return 0;
+    double limit = save_limit_s(s->snap_bytes);
+    struct timespec dl = mono_after(limit);
+    pthread_mutex_lock(&s->mu);
+    while (!s->finished && pthread_cond_timedwait(&s->cv, &s->mu, &dl) != ETIMEDOUT) {}
+    bool done = s->finished;
+    if (!done) {
+        s->snap_late = true; /* (if it had not even copied yet) */
+        s->abandoned = true;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!done) {
+        pthread_detach(s->thread);
+        s->running = false;
+        return co_err_set(CO_ETIMEOUT,
+                          "checkpoint save of iteration %" PRId64 " to %s: the background save did not finish within "
+                          "%.0f s (%zu MB; the disk or file system stopped answering?)",
+                          s->meta.iteration, s->save_dir, limit, s->snap_bytes >> 20);
+    }
     pthread_join(s->thread, NULL);
     s->running = false;
     int rc = s->result;
@@ -597,6 +667,9 @@ int64_t ck_saver_last_iteration(const ck_saver *s) { return s->last_it; }
 
 int ck_saver_save(ck_saver *s, const ck_meta *meta, const ck_tensor_ref *refs, int n) {
     double t0 = now_s();
+    if (s->abandoned)
+        return co_err_set(CO_ETIMEOUT, "checkpoint save of iteration %" PRId64 ": an earlier background save to %s "
+                                       "never finished", meta->iteration, s->save_dir);
     /* a background save still running is waited for (its failure is reported now) */
     int rc = ck_saver_wait(s);
     if (rc) {
@@ -649,6 +722,9 @@ int ck_saver_save(ck_saver *s, const ck_meta *meta, const ck_tensor_ref *refs, i
     }
     for (int i = 0; i < n; i++) s->src[i] = refs[i].data;
     s->copied = false;
+    s->finished = false;
+    s->snap_late = false;
+    s->snap_bytes = total * sizeof(float);
     meta_release(&s->meta);
     s->meta = *meta;
     s->meta.config = meta->config ? json_deep_copy(meta->config) : NULL;

@@ -3,7 +3,7 @@
 # under the supervisor; each asserts the diagnosis and that training went on (or stopped
 # with the documented status), and where the fault is recoverable, that the parameters the
 # job ended with are bitwise those of the fault-free run (its logged losses and gradient
-# norms, and its final checkpoint).
+# norms, and its final checkpoint: parameters and optimizer state, `cohort ckpt diff`).
 #   fault_test.sh COHORT CASE
 set -uo pipefail
 cohort=$1; case_name=$2
@@ -18,16 +18,22 @@ tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2
       --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 16 --lr 1e-3
       --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 1
       --nproc-per-node 4 --train-iters $iters)
+# Every recoverable case ends with `cohort ckpt diff` of the final checkpoints, fault-free
+# run against faulty run (expect_same, expect_same_ckpt). Exempt: nan_persistent_stop,
+# nan_persistent_skip and error_injection's correct_result (stop or skip an iteration by
+# design), crash_loop (stops at the restart limit), determinism, bad_spec (no fault).
 # the fields of the training records of a metrics file that must not depend on timing
 losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
 
 # short timeouts so that hangs are found within seconds
 quick="--inprocess-soft-timeout 2 --inprocess-hard-timeout 4 --inprocess-barrier-timeout 60"
-# run NAME [flags...]: a 4-rank job; output in $work/NAME.{out,err,jsonl}, status in $rc
+# run NAME [flags...]: a 4-rank job; output in $work/NAME.{out,err,jsonl}, status in $rc; it
+# saves its final checkpoint (the last iteration's) in $work/NAME.ckpt, unless a --save
+# among the flags (later, so it wins) says elsewhere
 run() {
     local name=$1; shift
-    "$cohort" train "${tiny[@]}" --metrics-file "$work/$name.jsonl" --run-report "$work/$name.report.json" "$@" \
-        >"$work/$name.out" 2>"$work/$name.err"
+    "$cohort" train "${tiny[@]}" --metrics-file "$work/$name.jsonl" --run-report "$work/$name.report.json" \
+        --save "$work/$name.ckpt" "$@" >"$work/$name.out" 2>"$work/$name.err"
     rc=$?
 }
 clean() {
@@ -40,6 +46,23 @@ expect_same() {
         fail "$1: losses differ from the fault-free run:
 $(diff <(losses "$work/$1.jsonl" | tr ' ' '\n') <(losses "$work/clean.jsonl" | tr ' ' '\n') | head -6)"
     [ "$(grep -c '"grad_norm"' "$work/$1.jsonl")" -eq $iters ] || fail "$1: not every iteration logged"
+    expect_same_ckpt "$work/clean.ckpt" "$work/$1.ckpt" $iters
+}
+# expect_same_ckpt REF RUN ITERATION: the run's checkpoint of that iteration holds bitwise the
+# fault-free run's parameters and optimizer state (Adam's two moments), every tensor present
+expect_same_ckpt() {
+    local it; it=$(printf 'iter_%07d' "$3")
+    "$cohort" ckpt diff --json "$1/$it" "$2/$it" >"$2.diff.json" 2>&1 ||
+        fail "$2/$it: the final state differs from the fault-free run's: $(grep -B1 '"status": "[^b]' "$2.diff.json" | head -8)"
+    /usr/bin/python3 - "$2.diff.json" <<'PY' || fail "$2/$it: ckpt diff: $(head -c 600 "$2.diff.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+names = [t["name"] for t in d["tensors"]]
+params = [n for n in names if not n.startswith("optimizer.")]
+assert d["bitwise_equal"] and d["different"] == 0 and d["equal"] == len(names), d
+assert params and all("optimizer.exp_avg." + n in names and "optimizer.exp_avg_sq." + n in names for n in params), names
+assert all(t["status"] == "bitwise equal" for t in d["tensors"]), d
+PY
 }
 # expect_fault NAME KIND[|KIND...] RANK DIAGNOSIS: the run report lists that fault (a bit flip
 # shows as whichever check its value trips first)
@@ -139,8 +162,10 @@ msg_drop|msg_dup|msg_delay)
     ;;
 slow)
     # a straggler: rank 2 sleeps 150 ms per micro batch from step 2 on (others take ~5 ms)
+    clean
     run f --inject "slow@rank=2,step=2,ms=150,times=always"
     expect_rc f 0
+    expect_same f
     /usr/bin/python3 - "$work/f.report.json" <<'PY' || fail "straggler not reported: $(cat "$work/f.report.json")"
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -248,7 +273,7 @@ inject_cli)
     # `cohort inject` against a running job: refused specs say why, an accepted kill
     # restarts the job like --inject does
     "$cohort" train "${tiny[@]}" --train-iters 400 --metrics-file "$work/f.jsonl" \
-        --run-report "$work/f.report.json" $quick >"$work/f.out" 2>"$work/f.err" &
+        --run-report "$work/f.report.json" --save "$work/f.ckpt" $quick >"$work/f.out" 2>"$work/f.err" &
     job=$!
     for _ in $(seq 300); do
         n=$(grep -c grad_norm "$work/f.jsonl" 2>/dev/null); [ "${n:-0}" -ge 5 ] && break; sleep 0.1
@@ -266,6 +291,8 @@ inject_cli)
     expect_rc f 0
     expect_fault f killed 1 rank_failure
     grep -q "inject: kill@rank=1,step=$at (cohort inject)" "$work/f.report.json" || fail "not in the report"
+    clean --train-iters 400
+    expect_same_ckpt "$work/clean.ckpt" "$work/f.ckpt" 400
     ;;
 shift_ranks)
     # --inprocess-rank-assignment shift-ranks: after rank 1 dies the survivors 0 2 3 become
@@ -276,7 +303,9 @@ shift_ranks)
     expect_same f
     grep -q "rank 2 is rank 1 from generation 2" "$work/f.err" && grep -q "rank 3 is rank 2 from generation 2" "$work/f.err" ||
         fail "ranks not shifted: $(grep 'is rank' "$work/f.err")"
-    [ "$(grep -c ' iteration .*/' "$work/f.out")" -eq $iters ] || fail "log lines lost or doubled: $(grep -c ' iteration .*/' "$work/f.out")"
+    # (the training lines only, not the checkpoint's "saved ... from iteration 12 to DIR")
+    logged=$(grep -c ' iteration *[0-9]*/ *[0-9]* |' "$work/f.out")
+    [ "$logged" -eq $iters ] || fail "log lines lost or doubled: $logged"
     ;;
 spare)
     # --inprocess-active-world-size 2 of 3 processes: the third is a warm spare that takes a
@@ -298,8 +327,7 @@ all_replicas)
     expect_rc f 0
     grep -q "no replica of the state survived: the new generation loads the checkpoint of iteration 8" "$work/f.err" ||
         fail "$(grep supervisor "$work/f.err")"
-    "$cohort" ckpt diff "$work/clean.ckpt/iter_0000012" "$work/f.ckpt/iter_0000012" >"$work/diff" ||
-        fail "differs from the fault-free run: $(head "$work/diff")"
+    expect_same_ckpt "$work/clean.ckpt" "$work/f.ckpt" $iters
     /usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['steps_lost'] == 1, r['steps_lost']" \
         "$work/f.report.json" || fail "steps lost: $(grep steps_lost "$work/f.report.json")"
     ;;
@@ -316,6 +344,9 @@ PY
     run g --check-for-spiky-loss --load "$work/s" --train-iters 14 --inject "spike@rank=2,step=13"
     expect_rc g 0
     expect_fault g spiky_loss 2 transient_error
+    run g0 --check-for-spiky-loss --load "$work/s" --train-iters 14
+    expect_rc g0 0
+    expect_same_ckpt "$work/g0.ckpt" "$work/g.ckpt" 14
     ;;
 kill_supervisor)
     # the supervisor dies: the workers stop on their own (no orphan trains headless), the
@@ -335,8 +366,7 @@ kill_supervisor)
     "$cohort" ckpt verify "$work/f.ckpt" >/dev/null || fail "the last checkpoint does not verify"
     run g --load "$work/f.ckpt" --save "$work/f.ckpt" --save-interval 4
     expect_rc g 0
-    "$cohort" ckpt diff "$work/clean.ckpt/iter_0000012" "$work/f.ckpt/iter_0000012" >"$work/diff" ||
-        fail "resumed run differs from the fault-free one: $(head "$work/diff")"
+    expect_same_ckpt "$work/clean.ckpt" "$work/f.ckpt" $iters
     ;;
 chaos)
     # 200 steps with 14 mixed faults (kills, a hang, transient NaN/Inf and a spike, bit flips
@@ -353,9 +383,7 @@ chaos)
     for f in "${faults[@]}"; do args+=(--inject "$f"); done
     run f "${chaos_iters[@]}" "${args[@]}" $quick --save "$work/f.ckpt" --save-interval 1000 --inprocess-restart-limit 20
     expect_rc f 0
-    "$cohort" ckpt diff "$work/clean.ckpt/iter_0000200" "$work/f.ckpt/iter_0000200" >"$work/diff" ||
-        fail "parameters or optimizer state differ from the fault-free run: $(head "$work/diff")"
-    grep -q "bitwise" "$work/diff" || fail "diff did not say bitwise equal: $(cat "$work/diff")"
+    expect_same_ckpt "$work/clean.ckpt" "$work/f.ckpt" 200
     [ "$(losses "$work/f.jsonl")" = "$(losses "$work/clean.jsonl")" ] || fail "logged losses differ"
     /usr/bin/python3 - "$work/f.report.json" <<'PY' || fail "report incomplete: $(cat "$work/f.report.json")"
 import json, sys

@@ -1,8 +1,11 @@
 /* test_actors.c - the actor runtime: READY/STOP lifecycle, message ordering, request/reply
  * with timeouts and abort, cross-thread posts, timers, the same over ipc and tcp, CURVE with a
- * ZAP handler (a client without the job's key is refused), the secret file's permissions.
- * Every wait is bounded. */
+ * ZAP handler (a client without the job's key is refused; malformed ZAP requests are answered
+ * "400" and the handler keeps working), ZMQ_MAXMSGSIZE (an oversized frame disconnects its
+ * sender, the mailbox serves the others), the secret file's permissions. Every wait is
+ * bounded. */
 #include "actors/actor.h"
+#include "actors/internal.h" /* the process's ZeroMQ context, to reach the ZAP handler */
 #include "common/error.h"
 #include "tests/test.h"
 
@@ -11,6 +14,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
@@ -558,6 +562,189 @@ static void test_curve(void) {
     CHECK(ac_actor_stop(&sa) == 0);
 }
 
+/* ---- ZAP: malformed requests -------------------------------------------------------- */
+
+typedef struct {
+    const char *what;
+    int nframes;
+    const char *frame[10];
+    size_t len[10];  /* 0: strlen(frame) */
+} zap_req;
+
+/* Sends one request on the REQ socket z and returns the reply's status code ("200", "400")
+ * in code (3 bytes and NUL), or "" with no (complete) reply within the receive timeout. */
+static void zap_ask(void *z, const zap_req *r, char code[4]) {
+    code[0] = 0;
+    for (int i = 0; i < r->nframes; i++) {
+        size_t n = r->len[i] ? r->len[i] : strlen(r->frame[i]);
+        if (zmq_send(z, r->frame[i], n, i + 1 < r->nframes ? ZMQ_SNDMORE : 0) < 0) return;
+    }
+    int frames = 0, more = 1;
+    char buf[64];
+    while (more) {
+        int n = zmq_recv(z, buf, sizeof buf, 0);
+        if (n < 0) return;
+        if (frames == 2 && n == 3) memcpy(code, buf, 3), code[3] = 0;
+        frames++;
+        size_t sz = sizeof more;
+        zmq_getsockopt(z, ZMQ_RCVMORE, &more, &sz);
+    }
+    if (frames != 6) code[0] = 0; /* version, id, status, text, user id, metadata */
+}
+
+static void test_zap_malformed(void) {
+    ac_secret job, other;
+    REQUIRE(ac_secret_generate(&job) == 0);
+    REQUIRE(ac_secret_generate(&other) == 0);
+    ac_secret stranger = job;
+    memcpy(stranger.client_public, other.client_public, sizeof stranger.client_public);
+    memcpy(stranger.client_secret, other.client_secret, sizeof stranger.client_secret);
+    uint8_t key[32];
+    REQUIRE(zmq_z85_decode(key, job.client_public) != NULL);
+
+    pair p = {.order_ok = 1, .reply_requests = 1, .identity = "good"};
+    snprintf(p.endpoint, sizeof p.endpoint, "tcp://127.0.0.1:*");
+    p.sopts.secret = &job;
+    p.sopts.zap_domain = "job-7";
+    ac_actor *sa = start_actor("server"), *ca = start_actor("client");
+    REQUIRE(sa && ca);
+    int rc = on_actor(sa, srv_bind, &p); /* starts the ZAP handler */
+    CHECK_MSG(rc == 0, "%s: %s", co_err_name(rc), co_err_detail());
+
+    void *ctx = ac__ctx_ref(); /* the same context: inproc reaches the handler */
+    REQUIRE(ctx);
+    void *z = zmq_socket(ctx, ZMQ_REQ);
+    REQUIRE(z);
+    int zero = 0, tmo = 3000;
+    zmq_setsockopt(z, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(z, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    zmq_setsockopt(z, ZMQ_SNDTIMEO, &tmo, sizeof tmo);
+    REQUIRE(zmq_connect(z, "inproc://zeromq.zap.01") == 0);
+
+    size_t big = 1u << 20;
+    char *huge = malloc(big);
+    REQUIRE(huge);
+    memset(huge, 'd', big);
+    const char *k = (const char *)key;
+    zap_req bad[] = {
+        {"one frame", 1, {"1.0"}, {0}},
+        {"no credentials", 6, {"1.0", "1", "job-7", "127.0.0.1", "", "CURVE"}, {0}},
+        {"wrong version", 7, {"2.0", "2", "job-7", "127.0.0.1", "", "CURVE", k}, {0, 0, 0, 0, 0, 0, 32}},
+        {"oversized domain", 7, {"1.0", "3", huge, "127.0.0.1", "", "CURVE", k}, {0, 0, big, 0, 0, 0, 32}},
+        {"oversized request id", 7, {"1.0", huge, "job-7", "127.0.0.1", "", "CURVE", k}, {0, big, 0, 0, 0, 0, 32}},
+        {"oversized key", 7, {"1.0", "4", "job-7", "127.0.0.1", "", "CURVE", huge}, {0, 0, 0, 0, 0, 0, big}},
+        {"wrong mechanism", 7, {"1.0", "5", "job-7", "127.0.0.1", "", "PLAIN", k}, {0, 0, 0, 0, 0, 0, 32}},
+        {"too many frames", 9, {"1.0", "6", "job-7", "127.0.0.1", "", "CURVE", k, "x", "y"}, {0, 0, 0, 0, 0, 0, 32}},
+        {"short key", 7, {"1.0", "7", "job-7", "127.0.0.1", "", "CURVE", k}, {0, 0, 0, 0, 0, 0, 31}},
+        {"right key, other domain", 7, {"1.0", "8", "job-8", "127.0.0.1", "", "CURVE", k}, {0, 0, 0, 0, 0, 0, 32}},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char code[4];
+        zap_ask(z, &bad[i], code);
+        CHECK_MSG(!strcmp(code, "400"), "ZAP request '%s': reply '%s', want 400", bad[i].what, code);
+    }
+    /* the handler still answers a well-formed request, and admits the job's key */
+    zap_req good = {"job key", 7, {"1.0", "9", "job-7", "127.0.0.1", "", "CURVE", k}, {0, 0, 0, 0, 0, 0, 32}};
+    char code[4];
+    zap_ask(z, &good, code);
+    CHECK_MSG(!strcmp(code, "200"), "well-formed ZAP request after the malformed ones: reply '%s'", code);
+    free(huge);
+    zmq_close(z);
+    ac__ctx_unref();
+
+    /* real CURVE handshakes through the handler: a wrong key refused, the job's key admitted */
+    pair badp = {.identity = "bad"};
+    snprintf(badp.endpoint, sizeof badp.endpoint, "%s", p.endpoint);
+    badp.copts.secret = &stranger;
+    CHECK(on_actor(ca, cli_connect, &badp) == 0);
+    CHECK(on_actor(ca, cli_send_one, &badp) == 0);
+    CHECK(wait_for(&badp.auth_failed, 1, 5000));
+    p.copts.secret = &job;
+    CHECK(on_actor(ca, cli_connect, &p) == 0);
+    CHECK(wait_for(&p.connected, 1, 5000));
+    CHECK(on_actor(ca, cli_request, &p) == 0);
+    CHECK(wait_for(&p.replies, 1, 5000));
+    CHECK(p.reply_ok);
+    CHECK(atomic_load(&badp.connected) == 0);
+    CHECK(atomic_load(&p.received) == 0); /* only the request reached the server */
+    CHECK(ac_actor_stop(&ca) == 0);
+    CHECK(ac_actor_stop(&sa) == 0);
+}
+
+/* ---- ZMQ_MAXMSGSIZE ------------------------------------------------------------------ */
+
+/* Waits (bounded) for a monitor event on the PAIR socket mon; returns whether it came. */
+static int wait_event(void *mon, int event, int ms) {
+    double end = now_ms() + ms;
+    while (now_ms() < end) {
+        zmq_pollitem_t it = {.socket = mon, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 100) <= 0) continue;
+        uint8_t ev[6];
+        int n = zmq_recv(mon, ev, sizeof ev, ZMQ_DONTWAIT);
+        char addr[512];
+        zmq_recv(mon, addr, sizeof addr, ZMQ_DONTWAIT); /* the endpoint frame */
+        uint16_t e;
+        memcpy(&e, ev, 2);
+        if (n == 6 && e == event) return 1;
+    }
+    return 0;
+}
+
+static void test_max_msg_size(void) {
+    pair p = {.order_ok = 1, .reply_requests = 1, .identity = "small"};
+    snprintf(p.endpoint, sizeof p.endpoint, "tcp://127.0.0.1:*");
+    ac_actor *sa = start_actor("server"), *ca = start_actor("client");
+    REQUIRE(sa && ca);
+    int rc = on_actor(sa, srv_bind, &p); /* default limit: AC_MAX_MSG_DEFAULT */
+    CHECK_MSG(rc == 0, "%s: %s", co_err_name(rc), co_err_detail());
+    if (rc) goto out;
+
+    /* a raw DEALER speaking the mailbox's framing (kind byte 0xA0, then the payload) */
+    void *zc = zmq_ctx_new();
+    REQUIRE(zc);
+    void *d = zmq_socket(zc, ZMQ_DEALER), *mon = zmq_socket(zc, ZMQ_PAIR);
+    REQUIRE(d && mon);
+    int zero = 0, tmo = 5000;
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(d, ZMQ_SNDTIMEO, &tmo, sizeof tmo);
+    zmq_setsockopt(d, ZMQ_ROUTING_ID, "big", 3);
+    zmq_setsockopt(mon, ZMQ_LINGER, &zero, sizeof zero);
+    REQUIRE(zmq_socket_monitor(d, "inproc://test-max-msg-mon", ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0);
+    REQUIRE(zmq_connect(mon, "inproc://test-max-msg-mon") == 0);
+    REQUIRE(zmq_connect(d, p.endpoint) == 0);
+    CHECK(wait_event(mon, ZMQ_EVENT_CONNECTED, 5000));
+
+    size_t n = (size_t)AC_MAX_MSG_DEFAULT + 1;
+    char *buf = calloc(1, n);
+    REQUIRE(buf);
+    buf[0] = (char)0xA0;
+    CHECK(zmq_send(d, buf, n, 0) == (int)n);
+    CHECK_MSG(wait_event(mon, ZMQ_EVENT_DISCONNECTED, 5000), "a frame of %zu bytes did not disconnect its sender", n);
+    CHECK(wait_event(mon, ZMQ_EVENT_CONNECTED, 5000)); /* ZeroMQ reconnects it */
+
+    /* the largest legitimate frame (an 8 MiB envelope and the request header) still passes */
+    size_t legit = (8u << 20) + 9;
+    CHECK(zmq_send(d, buf, legit, 0) == (int)legit);
+    CHECK_MSG(wait_for(&p.received, 1, 10000), "a frame of %zu bytes was not delivered", legit);
+
+    /* and the mailbox serves another peer as before */
+    CHECK(on_actor(ca, cli_connect, &p) == 0);
+    CHECK(on_actor(ca, cli_request, &p) == 0);
+    CHECK(wait_for(&p.replies, 1, 5000));
+    CHECK(p.reply_ok);
+    usleep(100000);
+    CHECK_MSG(atomic_load(&p.received) == 1, "server got %d messages, want 1 (the oversized one dropped)",
+              atomic_load(&p.received));
+    free(buf);
+    zmq_socket_monitor(d, NULL, 0);
+    zmq_close(mon);
+    zmq_close(d);
+    zmq_ctx_term(zc);
+out:
+    CHECK(ac_actor_stop(&ca) == 0);
+    CHECK(ac_actor_stop(&sa) == 0);
+}
+
 int main(void) {
     RUN(test_lifecycle);
     RUN(test_start_timeout);
@@ -568,5 +755,7 @@ int main(void) {
     RUN(test_tcp);
     RUN(test_secret_file);
     RUN(test_curve);
+    RUN(test_zap_malformed);
+    RUN(test_max_msg_size);
     return TEST_EXIT();
 }

@@ -3,7 +3,8 @@
  * against plain reads, small files staying buffered, every write failing in turn (ENOSPC,
  * EIO) with no hang, a cold file read by several threads in pieces of every size, a file
  * shorter than expected, a consumer giving up, a corrupted byte found by the loader, and
- * the same with COHORT_CKPT_DIRECT_IO=0. Direct I/O is asserted to be used where the
+ * the same with COHORT_CKPT_DIRECT_IO=0, a disk that stops answering (writes or reads that
+ * never return: CO_ETIMEOUT after COHORT_CKPT_IO_TIMEOUT, no hang). Direct I/O is asserted to be used where the
  * scratch directory's file system accepts O_DIRECT (and reported skipped where not). */
 #include "checkpoint/ckpt.h"
 #include "checkpoint/dio.h"
@@ -359,6 +360,179 @@ static void test_save_load(void) {
     free(w), free(m1), free(m2), free(lw), free(l1), free(l2);
 }
 
+/* ---- a disk that stops answering ---- */
+
+/* The hooks block until the gate opens (at most 60 s, so the test itself cannot hang). */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static bool gate_open;
+static int gate_inside; /* calls blocked in the gate now */
+
+static void gate_wait(void) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 60;
+    pthread_mutex_lock(&gate_mu);
+    gate_inside++;
+    while (!gate_open && pthread_cond_timedwait(&gate_cv, &gate_mu, &dl) != ETIMEDOUT) {}
+    gate_inside--;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+static ssize_t stuck_pwrite(int fd, const void *b, size_t n, off_t o) {
+    gate_wait();
+    return pwrite(fd, b, n, o);
+}
+
+static ssize_t stuck_pread(int fd, void *b, size_t n, off_t o) {
+    gate_wait();
+    return pread(fd, b, n, o);
+}
+
+static int inside(void) {
+    pthread_mutex_lock(&gate_mu);
+    int n = gate_inside;
+    pthread_mutex_unlock(&gate_mu);
+    return n;
+}
+
+static void gate_set(bool open) {
+    pthread_mutex_lock(&gate_mu);
+    gate_open = open;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+/* Opens the gate and waits (bounded) until the abandoned I/O threads left it. */
+static void gate_release(void) {
+    ck__dio_set_io_hooks(NULL, NULL);
+    gate_set(true);
+    for (int i = 0; i < 500 && inside(); i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(inside() == 0);
+    struct timespec ts = {0, 100 * 1000 * 1000}; /* they free their writer / reader */
+    nanosleep(&ts, NULL);
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Both I/O threads stuck inside their writes: the save ends with CO_ETIMEOUT naming the
+ * file after COHORT_CKPT_IO_TIMEOUT, not a hang; the threads are abandoned, not waited for. */
+static void test_stuck_write(void) {
+    if (!direct_ok) TEST_SKIP_CASE("no O_DIRECT here: every write is the caller's own, no I/O thread to wait for");
+    char path[512];
+    snprintf(path, sizeof path, "%s/stuck.bin", root);
+    size_t n = total_bytes();
+    unsigned char *data = pattern(n, 5);
+    REQUIRE(data);
+    setenv("COHORT_CKPT_IO_TIMEOUT", "0.5", 1);
+    CHECK(ck__io_timeout_s() == 0.5);
+    gate_set(false);
+    ck__dio_set_io_hooks(stuck_pwrite, NULL);
+    double t0 = now_s();
+    uint8_t h[16];
+    int rc = write_pieces(path, data, h);
+    double dt = now_s() - t0;
+    CHECK_MSG(rc == CO_ETIMEOUT, "rc %d: %s", rc, co_err_detail());
+    CHECK_MSG(strstr(co_err_detail(), "stuck.bin") && strstr(co_err_detail(), "no block write finished within 0.5 s"),
+              "%s", co_err_detail());
+    CHECK_MSG(dt >= 0.5 && dt < 10, "%.2f s", dt);
+    CHECK_MSG(inside() == CK_DIO_THREADS, "%d writes still stuck", inside()); /* abandoned, not joined */
+    gate_release();
+    unsetenv("COHORT_CKPT_IO_TIMEOUT");
+    CHECK(ck__io_timeout_s() == 300.0);
+    /* the same file writes again once the disk answers */
+    CHECK(!write_pieces(path, data, h));
+    check_written(path, data, n, h);
+    free(data);
+}
+
+/* Reads that never return: ck_dr_copy ends with CO_ETIMEOUT, ck_dr_destroy returns. */
+static void test_stuck_read(void) {
+    if (!direct_ok) TEST_SKIP_CASE("no O_DIRECT here: no direct reader");
+    char path[512];
+    size_t n;
+    uint8_t h[16];
+    unsigned char *data = make_file("stuck-read.bin", 6, path, sizeof path, &n, h);
+    REQUIRE(data);
+    evict(path);
+    setenv("COHORT_CKPT_IO_TIMEOUT", "0.5", 1);
+    gate_set(false);
+    ck__dio_set_io_hooks(NULL, stuck_pread);
+    ck_dr *r = NULL;
+    REQUIRE(!ck_dr_new(&r, path, 0, n));
+    double t0 = now_s();
+    unsigned char *dst = malloc(n);
+    REQUIRE(dst);
+    int rc = ck_dr_copy(r, dst, n, 0);
+    CHECK_MSG(rc == CO_ETIMEOUT, "rc %d: %s", rc, co_err_detail());
+    CHECK_MSG(strstr(co_err_detail(), "stuck-read.bin") && strstr(co_err_detail(), "within 0.5 s"), "%s",
+              co_err_detail());
+    rc = ck_dr_copy(r, dst, 10, 0); /* and every later copy at once */
+    CHECK(rc == CO_ETIMEOUT);
+    ck_dr_destroy(&r);
+    double dt = now_s() - t0;
+    CHECK(!r);
+    CHECK_MSG(dt >= 0.5 && dt < 10, "%.2f s", dt);
+    gate_release();
+    unsetenv("COHORT_CKPT_IO_TIMEOUT");
+    free(dst);
+    free(data);
+}
+
+/* An --async-save whose writes never return: the trainer's ck_saver_wait gets CO_ETIMEOUT
+ * naming the file (the stuck I/O threads' timeout, carried out of the background thread),
+ * no checkpoint is committed, and the saver can be destroyed. */
+static void test_stuck_async_save(void) {
+    if (!direct_ok) TEST_SKIP_CASE("no O_DIRECT here: no I/O thread to get stuck");
+    char save[512];
+    snprintf(save, sizeof save, "%s/stuck-save", root);
+    ck_remove_dir(save);
+    enum { R = 2048, C = 2048, NF = R * C }; /* 16 MiB per tensor: direct writes */
+    float *w = calloc(NF, sizeof(float)), *m1 = calloc(NF, sizeof(float)), *m2 = calloc(NF, sizeof(float));
+    REQUIRE(w && m1 && m2);
+    ck_tensor_ref refs[3] = {{"w", CK_KIND_MODEL, 2, {R, C}, w, NULL},
+                             {"optimizer.exp_avg.w", CK_KIND_OPTIM, 2, {R, C}, m1, NULL},
+                             {"optimizer.exp_avg_sq.w", CK_KIND_OPTIM, 2, {R, C}, m2, NULL}};
+    ck_meta meta;
+    memset(&meta, 0, sizeof meta);
+    meta.iteration = 3;
+    meta.progress.iteration = 3;
+    meta.layout = (ck_layout){1, 1, 1, 1, 1, false, 1};
+    meta.model = (ck_model_info){1, C, 1, 1, C, 4 * C, R, R, 16, false, false, false, true, true, 1e-5, 10000};
+    meta.optim = (ck_optim_info){true, "adamw", 3, 0.9, 0.999, 1e-8, 0.01, 1.0};
+    ck_saver_opts o = {.save_dir = save, .async = true, .writers = 1};
+    ck_saver *sv = NULL;
+    REQUIRE(!ck_saver_new(&sv, &o));
+    setenv("COHORT_CKPT_IO_TIMEOUT", "0.5", 1);
+    gate_set(false);
+    ck__dio_set_io_hooks(stuck_pwrite, NULL);
+    double t0 = now_s();
+    CHECK(!ck_saver_save(sv, &meta, refs, 3));
+    ck_saver_wait_snapshot(sv);
+    int rc = ck_saver_wait(sv);
+    double dt = now_s() - t0;
+    CHECK_MSG(rc == CO_ETIMEOUT, "rc %d: %s", rc, co_err_detail());
+    CHECK_MSG(strstr(co_err_detail(), ".safetensors") && strstr(co_err_detail(), "no block write finished"), "%s",
+              co_err_detail());
+    CHECK_MSG(dt < 20, "%.2f s", dt);
+    char tracker[600];
+    snprintf(tracker, sizeof tracker, "%s/latest_checkpointed_iteration.txt", save);
+    CHECK(access(tracker, F_OK) != 0); /* nothing committed */
+    ck_saver_destroy(&sv);
+    CHECK(!sv);
+    gate_release();
+    unsetenv("COHORT_CKPT_IO_TIMEOUT");
+    free(w), free(m1), free(m2);
+}
+
 static bool probe_direct(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/probe", root);
@@ -386,6 +560,9 @@ int main(void) {
     RUN(test_reader);
     RUN(test_reader_abort);
     RUN(test_save_load);
+    RUN(test_stuck_write);
+    RUN(test_stuck_read);
+    RUN(test_stuck_async_save);
     t_remove_dir(root);
     return TEST_EXIT();
 }
