@@ -67,7 +67,7 @@ static int probe(const char *dir, int *created) {
         *created = 1;
     } else {
         int e = errno;
-        return co_err_set(fs_errno_code(e), "--save %s: %s", dir, strerror(e));
+        return co_err_set(fs_errno_code(e), "--save %s: cannot create the directory: %s", dir, strerror(e));
     }
     char path[4300];
     if ((size_t)snprintf(path, sizeof path, "%s/.cohort.probe-%ld", dir, (long)getpid()) >= sizeof path)
