@@ -361,7 +361,11 @@ int idx_check_vocab(const idx_reader *r, int64_t vocab) {
 #error "idx_check_vocab reads the little-endian .bin with typed loads"
 #endif
     const int64_t n = (int64_t)(r->bin_size / r->itemsize);
-    for (int64_t b = 0; b < n; b += SCAN_BLOCK) {
+    /* one pass front to back: read ahead and map in large steps, then back to the default
+     * for training's random reads */
+    madvise((void *)r->bin, r->bin_size, MADV_SEQUENTIAL);
+    int rc = 0;
+    for (int64_t b = 0; b < n && !rc; b += SCAN_BLOCK) {
         int64_t e = b + SCAN_BLOCK < n ? b + SCAN_BLOCK : n, mn, mx;
         scan_minmax(r, b, e, &mn, &mx);
         if (mn >= 0 && mx < vocab) continue;
@@ -376,13 +380,14 @@ int idx_check_vocab(const idx_reader *r, int64_t vocab) {
         int64_t seq = last_le(r->pointers, r->nseq, k * (int64_t)r->itemsize);
         int64_t doc = last_le(r->docs, r->ndoc_entries - 1, seq);
         int64_t pos = k - r->pointers[seq] / (int64_t)r->itemsize;
-        return co_err_set(CO_EFORMAT,
-                          "%s: document %" PRId64 " (sequence %" PRId64 ", token %" PRId64
-                          ") holds token id %" PRId64 ", outside the vocabulary 0..%" PRId64
-                          " (--tokenizer-type/--vocab-size/--vocab-file give the vocabulary)",
-                          r->bin_path, doc, seq, pos, v, vocab - 1);
+        rc = co_err_set(CO_EFORMAT,
+                        "%s: document %" PRId64 " (sequence %" PRId64 ", token %" PRId64
+                        ") holds token id %" PRId64 ", outside the vocabulary 0..%" PRId64
+                        " (--tokenizer-type/--vocab-size/--vocab-file give the vocabulary)",
+                        r->bin_path, doc, seq, pos, v, vocab - 1);
     }
-    return 0;
+    madvise((void *)r->bin, r->bin_size, MADV_NORMAL);
+    return rc;
 }
 
 /* ---- writer ---- */
