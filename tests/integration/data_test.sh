@@ -124,7 +124,8 @@ PY
     "$cohort" data verify "$work/bad" >/dev/null || fail "verify bad (ids < 50257) by default: exit $?"
     "$cohort" data verify "$work/bad_gpt2" >/dev/null 2>"$work/verr"; rc=$?
     [ $rc -eq 17 ] || fail "verify of id 50257 by default: exit $rc, want 17: $(cat "$work/verr")"
-    grep -q "bad_gpt2.bin: token .* is 50257, outside 0..50256" "$work/verr" || fail "verify: $(cat "$work/verr")"
+    grep -q "bad_gpt2.bin: token 3472 (document 17, sequence 17) is 50257, outside 0..50256" "$work/verr" ||
+        fail "verify: $(cat "$work/verr")"
     "$cohort" data verify "$work/bad" --tokenizer-type ByteLevelTokenizer >/dev/null 2>"$work/verr"; rc=$?
     [ $rc -eq 17 ] || fail "verify --tokenizer-type ByteLevelTokenizer: exit $rc, want 17"
     "$cohort" data verify "$work/bad" --tokenizer-type NullTokenizer --vocab-size 257 >/dev/null ||
