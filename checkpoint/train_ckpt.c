@@ -18,6 +18,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 struct ck_train {
     trainer *t;
@@ -269,14 +270,21 @@ static void take_args(co_config *c, json_t *conf, FILE *log) {
 #undef STR_ARG
 }
 
+static int check_step(const char *load_dir, int64_t want);
+
 int ck_train_prepare(co_config *c, FILE *log) {
     if (!c->load[0]) return 0;
     bool want_args = c->use_checkpoint_args, want_seed = !c->no_load_rng && !c->finetune;
     if (!want_args && !want_seed) return 0;
     int64_t *its = NULL;
     int n = 0;
-    int rc = ck_candidates(c->load, c->ckpt_step >= 0 && co_config_was_set(c, "ckpt-step") ? c->ckpt_step : -1, &its, &n);
-    if (rc) return 0; /* attach reports a missing checkpoint */
+    int64_t want = c->ckpt_step >= 0 && co_config_was_set(c, "ckpt-step") ? c->ckpt_step : -1;
+    int rc = ck_candidates(c->load, want, &its, &n);
+    if (!rc && want >= 0 && check_step(c->load, want)) rc = CO_EINVAL;
+    if (rc) {
+        free(its);
+        return 0; /* attach reports a missing checkpoint */
+    }
     ck_manifest *m = NULL;
     for (int i = 0; i < n && !m; i++) {
         char dir[4200];
@@ -303,6 +311,78 @@ int ck_train_prepare(co_config *c, FILE *log) {
 
 /* ---- load ----------------------------------------------------------------------------- */
 
+/* --ckpt-step N names one iteration: its directory must exist (no silent fallback to the
+ * newest). CO_EINVAL naming the iterations that are there. */
+static int check_step(const char *load_dir, int64_t want) {
+    char dir[4200];
+    struct stat st;
+    ck_iter_dir(dir, sizeof dir, load_dir, want);
+    if (!stat(dir, &st) && S_ISDIR(st.st_mode)) return 0;
+    int64_t *its = NULL;
+    int n = 0;
+    char have[512] = "";
+    if (!ck_list_iterations(load_dir, &its, &n))
+        for (int i = 0; i < n && strlen(have) < sizeof have - 32; i++)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%" PRId64, i ? ", " : "", its[i]);
+    free(its);
+    return co_err_set(CO_EINVAL, "--ckpt-step %" PRId64 ": %s has no checkpoint at iteration %" PRId64 " (%s%s)", want,
+                      load_dir, want, n ? "it has " : "it has none", have);
+}
+
+/* The checkpoint's model (its manifest's "model") against the one the flags built: every
+ * difference named, CO_EINVAL. */
+static int check_model(const ck_manifest *m, const gpt_config *g, const char *dir) {
+    ck_model_info want;
+    model_info(g, &want);
+    const ck_model_info *have = &m->model;
+    char msg[1500] = "";
+#define DIFF_INT(field, what, flag)                                                                          \
+    if (have->field != want.field) {                                                                        \
+        char h_[64];                                                                                         \
+        snprintf(h_, sizeof h_, what, have->field);                                                          \
+        snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "%scheckpoint has %s, %s is %d",               \
+                 msg[0] ? "; " : "", h_, flag, want.field);                                                  \
+    }
+#define DIFF_BOOL(field, yes, no, flag)                                                                      \
+    if (have->field != want.field)                                                                          \
+        snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "%scheckpoint has %s, the flags (%s) give %s", \
+                 msg[0] ? "; " : "", have->field ? yes : no, flag, want.field ? yes : no)
+    DIFF_INT(num_layers, "%d layers", "--num-layers");
+    DIFF_INT(hidden, "hidden size %d", "--hidden-size");
+    DIFF_INT(heads, "%d attention heads", "--num-attention-heads");
+    DIFF_INT(kv_groups, "%d query groups", "--num-query-groups");
+    DIFF_INT(head_dim, "head size %d", "--kv-channels");
+    DIFF_INT(ffn_hidden, "FFN hidden size %d", "--ffn-hidden-size");
+    DIFF_INT(vocab, "a vocabulary of %d", "the tokenizer's (--tokenizer-type/--vocab-size/--vocab-file)");
+    DIFF_INT(padded_vocab, "%d padded vocabulary rows", "the padded vocabulary (--make-vocab-size-divisible-by)");
+    DIFF_INT(max_positions, "%d positions", "--max-position-embeddings");
+    DIFF_BOOL(rope, "rotary positions", "learned positions", "--position-embedding-type");
+    DIFF_BOOL(rmsnorm, "RMSNorm", "LayerNorm", "--normalization");
+    DIFF_BOOL(swiglu, "SwiGLU", "GeLU", "--swiglu");
+    DIFF_BOOL(tied, "tied embeddings", "untied embeddings", "--untie-embeddings-and-output-weights");
+    DIFF_BOOL(bias, "linear biases", "no linear biases", "--disable-bias-linear");
+#undef DIFF_INT
+#undef DIFF_BOOL
+    if (!msg[0]) return 0;
+    return co_err_set(CO_EINVAL, "%s: the checkpoint's model differs from the flags: %s (--use-checkpoint-args takes "
+                                 "the checkpoint's model flags)", dir, msg);
+}
+
+/* Every tensor of the kinds being loaded must be one the model has (ck_load_tensors checks
+ * the other direction, shapes and dtypes). */
+static int check_extra(const ck_manifest *m, const ck_tensor_ref *refs, int n, bool optim, const char *dir) {
+    for (int i = 0; i < m->ntensors; i++) {
+        const ck_mtensor *t = &m->tensors[i];
+        if (t->kind == CK_KIND_OPTIM && !optim) continue;
+        bool found = false;
+        for (int j = 0; j < n && !found; j++) found = !strcmp(refs[j].name, t->name);
+        if (!found)
+            return co_err_set(CO_EINVAL, "%s: the checkpoint has tensor %s, which the model does not have (a different "
+                                         "model? --use-checkpoint-args takes the checkpoint's model flags)", dir, t->name);
+    }
+    return 0;
+}
+
 static void warn_schedule(ck_train *k, const ck_manifest *m) {
     json_t *rs = json_object_get(m->doc, "rerun_state_machine");
     free(k->loaded_rerun);
@@ -327,6 +407,10 @@ static int load(ck_train *k) {
     int64_t *its = NULL;
     int n = 0;
     int rc = ck_candidates(c->load, want, &its, &n);
+    if (!rc && want >= 0 && (rc = check_step(c->load, want))) {
+        free(its);
+        return rc;
+    }
     if (rc) {
         if (c->exit_on_missing_checkpoint)
             return ck_err_wrap(CO_ENOENT, "--exit-on-missing-checkpoint");
@@ -357,7 +441,9 @@ static int load(ck_train *k) {
         }
         if (!rc) {
             int nl = load_optim ? k->nrefs : k->nrefs / 3;
-            rc = ck_load_tensors(dir, m, k->refs, nl, &bad);
+            rc = check_model(m, gpt_get_config(trainer_model(k->t)), dir);
+            if (!rc) rc = check_extra(m, k->refs, nl, load_optim, dir);
+            if (!rc) rc = ck_load_tensors(dir, m, k->refs, nl, &bad);
             if (rc == CO_EINVAL || rc == CO_EUNSUPPORTED) { /* the model does not match: no fallback helps */
                 ck_manifest_free(&m);
                 break;

@@ -543,23 +543,37 @@ static int data_inspect(int argc, char **argv) {
     return CLI_OK;
 }
 
-/* cohort data verify PREFIX */
+/* cohort data verify PREFIX: the token bound is the tokenizer's vocabulary (as `cohort train`
+ * resolves it: GPT-2's 50257 by default, --vocab-file's size, NullTokenizer's --vocab-size
+ * + 1, ByteLevelTokenizer's 257), or --vocab-size V alone as the bound itself. */
 static int data_verify(int argc, char **argv) {
     const char *prefix = NULL;
-    long long vocab = 0;
+    tok_flags tf = {0};
+    int vocab_given = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs("usage: cohort data verify PREFIX [--vocab-size V]\n"
+            fputs("usage: cohort data verify PREFIX [--tokenizer-type T] [--vocab-size V] [--vocab-file F --merge-file M]\n"
                   "Runs every structural check of PREFIX.idx/.bin; the exit status names the first that\n"
                   "failed: 0 ok, 2 usage, 10 .idx missing/unreadable, 11 bad header (magic, version,\n"
                   "dtype), 12 .idx size inconsistent with its counts, 13 bad sequence lengths or\n"
                   "pointers, 14 bad document index, 15 .bin missing/unreadable, 16 .bin size wrong,\n"
-                  "17 a token negative or >= --vocab-size.\n",
+                  "17 a token negative or outside the vocabulary. The vocabulary is the tokenizer's, as\n"
+                  "`cohort train` takes it (default GPT2BPETokenizer: 50257; --vocab-file: its size;\n"
+                  "NullTokenizer --vocab-size V: V + 1; ByteLevelTokenizer: 257); --vocab-size V without\n"
+                  "--tokenizer-type bounds the ids to 0..V-1.\n",
                   stdout);
             return CLI_OK;
         }
-        if (!strcmp(argv[i], "--vocab-size") && i + 1 < argc) vocab = strtoll(argv[++i], NULL, 10);
-        else if (argv[i][0] == '-' || prefix) {
+        int t = tok_flag(&tf, argc, argv, &i);
+        if (t < 0) {
+            fprintf(stderr, "cohort data verify: %s needs a value\n", argv[i]);
+            return CLI_USAGE;
+        }
+        if (t > 0) {
+            if (!strcmp(argv[i - 1], "--vocab-size")) vocab_given = 1;
+            continue;
+        }
+        if (argv[i][0] == '-' || prefix) {
             fprintf(stderr, "cohort data verify: unexpected argument '%s'\n", argv[i]);
             return CLI_USAGE;
         } else prefix = argv[i];
@@ -567,6 +581,21 @@ static int data_verify(int argc, char **argv) {
     if (!prefix) {
         fprintf(stderr, "cohort data verify: give PREFIX (of PREFIX.bin/.idx)\n");
         return CLI_USAGE;
+    }
+    long long vocab;
+    if (vocab_given && !tf.type) {
+        if (tf.vocab_size < 1) {
+            fprintf(stderr, "cohort data verify: --vocab-size must be at least 1\n");
+            return CLI_USAGE;
+        }
+        vocab = tf.vocab_size;
+    } else if ((!tf.type || !strcmp(tf.type, "GPT2BPETokenizer")) && !tf.vocab_file && !tf.merge_file) {
+        vocab = 50257; /* GPT-2's vocabulary, as `cohort train` takes it without --vocab-file */
+    } else {
+        tok_tokenizer tok;
+        if (open_tokenizer("verify", &tf, &tok)) return CLI_USAGE;
+        vocab = (long long)tok_vocab_size(&tok);
+        tok_close(&tok);
     }
     char msg[8192];
     int rc = idxv_verify(prefix, vocab, msg, sizeof msg);

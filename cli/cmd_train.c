@@ -4,6 +4,7 @@
 #include "cli/train_resilience.h"
 
 #include "checkpoint/ckpt.h"
+#include "checkpoint/lock.h"
 #include "checkpoint/store.h"
 #include "checkpoint/train_ckpt.h"
 #include "common/error.h"
@@ -16,6 +17,7 @@
 #include "supervisor/link.h"
 #include "supervisor/supervisor.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -23,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -251,7 +254,7 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
         cli_resil_destroy(&resil);
         if (link) sv_link_attach_comm(link, NULL);
         cm_destroy(&dp);
-        return CLI_FAILURE;
+        return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE; /* a flag that does not fit the checkpoint: 2 */
     }
     /* --- end checkpoint --- */
     cli_resil_attach_ckpt(resil, ckpt);
@@ -536,6 +539,25 @@ int cli_train(int argc, char **argv) {
         }
     }
 
+    /* one job per save directory: the single process or the supervisor locks --save (its
+     * workers share the lock), after checking the directory takes files (checkpoint/lock.h) */
+    ck_lock *save_lock = NULL;
+    uint64_t job_id = 0;
+    if (!worker && c.save[0] && !(c.nnodes > 1 && c.node_rank > 0)) {
+        if (getrandom(&job_id, sizeof job_id, 0) != (ssize_t)sizeof job_id) job_id = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
+        job_id |= 1;
+        char job[32], note[1400];
+        snprintf(job, sizeof job, "%016" PRIx64, job_id);
+        if (ck_savedir_lock(&save_lock, c.save, job, note, sizeof note)) {
+            fprintf(stderr, "cohort train: %s\n", co_err_detail());
+            sv_link_close(&link);
+            sv_assignment_free(&asg);
+            co_config_free(&c);
+            return CLI_USAGE;
+        }
+        if (note[0]) fprintf(stderr, "cohort: %s\n", note);
+    }
+
     if (supervisor) {
         char ready[1100], stats[200];
         char *env[2] = {ready, stats};
@@ -566,6 +588,7 @@ int cli_train(int argc, char **argv) {
         fi_schedule inj;
         if (cli_inject_parse(&c, dp, &inj, err, sizeof err)) {
             fprintf(stderr, "cohort train: %s\n", err);
+            ck_savedir_unlock(&save_lock);
             co_config_free(&c);
             return CLI_USAGE;
         }
@@ -598,13 +621,16 @@ int cli_train(int argc, char **argv) {
         so.barrier_timeout_ms = (int)(c.inprocess_barrier_timeout * 1000);
         so.heartbeat_interval_ms = (int)(c.inprocess_heartbeat_interval * 1000);
         so.heartbeat_timeout_ms = (int)(c.inprocess_heartbeat_timeout * 1000);
+        so.job_id = job_id;
         int status = sv_run(&so);
+        ck_savedir_unlock(&save_lock);
         free(rerun_state);
         fi_schedule_free(&inj);
         co_config_free(&c);
         return status;
     }
     int status = run_training(&c, &data, embedded ? &info : NULL, out, link, &asg);
+    ck_savedir_unlock(&save_lock);
     sv_link_close(&link);
     sv_assignment_free(&asg);
     co_config_free(&c);

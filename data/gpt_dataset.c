@@ -49,6 +49,9 @@ int gds_source_open_indexed(gds_source **out, const char *prefix) {
 int gds_source_open_mock(gds_source **out, int64_t vocab_size, int32_t eod) {
     *out = NULL;
     if (vocab_size <= 0) return co_err_set(CO_EINVAL, "mock data: vocab_size must be positive");
+    if (eod < 0 || eod >= vocab_size)
+        return co_err_set(CO_EINVAL, "mock data: the EOD id %d is outside the vocabulary 0..%" PRId64, (int)eod,
+                          vocab_size - 1);
     gds_source *s = calloc(1, sizeof *s);
     int32_t *lens = malloc(MOCK_SIZE * sizeof *lens);
     if (!s || !lens) {
@@ -66,6 +69,10 @@ int gds_source_open_mock(gds_source **out, int64_t vocab_size, int32_t eod) {
     s->lens = lens;
     *out = s;
     return 0;
+}
+
+int gds_source_check_vocab(const gds_source *s, int64_t vocab_size) {
+    return s->idx ? idx_check_vocab(s->idx, vocab_size) : 0;
 }
 
 void gds_source_close(gds_source **sp) {
@@ -569,8 +576,8 @@ int gds_build(gds_dataset **out, const gds_config *cfg, int split_index, int64_t
         rc = gds_source_open_mock(&src, cfg->vocab_size, cfg->eod);
     else if (!cfg->data_prefix)
         rc = co_err_set(CO_EINVAL, "GPTDataset: no data prefix and not mock");
-    else
-        rc = gds_source_open_indexed(&src, cfg->data_prefix);
+    else if (!(rc = gds_source_open_indexed(&src, cfg->data_prefix)) && (rc = gds_source_check_vocab(src, cfg->vocab_size)))
+        gds_source_close(&src);
     if (rc) return rc;
     rc = gds_build_from_source(out, cfg, src, cfg->mock ? NULL : cfg->data_prefix, split_index, num_samples);
     if (rc || !*out) {

@@ -45,6 +45,9 @@ int gds_source_open_indexed(gds_source **out, const char *prefix);
  * numpy.random.default_rng(0).integers(1, 4096, dtype=int32); document k of length n is
  * (arange(n-1)+1) % vocab_size followed by eod. vocab_size must be > 0. */
 int gds_source_open_mock(gds_source **out, int64_t vocab_size, int32_t eod);
+/* Every token of an indexed source in [0, vocab_size) (idx_check_vocab: CO_EFORMAT naming
+ * the file, the document and the id); a mock source is in range by construction. */
+int gds_source_check_vocab(const gds_source *s, int64_t vocab_size);
 void gds_source_close(gds_source **s);
 int64_t gds_source_num_sequences(const gds_source *s);
 const int32_t *gds_source_lengths(const gds_source *s);
@@ -75,7 +78,9 @@ typedef struct {
     int32_t seq_length;      /* L > 0 */
     uint32_t seed;           /* RandomState seed (--seed) */
     int32_t eod;             /* EOD token id */
-    int64_t vocab_size;      /* mock token modulus; recorded in the description */
+    int64_t vocab_size;      /* mock token modulus; recorded in the description; gds_build
+                                refuses an indexed file with a token outside [0, vocab_size)
+                                (checked when it opens the file; <= 0: not checked) */
     int eod_mask_loss;
     int reset_position_ids;
     int reset_attention_mask;

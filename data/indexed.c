@@ -303,6 +303,93 @@ int idx_read(const idx_reader *r, int64_t i, int64_t offset, int64_t n, int32_t 
     return 0;
 }
 
+/* ---- the vocabulary check ---- */
+
+#define SCAN_BLOCK ((int64_t)1 << 20)
+
+/* min and max of tokens [b, e) of the mapped file (little-endian host: typed loads the
+ * compiler vectorises) */
+static void scan_minmax(const idx_reader *r, int64_t b, int64_t e, int64_t *mn, int64_t *mx) {
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+#define SCAN(T)                                                     \
+    do {                                                            \
+        const T *p = (const T *)(const void *)r->bin;               \
+        T l = p[b], h = p[b];                                       \
+        for (int64_t k = b; k < e; k++) {                           \
+            l = p[k] < l ? p[k] : l;                                \
+            h = p[k] > h ? p[k] : h;                                \
+        }                                                           \
+        lo = (int64_t)l;                                            \
+        hi = (int64_t)h;                                            \
+    } while (0)
+    switch (r->dtype) {
+    case IDX_UINT8: SCAN(uint8_t); break;
+    case IDX_INT8: SCAN(int8_t); break;
+    case IDX_UINT16: SCAN(uint16_t); break;
+    case IDX_INT16: SCAN(int16_t); break;
+    case IDX_INT32: SCAN(int32_t); break;
+    case IDX_INT64: SCAN(int64_t); break;
+    default: break;
+    }
+#undef SCAN
+    *mn = lo;
+    *mx = hi;
+}
+
+static int64_t token_at(const idx_reader *r, int64_t k) {
+    int64_t v;
+    scan_minmax(r, k, k + 1, &v, &v);
+    return v;
+}
+
+/* the last i in [0, n) with a[i] <= x (a sorted, a[0] <= x) */
+static int64_t last_le(const int64_t *a, int64_t n, int64_t x) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (a[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+int idx_check_vocab(const idx_reader *r, int64_t vocab) {
+    if (vocab <= 0 || !r->bin || !r->bin_size) return 0;
+    if (r->dtype == IDX_FLOAT32 || r->dtype == IDX_FLOAT64)
+        return co_err_set(CO_EUNSUPPORTED, "%s: float dtype %d cannot be read as tokens", r->bin_path, r->dtype);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "idx_check_vocab reads the little-endian .bin with typed loads"
+#endif
+    const int64_t n = (int64_t)(r->bin_size / r->itemsize);
+    /* one pass front to back: read ahead and map in large steps, then back to the default
+     * for training's random reads */
+    madvise((void *)r->bin, r->bin_size, MADV_SEQUENTIAL);
+    int rc = 0;
+    for (int64_t b = 0; b < n && !rc; b += SCAN_BLOCK) {
+        int64_t e = b + SCAN_BLOCK < n ? b + SCAN_BLOCK : n, mn, mx;
+        scan_minmax(r, b, e, &mn, &mx);
+        if (mn >= 0 && mx < vocab) continue;
+        int64_t k = b;
+        for (; k < e; k++) {
+            int64_t v = token_at(r, k);
+            if (v < 0 || v >= vocab) break;
+        }
+        int64_t v = token_at(r, k);
+        /* the sequence holding byte offset k*itemsize (the last of equal pointers: empty
+         * sequences come before it), then its document */
+        int64_t seq = last_le(r->pointers, r->nseq, k * (int64_t)r->itemsize);
+        int64_t doc = last_le(r->docs, r->ndoc_entries - 1, seq);
+        int64_t pos = k - r->pointers[seq] / (int64_t)r->itemsize;
+        rc = co_err_set(CO_EFORMAT,
+                        "%s: document %" PRId64 " (sequence %" PRId64 ", token %" PRId64
+                        ") holds token id %" PRId64 ", outside the vocabulary 0..%" PRId64
+                        " (--tokenizer-type/--vocab-size/--vocab-file give the vocabulary)",
+                        r->bin_path, doc, seq, pos, v, vocab - 1);
+    }
+    madvise((void *)r->bin, r->bin_size, MADV_NORMAL);
+    return rc;
+}
+
 /* ---- writer ---- */
 
 struct idx_writer {

@@ -58,6 +58,13 @@ const int64_t *idx_document_indices(const idx_reader *r);
  * CO_EUNSUPPORTED for float dtypes. */
 int idx_read(const idx_reader *r, int64_t i, int64_t offset, int64_t n, int32_t *out);
 
+/* Checks that every token of the .bin lies in [0, vocab_size): one vectorised min/max scan
+ * over the mapped file (blocks of 1M tokens), then, only when a block is out of range, a
+ * search for the first bad token. CO_EFORMAT naming the .bin file, the document index, the
+ * sequence and the id; CO_EUNSUPPORTED for float dtypes. vocab_size <= 0 checks nothing.
+ * Cost: the file is read once (about a second per few GB from the page cache). */
+int idx_check_vocab(const idx_reader *r, int64_t vocab_size);
+
 /* ---- writer ---- */
 
 typedef struct idx_writer idx_writer;

@@ -108,6 +108,11 @@ static const char *split_name(int s) { return s == 0 ? "train" : s == 1 ? "valid
 static int build_leaf(leaf *l, const dl_config *cfg, const char *path, const char *split, int s, int64_t want) {
     if (cfg->sft) {
         if (!cfg->tok) return co_err_set(CO_EINVAL, "SFT data needs a tokenizer");
+        /* the tokens come from this tokenizer: in range when its vocabulary fits the model's */
+        if (cfg->base.vocab_size > 0 && (int64_t)tok_vocab_size(cfg->tok) > cfg->base.vocab_size)
+            return co_err_set(CO_EINVAL, "%s: the SFT tokenizer has %lld entries, more than the model's vocabulary of %lld",
+                              path ? path : "SFT data", (long long)tok_vocab_size(cfg->tok),
+                              (long long)cfg->base.vocab_size);
         l->path = strdup(path ? path : "");
         return sft_build(&l->sft, path, cfg->tok, split, s, cfg->base.seq_length, cfg->base.seed, want);
     }

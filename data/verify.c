@@ -141,8 +141,12 @@ int idxv_verify(const char *prefix, int64_t vocab, char *msg, size_t mn) {
         default: { double x; memcpy(&x, p, 8); v = x; } break;
         }
         if (v < 0 || (vocab > 0 && v >= (double)vocab) || v != (double)(int64_t)v) {
-            rc = say(msg, mn, IDXV_TOKENS, "%s: token %" PRId64 " is %g, outside 0..%" PRId64, bp, k, v,
-                     vocab > 0 ? vocab - 1 : INT64_MAX);
+            /* the sequence and the document holding it (pointers are cumulative, checked above) */
+            int64_t seq = 0, doc = 0;
+            while (seq + 1 < ns && rd64(ptrs + 8 * (seq + 1)) <= k * (int64_t)item) seq++;
+            while (doc + 2 < nd && rd64(docs + 8 * (doc + 1)) <= seq) doc++;
+            rc = say(msg, mn, IDXV_TOKENS, "%s: token %" PRId64 " (document %" PRId64 ", sequence %" PRId64 ") is %g, outside 0..%" PRId64,
+                     bp, k, doc, seq, v, vocab > 0 ? vocab - 1 : INT64_MAX);
             goto out;
         }
     }

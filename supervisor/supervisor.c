@@ -918,7 +918,7 @@ int sv_run(const sv_options *opt) {
     if (!s.o.soft_timeout_ms) s.o.soft_timeout_ms = 60000;
     if (!s.o.hard_timeout_ms) s.o.hard_timeout_ms = 90000;
     if (!s.o.barrier_timeout_ms) s.o.barrier_timeout_ms = 120000;
-    s.snd.job_id = random_job_id();
+    s.snd.job_id = s.o.job_id ? s.o.job_id : random_job_id();
     s.snd.generation = 1;
     s.snd.sender = s.agent ? PW_SENDER_UNASSIGNED : PW_SENDER_SUPERVISOR;
     if (s.o.nnodes > 1) {

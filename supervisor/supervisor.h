@@ -85,6 +85,8 @@ typedef struct sv_options {
                                       that take a dead rank's place (one node) */
     int quarantine_after;          /* faults attributed to a rank within quarantine_window */
     int64_t quarantine_window;     /* iterations: then its process is replaced (0: never) */
+    uint64_t job_id;               /* the job's id (0: a random one); several nodes derive it
+                                      from the job secret instead */
 } sv_options;
 
 /* Runs the job to its end; returns one of the exit statuses above. */

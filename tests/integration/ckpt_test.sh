@@ -166,14 +166,14 @@ flags)
     train --train-iters 2 --save "$S" --no-save-optim >"$work/1.out" 2>&1 || fail "no-save-optim"
     [ ! -e "$S/iter_0000002/optim.safetensors" ] || fail "--no-save-optim wrote the optimizer"
     train --train-iters 4 --load "$S" >"$work/2.out" 2>"$work/2.err"; rc=$?
-    [ $rc -eq 1 ] && grep -q "no optimizer state.*--no-load-optim" "$work/2.err" || fail "missing optimizer: $rc $(cat "$work/2.err")"
+    [ $rc -eq 2 ] && grep -q "no optimizer state.*--no-load-optim" "$work/2.err" || fail "missing optimizer: $rc $(cat "$work/2.err")"
     train --train-iters 4 --load "$S" --no-load-optim >"$work/3.out" 2>&1 || fail "--no-load-optim: $(tail -2 "$work/3.out")"
     grep -q "iteration        3/" "$work/3.out" && ! grep -q "iteration        1/" "$work/3.out" || fail "did not resume at 2"
     train --train-iters 2 --load "$S" --finetune --log-interval 1 >"$work/4.out" 2>&1 || fail "--finetune"
     grep -q "iteration        1/" "$work/4.out" && grep -q "(--finetune: weights only)" "$work/4.out" || fail "--finetune did not restart at 0"
     # model flags from the checkpoint
     train --train-iters 4 --load "$S" --no-load-optim --hidden-size 64 >"$work/5.out" 2>"$work/5.err"; rc=$?
-    [ $rc -eq 1 ] && grep -q "is \[512,32\] in the checkpoint but \[512,64\] in the model" "$work/5.err" || fail "shape mismatch: $rc $(cat "$work/5.err")"
+    [ $rc -eq 2 ] && grep -q "checkpoint has hidden size 32, --hidden-size is 64" "$work/5.err" || fail "shape mismatch: $rc $(cat "$work/5.err")"
     train --train-iters 4 --load "$S" --no-load-optim --hidden-size 64 --use-checkpoint-args >"$work/6.out" 2>&1 ||
         fail "--use-checkpoint-args: $(tail -3 "$work/6.out")"
     grep -q -- "--hidden-size 32 from the checkpoint" "$work/6.out" || fail "$(head -5 "$work/6.out")"
@@ -327,6 +327,112 @@ assert abs(full - ours) <= 1e-4 * abs(ours), "padded export: %.9e vs cohort %.9e
 # denominator, so the loss is lower, by far more than the tolerance
 assert trim < ours - 1e-3 * abs(ours), "trimmed export: %.9e vs cohort %.9e" % (trim, ours)
 EOF
+    ;;
+lock)
+    # one job per save directory (checkpoint/lock.h): a 2-rank supervised job holds one lock
+    # (the supervisor's; its workers share it and do not conflict), a second job on the same
+    # --save is refused (exit 2) naming the holder, the lock goes at the end
+    host=$(hostname)
+    # (the binary itself in the background, not the train function: $! is then its pid)
+    "$cohort" train "${tiny[@]}" "${dp[@]}" --nproc-per-node 2 --train-iters 600 --log-interval 100 --eval-interval 1000 --save "$S" \
+        >"$work/a.out" 2>&1 &
+    a=$!
+    for _ in $(seq 300); do grep -q '^started=' "$S/.cohort.lock" 2>/dev/null && break; sleep 0.05; done
+    [ -s "$S/.cohort.lock" ] || fail "no lock file while the job runs: $(tail -3 "$work/a.out")"
+    grep -qx "pid=$a" "$S/.cohort.lock" && grep -qx "host=$host" "$S/.cohort.lock" ||
+        fail "the lock does not name the supervisor (pid $a on $host): $(cat "$S/.cohort.lock")"
+    job=$(sed -n 's/^job=\([0-9a-f]\{16\}\)$/\1/p' "$S/.cohort.lock")
+    [ -n "$job" ] || fail "no job id in the lock: $(cat "$S/.cohort.lock")"
+    train --train-iters 2 --save "$S" >"$work/b.out" 2>"$work/b.err"; rc=$?
+    [ $rc -eq 2 ] || fail "second job: exit $rc, want 2: $(cat "$work/b.err")"
+    grep -q -- "--save $S is in use: locked by job $job (pid $a on $host, since " "$work/b.err" ||
+        fail "the refusal does not name the holder: $(cat "$work/b.err")"
+    ! grep -q "iteration" "$work/b.out" || fail "the second job trained"
+    kill -0 $a 2>/dev/null || fail "the first job died: $(tail -5 "$work/a.out")"
+    wait $a || fail "the 2-rank job failed: $(tail -5 "$work/a.out")"
+    grep -q "successfully saved checkpoint from iteration *600" "$work/a.out" && [ "$(tracker)" = 600 ] ||
+        fail "no final save: $(tail -5 "$work/a.out")"
+    [ ! -e "$S/.cohort.lock" ] || fail "the lock outlived its job"
+    # a stale lock: its holder killed (SIGKILL leaves the file); the next job takes it over
+    "$cohort" train "${tiny[@]}" --train-iters 100000 --save "$work/s2" --save-interval 100000 >/dev/null 2>&1 &
+    k=$!
+    for _ in $(seq 300); do grep -q '^started=' "$work/s2/.cohort.lock" 2>/dev/null && break; sleep 0.05; done
+    grep -qx "pid=$k" "$work/s2/.cohort.lock" || fail "no lock of pid $k"
+    kill -9 $k; wait $k 2>/dev/null
+    old=$(sed -n 's/^job=//p' "$work/s2/.cohort.lock")
+    train --train-iters 3 --save "$work/s2" >"$work/c.out" 2>"$work/c.err" || fail "stale lock: $(cat "$work/c.err")"
+    grep -q -- "--save $work/s2: taking over the stale lock of job $old (pid $k on $host, since .*): that process is gone" \
+        "$work/c.err" || fail "no takeover line: $(cat "$work/c.err")"
+    grep -q "iteration        3/" "$work/c.out" || fail "did not train after the takeover"
+    [ ! -e "$work/s2/.cohort.lock" ] || fail "the lock outlived the job that took it over"
+    # a lock file of another host is not taken over: this host cannot tell whether it runs
+    printf 'job=far\npid=1\nhost=elsewhere.invalid\nstarted=1\n' >"$work/s2/.cohort.lock"
+    train --train-iters 2 --save "$work/s2" >"$work/d.out" 2>"$work/d.err"; rc=$?
+    [ $rc -eq 2 ] && grep -q "names job far (pid 1 on elsewhere.invalid.*another host.*remove $work/s2/.cohort.lock" \
+        "$work/d.err" || fail "another host's lock: exit $rc: $(cat "$work/d.err")"
+    ;;
+mismatch)
+    # --load against a model the flags describe differently: refused (exit 2) naming what
+    # differs, nothing trained; --use-checkpoint-args loads it
+    train --train-iters 2 --save "$S" >"$work/0.out" 2>&1 || fail "first run: $(tail -3 "$work/0.out")"
+    refused() { # what, expected message, flags
+        local what=$1 msg=$2; shift 2
+        train --train-iters 4 --load "$S" "$@" >"$work/r.out" 2>"$work/r.err"; local rc=$?
+        [ $rc -eq 2 ] || fail "$what: exit $rc, want 2: $(cat "$work/r.err")"
+        grep -qF -- "$msg" "$work/r.err" || fail "$what: the difference is not named: $(cat "$work/r.err")"
+        ! grep -q "iteration  *[0-9]*/" "$work/r.out" || fail "$what: trained"
+        train --train-iters 4 --load "$S" "$@" --use-checkpoint-args >"$work/u.out" 2>&1 ||
+            fail "$what --use-checkpoint-args: $(tail -3 "$work/u.out")"
+        grep -q "successfully loaded checkpoint .* at iteration 2" "$work/u.out" && grep -q "iteration        3/" "$work/u.out" ||
+            fail "$what --use-checkpoint-args did not resume: $(tail -3 "$work/u.out")"
+    }
+    refused "fewer layers" "checkpoint has 2 layers, --num-layers is 1" --num-layers 1
+    refused "more layers" "checkpoint has 2 layers, --num-layers is 3" --num-layers 3
+    refused "heads" "checkpoint has 4 attention heads, --num-attention-heads is 2" --num-attention-heads 2
+    refused "hidden" "checkpoint has hidden size 32, --hidden-size is 64" --hidden-size 64
+    refused "vocabulary" "checkpoint has a vocabulary of 501, the tokenizer's (--tokenizer-type/--vocab-size/--vocab-file) is 301" --vocab-size 300
+    # a tensor the model does not have (a manifest that claims 1 layer but holds 2)
+    cp -r "$S" "$work/x"
+    "$py" -c "
+import json,sys; p=sys.argv[1]; m=json.load(open(p)); m['model']['num_layers']=1; json.dump(m,open(p,'w'))" \
+        "$work/x/iter_0000002/manifest.json" || fail "editing the manifest"
+    train --train-iters 4 --load "$work/x" --num-layers 1 >"$work/e.out" 2>"$work/e.err"; rc=$?
+    [ $rc -eq 2 ] && grep -q "the checkpoint has tensor layers.1.[a-z_.]*, which the model does not have" "$work/e.err" ||
+        fail "extra tensor: exit $rc: $(cat "$work/e.err")"
+    ;;
+ckpt_step_missing)
+    train --train-iters 10 --save "$S" --save-interval 5 >/dev/null 2>&1 || fail "first run"
+    for extra in "" "--use-checkpoint-args"; do
+        train --train-iters 20 --load "$S" --ckpt-step 15 $extra >"$work/1.out" 2>"$work/1.err"; rc=$?
+        [ $rc -eq 2 ] || fail "--ckpt-step 15 $extra: exit $rc, want 2: $(tail -3 "$work/1.out")"
+        grep -q -- "--ckpt-step 15: $S has no checkpoint at iteration 15 (it has 5, 10)" "$work/1.err" ||
+            fail "--ckpt-step 15 $extra: $(cat "$work/1.err")"
+        ! grep -q "successfully loaded\|iteration  *1[1-9]/" "$work/1.out" || fail "--ckpt-step 15 $extra loaded or trained"
+    done
+    train --train-iters 8 --load "$S" --ckpt-step 5 >"$work/2.out" 2>&1 || fail "--ckpt-step 5: $(tail -3 "$work/2.out")"
+    grep -q "successfully loaded checkpoint .* at iteration 5" "$work/2.out" || fail "--ckpt-step 5 did not load 5"
+    ;;
+save_unusable)
+    # found before the first step (a probe file created and removed), exit 2
+    unusable() { # what, save path, expected message
+        train --train-iters 2 --save "$2" >"$work/u.out" 2>"$work/u.err"; local rc=$?
+        [ $rc -eq 2 ] || fail "$1: exit $rc, want 2: $(cat "$work/u.err")"
+        grep -qF -- "$3" "$work/u.err" || fail "$1: $(cat "$work/u.err")"
+        ! grep -q "iteration\|cohort: model" "$work/u.out" || fail "$1: work started: $(head -3 "$work/u.out")"
+    }
+    : >"$work/file"
+    unusable "a file" "$work/file" "--save $work/file: not a directory"
+    unusable "under a file" "$work/file/s" "--save $work/file/s: cannot create the directory"
+    # sysfs takes no new files, not even from root
+    unusable "sysfs" /sys "--save /sys: cannot create a file there"
+    if [ "$(id -u)" -ne 0 ]; then
+        mkdir "$work/ro"; chmod 555 "$work/ro"
+        unusable "read-only directory" "$work/ro" "--save $work/ro: cannot create a file there: Permission denied"
+    fi
+    # a usable one is made and left with its checkpoint, and no probe or lock behind
+    train --train-iters 2 --save "$work/new/deep" >/dev/null 2>&1 || fail "a new --save"
+    [ -d "$work/new/deep/iter_0000002" ] || fail "no checkpoint in the new --save"
+    [ -z "$(ls -A "$work/new/deep" | grep '^\.cohort')" ] || fail "left: $(ls -A "$work/new/deep")"
     ;;
 dp_layout)
     # 2 and 4 ranks: each rank writes its own files (the manifest says which), the checkpoint

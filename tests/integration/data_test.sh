@@ -89,6 +89,53 @@ def out(): open(p+".idx","wb").write(i); open(p+".bin","wb").write(b)
     expect 17 "token out of range" "${pre}b[0:2]=struct.pack('<H',300); out()"
     "$cohort" data verify >/dev/null 2>&1; [ $? -eq 2 ] || fail "verify without a prefix: want exit 2"
     ;;
+oov)
+    # a token id >= the vocabulary: refused when the dataset is opened (file, document, id
+    # named, exit 1, nothing trained) by train -- alone, in a blend, per split -- and by
+    # `cohort data verify` with the tokenizer's vocabulary by default
+    PYTHONPATH="$src/tests/data" "$py" - "$work" <<'PY' || fail "writing the data"
+import sys, numpy, indexed_ref as R
+w = sys.argv[1]
+rng = numpy.random.default_rng(3)
+docs = [[list(map(int, rng.integers(0, 256, 200))) + [256]] for _ in range(40)]
+R.write(w + "/good", docs, numpy.uint16)
+docs[17][0][55] = 257          # ByteLevelTokenizer's vocabulary is 0..256
+R.write(w + "/bad", docs, numpy.uint16)
+docs[17][0][55] = 50257        # one past GPT-2's 0..50256
+R.write(w + "/bad_gpt2", docs, numpy.uint16)
+PY
+    tiny=(--tokenizer-type ByteLevelTokenizer --num-layers 1 --hidden-size 32 --num-attention-heads 4 --seq-length 64
+          --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --log-interval 1 --train-iters 2 --threads 2
+          --data-cache-path "$work/cache" --split 100,0,0)
+    "$cohort" train "${tiny[@]}" --data-path "$work/good" >"$work/out" 2>&1 || fail "good data: $(tail -3 "$work/out")"
+    refused() { # what, then the train flags
+        local what=$1; shift
+        "$cohort" train "${tiny[@]}" "$@" >"$work/out" 2>"$work/err"; local rc=$?
+        [ $rc -eq 1 ] || fail "$what: exit $rc, want 1: $(tail -3 "$work/err")"
+        grep -q "$work/bad.bin: document 17 (sequence 17, token 55) holds token id 257, outside the vocabulary 0..256" \
+            "$work/err" || fail "$what: the message does not name the file, document and id: $(cat "$work/err")"
+        ! grep -q "iteration  *1/" "$work/out" || fail "$what: trained: $(grep iteration "$work/out" | head -2)"
+    }
+    refused "single" --data-path "$work/bad"
+    refused "blend" --data-path 0.5 "$work/good" 0.5 "$work/bad"
+    refused "per-split" --train-data-path "$work/good" --valid-data-path "$work/bad" --eval-iters 1 --eval-interval 1
+    # NullTokenizer --vocab-size 257 gives 258 entries (EOD = 257): the same file trains
+    "$cohort" train "${tiny[@]/ByteLevelTokenizer/NullTokenizer}" --vocab-size 257 --data-path "$work/bad" \
+        >"$work/out" 2>&1 || fail "NullTokenizer 258: $(tail -3 "$work/out")"
+    # verify: GPT2BPETokenizer's 50257 by default, the tokenizer's vocabulary when named
+    "$cohort" data verify "$work/bad" >/dev/null || fail "verify bad (ids < 50257) by default: exit $?"
+    "$cohort" data verify "$work/bad_gpt2" >/dev/null 2>"$work/verr"; rc=$?
+    [ $rc -eq 17 ] || fail "verify of id 50257 by default: exit $rc, want 17: $(cat "$work/verr")"
+    grep -q "bad_gpt2.bin: token 3472 (document 17, sequence 17) is 50257, outside 0..50256" "$work/verr" ||
+        fail "verify: $(cat "$work/verr")"
+    "$cohort" data verify "$work/bad" --tokenizer-type ByteLevelTokenizer >/dev/null 2>"$work/verr"; rc=$?
+    [ $rc -eq 17 ] || fail "verify --tokenizer-type ByteLevelTokenizer: exit $rc, want 17"
+    "$cohort" data verify "$work/bad" --tokenizer-type NullTokenizer --vocab-size 257 >/dev/null ||
+        fail "verify NullTokenizer 257 (258 entries): exit $?"
+    "$cohort" data verify "$work/bad" --vocab-size 257 >/dev/null 2>&1; rc=$?
+    [ $rc -eq 17 ] || fail "verify --vocab-size 257 (the bound itself): exit $rc, want 17"
+    "$cohort" data verify "$work/good" --tokenizer-type ByteLevelTokenizer >/dev/null || fail "verify good: exit $?"
+    ;;
 train)
     # training reads a weighted blend and, separately, packed SFT conversations
     for n in a b; do
