@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -61,12 +62,23 @@ static unsigned char *read_whole(const char *path, size_t *n) {
     return b;
 }
 
-static void evict(const char *path) {
+/* Drops path from the page cache; returns whether the loader now finds it cold. The kernel
+ * may keep pages that are still under writeback or were read back meanwhile (a loaded
+ * machine), so it tries a few times; a caller that needs a cold file checks the answer. */
+static bool evict(const char *path) {
     int fd = open(path, O_RDONLY);
-    if (fd < 0) return;
-    fdatasync(fd);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    if (fd < 0) return false;
+    struct stat st;
+    bool cold = false;
+    if (fstat(fd, &st) == 0)
+        for (int i = 0; i < 20 && !cold; i++) {
+            fdatasync(fd);
+            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            cold = ck_dr_file_is_cold(fd, (uint64_t)st.st_size);
+            if (!cold) usleep(50 * 1000);
+        }
     close(fd);
+    return cold;
 }
 
 /* Writes the pieces of data through ck_file; the file's hash into h. */
@@ -321,9 +333,10 @@ static void test_save_load(void) {
         const char *chunks[] = {NULL, "1000"}; /* the default, and odd chunks on 3 threads */
         for (int c = 0; c < 2; c++) {
             if (chunks[c]) setenv("COHORT_CKPT_LOAD_CHUNK", chunks[c], 1), setenv("COHORT_CKPT_LOAD_THREADS", "3", 1);
+            bool cold = true;
             for (int i = 0; i < man->nfiles; i++) {
                 snprintf(path, sizeof path, "%s/%s", dir, man->files[i].name);
-                evict(path);
+                cold &= evict(path);
             }
             memset(lw, 0, NF * 4), memset(l1, 0, NF * 4), memset(l2, 0, NF * 4);
             uint64_t rb = ck_dio_bytes_read();
@@ -331,7 +344,10 @@ static void test_save_load(void) {
             int rc = ck_load_tensors(dir, man, refs, 3, &bad);
             CHECK_MSG(!rc, "mode %d chunks %s: %s", mode, chunks[c] ? chunks[c] : "default", co_err_detail());
             CHECK(!memcmp(w, lw, NF * 4) && !memcmp(m1, l1, NF * 4) && !memcmp(m2, l2, NF * 4));
-            CHECK(direct_ok && !mode ? ck_dio_bytes_read() - rb >= 3ull * NF * 4 : ck_dio_bytes_read() == rb);
+            if (direct_ok && !mode && !cold)
+                fprintf(stderr, "  note: the page cache kept the files; the direct-read count is not checked\n");
+            else
+                CHECK(direct_ok && !mode ? ck_dio_bytes_read() - rb >= 3ull * NF * 4 : ck_dio_bytes_read() == rb);
             unsetenv("COHORT_CKPT_LOAD_CHUNK");
             unsetenv("COHORT_CKPT_LOAD_THREADS");
         }
