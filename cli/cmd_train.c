@@ -26,18 +26,49 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* Signals (docs/resilience.md, "Signals"): the first SIGINT or SIGTERM asks for a clean stop
+ * (the current step finishes, --save saves, the run report is written, exit 0); a second
+ * one stops at once (the default action of that signal: killed by it, exit 128 + N). The
+ * handler only sets flags: g_stop is what the training loop polls (the supervisor's stop
+ * order raises it too, from the link thread), g_signal says that a signal did, and which.
+ * The handlers are installed first thing in cli_train, so a signal is never lost or fatal
+ * during parsing, corpus building or setup (a background job of a non-interactive shell
+ * starts with SIGINT ignored; it is honoured all the same). */
 static volatile sig_atomic_t g_stop;
-static volatile sig_atomic_t g_abort; /* the supervisor aborted this generation (in-process restart) */
+static volatile sig_atomic_t g_signal; /* the first signal's number, 0 before any */
+static volatile sig_atomic_t g_abort;  /* the supervisor aborted this generation (in-process restart) */
 
 static void on_signal(int sig) {
-    (void)sig;
-    if (g_stop) {
-        /* a second Ctrl-C: stop now */
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
+    if (g_signal) {
+        /* a second signal: stop now, by that signal's default action (only async-signal-safe
+         * calls here: signal() and raise(); the signal stays blocked until the handler returns,
+         * then kills the process) */
+        signal(sig, SIG_DFL);
         raise(sig);
+        return;
     }
+    g_signal = sig;
     g_stop = 1;
+}
+
+static void install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    /* interrupted system calls restart: no thread (OpenMP, oneDNN, ZeroMQ's, the checkpoint
+     * writer) sees an EINTR it does not expect */
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+/* The line every clean stop by signal prints (tests look for "stopped by signal"). */
+static void say_stopped_early(FILE *out, const char *when) {
+    if (!out) return;
+    fprintf(out, "cohort: stopped by signal (%s) %s: nothing trained, nothing to save\n",
+            g_signal ? strsignal(g_signal) : "signal", when);
+    fflush(out);
 }
 
 int cli_tokenizer(const co_config *c, int *vocab, int *eod, char *err, size_t errlen) {
@@ -164,15 +195,6 @@ static void node_address(const co_config *c, char *out, size_t n) {
     }
 }
 
-static void install_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-}
-
 static int report_progress(trainer *t, void *ctx, bool final, train_end why) {
     (void)final;
     (void)why;
@@ -265,8 +287,6 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
                 dp && dp->size > 1 ? "s" : "");
         fflush(out);
     }
-    if (!link) install_signals();
-
     if (link && dp) {
         /* in-process restart: an Abort unwinds the step instead of stopping the worker */
         sv_link_enable_restart(link, &g_abort);
@@ -289,6 +309,7 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
 
     train_end why = TRAIN_DONE;
     int my_rank = link ? asg->rank : 0;
+    int64_t first_it = trainer_iteration(t); /* where this run started (a stop before its first step saves nothing) */
     rc = early_rc ? early_rc : trainer_train(t, &g_stop, &why);
     for (;;) {
         if (!rc || !link || !dp) break;
@@ -341,7 +362,9 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
         status = CLI_NAN;
     } else {
         long long it = (long long)trainer_iteration(t);
-        if (out && why == TRAIN_SIGNAL) fprintf(out, "cohort: stopped by signal after iteration %lld\n", it);
+        if (out && why == TRAIN_SIGNAL)
+            fprintf(out, "cohort: stopped by signal after iteration %lld%s\n", it,
+                    it == first_it ? " (before this run's first step: nothing new to save)" : "");
         if (out && why == TRAIN_EXIT_INTERVAL) fprintf(out, "cohort: --exit-interval reached at iteration %lld\n", it);
         if (out && why == TRAIN_EXIT_DURATION) fprintf(out, "cohort: --exit-duration-in-mins reached at iteration %lld\n", it);
         char label[96];
@@ -374,6 +397,7 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
 }
 
 int cli_train(int argc, char **argv) {
+    install_signals(); /* before anything else: a signal during setup is a stop, never lost */
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: cohort train [flags]\n\n"
@@ -413,11 +437,14 @@ int cli_train(int argc, char **argv) {
     memset(&asg, 0, sizeof asg);
     bool worker = sv_link_wanted();
     if (worker) {
-        install_signals();
         const char *spare = getenv("COHORT_SPARE");
-        rc = sv_link_open(&link, &g_stop, spare && !strcmp(spare, "1") ? -1 : (int)(c.rendezvous_timeout * 1000), &asg);
-        if (rc && spare && !strcmp(spare, "1") && rc == CO_EABORTED) {
-            co_config_free(&c); /* a warm spare the job did not need */
+        /* a signal of this worker's own does not end the rendezvous: the ranks stop together
+         * at the start of training (trainer_train's first vote); the supervisor's stop order does */
+        rc = sv_link_open(&link, &g_stop, &g_signal, spare && !strcmp(spare, "1") ? -1 : (int)(c.rendezvous_timeout * 1000), &asg);
+        if (rc == CO_EABORTED) {
+            /* the supervisor stopped the job before it began (a signal), or a warm spare the job
+             * did not need: a clean end */
+            co_config_free(&c);
             return CLI_OK;
         }
         if (rc) {
@@ -476,6 +503,14 @@ int cli_train(int argc, char **argv) {
         }
     }
     bool supervisor = !worker && dp > 1;
+    if (g_stop && !worker) {
+        /* a signal during parsing and validation: stop before any work */
+        say_stopped_early(stdout, "during setup");
+        sv_link_close(&link);
+        sv_assignment_free(&asg);
+        co_config_free(&c);
+        return CLI_OK;
+    }
 
     /* Only the logging rank (the last, as in Megatron) prints; a worker's lines travel to
      * the supervisor, which prints them. */
@@ -526,6 +561,12 @@ int cli_train(int argc, char **argv) {
         }
     }
 
+    if (g_stop && !worker) {
+        /* a signal while the corpus was built: stop before training */
+        say_stopped_early(stdout, "during setup");
+        co_config_free(&c);
+        return CLI_OK;
+    }
     if (supervisor) {
         char ready[1100], stats[200];
         char *env[2] = {ready, stats};
@@ -588,6 +629,7 @@ int cli_train(int argc, char **argv) {
         so.barrier_timeout_ms = (int)(c.inprocess_barrier_timeout * 1000);
         so.heartbeat_interval_ms = (int)(c.inprocess_heartbeat_interval * 1000);
         so.heartbeat_timeout_ms = (int)(c.inprocess_heartbeat_timeout * 1000);
+        so.signalled = &g_signal; /* one that came before the supervisor's own handlers took over */
         int status = sv_run(&so);
         free(rerun_state);
         fi_schedule_free(&inj);

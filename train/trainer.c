@@ -643,6 +643,23 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
     t->stop = stop;
     bool tty = c->progress && t->log == stdout && isatty(STDOUT_FILENO);
     int me = t->topo.dp_rank;
+    if (t->iteration < c->train_iters) {
+        /* a stop asked for before the first step (a signal during setup, the supervisor's
+         * order): the ranks agree on it in one vote, and nothing is trained */
+        double vote = stop && *stop ? 1 : 0;
+        if (t->dp) {
+            int rc = t->dp->ops->allreduce_sum(t->dp, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+            if (rc) return rc;
+        }
+        if (vote > 0) {
+            *why = TRAIN_SIGNAL;
+            if (t->nhooks) {
+                int rc = run_hooks(t, true, *why);
+                if (rc < 0) return rc;
+            }
+            return 0;
+        }
+    }
     while (t->iteration < c->train_iters) {
         double t0 = now_s();
         int64_t step = t->iteration + 1;
