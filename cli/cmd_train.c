@@ -31,9 +31,10 @@
  * one stops at once (the default action of that signal: killed by it, exit 128 + N). The
  * handler only sets flags: g_stop is what the training loop polls (the supervisor's stop
  * order raises it too, from the link thread), g_signal says that a signal did, and which.
- * The handlers are installed first thing in cli_train, so a signal is never lost or fatal
- * during parsing, corpus building or setup (a background job of a non-interactive shell
- * starts with SIGINT ignored; it is honoured all the same). */
+ * The handlers are installed before the shared libraries' constructors run (main.c) and
+ * again first thing in cli_train, so a signal is never lost or fatal during start-up,
+ * parsing, corpus building or setup (a background job of a non-interactive shell starts
+ * with SIGINT ignored; it is honoured all the same). */
 static volatile sig_atomic_t g_stop;
 static volatile sig_atomic_t g_signal; /* the first signal's number, 0 before any */
 static volatile sig_atomic_t g_abort;  /* the supervisor aborted this generation (in-process restart) */
@@ -50,6 +51,14 @@ static void on_signal(int sig) {
     g_signal = sig;
     g_stop = 1;
 }
+
+static void install_signals(void);
+
+/* Called from main.c's .preinit_array for `cohort train`: before any shared library's
+ * constructors run (oneDNN's, libgomp's and the CUDA libraries' take 0.1-0.2 s on a loaded
+ * machine, during which a signal would otherwise kill the process or, inherited as ignored
+ * in a non-interactive shell's background job, be lost). */
+void cli_train_early_signals(void) { install_signals(); }
 
 static void install_signals(void) {
     struct sigaction sa;

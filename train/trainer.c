@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <xxhash.h>
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -438,7 +439,12 @@ static void fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph) {
         fi_describe(f, r, step, mb, line, sizeof line);
         if (f->kind != FI_SLOW || f->fired == 1) emit(t, line);
         switch (f->kind) {
-        case FI_SLOW: usleep((useconds_t)f->ms * 1000); break;
+        case FI_SLOW: {
+            /* the whole delay, even when a signal (a stop request) interrupts the sleep */
+            struct timespec ts = {.tv_sec = f->ms / 1000, .tv_nsec = (long)(f->ms % 1000) * 1000000L};
+            while (nanosleep(&ts, &ts) && errno == EINTR) {}
+            break;
+        }
         case FI_KILL: raise(SIGKILL); break;
         case FI_STOP: raise(SIGSTOP); break;
         case FI_HANG: {
