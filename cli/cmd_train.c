@@ -18,6 +18,8 @@
 
 #include <math.h>
 #include <arpa/inet.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
@@ -28,23 +30,42 @@
 
 /* Signals (docs/resilience.md, "Signals"): the first SIGINT or SIGTERM asks for a clean stop
  * (the current step finishes, --save saves, the run report is written, exit 0); a second
- * one stops at once (the default action of that signal: killed by it, exit 128 + N). The
- * handler only sets flags: g_stop is what the training loop polls (the supervisor's stop
- * order raises it too, from the link thread), g_signal says that a signal did, and which.
- * The handlers are installed before the shared libraries' constructors run (main.c) and
- * again first thing in cli_train, so a signal is never lost or fatal during start-up,
- * parsing, corpus building or setup (a background job of a non-interactive shell starts
- * with SIGINT ignored; it is honoured all the same). */
+ * one stops at once (the default action of that signal: killed by it, exit 128 + N).
+ * g_stop is what the training loop polls (the supervisor's stop order raises it too, from
+ * the link thread); g_signal says that a signal did, and which.
+ *
+ * SIGINT and SIGTERM are blocked in every thread, from main.c's .preinit_array on (before
+ * the shared libraries' constructors and before any thread exists, so every thread
+ * inherits the mask), and taken by one thread of their own with sigtimedwait. They must
+ * never be delivered to a compute thread: oneDNN's JIT sgemm kernels run with the stack
+ * pointer inside a heap buffer, and the kernel writes the signal frame (about 12 KB with
+ * AMX state) below it, over malloc's chunk headers ("corrupted size vs. prev_size while
+ * consolidating", or a hang in malloc; the cause of issue 13's aborts). The supervisor
+ * process, which computes nothing, hands them back to handlers for libuv
+ * (signals_to_handlers). A signal inherited as ignored (a non-interactive shell's
+ * background job) is honoured all the same. */
 static volatile sig_atomic_t g_stop;
 static volatile sig_atomic_t g_signal; /* the first signal's number, 0 before any */
 static volatile sig_atomic_t g_abort;  /* the supervisor aborted this generation (in-process restart) */
+static pthread_t g_sig_thread;
+static bool g_sig_thread_on;
+static atomic_bool g_sig_quit;
 
-static void on_signal(int sig) {
+static void stop_signals_set(sigset_t *s) {
+    sigemptyset(s);
+    sigaddset(s, SIGINT);
+    sigaddset(s, SIGTERM);
+}
+
+/* One signal taken (the thread) or handled (the handler): only async-signal-safe calls. */
+static void note_signal(int sig) {
     if (g_signal) {
-        /* a second signal: stop now, by that signal's default action (only async-signal-safe
-         * calls here: signal() and raise(); the signal stays blocked until the handler returns,
-         * then kills the process) */
+        /* a second signal: stop now, by that signal's default action */
         signal(sig, SIG_DFL);
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        pthread_sigmask(SIG_UNBLOCK, &one, NULL); /* this thread (in a handler: once it returns) */
         raise(sig);
         return;
     }
@@ -52,24 +73,71 @@ static void on_signal(int sig) {
     g_stop = 1;
 }
 
-static void install_signals(void);
+static void on_signal(int sig) { note_signal(sig); }
 
-/* Called from main.c's .preinit_array for `cohort train`: before any shared library's
- * constructors run (oneDNN's, libgomp's and the CUDA libraries' take 0.1-0.2 s on a loaded
- * machine, during which a signal would otherwise kill the process or, inherited as ignored
- * in a non-interactive shell's background job, be lost). */
-void cli_train_early_signals(void) { install_signals(); }
+static void *signal_thread(void *arg) {
+    (void)arg;
+    sigset_t set;
+    stop_signals_set(&set);
+    while (!atomic_load(&g_sig_quit)) {
+        struct timespec ts = {0, 100 * 1000000L};
+        int sig = sigtimedwait(&set, NULL, &ts);
+        if (sig > 0) note_signal(sig);
+    }
+    return NULL;
+}
 
-static void install_signals(void) {
+/* The disposition (a handler, so that a signal inherited as ignored is not discarded) and
+ * the mask of the calling thread, which every thread created later inherits. */
+static void block_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    /* interrupted system calls restart: no thread (OpenMP, oneDNN, ZeroMQ's, the checkpoint
-     * writer) sees an EINTR it does not expect */
     sa.sa_flags = SA_RESTART;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigset_t set;
+    stop_signals_set(&set);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+/* Called from main.c's .preinit_array for `cohort train`: before any shared library's
+ * constructors run (oneDNN's, libgomp's and the CUDA libraries' take 0.1-0.2 s on a loaded
+ * machine, during which a signal would otherwise kill the process, or be lost). A signal
+ * stays pending until the signal thread takes it. */
+void cli_train_early_signals(void) { block_signals(); }
+
+/* First thing in cli_train: the thread that takes the signals. */
+static void install_signals(void) {
+    block_signals(); /* (again: cli_train called without main's early call) */
+    if (g_sig_thread_on) return;
+    /* one that came during start-up counts now, not when the thread first runs */
+    sigset_t set;
+    stop_signals_set(&set);
+    struct timespec zero = {0, 0};
+    int sig = sigtimedwait(&set, NULL, &zero);
+    if (sig > 0) note_signal(sig);
+    atomic_store(&g_sig_quit, false);
+    if (!pthread_create(&g_sig_thread, NULL, signal_thread, NULL)) {
+        g_sig_thread_on = true;
+        return;
+    }
+    /* no thread: handlers in any thread, as a last resort */
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
+/* The supervisor process: no compute thread; libuv's handlers take over (sv_run), and
+ * these record what comes before them (sv_options.signalled). Pending ones arrive now. */
+static void signals_to_handlers(void) {
+    if (g_sig_thread_on) {
+        atomic_store(&g_sig_quit, true);
+        pthread_join(g_sig_thread, NULL);
+        g_sig_thread_on = false;
+    }
+    sigset_t set;
+    stop_signals_set(&set);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
 }
 
 /* The line every clean stop by signal prints (tests look for "stopped by signal"). */
@@ -406,7 +474,7 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
 }
 
 int cli_train(int argc, char **argv) {
-    install_signals(); /* before anything else: a signal during setup is a stop, never lost */
+    install_signals(); /* before anything else: a signal during setup is a stop, never lost or fatal */
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: cohort train [flags]\n\n"
@@ -420,6 +488,8 @@ int cli_train(int argc, char **argv) {
                    "machine found reproducible (a data or model problem); with --nproc-per-node > 1 or\n"
                    "--nnodes > 1 also 4 a worker failed and could not be replaced in process, 5 the rendezvous\n"
                    "did not complete in time, 6 a worker went silent with --no-inprocess-restart.\n"
+                   "SIGINT/SIGTERM (Ctrl-C, a scheduler; to the job, its process group or one worker): the\n"
+                   "current step finishes, --save saves, exit 0; a second one stops at once (128 + signal).\n"
                    "Faults, restarts and the run report: docs/resilience.md; inject into a running job with\n"
                    "`cohort inject`.\n");
             return CLI_OK;
@@ -639,6 +709,7 @@ int cli_train(int argc, char **argv) {
         so.heartbeat_interval_ms = (int)(c.inprocess_heartbeat_interval * 1000);
         so.heartbeat_timeout_ms = (int)(c.inprocess_heartbeat_timeout * 1000);
         so.signalled = &g_signal; /* one that came before the supervisor's own handlers took over */
+        signals_to_handlers(); /* the supervisor process computes nothing: libuv's handlers */
         int status = sv_run(&so);
         free(rerun_state);
         fi_schedule_free(&inj);
