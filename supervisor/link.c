@@ -37,6 +37,8 @@ struct sv_link {
     volatile sig_atomic_t *signalled;  /* this process's first SIGINT/SIGTERM (0: none; NULL: not watched) */
     bool signal_reported;              /* told the supervisor (link thread only) */
     bool stop_ordered;                 /* the supervisor's Shutdown with status 0, under mu */
+    bool verdicts_end;                 /* ... one for another reason than a signal: the supervisor
+                                          stops validating (a signal's stop is validated to its end) */
     ac_timer *sig_timer;
     _Atomic(cm_comm *) comm;
     _Atomic int64_t iteration;
@@ -217,6 +219,7 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
             *l->stop = 1;
             pthread_mutex_lock(&l->mu); /* wakes a worker still waiting for its assignment */
             l->stop_ordered = true;
+            if (!e->shutdown->reason || strcmp(e->shutdown->reason, "signal")) l->verdicts_end = true;
             pthread_cond_broadcast(&l->cv);
             pthread_mutex_unlock(&l->mu);
         } else {
@@ -754,7 +757,7 @@ int sv_link_verdict(sv_link *l, int64_t iteration, int attempt, rr_verdict *out,
                             (long long)iteration);
             break;
         }
-        if (*l->stop && !stop_seen) stop_seen = now;
+        if (l->verdicts_end && !stop_seen) stop_seen = now;
         if (stop_seen && now - stop_seen > 3000) {
             rc = co_err_set(CO_EABORTED, "waiting for the verdict of iteration %lld: stopping", (long long)iteration);
             break;

@@ -102,8 +102,10 @@ int sv_link_report(sv_link *l, const struct rr_report *r, const double *phase_ms
                    int nphases, int copies, int delay_ms);
 /* Waits for the supervisor's verdict on the round (iteration, attempt) just reported,
  * resending the round every second until it comes (a lost report or verdict costs a
- * second, never the job). CO_EABORTED when the job is aborted or the worker is stopping
- * and no verdict comes within 3 s; CO_ETIMEOUT after timeout_ms (< 0: none). */
+ * second, never the job). CO_EABORTED when the job is aborted, or when the supervisor has
+ * ordered a stop for another reason than a signal (it no longer validates) and no verdict
+ * comes within 3 s; CO_ETIMEOUT after timeout_ms (< 0: none). A stop by signal is
+ * validated to its end. */
 int sv_link_verdict(sv_link *l, int64_t iteration, int attempt, struct rr_verdict *v, int timeout_ms);
 /* Faults `cohort inject` sent since the last call (specs, malloc'd: the caller frees). */
 int sv_link_take_injections(sv_link *l, char **specs, int cap);

@@ -789,7 +789,7 @@ static void begin_signal_stop(sv *s, int signum, int rank, const char *what) {
     if (s->val) svv_note_fault(s->val, "signal", rank, what);
     if (!s->assigned) {
         fprintf(stderr, "cohort supervisor: %s before training began: stopping the job\n", what);
-        begin_shutdown(s, SV_EXIT_OK, "signal");
+        begin_shutdown(s, SV_EXIT_OK, "signal before training");
         maybe_finish(s);
         return;
     }
