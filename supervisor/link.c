@@ -598,9 +598,17 @@ static void send_goodbye(ac_actor *a, void *ctx) {
         goodbye_reply(NULL, CO_EIO, NULL, l); /* nothing to wait for */
 }
 
+static void report_signal_now(ac_actor *a, void *ctx) {
+    (void)a;
+    signal_tick(NULL, ctx);
+}
+
 void sv_link_close(sv_link **pl) {
     sv_link *l = *pl;
     if (!l) return;
+    /* a signal the 50 ms tick has not reported yet (a stop faster than that) goes before
+     * the goodbye, so that the run report has it */
+    if (l->a && l->mb) ac_post(l->a, report_signal_now, l);
     if (l->log) {
         fclose(l->log);
         l->log = NULL;
