@@ -20,6 +20,8 @@
 #include <inttypes.h>
 #include <math.h>
 #include <arpa/inet.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
@@ -29,18 +31,124 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* Signals (docs/resilience.md, "Signals"): the first SIGINT or SIGTERM asks for a clean stop
+ * (the current step finishes, --save saves, the run report is written, exit 0); a second
+ * one stops at once (the default action of that signal: killed by it, exit 128 + N).
+ * g_stop is what the training loop polls (the supervisor's stop order raises it too, from
+ * the link thread); g_signal says that a signal did, and which.
+ *
+ * SIGINT and SIGTERM are blocked in every thread, from main.c's .preinit_array on (before
+ * the shared libraries' constructors and before any thread exists, so every thread
+ * inherits the mask), and taken by one thread of their own with sigtimedwait. They must
+ * never be delivered to a compute thread: oneDNN's JIT sgemm kernels run with the stack
+ * pointer inside a heap buffer, and the kernel writes the signal frame (about 12 KB with
+ * AMX state) below it, over malloc's chunk headers ("corrupted size vs. prev_size while
+ * consolidating", or a hang in malloc; the cause of issue 13's aborts). The supervisor
+ * process, which computes nothing, hands them back to handlers for libuv
+ * (signals_to_handlers). A signal inherited as ignored (a non-interactive shell's
+ * background job) is honoured all the same. */
 static volatile sig_atomic_t g_stop;
-static volatile sig_atomic_t g_abort; /* the supervisor aborted this generation (in-process restart) */
+static volatile sig_atomic_t g_signal; /* the first signal's number, 0 before any */
+static volatile sig_atomic_t g_abort;  /* the supervisor aborted this generation (in-process restart) */
+static pthread_t g_sig_thread;
+static bool g_sig_thread_on;
+static atomic_bool g_sig_quit;
 
-static void on_signal(int sig) {
-    (void)sig;
-    if (g_stop) {
-        /* a second Ctrl-C: stop now */
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
+static void stop_signals_set(sigset_t *s) {
+    sigemptyset(s);
+    sigaddset(s, SIGINT);
+    sigaddset(s, SIGTERM);
+}
+
+/* One signal taken (the thread) or handled (the handler): only async-signal-safe calls. */
+static void note_signal(int sig) {
+    if (g_signal) {
+        /* a second signal: stop now, by that signal's default action */
+        signal(sig, SIG_DFL);
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        pthread_sigmask(SIG_UNBLOCK, &one, NULL); /* this thread (in a handler: once it returns) */
         raise(sig);
+        return;
     }
+    g_signal = sig;
     g_stop = 1;
+}
+
+static void on_signal(int sig) { note_signal(sig); }
+
+static void *signal_thread(void *arg) {
+    (void)arg;
+    sigset_t set;
+    stop_signals_set(&set);
+    while (!atomic_load(&g_sig_quit)) {
+        struct timespec ts = {0, 100 * 1000000L};
+        int sig = sigtimedwait(&set, NULL, &ts);
+        if (sig > 0) note_signal(sig);
+    }
+    return NULL;
+}
+
+/* The disposition (a handler, so that a signal inherited as ignored is not discarded) and
+ * the mask of the calling thread, which every thread created later inherits. */
+static void block_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigset_t set;
+    stop_signals_set(&set);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+/* Called from main.c's .preinit_array for `cohort train`: before any shared library's
+ * constructors run (oneDNN's, libgomp's and the CUDA libraries' take 0.1-0.2 s on a loaded
+ * machine, during which a signal would otherwise kill the process, or be lost). A signal
+ * stays pending until the signal thread takes it. */
+void cli_train_early_signals(void) { block_signals(); }
+
+/* First thing in cli_train: the thread that takes the signals. */
+static void install_signals(void) {
+    block_signals(); /* (again: cli_train called without main's early call) */
+    if (g_sig_thread_on) return;
+    /* one that came during start-up counts now, not when the thread first runs */
+    sigset_t set;
+    stop_signals_set(&set);
+    struct timespec zero = {0, 0};
+    int sig = sigtimedwait(&set, NULL, &zero);
+    if (sig > 0) note_signal(sig);
+    atomic_store(&g_sig_quit, false);
+    if (!pthread_create(&g_sig_thread, NULL, signal_thread, NULL)) {
+        g_sig_thread_on = true;
+        return;
+    }
+    /* no thread: handlers in any thread, as a last resort */
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
+/* The supervisor process: no compute thread; libuv's handlers take over (sv_run), and
+ * these record what comes before them (sv_options.signalled). Pending ones arrive now. */
+static void signals_to_handlers(void) {
+    if (g_sig_thread_on) {
+        atomic_store(&g_sig_quit, true);
+        pthread_join(g_sig_thread, NULL);
+        g_sig_thread_on = false;
+    }
+    sigset_t set;
+    stop_signals_set(&set);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
+/* The line every clean stop by signal prints (tests look for "stopped by signal"). */
+static void say_stopped_early(FILE *out, const char *when) {
+    if (!out) return;
+    fprintf(out, "cohort: stopped by signal (%s) %s: nothing trained, nothing to save\n",
+            g_signal ? strsignal(g_signal) : "signal", when);
+    fflush(out);
 }
 
 int cli_tokenizer(const co_config *c, int *vocab, int *eod, char *err, size_t errlen) {
@@ -170,15 +278,6 @@ static void node_address(const co_config *c, char *out, size_t n) {
     }
 }
 
-static void install_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-}
-
 static int report_progress(trainer *t, void *ctx, bool final, train_end why) {
     (void)final;
     (void)why;
@@ -271,8 +370,6 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
                 dp && dp->size > 1 ? "s" : "");
         fflush(out);
     }
-    if (!link) install_signals();
-
     if (link && dp) {
         /* in-process restart: an Abort unwinds the step instead of stopping the worker */
         sv_link_enable_restart(link, &g_abort);
@@ -295,6 +392,7 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
 
     train_end why = TRAIN_DONE;
     int my_rank = link ? asg->rank : 0;
+    int64_t first_it = trainer_iteration(t); /* where this run started (a stop before its first step saves nothing) */
     rc = early_rc ? early_rc : trainer_train(t, &g_stop, &why);
     for (;;) {
         if (!rc || !link || !dp) break;
@@ -347,7 +445,9 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
         status = CLI_NAN;
     } else {
         long long it = (long long)trainer_iteration(t);
-        if (out && why == TRAIN_SIGNAL) fprintf(out, "cohort: stopped by signal after iteration %lld\n", it);
+        if (out && why == TRAIN_SIGNAL)
+            fprintf(out, "cohort: stopped by signal after iteration %lld%s\n", it,
+                    it == first_it ? " (before this run's first step: nothing new to save)" : "");
         if (out && why == TRAIN_EXIT_INTERVAL) fprintf(out, "cohort: --exit-interval reached at iteration %lld\n", it);
         if (out && why == TRAIN_EXIT_DURATION) fprintf(out, "cohort: --exit-duration-in-mins reached at iteration %lld\n", it);
         char label[96];
@@ -380,6 +480,7 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
 }
 
 int cli_train(int argc, char **argv) {
+    install_signals(); /* before anything else: a signal during setup is a stop, never lost or fatal */
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: cohort train [flags]\n\n"
@@ -393,6 +494,8 @@ int cli_train(int argc, char **argv) {
                    "machine found reproducible (a data or model problem); with --nproc-per-node > 1 or\n"
                    "--nnodes > 1 also 4 a worker failed and could not be replaced in process, 5 the rendezvous\n"
                    "did not complete in time, 6 a worker went silent with --no-inprocess-restart.\n"
+                   "SIGINT/SIGTERM (Ctrl-C, a scheduler; to the job, its process group or one worker): the\n"
+                   "current step finishes, --save saves, exit 0; a second one stops at once (128 + signal).\n"
                    "Faults, restarts and the run report: docs/resilience.md; inject into a running job with\n"
                    "`cohort inject`.\n");
             return CLI_OK;
@@ -419,11 +522,14 @@ int cli_train(int argc, char **argv) {
     memset(&asg, 0, sizeof asg);
     bool worker = sv_link_wanted();
     if (worker) {
-        install_signals();
         const char *spare = getenv("COHORT_SPARE");
-        rc = sv_link_open(&link, &g_stop, spare && !strcmp(spare, "1") ? -1 : (int)(c.rendezvous_timeout * 1000), &asg);
-        if (rc && spare && !strcmp(spare, "1") && rc == CO_EABORTED) {
-            co_config_free(&c); /* a warm spare the job did not need */
+        /* a signal of this worker's own does not end the rendezvous: the ranks stop together
+         * at the start of training (trainer_train's first vote); the supervisor's stop order does */
+        rc = sv_link_open(&link, &g_stop, &g_signal, spare && !strcmp(spare, "1") ? -1 : (int)(c.rendezvous_timeout * 1000), &asg);
+        if (rc == CO_EABORTED) {
+            /* the supervisor stopped the job before it began (a signal), or a warm spare the job
+             * did not need: a clean end */
+            co_config_free(&c);
             return CLI_OK;
         }
         if (rc) {
@@ -492,6 +598,14 @@ int cli_train(int argc, char **argv) {
         }
     }
     bool supervisor = !worker && dp > 1;
+    if (g_stop && !worker) {
+        /* a signal during parsing and validation: stop before any work */
+        say_stopped_early(stdout, "during setup");
+        sv_link_close(&link);
+        sv_assignment_free(&asg);
+        co_config_free(&c);
+        return CLI_OK;
+    }
 
     /* Only the logging rank (the last, as in Megatron) prints; a worker's lines travel to
      * the supervisor, which prints them. */
@@ -542,6 +656,12 @@ int cli_train(int argc, char **argv) {
         }
     }
 
+    if (g_stop && !worker) {
+        /* a signal while the corpus was built: stop before training */
+        say_stopped_early(stdout, "during setup");
+        co_config_free(&c);
+        return CLI_OK;
+    }
     /* one job per save directory: the single process or the supervisor locks --save (its
      * workers share the lock), after checking the directory takes files (checkpoint/lock.h) */
     ck_lock *save_lock = NULL;
@@ -625,6 +745,8 @@ int cli_train(int argc, char **argv) {
         so.heartbeat_interval_ms = (int)(c.inprocess_heartbeat_interval * 1000);
         so.heartbeat_timeout_ms = (int)(c.inprocess_heartbeat_timeout * 1000);
         so.job_id = job_id;
+        so.signalled = &g_signal; /* one that came before the supervisor's own handlers took over */
+        signals_to_handlers(); /* the supervisor process computes nothing: libuv's handlers */
         int status = sv_run(&so);
         ck_savedir_unlock(&save_lock);
         free(rerun_state);

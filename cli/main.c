@@ -4,6 +4,20 @@
 #include <stdio.h>
 #include <string.h>
 
+/* cmd_train.c: installs `cohort train`'s SIGINT/SIGTERM handlers (they only set flags). */
+void cli_train_early_signals(void);
+
+/* Runs before the constructors of every shared library (ELF .preinit_array: only an
+ * executable has one), about 2 ms after exec instead of 0.1-0.2 s: a Ctrl-C or SIGTERM
+ * that comes while oneDNN, libgomp and the CUDA libraries initialise is a clean stop, not
+ * lost or fatal (docs/resilience.md, "Signals"). Only for `cohort train`; the other
+ * commands keep the default actions. */
+static void early_signals(int argc, char **argv, char **envp) {
+    (void)envp;
+    if (argc >= 2 && argv && argv[1] && !strcmp(argv[1], "train")) cli_train_early_signals();
+}
+__attribute__((section(".preinit_array"), used)) static void (*const preinit_signals)(int, char **, char **) = early_signals;
+
 static void usage(FILE *f) {
     fputs("usage: cohort <command> [flags]\n"
           "\n"

@@ -34,6 +34,12 @@ struct sv_link {
     sv_assignment asg;
     int asg_rc;
     volatile sig_atomic_t *stop;
+    volatile sig_atomic_t *signalled;  /* this process's first SIGINT/SIGTERM (0: none; NULL: not watched) */
+    bool signal_reported;              /* told the supervisor (link thread only) */
+    bool stop_ordered;                 /* the supervisor's Shutdown with status 0, under mu */
+    bool verdicts_end;                 /* ... one for another reason than a signal: the supervisor
+                                          stops validating (a signal's stop is validated to its end) */
+    ac_timer *sig_timer;
     _Atomic(cm_comm *) comm;
     _Atomic int64_t iteration;
     _Atomic uint64_t last_heard_ms;
@@ -212,6 +218,8 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         if (e->shutdown->exit_status == 0) {
             *l->stop = 1;
             pthread_mutex_lock(&l->mu); /* wakes a worker still waiting for its assignment */
+            l->stop_ordered = true;
+            if (!e->shutdown->reason || strcmp(e->shutdown->reason, "signal")) l->verdicts_end = true;
             pthread_cond_broadcast(&l->cv);
             pthread_mutex_unlock(&l->mu);
         } else {
@@ -255,6 +263,26 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
     }
 }
 
+/* A SIGINT/SIGTERM this worker got itself (a scheduler's, or one sent to it alone): the
+ * supervisor is told at once, so that the whole job stops after the same step (the ranks'
+ * stop vote does that anyway) and this worker's death by a second signal is not taken for a
+ * crash. The text is "signal: NUMBER NAME ..." (supervisor.c). */
+static void signal_tick(ac_timer *t, void *ctx) {
+    (void)t;
+    sv_link *l = ctx;
+    int sig = l->signalled ? *l->signalled : 0;
+    if (!sig || l->signal_reported) return;
+    l->signal_reported = true;
+    char text[200];
+    snprintf(text, sizeof text, "signal: %d %s received by worker %d (pid %d)\n", sig, strsignal(sig), l->local_rank,
+             (int)getpid());
+    Cohort__V1__LogLine ll = COHORT__V1__LOG_LINE__INIT;
+    ll.rank = l->snd.sender;
+    ll.level = COHORT__V1__LOG_LEVEL__LOG_WARNING;
+    ll.text = text;
+    sv__send(l->mb, NULL, &l->snd, &ll.base);
+}
+
 /* Test hook: COHORT_TEST_REGISTER_DELAY="LOCAL_RANK:MS,..." delays that worker's
  * registration, so tests can start ranks in any order and kill one mid-rendezvous. */
 static void test_register_delay(int local_rank) {
@@ -289,10 +317,13 @@ static int link_on_start(ac_actor *a, void *ctx) {
     r.data_endpoint = l->data_endpoint;
     rc = sv__send(l->mb, NULL, &l->snd, &r.base);
     if (!rc) rc = ac_timer_start(a, LINK_HEARTBEAT_MS, LINK_HEARTBEAT_MS, heartbeat_tick, l, &l->hb);
+    if (!rc && l->signalled) rc = ac_timer_start(a, 50, 50, signal_tick, l, &l->sig_timer);
+    if (!rc) signal_tick(NULL, l); /* one that came during setup, before the link */
     return rc;
 }
 
-int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, int timeout_ms, sv_assignment *asg) {
+int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic_t *signalled, int timeout_ms,
+                 sv_assignment *asg) {
     *out = NULL;
     memset(asg, 0, sizeof *asg);
     const char *ep = getenv("COHORT_SUPERVISOR"), *job = getenv("COHORT_JOB_ID"), *lr = getenv("COHORT_LOCAL_RANK");
@@ -306,6 +337,7 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, int timeout_ms, sv_
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
     l->stop = stop;
+    l->signalled = signalled;
     l->local_rank = atoi(lr);
     l->snd.job_id = strtoull(job, NULL, 16);
     l->snd.sender = PW_SENDER_UNASSIGNED;
@@ -339,19 +371,35 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, int timeout_ms, sv_
     dl.tv_sec += timeout_ms / 1000;
     dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+    pid_t parent = getppid();
     pthread_mutex_lock(&l->mu);
-    while (!l->assigned && !*stop && !l->aborted) {
+    /* a signal of this process's own does not end the wait (the supervisor, told by the
+     * link, stops the whole job); the supervisor's stop order, an abort or its death does */
+    while (!l->assigned && !l->stop_ordered && !l->aborted) {
+        if (getppid() != parent) {
+            l->aborted = true; /* the local supervisor is gone (a remote one: the silence check) */
+            break;
+        }
         if (timeout_ms < 0) {
             /* a warm spare: until a rank comes, or the supervisor goes (the silence check) */
-            wait_slice(l, 1000);
+            wait_slice(l, 200);
             continue;
         }
-        if (pthread_cond_timedwait(&l->cv, &l->mu, &dl)) break;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        if (now.tv_sec > dl.tv_sec || (now.tv_sec == dl.tv_sec && now.tv_nsec >= dl.tv_nsec)) break;
+        wait_slice(l, 200);
     }
-    bool got = l->assigned;
+    bool got = l->assigned, ordered = l->stop_ordered, aborted = l->aborted;
     rc = l->asg_rc;
     pthread_mutex_unlock(&l->mu);
-    if (!got) rc = co_err_set(*stop ? CO_EABORTED : CO_ETIMEOUT, "worker %d: no rank assignment from the supervisor", l->local_rank);
+    if (!got && ordered)
+        rc = co_err_set(CO_EABORTED, "worker %d: the supervisor stopped the job before it began", l->local_rank);
+    else if (!got && aborted)
+        rc = co_err_set(CO_EREMOTE, "worker %d: the job failed or the supervisor went silent before the assignment",
+                        l->local_rank);
+    else if (!got)
+        rc = co_err_set(CO_ETIMEOUT, "worker %d: no rank assignment from the supervisor", l->local_rank);
     if (rc) {
         sv_link_close(&l);
         return rc;
@@ -550,9 +598,17 @@ static void send_goodbye(ac_actor *a, void *ctx) {
         goodbye_reply(NULL, CO_EIO, NULL, l); /* nothing to wait for */
 }
 
+static void report_signal_now(ac_actor *a, void *ctx) {
+    (void)a;
+    signal_tick(NULL, ctx);
+}
+
 void sv_link_close(sv_link **pl) {
     sv_link *l = *pl;
     if (!l) return;
+    /* a signal the 50 ms tick has not reported yet (a stop faster than that) goes before
+     * the goodbye, so that the run report has it */
+    if (l->a && l->mb) ac_post(l->a, report_signal_now, l);
     if (l->log) {
         fclose(l->log);
         l->log = NULL;
@@ -709,7 +765,7 @@ int sv_link_verdict(sv_link *l, int64_t iteration, int attempt, rr_verdict *out,
                             (long long)iteration);
             break;
         }
-        if (*l->stop && !stop_seen) stop_seen = now;
+        if (l->verdicts_end && !stop_seen) stop_seen = now;
         if (stop_seen && now - stop_seen > 3000) {
             rc = co_err_set(CO_EABORTED, "waiting for the verdict of iteration %lld: stopping", (long long)iteration);
             break;
@@ -824,7 +880,9 @@ int sv_link_await_restart(sv_link *l, int64_t iteration, sv_assignment *out, int
     pthread_mutex_lock(&l->mu);
     for (;;) {
         if (l->have_restart && l->restart_asg.generation == l->pending_gen) break;
-        if (*l->stop) {
+        /* the supervisor's stop order, or the link's own (the supervisor lost); a signal of
+         * this process's alone is not: the supervisor stops the job once it has restarted */
+        if (l->stop_ordered || (*l->stop && !(l->signalled && *l->signalled))) {
             rc = co_err_set(CO_EABORTED, "stopping while waiting to restart");
             break;
         }

@@ -42,8 +42,14 @@ bool sv_link_wanted(void);
 /* Connects to the supervisor, registers and waits for the assignment (timeout_ms; < 0: a
  * warm spare, which waits until it is given a rank or the supervisor is gone).
  * stop: the flag the training loop polls; the link raises it on a stop order or when
- * the supervisor goes silent. */
-int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, int timeout_ms, sv_assignment *a);
+ * the supervisor goes silent. signalled: the number of the first SIGINT/SIGTERM this
+ * process got (0: none yet; NULL: not watched): the link tells the supervisor within 50 ms,
+ * which stops the whole job cleanly; such a signal does not end the wait for the
+ * assignment. Returns CO_EABORTED when the supervisor stopped the job before assigning
+ * ranks (a clean stop, or a warm spare not needed), CO_EREMOTE when it failed or went
+ * silent, CO_ETIMEOUT. */
+int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic_t *signalled, int timeout_ms,
+                 sv_assignment *a);
 /* The collectives to abort when the job is aborted or the supervisor is lost. */
 void sv_link_attach_comm(sv_link *l, cm_comm *c);
 /* Progress for heartbeats (any thread). */
@@ -96,8 +102,10 @@ int sv_link_report(sv_link *l, const struct rr_report *r, const double *phase_ms
                    int nphases, int copies, int delay_ms);
 /* Waits for the supervisor's verdict on the round (iteration, attempt) just reported,
  * resending the round every second until it comes (a lost report or verdict costs a
- * second, never the job). CO_EABORTED when the job is aborted or the worker is stopping
- * and no verdict comes within 3 s; CO_ETIMEOUT after timeout_ms (< 0: none). */
+ * second, never the job). CO_EABORTED when the job is aborted, or when the supervisor has
+ * ordered a stop for another reason than a signal (it no longer validates) and no verdict
+ * comes within 3 s; CO_ETIMEOUT after timeout_ms (< 0: none). A stop by signal is
+ * validated to its end. */
 int sv_link_verdict(sv_link *l, int64_t iteration, int attempt, struct rr_verdict *v, int timeout_ms);
 /* Faults `cohort inject` sent since the last call (specs, malloc'd: the caller frees). */
 int sv_link_take_injections(sv_link *l, char **specs, int cap);

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "supervisor/ckpt_coord.h"
 #include "checkpoint/store.h"
+#include "common/fsutil.h"
 #include "supervisor/msg.h"
 #include "supervisor/validate.h"
 
@@ -45,6 +46,7 @@ typedef struct worker {
     int64_t ready_iter;       /* the iteration it committed last */
     uint64_t abort_ms;        /* when it was sent the Abort */
     bool retiring;            /* quarantined: replaced once it reaches the restart barrier */
+    bool signalled;           /* it reported a SIGINT/SIGTERM of its own */
     int rank;                 /* its data-parallel rank, -1 for a warm spare (index is its slot) */
 } worker;
 
@@ -67,7 +69,8 @@ typedef struct sv {
     int status;             /* -1 until decided */
     ac_timer *hb_timer, *rdv_timer, *kill_timer;
     uv_signal_t sig_int, sig_term;
-    int signals;
+    int signals;            /* SIGINT/SIGTERM the supervisor itself received */
+    int sig_stop;           /* a clean stop by this signal is under way (0: none) */
     pw_stats stats;
     FILE *metrics;          /* --metrics-file, written from the workers' Metrics records */
     svc *ckpt;              /* commits the ranks' checkpoints (--save; ckpt_coord.c) */
@@ -111,6 +114,7 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
 static void check_restart_done(sv *s);
 static int spawn_one(sv *s, worker *w);
 static void watch_progress(sv *s, uint64_t now);
+static void begin_signal_stop(sv *s, int signum, int rank, const char *what);
 
 /* A slot's process is gone (or retired): it is no longer registered. */
 static void unregister(sv *s, worker *w) {
@@ -176,6 +180,20 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
         w->respawn = true;
         return;
     }
+    if ((term_signal == SIGINT || term_signal == SIGTERM) && (s->sig_stop || w->signalled || (s->agent && s->signals))) {
+        /* killed by a signal during a clean stop by signal (a second one, or one that came
+         * before the worker's handlers were installed): a stop, not a crash; no restart */
+        char why[256];
+        snprintf(why, sizeof why, "rank %d (pid %u) was killed by %s during the stop", w->rank, w->pid,
+                 strsignal(term_signal));
+        fprintf(stderr, "cohort %s: %s\n", s->agent ? "node agent" : "supervisor", why);
+        if (s->agent) {
+            if (!s->first_failure) s->first_failure = 128 + term_signal;
+        } else if (!s->stopping && s->assigned) begin_shutdown(s, 128 + term_signal, why); /* its step is lost */
+        else if (!s->stopping) begin_shutdown(s, SV_EXIT_OK, why);                  /* nothing trained yet */
+        maybe_finish(s);
+        return;
+    }
     if (term_signal || status != 0) {
         char why[256];
         if (term_signal)
@@ -217,7 +235,8 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
             for (int i = 0; i < s->nw; i++)
                 if (s->w[i].rank < 0 && s->w[i].spawned && !s->w[i].exited) {
                     if (s->w[i].registered) send_shutdown(s, &s->w[i], 0, "the job is done");
-                    else uv_process_kill(&s->w[i].proc, SIGTERM);
+                    else uv_process_kill(&s->w[i].proc, SIGKILL); /* nothing to lose (a SIGTERM would
+                                                                      only be a stop request) */
                 }
     }
     maybe_finish(s);
@@ -470,6 +489,12 @@ static void check_restart_done(sv *s) {
             gen, s->world, M, from, replaced, (double)(sv__now_ms() - s->restart_t0));
     if (s->val) svv_restart_done(s->val, M, src < 0);
     send_assignments(s, M, src);
+    if (s->sig_stop) {
+        /* a signal came during the restart: the new generation stops before its first step
+         * (the ranks vote at the start of training), saving what the survivors had */
+        for (int i = 0; i < s->nw; i++)
+            if (s->w[i].registered && !s->w[i].exited) send_shutdown(s, &s->w[i], 0, "signal");
+    }
 }
 
 /* `cohort inject` against this job: checks the spec, forwards it to the workers (or keeps
@@ -561,6 +586,10 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
             break;
         }
         ++s->nregistered;
+        if (s->stopping) {
+            send_shutdown(s, w, s->status > 0 && s->status < 128 ? s->status : 0, "the job is stopping");
+            break;
+        }
         if (w->replacing) check_restart_done(s); /* a replacement */
         else if (s->nregistered == s->nw && !s->stopping && !s->assigned) assign_ranks(s);
         break;
@@ -629,6 +658,17 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         }
         break;
     case COHORT__V1__ENVELOPE__BODY_LOG_LINE: {
+        if (!strncmp(e->log_line->text, "signal: ", 8)) {
+            /* a worker got SIGINT/SIGTERM itself (link.c): the whole job stops cleanly */
+            int sig = atoi(e->log_line->text + 8);
+            w->signalled = true;
+            if (sig == SIGINT || sig == SIGTERM) {
+                char what[160];
+                snprintf(what, sizeof what, "%s received by rank %d (pid %u)", strsignal(sig), w->rank, w->pid);
+                begin_signal_stop(s, sig, w->rank, what);
+            }
+            break;
+        }
         if (s->val && !strncmp(e->log_line->text, "event: ", 7)) {
             /* an injected or repaired fault on that rank: for the run report */
             svv_on_event(s->val, w->rank, e->log_line->text + 7);
@@ -730,25 +770,58 @@ static void rendezvous_timeout(ac_timer *t, void *ctx) {
     fprintf(stderr, "cohort supervisor: rendezvous timed out after %d s: %d of %d workers registered\n",
             s->o.rendezvous_timeout_ms / 1000, s->nregistered, s->nw);
     begin_shutdown(s, SV_EXIT_RENDEZVOUS, "rendezvous timed out");
-    /* unregistered workers cannot hear the shutdown */
+    /* unregistered workers cannot hear the shutdown; they hold nothing (to a worker, SIGTERM
+     * is a request to stop after its step, which one not yet training would only note) */
     for (int i = 0; i < s->nw; i++)
-        if (s->w[i].spawned && !s->w[i].exited && !s->w[i].registered) uv_process_kill(&s->w[i].proc, SIGTERM);
+        if (s->w[i].spawned && !s->w[i].exited && !s->w[i].registered) uv_process_kill(&s->w[i].proc, SIGKILL);
     maybe_finish(s); /* every local worker may already be gone */
+}
+
+/* A clean stop by signal (the supervisor's own, to it or to its process group, or one a
+ * worker reported): before the ranks are assigned the job ends at once (nothing trained yet);
+ * after, every rank is told to stop after its current step (the ranks vote on it with the
+ * step's all-reduce, so all stop after the same iteration), saves with --save and exits 0,
+ * and the run report is written. During an in-process restart the order follows the
+ * restart's assignments (check_restart_done). rank: who got it (-1: the supervisor). */
+static void begin_signal_stop(sv *s, int signum, int rank, const char *what) {
+    if (s->sig_stop || s->stopping || s->agent) return; /* under way, or the job ends anyway */
+    s->sig_stop = signum;
+    if (s->val) svv_note_fault(s->val, "signal", rank, what);
+    if (!s->assigned) {
+        fprintf(stderr, "cohort supervisor: %s before training began: stopping the job\n", what);
+        begin_shutdown(s, SV_EXIT_OK, "signal before training");
+        maybe_finish(s);
+        return;
+    }
+    fprintf(stderr, "cohort supervisor: %s: the job stops after the current step%s\n", what,
+            s->restarting ? " (once the restart in progress is done)" : "");
+    if (s->restarting) return;
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].registered && !s->w[i].exited) send_shutdown(s, &s->w[i], 0, "signal");
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
     sv *s = h->data;
     if (++s->signals == 1) {
-        fprintf(stderr, "cohort supervisor: %s: workers stop after their current step\n", strsignal(signum));
-        for (int i = 0; i < s->nw; i++)
-            if (s->w[i].registered && !s->w[i].exited) send_shutdown(s, &s->w[i], 0, "signal");
-        /* a worker still in rendezvous just ends */
-        for (int i = 0; i < s->nw; i++)
-            if (s->w[i].spawned && !s->w[i].exited && !s->w[i].registered) uv_process_kill(&s->w[i].proc, SIGTERM);
+        char what[120];
+        snprintf(what, sizeof what, "%s received by the %s", strsignal(signum), s->agent ? "node agent" : "supervisor");
+        if (s->agent) {
+            /* a node agent: its workers got the signal too, or it forwards it to them; they
+             * tell the supervisor, which stops the job */
+            fprintf(stderr, "cohort node agent %d: %s: passing it to this node's workers\n", s->o.node_rank,
+                    strsignal(signum));
+            for (int i = 0; i < s->nw; i++)
+                if (s->w[i].spawned && !s->w[i].exited) uv_process_kill(&s->w[i].proc, signum);
+            return;
+        }
+        begin_signal_stop(s, signum, -1, what);
     } else {
+        /* a second signal: at once; the step in progress is lost */
         fprintf(stderr, "cohort supervisor: second %s: killing the workers\n", strsignal(signum));
-        begin_shutdown(s, SV_EXIT_WORKER_FAILED, "interrupted twice");
+        s->status = 128 + signum;
+        begin_shutdown(s, 128 + signum, "interrupted twice");
         kill_remaining(NULL, s);
+        maybe_finish(s);
     }
 }
 
@@ -878,6 +951,12 @@ static int sv_on_start(ac_actor *a, void *ctx) {
     s->sig_int.data = s->sig_term.data = s;
     uv_signal_start(&s->sig_int, on_signal, SIGINT);
     uv_signal_start(&s->sig_term, on_signal, SIGTERM);
+    if (s->o.signalled && *s->o.signalled) {
+        /* one that came before these handlers (cmd_train.c's recorded it) */
+        int sig = *s->o.signalled;
+        *s->o.signalled = 0;
+        on_signal(sig == SIGINT ? &s->sig_int : &s->sig_term, sig);
+    }
     rc = ac_timer_start(a, (uint64_t)s->o.heartbeat_interval_ms, (uint64_t)s->o.heartbeat_interval_ms, heartbeat_tick, s,
                         &s->hb_timer);
     if (!rc && !s->agent)
@@ -993,6 +1072,16 @@ int sv_run(const sv_options *opt) {
                 status = SV_EXIT_WORKER_FAILED;
     }
     if (s.val) {
+        if (s.o.report_file && *s.o.report_file) {
+            /* a job stopped before its first save has no --save directory yet: the report still goes there */
+            char dir[1100];
+            snprintf(dir, sizeof dir, "%s", s.o.report_file);
+            char *slash = strrchr(dir, '/');
+            if (slash && slash != dir) {
+                *slash = '\0';
+                if (access(dir, F_OK)) fs_mkdirs(dir);
+            }
+        }
         if (svv_write_report(s.val, stderr, s.o.report_file, status, (double)(sv__now_ms() - t_start) / 1000.0))
             fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
         svv_destroy(&s.val);

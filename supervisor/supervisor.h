@@ -15,7 +15,8 @@
  *
  * Exit statuses (cohort train with --nproc-per-node > 1):
  *   0 every worker finished (train-iters, exit interval or duration, or a clean stop on
- *     SIGTERM/SIGINT after the current step)
+ *     SIGTERM/SIGINT after the current step: to the supervisor, to its process group or to
+ *     one worker; docs/resilience.md "Signals")
  *   1 the supervisor itself failed (spawn, sockets, memory)
  *   3 training stopped on a NaN/Inf loss or gradient norm that the rerun state machine found
  *     reproducible (on a healthy peer too): a data or model problem, not a fault
@@ -23,12 +24,16 @@
  *     restart limit reached, or no replica of its state survived); the others were stopped
  *   5 the rendezvous did not complete in time
  *   6 a worker stopped sending heartbeats and in-process restart is disabled; the job was
- *     stopped */
+ *     stopped
+ *   128 + N a second signal N (130: SIGINT, 143: SIGTERM) stopped the job at once, or a
+ *     worker was killed by SIGINT/SIGTERM during a clean stop: the step in progress is lost */
 #ifndef COHORT_SUPERVISOR_SUPERVISOR_H
 #define COHORT_SUPERVISOR_SUPERVISOR_H
 
 #include "resilience/inject.h"
 #include "resilience/rerun.h"
+
+#include <signal.h>
 
 enum {
     SV_EXIT_OK = 0,
@@ -87,6 +92,9 @@ typedef struct sv_options {
     int64_t quarantine_window;     /* iterations: then its process is replaced (0: never) */
     uint64_t job_id;               /* the job's id (0: a random one); several nodes derive it
                                       from the job secret instead */
+    /* the caller's record of a SIGINT/SIGTERM that came before the supervisor's own handlers
+     * were installed (its number; 0: none; NULL: not kept): honoured as soon as they are */
+    volatile sig_atomic_t *signalled;
 } sv_options;
 
 /* Runs the job to its end; returns one of the exit statuses above. */

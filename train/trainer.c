@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <xxhash.h>
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -439,7 +440,12 @@ static void fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph) {
         fi_describe(f, r, step, mb, line, sizeof line);
         if (f->kind != FI_SLOW || f->fired == 1) emit(t, line);
         switch (f->kind) {
-        case FI_SLOW: usleep((useconds_t)f->ms * 1000); break;
+        case FI_SLOW: {
+            /* the whole delay, even when a signal (a stop request) interrupts the sleep */
+            struct timespec ts = {.tv_sec = f->ms / 1000, .tv_nsec = (long)(f->ms % 1000) * 1000000L};
+            while (nanosleep(&ts, &ts) && errno == EINTR) {}
+            break;
+        }
         case FI_KILL: raise(SIGKILL); break;
         case FI_STOP: raise(SIGSTOP); break;
         case FI_HANG: {
@@ -644,6 +650,23 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
     t->stop = stop;
     bool tty = c->progress && t->log == stdout && isatty(STDOUT_FILENO);
     int me = t->topo.dp_rank;
+    if (t->iteration < c->train_iters) {
+        /* a stop asked for before the first step (a signal during setup, the supervisor's
+         * order): the ranks agree on it in one vote, and nothing is trained */
+        double vote = stop && *stop ? 1 : 0;
+        if (t->dp) {
+            int rc = t->dp->ops->allreduce_sum(t->dp, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+            if (rc) return rc;
+        }
+        if (vote > 0) {
+            *why = TRAIN_SIGNAL;
+            if (t->nhooks) {
+                int rc = run_hooks(t, true, *why);
+                if (rc < 0) return rc;
+            }
+            return 0;
+        }
+    }
     while (t->iteration < c->train_iters) {
         double t0 = now_s();
         int64_t step = t->iteration + 1;

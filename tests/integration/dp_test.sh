@@ -192,6 +192,90 @@ embedded)
     grep -q "4 ranks" "$work/out" || fail "not data-parallel: $(head -5 "$work/out")"
     [ "$(grep -c '^  > ' "$work/out")" -eq 1 ] || fail "no sample: $(tail -5 "$work/out")"
     ;;
+sigint_group|sigterm_group|sigterm_one_worker|sigint_supervisor)
+    # Ctrl-C / SIGTERM as a terminal, Slurm or a container runtime sends them (to the whole
+    # process group), to the supervisor alone, or to one worker alone (a scheduler killing
+    # it): the job finishes its step on every rank, saves, writes the run report, exits 0
+    set -m # the job in its own process group, as a terminal's foreground job is
+    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 --save "$work/ck" >"$work/out" 2>&1 &
+    sup=$!
+    for _ in $(seq 600); do grep -q "iteration        3/" "$work/out" && break; sleep 0.1; done
+    grep -q "iteration        3/" "$work/out" || fail "no progress within 60 s"
+    case $case_name in
+    sigint_group) kill -INT -- -$sup ;;
+    sigterm_group) kill -TERM -- -$sup ;;
+    sigint_supervisor) kill -INT $sup ;;
+    sigterm_one_worker)
+        victim=$(children $sup | tail -1); [ -n "$victim" ] || fail "no worker found"
+        kill -TERM "$victim" ;;
+    esac
+    wait $sup; rc=$?
+    [ $rc -eq 0 ] || fail "exit $rc, want 0: $(grep -v '  iteration ' "$work/out" | tail -8)"
+    line=$(grep -o "stopped by signal after iteration [0-9]*" "$work/out") || fail "no clean stop: $(tail -5 "$work/out")"
+    it=${line##* }
+    last=$(grep -o "iteration *[0-9]*/" "$work/out" | tail -1 | grep -o "[0-9]*")
+    [ "$it" = "$last" ] && [ "$it" -ge 3 ] || fail "stopped after $it, last logged iteration $last"
+    ! grep -q "restart into generation\|was killed by\|exited with status" "$work/out" || fail "taken for a fault: $(grep -v '  iteration ' "$work/out" | tail -8)"
+    "$cohort" ckpt verify "$work/ck" >"$work/verify" 2>&1 || fail "the final checkpoint does not verify: $(tail -3 "$work/verify")"
+    [ "$(cat "$work/ck/latest_checkpointed_iteration.txt")" = "$it" ] || fail "latest checkpoint $(cat "$work/ck/latest_checkpointed_iteration.txt"), stopped after $it"
+    [ -d "$work/ck/iter_$(printf %07d "$it")" ] || fail "no checkpoint of iteration $it: $(ls "$work/ck")"
+    /usr/bin/python3 - "$work/ck/run_report.json" "$case_name" <<'PY' || fail "run report"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["exit_status"] == 0, r["exit_status"]
+sig = [f for f in r["faults"] if f["kind"] == "signal"]
+assert sig, r["faults"]
+want = "Terminated" if "sigterm" in sys.argv[2] else "Interrupt"
+assert want in sig[0].get("diagnosis", "") + sig[0].get("text", ""), sig
+assert len(r["faults"]) == len(sig), r["faults"]   # nothing else happened
+PY
+    ;;
+sigint_rendezvous)
+    # a group signal while the workers are still starting (some in the dynamic loader,
+    # before their own handlers exist, some registered): a clean stop with nothing trained,
+    # exit 0, the run report written in --save
+    set -m
+    for delay in 0.05 0.5 1.2; do
+        rm -rf "$work/ck"
+        COHORT_TEST_REGISTER_DELAY=1:3000 "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 \
+            --save "$work/ck" >"$work/out" 2>&1 &
+        sup=$!
+        sleep $delay
+        kill -INT -- -$sup
+        wait $sup; rc=$?
+        [ $rc -eq 0 ] || fail "signal at $delay s: exit $rc, want 0: $(tail -6 "$work/out")"
+        grep -q "stopped by signal\|before training began" "$work/out" || fail "signal at $delay s: $(tail -5 "$work/out")"
+        ! grep -q "restart into generation" "$work/out" || fail "signal at $delay s: restarted: $(tail -5 "$work/out")"
+        # (a signal before the supervisor started has no job to report on)
+        grep -q "during setup: nothing trained" "$work/out" || [ -s "$work/ck/run_report.json" ] ||
+            fail "signal at $delay s: no run report: $(tail -3 "$work/out")"
+    done
+    ;;
+second_signal)
+    # a second Ctrl-C stops at once: exit 130 (128 + SIGINT), the step in progress is not
+    # finished (rank 0 sleeps 4 s in step 6), the run report says so
+    set -m
+    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 --save "$work/ck" --save-interval 2 \
+        --inject slow@rank=0,step=6,phase=allreduce,ms=4000 >"$work/out" 2>&1 &
+    sup=$!
+    for _ in $(seq 600); do grep -q "iteration        5/" "$work/out" && break; sleep 0.1; done
+    grep -q "iteration        5/" "$work/out" || fail "no progress within 60 s"
+    kill -INT -- -$sup
+    sleep 0.5
+    t0=$(date +%s%N)
+    kill -INT -- -$sup
+    wait $sup; rc=$?
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    [ $rc -eq 130 ] || fail "exit $rc, want 130: $(grep -v '  iteration ' "$work/out" | tail -6)"
+    [ $ms -lt 3000 ] || fail "took $ms ms to stop after the second signal"
+    grep -q "second Interrupt" "$work/out" || fail "$(tail -5 "$work/out")"
+    ! grep -q "stopped by signal after" "$work/out" || fail "finished the step: $(tail -5 "$work/out")"
+    ! grep -q "iteration        6/" "$work/out" || fail "iteration 6 completed"
+    /usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['exit_status']==130, r['exit_status']" \
+        "$work/ck/run_report.json" || fail "run report"
+    "$cohort" ckpt verify "$work/ck" >/dev/null 2>&1 || fail "the last committed checkpoint does not verify"
+    [ "$(cat "$work/ck/latest_checkpointed_iteration.txt")" = 4 ] || fail "latest $(cat "$work/ck/latest_checkpointed_iteration.txt"), want 4"
+    ;;
 *) fail "unknown case $case_name" ;;
 esac
 echo "ok $case_name"
