@@ -196,8 +196,8 @@ static void embedded_defaults(co_config *c) {
 #define DEF(flag, field, val) if (!co_config_was_set(c, flag)) c->field = (val)
     /* sized for one to two minutes on any 2-core x86-64 machine with AVX2 (docs/benchmarks.md,
      * "The embedded default job"): 240 steps of 32 x 64 bytes learn well below the unigram
-     * entropy; a longer context or a wider model learns little more in that time */
-    DEF("num-layers", num_layers, 4);
+     * entropy; a longer context, a wider or a deeper model learns little more in that time */
+    DEF("num-layers", num_layers, 3);
     DEF("hidden-size", hidden_size, 192);
     DEF("num-attention-heads", num_attention_heads, 4);
     DEF("seq-length", seq_length, 64);
