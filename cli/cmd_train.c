@@ -486,8 +486,8 @@ int cli_train(int argc, char **argv) {
             printf("usage: cohort train [flags]\n\n"
                    "Pretrains a GPT model. Flags are Megatron-LM's (pretrain_gpt.py) with its defaults;\n"
                    "--flag=value and --flag value both work. With neither --data-path nor --mock-data,\n"
-                   "runs the embedded default job: a byte-level model trained for a minute or two on\n"
-                   "the licence texts in /usr/share/common-licenses, then sampled.\n");
+                   "runs the embedded default job: a byte-level model trained for under two minutes on\n"
+                   "2 cores on the licence texts in /usr/share/common-licenses, then sampled.\n");
             co_config_help(stdout);
             printf("\nexit status: 0 done or stopped cleanly (signal, exit interval or duration), 1 runtime\n"
                    "failure, 2 usage or configuration error, 3 a NaN/Inf loss or gradient that the rerun state\n"
