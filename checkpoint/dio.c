@@ -72,7 +72,7 @@ static void cond_init_mono(pthread_cond_t *cv) {
     pthread_condattr_destroy(&a);
 }
 
-static struct timespec after_s(double secs) {
+struct timespec ck__mono_after(double secs) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     double whole = (double)(long)secs;
@@ -96,7 +96,7 @@ typedef struct {
 static void stall_start(stall_clock *c, double secs, uint64_t progress) {
     c->secs = secs;
     c->seen = progress;
-    c->dl = after_s(secs);
+    c->dl = ck__mono_after(secs);
 }
 
 static bool stall_wait(stall_clock *c, pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *progress) {

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #define CK_DIO_BLOCK (8u << 20) /* bytes per request */
 #define CK_DIO_SLOTS 4          /* blocks per file: two in flight, one filling, one spare */
@@ -35,6 +36,8 @@ uint64_t ck_dio_bytes_read(void);
 /* COHORT_CKPT_IO_TIMEOUT (seconds, default 300): how long a writer's or reader's caller
  * waits with no request finishing (and, reading, no bytes taken) before CO_ETIMEOUT. */
 double ck__io_timeout_s(void);
+/* CLOCK_MONOTONIC now + secs: a deadline for pthread_cond_timedwait on a monotonic condition. */
+struct timespec ck__mono_after(double secs);
 /* Tests: the I/O threads' (and the buffered path's) pwrite / pread go to these (NULL: the
  * real calls) - e.g. one that blocks, to see a stuck disk end in a timeout. */
 void ck__dio_set_io_hooks(ssize_t (*pw)(int, const void *, size_t, off_t), ssize_t (*pr)(int, void *, size_t, off_t));

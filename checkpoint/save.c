@@ -485,18 +485,6 @@ struct ck_saver {
 static double snapshot_limit_s(size_t bytes) { return 30.0 + (double)bytes / 100e6; }
 static double save_limit_s(size_t bytes) { return ck__io_timeout_s() + 60.0 + (double)bytes / 10e6; }
 
-static struct timespec mono_after(double secs) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    double whole = (double)(long)secs;
-    t.tv_sec += (time_t)whole;
-    t.tv_nsec += (long)((secs - whole) * 1e9);
-    if (t.tv_nsec >= 1000000000L) {
-        t.tv_sec++;
-        t.tv_nsec -= 1000000000L;
-    }
-    return t;
-}
 
 int ck_saver_new(ck_saver **out, const ck_saver_opts *o) {
     *out = NULL;
@@ -616,7 +604,7 @@ static void *bg_main(void *arg) {
 double ck_saver_wait_snapshot(ck_saver *s) {
     if (!s->running) return 0.0;
     double t0 = now_s();
-    struct timespec dl = mono_after(snapshot_limit_s(s->snap_bytes));
+    struct timespec dl = ck__mono_after(snapshot_limit_s(s->snap_bytes));
     pthread_mutex_lock(&s->mu);
     while (!s->copied)
         if (pthread_cond_timedwait(&s->cv, &s->mu, &dl) == ETIMEDOUT && !s->copied) {
@@ -637,7 +625,7 @@ void ck_saver_set_writer(ck_saver *s, int writer) {
 int ck_saver_wait(ck_saver *s) {
     if (!s->running) return 0;
     double limit = save_limit_s(s->snap_bytes);
-    struct timespec dl = mono_after(limit);
+    struct timespec dl = ck__mono_after(limit);
     pthread_mutex_lock(&s->mu);
     while (!s->finished && pthread_cond_timedwait(&s->cv, &s->mu, &dl) != ETIMEDOUT) {}
     bool done = s->finished;

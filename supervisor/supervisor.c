@@ -1037,8 +1037,8 @@ int sv_run(const sv_options *opt) {
         return SV_EXIT_FAILURE;
     }
     uint64_t t_start = sv__now_ms();
+    char job[32]; /* the validator keeps a pointer to it (its tracker lines): lives as long as the job */
     if (!s.agent) {
-        char job[32];
         snprintf(job, sizeof job, "%016" PRIx64, s.snd.job_id);
         svv_options vo = {.rr = s.o.rerun, .tracker_file = s.o.tracker_file, .job = job,
                           .straggler_threshold = s.o.straggler_threshold > 0 ? s.o.straggler_threshold : 0.75,

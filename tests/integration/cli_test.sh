@@ -234,7 +234,9 @@ sigint_early|interrupt_loop)
     interrupt() {
         local when=$1 n=$2
         rm -rf "$work/ck"
-        "$cohort" train "${job[@]}" --train-iters 100000 --save "$work/ck" >"$work/out" 2>&1 &
+        # the binary itself, not the --device cpu wrapper: a signal in the wrapper shell before its
+        # exec would end it with 130
+        "$COHORT_CPU_EXE" train --device cpu "${job[@]}" --train-iters 100000 --save "$work/ck" >"$work/out" 2>&1 &
         local pid=$! cgt
         if [ "$when" = handlers ]; then
             for _ in $(seq 5000); do

@@ -197,7 +197,7 @@ sigint_group|sigterm_group|sigterm_one_worker|sigint_supervisor)
     # process group), to the supervisor alone, or to one worker alone (a scheduler killing
     # it): the job finishes its step on every rank, saves, writes the run report, exits 0
     set -m # the job in its own process group, as a terminal's foreground job is
-    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 --save "$work/ck" >"$work/out" 2>&1 &
+    "$COHORT_CPU_EXE" train --device cpu "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 --save "$work/ck" >"$work/out" 2>&1 &
     sup=$!
     for _ in $(seq 600); do grep -q "iteration        3/" "$work/out" && break; sleep 0.1; done
     grep -q "iteration        3/" "$work/out" || fail "no progress within 60 s"
@@ -237,7 +237,7 @@ sigint_rendezvous)
     set -m
     for delay in 0.05 0.5 1.2; do
         rm -rf "$work/ck"
-        COHORT_TEST_REGISTER_DELAY=1:3000 "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 \
+        COHORT_TEST_REGISTER_DELAY=1:3000 "$COHORT_CPU_EXE" train --device cpu "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 \
             --save "$work/ck" >"$work/out" 2>&1 &
         sup=$!
         sleep $delay
@@ -255,7 +255,7 @@ second_signal)
     # a second Ctrl-C stops at once: exit 130 (128 + SIGINT), the step in progress is not
     # finished (rank 0 sleeps 4 s in step 6), the run report says so
     set -m
-    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 --save "$work/ck" --save-interval 2 \
+    "$COHORT_CPU_EXE" train --device cpu "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 --save "$work/ck" --save-interval 2 \
         --inject slow@rank=0,step=6,phase=allreduce,ms=4000 >"$work/out" 2>&1 &
     sup=$!
     for _ in $(seq 600); do grep -q "iteration        5/" "$work/out" && break; sleep 0.1; done
