@@ -172,16 +172,7 @@ def case_sft():
         out = run("data", "order", "--sft", "--data-path", path, "--tokenizer-type", "ByteLevelTokenizer",
                   "--seq-length", L, "--seed", 7, "--global-batch-size", 4, "--train-iters", 30, "--eval-interval", 10,
                   "--eval-iters", 2, "--split", "90,10,0", "--split-name", name, "--count", 10 ** 6, "--items")
-        got, cur = [], None
-        for l in out.splitlines():
-            if l.startswith("#"):
-                continue
-            if not l.startswith("  "):
-                cur = {"sample": tuple(map(int, l.split()))}
-                got.append(cur)
-            else:
-                k, *vals = l.split()
-                cur[k] = [int(v) for v in vals]
+        got = parse_items(out)
         want = {0: 30 * 4, 1: (30 // 10 + 1) * 2 * 4}[s]
         ref = blend_ref.sft_items(lines, "90,10,0", s, L, 7, want)
         check(len(got) == len(ref), "SFT %s: %d samples vs %d" % (name, len(got), len(ref)))
