@@ -237,11 +237,14 @@ sigint_early|interrupt_loop)
         # the binary itself, not the --device cpu wrapper: a signal in the wrapper shell before its
         # exec would end it with 130
         "$COHORT_CPU_EXE" train --device cpu "${job[@]}" --train-iters 100000 --save "$work/ck" >"$work/out" 2>&1 &
-        local pid=$! mask
+        local pid=$! mask exe
         # every interrupt comes once cohort took SIGINT over (blocked for its signal thread,
-        # or caught): before that the process is still the forked shell or the dynamic
-        # loader (the first ~2 ms after exec), which no program controls
+        # or caught): before that the process is still the forked shell (which catches
+        # SIGINT itself under job control) or the dynamic loader (the first ~2 ms after
+        # exec), which no program controls
+        exe=$(readlink -f "$COHORT_CPU_EXE")
         for _ in $(seq 5000); do
+            [ "$(readlink -f /proc/$pid/exe 2>/dev/null)" = "$exe" ] || continue
             mask=$(awk '/^Sig(Blk|Cgt)/{printf "%s ", $2}' /proc/$pid/status 2>/dev/null) || break
             [ -n "$mask" ] && { (( 16#${mask%% *} & 2 )) || (( 16#${mask#* } & 2 )); } && break
         done
