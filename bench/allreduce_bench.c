@@ -11,10 +11,14 @@
  * ZeroMQ can move) and "copy" (zmq_send/zmq_recv to and from user buffers). Prints a
  * markdown table; the last column is busbw / raw point-to-point.
  *
- * usage: allreduce_bench [max_bytes] [chunk_bytes] [shm_block_bytes]
- *        (defaults 256 MiB, 4 MiB and the library's default block; shm_block_bytes 0 = the
- *        all-reduce over ZeroMQ only, as before shared memory)
+ * usage: allreduce_bench [max_bytes] [chunk_bytes] [shm_block_bytes] [ipc|tcp|tcp-curve]
+ *        (defaults 256 MiB, 4 MiB, the library's default block and ipc; shm_block_bytes 0 =
+ *        the all-reduce over ZeroMQ only, as before shared memory; tcp: endpoints on
+ *        127.0.0.1, no shared memory; tcp-curve: the same with the data plane's CURVE, a job
+ *        secret generated for the run. The p2p columns are plain ZeroMQ on the same kind of
+ *        endpoint, without CURVE.)
  * The output starts with the CPU (bench_cpu.h: model name, ISA flags). */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,18 +97,29 @@ typedef struct row {
     double us, busbw, raw, copy;
 } row;
 
+static const char *g_mode = "ipc"; /* ipc, tcp, tcp-curve */
+static int g_port;
+static char g_spub[41], g_ssec[41], g_cpub[41], g_csec[41];
+
 static int rank_main(int rank, int n, const char *dir, size_t max_bytes, size_t chunk, long shm,
                      int out_fd) {
     char eps[4][160];
     const char *ep[4];
+    bool tcp = strcmp(g_mode, "ipc") != 0;
     for (int r = 0; r < n; r++) {
-        snprintf(eps[r], sizeof eps[r], "ipc://%s/r%d", dir, r);
+        if (tcp) snprintf(eps[r], sizeof eps[r], "tcp://127.0.0.1:%d", g_port + r);
+        else snprintf(eps[r], sizeof eps[r], "ipc://%s/r%d", dir, r);
         ep[r] = eps[r];
     }
     cm_zmq_options o;
     cm_zmq_options_default(&o);
     o.chunk_bytes = chunk;
     if (shm >= 0) o.shm_block_bytes = (size_t)shm;
+    if (!strcmp(g_mode, "tcp-curve")) {
+        o.curve_server_public = g_spub;
+        o.curve_server_secret = g_ssec;
+        o.curve_client_secret = g_csec;
+    }
     cm_comm *c = NULL;
     int rc = cm_zmq_new(&c, rank, n, ep, &o);
     if (rc) {
@@ -115,8 +130,13 @@ static int rank_main(int rank, int n, const char *dir, size_t max_bytes, size_t 
     void *ctx = NULL, *push = NULL, *pull = NULL, *ack_push = NULL, *ack_pull = NULL;
     if (rank < 2) {
         char d[200], a[200];
-        snprintf(d, sizeof d, "ipc://%s/p2p", dir);
-        snprintf(a, sizeof a, "ipc://%s/ack", dir);
+        if (tcp) {
+            snprintf(d, sizeof d, "tcp://127.0.0.1:%d", g_port + 8);
+            snprintf(a, sizeof a, "tcp://127.0.0.1:%d", g_port + 9);
+        } else {
+            snprintf(d, sizeof d, "ipc://%s/p2p", dir);
+            snprintf(a, sizeof a, "ipc://%s/ack", dir);
+        }
         int zero = 0;
         ctx = zmq_ctx_new();
         if (rank == 0) {
@@ -197,6 +217,13 @@ int main(int argc, char **argv) {
     size_t max_bytes = argc > 1 ? strtoull(argv[1], NULL, 0) : (size_t)256 << 20;
     size_t chunk = argc > 2 ? strtoull(argv[2], NULL, 0) : (size_t)4 << 20;
     long shm = argc > 3 ? strtol(argv[3], NULL, 0) : -1; /* -1: the library's default */
+    if (argc > 4) g_mode = argv[4];
+    if (strcmp(g_mode, "ipc") && strcmp(g_mode, "tcp") && strcmp(g_mode, "tcp-curve")) {
+        fprintf(stderr, "allreduce_bench: transport %s: want ipc, tcp or tcp-curve\n", g_mode);
+        return 2;
+    }
+    zmq_curve_keypair(g_spub, g_ssec);
+    zmq_curve_keypair(g_cpub, g_csec);
     cm_zmq_options dflt;
     cm_zmq_options_default(&dflt);
     size_t shm_eff = shm >= 0 ? (size_t)shm : dflt.shm_block_bytes;
@@ -206,6 +233,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 2; k++) {
         int n = ns[k];
         char dir[] = "/tmp/cmbench-XXXXXX";
+        g_port = 30000 + (int)(getpid() % 2000) * 10 + k * 5000 % 10000;
         if (!mkdtemp(dir)) return 1;
         int fds[2];
         if (pipe(fds)) return 1;
@@ -238,7 +266,9 @@ int main(int argc, char **argv) {
         nrows = m;
     }
     bench_cpu_print(stdout);
-    if (shm_eff)
+    if (strcmp(g_mode, "ipc"))
+        printf("All-reduce f32 over ZeroMQ %s on 127.0.0.1, chunk %zu KiB", !strcmp(g_mode, "tcp") ? "tcp" : "tcp with CURVE (data plane encrypted)", chunk >> 10);
+    else if (shm_eff)
         printf("All-reduce f32 between ranks on ipc endpoints, through shared memory in blocks of "
                "%zu KiB", shm_eff >> 10);
     else

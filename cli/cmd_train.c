@@ -305,7 +305,9 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
     cm_comm *dp = NULL;
     int rc = 0;
     if (link && asg->world > 1) {
-        rc = cm_zmq_new(&dp, asg->rank, asg->world, (const char *const *)asg->endpoints, NULL);
+        cm_zmq_options zo;
+        sv_link_data_options(link, &zo);
+        rc = cm_zmq_new(&dp, asg->rank, asg->world, (const char *const *)asg->endpoints, &zo);
         if (rc) {
             fprintf(stderr, "cohort worker %d: connecting to the other workers failed: %s (%s)\n", asg->rank,
                     co_err_detail(), co_strerror(rc));
@@ -414,7 +416,9 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
         sv_assignment na;
         rc = sv_link_await_restart(link, it, &na, (int)(c.rendezvous_timeout * 1000));
         if (rc) break;
-        rc = cm_zmq_new(&dp, na.rank, na.world, (const char *const *)na.endpoints, NULL);
+        cm_zmq_options zo;
+        sv_link_data_options(link, &zo);
+        rc = cm_zmq_new(&dp, na.rank, na.world, (const char *const *)na.endpoints, &zo);
         int source = na.state_source;
         if (na.rank != my_rank) {
             /* --inprocess-rank-assignment shift: this process has another rank now; the

@@ -58,6 +58,7 @@
 #include <zmq.h>
 
 #include "comm/shm_seg.h"
+#include "comm/zmq_auth.h"
 #include "common/error.h"
 
 #define CM__MAGIC 0x315A4D43u /* "CMZ1" */
@@ -106,6 +107,8 @@ typedef struct cm__ent {
 
 typedef struct cm__tp {
     void *ctx, *router;
+    bool curve_router; /* the ROUTER is a CURVE server: senders are known by User-Id */
+    cm__zap *zap;      /* its ZAP handler */
     void **dealer; /* [size], NULL for self */
     void **mon;    /* [size] PAIR sockets reading each DEALER's monitor */
     zmq_pollitem_t *items;
@@ -525,7 +528,9 @@ static int cm__read_one(cm__tp *t, int *src_out, cm__ent **ent_out) {
         return cm__fail(t, CO_EIO, "receive: %s", zmq_strerror(e));
     }
     int src = -1;
-    if (zmq_msg_size(&id) == 5 && ((unsigned char *)zmq_msg_data(&id))[0] == 'R') {
+    if (t->curve_router) {
+        /* the rank set below from the header frame's User-Id, which the connection proved */
+    } else if (zmq_msg_size(&id) == 5 && ((unsigned char *)zmq_msg_data(&id))[0] == 'R') {
         uint32_t v = cm__get32((unsigned char *)zmq_msg_data(&id) + 1);
         if (v < (uint32_t)t->size && (int)v != t->rank) src = (int)v;
     }
@@ -535,6 +540,10 @@ static int cm__read_one(cm__tp *t, int *src_out, cm__ent **ent_out) {
     zmq_msg_t hm;
     zmq_msg_init(&hm);
     int ok = more && zmq_msg_recv(&hm, t->router, 0) == CM__HDR && zmq_msg_more(&hm);
+    if (ok && t->curve_router) {
+        int v = cm__zap_rank(zmq_msg_gets(&hm, "User-Id"), t->size);
+        src = v != t->rank ? v : -1;
+    }
     cm__ent *e = ok ? cm__ent_new(t) : NULL;
     if (e) {
         zmq_msg_init(&e->data);
@@ -1652,6 +1661,7 @@ static void cm__tp_free(cm__tp *t) {
         nx = e->next;
         free(e);
     }
+    cm__zap_stop(&t->zap); /* its socket closes before the context ends */
     if (t->ctx) zmq_ctx_term(t->ctx); /* waits for lingering sends (bounded by linger_ms) */
     if (t->efd >= 0) close(t->efd);
     cm__shm_setup_done(t);
@@ -1680,7 +1690,9 @@ static int cm__setopt(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &
 static int cm__sock_common(const cm_zmq_options *o, void *s) {
     int rc = 0;
     rc |= cm__setopt(s, ZMQ_SNDHWM, 0);
-    rc |= cm__setopt(s, ZMQ_RCVHWM, 0);
+    /* bounded receive queue: past it ZeroMQ stops reading the connection (the sender's own
+     * queue grows, never this rank's memory) */
+    rc |= cm__setopt(s, ZMQ_RCVHWM, o->rcvhwm_msgs);
     rc |= cm__setopt(s, ZMQ_LINGER, o->linger_ms);
     rc |= cm__setopt(s, ZMQ_RECONNECT_IVL, 20);
     rc |= cm__setopt(s, ZMQ_RECONNECT_IVL_MAX, 500);
@@ -1728,8 +1740,17 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
                           "and at least small_bytes %zu; shm_block_bytes %zu 0 or a multiple of "
                           "64 in [256, 1 GiB]; other options must be >= 0",
                           o.chunk_bytes, o.small_bytes, o.shm_block_bytes);
-    if (o.curve_public_key || o.curve_secret_key || o.curve_server_key)
-        return co_err_set(CO_EUNSUPPORTED, "cm_zmq_new: CURVE on the data plane is not implemented");
+    bool curve = o.curve_server_public || o.curve_server_secret || o.curve_client_secret;
+    if (curve && !(o.curve_server_public && o.curve_server_secret && o.curve_client_secret &&
+                   strlen(o.curve_server_public) == 40 && strlen(o.curve_server_secret) == 40 &&
+                   strlen(o.curve_client_secret) == 40))
+        return co_err_set(CO_EINVAL, "cm_zmq_new: CURVE needs the server keypair and the client "
+                                     "secret key, 40 Z85 characters each");
+    if (o.rcvhwm_msgs < 0) return co_err_set(CO_EINVAL, "cm_zmq_new: rcvhwm_msgs %d < 0", o.rcvhwm_msgs);
+    if (o.rcvhwm_msgs == 0) {
+        size_t per = o.chunk_bytes + 4096, n = ((size_t)256 << 20) / per;
+        o.rcvhwm_msgs = n < 16 ? 16 : n > 65536 ? 65536 : (int)n;
+    }
 
     cm__tp *t = calloc(1, sizeof *t);
     if (!t) return co_err_set(CO_ENOMEM, "cm_zmq_new");
@@ -1761,10 +1782,29 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
     }
     zmq_ctx_set(t->ctx, ZMQ_IO_THREADS, o.io_threads);
     zmq_ctx_set(t->ctx, ZMQ_BLOCKY, 0);
+    /* CURVE where the endpoint is tcp; ipc endpoints live in a private directory */
+    t->curve_router = curve && !strncmp(endpoints[rank], "tcp://", 6);
+    if (t->curve_router) {
+        rc = cm__zap_start(t->ctx, o.curve_client_secret, size, rank, &t->zap);
+        if (rc) goto fail;
+    }
     t->router = zmq_socket(t->ctx, ZMQ_ROUTER);
-    if (!t->router || cm__sock_common(&o, t->router) || cm__setopt(t->router, ZMQ_ROUTER_HANDOVER, 1)) {
+    /* without CURVE a reconnecting peer takes its route back (handover); with it, routes
+     * carry no identity, so none is handed over */
+    if (!t->router || cm__sock_common(&o, t->router) ||
+        cm__setopt(t->router, ZMQ_ROUTER_HANDOVER, t->curve_router ? 0 : 1)) {
         rc = co_err_set(CO_EIO, "cm_zmq_new: router socket: %s", zmq_strerror(errno));
         goto fail;
+    }
+    if (t->curve_router) {
+        /* the ZAP handler is bound before this socket exists and lives until the context
+         * ends, so every handshake is put to it (libzmq admits all only without one) */
+        if (cm__setopt(t->router, ZMQ_CURVE_SERVER, 1) ||
+            zmq_setsockopt(t->router, ZMQ_CURVE_SECRETKEY, o.curve_server_secret, 40) ||
+            zmq_setsockopt(t->router, ZMQ_ZAP_DOMAIN, CM__ZAP_DOMAIN, strlen(CM__ZAP_DOMAIN))) {
+            rc = co_err_set(CO_EIO, "cm_zmq_new: CURVE server options: %s", zmq_strerror(errno));
+            goto fail;
+        }
     }
     if (zmq_bind(t->router, endpoints[rank]) != 0) {
         rc = co_err_set(CO_EIO, "cm_zmq_new: bind %s: %s", endpoints[rank], zmq_strerror(errno));
@@ -1777,12 +1817,25 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
     t->nitems = 2;
     unsigned char id[5] = {'R'};
     cm__put32(id + 1, (uint32_t)rank);
+    char my_pub[41] = "", my_sec[41] = "";
+    if (curve) {
+        rc = cm__rank_keypair(o.curve_client_secret, rank, my_pub, my_sec);
+        if (rc) goto fail;
+    }
     for (int r = 0; r < size; r++) {
         if (r == rank) continue;
         char mep[64];
         snprintf(mep, sizeof mep, "inproc://cm-monitor-%d", r);
         void *d = t->dealer[r] = zmq_socket(t->ctx, ZMQ_DEALER);
-        if (!d || cm__sock_common(&o, d) || zmq_setsockopt(d, ZMQ_ROUTING_ID, id, sizeof id) ||
+        bool dcurve = curve && !strncmp(endpoints[r], "tcp://", 6);
+        if (d && dcurve &&
+            (zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, o.curve_server_public, 40) ||
+             zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, my_pub, 40) || zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, my_sec, 40))) {
+            rc = co_err_set(CO_EIO, "cm_zmq_new: CURVE client options: %s", zmq_strerror(errno));
+            goto fail;
+        }
+        if (!d || cm__sock_common(&o, d) ||
+            (!dcurve && zmq_setsockopt(d, ZMQ_ROUTING_ID, id, sizeof id)) ||
             zmq_socket_monitor(d, mep, ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)) {
             rc = co_err_set(CO_EIO, "cm_zmq_new: dealer socket: %s", zmq_strerror(errno));
             goto fail;
@@ -1798,6 +1851,7 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
         }
         t->items[t->nitems++] = (zmq_pollitem_t){m, 0, ZMQ_POLLIN, 0};
     }
+    memset(my_sec, 0, sizeof my_sec); /* ZeroMQ keeps its own copy */
     /* one past nitems: this rank's doorbell, polled only by shared-memory waits */
     t->items[t->nitems] = (zmq_pollitem_t){NULL, t->shm_on ? t->seg[rank].efd : t->efd, ZMQ_POLLIN, 0};
     /* HELLO to everyone; messages queue until the peer's endpoint exists. */

@@ -57,9 +57,15 @@ typedef struct cm_zmq_options {
                                  CO_EREMOTE (500) */
     int heartbeat_ivl_ms;     /* ZMTP heartbeats on every connection, 0 = off (1000) */
     int heartbeat_timeout_ms; /* no traffic for this long = peer dead (10000) */
-    /* Hook for CURVE on the data plane (Z85 keys, 40 characters). Not implemented yet:
-     * setting them gives CO_EUNSUPPORTED. */
-    const char *curve_public_key, *curve_secret_key, *curve_server_key;
+    /* CURVE on tcp endpoints: the job secret's server keypair and client secret key (Z85,
+     * 40 characters; all NULL = no encryption, for ipc in a private directory). Every rank's
+     * ROUTER on tcp is a CURVE server with the server keypair and a ZAP handler; rank r's
+     * DEALERs prove rank r's own key, derived from the client secret (zmq_auth.h), and a
+     * message's sender is the rank its connection proved, never the routing id it chose.
+     * A process without the secret cannot connect at all. */
+    const char *curve_server_public, *curve_server_secret, *curve_client_secret;
+    int rcvhwm_msgs;          /* messages ZeroMQ queues per peer before it stops reading the
+                                 connection (0 = derived: 256 MiB of chunks, at least 16) */
 } cm_zmq_options;
 
 /* The defaults above. */

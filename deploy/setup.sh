@@ -17,7 +17,7 @@ cd "$here"
 # protobuf-c (actors and their protocol), xxHash and Jansson (checkpoints, JSONL), numpy (reference tests),
 # clang with its sanitizer/fuzzer runtime (fuzz targets).
 PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev libzmq3-dev libuv1-dev libprotobuf-c-dev
-          protobuf-c-compiler libxxhash-dev libjansson-dev python3 python3-numpy clang libclang-rt-14-dev)
+          protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev python3 python3-numpy clang libclang-rt-14-dev)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 

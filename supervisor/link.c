@@ -83,6 +83,14 @@ static void wait_slice(sv_link *l, long ms) {
 
 bool sv_link_wanted(void) { return getenv("COHORT_SUPERVISOR") != NULL; }
 
+void sv_link_data_options(sv_link *l, cm_zmq_options *o) {
+    cm_zmq_options_default(o);
+    if (!l || !l->have_secret) return;
+    o->curve_server_public = l->secret.server_public;
+    o->curve_server_secret = l->secret.server_secret;
+    o->curve_client_secret = l->secret.client_secret;
+}
+
 void sv_assignment_free(sv_assignment *a) {
     if (a->endpoints)
         for (int r = 0; r < a->world; r++) free(a->endpoints[r]);

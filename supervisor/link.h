@@ -15,6 +15,7 @@
 #define COHORT_SUPERVISOR_LINK_H
 
 #include "comm/comm.h"
+#include "comm/zmq_comm.h"
 
 #include <signal.h>
 #include <stdbool.h>
@@ -52,6 +53,11 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic
                  sv_assignment *a);
 /* The collectives to abort when the job is aborted or the supervisor is lost. */
 void sv_link_attach_comm(sv_link *l, cm_comm *c);
+
+/* The data plane's options for this job: defaults, and CURVE with the job secret where the
+ * job has one (several nodes: the workers' tcp endpoints; comm/zmq_comm.h). The key strings
+ * point into the link and live as long as it. */
+void sv_link_data_options(sv_link *l, cm_zmq_options *o);
 /* Progress for heartbeats (any thread). */
 void sv_link_progress(sv_link *l, int64_t iteration);
 /* Checkpoint commit (docs/checkpoints.md): a rank acknowledges its part of a save (phase

@@ -104,6 +104,49 @@ two_nodes)
     grep -q "2 ranks" "$work/n0" && grep -q "iteration        3/       3" "$work/n0" || fail "$(cat "$work/n0")"
     [ "$(grep -c '"grad_norm"' "$work/m.jsonl")" -eq 3 ] || fail "metrics not gathered: $(cat "$work/m.jsonl")"
     ;;
+keyless_peer)
+    # a process without the job's secret attacks every data port of a 2-node job on tcp
+    # (plain ZeroMQ claiming each rank's routing id with data-plane-shaped junk, CURVE with a
+    # foreign key, raw bytes): the job never sees it, needs no restart, and ends with the
+    # parameters and optimizer state bitwise equal to the undisturbed run's
+    intruder=${COHORT_BUILD_ROOT:?}/tests/integration/intruder
+    "$cohort" keygen --output "$work/secret" >/dev/null || fail "keygen"
+    two_node_run() { # DIR PORT
+        local net=(--nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $2 --job-secret "$work/secret")
+        # (both nodes name the save directory: each node's ranks write their share)
+        timeout -s KILL 120 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 1 --node-addr 127.0.0.1 \
+            --train-iters 12 --save "$1" --save-interval 12 >"$1.n1" 2>&1 &
+        local agent=$!
+        timeout -s KILL 120 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --train-iters 12 --save "$1" \
+            --save-interval 12 >"$1.n0" 2>&1 || fail "node 0: $(tail -5 "$1.n0"); node 1: $(tail -5 "$1.n1")"
+        wait $agent || fail "node 1: $(tail -5 "$1.n1")"
+    }
+    port=$((20000 + RANDOM % 20000))
+    two_node_run "$work/calm" $port
+    port=$((port + 10))
+    ( while :; do "$intruder" 127.0.0.1 1 2 $((port + 1)) $((port + 2)) $((port + 3)); done ) >"$work/intruder.log" 2>&1 &
+    attacker=$!
+    sleep 0.5
+    two_node_run "$work/attacked" $port
+    kill $attacker; wait $attacker 2>/dev/null
+    grep -q "intruder: [1-9][0-9]* plain connections claiming ranks, [1-9][0-9]* CURVE with a foreign key, [1-9][0-9]* raw" \
+        "$work/intruder.log" || fail "the intruder did not run: $(tail -3 "$work/intruder.log")"
+    for f in "$work/attacked.n0" "$work/attacked.n1"; do
+        ! grep -q "restart into generation\|protocol violation\|was killed by\|exited with status" "$f" ||
+            fail "the job noticed the intruder: $(grep -v '  iteration ' "$f" | tail -8)"
+    done
+    grep -q "iteration       12/      12" "$work/attacked.n0" || fail "$(tail -5 "$work/attacked.n0")"
+    it=iter_0000012
+    "$cohort" ckpt diff --json "$work/calm/$it" "$work/attacked/$it" >"$work/diff.json" 2>&1 ||
+        fail "the attacked run's final state differs: $(head -c 800 "$work/diff.json")"
+    /usr/bin/python3 - "$work/diff.json" <<'PY' || fail "ckpt diff: $(head -c 600 "$work/diff.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+names = [t["name"] for t in d["tensors"]]
+assert d["bitwise_equal"] and d["different"] == 0 and d["equal"] == len(names), d
+assert any(n.startswith("optimizer.exp_avg.") for n in names) and any(not n.startswith("optimizer.") for n in names), names
+PY
+    ;;
 wrong_key)
     # a node whose secret is not the job's is refused: its worker never registers
     "$cohort" keygen --output "$work/secret" >/dev/null && "$cohort" keygen --output "$work/other" >/dev/null || fail "keygen"
