@@ -39,7 +39,7 @@ int ac_secret_write(const char *path, const ac_secret *s) {
     ac_secret c = *s;
     char text[512];
     int n = snprintf(text, sizeof text,
-                     "# cohort job secret: CURVE keys for the control plane. Keep it private "
+                     "# cohort job secret: CURVE keys for the control and data planes. Keep it private "
                      "(mode 0600).\n");
     for (int i = 0; i < 4; i++) {
         if (strlen(field(&c, i)) != AC_KEY_Z85_LEN)

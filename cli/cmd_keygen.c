@@ -12,7 +12,7 @@
 static void keygen_usage(FILE *f) {
     fputs("usage: cohort keygen --output FILE [--force]\n"
           "\n"
-          "Writes a new job secret (CURVE keypairs for the control plane, mode 0600).\n"
+          "Writes a new job secret (CURVE keypairs for the control and data planes, mode 0600).\n"
           "Copy the same file to every node of the job. Refuses to overwrite FILE\n"
           "unless --force is given.\n",
           f);
