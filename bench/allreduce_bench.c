@@ -233,7 +233,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 2; k++) {
         int n = ns[k];
         char dir[] = "/tmp/cmbench-XXXXXX";
-        g_port = 30000 + (int)(getpid() % 2000) * 10 + k * 5000 % 10000;
+        g_port = 30000 + (int)(getpid() % 1000) * 20 + k * 10; /* ranks +0..3, p2p +8, +9 */
         if (!mkdtemp(dir)) return 1;
         int fds[2];
         if (pipe(fds)) return 1;

@@ -75,7 +75,8 @@ static void handle(cm__zap *z) {
     while (more) {
         zmq_msg_t x;
         zmq_msg_init(&x);
-        if (zmq_msg_recv(&x, z->sock, 0) < 0) {
+        /* never blocks: poll said a request is there, and its frames arrive together */
+        if (zmq_msg_recv(&x, z->sock, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&x);
             broken = true;
             break;

@@ -528,9 +528,9 @@ static int cm__read_one(cm__tp *t, int *src_out, cm__ent **ent_out) {
         return cm__fail(t, CO_EIO, "receive: %s", zmq_strerror(e));
     }
     int src = -1;
-    if (t->curve_router) {
-        /* the rank set below from the header frame's User-Id, which the connection proved */
-    } else if (zmq_msg_size(&id) == 5 && ((unsigned char *)zmq_msg_data(&id))[0] == 'R') {
+    /* under CURVE the sender is the User-Id its connection proved (read from the header
+     * frame below), not the routing id */
+    if (!t->curve_router && zmq_msg_size(&id) == 5 && ((unsigned char *)zmq_msg_data(&id))[0] == 'R') {
         uint32_t v = cm__get32((unsigned char *)zmq_msg_data(&id) + 1);
         if (v < (uint32_t)t->size && (int)v != t->rank) src = (int)v;
     }
@@ -1752,6 +1752,7 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
         o.rcvhwm_msgs = n < 16 ? 16 : n > 65536 ? 65536 : (int)n;
     }
 
+    char my_pub[41] = "", my_sec[41] = ""; /* this rank's CURVE keypair (tcp peers) */
     cm__tp *t = calloc(1, sizeof *t);
     if (!t) return co_err_set(CO_ENOMEM, "cm_zmq_new");
     t->efd = -1;
@@ -1817,7 +1818,6 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
     t->nitems = 2;
     unsigned char id[5] = {'R'};
     cm__put32(id + 1, (uint32_t)rank);
-    char my_pub[41] = "", my_sec[41] = "";
     if (curve) {
         rc = cm__rank_keypair(o.curve_client_secret, rank, my_pub, my_sec);
         if (rc) goto fail;
@@ -1827,15 +1827,13 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
         char mep[64];
         snprintf(mep, sizeof mep, "inproc://cm-monitor-%d", r);
         void *d = t->dealer[r] = zmq_socket(t->ctx, ZMQ_DEALER);
+        /* to a tcp peer: CURVE with this rank's key; else the routing id names this rank */
         bool dcurve = curve && !strncmp(endpoints[r], "tcp://", 6);
-        if (d && dcurve &&
-            (zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, o.curve_server_public, 40) ||
-             zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, my_pub, 40) || zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, my_sec, 40))) {
-            rc = co_err_set(CO_EIO, "cm_zmq_new: CURVE client options: %s", zmq_strerror(errno));
-            goto fail;
-        }
         if (!d || cm__sock_common(&o, d) ||
-            (!dcurve && zmq_setsockopt(d, ZMQ_ROUTING_ID, id, sizeof id)) ||
+            (dcurve ? zmq_setsockopt(d, ZMQ_CURVE_SERVERKEY, o.curve_server_public, 40) ||
+                          zmq_setsockopt(d, ZMQ_CURVE_PUBLICKEY, my_pub, 40) ||
+                          zmq_setsockopt(d, ZMQ_CURVE_SECRETKEY, my_sec, 40)
+                    : zmq_setsockopt(d, ZMQ_ROUTING_ID, id, sizeof id)) ||
             zmq_socket_monitor(d, mep, ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)) {
             rc = co_err_set(CO_EIO, "cm_zmq_new: dealer socket: %s", zmq_strerror(errno));
             goto fail;
@@ -1851,7 +1849,7 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
         }
         t->items[t->nitems++] = (zmq_pollitem_t){m, 0, ZMQ_POLLIN, 0};
     }
-    memset(my_sec, 0, sizeof my_sec); /* ZeroMQ keeps its own copy */
+    explicit_bzero(my_sec, sizeof my_sec); /* ZeroMQ keeps its own copy */
     /* one past nitems: this rank's doorbell, polled only by shared-memory waits */
     t->items[t->nitems] = (zmq_pollitem_t){NULL, t->shm_on ? t->seg[rank].efd : t->efd, ZMQ_POLLIN, 0};
     /* HELLO to everyone; messages queue until the peer's endpoint exists. */
@@ -1922,6 +1920,7 @@ int cm_zmq_new(cm_comm **out, int rank, int size, const char *const *endpoints,
     *out = &g->pub;
     return 0;
 fail:
+    explicit_bzero(my_sec, sizeof my_sec);
     if (rc == CO_ETIMEOUT) {
         char missing[256] = "";
         size_t n = 0;
