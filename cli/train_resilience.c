@@ -96,6 +96,11 @@ static int link_verdict(void *ctx, int64_t iteration, int attempt, rr_verdict *v
     return sv_link_verdict(x->link, iteration, attempt, v, VERDICT_TIMEOUT_MS);
 }
 
+static int link_checksum(void *ctx, const rr_report *r) {
+    cli_resil *x = ctx;
+    return sv_link_checksum(x->link, r);
+}
+
 static void link_event(void *ctx, const char *line) {
     cli_resil *x = ctx;
     sv_link_event(x->link, line);
@@ -156,7 +161,7 @@ void cli_resil_attach(cli_resil *x, trainer *t, FILE *log) {
         trainer_set_hook(t, pull_injections, x);
         trainer_set_event_sink(t, link_event, x);
         if (strcmp(x->c.rerun_mode, "disabled")) {
-            trainer_validator v = {.report = link_report, .verdict = link_verdict, .ctx = x};
+            trainer_validator v = {.report = link_report, .verdict = link_verdict, .checksum = link_checksum, .ctx = x};
             trainer_set_validator(t, &v);
         }
     } else if (x->rr) {

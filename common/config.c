@@ -176,8 +176,13 @@ static const flag flags[] = {
     S("resilience", "result-rejected-tracker-filename", result_rejected_tracker_filename, NULL, NULL,
       "append a line per rejected result; iterations it shows failing reproducibly are skipped at start"),
     LIST("resilience", "iterations-to-skip", iterations_to_skip, "iterations whose update is skipped"),
+    L("resilience", "check-weight-hash-across-dp-replicas-interval", check_weight_hash_interval, "1",
+      "every N iterations data-parallel replicas report a checksum of the weights each step used, compared "
+      "before the step is applied; a replica that differs is repaired and the step replayed (0: never; needs "
+      "the rerun state machine and more than one data-parallel rank)"),
     L("resilience", "check-replicas-interval", check_replicas_interval, "100",
-      "[cohort] every N iterations data-parallel replicas compare checksums of their state (0: never)"),
+      "[cohort] every N iterations data-parallel replicas compare checksums of their weights and optimizer "
+      "moments (0: never)"),
     LIST("resilience", "inject", inject,
          "[cohort] inject a fault, repeatable: KIND@rank=R,step=S[,microbatch=M][,phase=forward|backward|"
          "allreduce|optimizer][,times=once|always][,bit=B][,ms=N]; KIND: kill stop hang slow nan inf spike "
@@ -777,6 +782,7 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     out_of_range(&P, "quarantine-after", c->quarantine_after, 0, INT_MAX);
     out_of_range(&P, "quarantine-window", c->quarantine_window, 1, CO_MAX_ITERS);
     if (c->check_replicas_interval < 0) problem(&P, "--check-replicas-interval must be >= 0");
+    if (c->check_weight_hash_interval < 0) problem(&P, "--check-weight-hash-across-dp-replicas-interval must be >= 0");
     if (!(c->straggler_threshold > 0 && c->straggler_threshold <= 1))
         problem(&P, "--straggler-threshold must be in (0, 1]");
     for (int i = 0; i < c->n_iterations_to_skip; i++) {

@@ -120,6 +120,7 @@ typedef struct co_config {
     char *iterations_to_skip[CO_MAX_DATA_PATHS];
     int n_iterations_to_skip;
     int64_t check_replicas_interval;
+    int64_t check_weight_hash_interval; /* --check-weight-hash-across-dp-replicas-interval */
     char *inject[CO_MAX_DATA_PATHS];
     int n_inject;
     int64_t inject_seed;

@@ -254,6 +254,8 @@ const gpt_tensor *gpt_tensors(const gpt_model *m) { return m->tensors; }
 const gpt_config *gpt_get_config(const gpt_model *m) { return &m->cfg; }
 kb_backend *gpt_backend(gpt_model *m) { return m->be; }
 
+const void *gpt_params_bf16(const gpt_model *m) { return m->params16; }
+
 void gpt_sync_bf16(gpt_model *m) {
     if (m->params16) m->ops->to_bf16(m->be, m->params16, m->params, m->nparams);
 }

@@ -82,6 +82,9 @@ kb_backend *gpt_backend(gpt_model *m);
 
 /* Refreshes the bf16 copy of the weights (after every optimizer step in bf16 mode). */
 void gpt_sync_bf16(gpt_model *m);
+/* The bf16 working copy of the weights the forward and backward read in bf16 mode
+ * (gpt_num_params elements of 2 bytes), or NULL in fp32 mode. */
+const void *gpt_params_bf16(const gpt_model *m);
 
 /* Forward pass for one micro batch. train: dropout on (keyed by dropout_seed) and the
  * activations kept for backward. dscale[B*T] gives each token's weight in the gradient of

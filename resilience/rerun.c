@@ -37,6 +37,7 @@ struct rr_machine {
     bool rej_fatal;
     bool after_repair;
     bool accept_replay;  /* the next round only rebuilds gradients after a peer check */
+    bool sum_replay;     /* the round replays a step whose parameter checksums disagreed */
     /* --error-injection-rate: the rank whose result is replaced in this iteration */
     int inj_rank;
     bool inj_active;
@@ -136,6 +137,7 @@ int rr_add(rr_machine *m, const rr_report *r) {
         start_round(m, ROUND_ALL, 0);
         m->after_repair = false;
         m->accept_replay = false;
+        m->sum_replay = false;
         m->suspect = m->helper = -1;
         m->inj_active = false;
     }
@@ -294,13 +296,51 @@ static void add_event(rr_machine *m, int rank, rr_diagnosis d, rr_decision outco
 void rr_restart(rr_machine *m) {
     m->iter = -1;
     m->suspect = m->helper = -1;
-    m->after_repair = m->accept_replay = m->inj_active = false;
+    m->after_repair = m->accept_replay = m->inj_active = m->sum_replay = false;
     start_round(m, ROUND_ALL, 0);
 }
 
 const rr_event *rr_events(const rr_machine *m, int *n) {
     *n = m->nev;
     return m->ev;
+}
+
+/* ---- parameter checksums ---------------------------------------------------------------- */
+
+/* Every report carries a checksum and they are not all the same. */
+static bool sums_differ(const rr_report *rs, int n) {
+    for (int k = 0; k < n; k++)
+        if (!rs[k].has_sum) return false;
+    for (int k = 1; k < n; k++)
+        if (rs[k].sum_used != rs[0].sum_used) return true;
+    return false;
+}
+
+/* The lowest rank of a checksum that more than half the ranks report (*count of them), or -1. */
+static int sum_majority(const rr_report *rs, int n, int *count) {
+    for (int k = 0; k < n; k++) {
+        int c = 0;
+        for (int j = 0; j < n; j++) c += rs[j].sum_used == rs[k].sum_used;
+        if (2 * c > n) {
+            *count = c;
+            return k;
+        }
+    }
+    *count = 0;
+    return -1;
+}
+
+/* With no majority: the lowest rank whose parameters are as it last wrote them, when all
+ * such ranks agree and every other rank's parameters changed since it wrote them; or -1. */
+static int sum_attribute(const rr_report *rs, int n) {
+    int healthy = -1;
+    for (int k = 0; k < n; k++) {
+        if (!rs[k].has_written) return -1;
+        bool intact = rs[k].sum_used == rs[k].sum_written;
+        if (intact && healthy >= 0 && rs[k].sum_used != rs[healthy].sum_used) return -1;
+        if (intact && healthy < 0) healthy = k;
+    }
+    return healthy;
 }
 
 /* ---- decisions -------------------------------------------------------------------------- */
@@ -331,6 +371,118 @@ static void suspect(rr_machine *m, int rank, const char *check, double value, bo
 }
 
 static rr_decision give_up(const rr_machine *m) { return m->o.skip_on_reproducible ? RR_SKIP : RR_STOP; }
+
+/* Replicas whose parameter checksum differs from rank src's are corrupt: every rank takes
+ * src's state and the step is replayed (the after-repair round must then agree). */
+static void sum_repair(rr_machine *m, rr_verdict *v, int src, int agree) {
+    const rr_report *c = m->cur;
+    int W = m->o.world, first = -1, nbad = 0;
+    char msg[256] = "";
+    snprintf(m->rej_check, sizeof m->rej_check, "param_checksum");
+    m->rej_value = agree;
+    m->rej_fatal = true;
+    for (int r = 0; r < W; r++) {
+        if (c[r].sum_used == c[src].sum_used) continue;
+        if (first < 0) first = r;
+        nbad++;
+        if (agree > 0)
+            snprintf(msg, sizeof msg,
+                     "rank %d: parameters differ from %d of %d replicas' (checksum %016llx, theirs %016llx): silent "
+                     "data corruption; repaired from rank %d", r, agree, W, (unsigned long long)c[r].sum_used,
+                     (unsigned long long)c[src].sum_used, src);
+        else
+            snprintf(msg, sizeof msg,
+                     "rank %d: parameters changed in memory since its last update (checksum written %016llx, used "
+                     "%016llx), on replay too, while rank %d's are as it wrote them: silent data corruption; "
+                     "repaired from rank %d", r, (unsigned long long)c[r].sum_written,
+                     (unsigned long long)c[r].sum_used, src, src);
+        m->faults[r]++;
+        add_event(m, r, RR_DIAG_PERSISTENT, RR_ACCEPT, true, msg);
+    }
+    m->suspect = first;
+    m->helper = src;
+    m->after_repair = true;
+    start_round(m, ROUND_ALL, m->attempt + 1);
+    if (nbad > 1)
+        verdict(v, m, RR_REPAIR, RR_DIAG_PERSISTENT, "%d ranks' parameters differ from rank %d's (%s)", nbad, src, msg);
+    else
+        verdict(v, m, RR_REPAIR, RR_DIAG_PERSISTENT, "%s", msg);
+}
+
+/* The parameter checksums of a complete round (VALIDATE mode). Returns 1 with *v set when
+ * they decide the round, 0 when the losses' checks go on as usual. */
+static int decide_sums(rr_machine *m, rr_verdict *v, int rej) {
+    int W = m->o.world, agree = 0;
+    bool differ = sums_differ(m->cur, W);
+    if (m->after_repair) {
+        if (!differ) return 0;
+        char msg[200];
+        snprintf(m->rej_check, sizeof m->rej_check, "param_checksum");
+        snprintf(msg, sizeof msg, "parameter checksums still differ after rank %d's state was taken: cannot repair",
+                 m->helper);
+        add_event(m, m->suspect, RR_DIAG_PERSISTENT, RR_STOP, false, msg);
+        verdict(v, m, RR_STOP, RR_DIAG_PERSISTENT, "%s", msg);
+        start_round(m, ROUND_ALL, 0);
+        return 1;
+    }
+    if (m->sum_replay) {
+        m->sum_replay = false;
+        if (!differ) {
+            /* the replay agrees: the first round's parameters (or their reading) were wrong
+             * only for a moment */
+            int r = 0;
+            for (int k = 0; k < W; k++)
+                if (m->cur[k].sum_used != m->first[k].sum_used) r = k;
+            char msg[220];
+            snprintf(msg, sizeof msg, "rank %d: parameter checksums differed between the replicas and agree on replay: "
+                     "transient fault", r);
+            snprintf(m->rej_check, sizeof m->rej_check, "param_checksum");
+            m->rej_value = 0;
+            m->faults[r]++;
+            add_event(m, r, RR_DIAG_TRANSIENT, RR_ACCEPT, false, msg);
+            if (rej >= 0) {
+                m->suspect = -1; /* the replay's own rejection is handled from the start */
+                return 0;
+            }
+            track(m);
+            verdict(v, m, RR_ACCEPT, RR_DIAG_TRANSIENT, "%s", msg);
+            start_round(m, ROUND_ALL, 0);
+            return 1;
+        }
+        int src = sum_majority(m->cur, W, &agree);
+        if (src < 0) src = sum_attribute(m->cur, W);
+        if (src >= 0) {
+            sum_repair(m, v, src, agree);
+            return 1;
+        }
+        char msg[240];
+        int len = snprintf(msg, sizeof msg, "parameter checksums differ between the replicas on replay too, and no "
+                                            "rank can be shown faulty (used/written:");
+        for (int k = 0; k < W && len < (int)sizeof msg - 40; k++)
+            len += snprintf(msg + len, sizeof msg - (size_t)len, " %d %08x/%08x", k, (unsigned)(m->cur[k].sum_used >> 32),
+                            (unsigned)(m->cur[k].sum_written >> 32));
+        if (len < (int)sizeof msg - 2) snprintf(msg + len, sizeof msg - (size_t)len, ")");
+        snprintf(m->rej_check, sizeof m->rej_check, "param_checksum");
+        add_event(m, -1, RR_DIAG_PERSISTENT, RR_STOP, false, msg);
+        verdict(v, m, RR_STOP, RR_DIAG_PERSISTENT, "%s", msg);
+        start_round(m, ROUND_ALL, 0);
+        return 1;
+    }
+    if (!differ || m->suspect >= 0 || m->accept_replay) return 0;
+    /* the iteration's first round */
+    int src = sum_majority(m->cur, W, &agree);
+    if (src >= 0) {
+        sum_repair(m, v, src, agree);
+        return 1;
+    }
+    memcpy(m->first, m->cur, sizeof *m->cur * (size_t)W);
+    m->sum_replay = true;
+    start_round(m, ROUND_ALL, m->attempt + 1);
+    verdict(v, m, RR_RERUN, RR_DIAG_NONE,
+            "parameter checksums differ between the replicas with no majority (rank 0 %016llx, rank 1 %016llx); "
+            "replaying the step", (unsigned long long)m->cur[0].sum_used, (unsigned long long)m->cur[1].sum_used);
+    return 1;
+}
 
 static int decide_all(rr_machine *m, rr_verdict *v) {
     int W = m->o.world;
@@ -383,6 +535,7 @@ static int decide_all(rr_machine *m, rr_verdict *v) {
     double value = 0;
     bool fatal = false;
     int rej = find_rejection(m, m->cur, W, check, &value, &fatal);
+    if (decide_sums(m, v, rej)) return 0;
 
     if (m->accept_replay) {
         m->accept_replay = false;

@@ -18,6 +18,19 @@
  *             policy. Different and valid -> the suspect's state is corrupt: REPAIR (every
  *             rank takes the checker's parameters and optimizer state), then RERUN.
  *
+ * Silent data corruption: every data-parallel rank also reports a checksum of the
+ * parameters it used. Replicas must hold bitwise the same parameters, so checksums that
+ * differ in the iteration's first round mean a corrupted replica, whatever the losses say:
+ *   majority  more than half the ranks agree -> REPAIR the others from the lowest of them
+ *             (persistent_error, check "param_checksum"), then the replayed round must agree.
+ *   none      (two replicas, or an even split) -> RERUN. Agreeing now -> transient fault
+ *             (a faulty read): ACCEPT the replay. Still differing -> the ranks whose
+ *             parameters are what they last wrote, and agree with each other, are healthy
+ *             if every other rank's changed since it wrote them (each replica's optimizer
+ *             step, computed from the same validated parameters and bitwise equal reduced
+ *             gradients, is its peers' recomputation): REPAIR from the lowest healthy rank;
+ *             otherwise STOP (cannot attribute).
+ *
  * With one rank there is no peer: a reproducible fatal result is a real problem.
  * Results are compared bit for bit (a deterministic backend replays exactly). */
 #ifndef COHORT_RESILIENCE_RERUN_H
@@ -75,6 +88,11 @@ typedef struct rr_report {
     double loss[RR_MAX_MB];
     double tokens[RR_MAX_MB];
     double grad_norm;
+    /* checksums of the parameters this rank used in the round (XXH3 of its weights), and of
+     * the parameters as it last wrote them (its optimizer step, a repair, a load); has_sum
+     * false: no checksum this round (a one-rank job, a check round, an unchecked interval) */
+    bool has_sum, has_written;
+    uint64_t sum_used, sum_written;
 } rr_report;
 
 typedef enum { RR_DIAG_NONE = 0, RR_DIAG_CORRECT, RR_DIAG_TRANSIENT, RR_DIAG_PERSISTENT } rr_diagnosis;

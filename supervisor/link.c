@@ -60,6 +60,8 @@ struct sv_link {
     bool have_verdict;
     Cohort__V1__LossReport *last_report[RR_MAX_MB]; /* the last round sent, for resending */
     int nlast;
+    Cohort__V1__ParamsChecksum last_sum; /* the round's parameter checksums (have_sum), resent with it */
+    bool have_sum;
     /* checkpoint commit (sv_link_checkpoint_*): the supervisor's last answer, under mu */
     int64_t ckpt_iteration;
     int ckpt_phase;
@@ -672,6 +674,45 @@ static void send_round(sv_link *l, int copies) {
         for (int i = 0; i < l->nlast; i++) sv__send(l->mb, NULL, &l->snd, &l->last_report[i]->base);
 }
 
+/* the checksums go once the all-reduce they overlap is done; a resend repeats them with
+ * their round's reports */
+static void resend_sum(sv_link *l) {
+    if (l->have_sum && l->nlast && l->last_sum.iteration == l->last_report[0]->iteration &&
+        l->last_sum.attempt == l->last_report[0]->attempt)
+        sv__send(l->mb, NULL, &l->snd, &l->last_sum.base);
+}
+
+typedef struct sum_post {
+    sv_link *l;
+    Cohort__V1__ParamsChecksum m;
+} sum_post;
+
+static void post_sum(ac_actor *a, void *ctx) {
+    (void)a;
+    sum_post *p = ctx;
+    p->l->last_sum = p->m;
+    p->l->have_sum = true;
+    sv__send(p->l->mb, NULL, &p->l->snd, &p->l->last_sum.base);
+    free(p);
+}
+
+int sv_link_checksum(sv_link *l, const rr_report *r) {
+    sum_post *p = calloc(1, sizeof *p);
+    if (!p) return co_err_set(CO_ENOMEM, "parameter checksum: out of memory");
+    Cohort__V1__ParamsChecksum init = COHORT__V1__PARAMS_CHECKSUM__INIT;
+    p->l = l;
+    p->m = init;
+    p->m.iteration = (uint64_t)r->iteration;
+    p->m.attempt = (uint32_t)r->attempt;
+    p->m.rank = (uint32_t)r->rank;
+    p->m.used = r->sum_used;
+    p->m.has_written = r->has_written;
+    p->m.written = r->sum_written;
+    int rc = ac_post(l->a, post_sum, p);
+    if (rc) free(p);
+    return rc;
+}
+
 static void post_report(ac_actor *a, void *ctx) {
     (void)a;
     report_post *p = ctx;
@@ -698,6 +739,7 @@ static void post_report(ac_actor *a, void *ctx) {
         lr->micro_batches = (uint32_t)p->r.nmb;
         lr->has_check_for = 1;
         lr->check_for = p->r.check_for;
+        if (p->r.has_sum) lr->has_checksum_follows = lr->checksum_follows = 1;
         if (i == n - 1) {
             lr->has_grad_norm = 1;
             lr->grad_norm = p->r.grad_norm;
@@ -753,6 +795,7 @@ static void resend_round(ac_actor *a, void *ctx) {
     (void)a;
     sv_link *l = ctx;
     send_round(l, 1);
+    resend_sum(l);
 }
 
 /* Does v answer the round (iteration, attempt)? RERUN/CHECK/REPAIR name the next round. */

@@ -106,6 +106,9 @@ struct rr_report;
 struct rr_verdict;
 int sv_link_report(sv_link *l, const struct rr_report *r, const double *phase_ms, const char *const *phase_names,
                    int nphases, int copies, int delay_ms);
+/* Sends the parameter checksums (r's sums) of the round r, reported before with has_sum
+ * set; resent with the round's reports. Any thread. */
+int sv_link_checksum(sv_link *l, const struct rr_report *r);
 /* Waits for the supervisor's verdict on the round (iteration, attempt) just reported,
  * resending the round every second until it comes (a lost report or verdict costs a
  * second, never the job). CO_EABORTED when the job is aborted, or when the supervisor has

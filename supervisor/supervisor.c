@@ -621,10 +621,12 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         }
         break;
     case COHORT__V1__ENVELOPE__BODY_LOSS_REPORT:
+    case COHORT__V1__ENVELOPE__BODY_PARAMS_CHECKSUM:
         if (s->val && !s->stopping && !s->restarting && e->generation == s->snd.generation) {
             char why[400];
             int quarantine = -1;
-            int64_t it = (int64_t)e->loss_report->iteration;
+            bool sum = e->body_case == COHORT__V1__ENVELOPE__BODY_PARAMS_CHECKSUM;
+            int64_t it = (int64_t)(sum ? e->params_checksum->iteration : e->loss_report->iteration);
             if (s->quarantine_rank >= 0 && it > s->quarantine_after) {
                 /* a report of the next iteration: every rank applied (and logged) the one the
                  * quarantine was decided in; retire the rank at this restart's barrier */
@@ -638,7 +640,9 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
                     break;
                 }
             }
-            int st = w->rank < 0 ? 0 : svv_on_report(s->val, w->rank, e->loss_report, why, sizeof why, &quarantine);
+            int st = w->rank < 0 ? 0
+                     : sum      ? svv_on_checksum(s->val, w->rank, e->params_checksum, why, sizeof why, &quarantine)
+                                : svv_on_report(s->val, w->rank, e->loss_report, why, sizeof why, &quarantine);
             if (st > 0) begin_shutdown(s, st, why);
             else if (quarantine >= 0 && s->quarantine_rank < 0) {
                 /* not now: ranks still in this iteration's all-reduce would be aborted before

@@ -21,6 +21,7 @@ typedef struct pend {
     uint64_t seen; /* micro batches received (bit per micro batch) */
     int got;
     bool added;
+    bool want_sum, have_sum; /* a ParamsChecksum follows the reports / has come */
     double phase_ms[SVV_NPH];
 } pend;
 
@@ -254,6 +255,21 @@ static void take_events(svv *v, uint64_t now, int *quarantine) {
     }
 }
 
+/* rank's pending round becomes (it, attempt, check_for), emptied if it was another one
+ * (or nothing has arrived for it since the last decision) */
+static void pend_round(svv *v, int rank, int64_t it, int attempt, int check_for) {
+    pend *p = &v->p[rank];
+    if (p->r.iteration == it && p->r.attempt == attempt && p->r.check_for == check_for && (p->got || p->have_sum))
+        return;
+    memset(p, 0, sizeof *p);
+    p->r.iteration = it;
+    p->r.attempt = attempt;
+    p->r.rank = rank;
+    p->r.check_for = check_for;
+}
+
+static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *quarantine);
+
 int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why, size_t n, int *quarantine) {
     *quarantine = -1;
     if (rank < 0 || rank >= v->W || (int)lr->rank != rank) return 0;
@@ -269,16 +285,14 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
         return 0;
     }
     pend *p = &v->p[rank];
-    if (p->r.iteration != it || p->r.attempt != attempt || p->r.check_for != check_for || p->r.nmb != nmb ||
-        !p->got) {
-        if (p->added && p->r.iteration == it && p->r.attempt == attempt) return 0; /* duplicate */
-        memset(p, 0, sizeof *p);
-        p->r.iteration = it;
-        p->r.attempt = attempt;
-        p->r.rank = rank;
-        p->r.check_for = check_for;
-        p->r.nmb = nmb;
+    if (p->added && p->r.iteration == it && p->r.attempt == attempt) return 0; /* duplicate */
+    pend_round(v, rank, it, attempt, check_for);
+    if (p->r.nmb != nmb && p->got) { /* another count of micro batches: start the round afresh */
+        p->r.iteration = -1;
+        pend_round(v, rank, it, attempt, check_for);
     }
+    p->r.nmb = nmb;
+    if (lr->has_checksum_follows && lr->checksum_follows) p->want_sum = true;
     if (p->seen & (1ull << lr->micro_batch)) return 0; /* a duplicate message */
     if (it > v->max_iter) v->max_iter = it;
     if (!v->round_first_ms) v->round_first_ms = now;
@@ -290,7 +304,32 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
     for (size_t k = 0; k < lr->n_phase_ms; k++)
         for (int q = 0; q < SVV_NPH; q++)
             if (!strcmp(lr->phase_ms[k]->key, ph_names[q])) p->phase_ms[q] = lr->phase_ms[k]->value;
-    if (p->got < nmb || p->added) return 0;
+    return complete(v, rank, now, why, n, quarantine);
+}
+
+int svv_on_checksum(svv *v, int rank, const Cohort__V1__ParamsChecksum *c, char *why, size_t n, int *quarantine) {
+    *quarantine = -1;
+    if (rank < 0 || rank >= v->W || (int)c->rank != rank) return 0;
+    int64_t it = (int64_t)c->iteration;
+    int attempt = (int)c->attempt;
+    if (v->have_last && it == v->last_iter && attempt == v->last_attempt) return 0; /* decided already */
+    pend *p = &v->p[rank];
+    if (p->added && p->r.iteration == it && p->r.attempt == attempt) return 0;
+    pend_round(v, rank, it, attempt, -1);
+    p->r.has_sum = p->have_sum = p->want_sum = true;
+    p->r.sum_used = c->used;
+    p->r.has_written = c->has_written;
+    p->r.sum_written = c->written;
+    return complete(v, rank, sv__now_ms(), why, n, quarantine);
+}
+
+/* A rank's reports for the round (and its checksum, if one was announced) are all in: the
+ * round goes to the state machine, and when it is complete its verdict to every rank. */
+static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *quarantine) {
+    pend *p = &v->p[rank];
+    int64_t it = p->r.iteration;
+    int attempt = p->r.attempt, check_for = p->r.check_for;
+    if (!p->r.nmb || p->got < p->r.nmb || p->added || (p->want_sum && !p->have_sum)) return 0;
     if (attempt == 0 && check_for < 0 && it != v->first_report_iter) {
         v->first_report_iter = it;
         v->first_report_ms = now;
@@ -315,7 +354,7 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
         v->validated++;
         score_stragglers(v, it);
     }
-    for (int r = 0; r < v->W; r++) v->p[r].added = false, v->p[r].got = 0;
+    for (int r = 0; r < v->W; r++) v->p[r].added = false, v->p[r].got = 0, v->p[r].have_sum = v->p[r].want_sum = false;
     v->round_first_ms = 0;
     if (vd.decision == RR_ACCEPT || vd.decision == RR_SKIP) {
         if (v->last_accept_ms && v->naccepts >= 5 && (double)(now - v->last_accept_ms) > v->max_step_ms)

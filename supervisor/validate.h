@@ -33,6 +33,9 @@ void svv_destroy(svv **v);
 /* A rank's LossReport. Returns 0, or an exit status (> 0) when the verdict stops the job;
  * why then says why. *quarantine: a rank found faulty too often (to be replaced), or -1. */
 int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *r, char *why, size_t n, int *quarantine);
+/* A rank's parameter checksums for a round (sent after its loss reports, when they said
+ * one follows): the round is complete only with them. Returns as svv_on_report. */
+int svv_on_checksum(svv *v, int rank, const Cohort__V1__ParamsChecksum *c, char *why, size_t n, int *quarantine);
 /* An "event: ..." line a worker sent (an injected or repaired fault on that rank). */
 void svv_on_event(svv *v, int rank, const char *line);
 /* Another kind of fault the supervisor saw (a dead or silent rank): kind, rank, text. */

@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -75,6 +76,9 @@ struct trainer {
     double phase_ms[TR_NPHASES];
     double gate_s;            /* time in the validator (report + verdict wait) since the last log line */
     double mb_loss[RR_MAX_MB], mb_tok[RR_MAX_MB];
+    /* --check-weight-hash-across-dp-replicas-interval: the weights as this rank last wrote them */
+    uint64_t sum_written;
+    bool have_written;
 };
 
 const char *const trainer_phase_names[TR_NPHASES] = {"data", "forward", "backward", "allreduce", "optimizer"};
@@ -546,6 +550,40 @@ static bool skip_listed(const trainer *t, int64_t step) {
     return false;
 }
 
+/* ---- the weights' checksum (silent data corruption, resilience/rerun.h) ----
+ * XXH3-64 of the fp32 master weights and, in bf16 mode, of the bf16 working copy the
+ * forward and backward read. Data-parallel replicas hold both bitwise equal. */
+static uint64_t params_checksum(trainer *t) {
+    size_t n = gpt_num_params(t->model);
+    uint64_t h = XXH3_64bits(gpt_params(t->model), n * sizeof(float));
+    const void *w16 = gpt_params_bf16(t->model);
+    return w16 ? XXH3_64bits_withSeed(w16, n * 2, h) : h;
+}
+
+/* Are the weights checksummed at all (a validator that compares replicas, an interval)? */
+static bool sums_on(const trainer *t) {
+    return t->dp && t->dp->size > 1 && t->have_val && t->val.checksum && t->cfg.check_weight_hash_interval > 0 &&
+           !strcmp(t->cfg.rerun_mode, "validate_results");
+}
+
+/* The checksum of what this rank just wrote into its weights (an optimizer step, a repair,
+ * a load): a later change in memory then shows as a used checksum that differs. */
+static void note_written(trainer *t) {
+    t->have_written = sums_on(t);
+    if (t->have_written) t->sum_written = params_checksum(t);
+}
+
+typedef struct sum_job {
+    trainer *t;
+    uint64_t sum;
+} sum_job;
+
+static void *sum_main(void *arg) {
+    sum_job *j = arg;
+    j->sum = params_checksum(j->t);
+    return NULL;
+}
+
 /* Every rank takes rank `root`'s parameters and optimizer state (REPAIR, replica repair). */
 static int take_state(trainer *t, int root) {
     cm_comm *dp = t->dp;
@@ -554,6 +592,7 @@ static int take_state(trainer *t, int root) {
     if (!rc && t->opt.m) rc = dp->ops->broadcast(dp, t->opt.m, n * sizeof(float), root, TRAIN_COMM_TIMEOUT_MS);
     if (!rc && t->opt.v) rc = dp->ops->broadcast(dp, t->opt.v, n * sizeof(float), root, TRAIN_COMM_TIMEOUT_MS);
     if (!rc) gpt_sync_bf16(t->model);
+    if (!rc) note_written(t);
     return rc;
 }
 
@@ -650,6 +689,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
     t->stop = stop;
     bool tty = c->progress && t->log == stdout && isatty(STDOUT_FILENO);
     int me = t->topo.dp_rank;
+    note_written(t); /* the weights as built, loaded or taken from a peer */
     if (t->iteration < c->train_iters) {
         /* a stop asked for before the first step (a signal during setup, the supervisor's
          * order): the ranks agree on it in one vote, and nothing is trained */
@@ -692,9 +732,10 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             if (!checking_round) {
                 int rc = compute_share(t, me, step, &it_loss, &it_tok, &local_norm);
                 if (rc) return rc;
+                rr_report r = {.iteration = step, .attempt = attempt, .rank = me, .check_for = -1,
+                               .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB, .grad_norm = local_norm,
+                               .has_sum = sums_on(t) && step % c->check_weight_hash_interval == 0};
                 if (t->have_val) {
-                    rr_report r = {.iteration = step, .attempt = attempt, .rank = me, .check_for = -1,
-                                   .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB, .grad_norm = local_norm};
                     memcpy(r.loss, t->mb_loss, sizeof(double) * (size_t)r.nmb);
                     memcpy(r.tokens, t->mb_tok, sizeof(double) * (size_t)r.nmb);
                     double tr = now_s();
@@ -707,7 +748,21 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                                                      (now_s() - t->start_time) / 60.0 > c->exit_duration_in_mins);
                 stop_reason = stop && *stop ? 1 : want_stop ? 2 : 0;
                 double ta = now_s();
-                if (t->dp && (rc = reduce_step(t, &it_loss, &it_tok, &stop_reason))) return rc;
+                /* the weights this round used are hashed while the gradients are reduced
+                 * (neither touches the other's memory) */
+                sum_job job = {.t = t};
+                pthread_t th;
+                bool threaded = r.has_sum && !pthread_create(&th, NULL, sum_main, &job);
+                if (t->dp) rc = reduce_step(t, &it_loss, &it_tok, &stop_reason);
+                if (threaded) pthread_join(th, NULL);
+                else if (r.has_sum && !rc) job.sum = params_checksum(t);
+                if (rc) return rc;
+                if (r.has_sum) {
+                    r.sum_used = job.sum;
+                    r.has_written = t->have_written;
+                    r.sum_written = t->sum_written;
+                    if ((rc = t->val.checksum(t->val.ctx, &r))) return rc;
+                }
                 t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - ta);
             } else if (role_check_for >= 0) {
                 double l, k;
@@ -792,6 +847,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             double lr = lr_at(&t->lr, t->iteration);
             opt_adamw_step(&t->opt, t->model, lr, gnorm);
             if (kb_backend_status(be)) return kb_backend_status(be);
+            if (sums_on(t) && (step + 1) % c->check_weight_hash_interval == 0) note_written(t);
             fi_fault *f;
             if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_PARAM, me, me, step, -1, FI_PH_OPTIMIZER))) {
                 int bit;

@@ -104,6 +104,9 @@ typedef struct trainer_validator {
     int (*report)(void *ctx, const rr_report *r, const double phase_ms[TR_NPHASES]);
     /* blocks until the verdict for (iteration, the round just reported) */
     int (*verdict)(void *ctx, int64_t iteration, int attempt, rr_verdict *v);
+    /* the parameter checksums of a round reported with has_sum (NULL: the validator
+     * compares none; a one-rank job has no replica to compare with); must not block */
+    int (*checksum)(void *ctx, const rr_report *r);
     void *ctx;
 } trainer_validator;
 void trainer_set_validator(trainer *t, const trainer_validator *v);
