@@ -125,14 +125,71 @@ bitflip_grad)
     expect_fault f grad_outlier 1 transient_error
     ;;
 bitflip_param)
-    # a corrupted parameter on one rank reproduces there but not on a peer: the rank's
-    # state is repaired from a healthy replica and the step replayed
+    # a corrupted parameter on one rank: its weights' checksum differs from the three other
+    # replicas' in that very step, it is repaired from the majority and the step replayed
     clean
     run f --inject "bitflip-param@rank=2,step=5,bit=30"
     expect_rc f 0
     expect_same f
-    expect_fault f "nan_grad|inf_grad|nan_loss|inf_loss|grad_outlier" 2 persistent_error
-    grep -q "repair (persistent_error): rank 2" "$work/f.err" || fail "no repair"
+    expect_fault f param_checksum 2 persistent_error
+    grep -q "iteration 5: repair (persistent_error): rank 2: parameters differ from 3 of 4 replicas'" "$work/f.err" ||
+        fail "no repair: $(grep supervisor "$work/f.err")"
+    # without the checksums the losses find it: it reproduces on its rank but not on a
+    # peer, so the rank's state is repaired from a healthy replica and the step replayed
+    run g --check-weight-hash-across-dp-replicas-interval 0 --inject "bitflip-param@rank=2,step=5,bit=30"
+    expect_rc g 0
+    expect_same g
+    expect_fault g "nan_grad|inf_grad|nan_loss|inf_loss|grad_outlier" 2 persistent_error
+    grep -q "repair (persistent_error): rank 2: .* reproduces on rank 2 only" "$work/g.err" || fail "no repair"
+    ;;
+sdc_4|sdc_2)
+    # silent data corruption: bits of one replica's weights flipped (mantissa and exponent,
+    # before the forward or after the optimizer step, several seeds choosing the weight),
+    # changing the loss far less than a spike; the checksums catch each in its step and the
+    # job ends bitwise equal to the fault-free run. Four replicas: the majority repairs;
+    # two: the step is replayed, and the rank whose weights changed since it wrote them is
+    # repaired from the other
+    n=${case_name#sdc_}
+    clean --nproc-per-node $n --check-for-spiky-loss
+    specs=("1 5 3 forward" "2 7 22 forward" "3 4 23 forward" "4 6 24 optimizer" "5 9 26 forward" "6 3 12 optimizer")
+    for k in 1 2 3 4 5 6; do
+        read -r seed step bit phase <<<"${specs[k-1]}"
+        rank=$(( (seed + 1) % n ))
+        run f$k --nproc-per-node $n --check-for-spiky-loss --inject-seed $seed \
+            --inject "bitflip-param@rank=$rank,step=$step,bit=$bit,phase=$phase"
+        expect_rc f$k 0
+        expect_same f$k
+        expect_fault f$k param_checksum $rank persistent_error
+        at=$step; [ "$phase" = optimizer ] && at=$((step + 1))
+        if [ "$n" = 4 ]; then
+            grep -q "iteration $at: repair (persistent_error): rank $rank: parameters differ from 3 of 4 replicas'" \
+                "$work/f$k.err" || fail "f$k: $(grep supervisor "$work/f$k.err")"
+        else
+            grep -q "iteration $at: rerun: parameter checksums differ between the replicas with no majority" \
+                "$work/f$k.err" || fail "f$k: no replay: $(grep supervisor "$work/f$k.err")"
+            grep -q "iteration $at: repair (persistent_error): rank $rank: parameters changed in memory since its last update .*repaired from rank $(( 1 - rank ))" \
+                "$work/f$k.err" || fail "f$k: $(grep supervisor "$work/f$k.err")"
+        fi
+        # no loss check tripped: the corruption was silent
+        ! grep -Eq "spiky_loss|nan_|inf_|grad_outlier" "$work/f$k.report.json" || fail "f$k: not silent: $(cat "$work/f$k.report.json")"
+    done
+    # the control: the same faults unchecked train on, unnoticed, and end elsewhere, while
+    # no logged loss moved by as much as the spike threshold (10x)
+    for k in 1 3 4; do
+        read -r seed step bit phase <<<"${specs[k-1]}"
+        run u$k --nproc-per-node $n --check-for-spiky-loss --check-weight-hash-across-dp-replicas-interval 0 \
+            --check-replicas-interval 0 --inject-seed $seed \
+            --inject "bitflip-param@rank=$(( (seed + 1) % n )),step=$step,bit=$bit,phase=$phase"
+        expect_rc u$k 0
+        ! grep -q param_checksum "$work/u$k.report.json" || fail "u$k: checked though disabled"
+        ! "$cohort" ckpt diff "$work/clean.ckpt/iter_0000012" "$work/u$k.ckpt/iter_0000012" >/dev/null 2>&1 ||
+            fail "u$k: the unchecked corruption left no trace (the fault did not change the weights)"
+        /usr/bin/python3 - "$work/clean.jsonl" "$work/u$k.jsonl" <<'PY' || fail "u$k: the flip moved a loss by a spike's factor"
+import json, sys
+a, b = ([r["lm_loss"] for r in map(json.loads, open(p)) if "grad_norm" in r] for p in sys.argv[1:])
+assert len(a) == len(b) == 12 and all(y < 10 * x and x < 10 * y for x, y in zip(a, b)), (a, b)
+PY
+    done
     ;;
 bitflip_act)
     clean
@@ -394,7 +451,7 @@ def has(kind, rank, step=None):
 kill = "killed|collective|exited"  # whichever the supervisor heard of first (the iteration a restart records may be the next)
 flip = "nan_grad|inf_grad|grad_outlier|nan_loss|inf_loss|spiky_loss"  # whichever check the flipped value trips
 want = [(kill, 1, None), ("nan_loss", 0, 30), ("hang", 2, 45), ("injected", 2, 60), (flip, 1, 70), (kill, 2, None),
-        ("injected", 1, 100), ("inf_loss", 2, 110), (flip, 3, 120), ("injected", 0, 130), ("spiky_loss", 1, 140),
+        ("injected", 1, 100), ("inf_loss", 2, 110), ("param_checksum", 3, 120), ("injected", 0, 130), ("spiky_loss", 1, 140),
         (flip, 0, 160), (kill, 0, None), ("nan_loss", 3, 190)]
 missing = [w for w in want if not has(*w)]
 assert not missing, missing

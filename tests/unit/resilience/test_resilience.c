@@ -341,6 +341,110 @@ static void micro_batch_limit(void) {
     rr_destroy(&m);
 }
 
+/* One round with parameter checksums: used[r], written[r] (0: none written). */
+static rr_verdict round_sums(rr_machine *m, int W, int64_t it, int attempt, const uint64_t *used,
+                             const uint64_t *written) {
+    rr_verdict v;
+    memset(&v, 0, sizeof v);
+    for (int r = 0; r < W; r++) {
+        rr_report x = rep(it, attempt, r, 100, 1);
+        x.has_sum = true;
+        x.sum_used = used[r];
+        x.has_written = written[r] != 0;
+        x.sum_written = written[r];
+        int rc = rr_add(m, &x);
+        CHECK_MSG(rc == (r == W - 1), "rr_add rank %d: %d", r, rc);
+    }
+    CHECK(rr_decide(m, &v) == 0);
+    return v;
+}
+
+static const rr_event *last_event(rr_machine *m, int *n) {
+    const rr_event *e = rr_events(m, n);
+    return *n ? &e[*n - 1] : NULL;
+}
+
+/* Silent data corruption: replicas whose weights' checksums differ are found in the step,
+ * repaired from the majority, or with two replicas from the one whose weights are as it
+ * wrote them; a disagreement that does not reproduce is transient; one that cannot be
+ * attributed stops the job. */
+static void weight_checksums(void) {
+    rr_options o;
+    rr_machine *m;
+    /* four replicas, rank 2 differs: repaired from rank 0, the replay must agree */
+    rr_options_default(&o, 4);
+    REQUIRE(rr_new(&m, &o) == 0);
+    uint64_t ok4[4] = {7, 7, 7, 7}, bad4[4] = {7, 7, 9, 7}, wr4[4] = {7, 7, 7, 7};
+    CHECK(round_sums(m, 4, 1, 0, ok4, wr4).decision == RR_ACCEPT);
+    rr_verdict v = round_sums(m, 4, 2, 0, bad4, wr4);
+    CHECK(v.decision == RR_REPAIR && v.helper == 0 && v.suspect == 2 && v.diagnosis == RR_DIAG_PERSISTENT);
+    CHECK_MSG(strstr(v.reason, "rank 2: parameters differ from 3 of 4 replicas'") != NULL, "%s", v.reason);
+    int n;
+    const rr_event *e = last_event(m, &n);
+    CHECK(n == 1 && e && e->rank == 2 && !strcmp(e->check, "param_checksum") && e->repaired &&
+          e->diagnosis == RR_DIAG_PERSISTENT);
+    v = round_sums(m, 4, 2, v.attempt, ok4, wr4);
+    CHECK(v.decision == RR_ACCEPT && v.diagnosis == RR_DIAG_PERSISTENT);
+    /* two of four differ (3 and 1 against 7, 7): still a majority of the other value? no:
+     * 2 of 4 is not more than half; the replay decides, and the written sums attribute */
+    uint64_t split[4] = {7, 5, 7, 5}, wsplit[4] = {7, 7, 7, 7};
+    v = round_sums(m, 4, 3, 0, split, wsplit);
+    CHECK(v.decision == RR_RERUN);
+    v = round_sums(m, 4, 3, v.attempt, split, wsplit);
+    CHECK_MSG(v.decision == RR_REPAIR && v.helper == 0, "%s", v.reason);
+    CHECK(round_sums(m, 4, 3, v.attempt, ok4, wr4).decision == RR_ACCEPT);
+    /* repaired, and the replicas still differ: stop */
+    v = round_sums(m, 4, 4, 0, bad4, wr4);
+    CHECK(v.decision == RR_REPAIR);
+    v = round_sums(m, 4, 4, v.attempt, bad4, wr4);
+    CHECK_MSG(v.decision == RR_STOP && strstr(v.reason, "still differ after"), "%s", v.reason);
+    rr_destroy(&m);
+
+    /* two replicas: no majority; the replay reproduces; rank 1's weights changed since it
+     * wrote them (5 written, 9 used), rank 0's did not: repaired from rank 0 */
+    rr_options_default(&o, 2);
+    REQUIRE(rr_new(&m, &o) == 0);
+    uint64_t u2[2] = {5, 9}, w2[2] = {5, 5}, ok2[2] = {5, 5};
+    v = round_sums(m, 2, 1, 0, u2, w2);
+    CHECK(v.decision == RR_RERUN && v.diagnosis == RR_DIAG_NONE);
+    v = round_sums(m, 2, 1, v.attempt, u2, w2);
+    CHECK_MSG(v.decision == RR_REPAIR && v.helper == 0 && v.suspect == 1, "%s", v.reason);
+    CHECK_MSG(strstr(v.reason, "rank 1: parameters changed in memory since its last update") != NULL, "%s", v.reason);
+    CHECK(round_sums(m, 2, 1, v.attempt, ok2, w2).decision == RR_ACCEPT);
+    /* rank 0 this time */
+    uint64_t u2b[2] = {9, 5};
+    v = round_sums(m, 2, 2, 0, u2b, w2);
+    v = round_sums(m, 2, 2, v.attempt, u2b, w2);
+    CHECK(v.decision == RR_REPAIR && v.helper == 1 && v.suspect == 0);
+    CHECK(round_sums(m, 2, 2, v.attempt, ok2, w2).decision == RR_ACCEPT);
+    /* the replay agrees: a transient fault, the replay is accepted */
+    v = round_sums(m, 2, 3, 0, u2, w2);
+    CHECK(v.decision == RR_RERUN);
+    v = round_sums(m, 2, 3, v.attempt, ok2, w2);
+    CHECK(v.decision == RR_ACCEPT && v.diagnosis == RR_DIAG_TRANSIENT);
+    e = last_event(m, &n);
+    CHECK(e && e->rank == 1 && e->diagnosis == RR_DIAG_TRANSIENT && !strcmp(e->check, "param_checksum"));
+    /* both ranks' weights are as they wrote them, yet differ (a fault inside one rank's
+     * optimizer step): no rank can be shown faulty, the job stops */
+    uint64_t wboth[2] = {5, 9};
+    v = round_sums(m, 2, 4, 0, u2, wboth);
+    v = round_sums(m, 2, 4, v.attempt, u2, wboth);
+    CHECK_MSG(v.decision == RR_STOP && strstr(v.reason, "no rank can be shown faulty"), "%s", v.reason);
+    /* nothing written to compare with (0): cannot attribute either */
+    uint64_t none[2] = {0, 0};
+    v = round_sums(m, 2, 5, 0, u2, none);
+    v = round_sums(m, 2, 5, v.attempt, u2, none);
+    CHECK(v.decision == RR_STOP);
+    rr_destroy(&m);
+
+    /* a report without checksums (an unchecked interval) compares nothing */
+    rr_options_default(&o, 2);
+    REQUIRE(rr_new(&m, &o) == 0);
+    double l[2] = {100, 100}, g[2] = {1, 1};
+    CHECK(round_all(m, 2, 1, 0, l, g).decision == RR_ACCEPT);
+    rr_destroy(&m);
+}
+
 int main(void) {
     RUN(micro_batch_limit);
     RUN(accepts_valid);
@@ -354,5 +458,6 @@ int main(void) {
     RUN(injection_types);
     RUN(state_and_tracker);
     RUN(inject_schedule);
+    RUN(weight_checksums);
     return TEST_EXIT();
 }
