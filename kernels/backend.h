@@ -157,6 +157,11 @@ typedef struct kb_ops {
     void (*adamw)(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float wd, float gscale,
                   int64_t t);
+    /* adamw, and *sum = kb_checksum_f32(p, n, seed) of the p it wrote, each block hashed as
+     * it is written (kernels/checksum.h). NULL where a backend cannot: the caller hashes. */
+    void (*adamw_checksum)(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n,
+                           float lr, float beta1, float beta2, float eps, float wd, float gscale,
+                           int64_t t, uint64_t seed, uint64_t *sum);
 } kb_ops;
 
 struct kb_backend {

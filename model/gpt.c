@@ -11,6 +11,10 @@
  * [N,C] buffer that each norm backward accumulates into. */
 #include "model/gpt.h"
 
+#include "kernels/checksum.h"
+
+#include <xxhash.h>
+
 #include "common/error.h"
 #include "common/rng.h"
 
@@ -255,6 +259,19 @@ const gpt_config *gpt_get_config(const gpt_model *m) { return &m->cfg; }
 kb_backend *gpt_backend(gpt_model *m) { return m->be; }
 
 const void *gpt_params_bf16(const gpt_model *m) { return m->params16; }
+
+uint64_t gpt_weights_checksum32(gpt_model *m) {
+    uint64_t h = 0;
+    for (int i = 0; i < m->ntensors; i++)
+        h ^= kb_checksum_f32(m->params + m->tensors[i].offset, m->tensors[i].numel, GPT_SUM_SEED(i));
+    return h;
+}
+
+uint64_t gpt_weights_checksum16(gpt_model *m) {
+    return m->params16 ? XXH3_64bits_withSeed(m->params16, m->nparams * sizeof(kb_bf16), 0x16) : 0;
+}
+
+uint64_t gpt_weights_checksum(gpt_model *m) { return gpt_weights_checksum32(m) ^ gpt_weights_checksum16(m); }
 
 void gpt_sync_bf16(gpt_model *m) {
     if (m->params16) m->ops->to_bf16(m->be, m->params16, m->params, m->nparams);

@@ -85,6 +85,13 @@ void gpt_sync_bf16(gpt_model *m);
 /* The bf16 working copy of the weights the forward and backward read in bf16 mode
  * (gpt_num_params elements of 2 bytes), or NULL in fp32 mode. */
 const void *gpt_params_bf16(const gpt_model *m);
+/* The weights' checksum data-parallel replicas compare (kernels/checksum.h): the XOR over
+ * the tensors of kb_checksum_f32 of each with seed GPT_SUM_SEED(its index), XOR in bf16
+ * mode the XXH3 of the bf16 copy (gpt_weights_checksum16, 0 in fp32 mode). Host memory. */
+#define GPT_SUM_SEED(i) (((uint64_t)(i) + 1) << 40)
+uint64_t gpt_weights_checksum(gpt_model *m);
+uint64_t gpt_weights_checksum32(gpt_model *m);
+uint64_t gpt_weights_checksum16(gpt_model *m);
 
 /* Forward pass for one micro batch. train: dropout on (keyed by dropout_seed) and the
  * activations kept for backward. dscale[B*T] gives each token's weight in the gradient of

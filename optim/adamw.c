@@ -4,6 +4,7 @@
 #include "common/error.h"
 
 #include <math.h>
+#include <stdbool.h>
 
 int opt_adamw_init(opt_adamw *o, gpt_model *model, float beta1, float beta2, float eps, float wd, float clip) {
     kb_backend *be = gpt_backend(model);
@@ -36,7 +37,7 @@ double opt_grad_norm(gpt_model *model) {
     return sqrt(be->ops->sumsq(be, gpt_grads(model), gpt_num_params(model)));
 }
 
-void opt_adamw_step(opt_adamw *o, gpt_model *model, double lr, double grad_norm) {
+void opt_adamw_step_checksum(opt_adamw *o, gpt_model *model, double lr, double grad_norm, uint64_t *sum) {
     kb_backend *be = gpt_backend(model);
     float gscale = 1.0f;
     if (o->clip_grad > 0) {
@@ -46,13 +47,28 @@ void opt_adamw_step(opt_adamw *o, gpt_model *model, double lr, double grad_norm)
     o->step++;
     const gpt_tensor *t = gpt_tensors(model);
     float *p = gpt_params(model), *g = gpt_grads(model);
+    bool fused = sum && be->ops->adamw_checksum;
+    uint64_t h = 0;
     for (int i = 0; i < gpt_num_tensors(model); i++) {
         size_t off = t[i].offset;
-        be->ops->adamw(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, (float)lr, o->beta1, o->beta2,
-                       o->eps, t[i].decay ? o->weight_decay : 0.0f, gscale, o->step);
+        if (fused) {
+            uint64_t ht;
+            be->ops->adamw_checksum(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, (float)lr, o->beta1,
+                                    o->beta2, o->eps, t[i].decay ? o->weight_decay : 0.0f, gscale, o->step,
+                                    GPT_SUM_SEED(i), &ht);
+            h ^= ht;
+        } else {
+            be->ops->adamw(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, (float)lr, o->beta1, o->beta2,
+                           o->eps, t[i].decay ? o->weight_decay : 0.0f, gscale, o->step);
+        }
     }
     gpt_sync_bf16(model);
     /* queued backends (CUDA): the step is done before the host reads parameters or moments
      * (checkpoints) and before an asynchronous failure could go unnoticed */
     be->ops->sync(be);
+    if (sum) *sum = (fused ? h : gpt_weights_checksum32(model)) ^ gpt_weights_checksum16(model);
+}
+
+void opt_adamw_step(opt_adamw *o, gpt_model *model, double lr, double grad_norm) {
+    opt_adamw_step_checksum(o, model, lr, grad_norm, NULL);
 }

@@ -22,5 +22,8 @@ double opt_grad_norm(gpt_model *model);
 /* One step at learning rate lr, clipping with the given gradient norm. Refreshes the bf16
  * weight copy. */
 void opt_adamw_step(opt_adamw *o, gpt_model *model, double lr, double grad_norm);
+/* The same step, and *sum = gpt_weights_checksum(model) of the weights it wrote, hashed
+ * as they are written where the backend can (kernels/checksum.h). */
+void opt_adamw_step_checksum(opt_adamw *o, gpt_model *model, double lr, double grad_norm, uint64_t *sum);
 
 #endif

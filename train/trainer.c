@@ -79,6 +79,8 @@ struct trainer {
     /* --check-weight-hash-across-dp-replicas-interval: the weights as this rank last wrote them */
     uint64_t sum_written;
     bool have_written;
+    double sum_wait_s, sum_hash_s; /* since the last log line: checksum time on the training
+                                      thread (not hidden), and all hashing (also overlapped) */
 };
 
 const char *const trainer_phase_names[TR_NPHASES] = {"data", "forward", "backward", "allreduce", "optimizer"};
@@ -391,14 +393,16 @@ static void log_line(trainer *t, double lr, double grad_norm) {
                 "{\"iteration\":%lld,\"train_iters\":%lld,\"consumed_samples\":%lld,\"elapsed_ms_per_iteration\":%.3f,"
                 "\"tokens_per_second\":%.1f,\"tflops_per_rank\":%.4f,\"learning_rate\":%.9e,\"global_batch_size\":%d,"
                 "\"lm_loss\":%.9e,\"loss_scale\":1.0,\"grad_norm\":%.6f,\"skipped_iterations\":%lld,"
-                "\"nan_iterations\":%lld,\"validation_ms_per_iteration\":%.3f,\"time\":\"%s\"}\n",
+                "\"nan_iterations\":%lld,\"validation_ms_per_iteration\":%.3f,\"weight_checksum_ms_per_iteration\":%.3f,"
+                "\"weight_hash_ms_per_iteration\":%.3f,\"time\":\"%s\"}\n",
                 (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tok_s, tflops, lr,
                 c->global_batch_size, loss, grad_norm, (long long)t->skipped, (long long)t->nan_iters,
-                1000.0 * t->gate_s / t->iters_since_log, ts);
+                1000.0 * t->gate_s / t->iters_since_log, 1000.0 * t->sum_wait_s / t->iters_since_log,
+                1000.0 * t->sum_hash_s / t->iters_since_log, ts);
         fflush(t->metrics);
     }
     t->last_loss = loss;
-    t->gate_s = 0;
+    t->gate_s = t->sum_wait_s = t->sum_hash_s = 0;
     t->loss_sum = t->tok_sum = 0;
     t->iters_since_log = 0;
     t->time_since_log = 0;
@@ -551,14 +555,9 @@ static bool skip_listed(const trainer *t, int64_t step) {
 }
 
 /* ---- the weights' checksum (silent data corruption, resilience/rerun.h) ----
- * XXH3-64 of the fp32 master weights and, in bf16 mode, of the bf16 working copy the
- * forward and backward read. Data-parallel replicas hold both bitwise equal. */
-static uint64_t params_checksum(trainer *t) {
-    size_t n = gpt_num_params(t->model);
-    uint64_t h = XXH3_64bits(gpt_params(t->model), n * sizeof(float));
-    const void *w16 = gpt_params_bf16(t->model);
-    return w16 ? XXH3_64bits_withSeed(w16, n * 2, h) : h;
-}
+ * gpt_weights_checksum: the fp32 master weights and, in bf16 mode, the bf16 working copy
+ * the forward and backward read; data-parallel replicas hold both bitwise equal. */
+static uint64_t params_checksum(trainer *t) { return gpt_weights_checksum(t->model); }
 
 /* Are the weights checksummed at all (a validator that compares replicas, an interval)? */
 static bool sums_on(const trainer *t) {
@@ -570,17 +569,24 @@ static bool sums_on(const trainer *t) {
  * a load): a later change in memory then shows as a used checksum that differs. */
 static void note_written(trainer *t) {
     t->have_written = sums_on(t);
-    if (t->have_written) t->sum_written = params_checksum(t);
+    if (!t->have_written) return;
+    double t0 = now_s();
+    t->sum_written = params_checksum(t);
+    t->sum_wait_s += now_s() - t0;
+    t->sum_hash_s += now_s() - t0;
 }
 
 typedef struct sum_job {
     trainer *t;
     uint64_t sum;
+    double s; /* how long it took */
 } sum_job;
 
 static void *sum_main(void *arg) {
     sum_job *j = arg;
+    double t0 = now_s();
     j->sum = params_checksum(j->t);
+    j->s = now_s() - t0;
     return NULL;
 }
 
@@ -754,8 +760,11 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                 pthread_t th;
                 bool threaded = r.has_sum && !pthread_create(&th, NULL, sum_main, &job);
                 if (t->dp) rc = reduce_step(t, &it_loss, &it_tok, &stop_reason);
+                double tj = now_s();
                 if (threaded) pthread_join(th, NULL);
-                else if (r.has_sum && !rc) job.sum = params_checksum(t);
+                else if (r.has_sum && !rc) sum_main(&job);
+                t->sum_wait_s += now_s() - tj;
+                t->sum_hash_s += job.s;
                 if (rc) return rc;
                 if (r.has_sum) {
                     r.sum_used = job.sum;
@@ -845,9 +854,12 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             }
             fire_process_faults(t, step, -1, FI_PH_OPTIMIZER);
             double lr = lr_at(&t->lr, t->iteration);
-            opt_adamw_step(&t->opt, t->model, lr, gnorm);
+            /* the next step's checksum compares with what this step writes (hashed as AdamW
+             * writes it, where the backend can) */
+            bool written = sums_on(t) && (step + 1) % c->check_weight_hash_interval == 0;
+            opt_adamw_step_checksum(&t->opt, t->model, lr, gnorm, written ? &t->sum_written : NULL);
+            if (written) t->have_written = true;
             if (kb_backend_status(be)) return kb_backend_status(be);
-            if (sums_on(t) && (step + 1) % c->check_weight_hash_interval == 0) note_written(t);
             fi_fault *f;
             if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_PARAM, me, me, step, -1, FI_PH_OPTIMIZER))) {
                 int bit;

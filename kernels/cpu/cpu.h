@@ -119,6 +119,9 @@ void cpu_cross_entropy(kb_backend *b, float *losses, float *logits, const int32_
 double cpu_sumsq(kb_backend *b, const float *x, size_t n);
 void cpu_adamw(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr,
                float beta1, float beta2, float eps, float wd, float gscale, int64_t t);
+void cpu_adamw_checksum(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr,
+                        float beta1, float beta2, float eps, float wd, float gscale, int64_t t, uint64_t seed,
+                        uint64_t *sum);
 
 /* ---- small inline helpers ---- */
 

@@ -67,6 +67,7 @@ static const kb_ops cpu_ops = {
     .cross_entropy = cpu_cross_entropy,
     .sumsq = cpu_sumsq,
     .adamw = cpu_adamw,
+    .adamw_checksum = cpu_adamw_checksum,
 };
 
 /* Attention through the variant compiled for this CPU's level (kernels/meson.build builds

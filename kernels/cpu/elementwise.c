@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/checksum.h"
 #include "common/error.h"
 
 #define CHUNK ((size_t)16384)
@@ -425,6 +426,21 @@ double cpu_sumsq(kb_backend *b, const float *x, size_t n) {
     return s;
 }
 
+/* One chunk of AdamW (p, g, m, v at the chunk's start, n elements). */
+static inline void adamw_chunk(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                               float beta2, float c1, float c2, float ib1, float ib2, float eps, float wd,
+                               float gscale) {
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * gscale;
+        float mi = beta1 * m[i] + c1 * gi;
+        float vi = beta2 * v[i] + c2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float mh = mi * ib1, vh = vi * ib2;
+        p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
+    }
+}
+
 void cpu_adamw(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr,
                float beta1, float beta2, float eps, float wd, float gscale, int64_t t) {
     cpu_state *st = cpu_st(b);
@@ -435,14 +451,27 @@ void cpu_adamw(kb_backend *b, float *p, const float *g, float *m, float *v, size
 #pragma omp parallel for schedule(static) num_threads(st->threads)
     for (size_t c = 0; c < NCHUNK(n); c++) {
         CHUNK_BOUNDS(c, n);
-        for (size_t i = lo; i < hi; i++) {
-            float gi = g[i] * gscale;
-            float mi = beta1 * m[i] + c1 * gi;
-            float vi = beta2 * v[i] + c2 * gi * gi;
-            m[i] = mi;
-            v[i] = vi;
-            float mh = mi * ib1, vh = vi * ib2;
-            p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
-        }
+        adamw_chunk(p + lo, g + lo, m + lo, v + lo, hi - lo, lr, beta1, beta2, c1, c2, ib1, ib2, eps, wd, gscale);
     }
+}
+
+/* the weights' checksum blocks are the optimizer's chunks: each is hashed hot, as written */
+_Static_assert(CHUNK == KB_SUM_BLOCK, "AdamW's chunks must be the checksum's blocks");
+
+void cpu_adamw_checksum(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr,
+                        float beta1, float beta2, float eps, float wd, float gscale, int64_t t, uint64_t seed,
+                        uint64_t *sum) {
+    cpu_state *st = cpu_st(b);
+    if (t < 1) t = 1;
+    float ib1 = (float)(1.0 / (1.0 - pow((double)beta1, (double)t)));
+    float ib2 = (float)(1.0 / (1.0 - pow((double)beta2, (double)t)));
+    float c1 = 1.0f - beta1, c2 = 1.0f - beta2;
+    uint64_t h = 0;
+#pragma omp parallel for schedule(static) num_threads(st->threads) reduction(^ : h)
+    for (size_t c = 0; c < NCHUNK(n); c++) {
+        CHUNK_BOUNDS(c, n);
+        adamw_chunk(p + lo, g + lo, m + lo, v + lo, hi - lo, lr, beta1, beta2, c1, c2, ib1, ib2, eps, wd, gscale);
+        h ^= kb_checksum_block(p + lo, hi - lo, seed, c);
+    }
+    *sum = h;
 }

@@ -1,5 +1,6 @@
 /* test_kernels.c - the CPU backend's operations (everything except attention) against
  * double-precision reference loops and finite differences. */
+#include "kernels/checksum.h"
 #include "common/error.h"
 #include "tests/unit/kernels/kt_util.h"
 
@@ -584,6 +585,41 @@ static void test_adamw(void) {
     free(p), free(m), free(v), free(rp), free(rm), free(rv);
 }
 
+/* AdamW with the weights' checksum: bitwise the same step as adamw, and the checksum of
+ * what it wrote equals a separate pass of kb_checksum_f32 (blocks hashed in any order, on
+ * any thread); one flipped bit anywhere changes it. */
+static void test_adamw_checksum(void) {
+    size_t n = 3 * KB_SUM_BLOCK + 1234;
+    float *p = kt_rand(n, 1), *m = kt_rand(n, 0.01f), *v = kt_rand(n, 0.01f), *g = kt_rand(n, 1);
+    for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+    float *p2 = malloc(n * sizeof *p2), *m2 = malloc(n * sizeof *m2), *v2 = malloc(n * sizeof *v2);
+    REQUIRE(p2 && m2 && v2);
+    memcpy(p2, p, n * sizeof *p), memcpy(m2, m, n * sizeof *m), memcpy(v2, v, n * sizeof *v);
+    REQUIRE(B32->ops->adamw_checksum != NULL);
+    uint64_t sum = 0;
+    B32->ops->adamw(B32, p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 2);
+    B32->ops->adamw_checksum(B32, p2, g, m2, v2, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 2, 77, &sum);
+    CHECK(!memcmp(p, p2, n * sizeof *p) && !memcmp(m, m2, n * sizeof *m) && !memcmp(v, v2, n * sizeof *v));
+    CHECK(sum == kb_checksum_f32(p, n, 77));
+    CHECK(sum != kb_checksum_f32(p, n, 78));
+    uint64_t by_blocks = 0;
+    for (size_t b = 4; b-- > 0;) /* the blocks in reverse order */
+        by_blocks ^= kb_checksum_block(p + b * KB_SUM_BLOCK, b == 3 ? 1234 : KB_SUM_BLOCK, 77, b);
+    CHECK(by_blocks == sum);
+    size_t where[] = {0, KB_SUM_BLOCK - 1, KB_SUM_BLOCK, n - 1};
+    for (int k = 0; k < 4; k++)
+        for (int bit = 0; bit < 32; bit += 7) {
+            uint32_t u;
+            memcpy(&u, &p[where[k]], 4);
+            u ^= 1u << bit;
+            memcpy(&p2[where[k]], &u, 4);
+            CHECK(kb_checksum_f32(p2, n, 77) != sum);
+            memcpy(&p2[where[k]], &p[where[k]], 4);
+        }
+    CHECK(kb_checksum_f32(p2, n, 77) == sum);
+    free(p), free(m), free(v), free(g), free(p2), free(m2), free(v2);
+}
+
 int main(void) {
     B32 = kt_backend(2, false);
     B16 = kb_cpu_bf16_check(NULL, 0) ? kt_backend(2, true) : NULL;
@@ -602,6 +638,7 @@ int main(void) {
     RUN(test_cross_entropy);
     RUN(test_sumsq);
     RUN(test_adamw);
+    RUN(test_adamw_checksum);
     kb_backend_destroy(&B32);
     kb_backend_destroy(&B16);
     return TEST_EXIT();

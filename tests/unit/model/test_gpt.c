@@ -169,7 +169,11 @@ static float *train_steps(gpt_config cfg, int steps, bool bf16, double *final_lo
         gpt_zero_grad(m);
         loss = gpt_forward(m, &bt, true, (uint64_t)s, dscale, NULL) / (B * T);
         gpt_backward(m, &bt, (uint64_t)s);
-        opt_adamw_step(&opt, m, 3e-3, opt_grad_norm(m));
+        /* the checksum of what the step wrote is the weights' checksum after it */
+        uint64_t written = 0;
+        opt_adamw_step_checksum(&opt, m, 3e-3, opt_grad_norm(m), &written);
+        CHECK(written == gpt_weights_checksum(m) && written != 0);
+        CHECK((gpt_params_bf16(m) != NULL) == bf16 && (gpt_weights_checksum16(m) != 0) == bf16);
     }
     *final_loss = loss;
     float *copy = malloc(sizeof(float) * gpt_num_params(m));
