@@ -507,8 +507,13 @@ void svv_restart_done(svv *v, int64_t iteration, bool from_checkpoint) {
 bool svv_stalled(svv *v, uint64_t now, uint64_t soft_ms, int *missing, int cap, int *nmissing, uint64_t *since) {
     *nmissing = 0;
     if (!v->round_first_ms || now - v->round_first_ms <= soft_ms) return false;
-    for (int r = 0; r < v->W; r++)
-        if (!v->p[r].added && *nmissing < cap) missing[(*nmissing)++] = r;
+    /* a rank whose loss reports are in and whose checksum is not is in the all-reduce the
+     * checksum waits for: not the one that is stuck (the collective's timeout finds that) */
+    for (int r = 0; r < v->W; r++) {
+        const pend *p = &v->p[r];
+        bool reported = p->r.nmb > 0 && p->got >= p->r.nmb;
+        if (!p->added && !reported && *nmissing < cap) missing[(*nmissing)++] = r;
+    }
     *since = v->round_first_ms;
     return *nmissing > 0;
 }
