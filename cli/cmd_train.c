@@ -483,6 +483,22 @@ static int run_training(co_config *cp, const trainer_data *data, const corpus_in
     return status;
 }
 
+/* This worker's flags as JSON for its registration (the supervisor compares the nodes'),
+ * kept for the process's life: the link holds it. NULL if it cannot be built. */
+static const char *worker_flags_json(const co_config *c) {
+    static char *json;
+    size_t len = 0;
+    FILE *f = json ? NULL : open_memstream(&json, &len);
+    if (f) {
+        co_config_write_json(c, f);
+        if (fclose(f)) {
+            free(json);
+            json = NULL;
+        }
+    }
+    return json;
+}
+
 int cli_train(int argc, char **argv) {
     install_signals(); /* before anything else: a signal during setup is a stop, never lost or fatal */
     for (int i = 0; i < argc; i++)
@@ -494,7 +510,8 @@ int cli_train(int argc, char **argv) {
                    "2 cores on the licence texts in /usr/share/common-licenses, then sampled.\n");
             co_config_help(stdout);
             printf("\nexit status: 0 done or stopped cleanly (signal, exit interval or duration), 1 runtime\n"
-                   "failure, 2 usage or configuration error, 3 a NaN/Inf loss or gradient that the rerun state\n"
+                   "failure, 2 usage or configuration error (with --nnodes > 1 also: a node whose flags differ\n"
+                   "from the others'), 3 a NaN/Inf loss or gradient that the rerun state\n"
                    "machine found reproducible (a data or model problem); with --nproc-per-node > 1 or\n"
                    "--nnodes > 1 also 4 a worker failed and could not be replaced in process, 5 the rendezvous\n"
                    "did not complete in time, 6 a worker went silent with --no-inprocess-restart.\n"
@@ -529,7 +546,8 @@ int cli_train(int argc, char **argv) {
         const char *spare = getenv("COHORT_SPARE");
         /* a signal of this worker's own does not end the rendezvous: the ranks stop together
          * at the start of training (trainer_train's first vote); the supervisor's stop order does */
-        rc = sv_link_open(&link, &g_stop, &g_signal, spare && !strcmp(spare, "1") ? -1 : (int)(c.rendezvous_timeout * 1000), &asg);
+        rc = sv_link_open(&link, &g_stop, &g_signal, spare && !strcmp(spare, "1") ? -1 : (int)(c.rendezvous_timeout * 1000),
+                          worker_flags_json(&c), &asg);
         if (rc == CO_EABORTED) {
             /* the supervisor stopped the job before it began (a signal), or a warm spare the job
              * did not need: a clean end */

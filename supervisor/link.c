@@ -25,6 +25,7 @@ struct sv_link {
     ac_mailbox *mb;
     sv__sender snd;
     int local_rank, node_rank;
+    const char *config_json;           /* the caller's, for the registration (NULL: none) */
     char endpoint[400], identity[64], data_endpoint[400];
     ac_secret secret;
     bool have_secret;
@@ -325,6 +326,7 @@ static int link_on_start(ac_actor *a, void *ctx) {
     r.local_rank = (uint32_t)l->local_rank;
     r.node_rank = (uint32_t)l->node_rank;
     r.data_endpoint = l->data_endpoint;
+    r.config_json = (char *)l->config_json;
     rc = sv__send(l->mb, NULL, &l->snd, &r.base);
     if (!rc) rc = ac_timer_start(a, LINK_HEARTBEAT_MS, LINK_HEARTBEAT_MS, heartbeat_tick, l, &l->hb);
     if (!rc && l->signalled) rc = ac_timer_start(a, 50, 50, signal_tick, l, &l->sig_timer);
@@ -333,7 +335,7 @@ static int link_on_start(ac_actor *a, void *ctx) {
 }
 
 int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic_t *signalled, int timeout_ms,
-                 sv_assignment *asg) {
+                 const char *config_json, sv_assignment *asg) {
     *out = NULL;
     memset(asg, 0, sizeof *asg);
     const char *ep = getenv("COHORT_SUPERVISOR"), *job = getenv("COHORT_JOB_ID"), *lr = getenv("COHORT_LOCAL_RANK");
@@ -348,6 +350,7 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic
     pthread_cond_init(&l->cv, NULL);
     l->stop = stop;
     l->signalled = signalled;
+    l->config_json = config_json;
     l->local_rank = atoi(lr);
     l->snd.job_id = strtoull(job, NULL, 16);
     l->snd.sender = PW_SENDER_UNASSIGNED;

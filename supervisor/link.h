@@ -48,9 +48,10 @@ bool sv_link_wanted(void);
  * which stops the whole job cleanly; such a signal does not end the wait for the
  * assignment. Returns CO_EABORTED when the supervisor stopped the job before assigning
  * ranks (a clean stop, or a warm spare not needed), CO_EREMOTE when it failed or went
- * silent, CO_ETIMEOUT. */
+ * silent, CO_ETIMEOUT. config_json: this worker's flags (co_config_write_json), sent with
+ * its registration so that the supervisor can refuse a node whose flags differ (NULL: none). */
 int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic_t *signalled, int timeout_ms,
-                 sv_assignment *a);
+                 const char *config_json, sv_assignment *a);
 /* The collectives to abort when the job is aborted or the supervisor is lost. */
 void sv_link_attach_comm(sv_link *l, cm_comm *c);
 

@@ -13,6 +13,7 @@
 #include "supervisor/validate.h"
 
 #include <inttypes.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -65,6 +66,8 @@ typedef struct sv {
     bool have_secret;
     int first_failure;      /* agent: the first failing worker's status */
     int nregistered, nexited;
+    char *flags_ref;        /* the first registered worker's flags (JSON), the job's */
+    int flags_ref_node;
     bool assigned, stopping;
     int status;             /* -1 until decided */
     ac_timer *hb_timer, *rdv_timer, *kill_timer;
@@ -547,6 +550,48 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
     if (m->request_id) ac_reply(mb, m, out, strlen(out));
 }
 
+/* Flags that may differ between nodes: where a node is, its local paths and threads, and
+ * what only node 0 writes. Every other flag changes what the job computes or saves. */
+static const char *const node_local_flags[] = {"node-rank", "node-addr", "master-addr", "data-cache-path", "workdir",
+                                               "threads", "progress", "metrics-file", "run-report", "job-secret",
+                                               "sample-lines"};
+
+/* Whether two workers' flags (co_config_write_json objects) differ beyond the node-local
+ * ones; why then names the first few that do, with both values. */
+static bool flags_differ(const char *a_json, const char *b_json, char *why, size_t n) {
+    json_t *a = json_loads(a_json, 0, NULL), *b = json_loads(b_json, 0, NULL);
+    bool differ = false;
+    size_t len = 0;
+    why[0] = '\0';
+    if (!json_is_object(a) || !json_is_object(b)) {
+        differ = !(json_is_object(a) && json_is_object(b)) && (a || b);
+        snprintf(why, n, "unreadable flags");
+    } else {
+        const char *key;
+        json_t *va;
+        int shown = 0;
+        json_object_foreach(a, key, va) {
+            bool local = false;
+            for (size_t k = 0; k < sizeof node_local_flags / sizeof *node_local_flags; k++)
+                if (!strcmp(key, node_local_flags[k])) local = true;
+            json_t *vb = json_object_get(b, key);
+            if (local || (vb && json_equal(va, vb))) continue;
+            differ = true;
+            if (shown++ >= 4 || len >= n - 1) continue;
+            char *ta = json_dumps(va, JSON_ENCODE_ANY | JSON_COMPACT), *tb = vb ? json_dumps(vb, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+            int w = snprintf(why + len, n - len, "%s--%s %s there, %s here", len ? "; " : "", key,
+                             ta ? ta : "?", tb ? tb : "(absent)");
+            if (w > 0) len = len + (size_t)w < n ? len + (size_t)w : n - 1;
+            free(ta);
+            free(tb);
+        }
+        if (shown > 4 && len < n - 1) snprintf(why + len, n - len, "; and %d more", shown - 4);
+    }
+    json_decref(a);
+    json_decref(b);
+    return differ;
+}
+
 static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
     sv *s = ctx;
     pw_msg *msg = sv__decode(m, s->snd.job_id, 0, &s->stats);
@@ -578,6 +623,21 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         Cohort__V1__Register *r = e->registration;
         if (w->registered || (int)r->local_rank != w->local_rank || (int)r->node_rank * s->o.nproc + w->local_rank != w->index)
             break;
+        if (r->config_json && !s->stopping) {
+            char why[600];
+            if (!s->flags_ref) {
+                s->flags_ref = strdup(r->config_json);
+                s->flags_ref_node = (int)r->node_rank;
+            } else if (flags_differ(s->flags_ref, r->config_json, why, sizeof why)) {
+                char msg[800];
+                snprintf(msg, sizeof msg, "node %u's training flags differ from node %d's: %s; every node must "
+                         "run the same `cohort train` flags (only --node-rank, --node-addr, --master-addr, "
+                         "--data-cache-path, --workdir, --threads, --progress, --metrics-file, --run-report, "
+                         "--job-secret and --sample-lines may differ)", r->node_rank, s->flags_ref_node, why);
+                fprintf(stderr, "cohort supervisor: %s\n", msg);
+                begin_shutdown(s, SV_EXIT_USAGE, msg);
+            }
+        }
         w->registered = true;
         w->pid = r->pid;
         w->data_endpoint = strdup(r->data_endpoint);
@@ -1092,6 +1152,7 @@ int sv_run(const sv_options *opt) {
     }
     uint64_t dropped = pw_stats_dropped(&s.stats);
     if (dropped) fprintf(stderr, "cohort supervisor: dropped %" PRIu64 " malformed or foreign messages\n", dropped);
+    free(s.flags_ref);
     for (int i = 0; i < s.nw; i++) free(s.w[i].data_endpoint);
     if (s.metrics) fclose(s.metrics);
     free(s.w);

@@ -160,6 +160,27 @@ wrong_key)
     grep -q "1 of 2 workers registered" "$work/n0" || fail "$(tail -5 "$work/n0")"
     wait $agent; [ $? -ne 0 ] || fail "the refused node reported success"
     ;;
+flags_differ)
+    # a node whose training flags differ from node 0's (here: no --save, another --lr) is
+    # refused at registration with the flags that differ, and both nodes stop at once (it
+    # used to train, and the final save waited 600 s for the node that had no --save)
+    "$cohort" keygen --output "$work/secret" >/dev/null || fail "keygen"
+    port=$((20000 + RANDOM % 20000))
+    net=(--nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port --job-secret "$work/secret")
+    timeout -s KILL 60 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 1 --node-addr 127.0.0.1 --train-iters 3 \
+        --lr 2e-3 >"$work/n1" 2>&1 &
+    agent=$!
+    timeout -s KILL 60 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --train-iters 3 --save "$work/ckpt" \
+        --metrics-file "$work/m.jsonl" >"$work/n0" 2>&1; rc=$?
+    [ $rc -eq 2 ] || fail "node 0 exit $rc, want 2 (usage): $(tail -5 "$work/n0")"
+    grep -q "training flags differ from node .*--lr .*--save " "$work/n0" ||
+        grep -q "training flags differ from node .*--save .*--lr " "$work/n0" || fail "$(tail -5 "$work/n0")"
+    ! grep -q "metrics-file\|node-rank\|node-addr" <(grep "flags differ" "$work/n0" | sed 's/(only.*//') ||
+        fail "node-local flags named: $(grep 'flags differ' "$work/n0")"
+    wait $agent; rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 137 ] || fail "the refused node exited $rc: $(tail -5 "$work/n1")"
+    ! grep -q '"grad_norm"' "$work/m.jsonl" 2>/dev/null || fail "the job trained"
+    ;;
 reshard)
     # a checkpoint saved at data-parallel size 2 resumes at 4 (and at 1) with the data position
     # kept: iterations 5..8 continue from the same consumed samples and match one
