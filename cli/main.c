@@ -29,6 +29,7 @@ static void usage(FILE *f) {
           "  ckpt         checkpoint tools: ls, inspect, verify, diff, convert, prune\n"
           "  inject       inject a fault into a running job (the syntax of train --inject)\n"
           "  keygen       write a job secret: keygen --output FILE\n"
+          "  topology     every rank's coordinates and Megatron's parallel groups for a layout\n"
           "  version      print the version\n"
           "  help         this text\n"
           "\n"
@@ -47,6 +48,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "ckpt")) return cli_ckpt(argc - 2, argv + 2);
     if (!strcmp(cmd, "keygen")) return cli_keygen(argc - 2, argv + 2);
     if (!strcmp(cmd, "inject")) return cli_inject(argc - 2, argv + 2);
+    if (!strcmp(cmd, "topology")) return cli_topology(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         puts("cohort " COHORT_VERSION);
         return 0;

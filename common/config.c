@@ -67,9 +67,19 @@ static const flag flags[] = {
     D("model", "hidden-dropout", hidden_dropout, "0.1", "dropout on the residual branches and embeddings"),
     D("model", "attention-dropout", attention_dropout, "0.1", "dropout on attention probabilities"),
     /* parallelism */
-    I("parallel", "tensor-model-parallel-size", tensor_model_parallel_size, "1", "tensor-parallel ranks (not supported yet: only 1)"),
+    I("parallel", "tensor-model-parallel-size", tensor_model_parallel_size, "1", "tensor-parallel ranks (not supported yet: only 1; `cohort topology` prints the groups of any size)"),
     I("parallel", "pipeline-model-parallel-size", pipeline_model_parallel_size, "1", "pipeline stages (not supported yet: only 1)"),
     I("parallel", "context-parallel-size", context_parallel_size, "1", "context-parallel ranks (not supported yet: only 1)"),
+    I("parallel", "expert-model-parallel-size", expert_model_parallel_size, "1",
+      "expert-parallel ranks (mixture of experts; not supported yet: only 1)"),
+    I("parallel", "expert-tensor-parallel-size", expert_tensor_parallel_size, "0",
+      "tensor-parallel ranks of each expert (0: the tensor-parallel size; not supported yet: only that)"),
+    I("parallel", "virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size, "0",
+      "model chunks per pipeline stage (interleaved schedule; not supported yet)"),
+    I("parallel", "num-layers-per-virtual-pipeline-stage", num_layers_per_virtual_pipeline_stage, "0",
+      "layers per virtual pipeline stage (interleaved schedule; not supported yet)"),
+    B("parallel", "use-tp-pp-dp-mapping", use_tp_pp_dp_mapping,
+      "rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp (`cohort topology` prints the groups)"),
     B("parallel", "sequence-parallel", sequence_parallel, "sequence parallelism (with tensor parallelism) (not supported yet)"),
     B("parallel", "use-distributed-optimizer", use_distributed_optimizer, "shard optimizer state over data-parallel ranks (not supported yet)"),
     /* batch */
@@ -529,6 +539,15 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         problem(&P, "--pipeline-model-parallel-size %d is not supported yet (only 1)", c->pipeline_model_parallel_size);
     if (c->context_parallel_size != 1)
         problem(&P, "--context-parallel-size %d is not supported yet (only 1)", c->context_parallel_size);
+    if (c->expert_model_parallel_size != 1)
+        problem(&P, "--expert-model-parallel-size %d is not supported yet (only 1: no mixture of experts yet)",
+                c->expert_model_parallel_size);
+    if (c->expert_tensor_parallel_size != 0 && c->expert_tensor_parallel_size != c->tensor_model_parallel_size)
+        problem(&P, "--expert-tensor-parallel-size %d is not supported yet (only the tensor-parallel size)",
+                c->expert_tensor_parallel_size);
+    if (c->virtual_pipeline_model_parallel_size != 0 || c->num_layers_per_virtual_pipeline_stage != 0)
+        problem(&P, "virtual pipeline stages (--virtual-pipeline-model-parallel-size, "
+                    "--num-layers-per-virtual-pipeline-stage) are not supported yet (they need pipeline parallelism)");
     if (c->fp16) problem(&P, "--fp16 is not supported yet; use --bf16");
     if (GIVEN("inprocess-active-world-size") && c->nnodes > 1)
         problem(&P, "--inprocess-active-world-size with --nnodes > 1 is not supported yet (warm spares on one node only)");

@@ -53,6 +53,9 @@ typedef struct co_config {
     double hidden_dropout, attention_dropout;
     /* parallelism */
     int tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size;
+    int expert_model_parallel_size, expert_tensor_parallel_size; /* 0: as the tensor size */
+    int virtual_pipeline_model_parallel_size, num_layers_per_virtual_pipeline_stage; /* 0: none */
+    bool use_tp_pp_dp_mapping;
     bool sequence_parallel, use_distributed_optimizer;
     /* batch */
     int micro_batch_size, global_batch_size;

@@ -50,6 +50,15 @@ refused|ranges)
         expect_refused "--pipeline-model-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 --pipeline-model-parallel-size 2
         expect_refused "--context-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 --context-parallel-size 2
         expect_refused "--fp16 is not supported yet" "${tiny[@]}" --train-iters 2 --fp16
+        expect_refused "--expert-model-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 \
+            --expert-model-parallel-size 2
+        expect_refused "--expert-tensor-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 \
+            --expert-tensor-parallel-size 2
+        expect_refused "virtual pipeline stages" "${tiny[@]}" --train-iters 2 --virtual-pipeline-model-parallel-size 2
+        expect_refused "virtual pipeline stages" "${tiny[@]}" --train-iters 2 --num-layers-per-virtual-pipeline-stage 1
+        # the rank order flag is Megatron's and means nothing with one rank per grid dimension
+        "$cohort" train "${tiny[@]}" --train-iters 1 --use-tp-pp-dp-mapping >"$work/out" 2>&1 ||
+            fail "--use-tp-pp-dp-mapping: $(tail -3 "$work/out")"
         expect_refused "--inprocess-active-world-size with --nnodes > 1 is not supported yet" "${tiny[@]}" --train-iters 2 \
             --nnodes 2 --nproc-per-node 2 --inprocess-active-world-size 3
         expect_refused "--inprocess-active-world-size 1 is not supported yet" "${tiny[@]}" --train-iters 2 \
@@ -63,7 +72,8 @@ refused|ranges)
             >"$work/out" 2>&1 || fail "65 micro batches without validation: $(tail -3 "$work/out")"
         "$cohort" train --help >"$work/help" || fail "--help exit $?"
         for f in use-distributed-optimizer sequence-parallel tensor-model-parallel-size pipeline-model-parallel-size \
-                 context-parallel-size fp16; do
+                 context-parallel-size fp16 expert-model-parallel-size expert-tensor-parallel-size \
+                 virtual-pipeline-model-parallel-size num-layers-per-virtual-pipeline-stage; do
             grep -E -- "--$f( |$).*not supported yet" "$work/help" >/dev/null || fail "--help does not say --$f is not supported yet"
         done
         expect_refused "--vocab-file/--merge-file" --mock-data --num-layers 1 --hidden-size 32 --num-attention-heads 4 \
@@ -141,6 +151,27 @@ deterministic)
     "$cohort" train "${tiny[@]}" --train-iters 6 --seed 99 --metrics-file "$work/m3.jsonl" >/dev/null 2>&1
     sed -E 's/"(elapsed_ms_per_iteration|tokens_per_second|tflops_per_rank|validation_ms_per_iteration|weight_checksum_ms_per_iteration|weight_hash_ms_per_iteration|time)":[^,}]*//g' "$work/m3.jsonl" >"$work/c"
     ! cmp -s "$work/a" "$work/c" || fail "--seed has no effect"
+    ;;
+topology)
+    # Megatron's groups for every layout of many shapes, against the numpy restatement of
+    # its RankGenerator (tests/data/megatron_groups_ref.py; also the refusals)
+    /usr/bin/python3 "$src/tests/data/megatron_groups_ref.py" "$COHORT_CPU_EXE" || fail "groups differ from Megatron's"
+    # the text form: tp2 x pp2 on 8 ranks, Megatron's documented example
+    "$COHORT_CPU_EXE" topology --world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+        >"$work/t" || fail "topology exit $?"
+    grep -q "world 8 = tp 2 x cp 1 x dp 2 x pp 2 (order tp-cp-ep-dp-pp" "$work/t" || fail "$(head -3 "$work/t")"
+    grep -Eq "^  tp +4 of 2: \[0, 1\] \[2, 3\] \[4, 5\] \[6, 7\]$" "$work/t" || fail "tp: $(grep '^  tp ' "$work/t")"
+    grep -Eq "^  dp +4 of 2: \[0, 2\] \[1, 3\] \[4, 6\] \[5, 7\]$" "$work/t" || fail "dp: $(grep '^  dp ' "$work/t")"
+    grep -Eq "^  pp +4 of 2: \[0, 4\] \[1, 5\] \[2, 6\] \[3, 7\]$" "$work/t" || fail "pp: $(grep '^  pp ' "$work/t")"
+    grep -Eq "^  embedding +4 of 2: \[0, 4\]" "$work/t" || fail "embedding: $(grep embedding "$work/t")"
+    grep -Eq "^ +5 +1 +0 +0 +1 \|" "$work/t" || fail "rank 5's coordinates: $(grep -E '^ +5 ' "$work/t")"
+    # the world from --nproc-per-node x --nnodes
+    "$COHORT_CPU_EXE" topology --nproc-per-node 4 --nnodes 2 --context-parallel-size 2 --json >"$work/j" ||
+        fail "topology --json exit $?"
+    /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['world']==8 and d['cp']==2 and d['dp']==4, d" \
+        "$work/j" || fail "$(head -c 300 "$work/j")"
+    "$COHORT_CPU_EXE" topology --help | grep -q "tp-cp-ep-dp-pp" || fail "topology --help"
+    "$COHORT_CPU_EXE" --help | grep -q "topology" || fail "cohort --help lacks topology"
     ;;
 log_format)
     "$cohort" train "${tiny[@]}" --train-iters 2 --metrics-file "$work/m.jsonl" >"$work/out" 2>&1 || fail "$(cat "$work/out")"
