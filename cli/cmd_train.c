@@ -1,12 +1,13 @@
 /* cmd_train.c - `cohort train`: parse Megatron flags, set up the data (or the embedded
  * default corpus), train, evaluate, and (embedded job) show text sampled from the model. */
 #include "cli/cli.h"
-#include "cli/train_resilience.h"
+#include "worker/rank.h"
+#include "worker/resilience.h"
 
 #include "checkpoint/ckpt.h"
 #include "checkpoint/lock.h"
 #include "checkpoint/store.h"
-#include "checkpoint/train_ckpt.h"
+#include "worker/ckpt.h"
 #include "common/error.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
@@ -278,209 +279,21 @@ static void node_address(const co_config *c, char *out, size_t n) {
     }
 }
 
-static int report_progress(trainer *t, void *ctx, bool final, train_end why) {
-    (void)final;
-    (void)why;
-    sv_link_progress(ctx, trainer_iteration(t));
-    return 0;
-}
+/* The embedded job's epilogue: how far below letter frequencies it learned, and samples. */
+typedef struct embedded_end {
+    const corpus_info *info;
+    const co_config *c;
+    FILE *out;
+} embedded_end;
 
-/* checkpoint (issue 5): a rank's part of a save is acknowledged to the supervisor, which
- * commits it (checkpoint/ckpt.h ck_coord, supervisor/ckpt_coord.c) */
-static int ckpt_ack(void *ctx, int64_t it, int status, const char *error, const ck_mfile *files, int n) {
-    sv_file_info *fi = calloc((size_t)(n > 0 ? n : 1), sizeof *fi);
-    if (!fi) return co_err_set(CO_ENOMEM, "checkpoint acknowledgement: out of memory");
-    for (int i = 0; i < n; i++) fi[i] = (sv_file_info){files[i].name, files[i].size, files[i].xxh64};
-    int rc = sv_link_checkpoint_ack(ctx, it, status, error, fi, n);
-    free(fi);
-    return rc;
-}
-static int ckpt_wait(void *ctx, int64_t it, int timeout_ms) { return sv_link_checkpoint_wait(ctx, it, timeout_ms); }
-
-/* Trains in this process: alone, or as one data-parallel worker (link != NULL). out: where
- * this rank prints (NULL: it does not). info: the embedded corpus, or NULL. */
-static int run_training(co_config *cp, const trainer_data *data, const corpus_info *info, FILE *out,
-                        sv_link *link, const sv_assignment *asg) {
-    co_config c = *cp;
-    cm_comm *dp = NULL;
-    int rc = 0;
-    if (link && asg->world > 1) {
-        cm_zmq_options zo;
-        sv_link_data_options(link, &zo);
-        rc = cm_zmq_new(&dp, asg->rank, asg->world, (const char *const *)asg->endpoints, &zo);
-        if (rc) {
-            fprintf(stderr, "cohort worker %d: connecting to the other workers failed: %s (%s)\n", asg->rank,
-                    co_err_detail(), co_strerror(rc));
-            return CLI_FAILURE;
-        }
-        sv_link_attach_comm(link, dp);
-    }
-    trainer *t = NULL;
-    int early_rc = 0; /* a replacement's first state transfer failed */
-    trainer_data td = *data;
-    td.joining = link && asg->generation > 1 && asg->state_source >= 0;
-    if (td.joining) c.load[0] = '\0'; /* a replacement takes its state from a replica, not from disk */
-    if (link && asg->generation > 1 && asg->state_source < 0 && asg->checkpoint_dir)
-        snprintf(c.load, sizeof c.load, "%s", asg->checkpoint_dir); /* no replica survived: the checkpoint */
-    rc = trainer_new(&t, &c, &td, out, dp);
-    if (rc) {
-        fprintf(stderr, "cohort train: setup failed: %s (%s)\n", co_err_detail(), co_strerror(rc));
-        if (link) sv_link_attach_comm(link, NULL);
-        cm_destroy(&dp);
-        return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE;
-    }
-    if (link) trainer_set_hook(t, report_progress, link);
-    /* resilience: the rerun state machine's validator, --inject, --iterations-to-skip */
-    cli_resil *resil = NULL;
-    {
-        char rerr[600];
-        rc = cli_resil_new(&resil, &c, link, link ? asg->rank : 0, dp ? dp->size : 1, rerr, sizeof rerr);
-        if (rc) {
-            fprintf(stderr, "cohort train: %s\n", rerr);
-            trainer_destroy(&t);
-            if (link) sv_link_attach_comm(link, NULL);
-            cm_destroy(&dp);
-            return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE;
-        }
-        cli_resil_attach(resil, t, out);
-    }
-    /* --- checkpoint (issue 5): --load, then the --save hook (rank 0 writes) --- */
-    ck_train *ckpt = NULL;
-    rc = ck_train_attach(&ckpt, t, out, link ? asg->rank : 0, dp ? dp->size : 1);
-    if (!rc && link && dp && dp->size > 1) { /* every rank writes its share; the supervisor commits */
-        ck_coord co = {.ack = ckpt_ack, .wait = ckpt_wait, .ctx = link};
-        snprintf(co.token, sizeof co.token, CK_JOB_TOKEN_FMT, sv_link_job_id(link));
-        rc = ck_train_set_coordinator(ckpt, &co);
-    }
-    if (rc) {
-        fprintf(stderr, "cohort train: checkpoint: %s (%s)\n", co_err_detail(), co_strerror(rc));
-        trainer_destroy(&t);
-        cli_resil_destroy(&resil);
-        if (link) sv_link_attach_comm(link, NULL);
-        cm_destroy(&dp);
-        return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE; /* a flag that does not fit the checkpoint: 2 */
-    }
-    /* --- end checkpoint --- */
-    cli_resil_attach_ckpt(resil, ckpt);
-    if (out) {
-        fprintf(out, "cohort: model %zu parameters (%d layers, hidden %d, %d heads, vocab %d padded to %d), %s\n",
-                gpt_num_params(trainer_model(t)), c.num_layers, c.hidden_size, c.num_attention_heads, data->vocab_size,
-                gpt_get_config(trainer_model(t))->padded_vocab, kb_backend_describe(gpt_backend(trainer_model(t))));
-        fprintf(out, "cohort: training %lld iterations of %d samples x %d tokens (%d micro batches of %d per rank, %d rank%s)\n",
-                (long long)c.train_iters, c.global_batch_size, c.seq_length,
-                c.global_batch_size / c.micro_batch_size / (dp ? dp->size : 1), c.micro_batch_size, dp ? dp->size : 1,
-                dp && dp->size > 1 ? "s" : "");
-        fflush(out);
-    }
-    if (link && dp) {
-        /* in-process restart: an Abort unwinds the step instead of stopping the worker */
-        sv_link_enable_restart(link, &g_abort);
-        trainer_set_abort_flag(t, &g_abort);
-        if (asg->generation > 1) cli_resil_mark_replayed(resil, asg->faults_through);
-        if (asg->generation > 1 && asg->state_source >= 0) {
-            /* a replacement: the state comes from a surviving replica's memory */
-            rc = trainer_sync_state(t, asg->state_source);
-            if (rc) {
-                fprintf(stderr, "cohort worker %d: taking the state of rank %d failed: %s (%s)\n", asg->rank,
-                        asg->state_source, co_err_detail(), co_strerror(rc));
-                early_rc = rc;
-            } else if (out) {
-                fprintf(out, "cohort: rank %d replaced in process generation %llu: state of iteration %lld taken from "
-                             "rank %d's memory\n", asg->rank, (unsigned long long)asg->generation,
-                        (long long)trainer_iteration(t), asg->state_source);
-            }
-        }
-    }
-
-    train_end why = TRAIN_DONE;
-    int my_rank = link ? asg->rank : 0;
-    int64_t first_it = trainer_iteration(t); /* where this run started (a stop before its first step saves nothing) */
-    rc = early_rc ? early_rc : trainer_train(t, &g_stop, &why);
-    for (;;) {
-        if (!rc || !link || !dp) break;
-        if (!sv_link_restart_pending(link)) {
-            /* a peer failed before the supervisor's Abort arrived: tell it, wait for it */
-            if (rc != CO_EREMOTE && rc != CO_ETIMEOUT && rc != CO_EABORTED) break;
-            char what[400];
-            snprintf(what, sizeof what, "rank %d: %s (%s)", my_rank, co_err_detail(), co_strerror(rc));
-            if (!sv_link_await_abort(link, rc, what, (int)(c.inprocess_hard_timeout * 1000))) break;
-        }
-        /* the supervisor aborted this generation: unwind to the restart barrier, keeping
-         * the loaded state, and continue in the next generation */
-        int64_t it = trainer_iteration(t);
-        fprintf(stderr, "cohort worker %d: generation aborted during iteration %lld (%s); at the restart barrier\n",
-                my_rank, (long long)it + 1, co_strerror(rc));
-        sv_link_attach_comm(link, NULL);
-        cm_destroy(&dp);
-        trainer_set_comm(t, NULL);
-        sv_assignment na;
-        rc = sv_link_await_restart(link, it, &na, (int)(c.rendezvous_timeout * 1000));
-        if (rc) break;
-        cm_zmq_options zo;
-        sv_link_data_options(link, &zo);
-        rc = cm_zmq_new(&dp, na.rank, na.world, (const char *const *)na.endpoints, &zo);
-        int source = na.state_source;
-        if (na.rank != my_rank) {
-            /* --inprocess-rank-assignment shift: this process has another rank now; the
-             * last rank prints */
-            fprintf(stderr, "cohort worker: rank %d is rank %d from generation %llu\n", my_rank, na.rank,
-                    (unsigned long long)na.generation);
-            bool printer = na.rank == na.world - 1;
-            trainer_set_output(t, printer ? sv_link_log_stream(link) : NULL,
-                               printer ? sv_link_metrics_stream(link) : NULL);
-            ck_train_set_rank(ckpt, na.rank);
-            cli_resil_set_rank(resil, na.rank);
-            cli_resil_mark_replayed(resil, na.faults_through); /* that rank's faults fired already */
-            my_rank = na.rank;
-        }
-        sv_assignment_free(&na);
-        if (rc) continue; /* another abort during the rebuild: back to the barrier */
-        sv_link_attach_comm(link, dp);
-        trainer_set_comm(t, dp);
-        rc = trainer_sync_state(t, source);
-        if (!rc) rc = trainer_train(t, &g_stop, &why);
-    }
-    int status = CLI_OK;
-    if (rc) {
-        fprintf(stderr, "cohort train: training failed at iteration %lld: %s (%s)\n",
-                (long long)trainer_iteration(t), co_err_detail(), co_strerror(rc));
-        status = CLI_FAILURE;
-    } else if (why == TRAIN_NAN || why == TRAIN_REJECTED) {
-        status = CLI_NAN;
-    } else {
-        long long it = (long long)trainer_iteration(t);
-        if (out && why == TRAIN_SIGNAL)
-            fprintf(out, "cohort: stopped by signal after iteration %lld%s\n", it,
-                    it == first_it ? " (before this run's first step: nothing new to save)" : "");
-        if (out && why == TRAIN_EXIT_INTERVAL) fprintf(out, "cohort: --exit-interval reached at iteration %lld\n", it);
-        if (out && why == TRAIN_EXIT_DURATION) fprintf(out, "cohort: --exit-duration-in-mins reached at iteration %lld\n", it);
-        char label[96];
-        double vl = NAN, tl = NAN;
-        if (why != TRAIN_SIGNAL) {
-            snprintf(label, sizeof label, "iteration %lld on validation set", it);
-            rc = trainer_evaluate(t, 1, label, &vl);
-            snprintf(label, sizeof label, "iteration %lld on test set", it);
-            if (!rc) rc = trainer_evaluate(t, 2, label, &tl);
-            if (rc) {
-                fprintf(stderr, "cohort train: evaluation failed: %s\n", co_err_detail());
-                status = CLI_FAILURE;
-            }
-        }
-        if (info && out && status == CLI_OK) {
-            fprintf(out, "\ncohort: validation loss %.3f nats/token against the corpus's unigram entropy %.3f: %s\n", vl,
-                    info->unigram_entropy,
-                    vl < info->unigram_entropy * 0.75 ? "the model learned structure beyond letter frequencies"
-                                                      : "not much below letter frequencies yet (train longer)");
-            if (c.sample_lines > 0) print_samples(t, &c, c.sample_lines, out);
-        }
-    }
-    if (out) fflush(out);
-    ck_train_destroy(&ckpt); /* checkpoint (issue 5): waits for a background save */
-    trainer_destroy(&t);
-    cli_resil_destroy(&resil);
-    if (link) sv_link_attach_comm(link, NULL);
-    cm_destroy(&dp);
-    return status;
+static void embedded_done(void *ctx, trainer *t, double vl) {
+    embedded_end *e = ctx;
+    if (!e->info || !e->out) return;
+    fprintf(e->out, "\ncohort: validation loss %.3f nats/token against the corpus's unigram entropy %.3f: %s\n", vl,
+            e->info->unigram_entropy,
+            vl < e->info->unigram_entropy * 0.75 ? "the model learned structure beyond letter frequencies"
+                                                 : "not much below letter frequencies yet (train longer)");
+    if (e->c->sample_lines > 0) print_samples(t, e->c, e->c->sample_lines, e->out);
 }
 
 /* This worker's flags as JSON for its registration (the supervisor compares the nodes'),
@@ -533,7 +346,7 @@ int cli_train(int argc, char **argv) {
     bool embedded = c.n_data_path == 0 && !c.mock_data && !c.n_train_data_path; /* no data flags at all */
     if (embedded) embedded_defaults(&c);
     /* --- checkpoint (issue 5): --use-checkpoint-args and the checkpoint's seed --- */
-    ck_train_prepare(&c, sv_link_wanted() ? NULL : stdout);
+    wk_ckpt_prepare(&c, sv_link_wanted() ? NULL : stdout);
     /* --- end checkpoint --- */
 
     /* A worker learns its place from the supervisor before validating (the data-parallel
@@ -723,7 +536,7 @@ int cli_train(int argc, char **argv) {
                          .nworker_args = argc, .extra_env = env, .nextra_env = embedded ? 2 : 0,
                          .rendezvous_timeout_ms = (int)(c.rendezvous_timeout * 1000),
                          .metrics_file = c.metrics_file, .save_dir = c.save, .most_recent_k = c.most_recent_k};
-        cli_rr_options(&c, dp, &so.rerun);
+        wk_rr_options(&c, dp, &so.rerun);
         so.tracker_file = c.result_rejected_tracker_filename;
         char report[1100];
         snprintf(report, sizeof report, "%s", c.run_report);
@@ -731,7 +544,7 @@ int cli_train(int argc, char **argv) {
         so.report_file = report;
         so.straggler_threshold = c.straggler_threshold;
         fi_schedule inj;
-        if (cli_inject_parse(&c, dp, &inj, err, sizeof err)) {
+        if (wk_inject_parse(&c, dp, &inj, err, sizeof err)) {
             fprintf(stderr, "cohort train: %s\n", err);
             ck_savedir_unlock(&save_lock);
             co_config_free(&c);
@@ -776,7 +589,10 @@ int cli_train(int argc, char **argv) {
         co_config_free(&c);
         return status;
     }
-    int status = run_training(&c, &data, embedded ? &info : NULL, out, link, &asg);
+    embedded_end ee = {.info = embedded ? &info : NULL, .c = &c, .out = out};
+    wk_options wo = {.config = &c, .data = &data, .out = out, .link = link, .asg = &asg, .stop = &g_stop,
+                     .abort_flag = &g_abort, .on_done = embedded_done, .ctx = &ee};
+    int status = wk_run(&wo);
     ck_savedir_unlock(&save_lock);
     sv_link_close(&link);
     sv_assignment_free(&asg);

@@ -629,7 +629,7 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
                 s->flags_ref = strdup(r->config_json);
                 s->flags_ref_node = (int)r->node_rank;
             } else if (flags_differ(s->flags_ref, r->config_json, why, sizeof why)) {
-                char msg[800];
+                char msg[1100];
                 snprintf(msg, sizeof msg, "node %u's training flags differ from node %d's: %s; every node must "
                          "run the same `cohort train` flags (only --node-rank, --node-addr, --master-addr, "
                          "--data-cache-path, --workdir, --threads, --progress, --metrics-file, --run-report, "

@@ -1,4 +1,4 @@
-/* train_ckpt.c - checkpoints in `cohort train` (see train_ckpt.h): what a checkpoint of
+/* ckpt.c - a rank's checkpoints (see ckpt.h): what a checkpoint of
  * the trainer holds, loading with fallback, and the saving hook.
  *
  * Resuming is exact because everything random is keyed, not stateful: dropout masks hash
@@ -8,7 +8,7 @@
  * the consumed samples of each split (global, so it survives a change of data-parallel
  * size). The log accumulators travel too, so the first log line after a resume averages
  * the same iterations as an uninterrupted run. */
-#include "checkpoint/train_ckpt.h"
+#include "worker/ckpt.h"
 
 #include "checkpoint/ckpt.h"
 #include "common/error.h"
@@ -20,7 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-struct ck_train {
+struct wk_ckpt {
     trainer *t;
     FILE *log;
     co_config cfg;
@@ -107,7 +107,7 @@ static void model_info(const gpt_config *g, ck_model_info *mi) {
 
 /* Tensor list: model weights (views of the flat parameter buffer), then the Adam moments
  * under optimizer.exp_avg.<name> / optimizer.exp_avg_sq.<name>. */
-static int build_refs(ck_train *k) {
+static int build_refs(wk_ckpt *k) {
     gpt_model *model = trainer_model(k->t);
     opt_adamw *o = trainer_optimizer(k->t);
     int nt = gpt_num_tensors(model);
@@ -135,7 +135,7 @@ static int build_refs(ck_train *k) {
     return 0;
 }
 
-static int save_now(ck_train *k) {
+static int save_now(wk_ckpt *k) {
     trainer_progress tp;
     trainer_get_progress(k->t, &tp);
     const co_config *c = &k->cfg;
@@ -184,13 +184,13 @@ static int save_now(ck_train *k) {
  * have finished copying; the wait (usually none) counts as stall. */
 static int pre_step(trainer *t, void *ctx) {
     (void)t;
-    ck_train *k = ctx;
+    wk_ckpt *k = ctx;
     k->stall_total += ck_saver_wait_snapshot(k->saver);
     return 0;
 }
 
 static int hook(trainer *t, void *ctx, bool final, train_end why) {
-    ck_train *k = ctx;
+    wk_ckpt *k = ctx;
     int64_t it = trainer_iteration(t);
     int rc = 0;
     if (!final) {
@@ -272,7 +272,7 @@ static void take_args(co_config *c, json_t *conf, FILE *log) {
 
 static int check_step(const char *load_dir, int64_t want);
 
-int ck_train_prepare(co_config *c, FILE *log) {
+int wk_ckpt_prepare(co_config *c, FILE *log) {
     if (!c->load[0]) return 0;
     bool want_args = c->use_checkpoint_args, want_seed = !c->no_load_rng && !c->finetune;
     if (!want_args && !want_seed) return 0;
@@ -383,7 +383,7 @@ static int check_extra(const ck_manifest *m, const ck_tensor_ref *refs, int n, b
     return 0;
 }
 
-static void warn_schedule(ck_train *k, const ck_manifest *m) {
+static void warn_schedule(wk_ckpt *k, const ck_manifest *m) {
     json_t *rs = json_object_get(m->doc, "rerun_state_machine");
     free(k->loaded_rerun);
     k->loaded_rerun = json_is_object(rs) ? json_dumps(rs, JSON_COMPACT) : NULL;
@@ -401,7 +401,7 @@ static void warn_schedule(ck_train *k, const ck_manifest *m) {
         fprintf(k->log, "cohort: note: the learning-rate schedule differs from the checkpoint's; using the command line's\n");
 }
 
-static int load(ck_train *k) {
+static int load(wk_ckpt *k) {
     const co_config *c = &k->cfg;
     int64_t want = co_config_was_set(c, "ckpt-step") && c->ckpt_step >= 0 ? c->ckpt_step : -1;
     int64_t *its = NULL;
@@ -506,7 +506,7 @@ static int load(ck_train *k) {
 /* The saver and the trainer hooks. coord NULL: this process writes every file and commits
  * (one process, or rank 0 without a coordinator); else it writes writer `rank`'s files of a
  * world-writer plan and coord commits. */
-static int setup_saver(ck_train *k, int rank, const ck_coord *coord) {
+static int setup_saver(wk_ckpt *k, int rank, const ck_coord *coord) {
     const co_config *c = &k->cfg;
     ck_saver_destroy(&k->saver);
     int rc = 0;
@@ -528,11 +528,11 @@ static int setup_saver(ck_train *k, int rank, const ck_coord *coord) {
     return rc;
 }
 
-int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world) {
+int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world) {
     *out = NULL;
     const co_config *c = trainer_config(t);
     if (!c->load[0] && !c->save[0]) return 0;
-    ck_train *k = calloc(1, sizeof *k);
+    wk_ckpt *k = calloc(1, sizeof *k);
     if (!k) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
     k->t = t;
     k->log = log;
@@ -549,7 +549,7 @@ int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world) 
     if (rc) {
         char detail[1200];
         snprintf(detail, sizeof detail, "%s", co_err_detail());
-        ck_train_destroy(&k);
+        wk_ckpt_destroy(&k);
         co_err_set(rc, "%s", detail);
         return rc;
     }
@@ -557,19 +557,19 @@ int ck_train_attach(ck_train **out, trainer *t, FILE *log, int rank, int world) 
     return 0;
 }
 
-void ck_train_set_rank(ck_train *k, int rank) {
+void wk_ckpt_set_rank(wk_ckpt *k, int rank) {
     if (!k) return;
     k->rank = rank;
     ck_saver_set_writer(k->saver, rank);
 }
 
-int ck_train_set_coordinator(ck_train *k, const ck_coord *coord) {
+int wk_ckpt_set_coordinator(wk_ckpt *k, const ck_coord *coord) {
     if (!k || !k->cfg.save[0] || k->world < 2) return 0;
     return setup_saver(k, k->rank, coord);
 }
 
-void ck_train_destroy(ck_train **p) {
-    ck_train *k = *p;
+void wk_ckpt_destroy(wk_ckpt **p) {
+    wk_ckpt *k = *p;
     if (!k) return;
     ck_saver_destroy(&k->saver);
     if (k->config_json) json_decref(k->config_json);
@@ -580,9 +580,9 @@ void ck_train_destroy(ck_train **p) {
     *p = NULL;
 }
 
-void ck_train_set_rerun_state(ck_train *k, int (*save)(void *ctx, char *buf, size_t n), void *ctx) {
+void wk_ckpt_set_rerun_state(wk_ckpt *k, int (*save)(void *ctx, char *buf, size_t n), void *ctx) {
     k->rerun_save = save;
     k->rerun_ctx = ctx;
 }
 
-const char *ck_train_loaded_rerun_state(const ck_train *k) { return k ? k->loaded_rerun : NULL; }
+const char *wk_ckpt_loaded_rerun_state(const wk_ckpt *k) { return k ? k->loaded_rerun : NULL; }

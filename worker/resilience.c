@@ -1,8 +1,8 @@
-/* train_resilience.c - `cohort train`'s resilience flags wired to the trainer: the rerun
+/* resilience.c - a rank's resilience flags wired to its trainer: the rerun
  * state machine's validator (in-process for one rank, the supervisor's through the worker's
  * link otherwise), the --inject schedule, --iterations-to-skip plus the iterations Megatron's
  * tracker file says to skip, and the fault events a worker reports for the run report. */
-#include "cli/train_resilience.h"
+#include "worker/resilience.h"
 
 #include "common/error.h"
 
@@ -15,7 +15,7 @@
  * answers repeats every second; this bounds a stuck job). */
 #define VERDICT_TIMEOUT_MS (10 * 60 * 1000)
 
-struct cli_resil {
+struct wk_resil {
     co_config c;
     sv_link *link;
     int rank, world;
@@ -26,7 +26,7 @@ struct cli_resil {
     int nev_seen;
 };
 
-void cli_rr_options(const co_config *c, int world, rr_options *o) {
+void wk_rr_options(const co_config *c, int world, rr_options *o) {
     rr_options_default(o, world);
     o->mode = !strcmp(c->rerun_mode, "disabled")                   ? RR_MODE_DISABLED
               : !strcmp(c->rerun_mode, "report_determinism_stats") ? RR_MODE_DETERMINISM
@@ -43,7 +43,7 @@ void cli_rr_options(const co_config *c, int world, rr_options *o) {
     o->seed = (uint64_t)c->seed;
 }
 
-int cli_inject_parse(const co_config *c, int world, fi_schedule *s, char *err, size_t n) {
+int wk_inject_parse(const co_config *c, int world, fi_schedule *s, char *err, size_t n) {
     return fi_schedule_parse(s, c->inject, c->n_inject, (uint64_t)c->inject_seed, world, c->train_iters, err, n);
 }
 
@@ -51,7 +51,7 @@ int cli_inject_parse(const co_config *c, int world, fi_schedule *s, char *err, s
 
 static int local_report(void *ctx, const rr_report *r, const double phase_ms[TR_NPHASES]) {
     (void)phase_ms;
-    cli_resil *x = ctx;
+    wk_resil *x = ctx;
     int rc = rr_add(x->rr, r);
     return rc < 0 ? rc : 0;
 }
@@ -59,7 +59,7 @@ static int local_report(void *ctx, const rr_report *r, const double phase_ms[TR_
 static int local_verdict(void *ctx, int64_t iteration, int attempt, rr_verdict *v) {
     (void)iteration;
     (void)attempt;
-    cli_resil *x = ctx;
+    wk_resil *x = ctx;
     int rc = rr_decide(x->rr, v);
     if (rc) return rc;
     int n;
@@ -72,7 +72,7 @@ static int local_verdict(void *ctx, int64_t iteration, int attempt, rr_verdict *
 }
 
 static int link_report(void *ctx, const rr_report *r, const double phase_ms[TR_NPHASES]) {
-    cli_resil *x = ctx;
+    wk_resil *x = ctx;
     int copies = 1, delay = 0;
     /* injected control-message faults act on this round's report */
     fi_fault *f;
@@ -92,37 +92,37 @@ static int link_report(void *ctx, const rr_report *r, const double phase_ms[TR_N
 }
 
 static int link_verdict(void *ctx, int64_t iteration, int attempt, rr_verdict *v) {
-    cli_resil *x = ctx;
+    wk_resil *x = ctx;
     return sv_link_verdict(x->link, iteration, attempt, v, VERDICT_TIMEOUT_MS);
 }
 
 static int link_checksum(void *ctx, const rr_report *r) {
-    cli_resil *x = ctx;
+    wk_resil *x = ctx;
     return sv_link_checksum(x->link, r);
 }
 
 static void link_event(void *ctx, const char *line) {
-    cli_resil *x = ctx;
+    wk_resil *x = ctx;
     sv_link_event(x->link, line);
 }
 
-int cli_resil_new(cli_resil **out, const co_config *c, sv_link *link, int rank, int world, char *err, size_t n) {
+int wk_resil_new(wk_resil **out, const co_config *c, sv_link *link, int rank, int world, char *err, size_t n) {
     *out = NULL;
-    cli_resil *x = calloc(1, sizeof *x);
+    wk_resil *x = calloc(1, sizeof *x);
     if (!x) return CO_ENOMEM;
     x->c = *c;
     x->link = link;
     x->rank = rank;
     x->world = world;
-    int rc = cli_inject_parse(c, world, &x->inj, err, n);
+    int rc = wk_inject_parse(c, world, &x->inj, err, n);
     if (!rc && !link && strcmp(c->rerun_mode, "disabled")) {
         rr_options o;
-        cli_rr_options(c, 1, &o);
+        wk_rr_options(c, 1, &o);
         rc = rr_new(&x->rr, &o);
         if (rc) snprintf(err, n, "%s", co_err_detail());
     }
     if (rc) {
-        cli_resil_destroy(&x);
+        wk_resil_destroy(&x);
         return rc;
     }
     for (int i = 0; i < c->n_iterations_to_skip; i++) x->skips[x->nskips++] = atoll(c->iterations_to_skip[i]);
@@ -136,7 +136,7 @@ int cli_resil_new(cli_resil **out, const co_config *c, sv_link *link, int rank, 
 static int pull_injections(trainer *t, void *ctx, bool final, train_end why) {
     (void)t;
     (void)why;
-    cli_resil *x = ctx;
+    wk_resil *x = ctx;
     if (final) return 0;
     char *specs[16];
     int n = sv_link_take_injections(x->link, specs, 16);
@@ -149,7 +149,7 @@ static int pull_injections(trainer *t, void *ctx, bool final, train_end why) {
     return 0;
 }
 
-void cli_resil_attach(cli_resil *x, trainer *t, FILE *log) {
+void wk_resil_attach(wk_resil *x, trainer *t, FILE *log) {
     if (x->nskips) {
         trainer_set_skips(t, x->skips, x->nskips);
         if (log && x->c.result_rejected_tracker_filename[0] && x->nskips > x->c.n_iterations_to_skip)
@@ -170,9 +170,9 @@ void cli_resil_attach(cli_resil *x, trainer *t, FILE *log) {
     }
 }
 
-void cli_resil_set_rank(cli_resil *x, int rank) { x->rank = rank; }
+void wk_resil_set_rank(wk_resil *x, int rank) { x->rank = rank; }
 
-void cli_resil_mark_replayed(cli_resil *x, int64_t step) {
+void wk_resil_mark_replayed(wk_resil *x, int64_t step) {
     /* faults up to the step the job had reached fired already (in a process now gone, or on
      * the rank this process held before a shift) */
     for (int i = 0; i < x->inj.n; i++)
@@ -180,21 +180,21 @@ void cli_resil_mark_replayed(cli_resil *x, int64_t step) {
 }
 
 static int local_state_save(void *ctx, char *buf, size_t n) {
-    cli_resil *x = ctx;
+    wk_resil *x = ctx;
     return x->rr ? rr_state_save(x->rr, buf, n) : CO_ENOENT;
 }
 
-void cli_resil_attach_ckpt(cli_resil *x, ck_train *k) {
+void wk_resil_attach_ckpt(wk_resil *x, wk_ckpt *k) {
     if (!x->rr || !k) return; /* with a supervisor the state lives there */
-    ck_train_set_rerun_state(k, local_state_save, x);
-    const char *st = ck_train_loaded_rerun_state(k);
+    wk_ckpt_set_rerun_state(k, local_state_save, x);
+    const char *st = wk_ckpt_loaded_rerun_state(k);
     if (st && strstr(st, "spiky_max") && rr_state_load(x->rr, st))
         fprintf(stderr, "cohort: the checkpoint's rerun state machine state is not usable (%s); starting afresh\n",
                 co_err_detail());
 }
 
-void cli_resil_destroy(cli_resil **px) {
-    cli_resil *x = *px;
+void wk_resil_destroy(wk_resil **px) {
+    wk_resil *x = *px;
     if (!x) return;
     if (x->rr) {
         int n;

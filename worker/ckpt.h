@@ -1,0 +1,45 @@
+/* ckpt.h - a rank's checkpoints (worker/): Megatron's --load/--save flags wired to the
+ * trainer (progress, model, optimizer) through three calls.
+ *
+ *   wk_ckpt_prepare(&cfg, log)   before co_config_finalize: with --load, takes the model
+ *                                 flags from the checkpoint (--use-checkpoint-args) and its
+ *                                 seed (the generators' state; not with --no-load-rng or
+ *                                 --finetune)
+ *   wk_ckpt_attach(&ck,t,log,r,w) after trainer_new: loads --load (falling back to the
+ *                                 previous good checkpoint, or refusing with
+ *                                 --refuse-corrupt-checkpoint) and, with --save, installs
+ *                                 the trainer hook that saves every --save-interval and at
+ *                                 the end (done, exit interval or duration, SIGTERM)
+ *   wk_ckpt_set_coordinator(ck,co) several ranks: each writes its share, the supervisor
+ *                                 commits (docs/checkpoints.md)
+ *   wk_ckpt_destroy(&ck)         before trainer_destroy: waits for a background save */
+#ifndef COHORT_WORKER_CKPT_H
+#define COHORT_WORKER_CKPT_H
+
+#include "checkpoint/ckpt.h"
+#include "common/config.h"
+#include "train/trainer.h"
+
+#include <stdio.h>
+
+typedef struct wk_ckpt wk_ckpt;
+
+int wk_ckpt_prepare(co_config *c, FILE *log);
+/* rank, world: this process's data-parallel rank and size; every rank loads. Saving: rank
+ * 0 writes the whole checkpoint and commits it, unless wk_ckpt_set_coordinator is called.
+ * log may be NULL. */
+int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world);
+/* With world > 1 and --save: every rank writes its share of the files (writers = world)
+ * and coord (the supervisor, through the worker's link) commits; call it on every rank
+ * after wk_ckpt_attach and before training. No-op otherwise. */
+int wk_ckpt_set_coordinator(wk_ckpt *k, const ck_coord *coord);
+void wk_ckpt_destroy(wk_ckpt **p);
+/* This process's data-parallel rank changed (an in-process restart with shifted ranks). */
+void wk_ckpt_set_rank(wk_ckpt *k, int rank);
+/* The rerun state machine's state travels in every checkpoint: save writes it (JSON object
+ * text into buf; nonzero: none) at each save; after wk_ckpt_attach loaded a checkpoint,
+ * wk_ckpt_loaded_rerun_state is its state (NULL: none). */
+void wk_ckpt_set_rerun_state(wk_ckpt *k, int (*save)(void *ctx, char *buf, size_t n), void *ctx);
+const char *wk_ckpt_loaded_rerun_state(const wk_ckpt *k);
+
+#endif

@@ -1,0 +1,213 @@
+/* rank.c - the rank actor's life (see rank.h). */
+#include "worker/rank.h"
+
+#include "checkpoint/ckpt.h"
+#include "comm/zmq_comm.h"
+#include "common/error.h"
+#include "kernels/backend.h"
+#include "worker/ckpt.h"
+#include "worker/resilience.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static int report_progress(trainer *t, void *ctx, bool final, train_end why) {
+    (void)final;
+    (void)why;
+    sv_link_progress(ctx, trainer_iteration(t));
+    return 0;
+}
+
+/* checkpoint (issue 5): a rank's part of a save is acknowledged to the supervisor, which
+ * commits it (checkpoint/ckpt.h ck_coord, supervisor/ckpt_coord.c) */
+static int ckpt_ack(void *ctx, int64_t it, int status, const char *error, const ck_mfile *files, int n) {
+    sv_file_info *fi = calloc((size_t)(n > 0 ? n : 1), sizeof *fi);
+    if (!fi) return co_err_set(CO_ENOMEM, "checkpoint acknowledgement: out of memory");
+    for (int i = 0; i < n; i++) fi[i] = (sv_file_info){files[i].name, files[i].size, files[i].xxh64};
+    int rc = sv_link_checkpoint_ack(ctx, it, status, error, fi, n);
+    free(fi);
+    return rc;
+}
+static int ckpt_wait(void *ctx, int64_t it, int timeout_ms) { return sv_link_checkpoint_wait(ctx, it, timeout_ms); }
+
+int wk_run(const wk_options *o) {
+    co_config c = *o->config;
+    const trainer_data *data = o->data;
+    FILE *out = o->out;
+    sv_link *link = o->link;
+    const sv_assignment *asg = o->asg;
+    cm_comm *dp = NULL;
+    int rc = 0;
+    if (link && asg->world > 1) {
+        cm_zmq_options zo;
+        sv_link_data_options(link, &zo);
+        rc = cm_zmq_new(&dp, asg->rank, asg->world, (const char *const *)asg->endpoints, &zo);
+        if (rc) {
+            fprintf(stderr, "cohort worker %d: connecting to the other workers failed: %s (%s)\n", asg->rank,
+                    co_err_detail(), co_strerror(rc));
+            return WK_FAILURE;
+        }
+        sv_link_attach_comm(link, dp);
+    }
+    trainer *t = NULL;
+    int early_rc = 0; /* a replacement's first state transfer failed */
+    trainer_data td = *data;
+    td.joining = link && asg->generation > 1 && asg->state_source >= 0;
+    if (td.joining) c.load[0] = '\0'; /* a replacement takes its state from a replica, not from disk */
+    if (link && asg->generation > 1 && asg->state_source < 0 && asg->checkpoint_dir)
+        snprintf(c.load, sizeof c.load, "%s", asg->checkpoint_dir); /* no replica survived: the checkpoint */
+    rc = trainer_new(&t, &c, &td, out, dp);
+    if (rc) {
+        fprintf(stderr, "cohort train: setup failed: %s (%s)\n", co_err_detail(), co_strerror(rc));
+        if (link) sv_link_attach_comm(link, NULL);
+        cm_destroy(&dp);
+        return rc == CO_EINVAL ? WK_USAGE : WK_FAILURE;
+    }
+    if (link) trainer_set_hook(t, report_progress, link);
+    /* resilience: the rerun state machine's validator, --inject, --iterations-to-skip */
+    wk_resil *resil = NULL;
+    {
+        char rerr[600];
+        rc = wk_resil_new(&resil, &c, link, link ? asg->rank : 0, dp ? dp->size : 1, rerr, sizeof rerr);
+        if (rc) {
+            fprintf(stderr, "cohort train: %s\n", rerr);
+            trainer_destroy(&t);
+            if (link) sv_link_attach_comm(link, NULL);
+            cm_destroy(&dp);
+            return rc == CO_EINVAL ? WK_USAGE : WK_FAILURE;
+        }
+        wk_resil_attach(resil, t, out);
+    }
+    /* --- checkpoint (issue 5): --load, then the --save hook (rank 0 writes) --- */
+    wk_ckpt *ckpt = NULL;
+    rc = wk_ckpt_attach(&ckpt, t, out, link ? asg->rank : 0, dp ? dp->size : 1);
+    if (!rc && link && dp && dp->size > 1) { /* every rank writes its share; the supervisor commits */
+        ck_coord co = {.ack = ckpt_ack, .wait = ckpt_wait, .ctx = link};
+        snprintf(co.token, sizeof co.token, CK_JOB_TOKEN_FMT, sv_link_job_id(link));
+        rc = wk_ckpt_set_coordinator(ckpt, &co);
+    }
+    if (rc) {
+        fprintf(stderr, "cohort train: checkpoint: %s (%s)\n", co_err_detail(), co_strerror(rc));
+        trainer_destroy(&t);
+        wk_resil_destroy(&resil);
+        if (link) sv_link_attach_comm(link, NULL);
+        cm_destroy(&dp);
+        return rc == CO_EINVAL ? WK_USAGE : WK_FAILURE; /* a flag that does not fit the checkpoint: 2 */
+    }
+    /* --- end checkpoint --- */
+    wk_resil_attach_ckpt(resil, ckpt);
+    if (out) {
+        fprintf(out, "cohort: model %zu parameters (%d layers, hidden %d, %d heads, vocab %d padded to %d), %s\n",
+                gpt_num_params(trainer_model(t)), c.num_layers, c.hidden_size, c.num_attention_heads, data->vocab_size,
+                gpt_get_config(trainer_model(t))->padded_vocab, kb_backend_describe(gpt_backend(trainer_model(t))));
+        fprintf(out, "cohort: training %lld iterations of %d samples x %d tokens (%d micro batches of %d per rank, %d rank%s)\n",
+                (long long)c.train_iters, c.global_batch_size, c.seq_length,
+                c.global_batch_size / c.micro_batch_size / (dp ? dp->size : 1), c.micro_batch_size, dp ? dp->size : 1,
+                dp && dp->size > 1 ? "s" : "");
+        fflush(out);
+    }
+    if (link && dp) {
+        /* in-process restart: an Abort unwinds the step instead of stopping the worker */
+        sv_link_enable_restart(link, o->abort_flag);
+        trainer_set_abort_flag(t, o->abort_flag);
+        if (asg->generation > 1) wk_resil_mark_replayed(resil, asg->faults_through);
+        if (asg->generation > 1 && asg->state_source >= 0) {
+            /* a replacement: the state comes from a surviving replica's memory */
+            rc = trainer_sync_state(t, asg->state_source);
+            if (rc) {
+                fprintf(stderr, "cohort worker %d: taking the state of rank %d failed: %s (%s)\n", asg->rank,
+                        asg->state_source, co_err_detail(), co_strerror(rc));
+                early_rc = rc;
+            } else if (out) {
+                fprintf(out, "cohort: rank %d replaced in process generation %llu: state of iteration %lld taken from "
+                             "rank %d's memory\n", asg->rank, (unsigned long long)asg->generation,
+                        (long long)trainer_iteration(t), asg->state_source);
+            }
+        }
+    }
+
+    train_end why = TRAIN_DONE;
+    int my_rank = link ? asg->rank : 0;
+    int64_t first_it = trainer_iteration(t); /* where this run started (a stop before its first step saves nothing) */
+    rc = early_rc ? early_rc : trainer_train(t, o->stop, &why);
+    for (;;) {
+        if (!rc || !link || !dp) break;
+        if (!sv_link_restart_pending(link)) {
+            /* a peer failed before the supervisor's Abort arrived: tell it, wait for it */
+            if (rc != CO_EREMOTE && rc != CO_ETIMEOUT && rc != CO_EABORTED) break;
+            char what[400];
+            snprintf(what, sizeof what, "rank %d: %s (%s)", my_rank, co_err_detail(), co_strerror(rc));
+            if (!sv_link_await_abort(link, rc, what, (int)(c.inprocess_hard_timeout * 1000))) break;
+        }
+        /* the supervisor aborted this generation: unwind to the restart barrier, keeping
+         * the loaded state, and continue in the next generation */
+        int64_t it = trainer_iteration(t);
+        fprintf(stderr, "cohort worker %d: generation aborted during iteration %lld (%s); at the restart barrier\n",
+                my_rank, (long long)it + 1, co_strerror(rc));
+        sv_link_attach_comm(link, NULL);
+        cm_destroy(&dp);
+        trainer_set_comm(t, NULL);
+        sv_assignment na;
+        rc = sv_link_await_restart(link, it, &na, (int)(c.rendezvous_timeout * 1000));
+        if (rc) break;
+        cm_zmq_options zo;
+        sv_link_data_options(link, &zo);
+        rc = cm_zmq_new(&dp, na.rank, na.world, (const char *const *)na.endpoints, &zo);
+        int source = na.state_source;
+        if (na.rank != my_rank) {
+            /* --inprocess-rank-assignment shift: this process has another rank now; the
+             * last rank prints */
+            fprintf(stderr, "cohort worker: rank %d is rank %d from generation %llu\n", my_rank, na.rank,
+                    (unsigned long long)na.generation);
+            bool printer = na.rank == na.world - 1;
+            trainer_set_output(t, printer ? sv_link_log_stream(link) : NULL,
+                               printer ? sv_link_metrics_stream(link) : NULL);
+            wk_ckpt_set_rank(ckpt, na.rank);
+            wk_resil_set_rank(resil, na.rank);
+            wk_resil_mark_replayed(resil, na.faults_through); /* that rank's faults fired already */
+            my_rank = na.rank;
+        }
+        sv_assignment_free(&na);
+        if (rc) continue; /* another abort during the rebuild: back to the barrier */
+        sv_link_attach_comm(link, dp);
+        trainer_set_comm(t, dp);
+        rc = trainer_sync_state(t, source);
+        if (!rc) rc = trainer_train(t, o->stop, &why);
+    }
+    int status = WK_OK;
+    if (rc) {
+        fprintf(stderr, "cohort train: training failed at iteration %lld: %s (%s)\n",
+                (long long)trainer_iteration(t), co_err_detail(), co_strerror(rc));
+        status = WK_FAILURE;
+    } else if (why == TRAIN_NAN || why == TRAIN_REJECTED) {
+        status = WK_NAN;
+    } else {
+        long long it = (long long)trainer_iteration(t);
+        if (out && why == TRAIN_SIGNAL)
+            fprintf(out, "cohort: stopped by signal after iteration %lld%s\n", it,
+                    it == first_it ? " (before this run's first step: nothing new to save)" : "");
+        if (out && why == TRAIN_EXIT_INTERVAL) fprintf(out, "cohort: --exit-interval reached at iteration %lld\n", it);
+        if (out && why == TRAIN_EXIT_DURATION) fprintf(out, "cohort: --exit-duration-in-mins reached at iteration %lld\n", it);
+        char label[96];
+        double vl = NAN, tl = NAN;
+        if (why != TRAIN_SIGNAL) {
+            snprintf(label, sizeof label, "iteration %lld on validation set", it);
+            rc = trainer_evaluate(t, 1, label, &vl);
+            snprintf(label, sizeof label, "iteration %lld on test set", it);
+            if (!rc) rc = trainer_evaluate(t, 2, label, &tl);
+            if (rc) {
+                fprintf(stderr, "cohort train: evaluation failed: %s\n", co_err_detail());
+                status = WK_FAILURE;
+            }
+        }
+        if (o->on_done && status == WK_OK) o->on_done(o->ctx, t, vl);
+    }
+    if (out) fflush(out);
+    wk_ckpt_destroy(&ckpt); /* checkpoint (issue 5): waits for a background save */
+    trainer_destroy(&t);
+    wk_resil_destroy(&resil);
+    if (link) sv_link_attach_comm(link, NULL);
+    cm_destroy(&dp);
+    return status;
+}
+
