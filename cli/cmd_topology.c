@@ -25,7 +25,7 @@ static void help(FILE *f) {
 
 static void print_list(FILE *f, const int *r, int n, bool json) {
     fputc('[', f);
-    for (int i = 0; i < n; i++) fprintf(f, json ? "%s%d" : "%s%d", i ? (json ? "," : ", ") : "", r[i]);
+    for (int i = 0; i < n; i++) fprintf(f, "%s%d", i ? (json ? "," : ", ") : "", r[i]);
     fputc(']', f);
 }
 

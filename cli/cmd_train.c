@@ -14,7 +14,6 @@
 #include "kernels/backend.h"
 #include "train/sample.h"
 #include "train/trainer.h"
-#include "comm/zmq_comm.h"
 #include "supervisor/link.h"
 #include "supervisor/supervisor.h"
 

@@ -51,16 +51,15 @@ void opt_adamw_step_checksum(opt_adamw *o, gpt_model *model, double lr, double g
     uint64_t h = 0;
     for (int i = 0; i < gpt_num_tensors(model); i++) {
         size_t off = t[i].offset;
-        if (fused) {
-            uint64_t ht;
+        float wd = t[i].decay ? o->weight_decay : 0.0f;
+        uint64_t ht = 0;
+        if (fused)
             be->ops->adamw_checksum(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, (float)lr, o->beta1,
-                                    o->beta2, o->eps, t[i].decay ? o->weight_decay : 0.0f, gscale, o->step,
-                                    GPT_SUM_SEED(i), &ht);
-            h ^= ht;
-        } else {
+                                    o->beta2, o->eps, wd, gscale, o->step, GPT_SUM_SEED(i), &ht);
+        else
             be->ops->adamw(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, (float)lr, o->beta1, o->beta2,
-                           o->eps, t[i].decay ? o->weight_decay : 0.0f, gscale, o->step);
-        }
+                           o->eps, wd, gscale, o->step);
+        h ^= ht;
     }
     gpt_sync_bf16(model);
     /* queued backends (CUDA): the step is done before the host reads parameters or moments

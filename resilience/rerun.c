@@ -372,14 +372,19 @@ static void suspect(rr_machine *m, int rank, const char *check, double value, bo
 
 static rr_decision give_up(const rr_machine *m) { return m->o.skip_on_reproducible ? RR_SKIP : RR_STOP; }
 
+/* A fault the checksums found: the check the event and the tracker name. */
+static void sum_check(rr_machine *m, double value) {
+    snprintf(m->rej_check, sizeof m->rej_check, "param_checksum");
+    m->rej_value = value;
+}
+
 /* Replicas whose parameter checksum differs from rank src's are corrupt: every rank takes
  * src's state and the step is replayed (the after-repair round must then agree). */
 static void sum_repair(rr_machine *m, rr_verdict *v, int src, int agree) {
     const rr_report *c = m->cur;
     int W = m->o.world, first = -1, nbad = 0;
     char msg[256] = "";
-    snprintf(m->rej_check, sizeof m->rej_check, "param_checksum");
-    m->rej_value = agree;
+    sum_check(m, agree);
     m->rej_fatal = true;
     for (int r = 0; r < W; r++) {
         if (c[r].sum_used == c[src].sum_used) continue;
@@ -417,7 +422,7 @@ static int decide_sums(rr_machine *m, rr_verdict *v, int rej) {
     if (m->after_repair) {
         if (!differ) return 0;
         char msg[200];
-        snprintf(m->rej_check, sizeof m->rej_check, "param_checksum");
+        sum_check(m, m->rej_value);
         snprintf(msg, sizeof msg, "parameter checksums still differ after rank %d's state was taken: cannot repair",
                  m->helper);
         add_event(m, m->suspect, RR_DIAG_PERSISTENT, RR_STOP, false, msg);
@@ -436,8 +441,7 @@ static int decide_sums(rr_machine *m, rr_verdict *v, int rej) {
             char msg[220];
             snprintf(msg, sizeof msg, "rank %d: parameter checksums differed between the replicas and agree on replay: "
                      "transient fault", r);
-            snprintf(m->rej_check, sizeof m->rej_check, "param_checksum");
-            m->rej_value = 0;
+            sum_check(m, 0);
             m->faults[r]++;
             add_event(m, r, RR_DIAG_TRANSIENT, RR_ACCEPT, false, msg);
             if (rej >= 0) {
@@ -462,7 +466,7 @@ static int decide_sums(rr_machine *m, rr_verdict *v, int rej) {
             len += snprintf(msg + len, sizeof msg - (size_t)len, " %d %08x/%08x", k, (unsigned)(m->cur[k].sum_used >> 32),
                             (unsigned)(m->cur[k].sum_written >> 32));
         if (len < (int)sizeof msg - 2) snprintf(msg + len, sizeof msg - (size_t)len, ")");
-        snprintf(m->rej_check, sizeof m->rej_check, "param_checksum");
+        sum_check(m, m->rej_value);
         add_event(m, -1, RR_DIAG_PERSISTENT, RR_STOP, false, msg);
         verdict(v, m, RR_STOP, RR_DIAG_PERSISTENT, "%s", msg);
         start_round(m, ROUND_ALL, 0);

@@ -58,7 +58,8 @@ int topo_group_of(const topo_layout *l, topo_group_kind k, int rank, int *member
 /* Megatron's name of a group kind ("tp", "dp-cp", "embedding", "ep", ...). */
 const char *topo_group_name(topo_group_kind k);
 
-/* The groups of the masked dimensions over a grid of sizes[0..ndim) (sizes[0] fastest):
+/* The groups of the masked dimensions over a grid of sizes[0..ndim) (sizes[0] fastest,
+ * ndim <= 8):
  * generate_masked_orthogonal_rank_groups. out holds prod(sizes) ints. */
 void topo_masked_groups(const int *sizes, const bool *mask, int ndim, int *out, int *ngroups, int *size);
 

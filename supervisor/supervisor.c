@@ -564,7 +564,7 @@ static bool flags_differ(const char *a_json, const char *b_json, char *why, size
     size_t len = 0;
     why[0] = '\0';
     if (!json_is_object(a) || !json_is_object(b)) {
-        differ = !(json_is_object(a) && json_is_object(b)) && (a || b);
+        differ = true;
         snprintf(why, n, "unreadable flags");
     } else {
         const char *key;
@@ -629,11 +629,14 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
                 s->flags_ref = strdup(r->config_json);
                 s->flags_ref_node = (int)r->node_rank;
             } else if (flags_differ(s->flags_ref, r->config_json, why, sizeof why)) {
-                char msg[1100];
+                char msg[1100], local[300] = "";
+                size_t nl = sizeof node_local_flags / sizeof *node_local_flags;
+                for (size_t k = 0, len = 0; k < nl && len < sizeof local; k++)
+                    len += (size_t)snprintf(local + len, sizeof local - len, "%s--%s", k ? ", " : "",
+                                            node_local_flags[k]);
                 snprintf(msg, sizeof msg, "node %u's training flags differ from node %d's: %s; every node must "
-                         "run the same `cohort train` flags (only --node-rank, --node-addr, --master-addr, "
-                         "--data-cache-path, --workdir, --threads, --progress, --metrics-file, --run-report, "
-                         "--job-secret and --sample-lines may differ)", r->node_rank, s->flags_ref_node, why);
+                         "run the same `cohort train` flags (only %s may differ)", r->node_rank, s->flags_ref_node,
+                         why, local);
                 fprintf(stderr, "cohort supervisor: %s\n", msg);
                 begin_shutdown(s, SV_EXIT_USAGE, msg);
             }

@@ -21,7 +21,7 @@ typedef struct pend {
     uint64_t seen; /* micro batches received (bit per micro batch) */
     int got;
     bool added;
-    bool want_sum, have_sum; /* a ParamsChecksum follows the reports / has come */
+    bool want_sum;  /* a ParamsChecksum follows the reports (r.has_sum: it has come) */
     double phase_ms[SVV_NPH];
 } pend;
 
@@ -255,17 +255,21 @@ static void take_events(svv *v, uint64_t now, int *quarantine) {
     }
 }
 
-/* rank's pending round becomes (it, attempt, check_for), emptied if it was another one
- * (or nothing has arrived for it since the last decision) */
-static void pend_round(svv *v, int rank, int64_t it, int attempt, int check_for) {
-    pend *p = &v->p[rank];
-    if (p->r.iteration == it && p->r.attempt == attempt && p->r.check_for == check_for && (p->got || p->have_sum))
-        return;
+/* rank's pending round emptied and made (it, attempt, check_for) */
+static void pend_reset(pend *p, int rank, int64_t it, int attempt, int check_for) {
     memset(p, 0, sizeof *p);
     p->r.iteration = it;
     p->r.attempt = attempt;
     p->r.rank = rank;
     p->r.check_for = check_for;
+}
+
+/* rank's pending round becomes (it, attempt, check_for): reset if it was another one, or
+ * if nothing has arrived for it since the last decision */
+static void pend_round(svv *v, int rank, int64_t it, int attempt, int check_for) {
+    pend *p = &v->p[rank];
+    if (p->r.iteration != it || p->r.attempt != attempt || p->r.check_for != check_for || !(p->got || p->r.has_sum))
+        pend_reset(p, rank, it, attempt, check_for);
 }
 
 static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *quarantine);
@@ -287,10 +291,7 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
     pend *p = &v->p[rank];
     if (p->added && p->r.iteration == it && p->r.attempt == attempt) return 0; /* duplicate */
     pend_round(v, rank, it, attempt, check_for);
-    if (p->r.nmb != nmb && p->got) { /* another count of micro batches: start the round afresh */
-        p->r.iteration = -1;
-        pend_round(v, rank, it, attempt, check_for);
-    }
+    if (p->r.nmb != nmb && p->got) pend_reset(p, rank, it, attempt, check_for); /* another count: afresh */
     p->r.nmb = nmb;
     if (lr->has_checksum_follows && lr->checksum_follows) p->want_sum = true;
     if (p->seen & (1ull << lr->micro_batch)) return 0; /* a duplicate message */
@@ -316,7 +317,7 @@ int svv_on_checksum(svv *v, int rank, const Cohort__V1__ParamsChecksum *c, char 
     pend *p = &v->p[rank];
     if (p->added && p->r.iteration == it && p->r.attempt == attempt) return 0;
     pend_round(v, rank, it, attempt, -1);
-    p->r.has_sum = p->have_sum = p->want_sum = true;
+    p->r.has_sum = true;
     p->r.sum_used = c->used;
     p->r.has_written = c->has_written;
     p->r.sum_written = c->written;
@@ -329,7 +330,7 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
     pend *p = &v->p[rank];
     int64_t it = p->r.iteration;
     int attempt = p->r.attempt, check_for = p->r.check_for;
-    if (!p->r.nmb || p->got < p->r.nmb || p->added || (p->want_sum && !p->have_sum)) return 0;
+    if (!p->r.nmb || p->got < p->r.nmb || p->added || (p->want_sum && !p->r.has_sum)) return 0;
     if (attempt == 0 && check_for < 0 && it != v->first_report_iter) {
         v->first_report_iter = it;
         v->first_report_ms = now;
@@ -354,7 +355,7 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
         v->validated++;
         score_stragglers(v, it);
     }
-    for (int r = 0; r < v->W; r++) v->p[r].added = false, v->p[r].got = 0, v->p[r].have_sum = v->p[r].want_sum = false;
+    for (int r = 0; r < v->W; r++) v->p[r].added = false, v->p[r].got = 0, v->p[r].r.has_sum = v->p[r].want_sum = false;
     v->round_first_ms = 0;
     if (vd.decision == RR_ACCEPT || vd.decision == RR_SKIP) {
         if (v->last_accept_ms && v->naccepts >= 5 && (double)(now - v->last_accept_ms) > v->max_step_ms)
@@ -510,9 +511,9 @@ bool svv_stalled(svv *v, uint64_t now, uint64_t soft_ms, int *missing, int cap, 
     /* a rank whose loss reports are in and whose checksum is not is in the all-reduce the
      * checksum waits for: not the one that is stuck (the collective's timeout finds that) */
     for (int r = 0; r < v->W; r++) {
-        const pend *p = &v->p[r];
+        const pend *p = &v->p[r]; /* (a round added to the state machine is reported) */
         bool reported = p->r.nmb > 0 && p->got >= p->r.nmb;
-        if (!p->added && !reported && *nmissing < cap) missing[(*nmissing)++] = r;
+        if (!reported && *nmissing < cap) missing[(*nmissing)++] = r;
     }
     *since = v->round_first_ms;
     return *nmissing > 0;

@@ -557,7 +557,6 @@ static bool skip_listed(const trainer *t, int64_t step) {
 /* ---- the weights' checksum (silent data corruption, resilience/rerun.h) ----
  * gpt_weights_checksum: the fp32 master weights and, in bf16 mode, the bf16 working copy
  * the forward and backward read; data-parallel replicas hold both bitwise equal. */
-static uint64_t params_checksum(trainer *t) { return gpt_weights_checksum(t->model); }
 
 /* Are the weights checksummed at all (a validator that compares replicas, an interval)? */
 static bool sums_on(const trainer *t) {
@@ -571,9 +570,10 @@ static void note_written(trainer *t) {
     t->have_written = sums_on(t);
     if (!t->have_written) return;
     double t0 = now_s();
-    t->sum_written = params_checksum(t);
-    t->sum_wait_s += now_s() - t0;
-    t->sum_hash_s += now_s() - t0;
+    t->sum_written = gpt_weights_checksum(t->model);
+    double dt = now_s() - t0;
+    t->sum_wait_s += dt;
+    t->sum_hash_s += dt;
 }
 
 typedef struct sum_job {
@@ -585,7 +585,7 @@ typedef struct sum_job {
 static void *sum_main(void *arg) {
     sum_job *j = arg;
     double t0 = now_s();
-    j->sum = params_checksum(j->t);
+    j->sum = gpt_weights_checksum(j->t->model);
     j->s = now_s() - t0;
     return NULL;
 }
@@ -695,7 +695,9 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
     t->stop = stop;
     bool tty = c->progress && t->log == stdout && isatty(STDOUT_FILENO);
     int me = t->topo.dp_rank;
-    note_written(t); /* the weights as built, loaded or taken from a peer */
+    /* the weights as built or loaded (a repair or a peer's state noted it already; an
+     * optimizer step keeps it) */
+    if (!t->have_written) note_written(t);
     if (t->iteration < c->train_iters) {
         /* a stop asked for before the first step (a signal during setup, the supervisor's
          * order): the ranks agree on it in one vote, and nothing is trained */

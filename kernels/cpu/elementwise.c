@@ -441,23 +441,6 @@ static inline void adamw_chunk(float *p, const float *g, float *m, float *v, siz
     }
 }
 
-void cpu_adamw(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr,
-               float beta1, float beta2, float eps, float wd, float gscale, int64_t t) {
-    cpu_state *st = cpu_st(b);
-    if (t < 1) t = 1;
-    float ib1 = (float)(1.0 / (1.0 - pow((double)beta1, (double)t)));
-    float ib2 = (float)(1.0 / (1.0 - pow((double)beta2, (double)t)));
-    float c1 = 1.0f - beta1, c2 = 1.0f - beta2;
-#pragma omp parallel for schedule(static) num_threads(st->threads)
-    for (size_t c = 0; c < NCHUNK(n); c++) {
-        CHUNK_BOUNDS(c, n);
-        adamw_chunk(p + lo, g + lo, m + lo, v + lo, hi - lo, lr, beta1, beta2, c1, c2, ib1, ib2, eps, wd, gscale);
-    }
-}
-
-/* the weights' checksum blocks are the optimizer's chunks: each is hashed hot, as written */
-_Static_assert(CHUNK == KB_SUM_BLOCK, "AdamW's chunks must be the checksum's blocks");
-
 void cpu_adamw_checksum(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr,
                         float beta1, float beta2, float eps, float wd, float gscale, int64_t t, uint64_t seed,
                         uint64_t *sum) {
@@ -471,7 +454,12 @@ void cpu_adamw_checksum(kb_backend *b, float *p, const float *g, float *m, float
     for (size_t c = 0; c < NCHUNK(n); c++) {
         CHUNK_BOUNDS(c, n);
         adamw_chunk(p + lo, g + lo, m + lo, v + lo, hi - lo, lr, beta1, beta2, c1, c2, ib1, ib2, eps, wd, gscale);
-        h ^= kb_checksum_block(p + lo, hi - lo, seed, c);
+        if (sum) h ^= kb_checksum_block(p + lo, hi - lo, seed, c);
     }
-    *sum = h;
+    if (sum) *sum = h;
+}
+
+void cpu_adamw(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr,
+               float beta1, float beta2, float eps, float wd, float gscale, int64_t t) {
+    cpu_adamw_checksum(b, p, g, m, v, n, lr, beta1, beta2, eps, wd, gscale, t, 0, NULL);
 }
