@@ -45,6 +45,7 @@ struct sv_link {
     _Atomic int64_t iteration;
     _Atomic uint64_t last_heard_ms;
     bool lost_reported;
+    pid_t parent;                      /* the local supervisor's pid, when the link opened */
     ac_timer *hb;
     pw_stats stats;
     FILE *log, *metrics;
@@ -281,6 +282,15 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
 static void signal_tick(ac_timer *t, void *ctx) {
     (void)t;
     sv_link *l = ctx;
+    /* the local supervisor's death: its SIGTERM (PR_SET_PDEATHSIG) asks this worker for a
+     * clean stop, but the stop is validated by the supervisor, which is gone: without this a
+     * worker waiting for a verdict would wait for the silence check's 30 s */
+    if (!l->lost_reported && getppid() != l->parent) {
+        l->lost_reported = true;
+        fprintf(stderr, "cohort worker %d: the supervisor (pid %d) died; stopping\n", l->local_rank, (int)l->parent);
+        abort_all(l);
+        return;
+    }
     int sig = l->signalled ? *l->signalled : 0;
     if (!sig || l->signal_reported) return;
     l->signal_reported = true;
@@ -329,7 +339,7 @@ static int link_on_start(ac_actor *a, void *ctx) {
     r.config_json = (char *)l->config_json;
     rc = sv__send(l->mb, NULL, &l->snd, &r.base);
     if (!rc) rc = ac_timer_start(a, LINK_HEARTBEAT_MS, LINK_HEARTBEAT_MS, heartbeat_tick, l, &l->hb);
-    if (!rc && l->signalled) rc = ac_timer_start(a, 50, 50, signal_tick, l, &l->sig_timer);
+    if (!rc) rc = ac_timer_start(a, 50, 50, signal_tick, l, &l->sig_timer);
     if (!rc) signal_tick(NULL, l); /* one that came during setup, before the link */
     return rc;
 }
@@ -343,9 +353,11 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic
     if (!ep || !job || !lr || !dir) return co_err_set(CO_EINVAL, "worker: COHORT_SUPERVISOR/JOB_ID/LOCAL_RANK/IPC_DIR not set");
     /* a local worker must not outlive its supervisor */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() == 1) return co_err_set(CO_EREMOTE, "worker: the supervisor is already gone");
+    pid_t parent = getppid();
+    if (parent == 1) return co_err_set(CO_EREMOTE, "worker: the supervisor is already gone");
     sv_link *l = calloc(1, sizeof *l);
     if (!l) return CO_ENOMEM;
+    l->parent = parent;
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
     l->stop = stop;
@@ -384,7 +396,6 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic
     dl.tv_sec += timeout_ms / 1000;
     dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
-    pid_t parent = getppid();
     pthread_mutex_lock(&l->mu);
     /* a signal of this process's own does not end the wait (the supervisor, told by the
      * link, stops the whole job); the supervisor's stop order, an abort or its death does */
@@ -487,14 +498,13 @@ int sv_link_checkpoint_ack(sv_link *l, int64_t iteration, int status, const char
 
 int sv_link_checkpoint_wait(sv_link *l, int64_t iteration, int timeout_ms) {
     uint64_t deadline = sv__now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
-    pid_t parent = getppid();
     int phase = 0;
     bool aborted = false;
     pthread_mutex_lock(&l->mu);
     for (;;) {
         if (l->ckpt_iteration == iteration && l->ckpt_phase) phase = l->ckpt_phase;
         aborted = l->aborted;
-        if (phase || aborted || sv__now_ms() >= deadline || getppid() != parent) break;
+        if (phase || aborted || sv__now_ms() >= deadline || getppid() != l->parent) break;
         /* wake at least every 200 ms: the supervisor (our parent) may have died */
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
@@ -506,8 +516,8 @@ int sv_link_checkpoint_wait(sv_link *l, int64_t iteration, int timeout_ms) {
     if (phase == COHORT__V1__CHECKPOINT_PHASE__CKPT_COMMIT) return 0;
     if (phase == COHORT__V1__CHECKPOINT_PHASE__CKPT_ABORT)
         return co_err_set(CO_EABORTED, "the supervisor aborted it (a rank failed or died; see the supervisor's message)");
+    if (getppid() != l->parent) return co_err_set(CO_EREMOTE, "the supervisor went away before committing it");
     if (aborted) return co_err_set(CO_EABORTED, "the job was aborted before the supervisor committed it");
-    if (getppid() != parent) return co_err_set(CO_EREMOTE, "the supervisor went away before committing it");
     return co_err_set(CO_ETIMEOUT, "no answer from the supervisor within %d s", timeout_ms / 1000);
 }
 

@@ -411,14 +411,14 @@ kill_supervisor)
     clean --save "$work/clean.ckpt" --save-interval 4
     run f --inject "kill-supervisor@step=7" --save "$work/f.ckpt" --save-interval 4
     [ $rc -eq 137 ] || fail "supervisor exited $rc, not killed"
-    for _ in $(seq 300); do
+    for _ in $(seq 100); do
         left=$(grep -l "cohort-fault" /proc/[0-9]*/cmdline 2>/dev/null | while read -r f; do
             [ -r "$f" ] || continue
             tr '\0' ' ' <"$f" 2>/dev/null | grep -q "f.jsonl" && echo x; done | wc -l)
         [ "$left" -eq 0 ] && break
         sleep 0.1
     done
-    [ "$left" -eq 0 ] || fail "$left workers still running 30 s after their supervisor died"
+    [ "$left" -eq 0 ] || fail "$left workers still running 10 s after their supervisor died"
     [ "$(cat "$work/f.ckpt/latest_checkpointed_iteration.txt")" = 4 ] || fail "tracker: $(cat "$work/f.ckpt/latest_checkpointed_iteration.txt")"
     "$cohort" ckpt verify "$work/f.ckpt" >/dev/null || fail "the last checkpoint does not verify"
     run g --load "$work/f.ckpt" --save "$work/f.ckpt" --save-interval 4
