@@ -17,12 +17,13 @@
 # for each world size in $NPROCS; from the run report: detection_ms and recovery_ms; from
 # stderr and stdout, time-stamped here as the lines arrive: injection -> the supervisor's
 # first line about it, and injection -> the log line of iteration $FAULT_STEP (the first step
-# completed after recovery); and the run's median step time (for "2 s + one step").
+# completed after recovery); and the run's median step time. The target: a crash costs at
+# most 2 s + one step, a hang or a stopped rank (SIGSTOP) the soft timeout + 2 s + one step.
 #
 # Environment: REPS (3), ITERS (60), WARM (5), NPROCS ("2 4"), FAULT_ITERS (18),
 # FAULT_STEP (12), REANALYZE=DIR (print the tables again from a kept work directory), PARTS ("overhead faults"), FAULTS (the fault runs, default all of
-# kill-forward kill-allreduce hang-2s hang-learned stop-2s nan bitflip-grad bitflip-param
-# msg-drop), KEEP=1 keeps the work directory. The output starts with the CPU (bench/cpuinfo.py:
+# kill-forward kill-allreduce hang-2s hang-learned stop-2s stop-learned nan bitflip-grad
+# bitflip-param msg-drop), KEEP=1 keeps the work directory. The output starts with the CPU (bench/cpuinfo.py:
 # model name, ISA flags).
 set -uo pipefail
 cohort=${1:-build/cohort}
@@ -134,12 +135,12 @@ fi
 if [[ " $PARTS " == *" faults "* ]]; then
     S=$FAULT_STEP
     quick=(--inprocess-soft-timeout 2 --inprocess-hard-timeout 4)
-    read -r -a names <<<"${FAULTS:-kill-forward kill-allreduce hang-2s hang-learned stop-2s nan bitflip-grad bitflip-param msg-drop}"
+    read -r -a names <<<"${FAULTS:-kill-forward kill-allreduce hang-2s hang-learned stop-2s stop-learned nan bitflip-grad bitflip-param msg-drop}"
     declare -A spec=(
         [kill-forward]="kill@rank=0,step=$S,phase=forward"
         [kill-allreduce]="kill@rank=0,step=$S,phase=allreduce"
         [hang-2s]="hang@rank=0,step=$S" [hang-learned]="hang@rank=0,step=$S"
-        [stop-2s]="stop@rank=0,step=$S"
+        [stop-2s]="stop@rank=0,step=$S" [stop-learned]="stop@rank=0,step=$S"
         [nan]="nan@rank=0,step=$S"
         [bitflip-grad]="bitflip-grad@rank=0,step=$S,bit=30"
         [bitflip-param]="bitflip-param@rank=0,step=$S,bit=30"
@@ -168,7 +169,7 @@ def lines(path):
         except ValueError: pass
     return out
 rows = []
-print("\n| ranks | fault | reported (kind, diagnosis) | detection ms | recovery ms | detection + recovery ms | injection → supervisor's first line ms | injection → iteration %d logged ms | iteration %d ms (metrics) | median step ms | 2 s + one step ms | within? | rc |" % (S, S))
+print("\n| ranks | fault | reported (kind, diagnosis) | detection ms | recovery ms | detection + recovery ms | injection → supervisor's first line ms | injection → iteration %d logged ms | iteration %d ms (metrics) | median step ms | target ms ([soft timeout +] 2 s + one step) | within? | rc |" % (S, S))
 print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 for name in runs:
     _, n, fault = name.split("-", 2)
@@ -210,11 +211,12 @@ for name in runs:
     f = lambda x: "—" if x is None else f"{x:.0f}"
     inj_sup = None if t_sup is None else 1000 * (t_sup - t_inj)
     inj_step = None if t_step is None else 1000 * (t_step - t_inj)
-    target = 2000 + med
+    # a hang is detected after the soft timeout (in the report's text); the target adds it
+    soft = [m.group(1) for x in fs for m in [re.search(r"soft timeout ([0-9.]+) s", x.get("text", ""))] if m]
+    target = (1000 * float(soft[0]) if soft else 0) + 2000 + med
     within = "—" if inj_step is None else ("yes" if inj_step <= target else f"no (+{inj_step - target:.0f})")
     both = None if d0 is None or r0 is None else d0 + r0
     print(f"| {n} | {fault} | {kinds} | {f(d0)} | {f(r0)} | {f(both)} | {f(inj_sup)} | {f(inj_step)} | {f(step_s)} | {med:.0f} | {target:.0f} | {within} | {rc} |")
-    soft = [m.group(1) for x in fs for m in [re.search(r"soft timeout ([0-9.]+) s", x.get("text", ""))] if m]
     if soft: rows.append(f"{name}: soft timeout {soft[0]} s")
 for r in rows: print(f"\n{r}")
 PY

@@ -83,6 +83,8 @@ typedef struct sv {
     bool finishing;         /* every active rank finished: the spares are told to go */
     bool restarting;        /* between an Abort and every rank's Restart */
     uint64_t restart_t0;
+    uint64_t last_ready_ms; /* when the last rank reached the restart barrier */
+    bool no_proc_state;     /* test hook: local workers' process state is not read */
     uint64_t restart_times[64];
     int nrestarts;
     int64_t restart_faults_through; /* injected faults up to this step already fired */
@@ -680,6 +682,7 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         } else if (s->restarting && e->generation == s->snd.generation && !w->replacing) {
             w->ready_gen = e->generation;
             w->ready_iter = e->ready->has_iteration ? (int64_t)e->ready->iteration : 0;
+            s->last_ready_ms = sv__now_ms();
             check_restart_done(s);
         }
         break;
@@ -785,6 +788,24 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
     }
 }
 
+/* A laggard at the restart barrier is killed this long (plus the slowest step) after every
+ * other rank reached it. */
+#define LAGGARD_GRACE_MS 2000
+
+/* Is the local process pid stopped (SIGSTOP, a debugger)? Its state in /proc/PID/stat:
+ * "PID (COMM) S ...", COMM may hold spaces and parentheses, so the state follows the last ')'. */
+static bool process_stopped(pid_t pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+}
+
 /* Hangs: a round whose reports stopped coming for the soft timeout aborts the generation;
  * a rank that does not reach the restart barrier by the hard timeout is killed; the whole
  * barrier has the barrier timeout. */
@@ -803,15 +824,34 @@ static void watch_progress(sv *s, uint64_t now) {
         }
     }
     if (s->restarting) {
+        /* the laggards: a stopped local process never comes (killed at once); one that has not
+         * come LAGGARD_GRACE_MS + the slowest step after every other rank did is unresponsive
+         * (killed then, not at the hard timeout: the others wait at the barrier meanwhile) */
+        int ready = 0;
+        for (int i = 0; i < s->nw; i++) {
+            worker *w = &s->w[i];
+            if (w->rank >= 0 && !w->replacing && !w->exited && w->ready_gen == s->snd.generation) ready++;
+        }
+        double step = s->val ? svv_max_step_ms(s->val) : 0;
+        uint64_t grace = LAGGARD_GRACE_MS + (uint64_t)(step > 0 ? step : 0);
+        bool others_in = ready > 0 && s->last_ready_ms >= s->restart_t0 && now - s->last_ready_ms > grace;
         for (int i = 0; i < s->nw; i++) {
             worker *w = &s->w[i];
             if (w->rank < 0 || w->replacing || w->exited || w->ready_gen == s->snd.generation || !w->abort_ms) continue;
-            if (now - w->abort_ms > hard - soft) {
-                fprintf(stderr, "cohort supervisor: rank %d did not reach the restart barrier in %.1f s; killing it to "
-                                "replace it\n", i, (double)(hard - soft) / 1000);
-                w->abort_ms = 0;
-                uv_process_kill(&w->proc, SIGKILL);
-            }
+            char why[160];
+            why[0] = '\0';
+            /* (test hook COHORT_TEST_NO_PROC_STATE: as for a remote node's rank, unread) */
+            if (w->spawned && w->pid && !s->no_proc_state && process_stopped((pid_t)w->pid))
+                snprintf(why, sizeof why, "is stopped (process state T)");
+            else if (others_in && now - w->abort_ms > grace)
+                snprintf(why, sizeof why, "did not reach the restart barrier %.1f s after the other %d rank(s)",
+                         (double)(now - s->last_ready_ms) / 1000, ready);
+            else if (now - w->abort_ms > hard - soft)
+                snprintf(why, sizeof why, "did not reach the restart barrier in %.1f s", (double)(hard - soft) / 1000);
+            if (!why[0]) continue;
+            fprintf(stderr, "cohort supervisor: rank %d %s; killing it to replace it\n", w->rank, why);
+            w->abort_ms = 0;
+            uv_process_kill(&w->proc, SIGKILL);
         }
         if (now - s->restart_t0 > (uint64_t)s->o.barrier_timeout_ms)
             begin_shutdown(s, SV_EXIT_WORKER_FAILED, "the restart barrier timed out (--inprocess-barrier-timeout)");
@@ -826,6 +866,7 @@ static void watch_progress(sv *s, uint64_t now) {
             len += snprintf(why + len, sizeof why - (size_t)len, " %d", missing[k]);
         snprintf(why + len, sizeof why - (size_t)len, " did not report; soft timeout %.1f s)", (double)soft / 1000);
         begin_restart(s, "hang", nmissing ? missing[0] : -1, why, now - since);
+        if (s->restarting) watch_progress(s, now); /* a stopped rank is killed now, not a tick later */
     }
 }
 
@@ -1061,6 +1102,7 @@ int sv_run(const sv_options *opt) {
     /* several nodes: a failure still stops the job (restart needs a node agent's part) */
     s.restart_enabled = s.o.restart && s.o.nnodes == 1;
     if (!s.o.restart_window_ms) s.o.restart_window_ms = 600000;
+    s.no_proc_state = getenv("COHORT_TEST_NO_PROC_STATE") != NULL;
     if (!s.o.soft_timeout_ms) s.o.soft_timeout_ms = 60000;
     if (!s.o.hard_timeout_ms) s.o.hard_timeout_ms = 90000;
     if (!s.o.barrier_timeout_ms) s.o.barrier_timeout_ms = 120000;

@@ -291,8 +291,8 @@ hang)
         fail "$(grep supervisor "$work/f.err")"
     ;;
 stop)
-    # SIGSTOP: the rank answers nothing; after the soft timeout the generation is aborted,
-    # after the hard one the rank is killed and replaced
+    # SIGSTOP: the rank answers nothing; after the soft timeout the generation is aborted and
+    # the rank, its process state T, is killed at once and replaced (not at the hard timeout)
     clean
     # (not rank 3: the logging rank's last line may die with it, unsent)
     run f --inject "stop@rank=2,step=5" $quick
@@ -300,7 +300,19 @@ stop)
     expect_same f
     expect_fault f hang 2 rank_failure
     expect_fault f killed 2 rank_failure
-    grep -q "rank 2 did not reach the restart barrier" "$work/f.err" || fail "$(grep supervisor "$work/f.err")"
+    grep -q "rank 2 is stopped (process state T); killing it" "$work/f.err" || fail "$(grep supervisor "$work/f.err")"
+    ;;
+stop_unread)
+    # the same where the process state cannot be read (a remote node's rank): the rank is
+    # killed 2 s after the others reached the restart barrier, long before the hard timeout
+    clean
+    COHORT_TEST_NO_PROC_STATE=1 run f --inject "stop@rank=2,step=5" --inprocess-soft-timeout 2 \
+        --inprocess-hard-timeout 60 --inprocess-barrier-timeout 90
+    expect_rc f 0
+    expect_same f
+    expect_fault f killed 2 rank_failure
+    grep -q "rank 2 did not reach the restart barrier [0-9.]* s after the other 3 rank(s); killing it" "$work/f.err" ||
+        fail "$(grep supervisor "$work/f.err")"
     ;;
 crash_loop)
     # a rank that dies at every step: the restart-intensity limit turns the crash loop into

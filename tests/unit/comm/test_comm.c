@@ -1,4 +1,4 @@
-/* test_comm.c - the ZeroMQ collectives (comm/zmq_comm.c) across forked ranks on ipc.
+/* test_comm.c - the ZeroMQ collectives (comm/zmq_*.c) across forked ranks on ipc.
  *
  * Each case forks N rank processes with endpoints in a private temporary directory; every
  * rank runs the same scenario and exits 0 when its checks pass. The parent bounds each
