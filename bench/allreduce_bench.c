@@ -1,4 +1,4 @@
-/* allreduce_bench.c - all-reduce bus bandwidth of the CPU collectives (comm/zmq_comm.c:
+/* allreduce_bench.c - all-reduce bus bandwidth of the CPU collectives (comm/zmq_*.c:
  * shared memory between ranks on one host, ZeroMQ otherwise) beside raw ZeroMQ
  * point-to-point bandwidth, measured in the same run on the same transport.
  *

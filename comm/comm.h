@@ -1,5 +1,5 @@
 /* comm.h - the collective interface every backend implements: the CPU one over ZeroMQ
- * (comm/zmq_comm.c) and, later, NCCL. A communicator is a group of `size` ranks; this
+ * (comm/zmq_*.c) and, later, NCCL. A communicator is a group of `size` ranks; this
  * process is `rank` in it. Sub-groups (tensor-, pipeline-, data-parallel) are split off.
  *
  * Every call blocks until done, until timeout_ms passes (CO_ETIMEOUT; timeout_ms < 0 waits

@@ -1,5 +1,5 @@
 /* shm_seg.h - shared-memory segments for the collectives of ranks on one host (used by
- * comm/zmq_comm.c; see the design there).
+ * comm/zmq_shm.c; see the design there).
  *
  * Each rank owns one segment: an anonymous memfd (nothing in /dev/shm, so nothing to clean
  * up when a process is killed) holding a header page and `nslots` slots of `slot_bytes`,

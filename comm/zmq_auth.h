@@ -1,4 +1,4 @@
-/* zmq_auth.h - CURVE on the data plane (internal to zmq_comm.c): every rank's key derived
+/* zmq_auth.h - CURVE on the data plane (internal to the ZeroMQ collectives): every rank's key derived
  * from the job secret, and the ZAP handler of a communicator's ZeroMQ context, which admits
  * a connection only if its key is one of the job's rank keys and names the peer by it. */
 #ifndef COHORT_COMM_ZMQ_AUTH_H

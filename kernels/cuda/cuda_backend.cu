@@ -167,6 +167,7 @@ static const kb_ops cuda_ops = {
     /* .cross_entropy = */ cu_cross_entropy,
     /* .sumsq = */ cu_sumsq,
     /* .adamw = */ cu_adamw,
+    /* .adamw_checksum = */ NULL, /* the caller hashes the weights on the host (managed memory) */
 };
 
 // ---- which GPUs this build can run on ----
