@@ -375,6 +375,15 @@ int cli_train(int argc, char **argv) {
     int dp = worker ? asg.dp : c.nproc_per_node * c.nnodes;
     if (!worker && c.nnodes == 1 && c.inprocess_active_world_size > 0 && c.inprocess_active_world_size < dp)
         dp = c.inprocess_active_world_size; /* the others are warm spares */
+    /* the data-parallel size: the world over tensor x context x pipeline (a worker is told) */
+    long mp = (long)c.tensor_model_parallel_size * c.context_parallel_size * c.pipeline_model_parallel_size;
+    if (!worker && mp > 1 && dp % mp == 0) dp = (int)(dp / mp);
+    else if (!worker && mp > 1 && co_config_standin_model_parallel) {
+        fprintf(stderr, "cohort train: invalid configuration:\n  the world of %d ranks is not a multiple of "
+                        "tensor x context x pipeline = %ld\n", dp, mp);
+        co_config_free(&c);
+        return CLI_USAGE;
+    }
     if (worker && !co_config_was_set(&c, "threads")) {
         /* the node's cores are shared by its workers */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -568,6 +577,12 @@ int cli_train(int argc, char **argv) {
         so.restart = c.inprocess_restart;
         so.active_world = c.inprocess_active_world_size > 0 ? c.inprocess_active_world_size : 0;
         so.shift_ranks = !strcmp(c.inprocess_rank_assignment, "shift-ranks");
+        so.tp = c.tensor_model_parallel_size;
+        so.pp = c.pipeline_model_parallel_size;
+        so.cp = c.context_parallel_size;
+        so.ep = c.expert_model_parallel_size;
+        so.etp = c.expert_tensor_parallel_size;
+        so.tp_pp_dp = c.use_tp_pp_dp_mapping;
         so.quarantine_after = c.quarantine_after;
         so.quarantine_window = c.quarantine_window;
         so.restart_limit = c.inprocess_restart_limit;

@@ -524,6 +524,8 @@ static bool dbl_out_of_range(problems *P, const char *name, double v, double lo,
 
 #define GIVEN(name) co_config_was_set(c, name)
 
+bool co_config_standin_model_parallel = false;
+
 int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     problems P = {err, 0, errlen, 0};
     if (errlen) err[0] = '\0';
@@ -534,11 +536,11 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
                     "optimizer state)");
     if (c->sequence_parallel)
         problem(&P, "--sequence-parallel is not supported yet (it needs tensor parallelism, which is not supported yet)");
-    if (c->tensor_model_parallel_size != 1)
+    if (c->tensor_model_parallel_size != 1 && !co_config_standin_model_parallel)
         problem(&P, "--tensor-model-parallel-size %d is not supported yet (only 1)", c->tensor_model_parallel_size);
-    if (c->pipeline_model_parallel_size != 1)
+    if (c->pipeline_model_parallel_size != 1 && !co_config_standin_model_parallel)
         problem(&P, "--pipeline-model-parallel-size %d is not supported yet (only 1)", c->pipeline_model_parallel_size);
-    if (c->context_parallel_size != 1)
+    if (c->context_parallel_size != 1 && !co_config_standin_model_parallel)
         problem(&P, "--context-parallel-size %d is not supported yet (only 1)", c->context_parallel_size);
     if (c->expert_model_parallel_size != 1)
         problem(&P, "--expert-model-parallel-size %d is not supported yet (only 1: no mixture of experts yet)",

@@ -159,6 +159,13 @@ int co_config_parse(co_config *c, int argc, char **argv, char *err, size_t errle
 /* Was flag `name` (without dashes, e.g. "num-layers") given on the command line? */
 bool co_config_was_set(const co_config *c, const char *name);
 
+/* Tests only (tests/integration/standin_main.c; cohort never sets it): accept
+ * --tensor-model-parallel-size, --pipeline-model-parallel-size and --context-parallel-size
+ * above 1 with the model computed whole on every rank, so that the parallel groups, their
+ * communicators and restarts across them are tested before the split compute exists. The
+ * ranks of a model-parallel group then train identical replicas. */
+extern bool co_config_standin_model_parallel;
+
 /* Completes derived values (ffn size, kv channels, max positions, global batch) and checks
  * consistency. data_parallel_size is the number of data-parallel replicas. Returns 0, or
  * CO_EINVAL with every problem found listed one per line in err. */

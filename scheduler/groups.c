@@ -3,6 +3,7 @@
 
 #include "common/error.h"
 
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -139,4 +140,25 @@ int topo_group_of(const topo_layout *l, topo_group_kind k, int rank, int *member
             }
     *size = 0;
     return -1;
+}
+
+int topo_coords(const topo_layout *l, int rank, topo_coord *c) {
+    int *m = malloc(sizeof *m * (size_t)(l->world > 0 ? l->world : 1));
+    if (!m) return -1;
+    const topo_group_kind kinds[4] = {TOPO_G_TP, TOPO_G_CP, TOPO_G_DP, TOPO_G_PP};
+    int *out[4] = {&c->tp, &c->cp, &c->dp, &c->pp};
+    int rc = 0;
+    for (int d = 0; d < 4 && !rc; d++) {
+        int sz = 0;
+        *out[d] = -1;
+        if (topo_group_of(l, kinds[d], rank, m, &sz) < 0) rc = -1;
+        for (int i = 0; i < sz; i++)
+            if (m[i] == rank) *out[d] = i; /* a rank's coordinate: its place in that group */
+    }
+    free(m);
+    return rc;
+}
+
+bool topo_same_shard(const topo_coord *a, const topo_coord *b) {
+    return a->tp == b->tp && a->cp == b->cp && a->pp == b->pp;
 }

@@ -126,6 +126,16 @@ static int parse_assignment(const Cohort__V1__Assign *as, sv_assignment *a) {
     a->pp = (int)as->topology->pp;
     a->cp = (int)as->topology->cp;
     a->dp = (int)as->topology->dp;
+    a->ep = as->topology->has_ep && as->topology->ep ? (int)as->topology->ep : 1;
+    a->etp = as->topology->has_etp && as->topology->etp ? (int)as->topology->etp : a->tp;
+    a->tp_pp_dp = as->topology->has_tp_pp_dp && as->topology->tp_pp_dp;
+    if (a->tp < 1 || a->pp < 1 || a->cp < 1 || a->dp < 1 || (int64_t)a->tp * a->pp * a->cp * a->dp != a->world)
+        return co_err_set(CO_EPROTOCOL, "assignment: layout tp %d x cp %d x dp %d x pp %d is not the world of %d",
+                          a->tp, a->cp, a->dp, a->pp, a->world);
+    if (as->coords) {
+        a->coords = (topo_coord){(int)as->coords->tp, (int)as->coords->cp, (int)as->coords->dp, (int)as->coords->pp};
+        a->have_coords = true;
+    }
     a->job_id = as->job_id;
     a->generation = as->generation;
     a->start_iteration = as->has_start_iteration ? (int64_t)as->start_iteration : 0;

@@ -16,6 +16,7 @@
 
 #include "comm/comm.h"
 #include "comm/zmq_comm.h"
+#include "scheduler/groups.h"
 
 #include <signal.h>
 #include <stdbool.h>
@@ -27,12 +28,16 @@ typedef struct sv_link sv_link;
 typedef struct sv_assignment {
     int rank, world;
     int tp, pp, cp, dp;
+    int ep, etp;             /* the expert layout (1 and tp where unused) */
+    bool tp_pp_dp;           /* --use-tp-pp-dp-mapping's rank order */
+    topo_coord coords;       /* this rank's place (have_coords): its shard is (tp, cp, pp) */
+    bool have_coords;
     uint64_t job_id, generation;
     char **endpoints; /* [world] data endpoints by rank */
     /* after an in-process restart (generation > 1): the iteration to resume at and the
-     * rank whose parameters, optimizer state and progress every rank takes (-1: none) */
+     * rank whose parameters, optimizer state and progress this rank takes (-1: none) */
     int64_t start_iteration;
-    int state_source;
+    int state_source;        /* a world rank: the data-parallel peer that holds this rank's shard */
     int64_t faults_through;  /* injected faults up to this step fired in processes now gone */
     char *checkpoint_dir;    /* state_source -1: load this checkpoint (NULL: none) */
 } sv_assignment;

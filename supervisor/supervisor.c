@@ -11,6 +11,7 @@
 #include "common/fsutil.h"
 #include "supervisor/msg.h"
 #include "supervisor/validate.h"
+#include "scheduler/groups.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -84,6 +85,9 @@ typedef struct sv {
     bool restarting;        /* between an Abort and every rank's Restart */
     uint64_t restart_t0;
     uint64_t last_ready_ms; /* when the last rank reached the restart barrier */
+    topo_layout layout;     /* the world's parallel layout (sv_options tp, pp, cp, ep, etp) */
+    topo_coord *coord;      /* [world] each rank's coordinates: its shard is (tp, cp, pp) */
+    int *source;            /* [world] after a restart: the survivor whose state each rank takes */
     bool no_proc_state;     /* test hook: local workers' process state is not read */
     uint64_t restart_times[64];
     int nrestarts;
@@ -289,11 +293,23 @@ static void send_assignments(sv *s, int64_t start_iteration, int source) {
         pp[r] = &pe[r];
     }
     Cohort__V1__Topology topo = COHORT__V1__TOPOLOGY__INIT;
-    topo.tp = topo.pp = topo.cp = 1;
-    topo.dp = (uint32_t)n;
+    topo.tp = (uint32_t)s->layout.tp;
+    topo.pp = (uint32_t)s->layout.pp;
+    topo.cp = (uint32_t)s->layout.cp;
+    topo.dp = (uint32_t)s->layout.dp;
+    topo.has_ep = topo.has_etp = topo.has_tp_pp_dp = 1;
+    topo.ep = (uint32_t)s->layout.ep;
+    topo.etp = (uint32_t)s->layout.etp;
+    topo.tp_pp_dp = s->layout.tp_pp_dp;
     for (int r = 0; r < n; r++) {
         worker *wr = rank_slot(s, r);
+        Cohort__V1__Coordinates co = COHORT__V1__COORDINATES__INIT;
+        co.tp = (uint32_t)s->coord[r].tp;
+        co.cp = (uint32_t)s->coord[r].cp;
+        co.dp = (uint32_t)s->coord[r].dp;
+        co.pp = (uint32_t)s->coord[r].pp;
         Cohort__V1__Assign as = COHORT__V1__ASSIGN__INIT;
+        as.coords = &co;
         as.rank = (uint32_t)r; /* node-major: node_rank * nproc + local_rank */
         as.world_size = (uint32_t)n;
         as.topology = &topo;
@@ -305,7 +321,7 @@ static void send_assignments(sv *s, int64_t start_iteration, int source) {
             as.has_start_iteration = 1;
             as.start_iteration = (uint64_t)start_iteration;
             as.has_state_source = 1;
-            as.state_source = source;
+            as.state_source = source >= 0 ? s->source[r] : -1; /* a peer holding its shard */
             as.has_faults_through = 1;
             as.faults_through = (uint64_t)s->restart_faults_through;
             if (source < 0) as.checkpoint_dir = (char *)s->o.save_dir; /* load it */
@@ -451,15 +467,41 @@ static void check_restart_done(sv *s) {
             src = w->rank;
         }
     }
+    /* per shard (the ranks with the same tp, cp and pp coordinates: a data-parallel group),
+     * the survivor that committed the most is the source of its shard's ranks */
+    int lost = -1, behind = -1, nsources = 0;
+    for (int r = 0; r < s->world; r++) s->source[r] = -1;
+    for (int r = 0; r < s->world && src >= 0; r++) {
+        worker *w = rank_slot(s, r);
+        if (!w || w->replacing) continue;
+        for (int q = 0; q < s->world; q++)
+            if (topo_same_shard(&s->coord[q], &s->coord[r]) &&
+                (s->source[q] < 0 || rank_slot(s, s->source[q])->ready_iter < w->ready_iter))
+                s->source[q] = r;
+    }
+    for (int r = 0; r < s->world && src >= 0; r++) {
+        if (s->source[r] < 0) lost = r;
+        else if (rank_slot(s, s->source[r])->ready_iter != M) behind = r;
+        else if (s->source[r] == r) nsources++;
+    }
+    if (src >= 0 && (lost >= 0 || behind >= 0)) {
+        /* a shard without a replica, or one whose replicas committed less than another's: the
+         * shards must resume from one iteration, the checkpoint's */
+        const topo_coord *c = &s->coord[lost >= 0 ? lost : behind];
+        fprintf(stderr, "cohort supervisor: %s of the model shard tp %d, cp %d, pp %d (rank %d's)\n",
+                lost >= 0 ? "no replica survived" : "the surviving replicas are behind the others", c->tp, c->cp,
+                c->pp, lost >= 0 ? lost : behind);
+        src = -1;
+    }
     /* injected faults up to the step in progress at the fault fired already: the survivors
      * committed M, so every rank was in step M + 1 (with no survivor: the newest reported) */
-    int64_t faults_through = src >= 0 ? M + 1 : (s->val ? svv_current_iteration(s->val) + 1 : M + 1);
+    int64_t faults_through = M >= 0 ? M + 1 : (s->val ? svv_current_iteration(s->val) + 1 : M + 1);
     if (src < 0) {
-        /* every replica died: the new processes load the last checkpoint instead */
+        /* every replica of a shard died: the new processes load the last checkpoint instead */
         int64_t ck = -1;
         if (!s->o.save_dir || !*s->o.save_dir || ck_read_tracker(s->o.save_dir, &ck) || ck < 0) {
-            begin_shutdown(s, SV_EXIT_WORKER_FAILED, "no data-parallel replica survived and there is no checkpoint "
-                                                     "to restart from (--save)");
+            begin_shutdown(s, SV_EXIT_WORKER_FAILED, "no data-parallel replica of a model shard survived and there "
+                                                     "is no checkpoint to restart from (--save)");
             return;
         }
         M = ck;
@@ -482,13 +524,23 @@ static void check_restart_done(sv *s) {
                 if (s->w[i].rank >= 0) s->w[i].rank = nr[i];
             }
             src = src_new;
+            /* (one shard only: refused with model parallelism, every rank's source is src) */
+            for (int r = 0; r < s->world; r++) s->source[r] = src;
             free(nr);
         }
     }
     s->restarting = false;
-    char from[64];
-    if (src >= 0) snprintf(from, sizeof from, "the state of rank %d", src);
-    else snprintf(from, sizeof from, "the checkpoint's state");
+    char from[200];
+    if (src >= 0 && nsources <= 1) {
+        snprintf(from, sizeof from, "the state of rank %d", s->source[0]);
+    } else if (src >= 0) {
+        int len = snprintf(from, sizeof from, "the state of ranks");
+        for (int r = 0, k = 0; r < s->world && len < (int)sizeof from - 40; r++)
+            if (s->source[r] == r) len += snprintf(from + len, sizeof from - (size_t)len, "%s %d", k++ ? "," : "", r);
+        snprintf(from + len, sizeof from - (size_t)len, " (one per model shard)");
+    } else {
+        snprintf(from, sizeof from, "the checkpoint's state");
+    }
     fprintf(stderr, "cohort supervisor: generation %" PRIu64 ": %d rank(s) resume after iteration %" PRId64
                     " with %s (%d replaced; %.0f ms since the fault)\n",
             gen, s->world, M, from, replaced, (double)(sv__now_ms() - s->restart_t0));
@@ -1123,8 +1175,30 @@ int sv_run(const sv_options *opt) {
     /* the supervisor tracks every worker of the job, an agent its node's */
     s.nw = s.agent ? s.o.nproc : s.o.nproc * s.o.nnodes;
     s.world = s.o.active_world > 0 && s.o.active_world < s.nw && s.o.nnodes == 1 ? s.o.active_world : s.nw;
+    if (!s.agent) { /* (an agent assigns nothing) */
+        char err[300];
+        if (topo_layout_init(&s.layout, s.world, s.o.tp > 0 ? s.o.tp : 1, s.o.pp > 0 ? s.o.pp : 1,
+                             s.o.cp > 0 ? s.o.cp : 1, s.o.ep > 0 ? s.o.ep : 1, s.o.etp, s.o.tp_pp_dp, err, sizeof err)) {
+            fprintf(stderr, "cohort supervisor: %s\n", err);
+            return SV_EXIT_USAGE;
+        }
+        if (s.o.shift_ranks && s.layout.dp != s.world) {
+            fprintf(stderr, "cohort supervisor: --inprocess-rank-assignment shift-ranks renumbers the ranks, which "
+                            "would move model shards: not with tensor, context or pipeline parallelism\n");
+            return SV_EXIT_USAGE;
+        }
+    }
     s.w = calloc((size_t)s.nw, sizeof *s.w);
-    if (!s.w) return SV_EXIT_FAILURE;
+    s.coord = calloc((size_t)s.world, sizeof *s.coord);
+    s.source = calloc((size_t)s.world, sizeof *s.source);
+    bool coords_ok = s.w && s.coord && s.source;
+    for (int r = 0; r < s.world && coords_ok && !s.agent; r++) coords_ok = topo_coords(&s.layout, r, &s.coord[r]) == 0;
+    if (!coords_ok) {
+        free(s.w);
+        free(s.coord);
+        free(s.source);
+        return SV_EXIT_FAILURE;
+    }
     for (int i = 0; i < s.nw; i++) {
         worker *w = &s.w[i];
         w->sv = &s;
@@ -1136,6 +1210,8 @@ int sv_run(const sv_options *opt) {
     if (!s.agent && s.o.metrics_file && *s.o.metrics_file && !(s.metrics = fopen(s.o.metrics_file, "a"))) {
         fprintf(stderr, "cohort supervisor: cannot open --metrics-file %s\n", s.o.metrics_file);
         free(s.w);
+        free(s.coord);
+        free(s.source);
         return SV_EXIT_FAILURE;
     }
     if (!s.agent && s.o.save_dir && *s.o.save_dir &&
@@ -1143,6 +1219,8 @@ int sv_run(const sv_options *opt) {
         fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
         if (s.metrics) fclose(s.metrics);
         free(s.w);
+        free(s.coord);
+        free(s.source);
         return SV_EXIT_FAILURE;
     }
     uint64_t t_start = sv__now_ms();
@@ -1159,6 +1237,8 @@ int sv_run(const sv_options *opt) {
             svc_destroy(&s.ckpt);
             if (s.metrics) fclose(s.metrics);
             free(s.w);
+            free(s.coord);
+            free(s.source);
             return SV_EXIT_FAILURE;
         }
         if (s.o.rerun_state && *s.o.rerun_state && svv_state_load(s.val, s.o.rerun_state))
@@ -1201,5 +1281,7 @@ int sv_run(const sv_options *opt) {
     for (int i = 0; i < s.nw; i++) free(s.w[i].data_endpoint);
     if (s.metrics) fclose(s.metrics);
     free(s.w);
+    free(s.coord);
+    free(s.source);
     return status;
 }

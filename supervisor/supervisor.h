@@ -55,6 +55,10 @@ typedef struct sv_options {
     const char *exe;               /* the cohort binary (/proc/self/exe) */
     char *const *worker_args;      /* argv after "cohort train", passed to every worker */
     int nworker_args;
+    /* the parallel layout of the world (scheduler/groups.h; 0: 1, etp 0: as tp): which shard
+     * of the model each rank holds, so that a dead rank's shard is taken from a peer of it */
+    int tp, pp, cp, ep, etp;
+    bool tp_pp_dp;                 /* --use-tp-pp-dp-mapping */
     int rendezvous_timeout_ms;     /* all workers registered and ready (default 120000) */
     int heartbeat_interval_ms;     /* both ways (default 1000) */
     int heartbeat_timeout_ms;      /* a worker silent this long is lost (default 30000) */

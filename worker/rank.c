@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "kernels/backend.h"
 #include "worker/ckpt.h"
+#include "worker/comms.h"
 #include "worker/resilience.h"
 
 #include <math.h>
@@ -30,24 +31,63 @@ static int ckpt_ack(void *ctx, int64_t it, int status, const char *error, const 
 }
 static int ckpt_wait(void *ctx, int64_t it, int timeout_ms) { return sv_link_checkpoint_wait(ctx, it, timeout_ms); }
 
+/* The communicators of a generation: the world and its groups (comms.h); the trainer
+ * reduces over the data-parallel group. The link aborts the world, which fails every
+ * group's waits. */
+static int open_comms(sv_link *link, const sv_assignment *a, wk_comms **cs, cm_comm **dp) {
+    cm_zmq_options zo;
+    sv_link_data_options(link, &zo);
+    int rc = wk_comms_new(cs, a, &zo);
+    *dp = rc ? NULL : wk_comms_group(*cs, TOPO_G_DP);
+    if (!rc) sv_link_attach_comm(link, wk_comms_world(*cs));
+    return rc;
+}
+
+static void close_comms(sv_link *link, wk_comms **cs, cm_comm **dp) {
+    if (link) sv_link_attach_comm(link, NULL);
+    wk_comms_destroy(cs);
+    *dp = NULL;
+}
+
+/* The rank of the generation's state source (a world rank) in the data-parallel group:
+ * the supervisor names a peer holding this rank's shard. */
+static int source_in_dp(const wk_comms *cs, int rank, int source) {
+    if (source < 0) return -1;
+    int r = wk_comms_rank_in(cs, TOPO_G_DP, source);
+    if (r < 0)
+        return co_err_set(CO_EPROTOCOL, "rank %d: the state source, rank %d, is not in its data-parallel group",
+                          rank, source);
+    return r;
+}
+
+/* Test stand-in of model parallelism (co_config_standin_model_parallel): every rank holds
+ * the whole model, so the members of every group must hold identical weights. Checked at
+ * each generation's start and at the end, over every group. */
+static int check_replicas(wk_comms *cs, trainer *t, int rank, const char *when) {
+    const topo_layout *l = wk_comms_layout(cs);
+    if (l->tp * l->cp * l->pp == 1) return 0;
+    char err[400];
+    int rc = wk_comms_check_equal(cs, gpt_weights_checksum(trainer_model(t)), 10 * 60 * 1000, err, sizeof err);
+    if (rc) fprintf(stderr, "cohort worker %d: the replicas differ %s: %s\n", rank, when, err[0] ? err : co_err_detail());
+    return rc;
+}
+
 int wk_run(const wk_options *o) {
     co_config c = *o->config;
     const trainer_data *data = o->data;
     FILE *out = o->out;
     sv_link *link = o->link;
     const sv_assignment *asg = o->asg;
+    wk_comms *cs = NULL;
     cm_comm *dp = NULL;
     int rc = 0;
     if (link && asg->world > 1) {
-        cm_zmq_options zo;
-        sv_link_data_options(link, &zo);
-        rc = cm_zmq_new(&dp, asg->rank, asg->world, (const char *const *)asg->endpoints, &zo);
+        rc = open_comms(link, asg, &cs, &dp);
         if (rc) {
             fprintf(stderr, "cohort worker %d: connecting to the other workers failed: %s (%s)\n", asg->rank,
                     co_err_detail(), co_strerror(rc));
             return WK_FAILURE;
         }
-        sv_link_attach_comm(link, dp);
     }
     trainer *t = NULL;
     int early_rc = 0; /* a replacement's first state transfer failed */
@@ -59,8 +99,7 @@ int wk_run(const wk_options *o) {
     rc = trainer_new(&t, &c, &td, out, dp);
     if (rc) {
         fprintf(stderr, "cohort train: setup failed: %s (%s)\n", co_err_detail(), co_strerror(rc));
-        if (link) sv_link_attach_comm(link, NULL);
-        cm_destroy(&dp);
+        close_comms(link, &cs, &dp);
         return rc == CO_EINVAL ? WK_USAGE : WK_FAILURE;
     }
     if (link) trainer_set_hook(t, report_progress, link);
@@ -68,20 +107,19 @@ int wk_run(const wk_options *o) {
     wk_resil *resil = NULL;
     {
         char rerr[600];
-        rc = wk_resil_new(&resil, &c, link, link ? asg->rank : 0, dp ? dp->size : 1, rerr, sizeof rerr);
+        rc = wk_resil_new(&resil, &c, link, link ? asg->rank : 0, link ? asg->world : 1, rerr, sizeof rerr);
         if (rc) {
             fprintf(stderr, "cohort train: %s\n", rerr);
             trainer_destroy(&t);
-            if (link) sv_link_attach_comm(link, NULL);
-            cm_destroy(&dp);
+            close_comms(link, &cs, &dp);
             return rc == CO_EINVAL ? WK_USAGE : WK_FAILURE;
         }
         wk_resil_attach(resil, t, out);
     }
     /* --- checkpoint (issue 5): --load, then the --save hook (rank 0 writes) --- */
     wk_ckpt *ckpt = NULL;
-    rc = wk_ckpt_attach(&ckpt, t, out, link ? asg->rank : 0, dp ? dp->size : 1);
-    if (!rc && link && dp && dp->size > 1) { /* every rank writes its share; the supervisor commits */
+    rc = wk_ckpt_attach(&ckpt, t, out, link ? asg->rank : 0, link ? asg->world : 1);
+    if (!rc && link && asg->world > 1) { /* every rank writes its share; the supervisor commits */
         ck_coord co = {.ack = ckpt_ack, .wait = ckpt_wait, .ctx = link};
         snprintf(co.token, sizeof co.token, CK_JOB_TOKEN_FMT, sv_link_job_id(link));
         rc = wk_ckpt_set_coordinator(ckpt, &co);
@@ -90,8 +128,7 @@ int wk_run(const wk_options *o) {
         fprintf(stderr, "cohort train: checkpoint: %s (%s)\n", co_err_detail(), co_strerror(rc));
         trainer_destroy(&t);
         wk_resil_destroy(&resil);
-        if (link) sv_link_attach_comm(link, NULL);
-        cm_destroy(&dp);
+        close_comms(link, &cs, &dp);
         return rc == CO_EINVAL ? WK_USAGE : WK_FAILURE; /* a flag that does not fit the checkpoint: 2 */
     }
     /* --- end checkpoint --- */
@@ -113,7 +150,8 @@ int wk_run(const wk_options *o) {
         if (asg->generation > 1) wk_resil_mark_replayed(resil, asg->faults_through);
         if (asg->generation > 1 && asg->state_source >= 0) {
             /* a replacement: the state comes from a surviving replica's memory */
-            rc = trainer_sync_state(t, asg->state_source);
+            int src = source_in_dp(cs, asg->rank, asg->state_source);
+            rc = src < -1 ? src : trainer_sync_state(t, src);
             if (rc) {
                 fprintf(stderr, "cohort worker %d: taking the state of rank %d failed: %s (%s)\n", asg->rank,
                         asg->state_source, co_err_detail(), co_strerror(rc));
@@ -129,6 +167,7 @@ int wk_run(const wk_options *o) {
     train_end why = TRAIN_DONE;
     int my_rank = link ? asg->rank : 0;
     int64_t first_it = trainer_iteration(t); /* where this run started (a stop before its first step saves nothing) */
+    if (!early_rc && cs) early_rc = check_replicas(cs, t, my_rank, "at the start");
     rc = early_rc ? early_rc : trainer_train(t, o->stop, &why);
     for (;;) {
         if (!rc || !link || !dp) break;
@@ -144,16 +183,14 @@ int wk_run(const wk_options *o) {
         int64_t it = trainer_iteration(t);
         fprintf(stderr, "cohort worker %d: generation aborted during iteration %lld (%s); at the restart barrier\n",
                 my_rank, (long long)it + 1, co_strerror(rc));
-        sv_link_attach_comm(link, NULL);
-        cm_destroy(&dp);
+        close_comms(link, &cs, &dp);
         trainer_set_comm(t, NULL);
         sv_assignment na;
         rc = sv_link_await_restart(link, it, &na, (int)(c.rendezvous_timeout * 1000));
         if (rc) break;
-        cm_zmq_options zo;
-        sv_link_data_options(link, &zo);
-        rc = cm_zmq_new(&dp, na.rank, na.world, (const char *const *)na.endpoints, &zo);
-        int source = na.state_source;
+        rc = open_comms(link, &na, &cs, &dp);
+        int source = rc ? -1 : source_in_dp(cs, na.rank, na.state_source);
+        if (source < -1) rc = source;
         if (na.rank != my_rank) {
             /* --inprocess-rank-assignment shift: this process has another rank now; the
              * last rank prints */
@@ -169,11 +206,12 @@ int wk_run(const wk_options *o) {
         }
         sv_assignment_free(&na);
         if (rc) continue; /* another abort during the rebuild: back to the barrier */
-        sv_link_attach_comm(link, dp);
         trainer_set_comm(t, dp);
         rc = trainer_sync_state(t, source);
+        if (!rc) rc = check_replicas(cs, t, my_rank, "after the restart");
         if (!rc) rc = trainer_train(t, o->stop, &why);
     }
+    if (!rc && cs) rc = check_replicas(cs, t, my_rank, "at the end");
     int status = WK_OK;
     if (rc) {
         fprintf(stderr, "cohort train: training failed at iteration %lld: %s (%s)\n",
@@ -206,8 +244,7 @@ int wk_run(const wk_options *o) {
     wk_ckpt_destroy(&ckpt); /* checkpoint (issue 5): waits for a background save */
     trainer_destroy(&t);
     wk_resil_destroy(&resil);
-    if (link) sv_link_attach_comm(link, NULL);
-    cm_destroy(&dp);
+    close_comms(link, &cs, &dp);
     return status;
 }
 

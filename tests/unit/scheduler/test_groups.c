@@ -1,6 +1,6 @@
 /* test_groups.c - Megatron's parallel groups (scheduler/groups.h): every kind partitions the
  * ranks it covers, topo_group_of finds a rank's group, the dense coordinates agree with
- * topo_init, and layouts the world does not fit are refused. The groups themselves are
+ * topo_init (and topo_coords; a shard is a data-parallel group), and layouts the world does not fit are refused. The groups themselves are
  * compared with a numpy restatement of Megatron's RankGenerator for many layouts by the
  * integration test cli_topology (tests/data/megatron_groups_ref.py). */
 #include "scheduler/groups.h"
@@ -49,6 +49,18 @@ static void partitions(void) {
             for (int i = 0; i < n; i++)
                 if (m[i] == r) at = i;
             CHECK_MSG(at == want[d], "rank %d along %s: %d vs %d", r, topo_group_name(along[d]), at, want[d]);
+        }
+        topo_coord c;
+        REQUIRE(topo_coords(&l, r, &c) == 0);
+        CHECK(c.tp == t.tp_rank && c.cp == t.cp_rank && c.dp == t.dp_rank && c.pp == t.pp_rank);
+        /* the members of its data-parallel group hold its shard, no other rank does */
+        topo_group_of(&l, TOPO_G_DP, r, m, &n);
+        for (int q = 0; q < world; q++) {
+            topo_coord cq;
+            REQUIRE(topo_coords(&l, q, &cq) == 0);
+            bool in = false;
+            for (int i = 0; i < n; i++) in |= m[i] == q;
+            CHECK(topo_same_shard(&c, &cq) == in);
         }
     }
     /* the embedding groups: first and last stage of each pipeline */

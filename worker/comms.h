@@ -1,0 +1,41 @@
+/* comms.h - a rank's communicators for one generation: the world over the assignment's
+ * endpoints, and every Megatron group of the layout (scheduler/groups.h) the rank belongs
+ * to, each split from the world (tensor, context, data, data x context, pipeline, model,
+ * tensor x context, tensor x data x context, tensor x data, embedding, position embedding
+ * and the expert groups).
+ *
+ * Over ZeroMQ the groups share the world's transport: aborting the world (the supervisor
+ * link does, on an Abort) fails every wait of every group at once, and destroying the set
+ * closes them all; a new generation builds a new set from its assignment. */
+#ifndef COHORT_WORKER_COMMS_H
+#define COHORT_WORKER_COMMS_H
+
+#include "comm/comm.h"
+#include "comm/zmq_comm.h"
+#include "scheduler/groups.h"
+#include "supervisor/link.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct wk_comms wk_comms;
+
+/* Connects to every rank of asg (cm_zmq_new with zo) and splits the groups. Errors name the
+ * group whose split failed. */
+int wk_comms_new(wk_comms **out, const sv_assignment *asg, const cm_zmq_options *zo);
+/* Frees every group and the world (NULL-safe; *pcs = NULL). */
+void wk_comms_destroy(wk_comms **pcs);
+
+cm_comm *wk_comms_world(const wk_comms *cs);
+/* The group of kind k this rank is in (NULL: in none, as outside the embedding groups). */
+cm_comm *wk_comms_group(const wk_comms *cs, topo_group_kind k);
+/* The rank within group k of world rank w (-1: w is not in this rank's group k). */
+int wk_comms_rank_in(const wk_comms *cs, topo_group_kind k, int w);
+const topo_layout *wk_comms_layout(const wk_comms *cs);
+
+/* Every member of every group holds the same value (one all-gather per group): 0, or
+ * CO_EPROTOCOL with the first group and ranks that differ in err. For ranks that must hold
+ * identical state, as the replicas of the test stand-in of model parallelism. */
+int wk_comms_check_equal(wk_comms *cs, uint64_t value, int timeout_ms, char *err, size_t errlen);
+
+#endif
