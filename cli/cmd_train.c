@@ -375,6 +375,7 @@ int cli_train(int argc, char **argv) {
     int dp = worker ? asg.dp : c.nproc_per_node * c.nnodes;
     if (!worker && c.nnodes == 1 && c.inprocess_active_world_size > 0 && c.inprocess_active_world_size < dp)
         dp = c.inprocess_active_world_size; /* the others are warm spares */
+    int world = worker ? asg.world : dp; /* the ranks that train */
     /* the data-parallel size: the world over tensor x context x pipeline (a worker is told) */
     long mp = (long)c.tensor_model_parallel_size * c.context_parallel_size * c.pipeline_model_parallel_size;
     if (!worker && mp > 1 && dp % mp == 0) dp = (int)(dp / mp);
@@ -406,7 +407,7 @@ int cli_train(int argc, char **argv) {
      * node, else cpu (said once; the supervisor and every worker decide alike). A worker
      * uses the GPU of its local rank (docs/gpu.md). */
     const char *lr = worker ? getenv("COHORT_LOCAL_RANK") : NULL;
-    int gpu_index = lr ? atoi(lr) : 0, need = worker || dp > 1 ? c.nproc_per_node : 1;
+    int gpu_index = lr ? atoi(lr) : 0, need = worker || world > 1 ? c.nproc_per_node : 1;
     {
         char why[512] = "";
         int ngpu = strcmp(c.device, "cpu") != 0 ? kb_cuda_available(why, sizeof why) : 0;
@@ -440,7 +441,7 @@ int cli_train(int argc, char **argv) {
             return CLI_USAGE;
         }
     }
-    bool supervisor = !worker && dp > 1;
+    bool supervisor = !worker && world > 1;
     if (g_stop && !worker) {
         /* a signal during parsing and validation: stop before any work */
         say_stopped_early(stdout, "during setup");
@@ -544,7 +545,7 @@ int cli_train(int argc, char **argv) {
                          .nworker_args = argc, .extra_env = env, .nextra_env = embedded ? 2 : 0,
                          .rendezvous_timeout_ms = (int)(c.rendezvous_timeout * 1000),
                          .metrics_file = c.metrics_file, .save_dir = c.save, .most_recent_k = c.most_recent_k};
-        wk_rr_options(&c, dp, &so.rerun);
+        wk_rr_options(&c, world, &so.rerun);
         so.tracker_file = c.result_rejected_tracker_filename;
         char report[1100];
         snprintf(report, sizeof report, "%s", c.run_report);
@@ -552,7 +553,7 @@ int cli_train(int argc, char **argv) {
         so.report_file = report;
         so.straggler_threshold = c.straggler_threshold;
         fi_schedule inj;
-        if (wk_inject_parse(&c, dp, &inj, err, sizeof err)) {
+        if (wk_inject_parse(&c, world, &inj, err, sizeof err)) {
             fprintf(stderr, "cohort train: %s\n", err);
             ck_savedir_unlock(&save_lock);
             co_config_free(&c);

@@ -713,6 +713,7 @@ typedef struct sum_post {
 static void post_sum(ac_actor *a, void *ctx) {
     (void)a;
     sum_post *p = ctx;
+    p->m.rank = p->l->snd.sender; /* the world rank, as in the loss reports */
     p->l->last_sum = p->m;
     p->l->have_sum = true;
     sv__send(p->l->mb, NULL, &p->l->snd, &p->l->last_sum.base);
@@ -727,7 +728,6 @@ int sv_link_checksum(sv_link *l, const rr_report *r) {
     p->m = init;
     p->m.iteration = (uint64_t)r->iteration;
     p->m.attempt = (uint32_t)r->attempt;
-    p->m.rank = (uint32_t)r->rank;
     p->m.used = r->sum_used;
     p->m.has_written = r->has_written;
     p->m.written = r->sum_written;
@@ -753,7 +753,7 @@ static void post_report(ac_actor *a, void *ctx) {
         lr->has_tokens = 1;
         lr->tokens = i < p->r.nmb ? p->r.tokens[i] : 0;
         lr->token_count = (uint64_t)(lr->tokens > 0 ? lr->tokens + 0.5 : 0);
-        lr->rank = (uint32_t)p->r.rank;
+        lr->rank = l->snd.sender; /* the world rank (a trainer's rank is its data-parallel one) */
         lr->has_loss_bits = 1;
         memcpy(&lr->loss_bits, &lr->loss_sum, sizeof lr->loss_bits);
         lr->has_attempt = 1;

@@ -49,6 +49,7 @@ typedef struct worker {
     uint64_t abort_ms;        /* when it was sent the Abort */
     bool retiring;            /* quarantined: replaced once it reaches the restart barrier */
     bool signalled;           /* it reported a SIGINT/SIGTERM of its own */
+    bool training;            /* it reported a loss since its last assignment (past its setup) */
     int rank;                 /* its data-parallel rank, -1 for a warm spare (index is its slot) */
 } worker;
 
@@ -327,6 +328,7 @@ static void send_assignments(sv *s, int64_t start_iteration, int source) {
             if (source < 0) as.checkpoint_dir = (char *)s->o.save_dir; /* load it */
         }
         int rc;
+        wr->training = false;
         if (!restart || wr->replacing) {
             rc = sv__send(s->mb, wr->identity, &s->snd, &as.base);
             wr->replacing = false;
@@ -758,6 +760,7 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
                     break;
                 }
             }
+            w->training = true;
             int st = w->rank < 0 ? 0
                      : sum      ? svv_on_checksum(s->val, w->rank, e->params_checksum, why, sizeof why, &quarantine)
                                 : svv_on_report(s->val, w->rank, e->loss_report, why, sizeof why, &quarantine);
@@ -840,8 +843,9 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
     }
 }
 
-/* A laggard at the restart barrier is killed this long (plus the slowest step) after every
- * other rank reached it. */
+/* A laggard at the restart barrier that was training (not one still in its setup, which
+ * may take longer) is killed this long (plus the slowest step) after every other rank
+ * reached the barrier. */
 #define LAGGARD_GRACE_MS 2000
 
 /* Is the local process pid stopped (SIGSTOP, a debugger)? Its state in /proc/PID/stat:
@@ -895,7 +899,7 @@ static void watch_progress(sv *s, uint64_t now) {
             /* (test hook COHORT_TEST_NO_PROC_STATE: as for a remote node's rank, unread) */
             if (w->spawned && w->pid && !s->no_proc_state && process_stopped((pid_t)w->pid))
                 snprintf(why, sizeof why, "is stopped (process state T)");
-            else if (others_in && now - w->abort_ms > grace)
+            else if (others_in && w->training && now - w->abort_ms > grace) /* (one in setup may be slow) */
                 snprintf(why, sizeof why, "did not reach the restart barrier %.1f s after the other %d rank(s)",
                          (double)(now - s->last_ready_ms) / 1000, ready);
             else if (now - w->abort_ms > hard - soft)

@@ -111,13 +111,18 @@ typedef struct trainer_validator {
 } trainer_validator;
 void trainer_set_validator(trainer *t, const trainer_validator *v);
 
-/* Faults to inject on this rank (tests and drills; the schedule stays the caller's). */
-void trainer_set_injector(trainer *t, fi_schedule *s);
+/* Faults to inject on this rank, which the specs name as rank (its world rank; tests and
+ * drills; the schedule stays the caller's). */
+void trainer_set_injector(trainer *t, fi_schedule *s, int rank);
 /* Iterations (1-based, as logged) whose update is skipped without computing them. */
 void trainer_set_skips(trainer *t, const int64_t *iters, int n);
 /* Called with one line for every fault injected or repaired on this rank (log, report). */
 typedef void (*trainer_event_fn)(void *ctx, const char *line);
 void trainer_set_event_sink(trainer *t, trainer_event_fn fn, void *ctx);
+
+/* The parameters and optimizer state were replaced from outside (a checkpoint loaded into
+ * a running trainer): what was noted as written no longer holds. */
+void trainer_state_replaced(trainer *t);
 
 /* ---- in-process restart ----
  * After an abort, trainer_train returns at the last step this rank committed (its state is

@@ -557,6 +557,14 @@ int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world) {
     return 0;
 }
 
+int wk_ckpt_reload(wk_ckpt *k, const char *dir) {
+    if (!k) return co_err_set(CO_EINVAL, "reloading %s: this rank has no checkpoint state (--save/--load)", dir);
+    snprintf(k->cfg.load, sizeof k->cfg.load, "%s", dir);
+    int rc = load(k);
+    if (!rc) trainer_state_replaced(k->t);
+    return rc;
+}
+
 void wk_ckpt_set_rank(wk_ckpt *k, int rank) {
     if (!k) return;
     k->rank = rank;

@@ -36,6 +36,9 @@ int wk_ckpt_set_coordinator(wk_ckpt *k, const ck_coord *coord);
 void wk_ckpt_destroy(wk_ckpt **p);
 /* This process's data-parallel rank changed (an in-process restart with shifted ranks). */
 void wk_ckpt_set_rank(wk_ckpt *k, int rank);
+/* Loads the newest checkpoint of dir into the trainer in this process (a survivor of a
+ * restart whose shard lost every replica: every rank resumes from the checkpoint). */
+int wk_ckpt_reload(wk_ckpt *k, const char *dir);
 /* The rerun state machine's state travels in every checkpoint: save writes it (JSON object
  * text into buf; nonzero: none) at each save; after wk_ckpt_attach loaded a checkpoint,
  * wk_ckpt_loaded_rerun_state is its state (NULL: none). */

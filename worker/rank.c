@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int report_progress(trainer *t, void *ctx, bool final, train_end why) {
     (void)final;
@@ -88,6 +89,11 @@ int wk_run(const wk_options *o) {
                     co_err_detail(), co_strerror(rc));
             return WK_FAILURE;
         }
+    }
+    if (co_config_standin_model_parallel) {
+        /* the test stand-in: the model is whole on every rank, the trainer sees its
+         * data-parallel group only (the groups are built and checked all the same) */
+        c.tensor_model_parallel_size = c.pipeline_model_parallel_size = c.context_parallel_size = 1;
     }
     trainer *t = NULL;
     int early_rc = 0; /* a replacement's first state transfer failed */
@@ -170,7 +176,7 @@ int wk_run(const wk_options *o) {
     if (!early_rc && cs) early_rc = check_replicas(cs, t, my_rank, "at the start");
     rc = early_rc ? early_rc : trainer_train(t, o->stop, &why);
     for (;;) {
-        if (!rc || !link || !dp) break;
+        if (!rc || !link || asg->world < 2) break; /* (dp is NULL after a rebuild that failed) */
         if (!sv_link_restart_pending(link)) {
             /* a peer failed before the supervisor's Abort arrived: tell it, wait for it */
             if (rc != CO_EREMOTE && rc != CO_ETIMEOUT && rc != CO_EABORTED) break;
@@ -191,6 +197,8 @@ int wk_run(const wk_options *o) {
         rc = open_comms(link, &na, &cs, &dp);
         int source = rc ? -1 : source_in_dp(cs, na.rank, na.state_source);
         if (source < -1) rc = source;
+        /* no replica of some shard survived: every rank, survivors too, takes the checkpoint */
+        char *reload = !rc && source < 0 && na.checkpoint_dir ? strdup(na.checkpoint_dir) : NULL;
         if (na.rank != my_rank) {
             /* --inprocess-rank-assignment shift: this process has another rank now; the
              * last rank prints */
@@ -205,9 +213,17 @@ int wk_run(const wk_options *o) {
             my_rank = na.rank;
         }
         sv_assignment_free(&na);
-        if (rc) continue; /* another abort during the rebuild: back to the barrier */
+        if (rc) {
+            free(reload);
+            continue; /* another abort during the rebuild: back to the barrier */
+        }
         trainer_set_comm(t, dp);
-        rc = trainer_sync_state(t, source);
+        if (reload) {
+            rc = wk_ckpt_reload(ckpt, reload);
+            free(reload);
+        } else {
+            rc = trainer_sync_state(t, source);
+        }
         if (!rc) rc = check_replicas(cs, t, my_rank, "after the restart");
         if (!rc) rc = trainer_train(t, o->stop, &why);
     }

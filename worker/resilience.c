@@ -19,6 +19,7 @@ struct wk_resil {
     co_config c;
     sv_link *link;
     int rank, world;
+    trainer *t; /* attached (wk_resil_attach) */
     fi_schedule inj;
     rr_machine *rr; /* one rank: the state machine runs here */
     int64_t skips[CO_MAX_DATA_PATHS + 512];
@@ -156,7 +157,8 @@ void wk_resil_attach(wk_resil *x, trainer *t, FILE *log) {
             fprintf(log, "cohort: skipping %d iteration(s) that %s shows failing reproducibly\n",
                     x->nskips - x->c.n_iterations_to_skip, x->c.result_rejected_tracker_filename);
     }
-    trainer_set_injector(t, &x->inj);
+    x->t = t;
+    trainer_set_injector(t, &x->inj, x->rank);
     if (x->link) {
         trainer_set_hook(t, pull_injections, x);
         trainer_set_event_sink(t, link_event, x);
@@ -170,7 +172,10 @@ void wk_resil_attach(wk_resil *x, trainer *t, FILE *log) {
     }
 }
 
-void wk_resil_set_rank(wk_resil *x, int rank) { x->rank = rank; }
+void wk_resil_set_rank(wk_resil *x, int rank) {
+    x->rank = rank;
+    if (x->t) trainer_set_injector(x->t, &x->inj, rank);
+}
 
 void wk_resil_mark_replayed(wk_resil *x, int64_t step) {
     /* faults up to the step the job had reached fired already (in a process now gone, or on
