@@ -584,6 +584,9 @@ int cli_train(int argc, char **argv) {
         so.ep = c.expert_model_parallel_size;
         so.etp = c.expert_tensor_parallel_size;
         so.tp_pp_dp = c.use_tp_pp_dp_mapping;
+#ifdef COHORT_HAVE_NCCL
+        so.nccl = !strcmp(c.device, "cuda"); /* the workers' groups over NCCL on their GPUs */
+#endif
         so.quarantine_after = c.quarantine_after;
         so.quarantine_window = c.quarantine_window;
         so.restart_limit = c.inprocess_restart_limit;

@@ -68,6 +68,8 @@ struct sv_link {
     int64_t ckpt_iteration;
     int ckpt_phase;
     bool aborted;             /* the job was aborted or the supervisor lost */
+    void (*abort_fn)(void *ctx); /* sv_link_attach_abort, under mu */
+    void *abort_ctx;
 };
 
 static void free_round(sv_link *l);
@@ -110,6 +112,7 @@ static void abort_all(sv_link *l) {
     if (c) c->ops->abort(c);
     /* a worker still waiting for its assignment (or a checkpoint's commit) gives up now */
     pthread_mutex_lock(&l->mu);
+    if (l->abort_fn) l->abort_fn(l->abort_ctx);
     l->aborted = true;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
@@ -132,6 +135,12 @@ static int parse_assignment(const Cohort__V1__Assign *as, sv_assignment *a) {
     if (a->tp < 1 || a->pp < 1 || a->cp < 1 || a->dp < 1 || (int64_t)a->tp * a->pp * a->cp * a->dp != a->world)
         return co_err_set(CO_EPROTOCOL, "assignment: layout tp %d x cp %d x dp %d x pp %d is not the world of %d",
                           a->tp, a->cp, a->dp, a->pp, a->world);
+    if (as->has_nccl_unique_id) {
+        if (as->nccl_unique_id.len != sizeof a->nccl_id)
+            return co_err_set(CO_EPROTOCOL, "assignment: an NCCL unique id of %zu bytes", as->nccl_unique_id.len);
+        memcpy(a->nccl_id, as->nccl_unique_id.data, sizeof a->nccl_id);
+        a->have_nccl_id = true;
+    }
     if (as->coords) {
         a->coords = (topo_coord){(int)as->coords->tp, (int)as->coords->cp, (int)as->coords->dp, (int)as->coords->pp};
         a->have_coords = true;
@@ -184,6 +193,7 @@ static void take_abort(sv_link *l, const Cohort__V1__Abort *ab) {
     cm_comm *c = atomic_load(&l->comm);
     if (c) c->ops->abort(c);
     pthread_mutex_lock(&l->mu);
+    if (l->abort_fn) l->abort_fn(l->abort_ctx);
     if (ab->generation > l->pending_gen) l->pending_gen = ab->generation;
     l->aborted = true;
     pthread_cond_broadcast(&l->cv);
@@ -445,6 +455,13 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic
 }
 
 void sv_link_attach_comm(sv_link *l, cm_comm *c) { atomic_store(&l->comm, c); }
+
+void sv_link_attach_abort(sv_link *l, void (*abort)(void *ctx), void *ctx) {
+    pthread_mutex_lock(&l->mu);
+    l->abort_fn = abort;
+    l->abort_ctx = ctx;
+    pthread_mutex_unlock(&l->mu);
+}
 
 void sv_link_progress(sv_link *l, int64_t iteration) { atomic_store(&l->iteration, iteration); }
 

@@ -32,6 +32,8 @@ typedef struct sv_assignment {
     bool tp_pp_dp;           /* --use-tp-pp-dp-mapping's rank order */
     topo_coord coords;       /* this rank's place (have_coords): its shard is (tp, cp, pp) */
     bool have_coords;
+    uint8_t nccl_id[128];    /* the generation's NCCL unique id (have_nccl_id: --device cuda) */
+    bool have_nccl_id;
     uint64_t job_id, generation;
     char **endpoints; /* [world] data endpoints by rank */
     /* after an in-process restart (generation > 1): the iteration to resume at and the
@@ -59,6 +61,9 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic
                  const char *config_json, sv_assignment *a);
 /* The collectives to abort when the job is aborted or the supervisor is lost. */
 void sv_link_attach_comm(sv_link *l, cm_comm *c);
+/* ... and abort(ctx) besides, under the link's lock (communicators the world's abort does
+ * not reach: NCCL's); NULL detaches. Detach before freeing what ctx points to. */
+void sv_link_attach_abort(sv_link *l, void (*abort)(void *ctx), void *ctx);
 
 /* The data plane's options for this job: defaults, and CURVE with the job secret where the
  * job has one (several nodes: the workers' tcp endpoints; comm/zmq_comm.h). The key strings

@@ -12,6 +12,9 @@
 #include "supervisor/msg.h"
 #include "supervisor/validate.h"
 #include "scheduler/groups.h"
+#ifdef COHORT_HAVE_NCCL
+#include "comm/nccl_comm.h"
+#endif
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -302,6 +305,24 @@ static void send_assignments(sv *s, int64_t start_iteration, int source) {
     topo.ep = (uint32_t)s->layout.ep;
     topo.etp = (uint32_t)s->layout.etp;
     topo.tp_pp_dp = s->layout.tp_pp_dp;
+    /* NCCL: one unique id per generation for the world; the groups are split from it */
+    uint8_t nccl_id[128];
+    if (s->o.nccl) {
+#ifdef COHORT_HAVE_NCCL
+        int rc = cm_nccl_get_unique_id(nccl_id);
+#else
+        int rc = co_err_set(CO_EUNSUPPORTED, "this build has no NCCL");
+#endif
+        if (rc) {
+            char why[600];
+            snprintf(why, sizeof why, "no NCCL unique id for generation %" PRIu64 ": %s", s->snd.generation,
+                     co_err_detail());
+            free(pe);
+            free(pp);
+            begin_shutdown(s, SV_EXIT_FAILURE, why);
+            return;
+        }
+    }
     for (int r = 0; r < n; r++) {
         worker *wr = rank_slot(s, r);
         Cohort__V1__Coordinates co = COHORT__V1__COORDINATES__INIT;
@@ -311,6 +332,11 @@ static void send_assignments(sv *s, int64_t start_iteration, int source) {
         co.pp = (uint32_t)s->coord[r].pp;
         Cohort__V1__Assign as = COHORT__V1__ASSIGN__INIT;
         as.coords = &co;
+        if (s->o.nccl) {
+            as.has_nccl_unique_id = 1;
+            as.nccl_unique_id.len = sizeof nccl_id;
+            as.nccl_unique_id.data = nccl_id;
+        }
         as.rank = (uint32_t)r; /* node-major: node_rank * nproc + local_rank */
         as.world_size = (uint32_t)n;
         as.topology = &topo;

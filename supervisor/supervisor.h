@@ -59,6 +59,8 @@ typedef struct sv_options {
      * of the model each rank holds, so that a dead rank's shard is taken from a peer of it */
     int tp, pp, cp, ep, etp;
     bool tp_pp_dp;                 /* --use-tp-pp-dp-mapping */
+    bool nccl;                     /* --device cuda: every assignment carries an NCCL unique id (a new one
+                                      per generation), from which the ranks build their NCCL groups */
     int rendezvous_timeout_ms;     /* all workers registered and ready (default 120000) */
     int heartbeat_interval_ms;     /* both ways (default 1000) */
     int heartbeat_timeout_ms;      /* a worker silent this long is lost (default 30000) */

@@ -2,6 +2,9 @@
 #include "worker/comms.h"
 
 #include "common/error.h"
+#ifdef COHORT_HAVE_NCCL
+#include "comm/nccl_comm.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,13 +16,50 @@ struct wk_comms {
     cm_comm *world;
     cm_comm *group[TOPO_NGROUP_KINDS];
     int *members[TOPO_NGROUP_KINDS]; /* group rank -> world rank */
+    int gindex[TOPO_NGROUP_KINDS];   /* the index of this rank's group of each kind (-1: none) */
+    cm_comm *nworld;                 /* NCCL (wk_comms_new_nccl), NULL without */
+    cm_comm *ngroup[TOPO_NGROUP_KINDS];
 };
 
+/* The NCCL world from the generation's unique id, then every group split from it: every
+ * rank calls ncclCommSplit for every kind (NCCL's rule), color = its group's index, key =
+ * its place in it; a rank in no group of a kind (embedding) passes no color. */
+static int open_nccl(wk_comms *cs, const sv_assignment *asg, int device) {
+#ifdef COHORT_HAVE_NCCL
+    if (!asg->have_nccl_id) return co_err_set(CO_EPROTOCOL, "the assignment carries no NCCL unique id");
+    cm_nccl_options no;
+    cm_nccl_options_default(&no);
+    int rc = cm_nccl_new(&cs->nworld, asg->rank, asg->world, asg->nccl_id, device, &no);
+    for (int k = 0; k < TOPO_NGROUP_KINDS && !rc; k++) {
+        int key = -1;
+        for (int i = 0; cs->members[k] && i < cs->group[k]->size; i++)
+            if (cs->members[k][i] == asg->rank) key = i;
+        rc = cm_nccl_split_color(cs->nworld, cs->gindex[k], key < 0 ? 0 : key, &cs->ngroup[k], no.init_timeout_ms);
+        if (rc) {
+            char keep[400];
+            snprintf(keep, sizeof keep, "%s", co_err_detail());
+            co_err_set(rc, "splitting the NCCL %s group: %s", topo_group_name((topo_group_kind)k), keep);
+        }
+    }
+    return rc;
+#else
+    (void)cs;
+    (void)asg;
+    (void)device;
+    return co_err_set(CO_EUNSUPPORTED, "NCCL groups: this build has no NCCL");
+#endif
+}
+
 int wk_comms_new(wk_comms **out, const sv_assignment *asg, const cm_zmq_options *zo) {
+    return wk_comms_new_nccl(out, asg, zo, -1);
+}
+
+int wk_comms_new_nccl(wk_comms **out, const sv_assignment *asg, const cm_zmq_options *zo, int nccl_device) {
     *out = NULL;
     wk_comms *cs = calloc(1, sizeof *cs);
     if (!cs) return co_err_set(CO_ENOMEM, "communicators: out of memory");
     cs->rank = asg->rank;
+    for (int k = 0; k < TOPO_NGROUP_KINDS; k++) cs->gindex[k] = -1;
     char err[300];
     int rc = topo_layout_init(&cs->layout, asg->world, asg->tp, asg->pp, asg->cp, asg->ep > 0 ? asg->ep : 1, asg->etp,
                               asg->tp_pp_dp, err, sizeof err);
@@ -36,7 +76,8 @@ int wk_comms_new(wk_comms **out, const sv_assignment *asg, const cm_zmq_options 
             rc = co_err_set(CO_ENOMEM, "communicators: out of memory");
             break;
         }
-        if (topo_group_of(&cs->layout, (topo_group_kind)k, asg->rank, m, &n) < 0) {
+        cs->gindex[k] = topo_group_of(&cs->layout, (topo_group_kind)k, asg->rank, m, &n);
+        if (cs->gindex[k] < 0) {
             free(m);
             continue;
         }
@@ -48,6 +89,7 @@ int wk_comms_new(wk_comms **out, const sv_assignment *asg, const cm_zmq_options 
             co_err_set(rc, "splitting the %s group (%d ranks): %s", topo_group_name((topo_group_kind)k), n, keep);
         }
     }
+    if (!rc && nccl_device >= 0) rc = open_nccl(cs, asg, nccl_device);
     if (rc) {
         wk_comms_destroy(&cs);
         return rc;
@@ -56,13 +98,24 @@ int wk_comms_new(wk_comms **out, const sv_assignment *asg, const cm_zmq_options 
     return 0;
 }
 
+void wk_comms_abort(void *ctx) {
+    wk_comms *cs = ctx;
+    if (!cs) return;
+    for (int k = 0; k < TOPO_NGROUP_KINDS; k++)
+        if (cs->ngroup[k]) cs->ngroup[k]->ops->abort(cs->ngroup[k]);
+    if (cs->nworld) cs->nworld->ops->abort(cs->nworld);
+    if (cs->world) cs->world->ops->abort(cs->world);
+}
+
 void wk_comms_destroy(wk_comms **pcs) {
     wk_comms *cs = *pcs;
     if (!cs) return;
     for (int k = 0; k < TOPO_NGROUP_KINDS; k++) {
+        cm_destroy(&cs->ngroup[k]);
         cm_destroy(&cs->group[k]);
         free(cs->members[k]);
     }
+    cm_destroy(&cs->nworld);
     cm_destroy(&cs->world);
     free(cs);
     *pcs = NULL;
@@ -71,7 +124,8 @@ void wk_comms_destroy(wk_comms **pcs) {
 cm_comm *wk_comms_world(const wk_comms *cs) { return cs ? cs->world : NULL; }
 
 cm_comm *wk_comms_group(const wk_comms *cs, topo_group_kind k) {
-    return cs && k >= 0 && k < TOPO_NGROUP_KINDS ? cs->group[k] : NULL;
+    if (!cs || k < 0 || k >= TOPO_NGROUP_KINDS) return NULL;
+    return cs->nworld ? cs->ngroup[k] : cs->group[k];
 }
 
 int wk_comms_rank_in(const wk_comms *cs, topo_group_kind k, int w) {

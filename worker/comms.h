@@ -6,7 +6,13 @@
  *
  * Over ZeroMQ the groups share the world's transport: aborting the world (the supervisor
  * link does, on an Abort) fails every wait of every group at once, and destroying the set
- * closes them all; a new generation builds a new set from its assignment. */
+ * closes them all; a new generation builds a new set from its assignment.
+ *
+ * With an NCCL device (--device cuda, in a build with NCCL) the rank also builds an NCCL
+ * world on the GPU of its local rank from the generation's unique id (the supervisor puts
+ * it in every assignment, a new one per generation) and splits every group from it
+ * (ncclCommSplit); wk_comms_group then returns the NCCL group, and wk_comms_abort aborts
+ * every NCCL communicator (ncclCommAbort) besides the ZeroMQ world. */
 #ifndef COHORT_WORKER_COMMS_H
 #define COHORT_WORKER_COMMS_H
 
@@ -23,11 +29,17 @@ typedef struct wk_comms wk_comms;
 /* Connects to every rank of asg (cm_zmq_new with zo) and splits the groups. Errors name the
  * group whose split failed. */
 int wk_comms_new(wk_comms **out, const sv_assignment *asg, const cm_zmq_options *zo);
+/* ... and the NCCL groups on CUDA device nccl_device (< 0: none). CO_EUNSUPPORTED when the
+ * build has no NCCL; CO_EPROTOCOL when the assignment carries no unique id. */
+int wk_comms_new_nccl(wk_comms **out, const sv_assignment *asg, const cm_zmq_options *zo, int nccl_device);
+/* Aborts every communicator of the set: any thread (the link's). */
+void wk_comms_abort(void *cs);
 /* Frees every group and the world (NULL-safe; *pcs = NULL). */
 void wk_comms_destroy(wk_comms **pcs);
 
 cm_comm *wk_comms_world(const wk_comms *cs);
-/* The group of kind k this rank is in (NULL: in none, as outside the embedding groups). */
+/* The group of kind k this rank is in (NULL: in none, as outside the embedding groups):
+ * the NCCL one where the set has NCCL. */
 cm_comm *wk_comms_group(const wk_comms *cs, topo_group_kind k);
 /* The rank within group k of world rank w (-1: w is not in this rank's group k). */
 int wk_comms_rank_in(const wk_comms *cs, topo_group_kind k, int w);

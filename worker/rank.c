@@ -35,16 +35,20 @@ static int ckpt_wait(void *ctx, int64_t it, int timeout_ms) { return sv_link_che
 /* The communicators of a generation: the world and its groups (comms.h); the trainer
  * reduces over the data-parallel group. The link aborts the world, which fails every
  * group's waits. */
-static int open_comms(sv_link *link, const sv_assignment *a, wk_comms **cs, cm_comm **dp) {
+static int open_comms(sv_link *link, const sv_assignment *a, int cuda_device, wk_comms **cs, cm_comm **dp) {
     cm_zmq_options zo;
     sv_link_data_options(link, &zo);
-    int rc = wk_comms_new(cs, a, &zo);
+    /* NCCL where the supervisor gave a unique id (--device cuda in a build with NCCL), on
+     * the GPU of this worker's local rank */
+    int rc = wk_comms_new_nccl(cs, a, &zo, a->have_nccl_id ? cuda_device : -1);
     *dp = rc ? NULL : wk_comms_group(*cs, TOPO_G_DP);
     if (!rc) sv_link_attach_comm(link, wk_comms_world(*cs));
+    if (!rc) sv_link_attach_abort(link, wk_comms_abort, *cs);
     return rc;
 }
 
 static void close_comms(sv_link *link, wk_comms **cs, cm_comm **dp) {
+    if (link) sv_link_attach_abort(link, NULL, NULL);
     if (link) sv_link_attach_comm(link, NULL);
     wk_comms_destroy(cs);
     *dp = NULL;
@@ -83,7 +87,7 @@ int wk_run(const wk_options *o) {
     cm_comm *dp = NULL;
     int rc = 0;
     if (link && asg->world > 1) {
-        rc = open_comms(link, asg, &cs, &dp);
+        rc = open_comms(link, asg, data->cuda_device, &cs, &dp);
         if (rc) {
             fprintf(stderr, "cohort worker %d: connecting to the other workers failed: %s (%s)\n", asg->rank,
                     co_err_detail(), co_strerror(rc));
@@ -194,7 +198,7 @@ int wk_run(const wk_options *o) {
         sv_assignment na;
         rc = sv_link_await_restart(link, it, &na, (int)(c.rendezvous_timeout * 1000));
         if (rc) break;
-        rc = open_comms(link, &na, &cs, &dp);
+        rc = open_comms(link, &na, data->cuda_device, &cs, &dp);
         int source = rc ? -1 : source_in_dp(cs, na.rank, na.state_source);
         if (source < -1) rc = source;
         /* no replica of some shard survived: every rank, survivors too, takes the checkpoint */
