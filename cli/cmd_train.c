@@ -295,22 +295,6 @@ static void embedded_done(void *ctx, trainer *t, double vl) {
     if (e->c->sample_lines > 0) print_samples(t, e->c, e->c->sample_lines, e->out);
 }
 
-/* This worker's flags as JSON for its registration (the supervisor compares the nodes'),
- * kept for the process's life: the link holds it. NULL if it cannot be built. */
-static const char *worker_flags_json(const co_config *c) {
-    static char *json;
-    size_t len = 0;
-    FILE *f = json ? NULL : open_memstream(&json, &len);
-    if (f) {
-        co_config_write_json(c, f);
-        if (fclose(f)) {
-            free(json);
-            json = NULL;
-        }
-    }
-    return json;
-}
-
 int cli_train(int argc, char **argv) {
     install_signals(); /* before anything else: a signal during setup is a stop, never lost or fatal */
     for (int i = 0; i < argc; i++)
@@ -355,11 +339,7 @@ int cli_train(int argc, char **argv) {
     memset(&asg, 0, sizeof asg);
     bool worker = sv_link_wanted();
     if (worker) {
-        const char *spare = getenv("COHORT_SPARE");
-        /* a signal of this worker's own does not end the rendezvous: the ranks stop together
-         * at the start of training (trainer_train's first vote); the supervisor's stop order does */
-        rc = sv_link_open(&link, &g_stop, &g_signal, spare && !strcmp(spare, "1") ? -1 : (int)(c.rendezvous_timeout * 1000),
-                          worker_flags_json(&c), &asg);
+        rc = wk_join(&c, &g_stop, &g_signal, &link, &asg);
         if (rc == CO_EABORTED) {
             /* the supervisor stopped the job before it began (a signal), or a warm spare the job
              * did not need: a clean end */

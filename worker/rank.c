@@ -77,6 +77,29 @@ static int check_replicas(wk_comms *cs, trainer *t, int rank, const char *when) 
     return rc;
 }
 
+/* This worker's flags as JSON for its registration, kept for the process's life: the link
+ * holds it. NULL if it cannot be built. */
+static const char *flags_json(const co_config *c) {
+    static char *json;
+    size_t len = 0;
+    FILE *f = json ? NULL : open_memstream(&json, &len);
+    if (f) {
+        co_config_write_json(c, f);
+        if (fclose(f)) {
+            free(json);
+            json = NULL;
+        }
+    }
+    return json;
+}
+
+int wk_join(const co_config *c, volatile sig_atomic_t *stop, volatile sig_atomic_t *signalled, sv_link **link,
+            sv_assignment *asg) {
+    const char *spare = getenv("COHORT_SPARE");
+    int timeout_ms = spare && !strcmp(spare, "1") ? -1 : (int)(c->rendezvous_timeout * 1000);
+    return sv_link_open(link, stop, signalled, timeout_ms, flags_json(c), asg);
+}
+
 int wk_run(const wk_options *o) {
     co_config c = *o->config;
     const trainer_data *data = o->data;

@@ -39,6 +39,16 @@ typedef struct wk_options {
     void *ctx;
 } wk_options;
 
+/* A worker process joins the job (started by a supervisor: sv_link_wanted): connects to the
+ * supervisor, registers with its flags (c: parsed, not yet finalized; the supervisor
+ * refuses a node whose flags differ) and waits for its assignment (a warm spare,
+ * COHORT_SPARE=1, until it is given a rank). stop and signalled as sv_link_open's: a
+ * signal of this worker's own does not end the wait (the ranks stop together at the start
+ * of training), the supervisor's stop order does. Returns sv_link_open's codes
+ * (CO_EABORTED: the job stopped before it began, a clean end). */
+int wk_join(const co_config *c, volatile sig_atomic_t *stop, volatile sig_atomic_t *signalled, sv_link **link,
+            sv_assignment *asg);
+
 /* Trains this rank to the end, through every in-process restart. Returns a WK_ status. */
 int wk_run(const wk_options *o);
 
