@@ -294,8 +294,9 @@ stop)
     # SIGSTOP: the rank answers nothing; after the soft timeout the generation is aborted and
     # the rank, its process state T, is killed at once and replaced (not at the hard timeout)
     clean
-    # (not rank 3: the logging rank's last line may die with it, unsent)
-    run f --inject "stop@rank=2,step=5" $quick
+    # (not rank 3: the logging rank's last line may die with it, unsent; a hard timeout of
+    # 10 s: the kill must come long before it, and a slow machine does not fail the others)
+    run f --inject "stop@rank=2,step=5" --inprocess-soft-timeout 2 --inprocess-hard-timeout 10 --inprocess-barrier-timeout 60
     expect_rc f 0
     expect_same f
     expect_fault f hang 2 rank_failure
