@@ -41,7 +41,6 @@ struct sv_link {
     bool verdicts_end;                 /* ... one for another reason than a signal: the supervisor
                                           stops validating (a signal's stop is validated to its end) */
     ac_timer *sig_timer;
-    _Atomic(cm_comm *) comm;
     _Atomic int64_t iteration;
     _Atomic uint64_t last_heard_ms;
     bool lost_reported;
@@ -108,9 +107,8 @@ void sv_assignment_free(sv_assignment *a) {
 
 static void abort_all(sv_link *l) {
     *l->stop = 1;
-    cm_comm *c = atomic_load(&l->comm);
-    if (c) c->ops->abort(c);
-    /* a worker still waiting for its assignment (or a checkpoint's commit) gives up now */
+    /* the communicators, and a worker still waiting for its assignment (or a checkpoint's
+     * commit) gives up now */
     pthread_mutex_lock(&l->mu);
     if (l->abort_fn) l->abort_fn(l->abort_ctx);
     l->aborted = true;
@@ -190,8 +188,6 @@ static void take_abort(sv_link *l, const Cohort__V1__Abort *ab) {
         return;
     }
     *l->abort_flag = 1;
-    cm_comm *c = atomic_load(&l->comm);
-    if (c) c->ops->abort(c);
     pthread_mutex_lock(&l->mu);
     if (l->abort_fn) l->abort_fn(l->abort_ctx);
     if (ab->generation > l->pending_gen) l->pending_gen = ab->generation;
@@ -453,8 +449,6 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic
     *out = l;
     return 0;
 }
-
-void sv_link_attach_comm(sv_link *l, cm_comm *c) { atomic_store(&l->comm, c); }
 
 void sv_link_attach_abort(sv_link *l, void (*abort)(void *ctx), void *ctx) {
     pthread_mutex_lock(&l->mu);

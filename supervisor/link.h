@@ -59,10 +59,9 @@ bool sv_link_wanted(void);
  * its registration so that the supervisor can refuse a node whose flags differ (NULL: none). */
 int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic_t *signalled, int timeout_ms,
                  const char *config_json, sv_assignment *a);
-/* The collectives to abort when the job is aborted or the supervisor is lost. */
-void sv_link_attach_comm(sv_link *l, cm_comm *c);
-/* ... and abort(ctx) besides, under the link's lock (communicators the world's abort does
- * not reach: NCCL's); NULL detaches. Detach before freeing what ctx points to. */
+/* What aborts the rank's collectives when the job is aborted or the supervisor is lost:
+ * abort(ctx), called on the link's thread under its lock (it must not block); NULL
+ * detaches. Detach before freeing what ctx points to. */
 void sv_link_attach_abort(sv_link *l, void (*abort)(void *ctx), void *ctx);
 
 /* The data plane's options for this job: defaults, and CURVE with the job secret where the

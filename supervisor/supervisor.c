@@ -1169,6 +1169,13 @@ static void sv_on_stop(ac_actor *a, void *ctx) {
     uv_close((uv_handle_t *)&s->sig_term, NULL);
 }
 
+/* The per-worker and per-rank tables of sv_run. */
+static void free_tables(sv *s) {
+    free(s->w);
+    free(s->coord);
+    free(s->source);
+}
+
 int sv_run(const sv_options *opt) {
     sv s;
     memset(&s, 0, sizeof s);
@@ -1224,9 +1231,7 @@ int sv_run(const sv_options *opt) {
     bool coords_ok = s.w && s.coord && s.source;
     for (int r = 0; r < s.world && coords_ok && !s.agent; r++) coords_ok = topo_coords(&s.layout, r, &s.coord[r]) == 0;
     if (!coords_ok) {
-        free(s.w);
-        free(s.coord);
-        free(s.source);
+        free_tables(&s);
         return SV_EXIT_FAILURE;
     }
     for (int i = 0; i < s.nw; i++) {
@@ -1239,18 +1244,14 @@ int sv_run(const sv_options *opt) {
     }
     if (!s.agent && s.o.metrics_file && *s.o.metrics_file && !(s.metrics = fopen(s.o.metrics_file, "a"))) {
         fprintf(stderr, "cohort supervisor: cannot open --metrics-file %s\n", s.o.metrics_file);
-        free(s.w);
-        free(s.coord);
-        free(s.source);
+        free_tables(&s);
         return SV_EXIT_FAILURE;
     }
     if (!s.agent && s.o.save_dir && *s.o.save_dir &&
         svc_new(&s.ckpt, s.o.save_dir, s.o.most_recent_k, s.world, s.snd.job_id, send_to_rank, &s)) {
         fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
         if (s.metrics) fclose(s.metrics);
-        free(s.w);
-        free(s.coord);
-        free(s.source);
+        free_tables(&s);
         return SV_EXIT_FAILURE;
     }
     uint64_t t_start = sv__now_ms();
@@ -1266,9 +1267,7 @@ int sv_run(const sv_options *opt) {
             fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
             svc_destroy(&s.ckpt);
             if (s.metrics) fclose(s.metrics);
-            free(s.w);
-            free(s.coord);
-            free(s.source);
+            free_tables(&s);
             return SV_EXIT_FAILURE;
         }
         if (s.o.rerun_state && *s.o.rerun_state && svv_state_load(s.val, s.o.rerun_state))
@@ -1310,8 +1309,6 @@ int sv_run(const sv_options *opt) {
     free(s.flags_ref);
     for (int i = 0; i < s.nw; i++) free(s.w[i].data_endpoint);
     if (s.metrics) fclose(s.metrics);
-    free(s.w);
-    free(s.coord);
-    free(s.source);
+    free_tables(&s);
     return status;
 }

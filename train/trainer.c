@@ -67,7 +67,7 @@ struct trainer {
     trainer_validator val;
     bool have_val;
     fi_schedule *inj;
-    int inj_rank;       /* this rank in the job (the world rank; dp_rank by default): what fault specs and log lines name */
+    int job_rank;       /* this rank in the job (the world rank; dp_rank by default): what fault specs and log lines name */
     int64_t *skips;
     int nskips;
     trainer_event_fn ev_fn;
@@ -92,11 +92,11 @@ void trainer_set_validator(trainer *t, const trainer_validator *v) {
 }
 void trainer_set_injector(trainer *t, fi_schedule *s, int rank) {
     t->inj = s;
-    t->inj_rank = rank;
+    t->job_rank = rank;
 }
 
 /* The rank a fault spec names for the data-parallel rank r's micro batch. */
-static int fault_rank(const trainer *t, int r) { return r == t->topo.dp_rank ? t->inj_rank : r; }
+static int fault_rank(const trainer *t, int r) { return r == t->topo.dp_rank ? t->job_rank : r; }
 void trainer_set_event_sink(trainer *t, trainer_event_fn fn, void *ctx) {
     t->ev_fn = fn;
     t->ev_ctx = ctx;
@@ -191,7 +191,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     int rc = topo_init(&t->topo, dp ? dp->size : 1, c->tensor_model_parallel_size, c->pipeline_model_parallel_size,
                        c->context_parallel_size, dp ? dp->rank : 0);
     if (rc) goto fail;
-    t->inj_rank = t->topo.dp_rank; /* (the world rank, once trainer_set_injector says it) */
+    t->job_rank = t->topo.dp_rank; /* (the world rank, once trainer_set_injector says it) */
     t->M = topo_num_microbatches(&t->topo, c->global_batch_size, c->micro_batch_size);
 
     kb_options bo = {.device = strcmp(c->device, "cuda") == 0 ? KB_DEVICE_CUDA : KB_DEVICE_CPU,
@@ -439,7 +439,7 @@ static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) 
  * injected or repaired here; the supervisor records its own verdicts itself). */
 static void emit_line(trainer *t, const char *line, bool to_sink) {
     progress_clear(t);
-    fprintf(stderr, "cohort rank %d: %s\n", t->inj_rank, line);
+    fprintf(stderr, "cohort rank %d: %s\n", t->job_rank, line);
     if (to_sink && t->ev_fn) t->ev_fn(t->ev_ctx, line);
 }
 static void emit(trainer *t, const char *line) { emit_line(t, line, true); }
@@ -447,7 +447,7 @@ static void emit(trainer *t, const char *line) { emit_line(t, line, true); }
 /* kill, stop, hang and slow faults of this rank at (step, micro batch, phase) */
 static void fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph) {
     if (!t->inj) return;
-    int r = t->inj_rank;
+    int r = t->job_rank;
     static const fi_kind kinds[] = {FI_SLOW, FI_KILL, FI_STOP, FI_HANG};
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         fi_fault *f = fi_take(t->inj, kinds[k], r, r, step, mb, ph);
@@ -502,18 +502,18 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         fire_process_faults(t, step, mb, FI_PH_FORWARD);
         fi_fault *f;
         char line[400];
-        if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_PARAM, t->inj_rank, t->inj_rank, step, mb, FI_PH_FORWARD))) {
+        if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_PARAM, t->job_rank, t->job_rank, step, mb, FI_PH_FORWARD))) {
             int bit;
             size_t idx = fi_flip(f, gpt_params(t->model), gpt_num_params(t->model), &bit);
             gpt_sync_bf16(t->model);
-            fi_describe(f, t->inj_rank, step, mb, line, sizeof line);
+            fi_describe(f, t->job_rank, step, mb, line, sizeof line);
             emit(t, line);
             fprintf(stderr, "cohort rank %d: inject: flipped bit %d of parameter %zu\n", me, bit, idx);
         }
-        if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_ACT, t->inj_rank, t->inj_rank, step, mb, FI_PH_FORWARD))) {
+        if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_ACT, t->job_rank, t->job_rank, step, mb, FI_PH_FORWARD))) {
             int bit = f->bit >= 0 ? f->bit : 30;
             gpt_inject_act_flip(t->model, (size_t)(f->salt % ((uint64_t)N * (uint64_t)c->hidden_size)), bit);
-            fi_describe(f, t->inj_rank, step, mb, line, sizeof line);
+            fi_describe(f, t->job_rank, step, mb, line, sizeof line);
             emit(t, line);
         }
         double loss = gpt_forward(t->model, &b, true, seed, t->dscale, NULL);
@@ -522,10 +522,10 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         static const fi_kind lk[] = {FI_NAN, FI_INF, FI_SPIKE};
         int poison = -1;
         for (int k = 0; t->inj && k < 3 && poison < 0; k++)
-            if ((f = fi_take(t->inj, lk[k], t->inj_rank, fault_rank(t, data_rank), step, mb, FI_PH_FORWARD))) {
+            if ((f = fi_take(t->inj, lk[k], t->job_rank, fault_rank(t, data_rank), step, mb, FI_PH_FORWARD))) {
                 poison = (int)lk[k];
                 loss = lk[k] == FI_NAN ? NAN : lk[k] == FI_INF ? INFINITY : loss * 1000.0;
-                fi_describe(f, t->inj_rank, step, mb, line, sizeof line);
+                fi_describe(f, t->job_rank, step, mb, line, sizeof line);
                 emit_line(t, line, f->fired == 1); /* times=always: one event, many firings */
             }
         double t2 = now_s();
@@ -533,10 +533,10 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         fire_process_faults(t, step, mb, FI_PH_BACKWARD);
         gpt_backward(t->model, &b, seed);
         if (poison == FI_NAN || poison == FI_INF) gpt_grads(t->model)[0] = poison == FI_NAN ? NAN : INFINITY;
-        if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_GRAD, t->inj_rank, t->inj_rank, step, mb, FI_PH_BACKWARD))) {
+        if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_GRAD, t->job_rank, t->job_rank, step, mb, FI_PH_BACKWARD))) {
             int bit;
             size_t idx = fi_flip(f, gpt_grads(t->model), gpt_num_params(t->model), &bit);
-            fi_describe(f, t->inj_rank, step, mb, line, sizeof line);
+            fi_describe(f, t->job_rank, step, mb, line, sizeof line);
             emit(t, line);
             fprintf(stderr, "cohort rank %d: inject: flipped bit %d of gradient %zu\n", me, bit, idx);
         }
@@ -873,12 +873,12 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             if (written) t->have_written = true;
             if (kb_backend_status(be)) return kb_backend_status(be);
             fi_fault *f;
-            if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_PARAM, t->inj_rank, t->inj_rank, step, -1, FI_PH_OPTIMIZER))) {
+            if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_PARAM, t->job_rank, t->job_rank, step, -1, FI_PH_OPTIMIZER))) {
                 int bit;
                 char line[400];
                 size_t idx = fi_flip(f, gpt_params(t->model), gpt_num_params(t->model), &bit);
                 gpt_sync_bf16(t->model);
-                fi_describe(f, t->inj_rank, step, -1, line, sizeof line);
+                fi_describe(f, t->job_rank, step, -1, line, sizeof line);
                 emit(t, line);
                 fprintf(stderr, "cohort rank %d: inject: flipped bit %d of parameter %zu\n", me, bit, idx);
             }

@@ -33,8 +33,7 @@ static int ckpt_ack(void *ctx, int64_t it, int status, const char *error, const 
 static int ckpt_wait(void *ctx, int64_t it, int timeout_ms) { return sv_link_checkpoint_wait(ctx, it, timeout_ms); }
 
 /* The communicators of a generation: the world and its groups (comms.h); the trainer
- * reduces over the data-parallel group. The link aborts the world, which fails every
- * group's waits. */
+ * reduces over the data-parallel group. The link aborts them all (wk_comms_abort). */
 static int open_comms(sv_link *link, const sv_assignment *a, int cuda_device, wk_comms **cs, cm_comm **dp) {
     cm_zmq_options zo;
     sv_link_data_options(link, &zo);
@@ -42,33 +41,30 @@ static int open_comms(sv_link *link, const sv_assignment *a, int cuda_device, wk
      * the GPU of this worker's local rank */
     int rc = wk_comms_new_nccl(cs, a, &zo, a->have_nccl_id ? cuda_device : -1);
     *dp = rc ? NULL : wk_comms_group(*cs, TOPO_G_DP);
-    if (!rc) sv_link_attach_comm(link, wk_comms_world(*cs));
     if (!rc) sv_link_attach_abort(link, wk_comms_abort, *cs);
     return rc;
 }
 
 static void close_comms(sv_link *link, wk_comms **cs, cm_comm **dp) {
     if (link) sv_link_attach_abort(link, NULL, NULL);
-    if (link) sv_link_attach_comm(link, NULL);
     wk_comms_destroy(cs);
     *dp = NULL;
 }
 
-/* The rank of the generation's state source (a world rank) in the data-parallel group:
- * the supervisor names a peer holding this rank's shard. */
-static int source_in_dp(const wk_comms *cs, int rank, int source) {
-    if (source < 0) return -1;
-    int r = wk_comms_rank_in(cs, TOPO_G_DP, source);
-    if (r < 0)
+/* *out: the rank of the generation's state source (a world rank; -1: none) in the
+ * data-parallel group: the supervisor names a peer holding this rank's shard. */
+static int source_in_dp(const wk_comms *cs, int rank, int source, int *out) {
+    *out = source < 0 ? -1 : wk_comms_rank_in(cs, TOPO_G_DP, source);
+    if (source >= 0 && *out < 0)
         return co_err_set(CO_EPROTOCOL, "rank %d: the state source, rank %d, is not in its data-parallel group",
                           rank, source);
-    return r;
+    return 0;
 }
 
 /* Test stand-in of model parallelism (co_config_standin_model_parallel): every rank holds
  * the whole model, so the members of every group must hold identical weights. Checked at
  * each generation's start and at the end, over every group. */
-static int check_replicas(wk_comms *cs, trainer *t, int rank, const char *when) {
+static int check_standin_replicas(wk_comms *cs, trainer *t, int rank, const char *when) {
     const topo_layout *l = wk_comms_layout(cs);
     if (l->tp * l->cp * l->pp == 1) return 0;
     char err[400];
@@ -183,8 +179,9 @@ int wk_run(const wk_options *o) {
         if (asg->generation > 1) wk_resil_mark_replayed(resil, asg->faults_through);
         if (asg->generation > 1 && asg->state_source >= 0) {
             /* a replacement: the state comes from a surviving replica's memory */
-            int src = source_in_dp(cs, asg->rank, asg->state_source);
-            rc = src < -1 ? src : trainer_sync_state(t, src);
+            int src;
+            rc = source_in_dp(cs, asg->rank, asg->state_source, &src);
+            if (!rc) rc = trainer_sync_state(t, src);
             if (rc) {
                 fprintf(stderr, "cohort worker %d: taking the state of rank %d failed: %s (%s)\n", asg->rank,
                         asg->state_source, co_err_detail(), co_strerror(rc));
@@ -200,7 +197,7 @@ int wk_run(const wk_options *o) {
     train_end why = TRAIN_DONE;
     int my_rank = link ? asg->rank : 0;
     int64_t first_it = trainer_iteration(t); /* where this run started (a stop before its first step saves nothing) */
-    if (!early_rc && cs) early_rc = check_replicas(cs, t, my_rank, "at the start");
+    if (!early_rc && cs) early_rc = check_standin_replicas(cs, t, my_rank, "at the start");
     rc = early_rc ? early_rc : trainer_train(t, o->stop, &why);
     for (;;) {
         if (!rc || !link || asg->world < 2) break; /* (dp is NULL after a rebuild that failed) */
@@ -222,8 +219,8 @@ int wk_run(const wk_options *o) {
         rc = sv_link_await_restart(link, it, &na, (int)(c.rendezvous_timeout * 1000));
         if (rc) break;
         rc = open_comms(link, &na, data->cuda_device, &cs, &dp);
-        int source = rc ? -1 : source_in_dp(cs, na.rank, na.state_source);
-        if (source < -1) rc = source;
+        int source = -1;
+        if (!rc) rc = source_in_dp(cs, na.rank, na.state_source, &source);
         /* no replica of some shard survived: every rank, survivors too, takes the checkpoint */
         char *reload = !rc && source < 0 && na.checkpoint_dir ? strdup(na.checkpoint_dir) : NULL;
         if (na.rank != my_rank) {
@@ -240,10 +237,7 @@ int wk_run(const wk_options *o) {
             my_rank = na.rank;
         }
         sv_assignment_free(&na);
-        if (rc) {
-            free(reload);
-            continue; /* another abort during the rebuild: back to the barrier */
-        }
+        if (rc) continue; /* another abort during the rebuild: back to the barrier (reload is NULL) */
         trainer_set_comm(t, dp);
         if (reload) {
             rc = wk_ckpt_reload(ckpt, reload);
@@ -251,10 +245,10 @@ int wk_run(const wk_options *o) {
         } else {
             rc = trainer_sync_state(t, source);
         }
-        if (!rc) rc = check_replicas(cs, t, my_rank, "after the restart");
+        if (!rc) rc = check_standin_replicas(cs, t, my_rank, "after the restart");
         if (!rc) rc = trainer_train(t, o->stop, &why);
     }
-    if (!rc && cs) rc = check_replicas(cs, t, my_rank, "at the end");
+    if (!rc && cs) rc = check_standin_replicas(cs, t, my_rank, "at the end");
     int status = WK_OK;
     if (rc) {
         fprintf(stderr, "cohort train: training failed at iteration %lld: %s (%s)\n",
