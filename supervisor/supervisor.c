@@ -874,6 +874,10 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
  * reached the barrier. */
 #define LAGGARD_GRACE_MS 2000
 
+/* Milliseconds from t to now, 0 when t is later (a time taken after now was: abort_ms is set
+ * by begin_restart while a tick's now is older). */
+static uint64_t ms_since(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
+
 /* Is the local process pid stopped (SIGSTOP, a debugger)? Its state in /proc/PID/stat:
  * "PID (COMM) S ...", COMM may hold spaces and parentheses, so the state follows the last ')'. */
 static bool process_stopped(pid_t pid) {
@@ -916,7 +920,7 @@ static void watch_progress(sv *s, uint64_t now) {
         }
         double step = s->val ? svv_max_step_ms(s->val) : 0;
         uint64_t grace = LAGGARD_GRACE_MS + (uint64_t)(step > 0 ? step : 0);
-        bool others_in = ready > 0 && s->last_ready_ms >= s->restart_t0 && now - s->last_ready_ms > grace;
+        bool others_in = ready > 0 && s->last_ready_ms >= s->restart_t0 && ms_since(now, s->last_ready_ms) > grace;
         for (int i = 0; i < s->nw; i++) {
             worker *w = &s->w[i];
             if (w->rank < 0 || w->replacing || w->exited || w->ready_gen == s->snd.generation || !w->abort_ms) continue;
@@ -925,10 +929,10 @@ static void watch_progress(sv *s, uint64_t now) {
             /* (test hook COHORT_TEST_NO_PROC_STATE: as for a remote node's rank, unread) */
             if (w->spawned && w->pid && !s->no_proc_state && process_stopped((pid_t)w->pid))
                 snprintf(why, sizeof why, "is stopped (process state T)");
-            else if (others_in && w->training && now - w->abort_ms > grace) /* (one in setup may be slow) */
+            else if (others_in && w->training && ms_since(now, w->abort_ms) > grace) /* (one in setup may be slow) */
                 snprintf(why, sizeof why, "did not reach the restart barrier %.1f s after the other %d rank(s)",
-                         (double)(now - s->last_ready_ms) / 1000, ready);
-            else if (now - w->abort_ms > hard - soft)
+                         (double)ms_since(now, s->last_ready_ms) / 1000, ready);
+            else if (ms_since(now, w->abort_ms) > hard - soft)
                 snprintf(why, sizeof why, "did not reach the restart barrier in %.1f s", (double)(hard - soft) / 1000);
             if (!why[0]) continue;
             fprintf(stderr, "cohort supervisor: rank %d %s; killing it to replace it\n", w->rank, why);
@@ -948,7 +952,7 @@ static void watch_progress(sv *s, uint64_t now) {
             len += snprintf(why + len, sizeof why - (size_t)len, " %d", missing[k]);
         snprintf(why + len, sizeof why - (size_t)len, " did not report; soft timeout %.1f s)", (double)soft / 1000);
         begin_restart(s, "hang", nmissing ? missing[0] : -1, why, now - since);
-        if (s->restarting) watch_progress(s, now); /* a stopped rank is killed now, not a tick later */
+        if (s->restarting) watch_progress(s, sv__now_ms()); /* a stopped rank is killed now, not a tick later */
     }
 }
 
