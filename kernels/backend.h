@@ -71,7 +71,9 @@ typedef struct kb_ops {
                             const kb_bf16 *W16, int N, int IC, int OC);
 
     /* ---- embeddings ---- */
-    /* out[N,C] = wte[tok[n]] (+ wpe[pos[n]] if wpe != NULL). Overwrites out. */
+    /* out[N,C] = wte[tok[n]] (+ wpe[pos[n]] if wpe != NULL). Overwrites out. A token
+     * id < 0 (one another tensor-parallel rank's vocabulary shard holds) has a zero word
+     * embedding row here, and gets no gradient in embed_backward. */
     void (*embed_forward)(kb_backend *b, float *out, const int32_t *tok, const int32_t *pos,
                           const float *wte, const float *wpe, int N, int C);
     /* dwte[tok[n]] += dout[n]; dwpe[pos[n]] += dout[n] (if dwpe). Deterministic order. */
@@ -162,6 +164,28 @@ typedef struct kb_ops {
     void (*adamw_checksum)(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n,
                            float lr, float beta1, float beta2, float eps, float wd, float gscale,
                            int64_t t, uint64_t seed, uint64_t *sum);
+
+    /* ---- tensor parallelism (model/gpt.c with tp > 1; NULL where a backend has not
+     * built them: the model then refuses tp > 1) ---- */
+    /* out[N,C] += bias[C] on every row (a row-parallel layer's bias, after the reduction) */
+    void (*bias_add)(kb_backend *b, float *out, const float *bias, int N, int C);
+    /* dbias[C] += sum over rows of dout[N,C] */
+    void (*bias_grad)(kb_backend *b, float *dbias, const float *dout, int N, int C);
+    /* The vocabulary-parallel cross-entropy, in three steps around the tensor group's
+     * reductions; this rank holds logits[N,V] of the vocabulary ids [v0, v0 + V) of Vt:
+     *   ce_max:  mx[n] = max_j logits[n,j]                  (the caller then takes the MAX
+     *                                                         over the group into mx)
+     *   ce_sums: sums[n] = sum_j exp(logits[n,j] - mx[n]);  sums[N + n] = logits[n, t - v0]
+     *            - mx[n] where the target t is in this rank's range, else 0 (then SUM)
+     *   ce_grad: losses[n] = log(sums[n]) - sums[N + n] (0 for a target outside [0, Vt));
+     *            logits OVERWRITTEN with (softmax - onehot(t)) * dscale[n], the one-hot only
+     *            on the rank that owns t; rows with dscale 0 get 0. */
+    void (*ce_max)(kb_backend *b, float *mx, const float *logits, int N, int V);
+    void (*ce_sums)(kb_backend *b, float *sums, const float *logits, const float *mx,
+                    const int32_t *targets, int v0, int N, int V);
+    void (*ce_grad)(kb_backend *b, float *losses, float *logits, const float *mx,
+                    const float *sums, const int32_t *targets, const float *dscale, int v0,
+                    int Vt, int N, int V);
 } kb_ops;
 
 struct kb_backend {

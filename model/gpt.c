@@ -8,13 +8,24 @@
  *                 x = x + dropout(g W2^T + b)
  *   hf = normf(x_L); logits = hf Wlm^T; loss = cross_entropy(logits, targets)
  * Backward walks the same list in reverse; the gradient of the residual stream is one
- * [N,C] buffer that each norm backward accumulates into. */
+ * [N,C] buffer that each norm backward accumulates into.
+ *
+ * Under tensor parallelism (gpt.h) the same list runs on this rank's slices, with the
+ * tensor group's collectives where Megatron's mappings put them:
+ *   embed:      local rows, all-reduce (reduce-scatter to token shards under SP)
+ *   qkv, fc1:   column-parallel; SP all-gathers the input first; backward sums the
+ *               input gradient (all-reduce, or reduce-scatter under SP)
+ *   proj, fc2:  row-parallel; all-reduce (reduce-scatter under SP), then the bias;
+ *               backward all-gathers the output gradient under SP
+ *   head + CE:  column-parallel over the vocabulary, vocabulary-parallel cross-entropy
+ * At tp 1 none of this runs and the operations are exactly the one-rank ones. */
 #include "model/gpt.h"
 
 #include "kernels/checksum.h"
 
 #include <xxhash.h>
 
+#include "comm/comm.h"
 #include "common/error.h"
 #include "common/rng.h"
 
@@ -64,6 +75,17 @@ struct gpt_model {
     float *dx, *dh, *dbig, *dqkv, *datt, *dffn;
     float *tmp;         /* [N,C] */
     int last_B, last_T;
+    /* tensor parallelism (gpt.h): this rank's shapes and the group */
+    int tp, tpr;
+    bool sp;
+    int NHl, NKVl, kv0, Fl, Vl, v0;  /* local heads, groups, first group, ffn, vocabulary */
+    struct cm_comm *tpc;
+    int tp_timeout;
+    int32_t *tok_l;                  /* [N] token ids in this rank's vocabulary shard, -1 elsewhere */
+    float *gath, *dfull, *dhs;       /* [N,C]: gathered input, gathered gradient, a shard's sum */
+    float *ce_mx, *ce_all, *ce_sums; /* [N], [tp*N], [2N] */
+    float *tp_buf;                   /* gpt_tp_finalize_grads' packing buffer */
+    size_t tp_buf_n;
     /* Backends whose memory the host cannot hand to kernels (CUDA): the batch arrays are
      * copied into backend buffers each forward, and losses come back through host_losses.
      * host_batch (CPU): the caller's arrays are used as they are. */
@@ -74,11 +96,27 @@ struct gpt_model {
 
 int gpt_padded_vocab(int vocab, int m) { return (vocab + m - 1) / m * m; }
 
-static int add_tensor(gpt_model *m, int cap, const char *name, int rows, int cols, bool decay,
-                      float std, bool ones) {
+/* A tensor split as `split` says, this rank's slice given by pieces (NULL: replicated). */
+static int add_split(gpt_model *m, int cap, const char *name, int grows, int gcols, int split,
+                     const gpt_piece *pieces, int npieces, bool decay, float std, bool ones) {
     if (m->ntensors >= cap) return -1;
     gpt_tensor *t = &m->tensors[m->ntensors];
     snprintf(t->name, sizeof t->name, "%s", name);
+    int rows = grows, cols = gcols;
+    t->gshape[0] = grows;
+    t->gshape[1] = gcols;
+    t->split = pieces ? split : GPT_TP_REPLICATED;
+    if (pieces) {
+        int n = 0;
+        for (int i = 0; i < npieces; i++) n += pieces[i].len;
+        if (split == GPT_TP_ROWS) rows = n;
+        else cols = n;
+        t->npieces = npieces;
+        memcpy(t->piece, pieces, sizeof(gpt_piece) * (size_t)npieces);
+    } else {
+        t->npieces = 1;
+        t->piece[0] = (gpt_piece){0, 0, grows, m->tp};
+    }
     t->ndim = cols ? 2 : 1;
     t->shape[0] = rows;
     t->shape[1] = cols;
@@ -92,12 +130,45 @@ static int add_tensor(gpt_model *m, int cap, const char *name, int rows, int col
     return m->ntensors++;
 }
 
+static int add_tensor(gpt_model *m, int cap, const char *name, int rows, int cols, bool decay,
+                      float std, bool ones) {
+    return add_split(m, cap, name, rows, cols, GPT_TP_REPLICATED, NULL, 0, decay, std, ones);
+}
+
 #define P(m, idx) ((idx) < 0 ? NULL : (m)->params + (m)->tensors[idx].offset)
 #define G(m, idx) ((idx) < 0 ? NULL : (m)->grads + (m)->tensors[idx].offset)
 #define P16(m, idx) ((idx) < 0 || !(m)->params16 ? NULL : (m)->params16 + (m)->tensors[idx].offset)
 
 static int qkv_width(const gpt_config *c) { return (c->heads + 2 * c->kv_groups) * c->head_dim; }
 static int fc1_width(const gpt_config *c) { return c->swiglu ? 2 * c->ffn_hidden : c->ffn_hidden; }
+/* this rank's widths */
+static int qkv_local(const gpt_model *m) { return (m->NHl + 2 * m->NKVl) * m->cfg.head_dim; }
+static int fc1_local(const gpt_model *m) { return m->cfg.swiglu ? 2 * m->Fl : m->Fl; }
+
+int gpt_tp_check(const gpt_config *c, int max_T) {
+    int tp = c->tp > 1 ? c->tp : 1;
+    if (tp == 1) return 0;
+    if (c->tp_rank < 0 || c->tp_rank >= tp)
+        return co_err_set(CO_EINVAL, "tensor-parallel rank %d is outside a group of %d", c->tp_rank, tp);
+    if (c->heads % tp)
+        return co_err_set(CO_EINVAL, "--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d",
+                          c->heads, tp);
+    if (c->kv_groups % tp && tp % c->kv_groups)
+        return co_err_set(CO_EINVAL,
+                          "--num-query-groups %d and --tensor-model-parallel-size %d: one must divide the other",
+                          c->kv_groups, tp);
+    if (c->ffn_hidden % tp)
+        return co_err_set(CO_EINVAL, "--ffn-hidden-size %d is not divisible by --tensor-model-parallel-size %d",
+                          c->ffn_hidden, tp);
+    if (c->padded_vocab % tp)
+        return co_err_set(CO_EINVAL, "the padded vocabulary (%d) is not divisible by --tensor-model-parallel-size %d",
+                          c->padded_vocab, tp);
+    if (c->sequence_parallel && max_T > 0 && max_T % tp)
+        return co_err_set(CO_EINVAL,
+                          "--sequence-parallel: --seq-length %d is not divisible by --tensor-model-parallel-size %d",
+                          max_T, tp);
+    return 0;
+}
 
 int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, int max_T) {
     *out = NULL;
@@ -114,7 +185,32 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     m->max_B = max_B;
     m->max_T = max_T;
     const gpt_config *c = &m->cfg;
-    int L = c->num_layers, C = c->hidden, Q = qkv_width(c), F = c->ffn_hidden, AH = c->heads * c->head_dim;
+    m->tp = c->tp > 1 ? c->tp : 1;
+    m->tpr = m->tp > 1 ? c->tp_rank : 0;
+    m->sp = m->tp > 1 && c->sequence_parallel;
+    m->cfg.tp = m->tp;
+    m->cfg.tp_rank = m->tpr;
+    m->cfg.sequence_parallel = m->sp;
+    int rc = gpt_tp_check(c, max_T);
+    if (rc) {
+        free(m);
+        return rc;
+    }
+    if (m->tp > 1 && (!be->ops->bias_add || !be->ops->bias_grad || !be->ops->ce_max || !be->ops->ce_sums ||
+                      !be->ops->ce_grad)) {
+        free(m);
+        return co_err_set(CO_EUNSUPPORTED, "tensor parallelism: the %s backend has no tensor-parallel kernels yet",
+                          be->opt.device == KB_DEVICE_CUDA ? "CUDA" : "this");
+    }
+    int tp = m->tp, r = m->tpr, HD = c->head_dim;
+    m->NHl = c->heads / tp;
+    m->NKVl = c->kv_groups >= tp ? c->kv_groups / tp : 1;
+    m->kv0 = c->kv_groups >= tp ? r * m->NKVl : r / (tp / c->kv_groups);
+    int kv_share = c->kv_groups >= tp ? 1 : tp / c->kv_groups;
+    m->Fl = c->ffn_hidden / tp;
+    m->Vl = c->padded_vocab / tp;
+    m->v0 = r * m->Vl;
+    int L = c->num_layers, C = c->hidden, Q = qkv_local(m), F = m->Fl, AH = m->NHl * HD;
     int cap = 8 + L * NLAYER_T;
     m->tensors = calloc((size_t)cap, sizeof *m->tensors);
     m->t_layer = malloc(sizeof(int) * (size_t)L * NLAYER_T);
@@ -122,7 +218,21 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     if (!m->tensors || !m->t_layer || !m->acts) goto nomem;
 
     float std = c->init_std, ostd = c->init_std / sqrtf(2.0f * (float)L);
-    m->t_wte = add_tensor(m, cap, "embedding.word_embeddings.weight", c->padded_vocab, C, true, std, false);
+    bool par = tp > 1;
+    /* this rank's slices (gpt.h): vocabulary rows, qkv rows (q heads, then k, then v
+     * groups), fc1 rows (the gate and the up half each), proj and fc2 columns */
+    gpt_piece pv[1] = {{0, m->v0, m->Vl, 1}};
+    gpt_piece pq[3] = {{0, r * m->NHl * HD, m->NHl * HD, 1},
+                       {m->NHl * HD, (c->heads + m->kv0) * HD, m->NKVl * HD, kv_share},
+                       {(m->NHl + m->NKVl) * HD, (c->heads + c->kv_groups + m->kv0) * HD, m->NKVl * HD, kv_share}};
+    gpt_piece pf[2] = {{0, r * m->Fl, m->Fl, 1}, {m->Fl, c->ffn_hidden + r * m->Fl, m->Fl, 1}};
+    gpt_piece pa[1] = {{0, r * AH, AH, 1}};
+    gpt_piece pc[1] = {{0, r * m->Fl, m->Fl, 1}};
+    int nf = c->swiglu ? 2 : 1;
+#define ROWS(p, n) GPT_TP_ROWS, par ? (p) : NULL, (n)
+#define COLS(p, n) GPT_TP_COLS, par ? (p) : NULL, (n)
+    m->t_wte = add_split(m, cap, "embedding.word_embeddings.weight", c->padded_vocab, C, ROWS(pv, 1), true, std,
+                         false);
     m->t_wpe = c->rope ? -1
                        : add_tensor(m, cap, "embedding.position_embeddings.weight", c->max_positions, C, true,
                                     std, false);
@@ -133,21 +243,32 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
 #define NAME(s) (snprintf(name, sizeof name, "layers.%d.%s", l, s), name)
         t[LN1_W] = add_tensor(m, cap, NAME("input_norm.weight"), C, 0, false, 0, true);
         if (!c->rmsnorm) t[LN1_B] = add_tensor(m, cap, NAME("input_norm.bias"), C, 0, false, 0, false);
-        t[QKV_W] = add_tensor(m, cap, NAME("attention.qkv.weight"), Q, C, true, std, false);
-        if (c->bias) t[QKV_B] = add_tensor(m, cap, NAME("attention.qkv.bias"), Q, 0, false, 0, false);
-        t[PROJ_W] = add_tensor(m, cap, NAME("attention.proj.weight"), C, AH, true, ostd, false);
+        int GQ = qkv_width(c), GA = c->heads * HD;
+        t[QKV_W] = add_split(m, cap, NAME("attention.qkv.weight"), GQ, C, ROWS(pq, 3), true, std, false);
+        if (c->bias) t[QKV_B] = add_split(m, cap, NAME("attention.qkv.bias"), GQ, 0, ROWS(pq, 3), false, 0, false);
+        t[PROJ_W] = add_split(m, cap, NAME("attention.proj.weight"), C, GA, COLS(pa, 1), true, ostd, false);
         if (c->bias) t[PROJ_B] = add_tensor(m, cap, NAME("attention.proj.bias"), C, 0, false, 0, false);
         t[LN2_W] = add_tensor(m, cap, NAME("mlp_norm.weight"), C, 0, false, 0, true);
         if (!c->rmsnorm) t[LN2_B] = add_tensor(m, cap, NAME("mlp_norm.bias"), C, 0, false, 0, false);
-        t[FC1_W] = add_tensor(m, cap, NAME("mlp.fc1.weight"), fc1_width(c), C, true, std, false);
-        if (c->bias) t[FC1_B] = add_tensor(m, cap, NAME("mlp.fc1.bias"), fc1_width(c), 0, false, 0, false);
-        t[FC2_W] = add_tensor(m, cap, NAME("mlp.fc2.weight"), C, F, true, ostd, false);
+        t[FC1_W] = add_split(m, cap, NAME("mlp.fc1.weight"), fc1_width(c), C, ROWS(pf, nf), true, std, false);
+        if (c->bias)
+            t[FC1_B] = add_split(m, cap, NAME("mlp.fc1.bias"), fc1_width(c), 0, ROWS(pf, nf), false, 0, false);
+        t[FC2_W] = add_split(m, cap, NAME("mlp.fc2.weight"), C, c->ffn_hidden, COLS(pc, 1), true, ostd, false);
         if (c->bias) t[FC2_B] = add_tensor(m, cap, NAME("mlp.fc2.bias"), C, 0, false, 0, false);
 #undef NAME
+        /* sequence parallelism: the norms and the row-parallel biases see this rank's tokens only */
+        int sp_t[] = {LN1_W, LN1_B, LN2_W, LN2_B, PROJ_B, FC2_B};
+        for (size_t k = 0; k < sizeof sp_t / sizeof sp_t[0]; k++)
+            if (t[sp_t[k]] >= 0) m->tensors[t[sp_t[k]]].partial_grad = m->sp;
     }
     m->t_lnf_w = add_tensor(m, cap, "final_norm.weight", C, 0, false, 0, true);
     m->t_lnf_b = c->rmsnorm ? -1 : add_tensor(m, cap, "final_norm.bias", C, 0, false, 0, false);
-    m->t_lm = c->tied ? m->t_wte : add_tensor(m, cap, "output_layer.weight", c->padded_vocab, C, true, std, false);
+    m->tensors[m->t_lnf_w].partial_grad = m->sp;
+    if (m->t_lnf_b >= 0) m->tensors[m->t_lnf_b].partial_grad = m->sp;
+    m->t_lm = c->tied ? m->t_wte
+                      : add_split(m, cap, "output_layer.weight", c->padded_vocab, C, ROWS(pv, 1), true, std, false);
+#undef ROWS
+#undef COLS
 
     const kb_ops *o = m->ops;
     m->params = o->alloc(be, m->nparams * sizeof(float));
@@ -159,7 +280,7 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     }
 
     size_t N = (size_t)max_B * max_T;
-    size_t lseN = (size_t)max_B * c->heads * max_T;
+    size_t lseN = (size_t)max_B * m->NHl * max_T;
 #define A(ptr, count) \
     do { if (!((ptr) = o->alloc(be, (count) * sizeof(float)))) goto nomem; } while (0)
     for (int l = 0; l < L; l++) {
@@ -175,21 +296,39 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
         A(a->ln2, N * C);
         A(a->ln2_mean, N);
         A(a->ln2_rstd, N);
-        A(a->fc1, N * fc1_width(c));
+        A(a->fc1, N * fc1_local(m));
         A(a->act, N * F);
     }
     A(m->x_final, N * C);
     A(m->lnf, N * C);
     A(m->lnf_mean, N);
     A(m->lnf_rstd, N);
-    A(m->logits, N * c->padded_vocab);
+    A(m->logits, N * m->Vl);
     A(m->losses, N);
     A(m->dx, N * C);
     A(m->dh, N * C);
     A(m->tmp, N * C);
     A(m->dqkv, N * Q);
     A(m->datt, N * AH);
-    A(m->dbig, N * fc1_width(c));
+    A(m->dbig, N * fc1_local(m));
+    if (par) {
+        A(m->gath, N * C);
+        A(m->dfull, N * C);
+        A(m->dhs, N * C);
+        A(m->ce_mx, N);
+        A(m->ce_all, N * tp);
+        A(m->ce_sums, 2 * N);
+        if (!(m->tok_l = malloc(N * sizeof(int32_t)))) goto nomem;
+        /* gpt_tp_finalize_grads packs the partial gradients: the replicated ones and the
+         * global span of key/value rows several ranks hold */
+        for (int i = 0; i < m->ntensors; i++) {
+            const gpt_tensor *t = &m->tensors[i];
+            if (t->partial_grad) m->tp_buf_n += t->numel;
+            if (kv_share > 1 && t->split == GPT_TP_ROWS && t->npieces == 3)
+                m->tp_buf_n += (size_t)2 * c->kv_groups * HD * (size_t)(t->shape[1] ? t->shape[1] : 1);
+        }
+        if (m->tp_buf_n) A(m->tp_buf, m->tp_buf_n);
+    }
     A(m->dffn, N * F);
     m->host_batch = be->opt.device == KB_DEVICE_CPU;
     if (!m->host_batch) {
@@ -223,10 +362,12 @@ void gpt_destroy(gpt_model **pm) {
     }
     float *ps[] = {m->params, m->grads, m->x_final, m->lnf, m->lnf_mean, m->lnf_rstd, m->logits,
                    m->losses, m->dx, m->dh, m->tmp, m->dqkv, m->datt, m->dbig, m->dffn,
-                   (float *)m->d_tok, (float *)m->d_tgt, (float *)m->d_pos, (float *)m->d_seg, m->d_dscale};
+                   (float *)m->d_tok, (float *)m->d_tgt, (float *)m->d_pos, (float *)m->d_seg, m->d_dscale,
+                   m->gath, m->dfull, m->dhs, m->ce_mx, m->ce_all, m->ce_sums, m->tp_buf};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) if (ps[k]) o->free(be, ps[k]);
     if (m->params16) o->free(be, m->params16);
     free(m->host_losses);
+    free(m->tok_l);
     free(m->acts);
     free(m->t_layer);
     free(m->tensors);
@@ -234,18 +375,53 @@ void gpt_destroy(gpt_model **pm) {
     *pm = NULL;
 }
 
+void gpt_tensor_take_slice(const gpt_tensor *t, const float *global, float *local) {
+    if (t->split == GPT_TP_REPLICATED) {
+        memcpy(local, global, t->numel * sizeof(float));
+        return;
+    }
+    size_t gcols = (size_t)(t->gshape[1] ? t->gshape[1] : 1), lcols = (size_t)(t->shape[1] ? t->shape[1] : 1);
+    for (int k = 0; k < t->npieces; k++) {
+        const gpt_piece *p = &t->piece[k];
+        if (t->split == GPT_TP_ROWS)
+            memcpy(local + (size_t)p->local * lcols, global + (size_t)p->global * gcols, (size_t)p->len * gcols * sizeof(float));
+        else
+            for (int i = 0; i < t->gshape[0]; i++)
+                memcpy(local + (size_t)i * lcols + (size_t)p->local, global + (size_t)i * gcols + (size_t)p->global,
+                       (size_t)p->len * sizeof(float));
+    }
+}
+
 void gpt_init(gpt_model *m, uint64_t seed) {
     co_rng r;
     co_rng_seed(&r, seed);
     memset(m->params, 0, m->nparams * sizeof(float));
+    float *global = NULL; /* tp > 1: the global tensor drawn as one rank draws it, then sliced */
+    size_t gmax = 0;
+    for (int i = 0; i < m->ntensors; i++) {
+        const gpt_tensor *t = &m->tensors[i];
+        size_t gn = (size_t)t->gshape[0] * (size_t)(t->gshape[1] ? t->gshape[1] : 1);
+        if (t->split != GPT_TP_REPLICATED && gn > gmax) gmax = gn;
+    }
+    if (gmax && !(global = malloc(gmax * sizeof(float)))) {
+        m->be->status = co_err_set(CO_ENOMEM, "gpt_init: cannot allocate %zu floats to slice from", gmax);
+        return;
+    }
     for (int i = 0; i < m->ntensors; i++) {
         const gpt_tensor *t = &m->tensors[i];
         float *p = m->params + t->offset;
+        bool sliced = t->split != GPT_TP_REPLICATED;
+        float *d = sliced ? global : p;
+        size_t n = sliced ? (size_t)t->gshape[0] * (size_t)(t->gshape[1] ? t->gshape[1] : 1) : t->numel;
         if (t->init_ones)
-            for (size_t k = 0; k < t->numel; k++) p[k] = 1.0f;
+            for (size_t k = 0; k < n; k++) d[k] = 1.0f;
         else if (t->init_std > 0)
-            for (size_t k = 0; k < t->numel; k++) p[k] = (float)(co_rng_normal(&r) * t->init_std);
+            for (size_t k = 0; k < n; k++) d[k] = (float)(co_rng_normal(&r) * t->init_std);
+        else if (sliced)
+            memset(d, 0, n * sizeof(float));
+        if (sliced) gpt_tensor_take_slice(t, global, p);
     }
+    free(global);
     gpt_sync_bf16(m);
     m->ops->sync(m->be); /* the host may read or overwrite the parameters next (checkpoint load) */
 }
@@ -285,19 +461,107 @@ void gpt_inject_act_flip(gpt_model *m, size_t index, int bit) {
 
 void gpt_zero_grad(gpt_model *m) { m->ops->zero(m->be, m->grads, m->nparams); }
 
+
+/* ---- the tensor group's collectives (a failure sets the backend's sticky status; once
+ * it is set the rest of the pass communicates no more) ---- */
+
+void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms) {
+    m->tpc = tp;
+    m->tp_timeout = timeout_ms;
+}
+
+static bool tp_ok(gpt_model *m, const char *what) {
+    if (m->be->status) return false;
+    if (!m->tpc || m->tpc->size != m->tp || m->tpc->rank != m->tpr) {
+        m->be->status = co_err_set(CO_EINVAL, "%s: the tensor group is not set (gpt_set_tensor_group)", what);
+        return false;
+    }
+    return true;
+}
+
+/* x[n] summed over the group (reduce_from_tensor_region) */
+static void tp_allreduce(gpt_model *m, float *x, size_t n) {
+    if (!tp_ok(m, "tensor-parallel all-reduce")) return;
+    int rc = m->tpc->ops->allreduce_sum(m->tpc, x, n, CM_F32, m->tp_timeout);
+    if (rc) m->be->status = rc;
+}
+
+/* full[N,C] (every rank's) summed, this rank's rows [r N/tp, (r+1) N/tp) into shard */
+static void tp_reduce_scatter(gpt_model *m, float *shard, const float *full, size_t shard_n) {
+    if (!tp_ok(m, "tensor-parallel reduce-scatter")) return;
+    int rc = m->tpc->ops->reduce_scatter_sum(m->tpc, full, shard, shard_n, CM_F32, m->tp_timeout);
+    if (rc) m->be->status = rc;
+}
+
+/* full = every rank's shard, in rank order */
+static void tp_allgather(gpt_model *m, float *full, const float *shard, size_t shard_n) {
+    if (!tp_ok(m, "tensor-parallel all-gather")) return;
+    int rc = m->tpc->ops->allgather(m->tpc, shard, full, shard_n * sizeof(float), m->tp_timeout);
+    if (rc) m->be->status = rc;
+}
+
+int gpt_tp_finalize_grads(gpt_model *m) {
+    if (m->tp == 1 || !m->tp_buf_n) return kb_backend_status(m->be);
+    const gpt_config *c = &m->cfg;
+    int HD = c->head_dim;
+    size_t k = 0;
+    /* pack: partial replicated gradients whole; shared key/value rows at their place in the
+     * global span [NH HD, (NH + 2 NKV) HD) of rows, zeros where this rank holds none */
+    memset(m->tp_buf, 0, m->tp_buf_n * sizeof(float));
+    for (int pass = 0; pass < 2; pass++) {
+        k = 0;
+        for (int i = 0; i < m->ntensors; i++) {
+            const gpt_tensor *t = &m->tensors[i];
+            float *g = m->grads + t->offset;
+            if (t->partial_grad) {
+                if (pass == 0) memcpy(m->tp_buf + k, g, t->numel * sizeof(float));
+                else memcpy(g, m->tp_buf + k, t->numel * sizeof(float));
+                k += t->numel;
+            }
+            if (t->split == GPT_TP_ROWS && t->npieces == 3 && t->piece[1].share > 1) {
+                size_t cols = (size_t)(t->shape[1] ? t->shape[1] : 1), base = (size_t)c->heads * HD;
+                for (int q = 1; q < 3; q++) {
+                    const gpt_piece *p = &t->piece[q];
+                    float *span = m->tp_buf + k + ((size_t)p->global - base) * cols;
+                    float *loc = g + (size_t)p->local * cols;
+                    if (pass == 0) memcpy(span, loc, (size_t)p->len * cols * sizeof(float));
+                    else memcpy(loc, span, (size_t)p->len * cols * sizeof(float));
+                }
+                k += (size_t)2 * c->kv_groups * HD * cols;
+            }
+        }
+        if (pass == 0) tp_allreduce(m, m->tp_buf, k);
+        if (kb_backend_status(m->be)) return kb_backend_status(m->be);
+    }
+    return 0;
+}
+
 /* Dropout stream offsets: each dropout site of a micro batch gets its own counter range. */
 static uint64_t site(int layer, int which) { return ((uint64_t)(layer + 1) * 8u + (uint64_t)which) << 40; }
+
+/* The seed of dropout inside the tensor region (this rank's attention heads): Megatron's
+ * seed + 2718 + tp_rank under tensor parallelism; the plain seed at tp 1. */
+static uint64_t tp_seed(const gpt_model *m, uint64_t seed) { return m->tp > 1 ? seed + 2718u + (uint64_t)m->tpr : seed; }
 
 double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, const float *dscale,
                    float *losses) {
     const gpt_config *c = &m->cfg;
     const kb_ops *o = m->ops;
     kb_backend *be = m->be;
-    int B = b->B, T = b->T, N = B * T, C = c->hidden, Q = qkv_width(c), F = c->ffn_hidden;
-    int AH = c->heads * c->head_dim;
+    int B = b->B, T = b->T, N = B * T, C = c->hidden, Q = qkv_local(m), F = m->Fl, F1 = fc1_local(m);
+    int AH = m->NHl * c->head_dim, NH = m->NHl, NKV = m->NKVl, V = m->Vl;
+    bool par = m->tp > 1, sp = m->sp;
+    /* rows of the token-wise part on this rank: all N, or its N/tp under sequence parallelism */
+    int Nl = sp ? N / m->tp : N;
+    size_t NlC = (size_t)Nl * C;
+    uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0; /* its first element's global index */
     float ph = train ? c->hidden_dropout : 0.0f, pa = train ? c->attention_dropout : 0.0f;
     m->last_B = B;
     m->last_T = T;
+    if (sp && N % m->tp) {
+        be->status = co_err_set(CO_EINVAL, "sequence parallelism: %d tokens do not split over %d ranks", N, m->tp);
+        return NAN;
+    }
     const int32_t *tokens = b->tokens, *positions = b->positions, *seg = b->seg, *targets = b->targets;
     if (!m->host_batch) {
         /* into backend memory, in order with the queued work (the previous micro batch's
@@ -324,39 +588,73 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
     }
 
     float *x = m->acts[0].x_in;
-    o->embed_forward(be, x, tokens, positions, P(m, m->t_wte), P(m, m->t_wpe), N, C);
-    if (ph > 0) o->dropout(be, x, x, (size_t)N * C, ph, seed, site(-1, 0));
+    if (!par) {
+        o->embed_forward(be, x, tokens, positions, P(m, m->t_wte), P(m, m->t_wpe), N, C);
+    } else {
+        /* vocabulary-parallel embedding: this shard's rows, zero for other ids, summed over
+         * the group (reduce-scattered to the token shards under sequence parallelism); the
+         * position rows added once, by rank 0 (a sum with zeros: the one-rank values) */
+        for (int n = 0; n < N; n++) {
+            int32_t id = b->tokens[n] - m->v0;
+            m->tok_l[n] = id >= 0 && id < V ? id : -1;
+        }
+        float *e = sp ? m->gath : x;
+        o->embed_forward(be, e, m->tok_l, positions, P(m, m->t_wte), m->tpr == 0 ? P(m, m->t_wpe) : NULL, N, C);
+        if (sp) tp_reduce_scatter(m, x, e, NlC);
+        else tp_allreduce(m, x, (size_t)N * C);
+    }
+    if (ph > 0) o->dropout(be, x, x, NlC, ph, seed, site(-1, 0) + hoff);
 
     for (int l = 0; l < c->num_layers; l++) {
         layer_acts *a = &m->acts[l];
         const int *t = &m->t_layer[l * NLAYER_T];
         float *x_out = l + 1 < c->num_layers ? m->acts[l + 1].x_in : m->x_final;
         o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, P(m, t[LN1_W]),
-                        P(m, t[LN1_B]), N, C, c->norm_eps);
-        o->linear_forward(be, a->qkv, a->ln1, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), N, C, Q);
-        if (c->rope) o->rope(be, a->qkv, positions, N, c->heads, c->kv_groups, c->head_dim, c->rotary_base, false);
-        o->attention_forward(be, a->att, a->lse, a->qkv, seg, B, T, c->heads, c->kv_groups, c->head_dim, pa,
-                             seed, site(l, 1));
-        /* x_mid = x_in + dropout(att Wproj^T + b) */
-        o->linear_forward(be, m->tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, C);
-        if (ph > 0) o->dropout(be, m->tmp, m->tmp, (size_t)N * C, ph, seed, site(l, 2));
-        o->add(be, a->x_mid, a->x_in, m->tmp, (size_t)N * C);
+                        P(m, t[LN1_B]), Nl, C, c->norm_eps);
+        /* column-parallel qkv (its input all-gathered under sequence parallelism) */
+        const float *in1 = a->ln1;
+        if (sp) tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
+        o->linear_forward(be, a->qkv, in1, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), N, C, Q);
+        if (c->rope) o->rope(be, a->qkv, positions, N, NH, NKV, c->head_dim, c->rotary_base, false);
+        o->attention_forward(be, a->att, a->lse, a->qkv, seg, B, T, NH, NKV, c->head_dim, pa, tp_seed(m, seed),
+                             site(l, 1));
+        /* row-parallel proj: x_mid = x_in + dropout(sum over the group of att Wproj^T, + b) */
+        float *tmp = m->tmp;
+        if (!par) {
+            o->linear_forward(be, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, C);
+        } else {
+            o->linear_forward(be, sp ? m->dfull : tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), NULL, N, AH, C);
+            if (sp) tp_reduce_scatter(m, tmp, m->dfull, NlC);
+            else tp_allreduce(m, tmp, NlC);
+            if (t[PROJ_B] >= 0) o->bias_add(be, tmp, P(m, t[PROJ_B]), Nl, C);
+        }
+        if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 2) + hoff);
+        o->add(be, a->x_mid, a->x_in, tmp, NlC);
         o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]),
-                        P(m, t[LN2_B]), N, C, c->norm_eps);
-        o->linear_forward(be, a->fc1, a->ln2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, fc1_width(c));
+                        P(m, t[LN2_B]), Nl, C, c->norm_eps);
+        const float *in2 = a->ln2;
+        if (sp) tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
+        o->linear_forward(be, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
         if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, N, F);
         else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
-        o->linear_forward(be, m->tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, C);
-        if (ph > 0) o->dropout(be, m->tmp, m->tmp, (size_t)N * C, ph, seed, site(l, 3));
-        o->add(be, x_out, a->x_mid, m->tmp, (size_t)N * C);
+        if (!par) {
+            o->linear_forward(be, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, C);
+        } else {
+            o->linear_forward(be, sp ? m->dfull : tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), NULL, N, F, C);
+            if (sp) tp_reduce_scatter(m, tmp, m->dfull, NlC);
+            else tp_allreduce(m, tmp, NlC);
+            if (t[FC2_B] >= 0) o->bias_add(be, tmp, P(m, t[FC2_B]), Nl, C);
+        }
+        if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 3) + hoff);
+        o->add(be, x_out, a->x_mid, tmp, NlC);
     }
     o->norm_forward(be, c->rmsnorm, m->lnf, m->lnf_mean, m->lnf_rstd, m->x_final, P(m, m->t_lnf_w),
-                    P(m, m->t_lnf_b), N, C, c->norm_eps);
+                    P(m, m->t_lnf_b), Nl, C, c->norm_eps);
     if (m->act_flip) {
         /* an injected silent corruption of one activation (resilience/inject.h): the
          * final norm's output, which the output layer and its gradients read */
         uint32_t u;
-        size_t n = (size_t)N * (size_t)C, i = m->act_flip_index % n;
+        size_t n = NlC, i = m->act_flip_index % n;
         /* the first element from there below 1 in magnitude: a high exponent bit then
          * turns it into a huge value instead of a tiny one */
         o->sync(be); /* the norm's output is written before the host reads it (CUDA) */
@@ -366,12 +664,32 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
         memcpy(&m->lnf[i], &u, sizeof u);
         m->act_flip = false;
     }
-    o->linear_forward(be, m->logits, m->lnf, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, c->padded_vocab);
+    const float *inf = m->lnf;
+    if (sp) tp_allgather(m, m->gath, m->lnf, NlC), inf = m->gath;
+    /* the output layer: column-parallel over the vocabulary */
+    o->linear_forward(be, m->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, V);
     if (!dscale) {
         o->sync(be); /* sampling: the logits stay readable by the host */
         return 0.0;
     }
-    o->cross_entropy(be, m->losses, m->logits, targets, dscale, N, c->padded_vocab);
+    if (!par) {
+        o->cross_entropy(be, m->losses, m->logits, targets, dscale, N, V);
+    } else {
+        /* vocabulary-parallel cross-entropy: the row max over the group (gathered, then the
+         * max taken here: exact), the sums of exponentials and the target logit summed */
+        o->ce_max(be, m->ce_mx, m->logits, N, V);
+        tp_allgather(m, m->ce_all, m->ce_mx, (size_t)N);
+        if (!be->status)
+            for (int n = 0; n < N; n++) {
+                float mx = m->ce_all[n];
+                for (int k = 1; k < m->tp; k++) mx = m->ce_all[(size_t)k * N + n] > mx ? m->ce_all[(size_t)k * N + n] : mx;
+                m->ce_mx[n] = mx;
+            }
+        o->ce_sums(be, m->ce_sums, m->logits, m->ce_mx, targets, m->v0, N, V);
+        tp_allreduce(m, m->ce_sums, (size_t)2 * N);
+        o->ce_grad(be, m->losses, m->logits, m->ce_mx, m->ce_sums, targets, dscale, m->v0, c->padded_vocab, N, V);
+    }
+    if (be->status) return NAN;
     const float *ls = m->losses;
     if (!m->host_batch) {
         o->copy(be, m->host_losses, m->losses, sizeof(float) * (size_t)N); /* waits for the forward */
@@ -384,6 +702,7 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
 }
 
 const float *gpt_last_logits(gpt_model *m, int b, int t) {
+    if (m->tp > 1) return NULL;
     return m->logits + ((size_t)b * m->last_T + (size_t)t) * m->cfg.padded_vocab;
 }
 
@@ -391,21 +710,37 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
     const gpt_config *c = &m->cfg;
     const kb_ops *o = m->ops;
     kb_backend *be = m->be;
-    int B = b->B, T = b->T, N = B * T, C = c->hidden, Q = qkv_width(c), F = c->ffn_hidden;
-    int AH = c->heads * c->head_dim;
+    int B = b->B, T = b->T, N = B * T, C = c->hidden, Q = qkv_local(m), F = m->Fl, F1 = fc1_local(m);
+    int AH = m->NHl * c->head_dim, NH = m->NHl, NKV = m->NKVl, V = m->Vl;
+    bool par = m->tp > 1, sp = m->sp;
+    int Nl = sp ? N / m->tp : N;
+    size_t NlC = (size_t)Nl * C;
+    uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0;
     float ph = c->hidden_dropout, pa = c->attention_dropout;
-    size_t NC = (size_t)N * C;
     /* the batch as the last forward copied it (CPU: the caller's arrays) */
     const int32_t *tokens = m->host_batch ? b->tokens : m->d_tok;
     const int32_t *positions = m->host_batch || !b->positions ? b->positions : m->d_pos;
     const int32_t *seg = m->host_batch || !b->seg ? b->seg : m->d_seg;
+    if (par) tokens = m->tok_l;
+    /* Under tensor parallelism the input gradient of a column-parallel layer is a part:
+     * summed over the group into dh (reduce-scattered to this rank's tokens under sequence
+     * parallelism); the gradient a row-parallel layer receives is the token shards'
+     * all-gathered. */
+    float *dh_part = sp ? m->dfull : m->dh;
+#define INPUT_GRAD_SUM()                                               \
+    do {                                                               \
+        if (sp) tp_reduce_scatter(m, m->dh, m->dfull, NlC);            \
+        else if (par) tp_allreduce(m, m->dh, NlC);                     \
+    } while (0)
 
     /* LM head: logits hold dloss/dlogits */
-    o->linear_backward(be, m->dh, G(m, m->t_lm), NULL, m->logits, m->lnf, P(m, m->t_lm), P16(m, m->t_lm), N, C,
-                       c->padded_vocab);
-    o->zero(be, m->dx, NC);
+    const float *inf = m->lnf;
+    if (sp) tp_allgather(m, m->gath, m->lnf, NlC), inf = m->gath;
+    o->linear_backward(be, dh_part, G(m, m->t_lm), NULL, m->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C, V);
+    INPUT_GRAD_SUM();
+    o->zero(be, m->dx, NlC);
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, m->t_lnf_w), G(m, m->t_lnf_b), m->dh, m->x_final,
-                     P(m, m->t_lnf_w), m->lnf_mean, m->lnf_rstd, N, C);
+                     P(m, m->t_lnf_w), m->lnf_mean, m->lnf_rstd, Nl, C);
 
     for (int l = c->num_layers - 1; l >= 0; l--) {
         layer_acts *a = &m->acts[l];
@@ -413,37 +748,60 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
         /* MLP branch: dmlp = dropout'(dx) */
         const float *dmlp = m->dx;
         if (ph > 0) {
-            o->dropout(be, m->tmp, m->dx, NC, ph, seed, site(l, 3));
+            o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 3) + hoff);
             dmlp = m->tmp;
         }
-        o->linear_backward(be, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
-                           P16(m, t[FC2_W]), N, F, C);
+        if (!par) {
+            o->linear_backward(be, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                               P16(m, t[FC2_W]), N, F, C);
+        } else {
+            if (t[FC2_B] >= 0) o->bias_grad(be, G(m, t[FC2_B]), dmlp, Nl, C);
+            if (sp) tp_allgather(m, m->dfull, dmlp, NlC), dmlp = m->dfull;
+            o->linear_backward(be, m->dffn, G(m, t[FC2_W]), NULL, dmlp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), N,
+                               F, C);
+        }
         if (c->swiglu) o->swiglu_backward(be, m->dbig, m->dffn, a->fc1, N, F);
         else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
-        o->linear_backward(be, m->dh, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, a->ln2, P(m, t[FC1_W]),
-                           P16(m, t[FC1_W]), N, C, fc1_width(c));
+        const float *in2 = a->ln2;
+        if (sp) tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
+        o->linear_backward(be, dh_part, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]),
+                           P16(m, t[FC1_W]), N, C, F1);
+        INPUT_GRAD_SUM();
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN2_W]), G(m, t[LN2_B]), m->dh, a->x_mid,
-                         P(m, t[LN2_W]), a->ln2_mean, a->ln2_rstd, N, C);
+                         P(m, t[LN2_W]), a->ln2_mean, a->ln2_rstd, Nl, C);
         /* attention branch */
         const float *datt_out = m->dx;
         if (ph > 0) {
-            o->dropout(be, m->tmp, m->dx, NC, ph, seed, site(l, 2));
+            o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 2) + hoff);
             datt_out = m->tmp;
         }
-        o->linear_backward(be, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
-                           P16(m, t[PROJ_W]), N, AH, C);
-        o->attention_backward(be, m->dqkv, m->datt, a->qkv, a->att, a->lse, seg, B, T, c->heads, c->kv_groups,
-                              c->head_dim, pa, seed, site(l, 1));
-        if (c->rope)
-            o->rope(be, m->dqkv, positions, N, c->heads, c->kv_groups, c->head_dim, c->rotary_base, true);
-        o->linear_backward(be, m->dh, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, a->ln1, P(m, t[QKV_W]),
+        if (!par) {
+            o->linear_backward(be, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
+                               P16(m, t[PROJ_W]), N, AH, C);
+        } else {
+            if (t[PROJ_B] >= 0) o->bias_grad(be, G(m, t[PROJ_B]), datt_out, Nl, C);
+            if (sp) tp_allgather(m, m->dfull, datt_out, NlC), datt_out = m->dfull;
+            o->linear_backward(be, m->datt, G(m, t[PROJ_W]), NULL, datt_out, a->att, P(m, t[PROJ_W]),
+                               P16(m, t[PROJ_W]), N, AH, C);
+        }
+        o->attention_backward(be, m->dqkv, m->datt, a->qkv, a->att, a->lse, seg, B, T, NH, NKV, c->head_dim, pa,
+                              tp_seed(m, seed), site(l, 1));
+        if (c->rope) o->rope(be, m->dqkv, positions, N, NH, NKV, c->head_dim, c->rotary_base, true);
+        const float *in1 = a->ln1;
+        if (sp) tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
+        o->linear_backward(be, dh_part, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
                            P16(m, t[QKV_W]), N, C, Q);
+        INPUT_GRAD_SUM();
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN1_W]), G(m, t[LN1_B]), m->dh, a->x_in, P(m, t[LN1_W]),
-                         a->ln1_mean, a->ln1_rstd, N, C);
+                         a->ln1_mean, a->ln1_rstd, Nl, C);
     }
-    if (ph > 0) o->dropout(be, m->dx, m->dx, NC, ph, seed, site(-1, 0));
-    o->embed_backward(be, G(m, m->t_wte), G(m, m->t_wpe), m->dx, tokens, positions, N, C,
-                      c->padded_vocab);
+#undef INPUT_GRAD_SUM
+    if (ph > 0) o->dropout(be, m->dx, m->dx, NlC, ph, seed, site(-1, 0) + hoff);
+    /* the embedding: every rank adds the full gradient of the position rows (identical on
+     * all of them) and of its vocabulary shard's word rows */
+    const float *demb = m->dx;
+    if (sp) tp_allgather(m, m->dfull, m->dx, NlC), demb = m->dfull;
+    o->embed_backward(be, G(m, m->t_wte), G(m, m->t_wpe), demb, tokens, positions, N, C, V);
     o->sync(be); /* the gradients are complete before the host (all-reduce, clipping) reads them */
 }
 

@@ -6,7 +6,28 @@
  * micro batch are allocated once at the largest batch shape and reused.
  *
  * Shapes: B micro batch, T sequence, C hidden, L layers, NH query heads, NKV key/value
- * groups, HD head dimension, F MLP hidden, Vp padded vocabulary, N = B*T. */
+ * groups, HD head dimension, F MLP hidden, Vp padded vocabulary, N = B*T.
+ *
+ * Tensor parallelism (tp > 1, Megatron's layers, parallelism-facts.md §1): rank r of the
+ * tensor group holds a slice of every split tensor and computes its part of each layer:
+ *   column-parallel (split output rows, no communication forward, input gradient summed
+ *     over the group): attention.qkv (NH/tp query heads and NKV/tp groups; with NKV < tp
+ *     the one group its heads use, held by tp/NKV ranks), mlp.fc1 (F/tp rows of the gate
+ *     and of the up half separately under SwiGLU), output_layer (Vp/tp vocabulary rows);
+ *   row-parallel (split input columns, output summed over the group, bias after the sum):
+ *     attention.proj, mlp.fc2;
+ *   vocabulary-parallel: the word embedding (rows [r Vp/tp, (r+1) Vp/tp), other ids give
+ *     zero rows, summed over the group) and the cross-entropy (max, target logit and sum of
+ *     exponentials reduced over the group; no rank holds full-vocabulary logits);
+ *   replicated: norms, position embedding, row-parallel biases.
+ * With sequence_parallel the token-wise part (norms, dropout, residual) runs on this rank's
+ * N/tp rows (contiguous in the [B*T] token order): all-gather before a column-parallel
+ * layer, reduce-scatter after a row-parallel one, and the replicated parameters' gradients
+ * are partial per rank (summed by gpt_tp_finalize_grads). Dropout inside the tensor region
+ * (attention probabilities of this rank's heads) is keyed by seed + 2718 + r, as Megatron's
+ * tensor-parallel RNG; dropout on the hidden state by the global element index, so tp and
+ * sequence parallelism draw the same masks as one rank. A collective that fails records its
+ * error in the backend's sticky status (kb_backend_status). */
 #ifndef COHORT_MODEL_GPT_H
 #define COHORT_MODEL_GPT_H
 
@@ -35,13 +56,32 @@ typedef struct gpt_config {
     bool bias;            /* biases in linear layers */
     float init_std;
     float hidden_dropout, attention_dropout;
+    int tp, tp_rank;      /* tensor-parallel size (0 or 1: none) and this rank in the group */
+    bool sequence_parallel;
 } gpt_config;
+
+/* How the tensor group splits a tensor: not at all (every rank holds it whole), along its
+ * rows (dimension 0) or its columns (dimension 1). */
+typedef enum { GPT_TP_REPLICATED = 0, GPT_TP_ROWS = 1, GPT_TP_COLS = 2 } gpt_tp_split;
+
+/* One contiguous run of this rank's slice along the split dimension: local index, global
+ * index, length, and how many ranks of the tensor group hold the same run (1: this rank
+ * alone; tp: all of them). */
+typedef struct gpt_piece {
+    int local, global, len, share;
+} gpt_piece;
 
 typedef struct gpt_tensor {
     char name[64];        /* global name, e.g. "layers.3.attn.qkv.weight" */
     int ndim;
-    int shape[2];
+    int shape[2];         /* this rank's shape (the global one at tp 1) */
     size_t offset, numel; /* in floats, into the flat buffers */
+    int gshape[2];        /* the global shape: the tensor at tp 1 */
+    int split;            /* gpt_tp_split */
+    int npieces;          /* this rank's slice: runs of the split dimension (of rows when */
+    gpt_piece piece[3];   /*   replicated: one run of every row, share tp) */
+    bool partial_grad;    /* replicated, but each rank's gradient is a part (sequence
+                           * parallelism): gpt_tp_finalize_grads sums it over the group */
     bool decay;           /* weight decay applies (weight matrices and embeddings) */
     float init_std;       /* 0: ones (norm weights) or zeros (biases), see init_ones */
     bool init_ones;
@@ -59,17 +99,38 @@ typedef struct gpt_batch {
 
 typedef struct gpt_model gpt_model;
 
-/* Padded vocabulary size as Megatron computes it. */
+/* Padded vocabulary size as Megatron computes it (pass divisible_by x tp under tensor
+ * parallelism). */
 int gpt_padded_vocab(int vocab, int divisible_by);
+
+/* Whether cfg can be split over its tensor group: 0, or CO_EINVAL with co_err_detail()
+ * naming what does not divide (heads, query groups, ffn, vocabulary, sequence under
+ * sequence parallelism when max_T > 0). */
+int gpt_tp_check(const gpt_config *cfg, int max_T);
 
 /* Creates the model for micro batches of at most max_B x max_T tokens. Parameters and
  * gradients are allocated (gradients zeroed) but not initialised: call gpt_init. */
 int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, int max_T);
 void gpt_destroy(gpt_model **m);
 
+struct cm_comm;
+/* The tensor group's communicator (cfg.tp ranks, this one cfg.tp_rank); required before
+ * the first forward when tp > 1, NULL at tp 1. Collectives wait at most timeout_ms. */
+void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms);
+
+/* This rank's slice of a tensor: local[t->numel] from global[gshape[0] x gshape[1]]. */
+void gpt_tensor_take_slice(const gpt_tensor *t, const float *global, float *local);
+
+/* After the last backward of a step (tp > 1): sums over the tensor group the gradients
+ * that are partial per rank (sequence-parallel norms and biases; key/value rows that
+ * several ranks hold when NKV < tp). Returns 0 or the collective's error. */
+int gpt_tp_finalize_grads(gpt_model *m);
+
 /* Megatron's initialisation: normal(0, init_std) for weights and embeddings, output
  * projections (attention proj, MLP fc2) normal(0, init_std / sqrt(2 L)), biases 0, norm
- * weights 1; drawn from a generator seeded with seed. */
+ * weights 1; drawn from a generator seeded with seed. Under tensor parallelism every rank
+ * draws the global tensors as one rank would and keeps its slice (Megatron's
+ * --use-cpu-initialization), so a tp run starts from the weights of the tp 1 run. */
 void gpt_init(gpt_model *m, uint64_t seed);
 
 size_t gpt_num_params(const gpt_model *m);
@@ -111,7 +172,7 @@ void gpt_zero_grad(gpt_model *m);
 void gpt_inject_act_flip(gpt_model *m, size_t index, int bit);
 
 /* Logits of position t of sequence b after a forward with dscale = NULL: Vp floats, valid
- * until the next forward. */
+ * until the next forward. NULL under tensor parallelism (each rank holds Vp/tp). */
 const float *gpt_last_logits(gpt_model *m, int b, int t);
 
 /* Model FLOPs of one sample of seq_len tokens, forward + backward, by Megatron's formula

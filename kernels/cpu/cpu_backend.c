@@ -68,6 +68,11 @@ static const kb_ops cpu_ops = {
     .sumsq = cpu_sumsq,
     .adamw = cpu_adamw,
     .adamw_checksum = cpu_adamw_checksum,
+    .bias_add = cpu_bias_add,
+    .bias_grad = cpu_bias_grad,
+    .ce_max = cpu_ce_max,
+    .ce_sums = cpu_ce_sums,
+    .ce_grad = cpu_ce_grad,
 };
 
 /* Attention through the variant compiled for this CPU's level (kernels/meson.build builds

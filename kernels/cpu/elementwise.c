@@ -62,6 +62,12 @@ void cpu_embed_forward(kb_backend *b, float *out, const int32_t *tok, const int3
 #pragma omp parallel for schedule(static) num_threads(st->threads)
     for (int n = 0; n < N; n++) {
         float *o = out + (size_t)n * C;
+        if (tok[n] < 0) {
+            /* another vocabulary shard's token: zero here (plus the position) */
+            if (wpe) memcpy(o, wpe + (size_t)pos[n] * C, (size_t)C * sizeof(float));
+            else memset(o, 0, (size_t)C * sizeof(float));
+            continue;
+        }
         const float *e = wte + (size_t)tok[n] * C;
         if (wpe) {
             const float *p = wpe + (size_t)pos[n] * C;
@@ -84,8 +90,10 @@ void cpu_embed_backward(kb_backend *b, float *dwte, float *dwpe, const float *do
         int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
         for (int n = 0; n < N; n++) {
             const float *d = dout + (size_t)n * C;
-            float *e = dwte + (size_t)tok[n] * C;
-            for (int c = c0; c < c1; c++) e[c] += d[c];
+            if (tok[n] >= 0) {
+                float *e = dwte + (size_t)tok[n] * C;
+                for (int c = c0; c < c1; c++) e[c] += d[c];
+            }
             if (dwpe) {
                 float *p = dwpe + (size_t)pos[n] * C;
                 for (int c = c0; c < c1; c++) p[c] += d[c];
@@ -395,6 +403,63 @@ void cpu_cross_entropy(kb_backend *b, float *losses, float *logits, const int32_
         }
         for (int j = 0; j < Vp; j++) x[j] = cpu_expf(x[j] - lse) * ds;
         if (valid) x[tg] -= ds;
+    }
+}
+
+/* ---- vocabulary-parallel cross-entropy (backend.h: ce_max, ce_sums, ce_grad) ---- */
+
+void cpu_ce_max(kb_backend *b, float *mx, const float *logits, int N, int V) {
+    cpu_state *st = cpu_st(b);
+#pragma omp parallel for schedule(static) num_threads(st->threads)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * V;
+        float m[LANES];
+        for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
+        int i = 0;
+        for (; i + LANES <= V; i += LANES)
+            for (int l = 0; l < LANES; l++) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+        for (int l = 0; i < V; i++, l++) m[l] = x[i] > m[l] ? x[i] : m[l];
+        float r = m[0];
+        for (int l = 1; l < LANES; l++) r = m[l] > r ? m[l] : r;
+        mx[n] = r;
+    }
+}
+
+void cpu_ce_sums(kb_backend *b, float *sums, const float *logits, const float *mx, const int32_t *targets, int v0,
+                 int N, int V) {
+    cpu_state *st = cpu_st(b);
+#pragma omp parallel for schedule(static) num_threads(st->threads)
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * V;
+        float m = mx[n], acc[LANES] = {0};
+        int i = 0;
+        for (; i + LANES <= V; i += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += cpu_expf(x[i + l] - m);
+        for (int l = 0; i < V; i++, l++) acc[l] += cpu_expf(x[i] - m);
+        sums[n] = lane_sum(acc);
+        int t = targets[n] - v0;
+        sums[N + n] = t >= 0 && t < V ? x[t] - m : 0.0f;
+    }
+}
+
+void cpu_ce_grad(kb_backend *b, float *losses, float *logits, const float *mx, const float *sums,
+                 const int32_t *targets, const float *dscale, int v0, int Vt, int N, int V) {
+    cpu_state *st = cpu_st(b);
+#pragma omp parallel for schedule(static) num_threads(st->threads)
+    for (int n = 0; n < N; n++) {
+        float *x = logits + (size_t)n * V;
+        float lse = logf(sums[n]);
+        int tg = targets[n];
+        losses[n] = tg >= 0 && tg < Vt ? lse - sums[N + n] : 0.0f;
+        float ds = dscale ? dscale[n] : 1.0f;
+        if (ds == 0.0f) {
+            memset(x, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float off = mx[n] + lse;
+        for (int j = 0; j < V; j++) x[j] = cpu_expf(x[j] - off) * ds;
+        int t = tg - v0;
+        if (tg >= 0 && tg < Vt && t >= 0 && t < V) x[t] -= ds;
     }
 }
 

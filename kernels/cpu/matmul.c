@@ -139,6 +139,7 @@ static void convert(cpu_state *st, kb_bf16 *dst, const float *src, size_t n) {
 }
 
 static void add_bias(cpu_state *st, float *out, const float *bias, int N, int OC) {
+    if (N <= 0 || OC <= 0) return;
 #pragma omp parallel for schedule(static) num_threads(st->threads)
     for (int n = 0; n < N; n++) {
         float *o = out + (size_t)n * OC;
@@ -153,6 +154,7 @@ static void fill_bias(cpu_state *st, float *out, const float *bias, int N, int O
 
 /* dbias[j] += sum_n dout[n][j]: column blocks in parallel, rows in order within a block. */
 static void col_sums(cpu_state *st, float *dbias, const float *dout, int N, int OC) {
+    if (N <= 0 || OC <= 0) return;
     enum { CB = 64 };
     int nb = (OC + CB - 1) / CB;
 #pragma omp parallel for schedule(static) num_threads(st->threads)
@@ -283,4 +285,10 @@ void cpu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias,
         return;
     }
     bwd_f32(st, din, dW, dout, in, W, N, IC, OC);
+}
+
+void cpu_bias_add(kb_backend *b, float *out, const float *bias, int N, int C) { add_bias(cpu_st(b), out, bias, N, C); }
+
+void cpu_bias_grad(kb_backend *b, float *dbias, const float *dout, int N, int C) {
+    col_sums(cpu_st(b), dbias, dout, N, C);
 }

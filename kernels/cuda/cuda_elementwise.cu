@@ -20,7 +20,7 @@ __global__ void k_embed_fwd(float *__restrict__ out, const int32_t *__restrict__
     size_t total = (size_t)N * C;
     GRID_STRIDE(i, total) {
         size_t n = i / (size_t)C, c = i % (size_t)C;
-        float e = wte[(size_t)tok[n] * C + c];
+        float e = tok[n] >= 0 ? wte[(size_t)tok[n] * C + c] : 0.0f; // < 0: another vocabulary shard's
         out[i] = wpe ? e + wpe[(size_t)pos[n] * C + c] : e;
     }
 }
