@@ -291,9 +291,60 @@ static void test_bad_layouts(void) {
     CHECK(gpt_padded_vocab(37, 2 * 4) == 40);
 }
 
+/* The vocabulary-parallel cross-entropy kernels, the group's reductions done here, against
+ * the full cross-entropy at odd vocabulary sizes (padded as the model pads them), with
+ * masked rows and a target outside the vocabulary. */
+static void test_vocab_parallel_ce(void) {
+    kb_backend *be = NULL;
+    kb_options bo = {.device = KB_DEVICE_CPU, .threads = 1};
+    REQUIRE(kb_backend_new(&be, &bo) == 0);
+    const kb_ops *o = be->ops;
+    int vocabs[] = {37, 101, 50257};
+    for (size_t vi = 0; vi < sizeof vocabs / sizeof vocabs[0]; vi++)
+        for (int tp = 1; tp <= 4; tp++) {
+            int Vt = gpt_padded_vocab(vocabs[vi], 2 * tp), V = Vt / tp, R = 6;
+            float *full = malloc(sizeof(float) * (size_t)R * Vt), *part = malloc(sizeof(float) * (size_t)R * Vt);
+            float lfull[6], lpart[6], ds[6] = {0.5f, 0.25f, 0.0f, 1.0f, 0.125f, 2.0f}, mx[6], all[4][6], sums[4][12];
+            int32_t tgt[6] = {0, (int32_t)vocabs[vi] - 1, 3, (int32_t)(vocabs[vi] / 2), -1, 7 % vocabs[vi]};
+            REQUIRE(full && part);
+            co_rng r;
+            co_rng_seed(&r, (uint64_t)vi * 10u + (uint64_t)tp);
+            for (size_t i = 0; i < (size_t)R * Vt; i++) full[i] = (float)(co_rng_normal(&r) * 4.0);
+            /* shard k holds columns [k V, (k+1) V) of every row */
+            for (int k = 0; k < tp; k++)
+                for (int n = 0; n < R; n++)
+                    memcpy(part + ((size_t)k * R + n) * V, full + (size_t)n * Vt + (size_t)k * V, sizeof(float) * V);
+            o->cross_entropy(be, lfull, full, tgt, ds, R, Vt);
+            for (int k = 0; k < tp; k++) o->ce_max(be, all[k], part + (size_t)k * R * V, R, V);
+            for (int n = 0; n < R; n++) {
+                mx[n] = all[0][n];
+                for (int k = 1; k < tp; k++) mx[n] = all[k][n] > mx[n] ? all[k][n] : mx[n];
+            }
+            float red[12] = {0};
+            for (int k = 0; k < tp; k++) {
+                o->ce_sums(be, sums[k], part + (size_t)k * R * V, mx, tgt, k * V, R, V);
+                for (int i = 0; i < 2 * R; i++) red[i] += sums[k][i];
+            }
+            for (int k = 0; k < tp; k++)
+                o->ce_grad(be, lpart, part + (size_t)k * R * V, mx, red, tgt, ds, k * V, Vt, R, V);
+            for (int n = 0; n < R; n++) {
+                CHECK_CLOSE(lpart[n], lfull[n], 1e-6, 1e-6);
+                for (int k = 0; k < tp; k++)
+                    for (int j = 0; j < V; j++)
+                        CHECK_CLOSE(part[((size_t)k * R + n) * V + j], full[(size_t)n * Vt + (size_t)k * V + j], 1e-7,
+                                    1e-5);
+            }
+            CHECK(lpart[4] == 0.0f); /* no target: no loss */
+            free(full);
+            free(part);
+        }
+    kb_backend_destroy(&be);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     RUN(test_bad_layouts);
     RUN(test_layouts_match_one_rank);
+    RUN(test_vocab_parallel_ce); /* after the forks: this process runs kernels itself */
     return TEST_EXIT();
 }
