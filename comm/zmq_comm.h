@@ -71,6 +71,11 @@ typedef struct cm_zmq_options {
 /* The defaults above. */
 void cm_zmq_options_default(cm_zmq_options *opt);
 
+/* What this process has sent on c's transport (shared by every communicator split from the
+ * same cm_zmq_new) since it was made: payload bytes over ZeroMQ, and bytes it wrote into its
+ * shared-memory segment for the other ranks to read. Call from the communicator's thread. */
+void cm_zmq_traffic(const cm_comm *c, uint64_t *zmq_bytes, uint64_t *shm_bytes);
+
 /* A communicator of `size` ranks in which this process is `rank`; endpoints[r] is the
  * endpoint rank r binds (this process binds endpoints[rank]). opt NULL = defaults.
  * Errors: CO_EINVAL (arguments), CO_EIO (bind/connect), CO_ETIMEOUT (a peer never answered),

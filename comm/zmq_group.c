@@ -135,3 +135,9 @@ const cm_ops cm__zmq_ops = {
     .abort = cm__abort,
     .destroy = cm__destroy,
 };
+
+void cm_zmq_traffic(const cm_comm *c, uint64_t *zmq_bytes, uint64_t *shm_bytes) {
+    const cm__group *g = c->impl;
+    *zmq_bytes = g->tp->zmq_bytes;
+    *shm_bytes = g->tp->shm_bytes;
+}

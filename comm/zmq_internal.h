@@ -90,6 +90,9 @@ typedef struct cm__tp {
     uint64_t *pend_nonce;
     uint8_t *shm_state;   /* [size] CM__SS_* */
     uint8_t *pair;        /* [size * size]: pair[a * size + b] = rank a mapped b's segment */
+    /* traffic (cm_zmq_traffic): payload bytes sent over ZeroMQ, bytes this rank wrote into
+     * its segment for other ranks to read */
+    uint64_t zmq_bytes, shm_bytes;
 } cm__tp;
 
 typedef struct cm__split_rec {

@@ -292,12 +292,14 @@ static int cm__ar_post(cm__ar *a, size_t b) {
     const unsigned char *src = a->buf + bo * es;
     if (a->direct) {
         memcpy(d, src, bc * es);
+        t->shm_bytes += bc * es;
     } else {
         for (int j = 0; j < n; j++) {
             size_t o, l;
             if (j == me) continue;
             cm__seg(bc, n, j, &o, &l);
             memcpy(d + o * es, src + o * es, l * es);
+            t->shm_bytes += l * es;
         }
     }
     sl->count = a->count;
@@ -343,6 +345,7 @@ static int cm__ar_reduce(cm__ar *a, size_t b) {
     }
     cm_shm_seg *own = &t->seg[t->rank];
     cm__sum_n(a->dt, l, src, n, a->buf + (bo + o) * es, a->direct ? NULL : cm_shm_slot_data(own, s) + o * es);
+    if (!a->direct) t->shm_bytes += l * es;
     for (int k = 0; k < n; k++)
         if (k != me) cm__shm_release(t, a->g->world[k], s);
     if (!a->direct) {

@@ -155,12 +155,14 @@ int cm__send_hdr_payload(cm__tp *t, int wdst, const cm__hdr *h, zmq_msg_t *paylo
         zmq_pollitem_t it[2] = {{s, 0, ZMQ_POLLOUT, 0}, {NULL, t->efd, ZMQ_POLLIN, 0}};
         zmq_poll(it, 2, CM__SLICE_MS);
     }
+    size_t plen = zmq_msg_size(payload);
     if (zmq_msg_send(payload, s, ZMQ_DONTWAIT) < 0) {
         int e = errno;
         zmq_msg_close(payload);
         if (deadline == 0) return CO_EIO;
         return cm__fail(t, CO_EIO, "send to world rank %d: %s", wdst, zmq_strerror(e));
     }
+    t->zmq_bytes += plen;
     return 0;
 }
 

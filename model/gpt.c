@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Indices of a layer's tensors in the tensor table. */
 enum { LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC1_W, FC1_B, FC2_W, FC2_B, NLAYER_T };
@@ -86,6 +87,7 @@ struct gpt_model {
     float *ce_mx, *ce_all, *ce_sums; /* [N], [tp*N], [2N] */
     float *tp_buf;                   /* gpt_tp_finalize_grads' packing buffer */
     size_t tp_buf_n;
+    gpt_tp_stats stats;
     /* Backends whose memory the host cannot hand to kernels (CUDA): the batch arrays are
      * copied into backend buffers each forward, and losses come back through host_losses.
      * host_batch (CPU): the caller's arrays are used as they are. */
@@ -470,6 +472,25 @@ void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms) {
     m->tp_timeout = timeout_ms;
 }
 
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void gpt_tp_stats_take(gpt_model *m, gpt_tp_stats *out) {
+    *out = m->stats;
+    memset(&m->stats, 0, sizeof m->stats);
+}
+
+/* one collective's time and its bandwidth-optimal volume per rank (ring algorithms):
+ * all-reduce 2 (p-1)/p n, all-gather and reduce-scatter (p-1) x the shard */
+static void tp_count(gpt_model *m, double t0, double bytes) {
+    m->stats.comm_s += mono_s() - t0;
+    m->stats.analytic_bytes += (uint64_t)bytes;
+    m->stats.calls++;
+}
+
 static bool tp_ok(gpt_model *m, const char *what) {
     if (m->be->status) return false;
     if (!m->tpc || m->tpc->size != m->tp || m->tpc->rank != m->tpr) {
@@ -482,22 +503,28 @@ static bool tp_ok(gpt_model *m, const char *what) {
 /* x[n] summed over the group (reduce_from_tensor_region) */
 static void tp_allreduce(gpt_model *m, float *x, size_t n) {
     if (!tp_ok(m, "tensor-parallel all-reduce")) return;
+    double t0 = mono_s();
     int rc = m->tpc->ops->allreduce_sum(m->tpc, x, n, CM_F32, m->tp_timeout);
     if (rc) m->be->status = rc;
+    tp_count(m, t0, 2.0 * (m->tp - 1) / m->tp * (double)n * sizeof(float));
 }
 
 /* full[N,C] (every rank's) summed, this rank's rows [r N/tp, (r+1) N/tp) into shard */
 static void tp_reduce_scatter(gpt_model *m, float *shard, const float *full, size_t shard_n) {
     if (!tp_ok(m, "tensor-parallel reduce-scatter")) return;
+    double t0 = mono_s();
     int rc = m->tpc->ops->reduce_scatter_sum(m->tpc, full, shard, shard_n, CM_F32, m->tp_timeout);
     if (rc) m->be->status = rc;
+    tp_count(m, t0, (double)(m->tp - 1) * (double)shard_n * sizeof(float));
 }
 
 /* full = every rank's shard, in rank order */
 static void tp_allgather(gpt_model *m, float *full, const float *shard, size_t shard_n) {
     if (!tp_ok(m, "tensor-parallel all-gather")) return;
+    double t0 = mono_s();
     int rc = m->tpc->ops->allgather(m->tpc, shard, full, shard_n * sizeof(float), m->tp_timeout);
     if (rc) m->be->status = rc;
+    tp_count(m, t0, (double)(m->tp - 1) * (double)shard_n * sizeof(float));
 }
 
 int gpt_tp_finalize_grads(gpt_model *m) {

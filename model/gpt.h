@@ -126,6 +126,15 @@ void gpt_tensor_take_slice(const gpt_tensor *t, const float *global, float *loca
  * several ranks hold when NKV < tp). Returns 0 or the collective's error. */
 int gpt_tp_finalize_grads(gpt_model *m);
 
+/* The tensor group's collectives since the last call (then reset): seconds spent in them,
+ * their bandwidth-optimal volume sent per rank (ring all-reduce 2 (p-1)/p n, all-gather and
+ * reduce-scatter (p-1) x the shard), and how many. */
+typedef struct gpt_tp_stats {
+    double comm_s;
+    uint64_t analytic_bytes, calls;
+} gpt_tp_stats;
+void gpt_tp_stats_take(gpt_model *m, gpt_tp_stats *out);
+
 /* Megatron's initialisation: normal(0, init_std) for weights and embeddings, output
  * projections (attention proj, MLP fc2) normal(0, init_std / sqrt(2 L)), biases 0, norm
  * weights 1; drawn from a generator seeded with seed. Under tensor parallelism every rank
