@@ -1,12 +1,14 @@
 /* tp_bench.c - the model's training step split over a tensor group, against one rank.
  *
- *   tp_bench --tp P [--sp] [--threads T] [--layers 12 --hidden 768 --heads 12 --seq 256
+ *   tp_bench --tp P [--sp] [--no-overlap] [--threads T] [--layers 12 --hidden 768 --heads 12 --seq 256
  *            --micro 4 --vocab 50257] [--steps 4] [--warmup 1]
  *
  * P = 1 runs in this process with T threads; P > 1 forks P ranks (T threads each) joined
  * by a ZeroMQ communicator over ipc on this host (shared memory for the all-reduces, as a
  * job's workers on one node). One step = forward + backward + gpt_tp_finalize_grads +
- * AdamW over one micro batch of random tokens (dropout off). Each rank prints ms/step,
+ * AdamW over one micro batch of random tokens (dropout off); --no-overlap sums each
+ * column-parallel layer's input gradient before its weight gradient instead of beside it
+ * (gpt_tp_set_overlap). Each rank prints ms/step,
  * tokens/s, the seconds per step in the tensor group's collectives, the bytes it sent per
  * step (over ZeroMQ, and into its shared-memory segment) beside the bandwidth-optimal
  * volume, its model state (weights, gradients, two Adam moments) and its peak resident
@@ -34,7 +36,7 @@ static double now_s(void) {
 
 typedef struct args {
     int tp, threads, layers, hidden, heads, seq, micro, vocab, steps, warmup;
-    bool sp;
+    bool sp, no_overlap;
 } args;
 
 static int rank_main(const args *a, int rank, const char *dir) {
@@ -71,6 +73,7 @@ static int rank_main(const args *a, int rank, const char *dir) {
         return 1;
     }
     if (comm) gpt_set_tensor_group(m, comm, 600000);
+    gpt_tp_set_overlap(m, !a->no_overlap);
     gpt_init(m, 1);
     size_t n = gpt_num_params(m), N = (size_t)a->micro * a->seq;
     float *mom = calloc(n, sizeof(float)), *var = calloc(n, sizeof(float)), *dscale = malloc(N * sizeof(float));
@@ -114,10 +117,10 @@ static int rank_main(const args *a, int rank, const char *dir) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double step = t_all / a->steps;
-    printf("tp %d%s rank %d: %d threads, %.1f ms/step, %.1f tokens/s, loss %.4f, collectives %.1f ms/step (%.0f%%, "
+    printf("tp %d%s%s rank %d: %d threads, %.1f ms/step, %.1f tokens/s, loss %.4f, collectives %.1f ms/step (%.0f%%, "
            "%llu calls), sent %.2f MB/step (ZeroMQ %.2f, shared memory %.2f) vs analytic %.2f MB/step, model state "
            "%.1f MB, peak RSS %.1f MB\n",
-           a->tp, a->sp ? " sp" : "", rank, a->threads, 1000 * step, (double)N / step, loss, 1000 * comm_s / a->steps,
+           a->tp, a->sp ? " sp" : "", a->no_overlap ? " no-overlap" : "", rank, a->threads, 1000 * step, (double)N / step, loss, 1000 * comm_s / a->steps,
            100 * comm_s / t_all, (unsigned long long)(st.calls / (uint64_t)a->steps),
            (double)(z1 - z0 + s1 - s0) / a->steps / 1e6, (double)(z1 - z0) / a->steps / 1e6,
            (double)(s1 - s0) / a->steps / 1e6, (double)analytic / a->steps / 1e6, 4.0 * 4.0 * (double)n / 1e6,
@@ -136,6 +139,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
         if (!strcmp(k, "--sp")) { a.sp = true; continue; }
+        if (!strcmp(k, "--no-overlap")) { a.no_overlap = true; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "tp_bench: %s needs a value\n", k); return 2; }
         int v = atoi(argv[++i]);
         if (!strcmp(k, "--tp")) a.tp = v;

@@ -30,6 +30,7 @@
 #include "common/rng.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,7 @@ struct gpt_model {
     float *tp_buf;                   /* gpt_tp_finalize_grads' packing buffer */
     size_t tp_buf_n;
     gpt_tp_stats stats;
+    bool overlap;                    /* the input-gradient sum runs beside the weight gradient */
     /* Backends whose memory the host cannot hand to kernels (CUDA): the batch arrays are
      * copied into backend buffers each forward, and losses come back through host_losses.
      * host_batch (CPU): the caller's arrays are used as they are. */
@@ -190,6 +192,7 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     m->tp = c->tp > 1 ? c->tp : 1;
     m->tpr = m->tp > 1 ? c->tp_rank : 0;
     m->sp = m->tp > 1 && c->sequence_parallel;
+    m->overlap = true;
     m->cfg.tp = m->tp;
     m->cfg.tp_rank = m->tpr;
     m->cfg.sequence_parallel = m->sp;
@@ -527,6 +530,52 @@ static void tp_allgather(gpt_model *m, float *full, const float *shard, size_t s
     tp_count(m, t0, (double)(m->tp - 1) * (double)shard_n * sizeof(float));
 }
 
+void gpt_tp_set_overlap(gpt_model *m, bool on) { m->overlap = on; }
+
+/* The sum of a column-parallel layer's input gradient over the group, on a helper thread
+ * while this one computes the weight gradient (Megatron's async all-reduce of dgrad,
+ * reduce-scatter under SP); the communicator is used by that thread alone meanwhile. */
+typedef struct tp_async {
+    gpt_model *m;
+    pthread_t th;
+    bool running;
+} tp_async;
+
+static void input_grad_sum(gpt_model *m) {
+    size_t NlC = (size_t)(m->sp ? m->last_B * m->last_T / m->tp : m->last_B * m->last_T) * (size_t)m->cfg.hidden;
+    if (m->sp) tp_reduce_scatter(m, m->dh, m->dfull, NlC);
+    else tp_allreduce(m, m->dh, NlC);
+}
+
+static void *async_main(void *p) {
+    input_grad_sum(((tp_async *)p)->m);
+    return NULL;
+}
+
+static void async_start(tp_async *a, gpt_model *m) {
+    a->m = m;
+    a->running = m->overlap && !pthread_create(&a->th, NULL, async_main, a);
+    if (!a->running) input_grad_sum(m);
+}
+
+static void async_wait(tp_async *a) {
+    if (a->running) pthread_join(a->th, NULL);
+    a->running = false;
+}
+
+/* din (summed over the group into dh) and dW of a column-parallel layer: the input gradient
+ * first, its sum started, the weight gradient meanwhile */
+static void column_parallel_backward(gpt_model *m, float *dW, float *dbias, const float *dout, const float *in,
+                                     const float *W, const kb_bf16 *W16, int N, int IC, int OC) {
+    const kb_ops *o = m->ops;
+    float *din = m->sp ? m->dfull : m->dh;
+    o->linear_backward(m->be, din, NULL, dbias, dout, in, W, W16, N, IC, OC);
+    tp_async a;
+    async_start(&a, m);
+    o->linear_backward(m->be, NULL, dW, NULL, dout, in, W, W16, N, IC, OC);
+    async_wait(&a);
+}
+
 int gpt_tp_finalize_grads(gpt_model *m) {
     if (m->tp == 1 || !m->tp_buf_n) return kb_backend_status(m->be);
     const gpt_config *c = &m->cfg;
@@ -751,20 +800,14 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
     if (par) tokens = m->tok_l;
     /* Under tensor parallelism the input gradient of a column-parallel layer is a part:
      * summed over the group into dh (reduce-scattered to this rank's tokens under sequence
-     * parallelism); the gradient a row-parallel layer receives is the token shards'
-     * all-gathered. */
-    float *dh_part = sp ? m->dfull : m->dh;
-#define INPUT_GRAD_SUM()                                               \
-    do {                                                               \
-        if (sp) tp_reduce_scatter(m, m->dh, m->dfull, NlC);            \
-        else if (par) tp_allreduce(m, m->dh, NlC);                     \
-    } while (0)
+     * parallelism) beside its weight gradient (column_parallel_backward); the gradient a
+     * row-parallel layer receives is the token shards' all-gathered. */
 
     /* LM head: logits hold dloss/dlogits */
     const float *inf = m->lnf;
     if (sp) tp_allgather(m, m->gath, m->lnf, NlC), inf = m->gath;
-    o->linear_backward(be, dh_part, G(m, m->t_lm), NULL, m->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C, V);
-    INPUT_GRAD_SUM();
+    if (par) column_parallel_backward(m, G(m, m->t_lm), NULL, m->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C, V);
+    else o->linear_backward(be, m->dh, G(m, m->t_lm), NULL, m->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C, V);
     o->zero(be, m->dx, NlC);
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, m->t_lnf_w), G(m, m->t_lnf_b), m->dh, m->x_final,
                      P(m, m->t_lnf_w), m->lnf_mean, m->lnf_rstd, Nl, C);
@@ -791,9 +834,12 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
         else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
         const float *in2 = a->ln2;
         if (sp) tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
-        o->linear_backward(be, dh_part, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]),
-                           P16(m, t[FC1_W]), N, C, F1);
-        INPUT_GRAD_SUM();
+        if (par)
+            column_parallel_backward(m, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]),
+                                     N, C, F1);
+        else
+            o->linear_backward(be, m->dh, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]),
+                               P16(m, t[FC1_W]), N, C, F1);
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN2_W]), G(m, t[LN2_B]), m->dh, a->x_mid,
                          P(m, t[LN2_W]), a->ln2_mean, a->ln2_rstd, Nl, C);
         /* attention branch */
@@ -816,13 +862,15 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
         if (c->rope) o->rope(be, m->dqkv, positions, N, NH, NKV, c->head_dim, c->rotary_base, true);
         const float *in1 = a->ln1;
         if (sp) tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
-        o->linear_backward(be, dh_part, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
-                           P16(m, t[QKV_W]), N, C, Q);
-        INPUT_GRAD_SUM();
+        if (par)
+            column_parallel_backward(m, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]), P16(m, t[QKV_W]),
+                                     N, C, Q);
+        else
+            o->linear_backward(be, m->dh, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
+                               P16(m, t[QKV_W]), N, C, Q);
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN1_W]), G(m, t[LN1_B]), m->dh, a->x_in, P(m, t[LN1_W]),
                          a->ln1_mean, a->ln1_rstd, Nl, C);
     }
-#undef INPUT_GRAD_SUM
     if (ph > 0) o->dropout(be, m->dx, m->dx, NlC, ph, seed, site(-1, 0) + hoff);
     /* the embedding: every rank adds the full gradient of the position rows (identical on
      * all of them) and of its vocabulary shard's word rows */

@@ -118,6 +118,11 @@ struct cm_comm;
  * the first forward when tp > 1, NULL at tp 1. Collectives wait at most timeout_ms. */
 void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms);
 
+/* Whether backward sums a column-parallel layer's input gradient over the group on a
+ * helper thread while it computes the weight gradient (on by default; the results are the
+ * same bits either way). */
+void gpt_tp_set_overlap(gpt_model *m, bool on);
+
 /* This rank's slice of a tensor: local[t->numel] from global[gshape[0] x gshape[1]]. */
 void gpt_tensor_take_slice(const gpt_tensor *t, const float *global, float *local);
 
