@@ -619,6 +619,37 @@ static uint64_t site(int layer, int which) { return ((uint64_t)(layer + 1) * 8u 
  * seed + 2718 + tp_rank under tensor parallelism; the plain seed at tp 1. */
 static uint64_t tp_seed(const gpt_model *m, uint64_t seed) { return m->tp > 1 ? seed + 2718u + (uint64_t)m->tpr : seed; }
 
+/* A row-parallel layer (proj, fc2) forward: out[Nl,C] = (in[N,IC] W^T summed over the
+ * group, reduce-scattered to this rank's tokens under SP) + bias. At tp 1 one fused product. */
+static void row_parallel_forward(gpt_model *m, float *out, const float *in, const float *W, const kb_bf16 *W16,
+                                 const float *bias, int N, int IC, int Nl) {
+    const kb_ops *o = m->ops;
+    int C = m->cfg.hidden;
+    if (m->tp == 1) {
+        o->linear_forward(m->be, out, in, W, W16, bias, N, IC, C);
+        return;
+    }
+    o->linear_forward(m->be, m->sp ? m->dfull : out, in, W, W16, NULL, N, IC, C);
+    if (m->sp) tp_reduce_scatter(m, out, m->dfull, (size_t)Nl * C);
+    else tp_allreduce(m, out, (size_t)Nl * C);
+    if (bias) o->bias_add(m->be, out, bias, Nl, C);
+}
+
+/* Its backward: dbias from this rank's tokens' dout[Nl,C], then (SP: all-gathered) the
+ * input gradient din[N,IC] and dW. */
+static void row_parallel_backward(gpt_model *m, float *din, float *dW, float *dbias, const float *dout,
+                                  const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int Nl) {
+    const kb_ops *o = m->ops;
+    int C = m->cfg.hidden;
+    if (m->tp == 1) {
+        o->linear_backward(m->be, din, dW, dbias, dout, in, W, W16, N, IC, C);
+        return;
+    }
+    if (dbias) o->bias_grad(m->be, dbias, dout, Nl, C);
+    if (m->sp) tp_allgather(m, m->dfull, dout, (size_t)Nl * C), dout = m->dfull;
+    o->linear_backward(m->be, din, dW, NULL, dout, in, W, W16, N, IC, C);
+}
+
 double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, const float *dscale,
                    float *losses) {
     const gpt_config *c = &m->cfg;
@@ -696,14 +727,7 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
                              site(l, 1));
         /* row-parallel proj: x_mid = x_in + dropout(sum over the group of att Wproj^T, + b) */
         float *tmp = m->tmp;
-        if (!par) {
-            o->linear_forward(be, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, C);
-        } else {
-            o->linear_forward(be, sp ? m->dfull : tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), NULL, N, AH, C);
-            if (sp) tp_reduce_scatter(m, tmp, m->dfull, NlC);
-            else tp_allreduce(m, tmp, NlC);
-            if (t[PROJ_B] >= 0) o->bias_add(be, tmp, P(m, t[PROJ_B]), Nl, C);
-        }
+        row_parallel_forward(m, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, Nl);
         if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 2) + hoff);
         o->add(be, a->x_mid, a->x_in, tmp, NlC);
         o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]),
@@ -713,14 +737,7 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
         o->linear_forward(be, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
         if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, N, F);
         else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
-        if (!par) {
-            o->linear_forward(be, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, C);
-        } else {
-            o->linear_forward(be, sp ? m->dfull : tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), NULL, N, F, C);
-            if (sp) tp_reduce_scatter(m, tmp, m->dfull, NlC);
-            else tp_allreduce(m, tmp, NlC);
-            if (t[FC2_B] >= 0) o->bias_add(be, tmp, P(m, t[FC2_B]), Nl, C);
-        }
+        row_parallel_forward(m, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, Nl);
         if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 3) + hoff);
         o->add(be, x_out, a->x_mid, tmp, NlC);
     }
@@ -821,15 +838,8 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
             o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 3) + hoff);
             dmlp = m->tmp;
         }
-        if (!par) {
-            o->linear_backward(be, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
-                               P16(m, t[FC2_W]), N, F, C);
-        } else {
-            if (t[FC2_B] >= 0) o->bias_grad(be, G(m, t[FC2_B]), dmlp, Nl, C);
-            if (sp) tp_allgather(m, m->dfull, dmlp, NlC), dmlp = m->dfull;
-            o->linear_backward(be, m->dffn, G(m, t[FC2_W]), NULL, dmlp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), N,
-                               F, C);
-        }
+        row_parallel_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                              P16(m, t[FC2_W]), N, F, Nl);
         if (c->swiglu) o->swiglu_backward(be, m->dbig, m->dffn, a->fc1, N, F);
         else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
         const float *in2 = a->ln2;
@@ -848,15 +858,8 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
             o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 2) + hoff);
             datt_out = m->tmp;
         }
-        if (!par) {
-            o->linear_backward(be, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
-                               P16(m, t[PROJ_W]), N, AH, C);
-        } else {
-            if (t[PROJ_B] >= 0) o->bias_grad(be, G(m, t[PROJ_B]), datt_out, Nl, C);
-            if (sp) tp_allgather(m, m->dfull, datt_out, NlC), datt_out = m->dfull;
-            o->linear_backward(be, m->datt, G(m, t[PROJ_W]), NULL, datt_out, a->att, P(m, t[PROJ_W]),
-                               P16(m, t[PROJ_W]), N, AH, C);
-        }
+        row_parallel_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
+                              P16(m, t[PROJ_W]), N, AH, Nl);
         o->attention_backward(be, m->dqkv, m->datt, a->qkv, a->att, a->lse, seg, B, T, NH, NKV, c->head_dim, pa,
                               tp_seed(m, seed), site(l, 1));
         if (c->rope) o->rope(be, m->dqkv, positions, N, NH, NKV, c->head_dim, c->rotary_base, true);

@@ -25,6 +25,18 @@ static inline float lane_sum(const float *acc) {
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+static inline float row_max(const float *x, int V) {
+    float mx[LANES];
+    for (int l = 0; l < LANES; l++) mx[l] = -INFINITY;
+    int i = 0;
+    for (; i + LANES <= V; i += LANES)
+        for (int l = 0; l < LANES; l++) mx[l] = x[i + l] > mx[l] ? x[i + l] : mx[l];
+    for (int l = 0; i < V; i++, l++) mx[l] = x[i] > mx[l] ? x[i] : mx[l];
+    float m = mx[0];
+    for (int l = 1; l < LANES; l++) m = mx[l] > m ? mx[l] : m;
+    return m;
+}
+
 static inline float row_sum(const float *x, int C) {
     float acc[LANES] = {0};
     int i = 0;
@@ -379,16 +391,9 @@ void cpu_cross_entropy(kb_backend *b, float *losses, float *logits, const int32_
 #pragma omp parallel for schedule(static) num_threads(st->threads)
     for (int n = 0; n < N; n++) {
         float *x = logits + (size_t)n * Vp;
-        float mx[LANES];
-        for (int l = 0; l < LANES; l++) mx[l] = -INFINITY;
-        int i = 0;
-        for (; i + LANES <= Vp; i += LANES)
-            for (int l = 0; l < LANES; l++) mx[l] = x[i + l] > mx[l] ? x[i + l] : mx[l];
-        for (int l = 0; i < Vp; i++, l++) mx[l] = x[i] > mx[l] ? x[i] : mx[l];
-        float m = mx[0];
-        for (int l = 1; l < LANES; l++) m = mx[l] > m ? mx[l] : m;
+        float m = row_max(x, Vp);
         float acc[LANES] = {0};
-        i = 0;
+        int i = 0;
         for (; i + LANES <= Vp; i += LANES)
             for (int l = 0; l < LANES; l++) acc[l] += cpu_expf(x[i + l] - m);
         for (int l = 0; i < Vp; i++, l++) acc[l] += cpu_expf(x[i] - m);
@@ -411,18 +416,7 @@ void cpu_cross_entropy(kb_backend *b, float *losses, float *logits, const int32_
 void cpu_ce_max(kb_backend *b, float *mx, const float *logits, int N, int V) {
     cpu_state *st = cpu_st(b);
 #pragma omp parallel for schedule(static) num_threads(st->threads)
-    for (int n = 0; n < N; n++) {
-        const float *x = logits + (size_t)n * V;
-        float m[LANES];
-        for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
-        int i = 0;
-        for (; i + LANES <= V; i += LANES)
-            for (int l = 0; l < LANES; l++) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
-        for (int l = 0; i < V; i++, l++) m[l] = x[i] > m[l] ? x[i] : m[l];
-        float r = m[0];
-        for (int l = 1; l < LANES; l++) r = m[l] > r ? m[l] : r;
-        mx[n] = r;
-    }
+    for (int n = 0; n < N; n++) mx[n] = row_max(logits + (size_t)n * V, V);
 }
 
 void cpu_ce_sums(kb_backend *b, float *sums, const float *logits, const float *mx, const int32_t *targets, int v0,

@@ -150,6 +150,21 @@ static int train(const tcase *k, int tp, int rank, cm_comm *comm, bool overlap, 
     return rc;
 }
 
+/* got[i] against want[i] (this rank's slice of the one-rank tensor) within atol + rtol
+ * |want|: the worst error as a fraction of the tolerance; the first few misses said. */
+static double compare(const tcase *k, int rank, const gpt_tensor *t, const char *what, const float *got,
+                      const float *want, double atol, double rtol, int *bad) {
+    double worst = 0;
+    for (size_t j = 0; j < t->numel; j++) {
+        double e = fabs((double)got[j] - want[j]) / (atol + rtol * fabs(want[j]));
+        worst = fmax(worst, e);
+        if (e > 1 && (*bad)++ < 5)
+            CHECK_MSG(0, "%s rank %d: %s of %s[%zu]: %.9g vs one rank's %.9g", k->name, rank, what, t->name, j,
+                      got[j], want[j]);
+    }
+    return worst;
+}
+
 /* One rank of a case: the tp 1 reference, the tp run twice, the comparisons. */
 static void rank_main(const tcase *k, int rank, const char *dir) {
     char eps[8][300];
@@ -199,25 +214,12 @@ static void rank_main(const tcase *k, int rank, const char *dir) {
     for (int i = 0; i < gpt_num_tensors(mt); i++) {
         REQUIRE(strcmp(t1[i].name, tt[i].name) == 0);
         CHECK(tt[i].gshape[0] == t1[i].shape[0] && tt[i].gshape[1] == t1[i].shape[1]);
-        /* the slices tile the tensor: numel x tp / share (per piece) */
         gpt_tensor_take_slice(&tt[i], ref.grad0 + t1[i].offset, want);
-        for (size_t j = 0; j < tt[i].numel; j++) {
-            double g = a.grad0[tt[i].offset + j], w = want[j];
-            double e = fabs(g - w) / (GRAD_ATOL + GRAD_RTOL * fabs(w));
-            worst_grad = fmax(worst_grad, e);
-            if (e > 1 && bad_g++ < 5)
-                CHECK_MSG(0, "%s rank %d: gradient of %s[%zu]: %.9g vs one rank's %.9g", k->name, rank, tt[i].name, j,
-                          g, w);
-        }
+        worst_grad = fmax(worst_grad, compare(k, rank, &tt[i], "gradient", a.grad0 + tt[i].offset, want, GRAD_ATOL,
+                                              GRAD_RTOL, &bad_g));
         gpt_tensor_take_slice(&tt[i], ref.params + t1[i].offset, want);
-        for (size_t j = 0; j < tt[i].numel; j++) {
-            double p = a.params[tt[i].offset + j], w = want[j];
-            double e = fabs(p - w) / (PARAM_ATOL + PARAM_RTOL * fabs(w));
-            worst_param = fmax(worst_param, e);
-            if (e > 1 && bad_p++ < 5)
-                CHECK_MSG(0, "%s rank %d: %s[%zu] after %d steps: %.9g vs one rank's %.9g", k->name, rank,
-                          tt[i].name, j, STEPS, p, w);
-        }
+        worst_param = fmax(worst_param, compare(k, rank, &tt[i], "weight after the steps", a.params + tt[i].offset,
+                                                want, PARAM_ATOL, PARAM_RTOL, &bad_p));
     }
     CHECK_MSG(bad_g == 0, "%s rank %d: %d gradients differ", k->name, rank, bad_g);
     CHECK_MSG(bad_p == 0, "%s rank %d: %d parameters differ", k->name, rank, bad_p);
