@@ -292,7 +292,9 @@ static void embedded_done(void *ctx, trainer *t, double vl) {
             e->info->unigram_entropy,
             vl < e->info->unigram_entropy * 0.75 ? "the model learned structure beyond letter frequencies"
                                                  : "not much below letter frequencies yet (train longer)");
-    if (e->c->sample_lines > 0) print_samples(t, e->c, e->c->sample_lines, e->out);
+    if (e->c->sample_lines > 0 && e->c->tensor_model_parallel_size > 1)
+        fprintf(e->out, "cohort: no samples: sampling a tensor-parallel model is not built yet\n");
+    else if (e->c->sample_lines > 0) print_samples(t, e->c, e->c->sample_lines, e->out);
 }
 
 int cli_train(int argc, char **argv) {
@@ -359,7 +361,9 @@ int cli_train(int argc, char **argv) {
     /* the data-parallel size: the world over tensor x context x pipeline (a worker is told) */
     long mp = (long)c.tensor_model_parallel_size * c.context_parallel_size * c.pipeline_model_parallel_size;
     if (!worker && mp > 1 && dp % mp == 0) dp = (int)(dp / mp);
-    else if (!worker && mp > 1 && co_config_standin_model_parallel) {
+    else if (!worker && mp > 1 && (co_config_standin_model_parallel ||
+                                   (c.pipeline_model_parallel_size == 1 && c.context_parallel_size == 1))) {
+        /* (sizes that are not built are refused by co_config_finalize with their own line) */
         fprintf(stderr, "cohort train: invalid configuration:\n  the world of %d ranks is not a multiple of "
                         "tensor x context x pipeline = %ld\n", dp, mp);
         co_config_free(&c);
@@ -559,6 +563,8 @@ int cli_train(int argc, char **argv) {
         so.active_world = c.inprocess_active_world_size > 0 ? c.inprocess_active_world_size : 0;
         so.shift_ranks = !strcmp(c.inprocess_rank_assignment, "shift-ranks");
         so.tp = c.tensor_model_parallel_size;
+        /* a tensor group's ranks report one replica's results (the stand-in replicates) */
+        so.replica_ranks = co_config_standin_model_parallel ? 1 : c.tensor_model_parallel_size;
         so.pp = c.pipeline_model_parallel_size;
         so.cp = c.context_parallel_size;
         so.ep = c.expert_model_parallel_size;

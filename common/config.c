@@ -67,7 +67,7 @@ static const flag flags[] = {
     D("model", "hidden-dropout", hidden_dropout, "0.1", "dropout on the residual branches and embeddings"),
     D("model", "attention-dropout", attention_dropout, "0.1", "dropout on attention probabilities"),
     /* parallelism */
-    I("parallel", "tensor-model-parallel-size", tensor_model_parallel_size, "1", "tensor-parallel ranks (not supported yet: only 1; `cohort topology` prints the groups of any size)"),
+    I("parallel", "tensor-model-parallel-size", tensor_model_parallel_size, "1", "tensor-parallel ranks: every layer split over them as Megatron splits it (CPU backend; `cohort topology` prints the groups)"),
     I("parallel", "pipeline-model-parallel-size", pipeline_model_parallel_size, "1", "pipeline stages (not supported yet: only 1)"),
     I("parallel", "context-parallel-size", context_parallel_size, "1", "context-parallel ranks (not supported yet: only 1)"),
     I("parallel", "expert-model-parallel-size", expert_model_parallel_size, "1",
@@ -80,7 +80,7 @@ static const flag flags[] = {
       "layers per virtual pipeline stage (interleaved schedule; not supported yet)"),
     B("parallel", "use-tp-pp-dp-mapping", use_tp_pp_dp_mapping,
       "rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp (`cohort topology` prints the groups)"),
-    B("parallel", "sequence-parallel", sequence_parallel, "sequence parallelism (with tensor parallelism) (not supported yet)"),
+    B("parallel", "sequence-parallel", sequence_parallel, "sequence parallelism: norms and dropout on token shards of the tensor group (off at tensor-parallel size 1, as Megatron)"),
     B("parallel", "use-distributed-optimizer", use_distributed_optimizer, "shard optimizer state over data-parallel ranks (not supported yet)"),
     /* batch */
     I("batch", "micro-batch-size", micro_batch_size, NULL, "samples per micro batch"),
@@ -534,10 +534,19 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->use_distributed_optimizer)
         problem(&P, "--use-distributed-optimizer is not supported yet (every data-parallel rank keeps the whole "
                     "optimizer state)");
-    if (c->sequence_parallel)
-        problem(&P, "--sequence-parallel is not supported yet (it needs tensor parallelism, which is not supported yet)");
-    if (c->tensor_model_parallel_size != 1 && !co_config_standin_model_parallel)
-        problem(&P, "--tensor-model-parallel-size %d is not supported yet (only 1)", c->tensor_model_parallel_size);
+    bool real_tp = c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel;
+    if (c->sequence_parallel && c->tensor_model_parallel_size == 1)
+        c->sequence_parallel = false; /* as Megatron: sequence parallelism needs a tensor group */
+    if (c->sequence_parallel && co_config_standin_model_parallel)
+        problem(&P, "--sequence-parallel is not part of the model-parallel stand-in");
+    if (real_tp && (c->pipeline_model_parallel_size != 1 || c->context_parallel_size != 1))
+        problem(&P, "tensor parallelism together with pipeline or context parallelism is not supported yet");
+    if (real_tp && (c->save[0] || c->load[0]))
+        problem(&P, "--save and --load with --tensor-model-parallel-size %d are not supported yet (checkpoints of "
+                    "tensor-parallel slices come next); train without them", c->tensor_model_parallel_size);
+    if (real_tp && !strcmp(c->device, "cuda"))
+        problem(&P, "--tensor-model-parallel-size %d on --device cuda is not supported yet (the CUDA backend has no "
+                    "tensor-parallel kernels); use --device cpu", c->tensor_model_parallel_size);
     if (c->pipeline_model_parallel_size != 1 && !co_config_standin_model_parallel)
         problem(&P, "--pipeline-model-parallel-size %d is not supported yet (only 1)", c->pipeline_model_parallel_size);
     if (c->context_parallel_size != 1 && !co_config_standin_model_parallel)
@@ -575,6 +584,7 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->micro_batch_size == -1 && !GIVEN("micro-batch-size"))
         problem(&P, "--micro-batch-size must be given and positive");
     else out_of_range(&P, "micro-batch-size", c->micro_batch_size, 1, CO_MAX_MICRO_BATCH);
+    out_of_range(&P, "tensor-model-parallel-size", c->tensor_model_parallel_size, 1, CO_MAX_TP_GROUP);
     bool procs_bad = out_of_range(&P, "nproc-per-node", c->nproc_per_node, 1, CO_MAX_PROCS);
     procs_bad |= out_of_range(&P, "nnodes", c->nnodes, 1, CO_MAX_PROCS);
     if (!procs_bad) {
@@ -617,6 +627,22 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         problem(&P, "--seq-length %d is longer than --max-position-embeddings %d", c->seq_length,
                 c->max_position_embeddings);
     dbl_out_of_range(&P, "norm-epsilon", c->norm_epsilon, 0, 1, true);
+    int tp = c->tensor_model_parallel_size;
+    if (real_tp && tp <= CO_MAX_TP_GROUP && P.n == n_before_shape) {
+        /* the layouts the tensor-parallel layers split (model/gpt.h gpt_tp_check says the same) */
+        if (c->num_attention_heads % tp)
+            problem(&P, "--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d",
+                    c->num_attention_heads, tp);
+        if (c->num_query_groups % tp && tp % c->num_query_groups)
+            problem(&P, "--num-query-groups %d and --tensor-model-parallel-size %d: one must divide the other",
+                    c->num_query_groups, tp);
+        if (c->ffn_hidden_size % tp)
+            problem(&P, "--ffn-hidden-size %d is not divisible by --tensor-model-parallel-size %d", c->ffn_hidden_size,
+                    tp);
+        if (c->sequence_parallel && c->seq_length % tp)
+            problem(&P, "--sequence-parallel: --seq-length %d is not divisible by --tensor-model-parallel-size %d",
+                    c->seq_length, tp);
+    }
 
     /* vocabulary (the tokenizer's size before padding; GPT-2's 50257 unless NullTokenizer) */
     bool null_tok = strcmp(c->tokenizer_type, "NullTokenizer") == 0;

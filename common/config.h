@@ -31,6 +31,7 @@
 #define CO_MAX_VOCAB_DIVISOR 65536
 #define CO_MAX_ITERS ((int64_t)1 << 40)       /* iterations and samples of a run */
 #define CO_MAX_PROCS 65536                    /* --nproc-per-node, --nnodes */
+#define CO_MAX_TP_GROUP 64                    /* --tensor-model-parallel-size */
 #define CO_MAX_THREADS 4096
 /* Micro batches per rank and iteration that the rerun state machine validates (RR_MAX_MB
  * in resilience/rerun.h); more are refused unless --rerun-mode disabled. */

@@ -532,6 +532,26 @@ static void tp_allgather(gpt_model *m, float *full, const float *shard, size_t s
 
 void gpt_tp_set_overlap(gpt_model *m, bool on) { m->overlap = on; }
 
+double gpt_tp_grad_sumsq(gpt_model *m) {
+    const kb_ops *o = m->ops;
+    double sum = 0;
+    for (int i = 0; i < m->ntensors; i++) {
+        const gpt_tensor *t = &m->tensors[i];
+        const float *g = m->grads + t->offset;
+        if (t->split == GPT_TP_COLS || m->tp == 1) {
+            sum += o->sumsq(m->be, g, t->numel);
+            continue;
+        }
+        /* rows (or a replicated tensor, one run of every row): each run counted by the first
+         * of the ranks that hold it */
+        size_t cols = (size_t)(t->shape[1] ? t->shape[1] : 1);
+        for (int k = 0; k < t->npieces; k++)
+            if (m->tpr % t->piece[k].share == 0)
+                sum += o->sumsq(m->be, g + (size_t)t->piece[k].local * cols, (size_t)t->piece[k].len * cols);
+    }
+    return sum;
+}
+
 /* The sum of a column-parallel layer's input gradient over the group, on a helper thread
  * while this one computes the weight gradient (Megatron's async all-reduce of dgrad,
  * reduce-scatter under SP); the communicator is used by that thread alone meanwhile. */

@@ -123,6 +123,12 @@ void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms);
  * same bits either way). */
 void gpt_tp_set_overlap(gpt_model *m, bool on);
 
+/* The sum of squares of the gradients this rank accounts for in the group's norm: its
+ * slices, and the runs several ranks hold only on the first of them (replicated tensors on
+ * rank 0), so the group's sum is the norm's square of the whole model's gradient. At tp 1
+ * every gradient. */
+double gpt_tp_grad_sumsq(gpt_model *m);
+
 /* This rank's slice of a tensor: local[t->numel] from global[gshape[0] x gshape[1]]. */
 void gpt_tensor_take_slice(const gpt_tensor *t, const float *global, float *local);
 

@@ -611,7 +611,8 @@ static int decide_all(rr_machine *m, rr_verdict *v) {
         verdict(v, m, RR_RERUN, RR_DIAG_NONE, "rank %d: %s (%g) in the replay; replaying again", rej, check, value);
         return 0;
     }
-    if (W == 1 && !m->rej_fatal) {
+    int R = m->o.replica_ranks > 1 ? m->o.replica_ranks : 1, replicas = W / R;
+    if (replicas <= 1 && !m->rej_fatal) {
         char msg[200];
         snprintf(msg, sizeof msg, "%s (%g) reproduced: a real value, training goes on", m->rej_check, m->rej_value);
         add_event(m, s, RR_DIAG_CORRECT, RR_ACCEPT, false, msg);
@@ -620,7 +621,7 @@ static int decide_all(rr_machine *m, rr_verdict *v) {
         start_round(m, ROUND_ALL, 0);
         return 0;
     }
-    if (W == 1) {
+    if (replicas <= 1) {
         char msg[200];
         snprintf(msg, sizeof msg, "%s (%g) reproduced on replay: the data or the model is at fault", m->rej_check,
                  m->rej_value);
@@ -630,7 +631,7 @@ static int decide_all(rr_machine *m, rr_verdict *v) {
         return 0;
     }
     m->suspect_rerun = m->cur[s];
-    m->helper = (s + 1) % W;
+    m->helper = (s / R + 1) % replicas * R + s % R; /* the same place in the next replica */
     start_round(m, ROUND_CHECK, m->attempt + 1);
     verdict(v, m, RR_CHECK, RR_DIAG_NONE, "rank %d: %s (%g) reproduced; rank %d recomputes its micro batches", s,
             m->rej_check, m->rej_value, m->helper);

@@ -57,7 +57,10 @@ typedef enum { RR_INJECT_CORRECT = 0, RR_INJECT_TRANSIENT = 1, RR_INJECT_PERSIST
 
 typedef struct rr_options {
     rr_mode mode;
-    int world;                 /* data-parallel ranks reporting */
+    int world;                 /* ranks reporting */
+    int replica_ranks;         /* consecutive ranks that hold one model replica between them and
+                                * report the same results (a tensor-parallel group); 0 or 1: every
+                                * rank is a replica. A recomputation runs on another replica. */
     bool check_nan;            /* NaN/Inf in losses and gradient norms (fatal) */
     bool check_spiky;          /* --check-for-spiky-loss (non-fatal) */
     bool check_large_grads;    /* --check-for-large-grads (non-fatal) */

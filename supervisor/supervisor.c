@@ -1267,6 +1267,7 @@ int sv_run(const sv_options *opt) {
                           .inject = s.o.inject, .metrics = s.metrics, .quarantine_after = s.o.quarantine_after,
                           .quarantine_window = s.o.quarantine_window};
         vo.rr.world = s.world;
+        vo.rr.replica_ranks = s.o.replica_ranks > 1 ? s.o.replica_ranks : 1;
         if (svv_new(&s.val, &vo, send_to_rank, &s)) {
             fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
             svc_destroy(&s.ckpt);

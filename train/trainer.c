@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "optim/adamw.h"
 #include "optim/lr.h"
+#include "scheduler/groups.h"
 #include "scheduler/topology.h"
 
 #include <signal.h>
@@ -33,6 +34,12 @@ struct trainer {
     FILE *metrics;
     bool metrics_borrowed;  /* given by the caller (trainer_data.metrics), not ours to close */
     cm_comm *dp;            /* data-parallel group, or NULL */
+    cm_comm *tp;            /* tensor-parallel group, or NULL (trainer_data.tp) */
+    int tp_size, tp_rank;
+    topo_layout layout;     /* the job's layout: a world rank's replica (its data-parallel coordinate) */
+    bool have_layout;
+    bool has_split[3];      /* the split has samples (told by tensor-parallel rank 0, which alone builds them) */
+    int32_t *bcast;         /* one micro batch packed for the tensor group's broadcast */
     kb_backend *be;
     gpt_model *model;
     gpt_config mcfg;
@@ -188,10 +195,24 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     t->log = log;
     t->dp = dp;
     const co_config *c = &t->cfg;
-    int rc = topo_init(&t->topo, dp ? dp->size : 1, c->tensor_model_parallel_size, c->pipeline_model_parallel_size,
-                       c->context_parallel_size, dp ? dp->rank : 0);
+    /* the data-parallel view (micro batches per replica); the tensor group is t->tp */
+    int rc = topo_init(&t->topo, dp ? dp->size : 1, 1, 1, 1, dp ? dp->rank : 0);
     if (rc) goto fail;
     t->job_rank = t->topo.dp_rank; /* (the world rank, once trainer_set_injector says it) */
+    t->tp = data->tp;
+    t->tp_size = t->tp ? t->tp->size : 1;
+    t->tp_rank = t->tp ? t->tp->rank : 0;
+    if (t->tp && t->tp_size != c->tensor_model_parallel_size) {
+        rc = co_err_set(CO_EINVAL, "a tensor group of %d ranks for --tensor-model-parallel-size %d", t->tp_size,
+                        c->tensor_model_parallel_size);
+        goto fail;
+    }
+    {
+        char lerr[200];
+        int world = (dp ? dp->size : 1) * t->tp_size;
+        t->have_layout = topo_layout_init(&t->layout, world, t->tp_size, 1, 1, 1, 0, c->use_tp_pp_dp_mapping, lerr,
+                                          sizeof lerr) == 0;
+    }
     t->M = topo_num_microbatches(&t->topo, c->global_batch_size, c->micro_batch_size);
 
     kb_options bo = {.device = strcmp(c->device, "cuda") == 0 ? KB_DEVICE_CUDA : KB_DEVICE_CPU,
@@ -209,7 +230,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     m->head_dim = c->kv_channels;
     m->ffn_hidden = c->ffn_hidden_size;
     m->vocab = data->vocab_size;
-    m->padded_vocab = gpt_padded_vocab(data->vocab_size, c->make_vocab_size_divisible_by);
+    m->padded_vocab = gpt_padded_vocab(data->vocab_size, c->make_vocab_size_divisible_by * t->tp_size);
     m->max_positions = c->max_position_embeddings;
     m->rope = strcmp(c->position_embedding_type, "rope") == 0;
     m->rotary_base = (float)c->rotary_base;
@@ -221,8 +242,12 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     m->init_std = (float)c->init_method_std;
     m->hidden_dropout = (float)c->hidden_dropout;
     m->attention_dropout = (float)c->attention_dropout;
+    m->tp = t->tp_size;
+    m->tp_rank = t->tp_rank;
+    m->sequence_parallel = t->tp && c->sequence_parallel;
     rc = gpt_new(&t->model, m, t->be, c->micro_batch_size, c->seq_length);
     if (rc) goto fail;
+    if (t->tp) gpt_set_tensor_group(t->model, t->tp, TRAIN_COMM_TIMEOUT_MS);
     gpt_init(t->model, (uint64_t)c->seed);
     rc = opt_adamw_init(&t->opt, t->model, (float)c->adam_beta1, (float)c->adam_beta2, (float)c->adam_eps,
                         (float)c->weight_decay, (float)c->clip_grad);
@@ -247,7 +272,9 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     t->mask = malloc(N * sizeof(float));
     t->dscale = malloc(N * sizeof(float));
     t->zeros = calloc(N, sizeof(float));
-    if (!t->tokens || !t->targets || !t->positions || !t->seg || !t->mask || !t->dscale || !t->zeros) {
+    t->bcast = t->tp ? malloc(5 * N * sizeof(int32_t)) : NULL;
+    if (!t->tokens || !t->targets || !t->positions || !t->seg || !t->mask || !t->dscale || !t->zeros ||
+        (t->tp && !t->bcast)) {
         rc = CO_ENOMEM;
         goto fail;
     }
@@ -278,14 +305,15 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         if (rc) goto fail;
         dc.tok = &t->sft_tok;
     }
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < 3 && t->tp_rank == 0; s++) { /* tensor-parallel rank 0 alone reads data */
         int64_t want = co_config_split_samples(c, s);
         if (want <= 0) continue;
         rc = dl_build(&t->ds[s], &dc, s, want);
         if (rc) goto fail;
+        t->has_split[s] = t->ds[s] != NULL;
     }
     if (t->dp && !data->joining && t->dp->rank == 0 && (rc = t->dp->ops->barrier(t->dp, -1))) goto fail;
-    if (!t->ds[0]) {
+    if (t->tp_rank == 0 && !t->ds[0]) {
         rc = co_err_set(CO_EINVAL, "the train split of --split '%s' is empty", c->split);
         goto fail;
     }
@@ -326,6 +354,7 @@ void trainer_destroy(trainer **pt) {
     free(t->mask);
     free(t->dscale);
     free(t->zeros);
+    free(t->bcast);
     free(t->skips);
     free(t);
     *pt = NULL;
@@ -336,15 +365,48 @@ gpt_model *trainer_model(trainer *t) { return t->model; }
 double trainer_last_loss(const trainer *t) { return t->last_loss; }
 
 /* Reads micro batch samples [first, first+B) of split s into the batch buffers. */
+/* The norm of the model's gradient: over the tensor group, each slice once (gpt_tp_grad_sumsq). */
+static int model_grad_norm(trainer *t, double *out) {
+    if (!t->tp) {
+        *out = opt_grad_norm(t->model);
+        return kb_backend_status(t->be);
+    }
+    double sq = gpt_tp_grad_sumsq(t->model);
+    int rc = kb_backend_status(t->be);
+    if (!rc) rc = t->tp->ops->allreduce_sum(t->tp, &sq, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    *out = sqrt(sq);
+    return rc;
+}
+
+/* The micro batch from tensor-parallel rank 0 to the rest of its group: tokens, labels,
+ * positions, document starts and loss mask in one broadcast (get_batch_on_this_tp_rank). */
+static int broadcast_batch(trainer *t, size_t N) {
+    int32_t *p = t->bcast;
+    int32_t *parts[4] = {t->tokens, t->targets, t->positions, t->seg};
+    if (t->tp_rank == 0) {
+        for (int k = 0; k < 4; k++) memcpy(p + (size_t)k * N, parts[k], N * sizeof(int32_t));
+        memcpy(p + 4 * N, t->mask, N * sizeof(float));
+    }
+    int rc = t->tp->ops->broadcast(t->tp, p, 5 * N * sizeof(int32_t), 0, TRAIN_COMM_TIMEOUT_MS);
+    if (rc || t->tp_rank == 0) return rc;
+    for (int k = 0; k < 4; k++) memcpy(parts[k], p + (size_t)k * N, N * sizeof(int32_t));
+    memcpy(t->mask, p + 4 * N, N * sizeof(float));
+    return 0;
+}
+
 static int load_batch(trainer *t, int s, int64_t first, gpt_batch *b) {
     const co_config *c = &t->cfg;
     int B = c->micro_batch_size, T = c->seq_length;
-    int64_t n = dl_num_samples(t->ds[s]);
-    for (int i = 0; i < B; i++) {
+    int64_t n = t->tp_rank == 0 ? dl_num_samples(t->ds[s]) : 0;
+    for (int i = 0; i < B && t->tp_rank == 0; i++) {
         /* the valid iterator wraps around as Megatron's cyclic evaluation iterator does */
         int64_t idx = (first + i) % n;
         size_t o = (size_t)i * T;
         int rc = dl_get(t->ds[s], idx, t->tokens + o, t->targets + o, t->mask + o, t->positions + o, t->seg + o);
+        if (rc) return rc;
+    }
+    if (t->tp) {
+        int rc = broadcast_batch(t, (size_t)B * T);
         if (rc) return rc;
     }
     b->B = B;
@@ -429,6 +491,7 @@ static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) 
     double rep[4] = {*loss, *tok, *stop_reason == 1, *stop_reason == 2};
     rc = dp->ops->allreduce_sum(dp, rep, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
+    if (t->tp && (rc = t->tp->ops->allreduce_sum(t->tp, rep + 2, 2, CM_F64, TRAIN_COMM_TIMEOUT_MS))) return rc;
     *loss = rep[0];
     *tok = rep[1];
     *stop_reason = rep[2] > 0 ? 1 : rep[3] > 0 ? 2 : 0;
@@ -551,8 +614,17 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
     }
     *loss_out = it_loss;
     *tok_out = it_tok;
-    kb_backend *be = t->be;
-    *grad_norm = t->have_val ? sqrt(be->ops->sumsq(be, gpt_grads(t->model), gpt_num_params(t->model))) : 0;
+    if (t->tp) {
+        /* the parts of replicated parameters' gradients summed over the tensor group */
+        int rc = gpt_tp_finalize_grads(t->model);
+        if (rc) return rc;
+    }
+    *grad_norm = 0;
+    if (t->have_val) {
+        /* this replica's norm (the tensor group's, the same on each of its ranks) */
+        int rc = model_grad_norm(t, grad_norm);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -560,6 +632,14 @@ static bool skip_listed(const trainer *t, int64_t step) {
     for (int i = 0; i < t->nskips; i++)
         if (t->skips[i] == step) return true;
     return false;
+}
+
+/* The data-parallel coordinate (replica) of a world rank the supervisor names (a verdict's
+ * suspect or helper): the world rank itself without tensor parallelism. */
+static int replica_of(const trainer *t, int world_rank) {
+    topo_coord co;
+    if (t->tp && t->have_layout && world_rank >= 0 && topo_coords(&t->layout, world_rank, &co) == 0) return co.dp;
+    return world_rank;
 }
 
 /* ---- the weights' checksum (silent data corruption, resilience/rerun.h) ----
@@ -596,6 +676,27 @@ static void *sum_main(void *arg) {
     j->sum = gpt_weights_checksum(j->t->model);
     j->s = now_s() - t0;
     return NULL;
+}
+
+/* Under tensor parallelism each rank hashes its slices: the replica's checksums are the
+ * hashes of its ranks' (all-gathered over the group), the same on each of them, so the
+ * supervisor compares replicas as it does without tensor parallelism. */
+static int combine_sums(trainer *t, rr_report *r) {
+    uint64_t mine[3] = {r->sum_used, r->sum_written, r->has_written}, all[3 * CO_MAX_TP_GROUP];
+    if (t->tp_size > CO_MAX_TP_GROUP) return co_err_set(CO_EINVAL, "a tensor group of %d ranks", t->tp_size);
+    int rc = t->tp->ops->allgather(t->tp, mine, all, sizeof mine, TRAIN_COMM_TIMEOUT_MS);
+    if (rc) return rc;
+    uint64_t used[CO_MAX_TP_GROUP], written[CO_MAX_TP_GROUP];
+    bool have = true;
+    for (int k = 0; k < t->tp_size; k++) {
+        used[k] = all[3 * k];
+        written[k] = all[3 * k + 1];
+        have = have && all[3 * k + 2];
+    }
+    r->sum_used = XXH3_64bits(used, sizeof(uint64_t) * (size_t)t->tp_size);
+    r->sum_written = XXH3_64bits(written, sizeof(uint64_t) * (size_t)t->tp_size);
+    r->has_written = have;
+    return 0;
 }
 
 /* Every rank takes rank `root`'s parameters and optimizer state (REPAIR, replica repair). */
@@ -668,10 +769,16 @@ void trainer_set_output(trainer *t, FILE *log, FILE *metrics) {
     t->metrics_borrowed = true;
 }
 
+void trainer_set_tensor_group(trainer *t, cm_comm *tp) {
+    if (!t->tp && !tp) return;
+    t->tp = tp;
+    gpt_set_tensor_group(t->model, tp, TRAIN_COMM_TIMEOUT_MS);
+    kb_backend_clear_status(t->be); /* a collective the last generation's abort failed */
+}
+
 void trainer_set_comm(trainer *t, cm_comm *dp) {
     t->dp = dp;
-    if (dp) topo_init(&t->topo, dp->size, t->cfg.tensor_model_parallel_size, t->cfg.pipeline_model_parallel_size,
-                      t->cfg.context_parallel_size, dp->rank);
+    if (dp) topo_init(&t->topo, dp->size, 1, 1, 1, dp->rank);
 }
 
 void trainer_state_replaced(trainer *t) { t->have_written = false; }
@@ -708,12 +815,21 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
     /* the weights as built or loaded (a repair or a peer's state noted it already; an
      * optimizer step keeps it) */
     if (!t->have_written) note_written(t);
+    if (t->tp) {
+        /* which splits have samples: tensor-parallel rank 0 built them */
+        int rc = t->tp->ops->broadcast(t->tp, t->has_split, sizeof t->has_split, 0, TRAIN_COMM_TIMEOUT_MS);
+        if (rc) return rc;
+    }
     if (t->iteration < c->train_iters) {
         /* a stop asked for before the first step (a signal during setup, the supervisor's
          * order): the ranks agree on it in one vote, and nothing is trained */
         double vote = stop && *stop ? 1 : 0;
         if (t->dp) {
             int rc = t->dp->ops->allreduce_sum(t->dp, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+            if (rc) return rc;
+        }
+        if (t->tp) {
+            int rc = t->tp->ops->allreduce_sum(t->tp, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
             if (rc) return rc;
         }
         if (vote > 0) {
@@ -745,6 +861,8 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         double it_loss = 0, it_tok = 0, gnorm = 0, local_norm = 0;
         int stop_reason = 0;
         int attempt = 0, role_check_for = -1; /* role_check_for >= 0: this round recomputes that rank's share */
+        int check_suspect = -1;                /* the world rank whose share it is */
+        bool check_reports = true;             /* this rank reports the recomputation (its replica's helper) */
         bool checking_round = false, skip_step = false;
         for (;;) {
             if (!checking_round) {
@@ -782,6 +900,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                     r.sum_used = job.sum;
                     r.has_written = t->have_written;
                     r.sum_written = t->sum_written;
+                    if (t->tp && (rc = combine_sums(t, &r))) return rc;
                     if ((rc = t->val.checksum(t->val.ctx, &r))) return rc;
                 }
                 t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - ta);
@@ -789,11 +908,12 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                 double l, k;
                 int rc = compute_share(t, role_check_for, step, &l, &k, &local_norm);
                 if (rc) return rc;
-                rr_report r = {.iteration = step, .attempt = attempt, .rank = me, .check_for = role_check_for,
+                rr_report r = {.iteration = step, .attempt = attempt, .rank = me,
+                               .check_for = t->tp ? check_suspect : role_check_for,
                                .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB, .grad_norm = local_norm};
                 memcpy(r.loss, t->mb_loss, sizeof(double) * (size_t)r.nmb);
                 memcpy(r.tokens, t->mb_tok, sizeof(double) * (size_t)r.nmb);
-                if ((rc = t->val.report(t->val.ctx, &r, t->phase_ms))) return rc;
+                if (check_reports && (rc = t->val.report(t->val.ctx, &r, t->phase_ms))) return rc;
             }
             if (!t->have_val) break;
             double tv = now_s();
@@ -815,18 +935,22 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             char line[400];
             snprintf(line, sizeof line, "iteration %lld: %s: %s", (long long)step, rr_decision_name(v.decision),
                      v.reason);
-            if (!t->dp || v.suspect == me) emit_line(t, line, false);
+            if (!t->dp || (replica_of(t, v.suspect) == me && t->tp_rank == 0)) emit_line(t, line, false);
             if (v.decision == RR_RERUN) {
                 attempt = v.attempt;
                 checking_round = false;
             } else if (v.decision == RR_CHECK) {
                 attempt = v.attempt;
                 checking_round = true;
-                role_check_for = v.helper == me ? v.suspect : -1;
+                /* the helper's replica recomputes (all of its tensor group); the helper reports */
+                role_check_for = replica_of(t, v.helper) == me ? replica_of(t, v.suspect) : -1;
+                check_suspect = v.suspect;
+                check_reports = v.helper == t->job_rank || !t->tp;
             } else if (v.decision == RR_REPAIR) {
-                if (!t->dp || v.helper < 0 || v.helper >= t->dp->size)
+                int src = replica_of(t, v.helper);
+                if (!t->dp || src < 0 || src >= t->dp->size)
                     return co_err_set(CO_EPROTOCOL, "verdict REPAIR from rank %d", v.helper);
-                if ((rc = take_state(t, v.helper))) return rc;
+                if ((rc = take_state(t, src))) return rc;
                 attempt = v.attempt;
                 checking_round = false;
             } else if (v.decision == RR_SKIP) {
@@ -841,8 +965,8 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         kb_backend *be = t->be;
         if (!skip_step) {
             double to = now_s();
-            gnorm = opt_grad_norm(t->model);
-            if (kb_backend_status(be)) return kb_backend_status(be);
+            int grc = model_grad_norm(t, &gnorm);
+            if (grc) return grc;
             double loss = it_tok > 0 ? it_loss / it_tok : 0;
             if (!t->have_val && c->check_for_nan_in_loss_and_grad && (!isfinite(loss) || !isfinite(gnorm))) {
                 t->nan_iters++;
@@ -903,7 +1027,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             int rc = check_replicas(t);
             if (rc) return rc;
         }
-        if (c->eval_iters > 0 && t->iteration % c->eval_interval == 0 && t->ds[1] &&
+        if (c->eval_iters > 0 && t->iteration % c->eval_interval == 0 && t->has_split[1] &&
             t->iteration < c->train_iters) {
             char label[64];
             snprintf(label, sizeof label, "iteration %lld", (long long)t->iteration);
@@ -930,7 +1054,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
 int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss) {
     const co_config *c = &t->cfg;
     *out_loss = NAN;
-    if (!t->ds[split] || c->eval_iters <= 0) return 0;
+    if (!t->has_split[split] || c->eval_iters <= 0) return 0;
     int B = c->micro_batch_size, N = B * c->seq_length;
     double loss = 0, tok = 0;
     for (int64_t it = 0; it < c->eval_iters; it++) {

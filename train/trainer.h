@@ -39,6 +39,10 @@ typedef struct trainer_data {
     bool joining;
     /* with --device cuda: the GPU to use, the worker's local rank on its node (0 alone) */
     int cuda_device;
+    /* the tensor-parallel group (cfg tensor_model_parallel_size ranks, this one at its
+     * rank in it), or NULL: the model is split over it, only its rank 0 builds the datasets
+     * and reads batches, which it broadcasts (Megatron's get_batch_on_this_tp_rank) */
+    struct cm_comm *tp;
 } trainer_data;
 
 struct cm_comm;
@@ -131,6 +135,8 @@ void trainer_state_replaced(trainer *t);
  * generation's communicator, gives it here, and every rank takes rank `root`'s parameters,
  * optimizer state and progress; then trainer_train continues. */
 void trainer_set_comm(trainer *t, struct cm_comm *dp);
+/* The new generation's tensor-parallel group (NULL between generations). */
+void trainer_set_tensor_group(trainer *t, struct cm_comm *tp);
 int trainer_sync_state(trainer *t, int root);
 /* Where log lines and metrics records go from now on (the logging rank changed after a
  * restart with shifted ranks; NULL: this rank does not print). Neither is closed here. */

@@ -66,7 +66,7 @@ static int source_in_dp(const wk_comms *cs, int rank, int source, int *out) {
  * each generation's start and at the end, over every group. */
 static int check_standin_replicas(wk_comms *cs, trainer *t, int rank, const char *when) {
     const topo_layout *l = wk_comms_layout(cs);
-    if (l->tp * l->cp * l->pp == 1) return 0;
+    if (!co_config_standin_model_parallel || l->tp * l->cp * l->pp == 1) return 0;
     char err[400];
     int rc = wk_comms_check_equal(cs, gpt_weights_checksum(trainer_model(t)), 10 * 60 * 1000, err, sizeof err);
     if (rc) fprintf(stderr, "cohort worker %d: the replicas differ %s: %s\n", rank, when, err[0] ? err : co_err_detail());
@@ -122,6 +122,8 @@ int wk_run(const wk_options *o) {
     int early_rc = 0; /* a replacement's first state transfer failed */
     trainer_data td = *data;
     td.joining = link && asg->generation > 1 && asg->state_source >= 0;
+    bool split_model = c.tensor_model_parallel_size > 1; /* (the stand-in set it to 1) */
+    td.tp = split_model && cs ? wk_comms_group(cs, TOPO_G_TP) : NULL;
     if (td.joining) c.load[0] = '\0'; /* a replacement takes its state from a replica, not from disk */
     if (link && asg->generation > 1 && asg->state_source < 0 && asg->checkpoint_dir)
         snprintf(c.load, sizeof c.load, "%s", asg->checkpoint_dir); /* no replica survived: the checkpoint */
@@ -215,6 +217,7 @@ int wk_run(const wk_options *o) {
                 my_rank, (long long)it + 1, co_strerror(rc));
         close_comms(link, &cs, &dp);
         trainer_set_comm(t, NULL);
+        trainer_set_tensor_group(t, NULL);
         sv_assignment na;
         rc = sv_link_await_restart(link, it, &na, (int)(c.rendezvous_timeout * 1000));
         if (rc) break;
@@ -239,6 +242,7 @@ int wk_run(const wk_options *o) {
         sv_assignment_free(&na);
         if (rc) continue; /* another abort during the rebuild: back to the barrier (reload is NULL) */
         trainer_set_comm(t, dp);
+        trainer_set_tensor_group(t, split_model ? wk_comms_group(cs, TOPO_G_TP) : NULL);
         if (reload) {
             rc = wk_ckpt_reload(ckpt, reload);
             free(reload);

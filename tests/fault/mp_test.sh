@@ -84,7 +84,7 @@ groups_refused)
     "$cohort" train "${common[@]}" "${mp[@]}" >"$work/r.out" 2>"$work/r.err"
     rc=$?
     [ $rc -eq 2 ] || fail "cohort accepted tp2 x pp2 (exit $rc)"
-    grep -q "tensor-model-parallel-size 2 is not supported yet" "$work/r.err" || fail "$(cat "$work/r.err")"
+    grep -q "pipeline-model-parallel-size 2 is not supported yet" "$work/r.err" || fail "$(cat "$work/r.err")"
     # and the stand-in a world that the layout does not divide
     COHORT_CPU_EXE=$standin "$cohort" train "${common[@]}" --nproc-per-node 6 --tensor-model-parallel-size 4 \
         >"$work/w.out" 2>"$work/w.err"
