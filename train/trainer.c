@@ -445,7 +445,7 @@ static void log_line(trainer *t, double lr, double grad_norm) {
     const co_config *c = &t->cfg;
     double ms = 1000.0 * t->time_since_log / t->iters_since_log;
     double loss = t->tok_sum > 0 ? t->loss_sum / t->tok_sum : NAN;
-    double tflops = t->flops_per_sample * c->global_batch_size / (ms / 1000.0) / 1e12 / t->topo.world;
+    double tflops = t->flops_per_sample * c->global_batch_size / (ms / 1000.0) / 1e12 / (t->topo.world * t->tp_size);
     double tok_s = (double)c->global_batch_size * c->seq_length / (ms / 1000.0);
     char ts[32];
     timestamp(ts, sizeof ts);
@@ -458,17 +458,25 @@ static void log_line(trainer *t, double lr, double grad_norm) {
             ts, (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tflops, lr,
             c->global_batch_size, loss, 1.0, grad_norm, (long long)t->skipped, (long long)t->nan_iters);
     if (t->log) fflush(t->log);
+    /* the tensor group's collectives inside the model since the last line (this rank's) */
+    char tpx[200] = "";
+    if (t->tp) {
+        gpt_tp_stats st;
+        gpt_tp_stats_take(t->model, &st);
+        snprintf(tpx, sizeof tpx, ",\"tensor_comm_ms_per_iteration\":%.3f,\"tensor_analytic_bytes_per_iteration\":%.0f",
+                 1000.0 * st.comm_s / t->iters_since_log, (double)st.analytic_bytes / t->iters_since_log);
+    }
     if (t->metrics) {
         fprintf(t->metrics,
                 "{\"iteration\":%lld,\"train_iters\":%lld,\"consumed_samples\":%lld,\"elapsed_ms_per_iteration\":%.3f,"
                 "\"tokens_per_second\":%.1f,\"tflops_per_rank\":%.4f,\"learning_rate\":%.9e,\"global_batch_size\":%d,"
                 "\"lm_loss\":%.9e,\"loss_scale\":1.0,\"grad_norm\":%.6f,\"skipped_iterations\":%lld,"
                 "\"nan_iterations\":%lld,\"validation_ms_per_iteration\":%.3f,\"weight_checksum_ms_per_iteration\":%.3f,"
-                "\"weight_hash_ms_per_iteration\":%.3f,\"time\":\"%s\"}\n",
+                "\"weight_hash_ms_per_iteration\":%.3f%s,\"time\":\"%s\"}\n",
                 (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tok_s, tflops, lr,
                 c->global_batch_size, loss, grad_norm, (long long)t->skipped, (long long)t->nan_iters,
                 1000.0 * t->gate_s / t->iters_since_log, 1000.0 * t->sum_wait_s / t->iters_since_log,
-                1000.0 * t->sum_hash_s / t->iters_since_log, ts);
+                1000.0 * t->sum_hash_s / t->iters_since_log, tpx, ts);
         fflush(t->metrics);
     }
     t->last_loss = loss;
