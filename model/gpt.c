@@ -583,11 +583,16 @@ static void async_wait(tp_async *a) {
     a->running = false;
 }
 
-/* din (summed over the group into dh) and dW of a column-parallel layer: the input gradient
- * first, its sum started, the weight gradient meanwhile */
+/* din (summed over the group into dh) and dW of a column-parallel layer (qkv, fc1, the
+ * output layer): the input gradient first, its sum started, the weight gradient meanwhile.
+ * At tp 1 the one-rank product into dh. */
 static void column_parallel_backward(gpt_model *m, float *dW, float *dbias, const float *dout, const float *in,
                                      const float *W, const kb_bf16 *W16, int N, int IC, int OC) {
     const kb_ops *o = m->ops;
+    if (m->tp == 1) {
+        o->linear_backward(m->be, m->dh, dW, dbias, dout, in, W, W16, N, IC, OC);
+        return;
+    }
     float *din = m->sp ? m->dfull : m->dh;
     o->linear_backward(m->be, din, NULL, dbias, dout, in, W, W16, N, IC, OC);
     tp_async a;
@@ -843,8 +848,7 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
     /* LM head: logits hold dloss/dlogits */
     const float *inf = m->lnf;
     if (sp) tp_allgather(m, m->gath, m->lnf, NlC), inf = m->gath;
-    if (par) column_parallel_backward(m, G(m, m->t_lm), NULL, m->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C, V);
-    else o->linear_backward(be, m->dh, G(m, m->t_lm), NULL, m->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C, V);
+    column_parallel_backward(m, G(m, m->t_lm), NULL, m->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C, V);
     o->zero(be, m->dx, NlC);
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, m->t_lnf_w), G(m, m->t_lnf_b), m->dh, m->x_final,
                      P(m, m->t_lnf_w), m->lnf_mean, m->lnf_rstd, Nl, C);
@@ -864,12 +868,8 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
         else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
         const float *in2 = a->ln2;
         if (sp) tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
-        if (par)
-            column_parallel_backward(m, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]),
-                                     N, C, F1);
-        else
-            o->linear_backward(be, m->dh, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]),
-                               P16(m, t[FC1_W]), N, C, F1);
+        column_parallel_backward(m, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), N,
+                                 C, F1);
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN2_W]), G(m, t[LN2_B]), m->dh, a->x_mid,
                          P(m, t[LN2_W]), a->ln2_mean, a->ln2_rstd, Nl, C);
         /* attention branch */
@@ -885,12 +885,8 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
         if (c->rope) o->rope(be, m->dqkv, positions, N, NH, NKV, c->head_dim, c->rotary_base, true);
         const float *in1 = a->ln1;
         if (sp) tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
-        if (par)
-            column_parallel_backward(m, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]), P16(m, t[QKV_W]),
-                                     N, C, Q);
-        else
-            o->linear_backward(be, m->dh, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
-                               P16(m, t[QKV_W]), N, C, Q);
+        column_parallel_backward(m, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]), P16(m, t[QKV_W]), N,
+                                 C, Q);
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN1_W]), G(m, t[LN1_B]), m->dh, a->x_in, P(m, t[LN1_W]),
                          a->ln1_mean, a->ln1_rstd, Nl, C);
     }

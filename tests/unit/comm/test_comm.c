@@ -734,7 +734,46 @@ static void test_mismatch(void) {
     CHECK(run_group("mismatch", 2, sc_mismatch, NULL, -1, 30000) == 0);
 }
 
+/* cm_zmq_traffic counts what this rank sent: over ZeroMQ an all-gather of K bytes per rank
+ * sends K to each of the n-1 others at least once; through shared memory a 2-rank
+ * all-reduce of n floats writes the half the peer reduces plus the sums of its own half. */
+static void sc_traffic(int rank, int n, const char *dir, const void *arg) {
+    const opts *o = arg;
+    cm_comm *c = mk(rank, n, dir, o);
+    if (!c) return;
+    enum { K = 40000, NF = 1 << 16 };
+    static unsigned char send[K], recv[4 * K];
+    static float buf[NF];
+    memset(send, rank, sizeof send);
+    uint64_t z0, s0, z1, s1;
+    CHECK(c->ops->barrier(c, T_MS) == 0);
+    cm_zmq_traffic(c, &z0, &s0);
+    CHECK(c->ops->allgather(c, send, recv, K, T_MS) == 0);
+    cm_zmq_traffic(c, &z1, &s1);
+    uint64_t want = (uint64_t)K * (uint64_t)(n - 1);
+    CHECK_MSG(z1 - z0 >= want && z1 - z0 <= want + 4096, "rank %d: all-gather sent %llu bytes over ZeroMQ, want %llu",
+              rank, (unsigned long long)(z1 - z0), (unsigned long long)want);
+    CHECK(recv[(size_t)((rank + 1) % n) * K] == (unsigned char)((rank + 1) % n));
+    if (o->shm != NO_SHM) {
+        for (int i = 0; i < NF; i++) buf[i] = (float)(i % 5);
+        CHECK(c->ops->allreduce_sum(c, buf, NF, CM_F32, T_MS) == 0);
+        uint64_t z2, s2;
+        cm_zmq_traffic(c, &z2, &s2);
+        CHECK_MSG(s2 - s1 == (uint64_t)NF * sizeof(float), "rank %d: shared-memory all-reduce wrote %llu bytes, want %zu",
+                  rank, (unsigned long long)(s2 - s1), (size_t)NF * sizeof(float));
+        CHECK(buf[7] == (float)(7 % 5) * n);
+    }
+    cm_destroy(&c);
+}
+
+static void test_traffic(void) {
+    opts z = {4096, 256, 0, NO_SHM}, m = {4096, 256, 0, 0};
+    CHECK(run_group("traffic-zmq", 3, sc_traffic, &z, -1, 60000) == 0);
+    CHECK(run_group("traffic-shm", 2, sc_traffic, &m, -1, 60000) == 0);
+}
+
 int main(void) {
+    RUN(test_traffic);
     RUN(test_collectives_2);
     RUN(test_collectives_3_ring_only);
     RUN(test_collectives_4);
