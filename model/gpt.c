@@ -557,25 +557,28 @@ double gpt_tp_grad_sumsq(gpt_model *m) {
  * reduce-scatter under SP); the communicator is used by that thread alone meanwhile. */
 typedef struct tp_async {
     gpt_model *m;
+    size_t n; /* elements of this rank's part of the sum: its tokens' rows x C */
     pthread_t th;
     bool running;
 } tp_async;
 
-static void input_grad_sum(gpt_model *m) {
-    size_t NlC = (size_t)(m->sp ? m->last_B * m->last_T / m->tp : m->last_B * m->last_T) * (size_t)m->cfg.hidden;
-    if (m->sp) tp_reduce_scatter(m, m->dh, m->dfull, NlC);
-    else tp_allreduce(m, m->dh, NlC);
+static void input_grad_sum(gpt_model *m, size_t n) {
+    if (m->sp) tp_reduce_scatter(m, m->dh, m->dfull, n);
+    else tp_allreduce(m, m->dh, n);
 }
 
 static void *async_main(void *p) {
-    input_grad_sum(((tp_async *)p)->m);
+    tp_async *a = p;
+    input_grad_sum(a->m, a->n);
     return NULL;
 }
 
-static void async_start(tp_async *a, gpt_model *m) {
+/* N tokens' input gradient [N, C] */
+static void async_start(tp_async *a, gpt_model *m, int N) {
     a->m = m;
+    a->n = (size_t)(m->sp ? N / m->tp : N) * (size_t)m->cfg.hidden;
     a->running = m->overlap && !pthread_create(&a->th, NULL, async_main, a);
-    if (!a->running) input_grad_sum(m);
+    if (!a->running) input_grad_sum(m, a->n);
 }
 
 static void async_wait(tp_async *a) {
@@ -596,7 +599,7 @@ static void column_parallel_backward(gpt_model *m, float *dW, float *dbias, cons
     float *din = m->sp ? m->dfull : m->dh;
     o->linear_backward(m->be, din, NULL, dbias, dout, in, W, W16, N, IC, OC);
     tp_async a;
-    async_start(&a, m);
+    async_start(&a, m, N);
     o->linear_backward(m->be, NULL, dW, NULL, dout, in, W, W16, N, IC, OC);
     async_wait(&a);
 }

@@ -364,7 +364,6 @@ int64_t trainer_iteration(const trainer *t) { return t->iteration; }
 gpt_model *trainer_model(trainer *t) { return t->model; }
 double trainer_last_loss(const trainer *t) { return t->last_loss; }
 
-/* Reads micro batch samples [first, first+B) of split s into the batch buffers. */
 /* The norm of the model's gradient: over the tensor group, each slice once (gpt_tp_grad_sumsq). */
 static int model_grad_norm(trainer *t, double *out) {
     if (!t->tp) {
@@ -394,6 +393,8 @@ static int broadcast_batch(trainer *t, size_t N) {
     return 0;
 }
 
+/* Reads micro batch samples [first, first+B) of split s into the batch buffers (tensor
+ * rank 0 reads, the group receives them). */
 static int load_batch(trainer *t, int s, int64_t first, gpt_batch *b) {
     const co_config *c = &t->cfg;
     int B = c->micro_batch_size, T = c->seq_length;
