@@ -83,7 +83,9 @@ struct gpt_model {
     int NHl, NKVl, kv0, Fl, Vl, v0;  /* local heads, groups, first group, ffn, vocabulary */
     struct cm_comm *tpc;
     int tp_timeout;
-    int32_t *tok_l;                  /* [N] token ids in this rank's vocabulary shard, -1 elsewhere */
+    int32_t *tok_l;                  /* [N] token ids in this rank's vocabulary shard, -1 elsewhere
+                                      * (host memory; d_tokl the backend's copy where it differs) */
+    int32_t *d_tokl;
     float *gath, *dfull, *dhs;       /* [N,C]: gathered input, gathered gradient, a shard's sum */
     float *ce_mx, *ce_all, *ce_sums; /* [N], [tp*N], [2N] */
     float *tp_buf;                   /* gpt_tp_finalize_grads' packing buffer */
@@ -336,6 +338,7 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     }
     A(m->dffn, N * F);
     m->host_batch = be->opt.device == KB_DEVICE_CPU;
+    if (!m->host_batch && par) A(m->d_tokl, N);
     if (!m->host_batch) {
         A(m->d_tok, N);
         A(m->d_tgt, N);
@@ -368,7 +371,7 @@ void gpt_destroy(gpt_model **pm) {
     float *ps[] = {m->params, m->grads, m->x_final, m->lnf, m->lnf_mean, m->lnf_rstd, m->logits,
                    m->losses, m->dx, m->dh, m->tmp, m->dqkv, m->datt, m->dbig, m->dffn,
                    (float *)m->d_tok, (float *)m->d_tgt, (float *)m->d_pos, (float *)m->d_seg, m->d_dscale,
-                   m->gath, m->dfull, m->dhs, m->ce_mx, m->ce_all, m->ce_sums, m->tp_buf};
+                   m->gath, m->dfull, m->dhs, m->ce_mx, m->ce_all, m->ce_sums, m->tp_buf, (float *)m->d_tokl};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) if (ps[k]) o->free(be, ps[k]);
     if (m->params16) o->free(be, m->params16);
     free(m->host_losses);
@@ -494,36 +497,48 @@ static void tp_count(gpt_model *m, double t0, double bytes) {
     m->stats.calls++;
 }
 
-static bool tp_ok(gpt_model *m, const char *what) {
+/* Whether a collective may run: the group is set and nothing failed. Where the backend
+ * queues its operations (CUDA), the ones queued so far must have written the buffers the
+ * collective reads: the caller syncs first (queued = true; async_start does it on the
+ * training thread before its helper thread communicates). */
+static bool tp_ok(gpt_model *m, const char *what, bool queued) {
     if (m->be->status) return false;
     if (!m->tpc || m->tpc->size != m->tp || m->tpc->rank != m->tpr) {
         m->be->status = co_err_set(CO_EINVAL, "%s: the tensor group is not set (gpt_set_tensor_group)", what);
         return false;
     }
+    if (queued && !m->host_batch) {
+        m->ops->sync(m->be);
+        if (m->be->status) return false;
+    }
     return true;
 }
 
 /* x[n] summed over the group (reduce_from_tensor_region) */
-static void tp_allreduce(gpt_model *m, float *x, size_t n) {
-    if (!tp_ok(m, "tensor-parallel all-reduce")) return;
+static void tp_allreduce_q(gpt_model *m, float *x, size_t n, bool queued) {
+    if (!tp_ok(m, "tensor-parallel all-reduce", queued)) return;
     double t0 = mono_s();
     int rc = m->tpc->ops->allreduce_sum(m->tpc, x, n, CM_F32, m->tp_timeout);
     if (rc) m->be->status = rc;
     tp_count(m, t0, 2.0 * (m->tp - 1) / m->tp * (double)n * sizeof(float));
 }
+static void tp_allreduce(gpt_model *m, float *x, size_t n) { tp_allreduce_q(m, x, n, true); }
 
 /* full[N,C] (every rank's) summed, this rank's rows [r N/tp, (r+1) N/tp) into shard */
-static void tp_reduce_scatter(gpt_model *m, float *shard, const float *full, size_t shard_n) {
-    if (!tp_ok(m, "tensor-parallel reduce-scatter")) return;
+static void tp_reduce_scatter_q(gpt_model *m, float *shard, const float *full, size_t shard_n, bool queued) {
+    if (!tp_ok(m, "tensor-parallel reduce-scatter", queued)) return;
     double t0 = mono_s();
     int rc = m->tpc->ops->reduce_scatter_sum(m->tpc, full, shard, shard_n, CM_F32, m->tp_timeout);
     if (rc) m->be->status = rc;
     tp_count(m, t0, (double)(m->tp - 1) * (double)shard_n * sizeof(float));
 }
+static void tp_reduce_scatter(gpt_model *m, float *shard, const float *full, size_t shard_n) {
+    tp_reduce_scatter_q(m, shard, full, shard_n, true);
+}
 
 /* full = every rank's shard, in rank order */
 static void tp_allgather(gpt_model *m, float *full, const float *shard, size_t shard_n) {
-    if (!tp_ok(m, "tensor-parallel all-gather")) return;
+    if (!tp_ok(m, "tensor-parallel all-gather", true)) return;
     double t0 = mono_s();
     int rc = m->tpc->ops->allgather(m->tpc, shard, full, shard_n * sizeof(float), m->tp_timeout);
     if (rc) m->be->status = rc;
@@ -562,9 +577,10 @@ typedef struct tp_async {
     bool running;
 } tp_async;
 
+/* (the training thread synced the backend: the input gradient is written) */
 static void input_grad_sum(gpt_model *m, size_t n) {
-    if (m->sp) tp_reduce_scatter(m, m->dh, m->dfull, n);
-    else tp_allreduce(m, m->dh, n);
+    if (m->sp) tp_reduce_scatter_q(m, m->dh, m->dfull, n, false);
+    else tp_allreduce_q(m, m->dh, n, false);
 }
 
 static void *async_main(void *p) {
@@ -577,6 +593,7 @@ static void *async_main(void *p) {
 static void async_start(tp_async *a, gpt_model *m, int N) {
     a->m = m;
     a->n = (size_t)(m->sp ? N / m->tp : N) * (size_t)m->cfg.hidden;
+    if (!m->host_batch) m->ops->sync(m->be); /* the input gradient the helper sums is written */
     a->running = m->overlap && !pthread_create(&a->th, NULL, async_main, a);
     if (!a->running) input_grad_sum(m, a->n);
 }
@@ -733,8 +750,13 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
             int32_t id = b->tokens[n] - m->v0;
             m->tok_l[n] = id >= 0 && id < V ? id : -1;
         }
+        const int32_t *tokl = m->tok_l;
+        if (!m->host_batch) {
+            o->copy(be, m->d_tokl, m->tok_l, sizeof(int32_t) * (size_t)N);
+            tokl = m->d_tokl;
+        }
         float *e = sp ? m->gath : x;
-        o->embed_forward(be, e, m->tok_l, positions, P(m, m->t_wte), m->tpr == 0 ? P(m, m->t_wpe) : NULL, N, C);
+        o->embed_forward(be, e, tokl, positions, P(m, m->t_wte), m->tpr == 0 ? P(m, m->t_wpe) : NULL, N, C);
         if (sp) tp_reduce_scatter(m, x, e, NlC);
         else tp_allreduce(m, x, (size_t)N * C);
     }
@@ -842,7 +864,7 @@ void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) {
     const int32_t *tokens = m->host_batch ? b->tokens : m->d_tok;
     const int32_t *positions = m->host_batch || !b->positions ? b->positions : m->d_pos;
     const int32_t *seg = m->host_batch || !b->seg ? b->seg : m->d_seg;
-    if (par) tokens = m->tok_l;
+    if (par) tokens = m->host_batch ? m->tok_l : m->d_tokl;
     /* Under tensor parallelism the input gradient of a column-parallel layer is a part:
      * summed over the group into dh (reduce-scattered to this rank's tokens under sequence
      * parallelism) beside its weight gradient (column_parallel_backward); the gradient a
