@@ -200,5 +200,13 @@ void cu_cross_entropy(kb_backend *b, float *losses, float *logits, const int32_t
 double cu_sumsq(kb_backend *b, const float *x, size_t n);
 void cu_adamw(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
               float beta2, float eps, float wd, float gscale, int64_t t);
+// tensor parallelism (backend.h: bias_add ... ce_grad)
+void cu_bias_add(kb_backend *b, float *out, const float *bias, int N, int C);
+void cu_bias_grad(kb_backend *b, float *dbias, const float *dout, int N, int C);
+void cu_ce_max(kb_backend *b, float *mx, const float *logits, int N, int V);
+void cu_ce_sums(kb_backend *b, float *sums, const float *logits, const float *mx, const int32_t *targets, int v0,
+                int N, int V);
+void cu_ce_grad(kb_backend *b, float *losses, float *logits, const float *mx, const float *sums,
+                const int32_t *targets, const float *dscale, int v0, int Vt, int N, int V);
 
 #endif

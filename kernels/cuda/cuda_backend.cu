@@ -168,6 +168,11 @@ static const kb_ops cuda_ops = {
     /* .sumsq = */ cu_sumsq,
     /* .adamw = */ cu_adamw,
     /* .adamw_checksum = */ NULL, /* the caller hashes the weights on the host (managed memory) */
+    /* .bias_add = */ cu_bias_add,
+    /* .bias_grad = */ cu_bias_grad,
+    /* .ce_max = */ cu_ce_max,
+    /* .ce_sums = */ cu_ce_sums,
+    /* .ce_grad = */ cu_ce_grad,
 };
 
 // ---- which GPUs this build can run on ----

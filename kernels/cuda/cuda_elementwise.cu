@@ -1,5 +1,6 @@
 // cuda_elementwise.cu - embeddings, normalisation, rope, activations, dropout, the fused
-// softmax cross-entropy, the gradient norm's sum of squares and AdamW on the GPU.
+// softmax cross-entropy, the tensor-parallel bias and vocabulary-parallel cross-entropy, the
+// gradient norm's sum of squares and AdamW on the GPU.
 //
 // The formulas are the CPU backend's (kernels/cpu/elementwise.c), including its exp()
 // approximation (cu_expf) and the dropout counter (cu_keep == kb_keep), so dropout masks are
@@ -394,6 +395,111 @@ void cu_cross_entropy(kb_backend *b, float *losses, float *logits, const int32_t
     if (!cu_enter(b) || N <= 0 || Vp <= 0) return;
     k_cross_entropy<<<N, CE_THREADS, 0, cu_st(b)->stream>>>(losses, logits, targets, dscale, Vp);
     cu_launched(b, "cross_entropy");
+}
+
+// ---- tensor parallelism: row-parallel bias, vocabulary-parallel cross-entropy ----
+// (backend.h: bias_add, bias_grad, ce_max, ce_sums, ce_grad; the CPU's are in
+// kernels/cpu/matmul.c and kernels/cpu/elementwise.c)
+
+// out[N,C] += bias[C] on every row: one addition per element, bitwise the CPU's
+__global__ void k_bias_add(float *__restrict__ out, const float *__restrict__ bias, int N, int C) {
+    size_t total = (size_t)N * C;
+    GRID_STRIDE(i, total) out[i] += bias[i % (size_t)C];
+}
+
+void cu_bias_add(kb_backend *b, float *out, const float *bias, int N, int C) {
+    if (!cu_enter(b) || N <= 0 || C <= 0) return;
+    k_bias_add<<<cu_blocks((size_t)N * C, 256), 256, 0, cu_st(b)->stream>>>(out, bias, N, C);
+    cu_launched(b, "bias_add");
+}
+
+// dbias[C] += column sums of dout[N,C]: the fixed-order column sums of linear_backward
+void cu_bias_grad(kb_backend *b, float *dbias, const float *dout, int N, int C) {
+    if (!cu_enter(b) || N <= 0 || C <= 0) return;
+    cu_col_sums(b, dbias, dout, NULL, NULL, NULL, N, C, 0);
+}
+
+// One block per row of logits[N,V] (this rank's vocabulary shard). Each thread takes the
+// columns j = threadIdx.x + k * CE_THREADS in order; the block combines the threads in a
+// fixed tree (cu_block_max, cu_block_sum): bitwise repeatable.
+
+// mx[n] = max_j logits[n,j] (NaN ignored, as the CPU's row_max)
+__global__ void __launch_bounds__(CE_THREADS) k_ce_max(float *__restrict__ mx, const float *__restrict__ logits,
+                                                       int V) {
+    __shared__ float red[32];
+    const int n = blockIdx.x;
+    const float *x = logits + (size_t)n * V;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += CE_THREADS) m = x[j] > m ? x[j] : m;
+    float M = cu_block_max(m, red);
+    if (threadIdx.x == 0) mx[n] = M;
+}
+
+// sums[n] = sum_j cu_expf(logits[n,j] - mx[n]); sums[N+n] = logits[n, t - v0] - mx[n] where
+// the target t lies in [v0, v0 + V), else 0
+__global__ void __launch_bounds__(CE_THREADS) k_ce_sums(float *__restrict__ sums, const float *__restrict__ logits,
+                                                        const float *__restrict__ mx,
+                                                        const int32_t *__restrict__ targets, int v0, int N, int V) {
+    __shared__ float red[32];
+    const int n = blockIdx.x;
+    const float *x = logits + (size_t)n * V;
+    const float m = mx[n];
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < V; j += CE_THREADS) s += cu_expf(x[j] - m);
+    float S = cu_block_sum(s, red);
+    if (threadIdx.x == 0) {
+        sums[n] = S;
+        int t = targets[n] - v0;
+        sums[N + n] = t >= 0 && t < V ? x[t] - m : 0.0f;
+    }
+}
+
+// losses[n] = logf(sums[n]) - sums[N+n] for a target in [0, Vt), else 0; logits overwritten
+// with (cu_expf(x - mx - lse) - onehot) * dscale[n], the one-hot where this rank holds the
+// target; rows with dscale 0 get 0. Each element is read and written by one thread.
+__global__ void __launch_bounds__(CE_THREADS) k_ce_grad(float *__restrict__ losses, float *__restrict__ logits,
+                                                        const float *__restrict__ mx, const float *__restrict__ sums,
+                                                        const int32_t *__restrict__ targets,
+                                                        const float *__restrict__ dscale, int v0, int Vt, int N,
+                                                        int V) {
+    const int n = blockIdx.x;
+    float *x = logits + (size_t)n * V;
+    const float lse = logf(sums[n]);
+    const int tg = targets[n];
+    const bool valid = tg >= 0 && tg < Vt;
+    if (threadIdx.x == 0) losses[n] = valid ? lse - sums[N + n] : 0.0f;
+    const float ds = dscale ? dscale[n] : 1.0f;
+    if (ds == 0.0f) {
+        for (int j = threadIdx.x; j < V; j += CE_THREADS) x[j] = 0.0f;
+        return;
+    }
+    const float off = mx[n] + lse;
+    const int t = valid ? tg - v0 : -1;
+    for (int j = threadIdx.x; j < V; j += CE_THREADS) {
+        float g = cu_expf(x[j] - off) * ds;
+        if (j == t) g -= ds;
+        x[j] = g;
+    }
+}
+
+void cu_ce_max(kb_backend *b, float *mx, const float *logits, int N, int V) {
+    if (!cu_enter(b) || N <= 0 || V <= 0) return;
+    k_ce_max<<<N, CE_THREADS, 0, cu_st(b)->stream>>>(mx, logits, V);
+    cu_launched(b, "ce_max");
+}
+
+void cu_ce_sums(kb_backend *b, float *sums, const float *logits, const float *mx, const int32_t *targets, int v0,
+                int N, int V) {
+    if (!cu_enter(b) || N <= 0 || V <= 0) return;
+    k_ce_sums<<<N, CE_THREADS, 0, cu_st(b)->stream>>>(sums, logits, mx, targets, v0, N, V);
+    cu_launched(b, "ce_sums");
+}
+
+void cu_ce_grad(kb_backend *b, float *losses, float *logits, const float *mx, const float *sums,
+                const int32_t *targets, const float *dscale, int v0, int Vt, int N, int V) {
+    if (!cu_enter(b) || N <= 0 || V <= 0) return;
+    k_ce_grad<<<N, CE_THREADS, 0, cu_st(b)->stream>>>(losses, logits, mx, sums, targets, dscale, v0, Vt, N, V);
+    cu_launched(b, "ce_grad");
 }
 
 // ---- sum of squares in double: fixed chunks, fixed tree, partials summed in order ----

@@ -1,6 +1,7 @@
 /* test_gpu_kernels.c - every operation of the CUDA backend against the CPU backend on fresh
- * random inputs (never zeros), several odd shapes, fp32 and bf16 tolerances. Exits 77
- * without a GPU. */
+ * random inputs (never zeros), several odd shapes, fp32 and bf16 tolerances, including the
+ * tensor-parallel ones (bias_add, bias_grad, ce_max, ce_sums, ce_grad) with a repeat-run
+ * bitwise check. Exits 77 without a GPU. */
 #include "tests/gpu/gpu_util.h"
 
 static kb_backend *CPU32, *CPU16, *GPU32, *GPU16;
@@ -379,6 +380,192 @@ static void test_cross_entropy(void) {
     ce_case(3, 2049);
 }
 
+/* ---------------------------------------------------------------- tensor parallelism */
+
+/* bias_add: one addition per element, bitwise the CPU's. bias_grad: column sums of N rows
+ * in another order than the CPU's: |gpu - cpu| <= 1e-6 N + 1e-6 + 1e-5 |cpu| (inputs in
+ * [-1, 1): a sum's rounding error grows about as sqrt(N) eps |partial sums| ~ 3.5e-8 N,
+ * so 1e-6 N is ~30 times that), and bitwise the same on a second run. */
+static void bias_case(int N, int C) {
+    char label[96];
+    snprintf(label, sizeof label, "bias N=%d C=%d", N, C);
+    float *out = gu_rand((size_t)N * C, 2.0f), *bias = gu_rand(C, 1.0f), *dout = gu_rand((size_t)N * C, 1.0f);
+    float *db = gu_rand(C, 0.1f);
+    float *g_out = gu_buf(GPU32, out, (size_t)N * C), *g_bias = gu_buf(GPU32, bias, C);
+    float *g_dout = gu_buf(GPU32, dout, (size_t)N * C), *g_db = gu_buf(GPU32, db, C), *g_db2 = gu_buf(GPU32, db, C);
+    CPU32->ops->bias_add(CPU32, out, bias, N, C);
+    CPU32->ops->bias_grad(CPU32, db, dout, N, C);
+    GPU32->ops->bias_add(GPU32, g_out, g_bias, N, C);
+    GPU32->ops->bias_grad(GPU32, g_db, g_dout, N, C);
+    GPU32->ops->bias_grad(GPU32, g_db2, g_dout, N, C);
+    GPU32->ops->sync(GPU32);
+    CHECK_MSG(GPU32->status == 0, "%s: status %d %s", label, GPU32->status, co_err_detail());
+    char l2[128];
+    float *h, *h2;
+    snprintf(l2, sizeof l2, "%s: bias_add", label);
+    h = gu_fetch(GPU32, g_out, (size_t)N * C);
+    GU_EQUAL(l2, h, out, sizeof(float) * N * C);
+    free(h);
+    snprintf(l2, sizeof l2, "%s: bias_grad", label);
+    h = gu_fetch(GPU32, g_db, C);
+    GU_CLOSE(l2, h, db, C, 1e-6 * N + 1e-6, 1e-5);
+    h2 = gu_fetch(GPU32, g_db2, C);
+    snprintf(l2, sizeof l2, "%s: bias_grad repeated", label);
+    GU_EQUAL(l2, h2, h, sizeof(float) * C);
+    free(h), free(h2);
+    float *gp[] = {g_out, g_bias, g_dout, g_db, g_db2};
+    for (int i = 0; i < 5; i++) GPU32->ops->free(GPU32, gp[i]);
+    free(out), free(bias), free(dout), free(db);
+}
+
+/* The vocabulary-parallel cross-entropy of tp shards of logits[N,Vt] (shard k: columns
+ * [k V, (k+1) V), V = Vt/tp), each operation on the GPU against the CPU's on the same
+ * inputs, the group's reductions done here:
+ *   ce_max: the max is exact, bitwise the CPU's;
+ *   ce_sums: sums of exponentials (the same cu_expf as cpu_expf, summed in another order)
+ *     within 1e-7 + 2e-5 |cpu|; the target logit minus the max bitwise the CPU's;
+ *   ce_grad (from the CPU's reduced sums): losses within 1e-6 + 1e-5 |cpu| (logf on the
+ *     device may differ from glibc's in the last bit), gradients within 1e-8 + 1e-4 |cpu|;
+ *   the GPU's whole pipeline (its own sums) against the CPU's unsharded cross_entropy
+ *     within cross_entropy's tolerances above (losses 1e-5 + 1e-5 |cpu|, gradients
+ *     1e-8 + 1e-4 |cpu|);
+ *   ce_sums and ce_grad run twice: bitwise the same.
+ * Targets: inside each shard, on shard boundaries, < 0, == Vt and > Vt; rows with dscale 0;
+ * one row whose shards but the first lie 100 below its max (their exponentials are 0). */
+static void ce_tp_case(int N, int Vt, int tp) {
+    char label[96];
+    snprintf(label, sizeof label, "vocabulary-parallel cross_entropy N=%d Vt=%d tp=%d", N, Vt, tp);
+    const int V = Vt / tp;
+    size_t nf = (size_t)N * Vt, ns = (size_t)N * V;
+    float *full = gu_rand(nf, 4.0f), *ds = malloc(sizeof(float) * N);
+    int32_t *tg = malloc(sizeof(int32_t) * N);
+    for (int n = 0; n < N; n++) {
+        int k = n % 9;
+        tg[n] = k == 0   ? -1
+                : k == 1 ? Vt
+                : k == 2 ? Vt + 7
+                : k == 3 ? (n / 9 % tp) * V /* the first column of a shard */
+                : k == 4 ? Vt - 1
+                         : gu_randint(Vt);
+        ds[n] = n % 5 == 3 ? 0.0f : 0.5f + 0.5f * gu_uniform();
+    }
+    for (int j = V; j < Vt; j++) full[j] -= 100.0f; /* row 0: only shard 0 counts */
+    float *shard = malloc(sizeof(float) * ns * tp), *cmx = malloc(sizeof(float) * N * tp);
+    float *mx = malloc(sizeof(float) * N);
+    float *csums = malloc(sizeof(float) * 2 * N * tp);
+    float *cred = calloc(2 * (size_t)N, sizeof(float)), *gred = calloc(2 * (size_t)N, sizeof(float));
+    float *closs = malloc(sizeof(float) * N), *full_loss = malloc(sizeof(float) * N);
+    for (int k = 0; k < tp; k++)
+        for (int n = 0; n < N; n++)
+            memcpy(shard + ns * k + (size_t)n * V, full + (size_t)n * Vt + (size_t)k * V, sizeof(float) * V);
+    /* three copies of the shards: ce_grad from the CPU's sums, again, from the GPU's sums */
+    float *g_sh = gu_buf(GPU32, shard, ns * tp), *g_sh2 = gu_buf(GPU32, shard, ns * tp);
+    float *g_sh3 = gu_buf(GPU32, shard, ns * tp);
+    float *g_mx = gu_buf(GPU32, NULL, N), *g_sums = gu_buf(GPU32, NULL, 2 * (size_t)N);
+    float *g_sums2 = gu_buf(GPU32, NULL, 2 * (size_t)N), *g_red = gu_buf(GPU32, NULL, 2 * (size_t)N);
+    float *g_loss = gu_buf(GPU32, NULL, N), *g_loss2 = gu_buf(GPU32, NULL, N);
+    float *g_ds = gu_buf(GPU32, ds, N);
+    int32_t *g_tg = gu_ibuf(GPU32, tg, N);
+    char l2[192];
+    float *h, *h2;
+    /* ce_max per shard, then the group's max */
+    for (int k = 0; k < tp; k++) {
+        CPU32->ops->ce_max(CPU32, cmx + (size_t)k * N, shard + ns * k, N, V);
+        GPU32->ops->ce_max(GPU32, g_mx, g_sh + ns * k, N, V);
+        h = gu_fetch(GPU32, g_mx, N);
+        snprintf(l2, sizeof l2, "%s shard %d: ce_max", label, k);
+        GU_EQUAL(l2, h, cmx + (size_t)k * N, sizeof(float) * N);
+        free(h);
+    }
+    for (int n = 0; n < N; n++) {
+        mx[n] = cmx[n];
+        for (int k = 1; k < tp; k++) mx[n] = cmx[(size_t)k * N + n] > mx[n] ? cmx[(size_t)k * N + n] : mx[n];
+    }
+    GPU32->ops->copy(GPU32, g_mx, mx, sizeof(float) * N);
+    /* ce_sums per shard from the group's max; the CPU's and the GPU's reductions */
+    for (int k = 0; k < tp; k++) {
+        float *cs = csums + (size_t)k * 2 * N, *gs;
+        CPU32->ops->ce_sums(CPU32, cs, shard + ns * k, mx, tg, k * V, N, V);
+        GPU32->ops->ce_sums(GPU32, g_sums, g_sh + ns * k, g_mx, g_tg, k * V, N, V);
+        GPU32->ops->ce_sums(GPU32, g_sums2, g_sh + ns * k, g_mx, g_tg, k * V, N, V);
+        gs = gu_fetch(GPU32, g_sums, 2 * (size_t)N);
+        h2 = gu_fetch(GPU32, g_sums2, 2 * (size_t)N);
+        snprintf(l2, sizeof l2, "%s shard %d: ce_sums (sums of exponentials)", label, k);
+        GU_CLOSE(l2, gs, cs, N, 1e-7, 2e-5);
+        snprintf(l2, sizeof l2, "%s shard %d: ce_sums (target logits)", label, k);
+        GU_EQUAL(l2, gs + N, cs + N, sizeof(float) * N);
+        snprintf(l2, sizeof l2, "%s shard %d: ce_sums repeated", label, k);
+        GU_EQUAL(l2, h2, gs, sizeof(float) * 2 * N);
+        for (int i = 0; i < 2 * N; i++) cred[i] += cs[i], gred[i] += gs[i];
+        free(gs), free(h2);
+    }
+    /* ce_grad per shard: from the CPU's sums (the operation alone), and from the GPU's
+     * own (the pipeline), against the CPU's unsharded cross_entropy */
+    CPU32->ops->cross_entropy(CPU32, full_loss, full, tg, ds, N, Vt); /* full: now its gradient */
+    for (int pass = 0; pass < 2; pass++) {
+        GPU32->ops->copy(GPU32, g_red, pass == 0 ? cred : gred, sizeof(float) * 2 * N);
+        for (int k = 0; k < tp; k++) {
+            float *csh = shard + ns * k;
+            float *gsh = (pass == 0 ? g_sh : g_sh3) + ns * k;
+            if (pass == 0) {
+                CPU32->ops->ce_grad(CPU32, closs, csh, mx, cred, tg, ds, k * V, Vt, N, V);
+                GPU32->ops->ce_grad(GPU32, g_loss2, g_sh2 + ns * k, g_mx, g_red, g_tg, g_ds, k * V, Vt, N, V);
+            }
+            GPU32->ops->ce_grad(GPU32, g_loss, gsh, g_mx, g_red, g_tg, g_ds, k * V, Vt, N, V);
+            const char *what = pass == 0 ? "ce_grad" : "pipeline vs unsharded cross_entropy";
+            h = gu_fetch(GPU32, g_loss, N);
+            snprintf(l2, sizeof l2, "%s shard %d: %s losses", label, k, what);
+            GU_CLOSE(l2, h, pass == 0 ? closs : full_loss, N, pass == 0 ? 1e-6 : 1e-5, 1e-5);
+            for (int n = 0; n < N; n++)
+                if (tg[n] < 0 || tg[n] >= Vt)
+                    CHECK_MSG(h[n] == 0.0f, "%s: row %d (target %d) has a loss", l2, n, tg[n]);
+            free(h);
+            h = gu_fetch(GPU32, gsh, ns);
+            snprintf(l2, sizeof l2, "%s shard %d: %s gradient", label, k, what);
+            if (pass == 0) {
+                GU_CLOSE(l2, h, csh, ns, 1e-8, 1e-4);
+            } else {
+                float *want = malloc(sizeof(float) * ns);
+                for (int n = 0; n < N; n++)
+                    memcpy(want + (size_t)n * V, full + (size_t)n * Vt + (size_t)k * V, sizeof(float) * V);
+                GU_CLOSE(l2, h, want, ns, 1e-8, 1e-4);
+                free(want);
+            }
+            for (int n = 0; n < N; n++) {
+                bool zero = true;
+                for (int j = 0; j < V; j++) zero &= h[(size_t)n * V + j] == 0.0f;
+                if (ds[n] == 0.0f) CHECK_MSG(zero, "%s: row %d has dscale 0 and a gradient", l2, n);
+            }
+            if (pass == 0) {
+                h2 = gu_fetch(GPU32, g_sh2 + ns * k, ns);
+                snprintf(l2, sizeof l2, "%s shard %d: ce_grad repeated", label, k);
+                GU_EQUAL(l2, h2, h, sizeof(float) * ns);
+                free(h2);
+                float *l1 = gu_fetch(GPU32, g_loss, N), *lb = gu_fetch(GPU32, g_loss2, N);
+                snprintf(l2, sizeof l2, "%s shard %d: ce_grad losses repeated", label, k);
+                GU_EQUAL(l2, lb, l1, sizeof(float) * N);
+                free(l1), free(lb);
+            }
+            free(h);
+        }
+    }
+    GPU32->ops->sync(GPU32);
+    CHECK_MSG(GPU32->status == 0, "%s: status %d %s", label, GPU32->status, co_err_detail());
+    float *gp[] = {g_sh, g_sh2, g_sh3, g_mx, g_sums, g_sums2, g_red, g_loss, g_loss2, g_ds, (float *)g_tg};
+    for (size_t i = 0; i < sizeof gp / sizeof gp[0]; i++) GPU32->ops->free(GPU32, gp[i]);
+    free(full), free(ds), free(tg), free(shard), free(cmx), free(mx), free(csums), free(cred), free(gred);
+    free(closs), free(full_loss);
+}
+
+static void test_tensor_parallel(void) {
+    int bshapes[][2] = {{1, 1}, {7, 13}, {300, 96}, {1000, 768}, {3, 4099}, {4099, 33}};
+    for (int s = 0; s < 6; s++) bias_case(bshapes[s][0], bshapes[s][1]);
+    /* V per shard: 1, 26, 250, 513 (one more than the block), 1024, 25152 (GPT-2's padded
+     * vocabulary over 2) */
+    int cshapes[][3] = {{9, 2, 2}, {37, 52, 2}, {37, 1000, 4}, {33, 1026, 2}, {17, 3072, 3}, {64, 50304, 2}};
+    for (int s = 0; s < 6; s++) ce_tp_case(cshapes[s][0], cshapes[s][1], cshapes[s][2]);
+}
+
 /* ---------------------------------------------------------------- optimizer */
 
 static void test_optimizer(void) {
@@ -429,6 +616,7 @@ int main(void) {
     RUN(test_attention);
     RUN(test_activations);
     RUN(test_cross_entropy);
+    RUN(test_tensor_parallel);
     RUN(test_optimizer);
     CHECK_MSG(GPU32->status == 0 && GPU16->status == 0, "sticky status: %d %d (%s)", GPU32->status, GPU16->status,
               co_err_detail());
