@@ -176,53 +176,38 @@ int gpt_tp_check(const gpt_config *c, int max_T) {
     return 0;
 }
 
-int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, int max_T) {
-    *out = NULL;
-    if (cfg->num_layers < 1 || cfg->hidden < 1 || cfg->heads < 1 || cfg->kv_groups < 1 ||
-        cfg->heads % cfg->kv_groups || cfg->head_dim < 1 || cfg->ffn_hidden < 1 ||
-        cfg->padded_vocab < cfg->vocab || max_B < 1 || max_T < 1 ||
-        (!cfg->rope && max_T > cfg->max_positions))
-        return co_err_set(CO_EINVAL, "gpt_new: inconsistent model shape");
-    gpt_model *m = calloc(1, sizeof *m);
-    if (!m) return CO_ENOMEM;
-    m->cfg = *cfg;
-    m->be = be;
-    m->ops = be->ops;
-    m->max_B = max_B;
-    m->max_T = max_T;
+/* This rank's shapes (tp, rank, local heads, groups, ffn, vocabulary) from m->cfg, checked. */
+static int model_shape(gpt_model *m, int max_T) {
     const gpt_config *c = &m->cfg;
     m->tp = c->tp > 1 ? c->tp : 1;
     m->tpr = m->tp > 1 ? c->tp_rank : 0;
     m->sp = m->tp > 1 && c->sequence_parallel;
-    m->overlap = true;
+    int rc = gpt_tp_check(c, max_T);
+    if (rc) return rc;
     m->cfg.tp = m->tp;
     m->cfg.tp_rank = m->tpr;
     m->cfg.sequence_parallel = m->sp;
-    int rc = gpt_tp_check(c, max_T);
-    if (rc) {
-        free(m);
-        return rc;
-    }
-    if (m->tp > 1 && (!be->ops->bias_add || !be->ops->bias_grad || !be->ops->ce_max || !be->ops->ce_sums ||
-                      !be->ops->ce_grad)) {
-        free(m);
-        return co_err_set(CO_EUNSUPPORTED, "tensor parallelism: the %s backend has no tensor-parallel kernels yet",
-                          be->opt.device == KB_DEVICE_CUDA ? "CUDA" : "this");
-    }
-    int tp = m->tp, r = m->tpr, HD = c->head_dim;
+    int tp = m->tp, r = m->tpr;
     m->NHl = c->heads / tp;
     m->NKVl = c->kv_groups >= tp ? c->kv_groups / tp : 1;
     m->kv0 = c->kv_groups >= tp ? r * m->NKVl : r / (tp / c->kv_groups);
-    int kv_share = c->kv_groups >= tp ? 1 : tp / c->kv_groups;
     m->Fl = c->ffn_hidden / tp;
     m->Vl = c->padded_vocab / tp;
     m->v0 = r * m->Vl;
-    int L = c->num_layers, C = c->hidden, Q = qkv_local(m), F = m->Fl, AH = m->NHl * HD;
+    return 0;
+}
+
+/* The tensor table of this rank (model_shape first): names, global and local shapes, the
+ * slice of each split tensor, offsets into the flat buffers (m->nparams their total). */
+static int build_tensors(gpt_model *m) {
+    const gpt_config *c = &m->cfg;
+    int tp = m->tp, r = m->tpr, HD = c->head_dim;
+    int kv_share = c->kv_groups >= tp ? 1 : tp / c->kv_groups;
+    int L = c->num_layers, C = c->hidden, AH = m->NHl * HD;
     int cap = 8 + L * NLAYER_T;
     m->tensors = calloc((size_t)cap, sizeof *m->tensors);
     m->t_layer = malloc(sizeof(int) * (size_t)L * NLAYER_T);
-    m->acts = calloc((size_t)L, sizeof *m->acts);
-    if (!m->tensors || !m->t_layer || !m->acts) goto nomem;
+    if (!m->tensors || !m->t_layer) return CO_ENOMEM;
 
     float std = c->init_std, ostd = c->init_std / sqrtf(2.0f * (float)L);
     bool par = tp > 1;
@@ -276,6 +261,62 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
                       : add_split(m, cap, "output_layer.weight", c->padded_vocab, C, ROWS(pv, 1), true, std, false);
 #undef ROWS
 #undef COLS
+    return 0;
+}
+
+int gpt_tensor_table(const gpt_config *cfg, gpt_tensor **out, int *n, size_t *nparams) {
+    *out = NULL;
+    *n = 0;
+    gpt_model *m = calloc(1, sizeof *m);
+    if (!m) return co_err_set(CO_ENOMEM, "gpt_tensor_table: out of memory");
+    m->cfg = *cfg;
+    int rc = model_shape(m, 0);
+    if (!rc && build_tensors(m)) rc = co_err_set(CO_ENOMEM, "gpt_tensor_table: out of memory");
+    if (!rc) {
+        *out = m->tensors;
+        *n = m->ntensors;
+        if (nparams) *nparams = m->nparams;
+        m->tensors = NULL;
+    }
+    free(m->tensors);
+    free(m->t_layer);
+    free(m);
+    return rc;
+}
+
+int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, int max_T) {
+    *out = NULL;
+    if (cfg->num_layers < 1 || cfg->hidden < 1 || cfg->heads < 1 || cfg->kv_groups < 1 ||
+        cfg->heads % cfg->kv_groups || cfg->head_dim < 1 || cfg->ffn_hidden < 1 ||
+        cfg->padded_vocab < cfg->vocab || max_B < 1 || max_T < 1 ||
+        (!cfg->rope && max_T > cfg->max_positions))
+        return co_err_set(CO_EINVAL, "gpt_new: inconsistent model shape");
+    gpt_model *m = calloc(1, sizeof *m);
+    if (!m) return CO_ENOMEM;
+    m->cfg = *cfg;
+    m->be = be;
+    m->ops = be->ops;
+    m->max_B = max_B;
+    m->max_T = max_T;
+    m->overlap = true;
+    int rc = model_shape(m, max_T);
+    if (rc) {
+        free(m);
+        return rc;
+    }
+    if (m->tp > 1 && (!be->ops->bias_add || !be->ops->bias_grad || !be->ops->ce_max || !be->ops->ce_sums ||
+                      !be->ops->ce_grad)) {
+        free(m);
+        return co_err_set(CO_EUNSUPPORTED, "tensor parallelism: the %s backend has no tensor-parallel kernels yet",
+                          be->opt.device == KB_DEVICE_CUDA ? "CUDA" : "this");
+    }
+    const gpt_config *c = &m->cfg;
+    int tp = m->tp, HD = c->head_dim;
+    int kv_share = c->kv_groups >= tp ? 1 : tp / c->kv_groups;
+    int L = c->num_layers, C = c->hidden, Q = qkv_local(m), F = m->Fl, AH = m->NHl * HD;
+    bool par = tp > 1;
+    m->acts = calloc((size_t)L, sizeof *m->acts);
+    if (!m->acts || build_tensors(m)) goto nomem;
 
     const kb_ops *o = m->ops;
     m->params = o->alloc(be, m->nparams * sizeof(float));
@@ -381,6 +422,16 @@ void gpt_destroy(gpt_model **pm) {
     free(m->tensors);
     free(m);
     *pm = NULL;
+}
+
+bool gpt_tensor_is_vocab(const char *name) {
+    static const char *vocab[] = {"embedding.word_embeddings.weight", "output_layer.weight"};
+    size_t n = strlen(name);
+    for (size_t k = 0; k < sizeof vocab / sizeof vocab[0]; k++) {
+        size_t v = strlen(vocab[k]);
+        if (n >= v && !strcmp(name + n - v, vocab[k]) && (n == v || name[n - v - 1] == '.')) return true;
+    }
+    return false;
 }
 
 void gpt_tensor_take_slice(const gpt_tensor *t, const float *global, float *local) {

@@ -129,6 +129,17 @@ void gpt_tp_set_overlap(gpt_model *m, bool on);
  * every gradient. */
 double gpt_tp_grad_sumsq(gpt_model *m);
 
+/* The tensor table of rank cfg->tp_rank of a tensor group of cfg->tp, as gpt_new builds it
+ * (names, global and local shapes, each split tensor's pieces, offsets into the flat
+ * buffers; *nparams, may be NULL, their total), without allocating any buffer: what a
+ * checkpoint needs to know which slice each tensor rank holds. Free *out with free().
+ * CO_EINVAL (with the detail) if cfg does not split over its group. */
+int gpt_tensor_table(const gpt_config *cfg, gpt_tensor **out, int *n, size_t *nparams);
+
+/* Whether the tensor of this global name has a row per padded-vocabulary id (the word
+ * embedding and the output layer, and so their optimizer moments under the same name). */
+bool gpt_tensor_is_vocab(const char *name);
+
 /* This rank's slice of a tensor: local[t->numel] from global[gshape[0] x gshape[1]]. */
 void gpt_tensor_take_slice(const gpt_tensor *t, const float *global, float *local);
 
