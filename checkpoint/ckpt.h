@@ -21,14 +21,26 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* A global tensor this process holds whole (fp32, row-major). */
+/* A global tensor, or a part of one (a region), that this process saves or loads (fp32,
+ * row-major over the region).
+ *
+ * Saving with writer groups (meta->layout.groups > 1: model parallelism), every process
+ * lists the parts of every group, so that all compute the same plan: its own group's with
+ * data, the others' with data NULL; each part says which group holds it (group), or
+ * CK_ANY_GROUP for a tensor every group holds whole (the plan then gives it to the group
+ * with the fewest bytes so far). Parts of one tensor must not overlap and must cover it. */
+#define CK_ANY_GROUP (-1)
 typedef struct ck_tensor_ref {
     const char *name;
     int kind;                          /* CK_KIND_MODEL | CK_KIND_OPTIM */
     int ndim;
-    int64_t shape[CK_MAX_DIMS];
-    const float *data;                 /* save: source */
-    float *dst;                        /* load: destination */
+    int64_t shape[CK_MAX_DIMS];        /* the global tensor's shape */
+    const float *data;                 /* save: source over the region (NULL: another group's) */
+    float *dst;                        /* load: destination over the region */
+    bool region;                       /* a part: offsets and rshape; false: the whole tensor */
+    int64_t offsets[CK_MAX_DIMS];
+    int64_t rshape[CK_MAX_DIMS];
+    int group;                         /* save with groups: 0..groups-1 or CK_ANY_GROUP */
 } ck_tensor_ref;
 
 /* Everything but the tensors. json members may be NULL; they are copied. */
@@ -48,11 +60,13 @@ typedef struct ck_meta {
 /* ---- save ----------------------------------------------------------------------------- */
 
 /* Builds the write plan: a manifest with files, tensors and slices (sizes and hashes not yet
- * known). writers > 1 spreads each kind's bytes evenly over writers files, splitting tensors
- * by rows where a boundary falls. Tensor i of the plan is refs[i]. */
+ * known). Writer w writes the parts of group w % G (G = meta->layout.groups, 1 if 0); the
+ * writers of a group (its data-parallel replicas) share its bytes of each kind evenly, a
+ * part split by rows where a boundary falls. Tensors appear in the order of their first
+ * part; each slice names its part (ck_slice.ref). */
 int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, ck_manifest **out);
 /* Writes writer `writer`'s files of the plan into dir and records their sizes and hashes
- * in plan->files. */
+ * in plan->files (refs as given to ck_plan; its slices' parts must have data). */
 int ck_write_shards(const char *dir, ck_manifest *plan, const ck_tensor_ref *refs, int n, int writer);
 /* As ck_write_shards; with xxh64 also fills plan->files[i].xxh64. */
 int ck_write_shards_ex(const char *dir, ck_manifest *plan, const ck_tensor_ref *refs, int n, int writer, bool xxh64);
@@ -153,9 +167,10 @@ typedef enum {
     CK_BAD_CHECKSUM = 5,    /* a file's XXH3-128 differs from the manifest */
 } ck_bad;
 
-/* Loads the tensors in refs (by name; dst buffers of refs[i].shape) from the checkpoint in
- * ckpt_dir described by m. Every file holding a wanted tensor is read whole and verified.
- * Shapes must match. *bad (may be NULL) gets the category of a failure. */
+/* Loads the tensors or regions in refs (by name; dst buffers over each region) from the
+ * checkpoint in ckpt_dir described by m, whatever its slices on disk. Every file holding a
+ * wanted piece is read whole and verified. Global shapes must match and regions lie inside.
+ * *bad (may be NULL) gets the category of a failure. */
 int ck_load_tensors(const char *ckpt_dir, const ck_manifest *m, const ck_tensor_ref *refs, int n, ck_bad *bad);
 
 /* Verifies a checkpoint directory: manifest, every file's presence, size, checksum and

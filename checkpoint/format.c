@@ -538,6 +538,12 @@ int ck_manifest_parse(const char *buf, size_t len, const char *what, ck_manifest
     m->layout.data = (int)get_int(&r, pl, "parallel", "data", 1, 1 << 24);
     m->layout.distributed_optimizer = get_bool(&r, pl, "parallel", "distributed_optimizer");
     m->layout.writers = (int)get_int(&r, pl, "parallel", "writers", 1, 1 << 24);
+    m->layout.groups = 1; /* absent before tensor parallelism */
+    if (pl && json_object_get(pl, "writer_groups"))
+        m->layout.groups = (int)get_int(&r, pl, "parallel", "writer_groups", 1, 1 << 24);
+    if (!r.rc && m->layout.writers % m->layout.groups)
+        r.rc = co_err_set(CO_EFORMAT, "%s: parallel.writers %d is not a multiple of parallel.writer_groups %d", what,
+                          m->layout.writers, m->layout.groups);
 
     json_t *mo = need(&r, doc, "", "model", JSON_OBJECT);
     ck_model_info *mi = &m->model;
@@ -674,9 +680,10 @@ json_t *ck_manifest_to_json(const ck_manifest *m) {
     if (!json_object_get(doc, "lr_scheduler")) json_object_set_new(doc, "lr_scheduler", json_object());
     const ck_layout *l = &m->layout;
     json_object_set_new(doc, "parallel",
-                        json_pack("{sisisisisisbsi}", "world_size", l->world, "tensor", l->tensor, "pipeline",
+                        json_pack("{sisisisisisbsisi}", "world_size", l->world, "tensor", l->tensor, "pipeline",
                                   l->pipeline, "context", l->context, "data", l->data, "distributed_optimizer",
-                                  (int)l->distributed_optimizer, "writers", l->writers));
+                                  (int)l->distributed_optimizer, "writers", l->writers, "writer_groups",
+                                  l->groups > 0 ? l->groups : 1));
     const ck_model_info *mi = &m->model;
     json_object_set_new(doc, "model",
                         json_pack("{sisisisisisisisisisbsbsbsbsbsfsf}", "num_layers", mi->num_layers, "hidden", mi->hidden,

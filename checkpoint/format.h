@@ -88,6 +88,10 @@ typedef struct ck_slice {
     int64_t offsets[CK_MAX_DIMS];
     int64_t shape[CK_MAX_DIMS];        /* slice shape (ndim of the tensor) */
     int64_t flat_begin, flat_end;      /* elements, with flat */
+    /* in a write plan only (not in the manifest): the tensor reference (ckpt.h) holding the
+     * data and the slice's first row within that reference's region */
+    int ref;
+    int64_t ref_row;
 } ck_slice;
 
 typedef struct ck_mtensor {
@@ -125,6 +129,9 @@ typedef struct ck_layout {
     int world, tensor, pipeline, context, data;
     bool distributed_optimizer;
     int writers;                       /* ranks that wrote shard files */
+    int groups;                        /* writer groups (model shards): writer w held the tensor
+                                          slices of group w % groups; replicas of a group share
+                                          its bytes. 1 (or absent) without model parallelism */
 } ck_layout;
 
 /* The model's shape, as the trainer built it (the config holds the flags). */

@@ -33,37 +33,134 @@ static ck_bad bad_of(int rc) {
     return rc == CO_EFORMAT ? CK_BAD_FORMAT : rc == CO_ENOENT ? CK_BAD_INCOMPLETE : CK_BAD_IO;
 }
 
-/* Copies a rectangular piece (shape s at offsets off) into the global tensor t (row-major). */
-static void scatter(float *dst, const ck_mtensor *t, const ck_slice *s, const float *src) {
-    int nd = t->ndim;
-    if (nd == 0) {
-        dst[0] = src[0];
-        return;
-    }
-    int64_t run = s->shape[nd - 1];
-    int64_t idx[CK_MAX_DIMS] = {0};
-    int64_t outer = numel_of(nd - 1, s->shape);
-    for (int64_t o = 0; o < outer; o++) {
-        int64_t g = 0;
-        for (int d = 0; d < nd; d++) g = g * t->shape[d] + (s->offsets[d] + (d < nd - 1 ? idx[d] : 0));
-        memcpy(dst + g, src + o * run, (size_t)run * sizeof(float));
-        for (int d = nd - 2; d >= 0; d--) {
-            if (++idx[d] < s->shape[d]) break;
-            idx[d] = 0;
-        }
+/* ---- where a piece on disk goes ----------------------------------------------------------
+ * A reference (ckpt.h) asks for a region of a global tensor (the whole tensor without one),
+ * row-major in its dst. A piece on disk is a rectangle or a flat range of the tensor. Each
+ * piece is read straight into the one region it lies in when it is a contiguous run of
+ * that region's buffer (K_DIRECT), else staged and the part of it inside each region that
+ * wants it copied there (K_SCATTER). */
+
+/* r's region in t's coordinates */
+static void region_of(const ck_mtensor *t, const ck_tensor_ref *r, int64_t *off, int64_t *sh) {
+    for (int d = 0; d < CK_MAX_DIMS; d++) {
+        off[d] = r->region && d < t->ndim ? r->offsets[d] : 0;
+        sh[d] = d >= t->ndim ? 1 : r->region ? r->rshape[d] : t->shape[d];
     }
 }
 
-/* Is the piece one contiguous range of the global tensor? Then its first element's index. */
-static bool contiguous(const ck_mtensor *t, const ck_slice *s, int64_t *first) {
+/* row-major strides of a shape */
+static void strides_of(int nd, const int64_t *shape, int64_t *st) {
+    int64_t p = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        st[d] = p;
+        p *= shape[d];
+    }
+}
+
+/* Could piece s put elements into r's region? (Exact for rectangles; for a flat range,
+ * whether it meets the region's span of flat indices.) */
+static bool meets(const ck_mtensor *t, const ck_slice *s, const ck_tensor_ref *r) {
+    int nd = t->ndim;
+    int64_t off[CK_MAX_DIMS], sh[CK_MAX_DIMS];
+    region_of(t, r, off, sh);
+    for (int d = 0; d < nd; d++)
+        if (sh[d] == 0) return false;
     if (s->flat) {
+        int64_t gs[CK_MAX_DIMS], lo = 0, hi = 0;
+        strides_of(nd, t->shape, gs);
+        for (int d = 0; d < nd; d++) {
+            lo += off[d] * gs[d];
+            hi += (off[d] + sh[d] - 1) * gs[d];
+        }
+        return s->flat_begin <= hi && s->flat_end > lo;
+    }
+    for (int d = 0; d < nd; d++)
+        if (s->offsets[d] >= off[d] + sh[d] || s->offsets[d] + s->shape[d] <= off[d]) return false;
+    return true;
+}
+
+/* Is piece s one contiguous run of r's buffer? Then the index of its first element there. */
+static bool direct_into(const ck_mtensor *t, const ck_slice *s, const ck_tensor_ref *r, int64_t *first) {
+    int nd = t->ndim;
+    int64_t off[CK_MAX_DIMS], sh[CK_MAX_DIMS], st[CK_MAX_DIMS];
+    region_of(t, r, off, sh);
+    if (s->flat) {
+        for (int d = 0; d < nd; d++)
+            if (off[d] || sh[d] != t->shape[d]) return false;
         *first = s->flat_begin;
         return true;
     }
-    for (int d = 1; d < t->ndim; d++)
-        if (s->offsets[d] || s->shape[d] != t->shape[d]) return false;
-    *first = t->ndim ? s->offsets[0] * numel_of(t->ndim - 1, t->shape + 1) : 0;
+    for (int d = 0; d < nd; d++)
+        if (s->offsets[d] < off[d] || s->offsets[d] + s->shape[d] > off[d] + sh[d]) return false;
+    /* row-major contiguity: size 1 in the dimensions before some j, whole in those after */
+    int j = 0;
+    while (j < nd - 1 && s->shape[j] == 1) j++;
+    for (int d = j + 1; d < nd; d++)
+        if (s->shape[d] != sh[d]) return false;
+    strides_of(nd, sh, st);
+    *first = 0;
+    for (int d = 0; d < nd; d++) *first += (s->offsets[d] - off[d]) * st[d];
     return true;
+}
+
+/* Copies what of piece s (src: its elements, row-major over the piece) lies in r's region
+ * into r->dst. */
+static void scatter_into(const ck_mtensor *t, const ck_slice *s, const float *src, const ck_tensor_ref *r) {
+    int nd = t->ndim;
+    if (!r->dst) return;
+    if (nd == 0) {
+        r->dst[0] = src[0];
+        return;
+    }
+    int64_t off[CK_MAX_DIMS], sh[CK_MAX_DIMS], rst[CK_MAX_DIMS], idx[CK_MAX_DIMS];
+    region_of(t, r, off, sh);
+    strides_of(nd, sh, rst);
+    if (s->flat) {
+        /* the region's runs along the last dimension, each a flat range of the tensor */
+        int64_t gs[CK_MAX_DIMS];
+        strides_of(nd, t->shape, gs);
+        int64_t run = sh[nd - 1];
+        for (int d = 0; d < nd; d++) idx[d] = 0;
+        for (;;) {
+            int64_t g = 0, l = 0;
+            for (int d = 0; d < nd; d++) {
+                g += (off[d] + idx[d]) * gs[d];
+                l += idx[d] * rst[d];
+            }
+            int64_t a = g > s->flat_begin ? g : s->flat_begin, b = g + run < s->flat_end ? g + run : s->flat_end;
+            if (a < b) memcpy(r->dst + l + (a - g), src + (a - s->flat_begin), (size_t)(b - a) * sizeof(float));
+            int d = nd - 2;
+            for (; d >= 0; d--) {
+                if (++idx[d] < sh[d]) break;
+                idx[d] = 0;
+            }
+            if (d < 0) break;
+        }
+        return;
+    }
+    int64_t lo[CK_MAX_DIMS], hi[CK_MAX_DIMS], sst[CK_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        lo[d] = s->offsets[d] > off[d] ? s->offsets[d] : off[d];
+        hi[d] = s->offsets[d] + s->shape[d] < off[d] + sh[d] ? s->offsets[d] + s->shape[d] : off[d] + sh[d];
+        if (lo[d] >= hi[d]) return;
+        idx[d] = lo[d];
+    }
+    strides_of(nd, s->shape, sst);
+    int64_t run = hi[nd - 1] - lo[nd - 1];
+    for (;;) {
+        int64_t from = 0, to = 0;
+        for (int d = 0; d < nd; d++) {
+            from += (idx[d] - s->offsets[d]) * sst[d];
+            to += (idx[d] - off[d]) * rst[d];
+        }
+        memcpy(r->dst + to, src + from, (size_t)run * sizeof(float));
+        int d = nd - 2;
+        for (; d >= 0; d--) {
+            if (++idx[d] < hi[d]) break;
+            idx[d] = lo[d];
+        }
+        if (d < 0) break;
+    }
 }
 
 typedef struct piece {
@@ -140,7 +237,10 @@ typedef struct loader {
     int nf, next_file;
     size_t chunk;
     const ck_manifest *m;
-    float *const *dst;
+    /* the references to fill (NULL: verify only); first[tensor] is its first reference,
+     * next[ref] the next one of the same tensor, -1 ending each list */
+    const ck_tensor_ref *refs;
+    const int *first, *next;
 } loader;
 
 /* Records a failure of f from this thread's co_err_detail() (the first one wins). */
@@ -338,9 +438,16 @@ static int prepare(loader *L, lfile *f, const char *dir, int fi) {
         const ck_st_entry *en = &h->e[e];
         const ck_mtensor *t = &m->tensors[f->pc[e].tensor];
         const ck_slice *s = &t->slices[f->pc[e].slice];
-        float *d = L->dst ? L->dst[f->pc[e].tensor] : NULL;
+        int ntarget = 0;
+        const ck_tensor_ref *only = NULL;
+        for (int j = L->refs && t->dtype == CK_DT_F32 ? L->first[f->pc[e].tensor] : -1; j >= 0; j = L->next[j])
+            if (L->refs[j].dst && meets(t, s, &L->refs[j])) {
+                ntarget++;
+                only = &L->refs[j];
+            }
         int64_t first = 0;
-        int kind = !d || t->dtype != CK_DT_F32 ? K_SKIP : contiguous(t, s, &first) ? K_DIRECT : K_SCATTER;
+        int kind = !ntarget ? K_SKIP : ntarget == 1 && direct_into(t, s, only, &first) ? K_DIRECT : K_SCATTER;
+        float *d = kind == K_DIRECT ? only->dst : NULL;
         uint64_t nbytes = en->end - en->begin;
         for (uint64_t o = 0; o < nbytes; o += cs) {
             chunk *c = &f->c[f->nc++];
@@ -438,8 +545,10 @@ static void hash_file(worker *w, lfile *f) {
         if (!rc) {
             XXH3_128bits_update(f->hash, p, c->len);
             if (c->kind == K_SCATTER && c->in_entry + c->len == nbytes) {
-                const ck_mtensor *t = &m->tensors[f->pc[c->entry].tensor];
-                scatter(L->dst[f->pc[c->entry].tensor], t, &t->slices[f->pc[c->entry].slice], (const float *)w->stage);
+                int ti = f->pc[c->entry].tensor;
+                const ck_mtensor *t = &m->tensors[ti];
+                for (int j = L->first[ti]; j >= 0; j = L->next[j])
+                    scatter_into(t, &t->slices[f->pc[c->entry].slice], (const float *)w->stage, &L->refs[j]);
             }
         }
         pthread_mutex_lock(&L->mu);
@@ -503,12 +612,12 @@ static size_t env_size(const char *name, size_t dflt, size_t lo, size_t hi) {
     return x > hi ? hi : (size_t)x;
 }
 
-/* Reads and verifies files fis[0..nf) (placing pieces into dst[tensor] where given) on up
+/* Reads and verifies files fis[0..nf) (placing pieces into the references' regions) on up
  * to MAX_THREADS threads. Each file's outcome is left in f[i] (rc, bad, detail). With
  * stop_at_first, files after the first one whose header fails are not read. */
-static void load_files(const char *dir, const ck_manifest *m, const int *fis, int nf, float *const *dst, lfile *f,
-                       bool stop_at_first) {
-    loader L = {.f = f, .nf = nf, .m = m, .dst = dst};
+static void load_files(const char *dir, const ck_manifest *m, const int *fis, int nf, const ck_tensor_ref *refs,
+                       const int *first, const int *next, lfile *f, bool stop_at_first) {
+    loader L = {.f = f, .nf = nf, .m = m, .refs = refs, .first = first, .next = next};
     L.chunk = env_size("COHORT_CKPT_LOAD_CHUNK", CHUNK_DEFAULT, 4, 1u << 30);
     L.chunk &= ~(size_t)3; /* whole floats: a scattered piece is read into place in order anyway */
     for (int i = 0; i < nf; i++) {
@@ -576,28 +685,35 @@ static void load_files(const char *dir, const ck_manifest *m, const int *fis, in
     }
 }
 
+static void shape_text(char *out, size_t n, int nd, const int64_t *shape) {
+    out[0] = '\0';
+    for (int d = 0; d < nd; d++) snprintf(out + strlen(out), n - strlen(out), "%s%" PRId64, d ? "," : "", shape[d]);
+}
+
 int ck_load_tensors(const char *dir, const ck_manifest *m, const ck_tensor_ref *refs, int n, ck_bad *bad) {
     if (bad) *bad = CK_OK;
-    float **dst = calloc((size_t)(m->ntensors ? m->ntensors : 1), sizeof *dst);
+    int nt = m->ntensors ? m->ntensors : 1;
+    int *first = malloc((size_t)nt * sizeof *first), *next = calloc((size_t)(n ? n : 1), sizeof *next);
     bool *need = calloc((size_t)(m->nfiles ? m->nfiles : 1), sizeof *need);
     int *fis = calloc((size_t)(m->nfiles ? m->nfiles : 1), sizeof *fis);
     lfile *f = calloc((size_t)(m->nfiles ? m->nfiles : 1), sizeof *f);
     int rc = 0;
-    if (!dst || !need || !fis || !f) rc = co_err_set(CO_ENOMEM, "loading %s: out of memory", dir);
-    for (int i = 0; i < n && !rc; i++) {
-        const ck_mtensor *t = ck_manifest_find(m, refs[i].name);
+    if (!first || !next || !need || !fis || !f) rc = co_err_set(CO_ENOMEM, "loading %s: out of memory", dir);
+    for (int i = 0; !rc && i < nt; i++) first[i] = -1;
+    for (int i = n - 1; i >= 0 && !rc; i--) { /* (backwards: each list in the references' order) */
+        const ck_tensor_ref *r = &refs[i];
+        const ck_mtensor *t = ck_manifest_find(m, r->name);
         if (!t) {
             rc = co_err_set(CO_EINVAL, "%s: the checkpoint has no tensor %s (a different model? --use-checkpoint-args "
-                                       "takes the checkpoint's model flags)", dir, refs[i].name);
+                                       "takes the checkpoint's model flags)", dir, r->name);
             break;
         }
-        bool same = t->ndim == refs[i].ndim;
-        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == refs[i].shape[d];
+        bool same = t->ndim == r->ndim;
+        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == r->shape[d];
         if (!same) {
-            char a[64] = "", b[64] = "";
-            for (int d = 0; d < t->ndim; d++) snprintf(a + strlen(a), sizeof a - strlen(a), "%s%" PRId64, d ? "," : "", t->shape[d]);
-            for (int d = 0; d < refs[i].ndim; d++)
-                snprintf(b + strlen(b), sizeof b - strlen(b), "%s%" PRId64, d ? "," : "", refs[i].shape[d]);
+            char a[64], b[64];
+            shape_text(a, sizeof a, t->ndim, t->shape);
+            shape_text(b, sizeof b, r->ndim, r->shape);
             rc = co_err_set(CO_EINVAL, "%s: tensor %s is [%s] in the checkpoint but [%s] in the model "
                                        "(--use-checkpoint-args takes the checkpoint's model flags)", dir, t->name, a, b);
             break;
@@ -606,14 +722,26 @@ int ck_load_tensors(const char *dir, const ck_manifest *m, const ck_tensor_ref *
             rc = co_err_set(CO_EUNSUPPORTED, "%s: tensor %s is %s; only F32 loads", dir, t->name, ck_dtype_name(t->dtype));
             break;
         }
-        dst[t - m->tensors] = refs[i].dst;
-        for (int k = 0; k < t->nslices; k++) need[t->slices[k].file] = true;
+        int64_t off[CK_MAX_DIMS], sh[CK_MAX_DIMS];
+        region_of(t, r, off, sh);
+        for (int d = 0; d < t->ndim && !rc; d++)
+            if (off[d] < 0 || sh[d] < 0 || off[d] + sh[d] > t->shape[d]) {
+                char a[64], b[64];
+                shape_text(a, sizeof a, t->ndim, off);
+                shape_text(b, sizeof b, t->ndim, sh);
+                rc = co_err_set(CO_EINVAL, "%s: the region [%s] at [%s] lies outside tensor %s", dir, b, a, t->name);
+            }
+        int ti = (int)(t - m->tensors);
+        next[i] = first[ti];
+        first[ti] = i;
+        for (int k = 0; k < t->nslices && !rc; k++)
+            if (r->dst && meets(t, &t->slices[k], r)) need[t->slices[k].file] = true;
     }
     if (!rc) {
         int nf = 0;
         for (int fi = 0; fi < m->nfiles; fi++)
             if (need[fi]) fis[nf++] = fi;
-        load_files(dir, m, fis, nf, dst, f, true);
+        load_files(dir, m, fis, nf, refs, first, next, f, true);
         /* the first file in order that failed decides, as when they were read one by one */
         for (int i = 0; i < nf && !rc; i++)
             if (f[i].rc) {
@@ -622,7 +750,8 @@ int ck_load_tensors(const char *dir, const ck_manifest *m, const ck_tensor_ref *
             }
     }
     if (rc && bad && !*bad) *bad = bad_of(rc);
-    free(dst);
+    free(first);
+    free(next);
     free(need);
     free(fis);
     free(f);
@@ -651,7 +780,7 @@ int ck_verify(const char *dir, ck_bad *bad, ck_verify_cb report, void *ctx) {
         return co_err_set(CO_ENOMEM, "verifying %s: out of memory", dir);
     }
     for (int fi = 0; fi < nf; fi++) fis[fi] = fi;
-    load_files(dir, m, fis, nf, NULL, f, false);
+    load_files(dir, m, fis, nf, NULL, NULL, NULL, f, false);
     for (int fi = 0; fi < nf; fi++) {
         int r = f[fi].rc;
         ck_bad b = f[fi].bad;

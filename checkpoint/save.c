@@ -33,9 +33,33 @@ static void file_name(char *out, size_t n, int kind, int w, int writers) {
     else snprintf(out, n, "%s-%05d-of-%05d.safetensors", base, w + 1, writers);
 }
 
+/* A reference's region: offsets and shape in the global tensor. */
+static void region_of(const ck_tensor_ref *r, int64_t *off, int64_t *shape) {
+    for (int d = 0; d < CK_MAX_DIMS; d++) {
+        off[d] = r->region && d < r->ndim ? r->offsets[d] : 0;
+        shape[d] = d >= r->ndim ? 0 : r->region ? r->rshape[d] : r->shape[d];
+    }
+}
+
+static int add_slice(ck_mtensor *t, int *cap, const ck_slice *s) {
+    if (t->nslices == *cap) {
+        int nc = *cap ? 2 * *cap : 4;
+        ck_slice *p = realloc(t->slices, (size_t)nc * sizeof *p);
+        if (!p) return CO_ENOMEM;
+        t->slices = p;
+        *cap = nc;
+    }
+    t->slices[t->nslices++] = *s;
+    return 0;
+}
+
 int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, ck_manifest **out) {
     *out = NULL;
+    int groups = meta->layout.groups > 0 ? meta->layout.groups : 1;
     if (writers < 1 || writers > 4096) return co_err_set(CO_EINVAL, "checkpoint plan: %d writers", writers);
+    if (writers % groups)
+        return co_err_set(CO_EINVAL, "checkpoint plan: %d writers do not split into %d groups", writers, groups);
+    int per = writers / groups; /* writers of a group: g, g + groups, g + 2 groups, ... */
     ck_manifest *m = calloc(1, sizeof *m);
     if (!m) return co_err_set(CO_ENOMEM, "checkpoint plan: out of memory");
     m->version = CK_FORMAT_VERSION;
@@ -45,6 +69,7 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
     m->seed = meta->seed;
     m->layout = meta->layout;
     m->layout.writers = writers;
+    m->layout.groups = groups;
     m->model = meta->model;
     m->optim = meta->optim;
     m->doc = json_object();
@@ -54,16 +79,62 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
                                                  meta->rng_generators ? json_deep_copy(meta->rng_generators) : json_array()));
     if (meta->rerun_state) json_object_set_new(m->doc, "rerun_state_machine", json_deep_copy(meta->rerun_state));
 
+    int rc = 0;
+    int *grp = calloc((size_t)(n ? n : 1), sizeof *grp), *tix = calloc((size_t)(n ? n : 1), sizeof *tix);
+    int *cap = calloc((size_t)(n ? n : 1), sizeof *cap);
+    int64_t *bytes = calloc((size_t)groups * 2, sizeof *bytes), *pos = calloc((size_t)groups * 2, sizeof *pos);
+    m->tensors = calloc((size_t)(n ? n : 1), sizeof *m->tensors);
+    if (!grp || !tix || !cap || !bytes || !pos || !m->tensors) goto nomem;
+    /* the tensors, in the order of their first part, and each part's group */
     bool has[2] = {false, false};
-    int64_t bytes[2] = {0, 0};
-    for (int i = 0; i < n; i++) {
-        has[refs[i].kind] = true;
-        bytes[refs[i].kind] += numel_of(refs[i].ndim, refs[i].shape) * 4;
+    for (int i = 0; i < n && !rc; i++) {
+        const ck_tensor_ref *r = &refs[i];
+        if (strlen(r->name) + 8 >= CK_NAME_MAX || !ck_name_ok(r->name, false)) {
+            rc = co_err_set(CO_EINVAL, "checkpoint plan: tensor name '%s' is not valid", r->name);
+            break;
+        }
+        int ti = -1;
+        for (int j = m->ntensors - 1; j >= 0 && ti < 0; j--)
+            if (!strcmp(m->tensors[j].name, r->name)) ti = j;
+        if (ti < 0) {
+            ti = m->ntensors++;
+            ck_mtensor *t = &m->tensors[ti];
+            snprintf(t->name, sizeof t->name, "%s", r->name);
+            t->kind = r->kind;
+            t->dtype = CK_DT_F32;
+            t->ndim = r->ndim;
+            memcpy(t->shape, r->shape, sizeof t->shape);
+        }
+        const ck_mtensor *t = &m->tensors[ti];
+        bool same = t->kind == r->kind && t->ndim == r->ndim;
+        for (int d = 0; same && d < r->ndim; d++) same = t->shape[d] == r->shape[d];
+        int64_t off[CK_MAX_DIMS], sh[CK_MAX_DIMS];
+        region_of(r, off, sh);
+        for (int d = 0; same && d < r->ndim; d++) same = off[d] >= 0 && sh[d] >= 0 && off[d] + sh[d] <= r->shape[d];
+        if (!same) {
+            rc = co_err_set(CO_EINVAL, "checkpoint plan: the parts of %s differ in kind or shape, or one lies outside it",
+                            r->name);
+            break;
+        }
+        if (r->group != CK_ANY_GROUP && (r->group < 0 || r->group >= groups)) {
+            rc = co_err_set(CO_EINVAL, "checkpoint plan: %s: group %d of %d", r->name, r->group, groups);
+            break;
+        }
+        tix[i] = ti;
+        int k = r->kind;
+        has[k] = true;
+        int64_t nb = numel_of(r->ndim, sh) * 4;
+        int g = groups == 1 ? 0 : r->group;
+        if (g == CK_ANY_GROUP) /* a tensor every group holds: the group with the fewest bytes */
+            for (int h = g = 0; h < groups; h++)
+                if (bytes[2 * h + k] < bytes[2 * g + k]) g = h;
+        grp[i] = g;
+        bytes[2 * g + k] += nb;
     }
+    if (rc) goto fail;
     int nfiles = (has[0] ? writers : 0) + (has[1] ? writers : 0);
     m->files = calloc((size_t)(nfiles ? nfiles : 1), sizeof *m->files);
-    m->tensors = calloc((size_t)(n ? n : 1), sizeof *m->tensors);
-    if (!m->files || !m->tensors) goto nomem;
+    if (!m->files) goto nomem;
     int first_file[2] = {-1, -1};
     for (int k = 0; k < 2; k++) {
         if (!has[k]) continue;
@@ -75,61 +146,69 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
             f->writer = w;
         }
     }
-    /* fill writer w up to (w+1)/writers of the kind's bytes, splitting rows at boundaries */
-    int64_t pos[2] = {0, 0};
+    /* the j-th writer of group g fills up to (j+1)/per of the group's bytes of the kind,
+     * splitting a part's rows at boundaries */
     for (int i = 0; i < n; i++) {
         const ck_tensor_ref *r = &refs[i];
-        ck_mtensor *t = &m->tensors[m->ntensors++];
-        snprintf(t->name, sizeof t->name, "%s", r->name);
-        t->kind = r->kind;
-        t->dtype = CK_DT_F32;
-        t->ndim = r->ndim;
-        memcpy(t->shape, r->shape, sizeof t->shape);
-        int k = r->kind;
-        int64_t rows = r->ndim ? r->shape[0] : 1;
-        int64_t row_bytes = rows ? numel_of(r->ndim, r->shape) / rows * 4 : 0;
-        t->slices = calloc((size_t)writers, sizeof *t->slices);
-        if (!t->slices) goto nomem;
+        ck_mtensor *t = &m->tensors[tix[i]];
+        int k = r->kind, g = grp[i];
+        int64_t total = bytes[2 * g + k], *p = &pos[2 * g + k];
+        int64_t off[CK_MAX_DIMS], sh[CK_MAX_DIMS];
+        region_of(r, off, sh);
+        int64_t rows = r->ndim ? sh[0] : 1;
+        int64_t row_bytes = rows ? numel_of(r->ndim, sh) / rows * 4 : 0;
         int64_t row = 0;
-        while (row < rows || (rows == 0 && t->nslices == 0)) {
-            int w = (int)(bytes[k] ? pos[k] * writers / bytes[k] : 0);
-            if (w >= writers) w = writers - 1;
-            int64_t boundary = bytes[k] * (w + 1) / writers; /* end of writer w's share */
+        int pieces = 0;
+        while (row < rows || (rows == 0 && pieces == 0)) {
+            int j = (int)(total ? *p * per / total : 0);
+            if (j >= per) j = per - 1;
+            int64_t boundary = total * (j + 1) / per; /* end of writer j's share */
             int64_t take = rows - row;
-            if (w < writers - 1 && row_bytes > 0 && r->ndim > 0) {
-                int64_t fit = (boundary - pos[k] + row_bytes - 1) / row_bytes;
+            if (j < per - 1 && row_bytes > 0 && r->ndim > 0) {
+                int64_t fit = (boundary - *p + row_bytes - 1) / row_bytes;
                 if (fit < 1) fit = 1;
                 if (fit < take) take = fit;
             }
-            ck_slice *s = &t->slices[t->nslices];
-            s->file = first_file[k] + w;
-            memcpy(s->shape, r->shape, sizeof s->shape);
+            if (pieces == per - 1 && row + take < rows) take = rows - row; /* rounding: the rest to the last */
+            ck_slice s;
+            memset(&s, 0, sizeof s);
+            s.file = first_file[k] + g + groups * j;
+            memcpy(s.offsets, off, sizeof s.offsets);
+            memcpy(s.shape, sh, sizeof s.shape);
             if (r->ndim) {
-                s->offsets[0] = row;
-                s->shape[0] = take;
+                s.offsets[0] = off[0] + row;
+                s.shape[0] = take;
             }
-            if (take == rows) snprintf(s->key, sizeof s->key, "%s", r->name);
-            else snprintf(s->key, sizeof s->key, "%s#%d", r->name, t->nslices);
-            if (strlen(r->name) + 8 >= CK_NAME_MAX || !ck_name_ok(r->name, false)) {
-                ck_manifest_free(&m);
-                return co_err_set(CO_EINVAL, "checkpoint plan: tensor name '%s' is not valid", r->name);
-            }
-            t->nslices++;
-            pos[k] += take * row_bytes;
+            s.ref = i;
+            s.ref_row = row;
+            if (add_slice(t, &cap[tix[i]], &s)) goto nomem;
+            pieces++;
+            *p += take * row_bytes;
             row += take;
             if (rows == 0 || r->ndim == 0) break;
-            if (t->nslices == writers && row < rows) { /* rounding: the rest goes to the last piece */
-                t->slices[t->nslices - 1].shape[0] += rows - row;
-                pos[k] += (rows - row) * row_bytes;
-                row = rows;
-            }
         }
     }
+    /* keys: the name for a tensor stored whole in one piece, name#k for its pieces */
+    for (int i = 0; i < m->ntensors; i++) {
+        ck_mtensor *t = &m->tensors[i];
+        bool whole = t->nslices == 1;
+        for (int d = 0; whole && d < t->ndim; d++) whole = t->slices[0].shape[d] == t->shape[d];
+        for (int k = 0; k < t->nslices; k++) {
+            char key[CK_NAME_MAX + 16]; /* fits: names are shorter than CK_NAME_MAX - 8 */
+            if (whole) snprintf(key, sizeof key, "%s", t->name);
+            else snprintf(key, sizeof key, "%s#%d", t->name, k);
+            snprintf(t->slices[k].key, sizeof t->slices[k].key, "%.*s", CK_NAME_MAX - 1, key);
+        }
+    }
+    free(grp), free(tix), free(cap), free(bytes), free(pos);
     *out = m;
     return 0;
 nomem:
+    rc = co_err_set(CO_ENOMEM, "checkpoint plan: out of memory");
+fail:
+    free(grp), free(tix), free(cap), free(bytes), free(pos);
     ck_manifest_free(&m);
-    return co_err_set(CO_ENOMEM, "checkpoint plan: out of memory");
+    return rc;
 }
 
 int ck_write_shards(const char *dir, ck_manifest *plan, const ck_tensor_ref *refs, int n, int writer) {
@@ -137,7 +216,6 @@ int ck_write_shards(const char *dir, ck_manifest *plan, const ck_tensor_ref *ref
 }
 
 int ck_write_shards_ex(const char *dir, ck_manifest *plan, const ck_tensor_ref *refs, int n, int writer, bool xxh64) {
-    if (n != plan->ntensors) return co_err_set(CO_EINVAL, "checkpoint shards: plan has %d tensors, given %d", plan->ntensors, n);
     for (int fi = 0; fi < plan->nfiles; fi++) {
         ck_mfile *f = &plan->files[fi];
         if (f->writer != writer) continue;
@@ -162,21 +240,29 @@ int ck_write_shards_ex(const char *dir, ck_manifest *plan, const ck_tensor_ref *
         int c = 0, rc = 0;
         for (int i = 0; i < plan->ntensors && !rc; i++) {
             const ck_mtensor *t = &plan->tensors[i];
-            if (strcmp(t->name, refs[i].name))
-                rc = co_err_set(CO_EINVAL, "checkpoint shards: plan tensor %d is %s, given %s", i, t->name, refs[i].name);
             for (int k = 0; k < t->nslices && !rc; k++) {
                 const ck_slice *s = &t->slices[k];
                 if (s->file != fi) continue;
-                /* the planner cuts rows only, so every piece is contiguous in the source */
-                for (int d = 1; d < t->ndim; d++)
-                    if (s->offsets[d] || s->shape[d] != t->shape[d] || s->flat)
-                        rc = co_err_set(CO_EUNSUPPORTED, "checkpoint shards: %s: only row slices can be written", s->key);
-                int64_t row_elems = t->ndim ? numel_of(t->ndim, t->shape) / (t->shape[0] ? t->shape[0] : 1) : 1;
+                const ck_tensor_ref *r = s->ref >= 0 && s->ref < n ? &refs[s->ref] : NULL;
+                if (!r || strcmp(t->name, r->name)) {
+                    rc = co_err_set(CO_EINVAL, "checkpoint shards: piece %s names tensor reference %d, which is not %s",
+                                    s->key, s->ref, t->name);
+                    break;
+                }
+                if (!r->data) {
+                    rc = co_err_set(CO_EINVAL, "checkpoint shards: writer %d has no data for %s (group %d's part)",
+                                    writer, s->key, r->group);
+                    break;
+                }
+                /* the planner cuts a part's rows only, so every piece is contiguous in its source */
+                if (s->flat) rc = co_err_set(CO_EUNSUPPORTED, "checkpoint shards: %s: flat slices cannot be written", s->key);
+                int64_t rows = t->ndim ? s->shape[0] : 1;
+                int64_t row_elems = t->ndim && rows ? numel_of(t->ndim, s->shape) / rows : 1;
                 names[c] = s->key;
                 dts[c] = CK_DT_F32;
                 nds[c] = t->ndim;
                 memcpy(shapes[c], s->shape, sizeof shapes[c]);
-                src[c] = refs[i].data + (t->ndim ? s->offsets[0] * row_elems : 0);
+                src[c] = r->data + (t->ndim ? s->ref_row * row_elems : 0);
                 len[c] = (size_t)numel_of(t->ndim, s->shape) * 4;
                 if (strcmp(s->key, t->name)) {
                     char mk[CK_NAME_MAX + 16], mv[256];
@@ -439,10 +525,13 @@ int ck_complete_shared_ex(const char *tmp, int64_t iteration, int writers, const
 
 typedef struct snap_tensor {
     char name[CK_NAME_MAX];
-    int kind, ndim;
-    int64_t shape[CK_MAX_DIMS];
-    size_t offset; /* floats into the arena */
+    ck_tensor_ref ref;  /* name and data are set when the snapshot is saved */
+    bool held;          /* this process holds its data: copied into the arena */
+    size_t offset;      /* floats into the arena */
 } snap_tensor;
+
+/* Floats of a reference's data: its region's (the whole tensor's without one). */
+static int64_t ref_numel(const ck_tensor_ref *r) { return numel_of(r->ndim, r->region ? r->rshape : r->shape); }
 
 struct ck_saver {
     ck_saver_opts o;
@@ -561,11 +650,10 @@ static int save_snapshot(ck_saver *s) {
     ck_tensor_ref *refs = calloc((size_t)(s->nst ? s->nst : 1), sizeof *refs);
     if (!refs) return co_err_set(CO_ENOMEM, "checkpoint save: out of memory");
     for (int i = 0; i < s->nst; i++) {
+        refs[i] = s->st[i].ref;
         refs[i].name = s->st[i].name;
-        refs[i].kind = s->st[i].kind;
-        refs[i].ndim = s->st[i].ndim;
-        memcpy(refs[i].shape, s->st[i].shape, sizeof refs[i].shape);
-        refs[i].data = s->arena + s->st[i].offset;
+        refs[i].data = s->st[i].held ? s->arena + s->st[i].offset : NULL;
+        refs[i].dst = NULL;
     }
     int rc = s->o.coord ? ck_save_part(s->save_dir, &s->meta, refs, s->nst, s->o.writers, s->o.writer, s->o.coord)
                         : ck_save(s->save_dir, &s->meta, refs, s->nst, s->o.writers, s->o.keep);
@@ -577,8 +665,7 @@ static void *bg_main(void *arg) {
     ck_saver *s = arg;
     /* first the copy out of the live tensors, then the trainer may change them again */
     for (int i = 0; i < s->nst; i++)
-        memcpy(s->arena + s->st[i].offset, s->src[i],
-               (size_t)numel_of(s->st[i].ndim, s->st[i].shape) * sizeof(float));
+        if (s->st[i].held) memcpy(s->arena + s->st[i].offset, s->src[i], (size_t)ref_numel(&s->st[i].ref) * sizeof(float));
     pthread_mutex_lock(&s->mu);
     s->copied = true;
     bool late = s->snap_late;
@@ -678,9 +765,10 @@ int ck_saver_save(ck_saver *s, const ck_meta *meta, const ck_tensor_ref *refs, i
         log_saved(s, meta->iteration, s->last_stall, rc);
         return rc;
     }
-    /* snapshot: one arena, tensors at their running offsets */
+    /* snapshot: one arena, the parts this process holds at their running offsets */
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += (size_t)numel_of(refs[i].ndim, refs[i].shape);
+    for (int i = 0; i < n; i++)
+        if (refs[i].data) total += (size_t)ref_numel(&refs[i]);
     rc = ck_saver_reserve(s, total);
     if (rc) return rc;
     if (n > s->st_cap) {
@@ -693,11 +781,11 @@ int ck_saver_save(ck_saver *s, const ck_meta *meta, const ck_tensor_ref *refs, i
     for (int i = 0; i < n; i++) {
         snap_tensor *t = &s->st[i];
         snprintf(t->name, sizeof t->name, "%s", refs[i].name);
-        t->kind = refs[i].kind;
-        t->ndim = refs[i].ndim;
-        memcpy(t->shape, refs[i].shape, sizeof t->shape);
+        t->ref = refs[i];
+        t->ref.name = NULL;
+        t->held = refs[i].data != NULL;
         t->offset = off;
-        off += (size_t)numel_of(refs[i].ndim, refs[i].shape);
+        if (t->held) off += (size_t)ref_numel(&refs[i]);
     }
     s->nst = n;
     /* the copy itself runs on the background thread (bg_main), overlapping the next

@@ -36,10 +36,10 @@ static void fill(float seed) {
     for (int i = 0; i < 7; i++) data_b[i] = -seed - (float)i;
     for (int i = 0; i < 12; i++) data_c[i] = seed * 3 + (float)i;
     for (int i = 0; i < 9; i++) data_d[i] = seed * 0.5f + (float)i / 7.0f;
-    refs[0] = (ck_tensor_ref){"layers.0.w", CK_KIND_MODEL, 2, {6, 5}, data_a, NULL};
-    refs[1] = (ck_tensor_ref){"layers.0.b", CK_KIND_MODEL, 1, {7}, data_b, NULL};
-    refs[2] = (ck_tensor_ref){"emb", CK_KIND_MODEL, 2, {3, 4}, data_c, NULL};
-    refs[3] = (ck_tensor_ref){"optimizer.exp_avg.emb", CK_KIND_OPTIM, 1, {9}, data_d, NULL};
+    refs[0] = (ck_tensor_ref){.name = "layers.0.w", .kind = CK_KIND_MODEL, .ndim = 2, .shape = {6, 5}, .data = data_a, .dst = NULL};
+    refs[1] = (ck_tensor_ref){.name = "layers.0.b", .kind = CK_KIND_MODEL, .ndim = 1, .shape = {7}, .data = data_b, .dst = NULL};
+    refs[2] = (ck_tensor_ref){.name = "emb", .kind = CK_KIND_MODEL, .ndim = 2, .shape = {3, 4}, .data = data_c, .dst = NULL};
+    refs[3] = (ck_tensor_ref){.name = "optimizer.exp_avg.emb", .kind = CK_KIND_OPTIM, .ndim = 1, .shape = {9}, .data = data_d, .dst = NULL};
 }
 
 static void meta_for(ck_meta *m, int64_t it) {
@@ -47,7 +47,7 @@ static void meta_for(ck_meta *m, int64_t it) {
     m->iteration = it;
     m->progress = (ck_progress){it, {it * 4, 8, 0}, 0, 0, 12.5, 1e300, 2};
     m->seed = 1234;
-    m->layout = (ck_layout){1, 1, 1, 1, 1, false, 1};
+    m->layout = (ck_layout){1, 1, 1, 1, 1, false, 1, 1};
     m->model = (ck_model_info){2, 32, 4, 4, 8, 128, 501, 512, 32, false, false, false, true, true, 1e-5, 10000};
     m->optim = (ck_optim_info){true, "adamw", it, 0.9, 0.999, 1e-8, 0.01, 1.0};
 }
@@ -365,6 +365,117 @@ static void test_load_foreign_layout(void) {
     ck_bad bad;
     CHECK_MSG(!ck_verify(dir, &bad, NULL, NULL), "%s", co_err_detail());
     CHECK(loads_equal(dir, 4));
+    /* regions: rows 2..4 x columns 1..3 of w cross the column slices; elements 3..6 of the
+     * optimizer tensor cross its flat halves */
+    ck_manifest *mm = NULL;
+    REQUIRE(!ck_read_manifest(dir, &mm));
+    float rw[9] = {0}, ro[4] = {0};
+    ck_tensor_ref rr[2] = {refs[0], refs[3]};
+    rr[0].region = rr[1].region = true;
+    rr[0].dst = rw, rr[1].dst = ro;
+    memcpy(rr[0].offsets, (int64_t[]){2, 1}, 2 * sizeof(int64_t));
+    memcpy(rr[0].rshape, (int64_t[]){3, 3}, 2 * sizeof(int64_t));
+    rr[1].offsets[0] = 3, rr[1].rshape[0] = 4;
+    CHECK_MSG(!ck_load_tensors(dir, mm, rr, 2, &bad), "%s", co_err_detail());
+    for (int i = 0; i < 9; i++) CHECK(rw[i] == data_a[(2 + i / 3) * 5 + 1 + i % 3]);
+    for (int i = 0; i < 4; i++) CHECK(ro[i] == data_d[3 + i]);
+    rr[1].rshape[0] = 7; /* 3 + 7 > 9 */
+    CHECK(ck_load_tensors(dir, mm, rr, 2, &bad) == CO_EINVAL);
+    CHECK_MSG(strstr(co_err_detail(), "lies outside tensor optimizer.exp_avg.emb"), "%s", co_err_detail());
+    ck_manifest_free(&mm);
+}
+
+/* Writer groups (tensor parallelism): each group's parts, spread over its writers, loaded
+ * whole and as regions of another split. Two groups of two writers; tensor w [8,6] by rows
+ * as qkv is split (group 0 rows 0-1 and 4, group 1 rows 2-3 and 5-7), p [5,6] by columns,
+ * b [7] held by every group, the moment of w split as w. */
+static void test_writer_groups(void) {
+    char save[512], dir[600];
+    scratch(save, sizeof save, "groups");
+    ck_iter_dir(dir, sizeof dir, save, 7);
+    mkdir(save, 0777);
+    float w[48], pm[30], b[7], e[48], pl[2][15];
+    for (int i = 0; i < 48; i++) w[i] = (float)i + 0.5f, e[i] = -(float)i * 0.25f;
+    for (int i = 0; i < 30; i++) pm[i] = 100.0f + (float)i;
+    for (int i = 0; i < 7; i++) b[i] = 7.0f - (float)i;
+    for (int g = 0; g < 2; g++)
+        for (int r = 0; r < 5; r++)
+            for (int c = 0; c < 3; c++) pl[g][r * 3 + c] = pm[r * 6 + 3 * g + c];
+    struct { int64_t row, rows; int g; } wp[4] = {{0, 2, 0}, {4, 1, 0}, {2, 2, 1}, {5, 3, 1}};
+    ck_tensor_ref all[11];
+    int n = 0;
+    for (int k = 0; k < 2; k++) /* w, then its moment */
+        for (int i = 0; i < 4; i++)
+            all[n++] = (ck_tensor_ref){.name = k ? "optimizer.exp_avg.w" : "w", .kind = k ? CK_KIND_OPTIM : CK_KIND_MODEL,
+                                       .ndim = 2, .shape = {8, 6}, .data = (k ? e : w) + wp[i].row * 6, .region = true,
+                                       .offsets = {wp[i].row, 0}, .rshape = {wp[i].rows, 6}, .group = wp[i].g};
+    for (int g = 0; g < 2; g++)
+        all[n++] = (ck_tensor_ref){.name = "p", .kind = CK_KIND_MODEL, .ndim = 2, .shape = {5, 6}, .data = pl[g],
+                                   .region = true, .offsets = {0, 3 * g}, .rshape = {5, 3}, .group = g};
+    all[n++] = (ck_tensor_ref){.name = "b", .kind = CK_KIND_MODEL, .ndim = 1, .shape = {7}, .data = b, .group = CK_ANY_GROUP};
+    ck_meta meta;
+    meta_for(&meta, 7);
+    meta.layout = (ck_layout){4, 2, 1, 1, 2, false, 4, 2};
+    ck_manifest *plan = NULL;
+    REQUIRE(!ck_plan(&meta, all, n, 4, &plan));
+    CHECK(plan->ntensors == 4 && plan->nfiles == 8 && plan->layout.groups == 2);
+    /* each part lies in a file of its group's writers; the writers of a group share its bytes */
+    int64_t wbytes[4] = {0};
+    for (int i = 0; i < plan->ntensors; i++)
+        for (int k = 0; k < plan->tensors[i].nslices; k++) {
+            const ck_slice *sl = &plan->tensors[i].slices[k];
+            const ck_tensor_ref *r = &all[sl->ref];
+            int wr = plan->files[sl->file].writer;
+            if (r->group != CK_ANY_GROUP) CHECK(wr % 2 == r->group);
+            if (plan->files[sl->file].kind == CK_KIND_MODEL) wbytes[wr] += sl->shape[0] * (plan->tensors[i].ndim > 1 ? sl->shape[1] : 1) * 4;
+        }
+    CHECK_MSG(llabs(wbytes[0] - wbytes[2]) <= 6 * 4 && llabs(wbytes[1] - wbytes[3]) <= 6 * 4, "%lld %lld %lld %lld",
+              (long long)wbytes[0], (long long)wbytes[1], (long long)wbytes[2], (long long)wbytes[3]);
+    /* every writer writes from its own group's data only */
+    char tmp[700];
+    snprintf(tmp, sizeof tmp, "%s/iter_0000007", save);
+    mkdir(tmp, 0777);
+    for (int wr = 0; wr < 4; wr++) {
+        ck_tensor_ref mine[11];
+        memcpy(mine, all, sizeof mine);
+        for (int i = 0; i < n; i++)
+            if (mine[i].group != CK_ANY_GROUP && mine[i].group != wr % 2) mine[i].data = NULL;
+        if (wr == 0) { /* without its data a writer refuses */
+            ck_tensor_ref none[11];
+            memcpy(none, mine, sizeof none);
+            for (int i = 0; i < n; i++) none[i].data = NULL;
+            CHECK(ck_write_shards(tmp, plan, none, n, wr) == CO_EINVAL);
+            CHECK_MSG(strstr(co_err_detail(), "has no data for"), "%s", co_err_detail());
+        }
+        CHECK_MSG(!ck_write_shards(tmp, plan, mine, n, wr), "%s", co_err_detail());
+    }
+    REQUIRE(!ck_write_manifest(tmp, plan));
+    ck_manifest_free(&plan);
+    ck_bad bad;
+    CHECK_MSG(!ck_verify(dir, &bad, NULL, NULL), "%s", co_err_detail());
+    ck_manifest *m = NULL;
+    REQUIRE(!ck_read_manifest(dir, &m));
+    CHECK(m->layout.groups == 2 && m->layout.writers == 4);
+    float **bufs = NULL;
+    REQUIRE(!ck_read_all(dir, m, 3, &bufs, &bad));
+    for (int i = 0; i < m->ntensors; i++) {
+        const char *nm = m->tensors[i].name;
+        const float *want = !strcmp(nm, "w") ? w : !strcmp(nm, "p") ? pm : !strcmp(nm, "b") ? b : e;
+        size_t len = !strcmp(nm, "p") ? 30 : !strcmp(nm, "b") ? 7 : 48;
+        CHECK_MSG(!memcmp(bufs[i], want, len * sizeof(float)), "%s", nm);
+    }
+    ck_free_all(m, &bufs);
+    /* another split: rows 1..6 of w, columns 2..4 of p (across both groups), p's rows 1..2 */
+    float rw[36], rp[15], rq[12];
+    ck_tensor_ref want[3] = {all[0], all[8], all[8]};
+    want[0].offsets[0] = 1, want[0].rshape[0] = 6, want[0].dst = rw;
+    want[1].offsets[1] = 2, want[1].rshape[1] = 3, want[1].dst = rp;
+    want[2].offsets[0] = 1, want[2].offsets[1] = 0, want[2].rshape[0] = 2, want[2].rshape[1] = 6, want[2].dst = rq;
+    CHECK_MSG(!ck_load_tensors(dir, m, want, 3, &bad), "%s", co_err_detail());
+    CHECK(!memcmp(rw, w + 6, sizeof rw) && !memcmp(rq, pm + 6, sizeof rq));
+    for (int r = 0; r < 5; r++)
+        for (int c = 0; c < 3; c++) CHECK(rp[r * 3 + c] == pm[r * 6 + 2 + c]);
+    ck_manifest_free(&m);
 }
 
 static void test_failing_writes(void) {
@@ -624,6 +735,7 @@ int main(void) {
     RUN(test_manifest_cover);
     RUN(test_save_load_layouts);
     RUN(test_load_foreign_layout);
+    RUN(test_writer_groups);
     RUN(test_failing_writes);
     RUN(test_corruption);
     RUN(test_retention_and_candidates);

@@ -308,14 +308,14 @@ static void test_save_load(void) {
     float *lw = malloc(NF * sizeof(float)), *l1 = malloc(NF * sizeof(float)), *l2 = malloc(NF * sizeof(float));
     REQUIRE(w && m1 && m2 && lw && l1 && l2);
     for (int i = 0; i < NF; i++) w[i] = (float)i * 1e-3f, m1[i] = -(float)i, m2[i] = (float)(i % 977) * 0.5f;
-    ck_tensor_ref refs[3] = {{"w", CK_KIND_MODEL, 2, {R, C}, w, lw},
-                             {"optimizer.exp_avg.w", CK_KIND_OPTIM, 2, {R, C}, m1, l1},
-                             {"optimizer.exp_avg_sq.w", CK_KIND_OPTIM, 2, {R, C}, m2, l2}};
+    ck_tensor_ref refs[3] = {{.name = "w", .kind = CK_KIND_MODEL, .ndim = 2, .shape = {R, C}, .data = w, .dst = lw},
+                             {.name = "optimizer.exp_avg.w", .kind = CK_KIND_OPTIM, .ndim = 2, .shape = {R, C}, .data = m1, .dst = l1},
+                             {.name = "optimizer.exp_avg_sq.w", .kind = CK_KIND_OPTIM, .ndim = 2, .shape = {R, C}, .data = m2, .dst = l2}};
     ck_meta meta;
     memset(&meta, 0, sizeof meta);
     meta.iteration = 7;
     meta.progress.iteration = 7;
-    meta.layout = (ck_layout){1, 1, 1, 1, 1, false, 1};
+    meta.layout = (ck_layout){1, 1, 1, 1, 1, false, 1, 1};
     meta.model = (ck_model_info){1, C, 1, 1, C, 4 * C, R, R, 16, false, false, false, true, true, 1e-5, 10000};
     meta.optim = (ck_optim_info){true, "adamw", 7, 0.9, 0.999, 1e-8, 0.01, 1.0};
     for (int mode = 0; mode < 2; mode++) { /* direct allowed, then turned off */
@@ -524,14 +524,14 @@ static void test_stuck_async_save(void) {
     enum { R = 2048, C = 2048, NF = R * C }; /* 16 MiB per tensor: direct writes */
     float *w = calloc(NF, sizeof(float)), *m1 = calloc(NF, sizeof(float)), *m2 = calloc(NF, sizeof(float));
     REQUIRE(w && m1 && m2);
-    ck_tensor_ref refs[3] = {{"w", CK_KIND_MODEL, 2, {R, C}, w, NULL},
-                             {"optimizer.exp_avg.w", CK_KIND_OPTIM, 2, {R, C}, m1, NULL},
-                             {"optimizer.exp_avg_sq.w", CK_KIND_OPTIM, 2, {R, C}, m2, NULL}};
+    ck_tensor_ref refs[3] = {{.name = "w", .kind = CK_KIND_MODEL, .ndim = 2, .shape = {R, C}, .data = w, .dst = NULL},
+                             {.name = "optimizer.exp_avg.w", .kind = CK_KIND_OPTIM, .ndim = 2, .shape = {R, C}, .data = m1, .dst = NULL},
+                             {.name = "optimizer.exp_avg_sq.w", .kind = CK_KIND_OPTIM, .ndim = 2, .shape = {R, C}, .data = m2, .dst = NULL}};
     ck_meta meta;
     memset(&meta, 0, sizeof meta);
     meta.iteration = 3;
     meta.progress.iteration = 3;
-    meta.layout = (ck_layout){1, 1, 1, 1, 1, false, 1};
+    meta.layout = (ck_layout){1, 1, 1, 1, 1, false, 1, 1};
     meta.model = (ck_model_info){1, C, 1, 1, C, 4 * C, R, R, 16, false, false, false, true, true, 1e-5, 10000};
     meta.optim = (ck_optim_info){true, "adamw", 3, 0.9, 0.999, 1e-8, 0.01, 1.0};
     ck_saver_opts o = {.save_dir = save, .async = true, .writers = 1};
