@@ -3,6 +3,7 @@
 #include "cli/cli.h"
 
 #include "checkpoint/ckpt.h"
+#include "cli/ckpt_layout.h"
 #include "common/error.h"
 
 #include <dirent.h>
@@ -26,6 +27,8 @@ static const char *top_usage =
     "  diff CKPT_A CKPT_B         which tensors differ (exit 0 bitwise equal, 1 different)\n"
     "  convert CKPT --to hf-gpt2 --output DIR   export to Hugging Face GPT-2 (model.safetensors\n"
     "                             + config.json; the padded vocabulary kept, --trim-vocab cuts it)\n"
+    "  convert CKPT --to cohort --tensor-model-parallel-size T [--data-parallel-size D] --output SAVE\n"
+    "                             rewrite in the layout a T x D job writes\n"
     "  prune SAVE --keep K        retention: keep the K most recent and the tracker's\n"
     "\n"
     "CKPT is a checkpoint directory (SAVE/iter_0000100) or a save directory (the tracker's\n"
@@ -34,7 +37,7 @@ static const char *top_usage =
 typedef struct args {
     bool json, help, dry_run, trim_vocab;
     int64_t iteration;
-    int keep;
+    int keep, tp, dp;
     const char *to, *output;
     const char *pos[4];
     int npos;
@@ -44,13 +47,16 @@ static int parse_args(int argc, char **argv, args *a, const char *tool) {
     memset(a, 0, sizeof *a);
     a->iteration = -1;
     a->keep = -1;
+    a->tp = a->dp = 0;
     for (int i = 0; i < argc; i++) {
         const char *s = argv[i];
         if (!strcmp(s, "--json")) a->json = true;
         else if (!strcmp(s, "--help") || !strcmp(s, "-h")) a->help = true;
         else if (!strcmp(s, "--dry-run")) a->dry_run = true;
         else if (!strcmp(s, "--trim-vocab") && !strcmp(tool, "convert")) a->trim_vocab = true;
-        else if ((!strcmp(s, "--iteration") || !strcmp(s, "--keep") || !strcmp(s, "--to") || !strcmp(s, "--output")) &&
+        else if ((!strcmp(s, "--iteration") || !strcmp(s, "--keep") || !strcmp(s, "--to") || !strcmp(s, "--output") ||
+                  (!strcmp(tool, "convert") &&
+                   (!strcmp(s, "--tensor-model-parallel-size") || !strcmp(s, "--data-parallel-size")))) &&
                  i + 1 < argc) {
             const char *v = argv[++i];
             char *end;
@@ -63,6 +69,8 @@ static int parse_args(int argc, char **argv, args *a, const char *tool) {
                     return X_USAGE;
                 }
                 if (!strcmp(s, "--keep")) a->keep = (int)x;
+                else if (!strcmp(s, "--tensor-model-parallel-size")) a->tp = (int)(x > 4096 ? 4096 : x);
+                else if (!strcmp(s, "--data-parallel-size")) a->dp = (int)(x > 4096 ? 4096 : x);
                 else a->iteration = x;
             }
         } else if (s[0] == '-' && s[1]) {
@@ -486,20 +494,29 @@ static int tool_diff(int argc, char **argv) {
 /* ---- convert ----------------------------------------------------------------------------- */
 
 static const char convert_usage[] =
-    "usage: cohort ckpt convert CKPT --to hf-gpt2 --output DIR [--trim-vocab] [--iteration N] [--json]\n\n"
+    "usage: cohort ckpt convert CKPT --to hf-gpt2 --output DIR [--trim-vocab] [--iteration N] [--json]\n"
+    "       cohort ckpt convert CKPT --to cohort --tensor-model-parallel-size T [--data-parallel-size D]\n"
+    "                               --output SAVE [--iteration N] [--json]\n\n"
     "hf-gpt2: writes DIR/model.safetensors and DIR/config.json in the Hugging Face GPT-2\n"
     "layout (GPT2LMHeadModel; Conv1D weights [in, out], c_attn = [q | k | v], output layer\n"
-    "tied). The embedding keeps every padded vocabulary row and config.json's vocab_size is\n"
-    "the padded size, so the softmax runs over the same logits as cohort's and the exported\n"
-    "model computes cohort's loss. Needs GPT-2's options: learned positions, LayerNorm,\n"
-    "GELU, tied embeddings, biases, no grouped-query attention.\n"
+    "tied), from a checkpoint of any layout (tensor-parallel slices are joined). The\n"
+    "embedding keeps every padded vocabulary row and config.json's vocab_size is the padded\n"
+    "size, so the softmax runs over the same logits as cohort's and the exported model\n"
+    "computes cohort's loss. Needs GPT-2's options: learned positions, LayerNorm, GELU, tied\n"
+    "embeddings, biases, no grouped-query attention.\n"
     "  --trim-vocab  drop the padded rows: vocab_size = the tokenizer's vocabulary, and the\n"
     "                softmax then runs over the real vocabulary only, so the exported model's\n"
     "                probabilities and losses differ from cohort's (they are equal only when\n"
     "                nothing was padded).\n"
-    "Other layouts (tensor/pipeline-parallel shards): not yet -- cohort has no tensor or\n"
-    "pipeline parallelism, and its loader already reads any layout on disk.\n"
-    "exit status: 0 written; 1 failure; 2 usage; 3 the model or target is not supported.\n";
+    "cohort: writes SAVE/iter_N and SAVE's tracker as a job of T tensor-parallel x D\n"
+    "data-parallel ranks (D default 1) saves them: T x D shard files per kind, each tensor\n"
+    "rank's slices spread over its D replicas, the padded vocabulary a multiple of\n"
+    "--make-vocab-size-divisible-by x T (new rows copy the last row, rows past the new size\n"
+    "are dropped). `cohort train --load` reads any layout at any size without this; it is\n"
+    "for files cut as that job cuts them. Model and optimizer state, progress, seed and\n"
+    "the rerun state machine's state are carried over; SAVE must not hold iteration N.\n"
+    "exit status: 0 written; 1 failure; 2 usage or a layout the model does not split into;\n"
+    "3 the model or target is not supported.\n";
 
 static int tool_convert(int argc, char **argv) {
     args a;
@@ -507,22 +524,43 @@ static int tool_convert(int argc, char **argv) {
     if (!tool_begin(argc, argv, &a, "convert", convert_usage, &rc) ||
         !tool_need(a.npos == 1 && a.to && a.output, "convert", "CKPT, --to and --output", &rc))
         return rc;
-    if (strcmp(a.to, "hf-gpt2")) {
-        fprintf(stderr, "cohort ckpt convert: --to %s: not yet; only hf-gpt2 (tensor/pipeline-parallel layouts come "
-                        "with tensor parallelism)\n", a.to);
+    bool cohort = !strcmp(a.to, "cohort");
+    if (strcmp(a.to, "hf-gpt2") && !cohort) {
+        fprintf(stderr, "cohort ckpt convert: --to %s: unknown target; hf-gpt2 or cohort\n", a.to);
         return X_UNSUPPORTED;
     }
+    if (cohort && a.tp < 1) {
+        fprintf(stderr, "cohort ckpt convert: --to cohort needs --tensor-model-parallel-size T (1 or more)\n");
+        return X_USAGE;
+    }
+    if (!cohort && (a.tp || a.dp)) {
+        fprintf(stderr, "cohort ckpt convert: --tensor-model-parallel-size and --data-parallel-size go with --to cohort\n");
+        return X_USAGE;
+    }
+    if (cohort && !a.dp) a.dp = 1;
     char dir[4200];
     ck_manifest *m = NULL;
     if ((rc = resolve(a.pos[0], a.iteration, dir, sizeof dir)) || (rc = ck_read_manifest(dir, &m))) {
         fprintf(stderr, "cohort ckpt convert: %s\n", co_err_detail());
         return 1;
     }
-    rc = ck_export_hf_gpt2(dir, m, a.output, a.trim_vocab);
+    char note[300] = "";
+    rc = cohort ? cli_ckpt_relayout(dir, m, a.tp, a.dp, a.output, note, sizeof note)
+                : ck_export_hf_gpt2(dir, m, a.output, a.trim_vocab);
+    int64_t it = m->iteration;
     ck_manifest_free(&m);
     if (rc) {
         fprintf(stderr, "cohort ckpt convert: %s\n", co_err_detail());
-        return rc == CO_EUNSUPPORTED ? X_UNSUPPORTED : 1;
+        return rc == CO_EUNSUPPORTED ? X_UNSUPPORTED : rc == CO_EINVAL ? X_USAGE : 1;
+    }
+    if (cohort) {
+        if (a.json)
+            printf("{\"from\": \"%s\", \"to\": \"cohort\", \"output\": \"%s\", \"iteration\": %" PRId64
+                   ", \"tensor\": %d, \"data\": %d, \"note\": \"%s\"}\n", dir, a.output, it, a.tp, a.dp, note);
+        else
+            printf("wrote %s iteration %" PRId64 " in the layout of tensor-parallel size %d x data-parallel size %d "
+                   "from %s%s%s\n", a.output, it, a.tp, a.dp, dir, note[0] ? "; " : "", note);
+        return 0;
     }
     if (a.json)
         printf("{\"from\": \"%s\", \"to\": \"hf-gpt2\", \"output\": \"%s\", \"trim_vocab\": %s}\n", dir, a.output,

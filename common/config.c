@@ -541,9 +541,6 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         problem(&P, "--sequence-parallel is not part of the model-parallel stand-in");
     if (real_tp && (c->pipeline_model_parallel_size != 1 || c->context_parallel_size != 1))
         problem(&P, "tensor parallelism together with pipeline or context parallelism is not supported yet");
-    if (real_tp && (c->save[0] || c->load[0]))
-        problem(&P, "--save and --load with --tensor-model-parallel-size %d are not supported yet (checkpoints of "
-                    "tensor-parallel slices come next); train without them", c->tensor_model_parallel_size);
     if (real_tp && !strcmp(c->device, "cuda"))
         problem(&P, "--tensor-model-parallel-size %d on --device cuda is not supported yet (the CUDA backend has no "
                     "tensor-parallel kernels); use --device cpu", c->tensor_model_parallel_size);

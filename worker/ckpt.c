@@ -28,16 +28,18 @@ struct wk_ckpt {
     int64_t last_saved;      /* iteration saved or loaded last (not saved again) */
     json_t *config_json;
     int nrefs;
-    ck_tensor_ref *refs;     /* model tensors, then exp_avg and exp_avg_sq */
+    ck_tensor_ref *refs;     /* model tensors, then exp_avg and exp_avg_sq (build_refs) */
     char (*names)[CK_NAME_MAX];
+    int cap, nmodel;         /* refs allocated; the model's (the first nmodel) */
+    int tp, tp_rank;         /* the tensor group: this rank's writer group is its tensor rank */
     double stall_total;
     int saves;
-    int world;               /* data-parallel size */
+    int world;               /* ranks (writers of a save): tensor x data-parallel size */
     /* the rerun state machine's state: saved with each checkpoint, handed back after load */
     int (*rerun_save)(void *ctx, char *buf, size_t n);
     void *rerun_ctx;
     char *loaded_rerun;      /* the loaded checkpoint's "rerun_state_machine" (JSON text) */
-    int rank;                /* data-parallel rank */
+    int rank;                /* this rank (its writer index) */
 };
 
 /* ---- what the trainer's checkpoint holds ---------------------------------------------- */
@@ -105,34 +107,99 @@ static void model_info(const gpt_config *g, ck_model_info *mi) {
     mi->rotary_base = g->rotary_base;
 }
 
-/* Tensor list: model weights (views of the flat parameter buffer), then the Adam moments
- * under optimizer.exp_avg.<name> / optimizer.exp_avg_sq.<name>. */
+/* The checkpoint's tensor list: model weights (views of the flat parameter buffer), then
+ * the Adam moments under optimizer.exp_avg.<name> / optimizer.exp_avg_sq.<name>.
+ *
+ * Under tensor parallelism every rank lists the slices of every tensor rank (each rank's
+ * table from gpt_tensor_table), so that all compute one write plan (ckpt.h): a rank's own
+ * slices with its data (group = its tensor rank), the others' without; a tensor every rank
+ * holds whole once, for any group; a slice several ranks hold (key/value rows with fewer
+ * query groups than ranks) once, for the first of them. Rows are contiguous in the flat
+ * buffer, a column slice is this rank's whole local tensor, so each part is one row-major
+ * buffer. */
+static int add_ref(wk_ckpt *k, int part, const gpt_tensor *t, int group, bool region, int split, const gpt_piece *p,
+                   float *data) {
+    static const char *prefix[] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
+    if (k->nrefs == k->cap) {
+        int nc = k->cap ? 2 * k->cap : 64;
+        ck_tensor_ref *r = realloc(k->refs, (size_t)nc * sizeof *r);
+        char(*nm)[CK_NAME_MAX] = r ? realloc(k->names, (size_t)nc * sizeof *nm) : NULL;
+        if (r) k->refs = r;
+        if (!nm) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
+        k->names = nm;
+        k->cap = nc;
+    }
+    int j = k->nrefs++;
+    ck_tensor_ref *r = &k->refs[j];
+    memset(r, 0, sizeof *r);
+    snprintf(k->names[j], CK_NAME_MAX, "%s%s", prefix[part], t->name);
+    r->kind = part ? CK_KIND_OPTIM : CK_KIND_MODEL;
+    r->ndim = t->ndim;
+    r->shape[0] = t->gshape[0];
+    r->shape[1] = t->gshape[1];
+    r->data = data;
+    r->dst = data;
+    r->group = group;
+    r->region = region;
+    if (region) {
+        r->rshape[0] = t->gshape[0];
+        r->rshape[1] = t->gshape[1];
+        int d = split == GPT_TP_ROWS ? 0 : 1;
+        r->offsets[d] = p->global;
+        r->rshape[d] = p->len;
+    }
+    return 0;
+}
+
 static int build_refs(wk_ckpt *k) {
     gpt_model *model = trainer_model(k->t);
     opt_adamw *o = trainer_optimizer(k->t);
-    int nt = gpt_num_tensors(model);
-    const gpt_tensor *gt = gpt_tensors(model);
-    k->refs = calloc((size_t)nt * 3, sizeof *k->refs);
-    k->names = calloc((size_t)nt * 3, sizeof *k->names);
-    if (!k->refs || !k->names) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
-    float *params = gpt_params(model);
-    for (int part = 0; part < 3; part++)
-        for (int i = 0; i < nt; i++) {
-            int j = part * nt + i;
-            ck_tensor_ref *r = &k->refs[j];
-            static const char *prefix[] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
-            snprintf(k->names[j], CK_NAME_MAX, "%s%s", prefix[part], gt[i].name);
-            r->name = k->names[j];
-            r->kind = part ? CK_KIND_OPTIM : CK_KIND_MODEL;
-            r->ndim = gt[i].ndim;
-            r->shape[0] = gt[i].shape[0];
-            r->shape[1] = gt[i].shape[1];
-            float *base = part == 0 ? params : part == 1 ? o->m : o->v;
-            r->data = base + gt[i].offset;
-            r->dst = base + gt[i].offset;
+    const gpt_config *gc = gpt_get_config(model);
+    int nt = gpt_num_tensors(model), tp = k->tp;
+    const gpt_tensor *mine = gpt_tensors(model);
+    gpt_tensor **tab = calloc((size_t)tp, sizeof *tab);
+    if (!tab) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
+    int rc = 0;
+    for (int r = 0; r < tp && !rc; r++) {
+        gpt_config c = *gc;
+        c.tp_rank = r;
+        int n = 0;
+        if (r == k->tp_rank) tab[r] = (gpt_tensor *)mine;
+        else if (!(rc = gpt_tensor_table(&c, &tab[r], &n, NULL)) && n != nt)
+            rc = co_err_set(CO_EINTERNAL, "checkpoint: tensor rank %d has %d tensors, this one %d", r, n, nt);
+    }
+    k->nrefs = 0;
+    for (int part = 0; part < 3 && !rc; part++) {
+        float *base = part == 0 ? gpt_params(model) : part == 1 ? o->m : o->v;
+        if (part == 1) k->nmodel = k->nrefs;
+        for (int i = 0; i < nt && !rc; i++) {
+            const gpt_tensor *t = &mine[i];
+            if (tp == 1 || t->split == GPT_TP_REPLICATED) {
+                rc = add_ref(k, part, t, CK_ANY_GROUP, false, 0, NULL, base + t->offset);
+                continue;
+            }
+            for (int r = 0; r < tp && !rc; r++) {
+                const gpt_tensor *tr = &tab[r][i];
+                size_t cols = (size_t)(tr->shape[1] ? tr->shape[1] : 1);
+                for (int q = 0; q < tr->npieces && !rc; q++) {
+                    const gpt_piece *p = &tr->piece[q];
+                    if (r % p->share) continue; /* the first of the ranks sharing it lists it */
+                    /* this rank holds it when it is its own, or a run shared with it (the
+                     * same place in its slice) */
+                    bool held = r == k->tp_rank || k->tp_rank / p->share == r / p->share;
+                    float *data = !held ? NULL
+                                  : base + t->offset +
+                                        (t->split == GPT_TP_ROWS ? (size_t)t->piece[q].local * cols : 0);
+                    rc = add_ref(k, part, tr, r, true, t->split, p, data);
+                }
+            }
         }
-    k->nrefs = nt * 3;
-    return 0;
+    }
+    for (int r = 0; r < tp; r++)
+        if (tab[r] != mine) free(tab[r]);
+    free(tab);
+    for (int j = 0; j < k->nrefs; j++) k->refs[j].name = k->names[j];
+    return rc;
 }
 
 static int save_now(wk_ckpt *k) {
@@ -146,9 +213,9 @@ static int save_now(wk_ckpt *k) {
     meta.progress = (ck_progress){tp.iteration, {tp.consumed[0], tp.consumed[1], tp.consumed[2]}, tp.skipped,
                                   tp.nan_iters, tp.loss_sum, tp.tok_sum, tp.iters_since_log};
     meta.seed = c->seed;
-    meta.layout = (ck_layout){1, c->tensor_model_parallel_size, c->pipeline_model_parallel_size,
-                              c->context_parallel_size, k->world, c->use_distributed_optimizer, 1}; /* writers: ck_plan's */
-    meta.layout.world = k->world * c->tensor_model_parallel_size * c->pipeline_model_parallel_size * c->context_parallel_size;
+    /* every rank writes (ck_plan's writers); the writer groups are the tensor ranks */
+    meta.layout = (ck_layout){k->world, k->tp, c->pipeline_model_parallel_size, c->context_parallel_size,
+                              k->world / k->tp, c->use_distributed_optimizer, 1, k->tp};
     model_info(gpt_get_config(trainer_model(k->t)), &meta.model);
     if (!c->no_save_optim) {
         meta.optim.present = true;
@@ -167,7 +234,7 @@ static int save_now(wk_ckpt *k) {
         char buf[4096];
         if (!k->rerun_save(k->rerun_ctx, buf, sizeof buf)) meta.rerun_state = json_loads(buf, 0, NULL);
     }
-    int n = c->no_save_optim ? k->nrefs / 3 : k->nrefs;
+    int n = c->no_save_optim ? k->nmodel : k->nrefs;
     int rc = ck_saver_save(k->saver, &meta, k->refs, n);
     json_decref(meta.lr_scheduler);
     json_decref(meta.rng_generators);
@@ -354,7 +421,7 @@ static int check_model(const ck_manifest *m, const gpt_config *g, const char *di
     DIFF_INT(head_dim, "head size %d", "--kv-channels");
     DIFF_INT(ffn_hidden, "FFN hidden size %d", "--ffn-hidden-size");
     DIFF_INT(vocab, "a vocabulary of %d", "the tokenizer's (--tokenizer-type/--vocab-size/--vocab-file)");
-    DIFF_INT(padded_vocab, "%d padded vocabulary rows", "the padded vocabulary (--make-vocab-size-divisible-by)");
+    /* (the padded vocabulary may differ: another tensor-parallel size; load_refs) */
     DIFF_INT(max_positions, "%d positions", "--max-position-embeddings");
     DIFF_BOOL(rope, "rotary positions", "learned positions", "--position-embedding-type");
     DIFF_BOOL(rmsnorm, "RMSNorm", "LayerNorm", "--normalization");
@@ -401,6 +468,85 @@ static void warn_schedule(wk_ckpt *k, const ck_manifest *m) {
         fprintf(k->log, "cohort: note: the learning-rate schedule differs from the checkpoint's; using the command line's\n");
 }
 
+/* Loads the first n references from the checkpoint m in dir. Where the checkpoint's padded
+ * vocabulary (Vc rows) differs from the model's (Vp: another tensor-parallel size or
+ * --make-vocab-size-divisible-by), the vocabulary tensors and their moments take the
+ * checkpoint's rows below both, rows the model has beyond Vc become copies of the
+ * checkpoint's last row (Megatron's checkpoint converter pads so: a padded row stays one, its
+ * logit pushed down like the others), and the checkpoint's rows beyond Vp are dropped. The
+ * tokenizer's rows are never among them (check_model: the vocabularies are equal). */
+static int load_refs(wk_ckpt *k, const ck_manifest *m, const char *dir, int n, ck_bad *bad) {
+    int Vc = m->model.padded_vocab, Vp = gpt_get_config(trainer_model(k->t))->padded_vocab;
+    ck_tensor_ref *lr = calloc((size_t)(2 * n + 1), sizeof *lr);
+    int *fill_of = calloc((size_t)(n + 1), sizeof *fill_of);
+    float *last = NULL;
+    int64_t cols = 0;
+    for (int i = 0; i < n; i++)
+        if (gpt_tensor_is_vocab(k->refs[i].name)) cols = k->refs[i].shape[1];
+    if (cols > 0 && Vc != Vp) last = calloc((size_t)n * (size_t)cols, sizeof *last);
+    if (!lr || !fill_of || (cols > 0 && Vc != Vp && !last)) {
+        free(lr), free(fill_of), free(last);
+        return co_err_set(CO_ENOMEM, "loading %s: out of memory", dir);
+    }
+    /* this rank's parts only (the others' are listed for saving) */
+    int nl = 0, *of = calloc((size_t)(n + 1), sizeof *of);
+    if (!of) {
+        free(lr), free(fill_of), free(last);
+        return co_err_set(CO_ENOMEM, "loading %s: out of memory", dir);
+    }
+    for (int i = 0; i < n; i++)
+        if (k->refs[i].dst) of[nl++] = i;
+    int nmine = nl;
+    for (int j = 0; j < nmine; j++) {
+        int i = of[j];
+        lr[j] = k->refs[i];
+        fill_of[j] = -1;
+        ck_tensor_ref *r = &lr[j];
+        if (Vc == Vp || !gpt_tensor_is_vocab(r->name) || r->ndim != 2) continue;
+        if (!r->region) {
+            r->region = true;
+            r->offsets[0] = r->offsets[1] = 0;
+            r->rshape[0] = r->shape[0];
+            r->rshape[1] = r->shape[1];
+        }
+        int64_t a = r->offsets[0], len = r->rshape[0];
+        r->shape[0] = Vc;
+        if (a >= Vc) { /* all of it past the checkpoint's rows: nothing to read */
+            r->dst = NULL;
+            r->offsets[0] = r->rshape[0] = 0;
+        } else if (a + len > Vc) {
+            r->rshape[0] = Vc - a;
+        }
+        if (a + len > Vc) { /* rows to fill: the checkpoint's last row first */
+            ck_tensor_ref *e = &lr[nl];
+            *e = *r;
+            e->offsets[0] = Vc - 1;
+            e->offsets[1] = 0;
+            e->rshape[0] = 1;
+            e->rshape[1] = cols;
+            e->dst = last + (size_t)j * (size_t)cols;
+            fill_of[j] = nl++;
+        }
+    }
+    int rc = ck_load_tensors(dir, m, lr, nl, bad);
+    for (int j = 0; j < nmine && !rc; j++) {
+        if (fill_of[j] < 0) continue;
+        const ck_tensor_ref *r = &k->refs[of[j]];
+        int64_t a = r->region ? r->offsets[0] : 0, len = r->region ? r->rshape[0] : r->shape[0];
+        for (int64_t row = a > Vc ? a : Vc; row < a + len; row++)
+            memcpy(r->dst + (row - a) * cols, last + (size_t)j * (size_t)cols, (size_t)cols * sizeof(float));
+    }
+    if (!rc && Vc != Vp && k->log) {
+        fprintf(k->log, "cohort: note: the checkpoint's padded vocabulary has %d rows, this run's %d (%d x tensor-parallel "
+                        "size %d): %s; the padded rows' share of the softmax changes the loss\n", Vc, Vp,
+                k->cfg.make_vocab_size_divisible_by, k->tp,
+                Vc < Vp ? "the new rows are copies of the checkpoint's last row" : "its rows past the new size are dropped");
+        fflush(k->log);
+    }
+    free(lr), free(fill_of), free(last), free(of);
+    return rc;
+}
+
 static int load(wk_ckpt *k) {
     const co_config *c = &k->cfg;
     int64_t want = co_config_was_set(c, "ckpt-step") && c->ckpt_step >= 0 ? c->ckpt_step : -1;
@@ -440,10 +586,10 @@ static int load(wk_ckpt *k) {
             break;
         }
         if (!rc) {
-            int nl = load_optim ? k->nrefs : k->nrefs / 3;
+            int nl = load_optim ? k->nrefs : k->nmodel;
             rc = check_model(m, gpt_get_config(trainer_model(k->t)), dir);
             if (!rc) rc = check_extra(m, k->refs, nl, load_optim, dir);
-            if (!rc) rc = ck_load_tensors(dir, m, k->refs, nl, &bad);
+            if (!rc) rc = load_refs(k, m, dir, nl, &bad);
             if (rc == CO_EINVAL || rc == CO_EUNSUPPORTED) { /* the model does not match: no fallback helps */
                 ck_manifest_free(&m);
                 break;
@@ -488,10 +634,14 @@ static int load(wk_ckpt *k) {
         }
         if (c->bf16) gpt_sync_bf16(trainer_model(k->t));
         if (k->log) {
-            if (m->layout.data != k->world)
+            if (m->layout.data != k->world / k->tp)
                 fprintf(k->log, "cohort: checkpoint written at data-parallel size %d, loaded at %d: consumed samples are "
-                                "global and kept\n", m->layout.data, k->world);
-            fprintf(k->log, "  successfully loaded checkpoint from %s [ t 1/1, p 1/1 ] at iteration %" PRId64 "%s\n", c->load,
+                                "global and kept\n", m->layout.data, k->world / k->tp);
+            if (m->layout.tensor != k->tp)
+                fprintf(k->log, "cohort: checkpoint written at tensor-parallel size %d, loaded at %d: every rank reads its "
+                                "slices of the global tensors\n", m->layout.tensor, k->tp);
+            fprintf(k->log, "  successfully loaded checkpoint from %s [ t %d/%d, p 1/1 ] at iteration %" PRId64 "%s\n",
+                    c->load, k->tp_rank + 1, k->tp,
                     c->finetune ? 0 : m->iteration, c->finetune ? " (--finetune: weights only)" : "");
             fflush(k->log);
         }
@@ -518,9 +668,13 @@ static int setup_saver(wk_ckpt *k, int rank, const ck_coord *coord) {
                         .writers = coord ? k->world : 1, .log = k->log, .coord = coord, .writer = coord ? rank : 0};
     rc = ck_saver_new(&k->saver, &so);
     if (!rc && c->async_save) {
-        size_t total = 0;
-        int n = c->no_save_optim ? k->nrefs / 3 : k->nrefs;
-        for (int i = 0; i < n; i++) total += (size_t)k->refs[i].shape[0] * (size_t)(k->refs[i].ndim > 1 ? k->refs[i].shape[1] : 1);
+        size_t total = 0; /* the parts this rank holds */
+        int n = c->no_save_optim ? k->nmodel : k->nrefs;
+        for (int i = 0; i < n; i++) {
+            const ck_tensor_ref *r = &k->refs[i];
+            const int64_t *sh = r->region ? r->rshape : r->shape;
+            if (r->data) total += (size_t)sh[0] * (size_t)(r->ndim > 1 ? sh[1] : 1);
+        }
         rc = ck_saver_reserve(k->saver, total);
     }
     if (!rc) trainer_set_hook(k->t, hook, k);
@@ -540,7 +694,16 @@ int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world) {
     k->last_saved = -1;
     k->world = world;
     k->rank = rank;
-    int rc = build_refs(k);
+    const gpt_config *gc = gpt_get_config(trainer_model(t));
+    k->tp = gc->tp > 1 ? gc->tp : 1;
+    k->tp_rank = k->tp > 1 ? gc->tp_rank : 0;
+    int rc = 0;
+    /* writer w holds group w % tp: the tensor rank is the fastest coordinate of the world rank
+     * (Megatron's orders, with one pipeline stage and one context rank) */
+    if (world % k->tp || rank % k->tp != k->tp_rank)
+        rc = co_err_set(CO_EINTERNAL, "checkpoint: rank %d of %d is tensor rank %d of %d; expected rank mod %d", rank,
+                        world, k->tp_rank, k->tp, k->tp);
+    if (!rc) rc = build_refs(k);
     if (!rc && c->load[0]) rc = load(k);
     if (!rc && c->save[0] && rank == 0) {
         rc = ck_clean_stale(c->save);
