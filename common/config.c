@@ -67,7 +67,7 @@ static const flag flags[] = {
     D("model", "hidden-dropout", hidden_dropout, "0.1", "dropout on the residual branches and embeddings"),
     D("model", "attention-dropout", attention_dropout, "0.1", "dropout on attention probabilities"),
     /* parallelism */
-    I("parallel", "tensor-model-parallel-size", tensor_model_parallel_size, "1", "tensor-parallel ranks: every layer split over them as Megatron splits it (CPU backend; `cohort topology` prints the groups)"),
+    I("parallel", "tensor-model-parallel-size", tensor_model_parallel_size, "1", "tensor-parallel ranks: every layer split over them as Megatron splits it (`cohort topology` prints the groups)"),
     I("parallel", "pipeline-model-parallel-size", pipeline_model_parallel_size, "1", "pipeline stages (not supported yet: only 1)"),
     I("parallel", "context-parallel-size", context_parallel_size, "1", "context-parallel ranks (not supported yet: only 1)"),
     I("parallel", "expert-model-parallel-size", expert_model_parallel_size, "1",
@@ -541,9 +541,6 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         problem(&P, "--sequence-parallel is not part of the model-parallel stand-in");
     if (real_tp && (c->pipeline_model_parallel_size != 1 || c->context_parallel_size != 1))
         problem(&P, "tensor parallelism together with pipeline or context parallelism is not supported yet");
-    if (real_tp && !strcmp(c->device, "cuda"))
-        problem(&P, "--tensor-model-parallel-size %d on --device cuda is not supported yet (the CUDA backend has no "
-                    "tensor-parallel kernels); use --device cpu", c->tensor_model_parallel_size);
     if (c->pipeline_model_parallel_size != 1 && !co_config_standin_model_parallel)
         problem(&P, "--pipeline-model-parallel-size %d is not supported yet (only 1)", c->pipeline_model_parallel_size);
     if (c->context_parallel_size != 1 && !co_config_standin_model_parallel)

@@ -194,7 +194,7 @@ bad_layouts)
 ckpt_reshard)
     t22=(--nproc-per-node 4 --tensor-model-parallel-size 2)
     run full "${t22[@]}" --train-iters 6 --save "$work/full"
-    run half "${t22[@]}" --train-iters 6 --exit-interval 3 --save "$work/s"
+    run half "${t22[@]}" --train-iters 6 --exit-interval 3 --save "$work/s" --async-save
     # the layout: 4 writers in 2 groups (tensor ranks), every tensor's slices cover it once
     /usr/bin/python3 - "$work/s/iter_0000003" <<'PY' || fail "the tp 2 x dp 2 checkpoint's layout"
 import json, struct, sys
