@@ -37,6 +37,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Pipeline parallelism: a model chunk is a run of consecutive layers (global indices
+ * [layer0, layer0 + nlayers)) that one pipeline stage (or virtual stage) computes; the chunk
+ * with the embedding reads tokens, the one with the head (final norm, output layer, loss)
+ * computes the loss, every other chunk takes its input from the previous stage and hands its
+ * output to the next. slots: micro batches in flight in it at once (activation sets; the
+ * pipeline schedule's most forwards not yet matched by their backward). */
+#define GPT_MAX_CHUNKS 8
+typedef struct gpt_chunk {
+    int layer0, nlayers;
+    bool embedding, head;
+    int slots;
+} gpt_chunk;
+
 typedef struct gpt_config {
     int num_layers;       /* L */
     int hidden;           /* C */
@@ -58,6 +71,10 @@ typedef struct gpt_config {
     float hidden_dropout, attention_dropout;
     int tp, tp_rank;      /* tensor-parallel size (0 or 1: none) and this rank in the group */
     bool sequence_parallel;
+    /* the chunks this rank holds, in the order of their layers (nchunks 0: one chunk of all
+     * layers with the embedding and the head, one slot: no pipelining) */
+    int nchunks;
+    gpt_chunk chunks[GPT_MAX_CHUNKS];
 } gpt_config;
 
 /* How the tensor group splits a tensor: not at all (every rank holds it whole), along its
@@ -82,6 +99,10 @@ typedef struct gpt_tensor {
     gpt_piece piece[3];   /*   replicated: one run of every row, share tp) */
     bool partial_grad;    /* replicated, but each rank's gradient is a part (sequence
                            * parallelism): gpt_tp_finalize_grads sums it over the group */
+    bool emb_copy;        /* the head's copy of the tied word embedding on a stage without the
+                           * embedding (pipeline parallelism): kept equal to the first stage's by
+                           * summing their gradients over the embedding group; the first stage's
+                           * is the one saved and counted in the gradient norm */
     bool decay;           /* weight decay applies (weight matrices and embeddings) */
     float init_std;       /* 0: ones (norm weights) or zeros (biases), see init_ones */
     bool init_ones;
@@ -185,7 +206,37 @@ uint64_t gpt_weights_checksum(gpt_model *m);
 uint64_t gpt_weights_checksum32(gpt_model *m);
 uint64_t gpt_weights_checksum16(gpt_model *m);
 
-/* Forward pass for one micro batch. train: dropout on (keyed by dropout_seed) and the
+/* ---- pipeline stages: one chunk at a time ----
+ * A micro batch goes through a chunk's forward into activation slot s (0 <= s < its slots)
+ * and later its backward from the same slot. Dropout is keyed by the global layer index, so
+ * a pipelined model draws the masks of the unpipelined one.
+ *   before the forward of a chunk without the embedding: the previous stage's output into
+ *     gpt_chunk_input(m, c, s) [Nl, C] (Nl = B*T, or B*T/tp under sequence parallelism);
+ *   after the forward of a chunk without the head: gpt_chunk_output(m, c, s) [Nl, C] for
+ *     the next stage;
+ *   before the backward of a chunk without the head: the next stage's gradient of that
+ *     output into gpt_chunk_output_grad(m) [Nl, C];
+ *   after the backward of a chunk without the embedding: gpt_chunk_input_grad(m) [Nl, C]
+ *     for the previous stage (valid until the next backward).
+ * The batch gives B, T, positions and document starts to every chunk, tokens to the one with
+ * the embedding, targets and loss mask to the one with the head. gpt_chunk_forward returns
+ * the masked loss sum on the head chunk (with dscale; as gpt_forward), 0 elsewhere. */
+int gpt_num_chunks(const gpt_model *m);
+const gpt_chunk *gpt_chunk_def(const gpt_model *m, int c);
+float *gpt_chunk_input(gpt_model *m, int c, int s);
+const float *gpt_chunk_output(const gpt_model *m, int c, int s);
+float *gpt_chunk_output_grad(gpt_model *m);
+const float *gpt_chunk_input_grad(const gpt_model *m);
+double gpt_chunk_forward(gpt_model *m, int c, int s, const gpt_batch *b, bool train, uint64_t dropout_seed,
+                         const float *dscale, float *losses);
+void gpt_chunk_backward(gpt_model *m, int c, int s, const gpt_batch *b, uint64_t dropout_seed);
+/* The tensor index of the word embedding when it must be summed over the embedding group
+ * after backward (tied embeddings, pipeline parallelism: the first stage's and the last
+ * stage's copy), else -1. */
+int gpt_tied_embedding(const gpt_model *m);
+
+/* Forward pass for one micro batch (no pipelining: one chunk with the embedding and the
+ * head). train: dropout on (keyed by dropout_seed) and the
  * activations kept for backward. dscale[B*T] gives each token's weight in the gradient of
  * the logits (loss_mask / tokens / micro batches; zeros for evaluation). Writes the
  * per-token loss (unmasked) into losses[B*T] if not NULL and returns sum(losses *

@@ -46,6 +46,18 @@ static int t__skipped; /* cases skipped with TEST_SKIP_CASE */
         }                                                                              \
     } while (0)
 
+#define REQUIRE_MSG(cond, ...)                                                         \
+    do {                                                                               \
+        t__checks++;                                                                   \
+        if (!(cond)) {                                                                 \
+            t__failures++;                                                             \
+            fprintf(stderr, "%s:%d: REQUIRE failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                              \
+            fputc('\n', stderr);                                                       \
+            return;                                                                    \
+        }                                                                              \
+    } while (0)
+
 /* |a-b| <= atol + rtol*|b| */
 #define CHECK_CLOSE(a, b, atol, rtol)                                                  \
     do {                                                                               \

@@ -1,0 +1,122 @@
+/* gpt_internal.h - what the model's files share (gpt.c: the tensor table, buffers,
+ * initialisation; gpt_step.c: forward and backward of a chunk; gpt_tp.c: the tensor group's
+ * collectives and the parallel layers). Not for use outside model/. */
+#ifndef COHORT_MODEL_GPT_INTERNAL_H
+#define COHORT_MODEL_GPT_INTERNAL_H
+
+#include "model/gpt.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Indices of a layer's tensors in the tensor table. */
+enum { LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC1_W, FC1_B, FC2_W, FC2_B, NLAYER_T };
+
+/* One layer's saved activations for one micro batch (N = B*T rows; Nl = N/tp under
+ * sequence parallelism, else N). */
+typedef struct layer_acts {
+    float *x_in;        /* [Nl,C] residual stream entering the layer */
+    float *ln1, *ln1_mean, *ln1_rstd;   /* [Nl,C], [Nl], [Nl] */
+    float *qkv;         /* [N,Q] after rope */
+    float *x_mid;       /* [Nl,C] residual stream after the attention branch */
+    float *att, *lse;   /* [N,NH*HD], [B*NH*T] */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fc1;         /* [N, F or 2F] */
+    float *act;         /* [N,F] */
+} layer_acts;
+
+/* One micro batch in flight through a chunk: its layers' activations and the end of its
+ * residual stream; on the head chunk also the final norm, the logits (then their gradient)
+ * and the per-token losses. */
+typedef struct chunk_slot {
+    layer_acts *acts;   /* [nlayers] */
+    float *x_end;       /* [Nl,C] the stream after the last layer: the output for the next stage,
+                           or on the head chunk the final norm's input; with no layers, the input */
+    float *lnf, *lnf_mean, *lnf_rstd;   /* head: [Nl,C], [Nl], [Nl] */
+    float *logits;      /* head: [N,Vl] */
+    float *losses;      /* head: [N] */
+    int B, T;           /* the micro batch's shape at its forward */
+} chunk_slot;
+
+typedef struct chunk_state {
+    gpt_chunk def;
+    int slots;
+    chunk_slot *slot;   /* [slots] */
+} chunk_state;
+
+struct gpt_model {
+    gpt_config cfg;
+    kb_backend *be;
+    const kb_ops *ops;
+    int max_B, max_T;
+    gpt_tensor *tensors;
+    int ntensors;
+    size_t nparams;
+    float *params, *grads;
+    kb_bf16 *params16; /* bf16 copy (bf16 mode) */
+    /* fault injection: flip one bit of the final norm's output in the next forward */
+    bool act_flip;
+    size_t act_flip_index;
+    int act_flip_bit;
+    /* tensor indices (-1 when absent on this rank) */
+    int t_wte, t_wpe, t_lnf_w, t_lnf_b, t_lm;
+    int *t_layer; /* [L][NLAYER_T] by global layer, -1 when absent */
+    /* pipeline parallelism: the chunks this rank holds (one of every layer without it) */
+    int nchunks;
+    chunk_state chunk[GPT_MAX_CHUNKS];
+    int last_chunk, last_slot; /* of the last forward (sampling reads its logits) */
+    /* backward scratch */
+    float *dx, *dh, *dbig, *dqkv, *datt, *dffn;
+    float *tmp;         /* [N,C] */
+    /* tensor parallelism (gpt.h): this rank's shapes and the group */
+    int tp, tpr;
+    bool sp;
+    int NHl, NKVl, kv0, Fl, Vl, v0;  /* local heads, groups, first group, ffn, vocabulary */
+    struct cm_comm *tpc;
+    int tp_timeout;
+    int32_t *tok_l;                  /* [N] token ids in this rank's vocabulary shard, -1 elsewhere
+                                      * (host memory; d_tokl the backend's copy where it differs) */
+    int32_t *d_tokl;
+    float *gath, *dfull, *dhs;       /* [N,C]: gathered input, gathered gradient, a shard's sum */
+    float *ce_mx, *ce_all, *ce_sums; /* [N], [tp*N], [2N] */
+    float *tp_buf;                   /* gpt_tp_finalize_grads' packing buffer */
+    size_t tp_buf_n;
+    gpt_tp_stats stats;
+    bool overlap;                    /* the input-gradient sum runs beside the weight gradient */
+    /* Backends whose memory the host cannot hand to kernels (CUDA): the batch arrays are
+     * copied into backend buffers each forward, and losses come back through host_losses.
+     * host_batch (CPU): the caller's arrays are used as they are. */
+    bool host_batch;
+    int32_t *d_tok, *d_tgt, *d_pos, *d_seg;
+    float *d_dscale, *host_losses;
+};
+
+#define P(m, idx) ((idx) < 0 ? NULL : (m)->params + (m)->tensors[idx].offset)
+#define G(m, idx) ((idx) < 0 ? NULL : (m)->grads + (m)->tensors[idx].offset)
+#define P16(m, idx) ((idx) < 0 || !(m)->params16 ? NULL : (m)->params16 + (m)->tensors[idx].offset)
+
+static inline int gpt__qkv_local(const gpt_model *m) { return (m->NHl + 2 * m->NKVl) * m->cfg.head_dim; }
+static inline int gpt__fc1_local(const gpt_model *m) { return m->cfg.swiglu ? 2 * m->Fl : m->Fl; }
+
+/* ---- gpt_tp.c: the tensor group (each a no-op at tp 1 where it says so) ---- */
+/* x[n] summed over the group (reduce_from_tensor_region) */
+void gpt__tp_allreduce(gpt_model *m, float *x, size_t n);
+/* full[N,C] (every rank's) summed, this rank's rows [r N/tp, (r+1) N/tp) into shard */
+void gpt__tp_reduce_scatter(gpt_model *m, float *shard, const float *full, size_t shard_n);
+/* full = every rank's shard, in rank order */
+void gpt__tp_allgather(gpt_model *m, float *full, const float *shard, size_t shard_n);
+/* din (summed over the group into dh) and dW of a column-parallel layer (qkv, fc1, the
+ * output layer); at tp 1 the one-rank product into dh */
+void gpt__column_parallel_backward(gpt_model *m, float *dW, float *dbias, const float *dout, const float *in,
+                                   const float *W, const kb_bf16 *W16, int N, int IC, int OC);
+/* a row-parallel layer (proj, fc2): out[Nl,C] = (in[N,IC] W^T summed over the group,
+ * reduce-scattered to this rank's tokens under SP) + bias; and its backward */
+void gpt__row_parallel_forward(gpt_model *m, float *out, const float *in, const float *W, const kb_bf16 *W16,
+                               const float *bias, int N, int IC, int Nl);
+void gpt__row_parallel_backward(gpt_model *m, float *din, float *dW, float *dbias, const float *dout,
+                                const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int Nl);
+/* the seed of dropout inside the tensor region: seed + 2718 + tp_rank (tp > 1) */
+uint64_t gpt__tp_seed(const gpt_model *m, uint64_t seed);
+
+#endif

@@ -1,0 +1,325 @@
+/* gpt_step.c - a model chunk's forward and backward for one micro batch, composed from the
+ * backend's operations (gpt.h; without pipelining the one chunk is the whole model).
+ *
+ * Data flow of one micro batch (N = B*T tokens) through a chunk of layers [l0, l1):
+ *   embedding chunk:  x = dropout(embed(tokens) + wpe(positions))
+ *   other chunks:     x = the previous stage's output (gpt_chunk_input)
+ *   per layer l:      h = norm1(x); qkv = h Wqkv^T + b; rope(qkv); a = attention(qkv)
+ *                     x = x + dropout(a Wproj^T + b)
+ *                     h2 = norm2(x); f = h2 W1^T + b; g = gelu(f) | swiglu(f)
+ *                     x = x + dropout(g W2^T + b)
+ *   head chunk:       hf = normf(x); logits = hf Wlm^T; loss = cross_entropy(logits, targets)
+ *   other chunks:     x is the output for the next stage (gpt_chunk_output)
+ * Backward walks the same list in reverse; the gradient of the residual stream is one
+ * [Nl,C] buffer (m->dx) that each norm backward accumulates into: on the head chunk it
+ * starts from the loss, elsewhere from the next stage's gradient, and after the first layer
+ * it is the input's gradient for the previous stage.
+ *
+ * Under tensor parallelism (gpt.h) the same list runs on this rank's slices, with the
+ * tensor group's collectives where Megatron's mappings put them (gpt_tp.c):
+ *   embed:      local rows, all-reduce (reduce-scatter to token shards under SP)
+ *   qkv, fc1:   column-parallel; SP all-gathers the input first; backward sums the
+ *               input gradient (all-reduce, or reduce-scatter under SP)
+ *   proj, fc2:  row-parallel; all-reduce (reduce-scatter under SP), then the bias;
+ *               backward all-gathers the output gradient under SP
+ *   head + CE:  column-parallel over the vocabulary, vocabulary-parallel cross-entropy
+ * At tp 1 none of this runs and the operations are exactly the one-rank ones. Dropout is
+ * keyed by the global layer index (site), so any pipeline split draws the same masks. */
+#include "model/gpt_internal.h"
+
+#include "common/error.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Dropout stream offsets: each dropout site of a micro batch gets its own counter range. */
+static uint64_t site(int layer, int which) { return ((uint64_t)(layer + 1) * 8u + (uint64_t)which) << 40; }
+
+static bool valid(gpt_model *m, int c, int s, const char *what) {
+    if (c < 0 || c >= m->nchunks || s < 0 || s >= m->chunk[c].slots) {
+        m->be->status = co_err_set(CO_EINVAL, "%s: chunk %d slot %d (the model has %d chunks)", what, c, s, m->nchunks);
+        return false;
+    }
+    return true;
+}
+
+int gpt_num_chunks(const gpt_model *m) { return m->nchunks; }
+const gpt_chunk *gpt_chunk_def(const gpt_model *m, int c) { return &m->chunk[c].def; }
+
+float *gpt_chunk_input(gpt_model *m, int c, int s) {
+    chunk_slot *sl = &m->chunk[c].slot[s];
+    return m->chunk[c].def.nlayers ? sl->acts[0].x_in : sl->x_end;
+}
+const float *gpt_chunk_output(const gpt_model *m, int c, int s) { return m->chunk[c].slot[s].x_end; }
+float *gpt_chunk_output_grad(gpt_model *m) { return m->dx; }
+const float *gpt_chunk_input_grad(const gpt_model *m) { return m->dx; }
+
+/* tok_l: the micro batch's token ids in this rank's vocabulary shard (-1 elsewhere), in
+ * backend memory where the backend needs its own copy */
+static const int32_t *vocab_shard_tokens(gpt_model *m, const gpt_batch *b, int N) {
+    for (int n = 0; n < N; n++) {
+        int32_t id = b->tokens[n] - m->v0;
+        m->tok_l[n] = id >= 0 && id < m->Vl ? id : -1;
+    }
+    if (m->host_batch) return m->tok_l;
+    m->ops->copy(m->be, m->d_tokl, m->tok_l, sizeof(int32_t) * (size_t)N);
+    return m->d_tokl;
+}
+
+/* The batch arrays a chunk's kernels read: the caller's on the CPU; elsewhere copied into
+ * backend memory, in order with the queued work (the previous micro batch's kernels may still
+ * read the last copies). Positions and document starts for every chunk, tokens for the
+ * embedding, targets and dscale for the loss. */
+typedef struct dev_batch {
+    const int32_t *tokens, *positions, *seg, *targets;
+    const float *dscale;
+} dev_batch;
+
+static dev_batch to_backend(gpt_model *m, const gpt_batch *b, const gpt_chunk *d, const float *dscale) {
+    dev_batch x = {b->tokens, b->positions, b->seg, b->targets, dscale};
+    if (m->host_batch) return x;
+    const kb_ops *o = m->ops;
+    size_t ib = sizeof(int32_t) * (size_t)b->B * (size_t)b->T;
+    if (d->embedding && b->tokens) o->copy(m->be, m->d_tok, b->tokens, ib), x.tokens = m->d_tok;
+    if (b->positions) o->copy(m->be, m->d_pos, b->positions, ib), x.positions = m->d_pos;
+    if (b->seg) o->copy(m->be, m->d_seg, b->seg, ib), x.seg = m->d_seg;
+    if (d->head && b->targets && dscale) o->copy(m->be, m->d_tgt, b->targets, ib), x.targets = m->d_tgt;
+    if (d->head && dscale)
+        o->copy(m->be, m->d_dscale, dscale, sizeof(float) * (size_t)b->B * (size_t)b->T), x.dscale = m->d_dscale;
+    return x;
+}
+
+double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool train, uint64_t seed,
+                         const float *dscale, float *losses) {
+    const gpt_config *c = &m->cfg;
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    if (!valid(m, ci, s, "gpt_chunk_forward")) return NAN;
+    const gpt_chunk *d = &m->chunk[ci].def;
+    chunk_slot *sl = &m->chunk[ci].slot[s];
+    int B = b->B, T = b->T, N = B * T, C = c->hidden, Q = gpt__qkv_local(m), F = m->Fl, F1 = gpt__fc1_local(m);
+    int AH = m->NHl * c->head_dim, NH = m->NHl, NKV = m->NKVl, V = m->Vl;
+    bool par = m->tp > 1, sp = m->sp;
+    /* rows of the token-wise part on this rank: all N, or its N/tp under sequence parallelism */
+    int Nl = sp ? N / m->tp : N;
+    size_t NlC = (size_t)Nl * C;
+    uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0; /* its first element's global index */
+    float ph = train ? c->hidden_dropout : 0.0f, pa = train ? c->attention_dropout : 0.0f;
+    sl->B = B;
+    sl->T = T;
+    m->last_chunk = ci;
+    m->last_slot = s;
+    if (sp && N % m->tp) {
+        be->status = co_err_set(CO_EINVAL, "sequence parallelism: %d tokens do not split over %d ranks", N, m->tp);
+        return NAN;
+    }
+    dev_batch x_b = to_backend(m, b, d, dscale);
+    dscale = x_b.dscale;
+
+    float *x = gpt_chunk_input(m, ci, s);
+    if (d->embedding) {
+        if (!par) {
+            o->embed_forward(be, x, x_b.tokens, x_b.positions, P(m, m->t_wte), P(m, m->t_wpe), N, C);
+        } else {
+            /* vocabulary-parallel embedding: this shard's rows, zero for other ids, summed over
+             * the group (reduce-scattered to the token shards under sequence parallelism); the
+             * position rows added once, by rank 0 (a sum with zeros: the one-rank values) */
+            const int32_t *tokl = vocab_shard_tokens(m, b, N);
+            float *e = sp ? m->gath : x;
+            o->embed_forward(be, e, tokl, x_b.positions, P(m, m->t_wte), m->tpr == 0 ? P(m, m->t_wpe) : NULL, N, C);
+            if (sp) gpt__tp_reduce_scatter(m, x, e, NlC);
+            else gpt__tp_allreduce(m, x, (size_t)N * C);
+        }
+        if (ph > 0) o->dropout(be, x, x, NlC, ph, seed, site(-1, 0) + hoff);
+    }
+
+    for (int i = 0; i < d->nlayers; i++) {
+        int l = d->layer0 + i;
+        layer_acts *a = &sl->acts[i];
+        const int *t = &m->t_layer[l * NLAYER_T];
+        float *x_out = i + 1 < d->nlayers ? sl->acts[i + 1].x_in : sl->x_end;
+        o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, P(m, t[LN1_W]),
+                        P(m, t[LN1_B]), Nl, C, c->norm_eps);
+        /* column-parallel qkv (its input all-gathered under sequence parallelism) */
+        const float *in1 = a->ln1;
+        if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
+        o->linear_forward(be, a->qkv, in1, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), N, C, Q);
+        if (c->rope) o->rope(be, a->qkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, false);
+        o->attention_forward(be, a->att, a->lse, a->qkv, x_b.seg, B, T, NH, NKV, c->head_dim, pa,
+                             gpt__tp_seed(m, seed), site(l, 1));
+        /* row-parallel proj: x_mid = x_in + dropout(sum over the group of att Wproj^T, + b) */
+        float *tmp = m->tmp;
+        gpt__row_parallel_forward(m, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, Nl);
+        if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 2) + hoff);
+        o->add(be, a->x_mid, a->x_in, tmp, NlC);
+        o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]),
+                        P(m, t[LN2_B]), Nl, C, c->norm_eps);
+        const float *in2 = a->ln2;
+        if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
+        o->linear_forward(be, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
+        if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, N, F);
+        else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
+        gpt__row_parallel_forward(m, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, Nl);
+        if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 3) + hoff);
+        o->add(be, x_out, a->x_mid, tmp, NlC);
+    }
+    if (!d->head) {
+        o->sync(be); /* the output is written before the host sends it */
+        return be->status ? NAN : 0.0;
+    }
+    o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, P(m, m->t_lnf_w),
+                    P(m, m->t_lnf_b), Nl, C, c->norm_eps);
+    if (m->act_flip) {
+        /* an injected silent corruption of one activation (resilience/inject.h): the
+         * final norm's output, which the output layer and its gradients read */
+        uint32_t u;
+        size_t n = NlC, i = m->act_flip_index % n;
+        /* the first element from there below 1 in magnitude: a high exponent bit then
+         * turns it into a huge value instead of a tiny one */
+        o->sync(be); /* the norm's output is written before the host reads it (CUDA) */
+        for (size_t k = 0; k < n && !(fabsf(sl->lnf[i]) < 1.0f); k++) i = (i + 1) % n;
+        memcpy(&u, &sl->lnf[i], sizeof u);
+        u ^= 1u << m->act_flip_bit;
+        memcpy(&sl->lnf[i], &u, sizeof u);
+        m->act_flip = false;
+    }
+    const float *inf = sl->lnf;
+    if (sp) gpt__tp_allgather(m, m->gath, sl->lnf, NlC), inf = m->gath;
+    /* the output layer: column-parallel over the vocabulary */
+    o->linear_forward(be, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, V);
+    if (!dscale) {
+        o->sync(be); /* sampling: the logits stay readable by the host */
+        return 0.0;
+    }
+    if (!par) {
+        o->cross_entropy(be, sl->losses, sl->logits, x_b.targets, dscale, N, V);
+    } else {
+        /* vocabulary-parallel cross-entropy: the row max over the group (gathered, then the
+         * max taken here: exact), the sums of exponentials and the target logit summed */
+        o->ce_max(be, m->ce_mx, sl->logits, N, V);
+        gpt__tp_allgather(m, m->ce_all, m->ce_mx, (size_t)N);
+        if (!be->status)
+            for (int n = 0; n < N; n++) {
+                float mx = m->ce_all[n];
+                for (int k = 1; k < m->tp; k++) mx = m->ce_all[(size_t)k * N + n] > mx ? m->ce_all[(size_t)k * N + n] : mx;
+                m->ce_mx[n] = mx;
+            }
+        o->ce_sums(be, m->ce_sums, sl->logits, m->ce_mx, x_b.targets, m->v0, N, V);
+        gpt__tp_allreduce(m, m->ce_sums, (size_t)2 * N);
+        o->ce_grad(be, sl->losses, sl->logits, m->ce_mx, m->ce_sums, x_b.targets, dscale, m->v0, c->padded_vocab, N, V);
+    }
+    if (be->status) return NAN;
+    const float *ls = sl->losses;
+    if (!m->host_batch) {
+        o->copy(be, m->host_losses, sl->losses, sizeof(float) * (size_t)N); /* waits for the forward */
+        ls = m->host_losses;
+    }
+    double sum = 0;
+    for (int n = 0; n < N; n++) sum += (double)ls[n] * b->loss_mask[n];
+    if (losses) memcpy(losses, ls, sizeof(float) * (size_t)N);
+    return sum;
+}
+
+void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_t seed) {
+    const gpt_config *c = &m->cfg;
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    if (!valid(m, ci, s, "gpt_chunk_backward")) return;
+    const gpt_chunk *d = &m->chunk[ci].def;
+    chunk_slot *sl = &m->chunk[ci].slot[s];
+    int B = b->B, T = b->T, N = B * T, C = c->hidden, Q = gpt__qkv_local(m), F = m->Fl, F1 = gpt__fc1_local(m);
+    int AH = m->NHl * c->head_dim, NH = m->NHl, NKV = m->NKVl, V = m->Vl;
+    bool sp = m->sp;
+    int Nl = sp ? N / m->tp : N;
+    size_t NlC = (size_t)Nl * C;
+    uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0;
+    float ph = c->hidden_dropout, pa = c->attention_dropout;
+    if (B != sl->B || T != sl->T) {
+        be->status = co_err_set(CO_EINVAL, "gpt_chunk_backward: a %dx%d batch for slot %d, whose forward had %dx%d", B,
+                                T, s, sl->B, sl->T);
+        return;
+    }
+    /* the batch as this micro batch's forward saw it (the slot's forward may be several
+     * forwards ago: copied again where the backend keeps its own copies) */
+    dev_batch x_b = to_backend(m, b, &(gpt_chunk){.embedding = d->embedding}, NULL);
+    /* Under tensor parallelism the input gradient of a column-parallel layer is a part:
+     * summed over the group into dh (reduce-scattered to this rank's tokens under sequence
+     * parallelism) beside its weight gradient (gpt__column_parallel_backward); the gradient a
+     * row-parallel layer receives is the token shards' all-gathered. */
+    if (d->head) {
+        /* LM head: the logits hold dloss/dlogits */
+        const float *inf = sl->lnf;
+        if (sp) gpt__tp_allgather(m, m->gath, sl->lnf, NlC), inf = m->gath;
+        gpt__column_parallel_backward(m, G(m, m->t_lm), NULL, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C,
+                                      V);
+        o->zero(be, m->dx, NlC);
+        o->norm_backward(be, c->rmsnorm, m->dx, G(m, m->t_lnf_w), G(m, m->t_lnf_b), m->dh, sl->x_end,
+                         P(m, m->t_lnf_w), sl->lnf_mean, sl->lnf_rstd, Nl, C);
+    } /* else m->dx holds the next stage's gradient of this chunk's output */
+
+    for (int i = d->nlayers - 1; i >= 0; i--) {
+        int l = d->layer0 + i;
+        layer_acts *a = &sl->acts[i];
+        const int *t = &m->t_layer[l * NLAYER_T];
+        /* MLP branch: dmlp = dropout'(dx) */
+        const float *dmlp = m->dx;
+        if (ph > 0) {
+            o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 3) + hoff);
+            dmlp = m->tmp;
+        }
+        gpt__row_parallel_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                                   P16(m, t[FC2_W]), N, F, Nl);
+        if (c->swiglu) o->swiglu_backward(be, m->dbig, m->dffn, a->fc1, N, F);
+        else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
+        const float *in2 = a->ln2;
+        if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
+        gpt__column_parallel_backward(m, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]),
+                                      P16(m, t[FC1_W]), N, C, F1);
+        o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN2_W]), G(m, t[LN2_B]), m->dh, a->x_mid,
+                         P(m, t[LN2_W]), a->ln2_mean, a->ln2_rstd, Nl, C);
+        /* attention branch */
+        const float *datt_out = m->dx;
+        if (ph > 0) {
+            o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 2) + hoff);
+            datt_out = m->tmp;
+        }
+        gpt__row_parallel_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
+                                   P16(m, t[PROJ_W]), N, AH, Nl);
+        o->attention_backward(be, m->dqkv, m->datt, a->qkv, a->att, a->lse, x_b.seg, B, T, NH, NKV, c->head_dim, pa,
+                              gpt__tp_seed(m, seed), site(l, 1));
+        if (c->rope) o->rope(be, m->dqkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, true);
+        const float *in1 = a->ln1;
+        if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
+        gpt__column_parallel_backward(m, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
+                                      P16(m, t[QKV_W]), N, C, Q);
+        o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN1_W]), G(m, t[LN1_B]), m->dh, a->x_in, P(m, t[LN1_W]),
+                         a->ln1_mean, a->ln1_rstd, Nl, C);
+    }
+    if (d->embedding) {
+        if (ph > 0) o->dropout(be, m->dx, m->dx, NlC, ph, seed, site(-1, 0) + hoff);
+        /* the embedding: every rank adds the full gradient of the position rows (identical on
+         * all of them) and of its vocabulary shard's word rows */
+        const int32_t *tokens = m->tp > 1 ? vocab_shard_tokens(m, b, N) : x_b.tokens;
+        const float *demb = m->dx;
+        if (sp) gpt__tp_allgather(m, m->dfull, m->dx, NlC), demb = m->dfull;
+        o->embed_backward(be, G(m, m->t_wte), G(m, m->t_wpe), demb, tokens, x_b.positions, N, C, V);
+    }
+    o->sync(be); /* the gradients (and the input's gradient) are complete before the host reads them */
+}
+
+double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, const float *dscale, float *losses) {
+    if (m->nchunks != 1 || !m->chunk[0].def.embedding || !m->chunk[0].def.head) {
+        m->be->status = co_err_set(CO_EINVAL, "gpt_forward: a pipeline stage runs chunk by chunk (gpt_chunk_forward)");
+        return NAN;
+    }
+    return gpt_chunk_forward(m, 0, 0, b, train, seed, dscale, losses);
+}
+
+void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) { gpt_chunk_backward(m, 0, 0, b, seed); }
+
+const float *gpt_last_logits(gpt_model *m, int b, int t) {
+    if (m->tp > 1 || !m->chunk[m->last_chunk].def.head) return NULL;
+    const chunk_slot *sl = &m->chunk[m->last_chunk].slot[m->last_slot];
+    return sl->logits + ((size_t)b * sl->T + (size_t)t) * m->cfg.padded_vocab;
+}

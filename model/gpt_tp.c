@@ -1,0 +1,237 @@
+/* gpt_tp.c - the model's tensor group (gpt.h, "Tensor parallelism"): the collectives over
+ * it where Megatron's mappings put them, their time and analytic volume, the column- and
+ * row-parallel layers' products around them, the input-gradient sum overlapped with the
+ * weight gradient, the gradient norm over the group and the partial gradients summed after
+ * the last micro batch. A collective that fails records its error in the backend's sticky
+ * status; once it is set the rest of the pass communicates no more. */
+#include "model/gpt_internal.h"
+
+#include "comm/comm.h"
+#include "common/error.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms) {
+    m->tpc = tp;
+    m->tp_timeout = timeout_ms;
+}
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void gpt_tp_stats_take(gpt_model *m, gpt_tp_stats *out) {
+    *out = m->stats;
+    memset(&m->stats, 0, sizeof m->stats);
+}
+
+/* one collective's time and its bandwidth-optimal volume per rank (ring algorithms):
+ * all-reduce 2 (p-1)/p n, all-gather and reduce-scatter (p-1) x the shard */
+static void tp_count(gpt_model *m, double t0, double bytes) {
+    m->stats.comm_s += mono_s() - t0;
+    m->stats.analytic_bytes += (uint64_t)bytes;
+    m->stats.calls++;
+}
+
+/* Whether a collective may run: the group is set and nothing failed. Where the backend
+ * queues its operations (CUDA), the ones queued so far must have written the buffers the
+ * collective reads: the caller syncs first (queued = true; async_start does it on the
+ * training thread before its helper thread communicates). */
+static bool tp_ok(gpt_model *m, const char *what, bool queued) {
+    if (m->be->status) return false;
+    if (!m->tpc || m->tpc->size != m->tp || m->tpc->rank != m->tpr) {
+        m->be->status = co_err_set(CO_EINVAL, "%s: the tensor group is not set (gpt_set_tensor_group)", what);
+        return false;
+    }
+    if (queued && !m->host_batch) {
+        m->ops->sync(m->be);
+        if (m->be->status) return false;
+    }
+    return true;
+}
+
+/* x[n] summed over the group (reduce_from_tensor_region) */
+static void tp_allreduce_q(gpt_model *m, float *x, size_t n, bool queued) {
+    if (!tp_ok(m, "tensor-parallel all-reduce", queued)) return;
+    double t0 = mono_s();
+    int rc = m->tpc->ops->allreduce_sum(m->tpc, x, n, CM_F32, m->tp_timeout);
+    if (rc) m->be->status = rc;
+    tp_count(m, t0, 2.0 * (m->tp - 1) / m->tp * (double)n * sizeof(float));
+}
+void gpt__tp_allreduce(gpt_model *m, float *x, size_t n) { tp_allreduce_q(m, x, n, true); }
+
+/* full[N,C] (every rank's) summed, this rank's rows [r N/tp, (r+1) N/tp) into shard */
+static void tp_reduce_scatter_q(gpt_model *m, float *shard, const float *full, size_t shard_n, bool queued) {
+    if (!tp_ok(m, "tensor-parallel reduce-scatter", queued)) return;
+    double t0 = mono_s();
+    int rc = m->tpc->ops->reduce_scatter_sum(m->tpc, full, shard, shard_n, CM_F32, m->tp_timeout);
+    if (rc) m->be->status = rc;
+    tp_count(m, t0, (double)(m->tp - 1) * (double)shard_n * sizeof(float));
+}
+void gpt__tp_reduce_scatter(gpt_model *m, float *shard, const float *full, size_t shard_n) {
+    tp_reduce_scatter_q(m, shard, full, shard_n, true);
+}
+
+/* full = every rank's shard, in rank order */
+void gpt__tp_allgather(gpt_model *m, float *full, const float *shard, size_t shard_n) {
+    if (!tp_ok(m, "tensor-parallel all-gather", true)) return;
+    double t0 = mono_s();
+    int rc = m->tpc->ops->allgather(m->tpc, shard, full, shard_n * sizeof(float), m->tp_timeout);
+    if (rc) m->be->status = rc;
+    tp_count(m, t0, (double)(m->tp - 1) * (double)shard_n * sizeof(float));
+}
+
+void gpt_tp_set_overlap(gpt_model *m, bool on) { m->overlap = on; }
+
+double gpt_tp_grad_sumsq(gpt_model *m) {
+    const kb_ops *o = m->ops;
+    double sum = 0;
+    for (int i = 0; i < m->ntensors; i++) {
+        const gpt_tensor *t = &m->tensors[i];
+        const float *g = m->grads + t->offset;
+        if (t->emb_copy) continue; /* the first stage counts the tied embedding */
+        if (t->split == GPT_TP_COLS || m->tp == 1) {
+            sum += o->sumsq(m->be, g, t->numel);
+            continue;
+        }
+        /* rows (or a replicated tensor, one run of every row): each run counted by the first
+         * of the ranks that hold it */
+        size_t cols = (size_t)(t->shape[1] ? t->shape[1] : 1);
+        for (int k = 0; k < t->npieces; k++)
+            if (m->tpr % t->piece[k].share == 0)
+                sum += o->sumsq(m->be, g + (size_t)t->piece[k].local * cols, (size_t)t->piece[k].len * cols);
+    }
+    return sum;
+}
+
+/* The sum of a column-parallel layer's input gradient over the group, on a helper thread
+ * while this one computes the weight gradient (Megatron's async all-reduce of dgrad,
+ * reduce-scatter under SP); the communicator is used by that thread alone meanwhile. */
+typedef struct tp_async {
+    gpt_model *m;
+    size_t n; /* elements of this rank's part of the sum: its tokens' rows x C */
+    pthread_t th;
+    bool running;
+} tp_async;
+
+/* (the training thread synced the backend: the input gradient is written) */
+static void input_grad_sum(gpt_model *m, size_t n) {
+    if (m->sp) tp_reduce_scatter_q(m, m->dh, m->dfull, n, false);
+    else tp_allreduce_q(m, m->dh, n, false);
+}
+
+static void *async_main(void *p) {
+    tp_async *a = p;
+    input_grad_sum(a->m, a->n);
+    return NULL;
+}
+
+/* N tokens' input gradient [N, C] */
+static void async_start(tp_async *a, gpt_model *m, int N) {
+    a->m = m;
+    a->n = (size_t)(m->sp ? N / m->tp : N) * (size_t)m->cfg.hidden;
+    if (!m->host_batch) m->ops->sync(m->be); /* the input gradient the helper sums is written */
+    a->running = m->overlap && !pthread_create(&a->th, NULL, async_main, a);
+    if (!a->running) input_grad_sum(m, a->n);
+}
+
+static void async_wait(tp_async *a) {
+    if (a->running) pthread_join(a->th, NULL);
+    a->running = false;
+}
+
+/* din (summed over the group into dh) and dW of a column-parallel layer (qkv, fc1, the
+ * output layer): the input gradient first, its sum started, the weight gradient meanwhile.
+ * At tp 1 the one-rank product into dh. */
+void gpt__column_parallel_backward(gpt_model *m, float *dW, float *dbias, const float *dout, const float *in,
+                                   const float *W, const kb_bf16 *W16, int N, int IC, int OC) {
+    const kb_ops *o = m->ops;
+    if (m->tp == 1) {
+        o->linear_backward(m->be, m->dh, dW, dbias, dout, in, W, W16, N, IC, OC);
+        return;
+    }
+    float *din = m->sp ? m->dfull : m->dh;
+    o->linear_backward(m->be, din, NULL, dbias, dout, in, W, W16, N, IC, OC);
+    tp_async a;
+    async_start(&a, m, N);
+    o->linear_backward(m->be, NULL, dW, NULL, dout, in, W, W16, N, IC, OC);
+    async_wait(&a);
+}
+
+int gpt_tp_finalize_grads(gpt_model *m) {
+    if (m->tp == 1 || !m->tp_buf_n) return kb_backend_status(m->be);
+    const gpt_config *c = &m->cfg;
+    int HD = c->head_dim;
+    size_t k = 0;
+    /* pack: partial replicated gradients whole; shared key/value rows at their place in the
+     * global span [NH HD, (NH + 2 NKV) HD) of rows, zeros where this rank holds none */
+    memset(m->tp_buf, 0, m->tp_buf_n * sizeof(float));
+    for (int pass = 0; pass < 2; pass++) {
+        k = 0;
+        for (int i = 0; i < m->ntensors; i++) {
+            const gpt_tensor *t = &m->tensors[i];
+            float *g = m->grads + t->offset;
+            if (t->partial_grad) {
+                if (pass == 0) memcpy(m->tp_buf + k, g, t->numel * sizeof(float));
+                else memcpy(g, m->tp_buf + k, t->numel * sizeof(float));
+                k += t->numel;
+            }
+            if (t->split == GPT_TP_ROWS && t->npieces == 3 && t->piece[1].share > 1) {
+                size_t cols = (size_t)(t->shape[1] ? t->shape[1] : 1), base = (size_t)c->heads * HD;
+                for (int q = 1; q < 3; q++) {
+                    const gpt_piece *p = &t->piece[q];
+                    float *span = m->tp_buf + k + ((size_t)p->global - base) * cols;
+                    float *loc = g + (size_t)p->local * cols;
+                    if (pass == 0) memcpy(span, loc, (size_t)p->len * cols * sizeof(float));
+                    else memcpy(loc, span, (size_t)p->len * cols * sizeof(float));
+                }
+                k += (size_t)2 * c->kv_groups * HD * cols;
+            }
+        }
+        if (pass == 0) gpt__tp_allreduce(m, m->tp_buf, k);
+        if (kb_backend_status(m->be)) return kb_backend_status(m->be);
+    }
+    return 0;
+}
+
+/* The seed of dropout inside the tensor region (this rank's attention heads): Megatron's
+ * seed + 2718 + tp_rank under tensor parallelism; the plain seed at tp 1. */
+uint64_t gpt__tp_seed(const gpt_model *m, uint64_t seed) { return m->tp > 1 ? seed + 2718u + (uint64_t)m->tpr : seed; }
+
+/* A row-parallel layer (proj, fc2) forward: out[Nl,C] = (in[N,IC] W^T summed over the
+ * group, reduce-scattered to this rank's tokens under SP) + bias. At tp 1 one fused product. */
+void gpt__row_parallel_forward(gpt_model *m, float *out, const float *in, const float *W, const kb_bf16 *W16,
+                               const float *bias, int N, int IC, int Nl) {
+    const kb_ops *o = m->ops;
+    int C = m->cfg.hidden;
+    if (m->tp == 1) {
+        o->linear_forward(m->be, out, in, W, W16, bias, N, IC, C);
+        return;
+    }
+    o->linear_forward(m->be, m->sp ? m->dfull : out, in, W, W16, NULL, N, IC, C);
+    if (m->sp) gpt__tp_reduce_scatter(m, out, m->dfull, (size_t)Nl * C);
+    else gpt__tp_allreduce(m, out, (size_t)Nl * C);
+    if (bias) o->bias_add(m->be, out, bias, Nl, C);
+}
+
+/* Its backward: dbias from this rank's tokens' dout[Nl,C], then (SP: all-gathered) the
+ * input gradient din[N,IC] and dW. */
+void gpt__row_parallel_backward(gpt_model *m, float *din, float *dW, float *dbias, const float *dout,
+                                const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int Nl) {
+    const kb_ops *o = m->ops;
+    int C = m->cfg.hidden;
+    if (m->tp == 1) {
+        o->linear_backward(m->be, din, dW, dbias, dout, in, W, W16, N, IC, C);
+        return;
+    }
+    if (dbias) o->bias_grad(m->be, dbias, dout, Nl, C);
+    if (m->sp) gpt__tp_allgather(m, m->dfull, dout, (size_t)Nl * C), dout = m->dfull;
+    o->linear_backward(m->be, din, dW, NULL, dout, in, W, W16, N, IC, C);
+}
+
