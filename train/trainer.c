@@ -5,17 +5,10 @@
  * mask / (tokens in its micro batch) / M (Megatron's averaging); then the global gradient
  * norm, clipping, AdamW at the scheduled rate. Everything is deterministic for a fixed
  * seed and thread count: dropout masks come from (seed, iteration, micro batch). */
-#include "train/trainer.h"
+#include "train/trainer_internal.h"
 
 #include "common/error.h"
-#include "comm/comm.h"
 #include "common/rng.h"
-#include "data/loader.h"
-#include "kernels/backend.h"
-#include "optim/adamw.h"
-#include "optim/lr.h"
-#include "scheduler/groups.h"
-#include "scheduler/topology.h"
 
 #include <signal.h>
 #include <xxhash.h>
@@ -27,69 +20,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-struct trainer {
-    co_config cfg;
-    FILE *log;              /* NULL on ranks that do not print */
-    FILE *metrics;
-    bool metrics_borrowed;  /* given by the caller (trainer_data.metrics), not ours to close */
-    cm_comm *dp;            /* data-parallel group, or NULL */
-    cm_comm *tp;            /* tensor-parallel group, or NULL (trainer_data.tp) */
-    int tp_size, tp_rank;
-    topo_layout layout;     /* the job's layout: a world rank's replica (its data-parallel coordinate) */
-    bool have_layout;
-    bool has_split[3];      /* the split has samples (told by tensor-parallel rank 0, which alone builds them) */
-    int32_t *bcast;         /* one micro batch packed for the tensor group's broadcast */
-    kb_backend *be;
-    gpt_model *model;
-    gpt_config mcfg;
-    opt_adamw opt;
-    lr_schedule lr;
-    topo topo;
-    int M;                   /* micro batches per iteration */
-    dl_dataset *ds[3];       /* train, valid, test (NULL: empty split) */
-    tok_tokenizer sft_tok;   /* the tokenizer SFT data is tokenized with (--sft) */
-    int64_t consumed[3];     /* samples consumed of each split */
-    int64_t iteration;
-    double flops_per_sample;
-    /* one micro batch */
-    int32_t *tokens, *targets, *positions, *seg;
-    float *mask, *dscale, *zeros;
-    /* logging accumulators since the last log line */
-    double loss_sum, tok_sum;
-    int iters_since_log;
-    double time_since_log;
-    int64_t skipped, nan_iters;
-    double last_loss;
-    double start_time;
-    int progress_shown;
-    double ema_step_s;      /* smoothed step time for the progress bar's rate and ETA */
-    trainer_hook hook[4];
-    void *hook_ctx[4];
-    int nhooks;
-    trainer_pre_step_hook pre_step[4];
-    void *pre_step_ctx[4];
-    int npre_step;
-    /* validation, injection, skips (resilience/) */
-    trainer_validator val;
-    bool have_val;
-    fi_schedule *inj;
-    int job_rank;       /* this rank in the job (the world rank; dp_rank by default): what fault specs and log lines name */
-    int64_t *skips;
-    int nskips;
-    trainer_event_fn ev_fn;
-    void *ev_ctx;
-    volatile sig_atomic_t *stop; /* the caller's stop flag (a hang injected in compute polls it) */
-    volatile sig_atomic_t *abort_flag;
-    double phase_ms[TR_NPHASES];
-    double gate_s;            /* time in the validator (report + verdict wait) since the last log line */
-    double mb_loss[RR_MAX_MB], mb_tok[RR_MAX_MB];
-    /* --check-weight-hash-across-dp-replicas-interval: the weights as this rank last wrote them */
-    uint64_t sum_written;
-    bool have_written;
-    double sum_wait_s, sum_hash_s; /* since the last log line: checksum time on the training
-                                      thread (not hidden), and all hashing (also overlapped) */
-};
 
 const char *const trainer_phase_names[TR_NPHASES] = {"data", "forward", "backward", "allreduce", "optimizer"};
 
@@ -265,18 +195,26 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     t->lr.wsd_style = (lr_wsd_style)lr_wsd_style_parse(c->lr_wsd_decay_style);
 
     size_t N = (size_t)c->micro_batch_size * c->seq_length;
-    t->tokens = malloc(N * sizeof(int32_t));
-    t->targets = malloc(N * sizeof(int32_t));
-    t->positions = malloc(N * sizeof(int32_t));
-    t->seg = malloc(N * sizeof(int32_t));
-    t->mask = malloc(N * sizeof(float));
-    t->dscale = malloc(N * sizeof(float));
+    t->nmbuf = 1;
+    t->mbuf = calloc((size_t)t->nmbuf, sizeof *t->mbuf);
     t->zeros = calloc(N, sizeof(float));
     t->bcast = t->tp ? malloc(5 * N * sizeof(int32_t)) : NULL;
-    if (!t->tokens || !t->targets || !t->positions || !t->seg || !t->mask || !t->dscale || !t->zeros ||
-        (t->tp && !t->bcast)) {
+    if (!t->mbuf || !t->zeros || (t->tp && !t->bcast)) {
         rc = CO_ENOMEM;
         goto fail;
+    }
+    for (int k = 0; k < t->nmbuf; k++) {
+        tr_batch *mb = &t->mbuf[k];
+        mb->tokens = malloc(N * sizeof(int32_t));
+        mb->targets = malloc(N * sizeof(int32_t));
+        mb->positions = malloc(N * sizeof(int32_t));
+        mb->seg = malloc(N * sizeof(int32_t));
+        mb->mask = malloc(N * sizeof(float));
+        mb->dscale = malloc(N * sizeof(float));
+        if (!mb->tokens || !mb->targets || !mb->positions || !mb->seg || !mb->mask || !mb->dscale) {
+            rc = CO_ENOMEM;
+            goto fail;
+        }
     }
 
     /* rank 0 builds (and caches) the data indices first; the others then load them */
@@ -347,12 +285,11 @@ void trainer_destroy(trainer **pt) {
     kb_backend_destroy(&t->be);
     if (t->metrics && !t->metrics_borrowed) fclose(t->metrics);
     else if (t->metrics) fflush(t->metrics);
-    free(t->tokens);
-    free(t->targets);
-    free(t->positions);
-    free(t->seg);
-    free(t->mask);
-    free(t->dscale);
+    for (int k = 0; t->mbuf && k < t->nmbuf; k++) {
+        tr_batch *mb = &t->mbuf[k];
+        free(mb->tokens), free(mb->targets), free(mb->positions), free(mb->seg), free(mb->mask), free(mb->dscale);
+    }
+    free(t->mbuf);
     free(t->zeros);
     free(t->bcast);
     free(t->skips);
@@ -379,23 +316,21 @@ static int model_grad_norm(trainer *t, double *out) {
 
 /* The micro batch from tensor-parallel rank 0 to the rest of its group: tokens, labels,
  * positions, document starts and loss mask in one broadcast (get_batch_on_this_tp_rank). */
-static int broadcast_batch(trainer *t, size_t N) {
+static int broadcast_batch(trainer *t, tr_batch *x, size_t N) {
     int32_t *p = t->bcast;
-    int32_t *parts[4] = {t->tokens, t->targets, t->positions, t->seg};
+    int32_t *parts[4] = {x->tokens, x->targets, x->positions, x->seg};
     if (t->tp_rank == 0) {
         for (int k = 0; k < 4; k++) memcpy(p + (size_t)k * N, parts[k], N * sizeof(int32_t));
-        memcpy(p + 4 * N, t->mask, N * sizeof(float));
+        memcpy(p + 4 * N, x->mask, N * sizeof(float));
     }
     int rc = t->tp->ops->broadcast(t->tp, p, 5 * N * sizeof(int32_t), 0, TRAIN_COMM_TIMEOUT_MS);
     if (rc || t->tp_rank == 0) return rc;
     for (int k = 0; k < 4; k++) memcpy(parts[k], p + (size_t)k * N, N * sizeof(int32_t));
-    memcpy(t->mask, p + 4 * N, N * sizeof(float));
+    memcpy(x->mask, p + 4 * N, N * sizeof(float));
     return 0;
 }
 
-/* Reads micro batch samples [first, first+B) of split s into the batch buffers (tensor
- * rank 0 reads, the group receives them). */
-static int load_batch(trainer *t, int s, int64_t first, gpt_batch *b) {
+int trainer__load_batch(trainer *t, int s, int64_t first, tr_batch *x, gpt_batch *b) {
     const co_config *c = &t->cfg;
     int B = c->micro_batch_size, T = c->seq_length;
     int64_t n = t->tp_rank == 0 ? dl_num_samples(t->ds[s]) : 0;
@@ -403,20 +338,20 @@ static int load_batch(trainer *t, int s, int64_t first, gpt_batch *b) {
         /* the valid iterator wraps around as Megatron's cyclic evaluation iterator does */
         int64_t idx = (first + i) % n;
         size_t o = (size_t)i * T;
-        int rc = dl_get(t->ds[s], idx, t->tokens + o, t->targets + o, t->mask + o, t->positions + o, t->seg + o);
+        int rc = dl_get(t->ds[s], idx, x->tokens + o, x->targets + o, x->mask + o, x->positions + o, x->seg + o);
         if (rc) return rc;
     }
     if (t->tp) {
-        int rc = broadcast_batch(t, (size_t)B * T);
+        int rc = broadcast_batch(t, x, (size_t)B * T);
         if (rc) return rc;
     }
     b->B = B;
     b->T = T;
-    b->tokens = t->tokens;
-    b->targets = t->targets;
-    b->positions = t->positions;
-    b->seg = c->reset_attention_mask || c->sft ? t->seg : NULL; /* SFT: packed conversations */
-    b->loss_mask = t->mask;
+    b->tokens = x->tokens;
+    b->targets = x->targets;
+    b->positions = x->positions;
+    b->seg = c->reset_attention_mask || c->sft ? x->seg : NULL; /* SFT: packed conversations */
+    b->loss_mask = x->mask;
     return 0;
 }
 
@@ -562,12 +497,13 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         /* Megatron's sampler: each group of micro x dp samples is one micro batch per
          * rank; gmb is the micro batch's index in a one-rank run of the same batch */
         int64_t gmb = (int64_t)mb * t->topo.dp + data_rank;
-        int rc = load_batch(t, 0, t->consumed[0] + gmb * B, &b);
+        tr_batch *x = &t->mbuf[0];
+        int rc = trainer__load_batch(t, 0, t->consumed[0] + gmb * B, x, &b);
         if (rc) return rc;
         double ntok = 0;
-        for (int i = 0; i < N; i++) ntok += t->mask[i];
+        for (int i = 0; i < N; i++) ntok += x->mask[i];
         float w = ntok > 0 ? (float)(1.0 / (ntok * t->M)) : 0.0f;
-        for (int i = 0; i < N; i++) t->dscale[i] = t->mask[i] * w;
+        for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
         uint64_t seed = mix(mix((uint64_t)c->seed, (uint64_t)t->iteration), (uint64_t)gmb);
         double t1 = now_s();
         t->phase_ms[TR_PH_DATA] += 1000 * (t1 - t0);
@@ -588,7 +524,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
             fi_describe(f, t->job_rank, step, mb, line, sizeof line);
             emit(t, line);
         }
-        double loss = gpt_forward(t->model, &b, true, seed, t->dscale, NULL);
+        double loss = gpt_forward(t->model, &b, true, seed, x->dscale, NULL);
         /* a corrupted loss (nan, inf, spike): the value reported, and for nan/inf the
          * gradients too, as a real one would poison them */
         static const fi_kind lk[] = {FI_NAN, FI_INF, FI_SPIKE};
@@ -1070,11 +1006,12 @@ int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss)
         for (int mb = 0; mb < t->M; mb++) {
             gpt_batch b;
             int64_t gmb = (int64_t)mb * t->topo.dp + t->topo.dp_rank;
-            int rc = load_batch(t, split, t->consumed[split] + gmb * B, &b);
+            tr_batch *x = &t->mbuf[0];
+            int rc = trainer__load_batch(t, split, t->consumed[split] + gmb * B, x, &b);
             if (rc) return rc;
             loss += gpt_forward(t->model, &b, false, 0, t->zeros, NULL);
             if (kb_backend_status(t->be)) return kb_backend_status(t->be);
-            for (int i = 0; i < N; i++) tok += t->mask[i];
+            for (int i = 0; i < N; i++) tok += x->mask[i];
         }
         t->consumed[split] += c->global_batch_size;
     }

@@ -1,0 +1,98 @@
+/* trainer_internal.h - what the trainer's files share (trainer.c: setup, the step, the loop,
+ * logging, evaluation; pipeline.c: a pipeline stage's share of a step). Not for use outside
+ * train/. */
+#ifndef COHORT_TRAIN_TRAINER_INTERNAL_H
+#define COHORT_TRAIN_TRAINER_INTERNAL_H
+
+#include "train/trainer.h"
+
+#include "comm/comm.h"
+#include "data/loader.h"
+#include "kernels/backend.h"
+#include "optim/adamw.h"
+#include "optim/lr.h"
+#include "scheduler/groups.h"
+#include "scheduler/topology.h"
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* One micro batch's arrays [B*T]. */
+typedef struct tr_batch {
+    int32_t *tokens, *targets, *positions, *seg;
+    float *mask, *dscale;
+} tr_batch;
+
+struct trainer {
+    co_config cfg;
+    FILE *log;              /* NULL on ranks that do not print */
+    FILE *metrics;
+    bool metrics_borrowed;  /* given by the caller (trainer_data.metrics), not ours to close */
+    cm_comm *dp;            /* data-parallel group, or NULL */
+    cm_comm *tp;            /* tensor-parallel group, or NULL (trainer_data.tp) */
+    int tp_size, tp_rank;
+    topo_layout layout;     /* the job's layout: a world rank's replica (its data-parallel coordinate) */
+    bool have_layout;
+    bool has_split[3];      /* the split has samples (told by tensor-parallel rank 0, which alone builds them) */
+    int32_t *bcast;         /* one micro batch packed for the tensor group's broadcast */
+    kb_backend *be;
+    gpt_model *model;
+    gpt_config mcfg;
+    opt_adamw opt;
+    lr_schedule lr;
+    topo topo;
+    int M;                   /* micro batches per iteration */
+    dl_dataset *ds[3];       /* train, valid, test (NULL: empty split) */
+    tok_tokenizer sft_tok;   /* the tokenizer SFT data is tokenized with (--sft) */
+    int64_t consumed[3];     /* samples consumed of each split */
+    int64_t iteration;
+    double flops_per_sample;
+    /* the micro batches' arrays: one set without pipelining, one per micro batch of the
+     * step with it (every micro batch in flight keeps its own until its backward) */
+    tr_batch *mbuf;
+    int nmbuf;
+    float *zeros;           /* [N]: dscale of an evaluation */
+    /* logging accumulators since the last log line */
+    double loss_sum, tok_sum;
+    int iters_since_log;
+    double time_since_log;
+    int64_t skipped, nan_iters;
+    double last_loss;
+    double start_time;
+    int progress_shown;
+    double ema_step_s;      /* smoothed step time for the progress bar's rate and ETA */
+    trainer_hook hook[4];
+    void *hook_ctx[4];
+    int nhooks;
+    trainer_pre_step_hook pre_step[4];
+    void *pre_step_ctx[4];
+    int npre_step;
+    /* validation, injection, skips (resilience/) */
+    trainer_validator val;
+    bool have_val;
+    fi_schedule *inj;
+    int job_rank;       /* this rank in the job (the world rank; dp_rank by default): what fault specs and log lines name */
+    int64_t *skips;
+    int nskips;
+    trainer_event_fn ev_fn;
+    void *ev_ctx;
+    volatile sig_atomic_t *stop; /* the caller's stop flag (a hang injected in compute polls it) */
+    volatile sig_atomic_t *abort_flag;
+    double phase_ms[TR_NPHASES];
+    double gate_s;            /* time in the validator (report + verdict wait) since the last log line */
+    double mb_loss[RR_MAX_MB], mb_tok[RR_MAX_MB];
+    /* --check-weight-hash-across-dp-replicas-interval: the weights as this rank last wrote them */
+    uint64_t sum_written;
+    bool have_written;
+    double sum_wait_s, sum_hash_s; /* since the last log line: checksum time on the training
+                                      thread (not hidden), and all hashing (also overlapped) */
+};
+
+
+/* Reads micro batch samples [first, first+B) of split s into buffer `into` and describes it
+ * in *b (tensor rank 0 reads, the group receives them). */
+int trainer__load_batch(trainer *t, int s, int64_t first, tr_batch *into, gpt_batch *b);
+
+#endif
