@@ -1,0 +1,147 @@
+/* schedule.c - Megatron's pipeline schedules as operation lists (see schedule.h). */
+#include "scheduler/schedule.h"
+
+#include "common/error.h"
+
+#include <stdio.h>
+
+int pp_sched_group(const pp_sched_cfg *c) { return c->group > 0 ? c->group : c->p; }
+
+int pp_sched_check(const pp_sched_cfg *c, char *err, size_t errlen) {
+    if (c->p < 1 || c->p > PP_MAX_RANKS) {
+        snprintf(err, errlen, "--pipeline-model-parallel-size %d is out of range (1..%d)", c->p, PP_MAX_RANKS);
+        return CO_EINVAL;
+    }
+    if (c->rank < 0 || c->rank >= c->p) {
+        snprintf(err, errlen, "pipeline rank %d is out of range (0..%d for --pipeline-model-parallel-size %d)", c->rank,
+                 c->p - 1, c->p);
+        return CO_EINVAL;
+    }
+    if (c->m < 1 || c->m > PP_MAX_MICROBATCHES) {
+        snprintf(err, errlen, "the number of micro batches %d is out of range (1..%d)", c->m, PP_MAX_MICROBATCHES);
+        return CO_EINVAL;
+    }
+    if (c->v < 1 || c->v > PP_MAX_CHUNKS) {
+        snprintf(err, errlen, "the number of model chunks per pipeline rank %d is out of range (1..%d)", c->v,
+                 PP_MAX_CHUNKS);
+        return CO_EINVAL;
+    }
+    if ((long long)c->m * c->v > PP_MAX_VIRTUAL_MICROBATCHES) {
+        snprintf(err, errlen, "%d micro batches x %d model chunks = %lld virtual micro batches is more than %d", c->m,
+                 c->v, (long long)c->m * c->v, PP_MAX_VIRTUAL_MICROBATCHES);
+        return CO_EINVAL;
+    }
+    if (c->group < 0) {
+        snprintf(err, errlen, "--microbatch-group-size-per-virtual-pipeline-stage %d must be positive", c->group);
+        return CO_EINVAL;
+    }
+    if (c->v == 1) return 0; /* the group size only shapes the interleaved schedule */
+    if (c->p == 1) {
+        /* megatron/training/arguments.py */
+        snprintf(err, errlen, "%d model chunks per rank (the interleaved schedule) need --pipeline-model-parallel-size "
+                 "greater than 1", c->v);
+        return CO_EINVAL;
+    }
+    int g = pp_sched_group(c);
+    if (g > c->m || g < c->p) {
+        /* forward_backward_pipelining_with_interleaving raises ValueError */
+        snprintf(err, errlen, "--microbatch-group-size-per-virtual-pipeline-stage %d must lie in [p, m] = [%d, %d] "
+                 "(pipeline size, micro batches)%s", g, c->p, c->m,
+                 c->group ? "" : "; it defaults to the pipeline size, so the interleaved schedule needs at least "
+                                 "that many micro batches");
+        return CO_EINVAL;
+    }
+    int rem = c->m % g;
+    if (rem > 0 && rem < c->p) {
+        /* ... and RuntimeError: the last group would stall the pipeline */
+        snprintf(err, errlen, "%d micro batches mod --microbatch-group-size-per-virtual-pipeline-stage %d = %d: the "
+                 "remainder must be 0 or at least the pipeline size %d (a smaller last group leaves dependency "
+                 "bubbles; Megatron refuses it)", c->m, g, rem, c->p);
+        return CO_EINVAL;
+    }
+    return 0;
+}
+
+void pp_table(const pp_sched_cfg *c, int k, int *mb, int *chunk) {
+    int m = c->m, v = c->v;
+    int g = v > 1 ? pp_sched_group(c) : m; /* v = 1: the table is the identity, whatever g */
+    /* get_schedule_table: groups start at 0, g, 2g, ... < m; a group whose end g past its
+     * start reaches m is the last one and holds the rest; each group lists chunk 0's micro
+     * batches, then chunk 1's, ... */
+    int full = (m - 1) / g; /* groups before the last, each of g micro batches */
+    long long in_full = (long long)full * g * v;
+    if (k < in_full) {
+        int grp = (int)(k / ((long long)g * v)), off = (int)(k % ((long long)g * v));
+        *chunk = off / g;
+        *mb = grp * g + off % g;
+    } else {
+        int off = (int)(k - in_full), size = m - full * g;
+        *chunk = off / size;
+        *mb = full * g + off % size;
+    }
+}
+
+int pp_warmup(const pp_sched_cfg *c) {
+    char err[8];
+    if (pp_sched_check(c, err, sizeof err)) return -1;
+    if (c->p == 1) return 0; /* forward_backward_no_pipelining */
+    long long total = (long long)c->m * c->v, w;
+    if (c->v == 1) w = c->p - c->rank - 1; /* 1F1B */
+    else w = 2LL * (c->p - c->rank - 1) + (long long)(c->v - 1) * pp_sched_group(c); /* get_pp_rank_microbatches */
+    return (int)(w < total ? w : total);
+}
+
+/* Virtual micro batch k as the forward (backward: chunk reversed) operation. */
+static pp_op vop(const pp_sched_cfg *c, int k, pp_kind kind) {
+    pp_op o = {.kind = kind};
+    pp_table(c, k, &o.mb, &o.chunk);
+    if (kind == PP_BACKWARD) o.chunk = c->v - 1 - o.chunk;
+    return o;
+}
+
+int pp_schedule(const pp_sched_cfg *c, pp_op *ops, int cap, int *n, char *err, size_t errlen) {
+    *n = 0;
+    int rc = pp_sched_check(c, err, errlen);
+    if (rc) return rc;
+    int total = c->m * c->v;
+    if (cap < 2 * total) {
+        snprintf(err, errlen, "room for %d operations, the schedule has %d", cap, 2 * total);
+        return CO_ERANGE;
+    }
+    /* Three phases, as all three of Megatron's schedules run them (no pipelining: warm-up 0):
+     * warm-up forwards 0..w-1; steady steps k = 0..total-w-1 of forward w+k then backward k;
+     * cool-down backwards total-w..total-1. The backward of virtual micro batch k takes the
+     * oldest forward output of its chunk (Megatron pops each chunk's list from the front):
+     * the table's micro batch, chunk reversed. */
+    int w = pp_warmup(c), i = 0;
+    for (int k = 0; k < w; k++) ops[i++] = vop(c, k, PP_FORWARD);
+    for (int k = 0; k < total - w; k++) {
+        ops[i++] = vop(c, w + k, PP_FORWARD);
+        ops[i++] = vop(c, k, PP_BACKWARD);
+    }
+    for (int k = total - w; k < total; k++) ops[i++] = vop(c, k, PP_BACKWARD);
+    *n = i;
+    return 0;
+}
+
+void pp_op_link(const pp_sched_cfg *c, const pp_op *op, pp_link *l) {
+    int p = c->p, r = c->rank, v = c->v, ch = op->chunk;
+    pp_peer prev = {-1, -1}, next = {-1, -1};
+    if (r > 0) prev = (pp_peer){r - 1, ch};
+    else if (ch > 0) prev = (pp_peer){p - 1, ch - 1};
+    if (r < p - 1) next = (pp_peer){r + 1, ch};
+    else if (ch < v - 1) next = (pp_peer){0, ch + 1};
+    l->first_stage = r == 0 && ch == 0;
+    l->last_stage = r == p - 1 && ch == v - 1;
+    if (op->kind == PP_FORWARD) {
+        l->from = prev;
+        l->to = next;
+    } else {
+        l->from = next;
+        l->to = prev;
+    }
+}
+
+int pp_op_str(const pp_op *op, char *buf, size_t n) {
+    return snprintf(buf, n, "%c%d.%d", op->kind == PP_FORWARD ? 'F' : 'B', op->mb, op->chunk);
+}
