@@ -30,6 +30,8 @@ static void usage(FILE *f) {
           "  inject       inject a fault into a running job (the syntax of train --inject)\n"
           "  keygen       write a job secret: keygen --output FILE\n"
           "  topology     every rank's coordinates and Megatron's parallel groups for a layout\n"
+          "  schedule     each pipeline rank's layers and forward/backward operations (Megatron's\n"
+          "               pipeline schedules and layer placement)\n"
           "  version      print the version\n"
           "  help         this text\n"
           "\n"
@@ -49,6 +51,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "keygen")) return cli_keygen(argc - 2, argv + 2);
     if (!strcmp(cmd, "inject")) return cli_inject(argc - 2, argv + 2);
     if (!strcmp(cmd, "topology")) return cli_topology(argc - 2, argv + 2);
+    if (!strcmp(cmd, "schedule")) return cli_schedule(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         puts("cohort " COHORT_VERSION);
         return 0;

@@ -174,6 +174,30 @@ topology)
     "$COHORT_CPU_EXE" topology --help | grep -q "tp-cp-ep-dp-pp" || fail "topology --help"
     "$COHORT_CPU_EXE" --help | grep -q "topology" || fail "cohort --help lacks topology"
     ;;
+schedule)
+    # pipeline schedules and layer placement for many shapes, flags and layouts, against the
+    # Python restatement of Megatron's schedules.py and layer placement (also the refusals)
+    /usr/bin/python3 "$src/tests/data/pp_schedule_ref.py" "$COHORT_CPU_EXE" || fail "schedules differ from Megatron's"
+    # the text form: the example in Megatron's comments (PP 2, group 3, 5 micro batches, 2 chunks)
+    "$COHORT_CPU_EXE" schedule --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 \
+        --microbatch-group-size-per-virtual-pipeline-stage 3 --num-microbatches 5 --num-layers 8 >"$work/t" ||
+        fail "schedule exit $?"
+    grep -q "^cohort schedule: interleaved 1F1B over 2 pipeline ranks x 2 model chunks, 5 micro batches in groups of 3$" \
+        "$work/t" || fail "$(head -2 "$work/t")"
+    grep -q "^bubble (p-1)/(v\*m) = 1/(2\*5) = 0.1000$" "$work/t" || fail "bubble: $(grep bubble "$work/t")"
+    grep -q "^  rank 0 (warm-up 5): F0.0 F1.0 F2.0 F0.1 F1.1 | F2.1 B0.1 F3.0 B1.1 F4.0 B2.1 F3.1 B0.0 F4.1 B1.0 | B2.0 B3.1 B4.1 B3.0 B4.0$" \
+        "$work/t" || fail "rank 0: $(grep 'rank 0' "$work/t")"
+    grep -Eq "^ +3 +1 +1  6-7 +2  final norm, output layer, loss$" "$work/t" || fail "stage 3: $(grep -E '^ +3 ' "$work/t")"
+    # M from the batch sizes; a refusal is one line, exit 2
+    "$COHORT_CPU_EXE" schedule --pipeline-model-parallel-size 4 --global-batch-size 32 --micro-batch-size 2 \
+        --data-parallel-size 2 | grep -q "1F1B over 4 pipeline ranks, 8 micro batches" || fail "M from the batch sizes"
+    "$COHORT_CPU_EXE" schedule --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2 \
+        --num-microbatches 6 >"$work/out" 2>"$work/err"; rc=$?
+    [ $rc -eq 2 ] && [ ! -s "$work/out" ] && [ "$(wc -l <"$work/err")" -eq 1 ] || fail "exit $rc: $(cat "$work/err")"
+    grep -q "remainder must be 0 or at least the pipeline size 4" "$work/err" || fail "$(cat "$work/err")"
+    "$COHORT_CPU_EXE" schedule --help | grep -q -- "--pipeline-model-parallel-layout" || fail "schedule --help"
+    "$COHORT_CPU_EXE" --help | grep -q "schedule" || fail "cohort --help lacks schedule"
+    ;;
 log_format)
     "$cohort" train "${tiny[@]}" --train-iters 2 --metrics-file "$work/m.jsonl" >"$work/out" 2>&1 || fail "$(cat "$work/out")"
     re='^ \[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\] iteration +2/ +2 \| consumed samples: +8 \| elapsed time per iteration \(ms\): [0-9]+\.[0-9] \| throughput per GPU \(TFLOP/s/GPU\): [0-9]+\.[0-9] \| learning rate: [0-9]\.[0-9]{6}E[-+][0-9]{2} \| global batch size: +4 \| lm loss: [0-9]\.[0-9]{6}E[-+][0-9]{2} \| loss scale: 1\.0 \| grad norm: [0-9]+\.[0-9]{3} \| number of skipped iterations: +0 \| number of nan iterations: +0 \|$'
