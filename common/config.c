@@ -232,6 +232,14 @@ static const flag flags[] = {
     S("resilience", "run-report", run_report, NULL, NULL,
       "[cohort] JSON run report path (default: run_report.json in --save, if given; the supervisor writes "
       "it, so not supported yet in a single-process job)"),
+    /* the timeline of a training step */
+    S("timeline", "timeline-dir", timeline_dir, NULL, NULL,
+      "[cohort] each rank appends the start and end of its operations (forward, backward, waits, reductions, "
+      "optimizer) to DIR/timeline-rank-NNNNN.jsonl; `cohort timeline DIR` draws them (docs/timeline.md; not "
+      "supported yet: the trainer does not record yet)"),
+    S("timeline", "timeline-iterations", timeline_iterations, "3", NULL,
+      "[cohort] iterations --timeline-dir records: N = the N after the first iteration this run trains (the first "
+      "has one-time costs), A:B = iterations A to B (1-based, as the log line counts)"),
     /* cohort */
     I("cohort", "threads", threads, NULL, "[cohort] CPU threads (default: all online cores)"),
     S("cohort", "device", device, "auto", "auto|cpu|cuda",
@@ -522,6 +530,36 @@ static bool dbl_out_of_range(problems *P, const char *name, double v, double lo,
     return true;
 }
 
+/* --timeline-iterations: "N" (1 <= N: from = 2, to = N + 1, relative to the run's start)
+ * or "A:B" (1 <= A <= B, absolute); at most CO_MAX_ITERS. 0 or -1. */
+static int parse_timeline_iterations(const char *s, int64_t *from, int64_t *to, bool *relative) {
+    const char *colon = strchr(s, ':');
+    int64_t a, b;
+    if (!colon) {
+        if (parse_i64(s, &a) || a < 1 || a > CO_MAX_ITERS) return -1;
+        *from = 2;
+        *to = a + 1;
+        *relative = true;
+        return 0;
+    }
+    char left[32];
+    size_t n = (size_t)(colon - s);
+    if (n == 0 || n >= sizeof left) return -1;
+    memcpy(left, s, n);
+    left[n] = '\0';
+    if (parse_i64(left, &a) || parse_i64(colon + 1, &b) || a < 1 || b < a || b > CO_MAX_ITERS) return -1;
+    *from = a;
+    *to = b;
+    *relative = false;
+    return 0;
+}
+
+bool co_config_timeline_records(const co_config *c, int64_t start, int64_t it) {
+    if (!c->timeline_dir[0] || c->timeline_to < 1) return false;
+    int64_t base = c->timeline_relative ? start : 0;
+    return it >= base + c->timeline_from && it <= base + c->timeline_to;
+}
+
 #define GIVEN(name) co_config_was_set(c, name)
 
 bool co_config_standin_model_parallel = false;
@@ -563,6 +601,9 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->run_report[0] && c->nproc_per_node == 1 && c->nnodes == 1)
         problem(&P, "--run-report is not supported yet in a single-process job (the supervisor writes it: "
                     "--nproc-per-node 2 or more)");
+    if (c->timeline_dir[0])
+        problem(&P, "--timeline-dir is not supported yet (the trainer does not record a timeline yet; the recorder is "
+                    "train/timeline.h)");
     int n_refused = P.n;
 
     /* sizes every later step divides by */
@@ -732,6 +773,23 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         if (train > (double)CO_MAX_ITERS || valid > (double)CO_MAX_ITERS)
             problem(&P, "the run asks for %.3g training and %.3g validation samples: more than %lld", train, valid,
                     (long long)CO_MAX_ITERS);
+    }
+
+    /* the timeline's iterations ("N" or "A:B") */
+    {
+        int64_t a = 0, b = 0;
+        bool rel = false;
+        if (parse_timeline_iterations(c->timeline_iterations, &a, &b, &rel))
+            problem(&P, "--timeline-iterations '%s' is not N (the N iterations after the first, 1 to %lld) or A:B "
+                        "(iterations A to B, 1 <= A <= B)", c->timeline_iterations, (long long)CO_MAX_ITERS);
+        else if (GIVEN("timeline-iterations") && !c->timeline_dir[0])
+            problem(&P, "--timeline-iterations needs --timeline-dir (where each rank writes its timeline)");
+        else if (!rel && batch_ok && c->train_iters > 0 && a > c->train_iters)
+            problem(&P, "--timeline-iterations %s records nothing: the run ends at iteration %lld",
+                    c->timeline_iterations, (long long)c->train_iters);
+        c->timeline_from = a;
+        c->timeline_to = b;
+        c->timeline_relative = rel;
     }
 
     /* learning rate */

@@ -139,6 +139,14 @@ typedef struct co_config {
     int quarantine_after;
     int64_t quarantine_window;
     char run_report[512];
+    /* the timeline of a training step (train/timeline.h, docs/timeline.md) */
+    char timeline_dir[512];         /* "": off */
+    char timeline_iterations[64];   /* "N" or "A:B" */
+    /* --timeline-iterations parsed by co_config_finalize: iterations A..B, or with
+     * timeline_relative the N after the run's first, from = 2 and to = N + 1 counted from
+     * the iterations completed at the start (co_config_timeline_records) */
+    int64_t timeline_from, timeline_to;
+    bool timeline_relative;
     /* cohort */
     int threads;
     char device[16];
@@ -171,6 +179,11 @@ extern bool co_config_standin_model_parallel;
  * consistency. data_parallel_size is the number of data-parallel replicas. Returns 0, or
  * CO_EINVAL with every problem found listed one per line in err. */
 int co_config_finalize(co_config *c, int data_parallel_size, char *err, size_t errlen);
+
+/* Whether a run that began with `start` iterations completed (0, or the loaded
+ * checkpoint's) records iteration `it` (1-based, as the log line counts) in its timeline:
+ * --timeline-dir given and `it` in --timeline-iterations (finalized configuration). */
+bool co_config_timeline_records(const co_config *c, int64_t start, int64_t it);
 
 /* Prints the flags, grouped, with defaults. */
 void co_config_help(FILE *f);

@@ -633,10 +633,12 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
 }
 
 /* Flags that may differ between nodes: where a node is, its local paths and threads, and
- * what only node 0 writes. Every other flag changes what the job computes or saves. */
+ * what only node 0 writes. Every other flag changes what the job computes or saves
+ * (--timeline-iterations too: every rank must record the same iterations; --timeline-dir
+ * is a node's local path, as the cache is). */
 static const char *const node_local_flags[] = {"node-rank", "node-addr", "master-addr", "data-cache-path", "workdir",
                                                "threads", "progress", "metrics-file", "run-report", "job-secret",
-                                               "sample-lines"};
+                                               "sample-lines", "timeline-dir"};
 
 /* Whether two workers' flags (co_config_write_json objects) differ beyond the node-local
  * ones; why then names the first few that do, with both values. */

@@ -57,6 +57,7 @@ refused|ranges)
             --expert-tensor-parallel-size 2
         expect_refused "virtual pipeline stages" "${tiny[@]}" --train-iters 2 --virtual-pipeline-model-parallel-size 2
         expect_refused "virtual pipeline stages" "${tiny[@]}" --train-iters 2 --num-layers-per-virtual-pipeline-stage 1
+        expect_refused "--timeline-dir is not supported yet" "${tiny[@]}" --train-iters 2 --timeline-dir "$work/tl"
         # the rank order flag is Megatron's and means nothing with one rank per grid dimension
         "$cohort" train "${tiny[@]}" --train-iters 1 --use-tp-pp-dp-mapping >"$work/out" 2>&1 ||
             fail "--use-tp-pp-dp-mapping: $(tail -3 "$work/out")"
@@ -124,6 +125,12 @@ refused|ranges)
         expect_refused "--inject-seed -3 is out of range" "${tiny[@]}" --train-iters 2 --inject-seed -3
         expect_refused "in-process restart timeouts" "${tiny[@]}" --train-iters 2 --inprocess-soft-timeout 0
         expect_refused "--rendezvous-timeout 1e+07 is out of range" "${tiny[@]}" --train-iters 2 --rendezvous-timeout 1e7
+        expect_refused "--timeline-iterations '5:2' is not N" "${tiny[@]}" --train-iters 2 --timeline-dir "$work/tl" \
+            --timeline-iterations 5:2
+        expect_refused "--timeline-iterations needs --timeline-dir" "${tiny[@]}" --train-iters 2 --timeline-iterations 2
+        expect_refused "--timeline-iterations 3:4 records nothing: the run ends at iteration 2" "${tiny[@]}" \
+            --train-iters 2 --timeline-dir "$work/tl" --timeline-iterations 3:4
+        [ ! -e "$work/tl" ] || fail "--timeline-dir created before the configuration was accepted"
         # several problems: every one reported, one per line
         expect_refused "--nnodes 0 is out of range" "${tiny[@]}" --train-iters 2 --nnodes 0 --micro-batch-size 0 \
             --use-distributed-optimizer
@@ -134,7 +141,8 @@ refused|ranges)
 help)
     "$cohort" train --help >"$work/out" || fail "--help exit $?"
     for f in --num-layers --hidden-size --position-embedding-type --normalization --swiglu --lr-decay-style \
-             --data-path --split --eval-interval --exit-duration-in-mins --bf16 --seed; do
+             --data-path --split --eval-interval --exit-duration-in-mins --bf16 --seed --timeline-dir \
+             --timeline-iterations; do
         grep -q -- "$f" "$work/out" || fail "--help lacks $f"
     done
     grep -q "init-method-std.*default: 0.02" "$work/out" || fail "--help lacks the init-method-std default"

@@ -172,6 +172,47 @@ static void test_validation(void) {
     CHECK(strchr(err, '\n') != NULL);
 }
 
+/* --timeline-dir and --timeline-iterations: parsed, validated, and which iterations record. */
+static void test_timeline_flags(void) {
+    char err[2048], line[2048];
+    co_config c;
+    /* refused until the trainer records (the flag is listed in --help; the recorder exists) */
+    CHECK(check_line("--timeline-dir tl", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "--timeline-dir is not supported yet") && !strchr(err, '\n'), "%s", err);
+    /* "A:B": absolute, 1-based, inclusive */
+    snprintf(line, sizeof line, "%s--timeline-dir tl --timeline-iterations 5:8", base);
+    REQUIRE(parse(&c, line, err, sizeof err) == 0);
+    co_config_finalize(&c, 1, err, sizeof err);
+    CHECK_MSG(!strstr(err, "--timeline-iterations"), "%s", err);
+    CHECK(c.timeline_from == 5 && c.timeline_to == 8 && !c.timeline_relative);
+    CHECK(!co_config_timeline_records(&c, 0, 4) && co_config_timeline_records(&c, 0, 5));
+    CHECK(co_config_timeline_records(&c, 6, 8) && !co_config_timeline_records(&c, 0, 9));
+    co_config_free(&c);
+    /* "N" (default 3): the N iterations after the run's first, counted from where it began */
+    snprintf(line, sizeof line, "%s--timeline-dir tl", base);
+    REQUIRE(parse(&c, line, err, sizeof err) == 0);
+    co_config_finalize(&c, 1, err, sizeof err);
+    CHECK(c.timeline_from == 2 && c.timeline_to == 4 && c.timeline_relative);
+    CHECK(!co_config_timeline_records(&c, 0, 1) && co_config_timeline_records(&c, 0, 2) &&
+          co_config_timeline_records(&c, 0, 4) && !co_config_timeline_records(&c, 0, 5));
+    CHECK(!co_config_timeline_records(&c, 100, 101) && co_config_timeline_records(&c, 100, 102) &&
+          co_config_timeline_records(&c, 100, 104) && !co_config_timeline_records(&c, 100, 105));
+    c.timeline_dir[0] = '\0'; /* off: nothing records */
+    CHECK(!co_config_timeline_records(&c, 0, 2));
+    co_config_free(&c);
+    /* ranges that make no sense: one line each */
+    const char *bad[] = {"0:3", "5:2", "abc", "3:", ":3", "0", "-1", "1:1e3", "1:2:3", "2:99999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(line, sizeof line, "--timeline-dir tl --timeline-iterations %s", bad[i]);
+        CHECK(check_line(line, err, sizeof err) == CO_EINVAL);
+        CHECK_MSG(strstr(err, "--timeline-iterations '") && strstr(err, "is not N"), "%s: %s", bad[i], err);
+    }
+    CHECK(check_line("--timeline-iterations 4", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "--timeline-iterations needs --timeline-dir"), "%s", err);
+    CHECK(check_line("--timeline-dir tl --timeline-iterations 11:12", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "records nothing: the run ends at iteration 10"), "%s", err);
+}
+
 static void test_derived(void) {
     co_config c;
     char err[512];
@@ -229,6 +270,7 @@ int main(void) {
     RUN(test_parse_forms);
     RUN(test_unknown_flag_suggests);
     RUN(test_validation);
+    RUN(test_timeline_flags);
     RUN(test_derived);
     RUN(test_lr_schedules);
     RUN(test_split_parse);
