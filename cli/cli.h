@@ -17,6 +17,7 @@ int cli_keygen(int argc, char **argv);
 int cli_inject(int argc, char **argv);
 int cli_topology(int argc, char **argv);
 int cli_schedule(int argc, char **argv);
+int cli_timeline(int argc, char **argv);
 
 /* Resolves the tokenizer named in the configuration to (vocab size, EOD id). */
 int cli_tokenizer(const co_config *c, int *vocab, int *eod, char *err, size_t errlen);

@@ -32,6 +32,8 @@ static void usage(FILE *f) {
           "  topology     every rank's coordinates and Megatron's parallel groups for a layout\n"
           "  schedule     each pipeline rank's layers and forward/backward operations (Megatron's\n"
           "               pipeline schedules and layer placement)\n"
+          "  timeline     draw the records of --timeline-dir: a picture and a trace of one\n"
+          "               iteration per rank, and the measured pipeline bubble\n"
           "  version      print the version\n"
           "  help         this text\n"
           "\n"
@@ -52,6 +54,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "inject")) return cli_inject(argc - 2, argv + 2);
     if (!strcmp(cmd, "topology")) return cli_topology(argc - 2, argv + 2);
     if (!strcmp(cmd, "schedule")) return cli_schedule(argc - 2, argv + 2);
+    if (!strcmp(cmd, "timeline")) return cli_timeline(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         puts("cohort " COHORT_VERSION);
         return 0;
