@@ -55,14 +55,18 @@ typedef struct ck_meta {
     json_t *lr_scheduler;
     json_t *rng_generators;
     json_t *rerun_state;               /* the rerun state machine's (resilience/rerun.h) */
+    /* [writers]: writer w's group (a model shard: tensor x pipeline coordinate); NULL:
+     * w % layout.groups. Not copied: it must outlive the save (the async saver's too). */
+    const int *writer_group;
 } ck_meta;
 
 /* ---- save ----------------------------------------------------------------------------- */
 
 /* Builds the write plan: a manifest with files, tensors and slices (sizes and hashes not yet
- * known). Writer w writes the parts of group w % G (G = meta->layout.groups, 1 if 0); the
- * writers of a group (its data-parallel replicas) share its bytes of each kind evenly, a
- * part split by rows where a boundary falls. Tensors appear in the order of their first
+ * known). Writer w writes the parts of its group (meta->writer_group[w], or w % G with G =
+ * meta->layout.groups, 1 if 0); the writers of a group (its data-parallel replicas) share its
+ * bytes of each kind evenly, in the order of their indices, a part split by rows where a
+ * boundary falls. Tensors appear in the order of their first
  * part; each slice names its part (ck_slice.ref). */
 int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, ck_manifest **out);
 /* Writes writer `writer`'s files of the plan into dir and records their sizes and hashes

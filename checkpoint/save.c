@@ -59,9 +59,28 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
     if (writers < 1 || writers > 4096) return co_err_set(CO_EINVAL, "checkpoint plan: %d writers", writers);
     if (writers % groups)
         return co_err_set(CO_EINVAL, "checkpoint plan: %d writers do not split into %d groups", writers, groups);
-    int per = writers / groups; /* writers of a group: g, g + groups, g + 2 groups, ... */
+    int per = writers / groups; /* writers per group */
+    /* member[g * per + j]: the j-th writer of group g */
+    int *member = malloc(sizeof *member * (size_t)writers), *filled = calloc((size_t)groups, sizeof *filled);
+    if (!member || !filled) {
+        free(member), free(filled);
+        return co_err_set(CO_ENOMEM, "checkpoint plan: out of memory");
+    }
+    for (int w = 0; w < writers; w++) {
+        int g = meta->writer_group ? meta->writer_group[w] : w % groups;
+        if (g < 0 || g >= groups || filled[g] >= per) {
+            free(member), free(filled);
+            return co_err_set(CO_EINVAL, "checkpoint plan: writer %d in group %d of %d (%d writers each)", w, g, groups,
+                              per);
+        }
+        member[g * per + filled[g]++] = w;
+    }
+    free(filled);
     ck_manifest *m = calloc(1, sizeof *m);
-    if (!m) return co_err_set(CO_ENOMEM, "checkpoint plan: out of memory");
+    if (!m) {
+        free(member);
+        return co_err_set(CO_ENOMEM, "checkpoint plan: out of memory");
+    }
     m->version = CK_FORMAT_VERSION;
     m->iteration = meta->iteration;
     m->created_unix = (int64_t)time(NULL);
@@ -172,7 +191,7 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
             if (pieces == per - 1 && row + take < rows) take = rows - row; /* rounding: the rest to the last */
             ck_slice s;
             memset(&s, 0, sizeof s);
-            s.file = first_file[k] + g + groups * j;
+            s.file = first_file[k] + member[g * per + j];
             memcpy(s.offsets, off, sizeof s.offsets);
             memcpy(s.shape, sh, sizeof s.shape);
             if (r->ndim) {
@@ -200,13 +219,13 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
             snprintf(t->slices[k].key, sizeof t->slices[k].key, "%.*s", CK_NAME_MAX - 1, key);
         }
     }
-    free(grp), free(tix), free(cap), free(bytes), free(pos);
+    free(grp), free(tix), free(cap), free(bytes), free(pos), free(member);
     *out = m;
     return 0;
 nomem:
     rc = co_err_set(CO_ENOMEM, "checkpoint plan: out of memory");
 fail:
-    free(grp), free(tix), free(cap), free(bytes), free(pos);
+    free(grp), free(tix), free(cap), free(bytes), free(pos), free(member);
     ck_manifest_free(&m);
     return rc;
 }

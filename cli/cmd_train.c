@@ -1,6 +1,9 @@
 /* cmd_train.c - `cohort train`: parse Megatron flags, set up the data (or the embedded
  * default corpus), train, evaluate, and (embedded job) show text sampled from the model. */
 #include "cli/cli.h"
+
+#include "scheduler/placement.h"
+#include "scheduler/schedule.h"
 #include "worker/rank.h"
 #include "worker/resilience.h"
 
@@ -297,6 +300,32 @@ static void embedded_done(void *ctx, trainer *t, double vl) {
     else if (e->c->sample_lines > 0) print_samples(t, e->c, e->c->sample_lines, e->out);
 }
 
+/* With a pipeline: Megatron's layer placement and schedule for these flags, checked before
+ * any work (the trainer builds them alike). 0 or CO_EINVAL with the reason in err. */
+static int check_pipeline(const co_config *c, int dp, char *err, size_t n) {
+    int p = c->pipeline_model_parallel_size;
+    bool placed = c->virtual_pipeline_model_parallel_size || c->num_virtual_stages_per_pipeline_rank ||
+                  c->num_layers_per_virtual_pipeline_stage || co_config_was_set(c, "decoder-first-pipeline-num-layers") ||
+                  co_config_was_set(c, "decoder-last-pipeline-num-layers") || c->account_for_embedding_in_pipeline_split ||
+                  c->account_for_loss_in_pipeline_split || c->pipeline_model_parallel_layout[0];
+    if ((p < 2 && !placed) || co_config_standin_model_parallel) return 0;
+    pp_place_cfg pc = {.p = p, .num_layers = c->num_layers,
+                       .v = c->virtual_pipeline_model_parallel_size ? c->virtual_pipeline_model_parallel_size
+                                                                    : c->num_virtual_stages_per_pipeline_rank,
+                       .layers_per_vstage = c->num_layers_per_virtual_pipeline_stage,
+                       .has_first = co_config_was_set(c, "decoder-first-pipeline-num-layers"),
+                       .has_last = co_config_was_set(c, "decoder-last-pipeline-num-layers"),
+                       .first = c->decoder_first_pipeline_num_layers, .last = c->decoder_last_pipeline_num_layers,
+                       .account_embedding = c->account_for_embedding_in_pipeline_split,
+                       .account_loss = c->account_for_loss_in_pipeline_split,
+                       .layout = c->pipeline_model_parallel_layout[0] ? c->pipeline_model_parallel_layout : NULL};
+    int v = pp_place_chunks(&pc, err, n);
+    if (v < 1) return CO_EINVAL;
+    pp_sched_cfg sc = {.p = p, .rank = 0, .m = c->global_batch_size / (c->micro_batch_size * dp), .v = v,
+                       .group = c->microbatch_group_size_per_vp_stage};
+    return pp_sched_check(&sc, err, n) ? CO_EINVAL : 0;
+}
+
 int cli_train(int argc, char **argv) {
     install_signals(); /* before anything else: a signal during setup is a stop, never lost or fatal */
     for (int i = 0; i < argc; i++)
@@ -361,8 +390,7 @@ int cli_train(int argc, char **argv) {
     /* the data-parallel size: the world over tensor x context x pipeline (a worker is told) */
     long mp = (long)c.tensor_model_parallel_size * c.context_parallel_size * c.pipeline_model_parallel_size;
     if (!worker && mp > 1 && dp % mp == 0) dp = (int)(dp / mp);
-    else if (!worker && mp > 1 && (co_config_standin_model_parallel ||
-                                   (c.pipeline_model_parallel_size == 1 && c.context_parallel_size == 1))) {
+    else if (!worker && mp > 1 && (co_config_standin_model_parallel || c.context_parallel_size == 1)) {
         /* (sizes that are not built are refused by co_config_finalize with their own line) */
         fprintf(stderr, "cohort train: invalid configuration:\n  the world of %d ranks is not a multiple of "
                         "tensor x context x pipeline = %ld\n", dp, mp);
@@ -377,6 +405,7 @@ int cli_train(int argc, char **argv) {
         c.threads = (int)(cores / active > 0 ? cores / active : 1);
     }
     rc = co_config_finalize(&c, dp, err, sizeof err);
+    if (!rc) rc = check_pipeline(&c, dp, err, sizeof err);
     int vocab = 0, eod = 0;
     if (!rc) rc = cli_tokenizer(&c, &vocab, &eod, err, sizeof err);
     if (rc) {
@@ -563,8 +592,13 @@ int cli_train(int argc, char **argv) {
         so.active_world = c.inprocess_active_world_size > 0 ? c.inprocess_active_world_size : 0;
         so.shift_ranks = !strcmp(c.inprocess_rank_assignment, "shift-ranks");
         so.tp = c.tensor_model_parallel_size;
-        /* a tensor group's ranks report one replica's results (the stand-in replicates) */
-        so.replica_ranks = co_config_standin_model_parallel ? 1 : c.tensor_model_parallel_size;
+        /* a replica's ranks (tensor x pipeline) report its results (the stand-in replicates);
+         * in Megatron's order the data coordinate comes after tp (tp-cp-dp-pp) or after tp
+         * and pp (tp-cp-pp-dp) */
+        so.replica_stride = co_config_standin_model_parallel ? 1
+                            : c.tensor_model_parallel_size *
+                                  (c.use_tp_pp_dp_mapping ? c.pipeline_model_parallel_size : 1);
+        so.replicas = co_config_standin_model_parallel ? 0 : dp;
         so.pp = c.pipeline_model_parallel_size;
         so.cp = c.context_parallel_size;
         so.ep = c.expert_model_parallel_size;

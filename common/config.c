@@ -68,16 +68,33 @@ static const flag flags[] = {
     D("model", "attention-dropout", attention_dropout, "0.1", "dropout on attention probabilities"),
     /* parallelism */
     I("parallel", "tensor-model-parallel-size", tensor_model_parallel_size, "1", "tensor-parallel ranks: every layer split over them as Megatron splits it (`cohort topology` prints the groups)"),
-    I("parallel", "pipeline-model-parallel-size", pipeline_model_parallel_size, "1", "pipeline stages (not supported yet: only 1)"),
+    I("parallel", "pipeline-model-parallel-size", pipeline_model_parallel_size, "1",
+      "pipeline stages: each builds its layers, micro batches flow through them in Megatron's 1F1B or interleaved "
+      "schedule (`cohort schedule` prints it)"),
     I("parallel", "context-parallel-size", context_parallel_size, "1", "context-parallel ranks (not supported yet: only 1)"),
     I("parallel", "expert-model-parallel-size", expert_model_parallel_size, "1",
       "expert-parallel ranks (mixture of experts; not supported yet: only 1)"),
     I("parallel", "expert-tensor-parallel-size", expert_tensor_parallel_size, "0",
       "tensor-parallel ranks of each expert (0: the tensor-parallel size; not supported yet: only that)"),
     I("parallel", "virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size, "0",
-      "model chunks per pipeline stage (interleaved schedule; not supported yet)"),
+      "model chunks per pipeline rank: the interleaved schedule (0: one chunk)"),
+    I("parallel", "num-virtual-stages-per-pipeline-rank", num_virtual_stages_per_pipeline_rank, "0",
+      "the same as --virtual-pipeline-model-parallel-size (Megatron's newer name)"),
     I("parallel", "num-layers-per-virtual-pipeline-stage", num_layers_per_virtual_pipeline_stage, "0",
-      "layers per virtual pipeline stage (interleaved schedule; not supported yet)"),
+      "layers per model chunk: the interleaved schedule with layers / pipeline size / this chunks per rank"),
+    I("parallel", "microbatch-group-size-per-virtual-pipeline-stage", microbatch_group_size_per_vp_stage, "0",
+      "micro batches a chunk runs before the next chunk in the interleaved schedule (0: the pipeline size)"),
+    I("parallel", "decoder-first-pipeline-num-layers", decoder_first_pipeline_num_layers, NULL,
+      "layers of the first pipeline stage (the others share the rest evenly; default: an even split)"),
+    I("parallel", "decoder-last-pipeline-num-layers", decoder_last_pipeline_num_layers, NULL,
+      "layers of the last pipeline stage (default: an even split)"),
+    B("parallel", "account-for-embedding-in-pipeline-split", account_for_embedding_in_pipeline_split,
+      "the embedding counts as one layer of the first stage when layers are split"),
+    B("parallel", "account-for-loss-in-pipeline-split", account_for_loss_in_pipeline_split,
+      "the loss counts as one layer of the last stage when layers are split"),
+    S("parallel", "pipeline-model-parallel-layout", pipeline_model_parallel_layout, "", NULL,
+      "the stages' layers as a string: E embedding, t layer, L loss, '|' between stages, X*N repeats "
+      "(e.g. \"Et*3|t*4|t*3L\"; default: as the flags above split them)"),
     B("parallel", "use-tp-pp-dp-mapping", use_tp_pp_dp_mapping,
       "rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp (`cohort topology` prints the groups)"),
     B("parallel", "sequence-parallel", sequence_parallel, "sequence parallelism: norms and dropout on token shards of the tensor group (off at tensor-parallel size 1, as Megatron)"),
@@ -577,10 +594,9 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         c->sequence_parallel = false; /* as Megatron: sequence parallelism needs a tensor group */
     if (c->sequence_parallel && co_config_standin_model_parallel)
         problem(&P, "--sequence-parallel is not part of the model-parallel stand-in");
-    if (real_tp && (c->pipeline_model_parallel_size != 1 || c->context_parallel_size != 1))
-        problem(&P, "tensor parallelism together with pipeline or context parallelism is not supported yet");
-    if (c->pipeline_model_parallel_size != 1 && !co_config_standin_model_parallel)
-        problem(&P, "--pipeline-model-parallel-size %d is not supported yet (only 1)", c->pipeline_model_parallel_size);
+    bool real_pp = c->pipeline_model_parallel_size > 1 && !co_config_standin_model_parallel;
+    if ((real_tp || real_pp) && c->context_parallel_size != 1)
+        problem(&P, "tensor or pipeline parallelism together with context parallelism is not supported yet");
     if (c->context_parallel_size != 1 && !co_config_standin_model_parallel)
         problem(&P, "--context-parallel-size %d is not supported yet (only 1)", c->context_parallel_size);
     if (c->expert_model_parallel_size != 1)
@@ -589,9 +605,19 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->expert_tensor_parallel_size != 0 && c->expert_tensor_parallel_size != c->tensor_model_parallel_size)
         problem(&P, "--expert-tensor-parallel-size %d is not supported yet (only the tensor-parallel size)",
                 c->expert_tensor_parallel_size);
-    if (c->virtual_pipeline_model_parallel_size != 0 || c->num_layers_per_virtual_pipeline_stage != 0)
-        problem(&P, "virtual pipeline stages (--virtual-pipeline-model-parallel-size, "
-                    "--num-layers-per-virtual-pipeline-stage) are not supported yet (they need pipeline parallelism)");
+    /* (the pipeline's layer placement and schedule are checked against the model by the
+     * scheduler before any work: cli/cmd_train.c) */
+    if (c->virtual_pipeline_model_parallel_size && c->num_virtual_stages_per_pipeline_rank &&
+        c->virtual_pipeline_model_parallel_size != c->num_virtual_stages_per_pipeline_rank)
+        problem(&P, "--virtual-pipeline-model-parallel-size %d and --num-virtual-stages-per-pipeline-rank %d differ",
+                c->virtual_pipeline_model_parallel_size, c->num_virtual_stages_per_pipeline_rank);
+    if (c->virtual_pipeline_model_parallel_size < 0 || c->num_virtual_stages_per_pipeline_rank < 0 ||
+        c->num_layers_per_virtual_pipeline_stage < 0 || c->microbatch_group_size_per_vp_stage < 0)
+        problem(&P, "virtual pipeline sizes must not be negative");
+    if (co_config_was_set(c, "decoder-first-pipeline-num-layers") && c->decoder_first_pipeline_num_layers < 0)
+        problem(&P, "--decoder-first-pipeline-num-layers must not be negative");
+    if (co_config_was_set(c, "decoder-last-pipeline-num-layers") && c->decoder_last_pipeline_num_layers < 0)
+        problem(&P, "--decoder-last-pipeline-num-layers must not be negative");
     if (c->fp16) problem(&P, "--fp16 is not supported yet; use --bf16");
     if (GIVEN("inprocess-active-world-size") && c->nnodes > 1)
         problem(&P, "--inprocess-active-world-size with --nnodes > 1 is not supported yet (warm spares on one node only)");

@@ -56,6 +56,11 @@ typedef struct co_config {
     int tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size;
     int expert_model_parallel_size, expert_tensor_parallel_size; /* 0: as the tensor size */
     int virtual_pipeline_model_parallel_size, num_layers_per_virtual_pipeline_stage; /* 0: none */
+    int num_virtual_stages_per_pipeline_rank;          /* 0: none (Megatron's newer name of the above) */
+    int microbatch_group_size_per_vp_stage;            /* 0: the pipeline size */
+    int decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers; /* -1: not given */
+    bool account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split;
+    char pipeline_model_parallel_layout[1024];         /* "": not given */
     bool use_tp_pp_dp_mapping;
     bool sequence_parallel, use_distributed_optimizer;
     /* batch */

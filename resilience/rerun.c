@@ -611,7 +611,7 @@ static int decide_all(rr_machine *m, rr_verdict *v) {
         verdict(v, m, RR_RERUN, RR_DIAG_NONE, "rank %d: %s (%g) in the replay; replaying again", rej, check, value);
         return 0;
     }
-    int R = m->o.replica_ranks > 1 ? m->o.replica_ranks : 1, replicas = W / R;
+    int R = m->o.replica_stride > 1 ? m->o.replica_stride : 1, replicas = m->o.replicas > 0 ? m->o.replicas : W / R;
     if (replicas <= 1 && !m->rej_fatal) {
         char msg[200];
         snprintf(msg, sizeof msg, "%s (%g) reproduced: a real value, training goes on", m->rej_check, m->rej_value);
@@ -631,7 +631,8 @@ static int decide_all(rr_machine *m, rr_verdict *v) {
         return 0;
     }
     m->suspect_rerun = m->cur[s];
-    m->helper = (s / R + 1) % replicas * R + s % R; /* the same place in the next replica */
+    int d = s / R % replicas; /* the suspect's replica: the same place in the next one helps */
+    m->helper = s + ((d + 1) % replicas - d) * R;
     start_round(m, ROUND_CHECK, m->attempt + 1);
     verdict(v, m, RR_CHECK, RR_DIAG_NONE, "rank %d: %s (%g) reproduced; rank %d recomputes its micro batches", s,
             m->rej_check, m->rej_value, m->helper);

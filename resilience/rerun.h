@@ -58,9 +58,12 @@ typedef enum { RR_INJECT_CORRECT = 0, RR_INJECT_TRANSIENT = 1, RR_INJECT_PERSIST
 typedef struct rr_options {
     rr_mode mode;
     int world;                 /* ranks reporting */
-    int replica_ranks;         /* consecutive ranks that hold one model replica between them and
-                                * report the same results (a tensor-parallel group); 0 or 1: every
-                                * rank is a replica. A recomputation runs on another replica. */
+    int replica_stride;        /* the ranks of one model replica (a tensor x pipeline group) report
+                                * the same results; the same place in consecutive data-parallel
+                                * replicas is replica_stride world ranks apart (Megatron's order:
+                                * the tensor size, or tensor x pipeline with tp-pp-dp); 0 or 1:
+                                * every rank is a replica. A recomputation runs on another replica. */
+    int replicas;              /* data-parallel replicas (0: world / replica_stride) */
     bool check_nan;            /* NaN/Inf in losses and gradient norms (fatal) */
     bool check_spiky;          /* --check-for-spiky-loss (non-fatal) */
     bool check_large_grads;    /* --check-for-large-grads (non-fatal) */

@@ -1269,7 +1269,8 @@ int sv_run(const sv_options *opt) {
                           .inject = s.o.inject, .metrics = s.metrics, .quarantine_after = s.o.quarantine_after,
                           .quarantine_window = s.o.quarantine_window};
         vo.rr.world = s.world;
-        vo.rr.replica_ranks = s.o.replica_ranks > 1 ? s.o.replica_ranks : 1;
+        vo.rr.replica_stride = s.o.replica_stride > 1 ? s.o.replica_stride : 1;
+        vo.rr.replicas = s.o.replicas;
         if (svv_new(&s.val, &vo, send_to_rank, &s)) {
             fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
             svc_destroy(&s.ckpt);

@@ -58,7 +58,7 @@ typedef struct sv_options {
     /* the parallel layout of the world (scheduler/groups.h; 0: 1, etp 0: as tp): which shard
      * of the model each rank holds, so that a dead rank's shard is taken from a peer of it */
     int tp, pp, cp, ep, etp;
-    int replica_ranks; /* consecutive ranks that report one replica's results (the tensor group), 0/1: each rank */
+    int replica_stride, replicas; /* ranks of one replica report its results: rr_options' */
     bool tp_pp_dp;                 /* --use-tp-pp-dp-mapping */
     bool nccl;                     /* --device cuda: every assignment carries an NCCL unique id (a new one
                                       per generation), from which the ranks build their NCCL groups */

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/rng.h"
+#include "scheduler/placement.h"
 
 #include <signal.h>
 #include <xxhash.h>
@@ -94,8 +95,6 @@ static int run_hooks(trainer *t, bool final, train_end why) {
     return 0;
 }
 
-/* How long a rank waits for its peers in a step's collectives before giving up. */
-#define TRAIN_COMM_TIMEOUT_MS (10 * 60 * 1000)
 
 static double now_s(void) {
     struct timespec ts;
@@ -115,6 +114,66 @@ static uint64_t mix(uint64_t a, uint64_t b) {
     return co_splitmix64(&x);
 }
 
+
+/* A pipeline rank's part: its model chunks (Megatron's layer placement), its schedule
+ * (1F1B or interleaved) and each chunk's activation slots (the most micro batches the
+ * schedule keeps in it at once), the per micro batch buffers. */
+static int pipeline_setup(trainer *t, gpt_config *m) {
+    const co_config *c = &t->cfg;
+    char err[400];
+    pp_place_cfg pc = {.p = t->pp_size, .num_layers = c->num_layers,
+                       .v = c->virtual_pipeline_model_parallel_size ? c->virtual_pipeline_model_parallel_size
+                                                                    : c->num_virtual_stages_per_pipeline_rank,
+                       .layers_per_vstage = c->num_layers_per_virtual_pipeline_stage,
+                       .has_first = co_config_was_set(c, "decoder-first-pipeline-num-layers"),
+                       .has_last = co_config_was_set(c, "decoder-last-pipeline-num-layers"),
+                       .first = c->decoder_first_pipeline_num_layers, .last = c->decoder_last_pipeline_num_layers,
+                       .account_embedding = c->account_for_embedding_in_pipeline_split,
+                       .account_loss = c->account_for_loss_in_pipeline_split,
+                       .layout = c->pipeline_model_parallel_layout[0] ? c->pipeline_model_parallel_layout : NULL};
+    int v = pp_place_chunks(&pc, err, sizeof err);
+    if (v < 1) return co_err_set(v < 0 ? v : CO_EINVAL, "%s", err);
+    if (v > GPT_MAX_CHUNKS)
+        return co_err_set(CO_EINVAL, "%d model chunks per pipeline rank (at most %d)", v, GPT_MAX_CHUNKS);
+    pp_stage *st = calloc((size_t)t->pp_size * (size_t)v, sizeof *st);
+    if (!st) return co_err_set(CO_ENOMEM, "pipeline placement: out of memory");
+    int rc = pp_placement(&pc, st, t->pp_size * v, &v, err, sizeof err);
+    if (rc) {
+        free(st);
+        return co_err_set(rc, "%s", err);
+    }
+    pp_sched_cfg sc = {.p = t->pp_size, .rank = t->pp_rank, .m = t->M, .v = v,
+                       .group = c->microbatch_group_size_per_vp_stage};
+    t->vchunks = v;
+    t->ops = malloc(sizeof *t->ops * 2 * (size_t)t->M * (size_t)v);
+    if (!t->ops) rc = co_err_set(CO_ENOMEM, "pipeline schedule: out of memory");
+    if (!rc && (rc = pp_schedule(&sc, t->ops, 2 * t->M * v, &t->nops, err, sizeof err))) co_err_set(rc, "%s", err);
+    /* slots: the most forwards of a chunk not yet matched by their backward (a chunk takes
+     * its micro batches' backwards in the order of their forwards, so slot = mb mod slots) */
+    int inflight[GPT_MAX_CHUNKS] = {0}, most[GPT_MAX_CHUNKS] = {0};
+    for (int i = 0; !rc && i < t->nops; i++) {
+        int ci = t->ops[i].chunk;
+        inflight[ci] += t->ops[i].kind == PP_FORWARD ? 1 : -1;
+        if (inflight[ci] > most[ci]) most[ci] = inflight[ci];
+    }
+    m->nchunks = v;
+    for (int ci = 0; !rc && ci < v; ci++) {
+        const pp_stage *s = &st[t->pp_rank * v + ci];
+        m->chunks[ci] = (gpt_chunk){s->first_layer, s->num_layers, s->embedding, s->loss, most[ci] > 0 ? most[ci] : 1};
+    }
+    t->stages = st;
+    int M = t->M;
+    size_t N = (size_t)c->micro_batch_size * c->seq_length;
+    t->have_batch = calloc((size_t)M, 1);
+    t->poison = calloc((size_t)M, sizeof *t->poison);
+    t->mb_loss_local = calloc((size_t)M, sizeof *t->mb_loss_local);
+    t->mb_tok_local = calloc((size_t)M, sizeof *t->mb_tok_local);
+    t->lbuf = calloc(2 * (size_t)M, sizeof *t->lbuf);
+    t->meta = calloc(2 * N, sizeof *t->meta);
+    if (!rc && (!t->have_batch || !t->poison || !t->mb_loss_local || !t->mb_tok_local || !t->lbuf || !t->meta))
+        rc = co_err_set(CO_ENOMEM, "pipeline buffers: out of memory");
+    return rc;
+}
 
 int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, FILE *log, cm_comm *dp) {
     *out = NULL;
@@ -137,11 +196,25 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
                         c->tensor_model_parallel_size);
         goto fail;
     }
+    t->pp = data->pp && data->pp->size > 1 ? data->pp : NULL;
+    t->pp_size = t->pp ? t->pp->size : 1;
+    t->pp_rank = t->pp ? t->pp->rank : 0;
+    if (t->pp) {
+        t->pp_fwd = t->pp;
+        t->pp_bwd = data->pp_bwd;
+        t->emb = data->emb;
+        t->mp = data->mp;
+        if (t->pp_size != c->pipeline_model_parallel_size || !t->pp_bwd || !t->mp) {
+            rc = co_err_set(CO_EINVAL, "a pipeline group of %d ranks (and its channels) for --pipeline-model-parallel-size %d",
+                            t->pp_size, c->pipeline_model_parallel_size);
+            goto fail;
+        }
+    }
     {
         char lerr[200];
-        int world = (dp ? dp->size : 1) * t->tp_size;
-        t->have_layout = topo_layout_init(&t->layout, world, t->tp_size, 1, 1, 1, 0, c->use_tp_pp_dp_mapping, lerr,
-                                          sizeof lerr) == 0;
+        int world = (dp ? dp->size : 1) * t->tp_size * t->pp_size;
+        t->have_layout = topo_layout_init(&t->layout, world, t->tp_size, t->pp_size, 1, 1, 0, c->use_tp_pp_dp_mapping,
+                                          lerr, sizeof lerr) == 0;
     }
     t->M = topo_num_microbatches(&t->topo, c->global_batch_size, c->micro_batch_size);
 
@@ -175,6 +248,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     m->tp = t->tp_size;
     m->tp_rank = t->tp_rank;
     m->sequence_parallel = t->tp && c->sequence_parallel;
+    if (t->pp && (rc = pipeline_setup(t, m))) goto fail;
     rc = gpt_new(&t->model, m, t->be, c->micro_batch_size, c->seq_length);
     if (rc) goto fail;
     if (t->tp) gpt_set_tensor_group(t->model, t->tp, TRAIN_COMM_TIMEOUT_MS);
@@ -195,7 +269,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     t->lr.wsd_style = (lr_wsd_style)lr_wsd_style_parse(c->lr_wsd_decay_style);
 
     size_t N = (size_t)c->micro_batch_size * c->seq_length;
-    t->nmbuf = 1;
+    t->nmbuf = t->pp ? t->M : 1; /* a pipeline keeps every micro batch's until its backward */
     t->mbuf = calloc((size_t)t->nmbuf, sizeof *t->mbuf);
     t->zeros = calloc(N, sizeof(float));
     t->bcast = t->tp ? malloc(5 * N * sizeof(int32_t)) : NULL;
@@ -243,7 +317,9 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         if (rc) goto fail;
         dc.tok = &t->sft_tok;
     }
-    for (int s = 0; s < 3 && t->tp_rank == 0; s++) { /* tensor-parallel rank 0 alone reads data */
+    /* tensor-parallel rank 0 alone reads data; with a pipeline only on the first and last stage */
+    bool reads = t->tp_rank == 0 && (!t->pp || t->pp_rank == 0 || t->pp_rank == t->pp_size - 1);
+    for (int s = 0; s < 3 && reads; s++) {
         int64_t want = co_config_split_samples(c, s);
         if (want <= 0) continue;
         rc = dl_build(&t->ds[s], &dc, s, want);
@@ -251,7 +327,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         t->has_split[s] = t->ds[s] != NULL;
     }
     if (t->dp && !data->joining && t->dp->rank == 0 && (rc = t->dp->ops->barrier(t->dp, -1))) goto fail;
-    if (t->tp_rank == 0 && !t->ds[0]) {
+    if (reads && !t->ds[0]) {
         rc = co_err_set(CO_EINVAL, "the train split of --split '%s' is empty", c->split);
         goto fail;
     }
@@ -293,6 +369,14 @@ void trainer_destroy(trainer **pt) {
     free(t->zeros);
     free(t->bcast);
     free(t->skips);
+    free(t->ops);
+    free(t->stages);
+    free(t->have_batch);
+    free(t->poison);
+    free(t->mb_loss_local);
+    free(t->mb_tok_local);
+    free(t->lbuf);
+    free(t->meta);
     free(t);
     *pt = NULL;
 }
@@ -301,15 +385,27 @@ int64_t trainer_iteration(const trainer *t) { return t->iteration; }
 gpt_model *trainer_model(trainer *t) { return t->model; }
 double trainer_last_loss(const trainer *t) { return t->last_loss; }
 
-/* The norm of the model's gradient: over the tensor group, each slice once (gpt_tp_grad_sumsq). */
-static int model_grad_norm(trainer *t, double *out) {
-    if (!t->tp) {
+/* The ranks that hold one replica of the model between them: the model-parallel group
+ * (tensor x pipeline) with a pipeline, the tensor group without; NULL on one rank. Its rank
+ * 0 (tensor rank 0 of the first stage) reads data and speaks for it. */
+static cm_comm *replica_group(const trainer *t) { return t->pp ? t->mp : t->tp; }
+static bool replica_lead(const trainer *t) { return t->tp_rank == 0 && (!t->pp || t->pp_rank == 0); }
+
+uint64_t trainer__dropout_seed(const trainer *t, int64_t gmb) {
+    return mix(mix((uint64_t)t->cfg.seed, (uint64_t)t->iteration), (uint64_t)gmb);
+}
+
+/* The norm of the model's gradient: over the replica's ranks, each slice once and the tied
+ * embedding's copy not counted (gpt_tp_grad_sumsq). */
+int trainer__grad_norm(trainer *t, double *out) {
+    cm_comm *rg = replica_group(t);
+    if (!rg) {
         *out = opt_grad_norm(t->model);
         return kb_backend_status(t->be);
     }
     double sq = gpt_tp_grad_sumsq(t->model);
     int rc = kb_backend_status(t->be);
-    if (!rc) rc = t->tp->ops->allreduce_sum(t->tp, &sq, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc) rc = rg->ops->allreduce_sum(rg, &sq, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     *out = sqrt(sq);
     return rc;
 }
@@ -381,7 +477,8 @@ static void log_line(trainer *t, double lr, double grad_norm) {
     const co_config *c = &t->cfg;
     double ms = 1000.0 * t->time_since_log / t->iters_since_log;
     double loss = t->tok_sum > 0 ? t->loss_sum / t->tok_sum : NAN;
-    double tflops = t->flops_per_sample * c->global_batch_size / (ms / 1000.0) / 1e12 / (t->topo.world * t->tp_size);
+    double tflops = t->flops_per_sample * c->global_batch_size / (ms / 1000.0) / 1e12 /
+                    (t->topo.world * t->tp_size * (t->pp ? t->pp_size : 1));
     double tok_s = (double)c->global_batch_size * c->seq_length / (ms / 1000.0);
     char ts[32];
     timestamp(ts, sizeof ts);
@@ -435,7 +532,8 @@ static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) 
     double rep[4] = {*loss, *tok, *stop_reason == 1, *stop_reason == 2};
     rc = dp->ops->allreduce_sum(dp, rep, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
-    if (t->tp && (rc = t->tp->ops->allreduce_sum(t->tp, rep + 2, 2, CM_F64, TRAIN_COMM_TIMEOUT_MS))) return rc;
+    cm_comm *rg = replica_group(t);
+    if (rg && (rc = rg->ops->allreduce_sum(rg, rep + 2, 2, CM_F64, TRAIN_COMM_TIMEOUT_MS))) return rc;
     *loss = rep[0];
     *tok = rep[1];
     *stop_reason = rep[2] > 0 ? 1 : rep[3] > 0 ? 2 : 0;
@@ -482,13 +580,65 @@ static void fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph) {
     }
 }
 
+void trainer__inject_forward(trainer *t, int64_t step, int mb, int N) {
+    fire_process_faults(t, step, mb, FI_PH_FORWARD);
+    fi_fault *f;
+    char line[400];
+    if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_PARAM, t->job_rank, t->job_rank, step, mb, FI_PH_FORWARD))) {
+        int bit;
+        size_t idx = fi_flip(f, gpt_params(t->model), gpt_num_params(t->model), &bit);
+        gpt_sync_bf16(t->model);
+        fi_describe(f, t->job_rank, step, mb, line, sizeof line);
+        emit(t, line);
+        fprintf(stderr, "cohort rank %d: inject: flipped bit %d of parameter %zu\n", t->topo.dp_rank, bit, idx);
+    }
+    if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_ACT, t->job_rank, t->job_rank, step, mb, FI_PH_FORWARD))) {
+        int bit = f->bit >= 0 ? f->bit : 30;
+        gpt_inject_act_flip(t->model, (size_t)(f->salt % ((uint64_t)N * (uint64_t)t->cfg.hidden_size)), bit);
+        fi_describe(f, t->job_rank, step, mb, line, sizeof line);
+        emit(t, line);
+    }
+}
+
+int trainer__inject_loss(trainer *t, int64_t step, int mb, int data_rank, double *loss) {
+    /* a corrupted loss (nan, inf, spike): the value reported, and for nan/inf the
+     * gradients too, as a real one would poison them */
+    static const fi_kind lk[] = {FI_NAN, FI_INF, FI_SPIKE};
+    int poison = -1;
+    fi_fault *f;
+    char line[400];
+    for (int k = 0; t->inj && k < 3 && poison < 0; k++)
+        if ((f = fi_take(t->inj, lk[k], t->job_rank, fault_rank(t, data_rank), step, mb, FI_PH_FORWARD))) {
+            poison = (int)lk[k];
+            *loss = lk[k] == FI_NAN ? NAN : lk[k] == FI_INF ? INFINITY : *loss * 1000.0;
+            fi_describe(f, t->job_rank, step, mb, line, sizeof line);
+            emit_line(t, line, f->fired == 1); /* times=always: one event, many firings */
+        }
+    return poison;
+}
+
+void trainer__inject_grads(trainer *t, int64_t step, int mb, int poison) {
+    if (poison == FI_NAN || poison == FI_INF) gpt_grads(t->model)[0] = poison == FI_NAN ? NAN : INFINITY;
+    fi_fault *f;
+    if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_GRAD, t->job_rank, t->job_rank, step, mb, FI_PH_BACKWARD))) {
+        int bit;
+        char line[400];
+        size_t idx = fi_flip(f, gpt_grads(t->model), gpt_num_params(t->model), &bit);
+        fi_describe(f, t->job_rank, step, mb, line, sizeof line);
+        emit(t, line);
+        fprintf(stderr, "cohort rank %d: inject: flipped bit %d of gradient %zu\n", t->topo.dp_rank, bit, idx);
+    }
+}
+
+void trainer__fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph) { fire_process_faults(t, step, mb, ph); }
+
 /* Forward and backward of data_rank's share of the step (micro batches mb*dp + data_rank),
  * gradients cleared first. Per micro batch loss sums and token counts go to t->mb_loss and
  * t->mb_tok; *grad_norm is the norm of this rank's gradients before any reduction. */
 static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,
                          double *grad_norm) {
     const co_config *c = &t->cfg;
-    int B = c->micro_batch_size, T = c->seq_length, N = B * T, me = t->topo.dp_rank;
+    int B = c->micro_batch_size, T = c->seq_length, N = B * T;
     gpt_zero_grad(t->model);
     double it_loss = 0, it_tok = 0;
     for (int mb = 0; mb < t->M; mb++) {
@@ -504,50 +654,17 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         for (int i = 0; i < N; i++) ntok += x->mask[i];
         float w = ntok > 0 ? (float)(1.0 / (ntok * t->M)) : 0.0f;
         for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
-        uint64_t seed = mix(mix((uint64_t)c->seed, (uint64_t)t->iteration), (uint64_t)gmb);
+        uint64_t seed = trainer__dropout_seed(t, gmb);
         double t1 = now_s();
         t->phase_ms[TR_PH_DATA] += 1000 * (t1 - t0);
-        fire_process_faults(t, step, mb, FI_PH_FORWARD);
-        fi_fault *f;
-        char line[400];
-        if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_PARAM, t->job_rank, t->job_rank, step, mb, FI_PH_FORWARD))) {
-            int bit;
-            size_t idx = fi_flip(f, gpt_params(t->model), gpt_num_params(t->model), &bit);
-            gpt_sync_bf16(t->model);
-            fi_describe(f, t->job_rank, step, mb, line, sizeof line);
-            emit(t, line);
-            fprintf(stderr, "cohort rank %d: inject: flipped bit %d of parameter %zu\n", me, bit, idx);
-        }
-        if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_ACT, t->job_rank, t->job_rank, step, mb, FI_PH_FORWARD))) {
-            int bit = f->bit >= 0 ? f->bit : 30;
-            gpt_inject_act_flip(t->model, (size_t)(f->salt % ((uint64_t)N * (uint64_t)c->hidden_size)), bit);
-            fi_describe(f, t->job_rank, step, mb, line, sizeof line);
-            emit(t, line);
-        }
+        trainer__inject_forward(t, step, mb, N);
         double loss = gpt_forward(t->model, &b, true, seed, x->dscale, NULL);
-        /* a corrupted loss (nan, inf, spike): the value reported, and for nan/inf the
-         * gradients too, as a real one would poison them */
-        static const fi_kind lk[] = {FI_NAN, FI_INF, FI_SPIKE};
-        int poison = -1;
-        for (int k = 0; t->inj && k < 3 && poison < 0; k++)
-            if ((f = fi_take(t->inj, lk[k], t->job_rank, fault_rank(t, data_rank), step, mb, FI_PH_FORWARD))) {
-                poison = (int)lk[k];
-                loss = lk[k] == FI_NAN ? NAN : lk[k] == FI_INF ? INFINITY : loss * 1000.0;
-                fi_describe(f, t->job_rank, step, mb, line, sizeof line);
-                emit_line(t, line, f->fired == 1); /* times=always: one event, many firings */
-            }
+        int poison = trainer__inject_loss(t, step, mb, data_rank, &loss);
         double t2 = now_s();
         t->phase_ms[TR_PH_FORWARD] += 1000 * (t2 - t1);
         fire_process_faults(t, step, mb, FI_PH_BACKWARD);
         gpt_backward(t->model, &b, seed);
-        if (poison == FI_NAN || poison == FI_INF) gpt_grads(t->model)[0] = poison == FI_NAN ? NAN : INFINITY;
-        if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_GRAD, t->job_rank, t->job_rank, step, mb, FI_PH_BACKWARD))) {
-            int bit;
-            size_t idx = fi_flip(f, gpt_grads(t->model), gpt_num_params(t->model), &bit);
-            fi_describe(f, t->job_rank, step, mb, line, sizeof line);
-            emit(t, line);
-            fprintf(stderr, "cohort rank %d: inject: flipped bit %d of gradient %zu\n", me, bit, idx);
-        }
+        trainer__inject_grads(t, step, mb, poison);
         t->phase_ms[TR_PH_BACKWARD] += 1000 * (now_s() - t2);
         if (mb < RR_MAX_MB) {
             t->mb_loss[mb] = loss;
@@ -567,7 +684,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
     *grad_norm = 0;
     if (t->have_val) {
         /* this replica's norm (the tensor group's, the same on each of its ranks) */
-        int rc = model_grad_norm(t, grad_norm);
+        int rc = trainer__grad_norm(t, grad_norm);
         if (rc) return rc;
     }
     return 0;
@@ -583,7 +700,8 @@ static bool skip_listed(const trainer *t, int64_t step) {
  * suspect or helper): the world rank itself without tensor parallelism. */
 static int replica_of(const trainer *t, int world_rank) {
     topo_coord co;
-    if (t->tp && t->have_layout && world_rank >= 0 && topo_coords(&t->layout, world_rank, &co) == 0) return co.dp;
+    if (replica_group(t) && t->have_layout && world_rank >= 0 && topo_coords(&t->layout, world_rank, &co) == 0)
+        return co.dp;
     return world_rank;
 }
 
@@ -623,25 +741,30 @@ static void *sum_main(void *arg) {
     return NULL;
 }
 
-/* Under tensor parallelism each rank hashes its slices: the replica's checksums are the
- * hashes of its ranks' (all-gathered over the group), the same on each of them, so the
- * supervisor compares replicas as it does without tensor parallelism. */
+/* Under model parallelism each rank hashes its part: the replica's checksums are the hashes
+ * of its ranks' (all-gathered over the replica's ranks), the same on each of them, so the
+ * supervisor compares replicas as it does without model parallelism. */
 static int combine_sums(trainer *t, rr_report *r) {
-    uint64_t mine[3] = {r->sum_used, r->sum_written, r->has_written}, all[3 * CO_MAX_TP_GROUP];
-    if (t->tp_size > CO_MAX_TP_GROUP) return co_err_set(CO_EINVAL, "a tensor group of %d ranks", t->tp_size);
-    int rc = t->tp->ops->allgather(t->tp, mine, all, sizeof mine, TRAIN_COMM_TIMEOUT_MS);
-    if (rc) return rc;
-    uint64_t used[CO_MAX_TP_GROUP], written[CO_MAX_TP_GROUP];
-    bool have = true;
-    for (int k = 0; k < t->tp_size; k++) {
-        used[k] = all[3 * k];
-        written[k] = all[3 * k + 1];
-        have = have && all[3 * k + 2];
+    cm_comm *rg = replica_group(t);
+    int n = rg->size;
+    uint64_t mine[3] = {r->sum_used, r->sum_written, r->has_written};
+    uint64_t *all = malloc(sizeof *all * 5 * (size_t)n);
+    if (!all) return co_err_set(CO_ENOMEM, "checksums of %d ranks: out of memory", n);
+    int rc = rg->ops->allgather(rg, mine, all, sizeof mine, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc) {
+        uint64_t *used = all + 3 * (size_t)n, *written = used + n;
+        bool have = true;
+        for (int k = 0; k < n; k++) {
+            used[k] = all[3 * k];
+            written[k] = all[3 * k + 1];
+            have = have && all[3 * k + 2];
+        }
+        r->sum_used = XXH3_64bits(used, sizeof(uint64_t) * (size_t)n);
+        r->sum_written = XXH3_64bits(written, sizeof(uint64_t) * (size_t)n);
+        r->has_written = have;
     }
-    r->sum_used = XXH3_64bits(used, sizeof(uint64_t) * (size_t)t->tp_size);
-    r->sum_written = XXH3_64bits(written, sizeof(uint64_t) * (size_t)t->tp_size);
-    r->has_written = have;
-    return 0;
+    free(all);
+    return rc;
 }
 
 /* Every rank takes rank `root`'s parameters and optimizer state (REPAIR, replica repair). */
@@ -721,6 +844,33 @@ void trainer_set_tensor_group(trainer *t, cm_comm *tp) {
     kb_backend_clear_status(t->be); /* a collective the last generation's abort failed */
 }
 
+void trainer_model_parallel(const trainer *t, int *tp, int *tp_rank, int *pp, int *pp_rank) {
+    *tp = t->tp_size;
+    *tp_rank = t->tp_rank;
+    *pp = t->pp_size;
+    *pp_rank = t->pp_rank;
+}
+
+gpt_config trainer_model_config_of(const trainer *t, int tp_rank, int pp_rank) {
+    gpt_config c = *gpt_get_config(t->model);
+    c.tp_rank = tp_rank;
+    if (!t->stages) return c;
+    c.nchunks = t->vchunks;
+    for (int ci = 0; ci < t->vchunks; ci++) {
+        const pp_stage *s = &t->stages[pp_rank * t->vchunks + ci];
+        c.chunks[ci] = (gpt_chunk){s->first_layer, s->num_layers, s->embedding, s->loss, 1};
+    }
+    return c;
+}
+
+void trainer_set_pipeline_groups(trainer *t, cm_comm *pp, cm_comm *pp_bwd, cm_comm *emb, cm_comm *mp) {
+    if (!t->pp_size || t->pp_size < 2) return;
+    t->pp = t->pp_fwd = pp;
+    t->pp_bwd = pp_bwd;
+    t->emb = emb;
+    t->mp = mp;
+}
+
 void trainer_set_comm(trainer *t, cm_comm *dp) {
     t->dp = dp;
     if (dp) topo_init(&t->topo, dp->size, 1, 1, 1, dp->rank);
@@ -760,9 +910,10 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
     /* the weights as built or loaded (a repair or a peer's state noted it already; an
      * optimizer step keeps it) */
     if (!t->have_written) note_written(t);
-    if (t->tp) {
-        /* which splits have samples: tensor-parallel rank 0 built them */
-        int rc = t->tp->ops->broadcast(t->tp, t->has_split, sizeof t->has_split, 0, TRAIN_COMM_TIMEOUT_MS);
+    cm_comm *rg = replica_group(t);
+    if (rg) {
+        /* which splits have samples: the replica's rank 0 built them */
+        int rc = rg->ops->broadcast(rg, t->has_split, sizeof t->has_split, 0, TRAIN_COMM_TIMEOUT_MS);
         if (rc) return rc;
     }
     if (t->iteration < c->train_iters) {
@@ -773,8 +924,8 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             int rc = t->dp->ops->allreduce_sum(t->dp, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
             if (rc) return rc;
         }
-        if (t->tp) {
-            int rc = t->tp->ops->allreduce_sum(t->tp, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+        if (rg) {
+            int rc = rg->ops->allreduce_sum(rg, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
             if (rc) return rc;
         }
         if (vote > 0) {
@@ -811,7 +962,8 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         bool checking_round = false, skip_step = false;
         for (;;) {
             if (!checking_round) {
-                int rc = compute_share(t, me, step, &it_loss, &it_tok, &local_norm);
+                int rc = t->pp ? trainer__pipeline_share(t, me, step, &it_loss, &it_tok, &local_norm)
+                               : compute_share(t, me, step, &it_loss, &it_tok, &local_norm);
                 if (rc) return rc;
                 rr_report r = {.iteration = step, .attempt = attempt, .rank = me, .check_for = -1,
                                .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB, .grad_norm = local_norm,
@@ -845,16 +997,17 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                     r.sum_used = job.sum;
                     r.has_written = t->have_written;
                     r.sum_written = t->sum_written;
-                    if (t->tp && (rc = combine_sums(t, &r))) return rc;
+                    if (rg && (rc = combine_sums(t, &r))) return rc;
                     if ((rc = t->val.checksum(t->val.ctx, &r))) return rc;
                 }
                 t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - ta);
             } else if (role_check_for >= 0) {
                 double l, k;
-                int rc = compute_share(t, role_check_for, step, &l, &k, &local_norm);
+                int rc = t->pp ? trainer__pipeline_share(t, role_check_for, step, &l, &k, &local_norm)
+                               : compute_share(t, role_check_for, step, &l, &k, &local_norm);
                 if (rc) return rc;
                 rr_report r = {.iteration = step, .attempt = attempt, .rank = me,
-                               .check_for = t->tp ? check_suspect : role_check_for,
+                               .check_for = rg ? check_suspect : role_check_for,
                                .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB, .grad_norm = local_norm};
                 memcpy(r.loss, t->mb_loss, sizeof(double) * (size_t)r.nmb);
                 memcpy(r.tokens, t->mb_tok, sizeof(double) * (size_t)r.nmb);
@@ -880,7 +1033,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             char line[400];
             snprintf(line, sizeof line, "iteration %lld: %s: %s", (long long)step, rr_decision_name(v.decision),
                      v.reason);
-            if (!t->dp || (replica_of(t, v.suspect) == me && t->tp_rank == 0)) emit_line(t, line, false);
+            if (!t->dp || (replica_of(t, v.suspect) == me && replica_lead(t))) emit_line(t, line, false);
             if (v.decision == RR_RERUN) {
                 attempt = v.attempt;
                 checking_round = false;
@@ -890,7 +1043,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                 /* the helper's replica recomputes (all of its tensor group); the helper reports */
                 role_check_for = replica_of(t, v.helper) == me ? replica_of(t, v.suspect) : -1;
                 check_suspect = v.suspect;
-                check_reports = v.helper == t->job_rank || !t->tp;
+                check_reports = v.helper == t->job_rank || !rg;
             } else if (v.decision == RR_REPAIR) {
                 int src = replica_of(t, v.helper);
                 if (!t->dp || src < 0 || src >= t->dp->size)
@@ -910,7 +1063,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         kb_backend *be = t->be;
         if (!skip_step) {
             double to = now_s();
-            int grc = model_grad_norm(t, &gnorm);
+            int grc = trainer__grad_norm(t, &gnorm);
             if (grc) return grc;
             double loss = it_tok > 0 ? it_loss / it_tok : 0;
             if (!t->have_val && c->check_for_nan_in_loss_and_grad && (!isfinite(loss) || !isfinite(gnorm))) {
@@ -1002,7 +1155,11 @@ int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss)
     if (!t->has_split[split] || c->eval_iters <= 0) return 0;
     int B = c->micro_batch_size, N = B * c->seq_length;
     double loss = 0, tok = 0;
-    for (int64_t it = 0; it < c->eval_iters; it++) {
+    if (t->pp) {
+        int rc = trainer__pipeline_evaluate(t, split, &loss, &tok);
+        if (rc) return rc;
+    }
+    for (int64_t it = 0; !t->pp && it < c->eval_iters; it++) {
         for (int mb = 0; mb < t->M; mb++) {
             gpt_batch b;
             int64_t gmb = (int64_t)mb * t->topo.dp + t->topo.dp_rank;

@@ -43,6 +43,11 @@ typedef struct trainer_data {
      * rank in it), or NULL: the model is split over it, only its rank 0 builds the datasets
      * and reads batches, which it broadcasts (Megatron's get_batch_on_this_tp_rank) */
     struct cm_comm *tp;
+    /* the pipeline group (cfg pipeline_model_parallel_size ranks, this one at its stage), its
+     * second channel (the gradients'), the embedding group (NULL off the first and last
+     * stage) and the model-parallel group (tensor x pipeline ranks), or NULL without a
+     * pipeline: the rank builds its stage's chunks and runs Megatron's schedule */
+    struct cm_comm *pp, *pp_bwd, *emb, *mp;
 } trainer_data;
 
 struct cm_comm;
@@ -137,6 +142,15 @@ void trainer_state_replaced(trainer *t);
 void trainer_set_comm(trainer *t, struct cm_comm *dp);
 /* The new generation's tensor-parallel group (NULL between generations). */
 void trainer_set_tensor_group(trainer *t, struct cm_comm *tp);
+/* The model's configuration on another rank of this replica: tensor rank tp_rank, pipeline
+ * rank pp_rank (its chunks; one slot each): what gpt_tensor_table needs to list that rank's
+ * tensors (checkpoints). */
+gpt_config trainer_model_config_of(const trainer *t, int tp_rank, int pp_rank);
+/* The sizes of this rank's replica: tensor and pipeline ranks. */
+void trainer_model_parallel(const trainer *t, int *tp, int *tp_rank, int *pp, int *pp_rank);
+/* The new generation's pipeline groups (as trainer_data's; NULL between generations). */
+void trainer_set_pipeline_groups(trainer *t, struct cm_comm *pp, struct cm_comm *pp_bwd, struct cm_comm *emb,
+                                 struct cm_comm *mp);
 int trainer_sync_state(trainer *t, int root);
 /* Where log lines and metrics records go from now on (the logging rank changed after a
  * restart with shifted ranks; NULL: this rank does not print). Neither is closed here. */

@@ -12,12 +12,17 @@
 #include "optim/adamw.h"
 #include "optim/lr.h"
 #include "scheduler/groups.h"
+#include "scheduler/placement.h"
+#include "scheduler/schedule.h"
 #include "scheduler/topology.h"
 
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+
+/* How long a rank waits for its peers in a step's collectives before giving up. */
+#define TRAIN_COMM_TIMEOUT_MS (10 * 60 * 1000)
 
 /* One micro batch's arrays [B*T]. */
 typedef struct tr_batch {
@@ -88,11 +93,46 @@ struct trainer {
     bool have_written;
     double sum_wait_s, sum_hash_s; /* since the last log line: checksum time on the training
                                       thread (not hidden), and all hashing (also overlapped) */
+    /* pipeline parallelism (pipeline.c; pp NULL without) */
+    cm_comm *pp;            /* the pipeline group: activations forward, the losses' sum */
+    cm_comm *pp_fwd, *pp_bwd; /* its channels: activations (= pp), their gradients */
+    cm_comm *emb;           /* the embedding group (first and last stage), or NULL */
+    cm_comm *mp;            /* the model-parallel group (tensor x pipeline: one replica), or NULL */
+    int pp_size, pp_rank, vchunks;
+    pp_stage *stages;       /* [pp_size * vchunks]: every rank's chunks (Megatron's placement) */
+    pp_op *ops;             /* this rank's schedule */
+    int nops;
+    unsigned char *have_batch; /* [M] micro batch mb's arrays: 0 not yet, 1 positions received, 2 read */
+    int *poison;            /* [M] a corrupted loss's kind (trainer__inject_loss) */
+    double *mb_loss_local, *mb_tok_local; /* [M] the head chunk's losses, the micro batches' tokens */
+    double *lbuf;           /* [2M] the losses summed over the pipeline group */
+    int32_t *meta;          /* [2N] positions and document starts sent with activations */
+    double recv_s;          /* waiting for a peer stage since the last log line */
 };
 
 
 /* Reads micro batch samples [first, first+B) of split s into buffer `into` and describes it
  * in *b (tensor rank 0 reads, the group receives them). */
 int trainer__load_batch(trainer *t, int s, int64_t first, tr_batch *into, gpt_batch *b);
+
+/* The dropout seed of the micro batch at place gmb of the global batch (the iteration's). */
+uint64_t trainer__dropout_seed(const trainer *t, int64_t gmb);
+/* The model's gradient norm: this rank's slices over the model-parallel group (each tensor
+ * slice and the tied embedding counted once; gpt_tp_grad_sumsq). */
+int trainer__grad_norm(trainer *t, double *out);
+/* pipeline.c: data_rank's share of a step as trainer_train's compute_share (pp > 1), and an
+ * evaluation's loss and token sums over this replica's micro batches */
+int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,
+                            double *grad_norm);
+int trainer__pipeline_evaluate(trainer *t, int split, double *loss_out, double *tok_out);
+
+/* Faults injected into this rank (resilience/inject.h) around a micro batch: before its
+ * forward (kill, stop, hang, slow; a flipped weight or activation); its loss (nan, inf, a
+ * spike: *loss replaced; returns FI_NAN or FI_INF when the gradients must be poisoned too,
+ * else -1); after its backward (the poison, a flipped gradient); any phase's process faults. */
+void trainer__inject_forward(trainer *t, int64_t step, int mb, int N);
+int trainer__inject_loss(trainer *t, int64_t step, int mb, int data_rank, double *loss);
+void trainer__inject_grads(trainer *t, int64_t step, int mb, int poison);
+void trainer__fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph);
 
 #endif

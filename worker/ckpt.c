@@ -9,6 +9,7 @@
  * size). The log accumulators travel too, so the first log line after a resume averages
  * the same iterations as an uninterrupted run. */
 #include "worker/ckpt.h"
+#include "worker/ckpt_parts.h"
 
 #include "checkpoint/ckpt.h"
 #include "common/error.h"
@@ -27,11 +28,9 @@ struct wk_ckpt {
     ck_saver *saver;
     int64_t last_saved;      /* iteration saved or loaded last (not saved again) */
     json_t *config_json;
-    int nrefs;
-    ck_tensor_ref *refs;     /* model tensors, then exp_avg and exp_avg_sq (build_refs) */
-    char (*names)[CK_NAME_MAX];
-    int cap, nmodel;         /* refs allocated; the model's (the first nmodel) */
-    int tp, tp_rank;         /* the tensor group: this rank's writer group is its tensor rank */
+    wk_parts save, load;     /* every shard's parts; this rank's (ckpt_parts.h) */
+    int *writer_group, groups; /* each writer's model shard */
+    int tp, tp_rank, pp, pp_rank;
     double stall_total;
     int saves;
     int world;               /* ranks (writers of a save): tensor x data-parallel size */
@@ -107,101 +106,6 @@ static void model_info(const gpt_config *g, ck_model_info *mi) {
     mi->rotary_base = g->rotary_base;
 }
 
-/* The checkpoint's tensor list: model weights (views of the flat parameter buffer), then
- * the Adam moments under optimizer.exp_avg.<name> / optimizer.exp_avg_sq.<name>.
- *
- * Under tensor parallelism every rank lists the slices of every tensor rank (each rank's
- * table from gpt_tensor_table), so that all compute one write plan (ckpt.h): a rank's own
- * slices with its data (group = its tensor rank), the others' without; a tensor every rank
- * holds whole once, for any group; a slice several ranks hold (key/value rows with fewer
- * query groups than ranks) once, for the first of them. Rows are contiguous in the flat
- * buffer, a column slice is this rank's whole local tensor, so each part is one row-major
- * buffer. */
-static int add_ref(wk_ckpt *k, int part, const gpt_tensor *t, int group, bool region, int split, const gpt_piece *p,
-                   float *data) {
-    static const char *prefix[] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
-    if (k->nrefs == k->cap) {
-        int nc = k->cap ? 2 * k->cap : 64;
-        ck_tensor_ref *r = realloc(k->refs, (size_t)nc * sizeof *r);
-        char(*nm)[CK_NAME_MAX] = r ? realloc(k->names, (size_t)nc * sizeof *nm) : NULL;
-        if (r) k->refs = r;
-        if (!nm) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
-        k->names = nm;
-        k->cap = nc;
-    }
-    int j = k->nrefs++;
-    ck_tensor_ref *r = &k->refs[j];
-    memset(r, 0, sizeof *r);
-    snprintf(k->names[j], CK_NAME_MAX, "%s%s", prefix[part], t->name);
-    r->kind = part ? CK_KIND_OPTIM : CK_KIND_MODEL;
-    r->ndim = t->ndim;
-    r->shape[0] = t->gshape[0];
-    r->shape[1] = t->gshape[1];
-    r->data = data;
-    r->dst = data;
-    r->group = group;
-    r->region = region;
-    if (region) {
-        r->rshape[0] = t->gshape[0];
-        r->rshape[1] = t->gshape[1];
-        int d = split == GPT_TP_ROWS ? 0 : 1;
-        r->offsets[d] = p->global;
-        r->rshape[d] = p->len;
-    }
-    return 0;
-}
-
-static int build_refs(wk_ckpt *k) {
-    gpt_model *model = trainer_model(k->t);
-    opt_adamw *o = trainer_optimizer(k->t);
-    const gpt_config *gc = gpt_get_config(model);
-    int nt = gpt_num_tensors(model), tp = k->tp;
-    const gpt_tensor *mine = gpt_tensors(model);
-    gpt_tensor **tab = calloc((size_t)tp, sizeof *tab);
-    if (!tab) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
-    int rc = 0;
-    for (int r = 0; r < tp && !rc; r++) {
-        gpt_config c = *gc;
-        c.tp_rank = r;
-        int n = 0;
-        if (r == k->tp_rank) tab[r] = (gpt_tensor *)mine;
-        else if (!(rc = gpt_tensor_table(&c, &tab[r], &n, NULL)) && n != nt)
-            rc = co_err_set(CO_EINTERNAL, "checkpoint: tensor rank %d has %d tensors, this one %d", r, n, nt);
-    }
-    k->nrefs = 0;
-    for (int part = 0; part < 3 && !rc; part++) {
-        float *base = part == 0 ? gpt_params(model) : part == 1 ? o->m : o->v;
-        if (part == 1) k->nmodel = k->nrefs;
-        for (int i = 0; i < nt && !rc; i++) {
-            const gpt_tensor *t = &mine[i];
-            if (tp == 1 || t->split == GPT_TP_REPLICATED) {
-                rc = add_ref(k, part, t, CK_ANY_GROUP, false, 0, NULL, base + t->offset);
-                continue;
-            }
-            for (int r = 0; r < tp && !rc; r++) {
-                const gpt_tensor *tr = &tab[r][i];
-                size_t cols = (size_t)(tr->shape[1] ? tr->shape[1] : 1);
-                for (int q = 0; q < tr->npieces && !rc; q++) {
-                    const gpt_piece *p = &tr->piece[q];
-                    if (r % p->share) continue; /* the first of the ranks sharing it lists it */
-                    /* this rank holds it when it is its own, or a run shared with it (the
-                     * same place in its slice) */
-                    bool held = r == k->tp_rank || k->tp_rank / p->share == r / p->share;
-                    float *data = !held ? NULL
-                                  : base + t->offset +
-                                        (t->split == GPT_TP_ROWS ? (size_t)t->piece[q].local * cols : 0);
-                    rc = add_ref(k, part, tr, r, true, t->split, p, data);
-                }
-            }
-        }
-    }
-    for (int r = 0; r < tp; r++)
-        if (tab[r] != mine) free(tab[r]);
-    free(tab);
-    for (int j = 0; j < k->nrefs; j++) k->refs[j].name = k->names[j];
-    return rc;
-}
-
 static int save_now(wk_ckpt *k) {
     trainer_progress tp;
     trainer_get_progress(k->t, &tp);
@@ -213,9 +117,10 @@ static int save_now(wk_ckpt *k) {
     meta.progress = (ck_progress){tp.iteration, {tp.consumed[0], tp.consumed[1], tp.consumed[2]}, tp.skipped,
                                   tp.nan_iters, tp.loss_sum, tp.tok_sum, tp.iters_since_log};
     meta.seed = c->seed;
-    /* every rank writes (ck_plan's writers); the writer groups are the tensor ranks */
-    meta.layout = (ck_layout){k->world, k->tp, c->pipeline_model_parallel_size, c->context_parallel_size,
-                              k->world / k->tp, c->use_distributed_optimizer, 1, k->tp};
+    /* every rank writes (ck_plan's writers); the writer groups are the model shards */
+    meta.layout = (ck_layout){k->world, k->tp, k->pp, c->context_parallel_size, k->world / k->groups,
+                              c->use_distributed_optimizer, 1, k->groups};
+    meta.writer_group = k->writer_group;
     model_info(gpt_get_config(trainer_model(k->t)), &meta.model);
     if (!c->no_save_optim) {
         meta.optim.present = true;
@@ -234,8 +139,8 @@ static int save_now(wk_ckpt *k) {
         char buf[4096];
         if (!k->rerun_save(k->rerun_ctx, buf, sizeof buf)) meta.rerun_state = json_loads(buf, 0, NULL);
     }
-    int n = c->no_save_optim ? k->nmodel : k->nrefs;
-    int rc = ck_saver_save(k->saver, &meta, k->refs, n);
+    int n = c->no_save_optim ? k->save.nmodel : k->save.n;
+    int rc = ck_saver_save(k->saver, &meta, k->save.r, n);
     json_decref(meta.lr_scheduler);
     json_decref(meta.rng_generators);
     if (meta.rerun_state) json_decref(meta.rerun_state);
@@ -475,14 +380,16 @@ static void warn_schedule(wk_ckpt *k, const ck_manifest *m) {
  * checkpoint's last row (Megatron's checkpoint converter pads so: a padded row stays one, its
  * logit pushed down like the others), and the checkpoint's rows beyond Vp are dropped. The
  * tokenizer's rows are never among them (check_model: the vocabularies are equal). */
-static int load_refs(wk_ckpt *k, const ck_manifest *m, const char *dir, int n, ck_bad *bad) {
+static int load_refs(wk_ckpt *k, const ck_manifest *m, const char *dir, bool optim, ck_bad *bad) {
+    const ck_tensor_ref *refs = k->load.r;
+    int n = optim ? k->load.n : k->load.nmodel;
     int Vc = m->model.padded_vocab, Vp = gpt_get_config(trainer_model(k->t))->padded_vocab;
     ck_tensor_ref *lr = calloc((size_t)(2 * n + 1), sizeof *lr);
     int *fill_of = calloc((size_t)(n + 1), sizeof *fill_of);
     float *last = NULL;
     int64_t cols = 0;
     for (int i = 0; i < n; i++)
-        if (gpt_tensor_is_vocab(k->refs[i].name)) cols = k->refs[i].shape[1];
+        if (gpt_tensor_is_vocab(refs[i].name)) cols = refs[i].shape[1];
     if (cols > 0 && Vc != Vp) last = calloc((size_t)n * (size_t)cols, sizeof *last);
     if (!lr || !fill_of || (cols > 0 && Vc != Vp && !last)) {
         free(lr), free(fill_of), free(last);
@@ -495,11 +402,11 @@ static int load_refs(wk_ckpt *k, const ck_manifest *m, const char *dir, int n, c
         return co_err_set(CO_ENOMEM, "loading %s: out of memory", dir);
     }
     for (int i = 0; i < n; i++)
-        if (k->refs[i].dst) of[nl++] = i;
+        if (refs[i].dst) of[nl++] = i;
     int nmine = nl;
     for (int j = 0; j < nmine; j++) {
         int i = of[j];
-        lr[j] = k->refs[i];
+        lr[j] = refs[i];
         fill_of[j] = -1;
         ck_tensor_ref *r = &lr[j];
         if (Vc == Vp || !gpt_tensor_is_vocab(r->name) || r->ndim != 2) continue;
@@ -531,7 +438,7 @@ static int load_refs(wk_ckpt *k, const ck_manifest *m, const char *dir, int n, c
     int rc = ck_load_tensors(dir, m, lr, nl, bad);
     for (int j = 0; j < nmine && !rc; j++) {
         if (fill_of[j] < 0) continue;
-        const ck_tensor_ref *r = &k->refs[of[j]];
+        const ck_tensor_ref *r = &refs[of[j]];
         int64_t a = r->region ? r->offsets[0] : 0, len = r->region ? r->rshape[0] : r->shape[0];
         for (int64_t row = a > Vc ? a : Vc; row < a + len; row++)
             memcpy(r->dst + (row - a) * cols, last + (size_t)j * (size_t)cols, (size_t)cols * sizeof(float));
@@ -586,10 +493,10 @@ static int load(wk_ckpt *k) {
             break;
         }
         if (!rc) {
-            int nl = load_optim ? k->nrefs : k->nmodel;
             rc = check_model(m, gpt_get_config(trainer_model(k->t)), dir);
-            if (!rc) rc = check_extra(m, k->refs, nl, load_optim, dir);
-            if (!rc) rc = load_refs(k, m, dir, nl, &bad);
+            /* (every tensor of the checkpoint must be one of the whole model's) */
+            if (!rc) rc = check_extra(m, k->save.r, load_optim ? k->save.n : k->save.nmodel, load_optim, dir);
+            if (!rc) rc = load_refs(k, m, dir, load_optim, &bad);
             if (rc == CO_EINVAL || rc == CO_EUNSUPPORTED) { /* the model does not match: no fallback helps */
                 ck_manifest_free(&m);
                 break;
@@ -634,14 +541,15 @@ static int load(wk_ckpt *k) {
         }
         if (c->bf16) gpt_sync_bf16(trainer_model(k->t));
         if (k->log) {
-            if (m->layout.data != k->world / k->tp)
+            if (m->layout.data != k->world / k->groups)
                 fprintf(k->log, "cohort: checkpoint written at data-parallel size %d, loaded at %d: consumed samples are "
-                                "global and kept\n", m->layout.data, k->world / k->tp);
-            if (m->layout.tensor != k->tp)
-                fprintf(k->log, "cohort: checkpoint written at tensor-parallel size %d, loaded at %d: every rank reads its "
-                                "slices of the global tensors\n", m->layout.tensor, k->tp);
-            fprintf(k->log, "  successfully loaded checkpoint from %s [ t %d/%d, p 1/1 ] at iteration %" PRId64 "%s\n",
-                    c->load, k->tp_rank + 1, k->tp,
+                                "global and kept\n", m->layout.data, k->world / k->groups);
+            if (m->layout.tensor != k->tp || m->layout.pipeline != k->pp)
+                fprintf(k->log, "cohort: checkpoint written at tensor x pipeline size %d x %d, loaded at %d x %d: every "
+                                "rank reads its part of the global tensors\n", m->layout.tensor, m->layout.pipeline,
+                        k->tp, k->pp);
+            fprintf(k->log, "  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at iteration %" PRId64 "%s\n",
+                    c->load, k->tp_rank + 1, k->tp, k->pp_rank + 1, k->pp,
                     c->finetune ? 0 : m->iteration, c->finetune ? " (--finetune: weights only)" : "");
             fflush(k->log);
         }
@@ -669,9 +577,9 @@ static int setup_saver(wk_ckpt *k, int rank, const ck_coord *coord) {
     rc = ck_saver_new(&k->saver, &so);
     if (!rc && c->async_save) {
         size_t total = 0; /* the parts this rank holds */
-        int n = c->no_save_optim ? k->nmodel : k->nrefs;
+        int n = c->no_save_optim ? k->save.nmodel : k->save.n;
         for (int i = 0; i < n; i++) {
-            const ck_tensor_ref *r = &k->refs[i];
+            const ck_tensor_ref *r = &k->save.r[i];
             const int64_t *sh = r->region ? r->rshape : r->shape;
             if (r->data) total += (size_t)sh[0] * (size_t)(r->ndim > 1 ? sh[1] : 1);
         }
@@ -694,16 +602,8 @@ int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world) {
     k->last_saved = -1;
     k->world = world;
     k->rank = rank;
-    const gpt_config *gc = gpt_get_config(trainer_model(t));
-    k->tp = gc->tp > 1 ? gc->tp : 1;
-    k->tp_rank = k->tp > 1 ? gc->tp_rank : 0;
-    int rc = 0;
-    /* writer w holds group w % tp: the tensor rank is the fastest coordinate of the world rank
-     * (Megatron's orders, with one pipeline stage and one context rank) */
-    if (world % k->tp || rank % k->tp != k->tp_rank)
-        rc = co_err_set(CO_EINTERNAL, "checkpoint: rank %d of %d is tensor rank %d of %d; expected rank mod %d", rank,
-                        world, k->tp_rank, k->tp, k->tp);
-    if (!rc) rc = build_refs(k);
+    trainer_model_parallel(t, &k->tp, &k->tp_rank, &k->pp, &k->pp_rank);
+    int rc = wk_parts_build(t, world, rank, &k->save, &k->load, &k->writer_group, &k->groups);
     if (!rc && c->load[0]) rc = load(k);
     if (!rc && c->save[0] && rank == 0) {
         rc = ck_clean_stale(c->save);
@@ -744,8 +644,9 @@ void wk_ckpt_destroy(wk_ckpt **p) {
     if (!k) return;
     ck_saver_destroy(&k->saver);
     if (k->config_json) json_decref(k->config_json);
-    free(k->refs);
-    free(k->names);
+    wk_parts_free(&k->save);
+    wk_parts_free(&k->load);
+    free(k->writer_group);
     free(k->loaded_rerun);
     free(k);
     *p = NULL;

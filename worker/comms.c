@@ -17,6 +17,7 @@ struct wk_comms {
     cm_comm *group[TOPO_NGROUP_KINDS];
     int *members[TOPO_NGROUP_KINDS]; /* group rank -> world rank */
     int gindex[TOPO_NGROUP_KINDS];   /* the index of this rank's group of each kind (-1: none) */
+    cm_comm *pp_bwd;                 /* the pipeline group again: the gradients' channel */
     cm_comm *nworld;                 /* NCCL (wk_comms_new_nccl), NULL without */
     cm_comm *ngroup[TOPO_NGROUP_KINDS];
 };
@@ -89,6 +90,16 @@ int wk_comms_new_nccl(wk_comms **out, const sv_assignment *asg, const cm_zmq_opt
             co_err_set(rc, "splitting the %s group (%d ranks): %s", topo_group_name((topo_group_kind)k), n, keep);
         }
     }
+    /* the pipeline's second channel (wk_comms_pipeline): the same ranks, another group, so
+     * that activations and their gradients each arrive in the order they were sent */
+    if (!rc && cs->group[TOPO_G_PP] && cs->group[TOPO_G_PP]->size > 1) {
+        rc = cs->world->ops->split(cs->world, cs->members[TOPO_G_PP], cs->group[TOPO_G_PP]->size, &cs->pp_bwd);
+        if (rc) {
+            char keep[400];
+            snprintf(keep, sizeof keep, "%s", co_err_detail());
+            co_err_set(rc, "splitting the pipeline's gradient channel: %s", keep);
+        }
+    }
     if (!rc && nccl_device >= 0) rc = open_nccl(cs, asg, nccl_device);
     if (rc) {
         wk_comms_destroy(&cs);
@@ -115,6 +126,7 @@ void wk_comms_destroy(wk_comms **pcs) {
         cm_destroy(&cs->group[k]);
         free(cs->members[k]);
     }
+    cm_destroy(&cs->pp_bwd);
     cm_destroy(&cs->nworld);
     cm_destroy(&cs->world);
     free(cs);
@@ -126,6 +138,11 @@ cm_comm *wk_comms_world(const wk_comms *cs) { return cs ? cs->world : NULL; }
 cm_comm *wk_comms_group(const wk_comms *cs, topo_group_kind k) {
     if (!cs || k < 0 || k >= TOPO_NGROUP_KINDS) return NULL;
     return cs->nworld ? cs->ngroup[k] : cs->group[k];
+}
+
+cm_comm *wk_comms_pipeline(const wk_comms *cs, int dir) {
+    if (!cs || !cs->group[TOPO_G_PP] || cs->group[TOPO_G_PP]->size < 2) return NULL;
+    return dir ? cs->pp_bwd : cs->group[TOPO_G_PP];
 }
 
 int wk_comms_rank_in(const wk_comms *cs, topo_group_kind k, int w) {

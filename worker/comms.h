@@ -41,6 +41,11 @@ cm_comm *wk_comms_world(const wk_comms *cs);
 /* The group of kind k this rank is in (NULL: in none, as outside the embedding groups):
  * the NCCL one where the set has NCCL. */
 cm_comm *wk_comms_group(const wk_comms *cs, topo_group_kind k);
+/* The pipeline's point-to-point channels over ZeroMQ (NULL without a pipeline): dir 0 the
+ * pipeline group, for activations (forward); dir 1 another group of the same ranks, for
+ * their gradients (backward). Each channel delivers a peer's messages in the order sent, so
+ * the two directions of one pair of ranks never wait on each other's order. */
+cm_comm *wk_comms_pipeline(const wk_comms *cs, int dir);
 /* The rank within group k of world rank w (-1: w is not in this rank's group k). */
 int wk_comms_rank_in(const wk_comms *cs, topo_group_kind k, int w);
 const topo_layout *wk_comms_layout(const wk_comms *cs);

@@ -61,6 +61,16 @@ static int source_in_dp(const wk_comms *cs, int rank, int source, int *out) {
     return 0;
 }
 
+/* A pipeline rank's groups (NULL without): its two point-to-point channels (ZeroMQ, also
+ * under NCCL: the pipeline's sends and receives go through the host), the embedding group
+ * and the model-parallel group. */
+static void set_pipeline(trainer_data *td, const wk_comms *cs) {
+    td->pp = wk_comms_pipeline(cs, 0);
+    td->pp_bwd = wk_comms_pipeline(cs, 1);
+    td->emb = cs ? wk_comms_group(cs, TOPO_G_EMBEDDING) : NULL;
+    td->mp = cs ? wk_comms_group(cs, TOPO_G_MP) : NULL;
+}
+
 /* Test stand-in of model parallelism (co_config_standin_model_parallel): every rank holds
  * the whole model, so the members of every group must hold identical weights. Checked at
  * each generation's start and at the end, over every group. */
@@ -123,7 +133,9 @@ int wk_run(const wk_options *o) {
     trainer_data td = *data;
     td.joining = link && asg->generation > 1 && asg->state_source >= 0;
     bool split_model = c.tensor_model_parallel_size > 1; /* (the stand-in set it to 1) */
+    bool pipelined = c.pipeline_model_parallel_size > 1;
     td.tp = split_model && cs ? wk_comms_group(cs, TOPO_G_TP) : NULL;
+    set_pipeline(&td, pipelined ? cs : NULL);
     if (td.joining) c.load[0] = '\0'; /* a replacement takes its state from a replica, not from disk */
     if (link && asg->generation > 1 && asg->state_source < 0 && asg->checkpoint_dir)
         snprintf(c.load, sizeof c.load, "%s", asg->checkpoint_dir); /* no replica survived: the checkpoint */
@@ -218,6 +230,7 @@ int wk_run(const wk_options *o) {
         close_comms(link, &cs, &dp);
         trainer_set_comm(t, NULL);
         trainer_set_tensor_group(t, NULL);
+        trainer_set_pipeline_groups(t, NULL, NULL, NULL, NULL);
         sv_assignment na;
         rc = sv_link_await_restart(link, it, &na, (int)(c.rendezvous_timeout * 1000));
         if (rc) break;
@@ -243,6 +256,11 @@ int wk_run(const wk_options *o) {
         if (rc) continue; /* another abort during the rebuild: back to the barrier (reload is NULL) */
         trainer_set_comm(t, dp);
         trainer_set_tensor_group(t, split_model ? wk_comms_group(cs, TOPO_G_TP) : NULL);
+        if (pipelined) {
+            trainer_data ptd;
+            set_pipeline(&ptd, cs);
+            trainer_set_pipeline_groups(t, ptd.pp, ptd.pp_bwd, ptd.emb, ptd.mp);
+        }
         if (reload) {
             rc = wk_ckpt_reload(ckpt, reload);
             free(reload);

@@ -45,18 +45,20 @@ refused|ranges)
     if [ "$case_name" = refused ]; then
         # accepted by Megatron, not implemented here: refused, and --help says so
         expect_refused "--use-distributed-optimizer is not supported yet" "${tiny[@]}" --train-iters 2 --use-distributed-optimizer
-        # tensor parallelism runs; what it does not have yet is refused
-        expect_refused "tensor parallelism together with pipeline or context parallelism is not supported yet" \
-            "${tiny[@]}" --train-iters 2 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --nproc-per-node 4
-        expect_refused "--pipeline-model-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 --pipeline-model-parallel-size 2
+        # tensor and pipeline parallelism run; what they do not have yet is refused
+        expect_refused "tensor or pipeline parallelism together with context parallelism is not supported yet" \
+            "${tiny[@]}" --train-iters 2 --pipeline-model-parallel-size 2 --context-parallel-size 2 --nproc-per-node 4
+        expect_refused "is not a multiple of tensor x context x pipeline = 2" "${tiny[@]}" --train-iters 2 \
+            --pipeline-model-parallel-size 2
         expect_refused "--context-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 --context-parallel-size 2
         expect_refused "--fp16 is not supported yet" "${tiny[@]}" --train-iters 2 --fp16
         expect_refused "--expert-model-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 \
             --expert-model-parallel-size 2
         expect_refused "--expert-tensor-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 \
             --expert-tensor-parallel-size 2
-        expect_refused "virtual pipeline stages" "${tiny[@]}" --train-iters 2 --virtual-pipeline-model-parallel-size 2
-        expect_refused "virtual pipeline stages" "${tiny[@]}" --train-iters 2 --num-layers-per-virtual-pipeline-stage 1
+        # pipeline placement flags without a pipeline, as Megatron refuses them
+        expect_refused "virtual pipeline" "${tiny[@]}" --train-iters 2 --virtual-pipeline-model-parallel-size 2
+        expect_refused "virtual pipeline" "${tiny[@]}" --train-iters 2 --num-layers-per-virtual-pipeline-stage 1
         expect_refused "--timeline-dir is not supported yet" "${tiny[@]}" --train-iters 2 --timeline-dir "$work/tl"
         # the rank order flag is Megatron's and means nothing with one rank per grid dimension
         "$cohort" train "${tiny[@]}" --train-iters 1 --use-tp-pp-dp-mapping >"$work/out" 2>&1 ||
@@ -73,9 +75,8 @@ refused|ranges)
         "$cohort" train "${tiny[@]}" --train-iters 1 --micro-batch-size 1 --global-batch-size 65 --rerun-mode disabled \
             >"$work/out" 2>&1 || fail "65 micro batches without validation: $(tail -3 "$work/out")"
         "$cohort" train --help >"$work/help" || fail "--help exit $?"
-        for f in use-distributed-optimizer pipeline-model-parallel-size \
-                 context-parallel-size fp16 expert-model-parallel-size expert-tensor-parallel-size \
-                 virtual-pipeline-model-parallel-size num-layers-per-virtual-pipeline-stage; do
+        for f in use-distributed-optimizer context-parallel-size fp16 expert-model-parallel-size \
+                 expert-tensor-parallel-size; do
             grep -E -- "--$f( |$).*not supported yet" "$work/help" >/dev/null || fail "--help does not say --$f is not supported yet"
         done
         expect_refused "--vocab-file/--merge-file" --mock-data --num-layers 1 --hidden-size 32 --num-attention-heads 4 \

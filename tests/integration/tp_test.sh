@@ -243,7 +243,7 @@ PY
         fail "resumed at tp 2 x dp 2: other numbers"
     # other tensor sizes (and data-parallel sizes), from iteration 3 (s now holds 6 too)
     run tp1 --nproc-per-node 1 --train-iters 6 --load "$work/s" --ckpt-step 3
-    grep -q "checkpoint written at tensor-parallel size 2, loaded at 1" "$work/tp1.out" || fail "no reshard note"
+    grep -q "checkpoint written at tensor x pipeline size 2 x 1, loaded at 1 x 1" "$work/tp1.out" || fail "no reshard note"
     run tp4 --nproc-per-node 4 --tensor-model-parallel-size 4 --sequence-parallel --train-iters 6 --load "$work/s" \
         --ckpt-step 3
     grep -q "\[ t 4/4, p 1/1 \] at iteration 3" "$work/tp4.out" || fail "tp 4: $(grep -i 'loaded' "$work/tp4.out")"

@@ -1,0 +1,230 @@
+/* pipeline.c - a pipeline stage's share of a training step and of an evaluation
+ * (docs/pipeline.md).
+ *
+ * The rank runs its list of operations (scheduler/schedule.h: Megatron's 1F1B or interleaved
+ * order) over its model chunks:
+ *   forward of micro batch mb through chunk c: its input is the data (the chunk with the
+ *     embedding: tensor rank 0 of the first stage reads the micro batch and broadcasts it to
+ *     its tensor group) or the previous stage's output, received on the activation channel
+ *     with the micro batch's positions and document starts (the stages between first and
+ *     last read no data); the chunk with the head reads the micro batch too (labels, loss
+ *     mask) and computes the loss; any other chunk sends its output on;
+ *   backward: the chunk with the head starts from its loss, the others receive their output's
+ *     gradient on the gradient channel; every chunk but the embedding's sends its input's
+ *     gradient back.
+ * Sends never wait (ZeroMQ queues them); a receive waits at most TRAIN_COMM_TIMEOUT_MS or
+ * until the generation is aborted. Megatron's order makes every rank receive in the order
+ * its peer sent, on each channel.
+ *
+ * After the list: the losses of the micro batches (known on the last stage) are summed over
+ * the pipeline group so that every rank reports them, the partial gradients of the tensor
+ * group are summed, the two copies of a tied embedding (first and last stage) get their
+ * summed gradient over the embedding group, and the gradient norm is the whole model's:
+ * each rank's slices over the model-parallel group, the tied copy counted once. */
+#include "train/trainer_internal.h"
+
+#include "common/error.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The batch of micro batch mb as this rank knows it: read from the data (first and last
+ * stage), or its positions and document starts received with the activations. */
+static void describe(trainer *t, int mb, gpt_batch *b) {
+    const co_config *c = &t->cfg;
+    tr_batch *x = &t->mbuf[mb];
+    *b = (gpt_batch){.B = c->micro_batch_size, .T = c->seq_length, .tokens = x->tokens, .targets = x->targets,
+                     .positions = x->positions, .seg = c->reset_attention_mask || c->sft ? x->seg : NULL,
+                     .loss_mask = x->mask};
+}
+
+/* Micro batch mb's arrays from the data (once per step): samples of its place in the
+ * global batch, and its gradient weights mask / (tokens x M). */
+static int read_batch(trainer *t, int split, int mb, int64_t first_sample, bool train) {
+    const co_config *c = &t->cfg;
+    if (t->have_batch[mb] == 2) return 0;
+    int B = c->micro_batch_size, N = B * c->seq_length;
+    int64_t gmb = (int64_t)mb * t->topo.dp + t->topo.dp_rank;
+    tr_batch *x = &t->mbuf[mb];
+    gpt_batch b;
+    int rc = trainer__load_batch(t, split, first_sample + gmb * B, x, &b);
+    if (rc) return rc;
+    double ntok = 0;
+    for (int i = 0; i < N; i++) ntok += x->mask[i];
+    float w = train && ntok > 0 ? (float)(1.0 / (ntok * t->M)) : 0.0f;
+    for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
+    t->mb_tok_local[mb] = ntok;
+    t->have_batch[mb] = 2;
+    return 0;
+}
+
+/* The forward of (mb, chunk c) in slot s, its input received or read, its output sent;
+ * the loss into t->mb_loss_local[mb] on the head chunk. */
+static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, int ci, bool train, uint64_t seed) {
+    const co_config *c = &t->cfg;
+    const gpt_chunk *d = gpt_chunk_def(t->model, ci);
+    int s = mb % d->slots, N = c->micro_batch_size * c->seq_length;
+    size_t act = (size_t)(t->tp && c->sequence_parallel ? N / t->tp_size : N) * (size_t)c->hidden_size;
+    tr_batch *x = &t->mbuf[mb];
+    int rc = 0;
+    double t0 = now_s();
+    if (d->embedding || d->head) rc = read_batch(t, split, mb, first_sample, train);
+    if (!rc && !d->embedding) {
+        /* the previous stage's output, with the micro batch's positions and document starts */
+        cm_comm *ch = t->pp_fwd;
+        int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size;
+        rc = ch->ops->recv(ch, t->meta, 2 * (size_t)N * sizeof(int32_t), prev, TRAIN_COMM_TIMEOUT_MS);
+        double tw = now_s();
+        if (!rc) rc = ch->ops->recv(ch, gpt_chunk_input(t->model, ci, s), act * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
+        t->recv_s += now_s() - tw;
+        if (!rc && !t->have_batch[mb]) {
+            memcpy(x->positions, t->meta, (size_t)N * sizeof(int32_t));
+            memcpy(x->seg, t->meta + N, (size_t)N * sizeof(int32_t));
+            t->have_batch[mb] = 1;
+        }
+    }
+    if (rc) return rc;
+    double t1 = now_s();
+    t->phase_ms[TR_PH_DATA] += 1000 * (t1 - t0);
+    gpt_batch b;
+    describe(t, mb, &b);
+    double loss = 0;
+    if (train) {
+        trainer__inject_forward(t, t->iteration + 1, mb, N);
+        loss = gpt_chunk_forward(t->model, ci, s, &b, true, seed, d->head ? x->dscale : NULL, NULL);
+        if (d->head) t->poison[mb] = trainer__inject_loss(t, t->iteration + 1, mb, t->topo.dp_rank, &loss);
+    } else {
+        loss = gpt_chunk_forward(t->model, ci, s, &b, false, 0, d->head ? t->zeros : NULL, NULL);
+    }
+    if ((rc = kb_backend_status(t->be))) return rc;
+    if (d->head) t->mb_loss_local[mb] = loss;
+    t->phase_ms[TR_PH_FORWARD] += 1000 * (now_s() - t1);
+    if (!d->head) {
+        cm_comm *ch = t->pp_fwd;
+        int next = (t->pp_rank + 1) % t->pp_size;
+        memcpy(t->meta, x->positions, (size_t)N * sizeof(int32_t));
+        memcpy(t->meta + N, x->seg, (size_t)N * sizeof(int32_t));
+        rc = ch->ops->send(ch, t->meta, 2 * (size_t)N * sizeof(int32_t), next, TRAIN_COMM_TIMEOUT_MS);
+        if (!rc) rc = ch->ops->send(ch, gpt_chunk_output(t->model, ci, s), act * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
+    }
+    return rc;
+}
+
+static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
+    const co_config *c = &t->cfg;
+    const gpt_chunk *d = gpt_chunk_def(t->model, ci);
+    int s = mb % d->slots, N = c->micro_batch_size * c->seq_length;
+    size_t act = (size_t)(t->tp && c->sequence_parallel ? N / t->tp_size : N) * (size_t)c->hidden_size;
+    int rc = 0;
+    if (!d->head) {
+        cm_comm *ch = t->pp_bwd;
+        int next = (t->pp_rank + 1) % t->pp_size;
+        double tw = now_s();
+        rc = ch->ops->recv(ch, gpt_chunk_output_grad(t->model), act * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
+        t->recv_s += now_s() - tw;
+        if (rc) return rc;
+    }
+    double t0 = now_s();
+    trainer__fire_process_faults(t, t->iteration + 1, mb, FI_PH_BACKWARD);
+    gpt_batch b;
+    describe(t, mb, &b);
+    gpt_chunk_backward(t->model, ci, s, &b, seed);
+    if (d->head) trainer__inject_grads(t, t->iteration + 1, mb, t->poison[mb]);
+    if ((rc = kb_backend_status(t->be))) return rc;
+    t->phase_ms[TR_PH_BACKWARD] += 1000 * (now_s() - t0);
+    if (!d->embedding) {
+        cm_comm *ch = t->pp_bwd;
+        int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size;
+        rc = ch->ops->send(ch, gpt_chunk_input_grad(t->model), act * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
+    }
+    return rc;
+}
+
+/* The losses and token counts of the micro batches, known on the last stage, summed over
+ * the pipeline group into t->mb_loss / t->mb_tok (every rank reports them); *loss, *tok
+ * their sums. */
+static int share_losses(trainer *t, double *loss, double *tok) {
+    int M = t->M;
+    bool last = t->pp_rank == t->pp_size - 1;
+    for (int mb = 0; mb < M; mb++) {
+        t->lbuf[mb] = last ? t->mb_loss_local[mb] : 0;
+        t->lbuf[M + mb] = last ? t->mb_tok_local[mb] : 0;
+    }
+    int rc = t->pp->ops->allreduce_sum(t->pp, t->lbuf, 2 * (size_t)M, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    if (rc) return rc;
+    *loss = *tok = 0;
+    for (int mb = 0; mb < M; mb++) {
+        if (mb < RR_MAX_MB) {
+            t->mb_loss[mb] = t->lbuf[mb];
+            t->mb_tok[mb] = t->lbuf[M + mb];
+        }
+        *loss += t->lbuf[mb];
+        *tok += t->lbuf[M + mb];
+    }
+    return 0;
+}
+
+/* The two copies of the tied word embedding (first and last stage) get their summed
+ * gradient (Megatron's embedding group all-reduce in finalize_model_grads). */
+static int sum_tied_embedding(trainer *t) {
+    int ti = gpt_tied_embedding(t->model);
+    if (ti < 0) return 0;
+    if (!t->emb) return co_err_set(CO_EINVAL, "a tied embedding on pipeline rank %d without an embedding group", t->pp_rank);
+    const gpt_tensor *e = &gpt_tensors(t->model)[ti];
+    return t->emb->ops->allreduce_sum(t->emb, gpt_grads(t->model) + e->offset, e->numel, CM_F32, TRAIN_COMM_TIMEOUT_MS);
+}
+
+int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,
+                            double *grad_norm) {
+    (void)step;
+    if (data_rank != t->topo.dp_rank)
+        return co_err_set(CO_EUNSUPPORTED, "recomputing another replica's micro batches with pipeline parallelism");
+    gpt_zero_grad(t->model);
+    memset(t->have_batch, 0, sizeof *t->have_batch * (size_t)t->M);
+    int rc = 0;
+    for (int i = 0; i < t->nops && !rc; i++) {
+        const pp_op *op = &t->ops[i];
+        int64_t gmb = (int64_t)op->mb * t->topo.dp + data_rank;
+        uint64_t seed = trainer__dropout_seed(t, gmb);
+        if (op->kind == PP_FORWARD) {
+            rc = stage_forward(t, 0, t->consumed[0], op->mb, op->chunk, true, seed);
+        } else {
+            rc = stage_backward(t, op->mb, op->chunk, seed);
+        }
+    }
+    if (!rc) rc = share_losses(t, loss_out, tok_out);
+    if (!rc && t->tp) rc = gpt_tp_finalize_grads(t->model);
+    if (!rc) rc = sum_tied_embedding(t);
+    *grad_norm = 0;
+    if (!rc && t->have_val) rc = trainer__grad_norm(t, grad_norm);
+    return rc;
+}
+
+int trainer__pipeline_evaluate(trainer *t, int split, double *loss_out, double *tok_out) {
+    const co_config *c = &t->cfg;
+    double loss = 0, tok = 0;
+    int rc = 0;
+    for (int64_t it = 0; it < c->eval_iters && !rc; it++) {
+        memset(t->have_batch, 0, sizeof *t->have_batch * (size_t)t->M);
+        /* each micro batch through the chunks in pipeline order (forwards only: no bubble to fill) */
+        for (int mb = 0; mb < t->M && !rc; mb++)
+            for (int ci = 0; ci < gpt_num_chunks(t->model) && !rc; ci++)
+                rc = stage_forward(t, split, t->consumed[split], mb, ci, false, 0);
+        double l = 0, k = 0;
+        if (!rc) rc = share_losses(t, &l, &k);
+        loss += l;
+        tok += k;
+        t->consumed[split] += c->global_batch_size;
+    }
+    *loss_out = loss;
+    *tok_out = tok;
+    return rc;
+}

@@ -1,0 +1,163 @@
+/* ckpt_parts.c - the parts of a checkpoint a rank lists (see ckpt_parts.h).
+ *
+ * A model shard is a (tensor rank, pipeline rank) coordinate: every data-parallel replica
+ * holds the same shards. Every rank lists the parts of every shard (each shard's tensor table
+ * from gpt_tensor_table with that shard's tensor rank and pipeline chunks), so that all
+ * compute one write plan (checkpoint/ckpt.h):
+ *   - a tensor split over the tensor group: each tensor rank's pieces (query heads, key and
+ *     value groups, gate and up halves, vocabulary rows; or its columns), a run several ranks
+ *     hold (the key/value rows of a query group with fewer groups than ranks) once, by the
+ *     first of them; group = that shard;
+ *   - a tensor every tensor rank holds whole (norms, position embedding, row-parallel
+ *     biases): once, by one tensor rank of its stage, chosen by the tensor's index so that
+ *     the bytes spread;
+ *   - the last stage's copy of the tied word embedding: not at all (the first stage's is
+ *     the checkpoint's; loading fills both).
+ * Data is this rank's buffer where it holds the part (its own pieces, a run shared with it,
+ * a whole tensor of its stage), NULL elsewhere. Rows are contiguous in the flat buffers and a
+ * column slice is the rank's whole local tensor, so each part is one row-major buffer. The
+ * moments are cut as their weights, under optimizer.exp_avg.<name> and exp_avg_sq.<name>. */
+#include "worker/ckpt_parts.h"
+
+#include "common/error.h"
+#include "optim/adamw.h"
+#include "scheduler/groups.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *prefix[] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
+
+/* Appends the part of tensor t (global shape; piece p of split along its rows or columns,
+ * or the whole tensor without a region) of kind `part` to l. */
+static int add(wk_parts *l, int part, const gpt_tensor *t, int group, bool region, int split, const gpt_piece *p,
+               float *data) {
+    if (l->n == l->cap) {
+        int nc = l->cap ? 2 * l->cap : 64;
+        ck_tensor_ref *r = realloc(l->r, (size_t)nc * sizeof *r);
+        if (r) l->r = r;
+        char(*nm)[CK_NAME_MAX] = r ? realloc(l->names, (size_t)nc * sizeof *nm) : NULL;
+        if (!nm) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
+        l->names = nm;
+        l->cap = nc;
+    }
+    int j = l->n++;
+    ck_tensor_ref *r = &l->r[j];
+    memset(r, 0, sizeof *r);
+    snprintf(l->names[j], CK_NAME_MAX, "%s%s", prefix[part], t->name);
+    r->kind = part ? CK_KIND_OPTIM : CK_KIND_MODEL;
+    r->ndim = t->ndim;
+    r->shape[0] = t->gshape[0];
+    r->shape[1] = t->gshape[1];
+    r->data = data;
+    r->dst = data;
+    r->group = group;
+    r->region = region;
+    if (region) {
+        r->rshape[0] = t->gshape[0];
+        r->rshape[1] = t->gshape[1];
+        int d = split == GPT_TP_ROWS ? 0 : 1;
+        r->offsets[d] = p->global;
+        r->rshape[d] = p->len;
+    }
+    return 0;
+}
+
+static void name_them(wk_parts *l) {
+    for (int j = 0; j < l->n; j++) l->r[j].name = l->names[j];
+}
+
+void wk_parts_free(wk_parts *l) {
+    free(l->r);
+    free(l->names);
+    memset(l, 0, sizeof *l);
+}
+
+int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *load, int **writer_group, int *groups) {
+    *writer_group = NULL;
+    gpt_model *model = trainer_model(t);
+    opt_adamw *o = trainer_optimizer(t);
+    const co_config *c = trainer_config(t);
+    int tp, tpr, pp, ppr;
+    trainer_model_parallel(t, &tp, &tpr, &pp, &ppr);
+    int shards = tp * pp, nt = gpt_num_tensors(model);
+    const gpt_tensor *mine = gpt_tensors(model);
+    /* writer w (a world rank) holds the shard of its coordinates */
+    topo_layout lay;
+    char err[200];
+    if (world % shards || topo_layout_init(&lay, world, tp, pp, 1, 1, 0, c->use_tp_pp_dp_mapping, err, sizeof err))
+        return co_err_set(CO_EINTERNAL, "checkpoint: %d ranks in shards of tensor %d x pipeline %d", world, tp, pp);
+    int *wg = malloc(sizeof *wg * (size_t)world);
+    gpt_tensor **tab = calloc((size_t)shards, sizeof *tab);
+    int *ntab = calloc((size_t)shards, sizeof *ntab);
+    int rc = !wg || !tab || !ntab ? co_err_set(CO_ENOMEM, "checkpoint: out of memory") : 0;
+    for (int w = 0; w < world && !rc; w++) {
+        topo_coord co;
+        if (topo_coords(&lay, w, &co)) rc = co_err_set(CO_EINTERNAL, "checkpoint: no coordinates for rank %d", w);
+        else wg[w] = co.tp + tp * co.pp;
+        if (!rc && w == rank && (co.tp != tpr || co.pp != ppr))
+            rc = co_err_set(CO_EINTERNAL, "checkpoint: rank %d is at tensor %d, pipeline %d, its layout says %d, %d", w,
+                            tpr, ppr, co.tp, co.pp);
+    }
+    for (int sh = 0; sh < shards && !rc; sh++) {
+        gpt_config cfg = trainer_model_config_of(t, sh % tp, sh / tp);
+        rc = gpt_tensor_table(&cfg, &tab[sh], &ntab[sh], NULL);
+        if (!rc && sh / tp == ppr && ntab[sh] != nt)
+            rc = co_err_set(CO_EINTERNAL, "checkpoint: shard %d has %d tensors, this rank %d", sh, ntab[sh], nt);
+    }
+    save->n = load->n = 0;
+    for (int part = 0; part < 3 && !rc; part++) {
+        float *base = part == 0 ? gpt_params(model) : part == 1 ? o->m : o->v;
+        if (part == 1) save->nmodel = save->n, load->nmodel = load->n;
+        /* every shard's parts, to save */
+        for (int s = 0; s < pp && !rc; s++) {
+            bool my_stage = s == ppr;
+            for (int i = 0; i < ntab[s * tp] && !rc; i++) {
+                const gpt_tensor *t0 = &tab[s * tp][i];
+                if (t0->emb_copy) continue;
+                if (tp == 1 || t0->split == GPT_TP_REPLICATED) {
+                    rc = add(save, part, t0, i % tp + tp * s, false, 0, NULL, my_stage ? base + mine[i].offset : NULL);
+                    continue;
+                }
+                for (int r = 0; r < tp && !rc; r++) {
+                    const gpt_tensor *tr = &tab[r + tp * s][i];
+                    size_t cols = (size_t)(tr->shape[1] ? tr->shape[1] : 1);
+                    for (int q = 0; q < tr->npieces && !rc; q++) {
+                        const gpt_piece *p = &tr->piece[q];
+                        if (r % p->share) continue; /* the first of the ranks sharing it lists it */
+                        bool held = my_stage && tpr / p->share == r / p->share;
+                        float *data = !held ? NULL
+                                      : base + mine[i].offset +
+                                            (tr->split == GPT_TP_ROWS ? (size_t)mine[i].piece[q].local * cols : 0);
+                        rc = add(save, part, tr, r + tp * s, true, tr->split, p, data);
+                    }
+                }
+            }
+        }
+        /* this rank's parts, to load (its copy of the tied embedding too) */
+        for (int i = 0; i < nt && !rc; i++) {
+            const gpt_tensor *t1 = &mine[i];
+            size_t cols = (size_t)(t1->shape[1] ? t1->shape[1] : 1);
+            if (tp == 1 || t1->split == GPT_TP_REPLICATED) {
+                rc = add(load, part, t1, 0, false, 0, NULL, base + t1->offset);
+                continue;
+            }
+            for (int q = 0; q < t1->npieces && !rc; q++)
+                rc = add(load, part, t1, 0, true, t1->split, &t1->piece[q],
+                         base + t1->offset + (t1->split == GPT_TP_ROWS ? (size_t)t1->piece[q].local * cols : 0));
+        }
+    }
+    for (int sh = 0; tab && sh < shards; sh++) free(tab[sh]);
+    free(tab);
+    free(ntab);
+    if (rc) {
+        free(wg);
+        return rc;
+    }
+    name_them(save);
+    name_them(load);
+    *writer_group = wg;
+    *groups = shards;
+    return 0;
+}
