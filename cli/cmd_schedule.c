@@ -10,12 +10,15 @@
 #include "scheduler/schedule.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static void help(FILE *f) {
     fputs("usage: cohort schedule [--json] [flags]\n"
+          "       cohort schedule --batch   (one run per line of standard input, each a JSON array of the\n"
+          "                                 flags, answered by {\"exit\", \"stdout\", \"stderr\"} on one line)\n"
           "Prints, for Megatron's pipeline flags, the decoder layers each pipeline rank and model chunk\n"
           "builds and every rank's forward/backward operations of one iteration, in order, as Megatron's\n"
           "schedules run them (no pipelining for p = 1, 1F1B for one chunk per rank, the interleaved\n"
@@ -60,14 +63,14 @@ typedef struct opts {
 
 /* Reads an integer flag's value: "--flag V" or "--flag=V". 1 if argv[*i] is the flag, 0 if
  * not, -1 on a bad value (message printed). */
-static int int_flag(int argc, char **argv, int *i, const char *name, int *out, bool *given) {
+static int int_flag(FILE *errf, int argc, char **argv, int *i, const char *name, int *out, bool *given) {
     const char *a = argv[*i], *val;
     size_t n = strlen(name);
     if (strncmp(a, name, n)) return 0;
     if (a[n] == '=') val = a + n + 1;
     else if (!a[n]) {
         if (*i + 1 >= argc) {
-            fprintf(stderr, "cohort schedule: %s needs a value\n", name);
+            fprintf(errf, "cohort schedule: %s needs a value\n", name);
             return -1;
         }
         val = argv[++*i];
@@ -76,7 +79,7 @@ static int int_flag(int argc, char **argv, int *i, const char *name, int *out, b
     errno = 0;
     long x = strtol(val, &end, 10);
     if (errno || end == val || *end || x < -(1L << 30) || x > (1L << 30)) {
-        fprintf(stderr, "cohort schedule: %s '%s' is not an integer\n", name, val);
+        fprintf(errf, "cohort schedule: %s '%s' is not an integer\n", name, val);
         return -1;
     }
     *out = (int)x;
@@ -84,7 +87,7 @@ static int int_flag(int argc, char **argv, int *i, const char *name, int *out, b
     return 1;
 }
 
-static int parse(int argc, char **argv, opts *o) {
+static int parse(FILE *errf, int argc, char **argv, opts *o) {
     *o = (opts){.p = 1, .mbs = 1, .dp = 1};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -106,7 +109,7 @@ static int parse(int argc, char **argv, opts *o) {
             if (a[ln] == '=') o->layout = a + ln + 1;
             else if (i + 1 < argc) o->layout = argv[++i];
             else {
-                fprintf(stderr, "cohort schedule: %s needs a value\n", lf);
+                fprintf(errf, "cohort schedule: %s needs a value\n", lf);
                 return -1;
             }
             continue;
@@ -132,10 +135,10 @@ static int parse(int argc, char **argv, opts *o) {
         };
         int k, rc = 0;
         for (k = 0; k < (int)(sizeof f / sizeof f[0]); k++)
-            if ((rc = int_flag(argc, argv, &i, f[k].name, f[k].out, f[k].given))) break;
+            if ((rc = int_flag(errf, argc, argv, &i, f[k].name, f[k].out, f[k].given))) break;
         if (rc < 0) return -1;
         if (rc == 0) {
-            fprintf(stderr, "cohort schedule: unknown flag '%s' (cohort schedule --help lists the flags)\n", a);
+            fprintf(errf, "cohort schedule: unknown flag '%s' (cohort schedule --help lists the flags)\n", a);
             return -1;
         }
     }
@@ -144,7 +147,7 @@ static int parse(int argc, char **argv, opts *o) {
 
 /* The values that must be positive when given (0 is no "not given" for Megatron either:
  * it fails on a group of 0 or 0 chunks); --mtp-num-layers 0 means none. */
-static int check_ranges(int argc, char **argv, const opts *o) {
+static int check_ranges(FILE *errf, int argc, char **argv, const opts *o) {
     struct {
         const char *name;
         int v;
@@ -163,36 +166,36 @@ static int check_ranges(int argc, char **argv, const opts *o) {
         bool given = false;
         for (int i = 0; i < argc; i++) given |= !strncmp(argv[i], r[k].name, n) && (!argv[i][n] || argv[i][n] == '=');
         if (given && r[k].v < 1) {
-            fprintf(stderr, "cohort schedule: %s %d must be at least 1\n", r[k].name, r[k].v);
+            fprintf(errf, "cohort schedule: %s %d must be at least 1\n", r[k].name, r[k].v);
             return -1;
         }
     }
     if (o->mtp < 0) {
-        fprintf(stderr, "cohort schedule: --mtp-num-layers %d must not be negative\n", o->mtp);
+        fprintf(errf, "cohort schedule: --mtp-num-layers %d must not be negative\n", o->mtp);
         return -1;
     }
     return 0;
 }
 
 /* M from --num-microbatches or the batch sizes (Megatron's microbatch calculator). */
-static int microbatches(const opts *o, int *m) {
+static int microbatches(FILE *errf, const opts *o, int *m) {
     long long per = (long long)o->mbs * o->dp, gbs = o->has_gbs ? o->gbs : per;
     if (gbs < 1) {
-        fprintf(stderr, "cohort schedule: --global-batch-size %lld must be at least 1\n", gbs);
+        fprintf(errf, "cohort schedule: --global-batch-size %lld must be at least 1\n", gbs);
         return -1;
     }
     if (gbs % per) {
-        fprintf(stderr, "cohort schedule: global batch size (%lld) is not divisible by micro batch size (%d) times "
+        fprintf(errf, "cohort schedule: global batch size (%lld) is not divisible by micro batch size (%d) times "
                         "data parallel size (%d)\n", gbs, o->mbs, o->dp);
         return -1;
     }
     if (o->has_m) {
         if (o->m < 1) {
-            fprintf(stderr, "cohort schedule: --num-microbatches %d must be at least 1\n", o->m);
+            fprintf(errf, "cohort schedule: --num-microbatches %d must be at least 1\n", o->m);
             return -1;
         }
         if (o->has_gbs && gbs / per != o->m) {
-            fprintf(stderr, "cohort schedule: --num-microbatches %d differs from --global-batch-size %lld / "
+            fprintf(errf, "cohort schedule: --num-microbatches %d differs from --global-batch-size %lld / "
                             "(--micro-batch-size %d x --data-parallel-size %d) = %lld\n", o->m, gbs, o->mbs, o->dp,
                     gbs / per);
             return -1;
@@ -200,7 +203,7 @@ static int microbatches(const opts *o, int *m) {
         *m = o->m;
     } else {
         if (gbs / per > PP_MAX_MICROBATCHES) {
-            fprintf(stderr, "cohort schedule: %lld micro batches are more than %d\n", gbs / per, PP_MAX_MICROBATCHES);
+            fprintf(errf, "cohort schedule: %lld micro batches are more than %d\n", gbs / per, PP_MAX_MICROBATCHES);
             return -1;
         }
         *m = (int)(gbs / per);
@@ -229,17 +232,18 @@ static void print_ops(FILE *f, const pp_op *ops, int from, int to, bool json, bo
     }
 }
 
-int cli_schedule(int argc, char **argv) {
+/* One run: the flags in argv, its output into out, its errors into errf. */
+static int schedule_main(int argc, char **argv, FILE *out, FILE *errf) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            help(stdout);
+            help(out);
             return CLI_OK;
         }
     opts o;
     int m;
-    if (parse(argc, argv, &o) || check_ranges(argc, argv, &o) || microbatches(&o, &m)) return CLI_USAGE;
+    if (parse(errf, argc, argv, &o) || check_ranges(errf, argc, argv, &o) || microbatches(errf, &o, &m)) return CLI_USAGE;
     if (o.v && o.v2 && o.v != o.v2) {
-        fprintf(stderr, "cohort schedule: --num-virtual-stages-per-pipeline-rank %d and "
+        fprintf(errf, "cohort schedule: --num-virtual-stages-per-pipeline-rank %d and "
                         "--virtual-pipeline-model-parallel-size %d differ (they are the same flag)\n", o.v, o.v2);
         return CLI_USAGE;
     }
@@ -247,7 +251,7 @@ int cli_schedule(int argc, char **argv) {
     char err[1024];
     bool placed = o.L > 0;
     if (!placed && (o.layout || o.has_first || o.has_last || o.acc_e || o.acc_l || o.lpv || o.mtp)) {
-        fprintf(stderr, "cohort schedule: the layer placement flags need --num-layers\n");
+        fprintf(errf, "cohort schedule: the layer placement flags need --num-layers\n");
         return CLI_USAGE;
     }
     pp_place_cfg pc = {.p = o.p, .num_layers = o.L, .v = vflag, .layers_per_vstage = o.lpv, .has_first = o.has_first,
@@ -258,20 +262,20 @@ int cli_schedule(int argc, char **argv) {
     if (placed) {
         v = pp_place_chunks(&pc, err, sizeof err);
         if (v < 0) {
-            fprintf(stderr, "cohort schedule: %s\n", err);
+            fprintf(errf, "cohort schedule: %s\n", err);
             return v == CO_ENOMEM ? CLI_FAILURE : CLI_USAGE;
         }
     }
     pp_sched_cfg sc = {.p = o.p, .rank = 0, .m = m, .v = v, .group = o.group};
     if (pp_sched_check(&sc, err, sizeof err)) {
-        fprintf(stderr, "cohort schedule: %s\n", err);
+        fprintf(errf, "cohort schedule: %s\n", err);
         return CLI_USAGE;
     }
     int cap = 2 * m * v, n, vv;
     pp_op *ops = malloc(sizeof *ops * (size_t)cap);
     if (placed) st = malloc(sizeof *st * (size_t)o.p * (size_t)v);
     if (!ops || (placed && !st)) {
-        fprintf(stderr, "cohort schedule: out of memory\n");
+        fprintf(errf, "cohort schedule: out of memory\n");
         free(ops);
         free(st);
         return CLI_FAILURE;
@@ -279,7 +283,7 @@ int cli_schedule(int argc, char **argv) {
     if (placed) {
         int rc = pp_placement(&pc, st, o.p * v, &vv, err, sizeof err);
         if (rc) {
-            fprintf(stderr, "cohort schedule: %s\n", err);
+            fprintf(errf, "cohort schedule: %s\n", err);
             free(ops);
             free(st);
             return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE;
@@ -288,7 +292,7 @@ int cli_schedule(int argc, char **argv) {
     int p = o.p, g = pp_sched_group(&sc);
     const char *kind = p == 1 ? "no-pipelining" : v == 1 ? "1f1b" : "interleaved";
     double bubble = p == 1 ? 0 : (double)(p - 1) / ((double)v * m);
-    FILE *f = stdout;
+    FILE *f = out;
     if (o.json) {
         fprintf(f, "{\"pipeline_model_parallel_size\":%d,\"virtual_pipeline_model_parallel_size\":%d,"
                    "\"num_microbatches\":%d,\"microbatch_group_size\":", p, v, m);
@@ -349,7 +353,7 @@ int cli_schedule(int argc, char **argv) {
     for (int r = 0; r < p; r++) {
         sc.rank = r;
         if (pp_schedule(&sc, ops, cap, &n, err, sizeof err)) { /* checked above: cannot fail */
-            fprintf(stderr, "cohort schedule: %s\n", err);
+            fprintf(errf, "cohort schedule: %s\n", err);
             free(ops);
             free(st);
             return CLI_FAILURE;
@@ -376,4 +380,54 @@ int cli_schedule(int argc, char **argv) {
     free(ops);
     free(st);
     return CLI_OK;
+}
+
+/* --batch: one run per line of standard input, each line a JSON array of the flags
+ * (["--pipeline-model-parallel-size", "4", ...]), each answered on one line of standard
+ * output, {"exit": N, "stdout": "...", "stderr": "..."}: a test of thousands of layouts pays
+ * for one process start, not thousands. */
+static int batch(void) {
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    while ((len = getline(&line, &cap, stdin)) > 0) {
+        json_error_t je;
+        json_t *a = json_loadb(line, (size_t)len, 0, &je);
+        size_t n = json_is_array(a) ? json_array_size(a) : 0;
+        char **argv = calloc(n + 1, sizeof *argv);
+        char *o = NULL, *e = NULL;
+        size_t ol = 0, el = 0;
+        FILE *out = open_memstream(&o, &ol), *errf = open_memstream(&e, &el);
+        int rc = CLI_FAILURE;
+        if (!argv || !out || !errf) {
+            if (errf) fputs("cohort schedule --batch: out of memory\n", errf);
+        } else if (!json_is_array(a)) {
+            fprintf(errf, "cohort schedule --batch: not a JSON array of flags: %s\n", je.text);
+            rc = CLI_USAGE;
+        } else {
+            bool strings = true;
+            for (size_t i = 0; i < n; i++) {
+                argv[i] = (char *)json_string_value(json_array_get(a, i));
+                strings = strings && argv[i];
+            }
+            if (strings) rc = schedule_main((int)n, argv, out, errf);
+            else fputs("cohort schedule --batch: every flag must be a string\n", errf), rc = CLI_USAGE;
+        }
+        if (out) fclose(out);
+        if (errf) fclose(errf);
+        json_t *r = json_pack("{sissss}", "exit", rc, "stdout", o ? o : "", "stderr", e ? e : "");
+        if (r) json_dumpf(r, stdout, JSON_COMPACT);
+        putchar('\n');
+        fflush(stdout);
+        json_decref(r);
+        if (a) json_decref(a);
+        free(argv), free(o), free(e);
+    }
+    free(line);
+    return CLI_OK;
+}
+
+int cli_schedule(int argc, char **argv) {
+    if (argc == 1 && !strcmp(argv[0], "--batch")) return batch();
+    return schedule_main(argc, argv, stdout, stderr);
 }

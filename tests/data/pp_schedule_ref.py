@@ -435,9 +435,20 @@ def placement(c):
 # ---------------------------------------------------------------------------------------
 # the driver
 
+_batch = {}
+
+
 def run(cohort, args):
-    r = subprocess.run([cohort, "schedule", "--json"] + args, capture_output=True, text=True)
-    return r.returncode, r.stdout, r.stderr
+    """cohort schedule --json ARGS, through one `cohort schedule --batch` process (a process
+    start per configuration would cost far more than the configurations themselves)."""
+    p = _batch.get(cohort)
+    if p is None:
+        p = _batch[cohort] = subprocess.Popen([cohort, "schedule", "--batch"], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, text=True)
+    p.stdin.write(json.dumps(["--json"] + [str(a) for a in args]) + "\n")
+    p.stdin.flush()
+    r = json.loads(p.stdout.readline())
+    return r["exit"], r["stdout"], r["stderr"]
 
 
 def flags_of(c):
