@@ -597,6 +597,8 @@ int ck_manifest_parse(const char *buf, size_t len, const char *what, ck_manifest
             const char *hx = get_str(&r, jf, path, "xxh3_128");
             f->size = (uint64_t)get_int(&r, jf, path, "size", 0, INT64_MAX);
             f->writer = (int)get_int(&r, jf, path, "writer", 0, 1 << 24);
+            f->group = 0; /* absent before writer groups */
+            if (jf && json_object_get(jf, "group")) f->group = (int)get_int(&r, jf, path, "group", 0, 1 << 24);
             if (r.rc) break;
             if (!ck_name_ok(nm, true) || !strcmp(nm, CK_MANIFEST_NAME))
                 r.rc = co_err_set(CO_EFORMAT, "%s: %s.name '%.64s' is not a plain file name", what, path, nm);
@@ -703,9 +705,10 @@ json_t *ck_manifest_to_json(const ck_manifest *m) {
         const ck_mfile *f = &m->files[i];
         char hx[33];
         ck_hex128(f->xxh128, hx);
-        json_array_append_new(files, json_pack("{sssssIsiss}", "name", f->name, "kind",
-                                               f->kind == CK_KIND_MODEL ? "model" : "optim", "size", (json_int_t)f->size,
-                                               "writer", f->writer, "xxh3_128", hx));
+        json_t *jf = json_pack("{sssssIsiss}", "name", f->name, "kind", f->kind == CK_KIND_MODEL ? "model" : "optim",
+                               "size", (json_int_t)f->size, "writer", f->writer, "xxh3_128", hx);
+        if (jf && m->layout.groups > 1) json_object_set_new(jf, "group", json_integer(f->group));
+        json_array_append_new(files, jf);
     }
     json_object_set_new(doc, "files", files);
     json_t *tensors = json_array();

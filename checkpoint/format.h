@@ -108,7 +108,9 @@ typedef struct ck_mtensor {
 typedef struct ck_mfile {
     char name[CK_NAME_MAX];            /* relative to the checkpoint directory */
     int kind;
-    int writer;                        /* data-parallel rank that wrote it */
+    int writer;                        /* the rank that wrote it */
+    int group;                         /* the writer's group (model shard: tensor rank + tensor
+                                          size x pipeline rank); 0 when the manifest has one */
     uint64_t size;
     uint8_t xxh128[16];                /* XXH3-128 of the whole file, canonical (big-endian) */
     uint64_t xxh64;                    /* XXH64 of the file when its writer computed it (a

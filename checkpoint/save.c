@@ -163,6 +163,7 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
             file_name(f->name, sizeof f->name, k, w, writers);
             f->kind = k;
             f->writer = w;
+            f->group = meta->writer_group ? meta->writer_group[w] : w % groups;
         }
     }
     /* the j-th writer of group g fills up to (j+1)/per of the group's bytes of the kind,

@@ -282,9 +282,18 @@ static int tool_inspect(int argc, char **argv) {
         for (int64_t k = 0; k < ne; k++) s += (double)bufs[i][k] * bufs[i][k];
         json_t *sh = json_array();
         for (int d = 0; d < t->ndim; d++) json_array_append_new(sh, json_integer(t->shape[d]));
-        json_array_append_new(tens, json_pack("{sssssssosisf}", "name", t->name, "kind", t->kind ? "optim" : "model",
+        /* the pipeline stages whose ranks wrote it (a file's group is its model shard) */
+        json_t *st = json_array();
+        int tsz = m->layout.tensor > 0 ? m->layout.tensor : 1;
+        for (int k = 0; k < t->nslices; k++) {
+            int stage = m->files[t->slices[k].file].group / tsz;
+            bool seen = false;
+            for (size_t q = 0; q < json_array_size(st); q++) seen = seen || json_integer_value(json_array_get(st, q)) == stage;
+            if (!seen) json_array_append_new(st, json_integer(stage));
+        }
+        json_array_append_new(tens, json_pack("{sssssssosisfso}", "name", t->name, "kind", t->kind ? "optim" : "model",
                                               "dtype", ck_dtype_name(t->dtype), "shape", sh, "pieces", t->nslices, "norm",
-                                              sqrt(s)));
+                                              sqrt(s), "stages", st));
     }
     ck_free_all(m, &bufs);
     if (a.json) {
@@ -319,15 +328,22 @@ static int tool_inspect(int argc, char **argv) {
             ck_hex128(m->files[i].xxh128, hx);
             printf("  file %-36s %12" PRIu64 " bytes  xxh3-128 %s\n", m->files[i].name, m->files[i].size, hx);
         }
-        printf("  %-52s %-5s %-4s %-16s %6s  %s\n", "tensor", "kind", "type", "shape", "pieces", "L2 norm");
+        bool staged = m->layout.pipeline > 1;
+        printf("  %-52s %-5s %-4s %-16s %6s  %-12s%s\n", "tensor", "kind", "type", "shape", "pieces", "L2 norm",
+               staged ? "  stage" : "");
         size_t i;
         json_t *t;
         json_array_foreach(tens, i, t) {
             char sh[64];
             shape_str(sh, sizeof sh, m->tensors[i].ndim, m->tensors[i].shape);
-            printf("  %-52s %-5s %-4s %-16s %6d  %.6g\n", m->tensors[i].name, m->tensors[i].kind ? "optim" : "model",
+            char stages[64] = "";
+            json_t *st = json_object_get(t, "stages");
+            for (size_t q = 0; staged && q < json_array_size(st) && strlen(stages) < sizeof stages - 12; q++)
+                snprintf(stages + strlen(stages), sizeof stages - strlen(stages), "%s%lld", q ? "," : "  stage ",
+                         (long long)json_integer_value(json_array_get(st, q)));
+            printf("  %-52s %-5s %-4s %-16s %6d  %-12.6g%s\n", m->tensors[i].name, m->tensors[i].kind ? "optim" : "model",
                    ck_dtype_name(m->tensors[i].dtype), sh, m->tensors[i].nslices,
-                   json_real_value(json_object_get(t, "norm")));
+                   json_real_value(json_object_get(t, "norm")), stages);
         }
         json_decref(tens);
     }

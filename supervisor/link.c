@@ -42,6 +42,8 @@ struct sv_link {
                                           stops validating (a signal's stop is validated to its end) */
     ac_timer *sig_timer;
     _Atomic int64_t iteration;
+    _Atomic int waiting_on;  /* sv_link_waiting: -1 when not waiting for a pipeline peer */
+    _Atomic uint64_t waiting_since_ms;
     _Atomic uint64_t last_heard_ms;
     bool lost_reported;
     pid_t parent;                      /* the local supervisor's pid, when the link opened */
@@ -282,6 +284,14 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
     sv_link *l = ctx;
     Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
     hb.iteration = (uint64_t)atomic_load(&l->iteration);
+    int waiting = atomic_load(&l->waiting_on);
+    if (waiting >= 0) {
+        uint64_t since = atomic_load(&l->waiting_since_ms), now = sv__now_ms();
+        hb.has_waiting_on = 1;
+        hb.waiting_on = waiting;
+        hb.has_waiting_ms = 1;
+        hb.waiting_ms = (uint32_t)(now > since && now - since < UINT32_MAX ? now - since : 0);
+    }
     sv__send(l->mb, NULL, &l->snd, &hb.base);
     if (!l->lost_reported && sv__now_ms() - atomic_load(&l->last_heard_ms) > LINK_SILENCE_MS) {
         l->lost_reported = true;
@@ -373,6 +383,7 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic
     if (parent == 1) return co_err_set(CO_EREMOTE, "worker: the supervisor is already gone");
     sv_link *l = calloc(1, sizeof *l);
     if (!l) return CO_ENOMEM;
+    atomic_store(&l->waiting_on, -1);
     l->parent = parent;
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
@@ -458,6 +469,10 @@ void sv_link_attach_abort(sv_link *l, void (*abort)(void *ctx), void *ctx) {
 }
 
 void sv_link_progress(sv_link *l, int64_t iteration) { atomic_store(&l->iteration, iteration); }
+void sv_link_waiting(sv_link *l, int world_rank) {
+    if (world_rank >= 0) atomic_store(&l->waiting_since_ms, sv__now_ms());
+    atomic_store(&l->waiting_on, world_rank);
+}
 
 /* ---- checkpoint commit: acknowledgements out, the supervisor's answer in ---- */
 

@@ -70,6 +70,10 @@ void sv_link_attach_abort(sv_link *l, void (*abort)(void *ctx), void *ctx);
 void sv_link_data_options(sv_link *l, cm_zmq_options *o);
 /* Progress for heartbeats (any thread). */
 void sv_link_progress(sv_link *l, int64_t iteration);
+/* The world rank whose pipeline message this worker waits for now (-1: none): carried by
+ * the heartbeats, so that the supervisor names the stage a hung pipeline is stuck at. Any
+ * thread. */
+void sv_link_waiting(sv_link *l, int world_rank);
 /* Checkpoint commit (docs/checkpoints.md): a rank acknowledges its part of a save (phase
  * WRITE: its files with size and XXH64, or status < 0 and the error), posted on the link
  * thread; then waits (timeout_ms) for the supervisor's CheckpointCommand: 0 on COMMIT,

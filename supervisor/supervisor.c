@@ -43,6 +43,8 @@ typedef struct worker {
     uint32_t pid;
     uint64_t last_seen_ms;
     uint64_t iteration;
+    int waiting_on;           /* the world rank whose pipeline message it waits for (heartbeat), -1 */
+    uint32_t waiting_ms;      /* ... for this long at its last heartbeat */
     /* in-process restart */
     bool closing;             /* its exited process handle is being closed */
     bool respawn;             /* start a replacement once it is closed */
@@ -393,6 +395,10 @@ static void on_proc_closed(uv_handle_t *h) {
 /* Aborts the current generation: the survivors unwind to their restart barrier, dead ranks
  * are respawned. Called again if anything fails while a restart is in progress. */
 static void begin_restart(sv *s, const char *kind, int rank, const char *why, uint64_t detect_ms) {
+    for (int k = 0; k < s->nw; k++) { /* what the heartbeats said of pipeline waits is old news now */
+        s->w[k].waiting_on = -1;
+        s->w[k].waiting_ms = 0;
+    }
     uint64_t now = sv__now_ms();
     int recent = 0;
     for (int k = 0; k < s->nrestarts && k < 64; k++)
@@ -741,7 +747,11 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         else if (s->nregistered == s->nw && !s->stopping && !s->assigned) assign_ranks(s);
         break;
     }
-    case COHORT__V1__ENVELOPE__BODY_HEARTBEAT: w->iteration = e->heartbeat->iteration; break;
+    case COHORT__V1__ENVELOPE__BODY_HEARTBEAT:
+        w->iteration = e->heartbeat->iteration;
+        w->waiting_on = e->heartbeat->has_waiting_on ? e->heartbeat->waiting_on : -1;
+        w->waiting_ms = e->heartbeat->has_waiting_ms ? e->heartbeat->waiting_ms : 0;
+        break;
     case COHORT__V1__ENVELOPE__BODY_ABORT:
         /* a worker's collective failed (a peer died or timed out): restart if nothing else
          * does within a moment (a dead peer's exit usually arrives too, and names the rank) */
@@ -894,6 +904,26 @@ static bool process_stopped(pid_t pid) {
     return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
 }
 
+/* A pipeline that stopped: the ranks that wait for a peer's message (their heartbeats say
+ * which) and those they wait for. A rank waited on that waits for nobody is where the
+ * pipeline is stuck (hung in its compute, or gone quiet): named in note as its stage, the
+ * ranks waiting on it after. Returns that rank, or -1 (no pipeline, or no such rank). */
+static int stuck_stage(sv *s, char *note, size_t n) {
+    if (s->o.pp < 2 || !n || !s->coord) return -1;
+    int stuck = -1;
+    for (int i = 0; i < s->nw && stuck < 0; i++) {
+        const worker *w = &s->w[i];
+        if (w->rank < 0 || w->rank >= s->world || w->waiting_on >= 0) continue;
+        for (int k = 0; k < s->nw; k++)
+            if (s->w[k].rank >= 0 && s->w[k].waiting_on == w->rank) stuck = w->rank;
+    }
+    if (stuck < 0) return -1;
+    int len = snprintf(note, n, "; stuck: pipeline stage %d (rank %d), waited on by rank", s->coord[stuck].pp, stuck);
+    for (int k = 0; k < s->nw && len > 0 && (size_t)len < n - 16; k++)
+        if (s->w[k].rank >= 0 && s->w[k].waiting_on == stuck) len += snprintf(note + len, n - (size_t)len, " %d", s->w[k].rank);
+    return stuck;
+}
+
 /* Hangs: a round whose reports stopped coming for the soft timeout aborts the generation;
  * a rank that does not reach the restart barrier by the hard timeout is killed; the whole
  * barrier has the barrier timeout. */
@@ -947,13 +977,28 @@ static void watch_progress(sv *s, uint64_t now) {
     }
     int missing[64], nmissing = 0;
     uint64_t since = 0;
+    /* a pipeline waits between reports: a rank waiting for a peer's message longer than the
+     * soft timeout finds a hang before any rank of the round has reported */
+    for (int i = 0; i < s->nw && s->o.pp > 1; i++) {
+        const worker *w = &s->w[i];
+        if (w->rank < 0 || w->exited || w->waiting_on < 0 || w->waiting_ms <= soft) continue;
+        char why[300];
+        int len = snprintf(why, sizeof why, "no progress: rank %d waited %.1f s for rank %d's pipeline message (soft "
+                           "timeout %.1f s)", w->rank, (double)w->waiting_ms / 1000, w->waiting_on, (double)soft / 1000);
+        int stuck = stuck_stage(s, why + len, sizeof why - (size_t)len);
+        begin_restart(s, "hang", stuck >= 0 ? stuck : w->waiting_on, why, w->waiting_ms);
+        if (s->restarting) watch_progress(s, sv__now_ms());
+        return;
+    }
     if (s->val && svv_stalled(s->val, now, soft, missing, 64, &nmissing, &since)) {
         char why[300];
         int len = snprintf(why, sizeof why, "no progress for %.1f s (rank", (double)(now - since) / 1000);
         for (int k = 0; k < nmissing && len < (int)sizeof why - 40; k++)
             len += snprintf(why + len, sizeof why - (size_t)len, " %d", missing[k]);
-        snprintf(why + len, sizeof why - (size_t)len, " did not report; soft timeout %.1f s)", (double)soft / 1000);
-        begin_restart(s, "hang", nmissing ? missing[0] : -1, why, now - since);
+        len += snprintf(why + len, sizeof why - (size_t)len, " did not report; soft timeout %.1f s)",
+                        (double)soft / 1000);
+        int stuck = stuck_stage(s, why + len, sizeof why - (size_t)(len < (int)sizeof why ? len : (int)sizeof why - 1));
+        begin_restart(s, "hang", stuck >= 0 ? stuck : nmissing ? missing[0] : -1, why, now - since);
         if (s->restarting) watch_progress(s, sv__now_ms()); /* a stopped rank is killed now, not a tick later */
     }
 }
@@ -1232,6 +1277,7 @@ int sv_run(const sv_options *opt) {
         }
     }
     s.w = calloc((size_t)s.nw, sizeof *s.w);
+    for (int i = 0; s.w && i < s.nw; i++) s.w[i].waiting_on = -1;
     s.coord = calloc((size_t)s.world, sizeof *s.coord);
     s.source = calloc((size_t)s.world, sizeof *s.source);
     bool coords_ok = s.w && s.coord && s.source;

@@ -36,6 +36,13 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* This rank waits for a message from pipeline rank `stage` (-1: no longer): told to whoever
+ * watches (the supervisor, through the worker's heartbeats: it names where a hung pipeline
+ * is stuck). */
+static void waiting(trainer *t, int stage) {
+    if (t->wait_fn) t->wait_fn(t->wait_ctx, stage);
+}
+
 /* The batch of micro batch mb as this rank knows it: read from the data (first and last
  * stage), or its positions and document starts received with the activations. */
 static void describe(trainer *t, int mb, gpt_batch *b) {
@@ -49,10 +56,11 @@ static void describe(trainer *t, int mb, gpt_batch *b) {
 /* Micro batch mb's arrays from the data (once per step): samples of its place in the
  * global batch, and its gradient weights mask / (tokens x M). */
 static int read_batch(trainer *t, int split, int mb, int64_t first_sample, bool train) {
+    int data_rank = t->share_of;
     const co_config *c = &t->cfg;
     if (t->have_batch[mb] == 2) return 0;
     int B = c->micro_batch_size, N = B * c->seq_length;
-    int64_t gmb = (int64_t)mb * t->topo.dp + t->topo.dp_rank;
+    int64_t gmb = (int64_t)mb * t->topo.dp + data_rank;
     tr_batch *x = &t->mbuf[mb];
     gpt_batch b;
     int rc = trainer__load_batch(t, split, first_sample + gmb * B, x, &b);
@@ -81,9 +89,11 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
         /* the previous stage's output, with the micro batch's positions and document starts */
         cm_comm *ch = t->pp_fwd;
         int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size;
-        rc = ch->ops->recv(ch, t->meta, 2 * (size_t)N * sizeof(int32_t), prev, TRAIN_COMM_TIMEOUT_MS);
         double tw = now_s();
+        waiting(t, prev);
+        rc = ch->ops->recv(ch, t->meta, 2 * (size_t)N * sizeof(int32_t), prev, TRAIN_COMM_TIMEOUT_MS);
         if (!rc) rc = ch->ops->recv(ch, gpt_chunk_input(t->model, ci, s), act * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
+        waiting(t, -1);
         t->recv_s += now_s() - tw;
         if (!rc && !t->have_batch[mb]) {
             memcpy(x->positions, t->meta, (size_t)N * sizeof(int32_t));
@@ -100,7 +110,7 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     if (train) {
         trainer__inject_forward(t, t->iteration + 1, mb, N);
         loss = gpt_chunk_forward(t->model, ci, s, &b, true, seed, d->head ? x->dscale : NULL, NULL);
-        if (d->head) t->poison[mb] = trainer__inject_loss(t, t->iteration + 1, mb, t->topo.dp_rank, &loss);
+        if (d->head) t->poison[mb] = trainer__inject_loss(t, t->iteration + 1, mb, t->share_of, &loss);
     } else {
         loss = gpt_chunk_forward(t->model, ci, s, &b, false, 0, d->head ? t->zeros : NULL, NULL);
     }
@@ -128,7 +138,9 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
         cm_comm *ch = t->pp_bwd;
         int next = (t->pp_rank + 1) % t->pp_size;
         double tw = now_s();
+        waiting(t, next);
         rc = ch->ops->recv(ch, gpt_chunk_output_grad(t->model), act * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
+        waiting(t, -1);
         t->recv_s += now_s() - tw;
         if (rc) return rc;
     }
@@ -185,8 +197,9 @@ static int sum_tied_embedding(trainer *t) {
 int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,
                             double *grad_norm) {
     (void)step;
-    if (data_rank != t->topo.dp_rank)
-        return co_err_set(CO_EUNSUPPORTED, "recomputing another replica's micro batches with pipeline parallelism");
+    /* data_rank: this replica's own share, or (a check round of the rerun state machine) the
+     * suspect replica's, which this whole pipeline recomputes */
+    t->share_of = data_rank;
     gpt_zero_grad(t->model);
     memset(t->have_batch, 0, sizeof *t->have_batch * (size_t)t->M);
     int rc = 0;
@@ -210,6 +223,7 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
 
 int trainer__pipeline_evaluate(trainer *t, int split, double *loss_out, double *tok_out) {
     const co_config *c = &t->cfg;
+    t->share_of = t->topo.dp_rank;
     double loss = 0, tok = 0;
     int rc = 0;
     for (int64_t it = 0; it < c->eval_iters && !rc; it++) {

@@ -863,6 +863,28 @@ gpt_config trainer_model_config_of(const trainer *t, int tp_rank, int pp_rank) {
     return c;
 }
 
+void trainer_set_wait_fn(trainer *t, void (*fn)(void *ctx, int stage), void *ctx) {
+    t->wait_fn = fn;
+    t->wait_ctx = ctx;
+}
+
+int trainer_describe_stage(const trainer *t, char *buf, size_t n) {
+    if (!t->stages || !n) return 0;
+    int v = t->vchunks, len = snprintf(buf, n, "pipeline stage %d of %d: ", t->pp_rank, t->pp_size);
+    if (v > 1) len += snprintf(buf + len, n - (size_t)len, "%d model chunks: layers ", v);
+    else len += snprintf(buf + len, n - (size_t)len, "layers ");
+    for (int ci = 0; ci < v && len > 0 && (size_t)len < n; ci++) {
+        const pp_stage *s = &t->stages[t->pp_rank * v + ci];
+        const char *sep = ci ? ", " : "";
+        if (!s->num_layers) len += snprintf(buf + len, n - (size_t)len, "%snone", sep);
+        else if (s->num_layers == 1) len += snprintf(buf + len, n - (size_t)len, "%s%d", sep, s->first_layer);
+        else len += snprintf(buf + len, n - (size_t)len, "%s%d-%d", sep, s->first_layer, s->first_layer + s->num_layers - 1);
+        if (s->embedding && (size_t)len < n) len += snprintf(buf + len, n - (size_t)len, " (and the embedding)");
+        if (s->loss && (size_t)len < n) len += snprintf(buf + len, n - (size_t)len, " (and the head and loss)");
+    }
+    return len;
+}
+
 void trainer_set_pipeline_groups(trainer *t, cm_comm *pp, cm_comm *pp_bwd, cm_comm *emb, cm_comm *mp) {
     if (!t->pp_size || t->pp_size < 2) return;
     t->pp = t->pp_fwd = pp;

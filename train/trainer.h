@@ -148,6 +148,11 @@ void trainer_set_tensor_group(trainer *t, struct cm_comm *tp);
 gpt_config trainer_model_config_of(const trainer *t, int tp_rank, int pp_rank);
 /* The sizes of this rank's replica: tensor and pipeline ranks. */
 void trainer_model_parallel(const trainer *t, int *tp, int *tp_rank, int *pp, int *pp_rank);
+/* Called with the pipeline rank this rank waits for a message from, and with -1 when it no
+ * longer waits (any thread may read what the callee stores). */
+void trainer_set_wait_fn(trainer *t, void (*fn)(void *ctx, int stage), void *ctx);
+/* "pipeline stage 1 of 2: layers 2-3 (and the head and loss)" into buf (0 without a pipeline). */
+int trainer_describe_stage(const trainer *t, char *buf, size_t n);
 /* The new generation's pipeline groups (as trainer_data's; NULL between generations). */
 void trainer_set_pipeline_groups(trainer *t, struct cm_comm *pp, struct cm_comm *pp_bwd, struct cm_comm *emb,
                                  struct cm_comm *mp);

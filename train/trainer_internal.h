@@ -108,6 +108,9 @@ struct trainer {
     double *lbuf;           /* [2M] the losses summed over the pipeline group */
     int32_t *meta;          /* [2N] positions and document starts sent with activations */
     double recv_s;          /* waiting for a peer stage since the last log line */
+    int share_of;           /* the data-parallel replica whose micro batches the pipeline runs */
+    void (*wait_fn)(void *ctx, int stage); /* trainer_set_wait_fn */
+    void *wait_ctx;
 };
 
 

@@ -140,6 +140,11 @@ cm_comm *wk_comms_group(const wk_comms *cs, topo_group_kind k) {
     return cs->nworld ? cs->ngroup[k] : cs->group[k];
 }
 
+int wk_comms_member(const wk_comms *cs, topo_group_kind k, int i) {
+    if (!cs || k < 0 || k >= TOPO_NGROUP_KINDS || !cs->group[k] || i < 0 || i >= cs->group[k]->size) return -1;
+    return cs->members[k][i];
+}
+
 cm_comm *wk_comms_pipeline(const wk_comms *cs, int dir) {
     if (!cs || !cs->group[TOPO_G_PP] || cs->group[TOPO_G_PP]->size < 2) return NULL;
     return dir ? cs->pp_bwd : cs->group[TOPO_G_PP];

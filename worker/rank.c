@@ -61,6 +61,18 @@ static int source_in_dp(const wk_comms *cs, int rank, int source, int *out) {
     return 0;
 }
 
+/* Which pipeline peer (its world rank) this rank waits for: the supervisor's heartbeats
+ * carry it (sv_link_waiting). cs is the generation's set (rank.c keeps it current). */
+typedef struct wait_ctx {
+    sv_link *link;
+    wk_comms *cs;
+} wait_ctx;
+static void report_waiting(void *ctx, int stage) {
+    wait_ctx *w = ctx;
+    int world = stage < 0 || !w->cs ? -1 : wk_comms_member(w->cs, TOPO_G_PP, stage);
+    sv_link_waiting(w->link, world);
+}
+
 /* A pipeline rank's groups (NULL without): its two point-to-point channels (ZeroMQ, also
  * under NCCL: the pipeline's sends and receives go through the host), the embedding group
  * and the model-parallel group. */
@@ -146,6 +158,8 @@ int wk_run(const wk_options *o) {
         return rc == CO_EINVAL ? WK_USAGE : WK_FAILURE;
     }
     if (link) trainer_set_hook(t, report_progress, link);
+    wait_ctx wctx = {.link = link, .cs = cs};
+    if (link && pipelined) trainer_set_wait_fn(t, report_waiting, &wctx);
     /* resilience: the rerun state machine's validator, --inject, --iterations-to-skip */
     wk_resil *resil = NULL;
     {
@@ -180,6 +194,8 @@ int wk_run(const wk_options *o) {
         fprintf(out, "cohort: model %zu parameters (%d layers, hidden %d, %d heads, vocab %d padded to %d), %s\n",
                 gpt_num_params(trainer_model(t)), c.num_layers, c.hidden_size, c.num_attention_heads, data->vocab_size,
                 gpt_get_config(trainer_model(t))->padded_vocab, kb_backend_describe(gpt_backend(trainer_model(t))));
+        char stage[256];
+        if (trainer_describe_stage(t, stage, sizeof stage) > 0) fprintf(out, "cohort: %s\n", stage);
         fprintf(out, "cohort: training %lld iterations of %d samples x %d tokens (%d micro batches of %d per rank, %d rank%s)\n",
                 (long long)c.train_iters, c.global_batch_size, c.seq_length,
                 c.global_batch_size / c.micro_batch_size / (dp ? dp->size : 1), c.micro_batch_size, dp ? dp->size : 1,
@@ -228,6 +244,7 @@ int wk_run(const wk_options *o) {
         fprintf(stderr, "cohort worker %d: generation aborted during iteration %lld (%s); at the restart barrier\n",
                 my_rank, (long long)it + 1, co_strerror(rc));
         close_comms(link, &cs, &dp);
+        wctx.cs = NULL;
         trainer_set_comm(t, NULL);
         trainer_set_tensor_group(t, NULL);
         trainer_set_pipeline_groups(t, NULL, NULL, NULL, NULL);
@@ -235,6 +252,7 @@ int wk_run(const wk_options *o) {
         rc = sv_link_await_restart(link, it, &na, (int)(c.rendezvous_timeout * 1000));
         if (rc) break;
         rc = open_comms(link, &na, data->cuda_device, &cs, &dp);
+        wctx.cs = cs;
         int source = -1;
         if (!rc) rc = source_in_dp(cs, na.rank, na.state_source, &source);
         /* no replica of some shard survived: every rank, survivors too, takes the checkpoint */

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # mp_test.sh - Megatron's parallel groups as communicators, and in-process restarts across
-# them, on 8 processes in a tp2 x pp2 x dp2 layout (issue 14, item 3). The tensor and
-# pipeline compute does not exist yet: cohort-standin (standin_main.c) replicates the whole
-# model on every rank of a model-parallel group, so each (tp, pp) shard's data-parallel
+# them, on 8 processes in a tp2 x pp2 x dp2 layout (issue 14, item 3), with the model
+# replicated: cohort-standin (standin_main.c) replicates the whole model on every rank of a
+# model-parallel group (the groups' plumbing alone, apart from the tensor and pipeline
+# compute that tests/integration/{tp,pp}_test.sh check), so each (tp, pp) shard's data-parallel
 # group trains what a 2-rank job trains, and the workers check at every generation's start
 # and at the end that the members of every group (tp, cp, dp, pp, mp, embedding, expert ...)
 # hold identical weights. Final states are compared with `cohort ckpt diff`.
@@ -80,11 +81,13 @@ groups_shard_lost)
     grep -q "loads the checkpoint of iteration 4" "$work/f.err" || fail "$(grep supervisor "$work/f.err")"
     ;;
 groups_refused)
-    # cohort itself (no stand-in) refuses the sizes whose compute does not exist yet
-    "$cohort" train "${common[@]}" "${mp[@]}" >"$work/r.out" 2>"$work/r.err"
+    # cohort itself (no stand-in) refuses the sizes whose compute does not exist yet (context
+    # parallelism; tensor and pipeline parallelism run)
+    "$cohort" train "${common[@]}" --nproc-per-node 8 --tensor-model-parallel-size 2 --context-parallel-size 2 \
+        >"$work/r.out" 2>"$work/r.err"
     rc=$?
-    [ $rc -eq 2 ] || fail "cohort accepted tp2 x pp2 (exit $rc)"
-    grep -q "pipeline-model-parallel-size 2 is not supported yet" "$work/r.err" || fail "$(cat "$work/r.err")"
+    [ $rc -eq 2 ] || fail "cohort accepted tp2 x cp2 (exit $rc)"
+    grep -q "together with context parallelism is not supported yet" "$work/r.err" || fail "$(cat "$work/r.err")"
     # and the stand-in a world that the layout does not divide
     COHORT_CPU_EXE=$standin "$cohort" train "${common[@]}" --nproc-per-node 6 --tensor-model-parallel-size 4 \
         >"$work/w.out" 2>"$work/w.err"

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# pp_test.sh - `cohort train` with pipeline parallelism against one rank, one case per meson
+# test.
+#   pp_test.sh COHORT CASE
+# Cases:
+#   matches_one_rank  pp 2, pp 4, interleaved (2 chunks per rank), uneven stages, a layout
+#                     string, pp 2 x dp 2 and tp 2 x pp 2 with SP train the one-rank job's numbers
+#                     (losses and gradient norms of every iteration, the validation loss;
+#                     hidden dropout on) within fp32 reduction tolerance; untied embeddings
+#                     too; a pp run repeated is bitwise the same
+#   ckpt_reshard      a tp 2 x pp 2 checkpoint resumes bitwise at its layout (ckpt diff of the
+#                     final checkpoints) and continues within tolerance at pp 1, pp 4 and
+#                     pp 2 x dp 2 (interleaved); inspect shows each tensor's stage
+#   killed            a rank killed in a pp 2 x dp 2 job is replaced in process with the state of
+#                     its data-parallel peer on the same stage; the job ends with the
+#                     fault-free run's checkpoint bitwise; the same in tp 2 x pp 2 x dp 2
+#   nan_replay        a NaN loss injected on the last stage: the whole pipeline step is
+#                     replayed in place and the job ends with the fault-free checkpoint bitwise
+#   hang              a rank that hangs in the middle of the 1F1B steady state: the soft timeout
+#                     aborts the generation and the supervisor names the stuck stage
+#   bad_layouts       layers that do not split over the stages, an interleaved schedule whose
+#                     micro batches do not fit its groups, a layout with the wrong number of
+#                     stages: refused before any work (exit 2)
+set -uo pipefail
+cohort=$1; case_name=$2
+export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
+work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-pp.XXXXXX")
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# 4 layers over 2 or 4 stages; a global batch of 8 is 4 micro batches per pipeline (2 with
+# dp 2). Attention dropout is keyed per tensor rank (Megatron's seed + 2718 + tp_rank), so it
+# is off; hidden dropout draws the one-rank masks at any split and stays on.
+tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4 --hidden-size 32
+      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
+      --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
+      --threads 1)
+losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
+run() { # NAME ARGS...: trains 5 iterations, metrics in $work/NAME.jsonl
+    local name=$1; shift
+    "$cohort" train "${tiny[@]}" --train-iters 5 --metrics-file "$work/$name.jsonl" "$@" >"$work/$name.out" 2>&1 ||
+        fail "$name: exit $?: $(tail -5 "$work/$name.out")"
+}
+compare() { # FROM REF RUN...: iterations FROM.. of every run against REF's, and the validation loss
+    /usr/bin/python3 - "$work" "$@" <<'PY' || fail "the layouts disagree"
+import json, sys
+w, first, ref, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+def load(n):
+    rows = [json.loads(l) for l in open(f"{w}/{n}.jsonl")]
+    return ({r["iteration"]: r for r in rows if "grad_norm" in r},
+            [r["lm_loss"] for r in rows if r.get("evaluation") == "valid"])
+a, av = load(ref)
+worst = 0
+for n in runs:
+    b, bv = load(n)
+    assert sorted(b) == [i for i in sorted(a) if i >= first] and bv and len(bv) == len(av), (n, sorted(b), bv)
+    for i in b:
+        for k in ("lm_loss", "grad_norm"):
+            x, y = a[i][k], b[i][k]
+            rel = abs(x - y) / max(abs(x), 1e-12)
+            worst = max(worst, rel)
+            # fp32 sums in another order: about 1e-8 relative; the gradient norm is printed to
+            # 6 decimals
+            if rel > 1e-6 and not (k == "grad_norm" and abs(x - y) <= 2.5e-6):
+                print(f"{n}, iteration {i}: {k} {y} vs {ref}'s {x} (rel {rel:.2e})"); sys.exit(1)
+    for x, y in zip(av, bv):
+        if abs(x - y) / abs(x) > 1e-6: print(f"{n}: validation loss {y} vs {x}"); sys.exit(1)
+print(f"ok: {', '.join(runs)} match {ref} from iteration {first} (worst relative difference {worst:.1e})")
+PY
+}
+
+case $case_name in
+matches_one_rank)
+    run one --nproc-per-node 1
+    run pp2 --nproc-per-node 2 --pipeline-model-parallel-size 2
+    run pp2b --nproc-per-node 2 --pipeline-model-parallel-size 2
+    run pp4 --nproc-per-node 4 --pipeline-model-parallel-size 4
+    run vpp --nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1
+    run uneven --nproc-per-node 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1
+    run layout --nproc-per-node 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et|t*3L"
+    run pp2dp2 --nproc-per-node 4 --pipeline-model-parallel-size 2
+    run tp2pp2 --nproc-per-node 4 --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel
+    compare 1 one pp2 pp4 vpp uneven layout pp2dp2 tp2pp2
+    [ "$(losses "$work/pp2.jsonl")" = "$(losses "$work/pp2b.jsonl")" ] || fail "two pp 2 runs differ"
+    grep -q "pipeline stage 1 of 2: layers 1-3" "$work/uneven.out" || fail "uneven: $(grep -i 'stage' "$work/uneven.out")"
+    grep -q "pipeline stage 1 of 2: 2 model chunks: layers 1, 3" "$work/vpp.out" ||
+        fail "interleaved: $(grep -i 'stage' "$work/vpp.out")"
+    # untied: the last stage's own output layer, no embedding group sum: bitwise one rank's
+    run one_u --nproc-per-node 1 --untie-embeddings-and-output-weights
+    run pp2_u --nproc-per-node 2 --pipeline-model-parallel-size 2 --untie-embeddings-and-output-weights
+    compare 1 one_u pp2_u
+    ;;
+ckpt_reshard)
+    t22=(--nproc-per-node 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
+    run full "${t22[@]}" --train-iters 6 --save "$work/full"
+    run half "${t22[@]}" --train-iters 6 --exit-interval 3 --save "$work/s" --async-save
+    "$cohort" ckpt verify "$work/s" >/dev/null || fail "verify"
+    run same "${t22[@]}" --train-iters 6 --load "$work/s" --save "$work/s"
+    grep -q "successfully loaded checkpoint from $work/s \[ t 2/2, p 2/2 \] at iteration 3" "$work/same.out" ||
+        fail "no load line: $(grep -i checkpoint "$work/same.out" | head -3)"
+    "$cohort" ckpt diff "$work/full" "$work/s" >"$work/diff" || fail "resumed at tp 2 x pp 2: $(tail -5 "$work/diff")"
+    # inspect: which stage wrote each tensor (the embedding on stage 0, the last layer on 1)
+    "$cohort" ckpt inspect "$work/s" --iteration 3 >"$work/inspect" || fail "inspect"
+    grep -qE "^  embedding.word_embeddings.weight .* stage 0" "$work/inspect" || fail "inspect: $(head -20 "$work/inspect")"
+    grep -qE "^  layers.3.mlp.fc2.weight .* stage 1" "$work/inspect" || fail "inspect: $(grep layers.3 "$work/inspect")"
+    run pp1 --nproc-per-node 1 --train-iters 6 --load "$work/s" --ckpt-step 3
+    grep -q "checkpoint written at tensor x pipeline size 2 x 2, loaded at 1 x 1" "$work/pp1.out" || fail "no reshard note"
+    run pp4 --nproc-per-node 4 --pipeline-model-parallel-size 4 --train-iters 6 --load "$work/s" --ckpt-step 3
+    run vdp --nproc-per-node 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 \
+        --train-iters 6 --load "$work/s" --ckpt-step 3
+    compare 4 full pp1 pp4 vdp
+    ;;
+killed)
+    run clean --nproc-per-node 4 --pipeline-model-parallel-size 2 --train-iters 8 --save "$work/cs"
+    # (the printing rank, 3 = dp 1 on stage 1, tells where its state came from: rank 2, dp 0
+    # on stage 1)
+    run f --nproc-per-node 4 --pipeline-model-parallel-size 2 --train-iters 8 --inject "kill@rank=3,step=4" \
+        --save "$work/fs"
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    grep -q "state of iteration [0-9]* taken from rank 2's memory" "$work/f.out" ||
+        fail "rank 3 did not take rank 2's state: $(grep 'replaced in process' "$work/f.out")"
+    "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
+    # tp 2 x pp 2 x dp 2: rank 7 (tp 1, pp 1, dp 1) from rank 5 (tp 1, pp 1, dp 0)
+    t8=(--nproc-per-node 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --train-iters 6)
+    run clean8 "${t8[@]}" --save "$work/cs8"
+    run f8 "${t8[@]}" --inject "kill@rank=7,step=3" --save "$work/fs8"
+    grep -q "state of iteration [0-9]* taken from rank 5's memory" "$work/f8.out" ||
+        fail "rank 7 did not take rank 5's state: $(grep 'replaced in process\|supervisor' "$work/f8.out" | head)"
+    "$cohort" ckpt diff "$work/cs8" "$work/fs8" >"$work/diff" || fail "tp2 x pp2 x dp2: $(tail -5 "$work/diff")"
+    ;;
+nan_replay)
+    run clean --nproc-per-node 4 --pipeline-model-parallel-size 2 --train-iters 6 --save "$work/cs"
+    # rank 3 is on the last stage (tp-cp-dp-pp order: rank = dp + 2 pp): its loss is the one
+    run f --nproc-per-node 4 --pipeline-model-parallel-size 2 --train-iters 6 --inject "nan@rank=3,step=3" \
+        --save "$work/fs"
+    grep -qi "iteration 3: .*replay" "$work/f.out" || fail "no replay: $(grep -i 'iteration 3' "$work/f.out" | head)"
+    "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
+    [ "$(losses "$work/clean.jsonl")" = "$(losses "$work/f.jsonl")" ] || fail "the logged numbers differ"
+    ;;
+hang)
+    q=(--inprocess-soft-timeout 2 --inprocess-hard-timeout 4 --inprocess-barrier-timeout 60)
+    run clean --nproc-per-node 2 --pipeline-model-parallel-size 2 --train-iters 6 --save "$work/cs"
+    # stage 0 (rank 0) hangs in the backward of micro batch 1: rank 1 waits for its gradient
+    run f --nproc-per-node 2 --pipeline-model-parallel-size 2 --train-iters 6 --save "$work/fs" "${q[@]}" \
+        --inject "hang@rank=0,step=4,microbatch=1,phase=backward"
+    grep -q "stuck: pipeline stage 0 (rank 0)" "$work/f.out" || fail "the stuck stage not named: $(grep supervisor "$work/f.out")"
+    "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
+    ;;
+bad_layouts)
+    refused() { # MESSAGE ARGS...
+        local msg=$1; shift
+        "$cohort" train "${tiny[@]}" --train-iters 2 "$@" >"$work/out" 2>"$work/err"
+        local rc=$?
+        [ $rc -eq 2 ] || fail "$*: exit $rc, want 2: $(tail -3 "$work/err")"
+        grep -qF -- "$msg" "$work/err" || fail "$*: no '$msg' in: $(cat "$work/err")"
+        [ ! -s "$work/out" ] || fail "$*: work started: $(head -3 "$work/out")"
+    }
+    refused "--num-layers 4" --nproc-per-node 3 --pipeline-model-parallel-size 3
+    refused "microbatch" --nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 \
+        --global-batch-size 2
+    refused "stages" --nproc-per-node 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et|t|tL"
+    refused "is not a multiple of tensor x context x pipeline = 4" --nproc-per-node 2 --pipeline-model-parallel-size 4
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
+echo "ok: $case_name"
