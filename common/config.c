@@ -252,8 +252,7 @@ static const flag flags[] = {
     /* the timeline of a training step */
     S("timeline", "timeline-dir", timeline_dir, NULL, NULL,
       "[cohort] each rank appends the start and end of its operations (forward, backward, waits, reductions, "
-      "optimizer) to DIR/timeline-rank-NNNNN.jsonl; `cohort timeline DIR` draws them (docs/timeline.md; not "
-      "supported yet: the trainer does not record yet)"),
+      "optimizer) to DIR/timeline-rank-NNNNN.jsonl; `cohort timeline DIR` draws them (docs/timeline.md)"),
     S("timeline", "timeline-iterations", timeline_iterations, "3", NULL,
       "[cohort] iterations --timeline-dir records: N = the N after the first iteration this run trains (the first "
       "has one-time costs), A:B = iterations A to B (1-based, as the log line counts)"),
@@ -627,9 +626,6 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->run_report[0] && c->nproc_per_node == 1 && c->nnodes == 1)
         problem(&P, "--run-report is not supported yet in a single-process job (the supervisor writes it: "
                     "--nproc-per-node 2 or more)");
-    if (c->timeline_dir[0])
-        problem(&P, "--timeline-dir is not supported yet (the trainer does not record a timeline yet; the recorder is "
-                    "train/timeline.h)");
     int n_refused = P.n;
 
     /* sizes every later step divides by */

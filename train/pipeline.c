@@ -63,8 +63,10 @@ static int read_batch(trainer *t, int split, int mb, int64_t first_sample, bool 
     int64_t gmb = (int64_t)mb * t->topo.dp + data_rank;
     tr_batch *x = &t->mbuf[mb];
     gpt_batch b;
+    double tl0 = tl_now();
     int rc = trainer__load_batch(t, split, first_sample + gmb * B, x, &b);
     if (rc) return rc;
+    trainer__tl(t, TL_DATA, mb, -1, tl0);
     double ntok = 0;
     for (int i = 0; i < N; i++) ntok += x->mask[i];
     float w = train && ntok > 0 ? (float)(1.0 / (ntok * t->M)) : 0.0f;
@@ -89,11 +91,12 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
         /* the previous stage's output, with the micro batch's positions and document starts */
         cm_comm *ch = t->pp_fwd;
         int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size;
-        double tw = now_s();
+        double tw = now_s(), tl0 = tl_now();
         waiting(t, prev);
         rc = ch->ops->recv(ch, t->meta, 2 * (size_t)N * sizeof(int32_t), prev, TRAIN_COMM_TIMEOUT_MS);
         if (!rc) rc = ch->ops->recv(ch, gpt_chunk_input(t->model, ci, s), act * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
         waiting(t, -1);
+        trainer__tl(t, TL_RECV_WAIT, mb, ci, tl0);
         t->recv_s += now_s() - tw;
         if (!rc && !t->have_batch[mb]) {
             memcpy(x->positions, t->meta, (size_t)N * sizeof(int32_t));
@@ -106,10 +109,12 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     t->phase_ms[TR_PH_DATA] += 1000 * (t1 - t0);
     gpt_batch b;
     describe(t, mb, &b);
-    double loss = 0;
+    double loss = 0, tl0 = tl_now();
     if (train) {
         trainer__inject_forward(t, t->iteration + 1, mb, N);
+        tl0 = tl_now();
         loss = gpt_chunk_forward(t->model, ci, s, &b, true, seed, d->head ? x->dscale : NULL, NULL);
+        trainer__tl(t, TL_FORWARD, mb, ci, tl0);
         if (d->head) t->poison[mb] = trainer__inject_loss(t, t->iteration + 1, mb, t->share_of, &loss);
     } else {
         loss = gpt_chunk_forward(t->model, ci, s, &b, false, 0, d->head ? t->zeros : NULL, NULL);
@@ -122,8 +127,10 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
         int next = (t->pp_rank + 1) % t->pp_size;
         memcpy(t->meta, x->positions, (size_t)N * sizeof(int32_t));
         memcpy(t->meta + N, x->seg, (size_t)N * sizeof(int32_t));
+        tl0 = tl_now();
         rc = ch->ops->send(ch, t->meta, 2 * (size_t)N * sizeof(int32_t), next, TRAIN_COMM_TIMEOUT_MS);
         if (!rc) rc = ch->ops->send(ch, gpt_chunk_output(t->model, ci, s), act * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
+        trainer__tl(t, TL_SEND, mb, ci, tl0);
     }
     return rc;
 }
@@ -137,10 +144,11 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     if (!d->head) {
         cm_comm *ch = t->pp_bwd;
         int next = (t->pp_rank + 1) % t->pp_size;
-        double tw = now_s();
+        double tw = now_s(), tl0 = tl_now();
         waiting(t, next);
         rc = ch->ops->recv(ch, gpt_chunk_output_grad(t->model), act * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
         waiting(t, -1);
+        trainer__tl(t, TL_RECV_WAIT, mb, ci, tl0);
         t->recv_s += now_s() - tw;
         if (rc) return rc;
     }
@@ -148,14 +156,18 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     trainer__fire_process_faults(t, t->iteration + 1, mb, FI_PH_BACKWARD);
     gpt_batch b;
     describe(t, mb, &b);
+    double tl0 = tl_now();
     gpt_chunk_backward(t->model, ci, s, &b, seed);
+    trainer__tl(t, TL_BACKWARD, mb, ci, tl0);
     if (d->head) trainer__inject_grads(t, t->iteration + 1, mb, t->poison[mb]);
     if ((rc = kb_backend_status(t->be))) return rc;
     t->phase_ms[TR_PH_BACKWARD] += 1000 * (now_s() - t0);
     if (!d->embedding) {
         cm_comm *ch = t->pp_bwd;
         int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size;
+        tl0 = tl_now();
         rc = ch->ops->send(ch, gpt_chunk_input_grad(t->model), act * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
+        trainer__tl(t, TL_SEND, mb, ci, tl0);
     }
     return rc;
 }
@@ -215,7 +227,9 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     }
     if (!rc) rc = share_losses(t, loss_out, tok_out);
     if (!rc && t->tp) rc = gpt_tp_finalize_grads(t->model);
+    double tl0 = tl_now();
     if (!rc) rc = sum_tied_embedding(t);
+    if (!rc && gpt_tied_embedding(t->model) >= 0) trainer__tl(t, TL_EMBED_REDUCE, -1, -1, tl0);
     *grad_norm = 0;
     if (!rc && t->have_val) rc = trainer__grad_norm(t, grad_norm);
     return rc;

@@ -369,6 +369,8 @@ void trainer_destroy(trainer **pt) {
     free(t->zeros);
     free(t->bcast);
     free(t->skips);
+    if (t->tl_open_rec) tl_flush(t->tl_open_rec);
+    tl_close(&t->tl_open_rec);
     free(t->ops);
     free(t->stages);
     free(t->have_batch);
@@ -648,8 +650,10 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
          * rank; gmb is the micro batch's index in a one-rank run of the same batch */
         int64_t gmb = (int64_t)mb * t->topo.dp + data_rank;
         tr_batch *x = &t->mbuf[0];
+        double tl0 = tl_now();
         int rc = trainer__load_batch(t, 0, t->consumed[0] + gmb * B, x, &b);
         if (rc) return rc;
+        trainer__tl(t, TL_DATA, mb, -1, tl0);
         double ntok = 0;
         for (int i = 0; i < N; i++) ntok += x->mask[i];
         float w = ntok > 0 ? (float)(1.0 / (ntok * t->M)) : 0.0f;
@@ -658,12 +662,16 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         double t1 = now_s();
         t->phase_ms[TR_PH_DATA] += 1000 * (t1 - t0);
         trainer__inject_forward(t, step, mb, N);
+        tl0 = tl_now();
         double loss = gpt_forward(t->model, &b, true, seed, x->dscale, NULL);
+        trainer__tl(t, TL_FORWARD, mb, 0, tl0);
         int poison = trainer__inject_loss(t, step, mb, data_rank, &loss);
         double t2 = now_s();
         t->phase_ms[TR_PH_FORWARD] += 1000 * (t2 - t1);
         fire_process_faults(t, step, mb, FI_PH_BACKWARD);
+        tl0 = tl_now();
         gpt_backward(t->model, &b, seed);
+        trainer__tl(t, TL_BACKWARD, mb, 0, tl0);
         trainer__inject_grads(t, step, mb, poison);
         t->phase_ms[TR_PH_BACKWARD] += 1000 * (now_s() - t2);
         if (mb < RR_MAX_MB) {
@@ -863,6 +871,16 @@ gpt_config trainer_model_config_of(const trainer *t, int tp_rank, int pp_rank) {
     return c;
 }
 
+int trainer_open_timeline(trainer *t, int world_rank, int world) {
+    const co_config *c = &t->cfg;
+    if (!c->timeline_dir[0] || t->tl_open_rec) return 0;
+    tl_meta m = {.rank = world_rank, .world = world, .tp = t->tp_size, .pp = t->pp_size,
+                 .dp = t->dp ? t->dp->size : 1, .tp_rank = t->tp_rank, .pp_rank = t->pp_rank,
+                 .dp_rank = t->topo.dp_rank, .v = t->pp ? t->vchunks : 1, .m = t->M};
+    t->tl_start = t->iteration;
+    return tl_open(&t->tl_open_rec, c->timeline_dir, &m);
+}
+
 void trainer_set_wait_fn(trainer *t, void (*fn)(void *ctx, int stage), void *ctx) {
     t->wait_fn = fn;
     t->wait_ctx = ctx;
@@ -959,10 +977,12 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             return 0;
         }
     }
+    tl_discard(t->tl_open_rec); /* an iteration an in-process restart abandoned */
     while (t->iteration < c->train_iters) {
         double t0 = now_s();
         int64_t step = t->iteration + 1;
         memset(t->phase_ms, 0, sizeof t->phase_ms);
+        t->tl = co_config_timeline_records(c, t->tl_start, step) ? t->tl_open_rec : NULL;
         if (skip_listed(t, step)) {
             /* --iterations-to-skip: the batch is consumed, nothing is computed */
             progress_clear(t);
@@ -1008,7 +1028,9 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                 sum_job job = {.t = t};
                 pthread_t th;
                 bool threaded = r.has_sum && !pthread_create(&th, NULL, sum_main, &job);
+                double tl0 = tl_now();
                 if (t->dp) rc = reduce_step(t, &it_loss, &it_tok, &stop_reason);
+                if (t->dp && !rc) trainer__tl(t, TL_DP_REDUCE, -1, -1, tl0);
                 double tj = now_s();
                 if (threaded) pthread_join(th, NULL);
                 else if (r.has_sum && !rc) sum_main(&job);
@@ -1042,6 +1064,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             if (rc) return rc;
             t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - tv);
             t->gate_s += now_s() - tv;
+            if (v.decision != RR_ACCEPT) tl_discard(t->tl); /* the timeline keeps the attempt that counts */
             if (v.decision == RR_ACCEPT) {
                 if (checking_round) return co_err_set(CO_EPROTOCOL, "verdict ACCEPT after a check round");
                 if (v.diagnosis != RR_DIAG_NONE) {
@@ -1083,6 +1106,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             }
         }
         kb_backend *be = t->be;
+        double tlo = tl_now();
         if (!skip_step) {
             double to = now_s();
             int grc = trainer__grad_norm(t, &gnorm);
@@ -1127,12 +1151,18 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                 fprintf(stderr, "cohort rank %d: inject: flipped bit %d of parameter %zu\n", me, bit, idx);
             }
             t->phase_ms[TR_PH_OPTIMIZER] += 1000 * (now_s() - to);
+            trainer__tl(t, TL_OPTIMIZER, -1, -1, tlo);
         } else {
             t->skipped++;
             it_loss = it_tok = 0;
         }
         t->iteration++;
         t->consumed[0] += c->global_batch_size;
+        if (t->tl && tl_flush(t->tl)) {
+            fprintf(stderr, "cohort rank %d: the timeline: %s; not recorded further\n", t->job_rank, co_err_detail());
+            tl_close(&t->tl_open_rec);
+        }
+        t->tl = NULL;
         double dt = now_s() - t0;
         t->loss_sum += it_loss;
         t->tok_sum += it_tok;

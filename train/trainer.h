@@ -148,6 +148,10 @@ void trainer_set_tensor_group(trainer *t, struct cm_comm *tp);
 gpt_config trainer_model_config_of(const trainer *t, int tp_rank, int pp_rank);
 /* The sizes of this rank's replica: tensor and pipeline ranks. */
 void trainer_model_parallel(const trainer *t, int *tp, int *tp_rank, int *pp, int *pp_rank);
+/* With --timeline-dir: opens this rank's timeline file (world rank of world ranks), which
+ * records the iterations --timeline-iterations names after the current one (docs/timeline.md).
+ * 0 or the error (the directory or file cannot be made). */
+int trainer_open_timeline(trainer *t, int world_rank, int world);
 /* Called with the pipeline rank this rank waits for a message from, and with -1 when it no
  * longer waits (any thread may read what the callee stores). */
 void trainer_set_wait_fn(trainer *t, void (*fn)(void *ctx, int stage), void *ctx);

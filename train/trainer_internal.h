@@ -15,6 +15,7 @@
 #include "scheduler/placement.h"
 #include "scheduler/schedule.h"
 #include "scheduler/topology.h"
+#include "train/timeline.h"
 
 #include <signal.h>
 #include <stdbool.h>
@@ -111,12 +112,21 @@ struct trainer {
     int share_of;           /* the data-parallel replica whose micro batches the pipeline runs */
     void (*wait_fn)(void *ctx, int stage); /* trainer_set_wait_fn */
     void *wait_ctx;
+    /* the timeline (train/timeline.h; NULL: off, or an iteration not recorded) */
+    tl_rec *tl_open_rec;    /* open for the run (--timeline-dir) */
+    tl_rec *tl;             /* = tl_open_rec while the current iteration is recorded */
+    int64_t tl_start;       /* iterations completed when this run started */
 };
 
 
 /* Reads micro batch samples [first, first+B) of split s into buffer `into` and describes it
  * in *b (tensor rank 0 reads, the group receives them). */
 int trainer__load_batch(trainer *t, int s, int64_t first, tr_batch *into, gpt_batch *b);
+
+/* One timeline record of the current iteration (nothing when it is not recorded). */
+static inline void trainer__tl(trainer *t, tl_kind k, int mb, int chunk, double t0) {
+    if (t->tl) tl_event(t->tl, k, t->iteration + 1, mb, chunk, t0, tl_now());
+}
 
 /* The dropout seed of the micro batch at place gmb of the global batch (the iteration's). */
 uint64_t trainer__dropout_seed(const trainer *t, int64_t gmb);

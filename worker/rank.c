@@ -224,6 +224,10 @@ int wk_run(const wk_options *o) {
         }
     }
 
+    if (!early_rc && (rc = trainer_open_timeline(t, link ? asg->rank : 0, link ? asg->world : 1))) {
+        fprintf(stderr, "cohort train: --timeline-dir: %s (%s)\n", co_err_detail(), co_strerror(rc));
+        early_rc = rc;
+    }
     train_end why = TRAIN_DONE;
     int my_rank = link ? asg->rank : 0;
     int64_t first_it = trainer_iteration(t); /* where this run started (a stop before its first step saves nothing) */

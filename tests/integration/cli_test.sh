@@ -59,7 +59,6 @@ refused|ranges)
         # pipeline placement flags without a pipeline, as Megatron refuses them
         expect_refused "virtual pipeline" "${tiny[@]}" --train-iters 2 --virtual-pipeline-model-parallel-size 2
         expect_refused "virtual pipeline" "${tiny[@]}" --train-iters 2 --num-layers-per-virtual-pipeline-stage 1
-        expect_refused "--timeline-dir is not supported yet" "${tiny[@]}" --train-iters 2 --timeline-dir "$work/tl"
         # the rank order flag is Megatron's and means nothing with one rank per grid dimension
         "$cohort" train "${tiny[@]}" --train-iters 1 --use-tp-pp-dp-mapping >"$work/out" 2>&1 ||
             fail "--use-tp-pp-dp-mapping: $(tail -3 "$work/out")"

@@ -18,6 +18,9 @@
 #                     replayed in place and the job ends with the fault-free checkpoint bitwise
 #   hang              a rank that hangs in the middle of the 1F1B steady state: the soft timeout
 #                     aborts the generation and the supervisor names the stuck stage
+#   timeline          --timeline-dir of an interleaved pp 2 run: every rank ran exactly the
+#                     operations of its schedule, in order (`cohort schedule --json`), and
+#                     `cohort timeline` draws the picture, the trace and each rank's bubble
 #   bad_layouts       layers that do not split over the stages, an interleaved schedule whose
 #                     micro batches do not fit its groups, a layout with the wrong number of
 #                     stages: refused before any work (exit 2)
@@ -145,6 +148,31 @@ hang)
         --inject "hang@rank=0,step=4,microbatch=1,phase=backward"
     grep -q "stuck: pipeline stage 0 (rank 0)" "$work/f.out" || fail "the stuck stage not named: $(grep supervisor "$work/f.out")"
     "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
+    ;;
+timeline)
+    run tl --nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 \
+        --micro-batch-size 1 --timeline-dir "$work/tl" --timeline-iterations 2:3
+    "$cohort" schedule --pipeline-model-parallel-size 2 --num-layers 4 --num-layers-per-virtual-pipeline-stage 1 \
+        --num-microbatches 8 --json >"$work/sched.json" || fail "cohort schedule"
+    "$cohort" timeline "$work/tl" --json >"$work/tl.json" || fail "cohort timeline: $(cat "$work/tl.json")"
+    /usr/bin/python3 - "$work" <<'PY' || fail "the executed operations are not the schedule's"
+import json, sys
+w = sys.argv[1]
+sched = json.load(open(w + "/sched.json"))
+tl = json.load(open(w + "/tl.json"))
+assert tl["iteration"] == 3 and tl["pp"] == 2 and tl["v"] == 2 and tl["m"] == 8 and not tl["missing_ranks"], tl
+assert abs(tl["formula"] - 1 / 16) < 1e-12 and all(0 <= r["bubble"] < 100 for r in tl["ranks"]), tl
+for r in (0, 1):
+    ev = [json.loads(l) for l in open(f"{w}/tl/timeline-rank-{r:05d}.jsonl") if l.startswith('{"k"')]
+    for it in (2, 3):
+        ops = sorted((e for e in ev if e["it"] == it and e["k"] in ("forward", "backward")), key=lambda e: e["t0"])
+        got = [("F" if e["k"] == "forward" else "B") + f"{e['mb']}.{e['c']}" for e in ops]
+        want = sched["ranks"][r]["ops"]
+        assert got == want, (r, it, got, want)
+    assert not any(e["it"] not in (2, 3) for e in ev), "recorded outside --timeline-iterations"
+print("ok: both ranks ran their schedules (32 operations each) in iterations 2 and 3")
+PY
+    [ -s "$work/tl/timeline-iter-3.svg" ] && [ -s "$work/tl/timeline-iter-3.trace.json" ] || fail "no picture: $(ls "$work/tl")"
     ;;
 bad_layouts)
     refused() { # MESSAGE ARGS...
