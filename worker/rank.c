@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static int report_progress(trainer *t, void *ctx, bool final, train_end why) {
     (void)final;
@@ -322,6 +323,15 @@ int wk_run(const wk_options *o) {
         if (o->on_done && status == WK_OK) o->on_done(o->ctx, t, vl);
     }
     if (out) fflush(out);
+    if (getenv("COHORT_TEST_PEAK_RSS")) {
+        /* a benchmark's aid (bench/pp_bench.sh): each rank's peak memory, with its place */
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        int tp, tpr, pp, ppr;
+        trainer_model_parallel(t, &tp, &tpr, &pp, &ppr);
+        fprintf(stderr, "cohort rank %d: peak resident memory %.0f MB (tensor rank %d, pipeline stage %d)\n", my_rank,
+                (double)ru.ru_maxrss / 1024.0, tpr, ppr);
+    }
     wk_ckpt_destroy(&ckpt); /* checkpoint (issue 5): waits for a background save */
     trainer_destroy(&t);
     wk_resil_destroy(&resil);
