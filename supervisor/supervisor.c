@@ -1315,9 +1315,15 @@ int sv_run(const sv_options *opt) {
                           .inject = s.o.inject, .metrics = s.metrics, .quarantine_after = s.o.quarantine_after,
                           .quarantine_window = s.o.quarantine_window};
         vo.rr.world = s.world;
+        int *stage_of = s.o.pp > 1 ? malloc(sizeof *stage_of * (size_t)s.world) : NULL;
+        for (int r = 0; stage_of && r < s.world; r++) stage_of[r] = s.coord[r].pp;
+        vo.stage_of = stage_of;
+        vo.nstages = s.o.pp;
         vo.rr.replica_stride = s.o.replica_stride > 1 ? s.o.replica_stride : 1;
         vo.rr.replicas = s.o.replicas;
-        if (svv_new(&s.val, &vo, send_to_rank, &s)) {
+        int vrc = svv_new(&s.val, &vo, send_to_rank, &s);
+        free(stage_of); /* (copied) */
+        if (vrc) {
             fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
             svc_destroy(&s.ckpt);
             if (s.metrics) fclose(s.metrics);

@@ -58,6 +58,11 @@ struct svv {
     double *worst;  /* [W] lowest score seen */
     int *low;       /* [W] consecutive iterations scored below the threshold */
     bool *flagged;
+    int *stage_of;  /* [W] or NULL (svv_options.stage_of) */
+    int nstages;
+    double *sworst; /* [nstages] lowest stage score seen */
+    int *slow;      /* [nstages] consecutive iterations a stage scored below the threshold */
+    bool *sflagged;
     int64_t rounds;
     int64_t validated, reruns, checks, repairs, skips;
     int64_t restarts;
@@ -89,6 +94,17 @@ int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
     v->low = calloc((size_t)v->W, sizeof *v->low);
     v->fault_iters = calloc((size_t)v->W * 8, sizeof *v->fault_iters);
     if (!rc && (!v->p || !v->ema || !v->worst || !v->flagged || !v->low || !v->fault_iters)) rc = CO_ENOMEM;
+    if (!rc && o->stage_of && o->nstages > 1) {
+        v->nstages = o->nstages;
+        v->stage_of = malloc(sizeof *v->stage_of * (size_t)v->W);
+        v->sworst = malloc(sizeof *v->sworst * (size_t)v->nstages);
+        v->slow = calloc((size_t)v->nstages, sizeof *v->slow);
+        v->sflagged = calloc((size_t)v->nstages, sizeof *v->sflagged);
+        if (!v->stage_of || !v->sworst || !v->slow || !v->sflagged) rc = CO_ENOMEM;
+        for (int r = 0; !rc && r < v->W; r++) v->stage_of[r] = o->stage_of[r];
+        for (int k = 0; !rc && k < v->nstages; k++) v->sworst[k] = INFINITY;
+    }
+    v->o.stage_of = NULL;
     if (rc) {
         svv_destroy(&v);
         return rc;
@@ -106,6 +122,10 @@ void svv_destroy(svv **pv) {
     rr_destroy(&v->rr);
     free(v->p);
     free(v->ema);
+    free(v->stage_of);
+    free(v->sworst);
+    free(v->slow);
+    free(v->sflagged);
     free(v->worst);
     free(v->flagged);
     free(v->low);
@@ -172,8 +192,51 @@ static int cmp_dbl(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static double median(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, cmp_dbl);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* With a pipeline: each stage's compute (the median of its ranks') against the others'
+ * median; a stage below the threshold three iterations in a row is reported. */
+static void score_stages(svv *v, int64_t iteration, double *buf) {
+    int S = v->nstages;
+    double *stage = buf + v->W; /* [S] */
+    for (int k = 0; k < S; k++) {
+        int n = 0;
+        for (int r = 0; r < v->W; r++)
+            if (v->stage_of[r] == k) buf[n++] = v->ema[r];
+        stage[k] = n ? median(buf, n) : 0;
+    }
+    for (int k = 0; k < S; k++) {
+        int n = 0;
+        for (int q = 0; q < S; q++)
+            if (q != k) buf[n++] = stage[q];
+        double med = median(buf, n), score = stage[k] > 0 ? med / stage[k] : 1;
+        if (score < v->sworst[k]) v->sworst[k] = score;
+        v->slow[k] = score < v->o.straggler_threshold ? v->slow[k] + 1 : 0;
+        if (v->slow[k] >= 3 && !v->sflagged[k]) {
+            v->sflagged[k] = true;
+            fprintf(stderr,
+                    "cohort supervisor: straggler stage: pipeline stage %d at iteration %" PRId64 " scores %.2f "
+                    "(compute %.0f ms per iteration, the other stages' median %.0f ms; threshold %.2f): it sets the "
+                    "pipeline's pace (its layers cost more than the others', or all its ranks are slow)\n",
+                    k, iteration, score, stage[k], med, v->o.straggler_threshold);
+            if (v->o.metrics) {
+                fprintf(v->o.metrics,
+                        "{\"event\":\"straggler_stage\",\"iteration\":%" PRId64 ",\"stage\":%d,\"score\":%.4f,"
+                        "\"compute_ms\":%.3f,\"others_median_ms\":%.3f}\n",
+                        iteration, k, score, stage[k], med);
+                fflush(v->o.metrics);
+            }
+        }
+    }
+}
+
 /* Straggler scores from the first round of an iteration: median of the others' compute
- * time / this rank's (Megatron's section score), each smoothed over iterations. */
+ * time / this rank's (Megatron's section score), each smoothed over iterations; with a
+ * pipeline the others are the ranks of the same stage (the same work), and the stages are
+ * scored too (score_stages). */
 static void score_stragglers(svv *v, int64_t iteration) {
     int W = v->W;
     if (W < 2) return;
@@ -184,14 +247,15 @@ static void score_stragglers(svv *v, int64_t iteration) {
     }
     v->rounds++;
     if (v->rounds < 5) return; /* warm-up: first iterations are slow everywhere */
-    double *others = malloc(sizeof(double) * (size_t)W);
+    double *others = malloc(sizeof(double) * (size_t)(W + v->nstages));
     if (!others) return;
+    if (v->stage_of) score_stages(v, iteration, others);
     for (int r = 0; r < W; r++) {
         int n = 0;
         for (int q = 0; q < W; q++)
-            if (q != r) others[n++] = v->ema[q];
-        qsort(others, (size_t)n, sizeof *others, cmp_dbl);
-        double med = n % 2 ? others[n / 2] : 0.5 * (others[n / 2 - 1] + others[n / 2]);
+            if (q != r && (!v->stage_of || v->stage_of[q] == v->stage_of[r])) others[n++] = v->ema[q];
+        if (!n) continue; /* alone on its stage: nobody does the same work */
+        double med = median(others, n);
         double score = v->ema[r] > 0 ? med / v->ema[r] : 1;
         if (score < v->worst[r]) v->worst[r] = score;
         v->low[r] = score < v->o.straggler_threshold ? v->low[r] + 1 : 0;
@@ -401,6 +465,7 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
 int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status, double wall_s) {
     int nstrag = 0;
     for (int r = 0; r < v->W; r++) nstrag += v->flagged[r];
+    for (int k = 0; k < v->nstages; k++) nstrag += v->sflagged[k];
     if (human && (v->nf || nstrag || v->reruns || v->restarts)) {
         fprintf(human, "cohort run report: exit status %d after %.1f s; %" PRId64 " iterations validated, %" PRId64
                        " replays, %" PRId64 " peer checks, %" PRId64 " repairs, %" PRId64 " skipped; %d fault(s), "
@@ -418,6 +483,9 @@ int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status
         }
         for (int r = 0; r < v->W; r++)
             if (v->flagged[r]) fprintf(human, "  - straggler: rank %d, lowest score %.2f\n", r, v->worst[r]);
+        for (int k = 0; k < v->nstages; k++)
+            if (v->sflagged[k])
+                fprintf(human, "  - straggler stage: pipeline stage %d, lowest score %.2f\n", k, v->sworst[k]);
         for (int k = 0; k < v->nquar; k++) fprintf(human, "  - quarantined and replaced: rank %d\n", v->quarantined[k]);
     }
     if (!json_path || !*json_path) return 0;
@@ -463,6 +531,10 @@ int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status
             json_array_append_new(ss, j);
         }
     json_object_set_new(o, "stragglers", ss);
+    json_t *sst = json_array();
+    for (int k = 0; k < v->nstages; k++)
+        if (v->sflagged[k]) json_array_append_new(sst, json_pack("{sisf}", "stage", k, "lowest_score", v->sworst[k]));
+    json_object_set_new(o, "straggler_stages", sst);
     char det[512];
     rr_determinism_summary(v->rr, det, sizeof det);
     if (v->o.rr.mode == RR_MODE_DETERMINISM) json_object_set_new(o, "determinism", json_string(det));

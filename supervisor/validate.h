@@ -23,6 +23,12 @@ typedef struct svv_options {
     double straggler_threshold;   /* --straggler-threshold (0.75) */
     fi_schedule *inject;          /* kill-supervisor faults */
     FILE *metrics;                /* straggler records (NULL: none) */
+    /* [world]: each rank's pipeline stage (NULL: no pipeline). A rank is then scored against
+     * the ranks of its own stage (the same work), and each stage against the others (a slow
+     * stage sets the pace of its whole pipeline: the work is not balanced, or its ranks are
+     * slow); copied. */
+    const int *stage_of;
+    int nstages;
     int quarantine_after;         /* faults attributed to one rank ... (0: never quarantine) */
     int64_t quarantine_window;    /* ... within this many iterations quarantine it */
 } svv_options;

@@ -87,6 +87,7 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     int rc = 0;
     double t0 = now_s();
     if (d->embedding || d->head) rc = read_batch(t, split, mb, first_sample, train);
+    t->phase_ms[TR_PH_DATA] += 1000 * (now_s() - t0); /* (a wait for the previous stage is no phase) */
     if (!rc && !d->embedding) {
         /* the previous stage's output, with the micro batch's positions and document starts */
         cm_comm *ch = t->pp_fwd;
@@ -106,7 +107,6 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     }
     if (rc) return rc;
     double t1 = now_s();
-    t->phase_ms[TR_PH_DATA] += 1000 * (t1 - t0);
     gpt_batch b;
     describe(t, mb, &b);
     double loss = 0, tl0 = tl_now();

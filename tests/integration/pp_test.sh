@@ -7,7 +7,8 @@
 #                     string, pp 2 x dp 2 and tp 2 x pp 2 with SP train the one-rank job's numbers
 #                     (losses and gradient norms of every iteration, the validation loss;
 #                     hidden dropout on) within fp32 reduction tolerance; untied embeddings
-#                     too; a pp run repeated is bitwise the same
+#                     too; a pp run repeated is bitwise the same; the final parameters and
+#                     moments within 1e-5 of one rank's (ckpt diff over every stage's tensors)
 #   ckpt_reshard      a tp 2 x pp 2 checkpoint resumes bitwise at its layout (ckpt diff of the
 #                     final checkpoints) and continues within tolerance at pp 1, pp 4 and
 #                     pp 2 x dp 2 (interleaved); inspect shows each tensor's stage
@@ -18,6 +19,9 @@
 #                     replayed in place and the job ends with the fault-free checkpoint bitwise
 #   hang              a rank that hangs in the middle of the 1F1B steady state: the soft timeout
 #                     aborts the generation and the supervisor names the stuck stage
+#   stragglers        pp 2 x dp 3: one slow rank is a straggler against the ranks of its stage
+#                     (not its stage); a slow stage (all its ranks) is a straggler stage (no
+#                     rank of it a straggler)
 #   timeline          --timeline-dir of an interleaved pp 2 run: every rank ran exactly the
 #                     operations of its schedule, in order (`cohort schedule --json`), and
 #                     `cohort timeline` draws the picture, the trace and each rank's bubble
@@ -74,17 +78,33 @@ PY
 
 case $case_name in
 matches_one_rank)
-    run one --nproc-per-node 1
-    run pp2 --nproc-per-node 2 --pipeline-model-parallel-size 2
-    run pp2b --nproc-per-node 2 --pipeline-model-parallel-size 2
-    run pp4 --nproc-per-node 4 --pipeline-model-parallel-size 4
-    run vpp --nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1
+    run one --nproc-per-node 1 --save "$work/one.ck"
+    run pp2 --nproc-per-node 2 --pipeline-model-parallel-size 2 --save "$work/pp2.ck"
+    run pp2b --nproc-per-node 2 --pipeline-model-parallel-size 2 --save "$work/pp2b.ck"
+    run pp4 --nproc-per-node 4 --pipeline-model-parallel-size 4 --save "$work/pp4.ck"
+    run vpp --nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 \
+        --save "$work/vpp.ck"
     run uneven --nproc-per-node 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1
     run layout --nproc-per-node 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et|t*3L"
     run pp2dp2 --nproc-per-node 4 --pipeline-model-parallel-size 2
-    run tp2pp2 --nproc-per-node 4 --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel
+    run tp2pp2 --nproc-per-node 4 --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel \
+        --save "$work/tp2pp2.ck"
     compare 1 one pp2 pp4 vpp uneven layout pp2dp2 tp2pp2
     [ "$(losses "$work/pp2.jsonl")" = "$(losses "$work/pp2b.jsonl")" ] || fail "two pp 2 runs differ"
+    # the parameters and moments after the 5 steps, every stage's tensors under their global
+    # names: within fp32 rounding of one rank's; two pp 2 runs bitwise the same
+    for n in one pp2 pp2b pp4 vpp tp2pp2; do [ -d "$work/$n.ck" ] || fail "$n saved nothing"; done
+    "$cohort" ckpt diff "$work/pp2.ck" "$work/pp2b.ck" >/dev/null || fail "two pp 2 runs' checkpoints differ"
+    for n in pp2 pp4 vpp tp2pp2; do
+        "$cohort" ckpt diff "$work/one.ck" "$work/$n.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$n: diff"
+        /usr/bin/python3 -c "
+import json, sys
+rows = json.load(open('$work/d.json'))['tensors']
+assert len(rows) == 156 and all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+assert not bad, bad[:3]
+" || fail "$n: parameters differ from one rank's: $(head -c 400 "$work/d.json")"
+    done
     grep -q "pipeline stage 1 of 2: layers 1-3" "$work/uneven.out" || fail "uneven: $(grep -i 'stage' "$work/uneven.out")"
     grep -q "pipeline stage 1 of 2: 2 model chunks: layers 1, 3" "$work/vpp.out" ||
         fail "interleaved: $(grep -i 'stage' "$work/vpp.out")"
@@ -148,6 +168,25 @@ hang)
         --inject "hang@rank=0,step=4,microbatch=1,phase=backward"
     grep -q "stuck: pipeline stage 0 (rank 0)" "$work/f.out" || fail "the stuck stage not named: $(grep supervisor "$work/f.out")"
     "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
+    ;;
+stragglers)
+    s6=(--nproc-per-node 6 --pipeline-model-parallel-size 2 --global-batch-size 12 --train-iters 12)
+    # (pp 2 x dp 3, ranks dp + 3 pp: stage 1 is ranks 3, 4, 5)
+    run slowrank "${s6[@]}" --run-report "$work/r1.json" --inject "slow@rank=4,step=2,ms=60,times=always"
+    run slowstage "${s6[@]}" --run-report "$work/r2.json" --inject "slow@rank=3,step=2,ms=60,times=always" \
+        --inject "slow@rank=4,step=2,ms=60,times=always" --inject "slow@rank=5,step=2,ms=60,times=always"
+    /usr/bin/python3 - "$work" <<'PY' || fail "stragglers: $(cat "$work/r1.json" "$work/r2.json")"
+import json, sys
+w = sys.argv[1]
+a, b = json.load(open(w + "/r1.json")), json.load(open(w + "/r2.json"))
+ra = {x["rank"]: x["lowest_score"] for x in a["stragglers"]}
+assert 4 in ra and ra[4] < 0.4 and not a["straggler_stages"], a
+rb = {x["stage"]: x["lowest_score"] for x in b["straggler_stages"]}
+assert 1 in rb and rb[1] < 0.4, b
+assert not any(r in (3, 4, 5) for r in (x["rank"] for x in b["stragglers"])), b
+print("ok: rank 4 a straggler in its stage; stage 1 a straggler stage")
+PY
+    grep -q "straggler stage: pipeline stage 1" "$work/slowstage.out" || fail "no line: $(grep straggler "$work/slowstage.out")"
     ;;
 timeline)
     run tl --nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 \
