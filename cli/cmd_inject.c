@@ -29,16 +29,6 @@ static void inject_usage(FILE *f) {
           f);
 }
 
-static void json_str(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20) printf("\\u%04x", *s);
-        else putchar(*s);
-    }
-    putchar('"');
-}
-
 int cli_inject(int argc, char **argv) {
     int pid = 0, timeout = 10, nspecs = 0;
     bool json = false;
@@ -107,9 +97,9 @@ int cli_inject(int argc, char **argv) {
         if (!ok) status = CLI_FAILURE;
         if (json) {
             printf("{\"spec\":");
-            json_str(specs[i]);
+            co_json_str(stdout, specs[i]);
             printf(",\"ok\":%s,\"pid\":%d,\"answer\":", ok ? "true" : "false", job->pid);
-            json_str(answer);
+            co_json_str(stdout, answer);
             printf("}\n");
         } else {
             fprintf(ok ? stdout : stderr, "cohort inject: job %d: %s\n", job->pid, answer);

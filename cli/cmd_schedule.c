@@ -211,16 +211,6 @@ static int microbatches(FILE *errf, const opts *o, int *m) {
     return 0;
 }
 
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", *s);
-        else fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
 static void print_ops(FILE *f, const pp_op *ops, int from, int to, bool json, bool *first) {
     char b[32];
     if (!json && from == to) fputs(" -", f);
@@ -303,7 +293,7 @@ static int schedule_main(int argc, char **argv, FILE *out, FILE *errf) {
         if (placed) fprintf(f, "%d", o.L);
         else fputs("null", f);
         fputs(",\"layout\":", f);
-        if (o.layout) json_str(f, o.layout);
+        if (o.layout) co_json_str(f, o.layout);
         else fputs("null", f);
         fputs(",\"stages\":", f);
         if (placed) {

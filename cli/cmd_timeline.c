@@ -174,17 +174,6 @@ static int write_out(const char *path, char *data, size_t len, const char *what)
     return rc ? -1 : 0;
 }
 
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
-        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
-        else fputc(ch, f);
-    }
-    fputc('"', f);
-}
-
 /* A number in full precision; null when not finite. */
 static void json_num(FILE *f, double x) {
     if (isfinite(x)) fprintf(f, "%.17g", x);
@@ -256,7 +245,7 @@ static void print_report(const tld_view *v, const args *a, const char *svg, cons
     const tl_meta *m = &v->meta;
     if (a->json) {
         printf("{\"dir\":");
-        json_str(stdout, a->dir);
+        co_json_str(stdout, a->dir);
         printf(",\"iteration\":%lld,\"world\":%d,\"tp\":%d,\"pp\":%d,\"dp\":%d,\"v\":%d,\"m\":%d,\"formula\":",
                (long long)v->iteration, m->world, m->tp, m->pp, m->dp, m->v, m->m);
         json_num(stdout, v->formula);
@@ -285,9 +274,9 @@ static void print_report(const tld_view *v, const args *a, const char *svg, cons
         printf("],\"missing_ranks\":[");
         for (int i = 0; i < nmissing; i++) printf("%s%d", i ? "," : "", missing[i]);
         printf("],\"events\":%zu,\"dropped\":%lld,\"svg\":", v->nevents, (long long)dropped);
-        json_str(stdout, svg);
+        co_json_str(stdout, svg);
         printf(",\"trace\":");
-        json_str(stdout, trace);
+        co_json_str(stdout, trace);
         printf("}\n");
         return;
     }

@@ -309,16 +309,8 @@ static int check_pipeline(const co_config *c, int dp, char *err, size_t n) {
                   co_config_was_set(c, "decoder-last-pipeline-num-layers") || c->account_for_embedding_in_pipeline_split ||
                   c->account_for_loss_in_pipeline_split || c->pipeline_model_parallel_layout[0];
     if ((p < 2 && !placed) || co_config_standin_model_parallel) return 0;
-    pp_place_cfg pc = {.p = p, .num_layers = c->num_layers,
-                       .v = c->virtual_pipeline_model_parallel_size ? c->virtual_pipeline_model_parallel_size
-                                                                    : c->num_virtual_stages_per_pipeline_rank,
-                       .layers_per_vstage = c->num_layers_per_virtual_pipeline_stage,
-                       .has_first = co_config_was_set(c, "decoder-first-pipeline-num-layers"),
-                       .has_last = co_config_was_set(c, "decoder-last-pipeline-num-layers"),
-                       .first = c->decoder_first_pipeline_num_layers, .last = c->decoder_last_pipeline_num_layers,
-                       .account_embedding = c->account_for_embedding_in_pipeline_split,
-                       .account_loss = c->account_for_loss_in_pipeline_split,
-                       .layout = c->pipeline_model_parallel_layout[0] ? c->pipeline_model_parallel_layout : NULL};
+    pp_place_cfg pc;
+    pp_place_from_config(c, &pc);
     int v = pp_place_chunks(&pc, err, n);
     if (v < 1) return CO_EINVAL;
     pp_sched_cfg sc = {.p = p, .rank = 0, .m = c->global_batch_size / (c->micro_batch_size * dp), .v = v,

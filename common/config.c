@@ -948,7 +948,7 @@ void co_config_help(FILE *out) {
     }
 }
 
-static void json_str(FILE *f, const char *s) {
+void co_json_str(FILE *f, const char *s) {
     fputc('"', f);
     for (; *s; s++) {
         unsigned char ch = (unsigned char)*s;
@@ -965,13 +965,13 @@ void co_config_write_json(const co_config *c, FILE *out) {
         const flag *f = &flags[i];
         const char *base = (const char *)c + f->off;
         if (i) fputc(',', out);
-        json_str(out, f->name);
+        co_json_str(out, f->name);
         fputc(':', out);
         switch (f->kind) {
         case F_INT: fprintf(out, "%d", *(const int *)base); break;
         case F_I64: fprintf(out, "%lld", (long long)*(const int64_t *)base); break;
         case F_DBL: fprintf(out, "%.17g", *(const double *)base); break;
-        case F_STR: json_str(out, base); break;
+        case F_STR: co_json_str(out, base); break;
         case F_BOOL:
         case F_NOBOOL: fputs(*(const bool *)base ? "true" : "false", out); break;
         case F_LIST: {
@@ -980,7 +980,7 @@ void co_config_write_json(const co_config *c, FILE *out) {
             fputc('[', out);
             for (int k = 0; k < count; k++) {
                 if (k) fputc(',', out);
-                json_str(out, list[k]);
+                co_json_str(out, list[k]);
             }
             fputc(']', out);
             break;

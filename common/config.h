@@ -188,6 +188,9 @@ int co_config_finalize(co_config *c, int data_parallel_size, char *err, size_t e
 /* Whether a run that began with `start` iterations completed (0, or the loaded
  * checkpoint's) records iteration `it` (1-based, as the log line counts) in its timeline:
  * --timeline-dir given and `it` in --timeline-iterations (finalized configuration). */
+/* s as a JSON string (quoted, escaped) on f. */
+void co_json_str(FILE *f, const char *s);
+
 bool co_config_timeline_records(const co_config *c, int64_t start, int64_t it);
 
 /* Prints the flags, grouped, with defaults. */

@@ -1,6 +1,8 @@
 /* placement.c - Megatron's layer placement over pipeline stages (see placement.h). */
 #include "scheduler/placement.h"
 
+#include "common/config.h"
+
 #include "common/error.h"
 #include "scheduler/schedule.h"
 
@@ -456,4 +458,18 @@ int pp_placement(const pp_place_cfg *c, pp_stage *st, int cap, int *vout, char *
         return CO_EINTERNAL;
     }
     return 0;
+}
+
+void pp_place_from_config(const co_config *c, pp_place_cfg *out) {
+    *out = (pp_place_cfg){
+        .p = c->pipeline_model_parallel_size, .num_layers = c->num_layers,
+        .v = c->virtual_pipeline_model_parallel_size ? c->virtual_pipeline_model_parallel_size
+                                                     : c->num_virtual_stages_per_pipeline_rank,
+        .layers_per_vstage = c->num_layers_per_virtual_pipeline_stage,
+        .has_first = co_config_was_set(c, "decoder-first-pipeline-num-layers"),
+        .has_last = co_config_was_set(c, "decoder-last-pipeline-num-layers"),
+        .first = c->decoder_first_pipeline_num_layers, .last = c->decoder_last_pipeline_num_layers,
+        .account_embedding = c->account_for_embedding_in_pipeline_split,
+        .account_loss = c->account_for_loss_in_pipeline_split,
+        .layout = c->pipeline_model_parallel_layout[0] ? c->pipeline_model_parallel_layout : NULL};
 }

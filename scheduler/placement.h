@@ -44,6 +44,10 @@ typedef struct pp_place_cfg {
     int mtp_num_layers;      /* --mtp-num-layers: 0 = none */
 } pp_place_cfg;
 
+struct co_config;
+/* The placement flags of a finalized configuration (cohort train's; NULL layout when empty). */
+void pp_place_from_config(const struct co_config *c, pp_place_cfg *out);
+
 /* What one stage (rank, chunk) holds. */
 typedef struct pp_stage {
     int first_layer; /* global index (0-based) of its first decoder layer (Megatron's offset) */

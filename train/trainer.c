@@ -121,16 +121,9 @@ static uint64_t mix(uint64_t a, uint64_t b) {
 static int pipeline_setup(trainer *t, gpt_config *m) {
     const co_config *c = &t->cfg;
     char err[400];
-    pp_place_cfg pc = {.p = t->pp_size, .num_layers = c->num_layers,
-                       .v = c->virtual_pipeline_model_parallel_size ? c->virtual_pipeline_model_parallel_size
-                                                                    : c->num_virtual_stages_per_pipeline_rank,
-                       .layers_per_vstage = c->num_layers_per_virtual_pipeline_stage,
-                       .has_first = co_config_was_set(c, "decoder-first-pipeline-num-layers"),
-                       .has_last = co_config_was_set(c, "decoder-last-pipeline-num-layers"),
-                       .first = c->decoder_first_pipeline_num_layers, .last = c->decoder_last_pipeline_num_layers,
-                       .account_embedding = c->account_for_embedding_in_pipeline_split,
-                       .account_loss = c->account_for_loss_in_pipeline_split,
-                       .layout = c->pipeline_model_parallel_layout[0] ? c->pipeline_model_parallel_layout : NULL};
+    pp_place_cfg pc;
+    pp_place_from_config(c, &pc);
+    pc.p = t->pp_size;
     int v = pp_place_chunks(&pc, err, sizeof err);
     if (v < 1) return co_err_set(v < 0 ? v : CO_EINVAL, "%s", err);
     if (v > GPT_MAX_CHUNKS)

@@ -42,40 +42,13 @@ tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4
       --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
       --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
       --threads 1)
-losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
+. "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
+
 run() { # NAME ARGS...: trains 5 iterations, metrics in $work/NAME.jsonl
     local name=$1; shift
     "$cohort" train "${tiny[@]}" --train-iters 5 --metrics-file "$work/$name.jsonl" "$@" >"$work/$name.out" 2>&1 ||
         fail "$name: exit $?: $(tail -5 "$work/$name.out")"
 }
-compare() { # FROM REF RUN...: iterations FROM.. of every run against REF's, and the validation loss
-    /usr/bin/python3 - "$work" "$@" <<'PY' || fail "the layouts disagree"
-import json, sys
-w, first, ref, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
-def load(n):
-    rows = [json.loads(l) for l in open(f"{w}/{n}.jsonl")]
-    return ({r["iteration"]: r for r in rows if "grad_norm" in r},
-            [r["lm_loss"] for r in rows if r.get("evaluation") == "valid"])
-a, av = load(ref)
-worst = 0
-for n in runs:
-    b, bv = load(n)
-    assert sorted(b) == [i for i in sorted(a) if i >= first] and bv and len(bv) == len(av), (n, sorted(b), bv)
-    for i in b:
-        for k in ("lm_loss", "grad_norm"):
-            x, y = a[i][k], b[i][k]
-            rel = abs(x - y) / max(abs(x), 1e-12)
-            worst = max(worst, rel)
-            # fp32 sums in another order: about 1e-8 relative; the gradient norm is printed to
-            # 6 decimals
-            if rel > 1e-6 and not (k == "grad_norm" and abs(x - y) <= 2.5e-6):
-                print(f"{n}, iteration {i}: {k} {y} vs {ref}'s {x} (rel {rel:.2e})"); sys.exit(1)
-    for x, y in zip(av, bv):
-        if abs(x - y) / abs(x) > 1e-6: print(f"{n}: validation loss {y} vs {x}"); sys.exit(1)
-print(f"ok: {', '.join(runs)} match {ref} from iteration {first} (worst relative difference {worst:.1e})")
-PY
-}
-
 case $case_name in
 matches_one_rank)
     run one --nproc-per-node 1 --save "$work/one.ck"

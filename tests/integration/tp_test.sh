@@ -47,65 +47,13 @@ tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2
       --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
       --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
       --threads 1)
-losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
+. "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
+
 run() { # NAME ARGS...: trains 5 iterations, metrics in $work/NAME.jsonl
     local name=$1; shift
     "$cohort" train "${tiny[@]}" --train-iters 5 --metrics-file "$work/$name.jsonl" "$@" >"$work/$name.out" 2>&1 ||
         fail "$name: exit $?: $(tail -5 "$work/$name.out")"
 }
-compare() { # REF RUN...: every iteration's loss and gradient norm, and the validation loss
-    /usr/bin/python3 - "$work" "$@" <<'PY' || fail "the layouts disagree with one rank"
-import json, sys
-w, ref, runs = sys.argv[1], sys.argv[2], sys.argv[3:]
-def load(n):
-    rows = [json.loads(l) for l in open(f"{w}/{n}.jsonl")]
-    train = [r for r in rows if "grad_norm" in r]
-    val = [r["lm_loss"] for r in rows if r.get("evaluation") == "valid"]
-    return train, val
-a, av = load(ref)
-assert len(a) == 5 and av, (ref, len(a), av)
-worst = 0
-for n in runs:
-    b, bv = load(n)
-    assert len(b) == 5 and len(bv) == len(av), (n, len(b), bv)
-    for x, y in zip(a, b):
-        for k in ("lm_loss", "grad_norm"):
-            rel = abs(x[k] - y[k]) / max(abs(x[k]), 1e-12)
-            worst = max(worst, rel)
-            # fp32 sums in another order: about 1e-8 relative here; the metrics print the
-            # gradient norm to 6 decimals
-            if rel > 1e-6 and not (k == "grad_norm" and abs(x[k] - y[k]) <= 2.5e-6):
-                print(f"{n}, iteration {x['iteration']}: {k} {y[k]} vs one rank's {x[k]} (rel {rel:.2e})"); sys.exit(1)
-    for x, y in zip(av, bv):
-        if abs(x - y) / abs(x) > 1e-6: print(f"{n}: validation loss {y} vs {x}"); sys.exit(1)
-print(f"ok: {', '.join(runs)} match {ref} (worst relative difference {worst:.1e})")
-PY
-}
-
-# the uninterrupted run's numbers of iterations FROM.. against a resumed run's
-compare_from() { # FROM REF RUN...
-    local from=$1; shift
-    /usr/bin/python3 - "$work" "$from" "$@" <<'PY' || fail "a resumed run trained other numbers"
-import json, sys
-w, first, ref, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
-def rows(n):
-    return {r["iteration"]: r for r in map(json.loads, open(f"{w}/{n}.jsonl")) if "grad_norm" in r}
-a = rows(ref)
-worst = 0
-for n in runs:
-    b = rows(n)
-    assert sorted(b) == [i for i in sorted(a) if i >= first], (n, sorted(b))
-    for i in b:
-        for k in ("lm_loss", "grad_norm"):
-            x, y = a[i][k], b[i][k]
-            rel = abs(x - y) / max(abs(x), 1e-12)
-            worst = max(worst, rel)
-            if rel > 1e-6 and not (k == "grad_norm" and abs(x - y) <= 2.5e-6):
-                print(f"{n}, iteration {i}: {k} {y} vs {x} (rel {rel:.2e})"); sys.exit(1)
-print(f"ok: {', '.join(runs)} continue {ref} from iteration {first} (worst relative difference {worst:.1e})")
-PY
-}
-
 case $case_name in
 matches_one_rank)
     run one --nproc-per-node 1
@@ -114,7 +62,7 @@ matches_one_rank)
     run tp2sp --nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel
     run tp2dp2 --nproc-per-node 4 --tensor-model-parallel-size 2
     run tp4sp --nproc-per-node 4 --tensor-model-parallel-size 4 --sequence-parallel
-    compare one tp2 tp2sp tp2dp2 tp4sp
+    compare 1 one tp2 tp2sp tp2dp2 tp4sp
     [ "$(losses "$work/tp2.jsonl")" = "$(losses "$work/tp2b.jsonl")" ] || fail "two tp 2 runs differ"
     grep -q "data-parallel size 2" "$work/tp2dp2.out" || fail "tp2 x dp2: $(head -3 "$work/tp2dp2.out")"
     ;;
@@ -124,7 +72,7 @@ gqa_swiglu)
     run one "${g[@]}" --num-query-groups 2 --nproc-per-node 1
     run tp4 "${g[@]}" --num-query-groups 2 --nproc-per-node 4 --tensor-model-parallel-size 4
     run tp2sp "${g[@]}" --num-query-groups 2 --nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel
-    compare one tp4 tp2sp
+    compare 1 one tp4 tp2sp
     ;;
 killed)
     run clean --nproc-per-node 4 --tensor-model-parallel-size 2 --train-iters 8 --save "$work/cs"
@@ -249,7 +197,7 @@ PY
     grep -q "\[ t 4/4, p 1/1 \] at iteration 3" "$work/tp4.out" || fail "tp 4: $(grep -i 'loaded' "$work/tp4.out")"
     run half4 --nproc-per-node 4 --tensor-model-parallel-size 4 --train-iters 6 --exit-interval 3 --save "$work/s4"
     run tp1dp2 --nproc-per-node 2 --train-iters 6 --load "$work/s4"
-    compare_from 4 full tp1 tp4 tp1dp2
+    compare 4 full tp1 tp4 tp1dp2
     ;;
 ckpt_convert)
     run half --nproc-per-node 4 --tensor-model-parallel-size 2 --train-iters 3 --save "$work/s"

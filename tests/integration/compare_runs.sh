@@ -1,0 +1,35 @@
+# compare_runs.sh - sourced by the parallelism tests (tp_test.sh, pp_test.sh): what two runs
+# of `cohort train` logged, compared. Needs $work (the runs' metrics are $work/NAME.jsonl)
+# and fail().
+#   losses FILE               the iterations, losses and gradient norms of a metrics file, one line
+#   compare FROM REF RUN...   iterations FROM.. of every RUN against REF's, and their validation
+#                             losses, within fp32 reduction tolerance (1e-6 relative)
+losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
+compare() { # FROM REF RUN...: iterations FROM.. of every run against REF's, and the validation loss
+    /usr/bin/python3 - "$work" "$@" <<'PY' || fail "the layouts disagree"
+import json, sys
+w, first, ref, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+def load(n):
+    rows = [json.loads(l) for l in open(f"{w}/{n}.jsonl")]
+    return ({r["iteration"]: r for r in rows if "grad_norm" in r},
+            [r["lm_loss"] for r in rows if r.get("evaluation") == "valid"])
+a, av = load(ref)
+worst = 0
+for n in runs:
+    b, bv = load(n)
+    assert sorted(b) == [i for i in sorted(a) if i >= first] and bv and len(bv) == len(av), (n, sorted(b), bv)
+    for i in b:
+        for k in ("lm_loss", "grad_norm"):
+            x, y = a[i][k], b[i][k]
+            rel = abs(x - y) / max(abs(x), 1e-12)
+            worst = max(worst, rel)
+            # fp32 sums in another order: about 1e-8 relative; the gradient norm is printed to
+            # 6 decimals
+            if rel > 1e-6 and not (k == "grad_norm" and abs(x - y) <= 2.5e-6):
+                print(f"{n}, iteration {i}: {k} {y} vs {ref}'s {x} (rel {rel:.2e})"); sys.exit(1)
+    for x, y in zip(av, bv):
+        if abs(x - y) / abs(x) > 1e-6: print(f"{n}: validation loss {y} vs {x}"); sys.exit(1)
+print(f"ok: {', '.join(runs)} match {ref} from iteration {first} (worst relative difference {worst:.1e})")
+PY
+}
+
