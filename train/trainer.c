@@ -33,8 +33,18 @@ void trainer_set_injector(trainer *t, fi_schedule *s, int rank) {
     t->job_rank = rank;
 }
 
-/* The rank a fault spec names for the data-parallel rank r's micro batch. */
-static int fault_rank(const trainer *t, int r) { return r == t->topo.dp_rank ? t->job_rank : r; }
+/* The rank a fault spec names for the data-parallel rank r's micro batch: with model
+ * parallelism, the world rank at this rank's tensor and pipeline coordinates in replica r
+ * (the one whose share a check round recomputes here). */
+static int fault_rank(const trainer *t, int r) {
+    if (r == t->topo.dp_rank) return t->job_rank;
+    if (!t->have_layout || (t->tp_size == 1 && t->pp_size == 1)) return r;
+    for (int w = 0; w < t->layout.world; w++) {
+        topo_coord co;
+        if (!topo_coords(&t->layout, w, &co) && co.dp == r && co.tp == t->tp_rank && co.pp == t->pp_rank) return w;
+    }
+    return r;
+}
 void trainer_set_event_sink(trainer *t, trainer_event_fn fn, void *ctx) {
     t->ev_fn = fn;
     t->ev_ctx = ctx;

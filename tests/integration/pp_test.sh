@@ -17,6 +17,9 @@
 #                     fault-free run's checkpoint bitwise; the same in tp 2 x pp 2 x dp 2
 #   nan_replay        a NaN loss injected on the last stage: the whole pipeline step is
 #                     replayed in place and the job ends with the fault-free checkpoint bitwise
+#   peer_check        a NaN loss that every replay gives again (injected on the last stage, every
+#                     time): the other data-parallel pipeline recomputes the suspect's micro
+#                     batches, gets the NaN too, and the job stops as Megatron's data problem
 #   hang              a rank that hangs in the middle of the 1F1B steady state: the soft timeout
 #                     aborts the generation and the supervisor names the stuck stage
 #   stragglers        pp 2 x dp 3: one slow rank is a straggler against the ranks of its stage
@@ -132,6 +135,17 @@ nan_replay)
     grep -qi "iteration 3: .*replay" "$work/f.out" || fail "no replay: $(grep -i 'iteration 3' "$work/f.out" | head)"
     "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
     [ "$(losses "$work/clean.jsonl")" = "$(losses "$work/f.jsonl")" ] || fail "the logged numbers differ"
+    ;;
+peer_check)
+    # pp 2 x dp 2: rank 3 is stage 1 of replica 1 (ranks 1, 3); replica 0 (ranks 0, 2) helps.
+    # Every rank of a replica reports its loss, so the suspect named is one of replica 1's.
+    "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --pipeline-model-parallel-size 2 \
+        --inject "nan@rank=3,step=4,times=always" >"$work/f.out" 2>&1
+    rc=$?
+    [ $rc -eq 3 ] || fail "exit $rc, want 3: $(tail -5 "$work/f.out")"
+    grep -Eq "rank [13]: nan_loss \(nan\) reproduced; rank [02] recomputes" "$work/f.out" ||
+        fail "no peer check: $(grep -i 'supervisor\|iteration 4' "$work/f.out" | head)"
+    grep -Eq "reproduced on rank [02] too: the data or the model is at fault" "$work/f.out" || fail "no diagnosis: $(grep supervisor "$work/f.out")"
     ;;
 hang)
     q=(--inprocess-soft-timeout 2 --inprocess-hard-timeout 4 --inprocess-barrier-timeout 60)
