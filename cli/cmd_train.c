@@ -15,6 +15,7 @@
 #include "data/corpus.h"
 #include "data/tokenizer.h"
 #include "kernels/backend.h"
+#include "observe/tensorboard.h"
 #include "train/sample.h"
 #include "train/trainer.h"
 #include "supervisor/link.h"
@@ -550,6 +551,9 @@ int cli_train(int argc, char **argv) {
                          .nworker_args = argc, .extra_env = env, .nextra_env = embedded ? 2 : 0,
                          .rendezvous_timeout_ms = (int)(c.rendezvous_timeout * 1000),
                          .metrics_file = c.metrics_file, .save_dir = c.save, .most_recent_k = c.most_recent_k};
+        ob_tb_options tbo;
+        ob_tb_options_from_config(&tbo, &c, world);
+        if (c.tensorboard_dir[0] && !(c.nnodes > 1 && c.node_rank > 0)) so.tensorboard = &tbo;
         wk_rr_options(&c, world, &so.rerun);
         so.tracker_file = c.result_rejected_tracker_filename;
         char report[1100];
@@ -619,10 +623,38 @@ int cli_train(int argc, char **argv) {
         co_config_free(&c);
         return status;
     }
+    /* the single process writes the TensorBoard events (a worker never does: its supervisor
+     * writes the last rank's): its metrics records go through a stream that passes them on
+     * to the metrics file and the event file (observe/tensorboard.h) */
+    FILE *tb_metrics = NULL;
+    if (!worker && c.tensorboard_dir[0]) {
+        ob_tb_options tbo;
+        ob_tb_options_from_config(&tbo, &c, world);
+        ob_tb *tb = NULL;
+        FILE *mf = NULL;
+        if (ob_tb_open(&tb, &tbo)) {
+            fprintf(stderr, "cohort train: --tensorboard-dir: %s\n", co_err_detail());
+        } else if (c.metrics_file[0] && !(mf = fopen(c.metrics_file, "a"))) {
+            fprintf(stderr, "cohort train: cannot open --metrics-file %s\n", c.metrics_file);
+        } else if (!(tb_metrics = ob_tee_open(mf, tb))) {
+            fprintf(stderr, "cohort train: --tensorboard-dir: cannot make the metrics stream\n");
+        }
+        if (!tb_metrics) {
+            if (mf) fclose(mf);
+            ob_tb_close(&tb);
+            ck_savedir_unlock(&save_lock);
+            sv_link_close(&link);
+            sv_assignment_free(&asg);
+            co_config_free(&c);
+            return CLI_FAILURE;
+        }
+        data.metrics = tb_metrics;
+    }
     embedded_end ee = {.info = embedded ? &info : NULL, .c = &c, .out = out};
     wk_options wo = {.config = &c, .data = &data, .out = out, .link = link, .asg = &asg, .stop = &g_stop,
                      .abort_flag = &g_abort, .on_done = embedded_done, .ctx = &ee};
     int status = wk_run(&wo);
+    if (tb_metrics) fclose(tb_metrics); /* the metrics file, and the events: flushed, fsync'ed */
     ck_savedir_unlock(&save_lock);
     sv_link_close(&link);
     sv_assignment_free(&asg);

@@ -151,6 +151,21 @@ static const flag flags[] = {
     L("logging", "eval-iters", eval_iters, "100", "iterations of each evaluation"),
     S("logging", "metrics-file", metrics_file, NULL, NULL, "[cohort] append one JSON object per logged iteration"),
     NB("logging", "progress", progress, "[cohort] live progress bar when stdout is a terminal"),
+    S("logging", "tensorboard-dir", tensorboard_dir, NULL, NULL,
+      "write TensorBoard event files here (the single process, or the supervisor: the last rank's records)"),
+    I("logging", "tensorboard-log-interval", tensorboard_log_interval, "1",
+      "training scalars at logged iterations divisible by this"),
+    I("logging", "tensorboard-queue-size", tensorboard_queue_size, "1000", "events buffered before they are written"),
+    NB("logging", "log-learning-rate-to-tensorboard", log_learning_rate_to_tensorboard,
+       "learning-rate in TensorBoard"),
+    NB("logging", "log-loss-scale-to-tensorboard", log_loss_scale_to_tensorboard, "loss-scale in TensorBoard"),
+    B("logging", "log-validation-ppl-to-tensorboard", log_validation_ppl_to_tensorboard,
+      "validation perplexity in TensorBoard"),
+    B("logging", "log-timers-to-tensorboard", log_timers_to_tensorboard,
+      "iteration-time, throughput and cohort's timers (<timer>-time) in TensorBoard"),
+    B("logging", "log-memory-to-tensorboard", log_memory_to_tensorboard,
+      "the logging rank's resident memory in TensorBoard (mem-resident-bytes, mem-max-resident-bytes)"),
+    B("logging", "log-world-size-to-tensorboard", log_world_size_to_tensorboard, "world-size in TensorBoard"),
     /* exit */
     L("exit", "exit-interval", exit_interval, NULL, "stop after an iteration divisible by this"),
     D("exit", "exit-duration-in-mins", exit_duration_in_mins, NULL, "stop after this many minutes"),
@@ -850,6 +865,8 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
 
     /* logging, exit, checkpoints */
     out_of_range(&P, "log-interval", c->log_interval, 1, INT_MAX);
+    out_of_range(&P, "tensorboard-log-interval", c->tensorboard_log_interval, 1, INT_MAX);
+    out_of_range(&P, "tensorboard-queue-size", c->tensorboard_queue_size, 1, 1000000);
     if (GIVEN("exit-interval")) out_of_range(&P, "exit-interval", c->exit_interval, 1, CO_MAX_ITERS);
     if (GIVEN("exit-duration-in-mins"))
         dbl_out_of_range(&P, "exit-duration-in-mins", c->exit_duration_in_mins, 0, 1e9, true);

@@ -99,6 +99,11 @@ typedef struct co_config {
     int64_t eval_interval, eval_iters;
     char metrics_file[512];
     bool progress; /* live progress bar when stdout is a terminal */
+    /* TensorBoard (observe/tensorboard.h) */
+    char tensorboard_dir[512];
+    int tensorboard_log_interval, tensorboard_queue_size;
+    bool log_learning_rate_to_tensorboard, log_loss_scale_to_tensorboard, log_validation_ppl_to_tensorboard;
+    bool log_timers_to_tensorboard, log_memory_to_tensorboard, log_world_size_to_tensorboard;
     /* exit */
     int64_t exit_interval;
     double exit_duration_in_mins;

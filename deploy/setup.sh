@@ -14,11 +14,13 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
 
 # Debian packages by name: compiler, build tools, oneDNN (matrix products), ZeroMQ, libuv and
-# protobuf-c (actors and their protocol), xxHash and Jansson (checkpoints, JSONL), numpy (reference tests),
+# protobuf-c (actors and their protocol; TensorBoard event files), xxHash and Jansson (checkpoints, JSONL), numpy
+# (reference tests), python3-protobuf (the tensorboard tests' independent event-file reader),
 # clang with its sanitizer/fuzzer runtime (fuzz targets), chromium (headless: the integration test
 # timeline_browser renders `cohort timeline`'s SVG and checks the pixels; skipped without it).
 PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev libzmq3-dev libuv1-dev libprotobuf-c-dev
-          protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev python3 python3-numpy clang libclang-rt-14-dev
+          protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev python3 python3-numpy python3-protobuf clang
+          libclang-rt-14-dev
           chromium)
 
 log() { printf 'setup: %s\n' "$*" >&2; }

@@ -11,6 +11,7 @@
 #include "common/fsutil.h"
 #include "supervisor/msg.h"
 #include "supervisor/validate.h"
+#include "observe/tensorboard.h"
 #include "scheduler/groups.h"
 #ifdef COHORT_HAVE_NCCL
 #include "comm/nccl_comm.h"
@@ -644,7 +645,7 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
  * is a node's local path, as the cache is). */
 static const char *const node_local_flags[] = {"node-rank", "node-addr", "master-addr", "data-cache-path", "workdir",
                                                "threads", "progress", "metrics-file", "run-report", "job-secret",
-                                               "sample-lines", "timeline-dir"};
+                                               "sample-lines", "timeline-dir", "tensorboard-dir"};
 
 /* Whether two workers' flags (co_config_write_json objects) differ beyond the node-local
  * ones; why then names the first few that do, with both values. */
@@ -1298,6 +1299,20 @@ int sv_run(const sv_options *opt) {
         fprintf(stderr, "cohort supervisor: cannot open --metrics-file %s\n", s.o.metrics_file);
         free_tables(&s);
         return SV_EXIT_FAILURE;
+    }
+    if (!s.agent && s.o.tensorboard && s.o.tensorboard->dir && *s.o.tensorboard->dir) {
+        /* every record that reaches the metrics file (the last rank's, the validator's
+         * events) becomes TensorBoard events too: the stream passes it on to both */
+        ob_tb *tb = NULL;
+        FILE *tee = NULL;
+        if (ob_tb_open(&tb, s.o.tensorboard) || !(tee = ob_tee_open(s.metrics, tb))) {
+            fprintf(stderr, "cohort supervisor: --tensorboard-dir: %s\n", tb ? "cannot make the metrics stream" : co_err_detail());
+            ob_tb_close(&tb);
+            if (s.metrics) fclose(s.metrics);
+            free_tables(&s);
+            return SV_EXIT_FAILURE;
+        }
+        s.metrics = tee;
     }
     if (!s.agent && s.o.save_dir && *s.o.save_dir &&
         svc_new(&s.ckpt, s.o.save_dir, s.o.most_recent_k, s.world, s.snd.job_id, send_to_rank, &s)) {

@@ -67,6 +67,9 @@ typedef struct sv_options {
     int heartbeat_timeout_ms;      /* a worker silent this long is lost (default 30000) */
     int kill_grace_ms;             /* after asking workers to stop, SIGKILL after (default 10000) */
     const char *metrics_file;      /* where workers' metrics records go ("" or NULL: none) */
+    /* --tensorboard-dir and its flags (observe/tensorboard.h), or NULL: node 0's supervisor
+     * also writes the metrics records it receives and makes as TensorBoard events */
+    const struct ob_tb_options *tensorboard;
     /* checkpoints: the ranks write their parts of each save into --save and the supervisor
      * commits them (ckpt_coord.c); NULL or "": no --save */
     const char *save_dir;

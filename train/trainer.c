@@ -478,6 +478,21 @@ static void progress_draw(trainer *t, double loss, double tok_s) {
     t->progress_shown = 1;
 }
 
+/* This process's resident memory now and at its peak (VmRSS, VmHWM of /proc/self/status,
+ * in bytes; 0 where not readable): the metrics record's rss_bytes, max_rss_bytes */
+static void resident_memory(long long *rss, long long *hwm) {
+    *rss = *hwm = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;
+    char line[256];
+    long long kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmRSS: %lld kB", &kb) == 1) *rss = kb * 1024;
+        else if (sscanf(line, "VmHWM: %lld kB", &kb) == 1) *hwm = kb * 1024;
+    }
+    fclose(f);
+}
+
 static void log_line(trainer *t, double lr, double grad_norm) {
     const co_config *c = &t->cfg;
     double ms = 1000.0 * t->time_since_log / t->iters_since_log;
@@ -505,16 +520,18 @@ static void log_line(trainer *t, double lr, double grad_norm) {
                  1000.0 * st.comm_s / t->iters_since_log, (double)st.analytic_bytes / t->iters_since_log);
     }
     if (t->metrics) {
+        long long rss, hwm;
+        resident_memory(&rss, &hwm);
         fprintf(t->metrics,
                 "{\"iteration\":%lld,\"train_iters\":%lld,\"consumed_samples\":%lld,\"elapsed_ms_per_iteration\":%.3f,"
                 "\"tokens_per_second\":%.1f,\"tflops_per_rank\":%.4f,\"learning_rate\":%.9e,\"global_batch_size\":%d,"
                 "\"lm_loss\":%.9e,\"loss_scale\":1.0,\"grad_norm\":%.6f,\"skipped_iterations\":%lld,"
                 "\"nan_iterations\":%lld,\"validation_ms_per_iteration\":%.3f,\"weight_checksum_ms_per_iteration\":%.3f,"
-                "\"weight_hash_ms_per_iteration\":%.3f%s,\"time\":\"%s\"}\n",
+                "\"weight_hash_ms_per_iteration\":%.3f%s,\"rss_bytes\":%lld,\"max_rss_bytes\":%lld,\"time\":\"%s\"}\n",
                 (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tok_s, tflops, lr,
                 c->global_batch_size, loss, grad_norm, (long long)t->skipped, (long long)t->nan_iters,
                 1000.0 * t->gate_s / t->iters_since_log, 1000.0 * t->sum_wait_s / t->iters_since_log,
-                1000.0 * t->sum_hash_s / t->iters_since_log, tpx, ts);
+                1000.0 * t->sum_hash_s / t->iters_since_log, tpx, rss, hwm, ts);
         fflush(t->metrics);
     }
     t->last_loss = loss;
@@ -1249,8 +1266,11 @@ int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss)
         fflush(t->log);
     }
     if (t->metrics) {
-        fprintf(t->metrics, "{\"evaluation\":\"%s\",\"iteration\":%lld,\"lm_loss\":%.9e,\"lm_loss_ppl\":%.9e}\n",
-                split == 1 ? "valid" : "test", (long long)t->iteration, mean, exp(fmin(20.0, mean)));
+        fprintf(t->metrics,
+                "{\"evaluation\":\"%s\",\"iteration\":%lld,\"consumed_samples\":%lld,\"lm_loss\":%.9e,"
+                "\"lm_loss_ppl\":%.9e}\n",
+                split == 1 ? "valid" : "test", (long long)t->iteration, (long long)t->consumed[0], mean,
+                exp(fmin(20.0, mean)));
         fflush(t->metrics);
     }
     return 0;

@@ -48,7 +48,7 @@ deterministic)
     for r in 1 2; do
         "$cohort" train "${tiny[@]}" --device cuda --train-iters 40 --hidden-dropout 0.1 --attention-dropout 0.1 \
             --log-interval 1 --metrics-file "$work/m$r.jsonl" >"$work/out$r" 2>&1 || fail "run $r: $(tail -5 "$work/out$r")"
-        sed -E 's/"(elapsed_ms_per_iteration|tokens_per_second|tflops_per_rank|time)":[^,}]*//g' "$work/m$r.jsonl" >"$work/s$r"
+        sed -E 's/"(elapsed_ms_per_iteration|tokens_per_second|tflops_per_rank|rss_bytes|max_rss_bytes|time)":[^,}]*//g' "$work/m$r.jsonl" >"$work/s$r"
     done
     [ "$(grep -c lm_loss "$work/s1")" -ge 40 ] || fail "metrics file has too few lines"
     cmp -s "$work/s1" "$work/s2" || fail "two GPU runs with the same seed differ: $(diff "$work/s1" "$work/s2" | head)"

@@ -152,13 +152,13 @@ deterministic)
         "$cohort" train "${tiny[@]}" --train-iters 6 --hidden-dropout 0.1 --attention-dropout 0.1 \
             --metrics-file "$work/m$r.jsonl" >"$work/out$r" 2>&1 || fail "run $r: $(cat "$work/out$r")"
     done
-    sed -E 's/"(elapsed_ms_per_iteration|tokens_per_second|tflops_per_rank|validation_ms_per_iteration|weight_checksum_ms_per_iteration|weight_hash_ms_per_iteration|time)":[^,}]*//g' "$work/m1.jsonl" >"$work/a"
-    sed -E 's/"(elapsed_ms_per_iteration|tokens_per_second|tflops_per_rank|validation_ms_per_iteration|weight_checksum_ms_per_iteration|weight_hash_ms_per_iteration|time)":[^,}]*//g' "$work/m2.jsonl" >"$work/b"
+    sed -E 's/"(elapsed_ms_per_iteration|tokens_per_second|tflops_per_rank|validation_ms_per_iteration|weight_checksum_ms_per_iteration|weight_hash_ms_per_iteration|rss_bytes|max_rss_bytes|time)":[^,}]*//g' "$work/m1.jsonl" >"$work/a"
+    sed -E 's/"(elapsed_ms_per_iteration|tokens_per_second|tflops_per_rank|validation_ms_per_iteration|weight_checksum_ms_per_iteration|weight_hash_ms_per_iteration|rss_bytes|max_rss_bytes|time)":[^,}]*//g' "$work/m2.jsonl" >"$work/b"
     [ "$(grep -c lm_loss "$work/a")" -ge 6 ] || fail "metrics file has too few lines"
     cmp -s "$work/a" "$work/b" || fail "two runs with the same seed differ: $(diff "$work/a" "$work/b" | head)"
     # a different seed changes the run
     "$cohort" train "${tiny[@]}" --train-iters 6 --seed 99 --metrics-file "$work/m3.jsonl" >/dev/null 2>&1
-    sed -E 's/"(elapsed_ms_per_iteration|tokens_per_second|tflops_per_rank|validation_ms_per_iteration|weight_checksum_ms_per_iteration|weight_hash_ms_per_iteration|time)":[^,}]*//g' "$work/m3.jsonl" >"$work/c"
+    sed -E 's/"(elapsed_ms_per_iteration|tokens_per_second|tflops_per_rank|validation_ms_per_iteration|weight_checksum_ms_per_iteration|weight_hash_ms_per_iteration|rss_bytes|max_rss_bytes|time)":[^,}]*//g' "$work/m3.jsonl" >"$work/c"
     ! cmp -s "$work/a" "$work/c" || fail "--seed has no effect"
     ;;
 topology)
