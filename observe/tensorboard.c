@@ -145,14 +145,19 @@ static void event(ob_tb *tb, json_t *r, const char *kind, int64_t it, double wal
         snprintf(tag, sizeof tag, "cohort/straggler-score/stage-%d", (int)who);
         scalar(tb, tag, v, it, -1, wall);
     } else if (!strcmp(kind, "fault")) {
-        scalar(tb, "cohort/faults", (double)++tb->faults, it, -1, wall);
-    } else if (!strcmp(kind, "replay") && num(r, "attempt", &v)) {
-        scalar(tb, "cohort/replays", v, it, -1, wall);
-    } else if (!strcmp(kind, "restart")) {
+        /* recorded when it happens (recover_ms < 0), again when its recovery ends */
+        double rec = -1;
+        num(r, "recover_ms", &rec);
+        if (rec < 0) scalar(tb, "cohort/faults", (double)++tb->faults, it, -1, wall);
+        else scalar(tb, "cohort/fault-recovery-seconds", rec / 1000.0, it, -1, wall);
+    } else if (!strcmp(kind, "restart")) { /* an in-process restart's recovery ended */
         scalar(tb, "cohort/restarts", (double)++tb->restarts, it, -1, wall);
-        if (num(r, "recover_ms", &v)) scalar(tb, "cohort/restart-seconds", v / 1000.0, it, -1, wall);
-    } else if (!strcmp(kind, "checkpoint") && num(r, "save_ms", &v)) {
-        scalar(tb, "cohort/checkpoint-save-seconds", v / 1000.0, it, -1, wall);
+        if (num(r, "recover_ms", &v) && v >= 0) scalar(tb, "cohort/restart-seconds", v / 1000.0, it, -1, wall);
+    } else if (!strcmp(kind, "replay") && num(r, "replays", &v)) {
+        scalar(tb, "cohort/replays", v, it, -1, wall);
+    } else if (!strcmp(kind, "checkpoint") && num(r, "commit_ms", &v)) {
+        /* the supervisor's view of a save: the first rank's acknowledgement to the commit */
+        scalar(tb, "cohort/checkpoint-commit-seconds", v / 1000.0, it, -1, wall);
     }
 }
 

@@ -13,6 +13,7 @@
 
 #include "checkpoint/ckpt.h"
 #include "common/error.h"
+#include "supervisor/msg.h"
 
 #include <inttypes.h>
 #include <stdbool.h>
@@ -37,6 +38,8 @@ struct svc {
     bool failing;            /* the job is failing: no more commits */
     int (*rerun_save)(void *ctx, char *buf, size_t n);
     void *rerun_ctx;
+    FILE *metrics;           /* commits recorded here (svc_set_metrics) */
+    uint64_t first_ack_ms;   /* the save in progress: its first acknowledgement */
 };
 
 int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_id, svc_send_fn send, void *ctx) {
@@ -126,6 +129,11 @@ static void commit(svc *c) {
                     c->keep, it, co_err_detail());
     }
     tell_all(c, it, COHORT__V1__CHECKPOINT_PHASE__CKPT_COMMIT, final);
+    if (c->metrics) {
+        fprintf(c->metrics, "{\"event\":\"checkpoint\",\"iteration\":%" PRId64 ",\"commit_ms\":%.3f}\n", it,
+                (double)(sv__now_ms() - c->first_ack_ms));
+        fflush(c->metrics);
+    }
     reset(c);
 }
 
@@ -141,7 +149,10 @@ void svc_on_ack(svc *c, int rank, const Cohort__V1__CheckpointAck *ack) {
         finish_aborted(c);
         c->failing = true;
     }
-    if (c->iteration < 0) c->iteration = it;
+    if (c->iteration < 0) {
+        c->iteration = it;
+        c->first_ack_ms = sv__now_ms();
+    }
     if (c->failing) abort_save(c, "the job is stopping");
     if (c->acked[rank]) return; /* a duplicate */
     c->acked[rank] = true;
@@ -182,6 +193,8 @@ void svc_on_ack(svc *c, int rank, const Cohort__V1__CheckpointAck *ack) {
     }
     if (c->nacked == c->world) commit(c);
 }
+
+void svc_set_metrics(svc *c, FILE *metrics) { c->metrics = metrics; }
 
 void svc_abort(svc *c, const char *why) {
     if (!c) return;

@@ -8,6 +8,7 @@
 #include "protocol/wire.h"
 
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct svc svc;
 
@@ -19,6 +20,9 @@ typedef int (*svc_send_fn)(void *ctx, int rank, const ProtobufCMessage *body);
 int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_id, svc_send_fn send, void *ctx);
 /* The rerun state machine's state (JSON object text) goes into each committed manifest. */
 void svc_set_rerun_state(svc *c, int (*save)(void *ctx, char *buf, size_t n), void *ctx);
+/* Where a commit is recorded ({"event":"checkpoint","iteration","commit_ms"}: from the first
+ * rank's acknowledgement to the commit; the metrics stream, NULL: nowhere). */
+void svc_set_metrics(svc *c, FILE *metrics);
 /* A rank's CheckpointAck. */
 void svc_on_ack(svc *c, int rank, const Cohort__V1__CheckpointAck *ack);
 /* The job is failing (a rank died or failed, heartbeats lost): a save in progress is

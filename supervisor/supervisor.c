@@ -1349,6 +1349,7 @@ int sv_run(const sv_options *opt) {
             fprintf(stderr, "cohort supervisor: the checkpoint's rerun state machine state is not usable (%s); "
                             "starting afresh\n", co_err_detail());
         svc_set_rerun_state(s.ckpt, svv_state_save, s.val);
+        if (s.ckpt) svc_set_metrics(s.ckpt, s.metrics);
     }
     ac_actor_opts ao = {.name = "supervisor", .on_start = sv_on_start, .on_stop = sv_on_stop, .ctx = &s};
     int rc = ac_actor_new(&ao, &s.a);

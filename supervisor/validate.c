@@ -149,6 +149,24 @@ static fault_rec *new_fault(svv *v) {
     return f;
 }
 
+/* A fault for the metrics stream (and so TensorBoard's cohort/faults, cohort/restarts:
+ * observe/tensorboard.c): {"event":"fault"} when it is recorded (recover_ms < 0: still
+ * being recovered) or when its recovery ends, {"event":"restart"} for one an in-process
+ * restart recovered. */
+static void fault_event(const svv *v, const fault_rec *f, const char *event) {
+    if (!v->o.metrics) return;
+    json_t *o = json_pack("{s:s, s:s, s:i, s:I, s:s, s:s, s:f, s:f}", "event", event, "kind", f->kind, "rank", f->rank,
+                          "iteration", (json_int_t)f->iteration, "diagnosis", f->diagnosis, "outcome", f->outcome,
+                          "detect_ms", f->detect_ms, "recover_ms", f->recover_ms);
+    char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (line) {
+        fprintf(v->o.metrics, "%s\n", line);
+        fflush(v->o.metrics);
+    }
+    free(line);
+    json_decref(o);
+}
+
 void svv_on_event(svv *v, int rank, const char *line) {
     fault_rec *f = new_fault(v);
     if (!f) return;
@@ -160,6 +178,7 @@ void svv_on_event(svv *v, int rank, const char *line) {
     snprintf(f->text, sizeof f->text, "%s", line);
     size_t n = strlen(f->text);
     while (n && f->text[n - 1] == '\n') f->text[--n] = '\0';
+    fault_event(v, f, "fault");
 }
 
 void svv_note_fault(svv *v, const char *kind, int rank, const char *diagnosis) {
@@ -169,6 +188,7 @@ void svv_note_fault(svv *v, const char *kind, int rank, const char *diagnosis) {
     f->rank = rank;
     f->iteration = v->last_iter;
     snprintf(f->text, sizeof f->text, "%s", diagnosis);
+    fault_event(v, f, "fault");
 }
 
 static void send_verdict(svv *v, const rr_verdict *vd, int only_rank) {
@@ -315,6 +335,7 @@ static void take_events(svv *v, uint64_t now, int *quarantine) {
         snprintf(f->text, sizeof f->text, "%s%s", e->message, e->injected ? " (--error-injection-rate)" : "");
         f->detect_ms = v->reject_ms >= v->first_report_ms ? (double)(v->reject_ms - v->first_report_ms) : -1;
         f->open = true;
+        fault_event(v, f, "fault");
         (void)now;
     }
 }
@@ -434,7 +455,14 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
     v->last_attempt = attempt;
     if (vd.decision != RR_ACCEPT && !v->reject_ms) v->reject_ms = now;
     switch (vd.decision) {
-    case RR_RERUN: v->reruns++; break;
+    case RR_RERUN:
+        v->reruns++;
+        if (v->o.metrics) { /* a replay of the iteration (TensorBoard's cohort/replays) */
+            fprintf(v->o.metrics, "{\"event\":\"replay\",\"iteration\":%" PRId64 ",\"attempt\":%d,\"replays\":%" PRId64 "}\n",
+                    it, attempt + 1, v->reruns);
+            fflush(v->o.metrics);
+        }
+        break;
     case RR_CHECK: v->checks++; break;
     case RR_REPAIR: v->repairs++; break;
     case RR_SKIP: v->skips++; break;
@@ -448,6 +476,7 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
                 v->f[k].recover_ms = v->f[k].restart ? (double)(now - v->f[k].t_detect)
                                      : v->reject_ms  ? (double)(now - v->reject_ms)
                                                      : 0;
+                fault_event(v, &v->f[k], v->f[k].restart ? "restart" : "fault");
             }
     }
     if (vd.decision != RR_ACCEPT || vd.diagnosis != RR_DIAG_NONE)
@@ -558,6 +587,7 @@ void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint
         f->open = true;
         f->restart = true;
         f->t_detect = now;
+        fault_event(v, f, "fault");
     }
     v->restarts++;
     rr_restart(v->rr);

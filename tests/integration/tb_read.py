@@ -138,11 +138,29 @@ def expected(metrics, flags):
             want.setdefault(tag + " vs samples", []).append((samples, f32(v)))
 
     samples = 0
+    faults = restarts = 0
     for line in open(metrics):
         r = json.loads(line)
         if "event" in r:
-            if r["event"] == "straggler":
-                add(f"cohort/straggler-score/rank-{r['rank']}", r["iteration"], r["score"])
+            k, it = r["event"], max(r.get("iteration", 0), 0)
+            if k == "straggler":
+                add(f"cohort/straggler-score/rank-{r['rank']}", it, r["score"])
+            elif k == "straggler_stage":
+                add(f"cohort/straggler-score/stage-{r['stage']}", it, r["score"])
+            elif k == "fault" and r["recover_ms"] < 0:
+                faults += 1
+                add("cohort/faults", it, faults)
+            elif k == "fault":
+                add("cohort/fault-recovery-seconds", it, r["recover_ms"] / 1000)
+            elif k == "restart":
+                restarts += 1
+                add("cohort/restarts", it, restarts)
+                if r["recover_ms"] >= 0:
+                    add("cohort/restart-seconds", it, r["recover_ms"] / 1000)
+            elif k == "replay":
+                add("cohort/replays", it, r["replays"])
+            elif k == "checkpoint":
+                add("cohort/checkpoint-commit-seconds", it, r["commit_ms"] / 1000)
             continue
         it = r["iteration"]
         if "evaluation" in r:
