@@ -20,8 +20,7 @@ cd "$here"
 # timeline_browser renders `cohort timeline`'s SVG and checks the pixels; skipped without it).
 PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev libzmq3-dev libuv1-dev libprotobuf-c-dev
           protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev python3 python3-numpy python3-protobuf clang
-          libclang-rt-14-dev
-          chromium)
+          libclang-rt-14-dev chromium)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 
