@@ -220,6 +220,48 @@ static void test_tags(void) {
     t_remove_dir(dir);
 }
 
+static void test_tee(void) {
+    /* records written in pieces through the stream: the metrics file gets every byte, the
+     * event file every complete line's tags (the last line without its newline too) */
+    char dir[300], path[700], mpath[400];
+    REQUIRE(t_scratch_dir(dir, sizeof dir, "cohort-observe") == 0);
+    snprintf(mpath, sizeof mpath, "%s/m.jsonl", dir);
+    ob_tb_options o = {.dir = dir, .log_interval = 1, .queue_size = 1};
+    ob_tb *tb = NULL;
+    REQUIRE(ob_tb_open(&tb, &o) == 0);
+    FILE *mf = fopen(mpath, "w");
+    REQUIRE(mf);
+    FILE *t = ob_tee_open(mf, tb);
+    REQUIRE(t);
+    const char *a = "{\"iteration\":1,\"consumed_samples\":4,\"lm_loss\":2.5}\n{\"itera";
+    const char *b = "tion\":2,\"consumed_samples\":8,\"lm_loss\":2.25}\n{\"event\":\"replay\",\"iteration\":2,\"replays\":1}";
+    fputs(a, t);
+    fflush(t);
+    fputs(b, t);
+    CHECK(fclose(t) == 0);
+    size_t len;
+    FILE *f = fopen(mpath, "r");
+    REQUIRE(f);
+    char buf[512] = {0};
+    len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    CHECK(len == strlen(a) + strlen(b) && !strncmp(buf, a, strlen(a)) && !strcmp(buf + strlen(a), b));
+    uint8_t *ev = read_events(dir, path, sizeof path, &len);
+    REQUIRE(ev);
+    Tensorboard__Event *e[16] = {0};
+    /* 2 x (lm loss + vs samples) + cohort/replays */
+    int n = decode(ev, len, e, 16);
+    CHECK_MSG(n == 1 + 4 + 1, "%d events", n);
+    if (n == 6) {
+        CHECK(!strcmp(e[3]->summary->value[0]->tag, "lm loss") && e[3]->step == 2);
+        CHECK(!strcmp(e[4]->summary->value[0]->tag, "lm loss vs samples") && e[4]->step == 8);
+        CHECK(!strcmp(e[5]->summary->value[0]->tag, "cohort/replays") && e[5]->summary->value[0]->simple_value == 1);
+    }
+    for (int k = 0; k < n && k < 16; k++) tensorboard__event__free_unpacked(e[k], NULL);
+    free(ev);
+    t_remove_dir(dir);
+}
+
 int main(void) {
     RUN(test_crc32c_vectors);
     RUN(test_crc32c_slices);
@@ -227,5 +269,6 @@ int main(void) {
     RUN(test_frame);
     RUN(test_writer);
     RUN(test_tags);
+    RUN(test_tee);
     return TEST_EXIT();
 }
