@@ -60,6 +60,15 @@ dp_restart)
     "$py" "$reader" check "$work/tb" "$work/m.jsonl" || fail "the event file differs"
     "$py" "$reader" dump "$work/tb" | grep -q "^cohort/restarts	" || fail "no cohort/restarts: $(grep event "$work/m.jsonl")"
     ;;
+stragglers)
+    # a slow rank among three: its straggler score is cohort/straggler-score/rank-2
+    "$cohort" train "${tiny[@]}" --global-batch-size 12 --train-iters 14 --nproc-per-node 3 \
+        --tensorboard-dir "$work/tb" --metrics-file "$work/m.jsonl" \
+        --inject "slow@rank=2,step=2,ms=60,times=always" >"$work/out" 2>&1 || fail "$(tail -5 "$work/out")"
+    "$py" "$reader" check "$work/tb" "$work/m.jsonl" || fail "the event file differs"
+    "$py" "$reader" dump "$work/tb" | grep -q "^cohort/straggler-score/rank-2	" ||
+        fail "no straggler score: $(grep event "$work/m.jsonl")"
+    ;;
 killed)
     # kill -9 mid-run, single process and supervisor: the file holds whole records only
     "$cohort" train "${tiny[@]}" --train-iters 100000 --eval-interval 100000 --tensorboard-dir "$work/tb" \
