@@ -234,4 +234,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BrokenPipeError:  # `dump | head`: the reader of the output had enough
+        sys.exit(0)
