@@ -79,9 +79,18 @@ static void scalar(ob_tb *tb, const char *tag, double v, int64_t step, int64_t v
     if (rc) tb->err = rc;
 }
 
-/* A number field of the record (integers too); false when absent or not a number. */
+/* A number field of the record (integers too, and the trainer's "nan", "inf" and "-inf":
+ * JSON has no such numbers); false when absent or not a number. */
 static bool num(json_t *o, const char *key, double *v) {
     json_t *x = json_object_get(o, key);
+    if (json_is_string(x)) {
+        const char *s = json_string_value(x);
+        if (!strcmp(s, "nan")) *v = NAN;
+        else if (!strcmp(s, "inf")) *v = INFINITY;
+        else if (!strcmp(s, "-inf")) *v = -INFINITY;
+        else return false;
+        return true;
+    }
     if (!json_is_number(x)) return false;
     *v = json_number_value(x);
     return true;

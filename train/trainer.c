@@ -478,6 +478,15 @@ static void progress_draw(trainer *t, double loss, double tok_s) {
     t->progress_shown = 1;
 }
 
+/* A number of a metrics record: JSON has no NaN or infinity, so those are written as the
+ * strings "nan", "inf" and "-inf" (Python's float() and observe/tensorboard.c read them). */
+static const char *json_num(char buf[40], const char *fmt, double v) {
+    if (isnan(v)) return "\"nan\"";
+    if (isinf(v)) return v > 0 ? "\"inf\"" : "\"-inf\"";
+    snprintf(buf, 40, fmt, v);
+    return buf;
+}
+
 /* This process's resident memory now and at its peak (VmRSS, VmHWM of /proc/self/status,
  * in bytes; 0 where not readable): the metrics record's rss_bytes, max_rss_bytes */
 static void resident_memory(long long *rss, long long *hwm) {
@@ -522,14 +531,15 @@ static void log_line(trainer *t, double lr, double grad_norm) {
     if (t->metrics) {
         long long rss, hwm;
         resident_memory(&rss, &hwm);
+        char lb[40], gb[40];
         fprintf(t->metrics,
                 "{\"iteration\":%lld,\"train_iters\":%lld,\"consumed_samples\":%lld,\"elapsed_ms_per_iteration\":%.3f,"
                 "\"tokens_per_second\":%.1f,\"tflops_per_rank\":%.4f,\"learning_rate\":%.9e,\"global_batch_size\":%d,"
-                "\"lm_loss\":%.9e,\"loss_scale\":1.0,\"grad_norm\":%.6f,\"skipped_iterations\":%lld,"
+                "\"lm_loss\":%s,\"loss_scale\":1.0,\"grad_norm\":%s,\"skipped_iterations\":%lld,"
                 "\"nan_iterations\":%lld,\"validation_ms_per_iteration\":%.3f,\"weight_checksum_ms_per_iteration\":%.3f,"
                 "\"weight_hash_ms_per_iteration\":%.3f%s,\"rss_bytes\":%lld,\"max_rss_bytes\":%lld,\"time\":\"%s\"}\n",
                 (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tok_s, tflops, lr,
-                c->global_batch_size, loss, grad_norm, (long long)t->skipped, (long long)t->nan_iters,
+                c->global_batch_size, json_num(lb, "%.9e", loss), json_num(gb, "%.6f", grad_norm), (long long)t->skipped, (long long)t->nan_iters,
                 1000.0 * t->gate_s / t->iters_since_log, 1000.0 * t->sum_wait_s / t->iters_since_log,
                 1000.0 * t->sum_hash_s / t->iters_since_log, tpx, rss, hwm, ts);
         fflush(t->metrics);
@@ -1266,11 +1276,12 @@ int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss)
         fflush(t->log);
     }
     if (t->metrics) {
+        char lb[40], pb[40];
         fprintf(t->metrics,
-                "{\"evaluation\":\"%s\",\"iteration\":%lld,\"consumed_samples\":%lld,\"lm_loss\":%.9e,"
-                "\"lm_loss_ppl\":%.9e}\n",
-                split == 1 ? "valid" : "test", (long long)t->iteration, (long long)t->consumed[0], mean,
-                exp(fmin(20.0, mean)));
+                "{\"evaluation\":\"%s\",\"iteration\":%lld,\"consumed_samples\":%lld,\"lm_loss\":%s,"
+                "\"lm_loss_ppl\":%s}\n",
+                split == 1 ? "valid" : "test", (long long)t->iteration, (long long)t->consumed[0],
+                json_num(lb, "%.9e", mean), json_num(pb, "%.9e", exp(fmin(20.0, mean))));
         fflush(t->metrics);
     }
     return 0;

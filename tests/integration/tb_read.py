@@ -123,7 +123,7 @@ def read_dir(d):
 
 
 def f32(x):
-    return struct.unpack("f", struct.pack("f", x))[0]
+    return struct.unpack("f", struct.pack("f", float(x)))[0]
 
 
 def expected(metrics, flags):

@@ -190,6 +190,8 @@ static void test_tags(void) {
         "{\"evaluation\":\"test\",\"iteration\":2,\"lm_loss\":6.0,\"lm_loss_ppl\":403.4}",
         "{\"event\":\"straggler\",\"iteration\":2,\"rank\":3,\"score\":0.5}",
         "not json", "[1,2]", "{\"iteration\":3,\"lm_loss\":nan}",
+        /* the trainer writes a non-finite number as a string (JSON has none) */
+        "{\"iteration\":4,\"consumed_samples\":32,\"lm_loss\":\"nan\",\"grad_norm\":\"inf\"}",
     };
     for (size_t k = 0; k < sizeof recs / sizeof *recs; k++) CHECK(ob_tb_record(tb, recs[k], strlen(recs[k])) == 0);
     CHECK(ob_tb_close(&tb) == 0);
@@ -201,8 +203,9 @@ static void test_tags(void) {
     /* iteration 2 only (interval 2): learning-rate, skipped-train-samples, batch-size, lm loss,
      * world-size, grad-norm (each + vs samples) = 12, cohort/skipped-iterations and
      * cohort/nan-iterations 2 (no tokens_per_second in these records); validation 2 + 2 vs samples;
-     * the straggler 1; loss-scale off; the test split not written */
-    CHECK_MSG(n == 1 + 14 + 4 + 1, "%d events", n);
+     * the straggler 1; loss-scale off; the test split not written; iteration 4: lm loss and
+     * grad-norm and world-size, each + vs samples */
+    CHECK_MSG(n == 1 + 14 + 4 + 1 + 6, "%d events", n);
     int found = 0;
     for (int k = 1; k < n && k < 64; k++) {
         Tensorboard__Summary__Value *v = ev[k]->summary->value[0];
@@ -212,9 +215,11 @@ static void test_tags(void) {
         if (!strcmp(v->tag, "lm loss validation ppl")) found += ev[k]->step == 2 && v->simple_value == 403.4f;
         if (!strcmp(v->tag, "world-size")) found += v->simple_value == 4.0f;
         if (!strcmp(v->tag, "cohort/straggler-score/rank-3")) found += v->simple_value == 0.5f;
+        if (!strcmp(v->tag, "lm loss") && ev[k]->step == 4) found += isnan(v->simple_value);
+        if (!strcmp(v->tag, "grad-norm") && ev[k]->step == 4) found += isinf(v->simple_value) && v->simple_value > 0;
         if (!strcmp(v->tag, "loss-scale")) found += 100;
     }
-    CHECK_MSG(found == 6, "found %d", found);
+    CHECK_MSG(found == 9, "found %d", found); /* world-size twice */
     for (int k = 0; k < n && k < 64; k++) tensorboard__event__free_unpacked(ev[k], NULL);
     free(b);
     t_remove_dir(dir);
