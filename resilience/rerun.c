@@ -378,12 +378,19 @@ static void sum_check(rr_machine *m, double value) {
     m->rej_value = value;
 }
 
+/* The rank at rank r's place (tensor and pipeline coordinates) in rank src's replica. */
+static int counterpart(const rr_machine *m, int r, int src) {
+    int R = m->o.replica_stride > 1 ? m->o.replica_stride : 1;
+    int replicas = m->o.replicas > 0 ? m->o.replicas : m->o.world / R;
+    return r + (src / R % replicas - r / R % replicas) * R;
+}
+
 /* Replicas whose parameter checksum differs from rank src's are corrupt: every rank takes
  * src's state and the step is replayed (the after-repair round must then agree). */
 static void sum_repair(rr_machine *m, rr_verdict *v, int src, int agree) {
     const rr_report *c = m->cur;
     int W = m->o.world, first = -1, nbad = 0;
-    char msg[256] = "";
+    char msg[300] = "";
     sum_check(m, agree);
     m->rej_fatal = true;
     for (int r = 0; r < W; r++) {
@@ -394,13 +401,13 @@ static void sum_repair(rr_machine *m, rr_verdict *v, int src, int agree) {
             snprintf(msg, sizeof msg,
                      "rank %d: parameters differ from %d of %d replicas' (checksum %016llx, theirs %016llx): silent "
                      "data corruption; repaired from rank %d", r, agree, W, (unsigned long long)c[r].sum_used,
-                     (unsigned long long)c[src].sum_used, src);
+                     (unsigned long long)c[src].sum_used, counterpart(m, r, src));
         else
             snprintf(msg, sizeof msg,
                      "rank %d: parameters changed in memory since its last update (checksum written %016llx, used "
                      "%016llx), on replay too, while rank %d's are as it wrote them: silent data corruption; "
                      "repaired from rank %d", r, (unsigned long long)c[r].sum_written,
-                     (unsigned long long)c[r].sum_used, src, src);
+                     (unsigned long long)c[r].sum_used, counterpart(m, r, src), counterpart(m, r, src));
         m->faults[r]++;
         add_event(m, r, RR_DIAG_PERSISTENT, RR_ACCEPT, true, msg);
     }

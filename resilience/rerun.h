@@ -110,7 +110,7 @@ typedef struct rr_verdict {
     int suspect;        /* rank under suspicion (-1 none) */
     int helper;         /* CHECK: who recomputes; REPAIR: whose state everyone takes (-1) */
     rr_diagnosis diagnosis;
-    char reason[256];
+    char reason[512];
 } rr_verdict;
 
 /* One finished fault (for the run report and the tracker file). */

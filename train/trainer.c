@@ -1098,14 +1098,14 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             if (v.decision == RR_ACCEPT) {
                 if (checking_round) return co_err_set(CO_EPROTOCOL, "verdict ACCEPT after a check round");
                 if (v.diagnosis != RR_DIAG_NONE) {
-                    char line[400];
+                    char line[600];
                     snprintf(line, sizeof line, "iteration %lld: %s: %s", (long long)step,
                              rr_diagnosis_name(v.diagnosis), v.reason);
                     if (me == 0 && !t->dp) emit_line(t, line, false);
                 }
                 break;
             }
-            char line[400];
+            char line[600];
             snprintf(line, sizeof line, "iteration %lld: %s: %s", (long long)step, rr_decision_name(v.decision),
                      v.reason);
             if (!t->dp || (replica_of(t, v.suspect) == me && replica_lead(t))) emit_line(t, line, false);

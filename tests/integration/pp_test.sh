@@ -20,6 +20,9 @@
 #   peer_check        a NaN loss that every replay gives again (injected on the last stage, every
 #                     time): the other data-parallel pipeline recomputes the suspect's micro
 #                     batches, gets the NaN too, and the job stops as Megatron's data problem
+#   sdc               a flipped weight bit on one stage of one replica: found by the replicas'
+#                     checksums (per tensor x pipeline shard), repaired from the same stage of
+#                     the other replica; the job ends with the clean run's checkpoint bitwise
 #   hang              a rank that hangs in the middle of the 1F1B steady state: the soft timeout
 #                     aborts the generation and the supervisor names the stuck stage
 #   stragglers        pp 2 x dp 3: one slow rank is a straggler against the ranks of its stage
@@ -146,6 +149,19 @@ peer_check)
     grep -Eq "rank [13]: nan_loss \(nan\) reproduced; rank [02] recomputes" "$work/f.out" ||
         fail "no peer check: $(grep -i 'supervisor\|iteration 4' "$work/f.out" | head)"
     grep -Eq "reproduced on rank [02] too: the data or the model is at fault" "$work/f.out" || fail "no diagnosis: $(grep supervisor "$work/f.out")"
+    ;;
+sdc)
+    # a flipped weight bit on the last stage of replica 1 (rank 3): each replica's checksum
+    # covers its stages', they differ, and rank 3 is repaired from rank 2 (the same stage
+    # of replica 0); the job trains the clean run's numbers
+    run clean --nproc-per-node 4 --pipeline-model-parallel-size 2 --train-iters 8 --save "$work/cs"
+    run f --nproc-per-node 4 --pipeline-model-parallel-size 2 --train-iters 8 --inject "bitflip-param@rank=3,step=4,bit=22" \
+        --save "$work/fs"
+    grep -q "rank 3: parameters changed in memory since its last update .*silent data corruption; repaired from rank 2" \
+        "$work/f.out" || fail "no diagnosis: $(grep -i 'supervisor' "$work/f.out" | head -5)"
+    [ "$(losses "$work/clean.jsonl")" = "$(losses "$work/f.jsonl")" ] ||
+        fail "the repaired run trained other numbers: $(losses "$work/f.jsonl") vs $(losses "$work/clean.jsonl")"
+    "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
     ;;
 hang)
     q=(--inprocess-soft-timeout 2 --inprocess-hard-timeout 4 --inprocess-barrier-timeout 60)
