@@ -694,6 +694,16 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
     if (m->request_id) ac_reply(mb, m, "", 0); /* a worker's goodbye: its earlier messages are in */
     if (!msg) return;
     Cohort__V1__Envelope *e = msg->env;
+    if (s->agent) {
+        /* from the supervisor: the job stops for preemption (begin_signal_stop), so this node's
+         * process exits 75 too (an Indexed Job restarts only the pods that did not exit 0) */
+        if (e->body_case == COHORT__V1__ENVELOPE__BODY_LOG_LINE && e->log_line->text &&
+            !strncmp(e->log_line->text, "preempt: ", 9) && !s->agent_sig) {
+            int sig = atoi(e->log_line->text + 9);
+            if (sig == SIGTERM || sig == SIGUSR1) s->agent_sig = sig;
+        }
+        goto out;
+    }
     worker *w = NULL;
     for (int i = 0; i < s->nw && m->peer; i++)
         if (!strcmp(s->w[i].identity, m->peer)) w = &s->w[i];
@@ -1048,6 +1058,17 @@ static void begin_signal_stop(sv *s, int signum, int rank, const char *what) {
     }
     fprintf(stderr, "cohort supervisor: %s: the job stops after the current step%s\n", what,
             s->restarting ? " (once the restart in progress is done)" : "");
+    if (sv_preempting_signal(signum, s->o.requeue_on_sigterm))
+        for (int n = 1; n < s->o.nnodes; n++) {
+            /* every node's process exits 75, whichever received the signal */
+            char id[32], text[64];
+            snprintf(id, sizeof id, "agent%d", n);
+            snprintf(text, sizeof text, "preempt: %d\n", signum);
+            Cohort__V1__LogLine ll = COHORT__V1__LOG_LINE__INIT;
+            ll.level = COHORT__V1__LOG_LEVEL__LOG_WARNING;
+            ll.text = text;
+            sv__send(s->mb, id, &s->snd, &ll.base);
+        }
     if (s->restarting) return;
     for (int i = 0; i < s->nw; i++)
         if (s->w[i].registered && !s->w[i].exited) send_shutdown(s, &s->w[i], 0, "signal");

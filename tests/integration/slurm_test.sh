@@ -12,7 +12,7 @@
 #    --signal=B:USR1@120 does) is passed on to the step by the script: the same stop and requeue.
 # Skips (exit 77) with the reason where Slurm is not installed or cannot start here.
 set -uo pipefail
-cohort=$1
+cohort=$(realpath "$1") # (the jobs run in sbatch's directory)
 export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
 sbatch_script=$COHORT_SOURCE_ROOT/deploy/slurm/cohort.sbatch
 skip() { echo "SKIP: $*"; exit 77; }
