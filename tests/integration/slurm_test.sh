@@ -145,8 +145,14 @@ wait_done() { # JOB SECONDS: until it completes (or fails)
     done
     echo "still ${s:-unknown} after $2 s"
 }
-wait_log() { # FILE PATTERN SECONDS
-    for _ in $(seq $(($3 * 10))); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+wait_log() { # FILE PATTERN SECONDS JOB: until the pattern is in the file (1: not in time, or the job ended)
+    for i in $(seq $(($3 * 10))); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        if [ $((i % 10)) -eq 0 ]; then
+            case $(field "$4" JobState) in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) return 1 ;; esac
+        fi
+        sleep 0.1
+    done
     return 1
 }
 losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
@@ -171,9 +177,9 @@ echo "job a ($a): 2 nodes x 2 workers trained 24 iterations as one job"
 
 # 2. preempted by SIGTERM to every process of the step, requeued, resumed
 b=$(submit b)
-wait_log "$work/b.out" "iteration       12/" 120 || fail "job b: no progress: $(field "$b" JobState)"
+wait_log "$work/b.out" "iteration       12/" 120 "$b" || fail "job b: no progress: $(field "$b" JobState)"
 scancel --signal=TERM "$b" || fail "scancel --signal=TERM"
-wait_log "$work/b.out" "requeueing job $b" 60 || fail "job b: not requeued after SIGTERM"
+wait_log "$work/b.out" "requeueing job $b" 60 "$b" || fail "job b: not requeued after SIGTERM"
 st=$(wait_done "$b" 150)
 [ "$st" = COMPLETED ] && [ "$(field "$b" ExitCode)" = 0:0 ] || fail "job b: $st, exit $(field "$b" ExitCode)"
 [ "$(field "$b" Restarts)" = 1 ] || fail "job b: Restarts=$(field "$b" Restarts), want 1"
@@ -190,9 +196,9 @@ echo "job b ($b): preempted (SIGTERM) after iteration $it, requeued, resumed: bi
 
 # 3. the time-limit warning, to the batch shell only
 c=$(submit c)
-wait_log "$work/c.out" "iteration       12/" 120 || fail "job c: no progress: $(field "$c" JobState)"
+wait_log "$work/c.out" "iteration       12/" 120 "$c" || fail "job c: no progress: $(field "$c" JobState)"
 scancel --batch --signal=USR1 "$c" || fail "scancel --batch --signal=USR1"
-wait_log "$work/c.out" "requeueing job $c" 60 || fail "job c: not requeued after SIGUSR1"
+wait_log "$work/c.out" "requeueing job $c" 60 "$c" || fail "job c: not requeued after SIGUSR1"
 st=$(wait_done "$c" 150)
 [ "$st" = COMPLETED ] && [ "$(field "$c" ExitCode)" = 0:0 ] || fail "job c: $st, exit $(field "$c" ExitCode)"
 grep -q "stopped for preemption (User defined signal 1): exit 75" "$work/c.out" || fail "job c: no preemption stop"
