@@ -714,7 +714,9 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
             int sig = atoi(e->log_line->text + 8);
             if (sig == SIGINT || sig == SIGTERM || sig == SIGUSR1) {
                 char what[200];
-                snprintf(what, sizeof what, "%.*s", (int)strcspn(e->log_line->text + 8, "\n"), e->log_line->text + 8);
+                const char *t = strchr(e->log_line->text + 8, ' '); /* past the number: "NAME received by ..." */
+                t = t ? t + 1 : e->log_line->text + 8;
+                snprintf(what, sizeof what, "%.*s", (int)strcspn(t, "\n"), t);
                 begin_signal_stop(s, sig, -1, what);
             }
             goto out;

@@ -6,8 +6,9 @@ the checkpoint directory on the PersistentVolumeClaim, a termination grace for t
 then deploy/k8s/entrypoint.sh runs on this host once per index with the environment that
 Job gives its pods (JOB_COMPLETION_INDEX and the manifest's variables; MASTER_ADDR and the
 pod IP are 127.0.0.1 here): index 0 starts the supervisor, index 1 a node agent, and they
-train as one job; SIGTERM to pod 0's PID 1 (as Kubernetes stops a pod) makes the job save
-and every pod exit 75; the pods started anew resume from the checkpoint and finish.
+train as one job; SIGTERM to one pod's PID 1 (as Kubernetes stops a pod; pod 1, then pod 0)
+makes the job save and every pod exit 75; the pods started anew resume from the checkpoint
+and finish.
     k8s_test.py COHORT"""
 import os
 import random
@@ -141,34 +142,43 @@ try:
     if "2 ranks" not in l0 or not re.search(r"iteration +6/ +6", l0):
         fail("not one job of 2 ranks trained to the end: " + l0[-800:])
     print("k8s: index 0 ran the supervisor, index 1 a node agent: one job of 2 ranks")
-    # Kubernetes stops a pod: SIGTERM to its PID 1 (cohort, exec'ed by the entrypoint)
+    # Kubernetes deletes one pod, pod 1 (a node agent's) and then, in the pods started anew,
+    # pod 0 (the supervisor's): each time the whole job stops after the step and saves, and
+    # every pod exits 75 (one exiting 0 would count as a completed index, and the Job would
+    # not start it again)
     subprocess.run(["rm", "-rf", os.path.join(work, "ckpt")], check=True)
-    pods = start_pods(100000, ["--inject", "slow@rank=0,step=8,phase=allreduce,ms=2000"], "stop", base + 50)
-    deadline = time.time() + 60
-    while time.time() < deadline and not re.search(r"iteration +5/", text(pods[0][1])):
-        time.sleep(0.1)
-    if not re.search(r"iteration +5/", text(pods[0][1])):
-        fail("no progress: " + text(pods[0][1])[-800:])
-    # Kubernetes deletes one pod (here pod 0, the supervisor's): the whole job stops after the
-    # step and saves, and every pod exits 75 (one exiting 0 would count as a completed index,
-    # and the Job would not start it again)
-    pods[0][0].send_signal(signal.SIGTERM)
-    finish(pods, 75, "SIGTERM to pod 0")
-    l0 = text(pods[0][1])
-    m = re.search(r"stopped by signal after iteration (\d+)", l0)
-    if not m or "stopped for preemption (Terminated): exit 75" not in l0:
-        fail("no preemption stop: " + l0[-800:])
-    it = int(m.group(1))
-    for _, log in pods:
-        if re.search("was killed by|exited with status|restart into generation", text(log)):
-            fail("a process died: " + text(log)[-800:])
-    # the Job's new pods: same environment, same flags; they resume and finish
-    pods = start_pods(it + 3, [], "resumed", base + 100)
+    it = 0
+    for round_, victim in enumerate((1, 0)):
+        pods = start_pods(100000, ["--inject", "slow@rank=0,step=%d,phase=allreduce,ms=2000" % (it + 8)],
+                          "stop%d" % round_, base + 50 * (round_ + 1))
+        want = r"iteration +%d/" % (it + 5)
+        deadline = time.time() + 60
+        while time.time() < deadline and not re.search(want, text(pods[0][1])):
+            time.sleep(0.1)
+        if not re.search(want, text(pods[0][1])):
+            fail("no progress: " + text(pods[0][1])[-800:])
+        pods[victim][0].send_signal(signal.SIGTERM)
+        finish(pods, 75, "SIGTERM to pod %d" % victim)
+        l0 = text(pods[0][1])
+        m = re.search(r"stopped by signal after iteration (\d+)", l0)
+        if not m or "stopped for preemption (Terminated): exit 75" not in l0:
+            fail("no preemption stop: " + l0[-800:])
+        if int(m.group(1)) <= it:
+            fail("stopped after iteration %s, resumed from %d" % (m.group(1), it))
+        if it and "at iteration %d" % it not in l0:
+            fail("did not resume from iteration %d: %s" % (it, l0[-800:]))
+        it = int(m.group(1))
+        for _, log in pods:
+            if re.search("was killed by|exited with status|restart into generation", text(log)):
+                fail("a process died: " + text(log)[-800:])
+        print("k8s: SIGTERM to pod %d: the job saved iteration %d, every pod exited 75" % (victim, it))
+    # the Job's new pods: same environment; they resume and finish
+    pods = start_pods(it + 3, [], "resumed", base + 200)
     finish(pods, 0, "the new pods")
     l0 = text(pods[0][1])
     if "loaded checkpoint" not in l0 or "at iteration %d" % it not in l0:
         fail("the new pods did not resume from iteration %d: %s" % (it, l0[-800:]))
-    print("k8s: SIGTERM to pod 0 saved iteration %d, every pod exited 75; new pods resumed and finished" % it)
+    print("k8s: new pods resumed from iteration %d and finished" % it)
 finally:
     for p in procs:
         if p.poll() is None:
