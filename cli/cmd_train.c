@@ -264,26 +264,32 @@ static void print_samples(trainer *t, const co_config *c, int lines, FILE *out) 
     free(tok);
 }
 
-/* This node's address as the other nodes reach it. */
+/* This node's address as the other nodes reach it, as an IPv4 address where the name
+ * resolves: the workers bind their data ports on it, and ZeroMQ binds no host names (a
+ * --master-addr taken from Slurm's node list or a Kubernetes Service is one). */
+static void numeric_address(const char *name, char *out, size_t n) {
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_INET;
+    snprintf(out, n, "%s", name);
+    if (getaddrinfo(name, NULL, &hints, &res) == 0 && res) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)res->ai_addr)->sin_addr, out, (socklen_t)n);
+        freeaddrinfo(res);
+    }
+}
+
 static void node_address(const co_config *c, char *out, size_t n) {
     if (c->node_addr[0]) {
-        snprintf(out, n, "%s", c->node_addr);
+        numeric_address(c->node_addr, out, n);
         return;
     }
     if (c->node_rank == 0 || c->nnodes == 1) {
-        snprintf(out, n, "%s", c->master_addr);
+        numeric_address(c->master_addr, out, n);
         return;
     }
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_INET;
-    snprintf(out, n, "%s", host);
-    if (getaddrinfo(host, NULL, &hints, &res) == 0 && res) {
-        inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)res->ai_addr)->sin_addr, out, (socklen_t)n);
-        freeaddrinfo(res);
-    }
+    numeric_address(host, out, n);
 }
 
 /* The embedded job's epilogue: how far below letter frequencies it learned, and samples. */

@@ -5,6 +5,7 @@
 #include "common/error.h"
 
 #include <errno.h>
+#include <netdb.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -131,6 +132,20 @@ int co_launch_env_apply(co_config *c, co_env_get get, char *note, size_t notelen
         }
         if (v) {
             add_note(note, notelen, "master-addr", c->master_addr, which);
+        }
+    }
+    if (slurm && !co_config_was_set(c, "node-addr") && (v = get("SLURMD_NODENAME")) && *v &&
+        strlen(v) < sizeof c->node_addr) {
+        /* this node's address for its peers: the name Slurm knows the node by (slurmctld
+         * reaches slurmd by it unless the node has a NodeAddr), where it resolves; else
+         * cohort's default, the host name's address */
+        struct addrinfo hints, *res = NULL;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_INET;
+        if (getaddrinfo(v, NULL, &hints, &res) == 0 && res) {
+            freeaddrinfo(res);
+            snprintf(c->node_addr, sizeof c->node_addr, "%s", v);
+            add_note(note, notelen, "node-addr", v, "SLURMD_NODENAME");
         }
     }
     if (nnodes_from_slurm) {

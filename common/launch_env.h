@@ -5,7 +5,9 @@
  * torchrun-style variable (NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, NPROC_PER_NODE, or
  * torchrun's PET_ spelling), then Slurm (SLURM_STEP_NUM_NODES or SLURM_NNODES,
  * SLURM_NODEID, the first host of SLURM_STEP_NODELIST or SLURM_JOB_NODELIST; only inside an
- * srun step), then Kubernetes (JOB_COMPLETION_INDEX: the node rank). docs/deploy.md. */
+ * srun step), then Kubernetes (JOB_COMPLETION_INDEX: the node rank). In an srun step
+ * --node-addr (this node's address for its peers) is SLURMD_NODENAME where that name
+ * resolves. docs/deploy.md. */
 #ifndef COHORT_COMMON_LAUNCH_ENV_H
 #define COHORT_COMMON_LAUNCH_ENV_H
 

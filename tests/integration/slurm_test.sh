@@ -167,7 +167,7 @@ st=$(wait_done "$a" 120)
 [ "$st" = COMPLETED ] || fail "job a: $st, exit $(field "$a" ExitCode)"
 [ "$(field "$a" ExitCode)" = 0:0 ] || fail "job a: exit $(field "$a" ExitCode)"
 grep -q "from the environment: .*--nnodes 2 (SLURM_STEP_NUM_NODES)" "$work/a.out" &&
-    grep -q "from the environment: .*--node-rank 1 (SLURM_NODEID).*--master-addr 127.0.0.1 (SLURM_STEP_NODELIST)" "$work/a.out" ||
+    grep -q "from the environment: .*--node-rank 1 (SLURM_NODEID).*--master-addr 127.0.0.1 (SLURM_STEP_NODELIST).*--node-addr 127.0.0.2 (SLURMD_NODENAME)" "$work/a.out" ||
     fail "job a: the nodes' places were not read from srun's variables: $(grep "environment" "$work/a.out")"
 grep -q "node agent 1 starting 2 worker processes" "$work/a.out" || fail "job a: no node agent on node 1"
 grep -q "4 ranks" "$work/a.out" || fail "job a: not one job of 4 ranks: $(grep ranks "$work/a.out")"

@@ -41,6 +41,7 @@ static void test_hostlist(void) {
 }
 
 static const char *const srun_env[] = {"SLURM_JOB_ID=7", "SLURM_STEP_ID=0", "SLURM_NODEID=1", "SLURM_NNODES=2",
+                                       "SLURMD_NODENAME=127.0.0.2",
                                        "SLURM_STEP_NUM_NODES=2", "SLURM_STEP_NUM_TASKS=2",
                                        "SLURM_STEP_NODELIST=127.0.0.[1-2]", "SLURM_JOB_NODELIST=127.0.0.[1-2]", NULL};
 
@@ -51,6 +52,13 @@ static void test_slurm(void) {
     REQUIRE(!place(&c, srun_env, 1, argv, note, err));
     CHECK(c.nnodes == 2 && c.node_rank == 1 && !strcmp(c.master_addr, "127.0.0.1") && c.master_port == 29500);
     CHECK_MSG(strstr(note, "--node-rank 1 (SLURM_NODEID)") != NULL, "note: %s", note);
+    CHECK(!strcmp(c.node_addr, "127.0.0.2")); /* this node's address: Slurm's name for it */
+    co_config_free(&c);
+    /* a node name that does not resolve leaves --node-addr to cohort's default */
+    static const char *const unresolved[] = {"SLURM_STEP_ID=0", "SLURM_NODEID=1", "SLURM_STEP_NUM_NODES=2",
+                                             "SLURM_STEP_NODELIST=n[1-2]", "SLURMD_NODENAME=no-such-node.invalid", NULL};
+    REQUIRE(!place(&c, unresolved, 1, argv, note, err));
+    CHECK(c.node_addr[0] == '\0' && !strcmp(c.master_addr, "n1"));
     co_config_free(&c);
     /* flags win, each on its own */
     char *argv2[] = {"--node-rank", "0", "--master-addr", "10.0.0.9"};
