@@ -80,6 +80,10 @@ check(len(cm_vol) == 1 and ctr["command"][-1] == mounts.get(cm_vol[0], "?") + "/
 rules = js.get("podFailurePolicy", {}).get("rules", [])
 check(any(r.get("action") == "Ignore" and any(c.get("type") == "DisruptionTarget" for c in r.get("onPodConditions", []))
           for r in rules), "a preemption (DisruptionTarget) would count as a failure")
+# the container's args are cohort train flags (`cohort topology` parses the same table)
+r = subprocess.run([cohort, "topology", "--nnodes", str(nnodes)] + [str(a) for a in ctr.get("args", [])],
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+check(r.returncode == 0 and "world %d" % nnodes in r.stdout, "the container's args: " + r.stdout[-400:])
 print("k8s: manifests carry the Indexed Job's fields (%d nodes, master %s:%d)" % (nnodes, env["MASTER_ADDR"], port))
 
 # --- the entrypoint with an Indexed Job's environment, on this host ---
