@@ -2,7 +2,8 @@
  *   0 success (training reached --train-iters, an exit condition, or a clean stop on
  *     SIGTERM/SIGINT); 1 a runtime failure (I/O, memory, malformed data); 2 a usage or
  *     configuration error (nothing was run); 3 training stopped on a NaN/Inf loss or
- *     gradient norm. */
+ *     gradient norm; 75 (SV_EXIT_PREEMPTED) a clean stop for preemption (SIGUSR1, or
+ *     SIGTERM with --requeue-on-sigterm): saved, requeue the job to resume. */
 #ifndef COHORT_CLI_H
 #define COHORT_CLI_H
 

@@ -12,6 +12,7 @@
 #include "checkpoint/store.h"
 #include "worker/ckpt.h"
 #include "common/error.h"
+#include "common/launch_env.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
 #include "kernels/backend.h"
@@ -36,12 +37,14 @@
 #include <unistd.h>
 
 /* Signals (docs/resilience.md, "Signals"): the first SIGINT or SIGTERM asks for a clean stop
- * (the current step finishes, --save saves, the run report is written, exit 0); a second
+ * (the current step finishes, --save saves, the run report is written, exit 0); SIGUSR1
+ * (and SIGTERM with --requeue-on-sigterm) is the same stop for preemption, exit 75
+ * (SV_EXIT_PREEMPTED: the scheduler requeues the job, deploy/slurm); a second
  * one stops at once (the default action of that signal: killed by it, exit 128 + N).
  * g_stop is what the training loop polls (the supervisor's stop order raises it too, from
  * the link thread); g_signal says that a signal did, and which.
  *
- * SIGINT and SIGTERM are blocked in every thread, from main.c's .preinit_array on (before
+ * SIGINT, SIGTERM and SIGUSR1 are blocked in every thread, from main.c's .preinit_array on (before
  * the shared libraries' constructors and before any thread exists, so every thread
  * inherits the mask), and taken by one thread of their own with sigtimedwait. They must
  * never be delivered to a compute thread: oneDNN's JIT sgemm kernels run with the stack
@@ -62,6 +65,7 @@ static void stop_signals_set(sigset_t *s) {
     sigemptyset(s);
     sigaddset(s, SIGINT);
     sigaddset(s, SIGTERM);
+    sigaddset(s, SIGUSR1); /* a preemption warning (Slurm's --signal=USR1@T): the same stop, exit 75 */
 }
 
 /* One signal taken (the thread) or handled (the handler): only async-signal-safe calls. */
@@ -104,6 +108,7 @@ static void block_signals(void) {
     sa.sa_flags = SA_RESTART;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
     sigset_t set;
     stop_signals_set(&set);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
@@ -260,26 +265,32 @@ static void print_samples(trainer *t, const co_config *c, int lines, FILE *out) 
     free(tok);
 }
 
-/* This node's address as the other nodes reach it. */
+/* This node's address as the other nodes reach it, as an IPv4 address where the name
+ * resolves: the workers bind their data ports on it, and ZeroMQ binds no host names (a
+ * --master-addr taken from Slurm's node list or a Kubernetes Service is one). */
+static void numeric_address(const char *name, char *out, size_t n) {
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_INET;
+    snprintf(out, n, "%s", name);
+    if (getaddrinfo(name, NULL, &hints, &res) == 0 && res) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)res->ai_addr)->sin_addr, out, (socklen_t)n);
+        freeaddrinfo(res);
+    }
+}
+
 static void node_address(const co_config *c, char *out, size_t n) {
     if (c->node_addr[0]) {
-        snprintf(out, n, "%s", c->node_addr);
+        numeric_address(c->node_addr, out, n);
         return;
     }
     if (c->node_rank == 0 || c->nnodes == 1) {
-        snprintf(out, n, "%s", c->master_addr);
+        numeric_address(c->master_addr, out, n);
         return;
     }
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_INET;
-    snprintf(out, n, "%s", host);
-    if (getaddrinfo(host, NULL, &hints, &res) == 0 && res) {
-        inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)res->ai_addr)->sin_addr, out, (socklen_t)n);
-        freeaddrinfo(res);
-    }
+    numeric_address(host, out, n);
 }
 
 /* The embedded job's epilogue: how far below letter frequencies it learned, and samples. */
@@ -337,6 +348,8 @@ int cli_train(int argc, char **argv) {
                    "did not complete in time, 6 a worker went silent with --no-inprocess-restart.\n"
                    "SIGINT/SIGTERM (Ctrl-C, a scheduler; to the job, its process group or one worker): the\n"
                    "current step finishes, --save saves, exit 0; a second one stops at once (128 + signal).\n"
+                   "SIGUSR1 (a preemption warning; SIGTERM too with --requeue-on-sigterm): the same stop, exit\n"
+                   "75, for a scheduler to requeue the job (deploy/slurm, docs/deploy.md).\n"
                    "Faults, restarts and the run report: docs/resilience.md; inject into a running job with\n"
                    "`cohort inject`.\n");
             return CLI_OK;
@@ -350,6 +363,16 @@ int cli_train(int argc, char **argv) {
         co_config_free(&c);
         return CLI_USAGE;
     }
+    /* the node's place from a launcher's environment (Slurm's srun, a Kubernetes Indexed
+     * Job, torchrun-style variables) where the flags do not give it; a worker reads the
+     * same environment, inherited from its supervisor */
+    char env_note[600];
+    if (co_launch_env_apply(&c, NULL, env_note, sizeof env_note, err, sizeof err)) {
+        fprintf(stderr, "cohort train: %s\n", err);
+        co_config_free(&c);
+        return CLI_USAGE;
+    }
+    if (env_note[0] && !sv_link_wanted()) printf("cohort: from the environment: %s\n", env_note);
     bool embedded = c.n_data_path == 0 && !c.mock_data && !c.n_train_data_path; /* no data flags at all */
     if (embedded) embedded_defaults(&c);
     /* --- checkpoint (issue 5): --use-checkpoint-args and the checkpoint's seed --- */
@@ -453,8 +476,9 @@ int cli_train(int argc, char **argv) {
         say_stopped_early(stdout, "during setup");
         sv_link_close(&link);
         sv_assignment_free(&asg);
+        int st = sv_preempting_signal(g_signal, c.requeue_on_sigterm) ? SV_EXIT_PREEMPTED : CLI_OK;
         co_config_free(&c);
-        return CLI_OK;
+        return st;
     }
 
     /* Only the logging rank (the last, as in Megatron) prints; a worker's lines travel to
@@ -509,8 +533,9 @@ int cli_train(int argc, char **argv) {
     if (g_stop && !worker) {
         /* a signal while the corpus was built: stop before training */
         say_stopped_early(stdout, "during setup");
+        int st = sv_preempting_signal(g_signal, c.requeue_on_sigterm) ? SV_EXIT_PREEMPTED : CLI_OK;
         co_config_free(&c);
-        return CLI_OK;
+        return st;
     }
     /* one job per save directory: the single process or the supervisor locks --save (its
      * workers share the lock), after checking the directory takes files (checkpoint/lock.h) */
@@ -615,6 +640,7 @@ int cli_train(int argc, char **argv) {
         so.heartbeat_timeout_ms = (int)(c.inprocess_heartbeat_timeout * 1000);
         so.job_id = job_id;
         so.signalled = &g_signal; /* one that came before the supervisor's own handlers took over */
+        so.requeue_on_sigterm = c.requeue_on_sigterm;
         signals_to_handlers(); /* the supervisor process computes nothing: libuv's handlers */
         int status = sv_run(&so);
         ck_savedir_unlock(&save_lock);
@@ -655,6 +681,12 @@ int cli_train(int argc, char **argv) {
                      .abort_flag = &g_abort, .on_done = embedded_done, .ctx = &ee};
     int status = wk_run(&wo);
     if (tb_metrics) fclose(tb_metrics); /* the metrics file, and the events: flushed, fsync'ed */
+    if (!worker && status == CLI_OK && g_signal && sv_preempting_signal(g_signal, c.requeue_on_sigterm)) {
+        /* one process alone: a clean stop for preemption (a worker exits 0; its supervisor says it) */
+        fprintf(stderr, "cohort: stopped for preemption (%s): exit %d, requeue the job to resume from --load\n",
+                strsignal(g_signal), SV_EXIT_PREEMPTED);
+        status = SV_EXIT_PREEMPTED;
+    }
     ck_savedir_unlock(&save_lock);
     sv_link_close(&link);
     sv_assignment_free(&asg);

@@ -171,6 +171,8 @@ static const flag flags[] = {
     D("exit", "exit-duration-in-mins", exit_duration_in_mins, NULL, "stop after this many minutes"),
     B("exit", "exit-signal-handler", exit_signal_handler,
       "accepted for Megatron scripts: SIGTERM/SIGINT always finish the step and stop"),
+    B("exit", "requeue-on-sigterm", requeue_on_sigterm,
+      "[cohort] a clean stop by SIGTERM exits 75 (preempted: saved, requeue to resume), as one by SIGUSR1 always does"),
     /* checkpoints */
     S("checkpoint", "save", save, NULL, NULL, "directory to save checkpoints in"),
     S("checkpoint", "load", load, NULL, NULL, "directory to load a checkpoint from"),

@@ -108,6 +108,7 @@ typedef struct co_config {
     int64_t exit_interval;
     double exit_duration_in_mins;
     bool exit_signal_handler;
+    bool requeue_on_sigterm; /* a SIGTERM stop is a preemption (exit 75), as a SIGUSR1 one */
     /* checkpoints */
     char save[512], load[512];
     int64_t save_interval;

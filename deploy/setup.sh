@@ -17,10 +17,13 @@ cd "$here"
 # protobuf-c (actors and their protocol; TensorBoard event files), xxHash and Jansson (checkpoints, JSONL), numpy
 # (reference tests), python3-protobuf (the tensorboard tests' independent event-file reader),
 # clang with its sanitizer/fuzzer runtime (fuzz targets), chromium (headless: the integration test
-# timeline_browser renders `cohort timeline`'s SVG and checks the pixels; skipped without it).
+# timeline_browser renders `cohort timeline`'s SVG and checks the pixels; skipped without it),
+# Slurm and munge (the test slurm_requeue starts a private cluster on this host and submits
+# deploy/slurm/cohort.sbatch to it; skipped without them), python3-yaml (the Kubernetes
+# manifests' test parses deploy/k8s).
 PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev libzmq3-dev libuv1-dev libprotobuf-c-dev
           protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev python3 python3-numpy python3-protobuf clang
-          libclang-rt-14-dev chromium)
+          libclang-rt-14-dev chromium slurmctld slurmd slurm-client munge python3-yaml)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 

@@ -79,8 +79,9 @@ typedef struct sv {
     bool assigned, stopping;
     int status;             /* -1 until decided */
     ac_timer *hb_timer, *rdv_timer, *kill_timer;
-    uv_signal_t sig_int, sig_term;
-    int signals;            /* SIGINT/SIGTERM the supervisor itself received */
+    uv_signal_t sig_int, sig_term, sig_usr1;
+    int signals;            /* SIGINT/SIGTERM/SIGUSR1 the supervisor itself received */
+    int agent_sig;          /* agent: the first of them (its exit status says a preemption) */
     int sig_stop;           /* a clean stop by this signal is under way (0: none) */
     pw_stats stats;
     FILE *metrics;          /* --metrics-file, written from the workers' Metrics records */
@@ -196,7 +197,7 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
         w->respawn = true;
         return;
     }
-    if ((term_signal == SIGINT || term_signal == SIGTERM) && (s->sig_stop || w->signalled || (s->agent && s->signals))) {
+    if ((term_signal == SIGINT || term_signal == SIGTERM || term_signal == SIGUSR1) && (s->sig_stop || w->signalled || (s->agent && s->signals))) {
         /* killed by a signal during a clean stop by signal (a second one, or one that came
          * before the worker's handlers were installed): a stop, not a crash; no restart */
         char why[256];
@@ -694,10 +695,33 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
     if (m->request_id) ac_reply(mb, m, "", 0); /* a worker's goodbye: its earlier messages are in */
     if (!msg) return;
     Cohort__V1__Envelope *e = msg->env;
+    if (s->agent) {
+        /* from the supervisor: the job stops for preemption (begin_signal_stop), so this node's
+         * process exits 75 too (an Indexed Job restarts only the pods that did not exit 0) */
+        if (e->body_case == COHORT__V1__ENVELOPE__BODY_LOG_LINE && e->log_line->text &&
+            !strncmp(e->log_line->text, "preempt: ", 9) && !s->agent_sig) {
+            int sig = atoi(e->log_line->text + 9);
+            if (sig == SIGTERM || sig == SIGUSR1) s->agent_sig = sig;
+        }
+        goto out;
+    }
     worker *w = NULL;
     for (int i = 0; i < s->nw && m->peer; i++)
         if (!strcmp(s->w[i].identity, m->peer)) w = &s->w[i];
     if (!w) {
+        /* a node agent reporting a signal it received (on_signal): the job stops cleanly */
+        if (m->peer && !strncmp(m->peer, "agent", 5) && e->body_case == COHORT__V1__ENVELOPE__BODY_LOG_LINE &&
+            e->log_line->text && !strncmp(e->log_line->text, "signal: ", 8)) {
+            int sig = atoi(e->log_line->text + 8);
+            if (sig == SIGINT || sig == SIGTERM || sig == SIGUSR1) {
+                char what[200];
+                const char *t = strchr(e->log_line->text + 8, ' '); /* past the number: "NAME received by ..." */
+                t = t ? t + 1 : e->log_line->text + 8;
+                snprintf(what, sizeof what, "%.*s", (int)strcspn(t, "\n"), t);
+                begin_signal_stop(s, sig, -1, what);
+            }
+            goto out;
+        }
         /* a node agent reporting a dead worker on its node */
         if (m->peer && !strncmp(m->peer, "agent", 5) && e->body_case == COHORT__V1__ENVELOPE__BODY_ABORT &&
             !s->stopping) {
@@ -823,10 +847,10 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         break;
     case COHORT__V1__ENVELOPE__BODY_LOG_LINE: {
         if (!strncmp(e->log_line->text, "signal: ", 8)) {
-            /* a worker got SIGINT/SIGTERM itself (link.c): the whole job stops cleanly */
+            /* a worker got SIGINT/SIGTERM/SIGUSR1 itself (link.c): the whole job stops cleanly */
             int sig = atoi(e->log_line->text + 8);
             w->signalled = true;
-            if (sig == SIGINT || sig == SIGTERM) {
+            if (sig == SIGINT || sig == SIGTERM || sig == SIGUSR1) {
                 char what[160];
                 snprintf(what, sizeof what, "%s received by rank %d (pid %u)", strsignal(sig), w->rank, w->pid);
                 begin_signal_stop(s, sig, w->rank, what);
@@ -1037,6 +1061,17 @@ static void begin_signal_stop(sv *s, int signum, int rank, const char *what) {
     }
     fprintf(stderr, "cohort supervisor: %s: the job stops after the current step%s\n", what,
             s->restarting ? " (once the restart in progress is done)" : "");
+    if (sv_preempting_signal(signum, s->o.requeue_on_sigterm))
+        for (int n = 1; n < s->o.nnodes; n++) {
+            /* every node's process exits 75, whichever received the signal */
+            char id[32], text[64];
+            snprintf(id, sizeof id, "agent%d", n);
+            snprintf(text, sizeof text, "preempt: %d\n", signum);
+            Cohort__V1__LogLine ll = COHORT__V1__LOG_LINE__INIT;
+            ll.level = COHORT__V1__LOG_LEVEL__LOG_WARNING;
+            ll.text = text;
+            sv__send(s->mb, id, &s->snd, &ll.base);
+        }
     if (s->restarting) return;
     for (int i = 0; i < s->nw; i++)
         if (s->w[i].registered && !s->w[i].exited) send_shutdown(s, &s->w[i], 0, "signal");
@@ -1048,12 +1083,21 @@ static void on_signal(uv_signal_t *h, int signum) {
         char what[120];
         snprintf(what, sizeof what, "%s received by the %s", strsignal(signum), s->agent ? "node agent" : "supervisor");
         if (s->agent) {
-            /* a node agent: its workers got the signal too, or it forwards it to them; they
-             * tell the supervisor, which stops the job */
-            fprintf(stderr, "cohort node agent %d: %s: passing it to this node's workers\n", s->o.node_rank,
+            /* a node agent tells the supervisor, which orders every rank to stop after its
+             * step. It does not pass the signal on to its workers: a scheduler (Slurm's
+             * scancel, srun forwarding a signal) signals every process of the step, and a
+             * forwarded copy would reach a worker as a second signal, which kills it */
+            s->agent_sig = signum;
+            fprintf(stderr, "cohort node agent %d: %s: asking the supervisor to stop the job\n", s->o.node_rank,
                     strsignal(signum));
-            for (int i = 0; i < s->nw; i++)
-                if (s->w[i].spawned && !s->w[i].exited) uv_process_kill(&s->w[i].proc, signum);
+            char text[200];
+            snprintf(text, sizeof text, "signal: %d %s received by node agent %d (pid %d)\n", signum, strsignal(signum),
+                     s->o.node_rank, (int)getpid());
+            Cohort__V1__LogLine ll = COHORT__V1__LOG_LINE__INIT;
+            ll.rank = s->snd.sender;
+            ll.level = COHORT__V1__LOG_LEVEL__LOG_WARNING;
+            ll.text = text;
+            sv__send(s->mb, NULL, &s->snd, &ll.base);
             return;
         }
         begin_signal_stop(s, signum, -1, what);
@@ -1190,14 +1234,16 @@ static int sv_on_start(ac_actor *a, void *ctx) {
     if (rc) return rc;
     uv_signal_init(ac_actor_loop(a), &s->sig_int);
     uv_signal_init(ac_actor_loop(a), &s->sig_term);
-    s->sig_int.data = s->sig_term.data = s;
+    uv_signal_init(ac_actor_loop(a), &s->sig_usr1);
+    s->sig_int.data = s->sig_term.data = s->sig_usr1.data = s;
     uv_signal_start(&s->sig_int, on_signal, SIGINT);
     uv_signal_start(&s->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&s->sig_usr1, on_signal, SIGUSR1); /* Slurm's warning before the time limit */
     if (s->o.signalled && *s->o.signalled) {
         /* one that came before these handlers (cmd_train.c's recorded it) */
         int sig = *s->o.signalled;
         *s->o.signalled = 0;
-        on_signal(sig == SIGINT ? &s->sig_int : &s->sig_term, sig);
+        on_signal(sig == SIGINT ? &s->sig_int : sig == SIGUSR1 ? &s->sig_usr1 : &s->sig_term, sig);
     }
     rc = ac_timer_start(a, (uint64_t)s->o.heartbeat_interval_ms, (uint64_t)s->o.heartbeat_interval_ms, heartbeat_tick, s,
                         &s->hb_timer);
@@ -1217,8 +1263,10 @@ static void sv_on_stop(ac_actor *a, void *ctx) {
     sv *s = ctx;
     uv_signal_stop(&s->sig_int);
     uv_signal_stop(&s->sig_term);
+    uv_signal_stop(&s->sig_usr1);
     uv_close((uv_handle_t *)&s->sig_int, NULL);
     uv_close((uv_handle_t *)&s->sig_term, NULL);
+    uv_close((uv_handle_t *)&s->sig_usr1, NULL);
 }
 
 /* The per-worker and per-rank tables of sv_run. */
@@ -1364,6 +1412,13 @@ int sv_run(const sv_options *opt) {
         for (int i = 0; i < s.nw; i++)
             if (s.w[i].spawned && s.w[i].rank >= 0 && (s.w[i].exit_status || s.w[i].term_signal))
                 status = SV_EXIT_WORKER_FAILED;
+    }
+    /* a clean stop for preemption: saved, but not done (the scheduler requeues the job) */
+    int stop_sig = s.agent ? s.agent_sig : s.sig_stop;
+    if (status == SV_EXIT_OK && stop_sig && sv_preempting_signal(stop_sig, s.o.requeue_on_sigterm)) {
+        status = SV_EXIT_PREEMPTED;
+        fprintf(stderr, "cohort %s: stopped for preemption (%s): exit %d, requeue the job to resume from --load\n",
+                s.agent ? "node agent" : "supervisor", strsignal(stop_sig), SV_EXIT_PREEMPTED);
     }
     if (s.val) {
         if (s.o.report_file && *s.o.report_file) {

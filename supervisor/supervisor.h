@@ -25,6 +25,8 @@
  *   5 the rendezvous did not complete in time
  *   6 a worker stopped sending heartbeats and in-process restart is disabled; the job was
  *     stopped
+ *   75 a clean stop for preemption (SIGUSR1; SIGTERM with --requeue-on-sigterm): as 0, but
+ *     the job is not done; a scheduler requeues it and it resumes from --load
  *   128 + N a second signal N (130: SIGINT, 143: SIGTERM) stopped the job at once, or a
  *     worker was killed by SIGINT/SIGTERM during a clean stop: the step in progress is lost */
 #ifndef COHORT_SUPERVISOR_SUPERVISOR_H
@@ -43,6 +45,9 @@ enum {
     SV_EXIT_WORKER_FAILED = 4,
     SV_EXIT_RENDEZVOUS = 5,
     SV_EXIT_LOST_WORKER = 6,
+    /* a clean stop for preemption (SIGUSR1, or SIGTERM with --requeue-on-sigterm): the step
+     * finished, --save saved; requeue the job to resume (EX_TEMPFAIL, deploy/slurm) */
+    SV_EXIT_PREEMPTED = 75,
 };
 
 typedef struct sv_options {
@@ -106,7 +111,14 @@ typedef struct sv_options {
     /* the caller's record of a SIGINT/SIGTERM that came before the supervisor's own handlers
      * were installed (its number; 0: none; NULL: not kept): honoured as soon as they are */
     volatile sig_atomic_t *signalled;
+    bool requeue_on_sigterm;       /* a stop by SIGTERM is a preemption too (SV_EXIT_PREEMPTED) */
 } sv_options;
+
+/* Whether a clean stop by signal sig is a preemption (exit SV_EXIT_PREEMPTED): SIGUSR1
+ * (Slurm's --signal before the time limit), SIGTERM with requeue_on_sigterm. */
+static inline bool sv_preempting_signal(int sig, bool requeue_on_sigterm) {
+    return sig == SIGUSR1 || (sig == SIGTERM && requeue_on_sigterm);
+}
 
 /* Runs the job to its end; returns one of the exit statuses above. */
 int sv_run(const sv_options *o);
