@@ -549,7 +549,9 @@ int cli_train(int argc, char **argv) {
                          .secret_path = c.job_secret, .exe = "/proc/self/exe", .worker_args = argv,
                          .nworker_args = argc, .extra_env = env, .nextra_env = embedded ? 2 : 0,
                          .rendezvous_timeout_ms = (int)(c.rendezvous_timeout * 1000),
-                         .metrics_file = c.metrics_file, .save_dir = c.save, .most_recent_k = c.most_recent_k};
+                         .metrics_file = c.metrics_file, .save_dir = c.save, .most_recent_k = c.most_recent_k,
+                         .metrics_port = c.metrics_port, .save_interval = c.save_interval,
+                         .train_iters = c.train_iters};
         wk_rr_options(&c, world, &so.rerun);
         so.tracker_file = c.result_rejected_tracker_filename;
         char report[1100];

@@ -16,10 +16,12 @@ cd "$here"
 # Debian packages by name: compiler, build tools, oneDNN (matrix products), ZeroMQ, libuv and
 # protobuf-c (actors and their protocol), xxHash and Jansson (checkpoints, JSONL), numpy (reference tests),
 # clang with its sanitizer/fuzzer runtime (fuzz targets), chromium (headless: the integration test
-# timeline_browser renders `cohort timeline`'s SVG and checks the pixels; skipped without it).
+# timeline_browser renders `cohort timeline`'s SVG and checks the pixels; skipped without it),
+# libmicrohttpd (the supervisor's Prometheus endpoint, --metrics-port) and prometheus with its
+# promtool (the integration tests scrape a real job and check deploy/prometheus/alerts.yml).
 PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev libzmq3-dev libuv1-dev libprotobuf-c-dev
           protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev python3 python3-numpy clang libclang-rt-14-dev
-          chromium)
+          chromium libmicrohttpd-dev prometheus)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 

@@ -37,6 +37,7 @@ struct svc {
     bool failing;            /* the job is failing: no more commits */
     int (*rerun_save)(void *ctx, char *buf, size_t n);
     void *rerun_ctx;
+    int64_t commits, last_committed; /* svc_committed */
 };
 
 int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_id, svc_send_fn send, void *ctx) {
@@ -53,6 +54,7 @@ int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_i
     c->send = send;
     c->ctx = ctx;
     c->iteration = -1;
+    c->last_committed = -1;
     ck_test_set_role("sv"); /* COHORT_CKPT_CRASH_AT=PHASE@sv */
     *out = c;
     return 0;
@@ -126,6 +128,8 @@ static void commit(svc *c) {
                     c->keep, it, co_err_detail());
     }
     tell_all(c, it, COHORT__V1__CHECKPOINT_PHASE__CKPT_COMMIT, final);
+    c->commits++;
+    c->last_committed = it;
     reset(c);
 }
 
@@ -210,4 +214,9 @@ void svc_destroy(svc **pc) {
     free(c->files);
     free(c);
     *pc = NULL;
+}
+
+int64_t svc_committed(const svc *c, int64_t *iteration) {
+    *iteration = c ? c->last_committed : -1;
+    return c ? c->commits : 0;
 }

@@ -67,6 +67,10 @@ typedef struct sv_options {
     int heartbeat_timeout_ms;      /* a worker silent this long is lost (default 30000) */
     int kill_grace_ms;             /* after asking workers to stop, SIGKILL after (default 10000) */
     const char *metrics_file;      /* where workers' metrics records go ("" or NULL: none) */
+    int metrics_port;              /* Prometheus GET /metrics on this port (0: off; node 0 only), bound to
+                                      127.0.0.1 on one node, master_addr on several (metrics_http.h) */
+    int64_t save_interval;         /* --save-interval, --train-iters: for `cohort status`'s next checkpoint */
+    int64_t train_iters;
     /* checkpoints: the ranks write their parts of each save into --save and the supervisor
      * commits them (ckpt_coord.c); NULL or "": no --save */
     const char *save_dir;
