@@ -18,6 +18,7 @@
 #include "train/sample.h"
 #include "train/trainer.h"
 #include "supervisor/link.h"
+#include "supervisor/metrics_local.h"
 #include "supervisor/supervisor.h"
 
 #include <inttypes.h>
@@ -621,10 +622,23 @@ int cli_train(int argc, char **argv) {
         co_config_free(&c);
         return status;
     }
+    /* a single process serves --metrics-port itself (the supervisor does for workers) */
+    svl *prom = NULL;
+    if (!worker && c.metrics_port > 0) {
+        rc = svl_start(&prom, c.metrics_port, c.metrics_file, c.save_interval, c.train_iters, c.save, &data.metrics);
+        if (rc) {
+            fprintf(stderr, "cohort train: %s\n", co_err_detail());
+            ck_savedir_unlock(&save_lock);
+            co_config_free(&c);
+            return CLI_FAILURE;
+        }
+        fprintf(stderr, "cohort: Prometheus metrics at http://127.0.0.1:%d/metrics\n", c.metrics_port);
+    }
     embedded_end ee = {.info = embedded ? &info : NULL, .c = &c, .out = out};
     wk_options wo = {.config = &c, .data = &data, .out = out, .link = link, .asg = &asg, .stop = &g_stop,
                      .abort_flag = &g_abort, .on_done = embedded_done, .ctx = &ee};
     int status = wk_run(&wo);
+    svl_stop(&prom);
     ck_savedir_unlock(&save_lock);
     sv_link_close(&link);
     sv_assignment_free(&asg);

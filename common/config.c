@@ -625,9 +625,6 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (GIVEN("inprocess-active-world-size") && c->inprocess_active_world_size == 1 && c->nproc_per_node > 1)
         problem(&P, "--inprocess-active-world-size 1 is not supported yet (a single training rank runs without the "
                     "supervisor, so without spares)");
-    if (c->metrics_port && c->nproc_per_node == 1 && c->nnodes == 1)
-        problem(&P, "--metrics-port is not supported yet in a single-process job (the supervisor serves it: "
-                    "--nproc-per-node 2 or more)");
     if (c->run_report[0] && c->nproc_per_node == 1 && c->nnodes == 1)
         problem(&P, "--run-report is not supported yet in a single-process job (the supervisor writes it: "
                     "--nproc-per-node 2 or more)");

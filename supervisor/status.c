@@ -118,11 +118,15 @@ char *svo_prometheus(const svo *o, const svo_job *j, const svv *v) {
     FILE *f = open_memstream(&buf, &len);
     if (!f) return NULL;
     head(f, "cohort_job_info", "gauge", "The job: its id and state (always 1).");
-    fputs("cohort_job_info{job_id=", f);
-    char id[32];
-    snprintf(id, sizeof id, "%016" PRIx64, j->job_id);
-    label(f, id);
-    fputs(",state=", f);
+    fputs("cohort_job_info{", f);
+    if (j->job_id) { /* (a single process has no job id) */
+        char id[32];
+        snprintf(id, sizeof id, "%016" PRIx64, j->job_id);
+        fputs("job_id=", f);
+        label(f, id);
+        fputc(',', f);
+    }
+    fputs("state=", f);
     label(f, j->state);
     fputs("} 1\n", f);
     one(f, "cohort_world_size", "gauge", "Ranks that train.", j->world);
@@ -130,10 +134,10 @@ char *svo_prometheus(const svo *o, const svo_job *j, const svv *v) {
         (double)j->generation);
     one(f, "cohort_uptime_seconds", "gauge", "Seconds since the supervisor started.", j->uptime_s);
     int64_t it = o->have ? o->iteration : 0;
-    int64_t vit = v ? svv_current_iteration(v) : 0;
     one(f, "cohort_iteration", "gauge", "The newest iteration the last rank logged.", (double)it);
-    one(f, "cohort_reported_iteration", "gauge", "The newest iteration any rank reported to the rerun state machine.",
-        (double)vit);
+    if (v)
+        one(f, "cohort_reported_iteration", "gauge", "The newest iteration any rank reported to the rerun state machine.",
+            (double)svv_current_iteration(v));
     if (o->train_iters > 0 || j->train_iters > 0)
         one(f, "cohort_train_iterations", "gauge", "Iterations the job trains (--train-iters).",
             (double)(o->train_iters > 0 ? o->train_iters : j->train_iters));
@@ -156,11 +160,11 @@ char *svo_prometheus(const svo *o, const svo_job *j, const svv *v) {
     for (int i = 0; i < j->nslots; i++)
         if (j->ranks[i].rank >= 0) fprintf(f, "cohort_rank_up{rank=\"%d\",node=\"%d\"} %d\n", j->ranks[i].rank,
                                            j->ranks[i].node, j->ranks[i].alive ? 1 : 0);
-    head(f, "cohort_rank_iteration", "gauge", "The iteration each rank's latest heartbeat gave.");
-    for (int i = 0; i < j->nslots; i++)
-        if (j->ranks[i].rank >= 0)
-            fprintf(f, "cohort_rank_iteration{rank=\"%d\"} %" PRId64 "\n", j->ranks[i].rank, j->ranks[i].iteration);
     if (v) {
+        head(f, "cohort_rank_iteration", "gauge", "The iteration each rank's latest heartbeat gave.");
+        for (int i = 0; i < j->nslots; i++)
+            if (j->ranks[i].rank >= 0)
+                fprintf(f, "cohort_rank_iteration{rank=\"%d\"} %" PRId64 "\n", j->ranks[i].rank, j->ranks[i].iteration);
         int W = svv_world(v);
         head(f, "cohort_rank_step_seconds", "gauge",
              "Each rank's latest step time (data, forward, backward, all-reduce, optimizer), as it reported.");

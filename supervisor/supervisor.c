@@ -90,6 +90,7 @@ typedef struct sv {
     svv *val;               /* validates every iteration, writes the run report (validate.c) */
     svo *obs;               /* what Prometheus and `cohort status` are told (status.c) */
     svm *http;              /* --metrics-port's HTTP server (metrics_http.c) */
+    uint64_t published_ms;  /* when the latest snapshot was published */
     uint64_t t_start;
     bool restart_enabled;   /* in-process restart (one node) */
     int world;              /* active ranks (--inprocess-active-world-size); slots beyond are spares */
@@ -675,6 +676,7 @@ static void job_view(sv *s, svo_job *j, svo_rank *ranks) {
 /* Renders the Prometheus snapshot and hands it to the HTTP thread (--metrics-port). */
 static void publish_metrics(sv *s) {
     if (!s->http || !s->obs) return;
+    s->published_ms = sv__now_ms();
     svo_rank *ranks = calloc((size_t)s->nw, sizeof *ranks);
     if (!ranks) return;
     svo_job j;
@@ -911,7 +913,9 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         }
         if (e->metrics->record) {
             svo_on_record(s->obs, e->metrics->record);
-            publish_metrics(s);
+            /* (at most 5 snapshots a second: a fast job logs hundreds of records a second;
+             * the heartbeat tick publishes the rest) */
+            if (sv__now_ms() - s->published_ms >= 200) publish_metrics(s);
         }
         break;
     case COHORT__V1__ENVELOPE__BODY_LOG_LINE: {

@@ -4,6 +4,7 @@
 #   prom_test.sh COHORT CASE
 #   prom_exposition  GET /metrics: the text format (HELP/TYPE before samples, names, labels,
 #                    counters' _total), the series the docs list, promtool check metrics, 404
+#   prom_single      a single-process job serves it too; its --metrics-file is intact
 #   prom_scrape      a real Prometheus (Debian's) scrapes the job every second; a rank killed
 #                    with `cohort inject` shows as cohort_restarts_total 1 and a fault of kind
 #                    killed in its API, and the iteration advances past the kill
@@ -70,7 +71,11 @@ prom_exposition)
     start e --metrics-port "$port" --save "$work/e.ckpt" --save-interval 50
     trained 60 e
     grep -q "Prometheus metrics at http://127.0.0.1:$port/metrics" "$work/e.err" || fail "no address said: $(cat "$work/e.err")"
-    get "http://127.0.0.1:$port/metrics" >"$work/m1.txt"
+    # (a snapshot is at most a heartbeat, 1 s, behind the records)
+    for _ in $(seq 50); do
+        get "http://127.0.0.1:$port/metrics" >"$work/m1.txt"
+        n=$(sed -n 's/^cohort_iteration \([0-9]*\)$/\1/p' "$work/m1.txt"); [ "${n:-0}" -ge 60 ] && break; sleep 0.1
+    done
     sleep 1.5
     get "http://127.0.0.1:$port/metrics" >"$work/m2.txt"
     get "http://127.0.0.1:$port/other" >"$work/404.txt"
@@ -110,7 +115,7 @@ assert not missing, missing
 assert a[("cohort_world_size", "")] == 2
 assert a[("cohort_restarts_total", "")] == 0
 assert ("cohort_rank_step_seconds", 'rank="0"') in a and ("cohort_rank_step_seconds", 'rank="1"') in a
-assert a[("cohort_iteration", "")] >= 60 and b[("cohort_iteration", "")] > a[("cohort_iteration", "")], "not advancing"
+assert a[("cohort_iteration", "")] >= 60 and b[("cohort_iteration", "")] > a[("cohort_iteration", "")], ("not advancing", a, b)
 assert a[("cohort_checkpoints_total", "")] >= 1 and a[("cohort_checkpoint_last_iteration", "")] % 50 == 0
 assert 0 < a[("cohort_lm_loss", "")] < 20 and a[("cohort_tokens_per_second", "")] > 0
 PY
@@ -118,6 +123,42 @@ PY
         sed '/^#status/d' "$work/m1.txt" | promtool check metrics >"$work/lint" 2>&1 || fail "promtool check metrics: $(cat "$work/lint")"
     fi
     stop e
+    ;;
+prom_single)
+    # a single-process job serves it itself; its metrics file is written as without
+    port=$(free_port)
+    single=(); prev=
+    for a in "${tiny[@]}"; do [ "$prev" = --nproc-per-node ] && a=1; single+=("$a"); prev=$a; done
+    "$cohort" train "${single[@]}" --metrics-file "$work/p.jsonl" --metrics-port "$port" >"$work/p.out" 2>"$work/p.err" &
+    job=$!
+    trained 20 p
+    # (a snapshot is at most 0.2 s behind the records)
+    for _ in $(seq 50); do
+        get "http://127.0.0.1:$port/metrics" >"$work/m1.txt"
+        n=$(sed -n 's/^cohort_iteration \([0-9]*\)$/\1/p' "$work/m1.txt"); [ "${n:-0}" -ge 20 ] && break; sleep 0.1
+    done
+    sleep 1
+    get "http://127.0.0.1:$port/metrics" >"$work/m2.txt"
+    stop p
+    $py - "$work/m1.txt" "$work/m2.txt" "$work/p.jsonl" <<'PY' || fail "single process: $(cat "$work/m1.txt")"
+import json, sys
+def samples(path):
+    out = {}
+    for l in open(path):
+        if l.startswith("cohort_"):
+            k, v = l.rsplit(" ", 1); out[k] = float(v)
+    return out
+a, b = samples(sys.argv[1]), samples(sys.argv[2])
+assert a["cohort_world_size"] == 1 and a['cohort_rank_up{rank="0",node="0"}'] == 1, a
+assert a["cohort_iteration"] >= 20 and b["cohort_iteration"] > a["cohort_iteration"], (a, b)
+assert 0 < a["cohort_lm_loss"] < 20 and a["cohort_tokens_per_second"] > 0, a
+recs = [json.loads(l) for l in open(sys.argv[3])]
+its = [r["iteration"] for r in recs if "grad_norm" in r]
+assert its == list(range(1, len(its) + 1)) and len(its) >= b["cohort_iteration"], its[-3:]
+PY
+    if command -v promtool >/dev/null; then
+        sed '/^#status/d' "$work/m1.txt" | promtool check metrics >"$work/lint" 2>&1 || fail "promtool check metrics: $(cat "$work/lint")"
+    fi
     ;;
 prom_scrape)
     command -v prometheus >/dev/null || skip "no prometheus binary (Debian package prometheus; deploy/setup.sh installs it)"
