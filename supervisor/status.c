@@ -21,6 +21,8 @@ struct svo {
     int64_t ckpt_last_it;
     double ckpt_sum_s;
     int64_t ckpt_n;
+    double load_s;             /* the latest checkpoint load's time (< 0: none) */
+    int64_t load_it, loads;
 };
 
 int svo_new(svo **out) {
@@ -29,6 +31,8 @@ int svo_new(svo **out) {
     if (!o) return co_err_set(CO_ENOMEM, "supervisor status: out of memory");
     o->ckpt_last_s = -1;
     o->ckpt_last_it = -1;
+    o->load_s = -1;
+    o->load_it = -1;
     return 0;
 }
 
@@ -49,6 +53,12 @@ void svo_on_record(svo *o, const char *record) {
         const char *nl = strchr(p, '\n');
         size_t n = nl ? (size_t)(nl - p) : strlen(p);
         json_t *r = n ? json_loadb(p, n, 0, NULL) : NULL;
+        json_t *ev = json_object_get(r, "event");
+        if (json_is_string(ev) && !strcmp(json_string_value(ev), "checkpoint_load")) {
+            o->load_s = num(r, "seconds", -1);
+            o->load_it = (int64_t)num(r, "iteration", -1);
+            o->loads++;
+        }
         if (json_is_object(r) && !json_object_get(r, "evaluation") && !json_object_get(r, "event") &&
             json_is_integer(json_object_get(r, "iteration")) && json_object_get(r, "lm_loss")) {
             o->have = true;
@@ -243,6 +253,12 @@ char *svo_prometheus(const svo *o, const svo_job *j, const svv *v) {
         one(f, "cohort_checkpoint_save_seconds", "gauge",
             "The newest checkpoint's save time: from its iteration's acceptance to its commit (every rank's write "
             "and the supervisor's commit).", o->ckpt_last_s);
+    if (o->load_s >= 0) {
+        one(f, "cohort_checkpoint_loads_total", "counter", "Checkpoints loaded (--load, restarts from a checkpoint).",
+            (double)o->loads);
+        one(f, "cohort_checkpoint_load_seconds", "gauge", "The latest checkpoint load's time (the logging rank's).",
+            o->load_s);
+    }
     if (fclose(f)) {
         free(buf);
         return NULL;
@@ -335,6 +351,8 @@ char *svo_status_json(const svo *o, const svo_job *j, const svv *v, int nfaults)
     json_object_set_new(ck, "committed", json_integer(j->ckpt_commits));
     json_object_set_new(ck, "last_iteration", j->ckpt_last >= 0 ? json_integer(j->ckpt_last) : json_null());
     json_object_set_new(ck, "last_save_seconds", o->ckpt_last_s >= 0 ? json_real(o->ckpt_last_s) : json_null());
+    json_object_set_new(ck, "last_load_iteration", o->load_it >= 0 ? json_integer(o->load_it) : json_null());
+    json_object_set_new(ck, "last_load_seconds", o->load_s >= 0 ? json_real(o->load_s) : json_null());
     int64_t next = -1;
     if (j->save_dir && *j->save_dir) {
         if (j->save_interval > 0) next = (it / j->save_interval + 1) * j->save_interval;

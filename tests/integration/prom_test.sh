@@ -3,7 +3,8 @@
 # against running 2-rank jobs; one case per meson test (docs/observability.md).
 #   prom_test.sh COHORT CASE
 #   prom_exposition  GET /metrics: the text format (HELP/TYPE before samples, names, labels,
-#                    counters' _total), the series the docs list, promtool check metrics, 404
+#                    counters' _total), the series the docs list, promtool check metrics, 404;
+#                    a job that loads the checkpoint exports the load's time
 #   prom_single      a single-process job serves it too; its --metrics-file is intact
 #   prom_scrape      a real Prometheus (Debian's) scrapes the job every second; a rank killed
 #                    with `cohort inject` shows as cohort_restarts_total 1 and a fault of kind
@@ -123,6 +124,17 @@ PY
         sed '/^#status/d' "$work/m1.txt" | promtool check metrics >"$work/lint" 2>&1 || fail "promtool check metrics: $(cat "$work/lint")"
     fi
     stop e
+    # a job that loads a checkpoint exports the load's time
+    port=$(free_port)
+    start l --metrics-port "$port" --load "$work/e.ckpt"
+    trained 3 l
+    for _ in $(seq 50); do
+        get "http://127.0.0.1:$port/metrics" >"$work/m3.txt"
+        grep -q '^cohort_checkpoint_load_seconds [0-9]' "$work/m3.txt" && break; sleep 0.1
+    done
+    grep -q '^cohort_checkpoint_loads_total 1$' "$work/m3.txt" && grep -q '^cohort_checkpoint_load_seconds [0-9]' "$work/m3.txt" ||
+        fail "no checkpoint load: $(grep checkpoint "$work/m3.txt") $(tail -3 "$work/l.err")"
+    stop l
     ;;
 prom_single)
     # a single-process job serves it itself; its metrics file is written as without
