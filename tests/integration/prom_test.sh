@@ -11,7 +11,8 @@
 #                    killed in its API, and the iteration advances past the kill
 #   prom_rules       deploy/prometheus/alerts.yml: promtool check rules and its unit tests
 #   status           `cohort status --json` and the human form, --watch without a terminal
-#   status_errors    no such job, several jobs, a supervisor that does not answer (stopped)
+#   status_errors    no such job, several jobs, a supervisor that does not answer (stopped),
+#                    --watch until the job ends
 set -uo pipefail
 cohort=$1; case_name=$2
 # every `cohort train` here runs with --device cpu, also on a machine with a GPU
@@ -333,8 +334,16 @@ status_errors)
     "$cohort" status --timeout 1 "$a" >"$work/e3" 2>&1; r=$?
     kill -CONT "$a"
     [ $r -eq 1 ] && grep -q "no answer from the supervisor .*(pid $a) within 1 s" "$work/e3" || fail "stopped supervisor: $r $(cat "$work/e3")"
+    # --watch follows a job until it ends, then says so (exit 0)
+    "$cohort" status --watch 0.3 --timeout 1 "$b" >"$work/w" 2>&1 &
+    watcher=$!
+    sleep 1
     job=$a; stop a
     job=$b; stop b
+    for _ in $(seq 100); do kill -0 $watcher 2>/dev/null || break; sleep 0.1; done
+    wait $watcher; r=$?
+    [ $r -eq 0 ] && grep -q "the job (supervisor pid $b) ended" "$work/w" && [ "$(grep -c '^cohort job ' "$work/w")" -ge 2 ] ||
+        fail "--watch to the end: $r $(tail -5 "$work/w")"
     ;;
 *) fail "unknown case $case_name" ;;
 esac
