@@ -7,6 +7,8 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,8 @@
 
 struct svm {
     struct MHD_Daemon *d;
+    bool starting;      /* libmicrohttpd's messages go to why (start-up), else nowhere */
+    char why[300];
     pthread_mutex_t mu;
     char *text; /* the snapshot (NULL: none yet) */
     size_t len;
@@ -63,6 +67,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return answer(c, MHD_HTTP_OK, PROM_CONTENT_TYPE, copy, len);
 }
 
+/* libmicrohttpd's error messages: kept while starting (why a bind failed, for the error
+ * message); later ones (a client that went away) are not worth the job's stderr. */
+static void on_log(void *cls, const char *fmt, va_list ap) {
+    svm *m = cls;
+    char line[300];
+    vsnprintf(line, sizeof line, fmt, ap);
+    line[strcspn(line, "\n")] = '\0';
+    pthread_mutex_lock(&m->mu);
+    if (m->starting) snprintf(m->why, sizeof m->why, "%s", line);
+    pthread_mutex_unlock(&m->mu);
+}
+
 static void on_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t) {
     (void)cls;
     (void)c;
@@ -91,16 +107,22 @@ int svm_start(svm **out, const char *addr, int port) {
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     /* every wait bounded: an idle connection is closed after 10 s; at most 16 at once */
-    m->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, m, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+    m->starting = true;
+    m->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, m, MHD_OPTION_EXTERNAL_LOGGER, on_log, m,
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
                             MHD_OPTION_NOTIFY_COMPLETED, on_done, (void *)NULL, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!m->d) {
+        int rc = co_err_set(CO_EIO, "--metrics-port: cannot serve HTTP on %s port %d: %s", addr, port,
+                            m->why[0] ? m->why : "libmicrohttpd could not start");
         pthread_mutex_destroy(&m->mu);
         free(m);
-        return co_err_set(CO_EIO, "--metrics-port: cannot serve HTTP on %s port %d (the port in use, or the address "
-                          "not this machine's?)", addr, port);
+        return rc;
     }
+    pthread_mutex_lock(&m->mu);
+    m->starting = false;
+    pthread_mutex_unlock(&m->mu);
     *out = m;
     return 0;
 }

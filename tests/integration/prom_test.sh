@@ -4,7 +4,7 @@
 #   prom_test.sh COHORT CASE
 #   prom_exposition  GET /metrics: the text format (HELP/TYPE before samples, names, labels,
 #                    counters' _total), the series the docs list, promtool check metrics, 404;
-#                    a job that loads the checkpoint exports the load's time
+#                    a port in use refused; a job that loads the checkpoint exports the load's time
 #   prom_single      a single-process job serves it too; its --metrics-file is intact
 #   prom_scrape      a real Prometheus (Debian's) scrapes the job every second; a rank killed
 #                    with `cohort inject` shows as cohort_restarts_total 1 and a fault of kind
@@ -80,6 +80,10 @@ prom_exposition)
     done
     sleep 1.5
     get "http://127.0.0.1:$port/metrics" >"$work/m2.txt"
+    # a second job on the same port: refused at its start, saying why (exit 1)
+    "$cohort" train "${tiny[@]}" --metrics-port "$port" >"$work/busy.out" 2>&1; r=$?
+    [ $r -eq 1 ] && grep -q "cannot serve HTTP on 127.0.0.1 port $port: .*in use" "$work/busy.out" ||
+        fail "port in use: $r $(tail -3 "$work/busy.out")"
     get "http://127.0.0.1:$port/other" >"$work/404.txt"
     grep -q '^#status 404' "$work/404.txt" || fail "/other: $(cat "$work/404.txt")"
     $py - "$work/m1.txt" "$work/m2.txt" <<'PY' || fail "exposition: $(head -c 3000 "$work/m1.txt")"
