@@ -138,6 +138,11 @@ void svm_publish(svm *m, char *text) {
     free(old);
 }
 
+int svm_port(svm *m) {
+    const union MHD_DaemonInfo *i = m ? MHD_get_daemon_info(m->d, MHD_DAEMON_INFO_BIND_PORT) : NULL;
+    return i ? (int)i->port : -1;
+}
+
 unsigned long svm_requests(svm *m) {
     if (!m) return 0;
     pthread_mutex_lock(&m->mu);

@@ -13,6 +13,8 @@ typedef struct svm svm;
 int svm_start(svm **out, const char *addr, int port);
 /* Replaces the snapshot served with text (taken over: freed by svm; NULL keeps the old one). */
 void svm_publish(svm *m, char *text);
+/* The port it listens on (the one the system chose for port 0). */
+int svm_port(svm *m);
 /* Requests served so far (for tests and the log). */
 unsigned long svm_requests(svm *m);
 /* Stops the HTTP thread (open connections are closed) and frees everything; *m = NULL. */

@@ -10,7 +10,8 @@
 #                    with `cohort inject` shows as cohort_restarts_total 1 and a fault of kind
 #                    killed in its API, and the iteration advances past the kill
 #   prom_rules       deploy/prometheus/alerts.yml: promtool check rules and its unit tests
-#   status           `cohort status --json` and the human form, --watch without a terminal
+#   status           `cohort status --json` and the human form, --watch on a terminal (script)
+#                    and without one, the restart and fault after a kill
 #   status_errors    no such job, several jobs, a supervisor that does not answer (stopped),
 #                    --watch until the job ends
 set -uo pipefail
@@ -296,6 +297,12 @@ PY
     timeout 3 "$cohort" status --watch 0.5 "$job" >"$work/watch.txt" 2>&1
     n=$(grep -c '^cohort job ' "$work/watch.txt")
     [ "$n" -ge 2 ] && ! grep -q $'\033' "$work/watch.txt" || fail "--watch: $n reports: $(head -c 400 "$work/watch.txt")"
+    # on a terminal (script(1) gives it one): redrawn in place, the screen cleared each time
+    if command -v script >/dev/null; then
+        timeout 3 script -qec "$cohort status --watch 0.5 $job" /dev/null >"$work/tty.txt" 2>&1
+        n=$(grep -o $'\033\[H\033\[2J' "$work/tty.txt" | wc -l)
+        [ "$n" -ge 2 ] && grep -q "cohort job .*(supervisor pid $job)" "$work/tty.txt" || fail "--watch on a terminal: $n redraws: $(head -c 300 "$work/tty.txt" | od -c | head -5)"
+    fi
     # after a kill the restart and the fault show
     at=$(( $(grep -c grad_norm "$work/s.jsonl") + 500 ))
     "$cohort" inject --pid "$job" "kill@rank=0,step=$at" >"$work/inject" 2>&1 || fail "inject: $(cat "$work/inject")"

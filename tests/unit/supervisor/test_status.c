@@ -1,11 +1,21 @@
 /* test_status.c - supervisor/status.c: metrics records parsed (training, evaluation and
  * event lines), the Prometheus text (HELP and TYPE once per family before its samples, label
- * values escaped, counters), the status document (ranks, faults, the next checkpoint). */
+ * values escaped, counters), the status document (ranks, faults, the next checkpoint); and
+ * supervisor/metrics_http.c: /metrics served while another thread publishes (run under
+ * ThreadSanitizer too), 404 elsewhere. */
+#include "common/error.h"
+#include "supervisor/metrics_http.h"
 #include "supervisor/status.h"
 
 #include "tests/test.h"
 
+#include <arpa/inet.h>
 #include <jansson.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 static int no_send(void *ctx, int rank, const ProtobufCMessage *body) {
     (void)ctx;
@@ -147,7 +157,84 @@ static void status_document(void) {
     svo_destroy(&o);
 }
 
+/* GET path from 127.0.0.1:port (HTTP/1.0, the whole answer until the server closes) into
+ * buf; its length, or -1. Every wait bounded by a 5 s socket timeout. */
+static int http_get(int port, const char *path, char *buf, size_t n) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    char req[200];
+    int len = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n", path);
+    size_t got = 0;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) || write(fd, req, (size_t)len) != len) {
+        close(fd);
+        return -1;
+    }
+    for (ssize_t k; got < n - 1 && (k = read(fd, buf + got, n - 1 - got)) > 0;) got += (size_t)k;
+    buf[got] = '\0';
+    close(fd);
+    return (int)got;
+}
+
+typedef struct pub {
+    svm *m;
+    int rounds;
+} pub;
+
+static void *publisher(void *arg) {
+    pub *p = arg;
+    for (int k = 0; k < p->rounds; k++) {
+        char *t = malloc(64);
+        if (!t) break;
+        snprintf(t, 64, "# TYPE cohort_x gauge\ncohort_x %d\n", k);
+        svm_publish(p->m, t);
+        usleep(500);
+    }
+    return NULL;
+}
+
+static void http_endpoint(void) {
+    svm *m = NULL;
+    REQUIRE_MSG(svm_start(&m, "127.0.0.1", 0) == 0, "%s", co_err_detail());
+    int port = svm_port(m);
+    REQUIRE(port > 0);
+    char buf[4096];
+    /* before any snapshot: an empty body */
+    CHECK(http_get(port, "/metrics", buf, sizeof buf) > 0 && (strstr(buf, "HTTP/1.0 200") || strstr(buf, "HTTP/1.1 200")));
+    pub p = {.m = m, .rounds = 400};
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, publisher, &p) == 0);
+    int ok = 0;
+    for (int k = 0; k < 20; k++) {
+        if (http_get(port, "/metrics", buf, sizeof buf) <= 0) continue;
+        char *body = strstr(buf, "\r\n\r\n");
+        int v = -1;
+        if (strstr(buf, " 200 ") && strstr(buf, "text/plain; version=0.0.4") && body &&
+            (!body[4] || sscanf(body + 4, "# TYPE cohort_x gauge\ncohort_x %d\n", &v) == 1))
+            ok++;
+    }
+    pthread_join(th, NULL);
+    CHECK_MSG(ok == 20, "%d of 20 scrapes whole", ok);
+    CHECK(http_get(port, "/metrics", buf, sizeof buf) > 0 && strstr(buf, "cohort_x 399\n"));
+    CHECK(http_get(port, "/other", buf, sizeof buf) > 0 && strstr(buf, " 404 "));
+    CHECK(svm_requests(m) >= 22);
+    /* the same port twice: refused, saying so */
+    svm *m2 = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "port %d", port);
+    CHECK(svm_start(&m2, "127.0.0.1", port) == CO_EIO && !m2);
+    CHECK_MSG(strstr(co_err_detail(), ps), "%s", co_err_detail());
+    svm_stop(&m);
+    CHECK(m == NULL);
+    CHECK(http_get(port, "/metrics", buf, sizeof buf) < 0); /* nobody listens any more */
+}
+
 int main(void) {
+    RUN(http_endpoint);
     RUN(prometheus_text);
     RUN(status_document);
     return TEST_EXIT();
