@@ -151,7 +151,7 @@ static const flag flags[] = {
     L("logging", "eval-iters", eval_iters, "100", "iterations of each evaluation"),
     S("logging", "metrics-file", metrics_file, NULL, NULL, "[cohort] append one JSON object per logged iteration"),
     I("logging", "metrics-port", metrics_port, "0",
-      "[cohort] serve Prometheus metrics (GET /metrics) from the supervisor on this port (0: off)"),
+      "[cohort] serve Prometheus metrics (GET /metrics) on 127.0.0.1 (several nodes: --master-addr) at this port (0: off)"),
     NB("logging", "progress", progress, "[cohort] live progress bar when stdout is a terminal"),
     /* exit */
     L("exit", "exit-interval", exit_interval, NULL, "stop after an iteration divisible by this"),
