@@ -19,7 +19,8 @@ cd "$here"
 # clang with its sanitizer/fuzzer runtime (fuzz targets), chromium (headless: the integration test
 # timeline_browser renders `cohort timeline`'s SVG and checks the pixels; skipped without it),
 # libmicrohttpd (the supervisor's Prometheus endpoint, --metrics-port) and prometheus with its
-# promtool (the integration tests scrape a real job and check deploy/prometheus/alerts.yml).
+# promtool (the integration tests scrape a real job and check deploy/prometheus/alerts.yml; they
+# start their own prometheus on a free port, not the package's system service).
 PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev libzmq3-dev libuv1-dev libprotobuf-c-dev
           protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev python3 python3-numpy clang libclang-rt-14-dev
           chromium libmicrohttpd-dev prometheus)
