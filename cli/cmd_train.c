@@ -20,6 +20,7 @@
 #include "train/sample.h"
 #include "train/trainer.h"
 #include "supervisor/link.h"
+#include "supervisor/metrics_local.h"
 #include "supervisor/supervisor.h"
 
 #include <inttypes.h>
@@ -575,7 +576,9 @@ int cli_train(int argc, char **argv) {
                          .secret_path = c.job_secret, .exe = "/proc/self/exe", .worker_args = argv,
                          .nworker_args = argc, .extra_env = env, .nextra_env = embedded ? 2 : 0,
                          .rendezvous_timeout_ms = (int)(c.rendezvous_timeout * 1000),
-                         .metrics_file = c.metrics_file, .save_dir = c.save, .most_recent_k = c.most_recent_k};
+                         .metrics_file = c.metrics_file, .save_dir = c.save, .most_recent_k = c.most_recent_k,
+                         .metrics_port = c.metrics_port, .save_interval = c.save_interval,
+                         .train_iters = c.train_iters};
         ob_tb_options tbo;
         ob_tb_options_from_config(&tbo, &c, world);
         if (c.tensorboard_dir[0] && !(c.nnodes > 1 && c.node_rank > 0)) so.tensorboard = &tbo;
@@ -649,25 +652,41 @@ int cli_train(int argc, char **argv) {
         co_config_free(&c);
         return status;
     }
+    /* a single process serves --metrics-port itself (the supervisor does for workers) */
+    svl *prom = NULL;
+    if (!worker && c.metrics_port > 0) {
+        rc = svl_start(&prom, c.metrics_port, c.metrics_file, c.save_interval, c.train_iters, c.save, &data.metrics);
+        if (rc) {
+            fprintf(stderr, "cohort train: %s\n", co_err_detail());
+            ck_savedir_unlock(&save_lock);
+            sv_link_close(&link);
+            sv_assignment_free(&asg);
+            co_config_free(&c);
+            return CLI_FAILURE;
+        }
+        fprintf(stderr, "cohort: Prometheus metrics at http://127.0.0.1:%d/metrics\n", c.metrics_port);
+    }
     /* the single process writes the TensorBoard events (a worker never does: its supervisor
      * writes the last rank's): its metrics records go through a stream that passes them on
-     * to the metrics file and the event file (observe/tensorboard.h) */
+     * to the metrics file (or to --metrics-port's stream, which writes that file) and the
+     * event file (observe/tensorboard.h) */
     FILE *tb_metrics = NULL;
     if (!worker && c.tensorboard_dir[0]) {
         ob_tb_options tbo;
         ob_tb_options_from_config(&tbo, &c, world);
         ob_tb *tb = NULL;
-        FILE *mf = NULL;
+        FILE *mf = prom ? data.metrics : NULL;
         if (ob_tb_open(&tb, &tbo)) {
             fprintf(stderr, "cohort train: --tensorboard-dir: %s\n", co_err_detail());
-        } else if (c.metrics_file[0] && !(mf = fopen(c.metrics_file, "a"))) {
+        } else if (!prom && c.metrics_file[0] && !(mf = fopen(c.metrics_file, "a"))) {
             fprintf(stderr, "cohort train: cannot open --metrics-file %s\n", c.metrics_file);
         } else if (!(tb_metrics = ob_tee_open(mf, tb))) {
             fprintf(stderr, "cohort train: --tensorboard-dir: cannot make the metrics stream\n");
         }
         if (!tb_metrics) {
-            if (mf) fclose(mf);
+            if (mf && !prom) fclose(mf);
             ob_tb_close(&tb);
+            svl_stop(&prom);
             ck_savedir_unlock(&save_lock);
             sv_link_close(&link);
             sv_assignment_free(&asg);
@@ -681,6 +700,7 @@ int cli_train(int argc, char **argv) {
                      .abort_flag = &g_abort, .on_done = embedded_done, .ctx = &ee};
     int status = wk_run(&wo);
     if (tb_metrics) fclose(tb_metrics); /* the metrics file, and the events: flushed, fsync'ed */
+    svl_stop(&prom);
     if (!worker && status == CLI_OK && g_signal && sv_preempting_signal(g_signal, c.requeue_on_sigterm)) {
         /* one process alone: a clean stop for preemption (a worker exits 0; its supervisor says it) */
         fprintf(stderr, "cohort: stopped for preemption (%s): exit %d, requeue the job to resume from --load\n",

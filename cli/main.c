@@ -28,6 +28,7 @@ static void usage(FILE *f) {
           "               inspect, verify, order (a split's sample order), tokenize\n"
           "  ckpt         checkpoint tools: ls, inspect, verify, diff, convert, prune\n"
           "  inject       inject a fault into a running job (the syntax of train --inject)\n"
+          "  status       a running job's ranks, progress, stragglers, faults, next checkpoint\n"
           "  keygen       write a job secret: keygen --output FILE\n"
           "  topology     every rank's coordinates and Megatron's parallel groups for a layout\n"
           "  schedule     each pipeline rank's layers and forward/backward operations (Megatron's\n"
@@ -52,6 +53,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "ckpt")) return cli_ckpt(argc - 2, argv + 2);
     if (!strcmp(cmd, "keygen")) return cli_keygen(argc - 2, argv + 2);
     if (!strcmp(cmd, "inject")) return cli_inject(argc - 2, argv + 2);
+    if (!strcmp(cmd, "status")) return cli_status(argc - 2, argv + 2);
     if (!strcmp(cmd, "topology")) return cli_topology(argc - 2, argv + 2);
     if (!strcmp(cmd, "schedule")) return cli_schedule(argc - 2, argv + 2);
     if (!strcmp(cmd, "timeline")) return cli_timeline(argc - 2, argv + 2);

@@ -150,6 +150,8 @@ static const flag flags[] = {
     L("logging", "eval-interval", eval_interval, "1000", "iterations between evaluations"),
     L("logging", "eval-iters", eval_iters, "100", "iterations of each evaluation"),
     S("logging", "metrics-file", metrics_file, NULL, NULL, "[cohort] append one JSON object per logged iteration"),
+    I("logging", "metrics-port", metrics_port, "0",
+      "[cohort] serve Prometheus metrics (GET /metrics) on 127.0.0.1 (several nodes: --master-addr) at this port (0: off)"),
     NB("logging", "progress", progress, "[cohort] live progress bar when stdout is a terminal"),
     S("logging", "tensorboard-dir", tensorboard_dir, NULL, NULL,
       "write TensorBoard event files here (the single process, or the supervisor: the last rank's records)"),
@@ -873,6 +875,7 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (GIVEN("exit-duration-in-mins"))
         dbl_out_of_range(&P, "exit-duration-in-mins", c->exit_duration_in_mins, 0, 1e9, true);
     if (GIVEN("save-interval")) out_of_range(&P, "save-interval", c->save_interval, 1, CO_MAX_ITERS);
+    out_of_range(&P, "metrics-port", c->metrics_port, 0, 65535);
     if (c->most_recent_k != -1) out_of_range(&P, "most-recent-k", c->most_recent_k, 1, INT_MAX);
     if (GIVEN("ckpt-step")) out_of_range(&P, "ckpt-step", c->ckpt_step, 0, CO_MAX_ITERS);
     out_of_range(&P, "sample-lines", c->sample_lines, 0, 1000);

@@ -98,6 +98,7 @@ typedef struct co_config {
     int log_interval;
     int64_t eval_interval, eval_iters;
     char metrics_file[512];
+    int metrics_port; /* Prometheus /metrics on the supervisor (0: off; docs/observability.md) */
     bool progress; /* live progress bar when stdout is a terminal */
     /* TensorBoard (observe/tensorboard.h) */
     char tensorboard_dir[512];

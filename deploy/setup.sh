@@ -7,7 +7,8 @@
 #
 # Non-interactive and idempotent: packages already installed are not touched; `apt-get update` runs
 # only when a package is missing. Builds go to build/ (release), build-asan/ (ASan+UBSan, unit
-# tests) and build-tsan/ (ThreadSanitizer, the actor runtime's and the collectives' tests).
+# tests) and build-tsan/ (ThreadSanitizer, the actor runtime's, the collectives' and the metrics
+# endpoint's tests).
 # With CI=true the build treats warnings as errors.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,10 +21,13 @@ cd "$here"
 # timeline_browser renders `cohort timeline`'s SVG and checks the pixels; skipped without it),
 # Slurm and munge (the test slurm_requeue starts a private cluster on this host and submits
 # deploy/slurm/cohort.sbatch to it; skipped without them), python3-yaml (the Kubernetes
-# manifests' test parses deploy/k8s).
+# manifests' test parses deploy/k8s), libmicrohttpd (the supervisor's Prometheus endpoint,
+# --metrics-port) and prometheus with its promtool (the integration tests scrape a real job and
+# check deploy/prometheus/alerts.yml; they start their own prometheus on a free port, not the
+# package's system service).
 PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev libzmq3-dev libuv1-dev libprotobuf-c-dev
           protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev python3 python3-numpy python3-protobuf clang
-          libclang-rt-14-dev chromium slurmctld slurmd slurm-client munge python3-yaml)
+          libclang-rt-14-dev chromium slurmctld slurmd slurm-client munge python3-yaml libmicrohttpd-dev prometheus)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 
@@ -120,10 +124,11 @@ test)
     configure build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
     ninja -C build-asan >/dev/null
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_suite build-asan --suite unit
-    log "running the actor runtime, collective and checkpoint direct-I/O tests under ThreadSanitizer"
+    log "running the actor runtime, collective, checkpoint direct-I/O and metrics endpoint tests under ThreadSanitizer"
     configure build-tsan -Dbuildtype=debug -Db_sanitize=thread
-    ninja -C build-tsan tests/unit/actors/test_actors tests/unit/comm/test_comm tests/unit/checkpoint/test_dio >/dev/null
-    run_suite build-tsan --suite unit actors comm checkpoint_dio
+    ninja -C build-tsan tests/unit/actors/test_actors tests/unit/comm/test_comm tests/unit/checkpoint/test_dio \
+        tests/unit/supervisor/test_status >/dev/null
+    run_suite build-tsan --suite unit actors comm checkpoint_dio status
     echo "$passed passed, $failed failed, $skipped skipped"
     [ "$failed" -eq 0 ]
     ;;

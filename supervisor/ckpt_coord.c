@@ -40,6 +40,7 @@ struct svc {
     void *rerun_ctx;
     FILE *metrics;           /* commits recorded here (svc_set_metrics) */
     uint64_t first_ack_ms;   /* the save in progress: its first acknowledgement */
+    int64_t commits, last_committed; /* svc_committed */
 };
 
 int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_id, svc_send_fn send, void *ctx) {
@@ -56,6 +57,7 @@ int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_i
     c->send = send;
     c->ctx = ctx;
     c->iteration = -1;
+    c->last_committed = -1;
     ck_test_set_role("sv"); /* COHORT_CKPT_CRASH_AT=PHASE@sv */
     *out = c;
     return 0;
@@ -134,6 +136,8 @@ static void commit(svc *c) {
                 (double)(sv__now_ms() - c->first_ack_ms));
         fflush(c->metrics);
     }
+    c->commits++;
+    c->last_committed = it;
     reset(c);
 }
 
@@ -223,4 +227,9 @@ void svc_destroy(svc **pc) {
     free(c->files);
     free(c);
     *pc = NULL;
+}
+
+int64_t svc_committed(const svc *c, int64_t *iteration) {
+    *iteration = c ? c->last_committed : -1;
+    return c ? c->commits : 0;
 }

@@ -33,5 +33,7 @@ void svc_abort(svc *c, const char *why);
 void svc_restart(svc *c, const char *why);
 /* Removes the job's unfinished temporary directories (every local worker has exited). */
 void svc_destroy(svc **c);
+/* Checkpoints committed so far (0 with c NULL), the newest one's iteration in *iteration (-1: none). */
+int64_t svc_committed(const svc *c, int64_t *iteration);
 
 #endif

@@ -1,6 +1,7 @@
-/* inject_client.c - `cohort inject`'s side: finds a running job's supervisor (the `job`
- * file in its private ipc directory), sends it an InjectFault request and waits for the
- * one-line answer (supervisor.c handle_inject). */
+/* inject_client.c - `cohort inject`'s and `cohort status`'s side: finds a running job's
+ * supervisor (the `job` file in its private ipc directory), sends it an InjectFault request
+ * and waits for the one-line answer (supervisor.c handle_inject), or a StatusRequest and
+ * waits for the StatusReply's JSON document (handle_status). */
 #include "supervisor/inject_client.h"
 
 #include "actors/actor.h"
@@ -59,7 +60,7 @@ int sv_find_jobs(sv_job *jobs, int cap, int *n) {
 
 typedef struct req {
     const sv_job *job;
-    const char *spec;
+    const char *spec;       /* NULL: a status request */
     int timeout_ms;
     ac_mailbox *mb;
     sv__sender snd;
@@ -67,7 +68,8 @@ typedef struct req {
     pthread_cond_t cv;
     bool done;
     int status;
-    char answer[1000];
+    char *answer;           /* the reply's bytes, NUL-terminated (malloc'd) */
+    size_t answer_len;
 } req;
 
 static void on_reply(ac_mailbox *mb, int status, const ac_msg *reply, void *ctx) {
@@ -76,9 +78,14 @@ static void on_reply(ac_mailbox *mb, int status, const ac_msg *reply, void *ctx)
     pthread_mutex_lock(&r->mu);
     r->status = status;
     if (!status && reply) {
-        size_t n = reply->len < sizeof r->answer - 1 ? reply->len : sizeof r->answer - 1;
-        memcpy(r->answer, reply->data, n);
-        r->answer[n] = '\0';
+        r->answer = malloc(reply->len + 1);
+        if (r->answer) {
+            memcpy(r->answer, reply->data, reply->len);
+            r->answer[reply->len] = '\0';
+            r->answer_len = reply->len;
+        } else {
+            r->status = CO_ENOMEM;
+        }
     }
     r->done = true;
     pthread_cond_broadcast(&r->cv);
@@ -98,9 +105,13 @@ static int client_start(ac_actor *a, void *ctx) {
     mo.on_message = on_message;
     mo.ctx = r;
     char id[48];
-    snprintf(id, sizeof id, "inject-%d", (int)getpid());
+    snprintf(id, sizeof id, "%s-%d", r->spec ? "inject" : "status", (int)getpid());
     int rc = ac_mailbox_connect(a, r->job->endpoint, id, &mo, &r->mb);
     if (rc) return rc;
+    if (!r->spec) {
+        Cohort__V1__StatusRequest sr = COHORT__V1__STATUS_REQUEST__INIT;
+        return sv__request(r->mb, NULL, &r->snd, &sr.base, r->timeout_ms, on_reply, r);
+    }
     Cohort__V1__Param pm = COHORT__V1__PARAM__INIT, *pp = &pm;
     pm.key = "spec";
     pm.value = (char *)r->spec;
@@ -112,7 +123,8 @@ static int client_start(ac_actor *a, void *ctx) {
     return sv__request(r->mb, NULL, &r->snd, &inj.base, r->timeout_ms, on_reply, r);
 }
 
-int sv_inject(const sv_job *job, const char *spec, int timeout_ms, char *answer, size_t n) {
+/* Sends spec (NULL: a status request) and waits for the reply: in r.answer (malloc'd). */
+static int ask(const sv_job *job, const char *spec, int timeout_ms, req *out) {
     req r;
     memset(&r, 0, sizeof r);
     r.job = job;
@@ -144,7 +156,49 @@ int sv_inject(const sv_job *job, const char *spec, int timeout_ms, char *answer,
     ac_actor_stop(&a);
     pthread_mutex_destroy(&r.mu);
     pthread_cond_destroy(&r.cv);
-    if (rc) return co_err_set(rc, "no answer from the supervisor at %s (pid %d)", job->endpoint, job->pid);
-    snprintf(answer, n, "%s", r.answer);
+    if (rc) {
+        free(r.answer);
+        r.answer = NULL;
+        return co_err_set(rc, "no answer from the supervisor at %s (pid %d) within %d s", job->endpoint, job->pid,
+                          (timeout_ms + 999) / 1000);
+    }
+    *out = r;
+    return 0;
+}
+
+int sv_inject(const sv_job *job, const char *spec, int timeout_ms, char *answer, size_t n) {
+    req r;
+    int rc = ask(job, spec, timeout_ms, &r);
+    if (rc) return rc;
+    snprintf(answer, n, "%s", r.answer ? r.answer : "");
+    free(r.answer);
+    return 0;
+}
+
+int sv_status(const sv_job *job, int timeout_ms, char **json) {
+    *json = NULL;
+    req r;
+    int rc = ask(job, NULL, timeout_ms, &r);
+    if (rc) return rc;
+    pw_msg *m = NULL;
+    pw_expect exp = {.job_id = job->job_id};
+    rc = r.answer_len ? pw_decode(r.answer, r.answer_len, NULL, &exp, NULL, &m, NULL)
+                      : co_err_set(CO_EPROTOCOL, "an empty answer");
+    free(r.answer);
+    if (!rc && m->env->body_case != COHORT__V1__ENVELOPE__BODY_STATUS_REPLY)
+        rc = co_err_set(CO_EPROTOCOL, "the answer is a %s, not a StatusReply", pw_body_name(m->env));
+    if (!rc) {
+        ProtobufCBinaryData *d = &m->env->status_reply->json;
+        *json = malloc(d->len + 1);
+        if (*json) {
+            memcpy(*json, d->data, d->len);
+            (*json)[d->len] = '\0';
+        } else {
+            rc = co_err_set(CO_ENOMEM, "out of memory");
+        }
+    }
+    pw_msg_free(&m);
+    if (rc) return co_err_set(rc, "the supervisor at %s (pid %d) answered the status request: %s", job->endpoint,
+                              job->pid, co_err_detail());
     return 0;
 }

@@ -13,7 +13,7 @@ uint64_t sv__now_ms(void) {
 }
 
 /* Encodes body under the next header of s; the sequence number is used only if sending works. */
-static int encode(sv__sender *s, const ProtobufCMessage *body, uint8_t **buf, size_t *len) {
+static int encode(const sv__sender *s, const ProtobufCMessage *body, uint8_t **buf, size_t *len) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     pw_header h = {.job_id = s->job_id,
@@ -22,6 +22,10 @@ static int encode(sv__sender *s, const ProtobufCMessage *body, uint8_t **buf, si
                    .seq = s->seq + 1,
                    .sent_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec};
     return pw_encode_alloc(&h, body, buf, len);
+}
+
+int sv__encode(const sv__sender *s, const ProtobufCMessage *body, uint8_t **buf, size_t *len) {
+    return encode(s, body, buf, len);
 }
 
 int sv__send(ac_mailbox *mb, const char *peer, sv__sender *s, const ProtobufCMessage *body) {

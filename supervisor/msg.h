@@ -14,6 +14,9 @@ typedef struct sv__sender {
     uint64_t seq; /* last sequence number used */
 } sv__sender;
 
+/* Encodes body under the next header of s (s unchanged) into *buf (malloc'd): for a reply. */
+int sv__encode(const sv__sender *s, const ProtobufCMessage *body, uint8_t **buf, size_t *len);
+
 /* Encodes body under the next header of s and sends it to peer (NULL on a client mailbox). */
 int sv__send(ac_mailbox *mb, const char *peer, sv__sender *s, const ProtobufCMessage *body);
 

@@ -9,7 +9,9 @@
 #include "supervisor/ckpt_coord.h"
 #include "checkpoint/store.h"
 #include "common/fsutil.h"
+#include "supervisor/metrics_http.h"
 #include "supervisor/msg.h"
+#include "supervisor/status.h"
 #include "supervisor/validate.h"
 #include "observe/tensorboard.h"
 #include "scheduler/groups.h"
@@ -42,6 +44,7 @@ typedef struct worker {
     char spawn_endpoint[400]; /* the data endpoint given to a worker spawned here */
     char *data_endpoint;      /* as registered */
     uint32_t pid;
+    char host[64];            /* as it registered */
     uint64_t last_seen_ms;
     uint64_t iteration;
     int waiting_on;           /* the world rank whose pipeline message it waits for (heartbeat), -1 */
@@ -87,6 +90,10 @@ typedef struct sv {
     FILE *metrics;          /* --metrics-file, written from the workers' Metrics records */
     svc *ckpt;              /* commits the ranks' checkpoints (--save; ckpt_coord.c) */
     svv *val;               /* validates every iteration, writes the run report (validate.c) */
+    svo *obs;               /* what Prometheus and `cohort status` are told (status.c) */
+    svm *http;              /* --metrics-port's HTTP server (metrics_http.c) */
+    uint64_t published_ms;  /* when the latest snapshot was published */
+    uint64_t t_start;
     bool restart_enabled;   /* in-process restart (one node) */
     int world;              /* active ranks (--inprocess-active-world-size); slots beyond are spares */
     bool finishing;         /* every active rank finished: the spares are told to go */
@@ -113,6 +120,9 @@ static uint64_t random_job_id(void) {
     if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) id = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^ sv__now_ms();
     return id ? id : 1;
 }
+
+/* Milliseconds from t to now, 0 when t is later. */
+static uint64_t ms_since_(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
 
 static void send_shutdown(sv *s, worker *w, int status, const char *reason) {
     Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
@@ -640,13 +650,80 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
     if (m->request_id) ac_reply(mb, m, out, strlen(out));
 }
 
+/* The job as status.c renders it; ranks: [s->nw], filled here. */
+static void job_view(sv *s, svo_job *j, svo_rank *ranks) {
+    uint64_t now = sv__now_ms();
+    memset(j, 0, sizeof *j);
+    j->pid = (int)getpid();
+    j->job_id = s->snd.job_id;
+    j->generation = s->snd.generation;
+    j->state = s->stopping ? "stopping" : s->restarting ? "restarting" : s->assigned ? "training" : "rendezvous";
+    j->world = s->world;
+    j->nnodes = s->o.nnodes;
+    j->nslots = s->nw;
+    for (int i = 0; i < s->nw; i++) {
+        const worker *w = &s->w[i];
+        ranks[i] = (svo_rank){.rank = w->rank, .node = w->index / s->o.nproc, .pid = w->pid, .host = w->host,
+                              .iteration = (int64_t)w->iteration, .alive = w->registered && !w->exited,
+                              .seen_ago_s = w->last_seen_ms ? (double)ms_since_(now, w->last_seen_ms) / 1000.0 : -1};
+    }
+    j->ranks = ranks;
+    j->save_interval = s->o.save_interval;
+    j->train_iters = s->o.train_iters;
+    j->save_dir = s->o.save_dir ? s->o.save_dir : "";
+    j->ckpt_commits = svc_committed(s->ckpt, &j->ckpt_last);
+    j->uptime_s = (double)(now - s->t_start) / 1000.0;
+}
+
+/* Renders the Prometheus snapshot and hands it to the HTTP thread (--metrics-port). */
+static void publish_metrics(sv *s) {
+    if (!s->http || !s->obs) return;
+    s->published_ms = sv__now_ms();
+    svo_rank *ranks = calloc((size_t)s->nw, sizeof *ranks);
+    if (!ranks) return;
+    svo_job j;
+    job_view(s, &j, ranks);
+    svm_publish(s->http, svo_prometheus(s->obs, &j, s->val));
+    free(ranks);
+}
+
+/* `cohort status` against this job: a StatusReply with the JSON document (status.h). */
+static void handle_status(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *msg) {
+    if (!m->request_id) return;
+    int nfaults = 10;
+    if (msg && msg->env->body_case == COHORT__V1__ENVELOPE__BODY_STATUS_REQUEST && msg->env->status_request->has_faults &&
+        msg->env->status_request->faults > 0)
+        nfaults = (int)msg->env->status_request->faults;
+    char *doc = NULL;
+    svo_rank *ranks = calloc((size_t)s->nw, sizeof *ranks);
+    if (ranks && s->obs && !s->agent) {
+        svo_job j;
+        job_view(s, &j, ranks);
+        doc = svo_status_json(s->obs, &j, s->val, nfaults);
+    }
+    free(ranks);
+    const char *err = "{\"error\":\"this supervisor cannot tell its status (out of memory, or a node agent)\"}";
+    Cohort__V1__StatusReply rep = COHORT__V1__STATUS_REPLY__INIT;
+    rep.json.data = (uint8_t *)(doc ? doc : err);
+    rep.json.len = strlen(doc ? doc : err);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    sv__sender snd = s->snd; /* (a reply is not in the workers' sequence) */
+    snd.seq = 0;
+    if (!sv__encode(&snd, &rep.base, &buf, &len)) ac_reply(mb, m, buf, len);
+    else ac_reply(mb, m, "", 0);
+    free(buf);
+    free(doc);
+}
+
 /* Flags that may differ between nodes: where a node is, its local paths and threads, and
  * what only node 0 writes. Every other flag changes what the job computes or saves
  * (--timeline-iterations too: every rank must record the same iterations; --timeline-dir
  * is a node's local path, as the cache is). */
 static const char *const node_local_flags[] = {"node-rank", "node-addr", "master-addr", "data-cache-path", "workdir",
                                                "threads", "progress", "metrics-file", "run-report", "job-secret",
-                                               "sample-lines", "timeline-dir", "tensorboard-dir"};
+                                               "sample-lines", "timeline-dir", "tensorboard-dir",
+                                               "metrics-port"};
 
 /* Whether two workers' flags (co_config_write_json objects) differ beyond the node-local
  * ones; why then names the first few that do, with both values. */
@@ -689,6 +766,11 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
     pw_msg *msg = sv__decode(m, s->snd.job_id, 0, &s->stats);
     if (m->peer && !strncmp(m->peer, "inject-", 7)) {
         handle_inject(s, mb, m, msg);
+        pw_msg_free(&msg);
+        return;
+    }
+    if (m->peer && !strncmp(m->peer, "status-", 7)) {
+        handle_status(s, mb, m, msg);
         pw_msg_free(&msg);
         return;
     }
@@ -758,6 +840,7 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         }
         w->registered = true;
         w->pid = r->pid;
+        snprintf(w->host, sizeof w->host, "%s", r->hostname ? r->hostname : "");
         w->data_endpoint = strdup(r->data_endpoint);
         if (!w->data_endpoint) {
             begin_shutdown(s, SV_EXIT_FAILURE, "out of memory");
@@ -837,12 +920,28 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         }
         break;
     case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_ACK:
-        if (s->ckpt && e->generation == s->snd.generation && w->rank >= 0) svc_on_ack(s->ckpt, w->rank, e->checkpoint_ack);
+        if (s->ckpt && e->generation == s->snd.generation && w->rank >= 0) {
+            int64_t before, after;
+            int64_t n0 = svc_committed(s->ckpt, &before);
+            svc_on_ack(s->ckpt, w->rank, e->checkpoint_ack);
+            if (svc_committed(s->ckpt, &after) != n0 && s->obs) {
+                /* committed: its save time from its iteration's acceptance (if the validator saw it) */
+                uint64_t acc = s->val ? svv_accepted_ms(s->val, after) : 0;
+                svo_on_checkpoint(s->obs, after, acc ? (double)ms_since_(sv__now_ms(), acc) / 1000.0 : -1);
+                publish_metrics(s);
+            }
+        }
         break;
     case COHORT__V1__ENVELOPE__BODY_METRICS:
         if (s->metrics && e->metrics->record) {
             fputs(e->metrics->record, s->metrics);
             fflush(s->metrics);
+        }
+        if (e->metrics->record) {
+            svo_on_record(s->obs, e->metrics->record);
+            /* (at most 5 snapshots a second: a fast job logs hundreds of records a second;
+             * the heartbeat tick publishes the rest) */
+            if (sv__now_ms() - s->published_ms >= 200) publish_metrics(s);
         }
         break;
     case COHORT__V1__ENVELOPE__BODY_LOG_LINE: {
@@ -883,6 +982,7 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
         return;
     }
     watch_progress(s, now);
+    publish_metrics(s); /* heartbeats, restarts and ranks' ages change without a record */
     for (int i = 0; i < s->nw; i++) {
         worker *w = &s->w[i];
         if (!w->registered || w->exited) continue;
@@ -1231,6 +1331,17 @@ static int sv_on_start(ac_actor *a, void *ctx) {
                      s->o.master_port + 1 + w->index);
         }
     }
+    if (!rc && s->o.metrics_port > 0 && !s->agent) {
+        /* one node: loopback only (nothing leaves the machine); several: node 0's address as
+         * the other nodes reach it (--master-addr) */
+        const char *addr = s->o.nnodes > 1 && s->o.master_addr && *s->o.master_addr ? s->o.master_addr : "127.0.0.1";
+        rc = svm_start(&s->http, addr, s->o.metrics_port);
+        if (!rc) {
+            publish_metrics(s);
+            fprintf(stderr, "cohort supervisor: Prometheus metrics at http://%s%s%s:%d/metrics\n",
+                    strchr(addr, ':') ? "[" : "", addr, strchr(addr, ':') ? "]" : "", s->o.metrics_port);
+        }
+    }
     if (rc) return rc;
     uv_signal_init(ac_actor_loop(a), &s->sig_int);
     uv_signal_init(ac_actor_loop(a), &s->sig_term);
@@ -1370,6 +1481,14 @@ int sv_run(const sv_options *opt) {
         return SV_EXIT_FAILURE;
     }
     uint64_t t_start = sv__now_ms();
+    s.t_start = t_start;
+    if (!s.agent && svo_new(&s.obs)) {
+        fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
+        svc_destroy(&s.ckpt);
+        if (s.metrics) fclose(s.metrics);
+        free_tables(&s);
+        return SV_EXIT_FAILURE;
+    }
     char job[32]; /* the validator keeps a pointer to it (its tracker lines): lives as long as the job */
     if (!s.agent) {
         snprintf(job, sizeof job, "%016" PRIx64, s.snd.job_id);
@@ -1404,6 +1523,7 @@ int sv_run(const sv_options *opt) {
     if (!rc) rc = ac_actor_run(s.a);
     if (rc) fprintf(stderr, "cohort supervisor: %s (%s)\n", co_err_detail(), co_strerror(rc));
     ac_actor_destroy(&s.a);
+    svm_stop(&s.http); /* (Prometheus sees the job gone: its scrapes fail) */
     svc_destroy(&s.ckpt); /* every local worker is gone: unfinished saves' directories go */
     if (s.ipc_dir[0]) ac_ipc_dir_remove(s.ipc_dir);
     int status = rc ? SV_EXIT_FAILURE : s.status >= 0 ? s.status : s.first_failure ? s.first_failure : SV_EXIT_OK;
@@ -1438,6 +1558,7 @@ int sv_run(const sv_options *opt) {
     uint64_t dropped = pw_stats_dropped(&s.stats);
     if (dropped) fprintf(stderr, "cohort supervisor: dropped %" PRIu64 " malformed or foreign messages\n", dropped);
     free(s.flags_ref);
+    svo_destroy(&s.obs);
     for (int i = 0; i < s.nw; i++) free(s.w[i].data_endpoint);
     if (s.metrics) fclose(s.metrics);
     free_tables(&s);

@@ -75,6 +75,10 @@ typedef struct sv_options {
     /* --tensorboard-dir and its flags (observe/tensorboard.h), or NULL: node 0's supervisor
      * also writes the metrics records it receives and makes as TensorBoard events */
     const struct ob_tb_options *tensorboard;
+    int metrics_port;              /* Prometheus GET /metrics on this port (0: off; node 0 only), bound to
+                                      127.0.0.1 on one node, master_addr on several (metrics_http.h) */
+    int64_t save_interval;         /* --save-interval, --train-iters: for `cohort status`'s next checkpoint */
+    int64_t train_iters;
     /* checkpoints: the ranks write their parts of each save into --save and the supervisor
      * commits them (ckpt_coord.c); NULL or "": no --save */
     const char *save_dir;

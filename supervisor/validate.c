@@ -76,7 +76,16 @@ struct svv {
     int64_t *fault_iters;         /* [W][8] iterations of each rank's latest attributed faults */
     int quarantined[64], nquar;
     int64_t lost_steps;
+    /* for `cohort status` and Prometheus (svv_rank_times) */
+    double *hist;   /* [W][SVV_HIST] each rank's step time (every phase), ms, the latest SVV_HIST iterations */
+    int64_t *nhist; /* [W] iterations recorded */
+    double *score;  /* [W] latest straggler score (NAN: none yet) */
+    int64_t acc_it[16];  /* the latest accepted iterations ... */
+    uint64_t acc_ms[16]; /* ... and when (svv_accepted_ms) */
+    int nacc;
 };
+
+#define SVV_HIST 32
 
 int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
     *out = NULL;
@@ -93,7 +102,12 @@ int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
     v->flagged = calloc((size_t)v->W, sizeof *v->flagged);
     v->low = calloc((size_t)v->W, sizeof *v->low);
     v->fault_iters = calloc((size_t)v->W * 8, sizeof *v->fault_iters);
-    if (!rc && (!v->p || !v->ema || !v->worst || !v->flagged || !v->low || !v->fault_iters)) rc = CO_ENOMEM;
+    v->hist = calloc((size_t)v->W * SVV_HIST, sizeof *v->hist);
+    v->nhist = calloc((size_t)v->W, sizeof *v->nhist);
+    v->score = calloc((size_t)v->W, sizeof *v->score);
+    if (!rc && (!v->p || !v->ema || !v->worst || !v->flagged || !v->low || !v->fault_iters || !v->hist || !v->nhist ||
+                !v->score))
+        rc = CO_ENOMEM;
     if (!rc && o->stage_of && o->nstages > 1) {
         v->nstages = o->nstages;
         v->stage_of = malloc(sizeof *v->stage_of * (size_t)v->W);
@@ -109,7 +123,7 @@ int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
         svv_destroy(&v);
         return rc;
     }
-    for (int r = 0; r < v->W; r++) v->worst[r] = INFINITY;
+    for (int r = 0; r < v->W; r++) v->worst[r] = INFINITY, v->score[r] = NAN;
     v->resumed_at = -1;
     v->first_report_iter = -1;
     *out = v;
@@ -130,6 +144,9 @@ void svv_destroy(svv **pv) {
     free(v->flagged);
     free(v->low);
     free(v->fault_iters);
+    free(v->hist);
+    free(v->nhist);
+    free(v->score);
     free(v->f);
     free(v);
     *pv = NULL;
@@ -259,6 +276,12 @@ static void score_stages(svv *v, int64_t iteration, double *buf) {
  * scored too (score_stages). */
 static void score_stragglers(svv *v, int64_t iteration) {
     int W = v->W;
+    for (int r = 0; r < W; r++) { /* each rank's step time, for status and metrics */
+        double t = 0;
+        for (int q = 0; q < SVV_NPH; q++) t += v->p[r].phase_ms[q];
+        v->hist[(size_t)r * SVV_HIST + (size_t)(v->nhist[r] % SVV_HIST)] = t;
+        v->nhist[r]++;
+    }
     if (W < 2) return;
     for (int r = 0; r < W; r++) {
         const double *ph = v->p[r].phase_ms;
@@ -277,6 +300,7 @@ static void score_stragglers(svv *v, int64_t iteration) {
         if (!n) continue; /* alone on its stage: nobody does the same work */
         double med = median(others, n);
         double score = v->ema[r] > 0 ? med / v->ema[r] : 1;
+        v->score[r] = score;
         if (score < v->worst[r]) v->worst[r] = score;
         v->low[r] = score < v->o.straggler_threshold ? v->low[r] + 1 : 0;
         /* three iterations in a row: one slow step is noise, not a straggler */
@@ -448,6 +472,9 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
         v->last_accept_ms = now;
         v->naccepts++;
         if (it > v->last_accepted) v->last_accepted = it;
+        v->acc_it[v->nacc % 16] = it;
+        v->acc_ms[v->nacc % 16] = now;
+        v->nacc++;
     }
     v->last = vd;
     v->have_last = true;
@@ -631,3 +658,55 @@ int svv_state_save(void *ctx, char *buf, size_t n) {
 }
 
 int svv_state_load(svv *v, const char *json) { return rr_state_load(v->rr, json); }
+
+void svv_counts_get(const svv *v, svv_counts *c) {
+    c->validated = v->validated;
+    c->replays = v->reruns;
+    c->checks = v->checks;
+    c->repairs = v->repairs;
+    c->skips = v->skips;
+    c->restarts = v->restarts;
+    c->steps_lost = v->lost_steps;
+    c->faults = v->nf;
+    c->stragglers = 0;
+    for (int r = 0; r < v->W; r++) c->stragglers += v->flagged[r];
+}
+
+int svv_fault_get(const svv *v, int k, svv_fault *f) {
+    if (k < 0 || k >= v->nf) return CO_ENOENT;
+    const fault_rec *r = &v->f[k];
+    f->kind = r->kind;
+    f->rank = r->rank;
+    f->iteration = r->iteration;
+    f->diagnosis = r->diagnosis;
+    f->outcome = r->outcome;
+    f->text = r->text;
+    f->detect_ms = r->detect_ms;
+    f->recover_ms = r->recover_ms;
+    return 0;
+}
+
+bool svv_rank_times(const svv *v, int r, svv_times *t) {
+    memset(t, 0, sizeof *t);
+    t->score = NAN;
+    if (r < 0 || r >= v->W || !v->nhist[r]) return false;
+    int n = v->nhist[r] < SVV_HIST ? (int)v->nhist[r] : SVV_HIST;
+    double x[SVV_HIST];
+    memcpy(x, v->hist + (size_t)r * SVV_HIST, sizeof *x * (size_t)n);
+    t->last_ms = x[(v->nhist[r] - 1) % SVV_HIST];
+    t->n = n;
+    t->median_ms = median(x, n); /* (sorts x) */
+    t->min_ms = x[0];
+    t->max_ms = x[n - 1];
+    t->score = v->score[r];
+    t->flagged = v->flagged[r];
+    return true;
+}
+
+int svv_world(const svv *v) { return v->W; }
+
+uint64_t svv_accepted_ms(const svv *v, int64_t it) {
+    for (int k = 0; k < 16 && k < v->nacc; k++)
+        if (v->acc_it[k] == it) return v->acc_ms[k];
+    return 0;
+}

@@ -10,6 +10,7 @@
 #include "resilience/inject.h"
 #include "resilience/rerun.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 
 typedef struct svv svv;
@@ -64,6 +65,32 @@ int svv_state_load(svv *v, const char *json);
 int64_t svv_current_iteration(const svv *v);
 /* The slowest iteration seen (ms between accepted verdicts) once 5 have completed, else 0. */
 double svv_max_step_ms(const svv *v);
+
+/* For `cohort status` and the Prometheus metrics (supervisor/status.c): the counters of
+ * the run report so far, its faults (k from 0, oldest first; CO_ENOENT past the last; the
+ * strings live as long as v), and each rank's step times over the latest iterations (the
+ * sum of its phases; false before any) with its straggler score (NAN before the warm-up). */
+typedef struct svv_counts {
+    int64_t validated, replays, checks, repairs, skips, restarts, steps_lost;
+    int faults, stragglers;
+} svv_counts;
+typedef struct svv_fault {
+    const char *kind, *diagnosis, *outcome, *text; /* diagnosis, outcome: "" when none */
+    int rank;
+    int64_t iteration;
+    double detect_ms, recover_ms; /* < 0: not measured */
+} svv_fault;
+typedef struct svv_times {
+    double last_ms, min_ms, median_ms, max_ms, score;
+    int n;
+    bool flagged;
+} svv_times;
+void svv_counts_get(const svv *v, svv_counts *c);
+int svv_fault_get(const svv *v, int k, svv_fault *f);
+bool svv_rank_times(const svv *v, int r, svv_times *t);
+int svv_world(const svv *v);
+/* When iteration it was accepted (sv__now_ms), if it is among the latest 16; else 0. */
+uint64_t svv_accepted_ms(const svv *v, int64_t it);
 
 /* The run report: a human summary on `human` and a JSON file at json_path (NULL: none). */
 int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status, double wall_s);

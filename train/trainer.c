@@ -388,6 +388,7 @@ void trainer_destroy(trainer **pt) {
 
 int64_t trainer_iteration(const trainer *t) { return t->iteration; }
 gpt_model *trainer_model(trainer *t) { return t->model; }
+FILE *trainer_metrics_stream(trainer *t) { return t->metrics; }
 double trainer_last_loss(const trainer *t) { return t->last_loss; }
 
 /* The ranks that hold one replica of the model between them: the model-parallel group

@@ -172,6 +172,8 @@ void trainer_phase_ms(const trainer *t, double out[TR_NPHASES]);
 
 int64_t trainer_iteration(const trainer *t);
 gpt_model *trainer_model(trainer *t);
+/* Where this trainer's metrics records go (NULL: none; only the logging rank has one). */
+FILE *trainer_metrics_stream(trainer *t);
 /* Mean lm loss of the most recent logged interval. */
 double trainer_last_loss(const trainer *t);
 

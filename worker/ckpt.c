@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 struct wk_ckpt {
     trainer *t;
@@ -39,6 +40,7 @@ struct wk_ckpt {
     void *rerun_ctx;
     char *loaded_rerun;      /* the loaded checkpoint's "rerun_state_machine" (JSON text) */
     int rank;                /* this rank (its writer index) */
+    int64_t loaded_it;       /* the iteration the latest load() read (-1: none) */
 };
 
 /* ---- what the trainer's checkpoint holds ---------------------------------------------- */
@@ -454,7 +456,27 @@ static int load_refs(wk_ckpt *k, const ck_manifest *m, const char *dir, bool opt
     return rc;
 }
 
+static int load_newest(wk_ckpt *k);
+
+/* Loads --load's newest usable checkpoint; the logging rank adds a metrics record with the
+ * time it took ({"event":"checkpoint_load",...}: the supervisor's Prometheus endpoint and
+ * `cohort status` read it). */
 static int load(wk_ckpt *k) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    k->loaded_it = -1;
+    int rc = load_newest(k);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    FILE *ms = trainer_metrics_stream(k->t);
+    if (!rc && k->loaded_it >= 0 && ms) {
+        fprintf(ms, "{\"event\":\"checkpoint_load\",\"iteration\":%" PRId64 ",\"seconds\":%.6f}\n", k->loaded_it,
+                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+        fflush(ms);
+    }
+    return rc;
+}
+
+static int load_newest(wk_ckpt *k) {
     const co_config *c = &k->cfg;
     int64_t want = co_config_was_set(c, "ckpt-step") && c->ckpt_step >= 0 ? c->ckpt_step : -1;
     int64_t *its = NULL;
@@ -553,6 +575,7 @@ static int load(wk_ckpt *k) {
                     c->finetune ? 0 : m->iteration, c->finetune ? " (--finetune: weights only)" : "");
             fflush(k->log);
         }
+        k->loaded_it = c->finetune ? 0 : m->iteration;
         ck_manifest_free(&m);
         rc = 0;
         break;

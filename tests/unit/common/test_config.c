@@ -122,6 +122,9 @@ static void test_validation(void) {
     CHECK(check_line("--sequence-parallel", err, sizeof err) == 0); /* off at tp 1, as Megatron */
     CHECK(check_line("--run-report r.json", err, sizeof err) == CO_EINVAL);
     CHECK(check_line("--run-report r.json --nproc-per-node 2", err, sizeof err) == 0);
+    CHECK(check_line("--metrics-port 9400", err, sizeof err) == 0); /* a single process serves it too */
+    CHECK(check_line("--metrics-port 70000", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "--metrics-port 70000 is out of range (0 to 65535)"), "%s", err);
     CHECK(check_line("--nnodes 2 --inprocess-active-world-size 1", err, sizeof err) == CO_EINVAL);
     /* zero, negative, absurd: each refused with the range in the message */
     CHECK(check_line("--nproc-per-node 0", err, sizeof err) == CO_EINVAL);
