@@ -362,7 +362,11 @@ static int link_on_start(ac_actor *a, void *ctx) {
     r.local_rank = (uint32_t)l->local_rank;
     r.node_rank = (uint32_t)l->node_rank;
     r.data_endpoint = l->data_endpoint;
-    r.config_json = (char *)l->config_json;
+    if (l->config_json) {
+        r.has_config_json = 1;
+        r.config_json.data = (uint8_t *)l->config_json;
+        r.config_json.len = strlen(l->config_json);
+    }
     rc = sv__send(l->mb, NULL, &l->snd, &r.base);
     if (!rc) rc = ac_timer_start(a, LINK_HEARTBEAT_MS, LINK_HEARTBEAT_MS, heartbeat_tick, l, &l->hb);
     if (!rc) rc = ac_timer_start(a, 50, 50, signal_tick, l, &l->sig_timer);

@@ -87,6 +87,7 @@ typedef struct sv {
     int agent_sig;          /* agent: the first of them (its exit status says a preemption) */
     int sig_stop;           /* a clean stop by this signal is under way (0: none) */
     pw_stats stats;
+    int drops_told;         /* messages dropped as malformed or over a limit, said on stderr */
     FILE *metrics;          /* --metrics-file, written from the workers' Metrics records */
     svc *ckpt;              /* commits the ranks' checkpoints (--save; ckpt_coord.c) */
     svv *val;               /* validates every iteration, writes the run report (validate.c) */
@@ -763,7 +764,17 @@ static bool flags_differ(const char *a_json, const char *b_json, char *why, size
 
 static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
     sv *s = ctx;
+    uint64_t bad = s->stats.dropped[PW_DROP_OVERSIZED] + s->stats.dropped[PW_DROP_MALFORMED] +
+                   s->stats.dropped[PW_DROP_LIMITS];
     pw_msg *msg = sv__decode(m, s->snd.job_id, 0, &s->stats);
+    if (!msg && s->drops_told < 3 &&
+        s->stats.dropped[PW_DROP_OVERSIZED] + s->stats.dropped[PW_DROP_MALFORMED] + s->stats.dropped[PW_DROP_LIMITS] > bad) {
+        /* said at once: a worker whose registration is dropped would wait for its assignment
+         * until its timeout with nothing said */
+        s->drops_told++;
+        fprintf(stderr, "cohort supervisor: dropped a message from %s: %s\n", m->peer ? m->peer : "an unnamed peer",
+                co_err_detail());
+    }
     if (m->peer && !strncmp(m->peer, "inject-", 7)) {
         handle_inject(s, mb, m, msg);
         pw_msg_free(&msg);
@@ -820,12 +831,14 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         Cohort__V1__Register *r = e->registration;
         if (w->registered || (int)r->local_rank != w->local_rank || (int)r->node_rank * s->o.nproc + w->local_rank != w->index)
             break;
-        if (r->config_json && !s->stopping) {
+        char *flags = r->has_config_json ? strndup((const char *)r->config_json.data, r->config_json.len) : NULL;
+        if (flags && !s->stopping) {
             char why[600];
             if (!s->flags_ref) {
-                s->flags_ref = strdup(r->config_json);
+                s->flags_ref = flags;
+                flags = NULL;
                 s->flags_ref_node = (int)r->node_rank;
-            } else if (flags_differ(s->flags_ref, r->config_json, why, sizeof why)) {
+            } else if (flags_differ(s->flags_ref, flags, why, sizeof why)) {
                 char msg[1100], local[300] = "";
                 size_t nl = sizeof node_local_flags / sizeof *node_local_flags;
                 for (size_t k = 0, len = 0; k < nl && len < sizeof local; k++)
@@ -838,6 +851,7 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
                 begin_shutdown(s, SV_EXIT_USAGE, msg);
             }
         }
+        free(flags);
         w->registered = true;
         w->pid = r->pid;
         snprintf(w->host, sizeof w->host, "%s", r->hostname ? r->hostname : "");
