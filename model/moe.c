@@ -328,9 +328,12 @@ static void route_token(moe_layer *m, int n, const float *expert_bias, double *p
     }
 }
 
+/* larger first, NaN after every number, then the lower token index (a total order) */
 static int cand_cmp(const void *a, const void *b) {
     const struct cand *x = a, *y = b;
-    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    bool xn = isnan(x->v), yn = isnan(y->v);
+    if (xn != yn) return xn ? 1 : -1;
+    if (!xn && x->v != y->v) return x->v > y->v ? -1 : 1;
     return x->n < y->n ? -1 : x->n > y->n;
 }
 

@@ -371,6 +371,45 @@ static void test_deterministic(void) {
     kb_backend_destroy(&be);
 }
 
+/* ---- shapes and non-finite inputs ---- */
+
+/* A layer sized for more tokens gives the same bits on fewer as one sized exactly; a NaN
+ * in the input comes out as NaN (routing still picks valid experts), never a crash. */
+static void test_smaller_batch_and_nan(void) {
+    kb_backend *be = backend();
+    REQUIRE(be);
+    moe_config c = base();
+    c.capacity_factor = 1.0;
+    c.pad_to_capacity = true;
+    c.shared_ffn = 8;
+    c.z_coeff = 1e-2f;
+    run big, small;
+    REQUIRE(run_new(&big, &c, be, 64, 9) == 0);
+    REQUIRE(run_new(&small, &c, be, 24, 9) == 0);
+    /* the same first 24 tokens and parameters */
+    memcpy(big.x, small.x, sizeof(float) * 24 * c.hidden);
+    memcpy(big.dy, small.dy, sizeof(float) * 24 * c.hidden);
+    memcpy(big.params, small.params, sizeof(float) * small.P);
+    memcpy(big.bias, small.bias, sizeof(float) * (size_t)c.num_experts);
+    REQUIRE(fwd_bwd(&big, 2, 12, 1.0f) == 0);
+    REQUIRE(fwd_bwd(&small, 2, 12, 1.0f) == 0);
+    CHECK(memcmp(big.y, small.y, sizeof(float) * 24 * c.hidden) == 0);
+    CHECK(memcmp(big.dx, small.dx, sizeof(float) * 24 * c.hidden) == 0);
+    CHECK(memcmp(big.dparams, small.dparams, sizeof(float) * small.P) == 0);
+    CHECK(moe_capacity(big.m) == 6 && moe_capacity(small.m) == 6);
+    /* NaN in one token */
+    small.x[5 * c.hidden + 3] = NAN;
+    REQUIRE(fwd_bwd(&small, 2, 12, 1.0f) == 0);
+    CHECK(isnan(small.y[5 * c.hidden]));
+    CHECK(isnan(moe_z_loss(small.m)));
+    int routed = 0;
+    for (int e = 0; e < c.num_experts; e++) routed += moe_tokens_per_expert(small.m)[e];
+    CHECK(routed == c.num_experts * 6);
+    run_free(&big);
+    run_free(&small);
+    kb_backend_destroy(&be);
+}
+
 /* ---- errors ---- */
 
 static void test_refused(void) {
@@ -424,6 +463,7 @@ int main(int argc, char **argv) {
     if (argc >= 3) g_python = argv[1], g_script = argv[2];
     RUN(test_refused);
     RUN(test_deterministic);
+    RUN(test_smaller_batch_and_nan);
     RUN(test_grad_softmax);
     RUN(test_grad_softmax_pre_seq);
     RUN(test_grad_sigmoid);
