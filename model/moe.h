@@ -26,6 +26,7 @@
  *     tokens, those not routed to it with prob 0
  *   y[n] = sum over kept (n,e) of probs[n,e] * MLP_e(x[n])  (+ MLP_shared(x[n]))
  *     MLP(x) = act(x W1^T) W2^T, act gelu (tanh) or swiglu ([a|g] -> silu(a) g), no biases
+ *     (Megatron's experts under --disable-bias-linear; its GroupedMLP has none)
  *   aux losses (Megatron's compute_routing_scores_for_aux_loss): scores a[N,E] = softmax of
  *     the logits, or sigmoid normalised over all E (+1e-20); counts c[e] from the plain
  *     top-k of a (no groups, no bias, no dropping):
@@ -104,9 +105,10 @@ void moe_init_params(const moe_layer *m, float *params, float std, uint64_t seed
  * (N above max_tokens; the backend's sticky status). */
 int moe_forward(moe_layer *m, float *y, const float *x, const float *params, const float *expert_bias,
                 int B, int T);
-/* Backward of the last forward: dx[N,h] (OVERWRITES), dparams (ACCUMULATES, same layout),
- * from dy[N,h]; the aux and z losses contribute loss_scale * their gradient (the weight the
- * caller's objective gives them; 1 for a plain sum). x and params as given to forward. */
+/* Backward of the last forward: dx[N,h] (OVERWRITES; must not alias dy), dparams
+ * (ACCUMULATES, same layout), from dy[N,h]; the aux and z losses contribute loss_scale *
+ * their gradient (the weight the caller's objective gives them; 1 for a plain sum). x and
+ * params as given to forward, unchanged since. */
 int moe_backward(moe_layer *m, float *dx, float *dparams, const float *dy, const float *x, const float *params,
                  float loss_scale);
 
