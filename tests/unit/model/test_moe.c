@@ -410,6 +410,47 @@ static void test_smaller_batch_and_nan(void) {
     kb_backend_destroy(&be);
 }
 
+/* ---- the expert bias balances the load (aux-loss-free balancing) ---- */
+
+/* A router that sends almost every token to experts 0 and 1; Megatron's bias update after each
+ * forward (moe_expert_bias_update) spreads the load until no expert holds more than twice
+ * the mean, while the routing probabilities stay the unbiased sigmoid scores. */
+static void test_expert_bias_balances(void) {
+    kb_backend *be = backend();
+    REQUIRE(be);
+    moe_config c = base();
+    c.score = MOE_SCORE_SIGMOID;
+    c.expert_bias = true;
+    c.lb = MOE_LB_NONE;
+    int B = 4, T = 64, N = B * T, E = c.num_experts, h = c.hidden;
+    run r;
+    REQUIRE(run_new(&r, &c, be, N, 21) == 0);
+    for (int n = 0; n < N; n++) r.x[(size_t)n * h] = 3.0f + 0.1f * r.x[(size_t)n * h];
+    for (int e = 0; e < E; e++) r.params[(size_t)e * h] = e < 2 ? 1.0f : -1.0f;
+    memset(r.bias, 0, sizeof(float) * (size_t)E);
+    int first = 0, last = 0;
+    for (int it = 0; it < 200; it++) {
+        REQUIRE(moe_forward(r.m, r.y, r.x, r.params, r.bias, B, T) == 0);
+        const int32_t *tpe = moe_tokens_per_expert(r.m);
+        int mx = 0;
+        for (int e = 0; e < E; e++) mx = tpe[e] > mx ? tpe[e] : mx;
+        if (it == 0) first = mx;
+        last = mx;
+        moe_expert_bias_update(r.bias, tpe, E, 0.02f);
+    }
+    int mean = N * c.topk / E;
+    fprintf(stderr, "  busiest expert: %d tokens before, %d after 200 bias updates (mean %d)\n", first, last, mean);
+    CHECK(first > 3 * mean);
+    CHECK(last <= 2 * mean);
+    /* the probabilities are the unbiased scores: sigmoid of the logits, normalised over the 2 */
+    const float *p = moe_routing_probs(r.m);
+    double s = 0;
+    for (int e = 0; e < E; e++) s += p[e];
+    CHECK(fabs(s - 1.0) < 1e-6);
+    run_free(&r);
+    kb_backend_destroy(&be);
+}
+
 /* ---- errors ---- */
 
 static void test_refused(void) {
@@ -464,6 +505,7 @@ int main(int argc, char **argv) {
     RUN(test_refused);
     RUN(test_deterministic);
     RUN(test_smaller_batch_and_nan);
+    RUN(test_expert_bias_balances);
     RUN(test_grad_softmax);
     RUN(test_grad_softmax_pre_seq);
     RUN(test_grad_sigmoid);
