@@ -1,0 +1,635 @@
+/* moe.c - the mixture-of-experts MLP on one rank (moe.h): routing on the host, the experts'
+ * matrix products and activations through the backend, forward and backward.
+ *
+ * Forward of N tokens:
+ *   logits[N,E] = x Wr^T                                  backend (linear_forward), then sync
+ *   per token: lse, selection (route_token), routing probs, aux scores   host
+ *   capacity: per expert keep cap tokens (apply_capacity)                host
+ *   permute: rows ordered by expert, then token: xp[M,h] = x[row_tok]    host
+ *   per expert e (rows [eoff[e], eoff[e+1])):
+ *     h1[rows,F1] = xp W1_e^T; act[rows,F] = gelu(h1) | swiglu(h1);
+ *     out[rows,h] = act W2_e^T                                            backend
+ *   y[n] = sum over its rows, in expert order, of prob * out[row]        host
+ *   shared expert: y += act_s(x Ws1^T) Ws2^T                             backend
+ * Backward walks it back: dprob[n,e] = dy[n] . out[row]; the experts' products with
+ * dout[row] = prob * dy[n]; the router from dprob through the score function, plus the aux
+ * and z losses' gradients (router_backward), dWr and dx through linear_backward; the
+ * experts' input gradients added into dx row by row in the same order as forward.
+ * The host parts are plain loops in a fixed order, so results are bitwise reproducible. */
+#include "model/moe.h"
+
+#include "common/error.h"
+#include "common/rng.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct moe_layer {
+    moe_config c;
+    moe_offsets off;
+    kb_backend *be;
+    const kb_ops *o;
+    int maxN, maxM, E, h, k, F, F1, Fs, Fs1;
+    /* backend memory */
+    float *logits;          /* [maxN,E] */
+    float *xp, *h1, *act;   /* [maxM,h], [maxM,F1], [maxM,F] */
+    float *out;             /* [maxM,h] */
+    float *dout, *dact;     /* [maxM,h], [maxM,F] */
+    float *dh1, *dxp;       /* [maxM,F1], [maxM,h] */
+    float *dlogits;         /* [maxN,E] */
+    float *s_h1, *s_act;    /* [maxN,Fs1], [maxN,Fs] */
+    float *s_dact, *s_dh1;  /* [maxN,Fs], [maxN,Fs1] */
+    float *tmp;             /* [maxN,h] */
+    /* host memory */
+    int32_t *sel;           /* [maxN,k] selected experts, best first */
+    float *rprobs;          /* [maxN,E] routing probs before dropping (0 where not selected) */
+    float *probs;           /* [maxN,E] after dropping */
+    uint8_t *map0, *map;    /* [maxN,E] selected / dispatched */
+    double *lse;            /* [maxN] */
+    float *auxs;            /* [maxN,E] scores of the aux losses */
+    int32_t *auxcnt;        /* [maxN*E]: counts per sequence (seq_aux) or [E] (aux) */
+    int32_t *tpe;           /* [E] */
+    int32_t *eoff;          /* [E+1] */
+    int32_t *row_tok;       /* [maxM] */
+    int32_t *row_exp;       /* [maxM] */
+    double *dprob;          /* [maxN,E] */
+    double *rs;             /* [E] scratch: selection scores */
+    double *gs;             /* [E] scratch */
+    uint8_t *elig;          /* [E] scratch */
+    struct cand { float v; int32_t n; } *cand; /* [maxN] */
+    /* the last forward */
+    int N, B, T, M, cap, dropped;
+    double aux, z;
+    bool have_fwd;
+};
+
+/* ---- configuration ---- */
+
+int moe_layout(const moe_config *c, moe_offsets *off) {
+    if (c->hidden <= 0 || c->num_experts <= 0 || c->ffn_hidden <= 0)
+        return co_err_set(CO_EINVAL, "moe: hidden %d, num_experts %d and ffn_hidden %d must be positive", c->hidden,
+                          c->num_experts, c->ffn_hidden);
+    int E = c->num_experts, k = c->topk;
+    if (k < 1 || k > E) return co_err_set(CO_EINVAL, "moe: router top-k %d must be in [1, num_experts %d]", k, E);
+    if (c->score != MOE_SCORE_SOFTMAX && c->score != MOE_SCORE_SIGMOID)
+        return co_err_set(CO_EINVAL, "moe: unknown router score function %d", (int)c->score);
+    if (c->pre_softmax && c->score != MOE_SCORE_SOFTMAX)
+        return co_err_set(CO_EINVAL, "moe: pre-softmax applies to the softmax score function only");
+    if (c->expert_bias && c->score != MOE_SCORE_SIGMOID)
+        return co_err_set(CO_EINVAL, "moe: the expert bias needs the sigmoid score function (as Megatron)");
+    if (c->num_groups < 0) return co_err_set(CO_EINVAL, "moe: num_groups %d is negative", c->num_groups);
+    if (c->num_groups > 0) {
+        int G = c->num_groups, gt = c->group_topk;
+        if (E % G) return co_err_set(CO_EINVAL, "moe: %d experts do not split into %d groups", E, G);
+        if (gt < 1 || gt > G) return co_err_set(CO_EINVAL, "moe: group_topk %d must be in [1, num_groups %d]", gt, G);
+        if (k < gt || k / gt > E / G || k > gt * (E / G))
+            return co_err_set(CO_EINVAL, "moe: top-k %d does not fit group_topk %d groups of %d experts", k, gt, E / G);
+    } else if (c->group_topk) {
+        return co_err_set(CO_EINVAL, "moe: group_topk %d needs num_groups", c->group_topk);
+    }
+    if (!(c->scaling_factor >= 0.0f)) return co_err_set(CO_EINVAL, "moe: the top-k scaling factor must be >= 0");
+    if (c->lb != MOE_LB_NONE && c->lb != MOE_LB_AUX && c->lb != MOE_LB_SEQ_AUX)
+        return co_err_set(CO_EINVAL, "moe: unknown load-balancing type %d", (int)c->lb);
+    if (!(c->aux_coeff >= 0.0f) || !(c->z_coeff >= 0.0f))
+        return co_err_set(CO_EINVAL, "moe: the aux and z loss coefficients must be >= 0");
+    if (c->drop != MOE_DROP_PROBS && c->drop != MOE_DROP_POSITION)
+        return co_err_set(CO_EINVAL, "moe: unknown token drop policy %d", (int)c->drop);
+    if (c->pad_to_capacity && !(c->capacity_factor > 0))
+        return co_err_set(CO_EINVAL, "moe: padding to capacity needs a capacity factor");
+    if (c->shared_ffn < 0) return co_err_set(CO_EINVAL, "moe: shared expert size %d is negative", c->shared_ffn);
+    size_t h = (size_t)c->hidden, F = (size_t)c->ffn_hidden, F1 = c->swiglu ? 2 * F : F;
+    size_t Fs = (size_t)c->shared_ffn, Fs1 = c->swiglu ? 2 * Fs : Fs;
+    off->router = 0;
+    off->fc1 = off->router + (size_t)E * h;
+    off->fc2 = off->fc1 + (size_t)E * F1 * h;
+    off->shared_fc1 = off->fc2 + (size_t)E * h * F;
+    off->shared_fc2 = off->shared_fc1 + Fs1 * h;
+    off->total = off->shared_fc2 + h * Fs;
+    return 0;
+}
+
+/* capacity for N tokens: ceil(N*k/E * factor) as Megatron's get_capacity, at most N */
+static int capacity_of(const moe_config *c, int N) {
+    if (!(c->capacity_factor > 0)) return 0;
+    double cap = ceil((double)N * c->topk / c->num_experts * c->capacity_factor);
+    return cap > N ? N : (int)cap;
+}
+
+void moe_destroy(moe_layer **pm) {
+    moe_layer *m = *pm;
+    if (!m) return;
+    float **bufs[] = {&m->logits, &m->xp, &m->h1, &m->act, &m->out, &m->dout, &m->dact, &m->dh1, &m->dxp,
+                      &m->dlogits, &m->s_h1, &m->s_act, &m->s_dact, &m->s_dh1, &m->tmp};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (*bufs[i]) m->o->free(m->be, *bufs[i]);
+    free(m->sel);
+    free(m->rprobs);
+    free(m->probs);
+    free(m->map0);
+    free(m->map);
+    free(m->lse);
+    free(m->auxs);
+    free(m->auxcnt);
+    free(m->tpe);
+    free(m->eoff);
+    free(m->row_tok);
+    free(m->row_exp);
+    free(m->dprob);
+    free(m->rs);
+    free(m->gs);
+    free(m->elig);
+    free(m->cand);
+    free(m);
+    *pm = NULL;
+}
+
+int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens) {
+    *out = NULL;
+    moe_offsets off;
+    int rc = moe_layout(c, &off);
+    if (rc) return rc;
+    if (max_tokens <= 0) return co_err_set(CO_EINVAL, "moe: max_tokens %d must be positive", max_tokens);
+    if (be->opt.bf16) return co_err_set(CO_EUNSUPPORTED, "moe: bf16 matrix products are not built yet (fp32 only)");
+    moe_layer *m = calloc(1, sizeof *m);
+    if (!m) return co_err_set(CO_ENOMEM, "moe: allocating the layer");
+    m->c = *c;
+    m->off = off;
+    m->be = be;
+    m->o = be->ops;
+    m->E = c->num_experts;
+    m->h = c->hidden;
+    m->k = c->topk;
+    m->F = c->ffn_hidden;
+    m->F1 = c->swiglu ? 2 * m->F : m->F;
+    m->Fs = c->shared_ffn;
+    m->Fs1 = c->swiglu ? 2 * m->Fs : m->Fs;
+    m->maxN = max_tokens;
+    /* rows the experts compute: N*k dropless or dropping; E*cap padded */
+    size_t maxM = (size_t)max_tokens * (size_t)m->k;
+    if (c->pad_to_capacity) {
+        size_t pm = (size_t)m->E * (size_t)capacity_of(c, max_tokens);
+        if (pm > maxM) maxM = pm;
+    }
+    m->maxM = (int)maxM;
+    size_t N = (size_t)max_tokens, E = (size_t)m->E, h = (size_t)m->h;
+    struct {
+        float **p;
+        size_t n;
+    } bb[] = {{&m->logits, N * E},          {&m->xp, maxM * h},        {&m->h1, maxM * m->F1},
+              {&m->act, maxM * m->F},       {&m->out, maxM * h},       {&m->dout, maxM * h},
+              {&m->dact, maxM * m->F},      {&m->dh1, maxM * m->F1},   {&m->dxp, maxM * h},
+              {&m->dlogits, N * E},         {&m->s_h1, N * m->Fs1},    {&m->s_act, N * m->Fs},
+              {&m->s_dact, N * m->Fs},      {&m->s_dh1, N * m->Fs1},   {&m->tmp, N * h}};
+    for (size_t i = 0; i < sizeof bb / sizeof bb[0]; i++) {
+        if (!bb[i].n) continue;
+        *bb[i].p = m->o->alloc(be, sizeof(float) * bb[i].n);
+        if (!*bb[i].p) {
+            moe_destroy(&m);
+            return co_err_set(CO_ENOMEM, "moe: allocating %zu floats of activations", bb[i].n);
+        }
+    }
+    m->sel = malloc(sizeof(int32_t) * N * (size_t)m->k);
+    m->rprobs = malloc(sizeof(float) * N * E);
+    m->probs = malloc(sizeof(float) * N * E);
+    m->map0 = malloc(N * E);
+    m->map = malloc(N * E);
+    m->lse = malloc(sizeof(double) * N);
+    m->auxs = malloc(sizeof(float) * N * E);
+    m->auxcnt = malloc(sizeof(int32_t) * N * E);
+    m->tpe = malloc(sizeof(int32_t) * E);
+    m->eoff = malloc(sizeof(int32_t) * (E + 1));
+    m->row_tok = malloc(sizeof(int32_t) * maxM);
+    m->row_exp = malloc(sizeof(int32_t) * maxM);
+    m->dprob = malloc(sizeof(double) * N * E);
+    m->rs = malloc(sizeof(double) * E);
+    m->gs = malloc(sizeof(double) * E);
+    m->elig = malloc(E);
+    m->cand = malloc(sizeof(*m->cand) * N);
+    if (!m->sel || !m->rprobs || !m->probs || !m->map0 || !m->map || !m->lse || !m->auxs || !m->auxcnt || !m->tpe ||
+        !m->eoff || !m->row_tok || !m->row_exp || !m->dprob || !m->rs || !m->gs || !m->elig || !m->cand) {
+        moe_destroy(&m);
+        return co_err_set(CO_ENOMEM, "moe: allocating the routing tables");
+    }
+    *out = m;
+    return 0;
+}
+
+const moe_offsets *moe_layer_offsets(const moe_layer *m) { return &m->off; }
+
+void moe_init_params(const moe_layer *m, float *params, float std, uint64_t seed) {
+    co_rng r;
+    co_rng_seed(&r, seed);
+    for (size_t i = 0; i < m->off.total; i++) params[i] = (float)(std * co_rng_normal(&r));
+}
+
+double moe_aux_loss(const moe_layer *m) { return m->aux; }
+double moe_z_loss(const moe_layer *m) { return m->z; }
+const int32_t *moe_tokens_per_expert(const moe_layer *m) { return m->tpe; }
+const uint8_t *moe_routing_map(const moe_layer *m) { return m->map; }
+const float *moe_routing_probs(const moe_layer *m) { return m->probs; }
+int moe_dropped(const moe_layer *m) { return m->dropped; }
+int moe_capacity(const moe_layer *m) { return m->cap; }
+
+void moe_expert_bias_update(float *bias, const int32_t *tpe, int E, float rate) {
+    double sum = 0;
+    for (int e = 0; e < E; e++) sum += tpe[e];
+    double mean = sum / E;
+    for (int e = 0; e < E; e++) {
+        double d = mean - tpe[e];
+        bias[e] += d > 0 ? rate : d < 0 ? -rate : 0.0f;
+    }
+}
+
+/* ---- routing ---- */
+
+/* The top-k of v[0..n) among elig (NULL: all) into idx[0..k): larger first, among equal
+ * values the lower index first; NaNs last. */
+static void topk_idx(const double *v, const uint8_t *elig, int n, int k, int32_t *idx) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            if (elig && !elig[e]) continue;
+            bool taken = false;
+            for (int i = 0; i < j; i++) taken |= idx[i] == e;
+            if (taken) continue;
+            if (best < 0 || v[e] > v[best] || (isnan(v[best]) && !isnan(v[e]))) best = e;
+        }
+        idx[j] = best;
+    }
+}
+
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* lse and softmax of one row of logits, in double */
+static double row_softmax(const float *l, int E, double *sm) {
+    double mx = l[0];
+    for (int e = 1; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+    double s = 0;
+    for (int e = 0; e < E; e++) s += (sm[e] = exp((double)l[e] - mx));
+    for (int e = 0; e < E; e++) sm[e] /= s;
+    return mx + log(s);
+}
+
+/* Selection of token n: fills sel[n,0..k) and the probabilities pk[0..k) before scaling. */
+static void route_token(moe_layer *m, int n, const float *expert_bias, double *pk) {
+    const moe_config *c = &m->c;
+    int E = m->E, k = m->k;
+    const float *l = m->logits + (size_t)n * E;
+    double *r = m->rs, *sm = m->gs;
+    int32_t *sel = m->sel + (size_t)n * k;
+    /* the scores the top-k ranks */
+    if (c->score == MOE_SCORE_SOFTMAX) {
+        if (c->pre_softmax) {
+            row_softmax(l, E, sm);
+            for (int e = 0; e < E; e++) r[e] = (float)sm[e];
+        } else {
+            for (int e = 0; e < E; e++) r[e] = l[e];
+        }
+    } else {
+        for (int e = 0; e < E; e++) {
+            r[e] = (float)sigmoid(l[e]);
+            if (expert_bias) r[e] = (float)(r[e] + expert_bias[e]);
+        }
+    }
+    const uint8_t *elig = NULL;
+    if (c->num_groups > 0) {
+        /* group-limited: a group's score is the sum of its top k/group_topk scores */
+        int G = c->num_groups, g = E / G, kg = k / c->group_topk;
+        double gsc[G];
+        int32_t gi[kg > c->group_topk ? kg : c->group_topk];
+        for (int q = 0; q < G; q++) {
+            topk_idx(r + (size_t)q * g, NULL, g, kg, gi);
+            double s = 0;
+            for (int j = 0; j < kg; j++) s += r[q * g + gi[j]];
+            gsc[q] = s;
+        }
+        topk_idx(gsc, NULL, G, c->group_topk, gi);
+        memset(m->elig, 0, (size_t)E);
+        for (int j = 0; j < c->group_topk; j++) memset(m->elig + (size_t)gi[j] * g, 1, (size_t)g);
+        elig = m->elig;
+    }
+    topk_idx(r, elig, E, k, sel);
+    /* the probabilities of the selected */
+    if (c->score == MOE_SCORE_SOFTMAX) {
+        if (c->pre_softmax) {
+            for (int j = 0; j < k; j++) pk[j] = r[sel[j]];
+        } else {
+            double mx = l[sel[0]], s = 0;
+            for (int j = 1; j < k; j++) mx = l[sel[j]] > mx ? l[sel[j]] : mx;
+            for (int j = 0; j < k; j++) s += (pk[j] = exp((double)l[sel[j]] - mx));
+            for (int j = 0; j < k; j++) pk[j] /= s;
+        }
+    } else {
+        double s = 0;
+        for (int j = 0; j < k; j++) s += (pk[j] = sigmoid(l[sel[j]]));
+        if (k > 1)
+            for (int j = 0; j < k; j++) pk[j] /= s + 1e-20;
+    }
+}
+
+/* larger first, NaN after every number, then the lower token index (a total order) */
+static int cand_cmp(const void *a, const void *b) {
+    const struct cand *x = a, *y = b;
+    bool xn = isnan(x->v), yn = isnan(y->v);
+    if (xn != yn) return xn ? 1 : -1;
+    if (!xn && x->v != y->v) return x->v > y->v ? -1 : 1;
+    return x->n < y->n ? -1 : x->n > y->n;
+}
+
+/* map, probs from map0, rprobs under the capacity; counts the drops */
+static void apply_capacity(moe_layer *m) {
+    int N = m->N, E = m->E, cap = m->cap;
+    size_t NE = (size_t)N * E;
+    m->dropped = 0;
+    if (!cap) {
+        memcpy(m->map, m->map0, NE);
+        memcpy(m->probs, m->rprobs, sizeof(float) * NE);
+        return;
+    }
+    memset(m->map, 0, NE);
+    for (int e = 0; e < E; e++) {
+        for (int n = 0; n < N; n++) {
+            size_t i = (size_t)n * E + e;
+            m->cand[n].v = m->c.drop == MOE_DROP_PROBS ? m->rprobs[i] : (float)m->map0[i];
+            m->cand[n].n = n;
+        }
+        qsort(m->cand, (size_t)N, sizeof *m->cand, cand_cmp);
+        for (int j = 0; j < cap; j++) {
+            size_t i = (size_t)m->cand[j].n * E + e;
+            m->map[i] = m->c.pad_to_capacity ? 1 : m->map0[i];
+        }
+    }
+    for (size_t i = 0; i < NE; i++) {
+        m->probs[i] = m->map[i] ? m->rprobs[i] : 0.0f;
+        m->dropped += m->map0[i] && !m->map[i];
+    }
+}
+
+/* aux scores, their top-k counts and the load-balancing loss */
+static void aux_losses(moe_layer *m) {
+    const moe_config *c = &m->c;
+    int N = m->N, E = m->E, k = m->k, B = m->B, T = m->T;
+    m->aux = 0;
+    if (c->lb == MOE_LB_NONE) return;
+    int nseq = c->lb == MOE_LB_SEQ_AUX ? B : 1, per = c->lb == MOE_LB_SEQ_AUX ? T : N;
+    memset(m->auxcnt, 0, sizeof(int32_t) * (size_t)nseq * E);
+    int32_t top[E];
+    for (int n = 0; n < N; n++) {
+        const float *l = m->logits + (size_t)n * E;
+        float *a = m->auxs + (size_t)n * E;
+        double *sc = m->gs, *v = m->rs;
+        if (c->score == MOE_SCORE_SOFTMAX) {
+            row_softmax(l, E, sc);
+            for (int e = 0; e < E; e++) a[e] = (float)sc[e];
+        } else {
+            double s = 0;
+            for (int e = 0; e < E; e++) s += (sc[e] = sigmoid(l[e]));
+            for (int e = 0; e < E; e++) a[e] = (float)(sc[e] / (s + 1e-20));
+        }
+        for (int e = 0; e < E; e++) v[e] = a[e];
+        topk_idx(v, NULL, E, k, top);
+        for (int j = 0; j < k; j++) m->auxcnt[(size_t)(n / per) * E + top[j]]++;
+    }
+    double loss = 0;
+    for (int b = 0; b < nseq; b++) {
+        double lb = 0;
+        for (int e = 0; e < E; e++) {
+            double ps = 0;
+            for (int n = b * per; n < (b + 1) * per; n++) ps += m->auxs[(size_t)n * E + e];
+            lb += ps * m->auxcnt[(size_t)b * E + e];
+        }
+        loss += lb * E / ((double)k * per * per);
+    }
+    m->aux = c->aux_coeff * loss / nseq;
+}
+
+/* ---- forward ---- */
+
+static void expert_mlp_forward(moe_layer *m, const float *params, int e, int r0, int cnt) {
+    const kb_ops *o = m->o;
+    kb_backend *be = m->be;
+    int h = m->h, F = m->F, F1 = m->F1;
+    const float *W1 = params + m->off.fc1 + (size_t)e * F1 * h, *W2 = params + m->off.fc2 + (size_t)e * h * F;
+    float *h1 = m->h1 + (size_t)r0 * F1, *act = m->act + (size_t)r0 * F;
+    o->linear_forward(be, h1, m->xp + (size_t)r0 * h, W1, NULL, NULL, cnt, h, F1);
+    if (m->c.swiglu) o->swiglu_forward(be, act, h1, cnt, F);
+    else o->gelu_forward(be, act, h1, (size_t)cnt * F);
+    o->linear_forward(be, m->out + (size_t)r0 * h, act, W2, NULL, NULL, cnt, F, h);
+}
+
+int moe_forward(moe_layer *m, float *y, const float *x, const float *params, const float *expert_bias, int B,
+                int T) {
+    const moe_config *c = &m->c;
+    const kb_ops *o = m->o;
+    kb_backend *be = m->be;
+    int N = B * T, E = m->E, k = m->k, h = m->h;
+    m->have_fwd = false;
+    if (B <= 0 || T <= 0 || N > m->maxN)
+        return co_err_set(CO_EINVAL, "moe_forward: %d x %d tokens (the layer holds at most %d)", B, T, m->maxN);
+    m->N = N;
+    m->B = B;
+    m->T = T;
+    m->cap = capacity_of(c, N);
+    o->linear_forward(be, m->logits, x, params + m->off.router, NULL, NULL, N, h, E);
+    o->sync(be);
+    if (be->status) return be->status;
+
+    /* routing */
+    size_t NE = (size_t)N * E;
+    memset(m->rprobs, 0, sizeof(float) * NE);
+    memset(m->map0, 0, NE);
+    double z = 0, pk[k];
+    for (int n = 0; n < N; n++) {
+        double *sm = m->gs;
+        m->lse[n] = row_softmax(m->logits + (size_t)n * E, E, sm);
+        z += m->lse[n] * m->lse[n];
+        route_token(m, n, c->expert_bias ? expert_bias : NULL, pk);
+        for (int j = 0; j < k; j++) {
+            int e = m->sel[(size_t)n * k + j];
+            double p = c->scaling_factor > 0 ? (float)pk[j] * (double)c->scaling_factor : pk[j];
+            m->rprobs[(size_t)n * E + e] = (float)p;
+            m->map0[(size_t)n * E + e] = 1;
+        }
+    }
+    m->z = c->z_coeff > 0 ? c->z_coeff * z / N : 0.0;
+    apply_capacity(m);
+    aux_losses(m);
+
+    /* permute: rows by expert, then token */
+    int M = 0;
+    for (int e = 0; e < E; e++) {
+        m->eoff[e] = M;
+        for (int n = 0; n < N; n++)
+            if (m->map[(size_t)n * E + e]) {
+                m->row_tok[M] = n;
+                m->row_exp[M] = e;
+                memcpy(m->xp + (size_t)M * h, x + (size_t)n * h, sizeof(float) * (size_t)h);
+                M++;
+            }
+        m->tpe[e] = M - m->eoff[e];
+    }
+    m->eoff[E] = M;
+    m->M = M;
+    for (int e = 0; e < E; e++)
+        if (m->tpe[e]) expert_mlp_forward(m, params, e, m->eoff[e], m->tpe[e]);
+    if (m->Fs) {
+        o->linear_forward(be, m->s_h1, x, params + m->off.shared_fc1, NULL, NULL, N, h, m->Fs1);
+        if (c->swiglu) o->swiglu_forward(be, m->s_act, m->s_h1, N, m->Fs);
+        else o->gelu_forward(be, m->s_act, m->s_h1, (size_t)N * m->Fs);
+        o->linear_forward(be, m->tmp, m->s_act, params + m->off.shared_fc2, NULL, NULL, N, m->Fs, h);
+    }
+    o->sync(be);
+    if (be->status) return be->status;
+    /* combine: each token's rows in expert order */
+    memset(y, 0, sizeof(float) * (size_t)N * h);
+    for (int r = 0; r < M; r++) {
+        int n = m->row_tok[r];
+        float p = m->probs[(size_t)n * E + m->row_exp[r]];
+        float *yn = y + (size_t)n * h;
+        const float *orow = m->out + (size_t)r * h;
+        for (int i = 0; i < h; i++) yn[i] += p * orow[i];
+    }
+    if (m->Fs) o->add(be, y, y, m->tmp, (size_t)N * h);
+    o->sync(be);
+    if (be->status) return be->status;
+    m->have_fwd = true;
+    return 0;
+}
+
+/* ---- backward ---- */
+
+/* dl[E] of token n: the routing probs' gradient through the score function, the aux and
+ * z losses' */
+static void router_backward_token(moe_layer *m, int n, double ls, double *dl) {
+    const moe_config *c = &m->c;
+    int E = m->E, k = m->k;
+    const float *l = m->logits + (size_t)n * E;
+    const int32_t *sel = m->sel + (size_t)n * k;
+    double *sm = m->gs;
+    double pk[k], dp[k];
+    for (int e = 0; e < E; e++) dl[e] = 0;
+    /* the selected probabilities' gradient: kept (n,e) only, times the scaling factor */
+    double scale = c->scaling_factor > 0 ? c->scaling_factor : 1.0;
+    for (int j = 0; j < k; j++) {
+        size_t i = (size_t)n * E + sel[j];
+        dp[j] = m->map[i] ? m->dprob[i] * scale : 0.0;
+    }
+    if (c->score == MOE_SCORE_SOFTMAX) {
+        if (c->pre_softmax) {
+            /* probs = s[sel], s = softmax(l): dl = s * (ds - sum s ds) */
+            row_softmax(l, E, sm);
+            double dot = 0;
+            for (int j = 0; j < k; j++) dot += sm[sel[j]] * dp[j];
+            for (int e = 0; e < E; e++) dl[e] -= sm[e] * dot;
+            for (int j = 0; j < k; j++) dl[sel[j]] += sm[sel[j]] * dp[j];
+        } else {
+            double mx = l[sel[0]], s = 0, dot = 0;
+            for (int j = 1; j < k; j++) mx = l[sel[j]] > mx ? l[sel[j]] : mx;
+            for (int j = 0; j < k; j++) s += (pk[j] = exp((double)l[sel[j]] - mx));
+            for (int j = 0; j < k; j++) dot += (pk[j] /= s) * dp[j];
+            for (int j = 0; j < k; j++) dl[sel[j]] += pk[j] * (dp[j] - dot);
+        }
+    } else {
+        double s = 0, ds[k];
+        for (int j = 0; j < k; j++) s += (pk[j] = sigmoid(l[sel[j]]));
+        if (k > 1) {
+            /* p_j = s_j / D, D = sum s + 1e-20: ds_j = dp_j / D - sum_i dp_i s_i / D^2 */
+            double D = s + 1e-20, dot = 0;
+            for (int j = 0; j < k; j++) dot += dp[j] * pk[j];
+            for (int j = 0; j < k; j++) ds[j] = dp[j] / D - dot / (D * D);
+        } else {
+            ds[0] = dp[0];
+        }
+        for (int j = 0; j < k; j++) dl[sel[j]] += ds[j] * pk[j] * (1.0 - pk[j]);
+    }
+    if (c->lb != MOE_LB_NONE && c->aux_coeff > 0) {
+        /* d aux / d a[n,e] = coeff / nseq * E/(k per^2) * count[seq(n), e] */
+        int nseq = c->lb == MOE_LB_SEQ_AUX ? m->B : 1, per = c->lb == MOE_LB_SEQ_AUX ? m->T : m->N;
+        double w = ls * c->aux_coeff / nseq * E / ((double)k * per * per);
+        const int32_t *cnt = m->auxcnt + (size_t)(n / per) * E;
+        double *ga = m->rs;
+        for (int e = 0; e < E; e++) ga[e] = w * cnt[e];
+        if (c->score == MOE_SCORE_SOFTMAX) {
+            row_softmax(l, E, sm);
+            double dot = 0;
+            for (int e = 0; e < E; e++) dot += sm[e] * ga[e];
+            for (int e = 0; e < E; e++) dl[e] += sm[e] * (ga[e] - dot);
+        } else {
+            double s = 0, dot = 0;
+            for (int e = 0; e < E; e++) s += (sm[e] = sigmoid(l[e]));
+            double D = s + 1e-20;
+            for (int e = 0; e < E; e++) dot += ga[e] * sm[e];
+            for (int e = 0; e < E; e++) dl[e] += (ga[e] / D - dot / (D * D)) * sm[e] * (1.0 - sm[e]);
+        }
+    }
+    if (c->z_coeff > 0) {
+        /* d z / d l[n,e] = coeff/N * 2 lse[n] * softmax[n,e] */
+        row_softmax(l, E, sm);
+        double w = ls * c->z_coeff / m->N * 2.0 * m->lse[n];
+        for (int e = 0; e < E; e++) dl[e] += w * sm[e];
+    }
+}
+
+int moe_backward(moe_layer *m, float *dx, float *dparams, const float *dy, const float *x, const float *params,
+                 float loss_scale) {
+    const moe_config *c = &m->c;
+    const kb_ops *o = m->o;
+    kb_backend *be = m->be;
+    if (!m->have_fwd) return co_err_set(CO_EINVAL, "moe_backward: no forward to go back through");
+    int N = m->N, E = m->E, h = m->h, F = m->F, F1 = m->F1, M = m->M;
+    size_t NE = (size_t)N * E;
+    o->sync(be);
+    /* the routed rows: dout = prob * dy, dprob = dy . out */
+    for (size_t i = 0; i < NE; i++) m->dprob[i] = 0;
+    for (int r = 0; r < M; r++) {
+        int n = m->row_tok[r];
+        size_t i = (size_t)n * E + m->row_exp[r];
+        float p = m->probs[i];
+        const float *dyn = dy + (size_t)n * h, *orow = m->out + (size_t)r * h;
+        float *d = m->dout + (size_t)r * h;
+        double dot = 0;
+        for (int q = 0; q < h; q++) {
+            d[q] = p * dyn[q];
+            dot += (double)dyn[q] * orow[q];
+        }
+        m->dprob[i] = dot;
+    }
+    /* the router's logits gradient (host), before any backend work is queued */
+    double dl[E];
+    for (int n = 0; n < N; n++) {
+        router_backward_token(m, n, loss_scale, dl);
+        for (int e = 0; e < E; e++) m->dlogits[(size_t)n * E + e] = (float)dl[e];
+    }
+    for (int e = 0; e < E; e++) {
+        int r0 = m->eoff[e], cnt = m->tpe[e];
+        if (!cnt) continue;
+        const float *W1 = params + m->off.fc1 + (size_t)e * F1 * h, *W2 = params + m->off.fc2 + (size_t)e * h * F;
+        float *dW1 = dparams + m->off.fc1 + (size_t)e * F1 * h, *dW2 = dparams + m->off.fc2 + (size_t)e * h * F;
+        float *dact = m->dact + (size_t)r0 * F, *dh1 = m->dh1 + (size_t)r0 * F1;
+        o->linear_backward(be, dact, dW2, NULL, m->dout + (size_t)r0 * h, m->act + (size_t)r0 * F, W2, NULL, cnt, F, h);
+        if (c->swiglu) o->swiglu_backward(be, dh1, dact, m->h1 + (size_t)r0 * F1, cnt, F);
+        else o->gelu_backward(be, dh1, dact, m->h1 + (size_t)r0 * F1, (size_t)cnt * F);
+        o->linear_backward(be, m->dxp + (size_t)r0 * h, dW1, NULL, dh1, m->xp + (size_t)r0 * h, W1, NULL, cnt, h, F1);
+    }
+    o->linear_backward(be, dx, dparams + m->off.router, NULL, m->dlogits, x, params + m->off.router, NULL, N, h, E);
+    if (m->Fs) {
+        int Fs = m->Fs, Fs1 = m->Fs1;
+        o->linear_backward(be, m->s_dact, dparams + m->off.shared_fc2, NULL, dy, m->s_act, params + m->off.shared_fc2,
+                           NULL, N, Fs, h);
+        if (c->swiglu) o->swiglu_backward(be, m->s_dh1, m->s_dact, m->s_h1, N, Fs);
+        else o->gelu_backward(be, m->s_dh1, m->s_dact, m->s_h1, (size_t)N * Fs);
+        o->linear_backward(be, m->tmp, dparams + m->off.shared_fc1, NULL, m->s_dh1, x, params + m->off.shared_fc1,
+                           NULL, N, h, Fs1);
+        o->add(be, dx, dx, m->tmp, (size_t)N * h);
+    }
+    o->sync(be);
+    if (be->status) return be->status;
+    /* the experts' input gradients, row by row in forward's order */
+    for (int r = 0; r < M; r++) {
+        float *dxn = dx + (size_t)m->row_tok[r] * h;
+        const float *g = m->dxp + (size_t)r * h;
+        for (int q = 0; q < h; q++) dxn[q] += g[q];
+    }
+    return 0;
+}

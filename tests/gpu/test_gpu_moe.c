@@ -1,0 +1,158 @@
+/* test_gpu_moe.c - the MoE layer (model/moe.h) on the CUDA backend against the CPU backend:
+ * the same inputs and weights through both, per configuration:
+ *   - the routing map, tokens per expert and drops identical;
+ *   - y and dx within 1e-4 max|ref| + 1e-3 |ref|, every parameter's gradient within
+ *     2e-4 max|g| + 1e-3 |g| (what tests/gpu/test_gpu_model.c allows between the backends);
+ *   - the aux and z losses within 1e-4 relative;
+ *   - two GPU runs bitwise equal.
+ * Routing runs on the host over the backend's managed memory, the products on the GPU.
+ * Exits 77 without a GPU. */
+#include "model/moe.h"
+#include "tests/gpu/gpu_util.h"
+
+#include <math.h>
+
+typedef struct side {
+    kb_backend *be;
+    moe_layer *m;
+    float *x, *params, *dy, *y, *dx, *dparams;
+} side;
+
+typedef struct host_out {
+    float *y, *dx, *dparams;
+    uint8_t *map;
+    int32_t *tpe;
+    double aux, z;
+    int dropped;
+} host_out;
+
+static void run_side(side *s, const moe_config *c, int B, int T, const float *bias, host_out *o) {
+    const kb_ops *op = s->be->ops;
+    int N = B * T, E = c->num_experts;
+    size_t Nh = (size_t)N * c->hidden, P = moe_layer_offsets(s->m)->total;
+    op->zero(s->be, s->dparams, P);
+    REQUIRE_MSG(moe_forward(s->m, s->y, s->x, s->params, bias, B, T) == 0, "%s", co_err_detail());
+    REQUIRE_MSG(moe_backward(s->m, s->dx, s->dparams, s->dy, s->x, s->params, 1.0f) == 0, "%s", co_err_detail());
+    op->copy(s->be, o->y, s->y, sizeof(float) * Nh);
+    op->copy(s->be, o->dx, s->dx, sizeof(float) * Nh);
+    op->copy(s->be, o->dparams, s->dparams, sizeof(float) * P);
+    memcpy(o->map, moe_routing_map(s->m), (size_t)N * E);
+    memcpy(o->tpe, moe_tokens_per_expert(s->m), sizeof(int32_t) * (size_t)E);
+    o->aux = moe_aux_loss(s->m);
+    o->z = moe_z_loss(s->m);
+    o->dropped = moe_dropped(s->m);
+}
+
+static double worst_ratio(const float *a, const float *ref, size_t n, double atol_rel, double rtol) {
+    double mx = 0, w = 0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++) {
+        double tol = atol_rel * mx + rtol * fabs(ref[i]) + 1e-30;
+        double r = fabs((double)a[i] - ref[i]) / tol;
+        if (!(r <= w)) w = isnan(r) ? INFINITY : r;
+    }
+    return w;
+}
+
+static bool alloc_out(host_out *o, size_t Nh, size_t P, size_t NE, int E) {
+    o->y = malloc(sizeof(float) * Nh);
+    o->dx = malloc(sizeof(float) * Nh);
+    o->dparams = malloc(sizeof(float) * P);
+    o->map = malloc(NE);
+    o->tpe = malloc(sizeof(int32_t) * (size_t)E);
+    return o->y && o->dx && o->dparams && o->map && o->tpe;
+}
+
+static void free_out(host_out *o) {
+    free(o->y);
+    free(o->dx);
+    free(o->dparams);
+    free(o->map);
+    free(o->tpe);
+}
+
+static void check_config(const char *name, moe_config c, kb_backend *cpu, kb_backend *gpu) {
+    int B = 2, T = 32, N = B * T, E = c.num_experts;
+    moe_offsets off;
+    REQUIRE(moe_layout(&c, &off) == 0);
+    size_t Nh = (size_t)N * c.hidden, P = off.total, NE = (size_t)N * E;
+    float *x = malloc(sizeof(float) * Nh), *dy = malloc(sizeof(float) * Nh), *params = malloc(sizeof(float) * P);
+    float bias[64];
+    REQUIRE(x && dy && params && E <= 64);
+    for (size_t i = 0; i < Nh; i++) x[i] = gu_uniform(), dy[i] = gu_uniform();
+    for (size_t i = 0; i < P; i++) params[i] = 0.3f * gu_uniform();
+    for (int e = 0; e < E; e++) bias[e] = 0.05f * gu_uniform();
+    side sd[2] = {{.be = cpu}, {.be = gpu}};
+    host_out out[3];
+    for (int k = 0; k < 3; k++) REQUIRE(alloc_out(&out[k], Nh, P, NE, E));
+    for (int k = 0; k < 2; k++) {
+        side *s = &sd[k];
+        REQUIRE_MSG(moe_new(&s->m, &c, s->be, N) == 0, "%s", co_err_detail());
+        s->x = gu_buf(s->be, x, Nh);
+        s->dy = gu_buf(s->be, dy, Nh);
+        s->params = gu_buf(s->be, params, P);
+        s->y = gu_buf(s->be, NULL, Nh);
+        s->dx = gu_buf(s->be, NULL, Nh);
+        s->dparams = gu_buf(s->be, NULL, P);
+        run_side(s, &c, B, T, bias, &out[k]);
+    }
+    run_side(&sd[1], &c, B, T, bias, &out[2]);
+    host_out *ref = &out[0], *g = &out[1];
+    CHECK_MSG(memcmp(ref->map, g->map, NE) == 0, "%s: routing maps differ", name);
+    CHECK_MSG(memcmp(ref->tpe, g->tpe, sizeof(int32_t) * (size_t)E) == 0, "%s: tokens per expert differ", name);
+    CHECK(ref->dropped == g->dropped);
+    double wy = worst_ratio(g->y, ref->y, Nh, 1e-4, 1e-3), wdx = worst_ratio(g->dx, ref->dx, Nh, 1e-4, 1e-3);
+    double wr = worst_ratio(g->dparams + off.router, ref->dparams + off.router, off.fc1 - off.router, 2e-4, 1e-3);
+    double we = worst_ratio(g->dparams + off.fc1, ref->dparams + off.fc1, P - off.fc1, 2e-4, 1e-3);
+    fprintf(stderr, "  %-40s error / tolerance: y %.3f dx %.3f dWr %.3f experts %.3f; aux %.2e z %.2e relative\n", name,
+            wy, wdx, wr, we, fabs(g->aux - ref->aux) / fmax(ref->aux, 1e-30), fabs(g->z - ref->z) / fmax(ref->z, 1e-30));
+    CHECK(wy <= 1 && wdx <= 1 && wr <= 1 && we <= 1);
+    CHECK(fabs(g->aux - ref->aux) <= 1e-4 * fabs(ref->aux));
+    CHECK(fabs(g->z - ref->z) <= 1e-4 * fabs(ref->z));
+    CHECK_MSG(memcmp(out[1].y, out[2].y, sizeof(float) * Nh) == 0 && memcmp(out[1].dx, out[2].dx, sizeof(float) * Nh) == 0 &&
+                  memcmp(out[1].dparams, out[2].dparams, sizeof(float) * P) == 0,
+              "%s: two GPU runs differ", name);
+    for (int k = 0; k < 2; k++) {
+        side *s = &sd[k];
+        float *bufs[] = {s->x, s->dy, s->params, s->y, s->dx, s->dparams};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) s->be->ops->free(s->be, bufs[i]);
+        moe_destroy(&s->m);
+    }
+    for (int k = 0; k < 3; k++) free_out(&out[k]);
+    free(x);
+    free(dy);
+    free(params);
+}
+
+static void test_cuda_vs_cpu(void) {
+    kb_backend *cpu = gu_backend(KB_DEVICE_CPU, false), *gpu = gu_backend(KB_DEVICE_CUDA, false);
+    moe_config base = {.hidden = 64, .num_experts = 8, .ffn_hidden = 96, .topk = 2, .score = MOE_SCORE_SOFTMAX,
+                       .lb = MOE_LB_AUX, .aux_coeff = 0.01f, .z_coeff = 1e-3f};
+    moe_config c = base;
+    c.shared_ffn = 48;
+    check_config("softmax k2 aux z shared gelu", c, cpu, gpu);
+    c = base;
+    c.score = MOE_SCORE_SIGMOID;
+    c.expert_bias = true;
+    c.topk = 4;
+    c.num_groups = 4;
+    c.group_topk = 2;
+    c.capacity_factor = 1.0;
+    c.pad_to_capacity = true;
+    c.swiglu = true;
+    c.lb = MOE_LB_SEQ_AUX;
+    check_config("sigmoid k4 groups bias cap pad swiglu seq", c, cpu, gpu);
+    c = base;
+    c.pre_softmax = true;
+    c.capacity_factor = 0.75;
+    c.drop = MOE_DROP_POSITION;
+    check_config("pre-softmax k2 cap 0.75 position", c, cpu, gpu);
+    kb_backend_destroy(&gpu);
+    kb_backend_destroy(&cpu);
+}
+
+int main(void) {
+    gu_require_gpu();
+    RUN(test_cuda_vs_cpu);
+    return TEST_EXIT();
+}

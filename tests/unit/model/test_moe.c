@@ -1,0 +1,515 @@
+/* test_moe.c - the mixture-of-experts layer (model/moe.h): every configuration against the
+ * numpy restatement of Megatron's router and MoE layer (tests/data/moe_ref.py: forward,
+ * aux and z losses, routing map, drops, all gradients), gradients against finite
+ * differences on tiny cases, bitwise determinism, configurations refused.
+ *
+ * usage: test_moe PYTHON MOE_REF_PY   (meson passes both; without them the numpy case skips) */
+#include "common/error.h"
+#include "common/rng.h"
+#include "kernels/backend.h"
+#include "model/moe.h"
+#include "tests/test.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *g_python, *g_script;
+
+static kb_backend *backend(void) {
+    kb_backend *be = NULL;
+    kb_options o = {.device = KB_DEVICE_CPU, .threads = 2};
+    if (kb_backend_new(&be, &o)) return NULL;
+    return be;
+}
+
+static moe_config base(void) {
+    moe_config c = {.hidden = 16, .num_experts = 8, .ffn_hidden = 12, .topk = 2, .score = MOE_SCORE_SOFTMAX,
+                    .lb = MOE_LB_AUX, .aux_coeff = 0.01f, .z_coeff = 0.0f, .drop = MOE_DROP_PROBS};
+    return c;
+}
+
+/* One layer's inputs and outputs, host memory (the CPU backend's memory is host memory). */
+typedef struct run {
+    moe_layer *m;
+    int N, h, E;
+    size_t P;
+    float *x, *params, *bias, *dy, *y, *dx, *dparams;
+} run;
+
+static void fill(float *p, size_t n, double std, co_rng *r) {
+    for (size_t i = 0; i < n; i++) p[i] = (float)(std * co_rng_normal(r));
+}
+
+static void run_free(run *r) {
+    moe_destroy(&r->m);
+    free(r->x);
+    free(r->params);
+    free(r->bias);
+    free(r->dy);
+    free(r->y);
+    free(r->dx);
+    free(r->dparams);
+    memset(r, 0, sizeof *r);
+}
+
+/* a layer with random inputs: x ~ N(0,1), router N(0, 0.5), experts N(0, 0.3), bias N(0, 0.1) */
+static int run_new(run *r, const moe_config *c, kb_backend *be, int N, uint64_t seed) {
+    memset(r, 0, sizeof *r);
+    int rc = moe_new(&r->m, c, be, N);
+    if (rc) return rc;
+    const moe_offsets *off = moe_layer_offsets(r->m);
+    r->N = N;
+    r->h = c->hidden;
+    r->E = c->num_experts;
+    r->P = off->total;
+    size_t Nh = (size_t)N * r->h;
+    r->x = malloc(sizeof(float) * Nh);
+    r->dy = malloc(sizeof(float) * Nh);
+    r->y = malloc(sizeof(float) * Nh);
+    r->dx = malloc(sizeof(float) * Nh);
+    r->params = malloc(sizeof(float) * r->P);
+    r->dparams = calloc(r->P, sizeof(float));
+    r->bias = malloc(sizeof(float) * (size_t)r->E);
+    if (!r->x || !r->dy || !r->y || !r->dx || !r->params || !r->dparams || !r->bias) return CO_ENOMEM;
+    co_rng g;
+    co_rng_seed(&g, seed);
+    fill(r->x, Nh, 1.0, &g);
+    fill(r->dy, Nh, 1.0, &g);
+    fill(r->params, off->fc1, 0.5, &g);
+    fill(r->params + off->fc1, r->P - off->fc1, 0.3, &g);
+    fill(r->bias, (size_t)r->E, 0.1, &g);
+    return 0;
+}
+
+static int fwd_bwd(run *r, int B, int T, float loss_scale) {
+    int rc = moe_forward(r->m, r->y, r->x, r->params, r->bias, B, T);
+    if (rc) return rc;
+    memset(r->dparams, 0, sizeof(float) * r->P);
+    return moe_backward(r->m, r->dx, r->dparams, r->dy, r->x, r->params, loss_scale);
+}
+
+/* ---- against numpy ---- */
+
+static bool write_file(const char *dir, const char *name, const void *p, size_t n) {
+    char path[512];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) return false;
+    FILE *f = fopen(path, "wb");
+    if (!f) return false;
+    bool ok = fwrite(p, 1, n, f) == n;
+    return fclose(f) == 0 && ok;
+}
+
+typedef struct ref_case {
+    const char *name;
+    moe_config c;
+    int B, T;
+    float loss_scale;
+} ref_case;
+
+static bool dump_case(const char *root, int idx, const ref_case *rc, kb_backend *be) {
+    char dir[512];
+    if (snprintf(dir, sizeof dir, "%s/%02d-%s", root, idx, rc->name) >= (int)sizeof dir) return false;
+    if (mkdir(dir, 0700) && errno != EEXIST) return false;
+    run r;
+    int N = rc->B * rc->T;
+    if (run_new(&r, &rc->c, be, N, 1000 + (uint64_t)idx)) {
+        fprintf(stderr, "  %s: %s\n", rc->name, co_err_detail());
+        run_free(&r);
+        return false;
+    }
+    int err = fwd_bwd(&r, rc->B, rc->T, rc->loss_scale);
+    if (err) {
+        fprintf(stderr, "  %s: %s\n", rc->name, co_err_detail());
+        run_free(&r);
+        return false;
+    }
+    const moe_config *c = &rc->c;
+    char cfg[2048];
+    int len = snprintf(cfg, sizeof cfg,
+                       "hidden=%d\nnum_experts=%d\nffn_hidden=%d\ntopk=%d\nscore=%s\npre_softmax=%d\nnum_groups=%d\n"
+                       "group_topk=%d\nscaling_factor=%.9g\nexpert_bias=%d\nlb=%s\naux_coeff=%.9g\nz_coeff=%.9g\n"
+                       "capacity_factor=%.17g\ndrop=%s\npad_to_capacity=%d\nswiglu=%d\nshared_ffn=%d\nB=%d\nT=%d\n"
+                       "loss_scale=%.9g\naux_loss=%.17g\nz_loss=%.17g\ndropped=%d\ncapacity=%d\n",
+                       c->hidden, c->num_experts, c->ffn_hidden, c->topk,
+                       c->score == MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid", c->pre_softmax, c->num_groups,
+                       c->group_topk, (double)c->scaling_factor, c->expert_bias,
+                       c->lb == MOE_LB_NONE ? "none" : c->lb == MOE_LB_AUX ? "aux_loss" : "seq_aux_loss",
+                       (double)c->aux_coeff, (double)c->z_coeff, c->capacity_factor,
+                       c->drop == MOE_DROP_PROBS ? "probs" : "position", c->pad_to_capacity, c->swiglu, c->shared_ffn,
+                       rc->B, rc->T, (double)rc->loss_scale, moe_aux_loss(r.m), moe_z_loss(r.m), moe_dropped(r.m),
+                       moe_capacity(r.m));
+    size_t Nh = sizeof(float) * (size_t)N * r.h, NE = (size_t)N * r.E;
+    bool ok = write_file(dir, "config.txt", cfg, (size_t)len) && write_file(dir, "x.bin", r.x, Nh) &&
+              write_file(dir, "params.bin", r.params, sizeof(float) * r.P) &&
+              write_file(dir, "bias.bin", r.bias, sizeof(float) * (size_t)r.E) &&
+              write_file(dir, "dy.bin", r.dy, Nh) && write_file(dir, "y.bin", r.y, Nh) &&
+              write_file(dir, "dx.bin", r.dx, Nh) && write_file(dir, "dparams.bin", r.dparams, sizeof(float) * r.P) &&
+              write_file(dir, "map.bin", moe_routing_map(r.m), NE) &&
+              write_file(dir, "probs.bin", moe_routing_probs(r.m), sizeof(float) * NE) &&
+              write_file(dir, "tpe.bin", moe_tokens_per_expert(r.m), sizeof(int32_t) * (size_t)r.E);
+    run_free(&r);
+    return ok;
+}
+
+static void test_against_numpy(void) {
+    if (!g_python || !g_script) TEST_SKIP_CASE("no python and moe_ref.py given");
+    kb_backend *be = backend();
+    REQUIRE(be);
+    ref_case cases[32];
+    int n = 0;
+    moe_config c;
+#define ADD(nm, B_, T_, ls, ...)                                                           \
+    do {                                                                                   \
+        c = base();                                                                        \
+        __VA_ARGS__;                                                                       \
+        cases[n++] = (ref_case){.name = nm, .c = c, .B = B_, .T = T_, .loss_scale = ls};   \
+    } while (0)
+    ADD("softmax_k2_aux_z_gelu", 2, 12, 1.0f, c.z_coeff = 1e-2f);
+    ADD("softmax_pre_k2_swiglu", 2, 12, 1.0f, c.pre_softmax = true, c.swiglu = true);
+    ADD("softmax_k1_seqaux", 3, 8, 1.0f, c.topk = 1, c.lb = MOE_LB_SEQ_AUX, c.aux_coeff = 0.1f);
+    ADD("softmax_k4_groups_aux_z", 2, 12, 1.0f, c.topk = 4, c.num_groups = 4, c.group_topk = 2, c.z_coeff = 1e-3f);
+    ADD("softmax_pre_k2_groups_scale", 2, 12, 1.0f, c.pre_softmax = true, c.num_groups = 2, c.group_topk = 1,
+        c.scaling_factor = 2.5f);
+    ADD("sigmoid_k2_bias_aux", 2, 12, 1.0f, c.score = MOE_SCORE_SIGMOID, c.expert_bias = true);
+    ADD("sigmoid_k1_bias_seqaux", 2, 12, 1.0f, c.score = MOE_SCORE_SIGMOID, c.expert_bias = true, c.topk = 1,
+        c.lb = MOE_LB_SEQ_AUX, c.aux_coeff = 0.1f);
+    ADD("sigmoid_k4_groups_bias_scale_z", 2, 12, 1.0f, c.score = MOE_SCORE_SIGMOID, c.expert_bias = true, c.topk = 4,
+        c.num_groups = 4, c.group_topk = 2, c.scaling_factor = 2.5f, c.z_coeff = 1e-2f);
+    ADD("sigmoid_k2_nobias_swiglu", 2, 12, 1.0f, c.score = MOE_SCORE_SIGMOID, c.swiglu = true);
+    ADD("cap1.0_probs", 2, 12, 1.0f, c.capacity_factor = 1.0);
+    ADD("cap0.5_position", 2, 12, 1.0f, c.capacity_factor = 0.5, c.drop = MOE_DROP_POSITION);
+    ADD("cap1.5_probs_pad", 2, 12, 1.0f, c.capacity_factor = 1.5, c.pad_to_capacity = true);
+    ADD("sigmoid_cap0.75_position_pad_swiglu", 2, 12, 1.0f, c.score = MOE_SCORE_SIGMOID, c.capacity_factor = 0.75,
+        c.drop = MOE_DROP_POSITION, c.pad_to_capacity = true, c.swiglu = true, c.z_coeff = 1e-2f);
+    ADD("shared_gelu_lossscale", 2, 12, 0.5f, c.shared_ffn = 20, c.z_coeff = 0.1f, c.aux_coeff = 0.1f);
+    ADD("sigmoid_k4_shared_swiglu_cap_seqaux", 2, 12, 1.0f, c.score = MOE_SCORE_SIGMOID, c.topk = 4,
+        c.shared_ffn = 10, c.swiglu = true, c.capacity_factor = 1.0, c.lb = MOE_LB_SEQ_AUX, c.aux_coeff = 0.1f,
+        c.z_coeff = 1e-2f, c.scaling_factor = 1.5f);
+    ADD("pre_groups_cap_position", 2, 12, 1.0f, c.pre_softmax = true, c.num_groups = 4, c.group_topk = 2,
+        c.capacity_factor = 0.8, c.drop = MOE_DROP_POSITION);
+    ADD("none_z_only", 2, 12, 1.0f, c.lb = MOE_LB_NONE, c.z_coeff = 0.1f);
+    ADD("all_experts_k8", 1, 16, 1.0f, c.topk = 8, c.swiglu = true);
+    ADD("one_expert", 2, 5, 1.0f, c.num_experts = 1, c.topk = 1, c.shared_ffn = 4);
+    ADD("cap_tiny_pad_probs", 2, 12, 1.0f, c.capacity_factor = 0.1, c.pad_to_capacity = true, c.topk = 1);
+#undef ADD
+    char root[512];
+    REQUIRE(t_scratch_dir(root, sizeof root, "cohort-moe-ref") == 0);
+    for (int i = 0; i < n; i++) CHECK_MSG(dump_case(root, i, &cases[i], be), "case %s", cases[i].name);
+    char cmd[1024];
+    REQUIRE(snprintf(cmd, sizeof cmd, "'%s' '%s' --rm '%s'", g_python, g_script, root) < (int)sizeof cmd);
+    int st = system(cmd);
+    CHECK_MSG(st == 0, "moe_ref.py failed (status %d); inputs and outputs kept in %s", st, root);
+    kb_backend_destroy(&be);
+}
+
+/* ---- finite differences ---- */
+
+/* loss = sum y . w + aux + z, in double */
+static double loss_of(run *r, int B, int T, const float *w, uint8_t *map_out) {
+    if (moe_forward(r->m, r->y, r->x, r->params, r->bias, B, T)) return NAN;
+    double s = 0;
+    for (int i = 0; i < r->N * r->h; i++) s += (double)r->y[i] * w[i];
+    if (map_out) memcpy(map_out, moe_routing_map(r->m), (size_t)r->N * r->E);
+    return s + moe_aux_loss(r->m) + moe_z_loss(r->m);
+}
+
+static void grad_check(moe_config c, int B, int T, const char *label) {
+    kb_backend *be = backend();
+    REQUIRE(be);
+    run r;
+    int N = B * T;
+    REQUIRE_MSG(run_new(&r, &c, be, N, 77) == 0, "%s", co_err_detail());
+    REQUIRE(fwd_bwd(&r, B, T, 1.0f) == 0);
+    size_t NE = (size_t)N * r.E, Nh = (size_t)N * r.h;
+    uint8_t *map0 = malloc(NE), *map1 = malloc(NE);
+    float *gx = malloc(sizeof(float) * Nh);
+    REQUIRE(map0 && map1 && gx);
+    memcpy(map0, moe_routing_map(r.m), NE);
+    memcpy(gx, r.dx, sizeof(float) * Nh);
+    int bad = 0, checked = 0, skipped = 0;
+    double worst = 0;
+    /* every parameter and every input entry */
+    for (int which = 0; which < 2; which++) {
+        float *v = which ? r.x : r.params;
+        const float *g = which ? gx : r.dparams;
+        size_t n = which ? Nh : r.P;
+        for (size_t k = 0; k < n; k++) {
+            float save = v[k];
+            double d[2];
+            bool same = true;
+            for (int j = 0; j < 2 && same; j++) {
+                float hs = j ? 5e-3f : 1e-2f;
+                v[k] = save + hs;
+                double lp = loss_of(&r, B, T, r.dy, map1);
+                same &= memcmp(map0, map1, NE) == 0;
+                v[k] = save - hs;
+                double lm = loss_of(&r, B, T, r.dy, map1);
+                same &= memcmp(map0, map1, NE) == 0;
+                v[k] = save;
+                d[j] = (lp - lm) / (2.0 * hs);
+            }
+            if (!same) {
+                skipped++; /* the step crossed a routing decision */
+                continue;
+            }
+            double fd = (4.0 * d[1] - d[0]) / 3.0, err = fabs(fd - g[k]);
+            checked++;
+            if (err > 2e-4 + 1e-2 * fabs(fd)) {
+                if (bad < 5) fprintf(stderr, "  %s: %s[%zu] fd %.6g analytic %.6g\n", label, which ? "x" : "param", k, fd, g[k]);
+                bad++;
+            }
+            if (err > worst) worst = err;
+        }
+    }
+    fprintf(stderr, "  %s: %d entries checked, %d skipped (routing changed), worst |fd - analytic| %.3g\n", label,
+            checked, skipped, worst);
+    CHECK_MSG(bad == 0, "%s: %d of %d gradient entries disagree with finite differences", label, bad, checked);
+    CHECK(skipped * 10 < checked);
+    free(map0);
+    free(map1);
+    free(gx);
+    run_free(&r);
+    kb_backend_destroy(&be);
+}
+
+static moe_config tiny(void) {
+    moe_config c = {.hidden = 6, .num_experts = 4, .ffn_hidden = 5, .topk = 2, .score = MOE_SCORE_SOFTMAX,
+                    .lb = MOE_LB_AUX, .aux_coeff = 0.5f, .z_coeff = 0.05f};
+    return c;
+}
+
+static void test_grad_softmax(void) {
+    moe_config c = tiny();
+    c.swiglu = true;
+    c.shared_ffn = 3;
+    grad_check(c, 2, 3, "softmax/swiglu/shared/aux/z");
+}
+
+static void test_grad_softmax_pre_seq(void) {
+    moe_config c = tiny();
+    c.pre_softmax = true;
+    c.lb = MOE_LB_SEQ_AUX;
+    c.scaling_factor = 2.0f;
+    grad_check(c, 2, 3, "softmax pre/seq_aux/scaling/gelu");
+}
+
+static void test_grad_sigmoid(void) {
+    moe_config c = tiny();
+    c.score = MOE_SCORE_SIGMOID;
+    c.expert_bias = true;
+    c.num_groups = 2;
+    c.group_topk = 1;
+    c.capacity_factor = 0.75;
+    c.lb = MOE_LB_SEQ_AUX;
+    grad_check(c, 2, 3, "sigmoid/bias/groups/capacity/seq_aux");
+}
+
+static void test_grad_sigmoid_k1_pad(void) {
+    moe_config c = tiny();
+    c.score = MOE_SCORE_SIGMOID;
+    c.topk = 1;
+    c.capacity_factor = 1.0;
+    c.pad_to_capacity = true;
+    c.drop = MOE_DROP_POSITION;
+    c.shared_ffn = 2;
+    grad_check(c, 2, 3, "sigmoid k1/pad/position/shared");
+}
+
+/* ---- determinism ---- */
+
+static void test_deterministic(void) {
+    kb_backend *be = backend();
+    REQUIRE(be);
+    moe_config c = base();
+    c.score = MOE_SCORE_SIGMOID;
+    c.expert_bias = true;
+    c.topk = 4;
+    c.num_groups = 4;
+    c.group_topk = 2;
+    c.shared_ffn = 24;
+    c.swiglu = true;
+    c.capacity_factor = 1.25;
+    c.z_coeff = 1e-2f;
+    c.hidden = 64;
+    c.ffn_hidden = 48;
+    int B = 4, T = 32, N = B * T;
+    run a, b;
+    REQUIRE(run_new(&a, &c, be, N, 5) == 0);
+    REQUIRE(run_new(&b, &c, be, N, 5) == 0);
+    REQUIRE(fwd_bwd(&a, B, T, 1.0f) == 0);
+    size_t Nh = sizeof(float) * (size_t)N * c.hidden;
+    float *y0 = malloc(Nh), *dx0 = malloc(Nh), *dp0 = malloc(sizeof(float) * a.P);
+    REQUIRE(y0 && dx0 && dp0);
+    memcpy(y0, a.y, Nh);
+    memcpy(dx0, a.dx, Nh);
+    memcpy(dp0, a.dparams, sizeof(float) * a.P);
+    double aux0 = moe_aux_loss(a.m), z0 = moe_z_loss(a.m);
+    /* the same layer again, and a second layer */
+    REQUIRE(fwd_bwd(&a, B, T, 1.0f) == 0);
+    REQUIRE(fwd_bwd(&b, B, T, 1.0f) == 0);
+    run *rs[2] = {&a, &b};
+    for (int i = 0; i < 2; i++) {
+        CHECK(memcmp(y0, rs[i]->y, Nh) == 0);
+        CHECK(memcmp(dx0, rs[i]->dx, Nh) == 0);
+        CHECK(memcmp(dp0, rs[i]->dparams, sizeof(float) * a.P) == 0);
+        CHECK(moe_aux_loss(rs[i]->m) == aux0 && moe_z_loss(rs[i]->m) == z0);
+    }
+    /* backward accumulates into the parameter gradient */
+    REQUIRE(moe_forward(a.m, a.y, a.x, a.params, a.bias, B, T) == 0);
+    REQUIRE(moe_backward(a.m, a.dx, a.dparams, a.dy, a.x, a.params, 1.0f) == 0);
+    /* (not bitwise: a product accumulated into dW sums in its own order) */
+    int off = 0;
+    for (size_t i = 0; i < a.P; i++) off += !(fabsf(a.dparams[i] - 2.0f * dp0[i]) <= 1e-5f * (1.0f + fabsf(dp0[i])));
+    CHECK_MSG(off == 0, "%d gradient entries are not twice the first", off);
+    free(y0);
+    free(dx0);
+    free(dp0);
+    run_free(&a);
+    run_free(&b);
+    kb_backend_destroy(&be);
+}
+
+/* ---- shapes and non-finite inputs ---- */
+
+/* A layer sized for more tokens gives the same bits on fewer as one sized exactly; a NaN
+ * in the input comes out as NaN (routing still picks valid experts), never a crash. */
+static void test_smaller_batch_and_nan(void) {
+    kb_backend *be = backend();
+    REQUIRE(be);
+    moe_config c = base();
+    c.capacity_factor = 1.0;
+    c.pad_to_capacity = true;
+    c.shared_ffn = 8;
+    c.z_coeff = 1e-2f;
+    run big, small;
+    REQUIRE(run_new(&big, &c, be, 64, 9) == 0);
+    REQUIRE(run_new(&small, &c, be, 24, 9) == 0);
+    /* the same first 24 tokens and parameters */
+    memcpy(big.x, small.x, sizeof(float) * 24 * c.hidden);
+    memcpy(big.dy, small.dy, sizeof(float) * 24 * c.hidden);
+    memcpy(big.params, small.params, sizeof(float) * small.P);
+    memcpy(big.bias, small.bias, sizeof(float) * (size_t)c.num_experts);
+    REQUIRE(fwd_bwd(&big, 2, 12, 1.0f) == 0);
+    REQUIRE(fwd_bwd(&small, 2, 12, 1.0f) == 0);
+    CHECK(memcmp(big.y, small.y, sizeof(float) * 24 * c.hidden) == 0);
+    CHECK(memcmp(big.dx, small.dx, sizeof(float) * 24 * c.hidden) == 0);
+    CHECK(memcmp(big.dparams, small.dparams, sizeof(float) * small.P) == 0);
+    CHECK(moe_capacity(big.m) == 6 && moe_capacity(small.m) == 6);
+    /* NaN in one token */
+    small.x[5 * c.hidden + 3] = NAN;
+    REQUIRE(fwd_bwd(&small, 2, 12, 1.0f) == 0);
+    CHECK(isnan(small.y[5 * c.hidden]));
+    CHECK(isnan(moe_z_loss(small.m)));
+    int routed = 0;
+    for (int e = 0; e < c.num_experts; e++) routed += moe_tokens_per_expert(small.m)[e];
+    CHECK(routed == c.num_experts * 6);
+    run_free(&big);
+    run_free(&small);
+    kb_backend_destroy(&be);
+}
+
+/* ---- the expert bias balances the load (aux-loss-free balancing) ---- */
+
+/* A router that sends almost every token to experts 0 and 1; Megatron's bias update after each
+ * forward (moe_expert_bias_update) spreads the load until no expert holds more than twice
+ * the mean, while the routing probabilities stay the unbiased sigmoid scores. */
+static void test_expert_bias_balances(void) {
+    kb_backend *be = backend();
+    REQUIRE(be);
+    moe_config c = base();
+    c.score = MOE_SCORE_SIGMOID;
+    c.expert_bias = true;
+    c.lb = MOE_LB_NONE;
+    int B = 4, T = 64, N = B * T, E = c.num_experts, h = c.hidden;
+    run r;
+    REQUIRE(run_new(&r, &c, be, N, 21) == 0);
+    for (int n = 0; n < N; n++) r.x[(size_t)n * h] = 3.0f + 0.1f * r.x[(size_t)n * h];
+    for (int e = 0; e < E; e++) r.params[(size_t)e * h] = e < 2 ? 1.0f : -1.0f;
+    memset(r.bias, 0, sizeof(float) * (size_t)E);
+    int first = 0, last = 0;
+    for (int it = 0; it < 200; it++) {
+        REQUIRE(moe_forward(r.m, r.y, r.x, r.params, r.bias, B, T) == 0);
+        const int32_t *tpe = moe_tokens_per_expert(r.m);
+        int mx = 0;
+        for (int e = 0; e < E; e++) mx = tpe[e] > mx ? tpe[e] : mx;
+        if (it == 0) first = mx;
+        last = mx;
+        moe_expert_bias_update(r.bias, tpe, E, 0.02f);
+    }
+    int mean = N * c.topk / E;
+    fprintf(stderr, "  busiest expert: %d tokens before, %d after 200 bias updates (mean %d)\n", first, last, mean);
+    CHECK(first > 3 * mean);
+    CHECK(last <= 2 * mean);
+    /* the probabilities are the unbiased scores: sigmoid of the logits, normalised over the 2 */
+    const float *p = moe_routing_probs(r.m);
+    double s = 0;
+    for (int e = 0; e < E; e++) s += p[e];
+    CHECK(fabs(s - 1.0) < 1e-6);
+    run_free(&r);
+    kb_backend_destroy(&be);
+}
+
+/* ---- errors ---- */
+
+static void test_refused(void) {
+    moe_offsets off;
+    moe_config c = base();
+    CHECK(moe_layout(&c, &off) == 0);
+    c.topk = 9;
+    CHECK(moe_layout(&c, &off) == CO_EINVAL);
+    c = base();
+    c.expert_bias = true; /* softmax */
+    CHECK(moe_layout(&c, &off) == CO_EINVAL);
+    CHECK(strstr(co_err_detail(), "sigmoid") != NULL);
+    c = base();
+    c.num_groups = 3;
+    c.group_topk = 1;
+    CHECK(moe_layout(&c, &off) == CO_EINVAL);
+    c.num_groups = 4;
+    c.group_topk = 5;
+    CHECK(moe_layout(&c, &off) == CO_EINVAL);
+    c = base();
+    c.topk = 4;
+    c.num_groups = 8;
+    c.group_topk = 1; /* 4 experts out of one group of 1 */
+    CHECK(moe_layout(&c, &off) == CO_EINVAL);
+    c = base();
+    c.pad_to_capacity = true;
+    CHECK(moe_layout(&c, &off) == CO_EINVAL);
+    c = base();
+    c.pre_softmax = true;
+    c.score = MOE_SCORE_SIGMOID;
+    CHECK(moe_layout(&c, &off) == CO_EINVAL);
+    kb_backend *be = backend();
+    REQUIRE(be);
+    run r;
+    c = base();
+    REQUIRE(run_new(&r, &c, be, 8, 1) == 0);
+    CHECK(moe_backward(r.m, r.dx, r.dparams, r.dy, r.x, r.params, 1.0f) == CO_EINVAL);
+    CHECK(moe_forward(r.m, r.y, r.x, r.params, NULL, 3, 3) == CO_EINVAL);
+    CHECK(strstr(co_err_detail(), "moe_forward") != NULL);
+    CHECK(moe_forward(r.m, r.y, r.x, r.params, NULL, 2, 4) == 0);
+    /* the expert bias update: under-loaded experts go up */
+    float bias[4] = {0, 0, 0, 0};
+    int32_t tpe[4] = {1, 5, 3, 3};
+    moe_expert_bias_update(bias, tpe, 4, 1e-3f);
+    CHECK(bias[0] == 1e-3f && bias[1] == -1e-3f && bias[2] == 0.0f && bias[3] == 0.0f);
+    run_free(&r);
+    kb_backend_destroy(&be);
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 3) g_python = argv[1], g_script = argv[2];
+    RUN(test_refused);
+    RUN(test_deterministic);
+    RUN(test_smaller_batch_and_nan);
+    RUN(test_expert_bias_balances);
+    RUN(test_grad_softmax);
+    RUN(test_grad_softmax_pre_seq);
+    RUN(test_grad_sigmoid);
+    RUN(test_grad_sigmoid_k1_pad);
+    RUN(test_against_numpy);
+    return TEST_EXIT();
+}
