@@ -74,6 +74,9 @@ static const flag flags[] = {
     I("parallel", "context-parallel-size", context_parallel_size, "1", "context-parallel ranks (not supported yet: only 1)"),
     I("parallel", "expert-model-parallel-size", expert_model_parallel_size, "1",
       "expert-parallel ranks (mixture of experts; not supported yet: only 1)"),
+    I("model", "num-experts", num_experts, "0",
+      "experts of each MoE layer (0: a dense model; mixture of experts is not supported yet)"),
+    I("model", "mtp-num-layers", mtp_num_layers, "0", "multi-token prediction depths (0: none; not supported yet)"),
     I("parallel", "expert-tensor-parallel-size", expert_tensor_parallel_size, "0",
       "tensor-parallel ranks of each expert (0: the tensor-parallel size; not supported yet: only that)"),
     I("parallel", "virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size, "0",
@@ -637,6 +640,10 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (co_config_was_set(c, "decoder-last-pipeline-num-layers") && c->decoder_last_pipeline_num_layers < 0)
         problem(&P, "--decoder-last-pipeline-num-layers must not be negative");
     if (c->fp16) problem(&P, "--fp16 is not supported yet; use --bf16");
+    if (c->num_experts > 0)
+        problem(&P, "--num-experts %d is not supported yet (mixture of experts: only dense models train)", c->num_experts);
+    if (c->mtp_num_layers > 0)
+        problem(&P, "--mtp-num-layers %d is not supported yet (multi-token prediction)", c->mtp_num_layers);
     if (GIVEN("inprocess-active-world-size") && c->nnodes > 1)
         problem(&P, "--inprocess-active-world-size with --nnodes > 1 is not supported yet (warm spares on one node only)");
     if (GIVEN("inprocess-active-world-size") && c->inprocess_active_world_size == 1 && c->nproc_per_node > 1)

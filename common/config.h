@@ -55,6 +55,7 @@ typedef struct co_config {
     /* parallelism */
     int tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size;
     int expert_model_parallel_size, expert_tensor_parallel_size; /* 0: as the tensor size */
+    int num_experts, mtp_num_layers;                   /* 0: a dense model, no MTP (refused otherwise) */
     int virtual_pipeline_model_parallel_size, num_layers_per_virtual_pipeline_stage; /* 0: none */
     int num_virtual_stages_per_pipeline_rank;          /* 0: none (Megatron's newer name of the above) */
     int microbatch_group_size_per_vp_stage;            /* 0: the pipeline size */
