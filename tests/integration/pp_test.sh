@@ -183,7 +183,9 @@ import json, sys
 w = sys.argv[1]
 a, b = json.load(open(w + "/r1.json")), json.load(open(w + "/r2.json"))
 ra = {x["rank"]: x["lowest_score"] for x in a["stragglers"]}
-assert 4 in ra and ra[4] < 0.4 and not a["straggler_stages"], a
+# (stage 1, the slow rank's, is not a straggler stage; stage 0 may be one on a loaded machine:
+# a tiny model's step is a few ms, and scheduling noise doubles it)
+assert 4 in ra and ra[4] < 0.4 and 1 not in {x["stage"] for x in a["straggler_stages"]}, a
 rb = {x["stage"]: x["lowest_score"] for x in b["straggler_stages"]}
 assert 1 in rb and rb[1] < 0.4, b
 assert not any(r in (3, 4, 5) for r in (x["rank"] for x in b["stragglers"])), b
