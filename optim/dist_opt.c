@@ -220,19 +220,23 @@ static void shard_update(dopt_state *s, int k, float *p, const float *g, float *
     }
 }
 
-/* Shard exchange for the redundant copy: every rank sends its reduced shard gradient to
- * rank+1 and receives rank-1's. Even ranks send first, odd ranks receive first, so a ring
- * of any size (odd too) cannot wait on itself even if a send blocks until it is read. */
-static int exchange_shard_grad(dopt_state *s, cm_comm *dp, float *mine) {
-    int n = s->L.dp, me = s->rank, nxt = (me + 1) % n, prv = (me + n - 1) % n;
-    size_t bytes = s->L.shard_total * sizeof(float);
-    int rc;
-    if (me % 2 == 0) {
-        rc = dp->ops->send(dp, mine, bytes, nxt, s->opt.timeout_ms);
-        if (!rc) rc = dp->ops->recv(dp, s->rgrad, bytes, prv, s->opt.timeout_ms);
-    } else {
-        rc = dp->ops->recv(dp, s->rgrad, bytes, prv, s->opt.timeout_ms);
-        if (!rc) rc = dp->ops->send(dp, mine, bytes, nxt, s->opt.timeout_ms);
+/* Shard exchange for the redundant copy: every rank sends its reduced shard gradient (each
+ * bucket's part, straight from the gradient buffer) to rank+1 and receives rank-1's into
+ * the dense rgrad. Even ranks send first, odd ranks receive first, so a ring of any size
+ * (odd too) cannot wait on itself even if a send blocks until it is read. */
+static int exchange_shard_grad(dopt_state *s, cm_comm *dp) {
+    const dopt_layout *L = &s->L;
+    int n = L->dp, me = s->rank, nxt = (me + 1) % n, prv = (me + n - 1) % n, rc = 0;
+    for (int pass = 0; pass < 2 && !rc; pass++) {
+        bool sending = (me % 2 == 0) == (pass == 0);
+        for (int b = 0; b < L->nbuckets && !rc; b++) {
+            const dopt_bucket *B = &L->buckets[b];
+            size_t bytes = B->shard * sizeof(float);
+            if (sending)
+                rc = dp->ops->send(dp, s->grads + B->start + (size_t)me * B->shard, bytes, nxt, s->opt.timeout_ms);
+            else
+                rc = dp->ops->recv(dp, s->rgrad + B->shard_base, bytes, prv, s->opt.timeout_ms);
+        }
     }
     return rc;
 }
@@ -254,25 +258,16 @@ int dopt_step(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double *
                               L->nbuckets, co_err_detail());
         be->ops->scale(be, mine, 1.0f / (float)n, B->shard);
     }
-    /* the shard gradient, dense (the copy's neighbour needs it; the norm sums over it) */
-    float *dense = NULL;
-    if (s->opt.redundant || n > 1) {
-        dense = be->ops->alloc(be, (L->shard_total ? L->shard_total : 1) * sizeof(float));
-        if (!dense) return co_err_set(CO_ENOMEM, "distributed optimizer step: shard gradient (%zu)", L->shard_total);
-        shard_gather(L, me, s->grads, dense);
-    }
-    /* 2. the global norm: sum of squares of every shard (padding is zero), all-reduced */
-    double sq = dense ? be->ops->sumsq(be, dense, L->shard_total) : be->ops->sumsq(be, s->grads, L->total);
-    if (n > 1 && (rc = dp->ops->allreduce_sum(dp, &sq, 1, CM_F64, s->opt.timeout_ms))) {
-        be->ops->free(be, dense);
+    /* 2. the global norm: sum of squares of every rank's shards (padding is zero), all-reduced */
+    double sq = 0;
+    for (int b = 0; b < L->nbuckets; b++)
+        sq += be->ops->sumsq(be, s->grads + L->buckets[b].start + (size_t)me * L->buckets[b].shard,
+                             L->buckets[b].shard);
+    if (n > 1 && (rc = dp->ops->allreduce_sum(dp, &sq, 1, CM_F64, s->opt.timeout_ms)))
         return co_err_set(rc, "distributed optimizer step: all-reduce of the gradient norm: %s", co_err_detail());
-    }
-    if (s->opt.redundant && (rc = exchange_shard_grad(s, dp, dense))) {
-        be->ops->free(be, dense);
+    if (s->opt.redundant && (rc = exchange_shard_grad(s, dp)))
         return co_err_set(rc, "distributed optimizer step: shard gradient to rank %d / from rank %d: %s",
                           (me + 1) % n, (me + n - 1) % n, co_err_detail());
-    }
-    if (dense) be->ops->free(be, dense);
     double norm = sqrt(sq);
     if (grad_norm_out) *grad_norm_out = norm;
     float gscale = opt_clip_scale(s->opt.clip_grad, norm);

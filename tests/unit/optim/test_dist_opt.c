@@ -17,7 +17,8 @@
  *   with redundancy, rank k+1's copy of shard k (parameters, both moments, step) bitwise
  *     equal to rank k's own;
  *   the final state's hash identical across two runs of one configuration;
- *   a rank killed before a step: the others' dopt_step returns an error naming the step.
+ *   a rank killed before a step: the others' dopt_step returns an error naming the step;
+ *   a rank that aborts its communicator: its step returns CO_EABORTED, the others' fail.
  * Prints the bytes per parameter per rank for this table and for GPT-2 124M. */
 #include <errno.h>
 #include <signal.h>
@@ -47,7 +48,8 @@ typedef struct cfg {
     int dp;
     size_t bucket;
     bool exact, redundant;
-    int kill_rank; /* -1: none; else this rank dies before the first step */
+    int kill_rank;  /* -1: none; else this rank dies before the first step */
+    int abort_rank; /* -1: none; else this rank aborts its communicator before the first step */
     char out[256]; /* directory for each rank's final hash */
 } cfg;
 
@@ -142,7 +144,11 @@ static void scenario(int rank, const cfg *c, const char *dir) {
     REQUIRE(opt_adamw_init(&ref, model, o.beta1, o.beta2, o.eps, o.weight_decay, o.clip_grad) == 0);
     cm_comm *comm = mk(rank, dp, dir);
     REQUIRE(comm);
+    /* every rank is connected before one dies or aborts (else cm_zmq_new fails instead) */
+    REQUIRE_MSG(comm->ops->barrier(comm, T_MS) == 0, "barrier: %s", co_err_detail());
     if (rank == c->kill_rank) raise(SIGKILL);
+    if (rank == c->abort_rank) comm->ops->abort(comm);
+    bool fails = c->kill_rank >= 0 || c->abort_rank >= 0;
     float *g = gpt_grads(model);
     double max_dp = 0, max_dm = 0, max_dv = 0;
     bool clipped = false;
@@ -160,11 +166,13 @@ static void scenario(int rank, const cfg *c, const char *dir) {
         be->ops->scale(be, g, 1.0f / (float)dp, gpt_num_params(model));
         double norm = 0, rnorm = opt_grad_norm(model);
         int rc = dopt_step(&s, comm, decay, LR, &norm);
-        if (c->kill_rank >= 0) {
-            CHECK_MSG(rc != 0, "rank %d: a step with rank %d dead succeeded", rank, c->kill_rank);
+        if (fails) {
+            CHECK_MSG(rc != 0, "rank %d: a step with rank %d dead / %d aborted succeeded", rank, c->kill_rank,
+                      c->abort_rank);
+            if (rank == c->abort_rank) CHECK_MSG(rc == CO_EABORTED, "rank %d: %s", rank, co_err_name(rc));
             CHECK_MSG(strstr(co_err_detail(), "distributed optimizer step") != NULL, "detail: %s", co_err_detail());
-            fprintf(stderr, "rank %d: with rank %d dead: %s: %s\n", rank, c->kill_rank, co_err_name(rc),
-                    co_err_detail());
+            fprintf(stderr, "rank %d: with rank %d dead / %d aborted: %s: %s\n", rank, c->kill_rank, c->abort_rank,
+                    co_err_name(rc), co_err_detail());
             goto done;
         }
         REQUIRE_MSG(rc == 0, "rank %d step %d: %s: %s", rank, step, co_err_name(rc), co_err_detail());
@@ -332,7 +340,7 @@ static void read_hashes(const cfg *c, char out[][32]) {
 
 /* One configuration, run twice: both runs pass and every rank's state hashes equal. */
 static void run_config(int dp, size_t bucket, bool exact, bool redundant) {
-    cfg c = {.dp = dp, .bucket = bucket, .exact = exact, .redundant = redundant, .kill_rank = -1};
+    cfg c = {.dp = dp, .bucket = bucket, .exact = exact, .redundant = redundant, .kill_rank = -1, .abort_rank = -1};
     char tmp[] = "/tmp/dopthash-XXXXXX";
     REQUIRE(mkdtemp(tmp));
     snprintf(c.out, sizeof c.out, "%s", tmp);
@@ -368,9 +376,15 @@ static void test_dp4(void) {
 }
 
 static void test_dead_rank(void) {
-    cfg c = {.dp = 3, .bucket = 300, .exact = true, .redundant = true, .kill_rank = 2};
+    cfg c = {.dp = 3, .bucket = 300, .exact = true, .redundant = true, .kill_rank = 2, .abort_rank = -1};
     snprintf(c.out, sizeof c.out, "/tmp");
     CHECK(run_group("dead rank", &c, 60000) == 0);
+}
+
+static void test_aborted(void) {
+    cfg c = {.dp = 4, .bucket = 300, .exact = true, .redundant = true, .kill_rank = -1, .abort_rank = 1};
+    snprintf(c.out, sizeof c.out, "/tmp");
+    CHECK(run_group("aborted", &c, 60000) == 0);
 }
 
 /* Bytes per parameter per rank: this test's table and GPT-2 124M at several dp. */
@@ -413,5 +427,6 @@ int main(void) {
     RUN(test_dp3);
     RUN(test_dp4);
     RUN(test_dead_rank);
+    RUN(test_aborted);
     return TEST_EXIT();
 }
