@@ -311,3 +311,30 @@ int dopt_shard_view_get(const dopt_state *s, int shard, dopt_shard_view *out, fl
     out->step = s->step;
     return 0;
 }
+
+int dopt_shard_restore(dopt_state *s, const dopt_shard_view *v, const float *params) {
+    const dopt_layout *L = &s->L;
+    int n = L->dp;
+    if (v->n != L->shard_total || !v->m || !v->v || !params)
+        return co_err_set(CO_EINVAL, "distributed optimizer restore: shard %d of %zu elements, layout has %zu",
+                          v->shard, v->n, L->shard_total);
+    size_t bytes = L->shard_total * sizeof(float);
+    if (v->shard == s->rank) {
+        for (int b = 0; b < L->nbuckets; b++) {
+            const dopt_bucket *B = &L->buckets[b];
+            memcpy(s->params + B->start + (size_t)s->rank * B->shard, params + B->shard_base,
+                   B->shard * sizeof(float));
+        }
+        memmove(s->m, v->m, bytes);
+        memmove(s->v, v->v, bytes);
+    } else if (s->opt.redundant && v->shard == (s->rank + n - 1) % n) {
+        memmove(s->rparams, params, bytes);
+        memmove(s->rm, v->m, bytes);
+        memmove(s->rv, v->v, bytes);
+    } else {
+        return co_err_set(CO_ENOENT, "distributed optimizer restore: rank %d holds no copy of shard %d (of %d)",
+                          s->rank, v->shard, n);
+    }
+    s->step = v->step;
+    return 0;
+}

@@ -134,4 +134,12 @@ int dopt_step(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double *
  * the shard are copied into params[n] (the own shard's lives inside the full buffer). */
 int dopt_shard_view_get(const dopt_state *s, int shard, dopt_shard_view *out, float *params);
 
+/* A restart's handover: installs shard v->shard's state (as dopt_shard_view_get returned
+ * it on the rank holding the other copy, sent over; params[v->n]) as this rank's own shard
+ * (v->shard == rank: the parameter buffer's shard, both moments, the step) or as its copy
+ * (v->shard == rank-1 with redundancy). CO_ENOENT for any other shard, CO_EINVAL on a size
+ * that is not this layout's. The rest of the parameter buffer comes from an all-gather or
+ * any replica (every rank holds all parameters). */
+int dopt_shard_restore(dopt_state *s, const dopt_shard_view *v, const float *params);
+
 #endif

@@ -15,7 +15,8 @@
  *   random gradients (sums rounded differently by the ring and the reference): within
  *     |d| <= 1e-6 + 1e-4 |ref| for parameters and moments (reported: the largest);
  *   with redundancy, rank k+1's copy of shard k (parameters, both moments, step) bitwise
- *     equal to rank k's own;
+ *     equal to rank k's own, and rank k's shard, wiped, restored from that copy sent back
+ *     (dopt_shard_restore) to exactly what it held;
  *   the final state's hash identical across two runs of one configuration;
  *   a rank killed before a step: the others' dopt_step returns an error naming the step;
  *   a rank that aborts its communicator: its step returns CO_EABORTED, the others' fail.
@@ -144,11 +145,19 @@ static void scenario(int rank, const cfg *c, const char *dir) {
     REQUIRE(opt_adamw_init(&ref, model, o.beta1, o.beta2, o.eps, o.weight_decay, o.clip_grad) == 0);
     cm_comm *comm = mk(rank, dp, dir);
     REQUIRE(comm);
-    /* every rank is connected before one dies or aborts (else cm_zmq_new fails instead) */
-    REQUIRE_MSG(comm->ops->barrier(comm, T_MS) == 0, "barrier: %s", co_err_detail());
+    /* every rank is connected before one dies or aborts (else cm_zmq_new fails instead); the
+     * failing rank waits a moment so that the others are inside dopt_step when it fails (a
+     * rank that still sees the failure in the barrier says so and passes) */
+    bool fails = c->kill_rank >= 0 || c->abort_rank >= 0;
+    int brc = comm->ops->barrier(comm, T_MS);
+    if (brc && fails) {
+        fprintf(stderr, "rank %d: the failure arrived before the step: %s\n", rank, co_err_detail());
+        goto done;
+    }
+    REQUIRE_MSG(brc == 0, "barrier: %s", co_err_detail());
+    if (rank == c->kill_rank || rank == c->abort_rank) sleep_ms(300);
     if (rank == c->kill_rank) raise(SIGKILL);
     if (rank == c->abort_rank) comm->ops->abort(comm);
-    bool fails = c->kill_rank >= 0 || c->abort_rank >= 0;
     float *g = gpt_grads(model);
     double max_dp = 0, max_dm = 0, max_dv = 0;
     bool clipped = false;
@@ -249,6 +258,32 @@ static void scenario(int rank, const cfg *c, const char *dir) {
         REQUIRE_MSG(rc == 0, "exchange: %s", co_err_detail());
         CHECK_MSG(memcmp(peer, copy, bytes) == 0, "rank %d: its copy of shard %d differs from rank %d's own", rank,
                   prv, prv);
+        /* the handover: rank+1 sends back its copy of this rank's shard; this rank forgets its
+         * own shard (parameters, moments, step), restores it from what it received, and holds
+         * exactly what it held before */
+        if (rank % 2 == 0) {
+            rc = comm->ops->send(comm, copy, bytes, prv, T_MS);
+            if (!rc) rc = comm->ops->recv(comm, peer, bytes, nxt, T_MS);
+        } else {
+            rc = comm->ops->recv(comm, peer, bytes, nxt, T_MS);
+            if (!rc) rc = comm->ops->send(comm, copy, bytes, prv, T_MS);
+        }
+        REQUIRE_MSG(rc == 0, "handover: %s", co_err_detail());
+        uint64_t before = fnv(s.params, L.total * 4, fnv(s.m, n * 4, fnv(s.v, n * 4, 0)));
+        int64_t step_before = s.step;
+        for (int b = 0; b < L.nbuckets; b++)
+            memset(s.params + L.buckets[b].start + (size_t)rank * L.buckets[b].shard, 0xff, L.buckets[b].shard * 4);
+        memset(s.m, 0xff, n * 4);
+        memset(s.v, 0xff, n * 4);
+        s.step = 0;
+        dopt_shard_view hv = {.shard = rank, .n = n, .m = (const float *)(peer + n * 4),
+                              .v = (const float *)(peer + 2 * n * 4)};
+        memcpy(&hv.step, peer + 3 * n * 4, 8);
+        REQUIRE(dopt_shard_restore(&s, &hv, (const float *)peer) == 0);
+        CHECK_MSG(fnv(s.params, L.total * 4, fnv(s.m, n * 4, fnv(s.v, n * 4, 0))) == before && s.step == step_before,
+                  "rank %d: its shard restored from rank %d's copy is not what it held", rank, nxt);
+        hv.shard = (rank + 2) % dp;
+        if (dp > 3) CHECK(dopt_shard_restore(&s, &hv, (const float *)peer) == CO_ENOENT);
         free(own);
         free(peer);
         free(copy);
