@@ -20,7 +20,8 @@
  *   the final state's hash identical across two runs of one configuration;
  *   a rank killed before a step: the others' dopt_step returns an error naming the step;
  *   a rank that aborts its communicator: its step returns CO_EABORTED, the others' fail.
- * Prints the bytes per parameter per rank for this table and for GPT-2 124M. */
+ * Prints the bytes per parameter per rank for this table and for GPT-2 124M, and checks
+ * the bytes rank 0 sends per step: 2(d-1)/d of the buffer, plus one shard with redundancy. */
 #include <errno.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -159,6 +160,8 @@ static void scenario(int rank, const cfg *c, const char *dir) {
     if (rank == c->kill_rank) raise(SIGKILL);
     if (rank == c->abort_rank) comm->ops->abort(comm);
     float *g = gpt_grads(model);
+    uint64_t z0 = 0, z1 = 0, sh0 = 0, sh1 = 0;
+    cm_zmq_traffic(comm, &z0, &sh0);
     double max_dp = 0, max_dm = 0, max_dv = 0;
     bool clipped = false;
     for (int step = 1; step <= STEPS; step++) {
@@ -195,6 +198,18 @@ static void scenario(int rank, const cfg *c, const char *dir) {
         opt_adamw_step(&ref, model, LR, rnorm);
     }
     CHECK_MSG(clipped, "the test should clip at least once");
+    cm_zmq_traffic(comm, &z1, &sh1);
+    if (rank == 0) {
+        /* per step: reduce-scatter and all-gather each send (dp-1)/dp of the buffer, the copy
+         * one shard more; the norm's 8 bytes go through shared memory */
+        double expect = 2.0 * (dp - 1) / dp * (double)L.total * 4 + (c->redundant ? (double)L.shard_total * 4 : 0);
+        fprintf(stderr, "  dp %d bucket %zu%s: rank 0 sent %.0f bytes per step over ZeroMQ (%.0f expected: "
+                        "2(d-1)/d of %zu buffer bytes%s), %.0f through shared memory\n",
+                dp, L.bucket_size, c->redundant ? " redundant" : "", (double)(z1 - z0) / STEPS, expect,
+                L.total * 4, c->redundant ? " + one shard" : "", (double)(sh1 - sh0) / STEPS);
+        CHECK_MSG((double)(z1 - z0) / STEPS == expect, "rank 0 sent %llu bytes in %d steps",
+                  (unsigned long long)(z1 - z0), STEPS);
+    }
     /* parameters: the whole buffer on every rank */
     float *mine = malloc(gpt_num_params(model) * sizeof(float));
     memcpy(mine, gpt_params(model), gpt_num_params(model) * sizeof(float));
