@@ -23,7 +23,11 @@
  * Redundancy (opt.redundant): rank (k+1) mod dp also holds shard k's parameters and
  * moments: after the reduce-scatter rank k sends its reduced, averaged shard gradient to
  * k+1, which applies the same update to its copy, so both copies stay bitwise equal and a
- * dead rank's shard is restored from its neighbour without a disk read (dopt_shard_view). */
+ * dead rank's shard is restored from its neighbour without a disk read (dopt_shard_view_get,
+ * dopt_shard_restore).
+ *
+ * Buffers come from the backend but are copied with memcpy in places (init, pack, views):
+ * host memory only (the CPU backend) until the trainer's wiring adds device copies. */
 #ifndef COHORT_OPTIM_DIST_OPT_H
 #define COHORT_OPTIM_DIST_OPT_H
 
@@ -86,11 +90,12 @@ typedef struct dopt_options {
     int timeout_ms; /* every collective's timeout (< 0: none, still abortable) */
 } dopt_options;
 
-/* A shard's optimizer state: parameters (the main copy; for the own shard a view into the
- * parameter buffer, whose padding is not a parameter), both moments, steps taken. */
+/* A shard's optimizer state: both moments and the steps taken (its parameters are copied
+ * out separately by dopt_shard_view_get: the own shard's live inside the full buffer).
+ * Dense shard storage: bucket b's part at L.buckets[b].shard_base; padding included. */
 typedef struct dopt_shard_view {
     int shard;   /* the data-parallel rank that owns it */
-    size_t n;    /* shard_total elements; bucket b's part at buckets[b].shard_base */
+    size_t n;    /* L.shard_total elements */
     const float *m, *v;
     int64_t step;
 } dopt_shard_view;
