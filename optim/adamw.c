@@ -37,13 +37,18 @@ double opt_grad_norm(gpt_model *model) {
     return sqrt(be->ops->sumsq(be, gpt_grads(model), gpt_num_params(model)));
 }
 
-void opt_adamw_step_checksum(opt_adamw *o, gpt_model *model, double lr, double grad_norm, uint64_t *sum) {
-    kb_backend *be = gpt_backend(model);
+float opt_clip_scale(float clip_grad, double grad_norm) {
     float gscale = 1.0f;
-    if (o->clip_grad > 0) {
-        double coeff = o->clip_grad / (grad_norm + 1e-6); /* Megatron's clip_grad_norm */
+    if (clip_grad > 0) {
+        double coeff = clip_grad / (grad_norm + 1e-6); /* Megatron's clip_grad_norm */
         if (coeff < 1.0) gscale = (float)coeff;
     }
+    return gscale;
+}
+
+void opt_adamw_step_checksum(opt_adamw *o, gpt_model *model, double lr, double grad_norm, uint64_t *sum) {
+    kb_backend *be = gpt_backend(model);
+    float gscale = opt_clip_scale(o->clip_grad, grad_norm);
     o->step++;
     const gpt_tensor *t = gpt_tensors(model);
     float *p = gpt_params(model), *g = gpt_grads(model);

@@ -19,6 +19,10 @@ int opt_adamw_init(opt_adamw *o, gpt_model *model, float beta1, float beta2, flo
 void opt_adamw_free(opt_adamw *o, gpt_model *model);
 /* Global L2 norm of the gradients (tied weights counted once: they are one tensor). */
 double opt_grad_norm(gpt_model *model);
+/* The factor gradients are multiplied by before the step: clip / (norm + 1e-6) where that
+ * is below 1 (Megatron's clip_grad_norm), else 1; clip <= 0: no clipping. optim/dist_opt.c
+ * uses it too, so both optimizers clip identically. */
+float opt_clip_scale(float clip_grad, double grad_norm);
 /* One step at learning rate lr, clipping with the given gradient norm. Refreshes the bf16
  * weight copy. */
 void opt_adamw_step(opt_adamw *o, gpt_model *model, double lr, double grad_norm);

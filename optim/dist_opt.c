@@ -1,0 +1,340 @@
+/* dist_opt.c - the distributed optimizer: Megatron's bucketed layout, the sharded AdamW
+ * step (reduce-scatter, shard update, all-gather) and the redundant shard copy. See
+ * dist_opt.h and docs/distributed-optimizer.md. */
+#include "optim/dist_opt.h"
+
+#include "common/error.h"
+#include "optim/adamw.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t pad_up(size_t x, size_t d) { return (x + d - 1) / d * d; }
+
+static size_t gcd_z(size_t a, size_t b) {
+    while (b) {
+        size_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+size_t dopt_default_bucket_size(int dp) {
+    size_t b = (size_t)1000000 * (size_t)(dp > 0 ? dp : 1);
+    return b > 40000000 ? b : 40000000;
+}
+
+void dopt_layout_free(dopt_layout *L) {
+    if (L->pieces)
+        for (int r = 0; r < L->dp; r++) free(L->pieces[r]);
+    free(L->pieces);
+    free(L->npieces);
+    free(L->buckets);
+    free(L->param_start);
+    free(L->param_numel);
+    free(L->param_bucket);
+    memset(L, 0, sizeof *L);
+}
+
+int dopt_layout_build(dopt_layout *L, const size_t *numel, int nparams, int dp, size_t bucket_size) {
+    memset(L, 0, sizeof *L);
+    if (dp < 1 || nparams < 1 || !numel)
+        return co_err_set(CO_EINVAL, "distributed optimizer layout: %d parameters over %d ranks", nparams, dp);
+    for (int i = 0; i < nparams; i++)
+        if (numel[i] == 0)
+            return co_err_set(CO_EINVAL, "distributed optimizer layout: parameter %d is empty", i);
+    if (bucket_size == 0) bucket_size = dopt_default_bucket_size(dp);
+    size_t bdiv = (size_t)dp / gcd_z((size_t)dp, DOPT_BUCKET_ALIGN) * DOPT_BUCKET_ALIGN; /* lcm(dp, 128) */
+    L->dp = dp;
+    L->nparams = nparams;
+    L->bucket_size = bucket_size;
+    L->param_start = calloc((size_t)nparams, sizeof *L->param_start);
+    L->param_numel = calloc((size_t)nparams, sizeof *L->param_numel);
+    L->param_bucket = calloc((size_t)nparams, sizeof *L->param_bucket);
+    L->buckets = calloc((size_t)nparams, sizeof *L->buckets); /* at most one per parameter */
+    L->npieces = calloc((size_t)dp, sizeof *L->npieces);
+    L->pieces = calloc((size_t)dp, sizeof *L->pieces);
+    if (!L->param_start || !L->param_numel || !L->param_bucket || !L->buckets || !L->npieces || !L->pieces) {
+        dopt_layout_free(L);
+        return co_err_set(CO_ENOMEM, "distributed optimizer layout: %d parameters", nparams);
+    }
+    /* Megatron's _ParamAndGradBuffer.__init__ (shared-embedding buckets aside) */
+    size_t pstart = 0, bstart = 0, pend = 0;
+    int nb = 0, in_bucket = 0;
+    for (int i = nparams - 1; i >= 0; i--) {
+        pstart = pad_up(pstart, DOPT_PARAM_ALIGN);
+        pend = pstart + numel[i];
+        L->param_start[i] = pstart;
+        L->param_numel[i] = numel[i];
+        L->param_bucket[i] = nb;
+        in_bucket++;
+        if (pend - bstart >= bucket_size) {
+            size_t bend = pad_up(pend, bdiv);
+            L->buckets[nb++] = (dopt_bucket){.start = bstart, .end = bend, .numel_unpadded = pend - bstart};
+            bstart = bend;
+            pstart = bend;
+            in_bucket = 0;
+        } else {
+            pstart = pend;
+        }
+    }
+    if (in_bucket) {
+        size_t bend = pad_up(pend, bdiv);
+        L->buckets[nb++] = (dopt_bucket){.start = bstart, .end = bend, .numel_unpadded = pend - bstart};
+    }
+    L->nbuckets = nb;
+    L->total = L->buckets[nb - 1].end;
+    size_t base = 0;
+    for (int b = 0; b < nb; b++) {
+        L->buckets[b].shard = (L->buckets[b].end - L->buckets[b].start) / (size_t)dp;
+        L->buckets[b].shard_base = base;
+        base += L->buckets[b].shard;
+    }
+    L->shard_total = base;
+    /* every rank's pieces: parameters in buffer order (reverse table order) */
+    for (int r = 0; r < dp; r++) {
+        int cap = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            int np = 0;
+            for (int i = nparams - 1; i >= 0; i--) {
+                const dopt_bucket *B = &L->buckets[L->param_bucket[i]];
+                size_t lo = B->start + (size_t)r * B->shard, hi = lo + B->shard;
+                size_t a = L->param_start[i], e = a + numel[i];
+                size_t x = a > lo ? a : lo, y = e < hi ? e : hi;
+                if (x >= y) continue;
+                if (pass == 1)
+                    L->pieces[r][np] = (dopt_piece){.param = i, .bucket = L->param_bucket[i], .param_lo = x - a,
+                                                    .param_hi = y - a, .shard_off = B->shard_base + (x - lo),
+                                                    .buf_off = x};
+                np++;
+            }
+            if (pass == 0) {
+                cap = np;
+                L->pieces[r] = calloc(cap ? (size_t)cap : 1, sizeof(dopt_piece));
+                if (!L->pieces[r]) {
+                    dopt_layout_free(L);
+                    return co_err_set(CO_ENOMEM, "distributed optimizer layout: pieces of rank %d", r);
+                }
+            }
+            L->npieces[r] = np;
+        }
+    }
+    return 0;
+}
+
+double dopt_bytes_per_param(const dopt_layout *L, size_t nparams_total, bool redundant) {
+    double bytes = 4.0 * (double)L->total * 2 + 4.0 * (double)L->shard_total * 2; /* params, grads; m, v */
+    if (redundant && L->dp > 1) bytes += 4.0 * (double)L->shard_total * 4; /* copy's params, m, v and its gradient */
+    return bytes / (double)(nparams_total ? nparams_total : 1);
+}
+
+static int layout_copy(dopt_layout *dst, const dopt_layout *src) {
+    if (!src->nparams) return co_err_set(CO_EINVAL, "distributed optimizer: empty layout");
+    size_t *numel = malloc((size_t)src->nparams * sizeof *numel);
+    if (!numel) return co_err_set(CO_ENOMEM, "distributed optimizer: layout copy");
+    memcpy(numel, src->param_numel, (size_t)src->nparams * sizeof *numel);
+    int rc = dopt_layout_build(dst, numel, src->nparams, src->dp, src->bucket_size);
+    free(numel);
+    return rc;
+}
+
+void dopt_free(dopt_state *s) {
+    kb_backend *be = s->be;
+    float **bufs[] = {&s->params, &s->grads, &s->m, &s->v, &s->rparams, &s->rm, &s->rv, &s->rgrad};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (*bufs[i] && be) be->ops->free(be, *bufs[i]);
+    dopt_layout_free(&s->L);
+    memset(s, 0, sizeof *s);
+}
+
+int dopt_init(dopt_state *s, const dopt_layout *L, int rank, const dopt_options *opt, kb_backend *be) {
+    memset(s, 0, sizeof *s);
+    if (!L || !opt || !be || rank < 0 || rank >= L->dp)
+        return co_err_set(CO_EINVAL, "distributed optimizer: rank %d of %d or no layout/backend", rank,
+                          L ? L->dp : 0);
+    int rc = layout_copy(&s->L, L);
+    if (rc) return rc;
+    s->opt = *opt;
+    s->opt.redundant = opt->redundant && L->dp > 1;
+    s->be = be;
+    s->rank = rank;
+    size_t nt = L->total * sizeof(float), ns = (L->shard_total ? L->shard_total : 1) * sizeof(float);
+    s->params = be->ops->alloc(be, nt);
+    s->grads = be->ops->alloc(be, nt);
+    s->m = be->ops->alloc(be, ns);
+    s->v = be->ops->alloc(be, ns);
+    bool ok = s->params && s->grads && s->m && s->v;
+    if (ok && s->opt.redundant) {
+        s->rparams = be->ops->alloc(be, ns);
+        s->rm = be->ops->alloc(be, ns);
+        s->rv = be->ops->alloc(be, ns);
+        s->rgrad = be->ops->alloc(be, ns);
+        ok = s->rparams && s->rm && s->rv && s->rgrad;
+    }
+    if (!ok) {
+        dopt_free(s);
+        return co_err_set(CO_ENOMEM, "distributed optimizer: cannot allocate buffers (%zu + %zu elements)",
+                          L->total, L->shard_total);
+    }
+    return 0;
+}
+
+/* Copies shard `k` of the full buffer `full` into dense shard storage `out` (or back). */
+static void shard_gather(const dopt_layout *L, int k, const float *full, float *out) {
+    for (int b = 0; b < L->nbuckets; b++) {
+        const dopt_bucket *B = &L->buckets[b];
+        memcpy(out + B->shard_base, full + B->start + (size_t)k * B->shard, B->shard * sizeof(float));
+    }
+}
+
+void dopt_init_shards(dopt_state *s) {
+    if (s->opt.redundant) shard_gather(&s->L, (s->rank + s->L.dp - 1) % s->L.dp, s->params, s->rparams);
+}
+
+void dopt_grads_clear(dopt_state *s) { s->be->ops->zero(s->be, s->grads, s->L.total); }
+
+void dopt_pack(const dopt_layout *L, const float *src, const size_t *offsets, float *dst) {
+    for (int i = 0; i < L->nparams; i++)
+        memcpy(dst + L->param_start[i], src + offsets[i], L->param_numel[i] * sizeof(float));
+}
+
+void dopt_unpack(const dopt_layout *L, const float *src, const size_t *offsets, float *dst) {
+    for (int i = 0; i < L->nparams; i++)
+        memcpy(dst + offsets[i], src + L->param_start[i], L->param_numel[i] * sizeof(float));
+}
+
+/* AdamW over shard k's pieces: p and g are addressed through piece(shard_off) + the given
+ * bases: own shard: p_full/g_full at buf_off; copy: dense p/g at shard_off. */
+static void shard_update(dopt_state *s, int k, float *p, const float *g, float *m, float *v, bool dense,
+                         const bool *decay, float lr, float gscale) {
+    kb_backend *be = s->be;
+    const dopt_options *o = &s->opt;
+    for (int j = 0; j < s->L.npieces[k]; j++) {
+        const dopt_piece *pc = &s->L.pieces[k][j];
+        size_t n = pc->param_hi - pc->param_lo, at = dense ? pc->shard_off : pc->buf_off;
+        float wd = decay && decay[pc->param] ? o->weight_decay : 0.0f;
+        be->ops->adamw(be, p + at, g + at, m + pc->shard_off, v + pc->shard_off, n, lr, o->beta1, o->beta2, o->eps,
+                       wd, gscale, s->step);
+    }
+}
+
+/* Shard exchange for the redundant copy: every rank sends its reduced shard gradient (each
+ * bucket's part, straight from the gradient buffer) to rank+1 and receives rank-1's into
+ * the dense rgrad. Even ranks send first, odd ranks receive first, so a ring of any size
+ * (odd too) cannot wait on itself even if a send blocks until it is read. */
+static int exchange_shard_grad(dopt_state *s, cm_comm *dp) {
+    const dopt_layout *L = &s->L;
+    int n = L->dp, me = s->rank, nxt = (me + 1) % n, prv = (me + n - 1) % n, rc = 0;
+    for (int pass = 0; pass < 2 && !rc; pass++) {
+        bool sending = (me % 2 == 0) == (pass == 0);
+        for (int b = 0; b < L->nbuckets && !rc; b++) {
+            const dopt_bucket *B = &L->buckets[b];
+            size_t bytes = B->shard * sizeof(float);
+            if (sending)
+                rc = dp->ops->send(dp, s->grads + B->start + (size_t)me * B->shard, bytes, nxt, s->opt.timeout_ms);
+            else
+                rc = dp->ops->recv(dp, s->rgrad + B->shard_base, bytes, prv, s->opt.timeout_ms);
+        }
+    }
+    return rc;
+}
+
+int dopt_step(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double *grad_norm_out) {
+    const dopt_layout *L = &s->L;
+    kb_backend *be = s->be;
+    int n = L->dp, me = s->rank, rc = 0;
+    if (!dp || dp->size != n || dp->rank != me)
+        return co_err_set(CO_EINVAL, "distributed optimizer step: group of %d (rank %d), layout for %d (rank %d)",
+                          dp ? dp->size : 0, dp ? dp->rank : -1, n, me);
+    /* 1. reduce-scatter each bucket in place into this rank's shard, then average */
+    for (int b = 0; b < L->nbuckets; b++) {
+        const dopt_bucket *B = &L->buckets[b];
+        float *base = s->grads + B->start, *mine = base + (size_t)me * B->shard;
+        rc = dp->ops->reduce_scatter_sum(dp, base, mine, B->shard, CM_F32, s->opt.timeout_ms);
+        if (rc)
+            return co_err_set(rc, "distributed optimizer step: reduce-scatter of bucket %d of %d: %s", b,
+                              L->nbuckets, co_err_detail());
+        be->ops->scale(be, mine, 1.0f / (float)n, B->shard);
+    }
+    /* 2. the global norm: sum of squares of every rank's shards (padding is zero), all-reduced */
+    double sq = 0;
+    for (int b = 0; b < L->nbuckets; b++)
+        sq += be->ops->sumsq(be, s->grads + L->buckets[b].start + (size_t)me * L->buckets[b].shard,
+                             L->buckets[b].shard);
+    if (n > 1 && (rc = dp->ops->allreduce_sum(dp, &sq, 1, CM_F64, s->opt.timeout_ms)))
+        return co_err_set(rc, "distributed optimizer step: all-reduce of the gradient norm: %s", co_err_detail());
+    if (s->opt.redundant && (rc = exchange_shard_grad(s, dp)))
+        return co_err_set(rc, "distributed optimizer step: shard gradient to rank %d / from rank %d: %s",
+                          (me + 1) % n, (me + n - 1) % n, co_err_detail());
+    double norm = sqrt(sq);
+    if (grad_norm_out) *grad_norm_out = norm;
+    float gscale = opt_clip_scale(s->opt.clip_grad, norm);
+    /* 3. AdamW on the own shard (in the parameter buffer) and on the copy */
+    s->step++;
+    shard_update(s, me, s->params, s->grads, s->m, s->v, false, decay, (float)lr, gscale);
+    if (s->opt.redundant)
+        shard_update(s, (me + n - 1) % n, s->rparams, s->rgrad, s->rm, s->rv, true, decay, (float)lr, gscale);
+    if ((rc = kb_backend_status(be)))
+        return co_err_set(rc, "distributed optimizer step: the update: %s", co_err_detail());
+    /* 4. all-gather each bucket's updated shards into every rank's full parameter buffer */
+    for (int b = 0; b < L->nbuckets && n > 1; b++) {
+        const dopt_bucket *B = &L->buckets[b];
+        float *base = s->params + B->start;
+        rc = dp->ops->allgather(dp, base + (size_t)me * B->shard, base, B->shard * sizeof(float), s->opt.timeout_ms);
+        if (rc)
+            return co_err_set(rc, "distributed optimizer step: all-gather of bucket %d of %d: %s", b, L->nbuckets,
+                              co_err_detail());
+    }
+    be->ops->sync(be);
+    return 0;
+}
+
+int dopt_shard_view_get(const dopt_state *s, int shard, dopt_shard_view *out, float *params) {
+    int n = s->L.dp;
+    memset(out, 0, sizeof *out);
+    if (shard == s->rank) {
+        out->m = s->m;
+        out->v = s->v;
+        if (params) shard_gather(&s->L, shard, s->params, params);
+    } else if (s->opt.redundant && shard == (s->rank + n - 1) % n) {
+        out->m = s->rm;
+        out->v = s->rv;
+        if (params) memcpy(params, s->rparams, s->L.shard_total * sizeof(float));
+    } else {
+        return co_err_set(CO_ENOENT, "distributed optimizer: rank %d holds no copy of shard %d (of %d)", s->rank,
+                          shard, n);
+    }
+    out->shard = shard;
+    out->n = s->L.shard_total;
+    out->step = s->step;
+    return 0;
+}
+
+int dopt_shard_restore(dopt_state *s, const dopt_shard_view *v, const float *params) {
+    const dopt_layout *L = &s->L;
+    int n = L->dp;
+    if (v->n != L->shard_total || !v->m || !v->v || !params)
+        return co_err_set(CO_EINVAL, "distributed optimizer restore: shard %d of %zu elements, layout has %zu",
+                          v->shard, v->n, L->shard_total);
+    size_t bytes = L->shard_total * sizeof(float);
+    if (v->shard == s->rank) {
+        for (int b = 0; b < L->nbuckets; b++) {
+            const dopt_bucket *B = &L->buckets[b];
+            memcpy(s->params + B->start + (size_t)s->rank * B->shard, params + B->shard_base,
+                   B->shard * sizeof(float));
+        }
+        memmove(s->m, v->m, bytes);
+        memmove(s->v, v->v, bytes);
+    } else if (s->opt.redundant && v->shard == (s->rank + n - 1) % n) {
+        memmove(s->rparams, params, bytes);
+        memmove(s->rm, v->m, bytes);
+        memmove(s->rv, v->v, bytes);
+    } else {
+        return co_err_set(CO_ENOENT, "distributed optimizer restore: rank %d holds no copy of shard %d (of %d)",
+                          s->rank, v->shard, n);
+    }
+    s->step = v->step;
+    return 0;
+}
