@@ -1,14 +1,21 @@
 /* test_ring_attention.c - ring attention (model/ring_attention.c) in one process, cp threads
- * simulating cp ranks (ring_sim): the reassembled out, lse and dqkv for cp = 1, 2, 4 match
+ * simulating cp ranks (ring_sim): the reassembled out, lse and dqkv for cp = 1, 2, 3, 4 match
  * the one-rank causal kernel (kb_ops.attention_forward/backward) on the full sequence, with
  * GQA and with documents that cross chunk boundaries; bitwise repeatable; the split and its
- * refusals (seq % (2*cp) != 0). Prints the measured errors. */
+ * refusals (seq % (2*cp) != 0); and over cohort's comm (cm_zmq, forked ranks) for cp = 2 and
+ * 3, bitwise equal to the one-process result. Prints the measured errors. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/zmq_comm.h"
 #include "common/error.h"
 #include "kernels/backend.h"
 #include "model/ring_attention.h"
@@ -27,8 +34,9 @@ typedef struct prob {
 
 static size_t R_of(const prob *p) { return (size_t)(p->nh + 2 * p->nkv) * p->hd; }
 
-static void prob_init(prob *p, kb_backend *b, int B, int seq, int nh, int nkv, int hd,
-                      int docs) {
+/* the inputs only (what a forked rank regenerates: the same bits from the same seed) */
+static void prob_inputs(prob *p, int B, int seq, int nh, int nkv, int hd, int docs) {
+    kt__rng = 0x1234567887654321ull ^ ((uint64_t)seq << 32) ^ (uint64_t)(nh * 64 + nkv * 8 + hd);
     *p = (prob){.B = B, .seq = seq, .nh = nh, .nkv = nkv, .hd = hd};
     const size_t N = (size_t)B * seq, R = R_of(p), C = (size_t)nh * hd;
     p->qkv = kt_rand(N * R, 1.0f);
@@ -47,6 +55,12 @@ static void prob_init(prob *p, kb_backend *b, int B, int seq, int nh, int nkv, i
             }
         }
     }
+}
+
+static void prob_init(prob *p, kb_backend *b, int B, int seq, int nh, int nkv, int hd,
+                      int docs) {
+    prob_inputs(p, B, seq, nh, nkv, hd, docs);
+    const size_t N = (size_t)B * seq, R = R_of(p), C = (size_t)nh * hd;
     p->out = malloc(N * C * sizeof(float));
     p->lse = malloc((size_t)B * nh * seq * sizeof(float));
     p->dqkv = malloc(N * R * sizeof(float));
@@ -167,9 +181,11 @@ static void check_case(int B, int seq, int nh, int nkv, int hd, int docs) {
     float *dqkv = malloc(N * R * sizeof(float));
     float *out2 = malloc(N * C * sizeof(float)), *lse2 = malloc((size_t)B * nh * seq * sizeof(float));
     float *dqkv2 = malloc(N * R * sizeof(float));
-    const int cps[] = {1, 2, 4};
-    for (int k = 0; k < 3; k++) {
+    /* 1, 2, 4, and an odd ring (3) where the length allows */
+    const int cps[] = {1, 2, 3, 4};
+    for (int k = 0; k < 4; k++) {
         const int cp = cps[k];
+        if (seq % (2 * cp)) continue;
         printf("  B %d seq %d nh %d nkv %d hd %d docs %d cp %d\n", B, seq, nh, nkv, hd, docs, cp);
         REQUIRE(run_ring(&p, cp, out, lse, dqkv) == 0);
         CHECK(compare("out", out, p.out, N * C) <= 1.0);
@@ -239,12 +255,171 @@ static void test_refusals(void) {
     kb_backend_destroy(&b);
 }
 
-int main(void) {
+/* ---- over cohort's comm: cp forked-and-exec'd processes (this binary with --cp-rank), the
+ * ZeroMQ communicator on ipc endpoints; the reassembled result must equal ring_sim's bits ---- */
+
+#define MP_B 2
+#define MP_SEQ 48
+#define MP_NH 4
+#define MP_NKV 2
+#define MP_HD 16
+
+/* a child rank: runs the ring over cm_zmq and writes out, lse, dqkv (local) to DIR/r<rank>.bin */
+static int child_main(int cp, int rank, const char *dir) {
+    prob p;
+    prob_inputs(&p, MP_B, MP_SEQ, MP_NH, MP_NKV, MP_HD, 1);
+    const int L = p.seq / cp;
+    const size_t R = R_of(&p), C = (size_t)p.nh * p.hd, N = (size_t)p.B * L;
+    float *qkv = malloc(N * R * 4), *dout = malloc(N * C * 4), *out = malloc(N * C * 4);
+    float *lse = malloc((size_t)p.B * p.nh * L * 4), *dqkv = malloc(N * R * 4);
+    int32_t *doc = malloc(N * 4);
+    MUST(ring_split_rows(qkv, p.qkv, R * 4, p.B, p.seq, cp, rank) == 0);
+    MUST(ring_split_rows(dout, p.dout, C * 4, p.B, p.seq, cp, rank) == 0);
+    MUST(ring_split_rows(doc, p.seg, 4, p.B, p.seq, cp, rank) == 0);
+    char eps[8][160];
+    const char *ep[8];
+    for (int r = 0; r < cp; r++) {
+        snprintf(eps[r], sizeof eps[r], "ipc://%s/ep%d", dir, r);
+        ep[r] = eps[r];
+    }
+    cm_zmq_options zo;
+    cm_zmq_options_default(&zo);
+    zo.connect_timeout_ms = 20000;
+    zo.linger_ms = 1000;
+    cm_comm *c = NULL;
+    int rc = cm_zmq_new(&c, rank, cp, ep, &zo);
+    if (rc) {
+        fprintf(stderr, "rank %d: cm_zmq_new: %s\n", rank, co_err_detail());
+        return 1;
+    }
+    kb_backend *b = kt_backend(1, false);
+    ring_comm rcm = {.c = c, .timeout_ms = 30000};
+    ring_exchange x;
+    ring_exchange_comm(&x, &rcm);
+    ring_geo g = {.cp = cp, .rank = rank, .B = p.B, .seq = p.seq, .nh = p.nh, .nkv = p.nkv,
+                  .hd = p.hd};
+    rc = ring_attention_forward(b, &x, &g, out, lse, qkv, doc);
+    if (!rc) rc = ring_attention_backward(b, &x, &g, dqkv, dout, qkv, out, lse, doc);
+    if (rc) {
+        fprintf(stderr, "rank %d: %s: %s\n", rank, co_err_name(rc), co_err_detail());
+        return 1;
+    }
+    char path[256];
+    snprintf(path, sizeof path, "%s/r%d.bin", dir, rank);
+    FILE *f = fopen(path, "wb");
+    if (!f) return 1;
+    fwrite(out, 4, N * C, f);
+    fwrite(lse, 4, (size_t)p.B * p.nh * L, f);
+    fwrite(dqkv, 4, N * R, f);
+    fclose(f);
+    cm_destroy(&c);
+    kb_backend_destroy(&b);
+    return 0;
+}
+
+static int64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void check_comm(int cp) {
+    prob p;
+    kb_backend *b = kt_backend(2, false);
+    prob_init(&p, b, MP_B, MP_SEQ, MP_NH, MP_NKV, MP_HD, 1);
+    kb_backend_destroy(&b);
+    const int L = p.seq / cp;
+    const size_t R = R_of(&p), C = (size_t)p.nh * p.hd, N = (size_t)p.B * p.seq;
+    const size_t nl = (size_t)p.B * p.nh * p.seq;
+    float *out = malloc(N * C * 4), *lse = malloc(nl * 4), *dqkv = malloc(N * R * 4);
+    MUST(run_ring(&p, cp, out, lse, dqkv) == 0);
+    char dir[] = "/tmp/ringtest-XXXXXX";
+    REQUIRE(mkdtemp(dir) != NULL);
+    pid_t pid[8];
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < cp; r++) {
+        pid[r] = fork();
+        if (pid[r] == 0) {
+            char a1[16], a2[16];
+            snprintf(a1, sizeof a1, "%d", cp);
+            snprintf(a2, sizeof a2, "%d", r);
+            execl("/proc/self/exe", "test_ring_attention", "--cp-rank", a1, a2, dir, (char *)NULL);
+            _exit(127);
+        }
+    }
+    /* bounded wait: a hang is a failure and the children are killed */
+    int left = cp, bad = 0, st;
+    const int64_t dl = mono_ms() + 90000;
+    bool done[8] = {0};
+    while (left) {
+        for (int r = 0; r < cp; r++)
+            if (!done[r] && waitpid(pid[r], &st, WNOHANG) == pid[r]) {
+                done[r] = true, left--;
+                if (!WIFEXITED(st) || WEXITSTATUS(st)) bad++;
+            }
+        if (left && mono_ms() > dl) {
+            for (int r = 0; r < cp; r++)
+                if (!done[r]) kill(pid[r], SIGKILL);
+            fprintf(stderr, "ring over comm, cp %d: ranks hung, killed\n", cp);
+            bad++;
+            for (int r = 0; r < cp; r++)
+                if (!done[r]) waitpid(pid[r], &st, 0);
+            break;
+        }
+        if (left) usleep(5000);
+    }
+    CHECK(bad == 0);
+    float *mout = malloc(N * C * 4), *mlse = malloc(nl * 4), *mdqkv = malloc(N * R * 4);
+    float *lo = malloc((size_t)p.B * L * C * 4), *ll = malloc((size_t)p.B * p.nh * L * 4);
+    float *ld = malloc((size_t)p.B * L * R * 4);
+    int32_t *pos = malloc((size_t)L * 4);
+    for (int r = 0; r < cp && !bad; r++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/r%d.bin", dir, r);
+        FILE *f = fopen(path, "rb");
+        REQUIRE(f != NULL);
+        CHECK(fread(lo, 4, (size_t)p.B * L * C, f) == (size_t)p.B * L * C);
+        CHECK(fread(ll, 4, (size_t)p.B * p.nh * L, f) == (size_t)p.B * p.nh * L);
+        CHECK(fread(ld, 4, (size_t)p.B * L * R, f) == (size_t)p.B * L * R);
+        fclose(f);
+        remove(path);
+        MUST(ring_unsplit_rows(mout, lo, C * 4, p.B, p.seq, cp, r) == 0);
+        MUST(ring_unsplit_rows(mdqkv, ld, R * 4, p.B, p.seq, cp, r) == 0);
+        MUST(ring_positions(pos, p.seq, cp, r) == 0);
+        for (int bh = 0; bh < p.B * p.nh; bh++)
+            for (int t = 0; t < L; t++) mlse[(size_t)bh * p.seq + pos[t]] = ll[(size_t)bh * L + t];
+    }
+    if (!bad) {
+        printf("  over cm_comm, cp %d: bitwise equal to ring_sim: out %d lse %d dqkv %d\n", cp,
+               !memcmp(out, mout, N * C * 4), !memcmp(lse, mlse, nl * 4),
+               !memcmp(dqkv, mdqkv, N * R * 4));
+        CHECK(memcmp(out, mout, N * C * 4) == 0);
+        CHECK(memcmp(lse, mlse, nl * 4) == 0);
+        CHECK(memcmp(dqkv, mdqkv, N * R * 4) == 0);
+    }
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    free(out), free(lse), free(dqkv), free(mout), free(mlse), free(mdqkv);
+    free(lo), free(ll), free(ld), free(pos);
+    prob_free(&p);
+}
+
+/* c = 2, and an odd ring (3: two even ranks next to each other) for the send/recv order */
+static void test_ring_comm_2(void) { check_comm(2); }
+static void test_ring_comm_3(void) { check_comm(3); }
+
+int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "--cp-rank"))
+        return child_main(atoi(argv[2]), atoi(argv[3]), argv[4]);
     RUN(test_split);
     RUN(test_refusals);
     RUN(test_ring_plain);
     RUN(test_ring_docs);
     RUN(test_ring_mha_docs);
     RUN(test_ring_mqa);
+    RUN(test_ring_comm_2);
+    RUN(test_ring_comm_3);
     return TEST_EXIT();
 }
