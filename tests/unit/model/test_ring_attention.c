@@ -247,6 +247,24 @@ static void test_refusals(void) {
     CHECK(ring_attention_backward(b, &x, &g, buf, buf, buf, buf, buf, NULL) == CO_EINVAL);
     g.seq = 16, g.rank = 4;
     CHECK(ring_check(&g) == CO_EINVAL);
+    /* a backend without block attention (CUDA so far: NULL pointers) is refused */
+    g.seq = 16, g.rank = 0;
+    kb_ops nob = *b->ops;
+    nob.block_attention_forward = NULL;
+    nob.block_attention_backward = NULL;
+    const kb_ops *saved = b->ops;
+    b->ops = &nob;
+    CHECK(ring_attention_forward(b, &x, &g, buf, buf, buf, NULL) == CO_EUNSUPPORTED);
+    CHECK(ring_attention_backward(b, &x, &g, buf, buf, buf, buf, buf, NULL) == CO_EUNSUPPORTED);
+    b->ops = saved;
+    /* the block kernel refuses a causal mask over different token counts */
+    kb_block_attn a = {.B = 1, .Tq = 2, .Tk = 3, .nh = 1, .nkv = 1, .hd = 4,
+                       .mask = KB_BLOCK_MASK_CAUSAL, .q = buf, .k = buf, .v = buf,
+                       .q_stride = 4, .k_stride = 4, .v_stride = 4};
+    b->ops->block_attention_forward(b, &a, buf, buf);
+    CHECK(kb_backend_status(b) == CO_EINVAL);
+    CHECK(strstr(co_err_detail(), "causal") != NULL);
+    kb_backend_clear_status(b);
     /* a rank alone at a shift times out instead of hanging */
     g.rank = 0;
     char s1[8] = {0}, r1[8];
