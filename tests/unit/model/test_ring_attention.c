@@ -3,7 +3,8 @@
  * the one-rank causal kernel (kb_ops.attention_forward/backward) on the full sequence, with
  * GQA and with documents that cross chunk boundaries; bitwise repeatable; the split and its
  * refusals (seq % (2*cp) != 0); and over cohort's comm (cm_zmq, forked ranks) for cp = 2 and
- * 3, bitwise equal to the one-process result. Prints the measured errors. */
+ * 3, bitwise equal to the one-process result; the block kernels bitwise equal at 1 and 3
+ * threads. Prints the measured errors. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -424,6 +425,39 @@ static void check_comm(int cp) {
     prob_free(&p);
 }
 
+/* the block kernels give the same bits at any thread count */
+static void test_block_threads(void) {
+    const int B = 2, Tq = 37, Tk = 29, nh = 4, nkv = 2, hd = 12;
+    const size_t nq = (size_t)B * Tq * nh * hd, nk = (size_t)B * Tk * nkv * hd;
+    float *q = kt_rand(nq, 1.0f), *k = kt_rand(nk, 1.0f), *v = kt_rand(nk, 1.0f);
+    float *dout = kt_rand(nq, 1.0f);
+    int32_t *qd = malloc((size_t)B * Tq * 4), *kd = malloc((size_t)B * Tk * 4);
+    for (int i = 0; i < B * Tq; i++) qd[i] = kt_randint(3);
+    for (int i = 0; i < B * Tk; i++) kd[i] = kt_randint(3);
+    float *res[2][5];
+    const int threads[2] = {1, 3};
+    for (int r = 0; r < 2; r++) {
+        kb_backend *b = kt_backend(threads[r], false);
+        kb_block_attn a = {.B = B, .Tq = Tq, .Tk = Tk, .nh = nh, .nkv = nkv, .hd = hd,
+                           .mask = KB_BLOCK_MASK_NONE, .q = q, .k = k, .v = v,
+                           .q_stride = (size_t)nh * hd, .k_stride = (size_t)nkv * hd,
+                           .v_stride = (size_t)nkv * hd, .qdoc = qd, .kdoc = kd};
+        res[r][0] = malloc(nq * 4), res[r][1] = malloc((size_t)B * nh * Tq * 4);
+        res[r][2] = calloc(nq, 4), res[r][3] = calloc(nk, 4), res[r][4] = calloc(nk, 4);
+        b->ops->block_attention_forward(b, &a, res[r][0], res[r][1]);
+        b->ops->block_attention_backward(b, &a, res[r][0], res[r][1], dout, res[r][2], a.q_stride,
+                                         res[r][3], a.k_stride, res[r][4], a.v_stride);
+        CHECK(kb_backend_status(b) == 0);
+        kb_backend_destroy(&b);
+    }
+    const size_t n[5] = {nq, (size_t)B * nh * Tq, nq, nk, nk};
+    for (int i = 0; i < 5; i++) {
+        CHECK(memcmp(res[0][i], res[1][i], n[i] * 4) == 0);
+        free(res[0][i]), free(res[1][i]);
+    }
+    free(q), free(k), free(v), free(dout), free(qd), free(kd);
+}
+
 /* c = 2, and an odd ring (3: two even ranks next to each other) for the send/recv order */
 static void test_ring_comm_2(void) { check_comm(2); }
 static void test_ring_comm_3(void) { check_comm(3); }
@@ -433,6 +467,7 @@ int main(int argc, char **argv) {
         return child_main(atoi(argv[2]), atoi(argv[3]), argv[4]);
     RUN(test_split);
     RUN(test_refusals);
+    RUN(test_block_threads);
     RUN(test_ring_plain);
     RUN(test_ring_docs);
     RUN(test_ring_mha_docs);
