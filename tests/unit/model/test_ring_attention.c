@@ -305,6 +305,8 @@ static int child_main(int cp, int rank, const char *dir) {
     cm_zmq_options_default(&zo);
     zo.connect_timeout_ms = 20000;
     zo.linger_ms = 1000;
+    zo.chunk_bytes = 4096; /* the KV messages (8-24 KiB here) go in several chunks */
+    zo.small_bytes = 256;
     cm_comm *c = NULL;
     int rc = cm_zmq_new(&c, rank, cp, ep, &zo);
     if (rc) {
