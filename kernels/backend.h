@@ -41,6 +41,29 @@ typedef struct kb_options {
 
 typedef struct kb_backend kb_backend;
 
+/* Masks of block attention (kb_ops.block_attention_*). */
+typedef enum {
+    KB_BLOCK_MASK_NONE = 0,  /* every query sees every key */
+    KB_BLOCK_MASK_CAUSAL = 1 /* same token set (Tq == Tk): query t sees keys j <= t */
+} kb_block_mask;
+
+/* One block of attention. Row (token) t of sequence b of q is q[(b*q_brows + t)*q_stride]
+ * (q_brows = 0 means Tq), query head h at column h*hd; k and v the same with k_brows and
+ * group g at column g*hd. So q, k and v may point into a packed qkv buffer, or at the second
+ * half of each sequence of one (q_brows = 2*Tq).
+ *   q[B][Tq][nh*hd], k[B][Tk][nkv*hd], v[B][Tk][nkv*hd] (strided as above)
+ * qdoc/kdoc (both NULL, or both set): a document id per token, indexed like the rows
+ * (qdoc[b*q_brows + t], kdoc[b*k_brows + j]); query t sees key j only if the ids are equal
+ * (and, with the causal mask, j <= t). So attention never crosses a document. */
+typedef struct kb_block_attn {
+    int B, Tq, Tk, nh, nkv, hd;
+    kb_block_mask mask;
+    const float *q, *k, *v;
+    size_t q_stride, k_stride, v_stride; /* floats between consecutive rows */
+    int q_brows, k_brows;                /* rows between consecutive sequences (0: Tq, Tk) */
+    const int32_t *qdoc, *kdoc;
+} kb_block_attn;
+
 typedef struct kb_ops {
     /* ---- memory ---- */
     /* Allocates n bytes (64-byte aligned, zeroed). NULL on failure. */
@@ -119,6 +142,27 @@ typedef struct kb_ops {
                                const float *qkv, const float *out, const float *lse,
                                const int32_t *seg, int B, int T, int nh, int nkv, int hd,
                                float p_drop, uint64_t seed, uint64_t offset);
+
+    /* ---- block attention (context parallelism, model/ring_attention.c) ----
+     * Attention of a query block against a key/value block that may be different token
+     * sets (a rank's own chunks against a chunk received from another rank). GQA as above:
+     * query head h uses key/value group h / (nh/nkv); scores scaled by 1/sqrt(hd). No
+     * dropout. See kb_block_attn for the shapes and masks.
+     * Only the CPU backend provides these so far: on CUDA both pointers are NULL, and
+     * callers check (ring_attention_* fail with CO_EUNSUPPORTED). */
+    /* out[B*Tq, nh*hd] and lse[(b*nh + h)*Tq + t] (both overwritten). A row that sees no key
+     * (every key masked) gets out = 0 and lse = -INFINITY. */
+    void (*block_attention_forward)(kb_backend *b, const struct kb_block_attn *a, float *out,
+                                    float *lse);
+    /* Backward of one block given the FINAL (merged) out[B*Tq, nh*hd] and lse of the rows,
+     * so that P = exp(S - lse) is the block's share of the full softmax, and
+     * dout[B*Tq, nh*hd]. ACCUMULATES (+=) into dq, dk and dv, laid out like q, k and v
+     * (rows b*brows + t, head h / group g at column h*hd / g*hd, row strides
+     * dq_stride, dk_stride, dv_stride). */
+    void (*block_attention_backward)(kb_backend *b, const struct kb_block_attn *a,
+                                     const float *out, const float *lse, const float *dout,
+                                     float *dq, size_t dq_stride, float *dk, size_t dk_stride,
+                                     float *dv, size_t dv_stride);
 
     /* ---- activations ---- */
     /* GELU (tanh approximation): out[n] = gelu(in[n]). Overwrites out. */
