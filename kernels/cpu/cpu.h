@@ -160,7 +160,10 @@ static inline float cpu_expf(float x0) {
     float x = x0 < -87.0f ? -87.0f : x0;
     x = x > 88.5f ? 88.5f : x;
     /* round to nearest by the 1.5*2^23 trick (vectorises, no libm call) */
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    /* a NaN input takes exponent 0 here (converting NaN to an integer is undefined) and
+     * comes out NaN through r and p */
+    float xn = x == x ? x : 0.0f;
+    float n = (xn * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
     /* exp(r) on |r| <= ln2/2: degree-6 Taylor/minimax (Cephes coefficients) */
@@ -171,7 +174,7 @@ static inline float cpu_expf(float x0) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
+    uint32_t e = (uint32_t)((int32_t)n + 127) << 23;
     float s;
     memcpy(&s, &e, 4);
     return x0 < -87.0f ? 0.0f : p * s;

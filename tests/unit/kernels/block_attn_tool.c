@@ -66,5 +66,7 @@ int main(int argc, char **argv) {
     fwrite(dv, 4, nk, f);
     fclose(f);
     kb_backend_destroy(&b);
+    free(h), free(q), free(k), free(v), free(dout), free(qdoc), free(kdoc);
+    free(out), free(lse), free(dq), free(dk), free(dv);
     return 0;
 }

@@ -335,6 +335,8 @@ static int child_main(int cp, int rank, const char *dir) {
     fclose(f);
     cm_destroy(&c);
     kb_backend_destroy(&b);
+    free(qkv), free(dout), free(out), free(lse), free(dqkv), free(doc);
+    prob_free(&p);
     return 0;
 }
 
