@@ -7,10 +7,13 @@
 #ifndef COHORT_TESTS_TEST_H
 #define COHORT_TESTS_TEST_H
 
+#include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int t__failures;
 static int t__checks;
@@ -88,6 +91,28 @@ static inline int t_scratch_dir(char *out, size_t n, const char *prefix) {
     const char *tmp = getenv("TMPDIR");
     snprintf(out, n, "%s/%s.XXXXXX", tmp && *tmp ? tmp : "/tmp", prefix);
     return mkdtemp(out) ? 0 : -1;
+}
+
+/* Milliseconds of the monotonic clock. */
+static inline int64_t t_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Sleeps ms milliseconds, through interruptions. */
+static inline void t_sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* splitmix64's finaliser: a well-mixed 64-bit value from any x (test data). */
+static inline uint64_t t_mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
 }
 
 /* Removes dir and everything below it (best effort, said on stderr when it fails). */

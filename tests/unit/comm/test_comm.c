@@ -39,32 +39,13 @@ const char *__tsan_default_suppressions(void) {
 
 typedef void (*scenario)(int rank, int n, const char *dir, const void *arg);
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-static uint64_t mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* Values whose sums over <= 4 ranks are exact in every dtype (multiples of 1/64). */
 static double val(int rank, size_t i, int salt) {
-    return (double)((int)(mix((uint64_t)rank * 1000003u + i * 7u + (uint64_t)salt * 77u) % 2001) - 1000) /
+    return (double)((int)(t_mix((uint64_t)rank * 1000003u + i * 7u + (uint64_t)salt * 77u) % 2001) - 1000) /
            64.0;
 }
 static unsigned char pat(int rank, size_t i, int salt) {
-    return (unsigned char)mix((uint64_t)rank * 1000003u + i + (uint64_t)salt * 1000u);
+    return (unsigned char)t_mix((uint64_t)rank * 1000003u + i + (uint64_t)salt * 1000u);
 }
 
 static void put(void *buf, cm_dtype dt, size_t i, double v) {
@@ -99,7 +80,7 @@ static int run_group(const char *name, int n, scenario fn, const void *arg, int 
     int bad = 0, left = n;
     int st[8];
     bool done[8] = {0};
-    int64_t dl = now_ms() + limit_ms;
+    int64_t dl = t_now_ms() + limit_ms;
     while (left > 0) {
         for (int r = 0; r < n; r++) {
             if (done[r]) continue;
@@ -108,7 +89,7 @@ static int run_group(const char *name, int n, scenario fn, const void *arg, int 
                 left--;
             }
         }
-        if (left && now_ms() > dl) {
+        if (left && t_now_ms() > dl) {
             fprintf(stderr, "%s: ranks still running after %d ms: killing them (a hang)\n", name,
                     limit_ms);
             for (int r = 0; r < n; r++)
@@ -116,7 +97,7 @@ static int run_group(const char *name, int n, scenario fn, const void *arg, int 
             bad++;
             dl = INT64_MAX;
         }
-        if (left) sleep_ms(5);
+        if (left) t_sleep_ms(5);
     }
     for (int r = 0; r < n; r++) {
         bool ok = r == expect_kill ? (WIFSIGNALED(st[r]) && WTERMSIG(st[r]) == SIGKILL)
@@ -246,7 +227,7 @@ static void check_sendrecv_ring(cm_comm *c, const int *members, size_t bytes) {
 }
 
 static void sc_collectives(int rank, int n, const char *dir, const void *arg) {
-    if (rank == n - 1) sleep_ms(150); /* peers start in any order */
+    if (rank == n - 1) t_sleep_ms(150); /* peers start in any order */
     cm_comm *c = mk(rank, n, dir, arg);
     if (!c) return;
     int world[8];
@@ -444,7 +425,7 @@ typedef struct abort_ctx {
 
 static void *abort_thread(void *p) {
     abort_ctx *a = p;
-    sleep_ms(a->after_ms);
+    t_sleep_ms(a->after_ms);
     a->c->ops->abort(a->c);
     return NULL;
 }
@@ -455,13 +436,13 @@ static void sc_abort(int rank, int n, const char *dir, const void *arg) {
     if (!c) return;
     size_t count = (size_t)1 << 20;
     float *buf = calloc(count, 4);
-    if (rank == 2) sleep_ms(600); /* the others block inside the all-reduce meanwhile */
+    if (rank == 2) t_sleep_ms(600); /* the others block inside the all-reduce meanwhile */
     pthread_t th;
     abort_ctx a = {c, 150};
     if (rank == 0) pthread_create(&th, NULL, abort_thread, &a);
-    int64_t t0 = now_ms();
+    int64_t t0 = t_now_ms();
     int rc = c->ops->allreduce_sum(c, buf, count, CM_F32, T_MS);
-    int64_t dt = now_ms() - t0;
+    int64_t dt = t_now_ms() - t0;
     if (rank == 0) {
         pthread_join(th, NULL);
         CHECK_MSG(rc == CO_EABORTED, "rank 0: %s: %s", co_err_name(rc), co_err_detail());
@@ -474,10 +455,10 @@ static void sc_abort(int rank, int n, const char *dir, const void *arg) {
         CHECK_MSG(dt < 5000, "rank %d learnt of the abort after %lld ms", rank, (long long)dt);
     }
     /* the communicator stays failed, promptly */
-    t0 = now_ms();
+    t0 = t_now_ms();
     rc = c->ops->barrier(c, T_MS);
     CHECK(rc == (rank == 0 ? CO_EABORTED : CO_EREMOTE));
-    CHECK(now_ms() - t0 < 100);
+    CHECK(t_now_ms() - t0 < 100);
     free(buf);
     cm_destroy(&c);
 }
@@ -490,7 +471,7 @@ static void test_abort_mid_collective(void) {
 }
 
 static void *kill_thread(void *p) {
-    sleep_ms(*(const int *)p);
+    t_sleep_ms(*(const int *)p);
     raise(SIGKILL);
     return NULL;
 }
@@ -507,9 +488,9 @@ static void sc_killed_peer(int rank, int n, const char *dir, const void *arg) {
     int rc = 0;
     int64_t t0 = 0, dt = 0;
     for (int i = 0; i < 100000 && rc == 0; i++) {
-        t0 = now_ms();
+        t0 = t_now_ms();
         rc = c->ops->allreduce_sum(c, buf, count, CM_F32, 10000);
-        dt = now_ms() - t0;
+        dt = t_now_ms() - t0;
     }
     /* rank 2 never gets here */
     CHECK_MSG(rc == CO_EREMOTE && strstr(co_err_detail(), "world rank 2"), "rank %d: %s: %s", rank,
@@ -532,14 +513,14 @@ static void sc_timeout(int rank, int n, const char *dir, const void *arg) {
     if (!c) return;
     double x[100] = {0};
     if (rank == 0) {
-        int64_t t0 = now_ms();
+        int64_t t0 = t_now_ms();
         int rc = c->ops->allreduce_sum(c, x, 100, CM_F64, 300);
-        int64_t dt = now_ms() - t0;
+        int64_t dt = t_now_ms() - t0;
         CHECK_MSG(rc == CO_ETIMEOUT && strstr(co_err_detail(), "timed out"), "%s: %s",
                   co_err_name(rc), co_err_detail());
         CHECK_MSG(dt >= 290 && dt < 1500, "timed out after %lld ms", (long long)dt);
     } else {
-        sleep_ms(800);
+        t_sleep_ms(800);
         /* rank 0's contribution is already here, so this may still succeed; the next call
          * reports rank 0's failure rather than waiting for it */
         int rc = c->ops->allreduce_sum(c, x, 100, CM_F64, T_MS);
@@ -569,11 +550,11 @@ static void sc_connect_timeout(int rank, int n, const char *dir, const void *arg
     cm_zmq_options_default(&o);
     o.connect_timeout_ms = 400;
     cm_comm *c = NULL;
-    int64_t t0 = now_ms();
+    int64_t t0 = t_now_ms();
     int rc = cm_zmq_new(&c, 0, n, ep, &o);
     CHECK_MSG(rc == CO_ETIMEOUT && c == NULL && strstr(co_err_detail(), "ranks 1"), "%s: %s",
               co_err_name(rc), co_err_detail());
-    CHECK(now_ms() - t0 < 2000);
+    CHECK(t_now_ms() - t0 < 2000);
     o.chunk_bytes = 100; /* not a multiple of 8 */
     CHECK(cm_zmq_new(&c, 0, n, ep, &o) == CO_EINVAL);
 }
@@ -622,7 +603,7 @@ static void sc_mismatch(int rank, int n, const char *dir, const void *arg) {
     mkdir(sub2, 0700); /* whoever comes first */
     c = mk(rank, n, sub2, &same);
     if (!c) return;
-    int64_t t0 = now_ms();
+    int64_t t0 = t_now_ms();
     if (rank == 0) {
         rc = c->ops->allreduce_sum(c, x, 11, CM_F32, 5000);
         CHECK_MSG(rc == CO_EPROTOCOL && strstr(co_err_detail(), "broadcast") &&
@@ -635,7 +616,7 @@ static void sc_mismatch(int rank, int n, const char *dir, const void *arg) {
         CHECK_MSG(rc == CO_EREMOTE && strstr(co_err_detail(), "mismatched"), "op mismatch, rank 1: %s: %s",
                   co_err_name(rc), co_err_detail());
     }
-    CHECK_MSG(now_ms() - t0 < 3000, "op mismatch took %lld ms", (long long)(now_ms() - t0));
+    CHECK_MSG(t_now_ms() - t0 < 3000, "op mismatch took %lld ms", (long long)(t_now_ms() - t0));
     cm_destroy(&c);
 }
 

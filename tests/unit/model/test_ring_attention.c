@@ -340,12 +340,6 @@ static int child_main(int cp, int rank, const char *dir) {
     return 0;
 }
 
-static int64_t mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void check_comm(int cp) {
     prob p;
     kb_backend *b = kt_backend(2, false);
@@ -373,7 +367,7 @@ static void check_comm(int cp) {
     }
     /* bounded wait: a hang is a failure and the children are killed */
     int left = cp, bad = 0, st;
-    const int64_t dl = mono_ms() + 90000;
+    const int64_t dl = t_now_ms() + 90000;
     bool done[8] = {0};
     while (left) {
         for (int r = 0; r < cp; r++)
@@ -381,7 +375,7 @@ static void check_comm(int cp) {
                 done[r] = true, left--;
                 if (!WIFEXITED(st) || WEXITSTATUS(st)) bad++;
             }
-        if (left && mono_ms() > dl) {
+        if (left && t_now_ms() > dl) {
             for (int r = 0; r < cp; r++)
                 if (!done[r]) kill(pid[r], SIGKILL);
             fprintf(stderr, "ring over comm, cp %d: ranks hung, killed\n", cp);

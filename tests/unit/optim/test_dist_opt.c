@@ -55,25 +55,6 @@ typedef struct cfg {
     char out[256]; /* directory for each rank's final hash */
 } cfg;
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-static uint64_t mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 static uint64_t fnv(const void *p, size_t n, uint64_t h) {
     const unsigned char *c = p;
     for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 0x100000001b3ull;
@@ -82,7 +63,7 @@ static uint64_t fnv(const void *p, size_t n, uint64_t h) {
 
 /* rank r's gradient of element j of parameter i at step t */
 static float grad(const cfg *c, int t, int r, int i, size_t j) {
-    uint64_t h = mix(mix(mix((uint64_t)t * 7919u + (uint64_t)r) + (uint64_t)i) + j);
+    uint64_t h = t_mix(t_mix(t_mix((uint64_t)t * 7919u + (uint64_t)r) + (uint64_t)i) + j);
     if (c->exact) return (float)((int)(h % 2001) - 1000) / 64.0f;
     return (float)((double)(h >> 11) * 0x1.0p-53 * 2.0 - 1.0) * 3.7f;
 }
@@ -156,7 +137,7 @@ static void scenario(int rank, const cfg *c, const char *dir) {
         goto done;
     }
     REQUIRE_MSG(brc == 0, "barrier: %s", co_err_detail());
-    if (rank == c->kill_rank || rank == c->abort_rank) sleep_ms(300);
+    if (rank == c->kill_rank || rank == c->abort_rank) t_sleep_ms(300);
     if (rank == c->kill_rank) raise(SIGKILL);
     if (rank == c->abort_rank) comm->ops->abort(comm);
     float *g = gpt_grads(model);
@@ -345,21 +326,21 @@ static int run_group(const char *name, cfg *c, int limit_ms) {
     }
     int bad = 0, left = n, st[8];
     bool done[8] = {0};
-    int64_t dl = now_ms() + limit_ms;
+    int64_t dl = t_now_ms() + limit_ms;
     while (left > 0) {
         for (int r = 0; r < n; r++)
             if (!done[r] && waitpid(pid[r], &st[r], WNOHANG) == pid[r]) {
                 done[r] = true;
                 left--;
             }
-        if (left && now_ms() > dl) {
+        if (left && t_now_ms() > dl) {
             fprintf(stderr, "%s: ranks still running after %d ms: killing them (a hang)\n", name, limit_ms);
             for (int r = 0; r < n; r++)
                 if (!done[r]) kill(pid[r], SIGKILL);
             bad++;
             dl = INT64_MAX;
         }
-        if (left) sleep_ms(5);
+        if (left) t_sleep_ms(5);
     }
     for (int r = 0; r < n; r++) {
         bool ok = r == c->kill_rank ? (WIFSIGNALED(st[r]) && WTERMSIG(st[r]) == SIGKILL)
