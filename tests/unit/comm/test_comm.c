@@ -27,6 +27,7 @@
 #include "comm/zmq_comm.h"
 #include "common/error.h"
 #include "tests/test.h"
+#include "tests/fork_ranks.h"
 
 /* Under ThreadSanitizer: libzmq is not instrumented and hands buffers between its threads
  * through atomics TSan cannot see (see tests/tsan.supp); races in cohort's code still count. */
@@ -63,54 +64,7 @@ static size_t dsz(cm_dtype dt) { return dt == CM_F32 ? 4 : 8; }
 /* Runs fn on n forked ranks; expect_kill: the rank expected to die by SIGKILL (-1: none). */
 static int run_group(const char *name, int n, scenario fn, const void *arg, int expect_kill,
                      int limit_ms) {
-    char dir[] = "/tmp/cmtest-XXXXXX";
-    if (!mkdtemp(dir)) return -1;
-    pid_t pid[8];
-    fflush(stderr);
-    for (int r = 0; r < n; r++) {
-        pid[r] = fork();
-        if (pid[r] == 0) {
-            alarm((unsigned)(limit_ms / 1000 + 5)); /* last resort if the parent dies */
-            t__failures = 0; /* this rank's own count */
-            fn(r, n, dir, arg);
-            fflush(stderr);
-            _exit(t__failures ? 1 : 0);
-        }
-    }
-    int bad = 0, left = n;
-    int st[8];
-    bool done[8] = {0};
-    int64_t dl = t_now_ms() + limit_ms;
-    while (left > 0) {
-        for (int r = 0; r < n; r++) {
-            if (done[r]) continue;
-            if (waitpid(pid[r], &st[r], WNOHANG) == pid[r]) {
-                done[r] = true;
-                left--;
-            }
-        }
-        if (left && t_now_ms() > dl) {
-            fprintf(stderr, "%s: ranks still running after %d ms: killing them (a hang)\n", name,
-                    limit_ms);
-            for (int r = 0; r < n; r++)
-                if (!done[r]) kill(pid[r], SIGKILL);
-            bad++;
-            dl = INT64_MAX;
-        }
-        if (left) t_sleep_ms(5);
-    }
-    for (int r = 0; r < n; r++) {
-        bool ok = r == expect_kill ? (WIFSIGNALED(st[r]) && WTERMSIG(st[r]) == SIGKILL)
-                                   : (WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0);
-        if (!ok) {
-            fprintf(stderr, "%s: rank %d ended with status %#x\n", name, r, st[r]);
-            bad++;
-        }
-    }
-    char cmd[64];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "%s: could not remove %s\n", name, dir);
-    return bad;
+    return t_fork_ranks(name, "cmtest", n, fn, arg, expect_kill, limit_ms);
 }
 
 typedef struct opts {

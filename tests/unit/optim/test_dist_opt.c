@@ -39,6 +39,7 @@
 #include "optim/adamw.h"
 #include "optim/dist_opt.h"
 #include "tests/test.h"
+#include "tests/fork_ranks.h"
 
 const char *__tsan_default_suppressions(void);
 const char *__tsan_default_suppressions(void) { return "called_from_lib:libzmq.so.5\nrace:libzmq.so.5\n"; }
@@ -308,52 +309,13 @@ done:
     free(decay);
 }
 
+static void scenario_rank(int rank, int n, const char *dir, const void *c) {
+    (void)n;
+    scenario(rank, c, dir);
+}
+
 static int run_group(const char *name, cfg *c, int limit_ms) {
-    char dir[] = "/tmp/doptest-XXXXXX";
-    if (!mkdtemp(dir)) return -1;
-    int n = c->dp;
-    pid_t pid[8];
-    fflush(stderr);
-    for (int r = 0; r < n; r++) {
-        pid[r] = fork();
-        if (pid[r] == 0) {
-            alarm((unsigned)(limit_ms / 1000 + 5));
-            t__failures = 0;
-            scenario(r, c, dir);
-            fflush(stderr);
-            _exit(t__failures ? 1 : 0);
-        }
-    }
-    int bad = 0, left = n, st[8];
-    bool done[8] = {0};
-    int64_t dl = t_now_ms() + limit_ms;
-    while (left > 0) {
-        for (int r = 0; r < n; r++)
-            if (!done[r] && waitpid(pid[r], &st[r], WNOHANG) == pid[r]) {
-                done[r] = true;
-                left--;
-            }
-        if (left && t_now_ms() > dl) {
-            fprintf(stderr, "%s: ranks still running after %d ms: killing them (a hang)\n", name, limit_ms);
-            for (int r = 0; r < n; r++)
-                if (!done[r]) kill(pid[r], SIGKILL);
-            bad++;
-            dl = INT64_MAX;
-        }
-        if (left) t_sleep_ms(5);
-    }
-    for (int r = 0; r < n; r++) {
-        bool ok = r == c->kill_rank ? (WIFSIGNALED(st[r]) && WTERMSIG(st[r]) == SIGKILL)
-                                    : (WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0);
-        if (!ok) {
-            fprintf(stderr, "%s: rank %d ended with status %#x\n", name, r, st[r]);
-            bad++;
-        }
-    }
-    char cmd[64];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "%s: could not remove %s\n", name, dir);
-    return bad;
+    return t_fork_ranks(name, "doptest", c->dp, scenario_rank, c, c->kill_rank, limit_ms);
 }
 
 static void read_hashes(const cfg *c, char out[][32]) {
