@@ -110,6 +110,17 @@ static int32_t *msg_doc(const ring_msg *m, void *buf) {
 }
 
 /* the local K, V and doc ids into a message */
+/* One ring step's exchange: *cur goes to the right neighbour, the left one's arrives in
+ * *nxt, and the two swap (the arrival becomes current). 0, or the failure named. */
+static int shift_swap(const ring_exchange *x, void **cur, void **nxt, size_t bytes, const char *op, int i,
+                      const char *what) {
+    int rc = x->shift(x->ctx, *cur, *nxt, bytes);
+    if (rc) return co_err_set(rc, "%s, step %d: %s exchange: %s", op, i, what, co_err_detail());
+    void *t = *cur;
+    *cur = *nxt, *nxt = t;
+    return 0;
+}
+
 static void msg_pack(const ring_msg *m, void *buf, const ring_geo *g, const float *qkv,
                      const int32_t *doc) {
     const size_t R = (size_t)(g->nh + 2 * g->nkv) * g->hd, koff = (size_t)g->nh * g->hd;
@@ -211,16 +222,8 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
     }
     msg_pack(&m, cur, g, qkv, doc);
     for (int i = 0; i < g->cp; i++) {
-        if (i > 0) {
-            /* KV of rank (rank - i) arrives from the left neighbour */
-            rc = x->shift(x->ctx, cur, nxt, m.bytes);
-            if (rc) {
-                rc = co_err_set(rc, "%s, step %d: KV exchange: %s", op, i, co_err_detail());
-                goto done;
-            }
-            void *t = cur;
-            cur = nxt, nxt = t;
-        }
+        /* KV of rank (rank - i) arrives from the left neighbour */
+        if (i > 0 && (rc = shift_swap(x, &cur, &nxt, m.bytes, op, i, "KV"))) goto done;
         const ring_step s = step_of(g, i);
         kb_block_attn a = block_of(g, &s, &m, cur, qkv, doc);
         if (i == 0) {
@@ -267,16 +270,8 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
     memset(dqkv, 0, (size_t)g->B * L * R * sizeof(float));
     msg_pack(&m, cur, g, qkv, doc);
     for (int i = 0; i < g->cp; i++) {
-        if (i > 0) {
-            /* KV of rank (rank - i) with the dKV accumulated on the ranks before us */
-            rc = x->shift(x->ctx, cur, nxt, m.bytes);
-            if (rc) {
-                rc = co_err_set(rc, "%s, step %d: KV/dKV exchange: %s", op, i, co_err_detail());
-                goto done;
-            }
-            void *t = cur;
-            cur = nxt, nxt = t;
-        }
+        /* KV of rank (rank - i) with the dKV accumulated on the ranks before us */
+        if (i > 0 && (rc = shift_swap(x, &cur, &nxt, m.bytes, op, i, "KV/dKV"))) goto done;
         const ring_step s = step_of(g, i);
         kb_block_attn a = block_of(g, &s, &m, cur, qkv, doc);
         float *dkv = msg_dkv(&m, cur);
