@@ -27,6 +27,15 @@ typedef struct cm_ops {
     /* recv[count] = sum over ranks of send[rank * count .. (rank+1) * count) */
     int (*reduce_scatter_sum)(cm_comm *c, const void *send, void *recv, size_t count, cm_dtype dt,
                               int timeout_ms);
+    /* All-to-all with uneven blocks: this rank sends send_bytes[j] bytes to rank j, block j
+     * of send at send_bytes[0] + ... + send_bytes[j-1], and receives recv_bytes[j] bytes
+     * from rank j into recv, laid out the same way (its own block is copied). recv_bytes[j]
+     * must be what rank j sends to this one: a mismatch fails the call on both sides
+     * (CO_EPROTOCOL, naming both sizes). A caller that does not know the sizes first sends
+     * the counts (every block 8 bytes), as the MoE token dispatcher does. send and recv must
+     * not overlap. */
+    int (*alltoallv)(cm_comm *c, const void *send, const size_t *send_bytes, void *recv,
+                     const size_t *recv_bytes, int timeout_ms);
     int (*barrier)(cm_comm *c, int timeout_ms);
     int (*send)(cm_comm *c, const void *buf, size_t bytes, int peer, int timeout_ms);
     int (*recv)(cm_comm *c, void *buf, size_t bytes, int peer, int timeout_ms);

@@ -282,6 +282,66 @@ static int nc_reduce_scatter(cm_comm *c, const void *send, void *recv, size_t co
     return hr ? stage_out(x, total, recv, bytes, "reduce-scatter") : 0;
 }
 
+/* All-to-all with uneven blocks: one send and one receive per peer inside an NCCL group
+ * (NCCL has no alltoallv of its own); the own block is a device (or staged) copy. Sizes
+ * are not exchanged: a receive larger than the matching send is a hang that the timeout
+ * ends, as NCCL cannot tell. */
+static int nc_alltoallv(cm_comm *c, const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes,
+                        int timeout_ms) {
+    nccl_impl *x = c->impl;
+    int rc = enter(x, "all-to-all");
+    if (rc) return rc;
+    int n = c->size, me = c->rank;
+    if (!send_bytes || !recv_bytes) return co_err_set(CO_EINVAL, "nccl: all-to-all: null size list");
+    size_t stot = 0, rtot = 0;
+    for (int j = 0; j < n; j++) {
+        stot += send_bytes[j];
+        rtot += recv_bytes[j];
+    }
+    if (send_bytes[me] != recv_bytes[me])
+        return co_err_set(CO_EINVAL, "nccl: all-to-all: rank %d sends itself %zu bytes but expects %zu", me,
+                          send_bytes[me], recv_bytes[me]);
+    if (stot + rtot == 0) return 0;
+    bool hs = stot && on_host(send), hr = rtot && on_host(recv);
+    const char *s = send;
+    char *d = recv;
+    if (hs || hr) {
+        if ((rc = stage_reserve(x, stot + rtot, "all-to-all"))) return rc;
+        if (hs) {
+            if ((rc = stage_in(x, 0, send, stot, "all-to-all"))) return rc;
+            s = x->dstage;
+        }
+        if (hr) d = (char *)x->dstage + stot;
+    }
+    size_t so = 0, ro = 0, own_s = 0, own_r = 0;
+    pthread_mutex_lock(&x->lk);
+    ncclResult_t r = ncclSuccess;
+    if (x->comm) {
+        r = ncclGroupStart();
+        for (int j = 0; j < n && r == ncclSuccess; j++) {
+            if (j == me) {
+                own_s = so;
+                own_r = ro;
+            } else {
+                if (send_bytes[j]) r = ncclSend(s + so, send_bytes[j], ncclInt8, j, x->comm, x->stream);
+                if (r == ncclSuccess && recv_bytes[j])
+                    r = ncclRecv(d + ro, recv_bytes[j], ncclInt8, j, x->comm, x->stream);
+            }
+            so += send_bytes[j];
+            ro += recv_bytes[j];
+        }
+        ncclResult_t e = ncclGroupEnd();
+        if (r == ncclSuccess) r = e;
+    }
+    pthread_mutex_unlock(&x->lk);
+    if (send_bytes[me]) {
+        cudaError_t e = cudaMemcpyAsync(d + own_r, s + own_s, send_bytes[me], cudaMemcpyDeviceToDevice, x->stream);
+        if (e != cudaSuccess) return fail_cuda(x, e, "all-to-all");
+    }
+    if ((rc = enqueued(x, r, "all-to-all", timeout_ms))) return rc;
+    return hr ? stage_out(x, stot, recv, rtot, "all-to-all") : 0;
+}
+
 static int nc_barrier(cm_comm *c, int timeout_ms) {
     nccl_impl *x = c->impl;
     int rc = enter(x, "barrier");
@@ -395,6 +455,7 @@ static const cm_ops nccl_ops = {
     .broadcast = nc_broadcast,
     .allgather = nc_allgather,
     .reduce_scatter_sum = nc_reduce_scatter,
+    .alltoallv = nc_alltoallv,
     .barrier = nc_barrier,
     .send = nc_send,
     .recv = nc_recv,

@@ -454,3 +454,71 @@ int cm__recv_p2p(cm_comm *c, void *bufv, size_t bytes, int peer, int timeout_ms)
     } while (o < bytes);
     return 0;
 }
+
+/* All-to-all with uneven blocks: every rank first sends each peer its block (in chunks, at
+ * least one message even when empty, each header carrying the block's size so that the
+ * receiver checks it against recv_bytes), starting with the next rank, then receives from
+ * each peer, starting with the previous one. Sends never wait on a receiver (the transport
+ * stashes what arrives early), so no order of calls deadlocks. */
+int cm__alltoallv(cm_comm *c, const void *sendv, const size_t *send_bytes, void *recvv,
+                  const size_t *recv_bytes, int timeout_ms) {
+    cm__group *g = cm__g(c);
+    int n = c->size, me = c->rank;
+    if (!send_bytes || !recv_bytes) return co_err_set(CO_EINVAL, "alltoall: null size list");
+    size_t stot = 0, rtot = 0;
+    for (int j = 0; j < n; j++) {
+        if (send_bytes[j] > SIZE_MAX / 2 - stot || recv_bytes[j] > SIZE_MAX / 2 - rtot)
+            return co_err_set(CO_EINVAL, "alltoall: block sizes overflow");
+        stot += send_bytes[j];
+        rtot += recv_bytes[j];
+    }
+    if ((stot && !sendv) || (rtot && !recvv)) return co_err_set(CO_EINVAL, "alltoall: null buffer");
+    if (send_bytes[me] != recv_bytes[me])
+        return co_err_set(CO_EINVAL, "alltoall: rank %d sends itself %zu bytes but expects %zu", me,
+                          send_bytes[me], recv_bytes[me]);
+    cm__hdr h;
+    int rc = cm__begin(g, CM__OP_ALLTOALL, 0, 0, 0, &h);
+    if (rc) return rc;
+    const unsigned char *send = sendv;
+    unsigned char *recv = recvv;
+    size_t *soff = malloc(2 * (size_t)n * sizeof *soff);
+    if (!soff) return cm__fail(g->tp, CO_ENOMEM, "alltoall");
+    size_t *roff = soff + n;
+    soff[0] = roff[0] = 0;
+    for (int j = 1; j < n; j++) {
+        soff[j] = soff[j - 1] + send_bytes[j - 1];
+        roff[j] = roff[j - 1] + recv_bytes[j - 1];
+    }
+    if (send_bytes[me]) memcpy(recv + roff[me], send + soff[me], send_bytes[me]);
+    int64_t dl = cm__deadline(timeout_ms);
+    size_t cb = g->tp->opt.chunk_bytes;
+    for (int k = 1; k < n && !rc; k++) {
+        int dst = (me + k) % n;
+        size_t bytes = send_bytes[dst], o = 0;
+        uint32_t tag = 0;
+        h.aux = bytes;
+        do {
+            size_t len = bytes - o < cb ? bytes - o : cb;
+            rc = cm__send_copy_to(g, dst, &h, tag++, send + soff[dst] + o, len, dl);
+            o += len;
+        } while (!rc && o < bytes);
+    }
+    for (int k = 1; k < n && !rc; k++) {
+        int src = cm__mod(me - k, n);
+        size_t bytes = recv_bytes[src], o = 0;
+        uint32_t tag = 0;
+        h.aux = bytes;
+        do {
+            size_t len = bytes - o < cb ? bytes - o : cb;
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            rc = cm__recv_from(g, src, &h, tag++, len, &m, dl);
+            if (rc) break;
+            if (len) memcpy(recv + roff[src] + o, zmq_msg_data(&m), len);
+            zmq_msg_close(&m);
+            o += len;
+        } while (o < bytes);
+    }
+    free(soff);
+    return rc;
+}

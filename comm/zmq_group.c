@@ -128,6 +128,7 @@ const cm_ops cm__zmq_ops = {
     .broadcast = cm__broadcast,
     .allgather = cm__allgather,
     .reduce_scatter_sum = cm__reduce_scatter,
+    .alltoallv = cm__alltoallv,
     .barrier = cm__barrier,
     .send = cm__send,
     .recv = cm__recv_p2p,

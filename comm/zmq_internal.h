@@ -43,6 +43,8 @@ enum {
     CM__OP_BARRIER = 5,
     CM__OP_SPLIT = 6,
     CM__OP_P2P = 7,
+    CM__OP_ALLTOALL = 8,
+    CM__NOPS = 9, /* entries of cm__op_name */
 };
 extern const char *const cm__op_name[];
 
@@ -157,6 +159,8 @@ int cm__allreduce(cm_comm *c, void *buf, size_t count, cm_dtype dt, int timeout_
 int cm__broadcast(cm_comm *c, void *bufv, size_t bytes, int root, int timeout_ms);
 int cm__allgather(cm_comm *c, const void *sendv, void *recvv, size_t bytes, int timeout_ms);
 int cm__reduce_scatter(cm_comm *c, const void *sendv, void *recvv, size_t count, cm_dtype dt, int timeout_ms);
+int cm__alltoallv(cm_comm *c, const void *sendv, const size_t *send_bytes, void *recvv,
+                  const size_t *recv_bytes, int timeout_ms);
 int cm__barrier_op(cm__group *g, int op, int64_t dl);
 int cm__barrier(cm_comm *c, int timeout_ms);
 int cm__send(cm_comm *c, const void *bufv, size_t bytes, int peer, int timeout_ms);

@@ -166,7 +166,7 @@ static int cm__shm_mismatch(cm__group *g, const cm__hdr *h) {
             if (e->h.group == g->id && e->h.kind == CM__K_COLL && e->h.seq == h->seq)
                 return cm__fail(t, CO_EPROTOCOL,
                                 "%s #%u: world rank %d sent %s #%u instead (mismatched calls)",
-                                cm__op_name[h->op], h->seq, q, cm__op_name[e->h.op < 8 ? e->h.op : 0],
+                                cm__op_name[h->op], h->seq, q, cm__op_name[e->h.op < CM__NOPS ? e->h.op : 0],
                                 e->h.seq);
     }
     return 0;

@@ -35,7 +35,8 @@
 #include "common/error.h"
 
 const char *const cm__op_name[] = {"?",       "allreduce",      "broadcast", "allgather",
-                                   "reduce_scatter", "barrier", "split",     "send/recv"};
+                                   "reduce_scatter", "barrier", "split",     "send/recv",
+                                   "alltoall"};
 
 /* ---------------------------------------------------------------- transport failure */
 
@@ -432,7 +433,7 @@ int cm__recv(cm__group *g, int kind, int gsrc, const cm__hdr *want, size_t len,
                 zmq_msg_close(out);
                 return cm__fail(t, CO_EPROTOCOL,
                                 "%s #%u: world rank %d sent %s #%u instead (mismatched calls)",
-                                what, want->seq, src, cm__op_name[h.op < 8 ? h.op : 0], h.seq);
+                                what, want->seq, src, cm__op_name[h.op < CM__NOPS ? h.op : 0], h.seq);
             }
             if (h.dt != want->dt || h.aux != want->aux || h.arg != want->arg) {
                 zmq_msg_close(out);

@@ -56,6 +56,12 @@ static void test_collectives(void) {
     GU_EQUAL("all-gather (host)", g, h, sizeof h);
     CHECK(c->ops->reduce_scatter_sum(c, h, g, N, CM_F32, 10000) == 0);
     GU_EQUAL("reduce-scatter (host)", g, h, sizeof h);
+    size_t a2a_bytes[1] = {sizeof h};
+    memset(g, 0, sizeof g);
+    CHECK(c->ops->alltoallv(c, h, a2a_bytes, g, a2a_bytes, 10000) == 0);
+    GU_EQUAL("all-to-all (host, own block)", g, h, sizeof h);
+    size_t wrong_bytes[1] = {sizeof h - 4};
+    CHECK(c->ops->alltoallv(c, h, a2a_bytes, g, wrong_bytes, 10000) == CO_EINVAL);
     CHECK(c->ops->barrier(c, 10000) == 0);
     cm_comm *s = NULL;
     int ranks[1] = {0};

@@ -7,7 +7,8 @@
  * chunks, both the direct and the ring algorithms, in-place variants), sub-groups split
  * off the world, send/recv, f32 results bitwise identical across ranks and across two
  * runs, abort from another thread in the middle of a collective, a peer SIGKILLed during
- * collectives, timeouts, connection timeouts, mismatched options and mismatched calls.
+ * collectives, timeouts, connection timeouts, mismatched options and mismatched calls, and
+ * the uneven all-to-all (sizes learned from an all-to-all of the counts; a size mismatch).
  * The all-reduce cases run both ways: over ZeroMQ only (shm_block_bytes 0) and through the
  * shared memory of ranks on one host (small blocks, so that slots are reused many times);
  * which pairs share memory is checked on a world that mixes ipc and tcp endpoints. */
@@ -180,6 +181,42 @@ static void check_sendrecv_ring(cm_comm *c, const int *members, size_t bytes) {
     free(in);
 }
 
+/* Uneven all-to-all: rank s sends a2a_len(s, d) bytes to rank d (zero for some pairs, some
+ * blocks several chunks); the receivers first learn their sizes from an all-to-all of the
+ * counts, as the MoE token dispatcher does. */
+static size_t a2a_len(int s, int d, size_t scale) { return (size_t)((s * 7 + d * 3) % 5) * scale + (size_t)(s == d); }
+
+static void check_alltoallv(cm_comm *c, const int *members, size_t scale) {
+    int n = c->size, me = c->rank;
+    size_t sb[8], rb[8], eight[8], stot = 0, rtot = 0;
+    uint64_t cnt_out[8], cnt_in[8];
+    for (int d = 0; d < n; d++) {
+        sb[d] = a2a_len(members[me], members[d], scale);
+        cnt_out[d] = sb[d];
+        eight[d] = 8;
+        stot += sb[d];
+    }
+    int rc = c->ops->alltoallv(c, cnt_out, eight, cnt_in, eight, T_MS);
+    CHECK_MSG(rc == 0, "alltoall of counts: %s", co_err_detail());
+    for (int r = 0; r < n; r++) {
+        rb[r] = (size_t)cnt_in[r];
+        CHECK_MSG(rb[r] == a2a_len(members[r], members[me], scale), "count from %d: %zu", r, rb[r]);
+        rtot += rb[r];
+    }
+    unsigned char *send = malloc(stot + 1), *recv = malloc(rtot + 1);
+    for (int d = 0, o = 0; d < n; o += (int)sb[d], d++)
+        for (size_t i = 0; i < sb[d]; i++) send[(size_t)o + i] = pat(members[me] * 16 + members[d], i, 5);
+    memset(recv, 0xEE, rtot + 1);
+    rc = c->ops->alltoallv(c, send, sb, recv, rb, T_MS);
+    CHECK_MSG(rc == 0, "alltoallv scale %zu: %s", scale, co_err_detail());
+    size_t wrong = 0, o = 0;
+    for (int r = 0; r < n; o += rb[r], r++)
+        for (size_t i = 0; i < rb[r]; i++) wrong += recv[o + i] != pat(members[r] * 16 + members[me], i, 5);
+    CHECK_MSG(wrong == 0 && recv[rtot] == 0xEE, "alltoallv scale %zu on %d ranks: %zu wrong", scale, n, wrong);
+    free(send);
+    free(recv);
+}
+
 static void sc_collectives(int rank, int n, const char *dir, const void *arg) {
     if (rank == n - 1) t_sleep_ms(150); /* peers start in any order */
     cm_comm *c = mk(rank, n, dir, arg);
@@ -205,6 +242,8 @@ static void sc_collectives(int rank, int n, const char *dir, const void *arg) {
     for (int i = 0; i < 3; i++) CHECK(c->ops->barrier(c, T_MS) == 0);
     static const size_t p2p[] = {0, 1, 4096, 10007};
     for (size_t k = 0; k < sizeof p2p / sizeof *p2p; k++) check_sendrecv_ring(c, world, p2p[k]);
+    static const size_t a2a[] = {1, 100, 3001};
+    for (size_t k = 0; k < sizeof a2a / sizeof *a2a; k++) check_alltoallv(c, world, a2a[k]);
     /* argument errors leave the communicator usable */
     CHECK(c->ops->broadcast(c, world, 4, n, T_MS) == CO_EINVAL);
     CHECK(c->ops->send(c, world, 4, rank, T_MS) == CO_EINVAL);
@@ -259,6 +298,7 @@ static void sc_subgroups(int rank, int n, const char *dir, const void *arg) {
     check_allreduce(w, world, 1023, CM_F32, 2); /* interleaved with the world */
     check_allreduce(g, pair, 5, CM_I64, 3);
     check_allgather(g, pair, 777, false);
+    check_alltoallv(g, pair, 50);
     check_sendrecv_ring(g, pair, 5000);
     cm_comm *t = NULL;
     int three[3] = {3, 1, 0}; /* listed out of order: group ranks follow the list */
@@ -550,6 +590,22 @@ static void sc_mismatch(int rank, int n, const char *dir, const void *arg) {
     rc = c->ops->allreduce_sum(c, x, rank == 0 ? 10 : 11, CM_F32, 5000);
     CHECK_MSG(rc == CO_EPROTOCOL || rc == CO_EREMOTE, "calls: %s: %s", co_err_name(rc), co_err_detail());
     CHECK(strstr(co_err_detail(), "allreduce") != NULL);
+    cm_destroy(&c);
+    /* an all-to-all whose receiver expects another size than its sender sends */
+    snprintf(sub2, sizeof sub2, "%s/d", dir);
+    mkdir(sub2, 0700); /* whoever comes first */
+    c = mk(rank, n, sub2, &same);
+    if (!c) return;
+    /* rank 1 sends rank 0 24 bytes, rank 0 expects 30 */
+    size_t sb[2] = {4, 40}, rb[2] = {4, 30};
+    if (rank == 1) sb[0] = 24, sb[1] = 4, rb[0] = 40, rb[1] = 4;
+    unsigned char a2a_in[80], a2a_out[80] = {0};
+    rc = c->ops->alltoallv(c, a2a_out, sb, a2a_in, rb, 5000);
+    if (rank == 0)
+        CHECK_MSG(rc == CO_EPROTOCOL && strstr(co_err_detail(), "alltoall") && strstr(co_err_detail(), "24"),
+                  "alltoall sizes: %s: %s", co_err_name(rc), co_err_detail());
+    else
+        CHECK_MSG(rc == 0 || rc == CO_EREMOTE, "alltoall sizes, rank 1: %s: %s", co_err_name(rc), co_err_detail());
     cm_destroy(&c);
     /* another operation: an all-reduce through shared memory on rank 0 meets a broadcast
      * from rank 1 over ZeroMQ; rank 0 reports it at once, rank 1 learns it from rank 0 */
