@@ -17,6 +17,7 @@
  * experts' input gradients added into dx row by row in the same order as forward.
  * The host parts are plain loops in a fixed order, so results are bitwise reproducible. */
 #include "model/moe.h"
+#include "model/moe_internal.h"
 
 #include "common/error.h"
 #include "common/rng.h"
@@ -25,44 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct moe_layer {
-    moe_config c;
-    moe_offsets off;
-    kb_backend *be;
-    const kb_ops *o;
-    int maxN, maxM, E, h, k, F, F1, Fs, Fs1;
-    /* backend memory */
-    float *logits;          /* [maxN,E] */
-    float *xp, *h1, *act;   /* [maxM,h], [maxM,F1], [maxM,F] */
-    float *out;             /* [maxM,h] */
-    float *dout, *dact;     /* [maxM,h], [maxM,F] */
-    float *dh1, *dxp;       /* [maxM,F1], [maxM,h] */
-    float *dlogits;         /* [maxN,E] */
-    float *s_h1, *s_act;    /* [maxN,Fs1], [maxN,Fs] */
-    float *s_dact, *s_dh1;  /* [maxN,Fs], [maxN,Fs1] */
-    float *tmp;             /* [maxN,h] */
-    /* host memory */
-    int32_t *sel;           /* [maxN,k] selected experts, best first */
-    float *rprobs;          /* [maxN,E] routing probs before dropping (0 where not selected) */
-    float *probs;           /* [maxN,E] after dropping */
-    uint8_t *map0, *map;    /* [maxN,E] selected / dispatched */
-    double *lse;            /* [maxN] */
-    float *auxs;            /* [maxN,E] scores of the aux losses */
-    int32_t *auxcnt;        /* [maxN*E]: counts per sequence (seq_aux) or [E] (aux) */
-    int32_t *tpe;           /* [E] */
-    int32_t *eoff;          /* [E+1] */
-    int32_t *row_tok;       /* [maxM] */
-    int32_t *row_exp;       /* [maxM] */
-    double *dprob;          /* [maxN,E] */
-    double *rs;             /* [E] scratch: selection scores */
-    double *gs;             /* [E] scratch */
-    uint8_t *elig;          /* [E] scratch */
-    struct cand { float v; int32_t n; } *cand; /* [maxN] */
-    /* the last forward */
-    int N, B, T, M, cap, dropped;
-    double aux, z;
-    bool have_fwd;
-};
 
 /* ---- configuration ---- */
 
@@ -98,12 +61,15 @@ int moe_layout(const moe_config *c, moe_offsets *off) {
     if (c->pad_to_capacity && !(c->capacity_factor > 0))
         return co_err_set(CO_EINVAL, "moe: padding to capacity needs a capacity factor");
     if (c->shared_ffn < 0) return co_err_set(CO_EINVAL, "moe: shared expert size %d is negative", c->shared_ffn);
+    if (c->ep_size < 0 || (c->ep_size > 1 && E % c->ep_size))
+        return co_err_set(CO_EINVAL, "moe: %d experts do not split over %d expert-parallel ranks", E, c->ep_size);
     size_t h = (size_t)c->hidden, F = (size_t)c->ffn_hidden, F1 = c->swiglu ? 2 * F : F;
     size_t Fs = (size_t)c->shared_ffn, Fs1 = c->swiglu ? 2 * Fs : Fs;
+    size_t El = (size_t)(c->ep_size > 1 ? E / c->ep_size : E);
     off->router = 0;
     off->fc1 = off->router + (size_t)E * h;
-    off->fc2 = off->fc1 + (size_t)E * F1 * h;
-    off->shared_fc1 = off->fc2 + (size_t)E * h * F;
+    off->fc2 = off->fc1 + El * F1 * h;
+    off->shared_fc1 = off->fc2 + El * h * F;
     off->shared_fc2 = off->shared_fc1 + Fs1 * h;
     off->total = off->shared_fc2 + h * Fs;
     return 0;
@@ -119,6 +85,7 @@ static int capacity_of(const moe_config *c, int N) {
 void moe_destroy(moe_layer **pm) {
     moe_layer *m = *pm;
     if (!m) return;
+    moe__ep_free(m);
     float **bufs[] = {&m->logits, &m->xp, &m->h1, &m->act, &m->out, &m->dout, &m->dact, &m->dh1, &m->dxp,
                       &m->dlogits, &m->s_h1, &m->s_act, &m->s_dact, &m->s_dh1, &m->tmp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -165,6 +132,7 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     m->Fs = c->shared_ffn;
     m->Fs1 = c->swiglu ? 2 * m->Fs : m->Fs;
     m->maxN = max_tokens;
+    m->ep.El = m->E;
     /* rows the experts compute: N*k dropless or dropping; E*cap padded */
     size_t maxM = (size_t)max_tokens * (size_t)m->k;
     if (c->pad_to_capacity) {
@@ -406,16 +374,40 @@ static void aux_losses(moe_layer *m) {
 
 /* ---- forward ---- */
 
-static void expert_mlp_forward(moe_layer *m, const float *params, int e, int r0, int cnt) {
+void moe__experts_forward(moe_layer *m, const float *params, const float *xin, float *h1, float *act, float *out,
+                          const int32_t *off, int n) {
     const kb_ops *o = m->o;
     kb_backend *be = m->be;
     int h = m->h, F = m->F, F1 = m->F1;
-    const float *W1 = params + m->off.fc1 + (size_t)e * F1 * h, *W2 = params + m->off.fc2 + (size_t)e * h * F;
-    float *h1 = m->h1 + (size_t)r0 * F1, *act = m->act + (size_t)r0 * F;
-    o->linear_forward(be, h1, m->xp + (size_t)r0 * h, W1, NULL, NULL, cnt, h, F1);
-    if (m->c.swiglu) o->swiglu_forward(be, act, h1, cnt, F);
-    else o->gelu_forward(be, act, h1, (size_t)cnt * F);
-    o->linear_forward(be, m->out + (size_t)r0 * h, act, W2, NULL, NULL, cnt, F, h);
+    for (int j = 0; j < n; j++) {
+        int r0 = off[j], cnt = off[j + 1] - off[j];
+        if (!cnt) continue;
+        const float *W1 = params + m->off.fc1 + (size_t)j * F1 * h, *W2 = params + m->off.fc2 + (size_t)j * h * F;
+        float *h1j = h1 + (size_t)r0 * F1, *actj = act + (size_t)r0 * F;
+        o->linear_forward(be, h1j, xin + (size_t)r0 * h, W1, NULL, NULL, cnt, h, F1);
+        if (m->c.swiglu) o->swiglu_forward(be, actj, h1j, cnt, F);
+        else o->gelu_forward(be, actj, h1j, (size_t)cnt * F);
+        o->linear_forward(be, out + (size_t)r0 * h, actj, W2, NULL, NULL, cnt, F, h);
+    }
+}
+
+void moe__experts_backward(moe_layer *m, const float *params, float *dparams, const float *dout, const float *xin,
+                           const float *h1, const float *act, float *dact, float *dh1, float *dxin,
+                           const int32_t *off, int n) {
+    const kb_ops *o = m->o;
+    kb_backend *be = m->be;
+    int h = m->h, F = m->F, F1 = m->F1;
+    for (int j = 0; j < n; j++) {
+        int r0 = off[j], cnt = off[j + 1] - off[j];
+        if (!cnt) continue;
+        const float *W1 = params + m->off.fc1 + (size_t)j * F1 * h, *W2 = params + m->off.fc2 + (size_t)j * h * F;
+        float *dW1 = dparams + m->off.fc1 + (size_t)j * F1 * h, *dW2 = dparams + m->off.fc2 + (size_t)j * h * F;
+        float *dactj = dact + (size_t)r0 * F, *dh1j = dh1 + (size_t)r0 * F1;
+        o->linear_backward(be, dactj, dW2, NULL, dout + (size_t)r0 * h, act + (size_t)r0 * F, W2, NULL, cnt, F, h);
+        if (m->c.swiglu) o->swiglu_backward(be, dh1j, dactj, h1 + (size_t)r0 * F1, cnt, F);
+        else o->gelu_backward(be, dh1j, dactj, h1 + (size_t)r0 * F1, (size_t)cnt * F);
+        o->linear_backward(be, dxin + (size_t)r0 * h, dW1, NULL, dh1j, xin + (size_t)r0 * h, W1, NULL, cnt, h, F1);
+    }
 }
 
 int moe_forward(moe_layer *m, float *y, const float *x, const float *params, const float *expert_bias, int B,
@@ -471,8 +463,15 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     }
     m->eoff[E] = M;
     m->M = M;
-    for (int e = 0; e < E; e++)
-        if (m->tpe[e]) expert_mlp_forward(m, params, e, m->eoff[e], m->tpe[e]);
+    bool gathered = m->ep.c && m->ep.disp == MOE_DISPATCH_ALLGATHER;
+    if (m->ep.c) {
+        /* the experts of the group: m->out rows back in m->xp's order (alltoall) or the
+         * experts' sum straight into y (allgather) */
+        int rc = moe__ep_forward(m, params, x, y);
+        if (rc) return rc;
+    } else {
+        moe__experts_forward(m, params, m->xp, m->h1, m->act, m->out, m->eoff, E);
+    }
     if (m->Fs) {
         o->linear_forward(be, m->s_h1, x, params + m->off.shared_fc1, NULL, NULL, N, h, m->Fs1);
         if (c->swiglu) o->swiglu_forward(be, m->s_act, m->s_h1, N, m->Fs);
@@ -482,8 +481,8 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     o->sync(be);
     if (be->status) return be->status;
     /* combine: each token's rows in expert order */
-    memset(y, 0, sizeof(float) * (size_t)N * h);
-    for (int r = 0; r < M; r++) {
+    if (!gathered) memset(y, 0, sizeof(float) * (size_t)N * h);
+    for (int r = 0; r < M && !gathered; r++) {
         int n = m->row_tok[r];
         float p = m->probs[(size_t)n * E + m->row_exp[r]];
         float *yn = y + (size_t)n * h;
@@ -577,12 +576,14 @@ int moe_backward(moe_layer *m, float *dx, float *dparams, const float *dy, const
     const kb_ops *o = m->o;
     kb_backend *be = m->be;
     if (!m->have_fwd) return co_err_set(CO_EINVAL, "moe_backward: no forward to go back through");
-    int N = m->N, E = m->E, h = m->h, F = m->F, F1 = m->F1, M = m->M;
+    int N = m->N, E = m->E, h = m->h, M = m->M;
     size_t NE = (size_t)N * E;
+    bool gathered = m->ep.c && m->ep.disp == MOE_DISPATCH_ALLGATHER;
     o->sync(be);
-    /* the routed rows: dout = prob * dy, dprob = dy . out */
+    /* the routed rows: dout = prob * dy, dprob = dy . out (allgather: the experts' owners
+     * compute both, moe__ep_backward) */
     for (size_t i = 0; i < NE; i++) m->dprob[i] = 0;
-    for (int r = 0; r < M; r++) {
+    for (int r = 0; r < M && !gathered; r++) {
         int n = m->row_tok[r];
         size_t i = (size_t)n * E + m->row_exp[r];
         float p = m->probs[i];
@@ -595,24 +596,23 @@ int moe_backward(moe_layer *m, float *dx, float *dparams, const float *dy, const
         }
         m->dprob[i] = dot;
     }
-    /* the router's logits gradient (host), before any backend work is queued */
+    /* the experts: m->dxp rows in m->xp's order (alltoall), or their sum per token into
+     * m->tmp (allgather) */
+    if (m->ep.c) {
+        int rc = moe__ep_backward(m, params, dparams, dy, m->tmp);
+        if (rc) return rc;
+        o->sync(be);
+    }
+    /* the router's logits gradient (host), before any more backend work is queued */
     double dl[E];
     for (int n = 0; n < N; n++) {
         router_backward_token(m, n, loss_scale, dl);
         for (int e = 0; e < E; e++) m->dlogits[(size_t)n * E + e] = (float)dl[e];
     }
-    for (int e = 0; e < E; e++) {
-        int r0 = m->eoff[e], cnt = m->tpe[e];
-        if (!cnt) continue;
-        const float *W1 = params + m->off.fc1 + (size_t)e * F1 * h, *W2 = params + m->off.fc2 + (size_t)e * h * F;
-        float *dW1 = dparams + m->off.fc1 + (size_t)e * F1 * h, *dW2 = dparams + m->off.fc2 + (size_t)e * h * F;
-        float *dact = m->dact + (size_t)r0 * F, *dh1 = m->dh1 + (size_t)r0 * F1;
-        o->linear_backward(be, dact, dW2, NULL, m->dout + (size_t)r0 * h, m->act + (size_t)r0 * F, W2, NULL, cnt, F, h);
-        if (c->swiglu) o->swiglu_backward(be, dh1, dact, m->h1 + (size_t)r0 * F1, cnt, F);
-        else o->gelu_backward(be, dh1, dact, m->h1 + (size_t)r0 * F1, (size_t)cnt * F);
-        o->linear_backward(be, m->dxp + (size_t)r0 * h, dW1, NULL, dh1, m->xp + (size_t)r0 * h, W1, NULL, cnt, h, F1);
-    }
+    if (!m->ep.c)
+        moe__experts_backward(m, params, dparams, m->dout, m->xp, m->h1, m->act, m->dact, m->dh1, m->dxp, m->eoff, E);
     o->linear_backward(be, dx, dparams + m->off.router, NULL, m->dlogits, x, params + m->off.router, NULL, N, h, E);
+    if (gathered) o->add(be, dx, dx, m->tmp, (size_t)N * h);
     if (m->Fs) {
         int Fs = m->Fs, Fs1 = m->Fs1;
         o->linear_backward(be, m->s_dact, dparams + m->off.shared_fc2, NULL, dy, m->s_act, params + m->off.shared_fc2,
@@ -626,7 +626,7 @@ int moe_backward(moe_layer *m, float *dx, float *dparams, const float *dy, const
     o->sync(be);
     if (be->status) return be->status;
     /* the experts' input gradients, row by row in forward's order */
-    for (int r = 0; r < M; r++) {
+    for (int r = 0; r < M && !gathered; r++) {
         float *dxn = dx + (size_t)m->row_tok[r] * h;
         const float *g = m->dxp + (size_t)r * h;
         for (int q = 0; q < h; q++) dxn[q] += g[q];

@@ -1,7 +1,8 @@
 /* moe.h - Megatron's mixture-of-experts MLP on one rank: router, load-balancing and z
  * losses, capacity and token dropping, E expert MLPs computed as one product per expert
  * over the tokens routed to it, an optional shared expert; forward and backward over a
- * kb_backend. Not yet used by the trainer (docs/moe.md).
+ * kb_backend, with its experts split over an expert-parallel group (moe_set_expert_group).
+ * Not yet used by the trainer (docs/moe.md).
  *
  * Shapes: N tokens (B sequences of T consecutive tokens, cohort's [B*T] order), h hidden,
  * E experts, k router top-k, F an expert's intermediate size (F1 = 2F under SwiGLU, else
@@ -45,6 +46,7 @@
 #ifndef COHORT_MODEL_MOE_H
 #define COHORT_MODEL_MOE_H
 
+#include "comm/comm.h"
 #include "kernels/backend.h"
 
 #include <stdbool.h>
@@ -54,6 +56,8 @@
 typedef enum { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID = 1 } moe_score_fn;
 typedef enum { MOE_LB_NONE = 0, MOE_LB_AUX = 1, MOE_LB_SEQ_AUX = 2 } moe_lb_type;
 typedef enum { MOE_DROP_PROBS = 0, MOE_DROP_POSITION = 1 } moe_drop_policy;
+/* --moe-token-dispatcher-type: how tokens reach the experts of other ranks */
+typedef enum { MOE_DISPATCH_ALLTOALL = 0, MOE_DISPATCH_ALLGATHER = 1 } moe_dispatcher;
 
 typedef struct moe_config {
     int hidden;              /* h */
@@ -74,13 +78,16 @@ typedef struct moe_config {
     bool pad_to_capacity;    /* --moe-pad-expert-input-to-capacity */
     bool swiglu;
     int shared_ffn;          /* Fs: --moe-shared-expert-intermediate-size (0: none) */
+    int ep_size;             /* --expert-model-parallel-size (0 or 1: every expert here);
+                                the flat buffer then holds E/ep_size experts (moe_set_expert_group) */
 } moe_config;
 
-/* Offsets (in floats) of the tensors in the flat parameter buffer. */
+/* Offsets (in floats) of the tensors in the flat parameter buffer. With ep_size > 1 the
+ * experts are this rank's El = E/ep_size (local index j = global expert e0 + j). */
 typedef struct moe_offsets {
     size_t router;      /* Wr[E,h] */
-    size_t fc1;         /* W1[E][F1,h]: expert e's at fc1 + e*F1*h */
-    size_t fc2;         /* W2[E][h,F]:  expert e's at fc2 + e*h*F */
+    size_t fc1;         /* W1[El][F1,h]: local expert j's at fc1 + j*F1*h */
+    size_t fc2;         /* W2[El][h,F]:  local expert j's at fc2 + j*h*F */
     size_t shared_fc1;  /* Ws1[Fs1,h] (absent when shared_ffn is 0) */
     size_t shared_fc2;  /* Ws2[h,Fs] */
     size_t total;
@@ -125,6 +132,34 @@ const float *moe_routing_probs(const moe_layer *m);
 int moe_dropped(const moe_layer *m);
 /* the capacity of the last forward (0 when dropless) */
 int moe_capacity(const moe_layer *m);
+
+/* ---- expert parallelism (moe_ep.c) ----
+ * The layer's experts are split over the group ep (size c.ep_size, Megatron's expert group:
+ * ranks that hold different tokens): rank r computes experts [r*El, (r+1)*El), El = E/ep.
+ * Every rank routes its own tokens (router weights replicated, capacity and aux losses over
+ * its own tokens, as Megatron); then
+ *   alltoall:  the counts per (rank, expert) go round in an all-to-all, each rank's rows for
+ *              another rank's experts go there (uneven blocks), the owner sorts them by
+ *              expert (then source rank, then token), computes, and the outputs come back
+ *              the same way; backward sends the output gradients and returns the input
+ *              gradients;
+ *   allgather: every rank gathers the group's tokens, routing map and probabilities (each
+ *              rank must route the same number of tokens), computes its experts over every
+ *              token routed to them, and a reduce-scatter sums the partial outputs back to
+ *              the tokens' owners; backward gathers dy and reduce-scatters dx and the
+ *              routing probabilities' gradient.
+ * Expert weight gradients stay on the owner (the caller all-reduces them over the
+ * expert-data-parallel group only); the router's are local (all-reduce over data parallel).
+ * Every call has timeout_ms (< 0: none; cm_abort ends it) and returns the communicator's
+ * error with the step named. With ep NULL (or size 1) the layer computes every expert. */
+int moe_set_expert_group(moe_layer *m, cm_comm *ep, moe_dispatcher d, int timeout_ms);
+/* Bytes this rank has sent to its expert group since the layer was made. */
+uint64_t moe_ep_bytes_sent(const moe_layer *m);
+/* The flat buffer of expert-parallel rank `rank` of ep_size from the full (ep 1) buffer of
+ * c (c.ep_size ignored): the router, experts [rank*El, (rank+1)*El), the shared expert.
+ * moe_ep_unslice writes them back (the gradients of every rank make the full gradient). */
+void moe_ep_slice(const moe_config *c, int ep_size, int rank, const float *full, float *local);
+void moe_ep_unslice(const moe_config *c, int ep_size, int rank, const float *local, float *full);
 
 /* Megatron's get_updated_expert_bias: bias[e] += rate * sign(mean(tpe) - tpe[e]). */
 void moe_expert_bias_update(float *bias, const int32_t *tokens_per_expert, int E, float rate);

@@ -1,0 +1,359 @@
+/* moe_ep.c - expert parallelism for the MoE layer (moe.h, "expert parallelism"): the
+ * experts of a layer split over an expert group, tokens dispatched to their experts' ranks
+ * and the outputs combined back, with Megatron's two dispatchers.
+ *
+ * alltoall (Megatron's MoEAlltoAllTokenDispatcher), forward:
+ *   counts: rank p receives, per (source s, local expert j), how many rows s sends   all-to-all
+ *   rows:   m->xp (rows by expert, so by owner rank) go to the owners, arriving
+ *           source-major [s][j][token]; sorted expert-major [j][s][token] (perm)      all-to-all
+ *   experts on the expert-major rows (moe__experts_forward)
+ *   outputs back to source-major, and home into m->out in m->xp's order             all-to-all
+ * backward: m->dout the same way out, the experts' backward (weight gradients stay here),
+ *   input gradients home into m->dxp.
+ * allgather (MoEAllGatherTokenDispatcher), forward: x, the probabilities and the routing
+ *   map of the group's tokens gathered [s][token]; each local expert's rows in gathered
+ *   token order; y's expert part as every rank's partial sum, reduce-scattered to the
+ *   tokens' owners. backward: dy gathered; dout = prob * dy and dprob = dy . out for the
+ *   local experts' rows; dx's expert part and dprob reduce-scattered back.
+ * Every exchange has the layer's timeout and returns the communicator's error with the step
+ * named. Orders are fixed (expert, then source rank, then token), so results are bitwise
+ * reproducible for a given group size. */
+#include "model/moe_internal.h"
+
+#include "common/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void ep_bufs_free(moe_layer *m) {
+    moe__ep *ep = &m->ep;
+    float **b[] = {&ep->xs, &ep->xr, &ep->h1, &ep->act, &ep->out, &ep->dact, &ep->dh1, &ep->dx};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
+        if (*b[i]) m->o->free(m->be, *b[i]);
+        *b[i] = NULL;
+    }
+    free(ep->perm);
+    free(ep->rtok);
+    ep->perm = ep->rtok = NULL;
+    ep->cap = 0;
+}
+
+void moe__ep_free(moe_layer *m) {
+    moe__ep *ep = &m->ep;
+    ep_bufs_free(m);
+    float **g[] = {&ep->xg, &ep->pg, &ep->yg};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        if (*g[i]) m->o->free(m->be, *g[i]);
+        *g[i] = NULL;
+    }
+    free(ep->mg);
+    free(ep->dpg);
+    free(ep->roff);
+    free(ep->scnt);
+    free(ep->rcnt);
+    free(ep->sbytes);
+    free(ep->rbytes);
+    ep->mg = NULL;
+    ep->dpg = NULL;
+    ep->roff = ep->scnt = ep->rcnt = NULL;
+    ep->sbytes = ep->rbytes = NULL;
+    ep->c = NULL;
+}
+
+/* the expert side's buffers for at least R rows */
+static int ep_reserve(moe_layer *m, size_t R) {
+    moe__ep *ep = &m->ep;
+    if (R <= ep->cap && ep->xs) return 0;
+    size_t cap = R > ep->cap + ep->cap / 2 ? R : ep->cap + ep->cap / 2;
+    if (cap < 16) cap = 16;
+    ep_bufs_free(m);
+    size_t h = (size_t)m->h, F = (size_t)m->F, F1 = (size_t)m->F1;
+    struct {
+        float **p;
+        size_t n;
+    } b[] = {{&ep->xs, h}, {&ep->xr, h}, {&ep->h1, F1}, {&ep->act, F},
+             {&ep->out, h}, {&ep->dact, F}, {&ep->dh1, F1}, {&ep->dx, h}};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
+        *b[i].p = m->o->alloc(m->be, sizeof(float) * cap * b[i].n);
+        if (!*b[i].p) {
+            ep_bufs_free(m);
+            return co_err_set(CO_ENOMEM, "moe: expert parallelism: %zu rows of the experts' activations", cap);
+        }
+    }
+    ep->perm = malloc(sizeof(int32_t) * cap);
+    ep->rtok = malloc(sizeof(int32_t) * cap);
+    if (!ep->perm || !ep->rtok) {
+        ep_bufs_free(m);
+        return co_err_set(CO_ENOMEM, "moe: expert parallelism: the row tables");
+    }
+    ep->cap = cap;
+    return 0;
+}
+
+int moe_set_expert_group(moe_layer *m, cm_comm *c, moe_dispatcher d, int timeout_ms) {
+    moe__ep_free(m);
+    m->ep.El = m->E;
+    m->ep.e0 = 0;
+    int P = c ? c->size : 1;
+    int want = m->c.ep_size > 1 ? m->c.ep_size : 1;
+    if (P != want)
+        return co_err_set(CO_EINVAL, "moe: an expert group of %d ranks for a layer laid out for %d", P, want);
+    if (d != MOE_DISPATCH_ALLTOALL && d != MOE_DISPATCH_ALLGATHER)
+        return co_err_set(CO_EINVAL, "moe: unknown token dispatcher %d", (int)d);
+    if (P == 1) return 0;
+    moe__ep *ep = &m->ep;
+    ep->size = P;
+    ep->rank = c->rank;
+    ep->El = m->E / P;
+    ep->e0 = c->rank * ep->El;
+    ep->disp = d;
+    ep->timeout_ms = timeout_ms;
+    ep->roff = malloc(sizeof(int32_t) * ((size_t)ep->El + 1));
+    ep->scnt = malloc(sizeof(int32_t) * (size_t)P * ep->El);
+    ep->rcnt = malloc(sizeof(int32_t) * (size_t)P * ep->El);
+    ep->sbytes = malloc(sizeof(size_t) * (size_t)P);
+    ep->rbytes = malloc(sizeof(size_t) * (size_t)P);
+    int rc = 0;
+    if (!ep->roff || !ep->scnt || !ep->rcnt || !ep->sbytes || !ep->rbytes)
+        rc = co_err_set(CO_ENOMEM, "moe: expert parallelism: the count tables");
+    if (!rc && d == MOE_DISPATCH_ALLGATHER) {
+        size_t G = (size_t)P * m->maxN, E = (size_t)m->E, h = (size_t)m->h;
+        ep->xg = m->o->alloc(m->be, sizeof(float) * G * h);
+        ep->yg = m->o->alloc(m->be, sizeof(float) * G * h);
+        ep->pg = m->o->alloc(m->be, sizeof(float) * G * E);
+        ep->mg = malloc(G * E);
+        ep->dpg = malloc(sizeof(double) * G * E);
+        if (!ep->xg || !ep->yg || !ep->pg || !ep->mg || !ep->dpg)
+            rc = co_err_set(CO_ENOMEM, "moe: the allgather dispatcher's %zu gathered tokens", G);
+    }
+    if (rc) {
+        moe__ep_free(m);
+        m->ep.El = m->E;
+        m->ep.e0 = 0;
+        return rc;
+    }
+    ep->c = c;
+    return 0;
+}
+
+uint64_t moe_ep_bytes_sent(const moe_layer *m) { return m->ep.bytes_out; }
+
+static int ep_err(int rc, const char *step) {
+    if (!rc) return 0;
+    return co_err_set(rc, "moe: expert parallelism: %s: %s", step, co_err_detail());
+}
+
+static uint64_t sent(const moe__ep *ep, const size_t *bytes) {
+    uint64_t s = 0;
+    for (int p = 0; p < ep->size; p++)
+        if (p != ep->rank) s += bytes[p];
+    return s;
+}
+
+/* ---- alltoall ---- */
+
+static int a2a_forward(moe_layer *m, const float *params) {
+    moe__ep *ep = &m->ep;
+    int P = ep->size, El = ep->El, me = ep->rank;
+    size_t row = sizeof(float) * (size_t)m->h;
+    /* the counts: block p = this rank's rows for p's experts */
+    size_t cb[P];
+    for (int p = 0; p < P; p++) cb[p] = sizeof(int32_t) * (size_t)El;
+    memcpy(ep->scnt, m->tpe, sizeof(int32_t) * (size_t)P * El);
+    int rc = ep->c->ops->alltoallv(ep->c, ep->scnt, cb, ep->rcnt, cb, ep->timeout_ms);
+    if (rc) return ep_err(rc, "the all-to-all of the token counts");
+    ep->bytes_out += sent(ep, cb);
+    size_t R = 0;
+    for (int p = 0; p < P; p++) {
+        size_t s = 0, r = 0;
+        for (int j = 0; j < El; j++) {
+            s += (size_t)ep->scnt[p * El + j];
+            r += (size_t)ep->rcnt[p * El + j];
+        }
+        ep->sbytes[p] = s * row;
+        ep->rbytes[p] = r * row;
+        R += r;
+    }
+    if ((rc = ep_reserve(m, R))) return rc;
+    ep->R = R;
+    m->o->sync(m->be);
+    rc = ep->c->ops->alltoallv(ep->c, m->xp, ep->sbytes, ep->xs, ep->rbytes, ep->timeout_ms);
+    if (rc) return ep_err(rc, "the all-to-all of the tokens to their experts");
+    ep->bytes_out += sent(ep, ep->sbytes);
+    /* source-major [s][j] -> expert-major [j][s] */
+    size_t srow[P + 1];
+    srow[0] = 0;
+    for (int s = 0; s < P; s++) srow[s + 1] = srow[s] + ep->rbytes[s] / row;
+    size_t r = 0;
+    for (int j = 0; j < El; j++) {
+        ep->roff[j] = (int32_t)r;
+        for (int s = 0; s < P; s++) {
+            size_t first = srow[s];
+            for (int q = 0; q < j; q++) first += (size_t)ep->rcnt[s * El + q];
+            for (int i = 0; i < ep->rcnt[s * El + j]; i++) {
+                ep->perm[r] = (int32_t)(first + (size_t)i);
+                memcpy(ep->xr + r * m->h, ep->xs + (first + (size_t)i) * m->h, row);
+                r++;
+            }
+        }
+    }
+    ep->roff[El] = (int32_t)r;
+    (void)me;
+    moe__experts_forward(m, params, ep->xr, ep->h1, ep->act, ep->out, ep->roff, El);
+    m->o->sync(m->be);
+    if (m->be->status) return m->be->status;
+    for (size_t q = 0; q < R; q++) memcpy(ep->xs + (size_t)ep->perm[q] * m->h, ep->out + q * m->h, row);
+    rc = ep->c->ops->alltoallv(ep->c, ep->xs, ep->rbytes, m->out, ep->sbytes, ep->timeout_ms);
+    if (rc) return ep_err(rc, "the all-to-all of the experts' outputs back");
+    ep->bytes_out += sent(ep, ep->rbytes);
+    return 0;
+}
+
+static int a2a_backward(moe_layer *m, const float *params, float *dparams) {
+    moe__ep *ep = &m->ep;
+    size_t row = sizeof(float) * (size_t)m->h, R = ep->R;
+    int rc = ep->c->ops->alltoallv(ep->c, m->dout, ep->sbytes, ep->xs, ep->rbytes, ep->timeout_ms);
+    if (rc) return ep_err(rc, "the all-to-all of the output gradients to the experts");
+    ep->bytes_out += sent(ep, ep->sbytes);
+    float *doutr = ep->out; /* the outputs went home in forward */
+    for (size_t q = 0; q < R; q++) memcpy(doutr + q * m->h, ep->xs + (size_t)ep->perm[q] * m->h, row);
+    moe__experts_backward(m, params, dparams, doutr, ep->xr, ep->h1, ep->act, ep->dact, ep->dh1, ep->dx, ep->roff,
+                          ep->El);
+    m->o->sync(m->be);
+    if (m->be->status) return m->be->status;
+    for (size_t q = 0; q < R; q++) memcpy(ep->xs + (size_t)ep->perm[q] * m->h, ep->dx + q * m->h, row);
+    rc = ep->c->ops->alltoallv(ep->c, ep->xs, ep->rbytes, m->dxp, ep->sbytes, ep->timeout_ms);
+    if (rc) return ep_err(rc, "the all-to-all of the input gradients back");
+    ep->bytes_out += sent(ep, ep->rbytes);
+    return 0;
+}
+
+/* ---- allgather ---- */
+
+static int ag_forward(moe_layer *m, const float *params, const float *x, float *y) {
+    moe__ep *ep = &m->ep;
+    cm_comm *c = ep->c;
+    int P = ep->size, El = ep->El, E = m->E, N = m->N, h = m->h;
+    size_t G = (size_t)P * N;
+    uint64_t out = (uint64_t)(P - 1);
+    m->o->sync(m->be);
+    int rc = c->ops->allgather(c, x, ep->xg, sizeof(float) * (size_t)N * h, ep->timeout_ms);
+    if (!rc) rc = c->ops->allgather(c, m->probs, ep->pg, sizeof(float) * (size_t)N * E, ep->timeout_ms);
+    if (!rc) rc = c->ops->allgather(c, m->map, ep->mg, (size_t)N * E, ep->timeout_ms);
+    if (rc) return ep_err(rc, "the all-gather of the group's tokens");
+    ep->bytes_out += out * (sizeof(float) * (size_t)N * (h + E) + (size_t)N * E);
+    size_t R = 0;
+    for (size_t g = 0; g < G; g++)
+        for (int j = 0; j < El; j++) R += ep->mg[g * E + ep->e0 + j];
+    if ((rc = ep_reserve(m, R))) return rc;
+    ep->R = R;
+    size_t r = 0;
+    for (int j = 0; j < El; j++) {
+        ep->roff[j] = (int32_t)r;
+        for (size_t g = 0; g < G; g++)
+            if (ep->mg[g * E + ep->e0 + j]) {
+                ep->rtok[r] = (int32_t)g;
+                memcpy(ep->xr + r * h, ep->xg + g * h, sizeof(float) * (size_t)h);
+                r++;
+            }
+    }
+    ep->roff[El] = (int32_t)r;
+    moe__experts_forward(m, params, ep->xr, ep->h1, ep->act, ep->out, ep->roff, El);
+    m->o->sync(m->be);
+    if (m->be->status) return m->be->status;
+    memset(ep->yg, 0, sizeof(float) * G * h);
+    for (int j = 0; j < El; j++)
+        for (int q = ep->roff[j]; q < ep->roff[j + 1]; q++) {
+            size_t g = (size_t)ep->rtok[q];
+            float p = ep->pg[g * E + ep->e0 + j];
+            float *yg = ep->yg + g * h;
+            const float *o = ep->out + (size_t)q * h;
+            for (int i = 0; i < h; i++) yg[i] += p * o[i];
+        }
+    rc = c->ops->reduce_scatter_sum(c, ep->yg, y, (size_t)N * h, CM_F32, ep->timeout_ms);
+    if (rc) return ep_err(rc, "the reduce-scatter of the experts' outputs");
+    ep->bytes_out += out * sizeof(float) * (size_t)N * h;
+    return 0;
+}
+
+static int ag_backward(moe_layer *m, const float *params, float *dparams, const float *dy, float *dx_experts) {
+    moe__ep *ep = &m->ep;
+    cm_comm *c = ep->c;
+    int P = ep->size, El = ep->El, E = m->E, N = m->N, h = m->h;
+    size_t G = (size_t)P * N;
+    uint64_t out = (uint64_t)(P - 1);
+    float *dyg = ep->xg; /* the gathered x is not needed any more (the rows are in xr) */
+    int rc = c->ops->allgather(c, dy, dyg, sizeof(float) * (size_t)N * h, ep->timeout_ms);
+    if (rc) return ep_err(rc, "the all-gather of the output gradients");
+    ep->bytes_out += out * sizeof(float) * (size_t)N * h;
+    float *doutr = ep->out;
+    memset(ep->dpg, 0, sizeof(double) * G * E);
+    for (int j = 0; j < El; j++)
+        for (int q = ep->roff[j]; q < ep->roff[j + 1]; q++) {
+            size_t g = (size_t)ep->rtok[q];
+            size_t i = g * E + ep->e0 + j;
+            float p = ep->pg[i];
+            const float *d = dyg + g * h;
+            float *o = doutr + (size_t)q * h; /* out[q] becomes dout[q] */
+            double dot = 0;
+            for (int k = 0; k < h; k++) {
+                dot += (double)d[k] * o[k];
+                o[k] = p * d[k];
+            }
+            ep->dpg[i] = dot;
+        }
+    moe__experts_backward(m, params, dparams, doutr, ep->xr, ep->h1, ep->act, ep->dact, ep->dh1, ep->dx, ep->roff,
+                          El);
+    m->o->sync(m->be);
+    if (m->be->status) return m->be->status;
+    memset(ep->yg, 0, sizeof(float) * G * h);
+    for (size_t q = 0; q < ep->R; q++) {
+        float *d = ep->yg + (size_t)ep->rtok[q] * h;
+        const float *s = ep->dx + q * h;
+        for (int k = 0; k < h; k++) d[k] += s[k];
+    }
+    rc = c->ops->reduce_scatter_sum(c, ep->yg, dx_experts, (size_t)N * h, CM_F32, ep->timeout_ms);
+    if (!rc) rc = c->ops->reduce_scatter_sum(c, ep->dpg, m->dprob, (size_t)N * E, CM_F64, ep->timeout_ms);
+    if (rc) return ep_err(rc, "the reduce-scatter of the input and routing gradients");
+    ep->bytes_out += out * (sizeof(float) * (size_t)N * h + sizeof(double) * (size_t)N * E);
+    return 0;
+}
+
+int moe__ep_forward(moe_layer *m, const float *params, const float *x, float *y) {
+    return m->ep.disp == MOE_DISPATCH_ALLGATHER ? ag_forward(m, params, x, y) : a2a_forward(m, params);
+}
+
+int moe__ep_backward(moe_layer *m, const float *params, float *dparams, const float *dy, float *dx_experts) {
+    return m->ep.disp == MOE_DISPATCH_ALLGATHER ? ag_backward(m, params, dparams, dy, dx_experts)
+                                                : a2a_backward(m, params, dparams);
+}
+
+/* ---- the flat buffer of one expert-parallel rank ---- */
+
+static void ep_copy(const moe_config *c, int P, int rank, const float *src, float *dst, bool to_local) {
+    moe_config cf = *c, cl = *c;
+    cf.ep_size = 0;
+    cl.ep_size = P;
+    moe_offsets of, ol;
+    if (moe_layout(&cf, &of) || moe_layout(&cl, &ol)) return;
+    int El = P > 1 ? c->num_experts / P : c->num_experts;
+    size_t h = (size_t)c->hidden, F = (size_t)c->ffn_hidden, F1 = c->swiglu ? 2 * F : F;
+    struct {
+        size_t full, local, n;
+    } part[] = {{of.router, ol.router, (size_t)c->num_experts * h},
+                {of.fc1 + (size_t)rank * El * F1 * h, ol.fc1, (size_t)El * F1 * h},
+                {of.fc2 + (size_t)rank * El * h * F, ol.fc2, (size_t)El * h * F},
+                {of.shared_fc1, ol.shared_fc1, of.total - of.shared_fc1}};
+    for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {
+        if (to_local) memcpy(dst + part[i].local, src + part[i].full, sizeof(float) * part[i].n);
+        else memcpy(dst + part[i].full, src + part[i].local, sizeof(float) * part[i].n);
+    }
+}
+
+void moe_ep_slice(const moe_config *c, int P, int rank, const float *full, float *local) {
+    ep_copy(c, P, rank, full, local, true);
+}
+
+void moe_ep_unslice(const moe_config *c, int P, int rank, const float *local, float *full) {
+    ep_copy(c, P, rank, local, full, false);
+}

@@ -1,0 +1,94 @@
+/* moe_internal.h - the MoE layer's state, shared by moe.c (routing, the experts' products,
+ * forward and backward on one rank) and moe_ep.c (expert parallelism: the token
+ * dispatchers). Private to model/: not part of moe.h's interface. */
+#ifndef COHORT_MODEL_MOE_INTERNAL_H
+#define COHORT_MODEL_MOE_INTERNAL_H
+
+#include "comm/comm.h"
+#include "model/moe.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The expert side of expert parallelism: rows received from the group, grown on demand. */
+typedef struct moe__ep {
+    cm_comm *c;             /* the expert-parallel group, or NULL */
+    moe_dispatcher disp;
+    int timeout_ms;
+    int size, rank, El, e0; /* group size and rank; local experts [e0, e0 + El) */
+    size_t cap;             /* rows the buffers below hold */
+    float *xs;              /* [cap,h] rows in arrival (source-major) order, for any exchange */
+    float *xr, *h1, *act, *out, *dact, *dh1, *dx; /* expert-major: [cap,h|F1|F|h|F|F1|h] */
+    int32_t *roff;          /* [El+1] expert-major offsets of the local experts' rows */
+    int32_t *perm;          /* [cap] expert-major row -> source-major row */
+    int32_t *scnt, *rcnt;   /* [size*El] rows sent to / received from each rank per local expert */
+    size_t *sbytes, *rbytes;/* [size] */
+    size_t R;               /* rows received in the last forward */
+    /* allgather dispatcher: the group's tokens */
+    float *xg, *pg;         /* [size*maxN,h], [size*maxN,E] */
+    uint8_t *mg;            /* [size*maxN,E] */
+    float *yg;              /* [size*maxN,h] partial outputs, then input gradients */
+    double *dpg;            /* [size*maxN,E] */
+    int32_t *rtok;          /* [cap] gathered token of each expert-major row */
+    uint64_t bytes_out;     /* bytes this rank sent to peers (both directions of every exchange) */
+} moe__ep;
+
+struct moe_layer {
+    moe_config c;
+    moe_offsets off;
+    kb_backend *be;
+    const kb_ops *o;
+    int maxN, maxM, E, h, k, F, F1, Fs, Fs1;
+    /* backend memory */
+    float *logits;          /* [maxN,E] */
+    float *xp, *h1, *act;   /* [maxM,h], [maxM,F1], [maxM,F] */
+    float *out;             /* [maxM,h] */
+    float *dout, *dact;     /* [maxM,h], [maxM,F] */
+    float *dh1, *dxp;       /* [maxM,F1], [maxM,h] */
+    float *dlogits;         /* [maxN,E] */
+    float *s_h1, *s_act;    /* [maxN,Fs1], [maxN,Fs] */
+    float *s_dact, *s_dh1;  /* [maxN,Fs], [maxN,Fs1] */
+    float *tmp;             /* [maxN,h] */
+    /* host memory */
+    int32_t *sel;           /* [maxN,k] selected experts, best first */
+    float *rprobs;          /* [maxN,E] routing probs before dropping (0 where not selected) */
+    float *probs;           /* [maxN,E] after dropping */
+    uint8_t *map0, *map;    /* [maxN,E] selected / dispatched */
+    double *lse;            /* [maxN] */
+    float *auxs;            /* [maxN,E] scores of the aux losses */
+    int32_t *auxcnt;        /* [maxN*E]: counts per sequence (seq_aux) or [E] (aux) */
+    int32_t *tpe;           /* [E] */
+    int32_t *eoff;          /* [E+1] */
+    int32_t *row_tok;       /* [maxM] */
+    int32_t *row_exp;       /* [maxM] */
+    double *dprob;          /* [maxN,E] */
+    double *rs;             /* [E] scratch: selection scores */
+    double *gs;             /* [E] scratch */
+    uint8_t *elig;          /* [E] scratch */
+    struct cand { float v; int32_t n; } *cand; /* [maxN] */
+    /* expert parallelism (moe_ep.c): ep NULL = every expert on this rank (El = E, e0 = 0) */
+    moe__ep ep;
+    /* the last forward */
+    int N, B, T, M, cap, dropped;
+    double aux, z;
+    bool have_fwd;
+};
+
+/* The products of experts [0, n) of the local table (params' fc1/fc2 index j) over rows
+ * off[j]..off[j+1] of xin: h1, act, out (forward); dout -> dact, dh1, dxin and the weight
+ * gradients (backward, accumulating). */
+void moe__experts_forward(moe_layer *m, const float *params, const float *xin, float *h1, float *act, float *out,
+                          const int32_t *off, int n);
+void moe__experts_backward(moe_layer *m, const float *params, float *dparams, const float *dout, const float *xin,
+                           const float *h1, const float *act, float *dact, float *dh1, float *dxin,
+                           const int32_t *off, int n);
+
+/* moe_ep.c: with an expert group, the forward's expert part (from m->xp, m->eoff, m->tpe to
+ * m->out rows in m->xp's order; the allgather dispatcher: to y directly) and the backward's
+ * (from m->dout to m->dxp; allgather: dy to dx's expert part and m->dprob). */
+int moe__ep_forward(moe_layer *m, const float *params, const float *x, float *y);
+int moe__ep_backward(moe_layer *m, const float *params, float *dparams, const float *dy, float *dx_experts);
+void moe__ep_free(moe_layer *m);
+
+#endif
