@@ -16,7 +16,8 @@ cd "$here"
 
 # Debian packages by name: compiler, build tools, oneDNN (matrix products), ZeroMQ, libuv and
 # protobuf-c (actors and their protocol; TensorBoard event files), xxHash and Jansson (checkpoints, JSONL), numpy
-# (reference tests), python3-protobuf (the tensorboard tests' independent event-file reader),
+# (reference tests), python3-torch (PyTorch: the MoE layer's autograd reference, tests/data/moe_torch_ref.py),
+# python3-protobuf (the tensorboard tests' independent event-file reader),
 # clang with its sanitizer/fuzzer runtime (fuzz targets), chromium (headless: the integration test
 # timeline_browser renders `cohort timeline`'s SVG and checks the pixels; skipped without it),
 # Slurm and munge (the test slurm_requeue starts a private cluster on this host and submits
@@ -26,7 +27,7 @@ cd "$here"
 # check deploy/prometheus/alerts.yml; they start their own prometheus on a free port, not the
 # package's system service).
 PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev libzmq3-dev libuv1-dev libprotobuf-c-dev
-          protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev python3 python3-numpy python3-protobuf clang
+          protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev python3 python3-numpy python3-torch python3-protobuf clang
           libclang-rt-14-dev chromium slurmctld slurmd slurm-client munge python3-yaml libmicrohttpd-dev prometheus)
 
 log() { printf 'setup: %s\n' "$*" >&2; }

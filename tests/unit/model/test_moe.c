@@ -13,9 +13,10 @@
 #include <errno.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-static const char *g_python, *g_script;
+static const char *g_python, *g_script, *g_torch_script;
 
 static kb_backend *backend(void) {
     kb_backend *be = NULL;
@@ -153,8 +154,9 @@ static bool dump_case(const char *root, int idx, const ref_case *rc, kb_backend 
     return ok;
 }
 
-static void test_against_numpy(void) {
-    if (!g_python || !g_script) TEST_SKIP_CASE("no python and moe_ref.py given");
+/* Every configuration dumped, then checked by script (moe_ref.py: numpy; moe_torch_ref.py:
+ * PyTorch autograd, exit 77 without torch). */
+static void against(const char *script) {
     kb_backend *be = backend();
     REQUIRE(be);
     ref_case cases[32];
@@ -198,10 +200,26 @@ static void test_against_numpy(void) {
     REQUIRE(t_scratch_dir(root, sizeof root, "cohort-moe-ref") == 0);
     for (int i = 0; i < n; i++) CHECK_MSG(dump_case(root, i, &cases[i], be), "case %s", cases[i].name);
     char cmd[1024];
-    REQUIRE(snprintf(cmd, sizeof cmd, "'%s' '%s' --rm '%s'", g_python, g_script, root) < (int)sizeof cmd);
+    REQUIRE(snprintf(cmd, sizeof cmd, "'%s' '%s' --rm '%s'", g_python, script, root) < (int)sizeof cmd);
     int st = system(cmd);
-    CHECK_MSG(st == 0, "moe_ref.py failed (status %d); inputs and outputs kept in %s", st, root);
     kb_backend_destroy(&be);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+        char rm[600];
+        snprintf(rm, sizeof rm, "rm -rf '%s'", root);
+        if (system(rm)) fprintf(stderr, "could not remove %s\n", root);
+        TEST_SKIP_CASE("python3-torch is not installed (deploy/setup.sh installs it)");
+    }
+    CHECK_MSG(st == 0, "%s failed (status %d); inputs and outputs kept in %s", script, st, root);
+}
+
+static void test_against_numpy(void) {
+    if (!g_python || !g_script) TEST_SKIP_CASE("no python and moe_ref.py given");
+    against(g_script);
+}
+
+static void test_against_torch(void) {
+    if (!g_python || !g_torch_script) TEST_SKIP_CASE("no python and moe_torch_ref.py given");
+    against(g_torch_script);
 }
 
 /* ---- finite differences ---- */
@@ -502,6 +520,7 @@ static void test_refused(void) {
 
 int main(int argc, char **argv) {
     if (argc >= 3) g_python = argv[1], g_script = argv[2];
+    if (argc >= 4) g_torch_script = argv[3];
     RUN(test_refused);
     RUN(test_deterministic);
     RUN(test_smaller_batch_and_nan);
@@ -511,5 +530,6 @@ int main(int argc, char **argv) {
     RUN(test_grad_sigmoid);
     RUN(test_grad_sigmoid_k1_pad);
     RUN(test_against_numpy);
+    RUN(test_against_torch);
     return TEST_EXIT();
 }
