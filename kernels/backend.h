@@ -230,6 +230,21 @@ typedef struct kb_ops {
     void (*ce_grad)(kb_backend *b, float *losses, float *logits, const float *mx,
                     const float *sums, const int32_t *targets, const float *dscale, int v0,
                     int Vt, int N, int V);
+
+    /* ---- grouped products (the MoE layer's experts, --moe-grouped-gemm; NULL where a
+     * backend has not built them: model/moe.c then runs one product per group) ----
+     * n groups; group j is rows [off[j], off[j+1]) (host memory, off[0] may be > 0) of in
+     * and out, with weights W + j*OC*IC ([OC,IC]). One call for every group: the backend
+     * spreads (group, row block) pieces over its threads, each piece one single-threaded
+     * product, so the bits do not depend on the thread count.
+     *   forward:  out[rows_j, OC] = in[rows_j, IC] W_j^T                     (overwrites)
+     *   backward: din[rows_j, IC] = dout[rows_j, OC] W_j   (overwrites; skipped if NULL)
+     *             dW_j[OC, IC] += dout[rows_j]^T in[rows_j]      (skipped if NULL) */
+    void (*grouped_linear_forward)(kb_backend *b, float *out, const float *in, const float *W,
+                                   const int32_t *off, int n, int IC, int OC);
+    void (*grouped_linear_backward)(kb_backend *b, float *din, float *dW, const float *dout,
+                                    const float *in, const float *W, const int32_t *off, int n,
+                                    int IC, int OC);
 } kb_ops;
 
 struct kb_backend {

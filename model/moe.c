@@ -379,6 +379,16 @@ void moe__experts_forward(moe_layer *m, const float *params, const float *xin, f
     const kb_ops *o = m->o;
     kb_backend *be = m->be;
     int h = m->h, F = m->F, F1 = m->F1;
+    if (m->c.grouped_gemm && o->grouped_linear_forward) {
+        /* one grouped product per matrix, the activation over every row at once */
+        int r0 = off[0], rows = off[n] - off[0];
+        if (rows <= 0) return;
+        o->grouped_linear_forward(be, h1, xin, params + m->off.fc1, off, n, h, F1);
+        if (m->c.swiglu) o->swiglu_forward(be, act + (size_t)r0 * F, h1 + (size_t)r0 * F1, rows, F);
+        else o->gelu_forward(be, act + (size_t)r0 * F, h1 + (size_t)r0 * F1, (size_t)rows * F);
+        o->grouped_linear_forward(be, out, act, params + m->off.fc2, off, n, F, h);
+        return;
+    }
     for (int j = 0; j < n; j++) {
         int r0 = off[j], cnt = off[j + 1] - off[j];
         if (!cnt) continue;
@@ -397,6 +407,18 @@ void moe__experts_backward(moe_layer *m, const float *params, float *dparams, co
     const kb_ops *o = m->o;
     kb_backend *be = m->be;
     int h = m->h, F = m->F, F1 = m->F1;
+    if (m->c.grouped_gemm && o->grouped_linear_backward) {
+        int r0 = off[0], rows = off[n] - off[0];
+        if (rows <= 0) return;
+        o->grouped_linear_backward(be, dact, dparams + m->off.fc2, dout, act, params + m->off.fc2, off, n, F, h);
+        if (m->c.swiglu)
+            o->swiglu_backward(be, dh1 + (size_t)r0 * F1, dact + (size_t)r0 * F, h1 + (size_t)r0 * F1, rows, F);
+        else
+            o->gelu_backward(be, dh1 + (size_t)r0 * F1, dact + (size_t)r0 * F, h1 + (size_t)r0 * F1,
+                             (size_t)rows * F);
+        o->grouped_linear_backward(be, dxin, dparams + m->off.fc1, dh1, xin, params + m->off.fc1, off, n, h, F1);
+        return;
+    }
     for (int j = 0; j < n; j++) {
         int r0 = off[j], cnt = off[j + 1] - off[j];
         if (!cnt) continue;

@@ -78,6 +78,9 @@ typedef struct moe_config {
     bool pad_to_capacity;    /* --moe-pad-expert-input-to-capacity */
     bool swiglu;
     int shared_ffn;          /* Fs: --moe-shared-expert-intermediate-size (0: none) */
+    bool grouped_gemm;       /* --moe-grouped-gemm: every expert's product in one grouped call
+                                (kb_ops.grouped_linear_*; one product per expert where the
+                                backend has none) */
     int ep_size;             /* --expert-model-parallel-size (0 or 1: every expert here);
                                 the flat buffer then holds E/ep_size experts (moe_set_expert_group) */
 } moe_config;
@@ -155,6 +158,9 @@ int moe_capacity(const moe_layer *m);
 int moe_set_expert_group(moe_layer *m, cm_comm *ep, moe_dispatcher d, int timeout_ms);
 /* Bytes this rank has sent to its expert group since the layer was made. */
 uint64_t moe_ep_bytes_sent(const moe_layer *m);
+/* Seconds this rank has spent in dispatch and combine (the exchanges and the sorting of rows,
+ * not the experts' products) since the layer was made. */
+double moe_ep_dispatch_seconds(const moe_layer *m);
 /* The flat buffer of expert-parallel rank `rank` of ep_size from the full (ep 1) buffer of
  * c (c.ep_size ignored): the router, experts [rank*El, (rank+1)*El), the shared expert.
  * moe_ep_unslice writes them back (the gradients of every rank make the full gradient). */

@@ -24,6 +24,13 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static void ep_bufs_free(moe_layer *m) {
     moe__ep *ep = &m->ep;
@@ -137,6 +144,7 @@ int moe_set_expert_group(moe_layer *m, cm_comm *c, moe_dispatcher d, int timeout
 }
 
 uint64_t moe_ep_bytes_sent(const moe_layer *m) { return m->ep.bytes_out; }
+double moe_ep_dispatch_seconds(const moe_layer *m) { return m->ep.dispatch_s; }
 
 static int ep_err(int rc, const char *step) {
     if (!rc) return 0;
@@ -199,8 +207,10 @@ static int a2a_forward(moe_layer *m, const float *params) {
     }
     ep->roff[El] = (int32_t)r;
     (void)me;
+    double te = now_s();
     moe__experts_forward(m, params, ep->xr, ep->h1, ep->act, ep->out, ep->roff, El);
     m->o->sync(m->be);
+    ep->dispatch_s -= now_s() - te;
     if (m->be->status) return m->be->status;
     for (size_t q = 0; q < R; q++) memcpy(ep->xs + (size_t)ep->perm[q] * m->h, ep->out + q * m->h, row);
     rc = ep->c->ops->alltoallv(ep->c, ep->xs, ep->rbytes, m->out, ep->sbytes, ep->timeout_ms);
@@ -217,9 +227,11 @@ static int a2a_backward(moe_layer *m, const float *params, float *dparams) {
     ep->bytes_out += sent(ep, ep->sbytes);
     float *doutr = ep->out; /* the outputs went home in forward */
     for (size_t q = 0; q < R; q++) memcpy(doutr + q * m->h, ep->xs + (size_t)ep->perm[q] * m->h, row);
+    double te = now_s();
     moe__experts_backward(m, params, dparams, doutr, ep->xr, ep->h1, ep->act, ep->dact, ep->dh1, ep->dx, ep->roff,
                           ep->El);
     m->o->sync(m->be);
+    ep->dispatch_s -= now_s() - te;
     if (m->be->status) return m->be->status;
     for (size_t q = 0; q < R; q++) memcpy(ep->xs + (size_t)ep->perm[q] * m->h, ep->dx + q * m->h, row);
     rc = ep->c->ops->alltoallv(ep->c, ep->xs, ep->rbytes, m->dxp, ep->sbytes, ep->timeout_ms);
@@ -258,8 +270,10 @@ static int ag_forward(moe_layer *m, const float *params, const float *x, float *
             }
     }
     ep->roff[El] = (int32_t)r;
+    double te = now_s();
     moe__experts_forward(m, params, ep->xr, ep->h1, ep->act, ep->out, ep->roff, El);
     m->o->sync(m->be);
+    ep->dispatch_s -= now_s() - te;
     if (m->be->status) return m->be->status;
     memset(ep->yg, 0, sizeof(float) * G * h);
     for (int j = 0; j < El; j++)
@@ -302,9 +316,11 @@ static int ag_backward(moe_layer *m, const float *params, float *dparams, const 
             }
             ep->dpg[i] = dot;
         }
+    double te = now_s();
     moe__experts_backward(m, params, dparams, doutr, ep->xr, ep->h1, ep->act, ep->dact, ep->dh1, ep->dx, ep->roff,
                           El);
     m->o->sync(m->be);
+    ep->dispatch_s -= now_s() - te;
     if (m->be->status) return m->be->status;
     memset(ep->yg, 0, sizeof(float) * G * h);
     for (size_t q = 0; q < ep->R; q++) {
@@ -320,12 +336,18 @@ static int ag_backward(moe_layer *m, const float *params, float *dparams, const 
 }
 
 int moe__ep_forward(moe_layer *m, const float *params, const float *x, float *y) {
-    return m->ep.disp == MOE_DISPATCH_ALLGATHER ? ag_forward(m, params, x, y) : a2a_forward(m, params);
+    double t0 = now_s();
+    int rc = m->ep.disp == MOE_DISPATCH_ALLGATHER ? ag_forward(m, params, x, y) : a2a_forward(m, params);
+    m->ep.dispatch_s += now_s() - t0;
+    return rc;
 }
 
 int moe__ep_backward(moe_layer *m, const float *params, float *dparams, const float *dy, float *dx_experts) {
-    return m->ep.disp == MOE_DISPATCH_ALLGATHER ? ag_backward(m, params, dparams, dy, dx_experts)
-                                                : a2a_backward(m, params, dparams);
+    double t0 = now_s();
+    int rc = m->ep.disp == MOE_DISPATCH_ALLGATHER ? ag_backward(m, params, dparams, dy, dx_experts)
+                                                  : a2a_backward(m, params, dparams);
+    m->ep.dispatch_s += now_s() - t0;
+    return rc;
 }
 
 /* ---- the flat buffer of one expert-parallel rank ---- */

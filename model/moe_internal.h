@@ -32,6 +32,7 @@ typedef struct moe__ep {
     double *dpg;            /* [size*maxN,E] */
     int32_t *rtok;          /* [cap] gathered token of each expert-major row */
     uint64_t bytes_out;     /* bytes this rank sent to peers (both directions of every exchange) */
+    double dispatch_s;      /* seconds in dispatch and combine (exchanges, sorting; not the experts) */
 } moe__ep;
 
 struct moe_layer {

@@ -72,6 +72,10 @@ void cpu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias,
                          const float *dout, const float *in, const float *W,
                          const kb_bf16 *W16, int N, int IC, int OC);
 void cpu_mm_release(cpu_state *st);
+void cpu_grouped_linear_forward(kb_backend *b, float *out, const float *in, const float *W, const int32_t *off,
+                                int n, int IC, int OC);
+void cpu_grouped_linear_backward(kb_backend *b, float *din, float *dW, const float *dout, const float *in,
+                                 const float *W, const int32_t *off, int n, int IC, int OC);
 
 /* attention (attention.c, compiled once per instruction set as _avx512, _avx2 and _base;
  * the unsuffixed entry points in cpu_backend.c choose by cpu_isa_level()) */

@@ -75,6 +75,8 @@ static const kb_ops cpu_ops = {
     .ce_max = cpu_ce_max,
     .ce_sums = cpu_ce_sums,
     .ce_grad = cpu_ce_grad,
+    .grouped_linear_forward = cpu_grouped_linear_forward,
+    .grouped_linear_backward = cpu_grouped_linear_backward,
 };
 
 /* Attention through the variant compiled for this CPU's level (kernels/meson.build builds

@@ -1,7 +1,9 @@
 /* matmul.c - linear layers: fp32 through dnnl_sgemm, bf16 through cached oneDNN matmul
  * primitives (AMX / AVX512-BF16 where the CPU has them), fp32 accumulation and output. */
 #include <omp.h>
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/error.h"
 #include "kernels/cpu/cpu.h"
@@ -291,4 +293,99 @@ void cpu_bias_add(kb_backend *b, float *out, const float *bias, int N, int C) { 
 
 void cpu_bias_grad(kb_backend *b, float *dbias, const float *dout, int N, int C) {
     col_sums(cpu_st(b), dbias, dout, N, C);
+}
+
+/* ---- grouped products (kb_ops.grouped_linear_*): the MoE layer's experts in one call ----
+ * The work is cut into pieces that do not depend on the thread count: forward and the input
+ * gradient in blocks of GROUP_ROWS rows of one group, the weight gradient in blocks of
+ * GROUP_COLS output rows of one group's dW (so no two pieces write the same element). The
+ * pieces are spread over the backend's threads (static schedule); each is one dnnl_sgemm,
+ * which runs on its calling thread inside the parallel region. fp32 only: with --bf16 the
+ * model refuses the MoE layer. */
+enum { GROUP_ROWS = 256, GROUP_COLS = 256 };
+
+typedef struct gpiece {
+    int g, lo, hi;
+} gpiece;
+
+/* pieces of n groups: row blocks (by_rows) or blocks of `width` columns; NULL on no memory */
+static gpiece *group_pieces(const int32_t *off, int n, bool by_rows, int width, int *np) {
+    size_t cnt = 0;
+    for (int g = 0; g < n; g++) {
+        int rows = off[g + 1] - off[g];
+        if (rows <= 0) continue;
+        cnt += by_rows ? (size_t)(rows + GROUP_ROWS - 1) / GROUP_ROWS : (size_t)(width + GROUP_COLS - 1) / GROUP_COLS;
+    }
+    gpiece *p = malloc((cnt ? cnt : 1) * sizeof *p);
+    if (!p) return NULL;
+    size_t k = 0;
+    for (int g = 0; g < n; g++) {
+        int rows = off[g + 1] - off[g];
+        if (rows <= 0) continue;
+        int total = by_rows ? rows : width, step = by_rows ? GROUP_ROWS : GROUP_COLS;
+        for (int lo = 0; lo < total; lo += step) p[k++] = (gpiece){g, lo, lo + step < total ? lo + step : total};
+    }
+    *np = (int)cnt;
+    return p;
+}
+
+void cpu_grouped_linear_forward(kb_backend *b, float *out, const float *in, const float *W, const int32_t *off,
+                                int n, int IC, int OC) {
+    cpu_state *st = cpu_st(b);
+    if (n <= 0 || OC <= 0) return;
+    sync_threads(st);
+    int np = 0;
+    gpiece *p = group_pieces(off, n, true, 0, &np);
+    if (!p) {
+        b->status = co_err_set(CO_ENOMEM, "grouped_linear_forward: the piece table");
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(st->threads)
+    for (int i = 0; i < np; i++) {
+        size_t r0 = (size_t)off[p[i].g] + (size_t)p[i].lo;
+        int rows = p[i].hi - p[i].lo;
+        float *o = out + r0 * OC;
+        if (IC <= 0) {
+            memset(o, 0, (size_t)rows * OC * sizeof(float));
+            continue;
+        }
+        dnnl_sgemm('N', 'T', rows, OC, IC, 1.0f, in + r0 * IC, IC, W + (size_t)p[i].g * OC * IC, IC, 0.0f, o, OC);
+    }
+    free(p);
+}
+
+void cpu_grouped_linear_backward(kb_backend *b, float *din, float *dW, const float *dout, const float *in,
+                                 const float *W, const int32_t *off, int n, int IC, int OC) {
+    cpu_state *st = cpu_st(b);
+    if (n <= 0 || OC <= 0 || IC <= 0) return;
+    sync_threads(st);
+    int np = 0, nw = 0;
+    gpiece *p = din ? group_pieces(off, n, true, 0, &np) : NULL;
+    gpiece *q = dW ? group_pieces(off, n, false, OC, &nw) : NULL;
+    if ((din && !p) || (dW && !q)) {
+        free(p);
+        free(q);
+        b->status = co_err_set(CO_ENOMEM, "grouped_linear_backward: the piece table");
+        return;
+    }
+    /* one parallel loop over both kinds of pieces: input-gradient row blocks, then
+     * weight-gradient column blocks */
+#pragma omp parallel for schedule(static) num_threads(st->threads)
+    for (int i = 0; i < np + nw; i++) {
+        if (i < np) {
+            size_t r0 = (size_t)off[p[i].g] + (size_t)p[i].lo;
+            int rows = p[i].hi - p[i].lo;
+            dnnl_sgemm('N', 'N', rows, IC, OC, 1.0f, dout + r0 * OC, OC, W + (size_t)p[i].g * OC * IC, IC, 0.0f,
+                       din + r0 * IC, IC);
+        } else {
+            const gpiece *w = &q[i - np];
+            size_t r0 = (size_t)off[w->g];
+            int rows = off[w->g + 1] - off[w->g], cols = w->hi - w->lo;
+            /* dW_g[lo:hi, :] += dout[rows, lo:hi]^T in[rows, :] */
+            dnnl_sgemm('T', 'N', cols, IC, rows, 1.0f, dout + r0 * OC + w->lo, OC, in + r0 * IC, IC, 1.0f,
+                       dW + (size_t)w->g * OC * IC + (size_t)w->lo * IC, IC);
+        }
+    }
+    free(p);
+    free(q);
 }

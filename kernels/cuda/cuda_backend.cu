@@ -177,6 +177,10 @@ static const kb_ops cuda_ops = {
     /* .ce_max = */ cu_ce_max,
     /* .ce_sums = */ cu_ce_sums,
     /* .ce_grad = */ cu_ce_grad,
+    // grouped products (MoE experts): not built on CUDA yet; model/moe.c runs one cuBLAS
+    // product per expert instead
+    /* .grouped_linear_forward = */ NULL,
+    /* .grouped_linear_backward = */ NULL,
 };
 
 // ---- which GPUs this build can run on ----

@@ -620,6 +620,76 @@ static void test_adamw_checksum(void) {
     free(p), free(m), free(v), free(g), free(p2), free(m2), free(v2);
 }
 
+/* ---------------------------------------------------------------- grouped products */
+
+/* Groups of 0, 1, 63, 64, 65 and 200 rows after 5 leading rows (off[0] = 5): each group's
+ * forward, input gradient and weight gradient against double loops, and the same bits on 1
+ * and 2 threads (the pieces do not depend on the thread count). */
+static void test_grouped_linear(void) {
+    enum { NG = 6, IC = 24, OC = 70, LEAD = 5 };
+    static const int rows[NG] = {0, 1, 63, 64, 65, 200};
+    int32_t off[NG + 1];
+    off[0] = LEAD;
+    for (int g = 0; g < NG; g++) off[g + 1] = off[g] + rows[g];
+    int N = off[NG];
+    kb_backend *b1 = kt_backend(1, false);
+    REQUIRE(b1 && B32->ops->grouped_linear_forward && B32->ops->grouped_linear_backward);
+    float *in = kt_rand((size_t)N * IC, 1.0f), *W = kt_rand((size_t)NG * OC * IC, 0.5f);
+    float *dout = kt_rand((size_t)N * OC, 1.0f), *dW0 = kt_rand((size_t)NG * OC * IC, 1.0f);
+    float *out[2], *din[2], *dW[2];
+    kb_backend *bs[2] = {b1, B32};
+    for (int k = 0; k < 2; k++) {
+        out[k] = kt_rand((size_t)N * OC, 3.0f);
+        din[k] = kt_rand((size_t)N * IC, 3.0f);
+        dW[k] = kt_copy(dW0, (size_t)NG * OC * IC);
+        bs[k]->ops->grouped_linear_forward(bs[k], out[k], in, W, off, NG, IC, OC);
+        bs[k]->ops->grouped_linear_backward(bs[k], din[k], dW[k], dout, in, W, off, NG, IC, OC);
+        CHECK(bs[k]->status == 0);
+    }
+    double *r = malloc(sizeof(double) * (size_t)N * (OC > IC ? OC : IC));
+    double *rw = malloc(sizeof(double) * (size_t)NG * OC * IC);
+    for (int g = 0; g < NG; g++) {
+        const float *Wg = W + (size_t)g * OC * IC;
+        for (int n = off[g]; n < off[g + 1]; n++) {
+            for (int o = 0; o < OC; o++) {
+                double s = 0;
+                for (int i = 0; i < IC; i++) s += (double)in[(size_t)n * IC + i] * Wg[(size_t)o * IC + i];
+                r[(size_t)n * OC + o] = s;
+            }
+        }
+    }
+    CHECK_MSG(kt_worst(out[1] + (size_t)LEAD * OC, r + (size_t)LEAD * OC, (size_t)(N - LEAD) * OC, 1e-4, 1e-4) <= 1.0,
+              "grouped forward");
+    for (int g = 0; g < NG; g++) {
+        const float *Wg = W + (size_t)g * OC * IC;
+        for (int n = off[g]; n < off[g + 1]; n++)
+            for (int i = 0; i < IC; i++) {
+                double s = 0;
+                for (int o = 0; o < OC; o++) s += (double)dout[(size_t)n * OC + o] * Wg[(size_t)o * IC + i];
+                r[(size_t)n * IC + i] = s;
+            }
+        for (int o = 0; o < OC; o++)
+            for (int i = 0; i < IC; i++) {
+                double s = dW0[((size_t)g * OC + o) * IC + i];
+                for (int n = off[g]; n < off[g + 1]; n++) s += (double)dout[(size_t)n * OC + o] * in[(size_t)n * IC + i];
+                rw[((size_t)g * OC + o) * IC + i] = s;
+            }
+    }
+    CHECK_MSG(kt_worst(din[1] + (size_t)LEAD * IC, r + (size_t)LEAD * IC, (size_t)(N - LEAD) * IC, 1e-4, 1e-4) <= 1.0,
+              "grouped input gradient");
+    CHECK_MSG(kt_worst(dW[1], rw, (size_t)NG * OC * IC, 1e-4, 1e-4) <= 1.0, "grouped weight gradient");
+    /* rows before off[0] untouched, group 0 (empty) weights' gradient untouched */
+    CHECK(!memcmp(dW[1], dW0, sizeof(float) * OC * IC));
+    CHECK_MSG(!memcmp(out[0] + (size_t)LEAD * OC, out[1] + (size_t)LEAD * OC, sizeof(float) * (size_t)(N - LEAD) * OC) &&
+                  !memcmp(din[0] + (size_t)LEAD * IC, din[1] + (size_t)LEAD * IC,
+                          sizeof(float) * (size_t)(N - LEAD) * IC) &&
+                  !memcmp(dW[0], dW[1], sizeof(float) * (size_t)NG * OC * IC),
+              "grouped products differ between 1 and 2 threads");
+    for (int k = 0; k < 2; k++) free(out[k]), free(din[k]), free(dW[k]);
+    free(in), free(W), free(dout), free(dW0), free(r), free(rw);
+    kb_backend_destroy(&b1);
+}
+
 int main(void) {
     B32 = kt_backend(2, false);
     B16 = kb_cpu_bf16_check(NULL, 0) ? kt_backend(2, true) : NULL;
@@ -628,6 +698,7 @@ int main(void) {
     RUN(test_zero_to_bf16);
     RUN(test_linear_fp32);
     RUN(test_linear_bf16);
+    RUN(test_grouped_linear);
     RUN(test_embed);
     RUN(test_norm);
     RUN(test_rope);

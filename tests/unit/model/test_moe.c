@@ -91,6 +91,47 @@ static int fwd_bwd(run *r, int B, int T, float loss_scale) {
     return moe_backward(r->m, r->dx, r->dparams, r->dy, r->x, r->params, loss_scale);
 }
 
+/* --moe-grouped-gemm: the same layer with the experts as grouped products matches one
+ * product per expert (different blocking: within 1e-5 relative to each tensor's largest
+ * value), and is bitwise the same run twice. */
+static void test_grouped_matches_sequential(void) {
+    kb_backend *be = backend();
+    REQUIRE(be);
+    moe_config c = base();
+    c.swiglu = true;
+    c.shared_ffn = 8;
+    c.capacity_factor = 1.25;
+    int B = 2, T = 96, N = B * T;
+    run seq, grp;
+    REQUIRE(run_new(&seq, &c, be, N, 4242) == 0);
+    c.grouped_gemm = true;
+    REQUIRE(run_new(&grp, &c, be, N, 4242) == 0);
+    REQUIRE(fwd_bwd(&seq, B, T, 1.0f) == 0 && fwd_bwd(&grp, B, T, 1.0f) == 0);
+    size_t Nh = (size_t)N * c.hidden;
+    double worst = 0;
+    struct {
+        const float *a, *b;
+        size_t n;
+    } t[] = {{seq.y, grp.y, Nh}, {seq.dx, grp.dx, Nh}, {seq.dparams, grp.dparams, seq.P}};
+    for (int k = 0; k < 3; k++) {
+        double mx = 1e-3, d = 0;
+        for (size_t i = 0; i < t[k].n; i++) mx = fmax(mx, fabs(t[k].a[i]));
+        for (size_t i = 0; i < t[k].n; i++) d = fmax(d, fabs((double)t[k].a[i] - t[k].b[i]));
+        worst = fmax(worst, d / mx);
+    }
+    CHECK_MSG(worst <= 1e-5, "grouped vs per-expert products: relative difference %.3g", worst);
+    float *y1 = malloc(sizeof(float) * Nh), *d1 = malloc(sizeof(float) * grp.P);
+    memcpy(y1, grp.y, sizeof(float) * Nh);
+    memcpy(d1, grp.dparams, sizeof(float) * grp.P);
+    REQUIRE(fwd_bwd(&grp, B, T, 1.0f) == 0);
+    CHECK(!memcmp(y1, grp.y, sizeof(float) * Nh) && !memcmp(d1, grp.dparams, sizeof(float) * grp.P));
+    free(y1);
+    free(d1);
+    run_free(&seq);
+    run_free(&grp);
+    kb_backend_destroy(&be);
+}
+
 /* ---- against numpy ---- */
 
 static bool write_file(const char *dir, const char *name, const void *p, size_t n) {
@@ -159,7 +200,7 @@ static bool dump_case(const char *root, int idx, const ref_case *rc, kb_backend 
 static void against(const char *script) {
     kb_backend *be = backend();
     REQUIRE(be);
-    ref_case cases[32];
+    ref_case cases[40];
     int n = 0;
     moe_config c;
 #define ADD(nm, B_, T_, ls, ...)                                                           \
@@ -195,6 +236,12 @@ static void against(const char *script) {
     ADD("all_experts_k8", 1, 16, 1.0f, c.topk = 8, c.swiglu = true);
     ADD("one_expert", 2, 5, 1.0f, c.num_experts = 1, c.topk = 1, c.shared_ffn = 4);
     ADD("cap_tiny_pad_probs", 2, 12, 1.0f, c.capacity_factor = 0.1, c.pad_to_capacity = true, c.topk = 1);
+    /* the experts as grouped products (--moe-grouped-gemm) */
+    ADD("grouped_k2_swiglu_shared_z", 2, 16, 1.0f, c.grouped_gemm = true, c.swiglu = true, c.shared_ffn = 10,
+        c.z_coeff = 1e-2f);
+    ADD("grouped_sigmoid_k4_bias_cap_pad", 2, 16, 1.0f, c.grouped_gemm = true, c.score = MOE_SCORE_SIGMOID,
+        c.expert_bias = true, c.topk = 4, c.capacity_factor = 0.75, c.pad_to_capacity = true);
+    ADD("grouped_k8_gelu", 1, 24, 1.0f, c.grouped_gemm = true, c.topk = 8);
 #undef ADD
     char root[512];
     REQUIRE(t_scratch_dir(root, sizeof root, "cohort-moe-ref") == 0);
@@ -523,6 +570,7 @@ int main(int argc, char **argv) {
     if (argc >= 4) g_torch_script = argv[3];
     RUN(test_refused);
     RUN(test_deterministic);
+    RUN(test_grouped_matches_sequential);
     RUN(test_smaller_batch_and_nan);
     RUN(test_expert_bias_balances);
     RUN(test_grad_softmax);

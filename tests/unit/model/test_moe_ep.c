@@ -14,8 +14,8 @@
  * within FP32_TOL (the experts' products now run over the rows of several ranks at once,
  * the allgather dispatcher sums the experts of a token in rank order), and bitwise the same
  * when run twice. Configurations: softmax top-2 with the aux loss, sigmoid top-3 with the
- * expert bias, a capacity with drops, padding to capacity, a shared expert and SwiGLU, the
- * z loss, and uneven token counts per rank (alltoall only; allgather needs equal counts). */
+ * expert bias, a capacity with drops, padding to capacity, a shared expert and SwiGLU with
+ * the grouped products, the z loss, and uneven token counts per rank (alltoall only; allgather needs equal counts). */
 #include "model/moe.h"
 
 #include "comm/zmq_comm.h"
@@ -237,7 +237,8 @@ static void test_sigmoid_bias_shared_swiglu(void) {
     c.z_coeff = 0.001f;
     c.shared_ffn = 10;
     c.swiglu = true;
-    for (int d = 0; d < 2; d++) run_case((ep_case){"sigmoid top-3, bias, shared, swiglu", c, 4, (moe_dispatcher)d, false});
+    c.grouped_gemm = true;
+    for (int d = 0; d < 2; d++) run_case((ep_case){"sigmoid top-3, bias, shared, swiglu, grouped", c, 4, (moe_dispatcher)d, false});
 }
 
 static void test_capacity(void) {
