@@ -46,6 +46,15 @@ int cli_ckpt_relayout(const char *dir, const ck_manifest *m, int tp, int dp, con
                     .rope = mi->rope, .rotary_base = (float)mi->rotary_base, .rmsnorm = mi->rmsnorm,
                     .norm_eps = (float)mi->norm_eps, .swiglu = mi->swiglu, .tied = mi->tied, .bias = mi->bias,
                     .tp = tp, .tp_rank = 0};
+    /* mixture of experts: the layers' experts from the run's flags (the manifest's config) */
+    int E = int_flag(config, "num-experts", 0);
+    if (E > 0) {
+        int fm = int_flag(config, "moe-ffn-hidden-size", 0);
+        g.moe = (moe_config){.num_experts = E, .ffn_hidden = fm > 0 ? fm : mi->ffn_hidden,
+                             .topk = int_flag(config, "moe-router-topk", 2),
+                             .shared_ffn = int_flag(config, "moe-shared-expert-intermediate-size", 0)};
+        g.moe_layer_freq = int_flag(config, "moe-layer-freq", 1);
+    }
     int Vc = mi->padded_vocab, Vp = g.padded_vocab;
     int rc = gpt_tp_check(&g, 0);
     if (rc) return rc;

@@ -73,9 +73,7 @@ static const flag flags[] = {
       "schedule (`cohort schedule` prints it)"),
     I("parallel", "context-parallel-size", context_parallel_size, "1", "context-parallel ranks (not supported yet: only 1)"),
     I("parallel", "expert-model-parallel-size", expert_model_parallel_size, "1",
-      "expert-parallel ranks (mixture of experts; not supported yet: only 1)"),
-    I("model", "num-experts", num_experts, "0",
-      "experts of each MoE layer (0: a dense model; mixture of experts is not supported yet)"),
+      "expert-parallel ranks (mixture of experts; not supported yet in training: only 1)"),
     I("model", "mtp-num-layers", mtp_num_layers, "0", "multi-token prediction depths (0: none; not supported yet)"),
     I("parallel", "expert-tensor-parallel-size", expert_tensor_parallel_size, "0",
       "tensor-parallel ranks of each expert (0: the tensor-parallel size; not supported yet: only that)"),
@@ -102,6 +100,42 @@ static const flag flags[] = {
       "rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp (`cohort topology` prints the groups)"),
     B("parallel", "sequence-parallel", sequence_parallel, "sequence parallelism: norms and dropout on token shards of the tensor group (off at tensor-parallel size 1, as Megatron)"),
     B("parallel", "use-distributed-optimizer", use_distributed_optimizer, "shard optimizer state over data-parallel ranks (not supported yet)"),
+    /* mixture of experts */
+    I("moe", "num-experts", num_experts, "0",
+      "experts of each MoE layer (0: a dense model); the MLP of every --moe-layer-freq-th layer is a mixture of "
+      "experts (docs/moe.md)"),
+    I("moe", "moe-layer-freq", moe_layer_freq, "1", "every N-th layer (0, N, 2N, ...) is a MoE layer (an integer)"),
+    I("moe", "moe-ffn-hidden-size", moe_ffn_hidden_size, "0", "each expert's hidden size (0: --ffn-hidden-size)"),
+    I("moe", "moe-shared-expert-intermediate-size", moe_shared_expert_intermediate_size, "0",
+      "the shared expert's hidden size, run on every token (0: none)"),
+    I("moe", "moe-router-topk", moe_router_topk, "2", "experts per token"),
+    S("moe", "moe-router-score-function", moe_router_score_function, "softmax", "softmax|sigmoid",
+      "the router's scores"),
+    B("moe", "moe-router-pre-softmax", moe_router_pre_softmax, "softmax over every expert before the top-k"),
+    B("moe", "moe-router-enable-expert-bias", moe_router_enable_expert_bias,
+      "a per-expert bias on the selection scores, updated from the load (not supported yet)"),
+    I("moe", "moe-router-num-groups", moe_router_num_groups, "0", "expert groups of group-limited routing (0: none)"),
+    I("moe", "moe-router-group-topk", moe_router_group_topk, "0", "groups each token may use (group-limited routing)"),
+    D("moe", "moe-router-topk-scaling-factor", moe_router_topk_scaling_factor, "0",
+      "multiplies the routing probabilities (0: none)"),
+    S("moe", "moe-router-load-balancing-type", moe_router_load_balancing_type, "aux_loss",
+      "aux_loss|seq_aux_loss|global_aux_loss|sinkhorn|none", "the load-balancing loss (global_aux_loss and "
+      "sinkhorn are not supported yet)"),
+    D("moe", "moe-aux-loss-coeff", moe_aux_loss_coeff, "0", "the load-balancing loss's weight"),
+    D("moe", "moe-z-loss-coeff", moe_z_loss_coeff, "0", "the router z-loss's weight (0: none)"),
+    D("moe", "moe-expert-capacity-factor", moe_expert_capacity_factor, "0",
+      "each expert's capacity, as a multiple of its even share of tokens (0: dropless)"),
+    S("moe", "moe-token-drop-policy", moe_token_drop_policy, "probs", "probs|position",
+      "which tokens an expert over capacity keeps"),
+    B("moe", "moe-pad-expert-input-to-capacity", moe_pad_expert_input_to_capacity,
+      "every expert computes exactly its capacity of tokens"),
+    B("moe", "moe-grouped-gemm", moe_grouped_gemm, "every expert's product in one grouped call"),
+    S("moe", "moe-token-dispatcher-type", moe_token_dispatcher_type, "allgather", "allgather|alltoall|flex",
+      "how tokens reach the experts of other expert-parallel ranks (flex is not supported)"),
+    D("moe", "moe-router-collapse-share", moe_router_collapse_share, "0.9",
+      "a training-health event when one expert gets more than this share of a MoE layer's tokens ..."),
+    I("moe", "moe-router-collapse-iters", moe_router_collapse_iters, "20",
+      "... for this many iterations in a row (0: no check)"),
     /* batch */
     I("batch", "micro-batch-size", micro_batch_size, NULL, "samples per micro batch"),
     I("batch", "global-batch-size", global_batch_size, NULL,
@@ -621,7 +655,8 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->context_parallel_size != 1 && !co_config_standin_model_parallel)
         problem(&P, "--context-parallel-size %d is not supported yet (only 1)", c->context_parallel_size);
     if (c->expert_model_parallel_size != 1)
-        problem(&P, "--expert-model-parallel-size %d is not supported yet (only 1: no mixture of experts yet)",
+        problem(&P, "--expert-model-parallel-size %d is not supported yet in training (only 1; the layer's expert "
+                    "parallelism exists, its groups in the trainer do not)",
                 c->expert_model_parallel_size);
     if (c->expert_tensor_parallel_size != 0 && c->expert_tensor_parallel_size != c->tensor_model_parallel_size)
         problem(&P, "--expert-tensor-parallel-size %d is not supported yet (only the tensor-parallel size)",
@@ -640,8 +675,44 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (co_config_was_set(c, "decoder-last-pipeline-num-layers") && c->decoder_last_pipeline_num_layers < 0)
         problem(&P, "--decoder-last-pipeline-num-layers must not be negative");
     if (c->fp16) problem(&P, "--fp16 is not supported yet; use --bf16");
-    if (c->num_experts > 0)
-        problem(&P, "--num-experts %d is not supported yet (mixture of experts: only dense models train)", c->num_experts);
+    if (c->num_experts < 0) problem(&P, "--num-experts %d is negative", c->num_experts);
+    if (c->num_experts > 0) {
+        int E = c->num_experts;
+        if (c->moe_router_topk < 1 || c->moe_router_topk > E)
+            problem(&P, "--moe-router-topk %d must be between 1 and --num-experts %d", c->moe_router_topk, E);
+        if (c->moe_layer_freq < 1) problem(&P, "--moe-layer-freq %d must be a positive integer", c->moe_layer_freq);
+        if (c->moe_ffn_hidden_size < 0 || c->moe_shared_expert_intermediate_size < 0)
+            problem(&P, "--moe-ffn-hidden-size and --moe-shared-expert-intermediate-size must not be negative");
+        if (!c->disable_bias_linear)
+            problem(&P, "--num-experts: the experts have no biases; add --disable-bias-linear (as Megatron's grouped "
+                        "experts)");
+        if (c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel)
+            problem(&P, "--num-experts with --tensor-model-parallel-size %d is not supported yet",
+                    c->tensor_model_parallel_size);
+        if (c->bf16) problem(&P, "--num-experts with --bf16 is not supported yet (the experts run in fp32)");
+        if (c->moe_router_enable_expert_bias)
+            problem(&P, "--moe-router-enable-expert-bias is not supported yet (the bias's update and checkpoint)");
+        if (c->moe_router_pre_softmax && strcmp(c->moe_router_score_function, "softmax"))
+            problem(&P, "--moe-router-pre-softmax needs --moe-router-score-function softmax");
+        if (!strcmp(c->moe_router_load_balancing_type, "global_aux_loss") ||
+            !strcmp(c->moe_router_load_balancing_type, "sinkhorn"))
+            problem(&P, "--moe-router-load-balancing-type %s is not supported yet (aux_loss, seq_aux_loss or none)",
+                    c->moe_router_load_balancing_type);
+        if (!strcmp(c->moe_token_dispatcher_type, "flex"))
+            problem(&P, "--moe-token-dispatcher-type flex (DeepEP) is not supported (allgather or alltoall)");
+        if (c->moe_router_num_groups < 0 || c->moe_router_group_topk < 0 ||
+            (c->moe_router_num_groups > 0 && (E % c->moe_router_num_groups || c->moe_router_group_topk < 1 ||
+                                              c->moe_router_group_topk > c->moe_router_num_groups)) ||
+            (c->moe_router_num_groups == 0 && c->moe_router_group_topk > 0))
+            problem(&P, "--moe-router-num-groups %d must divide --num-experts %d and --moe-router-group-topk %d be "
+                        "between 1 and it", c->moe_router_num_groups, E, c->moe_router_group_topk);
+        if (c->moe_aux_loss_coeff < 0 || c->moe_z_loss_coeff < 0 || c->moe_router_topk_scaling_factor < 0)
+            problem(&P, "the MoE loss coefficients and --moe-router-topk-scaling-factor must not be negative");
+        if (c->moe_pad_expert_input_to_capacity && !(c->moe_expert_capacity_factor > 0))
+            problem(&P, "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
+        if (!(c->moe_router_collapse_share > 0 && c->moe_router_collapse_share <= 1) || c->moe_router_collapse_iters < 0)
+            problem(&P, "--moe-router-collapse-share must be in (0, 1] and --moe-router-collapse-iters >= 0");
+    }
     if (c->mtp_num_layers > 0)
         problem(&P, "--mtp-num-layers %d is not supported yet (multi-token prediction)", c->mtp_num_layers);
     if (GIVEN("inprocess-active-world-size") && c->nnodes > 1)

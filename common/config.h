@@ -55,7 +55,17 @@ typedef struct co_config {
     /* parallelism */
     int tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size;
     int expert_model_parallel_size, expert_tensor_parallel_size; /* 0: as the tensor size */
-    int num_experts, mtp_num_layers;                   /* 0: a dense model, no MTP (refused otherwise) */
+    int num_experts, mtp_num_layers;                   /* 0: a dense model; no MTP (refused otherwise) */
+    /* mixture of experts (Megatron's --moe-* flags; model/moe.h) */
+    int moe_layer_freq, moe_ffn_hidden_size, moe_shared_expert_intermediate_size; /* 0: ffn size; 0: none */
+    int moe_router_topk, moe_router_num_groups, moe_router_group_topk;
+    char moe_router_score_function[16], moe_router_load_balancing_type[24], moe_token_drop_policy[16];
+    char moe_token_dispatcher_type[16];
+    bool moe_router_pre_softmax, moe_router_enable_expert_bias, moe_pad_expert_input_to_capacity, moe_grouped_gemm;
+    double moe_router_topk_scaling_factor, moe_aux_loss_coeff, moe_z_loss_coeff; /* 0: none */
+    double moe_expert_capacity_factor;                 /* <= 0: dropless (Megatron's None) */
+    double moe_router_collapse_share;                  /* cohort: a router collapse is one expert over this share */
+    int moe_router_collapse_iters;                     /*   of a layer's tokens for this many iterations (0: off) */
     int virtual_pipeline_model_parallel_size, num_layers_per_virtual_pipeline_stage; /* 0: none */
     int num_virtual_stages_per_pipeline_rank;          /* 0: none (Megatron's newer name of the above) */
     int microbatch_group_size_per_vp_stage;            /* 0: the pipeline size */

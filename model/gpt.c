@@ -45,8 +45,9 @@ static int add_split(gpt_model *m, int cap, const char *name, int grows, int gco
     t->shape[1] = cols;
     t->numel = (size_t)rows * (size_t)(cols ? cols : 1);
     t->offset = m->nparams;
-    /* keep every tensor 16-float aligned so kernels see aligned rows */
-    m->nparams += (t->numel + 15) / 16 * 16;
+    /* keep every tensor 16-float aligned so kernels see aligned rows (a MoE layer's block is
+     * one run in moe.h's layout: padded after its last tensor) */
+    m->nparams += m->pack ? t->numel : (t->numel + 15) / 16 * 16;
     t->decay = decay;
     t->init_std = std;
     t->init_ones = ones;
@@ -58,6 +59,18 @@ static int add_tensor(gpt_model *m, int cap, const char *name, int rows, int col
     return add_split(m, cap, name, rows, cols, GPT_TP_REPLICATED, NULL, 0, decay, std, ones);
 }
 
+
+bool gpt_layer_is_moe(const gpt_config *c, int l) {
+    return c->moe.num_experts > 0 && l % (c->moe_layer_freq > 0 ? c->moe_layer_freq : 1) == 0;
+}
+
+/* The MoE layer's configuration with the model's hidden size and activation. */
+static moe_config moe_of(const gpt_config *c) {
+    moe_config mc = c->moe;
+    mc.hidden = c->hidden;
+    mc.swiglu = c->swiglu;
+    return mc;
+}
 
 static int qkv_width(const gpt_config *c) { return (c->heads + 2 * c->kv_groups) * c->head_dim; }
 static int fc1_width(const gpt_config *c) { return c->swiglu ? 2 * c->ffn_hidden : c->ffn_hidden; }
@@ -95,6 +108,18 @@ static int model_shape(gpt_model *m, int max_T) {
     m->sp = m->tp > 1 && c->sequence_parallel;
     int rc = gpt_tp_check(c, max_T);
     if (rc) return rc;
+    if (c->moe.num_experts > 0) {
+        moe_offsets mo;
+        moe_config mc = moe_of(c);
+        if ((rc = moe_layout(&mc, &mo))) return rc;
+        if (m->tp > 1)
+            return co_err_set(CO_EUNSUPPORTED, "mixture of experts with tensor parallelism is not supported yet");
+        if (c->bias)
+            return co_err_set(CO_EINVAL, "mixture of experts: the experts have no biases; add --disable-bias-linear");
+        int ep = c->moe.ep_size > 1 ? c->moe.ep_size : 1;
+        if (c->ep_rank < 0 || c->ep_rank >= ep)
+            return co_err_set(CO_EINVAL, "expert-parallel rank %d is outside a group of %d", c->ep_rank, ep);
+    }
     m->cfg.tp = m->tp;
     m->cfg.tp_rank = m->tpr;
     m->cfg.sequence_parallel = m->sp;
@@ -138,7 +163,8 @@ static int build_tensors(gpt_model *m) {
     int tp = m->tp, r = m->tpr, HD = c->head_dim;
     int kv_share = c->kv_groups >= tp ? 1 : tp / c->kv_groups;
     int L = c->num_layers, C = c->hidden, AH = m->NHl * HD;
-    int cap = 8 + L * NLAYER_T;
+    int E = c->moe.num_experts, ep = c->moe.ep_size > 1 ? c->moe.ep_size : 1, El = E / ep, e0 = c->ep_rank * El;
+    int cap = 8 + L * (NLAYER_T + 2 * El + 2);
     m->ntensors = 0;
     m->nparams = 0;
     m->tensors = calloc((size_t)cap, sizeof *m->tensors);
@@ -184,11 +210,35 @@ static int build_tensors(gpt_model *m) {
             if (c->bias) t[PROJ_B] = add_tensor(m, cap, NAME("attention.proj.bias"), C, 0, false, 0, false);
             t[LN2_W] = add_tensor(m, cap, NAME("mlp_norm.weight"), C, 0, false, 0, true);
             if (!c->rmsnorm) t[LN2_B] = add_tensor(m, cap, NAME("mlp_norm.bias"), C, 0, false, 0, false);
-            t[FC1_W] = add_split(m, cap, NAME("mlp.fc1.weight"), fc1_width(c), C, ROWS(pf, nf), true, std, false);
-            if (c->bias)
-                t[FC1_B] = add_split(m, cap, NAME("mlp.fc1.bias"), fc1_width(c), 0, ROWS(pf, nf), false, 0, false);
-            t[FC2_W] = add_split(m, cap, NAME("mlp.fc2.weight"), C, c->ffn_hidden, COLS(pc, 1), true, ostd, false);
-            if (c->bias) t[FC2_B] = add_tensor(m, cap, NAME("mlp.fc2.bias"), C, 0, false, 0, false);
+            if (gpt_layer_is_moe(c, l)) {
+                /* the router, the local experts' fc1 then fc2, the shared expert: one unpadded
+                 * run in moe.h's layout (the router's index locates the block) */
+                int Fm = c->moe.ffn_hidden, Fm1 = c->swiglu ? 2 * Fm : Fm, Fs = c->moe.shared_ffn;
+                int Fs1 = c->swiglu ? 2 * Fs : Fs;
+                char ename[64];
+                m->pack = true;
+                t[ROUTER_W] = add_tensor(m, cap, NAME("mlp.router.weight"), E, C, true, std, false);
+                for (int j = 0; j < El; j++) {
+                    snprintf(ename, sizeof ename, "layers.%d.mlp.experts.%d.fc1.weight", l, e0 + j);
+                    add_tensor(m, cap, ename, Fm1, C, true, std, false);
+                }
+                for (int j = 0; j < El; j++) {
+                    snprintf(ename, sizeof ename, "layers.%d.mlp.experts.%d.fc2.weight", l, e0 + j);
+                    add_tensor(m, cap, ename, C, Fm, true, ostd, false);
+                }
+                if (Fs) {
+                    add_tensor(m, cap, NAME("mlp.shared_experts.fc1.weight"), Fs1, C, true, std, false);
+                    add_tensor(m, cap, NAME("mlp.shared_experts.fc2.weight"), C, Fs, true, ostd, false);
+                }
+                m->pack = false;
+                m->nparams = (m->nparams + 15) / 16 * 16;
+            } else {
+                t[FC1_W] = add_split(m, cap, NAME("mlp.fc1.weight"), fc1_width(c), C, ROWS(pf, nf), true, std, false);
+                if (c->bias)
+                    t[FC1_B] = add_split(m, cap, NAME("mlp.fc1.bias"), fc1_width(c), 0, ROWS(pf, nf), false, 0, false);
+                t[FC2_W] = add_split(m, cap, NAME("mlp.fc2.weight"), C, c->ffn_hidden, COLS(pc, 1), true, ostd, false);
+                if (c->bias) t[FC2_B] = add_tensor(m, cap, NAME("mlp.fc2.bias"), C, 0, false, 0, false);
+            }
 #undef NAME
             /* sequence parallelism: the norms and the row-parallel biases see this rank's tokens only */
             int sp_t[] = {LN1_W, LN1_B, LN2_W, LN2_B, PROJ_B, FC2_B};
@@ -302,8 +352,13 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
                 A(a->ln2, N * C);
                 A(a->ln2_mean, N);
                 A(a->ln2_rstd, N);
-                A(a->fc1, N * gpt__fc1_local(m));
-                A(a->act, N * F);
+                if (gpt_layer_is_moe(c, ch->def.layer0 + i)) {
+                    moe_config mc = moe_of(c);
+                    if ((rc = moe_new(&a->moe, &mc, be, (int)N))) goto moefail;
+                } else {
+                    A(a->fc1, N * gpt__fc1_local(m));
+                    A(a->act, N * F);
+                }
             }
             A(sl->x_end, N * C);
             if (ch->def.head) {
@@ -350,12 +405,23 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
         A(m->d_dscale, N);
         if (!(m->host_losses = malloc(N * sizeof(float)))) goto nomem;
     }
+    m->moe_loss_scale = 1.0f;
+    if (c->moe.num_experts > 0 &&
+        !(m->moe_tpe = calloc((size_t)c->num_layers * c->moe.num_experts, sizeof *m->moe_tpe)))
+        goto nomem;
 #undef A
     *out = m;
     return 0;
 nomem:
     gpt_destroy(&m);
     return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate model memory");
+moefail:
+    {
+        char why[300];
+        snprintf(why, sizeof why, "%s", co_err_detail());
+        gpt_destroy(&m);
+        return co_err_set(rc, "gpt_new: a MoE layer: %s", why);
+    }
 }
 
 void gpt_destroy(gpt_model **pm) {
@@ -372,6 +438,7 @@ void gpt_destroy(gpt_model **pm) {
                 float *ps[] = {a->x_in, a->x_mid, a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att,
                                a->lse, a->ln2, a->ln2_mean, a->ln2_rstd, a->fc1, a->act};
                 for (size_t q = 0; q < sizeof ps / sizeof ps[0]; q++) if (ps[q]) o->free(be, ps[q]);
+                moe_destroy(&a->moe);
             }
             float *ps[] = {sl->x_end, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->logits, sl->losses};
             for (size_t q = 0; q < sizeof ps / sizeof ps[0]; q++) if (ps[q]) o->free(be, ps[q]);
@@ -385,6 +452,7 @@ void gpt_destroy(gpt_model **pm) {
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) if (ps[k]) o->free(be, ps[k]);
     if (m->params16) o->free(be, m->params16);
     free(m->host_losses);
+    free(m->moe_tpe);
     free(m->tok_l);
     free(m->t_layer);
     free(m->tensors);
@@ -437,6 +505,8 @@ void gpt_init(gpt_model *m, uint64_t seed) {
      * stage differently). */
     gpt_config whole = m->cfg;
     whole.nchunks = 0;
+    whole.moe.ep_size = 0; /* every expert, in global order */
+    whole.ep_rank = 0;
     gpt_tensor *all = NULL;
     int nall = 0;
     int rc = gpt_tensor_table(&whole, &all, &nall, NULL);
@@ -520,7 +590,39 @@ double gpt_flops_per_sample(const gpt_config *c, int s) {
     double h = c->hidden, L = c->num_layers;
     double qproj = (double)c->head_dim * c->heads / h;
     double gated = c->swiglu ? 1.5 : 1.0;
+    /* the MLP's width averaged over the layers: a MoE layer computes top-k experts and the
+     * shared expert per token (Megatron's formula with num_experts) */
+    double ffn = c->ffn_hidden;
+    if (c->moe.num_experts > 0) {
+        int nmoe = 0;
+        for (int l = 0; l < c->num_layers; l++) nmoe += gpt_layer_is_moe(c, l);
+        double moe_ffn = (double)c->moe.topk * c->moe.ffn_hidden + c->moe.shared_ffn;
+        ffn = ((L - nmoe) * c->ffn_hidden + nmoe * moe_ffn) / L;
+    }
     return 12.0 * s * L * h * h *
-           ((1.0 + (double)c->kv_groups / c->heads + s / h) * qproj + (double)c->ffn_hidden / h * gated +
+           ((1.0 + (double)c->kv_groups / c->heads + s / h) * qproj + ffn / h * gated +
             (double)c->padded_vocab / (2.0 * L * h));
+}
+
+void gpt_set_moe_loss_scale(gpt_model *m, float scale) { m->moe_loss_scale = scale; }
+
+int gpt_set_expert_group(gpt_model *m, struct cm_comm *ep, moe_dispatcher d, int timeout_ms) {
+    for (int k = 0; k < m->nchunks; k++)
+        for (int s = 0; s < m->chunk[k].slots; s++)
+            for (int i = 0; i < m->chunk[k].def.nlayers; i++) {
+                moe_layer *ml = m->chunk[k].slot[s].acts[i].moe;
+                int rc = ml ? moe_set_expert_group(ml, ep, d, timeout_ms) : 0;
+                if (rc) return rc;
+            }
+    return 0;
+}
+
+void gpt_moe_stats_take(gpt_model *m, gpt_moe_stats *out, int64_t *tpe) {
+    *out = m->moe_acc;
+    memset(&m->moe_acc, 0, sizeof m->moe_acc);
+    size_t n = (size_t)m->cfg.num_layers * (size_t)m->cfg.moe.num_experts;
+    if (n) {
+        if (tpe) memcpy(tpe, m->moe_tpe, sizeof(int64_t) * n);
+        memset(m->moe_tpe, 0, sizeof(int64_t) * n);
+    }
 }

@@ -32,6 +32,7 @@
 #define COHORT_MODEL_GPT_H
 
 #include "kernels/backend.h"
+#include "model/moe.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -75,6 +76,16 @@ typedef struct gpt_config {
      * layers with the embedding and the head, one slot: no pipelining) */
     int nchunks;
     gpt_chunk chunks[GPT_MAX_CHUNKS];
+    /* mixture of experts (model/moe.h; moe.num_experts 0: a dense model): the MLP of every
+     * moe_layer_freq-th layer (layer l with l % moe_layer_freq == 0, Megatron's
+     * --moe-layer-freq N) is a MoE layer of moe.num_experts experts of moe.ffn_hidden;
+     * moe.hidden and moe.swiglu are the model's. Experts are tensors of their own, named by
+     * global expert index ("layers.L.mlp.experts.E.fc1.weight"), so a checkpoint reshards
+     * across expert-parallel sizes by name; with moe.ep_size > 1 this rank holds experts
+     * [ep_rank * E/ep, (ep_rank + 1) * E/ep). Not with tp > 1 or bf16 yet. */
+    moe_config moe;
+    int moe_layer_freq;
+    int ep_rank;
 } gpt_config;
 
 /* How the tensor group splits a tensor: not at all (every rank holds it whole), along its
@@ -256,6 +267,27 @@ void gpt_inject_act_flip(gpt_model *m, size_t index, int bit);
 /* Logits of position t of sequence b after a forward with dscale = NULL: Vp floats, valid
  * until the next forward. NULL under tensor parallelism (each rank holds Vp/tp). */
 const float *gpt_last_logits(gpt_model *m, int b, int t);
+
+/* ---- mixture of experts ----
+ * Whether layer l is a MoE layer. */
+bool gpt_layer_is_moe(const gpt_config *c, int l);
+/* The weight of the MoE layers' aux and z losses in the gradient (Megatron's
+ * MoEAuxLossAutoScaler scale: 1 / micro batches per step; 1 until set). */
+void gpt_set_moe_loss_scale(gpt_model *m, float scale);
+/* The expert-parallel group (moe.ep_size ranks, this one at ep_rank) and dispatcher for every
+ * MoE layer; required before the first forward when moe.ep_size > 1. */
+int gpt_set_expert_group(gpt_model *m, struct cm_comm *ep, moe_dispatcher d, int timeout_ms);
+/* Sums since the last call (then reset), over the MoE layers' training forwards: the
+ * load-balancing loss divided by its coefficient and the z loss divided by its (Megatron
+ * logs them so: "load_balancing_loss", "z_loss"), the forwards counted and the tokens
+ * dropped; and into tpe[num_layers * E] (may be NULL) the tokens each expert of each layer
+ * computed (rows of dense layers and of other stages' layers stay 0). */
+typedef struct gpt_moe_stats {
+    double lb_loss, z_loss;
+    int64_t forwards;
+    int64_t dropped;
+} gpt_moe_stats;
+void gpt_moe_stats_take(gpt_model *m, gpt_moe_stats *out, int64_t *tpe);
 
 /* Model FLOPs of one sample of seq_len tokens, forward + backward, by Megatron's formula
  * (num_floating_point_operations / batch). */

@@ -11,7 +11,10 @@
 #include <stdint.h>
 
 /* Indices of a layer's tensors in the tensor table. */
-enum { LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC1_W, FC1_B, FC2_W, FC2_B, NLAYER_T };
+enum { LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC1_W, FC1_B, FC2_W, FC2_B,
+       /* a MoE layer: the router; the local experts' fc1 then fc2 follow it in the table and
+        * the flat buffer, then the shared expert's, all unpadded: moe.h's layout */
+       ROUTER_W, NLAYER_T };
 
 /* One layer's saved activations for one micro batch (N = B*T rows; Nl = N/tp under
  * sequence parallelism, else N). */
@@ -22,8 +25,9 @@ typedef struct layer_acts {
     float *x_mid;       /* [Nl,C] residual stream after the attention branch */
     float *att, *lse;   /* [N,NH*HD], [B*NH*T] */
     float *ln2, *ln2_mean, *ln2_rstd;
-    float *fc1;         /* [N, F or 2F] */
+    float *fc1;         /* [N, F or 2F] (dense layers) */
     float *act;         /* [N,F] */
+    moe_layer *moe;     /* a MoE layer's router, experts and their saved state */
 } layer_acts;
 
 /* One micro batch in flight through a chunk: its layers' activations and the end of its
@@ -88,6 +92,11 @@ struct gpt_model {
      * copied into backend buffers each forward, and losses come back through host_losses.
      * host_batch (CPU): the caller's arrays are used as they are. */
     bool host_batch;
+    /* mixture of experts */
+    float moe_loss_scale;
+    gpt_moe_stats moe_acc;
+    int64_t *moe_tpe;   /* [L][E] tokens per expert since the last gpt_moe_stats_take */
+    bool pack;          /* add_split does not pad (a MoE layer's block) */
     int32_t *d_tok, *d_tgt, *d_pos, *d_seg;
     float *d_dscale, *host_losses;
 };

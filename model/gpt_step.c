@@ -8,6 +8,7 @@
  *                     x = x + dropout(a Wproj^T + b)
  *                     h2 = norm2(x); f = h2 W1^T + b; g = gelu(f) | swiglu(f)
  *                     x = x + dropout(g W2^T + b)
+ *                     (a MoE layer: x = x + dropout(moe(h2)), model/moe.h)
  *   head chunk:       hf = normf(x); logits = hf Wlm^T; loss = cross_entropy(logits, targets)
  *   other chunks:     x is the output for the next stage (gpt_chunk_output)
  * Backward walks the same list in reverse; the gradient of the residual stream is one
@@ -155,12 +156,30 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
         o->add(be, a->x_mid, a->x_in, tmp, NlC);
         o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]),
                         P(m, t[LN2_B]), Nl, C, c->norm_eps);
-        const float *in2 = a->ln2;
-        if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
-        o->linear_forward(be, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
-        if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, N, F);
-        else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
-        gpt__row_parallel_forward(m, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, Nl);
+        if (a->moe) {
+            /* a MoE layer (tp 1): router, experts, shared expert over the normed tokens */
+            int rc = moe_forward(a->moe, tmp, a->ln2, P(m, t[ROUTER_W]), NULL, B, T);
+            if (rc) {
+                be->status = rc;
+                return NAN;
+            }
+            if (train) {
+                const moe_config *mc = &c->moe;
+                m->moe_acc.lb_loss += mc->aux_coeff > 0 ? moe_aux_loss(a->moe) / mc->aux_coeff : 0.0;
+                m->moe_acc.z_loss += mc->z_coeff > 0 ? moe_z_loss(a->moe) / mc->z_coeff : 0.0;
+                m->moe_acc.forwards++;
+                m->moe_acc.dropped += moe_dropped(a->moe);
+                const int32_t *tpe = moe_tokens_per_expert(a->moe);
+                for (int e = 0; e < mc->num_experts; e++) m->moe_tpe[(size_t)l * mc->num_experts + e] += tpe[e];
+            }
+        } else {
+            const float *in2 = a->ln2;
+            if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
+            o->linear_forward(be, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
+            if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, N, F);
+            else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
+            gpt__row_parallel_forward(m, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, Nl);
+        }
         if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 3) + hoff);
         o->add(be, x_out, a->x_mid, tmp, NlC);
     }
@@ -268,14 +287,25 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
             o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 3) + hoff);
             dmlp = m->tmp;
         }
-        gpt__row_parallel_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
-                                   P16(m, t[FC2_W]), N, F, Nl);
-        if (c->swiglu) o->swiglu_backward(be, m->dbig, m->dffn, a->fc1, N, F);
-        else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
-        const float *in2 = a->ln2;
-        if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
-        gpt__column_parallel_backward(m, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]),
-                                      P16(m, t[FC1_W]), N, C, F1);
+        if (a->moe) {
+            /* the normed input's gradient into dh (as the column-parallel fc1's would be); the
+             * aux and z losses enter with the model's MoE loss scale */
+            int rc = moe_backward(a->moe, m->dh, G(m, t[ROUTER_W]), dmlp, a->ln2, P(m, t[ROUTER_W]),
+                                  m->moe_loss_scale);
+            if (rc) {
+                be->status = rc;
+                return;
+            }
+        } else {
+            gpt__row_parallel_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                                       P16(m, t[FC2_W]), N, F, Nl);
+            if (c->swiglu) o->swiglu_backward(be, m->dbig, m->dffn, a->fc1, N, F);
+            else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
+            const float *in2 = a->ln2;
+            if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
+            gpt__column_parallel_backward(m, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]),
+                                          P16(m, t[FC1_W]), N, C, F1);
+        }
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN2_W]), G(m, t[LN2_B]), m->dh, a->x_mid,
                          P(m, t[LN2_W]), a->ln2_mean, a->ln2_rstd, Nl, C);
         /* attention branch */

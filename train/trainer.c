@@ -251,9 +251,11 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     m->tp = t->tp_size;
     m->tp_rank = t->tp_rank;
     m->sequence_parallel = t->tp && c->sequence_parallel;
+    trainer__moe_config(t, m);
     if (t->pp && (rc = pipeline_setup(t, m))) goto fail;
     rc = gpt_new(&t->model, m, t->be, c->micro_batch_size, c->seq_length);
     if (rc) goto fail;
+    if ((rc = trainer__moe_setup(t))) goto fail;
     if (t->tp) gpt_set_tensor_group(t->model, t->tp, TRAIN_COMM_TIMEOUT_MS);
     gpt_init(t->model, (uint64_t)c->seed);
     rc = opt_adamw_init(&t->opt, t->model, (float)c->adam_beta1, (float)c->adam_beta2, (float)c->adam_eps,
@@ -357,6 +359,7 @@ void trainer_destroy(trainer **pt) {
     if (!t) return;
     for (int s = 0; s < 3; s++) dl_destroy(&t->ds[s]);
     tok_close(&t->sft_tok);
+    trainer__moe_free(t);
     if (t->model) {
         opt_adamw_free(&t->opt, t->model);
         gpt_destroy(&t->model);
@@ -503,8 +506,11 @@ static void resident_memory(long long *rss, long long *hwm) {
     fclose(f);
 }
 
-static void log_line(trainer *t, double lr, double grad_norm) {
+static int log_line(trainer *t, double lr, double grad_norm) {
     const co_config *c = &t->cfg;
+    char moe_txt[160], moe_json[240];
+    int mrc = trainer__moe_log(t, moe_txt, sizeof moe_txt, moe_json, sizeof moe_json);
+    if (mrc) return mrc;
     double ms = 1000.0 * t->time_since_log / t->iters_since_log;
     double loss = t->tok_sum > 0 ? t->loss_sum / t->tok_sum : NAN;
     double tflops = t->flops_per_sample * c->global_batch_size / (ms / 1000.0) / 1e12 /
@@ -515,11 +521,11 @@ static void log_line(trainer *t, double lr, double grad_norm) {
     progress_clear(t);
     if (t->log) fprintf(t->log,
             " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
-            "throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E | "
+            "throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E |%s "
             "loss scale: %.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: "
             "%3lld |\n",
             ts, (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tflops, lr,
-            c->global_batch_size, loss, 1.0, grad_norm, (long long)t->skipped, (long long)t->nan_iters);
+            c->global_batch_size, loss, moe_txt, 1.0, grad_norm, (long long)t->skipped, (long long)t->nan_iters);
     if (t->log) fflush(t->log);
     /* the tensor group's collectives inside the model since the last line (this rank's) */
     char tpx[200] = "";
@@ -538,11 +544,11 @@ static void log_line(trainer *t, double lr, double grad_norm) {
                 "\"tokens_per_second\":%.1f,\"tflops_per_rank\":%.4f,\"learning_rate\":%.9e,\"global_batch_size\":%d,"
                 "\"lm_loss\":%s,\"loss_scale\":1.0,\"grad_norm\":%s,\"skipped_iterations\":%lld,"
                 "\"nan_iterations\":%lld,\"validation_ms_per_iteration\":%.3f,\"weight_checksum_ms_per_iteration\":%.3f,"
-                "\"weight_hash_ms_per_iteration\":%.3f%s,\"rss_bytes\":%lld,\"max_rss_bytes\":%lld,\"time\":\"%s\"}\n",
+                "\"weight_hash_ms_per_iteration\":%.3f%s%s,\"rss_bytes\":%lld,\"max_rss_bytes\":%lld,\"time\":\"%s\"}\n",
                 (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tok_s, tflops, lr,
                 c->global_batch_size, json_num(lb, "%.9e", loss), json_num(gb, "%.6f", grad_norm), (long long)t->skipped, (long long)t->nan_iters,
                 1000.0 * t->gate_s / t->iters_since_log, 1000.0 * t->sum_wait_s / t->iters_since_log,
-                1000.0 * t->sum_hash_s / t->iters_since_log, tpx, rss, hwm, ts);
+                1000.0 * t->sum_hash_s / t->iters_since_log, tpx, moe_json, rss, hwm, ts);
         fflush(t->metrics);
     }
     t->last_loss = loss;
@@ -550,6 +556,7 @@ static void log_line(trainer *t, double lr, double grad_norm) {
     t->loss_sum = t->tok_sum = 0;
     t->iters_since_log = 0;
     t->time_since_log = 0;
+    return 0;
 }
 
 /* Data-parallel reduction of one step: gradients summed then averaged (one flat
@@ -581,6 +588,7 @@ static void emit_line(trainer *t, const char *line, bool to_sink) {
     if (to_sink && t->ev_fn) t->ev_fn(t->ev_ctx, line);
 }
 static void emit(trainer *t, const char *line) { emit_line(t, line, true); }
+void trainer__emit(trainer *t, const char *line) { emit(t, line); }
 
 /* kill, stop, hang and slow faults of this rank at (step, micro batch, phase) */
 static void fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph) {
@@ -1189,6 +1197,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         }
         t->iteration++;
         t->consumed[0] += c->global_batch_size;
+        trainer__moe_step(t);
         if (t->tl && tl_flush(t->tl)) {
             fprintf(stderr, "cohort rank %d: the timeline: %s; not recorded further\n", t->job_rank, co_err_detail());
             tl_close(&t->tl_open_rec);
@@ -1199,7 +1208,10 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         t->tok_sum += it_tok;
         t->iters_since_log++;
         t->time_since_log += dt;
-        if (t->iteration % c->log_interval == 0) log_line(t, lr_at(&t->lr, t->iteration), gnorm);
+        if (t->iteration % c->log_interval == 0) {
+            int rc = log_line(t, lr_at(&t->lr, t->iteration), gnorm);
+            if (rc) return rc;
+        }
         t->ema_step_s = t->ema_step_s > 0 ? 0.9 * t->ema_step_s + 0.1 * dt : dt;
         if (t->iteration % c->log_interval && tty)
             progress_draw(t, it_tok > 0 ? it_loss / it_tok : 0, (double)c->global_batch_size * T / t->ema_step_s);

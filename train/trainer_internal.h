@@ -116,12 +116,30 @@ struct trainer {
     tl_rec *tl_open_rec;    /* open for the run (--timeline-dir) */
     tl_rec *tl;             /* = tl_open_rec while the current iteration is recorded */
     int64_t tl_start;       /* iterations completed when this run started */
+    /* mixture of experts (trainer_moe.c): the log interval's sums, tokens per expert of the
+     * last step [L][E], each layer's router-collapse streak, health events so far */
+    double moe_lb_sum, moe_z_sum, moe_forwards, moe_dropped;
+    int64_t *moe_tpe;
+    int *moe_streak;
+    int64_t moe_collapses;
 };
 
 
 /* Reads micro batch samples [first, first+B) of split s into buffer `into` and describes it
  * in *b (tensor rank 0 reads, the group receives them). */
 int trainer__load_batch(trainer *t, int s, int64_t first, tr_batch *into, gpt_batch *b);
+
+/* trainer_moe.c: the model's MoE settings from the flags (before gpt_new), the aux losses'
+ * weight and the statistics' buffers (after), each step's statistics and router-collapse
+ * check, and the log line's and the metrics record's MoE items (a collective over the
+ * data-parallel and model-parallel groups: every rank calls it at every log line). */
+void trainer__moe_config(trainer *t, gpt_config *m);
+int trainer__moe_setup(trainer *t);
+void trainer__moe_free(trainer *t);
+void trainer__moe_step(trainer *t);
+int trainer__moe_log(trainer *t, char *text, size_t tn, char *json, size_t jn);
+/* A line for the event sink (the run report) and the log, as faults and repairs are. */
+void trainer__emit(trainer *t, const char *line);
 
 /* One timeline record of the current iteration (nothing when it is not recorded). */
 static inline void trainer__tl(trainer *t, tl_kind k, int mb, int chunk, double t0) {

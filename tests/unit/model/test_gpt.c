@@ -1,5 +1,6 @@
 /* test_gpt.c - the whole model against finite differences, determinism of training steps,
  * and a learnable synthetic task whose loss must fall below a bound. */
+#include "common/error.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
 #include "model/gpt.h"
@@ -263,11 +264,112 @@ static void test_param_layout(void) {
     kb_backend_destroy(&be);
 }
 
+/* ---------------------------------------------------------------- mixture of experts */
+
+static gpt_config tiny_moe(int E, int k, int freq) {
+    gpt_config c = tiny();
+    c.bias = false;
+    c.moe = (moe_config){.num_experts = E, .ffn_hidden = 24, .topk = k, .score = MOE_SCORE_SOFTMAX,
+                         .lb = MOE_LB_AUX, .drop = MOE_DROP_PROBS};
+    c.moe_layer_freq = freq;
+    return c;
+}
+
+/* Every expert selected (top-k = E, so no routing decision flips under a finite-difference
+ * step), the losses' coefficients 0 (finite differences see the language-model loss only):
+ * every router, expert and shared-expert gradient entry against finite differences; and
+ * with a dense layer between MoE layers (--moe-layer-freq 2). */
+static void test_grad_moe(void) {
+    gpt_config c = tiny_moe(4, 4, 1);
+    c.moe.shared_ffn = 12;
+    grad_check(c, false, "moe: 4 experts, shared expert, gelu");
+    c = tiny_moe(3, 3, 2);
+    c.num_layers = 3;
+    c.swiglu = true;
+    c.rmsnorm = true;
+    c.moe.score = MOE_SCORE_SIGMOID;
+    grad_check(c, true, "moe: sigmoid, swiglu, every second layer, reset mask");
+}
+
+/* One expert, top-1 (its probability is 1): the MoE layer is the dense MLP. The same weights
+ * in both models give the same loss and gradients (within float rounding of the permuted
+ * rows), the tensor table names the expert by its global index, and the MoE layer's block
+ * is one unpadded run in moe.h's layout. */
+static void test_moe_one_expert_is_dense(void) {
+    kb_backend *be = backend(false);
+    REQUIRE(be);
+    gpt_config cd = tiny();
+    cd.bias = false;
+    cd.ffn_hidden = 24;
+    gpt_config cm = tiny_moe(1, 1, 1);
+    gpt_model *d = NULL, *m = NULL;
+    REQUIRE(gpt_new(&d, &cd, be, 2, 8) == 0 && gpt_new(&m, &cm, be, 2, 8) == 0);
+    gpt_init(d, 3);
+    gpt_init(m, 3);
+    const gpt_tensor *td = gpt_tensors(d), *tm = gpt_tensors(m);
+    /* copy every dense tensor to the MoE model's by name (fc1/fc2 to expert 0's) */
+    char name[80];
+    int copied = 0, routers = 0;
+    for (int j = 0; j < gpt_num_tensors(m); j++) {
+        if (strstr(tm[j].name, "router")) {
+            routers++;
+            continue;
+        }
+        snprintf(name, sizeof name, "%s", tm[j].name);
+        char *e = strstr(name, "experts.0.");
+        if (e) memmove(e, e + strlen("experts.0."), strlen(e + strlen("experts.0.")) + 1);
+        for (int i = 0; i < gpt_num_tensors(d); i++)
+            if (!strcmp(td[i].name, name)) {
+                CHECK(td[i].numel == tm[j].numel);
+                memcpy(gpt_params(m) + tm[j].offset, gpt_params(d) + td[i].offset, sizeof(float) * td[i].numel);
+                copied++;
+            }
+    }
+    CHECK(routers == 2 && copied == gpt_num_tensors(m) - 2);
+    for (int j = 0; j < gpt_num_tensors(m); j++)
+        if (strstr(tm[j].name, "router")) {
+            /* the block: router [E,C], expert fc1, expert fc2, contiguous */
+            CHECK(!strncmp(tm[j + 1].name, tm[j].name, 9) && strstr(tm[j + 1].name, "mlp.experts.0.fc1.weight"));
+            CHECK(tm[j + 1].offset == tm[j].offset + tm[j].numel && tm[j + 2].offset == tm[j + 1].offset + tm[j + 1].numel);
+        }
+    batch_buf bb;
+    make_batch(&bb, 2, 8, cd.vocab, 11, false);
+    gpt_zero_grad(d);
+    gpt_zero_grad(m);
+    double ld = loss_of(d, &bb, 1), lm = loss_of(m, &bb, 1);
+    gpt_backward(d, &bb.b, 1);
+    gpt_backward(m, &bb.b, 1);
+    CHECK_MSG(fabs(ld - lm) <= 1e-6 * fabs(ld), "dense %.9g, one expert %.9g", ld, lm);
+    double worst = 0;
+    for (int j = 0; j < gpt_num_tensors(m); j++) {
+        if (strstr(tm[j].name, "router")) continue;
+        snprintf(name, sizeof name, "%s", tm[j].name);
+        char *e = strstr(name, "experts.0.");
+        if (e) memmove(e, e + strlen("experts.0."), strlen(e + strlen("experts.0.")) + 1);
+        for (int i = 0; i < gpt_num_tensors(d); i++)
+            if (!strcmp(td[i].name, name))
+                for (size_t k = 0; k < td[i].numel; k++)
+                    worst = fmax(worst, fabs((double)gpt_grads(d)[td[i].offset + k] - gpt_grads(m)[tm[j].offset + k]));
+    }
+    CHECK_MSG(worst <= 1e-6, "gradients differ by %.3g", worst);
+    gpt_destroy(&d);
+    gpt_destroy(&m);
+    /* refused: tensor parallelism, biases */
+    cm.tp = 2;
+    CHECK(gpt_new(&m, &cm, be, 2, 8) == CO_EUNSUPPORTED);
+    cm = tiny_moe(4, 2, 1);
+    cm.bias = true;
+    CHECK(gpt_new(&m, &cm, be, 2, 8) == CO_EINVAL && strstr(co_err_detail(), "--disable-bias-linear"));
+    kb_backend_destroy(&be);
+}
+
 int main(void) {
     RUN(test_param_layout);
     RUN(test_grad_gpt2_style);
     RUN(test_grad_llama_style);
     RUN(test_grad_dropout_and_reset_mask);
+    RUN(test_grad_moe);
+    RUN(test_moe_one_expert_is_dense);
     RUN(test_bitwise_repeatable);
     RUN(test_learns_counting);
     RUN(test_learns_counting_bf16);

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# moe_test.sh - `cohort train` with mixture-of-experts layers (--num-experts), one case per
+# meson test.
+#   moe_test.sh COHORT CASE
+# Cases:
+#   train        4 experts, top-2, every second layer MoE, a shared expert, capacity and
+#                grouped products: trains (the loss falls), the log line carries Megatron's
+#                "load_balancing_loss" and "z_loss" items after "lm loss", the metrics record
+#                their values; a second run is bitwise the same
+#   resume       a run stopped at iteration 3 and resumed ends with the uninterrupted run's
+#                checkpoint bitwise (ckpt diff); `ckpt inspect` lists the router and every
+#                expert under its global index
+#   layouts      dp 2 and pp 2 (two stages holding MoE layers) train the one-rank job's
+#                numbers within fp32 reduction tolerance (losses, gradient norms, the
+#                validation loss; the final parameters and moments within 1e-5, ckpt diff)
+#   collapse     a router that sends most tokens to one expert (the collapse threshold set
+#                low) is reported as a training-health event: in the log, the metrics
+#                (moe_router_collapses) and, under the supervisor, the run report
+#   refused      bad configurations exit 2 before any work: top-k above the experts,
+#                biases, tensor parallelism, expert parallelism, the expert bias, flex, group
+#                counts that do not divide, padding without a capacity
+set -uo pipefail
+cohort=$1; case_name=$2
+export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
+work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-moe.XXXXXX")
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4 --hidden-size 32
+      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
+      --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
+      --threads 1 --disable-bias-linear
+      --num-experts 4 --moe-router-topk 2 --moe-layer-freq 2 --moe-ffn-hidden-size 48
+      --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3)
+. "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
+
+run() { # NAME ITERS ARGS...: metrics in $work/NAME.jsonl, output in $work/NAME.out
+    local name=$1 iters=$2; shift 2
+    "$cohort" train "${tiny[@]}" --train-iters "$iters" --metrics-file "$work/$name.jsonl" "$@" >"$work/$name.out" 2>&1 ||
+        fail "$name: exit $?: $(tail -5 "$work/$name.out")"
+}
+case $case_name in
+train)
+    more=(--moe-shared-expert-intermediate-size 16 --moe-expert-capacity-factor 1.5 --moe-grouped-gemm --lr 3e-3)
+    run a 30 "${more[@]}"
+    run b 30 "${more[@]}"
+    grep -q ' lm loss: [0-9.E+-]* | load_balancing_loss: [0-9.E+-]* | z_loss: [0-9.E+-]* | loss scale:' "$work/a.out" ||
+        fail "the log line lacks the MoE items: $(grep -m1 iteration "$work/a.out")"
+    /usr/bin/python3 - "$work/a.jsonl" <<'PY' || fail "metrics: $(head -c 600 "$work/a.jsonl")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"grad_norm"' in l]
+assert len(rows) == 30, len(rows)
+for r in rows:
+    # the switch loss over its coefficient is about 1 when the router is balanced (E * sum f_i P_i)
+    assert 0.9 < r["load_balancing_loss"] < 2.0 and r["z_loss"] > 0, r
+    assert "moe_dropped_tokens" in r and r["moe_router_collapses"] == 0, r
+first = sum(r["lm_loss"] for r in rows[:5]) / 5
+last = sum(r["lm_loss"] for r in rows[-5:]) / 5
+assert last < first - 0.05, (first, last)
+print("ok: lm loss %.4f -> %.4f, load_balancing_loss %.4f, z_loss %.4f" % (first, last, rows[-1]["load_balancing_loss"], rows[-1]["z_loss"]))
+PY
+    [ "$(losses "$work/a.jsonl")" = "$(losses "$work/b.jsonl")" ] || fail "two runs differ"
+    ;;
+resume)
+    run full 6 --save "$work/full"
+    run half 6 --exit-interval 3 --save "$work/s"
+    run rest 6 --load "$work/s" --save "$work/s"
+    "$cohort" ckpt diff "$work/full" "$work/s" >"$work/diff.out" 2>&1 || fail "resumed run differs: $(tail -5 "$work/diff.out")"
+    "$cohort" ckpt inspect "$work/s" >"$work/inspect.out" 2>&1 || fail "inspect: $(tail -3 "$work/inspect.out")"
+    for t in layers.0.mlp.router.weight layers.0.mlp.experts.3.fc1.weight layers.2.mlp.experts.0.fc2.weight \
+             layers.1.mlp.fc1.weight; do
+        grep -q "$t" "$work/inspect.out" || fail "inspect lacks $t: $(grep -m5 mlp "$work/inspect.out")"
+    done
+    ! grep -q "layers.1.mlp.experts" "$work/inspect.out" || fail "layer 1 is dense (--moe-layer-freq 2)"
+    ;;
+layouts)
+    run one 5 --nproc-per-node 1 --save "$work/one.ck"
+    run dp2 5 --nproc-per-node 2 --save "$work/dp2.ck"
+    run pp2 5 --nproc-per-node 2 --pipeline-model-parallel-size 2 --save "$work/pp2.ck"
+    compare 1 one dp2 pp2
+    for n in dp2 pp2; do
+        "$cohort" ckpt diff "$work/one.ck" "$work/$n.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$n: diff"
+        /usr/bin/python3 -c "
+import json, sys
+rows = json.load(open('$work/d.json'))['tensors']
+assert any('experts.3.fc2' in r['name'] for r in rows), [r['name'] for r in rows][:20]
+assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+assert not bad, bad[:3]
+" || fail "$n: parameters differ from one rank's: $(head -c 400 "$work/d.json")"
+    done
+    ;;
+collapse)
+    # top-1 of 4 experts; any expert over 30% of a layer's tokens for 2 iterations is reported
+    c=(--moe-router-topk 1 --moe-router-collapse-share 0.3 --moe-router-collapse-iters 2 --moe-aux-loss-coeff 0)
+    run one 6 "${c[@]}"
+    grep -q "training health: router collapse in layer [02] at iteration [0-9]*: expert [0-3] got" "$work/one.out" ||
+        fail "no collapse event: $(grep -i collapse "$work/one.out" | head -3)"
+    grep -q '"moe_router_collapses":[1-9]' "$work/one.jsonl" || fail "metrics: $(tail -c 300 "$work/one.jsonl")"
+    run sv 6 "${c[@]}" --nproc-per-node 2 --run-report "$work/sv.report.json"
+    grep -q "router collapse in layer" "$work/sv.report.json" ||
+        fail "the run report lacks the event: $(head -c 800 "$work/sv.report.json")"
+    # the default threshold (90% for 20 iterations) stays quiet on this run
+    run quiet 6 --moe-router-topk 1
+    ! grep -q "router collapse" "$work/quiet.out" || fail "a collapse reported at the default threshold"
+    ;;
+refused)
+    expect() { # PATTERN ARGS...: exit 2 and the pattern on stderr, nothing trained
+        local pat=$1; shift
+        "$cohort" train "${tiny[@]}" --train-iters 2 "$@" >"$work/r.out" 2>&1; local rc=$?
+        [ $rc -eq 2 ] || fail "$*: exit $rc, expected 2: $(tail -3 "$work/r.out")"
+        grep -q -- "$pat" "$work/r.out" || fail "$*: no '$pat' in: $(tail -3 "$work/r.out")"
+        ! grep -q "iteration  *1/" "$work/r.out" || fail "$*: trained"
+    }
+    expect "--moe-router-topk 5 must be between 1 and --num-experts 4" --moe-router-topk 5
+    # biases (tiny without --disable-bias-linear)
+    with_bias=(); for a in "${tiny[@]}"; do [ "$a" = --disable-bias-linear ] || with_bias+=("$a"); done
+    "$cohort" train "${with_bias[@]}" --train-iters 2 >"$work/r.out" 2>&1; rc=$?
+    [ $rc -eq 2 ] && grep -q -- "add --disable-bias-linear" "$work/r.out" || fail "biases: exit $rc: $(tail -3 "$work/r.out")"
+    expect "with --tensor-model-parallel-size 2 is not supported yet" --tensor-model-parallel-size 2 --nproc-per-node 2
+    expect "--expert-model-parallel-size 2 is not supported yet" --expert-model-parallel-size 2 --nproc-per-node 2
+    expect "--moe-router-enable-expert-bias is not supported yet" --moe-router-enable-expert-bias --moe-router-score-function sigmoid
+    expect "flex (DeepEP) is not supported" --moe-token-dispatcher-type flex
+    expect "--moe-router-num-groups 3 must divide" --moe-router-num-groups 3 --moe-router-group-topk 1
+    expect "needs --moe-expert-capacity-factor" --moe-pad-expert-input-to-capacity
+    expect "sinkhorn is not supported yet" --moe-router-load-balancing-type sinkhorn
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
+echo "ok: $case_name"

@@ -1,0 +1,122 @@
+/* trainer_moe.c - the trainer's side of the mixture of experts (docs/moe.md): the model's
+ * MoE configuration from the flags, the aux losses' gradient weight, Megatron's log items
+ * ("load_balancing_loss", "z_loss": each loss over its coefficient, averaged over the MoE
+ * layers, micro batches, data-parallel replicas and the iterations of the log interval), and
+ * the router-collapse health check: one expert getting more than --moe-router-collapse-share
+ * of a layer's tokens on this rank for --moe-router-collapse-iters iterations in a row is a
+ * training-health event (the event sink: the run report and the log), once per episode. */
+#include "train/trainer_internal.h"
+
+#include "common/error.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void trainer__moe_config(trainer *t, gpt_config *m) {
+    const co_config *c = &t->cfg;
+    if (c->num_experts <= 0) return;
+    moe_config *mc = &m->moe;
+    memset(mc, 0, sizeof *mc);
+    mc->num_experts = c->num_experts;
+    mc->ffn_hidden = c->moe_ffn_hidden_size > 0 ? c->moe_ffn_hidden_size : c->ffn_hidden_size;
+    mc->topk = c->moe_router_topk;
+    mc->score = strcmp(c->moe_router_score_function, "sigmoid") ? MOE_SCORE_SOFTMAX : MOE_SCORE_SIGMOID;
+    mc->pre_softmax = c->moe_router_pre_softmax;
+    mc->num_groups = c->moe_router_num_groups;
+    mc->group_topk = c->moe_router_group_topk;
+    mc->scaling_factor = (float)c->moe_router_topk_scaling_factor;
+    mc->expert_bias = c->moe_router_enable_expert_bias;
+    mc->lb = !strcmp(c->moe_router_load_balancing_type, "none")           ? MOE_LB_NONE
+             : !strcmp(c->moe_router_load_balancing_type, "seq_aux_loss") ? MOE_LB_SEQ_AUX
+                                                                           : MOE_LB_AUX;
+    mc->aux_coeff = (float)c->moe_aux_loss_coeff;
+    mc->z_coeff = (float)c->moe_z_loss_coeff;
+    mc->capacity_factor = c->moe_expert_capacity_factor;
+    mc->drop = strcmp(c->moe_token_drop_policy, "position") ? MOE_DROP_PROBS : MOE_DROP_POSITION;
+    mc->pad_to_capacity = c->moe_pad_expert_input_to_capacity;
+    mc->grouped_gemm = c->moe_grouped_gemm;
+    mc->shared_ffn = c->moe_shared_expert_intermediate_size;
+    mc->ep_size = c->expert_model_parallel_size;
+    m->moe_layer_freq = c->moe_layer_freq;
+}
+
+int trainer__moe_setup(trainer *t) {
+    const co_config *c = &t->cfg;
+    if (c->num_experts <= 0) return 0;
+    /* Megatron's MoEAuxLossAutoScaler: the aux losses' gradient weighs 1 / micro batches */
+    gpt_set_moe_loss_scale(t->model, 1.0f / (float)t->M);
+    size_t n = (size_t)c->num_layers * (size_t)c->num_experts;
+    t->moe_tpe = calloc(n, sizeof *t->moe_tpe);
+    t->moe_streak = calloc((size_t)c->num_layers, sizeof *t->moe_streak);
+    if (!t->moe_tpe || !t->moe_streak) return co_err_set(CO_ENOMEM, "trainer: the MoE statistics");
+    return 0;
+}
+
+void trainer__moe_free(trainer *t) {
+    free(t->moe_tpe);
+    free(t->moe_streak);
+    t->moe_tpe = NULL;
+    t->moe_streak = NULL;
+}
+
+void trainer__moe_step(trainer *t) {
+    const co_config *c = &t->cfg;
+    if (c->num_experts <= 0 || !t->moe_tpe) return;
+    gpt_moe_stats st;
+    gpt_moe_stats_take(t->model, &st, t->moe_tpe);
+    t->moe_lb_sum += st.lb_loss;
+    t->moe_z_sum += st.z_loss;
+    t->moe_forwards += (double)st.forwards;
+    t->moe_dropped += (double)st.dropped;
+    if (c->moe_router_collapse_iters <= 0) return;
+    int E = c->num_experts, k = c->moe_router_topk;
+    for (int l = 0; l < c->num_layers; l++) {
+        const int64_t *tpe = t->moe_tpe + (size_t)l * E;
+        int64_t sum = 0, mx = 0;
+        int arg = 0;
+        for (int e = 0; e < E; e++) {
+            sum += tpe[e];
+            if (tpe[e] > mx) mx = tpe[e], arg = e;
+        }
+        if (!sum) continue; /* not a MoE layer of this stage */
+        /* the share of the layer's tokens the busiest expert computed (k rows per token) */
+        double share = (double)mx * k / (double)sum;
+        if (share > c->moe_router_collapse_share) {
+            if (++t->moe_streak[l] == c->moe_router_collapse_iters) {
+                char line[300];
+                snprintf(line, sizeof line,
+                         "training health: router collapse in layer %d at iteration %lld: expert %d got %.0f%% of the "
+                         "layer's tokens for %d iterations in a row (a balanced router gives each %.0f%%)",
+                         l, (long long)t->iteration, arg, 100.0 * share, c->moe_router_collapse_iters, 100.0 * k / E);
+                trainer__emit(t, line);
+                t->moe_collapses++;
+            }
+        } else {
+            t->moe_streak[l] = 0;
+        }
+    }
+}
+
+int trainer__moe_log(trainer *t, char *text, size_t tn, char *json, size_t jn) {
+    const co_config *c = &t->cfg;
+    text[0] = json[0] = '\0';
+    if (c->num_experts <= 0) return 0;
+    /* the sums of this interval over every rank's layers and micro batches: the data-parallel
+     * replicas, and the pipeline's stages (the model-parallel group) */
+    double v[4] = {t->moe_lb_sum, t->moe_z_sum, t->moe_forwards, t->moe_dropped};
+    int rc = t->dp ? t->dp->ops->allreduce_sum(t->dp, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS) : 0;
+    if (!rc && t->pp && t->mp) rc = t->mp->ops->allreduce_sum(t->mp, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    if (rc) return rc;
+    double lb = v[2] > 0 ? v[0] / v[2] : 0, z = v[2] > 0 ? v[1] / v[2] : 0;
+    int len = 0;
+    if (c->moe_aux_loss_coeff > 0 && strcmp(c->moe_router_load_balancing_type, "none"))
+        len += snprintf(text + len, tn - (size_t)len, " load_balancing_loss: %.6E |", lb);
+    if (c->moe_z_loss_coeff > 0 && (size_t)len < tn) snprintf(text + len, tn - (size_t)len, " z_loss: %.6E |", z);
+    snprintf(json, jn, ",\"load_balancing_loss\":%.9e,\"z_loss\":%.9e,\"moe_dropped_tokens\":%.0f,"
+             "\"moe_router_collapses\":%lld",
+             lb, z, v[3], (long long)t->moe_collapses);
+    t->moe_lb_sum = t->moe_z_sum = t->moe_forwards = t->moe_dropped = 0;
+    return 0;
+}
