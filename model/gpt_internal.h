@@ -108,6 +108,24 @@ struct gpt_model {
 static inline int gpt__qkv_local(const gpt_model *m) { return (m->NHl + 2 * m->NKVl) * m->cfg.head_dim; }
 static inline int gpt__fc1_local(const gpt_model *m) { return m->cfg.swiglu ? 2 * m->Fl : m->Fl; }
 
+/* The batch arrays a chunk's kernels read (gpt_step.c's to_backend): the caller's on the CPU,
+ * backend copies elsewhere. */
+typedef struct dev_batch {
+    const int32_t *tokens, *positions, *seg, *targets;
+    const float *dscale;
+} dev_batch;
+
+/* Dropout stream offsets: each dropout site of a micro batch gets its own counter range
+ * (layer -1: the embedding; an MTP depth's layers count on from num_layers). */
+static inline uint64_t gpt__site(int layer, int which) {
+    return ((uint64_t)(layer + 1) * 8u + (uint64_t)which) << 40;
+}
+
+/* ---- gpt_step.c: one transformer layer (gpt_step.c's loop, and the MTP depths') ---- */
+int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const dev_batch *xb, int B, int T,
+                       bool train, uint64_t seed);
+int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb, int B, int T, uint64_t seed);
+
 /* ---- gpt_tp.c: the tensor group (each a no-op at tp 1 where it says so) ---- */
 /* x[n] summed over the group (reduce_from_tensor_region) */
 void gpt__tp_allreduce(gpt_model *m, float *x, size_t n);

@@ -34,8 +34,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Dropout stream offsets: each dropout site of a micro batch gets its own counter range. */
-static uint64_t site(int layer, int which) { return ((uint64_t)(layer + 1) * 8u + (uint64_t)which) << 40; }
+static uint64_t site(int layer, int which) { return gpt__site(layer, which); }
 
 static bool valid(gpt_model *m, int c, int s, const char *what) {
     if (c < 0 || c >= m->nchunks || s < 0 || s >= m->chunk[c].slots) {
@@ -72,10 +71,6 @@ static const int32_t *vocab_shard_tokens(gpt_model *m, const gpt_batch *b, int N
  * backend memory, in order with the queued work (the previous micro batch's kernels may still
  * read the last copies). Positions and document starts for every chunk, tokens for the
  * embedding, targets and dscale for the loss. */
-typedef struct dev_batch {
-    const int32_t *tokens, *positions, *seg, *targets;
-    const float *dscale;
-} dev_batch;
 
 static dev_batch to_backend(gpt_model *m, const gpt_batch *b, const gpt_chunk *d, const float *dscale) {
     dev_batch x = {b->tokens, b->positions, b->seg, b->targets, dscale};
@@ -91,6 +86,67 @@ static dev_batch to_backend(gpt_model *m, const gpt_batch *b, const gpt_chunk *d
     return x;
 }
 
+/* One transformer layer l (a decoder layer, or an MTP depth's at l >= num_layers) over the
+ * micro batch: a->x_in -> x_out, its activations kept in a. 0, or the backend's status. */
+int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const dev_batch *xb, int B, int T,
+                       bool train, uint64_t seed) {
+    const gpt_config *c = &m->cfg;
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    const int *t = &m->t_layer[l * NLAYER_T];
+    dev_batch x_b = *xb;
+    int N = B * T, C = c->hidden, Q = gpt__qkv_local(m), F = m->Fl, F1 = gpt__fc1_local(m);
+    int AH = m->NHl * c->head_dim, NH = m->NHl, NKV = m->NKVl;
+    bool sp = m->sp;
+    int Nl = sp ? N / m->tp : N;
+    size_t NlC = (size_t)Nl * C;
+    uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0;
+    float ph = train ? c->hidden_dropout : 0.0f, pa = train ? c->attention_dropout : 0.0f;
+    o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, P(m, t[LN1_W]),
+                    P(m, t[LN1_B]), Nl, C, c->norm_eps);
+    /* column-parallel qkv (its input all-gathered under sequence parallelism) */
+    const float *in1 = a->ln1;
+    if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
+    o->linear_forward(be, a->qkv, in1, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), N, C, Q);
+    if (c->rope) o->rope(be, a->qkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, false);
+    o->attention_forward(be, a->att, a->lse, a->qkv, x_b.seg, B, T, NH, NKV, c->head_dim, pa,
+                         gpt__tp_seed(m, seed), site(l, 1));
+    /* row-parallel proj: x_mid = x_in + dropout(sum over the group of att Wproj^T, + b) */
+    float *tmp = m->tmp;
+    gpt__row_parallel_forward(m, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, Nl);
+    if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 2) + hoff);
+    o->add(be, a->x_mid, a->x_in, tmp, NlC);
+    o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]),
+                    P(m, t[LN2_B]), Nl, C, c->norm_eps);
+    if (a->moe) {
+        /* a MoE layer (tp 1): router, experts, shared expert over the normed tokens */
+        int rc = moe_forward(a->moe, tmp, a->ln2, P(m, t[ROUTER_W]), NULL, B, T);
+        if (rc) {
+            be->status = rc;
+            return rc;
+        }
+        if (train) {
+            const moe_config *mc = &c->moe;
+            m->moe_acc.lb_loss += mc->aux_coeff > 0 ? moe_aux_loss(a->moe) / mc->aux_coeff : 0.0;
+            m->moe_acc.z_loss += mc->z_coeff > 0 ? moe_z_loss(a->moe) / mc->z_coeff : 0.0;
+            m->moe_acc.forwards++;
+            m->moe_acc.dropped += moe_dropped(a->moe);
+            const int32_t *tpe = moe_tokens_per_expert(a->moe);
+            for (int e = 0; e < mc->num_experts; e++) m->moe_tpe[(size_t)l * mc->num_experts + e] += tpe[e];
+        }
+    } else {
+        const float *in2 = a->ln2;
+        if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
+        o->linear_forward(be, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
+        if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, N, F);
+        else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
+        gpt__row_parallel_forward(m, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, Nl);
+    }
+    if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 3) + hoff);
+    o->add(be, x_out, a->x_mid, tmp, NlC);
+    return be->status;
+}
+
 double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool train, uint64_t seed,
                          const float *dscale, float *losses) {
     const gpt_config *c = &m->cfg;
@@ -99,14 +155,13 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     if (!valid(m, ci, s, "gpt_chunk_forward")) return NAN;
     const gpt_chunk *d = &m->chunk[ci].def;
     chunk_slot *sl = &m->chunk[ci].slot[s];
-    int B = b->B, T = b->T, N = B * T, C = c->hidden, Q = gpt__qkv_local(m), F = m->Fl, F1 = gpt__fc1_local(m);
-    int AH = m->NHl * c->head_dim, NH = m->NHl, NKV = m->NKVl, V = m->Vl;
+    int B = b->B, T = b->T, N = B * T, C = c->hidden, V = m->Vl;
     bool par = m->tp > 1, sp = m->sp;
     /* rows of the token-wise part on this rank: all N, or its N/tp under sequence parallelism */
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
     uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0; /* its first element's global index */
-    float ph = train ? c->hidden_dropout : 0.0f, pa = train ? c->attention_dropout : 0.0f;
+    float ph = train ? c->hidden_dropout : 0.0f;
     sl->B = B;
     sl->T = T;
     m->last_chunk = ci;
@@ -137,51 +192,8 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
 
     for (int i = 0; i < d->nlayers; i++) {
         int l = d->layer0 + i;
-        layer_acts *a = &sl->acts[i];
-        const int *t = &m->t_layer[l * NLAYER_T];
         float *x_out = i + 1 < d->nlayers ? sl->acts[i + 1].x_in : sl->x_end;
-        o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, P(m, t[LN1_W]),
-                        P(m, t[LN1_B]), Nl, C, c->norm_eps);
-        /* column-parallel qkv (its input all-gathered under sequence parallelism) */
-        const float *in1 = a->ln1;
-        if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
-        o->linear_forward(be, a->qkv, in1, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), N, C, Q);
-        if (c->rope) o->rope(be, a->qkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, false);
-        o->attention_forward(be, a->att, a->lse, a->qkv, x_b.seg, B, T, NH, NKV, c->head_dim, pa,
-                             gpt__tp_seed(m, seed), site(l, 1));
-        /* row-parallel proj: x_mid = x_in + dropout(sum over the group of att Wproj^T, + b) */
-        float *tmp = m->tmp;
-        gpt__row_parallel_forward(m, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, Nl);
-        if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 2) + hoff);
-        o->add(be, a->x_mid, a->x_in, tmp, NlC);
-        o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]),
-                        P(m, t[LN2_B]), Nl, C, c->norm_eps);
-        if (a->moe) {
-            /* a MoE layer (tp 1): router, experts, shared expert over the normed tokens */
-            int rc = moe_forward(a->moe, tmp, a->ln2, P(m, t[ROUTER_W]), NULL, B, T);
-            if (rc) {
-                be->status = rc;
-                return NAN;
-            }
-            if (train) {
-                const moe_config *mc = &c->moe;
-                m->moe_acc.lb_loss += mc->aux_coeff > 0 ? moe_aux_loss(a->moe) / mc->aux_coeff : 0.0;
-                m->moe_acc.z_loss += mc->z_coeff > 0 ? moe_z_loss(a->moe) / mc->z_coeff : 0.0;
-                m->moe_acc.forwards++;
-                m->moe_acc.dropped += moe_dropped(a->moe);
-                const int32_t *tpe = moe_tokens_per_expert(a->moe);
-                for (int e = 0; e < mc->num_experts; e++) m->moe_tpe[(size_t)l * mc->num_experts + e] += tpe[e];
-            }
-        } else {
-            const float *in2 = a->ln2;
-            if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
-            o->linear_forward(be, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
-            if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, N, F);
-            else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
-            gpt__row_parallel_forward(m, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, Nl);
-        }
-        if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 3) + hoff);
-        o->add(be, x_out, a->x_mid, tmp, NlC);
+        if (gpt__layer_forward(m, &sl->acts[i], l, x_out, &x_b, B, T, train, seed)) return NAN;
     }
     if (!d->head) {
         o->sync(be); /* the output is written before the host sends it */
@@ -240,6 +252,68 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     return sum;
 }
 
+/* Backward of one transformer layer: m->dx holds the gradient of its output and becomes the
+ * gradient of its input; weight gradients accumulate. 0, or the backend's status. */
+int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb, int B, int T, uint64_t seed) {
+    const gpt_config *c = &m->cfg;
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    const int *t = &m->t_layer[l * NLAYER_T];
+    dev_batch x_b = *xb;
+    int N = B * T, C = c->hidden, Q = gpt__qkv_local(m), F = m->Fl, F1 = gpt__fc1_local(m);
+    int AH = m->NHl * c->head_dim, NH = m->NHl, NKV = m->NKVl;
+    bool sp = m->sp;
+    int Nl = sp ? N / m->tp : N;
+    size_t NlC = (size_t)Nl * C;
+    uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0;
+    float ph = c->hidden_dropout, pa = c->attention_dropout;
+    /* MLP branch: dmlp = dropout'(dx) */
+    const float *dmlp = m->dx;
+    if (ph > 0) {
+        o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 3) + hoff);
+        dmlp = m->tmp;
+    }
+    if (a->moe) {
+        /* the normed input's gradient into dh (as the column-parallel fc1's would be); the
+         * aux and z losses enter with the model's MoE loss scale */
+        int rc = moe_backward(a->moe, m->dh, G(m, t[ROUTER_W]), dmlp, a->ln2, P(m, t[ROUTER_W]),
+                              m->moe_loss_scale);
+        if (rc) {
+            be->status = rc;
+            return rc;
+        }
+    } else {
+        gpt__row_parallel_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                                   P16(m, t[FC2_W]), N, F, Nl);
+        if (c->swiglu) o->swiglu_backward(be, m->dbig, m->dffn, a->fc1, N, F);
+        else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
+        const float *in2 = a->ln2;
+        if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
+        gpt__column_parallel_backward(m, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]),
+                                      P16(m, t[FC1_W]), N, C, F1);
+    }
+    o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN2_W]), G(m, t[LN2_B]), m->dh, a->x_mid,
+                     P(m, t[LN2_W]), a->ln2_mean, a->ln2_rstd, Nl, C);
+    /* attention branch */
+    const float *datt_out = m->dx;
+    if (ph > 0) {
+        o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 2) + hoff);
+        datt_out = m->tmp;
+    }
+    gpt__row_parallel_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
+                               P16(m, t[PROJ_W]), N, AH, Nl);
+    o->attention_backward(be, m->dqkv, m->datt, a->qkv, a->att, a->lse, x_b.seg, B, T, NH, NKV, c->head_dim, pa,
+                          gpt__tp_seed(m, seed), site(l, 1));
+    if (c->rope) o->rope(be, m->dqkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, true);
+    const float *in1 = a->ln1;
+    if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
+    gpt__column_parallel_backward(m, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
+                                  P16(m, t[QKV_W]), N, C, Q);
+    o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN1_W]), G(m, t[LN1_B]), m->dh, a->x_in, P(m, t[LN1_W]),
+                     a->ln1_mean, a->ln1_rstd, Nl, C);
+    return be->status;
+}
+
 void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_t seed) {
     const gpt_config *c = &m->cfg;
     const kb_ops *o = m->ops;
@@ -247,13 +321,12 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
     if (!valid(m, ci, s, "gpt_chunk_backward")) return;
     const gpt_chunk *d = &m->chunk[ci].def;
     chunk_slot *sl = &m->chunk[ci].slot[s];
-    int B = b->B, T = b->T, N = B * T, C = c->hidden, Q = gpt__qkv_local(m), F = m->Fl, F1 = gpt__fc1_local(m);
-    int AH = m->NHl * c->head_dim, NH = m->NHl, NKV = m->NKVl, V = m->Vl;
+    int B = b->B, T = b->T, N = B * T, C = c->hidden, V = m->Vl;
     bool sp = m->sp;
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
     uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0;
-    float ph = c->hidden_dropout, pa = c->attention_dropout;
+    float ph = c->hidden_dropout;
     if (B != sl->B || T != sl->T) {
         be->status = co_err_set(CO_EINVAL, "gpt_chunk_backward: a %dx%d batch for slot %d, whose forward had %dx%d", B,
                                 T, s, sl->B, sl->T);
@@ -277,55 +350,8 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
                          P(m, m->t_lnf_w), sl->lnf_mean, sl->lnf_rstd, Nl, C);
     } /* else m->dx holds the next stage's gradient of this chunk's output */
 
-    for (int i = d->nlayers - 1; i >= 0; i--) {
-        int l = d->layer0 + i;
-        layer_acts *a = &sl->acts[i];
-        const int *t = &m->t_layer[l * NLAYER_T];
-        /* MLP branch: dmlp = dropout'(dx) */
-        const float *dmlp = m->dx;
-        if (ph > 0) {
-            o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 3) + hoff);
-            dmlp = m->tmp;
-        }
-        if (a->moe) {
-            /* the normed input's gradient into dh (as the column-parallel fc1's would be); the
-             * aux and z losses enter with the model's MoE loss scale */
-            int rc = moe_backward(a->moe, m->dh, G(m, t[ROUTER_W]), dmlp, a->ln2, P(m, t[ROUTER_W]),
-                                  m->moe_loss_scale);
-            if (rc) {
-                be->status = rc;
-                return;
-            }
-        } else {
-            gpt__row_parallel_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
-                                       P16(m, t[FC2_W]), N, F, Nl);
-            if (c->swiglu) o->swiglu_backward(be, m->dbig, m->dffn, a->fc1, N, F);
-            else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
-            const float *in2 = a->ln2;
-            if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
-            gpt__column_parallel_backward(m, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]),
-                                          P16(m, t[FC1_W]), N, C, F1);
-        }
-        o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN2_W]), G(m, t[LN2_B]), m->dh, a->x_mid,
-                         P(m, t[LN2_W]), a->ln2_mean, a->ln2_rstd, Nl, C);
-        /* attention branch */
-        const float *datt_out = m->dx;
-        if (ph > 0) {
-            o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 2) + hoff);
-            datt_out = m->tmp;
-        }
-        gpt__row_parallel_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
-                                   P16(m, t[PROJ_W]), N, AH, Nl);
-        o->attention_backward(be, m->dqkv, m->datt, a->qkv, a->att, a->lse, x_b.seg, B, T, NH, NKV, c->head_dim, pa,
-                              gpt__tp_seed(m, seed), site(l, 1));
-        if (c->rope) o->rope(be, m->dqkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, true);
-        const float *in1 = a->ln1;
-        if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
-        gpt__column_parallel_backward(m, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
-                                      P16(m, t[QKV_W]), N, C, Q);
-        o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN1_W]), G(m, t[LN1_B]), m->dh, a->x_in, P(m, t[LN1_W]),
-                         a->ln1_mean, a->ln1_rstd, Nl, C);
-    }
+    for (int i = d->nlayers - 1; i >= 0; i--)
+        if (gpt__layer_backward(m, &sl->acts[i], d->layer0 + i, &x_b, B, T, seed)) return;
     if (d->embedding) {
         if (ph > 0) o->dropout(be, m->dx, m->dx, NlC, ph, seed, site(-1, 0) + hoff);
         /* the embedding: every rank adds the full gradient of the position rows (identical on
