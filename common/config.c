@@ -74,7 +74,7 @@ static const flag flags[] = {
     I("parallel", "context-parallel-size", context_parallel_size, "1", "context-parallel ranks (not supported yet: only 1)"),
     I("parallel", "expert-model-parallel-size", expert_model_parallel_size, "1",
       "expert-parallel ranks (mixture of experts; not supported yet in training: only 1)"),
-    I("model", "mtp-num-layers", mtp_num_layers, "0", "multi-token prediction depths (0: none; not supported yet)"),
+
     I("parallel", "expert-tensor-parallel-size", expert_tensor_parallel_size, "0",
       "tensor-parallel ranks of each expert (0: the tensor-parallel size; not supported yet: only that)"),
     I("parallel", "virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size, "0",
@@ -136,6 +136,12 @@ static const flag flags[] = {
       "a training-health event when one expert gets more than this share of a MoE layer's tokens ..."),
     I("moe", "moe-router-collapse-iters", moe_router_collapse_iters, "20",
       "... for this many iterations in a row (0: no check)"),
+    /* multi-token prediction */
+    I("mtp", "mtp-num-layers", mtp_num_layers, "0",
+      "multi-token prediction depths on the last stage: depth k also predicts the token k+1 places further "
+      "(0: none; docs/mtp.md)"),
+    D("mtp", "mtp-loss-scaling-factor", mtp_loss_scaling_factor, "0.1",
+      "the MTP losses' weight: each depth's loss counts factor / depths"),
     /* batch */
     I("batch", "micro-batch-size", micro_batch_size, NULL, "samples per micro batch"),
     I("batch", "global-batch-size", global_batch_size, NULL,
@@ -713,8 +719,26 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         if (!(c->moe_router_collapse_share > 0 && c->moe_router_collapse_share <= 1) || c->moe_router_collapse_iters < 0)
             problem(&P, "--moe-router-collapse-share must be in (0, 1] and --moe-router-collapse-iters >= 0");
     }
-    if (c->mtp_num_layers > 0)
-        problem(&P, "--mtp-num-layers %d is not supported yet (multi-token prediction)", c->mtp_num_layers);
+    if (c->mtp_num_layers < 0 || c->mtp_num_layers > 8)
+        problem(&P, "--mtp-num-layers %d is out of range (0 to 8)", c->mtp_num_layers);
+    if (c->mtp_num_layers > 0) {
+        if (c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel)
+            problem(&P, "--mtp-num-layers with --tensor-model-parallel-size %d is not supported yet",
+                    c->tensor_model_parallel_size);
+        if (c->pipeline_model_parallel_size > 1 && !co_config_standin_model_parallel &&
+            (c->untie_embeddings_and_output_weights || strcmp(c->position_embedding_type, "rope")))
+            problem(&P, "--mtp-num-layers with --pipeline-model-parallel-size %d needs tied embeddings and "
+                        "--position-embedding-type rope (the last stage holds no other embedding yet)",
+                    c->pipeline_model_parallel_size);
+        if (c->reset_attention_mask)
+            problem(&P, "--mtp-num-layers with --reset-attention-mask is not supported yet (as Megatron's MTP: causal "
+                        "masks only)");
+        if (!strcmp(c->device, "cuda"))
+            problem(&P, "--mtp-num-layers with --device cuda is not supported yet (the CPU backend only)");
+        if (c->bf16) problem(&P, "--mtp-num-layers with --bf16 is not supported yet");
+        if (!(c->mtp_loss_scaling_factor >= 0))
+            problem(&P, "--mtp-loss-scaling-factor %g must not be negative", c->mtp_loss_scaling_factor);
+    }
     if (GIVEN("inprocess-active-world-size") && c->nnodes > 1)
         problem(&P, "--inprocess-active-world-size with --nnodes > 1 is not supported yet (warm spares on one node only)");
     if (GIVEN("inprocess-active-world-size") && c->inprocess_active_world_size == 1 && c->nproc_per_node > 1)

@@ -66,6 +66,7 @@ typedef struct co_config {
     double moe_expert_capacity_factor;                 /* <= 0: dropless (Megatron's None) */
     double moe_router_collapse_share;                  /* cohort: a router collapse is one expert over this share */
     int moe_router_collapse_iters;                     /*   of a layer's tokens for this many iterations (0: off) */
+    double mtp_loss_scaling_factor;                    /* multi-token prediction's loss weight */
     int virtual_pipeline_model_parallel_size, num_layers_per_virtual_pipeline_stage; /* 0: none */
     int num_virtual_stages_per_pipeline_rank;          /* 0: none (Megatron's newer name of the above) */
     int microbatch_group_size_per_vp_stage;            /* 0: the pipeline size */

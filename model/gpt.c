@@ -24,7 +24,9 @@ static int add_split(gpt_model *m, int cap, const char *name, int grows, int gco
                      const gpt_piece *pieces, int npieces, bool decay, float std, bool ones) {
     if (m->ntensors >= cap) return -1;
     gpt_tensor *t = &m->tensors[m->ntensors];
-    snprintf(t->name, sizeof t->name, "%s", name);
+    size_t ln = strlen(name);
+    if (ln >= sizeof t->name) return -1; /* names are at most 63 characters (checkpoints) */
+    memcpy(t->name, name, ln + 1);
     int rows = grows, cols = gcols;
     t->gshape[0] = grows;
     t->gshape[1] = gcols;
@@ -61,7 +63,8 @@ static int add_tensor(gpt_model *m, int cap, const char *name, int rows, int col
 
 
 bool gpt_layer_is_moe(const gpt_config *c, int l) {
-    return c->moe.num_experts > 0 && l % (c->moe_layer_freq > 0 ? c->moe_layer_freq : 1) == 0;
+    /* (an MTP depth's layer, l >= num_layers, is dense) */
+    return c->moe.num_experts > 0 && l < c->num_layers && l % (c->moe_layer_freq > 0 ? c->moe_layer_freq : 1) == 0;
 }
 
 /* The MoE layer's configuration with the model's hidden size and activation. */
@@ -108,6 +111,17 @@ static int model_shape(gpt_model *m, int max_T) {
     m->sp = m->tp > 1 && c->sequence_parallel;
     int rc = gpt_tp_check(c, max_T);
     if (rc) return rc;
+    if (c->mtp_layers < 0 || c->mtp_layers > GPT_MAX_MTP)
+        return co_err_set(CO_EINVAL, "%d multi-token prediction depths (at most %d)", c->mtp_layers, GPT_MAX_MTP);
+    if (c->mtp_layers > 0) {
+        if (m->tp > 1)
+            return co_err_set(CO_EUNSUPPORTED, "multi-token prediction with tensor parallelism is not supported yet");
+        const gpt_chunk *h = c->nchunks > 0 ? &c->chunks[c->nchunks - 1] : NULL;
+        if (h && h->head && !h->embedding && (!c->tied || !c->rope))
+            return co_err_set(CO_EUNSUPPORTED,
+                              "multi-token prediction on a pipeline's last stage needs the tied embedding and rope "
+                              "(the stage holds no position table or separate embedding yet)");
+    }
     if (c->moe.num_experts > 0) {
         moe_offsets mo;
         moe_config mc = moe_of(c);
@@ -164,11 +178,12 @@ static int build_tensors(gpt_model *m) {
     int kv_share = c->kv_groups >= tp ? 1 : tp / c->kv_groups;
     int L = c->num_layers, C = c->hidden, AH = m->NHl * HD;
     int E = c->moe.num_experts, ep = c->moe.ep_size > 1 ? c->moe.ep_size : 1, El = E / ep, e0 = c->ep_rank * El;
-    int cap = 8 + L * (NLAYER_T + 2 * El + 2);
+    int D = c->mtp_layers > 0 ? c->mtp_layers : 0;
+    int cap = 8 + L * (NLAYER_T + 2 * El + 2) + D * (NLAYER_T + 8);
     m->ntensors = 0;
     m->nparams = 0;
     m->tensors = calloc((size_t)cap, sizeof *m->tensors);
-    m->t_layer = malloc(sizeof(int) * (size_t)L * NLAYER_T);
+    m->t_layer = malloc(sizeof(int) * (size_t)(L + D) * NLAYER_T);
     if (!m->tensors || !m->t_layer) return CO_ENOMEM;
 
     float std = c->init_std, ostd = c->init_std / sqrtf(2.0f * (float)L);
@@ -186,8 +201,10 @@ static int build_tensors(gpt_model *m) {
 #define ROWS(p, n) GPT_TP_ROWS, par ? (p) : NULL, (n)
 #define COLS(p, n) GPT_TP_COLS, par ? (p) : NULL, (n)
     m->t_wte = m->t_wpe = m->t_lnf_w = m->t_lnf_b = m->t_lm = -1;
-    for (int l = 0; l < L * NLAYER_T; l++) m->t_layer[l] = -1;
-    char name[64];
+    for (int l = 0; l < (L + D) * NLAYER_T; l++) m->t_layer[l] = -1;
+    for (int k = 0; k < GPT_MAX_MTP; k++)
+        for (int q = 0; q < MTP_NT; q++) m->t_mtp[k][q] = -1;
+    char name[96], pfx[64];
     for (int k = 0; k < m->nchunks; k++) {
         const gpt_chunk *d = &m->chunk[k].def;
         if (d->embedding) {
@@ -197,9 +214,15 @@ static int build_tensors(gpt_model *m) {
                                : add_tensor(m, cap, "embedding.position_embeddings.weight", c->max_positions, C, true,
                                             std, false);
         }
-        for (int l = d->layer0; l < d->layer0 + d->nlayers; l++) {
+        /* the chunk's layers, and on the head chunk the MTP depths' transformer layers
+         * (global layer L + k, named under mtp.layers.k.transformer_layer) */
+        int nl = d->nlayers + (d->head ? D : 0);
+        for (int li = 0; li < nl; li++) {
+            int l = li < d->nlayers ? d->layer0 + li : L + (li - d->nlayers);
             int *t = &m->t_layer[l * NLAYER_T];
-#define NAME(s) (snprintf(name, sizeof name, "layers.%d.%s", l, s), name)
+            if (l < L) snprintf(pfx, sizeof pfx, "layers.%d.", l);
+            else snprintf(pfx, sizeof pfx, "mtp.layers.%d.transformer_layer.", l - L);
+#define NAME(s) (snprintf(name, sizeof name, "%s%s", pfx, s), name)
             t[LN1_W] = add_tensor(m, cap, NAME("input_norm.weight"), C, 0, false, 0, true);
             if (!c->rmsnorm) t[LN1_B] = add_tensor(m, cap, NAME("input_norm.bias"), C, 0, false, 0, false);
             int GQ = qkv_width(c), GA = c->heads * HD;
@@ -259,6 +282,21 @@ static int build_tensors(gpt_model *m) {
             m->t_lm = c->tied ? m->t_wte
                               : add_split(m, cap, "output_layer.weight", c->padded_vocab, C, ROWS(pv, 1), true, std,
                                           false);
+            /* multi-token prediction: each depth's norms of the embedding and of the previous
+             * hidden state, the 2C -> C projection, and its final norm (its layer's tensors
+             * are above) */
+            for (int k = 0; k < D; k++) {
+                int *q = m->t_mtp[k];
+#define MNAME(s) (snprintf(name, sizeof name, "mtp.layers.%d.%s", k, s), name)
+                q[MTP_EN_W] = add_tensor(m, cap, MNAME("enorm.weight"), C, 0, false, 0, true);
+                if (!c->rmsnorm) q[MTP_EN_B] = add_tensor(m, cap, MNAME("enorm.bias"), C, 0, false, 0, false);
+                q[MTP_HN_W] = add_tensor(m, cap, MNAME("hnorm.weight"), C, 0, false, 0, true);
+                if (!c->rmsnorm) q[MTP_HN_B] = add_tensor(m, cap, MNAME("hnorm.bias"), C, 0, false, 0, false);
+                q[MTP_EH_W] = add_tensor(m, cap, MNAME("eh_proj.weight"), C, 2 * C, true, std, false);
+                q[MTP_FN_W] = add_tensor(m, cap, MNAME("final_layernorm.weight"), C, 0, false, 0, true);
+                if (!c->rmsnorm) q[MTP_FN_B] = add_tensor(m, cap, MNAME("final_layernorm.bias"), C, 0, false, 0, false);
+#undef MNAME
+            }
         }
     }
 #undef ROWS
@@ -305,6 +343,10 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     if (rc) {
         free(m);
         return rc;
+    }
+    if (cfg->mtp_layers > 0 && be->opt.device != KB_DEVICE_CPU) {
+        free(m);
+        return co_err_set(CO_EUNSUPPORTED, "multi-token prediction runs on the CPU backend only yet");
     }
     if (m->tp > 1 && (!be->ops->bias_add || !be->ops->bias_grad || !be->ops->ce_max || !be->ops->ce_sums ||
                       !be->ops->ce_grad)) {
@@ -367,6 +409,52 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
                 A(sl->lnf_rstd, N);
                 A(sl->logits, N * m->Vl);
                 A(sl->losses, N);
+                int D = c->mtp_layers;
+                if (D > 0 && !(sl->mtp = calloc((size_t)D, sizeof *sl->mtp))) goto nomem;
+                for (int k = 0; k < D; k++) {
+                    mtp_acts *q = &sl->mtp[k];
+                    layer_acts *a = &q->layer;
+                    A(a->x_in, N * C);
+                    A(a->ln1, N * C);
+                    A(a->ln1_mean, N);
+                    A(a->ln1_rstd, N);
+                    A(a->qkv, N * Q);
+                    A(a->att, N * AH);
+                    A(a->lse, lseN);
+                    A(a->x_mid, N * C);
+                    A(a->ln2, N * C);
+                    A(a->ln2_mean, N);
+                    A(a->ln2_rstd, N);
+                    A(a->fc1, N * gpt__fc1_local(m));
+                    A(a->act, N * F);
+                    A(q->emb, N * C);
+                    A(q->en, N * C);
+                    A(q->en_mean, N);
+                    A(q->en_rstd, N);
+                    A(q->hn, N * C);
+                    A(q->hn_mean, N);
+                    A(q->hn_rstd, N);
+                    A(q->cat, 2 * N * C);
+                    A(q->x_out, N * C);
+                    A(q->out, N * C);
+                    A(q->out_mean, N);
+                    A(q->out_rstd, N);
+                    A(q->logits, N * m->Vl);
+                    A(q->losses, N);
+                    q->tok = malloc(N * sizeof(int32_t));
+                    q->pos = malloc(N * sizeof(int32_t));
+                    q->tgt = malloc(N * sizeof(int32_t));
+                    q->mask = malloc(N * sizeof(float));
+                    q->dscale = malloc(N * sizeof(float));
+                    if (!q->tok || !q->pos || !q->tgt || !q->mask || !q->dscale) goto nomem;
+                }
+                if (D > 0 && !m->mtp_dout) {
+                    A(m->mtp_dout, N * C);
+                    A(m->mtp_dcat, 2 * N * C);
+                    A(m->mtp_demb, N * C);
+                    A(m->mtp_dh[0], N * C);
+                    A(m->mtp_dh[1], N * C);
+                }
             }
         }
     }
@@ -405,7 +493,7 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
         A(m->d_dscale, N);
         if (!(m->host_losses = malloc(N * sizeof(float)))) goto nomem;
     }
-    m->moe_loss_scale = 1.0f;
+    m->aux_loss_scale = 1.0f;
     if (c->moe.num_experts > 0 &&
         !(m->moe_tpe = calloc((size_t)c->num_layers * c->moe.num_experts, sizeof *m->moe_tpe)))
         goto nomem;
@@ -442,10 +530,23 @@ void gpt_destroy(gpt_model **pm) {
             }
             float *ps[] = {sl->x_end, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->logits, sl->losses};
             for (size_t q = 0; q < sizeof ps / sizeof ps[0]; q++) if (ps[q]) o->free(be, ps[q]);
+            for (int k = 0; sl->mtp && k < m->cfg.mtp_layers; k++) {
+                mtp_acts *q = &sl->mtp[k];
+                layer_acts *a = &q->layer;
+                float *qs[] = {a->x_in, a->x_mid, a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->lse, a->ln2,
+                               a->ln2_mean, a->ln2_rstd, a->fc1, a->act, q->emb, q->en, q->en_mean, q->en_rstd,
+                               q->hn, q->hn_mean, q->hn_rstd, q->cat, q->x_out, q->out, q->out_mean, q->out_rstd,
+                               q->logits, q->losses};
+                for (size_t z = 0; z < sizeof qs / sizeof qs[0]; z++) if (qs[z]) o->free(be, qs[z]);
+                free(q->tok), free(q->pos), free(q->tgt), free(q->mask), free(q->dscale);
+            }
+            free(sl->mtp);
             free(sl->acts);
         }
         free(ch->slot);
     }
+    float *pmtp[] = {m->mtp_dout, m->mtp_dcat, m->mtp_demb, m->mtp_dh[0], m->mtp_dh[1]};
+    for (size_t k = 0; k < sizeof pmtp / sizeof pmtp[0]; k++) if (pmtp[k]) o->free(be, pmtp[k]);
     float *ps[] = {m->params, m->grads, m->dx, m->dh, m->tmp, m->dqkv, m->datt, m->dbig, m->dffn,
                    (float *)m->d_tok, (float *)m->d_tgt, (float *)m->d_pos, (float *)m->d_seg, m->d_dscale,
                    m->gath, m->dfull, m->dhs, m->ce_mx, m->ce_all, m->ce_sums, m->tp_buf, (float *)m->d_tokl};
@@ -599,12 +700,32 @@ double gpt_flops_per_sample(const gpt_config *c, int s) {
         double moe_ffn = (double)c->moe.topk * c->moe.ffn_hidden + c->moe.shared_ffn;
         ffn = ((L - nmoe) * c->ffn_hidden + nmoe * moe_ffn) / L;
     }
-    return 12.0 * s * L * h * h *
-           ((1.0 + (double)c->kv_groups / c->heads + s / h) * qproj + ffn / h * gated +
-            (double)c->padded_vocab / (2.0 * L * h));
+    double f = 12.0 * s * L * h * h *
+               ((1.0 + (double)c->kv_groups / c->heads + s / h) * qproj + ffn / h * gated +
+                (double)c->padded_vocab / (2.0 * L * h));
+    /* each MTP depth: a dense layer, the 2h -> h projection and another output layer */
+    if (c->mtp_layers > 0)
+        f += c->mtp_layers * 12.0 * s * h * h *
+             ((1.0 + (double)c->kv_groups / c->heads + s / h) * qproj + (double)c->ffn_hidden / h * gated + 2.0 / 3.0 +
+              (double)c->padded_vocab / (2.0 * h));
+    return f;
 }
 
-void gpt_set_moe_loss_scale(gpt_model *m, float scale) { m->moe_loss_scale = scale; }
+void gpt_mtp_last_losses(const gpt_model *m, double *losses) {
+    const chunk_slot *sl = &m->chunk[m->last_chunk].slot[m->last_slot];
+    for (int k = 0; k < m->cfg.mtp_layers; k++) losses[k] = sl->mtp && sl->mtp_done ? sl->mtp[k].loss : 0.0;
+}
+
+void gpt_mtp_stats_take(gpt_model *m, double *loss_sums, int64_t *forwards) {
+    for (int k = 0; k < m->cfg.mtp_layers; k++) {
+        loss_sums[k] = m->mtp_loss_sum[k];
+        m->mtp_loss_sum[k] = 0;
+    }
+    *forwards = m->mtp_forwards;
+    m->mtp_forwards = 0;
+}
+
+void gpt_set_aux_loss_scale(gpt_model *m, float scale) { m->aux_loss_scale = scale; }
 
 int gpt_set_expert_group(gpt_model *m, struct cm_comm *ep, moe_dispatcher d, int timeout_ms) {
     for (int k = 0; k < m->nchunks; k++)

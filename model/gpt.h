@@ -86,7 +86,12 @@ typedef struct gpt_config {
     moe_config moe;
     int moe_layer_freq;
     int ep_rank;
+    /* multi-token prediction (Megatron's --mtp-num-layers D, --mtp-loss-scaling-factor):
+     * on the head chunk, D depths each predict one token further (docs/mtp.md); 0: none */
+    int mtp_layers;
+    float mtp_loss_scaling;
 } gpt_config;
+#define GPT_MAX_MTP 8
 
 /* How the tensor group splits a tensor: not at all (every rank holds it whole), along its
  * rows (dimension 0) or its columns (dimension 1). */
@@ -271,9 +276,10 @@ const float *gpt_last_logits(gpt_model *m, int b, int t);
 /* ---- mixture of experts ----
  * Whether layer l is a MoE layer. */
 bool gpt_layer_is_moe(const gpt_config *c, int l);
-/* The weight of the MoE layers' aux and z losses in the gradient (Megatron's
- * MoEAuxLossAutoScaler scale: 1 / micro batches per step; 1 until set). */
-void gpt_set_moe_loss_scale(gpt_model *m, float scale);
+/* The weight of the auxiliary losses in the gradient: the MoE layers' aux and z losses
+ * (Megatron's MoEAuxLossAutoScaler) and the MTP depths' losses (MTPLossAutoScaler), as the
+ * main loss's backward scale: 1 / micro batches per step (1 until set). */
+void gpt_set_aux_loss_scale(gpt_model *m, float scale);
 /* The expert-parallel group (moe.ep_size ranks, this one at ep_rank) and dispatcher for every
  * MoE layer; required before the first forward when moe.ep_size > 1. */
 int gpt_set_expert_group(gpt_model *m, struct cm_comm *ep, moe_dispatcher d, int timeout_ms);
@@ -288,6 +294,13 @@ typedef struct gpt_moe_stats {
     int64_t dropped;
 } gpt_moe_stats;
 void gpt_moe_stats_take(gpt_model *m, gpt_moe_stats *out, int64_t *tpe);
+
+/* ---- multi-token prediction ----
+ * The masked mean loss of each MTP depth in the last training forward (losses[mtp_layers]). */
+void gpt_mtp_last_losses(const gpt_model *m, double *losses);
+/* Sums since the last call (then reset) of each depth's masked mean loss over the training
+ * forwards of the head chunk, and their count. */
+void gpt_mtp_stats_take(gpt_model *m, double *loss_sums, int64_t *forwards);
 
 /* Model FLOPs of one sample of seq_len tokens, forward + backward, by Megatron's formula
  * (num_floating_point_operations / batch). */

@@ -16,6 +16,9 @@ enum { LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC1_W, FC1_B, F
         * the flat buffer, then the shared expert's, all unpadded: moe.h's layout */
        ROUTER_W, NLAYER_T };
 
+/* An MTP depth's tensors besides its transformer layer's (t_layer[num_layers + k]). */
+enum { MTP_EN_W, MTP_EN_B, MTP_HN_W, MTP_HN_B, MTP_EH_W, MTP_FN_W, MTP_FN_B, MTP_NT };
+
 /* One layer's saved activations for one micro batch (N = B*T rows; Nl = N/tp under
  * sequence parallelism, else N). */
 typedef struct layer_acts {
@@ -30,6 +33,21 @@ typedef struct layer_acts {
     moe_layer *moe;     /* a MoE layer's router, experts and their saved state */
 } layer_acts;
 
+/* An MTP depth's activations for one micro batch (the head chunk; host-visible memory):
+ * the rolled batch, its embedding, the two norms, their concatenation, the transformer
+ * layer, the final norm, the logits (then their gradient) and the per-token losses. */
+typedef struct mtp_acts {
+    layer_acts layer;                       /* layer.x_in = eh_proj's output */
+    float *emb, *en, *en_mean, *en_rstd;    /* [N,C], [N,C], [N], [N] */
+    float *hn, *hn_mean, *hn_rstd;          /* [N,C], [N], [N] */
+    float *cat;                             /* [N,2C] = [en | hn] */
+    float *x_out, *out, *out_mean, *out_rstd; /* the layer's output, the final norm's */
+    float *logits, *losses;                 /* [N,V], [N] */
+    int32_t *tok, *pos, *tgt;               /* [N] rolled k+1 places left, zero-filled */
+    float *mask, *dscale;                   /* [N] */
+    double loss, ntok;                      /* the depth's masked mean loss, its tokens */
+} mtp_acts;
+
 /* One micro batch in flight through a chunk: its layers' activations and the end of its
  * residual stream; on the head chunk also the final norm, the logits (then their gradient)
  * and the per-token losses. */
@@ -40,6 +58,8 @@ typedef struct chunk_slot {
     float *lnf, *lnf_mean, *lnf_rstd;   /* head: [Nl,C], [Nl], [Nl] */
     float *logits;      /* head: [N,Vl] */
     float *losses;      /* head: [N] */
+    mtp_acts *mtp;      /* head: [mtp_layers] (NULL without MTP) */
+    bool mtp_done;      /* the last forward ran the MTP depths (training) */
     int B, T;           /* the micro batch's shape at its forward */
 } chunk_slot;
 
@@ -65,7 +85,12 @@ struct gpt_model {
     int act_flip_bit;
     /* tensor indices (-1 when absent on this rank) */
     int t_wte, t_wpe, t_lnf_w, t_lnf_b, t_lm;
-    int *t_layer; /* [L][NLAYER_T] by global layer, -1 when absent */
+    int *t_layer; /* [L + mtp_layers][NLAYER_T] by global layer, -1 when absent */
+    int t_mtp[GPT_MAX_MTP][MTP_NT]; /* the MTP depths' own tensors (head chunk) */
+    float *mtp_dout, *mtp_dcat, *mtp_demb, *mtp_dh[2]; /* MTP backward scratch [N,C], [N,2C], [N,C], 2x[N,C] */
+    float *mtp_dlnf;    /* the MTP depths' gradient of the main final norm's output (NULL: none) */
+    double mtp_loss_sum[GPT_MAX_MTP];
+    int64_t mtp_forwards;
     /* pipeline parallelism: the chunks this rank holds (one of every layer without it) */
     int nchunks;
     chunk_state chunk[GPT_MAX_CHUNKS];
@@ -93,7 +118,7 @@ struct gpt_model {
      * host_batch (CPU): the caller's arrays are used as they are. */
     bool host_batch;
     /* mixture of experts */
-    float moe_loss_scale;
+    float aux_loss_scale;
     gpt_moe_stats moe_acc;
     int64_t *moe_tpe;   /* [L][E] tokens per expert since the last gpt_moe_stats_take */
     bool pack;          /* add_split does not pad (a MoE layer's block) */
@@ -125,6 +150,12 @@ static inline uint64_t gpt__site(int layer, int which) {
 int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const dev_batch *xb, int B, int T,
                        bool train, uint64_t seed);
 int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb, int B, int T, uint64_t seed);
+
+/* ---- gpt_mtp.c: multi-token prediction on the head chunk (training forwards only) ----
+ * forward after the main loss (sl->lnf is the main final norm's output); backward before
+ * the main head's: leaves in m->mtp_dlnf the depths' gradient of sl->lnf. */
+int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool train, uint64_t seed);
+int gpt__mtp_backward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, uint64_t seed);
 
 /* ---- gpt_tp.c: the tensor group (each a no-op at tp 1 where it says so) ---- */
 /* x[n] summed over the group (reduce_from_tensor_region) */

@@ -249,6 +249,8 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     double sum = 0;
     for (int n = 0; n < N; n++) sum += (double)ls[n] * b->loss_mask[n];
     if (losses) memcpy(losses, ls, sizeof(float) * (size_t)N);
+    /* multi-token prediction (training only): its losses enter through the gradient */
+    if (sl->mtp && gpt__mtp_forward(m, sl, b, train, seed)) return NAN;
     return sum;
 }
 
@@ -277,7 +279,7 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
         /* the normed input's gradient into dh (as the column-parallel fc1's would be); the
          * aux and z losses enter with the model's MoE loss scale */
         int rc = moe_backward(a->moe, m->dh, G(m, t[ROUTER_W]), dmlp, a->ln2, P(m, t[ROUTER_W]),
-                              m->moe_loss_scale);
+                              m->aux_loss_scale);
         if (rc) {
             be->status = rc;
             return rc;
@@ -340,11 +342,15 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
      * parallelism) beside its weight gradient (gpt__column_parallel_backward); the gradient a
      * row-parallel layer receives is the token shards' all-gathered. */
     if (d->head) {
+        /* the MTP depths first (they use the backward scratch): their gradient of the final
+         * norm's output joins the LM head's */
+        if (sl->mtp && gpt__mtp_backward(m, sl, b, seed)) return;
         /* LM head: the logits hold dloss/dlogits */
         const float *inf = sl->lnf;
         if (sp) gpt__tp_allgather(m, m->gath, sl->lnf, NlC), inf = m->gath;
         gpt__column_parallel_backward(m, G(m, m->t_lm), NULL, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C,
                                       V);
+        if (sl->mtp && m->mtp_dlnf) o->add(be, m->dh, m->dh, m->mtp_dlnf, NlC);
         o->zero(be, m->dx, NlC);
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, m->t_lnf_w), G(m, m->t_lnf_b), m->dh, sl->x_end,
                          P(m, m->t_lnf_w), sl->lnf_mean, sl->lnf_rstd, Nl, C);

@@ -252,6 +252,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     m->tp_rank = t->tp_rank;
     m->sequence_parallel = t->tp && c->sequence_parallel;
     trainer__moe_config(t, m);
+    trainer__mtp_config(t, m);
     if (t->pp && (rc = pipeline_setup(t, m))) goto fail;
     rc = gpt_new(&t->model, m, t->be, c->micro_batch_size, c->seq_length);
     if (rc) goto fail;
@@ -508,9 +509,12 @@ static void resident_memory(long long *rss, long long *hwm) {
 
 static int log_line(trainer *t, double lr, double grad_norm) {
     const co_config *c = &t->cfg;
-    char moe_txt[160], moe_json[240];
+    char moe_txt[480], moe_json[640], mtp_txt[320], mtp_json[320];
     int mrc = trainer__moe_log(t, moe_txt, sizeof moe_txt, moe_json, sizeof moe_json);
+    if (!mrc) mrc = trainer__mtp_log(t, mtp_txt, sizeof mtp_txt, mtp_json, sizeof mtp_json);
     if (mrc) return mrc;
+    strncat(moe_txt, mtp_txt, sizeof moe_txt - strlen(moe_txt) - 1);
+    strncat(moe_json, mtp_json, sizeof moe_json - strlen(moe_json) - 1);
     double ms = 1000.0 * t->time_since_log / t->iters_since_log;
     double loss = t->tok_sum > 0 ? t->loss_sum / t->tok_sum : NAN;
     double tflops = t->flops_per_sample * c->global_batch_size / (ms / 1000.0) / 1e12 /
@@ -1198,6 +1202,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         t->iteration++;
         t->consumed[0] += c->global_batch_size;
         trainer__moe_step(t);
+        trainer__mtp_step(t);
         if (t->tl && tl_flush(t->tl)) {
             fprintf(stderr, "cohort rank %d: the timeline: %s; not recorded further\n", t->job_rank, co_err_detail());
             tl_close(&t->tl_open_rec);

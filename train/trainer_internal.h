@@ -122,6 +122,8 @@ struct trainer {
     int64_t *moe_tpe;
     int *moe_streak;
     int64_t moe_collapses;
+    /* multi-token prediction (trainer_mtp.c): each depth's loss sums since the last log line */
+    double mtp_sum[GPT_MAX_MTP], mtp_count;
 };
 
 
@@ -138,6 +140,11 @@ int trainer__moe_setup(trainer *t);
 void trainer__moe_free(trainer *t);
 void trainer__moe_step(trainer *t);
 int trainer__moe_log(trainer *t, char *text, size_t tn, char *json, size_t jn);
+/* trainer_mtp.c: the MTP settings (before gpt_new), each step's depth losses, and the log
+ * line's and metrics record's MTP items (a collective, as trainer__moe_log). */
+void trainer__mtp_config(trainer *t, gpt_config *m);
+void trainer__mtp_step(trainer *t);
+int trainer__mtp_log(trainer *t, char *text, size_t tn, char *json, size_t jn);
 /* A line for the event sink (the run report) and the log, as faults and repairs are. */
 void trainer__emit(trainer *t, const char *line);
 

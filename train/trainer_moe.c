@@ -44,9 +44,10 @@ void trainer__moe_config(trainer *t, gpt_config *m) {
 
 int trainer__moe_setup(trainer *t) {
     const co_config *c = &t->cfg;
+    /* Megatron's MoEAuxLossAutoScaler and MTPLossAutoScaler: the auxiliary losses' gradient
+     * weighs as the main loss's, 1 / micro batches */
+    gpt_set_aux_loss_scale(t->model, 1.0f / (float)t->M);
     if (c->num_experts <= 0) return 0;
-    /* Megatron's MoEAuxLossAutoScaler: the aux losses' gradient weighs 1 / micro batches */
-    gpt_set_moe_loss_scale(t->model, 1.0f / (float)t->M);
     size_t n = (size_t)c->num_layers * (size_t)c->num_experts;
     t->moe_tpe = calloc(n, sizeof *t->moe_tpe);
     t->moe_streak = calloc((size_t)c->num_layers, sizeof *t->moe_streak);

@@ -58,7 +58,7 @@ refused|ranges)
             --expert-tensor-parallel-size 2
         # mixture of experts trains (tests/integration/moe_test.sh); its experts have no biases
         expect_refused "add --disable-bias-linear" "${tiny[@]}" --train-iters 2 --num-experts 8
-        expect_refused "--mtp-num-layers 1 is not supported yet" "${tiny[@]}" --train-iters 2 --mtp-num-layers 1
+        expect_refused "--mtp-num-layers 9 is out of range" "${tiny[@]}" --train-iters 2 --mtp-num-layers 9
         # pipeline placement flags without a pipeline, as Megatron refuses them
         expect_refused "virtual pipeline" "${tiny[@]}" --train-iters 2 --virtual-pipeline-model-parallel-size 2
         expect_refused "virtual pipeline" "${tiny[@]}" --train-iters 2 --num-layers-per-virtual-pipeline-stage 1
@@ -78,7 +78,7 @@ refused|ranges)
             >"$work/out" 2>&1 || fail "65 micro batches without validation: $(tail -3 "$work/out")"
         "$cohort" train --help >"$work/help" || fail "--help exit $?"
         for f in use-distributed-optimizer context-parallel-size fp16 expert-model-parallel-size \
-                 expert-tensor-parallel-size mtp-num-layers moe-router-enable-expert-bias; do
+                 expert-tensor-parallel-size moe-router-enable-expert-bias; do
             grep -E -- "--$f( |$).*not supported yet" "$work/help" >/dev/null || fail "--help does not say --$f is not supported yet"
         done
         expect_refused "--vocab-file/--merge-file" --mock-data --num-layers 1 --hidden-size 32 --num-attention-heads 4 \

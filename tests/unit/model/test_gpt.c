@@ -10,6 +10,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 
 static kb_backend *backend(bool bf16) {
     kb_backend *be = NULL;
@@ -47,7 +49,15 @@ static void make_batch(batch_buf *bb, int B, int T, int V, uint64_t seed, bool r
 static double loss_of(gpt_model *m, batch_buf *bb, uint64_t dseed) {
     double ntok = 0;
     for (int i = 0; i < bb->b.B * bb->b.T; i++) ntok += bb->mask[i];
-    return gpt_forward(m, &bb->b, true, dseed, bb->dscale, NULL) / ntok;
+    double l = gpt_forward(m, &bb->b, true, dseed, bb->dscale, NULL) / ntok;
+    /* multi-token prediction: the objective adds scale / D x each depth's mean loss */
+    const gpt_config *c = gpt_get_config(m);
+    if (c->mtp_layers > 0) {
+        double d[GPT_MAX_MTP];
+        gpt_mtp_last_losses(m, d);
+        for (int k = 0; k < c->mtp_layers; k++) l += c->mtp_loss_scaling / c->mtp_layers * d[k];
+    }
+    return l;
 }
 
 static void grad_check(gpt_config cfg, bool reset, const char *label) {
@@ -363,13 +373,131 @@ static void test_moe_one_expert_is_dense(void) {
     kb_backend_destroy(&be);
 }
 
-int main(void) {
+/* ---------------------------------------------------------------- multi-token prediction */
+
+/* Two MTP depths on a GPT-2-style model and on a llama-style one (rope, RMSNorm, SwiGLU,
+ * untied, dropout): every gradient entry, the MTP tensors' included, against finite
+ * differences of the main loss plus scale / D x each depth's loss. */
+static void test_grad_mtp(void) {
+    gpt_config c = tiny();
+    c.mtp_layers = 2;
+    c.mtp_loss_scaling = 0.3f;
+    grad_check(c, false, "mtp: 2 depths, layernorm/learned/gelu/tied");
+    c.rope = true;
+    c.rmsnorm = true;
+    c.swiglu = true;
+    c.tied = false;
+    c.bias = false;
+    c.mtp_layers = 1;
+    c.mtp_loss_scaling = 1.0f;
+    c.hidden_dropout = 0.1f;
+    grad_check(c, false, "mtp: 1 depth, rmsnorm/rope/swiglu/untied/dropout");
+}
+
+/* ---- against PyTorch (tests/data/mtp_torch_ref.py) ---- */
+
+static const char *g_python, *g_mtp_script;
+
+static bool write_bin(const char *dir, const char *name, const void *p, size_t n) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) return false;
+    bool ok = fwrite(p, 1, n, f) == n;
+    return fclose(f) == 0 && ok;
+}
+
+/* The model's weights (perturbed as grad_check's), one micro batch, cohort's losses and
+ * gradient of the objective (main loss + scale / D x each depth's) into dir. */
+static bool dump_mtp_case(const char *root, const char *label, gpt_config cfg) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", root, label);
+    if (mkdir(dir, 0700)) return false;
+    kb_backend *be = backend(false);
+    gpt_model *m = NULL;
+    int B = 2, T = 8;
+    if (!be || gpt_new(&m, &cfg, be, B, T)) return false;
+    gpt_init(m, 17);
+    float *p = gpt_params(m);
+    const gpt_tensor *ts = gpt_tensors(m);
+    co_rng r;
+    co_rng_seed(&r, 23);
+    for (int i = 0; i < gpt_num_tensors(m); i++)
+        for (size_t k = 0; k < ts[i].numel; k++) p[ts[i].offset + k] += (float)(0.2 * co_rng_normal(&r));
+    batch_buf bb;
+    make_batch(&bb, B, T, cfg.vocab, 31, false);
+    gpt_zero_grad(m);
+    double ntok = 0;
+    for (int i = 0; i < B * T; i++) ntok += bb.mask[i];
+    double main = gpt_forward(m, &bb.b, true, 1, bb.dscale, NULL) / ntok;
+    double dl[GPT_MAX_MTP];
+    gpt_mtp_last_losses(m, dl);
+    gpt_backward(m, &bb.b, 1);
+    char txt[4096];
+    int len = snprintf(txt, sizeof txt,
+                       "layers=%d\nhidden=%d\nheads=%d\nkv_groups=%d\nhead_dim=%d\nffn=%d\npadded_vocab=%d\nB=%d\nT=%d\n"
+                       "mtp=%d\nnorm_eps=%.9e\nrotary_base=%.9e\nmtp_scale=%.9e\nrmsnorm=%d\nrope=%d\nswiglu=%d\n"
+                       "tied=%d\nbias=%d\n",
+                       cfg.num_layers, cfg.hidden, cfg.heads, cfg.kv_groups, cfg.head_dim, cfg.ffn_hidden,
+                       cfg.padded_vocab, B, T, cfg.mtp_layers, (double)cfg.norm_eps, (double)cfg.rotary_base,
+                       (double)cfg.mtp_loss_scaling, cfg.rmsnorm, cfg.rope, cfg.swiglu, cfg.tied, cfg.bias);
+    bool ok = write_bin(dir, "config.txt", txt, (size_t)len);
+    len = 0;
+    for (int i = 0; i < gpt_num_tensors(m) && len < (int)sizeof txt - 200; i++)
+        len += snprintf(txt + len, sizeof txt - (size_t)len, "%s %zu %d %d\n", ts[i].name, ts[i].offset, ts[i].shape[0],
+                        ts[i].ndim == 2 ? ts[i].shape[1] : 0);
+    ok = ok && write_bin(dir, "tensors.txt", txt, (size_t)len);
+    len = snprintf(txt, sizeof txt, "%.17g", main);
+    for (int k = 0; k < cfg.mtp_layers; k++) len += snprintf(txt + len, sizeof txt - (size_t)len, " %.17g", dl[k]);
+    ok = ok && write_bin(dir, "losses.txt", txt, (size_t)len);
+    size_t nb = sizeof(int32_t) * (size_t)B * T;
+    ok = ok && write_bin(dir, "params.bin", p, sizeof(float) * gpt_num_params(m)) &&
+         write_bin(dir, "grads.bin", gpt_grads(m), sizeof(float) * gpt_num_params(m)) &&
+         write_bin(dir, "tokens.bin", bb.tok, nb) && write_bin(dir, "targets.bin", bb.tgt, nb) &&
+         write_bin(dir, "positions.bin", bb.pos, nb) && write_bin(dir, "mask.bin", bb.mask, sizeof(float) * B * T);
+    gpt_destroy(&m);
+    kb_backend_destroy(&be);
+    return ok;
+}
+
+static void test_mtp_against_torch(void) {
+    if (!g_python || !g_mtp_script) TEST_SKIP_CASE("no python and mtp_torch_ref.py given");
+    char root[512];
+    REQUIRE(t_scratch_dir(root, sizeof root, "cohort-mtp-ref") == 0);
+    gpt_config c = tiny();
+    c.mtp_layers = 2;
+    c.mtp_loss_scaling = 0.3f;
+    CHECK(dump_mtp_case(root, "gpt2_style_2_depths", c));
+    c.rope = true;
+    c.rmsnorm = true;
+    c.swiglu = true;
+    c.tied = false;
+    c.bias = false;
+    c.kv_groups = 2;
+    c.mtp_layers = 1;
+    c.mtp_loss_scaling = 1.0f;
+    CHECK(dump_mtp_case(root, "llama_style_1_depth", c));
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "'%s' '%s' --rm '%s'", g_python, g_mtp_script, root);
+    int st = system(cmd);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+        if (system(cmd)) fprintf(stderr, "could not remove %s\n", root);
+        TEST_SKIP_CASE("python3-torch is not installed (deploy/setup.sh installs it)");
+    }
+    CHECK_MSG(st == 0, "mtp_torch_ref.py failed (status %d); the cases are kept in %s", st, root);
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 3) g_python = argv[1], g_mtp_script = argv[2];
     RUN(test_param_layout);
     RUN(test_grad_gpt2_style);
     RUN(test_grad_llama_style);
     RUN(test_grad_dropout_and_reset_mask);
     RUN(test_grad_moe);
     RUN(test_moe_one_expert_is_dense);
+    RUN(test_grad_mtp);
+    RUN(test_mtp_against_torch);
     RUN(test_bitwise_repeatable);
     RUN(test_learns_counting);
     RUN(test_learns_counting_bf16);

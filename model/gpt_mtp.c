@@ -1,0 +1,145 @@
+/* gpt_mtp.c - multi-token prediction (Megatron's MultiTokenPredictionBlock, DeepSeek-V3's
+ * MTP; docs/mtp.md) on the head chunk of a training forward. Depth k = 0..D-1:
+ *   tok_k, pos_k, tgt_k, mask_k = tokens, positions, targets, loss mask rolled k+1 places
+ *                                 left within each sequence, the freed places 0
+ *   emb   = dropout(embed(tok_k) + wpe(pos_k))          the shared embedding
+ *   cat   = [enorm(emb) | hnorm(h_prev)]                 [N, 2C]; h_prev: the main final norm's
+ *                                                        output (k = 0) or depth k-1's output
+ *   x     = cat Weh^T                                    eh_proj, 2C -> C, no bias
+ *   x_out = transformer layer L + k (x)                  a dense layer, positions pos_k
+ *   out_k = final_layernorm_k(x_out)
+ *   loss_k = sum(CE(out_k Wlm^T, tgt_k) * mask_k) / sum(mask_k)   the shared output layer
+ * The objective adds scale / D * loss_k per depth (--mtp-loss-scaling-factor scale), with the
+ * model's auxiliary-loss weight (1 / micro batches: Megatron's MTPLossAutoScaler), so each
+ * token's logit gradient weight is mask_k * scale / D / sum(mask_k) * aux_loss_scale.
+ * Backward runs the depths in reverse: the output layer, the final norm, the layer, eh_proj,
+ * then enorm into the embedding's gradient and hnorm into the previous depth's output (or,
+ * for depth 0, m->mtp_dlnf: the main final norm's output). CPU backend only (host loops
+ * over the rows); tensor parallelism refused (gpt.c). */
+#include "model/gpt_internal.h"
+
+#include "common/error.h"
+
+#include <math.h>
+#include <string.h>
+
+/* tok/pos/tgt/mask of depth k (rolled k+1 places left per sequence, zero-filled) */
+static void roll_batch(mtp_acts *q, const gpt_batch *b, int k) {
+    int B = b->B, T = b->T, s = k + 1;
+    for (int i = 0; i < B; i++)
+        for (int t = 0; t < T; t++) {
+            size_t n = (size_t)i * T + t, src = n + (size_t)s;
+            bool in = t + s < T;
+            q->tok[n] = in ? b->tokens[src] : 0;
+            q->pos[n] = in ? b->positions[src] : 0;
+            q->tgt[n] = in ? b->targets[src] : 0;
+            q->mask[n] = in ? b->loss_mask[src] : 0.0f;
+        }
+}
+
+int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool train, uint64_t seed) {
+    const gpt_config *c = &m->cfg;
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    int D = c->mtp_layers, L = c->num_layers, B = b->B, T = b->T, N = B * T, C = c->hidden, V = m->Vl;
+    sl->mtp_done = false;
+    if (D <= 0 || !train) return 0;
+    if (b->seg)
+        return be->status = co_err_set(CO_EUNSUPPORTED, "multi-token prediction with --reset-attention-mask (document "
+                                                        "masks) is not supported yet");
+    size_t NC = (size_t)N * C;
+    float ph = c->hidden_dropout;
+    const float *h_prev = sl->lnf;
+    for (int k = 0; k < D; k++) {
+        mtp_acts *q = &sl->mtp[k];
+        const int *t = m->t_mtp[k];
+        roll_batch(q, b, k);
+        double ntok = 0;
+        for (int n = 0; n < N; n++) ntok += q->mask[n];
+        q->ntok = ntok;
+        float w = (float)((double)c->mtp_loss_scaling / D / (ntok > 0 ? ntok : 1.0) * m->aux_loss_scale);
+        for (int n = 0; n < N; n++) q->dscale[n] = q->mask[n] * w;
+        o->embed_forward(be, q->emb, q->tok, q->pos, P(m, m->t_wte), P(m, m->t_wpe), N, C);
+        if (ph > 0) o->dropout(be, q->emb, q->emb, NC, ph, seed, gpt__site(L + k, 0));
+        o->norm_forward(be, c->rmsnorm, q->en, q->en_mean, q->en_rstd, q->emb, P(m, t[MTP_EN_W]), P(m, t[MTP_EN_B]),
+                        N, C, c->norm_eps);
+        o->norm_forward(be, c->rmsnorm, q->hn, q->hn_mean, q->hn_rstd, h_prev, P(m, t[MTP_HN_W]), P(m, t[MTP_HN_B]),
+                        N, C, c->norm_eps);
+        o->sync(be);
+        for (int n = 0; n < N; n++) {
+            memcpy(q->cat + (size_t)n * 2 * C, q->en + (size_t)n * C, sizeof(float) * (size_t)C);
+            memcpy(q->cat + (size_t)n * 2 * C + C, q->hn + (size_t)n * C, sizeof(float) * (size_t)C);
+        }
+        o->linear_forward(be, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), NULL, N, 2 * C, C);
+        dev_batch xb = {q->tok, q->pos, NULL, q->tgt, q->dscale};
+        int rc = gpt__layer_forward(m, &q->layer, L + k, q->x_out, &xb, B, T, train, seed);
+        if (rc) return rc;
+        o->norm_forward(be, c->rmsnorm, q->out, q->out_mean, q->out_rstd, q->x_out, P(m, t[MTP_FN_W]),
+                        P(m, t[MTP_FN_B]), N, C, c->norm_eps);
+        o->linear_forward(be, q->logits, q->out, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, V);
+        o->cross_entropy(be, q->losses, q->logits, q->tgt, q->dscale, N, V);
+        o->sync(be);
+        if (be->status) return be->status;
+        double sum = 0;
+        for (int n = 0; n < N; n++) sum += (double)q->losses[n] * q->mask[n];
+        q->loss = ntok > 0 ? sum / ntok : 0.0;
+        m->mtp_loss_sum[k] += q->loss;
+        h_prev = q->out;
+    }
+    m->mtp_forwards++;
+    sl->mtp_done = true;
+    return 0;
+}
+
+int gpt__mtp_backward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, uint64_t seed) {
+    const gpt_config *c = &m->cfg;
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    int D = c->mtp_layers, L = c->num_layers, B = b->B, T = b->T, N = B * T, C = c->hidden, V = m->Vl;
+    m->mtp_dlnf = NULL;
+    if (D <= 0 || !sl->mtp_done) return 0;
+    size_t NC = (size_t)N * C;
+    float ph = c->hidden_dropout;
+    /* dnext: the gradient of depth k's output from depth k+1's hnorm (none for the last) */
+    float *dnext = NULL;
+    for (int k = D - 1; k >= 0; k--) {
+        mtp_acts *q = &sl->mtp[k];
+        const int *t = m->t_mtp[k];
+        const float *h_prev = k ? sl->mtp[k - 1].out : sl->lnf;
+        /* the shared output layer: q->logits holds dloss/dlogits */
+        o->linear_backward(be, m->mtp_dout, G(m, m->t_lm), NULL, q->logits, q->out, P(m, m->t_lm), P16(m, m->t_lm),
+                           N, C, V);
+        if (dnext) o->add(be, m->mtp_dout, m->mtp_dout, dnext, NC);
+        o->zero(be, m->dx, NC);
+        o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[MTP_FN_W]), G(m, t[MTP_FN_B]), m->mtp_dout, q->x_out,
+                         P(m, t[MTP_FN_W]), q->out_mean, q->out_rstd, N, C);
+        dev_batch xb = {q->tok, q->pos, NULL, q->tgt, NULL};
+        int rc = gpt__layer_backward(m, &q->layer, L + k, &xb, B, T, seed);
+        if (rc) return rc;
+        /* eh_proj: m->dx is the gradient of its output */
+        o->linear_backward(be, m->mtp_dcat, G(m, t[MTP_EH_W]), NULL, m->dx, q->cat, P(m, t[MTP_EH_W]),
+                           P16(m, t[MTP_EH_W]), N, 2 * C, C);
+        o->sync(be);
+        /* split [d en | d hn]: d en into mtp_dout, d hn into dh */
+        float *dhn = m->dh;
+        for (int n = 0; n < N; n++) {
+            memcpy(m->mtp_dout + (size_t)n * C, m->mtp_dcat + (size_t)n * 2 * C, sizeof(float) * (size_t)C);
+            memcpy(dhn + (size_t)n * C, m->mtp_dcat + (size_t)n * 2 * C + C, sizeof(float) * (size_t)C);
+        }
+        /* enorm into the embedding */
+        o->zero(be, m->mtp_demb, NC);
+        o->norm_backward(be, c->rmsnorm, m->mtp_demb, G(m, t[MTP_EN_W]), G(m, t[MTP_EN_B]), m->mtp_dout, q->emb,
+                         P(m, t[MTP_EN_W]), q->en_mean, q->en_rstd, N, C);
+        if (ph > 0) o->dropout(be, m->mtp_demb, m->mtp_demb, NC, ph, seed, gpt__site(L + k, 0));
+        o->embed_backward(be, G(m, m->t_wte), G(m, m->t_wpe), m->mtp_demb, q->tok, q->pos, N, C, V);
+        /* hnorm into the previous depth's output (or the main final norm's) */
+        float *dprev = m->mtp_dh[k & 1];
+        o->zero(be, dprev, NC);
+        o->norm_backward(be, c->rmsnorm, dprev, G(m, t[MTP_HN_W]), G(m, t[MTP_HN_B]), dhn, h_prev, P(m, t[MTP_HN_W]),
+                         q->hn_mean, q->hn_rstd, N, C);
+        dnext = dprev;
+    }
+    o->sync(be);
+    m->mtp_dlnf = dnext;
+    return be->status;
+}

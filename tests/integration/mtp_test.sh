@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# mtp_test.sh - `cohort train --mtp-num-layers` (multi-token prediction), one case per meson test.
+#   mtp_test.sh COHORT CASE
+# Cases:
+#   train     2 depths: the log line carries Megatron's " mtp_1 loss: X | mtp_2 loss: X |"
+#             after lm loss, the metrics mtp_1_loss and mtp_2_loss; every loss falls; a second
+#             run is bitwise the same; the MTP tensors change the main loss's trajectory (the
+#             shared layers learn from them) but not its first step
+#   resume    stopped at iteration 3 and resumed: the uninterrupted run's checkpoint bitwise;
+#             `ckpt inspect` lists the depths' tensors under Megatron's names
+#   layouts   dp 2, and pp 2 with the depths on the last stage (tied embeddings, rope), train
+#             the one-rank job's numbers within fp32 reduction tolerance (losses, gradient
+#             norms, validation; parameters and moments within 1e-5)
+#   refused   tensor parallelism, a pipeline with untied embeddings or learned positions,
+#             document masks, more than 8 depths: exit 2 before any work
+set -uo pipefail
+cohort=$1; case_name=$2
+export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
+work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-mtp.XXXXXX")
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4 --hidden-size 32
+      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
+      --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
+      --threads 1 --position-embedding-type rope --mtp-num-layers 2)
+. "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
+
+run() { # NAME ITERS ARGS...
+    local name=$1 iters=$2; shift 2
+    "$cohort" train "${tiny[@]}" --train-iters "$iters" --metrics-file "$work/$name.jsonl" "$@" >"$work/$name.out" 2>&1 ||
+        fail "$name: exit $?: $(tail -5 "$work/$name.out")"
+}
+case $case_name in
+train)
+    run a 30 --lr 3e-3
+    run b 30 --lr 3e-3
+    run off 30 --lr 3e-3 --mtp-num-layers 0
+    grep -q ' lm loss: [0-9.E+-]* | mtp_1 loss: [0-9.E+-]* | mtp_2 loss: [0-9.E+-]* | loss scale:' "$work/a.out" ||
+        fail "the log line lacks the MTP items: $(grep -m1 iteration "$work/a.out")"
+    /usr/bin/python3 - "$work/a.jsonl" "$work/off.jsonl" <<'PY' || fail "metrics: $(head -c 600 "$work/a.jsonl")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"grad_norm"' in l]
+off = [json.loads(l) for l in open(sys.argv[2]) if '"grad_norm"' in l]
+assert len(rows) == 30 and all("mtp_1_loss" in r and "mtp_2_loss" in r for r in rows), rows[0]
+assert not any("mtp_1_loss" in r for r in off)
+for k in ("lm_loss", "mtp_1_loss", "mtp_2_loss"):
+    first = sum(r[k] for r in rows[:5]) / 5
+    last = sum(r[k] for r in rows[-5:]) / 5
+    assert last < first - 0.05, (k, first, last)
+# the first step's main loss does not depend on the MTP depths; later ones do
+assert rows[0]["lm_loss"] == off[0]["lm_loss"], (rows[0]["lm_loss"], off[0]["lm_loss"])
+assert rows[-1]["lm_loss"] != off[-1]["lm_loss"]
+print("ok: lm %.4f mtp_1 %.4f mtp_2 %.4f at the end" % (rows[-1]["lm_loss"], rows[-1]["mtp_1_loss"], rows[-1]["mtp_2_loss"]))
+PY
+    [ "$(losses "$work/a.jsonl")" = "$(losses "$work/b.jsonl")" ] || fail "two runs differ"
+    ;;
+resume)
+    run full 6 --save "$work/full"
+    run half 6 --exit-interval 3 --save "$work/s"
+    run rest 6 --load "$work/s" --save "$work/s"
+    "$cohort" ckpt diff "$work/full" "$work/s" >"$work/diff.out" 2>&1 || fail "resumed run differs: $(tail -5 "$work/diff.out")"
+    "$cohort" ckpt inspect "$work/s" >"$work/inspect.out" 2>&1 || fail "inspect: $(tail -3 "$work/inspect.out")"
+    for t in mtp.layers.0.enorm.weight mtp.layers.1.hnorm.weight mtp.layers.1.eh_proj.weight \
+             mtp.layers.0.final_layernorm.weight mtp.layers.1.transformer_layer.attention.qkv.weight; do
+        grep -q "$t" "$work/inspect.out" || fail "inspect lacks $t: $(grep -m5 mtp "$work/inspect.out")"
+    done
+    ;;
+layouts)
+    run one 5 --nproc-per-node 1 --save "$work/one.ck"
+    run dp2 5 --nproc-per-node 2 --save "$work/dp2.ck"
+    run pp2 5 --nproc-per-node 2 --pipeline-model-parallel-size 2 --save "$work/pp2.ck"
+    compare 1 one dp2 pp2
+    for n in dp2 pp2; do
+        "$cohort" ckpt diff "$work/one.ck" "$work/$n.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$n: diff"
+        /usr/bin/python3 -c "
+import json
+rows = json.load(open('$work/d.json'))['tensors']
+assert any(r['name'].startswith('mtp.layers.1.') for r in rows), [r['name'] for r in rows][:30]
+assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+assert not bad, bad[:3]
+" || fail "$n: parameters differ from one rank's: $(head -c 400 "$work/d.json")"
+    done
+    ;;
+refused)
+    expect() { # PATTERN ARGS...
+        local pat=$1; shift
+        "$cohort" train "${tiny[@]}" --train-iters 2 "$@" >"$work/r.out" 2>&1; local rc=$?
+        [ $rc -eq 2 ] || fail "$*: exit $rc, expected 2: $(tail -3 "$work/r.out")"
+        grep -q -- "$pat" "$work/r.out" || fail "$*: no '$pat' in: $(tail -3 "$work/r.out")"
+    }
+    expect "--mtp-num-layers with --tensor-model-parallel-size 2 is not supported yet" --tensor-model-parallel-size 2 --nproc-per-node 2
+    expect "needs tied embeddings and --position-embedding-type rope" --pipeline-model-parallel-size 2 --nproc-per-node 2 \
+        --untie-embeddings-and-output-weights
+    expect "needs tied embeddings and --position-embedding-type rope" --pipeline-model-parallel-size 2 --nproc-per-node 2 \
+        --position-embedding-type learned_absolute
+    expect "with --reset-attention-mask is not supported yet" --reset-attention-mask
+    expect "--mtp-num-layers 9 is out of range" --mtp-num-layers 9
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
+echo "ok: $case_name"
