@@ -113,7 +113,10 @@ static const flag flags[] = {
       "the router's scores"),
     B("moe", "moe-router-pre-softmax", moe_router_pre_softmax, "softmax over every expert before the top-k"),
     B("moe", "moe-router-enable-expert-bias", moe_router_enable_expert_bias,
-      "a per-expert bias on the selection scores, updated from the load (not supported yet)"),
+      "a per-expert bias on the sigmoid selection scores, moved each step toward the even load "
+      "(DeepSeek-V3's aux-loss-free balancing)"),
+    D("moe", "moe-router-bias-update-rate", moe_router_bias_update_rate, "0.001",
+      "the expert bias's step: bias += rate * sign(mean load - the expert's load)"),
     I("moe", "moe-router-num-groups", moe_router_num_groups, "0", "expert groups of group-limited routing (0: none)"),
     I("moe", "moe-router-group-topk", moe_router_group_topk, "0", "groups each token may use (group-limited routing)"),
     D("moe", "moe-router-topk-scaling-factor", moe_router_topk_scaling_factor, "0",
@@ -696,8 +699,10 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
             problem(&P, "--num-experts with --tensor-model-parallel-size %d is not supported yet",
                     c->tensor_model_parallel_size);
         if (c->bf16) problem(&P, "--num-experts with --bf16 is not supported yet (the experts run in fp32)");
-        if (c->moe_router_enable_expert_bias)
-            problem(&P, "--moe-router-enable-expert-bias is not supported yet (the bias's update and checkpoint)");
+        if (c->moe_router_enable_expert_bias && strcmp(c->moe_router_score_function, "sigmoid"))
+            problem(&P, "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (as Megatron)");
+        if (!(c->moe_router_bias_update_rate >= 0))
+            problem(&P, "--moe-router-bias-update-rate %g must not be negative", c->moe_router_bias_update_rate);
         if (c->moe_router_pre_softmax && strcmp(c->moe_router_score_function, "softmax"))
             problem(&P, "--moe-router-pre-softmax needs --moe-router-score-function softmax");
         if (!strcmp(c->moe_router_load_balancing_type, "global_aux_loss") ||

@@ -63,6 +63,7 @@ typedef struct co_config {
     char moe_token_dispatcher_type[16];
     bool moe_router_pre_softmax, moe_router_enable_expert_bias, moe_pad_expert_input_to_capacity, moe_grouped_gemm;
     double moe_router_topk_scaling_factor, moe_aux_loss_coeff, moe_z_loss_coeff; /* 0: none */
+    double moe_router_bias_update_rate;
     double moe_expert_capacity_factor;                 /* <= 0: dropless (Megatron's None) */
     double moe_router_collapse_share;                  /* cohort: a router collapse is one expert over this share */
     int moe_router_collapse_iters;                     /*   of a layer's tokens for this many iterations (0: off) */

@@ -179,7 +179,7 @@ static int build_tensors(gpt_model *m) {
     int L = c->num_layers, C = c->hidden, AH = m->NHl * HD;
     int E = c->moe.num_experts, ep = c->moe.ep_size > 1 ? c->moe.ep_size : 1, El = E / ep, e0 = c->ep_rank * El;
     int D = c->mtp_layers > 0 ? c->mtp_layers : 0;
-    int cap = 8 + L * (NLAYER_T + 2 * El + 2) + D * (NLAYER_T + 8);
+    int cap = 8 + L * (NLAYER_T + 2 * El + 3) + D * (NLAYER_T + 8);
     m->ntensors = 0;
     m->nparams = 0;
     m->tensors = calloc((size_t)cap, sizeof *m->tensors);
@@ -255,6 +255,8 @@ static int build_tensors(gpt_model *m) {
                 }
                 m->pack = false;
                 m->nparams = (m->nparams + 15) / 16 * 16;
+                if (c->moe.expert_bias)
+                    t[EBIAS] = add_tensor(m, cap, NAME("mlp.router.expert_bias"), E, 0, false, 0, false);
             } else {
                 t[FC1_W] = add_split(m, cap, NAME("mlp.fc1.weight"), fc1_width(c), C, ROWS(pf, nf), true, std, false);
                 if (c->bias)
@@ -726,6 +728,12 @@ void gpt_mtp_stats_take(gpt_model *m, double *loss_sums, int64_t *forwards) {
 }
 
 void gpt_set_aux_loss_scale(gpt_model *m, float scale) { m->aux_loss_scale = scale; }
+
+float *gpt_moe_expert_bias(gpt_model *m, int l) {
+    if (l < 0 || l >= m->cfg.num_layers) return NULL;
+    int i = m->t_layer[l * NLAYER_T + EBIAS];
+    return i < 0 ? NULL : m->params + m->tensors[i].offset;
+}
 
 int gpt_set_expert_group(gpt_model *m, struct cm_comm *ep, moe_dispatcher d, int timeout_ms) {
     for (int k = 0; k < m->nchunks; k++)

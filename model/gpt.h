@@ -294,6 +294,10 @@ typedef struct gpt_moe_stats {
     int64_t dropped;
 } gpt_moe_stats;
 void gpt_moe_stats_take(gpt_model *m, gpt_moe_stats *out, int64_t *tpe);
+/* Layer l's expert bias [E] (host-visible parameter memory; no gradient: its caller moves it
+ * with moe_expert_bias_update before the optimizer step), or NULL (not a MoE layer of this
+ * rank, or no expert bias). */
+float *gpt_moe_expert_bias(gpt_model *m, int l);
 
 /* ---- multi-token prediction ----
  * The masked mean loss of each MTP depth in the last training forward (losses[mtp_layers]). */

@@ -14,7 +14,10 @@
 enum { LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC1_W, FC1_B, FC2_W, FC2_B,
        /* a MoE layer: the router; the local experts' fc1 then fc2 follow it in the table and
         * the flat buffer, then the shared expert's, all unpadded: moe.h's layout */
-       ROUTER_W, NLAYER_T };
+       ROUTER_W,
+       /* its expert bias [E] (--moe-router-enable-expert-bias): a tensor with no gradient, moved
+        * by gpt_moe_expert_bias's caller before each optimizer step (Megatron's buffer) */
+       EBIAS, NLAYER_T };
 
 /* An MTP depth's tensors besides its transformer layer's (t_layer[num_layers + k]). */
 enum { MTP_EN_W, MTP_EN_B, MTP_HN_W, MTP_HN_B, MTP_EH_W, MTP_FN_W, MTP_FN_B, MTP_NT };

@@ -120,7 +120,7 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
                     P(m, t[LN2_B]), Nl, C, c->norm_eps);
     if (a->moe) {
         /* a MoE layer (tp 1): router, experts, shared expert over the normed tokens */
-        int rc = moe_forward(a->moe, tmp, a->ln2, P(m, t[ROUTER_W]), NULL, B, T);
+        int rc = moe_forward(a->moe, tmp, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), B, T);
         if (rc) {
             be->status = rc;
             return rc;

@@ -1046,6 +1046,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         bool check_reports = true;             /* this rank reports the recomputation (its replica's helper) */
         bool checking_round = false, skip_step = false;
         for (;;) {
+            trainer__aux_attempt(t); /* an earlier attempt's MoE and MTP statistics do not count */
             if (!checking_round) {
                 int rc = t->pp ? trainer__pipeline_share(t, me, step, &it_loss, &it_tok, &local_norm)
                                : compute_share(t, me, step, &it_loss, &it_tok, &local_norm);
@@ -1176,6 +1177,10 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                 if (rc < 0) return rc;
             }
             fire_process_faults(t, step, -1, FI_PH_OPTIMIZER);
+            {
+                int mrc = trainer__moe_pre_step(t); /* the expert biases move before the weights do */
+                if (mrc) return mrc;
+            }
             double lr = lr_at(&t->lr, t->iteration);
             /* the next step's checksum compares with what this step writes (hashed as AdamW
              * writes it, where the backend can) */

@@ -139,6 +139,11 @@ void trainer__moe_config(trainer *t, gpt_config *m);
 int trainer__moe_setup(trainer *t);
 void trainer__moe_free(trainer *t);
 void trainer__moe_step(trainer *t);
+/* Before an attempt of a step: the MoE and MTP statistics of an earlier attempt discarded. */
+void trainer__aux_attempt(trainer *t);
+/* Before the optimizer step: the step's MoE statistics taken, the expert biases moved (a
+ * collective over the data-parallel group with the expert bias). */
+int trainer__moe_pre_step(trainer *t);
 int trainer__moe_log(trainer *t, char *text, size_t tn, char *json, size_t jn);
 /* trainer_mtp.c: the MTP settings (before gpt_new), each step's depth losses, and the log
  * line's and metrics record's MTP items (a collective, as trainer__moe_log). */

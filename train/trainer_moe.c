@@ -4,12 +4,16 @@
  * layers, micro batches, data-parallel replicas and the iterations of the log interval), and
  * the router-collapse health check: one expert getting more than --moe-router-collapse-share
  * of a layer's tokens on this rank for --moe-router-collapse-iters iterations in a row is a
- * training-health event (the event sink: the run report and the log), once per episode. */
+ * training-health event (the event sink: the run report and the log), once per episode. With
+ * --moe-router-enable-expert-bias each MoE layer's bias moves before every optimizer step
+ * toward the even load (the step's tokens per expert summed over the data-parallel group).
+ * The statistics of an attempt the rerun state machine replays are discarded. */
 #include "train/trainer_internal.h"
 
 #include "common/error.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,16 +66,54 @@ void trainer__moe_free(trainer *t) {
     t->moe_streak = NULL;
 }
 
-void trainer__moe_step(trainer *t) {
+void trainer__aux_attempt(trainer *t) {
     const co_config *c = &t->cfg;
-    if (c->num_experts <= 0 || !t->moe_tpe) return;
+    gpt_moe_stats st;
+    if (c->num_experts > 0) {
+        gpt_moe_stats_take(t->model, &st, NULL);
+        memset(t->moe_tpe, 0, sizeof(int64_t) * (size_t)c->num_layers * (size_t)c->num_experts);
+    }
+    if (c->mtp_num_layers > 0) {
+        double s[GPT_MAX_MTP];
+        int64_t n;
+        gpt_mtp_stats_take(t->model, s, &n);
+    }
+}
+
+int trainer__moe_pre_step(trainer *t) {
+    const co_config *c = &t->cfg;
+    if (c->num_experts <= 0 || !t->moe_tpe) return 0;
     gpt_moe_stats st;
     gpt_moe_stats_take(t->model, &st, t->moe_tpe);
     t->moe_lb_sum += st.lb_loss;
     t->moe_z_sum += st.z_loss;
     t->moe_forwards += (double)st.forwards;
     t->moe_dropped += (double)st.dropped;
-    if (c->moe_router_collapse_iters <= 0) return;
+    if (!c->moe_router_enable_expert_bias) return 0;
+    /* Megatron's _update_router_expert_bias (in finalize_model_grads, before the step): the
+     * step's tokens per expert summed over the data-parallel replicas, each MoE layer's bias
+     * moved by rate toward the even load. Every replica applies the same update. */
+    size_t n = (size_t)c->num_layers * (size_t)c->num_experts;
+    int rc = t->dp ? t->dp->ops->allreduce_sum(t->dp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS) : 0;
+    if (rc) return rc;
+    int32_t *cnt = malloc(sizeof(int32_t) * (size_t)c->num_experts);
+    if (!cnt) return co_err_set(CO_ENOMEM, "trainer: the expert bias update");
+    for (int l = 0; l < c->num_layers; l++) {
+        float *bias = gpt_moe_expert_bias(t->model, l);
+        if (!bias) continue;
+        for (int e = 0; e < c->num_experts; e++) {
+            int64_t v = t->moe_tpe[(size_t)l * c->num_experts + e];
+            cnt[e] = v > INT32_MAX ? INT32_MAX : (int32_t)v;
+        }
+        moe_expert_bias_update(bias, cnt, c->num_experts, (float)c->moe_router_bias_update_rate);
+    }
+    free(cnt);
+    return 0;
+}
+
+void trainer__moe_step(trainer *t) {
+    const co_config *c = &t->cfg;
+    if (c->num_experts <= 0 || !t->moe_tpe || c->moe_router_collapse_iters <= 0) return;
     int E = c->num_experts, k = c->moe_router_topk;
     for (int l = 0; l < c->num_layers; l++) {
         const int64_t *tpe = t->moe_tpe + (size_t)l * E;

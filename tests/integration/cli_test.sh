@@ -78,7 +78,7 @@ refused|ranges)
             >"$work/out" 2>&1 || fail "65 micro batches without validation: $(tail -3 "$work/out")"
         "$cohort" train --help >"$work/help" || fail "--help exit $?"
         for f in use-distributed-optimizer context-parallel-size fp16 expert-model-parallel-size \
-                 expert-tensor-parallel-size moe-router-enable-expert-bias; do
+                 expert-tensor-parallel-size; do
             grep -E -- "--$f( |$).*not supported yet" "$work/help" >/dev/null || fail "--help does not say --$f is not supported yet"
         done
         expect_refused "--vocab-file/--merge-file" --mock-data --num-layers 1 --hidden-size 32 --num-attention-heads 4 \

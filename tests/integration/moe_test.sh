@@ -16,9 +16,14 @@
 #   collapse     a router that sends most tokens to one expert (the collapse threshold set
 #                low) is reported as a training-health event: in the log, the metrics
 #                (moe_router_collapses) and, under the supervisor, the run report
+#   expert_bias  sigmoid routing with --moe-router-enable-expert-bias: the bias (a tensor of
+#                the checkpoint, no gradient) moves by the update rate each step (against a
+#                rate-0 run, every entry differs by a multiple of the rate, at most the steps
+#                taken); dp 2 trains the one-rank job's numbers (the counts are summed over
+#                the replicas); a resumed run ends with the uninterrupted one's checkpoint
 #   refused      bad configurations exit 2 before any work: top-k above the experts,
-#                biases, tensor parallelism, expert parallelism, the expert bias, flex, group
-#                counts that do not divide, padding without a capacity
+#                biases, tensor parallelism, expert parallelism, the expert bias with
+#                softmax, flex, group counts that do not divide, padding without a capacity
 set -uo pipefail
 cohort=$1; case_name=$2
 export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
@@ -104,6 +109,28 @@ collapse)
     run quiet 6 --moe-router-topk 1
     ! grep -q "router collapse" "$work/quiet.out" || fail "a collapse reported at the default threshold"
     ;;
+expert_bias)
+    eb=(--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk 1 --moe-aux-loss-coeff 0)
+    run one 6 "${eb[@]}" --moe-router-bias-update-rate 0.01 --save "$work/one.ck" --nproc-per-node 1
+    run zero 6 "${eb[@]}" --moe-router-bias-update-rate 0 --save "$work/zero.ck"
+    run dp2 6 "${eb[@]}" --moe-router-bias-update-rate 0.01 --save "$work/dp2.ck" --nproc-per-node 2
+    run half 6 "${eb[@]}" --moe-router-bias-update-rate 0.01 --save "$work/s" --exit-interval 3
+    run rest 6 "${eb[@]}" --moe-router-bias-update-rate 0.01 --save "$work/s" --load "$work/s"
+    compare 1 one dp2
+    "$cohort" ckpt diff "$work/one.ck" "$work/s" >"$work/d.out" 2>&1 || fail "resumed run differs: $(tail -5 "$work/d.out")"
+    "$cohort" ckpt diff "$work/zero.ck" "$work/one.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "diff"
+    /usr/bin/python3 -c "
+import json
+rows = {r['name']: r for r in json.load(open('$work/d.json'))['tensors']}
+for l in (0, 2):
+    r = rows['layers.%d.mlp.router.expert_bias' % l]
+    assert r['status'] == 'differs', r
+    m = r['max_abs']
+    assert 0.0099 < m <= 0.0601 and abs(m / 0.01 - round(m / 0.01)) < 1e-3, r
+assert 'layers.1.mlp.router.expert_bias' not in rows
+print('ok: the expert bias moved by', [rows['layers.%d.mlp.router.expert_bias' % l]['max_abs'] for l in (0, 2)])
+" || fail "the expert bias: $(head -c 600 "$work/d.json")"
+    ;;
 refused)
     expect() { # PATTERN ARGS...: exit 2 and the pattern on stderr, nothing trained
         local pat=$1; shift
@@ -119,7 +146,7 @@ refused)
     [ $rc -eq 2 ] && grep -q -- "add --disable-bias-linear" "$work/r.out" || fail "biases: exit $rc: $(tail -3 "$work/r.out")"
     expect "with --tensor-model-parallel-size 2 is not supported yet" --tensor-model-parallel-size 2 --nproc-per-node 2
     expect "--expert-model-parallel-size 2 is not supported yet" --expert-model-parallel-size 2 --nproc-per-node 2
-    expect "--moe-router-enable-expert-bias is not supported yet" --moe-router-enable-expert-bias --moe-router-score-function sigmoid
+    expect "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid" --moe-router-enable-expert-bias
     expect "flex (DeepEP) is not supported" --moe-token-dispatcher-type flex
     expect "--moe-router-num-groups 3 must divide" --moe-router-num-groups 3 --moe-router-group-topk 1
     expect "needs --moe-expert-capacity-factor" --moe-pad-expert-input-to-capacity
