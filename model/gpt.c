@@ -515,6 +515,39 @@ void gpt_inject_act_flip(gpt_model *m, size_t index, int bit) {
 
 void gpt_zero_grad(gpt_model *m) { m->ops->zero(m->be, m->grads, m->nparams); }
 
+int gpt_relayout(gpt_model *m, const size_t *offsets, size_t total) {
+    for (int i = 0; i < m->ntensors; i++)
+        if (offsets[i] % 16 || offsets[i] + m->tensors[i].numel > total)
+            return co_err_set(CO_EINVAL, "gpt_relayout: tensor %s at %zu (%zu elements) in a buffer of %zu",
+                              m->tensors[i].name, offsets[i], m->tensors[i].numel, total);
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    float *p = o->alloc(be, total * sizeof(float)), *g = o->alloc(be, total * sizeof(float));
+    kb_bf16 *p16 = m->params16 ? o->alloc(be, total * sizeof(kb_bf16)) : NULL;
+    if (!p || !g || (m->params16 && !p16)) {
+        if (p) o->free(be, p);
+        if (g) o->free(be, g);
+        if (p16) o->free(be, p16);
+        return co_err_set(CO_ENOMEM, "gpt_relayout: cannot allocate buffers of %zu parameters", total);
+    }
+    o->zero(be, p, total);
+    o->zero(be, g, total);
+    for (int i = 0; i < m->ntensors; i++) {
+        memcpy(p + offsets[i], m->params + m->tensors[i].offset, m->tensors[i].numel * sizeof(float));
+        memcpy(g + offsets[i], m->grads + m->tensors[i].offset, m->tensors[i].numel * sizeof(float));
+        m->tensors[i].offset = offsets[i];
+    }
+    o->free(be, m->params);
+    o->free(be, m->grads);
+    if (m->params16) o->free(be, m->params16);
+    m->params = p;
+    m->grads = g;
+    m->params16 = p16;
+    m->nparams = total;
+    gpt_sync_bf16(m);
+    return 0;
+}
+
 
 double gpt_flops_per_sample(const gpt_config *c, int s) {
     double h = c->hidden, L = c->num_layers;
