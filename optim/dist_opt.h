@@ -1,7 +1,8 @@
 /* dist_opt.h - the distributed optimizer (ZeRO-1, Megatron's --use-distributed-optimizer):
  * the bucketed parameter/gradient layout, the sharded AdamW step over the data-parallel
  * group, and an optional second copy of every shard on the next data-parallel rank (issue
- * 17 item 4). docs/distributed-optimizer.md describes it; not yet used by the trainer.
+ * 17 item 4). docs/distributed-optimizer.md describes it; train/trainer_dopt.c wires it
+ * into the trainer (--use-distributed-optimizer).
  *
  * Layout (Megatron's param_and_grad_buffer.py with use_distributed_optimizer): parameters
  * in reverse table order, each start padded to a multiple of 64 elements; a bucket is
@@ -27,7 +28,7 @@
  * dopt_shard_restore).
  *
  * Buffers come from the backend but are copied with memcpy in places (init, pack, views):
- * host memory only (the CPU backend) until the trainer's wiring adds device copies. */
+ * host memory only (the CPU backend; the trainer refuses the flag on cuda). */
 #ifndef COHORT_OPTIM_DIST_OPT_H
 #define COHORT_OPTIM_DIST_OPT_H
 
