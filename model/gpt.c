@@ -522,29 +522,20 @@ int gpt_relayout(gpt_model *m, const size_t *offsets, size_t total) {
                               m->tensors[i].name, offsets[i], m->tensors[i].numel, total);
     const kb_ops *o = m->ops;
     kb_backend *be = m->be;
-    float *p = o->alloc(be, total * sizeof(float)), *g = o->alloc(be, total * sizeof(float));
-    kb_bf16 *p16 = m->params16 ? o->alloc(be, total * sizeof(kb_bf16)) : NULL;
-    if (!p || !g || (m->params16 && !p16)) {
-        if (p) o->free(be, p);
-        if (g) o->free(be, g);
-        if (p16) o->free(be, p16);
-        return co_err_set(CO_ENOMEM, "gpt_relayout: cannot allocate buffers of %zu parameters", total);
-    }
-    o->zero(be, p, total);
-    o->zero(be, g, total);
-    for (int i = 0; i < m->ntensors; i++) {
-        memcpy(p + offsets[i], m->params + m->tensors[i].offset, m->tensors[i].numel * sizeof(float));
-        memcpy(g + offsets[i], m->grads + m->tensors[i].offset, m->tensors[i].numel * sizeof(float));
-        m->tensors[i].offset = offsets[i];
-    }
+    /* the old buffers go first: the peak holds one set, never both */
+    bool bf16 = m->params16 != NULL;
     o->free(be, m->params);
     o->free(be, m->grads);
-    if (m->params16) o->free(be, m->params16);
-    m->params = p;
-    m->grads = g;
-    m->params16 = p16;
+    if (bf16) o->free(be, m->params16);
+    m->params = o->alloc(be, total * sizeof(float));
+    m->grads = o->alloc(be, total * sizeof(float));
+    m->params16 = bf16 ? o->alloc(be, total * sizeof(kb_bf16)) : NULL;
+    if (!m->params || !m->grads || (bf16 && !m->params16))
+        return co_err_set(CO_ENOMEM, "gpt_relayout: cannot allocate buffers of %zu parameters", total);
+    o->zero(be, m->params, total);
+    o->zero(be, m->grads, total);
+    for (int i = 0; i < m->ntensors; i++) m->tensors[i].offset = offsets[i];
     m->nparams = total;
-    gpt_sync_bf16(m);
     return 0;
 }
 

@@ -255,9 +255,11 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     rc = gpt_new(&t->model, m, t->be, c->micro_batch_size, c->seq_length);
     if (rc) goto fail;
     if (t->tp) gpt_set_tensor_group(t->model, t->tp, TRAIN_COMM_TIMEOUT_MS);
+    /* the distributed optimizer lays the model's buffers out before they are filled */
+    if (c->use_distributed_optimizer && (rc = trainer__dopt_setup(t, data->joining))) goto fail;
     gpt_init(t->model, (uint64_t)c->seed);
     rc = c->use_distributed_optimizer
-             ? trainer__dopt_setup(t, data->joining)
+             ? trainer__dopt_init_shards(t)
              : opt_adamw_init(&t->opt, t->model, (float)c->adam_beta1, (float)c->adam_beta2, (float)c->adam_eps,
                               (float)c->weight_decay, (float)c->clip_grad);
     if (rc) goto fail;

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "optim/dist_opt.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,12 +58,26 @@ int trainer__dopt_setup(trainer *t, bool joining) {
         free(d);
         return rc;
     }
-    dopt_init_shards(&d->s);
     d->held = !joining;
     /* the replicated optimizer's fields that checkpoints record; its moments stay NULL */
     t->opt = (opt_adamw){.beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
                          .clip_grad = o.clip_grad, .n = gpt_num_params(m)};
     t->dopt = d;
+    if (t->log) {
+        size_t n = 0;
+        for (int i = 0; i < nt; i++) n += tab[i].numel;
+        fprintf(t->log, "cohort: distributed optimizer over %d data-parallel rank%s: %d bucket%s, shard of %zu of %zu "
+                        "elements, %.2f bytes per parameter on this rank for parameters, gradients and moments%s "
+                        "(replicated: 16)\n", dp, dp > 1 ? "s" : "", d->s.L.nbuckets, d->s.L.nbuckets > 1 ? "s" : "",
+                d->s.L.shard_total, d->s.L.total, dopt_bytes_per_param(&d->s.L, n, d->s.opt.redundant),
+                d->s.opt.redundant ? " (with the copy of the previous rank's shard)" : "");
+        fflush(t->log);
+    }
+    return 0;
+}
+
+int trainer__dopt_init_shards(trainer *t) {
+    dopt_init_shards(&t->dopt->s); /* (the weights as gpt_init drew them, the same on every rank) */
     return 0;
 }
 

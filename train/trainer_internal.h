@@ -124,13 +124,15 @@ struct trainer {
  * data-parallel group (NULL: one replica). */
 static inline cm_comm *trainer__grad_group(const trainer *t) { return t->dp; }
 
-/* trainer_dopt.c: the distributed optimizer's share of trainer_new (after gpt_init: the
- * model's buffers take its layout; joining: a replacement, its shards hold nothing yet), the
+/* trainer_dopt.c: the distributed optimizer's share of trainer_new (before gpt_init: the
+ * model's buffers take its layout; joining: a replacement, its shards hold nothing yet; after
+ * it: the copy of the neighbour's initial parameters), the
  * reduce-scatter and norm (in the data-parallel reduction), the norm, the shards' update,
  * the pending all-gather of the parameters (after the iteration is committed), a restart's
  * handover of the shards (trainer_sync_state), and the teardown. */
 typedef struct tr_dopt tr_dopt;
 int trainer__dopt_setup(trainer *t, bool joining);
+int trainer__dopt_init_shards(trainer *t);
 void trainer__dopt_free(trainer *t);
 int trainer__dopt_reduce(trainer *t);
 int trainer__dopt_norm(trainer *t, double *out);
