@@ -8,8 +8,8 @@
 #
 #   bench/dopt_bench.sh [iterations] [repeats]     (after deploy/setup.sh build)
 # Model: 6 layers, hidden 512, 8 heads, sequence 64, vocabulary 500 (19.2 M parameters, one
-# bucket at Megatron's default bucket size), micro batch 1, global batch 4, mock data, one
-# thread per rank. Each configuration runs `repeats` times, interleaved; the step time is
+# bucket at Megatron's default bucket size; also with --ddp-bucket-size 1000000, 20 buckets),
+# micro batch 1, global batch 4, mock data, one thread per rank. Each configuration runs `repeats` times, interleaved; the step time is
 # the median over runs of the mean of iterations 3..N. The output starts with the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,10 +24,14 @@ args=(--device cpu --mock-data --tokenizer-type NullTokenizer --vocab-size 500 -
 echo
 for r in $(seq "$reps"); do
     for n in 2 4; do
-        for mode in replicated dopt dopt_nored; do
+        for mode in replicated dopt dopt_nored dopt_b1m dopt_nored_b1m; do
             extra=()
-            [ $mode = dopt ] && extra=(--use-distributed-optimizer)
-            [ $mode = dopt_nored ] && extra=(--use-distributed-optimizer --no-dist-opt-redundancy)
+            case $mode in
+            dopt) extra=(--use-distributed-optimizer);;
+            dopt_nored) extra=(--use-distributed-optimizer --no-dist-opt-redundancy);;
+            dopt_b1m) extra=(--use-distributed-optimizer --ddp-bucket-size 1000000);;
+            dopt_nored_b1m) extra=(--use-distributed-optimizer --no-dist-opt-redundancy --ddp-bucket-size 1000000);;
+            esac
             build/cohort train "${args[@]}" --nproc-per-node $n "${extra[@]}" \
                 --metrics-file "$work/$mode-$n-$r.jsonl" >"$work/$mode-$n-$r.out" 2>&1 \
                 || { tail -5 "$work/$mode-$n-$r.out"; exit 1; }
@@ -48,11 +52,15 @@ print("| dp | optimizer | bytes/param (layout) | Megatron's table | peak RSS of 
       "RSS saved vs replicated, bytes/param | ms/iteration (median of runs) | vs replicated |")
 print("|---|---|---|---|---|---|---|---|")
 for n in (2, 4):
-    res = {m: [run(m, n, r) for r in range(1, reps + 1)] for m in ("replicated", "dopt", "dopt_nored")}
+    res = {m: [run(m, n, r) for r in range(1, reps + 1)]
+           for m in ("replicated", "dopt", "dopt_nored", "dopt_b1m", "dopt_nored_b1m")}
     base_ms = statistics.median(x[0] for x in res["replicated"])
     base_rss = statistics.median(x[1] for x in res["replicated"])
-    for m, label, table in (("replicated", "replicated", "16"), ("dopt_nored", "distributed", f"8 + 8/{n} = {8 + 8 / n:g}"),
-                            ("dopt", "distributed + redundancy", f"8 + 8/{n} + 16/{n} = {8 + 24 / n:g}")):
+    plain, red = f"8 + 8/{n} = {8 + 8 / n:g}", f"8 + 8/{n} + 16/{n} = {8 + 24 / n:g}"
+    for m, label, table in (("replicated", "replicated", "16"), ("dopt_nored", "distributed", plain),
+                            ("dopt", "distributed + redundancy", red),
+                            ("dopt_nored_b1m", "distributed, 1M-element buckets", plain),
+                            ("dopt_b1m", "distributed + redundancy, 1M-element buckets", red)):
         ms = statistics.median(x[0] for x in res[m])
         rss = statistics.median(x[1] for x in res[m])
         params = res["replicated"][0][2]

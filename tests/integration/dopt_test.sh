@@ -72,7 +72,8 @@ matches_replicated)
 ckpt_reshard)
     # a distributed-optimizer checkpoint (each rank's shard of the moments, saved under the
     # replicated optimizer's names) resumes at another data-parallel size: dp2 -> dp4, dp4 ->
-    # dp2, dp2 -> one process (with and without the flag); the same size resumes bitwise
+    # dp2, dp2 -> one process (with and without the flag); the same size resumes bitwise; and
+    # at tensor-parallel size 2
     for n in 2 4; do
         train s$n $n $D --train-iters 8 --save "$work/s$n" --save-interval 4 --exit-interval 4; ok s$n
         train full$n $n $D --train-iters 8 --save "$work/full$n"; ok full$n
@@ -95,6 +96,18 @@ ckpt_reshard)
     # one process: the distributed optimizer and the replicated one take the same steps
     "$cohort" ckpt diff "$(it_dir "$work/c2-1" 8)" "$(it_dir "$work/c2-1r" 8)" >/dev/null ||
         fail "the checkpoint loaded without --use-distributed-optimizer continues differently"
+    # other tensor-parallel sizes by name: the dp2 checkpoint loads at tensor-parallel size 2
+    # (replicated optimizer) and continues exactly as the replicated optimizer's own dp2
+    # checkpoint of iteration 4 does
+    train rs2 2 --train-iters 8 --save "$work/rs2" --save-interval 4 --exit-interval 4; ok rs2
+    same "$work/rs2" "$work/s2" 4
+    cp -r "$work/s2" "$work/t2"
+    for x in t2 rs2; do
+        train $x-tp 2 --tensor-model-parallel-size 2 --train-iters 8 --load "$work/$x" --save "$work/$x"; ok $x-tp
+    done
+    grep -q "checkpoint written at tensor x pipeline size 1 x 1, loaded at 2 x 1" "$work/t2-tp.out" ||
+        fail "tp2 load: $(grep -i checkpoint "$work/t2-tp.out")"
+    same "$work/rs2" "$work/t2" 8
     ;;
 kill|kill_optimizer|shift_ranks)
     # a rank holding an optimizer shard dies (in forward; right after its shard's update,
