@@ -49,7 +49,7 @@ def run(mode, n, r):
     ms = statistics.mean(x["elapsed_ms_per_iteration"] for x in rows[2:])
     return ms, max(x["max_rss_bytes"] for x in rows), params, float(m.group(1)) if m else 16.0
 print("| dp | optimizer | bytes/param (layout) | Megatron's table | peak RSS of the logging rank (MiB) | "
-      "RSS saved vs replicated, bytes/param | ms/iteration (median of runs) | vs replicated |")
+      "RSS saved vs replicated, bytes/param | ms/iteration: median of runs (min-max) | vs replicated |")
 print("|---|---|---|---|---|---|---|---|")
 for n in (2, 4):
     res = {m: [run(m, n, r) for r in range(1, reps + 1)]
@@ -65,5 +65,6 @@ for n in (2, 4):
         rss = statistics.median(x[1] for x in res[m])
         params = res["replicated"][0][2]
         print(f"| {n} | {label} | {res[m][0][3]:.2f} | {table} | {rss / 2**20:.0f} | "
-              f"{(base_rss - rss) / params:.2f} | {ms:.1f} | {100 * (ms / base_ms - 1):+.1f}% |")
+              f"{(base_rss - rss) / params:.2f} | {ms:.1f} ({min(x[0] for x in res[m]):.0f}-"
+              f"{max(x[0] for x in res[m]):.0f}) | {100 * (ms / base_ms - 1):+.1f}% |")
 PY
