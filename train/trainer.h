@@ -89,9 +89,6 @@ struct opt_adamw *trainer_optimizer(trainer *t);
 bool trainer_dopt_on(const trainer *t);
 int trainer_dopt_moments_begin(trainer *t, bool gather);
 int trainer_dopt_moments_end(trainer *t, bool scatter);
-/* Bytes per model parameter this rank holds for parameters, gradients and optimizer state
- * (dopt_bytes_per_param over nparams parameters; 0 without the distributed optimizer). */
-double trainer_dopt_bytes_per_param(const trainer *t, size_t nparams);
 const co_config *trainer_config(const trainer *t);
 
 /* Adds a hook (up to 4, run in the order added) called on the training thread after every

@@ -211,11 +211,6 @@ int trainer_dopt_moments_end(trainer *t, bool scatter) {
     return rc;
 }
 
-double trainer_dopt_bytes_per_param(const trainer *t, size_t nparams) {
-    if (!t->dopt) return 0;
-    return dopt_bytes_per_param(&t->dopt->s.L, nparams, t->dopt->s.opt.redundant);
-}
-
 /* ---- an in-process restart's handover ----
  * Every rank says which shards it holds for the iteration all resume from (its own and its
  * copy of the previous generation; none for a replacement); every shard goes to the ranks
