@@ -126,7 +126,7 @@ static int save_parts(wk_ckpt *k);
  * every rank saves at the same iteration), freed once the snapshot is taken. */
 static int save_now(wk_ckpt *k) {
     if (!trainer_dopt_on(k->t) || k->cfg.no_save_optim) return save_parts(k);
-    int rc = ck_saver_wait(k->saver); /* the previous save's parts are rebuilt below */
+    int rc = k->saver ? ck_saver_wait(k->saver) : 0; /* (the previous save reads the parts rebuilt below) */
     if (!rc) rc = trainer_dopt_moments_begin(k->t, true);
     if (!rc) rc = parts_rebuild(k);
     if (!rc) rc = save_parts(k);
@@ -681,7 +681,9 @@ int wk_ckpt_reload(wk_ckpt *k, const char *dir) {
     if (!k) return co_err_set(CO_EINVAL, "reloading %s: this rank has no checkpoint state (--save/--load)", dir);
     snprintf(k->cfg.load, sizeof k->cfg.load, "%s", dir);
     bool dopt = trainer_dopt_on(k->t);
-    int rc = dopt ? trainer_dopt_moments_begin(k->t, false) : 0;
+    /* (an async save still writing reads the parts rebuilt below: it finishes first) */
+    int rc = dopt && k->saver ? ck_saver_wait(k->saver) : 0;
+    if (!rc && dopt) rc = trainer_dopt_moments_begin(k->t, false);
     if (!rc && dopt) rc = parts_rebuild(k);
     if (!rc) rc = load(k);
     if (dopt) {
