@@ -615,6 +615,7 @@ int cli_train(int argc, char **argv) {
         so.restart = c.inprocess_restart;
         so.active_world = c.inprocess_active_world_size > 0 ? c.inprocess_active_world_size : 0;
         so.shift_ranks = !strcmp(c.inprocess_rank_assignment, "shift-ranks");
+        so.dopt_holders = c.use_distributed_optimizer ? (c.dist_opt_redundancy ? 2 : 1) : 0;
         so.tp = c.tensor_model_parallel_size;
         /* a replica's ranks (tensor x pipeline) report its results (the stand-in replicates);
          * in Megatron's order the data coordinate comes after tp (tp-cp-dp-pp) or after tp

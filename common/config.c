@@ -99,7 +99,20 @@ static const flag flags[] = {
     B("parallel", "use-tp-pp-dp-mapping", use_tp_pp_dp_mapping,
       "rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp (`cohort topology` prints the groups)"),
     B("parallel", "sequence-parallel", sequence_parallel, "sequence parallelism: norms and dropout on token shards of the tensor group (off at tensor-parallel size 1, as Megatron)"),
-    B("parallel", "use-distributed-optimizer", use_distributed_optimizer, "shard optimizer state over data-parallel ranks (not supported yet)"),
+    B("parallel", "use-distributed-optimizer", use_distributed_optimizer,
+      "shard the optimizer state (fp32 moments) over the data-parallel ranks: gradients reduce-scattered in buckets, "
+      "each rank updates its shard, parameters all-gathered (ZeRO-1; CPU backend, tensor and pipeline size 1; "
+      "docs/distributed-optimizer.md)"),
+    L("parallel", "ddp-bucket-size", ddp_bucket_size, "0",
+      "elements per gradient bucket of the distributed optimizer (0: Megatron's max(40M, 1M x data-parallel size))"),
+    B("parallel", "overlap-grad-reduce", overlap_grad_reduce,
+      "overlap the gradient reduction with the backward (not supported yet)"),
+    B("parallel", "overlap-param-gather", overlap_param_gather,
+      "overlap the parameter all-gather with the next forward (not supported yet)"),
+    NB("parallel", "dist-opt-redundancy", dist_opt_redundancy,
+       "[cohort] with --use-distributed-optimizer: the next data-parallel rank keeps a copy of each rank's optimizer "
+       "shard, so an in-process restart restores a dead rank's shard from memory (on by default; "
+       "--no-dist-opt-redundancy saves its memory and time)"),
     /* mixture of experts */
     I("moe", "num-experts", num_experts, "0",
       "experts of each MoE layer (0: a dense model); the MLP of every --moe-layer-freq-th layer is a mixture of "
@@ -650,9 +663,21 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (errlen) err[0] = '\0';
 
     /* accepted for Megatron's scripts but not implemented: refused, never ignored */
-    if (c->use_distributed_optimizer)
-        problem(&P, "--use-distributed-optimizer is not supported yet (every data-parallel rank keeps the whole "
-                    "optimizer state)");
+    if (c->overlap_grad_reduce)
+        problem(&P, "--overlap-grad-reduce is not supported yet (the gradients are reduced after the backward)");
+    if (c->overlap_param_gather)
+        problem(&P, "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)");
+    if (c->ddp_bucket_size < 0) problem(&P, "--ddp-bucket-size must not be negative");
+    if (c->use_distributed_optimizer) {
+        if (!strcmp(c->device, "cuda"))
+            problem(&P, "--use-distributed-optimizer is not supported yet on cuda (host memory only)");
+        if (c->tensor_model_parallel_size > 1 || c->pipeline_model_parallel_size > 1)
+            problem(&P, "--use-distributed-optimizer with tensor or pipeline parallelism is not supported yet "
+                        "(data parallelism only)");
+        if (c->num_experts > 0)
+            problem(&P, "--use-distributed-optimizer with --num-experts is not supported yet (the bucketed layout "
+                        "would split a MoE layer's block of experts)");
+    }
     bool real_tp = c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel;
     if (c->sequence_parallel && c->tensor_model_parallel_size == 1)
         c->sequence_parallel = false; /* as Megatron: sequence parallelism needs a tensor group */

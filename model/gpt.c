@@ -688,6 +688,30 @@ void gpt_inject_act_flip(gpt_model *m, size_t index, int bit) {
 
 void gpt_zero_grad(gpt_model *m) { m->ops->zero(m->be, m->grads, m->nparams); }
 
+int gpt_relayout(gpt_model *m, const size_t *offsets, size_t total) {
+    for (int i = 0; i < m->ntensors; i++)
+        if (offsets[i] % 16 || offsets[i] + m->tensors[i].numel > total)
+            return co_err_set(CO_EINVAL, "gpt_relayout: tensor %s at %zu (%zu elements) in a buffer of %zu",
+                              m->tensors[i].name, offsets[i], m->tensors[i].numel, total);
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    /* the old buffers go first: the peak holds one set, never both */
+    bool bf16 = m->params16 != NULL;
+    o->free(be, m->params);
+    o->free(be, m->grads);
+    if (bf16) o->free(be, m->params16);
+    m->params = o->alloc(be, total * sizeof(float));
+    m->grads = o->alloc(be, total * sizeof(float));
+    m->params16 = bf16 ? o->alloc(be, total * sizeof(kb_bf16)) : NULL;
+    if (!m->params || !m->grads || (bf16 && !m->params16))
+        return co_err_set(CO_ENOMEM, "gpt_relayout: cannot allocate buffers of %zu parameters", total);
+    o->zero(be, m->params, total);
+    o->zero(be, m->grads, total);
+    for (int i = 0; i < m->ntensors; i++) m->tensors[i].offset = offsets[i];
+    m->nparams = total;
+    return 0;
+}
+
 
 double gpt_flops_per_sample(const gpt_config *c, int s) {
     double h = c->hidden, L = c->num_layers;

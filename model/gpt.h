@@ -264,6 +264,12 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t dropou
 void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t dropout_seed);
 /* Zeroes the gradient buffer. */
 void gpt_zero_grad(gpt_model *m);
+/* Before gpt_init: puts every tensor i at offsets[i] (a multiple of 16) of new flat
+ * parameter, gradient (and bf16) buffers of `total` elements, zero (the old buffers are
+ * freed first, their contents not kept, so memory never holds both): the distributed
+ * optimizer's bucketed layout (optim/dist_opt.h) becomes the model's own, with no second
+ * copy. On failure the model is unusable (destroy it). */
+int gpt_relayout(gpt_model *m, const size_t *offsets, size_t total);
 /* Fault injection: the next forward flips bit `bit` of element index (mod B*T*C) of the
  * final norm's output, the activation the output layer reads (resilience/inject.h). An
  * earlier one is mostly normalised away by the next LayerNorm: silent, but harmless. */

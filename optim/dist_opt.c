@@ -142,14 +142,32 @@ static int layout_copy(dopt_layout *dst, const dopt_layout *src) {
 
 void dopt_free(dopt_state *s) {
     kb_backend *be = s->be;
-    float **bufs[] = {&s->params, &s->grads, &s->m, &s->v, &s->rparams, &s->rm, &s->rv, &s->rgrad};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+    float **bufs[] = {&s->m, &s->v, &s->rparams, &s->rm, &s->rv, &s->rgrad, &s->params, &s->grads};
+    size_t nb = sizeof bufs / sizeof *bufs - (s->borrowed ? 2 : 0);
+    for (size_t i = 0; i < nb; i++)
         if (*bufs[i] && be) be->ops->free(be, *bufs[i]);
     dopt_layout_free(&s->L);
     memset(s, 0, sizeof *s);
 }
 
+static int init_state(dopt_state *s, const dopt_layout *L, int rank, const dopt_options *opt, kb_backend *be,
+                      float *params, float *grads);
+
 int dopt_init(dopt_state *s, const dopt_layout *L, int rank, const dopt_options *opt, kb_backend *be) {
+    return init_state(s, L, rank, opt, be, NULL, NULL);
+}
+
+int dopt_init_borrowed(dopt_state *s, const dopt_layout *L, int rank, const dopt_options *opt, kb_backend *be,
+                       float *params, float *grads) {
+    if (!params || !grads) {
+        memset(s, 0, sizeof *s);
+        return co_err_set(CO_EINVAL, "distributed optimizer: no parameter or gradient buffer to borrow");
+    }
+    return init_state(s, L, rank, opt, be, params, grads);
+}
+
+static int init_state(dopt_state *s, const dopt_layout *L, int rank, const dopt_options *opt, kb_backend *be,
+                      float *params, float *grads) {
     memset(s, 0, sizeof *s);
     if (!L || !opt || !be || rank < 0 || rank >= L->dp)
         return co_err_set(CO_EINVAL, "distributed optimizer: rank %d of %d or no layout/backend", rank,
@@ -161,8 +179,9 @@ int dopt_init(dopt_state *s, const dopt_layout *L, int rank, const dopt_options 
     s->be = be;
     s->rank = rank;
     size_t nt = L->total * sizeof(float), ns = (L->shard_total ? L->shard_total : 1) * sizeof(float);
-    s->params = be->ops->alloc(be, nt);
-    s->grads = be->ops->alloc(be, nt);
+    s->borrowed = params != NULL;
+    s->params = params ? params : be->ops->alloc(be, nt);
+    s->grads = grads ? grads : be->ops->alloc(be, nt);
     s->m = be->ops->alloc(be, ns);
     s->v = be->ops->alloc(be, ns);
     bool ok = s->params && s->grads && s->m && s->v;
@@ -241,17 +260,32 @@ static int exchange_shard_grad(dopt_state *s, cm_comm *dp) {
     return rc;
 }
 
+static int check_group(const dopt_state *s, const cm_comm *dp) {
+    if (s->L.dp == 1 && !dp) return 0;
+    if (!dp || dp->size != s->L.dp || dp->rank != s->rank)
+        return co_err_set(CO_EINVAL, "distributed optimizer step: group of %d (rank %d), layout for %d (rank %d)",
+                          dp ? dp->size : 0, dp ? dp->rank : -1, s->L.dp, s->rank);
+    return 0;
+}
+
 int dopt_step(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double *grad_norm_out) {
+    double norm = 0;
+    int rc = dopt_reduce(s, dp, &norm);
+    if (rc) return rc;
+    if (grad_norm_out) *grad_norm_out = norm;
+    return dopt_update(s, dp, decay, lr, norm);
+}
+
+int dopt_reduce(dopt_state *s, cm_comm *dp, double *grad_norm_out) {
     const dopt_layout *L = &s->L;
     kb_backend *be = s->be;
-    int n = L->dp, me = s->rank, rc = 0;
-    if (!dp || dp->size != n || dp->rank != me)
-        return co_err_set(CO_EINVAL, "distributed optimizer step: group of %d (rank %d), layout for %d (rank %d)",
-                          dp ? dp->size : 0, dp ? dp->rank : -1, n, me);
+    int n = L->dp, me = s->rank, rc = check_group(s, dp);
+    if (rc) return rc;
     /* 1. reduce-scatter each bucket in place into this rank's shard, then average */
     for (int b = 0; b < L->nbuckets; b++) {
         const dopt_bucket *B = &L->buckets[b];
         float *base = s->grads + B->start, *mine = base + (size_t)me * B->shard;
+        if (n == 1) continue;
         rc = dp->ops->reduce_scatter_sum(dp, base, mine, B->shard, CM_F32, s->opt.timeout_ms);
         if (rc)
             return co_err_set(rc, "distributed optimizer step: reduce-scatter of bucket %d of %d: %s", b,
@@ -268,8 +302,20 @@ int dopt_step(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double *
     if (s->opt.redundant && (rc = exchange_shard_grad(s, dp)))
         return co_err_set(rc, "distributed optimizer step: shard gradient to rank %d / from rank %d: %s",
                           (me + 1) % n, (me + n - 1) % n, co_err_detail());
-    double norm = sqrt(sq);
-    if (grad_norm_out) *grad_norm_out = norm;
+    if (grad_norm_out) *grad_norm_out = sqrt(sq);
+    return 0;
+}
+
+int dopt_update(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double norm) {
+    int rc = check_group(s, dp);
+    if (!rc) rc = dopt_update_shards(s, decay, lr, norm);
+    if (!rc) rc = dopt_gather(s, dp);
+    return rc;
+}
+
+int dopt_update_shards(dopt_state *s, const bool *decay, double lr, double norm) {
+    kb_backend *be = s->be;
+    int n = s->L.dp, me = s->rank, rc;
     float gscale = opt_clip_scale(s->opt.clip_grad, norm);
     /* 3. AdamW on the own shard (in the parameter buffer) and on the copy */
     s->step++;
@@ -278,6 +324,13 @@ int dopt_step(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double *
         shard_update(s, (me + n - 1) % n, s->rparams, s->rgrad, s->rm, s->rv, true, decay, (float)lr, gscale);
     if ((rc = kb_backend_status(be)))
         return co_err_set(rc, "distributed optimizer step: the update: %s", co_err_detail());
+    return 0;
+}
+
+int dopt_gather(dopt_state *s, cm_comm *dp) {
+    const dopt_layout *L = &s->L;
+    int n = L->dp, me = s->rank, rc = check_group(s, dp);
+    if (rc) return rc;
     /* 4. all-gather each bucket's updated shards into every rank's full parameter buffer */
     for (int b = 0; b < L->nbuckets && n > 1; b++) {
         const dopt_bucket *B = &L->buckets[b];
@@ -287,7 +340,7 @@ int dopt_step(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double *
             return co_err_set(rc, "distributed optimizer step: all-gather of bucket %d of %d: %s", b, L->nbuckets,
                               co_err_detail());
     }
-    be->ops->sync(be);
+    s->be->ops->sync(s->be);
     return 0;
 }
 

@@ -1,7 +1,8 @@
 /* dist_opt.h - the distributed optimizer (ZeRO-1, Megatron's --use-distributed-optimizer):
  * the bucketed parameter/gradient layout, the sharded AdamW step over the data-parallel
  * group, and an optional second copy of every shard on the next data-parallel rank (issue
- * 17 item 4). docs/distributed-optimizer.md describes it; not yet used by the trainer.
+ * 17 item 4). docs/distributed-optimizer.md describes it; train/trainer_dopt.c wires it
+ * into the trainer (--use-distributed-optimizer).
  *
  * Layout (Megatron's param_and_grad_buffer.py with use_distributed_optimizer): parameters
  * in reverse table order, each start padded to a multiple of 64 elements; a bucket is
@@ -27,7 +28,7 @@
  * dopt_shard_restore).
  *
  * Buffers come from the backend but are copied with memcpy in places (init, pack, views):
- * host memory only (the CPU backend) until the trainer's wiring adds device copies. */
+ * host memory only (the CPU backend; the trainer refuses the flag on cuda). */
 #ifndef COHORT_OPTIM_DIST_OPT_H
 #define COHORT_OPTIM_DIST_OPT_H
 
@@ -107,6 +108,7 @@ typedef struct dopt_state {
     int rank;       /* data-parallel rank */
     float *params;  /* [L.total] the full parameters, in the layout */
     float *grads;   /* [L.total] the gradient buffer, in the layout */
+    bool borrowed;  /* params and grads are the caller's (dopt_init_borrowed): not freed here */
     float *m, *v;   /* [L.shard_total] this rank's shard of the moments */
     /* redundancy: shard (rank-1) mod dp's parameters, moments and received gradient */
     float *rparams, *rm, *rv, *rgrad;
@@ -116,6 +118,11 @@ typedef struct dopt_state {
 /* State for data-parallel rank `rank` of L.dp (the layout is copied); buffers from the
  * backend, zeroed. Fill params (dopt_pack), then call dopt_init_shards once. */
 int dopt_init(dopt_state *s, const dopt_layout *L, int rank, const dopt_options *opt, kb_backend *be);
+/* The same over the caller's parameter and gradient buffers of L.total elements each (the
+ * model's flat buffers laid out as L: gpt_relayout), so that no second full copy exists;
+ * dopt_free leaves them. */
+int dopt_init_borrowed(dopt_state *s, const dopt_layout *L, int rank, const dopt_options *opt, kb_backend *be,
+                       float *params, float *grads);
 void dopt_free(dopt_state *s);
 /* After params hold the initial weights (the same on every rank): copies the neighbour's
  * shard of them for the redundant copy. Moments start at zero. */
@@ -133,6 +140,16 @@ void dopt_unpack(const dopt_layout *L, const float *src, const size_t *offsets, 
  * weight decay applies to parameter i. *grad_norm_out (may be NULL): the global norm of the
  * averaged gradient. Returns 0 or the communicator's error, with the step named. */
 int dopt_step(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double *grad_norm_out);
+/* dopt_step in its two halves (the trainer checks the norm and awaits its validator's verdict
+ * in between): dopt_reduce (reduce-scatter, average, the norm, the redundant copy's gradient)
+ * and dopt_update (clip with that norm, AdamW on the shard and the copy, all-gather). */
+int dopt_reduce(dopt_state *s, cm_comm *dp, double *grad_norm_out);
+int dopt_update(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double grad_norm);
+/* dopt_update in its two halves: the update of the shard and of the copy (local: no
+ * communication, so an abort cannot interrupt it), and the all-gather of the parameters
+ * (what an in-process restart redoes after the handover when an abort interrupted it). */
+int dopt_update_shards(dopt_state *s, const bool *decay, double lr, double grad_norm);
+int dopt_gather(dopt_state *s, cm_comm *dp);
 
 /* This rank's state of shard `shard`: its own (shard == rank) or, with redundancy, its copy
  * of shard (rank-1) mod dp. CO_ENOENT when this rank holds no copy of it. The parameters of

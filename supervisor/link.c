@@ -460,7 +460,8 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic
         return rc;
     }
     *asg = l->asg;
-    l->asg.endpoints = NULL; /* the caller owns them now */
+    l->asg.endpoints = NULL; /* the caller owns them now, and the checkpoint directory */
+    l->asg.checkpoint_dir = NULL;
     *out = l;
     return 0;
 }

@@ -495,6 +495,28 @@ static void collective_failed(ac_timer *t, void *ctx) {
     begin_restart(s, "collective", s->collective_rank, s->collective_why, sv__now_ms() - s->collective_t0);
 }
 
+/* --use-distributed-optimizer: data-parallel rank k's optimizer shard lives on k and (with
+ * redundancy) on k+1 of its data-parallel group; a holder counts if it survived and committed
+ * iteration M. The first rank whose shard has no such holder, or -1. */
+static int optimizer_shard_lost(sv *s, int64_t M) {
+    if (s->o.dopt_holders < 1) return -1;
+    for (int r = 0; r < s->world; r++) {
+        int dp = 0;
+        for (int q = 0; q < s->world; q++) dp += topo_same_shard(&s->coord[q], &s->coord[r]);
+        bool held = false;
+        for (int h = 0; h < s->o.dopt_holders && h < dp && !held; h++) {
+            int want = (s->coord[r].dp + h) % dp;
+            for (int q = 0; q < s->world && !held; q++) {
+                if (!topo_same_shard(&s->coord[q], &s->coord[r]) || s->coord[q].dp != want) continue;
+                worker *w = rank_slot(s, q);
+                held = w && !w->replacing && w->ready_iter == M;
+            }
+        }
+        if (!held) return r;
+    }
+    return -1;
+}
+
 static void check_restart_done(sv *s) {
     if (!s->restarting || s->stopping) return;
     uint64_t gen = s->snd.generation;
@@ -531,6 +553,14 @@ static void check_restart_done(sv *s) {
         else if (rank_slot(s, s->source[r])->ready_iter != M) behind = r;
         else if (s->source[r] == r) nsources++;
     }
+    int opt_lost = src >= 0 ? optimizer_shard_lost(s, M) : -1;
+    if (src >= 0 && opt_lost >= 0 && lost < 0 && behind < 0) {
+        const topo_coord *c = &s->coord[opt_lost];
+        fprintf(stderr, "cohort supervisor: the optimizer shard of data-parallel rank %d (rank %d; model shard tp %d, "
+                        "cp %d, pp %d) lost every holder at iteration %" PRId64 "%s\n", c->dp, opt_lost, c->tp, c->cp,
+                c->pp, M, s->o.dopt_holders > 1 ? " (it and the next data-parallel rank)" : " (no --dist-opt-redundancy)");
+        src = -1;
+    }
     if (src >= 0 && (lost >= 0 || behind >= 0)) {
         /* a shard without a replica, or one whose replicas committed less than another's: the
          * shards must resume from one iteration, the checkpoint's */
@@ -551,9 +581,10 @@ static void check_restart_done(sv *s) {
                                                      "is no checkpoint to restart from (--save)");
             return;
         }
-        M = ck;
         fprintf(stderr, "cohort supervisor: no replica of the state survived: the new generation loads the "
-                        "checkpoint of iteration %" PRId64 " from %s\n", ck, s->o.save_dir);
+                        "checkpoint of iteration %" PRId64 " from %s (%" PRId64 " steps lost)\n", ck, s->o.save_dir,
+                M > ck ? M - ck : 0);
+        M = ck;
     }
     s->restart_faults_through = faults_through;
     if (s->o.shift_ranks) {

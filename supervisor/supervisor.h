@@ -104,6 +104,10 @@ typedef struct sv_options {
     bool soft_timeout_set;         /* given explicitly; else learned from step times */
     int hard_timeout_ms;           /* ... and a rank still not at the barrier is killed */
     int barrier_timeout_ms;        /* every rank at the restart barrier within this */
+    int dopt_holders;              /* --use-distributed-optimizer: a data-parallel rank's optimizer shard lives
+                                      on it and, with --dist-opt-redundancy, on the next data-parallel rank
+                                      (2); 1 without redundancy; 0: no distributed optimizer (every replica
+                                      holds the whole state) */
     bool shift_ranks;              /* after a restart survivors close up, replacements last
                                       (ShiftRanks); else a replacement takes the dead rank (FillGaps) */
     int active_world;              /* ranks that train (0: every worker); the rest are warm spares

@@ -258,9 +258,13 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     if (rc) goto fail;
     if ((rc = trainer__moe_setup(t))) goto fail;
     if (t->tp) gpt_set_tensor_group(t->model, t->tp, TRAIN_COMM_TIMEOUT_MS);
+    /* the distributed optimizer lays the model's buffers out before they are filled */
+    if (c->use_distributed_optimizer && (rc = trainer__dopt_setup(t, data->joining))) goto fail;
     gpt_init(t->model, (uint64_t)c->seed);
-    rc = opt_adamw_init(&t->opt, t->model, (float)c->adam_beta1, (float)c->adam_beta2, (float)c->adam_eps,
-                        (float)c->weight_decay, (float)c->clip_grad);
+    rc = c->use_distributed_optimizer
+             ? trainer__dopt_init_shards(t)
+             : opt_adamw_init(&t->opt, t->model, (float)c->adam_beta1, (float)c->adam_beta2, (float)c->adam_eps,
+                              (float)c->weight_decay, (float)c->clip_grad);
     if (rc) goto fail;
     t->flops_per_sample = gpt_flops_per_sample(m, c->seq_length);
 
@@ -362,6 +366,7 @@ void trainer_destroy(trainer **pt) {
     tok_close(&t->sft_tok);
     trainer__moe_free(t);
     if (t->model) {
+        trainer__dopt_free(t);
         opt_adamw_free(&t->opt, t->model);
         gpt_destroy(&t->model);
     }
@@ -568,11 +573,16 @@ static int log_line(trainer *t, double lr, double grad_norm) {
  * counts summed, and the stop votes combined (a signal on any rank wins over a duration
  * limit). Every rank ends with identical bits. */
 static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) {
-    cm_comm *dp = t->dp;
-    int rc = dp->ops->allreduce_sum(dp, gpt_grads(t->model), gpt_num_params(t->model), CM_F32, TRAIN_COMM_TIMEOUT_MS);
-    if (rc) return rc;
-    kb_backend *be = t->be;
-    be->ops->scale(be, gpt_grads(t->model), 1.0f / (float)dp->size, gpt_num_params(t->model));
+    cm_comm *dp = t->dp, *gg = trainer__grad_group(t);
+    int rc;
+    if (t->dopt) { /* the distributed optimizer: reduce-scatter, averaged, and the norm */
+        if ((rc = trainer__dopt_reduce(t))) return rc;
+    } else {
+        rc = gg->ops->allreduce_sum(gg, gpt_grads(t->model), gpt_num_params(t->model), CM_F32, TRAIN_COMM_TIMEOUT_MS);
+        if (rc) return rc;
+        kb_backend *be = t->be;
+        be->ops->scale(be, gpt_grads(t->model), 1.0f / (float)gg->size, gpt_num_params(t->model));
+    }
     double rep[4] = {*loss, *tok, *stop_reason == 1, *stop_reason == 2};
     rc = dp->ops->allreduce_sum(dp, rep, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
@@ -963,7 +973,9 @@ void trainer_state_replaced(trainer *t) { t->have_written = false; }
 
 int trainer_sync_state(trainer *t, int root) {
     if (!t->dp) return 0;
-    int rc = take_state(t, root);
+    int64_t mine = t->iteration;
+    /* (the distributed optimizer: the parameters come from the shards' holders below) */
+    int rc = t->dopt ? 0 : take_state(t, root);
     if (rc) return rc;
     /* progress: iteration, samples consumed, counters, log accumulators, optimizer steps */
     double p[11] = {(double)t->iteration, (double)t->consumed[0], (double)t->consumed[1], (double)t->consumed[2],
@@ -980,7 +992,11 @@ int trainer_sync_state(trainer *t, int root) {
     t->iters_since_log = (int)p[8];
     t->opt.step = (int64_t)p[9];
     t->time_since_log = p[10];
-    return 0;
+    if (t->dopt) {
+        rc = trainer__dopt_handover(t, mine == t->iteration);
+        if (!rc) note_written(t);
+    }
+    return rc;
 }
 
 int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
@@ -1153,7 +1169,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         double tlo = tl_now();
         if (!skip_step) {
             double to = now_s();
-            int grc = trainer__grad_norm(t, &gnorm);
+            int grc = t->dopt ? trainer__dopt_norm(t, &gnorm) : trainer__grad_norm(t, &gnorm);
             if (grc) return grc;
             double loss = it_tok > 0 ? it_loss / it_tok : 0;
             if (!t->have_val && c->check_for_nan_in_loss_and_grad && (!isfinite(loss) || !isfinite(gnorm))) {
@@ -1185,7 +1201,12 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             /* the next step's checksum compares with what this step writes (hashed as AdamW
              * writes it, where the backend can) */
             bool written = sums_on(t) && (step + 1) % c->check_weight_hash_interval == 0;
-            opt_adamw_step_checksum(&t->opt, t->model, lr, gnorm, written ? &t->sum_written : NULL);
+            if (t->dopt) {
+                int rc = trainer__dopt_step(t, lr, gnorm, written ? &t->sum_written : NULL);
+                if (rc) return rc;
+            } else {
+                opt_adamw_step_checksum(&t->opt, t->model, lr, gnorm, written ? &t->sum_written : NULL);
+            }
             if (written) t->have_written = true;
             if (kb_backend_status(be)) return kb_backend_status(be);
             fi_fault *f;
@@ -1206,6 +1227,12 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         }
         t->iteration++;
         t->consumed[0] += c->global_batch_size;
+        if (t->dopt) {
+            /* the iteration is committed (the shards are updated); the parameters' all-gather
+             * follows, redone by a restart's handover if an abort interrupts it */
+            int rc = trainer__dopt_sync(t);
+            if (rc) return rc;
+        }
         trainer__moe_step(t);
         trainer__mtp_step(t);
         if (t->tl && tl_flush(t->tl)) {

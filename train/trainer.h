@@ -80,6 +80,15 @@ typedef struct trainer_progress {
 void trainer_get_progress(const trainer *t, trainer_progress *p);
 void trainer_set_progress(trainer *t, const trainer_progress *p);
 struct opt_adamw *trainer_optimizer(trainer *t);
+/* --use-distributed-optimizer (train/trainer_dopt.c): each rank keeps only its shard of the
+ * moments, trainer_optimizer's m and v are NULL but between these two calls, which allocate
+ * the full moments (gather: all-gathered from every rank's shard, a collective over the
+ * data-parallel group; else zero, for a load to fill) and free them (scatter: each rank
+ * takes its shard and its copy of its neighbour's from them, after a load). Checkpoints use
+ * them: the moments keep the replicated optimizer's names and layout. No-ops without. */
+bool trainer_dopt_on(const trainer *t);
+int trainer_dopt_moments_begin(trainer *t, bool gather);
+int trainer_dopt_moments_end(trainer *t, bool scatter);
 const co_config *trainer_config(const trainer *t);
 
 /* Adds a hook (up to 4, run in the order added) called on the training thread after every

@@ -124,7 +124,29 @@ struct trainer {
     int64_t moe_collapses;
     /* multi-token prediction (trainer_mtp.c): each depth's loss sums since the last log line */
     double mtp_sum[GPT_MAX_MTP], mtp_count;
+    /* --use-distributed-optimizer (trainer_dopt.c; NULL without): opt.m and opt.v stay NULL */
+    struct tr_dopt *dopt;
 };
+
+/* The group gradients are reduced over (and the distributed optimizer shards over): the
+ * data-parallel group (NULL: one replica). */
+static inline cm_comm *trainer__grad_group(const trainer *t) { return t->dp; }
+
+/* trainer_dopt.c: the distributed optimizer's share of trainer_new (before gpt_init: the
+ * model's buffers take its layout; joining: a replacement, its shards hold nothing yet; after
+ * it: the copy of the neighbour's initial parameters), the
+ * reduce-scatter and norm (in the data-parallel reduction), the norm, the shards' update,
+ * the pending all-gather of the parameters (after the iteration is committed), a restart's
+ * handover of the shards (trainer_sync_state), and the teardown. */
+typedef struct tr_dopt tr_dopt;
+int trainer__dopt_setup(trainer *t, bool joining);
+int trainer__dopt_init_shards(trainer *t);
+void trainer__dopt_free(trainer *t);
+int trainer__dopt_reduce(trainer *t);
+int trainer__dopt_norm(trainer *t, double *out);
+int trainer__dopt_step(trainer *t, double lr, double grad_norm, uint64_t *sum);
+int trainer__dopt_sync(trainer *t);
+int trainer__dopt_handover(trainer *t, bool held);
 
 
 /* Reads micro batch samples [first, first+B) of split s into buffer `into` and describes it

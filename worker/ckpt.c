@@ -108,7 +108,34 @@ static void model_info(const gpt_config *g, ck_model_info *mi) {
     mi->rotary_base = g->rotary_base;
 }
 
+/* The parts again (the distributed optimizer's full moments live only around a save or a
+ * load: their parts point into the buffers of that moment). */
+static int parts_rebuild(wk_ckpt *k) {
+    wk_parts_free(&k->save);
+    wk_parts_free(&k->load);
+    free(k->writer_group);
+    k->writer_group = NULL;
+    return wk_parts_build(k->t, k->world, k->rank, &k->save, &k->load, &k->writer_group, &k->groups);
+}
+
+static int save_parts(wk_ckpt *k);
+
+/* --use-distributed-optimizer: each rank holds its shard of the moments; a checkpoint holds
+ * them whole under the replicated optimizer's names (every data-parallel size, with or
+ * without the flag, loads it): all-gathered into full buffers for the save (a collective:
+ * every rank saves at the same iteration), freed once the snapshot is taken. */
 static int save_now(wk_ckpt *k) {
+    if (!trainer_dopt_on(k->t) || k->cfg.no_save_optim) return save_parts(k);
+    int rc = k->saver ? ck_saver_wait(k->saver) : 0; /* (the previous save reads the parts rebuilt below) */
+    if (!rc) rc = trainer_dopt_moments_begin(k->t, true);
+    if (!rc) rc = parts_rebuild(k);
+    if (!rc) rc = save_parts(k);
+    if (!rc) ck_saver_wait_snapshot(k->saver);
+    int rc2 = trainer_dopt_moments_end(k->t, false);
+    return rc ? rc : rc2;
+}
+
+static int save_parts(wk_ckpt *k) {
     trainer_progress tp;
     trainer_get_progress(k->t, &tp);
     const co_config *c = &k->cfg;
@@ -626,8 +653,15 @@ int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world) {
     k->world = world;
     k->rank = rank;
     trainer_model_parallel(t, &k->tp, &k->tp_rank, &k->pp, &k->pp_rank);
-    int rc = wk_parts_build(t, world, rank, &k->save, &k->load, &k->writer_group, &k->groups);
+    /* (the distributed optimizer: the moments' parts point into full buffers while loading) */
+    bool dopt = trainer_dopt_on(t);
+    int rc = dopt ? trainer_dopt_moments_begin(t, false) : 0;
+    if (!rc) rc = wk_parts_build(t, world, rank, &k->save, &k->load, &k->writer_group, &k->groups);
     if (!rc && c->load[0]) rc = load(k);
+    if (dopt) {
+        int rc2 = trainer_dopt_moments_end(t, !rc && c->load[0]);
+        if (!rc) rc = rc2;
+    }
     if (!rc && c->save[0] && rank == 0) {
         rc = ck_clean_stale(c->save);
         if (!rc) rc = setup_saver(k, rank, NULL);
@@ -646,7 +680,16 @@ int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world) {
 int wk_ckpt_reload(wk_ckpt *k, const char *dir) {
     if (!k) return co_err_set(CO_EINVAL, "reloading %s: this rank has no checkpoint state (--save/--load)", dir);
     snprintf(k->cfg.load, sizeof k->cfg.load, "%s", dir);
-    int rc = load(k);
+    bool dopt = trainer_dopt_on(k->t);
+    /* (an async save still writing reads the parts rebuilt below: it finishes first) */
+    int rc = dopt && k->saver ? ck_saver_wait(k->saver) : 0;
+    if (!rc && dopt) rc = trainer_dopt_moments_begin(k->t, false);
+    if (!rc && dopt) rc = parts_rebuild(k);
+    if (!rc) rc = load(k);
+    if (dopt) {
+        int rc2 = trainer_dopt_moments_end(k->t, !rc);
+        if (!rc) rc = rc2;
+    }
     if (!rc) trainer_state_replaced(k->t);
     return rc;
 }

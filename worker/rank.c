@@ -144,12 +144,15 @@ int wk_run(const wk_options *o) {
     trainer *t = NULL;
     int early_rc = 0; /* a replacement's first state transfer failed */
     trainer_data td = *data;
-    td.joining = link && asg->generation > 1 && asg->state_source >= 0;
+    /* a replacement (any process started after generation 1): the data caches exist and the
+     * survivors are not in trainer_new (no barriers), whether it takes its state from a
+     * survivor's memory or, with every survivor, from the checkpoint */
+    td.joining = link && asg->generation > 1;
     bool split_model = c.tensor_model_parallel_size > 1; /* (the stand-in set it to 1) */
     bool pipelined = c.pipeline_model_parallel_size > 1;
     td.tp = split_model && cs ? wk_comms_group(cs, TOPO_G_TP) : NULL;
     set_pipeline(&td, pipelined ? cs : NULL);
-    if (td.joining) c.load[0] = '\0'; /* a replacement takes its state from a replica, not from disk */
+    if (td.joining && asg->state_source >= 0) c.load[0] = '\0'; /* a replacement takes its state from a replica */
     if (link && asg->generation > 1 && asg->state_source < 0 && asg->checkpoint_dir)
         snprintf(c.load, sizeof c.load, "%s", asg->checkpoint_dir); /* no replica survived: the checkpoint */
     rc = trainer_new(&t, &c, &td, out, dp);

@@ -44,7 +44,8 @@ refused|ranges)
     }
     if [ "$case_name" = refused ]; then
         # accepted by Megatron, not implemented here: refused, and --help says so
-        expect_refused "--use-distributed-optimizer is not supported yet" "${tiny[@]}" --train-iters 2 --use-distributed-optimizer
+        expect_refused "--overlap-grad-reduce is not supported yet" "${tiny[@]}" --train-iters 2 --use-distributed-optimizer \
+            --overlap-grad-reduce
         # tensor and pipeline parallelism run; what they do not have yet is refused
         expect_refused "tensor or pipeline parallelism together with context parallelism is not supported yet" \
             "${tiny[@]}" --train-iters 2 --pipeline-model-parallel-size 2 --context-parallel-size 2 --nproc-per-node 4
@@ -77,7 +78,7 @@ refused|ranges)
         "$cohort" train "${tiny[@]}" --train-iters 1 --micro-batch-size 1 --global-batch-size 65 --rerun-mode disabled \
             >"$work/out" 2>&1 || fail "65 micro batches without validation: $(tail -3 "$work/out")"
         "$cohort" train --help >"$work/help" || fail "--help exit $?"
-        for f in use-distributed-optimizer context-parallel-size fp16 expert-model-parallel-size \
+        for f in overlap-grad-reduce overlap-param-gather context-parallel-size fp16 expert-model-parallel-size \
                  expert-tensor-parallel-size; do
             grep -E -- "--$f( |$).*not supported yet" "$work/help" >/dev/null || fail "--help does not say --$f is not supported yet"
         done
@@ -136,9 +137,9 @@ refused|ranges)
         [ ! -e "$work/tl" ] || fail "--timeline-dir created before the configuration was accepted"
         # several problems: every one reported, one per line
         expect_refused "--nnodes 0 is out of range" "${tiny[@]}" --train-iters 2 --nnodes 0 --micro-batch-size 0 \
-            --use-distributed-optimizer
+            --overlap-param-gather
         grep -qF -- "--micro-batch-size 0 is out of range" "$work/err" || fail "only the first problem reported"
-        grep -qF -- "--use-distributed-optimizer is not supported yet" "$work/err" || fail "refusal not reported"
+        grep -qF -- "--overlap-param-gather is not supported yet" "$work/err" || fail "refusal not reported"
     fi
     ;;
 help)

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# dopt_test.sh - the distributed optimizer (--use-distributed-optimizer) through `cohort
+# train`: against the replicated optimizer, checkpoints resharded across data-parallel sizes,
+# and (the fault suite) kills of optimizer-shard holders under in-process restart. One case
+# per meson test; every comparison is `cohort ckpt diff` of final checkpoints (parameters and
+# both Adam moments).
+#   dopt_test.sh COHORT CASE
+set -uo pipefail
+cohort=$1; case_name=$2
+# every `cohort train` here runs with --device cpu, also on a machine with a GPU
+export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
+work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-dopt.XXXXXX")
+trap 'kill $(jobs -p) 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
+      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 16 --lr 1e-3
+      --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 1)
+D=--use-distributed-optimizer
+quick="--inprocess-soft-timeout 2 --inprocess-hard-timeout 4 --inprocess-barrier-timeout 60"
+# train NAME NPROC [flags...]: a job (one process for NPROC 1), output in $work/NAME.{out,err}
+train() {
+    local name=$1 n=$2; shift 2
+    local procs=(); [ "$n" -gt 1 ] && procs=(--nproc-per-node "$n" --run-report "$work/$name.report.json")
+    "$cohort" train "${tiny[@]}" "${procs[@]}" "$@" \
+        >"$work/$name.out" 2>"$work/$name.err"
+    rc=$?
+}
+ok() { [ $rc -eq 0 ] || fail "$1 exited $rc: $(grep -v '^cohort rank' "$work/$1.err" | tail -6)"; }
+it_dir() { printf '%s/iter_%07d' "$1" "$2"; }
+# same A B IT: bitwise equal checkpoints of iteration IT (every tensor, moments included)
+same() {
+    "$cohort" ckpt diff "$(it_dir "$1" "$3")" "$(it_dir "$2" "$3")" >"$work/diff.txt" 2>&1 ||
+        fail "$1 vs $2 at $3 not bitwise equal: $(grep -v 'bitwise equal' "$work/diff.txt" | head -6)"
+    grep -q "optimizer.exp_avg_sq.layers.1.mlp.fc2.weight" <("$cohort" ckpt inspect "$(it_dir "$2" "$3")" 2>&1) ||
+        fail "$2: no optimizer state in the checkpoint"
+}
+# close A B IT: within fp32 reduction-order noise (ten times what 2 and 4 uninterrupted
+# replicated ranks differ by: parameters 7e-7, exp_avg 5e-9, exp_avg_sq 1e-11 absolute)
+close() {
+    "$cohort" ckpt diff --json "$(it_dir "$1" "$3")" "$(it_dir "$2" "$3")" >"$work/diff.json" 2>&1
+    /usr/bin/python3 - "$work/diff.json" <<'PY' || fail "$1 vs $2 at $3: $(head -c 400 "$work/diff.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert len(d["tensors"]) == 84 and all(t["status"] in ("differs", "bitwise equal") for t in d["tensors"]), d["tensors"]
+tol = {"optimizer.exp_avg.": 5e-8, "optimizer.exp_avg_sq.": 2e-10, "": 7e-6}
+for t in d["tensors"]:
+    kind = next(k for k in tol if t["name"].startswith(k))
+    assert t["max_abs"] <= tol[kind], t
+PY
+}
+
+case $case_name in
+matches_replicated)
+    # the distributed optimizer against the replicated one after 6 steps: bitwise at 1 and 2
+    # ranks (the same sums in the same order), within reduction-order noise at 4; bitwise
+    # reproducible at 4 with and without the redundant shard copies (which change no number)
+    for n in 1 2 4; do
+        train r$n $n --train-iters 6 --save "$work/r$n"; ok r$n
+        train d$n $n $D --train-iters 6 --save "$work/d$n"; ok d$n
+    done
+    same "$work/r1" "$work/d1" 6
+    same "$work/r2" "$work/d2" 6
+    close "$work/r4" "$work/d4" 6
+    "$cohort" ckpt diff "$(it_dir "$work/r4" 6)" "$(it_dir "$work/d4" 6)" >/dev/null 2>&1 &&
+        fail "4 ranks bitwise equal to the replicated optimizer: is the reduce-scatter used at all?"
+    train e4 4 $D --train-iters 6 --save "$work/e4"; ok e4
+    same "$work/d4" "$work/e4" 6
+    train n4 4 $D --no-dist-opt-redundancy --train-iters 6 --save "$work/n4"; ok n4
+    same "$work/d4" "$work/n4" 6
+    ;;
+ckpt_reshard)
+    # a distributed-optimizer checkpoint (each rank's shard of the moments, saved under the
+    # replicated optimizer's names) resumes at another data-parallel size: dp2 -> dp4, dp4 ->
+    # dp2, dp2 -> one process (with and without the flag); the same size resumes bitwise; and
+    # at tensor-parallel size 2
+    for n in 2 4; do
+        train s$n $n $D --train-iters 8 --save "$work/s$n" --save-interval 4 --exit-interval 4; ok s$n
+        train full$n $n $D --train-iters 8 --save "$work/full$n"; ok full$n
+    done
+    train full1 1 $D --train-iters 8 --save "$work/full1"; ok full1
+    for p in 2:2 4:4 2:4 4:2 2:1 2:1r; do
+        from=${p%%:*} to=${p#*:} flag=$D
+        name=c$from-$to
+        [ "$to" = 1r ] && { to=1; flag=; }
+        cp -r "$work/s$from" "$work/$name"
+        # shellcheck disable=SC2086
+        train $name "$to" $flag --train-iters 8 --load "$work/$name" --save "$work/$name"; ok $name
+    done
+    grep -q "checkpoint written at data-parallel size 2, loaded at 4" "$work/c2-4.out" || fail "no reshard note"
+    same "$work/full2" "$work/c2-2" 8
+    same "$work/full4" "$work/c4-4" 8
+    close "$work/full4" "$work/c2-4" 8
+    close "$work/full2" "$work/c4-2" 8
+    close "$work/full1" "$work/c2-1" 8
+    # one process: the distributed optimizer and the replicated one take the same steps
+    "$cohort" ckpt diff "$(it_dir "$work/c2-1" 8)" "$(it_dir "$work/c2-1r" 8)" >/dev/null ||
+        fail "the checkpoint loaded without --use-distributed-optimizer continues differently"
+    # other tensor-parallel sizes by name: the dp2 checkpoint loads at tensor-parallel size 2
+    # (replicated optimizer) and continues exactly as the replicated optimizer's own dp2
+    # checkpoint of iteration 4 does
+    train rs2 2 --train-iters 8 --save "$work/rs2" --save-interval 4 --exit-interval 4; ok rs2
+    same "$work/rs2" "$work/s2" 4
+    cp -r "$work/s2" "$work/t2"
+    for x in t2 rs2; do
+        train $x-tp 2 --tensor-model-parallel-size 2 --train-iters 8 --load "$work/$x" --save "$work/$x"; ok $x-tp
+    done
+    grep -q "checkpoint written at tensor x pipeline size 1 x 1, loaded at 2 x 1" "$work/t2-tp.out" ||
+        fail "tp2 load: $(grep -i checkpoint "$work/t2-tp.out")"
+    same "$work/rs2" "$work/t2" 8
+    ;;
+kill|kill_optimizer|shift_ranks)
+    # a rank holding an optimizer shard dies (in forward; right after its shard's update,
+    # before the parameters' all-gather; with shifted ranks): its shard comes back from the
+    # next data-parallel rank's copy, and the job ends bitwise at the fault-free result, no
+    # step lost
+    case $case_name in
+    kill) inj=(--inject "kill@rank=2,step=6");;
+    kill_optimizer) inj=(--inject "kill@rank=3,step=6,phase=optimizer");;
+    *) inj=(--inprocess-rank-assignment shift-ranks --inject "kill@rank=1,step=5");;
+    esac
+    train clean 4 $D --train-iters 10 --save "$work/clean"; ok clean
+    train f 4 $D --train-iters 10 --save "$work/f" "${inj[@]}" $quick; ok f
+    grep -q "in-process restart into generation 2" "$work/f.err" || fail "no restart"
+    grep -q "generation 2: 4 rank(s) resume after iteration [0-9]* with the state of rank [0-9] (1 replaced" \
+        "$work/f.err" || fail "not resumed from memory: $(grep supervisor "$work/f.err")"
+    grep -q "lost every holder\|loads the checkpoint" "$work/f.err" && fail "fell back to the checkpoint"
+    if [ $case_name = shift_ranks ]; then
+        grep -q "rank 2 is rank 1 from generation 2" "$work/f.err" && grep -q "rank 3 is rank 2 from generation 2" \
+            "$work/f.err" || fail "ranks not shifted: $(grep 'is rank' "$work/f.err")"
+    fi
+    same "$work/clean" "$work/f" 10
+    grep -q '"steps_lost": 0' "$work/f.report.json" || fail "steps lost: $(grep steps_lost "$work/f.report.json")"
+    ;;
+kill_both|kill_unreplicated)
+    # both holders of a shard die in the same iteration (ranks 1 and 2: shard 1 lives on 1
+    # and 2), or its only holder without --dist-opt-redundancy: no memory holds it, so every
+    # rank reloads the checkpoint of iteration 8, the report counts the steps lost, and the
+    # job still ends at the fault-free result. Both die right after the step's verdict, just
+    # before their update (the phase every rank reaches within microseconds of the others,
+    # well before the abort the first death causes); the survivors committed iteration 10.
+    if [ $case_name = kill_both ]; then
+        inj=(--inject "kill@rank=1,step=10,phase=optimizer" --inject "kill@rank=2,step=10,phase=optimizer")
+        why="the optimizer shard of data-parallel rank 1 (rank 1; .*) lost every holder at iteration 10 (it and the next"
+        lost=2
+    else
+        inj=(--no-dist-opt-redundancy --inject "kill@rank=2,step=10")
+        why="the optimizer shard of data-parallel rank 2 (rank 2; .*) lost every holder at iteration 9 (no --dist-opt"
+        lost=1
+    fi
+    train clean 4 $D --train-iters 12 --save "$work/clean" --save-interval 4; ok clean
+    train f 4 $D --train-iters 12 --save "$work/f" --save-interval 4 "${inj[@]}" $quick; ok f
+    grep -q "$why" "$work/f.err" || fail "$(grep supervisor "$work/f.err")"
+    grep -q "loads the checkpoint of iteration 8 from .* ($lost steps lost)" "$work/f.err" ||
+        fail "$(grep supervisor "$work/f.err")"
+    same "$work/clean" "$work/f" 12
+    /usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['steps_lost'] == $lost, r['steps_lost']" \
+        "$work/f.report.json" || fail "steps lost: $(grep steps_lost "$work/f.report.json")"
+    ;;
+refused)
+    # what is not built is refused before any work, never ignored
+    for extra in "--overlap-grad-reduce" "--overlap-param-gather" "$D --tensor-model-parallel-size 2" \
+                 "$D --pipeline-model-parallel-size 2" "--ddp-bucket-size -1"; do
+        # shellcheck disable=SC2086
+        "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 $extra >"$work/o" 2>&1
+        [ $? -eq 2 ] || fail "$extra: not refused: $(tail -3 "$work/o")"
+        grep -q "not supported yet\|must not be negative" "$work/o" || fail "$extra: $(cat "$work/o")"
+    done
+    # --help says what the flags do
+    help=$("$cohort" train --help 2>&1)
+    grep -q -- "--dist-opt-redundancy" <<<"$help" || fail "--help lacks --dist-opt-redundancy"
+    grep -q -- "--ddp-bucket-size" <<<"$help" || fail "--help lacks --ddp-bucket-size"
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
+echo "ok: $case_name"
