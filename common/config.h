@@ -95,6 +95,7 @@ typedef struct co_config {
     char vocab_file[512], merge_file[512];
     int64_t seed;
     bool eod_mask_loss, reset_position_ids, reset_attention_mask;
+    bool cp_packed_sequences; /* [cohort] THD split of documents under context parallelism */
     /* logging / evaluation */
     int log_interval;
     int64_t eval_interval, eval_iters;

@@ -84,6 +84,10 @@ struct gpt_model {
     size_t tp_buf_n;
     gpt_tp_stats stats;
     bool overlap;                    /* the input-gradient sum runs beside the weight gradient */
+    /* context parallelism (gpt_cp.c): the ring's group and the size of its shifts' waits */
+    int cp, cpr;
+    struct cm_comm *cpc;
+    int cp_timeout;
     /* Backends whose memory the host cannot hand to kernels (CUDA): the batch arrays are
      * copied into backend buffers each forward, and losses come back through host_losses.
      * host_batch (CPU): the caller's arrays are used as they are. */
@@ -118,5 +122,13 @@ void gpt__row_parallel_backward(gpt_model *m, float *din, float *dW, float *dbia
                                 const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int Nl);
 /* the seed of dropout inside the tensor region: seed + 2718 + tp_rank (tp > 1) */
 uint64_t gpt__tp_seed(const gpt_model *m, uint64_t seed);
+
+/* ---- gpt_cp.c: attention of one layer, the one-rank kernel at cp 1, the ring over the
+ * context group at cp > 1 (errors go to the backend's sticky status) ---- */
+void gpt__attention_forward(gpt_model *m, float *att, float *lse, const float *qkv, const int32_t *seg, int B, int T,
+                            float pa, uint64_t seed, uint64_t site);
+void gpt__attention_backward(gpt_model *m, float *dqkv, const float *datt, const float *qkv, const float *att,
+                             const float *lse, const int32_t *seg, int B, int T, float pa, uint64_t seed,
+                             uint64_t site);
 
 #endif

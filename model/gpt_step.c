@@ -105,6 +105,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
     uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0; /* its first element's global index */
+    hoff += (uint64_t)m->cpr * (uint64_t)N * C;       /* context ranks: their own streams */
     float ph = train ? c->hidden_dropout : 0.0f, pa = train ? c->attention_dropout : 0.0f;
     sl->B = B;
     sl->T = T;
@@ -146,8 +147,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
         if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
         o->linear_forward(be, a->qkv, in1, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), N, C, Q);
         if (c->rope) o->rope(be, a->qkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, false);
-        o->attention_forward(be, a->att, a->lse, a->qkv, x_b.seg, B, T, NH, NKV, c->head_dim, pa,
-                             gpt__tp_seed(m, seed), site(l, 1));
+        gpt__attention_forward(m, a->att, a->lse, a->qkv, x_b.seg, B, T, pa, gpt__tp_seed(m, seed), site(l, 1));
         /* row-parallel proj: x_mid = x_in + dropout(sum over the group of att Wproj^T, + b) */
         float *tmp = m->tmp;
         gpt__row_parallel_forward(m, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, Nl);
@@ -234,6 +234,7 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
     uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0;
+    hoff += (uint64_t)m->cpr * (uint64_t)N * C;
     float ph = c->hidden_dropout, pa = c->attention_dropout;
     if (B != sl->B || T != sl->T) {
         be->status = co_err_set(CO_EINVAL, "gpt_chunk_backward: a %dx%d batch for slot %d, whose forward had %dx%d", B,
@@ -286,8 +287,8 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
         }
         gpt__row_parallel_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
                                    P16(m, t[PROJ_W]), N, AH, Nl);
-        o->attention_backward(be, m->dqkv, m->datt, a->qkv, a->att, a->lse, x_b.seg, B, T, NH, NKV, c->head_dim, pa,
-                              gpt__tp_seed(m, seed), site(l, 1));
+        gpt__attention_backward(m, m->dqkv, m->datt, a->qkv, a->att, a->lse, x_b.seg, B, T, pa, gpt__tp_seed(m, seed),
+                                site(l, 1));
         if (c->rope) o->rope(be, m->dqkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, true);
         const float *in1 = a->ln1;
         if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
