@@ -33,6 +33,7 @@ void trainer_set_context_groups(trainer *t, cm_comm *cp, cm_comm *dpcp) {
     t->cp = cp;
     t->dpcp = dpcp;
     gpt_set_context_group(t->model, cp, TRAIN_COMM_TIMEOUT_MS);
+    kb_backend_clear_status(t->be); /* a ring shift the last generation's abort failed */
 }
 
 cm_comm *trainer__grad_group(const trainer *t) { return t->cpn > 1 ? t->dpcp : t->dp; }

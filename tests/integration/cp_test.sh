@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# cp_test.sh - `cohort train` with context parallelism (ring attention over the context
+# group, train/trainer_cp.c) against one rank, one case per meson test.
+#   cp_test.sh COHORT CASE
+# Every comparison: the losses and gradient norms of every iteration and the validation loss
+# within fp32 reduction tolerance (compare_runs.sh: 1e-6 relative), and the final parameters
+# and Adam moments (`cohort ckpt diff --json`) within 1e-5 absolute of one rank's; a repeated
+# context-parallel run is bitwise the same (ckpt diff exact).
+# Cases:
+#   causal       learned positions, plain causal: cp 2, cp 4, cp 2 x dp 2 vs one rank; cp 2 twice
+#   rope_docs    RoPE, GQA, SwiGLU, RMSNorm, --reset-attention-mask --reset-position-ids
+#                --eod-mask-loss (documents crossing the chunks): the sequence split at cp 2
+#                and 4, and the per-document split (THD, --cp-packed-sequences) at cp 2 and 4
+#   sft          packed SFT conversations (--sft: always THD under cp) at cp 2 vs one rank
+#   tp           cp 2 x tp 2 (the ring over each tensor rank's heads), with documents (THD)
+#   killed       a rank of a cp 2 x dp 2 job killed: replaced in process from its data-parallel
+#                peer with the same context rank, the fault-free run's checkpoint bitwise
+#   bad_configs  a sequence not divisible by 2cp, attention dropout, --device cuda, pipeline
+#                parallelism, --cp-packed-sequences without documents: refused before any work
+set -uo pipefail
+cohort=$1; case_name=$2
+export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
+work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-cp.XXXXXX")
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# the ring attention has no dropout (refused with cp); hidden dropout is keyed per context
+# rank, so it is off here to compare with one rank
+tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
+      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
+      --attention-dropout 0 --hidden-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000
+      --eval-iters 2 --threads 1)
+. "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
+
+run() { # NAME ARGS...: trains 5 iterations, metrics in $work/NAME.jsonl, checkpoint in $work/NAME.ck
+    local name=$1; shift
+    "$cohort" train "${tiny[@]}" --train-iters 5 --metrics-file "$work/$name.jsonl" --save "$work/$name.ck" "$@" \
+        >"$work/$name.out" 2>&1 || fail "$name: exit $?: $(tail -5 "$work/$name.out")"
+}
+params_match() { # REF RUN...: final parameters and moments within 1e-5 absolute of REF's
+    local ref=$1; shift
+    for n in "$@"; do
+        "$cohort" ckpt diff "$work/$ref.ck" "$work/$n.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$n: diff"
+        /usr/bin/python3 -c "
+import json
+rows = json.load(open('$work/d.json'))['tensors']
+assert rows and all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+assert not bad, bad[:3]
+print('$n: %d tensors, worst abs %.1e' % (len(rows), max(r['max_abs'] for r in rows)))
+" || fail "$n: parameters differ from $ref's: $(head -c 400 "$work/d.json")"
+    done
+}
+bitwise() { # A B: two runs' checkpoints bitwise the same
+    "$cohort" ckpt diff "$work/$1.ck" "$work/$2.ck" >"$work/bd" || fail "$1 and $2 differ: $(tail -3 "$work/bd")"
+}
+
+case $case_name in
+causal)
+    run one --nproc-per-node 1
+    run cp2 --nproc-per-node 2 --context-parallel-size 2
+    run cp2b --nproc-per-node 2 --context-parallel-size 2
+    run cp4 --nproc-per-node 4 --context-parallel-size 4
+    run cp2dp2 --nproc-per-node 4 --context-parallel-size 2
+    compare 1 one cp2 cp4 cp2dp2
+    params_match one cp2 cp4 cp2dp2
+    bitwise cp2 cp2b
+    grep -q "data-parallel size 2" "$work/cp2dp2.out" || fail "cp2 x dp2: $(head -3 "$work/cp2dp2.out")"
+    ;;
+rope_docs)
+    d=(--position-embedding-type rope --group-query-attention --num-query-groups 2 --swiglu --normalization RMSNorm
+       --reset-attention-mask --reset-position-ids --eod-mask-loss)
+    run one "${d[@]}" --nproc-per-node 1
+    run cp2 "${d[@]}" --nproc-per-node 2 --context-parallel-size 2
+    run cp4 "${d[@]}" --nproc-per-node 4 --context-parallel-size 4
+    run thd2 "${d[@]}" --nproc-per-node 2 --context-parallel-size 2 --cp-packed-sequences
+    run thd2b "${d[@]}" --nproc-per-node 2 --context-parallel-size 2 --cp-packed-sequences
+    run thd4 "${d[@]}" --nproc-per-node 4 --context-parallel-size 4 --cp-packed-sequences
+    compare 1 one cp2 cp4 thd2 thd4
+    params_match one cp2 cp4 thd2 thd4
+    bitwise thd2 thd2b
+    ;;
+sft)
+    printf '{"messages": [{"role": "user", "content": "hi %s"}, {"role": "assistant", "content": "hello there, %s"}]}\n' \
+        $(for i in $(seq 60); do echo "$i $(printf 'x%.0s' $(seq $((i % 7))))"; done) >"$work/chat.jsonl"
+    tiny=(--tokenizer-type ByteLevelTokenizer --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 64
+          --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --attention-dropout 0 --hidden-dropout 0
+          --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 1 --data-cache-path "$work/cache"
+          --split 90,10,0 --sft --data-path "$work/chat.jsonl")
+    run one --nproc-per-node 1
+    run cp2 --nproc-per-node 2 --context-parallel-size 2
+    compare 1 one cp2
+    params_match one cp2
+    ;;
+tp)
+    d=(--reset-attention-mask --reset-position-ids --eod-mask-loss --num-attention-heads 8 --hidden-size 64)
+    run one "${d[@]}" --nproc-per-node 1
+    run cp2tp2 "${d[@]}" --nproc-per-node 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --cp-packed-sequences
+    run cp2tp2sp "${d[@]}" --nproc-per-node 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel
+    compare 1 one cp2tp2 cp2tp2sp
+    params_match one cp2tp2 cp2tp2sp
+    ;;
+killed)
+    k=(--nproc-per-node 4 --context-parallel-size 2 --train-iters 8)
+    run clean "${k[@]}"
+    run f "${k[@]}" --inject "kill@rank=3,step=4"
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    # world rank 3 is dp 1, cp 1 (tp-cp-dp-pp): its data-parallel peer with the same context rank is rank 1
+    grep -q "state of iteration [0-9]* taken from rank 1's memory" "$work/f.out" ||
+        fail "rank 3 did not take rank 1's state: $(grep 'replaced in process' "$work/f.out")"
+    bitwise clean f
+    ;;
+bad_configs)
+    refused() { # what expected-message flags...
+        local what=$1 msg=$2; shift 2
+        "$cohort" train "${tiny[@]}" --train-iters 1 "$@" >"$work/r.out" 2>&1; local rc=$?
+        [ $rc -eq 2 ] || fail "$what: exit $rc, not 2: $(tail -3 "$work/r.out")"
+        grep -q -- "$msg" "$work/r.out" || fail "$what: no '$msg': $(tail -3 "$work/r.out")"
+    }
+    refused "seq % 2cp" "not divisible by 2 \* --context-parallel-size = 8" --nproc-per-node 4 --context-parallel-size 4 --seq-length 36
+    refused "attention dropout" "ring attention has no dropout" --nproc-per-node 2 --context-parallel-size 2 --attention-dropout 0.1
+    refused "pipeline" "pipeline parallelism together with context parallelism" --nproc-per-node 4 --context-parallel-size 2 \
+        --pipeline-model-parallel-size 2
+    refused "thd without documents" "cp-packed-sequences splits documents" --nproc-per-node 2 --context-parallel-size 2 \
+        --cp-packed-sequences
+    refused "world" "not a multiple of" --nproc-per-node 3 --context-parallel-size 2
+    # --device cuda: refused by the configuration (whether or not a GPU is here)
+    "$COHORT_CPU_EXE" train "${tiny[@]}" --train-iters 1 --device cuda --nproc-per-node 2 --context-parallel-size 2 \
+        >"$work/r.out" 2>&1; rc=$?
+    [ $rc -eq 2 ] || fail "cuda: exit $rc: $(tail -3 "$work/r.out")"
+    grep -q "context-parallel-size 2 \(with --device cuda\|on the GPU\) is not supported yet\|--device cuda:" "$work/r.out" ||
+        fail "cuda: $(tail -3 "$work/r.out")"
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
+echo "ok $case_name"
