@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -121,6 +123,25 @@ static int shift_swap(const ring_exchange *x, void **cur, void **nxt, size_t byt
     return 0;
 }
 
+/* The forward's overlap: the shift that brings the next step's KV runs on a helper thread
+ * while this step's block is computed (both only read the current buffer; the next one is
+ * written by the receive alone). */
+typedef struct shift_job {
+    const ring_exchange *x;
+    const void *send;
+    void *recv;
+    size_t bytes;
+    int rc;
+    char err[600];
+} shift_job;
+
+static void *shift_main(void *arg) {
+    shift_job *j = arg;
+    j->rc = j->x->shift(j->x->ctx, j->send, j->recv, j->bytes);
+    if (j->rc) snprintf(j->err, sizeof j->err, "%s", co_err_detail());
+    return NULL;
+}
+
 static void msg_pack(const ring_msg *m, void *buf, const ring_geo *g, const float *qkv,
                      const int32_t *doc) {
     const size_t R = (size_t)(g->nh + 2 * g->nkv) * g->hd, koff = (size_t)g->nh * g->hd;
@@ -222,8 +243,16 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
     }
     msg_pack(&m, cur, g, qkv, doc);
     for (int i = 0; i < g->cp; i++) {
-        /* KV of rank (rank - i) arrives from the left neighbour */
-        if (i > 0 && (rc = shift_swap(x, &cur, &nxt, m.bytes, op, i, "KV"))) goto done;
+        /* cur holds the KV of rank (rank - i); the KV of rank (rank - i - 1) arrives from the
+         * left neighbour into nxt on a helper thread meanwhile (where no thread can be
+         * started, before the block, blocking) */
+        shift_job j = {.x = x, .send = cur, .recv = nxt, .bytes = m.bytes};
+        pthread_t th;
+        bool threaded = false;
+        if (i + 1 < g->cp) {
+            threaded = pthread_create(&th, NULL, shift_main, &j) == 0;
+            if (!threaded) shift_main(&j);
+        }
         const ring_step s = step_of(g, i);
         kb_block_attn a = block_of(g, &s, &m, cur, qkv, doc);
         if (i == 0) {
@@ -231,8 +260,17 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
         } else {
             b->ops->block_attention_forward(b, &a, po, pl);
         }
+        if (threaded) pthread_join(th, NULL);
         if ((rc = kernel_status(b, op, i))) goto done;
         if (i > 0) merge(out, lse, po, pl, g, s.q0, s.nq);
+        if (i + 1 < g->cp) {
+            if (j.rc) {
+                rc = co_err_set(j.rc, "%s, step %d: KV exchange: %s", op, i + 1, j.err);
+                goto done;
+            }
+            void *t = cur;
+            cur = nxt, nxt = t;
+        }
     }
 done:
     free(cur);
