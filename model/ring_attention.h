@@ -1,6 +1,6 @@
 /* ring_attention.h - load-balanced ring attention for context parallelism (docs/
- * context-parallel.md). Not used by the trainer yet: --context-parallel-size > 1 is still
- * refused; this is the attention part, tested on its own (tests/unit/model/test_ring_attention.c).
+ * context-parallel.md): the model's attention at --context-parallel-size > 1 (model/gpt_cp.c),
+ * also tested on its own (tests/unit/model/test_ring_attention.c).
  *
  * A sequence of `seq` tokens is cut into 2*cp chunks of S = seq/(2*cp) tokens; rank r keeps
  * chunks r and 2*cp-r-1, concatenated, so L = 2*S = seq/cp local tokens per sequence and
@@ -75,7 +75,9 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
 
 /* ---- exchange over cohort's comm: blocking send/recv (the comm interface has no
  * non-blocking calls), even ranks send first and odd ranks receive first, so no pair waits
- * on the other. The ring is the communicator's ranks in order (c->size == cp). ---- */
+ * on the other. The ring is the communicator's ranks in order (c->size == cp). The forward
+ * calls shift on a helper thread while it computes the current step's block (overlap), so
+ * an exchange's shift must be callable from another thread than the caller's. ---- */
 typedef struct ring_comm {
     cm_comm *c;
     int timeout_ms; /* per send or recv; < 0 without limit (cm_abort still ends it) */
