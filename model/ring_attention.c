@@ -85,30 +85,29 @@ static int kernel_status(kb_backend *b, const char *op, int step) {
     return co_err_set(b->status, "%s, step %d: %s", op, step, co_err_detail());
 }
 
-/* The KV message: kv[B*L][2*nkv*hd] (k, then v of each token), then (backward) dkv of the
- * same shape, then (with documents) doc[B*L] int32. */
+/* The KV message: kv[B*L][2*nkv*hd] (k, then v of each token), then (with documents)
+ * doc[B*L] int32. (The backward's dK/dV accumulator, of kv's shape, travels on its own.) */
 typedef struct ring_msg {
     size_t kw;       /* floats per row of kv: 2*nkv*hd */
     size_t rows;     /* B*L */
-    int with_dkv, with_doc;
+    int with_doc;
     size_t bytes;
 } ring_msg;
 
-static void msg_init(ring_msg *m, const ring_geo *g, int with_dkv, int with_doc) {
+static void msg_init(ring_msg *m, const ring_geo *g, int with_doc) {
     m->kw = (size_t)2 * g->nkv * g->hd;
     m->rows = (size_t)g->B * (g->seq / g->cp);
-    m->with_dkv = with_dkv, m->with_doc = with_doc;
-    m->bytes = m->rows * m->kw * sizeof(float) * (with_dkv ? 2 : 1) +
+    m->with_doc = with_doc;
+    m->bytes = m->rows * m->kw * sizeof(float) +
                (with_doc ? m->rows * sizeof(int32_t) : 0);
 }
 static float *msg_kv(const ring_msg *m, void *buf) {
     (void)m;
     return (float *)buf;
 }
-static float *msg_dkv(const ring_msg *m, void *buf) { return (float *)buf + m->rows * m->kw; }
 static int32_t *msg_doc(const ring_msg *m, void *buf) {
     if (!m->with_doc) return NULL;
-    return (int32_t *)((float *)buf + m->rows * m->kw * (m->with_dkv ? 2 : 1));
+    return (int32_t *)((float *)buf + m->rows * m->kw);
 }
 
 /* the local K, V and doc ids into a message */
@@ -147,7 +146,6 @@ static void msg_pack(const ring_msg *m, void *buf, const ring_geo *g, const floa
     const size_t R = (size_t)(g->nh + 2 * g->nkv) * g->hd, koff = (size_t)g->nh * g->hd;
     float *kv = msg_kv(m, buf);
     for (size_t i = 0; i < m->rows; i++) memcpy(kv + i * m->kw, qkv + i * R + koff, m->kw * sizeof(float));
-    if (m->with_dkv) memset(msg_dkv(m, buf), 0, m->rows * m->kw * sizeof(float));
     if (m->with_doc) memcpy(msg_doc(m, buf), doc, m->rows * sizeof(int32_t));
 }
 
@@ -232,7 +230,7 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
     if (rc) return rc;
     const int L = g->seq / g->cp, nh = g->nh, hd = g->hd;
     ring_msg m;
-    msg_init(&m, g, 0, doc != NULL);
+    msg_init(&m, g, doc != NULL);
     void *cur = malloc(m.bytes), *nxt = g->cp > 1 ? malloc(m.bytes) : NULL;
     /* partial results: at most [B*L, nh*hd] and [B*nh*L] */
     float *po = g->cp > 1 ? malloc((size_t)g->B * L * nh * hd * sizeof(float)) : NULL;
@@ -288,15 +286,20 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
     if (rc) return rc;
     const int L = g->seq / g->cp, S = L / 2, nh = g->nh, nkv = g->nkv, hd = g->hd;
     const size_t R = (size_t)(nh + 2 * nkv) * hd;
+    /* KV (with the doc ids) and its dK/dV accumulator travel in separate messages: the next
+     * step's KV arrives on a helper thread while this step's block runs (the block only reads
+     * KV), the accumulator moves on after the block (which adds into it) */
     ring_msg m;
-    msg_init(&m, g, 1, doc != NULL);
+    msg_init(&m, g, doc != NULL);
+    const size_t dbytes = m.rows * m.kw * sizeof(float);
     void *cur = malloc(m.bytes), *nxt = g->cp > 1 ? malloc(m.bytes) : NULL;
+    float *dcur = malloc(dbytes), *dnxt = g->cp > 1 ? malloc(dbytes) : NULL;
     /* the upper half's out, dout and lse gathered contiguous for the i > rank steps */
     const int need_half = g->rank < g->cp - 1;
     float *ho = need_half ? malloc((size_t)g->B * S * nh * hd * sizeof(float)) : NULL;
     float *hdo = need_half ? malloc((size_t)g->B * S * nh * hd * sizeof(float)) : NULL;
     float *hl = need_half ? malloc((size_t)g->B * nh * S * sizeof(float)) : NULL;
-    if (!cur || (g->cp > 1 && !nxt) || (need_half && (!ho || !hdo || !hl))) {
+    if (!cur || !dcur || (g->cp > 1 && (!nxt || !dnxt)) || (need_half && (!ho || !hdo || !hl))) {
         rc = co_err_set(CO_ENOMEM, "%s: cannot allocate the ring buffers", op);
         goto done;
     }
@@ -307,34 +310,47 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
     }
     memset(dqkv, 0, (size_t)g->B * L * R * sizeof(float));
     msg_pack(&m, cur, g, qkv, doc);
+    memset(dcur, 0, dbytes);
     for (int i = 0; i < g->cp; i++) {
-        /* KV of rank (rank - i) with the dKV accumulated on the ranks before us */
-        if (i > 0 && (rc = shift_swap(x, &cur, &nxt, m.bytes, op, i, "KV/dKV"))) goto done;
+        /* cur: the KV of rank (rank - i); dcur: its dK/dV accumulated on the ranks before us */
+        shift_job j = {.x = x, .send = cur, .recv = nxt, .bytes = m.bytes};
+        pthread_t th;
+        bool threaded = false;
+        if (i + 1 < g->cp) {
+            threaded = pthread_create(&th, NULL, shift_main, &j) == 0;
+            if (!threaded) shift_main(&j);
+        }
         const ring_step s = step_of(g, i);
         kb_block_attn a = block_of(g, &s, &m, cur, qkv, doc);
-        float *dkv = msg_dkv(&m, cur);
         const int half = s.q0 != 0;
         b->ops->block_attention_backward(b, &a, half ? ho : out, half ? hl : lse,
-                                         half ? hdo : dout, dqkv + (size_t)s.q0 * R, R, dkv,
-                                         m.kw, dkv + (size_t)nkv * hd, m.kw);
+                                         half ? hdo : dout, dqkv + (size_t)s.q0 * R, R, dcur,
+                                         m.kw, dcur + (size_t)nkv * hd, m.kw);
+        if (threaded) pthread_join(th, NULL);
         if ((rc = kernel_status(b, op, i))) goto done;
-    }
-    /* cur's dKV belongs to the rank after us: one last shift brings ours home */
-    if (g->cp > 1) {
-        rc = x->shift(x->ctx, msg_dkv(&m, cur), msg_dkv(&m, nxt), m.rows * m.kw * sizeof(float));
-        if (rc) {
-            rc = co_err_set(rc, "%s: returning dKV to its owner: %s", op, co_err_detail());
-            goto done;
+        if (i + 1 < g->cp) {
+            if (j.rc) {
+                rc = co_err_set(j.rc, "%s, step %d: KV exchange: %s", op, i + 1, j.err);
+                goto done;
+            }
+            void *t = cur;
+            cur = nxt, nxt = t;
         }
-        void *t = cur;
-        cur = nxt, nxt = t;
+        /* the accumulator goes on with its KV (the next rank holds it at step i + 1); after
+         * the last step this brings every rank its own dK/dV home */
+        if (g->cp > 1) {
+            void *dc = dcur, *dn = dnxt;
+            if ((rc = shift_swap(x, &dc, &dn, dbytes, op, i, "dKV"))) goto done;
+            dcur = dc, dnxt = dn;
+        }
     }
-    const float *dkv = msg_dkv(&m, cur);
     for (size_t r = 0; r < m.rows; r++)
-        memcpy(dqkv + r * R + (size_t)nh * hd, dkv + r * m.kw, m.kw * sizeof(float));
+        memcpy(dqkv + r * R + (size_t)nh * hd, dcur + r * m.kw, m.kw * sizeof(float));
 done:
     free(cur);
     free(nxt);
+    free(dcur);
+    free(dnxt);
     free(ho);
     free(hdo);
     free(hl);

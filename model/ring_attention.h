@@ -10,8 +10,8 @@
  *   step i <= r: all local queries against the first half (first chunk) of the received KV;
  *   step i > r:  the second half of the local queries against all of the received KV;
  * partial (out, lse) are merged with lse = max + log1p(exp(min - max)), and out rescaled by
- * exp(lse_part - lse_new). Backward sends KV around again with its dK/dV accumulator, and a
- * last shift hands each dK/dV to its owner.
+ * exp(lse_part - lse_new). Backward sends KV around again and, behind it in its own message,
+ * its dK/dV accumulator; the shift after the last step hands each dK/dV to its owner.
  *
  * The ring talks through a ring_exchange, so the same code runs over cohort's comm
  * (ring_exchange_comm) or in one process with a thread per simulated rank (ring_sim).
@@ -67,8 +67,9 @@ int ring_unsplit_rows(void *dst, const void *src, size_t row_bytes, int B, int s
 int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo *g, float *out,
                            float *lse, const float *qkv, const int32_t *doc);
 
-/* Backward from the forward's out and lse: dqkv (overwritten) from dout. Calls x->shift cp
- * times (cp-1 with KV and dKV, one with dKV alone). */
+/* Backward from the forward's out and lse: dqkv (overwritten) from dout. Calls x->shift
+ * 2cp-1 times: cp-1 with KV (on a helper thread beside each step's block, as the forward)
+ * and cp with the dK/dV accumulator (after each step's block). */
 int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_geo *g,
                             float *dqkv, const float *dout, const float *qkv, const float *out,
                             const float *lse, const int32_t *doc);
