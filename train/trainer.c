@@ -514,7 +514,7 @@ static void log_line(trainer *t, double lr, double grad_norm) {
     double ms = 1000.0 * t->time_since_log / t->iters_since_log;
     double loss = t->tok_sum > 0 ? t->loss_sum / t->tok_sum : NAN;
     double tflops = t->flops_per_sample * c->global_batch_size / (ms / 1000.0) / 1e12 /
-                    (t->topo.world * t->tp_size * (t->pp ? t->pp_size : 1));
+                    (t->topo.world * t->tp_size * t->cpn * (t->pp ? t->pp_size : 1));
     double tok_s = (double)c->global_batch_size * c->seq_length / (ms / 1000.0);
     char ts[32];
     timestamp(ts, sizeof ts);
