@@ -5,12 +5,15 @@
 # configuration: tokens/s (the median of the iterations after the first) and each rank's
 # peak resident memory; the activation memory is that peak minus the peak of the same run at
 # a short sequence (parameters, gradients, Adam moments and the runtime, which do not grow
-# with the sequence), per rank.
-#   bench/cp_bench.sh [COHORT] [SEQ] [ITERS]      (defaults build/cohort, 4096, 3)
+# with the sequence), per rank. The two long runs are repeated ROUNDS times, interleaved, and
+# each configuration's best and median round are printed (a machine shared with other work
+# slows single rounds unevenly; the best rounds are the closest to a quiet machine).
+#   bench/cp_bench.sh [COHORT] [SEQ] [ITERS] [ROUNDS]      (defaults build/cohort, 4096, 3, 3)
 set -uo pipefail
 cohort=${1:-build/cohort}
 seq=${2:-4096}
 iters=${3:-3}
+rounds=${4:-3}
 short=256
 work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-cpbench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -29,11 +32,13 @@ run() { # NAME SEQ ARGS...
 }
 cp1=(--nproc-per-node 1 --threads 2)
 cp2=(--nproc-per-node 2 --context-parallel-size 2 --threads 1)
-run cp1 "$seq" "${cp1[@]}" && run cp2 "$seq" "${cp2[@]}" && run cp1s "$short" "${cp1[@]}" && run cp2s "$short" "${cp2[@]}" ||
-    exit 1
-/usr/bin/python3 - "$work" "$seq" "$short" <<'PY'
+for r in $(seq "$rounds"); do
+    run "cp1-$r" "$seq" "${cp1[@]}" && run "cp2-$r" "$seq" "${cp2[@]}" || exit 1
+done
+run cp1s "$short" "${cp1[@]}" && run cp2s "$short" "${cp2[@]}" || exit 1
+/usr/bin/python3 - "$work" "$seq" "$short" "$rounds" <<'PY'
 import json, re, statistics, sys
-w, seq, short = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+w, seq, short, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 def tok(n):
     rows = [json.loads(l) for l in open(f"{w}/{n}.jsonl") if '"tokens_per_second"' in l]
     return statistics.median(r["tokens_per_second"] for r in rows[1:]) if len(rows) > 1 else rows[0]["tokens_per_second"]
@@ -43,14 +48,17 @@ def rss(n):
         m = re.search(r"cohort rank (\d+): peak resident memory (\d+) MB", l)
         if m: out[int(m.group(1))] = int(m.group(2))
     return [out[k] for k in sorted(out)]
-t1, t2 = tok("cp1"), tok("cp2")
-r1, r2, s1, s2 = rss("cp1"), rss("cp2"), rss("cp1s"), rss("cp2s")
+t1 = [tok(f"cp1-{r}") for r in range(1, rounds + 1)]
+t2 = [tok(f"cp2-{r}") for r in range(1, rounds + 1)]
+r1, r2, s1, s2 = rss("cp1-1"), rss("cp2-1"), rss("cp1s"), rss("cp2s")
 a1 = [a - b for a, b in zip(r1, s1)]
 a2 = [a - b for a, b in zip(r2, s2)]
-print(f"sequence {seq} (activation memory: peak minus the peak at sequence {short})")
-print("| run | tokens/s | peak memory per rank (MB) | activation memory per rank (MB) |")
+print(f"sequence {seq}, {rounds} rounds (activation memory: peak minus the peak at sequence {short})")
+print("rounds, tokens/s: cp 1 " + " ".join(f"{x:.0f}" for x in t1) + "; cp 2 " + " ".join(f"{x:.0f}" for x in t2))
+print("| run | tokens/s best (median) | peak memory per rank (MB) | activation memory per rank (MB) |")
 print("|---|---|---|---|")
-print(f"| cp 1, 2 threads | {t1:.1f} | {' / '.join(map(str, r1))} | {' / '.join(map(str, a1))} |")
-print(f"| cp 2, 1 thread each | {t2:.1f} | {' / '.join(map(str, r2))} | {' / '.join(map(str, a2))} |")
-print(f"cp 2 / cp 1: tokens/s {t2 / t1:.2f}, activation memory per rank {max(a2) / max(a1):.2f} (worst rank)")
+print(f"| cp 1, 2 threads | {max(t1):.0f} ({statistics.median(t1):.0f}) | {' / '.join(map(str, r1))} | {' / '.join(map(str, a1))} |")
+print(f"| cp 2, 1 thread each | {max(t2):.0f} ({statistics.median(t2):.0f}) | {' / '.join(map(str, r2))} | {' / '.join(map(str, a2))} |")
+print(f"cp 2 / cp 1: tokens/s {max(t2) / max(t1):.2f} best to best (median to median {statistics.median(t2) / statistics.median(t1):.2f}), "
+      f"activation memory per rank {max(a2) / max(a1):.2f} (worst rank)")
 PY
