@@ -13,6 +13,8 @@
 #                and 4, and the per-document split (THD, --cp-packed-sequences) at cp 2 and 4
 #   sft          packed SFT conversations (--sft: always THD under cp) at cp 2 vs one rank
 #   tp           cp 2 x tp 2 (the ring over each tensor rank's heads), with documents (THD)
+#   resume       a cp 2 checkpoint of iteration 3 resumed at cp 2 ends bitwise where the
+#                uninterrupted run ends; resumed at cp 1 it ends within the tolerance above
 #   killed       a rank of a cp 2 x dp 2 job killed: replaced in process from its data-parallel
 #                peer with the same context rank, the fault-free run's checkpoint bitwise
 #   bad_configs  a sequence not divisible by 2cp, attention dropout, --device cuda, pipeline
@@ -99,6 +101,20 @@ tp)
     run cp2tp2sp "${d[@]}" --nproc-per-node 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel
     compare 1 one cp2tp2 cp2tp2sp
     params_match one cp2tp2 cp2tp2sp
+    ;;
+resume)
+    r=(--nproc-per-node 2 --context-parallel-size 2 --train-iters 6)
+    "$cohort" train "${tiny[@]}" "${r[@]}" --save "$work/full.ck" >"$work/full.out" 2>&1 || fail "full: $(tail -3 "$work/full.out")"
+    "$cohort" train "${tiny[@]}" "${r[@]}" --exit-interval 3 --save "$work/half.ck" >"$work/half.out" 2>&1 ||
+        fail "half: $(tail -3 "$work/half.out")"
+    "$cohort" train "${tiny[@]}" "${r[@]}" --load "$work/half.ck" --save "$work/half.ck" >"$work/res.out" 2>&1 ||
+        fail "resumed: $(tail -3 "$work/res.out")"
+    grep -q "successfully loaded checkpoint from $work/half.ck .* at iteration 3" "$work/res.out" ||
+        fail "no load: $(grep -i checkpoint "$work/res.out" | head -3)"
+    bitwise full half
+    "$cohort" train "${tiny[@]}" --nproc-per-node 1 --train-iters 6 --load "$work/half.ck" --ckpt-step 3 \
+        --save "$work/one.ck" >"$work/one.out" 2>&1 || fail "resumed at cp 1: $(tail -3 "$work/one.out")"
+    params_match full one
     ;;
 killed)
     k=(--nproc-per-node 4 --context-parallel-size 2 --train-iters 8)
