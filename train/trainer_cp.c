@@ -56,7 +56,10 @@ int trainer__cp_setup(trainer *t, const trainer_data *data, gpt_config *m) {
     t->cpr = t->cp->rank;
     t->thd = c->sft || c->cp_packed_sequences;
     t->docs = c->sft || c->reset_attention_mask;
-    t->cap_total = t->thd ? round_up(c->seq_length + c->seq_length / 2, 2 * t->cpn) : c->seq_length;
+    /* the padded length of a micro batch's sequences is a multiple of 2cp, and under sequence
+     * parallelism of 2cp x tp, so that the local tokens split over the tensor group */
+    t->thd_quantum = 2 * t->cpn * (c->sequence_parallel && t->tp_size > 1 ? t->tp_size : 1);
+    t->cap_total = t->thd ? round_up(c->seq_length + c->seq_length / 2, t->thd_quantum) : c->seq_length;
     t->local_T = t->cap_total / t->cpn;
     m->cp = t->cpn;
     m->cp_rank = t->cpr;
@@ -109,13 +112,14 @@ static int split_documents(trainer *t, tr_batch *x, int B, int T, int64_t first,
             }
             p += round_up(j - i, c2);
         }
-        if (p > t->cap_total)
+        if (round_up(p, t->thd_quantum) > t->cap_total)
             return co_err_set(CO_EINVAL, "sample %lld: its documents padded to multiples of 2 * context-parallel-size "
                                          "= %d take %d tokens, more than the packed capacity %d (1.5 x --seq-length): "
                                          "too many short documents for the per-document split (--cp-packed-sequences)",
                               (long long)(first + b), c2, p, t->cap_total);
         if (p > P) P = p;
     }
+    P = round_up(P, t->thd_quantum); /* (the trailing padding document takes the rest) */
     const int L = P / t->cpn, H = L / 2;
     for (int b = 0; b < B; b++) {
         const size_t o = (size_t)b * T, lo = (size_t)b * L;

@@ -117,6 +117,7 @@ struct trainer {
     int cpn, cpr;           /* its size and this rank */
     bool thd, docs;         /* the per-document split (packed sequences); documents in the data */
     int cap_total, local_T; /* padded tokens a sequence may take; the model's local tokens */
+    int thd_quantum;        /* THD: the padded length is a multiple of it (2cp, x tp under SP) */
     int32_t *cp_i32;        /* [4N] and [N]: the whole micro batch while it is split */
     float *cp_f32;
     double cp_ntok;         /* the loss tokens of the last micro batch's whole sequences */

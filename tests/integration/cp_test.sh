@@ -12,7 +12,8 @@
 #                --eod-mask-loss (documents crossing the chunks): the sequence split at cp 2
 #                and 4, and the per-document split (THD, --cp-packed-sequences) at cp 2 and 4
 #   sft          packed SFT conversations (--sft: always THD under cp) at cp 2 vs one rank
-#   tp           cp 2 x tp 2 (the ring over each tensor rank's heads), with documents (THD)
+#   tp           cp 2 x tp 2 (the ring over each tensor rank's heads) with documents: THD, the
+#                sequence split with sequence parallelism, THD with sequence parallelism
 #   resume       a cp 2 checkpoint of iteration 3 resumed at cp 2 ends bitwise where the
 #                uninterrupted run ends; resumed at cp 1 it ends within the tolerance above
 #   killed       a rank of a cp 2 x dp 2 job killed: replaced in process from its data-parallel
@@ -99,8 +100,10 @@ tp)
     run one "${d[@]}" --nproc-per-node 1
     run cp2tp2 "${d[@]}" --nproc-per-node 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --cp-packed-sequences
     run cp2tp2sp "${d[@]}" --nproc-per-node 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel
-    compare 1 one cp2tp2 cp2tp2sp
-    params_match one cp2tp2 cp2tp2sp
+    run thdtp2sp "${d[@]}" --nproc-per-node 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel \
+        --cp-packed-sequences
+    compare 1 one cp2tp2 cp2tp2sp thdtp2sp
+    params_match one cp2tp2 cp2tp2sp thdtp2sp
     ;;
 resume)
     r=(--nproc-per-node 2 --context-parallel-size 2 --train-iters 6)
