@@ -74,6 +74,8 @@ static const flag flags[] = {
     I("parallel", "context-parallel-size", context_parallel_size, "1",
       "context-parallel ranks: each keeps chunks r and 2cp-r-1 of every sequence (seq divisible by 2cp), attention "
       "is a ring over them (CPU backend; with tensor parallelism, not with pipeline parallelism; --attention-dropout 0)"),
+    S("parallel", "cp-comm-type", cp_comm_type, "p2p", "p2p|a2a|allgather|a2a+p2p",
+      "how context-parallel attention communicates: p2p (the ring) is built; the others are not supported yet"),
     B("parallel", "cp-packed-sequences", cp_packed_sequences,
       "[cohort] under --context-parallel-size > 1 split each document (--reset-attention-mask) by the 2cp rule "
       "instead of the whole sequence (THD: documents padded to multiples of 2cp, cu_seqlens_padded); always so with --sft"),
@@ -637,6 +639,8 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
                     "block attention kernels for the ring)", c->context_parallel_size);
     if (real_cp && c->mtp_num_layers > 0)
         problem(&P, "multi-token prediction with context parallelism is not supported yet");
+    if (strcmp(c->cp_comm_type, "p2p"))
+        problem(&P, "--cp-comm-type %s is not supported yet (only p2p: the ring)", c->cp_comm_type);
     if (c->cp_packed_sequences && c->context_parallel_size > 1 && !c->reset_attention_mask && !c->sft)
         problem(&P, "--cp-packed-sequences splits documents: it needs --reset-attention-mask (or --sft)");
     if (c->expert_model_parallel_size != 1)

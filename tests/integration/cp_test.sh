@@ -19,7 +19,8 @@
 #   killed       a rank of a cp 2 x dp 2 job killed: replaced in process from its data-parallel
 #                peer with the same context rank, the fault-free run's checkpoint bitwise
 #   bad_configs  a sequence not divisible by 2cp, attention dropout, --device cuda, pipeline
-#                parallelism, --cp-packed-sequences without documents: refused before any work
+#                parallelism, --cp-packed-sequences without documents, --cp-comm-type other than
+#                p2p: refused before any work
 set -uo pipefail
 cohort=$1; case_name=$2
 export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
@@ -143,6 +144,7 @@ bad_configs)
     refused "thd without documents" "cp-packed-sequences splits documents" --nproc-per-node 2 --context-parallel-size 2 \
         --cp-packed-sequences
     refused "world" "not a multiple of" --nproc-per-node 3 --context-parallel-size 2
+    refused "a2a" "--cp-comm-type a2a is not supported yet" --nproc-per-node 2 --context-parallel-size 2 --cp-comm-type a2a
     # --device cuda: refused by the configuration (whether or not a GPU is here)
     "$COHORT_CPU_EXE" train "${tiny[@]}" --train-iters 1 --device cuda --nproc-per-node 2 --context-parallel-size 2 \
         >"$work/r.out" 2>&1; rc=$?
