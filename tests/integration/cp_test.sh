@@ -18,6 +18,9 @@
 #                uninterrupted run ends; resumed at cp 1 it ends within the tolerance above
 #   killed       a rank of a cp 2 x dp 2 job killed: replaced in process from its data-parallel
 #                peer with the same context rank, the fault-free run's checkpoint bitwise
+#   sdc          a flipped weight bit on one rank of a cp 2 x dp 2 job: found by the replicas'
+#                checksums, repaired from the data-parallel peer with the same context rank,
+#                the clean run's final checkpoint bitwise
 #   bad_configs  a sequence not divisible by 2cp, attention dropout, --device cuda, pipeline
 #                parallelism, --cp-packed-sequences without documents, --cp-comm-type other than
 #                p2p: refused before any work
@@ -128,6 +131,15 @@ killed)
     # world rank 3 is dp 1, cp 1 (tp-cp-dp-pp): its data-parallel peer with the same context rank is rank 1
     grep -q "state of iteration [0-9]* taken from rank 1's memory" "$work/f.out" ||
         fail "rank 3 did not take rank 1's state: $(grep 'replaced in process' "$work/f.out")"
+    bitwise clean f
+    ;;
+sdc)
+    k=(--nproc-per-node 4 --context-parallel-size 2 --train-iters 8)
+    run clean "${k[@]}"
+    run f "${k[@]}" --inject "bitflip-param@rank=2,step=4,bit=22"
+    # world rank 2 is dp 1, cp 0: its replica at the same context rank is rank 0
+    grep -q "iteration 4: repair .*rank 2: parameters differ.*repaired from rank 0" "$work/f.out" ||
+        fail "not repaired from rank 0: $(grep supervisor "$work/f.out")"
     bitwise clean f
     ;;
 bad_configs)
