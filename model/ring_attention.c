@@ -110,37 +110,49 @@ static int32_t *msg_doc(const ring_msg *m, void *buf) {
     return (int32_t *)((float *)buf + m->rows * m->kw);
 }
 
-/* the local K, V and doc ids into a message */
-/* One ring step's exchange: *cur goes to the right neighbour, the left one's arrives in
- * *nxt, and the two swap (the arrival becomes current). 0, or the failure named. */
-static int shift_swap(const ring_exchange *x, void **cur, void **nxt, size_t bytes, const char *op, int i,
-                      const char *what) {
-    int rc = x->shift(x->ctx, *cur, *nxt, bytes);
-    if (rc) return co_err_set(rc, "%s, step %d: %s exchange: %s", op, i, what, co_err_detail());
-    void *t = *cur;
-    *cur = *nxt, *nxt = t;
-    return 0;
-}
-
-/* The forward's overlap: the shift that brings the next step's KV runs on a helper thread
- * while this step's block is computed (both only read the current buffer; the next one is
- * written by the receive alone). */
+/* The overlap: a step's shifts (the backward's finished dK/dV, then the next step's KV) run
+ * in order on a helper thread while the step's block is computed; the block only reads the
+ * buffers they send and never touches the ones they receive into. */
 typedef struct shift_job {
     const ring_exchange *x;
-    const void *send;
-    void *recv;
-    size_t bytes;
-    int rc;
+    int n;                /* shifts to run, in order (0..2) */
+    const void *send[2];
+    void *recv[2];
+    size_t bytes[2];
+    const char *what[2];
+    int rc;               /* the first failure's code, its shift's name and detail */
+    const char *failed;
     char err[600];
 } shift_job;
 
 static void *shift_main(void *arg) {
     shift_job *j = arg;
-    j->rc = j->x->shift(j->x->ctx, j->send, j->recv, j->bytes);
-    if (j->rc) snprintf(j->err, sizeof j->err, "%s", co_err_detail());
+    for (int k = 0; k < j->n && !j->rc; k++) {
+        j->rc = j->x->shift(j->x->ctx, j->send[k], j->recv[k], j->bytes[k]);
+        if (j->rc) {
+            j->failed = j->what[k];
+            snprintf(j->err, sizeof j->err, "%s", co_err_detail());
+        }
+    }
     return NULL;
 }
 
+/* Adds a shift to a job (not yet started). */
+static void job_add(shift_job *j, const void *send, void *recv, size_t bytes, const char *what) {
+    j->send[j->n] = send, j->recv[j->n] = recv, j->bytes[j->n] = bytes, j->what[j->n] = what;
+    j->n++;
+}
+
+/* Starts a job's shifts on a helper thread (*threaded), or runs them here when no thread can
+ * be started (before the caller's compute, blocking); nothing when it has none. */
+static void job_start(shift_job *j, pthread_t *th, bool *threaded) {
+    *threaded = false;
+    if (!j->n) return;
+    *threaded = pthread_create(th, NULL, shift_main, j) == 0;
+    if (!*threaded) shift_main(j);
+}
+
+/* the local K, V and doc ids into a message */
 static void msg_pack(const ring_msg *m, void *buf, const ring_geo *g, const float *qkv,
                      const int32_t *doc) {
     const size_t R = (size_t)(g->nh + 2 * g->nkv) * g->hd, koff = (size_t)g->nh * g->hd;
@@ -244,13 +256,11 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
         /* cur holds the KV of rank (rank - i); the KV of rank (rank - i - 1) arrives from the
          * left neighbour into nxt on a helper thread meanwhile (where no thread can be
          * started, before the block, blocking) */
-        shift_job j = {.x = x, .send = cur, .recv = nxt, .bytes = m.bytes};
+        shift_job j = {.x = x};
+        if (i + 1 < g->cp) job_add(&j, cur, nxt, m.bytes, "KV");
         pthread_t th;
-        bool threaded = false;
-        if (i + 1 < g->cp) {
-            threaded = pthread_create(&th, NULL, shift_main, &j) == 0;
-            if (!threaded) shift_main(&j);
-        }
+        bool threaded;
+        job_start(&j, &th, &threaded);
         const ring_step s = step_of(g, i);
         kb_block_attn a = block_of(g, &s, &m, cur, qkv, doc);
         if (i == 0) {
@@ -261,11 +271,11 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
         if (threaded) pthread_join(th, NULL);
         if ((rc = kernel_status(b, op, i))) goto done;
         if (i > 0) merge(out, lse, po, pl, g, s.q0, s.nq);
+        if (j.rc) {
+            rc = co_err_set(j.rc, "%s, step %d: %s exchange: %s", op, i + 1, j.failed, j.err);
+            goto done;
+        }
         if (i + 1 < g->cp) {
-            if (j.rc) {
-                rc = co_err_set(j.rc, "%s, step %d: KV exchange: %s", op, i + 1, j.err);
-                goto done;
-            }
             void *t = cur;
             cur = nxt, nxt = t;
         }
@@ -286,20 +296,23 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
     if (rc) return rc;
     const int L = g->seq / g->cp, S = L / 2, nh = g->nh, nkv = g->nkv, hd = g->hd;
     const size_t R = (size_t)(nh + 2 * nkv) * hd;
-    /* KV (with the doc ids) and its dK/dV accumulator travel in separate messages: the next
-     * step's KV arrives on a helper thread while this step's block runs (the block only reads
-     * KV), the accumulator moves on after the block (which adds into it) */
+    /* KV (with the doc ids) and the dK/dV accumulators travel in separate messages. At step i
+     * a helper thread passes on the accumulator finished at step i-1 (receiving the one of
+     * the KV held now, which the ranks before us filled) and then fetches step i+1's KV,
+     * while the block computes this rank's dK/dV of the current KV into dloc; after it the
+     * accumulator is finished: dfin = dacc + dloc. The last one goes home by a shift after
+     * the last step (the one exchange not beside a block). */
     ring_msg m;
     msg_init(&m, g, doc != NULL);
-    const size_t dbytes = m.rows * m.kw * sizeof(float);
+    const size_t dn = m.rows * m.kw, dbytes = dn * sizeof(float);
     void *cur = malloc(m.bytes), *nxt = g->cp > 1 ? malloc(m.bytes) : NULL;
-    float *dcur = malloc(dbytes), *dnxt = g->cp > 1 ? malloc(dbytes) : NULL;
+    float *dloc = malloc(dbytes), *dfin = malloc(dbytes), *dacc = g->cp > 1 ? malloc(dbytes) : NULL;
     /* the upper half's out, dout and lse gathered contiguous for the i > rank steps */
     const int need_half = g->rank < g->cp - 1;
     float *ho = need_half ? malloc((size_t)g->B * S * nh * hd * sizeof(float)) : NULL;
     float *hdo = need_half ? malloc((size_t)g->B * S * nh * hd * sizeof(float)) : NULL;
     float *hl = need_half ? malloc((size_t)g->B * nh * S * sizeof(float)) : NULL;
-    if (!cur || !dcur || (g->cp > 1 && (!nxt || !dnxt)) || (need_half && (!ho || !hdo || !hl))) {
+    if (!cur || !dloc || !dfin || (g->cp > 1 && (!nxt || !dacc)) || (need_half && (!ho || !hdo || !hl))) {
         rc = co_err_set(CO_ENOMEM, "%s: cannot allocate the ring buffers", op);
         goto done;
     }
@@ -310,47 +323,56 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
     }
     memset(dqkv, 0, (size_t)g->B * L * R * sizeof(float));
     msg_pack(&m, cur, g, qkv, doc);
-    memset(dcur, 0, dbytes);
     for (int i = 0; i < g->cp; i++) {
-        /* cur: the KV of rank (rank - i); dcur: its dK/dV accumulated on the ranks before us */
-        shift_job j = {.x = x, .send = cur, .recv = nxt, .bytes = m.bytes};
+        /* cur: the KV of rank (rank - i) */
+        shift_job j = {.x = x};
+        if (i > 0) job_add(&j, dfin, dacc, dbytes, "dKV");
+        if (i + 1 < g->cp) job_add(&j, cur, nxt, m.bytes, "KV");
         pthread_t th;
-        bool threaded = false;
-        if (i + 1 < g->cp) {
-            threaded = pthread_create(&th, NULL, shift_main, &j) == 0;
-            if (!threaded) shift_main(&j);
-        }
+        bool threaded;
+        job_start(&j, &th, &threaded);
         const ring_step s = step_of(g, i);
         kb_block_attn a = block_of(g, &s, &m, cur, qkv, doc);
         const int half = s.q0 != 0;
+        memset(dloc, 0, dbytes);
         b->ops->block_attention_backward(b, &a, half ? ho : out, half ? hl : lse,
-                                         half ? hdo : dout, dqkv + (size_t)s.q0 * R, R, dcur,
-                                         m.kw, dcur + (size_t)nkv * hd, m.kw);
+                                         half ? hdo : dout, dqkv + (size_t)s.q0 * R, R, dloc,
+                                         m.kw, dloc + (size_t)nkv * hd, m.kw);
         if (threaded) pthread_join(th, NULL);
         if ((rc = kernel_status(b, op, i))) goto done;
+        if (j.rc) {
+            rc = co_err_set(j.rc, "%s, step %d: %s exchange: %s", op, i, j.failed, j.err);
+            goto done;
+        }
+        if (i == 0) {
+            float *t = dfin; /* our own KV: nobody added before us */
+            dfin = dloc, dloc = t;
+        } else {
+            for (size_t k = 0; k < dn; k++) dfin[k] = dacc[k] + dloc[k];
+        }
         if (i + 1 < g->cp) {
-            if (j.rc) {
-                rc = co_err_set(j.rc, "%s, step %d: KV exchange: %s", op, i + 1, j.err);
-                goto done;
-            }
             void *t = cur;
             cur = nxt, nxt = t;
         }
-        /* the accumulator goes on with its KV (the next rank holds it at step i + 1); after
-         * the last step this brings every rank its own dK/dV home */
-        if (g->cp > 1) {
-            void *dc = dcur, *dn = dnxt;
-            if ((rc = shift_swap(x, &dc, &dn, dbytes, op, i, "dKV"))) goto done;
-            dcur = dc, dnxt = dn;
+    }
+    const float *dkv = dfin;
+    if (g->cp > 1) {
+        /* the accumulator finished last belongs to rank + 1; ours arrives from rank - 1 */
+        rc = x->shift(x->ctx, dfin, dacc, dbytes);
+        if (rc) {
+            rc = co_err_set(rc, "%s: returning dKV to its owner: %s", op, co_err_detail());
+            goto done;
         }
+        dkv = dacc;
     }
     for (size_t r = 0; r < m.rows; r++)
-        memcpy(dqkv + r * R + (size_t)nh * hd, dcur + r * m.kw, m.kw * sizeof(float));
+        memcpy(dqkv + r * R + (size_t)nh * hd, dkv + r * m.kw, m.kw * sizeof(float));
 done:
     free(cur);
     free(nxt);
-    free(dcur);
-    free(dnxt);
+    free(dloc);
+    free(dfin);
+    free(dacc);
     free(ho);
     free(hdo);
     free(hl);

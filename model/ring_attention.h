@@ -68,8 +68,9 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
                            float *lse, const float *qkv, const int32_t *doc);
 
 /* Backward from the forward's out and lse: dqkv (overwritten) from dout. Calls x->shift
- * 2cp-1 times: cp-1 with KV (on a helper thread beside each step's block, as the forward)
- * and cp with the dK/dV accumulator (after each step's block). */
+ * 2cp-1 times: at step i > 0 the dK/dV accumulator finished at step i-1, then (i < cp-1) the
+ * next step's KV, both on a helper thread beside step i's block; and the last accumulator
+ * home after the last step. */
 int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_geo *g,
                             float *dqkv, const float *dout, const float *qkv, const float *out,
                             const float *lse, const int32_t *doc);
