@@ -79,6 +79,9 @@ static const flag flags[] = {
     B("parallel", "cp-packed-sequences", cp_packed_sequences,
       "[cohort] under --context-parallel-size > 1 split each document (--reset-attention-mask) by the 2cp rule "
       "instead of the whole sequence (THD: documents padded to multiples of 2cp, cu_seqlens_padded); always so with --sft"),
+    D("parallel", "cp-packed-capacity", cp_packed_capacity, "1.5",
+      "[cohort] THD under context parallelism: the padded tokens a sequence may take, as a multiple of --seq-length "
+      "(the model's activations are sized for it; a micro batch whose documents need more is refused)"),
     I("parallel", "expert-model-parallel-size", expert_model_parallel_size, "1",
       "expert-parallel ranks (mixture of experts; not supported yet: only 1)"),
     I("model", "num-experts", num_experts, "0",
@@ -639,6 +642,8 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
                     "block attention kernels for the ring)", c->context_parallel_size);
     if (real_cp && c->mtp_num_layers > 0)
         problem(&P, "multi-token prediction with context parallelism is not supported yet");
+    if (c->cp_packed_capacity < 1.0 || c->cp_packed_capacity > 64.0)
+        problem(&P, "--cp-packed-capacity %g must be in [1, 64]", c->cp_packed_capacity);
     if (strcmp(c->cp_comm_type, "p2p"))
         problem(&P, "--cp-comm-type %s is not supported yet (only p2p: the ring)", c->cp_comm_type);
     if (c->cp_packed_sequences && c->context_parallel_size > 1 && !c->reset_attention_mask && !c->sft)

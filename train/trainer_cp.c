@@ -15,8 +15,8 @@
  *     every document, which is exactly the layout whose structural causal rule
  *     ring_attention applies (see the header of model/ring_attention.h). The sequences of a
  *     micro batch share one padded length: the shorter ones get a trailing padding document.
- *     The padded length is at most cp_cap_total (1.5 x seq rounded up to 2cp); a micro batch
- *     that needs more is refused (CO_EINVAL naming it).
+ *     The padded length is at most cap_total (--cp-packed-capacity x seq, rounded up to 2cp);
+ *     a micro batch that needs more is refused (CO_EINVAL naming it).
  * The loss is normalised by the loss tokens of the whole sequences (counted before the
  * split, the same on every context rank), and the trainer sums loss and token counts over
  * the data x context group (the bug class of Megatron #7452). */
@@ -59,7 +59,7 @@ int trainer__cp_setup(trainer *t, const trainer_data *data, gpt_config *m) {
     /* the padded length of a micro batch's sequences is a multiple of 2cp, and under sequence
      * parallelism of 2cp x tp, so that the local tokens split over the tensor group */
     t->thd_quantum = 2 * t->cpn * (c->sequence_parallel && t->tp_size > 1 ? t->tp_size : 1);
-    t->cap_total = t->thd ? round_up(c->seq_length + c->seq_length / 2, t->thd_quantum) : c->seq_length;
+    t->cap_total = t->thd ? round_up((int)(c->cp_packed_capacity * c->seq_length), t->thd_quantum) : c->seq_length;
     t->local_T = t->cap_total / t->cpn;
     m->cp = t->cpn;
     m->cp_rank = t->cpr;
@@ -114,9 +114,10 @@ static int split_documents(trainer *t, tr_batch *x, int B, int T, int64_t first,
         }
         if (round_up(p, t->thd_quantum) > t->cap_total)
             return co_err_set(CO_EINVAL, "sample %lld: its documents padded to multiples of 2 * context-parallel-size "
-                                         "= %d take %d tokens, more than the packed capacity %d (1.5 x --seq-length): "
-                                         "too many short documents for the per-document split (--cp-packed-sequences)",
-                              (long long)(first + b), c2, p, t->cap_total);
+                                         "= %d take %d tokens, more than the packed capacity %d (--cp-packed-capacity %g x "
+                                         "--seq-length): too many short documents for the per-document split; raise "
+                                         "--cp-packed-capacity or split whole sequences",
+                              (long long)(first + b), c2, p, t->cap_total, t->cfg.cp_packed_capacity);
         if (p > P) P = p;
     }
     P = round_up(P, t->thd_quantum); /* (the trailing padding document takes the rest) */

@@ -4,13 +4,17 @@
 #   cp_test.sh COHORT CASE
 # Every comparison: the losses and gradient norms of every iteration and the validation loss
 # within fp32 reduction tolerance (compare_runs.sh: 1e-6 relative), and the final parameters
-# and Adam moments (`cohort ckpt diff --json`) within 1e-5 absolute of one rank's; a repeated
-# context-parallel run is bitwise the same (ckpt diff exact).
+# and Adam moments (`cohort ckpt diff --json`) within 5e-5 absolute of one rank's (lr 1e-3:
+# a gradient element near zero whose fp32 sum order differs moves its Adam step by up to lr;
+# measured worst 1.1e-5, with tp and SP); a repeated context-parallel run is bitwise the same
+# (ckpt diff exact).
 # Cases:
 #   causal       learned positions, plain causal: cp 2, cp 4, cp 2 x dp 2 vs one rank; cp 2 twice
 #   rope_docs    RoPE, GQA, SwiGLU, RMSNorm, --reset-attention-mask --reset-position-ids
-#                --eod-mask-loss (documents crossing the chunks): the sequence split at cp 2
-#                and 4, and the per-document split (THD, --cp-packed-sequences) at cp 2 and 4
+#                --eod-mask-loss on a corpus of short documents (several per sequence, crossing
+#                the chunks): the sequence split at cp 2 and 4, the per-document split (THD,
+#                --cp-packed-sequences) at cp 2 and 4 (--cp-packed-capacity 2.5); at cp 4 with
+#                the default capacity these documents are refused, naming the sample
 #   sft          packed SFT conversations (--sft: always THD under cp) at cp 2 vs one rank
 #   tp           cp 2 x tp 2 (the ring over each tensor rank's heads) with documents: THD, the
 #                sequence split with sequence parallelism, THD with sequence parallelism
@@ -44,7 +48,7 @@ run() { # NAME ARGS...: trains 5 iterations, metrics in $work/NAME.jsonl, checkp
     "$cohort" train "${tiny[@]}" --train-iters 5 --metrics-file "$work/$name.jsonl" --save "$work/$name.ck" "$@" \
         >"$work/$name.out" 2>&1 || fail "$name: exit $?: $(tail -5 "$work/$name.out")"
 }
-params_match() { # REF RUN...: final parameters and moments within 1e-5 absolute of REF's
+params_match() { # REF RUN...: final parameters and moments within 5e-5 absolute of REF's
     local ref=$1; shift
     for n in "$@"; do
         "$cohort" ckpt diff "$work/$ref.ck" "$work/$n.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$n: diff"
@@ -52,11 +56,25 @@ params_match() { # REF RUN...: final parameters and moments within 1e-5 absolute
 import json
 rows = json.load(open('$work/d.json'))['tensors']
 assert rows and all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
-bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 5e-5]
 assert not bad, bad[:3]
 print('$n: %d tensors, worst abs %.1e' % (len(rows), max(r['max_abs'] for r in rows)))
 " || fail "$n: parameters differ from $ref's: $(head -c 400 "$work/d.json")"
     done
+}
+corpus() { # short documents (1 to 34 bytes and the EOD, ByteLevelTokenizer), so that a sequence of 64
+    # holds several and they cross the chunk boundaries: the flags that train on them
+    /usr/bin/python3 -c 'import json, random
+r = random.Random(5)
+for i in range(3000):
+    n = r.choice([1, 2, 3, 5, 8, 13, 21, 34])
+    print(json.dumps({"text": "".join(r.choice("abcdefgh ") for _ in range(n))}))' >"$work/short.jsonl"
+    "$cohort" data preprocess --input "$work/short.jsonl" --output-prefix "$work/short" --tokenizer-type ByteLevelTokenizer \
+        --append-eod --quiet || fail "preprocess"
+    tiny=(--tokenizer-type ByteLevelTokenizer --data-path "$work/short_text_document" --split 90,10,0 --num-layers 2
+          --hidden-size 32 --num-attention-heads 4 --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
+          --attention-dropout 0 --hidden-dropout 0 --data-cache-path "$work/cache" --log-interval 1
+          --eval-interval 1000 --eval-iters 2 --threads 1 --reset-attention-mask --reset-position-ids --eod-mask-loss)
 }
 bitwise() { # A B: two runs' checkpoints bitwise the same
     "$cohort" ckpt diff "$work/$1.ck" "$work/$2.ck" >"$work/bd" || fail "$1 and $2 differ: $(tail -3 "$work/bd")"
@@ -75,17 +93,23 @@ causal)
     grep -q "data-parallel size 2" "$work/cp2dp2.out" || fail "cp2 x dp2: $(head -3 "$work/cp2dp2.out")"
     ;;
 rope_docs)
-    d=(--position-embedding-type rope --group-query-attention --num-query-groups 2 --swiglu --normalization RMSNorm
-       --reset-attention-mask --reset-position-ids --eod-mask-loss)
+    corpus
+    d=(--position-embedding-type rope --group-query-attention --num-query-groups 2 --swiglu --normalization RMSNorm)
     run one "${d[@]}" --nproc-per-node 1
     run cp2 "${d[@]}" --nproc-per-node 2 --context-parallel-size 2
     run cp4 "${d[@]}" --nproc-per-node 4 --context-parallel-size 4
     run thd2 "${d[@]}" --nproc-per-node 2 --context-parallel-size 2 --cp-packed-sequences
     run thd2b "${d[@]}" --nproc-per-node 2 --context-parallel-size 2 --cp-packed-sequences
-    run thd4 "${d[@]}" --nproc-per-node 4 --context-parallel-size 4 --cp-packed-sequences
+    run thd4 "${d[@]}" --nproc-per-node 4 --context-parallel-size 4 --cp-packed-sequences --cp-packed-capacity 2.5
     compare 1 one cp2 cp4 thd2 thd4
     params_match one cp2 cp4 thd2 thd4
     bitwise thd2 thd2b
+    # at cp 4 these short documents padded to 8 need more than the default 1.5 x 64 tokens:
+    # refused, naming the sample
+    "$cohort" train "${tiny[@]}" "${d[@]}" --train-iters 5 --nproc-per-node 4 --context-parallel-size 4 \
+        --cp-packed-sequences >"$work/over.out" 2>&1 && fail "THD beyond its capacity was not refused"
+    grep -q "sample [0-9]*: its documents padded to multiples of 2 \* context-parallel-size = 8 take [0-9]* tokens, more than the packed capacity 96" \
+        "$work/over.out" || fail "no capacity refusal: $(grep -i fail "$work/over.out" | head -3)"
     ;;
 sft)
     printf '{"messages": [{"role": "user", "content": "hi %s"}, {"role": "assistant", "content": "hello there, %s"}]}\n' \
@@ -100,7 +124,9 @@ sft)
     params_match one cp2
     ;;
 tp)
-    d=(--reset-attention-mask --reset-position-ids --eod-mask-loss --num-attention-heads 8 --hidden-size 64)
+    corpus
+    # (the byte-level vocabulary, 257 ids, pads to 512 at tp 1 and 2 alike: the same model)
+    d=(--num-attention-heads 8 --hidden-size 64 --make-vocab-size-divisible-by 256)
     run one "${d[@]}" --nproc-per-node 1
     run cp2tp2 "${d[@]}" --nproc-per-node 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --cp-packed-sequences
     run cp2tp2sp "${d[@]}" --nproc-per-node 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel
