@@ -183,6 +183,8 @@ bad_configs)
         --cp-packed-sequences
     refused "world" "not a multiple of" --nproc-per-node 3 --context-parallel-size 2
     refused "a2a" "--cp-comm-type a2a is not supported yet" --nproc-per-node 2 --context-parallel-size 2 --cp-comm-type a2a
+    refused "timeline" "--timeline-dir with --context-parallel-size 2 is not supported yet" --nproc-per-node 2 \
+        --context-parallel-size 2 --timeline-dir "$work/tl"
     # --device cuda: refused by the configuration (whether or not a GPU is here)
     "$COHORT_CPU_EXE" train "${tiny[@]}" --train-iters 1 --device cuda --nproc-per-node 2 --context-parallel-size 2 \
         >"$work/r.out" 2>&1; rc=$?
