@@ -308,8 +308,9 @@ static void embedded_done(void *ctx, trainer *t, double vl) {
             e->info->unigram_entropy,
             vl < e->info->unigram_entropy * 0.75 ? "the model learned structure beyond letter frequencies"
                                                  : "not much below letter frequencies yet (train longer)");
-    if (e->c->sample_lines > 0 && (e->c->tensor_model_parallel_size > 1 || e->c->pipeline_model_parallel_size > 1))
-        fprintf(e->out, "cohort: no samples: sampling a tensor- or pipeline-parallel model is not built yet\n");
+    if (e->c->sample_lines > 0 && (e->c->tensor_model_parallel_size > 1 || e->c->pipeline_model_parallel_size > 1 ||
+                                   e->c->context_parallel_size > 1))
+        fprintf(e->out, "cohort: no samples: sampling a tensor-, pipeline- or context-parallel model is not built yet\n");
     else if (e->c->sample_lines > 0) print_samples(t, e->c, e->c->sample_lines, e->out);
 }
 
