@@ -644,6 +644,9 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         problem(&P, "multi-token prediction with context parallelism is not supported yet");
     if (c->cp_packed_capacity < 1.0 || c->cp_packed_capacity > 64.0)
         problem(&P, "--cp-packed-capacity %g must be in [1, 64]", c->cp_packed_capacity);
+    else if (real_cp && c->cp_packed_capacity > c->context_parallel_size)
+        problem(&P, "--cp-packed-capacity %g is more than --context-parallel-size %d (a rank would hold more than a "
+                    "whole sequence)", c->cp_packed_capacity, c->context_parallel_size);
     if (real_cp && c->timeline_dir[0])
         problem(&P, "--timeline-dir with --context-parallel-size %d is not supported yet (the timeline's header has "
                     "no context-parallel coordinate)", c->context_parallel_size);

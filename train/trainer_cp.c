@@ -61,6 +61,10 @@ int trainer__cp_setup(trainer *t, const trainer_data *data, gpt_config *m) {
     t->thd_quantum = 2 * t->cpn * (c->sequence_parallel && t->tp_size > 1 ? t->tp_size : 1);
     t->cap_total = t->thd ? round_up((int)(c->cp_packed_capacity * c->seq_length), t->thd_quantum) : c->seq_length;
     t->local_T = t->cap_total / t->cpn;
+    if (t->local_T > c->seq_length) /* (the batch buffers hold a whole sequence per sample) */
+        return co_err_set(CO_EINVAL, "--cp-packed-capacity %g: %d padded tokens per sequence, %d per context rank, "
+                                     "more than --seq-length %d", c->cp_packed_capacity, t->cap_total, t->local_T,
+                          c->seq_length);
     m->cp = t->cpn;
     m->cp_rank = t->cpr;
     size_t N = (size_t)c->micro_batch_size * c->seq_length;

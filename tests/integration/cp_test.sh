@@ -182,6 +182,8 @@ bad_configs)
     refused "thd without documents" "cp-packed-sequences splits documents" --nproc-per-node 2 --context-parallel-size 2 \
         --cp-packed-sequences
     refused "world" "not a multiple of" --nproc-per-node 3 --context-parallel-size 2
+    refused "capacity" "--cp-packed-capacity 2.5 is more than --context-parallel-size 2" --nproc-per-node 2 \
+        --context-parallel-size 2 --reset-attention-mask --cp-packed-sequences --cp-packed-capacity 2.5
     refused "a2a" "--cp-comm-type a2a is not supported yet" --nproc-per-node 2 --context-parallel-size 2 --cp-comm-type a2a
     refused "timeline" "--timeline-dir with --context-parallel-size 2 is not supported yet" --nproc-per-node 2 \
         --context-parallel-size 2 --timeline-dir "$work/tl"
