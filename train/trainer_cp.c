@@ -25,6 +25,7 @@
 #include "common/error.h"
 #include "model/ring_attention.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,6 +68,13 @@ int trainer__cp_setup(trainer *t, const trainer_data *data, gpt_config *m) {
                           c->seq_length);
     m->cp = t->cpn;
     m->cp_rank = t->cpr;
+    if (t->log && t->thd)
+        fprintf(t->log, "cohort: context parallelism %d: per-document split (THD: documents padded to multiples of %d, "
+                        "at most %d tokens per sequence, %d per rank)\n", t->cpn, t->thd_quantum, t->cap_total,
+                t->local_T);
+    else if (t->log)
+        fprintf(t->log, "cohort: context parallelism %d: load-balanced sequence split (chunks r and %d-r of %d), %d "
+                        "tokens per sequence on each rank\n", t->cpn, 2 * t->cpn - 1, 2 * t->cpn, t->local_T);
     size_t N = (size_t)c->micro_batch_size * c->seq_length;
     t->cp_i32 = malloc(4 * N * sizeof(int32_t));
     t->cp_f32 = malloc(N * sizeof(float));

@@ -104,6 +104,10 @@ rope_docs)
     compare 1 one cp2 cp4 thd2 thd4
     params_match one cp2 cp4 thd2 thd4
     bitwise thd2 thd2b
+    grep -q "context parallelism 4: load-balanced sequence split (chunks r and 7-r of 8), 16 tokens per sequence" \
+        "$work/cp4.out" || fail "cp4: $(grep -i context "$work/cp4.out")"
+    grep -q "context parallelism 4: per-document split (THD: documents padded to multiples of 8, at most 160 tokens" \
+        "$work/thd4.out" || fail "thd4: $(grep -i context "$work/thd4.out")"
     # at cp 4 these short documents padded to 8 need more than the default 1.5 x 64 tokens:
     # refused, naming the sample
     "$cohort" train "${tiny[@]}" "${d[@]}" --train-iters 5 --nproc-per-node 4 --context-parallel-size 4 \
@@ -122,6 +126,7 @@ sft)
     run cp2 --nproc-per-node 2 --context-parallel-size 2
     compare 1 one cp2
     params_match one cp2
+    grep -q "context parallelism 2: per-document split (THD" "$work/cp2.out" || fail "SFT not THD: $(grep -i context "$work/cp2.out")"
     ;;
 tp)
     corpus
