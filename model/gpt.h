@@ -121,6 +121,10 @@ typedef struct gpt_batch {
     const int32_t *positions;
     const int32_t *seg;   /* first position of each token's document, or NULL */
     const float *loss_mask;
+    /* context parallelism: each local token's row in the whole micro batch (b * seq + its
+     * position there; -1 for padding), or NULL: the tokens are the whole micro batch. Hidden
+     * dropout is keyed by it, so a context-parallel run draws the masks of one rank. */
+    const int32_t *rows;
 } gpt_batch;
 
 typedef struct gpt_model gpt_model;

@@ -59,3 +59,23 @@ void gpt__attention_backward(gpt_model *m, float *dqkv, const float *datt, const
     int e = ring_attention_backward(m->be, &x, &g, dqkv, datt, qkv, att, lse, seg);
     if (e) m->be->status = e;
 }
+
+void gpt__dropout_rows(gpt_model *m, const int32_t *rows, int N, float *out, const float *in, int Nl, float p,
+                       uint64_t seed, uint64_t site) {
+    const size_t C = (size_t)m->cfg.hidden;
+    const int r0 = m->sp ? m->tpr * Nl : 0;
+    if (!rows) { /* the tokens are the whole batch: element (r0 + i) * C + c */
+        m->ops->dropout(m->be, out, in, (size_t)Nl * C, p, seed, site + (uint64_t)r0 * C);
+        return;
+    }
+    for (int i = 0; i < Nl;) {
+        /* a run of local rows whose rows in the whole batch follow each other (padding rows:
+         * one run each, past the batch's N rows) */
+        const int64_t g = rows[r0 + i] >= 0 ? rows[r0 + i] : (int64_t)N + r0 + i;
+        int k = 1;
+        if (rows[r0 + i] >= 0)
+            while (i + k < Nl && rows[r0 + i + k] == rows[r0 + i] + k) k++;
+        m->ops->dropout(m->be, out + (size_t)i * C, in + (size_t)i * C, (size_t)k * C, p, seed, site + (uint64_t)g * C);
+        i += k;
+    }
+}

@@ -127,6 +127,12 @@ uint64_t gpt__tp_seed(const gpt_model *m, uint64_t seed);
  * context group at cp > 1 (errors go to the backend's sticky status) ---- */
 void gpt__attention_forward(gpt_model *m, float *att, float *lse, const float *qkv, const int32_t *seg, int B, int T,
                             float pa, uint64_t seed, uint64_t site);
+/* Hidden dropout of this rank's Nl token rows (rows r0.. of the batch's local tokens, r0 =
+ * tpr x Nl under sequence parallelism) keyed by the element's index in the whole micro batch:
+ * rows[] maps local rows to the whole batch's (NULL: the identity); padding rows (-1) get
+ * indices past the whole batch's. out may alias in. */
+void gpt__dropout_rows(gpt_model *m, const int32_t *rows, int N, float *out, const float *in, int Nl, float p,
+                       uint64_t seed, uint64_t site);
 void gpt__attention_backward(gpt_model *m, float *dqkv, const float *datt, const float *qkv, const float *att,
                              const float *lse, const int32_t *seg, int B, int T, float pa, uint64_t seed,
                              uint64_t site);

@@ -104,8 +104,6 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     /* rows of the token-wise part on this rank: all N, or its N/tp under sequence parallelism */
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
-    uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0; /* its first element's global index */
-    hoff += (uint64_t)m->cpr * (uint64_t)N * C;       /* context ranks: their own streams */
     float ph = train ? c->hidden_dropout : 0.0f, pa = train ? c->attention_dropout : 0.0f;
     sl->B = B;
     sl->T = T;
@@ -132,7 +130,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
             if (sp) gpt__tp_reduce_scatter(m, x, e, NlC);
             else gpt__tp_allreduce(m, x, (size_t)N * C);
         }
-        if (ph > 0) o->dropout(be, x, x, NlC, ph, seed, site(-1, 0) + hoff);
+        if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, x, x, Nl, ph, seed, site(-1, 0));
     }
 
     for (int i = 0; i < d->nlayers; i++) {
@@ -151,7 +149,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
         /* row-parallel proj: x_mid = x_in + dropout(sum over the group of att Wproj^T, + b) */
         float *tmp = m->tmp;
         gpt__row_parallel_forward(m, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, Nl);
-        if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 2) + hoff);
+        if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, tmp, tmp, Nl, ph, seed, site(l, 2));
         o->add(be, a->x_mid, a->x_in, tmp, NlC);
         o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]),
                         P(m, t[LN2_B]), Nl, C, c->norm_eps);
@@ -161,7 +159,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
         if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, N, F);
         else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
         gpt__row_parallel_forward(m, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, Nl);
-        if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 3) + hoff);
+        if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, tmp, tmp, Nl, ph, seed, site(l, 3));
         o->add(be, x_out, a->x_mid, tmp, NlC);
     }
     if (!d->head) {
@@ -233,8 +231,6 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
     bool sp = m->sp;
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
-    uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0;
-    hoff += (uint64_t)m->cpr * (uint64_t)N * C;
     float ph = c->hidden_dropout, pa = c->attention_dropout;
     if (B != sl->B || T != sl->T) {
         be->status = co_err_set(CO_EINVAL, "gpt_chunk_backward: a %dx%d batch for slot %d, whose forward had %dx%d", B,
@@ -266,7 +262,7 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
         /* MLP branch: dmlp = dropout'(dx) */
         const float *dmlp = m->dx;
         if (ph > 0) {
-            o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 3) + hoff);
+            gpt__dropout_rows(m, b->rows, N * m->cp, m->tmp, m->dx, Nl, ph, seed, site(l, 3));
             dmlp = m->tmp;
         }
         gpt__row_parallel_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
@@ -282,7 +278,7 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
         /* attention branch */
         const float *datt_out = m->dx;
         if (ph > 0) {
-            o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 2) + hoff);
+            gpt__dropout_rows(m, b->rows, N * m->cp, m->tmp, m->dx, Nl, ph, seed, site(l, 2));
             datt_out = m->tmp;
         }
         gpt__row_parallel_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
@@ -298,7 +294,7 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
                          a->ln1_mean, a->ln1_rstd, Nl, C);
     }
     if (d->embedding) {
-        if (ph > 0) o->dropout(be, m->dx, m->dx, NlC, ph, seed, site(-1, 0) + hoff);
+        if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, m->dx, m->dx, Nl, ph, seed, site(-1, 0));
         /* the embedding: every rank adds the full gradient of the position rows (identical on
          * all of them) and of its vocabulary shard's word rows */
         const int32_t *tokens = m->tp > 1 ? vocab_shard_tokens(m, b, N) : x_b.tokens;

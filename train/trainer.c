@@ -459,6 +459,7 @@ int trainer__load_batch(trainer *t, int s, int64_t first, tr_batch *x, gpt_batch
     b->positions = x->positions;
     b->seg = c->reset_attention_mask || c->sft ? x->seg : NULL; /* SFT: packed conversations */
     b->loss_mask = x->mask;
+    b->rows = NULL;
     if (t->cpn > 1) return trainer__cp_localize(t, x, b, first); /* this context rank's tokens */
     return 0;
 }

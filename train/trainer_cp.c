@@ -78,15 +78,18 @@ int trainer__cp_setup(trainer *t, const trainer_data *data, gpt_config *m) {
     size_t N = (size_t)c->micro_batch_size * c->seq_length;
     t->cp_i32 = malloc(4 * N * sizeof(int32_t));
     t->cp_f32 = malloc(N * sizeof(float));
-    if (!t->cp_i32 || !t->cp_f32) return co_err_set(CO_ENOMEM, "context parallelism: out of memory");
+    t->cp_rows = malloc(N * sizeof(int32_t));
+    if (!t->cp_i32 || !t->cp_f32 || !t->cp_rows) return co_err_set(CO_ENOMEM, "context parallelism: out of memory");
     return 0;
 }
 
 void trainer__cp_free(trainer *t) {
     free(t->cp_i32);
     free(t->cp_f32);
+    free(t->cp_rows);
     t->cp_i32 = NULL;
     t->cp_f32 = NULL;
+    t->cp_rows = NULL;
 }
 
 /* The sequence split: every per-token array to this rank's chunks. */
@@ -100,6 +103,9 @@ static int split_sequences(trainer *t, tr_batch *x, int B, int T) {
     }
     memcpy(t->cp_f32, x->mask, N * sizeof(float));
     if (!rc) rc = ring_split_rows(x->mask, t->cp_f32, sizeof(float), B, T, t->cpn, t->cpr);
+    /* each local token's row in the whole batch (the rows' indices, split alike) */
+    for (size_t i = 0; i < N && !rc; i++) t->cp_i32[i] = (int32_t)i;
+    if (!rc) rc = ring_split_rows(t->cp_rows, t->cp_i32, sizeof(int32_t), B, T, t->cpn, t->cpr);
     return rc;
 }
 
@@ -159,9 +165,11 @@ static int split_documents(trainer *t, tr_batch *x, int B, int T, int64_t first,
                         const size_t s = o + i + v;
                         x->tokens[d] = tok[s], x->targets[d] = tgt[s], x->positions[d] = pos[s];
                         x->mask[d] = mask[s];
+                        t->cp_rows[d] = (int32_t)s;
                     } else {
                         x->tokens[d] = 0, x->targets[d] = 0, x->mask[d] = 0.0f;
                         x->positions[d] = pos[o + last]; /* a position the table has */
+                        t->cp_rows[d] = -1;
                     }
                     x->seg[d] = id;
                 }
@@ -188,5 +196,6 @@ int trainer__cp_localize(trainer *t, tr_batch *x, gpt_batch *b, int64_t first) {
     if (rc) return rc;
     b->T = L;
     b->seg = t->docs ? x->seg : NULL;
+    b->rows = t->cp_rows;
     return 0;
 }

@@ -119,6 +119,7 @@ struct trainer {
     int cap_total, local_T; /* padded tokens a sequence may take; the model's local tokens */
     int thd_quantum;        /* THD: the padded length is a multiple of it (2cp, x tp under SP) */
     int32_t *cp_i32;        /* [4N] and [N]: the whole micro batch while it is split */
+    int32_t *cp_rows;       /* [N]: each local token's row in the whole micro batch (gpt_batch.rows) */
     float *cp_f32;
     double cp_ntok;         /* the loss tokens of the last micro batch's whole sequences */
     /* the timeline (train/timeline.h; NULL: off, or an iteration not recorded) */

@@ -2,7 +2,8 @@
  * own: the load-balanced sequence split, the per-document THD split against hand-worked
  * layouts (rank r: chunk r of every document, then chunk 2cp-r-1 of every document; padding
  * after a document's real tokens with loss mask 0, its id and its last position; a trailing
- * padding document evening a micro batch's sequences), every real token kept by exactly one
+ * padding document evening a micro batch's sequences; each token's row in the whole batch,
+ * which hidden dropout is keyed by), every real token kept by exactly one
  * rank at its chunk's place for random documents at cp 1-4, the whole sequences' loss
  * tokens, and the capacity refusal. */
 #include "train/trainer_internal.h"
@@ -33,6 +34,7 @@ static void fx_init(fixture *f, int B, int T, int cp, int r, bool thd, double ca
     size_t N = (size_t)B * T;
     t->cp_i32 = malloc(4 * N * sizeof(int32_t));
     t->cp_f32 = malloc(N * sizeof(float));
+    t->cp_rows = malloc(N * sizeof(int32_t));
     f->x.tokens = malloc(N * sizeof(int32_t));
     f->x.targets = malloc(N * sizeof(int32_t));
     f->x.positions = malloc(N * sizeof(int32_t));
@@ -69,14 +71,18 @@ static int fx_split(fixture *f) {
     return trainer__cp_localize(&f->t, &f->x, &f->b, 0);
 }
 
-/* -1 in want: a padding token (token 0, mask 0) */
+/* -1 in want: a padding token (token 0, mask 0, row -1); a real token's row in the whole
+ * batch (gpt_batch.rows, what hidden dropout is keyed by) is b T + its position */
 static void expect_tokens(const fixture *f, const int *want, int n) {
     REQUIRE(f->b.T * f->b.B == n);
+    REQUIRE(f->b.rows == f->t.cp_rows);
+    const int T = f->t.cfg.seq_length;
     for (int i = 0; i < n; i++) {
         if (want[i] < 0) {
-            CHECK_MSG(f->x.tokens[i] == 0 && f->x.mask[i] == 0.0f, "local %d: a padding token, got %d mask %g", i,
-                      f->x.tokens[i], f->x.mask[i]);
+            CHECK_MSG(f->x.tokens[i] == 0 && f->x.mask[i] == 0.0f && f->b.rows[i] == -1,
+                      "local %d: a padding token, got %d mask %g row %d", i, f->x.tokens[i], f->x.mask[i], f->b.rows[i]);
         } else {
+            CHECK_MSG(f->b.rows[i] == want[i] / 1000 * T + want[i] % 1000, "local %d: row %d", i, f->b.rows[i]);
             CHECK_MSG(f->x.tokens[i] == want[i] && f->x.mask[i] == 1.0f && f->x.targets[i] == 2000 + want[i],
                       "local %d: token %d, got %d (mask %g)", i, want[i], f->x.tokens[i], f->x.mask[i]);
         }
@@ -203,6 +209,7 @@ static void test_thd_random(void) {
                                 const int v = k * S + q, li = b * L + half * H + h + q;
                                 if (v < ln[b][d]) {
                                     CHECK(f.x.tokens[li] == 1000 * b + start + v && f.x.mask[li] == 1.0f);
+                                    CHECK(f.b.rows[li] == b * T + start + v);
                                     seen[b * T + start + v]++;
                                 } else {
                                     CHECK(f.x.mask[li] == 0.0f);
