@@ -268,9 +268,11 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
         } else {
             b->ops->block_attention_forward(b, &a, po, pl);
         }
+        /* the merge too runs beside the exchange (neither touches the other's buffers) */
+        const int krc = kernel_status(b, op, i);
+        if (!krc && i > 0) merge(out, lse, po, pl, g, s.q0, s.nq);
         if (threaded) pthread_join(th, NULL);
-        if ((rc = kernel_status(b, op, i))) goto done;
-        if (i > 0) merge(out, lse, po, pl, g, s.q0, s.nq);
+        if ((rc = krc)) goto done;
         if (j.rc) {
             rc = co_err_set(j.rc, "%s, step %d: %s exchange: %s", op, i + 1, j.failed, j.err);
             goto done;
