@@ -151,6 +151,8 @@ resume)
     grep -q "successfully loaded checkpoint from $work/half.ck .* at iteration 3" "$work/res.out" ||
         fail "no load: $(grep -i checkpoint "$work/res.out" | head -3)"
     bitwise full half
+    "$cohort" ckpt inspect "$work/half.ck" >"$work/inspect" || fail "inspect"
+    grep -q "world 2 = tensor 1 x pipeline 1 x context 2 x data 1" "$work/inspect" || fail "layout: $(grep world "$work/inspect")"
     "$cohort" train "${tiny[@]}" --nproc-per-node 1 --train-iters 6 --load "$work/half.ck" --ckpt-step 3 \
         --save "$work/one.ck" >"$work/one.out" 2>&1 || fail "resumed at cp 1: $(tail -3 "$work/one.out")"
     params_match full one
