@@ -308,8 +308,9 @@ static void embedded_done(void *ctx, trainer *t, double vl) {
             e->info->unigram_entropy,
             vl < e->info->unigram_entropy * 0.75 ? "the model learned structure beyond letter frequencies"
                                                  : "not much below letter frequencies yet (train longer)");
-    if (e->c->sample_lines > 0 && (e->c->tensor_model_parallel_size > 1 || e->c->pipeline_model_parallel_size > 1))
-        fprintf(e->out, "cohort: no samples: sampling a tensor- or pipeline-parallel model is not built yet\n");
+    if (e->c->sample_lines > 0 && (e->c->tensor_model_parallel_size > 1 || e->c->pipeline_model_parallel_size > 1 ||
+                                   e->c->context_parallel_size > 1))
+        fprintf(e->out, "cohort: no samples: sampling a tensor-, pipeline- or context-parallel model is not built yet\n");
     else if (e->c->sample_lines > 0) print_samples(t, e->c, e->c->sample_lines, e->out);
 }
 
@@ -407,7 +408,7 @@ int cli_train(int argc, char **argv) {
     /* the data-parallel size: the world over tensor x context x pipeline (a worker is told) */
     long mp = (long)c.tensor_model_parallel_size * c.context_parallel_size * c.pipeline_model_parallel_size;
     if (!worker && mp > 1 && dp % mp == 0) dp = (int)(dp / mp);
-    else if (!worker && mp > 1 && (co_config_standin_model_parallel || c.context_parallel_size == 1)) {
+    else if (!worker && mp > 1) {
         /* (sizes that are not built are refused by co_config_finalize with their own line) */
         fprintf(stderr, "cohort train: invalid configuration:\n  the world of %d ranks is not a multiple of "
                         "tensor x context x pipeline = %ld\n", dp, mp);
@@ -457,6 +458,15 @@ int cli_train(int argc, char **argv) {
         if (!strcmp(c.device, "auto")) {
             snprintf(c.device, sizeof c.device, "%s", gpu ? "cuda" : "cpu");
             if (!gpu && !worker) fprintf(stderr, "cohort: %s: training on the CPU (--device cpu says so quietly)\n", why);
+        }
+        if (!strcmp(c.device, "cuda") && c.context_parallel_size > 1 && !co_config_standin_model_parallel) {
+            fprintf(stderr, "cohort train: invalid configuration:\n  --context-parallel-size %d on the GPU is not "
+                            "supported yet (the CUDA backend has no block attention kernels): pass --device cpu\n",
+                    c.context_parallel_size);
+            sv_link_close(&link);
+            sv_assignment_free(&asg);
+            co_config_free(&c);
+            return CLI_USAGE;
         }
     }
     /* --bf16 on the CPU: only where the matrix products have bf16 instructions (AVX512-BF16,
@@ -621,7 +631,7 @@ int cli_train(int argc, char **argv) {
          * in Megatron's order the data coordinate comes after tp (tp-cp-dp-pp) or after tp
          * and pp (tp-cp-pp-dp) */
         so.replica_stride = co_config_standin_model_parallel ? 1
-                            : c.tensor_model_parallel_size *
+                            : c.tensor_model_parallel_size * c.context_parallel_size *
                                   (c.use_tp_pp_dp_mapping ? c.pipeline_model_parallel_size : 1);
         so.replicas = co_config_standin_model_parallel ? 0 : dp;
         so.pp = c.pipeline_model_parallel_size;

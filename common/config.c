@@ -71,7 +71,17 @@ static const flag flags[] = {
     I("parallel", "pipeline-model-parallel-size", pipeline_model_parallel_size, "1",
       "pipeline stages: each builds its layers, micro batches flow through them in Megatron's 1F1B or interleaved "
       "schedule (`cohort schedule` prints it)"),
-    I("parallel", "context-parallel-size", context_parallel_size, "1", "context-parallel ranks (not supported yet: only 1)"),
+    I("parallel", "context-parallel-size", context_parallel_size, "1",
+      "context-parallel ranks: each keeps chunks r and 2cp-r-1 of every sequence (seq divisible by 2cp), attention "
+      "is a ring over them (CPU backend; with tensor parallelism, not with pipeline parallelism; --attention-dropout 0)"),
+    S("parallel", "cp-comm-type", cp_comm_type, "p2p", "p2p|a2a|allgather|a2a+p2p",
+      "how context-parallel attention communicates: p2p (the ring) is built; the others are not supported yet"),
+    B("parallel", "cp-packed-sequences", cp_packed_sequences,
+      "[cohort] under --context-parallel-size > 1 split each document (--reset-attention-mask) by the 2cp rule "
+      "instead of the whole sequence (THD: documents padded to multiples of 2cp, cu_seqlens_padded); always so with --sft"),
+    D("parallel", "cp-packed-capacity", cp_packed_capacity, "1.5",
+      "[cohort] THD under context parallelism: the padded tokens a sequence may take, as a multiple of --seq-length "
+      "(the model's activations are sized for it; a micro batch whose documents need more is refused)"),
     I("parallel", "expert-model-parallel-size", expert_model_parallel_size, "1",
       "expert-parallel ranks (mixture of experts; not supported yet in training: only 1)"),
 
@@ -677,6 +687,9 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         if (c->num_experts > 0)
             problem(&P, "--use-distributed-optimizer with --num-experts is not supported yet (the bucketed layout "
                         "would split a MoE layer's block of experts)");
+        if (c->context_parallel_size > 1)
+            problem(&P, "--use-distributed-optimizer with --context-parallel-size %d is not supported yet (the shards "
+                        "span the data-parallel group only)", c->context_parallel_size);
     }
     bool real_tp = c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel;
     if (c->sequence_parallel && c->tensor_model_parallel_size == 1)
@@ -684,10 +697,34 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->sequence_parallel && co_config_standin_model_parallel)
         problem(&P, "--sequence-parallel is not part of the model-parallel stand-in");
     bool real_pp = c->pipeline_model_parallel_size > 1 && !co_config_standin_model_parallel;
-    if ((real_tp || real_pp) && c->context_parallel_size != 1)
-        problem(&P, "tensor or pipeline parallelism together with context parallelism is not supported yet");
-    if (c->context_parallel_size != 1 && !co_config_standin_model_parallel)
-        problem(&P, "--context-parallel-size %d is not supported yet (only 1)", c->context_parallel_size);
+    (void)real_tp; /* (context parallelism combines with tensor parallelism) */
+    bool real_cp = c->context_parallel_size > 1 && !co_config_standin_model_parallel;
+    if (c->context_parallel_size < 1) problem(&P, "--context-parallel-size must be >= 1");
+    if (real_pp && real_cp)
+        problem(&P, "pipeline parallelism together with context parallelism is not supported yet");
+    if (real_cp && c->seq_length > 0 && c->seq_length % (2 * c->context_parallel_size))
+        problem(&P, "--seq-length %d is not divisible by 2 * --context-parallel-size = %d (each rank keeps two of "
+                    "2 * cp chunks of every sequence)", c->seq_length, 2 * c->context_parallel_size);
+    if (real_cp && c->attention_dropout > 0)
+        problem(&P, "--attention-dropout %g with --context-parallel-size %d is not supported yet (the ring attention "
+                    "has no dropout): pass --attention-dropout 0", c->attention_dropout, c->context_parallel_size);
+    if (real_cp && !strcmp(c->device, "cuda"))
+        problem(&P, "--context-parallel-size %d with --device cuda is not supported yet (the CUDA backend has no "
+                    "block attention kernels for the ring)", c->context_parallel_size);
+    if (real_cp && c->mtp_num_layers > 0)
+        problem(&P, "multi-token prediction with context parallelism is not supported yet");
+    if (c->cp_packed_capacity < 1.0 || c->cp_packed_capacity > 64.0)
+        problem(&P, "--cp-packed-capacity %g must be in [1, 64]", c->cp_packed_capacity);
+    else if (real_cp && c->cp_packed_capacity > c->context_parallel_size)
+        problem(&P, "--cp-packed-capacity %g is more than --context-parallel-size %d (a rank would hold more than a "
+                    "whole sequence)", c->cp_packed_capacity, c->context_parallel_size);
+    if (real_cp && c->timeline_dir[0])
+        problem(&P, "--timeline-dir with --context-parallel-size %d is not supported yet (the timeline's header has "
+                    "no context-parallel coordinate)", c->context_parallel_size);
+    if (strcmp(c->cp_comm_type, "p2p"))
+        problem(&P, "--cp-comm-type %s is not supported yet (only p2p: the ring)", c->cp_comm_type);
+    if (c->cp_packed_sequences && c->context_parallel_size > 1 && !c->reset_attention_mask && !c->sft)
+        problem(&P, "--cp-packed-sequences splits documents: it needs --reset-attention-mask (or --sft)");
     if (c->expert_model_parallel_size != 1)
         problem(&P, "--expert-model-parallel-size %d is not supported yet in training (only 1; the layer's expert "
                     "parallelism exists, its groups in the trainer do not)",
@@ -724,6 +761,9 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
             problem(&P, "--num-experts with --tensor-model-parallel-size %d is not supported yet",
                     c->tensor_model_parallel_size);
         if (c->bf16) problem(&P, "--num-experts with --bf16 is not supported yet (the experts run in fp32)");
+        if (c->context_parallel_size > 1)
+            problem(&P, "--num-experts with --context-parallel-size %d is not supported yet (the router's losses and "
+                        "counts over the context group)", c->context_parallel_size);
         if (c->moe_router_enable_expert_bias && strcmp(c->moe_router_score_function, "sigmoid"))
             problem(&P, "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (as Megatron)");
         if (!(c->moe_router_bias_update_rate >= 0))

@@ -110,6 +110,9 @@ typedef struct co_config {
     char vocab_file[512], merge_file[512];
     int64_t seed;
     bool eod_mask_loss, reset_position_ids, reset_attention_mask;
+    bool cp_packed_sequences; /* [cohort] THD split of documents under context parallelism */
+    char cp_comm_type[16];      /* --cp-comm-type: p2p (a2a, allgather, a2a+p2p refused) */
+    double cp_packed_capacity;  /* [cohort] THD: padded tokens per sequence, x seq_length */
     /* logging / evaluation */
     int log_interval;
     int64_t eval_interval, eval_iters;

@@ -109,6 +109,8 @@ static int model_shape(gpt_model *m, int max_T) {
     m->tp = c->tp > 1 ? c->tp : 1;
     m->tpr = m->tp > 1 ? c->tp_rank : 0;
     m->sp = m->tp > 1 && c->sequence_parallel;
+    m->cp = c->cp > 1 ? c->cp : 1;
+    m->cpr = m->cp > 1 ? c->cp_rank : 0;
     int rc = gpt_tp_check(c, max_T);
     if (rc) return rc;
     if (c->mtp_layers < 0 || c->mtp_layers > GPT_MAX_MTP)

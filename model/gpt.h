@@ -72,6 +72,11 @@ typedef struct gpt_config {
     float hidden_dropout, attention_dropout;
     int tp, tp_rank;      /* tensor-parallel size (0 or 1: none) and this rank in the group */
     bool sequence_parallel;
+    /* context parallelism (cp > 1, docs/context-parallel.md): this rank holds B x T local
+     * tokens of sequences of T*cp tokens (the load-balanced split, or the per-document split
+     * of packed sequences); attention runs as a ring over the context group
+     * (model/ring_attention.h, gpt_set_context_group), everything else per token */
+    int cp, cp_rank;
     /* the chunks this rank holds, in the order of their layers (nchunks 0: one chunk of all
      * layers with the embedding and the head, one slot: no pipelining) */
     int nchunks;
@@ -132,6 +137,10 @@ typedef struct gpt_batch {
     const int32_t *positions;
     const int32_t *seg;   /* first position of each token's document, or NULL */
     const float *loss_mask;
+    /* context parallelism: each local token's row in the whole micro batch (b * seq + its
+     * position there; -1 for padding), or NULL: the tokens are the whole micro batch. Hidden
+     * dropout is keyed by it, so a context-parallel run draws the masks of one rank. */
+    const int32_t *rows;
 } gpt_batch;
 
 typedef struct gpt_model gpt_model;
@@ -154,6 +163,12 @@ struct cm_comm;
 /* The tensor group's communicator (cfg.tp ranks, this one cfg.tp_rank); required before
  * the first forward when tp > 1, NULL at tp 1. Collectives wait at most timeout_ms. */
 void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms);
+
+/* The context group's communicator (cfg.cp ranks, this one cfg.cp_rank; the ring is its
+ * ranks in order); required before the first forward when cp > 1. Each ring shift waits at
+ * most timeout_ms. The batch's seg[] (or NULL: plain causal) is then a document id per local
+ * token (ring_attention.h's doc). */
+void gpt_set_context_group(gpt_model *m, struct cm_comm *cp, int timeout_ms);
 
 /* Whether backward sums a column-parallel layer's input gradient over the group on a
  * helper thread while it computes the weight gradient (on by default; the results are the

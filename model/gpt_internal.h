@@ -116,6 +116,10 @@ struct gpt_model {
     size_t tp_buf_n;
     gpt_tp_stats stats;
     bool overlap;                    /* the input-gradient sum runs beside the weight gradient */
+    /* context parallelism (gpt_cp.c): the ring's group and the size of its shifts' waits */
+    int cp, cpr;
+    struct cm_comm *cpc;
+    int cp_timeout;
     /* Backends whose memory the host cannot hand to kernels (CUDA): the batch arrays are
      * copied into backend buffers each forward, and losses come back through host_losses.
      * host_batch (CPU): the caller's arrays are used as they are. */
@@ -141,6 +145,7 @@ static inline int gpt__fc1_local(const gpt_model *m) { return m->cfg.swiglu ? 2 
 typedef struct dev_batch {
     const int32_t *tokens, *positions, *seg, *targets;
     const float *dscale;
+    const int32_t *rows; /* host memory: gpt_batch.rows (each token's row in the whole batch) */
 } dev_batch;
 
 /* Dropout stream offsets: each dropout site of a micro batch gets its own counter range
@@ -179,5 +184,19 @@ void gpt__row_parallel_backward(gpt_model *m, float *din, float *dW, float *dbia
                                 const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int Nl);
 /* the seed of dropout inside the tensor region: seed + 2718 + tp_rank (tp > 1) */
 uint64_t gpt__tp_seed(const gpt_model *m, uint64_t seed);
+
+/* ---- gpt_cp.c: attention of one layer, the one-rank kernel at cp 1, the ring over the
+ * context group at cp > 1 (errors go to the backend's sticky status) ---- */
+void gpt__attention_forward(gpt_model *m, float *att, float *lse, const float *qkv, const int32_t *seg, int B, int T,
+                            float pa, uint64_t seed, uint64_t site);
+/* Hidden dropout of this rank's Nl token rows (rows r0.. of the batch's local tokens, r0 =
+ * tpr x Nl under sequence parallelism) keyed by the element's index in the whole micro batch:
+ * rows[] maps local rows to the whole batch's (NULL: the identity); padding rows (-1) get
+ * indices past the whole batch's. out may alias in. */
+void gpt__dropout_rows(gpt_model *m, const int32_t *rows, int N, float *out, const float *in, int Nl, float p,
+                       uint64_t seed, uint64_t site);
+void gpt__attention_backward(gpt_model *m, float *dqkv, const float *datt, const float *qkv, const float *att,
+                             const float *lse, const int32_t *seg, int B, int T, float pa, uint64_t seed,
+                             uint64_t site);
 
 #endif

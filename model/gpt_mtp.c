@@ -71,7 +71,7 @@ int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool trai
             memcpy(q->cat + (size_t)n * 2 * C + C, q->hn + (size_t)n * C, sizeof(float) * (size_t)C);
         }
         o->linear_forward(be, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), NULL, N, 2 * C, C);
-        dev_batch xb = {q->tok, q->pos, NULL, q->tgt, q->dscale};
+        dev_batch xb = {q->tok, q->pos, NULL, q->tgt, q->dscale, NULL};
         int rc = gpt__layer_forward(m, &q->layer, L + k, q->x_out, &xb, B, T, train, seed);
         if (rc) return rc;
         o->norm_forward(be, c->rmsnorm, q->out, q->out_mean, q->out_rstd, q->x_out, P(m, t[MTP_FN_W]),
@@ -113,7 +113,7 @@ int gpt__mtp_backward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, uint64_t
         o->zero(be, m->dx, NC);
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[MTP_FN_W]), G(m, t[MTP_FN_B]), m->mtp_dout, q->x_out,
                          P(m, t[MTP_FN_W]), q->out_mean, q->out_rstd, N, C);
-        dev_batch xb = {q->tok, q->pos, NULL, q->tgt, NULL};
+        dev_batch xb = {q->tok, q->pos, NULL, q->tgt, NULL, NULL};
         int rc = gpt__layer_backward(m, &q->layer, L + k, &xb, B, T, seed);
         if (rc) return rc;
         /* eh_proj: m->dx is the gradient of its output */

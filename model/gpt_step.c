@@ -73,7 +73,7 @@ static const int32_t *vocab_shard_tokens(gpt_model *m, const gpt_batch *b, int N
  * embedding, targets and dscale for the loss. */
 
 static dev_batch to_backend(gpt_model *m, const gpt_batch *b, const gpt_chunk *d, const float *dscale) {
-    dev_batch x = {b->tokens, b->positions, b->seg, b->targets, dscale};
+    dev_batch x = {b->tokens, b->positions, b->seg, b->targets, dscale, b->rows};
     if (m->host_batch) return x;
     const kb_ops *o = m->ops;
     size_t ib = sizeof(int32_t) * (size_t)b->B * (size_t)b->T;
@@ -100,7 +100,6 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
     bool sp = m->sp;
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
-    uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0;
     float ph = train ? c->hidden_dropout : 0.0f, pa = train ? c->attention_dropout : 0.0f;
     o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, P(m, t[LN1_W]),
                     P(m, t[LN1_B]), Nl, C, c->norm_eps);
@@ -109,12 +108,11 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
     if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
     o->linear_forward(be, a->qkv, in1, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), N, C, Q);
     if (c->rope) o->rope(be, a->qkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, false);
-    o->attention_forward(be, a->att, a->lse, a->qkv, x_b.seg, B, T, NH, NKV, c->head_dim, pa,
-                         gpt__tp_seed(m, seed), site(l, 1));
+    gpt__attention_forward(m, a->att, a->lse, a->qkv, x_b.seg, B, T, pa, gpt__tp_seed(m, seed), site(l, 1));
     /* row-parallel proj: x_mid = x_in + dropout(sum over the group of att Wproj^T, + b) */
     float *tmp = m->tmp;
     gpt__row_parallel_forward(m, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, Nl);
-    if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 2) + hoff);
+    if (ph > 0) gpt__dropout_rows(m, x_b.rows, N * m->cp, tmp, tmp, Nl, ph, seed, site(l, 2));
     o->add(be, a->x_mid, a->x_in, tmp, NlC);
     o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]),
                     P(m, t[LN2_B]), Nl, C, c->norm_eps);
@@ -142,7 +140,7 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
         else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
         gpt__row_parallel_forward(m, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, Nl);
     }
-    if (ph > 0) o->dropout(be, tmp, tmp, NlC, ph, seed, site(l, 3) + hoff);
+    if (ph > 0) gpt__dropout_rows(m, x_b.rows, N * m->cp, tmp, tmp, Nl, ph, seed, site(l, 3));
     o->add(be, x_out, a->x_mid, tmp, NlC);
     return be->status;
 }
@@ -160,7 +158,6 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     /* rows of the token-wise part on this rank: all N, or its N/tp under sequence parallelism */
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
-    uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0; /* its first element's global index */
     float ph = train ? c->hidden_dropout : 0.0f;
     sl->B = B;
     sl->T = T;
@@ -187,7 +184,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
             if (sp) gpt__tp_reduce_scatter(m, x, e, NlC);
             else gpt__tp_allreduce(m, x, (size_t)N * C);
         }
-        if (ph > 0) o->dropout(be, x, x, NlC, ph, seed, site(-1, 0) + hoff);
+        if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, x, x, Nl, ph, seed, site(-1, 0));
     }
 
     for (int i = 0; i < d->nlayers; i++) {
@@ -267,12 +264,11 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
     bool sp = m->sp;
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
-    uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0;
     float ph = c->hidden_dropout, pa = c->attention_dropout;
     /* MLP branch: dmlp = dropout'(dx) */
     const float *dmlp = m->dx;
     if (ph > 0) {
-        o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 3) + hoff);
+        gpt__dropout_rows(m, x_b.rows, N * m->cp, m->tmp, m->dx, Nl, ph, seed, site(l, 3));
         dmlp = m->tmp;
     }
     if (a->moe) {
@@ -299,13 +295,13 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
     /* attention branch */
     const float *datt_out = m->dx;
     if (ph > 0) {
-        o->dropout(be, m->tmp, m->dx, NlC, ph, seed, site(l, 2) + hoff);
+        gpt__dropout_rows(m, x_b.rows, N * m->cp, m->tmp, m->dx, Nl, ph, seed, site(l, 2));
         datt_out = m->tmp;
     }
     gpt__row_parallel_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
                                P16(m, t[PROJ_W]), N, AH, Nl);
-    o->attention_backward(be, m->dqkv, m->datt, a->qkv, a->att, a->lse, x_b.seg, B, T, NH, NKV, c->head_dim, pa,
-                          gpt__tp_seed(m, seed), site(l, 1));
+    gpt__attention_backward(m, m->dqkv, m->datt, a->qkv, a->att, a->lse, x_b.seg, B, T, pa, gpt__tp_seed(m, seed),
+                            site(l, 1));
     if (c->rope) o->rope(be, m->dqkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, true);
     const float *in1 = a->ln1;
     if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
@@ -327,7 +323,6 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
     bool sp = m->sp;
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
-    uint64_t hoff = sp ? (uint64_t)m->tpr * NlC : 0;
     float ph = c->hidden_dropout;
     if (B != sl->B || T != sl->T) {
         be->status = co_err_set(CO_EINVAL, "gpt_chunk_backward: a %dx%d batch for slot %d, whose forward had %dx%d", B,
@@ -359,7 +354,7 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
     for (int i = d->nlayers - 1; i >= 0; i--)
         if (gpt__layer_backward(m, &sl->acts[i], d->layer0 + i, &x_b, B, T, seed)) return;
     if (d->embedding) {
-        if (ph > 0) o->dropout(be, m->dx, m->dx, NlC, ph, seed, site(-1, 0) + hoff);
+        if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, m->dx, m->dx, Nl, ph, seed, site(-1, 0));
         /* the embedding: every rank adds the full gradient of the position rows (identical on
          * all of them) and of its vocabulary shard's word rows */
         const int32_t *tokens = m->tp > 1 ? vocab_shard_tokens(m, b, N) : x_b.tokens;

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -83,50 +85,79 @@ static int kernel_status(kb_backend *b, const char *op, int step) {
     return co_err_set(b->status, "%s, step %d: %s", op, step, co_err_detail());
 }
 
-/* The KV message: kv[B*L][2*nkv*hd] (k, then v of each token), then (backward) dkv of the
- * same shape, then (with documents) doc[B*L] int32. */
+/* The KV message: kv[B*L][2*nkv*hd] (k, then v of each token), then (with documents)
+ * doc[B*L] int32. (The backward's dK/dV accumulator, of kv's shape, travels on its own.) */
 typedef struct ring_msg {
     size_t kw;       /* floats per row of kv: 2*nkv*hd */
     size_t rows;     /* B*L */
-    int with_dkv, with_doc;
+    int with_doc;
     size_t bytes;
 } ring_msg;
 
-static void msg_init(ring_msg *m, const ring_geo *g, int with_dkv, int with_doc) {
+static void msg_init(ring_msg *m, const ring_geo *g, int with_doc) {
     m->kw = (size_t)2 * g->nkv * g->hd;
     m->rows = (size_t)g->B * (g->seq / g->cp);
-    m->with_dkv = with_dkv, m->with_doc = with_doc;
-    m->bytes = m->rows * m->kw * sizeof(float) * (with_dkv ? 2 : 1) +
+    m->with_doc = with_doc;
+    m->bytes = m->rows * m->kw * sizeof(float) +
                (with_doc ? m->rows * sizeof(int32_t) : 0);
 }
 static float *msg_kv(const ring_msg *m, void *buf) {
     (void)m;
     return (float *)buf;
 }
-static float *msg_dkv(const ring_msg *m, void *buf) { return (float *)buf + m->rows * m->kw; }
 static int32_t *msg_doc(const ring_msg *m, void *buf) {
     if (!m->with_doc) return NULL;
-    return (int32_t *)((float *)buf + m->rows * m->kw * (m->with_dkv ? 2 : 1));
+    return (int32_t *)((float *)buf + m->rows * m->kw);
+}
+
+/* The overlap: a step's shifts (the backward's finished dK/dV, then the next step's KV) run
+ * in order on a helper thread while the step's block is computed; the block only reads the
+ * buffers they send and never touches the ones they receive into. */
+typedef struct shift_job {
+    const ring_exchange *x;
+    int n;                /* shifts to run, in order (0..2) */
+    const void *send[2];
+    void *recv[2];
+    size_t bytes[2];
+    const char *what[2];
+    int rc;               /* the first failure's code, its shift's name and detail */
+    const char *failed;
+    char err[600];
+} shift_job;
+
+static void *shift_main(void *arg) {
+    shift_job *j = arg;
+    for (int k = 0; k < j->n && !j->rc; k++) {
+        j->rc = j->x->shift(j->x->ctx, j->send[k], j->recv[k], j->bytes[k]);
+        if (j->rc) {
+            j->failed = j->what[k];
+            snprintf(j->err, sizeof j->err, "%s", co_err_detail());
+        }
+    }
+    return NULL;
+}
+
+/* Adds a shift to a job (not yet started). */
+static void job_add(shift_job *j, const void *send, void *recv, size_t bytes, const char *what) {
+    j->send[j->n] = send, j->recv[j->n] = recv, j->bytes[j->n] = bytes, j->what[j->n] = what;
+    j->n++;
+}
+
+/* Starts a job's shifts on a helper thread (*threaded), or runs them here when no thread can
+ * be started (before the caller's compute, blocking); nothing when it has none. */
+static void job_start(shift_job *j, pthread_t *th, bool *threaded) {
+    *threaded = false;
+    if (!j->n) return;
+    *threaded = pthread_create(th, NULL, shift_main, j) == 0;
+    if (!*threaded) shift_main(j);
 }
 
 /* the local K, V and doc ids into a message */
-/* One ring step's exchange: *cur goes to the right neighbour, the left one's arrives in
- * *nxt, and the two swap (the arrival becomes current). 0, or the failure named. */
-static int shift_swap(const ring_exchange *x, void **cur, void **nxt, size_t bytes, const char *op, int i,
-                      const char *what) {
-    int rc = x->shift(x->ctx, *cur, *nxt, bytes);
-    if (rc) return co_err_set(rc, "%s, step %d: %s exchange: %s", op, i, what, co_err_detail());
-    void *t = *cur;
-    *cur = *nxt, *nxt = t;
-    return 0;
-}
-
 static void msg_pack(const ring_msg *m, void *buf, const ring_geo *g, const float *qkv,
                      const int32_t *doc) {
     const size_t R = (size_t)(g->nh + 2 * g->nkv) * g->hd, koff = (size_t)g->nh * g->hd;
     float *kv = msg_kv(m, buf);
     for (size_t i = 0; i < m->rows; i++) memcpy(kv + i * m->kw, qkv + i * R + koff, m->kw * sizeof(float));
-    if (m->with_dkv) memset(msg_dkv(m, buf), 0, m->rows * m->kw * sizeof(float));
     if (m->with_doc) memcpy(msg_doc(m, buf), doc, m->rows * sizeof(int32_t));
 }
 
@@ -211,7 +242,7 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
     if (rc) return rc;
     const int L = g->seq / g->cp, nh = g->nh, hd = g->hd;
     ring_msg m;
-    msg_init(&m, g, 0, doc != NULL);
+    msg_init(&m, g, doc != NULL);
     void *cur = malloc(m.bytes), *nxt = g->cp > 1 ? malloc(m.bytes) : NULL;
     /* partial results: at most [B*L, nh*hd] and [B*nh*L] */
     float *po = g->cp > 1 ? malloc((size_t)g->B * L * nh * hd * sizeof(float)) : NULL;
@@ -222,8 +253,14 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
     }
     msg_pack(&m, cur, g, qkv, doc);
     for (int i = 0; i < g->cp; i++) {
-        /* KV of rank (rank - i) arrives from the left neighbour */
-        if (i > 0 && (rc = shift_swap(x, &cur, &nxt, m.bytes, op, i, "KV"))) goto done;
+        /* cur holds the KV of rank (rank - i); the KV of rank (rank - i - 1) arrives from the
+         * left neighbour into nxt on a helper thread meanwhile (where no thread can be
+         * started, before the block, blocking) */
+        shift_job j = {.x = x};
+        if (i + 1 < g->cp) job_add(&j, cur, nxt, m.bytes, "KV");
+        pthread_t th;
+        bool threaded;
+        job_start(&j, &th, &threaded);
         const ring_step s = step_of(g, i);
         kb_block_attn a = block_of(g, &s, &m, cur, qkv, doc);
         if (i == 0) {
@@ -231,8 +268,19 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
         } else {
             b->ops->block_attention_forward(b, &a, po, pl);
         }
-        if ((rc = kernel_status(b, op, i))) goto done;
-        if (i > 0) merge(out, lse, po, pl, g, s.q0, s.nq);
+        /* the merge too runs beside the exchange (neither touches the other's buffers) */
+        const int krc = kernel_status(b, op, i);
+        if (!krc && i > 0) merge(out, lse, po, pl, g, s.q0, s.nq);
+        if (threaded) pthread_join(th, NULL);
+        if ((rc = krc)) goto done;
+        if (j.rc) {
+            rc = co_err_set(j.rc, "%s, step %d: %s exchange: %s", op, i + 1, j.failed, j.err);
+            goto done;
+        }
+        if (i + 1 < g->cp) {
+            void *t = cur;
+            cur = nxt, nxt = t;
+        }
     }
 done:
     free(cur);
@@ -250,15 +298,23 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
     if (rc) return rc;
     const int L = g->seq / g->cp, S = L / 2, nh = g->nh, nkv = g->nkv, hd = g->hd;
     const size_t R = (size_t)(nh + 2 * nkv) * hd;
+    /* KV (with the doc ids) and the dK/dV accumulators travel in separate messages. At step i
+     * a helper thread passes on the accumulator finished at step i-1 (receiving the one of
+     * the KV held now, which the ranks before us filled) and then fetches step i+1's KV,
+     * while the block computes this rank's dK/dV of the current KV into dloc; after it the
+     * accumulator is finished: dfin = dacc + dloc. The last one goes home by a shift after
+     * the last step (the one exchange not beside a block). */
     ring_msg m;
-    msg_init(&m, g, 1, doc != NULL);
+    msg_init(&m, g, doc != NULL);
+    const size_t dn = m.rows * m.kw, dbytes = dn * sizeof(float);
     void *cur = malloc(m.bytes), *nxt = g->cp > 1 ? malloc(m.bytes) : NULL;
+    float *dloc = malloc(dbytes), *dfin = malloc(dbytes), *dacc = g->cp > 1 ? malloc(dbytes) : NULL;
     /* the upper half's out, dout and lse gathered contiguous for the i > rank steps */
     const int need_half = g->rank < g->cp - 1;
     float *ho = need_half ? malloc((size_t)g->B * S * nh * hd * sizeof(float)) : NULL;
     float *hdo = need_half ? malloc((size_t)g->B * S * nh * hd * sizeof(float)) : NULL;
     float *hl = need_half ? malloc((size_t)g->B * nh * S * sizeof(float)) : NULL;
-    if (!cur || (g->cp > 1 && !nxt) || (need_half && (!ho || !hdo || !hl))) {
+    if (!cur || !dloc || !dfin || (g->cp > 1 && (!nxt || !dacc)) || (need_half && (!ho || !hdo || !hl))) {
         rc = co_err_set(CO_ENOMEM, "%s: cannot allocate the ring buffers", op);
         goto done;
     }
@@ -270,33 +326,55 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
     memset(dqkv, 0, (size_t)g->B * L * R * sizeof(float));
     msg_pack(&m, cur, g, qkv, doc);
     for (int i = 0; i < g->cp; i++) {
-        /* KV of rank (rank - i) with the dKV accumulated on the ranks before us */
-        if (i > 0 && (rc = shift_swap(x, &cur, &nxt, m.bytes, op, i, "KV/dKV"))) goto done;
+        /* cur: the KV of rank (rank - i) */
+        shift_job j = {.x = x};
+        if (i > 0) job_add(&j, dfin, dacc, dbytes, "dKV");
+        if (i + 1 < g->cp) job_add(&j, cur, nxt, m.bytes, "KV");
+        pthread_t th;
+        bool threaded;
+        job_start(&j, &th, &threaded);
         const ring_step s = step_of(g, i);
         kb_block_attn a = block_of(g, &s, &m, cur, qkv, doc);
-        float *dkv = msg_dkv(&m, cur);
         const int half = s.q0 != 0;
+        memset(dloc, 0, dbytes);
         b->ops->block_attention_backward(b, &a, half ? ho : out, half ? hl : lse,
-                                         half ? hdo : dout, dqkv + (size_t)s.q0 * R, R, dkv,
-                                         m.kw, dkv + (size_t)nkv * hd, m.kw);
+                                         half ? hdo : dout, dqkv + (size_t)s.q0 * R, R, dloc,
+                                         m.kw, dloc + (size_t)nkv * hd, m.kw);
+        if (threaded) pthread_join(th, NULL);
         if ((rc = kernel_status(b, op, i))) goto done;
+        if (j.rc) {
+            rc = co_err_set(j.rc, "%s, step %d: %s exchange: %s", op, i, j.failed, j.err);
+            goto done;
+        }
+        if (i == 0) {
+            float *t = dfin; /* our own KV: nobody added before us */
+            dfin = dloc, dloc = t;
+        } else {
+            for (size_t k = 0; k < dn; k++) dfin[k] = dacc[k] + dloc[k];
+        }
+        if (i + 1 < g->cp) {
+            void *t = cur;
+            cur = nxt, nxt = t;
+        }
     }
-    /* cur's dKV belongs to the rank after us: one last shift brings ours home */
+    const float *dkv = dfin;
     if (g->cp > 1) {
-        rc = x->shift(x->ctx, msg_dkv(&m, cur), msg_dkv(&m, nxt), m.rows * m.kw * sizeof(float));
+        /* the accumulator finished last belongs to rank + 1; ours arrives from rank - 1 */
+        rc = x->shift(x->ctx, dfin, dacc, dbytes);
         if (rc) {
             rc = co_err_set(rc, "%s: returning dKV to its owner: %s", op, co_err_detail());
             goto done;
         }
-        void *t = cur;
-        cur = nxt, nxt = t;
+        dkv = dacc;
     }
-    const float *dkv = msg_dkv(&m, cur);
     for (size_t r = 0; r < m.rows; r++)
         memcpy(dqkv + r * R + (size_t)nh * hd, dkv + r * m.kw, m.kw * sizeof(float));
 done:
     free(cur);
     free(nxt);
+    free(dloc);
+    free(dfin);
+    free(dacc);
     free(ho);
     free(hdo);
     free(hl);

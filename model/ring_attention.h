@@ -1,6 +1,6 @@
 /* ring_attention.h - load-balanced ring attention for context parallelism (docs/
- * context-parallel.md). Not used by the trainer yet: --context-parallel-size > 1 is still
- * refused; this is the attention part, tested on its own (tests/unit/model/test_ring_attention.c).
+ * context-parallel.md): the model's attention at --context-parallel-size > 1 (model/gpt_cp.c),
+ * also tested on its own (tests/unit/model/test_ring_attention.c).
  *
  * A sequence of `seq` tokens is cut into 2*cp chunks of S = seq/(2*cp) tokens; rank r keeps
  * chunks r and 2*cp-r-1, concatenated, so L = 2*S = seq/cp local tokens per sequence and
@@ -10,8 +10,8 @@
  *   step i <= r: all local queries against the first half (first chunk) of the received KV;
  *   step i > r:  the second half of the local queries against all of the received KV;
  * partial (out, lse) are merged with lse = max + log1p(exp(min - max)), and out rescaled by
- * exp(lse_part - lse_new). Backward sends KV around again with its dK/dV accumulator, and a
- * last shift hands each dK/dV to its owner.
+ * exp(lse_part - lse_new). Backward sends KV around again and, behind it in its own message,
+ * its dK/dV accumulator; the shift after the last step hands each dK/dV to its owner.
  *
  * The ring talks through a ring_exchange, so the same code runs over cohort's comm
  * (ring_exchange_comm) or in one process with a thread per simulated rank (ring_sim).
@@ -67,15 +67,19 @@ int ring_unsplit_rows(void *dst, const void *src, size_t row_bytes, int B, int s
 int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo *g, float *out,
                            float *lse, const float *qkv, const int32_t *doc);
 
-/* Backward from the forward's out and lse: dqkv (overwritten) from dout. Calls x->shift cp
- * times (cp-1 with KV and dKV, one with dKV alone). */
+/* Backward from the forward's out and lse: dqkv (overwritten) from dout. Calls x->shift
+ * 2cp-1 times: at step i > 0 the dK/dV accumulator finished at step i-1, then (i < cp-1) the
+ * next step's KV, both on a helper thread beside step i's block; and the last accumulator
+ * home after the last step. */
 int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_geo *g,
                             float *dqkv, const float *dout, const float *qkv, const float *out,
                             const float *lse, const int32_t *doc);
 
 /* ---- exchange over cohort's comm: blocking send/recv (the comm interface has no
  * non-blocking calls), even ranks send first and odd ranks receive first, so no pair waits
- * on the other. The ring is the communicator's ranks in order (c->size == cp). ---- */
+ * on the other. The ring is the communicator's ranks in order (c->size == cp). The forward
+ * calls shift on a helper thread while it computes the current step's block (overlap), so
+ * an exchange's shift must be callable from another thread than the caller's. ---- */
 typedef struct ring_comm {
     cm_comm *c;
     int timeout_ms; /* per send or recv; < 0 without limit (cm_abort still ends it) */

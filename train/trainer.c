@@ -215,8 +215,9 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     }
     {
         char lerr[200];
-        int world = (dp ? dp->size : 1) * t->tp_size * t->pp_size;
-        t->have_layout = topo_layout_init(&t->layout, world, t->tp_size, t->pp_size, 1, 1, 0, c->use_tp_pp_dp_mapping,
+        int cpn = c->context_parallel_size > 1 ? c->context_parallel_size : 1;
+        int world = (dp ? dp->size : 1) * t->tp_size * t->pp_size * cpn;
+        t->have_layout = topo_layout_init(&t->layout, world, t->tp_size, t->pp_size, cpn, 1, 0, c->use_tp_pp_dp_mapping,
                                           lerr, sizeof lerr) == 0;
     }
     t->M = topo_num_microbatches(&t->topo, c->global_batch_size, c->micro_batch_size);
@@ -254,12 +255,14 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     trainer__moe_config(t, m);
     trainer__mtp_config(t, m);
     if (t->pp && (rc = pipeline_setup(t, m))) goto fail;
-    rc = gpt_new(&t->model, m, t->be, c->micro_batch_size, c->seq_length);
+    if ((rc = trainer__cp_setup(t, data, m))) goto fail;
+    rc = gpt_new(&t->model, m, t->be, c->micro_batch_size, t->local_T);
     if (rc) goto fail;
     if ((rc = trainer__moe_setup(t))) goto fail;
     if (t->tp) gpt_set_tensor_group(t->model, t->tp, TRAIN_COMM_TIMEOUT_MS);
     /* the distributed optimizer lays the model's buffers out before they are filled */
     if (c->use_distributed_optimizer && (rc = trainer__dopt_setup(t, data->joining))) goto fail;
+    if (t->cp) gpt_set_context_group(t->model, t->cp, TRAIN_COMM_TIMEOUT_MS);
     gpt_init(t->model, (uint64_t)c->seed);
     rc = c->use_distributed_optimizer
              ? trainer__dopt_init_shards(t)
@@ -302,7 +305,8 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     }
 
     /* rank 0 builds (and caches) the data indices first; the others then load them */
-    if (t->dp && !data->joining && t->dp->rank != 0 && (rc = t->dp->ops->barrier(t->dp, -1))) goto fail;
+    cm_comm *bar = trainer__grad_group(t); /* (with context ranks: every reader) */
+    if (bar && !data->joining && bar->rank != 0 && (rc = bar->ops->barrier(bar, -1))) goto fail;
     dl_config dc;
     memset(&dc, 0, sizeof dc);
     dc.base.mock = c->mock_data;
@@ -336,7 +340,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         if (rc) goto fail;
         t->has_split[s] = t->ds[s] != NULL;
     }
-    if (t->dp && !data->joining && t->dp->rank == 0 && (rc = t->dp->ops->barrier(t->dp, -1))) goto fail;
+    if (bar && !data->joining && bar->rank == 0 && (rc = bar->ops->barrier(bar, -1))) goto fail;
     if (reads && !t->ds[0]) {
         rc = co_err_set(CO_EINVAL, "the train split of --split '%s' is empty", c->split);
         goto fail;
@@ -391,6 +395,7 @@ void trainer_destroy(trainer **pt) {
     free(t->mb_tok_local);
     free(t->lbuf);
     free(t->meta);
+    trainer__cp_free(t);
     free(t);
     *pt = NULL;
 }
@@ -463,6 +468,8 @@ int trainer__load_batch(trainer *t, int s, int64_t first, tr_batch *x, gpt_batch
     b->positions = x->positions;
     b->seg = c->reset_attention_mask || c->sft ? x->seg : NULL; /* SFT: packed conversations */
     b->loss_mask = x->mask;
+    b->rows = NULL;
+    if (t->cpn > 1) return trainer__cp_localize(t, x, b, first); /* this context rank's tokens */
     return 0;
 }
 
@@ -523,7 +530,7 @@ static int log_line(trainer *t, double lr, double grad_norm) {
     double ms = 1000.0 * t->time_since_log / t->iters_since_log;
     double loss = t->tok_sum > 0 ? t->loss_sum / t->tok_sum : NAN;
     double tflops = t->flops_per_sample * c->global_batch_size / (ms / 1000.0) / 1e12 /
-                    (t->topo.world * t->tp_size * (t->pp ? t->pp_size : 1));
+                    (t->topo.world * t->tp_size * t->cpn * (t->pp ? t->pp_size : 1));
     double tok_s = (double)c->global_batch_size * c->seq_length / (ms / 1000.0);
     char ts[32];
     timestamp(ts, sizeof ts);
@@ -573,18 +580,21 @@ static int log_line(trainer *t, double lr, double grad_norm) {
  * counts summed, and the stop votes combined (a signal on any rank wins over a duration
  * limit). Every rank ends with identical bits. */
 static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) {
+    /* over the data x context group with context parallelism: each context rank's gradient
+     * is its tokens' part of its replica's (summed), the replicas are averaged */
     cm_comm *dp = t->dp, *gg = trainer__grad_group(t);
     int rc;
-    if (t->dopt) { /* the distributed optimizer: reduce-scatter, averaged, and the norm */
+    if (t->dopt) { /* the distributed optimizer (data parallelism only): reduce-scatter, averaged, the norm */
         if ((rc = trainer__dopt_reduce(t))) return rc;
     } else {
         rc = gg->ops->allreduce_sum(gg, gpt_grads(t->model), gpt_num_params(t->model), CM_F32, TRAIN_COMM_TIMEOUT_MS);
         if (rc) return rc;
         kb_backend *be = t->be;
-        be->ops->scale(be, gpt_grads(t->model), 1.0f / (float)gg->size, gpt_num_params(t->model));
+        be->ops->scale(be, gpt_grads(t->model), 1.0f / (float)dp->size, gpt_num_params(t->model));
     }
+    /* the loss sums and token counts of the whole sequences (every context rank's part) */
     double rep[4] = {*loss, *tok, *stop_reason == 1, *stop_reason == 2};
-    rc = dp->ops->allreduce_sum(dp, rep, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    rc = gg->ops->allreduce_sum(gg, rep, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
     cm_comm *rg = replica_group(t);
     if (rg && (rc = rg->ops->allreduce_sum(rg, rep + 2, 2, CM_F64, TRAIN_COMM_TIMEOUT_MS))) return rc;
@@ -693,7 +703,7 @@ void trainer__fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph)
 static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,
                          double *grad_norm) {
     const co_config *c = &t->cfg;
-    int B = c->micro_batch_size, T = c->seq_length, N = B * T;
+    int B = c->micro_batch_size, N = B * c->seq_length;
     gpt_zero_grad(t->model);
     double it_loss = 0, it_tok = 0;
     for (int mb = 0; mb < t->M; mb++) {
@@ -707,9 +717,12 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         int rc = trainer__load_batch(t, 0, t->consumed[0] + gmb * B, x, &b);
         if (rc) return rc;
         trainer__tl(t, TL_DATA, mb, -1, tl0);
+        N = b.B * b.T; /* this rank's tokens (its share under context parallelism) */
         double ntok = 0;
         for (int i = 0; i < N; i++) ntok += x->mask[i];
-        float w = ntok > 0 ? (float)(1.0 / (ntok * t->M)) : 0.0f;
+        /* normalised by the whole sequences' loss tokens (all context ranks' together) */
+        double nall = t->cpn > 1 ? t->cp_ntok : ntok;
+        float w = nall > 0 ? (float)(1.0 / (nall * t->M)) : 0.0f;
         for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
         uint64_t seed = trainer__dropout_seed(t, gmb);
         double t1 = now_s();
@@ -1020,7 +1033,8 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
          * order): the ranks agree on it in one vote, and nothing is trained */
         double vote = stop && *stop ? 1 : 0;
         if (t->dp) {
-            int rc = t->dp->ops->allreduce_sum(t->dp, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+            cm_comm *g = trainer__grad_group(t);
+            int rc = g->ops->allreduce_sum(g, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
             if (rc) return rc;
         }
         if (rg) {
@@ -1300,13 +1314,15 @@ int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss)
             if (rc) return rc;
             loss += gpt_forward(t->model, &b, false, 0, t->zeros, NULL);
             if (kb_backend_status(t->be)) return kb_backend_status(t->be);
+            N = b.B * b.T; /* this rank's tokens */
             for (int i = 0; i < N; i++) tok += x->mask[i];
         }
         t->consumed[split] += c->global_batch_size;
     }
     if (t->dp) {
         double rep[2] = {loss, tok};
-        int rc = t->dp->ops->allreduce_sum(t->dp, rep, 2, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+        cm_comm *g = trainer__grad_group(t); /* (the context ranks' parts too) */
+        int rc = g->ops->allreduce_sum(g, rep, 2, CM_F64, TRAIN_COMM_TIMEOUT_MS);
         if (rc) return rc;
         loss = rep[0];
         tok = rep[1];

@@ -48,6 +48,11 @@ typedef struct trainer_data {
      * stage) and the model-parallel group (tensor x pipeline ranks), or NULL without a
      * pipeline: the rank builds its stage's chunks and runs Megatron's schedule */
     struct cm_comm *pp, *pp_bwd, *emb, *mp;
+    /* the context group (cfg context_parallel_size ranks, this one at its rank in it) and
+     * the data x context group, or NULL at cp 1: this rank keeps its share of every sequence,
+     * attention is a ring over the context group, gradients and loss reports are summed over
+     * the data x context group (train/trainer_cp.c) */
+    struct cm_comm *cp, *dpcp;
 } trainer_data;
 
 struct cm_comm;
@@ -149,6 +154,9 @@ void trainer_state_replaced(trainer *t);
  * generation's communicator, gives it here, and every rank takes rank `root`'s parameters,
  * optimizer state and progress; then trainer_train continues. */
 void trainer_set_comm(trainer *t, struct cm_comm *dp);
+/* The new generation's context and data x context groups (NULL between generations;
+ * nothing at cp 1). */
+void trainer_set_context_groups(trainer *t, struct cm_comm *cp, struct cm_comm *dpcp);
 /* The new generation's tensor-parallel group (NULL between generations). */
 void trainer_set_tensor_group(trainer *t, struct cm_comm *tp);
 /* The model's configuration on another rank of this replica: tensor rank tp_rank, pipeline

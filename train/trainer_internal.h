@@ -112,6 +112,16 @@ struct trainer {
     int share_of;           /* the data-parallel replica whose micro batches the pipeline runs */
     void (*wait_fn)(void *ctx, int stage); /* trainer_set_wait_fn */
     void *wait_ctx;
+    /* context parallelism (trainer_cp.c; cpn 1 without) */
+    cm_comm *cp, *dpcp;     /* the context group, the data x context group (the gradients' reduction) */
+    int cpn, cpr;           /* its size and this rank */
+    bool thd, docs;         /* the per-document split (packed sequences); documents in the data */
+    int cap_total, local_T; /* padded tokens a sequence may take; the model's local tokens */
+    int thd_quantum;        /* THD: the padded length is a multiple of it (2cp, x tp under SP) */
+    int32_t *cp_i32;        /* [4N] and [N]: the whole micro batch while it is split */
+    int32_t *cp_rows;       /* [N]: each local token's row in the whole micro batch (gpt_batch.rows) */
+    float *cp_f32;
+    double cp_ntok;         /* the loss tokens of the last micro batch's whole sequences */
     /* the timeline (train/timeline.h; NULL: off, or an iteration not recorded) */
     tl_rec *tl_open_rec;    /* open for the run (--timeline-dir) */
     tl_rec *tl;             /* = tl_open_rec while the current iteration is recorded */
@@ -128,9 +138,6 @@ struct trainer {
     struct tr_dopt *dopt;
 };
 
-/* The group gradients are reduced over (and the distributed optimizer shards over): the
- * data-parallel group (NULL: one replica). */
-static inline cm_comm *trainer__grad_group(const trainer *t) { return t->dp; }
 
 /* trainer_dopt.c: the distributed optimizer's share of trainer_new (before gpt_init: the
  * model's buffers take its layout; joining: a replacement, its shards hold nothing yet; after
@@ -174,6 +181,16 @@ void trainer__mtp_step(trainer *t);
 int trainer__mtp_log(trainer *t, char *text, size_t tn, char *json, size_t jn);
 /* A line for the event sink (the run report) and the log, as faults and repairs are. */
 void trainer__emit(trainer *t, const char *line);
+/* trainer_cp.c: context parallelism. cp_setup (in trainer_new, before the model) checks
+ * the groups, fills the model configuration's cp fields and t->local_T (the model's tokens
+ * per sequence); cp_localize cuts the micro batch just read (whole sequences, b->T = seq) to
+ * this rank's tokens (b->T = local, b->seg the local document ids) and counts the loss tokens
+ * of the whole sequences in t->cp_ntok; grad_group: the group gradients and loss reports are
+ * summed over (data x context, or data). */
+int trainer__cp_setup(trainer *t, const trainer_data *data, gpt_config *m);
+void trainer__cp_free(trainer *t);
+int trainer__cp_localize(trainer *t, tr_batch *x, gpt_batch *b, int64_t first);
+cm_comm *trainer__grad_group(const trainer *t);
 
 /* One timeline record of the current iteration (nothing when it is not recorded). */
 static inline void trainer__tl(trainer *t, tl_kind k, int mb, int chunk, double t0) {

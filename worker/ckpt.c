@@ -108,6 +108,13 @@ static void model_info(const gpt_config *g, ck_model_info *mi) {
     mi->rotary_base = g->rotary_base;
 }
 
+/* The data-parallel size: the world over the model shards and the context ranks (each
+ * context rank holds its shard's state whole, a replica of it like a data-parallel peer). */
+static int data_size(const wk_ckpt *k) {
+    int cp = k->cfg.context_parallel_size > 1 ? k->cfg.context_parallel_size : 1;
+    return k->world / k->groups / cp;
+}
+
 /* The parts again (the distributed optimizer's full moments live only around a save or a
  * load: their parts point into the buffers of that moment). */
 static int parts_rebuild(wk_ckpt *k) {
@@ -147,7 +154,7 @@ static int save_parts(wk_ckpt *k) {
                                   tp.nan_iters, tp.loss_sum, tp.tok_sum, tp.iters_since_log};
     meta.seed = c->seed;
     /* every rank writes (ck_plan's writers); the writer groups are the model shards */
-    meta.layout = (ck_layout){k->world, k->tp, k->pp, c->context_parallel_size, k->world / k->groups,
+    meta.layout = (ck_layout){k->world, k->tp, k->pp, c->context_parallel_size, data_size(k),
                               c->use_distributed_optimizer, 1, k->groups};
     meta.writer_group = k->writer_group;
     model_info(gpt_get_config(trainer_model(k->t)), &meta.model);
@@ -590,9 +597,9 @@ static int load_newest(wk_ckpt *k) {
         }
         if (c->bf16) gpt_sync_bf16(trainer_model(k->t));
         if (k->log) {
-            if (m->layout.data != k->world / k->groups)
+            if (m->layout.data != data_size(k))
                 fprintf(k->log, "cohort: checkpoint written at data-parallel size %d, loaded at %d: consumed samples are "
-                                "global and kept\n", m->layout.data, k->world / k->groups);
+                                "global and kept\n", m->layout.data, data_size(k));
             if (m->layout.tensor != k->tp || m->layout.pipeline != k->pp)
                 fprintf(k->log, "cohort: checkpoint written at tensor x pipeline size %d x %d, loaded at %d x %d: every "
                                 "rank reads its part of the global tensors\n", m->layout.tensor, m->layout.pipeline,

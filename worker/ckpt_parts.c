@@ -86,7 +86,9 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
     /* writer w (a world rank) holds the shard of its coordinates */
     topo_layout lay;
     char err[200];
-    if (world % shards || topo_layout_init(&lay, world, tp, pp, 1, 1, 0, c->use_tp_pp_dp_mapping, err, sizeof err))
+    int cpn = c->context_parallel_size > 1 && !co_config_standin_model_parallel ? c->context_parallel_size : 1;
+    if (world % (shards * cpn) ||
+        topo_layout_init(&lay, world, tp, pp, cpn, 1, 0, c->use_tp_pp_dp_mapping, err, sizeof err))
         return co_err_set(CO_EINTERNAL, "checkpoint: %d ranks in shards of tensor %d x pipeline %d", world, tp, pp);
     int *wg = malloc(sizeof *wg * (size_t)world);
     gpt_tensor **tab = calloc((size_t)shards, sizeof *tab);

@@ -152,6 +152,9 @@ int wk_run(const wk_options *o) {
     bool pipelined = c.pipeline_model_parallel_size > 1;
     td.tp = split_model && cs ? wk_comms_group(cs, TOPO_G_TP) : NULL;
     set_pipeline(&td, pipelined ? cs : NULL);
+    bool context = c.context_parallel_size > 1; /* (the stand-in set it to 1) */
+    td.cp = context && cs ? wk_comms_group(cs, TOPO_G_CP) : NULL;
+    td.dpcp = context && cs ? wk_comms_group(cs, TOPO_G_DP_CP) : NULL;
     if (td.joining && asg->state_source >= 0) c.load[0] = '\0'; /* a replacement takes its state from a replica */
     if (link && asg->generation > 1 && asg->state_source < 0 && asg->checkpoint_dir)
         snprintf(c.load, sizeof c.load, "%s", asg->checkpoint_dir); /* no replica survived: the checkpoint */
@@ -255,6 +258,7 @@ int wk_run(const wk_options *o) {
         wctx.cs = NULL;
         trainer_set_comm(t, NULL);
         trainer_set_tensor_group(t, NULL);
+        trainer_set_context_groups(t, NULL, NULL);
         trainer_set_pipeline_groups(t, NULL, NULL, NULL, NULL);
         sv_assignment na;
         rc = sv_link_await_restart(link, it, &na, (int)(c.rendezvous_timeout * 1000));
@@ -282,6 +286,7 @@ int wk_run(const wk_options *o) {
         if (rc) continue; /* another abort during the rebuild: back to the barrier (reload is NULL) */
         trainer_set_comm(t, dp);
         trainer_set_tensor_group(t, split_model ? wk_comms_group(cs, TOPO_G_TP) : NULL);
+        if (context) trainer_set_context_groups(t, wk_comms_group(cs, TOPO_G_CP), wk_comms_group(cs, TOPO_G_DP_CP));
         if (pipelined) {
             trainer_data ptd;
             set_pipeline(&ptd, cs);

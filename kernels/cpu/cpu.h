@@ -93,12 +93,17 @@ CPU_ATTN_DECL(_avx2)
 CPU_ATTN_DECL(_base)
 /* which variant the dispatchers call: "avx512", "avx2" or "base" */
 const char *cpu_attention_variant(void);
-/* block attention (block_attention.c, plain C, one build for every CPU) */
-void cpu_block_attention_forward(kb_backend *b, const kb_block_attn *a, float *out, float *lse);
-void cpu_block_attention_backward(kb_backend *b, const kb_block_attn *a, const float *out,
-                                  const float *lse, const float *dout, float *dq,
-                                  size_t dq_stride, float *dk, size_t dk_stride, float *dv,
-                                  size_t dv_stride);
+/* block attention (block_attention.c, compiled per instruction set like attention.c; the
+ * unsuffixed entry points in cpu_backend.c choose by cpu_isa_level()) */
+#define CPU_BLOCK_ATTN_DECL(sfx)                                                                              \
+    void cpu_block_attention_forward##sfx(kb_backend *b, const kb_block_attn *a, float *out, float *lse);     \
+    void cpu_block_attention_backward##sfx(kb_backend *b, const kb_block_attn *a, const float *out,           \
+                                           const float *lse, const float *dout, float *dq, size_t dq_stride, \
+                                           float *dk, size_t dk_stride, float *dv, size_t dv_stride);
+CPU_BLOCK_ATTN_DECL()
+CPU_BLOCK_ATTN_DECL(_avx512)
+CPU_BLOCK_ATTN_DECL(_avx2)
+CPU_BLOCK_ATTN_DECL(_base)
 
 void cpu_zero(kb_backend *b, float *x, size_t n);
 void cpu_to_bf16(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n);

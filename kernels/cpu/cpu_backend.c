@@ -121,6 +121,43 @@ void cpu_attention_forward(kb_backend *b, float *out, float *lse, const float *q
     fns[attn_choice()](b, out, lse, qkv, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
 }
 
+void cpu_block_attention_forward(kb_backend *b, const kb_block_attn *a, float *out, float *lse) {
+    static void (*const fns[3])(kb_backend *, const kb_block_attn *, float *, float *) = {
+        cpu_block_attention_forward_base,
+#ifdef COHORT_ATTN_AVX2
+        cpu_block_attention_forward_avx2,
+#else
+        cpu_block_attention_forward_base,
+#endif
+#ifdef COHORT_ATTN_AVX512
+        cpu_block_attention_forward_avx512,
+#else
+        cpu_block_attention_forward_base,
+#endif
+    };
+    fns[attn_choice()](b, a, out, lse);
+}
+
+void cpu_block_attention_backward(kb_backend *b, const kb_block_attn *a, const float *out, const float *lse,
+                                  const float *dout, float *dq, size_t dq_stride, float *dk, size_t dk_stride,
+                                  float *dv, size_t dv_stride) {
+    static void (*const fns[3])(kb_backend *, const kb_block_attn *, const float *, const float *, const float *,
+                                float *, size_t, float *, size_t, float *, size_t) = {
+        cpu_block_attention_backward_base,
+#ifdef COHORT_ATTN_AVX2
+        cpu_block_attention_backward_avx2,
+#else
+        cpu_block_attention_backward_base,
+#endif
+#ifdef COHORT_ATTN_AVX512
+        cpu_block_attention_backward_avx512,
+#else
+        cpu_block_attention_backward_base,
+#endif
+    };
+    fns[attn_choice()](b, a, out, lse, dout, dq, dq_stride, dk, dk_stride, dv, dv_stride);
+}
+
 void cpu_attention_backward(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const float *out,
                             const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd,
                             float p_drop, uint64_t seed, uint64_t offset) {

@@ -116,7 +116,9 @@ def main():
     good = True
     with tempfile.TemporaryDirectory() as tmp:
         for (B, Tq, Tk, nh, nkv, hd) in [(1, 5, 7, 2, 1, 4), (2, 9, 9, 4, 2, 8), (2, 16, 8, 3, 3, 5),
-                                         (1, 13, 13, 4, 1, 16), (1, 8, 20, 2, 2, 3)]:
+                                         (1, 13, 13, 4, 1, 16), (1, 8, 20, 2, 2, 3),
+                                         # several 64-row tiles, partial last tiles, hd 64
+                                         (1, 150, 150, 4, 2, 64), (2, 70, 200, 2, 1, 16)]:
             for mask in (0, 1):
                 if mask == 1 and Tq != Tk:
                     continue

@@ -46,12 +46,15 @@ refused|ranges)
         # accepted by Megatron, not implemented here: refused, and --help says so
         expect_refused "--overlap-grad-reduce is not supported yet" "${tiny[@]}" --train-iters 2 --use-distributed-optimizer \
             --overlap-grad-reduce
-        # tensor and pipeline parallelism run; what they do not have yet is refused
-        expect_refused "tensor or pipeline parallelism together with context parallelism is not supported yet" \
+        # tensor, pipeline and context parallelism run; what they do not have yet is refused
+        expect_refused "pipeline parallelism together with context parallelism is not supported yet" \
             "${tiny[@]}" --train-iters 2 --pipeline-model-parallel-size 2 --context-parallel-size 2 --nproc-per-node 4
         expect_refused "is not a multiple of tensor x context x pipeline = 2" "${tiny[@]}" --train-iters 2 \
             --pipeline-model-parallel-size 2
-        expect_refused "--context-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 --context-parallel-size 2
+        expect_refused "--seq-length 18 is not divisible by 2 * --context-parallel-size = 4" "${tiny[@]}" --train-iters 2 \
+            --context-parallel-size 2 --nproc-per-node 2 --seq-length 18 --attention-dropout 0
+        expect_refused "with --context-parallel-size 2 is not supported yet (the ring attention has no dropout)" \
+            "${tiny[@]}" --train-iters 2 --context-parallel-size 2 --nproc-per-node 2 --attention-dropout 0.1
         expect_refused "--fp16 is not supported yet" "${tiny[@]}" --train-iters 2 --fp16
         expect_refused "--expert-model-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 \
             --expert-model-parallel-size 2
@@ -78,7 +81,7 @@ refused|ranges)
         "$cohort" train "${tiny[@]}" --train-iters 1 --micro-batch-size 1 --global-batch-size 65 --rerun-mode disabled \
             >"$work/out" 2>&1 || fail "65 micro batches without validation: $(tail -3 "$work/out")"
         "$cohort" train --help >"$work/help" || fail "--help exit $?"
-        for f in overlap-grad-reduce overlap-param-gather context-parallel-size fp16 expert-model-parallel-size \
+        for f in overlap-grad-reduce overlap-param-gather fp16 expert-model-parallel-size \
                  expert-tensor-parallel-size; do
             grep -E -- "--$f( |$).*not supported yet" "$work/help" >/dev/null || fail "--help does not say --$f is not supported yet"
         done

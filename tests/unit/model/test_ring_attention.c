@@ -207,6 +207,8 @@ static void test_ring_plain(void) { check_case(2, 48, 4, 2, 16, 0); }
 static void test_ring_docs(void) { check_case(2, 48, 4, 2, 16, 1); }
 static void test_ring_mha_docs(void) { check_case(1, 64, 2, 2, 8, 1); }
 static void test_ring_mqa(void) { check_case(1, 40, 4, 1, 12, 1); }
+/* local blocks of several 64-row tiles of the block kernels, with partial last tiles */
+static void test_ring_long(void) { check_case(1, 312, 4, 2, 64, 1); }
 
 static void test_split(void) {
     int32_t pos[8];
@@ -470,6 +472,7 @@ int main(int argc, char **argv) {
     RUN(test_ring_docs);
     RUN(test_ring_mha_docs);
     RUN(test_ring_mqa);
+    RUN(test_ring_long);
     RUN(test_ring_comm_2);
     RUN(test_ring_comm_3);
     return TEST_EXIT();

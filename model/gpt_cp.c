@@ -1,0 +1,81 @@
+/* gpt_cp.c - the model's context parallelism (gpt.h, docs/context-parallel.md): one layer's
+ * attention through the one-rank kernel at cp 1, through load-balanced ring attention over
+ * the context group (model/ring_attention.c) at cp > 1. Everything else in the model is per
+ * token and runs unchanged on the rank's local tokens. */
+#include "model/gpt_internal.h"
+
+#include "comm/comm.h"
+#include "common/error.h"
+#include "model/ring_attention.h"
+
+void gpt_set_context_group(gpt_model *m, struct cm_comm *cp, int timeout_ms) {
+    m->cpc = cp;
+    m->cp_timeout = timeout_ms;
+}
+
+/* The ring's geometry and exchange for a micro batch of B x T local tokens; false (and the
+ * backend's status set) when the group is missing or does not match the configuration. */
+static bool ring_of(gpt_model *m, int B, int T, ring_geo *g, ring_comm *rc, ring_exchange *x, const char *what) {
+    if (!m->cpc || m->cpc->size != m->cp || m->cpc->rank != m->cpr) {
+        m->be->status = co_err_set(CO_EINVAL, "%s: the context group is not set or is not %d ranks with this one at %d "
+                                              "(gpt_set_context_group)", what, m->cp, m->cpr);
+        return false;
+    }
+    *g = (ring_geo){.cp = m->cp, .rank = m->cpr, .B = B, .seq = T * m->cp, .nh = m->NHl, .nkv = m->NKVl,
+                    .hd = m->cfg.head_dim};
+    *rc = (ring_comm){.c = m->cpc, .timeout_ms = m->cp_timeout};
+    ring_exchange_comm(x, rc);
+    return true;
+}
+
+void gpt__attention_forward(gpt_model *m, float *att, float *lse, const float *qkv, const int32_t *seg, int B, int T,
+                            float pa, uint64_t seed, uint64_t site) {
+    if (m->be->status) return;
+    if (m->cp <= 1) {
+        m->ops->attention_forward(m->be, att, lse, qkv, seg, B, T, m->NHl, m->NKVl, m->cfg.head_dim, pa, seed, site);
+        return;
+    }
+    ring_geo g;
+    ring_comm rc;
+    ring_exchange x;
+    if (!ring_of(m, B, T, &g, &rc, &x, "attention (context parallel)")) return;
+    int e = ring_attention_forward(m->be, &x, &g, att, lse, qkv, seg);
+    if (e) m->be->status = e;
+}
+
+void gpt__attention_backward(gpt_model *m, float *dqkv, const float *datt, const float *qkv, const float *att,
+                             const float *lse, const int32_t *seg, int B, int T, float pa, uint64_t seed,
+                             uint64_t site) {
+    if (m->be->status) return;
+    if (m->cp <= 1) {
+        m->ops->attention_backward(m->be, dqkv, datt, qkv, att, lse, seg, B, T, m->NHl, m->NKVl, m->cfg.head_dim, pa,
+                                   seed, site);
+        return;
+    }
+    ring_geo g;
+    ring_comm rc;
+    ring_exchange x;
+    if (!ring_of(m, B, T, &g, &rc, &x, "attention backward (context parallel)")) return;
+    int e = ring_attention_backward(m->be, &x, &g, dqkv, datt, qkv, att, lse, seg);
+    if (e) m->be->status = e;
+}
+
+void gpt__dropout_rows(gpt_model *m, const int32_t *rows, int N, float *out, const float *in, int Nl, float p,
+                       uint64_t seed, uint64_t site) {
+    const size_t C = (size_t)m->cfg.hidden;
+    const int r0 = m->sp ? m->tpr * Nl : 0;
+    if (!rows) { /* the tokens are the whole batch: element (r0 + i) * C + c */
+        m->ops->dropout(m->be, out, in, (size_t)Nl * C, p, seed, site + (uint64_t)r0 * C);
+        return;
+    }
+    for (int i = 0; i < Nl;) {
+        /* a run of local rows whose rows in the whole batch follow each other (padding rows:
+         * one run each, past the batch's N rows) */
+        const int64_t g = rows[r0 + i] >= 0 ? rows[r0 + i] : (int64_t)N + r0 + i;
+        int k = 1;
+        if (rows[r0 + i] >= 0)
+            while (i + k < Nl && rows[r0 + i + k] == rows[r0 + i] + k) k++;
+        m->ops->dropout(m->be, out + (size_t)i * C, in + (size_t)i * C, (size_t)k * C, p, seed, site + (uint64_t)g * C);
+        i += k;
+    }
+}
