@@ -41,6 +41,13 @@ typedef struct ck_tensor_ref {
     int64_t offsets[CK_MAX_DIMS];
     int64_t rshape[CK_MAX_DIMS];
     int group;                         /* save with groups: 0..groups-1 or CK_ANY_GROUP */
+    /* save only: a flat range [flat_begin, flat_end) of the tensor's row-major flattening
+     * (a distributed-optimizer shard's piece of a moment; region is ignored, data holds the
+     * range), written whole by writer `writer` as one 1-D piece (a "flat" slice of the
+     * manifest). Every part of a tensor with a flat part must be flat. */
+    bool flat;
+    int64_t flat_begin, flat_end;
+    int writer;
 } ck_tensor_ref;
 
 /* Everything but the tensors. json members may be NULL; they are copied. */

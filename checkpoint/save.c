@@ -129,7 +129,10 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
         for (int d = 0; same && d < r->ndim; d++) same = t->shape[d] == r->shape[d];
         int64_t off[CK_MAX_DIMS], sh[CK_MAX_DIMS];
         region_of(r, off, sh);
-        for (int d = 0; same && d < r->ndim; d++) same = off[d] >= 0 && sh[d] >= 0 && off[d] + sh[d] <= r->shape[d];
+        if (r->flat) same = same && r->flat_begin >= 0 && r->flat_end > r->flat_begin &&
+                            r->flat_end <= numel_of(r->ndim, r->shape) && r->writer >= 0 && r->writer < writers;
+        else
+            for (int d = 0; same && d < r->ndim; d++) same = off[d] >= 0 && sh[d] >= 0 && off[d] + sh[d] <= r->shape[d];
         if (!same) {
             rc = co_err_set(CO_EINVAL, "checkpoint plan: the parts of %s differ in kind or shape, or one lies outside it",
                             r->name);
@@ -142,6 +145,7 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
         tix[i] = ti;
         int k = r->kind;
         has[k] = true;
+        if (r->flat) continue; /* its writer is given: not part of the groups' shares */
         int64_t nb = numel_of(r->ndim, sh) * 4;
         int g = groups == 1 ? 0 : r->group;
         if (g == CK_ANY_GROUP) /* a tensor every group holds: the group with the fewest bytes */
@@ -171,6 +175,18 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
     for (int i = 0; i < n; i++) {
         const ck_tensor_ref *r = &refs[i];
         ck_mtensor *t = &m->tensors[tix[i]];
+        if (r->flat) { /* one 1-D piece, by the writer given */
+            ck_slice s;
+            memset(&s, 0, sizeof s);
+            s.file = first_file[r->kind] + r->writer;
+            s.flat = true;
+            s.flat_begin = r->flat_begin;
+            s.flat_end = r->flat_end;
+            s.shape[0] = r->flat_end - r->flat_begin;
+            s.ref = i;
+            if (add_slice(t, &cap[tix[i]], &s)) goto nomem;
+            continue;
+        }
         int k = r->kind, g = grp[i];
         int64_t total = bytes[2 * g + k], *p = &pos[2 * g + k];
         int64_t off[CK_MAX_DIMS], sh[CK_MAX_DIMS];
@@ -208,10 +224,14 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
             if (rows == 0 || r->ndim == 0) break;
         }
     }
-    /* keys: the name for a tensor stored whole in one piece, name#k for its pieces */
-    for (int i = 0; i < m->ntensors; i++) {
+    /* keys: the name for a tensor stored whole in one piece, name#k for its pieces (flat
+     * pieces always: a tensor must not mix flat and rectangular slices) */
+    for (int i = 0; i < m->ntensors && !rc; i++) {
         ck_mtensor *t = &m->tensors[i];
-        bool whole = t->nslices == 1;
+        for (int k = 1; k < t->nslices && !rc; k++)
+            if (t->slices[k].flat != t->slices[0].flat)
+                rc = co_err_set(CO_EINVAL, "checkpoint plan: %s mixes flat and rectangular parts", t->name);
+        bool whole = t->nslices == 1 && !t->slices[0].flat;
         for (int d = 0; whole && d < t->ndim; d++) whole = t->slices[0].shape[d] == t->shape[d];
         for (int k = 0; k < t->nslices; k++) {
             char key[CK_NAME_MAX + 16]; /* fits: names are shorter than CK_NAME_MAX - 8 */
@@ -220,6 +240,7 @@ int ck_plan(const ck_meta *meta, const ck_tensor_ref *refs, int n, int writers, 
             snprintf(t->slices[k].key, sizeof t->slices[k].key, "%.*s", CK_NAME_MAX - 1, key);
         }
     }
+    if (rc) goto fail;
     free(grp), free(tix), free(cap), free(bytes), free(pos), free(member);
     *out = m;
     return 0;
@@ -275,16 +296,22 @@ int ck_write_shards_ex(const char *dir, ck_manifest *plan, const ck_tensor_ref *
                     break;
                 }
                 /* the planner cuts a part's rows only, so every piece is contiguous in its source */
-                if (s->flat) rc = co_err_set(CO_EUNSUPPORTED, "checkpoint shards: %s: flat slices cannot be written", s->key);
+                /* (a flat piece is its part whole: one 1-D tensor) */
                 int64_t rows = t->ndim ? s->shape[0] : 1;
                 int64_t row_elems = t->ndim && rows ? numel_of(t->ndim, s->shape) / rows : 1;
                 names[c] = s->key;
                 dts[c] = CK_DT_F32;
-                nds[c] = t->ndim;
+                nds[c] = s->flat ? 1 : t->ndim;
                 memcpy(shapes[c], s->shape, sizeof shapes[c]);
-                src[c] = r->data + (t->ndim ? s->ref_row * row_elems : 0);
-                len[c] = (size_t)numel_of(t->ndim, s->shape) * 4;
-                if (strcmp(s->key, t->name)) {
+                src[c] = r->data + (t->ndim && !s->flat ? s->ref_row * row_elems : 0);
+                len[c] = (size_t)(s->flat ? s->flat_end - s->flat_begin : numel_of(t->ndim, s->shape)) * 4;
+                if (s->flat) {
+                    char mk[CK_NAME_MAX + 16], mv[256];
+                    snprintf(mk, sizeof mk, "cohort.slice.%s", s->key);
+                    snprintf(mv, sizeof mv, "{\"tensor\":\"%s\",\"flat\":[%" PRId64 ",%" PRId64 "]}", t->name,
+                             s->flat_begin, s->flat_end);
+                    json_object_set_new(meta, mk, json_string(mv));
+                } else if (strcmp(s->key, t->name)) {
                     char mk[CK_NAME_MAX + 16], mv[256];
                     snprintf(mk, sizeof mk, "cohort.slice.%s", s->key);
                     int o = snprintf(mv, sizeof mv, "{\"tensor\":\"%s\",\"offsets\":[", t->name);
@@ -551,7 +578,9 @@ typedef struct snap_tensor {
 } snap_tensor;
 
 /* Floats of a reference's data: its region's (the whole tensor's without one). */
-static int64_t ref_numel(const ck_tensor_ref *r) { return numel_of(r->ndim, r->region ? r->rshape : r->shape); }
+static int64_t ref_numel(const ck_tensor_ref *r) {
+    return r->flat ? r->flat_end - r->flat_begin : numel_of(r->ndim, r->region ? r->rshape : r->shape);
+}
 
 struct ck_saver {
     ck_saver_opts o;

@@ -94,6 +94,11 @@ struct opt_adamw *trainer_optimizer(trainer *t);
 bool trainer_dopt_on(const trainer *t);
 int trainer_dopt_moments_begin(trainer *t, bool gather);
 int trainer_dopt_moments_end(trainer *t, bool scatter);
+/* The layout and this rank's shard of the moments (dopt_layout's shard storage), and its
+ * data-parallel rank: a save writes each rank's pieces of the moments (worker/ckpt_parts.c).
+ * NULL without the distributed optimizer. */
+struct dopt_layout;
+const struct dopt_layout *trainer_dopt_shard(const trainer *t, const float **m, const float **v, int *rank);
 const co_config *trainer_config(const trainer *t);
 
 /* Adds a hook (up to 4, run in the order added) called on the training thread after every

@@ -2,7 +2,8 @@
  * the model's flat parameter and gradient buffers laid out as optim/dist_opt.h's buckets
  * (gpt_relayout: no second full copy), the step as dopt_reduce (in the data-parallel
  * reduction, instead of the all-reduce) and dopt_update (after the validator's verdict),
- * the full moments materialised only while a checkpoint is saved or loaded, and an
+ * the full moments materialised only while a checkpoint is loaded (a save writes each
+ * rank's shard: worker/ckpt_parts.c), and an
  * in-process restart's handover of the optimizer shards between data-parallel ranks
  * (docs/distributed-optimizer.md). trainer.c calls in through trainer_internal.h. */
 #include "train/trainer_internal.h"
@@ -136,9 +137,17 @@ int trainer__dopt_sync(trainer *t) {
     return 0;
 }
 
-/* ---- checkpoints: the full moments, only while saved or loaded ---- */
+/* ---- checkpoints: the shard to save, the full moments only while loaded ---- */
 
 bool trainer_dopt_on(const trainer *t) { return t->dopt != NULL; }
+
+const dopt_layout *trainer_dopt_shard(const trainer *t, const float **m, const float **v, int *rank) {
+    if (!t->dopt) return NULL;
+    *m = t->dopt->s.m;
+    *v = t->dopt->s.v;
+    *rank = t->dopt->s.rank;
+    return &t->dopt->s.L;
+}
 
 int trainer_dopt_moments_begin(trainer *t, bool gather) {
     tr_dopt *d = t->dopt;

@@ -127,19 +127,17 @@ static int parts_rebuild(wk_ckpt *k) {
 
 static int save_parts(wk_ckpt *k);
 
-/* --use-distributed-optimizer: each rank holds its shard of the moments; a checkpoint holds
- * them whole under the replicated optimizer's names (every data-parallel size, with or
- * without the flag, loads it): all-gathered into full buffers for the save (a collective:
- * every rank saves at the same iteration), freed once the snapshot is taken. */
+/* --use-distributed-optimizer: each rank holds its shard of the moments and writes only its
+ * pieces of them (flat ranges of the global moment tensors, under the replicated optimizer's
+ * names: every data-parallel size, with or without the flag, loads them); no full moments
+ * and no collective at a save. The parts are rebuilt first (a reload's rebuild pointed the
+ * moments at buffers since freed), once the previous save no longer reads them. */
 static int save_now(wk_ckpt *k) {
     if (!trainer_dopt_on(k->t) || k->cfg.no_save_optim) return save_parts(k);
-    int rc = k->saver ? ck_saver_wait(k->saver) : 0; /* (the previous save reads the parts rebuilt below) */
-    if (!rc) rc = trainer_dopt_moments_begin(k->t, true);
+    int rc = k->saver ? ck_saver_wait(k->saver) : 0;
     if (!rc) rc = parts_rebuild(k);
     if (!rc) rc = save_parts(k);
-    if (!rc) ck_saver_wait_snapshot(k->saver);
-    int rc2 = trainer_dopt_moments_end(k->t, false);
-    return rc ? rc : rc2;
+    return rc;
 }
 
 static int save_parts(wk_ckpt *k) {

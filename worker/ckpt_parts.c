@@ -16,11 +16,18 @@
  * Data is this rank's buffer where it holds the part (its own pieces, a run shared with it,
  * a whole tensor of its stage), NULL elsewhere. Rows are contiguous in the flat buffers and a
  * column slice is the rank's whole local tensor, so each part is one row-major buffer. The
- * moments are cut as their weights, under optimizer.exp_avg.<name> and exp_avg_sq.<name>. */
+ * moments are cut as their weights, under optimizer.exp_avg.<name> and exp_avg_sq.<name>.
+ *
+ * With the distributed optimizer (data parallelism only: tensor and pipeline size 1) the
+ * moments to save are instead every data-parallel rank's pieces (dopt_layout.pieces): the
+ * flat range [param_lo, param_hi) of parameter `param`'s global tensor, written by that
+ * rank from its shard storage, so no rank holds the full moments at a save. To load, the
+ * parts stay the full moments' (trainer_dopt_moments_begin's buffers). */
 #include "worker/ckpt_parts.h"
 
 #include "common/error.h"
 #include "optim/adamw.h"
+#include "optim/dist_opt.h"
 #include "scheduler/groups.h"
 
 #include <stdio.h>
@@ -61,6 +68,28 @@ static int add(wk_parts *l, int part, const gpt_tensor *t, int group, bool regio
         r->offsets[d] = p->global;
         r->rshape[d] = p->len;
     }
+    return 0;
+}
+
+/* Appends every data-parallel rank's pieces of moment `part` (1: exp_avg, 2: exp_avg_sq) of
+ * the table's tensors as flat parts, written by that rank (world rank = data-parallel rank:
+ * the distributed optimizer runs with data parallelism only); data where it is this rank's. */
+static int add_dopt(wk_parts *l, int part, const gpt_tensor *tab, int nt, const dopt_layout *L, int me,
+                    const float *shard) {
+    if (L->nparams != nt) return co_err_set(CO_EINTERNAL, "checkpoint: the optimizer's layout has %d parameters, the "
+                                                          "model %d tensors", L->nparams, nt);
+    for (int r = 0; r < L->dp; r++)
+        for (int q = 0; q < L->npieces[r]; q++) {
+            const dopt_piece *p = &L->pieces[r][q];
+            int rc = add(l, part, &tab[p->param], 0, false, 0, NULL, r == me ? (float *)shard + p->shard_off : NULL);
+            if (rc) return rc;
+            ck_tensor_ref *ref = &l->r[l->n - 1];
+            ref->dst = NULL;
+            ref->flat = true;
+            ref->flat_begin = (int64_t)p->param_lo;
+            ref->flat_end = (int64_t)p->param_hi;
+            ref->writer = r;
+        }
     return 0;
 }
 
@@ -108,12 +137,19 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
         if (!rc && sh / tp == ppr && ntab[sh] != nt)
             rc = co_err_set(CO_EINTERNAL, "checkpoint: shard %d has %d tensors, this rank %d", sh, ntab[sh], nt);
     }
+    const float *dm = NULL, *dv = NULL;
+    int drank = 0;
+    const dopt_layout *L = trainer_dopt_shard(t, &dm, &dv, &drank);
+    if (!rc && L && (shards != 1 || L->dp != world || drank != rank))
+        rc = co_err_set(CO_EINTERNAL, "checkpoint: the distributed optimizer's rank %d of %d is world rank %d of %d "
+                                      "in %d model shards", drank, L->dp, rank, world, shards);
     save->n = load->n = 0;
     for (int part = 0; part < 3 && !rc; part++) {
         float *base = part == 0 ? gpt_params(model) : part == 1 ? o->m : o->v;
         if (part == 1) save->nmodel = save->n, load->nmodel = load->n;
-        /* every shard's parts, to save */
-        for (int s = 0; s < pp && !rc; s++) {
+        /* every shard's parts, to save (the distributed optimizer's moments: every rank's pieces) */
+        if (part && L) rc = add_dopt(save, part, mine, nt, L, drank, part == 1 ? dm : dv);
+        for (int s = 0; s < pp && !rc && !(part && L); s++) {
             bool my_stage = s == ppr;
             for (int i = 0; i < ntab[s * tp] && !rc; i++) {
                 const gpt_tensor *t0 = &tab[s * tp][i];

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # dopt_test.sh - the distributed optimizer (--use-distributed-optimizer) through `cohort
-# train`: against the replicated optimizer, checkpoints resharded across data-parallel sizes,
+# train`: against the replicated optimizer, checkpoints resharded across data-parallel sizes
+# and written as each rank's shard of the moments,
 # and (the fault suite) kills of optimizer-shard holders under in-process restart. One case
 # per meson test; every comparison is `cohort ckpt diff` of final checkpoints (parameters and
 # both Adam moments).
@@ -156,6 +157,52 @@ kill_both|kill_unreplicated)
     same "$work/clean" "$work/f" 12
     /usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['steps_lost'] == $lost, r['steps_lost']" \
         "$work/f.report.json" || fail "steps lost: $(grep steps_lost "$work/f.report.json")"
+    ;;
+ckpt_shards)
+    # each rank writes only its shard of the moments: in a dp 4 checkpoint every moment
+    # tensor is flat ranges (the manifest's "flat" slices) in the optimizer files of 4
+    # different writers, each about a quarter of the moments' bytes; `cohort ckpt verify`
+    # passes; it resumes bitwise at dp 4 and within reduction noise at dp 2 and at one
+    # process; a replicated checkpoint still loads into a distributed-optimizer run
+    train s4 4 $D --train-iters 8 --save "$work/s4" --save-interval 4 --exit-interval 4; ok s4
+    /usr/bin/python3 - "$(it_dir "$work/s4" 4)/manifest.json" <<'PY' >"$work/writers.txt" ||
+import json, sys
+m = json.load(open(sys.argv[1]))
+files = m["files"]
+per = {}
+nopt = 0
+for t in m["tensors"]:
+    if t["kind"] != "optim":
+        continue
+    nopt += 1
+    for s in t["slices"]:
+        assert "flat" in s and "offsets" not in s, (t["name"], s)
+        f = files[s["file"]]
+        assert f["kind"] == "optim", f
+        per[f["writer"]] = per.get(f["writer"], 0) + 4 * (s["flat"][1] - s["flat"][0])
+assert nopt == 56, nopt
+assert sorted(per) == [0, 1, 2, 3], per
+total = sum(per.values())
+for w, b in sorted(per.items()):
+    assert 0.20 <= b / total <= 0.30, (w, b, total)
+    print("writer %d: %d moment bytes (%.3f)" % (w, b, b / total))
+PY
+        fail "moment regions: $(cat "$work/writers.txt")"
+    cat "$work/writers.txt"
+    "$cohort" ckpt verify "$(it_dir "$work/s4" 4)" >"$work/verify.txt" 2>&1 || fail "verify: $(tail -5 "$work/verify.txt")"
+    train full4 4 $D --train-iters 8 --save "$work/full4"; ok full4
+    train full2 2 $D --train-iters 8 --save "$work/full2"; ok full2
+    train full1 1 $D --train-iters 8 --save "$work/full1"; ok full1
+    for to in 4 2 1; do
+        cp -r "$work/s4" "$work/c$to"
+        train c$to $to $D --train-iters 8 --load "$work/c$to" --save "$work/c$to"; ok c$to
+    done
+    same "$work/full4" "$work/c4" 8
+    close "$work/full2" "$work/c2" 8
+    close "$work/full1" "$work/c1" 8
+    train r4 4 --train-iters 8 --save "$work/r4" --save-interval 4 --exit-interval 4; ok r4
+    train cr4 4 $D --train-iters 8 --load "$work/r4" --save "$work/r4"; ok cr4
+    close "$work/full4" "$work/r4" 8
     ;;
 refused)
     # what is not built is refused before any work, never ignored

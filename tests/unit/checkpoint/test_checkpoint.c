@@ -385,6 +385,72 @@ static void test_load_foreign_layout(void) {
     ck_manifest_free(&mm);
 }
 
+/* Flat parts (the distributed optimizer's shards): the moment of w [3,5] as flat ranges
+ * [0,4) and [11,15) by writer 0 and [4,11) by writer 1, each written from that writer's
+ * buffer only; verified, read whole, loaded as rows 1..2, a plan mixing flat and
+ * rectangular parts of one tensor refused. */
+static void test_flat_parts(void) {
+    char save[512], dir[600];
+    scratch(save, sizeof save, "flat");
+    ck_iter_dir(dir, sizeof dir, save, 9);
+    mkdir(save, 0777);
+    float w[15], e[15];
+    for (int i = 0; i < 15; i++) w[i] = (float)i + 0.5f, e[i] = -(float)i * 0.25f;
+    ck_tensor_ref all[4] = {
+        {.name = "w", .kind = CK_KIND_MODEL, .ndim = 2, .shape = {3, 5}, .data = w},
+        {.name = "optimizer.exp_avg.w", .kind = CK_KIND_OPTIM, .ndim = 2, .shape = {3, 5}, .data = e, .flat = true,
+         .flat_begin = 0, .flat_end = 4, .writer = 0},
+        {.name = "optimizer.exp_avg.w", .kind = CK_KIND_OPTIM, .ndim = 2, .shape = {3, 5}, .data = e + 4, .flat = true,
+         .flat_begin = 4, .flat_end = 11, .writer = 1},
+        {.name = "optimizer.exp_avg.w", .kind = CK_KIND_OPTIM, .ndim = 2, .shape = {3, 5}, .data = e + 11, .flat = true,
+         .flat_begin = 11, .flat_end = 15, .writer = 0},
+    };
+    ck_meta meta;
+    meta_for(&meta, 9);
+    meta.layout = (ck_layout){2, 1, 1, 1, 2, true, 2, 1};
+    ck_manifest *plan = NULL;
+    REQUIRE(!ck_plan(&meta, all, 4, 2, &plan));
+    const ck_mtensor *mt = ck_manifest_find(plan, "optimizer.exp_avg.w");
+    REQUIRE(mt && mt->nslices == 3);
+    for (int k = 0; k < 3; k++) {
+        CHECK(mt->slices[k].flat && plan->files[mt->slices[k].file].writer == all[1 + k].writer);
+        CHECK(mt->slices[k].flat_begin == all[1 + k].flat_begin && mt->slices[k].flat_end == all[1 + k].flat_end);
+    }
+    char tmp[700];
+    snprintf(tmp, sizeof tmp, "%s/iter_0000009", save);
+    mkdir(tmp, 0777);
+    for (int wr = 0; wr < 2; wr++) {
+        ck_tensor_ref mine[4];
+        memcpy(mine, all, sizeof mine);
+        for (int i = 1; i < 4; i++)
+            if (mine[i].writer != wr) mine[i].data = NULL;
+        CHECK_MSG(!ck_write_shards(tmp, plan, mine, 4, wr), "%s", co_err_detail());
+    }
+    REQUIRE(!ck_write_manifest(tmp, plan));
+    ck_manifest_free(&plan);
+    ck_bad bad;
+    CHECK_MSG(!ck_verify(dir, &bad, NULL, NULL), "%s", co_err_detail());
+    ck_manifest *m = NULL;
+    REQUIRE(!ck_read_manifest(dir, &m));
+    float **bufs = NULL;
+    REQUIRE(!ck_read_all(dir, m, 3, &bufs, &bad));
+    for (int i = 0; i < m->ntensors; i++)
+        CHECK_MSG(!memcmp(bufs[i], strcmp(m->tensors[i].name, "w") ? e : w, sizeof w), "%s", m->tensors[i].name);
+    ck_free_all(m, &bufs);
+    float rows[10];
+    ck_tensor_ref want = {.name = "optimizer.exp_avg.w", .kind = CK_KIND_OPTIM, .ndim = 2, .shape = {3, 5},
+                          .dst = rows, .region = true, .offsets = {1, 0}, .rshape = {2, 5}};
+    CHECK_MSG(!ck_load_tensors(dir, m, &want, 1, &bad), "%s", co_err_detail());
+    CHECK(!memcmp(rows, e + 5, sizeof rows));
+    ck_manifest_free(&m);
+    ck_tensor_ref mixed[2] = {all[1], {.name = "optimizer.exp_avg.w", .kind = CK_KIND_OPTIM, .ndim = 2, .shape = {3, 5},
+                                       .data = e, .region = true, .offsets = {1, 0}, .rshape = {2, 5}}};
+    CHECK(ck_plan(&meta, mixed, 2, 2, &plan) == CO_EINVAL);
+    CHECK_MSG(strstr(co_err_detail(), "mixes flat and rectangular"), "%s", co_err_detail());
+    all[2].writer = 2; /* no such writer */
+    CHECK(ck_plan(&meta, all, 4, 2, &plan) == CO_EINVAL);
+}
+
 /* Writer groups (tensor parallelism): each group's parts, spread over its writers, loaded
  * whole and as regions of another split. Two groups of two writers; tensor w [8,6] by rows
  * as qkv is split (group 0 rows 0-1 and 4, group 1 rows 2-3 and 5-7), p [5,6] by columns,
@@ -736,6 +802,7 @@ int main(void) {
     RUN(test_save_load_layouts);
     RUN(test_load_foreign_layout);
     RUN(test_writer_groups);
+    RUN(test_flat_parts);
     RUN(test_failing_writes);
     RUN(test_corruption);
     RUN(test_retention_and_candidates);
