@@ -87,12 +87,12 @@ void trainer_set_progress(trainer *t, const trainer_progress *p);
 struct opt_adamw *trainer_optimizer(trainer *t);
 /* --use-distributed-optimizer (train/trainer_dopt.c): each rank keeps only its shard of the
  * moments, trainer_optimizer's m and v are NULL but between these two calls, which allocate
- * the full moments (gather: all-gathered from every rank's shard, a collective over the
- * data-parallel group; else zero, for a load to fill) and free them (scatter: each rank
- * takes its shard and its copy of its neighbour's from them, after a load). Checkpoints use
- * them: the moments keep the replicated optimizer's names and layout. No-ops without. */
+ * the full moments (zero, for a load to fill) and free them (scatter: each rank
+ * takes its shard and its copy of its neighbour's from them, after a load). Checkpoint loads
+ * use them (a save writes each rank's shard: trainer_dopt_shard); the moments keep the
+ * replicated optimizer's names and layout. No-ops without. */
 bool trainer_dopt_on(const trainer *t);
-int trainer_dopt_moments_begin(trainer *t, bool gather);
+int trainer_dopt_moments_begin(trainer *t);
 int trainer_dopt_moments_end(trainer *t, bool scatter);
 /* The layout and this rank's shard of the moments (dopt_layout's shard storage), and its
  * data-parallel rank: a save writes each rank's pieces of the moments (worker/ckpt_parts.c).

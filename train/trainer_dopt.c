@@ -149,7 +149,7 @@ const dopt_layout *trainer_dopt_shard(const trainer *t, const float **m, const f
     return &t->dopt->s.L;
 }
 
-int trainer_dopt_moments_begin(trainer *t, bool gather) {
+int trainer_dopt_moments_begin(trainer *t) {
     tr_dopt *d = t->dopt;
     if (!d) return 0;
     const dopt_layout *L = &d->s.L;
@@ -159,30 +159,11 @@ int trainer_dopt_moments_begin(trainer *t, bool gather) {
     if (!t->opt.v) t->opt.v = be->ops->alloc(be, n * sizeof(float));
     if (!t->opt.m || !t->opt.v) {
         trainer_dopt_moments_end(t, false);
-        return co_err_set(CO_ENOMEM, "distributed optimizer: cannot allocate the full moments (%zu elements) for "
-                                     "the checkpoint", n);
+        return co_err_set(CO_ENOMEM, "distributed optimizer: cannot allocate the full moments (%zu elements) to "
+                                     "load the checkpoint", n);
     }
     be->ops->zero(be, t->opt.m, n);
     be->ops->zero(be, t->opt.v, n);
-    if (!gather) return 0;
-    cm_comm *g = trainer__grad_group(t);
-    for (int b = 0; b < L->nbuckets; b++) {
-        const dopt_bucket *B = &L->buckets[b];
-        const float *src[2] = {d->s.m + B->shard_base, d->s.v + B->shard_base};
-        float *dst[2] = {t->opt.m + B->start, t->opt.v + B->start};
-        for (int k = 0; k < 2; k++) {
-            int rc = 0;
-            if (g && g->size > 1)
-                rc = g->ops->allgather(g, src[k], dst[k], B->shard * sizeof(float), TRAIN_COMM_TIMEOUT_MS);
-            else
-                memcpy(dst[k], src[k], B->shard * sizeof(float));
-            if (rc) {
-                trainer_dopt_moments_end(t, false);
-                return co_err_set(rc, "distributed optimizer: all-gather of the moments of bucket %d for the "
-                                      "checkpoint: %s", b, co_err_detail());
-            }
-        }
-    }
     return 0;
 }
 

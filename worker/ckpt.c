@@ -660,7 +660,7 @@ int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world) {
     trainer_model_parallel(t, &k->tp, &k->tp_rank, &k->pp, &k->pp_rank);
     /* (the distributed optimizer: the moments' parts point into full buffers while loading) */
     bool dopt = trainer_dopt_on(t);
-    int rc = dopt ? trainer_dopt_moments_begin(t, false) : 0;
+    int rc = dopt ? trainer_dopt_moments_begin(t) : 0;
     if (!rc) rc = wk_parts_build(t, world, rank, &k->save, &k->load, &k->writer_group, &k->groups);
     if (!rc && c->load[0]) rc = load(k);
     if (dopt) {
@@ -688,7 +688,7 @@ int wk_ckpt_reload(wk_ckpt *k, const char *dir) {
     bool dopt = trainer_dopt_on(k->t);
     /* (an async save still writing reads the parts rebuilt below: it finishes first) */
     int rc = dopt && k->saver ? ck_saver_wait(k->saver) : 0;
-    if (!rc && dopt) rc = trainer_dopt_moments_begin(k->t, false);
+    if (!rc && dopt) rc = trainer_dopt_moments_begin(k->t);
     if (!rc && dopt) rc = parts_rebuild(k);
     if (!rc) rc = load(k);
     if (dopt) {
