@@ -163,8 +163,10 @@ ckpt_shards)
     # tensor is flat ranges (the manifest's "flat" slices) in the optimizer files of 4
     # different writers, each about a quarter of the moments' bytes; `cohort ckpt verify`
     # passes; it resumes bitwise at dp 4 and within reduction noise at dp 2 and at one
-    # process; a replicated checkpoint still loads into a distributed-optimizer run
-    train s4 4 $D --train-iters 8 --save "$work/s4" --save-interval 4 --exit-interval 4; ok s4
+    # process; a replicated checkpoint still loads into a distributed-optimizer run. (Saved
+    # with --async-save: the snapshot copies each rank's shard; dopt_ckpt_reshard saves
+    # synchronously.)
+    train s4 4 $D --train-iters 8 --save "$work/s4" --save-interval 4 --exit-interval 4 --async-save; ok s4
     /usr/bin/python3 - "$(it_dir "$work/s4" 4)/manifest.json" <<'PY' >"$work/writers.txt" ||
 import json, sys
 m = json.load(open(sys.argv[1]))
