@@ -658,8 +658,9 @@ int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world) {
     k->world = world;
     k->rank = rank;
     trainer_model_parallel(t, &k->tp, &k->tp_rank, &k->pp, &k->pp_rank);
-    /* (the distributed optimizer: the moments' parts point into full buffers while loading) */
-    bool dopt = trainer_dopt_on(t);
+    /* (the distributed optimizer: the moments' parts to load point into full buffers while
+     * loading, allocated only for a --load; a save writes each rank's shard) */
+    bool dopt = trainer_dopt_on(t) && c->load[0];
     int rc = dopt ? trainer_dopt_moments_begin(t) : 0;
     if (!rc) rc = wk_parts_build(t, world, rank, &k->save, &k->load, &k->writer_group, &k->groups);
     if (!rc && c->load[0]) rc = load(k);
