@@ -636,7 +636,8 @@ static int setup_saver(wk_ckpt *k, int rank, const ck_coord *coord) {
         for (int i = 0; i < n; i++) {
             const ck_tensor_ref *r = &k->save.r[i];
             const int64_t *sh = r->region ? r->rshape : r->shape;
-            if (r->data) total += (size_t)sh[0] * (size_t)(r->ndim > 1 ? sh[1] : 1);
+            if (r->data && r->flat) total += (size_t)(r->flat_end - r->flat_begin); /* a shard's piece */
+            else if (r->data) total += (size_t)sh[0] * (size_t)(r->ndim > 1 ? sh[1] : 1);
         }
         rc = ck_saver_reserve(k->saver, total);
     }
