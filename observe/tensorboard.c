@@ -112,6 +112,17 @@ static void training(ob_tb *tb, json_t *r, int64_t it, double wall) {
     if (o->loss_scale && num(r, "loss_scale", &v)) scalar(tb, "loss-scale", v, it, s, wall);
     if (o->world_size) scalar(tb, "world-size", o->world, it, s, wall);
     if (num(r, "grad_norm", &v)) scalar(tb, "grad-norm", v, it, s, wall);
+    /* mixture of experts and multi-token prediction (Megatron's MoE metrics tracker and
+     * MTPLossLoggingHelper write these names, by iteration) */
+    if (num(r, "load_balancing_loss", &v)) scalar(tb, "load_balancing_loss", v, it, -1, wall);
+    if (num(r, "z_loss", &v)) scalar(tb, "z_loss", v, it, -1, wall);
+    for (int k = 1; k <= 8; k++) {
+        char key[32], tag[32];
+        snprintf(key, sizeof key, "mtp_%d_loss", k);
+        snprintf(tag, sizeof tag, "mtp_%d loss", k);
+        if (!num(r, key, &v)) break;
+        scalar(tb, tag, v, it, -1, wall);
+    }
     if (o->memory) {
         /* Megatron's are the CUDA allocator's counters; cohort's are the logging rank's
          * resident memory (train/trainer.c reads /proc/self/status) */

@@ -47,7 +47,7 @@ run() { # NAME ITERS ARGS...: metrics in $work/NAME.jsonl, output in $work/NAME.
 case $case_name in
 train)
     more=(--moe-shared-expert-intermediate-size 16 --moe-expert-capacity-factor 1.5 --moe-grouped-gemm --lr 3e-3)
-    run a 30 "${more[@]}"
+    run a 30 "${more[@]}" --tensorboard-dir "$work/tb"
     run b 30 "${more[@]}"
     grep -q ' lm loss: [0-9.E+-]* | load_balancing_loss: [0-9.E+-]* | z_loss: [0-9.E+-]* | loss scale:' "$work/a.out" ||
         fail "the log line lacks the MoE items: $(grep -m1 iteration "$work/a.out")"
@@ -65,6 +65,11 @@ assert last < first - 0.05, (first, last)
 print("ok: lm loss %.4f -> %.4f, load_balancing_loss %.4f, z_loss %.4f" % (first, last, rows[-1]["load_balancing_loss"], rows[-1]["z_loss"]))
 PY
     [ "$(losses "$work/a.jsonl")" = "$(losses "$work/b.jsonl")" ] || fail "two runs differ"
+    # TensorBoard: Megatron's load_balancing_loss and z_loss tags, the metrics' values
+    /usr/bin/python3 "${COHORT_SOURCE_ROOT:?}/tests/integration/tb_read.py" check "$work/tb" "$work/a.jsonl" \
+        >"$work/tb.out" 2>&1 || fail "tensorboard: $(tail -3 "$work/tb.out")"
+    /usr/bin/python3 "${COHORT_SOURCE_ROOT:?}/tests/integration/tb_read.py" dump "$work/tb" | grep -q "^load_balancing_loss" ||
+        fail "no load_balancing_loss tag"
     ;;
 resume)
     run full 6 --save "$work/full"

@@ -33,7 +33,7 @@ run() { # NAME ITERS ARGS...
 }
 case $case_name in
 train)
-    run a 30 --lr 3e-3
+    run a 30 --lr 3e-3 --tensorboard-dir "$work/tb"
     run b 30 --lr 3e-3
     run off 30 --lr 3e-3 --mtp-num-layers 0
     grep -q ' lm loss: [0-9.E+-]* | mtp_1 loss: [0-9.E+-]* | mtp_2 loss: [0-9.E+-]* | loss scale:' "$work/a.out" ||
@@ -54,6 +54,11 @@ assert rows[-1]["lm_loss"] != off[-1]["lm_loss"]
 print("ok: lm %.4f mtp_1 %.4f mtp_2 %.4f at the end" % (rows[-1]["lm_loss"], rows[-1]["mtp_1_loss"], rows[-1]["mtp_2_loss"]))
 PY
     [ "$(losses "$work/a.jsonl")" = "$(losses "$work/b.jsonl")" ] || fail "two runs differ"
+    # TensorBoard: Megatron's "mtp_K loss" tags, the metrics' values
+    /usr/bin/python3 "${COHORT_SOURCE_ROOT:?}/tests/integration/tb_read.py" check "$work/tb" "$work/a.jsonl" \
+        >"$work/tb.out" 2>&1 || fail "tensorboard: $(tail -3 "$work/tb.out")"
+    /usr/bin/python3 "${COHORT_SOURCE_ROOT:?}/tests/integration/tb_read.py" dump "$work/tb" | grep -q "^mtp_2 loss" ||
+        fail "no mtp_2 loss tag"
     ;;
 resume)
     run full 6 --save "$work/full"

@@ -184,6 +184,14 @@ def expected(metrics, flags):
         if "world" in opt:
             add("world-size", it, int(opt["world"]), samples)
         add("grad-norm", it, r["grad_norm"], samples)
+        # mixture of experts and multi-token prediction: Megatron's names, by iteration
+        for k in ("load_balancing_loss", "z_loss"):
+            if k in r:
+                add(k, it, r[k])
+        for d in range(1, 9):
+            if "mtp_%d_loss" % d not in r:
+                break
+            add("mtp_%d loss" % d, it, r["mtp_%d_loss" % d])
         if "memory" in opt:
             add("mem-resident-bytes", it, r["rss_bytes"])
             add("mem-max-resident-bytes", it, r["max_rss_bytes"])
