@@ -45,6 +45,9 @@
 
 #include "comm/comm.h"
 
+#include <stdbool.h>
+#include <stdint.h>
+
 typedef struct cm_zmq_options {
     int connect_timeout_ms;   /* cm_zmq_new waits this long for every peer (30000) */
     size_t chunk_bytes;       /* pipeline chunk and largest message (4 MiB); same on all ranks */
@@ -75,6 +78,12 @@ void cm_zmq_options_default(cm_zmq_options *opt);
  * same cm_zmq_new) since it was made: payload bytes over ZeroMQ, and bytes it wrote into its
  * shared-memory segment for the other ranks to read. Call from the communicator's thread. */
 void cm_zmq_traffic(const cm_comm *c, uint64_t *zmq_bytes, uint64_t *shm_bytes);
+
+/* Whether c is a ZeroMQ communicator of two or more ranks whose all-reduce goes through
+ * shared memory (every member on this host): then an all-reduce moves bytes by memcpy,
+ * where the other collectives go through ZeroMQ's sockets (the distributed optimizer
+ * chooses by it, optim/dist_opt.h). */
+bool cm_zmq_shared_memory(const cm_comm *c);
 
 /* A communicator of `size` ranks in which this process is `rank`; endpoints[r] is the
  * endpoint rank r binds (this process binds endpoints[rank]). opt NULL = defaults.

@@ -137,6 +137,10 @@ const cm_ops cm__zmq_ops = {
     .destroy = cm__destroy,
 };
 
+bool cm_zmq_shared_memory(const cm_comm *c) {
+    return c && c->ops == &cm__zmq_ops && c->size > 1 && cm__g((cm_comm *)c)->shm;
+}
+
 void cm_zmq_traffic(const cm_comm *c, uint64_t *zmq_bytes, uint64_t *shm_bytes) {
     const cm__group *g = c->impl;
     *zmq_bytes = g->tp->zmq_bytes;

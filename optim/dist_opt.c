@@ -286,7 +286,10 @@ int dopt_reduce(dopt_state *s, cm_comm *dp, double *grad_norm_out) {
         const dopt_bucket *B = &L->buckets[b];
         float *base = s->grads + B->start, *mine = base + (size_t)me * B->shard;
         if (n == 1) continue;
-        rc = dp->ops->reduce_scatter_sum(dp, base, mine, B->shard, CM_F32, s->opt.timeout_ms);
+        if (s->opt.allreduce)
+            rc = dp->ops->allreduce_sum(dp, base, (size_t)n * B->shard, CM_F32, s->opt.timeout_ms);
+        else
+            rc = dp->ops->reduce_scatter_sum(dp, base, mine, B->shard, CM_F32, s->opt.timeout_ms);
         if (rc)
             return co_err_set(rc, "distributed optimizer step: reduce-scatter of bucket %d of %d: %s", b,
                               L->nbuckets, co_err_detail());
@@ -299,7 +302,16 @@ int dopt_reduce(dopt_state *s, cm_comm *dp, double *grad_norm_out) {
                              L->buckets[b].shard);
     if (n > 1 && (rc = dp->ops->allreduce_sum(dp, &sq, 1, CM_F64, s->opt.timeout_ms)))
         return co_err_set(rc, "distributed optimizer step: all-reduce of the gradient norm: %s", co_err_detail());
-    if (s->opt.redundant && (rc = exchange_shard_grad(s, dp)))
+    if (s->opt.redundant && s->opt.allreduce && n > 1) {
+        /* the previous rank's shard of the all-reduced gradient is here already: the copy's
+         * gradient is read locally, averaged the same way (the bits its owner uses) */
+        int prv = (me + n - 1) % n;
+        for (int b = 0; b < L->nbuckets; b++) {
+            const dopt_bucket *B = &L->buckets[b];
+            memcpy(s->rgrad + B->shard_base, s->grads + B->start + (size_t)prv * B->shard, B->shard * sizeof(float));
+            be->ops->scale(be, s->rgrad + B->shard_base, 1.0f / (float)n, B->shard);
+        }
+    } else if (s->opt.redundant && (rc = exchange_shard_grad(s, dp)))
         return co_err_set(rc, "distributed optimizer step: shard gradient to rank %d / from rank %d: %s",
                           (me + 1) % n, (me + n - 1) % n, co_err_detail());
     if (grad_norm_out) *grad_norm_out = sqrt(sq);
@@ -335,7 +347,18 @@ int dopt_gather(dopt_state *s, cm_comm *dp) {
     for (int b = 0; b < L->nbuckets && n > 1; b++) {
         const dopt_bucket *B = &L->buckets[b];
         float *base = s->params + B->start;
-        rc = dp->ops->allgather(dp, base + (size_t)me * B->shard, base, B->shard * sizeof(float), s->opt.timeout_ms);
+        if (s->opt.allreduce) {
+            /* every other rank's shard zeroed, then the 64-bit integer sum of the bucket's bits
+             * over the group: each element is one rank's bits plus zeros (no carries), an exact
+             * copy (the bucket's start and length are multiples of 128 elements) */
+            size_t len = (size_t)n * B->shard;
+            if (me > 0) memset(base, 0, (size_t)me * B->shard * sizeof(float));
+            if (me + 1 < n) memset(base + (size_t)(me + 1) * B->shard, 0, (len - (size_t)(me + 1) * B->shard) * sizeof(float));
+            rc = dp->ops->allreduce_sum(dp, base, len / 2, CM_I64, s->opt.timeout_ms);
+        } else {
+            rc = dp->ops->allgather(dp, base + (size_t)me * B->shard, base, B->shard * sizeof(float),
+                                    s->opt.timeout_ms);
+        }
         if (rc)
             return co_err_set(rc, "distributed optimizer step: all-gather of bucket %d of %d: %s", b, L->nbuckets,
                               co_err_detail());

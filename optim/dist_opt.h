@@ -88,6 +88,14 @@ double dopt_bytes_per_param(const dopt_layout *L, size_t nparams_total, bool red
 typedef struct dopt_options {
     float beta1, beta2, eps, weight_decay, clip_grad;
     bool redundant; /* keep a copy of shard (rank-1) mod dp */
+    /* reduce and gather with all-reduces instead of reduce-scatter and all-gather: where the
+     * group's all-reduce goes through shared memory (cm_zmq_shared_memory: every rank on one
+     * host) and its reduce-scatter and all-gather through sockets, this is cheaper. The
+     * gradient buckets are all-reduced (every rank gets every shard's sum, in rank order: the
+     * replicated optimizer's bits; the redundant copy's gradient is then read locally, not
+     * sent); the parameters are gathered by an all-reduce of their bits (64-bit integer
+     * sums of each rank's own shard and zeros elsewhere: an exact copy). */
+    bool allreduce;
     int timeout_ms; /* every collective's timeout (< 0: none, still abortable) */
 } dopt_options;
 

@@ -9,6 +9,7 @@
 #include "train/trainer_internal.h"
 
 #include "common/error.h"
+#include "comm/zmq_comm.h"
 #include "optim/dist_opt.h"
 
 #include <stdio.h>
@@ -94,9 +95,21 @@ void trainer__dopt_free(trainer *t) {
     t->opt.m = t->opt.v = NULL;
 }
 
+/* The group, and how to reduce and gather over it this generation: with all-reduces where
+ * its all-reduce goes through shared memory (one host) and its other collectives through
+ * sockets (dist_opt.h, opt.allreduce). */
+static cm_comm *step_group(trainer *t) {
+    cm_comm *g = trainer__grad_group(t);
+    /* COHORT_TEST_DOPT_REDUCE_SCATTER=1 keeps reduce-scatter and all-gather on one host too (the
+     * path between hosts, for tests and comparisons) */
+    const char *force = getenv("COHORT_TEST_DOPT_REDUCE_SCATTER");
+    t->dopt->s.opt.allreduce = cm_zmq_shared_memory(g) && !(force && *force && strcmp(force, "0"));
+    return g;
+}
+
 int trainer__dopt_reduce(trainer *t) {
     tr_dopt *d = t->dopt;
-    int rc = dopt_reduce(&d->s, trainer__grad_group(t), &d->norm);
+    int rc = dopt_reduce(&d->s, step_group(t), &d->norm);
     d->reduced = !rc;
     return rc;
 }
@@ -128,7 +141,7 @@ int trainer__dopt_step(trainer *t, double lr, double grad_norm, uint64_t *sum) {
 int trainer__dopt_sync(trainer *t) {
     tr_dopt *d = t->dopt;
     if (!d || !d->gather) return 0;
-    int rc = dopt_gather(&d->s, trainer__grad_group(t));
+    int rc = dopt_gather(&d->s, step_group(t));
     if (rc) return rc;
     d->gather = false;
     gpt_sync_bf16(t->model);

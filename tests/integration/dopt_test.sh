@@ -53,18 +53,28 @@ PY
 
 case $case_name in
 matches_replicated)
-    # the distributed optimizer against the replicated one after 6 steps: bitwise at 1 and 2
-    # ranks (the same sums in the same order), within reduction-order noise at 4; bitwise
-    # reproducible at 4 with and without the redundant shard copies (which change no number)
+    # the distributed optimizer against the replicated one after 6 steps. On one host it
+    # reduces and gathers with shared-memory all-reduces: bitwise the replicated optimizer's at
+    # 1, 2 and 4 ranks. With reduce-scatter and all-gather (the path between hosts, forced by
+    # COHORT_TEST_DOPT_REDUCE_SCATTER): bitwise at 2 (a sum of two in any order), within
+    # reduction-order noise at 4. Bitwise reproducible at 4 with and without the redundant
+    # shard copies (which change no number), on both paths
     for n in 1 2 4; do
         train r$n $n --train-iters 6 --save "$work/r$n"; ok r$n
         train d$n $n $D --train-iters 6 --save "$work/d$n"; ok d$n
     done
     same "$work/r1" "$work/d1" 6
     same "$work/r2" "$work/d2" 6
-    close "$work/r4" "$work/d4" 6
-    "$cohort" ckpt diff "$(it_dir "$work/r4" 6)" "$(it_dir "$work/d4" 6)" >/dev/null 2>&1 &&
+    same "$work/r4" "$work/d4" 6
+    for n in 2 4; do
+        COHORT_TEST_DOPT_REDUCE_SCATTER=1 train s$n $n $D --train-iters 6 --save "$work/s$n"; ok s$n
+    done
+    same "$work/r2" "$work/s2" 6
+    close "$work/r4" "$work/s4" 6
+    "$cohort" ckpt diff "$(it_dir "$work/r4" 6)" "$(it_dir "$work/s4" 6)" >/dev/null 2>&1 &&
         fail "4 ranks bitwise equal to the replicated optimizer: is the reduce-scatter used at all?"
+    COHORT_TEST_DOPT_REDUCE_SCATTER=1 train t4 4 $D --train-iters 6 --save "$work/t4"; ok t4
+    same "$work/s4" "$work/t4" 6
     train e4 4 $D --train-iters 6 --save "$work/e4"; ok e4
     same "$work/d4" "$work/e4" 6
     train n4 4 $D --no-dist-opt-redundancy --train-iters 6 --save "$work/n4"; ok n4

@@ -51,6 +51,7 @@ typedef struct cfg {
     int dp;
     size_t bucket;
     bool exact, redundant;
+    bool allreduce; /* the all-reduce path (dopt_options.allreduce: shared memory on one host) */
     int kill_rank;  /* -1: none; else this rank dies before the first step */
     int abort_rank; /* -1: none; else this rank aborts its communicator before the first step */
     char out[256]; /* directory for each rank's final hash */
@@ -128,6 +129,10 @@ static void scenario(int rank, const cfg *c, const char *dir) {
     REQUIRE(opt_adamw_init(&ref, model, o.beta1, o.beta2, o.eps, o.weight_decay, o.clip_grad) == 0);
     cm_comm *comm = mk(rank, dp, dir);
     REQUIRE(comm);
+    if (c->allreduce) {
+        CHECK_MSG(cm_zmq_shared_memory(comm), "rank %d: the ranks of this test should share memory", rank);
+        s.opt.allreduce = true;
+    }
     /* every rank is connected before one dies or aborts (else cm_zmq_new fails instead); the
      * failing rank waits a moment so that the others are inside dopt_step when it fails (a
      * rank that still sees the failure in the barrier says so and passes) */
@@ -184,7 +189,8 @@ static void scenario(int rank, const cfg *c, const char *dir) {
     if (rank == 0) {
         /* per step: reduce-scatter and all-gather each send (dp-1)/dp of the buffer, the copy
          * one shard more; the norm's 8 bytes go through shared memory */
-        double expect = 2.0 * (dp - 1) / dp * (double)L.total * 4 + (c->redundant ? (double)L.shard_total * 4 : 0);
+        double expect = c->allreduce ? 0 /* every byte through shared memory, the copy's gradient read locally */
+                                     : 2.0 * (dp - 1) / dp * (double)L.total * 4 + (c->redundant ? (double)L.shard_total * 4 : 0);
         fprintf(stderr, "  dp %d bucket %zu%s: rank 0 sent %.0f bytes per step over ZeroMQ (%.0f expected: "
                         "2(d-1)/d of %zu buffer bytes%s), %.0f through shared memory\n",
                 dp, L.bucket_size, c->redundant ? " redundant" : "", (double)(z1 - z0) / STEPS, expect,
@@ -332,14 +338,15 @@ static void read_hashes(const cfg *c, char out[][32]) {
 }
 
 /* One configuration, run twice: both runs pass and every rank's state hashes equal. */
-static void run_config(int dp, size_t bucket, bool exact, bool redundant) {
-    cfg c = {.dp = dp, .bucket = bucket, .exact = exact, .redundant = redundant, .kill_rank = -1, .abort_rank = -1};
+static void run_config_ar(int dp, size_t bucket, bool exact, bool redundant, bool allreduce) {
+    cfg c = {.dp = dp, .bucket = bucket, .exact = exact, .redundant = redundant, .allreduce = allreduce,
+             .kill_rank = -1, .abort_rank = -1};
     char tmp[] = "/tmp/dopthash-XXXXXX";
     REQUIRE(mkdtemp(tmp));
     snprintf(c.out, sizeof c.out, "%s", tmp);
     char name[96], h1[8][32], h2[8][32];
-    snprintf(name, sizeof name, "dp %d bucket %zu %s%s", dp, bucket, exact ? "exact" : "random",
-             redundant ? " redundant" : "");
+    snprintf(name, sizeof name, "dp %d bucket %zu %s%s%s", dp, bucket, exact ? "exact" : "random",
+             redundant ? " redundant" : "", allreduce ? " all-reduce path" : "");
     CHECK_MSG(run_group(name, &c, 60000) == 0, "%s: first run", name);
     read_hashes(&c, h1);
     CHECK_MSG(run_group(name, &c, 60000) == 0, "%s: second run", name);
@@ -350,6 +357,19 @@ static void run_config(int dp, size_t bucket, bool exact, bool redundant) {
     char cmd[64];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+}
+
+static void run_config(int dp, size_t bucket, bool exact, bool redundant) {
+    run_config_ar(dp, bucket, exact, redundant, false);
+}
+
+/* The all-reduce path (shared memory): the same checks against the replicated optimizer,
+ * nothing over ZeroMQ, bitwise reproducible. */
+static void test_allreduce_path(void) {
+    run_config_ar(2, 300, false, true, true);
+    run_config_ar(3, 300, true, true, true);
+    run_config_ar(4, 0, false, false, true);
+    run_config_ar(4, 300, false, true, true);
 }
 
 static void test_dp2(void) {
@@ -419,6 +439,7 @@ int main(void) {
     RUN(test_dp2);
     RUN(test_dp3);
     RUN(test_dp4);
+    RUN(test_allreduce_path);
     RUN(test_dead_rank);
     RUN(test_aborted);
     return TEST_EXIT();
