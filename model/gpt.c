@@ -328,6 +328,37 @@ int gpt_tensor_table(const gpt_config *cfg, gpt_tensor **out, int *n, size_t *np
     return rc;
 }
 
+/* One transformer layer's activations for micro batches of N tokens (gpt_internal.h's
+ * layer_acts): the dense MLP's buffers, or a MoE layer's state (moe). 0, or the error. */
+static int layer_acts_new(gpt_model *m, layer_acts *a, bool moe, size_t N) {
+    const gpt_config *c = &m->cfg;
+    const kb_ops *o = m->ops;
+    size_t C = (size_t)c->hidden, AH = (size_t)m->NHl * c->head_dim, lseN = (size_t)m->max_B * m->NHl * m->max_T;
+    struct {
+        float **p;
+        size_t n;
+    } b[] = {{&a->x_in, N * C}, {&a->ln1, N * C},          {&a->ln1_mean, N}, {&a->ln1_rstd, N},
+             {&a->qkv, N * (size_t)gpt__qkv_local(m)},      {&a->att, N * AH}, {&a->lse, lseN},
+             {&a->x_mid, N * C}, {&a->ln2, N * C},          {&a->ln2_mean, N}, {&a->ln2_rstd, N},
+             {&a->fc1, moe ? 0 : N * (size_t)gpt__fc1_local(m)}, {&a->act, moe ? 0 : N * (size_t)m->Fl}};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+        if (b[i].n && !(*b[i].p = o->alloc(m->be, b[i].n * sizeof(float))))
+            return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate model memory");
+    if (!moe) return 0;
+    moe_config mc = moe_of(c);
+    int rc = moe_new(&a->moe, &mc, m->be, (int)N);
+    if (rc) return co_err_set(rc, "gpt_new: a MoE layer: %s", co_err_detail());
+    return 0;
+}
+
+static void layer_acts_free(gpt_model *m, layer_acts *a) {
+    float *ps[] = {a->x_in, a->x_mid, a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att,
+                   a->lse, a->ln2, a->ln2_mean, a->ln2_rstd, a->fc1, a->act};
+    for (size_t q = 0; q < sizeof ps / sizeof ps[0]; q++)
+        if (ps[q]) m->ops->free(m->be, ps[q]);
+    moe_destroy(&a->moe);
+}
+
 int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, int max_T) {
     *out = NULL;
     if (cfg->num_layers < 1 || cfg->hidden < 1 || cfg->heads < 1 || cfg->kv_groups < 1 ||
@@ -375,7 +406,6 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     }
 
     size_t N = (size_t)max_B * max_T;
-    size_t lseN = (size_t)max_B * m->NHl * max_T;
 #define A(ptr, count) \
     do { if (!((ptr) = o->alloc(be, (count) * sizeof(float)))) goto nomem; } while (0)
     /* the activations of every micro batch a chunk holds at once */
@@ -386,25 +416,7 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
             chunk_slot *sl = &ch->slot[s];
             if (ch->def.nlayers && !(sl->acts = calloc((size_t)ch->def.nlayers, sizeof *sl->acts))) goto nomem;
             for (int i = 0; i < ch->def.nlayers; i++) {
-                layer_acts *a = &sl->acts[i];
-                A(a->x_in, N * C);
-                A(a->ln1, N * C);
-                A(a->ln1_mean, N);
-                A(a->ln1_rstd, N);
-                A(a->qkv, N * Q);
-                A(a->att, N * AH);
-                A(a->lse, lseN);
-                A(a->x_mid, N * C);
-                A(a->ln2, N * C);
-                A(a->ln2_mean, N);
-                A(a->ln2_rstd, N);
-                if (gpt_layer_is_moe(c, ch->def.layer0 + i)) {
-                    moe_config mc = moe_of(c);
-                    if ((rc = moe_new(&a->moe, &mc, be, (int)N))) goto moefail;
-                } else {
-                    A(a->fc1, N * gpt__fc1_local(m));
-                    A(a->act, N * F);
-                }
+                if ((rc = layer_acts_new(m, &sl->acts[i], gpt_layer_is_moe(c, ch->def.layer0 + i), N))) goto fail;
             }
             A(sl->x_end, N * C);
             if (ch->def.head) {
@@ -417,20 +429,7 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
                 if (D > 0 && !(sl->mtp = calloc((size_t)D, sizeof *sl->mtp))) goto nomem;
                 for (int k = 0; k < D; k++) {
                     mtp_acts *q = &sl->mtp[k];
-                    layer_acts *a = &q->layer;
-                    A(a->x_in, N * C);
-                    A(a->ln1, N * C);
-                    A(a->ln1_mean, N);
-                    A(a->ln1_rstd, N);
-                    A(a->qkv, N * Q);
-                    A(a->att, N * AH);
-                    A(a->lse, lseN);
-                    A(a->x_mid, N * C);
-                    A(a->ln2, N * C);
-                    A(a->ln2_mean, N);
-                    A(a->ln2_rstd, N);
-                    A(a->fc1, N * gpt__fc1_local(m));
-                    A(a->act, N * F);
+                    if ((rc = layer_acts_new(m, &q->layer, false, N))) goto fail;
                     A(q->emb, N * C);
                     A(q->en, N * C);
                     A(q->en_mean, N);
@@ -507,12 +506,12 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
 nomem:
     gpt_destroy(&m);
     return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate model memory");
-moefail:
+fail:
     {
         char why[300];
         snprintf(why, sizeof why, "%s", co_err_detail());
         gpt_destroy(&m);
-        return co_err_set(rc, "gpt_new: a MoE layer: %s", why);
+        return co_err_set(rc, "%s", why);
     }
 }
 
@@ -526,19 +525,14 @@ void gpt_destroy(gpt_model **pm) {
         for (int s = 0; ch->slot && s < ch->slots; s++) {
             chunk_slot *sl = &ch->slot[s];
             for (int i = 0; sl->acts && i < ch->def.nlayers; i++) {
-                layer_acts *a = &sl->acts[i];
-                float *ps[] = {a->x_in, a->x_mid, a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att,
-                               a->lse, a->ln2, a->ln2_mean, a->ln2_rstd, a->fc1, a->act};
-                for (size_t q = 0; q < sizeof ps / sizeof ps[0]; q++) if (ps[q]) o->free(be, ps[q]);
-                moe_destroy(&a->moe);
+                layer_acts_free(m, &sl->acts[i]);
             }
             float *ps[] = {sl->x_end, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->logits, sl->losses};
             for (size_t q = 0; q < sizeof ps / sizeof ps[0]; q++) if (ps[q]) o->free(be, ps[q]);
             for (int k = 0; sl->mtp && k < m->cfg.mtp_layers; k++) {
                 mtp_acts *q = &sl->mtp[k];
-                layer_acts *a = &q->layer;
-                float *qs[] = {a->x_in, a->x_mid, a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->lse, a->ln2,
-                               a->ln2_mean, a->ln2_rstd, a->fc1, a->act, q->emb, q->en, q->en_mean, q->en_rstd,
+                layer_acts_free(m, &q->layer);
+                float *qs[] = {q->emb, q->en, q->en_mean, q->en_rstd,
                                q->hn, q->hn_mean, q->hn_rstd, q->cat, q->x_out, q->out, q->out_mean, q->out_rstd,
                                q->logits, q->losses};
                 for (size_t z = 0; z < sizeof qs / sizeof qs[0]; z++) if (qs[z]) o->free(be, qs[z]);

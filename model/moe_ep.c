@@ -162,7 +162,7 @@ static uint64_t sent(const moe__ep *ep, const size_t *bytes) {
 
 static int a2a_forward(moe_layer *m, const float *params) {
     moe__ep *ep = &m->ep;
-    int P = ep->size, El = ep->El, me = ep->rank;
+    int P = ep->size, El = ep->El;
     size_t row = sizeof(float) * (size_t)m->h;
     /* the counts: block p = this rank's rows for p's experts */
     size_t cb[P];
@@ -206,7 +206,6 @@ static int a2a_forward(moe_layer *m, const float *params) {
         }
     }
     ep->roff[El] = (int32_t)r;
-    (void)me;
     double te = now_s();
     moe__experts_forward(m, params, ep->xr, ep->h1, ep->act, ep->out, ep->roff, El);
     m->o->sync(m->be);

@@ -24,6 +24,9 @@ struct tr_dopt {
     bool gather;  /* the shards are updated, the full parameter buffer is not yet (trainer__dopt_sync) */
     uint64_t *sum; /* where the gathered weights' checksum goes (the rerun state machine's), or NULL */
     double norm;
+    /* COHORT_TEST_DOPT_REDUCE_SCATTER=1: reduce-scatter and all-gather on one host too (the
+     * path between hosts, for tests and comparisons) */
+    bool force_rs;
 };
 
 int trainer__dopt_setup(trainer *t, bool joining) {
@@ -36,6 +39,10 @@ int trainer__dopt_setup(trainer *t, bool joining) {
     tr_dopt *d = calloc(1, sizeof *d);
     size_t *numel = malloc(sizeof *numel * (size_t)nt);
     if (d) d->decay = malloc(sizeof *d->decay * (size_t)nt);
+    if (d) {
+        const char *force = getenv("COHORT_TEST_DOPT_REDUCE_SCATTER");
+        d->force_rs = force && *force && strcmp(force, "0");
+    }
     if (!d || !numel || !d->decay) {
         if (d) free(d->decay);
         free(d);
@@ -100,10 +107,7 @@ void trainer__dopt_free(trainer *t) {
  * sockets (dist_opt.h, opt.allreduce). */
 static cm_comm *step_group(trainer *t) {
     cm_comm *g = trainer__grad_group(t);
-    /* COHORT_TEST_DOPT_REDUCE_SCATTER=1 keeps reduce-scatter and all-gather on one host too (the
-     * path between hosts, for tests and comparisons) */
-    const char *force = getenv("COHORT_TEST_DOPT_REDUCE_SCATTER");
-    t->dopt->s.opt.allreduce = cm_zmq_shared_memory(g) && !(force && *force && strcmp(force, "0"));
+    t->dopt->s.opt.allreduce = cm_zmq_shared_memory(g) && !t->dopt->force_rs;
     return g;
 }
 

@@ -131,6 +131,7 @@ struct trainer {
     double moe_lb_sum, moe_z_sum, moe_forwards, moe_dropped;
     int64_t *moe_tpe;
     int *moe_streak;
+    int32_t *moe_cnt; /* [E] one layer's counts for the expert bias update */
     int64_t moe_collapses;
     /* multi-token prediction (trainer_mtp.c): each depth's loss sums since the last log line */
     double mtp_sum[GPT_MAX_MTP], mtp_count;

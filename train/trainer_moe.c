@@ -55,15 +55,18 @@ int trainer__moe_setup(trainer *t) {
     size_t n = (size_t)c->num_layers * (size_t)c->num_experts;
     t->moe_tpe = calloc(n, sizeof *t->moe_tpe);
     t->moe_streak = calloc((size_t)c->num_layers, sizeof *t->moe_streak);
-    if (!t->moe_tpe || !t->moe_streak) return co_err_set(CO_ENOMEM, "trainer: the MoE statistics");
+    t->moe_cnt = malloc(sizeof *t->moe_cnt * (size_t)c->num_experts);
+    if (!t->moe_tpe || !t->moe_streak || !t->moe_cnt) return co_err_set(CO_ENOMEM, "trainer: the MoE statistics");
     return 0;
 }
 
 void trainer__moe_free(trainer *t) {
     free(t->moe_tpe);
     free(t->moe_streak);
+    free(t->moe_cnt);
     t->moe_tpe = NULL;
     t->moe_streak = NULL;
+    t->moe_cnt = NULL;
 }
 
 void trainer__aux_attempt(trainer *t) {
@@ -96,8 +99,7 @@ int trainer__moe_pre_step(trainer *t) {
     size_t n = (size_t)c->num_layers * (size_t)c->num_experts;
     int rc = t->dp ? t->dp->ops->allreduce_sum(t->dp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS) : 0;
     if (rc) return rc;
-    int32_t *cnt = malloc(sizeof(int32_t) * (size_t)c->num_experts);
-    if (!cnt) return co_err_set(CO_ENOMEM, "trainer: the expert bias update");
+    int32_t *cnt = t->moe_cnt;
     for (int l = 0; l < c->num_layers; l++) {
         float *bias = gpt_moe_expert_bias(t->model, l);
         if (!bias) continue;
@@ -107,7 +109,6 @@ int trainer__moe_pre_step(trainer *t) {
         }
         moe_expert_bias_update(bias, cnt, c->num_experts, (float)c->moe_router_bias_update_rate);
     }
-    free(cnt);
     return 0;
 }
 

@@ -60,6 +60,16 @@ static double loss_of(gpt_model *m, batch_buf *bb, uint64_t dseed) {
     return l;
 }
 
+/* every weight += normal(0, std) from seed */
+static void perturb(gpt_model *m, uint64_t seed, double std) {
+    float *p = gpt_params(m);
+    const gpt_tensor *ts = gpt_tensors(m);
+    co_rng r;
+    co_rng_seed(&r, seed);
+    for (int i = 0; i < gpt_num_tensors(m); i++)
+        for (size_t k = 0; k < ts[i].numel; k++) p[ts[i].offset + k] += (float)(std * co_rng_normal(&r));
+}
+
 static void grad_check(gpt_config cfg, bool reset, const char *label) {
     kb_backend *be = backend(false);
     REQUIRE(be);
@@ -68,12 +78,9 @@ static void grad_check(gpt_config cfg, bool reset, const char *label) {
     REQUIRE(gpt_new(&m, &cfg, be, B, T) == 0);
     gpt_init(m, 7);
     /* larger weights than the default init so every path carries a visible gradient */
+    perturb(m, 99, 0.3);
     float *p = gpt_params(m);
     const gpt_tensor *ts = gpt_tensors(m);
-    co_rng r;
-    co_rng_seed(&r, 99);
-    for (int i = 0; i < gpt_num_tensors(m); i++)
-        for (size_t k = 0; k < ts[i].numel; k++) p[ts[i].offset + k] += (float)(0.3 * co_rng_normal(&r));
     batch_buf bb;
     make_batch(&bb, B, T, cfg.vocab, 5, reset);
     uint64_t dseed = 42;
@@ -418,12 +425,9 @@ static bool dump_mtp_case(const char *root, const char *label, gpt_config cfg) {
     int B = 2, T = 8;
     if (!be || gpt_new(&m, &cfg, be, B, T)) return false;
     gpt_init(m, 17);
+    perturb(m, 23, 0.2);
     float *p = gpt_params(m);
     const gpt_tensor *ts = gpt_tensors(m);
-    co_rng r;
-    co_rng_seed(&r, 23);
-    for (int i = 0; i < gpt_num_tensors(m); i++)
-        for (size_t k = 0; k < ts[i].numel; k++) p[ts[i].offset + k] += (float)(0.2 * co_rng_normal(&r));
     batch_buf bb;
     make_batch(&bb, B, T, cfg.vocab, 31, false);
     gpt_zero_grad(m);
