@@ -630,10 +630,13 @@ int cli_train(int argc, char **argv) {
         /* a replica's ranks (tensor x pipeline) report its results (the stand-in replicates);
          * in Megatron's order the data coordinate comes after tp (tp-cp-dp-pp) or after tp
          * and pp (tp-cp-pp-dp) */
+        /* with expert parallelism an expert group is one replica (train/trainer_ep.c): its
+         * ranks' results depend on each other's tokens */
+        int epn = c.num_experts > 0 && c.expert_model_parallel_size > 1 ? c.expert_model_parallel_size : 1;
         so.replica_stride = co_config_standin_model_parallel ? 1
-                            : c.tensor_model_parallel_size * c.context_parallel_size *
+                            : c.tensor_model_parallel_size * c.context_parallel_size * epn *
                                   (c.use_tp_pp_dp_mapping ? c.pipeline_model_parallel_size : 1);
-        so.replicas = co_config_standin_model_parallel ? 0 : dp;
+        so.replicas = co_config_standin_model_parallel ? 0 : dp / epn;
         so.pp = c.pipeline_model_parallel_size;
         so.cp = c.context_parallel_size;
         so.ep = c.expert_model_parallel_size;

@@ -83,7 +83,8 @@ static const flag flags[] = {
       "[cohort] THD under context parallelism: the padded tokens a sequence may take, as a multiple of --seq-length "
       "(the model's activations are sized for it; a micro batch whose documents need more is refused)"),
     I("parallel", "expert-model-parallel-size", expert_model_parallel_size, "1",
-      "expert-parallel ranks (mixture of experts; not supported yet in training: only 1)"),
+      "expert-parallel ranks: each MoE layer's experts split over groups of this many data-parallel ranks, tokens "
+      "exchanged by --moe-token-dispatcher-type (docs/moe.md)"),
 
     I("parallel", "expert-tensor-parallel-size", expert_tensor_parallel_size, "0",
       "tensor-parallel ranks of each expert (0: the tensor-parallel size; not supported yet: only that)"),
@@ -725,10 +726,23 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         problem(&P, "--cp-comm-type %s is not supported yet (only p2p: the ring)", c->cp_comm_type);
     if (c->cp_packed_sequences && c->context_parallel_size > 1 && !c->reset_attention_mask && !c->sft)
         problem(&P, "--cp-packed-sequences splits documents: it needs --reset-attention-mask (or --sft)");
-    if (c->expert_model_parallel_size != 1)
-        problem(&P, "--expert-model-parallel-size %d is not supported yet in training (only 1; the layer's expert "
-                    "parallelism exists, its groups in the trainer do not)",
-                c->expert_model_parallel_size);
+    if (c->expert_model_parallel_size < 1)
+        problem(&P, "--expert-model-parallel-size %d must be >= 1", c->expert_model_parallel_size);
+    if (c->expert_model_parallel_size > 1 && !co_config_standin_model_parallel) {
+        int ep = c->expert_model_parallel_size;
+        if (c->num_experts <= 0)
+            problem(&P, "--expert-model-parallel-size %d needs --num-experts (the expert group splits a MoE layer's "
+                        "experts)", ep);
+        else if (c->num_experts % ep)
+            problem(&P, "--num-experts %d is not divisible by --expert-model-parallel-size %d (each expert rank holds "
+                        "num-experts / ep experts)", c->num_experts, ep);
+        if (c->tensor_model_parallel_size > 1 || c->context_parallel_size > 1)
+            problem(&P, "--expert-model-parallel-size %d with tensor or context parallelism is not supported yet (the "
+                        "expert groups are data-parallel ranks)", ep);
+        if (!strcmp(c->device, "cuda"))
+            problem(&P, "--expert-model-parallel-size %d with --device cuda is not supported yet (the token exchange "
+                        "runs on the CPU backend)", ep);
+    }
     if (c->expert_tensor_parallel_size != 0 && c->expert_tensor_parallel_size != c->tensor_model_parallel_size)
         problem(&P, "--expert-tensor-parallel-size %d is not supported yet (only the tensor-parallel size)",
                 c->expert_tensor_parallel_size);

@@ -245,11 +245,13 @@ static int build_tensors(gpt_model *m) {
                 t[ROUTER_W] = add_tensor(m, cap, NAME("mlp.router.weight"), E, C, true, std, false);
                 for (int j = 0; j < El; j++) {
                     snprintf(ename, sizeof ename, "layers.%d.mlp.experts.%d.fc1.weight", l, e0 + j);
-                    add_tensor(m, cap, ename, Fm1, C, true, std, false);
+                    int k = add_tensor(m, cap, ename, Fm1, C, true, std, false);
+                    if (k >= 0) m->tensors[k].expert = true;
                 }
                 for (int j = 0; j < El; j++) {
                     snprintf(ename, sizeof ename, "layers.%d.mlp.experts.%d.fc2.weight", l, e0 + j);
-                    add_tensor(m, cap, ename, C, Fm, true, ostd, false);
+                    int k = add_tensor(m, cap, ename, C, Fm, true, ostd, false);
+                    if (k >= 0) m->tensors[k].expert = true;
                 }
                 if (Fs) {
                     add_tensor(m, cap, NAME("mlp.shared_experts.fc1.weight"), Fs1, C, true, std, false);

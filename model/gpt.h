@@ -125,6 +125,9 @@ typedef struct gpt_tensor {
                            * summing their gradients over the embedding group; the first stage's
                            * is the one saved and counted in the gradient norm */
     bool decay;           /* weight decay applies (weight matrices and embeddings) */
+    bool expert;          /* a MoE expert's weight ("layers.L.mlp.experts.E.*"): under expert
+                           * parallelism held by one expert rank, its gradient reduced over the
+                           * expert-data-parallel group only */
     float init_std;       /* 0: ones (norm weights) or zeros (biases), see init_ones */
     bool init_ones;
 } gpt_tensor;

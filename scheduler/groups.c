@@ -145,10 +145,10 @@ int topo_group_of(const topo_layout *l, topo_group_kind k, int rank, int *member
 int topo_coords(const topo_layout *l, int rank, topo_coord *c) {
     int *m = malloc(sizeof *m * (size_t)(l->world > 0 ? l->world : 1));
     if (!m) return -1;
-    const topo_group_kind kinds[4] = {TOPO_G_TP, TOPO_G_CP, TOPO_G_DP, TOPO_G_PP};
-    int *out[4] = {&c->tp, &c->cp, &c->dp, &c->pp};
+    const topo_group_kind kinds[5] = {TOPO_G_TP, TOPO_G_CP, TOPO_G_DP, TOPO_G_PP, TOPO_G_EP};
+    int *out[5] = {&c->tp, &c->cp, &c->dp, &c->pp, &c->ep};
     int rc = 0;
-    for (int d = 0; d < 4 && !rc; d++) {
+    for (int d = 0; d < 5 && !rc; d++) {
         int sz = 0;
         *out[d] = -1;
         if (topo_group_of(l, kinds[d], rank, m, &sz) < 0) rc = -1;
@@ -160,5 +160,5 @@ int topo_coords(const topo_layout *l, int rank, topo_coord *c) {
 }
 
 bool topo_same_shard(const topo_coord *a, const topo_coord *b) {
-    return a->tp == b->tp && a->cp == b->cp && a->pp == b->pp;
+    return a->tp == b->tp && a->cp == b->cp && a->pp == b->pp && a->ep == b->ep;
 }

@@ -55,15 +55,18 @@ void topo_groups(const topo_layout *l, topo_group_kind k, int *ranks, int *ngrou
  * and *size; -1 when rank is in none (an embedding group holds only some ranks). */
 int topo_group_of(const topo_layout *l, topo_group_kind k, int rank, int *members, int *size);
 
-/* A rank's dense coordinates: its place along tp, cp, dp and pp. The ranks that differ only
- * in dp (a data-parallel group) hold the same shard of the model, the same (tp, cp, pp). */
+/* A rank's coordinates: its place along tp, cp, dp and pp, and in its expert group (ep; 0
+ * without expert parallelism). The ranks that differ only in dp hold the same shard of the
+ * model, the same (tp, cp, pp), unless the layout has expert parallelism: then only those of
+ * one expert-data-parallel group, the same (tp, cp, pp, ep), hold the same experts. */
 typedef struct topo_coord {
     int tp, cp, dp, pp;
+    int ep;
 } topo_coord;
 
 /* Fills c for rank (0 <= rank < world); -1 on a bad rank or no memory. */
 int topo_coords(const topo_layout *l, int rank, topo_coord *c);
-/* Do a and b hold the same model shard (tp, cp, pp)? */
+/* Do a and b hold the same model shard (tp, cp, pp and expert rank)? */
 bool topo_same_shard(const topo_coord *a, const topo_coord *b);
 
 /* Megatron's name of a group kind ("tp", "dp-cp", "embedding", "ep", ...). */

@@ -142,7 +142,7 @@ static int parse_assignment(const Cohort__V1__Assign *as, sv_assignment *a) {
         a->have_nccl_id = true;
     }
     if (as->coords) {
-        a->coords = (topo_coord){(int)as->coords->tp, (int)as->coords->cp, (int)as->coords->dp, (int)as->coords->pp};
+        a->coords = (topo_coord){(int)as->coords->tp, (int)as->coords->cp, (int)as->coords->dp, (int)as->coords->pp, 0};
         a->have_coords = true;
     }
     a->job_id = as->job_id;

@@ -217,8 +217,9 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         char lerr[200];
         int cpn = c->context_parallel_size > 1 ? c->context_parallel_size : 1;
         int world = (dp ? dp->size : 1) * t->tp_size * t->pp_size * cpn;
-        t->have_layout = topo_layout_init(&t->layout, world, t->tp_size, t->pp_size, cpn, 1, 0, c->use_tp_pp_dp_mapping,
-                                          lerr, sizeof lerr) == 0;
+        int epn = c->num_experts > 0 && c->expert_model_parallel_size > 1 ? c->expert_model_parallel_size : 1;
+        t->have_layout = topo_layout_init(&t->layout, world, t->tp_size, t->pp_size, cpn, epn, 0,
+                                          c->use_tp_pp_dp_mapping, lerr, sizeof lerr) == 0;
     }
     t->M = topo_num_microbatches(&t->topo, c->global_batch_size, c->micro_batch_size);
 
@@ -256,10 +257,12 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     trainer__mtp_config(t, m);
     if (t->pp && (rc = pipeline_setup(t, m))) goto fail;
     if ((rc = trainer__cp_setup(t, data, m))) goto fail;
+    if ((rc = trainer__ep_setup(t, data, m))) goto fail;
     rc = gpt_new(&t->model, m, t->be, c->micro_batch_size, t->local_T);
     if (rc) goto fail;
     if ((rc = trainer__moe_setup(t))) goto fail;
     if (t->tp) gpt_set_tensor_group(t->model, t->tp, TRAIN_COMM_TIMEOUT_MS);
+    if ((rc = trainer__ep_model_ready(t))) goto fail;
     /* the distributed optimizer lays the model's buffers out before they are filled */
     if (c->use_distributed_optimizer && (rc = trainer__dopt_setup(t, data->joining))) goto fail;
     if (t->cp) gpt_set_context_group(t->model, t->cp, TRAIN_COMM_TIMEOUT_MS);
@@ -369,6 +372,7 @@ void trainer_destroy(trainer **pt) {
     for (int s = 0; s < 3; s++) dl_destroy(&t->ds[s]);
     tok_close(&t->sft_tok);
     trainer__moe_free(t);
+    trainer__ep_free(t);
     if (t->model) {
         trainer__dopt_free(t);
         opt_adamw_free(&t->opt, t->model);
@@ -410,6 +414,13 @@ double trainer_last_loss(const trainer *t) { return t->last_loss; }
  * 0 (tensor rank 0 of the first stage) reads data and speaks for it. */
 static cm_comm *replica_group(const trainer *t) { return t->pp ? t->mp : t->tp; }
 static bool replica_lead(const trainer *t) { return t->tp_rank == 0 && (!t->pp || t->pp_rank == 0); }
+/* The ranks the validator sees as one replica (their checksums combined, a check round run
+ * by all of them): the replica group, or with expert parallelism the expert group times the
+ * pipeline (trainer_ep.c). */
+static cm_comm *val_group(const trainer *t) { return t->epn > 1 ? t->erep : replica_group(t); }
+/* The ranks that hold the same state, over which a replica's state is taken (a repair, a
+ * replacement, the replica check): data parallel, or expert data parallel. */
+static cm_comm *state_group(const trainer *t) { return t->epn > 1 ? t->edp : t->dp; }
 
 uint64_t trainer__dropout_seed(const trainer *t, int64_t gmb) {
     return mix(mix((uint64_t)t->cfg.seed, (uint64_t)t->iteration), (uint64_t)gmb);
@@ -417,7 +428,8 @@ uint64_t trainer__dropout_seed(const trainer *t, int64_t gmb) {
 
 /* The norm of the model's gradient: over the replica's ranks, each slice once and the tied
  * embedding's copy not counted (gpt_tp_grad_sumsq). */
-int trainer__grad_norm(trainer *t, double *out) {
+int trainer__grad_norm(trainer *t, bool reduced, double *out) {
+    if (t->epn > 1) return trainer__ep_grad_norm(t, reduced, out);
     cm_comm *rg = replica_group(t);
     if (!rg) {
         *out = opt_grad_norm(t->model);
@@ -586,6 +598,8 @@ static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) 
     int rc;
     if (t->dopt) { /* the distributed optimizer (data parallelism only): reduce-scatter, averaged, the norm */
         if ((rc = trainer__dopt_reduce(t))) return rc;
+    } else if (t->epn > 1) { /* the experts' over the expert-data-parallel group only */
+        if ((rc = trainer__ep_reduce_grads(t))) return rc;
     } else {
         rc = gg->ops->allreduce_sum(gg, gpt_grads(t->model), gpt_num_params(t->model), CM_F32, TRAIN_COMM_TIMEOUT_MS);
         if (rc) return rc;
@@ -758,7 +772,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
     *grad_norm = 0;
     if (t->have_val) {
         /* this replica's norm (the tensor group's, the same on each of its ranks) */
-        int rc = trainer__grad_norm(t, grad_norm);
+        int rc = trainer__grad_norm(t, false, grad_norm);
         if (rc) return rc;
     }
     return 0;
@@ -773,6 +787,7 @@ static bool skip_listed(const trainer *t, int64_t step) {
 /* The data-parallel coordinate (replica) of a world rank the supervisor names (a verdict's
  * suspect or helper): the world rank itself without tensor parallelism. */
 static int replica_of(const trainer *t, int world_rank) {
+    if (t->epn > 1) return trainer__ep_replica_of(t, world_rank); /* (its place in the state group) */
     topo_coord co;
     if (replica_group(t) && t->have_layout && world_rank >= 0 && topo_coords(&t->layout, world_rank, &co) == 0)
         return co.dp;
@@ -819,7 +834,7 @@ static void *sum_main(void *arg) {
  * of its ranks' (all-gathered over the replica's ranks), the same on each of them, so the
  * supervisor compares replicas as it does without model parallelism. */
 static int combine_sums(trainer *t, rr_report *r) {
-    cm_comm *rg = replica_group(t);
+    cm_comm *rg = val_group(t);
     int n = rg->size;
     uint64_t mine[3] = {r->sum_used, r->sum_written, r->has_written};
     uint64_t *all = malloc(sizeof *all * 5 * (size_t)n);
@@ -843,7 +858,7 @@ static int combine_sums(trainer *t, rr_report *r) {
 
 /* Every rank takes rank `root`'s parameters and optimizer state (REPAIR, replica repair). */
 static int take_state(trainer *t, int root) {
-    cm_comm *dp = t->dp;
+    cm_comm *dp = state_group(t);
     size_t n = gpt_num_params(t->model);
     int rc = dp->ops->broadcast(dp, gpt_params(t->model), n * sizeof(float), root, TRAIN_COMM_TIMEOUT_MS);
     if (!rc && t->opt.m) rc = dp->ops->broadcast(dp, t->opt.m, n * sizeof(float), root, TRAIN_COMM_TIMEOUT_MS);
@@ -858,7 +873,7 @@ static int take_state(trainer *t, int root) {
  * more... with two ranks a mismatch cannot be attributed: both are reported) takes the
  * majority's state. */
 static int check_replicas(trainer *t) {
-    cm_comm *dp = t->dp;
+    cm_comm *dp = state_group(t);
     size_t n = gpt_num_params(t->model);
     XXH64_state_t *h = XXH64_createState();
     if (!h) return CO_ENOMEM;
@@ -894,7 +909,7 @@ static int check_replicas(trainer *t) {
             if (all[r] != all[best]) len += snprintf(line + len, sizeof line - (size_t)len, " %d", r);
         snprintf(line + len, sizeof line - (size_t)len, " differ from rank %d (%d of %d agree); repaired from rank %d",
                  best, best_count, dp->size, best);
-        if (t->topo.dp_rank == best || all[t->topo.dp_rank] != all[best]) emit(t, line);
+        if (dp->rank == best || all[dp->rank] != all[best]) emit(t, line);
         rc = take_state(t, best);
     }
     free(all);
@@ -923,6 +938,11 @@ void trainer_model_parallel(const trainer *t, int *tp, int *tp_rank, int *pp, in
     *tp_rank = t->tp_rank;
     *pp = t->pp_size;
     *pp_rank = t->pp_rank;
+}
+
+void trainer_expert_parallel(const trainer *t, int *ep, int *ep_rank) {
+    *ep = t->epn;
+    *ep_rank = t->epr;
 }
 
 gpt_config trainer_model_config_of(const trainer *t, int tp_rank, int pp_rank) {
@@ -994,7 +1014,8 @@ int trainer_sync_state(trainer *t, int root) {
     double p[11] = {(double)t->iteration, (double)t->consumed[0], (double)t->consumed[1], (double)t->consumed[2],
                     (double)t->skipped,   (double)t->nan_iters,   t->loss_sum,            t->tok_sum,
                     (double)t->iters_since_log, (double)t->opt.step, t->time_since_log};
-    rc = t->dp->ops->broadcast(t->dp, p, sizeof p, root, TRAIN_COMM_TIMEOUT_MS);
+    cm_comm *sg = state_group(t);
+    rc = sg->ops->broadcast(sg, p, sizeof p, root, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
     t->iteration = (int64_t)p[0];
     for (int s = 0; s < 3; s++) t->consumed[s] = (int64_t)p[1 + s];
@@ -1022,7 +1043,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
     /* the weights as built or loaded (a repair or a peer's state noted it already; an
      * optimizer step keeps it) */
     if (!t->have_written) note_written(t);
-    cm_comm *rg = replica_group(t);
+    cm_comm *rg = replica_group(t), *vg = val_group(t);
     if (rg) {
         /* which splits have samples: the replica's rank 0 built them */
         int rc = rg->ops->broadcast(rg, t->has_split, sizeof t->has_split, 0, TRAIN_COMM_TIMEOUT_MS);
@@ -1115,7 +1136,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                     r.sum_used = job.sum;
                     r.has_written = t->have_written;
                     r.sum_written = t->sum_written;
-                    if (rg && (rc = combine_sums(t, &r))) return rc;
+                    if (vg && (rc = combine_sums(t, &r))) return rc;
                     if ((rc = t->val.checksum(t->val.ctx, &r))) return rc;
                 }
                 t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - ta);
@@ -1125,7 +1146,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                                : compute_share(t, role_check_for, step, &l, &k, &local_norm);
                 if (rc) return rc;
                 rr_report r = {.iteration = step, .attempt = attempt, .rank = me,
-                               .check_for = rg ? check_suspect : role_check_for,
+                               .check_for = vg ? check_suspect : role_check_for,
                                .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB, .grad_norm = local_norm};
                 memcpy(r.loss, t->mb_loss, sizeof(double) * (size_t)r.nmb);
                 memcpy(r.tokens, t->mb_tok, sizeof(double) * (size_t)r.nmb);
@@ -1152,7 +1173,8 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
             char line[600];
             snprintf(line, sizeof line, "iteration %lld: %s: %s", (long long)step, rr_decision_name(v.decision),
                      v.reason);
-            if (!t->dp || (replica_of(t, v.suspect) == me && replica_lead(t))) emit_line(t, line, false);
+            if (!t->dp || (replica_of(t, v.suspect) == state_group(t)->rank && replica_lead(t) && t->epr == 0))
+                emit_line(t, line, false);
             if (v.decision == RR_RERUN) {
                 attempt = v.attempt;
                 checking_round = false;
@@ -1160,12 +1182,14 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                 attempt = v.attempt;
                 checking_round = true;
                 /* the helper's replica recomputes (all of its tensor group); the helper reports */
-                role_check_for = replica_of(t, v.helper) == me ? replica_of(t, v.suspect) : -1;
+                role_check_for = t->epn > 1                         ? trainer__ep_check_share(t, v.helper, v.suspect)
+                                 : replica_of(t, v.helper) == me ? replica_of(t, v.suspect)
+                                                                 : -1;
                 check_suspect = v.suspect;
-                check_reports = v.helper == t->job_rank || !rg;
+                check_reports = v.helper == t->job_rank || !vg;
             } else if (v.decision == RR_REPAIR) {
                 int src = replica_of(t, v.helper);
-                if (!t->dp || src < 0 || src >= t->dp->size)
+                if (!t->dp || src < 0 || src >= state_group(t)->size)
                     return co_err_set(CO_EPROTOCOL, "verdict REPAIR from rank %d", v.helper);
                 if ((rc = take_state(t, src))) return rc;
                 attempt = v.attempt;
@@ -1183,7 +1207,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         double tlo = tl_now();
         if (!skip_step) {
             double to = now_s();
-            int grc = t->dopt ? trainer__dopt_norm(t, &gnorm) : trainer__grad_norm(t, &gnorm);
+            int grc = t->dopt ? trainer__dopt_norm(t, &gnorm) : trainer__grad_norm(t, true, &gnorm);
             if (grc) return grc;
             double loss = it_tok > 0 ? it_loss / it_tok : 0;
             if (!t->have_val && c->check_for_nan_in_loss_and_grad && (!isfinite(loss) || !isfinite(gnorm))) {

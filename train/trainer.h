@@ -53,6 +53,10 @@ typedef struct trainer_data {
      * attention is a ring over the context group, gradients and loss reports are summed over
      * the data x context group (train/trainer_cp.c) */
     struct cm_comm *cp, *dpcp;
+    /* expert parallelism (--expert-model-parallel-size > 1 with --num-experts; NULL
+     * otherwise): the expert group, the expert-data-parallel group and the expert group x
+     * pipeline (train/trainer_ep.c) */
+    struct cm_comm *ep, *edp, *erep;
 } trainer_data;
 
 struct cm_comm;
@@ -162,6 +166,8 @@ void trainer_set_comm(trainer *t, struct cm_comm *dp);
 /* The new generation's context and data x context groups (NULL between generations;
  * nothing at cp 1). */
 void trainer_set_context_groups(trainer *t, struct cm_comm *cp, struct cm_comm *dpcp);
+/* The new generation's expert groups (as trainer_data's; NULL between generations). */
+void trainer_set_expert_groups(trainer *t, struct cm_comm *ep, struct cm_comm *edp, struct cm_comm *erep);
 /* The new generation's tensor-parallel group (NULL between generations). */
 void trainer_set_tensor_group(trainer *t, struct cm_comm *tp);
 /* The model's configuration on another rank of this replica: tensor rank tp_rank, pipeline
@@ -170,6 +176,9 @@ void trainer_set_tensor_group(trainer *t, struct cm_comm *tp);
 gpt_config trainer_model_config_of(const trainer *t, int tp_rank, int pp_rank);
 /* The sizes of this rank's replica: tensor and pipeline ranks. */
 void trainer_model_parallel(const trainer *t, int *tp, int *tp_rank, int *pp, int *pp_rank);
+/* The expert-parallel size (1 without) and this rank's place in its expert group; a shard's
+ * configuration (trainer_model_config_of) holds expert rank e's experts with ep_rank = e. */
+void trainer_expert_parallel(const trainer *t, int *ep, int *ep_rank);
 /* With --timeline-dir: opens this rank's timeline file (world rank of world ranks), which
  * records the iterations --timeline-iterations names after the current one (docs/timeline.md).
  * 0 or the error (the directory or file cannot be made). */

@@ -12,7 +12,11 @@
  *     biases): once, by one tensor rank of its stage, chosen by the tensor's index so that
  *     the bytes spread;
  *   - the last stage's copy of the tied word embedding: not at all (the first stage's is
- *     the checkpoint's; loading fills both).
+ *     the checkpoint's; loading fills both);
+ *   - with expert parallelism (ep > 1) a shard is also an expert rank: each expert's tensors
+ *     (global index in the name) by the expert rank that holds it; the other tensors, held by
+ *     every expert rank, once, by one chosen by the tensor's index. A load takes this rank's
+ *     tensors by name, so a checkpoint resumes at any expert-parallel size.
  * Data is this rank's buffer where it holds the part (its own pieces, a run shared with it,
  * a whole tensor of its stage), NULL elsewhere. Rows are contiguous in the flat buffers and a
  * column slice is the rank's whole local tensor, so each part is one row-major buffer. The
@@ -108,17 +112,21 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
     gpt_model *model = trainer_model(t);
     opt_adamw *o = trainer_optimizer(t);
     const co_config *c = trainer_config(t);
-    int tp, tpr, pp, ppr;
+    int tp, tpr, pp, ppr, ep, epr;
     trainer_model_parallel(t, &tp, &tpr, &pp, &ppr);
-    int shards = tp * pp, nt = gpt_num_tensors(model);
+    trainer_expert_parallel(t, &ep, &epr);
+    /* shard (tensor rank r, stage s, expert rank e) */
+#define SHARD(r, s, e) ((r) + tp * ((s) + pp * (e)))
+    int shards = tp * pp * ep, nt = gpt_num_tensors(model);
     const gpt_tensor *mine = gpt_tensors(model);
     /* writer w (a world rank) holds the shard of its coordinates */
     topo_layout lay;
     char err[200];
     int cpn = c->context_parallel_size > 1 && !co_config_standin_model_parallel ? c->context_parallel_size : 1;
-    if (world % (shards * cpn) ||
-        topo_layout_init(&lay, world, tp, pp, cpn, 1, 0, c->use_tp_pp_dp_mapping, err, sizeof err))
-        return co_err_set(CO_EINTERNAL, "checkpoint: %d ranks in shards of tensor %d x pipeline %d", world, tp, pp);
+    if (world % (tp * pp * cpn) || world / (tp * pp * cpn) % ep ||
+        topo_layout_init(&lay, world, tp, pp, cpn, ep, 0, c->use_tp_pp_dp_mapping, err, sizeof err))
+        return co_err_set(CO_EINTERNAL, "checkpoint: %d ranks in shards of tensor %d x pipeline %d x expert %d", world,
+                          tp, pp, ep);
     int *wg = malloc(sizeof *wg * (size_t)world);
     gpt_tensor **tab = calloc((size_t)shards, sizeof *tab);
     int *ntab = calloc((size_t)shards, sizeof *ntab);
@@ -126,15 +134,16 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
     for (int w = 0; w < world && !rc; w++) {
         topo_coord co;
         if (topo_coords(&lay, w, &co)) rc = co_err_set(CO_EINTERNAL, "checkpoint: no coordinates for rank %d", w);
-        else wg[w] = co.tp + tp * co.pp;
-        if (!rc && w == rank && (co.tp != tpr || co.pp != ppr))
-            rc = co_err_set(CO_EINTERNAL, "checkpoint: rank %d is at tensor %d, pipeline %d, its layout says %d, %d", w,
-                            tpr, ppr, co.tp, co.pp);
+        else wg[w] = SHARD(co.tp, co.pp, ep > 1 ? co.ep : 0);
+        if (!rc && w == rank && (co.tp != tpr || co.pp != ppr || (ep > 1 && co.ep != epr)))
+            rc = co_err_set(CO_EINTERNAL, "checkpoint: rank %d is at tensor %d, pipeline %d, expert %d, its layout says "
+                                          "%d, %d, %d", w, tpr, ppr, epr, co.tp, co.pp, co.ep);
     }
     for (int sh = 0; sh < shards && !rc; sh++) {
-        gpt_config cfg = trainer_model_config_of(t, sh % tp, sh / tp);
+        gpt_config cfg = trainer_model_config_of(t, sh % tp, sh / tp % pp);
+        cfg.ep_rank = sh / (tp * pp);
         rc = gpt_tensor_table(&cfg, &tab[sh], &ntab[sh], NULL);
-        if (!rc && sh / tp == ppr && ntab[sh] != nt)
+        if (!rc && sh / tp % pp == ppr && ntab[sh] != nt)
             rc = co_err_set(CO_EINTERNAL, "checkpoint: shard %d has %d tensors, this rank %d", sh, ntab[sh], nt);
     }
     const float *dm = NULL, *dv = NULL;
@@ -151,15 +160,22 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
         if (part && L) rc = add_dopt(save, part, mine, nt, L, drank, part == 1 ? dm : dv);
         for (int s = 0; s < pp && !rc && !(part && L); s++) {
             bool my_stage = s == ppr;
-            for (int i = 0; i < ntab[s * tp] && !rc; i++) {
-                const gpt_tensor *t0 = &tab[s * tp][i];
+            for (int i = 0; i < ntab[SHARD(0, s, 0)] && !rc; i++) {
+                const gpt_tensor *t0 = &tab[SHARD(0, s, 0)][i];
                 if (t0->emb_copy) continue;
+                if (t0->expert && ep > 1) { /* each expert rank's own experts (tensor size 1) */
+                    for (int e = 0; e < ep && !rc; e++)
+                        rc = add(save, part, &tab[SHARD(0, s, e)][i], SHARD(0, s, e), false, 0, NULL,
+                                 my_stage && e == epr ? base + mine[i].offset : NULL);
+                    continue;
+                }
                 if (tp == 1 || t0->split == GPT_TP_REPLICATED) {
-                    rc = add(save, part, t0, i % tp + tp * s, false, 0, NULL, my_stage ? base + mine[i].offset : NULL);
+                    rc = add(save, part, t0, SHARD(i % tp, s, i % ep), false, 0, NULL,
+                             my_stage ? base + mine[i].offset : NULL);
                     continue;
                 }
                 for (int r = 0; r < tp && !rc; r++) {
-                    const gpt_tensor *tr = &tab[r + tp * s][i];
+                    const gpt_tensor *tr = &tab[SHARD(r, s, 0)][i];
                     size_t cols = (size_t)(tr->shape[1] ? tr->shape[1] : 1);
                     for (int q = 0; q < tr->npieces && !rc; q++) {
                         const gpt_piece *p = &tr->piece[q];
@@ -168,7 +184,7 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
                         float *data = !held ? NULL
                                       : base + mine[i].offset +
                                             (tr->split == GPT_TP_ROWS ? (size_t)mine[i].piece[q].local * cols : 0);
-                        rc = add(save, part, tr, r + tp * s, true, tr->split, p, data);
+                        rc = add(save, part, tr, SHARD(r, s, i % ep), true, tr->split, p, data);
                     }
                 }
             }
@@ -198,4 +214,5 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
     *writer_group = wg;
     *groups = shards;
     return 0;
+#undef SHARD
 }

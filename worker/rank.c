@@ -55,10 +55,12 @@ static void close_comms(sv_link *link, wk_comms **cs, cm_comm **dp) {
 /* *out: the rank of the generation's state source (a world rank; -1: none) in the
  * data-parallel group: the supervisor names a peer holding this rank's shard. */
 static int source_in_dp(const wk_comms *cs, int rank, int source, int *out) {
-    *out = source < 0 ? -1 : wk_comms_rank_in(cs, TOPO_G_DP, source);
+    /* with expert parallelism the ranks holding the same state are an expert-data-parallel group */
+    bool experts = wk_comms_layout(cs)->ep > 1;
+    *out = source < 0 ? -1 : wk_comms_rank_in(cs, experts ? TOPO_G_EDP : TOPO_G_DP, source);
     if (source >= 0 && *out < 0)
-        return co_err_set(CO_EPROTOCOL, "rank %d: the state source, rank %d, is not in its data-parallel group",
-                          rank, source);
+        return co_err_set(CO_EPROTOCOL, "rank %d: the state source, rank %d, is not in its %s group", rank, source,
+                          experts ? "expert-data-parallel" : "data-parallel");
     return 0;
 }
 
@@ -77,6 +79,14 @@ static void report_waiting(void *ctx, int stage) {
 /* A pipeline rank's groups (NULL without): its two point-to-point channels (ZeroMQ, also
  * under NCCL: the pipeline's sends and receives go through the host), the embedding group
  * and the model-parallel group. */
+/* The expert groups (trainer_data.ep, edp, erep) where the layout has expert parallelism. */
+static void set_experts(trainer_data *td, const wk_comms *cs) {
+    bool experts = cs && wk_comms_layout(cs)->ep > 1;
+    td->ep = experts ? wk_comms_group(cs, TOPO_G_EP) : NULL;
+    td->edp = experts ? wk_comms_group(cs, TOPO_G_EDP) : NULL;
+    td->erep = experts ? wk_comms_group(cs, TOPO_G_ETP_EP_PP) : NULL;
+}
+
 static void set_pipeline(trainer_data *td, const wk_comms *cs) {
     td->pp = wk_comms_pipeline(cs, 0);
     td->pp_bwd = wk_comms_pipeline(cs, 1);
@@ -152,6 +162,7 @@ int wk_run(const wk_options *o) {
     bool pipelined = c.pipeline_model_parallel_size > 1;
     td.tp = split_model && cs ? wk_comms_group(cs, TOPO_G_TP) : NULL;
     set_pipeline(&td, pipelined ? cs : NULL);
+    set_experts(&td, co_config_standin_model_parallel ? NULL : cs);
     bool context = c.context_parallel_size > 1; /* (the stand-in set it to 1) */
     td.cp = context && cs ? wk_comms_group(cs, TOPO_G_CP) : NULL;
     td.dpcp = context && cs ? wk_comms_group(cs, TOPO_G_DP_CP) : NULL;
@@ -260,6 +271,7 @@ int wk_run(const wk_options *o) {
         trainer_set_tensor_group(t, NULL);
         trainer_set_context_groups(t, NULL, NULL);
         trainer_set_pipeline_groups(t, NULL, NULL, NULL, NULL);
+        trainer_set_expert_groups(t, NULL, NULL, NULL);
         sv_assignment na;
         rc = sv_link_await_restart(link, it, &na, (int)(c.rendezvous_timeout * 1000));
         if (rc) break;
@@ -292,6 +304,9 @@ int wk_run(const wk_options *o) {
             set_pipeline(&ptd, cs);
             trainer_set_pipeline_groups(t, ptd.pp, ptd.pp_bwd, ptd.emb, ptd.mp);
         }
+        trainer_data etd;
+        set_experts(&etd, co_config_standin_model_parallel ? NULL : cs);
+        trainer_set_expert_groups(t, etd.ep, etd.edp, etd.erep);
         if (reload) {
             rc = wk_ckpt_reload(ckpt, reload);
             free(reload);

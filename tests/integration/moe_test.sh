@@ -22,7 +22,7 @@
 #                taken); dp 2 trains the one-rank job's numbers (the counts are summed over
 #                the replicas); a resumed run ends with the uninterrupted one's checkpoint
 #   refused      bad configurations exit 2 before any work: top-k above the experts,
-#                biases, tensor parallelism, expert parallelism, the expert bias with
+#                biases, tensor parallelism, the expert bias with
 #                softmax, flex, group counts that do not divide, padding without a capacity
 set -uo pipefail
 cohort=$1; case_name=$2
@@ -150,7 +150,6 @@ refused)
     "$cohort" train "${with_bias[@]}" --train-iters 2 >"$work/r.out" 2>&1; rc=$?
     [ $rc -eq 2 ] && grep -q -- "add --disable-bias-linear" "$work/r.out" || fail "biases: exit $rc: $(tail -3 "$work/r.out")"
     expect "with --tensor-model-parallel-size 2 is not supported yet" --tensor-model-parallel-size 2 --nproc-per-node 2
-    expect "--expert-model-parallel-size 2 is not supported yet" --expert-model-parallel-size 2 --nproc-per-node 2
     expect "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid" --moe-router-enable-expert-bias
     expect "flex (DeepEP) is not supported" --moe-token-dispatcher-type flex
     expect "--moe-router-num-groups 3 must divide" --moe-router-num-groups 3 --moe-router-group-topk 1

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# moe_ep_test.sh - expert parallelism through `cohort train` (--expert-model-parallel-size,
+# train/trainer_ep.c), one case per meson test.
+#   moe_ep_test.sh COHORT CASE
+# The model: 4 layers, every second one MoE with 4 experts, top-2, aux and z losses. Ranks
+# are processes on the CPU backend; an expert group is ep consecutive data-parallel ranks.
+# Cases:
+#   match     ep 2 (dp 2) and ep 4 (dp 4), each with the alltoall and the allgather
+#             dispatcher, and ep 2 x dp 4, train the one-rank job's numbers: losses,
+#             gradient norms and the validation loss within 1e-6 relative (compare_runs.sh),
+#             the final parameters and Adam moments within 1e-5 (ckpt diff; every expert
+#             tensor present); a repeated ep 4 run is bitwise the same (metrics and
+#             checkpoint)
+#   pp        ep 2 x pp 2 (4 ranks: the expert groups are per stage) against one rank, as
+#             match
+#   reshard   a checkpoint saved at ep 2 resumes at ep 4 and on one rank (experts by global
+#             index): both end within 1e-5 of the uninterrupted one-rank run (the #1517 class)
+#   killed    ep 2 x dp 4: the killed rank 3 (expert rank 1 of the second expert group) is
+#             rebuilt from rank 1's memory (its expert-data-parallel peer: the same experts)
+#             and the job ends bitwise as the clean run; at ep 2 x dp 2 no rank holds the
+#             lost experts, so the job reloads its last checkpoint, and ends bitwise too
+#   sdc       a flipped weight bit on rank 2 is found by the checksums (an expert group is
+#             one replica) and repaired from the other expert group: bitwise the clean run
+#   peer_check a NaN that reproduces is recomputed by the other expert group (every rank of
+#             it taking its counterpart's micro batches) and diagnosed as the data's: exit 3
+#   refused   bad configurations exit 2 before any work: experts not divisible by ep, ep
+#             without experts, ep not dividing the data-parallel ranks, ep with tensor
+#             parallelism
+set -uo pipefail
+cohort=$1; case_name=$2
+export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
+work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-moe-ep.XXXXXX")
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4 --hidden-size 32
+      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
+      --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
+      --threads 1 --disable-bias-linear
+      --num-experts 4 --moe-router-topk 2 --moe-layer-freq 2 --moe-ffn-hidden-size 48
+      --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3)
+. "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
+
+run() { # NAME ITERS ARGS...: metrics in $work/NAME.jsonl, output in $work/NAME.out, checkpoint $work/NAME.ck
+    local name=$1 iters=$2; shift 2
+    "$cohort" train "${tiny[@]}" --train-iters "$iters" --metrics-file "$work/$name.jsonl" --save "$work/$name.ck" "$@" \
+        >"$work/$name.out" 2>&1 || fail "$name: exit $?: $(tail -5 "$work/$name.out")"
+}
+close() { # REF RUN: the final checkpoints within 1e-5, every expert tensor compared
+    "$cohort" ckpt diff "$work/$1.ck" "$work/$2.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$2: diff"
+    /usr/bin/python3 - "$work/d.json" <<'PY' || fail "$2: parameters differ from $1's: $(head -c 400 "$work/d.json")"
+import json, sys
+rows = json.load(open(sys.argv[1]))['tensors']
+for e in range(4):
+    for l in (0, 2):
+        for w in ('fc1', 'fc2'):
+            for p in ('', 'optimizer.exp_avg.', 'optimizer.exp_avg_sq.'):
+                n = f'{p}layers.{l}.mlp.experts.{e}.{w}.weight'
+                assert any(r['name'] == n for r in rows), n
+assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), [r for r in rows if r['status'] not in ('bitwise equal', 'differs')][:3]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+assert not bad, bad[:3]
+PY
+}
+bitwise() { # A B: two runs' checkpoints bitwise the same
+    "$cohort" ckpt diff "$work/$1.ck" "$work/$2.ck" >"$work/bd" || fail "$1 and $2 differ: $(tail -3 "$work/bd")"
+}
+
+case $case_name in
+match)
+    run one 5
+    run ep2a 5 --nproc-per-node 2 --expert-model-parallel-size 2
+    run ep2g 5 --nproc-per-node 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
+    run ep4a 5 --nproc-per-node 4 --expert-model-parallel-size 4
+    run ep4g 5 --nproc-per-node 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type allgather
+    run ep2d4 5 --nproc-per-node 4 --expert-model-parallel-size 2
+    compare 1 one ep2a ep2g ep4a ep4g ep2d4
+    for n in ep2a ep2g ep4a ep4g ep2d4; do close one $n; done
+    run ep4b 5 --nproc-per-node 4 --expert-model-parallel-size 4
+    [ "$(losses "$work/ep4a.jsonl")" = "$(losses "$work/ep4b.jsonl")" ] || fail "two ep 4 runs log different numbers"
+    bitwise ep4a ep4b
+    ;;
+pp)
+    run one 5
+    run ep2pp2 5 --nproc-per-node 4 --expert-model-parallel-size 2 --pipeline-model-parallel-size 2
+    compare 1 one ep2pp2
+    close one ep2pp2
+    ;;
+reshard)
+    run one 6
+    run half 6 --nproc-per-node 2 --expert-model-parallel-size 2 --exit-interval 3
+    cp -r "$work/half.ck" "$work/half1.ck"
+    "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --expert-model-parallel-size 4 \
+        --load "$work/half.ck" --save "$work/half.ck" >"$work/r4.out" 2>&1 || fail "resume at ep 4: $(tail -3 "$work/r4.out")"
+    grep -q "successfully loaded checkpoint" "$work/r4.out" || fail "ep 4 did not load: $(head -5 "$work/r4.out")"
+    "$cohort" train "${tiny[@]}" --train-iters 6 --load "$work/half1.ck" --save "$work/half1.ck" >"$work/r1.out" 2>&1 ||
+        fail "resume on one rank: $(tail -3 "$work/r1.out")"
+    close one half
+    close one half1
+    ;;
+killed)
+    k=(--nproc-per-node 4 --expert-model-parallel-size 2)
+    run clean 8 "${k[@]}"
+    run f 8 "${k[@]}" --inject "kill@rank=3,step=4"
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    grep -q "rank 3 replaced in process generation 2: state of iteration 3 taken from rank 1's memory" "$work/f.out" ||
+        fail "rank 3 did not take rank 1's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
+    bitwise clean f
+    # ep = dp: the lost experts have no replica; the last checkpoint (iteration 2) is reloaded
+    k=(--nproc-per-node 2 --expert-model-parallel-size 2 --save-interval 2)
+    run clean2 8 "${k[@]}"
+    run g 8 "${k[@]}" --inject "kill@rank=1,step=4"
+    grep -q "no replica survived of the model shard" "$work/g.out" || fail "no fallback: $(grep supervisor "$work/g.out")"
+    grep -q "loads the checkpoint of iteration 2" "$work/g.out" || fail "no reload: $(grep supervisor "$work/g.out")"
+    bitwise clean2 g
+    ;;
+sdc)
+    k=(--nproc-per-node 4 --expert-model-parallel-size 2)
+    run clean 8 "${k[@]}"
+    run f 8 "${k[@]}" --inject "bitflip-param@rank=2,step=4,bit=22"
+    grep -q "iteration 4: repair .*silent data corruption; repaired from rank [01]" "$work/f.out" ||
+        fail "not repaired: $(grep supervisor "$work/f.out")"
+    bitwise clean f
+    ;;
+peer_check)
+    "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --expert-model-parallel-size 2 \
+        --inject "nan@rank=3,step=4,times=always" >"$work/f.out" 2>&1
+    rc=$?
+    [ $rc -eq 3 ] || fail "exit $rc, want 3: $(tail -5 "$work/f.out")"
+    # the second expert group (ranks 2, 3) reports it; the first (ranks 0, 1) recomputes
+    grep -Eq "rank [23]: nan_[a-z]* \(nan\) reproduced; rank [01] recomputes" "$work/f.out" ||
+        fail "no peer check: $(grep -i 'supervisor' "$work/f.out" | head)"
+    grep -Eq "reproduced on rank [01] too: the data or the model is at fault" "$work/f.out" ||
+        fail "no diagnosis: $(grep supervisor "$work/f.out")"
+    ;;
+refused)
+    expect() { # PATTERN ARGS...: exit 2 and the pattern in the output, nothing trained
+        local pat=$1; shift
+        "$cohort" train "${tiny[@]}" --train-iters 2 "$@" >"$work/r.out" 2>&1; local rc=$?
+        [ $rc -eq 2 ] || fail "$*: exit $rc, expected 2: $(tail -3 "$work/r.out")"
+        grep -q -- "$pat" "$work/r.out" || fail "$*: no '$pat' in: $(tail -3 "$work/r.out")"
+        ! grep -q "iteration  *1/" "$work/r.out" || fail "$*: trained"
+    }
+    expect "--num-experts 4 is not divisible by --expert-model-parallel-size 3" --expert-model-parallel-size 3 \
+        --nproc-per-node 3 --global-batch-size 6
+    expect "--expert-model-parallel-size 2 needs --num-experts" --num-experts 0 --expert-model-parallel-size 2
+    expect "does not divide the 1 data-parallel ranks" --expert-model-parallel-size 2
+    expect "world size 6 is not a multiple of expert tensor 1 x expert 4" --expert-model-parallel-size 4 --nproc-per-node 6 \
+        --global-batch-size 12
+    expect "with tensor or context parallelism is not supported yet" --expert-model-parallel-size 2 \
+        --tensor-model-parallel-size 2 --nproc-per-node 4
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
+echo "ok: $case_name"
