@@ -327,6 +327,23 @@ static int check_pipeline(const co_config *c, int dp, char *err, size_t n) {
     pp_place_from_config(c, &pc);
     int v = pp_place_chunks(&pc, err, n);
     if (v < 1) return CO_EINVAL;
+    if (c->mtp_num_layers > 0) {
+        /* Megatron runs MTP layers placed before the loss's stage there and sends their
+         * hidden states on with the main ones; cohort runs them beside the loss only */
+        pp_stage *st = calloc((size_t)p * (size_t)v, sizeof *st);
+        int vv = 0;
+        if (!st) return CO_ENOMEM;
+        int rc = pp_placement(&pc, st, p * v, &vv, err, n) ? CO_EINVAL : 0;
+        for (int i = 0; !rc && i < p * vv; i++)
+            if (st[i].mtp_layers && !st[i].loss) {
+                snprintf(err, n, "--pipeline-model-parallel-layout '%s' places the MTP layers m on stage %d, before the "
+                                 "loss L's stage: not supported yet (put m in the stage with L)",
+                         c->pipeline_model_parallel_layout, i);
+                rc = CO_EINVAL;
+            }
+        free(st);
+        if (rc) return rc;
+    }
     pp_sched_cfg sc = {.p = p, .rank = 0, .m = c->global_batch_size / (c->micro_batch_size * dp), .v = v,
                        .group = c->microbatch_group_size_per_vp_stage};
     return pp_sched_check(&sc, err, n) ? CO_EINVAL : 0;

@@ -768,6 +768,19 @@ int gpt_set_expert_group(gpt_model *m, struct cm_comm *ep, moe_dispatcher d, int
     return 0;
 }
 
+void gpt_moe_ep_counters(const gpt_model *m, uint64_t *bytes, double *seconds) {
+    *bytes = 0;
+    *seconds = 0;
+    for (int k = 0; k < m->nchunks; k++)
+        for (int s = 0; s < m->chunk[k].slots; s++)
+            for (int i = 0; i < m->chunk[k].def.nlayers; i++) {
+                const moe_layer *ml = m->chunk[k].slot[s].acts[i].moe;
+                if (!ml) continue;
+                *bytes += moe_ep_bytes_sent(ml);
+                *seconds += moe_ep_dispatch_seconds(ml);
+            }
+}
+
 void gpt_moe_stats_take(gpt_model *m, gpt_moe_stats *out, int64_t *tpe) {
     *out = m->moe_acc;
     memset(&m->moe_acc, 0, sizeof m->moe_acc);

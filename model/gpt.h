@@ -318,6 +318,10 @@ typedef struct gpt_moe_stats {
     int64_t dropped;
 } gpt_moe_stats;
 void gpt_moe_stats_take(gpt_model *m, gpt_moe_stats *out, int64_t *tpe);
+/* Expert parallelism's counters over every MoE layer of this rank since the model was made:
+ * bytes sent to the expert group and seconds in dispatch and combine (moe_ep_bytes_sent,
+ * moe_ep_dispatch_seconds). */
+void gpt_moe_ep_counters(const gpt_model *m, uint64_t *bytes, double *seconds);
 /* Layer l's expert bias [E] (host-visible parameter memory; no gradient: its caller moves it
  * with moe_expert_bias_update before the optimizer step), or NULL (not a MoE layer of this
  * rank, or no expert bias). */

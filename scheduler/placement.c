@@ -471,5 +471,6 @@ void pp_place_from_config(const co_config *c, pp_place_cfg *out) {
         .first = c->decoder_first_pipeline_num_layers, .last = c->decoder_last_pipeline_num_layers,
         .account_embedding = c->account_for_embedding_in_pipeline_split,
         .account_loss = c->account_for_loss_in_pipeline_split,
-        .layout = c->pipeline_model_parallel_layout[0] ? c->pipeline_model_parallel_layout : NULL};
+        .layout = c->pipeline_model_parallel_layout[0] ? c->pipeline_model_parallel_layout : NULL,
+        .mtp_num_layers = c->mtp_num_layers};
 }

@@ -144,6 +144,8 @@ struct trainer {
     int epn, epr;
     struct tr_ep_run *ep_runs;
     int nep_runs;
+    uint64_t ep_bytes_logged; /* the exchange's counters at the last log line */
+    double ep_secs_logged;
 };
 
 

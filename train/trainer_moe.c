@@ -158,9 +158,20 @@ int trainer__moe_log(trainer *t, char *text, size_t tn, char *json, size_t jn) {
     if (c->moe_aux_loss_coeff > 0 && strcmp(c->moe_router_load_balancing_type, "none"))
         len += snprintf(text + len, tn - (size_t)len, " load_balancing_loss: %.6E |", lb);
     if (c->moe_z_loss_coeff > 0 && (size_t)len < tn) snprintf(text + len, tn - (size_t)len, " z_loss: %.6E |", z);
-    snprintf(json, jn, ",\"load_balancing_loss\":%.9e,\"z_loss\":%.9e,\"moe_dropped_tokens\":%.0f,"
-             "\"moe_router_collapses\":%lld",
-             lb, z, v[3], (long long)t->moe_collapses);
+    int jl = snprintf(json, jn, ",\"load_balancing_loss\":%.9e,\"z_loss\":%.9e,\"moe_dropped_tokens\":%.0f,"
+                      "\"moe_router_collapses\":%lld",
+                      lb, z, v[3], (long long)t->moe_collapses);
+    if (t->epn > 1 && jl > 0 && (size_t)jl < jn) {
+        /* this (the logging) rank's exchange since the last log line: bytes it sent to its
+         * expert group, seconds in dispatch and combine */
+        uint64_t bytes;
+        double secs;
+        gpt_moe_ep_counters(t->model, &bytes, &secs);
+        snprintf(json + jl, jn - (size_t)jl, ",\"moe_ep_bytes_sent\":%llu,\"moe_ep_dispatch_s\":%.6f",
+                 (unsigned long long)(bytes - t->ep_bytes_logged), secs - t->ep_secs_logged);
+        t->ep_bytes_logged = bytes;
+        t->ep_secs_logged = secs;
+    }
     t->moe_lb_sum = t->moe_z_sum = t->moe_forwards = t->moe_dropped = 0;
     return 0;
 }

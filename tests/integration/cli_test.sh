@@ -56,7 +56,7 @@ refused|ranges)
         expect_refused "with --context-parallel-size 2 is not supported yet (the ring attention has no dropout)" \
             "${tiny[@]}" --train-iters 2 --context-parallel-size 2 --nproc-per-node 2 --attention-dropout 0.1
         expect_refused "--fp16 is not supported yet" "${tiny[@]}" --train-iters 2 --fp16
-        expect_refused "--expert-model-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 \
+        expect_refused "--expert-model-parallel-size 2 needs --num-experts" "${tiny[@]}" --train-iters 2 \
             --expert-model-parallel-size 2
         expect_refused "--expert-tensor-parallel-size 2 is not supported yet" "${tiny[@]}" --train-iters 2 \
             --expert-tensor-parallel-size 2
@@ -81,8 +81,7 @@ refused|ranges)
         "$cohort" train "${tiny[@]}" --train-iters 1 --micro-batch-size 1 --global-batch-size 65 --rerun-mode disabled \
             >"$work/out" 2>&1 || fail "65 micro batches without validation: $(tail -3 "$work/out")"
         "$cohort" train --help >"$work/help" || fail "--help exit $?"
-        for f in overlap-grad-reduce overlap-param-gather fp16 expert-model-parallel-size \
-                 expert-tensor-parallel-size; do
+        for f in overlap-grad-reduce overlap-param-gather fp16 expert-tensor-parallel-size; do
             grep -E -- "--$f( |$).*not supported yet" "$work/help" >/dev/null || fail "--help does not say --$f is not supported yet"
         done
         expect_refused "--vocab-file/--merge-file" --mock-data --num-layers 1 --hidden-size 32 --num-attention-heads 4 \

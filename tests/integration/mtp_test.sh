@@ -8,11 +8,13 @@
 #             shared layers learn from them) but not its first step
 #   resume    stopped at iteration 3 and resumed: the uninterrupted run's checkpoint bitwise;
 #             `ckpt inspect` lists the depths' tensors under Megatron's names
-#   layouts   dp 2, and pp 2 with the depths on the last stage (tied embeddings, rope), train
+#   layouts   dp 2, pp 2 with the depths on the last stage (tied embeddings, rope), and pp 2 with
+#             the layout "Ettt|tmmL" (the layout's m: the depths beside the loss), train
 #             the one-rank job's numbers within fp32 reduction tolerance (losses, gradient
 #             norms, validation; parameters and moments within 1e-5)
 #   refused   tensor parallelism, a pipeline with untied embeddings or learned positions,
-#             document masks, more than 8 depths: exit 2 before any work
+#             document masks, more than 8 depths, a layout with the MTP layers m on a stage
+#             before the loss's: exit 2 before any work
 set -uo pipefail
 cohort=$1; case_name=$2
 export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
@@ -75,8 +77,11 @@ layouts)
     run one 5 --nproc-per-node 1 --save "$work/one.ck"
     run dp2 5 --nproc-per-node 2 --save "$work/dp2.ck"
     run pp2 5 --nproc-per-node 2 --pipeline-model-parallel-size 2 --save "$work/pp2.ck"
-    compare 1 one dp2 pp2
-    for n in dp2 pp2; do
+    # the layout's m: the two depths in the last stage, with an uneven split of the decoder
+    run ppm 5 --nproc-per-node 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Ettt|tmmL" \
+        --save "$work/ppm.ck"
+    compare 1 one dp2 pp2 ppm
+    for n in dp2 pp2 ppm; do
         "$cohort" ckpt diff "$work/one.ck" "$work/$n.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$n: diff"
         /usr/bin/python3 -c "
 import json
@@ -102,6 +107,8 @@ refused)
         --position-embedding-type learned_absolute
     expect "with --reset-attention-mask is not supported yet" --reset-attention-mask
     expect "--mtp-num-layers 9 is out of range" --mtp-num-layers 9
+    expect "places the MTP layers m on stage 1, before the loss L's stage: not supported yet" \
+        --pipeline-model-parallel-size 3 --nproc-per-node 3 --global-batch-size 6 --pipeline-model-parallel-layout "Ett|ttmm|L"
     ;;
 *) fail "unknown case $case_name" ;;
 esac
