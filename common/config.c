@@ -87,8 +87,8 @@ static const flag flags[] = {
 
     I("parallel", "expert-tensor-parallel-size", expert_tensor_parallel_size, "0",
       "tensor-parallel ranks of each expert (0: the tensor-parallel size); with --num-experts and tensor "
-      "parallelism only 1 is supported: each tensor rank holds every expert whole and computes its own "
-      "--sequence-parallel token shard"),
+      "parallelism only 1 (each tensor rank holds every expert whole and computes its own --sequence-parallel "
+      "token shard); experts split over the tensor group are not supported yet"),
     I("parallel", "virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size, "0",
       "model chunks per pipeline rank: the interleaved schedule (0: one chunk)"),
     I("parallel", "num-virtual-stages-per-pipeline-rank", num_virtual_stages_per_pipeline_rank, "0",
