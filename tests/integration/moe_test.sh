@@ -26,8 +26,9 @@
 #                token shard): tp 2 trains the one-rank job's numbers (losses, gradient norms,
 #                load_balancing_loss and z_loss of every iteration, the validation loss; the
 #                final parameters and moments within 1e-5, ckpt diff, each MoE tensor written
-#                once), with a shared expert and aux_loss, and with sigmoid routing, the expert
-#                bias (its counts summed over the tensor group) and seq_aux_loss; the tp 2
+#                once): tp 2 and tp 2 x pp 2 with a shared expert and aux_loss, tp 2 x dp 2
+#                with sigmoid routing, the expert bias (its counts summed over the tensor and
+#                data groups) and seq_aux_loss; the tp 2
 #                checkpoint of iteration 3 resumed at tp 1 and the one-rank one at tp 2 end
 #                where the uninterrupted run ends
 #   refused      bad configurations exit 2 before any work: top-k above the experts,
@@ -154,8 +155,9 @@ tp)
         --moe-router-load-balancing-type seq_aux_loss)
     run one 5 "${shared[@]}" --nproc-per-node 1 --save "$work/one.ck"
     run tp2 5 "${shared[@]}" "${t2[@]}" --save "$work/tp2.ck"
+    run tp2pp2 5 "${shared[@]}" "${t2[@]}" --nproc-per-node 4 --pipeline-model-parallel-size 2 --save "$work/tp2pp2.ck"
     run eb1 5 "${eb[@]}" --nproc-per-node 1 --save "$work/eb1.ck"
-    run eb2 5 "${eb[@]}" "${t2[@]}" --save "$work/eb2.ck"
+    run eb2 5 "${eb[@]}" "${t2[@]}" --nproc-per-node 4 --save "$work/eb2.ck"
     # resharding: tp 2 -> tp 1 and tp 1 -> tp 2 from iteration 3
     run half2 5 "${shared[@]}" "${t2[@]}" --exit-interval 3 --save "$work/s2"
     run rest1 5 "${shared[@]}" --nproc-per-node 1 --load "$work/s2" --save "$work/s2"
@@ -163,7 +165,7 @@ tp)
         fail "no reshard note: $(grep -i 'checkpoint' "$work/rest1.out" | head -3)"
     run half1 5 "${shared[@]}" --nproc-per-node 1 --exit-interval 3 --save "$work/s1"
     run rest2 5 "${shared[@]}" "${t2[@]}" --load "$work/s1" --save "$work/s1"
-    compare 1 one tp2
+    compare 1 one tp2 tp2pp2
     compare 1 eb1 eb2
     compare 4 one rest1 rest2
     /usr/bin/python3 - "$work" <<'PY' || fail "the MoE losses differ from one rank's"
@@ -172,7 +174,7 @@ w = sys.argv[1]
 def load(n):
     return {r["iteration"]: r for r in map(json.loads, open(f"{w}/{n}.jsonl")) if "grad_norm" in r}
 worst = 0
-for ref, run in (("one", "tp2"), ("eb1", "eb2"), ("one", "rest1"), ("one", "rest2")):
+for ref, run in (("one", "tp2"), ("one", "tp2pp2"), ("eb1", "eb2"), ("one", "rest1"), ("one", "rest2")):
     a, b = load(ref), load(run)
     assert b and set(b) <= set(a), (run, sorted(b))
     for i in b:
@@ -184,7 +186,7 @@ for ref, run in (("one", "tp2"), ("eb1", "eb2"), ("one", "rest1"), ("one", "rest
             assert rel < 1e-6, f"{run}, iteration {i}: {k} {y} vs {ref}'s {x}"
 print(f"ok: load_balancing_loss and z_loss match one rank's (worst relative difference {worst:.1e})")
 PY
-    for p in "one.ck tp2.ck" "eb1.ck eb2.ck" "one.ck s2" "one.ck s1"; do
+    for p in "one.ck tp2.ck" "one.ck tp2pp2.ck" "eb1.ck eb2.ck" "one.ck s2" "one.ck s1"; do
         set -- $p
         "$cohort" ckpt diff "$work/$1" "$work/$2" --json >"$work/d.json"; [ $? -le 1 ] || fail "$2: diff"
         /usr/bin/python3 -c "
