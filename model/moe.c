@@ -15,6 +15,8 @@
  * dout[row] = prob * dy[n]; the router from dprob through the score function, plus the aux
  * and z losses' gradients (router_backward), dWr and dx through linear_backward; the
  * experts' input gradients added into dx row by row in the same order as forward.
+ * Under a sequence group (moe_set_sequence_group) the aux losses' counts are all-reduced over
+ * it between the routing and the losses, the rest runs on this rank's tokens unchanged.
  * The host parts are plain loops in a fixed order, so results are bitwise reproducible. */
 #include "model/moe.h"
 #include "model/moe_internal.h"
