@@ -30,7 +30,8 @@
 #                with sigmoid routing, the expert bias (its counts summed over the tensor and
 #                data groups) and seq_aux_loss; the tp 2
 #                checkpoint of iteration 3 resumed at tp 1 and the one-rank one at tp 2 end
-#                where the uninterrupted run ends
+#                where the uninterrupted run ends; `ckpt convert` between tp 1 and tp 2
+#                keeps every tensor bitwise
 #   refused      bad configurations exit 2 before any work: top-k above the experts,
 #                biases, tensor parallelism without sequence parallelism, the experts split
 #                over the tensor group, a capacity with tensor parallelism, expert
@@ -201,6 +202,16 @@ assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), [r for r 
 bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
 assert not bad, bad[:3]
 " || fail "$2: parameters differ from $1's: $(head -c 400 "$work/d.json")"
+    done
+    # `ckpt convert --to cohort` between tp 1 and tp 2: the same tensors bitwise
+    "$cohort" ckpt convert "$work/one.ck" --to cohort --tensor-model-parallel-size 2 --output "$work/c2" \
+        >"$work/c2.out" 2>&1 || fail "convert to tp 2: $(tail -3 "$work/c2.out")"
+    "$cohort" ckpt convert "$work/tp2.ck" --to cohort --tensor-model-parallel-size 1 --output "$work/c1" \
+        >"$work/c1.out" 2>&1 || fail "convert to tp 1: $(tail -3 "$work/c1.out")"
+    for p in "one.ck c2" "tp2.ck c1"; do
+        set -- $p
+        "$cohort" ckpt diff "$work/$1" "$work/$2" >"$work/d.out" 2>&1 && grep -q "^bitwise equal" "$work/d.out" ||
+            fail "converted $1: $(tail -3 "$work/d.out")"
     done
     # written once: one slice of every MoE tensor in the tp 2 checkpoint, at its global shape
     /usr/bin/python3 - "$work/tp2.ck/iter_0000005" <<'PY' || fail "the tp 2 checkpoint's MoE tensors"
