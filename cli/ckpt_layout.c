@@ -54,6 +54,9 @@ int cli_ckpt_relayout(const char *dir, const ck_manifest *m, int tp, int dp, con
                              .topk = int_flag(config, "moe-router-topk", 2),
                              .shared_ffn = int_flag(config, "moe-shared-expert-intermediate-size", 0)};
         g.moe_layer_freq = int_flag(config, "moe-layer-freq", 1);
+        /* a MoE job with tensor parallelism runs sequence parallel (docs/moe.md); the tensor
+         * table is the same with or without it */
+        g.sequence_parallel = tp > 1;
     }
     int Vc = mi->padded_vocab, Vp = g.padded_vocab;
     int rc = gpt_tp_check(&g, 0);

@@ -87,7 +87,9 @@ static const flag flags[] = {
       "exchanged by --moe-token-dispatcher-type (docs/moe.md)"),
 
     I("parallel", "expert-tensor-parallel-size", expert_tensor_parallel_size, "0",
-      "tensor-parallel ranks of each expert (0: the tensor-parallel size; not supported yet: only that)"),
+      "tensor-parallel ranks of each expert (0: the tensor-parallel size); with --num-experts and tensor "
+      "parallelism only 1 (each tensor rank holds every expert whole and computes its own --sequence-parallel "
+      "token shard); experts split over the tensor group are not supported yet"),
     I("parallel", "virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size, "0",
       "model chunks per pipeline rank: the interleaved schedule (0: one chunk)"),
     I("parallel", "num-virtual-stages-per-pipeline-rank", num_virtual_stages_per_pipeline_rank, "0",
@@ -743,9 +745,10 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
             problem(&P, "--expert-model-parallel-size %d with --device cuda is not supported yet (the token exchange "
                         "runs on the CPU backend)", ep);
     }
-    if (c->expert_tensor_parallel_size != 0 && c->expert_tensor_parallel_size != c->tensor_model_parallel_size)
-        problem(&P, "--expert-tensor-parallel-size %d is not supported yet (only the tensor-parallel size)",
-                c->expert_tensor_parallel_size);
+    if (c->expert_tensor_parallel_size != 0 && c->expert_tensor_parallel_size != c->tensor_model_parallel_size &&
+        !(c->expert_tensor_parallel_size == 1 && c->num_experts > 0))
+        problem(&P, "--expert-tensor-parallel-size %d is not supported yet (only 1 with --num-experts, or the "
+                    "tensor-parallel size)", c->expert_tensor_parallel_size);
     /* (the pipeline's layer placement and schedule are checked against the model by the
      * scheduler before any work: cli/cmd_train.c) */
     if (c->virtual_pipeline_model_parallel_size && c->num_virtual_stages_per_pipeline_rank &&
@@ -771,9 +774,23 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         if (!c->disable_bias_linear)
             problem(&P, "--num-experts: the experts have no biases; add --disable-bias-linear (as Megatron's grouped "
                         "experts)");
-        if (c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel)
-            problem(&P, "--num-experts with --tensor-model-parallel-size %d is not supported yet",
-                    c->tensor_model_parallel_size);
+        if (c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel) {
+            /* Megatron's layout with --expert-tensor-parallel-size 1: the experts whole on every
+             * tensor rank over its sequence shard (docs/moe.md) */
+            int tp = c->tensor_model_parallel_size;
+            int etp = c->expert_tensor_parallel_size ? c->expert_tensor_parallel_size : tp;
+            if (!c->sequence_parallel)
+                problem(&P, "--num-experts with --tensor-model-parallel-size %d needs --sequence-parallel (Megatron: "
+                            "\"During training, performance may degrade if MoE and tensor parallelism are enabled "
+                            "without also enabling sequence parallelism.\")", tp);
+            if (etp != 1)
+                problem(&P, "--num-experts with --expert-tensor-parallel-size %d (the experts split over the tensor "
+                            "group) is not supported yet; pass --expert-tensor-parallel-size 1", etp);
+            if (c->moe_expert_capacity_factor > 0)
+                problem(&P, "--moe-expert-capacity-factor with --tensor-model-parallel-size %d is not supported yet "
+                            "(Megatron's capacity counts each tensor rank's tokens, so it drops other tokens than "
+                            "one rank would)", tp);
+        }
         if (c->bf16) problem(&P, "--num-experts with --bf16 is not supported yet (the experts run in fp32)");
         if (c->context_parallel_size > 1)
             problem(&P, "--num-experts with --context-parallel-size %d is not supported yet (the router's losses and "

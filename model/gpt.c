@@ -128,8 +128,18 @@ static int model_shape(gpt_model *m, int max_T) {
         moe_offsets mo;
         moe_config mc = moe_of(c);
         if ((rc = moe_layout(&mc, &mo))) return rc;
-        if (m->tp > 1)
-            return co_err_set(CO_EUNSUPPORTED, "mixture of experts with tensor parallelism is not supported yet");
+        /* tensor parallelism: Megatron's experts whole on every tensor rank (expert tensor-
+         * parallel size 1) over this rank's tokens, which needs sequence parallelism */
+        if (m->tp > 1 && !m->sp)
+            return co_err_set(CO_EUNSUPPORTED, "mixture of experts with tensor parallelism needs sequence parallelism "
+                                               "(as Megatron)");
+        if (m->tp > 1 && c->moe.ep_size > 1)
+            return co_err_set(CO_EUNSUPPORTED,
+                              "mixture of experts with tensor and expert parallelism together is not supported yet");
+        if (m->tp > 1 && c->moe.capacity_factor > 0)
+            return co_err_set(CO_EUNSUPPORTED, "an expert capacity with tensor parallelism is not supported yet "
+                                               "(Megatron's capacity over each rank's tokens drops other tokens than "
+                                               "one rank would)");
         if (c->bias)
             return co_err_set(CO_EINVAL, "mixture of experts: the experts have no biases; add --disable-bias-linear");
         int ep = c->moe.ep_size > 1 ? c->moe.ep_size : 1;
@@ -259,6 +269,11 @@ static int build_tensors(gpt_model *m) {
                 }
                 m->pack = false;
                 m->nparams = (m->nparams + 15) / 16 * 16;
+                /* whole on every tensor rank, each computing over its own tokens under sequence
+                 * parallelism: a part of the gradient per rank (the router is Megatron's
+                 * sequence-parallel parameter, the experts' gradients are summed over the
+                 * expert-data-parallel group, tensor x data at expert tensor-parallel size 1) */
+                for (int q = t[ROUTER_W]; q < m->ntensors; q++) m->tensors[q].partial_grad = m->sp;
                 if (c->moe.expert_bias)
                     t[EBIAS] = add_tensor(m, cap, NAME("mlp.router.expert_bias"), E, 0, false, 0, false);
             } else {

@@ -23,7 +23,11 @@
  * With sequence_parallel the token-wise part (norms, dropout, residual) runs on this rank's
  * N/tp rows (contiguous in the [B*T] token order): all-gather before a column-parallel
  * layer, reduce-scatter after a row-parallel one, and the replicated parameters' gradients
- * are partial per rank (summed by gpt_tp_finalize_grads). Dropout inside the tensor region
+ * are partial per rank (summed by gpt_tp_finalize_grads). A MoE layer (sequence
+ * parallelism required) is Megatron's expert tensor-parallel size 1: its router, experts and
+ * shared expert whole on every rank, run over this rank's N/tp tokens (moe_set_sequence_group:
+ * aux counts summed over the group, z coefficient / tp), their gradients partial per rank
+ * like the norms'. Dropout inside the tensor region
  * (attention probabilities of this rank's heads) is keyed by seed + 2718 + r, as Megatron's
  * tensor-parallel RNG; dropout on the hidden state by the global element index, so tp and
  * sequence parallelism draw the same masks as one rank. A collective that fails records its
@@ -311,7 +315,10 @@ int gpt_set_expert_group(gpt_model *m, struct cm_comm *ep, moe_dispatcher d, int
  * load-balancing loss divided by its coefficient and the z loss divided by its (Megatron
  * logs them so: "load_balancing_loss", "z_loss"), the forwards counted and the tokens
  * dropped; and into tpe[num_layers * E] (may be NULL) the tokens each expert of each layer
- * computed (rows of dense layers and of other stages' layers stay 0). */
+ * computed (rows of dense layers and of other stages' layers stay 0). Under sequence
+ * parallelism each of them is this rank's: its part of the load-balancing loss (the tensor
+ * group's sum is one rank's), the mean z loss over its tokens (the group's mean is one
+ * rank's: Megatron's tracker averages it over tensor x data), its tokens' counts. */
 typedef struct gpt_moe_stats {
     double lb_loss, z_loss;
     int64_t forwards;

@@ -117,7 +117,13 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
     o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]),
                     P(m, t[LN2_B]), Nl, C, c->norm_eps);
     if (a->moe) {
-        /* a MoE layer (tp 1): router, experts, shared expert over the normed tokens */
+        /* a MoE layer: router, experts, shared expert over the normed tokens; under sequence
+         * parallelism this rank's Nl of the batch's N with the whole weights (the layer's
+         * sequence group is the tensor group: gpt_set_tensor_group) */
+        if (sp && !m->tpc) {
+            be->status = co_err_set(CO_EINVAL, "a MoE layer: the tensor group is not set (gpt_set_tensor_group)");
+            return be->status;
+        }
         int rc = moe_forward(a->moe, tmp, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), B, T);
         if (rc) {
             be->status = rc;
@@ -125,8 +131,10 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
         }
         if (train) {
             const moe_config *mc = &c->moe;
+            /* (under sequence parallelism: this rank's part of the load-balancing loss, and
+             * the z loss over Megatron's coefficient / tp, the mean over this rank's tokens) */
             m->moe_acc.lb_loss += mc->aux_coeff > 0 ? moe_aux_loss(a->moe) / mc->aux_coeff : 0.0;
-            m->moe_acc.z_loss += mc->z_coeff > 0 ? moe_z_loss(a->moe) / mc->z_coeff : 0.0;
+            m->moe_acc.z_loss += mc->z_coeff > 0 ? moe_z_loss(a->moe) / (mc->z_coeff / m->tp) : 0.0;
             m->moe_acc.forwards++;
             m->moe_acc.dropped += moe_dropped(a->moe);
             const int32_t *tpe = moe_tokens_per_expert(a->moe);

@@ -15,6 +15,8 @@
  * dout[row] = prob * dy[n]; the router from dprob through the score function, plus the aux
  * and z losses' gradients (router_backward), dWr and dx through linear_backward; the
  * experts' input gradients added into dx row by row in the same order as forward.
+ * Under a sequence group (moe_set_sequence_group) the aux losses' counts are all-reduced over
+ * it between the routing and the losses, the rest runs on this rank's tokens unchanged.
  * The host parts are plain loops in a fixed order, so results are bitwise reproducible. */
 #include "model/moe.h"
 #include "model/moe_internal.h"
@@ -98,6 +100,7 @@ void moe_destroy(moe_layer **pm) {
     free(m->lse);
     free(m->auxs);
     free(m->auxcnt);
+    free(m->sq_cnt);
     free(m->tpe);
     free(m->eoff);
     free(m->row_tok);
@@ -133,6 +136,7 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     m->Fs1 = c->swiglu ? 2 * m->Fs : m->Fs;
     m->maxN = max_tokens;
     m->ep.El = m->E;
+    m->sq_size = 1;
     /* rows the experts compute: N*k dropless or dropping; E*cap padded */
     size_t maxM = (size_t)max_tokens * (size_t)m->k;
     if (c->pad_to_capacity) {
@@ -334,13 +338,23 @@ static void apply_capacity(moe_layer *m) {
     }
 }
 
-/* aux scores, their top-k counts and the load-balancing loss */
-static void aux_losses(moe_layer *m) {
+/* The aux losses' sequences: nseq of per tokens each (the whole micro batch's under
+ * sequence parallelism); this rank's token n is token n0 + n of the whole batch. */
+static void aux_shape(const moe_layer *m, int *nseq, int *per, int *n0) {
+    bool seq = m->c.lb == MOE_LB_SEQ_AUX;
+    *nseq = seq ? m->B : 1;
+    *per = seq ? m->T : m->N * m->sq_size;
+    *n0 = m->sq_rank * m->N;
+}
+
+/* aux scores, their top-k counts (summed over the sequence group) and the load-balancing
+ * loss: this rank's tokens' part of it. 0, or the group's error. */
+static int aux_losses(moe_layer *m) {
     const moe_config *c = &m->c;
-    int N = m->N, E = m->E, k = m->k, B = m->B, T = m->T;
+    int N = m->N, E = m->E, k = m->k, nseq, per, n0;
     m->aux = 0;
-    if (c->lb == MOE_LB_NONE) return;
-    int nseq = c->lb == MOE_LB_SEQ_AUX ? B : 1, per = c->lb == MOE_LB_SEQ_AUX ? T : N;
+    if (c->lb == MOE_LB_NONE) return 0;
+    aux_shape(m, &nseq, &per, &n0);
     memset(m->auxcnt, 0, sizeof(int32_t) * (size_t)nseq * E);
     int32_t top[E];
     for (int n = 0; n < N; n++) {
@@ -357,19 +371,63 @@ static void aux_losses(moe_layer *m) {
         }
         for (int e = 0; e < E; e++) v[e] = a[e];
         topk_idx(v, NULL, E, k, top);
-        for (int j = 0; j < k; j++) m->auxcnt[(size_t)(n / per) * E + top[j]]++;
+        for (int j = 0; j < k; j++) m->auxcnt[(size_t)((n0 + n) / per) * E + top[j]]++;
+    }
+    if (m->sq) {
+        /* Megatron's get_tokens_per_expert_and_token_count: the counts over the group */
+        size_t nc = (size_t)nseq * E;
+        for (size_t i = 0; i < nc; i++) m->sq_cnt[i] = m->auxcnt[i];
+        int rc = m->sq->ops->allreduce_sum(m->sq, m->sq_cnt, nc, CM_I64, m->sq_timeout);
+        if (rc) return co_err_set(rc, "moe: summing the aux loss's token counts over the sequence group: %s",
+                                  co_err_detail());
+        for (size_t i = 0; i < nc; i++) m->auxcnt[i] = (int32_t)m->sq_cnt[i];
     }
     double loss = 0;
     for (int b = 0; b < nseq; b++) {
+        /* this rank's tokens of sequence b */
+        int lo = b * per - n0, hi = (b + 1) * per - n0;
+        lo = lo < 0 ? 0 : lo;
+        hi = hi > N ? N : hi;
+        if (lo >= hi) continue;
         double lb = 0;
         for (int e = 0; e < E; e++) {
             double ps = 0;
-            for (int n = b * per; n < (b + 1) * per; n++) ps += m->auxs[(size_t)n * E + e];
+            for (int n = lo; n < hi; n++) ps += m->auxs[(size_t)n * E + e];
             lb += ps * m->auxcnt[(size_t)b * E + e];
         }
         loss += lb * E / ((double)k * per * per);
     }
     m->aux = c->aux_coeff * loss / nseq;
+    return 0;
+}
+
+int moe_set_sequence_group(moe_layer *m, cm_comm *sq, int timeout_ms) {
+    if (!sq || sq->size <= 1) {
+        m->sq = NULL;
+        m->sq_size = 1;
+        m->sq_rank = 0;
+        return 0;
+    }
+    if (m->ep.c)
+        return co_err_set(CO_EUNSUPPORTED, "moe: sequence parallelism together with expert parallelism is not "
+                                           "supported yet");
+    if (m->c.capacity_factor > 0)
+        return co_err_set(CO_EUNSUPPORTED,
+                          "moe: an expert capacity under sequence parallelism is not supported yet (Megatron's "
+                          "capacity over each rank's tokens drops other tokens than one rank would)");
+    size_t n = (size_t)m->maxN * (size_t)sq->size * (size_t)m->E;
+    int32_t *cnt = realloc(m->auxcnt, sizeof(int32_t) * n);
+    if (!cnt) return co_err_set(CO_ENOMEM, "moe: the aux counts of the sequence group");
+    m->auxcnt = cnt;
+    int64_t *c64 = realloc(m->sq_cnt, sizeof(int64_t) * n);
+    if (!c64) return co_err_set(CO_ENOMEM, "moe: the aux counts of the sequence group");
+    m->sq_cnt = c64;
+    m->sq = sq;
+    m->sq_size = sq->size;
+    m->sq_rank = sq->rank;
+    m->sq_timeout = timeout_ms;
+    m->have_fwd = false;
+    return 0;
 }
 
 /* ---- forward ---- */
@@ -437,10 +495,11 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     const moe_config *c = &m->c;
     const kb_ops *o = m->o;
     kb_backend *be = m->be;
-    int N = B * T, E = m->E, k = m->k, h = m->h;
+    int N = B * T / m->sq_size, E = m->E, k = m->k, h = m->h;
     m->have_fwd = false;
-    if (B <= 0 || T <= 0 || N > m->maxN)
-        return co_err_set(CO_EINVAL, "moe_forward: %d x %d tokens (the layer holds at most %d)", B, T, m->maxN);
+    if (B <= 0 || T <= 0 || N > m->maxN || (B * T) % m->sq_size)
+        return co_err_set(CO_EINVAL, "moe_forward: %d x %d tokens over %d sequence-parallel ranks (the layer holds at "
+                                     "most %d per rank)", B, T, m->sq_size, m->maxN);
     m->N = N;
     m->B = B;
     m->T = T;
@@ -466,9 +525,11 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
             m->map0[(size_t)n * E + e] = 1;
         }
     }
-    m->z = c->z_coeff > 0 ? c->z_coeff * z / N : 0.0;
+    /* (Megatron's apply_z_loss: the coefficient over the sequence group's size) */
+    m->z = c->z_coeff > 0 ? c->z_coeff / m->sq_size * z / N : 0.0;
     apply_capacity(m);
-    aux_losses(m);
+    int rc = aux_losses(m);
+    if (rc) return rc;
 
     /* permute: rows by expert, then token */
     int M = 0;
@@ -489,7 +550,7 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     if (m->ep.c) {
         /* the experts of the group: m->out rows back in m->xp's order (alltoall) or the
          * experts' sum straight into y (allgather) */
-        int rc = moe__ep_forward(m, params, x, y);
+        rc = moe__ep_forward(m, params, x, y);
         if (rc) return rc;
     } else {
         moe__experts_forward(m, params, m->xp, m->h1, m->act, m->out, m->eoff, E);
@@ -566,9 +627,10 @@ static void router_backward_token(moe_layer *m, int n, double ls, double *dl) {
     }
     if (c->lb != MOE_LB_NONE && c->aux_coeff > 0) {
         /* d aux / d a[n,e] = coeff / nseq * E/(k per^2) * count[seq(n), e] */
-        int nseq = c->lb == MOE_LB_SEQ_AUX ? m->B : 1, per = c->lb == MOE_LB_SEQ_AUX ? m->T : m->N;
+        int nseq, per, n0;
+        aux_shape(m, &nseq, &per, &n0);
         double w = ls * c->aux_coeff / nseq * E / ((double)k * per * per);
-        const int32_t *cnt = m->auxcnt + (size_t)(n / per) * E;
+        const int32_t *cnt = m->auxcnt + (size_t)((n0 + n) / per) * E;
         double *ga = m->rs;
         for (int e = 0; e < E; e++) ga[e] = w * cnt[e];
         if (c->score == MOE_SCORE_SOFTMAX) {
@@ -585,9 +647,9 @@ static void router_backward_token(moe_layer *m, int n, double ls, double *dl) {
         }
     }
     if (c->z_coeff > 0) {
-        /* d z / d l[n,e] = coeff/N * 2 lse[n] * softmax[n,e] */
+        /* d z / d l[n,e] = coeff/(s N) * 2 lse[n] * softmax[n,e] */
         row_softmax(l, E, sm);
-        double w = ls * c->z_coeff / m->N * 2.0 * m->lse[n];
+        double w = ls * c->z_coeff / m->sq_size / m->N * 2.0 * m->lse[n];
         for (int e = 0; e < E; e++) dl[e] += w * sm[e];
     }
 }

@@ -2,7 +2,8 @@
  * losses, capacity and token dropping, E expert MLPs computed as one product per expert
  * over the tokens routed to it, an optional shared expert; forward and backward over a
  * kb_backend, with its experts split over an expert-parallel group (moe_set_expert_group).
- * Not yet used by the trainer (docs/moe.md).
+ * Under sequence parallelism each tensor rank runs it whole over its token shard
+ * (moe_set_sequence_group).
  *
  * Shapes: N tokens (B sequences of T consecutive tokens, cohort's [B*T] order), h hidden,
  * E experts, k router top-k, F an expert's intermediate size (F1 = 2F under SwiGLU, else
@@ -166,6 +167,22 @@ double moe_ep_dispatch_seconds(const moe_layer *m);
  * moe_ep_unslice writes them back (the gradients of every rank make the full gradient). */
 void moe_ep_slice(const moe_config *c, int ep_size, int rank, const float *full, float *local);
 void moe_ep_unslice(const moe_config *c, int ep_size, int rank, const float *local, float *full);
+
+/* ---- sequence parallelism (moe.c) ----
+ * Megatron's layout under tensor parallelism with --expert-tensor-parallel-size 1 and
+ * sequence parallelism: every rank of the tensor group sq holds the whole router, experts
+ * and shared expert and routes and computes its own shard of the micro batch's tokens. With
+ * the group set (size s, rank r), moe_forward's B x T is the WHOLE micro batch and x holds
+ * this rank's N = B T / s rows [r N, (r+1) N) of it (cohort's [B*T] order). As Megatron's
+ * router over its tensor-and-context group: the aux losses' top-k counts are summed over the
+ * group (one all-reduce per forward) with the whole batch's token count (seq_aux_loss: per
+ * sequence of the whole batch), so each rank's aux loss, and its gradient, is its tokens'
+ * part of one rank's (the group's sum is one rank's); the z-loss coefficient is divided by s
+ * (each rank's z loss is z_coeff/s times the mean over its tokens). The parameter gradients
+ * are this rank's part: the caller sums them over the group. Refused (CO_EUNSUPPORTED): a
+ * capacity (Megatron's is over each rank's tokens and drops other tokens than one rank
+ * would) and an expert group. sq NULL or of size 1: one rank. timeout_ms < 0: none. */
+int moe_set_sequence_group(moe_layer *m, cm_comm *sq, int timeout_ms);
 
 /* Megatron's get_updated_expert_bias: bias[e] += rate * sign(mean(tpe) - tpe[e]). */
 void moe_expert_bias_update(float *bias, const int32_t *tokens_per_expert, int E, float rate);

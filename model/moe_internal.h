@@ -58,7 +58,8 @@ struct moe_layer {
     uint8_t *map0, *map;    /* [maxN,E] selected / dispatched */
     double *lse;            /* [maxN] */
     float *auxs;            /* [maxN,E] scores of the aux losses */
-    int32_t *auxcnt;        /* [maxN*E]: counts per sequence (seq_aux) or [E] (aux) */
+    int32_t *auxcnt;        /* [maxN*sq_size*E]: counts per sequence (seq_aux) or [E] (aux),
+                             over the whole micro batch under sequence parallelism */
     int32_t *tpe;           /* [E] */
     int32_t *eoff;          /* [E+1] */
     int32_t *row_tok;       /* [maxM] */
@@ -70,7 +71,12 @@ struct moe_layer {
     struct cand { float v; int32_t n; } *cand; /* [maxN] */
     /* expert parallelism (moe_ep.c): ep NULL = every expert on this rank (El = E, e0 = 0) */
     moe__ep ep;
-    /* the last forward */
+    /* sequence parallelism (moe_set_sequence_group): the tensor group whose ranks hold the
+     * micro batch's other row shards, or NULL (sq_size 1, sq_rank 0) */
+    cm_comm *sq;
+    int sq_size, sq_rank, sq_timeout;
+    int64_t *sq_cnt;        /* [maxN*sq_size*E] the aux counts summed over the group */
+    /* the last forward (N: this rank's tokens; B x T: the whole micro batch's) */
     int N, B, T, M, cap, dropped;
     double aux, z;
     bool have_fwd;

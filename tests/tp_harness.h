@@ -60,6 +60,11 @@ typedef struct tph_sizes {
     int hidden, head_dim, ffn_hidden, max_positions;
     int B, T;     /* a micro batch */
     int reset_at; /* cases with document resets: the second document starts at this position */
+    /* MoE layers (tensor parallelism needs sequence parallelism and no biases for them):
+     * 0: none; 1: every layer, 4 experts, softmax top-2, aux_loss, z-loss, a shared expert;
+     * 2: layer 0 of 2, 4 experts in 2 groups, sigmoid top-2 scaled, seq_aux_loss, z-loss,
+     * the expert bias, grouped products */
+    int moe;
 } tph_sizes;
 
 /* A one-rank run to compare the tp run with. */
@@ -94,6 +99,23 @@ static gpt_config tph_config(const tph_sizes *s, const tph_case *k, int tp, int 
                     .init_std = 0.2f, .hidden_dropout = k->hidden_dropout, .tp = tp, .tp_rank = rank,
                     .sequence_parallel = tp > 1 && k->sp};
     c.padded_vocab = gpt_padded_vocab(k->vocab, 2 * k->tp);
+    if (s->moe) {
+        moe_config *mc = &c.moe;
+        *mc = (moe_config){.num_experts = 4, .ffn_hidden = s->ffn_hidden / 2, .topk = 2, .lb = MOE_LB_AUX,
+                           .aux_coeff = 0.1f, .z_coeff = 0.01f};
+        c.moe_layer_freq = 1;
+        if (s->moe == 1) mc->shared_ffn = s->ffn_hidden / 4;
+        if (s->moe == 2) {
+            mc->score = MOE_SCORE_SIGMOID;
+            mc->num_groups = 2;
+            mc->group_topk = 1;
+            mc->scaling_factor = 2.5f;
+            mc->lb = MOE_LB_SEQ_AUX;
+            mc->expert_bias = true;
+            mc->grouped_gemm = true;
+            c.moe_layer_freq = 2;
+        }
+    }
     return c;
 }
 
@@ -164,6 +186,11 @@ static int tph_train(const tph_setup *h, const tph_case *k, kb_device dev, int t
     if (tp > 1) gpt_set_tensor_group(m, comm, h->timeout_ms);
     gpt_tp_set_overlap(m, overlap);
     gpt_init(m, 42);
+    /* an uneven expert bias (it starts at zero; no gradient moves it) */
+    for (int l = 0; l < c.num_layers; l++) {
+        float *eb = gpt_moe_expert_bias(m, l);
+        for (int e = 0; eb && e < c.moe.num_experts; e++) eb[e] = 0.02f * (float)(e % 3) - 0.02f;
+    }
     size_t n = gpt_num_params(m);
     /* the moments in backend memory (zeroed): the CUDA backend's adamw runs on the GPU */
     float *mom = o->alloc(be, n * sizeof(float)), *var = o->alloc(be, n * sizeof(float));

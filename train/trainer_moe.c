@@ -6,7 +6,8 @@
  * of a layer's tokens on this rank for --moe-router-collapse-iters iterations in a row is a
  * training-health event (the event sink: the run report and the log), once per episode. With
  * --moe-router-enable-expert-bias each MoE layer's bias moves before every optimizer step
- * toward the even load (the step's tokens per expert summed over the data-parallel group).
+ * toward the even load (the step's tokens per expert summed over the data-parallel group,
+ * and the tensor group: under sequence parallelism each tensor rank routes its own tokens).
  * The statistics of an attempt the rerun state machine replays are discarded. */
 #include "train/trainer_internal.h"
 
@@ -98,6 +99,7 @@ int trainer__moe_pre_step(trainer *t) {
      * moved by rate toward the even load. Every replica applies the same update. */
     size_t n = (size_t)c->num_layers * (size_t)c->num_experts;
     int rc = t->dp ? t->dp->ops->allreduce_sum(t->dp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS) : 0;
+    if (!rc && t->tp) rc = t->tp->ops->allreduce_sum(t->tp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
     int32_t *cnt = t->moe_cnt;
     for (int l = 0; l < c->num_layers; l++) {
@@ -148,10 +150,16 @@ int trainer__moe_log(trainer *t, char *text, size_t tn, char *json, size_t jn) {
     text[0] = json[0] = '\0';
     if (c->num_experts <= 0) return 0;
     /* the sums of this interval over every rank's layers and micro batches: the data-parallel
-     * replicas, and the pipeline's stages (the model-parallel group) */
-    double v[4] = {t->moe_lb_sum, t->moe_z_sum, t->moe_forwards, t->moe_dropped};
+     * replicas, and one replica's ranks (the model-parallel group with a pipeline, else the
+     * tensor group). Under sequence parallelism each tensor rank's load-balancing loss is its
+     * part (summed, Megatron's tracker over the tensor-and-context group) and its z loss the
+     * mean over its tokens (averaged, Megatron's over tensor x data): the z sum and the forwards,
+     * which every tensor rank counts, enter over tp. */
+    double tp = t->tp_size > 1 ? (double)t->tp_size : 1.0;
+    double v[4] = {t->moe_lb_sum, t->moe_z_sum / tp, t->moe_forwards / tp, t->moe_dropped};
     int rc = t->dp ? t->dp->ops->allreduce_sum(t->dp, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS) : 0;
-    if (!rc && t->pp && t->mp) rc = t->mp->ops->allreduce_sum(t->mp, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    cm_comm *rg = t->pp ? t->mp : t->tp;
+    if (!rc && rg) rc = rg->ops->allreduce_sum(rg, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
     double lb = v[2] > 0 ? v[0] / v[2] : 0, z = v[2] > 0 ? v[1] / v[2] : 0;
     int len = 0;

@@ -21,9 +21,22 @@
 #                rate-0 run, every entry differs by a multiple of the rate, at most the steps
 #                taken); dp 2 trains the one-rank job's numbers (the counts are summed over
 #                the replicas); a resumed run ends with the uninterrupted one's checkpoint
+#   tp           tensor parallelism as Megatron's --expert-tensor-parallel-size 1 (every
+#                tensor rank holds every expert whole and routes its own sequence-parallel
+#                token shard): tp 2 trains the one-rank job's numbers (losses, gradient norms,
+#                load_balancing_loss and z_loss of every iteration, the validation loss; the
+#                final parameters and moments within 1e-5, ckpt diff, each MoE tensor written
+#                once): tp 2 and tp 2 x pp 2 with a shared expert and aux_loss, tp 2 x dp 2
+#                with sigmoid routing, the expert bias (its counts summed over the tensor and
+#                data groups) and seq_aux_loss; the tp 2
+#                checkpoint of iteration 3 resumed at tp 1 and the one-rank one at tp 2 end
+#                where the uninterrupted run ends; `ckpt convert` between tp 1 and tp 2
+#                keeps every tensor bitwise
 #   refused      bad configurations exit 2 before any work: top-k above the experts,
-#                biases, tensor parallelism, the expert bias with
-#                softmax, flex, group counts that do not divide, padding without a capacity
+#                biases, tensor parallelism without sequence parallelism, the experts split
+#                over the tensor group, a capacity with tensor parallelism, the expert bias
+#                with softmax, flex, group counts that do not divide, padding without a
+#                capacity (expert parallelism's: moe_ep_test.sh)
 set -uo pipefail
 cohort=$1; case_name=$2
 export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
@@ -136,6 +149,82 @@ assert 'layers.1.mlp.router.expert_bias' not in rows
 print('ok: the expert bias moved by', [rows['layers.%d.mlp.router.expert_bias' % l]['max_abs'] for l in (0, 2)])
 " || fail "the expert bias: $(head -c 600 "$work/d.json")"
     ;;
+tp)
+    t2=(--nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1)
+    shared=(--moe-shared-expert-intermediate-size 16 --moe-grouped-gemm)
+    eb=(--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01
+        --moe-router-load-balancing-type seq_aux_loss)
+    run one 5 "${shared[@]}" --nproc-per-node 1 --save "$work/one.ck"
+    run tp2 5 "${shared[@]}" "${t2[@]}" --save "$work/tp2.ck"
+    run tp2pp2 5 "${shared[@]}" "${t2[@]}" --nproc-per-node 4 --pipeline-model-parallel-size 2 --save "$work/tp2pp2.ck"
+    run eb1 5 "${eb[@]}" --nproc-per-node 1 --save "$work/eb1.ck"
+    run eb2 5 "${eb[@]}" "${t2[@]}" --nproc-per-node 4 --save "$work/eb2.ck"
+    # resharding: tp 2 -> tp 1 and tp 1 -> tp 2 from iteration 3
+    run half2 5 "${shared[@]}" "${t2[@]}" --exit-interval 3 --save "$work/s2"
+    run rest1 5 "${shared[@]}" --nproc-per-node 1 --load "$work/s2" --save "$work/s2"
+    grep -q "checkpoint written at tensor x pipeline size 2 x 1, loaded at 1 x 1" "$work/rest1.out" ||
+        fail "no reshard note: $(grep -i 'checkpoint' "$work/rest1.out" | head -3)"
+    run half1 5 "${shared[@]}" --nproc-per-node 1 --exit-interval 3 --save "$work/s1"
+    run rest2 5 "${shared[@]}" "${t2[@]}" --load "$work/s1" --save "$work/s1"
+    compare 1 one tp2 tp2pp2
+    compare 1 eb1 eb2
+    compare 4 one rest1 rest2
+    /usr/bin/python3 - "$work" <<'PY' || fail "the MoE losses differ from one rank's"
+import json, sys
+w = sys.argv[1]
+def load(n):
+    return {r["iteration"]: r for r in map(json.loads, open(f"{w}/{n}.jsonl")) if "grad_norm" in r}
+worst = 0
+for ref, run in (("one", "tp2"), ("one", "tp2pp2"), ("eb1", "eb2"), ("one", "rest1"), ("one", "rest2")):
+    a, b = load(ref), load(run)
+    assert b and set(b) <= set(a), (run, sorted(b))
+    for i in b:
+        for k in ("load_balancing_loss", "z_loss"):
+            x, y = a[i][k], b[i][k]
+            assert x > 0, (ref, i, k, x)
+            rel = abs(x - y) / x
+            worst = max(worst, rel)
+            assert rel < 1e-6, f"{run}, iteration {i}: {k} {y} vs {ref}'s {x}"
+print(f"ok: load_balancing_loss and z_loss match one rank's (worst relative difference {worst:.1e})")
+PY
+    for p in "one.ck tp2.ck" "one.ck tp2pp2.ck" "eb1.ck eb2.ck" "one.ck s2" "one.ck s1"; do
+        set -- $p
+        "$cohort" ckpt diff "$work/$1" "$work/$2" --json >"$work/d.json"; [ $? -le 1 ] || fail "$2: diff"
+        /usr/bin/python3 -c "
+import json
+rows = json.load(open('$work/d.json'))['tensors']
+names = [r['name'] for r in rows]
+for t in ('layers.0.mlp.router.weight', 'layers.2.mlp.experts.3.fc2.weight'):
+    assert t in names and 'optimizer.exp_avg.' + t in names, t
+assert ('$1' == 'eb1.ck') == ('layers.2.mlp.router.expert_bias' in names)
+assert ('$1' == 'eb1.ck') != ('layers.0.mlp.shared_experts.fc1.weight' in names)
+assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), [r for r in rows if r['status'] not in ('bitwise equal', 'differs')][:3]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+assert not bad, bad[:3]
+" || fail "$2: parameters differ from $1's: $(head -c 400 "$work/d.json")"
+    done
+    # `ckpt convert --to cohort` between tp 1 and tp 2: the same tensors bitwise
+    "$cohort" ckpt convert "$work/one.ck" --to cohort --tensor-model-parallel-size 2 --output "$work/c2" \
+        >"$work/c2.out" 2>&1 || fail "convert to tp 2: $(tail -3 "$work/c2.out")"
+    "$cohort" ckpt convert "$work/tp2.ck" --to cohort --tensor-model-parallel-size 1 --output "$work/c1" \
+        >"$work/c1.out" 2>&1 || fail "convert to tp 1: $(tail -3 "$work/c1.out")"
+    for p in "one.ck c2" "tp2.ck c1"; do
+        set -- $p
+        "$cohort" ckpt diff "$work/$1" "$work/$2" >"$work/d.out" 2>&1 && grep -q "^bitwise equal" "$work/d.out" ||
+            fail "converted $1: $(tail -3 "$work/d.out")"
+    done
+    # written once: one slice of every MoE tensor in the tp 2 checkpoint, at its global shape
+    /usr/bin/python3 - "$work/tp2.ck/iter_0000005" <<'PY' || fail "the tp 2 checkpoint's MoE tensors"
+import json, sys
+m = json.load(open(sys.argv[1] + "/manifest.json"))
+assert m["parallel"]["tensor"] == 2, m["parallel"]
+moe = [t for t in m["tensors"] if ".mlp.router." in t["name"] or ".experts." in t["name"]]
+assert len(moe) >= 2 * 2 * (1 + 8 + 2), len(moe)
+for t in moe:
+    assert len(t["slices"]) == 1 and t["slices"][0]["shape"] == t["shape"], t
+print("ok: %d MoE tensors written once" % len(moe))
+PY
+    ;;
 refused)
     expect() { # PATTERN ARGS...: exit 2 and the pattern on stderr, nothing trained
         local pat=$1; shift
@@ -149,7 +238,18 @@ refused)
     with_bias=(); for a in "${tiny[@]}"; do [ "$a" = --disable-bias-linear ] || with_bias+=("$a"); done
     "$cohort" train "${with_bias[@]}" --train-iters 2 >"$work/r.out" 2>&1; rc=$?
     [ $rc -eq 2 ] && grep -q -- "add --disable-bias-linear" "$work/r.out" || fail "biases: exit $rc: $(tail -3 "$work/r.out")"
-    expect "with --tensor-model-parallel-size 2 is not supported yet" --tensor-model-parallel-size 2 --nproc-per-node 2
+    tp2=(--tensor-model-parallel-size 2 --nproc-per-node 2)
+    expect "--num-experts with --tensor-model-parallel-size 2 needs --sequence-parallel" "${tp2[@]}" \
+        --expert-tensor-parallel-size 1
+    expect "performance may degrade if MoE and tensor parallelism" "${tp2[@]}" --expert-tensor-parallel-size 1
+    expect "--expert-tensor-parallel-size 2 (the experts split over the tensor group) is not supported yet; pass \
+--expert-tensor-parallel-size 1" "${tp2[@]}" --sequence-parallel
+    expect "--expert-tensor-parallel-size 2 (the experts split" "${tp2[@]}" --sequence-parallel \
+        --expert-tensor-parallel-size 2
+    expect "--moe-expert-capacity-factor with --tensor-model-parallel-size 2 is not supported yet" "${tp2[@]}" \
+        --sequence-parallel --expert-tensor-parallel-size 1 --moe-expert-capacity-factor 1.5
+    expect "--expert-tensor-parallel-size 3 is not supported yet" "${tp2[@]}" --sequence-parallel \
+        --expert-tensor-parallel-size 3
     expect "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid" --moe-router-enable-expert-bias
     expect "flex (DeepEP) is not supported" --moe-token-dispatcher-type flex
     expect "--moe-router-num-groups 3 must divide" --moe-router-num-groups 3 --moe-router-group-topk 1

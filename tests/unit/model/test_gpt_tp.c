@@ -15,8 +15,11 @@
  * Cases cover tp 2 and 4, with and without sequence parallelism, query groups above, equal
  * to and below tp, tied and untied heads, SwiGLU and GELU, RoPE and learned positions,
  * LayerNorm and RMSNorm, biases, document resets, hidden dropout (same masks as one rank)
- * and odd vocabularies padded to divisible_by x tp. Bad layouts are refused by
- * gpt_tp_check. fp32 throughout: the parallel sums differ from one rank's only in the order
+ * and odd vocabularies padded to divisible_by x tp. MoE models (tp 2 with sequence
+ * parallelism: the router, experts and shared expert whole on each rank over its tokens, aux
+ * loss or per-sequence aux loss, z-loss, shared expert or expert bias, 3 sequences so that a
+ * rank holds one and a half) against one rank the same way, and MoE without sequence
+ * parallelism refused. Bad layouts are refused by gpt_tp_check. fp32 throughout: the parallel sums differ from one rank's only in the order
  * of additions. */
 #include "common/error.h"
 #include "common/rng.h"
@@ -70,6 +73,50 @@ static gpt_config config(const tph_case *k, int tp, int rank) { return tph_confi
 
 static void test_layouts_match_one_rank(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) tph_run_case(&setup, &cases[i]);
+}
+
+/* MoE at tp 2 with sequence parallelism (Megatron's expert tensor-parallel size 1): the
+ * aux and z losses enter every gradient; 3 sequences of 8 split into 12 tokens per rank (the
+ * per-sequence aux loss's counts span both ranks). */
+static const tph_case moe_cases[] = {
+    {"tp2 sp moe softmax aux z shared, gelu", 2, true, 4, 4, false, false, false, false, false, false, 50, 0},
+    {"tp2 sp moe sigmoid groups seq_aux z bias, swiglu", 2, true, 4, 2, true, true, true, true, false, false, 50,
+     0.1f},
+};
+
+static void test_moe_matches_one_rank(void) {
+    for (int v = 1; v <= 2; v++) {
+        tph_setup s = setup;
+        s.sizes.moe = v;
+        s.sizes.B = 3;
+        s.scratch = "gpt-tp-moe";
+        /* plus 1e-6 of the tensor's largest gradient: with dropout one embedding gradient (of
+         * 2.3e-4, the tensor's largest far above) sums terms whose rounding leaves 3.8e-7 */
+        s.refs[0].grad_atol_rel = 1e-6;
+        tph_run_case(&s, &moe_cases[v - 1]);
+    }
+}
+
+/* MoE with tensor parallelism refused without sequence parallelism, with a capacity, and
+ * with expert parallelism (gpt_new, before any memory is allocated). */
+static void test_moe_refused(void) {
+    kb_backend *be = NULL;
+    kb_options bo = {.device = KB_DEVICE_CPU, .threads = 1};
+    REQUIRE(kb_backend_new(&be, &bo) == 0);
+    tph_sizes sz = setup.sizes;
+    sz.moe = 1;
+    gpt_config c = tph_config(&sz, &moe_cases[0], 2, 0);
+    gpt_model *m = NULL;
+    c.sequence_parallel = false;
+    CHECK(gpt_new(&m, &c, be, 2, 8) == CO_EUNSUPPORTED && strstr(co_err_detail(), "needs sequence parallelism"));
+    c = tph_config(&sz, &moe_cases[0], 2, 0);
+    c.moe.capacity_factor = 1.0;
+    CHECK(gpt_new(&m, &c, be, 2, 8) == CO_EUNSUPPORTED && strstr(co_err_detail(), "capacity"));
+    c = tph_config(&sz, &moe_cases[0], 2, 0);
+    c.moe.ep_size = 2;
+    CHECK(gpt_new(&m, &c, be, 2, 8) == CO_EUNSUPPORTED && strstr(co_err_detail(), "expert parallelism"));
+    CHECK(m == NULL);
+    kb_backend_destroy(&be);
 }
 
 /* Bad layouts are refused before anything is allocated, naming what does not divide. */
@@ -156,6 +203,8 @@ int main(void) {
     signal(SIGPIPE, SIG_IGN);
     RUN(test_bad_layouts);
     RUN(test_layouts_match_one_rank);
+    RUN(test_moe_refused);
+    RUN(test_moe_matches_one_rank);
     RUN(test_vocab_parallel_ce); /* after the forks: this process runs kernels itself */
     return TEST_EXIT();
 }
