@@ -16,9 +16,10 @@
 //    stream writes them into stream-ordered scratch from the host offsets, which it gets as
 //    kernel parameters: no host staging buffer, no stream sync, and the next call may reuse
 //    the scratch because everything is ordered on the one stream.
-//  - older cuBLAS, or where the grouped call returns CUBLAS_STATUS_NOT_SUPPORTED (remembered
-//    for the backend's life), or with COHORT_TEST_CUDA_GROUPED_LOOP=1 in the environment when
-//    the handle is made (tests): one cublasSgemm per group, in group order, on the same stream.
+//  - older cuBLAS, or where the grouped call returns CUBLAS_STATUS_NOT_SUPPORTED or
+//    CUBLAS_STATUS_ARCH_MISMATCH (remembered for the backend's life), or with
+//    COHORT_TEST_CUDA_GROUPED_LOOP=1 in the environment when the handle is made (tests): one
+//    cublasSgemm per group, in group order, on the same stream.
 //  - bf16 mode (the MoE layer refuses it today; kept correct for any other caller): one
 //    cu_linear_forward/backward per group, i.e. the backend's bf16 cuBLASLt products.
 // Determinism: one stream, a handle whose workspace is the backend's own (cublasSetWorkspace,
@@ -178,7 +179,8 @@ static void run_loop(kb_backend *b, int kind, const gbases *bs, const gprob *p, 
 
 #if CU_HAVE_GROUPED_GEMM
 // one cublasGemmGroupedBatchedEx for every problem: 0 done (or failure recorded), 1 not
-// supported here (nothing queued but the pointer kernel; the caller runs the loop)
+// supported here (NOT_SUPPORTED or ARCH_MISMATCH: nothing queued but the pointer kernel; the
+// caller runs the loop)
 static int run_grouped(kb_backend *b, int kind, const gbases *bs, const gprob *p, int np, int IC, int OC,
                        const char *op) {
     cu_state *st = cu_st(b);
@@ -215,7 +217,7 @@ static int run_grouped(kb_backend *b, int kind, const gbases *bs, const gprob *p
                                                   ptrs + n, CUDA_R_32F, ldb, scal + n, (void *const *)(ptrs + 2 * n),
                                                   CUDA_R_32F, ldc, np, gsize, CUBLAS_COMPUTE_32F);
     free(ops), free(dims), free(scal); // host arrays are read during the call
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED) return 1;
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_ARCH_MISMATCH) return 1;
     if (s != CUBLAS_STATUS_SUCCESS) blas_failed(b, op, "cublasGemmGroupedBatchedEx", s);
     return 0;
 }
