@@ -1,9 +1,12 @@
-/* moe_bench.c - the MoE layer (model/moe.c) on the CPU: the experts as grouped products
- * against one product per expert, and expert parallelism against data parallelism.
+/* moe_bench.c - the MoE layer (model/moe.c): the experts as grouped products against one
+ * product per expert (CPU or CUDA backend), and expert parallelism against data parallelism
+ * (CPU).
  *
- *   moe_bench grouped [--threads 2] [shape]
+ *   moe_bench grouped [--threads 2] [--device cpu|cuda] [shape]
  *       one process: forward + backward of the layer, one product per expert, then grouped
- *       (--moe-grouped-gemm); ms per step each and the speedup.
+ *       (--moe-grouped-gemm); ms per step each and the speedup. --device cuda: the CUDA
+ *       backend on GPU 0 (its grouped products are cuBLAS's grouped GEMM), the layer's
+ *       buffers in backend (managed) memory, each timing ended by a sync.
  *   moe_bench ep --ranks P --ep E [--dispatcher alltoall|allgather] [--grouped] [shape]
  *       P forked ranks (1 thread each), each with its own tokens; --ep 1 is data parallel
  *       (every rank computes every expert, nothing exchanged), --ep P splits the experts.
@@ -36,7 +39,7 @@ static double now_s(void) {
 
 typedef struct args {
     int experts, topk, hidden, ffn, tokens, steps, warmup, threads, ranks, ep;
-    bool grouped;
+    bool grouped, cuda;
     moe_dispatcher disp;
 } args;
 
@@ -48,6 +51,7 @@ static moe_config config_of(const args *a, bool grouped, int ep) {
 }
 
 typedef struct layer {
+    kb_backend *be;
     moe_layer *m;
     float *x, *dy, *y, *dx, *params, *dparams;
     size_t P;
@@ -59,8 +63,11 @@ static int layer_new(layer *L, const moe_config *c, kb_backend *be, int N, uint6
     if (rc) return rc;
     L->P = moe_layer_offsets(L->m)->total;
     size_t Nh = (size_t)N * c->hidden;
-    L->x = malloc(4 * Nh), L->dy = malloc(4 * Nh), L->y = malloc(4 * Nh), L->dx = malloc(4 * Nh);
-    L->params = malloc(4 * L->P), L->dparams = calloc(L->P, 4);
+    /* backend memory (zeroed; on CUDA managed, so the host fills it below) */
+    const kb_ops *o = be->ops;
+    L->be = be;
+    L->x = o->alloc(be, 4 * Nh), L->dy = o->alloc(be, 4 * Nh), L->y = o->alloc(be, 4 * Nh);
+    L->dx = o->alloc(be, 4 * Nh), L->params = o->alloc(be, 4 * L->P), L->dparams = o->alloc(be, 4 * L->P);
     if (!L->x || !L->dy || !L->y || !L->dx || !L->params || !L->dparams) return CO_ENOMEM;
     co_rng g;
     co_rng_seed(&g, seed);
@@ -72,12 +79,16 @@ static int layer_new(layer *L, const moe_config *c, kb_backend *be, int N, uint6
 
 static void layer_free(layer *L) {
     moe_destroy(&L->m);
-    free(L->x), free(L->dy), free(L->y), free(L->dx), free(L->params), free(L->dparams);
+    float *bufs[] = {L->x, L->dy, L->y, L->dx, L->params, L->dparams};
+    for (int i = 0; i < 6; i++)
+        if (L->be) L->be->ops->free(L->be, bufs[i]);
 }
 
 static int step(layer *L, int N) {
     int rc = moe_forward(L->m, L->y, L->x, L->params, NULL, N / 256 > 0 ? N / 256 : 1, N / 256 > 0 ? 256 : N);
     if (!rc) rc = moe_backward(L->m, L->dx, L->dparams, L->dy, L->x, L->params, 1.0f);
+    L->be->ops->sync(L->be); /* CUDA: the step's queued products are part of its time */
+    if (!rc) rc = kb_backend_status(L->be);
     return rc;
 }
 
@@ -92,8 +103,11 @@ static double time_steps(layer *L, const args *a) {
 
 static int run_grouped(const args *a) {
     kb_backend *be = NULL;
-    kb_options bo = {.device = KB_DEVICE_CPU, .threads = a->threads};
-    if (kb_backend_new(&be, &bo)) return 1;
+    kb_options bo = {.device = a->cuda ? KB_DEVICE_CUDA : KB_DEVICE_CPU, .threads = a->threads};
+    if (kb_backend_new(&be, &bo)) {
+        fprintf(stderr, "moe_bench: %s\n", co_err_detail());
+        return 1;
+    }
     double t[2];
     for (int g = 0; g < 2; g++) {
         moe_config c = config_of(a, g == 1, 0);
@@ -109,9 +123,10 @@ static int run_grouped(const args *a) {
             return 1;
         }
     }
-    printf("grouped: %d experts, top-%d, hidden %d, ffn %d, %d tokens, %d threads: one product per expert "
+    printf("grouped (%s): %d experts, top-%d, hidden %d, ffn %d, %d tokens, %d threads: one product per expert "
            "%.1f ms/step, grouped %.1f ms/step, speedup %.2fx\n",
-           a->experts, a->topk, a->hidden, a->ffn, a->tokens, a->threads, 1e3 * t[0], 1e3 * t[1], t[0] / t[1]);
+           kb_backend_describe(be), a->experts, a->topk, a->hidden, a->ffn, a->tokens, a->threads, 1e3 * t[0],
+           1e3 * t[1], t[0] / t[1]);
     kb_backend_destroy(&be);
     return 0;
 }
@@ -236,6 +251,11 @@ int main(int argc, char **argv) {
             a.grouped = true;
             continue;
         }
+        if (!strcmp(f, "--device") && v && (!strcmp(v, "cpu") || !strcmp(v, "cuda"))) {
+            a.cuda = !strcmp(v, "cuda");
+            i++;
+            continue;
+        }
         if (!strcmp(f, "--dispatcher") && v) {
             a.disp = !strcmp(v, "allgather") ? MOE_DISPATCH_ALLGATHER : MOE_DISPATCH_ALLTOALL;
             i++;
@@ -246,6 +266,10 @@ int main(int argc, char **argv) {
     }
     bench_cpu_print(stdout);
     if (!strcmp(argv[1], "grouped")) return run_grouped(&a);
+    if (a.cuda) {
+        fprintf(stderr, "moe_bench: ep runs on the CPU backend only (--device cuda is for grouped)\n");
+        return 2;
+    }
     if (a.ranks < 1 || a.ranks > 8 || a.ep < 1 || a.ranks % a.ep || a.experts % a.ep || a.experts > 256) {
         fprintf(stderr, "moe_bench: --ranks (1-8) must be a multiple of --ep, and --experts of --ep\n");
         return 2;

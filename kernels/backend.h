@@ -234,9 +234,11 @@ typedef struct kb_ops {
     /* ---- grouped products (the MoE layer's experts, --moe-grouped-gemm; NULL where a
      * backend has not built them: model/moe.c then runs one product per group) ----
      * n groups; group j is rows [off[j], off[j+1]) (host memory, off[0] may be > 0) of in
-     * and out, with weights W + j*OC*IC ([OC,IC]). One call for every group: the backend
+     * and out, with weights W + j*OC*IC ([OC,IC]). One call for every group: the CPU backend
      * spreads (group, row block) pieces over its threads, each piece one single-threaded
-     * product, so the bits do not depend on the thread count.
+     * product, so the bits do not depend on the thread count; the CUDA backend runs one
+     * cuBLAS grouped GEMM (kernels/cuda/cuda_grouped.cu). Groups with no rows: nothing
+     * written, dW_j unchanged.
      *   forward:  out[rows_j, OC] = in[rows_j, IC] W_j^T                     (overwrites)
      *   backward: din[rows_j, IC] = dout[rows_j, OC] W_j   (overwrites; skipped if NULL)
      *             dW_j[OC, IC] += dout[rows_j]^T in[rows_j]      (skipped if NULL) */

@@ -4,13 +4,16 @@
 // One cu_state sits behind kb_backend.impl: the GPU index, one non-blocking stream on which
 // every operation is queued in call order, a cuBLASLt handle with its workspace and a cache
 // of chosen algorithms (one per shape, so a shape always runs the same algorithm: results
-// are bitwise repeatable), and stream-ordered scratch buffers grown on demand.
+// are bitwise repeatable), a cuBLAS handle on the same stream and workspace for the grouped
+// products (made on first use, cuda_grouped.cu), and stream-ordered scratch buffers grown on
+// demand.
 // Every reduction has a fixed partition and a fixed combining order; nothing uses atomics,
 // so the same inputs give the same bits on the same GPU model.
 #ifndef COHORT_KERNELS_CUDA_CU_COMMON_CUH
 #define COHORT_KERNELS_CUDA_CU_COMMON_CUH
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
@@ -29,7 +32,7 @@ extern "C" {
 #define CU_MM_CACHE 128
 
 // scratch slots
-enum { CU_SCR_A16 = 0, CU_SCR_B16, CU_SCR_W16, CU_SCR_ATT, CU_SCR_MISC, CU_SCR_RED, CU_NSCRATCH };
+enum { CU_SCR_A16 = 0, CU_SCR_B16, CU_SCR_W16, CU_SCR_ATT, CU_SCR_MISC, CU_SCR_RED, CU_SCR_GRP, CU_NSCRATCH };
 
 typedef struct cu_mm {
     // key
@@ -52,6 +55,8 @@ typedef struct cu_state {
     void *scratch[CU_NSCRATCH];
     size_t scratch_size[CU_NSCRATCH];
     double *host_result;  // pinned, for sumsq
+    cublasHandle_t blas;  // grouped products (cuda_grouped.cu): NULL until first used
+    int grouped_mode;     // 0: cublasGemmGroupedBatchedEx; -1: one cublasSgemm per group
     char desc[256];
 } cu_state;
 
@@ -166,6 +171,12 @@ void cu_linear_forward(kb_backend *b, float *out, const float *in, const float *
 void cu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias, const float *dout, const float *in,
                         const float *W, const kb_bf16 *W16, int N, int IC, int OC);
 void cu_mm_release(cu_state *st);
+// grouped products (backend.h: grouped_linear_forward/backward; cuda_grouped.cu)
+void cu_grouped_linear_forward(kb_backend *b, float *out, const float *in, const float *W, const int32_t *off, int n,
+                               int IC, int OC);
+void cu_grouped_linear_backward(kb_backend *b, float *din, float *dW, const float *dout, const float *in,
+                                const float *W, const int32_t *off, int n, int IC, int OC);
+void cu_blas_release(cu_state *st);
 // dst[c] += sum over rows of (mode 0) dy[n,c]; (mode 1) dy[n,c] * (x[n,c]-mean[n])*rstd[n]
 void cu_col_sums(kb_backend *b, float *dst, const float *dy, const float *x, const float *mean,
                  const float *rstd, int N, int C, int mode);

@@ -177,10 +177,9 @@ static const kb_ops cuda_ops = {
     /* .ce_max = */ cu_ce_max,
     /* .ce_sums = */ cu_ce_sums,
     /* .ce_grad = */ cu_ce_grad,
-    // grouped products (MoE experts): not built on CUDA yet; model/moe.c runs one cuBLAS
-    // product per expert instead
-    /* .grouped_linear_forward = */ NULL,
-    /* .grouped_linear_backward = */ NULL,
+    // grouped products (the MoE experts with --moe-grouped-gemm): cuBLAS, cuda_grouped.cu
+    /* .grouped_linear_forward = */ cu_grouped_linear_forward,
+    /* .grouped_linear_backward = */ cu_grouped_linear_backward,
 };
 
 // ---- which GPUs this build can run on ----
@@ -267,6 +266,7 @@ extern "C" void cuda_backend_release(kb_backend *b) {
         cudaSetDevice(st->device);
         if (st->stream) cudaStreamSynchronize(st->stream);
         cu_mm_release(st);
+        cu_blas_release(st);
         for (int i = 0; i < CU_NSCRATCH; i++)
             if (st->scratch[i]) cudaFreeAsync(st->scratch[i], st->stream);
         if (st->stream) cudaStreamSynchronize(st->stream);

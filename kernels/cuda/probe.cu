@@ -1,5 +1,5 @@
 // probe.cu - compiled (never linked or run) by meson.build before it enables the CUDA
-// backend: the runtime, cuBLASLt and device calls kernels/cuda/ makes, through the same
+// backend: the runtime, cuBLASLt, cuBLAS and device calls kernels/cuda/ makes, through the same
 // version-dependent helpers (cu_common.cuh) and with the same -gencode flags. A toolkit
 // that cannot compile this cannot build the backend, and the build goes on without CUDA.
 #include "kernels/cuda/cu_common.cuh"
@@ -30,5 +30,14 @@ int probe_host(void) {
     (void)cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     cudaDataType_t bf = CUDA_R_16BF;
     (void)bf;
+    cublasHandle_t h = NULL; // the grouped products (cuda_grouped.cu); the grouped call itself is 12.5+
+    (void)cublasCreate(&h);
+    (void)cublasSetStream(h, s);
+    (void)cublasSetWorkspace(h, q, 256);
+    (void)cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED);
+    (void)cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+    const float one = 1.0f;
+    (void)cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 1, &one, (const float *)p, 1, (const float *)p, 1, &one,
+                      (float *)p, 1);
     return cc;
 }

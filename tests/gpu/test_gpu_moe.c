@@ -5,6 +5,11 @@
  *     2e-4 max|g| + 1e-3 |g| (what tests/gpu/test_gpu_model.c allows between the backends);
  *   - the aux and z losses within 1e-4 relative;
  *   - two GPU runs bitwise equal.
+ * With grouped_gemm (--moe-grouped-gemm: the experts through kb_ops.grouped_linear_*, on CUDA
+ * cuBLAS's grouped GEMM, kernels/cuda/cuda_grouped.cu) the CPU side uses its grouped products
+ * too, and a third side, the CUDA backend with one product per expert, must agree with the
+ * grouped CUDA side within the same tolerances; those configurations route uneven groups with
+ * an empty one (an expert bias of -50 that top-k never picks: asserted).
  * Routing runs on the host over the backend's managed memory, the products on the GPU.
  * Exits 77 without a GPU. */
 #include "model/moe.h"
@@ -71,7 +76,9 @@ static void free_out(host_out *o) {
     free(o->tpe);
 }
 
-static void check_config(const char *name, moe_config c, kb_backend *cpu, kb_backend *gpu) {
+/* empty >= 0: that expert gets an expert bias of -50 (sigmoid scores with the bias: never
+ * selected), so its group has no rows */
+static void check_config(const char *name, moe_config c, kb_backend *cpu, kb_backend *gpu, int empty) {
     int B = 2, T = 32, N = B * T, E = c.num_experts;
     moe_offsets off;
     REQUIRE(moe_layout(&c, &off) == 0);
@@ -82,19 +89,27 @@ static void check_config(const char *name, moe_config c, kb_backend *cpu, kb_bac
     for (size_t i = 0; i < Nh; i++) x[i] = gu_uniform(), dy[i] = gu_uniform();
     for (size_t i = 0; i < P; i++) params[i] = 0.3f * gu_uniform();
     for (int e = 0; e < E; e++) bias[e] = 0.05f * gu_uniform();
-    side sd[2] = {{.be = cpu}, {.be = gpu}};
-    host_out out[3];
-    for (int k = 0; k < 3; k++) REQUIRE(alloc_out(&out[k], Nh, P, NE, E));
-    for (int k = 0; k < 2; k++) {
+    if (empty >= 0) {
+        REQUIRE(c.expert_bias && c.score == MOE_SCORE_SIGMOID && empty < E);
+        bias[empty] = -50.0f;
+    }
+    /* sides: CPU, CUDA, and with grouped_gemm the CUDA backend with one product per expert */
+    int nsides = c.grouped_gemm ? 3 : 2;
+    side sd[3] = {{.be = cpu}, {.be = gpu}, {.be = gpu}};
+    host_out out[4];
+    for (int k = 0; k < 4; k++) REQUIRE(alloc_out(&out[k], Nh, P, NE, E));
+    for (int k = 0; k < nsides; k++) {
         side *s = &sd[k];
-        REQUIRE_MSG(moe_new(&s->m, &c, s->be, N) == 0, "%s", co_err_detail());
+        moe_config ck = c;
+        if (k == 2) ck.grouped_gemm = false;
+        REQUIRE_MSG(moe_new(&s->m, &ck, s->be, N) == 0, "%s", co_err_detail());
         s->x = gu_buf(s->be, x, Nh);
         s->dy = gu_buf(s->be, dy, Nh);
         s->params = gu_buf(s->be, params, P);
         s->y = gu_buf(s->be, NULL, Nh);
         s->dx = gu_buf(s->be, NULL, Nh);
         s->dparams = gu_buf(s->be, NULL, P);
-        run_side(s, &c, B, T, bias, &out[k]);
+        run_side(s, &c, B, T, bias, &out[k == 2 ? 3 : k]);
     }
     run_side(&sd[1], &c, B, T, bias, &out[2]);
     host_out *ref = &out[0], *g = &out[1];
@@ -112,13 +127,40 @@ static void check_config(const char *name, moe_config c, kb_backend *cpu, kb_bac
     CHECK_MSG(memcmp(out[1].y, out[2].y, sizeof(float) * Nh) == 0 && memcmp(out[1].dx, out[2].dx, sizeof(float) * Nh) == 0 &&
                   memcmp(out[1].dparams, out[2].dparams, sizeof(float) * P) == 0,
               "%s: two GPU runs differ", name);
-    for (int k = 0; k < 2; k++) {
+    if (empty >= 0) {
+        int lo = N, hi = 0;
+        for (int e = 0; e < E; e++)
+            if (e != empty) lo = g->tpe[e] < lo ? g->tpe[e] : lo, hi = g->tpe[e] > hi ? g->tpe[e] : hi;
+        fprintf(stderr, "  %-40s tokens per expert: %d (expert %d), others %d..%d\n", name, g->tpe[empty], empty, lo, hi);
+        CHECK_MSG(g->tpe[empty] == 0, "%s: expert %d got %d tokens (meant to be empty)", name, empty, g->tpe[empty]);
+        CHECK_MSG(lo < hi, "%s: the groups are not uneven", name);
+    }
+    if (c.grouped_gemm) { /* grouped CUDA against one product per expert on CUDA */
+        host_out *pe = &out[3];
+        CHECK_MSG(memcmp(pe->map, g->map, NE) == 0, "%s: per-expert routing map differs", name);
+        double py = worst_ratio(g->y, pe->y, Nh, 1e-4, 1e-3), pdx = worst_ratio(g->dx, pe->dx, Nh, 1e-4, 1e-3);
+        double pr = worst_ratio(g->dparams + off.router, pe->dparams + off.router, off.fc1 - off.router, 2e-4, 1e-3);
+        double pw = worst_ratio(g->dparams + off.fc1, pe->dparams + off.fc1, P - off.fc1, 2e-4, 1e-3);
+        fprintf(stderr, "  %-40s grouped vs per expert (CUDA): y %.3f dx %.3f dWr %.3f experts %.3f\n", name, py, pdx,
+                pr, pw);
+        CHECK(py <= 1 && pdx <= 1 && pr <= 1 && pw <= 1);
+        if (empty >= 0) { /* the empty expert's weights get no gradient on either path */
+            size_t F1 = c.swiglu ? 2 * (size_t)c.ffn_hidden : (size_t)c.ffn_hidden;
+            const float *w1 = g->dparams + off.fc1 + (size_t)empty * F1 * c.hidden;
+            const float *w2 = g->dparams + off.fc2 + (size_t)empty * c.hidden * c.ffn_hidden;
+            bool zero = true;
+            for (size_t i = 0; i < F1 * c.hidden; i++) zero &= w1[i] == 0.0f;
+            for (size_t i = 0; i < (size_t)c.hidden * c.ffn_hidden; i++) zero &= w2[i] == 0.0f;
+            CHECK_MSG(zero, "%s: the empty expert's weight gradient is not zero", name);
+        }
+    }
+    for (int k = 0; k < nsides; k++) {
         side *s = &sd[k];
         float *bufs[] = {s->x, s->dy, s->params, s->y, s->dx, s->dparams};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) s->be->ops->free(s->be, bufs[i]);
         moe_destroy(&s->m);
     }
-    for (int k = 0; k < 3; k++) free_out(&out[k]);
+    for (int k = 0; k < 4; k++) free_out(&out[k]);
     free(x);
     free(dy);
     free(params);
@@ -130,7 +172,7 @@ static void test_cuda_vs_cpu(void) {
                        .lb = MOE_LB_AUX, .aux_coeff = 0.01f, .z_coeff = 1e-3f};
     moe_config c = base;
     c.shared_ffn = 48;
-    check_config("softmax k2 aux z shared gelu", c, cpu, gpu);
+    check_config("softmax k2 aux z shared gelu", c, cpu, gpu, -1);
     c = base;
     c.score = MOE_SCORE_SIGMOID;
     c.expert_bias = true;
@@ -141,12 +183,29 @@ static void test_cuda_vs_cpu(void) {
     c.pad_to_capacity = true;
     c.swiglu = true;
     c.lb = MOE_LB_SEQ_AUX;
-    check_config("sigmoid k4 groups bias cap pad swiglu seq", c, cpu, gpu);
+    check_config("sigmoid k4 groups bias cap pad swiglu seq", c, cpu, gpu, -1);
     c = base;
     c.pre_softmax = true;
     c.capacity_factor = 0.75;
     c.drop = MOE_DROP_POSITION;
-    check_config("pre-softmax k2 cap 0.75 position", c, cpu, gpu);
+    check_config("pre-softmax k2 cap 0.75 position", c, cpu, gpu, -1);
+    /* grouped products (--moe-grouped-gemm), uneven groups with an empty one */
+    REQUIRE(gpu->ops->grouped_linear_forward && gpu->ops->grouped_linear_backward);
+    c = base;
+    c.grouped_gemm = true;
+    c.score = MOE_SCORE_SIGMOID;
+    c.expert_bias = true;
+    check_config("grouped sigmoid k2 bias gelu", c, cpu, gpu, 5);
+    c.swiglu = true;
+    c.topk = 3;
+    c.shared_ffn = 48;
+    c.lb = MOE_LB_SEQ_AUX;
+    check_config("grouped sigmoid k3 swiglu shared seq", c, cpu, gpu, 0);
+    c = base;
+    c.grouped_gemm = true;
+    c.capacity_factor = 1.0;
+    c.pad_to_capacity = true;
+    check_config("grouped softmax k2 cap pad", c, cpu, gpu, -1);
     kb_backend_destroy(&gpu);
     kb_backend_destroy(&cpu);
 }
