@@ -738,9 +738,14 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         else if (c->num_experts % ep)
             problem(&P, "--num-experts %d is not divisible by --expert-model-parallel-size %d (each expert rank holds "
                         "num-experts / ep experts)", c->num_experts, ep);
-        if (c->tensor_model_parallel_size > 1 || c->context_parallel_size > 1)
-            problem(&P, "--expert-model-parallel-size %d with tensor or context parallelism is not supported yet (the "
-                        "expert groups are data-parallel ranks)", ep);
+        int tp = c->tensor_model_parallel_size;
+        if (c->context_parallel_size > 1)
+            problem(&P, "--expert-model-parallel-size %d with --context-parallel-size %d is not supported yet", ep,
+                    c->context_parallel_size);
+        if (tp > 1 && ep % tp)
+            problem(&P, "--expert-model-parallel-size %d is not a multiple of --tensor-model-parallel-size %d (an "
+                        "expert group must hold whole tensor groups, so that the ranks with the same experts hold the "
+                        "same tensor slices)", ep, tp);
         if (!strcmp(c->device, "cuda"))
             problem(&P, "--expert-model-parallel-size %d with --device cuda is not supported yet (the token exchange "
                         "runs on the CPU backend)", ep);

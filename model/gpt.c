@@ -133,9 +133,6 @@ static int model_shape(gpt_model *m, int max_T) {
         if (m->tp > 1 && !m->sp)
             return co_err_set(CO_EUNSUPPORTED, "mixture of experts with tensor parallelism needs sequence parallelism "
                                                "(as Megatron)");
-        if (m->tp > 1 && c->moe.ep_size > 1)
-            return co_err_set(CO_EUNSUPPORTED,
-                              "mixture of experts with tensor and expert parallelism together is not supported yet");
         if (m->tp > 1 && c->moe.capacity_factor > 0)
             return co_err_set(CO_EUNSUPPORTED, "an expert capacity with tensor parallelism is not supported yet "
                                                "(Megatron's capacity over each rank's tokens drops other tokens than "
@@ -273,7 +270,10 @@ static int build_tensors(gpt_model *m) {
                  * parallelism: a part of the gradient per rank (the router is Megatron's
                  * sequence-parallel parameter, the experts' gradients are summed over the
                  * expert-data-parallel group, tensor x data at expert tensor-parallel size 1) */
-                for (int q = t[ROUTER_W]; q < m->ntensors; q++) m->tensors[q].partial_grad = m->sp;
+                for (int q = t[ROUTER_W]; q < m->ntensors; q++)
+                    m->tensors[q].partial_grad = m->sp && !(m->tensors[q].expert && c->moe.ep_size > 1);
+                /* (with expert parallelism too, the expert group spans the tensor ranks: each
+                 * holds other experts, whose gradients are its own) */
                 if (c->moe.expert_bias)
                     t[EBIAS] = add_tensor(m, cap, NAME("mlp.router.expert_bias"), E, 0, false, 0, false);
             } else {

@@ -187,6 +187,9 @@ void gpt_tp_set_overlap(gpt_model *m, bool on);
  * rank 0), so the group's sum is the norm's square of the whole model's gradient. At tp 1
  * every gradient. */
 double gpt_tp_grad_sumsq(gpt_model *m);
+/* The same without the experts' tensors, whose sum of squares (every one this rank holds)
+ * goes into *experts (expert parallelism: each expert rank holds its own). */
+double gpt_tp_grad_sumsq_split(gpt_model *m, double *experts);
 
 /* The tensor table of rank cfg->tp_rank of a tensor group of cfg->tp, as gpt_new builds it
  * (names, global and local shapes, each split tensor's pieces, offsets into the flat

@@ -97,13 +97,20 @@ void gpt__tp_allgather(gpt_model *m, float *full, const float *shard, size_t sha
 
 void gpt_tp_set_overlap(gpt_model *m, bool on) { m->overlap = on; }
 
-double gpt_tp_grad_sumsq(gpt_model *m) {
+double gpt_tp_grad_sumsq(gpt_model *m) { return gpt_tp_grad_sumsq_split(m, NULL); }
+
+double gpt_tp_grad_sumsq_split(gpt_model *m, double *experts) {
     const kb_ops *o = m->ops;
     double sum = 0;
+    if (experts) *experts = 0;
     for (int i = 0; i < m->ntensors; i++) {
         const gpt_tensor *t = &m->tensors[i];
         const float *g = m->grads + t->offset;
         if (t->emb_copy) continue; /* the first stage counts the tied embedding */
+        if (experts && t->expert) {
+            *experts += o->sumsq(m->be, g, t->numel);
+            continue;
+        }
         if (t->split == GPT_TP_COLS || m->tp == 1) {
             sum += o->sumsq(m->be, g, t->numel);
             continue;

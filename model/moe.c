@@ -408,9 +408,6 @@ int moe_set_sequence_group(moe_layer *m, cm_comm *sq, int timeout_ms) {
         m->sq_rank = 0;
         return 0;
     }
-    if (m->ep.c)
-        return co_err_set(CO_EUNSUPPORTED, "moe: sequence parallelism together with expert parallelism is not "
-                                           "supported yet");
     if (m->c.capacity_factor > 0)
         return co_err_set(CO_EUNSUPPORTED,
                           "moe: an expert capacity under sequence parallelism is not supported yet (Megatron's "

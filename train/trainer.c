@@ -218,8 +218,9 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         int cpn = c->context_parallel_size > 1 ? c->context_parallel_size : 1;
         int world = (dp ? dp->size : 1) * t->tp_size * t->pp_size * cpn;
         int epn = c->num_experts > 0 && c->expert_model_parallel_size > 1 ? c->expert_model_parallel_size : 1;
-        t->have_layout = topo_layout_init(&t->layout, world, t->tp_size, t->pp_size, cpn, epn, 0,
-                                          c->use_tp_pp_dp_mapping, lerr, sizeof lerr) == 0;
+        t->have_layout = topo_layout_init(&t->layout, world, t->tp_size, t->pp_size, cpn, epn,
+                                          c->expert_tensor_parallel_size, c->use_tp_pp_dp_mapping, lerr,
+                                          sizeof lerr) == 0;
     }
     t->M = topo_num_microbatches(&t->topo, c->global_batch_size, c->micro_batch_size);
 

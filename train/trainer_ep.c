@@ -2,13 +2,14 @@
  * docs/moe.md): the MoE layers' experts split over the expert group, everything else as
  * data parallelism.
  *
- * Groups (Megatron's expert layout, scheduler/groups.h; tensor and context size 1): the
- * expert group `ep` is ep consecutive data-parallel ranks, the expert-data-parallel group
- * `edp` the ranks at the same place in every expert group (they hold the same experts), and
- * `erep` the expert group times the pipeline: the ranks that hold one whole model between
- * them. Each rank reads its own micro batches as a data-parallel rank does; a MoE layer
- * sends the tokens its router gives to another rank's experts there and back
- * (model/moe_ep.c, --moe-token-dispatcher-type).
+ * Groups (Megatron's expert layout, scheduler/groups.h; context size 1, expert tensor size
+ * 1): in the order tp-cp-ep-dp-pp the expert group `ep` is ep consecutive ranks of a stage:
+ * ep/tp tensor groups (ep a multiple of tp), the expert-data-parallel group `edp` the ranks
+ * at the same place in every expert group (they hold the same experts and, ep being a
+ * multiple of tp, the same tensor slices), and `erep` the expert group times the pipeline.
+ * Each data-parallel replica reads its own micro batches; a MoE layer sends the tokens its
+ * router gives (under tensor parallelism, this rank's sequence-parallel share) to another
+ * rank's experts there and back (model/moe_ep.c, --moe-token-dispatcher-type).
  *
  * After the backward (Megatron's DistributedDataParallel with expert parallelism):
  *   - the gradients of every tensor but the experts' are summed over the data-parallel
@@ -16,8 +17,8 @@
  *     already accumulated the gradient of every token its expert group sent it), and both
  *     scaled by 1/dp (Megatron's expert_gradient_scaling_factor without averaging in the
  *     collective): the replicated run's average over every rank's micro batches;
- *   - the gradient norm counts the dense tensors once (expert rank 0's) and every expert
- *     once (its expert rank's), summed over erep.
+ *   - the gradient norm: the dense tensors' over the replica's tensor and pipeline ranks
+ *     (gpt_tp_grad_sumsq_split, each slice once) plus every expert once, summed over erep.
  *
  * For the rerun state machine an expert group is one replica: a rank's results depend on
  * its expert group's data, so a check round recomputes a suspect's micro batches on the
@@ -48,14 +49,15 @@ int trainer__ep_setup(trainer *t, const trainer_data *data, gpt_config *m) {
     t->epn = c->num_experts > 0 && c->expert_model_parallel_size > 1 ? c->expert_model_parallel_size : 1;
     t->epr = 0;
     if (t->epn == 1) return 0;
-    int dp = t->dp ? t->dp->size : 1;
-    if (dp % t->epn)
-        return co_err_set(CO_EINVAL, "--expert-model-parallel-size %d does not divide the %d data-parallel ranks "
-                                     "(each expert group is ep data-parallel ranks)", t->epn, dp);
-    if (!data->ep || data->ep->size != t->epn || !data->edp || data->edp->size != dp / t->epn || !data->erep)
+    int dp = t->dp ? t->dp->size : 1, tp = t->tp_size;
+    if (t->epn % tp || dp % (t->epn / tp))
+        return co_err_set(CO_EINVAL, "--expert-model-parallel-size %d does not divide the %d data-parallel x %d "
+                                     "tensor-parallel ranks of a stage in whole tensor groups (each expert group is ep "
+                                     "consecutive ranks)", t->epn, dp, tp);
+    int edp = dp / (t->epn / tp);
+    if (!data->ep || data->ep->size != t->epn || !data->edp || data->edp->size != edp || !data->erep)
         return co_err_set(CO_EINVAL, "an expert group of %d ranks (and the expert-data-parallel group of %d) for "
-                                     "--expert-model-parallel-size %d", data->ep ? data->ep->size : 0, dp / t->epn,
-                          t->epn);
+                                     "--expert-model-parallel-size %d", data->ep ? data->ep->size : 0, edp, t->epn);
     t->ep = data->ep;
     t->edp = data->edp;
     t->erep = data->erep;
@@ -121,32 +123,35 @@ int trainer__ep_reduce_grads(trainer *t) {
 }
 
 int trainer__ep_grad_norm(trainer *t, bool reduced, double *out) {
-    /* reduced: the step's gradient, the dense tensors equal on every expert rank (counted on
-     * expert rank 0); before the reduction (a report to the validator): every rank's own */
-    const gpt_tensor *tab = gpt_tensors(t->model);
-    int nt = gpt_num_tensors(t->model);
-    const float *g = gpt_grads(t->model);
-    double sq = 0;
-    for (int i = 0; i < nt; i++) {
-        if (tab[i].emb_copy) continue; /* (the first stage counts the tied embedding) */
-        if (tab[i].expert || !reduced || t->epr == 0) sq += t->be->ops->sumsq(t->be, g + tab[i].offset, tab[i].numel);
-    }
+    /* the dense tensors' over the replica (reduced: the step's gradient, equal on every
+     * replica; before the reduction, a report to the validator: this replica's own), the
+     * experts' over the expert group x pipeline (before the reduction each rank's own experts
+     * hold its expert group's tokens' share: the same on a check round's counterparts) */
+    (void)reduced;
+    double sq[2];
+    sq[0] = gpt_tp_grad_sumsq_split(t->model, &sq[1]);
     int rc = kb_backend_status(t->be);
-    if (!rc) rc = t->erep->ops->allreduce_sum(t->erep, &sq, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
-    *out = sqrt(sq);
+    cm_comm *rg = t->pp ? t->mp : t->tp;
+    if (!rc && rg) rc = rg->ops->allreduce_sum(rg, &sq[0], 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc) rc = t->erep->ops->allreduce_sum(t->erep, &sq[1], 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    *out = sqrt(sq[0] + sq[1]);
     return rc;
 }
 
 /* ---- the validator's view: an expert group is one replica ---- */
 
+/* data-parallel ranks per expert group */
+static int dp_per_group(const trainer *t) { return t->epn / t->tp_size; }
+
 int trainer__ep_replica_of(const trainer *t, int world_rank) {
     topo_coord co;
     if (!t->have_layout || world_rank < 0 || topo_coords(&t->layout, world_rank, &co)) return world_rank;
-    return co.dp / t->epn;
+    return co.dp / dp_per_group(t);
 }
 
 int trainer__ep_check_share(const trainer *t, int helper, int suspect) {
-    if (trainer__ep_replica_of(t, helper) != t->topo.dp_rank / t->epn) return -1;
+    int q = dp_per_group(t);
+    if (trainer__ep_replica_of(t, helper) != t->topo.dp_rank / q) return -1;
     /* this rank's counterpart in the suspect's expert group */
-    return trainer__ep_replica_of(t, suspect) * t->epn + t->epr;
+    return trainer__ep_replica_of(t, suspect) * q + t->topo.dp_rank % q;
 }

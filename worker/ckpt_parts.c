@@ -107,6 +107,25 @@ void wk_parts_free(wk_parts *l) {
     memset(l, 0, sizeof *l);
 }
 
+/* Writer groups of shard (tensor rank r, stage s, expert rank e) = r + tp (s + pp e):
+ * held: expert rank e's group at stage s (the first of its tensor ranks that exists);
+ * held_by_r: a group holding tensor rank r's slices at stage s, spread over the expert ranks
+ * by the tensor's index i. Every rank lists the same, so the plans agree. */
+static int held(const bool *h, int tp, int pp, int i, int s, int e) {
+    for (int k = 0; k < tp; k++) {
+        int r = (i + k) % tp, g = r + tp * (s + pp * e);
+        if (h[g]) return g;
+    }
+    return tp * (s + pp * e);
+}
+static int held_by_r(const bool *h, int tp, int pp, int ep, int r, int s, int i) {
+    for (int k = 0; k < ep; k++) {
+        int e = (i + k) % ep, g = r + tp * (s + pp * e);
+        if (h[g]) return g;
+    }
+    return r + tp * s;
+}
+
 int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *load, int **writer_group, int *groups) {
     *writer_group = NULL;
     gpt_model *model = trainer_model(t);
@@ -123,18 +142,22 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
     topo_layout lay;
     char err[200];
     int cpn = c->context_parallel_size > 1 && !co_config_standin_model_parallel ? c->context_parallel_size : 1;
-    if (world % (tp * pp * cpn) || world / (tp * pp * cpn) % ep ||
-        topo_layout_init(&lay, world, tp, pp, cpn, ep, 0, c->use_tp_pp_dp_mapping, err, sizeof err))
+    if (world % (tp * pp * cpn) ||
+        topo_layout_init(&lay, world, tp, pp, cpn, ep, c->expert_tensor_parallel_size, c->use_tp_pp_dp_mapping, err,
+                         sizeof err))
         return co_err_set(CO_EINTERNAL, "checkpoint: %d ranks in shards of tensor %d x pipeline %d x expert %d", world,
                           tp, pp, ep);
     int *wg = malloc(sizeof *wg * (size_t)world);
+    /* the shards some rank holds: with the expert group spanning the tensor ranks not every
+     * (tensor rank, expert rank) pair exists, and a writer group must have members */
+    bool *held_by = calloc((size_t)shards, sizeof *held_by);
     gpt_tensor **tab = calloc((size_t)shards, sizeof *tab);
     int *ntab = calloc((size_t)shards, sizeof *ntab);
-    int rc = !wg || !tab || !ntab ? co_err_set(CO_ENOMEM, "checkpoint: out of memory") : 0;
+    int rc = !wg || !tab || !ntab || !held_by ? co_err_set(CO_ENOMEM, "checkpoint: out of memory") : 0;
     for (int w = 0; w < world && !rc; w++) {
         topo_coord co;
         if (topo_coords(&lay, w, &co)) rc = co_err_set(CO_EINTERNAL, "checkpoint: no coordinates for rank %d", w);
-        else wg[w] = SHARD(co.tp, co.pp, ep > 1 ? co.ep : 0);
+        else wg[w] = SHARD(co.tp, co.pp, ep > 1 ? co.ep : 0), held_by[wg[w]] = true;
         if (!rc && w == rank && (co.tp != tpr || co.pp != ppr || (ep > 1 && co.ep != epr)))
             rc = co_err_set(CO_EINTERNAL, "checkpoint: rank %d is at tensor %d, pipeline %d, expert %d, its layout says "
                                           "%d, %d, %d", w, tpr, ppr, epr, co.tp, co.pp, co.ep);
@@ -163,14 +186,14 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
             for (int i = 0; i < ntab[SHARD(0, s, 0)] && !rc; i++) {
                 const gpt_tensor *t0 = &tab[SHARD(0, s, 0)][i];
                 if (t0->emb_copy) continue;
-                if (t0->expert && ep > 1) { /* each expert rank's own experts (tensor size 1) */
+                if (t0->expert && ep > 1) { /* each expert rank's own experts (whole on its tensor ranks) */
                     for (int e = 0; e < ep && !rc; e++)
-                        rc = add(save, part, &tab[SHARD(0, s, e)][i], SHARD(0, s, e), false, 0, NULL,
-                                 my_stage && e == epr ? base + mine[i].offset : NULL);
+                        rc = add(save, part, &tab[SHARD(0, s, e)][i], held(held_by, tp, pp, i, s, e), false, 0,
+                                 NULL, my_stage && e == epr ? base + mine[i].offset : NULL);
                     continue;
                 }
                 if (tp == 1 || t0->split == GPT_TP_REPLICATED) {
-                    rc = add(save, part, t0, SHARD(i % tp, s, i % ep), false, 0, NULL,
+                    rc = add(save, part, t0, held_by_r(held_by, tp, pp, ep, i % tp, s, i), false, 0, NULL,
                              my_stage ? base + mine[i].offset : NULL);
                     continue;
                 }
@@ -184,7 +207,7 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
                         float *data = !held ? NULL
                                       : base + mine[i].offset +
                                             (tr->split == GPT_TP_ROWS ? (size_t)mine[i].piece[q].local * cols : 0);
-                        rc = add(save, part, tr, SHARD(r, s, i % ep), true, tr->split, p, data);
+                        rc = add(save, part, tr, held_by_r(held_by, tp, pp, ep, r, s, i), true, tr->split, p, data);
                     }
                 }
             }
@@ -207,12 +230,27 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
     free(ntab);
     if (rc) {
         free(wg);
+        free(held_by);
         return rc;
     }
+    /* the groups some rank holds, numbered densely (each has world / groups writers) */
+    int ng = 0;
+    int *num = malloc(sizeof *num * (size_t)shards);
+    if (!num) {
+        free(wg);
+        free(held_by);
+        return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
+    }
+    for (int sh = 0; sh < shards; sh++) num[sh] = held_by[sh] ? ng++ : -1;
+    for (int w = 0; w < world; w++) wg[w] = num[wg[w]];
+    for (int j = 0; j < save->n; j++)
+        if (!save->r[j].flat) save->r[j].group = num[save->r[j].group];
+    free(num);
+    free(held_by);
     name_them(save);
     name_them(load);
     *writer_group = wg;
-    *groups = shards;
+    *groups = ng;
     return 0;
 #undef SHARD
 }

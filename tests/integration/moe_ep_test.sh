@@ -21,11 +21,16 @@
 #             lost experts, so the job reloads its last checkpoint, and ends bitwise too
 #   sdc       a flipped weight bit on rank 2 is found by the checksums (an expert group is
 #             one replica) and repaired from the other expert group: bitwise the clean run
+#   tp        with tensor parallelism (sequence parallel, --expert-tensor-parallel-size 1: the
+#             expert group spans the tensor ranks, each routing its token shard): tp 2 x ep 2,
+#             tp 2 x ep 4 (allgather) and tp 2 x ep 2 x pp 2 against one rank, as match; a
+#             tp 2 x ep 2 checkpoint resumed on one rank; at tp 2 x ep 2 x dp 2 the killed
+#             rank 3 is rebuilt from rank 1 (the same tensor slices and experts), bitwise
 #   peer_check a NaN that reproduces is recomputed by the other expert group (every rank of
 #             it taking its counterpart's micro batches) and diagnosed as the data's: exit 3
 #   refused   bad configurations exit 2 before any work: experts not divisible by ep, ep
-#             without experts, ep not dividing the data-parallel ranks, ep with tensor
-#             parallelism
+#             without experts, ep not dividing the data-parallel ranks, ep not a multiple of
+#             the tensor-parallel size, ep with context parallelism
 set -uo pipefail
 cohort=$1; case_name=$2
 export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
@@ -122,6 +127,25 @@ sdc)
         fail "not repaired: $(grep supervisor "$work/f.out")"
     bitwise clean f
     ;;
+tp)
+    T=(--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1)
+    run one 6
+    run t2e2 6 --nproc-per-node 2 "${T[@]}" --expert-model-parallel-size 2
+    run t2e4 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 4 --moe-token-dispatcher-type allgather
+    run t2e2p2 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --pipeline-model-parallel-size 2
+    compare 1 one t2e2 t2e4 t2e2p2
+    for n in t2e2 t2e4 t2e2p2; do close one $n; done
+    run half 6 --nproc-per-node 2 "${T[@]}" --expert-model-parallel-size 2 --exit-interval 3
+    "$cohort" train "${tiny[@]}" --train-iters 6 --load "$work/half.ck" --save "$work/half.ck" >"$work/r1.out" 2>&1 ||
+        fail "resume on one rank: $(tail -3 "$work/r1.out")"
+    close one half
+    k=(--nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2)
+    run clean 8 "${k[@]}"
+    run f 8 "${k[@]}" --inject "kill@rank=3,step=4"
+    grep -q "rank 3 replaced in process generation 2: state of iteration 3 taken from rank 1's memory" "$work/f.out" ||
+        fail "rank 3 did not take rank 1's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
+    bitwise clean f
+    ;;
 peer_check)
     "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --expert-model-parallel-size 2 \
         --inject "nan@rank=3,step=4,times=always" >"$work/f.out" 2>&1
@@ -144,11 +168,14 @@ refused)
     expect "--num-experts 4 is not divisible by --expert-model-parallel-size 3" --expert-model-parallel-size 3 \
         --nproc-per-node 3 --global-batch-size 6
     expect "--expert-model-parallel-size 2 needs --num-experts" --num-experts 0 --expert-model-parallel-size 2
-    expect "does not divide the 1 data-parallel ranks" --expert-model-parallel-size 2
+    expect "does not divide the 1 data-parallel x 1 tensor-parallel ranks" --expert-model-parallel-size 2
     expect "world size 6 is not a multiple of expert tensor 1 x expert 4" --expert-model-parallel-size 4 --nproc-per-node 6 \
         --global-batch-size 12
-    expect "with tensor or context parallelism is not supported yet" --expert-model-parallel-size 2 \
-        --tensor-model-parallel-size 2 --nproc-per-node 4
+    expect "--expert-model-parallel-size 2 is not a multiple of --tensor-model-parallel-size 4" \
+        --expert-model-parallel-size 2 --tensor-model-parallel-size 4 --sequence-parallel --expert-tensor-parallel-size 1 \
+        --nproc-per-node 4
+    expect "--expert-model-parallel-size 2 with --context-parallel-size 2 is not supported yet" \
+        --expert-model-parallel-size 2 --context-parallel-size 2 --nproc-per-node 4
     ;;
 *) fail "unknown case $case_name" ;;
 esac
