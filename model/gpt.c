@@ -796,6 +796,13 @@ void gpt_moe_ep_counters(const gpt_model *m, uint64_t *bytes, double *seconds) {
             }
 }
 
+void gpt_moe_stats_peek(const gpt_model *m, gpt_moe_stats *out) { *out = m->moe_acc; }
+
+void gpt_mtp_stats_peek(const gpt_model *m, double *loss_sums, int64_t *forwards) {
+    for (int k = 0; k < m->cfg.mtp_layers; k++) loss_sums[k] = m->mtp_loss_sum[k];
+    *forwards = m->mtp_forwards;
+}
+
 void gpt_moe_stats_take(gpt_model *m, gpt_moe_stats *out, int64_t *tpe) {
     *out = m->moe_acc;
     memset(&m->moe_acc, 0, sizeof m->moe_acc);

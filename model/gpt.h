@@ -328,6 +328,10 @@ typedef struct gpt_moe_stats {
     int64_t dropped;
 } gpt_moe_stats;
 void gpt_moe_stats_take(gpt_model *m, gpt_moe_stats *out, int64_t *tpe);
+/* The same sums without resetting them (what the validator's report shows), and the MTP
+ * depths' (gpt_mtp_stats_take's) likewise. */
+void gpt_moe_stats_peek(const gpt_model *m, gpt_moe_stats *out);
+void gpt_mtp_stats_peek(const gpt_model *m, double *loss_sums, int64_t *forwards);
 /* Expert parallelism's counters over every MoE layer of this rank since the model was made:
  * bytes sent to the expert group and seconds in dispatch and combine (moe_ep_bytes_sent,
  * moe_ep_dispatch_seconds). */

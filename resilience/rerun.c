@@ -291,6 +291,16 @@ static void add_event(rr_machine *m, int rank, rr_diagnosis d, rr_decision outco
     snprintf(e->check, sizeof e->check, "%s", m->rej_check);
     e->value = m->rej_value;
     snprintf(e->message, sizeof e->message, "%s", msg);
+    /* the rank's MoE and MTP losses where the suspicion arose (the replay's otherwise) */
+    const rr_report *r = NULL;
+    if (rank >= 0 && rank < m->o.world)
+        r = m->first[rank].iteration == m->iter && m->first[rank].naux ? &m->first[rank] : &m->cur[rank];
+    size_t len = 0;
+    for (int k = 0; r && k < r->naux && k < RR_MAX_AUX && len < sizeof e->aux; k++) {
+        int w = snprintf(e->aux + len, sizeof e->aux - len, "%s%.*s %.6g", k ? ", " : "", 23, r->aux_key[k], r->aux[k]);
+        if (w < 0) break;
+        len += (size_t)w;
+    }
 }
 
 void rr_restart(rr_machine *m) {

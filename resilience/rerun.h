@@ -85,6 +85,7 @@ void rr_options_default(rr_options *o, int world);
  * co_config_finalize refuses a configuration with more per rank (CO_RERUN_MAX_MICRO_BATCHES)
  * unless validation is off, and rr_add refuses a longer report. */
 #define RR_MAX_MB 64
+#define RR_MAX_AUX 10
 typedef struct rr_report {
     int64_t iteration;
     int attempt;
@@ -99,6 +100,12 @@ typedef struct rr_report {
      * false: no checksum this round (a one-rank job, a check round, an unchecked interval) */
     bool has_sum, has_written;
     uint64_t sum_used, sum_written;
+    /* the round's auxiliary losses on this rank, reported, not validated (Megatron validates
+     * the language-model loss only): the MoE layers' "load_balancing_loss" and "z_loss", each
+     * MTP depth's "mtp_K loss", as the log line names them; naux 0 without */
+    int naux;
+    char aux_key[RR_MAX_AUX][24];
+    double aux[RR_MAX_AUX];
 } rr_report;
 
 typedef enum { RR_DIAG_NONE = 0, RR_DIAG_CORRECT, RR_DIAG_TRANSIENT, RR_DIAG_PERSISTENT } rr_diagnosis;
@@ -124,6 +131,8 @@ typedef struct rr_event {
     char check[32];          /* "nan_loss", "inf_loss", "nan_grad", "spiky_loss", ... */
     double value;
     char message[256];
+    char aux[200];           /* the rank's auxiliary losses in the round that raised it
+                              * ("load_balancing_loss 1.0046, z_loss 1.944"), "" without */
 } rr_event;
 
 typedef struct rr_machine rr_machine;

@@ -708,6 +708,11 @@ static void free_round(sv_link *l) {
         Cohort__V1__LossReport *r = l->last_report[i];
         for (size_t k = 0; k < r->n_phase_ms; k++) free(r->phase_ms[k]);
         free(r->phase_ms);
+        for (size_t k = 0; k < r->n_aux_losses; k++) {
+            free(r->aux_losses[k]->key);
+            free(r->aux_losses[k]);
+        }
+        free(r->aux_losses);
         free(r);
     }
     l->nlast = 0;
@@ -806,6 +811,21 @@ static void post_report(ac_actor *a, void *ctx) {
                 kv->key = (char *)p->phase_names[k];
                 kv->value = p->phase_ms[k];
                 lr->phase_ms[lr->n_phase_ms++] = kv;
+            }
+            int na = p->r.naux > 0 && p->r.naux <= RR_MAX_AUX ? p->r.naux : 0;
+            lr->aux_losses = na ? calloc((size_t)na, sizeof *lr->aux_losses) : NULL;
+            for (int k = 0; lr->aux_losses && k < na; k++) {
+                Cohort__V1__KeyValue *kv = malloc(sizeof *kv);
+                char *key = kv ? strndup(p->r.aux_key[k], sizeof p->r.aux_key[k]) : NULL;
+                if (!key) {
+                    free(kv);
+                    break;
+                }
+                Cohort__V1__KeyValue kinit = COHORT__V1__KEY_VALUE__INIT;
+                *kv = kinit;
+                kv->key = key;
+                kv->value = p->r.aux[k];
+                lr->aux_losses[lr->n_aux_losses++] = kv;
             }
         }
         l->last_report[l->nlast++] = lr;

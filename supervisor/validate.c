@@ -31,7 +31,7 @@ typedef struct fault_rec {
     int64_t iteration;
     char diagnosis[32];
     char outcome[16];
-    char text[400];
+    char text[640];
     double detect_ms, recover_ms; /* < 0: not measured */
     bool open;                    /* an rr fault whose recovery is still running */
     bool restart;                 /* recovered by an in-process restart */
@@ -356,7 +356,8 @@ static void take_events(svv *v, uint64_t now, int *quarantine) {
         f->iteration = e->iteration;
         snprintf(f->diagnosis, sizeof f->diagnosis, "%s", rr_diagnosis_name(e->diagnosis));
         snprintf(f->outcome, sizeof f->outcome, "%s", rr_decision_name(e->outcome));
-        snprintf(f->text, sizeof f->text, "%s%s", e->message, e->injected ? " (--error-injection-rate)" : "");
+        snprintf(f->text, sizeof f->text, "%s%s%s%s%s", e->message, e->injected ? " (--error-injection-rate)" : "",
+                 e->aux[0] ? " [its MoE/MTP losses: " : "", e->aux, e->aux[0] ? "]" : "");
         f->detect_ms = v->reject_ms >= v->first_report_ms ? (double)(v->reject_ms - v->first_report_ms) : -1;
         f->open = true;
         fault_event(v, f, "fault");
@@ -414,6 +415,11 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
     for (size_t k = 0; k < lr->n_phase_ms; k++)
         for (int q = 0; q < SVV_NPH; q++)
             if (!strcmp(lr->phase_ms[k]->key, ph_names[q])) p->phase_ms[q] = lr->phase_ms[k]->value;
+    /* the MoE and MTP losses: carried into the events, not validated */
+    for (size_t k = 0; k < lr->n_aux_losses && p->r.naux < RR_MAX_AUX; k++) {
+        snprintf(p->r.aux_key[p->r.naux], sizeof p->r.aux_key[0], "%s", lr->aux_losses[k]->key);
+        p->r.aux[p->r.naux++] = lr->aux_losses[k]->value;
+    }
     return complete(v, rank, now, why, n, quarantine);
 }
 

@@ -1109,6 +1109,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                 if (t->have_val) {
                     memcpy(r.loss, t->mb_loss, sizeof(double) * (size_t)r.nmb);
                     memcpy(r.tokens, t->mb_tok, sizeof(double) * (size_t)r.nmb);
+                    trainer__aux_report(t, &r);
                     double tr = now_s();
                     if ((rc = t->val.report(t->val.ctx, &r, t->phase_ms))) return rc;
                     t->gate_s += now_s() - tr;
@@ -1151,6 +1152,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
                                .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB, .grad_norm = local_norm};
                 memcpy(r.loss, t->mb_loss, sizeof(double) * (size_t)r.nmb);
                 memcpy(r.tokens, t->mb_tok, sizeof(double) * (size_t)r.nmb);
+                trainer__aux_report(t, &r);
                 if (check_reports && (rc = t->val.report(t->val.ctx, &r, t->phase_ms))) return rc;
             }
             if (!t->have_val) break;

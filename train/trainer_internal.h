@@ -183,6 +183,9 @@ void trainer__aux_attempt(trainer *t);
 /* Before the optimizer step: the step's MoE statistics taken, the expert biases moved (a
  * collective over the data-parallel group with the expert bias). */
 int trainer__moe_pre_step(trainer *t);
+/* The attempt's MoE and MTP losses so far into a report to the validator (reported, not
+ * validated). */
+void trainer__aux_report(trainer *t, rr_report *r);
 int trainer__moe_log(trainer *t, char *text, size_t tn, char *json, size_t jn);
 /* trainer_mtp.c: the MTP settings (before gpt_new), each step's depth losses, and the log
  * line's and metrics record's MTP items (a collective, as trainer__moe_log). */

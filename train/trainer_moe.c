@@ -84,6 +84,36 @@ void trainer__aux_attempt(trainer *t) {
     }
 }
 
+void trainer__aux_report(trainer *t, rr_report *r) {
+    const co_config *c = &t->cfg;
+    r->naux = 0;
+    /* this attempt's means so far, as the log line computes them (over its MoE layers' and
+     * micro batches' forwards; the MTP depths' over the head chunk's forwards) */
+    if (c->num_experts > 0) {
+        gpt_moe_stats st;
+        gpt_moe_stats_peek(t->model, &st);
+        if (st.forwards > 0) {
+            if (c->moe_aux_loss_coeff > 0 && strcmp(c->moe_router_load_balancing_type, "none")) {
+                snprintf(r->aux_key[r->naux], sizeof r->aux_key[0], "load_balancing_loss");
+                r->aux[r->naux++] = st.lb_loss / (double)st.forwards;
+            }
+            if (c->moe_z_loss_coeff > 0) {
+                snprintf(r->aux_key[r->naux], sizeof r->aux_key[0], "z_loss");
+                r->aux[r->naux++] = st.z_loss / (double)st.forwards;
+            }
+        }
+    }
+    if (c->mtp_num_layers > 0) {
+        double s[GPT_MAX_MTP];
+        int64_t n;
+        gpt_mtp_stats_peek(t->model, s, &n);
+        for (int k = 0; n > 0 && k < c->mtp_num_layers && r->naux < RR_MAX_AUX; k++) {
+            snprintf(r->aux_key[r->naux], sizeof r->aux_key[0], "mtp_%d loss", k + 1);
+            r->aux[r->naux++] = s[k] / (double)n;
+        }
+    }
+}
+
 int trainer__moe_pre_step(trainer *t) {
     const co_config *c = &t->cfg;
     if (c->num_experts <= 0 || !t->moe_tpe) return 0;

@@ -206,8 +206,9 @@ void wk_resil_destroy(wk_resil **px) {
         const rr_event *ev = rr_events(x->rr, &n);
         if (n) fprintf(stderr, "cohort: the rerun state machine handled %d fault(s):\n", n);
         for (int i = 0; i < n; i++)
-            fprintf(stderr, "  - iteration %lld, %s, %s: %s\n", (long long)ev[i].iteration, ev[i].check,
-                    rr_diagnosis_name(ev[i].diagnosis), ev[i].message);
+            fprintf(stderr, "  - iteration %lld, %s, %s: %s%s%s%s\n", (long long)ev[i].iteration, ev[i].check,
+                    rr_diagnosis_name(ev[i].diagnosis), ev[i].message, ev[i].aux[0] ? " [its MoE/MTP losses: " : "",
+                    ev[i].aux, ev[i].aux[0] ? "]" : "");
         if (!strcmp(x->c.rerun_mode, "report_determinism_stats")) {
             char buf[400];
             rr_determinism_summary(x->rr, buf, sizeof buf);

@@ -32,6 +32,9 @@
 #                checkpoint of iteration 3 resumed at tp 1 and the one-rank one at tp 2 end
 #                where the uninterrupted run ends; `ckpt convert` between tp 1 and tp 2
 #                keeps every tensor bitwise
+#   rerun        an injected NaN: the rerun state machine's fault (one process: the list at
+#                exit; under the supervisor with ep 2: the run report) carries the round's
+#                load_balancing_loss, z_loss and mtp_1 loss of the rank
 #   refused      bad configurations exit 2 before any work: top-k above the experts,
 #                biases, tensor parallelism without sequence parallelism, the experts split
 #                over the tensor group, a capacity with tensor parallelism, the expert bias
@@ -223,6 +226,25 @@ assert len(moe) >= 2 * 2 * (1 + 8 + 2), len(moe)
 for t in moe:
     assert len(t["slices"]) == 1 and t["slices"][0]["shape"] == t["shape"], t
 print("ok: %d MoE tensors written once" % len(moe))
+PY
+    ;;
+rerun)
+    # the rerun state machine validates the language-model loss and reports the MoE and MTP
+    # losses of the round that raised a fault: in one process (the fault list at exit) and
+    # under the supervisor (the run report), here with expert parallelism and an MTP depth
+    m=(--position-embedding-type rope --mtp-num-layers 1)
+    run one 5 "${m[@]}" --inject "nan@rank=0,step=3"
+    grep -Eq "iteration 3, nan_loss, transient_error: .*\[its MoE/MTP losses: load_balancing_loss [0-9.]+, z_loss [0-9.]+, mtp_1 loss [0-9.]+\]" \
+        "$work/one.out" || fail "one process: $(grep -A2 'rerun state machine handled' "$work/one.out")"
+    run sv 5 "${m[@]}" --nproc-per-node 2 --expert-model-parallel-size 2 --inject "nan@rank=1,step=3" \
+        --run-report "$work/sv.report.json"
+    /usr/bin/python3 - "$work/sv.report.json" <<'PY' || fail "run report: $(head -c 900 "$work/sv.report.json")"
+import json, re, sys
+faults = json.load(open(sys.argv[1]))["faults"]
+f = [x for x in faults if x.get("kind") == "nan_loss"]
+assert f and f[0]["rank"] == 1 and f[0]["diagnosis"] == "transient_error", faults
+m = re.search(r"\[its MoE/MTP losses: load_balancing_loss ([0-9.]+), z_loss ([0-9.]+), mtp_1 loss ([0-9.]+)\]", f[0]["text"])
+assert m and 0.9 < float(m.group(1)) < 2 and float(m.group(2)) > 0 and 5 < float(m.group(3)) < 7, f[0]["text"]
 PY
     ;;
 refused)
