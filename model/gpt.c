@@ -116,8 +116,6 @@ static int model_shape(gpt_model *m, int max_T) {
     if (c->mtp_layers < 0 || c->mtp_layers > GPT_MAX_MTP)
         return co_err_set(CO_EINVAL, "%d multi-token prediction depths (at most %d)", c->mtp_layers, GPT_MAX_MTP);
     if (c->mtp_layers > 0) {
-        if (m->tp > 1)
-            return co_err_set(CO_EUNSUPPORTED, "multi-token prediction with tensor parallelism is not supported yet");
         const gpt_chunk *h = c->nchunks > 0 ? &c->chunks[c->nchunks - 1] : NULL;
         if (h && h->head && !h->embedding && (!c->tied || !c->rope))
             return co_err_set(CO_EUNSUPPORTED,
@@ -317,6 +315,10 @@ static int build_tensors(gpt_model *m) {
                 q[MTP_FN_W] = add_tensor(m, cap, MNAME("final_layernorm.weight"), C, 0, false, 0, true);
                 if (!c->rmsnorm) q[MTP_FN_B] = add_tensor(m, cap, MNAME("final_layernorm.bias"), C, 0, false, 0, false);
 #undef MNAME
+                /* replicated on every tensor rank, run on its token shard under sequence
+                 * parallelism: partial gradients there (gpt_mtp.c) */
+                for (int j = 0; j < MTP_NT; j++)
+                    if (q[j] >= 0) m->tensors[q[j]].partial_grad = m->sp;
             }
         }
     }

@@ -159,6 +159,20 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
                        bool train, uint64_t seed);
 int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb, int B, int T, uint64_t seed);
 
+/* this batch's token ids in this rank's vocabulary shard (-1 elsewhere; m->tok_l, or the
+ * backend's copy), for the vocabulary-parallel embedding (tp > 1) */
+const int32_t *gpt__vocab_shard_tokens(gpt_model *m, const int32_t *tokens, int N);
+/* the embedding of N tokens into x [Nl, C] (vocabulary-parallel under tensor parallelism;
+ * host_tokens in host memory, tokens the backend's copy) and its backward from dx [Nl, C] */
+void gpt__embedding_forward(gpt_model *m, float *x, const int32_t *host_tokens, const int32_t *tokens,
+                            const int32_t *positions, int N);
+void gpt__embedding_backward(gpt_model *m, const float *dx, const int32_t *host_tokens, const int32_t *tokens,
+                             const int32_t *positions, int N);
+/* N rows' loss from this rank's logits [N, Vl], the logits turned into the gradient weighted
+ * by dscale (vocabulary-parallel under tensor parallelism) */
+void gpt__cross_entropy(gpt_model *m, float *losses, float *logits, const int32_t *targets, const float *dscale,
+                        int N);
+
 /* ---- gpt_mtp.c: multi-token prediction on the head chunk (training forwards only) ----
  * forward after the main loss (sl->lnf is the main final norm's output); backward before
  * the main head's: leaves in m->mtp_dlnf the depths' gradient of sl->lnf. */

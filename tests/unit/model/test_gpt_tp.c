@@ -19,7 +19,8 @@
  * parallelism: the router, experts and shared expert whole on each rank over its tokens, aux
  * loss or per-sequence aux loss, z-loss, shared expert or expert bias, 3 sequences so that a
  * rank holds one and a half) against one rank the same way, and MoE without sequence
- * parallelism refused. Bad layouts are refused by gpt_tp_check. fp32 throughout: the parallel sums differ from one rank's only in the order
+ * parallelism refused. Multi-token prediction (2 depths, docs/mtp.md) at tp 2 with and
+ * without sequence parallelism: the main loss and each depth's, every gradient and weight. Bad layouts are refused by gpt_tp_check. fp32 throughout: the parallel sums differ from one rank's only in the order
  * of additions. */
 #include "common/error.h"
 #include "common/rng.h"
@@ -94,6 +95,27 @@ static void test_moe_matches_one_rank(void) {
          * 2.3e-4, the tensor's largest far above) sums terms whose rounding leaves 3.8e-7 */
         s.refs[0].grad_atol_rel = 1e-6;
         tph_run_case(&s, &moe_cases[v - 1]);
+    }
+}
+
+/* Multi-token prediction, 2 depths (each: the rolled ids through the vocabulary-parallel
+ * embedding, enorm/hnorm, eh_proj, a decoder layer split as the decoder's, the final norm,
+ * the shared output layer): each depth's loss within LOSS_RTOL of one rank's, every
+ * gradient and weight as the dense cases (the MTP depths' tensors included). */
+static const tph_case mtp_cases[] = {
+    {"tp2 mtp2 gqa(2>=tp) rms swiglu rope tied dropout", 2, false, 4, 2, true, true, true, true, false, false, 50,
+     0.1f},
+    {"tp2 sp mtp2 mha gelu learned untied bias dropout", 2, true, 4, 4, false, false, false, false, true, false, 37,
+     0.1f},
+    {"tp2 sp mtp2 gqa(1<tp) rms swiglu rope tied", 2, true, 4, 1, true, true, true, true, false, false, 50, 0},
+};
+
+static void test_mtp_matches_one_rank(void) {
+    for (size_t i = 0; i < sizeof mtp_cases / sizeof mtp_cases[0]; i++) {
+        tph_setup s = setup;
+        s.sizes.mtp = 2;
+        s.scratch = "gpt-tp-mtp";
+        tph_run_case(&s, &mtp_cases[i]);
     }
 }
 
@@ -205,6 +227,7 @@ int main(void) {
     RUN(test_layouts_match_one_rank);
     RUN(test_moe_refused);
     RUN(test_moe_matches_one_rank);
+    RUN(test_mtp_matches_one_rank);
     RUN(test_vocab_parallel_ce); /* after the forks: this process runs kernels itself */
     return TEST_EXIT();
 }
