@@ -16,7 +16,8 @@
 #             stage) against one rank: losses, gradient norms, validation and each depth's
 #             mtp_K_loss within fp32 reduction tolerance, the checkpoints' parameters and
 #             moments within 1e-5 (`ckpt diff`); a tp 2 checkpoint resumed at tp 1 and a tp 1
-#             one at tp 2 with SP: the one-rank run's numbers and final checkpoint
+#             one at tp 2 with SP: the one-rank run's numbers and final checkpoint; `ckpt
+#             convert` between tp 1 and tp 2 keeps every tensor bitwise
 #   refused   context parallelism, a pipeline with untied embeddings or learned positions,
 #             document masks, more than 8 depths, a layout with the MTP layers m on a stage
 #             before the loss's: exit 2 before any work
@@ -115,6 +116,16 @@ tp)
     grep -q "\[ t 2/2, p 1/1 \] at iteration 3" "$work/r2.out" || fail "tp 2: $(grep -i 'loaded' "$work/r2.out")"
     compare 1 one tp2 sp2 tp2pp2
     compare 4 one r1 r2
+    # `ckpt convert --to cohort` between tp 1 and tp 2: the same tensors bitwise
+    "$cohort" ckpt convert "$work/one.ck" --to cohort --tensor-model-parallel-size 2 --output "$work/c2" \
+        >"$work/c2.out" 2>&1 || fail "convert to tp 2: $(tail -3 "$work/c2.out")"
+    "$cohort" ckpt convert "$work/tp2.ck" --to cohort --tensor-model-parallel-size 1 --output "$work/c1" \
+        >"$work/c1.out" 2>&1 || fail "convert to tp 1: $(tail -3 "$work/c1.out")"
+    for p in "one.ck c2" "tp2.ck c1"; do
+        set -- $p
+        "$cohort" ckpt diff "$work/$1" "$work/$2" >"$work/d.out" 2>&1 && grep -q "^bitwise equal" "$work/d.out" ||
+            fail "converted $1: $(tail -3 "$work/d.out")"
+    done
     grep -q ' lm loss: [0-9.E+-]* | mtp_1 loss: [0-9.E+-]* | mtp_2 loss: [0-9.E+-]* |' "$work/sp2.out" ||
         fail "the tp log line lacks the MTP items: $(grep -m1 iteration "$work/sp2.out")"
     /usr/bin/python3 - "$work" <<'PY' || fail "mtp_K_loss differs from one rank's"
