@@ -115,6 +115,11 @@ static void test_mtp_matches_one_rank(void) {
         tph_setup s = setup;
         s.sizes.mtp = 2;
         s.scratch = "gpt-tp-mtp";
+        /* plus 1e-6 of the tensor's largest gradient (as the MoE cases): the depths' gradients
+         * reach the decoder's layers through more sums, and a small entry of a layer's qkv
+         * (4.6e-5, the tensor's largest far above) differs by 1.8e-7 under another build's
+         * rounding (the debug ASan build) */
+        s.refs[0].grad_atol_rel = 1e-6;
         tph_run_case(&s, &mtp_cases[i]);
     }
 }
