@@ -25,7 +25,8 @@
  *               backward all-gathers the output gradient under SP
  *   head + CE:  column-parallel over the vocabulary, vocabulary-parallel cross-entropy
  * At tp 1 none of this runs and the operations are exactly the one-rank ones. Dropout is
- * keyed by the global layer index (site), so any pipeline split draws the same masks. */
+ * keyed by the global layer index (site), so any pipeline split draws the same masks. The
+ * embedding, the layer and the cross-entropy are also the MTP depths' (gpt_mtp.c). */
 #include "model/gpt_internal.h"
 
 #include "common/error.h"
