@@ -20,8 +20,9 @@
  * loss or per-sequence aux loss, z-loss, shared expert or expert bias, 3 sequences so that a
  * rank holds one and a half) against one rank the same way, and MoE without sequence
  * parallelism refused. Multi-token prediction (2 depths, docs/mtp.md) at tp 2 with and
- * without sequence parallelism: the main loss and each depth's, every gradient and weight. Bad layouts are refused by gpt_tp_check. fp32 throughout: the parallel sums differ from one rank's only in the order
- * of additions. */
+ * without sequence parallelism: the main loss and each depth's, every gradient and weight.
+ * Bad layouts are refused by gpt_tp_check. fp32 throughout: the parallel sums differ from
+ * one rank's only in the order of additions. */
 #include "common/error.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
