@@ -91,6 +91,9 @@ struct gpt_model {
     int *t_layer; /* [L + mtp_layers][NLAYER_T] by global layer, -1 when absent */
     int t_mtp[GPT_MAX_MTP][MTP_NT]; /* the MTP depths' own tensors (head chunk) */
     float *mtp_dout, *mtp_dcat, *mtp_demb, *mtp_dh[2]; /* MTP backward scratch [N,C], [N,2C], [N,C], 2x[N,C] */
+    /* tp > 1: eh_proj's gathered input [N,2C], its input gradient's partial sum [N,2C], this
+     * rank's output columns [N,C/tp] (or their gradient), the gathered columns [tp][N][C/tp] */
+    float *mtp_gcat, *mtp_dcatf, *mtp_part, *mtp_blk;
     float *mtp_dlnf;    /* the MTP depths' gradient of the main final norm's output (NULL: none) */
     double mtp_loss_sum[GPT_MAX_MTP];
     int64_t mtp_forwards;

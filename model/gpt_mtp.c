@@ -20,11 +20,14 @@
  * Tensor parallelism (docs/mtp.md): the rolled ids go through the decoder's vocabulary-
  * parallel embedding (gpt__embedding_forward), the layer is gpt__layer_forward/backward
  * (its tensors split as a decoder layer's), the logits are the shared column-parallel output
- * layer's with the vocabulary-parallel cross-entropy (gpt__cross_entropy). enorm, hnorm,
- * eh_proj and the final norm are replicated and run on this rank's Nl token rows: all N
- * without sequence parallelism (every rank the same values and gradients), the rank's N/tp
- * token shard under it (partial gradients, summed by gpt_tp_finalize_grads). eh_proj is
- * thus not Megatron's column-parallel split: its values and gradients are one rank's. */
+ * layer's with the vocabulary-parallel cross-entropy (gpt__cross_entropy). enorm, hnorm and
+ * the final norm are replicated and run on this rank's Nl token rows: all N without
+ * sequence parallelism (every rank the same values and gradients), the rank's N/tp token
+ * shard under it (partial gradients, summed by gpt_tp_finalize_grads). eh_proj is Megatron's
+ * column-parallel linear (C/tp output rows per rank, no bias): its input all-gathered under
+ * SP, its output gathered over the group, then (SP) this rank's token rows kept; backward
+ * keeps this rank's output columns of the (all-gathered) gradient and sums the input
+ * gradient over the group (all-reduce; reduce-scatter under SP). */
 #include "model/gpt_internal.h"
 
 #include "common/error.h"
@@ -44,6 +47,52 @@ static void roll_batch(mtp_acts *q, const gpt_batch *b, int k) {
             q->tgt[n] = in ? b->targets[src] : 0;
             q->mask[n] = in ? b->loss_mask[src] : 0.0f;
         }
+}
+
+/* eh_proj forward, x[Nl,C] = cat[Nl,2C] W^T: one product at tp 1; column-parallel above */
+static void eh_forward(gpt_model *m, float *x, const float *cat, const float *W, const kb_bf16 *W16, int N) {
+    const kb_ops *o = m->ops;
+    int C = m->cfg.hidden, tp = m->tp, Nl = m->sp ? N / tp : N, Cl = C / tp;
+    if (tp == 1) {
+        o->linear_forward(m->be, x, cat, W, W16, NULL, N, 2 * C, C);
+        return;
+    }
+    const float *in = cat;
+    if (m->sp) gpt__tp_allgather(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C), in = m->mtp_gcat;
+    o->linear_forward(m->be, m->mtp_part, in, W, W16, NULL, N, 2 * C, Cl);
+    /* gather_from_tensor_model_parallel_region: the ranks' columns side by side; under SP
+     * (scatter_to_sequence_parallel_region) this rank's token rows only */
+    gpt__tp_allgather(m, m->mtp_blk, m->mtp_part, (size_t)N * Cl);
+    if (m->be->status) return;
+    int r0 = m->sp ? m->tpr * Nl : 0;
+    for (int n = 0; n < Nl; n++)
+        for (int j = 0; j < tp; j++)
+            memcpy(x + (size_t)n * C + (size_t)j * Cl, m->mtp_blk + ((size_t)j * N + r0 + n) * Cl,
+                   sizeof(float) * (size_t)Cl);
+}
+
+/* eh_proj backward from dx[Nl,C]: dcat[Nl,2C] (overwritten), dW accumulated */
+static void eh_backward(gpt_model *m, float *dcat, float *dW, const float *dx, const float *cat, const float *W,
+                        const kb_bf16 *W16, int N) {
+    const kb_ops *o = m->ops;
+    int C = m->cfg.hidden, tp = m->tp, Nl = m->sp ? N / tp : N, Cl = C / tp;
+    if (tp == 1) {
+        o->linear_backward(m->be, dcat, dW, NULL, dx, cat, W, W16, N, 2 * C, C);
+        return;
+    }
+    /* this rank's output columns of the gradient (all-gathered over the tokens under SP) */
+    const float *dfull = dx;
+    if (m->sp) gpt__tp_allgather(m, m->dfull, dx, (size_t)Nl * C), dfull = m->dfull;
+    else o->sync(m->be);
+    if (m->be->status) return;
+    for (int n = 0; n < N; n++)
+        memcpy(m->mtp_part + (size_t)n * Cl, dfull + (size_t)n * C + (size_t)m->tpr * Cl, sizeof(float) * (size_t)Cl);
+    const float *in = cat;
+    if (m->sp) gpt__tp_allgather(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C), in = m->mtp_gcat;
+    float *dpart = m->sp ? m->mtp_dcatf : dcat;
+    o->linear_backward(m->be, dpart, dW, NULL, m->mtp_part, in, W, W16, N, 2 * C, Cl);
+    if (m->sp) gpt__tp_reduce_scatter(m, dcat, dpart, (size_t)Nl * 2 * C);
+    else gpt__tp_allreduce(m, dcat, (size_t)N * 2 * C);
 }
 
 int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool train, uint64_t seed) {
@@ -82,8 +131,8 @@ int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool trai
             memcpy(q->cat + (size_t)n * 2 * C, q->en + (size_t)n * C, sizeof(float) * (size_t)C);
             memcpy(q->cat + (size_t)n * 2 * C + C, q->hn + (size_t)n * C, sizeof(float) * (size_t)C);
         }
-        /* eh_proj, replicated, on this rank's rows */
-        o->linear_forward(be, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), NULL, Nl, 2 * C, C);
+        /* eh_proj (column-parallel under tensor parallelism) */
+        eh_forward(m, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
         dev_batch xb = {q->tok, q->pos, NULL, q->tgt, q->dscale, NULL};
         int rc = gpt__layer_forward(m, &q->layer, L + k, q->x_out, &xb, B, T, train, seed);
         if (rc) return rc;
@@ -139,8 +188,7 @@ int gpt__mtp_backward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, uint64_t
         int rc = gpt__layer_backward(m, &q->layer, L + k, &xb, B, T, seed);
         if (rc) return rc;
         /* eh_proj: m->dx is the gradient of its output */
-        o->linear_backward(be, m->mtp_dcat, G(m, t[MTP_EH_W]), NULL, m->dx, q->cat, P(m, t[MTP_EH_W]),
-                           P16(m, t[MTP_EH_W]), Nl, 2 * C, C);
+        eh_backward(m, m->mtp_dcat, G(m, t[MTP_EH_W]), m->dx, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
         o->sync(be);
         if (be->status) return be->status;
         /* split [d en | d hn]: d en into mtp_dout, d hn into dh */

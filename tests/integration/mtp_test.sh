@@ -14,10 +14,11 @@
 #             norms, validation; parameters and moments within 1e-5)
 #   tp        tp 2, tp 2 with --sequence-parallel and tp 2 x pp 2 (SP, the depths on the last
 #             stage) against one rank: losses, gradient norms, validation and each depth's
-#             mtp_K_loss within fp32 reduction tolerance, the checkpoints' parameters and
-#             moments within 1e-5 (`ckpt diff`); a tp 2 checkpoint resumed at tp 1 and a tp 1
-#             one at tp 2 with SP: the one-rank run's numbers and final checkpoint; `ckpt
-#             convert` between tp 1 and tp 2 keeps every tensor bitwise
+#             mtp_K_loss within fp32 reduction tolerance; the tp 2 checkpoint's MTP slices
+#             (eh_proj's rows split, the norms whole) cover each tensor once; the checkpoints'
+#             parameters and moments within 1e-5 (`ckpt diff`); a tp 2 checkpoint resumed at
+#             tp 1 and a tp 1 one at tp 2 with SP: the one-rank run's numbers and final
+#             checkpoint; `ckpt convert` between tp 1 and tp 2 keeps every tensor bitwise
 #   refused   context parallelism, a pipeline with untied embeddings or learned positions,
 #             document masks, more than 8 depths, a layout with the MTP layers m on a stage
 #             before the loss's: exit 2 before any work
@@ -116,6 +117,32 @@ tp)
     grep -q "\[ t 2/2, p 1/1 \] at iteration 3" "$work/r2.out" || fail "tp 2: $(grep -i 'loaded' "$work/r2.out")"
     compare 1 one tp2 sp2 tp2pp2
     compare 4 one r1 r2
+    # the tp 2 checkpoint: every MTP tensor's slices cover it once; eh_proj's rows [16 r, 16 r + 16)
+    # and the depths' layers' q, k, v rows split by tensor rank, the norms whole in one slice
+    /usr/bin/python3 - "$work/tp2.ck/iter_0000005" <<'PY' || fail "the tp 2 checkpoint's MTP slices"
+import json, sys
+m = json.load(open(sys.argv[1] + "/manifest.json"))
+seen = 0
+for t in m["tensors"]:
+    if not t["name"].startswith("mtp.layers."): continue
+    shape = t["shape"] + [1] * (2 - len(t["shape"]))
+    count = [[0] * shape[1] for _ in range(shape[0])]
+    for sl in t["slices"]:
+        o, k = sl["offsets"] + [0] * (2 - len(sl["offsets"])), sl["shape"] + [1] * (2 - len(sl["shape"]))
+        for i in range(o[0], o[0] + k[0]):
+            for j in range(o[1], o[1] + k[1]): count[i][j] += 1
+    assert all(c == 1 for row in count for c in row), (t["name"], t["slices"])
+    rows = sorted((s["offsets"][0], s["shape"][0]) for s in t["slices"])
+    if t["name"].endswith("eh_proj.weight"):
+        assert t["shape"] == [32, 64] and rows == [(0, 16), (16, 16)], (t["name"], rows)
+        seen += 1
+    if t["name"].endswith("enorm.weight") or t["name"].endswith("final_layernorm.weight"):
+        assert len(rows) == 1, (t["name"], rows)
+    if t["name"].endswith("transformer_layer.attention.qkv.weight"):
+        assert len(rows) == 6, (t["name"], rows)  # q, k, v rows of each tensor rank
+assert seen == 2, seen
+print("ok: MTP slices")
+PY
     # `ckpt convert --to cohort` between tp 1 and tp 2: the same tensors bitwise
     "$cohort" ckpt convert "$work/one.ck" --to cohort --tensor-model-parallel-size 2 --output "$work/c2" \
         >"$work/c2.out" 2>&1 || fail "convert to tp 2: $(tail -3 "$work/c2.out")"

@@ -20,7 +20,8 @@
  * loss or per-sequence aux loss, z-loss, shared expert or expert bias, 3 sequences so that a
  * rank holds one and a half) against one rank the same way, and MoE without sequence
  * parallelism refused. Multi-token prediction (2 depths, docs/mtp.md) at tp 2 with and
- * without sequence parallelism: the main loss and each depth's, every gradient and weight.
+ * without sequence parallelism and at tp 4 with it: the main loss and each depth's, every
+ * gradient and weight; a hidden size eh_proj cannot split refused.
  * Bad layouts are refused by gpt_tp_check. fp32 throughout: the parallel sums differ from
  * one rank's only in the order of additions. */
 #include "common/error.h"
@@ -109,6 +110,8 @@ static const tph_case mtp_cases[] = {
     {"tp2 sp mtp2 mha gelu learned untied bias dropout", 2, true, 4, 4, false, false, false, false, true, false, 37,
      0.1f},
     {"tp2 sp mtp2 gqa(1<tp) rms swiglu rope tied", 2, true, 4, 1, true, true, true, true, false, false, 50, 0},
+    {"tp4 sp mtp2 gqa(2<tp) gelu learned untied dropout", 4, true, 4, 2, false, false, false, false, true, false, 37,
+     0.1f},
 };
 
 static void test_mtp_matches_one_rank(void) {
@@ -123,6 +126,18 @@ static void test_mtp_matches_one_rank(void) {
         s.refs[0].grad_atol_rel = 1e-6;
         tph_run_case(&s, &mtp_cases[i]);
     }
+    /* eh_proj is column-parallel: the hidden size must divide over the group */
+    kb_backend *be = NULL;
+    kb_options bo = {.device = KB_DEVICE_CPU, .threads = 1};
+    REQUIRE(kb_backend_new(&be, &bo) == 0);
+    tph_sizes sz = setup.sizes;
+    sz.mtp = 1;
+    gpt_config c = tph_config(&sz, &mtp_cases[3], 4, 0);
+    c.hidden = 30;
+    gpt_model *m = NULL;
+    CHECK(gpt_new(&m, &c, be, 2, 8) == CO_EINVAL && strstr(co_err_detail(), "--hidden-size 30 is not divisible"));
+    CHECK(m == NULL);
+    kb_backend_destroy(&be);
 }
 
 /* MoE with tensor parallelism refused without sequence parallelism, with a capacity, and
