@@ -38,7 +38,9 @@ typedef struct layer_acts {
 
 /* An MTP depth's activations for one micro batch (the head chunk; host-visible memory):
  * the rolled batch, its embedding, the two norms, their concatenation, the transformer
- * layer, the final norm, the logits (then their gradient) and the per-token losses. */
+ * layer, the final norm, the logits (then their gradient) and the per-token losses. Under
+ * sequence parallelism the token-wise rows (emb to out) hold this rank's Nl = N/tp; the
+ * logits [N,Vl] this rank's vocabulary columns. */
 typedef struct mtp_acts {
     layer_acts layer;                       /* layer.x_in = eh_proj's output */
     float *emb, *en, *en_mean, *en_rstd;    /* [N,C], [N,C], [N], [N] */
