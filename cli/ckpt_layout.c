@@ -58,6 +58,8 @@ int cli_ckpt_relayout(const char *dir, const ck_manifest *m, int tp, int dp, con
          * table is the same with or without it */
         g.sequence_parallel = tp > 1;
     }
+    /* multi-token prediction: the depths' tensors (docs/mtp.md) */
+    g.mtp_layers = int_flag(config, "mtp-num-layers", 0);
     int Vc = mi->padded_vocab, Vp = g.padded_vocab;
     int rc = gpt_tp_check(&g, 0);
     if (rc) return rc;

@@ -828,9 +828,6 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->mtp_num_layers < 0 || c->mtp_num_layers > 8)
         problem(&P, "--mtp-num-layers %d is out of range (0 to 8)", c->mtp_num_layers);
     if (c->mtp_num_layers > 0) {
-        if (c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel)
-            problem(&P, "--mtp-num-layers with --tensor-model-parallel-size %d is not supported yet",
-                    c->tensor_model_parallel_size);
         if (c->pipeline_model_parallel_size > 1 && !co_config_standin_model_parallel &&
             (c->untie_embeddings_and_output_weights || strcmp(c->position_embedding_type, "rope")))
             problem(&P, "--mtp-num-layers with --pipeline-model-parallel-size %d needs tied embeddings and "

@@ -116,8 +116,12 @@ static int model_shape(gpt_model *m, int max_T) {
     if (c->mtp_layers < 0 || c->mtp_layers > GPT_MAX_MTP)
         return co_err_set(CO_EINVAL, "%d multi-token prediction depths (at most %d)", c->mtp_layers, GPT_MAX_MTP);
     if (c->mtp_layers > 0) {
-        if (m->tp > 1)
-            return co_err_set(CO_EUNSUPPORTED, "multi-token prediction with tensor parallelism is not supported yet");
+        /* eh_proj is column-parallel: C / tp output rows per rank */
+        if (m->tp > 1 && c->hidden % m->tp)
+            return co_err_set(CO_EINVAL,
+                              "multi-token prediction: --hidden-size %d is not divisible by "
+                              "--tensor-model-parallel-size %d (eh_proj is column-parallel)",
+                              c->hidden, m->tp);
         const gpt_chunk *h = c->nchunks > 0 ? &c->chunks[c->nchunks - 1] : NULL;
         if (h && h->head && !h->embedding && (!c->tied || !c->rope))
             return co_err_set(CO_EUNSUPPORTED,
@@ -206,6 +210,7 @@ static int build_tensors(gpt_model *m) {
     gpt_piece pf[2] = {{0, r * m->Fl, m->Fl, 1}, {m->Fl, c->ffn_hidden + r * m->Fl, m->Fl, 1}};
     gpt_piece pa[1] = {{0, r * AH, AH, 1}};
     gpt_piece pc[1] = {{0, r * m->Fl, m->Fl, 1}};
+    gpt_piece pe[1] = {{0, r * (C / tp), C / tp, 1}}; /* an MTP depth's eh_proj rows */
     int nf = c->swiglu ? 2 : 1;
 #define ROWS(p, n) GPT_TP_ROWS, par ? (p) : NULL, (n)
 #define COLS(p, n) GPT_TP_COLS, par ? (p) : NULL, (n)
@@ -313,10 +318,15 @@ static int build_tensors(gpt_model *m) {
                 if (!c->rmsnorm) q[MTP_EN_B] = add_tensor(m, cap, MNAME("enorm.bias"), C, 0, false, 0, false);
                 q[MTP_HN_W] = add_tensor(m, cap, MNAME("hnorm.weight"), C, 0, false, 0, true);
                 if (!c->rmsnorm) q[MTP_HN_B] = add_tensor(m, cap, MNAME("hnorm.bias"), C, 0, false, 0, false);
-                q[MTP_EH_W] = add_tensor(m, cap, MNAME("eh_proj.weight"), C, 2 * C, true, std, false);
+                q[MTP_EH_W] = add_split(m, cap, MNAME("eh_proj.weight"), C, 2 * C, ROWS(pe, 1), true, std, false);
                 q[MTP_FN_W] = add_tensor(m, cap, MNAME("final_layernorm.weight"), C, 0, false, 0, true);
                 if (!c->rmsnorm) q[MTP_FN_B] = add_tensor(m, cap, MNAME("final_layernorm.bias"), C, 0, false, 0, false);
 #undef MNAME
+                /* the norms: replicated on every tensor rank, run on its token shard under
+                 * sequence parallelism: partial gradients there (gpt_mtp.c); eh_proj is
+                 * column-parallel (its rows split, its input whole) */
+                for (int j = 0; j < MTP_NT; j++)
+                    if (q[j] >= 0 && j != MTP_EH_W) m->tensors[q[j]].partial_grad = m->sp;
             }
         }
     }
@@ -471,6 +481,12 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
                 if (D > 0 && !m->mtp_dout) {
                     A(m->mtp_dout, N * C);
                     A(m->mtp_dcat, 2 * N * C);
+                    if (par) {
+                        A(m->mtp_gcat, 2 * N * C);
+                        A(m->mtp_dcatf, 2 * N * C);
+                        A(m->mtp_part, N * C);
+                        A(m->mtp_blk, N * C);
+                    }
                     A(m->mtp_demb, N * C);
                     A(m->mtp_dh[0], N * C);
                     A(m->mtp_dh[1], N * C);
@@ -560,7 +576,8 @@ void gpt_destroy(gpt_model **pm) {
         }
         free(ch->slot);
     }
-    float *pmtp[] = {m->mtp_dout, m->mtp_dcat, m->mtp_demb, m->mtp_dh[0], m->mtp_dh[1]};
+    float *pmtp[] = {m->mtp_dout, m->mtp_dcat, m->mtp_demb, m->mtp_dh[0], m->mtp_dh[1],
+                     m->mtp_gcat, m->mtp_dcatf, m->mtp_part, m->mtp_blk};
     for (size_t k = 0; k < sizeof pmtp / sizeof pmtp[0]; k++) if (pmtp[k]) o->free(be, pmtp[k]);
     float *ps[] = {m->params, m->grads, m->dx, m->dh, m->tmp, m->dqkv, m->datt, m->dbig, m->dffn,
                    (float *)m->d_tok, (float *)m->d_tgt, (float *)m->d_pos, (float *)m->d_seg, m->d_dscale,

@@ -38,7 +38,9 @@ typedef struct layer_acts {
 
 /* An MTP depth's activations for one micro batch (the head chunk; host-visible memory):
  * the rolled batch, its embedding, the two norms, their concatenation, the transformer
- * layer, the final norm, the logits (then their gradient) and the per-token losses. */
+ * layer, the final norm, the logits (then their gradient) and the per-token losses. Under
+ * sequence parallelism the token-wise rows (emb to out) hold this rank's Nl = N/tp; the
+ * logits [N,Vl] this rank's vocabulary columns. */
 typedef struct mtp_acts {
     layer_acts layer;                       /* layer.x_in = eh_proj's output */
     float *emb, *en, *en_mean, *en_rstd;    /* [N,C], [N,C], [N], [N] */
@@ -91,6 +93,9 @@ struct gpt_model {
     int *t_layer; /* [L + mtp_layers][NLAYER_T] by global layer, -1 when absent */
     int t_mtp[GPT_MAX_MTP][MTP_NT]; /* the MTP depths' own tensors (head chunk) */
     float *mtp_dout, *mtp_dcat, *mtp_demb, *mtp_dh[2]; /* MTP backward scratch [N,C], [N,2C], [N,C], 2x[N,C] */
+    /* tp > 1: eh_proj's gathered input [N,2C], its input gradient's partial sum [N,2C], this
+     * rank's output columns [N,C/tp] (or their gradient), the gathered columns [tp][N][C/tp] */
+    float *mtp_gcat, *mtp_dcatf, *mtp_part, *mtp_blk;
     float *mtp_dlnf;    /* the MTP depths' gradient of the main final norm's output (NULL: none) */
     double mtp_loss_sum[GPT_MAX_MTP];
     int64_t mtp_forwards;
@@ -158,6 +163,20 @@ static inline uint64_t gpt__site(int layer, int which) {
 int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const dev_batch *xb, int B, int T,
                        bool train, uint64_t seed);
 int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb, int B, int T, uint64_t seed);
+
+/* this batch's token ids in this rank's vocabulary shard (-1 elsewhere; m->tok_l, or the
+ * backend's copy), for the vocabulary-parallel embedding (tp > 1) */
+const int32_t *gpt__vocab_shard_tokens(gpt_model *m, const int32_t *tokens, int N);
+/* the embedding of N tokens into x [Nl, C] (vocabulary-parallel under tensor parallelism;
+ * host_tokens in host memory, tokens the backend's copy) and its backward from dx [Nl, C] */
+void gpt__embedding_forward(gpt_model *m, float *x, const int32_t *host_tokens, const int32_t *tokens,
+                            const int32_t *positions, int N);
+void gpt__embedding_backward(gpt_model *m, const float *dx, const int32_t *host_tokens, const int32_t *tokens,
+                             const int32_t *positions, int N);
+/* N rows' loss from this rank's logits [N, Vl], the logits turned into the gradient weighted
+ * by dscale (vocabulary-parallel under tensor parallelism) */
+void gpt__cross_entropy(gpt_model *m, float *losses, float *logits, const int32_t *targets, const float *dscale,
+                        int N);
 
 /* ---- gpt_mtp.c: multi-token prediction on the head chunk (training forwards only) ----
  * forward after the main loss (sl->lnf is the main final norm's output); backward before

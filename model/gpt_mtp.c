@@ -15,7 +15,19 @@
  * Backward runs the depths in reverse: the output layer, the final norm, the layer, eh_proj,
  * then enorm into the embedding's gradient and hnorm into the previous depth's output (or,
  * for depth 0, m->mtp_dlnf: the main final norm's output). CPU backend only (host loops
- * over the rows); tensor parallelism refused (gpt.c). */
+ * over the rows).
+ *
+ * Tensor parallelism (docs/mtp.md): the rolled ids go through the decoder's vocabulary-
+ * parallel embedding (gpt__embedding_forward), the layer is gpt__layer_forward/backward
+ * (its tensors split as a decoder layer's), the logits are the shared column-parallel output
+ * layer's with the vocabulary-parallel cross-entropy (gpt__cross_entropy). enorm, hnorm and
+ * the final norm are replicated and run on this rank's Nl token rows: all N without
+ * sequence parallelism (every rank the same values and gradients), the rank's N/tp token
+ * shard under it (partial gradients, summed by gpt_tp_finalize_grads). eh_proj is Megatron's
+ * column-parallel linear (C/tp output rows per rank, no bias): its input all-gathered under
+ * SP, its output gathered over the group, then (SP) this rank's token rows kept; backward
+ * keeps this rank's output columns of the (all-gathered) gradient and sums the input
+ * gradient over the group (all-reduce; reduce-scatter under SP). */
 #include "model/gpt_internal.h"
 
 #include "common/error.h"
@@ -37,17 +49,65 @@ static void roll_batch(mtp_acts *q, const gpt_batch *b, int k) {
         }
 }
 
+/* eh_proj forward, x[Nl,C] = cat[Nl,2C] W^T: one product at tp 1; column-parallel above */
+static void eh_forward(gpt_model *m, float *x, const float *cat, const float *W, const kb_bf16 *W16, int N) {
+    const kb_ops *o = m->ops;
+    int C = m->cfg.hidden, tp = m->tp, Nl = m->sp ? N / tp : N, Cl = C / tp;
+    if (tp == 1) {
+        o->linear_forward(m->be, x, cat, W, W16, NULL, N, 2 * C, C);
+        return;
+    }
+    const float *in = cat;
+    if (m->sp) gpt__tp_allgather(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C), in = m->mtp_gcat;
+    o->linear_forward(m->be, m->mtp_part, in, W, W16, NULL, N, 2 * C, Cl);
+    /* gather_from_tensor_model_parallel_region: the ranks' columns side by side; under SP
+     * (scatter_to_sequence_parallel_region) this rank's token rows only */
+    gpt__tp_allgather(m, m->mtp_blk, m->mtp_part, (size_t)N * Cl);
+    if (m->be->status) return;
+    int r0 = m->sp ? m->tpr * Nl : 0;
+    for (int n = 0; n < Nl; n++)
+        for (int j = 0; j < tp; j++)
+            memcpy(x + (size_t)n * C + (size_t)j * Cl, m->mtp_blk + ((size_t)j * N + r0 + n) * Cl,
+                   sizeof(float) * (size_t)Cl);
+}
+
+/* eh_proj backward from dx[Nl,C]: dcat[Nl,2C] (overwritten), dW accumulated */
+static void eh_backward(gpt_model *m, float *dcat, float *dW, const float *dx, const float *cat, const float *W,
+                        const kb_bf16 *W16, int N) {
+    const kb_ops *o = m->ops;
+    int C = m->cfg.hidden, tp = m->tp, Nl = m->sp ? N / tp : N, Cl = C / tp;
+    if (tp == 1) {
+        o->linear_backward(m->be, dcat, dW, NULL, dx, cat, W, W16, N, 2 * C, C);
+        return;
+    }
+    /* this rank's output columns of the gradient (all-gathered over the tokens under SP) */
+    const float *dfull = dx;
+    if (m->sp) gpt__tp_allgather(m, m->dfull, dx, (size_t)Nl * C), dfull = m->dfull;
+    else o->sync(m->be);
+    if (m->be->status) return;
+    for (int n = 0; n < N; n++)
+        memcpy(m->mtp_part + (size_t)n * Cl, dfull + (size_t)n * C + (size_t)m->tpr * Cl, sizeof(float) * (size_t)Cl);
+    const float *in = cat;
+    if (m->sp) gpt__tp_allgather(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C), in = m->mtp_gcat;
+    float *dpart = m->sp ? m->mtp_dcatf : dcat;
+    o->linear_backward(m->be, dpart, dW, NULL, m->mtp_part, in, W, W16, N, 2 * C, Cl);
+    if (m->sp) gpt__tp_reduce_scatter(m, dcat, dpart, (size_t)Nl * 2 * C);
+    else gpt__tp_allreduce(m, dcat, (size_t)N * 2 * C);
+}
+
 int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool train, uint64_t seed) {
     const gpt_config *c = &m->cfg;
     const kb_ops *o = m->ops;
     kb_backend *be = m->be;
-    int D = c->mtp_layers, L = c->num_layers, B = b->B, T = b->T, N = B * T, C = c->hidden, V = m->Vl;
+    int D = c->mtp_layers, L = c->num_layers, B = b->B, T = b->T, N = B * T, C = c->hidden;
     sl->mtp_done = false;
     if (D <= 0 || !train) return 0;
     if (b->seg)
         return be->status = co_err_set(CO_EUNSUPPORTED, "multi-token prediction with --reset-attention-mask (document "
                                                         "masks) is not supported yet");
-    size_t NC = (size_t)N * C;
+    /* this rank's token rows: all N, or its N/tp shard under sequence parallelism */
+    int Nl = m->sp ? N / m->tp : N;
+    size_t NlC = (size_t)Nl * C;
     float ph = c->hidden_dropout;
     const float *h_prev = sl->lnf;
     for (int k = 0; k < D; k++) {
@@ -59,25 +119,31 @@ int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool trai
         q->ntok = ntok;
         float w = (float)((double)c->mtp_loss_scaling / D / (ntok > 0 ? ntok : 1.0) * m->aux_loss_scale);
         for (int n = 0; n < N; n++) q->dscale[n] = q->mask[n] * w;
-        o->embed_forward(be, q->emb, q->tok, q->pos, P(m, m->t_wte), P(m, m->t_wpe), N, C);
-        if (ph > 0) o->dropout(be, q->emb, q->emb, NC, ph, seed, gpt__site(L + k, 0));
+        gpt__embedding_forward(m, q->emb, q->tok, q->tok, q->pos, N);
+        if (ph > 0) gpt__dropout_rows(m, NULL, N, q->emb, q->emb, Nl, ph, seed, gpt__site(L + k, 0));
         o->norm_forward(be, c->rmsnorm, q->en, q->en_mean, q->en_rstd, q->emb, P(m, t[MTP_EN_W]), P(m, t[MTP_EN_B]),
-                        N, C, c->norm_eps);
+                        Nl, C, c->norm_eps);
         o->norm_forward(be, c->rmsnorm, q->hn, q->hn_mean, q->hn_rstd, h_prev, P(m, t[MTP_HN_W]), P(m, t[MTP_HN_B]),
-                        N, C, c->norm_eps);
+                        Nl, C, c->norm_eps);
         o->sync(be);
-        for (int n = 0; n < N; n++) {
+        if (be->status) return be->status;
+        for (int n = 0; n < Nl; n++) {
             memcpy(q->cat + (size_t)n * 2 * C, q->en + (size_t)n * C, sizeof(float) * (size_t)C);
             memcpy(q->cat + (size_t)n * 2 * C + C, q->hn + (size_t)n * C, sizeof(float) * (size_t)C);
         }
-        o->linear_forward(be, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), NULL, N, 2 * C, C);
+        /* eh_proj (column-parallel under tensor parallelism) */
+        eh_forward(m, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
         dev_batch xb = {q->tok, q->pos, NULL, q->tgt, q->dscale, NULL};
         int rc = gpt__layer_forward(m, &q->layer, L + k, q->x_out, &xb, B, T, train, seed);
         if (rc) return rc;
         o->norm_forward(be, c->rmsnorm, q->out, q->out_mean, q->out_rstd, q->x_out, P(m, t[MTP_FN_W]),
-                        P(m, t[MTP_FN_B]), N, C, c->norm_eps);
-        o->linear_forward(be, q->logits, q->out, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, V);
-        o->cross_entropy(be, q->losses, q->logits, q->tgt, q->dscale, N, V);
+                        P(m, t[MTP_FN_B]), Nl, C, c->norm_eps);
+        /* the shared output layer (column-parallel over the vocabulary; its input all-gathered
+         * under sequence parallelism) and the cross-entropy */
+        const float *inf = q->out;
+        if (m->sp) gpt__tp_allgather(m, m->gath, q->out, NlC), inf = m->gath;
+        o->linear_forward(be, q->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, m->Vl);
+        gpt__cross_entropy(m, q->losses, q->logits, q->tgt, q->dscale, N);
         o->sync(be);
         if (be->status) return be->status;
         double sum = 0;
@@ -95,10 +161,11 @@ int gpt__mtp_backward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, uint64_t
     const gpt_config *c = &m->cfg;
     const kb_ops *o = m->ops;
     kb_backend *be = m->be;
-    int D = c->mtp_layers, L = c->num_layers, B = b->B, T = b->T, N = B * T, C = c->hidden, V = m->Vl;
+    int D = c->mtp_layers, L = c->num_layers, B = b->B, T = b->T, N = B * T, C = c->hidden;
     m->mtp_dlnf = NULL;
     if (D <= 0 || !sl->mtp_done) return 0;
-    size_t NC = (size_t)N * C;
+    int Nl = m->sp ? N / m->tp : N;
+    size_t NlC = (size_t)Nl * C;
     float ph = c->hidden_dropout;
     /* dnext: the gradient of depth k's output from depth k+1's hnorm (none for the last) */
     float *dnext = NULL;
@@ -106,37 +173,41 @@ int gpt__mtp_backward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, uint64_t
         mtp_acts *q = &sl->mtp[k];
         const int *t = m->t_mtp[k];
         const float *h_prev = k ? sl->mtp[k - 1].out : sl->lnf;
-        /* the shared output layer: q->logits holds dloss/dlogits */
-        o->linear_backward(be, m->mtp_dout, G(m, m->t_lm), NULL, q->logits, q->out, P(m, m->t_lm), P16(m, m->t_lm),
-                           N, C, V);
-        if (dnext) o->add(be, m->mtp_dout, m->mtp_dout, dnext, NC);
-        o->zero(be, m->dx, NC);
+        /* the shared output layer: q->logits holds dloss/dlogits; the input gradient (summed
+         * over the group, this rank's rows) lands in m->dh */
+        const float *inf = q->out;
+        if (m->sp) gpt__tp_allgather(m, m->gath, q->out, NlC), inf = m->gath;
+        gpt__column_parallel_backward(m, G(m, m->t_lm), NULL, q->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C,
+                                      m->Vl);
+        if (dnext) o->add(be, m->mtp_dout, m->dh, dnext, NlC);
+        else o->copy(be, m->mtp_dout, m->dh, NlC * sizeof(float));
+        o->zero(be, m->dx, NlC);
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[MTP_FN_W]), G(m, t[MTP_FN_B]), m->mtp_dout, q->x_out,
-                         P(m, t[MTP_FN_W]), q->out_mean, q->out_rstd, N, C);
+                         P(m, t[MTP_FN_W]), q->out_mean, q->out_rstd, Nl, C);
         dev_batch xb = {q->tok, q->pos, NULL, q->tgt, NULL, NULL};
         int rc = gpt__layer_backward(m, &q->layer, L + k, &xb, B, T, seed);
         if (rc) return rc;
         /* eh_proj: m->dx is the gradient of its output */
-        o->linear_backward(be, m->mtp_dcat, G(m, t[MTP_EH_W]), NULL, m->dx, q->cat, P(m, t[MTP_EH_W]),
-                           P16(m, t[MTP_EH_W]), N, 2 * C, C);
+        eh_backward(m, m->mtp_dcat, G(m, t[MTP_EH_W]), m->dx, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
         o->sync(be);
+        if (be->status) return be->status;
         /* split [d en | d hn]: d en into mtp_dout, d hn into dh */
         float *dhn = m->dh;
-        for (int n = 0; n < N; n++) {
+        for (int n = 0; n < Nl; n++) {
             memcpy(m->mtp_dout + (size_t)n * C, m->mtp_dcat + (size_t)n * 2 * C, sizeof(float) * (size_t)C);
             memcpy(dhn + (size_t)n * C, m->mtp_dcat + (size_t)n * 2 * C + C, sizeof(float) * (size_t)C);
         }
-        /* enorm into the embedding */
-        o->zero(be, m->mtp_demb, NC);
+        /* enorm into the embedding (the decoder's embedding backward) */
+        o->zero(be, m->mtp_demb, NlC);
         o->norm_backward(be, c->rmsnorm, m->mtp_demb, G(m, t[MTP_EN_W]), G(m, t[MTP_EN_B]), m->mtp_dout, q->emb,
-                         P(m, t[MTP_EN_W]), q->en_mean, q->en_rstd, N, C);
-        if (ph > 0) o->dropout(be, m->mtp_demb, m->mtp_demb, NC, ph, seed, gpt__site(L + k, 0));
-        o->embed_backward(be, G(m, m->t_wte), G(m, m->t_wpe), m->mtp_demb, q->tok, q->pos, N, C, V);
+                         P(m, t[MTP_EN_W]), q->en_mean, q->en_rstd, Nl, C);
+        if (ph > 0) gpt__dropout_rows(m, NULL, N, m->mtp_demb, m->mtp_demb, Nl, ph, seed, gpt__site(L + k, 0));
+        gpt__embedding_backward(m, m->mtp_demb, q->tok, q->tok, q->pos, N);
         /* hnorm into the previous depth's output (or the main final norm's) */
         float *dprev = m->mtp_dh[k & 1];
-        o->zero(be, dprev, NC);
+        o->zero(be, dprev, NlC);
         o->norm_backward(be, c->rmsnorm, dprev, G(m, t[MTP_HN_W]), G(m, t[MTP_HN_B]), dhn, h_prev, P(m, t[MTP_HN_W]),
-                         q->hn_mean, q->hn_rstd, N, C);
+                         q->hn_mean, q->hn_rstd, Nl, C);
         dnext = dprev;
     }
     o->sync(be);

@@ -25,7 +25,8 @@
  *               backward all-gathers the output gradient under SP
  *   head + CE:  column-parallel over the vocabulary, vocabulary-parallel cross-entropy
  * At tp 1 none of this runs and the operations are exactly the one-rank ones. Dropout is
- * keyed by the global layer index (site), so any pipeline split draws the same masks. */
+ * keyed by the global layer index (site), so any pipeline split draws the same masks. The
+ * embedding, the layer and the cross-entropy are also the MTP depths' (gpt_mtp.c). */
 #include "model/gpt_internal.h"
 
 #include "common/error.h"
@@ -57,9 +58,9 @@ const float *gpt_chunk_input_grad(const gpt_model *m) { return m->dx; }
 
 /* tok_l: the micro batch's token ids in this rank's vocabulary shard (-1 elsewhere), in
  * backend memory where the backend needs its own copy */
-static const int32_t *vocab_shard_tokens(gpt_model *m, const gpt_batch *b, int N) {
+const int32_t *gpt__vocab_shard_tokens(gpt_model *m, const int32_t *tokens, int N) {
     for (int n = 0; n < N; n++) {
-        int32_t id = b->tokens[n] - m->v0;
+        int32_t id = tokens[n] - m->v0;
         m->tok_l[n] = id >= 0 && id < m->Vl ? id : -1;
     }
     if (m->host_batch) return m->tok_l;
@@ -84,6 +85,66 @@ static dev_batch to_backend(gpt_model *m, const gpt_batch *b, const gpt_chunk *d
     if (d->head && dscale)
         o->copy(m->be, m->d_dscale, dscale, sizeof(float) * (size_t)b->B * (size_t)b->T), x.dscale = m->d_dscale;
     return x;
+}
+
+/* The word (and position) embedding of N tokens into x [Nl, C]: host_tokens the ids in host
+ * memory, tokens the backend's copy. At tp 1 the one-rank kernel. Under tensor parallelism
+ * Megatron's vocabulary-parallel embedding: this shard's rows, zero for other ids, summed
+ * over the group (reduce-scattered to the token shards under sequence parallelism); the
+ * position rows added once, by rank 0 (a sum with zeros: the one-rank values). The decoder's
+ * embedding and each MTP depth's (its rolled ids). */
+void gpt__embedding_forward(gpt_model *m, float *x, const int32_t *host_tokens, const int32_t *tokens,
+                            const int32_t *positions, int N) {
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    int C = m->cfg.hidden;
+    if (m->tp == 1) {
+        o->embed_forward(be, x, tokens, positions, P(m, m->t_wte), P(m, m->t_wpe), N, C);
+        return;
+    }
+    const int32_t *tokl = gpt__vocab_shard_tokens(m, host_tokens, N);
+    float *e = m->sp ? m->gath : x;
+    o->embed_forward(be, e, tokl, positions, P(m, m->t_wte), m->tpr == 0 ? P(m, m->t_wpe) : NULL, N, C);
+    if (m->sp) gpt__tp_reduce_scatter(m, x, e, (size_t)(N / m->tp) * C);
+    else gpt__tp_allreduce(m, x, (size_t)N * C);
+}
+
+/* Its backward from dx [Nl, C] (all-gathered under sequence parallelism): every rank adds
+ * the full gradient of the position rows (identical on all of them) and of its vocabulary
+ * shard's word rows. */
+void gpt__embedding_backward(gpt_model *m, const float *dx, const int32_t *host_tokens, const int32_t *tokens,
+                             const int32_t *positions, int N) {
+    int C = m->cfg.hidden;
+    if (m->tp > 1) tokens = gpt__vocab_shard_tokens(m, host_tokens, N);
+    if (m->sp) gpt__tp_allgather(m, m->dfull, dx, (size_t)(N / m->tp) * C), dx = m->dfull;
+    m->ops->embed_backward(m->be, G(m, m->t_wte), G(m, m->t_wpe), dx, tokens, positions, N, C, m->Vl);
+}
+
+/* The loss of N rows of logits [N, Vl] (this rank's vocabulary columns) and, in place, its
+ * gradient weighted by dscale: the one-rank kernel at tp 1; under tensor parallelism
+ * Megatron's vocabulary-parallel cross-entropy: the row max over the group (gathered, then
+ * the max taken here: exact), the sums of exponentials and the target logit summed. The
+ * main head's and each MTP depth's. */
+void gpt__cross_entropy(gpt_model *m, float *losses, float *logits, const int32_t *targets, const float *dscale,
+                        int N) {
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    int V = m->Vl;
+    if (m->tp == 1) {
+        o->cross_entropy(be, losses, logits, targets, dscale, N, V);
+        return;
+    }
+    o->ce_max(be, m->ce_mx, logits, N, V);
+    gpt__tp_allgather(m, m->ce_all, m->ce_mx, (size_t)N);
+    if (!be->status)
+        for (int n = 0; n < N; n++) {
+            float mx = m->ce_all[n];
+            for (int k = 1; k < m->tp; k++) mx = m->ce_all[(size_t)k * N + n] > mx ? m->ce_all[(size_t)k * N + n] : mx;
+            m->ce_mx[n] = mx;
+        }
+    o->ce_sums(be, m->ce_sums, logits, m->ce_mx, targets, m->v0, N, V);
+    gpt__tp_allreduce(m, m->ce_sums, (size_t)2 * N);
+    o->ce_grad(be, losses, logits, m->ce_mx, m->ce_sums, targets, dscale, m->v0, m->cfg.padded_vocab, N, V);
 }
 
 /* One transformer layer l (a decoder layer, or an MTP depth's at l >= num_layers) over the
@@ -162,7 +223,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     const gpt_chunk *d = &m->chunk[ci].def;
     chunk_slot *sl = &m->chunk[ci].slot[s];
     int B = b->B, T = b->T, N = B * T, C = c->hidden, V = m->Vl;
-    bool par = m->tp > 1, sp = m->sp;
+    bool sp = m->sp;
     /* rows of the token-wise part on this rank: all N, or its N/tp under sequence parallelism */
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
@@ -180,18 +241,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
 
     float *x = gpt_chunk_input(m, ci, s);
     if (d->embedding) {
-        if (!par) {
-            o->embed_forward(be, x, x_b.tokens, x_b.positions, P(m, m->t_wte), P(m, m->t_wpe), N, C);
-        } else {
-            /* vocabulary-parallel embedding: this shard's rows, zero for other ids, summed over
-             * the group (reduce-scattered to the token shards under sequence parallelism); the
-             * position rows added once, by rank 0 (a sum with zeros: the one-rank values) */
-            const int32_t *tokl = vocab_shard_tokens(m, b, N);
-            float *e = sp ? m->gath : x;
-            o->embed_forward(be, e, tokl, x_b.positions, P(m, m->t_wte), m->tpr == 0 ? P(m, m->t_wpe) : NULL, N, C);
-            if (sp) gpt__tp_reduce_scatter(m, x, e, NlC);
-            else gpt__tp_allreduce(m, x, (size_t)N * C);
-        }
+        gpt__embedding_forward(m, x, b->tokens, x_b.tokens, x_b.positions, N);
         if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, x, x, Nl, ph, seed, site(-1, 0));
     }
 
@@ -228,23 +278,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
         o->sync(be); /* sampling: the logits stay readable by the host */
         return 0.0;
     }
-    if (!par) {
-        o->cross_entropy(be, sl->losses, sl->logits, x_b.targets, dscale, N, V);
-    } else {
-        /* vocabulary-parallel cross-entropy: the row max over the group (gathered, then the
-         * max taken here: exact), the sums of exponentials and the target logit summed */
-        o->ce_max(be, m->ce_mx, sl->logits, N, V);
-        gpt__tp_allgather(m, m->ce_all, m->ce_mx, (size_t)N);
-        if (!be->status)
-            for (int n = 0; n < N; n++) {
-                float mx = m->ce_all[n];
-                for (int k = 1; k < m->tp; k++) mx = m->ce_all[(size_t)k * N + n] > mx ? m->ce_all[(size_t)k * N + n] : mx;
-                m->ce_mx[n] = mx;
-            }
-        o->ce_sums(be, m->ce_sums, sl->logits, m->ce_mx, x_b.targets, m->v0, N, V);
-        gpt__tp_allreduce(m, m->ce_sums, (size_t)2 * N);
-        o->ce_grad(be, sl->losses, sl->logits, m->ce_mx, m->ce_sums, x_b.targets, dscale, m->v0, c->padded_vocab, N, V);
-    }
+    gpt__cross_entropy(m, sl->losses, sl->logits, x_b.targets, dscale, N);
     if (be->status) return NAN;
     const float *ls = sl->losses;
     if (!m->host_batch) {
@@ -363,12 +397,7 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
         if (gpt__layer_backward(m, &sl->acts[i], d->layer0 + i, &x_b, B, T, seed)) return;
     if (d->embedding) {
         if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, m->dx, m->dx, Nl, ph, seed, site(-1, 0));
-        /* the embedding: every rank adds the full gradient of the position rows (identical on
-         * all of them) and of its vocabulary shard's word rows */
-        const int32_t *tokens = m->tp > 1 ? vocab_shard_tokens(m, b, N) : x_b.tokens;
-        const float *demb = m->dx;
-        if (sp) gpt__tp_allgather(m, m->dfull, m->dx, NlC), demb = m->dfull;
-        o->embed_backward(be, G(m, m->t_wte), G(m, m->t_wpe), demb, tokens, x_b.positions, N, C, V);
+        gpt__embedding_backward(m, m->dx, b->tokens, x_b.tokens, x_b.positions, N);
     }
     o->sync(be); /* the gradients (and the input's gradient) are complete before the host reads them */
 }

@@ -12,7 +12,7 @@
  * gradient is 0, and a tiny epsilon would turn rounding noise there into full-size steps),
  * and checks a against every reference (this rank's slice of every one-rank tensor,
  * gpt_tensor_take_slice):
- *   - the loss of every micro batch within loss_rtol;
+ *   - the loss of every micro batch within loss_rtol (and each MTP depth's, tph_sizes.mtp);
  *   - every gradient after the first backward (and gpt_tp_finalize_grads) within
  *     grad_atol + grad_atol_rel max|g| + grad_rtol |g| (max|g|: the largest of the one-rank
  *     tensor);
@@ -65,6 +65,8 @@ typedef struct tph_sizes {
      * 2: layer 0 of 2, 4 experts in 2 groups, sigmoid top-2 scaled, seq_aux_loss, z-loss,
      * the expert bias, grouped products */
     int moe;
+    /* multi-token prediction depths (0: none; loss scaling 0.3) */
+    int mtp;
 } tph_sizes;
 
 /* A one-rank run to compare the tp run with. */
@@ -99,6 +101,8 @@ static gpt_config tph_config(const tph_sizes *s, const tph_case *k, int tp, int 
                     .init_std = 0.2f, .hidden_dropout = k->hidden_dropout, .tp = tp, .tp_rank = rank,
                     .sequence_parallel = tp > 1 && k->sp};
     c.padded_vocab = gpt_padded_vocab(k->vocab, 2 * k->tp);
+    c.mtp_layers = s->mtp;
+    c.mtp_loss_scaling = 0.3f;
     if (s->moe) {
         moe_config *mc = &c.moe;
         *mc = (moe_config){.num_experts = 4, .ffn_hidden = s->ffn_hidden / 2, .topk = 2, .lb = MOE_LB_AUX,
@@ -149,6 +153,7 @@ static void tph_make_batch(tph_batch *bb, const tph_sizes *s, const tph_case *k,
  * step 0, the weights after the last step. */
 typedef struct tph_run_out {
     double loss[TPH_STEPS][TPH_MB];
+    double mtp_loss[TPH_STEPS][TPH_MB][GPT_MAX_MTP]; /* each MTP depth's */
     float *grad0, *params;
     size_t n;
 } tph_run_out;
@@ -205,6 +210,7 @@ static int tph_train(const tph_setup *h, const tph_case *k, kb_device dev, int t
             tph_make_batch(&bb, s, k, st, mb);
             uint64_t dseed = 7777u + (uint64_t)st * 31u + (uint64_t)mb;
             out->loss[st][mb] = gpt_forward(m, &bb.b, true, dseed, bb.dscale, NULL);
+            if (c.mtp_layers > 0) gpt_mtp_last_losses(m, out->mtp_loss[st][mb]);
             gpt_backward(m, &bb.b, dseed);
         }
         if (tp > 1) gpt_tp_finalize_grads(m);
@@ -300,6 +306,13 @@ static void tph_check_ref(const tph_ref *rf, const tph_case *k, int rank, const 
             w->loss = fmax(w->loss, e);
             CHECK_MSG(e <= rf->loss_rtol, "%s rank %d: step %d micro batch %d: loss %.9g vs %s %.9g", k->name,
                       rank, s, mb, x, rf->whose, y);
+            for (int d = 0; d < GPT_MAX_MTP; d++) {
+                x = a->mtp_loss[s][mb][d], y = ref->mtp_loss[s][mb][d];
+                e = fabs(x - y) / fmax(fabs(y), 1e-30);
+                w->loss = fmax(w->loss, e);
+                CHECK_MSG(e <= rf->loss_rtol, "%s rank %d: step %d micro batch %d: mtp_%d loss %.9g vs %s %.9g",
+                          k->name, rank, s, mb, d + 1, x, rf->whose, y);
+            }
         }
     int bad_g = 0, bad_p = 0;
     for (int i = 0; i < tb->n; i++) {
@@ -346,7 +359,8 @@ static void tph_rank_main(const tph_setup *h, const tph_case *k, int rank, const
     for (int i = 0; i < h->nrefs; i++) tph_check_ref(&h->refs[i], k, rank, &tb, &a, &ref[i], want, &w[i]);
     for (int s = 0; s < TPH_STEPS; s++)
         for (int mb = 0; mb < TPH_MB; mb++)
-            CHECK_MSG(memcmp(&a.loss[s][mb], &b.loss[s][mb], sizeof(double)) == 0,
+            CHECK_MSG(memcmp(&a.loss[s][mb], &b.loss[s][mb], sizeof(double)) == 0 &&
+                          memcmp(a.mtp_loss[s][mb], b.mtp_loss[s][mb], sizeof a.mtp_loss[s][mb]) == 0,
                       "%s rank %d: step %d: loss not bitwise reproducible", k->name, rank, s);
     CHECK_MSG(memcmp(a.grad0, b.grad0, a.n * sizeof(float)) == 0, "%s rank %d: gradients not bitwise reproducible",
               k->name, rank);

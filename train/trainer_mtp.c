@@ -3,7 +3,9 @@
  * masked mean loss, averaged over micro batches, data-parallel replicas and the iterations of
  * the log interval, as MTPLossLoggingHelper does) with the metrics record's "mtp_K_loss". The
  * depths' gradient weight is the model's auxiliary-loss weight (trainer_moe.c's setup sets it
- * for both). The rerun state machine validates the main loss only, as Megatron's. */
+ * for both). The rerun state machine validates the main loss only, as Megatron's. Under
+ * tensor parallelism every tensor rank computes the whole losses (vocabulary-parallel
+ * cross-entropy). */
 #include "train/trainer_internal.h"
 
 #include "common/error.h"
@@ -32,12 +34,16 @@ int trainer__mtp_log(trainer *t, char *text, size_t tn, char *json, size_t jn) {
     text[0] = json[0] = '\0';
     if (D <= 0) return 0;
     /* every replica's last stage holds the depths: sums over the data-parallel group, and
-     * over the pipeline (the other stages add zeros) */
+     * over the pipeline (the other stages add zeros; of the last stage's tensor ranks, which
+     * hold the same losses, tensor rank 0 alone) */
     double v[GPT_MAX_MTP + 1];
     for (int k = 0; k < D; k++) v[k] = t->mtp_sum[k];
     v[D] = t->mtp_count;
     int rc = t->dp ? t->dp->ops->allreduce_sum(t->dp, v, (size_t)D + 1, CM_F64, TRAIN_COMM_TIMEOUT_MS) : 0;
-    if (!rc && t->pp && t->mp) rc = t->mp->ops->allreduce_sum(t->mp, v, (size_t)D + 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc && t->pp && t->mp) {
+        if (t->tp && t->tp->rank != 0) memset(v, 0, sizeof v);
+        rc = t->mp->ops->allreduce_sum(t->mp, v, (size_t)D + 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    }
     if (rc) return rc;
     int len = 0, jl = 0;
     for (int k = 0; k < D; k++) {

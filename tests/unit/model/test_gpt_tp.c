@@ -19,8 +19,11 @@
  * parallelism: the router, experts and shared expert whole on each rank over its tokens, aux
  * loss or per-sequence aux loss, z-loss, shared expert or expert bias, 3 sequences so that a
  * rank holds one and a half) against one rank the same way, and MoE without sequence
- * parallelism refused. Bad layouts are refused by gpt_tp_check. fp32 throughout: the parallel sums differ from one rank's only in the order
- * of additions. */
+ * parallelism refused. Multi-token prediction (2 depths, docs/mtp.md) at tp 2 with and
+ * without sequence parallelism and at tp 4 with it: the main loss and each depth's, every
+ * gradient and weight; a hidden size eh_proj cannot split refused.
+ * Bad layouts are refused by gpt_tp_check. fp32 throughout: the parallel sums differ from
+ * one rank's only in the order of additions. */
 #include "common/error.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
@@ -95,6 +98,46 @@ static void test_moe_matches_one_rank(void) {
         s.refs[0].grad_atol_rel = 1e-6;
         tph_run_case(&s, &moe_cases[v - 1]);
     }
+}
+
+/* Multi-token prediction, 2 depths (each: the rolled ids through the vocabulary-parallel
+ * embedding, enorm/hnorm, eh_proj, a decoder layer split as the decoder's, the final norm,
+ * the shared output layer): each depth's loss within LOSS_RTOL of one rank's, every
+ * gradient and weight as the dense cases (the MTP depths' tensors included). */
+static const tph_case mtp_cases[] = {
+    {"tp2 mtp2 gqa(2>=tp) rms swiglu rope tied dropout", 2, false, 4, 2, true, true, true, true, false, false, 50,
+     0.1f},
+    {"tp2 sp mtp2 mha gelu learned untied bias dropout", 2, true, 4, 4, false, false, false, false, true, false, 37,
+     0.1f},
+    {"tp2 sp mtp2 gqa(1<tp) rms swiglu rope tied", 2, true, 4, 1, true, true, true, true, false, false, 50, 0},
+    {"tp4 sp mtp2 gqa(2<tp) gelu learned untied dropout", 4, true, 4, 2, false, false, false, false, true, false, 37,
+     0.1f},
+};
+
+static void test_mtp_matches_one_rank(void) {
+    for (size_t i = 0; i < sizeof mtp_cases / sizeof mtp_cases[0]; i++) {
+        tph_setup s = setup;
+        s.sizes.mtp = 2;
+        s.scratch = "gpt-tp-mtp";
+        /* plus 1e-6 of the tensor's largest gradient (as the MoE cases): the depths' gradients
+         * reach the decoder's layers through more sums, and a small entry of a layer's qkv
+         * (4.6e-5, the tensor's largest far above) differs by 1.8e-7 under another build's
+         * rounding (the debug ASan build) */
+        s.refs[0].grad_atol_rel = 1e-6;
+        tph_run_case(&s, &mtp_cases[i]);
+    }
+    /* eh_proj is column-parallel: the hidden size must divide over the group */
+    kb_backend *be = NULL;
+    kb_options bo = {.device = KB_DEVICE_CPU, .threads = 1};
+    REQUIRE(kb_backend_new(&be, &bo) == 0);
+    tph_sizes sz = setup.sizes;
+    sz.mtp = 1;
+    gpt_config c = tph_config(&sz, &mtp_cases[3], 4, 0);
+    c.hidden = 30;
+    gpt_model *m = NULL;
+    CHECK(gpt_new(&m, &c, be, 2, 8) == CO_EINVAL && strstr(co_err_detail(), "--hidden-size 30 is not divisible"));
+    CHECK(m == NULL);
+    kb_backend_destroy(&be);
 }
 
 /* MoE with tensor parallelism refused without sequence parallelism and with a capacity
@@ -204,6 +247,7 @@ int main(void) {
     RUN(test_layouts_match_one_rank);
     RUN(test_moe_refused);
     RUN(test_moe_matches_one_rank);
+    RUN(test_mtp_matches_one_rank);
     RUN(test_vocab_parallel_ce); /* after the forks: this process runs kernels itself */
     return TEST_EXIT();
 }
