@@ -7,6 +7,11 @@
  *       (--moe-grouped-gemm); ms per step each and the speedup. --device cuda: the CUDA
  *       backend on GPU 0 (its grouped products are cuBLAS's grouped GEMM), the layer's
  *       buffers in backend (managed) memory, each timing ended by a sync.
+ *   moe_bench products --rows R [--threads 2] [shape]
+ *       the experts' products alone (no router, permutation or activation): fc1 and fc2
+ *       forward and backward of E experts with R rows each, one backend product per expert
+ *       (kb_ops.linear_*) against the grouped call (kb_ops.grouped_linear_*); the best of
+ *       --steps after --warmup, ms and GFLOP/s each, and the speedup.
  *   moe_bench ep --ranks P --ep E [--dispatcher alltoall|allgather] [--grouped] [shape]
  *       P forked ranks (1 thread each), each with its own tokens; --ep 1 is data parallel
  *       (every rank computes every expert, nothing exchanged), --ep P splits the experts.
@@ -131,6 +136,73 @@ static int run_grouped(const args *a) {
     return 0;
 }
 
+/* the products alone: per expert against grouped, R = rows per expert */
+static int run_products(const args *a, int R) {
+    kb_backend *be = NULL;
+    kb_options bo = {.device = a->cuda ? KB_DEVICE_CUDA : KB_DEVICE_CPU, .threads = a->threads};
+    if (R < 1 || kb_backend_new(&be, &bo)) {
+        fprintf(stderr, "moe_bench: %s\n", R < 1 ? "--rows must be positive" : co_err_detail());
+        return R < 1 ? 2 : 1;
+    }
+    const kb_ops *o = be->ops;
+    int E = a->experts, h = a->hidden, F = a->ffn;
+    size_t M = (size_t)E * R, W = (size_t)E * F * h;
+    float *x = o->alloc(be, 4 * M * h), *act = o->alloc(be, 4 * M * F), *y = o->alloc(be, 4 * M * h);
+    float *da = o->alloc(be, 4 * M * F), *dx = o->alloc(be, 4 * M * h);
+    float *W1 = o->alloc(be, 4 * W), *W2 = o->alloc(be, 4 * W), *dW1 = o->alloc(be, 4 * W), *dW2 = o->alloc(be, 4 * W);
+    int32_t *off = malloc(sizeof *off * (size_t)(E + 1));
+    if (!x || !act || !y || !da || !dx || !W1 || !W2 || !dW1 || !dW2 || !off) {
+        fprintf(stderr, "moe_bench: out of memory\n");
+        return 1;
+    }
+    co_rng g;
+    co_rng_seed(&g, 3);
+    for (size_t i = 0; i < M * h; i++) x[i] = (float)co_rng_normal(&g);
+    for (size_t i = 0; i < W; i++) W1[i] = (float)(0.02 * co_rng_normal(&g)), W2[i] = (float)(0.02 * co_rng_normal(&g));
+    for (int e = 0; e <= E; e++) off[e] = e * R;
+    double best[2] = {1e30, 1e30};
+    for (int it = 0; it < a->warmup + a->steps; it++)
+        for (int mode = 0; mode < 2; mode++) {
+            double t0 = now_s();
+            if (mode == 0) { /* one product per expert, as moe.c without --moe-grouped-gemm */
+                for (int e = 0; e < E; e++)
+                    o->linear_forward(be, act + (size_t)off[e] * F, x + (size_t)off[e] * h, W1 + (size_t)e * F * h,
+                                      NULL, NULL, R, h, F);
+                for (int e = 0; e < E; e++)
+                    o->linear_forward(be, y + (size_t)off[e] * h, act + (size_t)off[e] * F, W2 + (size_t)e * F * h,
+                                      NULL, NULL, R, F, h);
+                for (int e = 0; e < E; e++)
+                    o->linear_backward(be, da + (size_t)off[e] * F, dW2 + (size_t)e * F * h, NULL,
+                                       y + (size_t)off[e] * h, act + (size_t)off[e] * F, W2 + (size_t)e * F * h,
+                                       NULL, R, F, h);
+                for (int e = 0; e < E; e++)
+                    o->linear_backward(be, dx + (size_t)off[e] * h, dW1 + (size_t)e * F * h, NULL,
+                                       da + (size_t)off[e] * F, x + (size_t)off[e] * h, W1 + (size_t)e * F * h, NULL,
+                                       R, h, F);
+            } else {
+                o->grouped_linear_forward(be, act, x, W1, off, E, h, F);
+                o->grouped_linear_forward(be, y, act, W2, off, E, F, h);
+                o->grouped_linear_backward(be, da, dW2, y, act, W2, off, E, F, h);
+                o->grouped_linear_backward(be, dx, dW1, da, x, W1, off, E, h, F);
+            }
+            o->sync(be);
+            double dt = now_s() - t0;
+            if (it >= a->warmup && dt < best[mode]) best[mode] = dt;
+        }
+    int rc = kb_backend_status(be);
+    double flop = 6.0 * 2.0 * (double)M * h * F; /* two products, forward and two backward each */
+    if (!rc)
+        printf("products (%s): %d experts x %d rows, hidden %d, ffn %d: one product per expert %.2f ms (%.0f GFLOP/s), "
+               "grouped %.2f ms (%.0f GFLOP/s), speedup %.2fx\n",
+               kb_backend_describe(be), E, R, h, F, 1e3 * best[0], flop / best[0] / 1e9, 1e3 * best[1],
+               flop / best[1] / 1e9, best[0] / best[1]);
+    float *bufs[] = {x, act, y, da, dx, W1, W2, dW1, dW2};
+    for (int i = 0; i < 9; i++) o->free(be, bufs[i]);
+    free(off);
+    kb_backend_destroy(&be);
+    return rc ? 1 : 0;
+}
+
 static int rank_main(const args *a, int rank, const char *dir) {
     char eps[8][300];
     const char *ep[8];
@@ -231,8 +303,9 @@ static int rank_main(const args *a, int rank, const char *dir) {
 int main(int argc, char **argv) {
     args a = {.experts = 8, .topk = 2, .hidden = 256, .ffn = 1024, .tokens = 2048, .steps = 10, .warmup = 2,
               .threads = 2, .ranks = 2, .ep = 1, .disp = MOE_DISPATCH_ALLTOALL};
-    if (argc < 2 || (strcmp(argv[1], "grouped") && strcmp(argv[1], "ep"))) {
-        fprintf(stderr, "usage: moe_bench grouped|ep [options] (see bench/moe_bench.c)\n");
+    int rows = 64;
+    if (argc < 2 || (strcmp(argv[1], "grouped") && strcmp(argv[1], "ep") && strcmp(argv[1], "products"))) {
+        fprintf(stderr, "usage: moe_bench grouped|products|ep [options] (see bench/moe_bench.c)\n");
         return 2;
     }
     for (int i = 2; i < argc; i++) {
@@ -247,6 +320,11 @@ int main(int argc, char **argv) {
         INT("--tokens", tokens) INT("--steps", steps) INT("--warmup", warmup) INT("--threads", threads)
         INT("--ranks", ranks) INT("--ep", ep)
 #undef INT
+        if (!strcmp(f, "--rows") && v) {
+            rows = atoi(v);
+            i++;
+            continue;
+        }
         if (!strcmp(f, "--grouped")) {
             a.grouped = true;
             continue;
@@ -266,6 +344,7 @@ int main(int argc, char **argv) {
     }
     bench_cpu_print(stdout);
     if (!strcmp(argv[1], "grouped")) return run_grouped(&a);
+    if (!strcmp(argv[1], "products")) return run_products(&a, rows);
     if (a.cuda) {
         fprintf(stderr, "moe_bench: ep runs on the CPU backend only (--device cuda is for grouped)\n");
         return 2;

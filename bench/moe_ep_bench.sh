@@ -7,7 +7,8 @@
 # the sorting of rows: moe_ep_dispatch_s in the metrics), and the bytes that rank sent to its
 # expert group per iteration (moe_ep_bytes_sent) against the analytic volume: allgather's is
 # fixed by the shapes, alltoall's depends on the routing (given for balanced routing; the
-# layer-level benchmark, bench/moe_bench.c, checks the exact one).
+# layer-level benchmark, bench/moe_bench.c, checks the exact one); the logging rank's
+# parameters and peak resident memory (expert parallelism's point: E/ep experts per rank).
 #
 #   bench/moe_ep_bench.sh [iterations] [repeats]     (after deploy/setup.sh build)
 # Micro batch 2 (512 tokens), global batch 8 (2 micro batches per rank), one thread per rank,
@@ -37,7 +38,7 @@ for r in $(seq "$reps"); do
     done
 done
 /usr/bin/python3 - "$work" "$reps" <<'PY'
-import json, statistics, sys
+import json, re, statistics, sys
 w, reps = sys.argv[1], int(sys.argv[2])
 N, h, E, k, P, layers, micro = 512, 256, 8, 2, 2, 2, 2   # tokens per micro batch, ..., micro batches per rank
 tokens_per_iter = 8 * 256
@@ -46,14 +47,17 @@ def run(mode, r):
     ms = statistics.mean(x["elapsed_ms_per_iteration"] for x in rows)
     disp = statistics.mean(x.get("moe_ep_dispatch_s", 0) * 1e3 for x in rows)
     sent = statistics.mean(x.get("moe_ep_bytes_sent", 0) for x in rows)
-    return ms, disp, sent
+    rss = max(x["max_rss_bytes"] for x in rows) / 2**20
+    out = open(f"{w}/{mode}-{r}.out").read()
+    params = int(re.search(r"model (\d+) parameters", out).group(1))
+    return ms, disp, sent, rss, params
 per = layers * micro   # MoE forward+backward passes per iteration per rank
 analytic = {"ep1": 0,
             "ep2_alltoall": per * (4.0 * N * k * (P - 1) / P * h * 4 + (P - 1) * (E // P) * 4),
             "ep2_allgather": per * (P - 1) * (N * (h + E) * 4 + N * E + 3.0 * N * h * 4 + N * E * 8)}
 print("| layout | tokens/s: median of runs (min-max) | dispatch + combine, ms/iteration (share of the step) | "
-      "bytes sent per iteration (logging rank) | analytic |")
-print("|---|---|---|---|---|")
+      "bytes sent per iteration (logging rank) | analytic | parameters per rank | peak RSS of the logging rank (MiB) |")
+print("|---|---|---|---|---|---|---|")
 for mode in ("ep1", "ep2_alltoall", "ep2_allgather"):
     res = [run(mode, r) for r in range(1, reps + 1)]
     tps = sorted(tokens_per_iter / (x[0] / 1e3) for x in res)
@@ -63,5 +67,6 @@ for mode in ("ep1", "ep2_alltoall", "ep2_allgather"):
     a = analytic[mode]
     note = "" if mode != "ep2_alltoall" else " (balanced routing)"
     print(f"| {mode.replace('_', ', ')} | {statistics.median(tps):.0f} ({tps[0]:.0f}-{tps[-1]:.0f}) | "
-          f"{disp:.1f} ({100 * disp / ms:.0f}%) | {sent:,.0f} | {a:,.0f}{note} |")
+          f"{disp:.1f} ({100 * disp / ms:.0f}%) | {sent:,.0f} | {a:,.0f}{note} | {res[0][4]:,} | "
+          f"{statistics.median(x[3] for x in res):.0f} |")
 PY
