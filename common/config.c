@@ -687,9 +687,10 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         if (c->tensor_model_parallel_size > 1 || c->pipeline_model_parallel_size > 1)
             problem(&P, "--use-distributed-optimizer with tensor or pipeline parallelism is not supported yet "
                         "(data parallelism only)");
-        if (c->num_experts > 0)
-            problem(&P, "--use-distributed-optimizer with --num-experts is not supported yet (the bucketed layout "
-                        "would split a MoE layer's block of experts)");
+        if (c->num_experts > 0 && c->expert_model_parallel_size > 1)
+            problem(&P, "--use-distributed-optimizer with --expert-model-parallel-size %d is not supported yet (the "
+                        "experts' shards would span the expert-data-parallel group only)",
+                    c->expert_model_parallel_size);
         if (c->context_parallel_size > 1)
             problem(&P, "--use-distributed-optimizer with --context-parallel-size %d is not supported yet (the shards "
                         "span the data-parallel group only)", c->context_parallel_size);

@@ -53,6 +53,9 @@ static int add_split(gpt_model *m, int cap, const char *name, int grows, int gco
     t->decay = decay;
     t->init_std = std;
     t->init_ones = ones;
+    /* inside a packed run: the run moves as one (gpt_relayout) */
+    t->packed = m->pack && m->ntensors > 0 && m->tensors[m->ntensors - 1].packed_run == m->pack_run;
+    t->packed_run = m->pack ? m->pack_run : -1;
     return m->ntensors++;
 }
 
@@ -254,6 +257,7 @@ static int build_tensors(gpt_model *m) {
                 int Fs1 = c->swiglu ? 2 * Fs : Fs;
                 char ename[64];
                 m->pack = true;
+                m->pack_run = m->ntensors; /* the run's first tensor */
                 t[ROUTER_W] = add_tensor(m, cap, NAME("mlp.router.weight"), E, C, true, std, false);
                 for (int j = 0; j < El; j++) {
                     snprintf(ename, sizeof ename, "layers.%d.mlp.experts.%d.fc1.weight", l, e0 + j);
@@ -720,7 +724,8 @@ void gpt_zero_grad(gpt_model *m) { m->ops->zero(m->be, m->grads, m->nparams); }
 
 int gpt_relayout(gpt_model *m, const size_t *offsets, size_t total) {
     for (int i = 0; i < m->ntensors; i++)
-        if (offsets[i] % 16 || offsets[i] + m->tensors[i].numel > total)
+        if ((!m->tensors[i].packed && offsets[i] % 16) || offsets[i] + m->tensors[i].numel > total ||
+            (m->tensors[i].packed && offsets[i] != offsets[i - 1] + m->tensors[i - 1].numel))
             return co_err_set(CO_EINVAL, "gpt_relayout: tensor %s at %zu (%zu elements) in a buffer of %zu",
                               m->tensors[i].name, offsets[i], m->tensors[i].numel, total);
     const kb_ops *o = m->ops;

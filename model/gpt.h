@@ -129,6 +129,10 @@ typedef struct gpt_tensor {
                            * summing their gradients over the embedding group; the first stage's
                            * is the one saved and counted in the gradient norm */
     bool decay;           /* weight decay applies (weight matrices and embeddings) */
+    bool packed;          /* follows the previous tensor with no gap: a MoE layer's block of
+                           * router, experts and shared expert is one unpadded run in moe.h's
+                           * layout; a relayout (gpt_relayout) keeps the run whole */
+    int packed_run;       /* the index of the first tensor of its run (-1: none) */
     bool expert;          /* a MoE expert's weight ("layers.L.mlp.experts.E.*"): under expert
                            * parallelism held by one expert rank, its gradient reduced over the
                            * expert-data-parallel group only */

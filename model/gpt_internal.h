@@ -134,6 +134,7 @@ struct gpt_model {
     gpt_moe_stats moe_acc;
     int64_t *moe_tpe;   /* [L][E] tokens per expert since the last gpt_moe_stats_take */
     bool pack;          /* add_split does not pad (a MoE layer's block) */
+    int pack_run;       /* while pack: the index of the run's first tensor */
     int32_t *d_tok, *d_tgt, *d_pos, *d_seg;
     float *d_dscale, *host_losses;
 };

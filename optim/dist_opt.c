@@ -212,6 +212,17 @@ void dopt_init_shards(dopt_state *s) {
     if (s->opt.redundant) shard_gather(&s->L, (s->rank + s->L.dp - 1) % s->L.dp, s->params, s->rparams);
 }
 
+void dopt_copy_refresh(dopt_state *s, size_t lo, size_t hi) {
+    if (!s->opt.redundant || !s->rparams) return;
+    int k = (s->rank + s->L.dp - 1) % s->L.dp;
+    for (int b = 0; b < s->L.nbuckets; b++) {
+        const dopt_bucket *B = &s->L.buckets[b];
+        size_t a = B->start + (size_t)k * B->shard, e = a + B->shard;
+        size_t x0 = lo > a ? lo : a, x1 = hi < e ? hi : e;
+        if (x0 < x1) memcpy(s->rparams + B->shard_base + (x0 - a), s->params + x0, (x1 - x0) * sizeof(float));
+    }
+}
+
 void dopt_grads_clear(dopt_state *s) { s->be->ops->zero(s->be, s->grads, s->L.total); }
 
 void dopt_pack(const dopt_layout *L, const float *src, const size_t *offsets, float *dst) {

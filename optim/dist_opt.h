@@ -135,6 +135,10 @@ void dopt_free(dopt_state *s);
 /* After params hold the initial weights (the same on every rank): copies the neighbour's
  * shard of them for the redundant copy. Moments start at zero. */
 void dopt_init_shards(dopt_state *s);
+/* After the caller changed params [lo, hi) itself on every rank alike (a parameter without a
+ * gradient that the trainer moves, the MoE router's expert bias): the redundant copy of the
+ * neighbour's shard takes the new values, so that a handover restores them. */
+void dopt_copy_refresh(dopt_state *s, size_t lo, size_t hi);
 /* Zeroes the gradient buffer (padding included). */
 void dopt_grads_clear(dopt_state *s);
 

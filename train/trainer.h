@@ -100,9 +100,11 @@ int trainer_dopt_moments_begin(trainer *t);
 int trainer_dopt_moments_end(trainer *t, bool scatter);
 /* The layout and this rank's shard of the moments (dopt_layout's shard storage), and its
  * data-parallel rank: a save writes each rank's pieces of the moments (worker/ckpt_parts.c).
- * NULL without the distributed optimizer. */
+ * The layout's parameter u is the model's tensors unit_first[u] .. unit_first[u + 1] - 1 (a
+ * MoE layer's packed run is one parameter). NULL without the distributed optimizer. */
 struct dopt_layout;
-const struct dopt_layout *trainer_dopt_shard(const trainer *t, const float **m, const float **v, int *rank);
+const struct dopt_layout *trainer_dopt_shard(const trainer *t, const float **m, const float **v, int *rank,
+                                             const int **unit_first);
 const co_config *trainer_config(const trainer *t);
 
 /* Adds a hook (up to 4, run in the order added) called on the training thread after every

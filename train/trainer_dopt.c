@@ -18,7 +18,11 @@
 
 struct tr_dopt {
     dopt_state s;
-    bool *decay;  /* [ntensors] weight decay applies */
+    /* the layout's parameters: one per tensor, except that a MoE layer's packed run (router,
+     * experts, shared expert: moe.h's layout) is one parameter, laid out whole */
+    int nunits;
+    int *unit_first; /* [nunits + 1]: unit u is tensors unit_first[u] .. unit_first[u + 1] - 1 */
+    bool *decay;  /* [nunits] weight decay applies */
     bool held;    /* this rank's shards (own and copy) hold the state of the trainer's iteration */
     bool reduced; /* the gradients of this round are reduce-scattered, norm computed */
     bool gather;  /* the shards are updated, the full parameter buffer is not yet (trainer__dopt_sync) */
@@ -49,14 +53,32 @@ int trainer__dopt_setup(trainer *t, bool joining) {
         free(numel);
         return co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
     }
-    for (int i = 0; i < nt; i++) {
-        numel[i] = tab[i].numel;
-        d->decay[i] = tab[i].decay;
+    d->unit_first = malloc(sizeof *d->unit_first * (size_t)(nt + 1));
+    size_t *off = malloc(sizeof *off * (size_t)nt);
+    int rc = d->unit_first && off ? 0 : co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
+    int nu = 0;
+    for (int i = 0; i < nt && !rc; i++) {
+        if (tab[i].packed && nu > 0) { /* the rest of a packed run joins its first tensor's unit */
+            numel[nu - 1] += tab[i].numel;
+            if (tab[i].decay != d->decay[nu - 1])
+                rc = co_err_set(CO_EINTERNAL, "distributed optimizer: %s decays unlike its run", tab[i].name);
+            continue;
+        }
+        d->unit_first[nu] = i;
+        numel[nu] = tab[i].numel;
+        d->decay[nu++] = tab[i].decay;
     }
-    dopt_layout L;
-    int rc = dopt_layout_build(&L, numel, nt, dp, (size_t)c->ddp_bucket_size);
+    if (!rc) d->unit_first[nu] = nt;
+    d->nunits = nu;
+    dopt_layout L = {0};
+    if (!rc) rc = dopt_layout_build(&L, numel, nu, dp, (size_t)c->ddp_bucket_size);
     free(numel);
-    if (!rc) rc = gpt_relayout(m, L.param_start, L.total);
+    /* every tensor at its unit's start plus its place in the run */
+    for (int u = 0; u < nu && !rc; u++)
+        for (int i = d->unit_first[u]; i < d->unit_first[u + 1]; i++)
+            off[i] = L.param_start[u] + (tab[i].offset - tab[d->unit_first[u]].offset);
+    if (!rc) rc = gpt_relayout(m, off, L.total);
+    free(off);
     dopt_options o = {.beta1 = (float)c->adam_beta1, .beta2 = (float)c->adam_beta2, .eps = (float)c->adam_eps,
                       .weight_decay = (float)c->weight_decay, .clip_grad = (float)c->clip_grad,
                       .redundant = c->dist_opt_redundancy, .timeout_ms = TRAIN_COMM_TIMEOUT_MS};
@@ -64,6 +86,7 @@ int trainer__dopt_setup(trainer *t, bool joining) {
     dopt_layout_free(&L);
     if (rc) {
         free(d->decay);
+        free(d->unit_first);
         free(d);
         return rc;
     }
@@ -94,6 +117,7 @@ void trainer__dopt_free(trainer *t) {
     if (!t->dopt) return;
     dopt_free(&t->dopt->s);
     free(t->dopt->decay);
+    free(t->dopt->unit_first);
     free(t->dopt);
     t->dopt = NULL;
     kb_backend *be = t->be;
@@ -158,11 +182,19 @@ int trainer__dopt_sync(trainer *t) {
 
 bool trainer_dopt_on(const trainer *t) { return t->dopt != NULL; }
 
-const dopt_layout *trainer_dopt_shard(const trainer *t, const float **m, const float **v, int *rank) {
+void trainer__dopt_params_moved(trainer *t, const float *at, size_t n) {
+    if (!t->dopt) return;
+    size_t lo = (size_t)(at - gpt_params(t->model));
+    dopt_copy_refresh(&t->dopt->s, lo, lo + n);
+}
+
+const dopt_layout *trainer_dopt_shard(const trainer *t, const float **m, const float **v, int *rank,
+                                      const int **unit_first) {
     if (!t->dopt) return NULL;
     *m = t->dopt->s.m;
     *v = t->dopt->s.v;
     *rank = t->dopt->s.rank;
+    *unit_first = t->dopt->unit_first;
     return &t->dopt->s.L;
 }
 

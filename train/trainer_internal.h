@@ -164,6 +164,9 @@ int trainer__dopt_norm(trainer *t, double *out);
 int trainer__dopt_step(trainer *t, double lr, double grad_norm, uint64_t *sum);
 int trainer__dopt_sync(trainer *t);
 int trainer__dopt_handover(trainer *t, bool held);
+/* The trainer changed n parameters at `at` (in the model's buffer) on every rank alike: the
+ * redundant shard copy follows (dopt_copy_refresh). */
+void trainer__dopt_params_moved(trainer *t, const float *at, size_t n);
 
 
 /* Reads micro batch samples [first, first+B) of split s into buffer `into` and describes it

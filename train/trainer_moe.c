@@ -140,6 +140,7 @@ int trainer__moe_pre_step(trainer *t) {
             cnt[e] = v > INT32_MAX ? INT32_MAX : (int32_t)v;
         }
         moe_expert_bias_update(bias, cnt, c->num_experts, (float)c->moe_router_bias_update_rate);
+        trainer__dopt_params_moved(t, bias, (size_t)c->num_experts); /* (its copy of a peer's shard too) */
     }
     return 0;
 }

@@ -79,20 +79,29 @@ static int add(wk_parts *l, int part, const gpt_tensor *t, int group, bool regio
  * the table's tensors as flat parts, written by that rank (world rank = data-parallel rank:
  * the distributed optimizer runs with data parallelism only); data where it is this rank's. */
 static int add_dopt(wk_parts *l, int part, const gpt_tensor *tab, int nt, const dopt_layout *L, int me,
-                    const float *shard) {
-    if (L->nparams != nt) return co_err_set(CO_EINTERNAL, "checkpoint: the optimizer's layout has %d parameters, the "
-                                                          "model %d tensors", L->nparams, nt);
+                    const float *shard, const int *unit_first) {
+    if (unit_first[L->nparams] != nt)
+        return co_err_set(CO_EINTERNAL, "checkpoint: the optimizer's layout covers %d tensors, the model has %d",
+                          unit_first[L->nparams], nt);
     for (int r = 0; r < L->dp; r++)
         for (int q = 0; q < L->npieces[r]; q++) {
             const dopt_piece *p = &L->pieces[r][q];
-            int rc = add(l, part, &tab[p->param], 0, false, 0, NULL, r == me ? (float *)shard + p->shard_off : NULL);
-            if (rc) return rc;
-            ck_tensor_ref *ref = &l->r[l->n - 1];
-            ref->dst = NULL;
-            ref->flat = true;
-            ref->flat_begin = (int64_t)p->param_lo;
-            ref->flat_end = (int64_t)p->param_hi;
-            ref->writer = r;
+            /* the piece [param_lo, param_hi) of the layout's parameter, cut at its tensors (a
+             * MoE layer's run holds several, one after another) */
+            for (int i = unit_first[p->param]; i < unit_first[p->param + 1]; i++) {
+                size_t a = tab[i].offset - L->param_start[p->param], e = a + tab[i].numel;
+                size_t lo = p->param_lo > a ? p->param_lo : a, hi = p->param_hi < e ? p->param_hi : e;
+                if (lo >= hi) continue;
+                int rc = add(l, part, &tab[i], 0, false, 0, NULL,
+                             r == me ? (float *)shard + p->shard_off + (lo - p->param_lo) : NULL);
+                if (rc) return rc;
+                ck_tensor_ref *ref = &l->r[l->n - 1];
+                ref->dst = NULL;
+                ref->flat = true;
+                ref->flat_begin = (int64_t)(lo - a);
+                ref->flat_end = (int64_t)(hi - a);
+                ref->writer = r;
+            }
         }
     return 0;
 }
@@ -170,8 +179,9 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
             rc = co_err_set(CO_EINTERNAL, "checkpoint: shard %d has %d tensors, this rank %d", sh, ntab[sh], nt);
     }
     const float *dm = NULL, *dv = NULL;
+    const int *ufirst = NULL;
     int drank = 0;
-    const dopt_layout *L = trainer_dopt_shard(t, &dm, &dv, &drank);
+    const dopt_layout *L = trainer_dopt_shard(t, &dm, &dv, &drank, &ufirst);
     if (!rc && L && (shards != 1 || L->dp != world || drank != rank))
         rc = co_err_set(CO_EINTERNAL, "checkpoint: the distributed optimizer's rank %d of %d is world rank %d of %d "
                                       "in %d model shards", drank, L->dp, rank, world, shards);
@@ -180,7 +190,7 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
         float *base = part == 0 ? gpt_params(model) : part == 1 ? o->m : o->v;
         if (part == 1) save->nmodel = save->n, load->nmodel = load->n;
         /* every shard's parts, to save (the distributed optimizer's moments: every rank's pieces) */
-        if (part && L) rc = add_dopt(save, part, mine, nt, L, drank, part == 1 ? dm : dv);
+        if (part && L) rc = add_dopt(save, part, mine, nt, L, drank, part == 1 ? dm : dv, ufirst);
         for (int s = 0; s < pp && !rc && !(part && L); s++) {
             bool my_stage = s == ppr;
             for (int i = 0; i < ntab[SHARD(0, s, 0)] && !rc; i++) {

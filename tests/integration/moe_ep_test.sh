@@ -174,6 +174,8 @@ refused)
     expect "--expert-model-parallel-size 2 is not a multiple of --tensor-model-parallel-size 4" \
         --expert-model-parallel-size 2 --tensor-model-parallel-size 4 --sequence-parallel --expert-tensor-parallel-size 1 \
         --nproc-per-node 4
+    expect "--use-distributed-optimizer with --expert-model-parallel-size 2 is not supported yet" \
+        --expert-model-parallel-size 2 --nproc-per-node 2 --use-distributed-optimizer
     expect "--expert-model-parallel-size 2 with --context-parallel-size 2 is not supported yet" \
         --expert-model-parallel-size 2 --context-parallel-size 2 --nproc-per-node 4
     ;;

@@ -32,6 +32,11 @@
 #                checkpoint of iteration 3 resumed at tp 1 and the one-rank one at tp 2 end
 #                where the uninterrupted run ends; `ckpt convert` between tp 1 and tp 2
 #                keeps every tensor bitwise
+#   dopt         --use-distributed-optimizer (a MoE layer's run one parameter of its layout;
+#                shared expert, grouped products, sigmoid with the expert bias): dp 2 bitwise
+#                the replicated run, dp 4 within 1e-5 (losses, norms, parameters, moments); a
+#                sharded dp 2 checkpoint resumed sharded at dp 4 and replicated on one rank;
+#                a rank killed at dp 4 rebuilt from its neighbour's copy, bitwise the clean run
 #   rerun        an injected NaN: the rerun state machine's fault (one process: the list at
 #                exit; under the supervisor with ep 2: the run report) carries the round's
 #                load_balancing_loss, z_loss and mtp_1 loss of the rank
@@ -227,6 +232,41 @@ for t in moe:
     assert len(t["slices"]) == 1 and t["slices"][0]["shape"] == t["shape"], t
 print("ok: %d MoE tensors written once" % len(moe))
 PY
+    ;;
+dopt)
+    # the distributed optimizer: a MoE layer's run (router, experts, shared expert) is one
+    # parameter of its layout; the expert bias (moved by the trainer, no gradient) follows
+    # into the redundant shard copies
+    d=(--moe-shared-expert-intermediate-size 16 --moe-router-score-function sigmoid --moe-router-enable-expert-bias
+       --moe-grouped-gemm)
+    run r2 6 "${d[@]}" --nproc-per-node 2 --save "$work/r2.ck"
+    run o2 6 "${d[@]}" --nproc-per-node 2 --use-distributed-optimizer --save "$work/o2.ck"
+    run o4 6 "${d[@]}" --nproc-per-node 4 --use-distributed-optimizer --save "$work/o4.ck"
+    grep -q "distributed optimizer over 2 data-parallel ranks" "$work/o2.out" || fail "o2: $(head -5 "$work/o2.out")"
+    compare 1 r2 o2 o4
+    "$cohort" ckpt diff "$work/r2.ck" "$work/o2.ck" >"$work/d" || fail "dp 2: the distributed optimizer differs: $(tail -3 "$work/d")"
+    close() { # REF RUN
+        "$cohort" ckpt diff "$work/$1" "$work/$2" --json >"$work/d.json"; [ $? -le 1 ] || fail "$2: diff"
+        /usr/bin/python3 -c "
+import json
+rows = json.load(open('$work/d.json'))['tensors']
+assert any(r['name'] == 'optimizer.exp_avg_sq.layers.2.mlp.experts.3.fc2.weight' for r in rows)
+bad = [r for r in rows if r['status'] not in ('bitwise equal', 'differs') or r.get('max_abs', 0) > 1e-5]
+assert not bad, bad[:3]
+" || fail "$2 differs from $1: $(head -c 400 "$work/d.json")"
+    }
+    close r2.ck o4.ck
+    # saved with its shards at dp 2, resumed sharded at dp 4 and replicated on one rank
+    run h 6 "${d[@]}" --nproc-per-node 2 --use-distributed-optimizer --exit-interval 3 --save "$work/h4"
+    cp -r "$work/h4" "$work/h1"
+    run h4r 6 "${d[@]}" --nproc-per-node 4 --use-distributed-optimizer --load "$work/h4" --save "$work/h4"
+    run h1r 6 "${d[@]}" --load "$work/h1" --save "$work/h1"
+    close r2.ck h4
+    close r2.ck h1
+    # a killed rank's shard is rebuilt from its neighbour's copy, the expert bias with it
+    run k 6 "${d[@]}" --nproc-per-node 4 --use-distributed-optimizer --save "$work/k.ck" --inject "kill@rank=2,step=4"
+    grep -q "in-process restart into generation 2" "$work/k.out" || fail "no restart: $(grep supervisor "$work/k.out")"
+    "$cohort" ckpt diff "$work/o4.ck" "$work/k.ck" >"$work/d" || fail "killed: $(tail -3 "$work/d")"
     ;;
 rerun)
     # the rerun state machine validates the language-model loss and reports the MoE and MTP
