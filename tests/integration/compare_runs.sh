@@ -2,6 +2,8 @@
 # of `cohort train` logged, compared. Needs $work (the runs' metrics are $work/NAME.jsonl)
 # and fail().
 #   losses FILE               the iterations, losses and gradient norms of a metrics file, one line
+#   convert_roundtrip ONE TP2 `ckpt convert --to cohort` of the tp 1 checkpoint $work/ONE to tp 2
+#                             and of the tp 2 one $work/TP2 to tp 1 keeps every tensor bitwise
 #   compare FROM REF RUN...   iterations FROM.. of every RUN against REF's, and their validation
 #                             losses, within fp32 reduction tolerance (1e-6 relative)
 losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
@@ -32,4 +34,15 @@ for n in runs:
 print(f"ok: {', '.join(runs)} match {ref} from iteration {first} (worst relative difference {worst:.1e})")
 PY
 }
-
+convert_roundtrip() { # ONE TP2: checkpoints (in $work) of one rank and of tp 2, converted to the other size
+    "$cohort" ckpt convert "$work/$1" --to cohort --tensor-model-parallel-size 2 --output "$work/c2" \
+        >"$work/c2.out" 2>&1 || fail "convert to tp 2: $(tail -3 "$work/c2.out")"
+    "$cohort" ckpt convert "$work/$2" --to cohort --tensor-model-parallel-size 1 --output "$work/c1" \
+        >"$work/c1.out" 2>&1 || fail "convert to tp 1: $(tail -3 "$work/c1.out")"
+    local p
+    for p in "$1 c2" "$2 c1"; do
+        set -- $p
+        "$cohort" ckpt diff "$work/$1" "$work/$2" >"$work/d.out" 2>&1 && grep -q "^bitwise equal" "$work/d.out" ||
+            fail "converted $1: $(tail -3 "$work/d.out")"
+    done
+}

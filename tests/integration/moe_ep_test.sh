@@ -38,13 +38,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-moe-ep.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
-      --threads 1 --disable-bias-linear
-      --num-experts 4 --moe-router-topk 2 --moe-layer-freq 2 --moe-ffn-hidden-size 48
-      --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3)
-. "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
+. "${COHORT_SOURCE_ROOT:?}/tests/integration/moe_tiny.sh"
 
 run() { # NAME ITERS ARGS...: metrics in $work/NAME.jsonl, output in $work/NAME.out, checkpoint $work/NAME.ck
     local name=$1 iters=$2; shift 2

@@ -52,13 +52,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-moe.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
-      --threads 1 --disable-bias-linear
-      --num-experts 4 --moe-router-topk 2 --moe-layer-freq 2 --moe-ffn-hidden-size 48
-      --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3)
-. "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
+. "${COHORT_SOURCE_ROOT:?}/tests/integration/moe_tiny.sh"
 
 run() { # NAME ITERS ARGS...: metrics in $work/NAME.jsonl, output in $work/NAME.out
     local name=$1 iters=$2; shift 2
@@ -211,16 +205,7 @@ bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
 assert not bad, bad[:3]
 " || fail "$2: parameters differ from $1's: $(head -c 400 "$work/d.json")"
     done
-    # `ckpt convert --to cohort` between tp 1 and tp 2: the same tensors bitwise
-    "$cohort" ckpt convert "$work/one.ck" --to cohort --tensor-model-parallel-size 2 --output "$work/c2" \
-        >"$work/c2.out" 2>&1 || fail "convert to tp 2: $(tail -3 "$work/c2.out")"
-    "$cohort" ckpt convert "$work/tp2.ck" --to cohort --tensor-model-parallel-size 1 --output "$work/c1" \
-        >"$work/c1.out" 2>&1 || fail "convert to tp 1: $(tail -3 "$work/c1.out")"
-    for p in "one.ck c2" "tp2.ck c1"; do
-        set -- $p
-        "$cohort" ckpt diff "$work/$1" "$work/$2" >"$work/d.out" 2>&1 && grep -q "^bitwise equal" "$work/d.out" ||
-            fail "converted $1: $(tail -3 "$work/d.out")"
-    done
+    convert_roundtrip one.ck tp2.ck
     # written once: one slice of every MoE tensor in the tp 2 checkpoint, at its global shape
     /usr/bin/python3 - "$work/tp2.ck/iter_0000005" <<'PY' || fail "the tp 2 checkpoint's MoE tensors"
 import json, sys
