@@ -158,7 +158,40 @@ static uint64_t sent(const moe__ep *ep, const size_t *bytes) {
     return s;
 }
 
+/* The local experts over the rows gathered in ep->xr (ep->roff): forward into ep->out, or
+ * backward from doutr into ep->dx and dparams. Their time is not dispatch's. */
+static int experts_forward(moe_layer *m, const float *params) {
+    moe__ep *ep = &m->ep;
+    double te = now_s();
+    moe__experts_forward(m, params, ep->xr, ep->h1, ep->act, ep->out, ep->roff, ep->El);
+    m->o->sync(m->be);
+    ep->dispatch_s -= now_s() - te;
+    return m->be->status;
+}
+
+static int experts_backward(moe_layer *m, const float *params, float *dparams, const float *doutr) {
+    moe__ep *ep = &m->ep;
+    double te = now_s();
+    moe__experts_backward(m, params, dparams, doutr, ep->xr, ep->h1, ep->act, ep->dact, ep->dh1, ep->dx, ep->roff,
+                          ep->El);
+    m->o->sync(m->be);
+    ep->dispatch_s -= now_s() - te;
+    return m->be->status;
+}
+
 /* ---- alltoall ---- */
+
+/* The owner's rows (expert-major, ep->R of them) back to their source ranks' order in ep->xs,
+ * then home by the all-to-all into dst. */
+static int a2a_home(moe_layer *m, const float *rows, float *dst, const char *step) {
+    moe__ep *ep = &m->ep;
+    size_t row = sizeof(float) * (size_t)m->h;
+    for (size_t q = 0; q < ep->R; q++) memcpy(ep->xs + (size_t)ep->perm[q] * m->h, rows + q * m->h, row);
+    int rc = ep->c->ops->alltoallv(ep->c, ep->xs, ep->rbytes, dst, ep->sbytes, ep->timeout_ms);
+    if (rc) return ep_err(rc, step);
+    ep->bytes_out += sent(ep, ep->rbytes);
+    return 0;
+}
 
 static int a2a_forward(moe_layer *m, const float *params) {
     moe__ep *ep = &m->ep;
@@ -206,16 +239,8 @@ static int a2a_forward(moe_layer *m, const float *params) {
         }
     }
     ep->roff[El] = (int32_t)r;
-    double te = now_s();
-    moe__experts_forward(m, params, ep->xr, ep->h1, ep->act, ep->out, ep->roff, El);
-    m->o->sync(m->be);
-    ep->dispatch_s -= now_s() - te;
-    if (m->be->status) return m->be->status;
-    for (size_t q = 0; q < R; q++) memcpy(ep->xs + (size_t)ep->perm[q] * m->h, ep->out + q * m->h, row);
-    rc = ep->c->ops->alltoallv(ep->c, ep->xs, ep->rbytes, m->out, ep->sbytes, ep->timeout_ms);
-    if (rc) return ep_err(rc, "the all-to-all of the experts' outputs back");
-    ep->bytes_out += sent(ep, ep->rbytes);
-    return 0;
+    if ((rc = experts_forward(m, params))) return rc;
+    return a2a_home(m, ep->out, m->out, "the all-to-all of the experts' outputs back");
 }
 
 static int a2a_backward(moe_layer *m, const float *params, float *dparams) {
@@ -226,17 +251,8 @@ static int a2a_backward(moe_layer *m, const float *params, float *dparams) {
     ep->bytes_out += sent(ep, ep->sbytes);
     float *doutr = ep->out; /* the outputs went home in forward */
     for (size_t q = 0; q < R; q++) memcpy(doutr + q * m->h, ep->xs + (size_t)ep->perm[q] * m->h, row);
-    double te = now_s();
-    moe__experts_backward(m, params, dparams, doutr, ep->xr, ep->h1, ep->act, ep->dact, ep->dh1, ep->dx, ep->roff,
-                          ep->El);
-    m->o->sync(m->be);
-    ep->dispatch_s -= now_s() - te;
-    if (m->be->status) return m->be->status;
-    for (size_t q = 0; q < R; q++) memcpy(ep->xs + (size_t)ep->perm[q] * m->h, ep->dx + q * m->h, row);
-    rc = ep->c->ops->alltoallv(ep->c, ep->xs, ep->rbytes, m->dxp, ep->sbytes, ep->timeout_ms);
-    if (rc) return ep_err(rc, "the all-to-all of the input gradients back");
-    ep->bytes_out += sent(ep, ep->rbytes);
-    return 0;
+    if ((rc = experts_backward(m, params, dparams, doutr))) return rc;
+    return a2a_home(m, ep->dx, m->dxp, "the all-to-all of the input gradients back");
 }
 
 /* ---- allgather ---- */
@@ -269,11 +285,7 @@ static int ag_forward(moe_layer *m, const float *params, const float *x, float *
             }
     }
     ep->roff[El] = (int32_t)r;
-    double te = now_s();
-    moe__experts_forward(m, params, ep->xr, ep->h1, ep->act, ep->out, ep->roff, El);
-    m->o->sync(m->be);
-    ep->dispatch_s -= now_s() - te;
-    if (m->be->status) return m->be->status;
+    if ((rc = experts_forward(m, params))) return rc;
     memset(ep->yg, 0, sizeof(float) * G * h);
     for (int j = 0; j < El; j++)
         for (int q = ep->roff[j]; q < ep->roff[j + 1]; q++) {
@@ -315,12 +327,7 @@ static int ag_backward(moe_layer *m, const float *params, float *dparams, const 
             }
             ep->dpg[i] = dot;
         }
-    double te = now_s();
-    moe__experts_backward(m, params, dparams, doutr, ep->xr, ep->h1, ep->act, ep->dact, ep->dh1, ep->dx, ep->roff,
-                          El);
-    m->o->sync(m->be);
-    ep->dispatch_s -= now_s() - te;
-    if (m->be->status) return m->be->status;
+    if ((rc = experts_backward(m, params, dparams, doutr))) return rc;
     memset(ep->yg, 0, sizeof(float) * G * h);
     for (size_t q = 0; q < ep->R; q++) {
         float *d = ep->yg + (size_t)ep->rtok[q] * h;

@@ -231,7 +231,7 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     if (!rc) rc = sum_tied_embedding(t);
     if (!rc && gpt_tied_embedding(t->model) >= 0) trainer__tl(t, TL_EMBED_REDUCE, -1, -1, tl0);
     *grad_norm = 0;
-    if (!rc && t->have_val) rc = trainer__grad_norm(t, false, grad_norm);
+    if (!rc && t->have_val) rc = trainer__grad_norm(t, grad_norm);
     return rc;
 }
 

@@ -429,8 +429,8 @@ uint64_t trainer__dropout_seed(const trainer *t, int64_t gmb) {
 
 /* The norm of the model's gradient: over the replica's ranks, each slice once and the tied
  * embedding's copy not counted (gpt_tp_grad_sumsq). */
-int trainer__grad_norm(trainer *t, bool reduced, double *out) {
-    if (t->epn > 1) return trainer__ep_grad_norm(t, reduced, out);
+int trainer__grad_norm(trainer *t, double *out) {
+    if (t->epn > 1) return trainer__ep_grad_norm(t, out);
     cm_comm *rg = replica_group(t);
     if (!rg) {
         *out = opt_grad_norm(t->model);
@@ -773,7 +773,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
     *grad_norm = 0;
     if (t->have_val) {
         /* this replica's norm (the tensor group's, the same on each of its ranks) */
-        int rc = trainer__grad_norm(t, false, grad_norm);
+        int rc = trainer__grad_norm(t, grad_norm);
         if (rc) return rc;
     }
     return 0;
@@ -1210,7 +1210,7 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
         double tlo = tl_now();
         if (!skip_step) {
             double to = now_s();
-            int grc = t->dopt ? trainer__dopt_norm(t, &gnorm) : trainer__grad_norm(t, true, &gnorm);
+            int grc = t->dopt ? trainer__dopt_norm(t, &gnorm) : trainer__grad_norm(t, &gnorm);
             if (grc) return grc;
             double loss = it_tok > 0 ? it_loss / it_tok : 0;
             if (!t->have_val && c->check_for_nan_in_loss_and_grad && (!isfinite(loss) || !isfinite(gnorm))) {

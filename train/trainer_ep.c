@@ -84,7 +84,6 @@ int trainer__ep_model_ready(trainer *t) {
         t->ep_runs[n++] = (struct tr_ep_run){tab[i].offset, 0, ex};
     }
     if (n) t->ep_runs[n - 1].len = total - t->ep_runs[n - 1].off;
-    if (n && t->ep_runs[0].off) t->ep_runs[0].len += t->ep_runs[0].off, t->ep_runs[0].off = 0;
     t->nep_runs = n;
     return gpt_set_expert_group(t->model, t->ep, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
 }
@@ -122,12 +121,11 @@ int trainer__ep_reduce_grads(trainer *t) {
     return kb_backend_status(t->be);
 }
 
-int trainer__ep_grad_norm(trainer *t, bool reduced, double *out) {
-    /* the dense tensors' over the replica (reduced: the step's gradient, equal on every
-     * replica; before the reduction, a report to the validator: this replica's own), the
-     * experts' over the expert group x pipeline (before the reduction each rank's own experts
-     * hold its expert group's tokens' share: the same on a check round's counterparts) */
-    (void)reduced;
+int trainer__ep_grad_norm(trainer *t, double *out) {
+    /* the dense tensors' over the replica (after the reduction the step's gradient, equal on
+     * every replica; before it, a report to the validator: this replica's own), the experts'
+     * over the expert group x pipeline (before the reduction each rank's own experts hold its
+     * expert group's tokens' share: the same on a check round's counterparts) */
     double sq[2];
     sq[0] = gpt_tp_grad_sumsq_split(t->model, &sq[1]);
     int rc = kb_backend_status(t->be);

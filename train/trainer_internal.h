@@ -210,15 +210,15 @@ cm_comm *trainer__grad_group(const trainer *t);
 /* trainer_ep.c: expert parallelism. ep_setup (before gpt_new) checks the groups and sets the
  * model's expert rank; ep_model_ready (after) hands the layers their group and lists the
  * buffers' runs; ep_reduce_grads sums the experts' gradients over the expert-data-parallel
- * group and the rest over the data-parallel group, scaled by 1/dp; ep_grad_norm (reduced: the
- * step's gradient, else each rank's own for the validator) over the expert group x pipeline;
+ * group and the rest over the data-parallel group, scaled by 1/dp; ep_grad_norm: the dense
+ * tensors' over the replica, the experts' over the expert group x pipeline;
  * ep_replica_of: a world rank's expert-data-parallel replica (its place in t->edp);
  * ep_check_share: the data-parallel share this rank recomputes in a check round (-1: none). */
 int trainer__ep_setup(trainer *t, const trainer_data *data, gpt_config *m);
 int trainer__ep_model_ready(trainer *t);
 void trainer__ep_free(trainer *t);
 int trainer__ep_reduce_grads(trainer *t);
-int trainer__ep_grad_norm(trainer *t, bool reduced, double *out);
+int trainer__ep_grad_norm(trainer *t, double *out);
 int trainer__ep_replica_of(const trainer *t, int world_rank);
 int trainer__ep_check_share(const trainer *t, int helper, int suspect);
 
@@ -231,7 +231,7 @@ static inline void trainer__tl(trainer *t, tl_kind k, int mb, int chunk, double 
 uint64_t trainer__dropout_seed(const trainer *t, int64_t gmb);
 /* The model's gradient norm: this rank's slices over the model-parallel group (each tensor
  * slice and the tied embedding counted once; gpt_tp_grad_sumsq). */
-int trainer__grad_norm(trainer *t, bool reduced, double *out);
+int trainer__grad_norm(trainer *t, double *out);
 /* pipeline.c: data_rank's share of a step as trainer_train's compute_share (pp > 1), and an
  * evaluation's loss and token sums over this replica's micro batches */
 int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,

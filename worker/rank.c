@@ -52,9 +52,10 @@ static void close_comms(sv_link *link, wk_comms **cs, cm_comm **dp) {
     *dp = NULL;
 }
 
-/* *out: the rank of the generation's state source (a world rank; -1: none) in the
- * data-parallel group: the supervisor names a peer holding this rank's shard. */
-static int source_in_dp(const wk_comms *cs, int rank, int source, int *out) {
+/* *out: the rank of the generation's state source (a world rank; -1: none) in the group of
+ * ranks holding the same state (data parallel, or expert data parallel): the supervisor names
+ * a peer holding this rank's shard. */
+static int source_in_group(const wk_comms *cs, int rank, int source, int *out) {
     /* with expert parallelism the ranks holding the same state are an expert-data-parallel group */
     bool experts = wk_comms_layout(cs)->ep > 1;
     *out = source < 0 ? -1 : wk_comms_rank_in(cs, experts ? TOPO_G_EDP : TOPO_G_DP, source);
@@ -228,7 +229,7 @@ int wk_run(const wk_options *o) {
         if (asg->generation > 1 && asg->state_source >= 0) {
             /* a replacement: the state comes from a surviving replica's memory */
             int src;
-            rc = source_in_dp(cs, asg->rank, asg->state_source, &src);
+            rc = source_in_group(cs, asg->rank, asg->state_source, &src);
             if (!rc) rc = trainer_sync_state(t, src);
             if (rc) {
                 fprintf(stderr, "cohort worker %d: taking the state of rank %d failed: %s (%s)\n", asg->rank,
@@ -278,7 +279,7 @@ int wk_run(const wk_options *o) {
         rc = open_comms(link, &na, data->cuda_device, &cs, &dp);
         wctx.cs = cs;
         int source = -1;
-        if (!rc) rc = source_in_dp(cs, na.rank, na.state_source, &source);
+        if (!rc) rc = source_in_group(cs, na.rank, na.state_source, &source);
         /* no replica of some shard survived: every rank, survivors too, takes the checkpoint */
         char *reload = !rc && source < 0 && na.checkpoint_dir ? strdup(na.checkpoint_dir) : NULL;
         if (na.rank != my_rank) {
