@@ -125,6 +125,20 @@ static uint64_t mix(uint64_t a, uint64_t b) {
 }
 
 
+/* Pipeline rank r's chunk ci of the placement st (p ranks, v chunks each; st[r * v + ci]):
+ * its layers, whether it holds the embedding, the loss, the MTP depths (the layout's m), or
+ * comes after a stage with the MTP depths (then, in training, it receives their streams). */
+gpt_chunk trainer__chunk_of(const pp_stage *st, int p, int v, int r, int ci, int slots) {
+    const pp_stage *s = &st[r * v + ci];
+    int mtp_at = -1; /* the MTP stage's place in the pipeline's order (chunk-major) */
+    for (int rr = 0; rr < p; rr++)
+        for (int cc = 0; cc < v; cc++)
+            if (st[rr * v + cc].mtp_layers > 0) mtp_at = cc * p + rr;
+    return (gpt_chunk){.layer0 = s->first_layer, .nlayers = s->num_layers, .embedding = s->embedding,
+                       .head = s->loss, .slots = slots, .mtp = s->mtp_layers > 0,
+                       .mtp_in = mtp_at >= 0 && ci * p + r > mtp_at};
+}
+
 /* A pipeline rank's part: its model chunks (Megatron's layer placement), its schedule
  * (1F1B or interleaved) and each chunk's activation slots (the most micro batches the
  * schedule keeps in it at once), the per micro batch buffers. */
@@ -160,10 +174,8 @@ static int pipeline_setup(trainer *t, gpt_config *m) {
         if (inflight[ci] > most[ci]) most[ci] = inflight[ci];
     }
     m->nchunks = v;
-    for (int ci = 0; !rc && ci < v; ci++) {
-        const pp_stage *s = &st[t->pp_rank * v + ci];
-        m->chunks[ci] = (gpt_chunk){s->first_layer, s->num_layers, s->embedding, s->loss, most[ci] > 0 ? most[ci] : 1};
-    }
+    for (int ci = 0; !rc && ci < v; ci++)
+        m->chunks[ci] = trainer__chunk_of(st, t->pp_size, v, t->pp_rank, ci, most[ci] > 0 ? most[ci] : 1);
     t->stages = st;
     int M = t->M;
     size_t N = (size_t)c->micro_batch_size * c->seq_length;
@@ -951,10 +963,7 @@ gpt_config trainer_model_config_of(const trainer *t, int tp_rank, int pp_rank) {
     c.tp_rank = tp_rank;
     if (!t->stages) return c;
     c.nchunks = t->vchunks;
-    for (int ci = 0; ci < t->vchunks; ci++) {
-        const pp_stage *s = &t->stages[pp_rank * t->vchunks + ci];
-        c.chunks[ci] = (gpt_chunk){s->first_layer, s->num_layers, s->embedding, s->loss, 1};
-    }
+    for (int ci = 0; ci < t->vchunks; ci++) c.chunks[ci] = trainer__chunk_of(t->stages, t->pp_size, t->vchunks, pp_rank, ci, 1);
     return c;
 }
 
