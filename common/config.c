@@ -830,9 +830,10 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         problem(&P, "--mtp-num-layers %d is out of range (0 to 8)", c->mtp_num_layers);
     if (c->mtp_num_layers > 0) {
         if (c->pipeline_model_parallel_size > 1 && !co_config_standin_model_parallel &&
-            (c->untie_embeddings_and_output_weights || strcmp(c->position_embedding_type, "rope")))
-            problem(&P, "--mtp-num-layers with --pipeline-model-parallel-size %d needs tied embeddings and "
-                        "--position-embedding-type rope (the last stage holds no other embedding yet)",
+            strcmp(c->position_embedding_type, "rope"))
+            problem(&P, "--mtp-num-layers with --pipeline-model-parallel-size %d needs --position-embedding-type rope "
+                        "(the MTP stage holds a copy of the word embedding, the position table stays on the first "
+                        "stage; Megatron does not support MTP with learned absolute positions)",
                     c->pipeline_model_parallel_size);
         if (c->reset_attention_mask)
             problem(&P, "--mtp-num-layers with --reset-attention-mask is not supported yet (as Megatron's MTP: causal "

@@ -347,8 +347,11 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         if (rc) goto fail;
         dc.tok = &t->sft_tok;
     }
-    /* tensor-parallel rank 0 alone reads data; with a pipeline only on the first and last stage */
-    bool reads = t->tp_rank == 0 && (!t->pp || t->pp_rank == 0 || t->pp_rank == t->pp_size - 1);
+    /* tensor-parallel rank 0 alone reads data; with a pipeline only on the first and last
+     * stage, and the one running the MTP depths (their rolled tokens) */
+    bool mtp_here = false;
+    for (int ci = 0; t->stages && ci < t->vchunks; ci++) mtp_here |= t->stages[t->pp_rank * t->vchunks + ci].mtp_layers > 0;
+    bool reads = t->tp_rank == 0 && (!t->pp || t->pp_rank == 0 || t->pp_rank == t->pp_size - 1 || mtp_here);
     for (int s = 0; s < 3 && reads; s++) {
         int64_t want = co_config_split_samples(c, s);
         if (want <= 0) continue;
