@@ -24,7 +24,8 @@
 #             and untied, pp 4 "Ett|ttmm||L" (through a stage without layers), interleaved
 #             "Et|t|t|t|mm|L", tp 2 x pp 3 with SP, and resumes between that placement and one
 #             rank: losses, gradient norms, validation and mtp_K_loss within fp32 reduction
-#             tolerance of one rank's, parameters and moments within 1e-5
+#             tolerance of one rank's, parameters and moments within 1e-5; with dp 2 the MTP
+#             stage's rank killed and rebuilt from its peer: the undisturbed checkpoint bitwise
 #   refused   context parallelism, a pipeline with learned positions, document masks, more
 #             than 8 depths, the MTP layers m on pipeline rank 0: exit 2 before any work
 set -uo pipefail
@@ -160,6 +161,13 @@ stages)
     params_close oneu p3u
     grep -q ' lm loss: [0-9.E+-]* | mtp_1 loss: [0-9.E+-]* | mtp_2 loss: [0-9.E+-]* |' "$work/p3.out" ||
         fail "the log line lacks the MTP items: $(grep -m1 iteration "$work/p3.out")"
+    # dp 2 x pp 3: the MTP stage's rank of replica 1 (rank 3) killed and rebuilt from its
+    # data-parallel peer's memory: the undisturbed run's final checkpoint bitwise
+    d6=("${g[@]}" "${p3[@]:2}" --nproc-per-node 6)
+    run kc 5 "${d6[@]}" --save "$work/kc"
+    run kf 5 "${d6[@]}" --inject "kill@rank=3,step=3" --save "$work/kf"
+    grep -q "in-process restart into generation 2" "$work/kf.out" || fail "no restart: $(grep supervisor "$work/kf.out")"
+    "$cohort" ckpt diff "$work/kc" "$work/kf" >"$work/diff" || fail "the rebuilt MTP stage: $(tail -5 "$work/diff")"
     ;;
 tp)
     t2=(--nproc-per-node 2 --tensor-model-parallel-size 2)
