@@ -798,9 +798,21 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
                             "one rank would)", tp);
         }
         if (c->bf16) problem(&P, "--num-experts with --bf16 is not supported yet (the experts run in fp32)");
-        if (c->context_parallel_size > 1)
-            problem(&P, "--num-experts with --context-parallel-size %d is not supported yet (the router's losses and "
-                        "counts over the context group)", c->context_parallel_size);
+        if (c->context_parallel_size > 1 && !co_config_standin_model_parallel) {
+            /* the router over this rank's tokens, the aux counts over the context group
+             * (Megatron's tp_cp group; docs/moe.md "Context parallelism") */
+            int cp = c->context_parallel_size;
+            if (c->tensor_model_parallel_size > 1)
+                problem(&P, "--num-experts with --context-parallel-size %d and --tensor-model-parallel-size %d is not "
+                            "supported yet", cp, c->tensor_model_parallel_size);
+            if (c->moe_expert_capacity_factor > 0)
+                problem(&P, "--moe-expert-capacity-factor with --context-parallel-size %d is not supported yet "
+                            "(Megatron's capacity counts each context rank's tokens, so it drops other tokens than one "
+                            "rank would)", cp);
+            if (c->sft || (c->cp_packed_sequences && c->reset_attention_mask))
+                problem(&P, "--num-experts with --context-parallel-size %d and packed sequences (THD) is not supported "
+                            "yet (the padding tokens of the per-document split would be routed)", cp);
+        }
         if (c->moe_router_enable_expert_bias && strcmp(c->moe_router_score_function, "sigmoid"))
             problem(&P, "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (as Megatron)");
         if (!(c->moe_router_bias_update_rate >= 0))

@@ -11,6 +11,15 @@
 void gpt_set_context_group(gpt_model *m, struct cm_comm *cp, int timeout_ms) {
     m->cpc = cp;
     m->cp_timeout = timeout_ms;
+    /* the MoE layers route this rank's tokens, their aux counts summed over the context group
+     * (Megatron's router over tp x cp; tensor parallelism with it is refused in gpt_new) */
+    for (int k = 0; k < m->nchunks && m->cp > 1; k++)
+        for (int s = 0; s < m->chunk[k].slots; s++)
+            for (int i = 0; i < m->chunk[k].def.nlayers; i++) {
+                moe_layer *ml = m->chunk[k].slot[s].acts[i].moe;
+                int rc = ml ? moe_set_token_group(ml, cp, 1, timeout_ms) : 0;
+                if (rc && !m->be->status) m->be->status = rc;
+            }
 }
 
 /* The ring's geometry and exchange for a micro batch of B x T local tokens; false (and the

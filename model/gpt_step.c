@@ -204,7 +204,7 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
             /* (under sequence parallelism: this rank's part of the load-balancing loss, and
              * the z loss over Megatron's coefficient / tp, the mean over this rank's tokens) */
             m->moe_acc.lb_loss += mc->aux_coeff > 0 ? moe_aux_loss(a->moe) / mc->aux_coeff : 0.0;
-            m->moe_acc.z_loss += mc->z_coeff > 0 ? moe_z_loss(a->moe) / (mc->z_coeff / m->tp) : 0.0;
+            m->moe_acc.z_loss += mc->z_coeff > 0 ? moe_z_loss(a->moe) / (mc->z_coeff / (m->tp * m->cp)) : 0.0;
             m->moe_acc.forwards++;
             m->moe_acc.dropped += moe_dropped(a->moe);
             const int32_t *tpe = moe_tokens_per_expert(a->moe);
