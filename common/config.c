@@ -802,9 +802,6 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
             /* the router over this rank's tokens, the aux counts over the context group
              * (Megatron's tp_cp group; docs/moe.md "Context parallelism") */
             int cp = c->context_parallel_size;
-            if (c->tensor_model_parallel_size > 1)
-                problem(&P, "--num-experts with --context-parallel-size %d and --tensor-model-parallel-size %d is not "
-                            "supported yet", cp, c->tensor_model_parallel_size);
             if (c->moe_expert_capacity_factor > 0)
                 problem(&P, "--moe-expert-capacity-factor with --context-parallel-size %d is not supported yet "
                             "(Megatron's capacity counts each context rank's tokens, so it drops other tokens than one "

@@ -191,6 +191,11 @@ void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms);
  * most timeout_ms. The batch's seg[] (or NULL: plain causal) is then a document id per local
  * token (ring_attention.h's doc). */
 void gpt_set_context_group(gpt_model *m, struct cm_comm *cp, int timeout_ms);
+/* With MoE layers under tensor (sequence) and context parallelism together: the tensor x
+ * context group (Megatron's tp_cp, tensor ranks fastest), over which the MoE layers' aux
+ * losses count their tokens (model/moe.h moe_set_token_group). After the two above (each of
+ * which sets the MoE layers' group to its own when the other size is 1). */
+void gpt_set_moe_token_group(gpt_model *m, struct cm_comm *tpcp, int timeout_ms);
 
 /* Whether backward sums a column-parallel layer's input gradient over the group on a
  * helper thread while it computes the weight gradient (on by default; the results are the

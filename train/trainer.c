@@ -279,6 +279,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     /* the distributed optimizer lays the model's buffers out before they are filled */
     if (c->use_distributed_optimizer && (rc = trainer__dopt_setup(t, data->joining))) goto fail;
     if (t->cp) gpt_set_context_group(t->model, t->cp, TRAIN_COMM_TIMEOUT_MS);
+    if (t->cp && c->num_experts > 0 && t->tp_size > 1) gpt_set_moe_token_group(t->model, data->tpcp, TRAIN_COMM_TIMEOUT_MS);
     gpt_init(t->model, (uint64_t)c->seed);
     rc = c->use_distributed_optimizer
              ? trainer__dopt_init_shards(t)

@@ -29,11 +29,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-void trainer_set_context_groups(trainer *t, cm_comm *cp, cm_comm *dpcp) {
+void trainer_set_context_groups(trainer *t, cm_comm *cp, cm_comm *dpcp, cm_comm *tpcp) {
     if (t->cpn <= 1) return;
     t->cp = cp;
     t->dpcp = dpcp;
     gpt_set_context_group(t->model, cp, TRAIN_COMM_TIMEOUT_MS);
+    /* (the MoE layers' token group under tensor parallelism too) */
+    if (t->cfg.num_experts > 0 && t->tp_size > 1) gpt_set_moe_token_group(t->model, tpcp, TRAIN_COMM_TIMEOUT_MS);
     kb_backend_clear_status(t->be); /* a ring shift the last generation's abort failed */
 }
 
