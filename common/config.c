@@ -715,8 +715,8 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (real_cp && !strcmp(c->device, "cuda"))
         problem(&P, "--context-parallel-size %d with --device cuda is not supported yet (the CUDA backend has no "
                     "block attention kernels for the ring)", c->context_parallel_size);
-    if (real_cp && c->mtp_num_layers > 0)
-        problem(&P, "multi-token prediction with context parallelism is not supported yet");
+    if (real_cp && c->mtp_num_layers > 0 && (c->sft || c->cp_packed_sequences))
+        problem(&P, "multi-token prediction with context parallelism and packed sequences (THD) is not supported yet");
     if (c->cp_packed_capacity < 1.0 || c->cp_packed_capacity > 64.0)
         problem(&P, "--cp-packed-capacity %g must be in [1, 64]", c->cp_packed_capacity);
     else if (real_cp && c->cp_packed_capacity > c->context_parallel_size)

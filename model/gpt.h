@@ -163,6 +163,12 @@ typedef struct gpt_batch {
      * position there; -1 for padding), or NULL: the tokens are the whole micro batch. Hidden
      * dropout is keyed by it, so a context-parallel run draws the masks of one rank. */
     const int32_t *rows;
+    /* context parallelism with multi-token prediction: the whole micro batch's arrays (B x
+     * full_T tokens, in rows' numbering), from which the depths roll their tokens, positions,
+     * labels and mask across the context ranks' chunks; NULL otherwise */
+    const int32_t *full_tokens, *full_targets, *full_positions;
+    const float *full_mask;
+    int full_T;
 } gpt_batch;
 
 typedef struct gpt_model gpt_model;

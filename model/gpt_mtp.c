@@ -43,9 +43,24 @@
 #include <math.h>
 #include <string.h>
 
-/* tok/pos/tgt/mask of depth k (rolled k+1 places left per sequence, zero-filled) */
+/* tok/pos/tgt/mask of depth k (rolled k+1 places left per sequence, zero-filled). Under
+ * context parallelism from the whole micro batch (b->full_*): each local token's source is
+ * the token k+1 places after its row in the whole sequence, wherever that lies. */
 static void roll_batch(mtp_acts *q, const gpt_batch *b, int k) {
     int B = b->B, T = b->T, s = k + 1;
+    if (b->full_tokens) {
+        int FT = b->full_T;
+        for (size_t n = 0; n < (size_t)B * T; n++) {
+            int32_t row = b->rows[n];
+            bool in = row >= 0 && row % FT + s < FT;
+            size_t src = in ? (size_t)row + (size_t)s : 0;
+            q->tok[n] = in ? b->full_tokens[src] : 0;
+            q->pos[n] = in ? b->full_positions[src] : 0;
+            q->tgt[n] = in ? b->full_targets[src] : 0;
+            q->mask[n] = in ? b->full_mask[src] : 0.0f;
+        }
+        return;
+    }
     for (int i = 0; i < B; i++)
         for (int t = 0; t < T; t++) {
             size_t n = (size_t)i * T + t, src = n + (size_t)s;
@@ -55,6 +70,20 @@ static void roll_batch(mtp_acts *q, const gpt_batch *b, int k) {
             q->tgt[n] = in ? b->targets[src] : 0;
             q->mask[n] = in ? b->loss_mask[src] : 0.0f;
         }
+}
+
+/* The loss tokens of depth k over the whole sequences: this rank's rolled mask, or under
+ * context parallelism the whole micro batch's (every context rank the same count). */
+static double rolled_tokens(const mtp_acts *q, const gpt_batch *b, int k) {
+    double ntok = 0;
+    if (b->full_tokens) {
+        int FT = b->full_T, s = k + 1;
+        for (size_t r = 0; r < (size_t)b->B * (size_t)FT; r++)
+            if ((int)(r % (size_t)FT) + s < FT) ntok += b->full_mask[r + (size_t)s];
+        return ntok;
+    }
+    for (size_t n = 0; n < (size_t)b->B * b->T; n++) ntok += q->mask[n];
+    return ntok;
 }
 
 /* eh_proj forward, x[Nl,C] = cat[Nl,2C] W^T: one product at tp 1; column-parallel above */
@@ -108,8 +137,7 @@ static void depth_prepare(gpt_model *m, mtp_acts *q, const gpt_batch *b, int k) 
     const gpt_config *c = &m->cfg;
     int N = b->B * b->T, D = c->mtp_layers;
     roll_batch(q, b, k);
-    double ntok = 0;
-    for (int n = 0; n < N; n++) ntok += q->mask[n];
+    double ntok = rolled_tokens(q, b, k);
     q->ntok = ntok;
     float w = (float)((double)c->mtp_loss_scaling / D / (ntok > 0 ? ntok : 1.0) * m->aux_loss_scale);
     for (int n = 0; n < N; n++) q->dscale[n] = q->mask[n] * w;
@@ -126,7 +154,7 @@ static int depth_hidden_forward(gpt_model *m, mtp_acts *q, int k, const float *h
     const int *t = m->t_mtp[k];
     gpt__embedding_forward(m, q->emb, q->tok, q->tok, q->pos, N);
     if (c->hidden_dropout > 0)
-        gpt__dropout_rows(m, NULL, N, q->emb, q->emb, Nl, c->hidden_dropout, seed, gpt__site(L + k, 0));
+        gpt__dropout_rows(m, b->rows, N * m->cp, q->emb, q->emb, Nl, c->hidden_dropout, seed, gpt__site(L + k, 0));
     o->norm_forward(be, c->rmsnorm, q->en, q->en_mean, q->en_rstd, q->emb, P(m, t[MTP_EN_W]), P(m, t[MTP_EN_B]), Nl, C,
                     c->norm_eps);
     o->norm_forward(be, c->rmsnorm, q->hn, q->hn_mean, q->hn_rstd, h_prev, P(m, t[MTP_HN_W]), P(m, t[MTP_HN_B]), Nl, C,
@@ -139,7 +167,7 @@ static int depth_hidden_forward(gpt_model *m, mtp_acts *q, int k, const float *h
     }
     /* eh_proj (column-parallel under tensor parallelism) */
     eh_forward(m, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
-    dev_batch xb = {q->tok, q->pos, NULL, q->tgt, q->dscale, NULL};
+    dev_batch xb = {q->tok, q->pos, NULL, q->tgt, q->dscale, b->rows};
     int rc = gpt__layer_forward(m, &q->layer, L + k, q->x_out, &xb, B, T, true, seed);
     if (rc) return rc;
     o->norm_forward(be, c->rmsnorm, q->out, q->out_mean, q->out_rstd, q->x_out, P(m, t[MTP_FN_W]), P(m, t[MTP_FN_B]),
@@ -190,7 +218,7 @@ static int depth_hidden_backward(gpt_model *m, mtp_acts *q, int k, const float *
     o->zero(be, m->dx, NlC);
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[MTP_FN_W]), G(m, t[MTP_FN_B]), m->mtp_dout, q->x_out,
                      P(m, t[MTP_FN_W]), q->out_mean, q->out_rstd, Nl, C);
-    dev_batch xb = {q->tok, q->pos, NULL, q->tgt, NULL, NULL};
+    dev_batch xb = {q->tok, q->pos, NULL, q->tgt, NULL, b->rows};
     int rc = gpt__layer_backward(m, &q->layer, L + k, &xb, B, T, seed);
     if (rc) return rc;
     /* eh_proj: m->dx is the gradient of its output */
@@ -208,7 +236,8 @@ static int depth_hidden_backward(gpt_model *m, mtp_acts *q, int k, const float *
     o->norm_backward(be, c->rmsnorm, m->mtp_demb, G(m, t[MTP_EN_W]), G(m, t[MTP_EN_B]), m->mtp_dout, q->emb,
                      P(m, t[MTP_EN_W]), q->en_mean, q->en_rstd, Nl, C);
     if (c->hidden_dropout > 0)
-        gpt__dropout_rows(m, NULL, N, m->mtp_demb, m->mtp_demb, Nl, c->hidden_dropout, seed, gpt__site(L + k, 0));
+        gpt__dropout_rows(m, b->rows, N * m->cp, m->mtp_demb, m->mtp_demb, Nl, c->hidden_dropout, seed,
+                          gpt__site(L + k, 0));
     gpt__embedding_backward(m, m->mtp_demb, q->tok, q->tok, q->pos, N);
     /* hnorm into the previous depth's output (or the main final norm's) */
     float *d = m->mtp_dh[k & 1];

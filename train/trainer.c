@@ -315,6 +315,14 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         mb->seg = malloc(N * sizeof(int32_t));
         mb->mask = malloc(N * sizeof(float));
         mb->dscale = malloc(N * sizeof(float));
+        if (t->cpn > 1 && c->mtp_num_layers > 0) {
+            mb->full = malloc(3 * N * sizeof(int32_t));
+            mb->full_mask = malloc(N * sizeof(float));
+            if (!mb->full || !mb->full_mask) {
+                rc = CO_ENOMEM;
+                goto fail;
+            }
+        }
         if (!mb->tokens || !mb->targets || !mb->positions || !mb->seg || !mb->mask || !mb->dscale) {
             rc = CO_ENOMEM;
             goto fail;
@@ -401,6 +409,7 @@ void trainer_destroy(trainer **pt) {
     for (int k = 0; t->mbuf && k < t->nmbuf; k++) {
         tr_batch *mb = &t->mbuf[k];
         free(mb->tokens), free(mb->targets), free(mb->positions), free(mb->seg), free(mb->mask), free(mb->dscale);
+        free(mb->full), free(mb->full_mask);
     }
     free(t->mbuf);
     free(t->zeros);
@@ -490,6 +499,7 @@ int trainer__load_batch(trainer *t, int s, int64_t first, tr_batch *x, gpt_batch
         int rc = broadcast_batch(t, x, (size_t)B * T);
         if (rc) return rc;
     }
+    memset(b, 0, sizeof *b);
     b->B = B;
     b->T = T;
     b->tokens = x->tokens;

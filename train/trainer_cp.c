@@ -192,6 +192,16 @@ int trainer__cp_localize(trainer *t, tr_batch *x, gpt_batch *b, int64_t first) {
     double ntok = 0;
     for (size_t i = 0; i < N; i++) ntok += x->mask[i];
     t->cp_ntok = ntok;
+    if (x->full) {
+        /* (the MTP depths roll the whole sequences: model/gpt_mtp.c) */
+        memcpy(x->full, x->tokens, N * sizeof(int32_t));
+        memcpy(x->full + N, x->targets, N * sizeof(int32_t));
+        memcpy(x->full + 2 * N, x->positions, N * sizeof(int32_t));
+        memcpy(x->full_mask, x->mask, N * sizeof(float));
+        b->full_tokens = x->full, b->full_targets = x->full + N, b->full_positions = x->full + 2 * N;
+        b->full_mask = x->full_mask;
+        b->full_T = T;
+    }
     int L = T / t->cpn, rc;
     if (t->thd) rc = split_documents(t, x, B, T, first, &L);
     else rc = split_sequences(t, x, B, T);

@@ -29,6 +29,10 @@
 typedef struct tr_batch {
     int32_t *tokens, *targets, *positions, *seg;
     float *mask, *dscale;
+    /* context parallelism with MTP: the whole micro batch's tokens, targets and positions
+     * ([3][N]) and loss mask before the split (the depths roll across the chunks), or NULL */
+    int32_t *full;
+    float *full_mask;
 } tr_batch;
 
 struct trainer {

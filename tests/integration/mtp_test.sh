@@ -26,7 +26,11 @@
 #             rank: losses, gradient norms, validation and mtp_K_loss within fp32 reduction
 #             tolerance of one rank's, parameters and moments within 1e-5; with dp 2 the MTP
 #             stage's rank killed and rebuilt from its peer: the undisturbed checkpoint bitwise
-#   refused   context parallelism, a pipeline with learned positions, document masks, more
+#   cp        context parallelism (the depths roll across the context ranks' chunks from the
+#             whole micro batch, each rank's loss its tokens' part): cp 2, cp 2 x dp 2 and
+#             cp 2 x tp 2 (SP) against one rank: losses, gradient norms, validation and
+#             mtp_K_loss within fp32 reduction tolerance, parameters and moments within 1e-5
+#   refused   context parallelism with packed sequences, a pipeline with learned positions, document masks, more
 #             than 8 depths, the MTP layers m on pipeline rank 0: exit 2 before any work
 set -uo pipefail
 cohort=$1; case_name=$2
@@ -218,6 +222,18 @@ PY
     compare_mtp one tp2:1 sp2:1 tp2pp2:1 r1:4 r2:4
     params_close one tp2 sp2 tp2pp2 r1 r2
     ;;
+cp)
+    # context parallelism: each context rank's depths roll across the chunks from the whole
+    # micro batch, its loss is its tokens' part over the whole sequences' count
+    run one 5 --save "$work/one.ck"
+    run cp2 5 --nproc-per-node 2 --context-parallel-size 2 --save "$work/cp2.ck"
+    run cp2dp2 5 --nproc-per-node 4 --context-parallel-size 2 --save "$work/cp2dp2.ck"
+    run cp2tp2 5 --nproc-per-node 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel \
+        --save "$work/cp2tp2.ck"
+    compare 1 one cp2 cp2dp2 cp2tp2
+    compare_mtp one cp2:1 cp2dp2:1 cp2tp2:1
+    params_close one cp2 cp2dp2 cp2tp2
+    ;;
 refused)
     expect() { # PATTERN ARGS...
         local pat=$1; shift
@@ -225,7 +241,8 @@ refused)
         [ $rc -eq 2 ] || fail "$*: exit $rc, expected 2: $(tail -3 "$work/r.out")"
         grep -q -- "$pat" "$work/r.out" || fail "$*: no '$pat' in: $(tail -3 "$work/r.out")"
     }
-    expect "multi-token prediction with context parallelism is not supported yet" --context-parallel-size 2 --nproc-per-node 2
+    expect "multi-token prediction with context parallelism and packed sequences (THD) is not supported yet" \
+        --context-parallel-size 2 --nproc-per-node 2 --cp-packed-sequences
     expect "needs --position-embedding-type rope" --pipeline-model-parallel-size 2 --nproc-per-node 2 \
         --position-embedding-type learned_absolute
     expect "with --reset-attention-mask is not supported yet" --reset-attention-mask
