@@ -255,20 +255,27 @@ static int mtp_check_batch(gpt_model *m, const gpt_batch *b) {
     return 0;
 }
 
-int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool train, uint64_t seed) {
-    int D = m->cfg.mtp_layers, N = b->B * b->T;
-    sl->mtp_done = false;
-    if (D <= 0 || !train) return 0;
+/* The depths from the main final norm's output sl->lnf, each with its loss (with_loss) or
+ * up to its output only (the MTP stage). */
+static int depths_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, uint64_t seed, bool with_loss) {
     if (mtp_check_batch(m, b)) return m->be->status;
     const float *h_prev = sl->lnf;
-    for (int k = 0; k < D; k++) {
+    for (int k = 0; k < m->cfg.mtp_layers; k++) {
         mtp_acts *q = &sl->mtp[k];
         depth_prepare(m, q, b, k);
         int rc = depth_hidden_forward(m, q, k, h_prev, b, seed);
-        if (!rc) rc = depth_loss_forward(m, q, k, q->out, N);
+        if (!rc && with_loss) rc = depth_loss_forward(m, q, k, q->out, b->B * b->T);
         if (rc) return rc;
         h_prev = q->out;
     }
+    return 0;
+}
+
+int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool train, uint64_t seed) {
+    sl->mtp_done = false;
+    if (m->cfg.mtp_layers <= 0 || !train) return 0;
+    int rc = depths_forward(m, sl, b, seed, true);
+    if (rc) return rc;
     m->mtp_forwards++;
     sl->mtp_done = true;
     return 0;
@@ -300,15 +307,8 @@ int gpt__mtp_hidden_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, ui
     int D = m->cfg.mtp_layers, N = b->B * b->T;
     size_t NlC = (size_t)(m->sp ? N / m->tp : N) * m->cfg.hidden;
     sl->mtp_done = false;
-    if (mtp_check_batch(m, b)) return m->be->status;
-    const float *h_prev = sl->lnf;
-    for (int k = 0; k < D; k++) {
-        mtp_acts *q = &sl->mtp[k];
-        depth_prepare(m, q, b, k);
-        int rc = depth_hidden_forward(m, q, k, h_prev, b, seed);
-        if (rc) return rc;
-        h_prev = q->out;
-    }
+    int rc = depths_forward(m, sl, b, seed, false);
+    if (rc) return rc;
     /* the output: the main final norm's, then each depth's */
     m->ops->copy(m->be, sl->mtp_out, sl->lnf, NlC * sizeof(float));
     for (int k = 0; k < D; k++)
