@@ -54,8 +54,9 @@ typedef struct trainer_data {
      * the data x context group (train/trainer_cp.c) */
     struct cm_comm *cp, *dpcp;
     /* expert parallelism (--expert-model-parallel-size > 1 with --num-experts; NULL
-     * otherwise): the expert group, the expert-data-parallel group and the expert group x
-     * pipeline (train/trainer_ep.c) */
+     * otherwise): the expert group (the expert-tensor x expert group: Megatron's expert group
+     * at --expert-tensor-parallel-size 1), the expert-data-parallel group and the expert group
+     * x pipeline (train/trainer_ep.c) */
     struct cm_comm *ep, *edp, *erep;
 } trainer_data;
 

@@ -44,6 +44,8 @@ void trainer__moe_config(trainer *t, gpt_config *m) {
     mc->grouped_gemm = c->moe_grouped_gemm;
     mc->shared_ffn = c->moe_shared_expert_intermediate_size;
     mc->ep_size = c->expert_model_parallel_size;
+    /* --expert-tensor-parallel-size: unset means the tensor size (Megatron's default) */
+    mc->etp_size = c->expert_tensor_parallel_size > 0 ? c->expert_tensor_parallel_size : t->tp_size;
     m->moe_layer_freq = c->moe_layer_freq;
 }
 

@@ -26,6 +26,17 @@
 #             tp 2 x ep 4 (allgather) and tp 2 x ep 2 x pp 2 against one rank, as match; a
 #             tp 2 x ep 2 checkpoint resumed on one rank; at tp 2 x ep 2 x dp 2 the killed
 #             rank 3 is rebuilt from rank 1 (the same tensor slices and experts), bitwise
+#   etp       the experts split over the tensor group (--expert-tensor-parallel-size = tp, here
+#             Megatron's default: the flag not given): tp 2 with the alltoall and the allgather
+#             dispatcher and tp 2 x ep 2 (4 ranks) against one rank, as match; each expert
+#             tensor written as two slices (ckpt inspect) where etp 1 writes it whole; the flag
+#             given as 2 is the default's run bitwise; a checkpoint of iteration 3 saved at
+#             tp 2 and one saved at tp 2 x ep 2 resume on one rank, at tp 2 with
+#             --expert-tensor-parallel-size 1 and at tp 2 x ep 2 (resharding the slices), each
+#             ending within 1e-5 of the uninterrupted one-rank run
+#   etp_killed at tp 2 x ep 2 x dp 4 (etp 2, 8 ranks: two expert-data-parallel replicas) the
+#             killed rank 7 (tensor rank 1, expert rank 1) is rebuilt from rank 3's memory (the
+#             same experts and slices), bitwise the clean run
 #   peer_check a NaN that reproduces is recomputed by the other expert group (every rank of
 #             it taking its counterpart's micro batches) and diagnosed as the data's: exit 3
 #   refused   bad configurations exit 2 before any work: experts not divisible by ep, ep
@@ -138,6 +149,47 @@ tp)
     run f 8 "${k[@]}" --inject "kill@rank=3,step=4"
     grep -q "rank 3 replaced in process generation 2: state of iteration 3 taken from rank 1's memory" "$work/f.out" ||
         fail "rank 3 did not take rank 1's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
+    bitwise clean f
+    ;;
+etp)
+    T=(--tensor-model-parallel-size 2 --sequence-parallel) # no --expert-tensor-parallel-size: 2
+    run one 6
+    run t2a 6 --nproc-per-node 2 "${T[@]}"
+    run t2g 6 --nproc-per-node 2 "${T[@]}" --moe-token-dispatcher-type allgather
+    run t2e2 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2
+    compare 1 one t2a t2g t2e2
+    for n in t2a t2g t2e2; do close one $n; done
+    # the experts are split: two slices per expert tensor (one at etp 1)
+    "$cohort" ckpt inspect "$work/t2a.ck" >"$work/i2" 2>&1 || fail "inspect"
+    grep -Eq "^ *layers\.0\.mlp\.experts\.3\.fc2\.weight +model F32 +\[32, 48\] +2 " "$work/i2" ||
+        fail "expert 3's fc2 is not two slices: $(grep experts.3.fc2 "$work/i2" | head -2)"
+    run t2x 6 --nproc-per-node 2 "${T[@]}" --expert-tensor-parallel-size 2
+    bitwise t2a t2x
+    # resharding: saved at tp 2 (etp 2), resumed on one rank and at etp 1; saved at tp 2 x ep 2,
+    # resumed on one rank and at tp 2 x ep 2
+    resume() { # NAME FROM ARGS...: iteration 3 of FROM resumed to 6 as NAME
+        local name=$1 from=$2; shift 2
+        cp -r "$work/$from.ck" "$work/$name.ck"
+        "$cohort" train "${tiny[@]}" --train-iters 6 --load "$work/$name.ck" --save "$work/$name.ck" "$@" \
+            >"$work/$name.out" 2>&1 || fail "$name: $(tail -3 "$work/$name.out")"
+        grep -q "successfully loaded checkpoint .* at iteration 3" "$work/$name.out" ||
+            fail "$name did not load iteration 3: $(grep -i checkpoint "$work/$name.out" | head -3)"
+        close one "$name"
+    }
+    run half 6 --nproc-per-node 2 "${T[@]}" --exit-interval 3
+    run halfe 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --exit-interval 3
+    resume r1 half
+    resume r2 half --nproc-per-node 2 "${T[@]}" --expert-tensor-parallel-size 1
+    resume r3 halfe
+    resume r4 halfe --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2
+    resume r5 half --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2
+    ;;
+etp_killed)
+    k=(--nproc-per-node 8 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2)
+    run clean 6 "${k[@]}"
+    run f 6 "${k[@]}" --inject "kill@rank=7,step=4"
+    grep -q "rank 7 replaced in process generation 2: state of iteration 3 taken from rank 3's memory" "$work/f.out" ||
+        fail "rank 7 did not take rank 3's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
     bitwise clean f
     ;;
 peer_check)

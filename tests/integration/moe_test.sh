@@ -289,10 +289,16 @@ refused)
     expect "--num-experts with --tensor-model-parallel-size 2 needs --sequence-parallel" "${tp2[@]}" \
         --expert-tensor-parallel-size 1
     expect "performance may degrade if MoE and tensor parallelism" "${tp2[@]}" --expert-tensor-parallel-size 1
-    expect "--expert-tensor-parallel-size 2 (the experts split over the tensor group) is not supported yet; pass \
---expert-tensor-parallel-size 1" "${tp2[@]}" --sequence-parallel
-    expect "--expert-tensor-parallel-size 2 (the experts split" "${tp2[@]}" --sequence-parallel \
+    # the experts split over the tensor group (the default expert tensor size, or given) need it too
+    expect "--num-experts with --tensor-model-parallel-size 2 needs --sequence-parallel" "${tp2[@]}"
+    expect "--num-experts with --tensor-model-parallel-size 2 needs --sequence-parallel" "${tp2[@]}" \
         --expert-tensor-parallel-size 2
+    expect "--expert-tensor-parallel-size 2 (the experts split over the tensor group) with --device cuda is not \
+supported yet" "${tp2[@]}" --sequence-parallel --device cuda
+    expect "the experts' hidden size 47 is not divisible by it" "${tp2[@]}" --sequence-parallel \
+        --moe-ffn-hidden-size 47
+    expect "--moe-expert-capacity-factor with --tensor-model-parallel-size 2 is not supported yet" "${tp2[@]}" \
+        --sequence-parallel --moe-expert-capacity-factor 1.5
     expect "--moe-expert-capacity-factor with --tensor-model-parallel-size 2 is not supported yet" "${tp2[@]}" \
         --sequence-parallel --expert-tensor-parallel-size 1 --moe-expert-capacity-factor 1.5
     expect "--expert-tensor-parallel-size 3 is not supported yet" "${tp2[@]}" --sequence-parallel \
