@@ -27,13 +27,13 @@
 #             tp 2 x ep 2 checkpoint resumed on one rank; at tp 2 x ep 2 x dp 2 the killed
 #             rank 3 is rebuilt from rank 1 (the same tensor slices and experts), bitwise
 #   etp       the experts split over the tensor group (--expert-tensor-parallel-size = tp, here
-#             Megatron's default: the flag not given): tp 2 with the alltoall and the allgather
-#             dispatcher and tp 2 x ep 2 (4 ranks) against one rank, as match; each expert
+#             Megatron's default: the flag not given): tp 2 and tp 2 x ep 2 (4 ranks) with the
+#             alltoall and the allgather dispatcher, and tp 2 x pp 2, against one rank, as match; each expert
 #             tensor written as two slices (ckpt inspect) where etp 1 writes it whole; the flag
 #             given as 2 is the default's run bitwise; a checkpoint of iteration 3 saved at
-#             tp 2 and one saved at tp 2 x ep 2 resume on one rank, at tp 2 with
-#             --expert-tensor-parallel-size 1 and at tp 2 x ep 2 (resharding the slices), each
-#             ending within 1e-5 of the uninterrupted one-rank run
+#             tp 2 resumes on one rank, at tp 2 with --expert-tensor-parallel-size 1 and at
+#             tp 2 x ep 2, one saved at tp 2 x ep 2 on one rank and at tp 2 x ep 2 (resharding
+#             the slices), each ending within 1e-5 of the uninterrupted one-rank run
 #   etp_killed at tp 2 x ep 2 x dp 4 (etp 2, 8 ranks: two expert-data-parallel replicas) the
 #             killed rank 7 (tensor rank 1, expert rank 1) is rebuilt from rank 3's memory (the
 #             same experts and slices), bitwise the clean run
@@ -79,14 +79,14 @@ bitwise() { # A B: two runs' checkpoints bitwise the same
 case $case_name in
 match)
     run one 5
-    run ep2a 5 --nproc-per-node 2 --expert-model-parallel-size 2
+    run ep2a 5 --nproc-per-node 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
     run ep2g 5 --nproc-per-node 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
-    run ep4a 5 --nproc-per-node 4 --expert-model-parallel-size 4
+    run ep4a 5 --nproc-per-node 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
     run ep4g 5 --nproc-per-node 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type allgather
     run ep2d4 5 --nproc-per-node 4 --expert-model-parallel-size 2
     compare 1 one ep2a ep2g ep4a ep4g ep2d4
     for n in ep2a ep2g ep4a ep4g ep2d4; do close one $n; done
-    run ep4b 5 --nproc-per-node 4 --expert-model-parallel-size 4
+    run ep4b 5 --nproc-per-node 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
     [ "$(losses "$work/ep4a.jsonl")" = "$(losses "$work/ep4b.jsonl")" ] || fail "two ep 4 runs log different numbers"
     bitwise ep4a ep4b
     ;;
@@ -135,9 +135,10 @@ sdc)
 tp)
     T=(--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1)
     run one 6
-    run t2e2 6 --nproc-per-node 2 "${T[@]}" --expert-model-parallel-size 2
+    run t2e2 6 --nproc-per-node 2 "${T[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
     run t2e4 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 4 --moe-token-dispatcher-type allgather
-    run t2e2p2 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --pipeline-model-parallel-size 2
+    run t2e2p2 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+        --moe-token-dispatcher-type alltoall
     compare 1 one t2e2 t2e4 t2e2p2
     for n in t2e2 t2e4 t2e2p2; do close one $n; done
     run half 6 --nproc-per-node 2 "${T[@]}" --expert-model-parallel-size 2 --exit-interval 3
@@ -153,20 +154,23 @@ tp)
     ;;
 etp)
     T=(--tensor-model-parallel-size 2 --sequence-parallel) # no --expert-tensor-parallel-size: 2
+    A=(--moe-token-dispatcher-type alltoall)               # (allgather is Megatron's default)
     run one 6
-    run t2a 6 --nproc-per-node 2 "${T[@]}"
+    run t2a 6 --nproc-per-node 2 "${T[@]}" "${A[@]}"
     run t2g 6 --nproc-per-node 2 "${T[@]}" --moe-token-dispatcher-type allgather
-    run t2e2 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2
-    compare 1 one t2a t2g t2e2
-    for n in t2a t2g t2e2; do close one $n; done
+    run t2e2 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 "${A[@]}"
+    run t2e2g 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
+    run t2p2 6 --nproc-per-node 4 "${T[@]}" --pipeline-model-parallel-size 2 "${A[@]}"
+    compare 1 one t2a t2g t2e2 t2e2g t2p2
+    for n in t2a t2g t2e2 t2e2g t2p2; do close one $n; done
     # the experts are split: two slices per expert tensor (one at etp 1)
     "$cohort" ckpt inspect "$work/t2a.ck" >"$work/i2" 2>&1 || fail "inspect"
     grep -Eq "^ *layers\.0\.mlp\.experts\.3\.fc2\.weight +model F32 +\[32, 48\] +2 " "$work/i2" ||
         fail "expert 3's fc2 is not two slices: $(grep experts.3.fc2 "$work/i2" | head -2)"
-    run t2x 6 --nproc-per-node 2 "${T[@]}" --expert-tensor-parallel-size 2
+    run t2x 6 --nproc-per-node 2 "${T[@]}" "${A[@]}" --expert-tensor-parallel-size 2
     bitwise t2a t2x
-    # resharding: saved at tp 2 (etp 2), resumed on one rank and at etp 1; saved at tp 2 x ep 2,
-    # resumed on one rank and at tp 2 x ep 2
+    # resharding: saved at tp 2 (etp 2), resumed on one rank, at etp 1 and at tp 2 x ep 2; saved
+    # at tp 2 x ep 2, resumed on one rank and at tp 2 x ep 2 (the other dispatcher)
     resume() { # NAME FROM ARGS...: iteration 3 of FROM resumed to 6 as NAME
         local name=$1 from=$2; shift 2
         cp -r "$work/$from.ck" "$work/$name.ck"
@@ -177,15 +181,16 @@ etp)
         close one "$name"
     }
     run half 6 --nproc-per-node 2 "${T[@]}" --exit-interval 3
-    run halfe 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --exit-interval 3
+    run halfe 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --exit-interval 3 "${A[@]}"
     resume r1 half
     resume r2 half --nproc-per-node 2 "${T[@]}" --expert-tensor-parallel-size 1
     resume r3 halfe
     resume r4 halfe --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2
-    resume r5 half --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2
+    resume r5 half --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 "${A[@]}"
     ;;
 etp_killed)
-    k=(--nproc-per-node 8 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2)
+    k=(--nproc-per-node 8 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2
+       --moe-token-dispatcher-type alltoall)
     run clean 6 "${k[@]}"
     run f 6 "${k[@]}" --inject "kill@rank=7,step=4"
     grep -q "rank 7 replaced in process generation 2: state of iteration 3 taken from rank 3's memory" "$work/f.out" ||
