@@ -202,9 +202,9 @@ int trainer__moe_log(trainer *t, char *text, size_t tn, char *json, size_t jn) {
     int jl = snprintf(json, jn, ",\"load_balancing_loss\":%.9e,\"z_loss\":%.9e,\"moe_dropped_tokens\":%.0f,"
                       "\"moe_router_collapses\":%lld",
                       lb, z, v[3], (long long)t->moe_collapses);
-    if (t->epn > 1 && jl > 0 && (size_t)jl < jn) {
+    if ((t->epn > 1 || t->etpn > 1) && jl > 0 && (size_t)jl < jn) {
         /* this (the logging) rank's exchange since the last log line: bytes it sent to its
-         * expert group, seconds in dispatch and combine */
+         * expert group (the expert-tensor x expert group), seconds in dispatch and combine */
         uint64_t bytes;
         double secs;
         gpt_moe_ep_counters(t->model, &bytes, &secs);

@@ -167,6 +167,7 @@ etp)
     "$cohort" ckpt inspect "$work/t2a.ck" >"$work/i2" 2>&1 || fail "inspect"
     grep -Eq "^ *layers\.0\.mlp\.experts\.3\.fc2\.weight +model F32 +\[32, 48\] +2 " "$work/i2" ||
         fail "expert 3's fc2 is not two slices: $(grep experts.3.fc2 "$work/i2" | head -2)"
+    grep -q '"moe_ep_bytes_sent":[1-9]' "$work/t2a.jsonl" || fail "no exchange over the tensor group in the metrics"
     run t2x 6 --nproc-per-node 2 "${T[@]}" "${A[@]}" --expert-tensor-parallel-size 2
     bitwise t2a t2x
     # resharding: saved at tp 2 (etp 2), resumed on one rank, at etp 1 and at tp 2 x ep 2; saved
