@@ -41,8 +41,10 @@
 #                exit; under the supervisor with ep 2: the run report) carries the round's
 #                load_balancing_loss, z_loss and mtp_1 loss of the rank
 #   refused      bad configurations exit 2 before any work: top-k above the experts,
-#                biases, tensor parallelism without sequence parallelism, the experts split
-#                over the tensor group, a capacity with tensor parallelism, the expert bias
+#                biases, tensor parallelism without sequence parallelism (also with the
+#                experts split over the tensor group), the experts split over the tensor
+#                group on cuda or with an expert size it does not divide, an expert tensor
+#                size other than 1 and tp, a capacity with tensor parallelism, the expert bias
 #                with softmax, flex, group counts that do not divide, padding without a
 #                capacity (expert parallelism's: moe_ep_test.sh)
 set -uo pipefail
