@@ -1,9 +1,9 @@
 /* moe.h - Megatron's mixture-of-experts MLP on one rank: router, load-balancing and z
  * losses, capacity and token dropping, E expert MLPs computed as one product per expert
  * over the tokens routed to it, an optional shared expert; forward and backward over a
- * kb_backend, with its experts split over an expert-parallel group (moe_set_expert_group).
- * Under sequence parallelism each tensor rank runs it whole over its token shard
- * (moe_set_sequence_group).
+ * kb_backend, with its experts split over an expert-parallel group and each expert over an
+ * expert-tensor group (moe_set_expert_group). Under sequence parallelism each tensor rank
+ * routes its token shard (moe_set_sequence_group).
  *
  * Shapes: N tokens (B sequences of T consecutive tokens, cohort's [B*T] order), h hidden,
  * E experts, k router top-k, F an expert's intermediate size (F1 = 2F under SwiGLU, else

@@ -32,8 +32,9 @@
 #             tensor written as two slices (ckpt inspect) where etp 1 writes it whole; the flag
 #             given as 2 is the default's run bitwise; a checkpoint of iteration 3 saved at
 #             tp 2 resumes on one rank, at tp 2 with --expert-tensor-parallel-size 1 and at
-#             tp 2 x ep 2, one saved at tp 2 x ep 2 on one rank and at tp 2 x ep 2 (resharding
-#             the slices), each ending within 1e-5 of the uninterrupted one-rank run
+#             tp 2 x ep 2, one saved at tp 2 x ep 2 on one rank and at tp 2 x ep 2, and a
+#             one-rank one at tp 2 (resharding the slices), each ending within 1e-5 of the
+#             uninterrupted one-rank run
 #   etp_killed at tp 2 x ep 2 x dp 4 (etp 2, 8 ranks: two expert-data-parallel replicas) the
 #             killed rank 7 (tensor rank 1, expert rank 1) is rebuilt from rank 3's memory (the
 #             same experts and slices), bitwise the clean run
@@ -171,7 +172,8 @@ etp)
     run t2x 6 --nproc-per-node 2 "${T[@]}" "${A[@]}" --expert-tensor-parallel-size 2
     bitwise t2a t2x
     # resharding: saved at tp 2 (etp 2), resumed on one rank, at etp 1 and at tp 2 x ep 2; saved
-    # at tp 2 x ep 2, resumed on one rank and at tp 2 x ep 2 (the other dispatcher)
+    # at tp 2 x ep 2, resumed on one rank and at tp 2 x ep 2 (the other dispatcher); saved on
+    # one rank, resumed at tp 2 (the whole experts cut into slices)
     resume() { # NAME FROM ARGS...: iteration 3 of FROM resumed to 6 as NAME
         local name=$1 from=$2; shift 2
         cp -r "$work/$from.ck" "$work/$name.ck"
@@ -188,6 +190,8 @@ etp)
     resume r3 halfe
     resume r4 halfe --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2
     resume r5 half --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 "${A[@]}"
+    run half1 6 --exit-interval 3
+    resume r6 half1 --nproc-per-node 2 "${T[@]}" "${A[@]}"
     ;;
 etp_killed)
     k=(--nproc-per-node 8 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2
