@@ -4,6 +4,7 @@
  * groups also for layouts whose compute `cohort train` does not run yet. */
 #include "cli/cli.h"
 #include "scheduler/groups.h"
+#include "scheduler/placement.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,7 @@ int cli_topology(int argc, char **argv) {
     rc = topo_layout_init(&l, world, c.tensor_model_parallel_size, c.pipeline_model_parallel_size,
                           c.context_parallel_size, c.expert_model_parallel_size, c.expert_tensor_parallel_size,
                           c.use_tp_pp_dp_mapping, err, sizeof err);
+    l.emb_stages = pp_embedding_stages_of_config(&c); /* (MTP layers before the last stage) */
     co_config_free(&c);
     if (rc) {
         fprintf(stderr, "cohort topology: %s\n", err);

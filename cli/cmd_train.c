@@ -328,19 +328,28 @@ static int check_pipeline(const co_config *c, int dp, char *err, size_t n) {
     int v = pp_place_chunks(&pc, err, n);
     if (v < 1) return CO_EINVAL;
     if (c->mtp_num_layers > 0) {
-        /* Megatron runs MTP layers placed before the loss's stage there and sends their
-         * hidden states on with the main ones; cohort runs them beside the loss only */
+        /* MTP layers on a stage before the loss's run there and send their hidden states on
+         * with the main ones (docs/mtp.md); as Megatron, not on the first pipeline rank, and
+         * with rope off the first stage (the position table stays there) */
         pp_stage *st = calloc((size_t)p * (size_t)v, sizeof *st);
         int vv = 0;
         if (!st) return CO_ENOMEM;
         int rc = pp_placement(&pc, st, p * v, &vv, err, n) ? CO_EINVAL : 0;
-        for (int i = 0; !rc && i < p * vv; i++)
-            if (st[i].mtp_layers && !st[i].loss) {
-                snprintf(err, n, "--pipeline-model-parallel-layout '%s' places the MTP layers m on stage %d, before the "
-                                 "loss L's stage: not supported yet (put m in the stage with L)",
-                         c->pipeline_model_parallel_layout, i);
-                rc = CO_EINVAL;
-            }
+        int r = rc ? -1 : pp_mtp_rank(st, p, vv);
+        bool loss_too = r >= 0 && st[r * vv + vv - 1].loss;
+        if (r == 0 && p > 1) {
+            snprintf(err, n, "--pipeline-model-parallel-layout '%s' places the MTP layers m on pipeline rank 0: they "
+                             "must be on a later rank (as Megatron)", c->pipeline_model_parallel_layout);
+            rc = CO_EINVAL;
+        } else if (r > 0 && strcmp(c->position_embedding_type, "rope")) {
+            snprintf(err, n, "--mtp-num-layers on a pipeline rank without the embedding needs "
+                             "--position-embedding-type rope (the position table stays on the first stage; Megatron "
+                             "does not support MTP with learned absolute positions)");
+            rc = CO_EINVAL;
+        } else if (r > 0 && !loss_too && p > 64) {
+            snprintf(err, n, "MTP layers before the loss's stage with more than 64 pipeline ranks are not supported");
+            rc = CO_EINVAL;
+        }
         free(st);
         if (rc) return rc;
     }
@@ -661,6 +670,7 @@ int cli_train(int argc, char **argv) {
         so.ep = c.expert_model_parallel_size;
         so.etp = c.expert_tensor_parallel_size;
         so.tp_pp_dp = c.use_tp_pp_dp_mapping;
+        so.emb_stages = pp_embedding_stages_of_config(&c);
 #ifdef COHORT_HAVE_NCCL
         so.nccl = !strcmp(c.device, "cuda"); /* the workers' groups over NCCL on their GPUs */
 #endif

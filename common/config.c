@@ -716,8 +716,8 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (real_cp && !strcmp(c->device, "cuda"))
         problem(&P, "--context-parallel-size %d with --device cuda is not supported yet (the CUDA backend has no "
                     "block attention kernels for the ring)", c->context_parallel_size);
-    if (real_cp && c->mtp_num_layers > 0)
-        problem(&P, "multi-token prediction with context parallelism is not supported yet");
+    if (real_cp && c->mtp_num_layers > 0 && (c->sft || c->cp_packed_sequences))
+        problem(&P, "multi-token prediction with context parallelism and packed sequences (THD) is not supported yet");
     if (c->cp_packed_capacity < 1.0 || c->cp_packed_capacity > 64.0)
         problem(&P, "--cp-packed-capacity %g must be in [1, 64]", c->cp_packed_capacity);
     else if (real_cp && c->cp_packed_capacity > c->context_parallel_size)
@@ -808,9 +808,18 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
                             "one rank would)", tp);
         }
         if (c->bf16) problem(&P, "--num-experts with --bf16 is not supported yet (the experts run in fp32)");
-        if (c->context_parallel_size > 1)
-            problem(&P, "--num-experts with --context-parallel-size %d is not supported yet (the router's losses and "
-                        "counts over the context group)", c->context_parallel_size);
+        if (c->context_parallel_size > 1 && !co_config_standin_model_parallel) {
+            /* the router over this rank's tokens, the aux counts over the context group
+             * (Megatron's tp_cp group; docs/moe.md "Context parallelism") */
+            int cp = c->context_parallel_size;
+            if (c->moe_expert_capacity_factor > 0)
+                problem(&P, "--moe-expert-capacity-factor with --context-parallel-size %d is not supported yet "
+                            "(Megatron's capacity counts each context rank's tokens, so it drops other tokens than one "
+                            "rank would)", cp);
+            if (c->sft || (c->cp_packed_sequences && c->reset_attention_mask))
+                problem(&P, "--num-experts with --context-parallel-size %d and packed sequences (THD) is not supported "
+                            "yet (the padding tokens of the per-document split would be routed)", cp);
+        }
         if (c->moe_router_enable_expert_bias && strcmp(c->moe_router_score_function, "sigmoid"))
             problem(&P, "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (as Megatron)");
         if (!(c->moe_router_bias_update_rate >= 0))
@@ -840,9 +849,10 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         problem(&P, "--mtp-num-layers %d is out of range (0 to 8)", c->mtp_num_layers);
     if (c->mtp_num_layers > 0) {
         if (c->pipeline_model_parallel_size > 1 && !co_config_standin_model_parallel &&
-            (c->untie_embeddings_and_output_weights || strcmp(c->position_embedding_type, "rope")))
-            problem(&P, "--mtp-num-layers with --pipeline-model-parallel-size %d needs tied embeddings and "
-                        "--position-embedding-type rope (the last stage holds no other embedding yet)",
+            strcmp(c->position_embedding_type, "rope"))
+            problem(&P, "--mtp-num-layers with --pipeline-model-parallel-size %d needs --position-embedding-type rope "
+                        "(the MTP stage holds a copy of the word embedding, the position table stays on the first "
+                        "stage; Megatron does not support MTP with learned absolute positions)",
                     c->pipeline_model_parallel_size);
         if (c->reset_attention_mask)
             problem(&P, "--mtp-num-layers with --reset-attention-mask is not supported yet (as Megatron's MTP: causal "

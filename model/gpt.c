@@ -125,12 +125,21 @@ static int model_shape(gpt_model *m, int max_T) {
                               "multi-token prediction: --hidden-size %d is not divisible by "
                               "--tensor-model-parallel-size %d (eh_proj is column-parallel)",
                               c->hidden, m->tp);
-        const gpt_chunk *h = c->nchunks > 0 ? &c->chunks[c->nchunks - 1] : NULL;
-        if (h && h->head && !h->embedding && (!c->tied || !c->rope))
-            return co_err_set(CO_EUNSUPPORTED,
-                              "multi-token prediction on a pipeline's last stage needs the tied embedding and rope "
-                              "(the stage holds no position table or separate embedding yet)");
+        /* a stage without the embedding runs the depths on its copy of the word embedding;
+         * the position table stays on the first stage (Megatron's docs: learned absolute
+         * positions are unsupported with MTP) */
+        for (int k = 0; k < c->nchunks; k++) {
+            const gpt_chunk *d = &c->chunks[k];
+            bool runs = d->mtp || (d->head && !d->mtp_in);
+            if (runs && !d->embedding && !c->rope)
+                return co_err_set(CO_EUNSUPPORTED, "multi-token prediction on a pipeline stage without the embedding "
+                                                   "needs rope (--position-embedding-type rope): the stage holds no "
+                                                   "position table");
+        }
     }
+    for (int k = 0; k < c->nchunks; k++)
+        if ((c->chunks[k].mtp || c->chunks[k].mtp_in) && c->mtp_layers <= 0)
+            return co_err_set(CO_EINVAL, "model chunk %d: MTP placement flags without --mtp-num-layers", k);
     if (c->moe.num_experts > 0) {
         moe_offsets mo;
         moe_config mc = moe_of(c);
@@ -140,6 +149,9 @@ static int model_shape(gpt_model *m, int max_T) {
         if (m->tp > 1 && !m->sp)
             return co_err_set(CO_EUNSUPPORTED, "mixture of experts with tensor parallelism needs sequence parallelism "
                                                "(as Megatron)");
+        if (m->cp > 1 && (c->moe.ep_size > 1 || c->moe.capacity_factor > 0))
+            return co_err_set(CO_EUNSUPPORTED, "mixture of experts with context parallelism and expert parallelism or "
+                                               "an expert capacity is not supported yet");
         if (m->tp > 1 && c->moe.capacity_factor > 0)
             return co_err_set(CO_EUNSUPPORTED, "an expert capacity with tensor parallelism is not supported yet "
                                                "(Megatron's capacity over each rank's tokens drops other tokens than "
@@ -171,7 +183,12 @@ static int model_shape(gpt_model *m, int max_T) {
     /* the chunks: without pipelining one chunk of every layer with the embedding and the head */
     if (c->nchunks <= 0) {
         m->cfg.nchunks = 1;
-        m->cfg.chunks[0] = (gpt_chunk){0, c->num_layers, true, true, 1};
+        m->cfg.chunks[0] = (gpt_chunk){.layer0 = 0, .nlayers = c->num_layers, .embedding = true, .head = true, .slots = 1};
+    }
+    /* the head runs the MTP depths unless an earlier stage did */
+    for (int k = 0; k < m->cfg.nchunks; k++) {
+        gpt_chunk *d = &m->cfg.chunks[k];
+        if (c->mtp_layers > 0 && d->head && !d->mtp_in) d->mtp = true;
     }
     if (m->cfg.nchunks > GPT_MAX_CHUNKS)
         return co_err_set(CO_EINVAL, "%d model chunks on one rank (at most %d)", m->cfg.nchunks, GPT_MAX_CHUNKS);
@@ -180,10 +197,15 @@ static int model_shape(gpt_model *m, int max_T) {
         gpt_chunk *d = &m->cfg.chunks[k];
         if (d->slots < 1) d->slots = 1;
         if (d->layer0 < 0 || d->nlayers < 0 || d->layer0 + d->nlayers > c->num_layers || d->layer0 < next ||
-            (d->embedding && (k || d->layer0)) || (d->head && (k + 1 < m->cfg.nchunks || d->layer0 + d->nlayers < c->num_layers)))
-            return co_err_set(CO_EINVAL, "model chunk %d (layers %d..%d of %d%s%s) does not fit this rank's chunks", k,
-                              d->layer0, d->layer0 + d->nlayers - 1, c->num_layers, d->embedding ? ", embedding" : "",
-                              d->head ? ", head" : "");
+            (d->embedding && (k || d->layer0)) || (d->head && (k + 1 < m->cfg.nchunks || d->layer0 + d->nlayers < c->num_layers)) ||
+            /* the MTP chunk comes after every decoder layer, and whoever receives its
+             * streams holds none (and runs no depths of its own) */
+            (d->mtp && !d->head && (d->embedding || d->mtp_in || k + 1 < m->cfg.nchunks || d->layer0 + d->nlayers < c->num_layers)) ||
+            (d->mtp_in && (d->nlayers || d->embedding)))
+            return co_err_set(CO_EINVAL, "model chunk %d (layers %d..%d of %d%s%s%s%s) does not fit this rank's chunks",
+                              k, d->layer0, d->layer0 + d->nlayers - 1, c->num_layers,
+                              d->embedding ? ", embedding" : "", d->head ? ", head" : "", d->mtp ? ", MTP" : "",
+                              d->mtp_in ? ", after MTP" : "");
         next = d->layer0 + d->nlayers;
     }
     m->nchunks = m->cfg.nchunks;
@@ -239,9 +261,9 @@ static int build_tensors(gpt_model *m) {
                                : add_tensor(m, cap, "embedding.position_embeddings.weight", c->max_positions, C, true,
                                             std, false);
         }
-        /* the chunk's layers, and on the head chunk the MTP depths' transformer layers
-         * (global layer L + k, named under mtp.layers.k.transformer_layer) */
-        int nl = d->nlayers + (d->head ? D : 0);
+        /* the chunk's layers, and on the chunk running the MTP depths their transformer
+         * layers (global layer L + k, named under mtp.layers.k.transformer_layer) */
+        int nl = d->nlayers + (d->mtp ? D : 0);
         for (int li = 0; li < nl; li++) {
             int l = li < d->nlayers ? d->layer0 + li : L + (li - d->nlayers);
             int *t = &m->t_layer[l * NLAYER_T];
@@ -318,20 +340,26 @@ static int build_tensors(gpt_model *m) {
             for (size_t q = 0; q < sizeof sp_t / sizeof sp_t[0]; q++)
                 if (t[sp_t[q]] >= 0) m->tensors[t[sp_t[q]]].partial_grad = m->sp;
         }
-        if (d->head) {
+        if (gpt__has_final_norm(d)) {
             m->t_lnf_w = add_tensor(m, cap, "final_norm.weight", C, 0, false, 0, true);
             m->t_lnf_b = c->rmsnorm ? -1 : add_tensor(m, cap, "final_norm.bias", C, 0, false, 0, false);
             m->tensors[m->t_lnf_w].partial_grad = m->sp;
             if (m->t_lnf_b >= 0) m->tensors[m->t_lnf_b].partial_grad = m->sp;
-            if (c->tied && m->t_wte < 0) {
-                /* a later stage's copy of the tied word embedding (Megatron's last stage) */
+        }
+        if ((d->head && c->tied) || d->mtp) {
+            if (m->t_wte < 0) {
+                /* a later stage's copy of the word embedding: the tied output layer's
+                 * (Megatron's last stage), the MTP depths' (Megatron's MTP stage) */
                 m->t_wte = add_split(m, cap, "embedding.word_embeddings.weight", c->padded_vocab, C, ROWS(pv, 1),
                                      true, std, false);
                 m->tensors[m->t_wte].emb_copy = true;
             }
+        }
+        if (d->head)
             m->t_lm = c->tied ? m->t_wte
                               : add_split(m, cap, "output_layer.weight", c->padded_vocab, C, ROWS(pv, 1), true, std,
                                           false);
+        if (d->mtp) {
             /* multi-token prediction: each depth's norms of the embedding and of the previous
              * hidden state, the 2C -> C projection, and its final norm (its layer's tensors
              * are above) */
@@ -469,32 +497,44 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
             for (int i = 0; i < ch->def.nlayers; i++) {
                 if ((rc = layer_acts_new(m, &sl->acts[i], gpt_layer_is_moe(c, ch->def.layer0 + i), N))) goto fail;
             }
-            A(sl->x_end, N * C);
-            if (ch->def.head) {
+            const gpt_chunk *d = &ch->def;
+            int D = c->mtp_layers > 0 ? c->mtp_layers : 0;
+            /* after MTP depths on an earlier stage the input is 1 + D streams */
+            A(sl->x_end, (d->mtp_in ? 1 + (size_t)D : 1) * N * C);
+            if (gpt__has_final_norm(d)) {
                 A(sl->lnf, N * C);
                 A(sl->lnf_mean, N);
                 A(sl->lnf_rstd, N);
+            }
+            if (d->mtp && !d->head) A(sl->mtp_out, (1 + (size_t)D) * N * C);
+            if (d->head) {
                 A(sl->logits, N * m->Vl);
                 A(sl->losses, N);
-                int D = c->mtp_layers;
+            }
+            if (d->mtp || (d->head && d->mtp_in)) {
+                /* the depths (mtp) or only their losses (the head after them) */
                 if (D > 0 && !(sl->mtp = calloc((size_t)D, sizeof *sl->mtp))) goto nomem;
                 for (int k = 0; k < D; k++) {
                     mtp_acts *q = &sl->mtp[k];
-                    if ((rc = layer_acts_new(m, &q->layer, false, N))) goto fail;
-                    A(q->emb, N * C);
-                    A(q->en, N * C);
-                    A(q->en_mean, N);
-                    A(q->en_rstd, N);
-                    A(q->hn, N * C);
-                    A(q->hn_mean, N);
-                    A(q->hn_rstd, N);
-                    A(q->cat, 2 * N * C);
-                    A(q->x_out, N * C);
-                    A(q->out, N * C);
-                    A(q->out_mean, N);
-                    A(q->out_rstd, N);
-                    A(q->logits, N * m->Vl);
-                    A(q->losses, N);
+                    if (d->mtp) {
+                        if ((rc = layer_acts_new(m, &q->layer, false, N))) goto fail;
+                        A(q->emb, N * C);
+                        A(q->en, N * C);
+                        A(q->en_mean, N);
+                        A(q->en_rstd, N);
+                        A(q->hn, N * C);
+                        A(q->hn_mean, N);
+                        A(q->hn_rstd, N);
+                        A(q->cat, 2 * N * C);
+                        A(q->x_out, N * C);
+                        A(q->out, N * C);
+                        A(q->out_mean, N);
+                        A(q->out_rstd, N);
+                    }
+                    if (d->head) {
+                        A(q->logits, N * m->Vl);
+                        A(q->losses, N);
+                    }
                     q->tok = malloc(N * sizeof(int32_t));
                     q->pos = malloc(N * sizeof(int32_t));
                     q->tgt = malloc(N * sizeof(int32_t));
@@ -502,7 +542,8 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
                     q->dscale = malloc(N * sizeof(float));
                     if (!q->tok || !q->pos || !q->tgt || !q->mask || !q->dscale) goto nomem;
                 }
-                if (D > 0 && !m->mtp_dout) {
+                if (D > 0 && d->mtp && !d->head && !m->mtp_gin) A(m->mtp_gin, (1 + (size_t)D) * N * C);
+                if (D > 0 && d->mtp && !m->mtp_dout) {
                     A(m->mtp_dout, N * C);
                     A(m->mtp_dcat, 2 * N * C);
                     if (par) {
@@ -518,7 +559,11 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
             }
         }
     }
-    A(m->dx, N * C);
+    /* dx: a chunk's input gradient, 1 + D streams on either side of an MTP stage */
+    size_t nstreams = 1;
+    for (int k = 0; k < m->nchunks; k++)
+        if ((m->chunk[k].def.mtp && !m->chunk[k].def.head) || m->chunk[k].def.mtp_in) nstreams = 1 + (size_t)c->mtp_layers;
+    A(m->dx, nstreams * N * C);
     A(m->dh, N * C);
     A(m->tmp, N * C);
     A(m->dqkv, N * Q);
@@ -584,7 +629,7 @@ void gpt_destroy(gpt_model **pm) {
             for (int i = 0; sl->acts && i < ch->def.nlayers; i++) {
                 layer_acts_free(m, &sl->acts[i]);
             }
-            float *ps[] = {sl->x_end, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->logits, sl->losses};
+            float *ps[] = {sl->x_end, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->logits, sl->losses, sl->mtp_out};
             for (size_t q = 0; q < sizeof ps / sizeof ps[0]; q++) if (ps[q]) o->free(be, ps[q]);
             for (int k = 0; sl->mtp && k < m->cfg.mtp_layers; k++) {
                 mtp_acts *q = &sl->mtp[k];
@@ -600,7 +645,7 @@ void gpt_destroy(gpt_model **pm) {
         }
         free(ch->slot);
     }
-    float *pmtp[] = {m->mtp_dout, m->mtp_dcat, m->mtp_demb, m->mtp_dh[0], m->mtp_dh[1],
+    float *pmtp[] = {m->mtp_dout, m->mtp_dcat, m->mtp_demb, m->mtp_dh[0], m->mtp_dh[1], m->mtp_gin,
                      m->mtp_gcat, m->mtp_dcatf, m->mtp_part, m->mtp_blk};
     for (size_t k = 0; k < sizeof pmtp / sizeof pmtp[0]; k++) if (pmtp[k]) o->free(be, pmtp[k]);
     float *ps[] = {m->params, m->grads, m->dx, m->dh, m->tmp, m->dqkv, m->datt, m->dbig, m->dffn,
@@ -702,9 +747,13 @@ void gpt_init(gpt_model *m, uint64_t seed) {
 
 int gpt_tied_embedding(const gpt_model *m) {
     const gpt_config *c = &m->cfg;
-    if (!c->tied || m->t_wte < 0) return -1;
-    bool first = m->chunk[0].def.embedding, last = m->chunk[m->nchunks - 1].def.head;
-    return first && last ? -1 : m->t_wte; /* one rank with both: nothing to sum */
+    if (m->t_wte < 0) return -1;
+    if (m->tensors[m->t_wte].emb_copy) return m->t_wte; /* a later stage's copy */
+    /* the first stage: copies elsewhere unless this rank holds the head (tied) and the MTP
+     * depths too (one rank: nothing to sum) */
+    const gpt_chunk *last = &m->chunk[m->nchunks - 1].def;
+    bool tied_elsewhere = c->tied && !last->head, mtp_elsewhere = c->mtp_layers > 0 && !last->mtp;
+    return tied_elsewhere || mtp_elsewhere ? m->t_wte : -1;
 }
 
 size_t gpt_num_params(const gpt_model *m) { return m->nparams; }

@@ -56,6 +56,17 @@ typedef struct gpt_chunk {
     int layer0, nlayers;
     bool embedding, head;
     int slots;
+    /* multi-token prediction placed on a stage before the loss's (the layout's m before L,
+     * docs/mtp.md; Megatron's MTP stage):
+     *   mtp:    this chunk runs the MTP depths after its layers and the final norm, and in
+     *           training hands on 1 + D streams of [Nl,C]: the final norm's output, then
+     *           each depth's output (Megatron's hidden states concatenated along the
+     *           sequence); it holds a copy of the word embedding (the embedding group);
+     *   mtp_in: the depths ran on an earlier stage: in training this chunk's input (its
+     *           output too, without the head) is those 1 + D streams, and the head computes
+     *           the depths' losses from them, without a final norm of its own.
+     * The head with neither (and mtp_layers > 0) runs the depths itself. */
+    bool mtp, mtp_in;
 } gpt_chunk;
 
 typedef struct gpt_config {
@@ -156,6 +167,12 @@ typedef struct gpt_batch {
      * position there; -1 for padding), or NULL: the tokens are the whole micro batch. Hidden
      * dropout is keyed by it, so a context-parallel run draws the masks of one rank. */
     const int32_t *rows;
+    /* context parallelism with multi-token prediction: the whole micro batch's arrays (B x
+     * full_T tokens, in rows' numbering), from which the depths roll their tokens, positions,
+     * labels and mask across the context ranks' chunks; NULL otherwise */
+    const int32_t *full_tokens, *full_targets, *full_positions;
+    const float *full_mask;
+    int full_T;
 } gpt_batch;
 
 typedef struct gpt_model gpt_model;
@@ -184,6 +201,11 @@ void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms);
  * most timeout_ms. The batch's seg[] (or NULL: plain causal) is then a document id per local
  * token (ring_attention.h's doc). */
 void gpt_set_context_group(gpt_model *m, struct cm_comm *cp, int timeout_ms);
+/* With MoE layers under tensor (sequence) and context parallelism together: the tensor x
+ * context group (Megatron's tp_cp, tensor ranks fastest), over which the MoE layers' aux
+ * losses count their tokens (model/moe.h moe_set_token_group). After the two above (each of
+ * which sets the MoE layers' group to its own when the other size is 1). */
+void gpt_set_moe_token_group(gpt_model *m, struct cm_comm *tpcp, int timeout_ms);
 
 /* Whether backward sums a column-parallel layer's input gradient over the group on a
  * helper thread while it computes the weight gradient (on by default; the results are the
@@ -260,18 +282,24 @@ uint64_t gpt_weights_checksum16(gpt_model *m);
  * and later its backward from the same slot. Dropout is keyed by the global layer index, so
  * a pipelined model draws the masks of the unpipelined one.
  *   before the forward of a chunk without the embedding: the previous stage's output into
- *     gpt_chunk_input(m, c, s) [Nl, C] (Nl = B*T, or B*T/tp under sequence parallelism);
- *   after the forward of a chunk without the head: gpt_chunk_output(m, c, s) [Nl, C] for
- *     the next stage;
+ *     gpt_chunk_input(m, c, s) [S, Nl, C] (Nl = B*T, or B*T/tp under sequence parallelism;
+ *     S = gpt_chunk_streams(m, c, false, train), 1 but after MTP depths on an earlier stage);
+ *   after the forward of a chunk without the head: gpt_chunk_output(m, c, s) [S, Nl, C] for
+ *     the next stage (S = gpt_chunk_streams(m, c, true, train));
  *   before the backward of a chunk without the head: the next stage's gradient of that
- *     output into gpt_chunk_output_grad(m) [Nl, C];
- *   after the backward of a chunk without the embedding: gpt_chunk_input_grad(m) [Nl, C]
+ *     output into gpt_chunk_output_grad(m) [S, Nl, C];
+ *   after the backward of a chunk without the embedding: gpt_chunk_input_grad(m) [S, Nl, C]
  *     for the previous stage (valid until the next backward).
  * The batch gives B, T, positions and document starts to every chunk, tokens to the one with
- * the embedding, targets and loss mask to the one with the head. gpt_chunk_forward returns
+ * the embedding and the one running MTP depths, targets and loss mask to the one with the
+ * head (and the MTP one). gpt_chunk_forward returns
  * the masked loss sum on the head chunk (with dscale; as gpt_forward), 0 elsewhere. */
 int gpt_num_chunks(const gpt_model *m);
 const gpt_chunk *gpt_chunk_def(const gpt_model *m, int c);
+/* How many [Nl,C] streams chunk c's output (output true) or input carries: 1 + mtp_layers
+ * in a training step after the MTP depths ran on a stage before the loss's (gpt_chunk.mtp,
+ * .mtp_in), else 1. Both ends of a pipeline link agree on it; its gradient has as many. */
+int gpt_chunk_streams(const gpt_model *m, int c, bool output, bool train);
 float *gpt_chunk_input(gpt_model *m, int c, int s);
 const float *gpt_chunk_output(const gpt_model *m, int c, int s);
 float *gpt_chunk_output_grad(gpt_model *m);
@@ -280,8 +308,8 @@ double gpt_chunk_forward(gpt_model *m, int c, int s, const gpt_batch *b, bool tr
                          const float *dscale, float *losses);
 void gpt_chunk_backward(gpt_model *m, int c, int s, const gpt_batch *b, uint64_t dropout_seed);
 /* The tensor index of the word embedding when it must be summed over the embedding group
- * after backward (tied embeddings, pipeline parallelism: the first stage's and the last
- * stage's copy), else -1. */
+ * after backward (pipeline parallelism: the first stage's and the copies of the last stage,
+ * with tied embeddings, and of the stage running the MTP depths), else -1. */
 int gpt_tied_embedding(const gpt_model *m);
 
 /* Forward pass for one micro batch (no pipelining: one chunk with the embedding and the

@@ -11,6 +11,25 @@
 void gpt_set_context_group(gpt_model *m, struct cm_comm *cp, int timeout_ms) {
     m->cpc = cp;
     m->cp_timeout = timeout_ms;
+    /* the MoE layers route this rank's tokens, their aux counts summed over the context group
+     * (Megatron's router over tp x cp; with tensor parallelism: gpt_set_moe_token_group) */
+    if (m->cp > 1 && m->tp == 1) gpt_set_moe_token_group(m, cp, timeout_ms);
+}
+
+void gpt_set_moe_token_group(gpt_model *m, struct cm_comm *tpcp, int timeout_ms) {
+    if (tpcp && (tpcp->size != m->tp * m->cp || tpcp->rank % m->tp != m->tpr)) {
+        m->be->status = co_err_set(CO_EINVAL, "the MoE layers' token group: %d ranks with this one at %d, not tensor %d "
+                                              "x context %d with this one at tensor rank %d", tpcp->size, tpcp->rank,
+                                   m->tp, m->cp, m->tpr);
+        return;
+    }
+    for (int k = 0; k < m->nchunks; k++)
+        for (int s = 0; s < m->chunk[k].slots; s++)
+            for (int i = 0; i < m->chunk[k].def.nlayers; i++) {
+                moe_layer *ml = m->chunk[k].slot[s].acts[i].moe;
+                int rc = ml ? moe_set_token_group(ml, tpcp, m->tp, timeout_ms) : 0;
+                if (rc && !m->be->status) m->be->status = rc;
+            }
 }
 
 /* The ring's geometry and exchange for a micro batch of B x T local tokens; false (and the

@@ -60,10 +60,13 @@ typedef struct chunk_slot {
     layer_acts *acts;   /* [nlayers] */
     float *x_end;       /* [Nl,C] the stream after the last layer: the output for the next stage,
                            or on the head chunk the final norm's input; with no layers, the input */
-    float *lnf, *lnf_mean, *lnf_rstd;   /* head: [Nl,C], [Nl], [Nl] */
+    float *lnf, *lnf_mean, *lnf_rstd;   /* the final norm's (gpt__has_final_norm): [Nl,C], [Nl], [Nl] */
     float *logits;      /* head: [N,Vl] */
     float *losses;      /* head: [N] */
-    mtp_acts *mtp;      /* head: [mtp_layers] (NULL without MTP) */
+    mtp_acts *mtp;      /* chunks running the MTP depths or (mtp_in) their losses: [mtp_layers]
+                           (NULL without MTP) */
+    float *mtp_out;     /* an MTP chunk without the head: [1 + mtp_layers, Nl, C] its output,
+                           the final norm's then each depth's */
     bool mtp_done;      /* the last forward ran the MTP depths (training) */
     int B, T;           /* the micro batch's shape at its forward */
 } chunk_slot;
@@ -97,6 +100,8 @@ struct gpt_model {
      * rank's output columns [N,C/tp] (or their gradient), the gathered columns [tp][N][C/tp] */
     float *mtp_gcat, *mtp_dcatf, *mtp_part, *mtp_blk;
     float *mtp_dlnf;    /* the MTP depths' gradient of the main final norm's output (NULL: none) */
+    float *mtp_gin;     /* an MTP chunk without the head: [1+D, N, C] its output's gradient, kept
+                           out of dx (the depths' backward uses dx) */
     double mtp_loss_sum[GPT_MAX_MTP];
     int64_t mtp_forwards;
     /* pipeline parallelism: the chunks this rank holds (one of every layer without it) */
@@ -184,6 +189,19 @@ void gpt__cross_entropy(gpt_model *m, float *losses, float *logits, const int32_
  * the main head's: leaves in m->mtp_dlnf the depths' gradient of sl->lnf. */
 int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool train, uint64_t seed);
 int gpt__mtp_backward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, uint64_t seed);
+/* The MTP depths split over two stages (gpt_chunk.mtp without the head, .mtp_in with it):
+ * mtp_hidden_* on the MTP stage (sl->lnf the main final norm's output; each depth's output
+ * into sl->mtp_out after the main one; backward from dout [1+D, Nl, C], leaving the depths'
+ * gradient of sl->lnf in m->mtp_dlnf), mtp_loss_* on the head (the depths' outputs the
+ * streams after the first of in; backward writes their gradients into din's). */
+int gpt__mtp_hidden_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, uint64_t seed);
+int gpt__mtp_hidden_backward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, const float *dout, uint64_t seed);
+int gpt__mtp_loss_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, const float *in);
+int gpt__mtp_loss_backward(gpt_model *m, chunk_slot *sl, const float *in, float *din);
+
+/* The chunk applies the final norm: the head's, unless the MTP depths ran before it (then
+ * the MTP chunk's, before the depths). */
+static inline bool gpt__has_final_norm(const gpt_chunk *d) { return d->mtp || (d->head && !d->mtp_in); }
 
 /* ---- gpt_tp.c: the tensor group (each a no-op at tp 1 where it says so) ---- */
 /* x[n] summed over the group (reduce_from_tensor_region) */

@@ -17,6 +17,14 @@
  * for depth 0, m->mtp_dlnf: the main final norm's output). CPU backend only (host loops
  * over the rows).
  *
+ * Split over two stages (the layout's m on a stage before L's; gpt.h gpt_chunk.mtp/mtp_in,
+ * Megatron's MTP stage): the MTP stage runs the depths up to their final norms and sends
+ * [main | out_0 | ... | out_D-1] on (gpt__mtp_hidden_forward); the loss's stage computes
+ * each depth's logits and loss from the received streams (gpt__mtp_loss_forward), and its
+ * backward returns the gradients of those streams (gpt__mtp_loss_backward), from which the
+ * MTP stage runs the rest (gpt__mtp_hidden_backward). The same operations in the same order
+ * as on one stage: the values are the one-stage ones.
+ *
  * Tensor parallelism (docs/mtp.md): the rolled ids go through the decoder's vocabulary-
  * parallel embedding (gpt__embedding_forward), the layer is gpt__layer_forward/backward
  * (its tensors split as a decoder layer's), the logits are the shared column-parallel output
@@ -35,9 +43,24 @@
 #include <math.h>
 #include <string.h>
 
-/* tok/pos/tgt/mask of depth k (rolled k+1 places left per sequence, zero-filled) */
+/* tok/pos/tgt/mask of depth k (rolled k+1 places left per sequence, zero-filled). Under
+ * context parallelism from the whole micro batch (b->full_*): each local token's source is
+ * the token k+1 places after its row in the whole sequence, wherever that lies. */
 static void roll_batch(mtp_acts *q, const gpt_batch *b, int k) {
     int B = b->B, T = b->T, s = k + 1;
+    if (b->full_tokens) {
+        int FT = b->full_T;
+        for (size_t n = 0; n < (size_t)B * T; n++) {
+            int32_t row = b->rows[n];
+            bool in = row >= 0 && row % FT + s < FT;
+            size_t src = in ? (size_t)row + (size_t)s : 0;
+            q->tok[n] = in ? b->full_tokens[src] : 0;
+            q->pos[n] = in ? b->full_positions[src] : 0;
+            q->tgt[n] = in ? b->full_targets[src] : 0;
+            q->mask[n] = in ? b->full_mask[src] : 0.0f;
+        }
+        return;
+    }
     for (int i = 0; i < B; i++)
         for (int t = 0; t < T; t++) {
             size_t n = (size_t)i * T + t, src = n + (size_t)s;
@@ -47,6 +70,20 @@ static void roll_batch(mtp_acts *q, const gpt_batch *b, int k) {
             q->tgt[n] = in ? b->targets[src] : 0;
             q->mask[n] = in ? b->loss_mask[src] : 0.0f;
         }
+}
+
+/* The loss tokens of depth k over the whole sequences: this rank's rolled mask, or under
+ * context parallelism the whole micro batch's (every context rank the same count). */
+static double rolled_tokens(const mtp_acts *q, const gpt_batch *b, int k) {
+    double ntok = 0;
+    if (b->full_tokens) {
+        int FT = b->full_T, s = k + 1;
+        for (size_t r = 0; r < (size_t)b->B * (size_t)FT; r++)
+            if ((int)(r % (size_t)FT) + s < FT) ntok += b->full_mask[r + (size_t)s];
+        return ntok;
+    }
+    for (size_t n = 0; n < (size_t)b->B * b->T; n++) ntok += q->mask[n];
+    return ntok;
 }
 
 /* eh_proj forward, x[Nl,C] = cat[Nl,2C] W^T: one product at tp 1; column-parallel above */
@@ -95,61 +132,141 @@ static void eh_backward(gpt_model *m, float *dcat, float *dW, const float *dx, c
     else gpt__tp_allreduce(m, dcat, (size_t)N * 2 * C);
 }
 
-int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool train, uint64_t seed) {
+/* Depth k's rolled batch and its tokens' gradient weights. */
+static void depth_prepare(gpt_model *m, mtp_acts *q, const gpt_batch *b, int k) {
+    const gpt_config *c = &m->cfg;
+    int N = b->B * b->T, D = c->mtp_layers;
+    roll_batch(q, b, k);
+    double ntok = rolled_tokens(q, b, k);
+    q->ntok = ntok;
+    float w = (float)((double)c->mtp_loss_scaling / D / (ntok > 0 ? ntok : 1.0) * m->aux_loss_scale);
+    for (int n = 0; n < N; n++) q->dscale[n] = q->mask[n] * w;
+}
+
+/* Depth k from h_prev [Nl,C] to its final norm's output q->out. */
+static int depth_hidden_forward(gpt_model *m, mtp_acts *q, int k, const float *h_prev, const gpt_batch *b,
+                                uint64_t seed) {
     const gpt_config *c = &m->cfg;
     const kb_ops *o = m->ops;
     kb_backend *be = m->be;
-    int D = c->mtp_layers, L = c->num_layers, B = b->B, T = b->T, N = B * T, C = c->hidden;
-    sl->mtp_done = false;
-    if (D <= 0 || !train) return 0;
-    if (b->seg)
-        return be->status = co_err_set(CO_EUNSUPPORTED, "multi-token prediction with --reset-attention-mask (document "
-                                                        "masks) is not supported yet");
-    /* this rank's token rows: all N, or its N/tp shard under sequence parallelism */
+    int L = c->num_layers, B = b->B, T = b->T, N = B * T, C = c->hidden;
+    int Nl = m->sp ? N / m->tp : N;
+    const int *t = m->t_mtp[k];
+    gpt__embedding_forward(m, q->emb, q->tok, q->tok, q->pos, N);
+    if (c->hidden_dropout > 0)
+        gpt__dropout_rows(m, b->rows, N * m->cp, q->emb, q->emb, Nl, c->hidden_dropout, seed, gpt__site(L + k, 0));
+    o->norm_forward(be, c->rmsnorm, q->en, q->en_mean, q->en_rstd, q->emb, P(m, t[MTP_EN_W]), P(m, t[MTP_EN_B]), Nl, C,
+                    c->norm_eps);
+    o->norm_forward(be, c->rmsnorm, q->hn, q->hn_mean, q->hn_rstd, h_prev, P(m, t[MTP_HN_W]), P(m, t[MTP_HN_B]), Nl, C,
+                    c->norm_eps);
+    o->sync(be);
+    if (be->status) return be->status;
+    for (int n = 0; n < Nl; n++) {
+        memcpy(q->cat + (size_t)n * 2 * C, q->en + (size_t)n * C, sizeof(float) * (size_t)C);
+        memcpy(q->cat + (size_t)n * 2 * C + C, q->hn + (size_t)n * C, sizeof(float) * (size_t)C);
+    }
+    /* eh_proj (column-parallel under tensor parallelism) */
+    eh_forward(m, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
+    dev_batch xb = {q->tok, q->pos, NULL, q->tgt, q->dscale, b->rows};
+    int rc = gpt__layer_forward(m, &q->layer, L + k, q->x_out, &xb, B, T, true, seed);
+    if (rc) return rc;
+    o->norm_forward(be, c->rmsnorm, q->out, q->out_mean, q->out_rstd, q->x_out, P(m, t[MTP_FN_W]), P(m, t[MTP_FN_B]),
+                    Nl, C, c->norm_eps);
+    return be->status;
+}
+
+/* Depth k's loss from its output `out` [Nl,C]: the shared output layer (column-parallel over
+ * the vocabulary; its input all-gathered under sequence parallelism) and the cross-entropy. */
+static int depth_loss_forward(gpt_model *m, mtp_acts *q, int k, const float *out, int N) {
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    int Nl = m->sp ? N / m->tp : N;
+    const float *inf = out;
+    if (m->sp) gpt__tp_allgather(m, m->gath, out, (size_t)Nl * m->cfg.hidden), inf = m->gath;
+    o->linear_forward(be, q->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, m->cfg.hidden, m->Vl);
+    gpt__cross_entropy(m, q->losses, q->logits, q->tgt, q->dscale, N);
+    o->sync(be);
+    if (be->status) return be->status;
+    double sum = 0;
+    for (int n = 0; n < N; n++) sum += (double)q->losses[n] * q->mask[n];
+    q->loss = q->ntok > 0 ? sum / q->ntok : 0.0;
+    m->mtp_loss_sum[k] += q->loss;
+    return 0;
+}
+
+/* The shared output layer's backward for depth k (q->logits hold dloss/dlogits): the
+ * gradient of its input `out` (summed over the group, this rank's rows) into m->dh. */
+static void depth_loss_backward(gpt_model *m, mtp_acts *q, const float *out, int N) {
+    int C = m->cfg.hidden, Nl = m->sp ? N / m->tp : N;
+    const float *inf = out;
+    if (m->sp) gpt__tp_allgather(m, m->gath, out, (size_t)Nl * C), inf = m->gath;
+    gpt__column_parallel_backward(m, G(m, m->t_lm), NULL, q->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C, m->Vl);
+}
+
+/* Depth k's backward from m->mtp_dout, the gradient of its output (the loss's plus the next
+ * depth's): its weights' gradients accumulated, the embedding's too; the gradient of its
+ * h_prev into *dprev (one of m->mtp_dh). */
+static int depth_hidden_backward(gpt_model *m, mtp_acts *q, int k, const float *h_prev, const gpt_batch *b,
+                                 uint64_t seed, float **dprev) {
+    const gpt_config *c = &m->cfg;
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    int L = c->num_layers, B = b->B, T = b->T, N = B * T, C = c->hidden;
     int Nl = m->sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
-    float ph = c->hidden_dropout;
+    const int *t = m->t_mtp[k];
+    o->zero(be, m->dx, NlC);
+    o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[MTP_FN_W]), G(m, t[MTP_FN_B]), m->mtp_dout, q->x_out,
+                     P(m, t[MTP_FN_W]), q->out_mean, q->out_rstd, Nl, C);
+    dev_batch xb = {q->tok, q->pos, NULL, q->tgt, NULL, b->rows};
+    int rc = gpt__layer_backward(m, &q->layer, L + k, &xb, B, T, seed);
+    if (rc) return rc;
+    /* eh_proj: m->dx is the gradient of its output */
+    eh_backward(m, m->mtp_dcat, G(m, t[MTP_EH_W]), m->dx, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
+    o->sync(be);
+    if (be->status) return be->status;
+    /* split [d en | d hn]: d en into mtp_dout, d hn into dh */
+    float *dhn = m->dh;
+    for (int n = 0; n < Nl; n++) {
+        memcpy(m->mtp_dout + (size_t)n * C, m->mtp_dcat + (size_t)n * 2 * C, sizeof(float) * (size_t)C);
+        memcpy(dhn + (size_t)n * C, m->mtp_dcat + (size_t)n * 2 * C + C, sizeof(float) * (size_t)C);
+    }
+    /* enorm into the embedding (the decoder's embedding backward) */
+    o->zero(be, m->mtp_demb, NlC);
+    o->norm_backward(be, c->rmsnorm, m->mtp_demb, G(m, t[MTP_EN_W]), G(m, t[MTP_EN_B]), m->mtp_dout, q->emb,
+                     P(m, t[MTP_EN_W]), q->en_mean, q->en_rstd, Nl, C);
+    if (c->hidden_dropout > 0)
+        gpt__dropout_rows(m, b->rows, N * m->cp, m->mtp_demb, m->mtp_demb, Nl, c->hidden_dropout, seed,
+                          gpt__site(L + k, 0));
+    gpt__embedding_backward(m, m->mtp_demb, q->tok, q->tok, q->pos, N);
+    /* hnorm into the previous depth's output (or the main final norm's) */
+    float *d = m->mtp_dh[k & 1];
+    o->zero(be, d, NlC);
+    o->norm_backward(be, c->rmsnorm, d, G(m, t[MTP_HN_W]), G(m, t[MTP_HN_B]), dhn, h_prev, P(m, t[MTP_HN_W]),
+                     q->hn_mean, q->hn_rstd, Nl, C);
+    *dprev = d;
+    return 0;
+}
+
+static int mtp_check_batch(gpt_model *m, const gpt_batch *b) {
+    if (b->seg)
+        return m->be->status = co_err_set(CO_EUNSUPPORTED, "multi-token prediction with --reset-attention-mask "
+                                                           "(document masks) is not supported yet");
+    return 0;
+}
+
+int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool train, uint64_t seed) {
+    int D = m->cfg.mtp_layers, N = b->B * b->T;
+    sl->mtp_done = false;
+    if (D <= 0 || !train) return 0;
+    if (mtp_check_batch(m, b)) return m->be->status;
     const float *h_prev = sl->lnf;
     for (int k = 0; k < D; k++) {
         mtp_acts *q = &sl->mtp[k];
-        const int *t = m->t_mtp[k];
-        roll_batch(q, b, k);
-        double ntok = 0;
-        for (int n = 0; n < N; n++) ntok += q->mask[n];
-        q->ntok = ntok;
-        float w = (float)((double)c->mtp_loss_scaling / D / (ntok > 0 ? ntok : 1.0) * m->aux_loss_scale);
-        for (int n = 0; n < N; n++) q->dscale[n] = q->mask[n] * w;
-        gpt__embedding_forward(m, q->emb, q->tok, q->tok, q->pos, N);
-        if (ph > 0) gpt__dropout_rows(m, NULL, N, q->emb, q->emb, Nl, ph, seed, gpt__site(L + k, 0));
-        o->norm_forward(be, c->rmsnorm, q->en, q->en_mean, q->en_rstd, q->emb, P(m, t[MTP_EN_W]), P(m, t[MTP_EN_B]),
-                        Nl, C, c->norm_eps);
-        o->norm_forward(be, c->rmsnorm, q->hn, q->hn_mean, q->hn_rstd, h_prev, P(m, t[MTP_HN_W]), P(m, t[MTP_HN_B]),
-                        Nl, C, c->norm_eps);
-        o->sync(be);
-        if (be->status) return be->status;
-        for (int n = 0; n < Nl; n++) {
-            memcpy(q->cat + (size_t)n * 2 * C, q->en + (size_t)n * C, sizeof(float) * (size_t)C);
-            memcpy(q->cat + (size_t)n * 2 * C + C, q->hn + (size_t)n * C, sizeof(float) * (size_t)C);
-        }
-        /* eh_proj (column-parallel under tensor parallelism) */
-        eh_forward(m, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
-        dev_batch xb = {q->tok, q->pos, NULL, q->tgt, q->dscale, NULL};
-        int rc = gpt__layer_forward(m, &q->layer, L + k, q->x_out, &xb, B, T, train, seed);
+        depth_prepare(m, q, b, k);
+        int rc = depth_hidden_forward(m, q, k, h_prev, b, seed);
+        if (!rc) rc = depth_loss_forward(m, q, k, q->out, N);
         if (rc) return rc;
-        o->norm_forward(be, c->rmsnorm, q->out, q->out_mean, q->out_rstd, q->x_out, P(m, t[MTP_FN_W]),
-                        P(m, t[MTP_FN_B]), Nl, C, c->norm_eps);
-        /* the shared output layer (column-parallel over the vocabulary; its input all-gathered
-         * under sequence parallelism) and the cross-entropy */
-        const float *inf = q->out;
-        if (m->sp) gpt__tp_allgather(m, m->gath, q->out, NlC), inf = m->gath;
-        o->linear_forward(be, q->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, m->Vl);
-        gpt__cross_entropy(m, q->losses, q->logits, q->tgt, q->dscale, N);
-        o->sync(be);
-        if (be->status) return be->status;
-        double sum = 0;
-        for (int n = 0; n < N; n++) sum += (double)q->losses[n] * q->mask[n];
-        q->loss = ntok > 0 ? sum / ntok : 0.0;
-        m->mtp_loss_sum[k] += q->loss;
         h_prev = q->out;
     }
     m->mtp_forwards++;
@@ -158,59 +275,94 @@ int gpt__mtp_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, bool trai
 }
 
 int gpt__mtp_backward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, uint64_t seed) {
-    const gpt_config *c = &m->cfg;
     const kb_ops *o = m->ops;
     kb_backend *be = m->be;
-    int D = c->mtp_layers, L = c->num_layers, B = b->B, T = b->T, N = B * T, C = c->hidden;
+    int D = m->cfg.mtp_layers, N = b->B * b->T;
     m->mtp_dlnf = NULL;
     if (D <= 0 || !sl->mtp_done) return 0;
-    int Nl = m->sp ? N / m->tp : N;
-    size_t NlC = (size_t)Nl * C;
-    float ph = c->hidden_dropout;
+    size_t NlC = (size_t)(m->sp ? N / m->tp : N) * m->cfg.hidden;
     /* dnext: the gradient of depth k's output from depth k+1's hnorm (none for the last) */
     float *dnext = NULL;
     for (int k = D - 1; k >= 0; k--) {
         mtp_acts *q = &sl->mtp[k];
-        const int *t = m->t_mtp[k];
-        const float *h_prev = k ? sl->mtp[k - 1].out : sl->lnf;
-        /* the shared output layer: q->logits holds dloss/dlogits; the input gradient (summed
-         * over the group, this rank's rows) lands in m->dh */
-        const float *inf = q->out;
-        if (m->sp) gpt__tp_allgather(m, m->gath, q->out, NlC), inf = m->gath;
-        gpt__column_parallel_backward(m, G(m, m->t_lm), NULL, q->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C,
-                                      m->Vl);
+        depth_loss_backward(m, q, q->out, N);
         if (dnext) o->add(be, m->mtp_dout, m->dh, dnext, NlC);
         else o->copy(be, m->mtp_dout, m->dh, NlC * sizeof(float));
-        o->zero(be, m->dx, NlC);
-        o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[MTP_FN_W]), G(m, t[MTP_FN_B]), m->mtp_dout, q->x_out,
-                         P(m, t[MTP_FN_W]), q->out_mean, q->out_rstd, Nl, C);
-        dev_batch xb = {q->tok, q->pos, NULL, q->tgt, NULL, NULL};
-        int rc = gpt__layer_backward(m, &q->layer, L + k, &xb, B, T, seed);
+        int rc = depth_hidden_backward(m, q, k, k ? sl->mtp[k - 1].out : sl->lnf, b, seed, &dnext);
         if (rc) return rc;
-        /* eh_proj: m->dx is the gradient of its output */
-        eh_backward(m, m->mtp_dcat, G(m, t[MTP_EH_W]), m->dx, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
-        o->sync(be);
-        if (be->status) return be->status;
-        /* split [d en | d hn]: d en into mtp_dout, d hn into dh */
-        float *dhn = m->dh;
-        for (int n = 0; n < Nl; n++) {
-            memcpy(m->mtp_dout + (size_t)n * C, m->mtp_dcat + (size_t)n * 2 * C, sizeof(float) * (size_t)C);
-            memcpy(dhn + (size_t)n * C, m->mtp_dcat + (size_t)n * 2 * C + C, sizeof(float) * (size_t)C);
-        }
-        /* enorm into the embedding (the decoder's embedding backward) */
-        o->zero(be, m->mtp_demb, NlC);
-        o->norm_backward(be, c->rmsnorm, m->mtp_demb, G(m, t[MTP_EN_W]), G(m, t[MTP_EN_B]), m->mtp_dout, q->emb,
-                         P(m, t[MTP_EN_W]), q->en_mean, q->en_rstd, Nl, C);
-        if (ph > 0) gpt__dropout_rows(m, NULL, N, m->mtp_demb, m->mtp_demb, Nl, ph, seed, gpt__site(L + k, 0));
-        gpt__embedding_backward(m, m->mtp_demb, q->tok, q->tok, q->pos, N);
-        /* hnorm into the previous depth's output (or the main final norm's) */
-        float *dprev = m->mtp_dh[k & 1];
-        o->zero(be, dprev, NlC);
-        o->norm_backward(be, c->rmsnorm, dprev, G(m, t[MTP_HN_W]), G(m, t[MTP_HN_B]), dhn, h_prev, P(m, t[MTP_HN_W]),
-                         q->hn_mean, q->hn_rstd, Nl, C);
-        dnext = dprev;
     }
     o->sync(be);
     m->mtp_dlnf = dnext;
     return be->status;
+}
+
+int gpt__mtp_hidden_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, uint64_t seed) {
+    int D = m->cfg.mtp_layers, N = b->B * b->T;
+    size_t NlC = (size_t)(m->sp ? N / m->tp : N) * m->cfg.hidden;
+    sl->mtp_done = false;
+    if (mtp_check_batch(m, b)) return m->be->status;
+    const float *h_prev = sl->lnf;
+    for (int k = 0; k < D; k++) {
+        mtp_acts *q = &sl->mtp[k];
+        depth_prepare(m, q, b, k);
+        int rc = depth_hidden_forward(m, q, k, h_prev, b, seed);
+        if (rc) return rc;
+        h_prev = q->out;
+    }
+    /* the output: the main final norm's, then each depth's */
+    m->ops->copy(m->be, sl->mtp_out, sl->lnf, NlC * sizeof(float));
+    for (int k = 0; k < D; k++)
+        m->ops->copy(m->be, sl->mtp_out + (size_t)(k + 1) * NlC, sl->mtp[k].out, NlC * sizeof(float));
+    m->ops->sync(m->be);
+    sl->mtp_done = true;
+    return m->be->status;
+}
+
+int gpt__mtp_hidden_backward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, const float *dout, uint64_t seed) {
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    int D = m->cfg.mtp_layers, N = b->B * b->T;
+    size_t NlC = (size_t)(m->sp ? N / m->tp : N) * m->cfg.hidden;
+    m->mtp_dlnf = NULL;
+    if (!sl->mtp_done) return 0;
+    float *dnext = NULL;
+    for (int k = D - 1; k >= 0; k--) {
+        const float *dk = dout + (size_t)(k + 1) * NlC; /* the loss's gradient of depth k's output */
+        if (dnext) o->add(be, m->mtp_dout, dk, dnext, NlC);
+        else o->copy(be, m->mtp_dout, dk, NlC * sizeof(float));
+        int rc = depth_hidden_backward(m, &sl->mtp[k], k, k ? sl->mtp[k - 1].out : sl->lnf, b, seed, &dnext);
+        if (rc) return rc;
+    }
+    o->sync(be);
+    m->mtp_dlnf = dnext;
+    return be->status;
+}
+
+int gpt__mtp_loss_forward(gpt_model *m, chunk_slot *sl, const gpt_batch *b, const float *in) {
+    int D = m->cfg.mtp_layers, N = b->B * b->T;
+    size_t NlC = (size_t)(m->sp ? N / m->tp : N) * m->cfg.hidden;
+    sl->mtp_done = false;
+    if (mtp_check_batch(m, b)) return m->be->status;
+    for (int k = 0; k < D; k++) {
+        depth_prepare(m, &sl->mtp[k], b, k);
+        int rc = depth_loss_forward(m, &sl->mtp[k], k, in + (size_t)(k + 1) * NlC, N);
+        if (rc) return rc;
+    }
+    m->mtp_forwards++;
+    sl->mtp_done = true;
+    return 0;
+}
+
+int gpt__mtp_loss_backward(gpt_model *m, chunk_slot *sl, const float *in, float *din) {
+    int D = m->cfg.mtp_layers, N = sl->B * sl->T;
+    size_t NlC = (size_t)(m->sp ? N / m->tp : N) * m->cfg.hidden;
+    if (!sl->mtp_done) return 0;
+    /* the depths in the order of the one-stage backward (the output layer's gradient sums
+     * alike) */
+    for (int k = D - 1; k >= 0; k--) {
+        depth_loss_backward(m, &sl->mtp[k], in + (size_t)(k + 1) * NlC, N);
+        m->ops->copy(m->be, din + (size_t)(k + 1) * NlC, m->dh, NlC * sizeof(float));
+    }
+    m->ops->sync(m->be);
+    return m->be->status;
 }

@@ -52,7 +52,16 @@ float *gpt_chunk_input(gpt_model *m, int c, int s) {
     chunk_slot *sl = &m->chunk[c].slot[s];
     return m->chunk[c].def.nlayers ? sl->acts[0].x_in : sl->x_end;
 }
-const float *gpt_chunk_output(const gpt_model *m, int c, int s) { return m->chunk[c].slot[s].x_end; }
+const float *gpt_chunk_output(const gpt_model *m, int c, int s) {
+    const gpt_chunk *d = &m->chunk[c].def;
+    return d->mtp && !d->head ? m->chunk[c].slot[s].mtp_out : m->chunk[c].slot[s].x_end;
+}
+int gpt_chunk_streams(const gpt_model *m, int c, bool output, bool train) {
+    if (c < 0 || c >= m->nchunks || !train || m->cfg.mtp_layers <= 0) return 1;
+    const gpt_chunk *d = &m->chunk[c].def;
+    bool many = output ? !d->head && (d->mtp || d->mtp_in) : d->mtp_in;
+    return many ? 1 + m->cfg.mtp_layers : 1;
+}
 float *gpt_chunk_output_grad(gpt_model *m) { return m->dx; }
 const float *gpt_chunk_input_grad(const gpt_model *m) { return m->dx; }
 
@@ -195,7 +204,7 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
             /* (under sequence parallelism: this rank's part of the load-balancing loss, and
              * the z loss over Megatron's coefficient / tp, the mean over this rank's tokens) */
             m->moe_acc.lb_loss += mc->aux_coeff > 0 ? moe_aux_loss(a->moe) / mc->aux_coeff : 0.0;
-            m->moe_acc.z_loss += mc->z_coeff > 0 ? moe_z_loss(a->moe) / (mc->z_coeff / m->tp) : 0.0;
+            m->moe_acc.z_loss += mc->z_coeff > 0 ? moe_z_loss(a->moe) / (mc->z_coeff / (m->tp * m->cp)) : 0.0;
             m->moe_acc.forwards++;
             m->moe_acc.dropped += moe_dropped(a->moe);
             const int32_t *tpe = moe_tokens_per_expert(a->moe);
@@ -250,12 +259,25 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
         float *x_out = i + 1 < d->nlayers ? sl->acts[i + 1].x_in : sl->x_end;
         if (gpt__layer_forward(m, &sl->acts[i], l, x_out, &x_b, B, T, train, seed)) return NAN;
     }
+    if (gpt__has_final_norm(d))
+        o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, P(m, m->t_lnf_w),
+                        P(m, m->t_lnf_b), Nl, C, c->norm_eps);
+    if (d->mtp && !d->head) {
+        /* the MTP stage: the main final norm's output and (training) each depth's, on */
+        if (train) {
+            if (gpt__mtp_hidden_forward(m, sl, b, seed)) return NAN;
+        } else {
+            sl->mtp_done = false;
+            o->copy(be, sl->mtp_out, sl->lnf, NlC * sizeof(float));
+        }
+    }
     if (!d->head) {
         o->sync(be); /* the output is written before the host sends it */
         return be->status ? NAN : 0.0;
     }
-    o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, P(m, m->t_lnf_w),
-                    P(m, m->t_lnf_b), Nl, C, c->norm_eps);
+    /* the final norm's output: this chunk's, or the first stream received after the MTP
+     * stage (which applied it) */
+    float *lnf = d->mtp_in ? sl->x_end : sl->lnf;
     if (m->act_flip) {
         /* an injected silent corruption of one activation (resilience/inject.h): the
          * final norm's output, which the output layer and its gradients read */
@@ -264,14 +286,14 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
         /* the first element from there below 1 in magnitude: a high exponent bit then
          * turns it into a huge value instead of a tiny one */
         o->sync(be); /* the norm's output is written before the host reads it (CUDA) */
-        for (size_t k = 0; k < n && !(fabsf(sl->lnf[i]) < 1.0f); k++) i = (i + 1) % n;
-        memcpy(&u, &sl->lnf[i], sizeof u);
+        for (size_t k = 0; k < n && !(fabsf(lnf[i]) < 1.0f); k++) i = (i + 1) % n;
+        memcpy(&u, &lnf[i], sizeof u);
         u ^= 1u << m->act_flip_bit;
-        memcpy(&sl->lnf[i], &u, sizeof u);
+        memcpy(&lnf[i], &u, sizeof u);
         m->act_flip = false;
     }
-    const float *inf = sl->lnf;
-    if (sp) gpt__tp_allgather(m, m->gath, sl->lnf, NlC), inf = m->gath;
+    const float *inf = lnf;
+    if (sp) gpt__tp_allgather(m, m->gath, lnf, NlC), inf = m->gath;
     /* the output layer: column-parallel over the vocabulary */
     o->linear_forward(be, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, V);
     if (!dscale) {
@@ -289,7 +311,11 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     for (int n = 0; n < N; n++) sum += (double)ls[n] * b->loss_mask[n];
     if (losses) memcpy(losses, ls, sizeof(float) * (size_t)N);
     /* multi-token prediction (training only): its losses enter through the gradient */
-    if (sl->mtp && gpt__mtp_forward(m, sl, b, train, seed)) return NAN;
+    if (d->mtp && gpt__mtp_forward(m, sl, b, train, seed)) return NAN;
+    if (d->mtp_in) {
+        sl->mtp_done = false;
+        if (train && gpt__mtp_loss_forward(m, sl, b, sl->x_end)) return NAN;
+    }
     return sum;
 }
 
@@ -380,18 +406,37 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
      * row-parallel layer receives is the token shards' all-gathered. */
     if (d->head) {
         /* the MTP depths first (they use the backward scratch): their gradient of the final
-         * norm's output joins the LM head's */
-        if (sl->mtp && gpt__mtp_backward(m, sl, b, seed)) return;
+         * norm's output joins the LM head's; after an MTP stage, the gradients of the
+         * received depth streams into dx's streams 1..D */
+        if (d->mtp && gpt__mtp_backward(m, sl, b, seed)) return;
+        if (d->mtp_in && gpt__mtp_loss_backward(m, sl, sl->x_end, m->dx)) return;
         /* LM head: the logits hold dloss/dlogits */
-        const float *inf = sl->lnf;
-        if (sp) gpt__tp_allgather(m, m->gath, sl->lnf, NlC), inf = m->gath;
+        const float *lnf = d->mtp_in ? sl->x_end : sl->lnf;
+        const float *inf = lnf;
+        if (sp) gpt__tp_allgather(m, m->gath, lnf, NlC), inf = m->gath;
         gpt__column_parallel_backward(m, G(m, m->t_lm), NULL, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C,
                                       V);
-        if (sl->mtp && m->mtp_dlnf) o->add(be, m->dh, m->dh, m->mtp_dlnf, NlC);
+        if (d->mtp && m->mtp_dlnf) o->add(be, m->dh, m->dh, m->mtp_dlnf, NlC);
+        if (d->mtp_in) {
+            o->copy(be, m->dx, m->dh, NlC * sizeof(float)); /* the first stream's gradient */
+        } else {
+            o->zero(be, m->dx, NlC);
+            o->norm_backward(be, c->rmsnorm, m->dx, G(m, m->t_lnf_w), G(m, m->t_lnf_b), m->dh, sl->x_end,
+                             P(m, m->t_lnf_w), sl->lnf_mean, sl->lnf_rstd, Nl, C);
+        }
+    } else if (d->mtp) {
+        /* the MTP stage: m->dx holds the next stage's gradients of the 1 + D streams; the
+         * depths' backward, then the final norm's from the main stream's gradient and theirs */
+        size_t D = (size_t)c->mtp_layers;
+        o->copy(be, m->mtp_gin, m->dx, (1 + D) * NlC * sizeof(float));
+        if (gpt__mtp_hidden_backward(m, sl, b, m->mtp_gin, seed)) return;
+        if (m->mtp_dlnf) o->add(be, m->dh, m->mtp_gin, m->mtp_dlnf, NlC);
+        else o->copy(be, m->dh, m->mtp_gin, NlC * sizeof(float));
         o->zero(be, m->dx, NlC);
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, m->t_lnf_w), G(m, m->t_lnf_b), m->dh, sl->x_end,
                          P(m, m->t_lnf_w), sl->lnf_mean, sl->lnf_rstd, Nl, C);
-    } /* else m->dx holds the next stage's gradient of this chunk's output */
+    } /* else m->dx holds the next stage's gradient of this chunk's output (after an MTP
+       * stage, of its 1 + D streams: a chunk without layers hands them back as they are) */
 
     for (int i = d->nlayers - 1; i >= 0; i--)
         if (gpt__layer_backward(m, &sl->acts[i], d->layer0 + i, &x_b, B, T, seed)) return;

@@ -141,7 +141,7 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     m->Fs1 = c->swiglu ? 2 * m->Fs : m->Fs;
     m->maxN = max_tokens;
     m->ep.El = m->E;
-    m->sq_size = 1;
+    m->sq_size = m->sq_shards = 1;
     /* rows the experts compute: N*k dropless or dropping; E*cap padded */
     size_t maxM = (size_t)max_tokens * (size_t)m->k;
     if (c->pad_to_capacity) {
@@ -343,23 +343,26 @@ static void apply_capacity(moe_layer *m) {
     }
 }
 
-/* The aux losses' sequences: nseq of per tokens each (the whole micro batch's under
- * sequence parallelism); this rank's token n is token n0 + n of the whole batch. */
-static void aux_shape(const moe_layer *m, int *nseq, int *per, int *n0) {
+/* The aux losses' sequences: nseq of per tokens each (the whole sequences', over the token
+ * group); this rank's token n is row n0 + n of its B x T batch (of the tensor ranks' shards),
+ * where each sequence has rows rows. */
+static void aux_shape(const moe_layer *m, int *nseq, int *per, int *rows, int *n0) {
     bool seq = m->c.lb == MOE_LB_SEQ_AUX;
+    int cp = m->sq_size / m->sq_shards;
     *nseq = seq ? m->B : 1;
-    *per = seq ? m->T : m->N * m->sq_size;
-    *n0 = m->sq_rank * m->N;
+    *rows = seq ? m->T : m->N * m->sq_shards;
+    *per = seq ? m->T * cp : m->N * m->sq_size;
+    *n0 = (m->sq_rank % m->sq_shards) * m->N;
 }
 
 /* aux scores, their top-k counts (summed over the sequence group) and the load-balancing
  * loss: this rank's tokens' part of it. 0, or the group's error. */
 static int aux_losses(moe_layer *m) {
     const moe_config *c = &m->c;
-    int N = m->N, E = m->E, k = m->k, nseq, per, n0;
+    int N = m->N, E = m->E, k = m->k, nseq, per, rows, n0;
     m->aux = 0;
     if (c->lb == MOE_LB_NONE) return 0;
-    aux_shape(m, &nseq, &per, &n0);
+    aux_shape(m, &nseq, &per, &rows, &n0);
     memset(m->auxcnt, 0, sizeof(int32_t) * (size_t)nseq * E);
     int32_t top[E];
     for (int n = 0; n < N; n++) {
@@ -376,7 +379,7 @@ static int aux_losses(moe_layer *m) {
         }
         for (int e = 0; e < E; e++) v[e] = a[e];
         topk_idx(v, NULL, E, k, top);
-        for (int j = 0; j < k; j++) m->auxcnt[(size_t)((n0 + n) / per) * E + top[j]]++;
+        for (int j = 0; j < k; j++) m->auxcnt[(size_t)((n0 + n) / rows) * E + top[j]]++;
     }
     if (m->sq) {
         /* Megatron's get_tokens_per_expert_and_token_count: the counts over the group */
@@ -390,7 +393,7 @@ static int aux_losses(moe_layer *m) {
     double loss = 0;
     for (int b = 0; b < nseq; b++) {
         /* this rank's tokens of sequence b */
-        int lo = b * per - n0, hi = (b + 1) * per - n0;
+        int lo = b * rows - n0, hi = (b + 1) * rows - n0;
         lo = lo < 0 ? 0 : lo;
         hi = hi > N ? N : hi;
         if (lo >= hi) continue;
@@ -407,15 +410,21 @@ static int aux_losses(moe_layer *m) {
 }
 
 int moe_set_sequence_group(moe_layer *m, cm_comm *sq, int timeout_ms) {
+    return moe_set_token_group(m, sq, sq ? sq->size : 1, timeout_ms);
+}
+
+int moe_set_token_group(moe_layer *m, cm_comm *sq, int shards, int timeout_ms) {
     if (!sq || sq->size <= 1) {
         m->sq = NULL;
-        m->sq_size = 1;
+        m->sq_size = m->sq_shards = 1;
         m->sq_rank = 0;
         return 0;
     }
+    if (shards < 1 || sq->size % shards)
+        return co_err_set(CO_EINVAL, "moe: %d row shards in a token group of %d ranks", shards, sq->size);
     if (m->c.capacity_factor > 0)
         return co_err_set(CO_EUNSUPPORTED,
-                          "moe: an expert capacity under sequence parallelism is not supported yet (Megatron's "
+                          "moe: an expert capacity under sequence or context parallelism is not supported yet (Megatron's "
                           "capacity over each rank's tokens drops other tokens than one rank would)");
     size_t n = (size_t)m->maxN * (size_t)sq->size * (size_t)m->E;
     int32_t *cnt = realloc(m->auxcnt, sizeof(int32_t) * n);
@@ -426,6 +435,7 @@ int moe_set_sequence_group(moe_layer *m, cm_comm *sq, int timeout_ms) {
     m->sq_cnt = c64;
     m->sq = sq;
     m->sq_size = sq->size;
+    m->sq_shards = shards;
     m->sq_rank = sq->rank;
     m->sq_timeout = timeout_ms;
     m->have_fwd = false;
@@ -497,11 +507,11 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     const moe_config *c = &m->c;
     const kb_ops *o = m->o;
     kb_backend *be = m->be;
-    int N = B * T / m->sq_size, E = m->E, k = m->k, h = m->h;
+    int N = B * T / m->sq_shards, E = m->E, k = m->k, h = m->h;
     m->have_fwd = false;
-    if (B <= 0 || T <= 0 || N > m->maxN || (B * T) % m->sq_size)
+    if (B <= 0 || T <= 0 || N > m->maxN || (B * T) % m->sq_shards)
         return co_err_set(CO_EINVAL, "moe_forward: %d x %d tokens over %d sequence-parallel ranks (the layer holds at "
-                                     "most %d per rank)", B, T, m->sq_size, m->maxN);
+                                     "most %d per rank)", B, T, m->sq_shards, m->maxN);
     if (c->etp_size > 1 && !m->ep.c)
         return co_err_set(CO_EINVAL, "moe_forward: the experts are split over %d expert-tensor-parallel ranks and "
                                      "the expert-tensor group is not set (moe_set_expert_group)", c->etp_size);
@@ -632,10 +642,10 @@ static void router_backward_token(moe_layer *m, int n, double ls, double *dl) {
     }
     if (c->lb != MOE_LB_NONE && c->aux_coeff > 0) {
         /* d aux / d a[n,e] = coeff / nseq * E/(k per^2) * count[seq(n), e] */
-        int nseq, per, n0;
-        aux_shape(m, &nseq, &per, &n0);
+        int nseq, per, rows, n0;
+        aux_shape(m, &nseq, &per, &rows, &n0);
         double w = ls * c->aux_coeff / nseq * E / ((double)k * per * per);
-        const int32_t *cnt = m->auxcnt + (size_t)((n0 + n) / per) * E;
+        const int32_t *cnt = m->auxcnt + (size_t)((n0 + n) / rows) * E;
         double *ga = m->rs;
         for (int e = 0; e < E; e++) ga[e] = w * cnt[e];
         if (c->score == MOE_SCORE_SOFTMAX) {

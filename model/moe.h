@@ -204,6 +204,15 @@ void moe_ep_unslice(const moe_config *c, int ep_size, int rank, const float *loc
  * Refused (CO_EUNSUPPORTED): a capacity (Megatron's is over each rank's tokens and drops
  * other tokens than one rank would). sq NULL or of size 1: one rank. timeout_ms < 0: none. */
 int moe_set_sequence_group(moe_layer *m, cm_comm *sq, int timeout_ms);
+/* The general form (context parallelism, docs/moe.md "Context parallelism"): sq is the
+ * tensor x context group (Megatron's tp_cp group, tensor ranks fastest), of which `shards`
+ * (the tensor ranks, 1 without tensor parallelism) split one B x T batch's rows as above;
+ * the group's sq->size / shards context ranks hold other tokens of the same sequences (each
+ * sequence's T local tokens in rows [b T, (b+1) T) of its B x T batch: the load-balanced
+ * split). The aux losses' counts are summed over sq, the token counts are the whole
+ * sequences', the z coefficient is divided by sq->size. moe_set_sequence_group(m, sq, t) is
+ * moe_set_token_group(m, sq, sq->size, t). */
+int moe_set_token_group(moe_layer *m, cm_comm *sq, int shards, int timeout_ms);
 
 /* Megatron's get_updated_expert_bias: bias[e] += rate * sign(mean(tpe) - tpe[e]). */
 void moe_expert_bias_update(float *bias, const int32_t *tokens_per_expert, int E, float rate);

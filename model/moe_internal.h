@@ -75,10 +75,12 @@ struct moe_layer {
     struct cand { float v; int32_t n; } *cand; /* [maxN] */
     /* expert parallelism (moe_ep.c): ep NULL = every expert on this rank (El = E, e0 = 0) */
     moe__ep ep;
-    /* sequence parallelism (moe_set_sequence_group): the tensor group whose ranks hold the
-     * micro batch's other row shards, or NULL (sq_size 1, sq_rank 0) */
+    /* sequence and context parallelism (moe_set_token_group): the group whose ranks hold the
+     * micro batch's other tokens, or NULL (sq_size 1, sq_rank 0); its first sq_shards ranks
+     * (the tensor ranks) split one B x T batch's rows, the sq_size / sq_shards context ranks
+     * hold other parts of the same sequences */
     cm_comm *sq;
-    int sq_size, sq_rank, sq_timeout;
+    int sq_size, sq_rank, sq_timeout, sq_shards;
     int64_t *sq_cnt;        /* [maxN*sq_size*E] the aux counts summed over the group */
     /* the last forward (N: this rank's tokens; B x T: the whole micro batch's) */
     int N, B, T, M, cap, dropped;

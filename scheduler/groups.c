@@ -93,6 +93,18 @@ void topo_groups(const topo_layout *l, topo_group_kind k, int *ranks, int *ngrou
         int ng, sz;
         topo_groups(l, TOPO_G_PP, ranks, &ng, &sz);
         int per = k == TOPO_G_EMBEDDING && sz > 1 ? 2 : 1;
+        unsigned long long mask = k == TOPO_G_EMBEDDING && sz > 1 && sz <= 64 ? l->emb_stages : 0;
+        if (mask) {
+            /* the stages named (in pipeline order) */
+            per = 0;
+            for (int s = 0; s < sz; s++) per += (int)(mask >> s & 1);
+            for (int g = 0; g < ng; g++)
+                for (int s = 0, i = 0; s < sz; s++)
+                    if (mask >> s & 1) ranks[g * per + i++] = ranks[g * sz + s];
+            *ngroups = ng;
+            *size = per;
+            return;
+        }
         for (int g = 0; g < ng; g++) {
             int first = ranks[g * sz], last = ranks[g * sz + sz - 1];
             ranks[g * per] = first;

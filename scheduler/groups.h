@@ -25,7 +25,8 @@ typedef enum {
     TOPO_G_TP_CP,         /* tensor and context ("tp-cp") */
     TOPO_G_TP_DP_CP,      /* tensor, data and context ("tp-dp-cp") */
     TOPO_G_TP_DP,         /* tensor and data ("tp-dp") */
-    TOPO_G_EMBEDDING,     /* first and last pipeline stage of each pipeline (the tied embedding) */
+    TOPO_G_EMBEDDING,     /* first and last pipeline stage of each pipeline (the tied embedding;
+                           * the MTP stage too: topo_layout.emb_stages) */
     TOPO_G_POS_EMBEDDING, /* first pipeline stage of each pipeline */
     TOPO_G_EP,            /* expert model parallel (expert layout "ep") */
     TOPO_G_ETP,           /* expert tensor parallel (expert layout "tp") */
@@ -39,6 +40,11 @@ typedef struct topo_layout {
     int world, tp, cp, dp, pp;  /* dense: world = tp * cp * dp * pp */
     int ep, etp, edp;           /* expert: world = etp * ep * edp * pp */
     bool tp_pp_dp;              /* --use-tp-pp-dp-mapping: order tp-cp-ep-pp-dp */
+    /* the pipeline stages in each pipeline's embedding group, bit s for stage s; 0: the
+     * first and the last (the tied embedding). With MTP depths on a stage before the last,
+     * Megatron's get_embedding_ranks: the first, the MTP stage, and the last when tied. Set
+     * after topo_layout_init. */
+    unsigned long long emb_stages;
 } topo_layout;
 
 /* Validates and fills l: world must be a multiple of tp*cp*pp and of etp*ep*pp, and under

@@ -474,3 +474,34 @@ void pp_place_from_config(const co_config *c, pp_place_cfg *out) {
         .layout = c->pipeline_model_parallel_layout[0] ? c->pipeline_model_parallel_layout : NULL,
         .mtp_num_layers = c->mtp_num_layers};
 }
+
+int pp_mtp_rank(const pp_stage *st, int p, int v) {
+    for (int r = 0; r < p; r++)
+        for (int c = 0; c < v; c++)
+            if (st[r * v + c].mtp_layers > 0) return r;
+    return -1;
+}
+
+unsigned long long pp_embedding_stages(const pp_stage *st, int p, int v, bool tied) {
+    int r = pp_mtp_rank(st, p, v);
+    if (r < 0 || r == p - 1 || p > 64) return 0;
+    unsigned long long mask = 1ull | 1ull << r;
+    if (tied) mask |= 1ull << (p - 1);
+    return mask;
+}
+
+unsigned long long pp_embedding_stages_of_config(const co_config *c) {
+    int p = c->pipeline_model_parallel_size;
+    if (p < 2 || c->mtp_num_layers <= 0 || co_config_standin_model_parallel) return 0;
+    pp_place_cfg pc;
+    pp_place_from_config(c, &pc);
+    char err[300];
+    int v = pp_place_chunks(&pc, err, sizeof err);
+    if (v < 1) return 0;
+    pp_stage *st = calloc((size_t)p * (size_t)v, sizeof *st);
+    unsigned long long mask = 0;
+    if (st && !pp_placement(&pc, st, p * v, &v, err, sizeof err))
+        mask = pp_embedding_stages(st, p, v, !c->untie_embeddings_and_output_weights);
+    free(st);
+    return mask;
+}

@@ -67,6 +67,17 @@ int pp_place_chunks(const pp_place_cfg *c, char *err, size_t errlen);
  * sets *v. CO_EINVAL (err says why), CO_ERANGE (cap too small) or CO_ENOMEM. */
 int pp_placement(const pp_place_cfg *c, pp_stage *st, int cap, int *v, char *err, size_t errlen);
 
+/* The pipeline rank whose chunks hold the MTP layers of a placement (p ranks, v chunks
+ * each), or -1 without them (Megatron's get_mtp_ranks). */
+int pp_mtp_rank(const pp_stage *st, int p, int v);
+/* The pipeline stages of each pipeline's embedding group as groups.h's topo_layout.emb_stages
+ * (bit s for stage s): with MTP layers on a rank before the last, that rank, the first, and
+ * the last when the embedding is tied (Megatron's get_embedding_ranks); 0 otherwise (the
+ * first and the last) or when p > 64. */
+unsigned long long pp_embedding_stages(const pp_stage *st, int p, int v, bool tied);
+/* The same from a finalized configuration's flags (0 when its placement is invalid). */
+unsigned long long pp_embedding_stages_of_config(const struct co_config *c);
+
 /* Expands a layout string as Megatron's parse_str_to_list does (commas dropped, then every
  * "(...)*N", then every "X*N", each pass once from left to right) into a new string of E,
  * t, m, L and '|' (the caller frees it); *nstages = the '|' count + 1. NULL with err set

@@ -132,6 +132,7 @@ static int parse_assignment(const Cohort__V1__Assign *as, sv_assignment *a) {
     a->ep = as->topology->has_ep && as->topology->ep ? (int)as->topology->ep : 1;
     a->etp = as->topology->has_etp && as->topology->etp ? (int)as->topology->etp : a->tp;
     a->tp_pp_dp = as->topology->has_tp_pp_dp && as->topology->tp_pp_dp;
+    a->emb_stages = as->topology->has_emb_stages ? as->topology->emb_stages : 0;
     if (a->tp < 1 || a->pp < 1 || a->cp < 1 || a->dp < 1 || (int64_t)a->tp * a->pp * a->cp * a->dp != a->world)
         return co_err_set(CO_EPROTOCOL, "assignment: layout tp %d x cp %d x dp %d x pp %d is not the world of %d",
                           a->tp, a->cp, a->dp, a->pp, a->world);

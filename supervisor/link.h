@@ -30,6 +30,7 @@ typedef struct sv_assignment {
     int tp, pp, cp, dp;
     int ep, etp;             /* the expert layout (1 and tp where unused) */
     bool tp_pp_dp;           /* --use-tp-pp-dp-mapping's rank order */
+    unsigned long long emb_stages; /* the embedding group's pipeline stages (topo_layout's) */
     topo_coord coords;       /* this rank's place (have_coords): its shard is (tp, cp, pp) */
     bool have_coords;
     uint8_t nccl_id[128];    /* the generation's NCCL unique id (have_nccl_id: --device cuda) */

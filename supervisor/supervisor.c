@@ -320,6 +320,8 @@ static void send_assignments(sv *s, int64_t start_iteration, int source) {
     topo.ep = (uint32_t)s->layout.ep;
     topo.etp = (uint32_t)s->layout.etp;
     topo.tp_pp_dp = s->layout.tp_pp_dp;
+    topo.has_emb_stages = s->layout.emb_stages != 0;
+    topo.emb_stages = s->layout.emb_stages;
     /* NCCL: one unique id per generation for the world; the groups are split from it */
     uint8_t nccl_id[128];
     if (s->o.nccl) {
@@ -1475,6 +1477,7 @@ int sv_run(const sv_options *opt) {
             fprintf(stderr, "cohort supervisor: %s\n", err);
             return SV_EXIT_USAGE;
         }
+        s.layout.emb_stages = s.o.emb_stages;
         if (s.o.shift_ranks && s.layout.dp != s.world) {
             fprintf(stderr, "cohort supervisor: --inprocess-rank-assignment shift-ranks renumbers the ranks, which "
                             "would move model shards: not with tensor, context or pipeline parallelism\n");

@@ -65,6 +65,7 @@ typedef struct sv_options {
     int tp, pp, cp, ep, etp;
     int replica_stride, replicas; /* ranks of one replica report its results: rr_options' */
     bool tp_pp_dp;                 /* --use-tp-pp-dp-mapping */
+    unsigned long long emb_stages; /* the embedding group's pipeline stages (topo_layout's; 0: first, last) */
     bool nccl;                     /* --device cuda: every assignment carries an NCCL unique id (a new one
                                       per generation), from which the ranks build their NCCL groups */
     int rendezvous_timeout_ms;     /* all workers registered and ready (default 120000) */

@@ -8,7 +8,9 @@
  *     its tensor group) or the previous stage's output, received on the activation channel
  *     with the micro batch's positions and document starts (the stages between first and
  *     last read no data); the chunk with the head reads the micro batch too (labels, loss
- *     mask) and computes the loss; any other chunk sends its output on;
+ *     mask) and computes the loss, and so does the one running the MTP depths (their rolled
+ *     tokens); any other chunk sends its output on (in training after the MTP stage 1 + D
+ *     streams: the main hidden state and each depth's, docs/mtp.md);
  *   backward: the chunk with the head starts from its loss, the others receive their output's
  *     gradient on the gradient channel; every chunk but the embedding's sends its input's
  *     gradient back.
@@ -18,8 +20,8 @@
  *
  * After the list: the losses of the micro batches (known on the last stage) are summed over
  * the pipeline group so that every rank reports them, the partial gradients of the tensor
- * group are summed, the two copies of a tied embedding (first and last stage) get their
- * summed gradient over the embedding group, and the gradient norm is the whole model's:
+ * group are summed, the copies of the word embedding (first stage; last when tied; the MTP
+ * stage) get their summed gradient over the embedding group, and the gradient norm is the whole model's:
  * each rank's slices over the model-parallel group, the tied copy counted once. */
 #include "train/trainer_internal.h"
 
@@ -83,10 +85,14 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     const gpt_chunk *d = gpt_chunk_def(t->model, ci);
     int s = mb % d->slots, N = c->micro_batch_size * c->seq_length;
     size_t act = (size_t)(t->tp && c->sequence_parallel ? N / t->tp_size : N) * (size_t)c->hidden_size;
+    /* (1 + D streams on either side of the MTP stage in training) */
+    size_t act_in = act * (size_t)gpt_chunk_streams(t->model, ci, false, train);
+    size_t act_out = act * (size_t)gpt_chunk_streams(t->model, ci, true, train);
     tr_batch *x = &t->mbuf[mb];
     int rc = 0;
     double t0 = now_s();
-    if (d->embedding || d->head) rc = read_batch(t, split, mb, first_sample, train);
+    /* the data: tokens for the embedding and the MTP depths, labels and mask for the loss */
+    if (d->embedding || d->head || d->mtp) rc = read_batch(t, split, mb, first_sample, train);
     t->phase_ms[TR_PH_DATA] += 1000 * (now_s() - t0); /* (a wait for the previous stage is no phase) */
     if (!rc && !d->embedding) {
         /* the previous stage's output, with the micro batch's positions and document starts */
@@ -95,7 +101,7 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
         double tw = now_s(), tl0 = tl_now();
         waiting(t, prev);
         rc = ch->ops->recv(ch, t->meta, 2 * (size_t)N * sizeof(int32_t), prev, TRAIN_COMM_TIMEOUT_MS);
-        if (!rc) rc = ch->ops->recv(ch, gpt_chunk_input(t->model, ci, s), act * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
+        if (!rc) rc = ch->ops->recv(ch, gpt_chunk_input(t->model, ci, s), act_in * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
         waiting(t, -1);
         trainer__tl(t, TL_RECV_WAIT, mb, ci, tl0);
         t->recv_s += now_s() - tw;
@@ -129,7 +135,7 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
         memcpy(t->meta + N, x->seg, (size_t)N * sizeof(int32_t));
         tl0 = tl_now();
         rc = ch->ops->send(ch, t->meta, 2 * (size_t)N * sizeof(int32_t), next, TRAIN_COMM_TIMEOUT_MS);
-        if (!rc) rc = ch->ops->send(ch, gpt_chunk_output(t->model, ci, s), act * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
+        if (!rc) rc = ch->ops->send(ch, gpt_chunk_output(t->model, ci, s), act_out * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
         trainer__tl(t, TL_SEND, mb, ci, tl0);
     }
     return rc;
@@ -140,13 +146,15 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     const gpt_chunk *d = gpt_chunk_def(t->model, ci);
     int s = mb % d->slots, N = c->micro_batch_size * c->seq_length;
     size_t act = (size_t)(t->tp && c->sequence_parallel ? N / t->tp_size : N) * (size_t)c->hidden_size;
+    size_t act_in = act * (size_t)gpt_chunk_streams(t->model, ci, false, true);
+    size_t act_out = act * (size_t)gpt_chunk_streams(t->model, ci, true, true);
     int rc = 0;
     if (!d->head) {
         cm_comm *ch = t->pp_bwd;
         int next = (t->pp_rank + 1) % t->pp_size;
         double tw = now_s(), tl0 = tl_now();
         waiting(t, next);
-        rc = ch->ops->recv(ch, gpt_chunk_output_grad(t->model), act * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
+        rc = ch->ops->recv(ch, gpt_chunk_output_grad(t->model), act_out * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
         waiting(t, -1);
         trainer__tl(t, TL_RECV_WAIT, mb, ci, tl0);
         t->recv_s += now_s() - tw;
@@ -166,7 +174,7 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
         cm_comm *ch = t->pp_bwd;
         int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size;
         tl0 = tl_now();
-        rc = ch->ops->send(ch, gpt_chunk_input_grad(t->model), act * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
+        rc = ch->ops->send(ch, gpt_chunk_input_grad(t->model), act_in * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
         trainer__tl(t, TL_SEND, mb, ci, tl0);
     }
     return rc;
@@ -196,12 +204,13 @@ static int share_losses(trainer *t, double *loss, double *tok) {
     return 0;
 }
 
-/* The two copies of the tied word embedding (first and last stage) get their summed
- * gradient (Megatron's embedding group all-reduce in finalize_model_grads). */
+/* The copies of the word embedding (the first stage's, the last stage's when tied, the MTP
+ * stage's) get their summed gradient (Megatron's embedding group all-reduce in
+ * finalize_model_grads). */
 static int sum_tied_embedding(trainer *t) {
     int ti = gpt_tied_embedding(t->model);
     if (ti < 0) return 0;
-    if (!t->emb) return co_err_set(CO_EINVAL, "a tied embedding on pipeline rank %d without an embedding group", t->pp_rank);
+    if (!t->emb) return co_err_set(CO_EINVAL, "a copy of the word embedding on pipeline rank %d without an embedding group", t->pp_rank);
     const gpt_tensor *e = &gpt_tensors(t->model)[ti];
     return t->emb->ops->allreduce_sum(t->emb, gpt_grads(t->model) + e->offset, e->numel, CM_F32, TRAIN_COMM_TIMEOUT_MS);
 }

@@ -125,6 +125,20 @@ static uint64_t mix(uint64_t a, uint64_t b) {
 }
 
 
+/* Pipeline rank r's chunk ci of the placement st (p ranks, v chunks each; st[r * v + ci]):
+ * its layers, whether it holds the embedding, the loss, the MTP depths (the layout's m), or
+ * comes after a stage with the MTP depths (then, in training, it receives their streams). */
+gpt_chunk trainer__chunk_of(const pp_stage *st, int p, int v, int r, int ci, int slots) {
+    const pp_stage *s = &st[r * v + ci];
+    int mtp_at = -1; /* the MTP stage's place in the pipeline's order (chunk-major) */
+    for (int rr = 0; rr < p; rr++)
+        for (int cc = 0; cc < v; cc++)
+            if (st[rr * v + cc].mtp_layers > 0) mtp_at = cc * p + rr;
+    return (gpt_chunk){.layer0 = s->first_layer, .nlayers = s->num_layers, .embedding = s->embedding,
+                       .head = s->loss, .slots = slots, .mtp = s->mtp_layers > 0,
+                       .mtp_in = mtp_at >= 0 && ci * p + r > mtp_at};
+}
+
 /* A pipeline rank's part: its model chunks (Megatron's layer placement), its schedule
  * (1F1B or interleaved) and each chunk's activation slots (the most micro batches the
  * schedule keeps in it at once), the per micro batch buffers. */
@@ -160,10 +174,8 @@ static int pipeline_setup(trainer *t, gpt_config *m) {
         if (inflight[ci] > most[ci]) most[ci] = inflight[ci];
     }
     m->nchunks = v;
-    for (int ci = 0; !rc && ci < v; ci++) {
-        const pp_stage *s = &st[t->pp_rank * v + ci];
-        m->chunks[ci] = (gpt_chunk){s->first_layer, s->num_layers, s->embedding, s->loss, most[ci] > 0 ? most[ci] : 1};
-    }
+    for (int ci = 0; !rc && ci < v; ci++)
+        m->chunks[ci] = trainer__chunk_of(st, t->pp_size, v, t->pp_rank, ci, most[ci] > 0 ? most[ci] : 1);
     t->stages = st;
     int M = t->M;
     size_t N = (size_t)c->micro_batch_size * c->seq_length;
@@ -267,6 +279,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     /* the distributed optimizer lays the model's buffers out before they are filled */
     if (c->use_distributed_optimizer && (rc = trainer__dopt_setup(t, data->joining))) goto fail;
     if (t->cp) gpt_set_context_group(t->model, t->cp, TRAIN_COMM_TIMEOUT_MS);
+    if (t->cp && c->num_experts > 0 && t->tp_size > 1) gpt_set_moe_token_group(t->model, data->tpcp, TRAIN_COMM_TIMEOUT_MS);
     gpt_init(t->model, (uint64_t)c->seed);
     rc = c->use_distributed_optimizer
              ? trainer__dopt_init_shards(t)
@@ -302,6 +315,14 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         mb->seg = malloc(N * sizeof(int32_t));
         mb->mask = malloc(N * sizeof(float));
         mb->dscale = malloc(N * sizeof(float));
+        if (t->cpn > 1 && c->mtp_num_layers > 0) {
+            mb->full = malloc(3 * N * sizeof(int32_t));
+            mb->full_mask = malloc(N * sizeof(float));
+            if (!mb->full || !mb->full_mask) {
+                rc = CO_ENOMEM;
+                goto fail;
+            }
+        }
         if (!mb->tokens || !mb->targets || !mb->positions || !mb->seg || !mb->mask || !mb->dscale) {
             rc = CO_ENOMEM;
             goto fail;
@@ -335,8 +356,11 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         if (rc) goto fail;
         dc.tok = &t->sft_tok;
     }
-    /* tensor-parallel rank 0 alone reads data; with a pipeline only on the first and last stage */
-    bool reads = t->tp_rank == 0 && (!t->pp || t->pp_rank == 0 || t->pp_rank == t->pp_size - 1);
+    /* tensor-parallel rank 0 alone reads data; with a pipeline only on the first and last
+     * stage, and the one running the MTP depths (their rolled tokens) */
+    bool mtp_here = false;
+    for (int ci = 0; t->stages && ci < t->vchunks; ci++) mtp_here |= t->stages[t->pp_rank * t->vchunks + ci].mtp_layers > 0;
+    bool reads = t->tp_rank == 0 && (!t->pp || t->pp_rank == 0 || t->pp_rank == t->pp_size - 1 || mtp_here);
     for (int s = 0; s < 3 && reads; s++) {
         int64_t want = co_config_split_samples(c, s);
         if (want <= 0) continue;
@@ -385,6 +409,7 @@ void trainer_destroy(trainer **pt) {
     for (int k = 0; t->mbuf && k < t->nmbuf; k++) {
         tr_batch *mb = &t->mbuf[k];
         free(mb->tokens), free(mb->targets), free(mb->positions), free(mb->seg), free(mb->mask), free(mb->dscale);
+        free(mb->full), free(mb->full_mask);
     }
     free(t->mbuf);
     free(t->zeros);
@@ -474,6 +499,7 @@ int trainer__load_batch(trainer *t, int s, int64_t first, tr_batch *x, gpt_batch
         int rc = broadcast_batch(t, x, (size_t)B * T);
         if (rc) return rc;
     }
+    memset(b, 0, sizeof *b);
     b->B = B;
     b->T = T;
     b->tokens = x->tokens;
@@ -952,10 +978,7 @@ gpt_config trainer_model_config_of(const trainer *t, int tp_rank, int pp_rank) {
     c.tp_rank = tp_rank;
     if (!t->stages) return c;
     c.nchunks = t->vchunks;
-    for (int ci = 0; ci < t->vchunks; ci++) {
-        const pp_stage *s = &t->stages[pp_rank * t->vchunks + ci];
-        c.chunks[ci] = (gpt_chunk){s->first_layer, s->num_layers, s->embedding, s->loss, 1};
-    }
+    for (int ci = 0; ci < t->vchunks; ci++) c.chunks[ci] = trainer__chunk_of(t->stages, t->pp_size, t->vchunks, pp_rank, ci, 1);
     return c;
 }
 

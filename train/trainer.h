@@ -51,8 +51,9 @@ typedef struct trainer_data {
     /* the context group (cfg context_parallel_size ranks, this one at its rank in it) and
      * the data x context group, or NULL at cp 1: this rank keeps its share of every sequence,
      * attention is a ring over the context group, gradients and loss reports are summed over
-     * the data x context group (train/trainer_cp.c) */
-    struct cm_comm *cp, *dpcp;
+     * the data x context group (train/trainer_cp.c); the tensor x context group: the MoE
+     * layers' token group under tensor parallelism too (NULL without) */
+    struct cm_comm *cp, *dpcp, *tpcp;
     /* expert parallelism (--expert-model-parallel-size > 1 with --num-experts; NULL
      * otherwise): the expert group (the expert-tensor x expert group: Megatron's expert group
      * at --expert-tensor-parallel-size 1), the expert-data-parallel group and the expert group
@@ -166,9 +167,10 @@ void trainer_state_replaced(trainer *t);
  * generation's communicator, gives it here, and every rank takes rank `root`'s parameters,
  * optimizer state and progress; then trainer_train continues. */
 void trainer_set_comm(trainer *t, struct cm_comm *dp);
-/* The new generation's context and data x context groups (NULL between generations;
- * nothing at cp 1). */
-void trainer_set_context_groups(trainer *t, struct cm_comm *cp, struct cm_comm *dpcp);
+/* The new generation's context and data x context groups, and the tensor x context group
+ * (the MoE layers' token group under tensor parallelism) (NULL between generations; nothing
+ * at cp 1). */
+void trainer_set_context_groups(trainer *t, struct cm_comm *cp, struct cm_comm *dpcp, struct cm_comm *tpcp);
 /* The new generation's expert groups (as trainer_data's; NULL between generations). */
 void trainer_set_expert_groups(trainer *t, struct cm_comm *ep, struct cm_comm *edp, struct cm_comm *erep);
 /* The new generation's tensor-parallel group (NULL between generations). */

@@ -29,11 +29,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-void trainer_set_context_groups(trainer *t, cm_comm *cp, cm_comm *dpcp) {
+void trainer_set_context_groups(trainer *t, cm_comm *cp, cm_comm *dpcp, cm_comm *tpcp) {
     if (t->cpn <= 1) return;
     t->cp = cp;
     t->dpcp = dpcp;
     gpt_set_context_group(t->model, cp, TRAIN_COMM_TIMEOUT_MS);
+    /* (the MoE layers' token group under tensor parallelism too) */
+    if (t->cfg.num_experts > 0 && t->tp_size > 1) gpt_set_moe_token_group(t->model, tpcp, TRAIN_COMM_TIMEOUT_MS);
     kb_backend_clear_status(t->be); /* a ring shift the last generation's abort failed */
 }
 
@@ -190,6 +192,16 @@ int trainer__cp_localize(trainer *t, tr_batch *x, gpt_batch *b, int64_t first) {
     double ntok = 0;
     for (size_t i = 0; i < N; i++) ntok += x->mask[i];
     t->cp_ntok = ntok;
+    if (x->full) {
+        /* (the MTP depths roll the whole sequences: model/gpt_mtp.c) */
+        memcpy(x->full, x->tokens, N * sizeof(int32_t));
+        memcpy(x->full + N, x->targets, N * sizeof(int32_t));
+        memcpy(x->full + 2 * N, x->positions, N * sizeof(int32_t));
+        memcpy(x->full_mask, x->mask, N * sizeof(float));
+        b->full_tokens = x->full, b->full_targets = x->full + N, b->full_positions = x->full + 2 * N;
+        b->full_mask = x->full_mask;
+        b->full_T = T;
+    }
     int L = T / t->cpn, rc;
     if (t->thd) rc = split_documents(t, x, B, T, first, &L);
     else rc = split_sequences(t, x, B, T);

@@ -29,6 +29,10 @@
 typedef struct tr_batch {
     int32_t *tokens, *targets, *positions, *seg;
     float *mask, *dscale;
+    /* context parallelism with MTP: the whole micro batch's tokens, targets and positions
+     * ([3][N]) and loss mask before the split (the depths roll across the chunks), or NULL */
+    int32_t *full;
+    float *full_mask;
 } tr_batch;
 
 struct trainer {
@@ -237,6 +241,8 @@ uint64_t trainer__dropout_seed(const trainer *t, int64_t gmb);
 int trainer__grad_norm(trainer *t, double *out);
 /* pipeline.c: data_rank's share of a step as trainer_train's compute_share (pp > 1), and an
  * evaluation's loss and token sums over this replica's micro batches */
+/* Pipeline rank r's chunk ci of a placement (p ranks, v chunks each), as gpt.h's chunk. */
+gpt_chunk trainer__chunk_of(const pp_stage *st, int p, int v, int r, int ci, int slots);
 int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,
                             double *grad_norm);
 int trainer__pipeline_evaluate(trainer *t, int split, double *loss_out, double *tok_out);

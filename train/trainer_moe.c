@@ -7,7 +7,7 @@
  * training-health event (the event sink: the run report and the log), once per episode. With
  * --moe-router-enable-expert-bias each MoE layer's bias moves before every optimizer step
  * toward the even load (the step's tokens per expert summed over the data-parallel group,
- * and the tensor group: under sequence parallelism each tensor rank routes its own tokens).
+ * the tensor group and the context group: each of their ranks routes its own tokens).
  * The statistics of an attempt the rerun state machine replays are discarded. */
 #include "train/trainer_internal.h"
 
@@ -132,6 +132,7 @@ int trainer__moe_pre_step(trainer *t) {
     size_t n = (size_t)c->num_layers * (size_t)c->num_experts;
     int rc = t->dp ? t->dp->ops->allreduce_sum(t->dp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS) : 0;
     if (!rc && t->tp) rc = t->tp->ops->allreduce_sum(t->tp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc && t->cpn > 1) rc = t->cp->ops->allreduce_sum(t->cp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
     int32_t *cnt = t->moe_cnt;
     for (int l = 0; l < c->num_layers; l++) {
@@ -187,10 +188,12 @@ int trainer__moe_log(trainer *t, char *text, size_t tn, char *json, size_t jn) {
      * tensor group). Under sequence parallelism each tensor rank's load-balancing loss is its
      * part (summed, Megatron's tracker over the tensor-and-context group) and its z loss the
      * mean over its tokens (averaged, Megatron's over tensor x data): the z sum and the forwards,
-     * which every tensor rank counts, enter over tp. */
-    double tp = t->tp_size > 1 ? (double)t->tp_size : 1.0;
+     * which every tensor rank counts, enter over tp. Context ranks likewise (their sums over
+     * the context group). */
+    double tp = (t->tp_size > 1 ? (double)t->tp_size : 1.0) * (t->cpn > 1 ? (double)t->cpn : 1.0);
     double v[4] = {t->moe_lb_sum, t->moe_z_sum / tp, t->moe_forwards / tp, t->moe_dropped};
     int rc = t->dp ? t->dp->ops->allreduce_sum(t->dp, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS) : 0;
+    if (!rc && t->cpn > 1) rc = t->cp->ops->allreduce_sum(t->cp, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     cm_comm *rg = t->pp ? t->mp : t->tp;
     if (!rc && rg) rc = rg->ops->allreduce_sum(rg, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;

@@ -5,7 +5,7 @@
  * depths' gradient weight is the model's auxiliary-loss weight (trainer_moe.c's setup sets it
  * for both). The rerun state machine validates the main loss only, as Megatron's. Under
  * tensor parallelism every tensor rank computes the whole losses (vocabulary-parallel
- * cross-entropy). */
+ * cross-entropy); under context parallelism each context rank its tokens' part. */
 #include "train/trainer_internal.h"
 
 #include "common/error.h"
@@ -40,6 +40,9 @@ int trainer__mtp_log(trainer *t, char *text, size_t tn, char *json, size_t jn) {
     for (int k = 0; k < D; k++) v[k] = t->mtp_sum[k];
     v[D] = t->mtp_count;
     int rc = t->dp ? t->dp->ops->allreduce_sum(t->dp, v, (size_t)D + 1, CM_F64, TRAIN_COMM_TIMEOUT_MS) : 0;
+    /* each context rank's loss is its tokens' part (over the whole sequences' count): summed
+     * over the context group, the count not */
+    if (!rc && t->cpn > 1) rc = t->cp->ops->allreduce_sum(t->cp, v, (size_t)D, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     if (!rc && t->pp && t->mp) {
         if (t->tp && t->tp->rank != 0) memset(v, 0, sizeof v);
         rc = t->mp->ops->allreduce_sum(t->mp, v, (size_t)D + 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);

@@ -68,6 +68,7 @@ int wk_comms_new_nccl(wk_comms **out, const sv_assignment *asg, const cm_zmq_opt
         free(cs);
         return co_err_set(CO_EPROTOCOL, "the assignment's layout: %s", err);
     }
+    cs->layout.emb_stages = asg->emb_stages;
     rc = cm_zmq_new(&cs->world, asg->rank, asg->world, (const char *const *)asg->endpoints, zo);
     /* every member splits its groups in the order of the kinds, so two kinds with the same
      * ranks (tp and tp-cp when cp is 1) get distinct groups all the same */

@@ -169,6 +169,7 @@ int wk_run(const wk_options *o) {
     bool context = c.context_parallel_size > 1; /* (the stand-in set it to 1) */
     td.cp = context && cs ? wk_comms_group(cs, TOPO_G_CP) : NULL;
     td.dpcp = context && cs ? wk_comms_group(cs, TOPO_G_DP_CP) : NULL;
+    td.tpcp = context && cs ? wk_comms_group(cs, TOPO_G_TP_CP) : NULL;
     if (td.joining && asg->state_source >= 0) c.load[0] = '\0'; /* a replacement takes its state from a replica */
     if (link && asg->generation > 1 && asg->state_source < 0 && asg->checkpoint_dir)
         snprintf(c.load, sizeof c.load, "%s", asg->checkpoint_dir); /* no replica survived: the checkpoint */
@@ -272,7 +273,7 @@ int wk_run(const wk_options *o) {
         wctx.cs = NULL;
         trainer_set_comm(t, NULL);
         trainer_set_tensor_group(t, NULL);
-        trainer_set_context_groups(t, NULL, NULL);
+        trainer_set_context_groups(t, NULL, NULL, NULL);
         trainer_set_pipeline_groups(t, NULL, NULL, NULL, NULL);
         trainer_set_expert_groups(t, NULL, NULL, NULL);
         sv_assignment na;
@@ -301,7 +302,9 @@ int wk_run(const wk_options *o) {
         if (rc) continue; /* another abort during the rebuild: back to the barrier (reload is NULL) */
         trainer_set_comm(t, dp);
         trainer_set_tensor_group(t, split_model ? wk_comms_group(cs, TOPO_G_TP) : NULL);
-        if (context) trainer_set_context_groups(t, wk_comms_group(cs, TOPO_G_CP), wk_comms_group(cs, TOPO_G_DP_CP));
+        if (context)
+            trainer_set_context_groups(t, wk_comms_group(cs, TOPO_G_CP), wk_comms_group(cs, TOPO_G_DP_CP),
+                                       wk_comms_group(cs, TOPO_G_TP_CP));
         if (pipelined) {
             trainer_data ptd;
             set_pipeline(&ptd, cs);

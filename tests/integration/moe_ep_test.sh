@@ -28,7 +28,8 @@
 #             rank 3 is rebuilt from rank 1 (the same tensor slices and experts), bitwise
 #   etp       the experts split over the tensor group (--expert-tensor-parallel-size = tp, here
 #             Megatron's default: the flag not given): tp 2 and tp 2 x ep 2 (4 ranks) with the
-#             alltoall and the allgather dispatcher, and tp 2 x pp 2, against one rank, as match; each expert
+#             alltoall and the allgather dispatcher, tp 2 x pp 2 and tp 2 x cp 2, against one
+#             rank, as match; each expert
 #             tensor written as two slices (ckpt inspect) where etp 1 writes it whole; the flag
 #             given as 2 is the default's run bitwise; a checkpoint of iteration 3 saved at
 #             tp 2 resumes on one rank, at tp 2 with --expert-tensor-parallel-size 1 and at
@@ -162,8 +163,9 @@ etp)
     run t2e2 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 "${A[@]}"
     run t2e2g 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
     run t2p2 6 --nproc-per-node 4 "${T[@]}" --pipeline-model-parallel-size 2 "${A[@]}"
-    compare 1 one t2a t2g t2e2 t2e2g t2p2
-    for n in t2a t2g t2e2 t2e2g t2p2; do close one $n; done
+    run t2c2 6 --nproc-per-node 4 "${T[@]}" --context-parallel-size 2 "${A[@]}"
+    compare 1 one t2a t2g t2e2 t2e2g t2p2 t2c2
+    for n in t2a t2g t2e2 t2e2g t2p2 t2c2; do close one $n; done
     # the experts are split: two slices per expert tensor (one at etp 1)
     "$cohort" ckpt inspect "$work/t2a.ck" >"$work/i2" 2>&1 || fail "inspect"
     grep -Eq "^ *layers\.0\.mlp\.experts\.3\.fc2\.weight +model F32 +\[32, 48\] +2 " "$work/i2" ||

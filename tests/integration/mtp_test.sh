@@ -19,9 +19,19 @@
 #             parameters and moments within 1e-5 (`ckpt diff`); a tp 2 checkpoint resumed at
 #             tp 1 and a tp 1 one at tp 2 with SP: the one-rank run's numbers and final
 #             checkpoint; `ckpt convert` between tp 1 and tp 2 keeps every tensor bitwise
-#   refused   context parallelism, a pipeline with untied embeddings or learned positions,
-#             document masks, more than 8 depths, a layout with the MTP layers m on a stage
-#             before the loss's: exit 2 before any work
+#   stages    the depths on a stage before the loss's (the layout's m before L, Megatron's MTP
+#             stage: it sends the main and each depth's hidden state on): pp 3 "Ett|ttmm|L" tied
+#             and untied, pp 4 "Ett|ttmm||L" (through a stage without layers), interleaved
+#             "Et|t|t|t|mm|L", tp 2 x pp 3 with SP, and resumes between that placement and one
+#             rank: losses, gradient norms, validation and mtp_K_loss within fp32 reduction
+#             tolerance of one rank's, parameters and moments within 1e-5; with dp 2 the MTP
+#             stage's rank killed and rebuilt from its peer: the undisturbed checkpoint bitwise
+#   cp        context parallelism (the depths roll across the context ranks' chunks from the
+#             whole micro batch, each rank's loss its tokens' part): cp 2, cp 2 x dp 2 and
+#             cp 2 x tp 2 (SP) against one rank: losses, gradient norms, validation and
+#             mtp_K_loss within fp32 reduction tolerance, parameters and moments within 1e-5
+#   refused   context parallelism with packed sequences, a pipeline with learned positions, document masks, more
+#             than 8 depths, the MTP layers m on pipeline rank 0: exit 2 before any work
 set -uo pipefail
 cohort=$1; case_name=$2
 export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
@@ -39,6 +49,41 @@ run() { # NAME ITERS ARGS...
     local name=$1 iters=$2; shift 2
     "$cohort" train "${tiny[@]}" --train-iters "$iters" --metrics-file "$work/$name.jsonl" "$@" >"$work/$name.out" 2>&1 ||
         fail "$name: exit $?: $(tail -5 "$work/$name.out")"
+}
+compare_mtp() { # REF RUN:FROM...: each depth's mtp_K_loss of every run from iteration FROM on as REF's
+    /usr/bin/python3 - "$work" "$@" <<'PY' || fail "mtp_K_loss differs from $1's"
+import json, sys
+w, ref, runs = sys.argv[1], sys.argv[2], sys.argv[3:]
+def mtp(n):
+    return {r["iteration"]: (r["mtp_1_loss"], r["mtp_2_loss"]) for r in map(json.loads, open(f"{w}/{n}.jsonl"))
+            if "grad_norm" in r}
+one, worst = mtp(ref), 0
+for nf in runs:
+    n, first = nf.split(":")
+    got = mtp(n)
+    assert sorted(got) == [i for i in sorted(one) if i >= int(first)], (n, sorted(got))
+    for i in got:
+        for x, y in zip(one[i], got[i]):
+            rel = abs(x - y) / abs(x)
+            worst = max(worst, rel)
+            assert rel <= 1e-6, (n, i, x, y)
+print(f"ok: mtp_K_loss as {ref}'s (worst relative difference {worst:.1e})")
+PY
+}
+params_close() { # REF RUN...: every run's final checkpoint (RUN.ck) holds REF's tensors, the MTP depths'
+    local ref=$1 n; shift     # among them, parameters and moments within 1e-5
+    for n in "$@"; do
+        "$cohort" ckpt diff "$work/$ref.ck" "$work/$n.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$n: diff"
+        /usr/bin/python3 -c "
+import json
+rows = json.load(open('$work/d.json'))['tensors']
+assert any(r['name'].startswith('mtp.layers.1.eh_proj') for r in rows), [r['name'] for r in rows][:30]
+assert any(r['name'].startswith('mtp.layers.1.transformer_layer.attention.qkv') for r in rows)
+assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+assert not bad, bad[:3]
+" || fail "$n: parameters differ from $ref's: $(head -c 400 "$work/d.json")"
+    done
 }
 case $case_name in
 train)
@@ -88,17 +133,45 @@ layouts)
     run ppm 5 --nproc-per-node 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Ettt|tmmL" \
         --save "$work/ppm.ck"
     compare 1 one dp2 pp2 ppm
-    for n in dp2 pp2 ppm; do
-        "$cohort" ckpt diff "$work/one.ck" "$work/$n.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$n: diff"
-        /usr/bin/python3 -c "
-import json
-rows = json.load(open('$work/d.json'))['tensors']
-assert any(r['name'].startswith('mtp.layers.1.') for r in rows), [r['name'] for r in rows][:30]
-assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
-bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
-assert not bad, bad[:3]
-" || fail "$n: parameters differ from one rank's: $(head -c 400 "$work/d.json")"
-    done
+    compare_mtp one dp2:1 pp2:1 ppm:1
+    params_close one dp2 pp2 ppm
+    ;;
+stages)
+    # the MTP depths on a stage before the loss's (Megatron's MTP stage): 1 + D streams to the
+    # loss's stage; tied and untied, through an empty stage, interleaved, with tp 2 and SP
+    g=(--global-batch-size 12)
+    run one 5 "${g[@]}" --save "$work/one.ck"
+    run oneu 5 "${g[@]}" --untie-embeddings-and-output-weights --save "$work/oneu.ck"
+    p3=(--nproc-per-node 3 --pipeline-model-parallel-size 3 --pipeline-model-parallel-layout "Ett|ttmm|L")
+    run p3 5 "${g[@]}" "${p3[@]}" --save "$work/p3.ck"
+    run p3u 5 "${g[@]}" "${p3[@]}" --untie-embeddings-and-output-weights --save "$work/p3u.ck"
+    run p4 5 "${g[@]}" --nproc-per-node 4 --pipeline-model-parallel-size 4 \
+        --pipeline-model-parallel-layout "Ett|ttmm||L" --save "$work/p4.ck"
+    run vpp 5 "${g[@]}" "${p3[@]:0:4}" --pipeline-model-parallel-layout "Et|t|t|t|mm|L" --save "$work/vpp.ck"
+    run tp2p3 5 "${g[@]}" --nproc-per-node 6 --tensor-model-parallel-size 2 --sequence-parallel \
+        --pipeline-model-parallel-size 3 --pipeline-model-parallel-layout "Ett|ttmm|L" --save "$work/tp2p3.ck"
+    # resumes across the placements: stopped at iteration 2 with the depths on their own stage,
+    # resumed on one rank; and the other way
+    run h3 5 "${g[@]}" "${p3[@]}" --exit-interval 2 --save "$work/r1.ck"
+    run r1 5 "${g[@]}" --load "$work/r1.ck" --save "$work/r1.ck"
+    run h1 5 "${g[@]}" --exit-interval 2 --save "$work/r3.ck"
+    run r3 5 "${g[@]}" "${p3[@]}" --load "$work/r3.ck" --save "$work/r3.ck"
+    compare 1 one p3 p4 vpp tp2p3
+    compare 3 one r1 r3
+    compare 1 oneu p3u
+    compare_mtp one p3:1 p4:1 vpp:1 tp2p3:1 r1:3 r3:3
+    compare_mtp oneu p3u:1
+    params_close one p3 p4 vpp tp2p3 r1 r3
+    params_close oneu p3u
+    grep -q ' lm loss: [0-9.E+-]* | mtp_1 loss: [0-9.E+-]* | mtp_2 loss: [0-9.E+-]* |' "$work/p3.out" ||
+        fail "the log line lacks the MTP items: $(grep -m1 iteration "$work/p3.out")"
+    # dp 2 x pp 3: the MTP stage's rank of replica 1 (rank 3) killed and rebuilt from its
+    # data-parallel peer's memory: the undisturbed run's final checkpoint bitwise
+    d6=("${g[@]}" "${p3[@]:2}" --nproc-per-node 6)
+    run kc 5 "${d6[@]}" --save "$work/kc"
+    run kf 5 "${d6[@]}" --inject "kill@rank=3,step=3" --save "$work/kf"
+    grep -q "in-process restart into generation 2" "$work/kf.out" || fail "no restart: $(grep supervisor "$work/kf.out")"
+    "$cohort" ckpt diff "$work/kc" "$work/kf" >"$work/diff" || fail "the rebuilt MTP stage: $(tail -5 "$work/diff")"
     ;;
 tp)
     t2=(--nproc-per-node 2 --tensor-model-parallel-size 2)
@@ -146,35 +219,20 @@ PY
     convert_roundtrip one.ck tp2.ck
     grep -q ' lm loss: [0-9.E+-]* | mtp_1 loss: [0-9.E+-]* | mtp_2 loss: [0-9.E+-]* |' "$work/sp2.out" ||
         fail "the tp log line lacks the MTP items: $(grep -m1 iteration "$work/sp2.out")"
-    /usr/bin/python3 - "$work" <<'PY' || fail "mtp_K_loss differs from one rank's"
-import json, sys
-w = sys.argv[1]
-def mtp(n):
-    return {r["iteration"]: (r["mtp_1_loss"], r["mtp_2_loss"]) for r in map(json.loads, open(f"{w}/{n}.jsonl"))
-            if "grad_norm" in r}
-one, worst = mtp("one"), 0
-for n, first in (("tp2", 1), ("sp2", 1), ("tp2pp2", 1), ("r1", 4), ("r2", 4)):
-    got = mtp(n)
-    assert sorted(got) == [i for i in sorted(one) if i >= first], (n, sorted(got))
-    for i in got:
-        for x, y in zip(one[i], got[i]):
-            rel = abs(x - y) / abs(x)
-            worst = max(worst, rel)
-            assert rel <= 1e-6, (n, i, x, y)
-print(f"ok: mtp_K_loss as one rank's (worst relative difference {worst:.1e})")
-PY
-    for n in tp2 sp2 tp2pp2 r1 r2; do
-        "$cohort" ckpt diff "$work/one.ck" "$work/$n.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$n: diff"
-        /usr/bin/python3 -c "
-import json
-rows = json.load(open('$work/d.json'))['tensors']
-assert any(r['name'].startswith('mtp.layers.1.eh_proj') for r in rows), [r['name'] for r in rows][:30]
-assert any(r['name'].startswith('mtp.layers.1.transformer_layer.attention.qkv') for r in rows)
-assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
-bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
-assert not bad, bad[:3]
-" || fail "$n: parameters differ from one rank's: $(head -c 400 "$work/d.json")"
-    done
+    compare_mtp one tp2:1 sp2:1 tp2pp2:1 r1:4 r2:4
+    params_close one tp2 sp2 tp2pp2 r1 r2
+    ;;
+cp)
+    # context parallelism: each context rank's depths roll across the chunks from the whole
+    # micro batch, its loss is its tokens' part over the whole sequences' count
+    run one 5 --save "$work/one.ck"
+    run cp2 5 --nproc-per-node 2 --context-parallel-size 2 --save "$work/cp2.ck"
+    run cp2dp2 5 --nproc-per-node 4 --context-parallel-size 2 --save "$work/cp2dp2.ck"
+    run cp2tp2 5 --nproc-per-node 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel \
+        --save "$work/cp2tp2.ck"
+    compare 1 one cp2 cp2dp2 cp2tp2
+    compare_mtp one cp2:1 cp2dp2:1 cp2tp2:1
+    params_close one cp2 cp2dp2 cp2tp2
     ;;
 refused)
     expect() { # PATTERN ARGS...
@@ -183,15 +241,14 @@ refused)
         [ $rc -eq 2 ] || fail "$*: exit $rc, expected 2: $(tail -3 "$work/r.out")"
         grep -q -- "$pat" "$work/r.out" || fail "$*: no '$pat' in: $(tail -3 "$work/r.out")"
     }
-    expect "multi-token prediction with context parallelism is not supported yet" --context-parallel-size 2 --nproc-per-node 2
-    expect "needs tied embeddings and --position-embedding-type rope" --pipeline-model-parallel-size 2 --nproc-per-node 2 \
-        --untie-embeddings-and-output-weights
-    expect "needs tied embeddings and --position-embedding-type rope" --pipeline-model-parallel-size 2 --nproc-per-node 2 \
+    expect "multi-token prediction with context parallelism and packed sequences (THD) is not supported yet" \
+        --context-parallel-size 2 --nproc-per-node 2 --cp-packed-sequences
+    expect "needs --position-embedding-type rope" --pipeline-model-parallel-size 2 --nproc-per-node 2 \
         --position-embedding-type learned_absolute
     expect "with --reset-attention-mask is not supported yet" --reset-attention-mask
     expect "--mtp-num-layers 9 is out of range" --mtp-num-layers 9
-    expect "places the MTP layers m on stage 1, before the loss L's stage: not supported yet" \
-        --pipeline-model-parallel-size 3 --nproc-per-node 3 --global-batch-size 6 --pipeline-model-parallel-layout "Ett|ttmm|L"
+    expect "places the MTP layers m on pipeline rank 0: they must be on a later rank" \
+        --pipeline-model-parallel-size 2 --nproc-per-node 2 --pipeline-model-parallel-layout "Et|tt|tmm|L"
     ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -20,7 +20,8 @@
  *     at a time.
  * Cases: 2 and 3 ranks, an interleaved split (2 chunks per rank), uneven chunks, chunks
  * without layers (a stage with only the embedding or only the head), tied and untied heads,
- * learned positions and RoPE, hidden dropout. */
+ * learned positions and RoPE, hidden dropout; multi-token prediction on the loss's stage
+ * and on a stage before it (its streams through a stage without layers too). */
 #include "common/error.h"
 #include "common/rng.h"
 #include "kernels/backend.h"
@@ -48,24 +49,40 @@ typedef struct pcase {
     gpt_chunk ch[MAXR][2];
     bool tied, rope;
     float dropout;
+    int mtp; /* multi-token prediction depths (0: none) */
 } pcase;
 
 static const pcase cases[] = {
-    {"2 ranks, 2+2 layers, tied", 4, 2, 1, {{{0, 2, true, false, 0}}, {{2, 2, false, true, 0}}}, true, false, 0.1f},
-    {"2 ranks, 1+3 layers, untied, rope", 4, 2, 1, {{{0, 1, true, false, 0}}, {{1, 3, false, true, 0}}}, false, true, 0},
+    {"2 ranks, 2+2 layers, tied", 4, 2, 1, {{{0, 2, true, false, 0, false, false}}, {{2, 2, false, true, 0, false, false}}}, true, false, 0.1f, 0},
+    {"2 ranks, 1+3 layers, untied, rope", 4, 2, 1, {{{0, 1, true, false, 0, false, false}}, {{1, 3, false, true, 0, false, false}}}, false, true, 0, 0},
     {"3 ranks, E|ttt|L (no layers at the ends), tied",
-     3, 3, 1, {{{0, 0, true, false, 0}}, {{0, 3, false, false, 0}}, {{3, 0, false, true, 0}}}, true, false, 0.1f},
+     3, 3, 1, {{{0, 0, true, false, 0, false, false}}, {{0, 3, false, false, 0, false, false}}, {{3, 0, false, true, 0, false, false}}}, true, false, 0.1f, 0},
     {"2 ranks x 2 chunks (interleaved), tied, rope",
      4, 2, 2,
-     {{{0, 1, true, false, 0}, {2, 1, false, false, 0}}, {{1, 1, false, false, 0}, {3, 1, false, true, 0}}},
-     true, true, 0.1f},
+     {{{0, 1, true, false, 0, false, false}, {2, 1, false, false, 0, false, false}}, {{1, 1, false, false, 0, false, false}, {3, 1, false, true, 0, false, false}}},
+     true, true, 0.1f, 0},
+    /* multi-token prediction: the depths on the loss's stage without a tied embedding (the
+     * stage holds a copy of the word embedding for them), and on a stage before it (the
+     * layout's m before L: 1 + D streams to the loss's stage, through a stage without
+     * layers too) */
+    {"2 ranks, Ett|tt+MTP 1 with the head, untied, rope",
+     4, 2, 1, {{{0, 2, true, false, 0, false, false}}, {{2, 2, false, true, 0, false, false}}}, false, true, 0, 1},
+    {"3 ranks, Ett|tt+MTP 2|L, tied, rope, dropout",
+     4, 3, 1,
+     {{{0, 2, true, false, 0, false, false}}, {{2, 2, false, false, 0, true, false}}, {{4, 0, false, true, 0, false, true}}},
+     true, true, 0.1f, 2},
+    {"4 ranks, Ett|MTP 1|-|L, untied, rope",
+     2, 4, 1,
+     {{{0, 2, true, false, 0, false, false}}, {{2, 0, false, false, 0, true, false}},
+      {{2, 0, false, false, 0, false, true}}, {{2, 0, false, true, 0, false, true}}},
+     false, true, 0, 1},
 };
 
 static gpt_config config(const pcase *k) {
     gpt_config c = {.num_layers = k->layers, .hidden = 32, .heads = 4, .kv_groups = 2, .head_dim = 8,
                     .ffn_hidden = 64, .vocab = 45, .padded_vocab = gpt_padded_vocab(45, 8), .max_positions = T,
                     .rope = k->rope, .rotary_base = 10000.0f, .norm_eps = 1e-5f, .tied = k->tied, .bias = true,
-                    .init_std = 0.2f, .hidden_dropout = k->dropout};
+                    .init_std = 0.2f, .hidden_dropout = k->dropout, .mtp_layers = k->mtp, .mtp_loss_scaling = 0.3f};
     return c;
 }
 
@@ -125,7 +142,8 @@ typedef struct pipe {
  * embedding's copies summed, the global norm, AdamW. Returns the losses in loss[MB]. */
 static void pipe_step(const pcase *k, pipe *p, int step, bool inflight, double *loss) {
     batch bb[MB];
-    float *x = malloc(sizeof(float) * N * 32);
+    size_t xn = (size_t)(1 + k->mtp) * N * 32; /* the most streams a link carries */
+    float *x = malloc(sizeof(float) * xn);
     REQUIRE(x);
     for (int r = 0; r < k->ranks; r++) gpt_zero_grad(p->rank[r]);
     for (int mb = 0; mb < MB; mb++) make_batch(&bb[mb], step, mb);
@@ -136,9 +154,12 @@ static void pipe_step(const pcase *k, pipe *p, int step, bool inflight, double *
                 for (int v = 0; v < p->nv; v++) {
                     gpt_model *m = p->rank[VR(k, v)];
                     int c = VC(k, v);
-                    if (v) memcpy(gpt_chunk_input(m, c, s), x, sizeof(float) * N * 32);
+                    size_t in = (size_t)gpt_chunk_streams(m, c, false, true) * N * 32;
+                    size_t out = (size_t)gpt_chunk_streams(m, c, true, true) * N * 32;
+                    REQUIRE(in <= xn && out <= xn);
+                    if (v) memcpy(gpt_chunk_input(m, c, s), x, sizeof(float) * in);
                     double l = gpt_chunk_forward(m, c, s, &bb[mb].b, true, dseed(step, mb), bb[mb].dscale, NULL);
-                    if (v + 1 < p->nv) memcpy(x, gpt_chunk_output(m, c, s), sizeof(float) * N * 32);
+                    if (v + 1 < p->nv) memcpy(x, gpt_chunk_output(m, c, s), sizeof(float) * out);
                     else loss[mb] = l;
                 }
             if (!inflight || pass == 1) {
@@ -147,22 +168,37 @@ static void pipe_step(const pcase *k, pipe *p, int step, bool inflight, double *
                 for (int v = p->nv - 1; v >= 0; v--) {
                     gpt_model *m = p->rank[VR(k, v)];
                     int c = VC(k, v);
-                    if (v + 1 < p->nv) memcpy(gpt_chunk_output_grad(m), x, sizeof(float) * N * 32);
+                    size_t in = (size_t)gpt_chunk_streams(m, c, false, true) * N * 32;
+                    size_t out = (size_t)gpt_chunk_streams(m, c, true, true) * N * 32;
+                    if (v + 1 < p->nv) memcpy(gpt_chunk_output_grad(m), x, sizeof(float) * out);
                     gpt_chunk_backward(m, c, s, &bb[mb].b, dseed(step, mb));
-                    if (v) memcpy(x, gpt_chunk_input_grad(m), sizeof(float) * N * 32);
+                    if (v) memcpy(x, gpt_chunk_input_grad(m), sizeof(float) * in);
                 }
             }
         }
     for (int r = 0; r < k->ranks; r++) REQUIRE_MSG(!kb_backend_status(gpt_backend(p->rank[r])), "%s", co_err_detail());
-    /* the embedding group: the tied word embedding's copies summed (first and last rank) */
-    gpt_model *first = p->rank[0], *last = p->rank[k->ranks - 1];
-    int ta = gpt_tied_embedding(first), tb = gpt_tied_embedding(last);
-    CHECK(k->tied ? ta >= 0 && tb >= 0 : ta < 0 && tb < 0);
-    if (ta >= 0 && tb >= 0) {
-        const gpt_tensor *a = &gpt_tensors(first)[ta], *b = &gpt_tensors(last)[tb];
-        CHECK(!a->emb_copy && b->emb_copy && a->numel == b->numel);
-        float *ga = gpt_grads(first) + a->offset, *gb = gpt_grads(last) + b->offset;
-        for (size_t i = 0; i < a->numel; i++) ga[i] = gb[i] = ga[i] + gb[i];
+    /* the embedding group: the word embedding's copies summed (the first rank's, the last's
+     * when tied, the MTP depths' rank's): every rank holding one, and none with one rank */
+    float *ge[MAXR];
+    int ng = 0;
+    size_t en = 0;
+    for (int r = 0; r < k->ranks; r++) {
+        int ti = gpt_tied_embedding(p->rank[r]);
+        size_t n = 0;
+        bool holds = grad_of(p->rank[r], "embedding.word_embeddings.weight", &n) != NULL;
+        CHECK_MSG(k->ranks > 1 && (k->tied || k->mtp) ? holds == (ti >= 0) : ti < 0,
+                  "%s: rank %d: the embedding group membership", k->name, r);
+        if (ti < 0) continue;
+        const gpt_tensor *t = &gpt_tensors(p->rank[r])[ti];
+        CHECK(t->emb_copy == (r > 0));
+        ge[ng++] = gpt_grads(p->rank[r]) + t->offset;
+        en = t->numel;
+    }
+    CHECK(ng != 1);
+    for (size_t i = 0; i < en && ng > 1; i++) {
+        float sum = 0;
+        for (int g = 0; g < ng; g++) sum += ge[g][i];
+        for (int g = 0; g < ng; g++) ge[g][i] = sum;
     }
     free(x);
 }
@@ -176,7 +212,7 @@ static void pipe_update(const pcase *k, pipe *p, double lr) {
 static void run_case(const pcase *k, kb_backend *be) {
     gpt_config whole = config(k);
     gpt_model *ref = NULL;
-    REQUIRE(!gpt_new(&ref, &whole, be, B, T));
+    REQUIRE_MSG(!gpt_new(&ref, &whole, be, B, T), "%s: %s", k->name, co_err_detail());
     gpt_init(ref, 5);
     opt_adamw ro;
     REQUIRE(!opt_adamw_init(&ro, ref, 0.9f, 0.95f, 1e-3f, 0.1f, 1.0f));
@@ -231,7 +267,8 @@ static void run_case(const pcase *k, kb_backend *be) {
         if (step == 0) /* gradients by name: bitwise, but the summed tied embedding */
             for (int i = 0; i < gpt_num_tensors(ref); i++) {
                 const float *want = gpt_grads(ref) + rt[i].offset;
-                bool tied = k->tied && !strcmp(rt[i].name, "embedding.word_embeddings.weight") && k->ranks > 1;
+                bool tied = (k->tied || k->mtp) && !strcmp(rt[i].name, "embedding.word_embeddings.weight") &&
+                            k->ranks > 1;
                 for (int r = 0; r < k->ranks; r++) {
                     size_t n = 0;
                     const float *g = grad_of(p[0].rank[r], rt[i].name, &n);
@@ -254,19 +291,19 @@ static void run_case(const pcase *k, kb_backend *be) {
               worst_tied);
     for (int i = 0; i < gpt_num_tensors(ref); i++) {
         const float *want = gpt_params(ref) + rt[i].offset;
-        const float *copies[2] = {NULL, NULL};
+        const float *copies[MAXR] = {NULL};
         int nc = 0;
         for (int r = 0; r < k->ranks; r++) {
             const float *q = param_of(p[0].rank[r], rt[i].name);
             if (!q) continue;
-            if (nc < 2) copies[nc++] = q;
+            copies[nc++] = q;
             for (size_t e = 0; e < rt[i].numel; e++) {
                 double err = fabs((double)q[e] - want[e]) / (PARAM_ATOL + PARAM_RTOL * fabs(want[e]));
                 if (err > worst_param) worst_param = err;
             }
         }
-        if (nc == 2)
-            CHECK_MSG(!memcmp(copies[0], copies[1], rt[i].numel * sizeof(float)), "%s: the copies of %s differ", k->name,
+        for (int q = 1; q < nc; q++)
+            CHECK_MSG(!memcmp(copies[0], copies[q], rt[i].numel * sizeof(float)), "%s: the copies of %s differ", k->name,
                       rt[i].name);
     }
     CHECK_MSG(worst_param <= 1.0, "%s: weights after %d steps: worst error %.2f x tolerance", k->name, STEPS,
@@ -303,10 +340,10 @@ static void test_bad_chunks(void) {
     gpt_config c = config(&k);
     gpt_model *m = NULL;
     const gpt_chunk bad[][2] = {
-        {{0, 5, true, true, 1}},                          /* past the last layer */
-        {{1, 2, true, false, 1}},                         /* the embedding not at layer 0 */
-        {{0, 2, false, true, 1}},                         /* the head before the last layer */
-        {{2, 1, false, false, 1}, {0, 1, false, false, 1}}, /* out of order */
+        {{0, 5, true, true, 1, false, false}},                          /* past the last layer */
+        {{1, 2, true, false, 1, false, false}},                         /* the embedding not at layer 0 */
+        {{0, 2, false, true, 1, false, false}},                         /* the head before the last layer */
+        {{2, 1, false, false, 1, false, false}, {0, 1, false, false, 1, false, false}}, /* out of order */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         c.nchunks = bad[i][1].nlayers ? 2 : 1;

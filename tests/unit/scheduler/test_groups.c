@@ -69,6 +69,19 @@ static void partitions(void) {
     CHECK(ng == 24 && sz == 2 && ranks[0] == 0 && ranks[1] == 24);
     topo_groups(&l, TOPO_G_POS_EMBEDDING, ranks, &ng, &sz);
     CHECK(ng == 24 && sz == 1 && ranks[23] == 23);
+    /* MTP depths on a stage before the last (Megatron's get_embedding_ranks): the stages
+     * named, in pipeline order; the group of a rank outside them: none */
+    topo_layout e;
+    REQUIRE(topo_layout_init(&e, 6, 1, 3, 1, 1, 1, false, err, sizeof err) == 0); /* pipelines 0 2 4, 1 3 5 */
+    e.emb_stages = 1ull << 0 | 1ull << 1; /* untied: the first and the MTP stage */
+    topo_groups(&e, TOPO_G_EMBEDDING, ranks, &ng, &sz);
+    CHECK(ng == 2 && sz == 2 && ranks[0] == 0 && ranks[1] == 2 && ranks[2] == 1 && ranks[3] == 3);
+    int mem[48], msz = 0;
+    CHECK(topo_group_of(&e, TOPO_G_EMBEDDING, 3, mem, &msz) == 1 && msz == 2 && mem[0] == 1 && mem[1] == 3);
+    CHECK(topo_group_of(&e, TOPO_G_EMBEDDING, 4, mem, &msz) < 0);
+    e.emb_stages |= 1ull << 2; /* tied: the last too */
+    topo_groups(&e, TOPO_G_EMBEDDING, ranks, &ng, &sz);
+    CHECK(ng == 2 && sz == 3 && ranks[0] == 0 && ranks[1] == 2 && ranks[2] == 4);
 }
 
 static void refusals(void) {

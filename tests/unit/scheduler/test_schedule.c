@@ -347,6 +347,14 @@ static void layouts(void) {
     REQUIRE(place((pp_place_cfg){.p = 2, .num_layers = 4, .layout = "Ett|ttmL", .mtp_num_layers = 1}, st, &v, err,
                   sizeof err) == 0);
     CHECK(st[1].mtp_layers == 1 && st[0].mtp_layers == 0);
+    CHECK(pp_mtp_rank(st, 2, v) == 1 && pp_embedding_stages(st, 2, v, true) == 0); /* m with L: first, last */
+    /* m on a stage before L's: the embedding group is the first, the MTP rank and (tied) the last */
+    REQUIRE(place((pp_place_cfg){.p = 3, .num_layers = 4, .layout = "Ett|ttm|L", .mtp_num_layers = 1}, st, &v, err,
+                  sizeof err) == 0);
+    CHECK(pp_mtp_rank(st, 3, v) == 1 && pp_embedding_stages(st, 3, v, true) == 7ull &&
+          pp_embedding_stages(st, 3, v, false) == 3ull);
+    REQUIRE(place((pp_place_cfg){.p = 3, .num_layers = 6}, st, &v, err, sizeof err) == 0);
+    CHECK(pp_mtp_rank(st, 3, v) == -1 && pp_embedding_stages(st, 3, v, true) == 0);
     static const struct {
         const char *layout, *msg;
         int p, L;
