@@ -38,7 +38,8 @@
 #             uninterrupted one-rank run
 #   etp_killed at tp 2 x ep 2 x dp 4 (etp 2, 8 ranks: two expert-data-parallel replicas) the
 #             killed rank 7 (tensor rank 1, expert rank 1) is rebuilt from rank 3's memory (the
-#             same experts and slices), bitwise the clean run
+#             same experts and slices), and a flipped weight bit on rank 6 is repaired from
+#             the other replica, each bitwise the clean run
 #   peer_check a NaN that reproduces is recomputed by the other expert group (every rank of
 #             it taking its counterpart's micro batches) and diagnosed as the data's: exit 3
 #   refused   bad configurations exit 2 before any work: experts not divisible by ep, ep
@@ -203,6 +204,12 @@ etp_killed)
     grep -q "rank 7 replaced in process generation 2: state of iteration 3 taken from rank 3's memory" "$work/f.out" ||
         fail "rank 7 did not take rank 3's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
     bitwise clean f
+    # a flipped weight bit on rank 6 (tensor rank 0, expert rank 1 of the second replica) found
+    # by the checksums and the replica repaired from the other one: bitwise the clean run
+    run s 6 "${k[@]}" --inject "bitflip-param@rank=6,step=4,bit=22"
+    grep -q "iteration 4: repair .*silent data corruption; repaired from rank [0-3]" "$work/s.out" ||
+        fail "not repaired: $(grep supervisor "$work/s.out")"
+    bitwise clean s
     ;;
 peer_check)
     "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --expert-model-parallel-size 2 \
