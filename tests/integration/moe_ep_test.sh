@@ -44,7 +44,8 @@
 #             it taking its counterpart's micro batches) and diagnosed as the data's: exit 3
 #   refused   bad configurations exit 2 before any work: experts not divisible by ep, ep
 #             without experts, ep not dividing the data-parallel ranks, ep not a multiple of
-#             the tensor-parallel size, ep with context parallelism
+#             the tensor-parallel size at expert tensor size 1, tp x ep not dividing the world
+#             at expert tensor size tp, ep with context parallelism
 set -uo pipefail
 cohort=$1; case_name=$2
 export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
@@ -239,6 +240,9 @@ refused)
     expect "--expert-model-parallel-size 2 is not a multiple of --tensor-model-parallel-size 4" \
         --expert-model-parallel-size 2 --tensor-model-parallel-size 4 --sequence-parallel --expert-tensor-parallel-size 1 \
         --nproc-per-node 4
+    # with the experts split over the tensor group an expert group is tp x ep ranks
+    expect "world size 4 is not a multiple of expert tensor 2 x expert 4" --expert-model-parallel-size 4 \
+        --tensor-model-parallel-size 2 --sequence-parallel --nproc-per-node 4
     expect "--use-distributed-optimizer with --expert-model-parallel-size 2 is not supported yet" \
         --expert-model-parallel-size 2 --nproc-per-node 2 --use-distributed-optimizer
     expect "--expert-model-parallel-size 2 with --context-parallel-size 2 is not supported yet" \
