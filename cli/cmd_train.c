@@ -659,7 +659,8 @@ int cli_train(int argc, char **argv) {
         /* with expert parallelism an expert group is one replica (train/trainer_ep.c): its
          * ranks' results depend on each other's tokens */
         int epn = c.num_experts > 0 && c.expert_model_parallel_size > 1 ? c.expert_model_parallel_size : 1;
-        int per = epn > 1 ? epn / c.tensor_model_parallel_size : 1; /* data-parallel ranks per expert group */
+        int etpn = c.expert_tensor_parallel_size > 0 ? c.expert_tensor_parallel_size : c.tensor_model_parallel_size;
+        int per = epn > 1 ? epn * etpn / c.tensor_model_parallel_size : 1; /* data-parallel ranks per expert group */
         so.replica_stride = co_config_standin_model_parallel ? 1
                             : c.tensor_model_parallel_size * c.context_parallel_size * per *
                                   (c.use_tp_pp_dp_mapping ? c.pipeline_model_parallel_size : 1);

@@ -87,9 +87,10 @@ static const flag flags[] = {
       "exchanged by --moe-token-dispatcher-type (docs/moe.md)"),
 
     I("parallel", "expert-tensor-parallel-size", expert_tensor_parallel_size, "0",
-      "tensor-parallel ranks of each expert (0: the tensor-parallel size); with --num-experts and tensor "
-      "parallelism only 1 (each tensor rank holds every expert whole and computes its own --sequence-parallel "
-      "token shard); experts split over the tensor group are not supported yet"),
+      "tensor-parallel ranks of each expert (0: the tensor-parallel size, as Megatron); with --num-experts and "
+      "tensor parallelism (--sequence-parallel) 1 (each tensor rank holds every expert whole and computes its own "
+      "token shard) or the tensor-parallel size (each expert's fc1 rows and fc2 columns split over the tensor "
+      "group, which computes its tokens together); other sizes are refused"),
     I("parallel", "virtual-pipeline-model-parallel-size", virtual_pipeline_model_parallel_size, "0",
       "model chunks per pipeline rank: the interleaved schedule (0: one chunk)"),
     I("parallel", "num-virtual-stages-per-pipeline-rank", num_virtual_stages_per_pipeline_rank, "0",
@@ -743,7 +744,9 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         if (c->context_parallel_size > 1)
             problem(&P, "--expert-model-parallel-size %d with --context-parallel-size %d is not supported yet", ep,
                     c->context_parallel_size);
-        if (tp > 1 && ep % tp)
+        /* (at expert tensor size 1 the expert group holds whole tensor groups; at expert tensor
+         * size = tp it is tp x ep ranks, ep whole data-parallel replicas) */
+        if (tp > 1 && c->expert_tensor_parallel_size == 1 && ep % tp)
             problem(&P, "--expert-model-parallel-size %d is not a multiple of --tensor-model-parallel-size %d (an "
                         "expert group must hold whole tensor groups, so that the ranks with the same experts hold the "
                         "same tensor slices)", ep, tp);
@@ -754,7 +757,7 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->expert_tensor_parallel_size != 0 && c->expert_tensor_parallel_size != c->tensor_model_parallel_size &&
         !(c->expert_tensor_parallel_size == 1 && c->num_experts > 0))
         problem(&P, "--expert-tensor-parallel-size %d is not supported yet (only 1 with --num-experts, or the "
-                    "tensor-parallel size)", c->expert_tensor_parallel_size);
+                    "tensor-parallel size %d)", c->expert_tensor_parallel_size, c->tensor_model_parallel_size);
     /* (the pipeline's layer placement and schedule are checked against the model by the
      * scheduler before any work: cli/cmd_train.c) */
     if (c->virtual_pipeline_model_parallel_size && c->num_virtual_stages_per_pipeline_rank &&
@@ -781,17 +784,24 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
             problem(&P, "--num-experts: the experts have no biases; add --disable-bias-linear (as Megatron's grouped "
                         "experts)");
         if (c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel) {
-            /* Megatron's layout with --expert-tensor-parallel-size 1: the experts whole on every
-             * tensor rank over its sequence shard (docs/moe.md) */
+            /* Megatron's layouts: --expert-tensor-parallel-size 1, the experts whole on every
+             * tensor rank over its sequence shard; or the tensor size (Megatron's default, when
+             * the flag is not given), each expert split over the tensor group (docs/moe.md) */
             int tp = c->tensor_model_parallel_size;
             int etp = c->expert_tensor_parallel_size ? c->expert_tensor_parallel_size : tp;
+            int fm = c->moe_ffn_hidden_size > 0 ? c->moe_ffn_hidden_size : c->ffn_hidden_size;
             if (!c->sequence_parallel)
                 problem(&P, "--num-experts with --tensor-model-parallel-size %d needs --sequence-parallel (Megatron: "
                             "\"During training, performance may degrade if MoE and tensor parallelism are enabled "
                             "without also enabling sequence parallelism.\")", tp);
-            if (etp != 1)
+            if (etp == tp && fm > 0 && fm % etp)
+                problem(&P, "--num-experts with --expert-tensor-parallel-size %d: the experts' hidden size %d is not "
+                            "divisible by it (each expert's fc1 rows and fc2 columns split over the tensor group)", etp,
+                        fm);
+            if (etp == tp && !strcmp(c->device, "cuda"))
                 problem(&P, "--num-experts with --expert-tensor-parallel-size %d (the experts split over the tensor "
-                            "group) is not supported yet; pass --expert-tensor-parallel-size 1", etp);
+                            "group) with --device cuda is not supported yet (the token exchange runs on the CPU "
+                            "backend); pass --expert-tensor-parallel-size 1", etp);
             if (c->moe_expert_capacity_factor > 0)
                 problem(&P, "--moe-expert-capacity-factor with --tensor-model-parallel-size %d is not supported yet "
                             "(Megatron's capacity counts each tensor rank's tokens, so it drops other tokens than "

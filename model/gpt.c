@@ -158,6 +158,14 @@ static int model_shape(gpt_model *m, int max_T) {
                                                "one rank would)");
         if (c->bias)
             return co_err_set(CO_EINVAL, "mixture of experts: the experts have no biases; add --disable-bias-linear");
+        /* the experts split over the tensor group (expert tensor-parallel size = tp, the only
+         * one besides 1: the expert-tensor rank is the tensor rank) */
+        int etp = c->moe.etp_size > 1 ? c->moe.etp_size : 1;
+        if (etp > 1 && (etp != m->tp || c->moe.ffn_hidden % etp))
+            return co_err_set(CO_EUNSUPPORTED, "mixture of experts: %d expert-tensor-parallel ranks with %d tensor-"
+                                               "parallel ranks and expert size %d (the expert-tensor size must be 1 "
+                                               "or the tensor size, and divide the expert size)",
+                              etp, m->tp, c->moe.ffn_hidden);
         int ep = c->moe.ep_size > 1 ? c->moe.ep_size : 1;
         if (c->ep_rank < 0 || c->ep_rank >= ep)
             return co_err_set(CO_EINVAL, "expert-parallel rank %d is outside a group of %d", c->ep_rank, ep);
@@ -277,18 +285,27 @@ static int build_tensors(gpt_model *m) {
                  * run in moe.h's layout (the router's index locates the block) */
                 int Fm = c->moe.ffn_hidden, Fm1 = c->swiglu ? 2 * Fm : Fm, Fs = c->moe.shared_ffn;
                 int Fs1 = c->swiglu ? 2 * Fs : Fs;
+                /* experts split over the tensor group (moe.etp_size = tp): fc1 column-parallel
+                 * (this rank's rows of the gate and of the up half, as the dense fc1), fc2
+                 * row-parallel (its columns) */
+                bool esplit = c->moe.etp_size > 1 && par;
+                int Fml = esplit ? Fm / tp : Fm;
+                gpt_piece pef[2] = {{0, r * Fml, Fml, 1}, {Fml, Fm + r * Fml, Fml, 1}};
+                gpt_piece pec[1] = {{0, r * Fml, Fml, 1}};
                 char ename[64];
                 m->pack = true;
                 m->pack_run = m->ntensors; /* the run's first tensor */
                 t[ROUTER_W] = add_tensor(m, cap, NAME("mlp.router.weight"), E, C, true, std, false);
                 for (int j = 0; j < El; j++) {
                     snprintf(ename, sizeof ename, "layers.%d.mlp.experts.%d.fc1.weight", l, e0 + j);
-                    int k = add_tensor(m, cap, ename, Fm1, C, true, std, false);
+                    int k = add_split(m, cap, ename, Fm1, C, GPT_TP_ROWS, esplit ? pef : NULL, nf, true, std,
+                                      false);
                     if (k >= 0) m->tensors[k].expert = true;
                 }
                 for (int j = 0; j < El; j++) {
                     snprintf(ename, sizeof ename, "layers.%d.mlp.experts.%d.fc2.weight", l, e0 + j);
-                    int k = add_tensor(m, cap, ename, C, Fm, true, ostd, false);
+                    int k = add_split(m, cap, ename, C, Fm, GPT_TP_COLS, esplit ? pec : NULL, 1, true, ostd,
+                                      false);
                     if (k >= 0) m->tensors[k].expert = true;
                 }
                 if (Fs) {
@@ -302,9 +319,12 @@ static int build_tensors(gpt_model *m) {
                  * sequence-parallel parameter, the experts' gradients are summed over the
                  * expert-data-parallel group, tensor x data at expert tensor-parallel size 1) */
                 for (int q = t[ROUTER_W]; q < m->ntensors; q++)
-                    m->tensors[q].partial_grad = m->sp && !(m->tensors[q].expert && c->moe.ep_size > 1);
+                    m->tensors[q].partial_grad =
+                        m->sp && !(m->tensors[q].expert && (c->moe.ep_size > 1 || esplit));
                 /* (with expert parallelism too, the expert group spans the tensor ranks: each
-                 * holds other experts, whose gradients are its own) */
+                 * holds other experts, whose gradients are its own; split over the tensor group,
+                 * each rank's slice has the gradient of every token its expert-tensor group
+                 * computed: its own) */
                 if (c->moe.expert_bias)
                     t[EBIAS] = add_tensor(m, cap, NAME("mlp.router.expert_bias"), E, 0, false, 0, false);
             } else {

@@ -24,10 +24,13 @@
  * N/tp rows (contiguous in the [B*T] token order): all-gather before a column-parallel
  * layer, reduce-scatter after a row-parallel one, and the replicated parameters' gradients
  * are partial per rank (summed by gpt_tp_finalize_grads). A MoE layer (sequence
- * parallelism required) is Megatron's expert tensor-parallel size 1: its router, experts and
- * shared expert whole on every rank, run over this rank's N/tp tokens (moe_set_sequence_group:
- * aux counts summed over the group, z coefficient / tp), their gradients partial per rank
- * like the norms'. Dropout inside the tensor region
+ * parallelism required) keeps its router and shared expert whole on every rank, run over this
+ * rank's N/tp tokens (moe_set_sequence_group: aux counts summed over the group, z coefficient
+ * / tp), their gradients partial per rank like the norms'; its experts are whole there too
+ * (Megatron's expert tensor-parallel size 1, moe.etp_size 1: partial gradients) or split over
+ * the tensor group (moe.etp_size = tp: each expert's fc1 rows and fc2 columns are split
+ * tensors like the dense MLP's, the tokens exchanged over the group given by
+ * gpt_set_expert_group, the slices' gradients whole). Dropout inside the tensor region
  * (attention probabilities of this rank's heads) is keyed by seed + 2718 + r, as Megatron's
  * tensor-parallel RNG; dropout on the hidden state by the global element index, so tp and
  * sequence parallelism draw the same masks as one rank. A collective that fails records its
@@ -102,7 +105,8 @@ typedef struct gpt_config {
      * moe.hidden and moe.swiglu are the model's. Experts are tensors of their own, named by
      * global expert index ("layers.L.mlp.experts.E.fc1.weight"), so a checkpoint reshards
      * across expert-parallel sizes by name; with moe.ep_size > 1 this rank holds experts
-     * [ep_rank * E/ep, (ep_rank + 1) * E/ep). Not with tp > 1 or bf16 yet. */
+     * [ep_rank * E/ep, (ep_rank + 1) * E/ep); with moe.etp_size = tp > 1 its tensor rank's
+     * slice of each (the expert tensor-parallel size must be 1 or tp). Not with bf16 yet. */
     moe_config moe;
     int moe_layer_freq;
     int ep_rank;
@@ -343,8 +347,9 @@ bool gpt_layer_is_moe(const gpt_config *c, int l);
  * (Megatron's MoEAuxLossAutoScaler) and the MTP depths' losses (MTPLossAutoScaler), as the
  * main loss's backward scale: 1 / micro batches per step (1 until set). */
 void gpt_set_aux_loss_scale(gpt_model *m, float scale);
-/* The expert-parallel group (moe.ep_size ranks, this one at ep_rank) and dispatcher for every
- * MoE layer; required before the first forward when moe.ep_size > 1. */
+/* The expert-parallel group and dispatcher for every MoE layer: moe.ep_size ranks (this one
+ * at ep_rank), or with moe.etp_size > 1 the expert-tensor x expert group of etp_size x ep_size
+ * (the tensor group at ep_size 1); required before the first forward when either is > 1. */
 int gpt_set_expert_group(gpt_model *m, struct cm_comm *ep, moe_dispatcher d, int timeout_ms);
 /* Sums since the last call (then reset), over the MoE layers' training forwards: the
  * load-balancing loss divided by its coefficient and the z loss divided by its (Megatron

@@ -65,7 +65,12 @@ int moe_layout(const moe_config *c, moe_offsets *off) {
     if (c->shared_ffn < 0) return co_err_set(CO_EINVAL, "moe: shared expert size %d is negative", c->shared_ffn);
     if (c->ep_size < 0 || (c->ep_size > 1 && E % c->ep_size))
         return co_err_set(CO_EINVAL, "moe: %d experts do not split over %d expert-parallel ranks", E, c->ep_size);
-    size_t h = (size_t)c->hidden, F = (size_t)c->ffn_hidden, F1 = c->swiglu ? 2 * F : F;
+    if (c->etp_size < 0 || (c->etp_size > 1 && c->ffn_hidden % c->etp_size))
+        return co_err_set(CO_EINVAL, "moe: the experts' intermediate size %d does not split over %d expert-tensor-"
+                          "parallel ranks", c->ffn_hidden, c->etp_size);
+    /* (this rank's slice of each expert: F/etp of its intermediate size) */
+    size_t h = (size_t)c->hidden, F = (size_t)(c->ffn_hidden / (c->etp_size > 1 ? c->etp_size : 1));
+    size_t F1 = c->swiglu ? 2 * F : F;
     size_t Fs = (size_t)c->shared_ffn, Fs1 = c->swiglu ? 2 * Fs : Fs;
     size_t El = (size_t)(c->ep_size > 1 ? E / c->ep_size : E);
     off->router = 0;
@@ -130,7 +135,7 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     m->E = c->num_experts;
     m->h = c->hidden;
     m->k = c->topk;
-    m->F = c->ffn_hidden;
+    m->F = c->ffn_hidden / (c->etp_size > 1 ? c->etp_size : 1); /* this rank's slice of each expert */
     m->F1 = c->swiglu ? 2 * m->F : m->F;
     m->Fs = c->shared_ffn;
     m->Fs1 = c->swiglu ? 2 * m->Fs : m->Fs;
@@ -507,6 +512,9 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     if (B <= 0 || T <= 0 || N > m->maxN || (B * T) % m->sq_shards)
         return co_err_set(CO_EINVAL, "moe_forward: %d x %d tokens over %d sequence-parallel ranks (the layer holds at "
                                      "most %d per rank)", B, T, m->sq_shards, m->maxN);
+    if (c->etp_size > 1 && !m->ep.c)
+        return co_err_set(CO_EINVAL, "moe_forward: the experts are split over %d expert-tensor-parallel ranks and "
+                                     "the expert-tensor group is not set (moe_set_expert_group)", c->etp_size);
     m->N = N;
     m->B = B;
     m->T = T;

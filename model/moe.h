@@ -1,9 +1,9 @@
 /* moe.h - Megatron's mixture-of-experts MLP on one rank: router, load-balancing and z
  * losses, capacity and token dropping, E expert MLPs computed as one product per expert
  * over the tokens routed to it, an optional shared expert; forward and backward over a
- * kb_backend, with its experts split over an expert-parallel group (moe_set_expert_group).
- * Under sequence parallelism each tensor rank runs it whole over its token shard
- * (moe_set_sequence_group).
+ * kb_backend, with its experts split over an expert-parallel group and each expert over an
+ * expert-tensor group (moe_set_expert_group). Under sequence parallelism each tensor rank
+ * routes its token shard (moe_set_sequence_group).
  *
  * Shapes: N tokens (B sequences of T consecutive tokens, cohort's [B*T] order), h hidden,
  * E experts, k router top-k, F an expert's intermediate size (F1 = 2F under SwiGLU, else
@@ -84,14 +84,19 @@ typedef struct moe_config {
                                 backend has none) */
     int ep_size;             /* --expert-model-parallel-size (0 or 1: every expert here);
                                 the flat buffer then holds E/ep_size experts (moe_set_expert_group) */
+    int etp_size;            /* --expert-tensor-parallel-size (0 or 1: each expert whole); > 1:
+                                each expert's F split over etp_size ranks (fc1 rows, both SwiGLU
+                                halves; fc2 columns): the flat buffer holds F/etp_size of each */
 } moe_config;
 
 /* Offsets (in floats) of the tensors in the flat parameter buffer. With ep_size > 1 the
- * experts are this rank's El = E/ep_size (local index j = global expert e0 + j). */
+ * experts are this rank's El = E/ep_size (local index j = global expert e0 + j); with
+ * etp_size > 1 each holds Fl = F/etp_size of the intermediate size (F1l = 2 Fl under SwiGLU:
+ * this rank's rows of the gate half, then of the up half). */
 typedef struct moe_offsets {
     size_t router;      /* Wr[E,h] */
-    size_t fc1;         /* W1[El][F1,h]: local expert j's at fc1 + j*F1*h */
-    size_t fc2;         /* W2[El][h,F]:  local expert j's at fc2 + j*h*F */
+    size_t fc1;         /* W1[El][F1l,h]: local expert j's at fc1 + j*F1l*h */
+    size_t fc2;         /* W2[El][h,Fl]:  local expert j's at fc2 + j*h*Fl */
     size_t shared_fc1;  /* Ws1[Fs1,h] (absent when shared_ffn is 0) */
     size_t shared_fc2;  /* Ws2[h,Fs] */
     size_t total;
@@ -155,7 +160,22 @@ int moe_capacity(const moe_layer *m);
  * Expert weight gradients stay on the owner (the caller all-reduces them over the
  * expert-data-parallel group only); the router's are local (all-reduce over data parallel).
  * Every call has timeout_ms (< 0: none; cm_abort ends it) and returns the communicator's
- * error with the step named. With ep NULL (or size 1) the layer computes every expert. */
+ * error with the step named. With ep NULL (or size 1) the layer computes every expert.
+ *
+ * Experts split over an expert-tensor group (c.etp_size t > 1, Megatron's
+ * --expert-tensor-parallel-size): the group given is the expert-tensor x expert group of
+ * t * ep_size ranks, member g = (expert rank g / t, expert-tensor rank g % t) (scheduler/
+ * groups.h's "expert-tp-ep", the tensor group itself at ep_size 1). Each member holds F/t of
+ * its experts' intermediate size (fc1 column-parallel, fc2 row-parallel). alltoall: a rank's
+ * rows for expert rank q go to every one of q's t members (Megatron's all-to-all over the
+ * expert group followed by the all-gather over the expert-tensor group, in one exchange);
+ * each member computes its partial output over all of them and sends it back, and the rank
+ * sums the t partials of each row (the reduce-scatter over the expert-tensor group) in
+ * member order. allgather: the gather and the reduce-scatter span the whole group (Megatron:
+ * over tp x ep), so the partial outputs, input gradients and probability gradients are
+ * summed there. The expert weight gradients are this member's slice's, complete for the
+ * group's tokens (not partial: the caller sums them over the expert-data-parallel group
+ * only). An etp_size > 1 layer refuses to run without the group. */
 int moe_set_expert_group(moe_layer *m, cm_comm *ep, moe_dispatcher d, int timeout_ms);
 /* Bytes this rank has sent to its expert group since the layer was made. */
 uint64_t moe_ep_bytes_sent(const moe_layer *m);
@@ -163,7 +183,7 @@ uint64_t moe_ep_bytes_sent(const moe_layer *m);
  * not the experts' products) since the layer was made. */
 double moe_ep_dispatch_seconds(const moe_layer *m);
 /* The flat buffer of expert-parallel rank `rank` of ep_size from the full (ep 1) buffer of
- * c (c.ep_size ignored): the router, experts [rank*El, (rank+1)*El), the shared expert.
+ * c (c.ep_size ignored; whole experts: c.etp_size ignored too): the router, experts [rank*El, (rank+1)*El), the shared expert.
  * moe_ep_unslice writes them back (the gradients of every rank make the full gradient). */
 void moe_ep_slice(const moe_config *c, int ep_size, int rank, const float *full, float *local);
 void moe_ep_unslice(const moe_config *c, int ep_size, int rank, const float *local, float *full);
@@ -179,9 +199,10 @@ void moe_ep_unslice(const moe_config *c, int ep_size, int rank, const float *loc
  * sequence of the whole batch), so each rank's aux loss, and its gradient, is its tokens'
  * part of one rank's (the group's sum is one rank's); the z-loss coefficient is divided by s
  * (each rank's z loss is z_coeff/s times the mean over its tokens). The parameter gradients
- * are this rank's part: the caller sums them over the group. Refused (CO_EUNSUPPORTED): a
- * capacity (Megatron's is over each rank's tokens and drops other tokens than one rank
- * would) and an expert group. sq NULL or of size 1: one rank. timeout_ms < 0: none. */
+ * are this rank's part: the caller sums them over the group (the experts' too at
+ * etp_size 1 and ep_size 1; split experts' gradients are this rank's slice's, whole).
+ * Refused (CO_EUNSUPPORTED): a capacity (Megatron's is over each rank's tokens and drops
+ * other tokens than one rank would). sq NULL or of size 1: one rank. timeout_ms < 0: none. */
 int moe_set_sequence_group(moe_layer *m, cm_comm *sq, int timeout_ms);
 /* The general form (context parallelism, docs/moe.md "Context parallelism"): sq is the
  * tensor x context group (Megatron's tp_cp group, tensor ranks fastest), of which `shards`

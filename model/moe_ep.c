@@ -15,6 +15,12 @@
  *   token order; y's expert part as every rank's partial sum, reduce-scattered to the
  *   tokens' owners. backward: dy gathered; dout = prob * dy and dprob = dy . out for the
  *   local experts' rows; dx's expert part and dprob reduce-scattered back.
+ * Experts split over an expert-tensor group (moe_config.etp_size t > 1): the group is the
+ *   expert-tensor x expert group (member g = expert rank g / t); alltoall sends a rank's rows
+ *   for expert rank q to each of q's t members (ep->dup), each computes its slice's partial
+ *   output, and the t partials of a row come home and are summed in member order (Megatron's
+ *   all-to-all, all-gather over the expert-tensor group, reduce-scatter back, all-to-all
+ *   back); allgather gathers over the whole group and its reduce-scatters sum the partials.
  * Every exchange has the layer's timeout and returns the communicator's error with the step
  * named. Orders are fixed (expert, then source rank, then token), so results are bitwise
  * reproducible for a given group size. */
@@ -48,7 +54,7 @@ static void ep_bufs_free(moe_layer *m) {
 void moe__ep_free(moe_layer *m) {
     moe__ep *ep = &m->ep;
     ep_bufs_free(m);
-    float **g[] = {&ep->xg, &ep->pg, &ep->yg};
+    float **g[] = {&ep->xg, &ep->pg, &ep->yg, &ep->dup, &ep->home};
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
         if (*g[i]) m->o->free(m->be, *g[i]);
         *g[i] = NULL;
@@ -102,17 +108,20 @@ int moe_set_expert_group(moe_layer *m, cm_comm *c, moe_dispatcher d, int timeout
     m->ep.El = m->E;
     m->ep.e0 = 0;
     int P = c ? c->size : 1;
-    int want = m->c.ep_size > 1 ? m->c.ep_size : 1;
+    int t = m->c.etp_size > 1 ? m->c.etp_size : 1;
+    int want = (m->c.ep_size > 1 ? m->c.ep_size : 1) * t;
     if (P != want)
-        return co_err_set(CO_EINVAL, "moe: an expert group of %d ranks for a layer laid out for %d", P, want);
+        return co_err_set(CO_EINVAL, "moe: an expert group of %d ranks for a layer laid out for %d expert x %d "
+                                     "expert-tensor-parallel ranks", P, want / t, t);
     if (d != MOE_DISPATCH_ALLTOALL && d != MOE_DISPATCH_ALLGATHER)
         return co_err_set(CO_EINVAL, "moe: unknown token dispatcher %d", (int)d);
     if (P == 1) return 0;
     moe__ep *ep = &m->ep;
     ep->size = P;
     ep->rank = c->rank;
-    ep->El = m->E / P;
-    ep->e0 = c->rank * ep->El;
+    ep->etp = t;
+    ep->El = m->E / (P / t);
+    ep->e0 = c->rank / t * ep->El;
     ep->disp = d;
     ep->timeout_ms = timeout_ms;
     ep->roff = malloc(sizeof(int32_t) * ((size_t)ep->El + 1));
@@ -132,6 +141,13 @@ int moe_set_expert_group(moe_layer *m, cm_comm *c, moe_dispatcher d, int timeout
         ep->dpg = malloc(sizeof(double) * G * E);
         if (!ep->xg || !ep->yg || !ep->pg || !ep->mg || !ep->dpg)
             rc = co_err_set(CO_ENOMEM, "moe: the allgather dispatcher's %zu gathered tokens", G);
+    }
+    if (!rc && d == MOE_DISPATCH_ALLTOALL && t > 1) {
+        size_t n = sizeof(float) * (size_t)m->maxM * (size_t)t * (size_t)m->h;
+        ep->dup = m->o->alloc(m->be, n);
+        ep->home = m->o->alloc(m->be, n);
+        if (!ep->dup || !ep->home)
+            rc = co_err_set(CO_ENOMEM, "moe: the %d expert-tensor ranks' copies of %d rows", t, m->maxM);
     }
     if (rc) {
         moe__ep_free(m);
@@ -181,15 +197,43 @@ static int experts_backward(moe_layer *m, const float *params, float *dparams, c
 
 /* ---- alltoall ---- */
 
+/* With experts split over etp > 1 ranks: the rows of src (m->xp's order: by expert, so by
+ * expert rank q) once for every member p of the group, block p the rows of q = p / etp, into
+ * ep->dup, what the all-to-all sends. At etp 1: src itself. */
+static const float *a2a_send_rows(moe_layer *m, const float *src) {
+    moe__ep *ep = &m->ep;
+    if (ep->etp == 1) return src;
+    size_t h = (size_t)m->h, at = 0;
+    for (int p = 0; p < ep->size; p++) {
+        int q = p / ep->etp;
+        size_t r0 = (size_t)m->eoff[q * ep->El], n = (size_t)m->eoff[(q + 1) * ep->El] - r0;
+        memcpy(ep->dup + at * h, src + r0 * h, sizeof(float) * n * h);
+        at += n;
+    }
+    return ep->dup;
+}
+
 /* The owner's rows (expert-major, ep->R of them) back to their source ranks' order in ep->xs,
- * then home by the all-to-all into dst. */
+ * then home by the all-to-all into dst; with etp > 1 each row comes home from every member of
+ * its expert rank (partial sums over their slices), summed in member order into dst. */
 static int a2a_home(moe_layer *m, const float *rows, float *dst, const char *step) {
     moe__ep *ep = &m->ep;
-    size_t row = sizeof(float) * (size_t)m->h;
+    size_t h = (size_t)m->h, row = sizeof(float) * h;
     for (size_t q = 0; q < ep->R; q++) memcpy(ep->xs + (size_t)ep->perm[q] * m->h, rows + q * m->h, row);
-    int rc = ep->c->ops->alltoallv(ep->c, ep->xs, ep->rbytes, dst, ep->sbytes, ep->timeout_ms);
+    float *recv = ep->etp > 1 ? ep->home : dst;
+    int rc = ep->c->ops->alltoallv(ep->c, ep->xs, ep->rbytes, recv, ep->sbytes, ep->timeout_ms);
     if (rc) return ep_err(rc, step);
     ep->bytes_out += sent(ep, ep->rbytes);
+    if (ep->etp == 1) return 0;
+    size_t at = 0;
+    for (int q = 0; q < ep->size / ep->etp; q++) {
+        size_t r0 = (size_t)m->eoff[q * ep->El], n = ((size_t)m->eoff[(q + 1) * ep->El] - r0) * h;
+        float *d = dst + r0 * h;
+        memcpy(d, recv + at, sizeof(float) * n);
+        at += n;
+        for (int i = 1; i < ep->etp; i++, at += n)
+            for (size_t k = 0; k < n; k++) d[k] += recv[at + k];
+    }
     return 0;
 }
 
@@ -197,10 +241,10 @@ static int a2a_forward(moe_layer *m, const float *params) {
     moe__ep *ep = &m->ep;
     int P = ep->size, El = ep->El;
     size_t row = sizeof(float) * (size_t)m->h;
-    /* the counts: block p = this rank's rows for p's experts */
+    /* the counts: block p = this rank's rows for p's experts (those of its expert rank) */
     size_t cb[P];
     for (int p = 0; p < P; p++) cb[p] = sizeof(int32_t) * (size_t)El;
-    memcpy(ep->scnt, m->tpe, sizeof(int32_t) * (size_t)P * El);
+    for (int p = 0; p < P; p++) memcpy(ep->scnt + p * El, m->tpe + p / ep->etp * El, sizeof(int32_t) * (size_t)El);
     int rc = ep->c->ops->alltoallv(ep->c, ep->scnt, cb, ep->rcnt, cb, ep->timeout_ms);
     if (rc) return ep_err(rc, "the all-to-all of the token counts");
     ep->bytes_out += sent(ep, cb);
@@ -218,7 +262,7 @@ static int a2a_forward(moe_layer *m, const float *params) {
     if ((rc = ep_reserve(m, R))) return rc;
     ep->R = R;
     m->o->sync(m->be);
-    rc = ep->c->ops->alltoallv(ep->c, m->xp, ep->sbytes, ep->xs, ep->rbytes, ep->timeout_ms);
+    rc = ep->c->ops->alltoallv(ep->c, a2a_send_rows(m, m->xp), ep->sbytes, ep->xs, ep->rbytes, ep->timeout_ms);
     if (rc) return ep_err(rc, "the all-to-all of the tokens to their experts");
     ep->bytes_out += sent(ep, ep->sbytes);
     /* source-major [s][j] -> expert-major [j][s] */
@@ -246,7 +290,7 @@ static int a2a_forward(moe_layer *m, const float *params) {
 static int a2a_backward(moe_layer *m, const float *params, float *dparams) {
     moe__ep *ep = &m->ep;
     size_t row = sizeof(float) * (size_t)m->h, R = ep->R;
-    int rc = ep->c->ops->alltoallv(ep->c, m->dout, ep->sbytes, ep->xs, ep->rbytes, ep->timeout_ms);
+    int rc = ep->c->ops->alltoallv(ep->c, a2a_send_rows(m, m->dout), ep->sbytes, ep->xs, ep->rbytes, ep->timeout_ms);
     if (rc) return ep_err(rc, "the all-to-all of the output gradients to the experts");
     ep->bytes_out += sent(ep, ep->sbytes);
     float *doutr = ep->out; /* the outputs went home in forward */
@@ -362,6 +406,7 @@ static void ep_copy(const moe_config *c, int P, int rank, const float *src, floa
     moe_config cf = *c, cl = *c;
     cf.ep_size = 0;
     cl.ep_size = P;
+    cf.etp_size = cl.etp_size = 0; /* whole experts */
     moe_offsets of, ol;
     if (moe_layout(&cf, &of) || moe_layout(&cl, &ol)) return;
     int El = P > 1 ? c->num_experts / P : c->num_experts;

@@ -17,6 +17,10 @@ typedef struct moe__ep {
     moe_dispatcher disp;
     int timeout_ms;
     int size, rank, El, e0; /* group size and rank; local experts [e0, e0 + El) */
+    int etp;                /* expert-tensor ranks per expert rank (1: whole experts): member g is
+                               expert rank g / etp */
+    float *dup, *home;      /* etp > 1, alltoall: [maxM*etp,h] each rank's rows once per member
+                               of their expert rank; the members' partial rows come home */
     size_t cap;             /* rows the buffers below hold */
     float *xs;              /* [cap,h] rows in arrival (source-major) order, for any exchange */
     float *xr, *h1, *act, *out, *dact, *dh1, *dx; /* expert-major: [cap,h|F1|F|h|F|F1|h] */
@@ -40,7 +44,7 @@ struct moe_layer {
     moe_offsets off;
     kb_backend *be;
     const kb_ops *o;
-    int maxN, maxM, E, h, k, F, F1, Fs, Fs1;
+    int maxN, maxM, E, h, k, F, F1, Fs, Fs1; /* F, F1: this rank's slice of an expert (etp_size) */
     /* backend memory */
     float *logits;          /* [maxN,E] */
     float *xp, *h1, *act;   /* [maxM,h], [maxM,F1], [maxM,F] */

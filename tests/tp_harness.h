@@ -65,6 +65,10 @@ typedef struct tph_sizes {
      * 2: layer 0 of 2, 4 experts in 2 groups, sigmoid top-2 scaled, seq_aux_loss, z-loss,
      * the expert bias, grouped products */
     int moe;
+    /* with moe at tp > 1: 0 the experts whole on every tensor rank (expert tensor-parallel
+     * size 1); 1 or 2 split over the tensor group (size tp), the tokens exchanged by the
+     * alltoall (1) or allgather (2) dispatcher over it */
+    int etp;
     /* multi-token prediction depths (0: none; loss scaling 0.3) */
     int mtp;
 } tph_sizes;
@@ -119,6 +123,7 @@ static gpt_config tph_config(const tph_sizes *s, const tph_case *k, int tp, int 
             mc->grouped_gemm = true;
             c.moe_layer_freq = 2;
         }
+        if (s->etp && tp > 1) mc->etp_size = tp;
     }
     return c;
 }
@@ -189,6 +194,14 @@ static int tph_train(const tph_setup *h, const tph_case *k, kb_device dev, int t
         return rc;
     }
     if (tp > 1) gpt_set_tensor_group(m, comm, h->timeout_ms);
+    if (tp > 1 && c.moe.etp_size > 1 &&
+        (rc = gpt_set_expert_group(m, comm, s->etp == 2 ? MOE_DISPATCH_ALLGATHER : MOE_DISPATCH_ALLTOALL,
+                                   h->timeout_ms))) {
+        fprintf(stderr, "rank %d: gpt_set_expert_group: %s\n", rank, co_err_detail());
+        gpt_destroy(&m);
+        kb_backend_destroy(&be);
+        return rc;
+    }
     gpt_tp_set_overlap(m, overlap);
     gpt_init(m, 42);
     /* an uneven expert bias (it starts at zero; no gradient moves it) */

@@ -958,6 +958,7 @@ void trainer_set_tensor_group(trainer *t, cm_comm *tp) {
     t->tp = tp;
     gpt_set_tensor_group(t->model, tp, TRAIN_COMM_TIMEOUT_MS);
     kb_backend_clear_status(t->be); /* a collective the last generation's abort failed */
+    trainer__etp_tensor_group(t);   /* (experts split over it without expert parallelism) */
 }
 
 void trainer_model_parallel(const trainer *t, int *tp, int *tp_rank, int *pp, int *pp_rank) {

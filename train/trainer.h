@@ -55,8 +55,9 @@ typedef struct trainer_data {
      * layers' token group under tensor parallelism too (NULL without) */
     struct cm_comm *cp, *dpcp, *tpcp;
     /* expert parallelism (--expert-model-parallel-size > 1 with --num-experts; NULL
-     * otherwise): the expert group, the expert-data-parallel group and the expert group x
-     * pipeline (train/trainer_ep.c) */
+     * otherwise): the expert group (the expert-tensor x expert group: Megatron's expert group
+     * at --expert-tensor-parallel-size 1), the expert-data-parallel group and the expert group
+     * x pipeline (train/trainer_ep.c) */
     struct cm_comm *ep, *edp, *erep;
 } trainer_data;
 

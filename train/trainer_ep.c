@@ -2,11 +2,13 @@
  * docs/moe.md): the MoE layers' experts split over the expert group, everything else as
  * data parallelism.
  *
- * Groups (Megatron's expert layout, scheduler/groups.h; context size 1, expert tensor size
- * 1): in the order tp-cp-ep-dp-pp the expert group `ep` is ep consecutive ranks of a stage:
- * ep/tp tensor groups (ep a multiple of tp), the expert-data-parallel group `edp` the ranks
- * at the same place in every expert group (they hold the same experts and, ep being a
- * multiple of tp, the same tensor slices), and `erep` the expert group times the pipeline.
+ * Groups (Megatron's expert layout, scheduler/groups.h; context size 1): in the order
+ * tp-cp-ep-dp-pp, at expert tensor size 1 the expert group `ep` is ep consecutive ranks of a
+ * stage: ep/tp tensor groups (ep a multiple of tp); at expert tensor size = tp (the experts
+ * split over the tensor group) `ep` is the expert-tensor x expert group, tp x ep consecutive
+ * ranks: ep whole data-parallel replicas. The expert-data-parallel group `edp` is the ranks
+ * at the same place in every expert group (they hold the same experts and the same tensor
+ * slices), and `erep` the expert group times the pipeline.
  * Each data-parallel replica reads its own micro batches; a MoE layer sends the tokens its
  * router gives (under tensor parallelism, this rank's sequence-parallel share) to another
  * rank's experts there and back (model/moe_ep.c, --moe-token-dispatcher-type).
@@ -48,27 +50,43 @@ int trainer__ep_setup(trainer *t, const trainer_data *data, gpt_config *m) {
     const co_config *c = &t->cfg;
     t->epn = c->num_experts > 0 && c->expert_model_parallel_size > 1 ? c->expert_model_parallel_size : 1;
     t->epr = 0;
+    t->etpn = c->num_experts > 0 && m->moe.etp_size > 1 ? m->moe.etp_size : 1;
     if (t->epn == 1) return 0;
-    int dp = t->dp ? t->dp->size : 1, tp = t->tp_size;
-    if (t->epn % tp || dp % (t->epn / tp))
+    int dp = t->dp ? t->dp->size : 1, tp = t->tp_size, etp = t->etpn;
+    /* the expert-tensor x expert group: etp x ep consecutive ranks of a stage, whole tensor
+     * groups (ep a multiple of tp at etp 1; ep data-parallel replicas at etp = tp) */
+    if ((t->epn * etp) % tp || dp % (t->epn * etp / tp))
         return co_err_set(CO_EINVAL, "--expert-model-parallel-size %d does not divide the %d data-parallel x %d "
                                      "tensor-parallel ranks of a stage in whole tensor groups (each expert group is ep "
                                      "consecutive ranks)", t->epn, dp, tp);
-    int edp = dp / (t->epn / tp);
-    if (!data->ep || data->ep->size != t->epn || !data->edp || data->edp->size != edp || !data->erep)
+    int edp = dp / (t->epn * etp / tp);
+    if (!data->ep || data->ep->size != t->epn * etp || !data->edp || data->edp->size != edp || !data->erep)
         return co_err_set(CO_EINVAL, "an expert group of %d ranks (and the expert-data-parallel group of %d) for "
-                                     "--expert-model-parallel-size %d", data->ep ? data->ep->size : 0, edp, t->epn);
+                                     "--expert-model-parallel-size %d x expert tensor size %d",
+                          data->ep ? data->ep->size : 0, edp, t->epn, etp);
     t->ep = data->ep;
     t->edp = data->edp;
     t->erep = data->erep;
-    t->epr = t->ep->rank;
+    t->epr = t->ep->rank / etp;
     m->moe.ep_size = t->epn;
     m->ep_rank = t->epr;
     return 0;
 }
 
+/* Experts split over the tensor group without expert parallelism: the tensor group is their
+ * exchange group (moe_set_expert_group's expert-tensor x expert group at ep 1). */
+void trainer__etp_tensor_group(trainer *t) {
+    if (t->epn > 1 || t->etpn == 1 || !t->tp) return;
+    int rc = gpt_set_expert_group(t->model, t->tp, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
+    if (rc && !t->be->status) t->be->status = rc;
+}
+
 int trainer__ep_model_ready(trainer *t) {
-    if (t->epn == 1) return 0;
+    if (t->epn == 1) {
+        if (t->etpn == 1) return 0;
+        if (!t->tp) return co_err_set(CO_EINVAL, "experts split over the tensor group: no tensor group");
+        return gpt_set_expert_group(t->model, t->tp, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
+    }
     const gpt_tensor *tab = gpt_tensors(t->model);
     int nt = gpt_num_tensors(t->model);
     t->ep_runs = calloc((size_t)nt + 1, sizeof *t->ep_runs);
@@ -138,8 +156,8 @@ int trainer__ep_grad_norm(trainer *t, double *out) {
 
 /* ---- the validator's view: an expert group is one replica ---- */
 
-/* data-parallel ranks per expert group */
-static int dp_per_group(const trainer *t) { return t->epn / t->tp_size; }
+/* data-parallel ranks per expert group (the expert-tensor x expert group) */
+static int dp_per_group(const trainer *t) { return t->epn * t->etpn / t->tp_size; }
 
 int trainer__ep_replica_of(const trainer *t, int world_rank) {
     topo_coord co;

@@ -143,9 +143,11 @@ struct trainer {
     struct tr_dopt *dopt;
     /* expert parallelism (trainer_ep.c; epn 1 without): the expert group, the expert-data-
      * parallel group, the expert group x pipeline (one whole model); the flat buffers' runs
-     * of expert and other tensors (the gradients' reductions) */
+     * of expert and other tensors (the gradients' reductions). ep is the expert-tensor x
+     * expert group (the expert group itself at etpn 1); etpn: the expert-tensor size (1, or
+     * the tensor size: the experts split over the tensor group) */
     cm_comm *ep, *edp, *erep;
-    int epn, epr;
+    int epn, epr, etpn;
     struct tr_ep_run *ep_runs;
     int nep_runs;
     uint64_t ep_bytes_logged; /* the exchange's counters at the last log line */
@@ -220,6 +222,7 @@ cm_comm *trainer__grad_group(const trainer *t);
  * ep_check_share: the data-parallel share this rank recomputes in a check round (-1: none). */
 int trainer__ep_setup(trainer *t, const trainer_data *data, gpt_config *m);
 int trainer__ep_model_ready(trainer *t);
+void trainer__etp_tensor_group(trainer *t);
 void trainer__ep_free(trainer *t);
 int trainer__ep_reduce_grads(trainer *t);
 int trainer__ep_grad_norm(trainer *t, double *out);

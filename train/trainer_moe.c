@@ -44,6 +44,8 @@ void trainer__moe_config(trainer *t, gpt_config *m) {
     mc->grouped_gemm = c->moe_grouped_gemm;
     mc->shared_ffn = c->moe_shared_expert_intermediate_size;
     mc->ep_size = c->expert_model_parallel_size;
+    /* --expert-tensor-parallel-size: unset means the tensor size (Megatron's default) */
+    mc->etp_size = c->expert_tensor_parallel_size > 0 ? c->expert_tensor_parallel_size : t->tp_size;
     m->moe_layer_freq = c->moe_layer_freq;
 }
 
@@ -203,9 +205,9 @@ int trainer__moe_log(trainer *t, char *text, size_t tn, char *json, size_t jn) {
     int jl = snprintf(json, jn, ",\"load_balancing_loss\":%.9e,\"z_loss\":%.9e,\"moe_dropped_tokens\":%.0f,"
                       "\"moe_router_collapses\":%lld",
                       lb, z, v[3], (long long)t->moe_collapses);
-    if (t->epn > 1 && jl > 0 && (size_t)jl < jn) {
+    if ((t->epn > 1 || t->etpn > 1) && jl > 0 && (size_t)jl < jn) {
         /* this (the logging) rank's exchange since the last log line: bytes it sent to its
-         * expert group, seconds in dispatch and combine */
+         * expert group (the expert-tensor x expert group), seconds in dispatch and combine */
         uint64_t bytes;
         double secs;
         gpt_moe_ep_counters(t->model, &bytes, &secs);

@@ -14,8 +14,9 @@
  *   - the last stage's copy of the tied word embedding: not at all (the first stage's is
  *     the checkpoint's; loading fills both);
  *   - with expert parallelism (ep > 1) a shard is also an expert rank: each expert's tensors
- *     (global index in the name) by the expert rank that holds it; the other tensors, held by
- *     every expert rank, once, by one chosen by the tensor's index. A load takes this rank's
+ *     (global index in the name) by the expert rank that holds it (with the experts split over
+ *     the tensor group, expert tensor size = tp: each tensor rank of it its own slice); the
+ *     other tensors, held by every expert rank, once, by one chosen by the tensor's index. A load takes this rank's
  *     tensors by name, so a checkpoint resumes at any expert-parallel size.
  * Data is this rank's buffer where it holds the part (its own pieces, a run shared with it,
  * a whole tensor of its stage), NULL elsewhere. Rows are contiguous in the flat buffers and a
@@ -196,10 +197,28 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
             for (int i = 0; i < ntab[SHARD(0, s, 0)] && !rc; i++) {
                 const gpt_tensor *t0 = &tab[SHARD(0, s, 0)][i];
                 if (t0->emb_copy) continue;
-                if (t0->expert && ep > 1) { /* each expert rank's own experts (whole on its tensor ranks) */
+                if (t0->expert && ep > 1 && (tp == 1 || t0->split == GPT_TP_REPLICATED)) {
+                    /* each expert rank's own experts (whole on its tensor ranks) */
                     for (int e = 0; e < ep && !rc; e++)
                         rc = add(save, part, &tab[SHARD(0, s, e)][i], held(held_by, tp, pp, i, s, e), false, 0,
                                  NULL, my_stage && e == epr ? base + mine[i].offset : NULL);
+                    continue;
+                }
+                if (t0->expert && ep > 1) {
+                    /* split over the tensor group too (expert tensor size = tp): every (tensor rank,
+                     * expert rank) holds its own slice of its experts, written by its shard */
+                    for (int e = 0; e < ep && !rc; e++)
+                        for (int r = 0; r < tp && !rc; r++) {
+                            const gpt_tensor *tr = &tab[SHARD(r, s, e)][i];
+                            size_t cols = (size_t)(tr->shape[1] ? tr->shape[1] : 1);
+                            bool mine_here = my_stage && e == epr && r == tpr;
+                            for (int q = 0; q < tr->npieces && !rc; q++) {
+                                float *data = !mine_here ? NULL
+                                              : base + mine[i].offset +
+                                                    (tr->split == GPT_TP_ROWS ? (size_t)mine[i].piece[q].local * cols : 0);
+                                rc = add(save, part, tr, SHARD(r, s, e), true, tr->split, &tr->piece[q], data);
+                            }
+                        }
                     continue;
                 }
                 if (tp == 1 || t0->split == GPT_TP_REPLICATED) {

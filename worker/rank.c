@@ -83,7 +83,9 @@ static void report_waiting(void *ctx, int stage) {
 /* The expert groups (trainer_data.ep, edp, erep) where the layout has expert parallelism. */
 static void set_experts(trainer_data *td, const wk_comms *cs) {
     bool experts = cs && wk_comms_layout(cs)->ep > 1;
-    td->ep = experts ? wk_comms_group(cs, TOPO_G_EP) : NULL;
+    /* the layers' exchange group: the expert-tensor x expert group (the expert group at expert
+     * tensor size 1) */
+    td->ep = experts ? wk_comms_group(cs, TOPO_G_ETP_EP) : NULL;
     td->edp = experts ? wk_comms_group(cs, TOPO_G_EDP) : NULL;
     td->erep = experts ? wk_comms_group(cs, TOPO_G_ETP_EP_PP) : NULL;
 }

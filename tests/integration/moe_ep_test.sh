@@ -26,11 +26,26 @@
 #             tp 2 x ep 4 (allgather) and tp 2 x ep 2 x pp 2 against one rank, as match; a
 #             tp 2 x ep 2 checkpoint resumed on one rank; at tp 2 x ep 2 x dp 2 the killed
 #             rank 3 is rebuilt from rank 1 (the same tensor slices and experts), bitwise
+#   etp       the experts split over the tensor group (--expert-tensor-parallel-size = tp, here
+#             Megatron's default: the flag not given): tp 2 and tp 2 x ep 2 (4 ranks) with the
+#             alltoall and the allgather dispatcher, tp 2 x pp 2 and tp 2 x cp 2, against one
+#             rank, as match; each expert
+#             tensor written as two slices (ckpt inspect) where etp 1 writes it whole; the flag
+#             given as 2 is the default's run bitwise; a checkpoint of iteration 3 saved at
+#             tp 2 resumes on one rank, at tp 2 with --expert-tensor-parallel-size 1 and at
+#             tp 2 x ep 2, one saved at tp 2 x ep 2 on one rank and at tp 2 x ep 2, and a
+#             one-rank one at tp 2 (resharding the slices), each ending within 1e-5 of the
+#             uninterrupted one-rank run
+#   etp_killed at tp 2 x ep 2 x dp 4 (etp 2, 8 ranks: two expert-data-parallel replicas) the
+#             killed rank 7 (tensor rank 1, expert rank 1) is rebuilt from rank 3's memory (the
+#             same experts and slices), and a flipped weight bit on rank 6 is repaired from
+#             the other replica, each bitwise the clean run
 #   peer_check a NaN that reproduces is recomputed by the other expert group (every rank of
 #             it taking its counterpart's micro batches) and diagnosed as the data's: exit 3
 #   refused   bad configurations exit 2 before any work: experts not divisible by ep, ep
 #             without experts, ep not dividing the data-parallel ranks, ep not a multiple of
-#             the tensor-parallel size, ep with context parallelism
+#             the tensor-parallel size at expert tensor size 1, tp x ep not dividing the world
+#             at expert tensor size tp, ep with context parallelism
 set -uo pipefail
 cohort=$1; case_name=$2
 export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
@@ -68,14 +83,14 @@ bitwise() { # A B: two runs' checkpoints bitwise the same
 case $case_name in
 match)
     run one 5
-    run ep2a 5 --nproc-per-node 2 --expert-model-parallel-size 2
+    run ep2a 5 --nproc-per-node 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
     run ep2g 5 --nproc-per-node 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
-    run ep4a 5 --nproc-per-node 4 --expert-model-parallel-size 4
+    run ep4a 5 --nproc-per-node 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
     run ep4g 5 --nproc-per-node 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type allgather
     run ep2d4 5 --nproc-per-node 4 --expert-model-parallel-size 2
     compare 1 one ep2a ep2g ep4a ep4g ep2d4
     for n in ep2a ep2g ep4a ep4g ep2d4; do close one $n; done
-    run ep4b 5 --nproc-per-node 4 --expert-model-parallel-size 4
+    run ep4b 5 --nproc-per-node 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
     [ "$(losses "$work/ep4a.jsonl")" = "$(losses "$work/ep4b.jsonl")" ] || fail "two ep 4 runs log different numbers"
     bitwise ep4a ep4b
     ;;
@@ -124,9 +139,10 @@ sdc)
 tp)
     T=(--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1)
     run one 6
-    run t2e2 6 --nproc-per-node 2 "${T[@]}" --expert-model-parallel-size 2
+    run t2e2 6 --nproc-per-node 2 "${T[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
     run t2e4 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 4 --moe-token-dispatcher-type allgather
-    run t2e2p2 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --pipeline-model-parallel-size 2
+    run t2e2p2 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+        --moe-token-dispatcher-type alltoall
     compare 1 one t2e2 t2e4 t2e2p2
     for n in t2e2 t2e4 t2e2p2; do close one $n; done
     run half 6 --nproc-per-node 2 "${T[@]}" --expert-model-parallel-size 2 --exit-interval 3
@@ -139,6 +155,62 @@ tp)
     grep -q "rank 3 replaced in process generation 2: state of iteration 3 taken from rank 1's memory" "$work/f.out" ||
         fail "rank 3 did not take rank 1's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
     bitwise clean f
+    ;;
+etp)
+    T=(--tensor-model-parallel-size 2 --sequence-parallel) # no --expert-tensor-parallel-size: 2
+    A=(--moe-token-dispatcher-type alltoall)               # (allgather is Megatron's default)
+    run one 6
+    run t2a 6 --nproc-per-node 2 "${T[@]}" "${A[@]}"
+    run t2g 6 --nproc-per-node 2 "${T[@]}" --moe-token-dispatcher-type allgather
+    run t2e2 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 "${A[@]}"
+    run t2e2g 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
+    run t2p2 6 --nproc-per-node 4 "${T[@]}" --pipeline-model-parallel-size 2 "${A[@]}"
+    run t2c2 6 --nproc-per-node 4 "${T[@]}" --context-parallel-size 2 "${A[@]}"
+    compare 1 one t2a t2g t2e2 t2e2g t2p2 t2c2
+    for n in t2a t2g t2e2 t2e2g t2p2 t2c2; do close one $n; done
+    # the experts are split: two slices per expert tensor (one at etp 1)
+    "$cohort" ckpt inspect "$work/t2a.ck" >"$work/i2" 2>&1 || fail "inspect"
+    grep -Eq "^ *layers\.0\.mlp\.experts\.3\.fc2\.weight +model F32 +\[32, 48\] +2 " "$work/i2" ||
+        fail "expert 3's fc2 is not two slices: $(grep experts.3.fc2 "$work/i2" | head -2)"
+    grep -q '"moe_ep_bytes_sent":[1-9]' "$work/t2a.jsonl" || fail "no exchange over the tensor group in the metrics"
+    run t2x 6 --nproc-per-node 2 "${T[@]}" "${A[@]}" --expert-tensor-parallel-size 2
+    bitwise t2a t2x
+    # resharding: saved at tp 2 (etp 2), resumed on one rank, at etp 1 and at tp 2 x ep 2; saved
+    # at tp 2 x ep 2, resumed on one rank and at tp 2 x ep 2 (the other dispatcher); saved on
+    # one rank, resumed at tp 2 (the whole experts cut into slices)
+    resume() { # NAME FROM ARGS...: iteration 3 of FROM resumed to 6 as NAME
+        local name=$1 from=$2; shift 2
+        cp -r "$work/$from.ck" "$work/$name.ck"
+        "$cohort" train "${tiny[@]}" --train-iters 6 --load "$work/$name.ck" --save "$work/$name.ck" "$@" \
+            >"$work/$name.out" 2>&1 || fail "$name: $(tail -3 "$work/$name.out")"
+        grep -q "successfully loaded checkpoint .* at iteration 3" "$work/$name.out" ||
+            fail "$name did not load iteration 3: $(grep -i checkpoint "$work/$name.out" | head -3)"
+        close one "$name"
+    }
+    run half 6 --nproc-per-node 2 "${T[@]}" --exit-interval 3
+    run halfe 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --exit-interval 3 "${A[@]}"
+    resume r1 half
+    resume r2 half --nproc-per-node 2 "${T[@]}" --expert-tensor-parallel-size 1
+    resume r3 halfe
+    resume r4 halfe --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2
+    resume r5 half --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 "${A[@]}"
+    run half1 6 --exit-interval 3
+    resume r6 half1 --nproc-per-node 2 "${T[@]}" "${A[@]}"
+    ;;
+etp_killed)
+    k=(--nproc-per-node 8 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2
+       --moe-token-dispatcher-type alltoall)
+    run clean 6 "${k[@]}"
+    run f 6 "${k[@]}" --inject "kill@rank=7,step=4"
+    grep -q "rank 7 replaced in process generation 2: state of iteration 3 taken from rank 3's memory" "$work/f.out" ||
+        fail "rank 7 did not take rank 3's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
+    bitwise clean f
+    # a flipped weight bit on rank 6 (tensor rank 0, expert rank 1 of the second replica) found
+    # by the checksums and the replica repaired from the other one: bitwise the clean run
+    run s 6 "${k[@]}" --inject "bitflip-param@rank=6,step=4,bit=22"
+    grep -q "iteration 4: repair .*silent data corruption; repaired from rank [0-3]" "$work/s.out" ||
+        fail "not repaired: $(grep supervisor "$work/s.out")"
+    bitwise clean s
     ;;
 peer_check)
     "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --expert-model-parallel-size 2 \
@@ -168,6 +240,9 @@ refused)
     expect "--expert-model-parallel-size 2 is not a multiple of --tensor-model-parallel-size 4" \
         --expert-model-parallel-size 2 --tensor-model-parallel-size 4 --sequence-parallel --expert-tensor-parallel-size 1 \
         --nproc-per-node 4
+    # with the experts split over the tensor group an expert group is tp x ep ranks
+    expect "world size 4 is not a multiple of expert tensor 2 x expert 4" --expert-model-parallel-size 4 \
+        --tensor-model-parallel-size 2 --sequence-parallel --nproc-per-node 4
     expect "--use-distributed-optimizer with --expert-model-parallel-size 2 is not supported yet" \
         --expert-model-parallel-size 2 --nproc-per-node 2 --use-distributed-optimizer
     expect "--expert-model-parallel-size 2 with --context-parallel-size 2 is not supported yet" \

@@ -48,8 +48,10 @@
 #                exit; under the supervisor with ep 2: the run report) carries the round's
 #                load_balancing_loss, z_loss and mtp_1 loss of the rank
 #   refused      bad configurations exit 2 before any work: top-k above the experts,
-#                biases, tensor parallelism without sequence parallelism, the experts split
-#                over the tensor group, a capacity with tensor parallelism, the expert bias
+#                biases, tensor parallelism without sequence parallelism (also with the
+#                experts split over the tensor group), the experts split over the tensor
+#                group on cuda or with an expert size it does not divide, an expert tensor
+#                size other than 1 and tp, a capacity with tensor parallelism, the expert bias
 #                with softmax, flex, group counts that do not divide, padding without a
 #                capacity (expert parallelism's: moe_ep_test.sh)
 set -uo pipefail
@@ -347,10 +349,16 @@ refused)
     expect "--num-experts with --tensor-model-parallel-size 2 needs --sequence-parallel" "${tp2[@]}" \
         --expert-tensor-parallel-size 1
     expect "performance may degrade if MoE and tensor parallelism" "${tp2[@]}" --expert-tensor-parallel-size 1
-    expect "--expert-tensor-parallel-size 2 (the experts split over the tensor group) is not supported yet; pass \
---expert-tensor-parallel-size 1" "${tp2[@]}" --sequence-parallel
-    expect "--expert-tensor-parallel-size 2 (the experts split" "${tp2[@]}" --sequence-parallel \
+    # the experts split over the tensor group (the default expert tensor size, or given) need it too
+    expect "--num-experts with --tensor-model-parallel-size 2 needs --sequence-parallel" "${tp2[@]}"
+    expect "--num-experts with --tensor-model-parallel-size 2 needs --sequence-parallel" "${tp2[@]}" \
         --expert-tensor-parallel-size 2
+    expect "--expert-tensor-parallel-size 2 (the experts split over the tensor group) with --device cuda is not \
+supported yet" "${tp2[@]}" --sequence-parallel --device cuda
+    expect "the experts' hidden size 47 is not divisible by it" "${tp2[@]}" --sequence-parallel \
+        --moe-ffn-hidden-size 47
+    expect "--moe-expert-capacity-factor with --tensor-model-parallel-size 2 is not supported yet" "${tp2[@]}" \
+        --sequence-parallel --moe-expert-capacity-factor 1.5
     expect "--moe-expert-capacity-factor with --tensor-model-parallel-size 2 is not supported yet" "${tp2[@]}" \
         --sequence-parallel --expert-tensor-parallel-size 1 --moe-expert-capacity-factor 1.5
     expect "--expert-tensor-parallel-size 3 is not supported yet" "${tp2[@]}" --sequence-parallel \

@@ -18,8 +18,9 @@
  * and odd vocabularies padded to divisible_by x tp. MoE models (tp 2 with sequence
  * parallelism: the router, experts and shared expert whole on each rank over its tokens, aux
  * loss or per-sequence aux loss, z-loss, shared expert or expert bias, 3 sequences so that a
- * rank holds one and a half) against one rank the same way, and MoE without sequence
- * parallelism refused. Multi-token prediction (2 depths, docs/mtp.md) at tp 2 with and
+ * rank holds one and a half) against one rank the same way, the same with the experts split
+ * over the tensor group (expert tensor-parallel size 2; alltoall and allgather), and MoE
+ * without sequence parallelism refused. Multi-token prediction (2 depths, docs/mtp.md) at tp 2 with and
  * without sequence parallelism and at tp 4 with it: the main loss and each depth's, every
  * gradient and weight; a hidden size eh_proj cannot split refused.
  * Bad layouts are refused by gpt_tp_check. fp32 throughout: the parallel sums differ from
@@ -97,6 +98,28 @@ static void test_moe_matches_one_rank(void) {
          * 2.3e-4, the tensor's largest far above) sums terms whose rounding leaves 3.8e-7 */
         s.refs[0].grad_atol_rel = 1e-6;
         tph_run_case(&s, &moe_cases[v - 1]);
+    }
+}
+
+/* The same MoE models with the experts split over the tensor group (expert tensor-parallel
+ * size 2, Megatron's default): each expert's fc1 rows (both SwiGLU halves) and fc2 columns
+ * split like the dense MLP's, the routed rows exchanged over the tensor group by the
+ * alltoall (model 1) and the allgather (model 2) dispatcher, the slices' gradients whole
+ * (not summed by gpt_tp_finalize_grads); every gradient and weight of this rank's slice
+ * against one rank's. */
+static void test_moe_etp_matches_one_rank(void) {
+    static const char *names[2] = {"tp2 sp etp2 alltoall moe softmax aux z shared, gelu",
+                                   "tp2 sp etp2 allgather moe sigmoid groups seq_aux z bias, swiglu"};
+    for (int v = 1; v <= 2; v++) {
+        tph_setup s = setup;
+        s.sizes.moe = v;
+        s.sizes.etp = v;
+        s.sizes.B = 3;
+        s.scratch = "gpt-tp-etp";
+        s.refs[0].grad_atol_rel = 1e-6; /* as the MoE cases above */
+        tph_case k = moe_cases[v - 1];
+        k.name = names[v - 1];
+        tph_run_case(&s, &k);
     }
 }
 
@@ -247,6 +270,7 @@ int main(void) {
     RUN(test_layouts_match_one_rank);
     RUN(test_moe_refused);
     RUN(test_moe_matches_one_rank);
+    RUN(test_moe_etp_matches_one_rank);
     RUN(test_mtp_matches_one_rank);
     RUN(test_vocab_parallel_ce); /* after the forks: this process runs kernels itself */
     return TEST_EXIT();

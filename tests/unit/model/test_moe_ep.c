@@ -15,7 +15,10 @@
  * the allgather dispatcher sums the experts of a token in rank order), and bitwise the same
  * when run twice. Configurations: softmax top-2 with the aux loss, sigmoid top-3 with the
  * expert bias, a capacity with drops, padding to capacity, a shared expert and SwiGLU with
- * the grouped products, the z loss, and uneven token counts per rank (alltoall only; allgather needs equal counts). */
+ * the grouped products, the z loss, and uneven token counts per rank (alltoall only; allgather needs equal counts).
+ * With the experts split over etp ranks too (moe_config.etp_size, a group of etp x ep
+ * members): each member's expert gradients are its slice of the group's sum (every member of
+ * an expert rank sees every token routed to its experts), the rest as above. */
 #include "model/moe.h"
 
 #include "comm/zmq_comm.h"
@@ -36,6 +39,7 @@ typedef struct ep_case {
     int P;
     moe_dispatcher d;
     bool uneven; /* rank r routes (B, T + r) tokens: alltoall only */
+    int etp;     /* > 1: the experts split over etp ranks, P = etp x expert ranks */
 } ep_case;
 
 static kb_backend *backend(void) {
@@ -97,6 +101,36 @@ static void reference(const ep_case *k, kb_backend *be, const float *full, const
     moe_destroy(&m);
 }
 
+/* Member g's flat buffer from the full one: the router, the experts of expert rank g / etp
+ * (each its slice g % etp of the intermediate size: those rows of fc1's gate and up halves,
+ * those columns of fc2), the shared expert. At etp 1 moe_ep_slice. */
+static void slice_of(const ep_case *k, int P, int g, const float *full, float *local) {
+    int t = k->etp > 1 ? k->etp : 1;
+    if (t == 1) {
+        moe_ep_slice(&k->c, P, g, full, local);
+        return;
+    }
+    moe_config cf = k->c, cl = k->c;
+    cf.ep_size = cf.etp_size = 0;
+    cl.ep_size = P / t;
+    cl.etp_size = t;
+    moe_offsets of, ol;
+    REQUIRE(moe_layout(&cf, &of) == 0 && moe_layout(&cl, &ol) == 0);
+    size_t h = (size_t)cf.hidden, F = (size_t)cf.ffn_hidden, Fl = F / (size_t)t, nh = cf.swiglu ? 2 : 1;
+    int El = cf.num_experts / (P / t), q = g / t;
+    size_t i = (size_t)(g % t);
+    memcpy(local, full, sizeof(float) * (size_t)cf.num_experts * h);
+    for (int j = 0; j < El; j++) {
+        size_t e = (size_t)(q * El + j);
+        const float *W1 = full + of.fc1 + e * nh * F * h, *W2 = full + of.fc2 + e * h * F;
+        float *w1 = local + ol.fc1 + (size_t)j * nh * Fl * h, *w2 = local + ol.fc2 + (size_t)j * h * Fl;
+        for (size_t half = 0; half < nh; half++)
+            memcpy(w1 + half * Fl * h, W1 + (half * F + i * Fl) * h, sizeof(float) * Fl * h);
+        for (size_t r = 0; r < h; r++) memcpy(w2 + r * Fl, W2 + r * F + i * Fl, sizeof(float) * Fl);
+    }
+    memcpy(local + ol.shared_fc1, full + of.shared_fc1, sizeof(float) * (of.total - of.shared_fc1));
+}
+
 static cm_comm *connect_group(int rank, int n, const char *dir) {
     char eps[8][160];
     const char *ep[8];
@@ -121,8 +155,10 @@ static void sc_ep(int rank, int P, const char *dir, const void *arg) {
     kb_backend *be = backend();
     REQUIRE(be);
     moe_config cf = k->c, cl = k->c;
+    int t = k->etp > 1 ? k->etp : 1;
     cf.ep_size = 0;
-    cl.ep_size = P;
+    cl.ep_size = P / t;
+    cl.etp_size = t;
     moe_offsets of, ol;
     REQUIRE(moe_layout(&cf, &of) == 0 && moe_layout(&cl, &ol) == 0);
     int E = cf.num_experts, h = cf.hidden, N = tokens_of(k, rank);
@@ -145,7 +181,7 @@ static void sc_ep(int rank, int P, const char *dir, const void *arg) {
         }
     }
     float *local = malloc(sizeof(float) * ol.total);
-    moe_ep_slice(&k->c, P, rank, full, local);
+    slice_of(k, P, rank, full, local);
     cm_comm *c = connect_group(rank, P, dir);
     REQUIRE(c);
     moe_layer *m = NULL;
@@ -168,8 +204,8 @@ static void sc_ep(int rank, int P, const char *dir, const void *arg) {
     /* the reference's gradient for this rank's parameters: its own router and shared
      * expert, the group's sum for its experts */
     float *want = malloc(sizeof(float) * ol.total), *mine_local = malloc(sizeof(float) * ol.total);
-    moe_ep_slice(&k->c, P, rank, dsum, want);
-    moe_ep_slice(&k->c, P, rank, mine.dparams, mine_local);
+    slice_of(k, P, rank, dsum, want);
+    slice_of(k, P, rank, mine.dparams, mine_local);
     size_t nr = (size_t)E * h;
     memcpy(want, mine_local, sizeof(float) * nr); /* router: local */
     memcpy(want + ol.shared_fc1, mine_local + ol.shared_fc1, sizeof(float) * (ol.total - ol.shared_fc1));
@@ -217,14 +253,16 @@ static moe_config base(void) {
 
 static void run_case(ep_case k) {
     char name[160];
-    snprintf(name, sizeof name, "%s ep %d %s", k.name, k.P, k.d == MOE_DISPATCH_ALLGATHER ? "allgather" : "alltoall");
+    int t = k.etp > 1 ? k.etp : 1;
+    snprintf(name, sizeof name, "%s ep %d etp %d %s", k.name, k.P / t, t,
+             k.d == MOE_DISPATCH_ALLGATHER ? "allgather" : "alltoall");
     int bad = t_fork_ranks(name, "moeep", k.P, sc_ep, &k, -1, 60000);
     CHECK_MSG(bad == 0, "%s: %d rank(s) failed", name, bad);
 }
 
 static void test_softmax_top2(void) {
     for (int d = 0; d < 2; d++)
-        for (int P = 2; P <= 4; P += 2) run_case((ep_case){"softmax top-2, aux loss", base(), P, (moe_dispatcher)d, false});
+        for (int P = 2; P <= 4; P += 2) run_case((ep_case){"softmax top-2, aux loss", base(), P, (moe_dispatcher)d, false, 1});
 }
 
 static void test_sigmoid_bias_shared_swiglu(void) {
@@ -237,23 +275,43 @@ static void test_sigmoid_bias_shared_swiglu(void) {
     c.shared_ffn = 10;
     c.swiglu = true;
     c.grouped_gemm = true;
-    for (int d = 0; d < 2; d++) run_case((ep_case){"sigmoid top-3, bias, shared, swiglu, grouped", c, 4, (moe_dispatcher)d, false});
+    for (int d = 0; d < 2; d++) run_case((ep_case){"sigmoid top-3, bias, shared, swiglu, grouped", c, 4, (moe_dispatcher)d, false, 1});
 }
 
 static void test_capacity(void) {
     moe_config c = base();
     c.capacity_factor = 0.5; /* drops */
-    for (int d = 0; d < 2; d++) run_case((ep_case){"capacity 0.5", c, 2, (moe_dispatcher)d, false});
+    for (int d = 0; d < 2; d++) run_case((ep_case){"capacity 0.5", c, 2, (moe_dispatcher)d, false, 1});
     c.pad_to_capacity = true;
     c.drop = MOE_DROP_POSITION;
-    run_case((ep_case){"padded to capacity", c, 4, MOE_DISPATCH_ALLTOALL, false});
+    run_case((ep_case){"padded to capacity", c, 4, MOE_DISPATCH_ALLTOALL, false, 1});
 }
 
 static void test_uneven_tokens(void) {
     moe_config c = base();
     c.pre_softmax = true;
     c.topk = 1;
-    run_case((ep_case){"uneven tokens, pre-softmax top-1", c, 4, MOE_DISPATCH_ALLTOALL, true});
+    run_case((ep_case){"uneven tokens, pre-softmax top-1", c, 4, MOE_DISPATCH_ALLTOALL, true, 1});
+}
+
+/* the experts split over etp 2 ranks: at ep 1 and ep 2 (groups of 2 and 4), both dispatchers,
+ * GELU and SwiGLU (both halves sliced) with the grouped products, uneven token counts */
+static void test_expert_tensor_parallel(void) {
+    for (int d = 0; d < 2; d++) {
+        run_case((ep_case){"softmax top-2, aux loss", base(), 2, (moe_dispatcher)d, false, 2});
+        run_case((ep_case){"softmax top-2, aux loss", base(), 4, (moe_dispatcher)d, false, 2});
+    }
+    moe_config c = base();
+    c.score = MOE_SCORE_SIGMOID;
+    c.topk = 3;
+    c.lb = MOE_LB_SEQ_AUX;
+    c.z_coeff = 0.001f;
+    c.shared_ffn = 10;
+    c.swiglu = true;
+    c.grouped_gemm = true;
+    for (int d = 0; d < 2; d++)
+        run_case((ep_case){"sigmoid top-3, shared, swiglu, grouped", c, 4, (moe_dispatcher)d, false, 2});
+    run_case((ep_case){"uneven tokens", base(), 4, MOE_DISPATCH_ALLTOALL, true, 2});
 }
 
 static void test_refused(void) {
@@ -269,6 +327,22 @@ static void test_refused(void) {
     /* no group for a layer laid out for two ranks */
     CHECK(moe_set_expert_group(m, NULL, MOE_DISPATCH_ALLTOALL, 1000) == CO_EINVAL);
     moe_destroy(&m);
+    /* the experts split over 5 ranks: 12 does not divide; split over 2 and run without the
+     * expert-tensor group */
+    c.ep_size = 0;
+    c.etp_size = 5;
+    CHECK(moe_layout(&c, &off) == CO_EINVAL && strstr(co_err_detail(), "expert-tensor"));
+    c.etp_size = 2;
+    REQUIRE(moe_new(&m, &c, be, 16) == 0);
+    CHECK(moe_set_expert_group(m, NULL, MOE_DISPATCH_ALLTOALL, 1000) == CO_EINVAL);
+    float *p = calloc(moe_layer_offsets(m)->total, sizeof(float)), *x = calloc(16 * 16, sizeof(float)),
+          *y = calloc(16 * 16, sizeof(float));
+    REQUIRE(p && x && y);
+    CHECK(moe_forward(m, y, x, p, NULL, 2, 8) == CO_EINVAL && strstr(co_err_detail(), "expert-tensor group"));
+    free(p);
+    free(x);
+    free(y);
+    moe_destroy(&m);
     kb_backend_destroy(&be);
 }
 
@@ -278,5 +352,6 @@ int main(void) {
     RUN(test_sigmoid_bias_shared_swiglu);
     RUN(test_capacity);
     RUN(test_uneven_tokens);
+    RUN(test_expert_tensor_parallel);
     return TEST_EXIT();
 }
