@@ -400,7 +400,8 @@ static int counterpart(const rr_machine *m, int r, int src) {
 static void sum_repair(rr_machine *m, rr_verdict *v, int src, int agree) {
     const rr_report *c = m->cur;
     int W = m->o.world, first = -1, nbad = 0;
-    char msg[300] = "";
+    char msg[300] = "", first_msg[300] = "", list[120] = "";
+    size_t ll = 0;
     sum_check(m, agree);
     m->rej_fatal = true;
     for (int r = 0; r < W; r++) {
@@ -420,13 +421,19 @@ static void sum_repair(rr_machine *m, rr_verdict *v, int src, int agree) {
                      (unsigned long long)c[r].sum_used, counterpart(m, r, src), counterpart(m, r, src));
         m->faults[r]++;
         add_event(m, r, RR_DIAG_PERSISTENT, RR_ACCEPT, true, msg);
+        if (nbad == 1) snprintf(first_msg, sizeof first_msg, "%s", msg);
+        if (ll < sizeof list) ll += (size_t)snprintf(list + ll, sizeof list - ll, "%s%d", nbad > 1 ? ", " : "", r);
     }
     m->suspect = first;
     m->helper = src;
     m->after_repair = true;
     start_round(m, ROUND_ALL, m->attempt + 1);
+    /* several ranks: the first one's account (under expert parallelism the ranks of an expert
+     * group report one combined checksum, so all of them differ whichever one's memory
+     * changed) */
     if (nbad > 1)
-        verdict(v, m, RR_REPAIR, RR_DIAG_PERSISTENT, "%d ranks' parameters differ from rank %d's (%s)", nbad, src, msg);
+        verdict(v, m, RR_REPAIR, RR_DIAG_PERSISTENT, "%d ranks' parameters differ from rank %d's (ranks %s; the first: %s)",
+                nbad, src, list, first_msg);
     else
         verdict(v, m, RR_REPAIR, RR_DIAG_PERSISTENT, "%s", msg);
 }
