@@ -28,8 +28,8 @@
 #             rank 3 is rebuilt from rank 1 (the same tensor slices and experts), bitwise
 #   etp       the experts split over the tensor group (--expert-tensor-parallel-size = tp, here
 #             Megatron's default: the flag not given): tp 2 and tp 2 x ep 2 (4 ranks) with the
-#             alltoall and the allgather dispatcher, tp 2 x pp 2 and tp 2 x cp 2, against one
-#             rank, as match; each expert
+#             alltoall and the allgather dispatcher, tp 2 x pp 2, tp 2 x cp 2 and tp 2 x ep 2 x
+#             pp 2 (8 ranks), against one rank, as match; each expert
 #             tensor written as two slices (ckpt inspect) where etp 1 writes it whole; the flag
 #             given as 2 is the default's run bitwise; a checkpoint of iteration 3 saved at
 #             tp 2 resumes on one rank, at tp 2 with --expert-tensor-parallel-size 1 and at
@@ -39,7 +39,8 @@
 #   etp_killed at tp 2 x ep 2 x dp 4 (etp 2, 8 ranks: two expert-data-parallel replicas) the
 #             killed rank 7 (tensor rank 1, expert rank 1) is rebuilt from rank 3's memory (the
 #             same experts and slices), and a flipped weight bit on rank 6 is repaired from
-#             the other replica, each bitwise the clean run
+#             the other replica, each bitwise the clean run; a NaN that reproduces on rank 7
+#             is recomputed by the first expert group and diagnosed as the data's (exit 3)
 #   peer_check a NaN that reproduces is recomputed by the other expert group (every rank of
 #             it taking its counterpart's micro batches) and diagnosed as the data's: exit 3
 #   refused   bad configurations exit 2 before any work: experts not divisible by ep, ep
@@ -166,8 +167,9 @@ etp)
     run t2e2g 6 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
     run t2p2 6 --nproc-per-node 4 "${T[@]}" --pipeline-model-parallel-size 2 "${A[@]}"
     run t2c2 6 --nproc-per-node 4 "${T[@]}" --context-parallel-size 2 "${A[@]}"
-    compare 1 one t2a t2g t2e2 t2e2g t2p2 t2c2
-    for n in t2a t2g t2e2 t2e2g t2p2 t2c2; do close one $n; done
+    run t2e2p2 6 --nproc-per-node 8 "${T[@]}" --expert-model-parallel-size 2 --pipeline-model-parallel-size 2 "${A[@]}"
+    compare 1 one t2a t2g t2e2 t2e2g t2p2 t2c2 t2e2p2
+    for n in t2a t2g t2e2 t2e2g t2p2 t2c2 t2e2p2; do close one $n; done
     # the experts are split: two slices per expert tensor (one at etp 1)
     "$cohort" ckpt inspect "$work/t2a.ck" >"$work/i2" 2>&1 || fail "inspect"
     grep -Eq "^ *layers\.0\.mlp\.experts\.3\.fc2\.weight +model F32 +\[32, 48\] +2 " "$work/i2" ||
@@ -211,6 +213,13 @@ etp_killed)
     grep -q "iteration 4: repair .*silent data corruption; repaired from rank [0-3]" "$work/s.out" ||
         fail "not repaired: $(grep supervisor "$work/s.out")"
     bitwise clean s
+    # a NaN every replay on rank 7 (the second expert group, ranks 4-7): reproduced, the first
+    # expert group recomputes its micro batches and finds it too
+    "$cohort" train "${tiny[@]}" --train-iters 6 "${k[@]}" --inject "nan@rank=7,step=4,times=always" >"$work/p.out" 2>&1
+    rc=$?
+    [ $rc -eq 3 ] || fail "peer check: exit $rc, want 3: $(tail -5 "$work/p.out")"
+    grep -Eq "rank [4-7]: nan_[a-z]* \(nan\) reproduced on rank [0-3] too: the data or the model is at fault" \
+        "$work/p.out" || fail "no peer check: $(grep supervisor "$work/p.out" | head)"
     ;;
 peer_check)
     "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --expert-model-parallel-size 2 \
