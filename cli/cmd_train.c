@@ -660,7 +660,9 @@ int cli_train(int argc, char **argv) {
          * ranks' results depend on each other's tokens */
         int epn = c.num_experts > 0 && c.expert_model_parallel_size > 1 ? c.expert_model_parallel_size : 1;
         int etpn = c.expert_tensor_parallel_size > 0 ? c.expert_tensor_parallel_size : c.tensor_model_parallel_size;
-        int per = epn > 1 ? epn * etpn / c.tensor_model_parallel_size : 1; /* data-parallel ranks per expert group */
+        /* data-parallel ranks per expert group (whole tensor x context groups: Megatron's expert
+         * layout folds the context ranks into the expert groups) */
+        int per = epn > 1 ? epn * etpn / (c.tensor_model_parallel_size * c.context_parallel_size) : 1;
         so.replica_stride = co_config_standin_model_parallel ? 1
                             : c.tensor_model_parallel_size * c.context_parallel_size * per *
                                   (c.use_tp_pp_dp_mapping ? c.pipeline_model_parallel_size : 1);

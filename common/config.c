@@ -740,13 +740,17 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         else if (c->num_experts % ep)
             problem(&P, "--num-experts %d is not divisible by --expert-model-parallel-size %d (each expert rank holds "
                         "num-experts / ep experts)", c->num_experts, ep);
-        int tp = c->tensor_model_parallel_size;
-        if (c->context_parallel_size > 1)
-            problem(&P, "--expert-model-parallel-size %d with --context-parallel-size %d is not supported yet", ep,
-                    c->context_parallel_size);
+        int tp = c->tensor_model_parallel_size, cp = c->context_parallel_size;
         /* (at expert tensor size 1 the expert group holds whole tensor groups; at expert tensor
-         * size = tp it is tp x ep ranks, ep whole data-parallel replicas) */
-        if (tp > 1 && c->expert_tensor_parallel_size == 1 && ep % tp)
+         * size = tp it is tp x ep ranks, ep whole data-parallel replicas; with context
+         * parallelism Megatron's expert layout folds the context ranks into the expert groups,
+         * which then hold whole tensor x context groups) */
+        int etp = c->expert_tensor_parallel_size > 0 ? c->expert_tensor_parallel_size : tp;
+        if (cp > 1 && (ep * etp) % (tp * cp))
+            problem(&P, "--expert-model-parallel-size %d x expert tensor size %d is not a multiple of tensor %d x "
+                        "context %d parallel sizes (an expert group must hold whole tensor x context groups, so that "
+                        "the ranks with the same experts hold the same slices of the other tensors)", ep, etp, tp, cp);
+        else if (tp > 1 && c->expert_tensor_parallel_size == 1 && ep % tp)
             problem(&P, "--expert-model-parallel-size %d is not a multiple of --tensor-model-parallel-size %d (an "
                         "expert group must hold whole tensor groups, so that the ranks with the same experts hold the "
                         "same tensor slices)", ep, tp);

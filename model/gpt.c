@@ -149,9 +149,11 @@ static int model_shape(gpt_model *m, int max_T) {
         if (m->tp > 1 && !m->sp)
             return co_err_set(CO_EUNSUPPORTED, "mixture of experts with tensor parallelism needs sequence parallelism "
                                                "(as Megatron)");
-        if (m->cp > 1 && (c->moe.ep_size > 1 || c->moe.capacity_factor > 0))
-            return co_err_set(CO_EUNSUPPORTED, "mixture of experts with context parallelism and expert parallelism or "
-                                               "an expert capacity is not supported yet");
+        /* (context parallelism combines with expert parallelism: each context rank routes its
+         * own tokens and exchanges them within its expert group, trainer_ep.c) */
+        if (m->cp > 1 && c->moe.capacity_factor > 0)
+            return co_err_set(CO_EUNSUPPORTED, "mixture of experts with context parallelism and an expert capacity is "
+                                               "not supported yet");
         if (m->tp > 1 && c->moe.capacity_factor > 0)
             return co_err_set(CO_EUNSUPPORTED, "an expert capacity with tensor parallelism is not supported yet "
                                                "(Megatron's capacity over each rank's tokens drops other tokens than "

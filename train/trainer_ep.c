@@ -52,14 +52,16 @@ int trainer__ep_setup(trainer *t, const trainer_data *data, gpt_config *m) {
     t->epr = 0;
     t->etpn = c->num_experts > 0 && m->moe.etp_size > 1 ? m->moe.etp_size : 1;
     if (t->epn == 1) return 0;
-    int dp = t->dp ? t->dp->size : 1, tp = t->tp_size, etp = t->etpn;
-    /* the expert-tensor x expert group: etp x ep consecutive ranks of a stage, whole tensor
-     * groups (ep a multiple of tp at etp 1; ep data-parallel replicas at etp = tp) */
-    if ((t->epn * etp) % tp || dp % (t->epn * etp / tp))
+    int dp = t->dp ? t->dp->size : 1, tp = t->tp_size, etp = t->etpn, cp = t->cpn;
+    /* the expert-tensor x expert group: etp x ep consecutive ranks of a stage, whole tensor x
+     * context groups (ep a multiple of tp at etp 1; ep data-parallel replicas at etp = tp; the
+     * context ranks folded in, Megatron's expert layout) */
+    if ((t->epn * etp) % (tp * cp) || dp % (t->epn * etp / (tp * cp)))
         return co_err_set(CO_EINVAL, "--expert-model-parallel-size %d does not divide the %d data-parallel x %d "
-                                     "tensor-parallel ranks of a stage in whole tensor groups (each expert group is ep "
-                                     "consecutive ranks)", t->epn, dp, tp);
-    int edp = dp / (t->epn * etp / tp);
+                                     "tensor-parallel x %d context-parallel ranks of a stage in whole tensor x context "
+                                     "groups (each expert group is ep consecutive ranks)", t->epn, dp, tp, cp);
+    /* (the expert-data-parallel size: the stage's ranks over the expert group's) */
+    int edp = dp / (t->epn * etp / (tp * cp));
     if (!data->ep || data->ep->size != t->epn * etp || !data->edp || data->edp->size != edp || !data->erep)
         return co_err_set(CO_EINVAL, "an expert group of %d ranks (and the expert-data-parallel group of %d) for "
                                      "--expert-model-parallel-size %d x expert tensor size %d",
@@ -130,7 +132,8 @@ int trainer__ep_reduce_grads(trainer *t) {
     float *g = gpt_grads(t->model);
     for (int i = 0; i < t->nep_runs; i++) {
         const struct tr_ep_run *r = &t->ep_runs[i];
-        cm_comm *c = r->expert ? t->edp : t->dp;
+        /* (the dense tensors' over data x context: each context rank's part of its replica's) */
+        cm_comm *c = r->expert ? t->edp : trainer__grad_group(t);
         if (!r->len || c->size == 1) continue;
         int rc = c->ops->allreduce_sum(c, g + r->off, r->len, CM_F32, TRAIN_COMM_TIMEOUT_MS);
         if (rc) return rc;
@@ -156,8 +159,9 @@ int trainer__ep_grad_norm(trainer *t, double *out) {
 
 /* ---- the validator's view: an expert group is one replica ---- */
 
-/* data-parallel ranks per expert group (the expert-tensor x expert group) */
-static int dp_per_group(const trainer *t) { return t->epn * t->etpn / t->tp_size; }
+/* data-parallel ranks per expert group (the expert-tensor x expert group: whole tensor x
+ * context groups) */
+static int dp_per_group(const trainer *t) { return t->epn * t->etpn / (t->tp_size * t->cpn); }
 
 int trainer__ep_replica_of(const trainer *t, int world_rank) {
     topo_coord co;

@@ -108,11 +108,13 @@ static void model_info(const gpt_config *g, ck_model_info *mi) {
     mi->rotary_base = g->rotary_base;
 }
 
-/* The data-parallel size: the world over the model shards and the context ranks (each
- * context rank holds its shard's state whole, a replica of it like a data-parallel peer). */
+/* The data-parallel size (Megatron's, the dense layout's): the world over tensor x pipeline x
+ * context. (Not the world over the writer groups: with expert parallelism those are the expert
+ * shards, whose groups fold the context ranks in.) */
 static int data_size(const wk_ckpt *k) {
     int cp = k->cfg.context_parallel_size > 1 ? k->cfg.context_parallel_size : 1;
-    return k->world / k->groups / cp;
+    int d = k->world / (k->tp * k->pp * cp);
+    return d > 0 ? d : 1;
 }
 
 /* The parts again (the distributed optimizer's full moments live only around a save or a

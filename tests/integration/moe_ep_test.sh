@@ -41,12 +41,17 @@
 #             same experts and slices), and a flipped weight bit on rank 6 is repaired from
 #             the other replica, each bitwise the clean run; a NaN that reproduces on rank 7
 #             is recomputed by the first expert group and diagnosed as the data's (exit 3)
+#   cp        with context parallelism (the context ranks folded into the expert groups, Megatron's
+#             expert layout): cp 2 x ep 2 (alltoall), cp 2 x dp 2 x ep 2 (allgather) and cp 2 x
+#             ep 4 against one rank, as match, and load_balancing_loss and z_loss within 1e-6
+#             relative; at cp 2 x dp 2 x ep 2 the killed rank 3 is rebuilt from rank 1 (the same
+#             context rank and experts), bitwise the clean run
 #   peer_check a NaN that reproduces is recomputed by the other expert group (every rank of
 #             it taking its counterpart's micro batches) and diagnosed as the data's: exit 3
 #   refused   bad configurations exit 2 before any work: experts not divisible by ep, ep
 #             without experts, ep not dividing the data-parallel ranks, ep not a multiple of
 #             the tensor-parallel size at expert tensor size 1, tp x ep not dividing the world
-#             at expert tensor size tp, ep with context parallelism
+#             at expert tensor size tp, ep x expert tensor size not a multiple of tp x cp
 set -uo pipefail
 cohort=$1; case_name=$2
 export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
@@ -221,6 +226,28 @@ etp_killed)
     grep -Eq "rank [4-7]: nan_[a-z]* \(nan\) reproduced on rank [0-3] too: the data or the model is at fault" \
         "$work/p.out" || fail "no peer check: $(grep supervisor "$work/p.out" | head)"
     ;;
+cp)
+    # context parallelism folded into the expert groups (Megatron's expert layout): at cp 2 x ep 2
+    # the expert group is the context group, at cp 2 x dp 2 x ep 2 each context group, at cp 2 x
+    # ep 4 both replicas' context groups; each context rank routes its own tokens
+    C=(--context-parallel-size 2)
+    run one 5
+    run c2e2 5 --nproc-per-node 2 "${C[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
+    run c2d2e2 5 --nproc-per-node 4 "${C[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
+    run c2e4 5 --nproc-per-node 4 "${C[@]}" --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
+    compare 1 one c2e2 c2d2e2 c2e4
+    moe_losses_match one:c2e2 one:c2d2e2 one:c2e4
+    for n in c2e2 c2d2e2 c2e4; do close one $n; done
+    grep -q '"moe_ep_bytes_sent":[1-9]' "$work/c2e4.jsonl" || fail "no exchange over the expert group in the metrics"
+    # the killed rank 3 (context rank 1, expert rank 1 of the second expert group) rebuilt from
+    # rank 1 (its expert-data-parallel peer: the same context rank and experts), bitwise
+    k=(--nproc-per-node 4 "${C[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall)
+    run clean 6 "${k[@]}"
+    run f 6 "${k[@]}" --inject "kill@rank=3,step=4"
+    grep -q "rank 3 replaced in process generation 2: state of iteration 3 taken from rank 1's memory" "$work/f.out" ||
+        fail "rank 3 did not take rank 1's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
+    bitwise clean f
+    ;;
 peer_check)
     "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --expert-model-parallel-size 2 \
         --inject "nan@rank=3,step=4,times=always" >"$work/f.out" 2>&1
@@ -243,7 +270,7 @@ refused)
     expect "--num-experts 4 is not divisible by --expert-model-parallel-size 3" --expert-model-parallel-size 3 \
         --nproc-per-node 3 --global-batch-size 6
     expect "--expert-model-parallel-size 2 needs --num-experts" --num-experts 0 --expert-model-parallel-size 2
-    expect "does not divide the 1 data-parallel x 1 tensor-parallel ranks" --expert-model-parallel-size 2
+    expect "does not divide the 1 data-parallel x 1 tensor-parallel x 1 context-parallel ranks" --expert-model-parallel-size 2
     expect "world size 6 is not a multiple of expert tensor 1 x expert 4" --expert-model-parallel-size 4 --nproc-per-node 6 \
         --global-batch-size 12
     expect "--expert-model-parallel-size 2 is not a multiple of --tensor-model-parallel-size 4" \
@@ -254,8 +281,9 @@ refused)
         --tensor-model-parallel-size 2 --sequence-parallel --nproc-per-node 4
     expect "--use-distributed-optimizer with --expert-model-parallel-size 2 is not supported yet" \
         --expert-model-parallel-size 2 --nproc-per-node 2 --use-distributed-optimizer
-    expect "--expert-model-parallel-size 2 with --context-parallel-size 2 is not supported yet" \
-        --expert-model-parallel-size 2 --context-parallel-size 2 --nproc-per-node 4
+    # with context parallelism an expert group holds whole tensor x context groups
+    expect "--expert-model-parallel-size 2 x expert tensor size 1 is not a multiple of tensor 1 x context 4" \
+        --expert-model-parallel-size 2 --context-parallel-size 4 --nproc-per-node 4
     ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -1,6 +1,6 @@
 # moe_tiny.sh - sourced by moe_test.sh and moe_ep_test.sh (after $work and fail() exist): the
 # tiny MoE model both train (4 layers, every second one MoE with 4 experts of hidden 48, top-2,
-# aux and z losses) as $tiny, and compare_runs.sh's helpers.
+# aux and z losses) as $tiny, compare_runs.sh's helpers, and moe_losses_match (below).
 tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4 --hidden-size 32
       --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
       --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
@@ -8,3 +8,24 @@ tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4
       --num-experts 4 --moe-router-topk 2 --moe-layer-freq 2 --moe-ffn-hidden-size 48
       --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3)
 . "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
+moe_losses_match() { # REF:RUN...: each iteration RUN logged has REF's load_balancing_loss and z_loss
+    /usr/bin/python3 - "$work" "$@" <<'PY' || fail "the MoE losses differ from one rank's"
+import json, sys
+w = sys.argv[1]
+def load(n):
+    return {r["iteration"]: r for r in map(json.loads, open(f"{w}/{n}.jsonl")) if "grad_norm" in r}
+worst = 0
+for pair in sys.argv[2:]:
+    ref, run = pair.split(":")
+    a, b = load(ref), load(run)
+    assert b and set(b) <= set(a), (run, sorted(b))
+    for i in b:
+        for k in ("load_balancing_loss", "z_loss"):
+            x, y = a[i][k], b[i][k]
+            assert x > 0, (ref, i, k, x)
+            rel = abs(x - y) / x
+            worst = max(worst, rel)
+            assert rel < 1e-6, f"{run}, iteration {i}: {k} {y} vs {ref}'s {x}"
+print(f"ok: load_balancing_loss and z_loss match one rank's (worst relative difference {worst:.1e})")
+PY
+}
