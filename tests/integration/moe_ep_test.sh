@@ -43,7 +43,8 @@
 #             is recomputed by the first expert group and diagnosed as the data's (exit 3)
 #   cp        with context parallelism (the context ranks folded into the expert groups, Megatron's
 #             expert layout): cp 2 x ep 2 (alltoall), cp 2 x dp 2 x ep 2 (allgather) and cp 2 x
-#             ep 4 against one rank, as match, and load_balancing_loss and z_loss within 1e-6
+#             ep 4, and with tensor parallelism tp 2 x cp 2 x ep 4 (etp 1) and tp 2 x cp 2 x ep 2
+#             (etp 2) against one rank, as match, and load_balancing_loss and z_loss within 1e-6
 #             relative; at cp 2 x dp 2 x ep 2 the killed rank 3 is rebuilt from rank 1 (the same
 #             context rank and experts), bitwise the clean run
 #   peer_check a NaN that reproduces is recomputed by the other expert group (every rank of
@@ -235,9 +236,16 @@ cp)
     run c2e2 5 --nproc-per-node 2 "${C[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
     run c2d2e2 5 --nproc-per-node 4 "${C[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
     run c2e4 5 --nproc-per-node 4 "${C[@]}" --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
-    compare 1 one c2e2 c2d2e2 c2e4
-    moe_losses_match one:c2e2 one:c2d2e2 one:c2e4
-    for n in c2e2 c2d2e2 c2e4; do close one $n; done
+    # with tensor parallelism (sequence parallel; the token group is tensor x context): tp 2 x
+    # cp 2 x ep 4 at expert tensor size 1, and tp 2 x cp 2 x ep 2 with the experts split over
+    # the tensor group (etp 2): in both the expert group is the tensor x context group
+    T=(--tensor-model-parallel-size 2 --sequence-parallel "${C[@]}")
+    run t2c2e4 5 --nproc-per-node 4 "${T[@]}" --expert-tensor-parallel-size 1 --expert-model-parallel-size 4 \
+        --moe-token-dispatcher-type alltoall
+    run t2c2e2 5 --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
+    compare 1 one c2e2 c2d2e2 c2e4 t2c2e4 t2c2e2
+    moe_losses_match one:c2e2 one:c2d2e2 one:c2e4 one:t2c2e4 one:t2c2e2
+    for n in c2e2 c2d2e2 c2e4 t2c2e4 t2c2e2; do close one $n; done
     grep -q '"moe_ep_bytes_sent":[1-9]' "$work/c2e4.jsonl" || fail "no exchange over the expert group in the metrics"
     # the killed rank 3 (context rank 1, expert rank 1 of the second expert group) rebuilt from
     # rank 1 (its expert-data-parallel peer: the same context rank and experts), bitwise
