@@ -33,15 +33,17 @@ void trainer_set_injector(trainer *t, fi_schedule *s, int rank) {
     t->job_rank = rank;
 }
 
-/* The rank a fault spec names for the data-parallel rank r's micro batch: with model
- * parallelism, the world rank at this rank's tensor and pipeline coordinates in replica r
- * (the one whose share a check round recomputes here). */
+/* The rank a fault spec names for the data-parallel rank r's micro batch: with model or
+ * context parallelism, the world rank at this rank's tensor, context and pipeline coordinates
+ * in replica r (the one whose share a check round recomputes here). */
 static int fault_rank(const trainer *t, int r) {
     if (r == t->topo.dp_rank) return t->job_rank;
-    if (!t->have_layout || (t->tp_size == 1 && t->pp_size == 1)) return r;
+    if (!t->have_layout || (t->tp_size == 1 && t->pp_size == 1 && t->cpn <= 1)) return r;
     for (int w = 0; w < t->layout.world; w++) {
         topo_coord co;
-        if (!topo_coords(&t->layout, w, &co) && co.dp == r && co.tp == t->tp_rank && co.pp == t->pp_rank) return w;
+        if (!topo_coords(&t->layout, w, &co) && co.dp == r && co.tp == t->tp_rank && co.pp == t->pp_rank &&
+            co.cp == (t->cpn > 1 ? t->cpr : 0))
+            return w;
     }
     return r;
 }

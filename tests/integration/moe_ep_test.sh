@@ -46,7 +46,9 @@
 #             ep 4, and with tensor parallelism tp 2 x cp 2 x ep 4 (etp 1) and tp 2 x cp 2 x ep 2
 #             (etp 2) against one rank, as match, and load_balancing_loss and z_loss within 1e-6
 #             relative; at cp 2 x dp 2 x ep 2 the killed rank 3 is rebuilt from rank 1 (the same
-#             context rank and experts), bitwise the clean run
+#             context rank and experts), bitwise the clean run; a flipped weight bit on rank 2
+#             repaired from the other expert group, bitwise; a NaN that reproduces on rank 3
+#             found by the other expert group's rank 1 (its context rank's share): exit 3
 #   peer_check a NaN that reproduces is recomputed by the other expert group (every rank of
 #             it taking its counterpart's micro batches) and diagnosed as the data's: exit 3
 #   refused   bad configurations exit 2 before any work: experts not divisible by ep, ep
@@ -255,6 +257,19 @@ cp)
     grep -q "rank 3 replaced in process generation 2: state of iteration 3 taken from rank 1's memory" "$work/f.out" ||
         fail "rank 3 did not take rank 1's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
     bitwise clean f
+    # a flipped weight bit on rank 2 (context rank 0 of the second expert group) found by the
+    # checksums and repaired from the first one: bitwise the clean run
+    run s 6 "${k[@]}" --inject "bitflip-param@rank=2,step=4,bit=22"
+    grep -q "iteration 4: repair .*silent data corruption; repaired from rank [01]" "$work/s.out" ||
+        fail "not repaired: $(grep supervisor "$work/s.out")"
+    bitwise clean s
+    # a NaN every replay on rank 3 (context rank 1): the first expert group recomputes the second
+    # one's micro batches, each rank its context coordinate's share, and finds it on rank 1 too
+    "$cohort" train "${tiny[@]}" --train-iters 6 "${k[@]}" --inject "nan@rank=3,step=4,times=always" >"$work/p.out" 2>&1
+    rc=$?
+    [ $rc -eq 3 ] || fail "peer check: exit $rc, want 3: $(tail -5 "$work/p.out")"
+    grep -q "rank 3: nan_[a-z]* (nan) reproduced on rank 1 too: the data or the model is at fault" "$work/p.out" ||
+        fail "no peer check: $(grep supervisor "$work/p.out" | head)"
     ;;
 peer_check)
     "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --expert-model-parallel-size 2 \
