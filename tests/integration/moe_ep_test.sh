@@ -46,7 +46,8 @@
 #             ep 4, and with tensor parallelism tp 2 x cp 2 x ep 4 (etp 1) and tp 2 x cp 2 x ep 2
 #             (etp 2) against one rank, as match, and load_balancing_loss and z_loss within 1e-6
 #             relative (also with sigmoid routing, the expert bias, seq_aux_loss and a shared
-#             expert at cp 2 x dp 2 x ep 2, losses only); at cp 2 x dp 2 x ep 2 the killed rank 3 is rebuilt from rank 1 (the same
+#             expert at cp 2 x dp 2 x ep 2, losses only); a cp 2 x dp 2 x ep 2 checkpoint
+#             (its layout data 2) resumed on one rank, within 1e-5; at cp 2 x dp 2 x ep 2 the killed rank 3 is rebuilt from rank 1 (the same
 #             context rank and experts), bitwise the clean run; a flipped weight bit on rank 2
 #             repaired from the other expert group, bitwise; a NaN that reproduces on rank 3
 #             found by the other expert group's rank 1 (its context rank's share): exit 3
@@ -261,6 +262,16 @@ cp)
     run eb2 5 "${eb[@]}" --nproc-per-node 4 "${C[@]}" --expert-model-parallel-size 2
     compare 1 eb1 eb2
     moe_losses_match eb1:eb2
+    # a checkpoint of iteration 3 saved at cp 2 x dp 2 x ep 2 (the experts by global index, each
+    # written by the expert rank holding it) resumed on one rank ends at the one-rank run
+    run one6 6
+    run half 6 --nproc-per-node 4 "${C[@]}" --expert-model-parallel-size 2 --exit-interval 3
+    "$cohort" ckpt inspect "$work/half.ck" >"$work/ih" 2>&1 || fail "inspect"
+    grep -q "world 4 = tensor 1 x pipeline 1 x context 2 x data 2" "$work/ih" || fail "layout: $(grep world "$work/ih")"
+    "$cohort" train "${tiny[@]}" --train-iters 6 --load "$work/half.ck" --save "$work/half.ck" >"$work/r1.out" 2>&1 ||
+        fail "resume on one rank: $(tail -3 "$work/r1.out")"
+    grep -q "successfully loaded checkpoint .* at iteration 3" "$work/r1.out" || fail "no load: $(head -5 "$work/r1.out")"
+    close one6 half
     # the killed rank 3 (context rank 1, expert rank 1 of the second expert group) rebuilt from
     # rank 1 (its expert-data-parallel peer: the same context rank and experts), bitwise
     k=(--nproc-per-node 4 "${C[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall)
