@@ -2,21 +2,25 @@
  * docs/moe.md): the MoE layers' experts split over the expert group, everything else as
  * data parallelism.
  *
- * Groups (Megatron's expert layout, scheduler/groups.h; context size 1): in the order
- * tp-cp-ep-dp-pp, at expert tensor size 1 the expert group `ep` is ep consecutive ranks of a
- * stage: ep/tp tensor groups (ep a multiple of tp); at expert tensor size = tp (the experts
- * split over the tensor group) `ep` is the expert-tensor x expert group, tp x ep consecutive
- * ranks: ep whole data-parallel replicas. The expert-data-parallel group `edp` is the ranks
- * at the same place in every expert group (they hold the same experts and the same tensor
- * slices), and `erep` the expert group times the pipeline.
+ * Groups (Megatron's expert layout, scheduler/groups.h): in the order tp-cp-ep-dp-pp, at
+ * expert tensor size 1 the expert group `ep` is ep consecutive ranks of a stage: ep/tp tensor
+ * groups (ep a multiple of tp); at expert tensor size = tp (the experts split over the tensor
+ * group) `ep` is the expert-tensor x expert group, tp x ep consecutive ranks: ep whole
+ * data-parallel replicas. The expert layout has no context dimension: with context
+ * parallelism the expert group holds whole tensor x context groups (etp x ep a multiple of
+ * tp x cp), ep x etp / (tp x cp) data-parallel replicas, each context rank routing its own
+ * tokens; the dense gradients are then reduced over data x context. The expert-data-
+ * parallel group `edp` is the ranks at the same place in every expert group (they hold the
+ * same experts and the same tensor slices), and `erep` the expert group times the pipeline.
  * Each data-parallel replica reads its own micro batches; a MoE layer sends the tokens its
  * router gives (under tensor parallelism, this rank's sequence-parallel share) to another
  * rank's experts there and back (model/moe_ep.c, --moe-token-dispatcher-type).
  *
  * After the backward (Megatron's DistributedDataParallel with expert parallelism):
  *   - the gradients of every tensor but the experts' are summed over the data-parallel
- *     group, the experts' over the expert-data-parallel group only (an expert's owner has
- *     already accumulated the gradient of every token its expert group sent it), and both
+ *     (x context) group, the experts' over the expert-data-parallel group only (an
+ *     expert's owner has already accumulated the gradient of every token its expert group
+ *     sent it), and both
  *     scaled by 1/dp (Megatron's expert_gradient_scaling_factor without averaging in the
  *     collective): the replicated run's average over every rank's micro batches;
  *   - the gradient norm: the dense tensors' over the replica's tensor and pipeline ranks
