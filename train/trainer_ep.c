@@ -20,9 +20,9 @@
  *   - the gradients of every tensor but the experts' are summed over the data-parallel
  *     (x context) group, the experts' over the expert-data-parallel group only (an
  *     expert's owner has already accumulated the gradient of every token its expert group
- *     sent it), and both
- *     scaled by 1/dp (Megatron's expert_gradient_scaling_factor without averaging in the
- *     collective): the replicated run's average over every rank's micro batches;
+ *     sent it), and both scaled by 1/dp (Megatron's expert_gradient_scaling_factor
+ *     without averaging in the collective): the replicated run's average over every rank's
+ *     micro batches;
  *   - the gradient norm: the dense tensors' over the replica's tensor and pipeline ranks
  *     (gpt_tp_grad_sumsq_split, each slice once) plus every expert once, summed over erep.
  *
