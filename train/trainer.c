@@ -441,11 +441,18 @@ double trainer_last_loss(const trainer *t) { return t->last_loss; }
  * (tensor x pipeline) with a pipeline, the tensor group without; NULL on one rank. Its rank
  * 0 (tensor rank 0 of the first stage) reads data and speaks for it. */
 static cm_comm *replica_group(const trainer *t) { return t->pp ? t->mp : t->tp; }
-static bool replica_lead(const trainer *t) { return t->tp_rank == 0 && (!t->pp || t->pp_rank == 0); }
+static bool replica_lead(const trainer *t) {
+    return t->tp_rank == 0 && (!t->pp || t->pp_rank == 0) && (t->cpn <= 1 || t->cpr == 0);
+}
 /* The ranks the validator sees as one replica (their checksums combined, a check round run
  * by all of them): the replica group, or with expert parallelism the expert group times the
- * pipeline (trainer_ep.c). */
-static cm_comm *val_group(const trainer *t) { return t->epn > 1 ? t->erep : replica_group(t); }
+ * pipeline (trainer_ep.c); with context parallelism alone the context group (its ranks hold
+ * the same weights and report the same sums: one of them reports a check round). */
+static cm_comm *val_group(const trainer *t) {
+    if (t->epn > 1) return t->erep;
+    cm_comm *rg = replica_group(t);
+    return rg ? rg : t->cpn > 1 ? t->cp : NULL;
+}
 /* The ranks that hold the same state, over which a replica's state is taken (a repair, a
  * replacement, the replica check): data parallel, or expert data parallel. */
 static cm_comm *state_group(const trainer *t) { return t->epn > 1 ? t->edp : t->dp; }
@@ -814,11 +821,12 @@ static bool skip_listed(const trainer *t, int64_t step) {
 }
 
 /* The data-parallel coordinate (replica) of a world rank the supervisor names (a verdict's
- * suspect or helper): the world rank itself without tensor parallelism. */
+ * suspect or helper): the world rank itself without model or context parallelism. */
 static int replica_of(const trainer *t, int world_rank) {
     if (t->epn > 1) return trainer__ep_replica_of(t, world_rank); /* (its place in the state group) */
     topo_coord co;
-    if (replica_group(t) && t->have_layout && world_rank >= 0 && topo_coords(&t->layout, world_rank, &co) == 0)
+    if ((replica_group(t) || t->cpn > 1) && t->have_layout && world_rank >= 0 &&
+        topo_coords(&t->layout, world_rank, &co) == 0)
         return co.dp;
     return world_rank;
 }

@@ -24,7 +24,8 @@
 #                peer with the same context rank, the fault-free run's checkpoint bitwise
 #   sdc          a flipped weight bit on one rank of a cp 2 x dp 2 job: found by the replicas'
 #                checksums, repaired from the data-parallel peer with the same context rank,
-#                the clean run's final checkpoint bitwise
+#                the clean run's final checkpoint bitwise; a NaN that reproduces is recomputed by
+#                the other replica's context ranks and diagnosed as the data's (exit 3)
 #   bad_configs  a sequence not divisible by 2cp, attention dropout, --device cuda, pipeline
 #                parallelism, --cp-packed-sequences without documents, --cp-comm-type other than
 #                p2p: refused before any work
@@ -172,9 +173,16 @@ sdc)
     run clean "${k[@]}"
     run f "${k[@]}" --inject "bitflip-param@rank=2,step=4,bit=22"
     # world rank 2 is dp 1, cp 0: its replica at the same context rank is rank 0
-    grep -q "iteration 4: repair .*rank 2: parameters differ.*repaired from rank 0" "$work/f.out" ||
+    grep -Eq "iteration 4: repair .*rank 2: parameters (differ|changed).*repaired from rank 0" "$work/f.out" ||
         fail "not repaired from rank 0: $(grep supervisor "$work/f.out")"
     bitwise clean f
+    # a NaN that reproduces on rank 3 (dp 1, cp 1): the other replica's context ranks recompute
+    # its micro batches (each its chunks) and find it too: the data's fault, exit 3
+    "$cohort" train "${tiny[@]}" "${k[@]}" --inject "nan@rank=3,step=4,times=always" >"$work/p.out" 2>&1
+    rc=$?
+    [ $rc -eq 3 ] || fail "peer check: exit $rc, want 3: $(tail -5 "$work/p.out")"
+    grep -Eq "rank 3: nan_[a-z]* \(nan\) reproduced on rank [01] too: the data or the model is at fault" \
+        "$work/p.out" || fail "no peer check: $(grep supervisor "$work/p.out" | head)"
     ;;
 bad_configs)
     refused() { # what expected-message flags...
