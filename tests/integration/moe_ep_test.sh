@@ -92,6 +92,26 @@ bitwise() { # A B: two runs' checkpoints bitwise the same
     "$cohort" ckpt diff "$work/$1.ck" "$work/$2.ck" >"$work/bd" || fail "$1 and $2 differ: $(tail -3 "$work/bd")"
 }
 
+three_faults() { # KILL FROM FLIP REPAIR_RE NAN REPORTER_RE FOUND_RE ARGS...: 6 iterations of ARGS
+    # clean; rank KILL killed at iteration 4 and rebuilt from rank FROM's memory; a weight bit
+    # flipped on rank FLIP repaired from a rank matching REPAIR_RE (both bitwise the clean run);
+    # a NaN on rank NAN every replay, reported by REPORTER_RE, reproduced by FOUND_RE: exit 3
+    local kill=$1 from=$2 flip=$3 rre=$4 nan=$5 rep=$6 found=$7 rc; shift 7
+    run clean 6 "$@"
+    run f 6 "$@" --inject "kill@rank=$kill,step=4"
+    grep -q "rank $kill replaced in process generation 2: state of iteration 3 taken from rank $from's memory" \
+        "$work/f.out" || fail "rank $kill did not take rank $from's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
+    bitwise clean f
+    run s 6 "$@" --inject "bitflip-param@rank=$flip,step=4,bit=22"
+    grep -Eq "iteration 4: repair .*silent data corruption; repaired from rank $rre" "$work/s.out" ||
+        fail "not repaired: $(grep supervisor "$work/s.out")"
+    bitwise clean s
+    "$cohort" train "${tiny[@]}" --train-iters 6 "$@" --inject "nan@rank=$nan,step=4,times=always" >"$work/p.out" 2>&1
+    rc=$?
+    [ $rc -eq 3 ] || fail "peer check: exit $rc, want 3: $(tail -5 "$work/p.out")"
+    grep -Eq "rank $rep: nan_[a-z]* \(nan\) reproduced on rank $found too: the data or the model is at fault" \
+        "$work/p.out" || fail "no peer check: $(grep supervisor "$work/p.out" | head)"
+}
 case $case_name in
 match)
     run one 5
@@ -213,24 +233,11 @@ etp)
 etp_killed)
     k=(--nproc-per-node 8 --tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2
        --moe-token-dispatcher-type alltoall)
-    run clean 6 "${k[@]}"
-    run f 6 "${k[@]}" --inject "kill@rank=7,step=4"
-    grep -q "rank 7 replaced in process generation 2: state of iteration 3 taken from rank 3's memory" "$work/f.out" ||
-        fail "rank 7 did not take rank 3's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
-    bitwise clean f
-    # a flipped weight bit on rank 6 (tensor rank 0, expert rank 1 of the second replica) found
-    # by the checksums and the replica repaired from the other one: bitwise the clean run
-    run s 6 "${k[@]}" --inject "bitflip-param@rank=6,step=4,bit=22"
-    grep -q "iteration 4: repair .*silent data corruption; repaired from rank [0-3]" "$work/s.out" ||
-        fail "not repaired: $(grep supervisor "$work/s.out")"
-    bitwise clean s
-    # a NaN every replay on rank 7 (the second expert group, ranks 4-7): reproduced, the first
-    # expert group recomputes its micro batches and finds it too
-    "$cohort" train "${tiny[@]}" --train-iters 6 "${k[@]}" --inject "nan@rank=7,step=4,times=always" >"$work/p.out" 2>&1
-    rc=$?
-    [ $rc -eq 3 ] || fail "peer check: exit $rc, want 3: $(tail -5 "$work/p.out")"
-    grep -Eq "rank [4-7]: nan_[a-z]* \(nan\) reproduced on rank [0-3] too: the data or the model is at fault" \
-        "$work/p.out" || fail "no peer check: $(grep supervisor "$work/p.out" | head)"
+    # the killed rank 7 (tensor rank 1, expert rank 1) rebuilt from rank 3's memory; a flipped
+    # weight bit on rank 6 (tensor rank 0, expert rank 1 of the second replica) repaired from the
+    # other one; a NaN every replay on rank 7 (the second expert group, ranks 4-7) recomputed
+    # by the first expert group and found there too
+    three_faults 7 3 6 "[0-3]" 7 "[4-7]" "[0-3]" "${k[@]}"
     ;;
 cp)
     # context parallelism folded into the expert groups (Megatron's expert layout): at cp 2 x ep 2
@@ -275,24 +282,11 @@ cp)
     # the killed rank 3 (context rank 1, expert rank 1 of the second expert group) rebuilt from
     # rank 1 (its expert-data-parallel peer: the same context rank and experts), bitwise
     k=(--nproc-per-node 4 "${C[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall)
-    run clean 6 "${k[@]}"
-    run f 6 "${k[@]}" --inject "kill@rank=3,step=4"
-    grep -q "rank 3 replaced in process generation 2: state of iteration 3 taken from rank 1's memory" "$work/f.out" ||
-        fail "rank 3 did not take rank 1's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
-    bitwise clean f
-    # a flipped weight bit on rank 2 (context rank 0 of the second expert group) found by the
-    # checksums and repaired from the first one: bitwise the clean run
-    run s 6 "${k[@]}" --inject "bitflip-param@rank=2,step=4,bit=22"
-    grep -q "iteration 4: repair .*silent data corruption; repaired from rank [01]" "$work/s.out" ||
-        fail "not repaired: $(grep supervisor "$work/s.out")"
-    bitwise clean s
-    # a NaN every replay on rank 3 (context rank 1): the first expert group recomputes the second
-    # one's micro batches, each rank its context coordinate's share, and finds it on rank 1 too
-    "$cohort" train "${tiny[@]}" --train-iters 6 "${k[@]}" --inject "nan@rank=3,step=4,times=always" >"$work/p.out" 2>&1
-    rc=$?
-    [ $rc -eq 3 ] || fail "peer check: exit $rc, want 3: $(tail -5 "$work/p.out")"
-    grep -q "rank 3: nan_[a-z]* (nan) reproduced on rank 1 too: the data or the model is at fault" "$work/p.out" ||
-        fail "no peer check: $(grep supervisor "$work/p.out" | head)"
+    # a flipped weight bit on rank 2 (context rank 0 of the second expert group) repaired from the
+    # first one; a NaN every replay on rank 3 (context rank 1): the first expert group recomputes
+    # the second one's micro batches, each rank its context coordinate's share, and finds it on
+    # rank 1 too
+    three_faults 3 1 2 "[01]" 3 3 1 "${k[@]}"
     ;;
 peer_check)
     "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --expert-model-parallel-size 2 \
