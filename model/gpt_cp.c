@@ -23,13 +23,7 @@ void gpt_set_moe_token_group(gpt_model *m, struct cm_comm *tpcp, int timeout_ms)
                                    m->tp, m->cp, m->tpr);
         return;
     }
-    for (int k = 0; k < m->nchunks; k++)
-        for (int s = 0; s < m->chunk[k].slots; s++)
-            for (int i = 0; i < m->chunk[k].def.nlayers; i++) {
-                moe_layer *ml = m->chunk[k].slot[s].acts[i].moe;
-                int rc = ml ? moe_set_token_group(ml, tpcp, m->tp, timeout_ms) : 0;
-                if (rc && !m->be->status) m->be->status = rc;
-            }
+    gpt__moe_token_group(m, tpcp, m->tp, timeout_ms);
 }
 
 /* The ring's geometry and exchange for a micro batch of B x T local tokens; false (and the

@@ -148,6 +148,9 @@ struct gpt_model {
 #define G(m, idx) ((idx) < 0 ? NULL : (m)->grads + (m)->tensors[idx].offset)
 #define P16(m, idx) ((idx) < 0 || !(m)->params16 ? NULL : (m)->params16 + (m)->tensors[idx].offset)
 
+/* Every MoE layer's token group (model/moe.h moe_set_token_group: grp, its first `shards`
+ * ranks splitting a batch's rows); a failure goes to the backend's status. gpt_tp.c. */
+void gpt__moe_token_group(gpt_model *m, struct cm_comm *grp, int shards, int timeout_ms);
 static inline int gpt__qkv_local(const gpt_model *m) { return (m->NHl + 2 * m->NKVl) * m->cfg.head_dim; }
 static inline int gpt__fc1_local(const gpt_model *m) { return m->cfg.swiglu ? 2 * m->Fl : m->Fl; }
 

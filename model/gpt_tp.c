@@ -15,17 +15,21 @@
 #include <string.h>
 #include <time.h>
 
+void gpt__moe_token_group(gpt_model *m, struct cm_comm *grp, int shards, int timeout_ms) {
+    for (int k = 0; k < m->nchunks; k++)
+        for (int s = 0; s < m->chunk[k].slots; s++)
+            for (int i = 0; i < m->chunk[k].def.nlayers; i++) {
+                moe_layer *ml = m->chunk[k].slot[s].acts[i].moe;
+                int rc = ml ? moe_set_token_group(ml, grp, shards, timeout_ms) : 0;
+                if (rc && !m->be->status) m->be->status = rc;
+            }
+}
+
 void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms) {
     m->tpc = tp;
     m->tp_timeout = timeout_ms;
     /* the MoE layers route and compute this rank's token shard (moe_set_sequence_group) */
-    for (int k = 0; k < m->nchunks && m->sp; k++)
-        for (int s = 0; s < m->chunk[k].slots; s++)
-            for (int i = 0; i < m->chunk[k].def.nlayers; i++) {
-                moe_layer *ml = m->chunk[k].slot[s].acts[i].moe;
-                int rc = ml ? moe_set_sequence_group(ml, tp, timeout_ms) : 0;
-                if (rc && !m->be->status) m->be->status = rc;
-            }
+    if (m->sp) gpt__moe_token_group(m, tp, tp ? tp->size : 1, timeout_ms);
 }
 
 static double mono_s(void) {

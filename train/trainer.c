@@ -132,10 +132,8 @@ static uint64_t mix(uint64_t a, uint64_t b) {
  * comes after a stage with the MTP depths (then, in training, it receives their streams). */
 gpt_chunk trainer__chunk_of(const pp_stage *st, int p, int v, int r, int ci, int slots) {
     const pp_stage *s = &st[r * v + ci];
-    int mtp_at = -1; /* the MTP stage's place in the pipeline's order (chunk-major) */
-    for (int rr = 0; rr < p; rr++)
-        for (int cc = 0; cc < v; cc++)
-            if (st[rr * v + cc].mtp_layers > 0) mtp_at = cc * p + rr;
+    /* the MTP stage's place in the pipeline's order (chunk-major): its rank's last chunk */
+    int mr = pp_mtp_rank(st, p, v), mtp_at = mr < 0 ? -1 : (v - 1) * p + mr;
     return (gpt_chunk){.layer0 = s->first_layer, .nlayers = s->num_layers, .embedding = s->embedding,
                        .head = s->loss, .slots = slots, .mtp = s->mtp_layers > 0,
                        .mtp_in = mtp_at >= 0 && ci * p + r > mtp_at};
@@ -360,8 +358,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     }
     /* tensor-parallel rank 0 alone reads data; with a pipeline only on the first and last
      * stage, and the one running the MTP depths (their rolled tokens) */
-    bool mtp_here = false;
-    for (int ci = 0; t->stages && ci < t->vchunks; ci++) mtp_here |= t->stages[t->pp_rank * t->vchunks + ci].mtp_layers > 0;
+    bool mtp_here = t->stages && pp_mtp_rank(t->stages, t->pp_size, t->vchunks) == t->pp_rank;
     bool reads = t->tp_rank == 0 && (!t->pp || t->pp_rank == 0 || t->pp_rank == t->pp_size - 1 || mtp_here);
     for (int s = 0; s < 3 && reads; s++) {
         int64_t want = co_config_split_samples(c, s);
