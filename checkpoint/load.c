@@ -324,7 +324,9 @@ static int prepare(loader *L, lfile *f, const char *dir, int fi) {
     snprintf(f->path, sizeof f->path, "%s/%s", dir, mf->name);
     const char *path = f->path;
     int rc;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* (non-blocking: a FIFO or a device in the checkpoint's place must not block the open;
+     * it is refused below as not a regular file) */
+    f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (f->fd < 0) {
         int e = errno;
         if (e == ENOENT) rc = co_err_set(CO_ENOENT, "%s: missing (the manifest lists it)", path);
@@ -336,6 +338,12 @@ static int prepare(loader *L, lfile *f, const char *dir, int fi) {
     if (fstat(f->fd, &sb)) {
         int e = errno;
         rc = co_err_set(fs_errno_code(e), "stat of %s: %s", path, strerror(e));
+        record(f, rc, CK_BAD_IO);
+        return rc;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        rc = co_err_set(CO_EIO, "%s: not a regular file (%s)", path, S_ISDIR(sb.st_mode) ? "a directory" : "a FIFO, "
+                        "socket or device");
         record(f, rc, CK_BAD_IO);
         return rc;
     }

@@ -17,6 +17,10 @@
 
 typedef struct trainer trainer;
 
+/* How long a rank waits for its peers in a step's collectives (and in the checkpoint load's
+ * agreement, worker/ckpt.c) before giving up. */
+#define TRAIN_COMM_TIMEOUT_MS (10 * 60 * 1000)
+
 /* Why train() returned. */
 typedef enum {
     TRAIN_DONE = 0,        /* reached --train-iters */

@@ -22,9 +22,6 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* How long a rank waits for its peers in a step's collectives before giving up. */
-#define TRAIN_COMM_TIMEOUT_MS (10 * 60 * 1000)
-
 /* One micro batch's arrays [B*T]. */
 typedef struct tr_batch {
     int32_t *tokens, *targets, *positions, *seg;

@@ -17,6 +17,7 @@
 #include "optim/lr.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -41,6 +42,8 @@ struct wk_ckpt {
     char *loaded_rerun;      /* the loaded checkpoint's "rerun_state_machine" (JSON text) */
     int rank;                /* this rank (its writer index) */
     int64_t loaded_it;       /* the iteration the latest load() read (-1: none) */
+    cm_comm *agree;          /* the world a load agrees over (NULL: one rank) */
+    int agree_timeout_ms;
 };
 
 /* ---- what the trainer's checkpoint holds ---------------------------------------------- */
@@ -272,6 +275,19 @@ static void take_args(co_config *c, json_t *conf, FILE *log) {
     INT_ARG("make-vocab-size-divisible-by", make_vocab_size_divisible_by);
     STR_ARG("tokenizer-type", tokenizer_type);
     INT_ARG("vocab-size", vocab_size);
+    /* the mixture of experts and multi-token prediction: the flags that shape the tensors */
+    INT_ARG("num-experts", num_experts);
+    INT_ARG("moe-layer-freq", moe_layer_freq);
+    INT_ARG("moe-ffn-hidden-size", moe_ffn_hidden_size);
+    INT_ARG("moe-shared-expert-intermediate-size", moe_shared_expert_intermediate_size);
+    INT_ARG("moe-router-topk", moe_router_topk);
+    STR_ARG("moe-router-score-function", moe_router_score_function);
+    BOOL_ARG("moe-router-pre-softmax", moe_router_pre_softmax);
+    BOOL_ARG("moe-router-enable-expert-bias", moe_router_enable_expert_bias);
+    INT_ARG("moe-router-num-groups", moe_router_num_groups);
+    INT_ARG("moe-router-group-topk", moe_router_group_topk);
+    DBL_ARG("moe-router-topk-scaling-factor", moe_router_topk_scaling_factor);
+    INT_ARG("mtp-num-layers", mtp_num_layers);
 #undef INT_ARG
 #undef DBL_ARG
 #undef BOOL_ARG
@@ -337,9 +353,41 @@ static int check_step(const char *load_dir, int64_t want) {
                       load_dir, want, n ? "it has " : "it has none", have);
 }
 
+/* The mixture of experts and MTP: the flags that shape the model's tensors, from the
+ * checkpoint's flags (its "config"; the manifest's "model" has no MoE fields), each
+ * difference appended to msg. */
+static void check_moe(json_t *conf, const co_config *c, char *msg, size_t len) {
+    static const struct { const char *key, *what; size_t off; } ints[] = {
+        {"num-experts", "%lld experts", offsetof(co_config, num_experts)},
+        {"moe-layer-freq", "a MoE layer every %lld layers", offsetof(co_config, moe_layer_freq)},
+        {"moe-ffn-hidden-size", "expert hidden size %lld", offsetof(co_config, moe_ffn_hidden_size)},
+        {"moe-shared-expert-intermediate-size", "shared expert size %lld",
+         offsetof(co_config, moe_shared_expert_intermediate_size)},
+        {"mtp-num-layers", "%lld MTP layers", offsetof(co_config, mtp_num_layers)},
+    };
+    if (!json_is_object(conf)) return;
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        json_t *v = json_object_get(conf, ints[i].key);
+        int want = *(const int *)((const char *)c + ints[i].off);
+        if (!json_is_integer(v) || json_integer_value(v) == want) continue;
+        if (!strcmp(ints[i].key, "moe-layer-freq") && (!c->num_experts || !json_integer_value(json_object_get(conf, "num-experts"))))
+            continue; /* (no MoE layers on one side: the expert count says it) */
+        char h[96];
+        snprintf(h, sizeof h, ints[i].what, (long long)json_integer_value(v));
+        size_t at = strlen(msg);
+        snprintf(msg + at, len - at, "%scheckpoint has %s, --%s is %d", at ? "; " : "", h, ints[i].key, want);
+    }
+    json_t *b = json_object_get(conf, "moe-router-enable-expert-bias");
+    if (json_is_boolean(b) && json_is_true(b) != c->moe_router_enable_expert_bias && c->num_experts > 0) {
+        size_t at = strlen(msg);
+        snprintf(msg + at, len - at, "%scheckpoint has %s expert bias, the flags %s one (--moe-router-enable-expert-bias)",
+                 at ? "; " : "", json_is_true(b) ? "an" : "no", c->moe_router_enable_expert_bias ? "add" : "drop");
+    }
+}
+
 /* The checkpoint's model (its manifest's "model") against the one the flags built: every
  * difference named, CO_EINVAL. */
-static int check_model(const ck_manifest *m, const gpt_config *g, const char *dir) {
+static int check_model(const ck_manifest *m, const co_config *c, const gpt_config *g, const char *dir) {
     ck_model_info want;
     model_info(g, &want);
     const ck_model_info *have = &m->model;
@@ -371,6 +419,7 @@ static int check_model(const ck_manifest *m, const gpt_config *g, const char *di
     DIFF_BOOL(bias, "linear biases", "no linear biases", "--disable-bias-linear");
 #undef DIFF_INT
 #undef DIFF_BOOL
+    check_moe(json_object_get(m->doc, "config"), c, msg, sizeof msg);
     if (!msg[0]) return 0;
     return co_err_set(CO_EINVAL, "%s: the checkpoint's model differs from the flags: %s (--use-checkpoint-args takes "
                                  "the checkpoint's model flags)", dir, msg);
@@ -510,109 +559,228 @@ static int load(wk_ckpt *k) {
     return rc;
 }
 
-static int load_newest(wk_ckpt *k) {
+/* How long a rank that has read its part waits for the slowest one: the soft timeout that
+ * finds a hung rank in training (--inprocess-soft-timeout), so a rank stuck in its load
+ * fails the job's load as a hang in a step would; the training collectives' bound without
+ * in-process restart. */
+static int agree_timeout_ms(const co_config *c) {
+    if (c->inprocess_restart && c->inprocess_soft_timeout > 0 && c->inprocess_soft_timeout * 1000 < TRAIN_COMM_TIMEOUT_MS)
+        return (int)(c->inprocess_soft_timeout * 1000);
+    return TRAIN_COMM_TIMEOUT_MS;
+}
+
+/* ---- one iteration for the whole job ------------------------------------------------
+ * Each rank reads only its own parts of a checkpoint, so one rank may find its files corrupt
+ * while the others read theirs. Before any rank keeps what it read, the ranks agree in one
+ * all-gather over the world: the candidate each tried and how it went. Every rank read it:
+ * done. Some rank could not read its part: every rank moves to the previous candidate
+ * together. Some rank hit an error that no older checkpoint cures (the model differs from
+ * the flags, --refuse-corrupt-checkpoint, no optimizer state, ranks that see different
+ * checkpoints): every rank stops with that rank's code and message. Without a world (one
+ * rank) the rank's own outcome is the decision. */
+enum { VOTE_OK = 0, VOTE_NONE = 1, VOTE_BAD = 2, VOTE_FATAL = 3 };
+typedef struct vote {
+    int64_t it, n;   /* the candidate tried; round 0: the first candidate and their count */
+    int32_t status;  /* VOTE_* */
+    int32_t code;    /* the CO_E* code behind BAD or FATAL */
+    char msg[480];   /* its detail */
+} vote;
+
+/* The job's decision from every rank's vote (mine alone without a world): the worst status,
+ * with the code and message of the first rank that has it (*who). Ranks that tried different
+ * candidates make it FATAL. A wait that fails (a peer died, the supervisor aborted) is
+ * returned as an error. */
+static int agree(wk_ckpt *k, const vote *mine, vote *out, int *who) {
+    *out = *mine;
+    *who = k->rank;
+    if (!k->agree || k->agree->size < 2) return 0;
+    int n = k->agree->size;
+    vote *all = calloc((size_t)n, sizeof *all);
+    if (!all) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
+    int rc = k->agree->ops->allgather(k->agree, mine, all, sizeof *mine, k->agree_timeout_ms);
+    if (rc) {
+        char d[600];
+        snprintf(d, sizeof d, "%s", co_err_detail());
+        free(all);
+        return co_err_set(rc, "checkpoint: waiting for the other ranks to load: %s", d);
+    }
+    int worst = 0;
+    for (int r = 1; r < n; r++)
+        if (all[r].status > all[worst].status) worst = r;
+    *out = all[worst];
+    *who = worst;
+    for (int r = 1; r < n && out->status != VOTE_FATAL; r++) {
+        if (all[r].it == all[0].it && all[r].n == all[0].n) continue;
+        out->status = VOTE_FATAL;
+        out->code = CO_EINVAL;
+        snprintf(out->msg, sizeof out->msg, "the ranks see different checkpoints in %.200s: rank 0 tries iteration %" PRId64
+                 " (of %" PRId64 "), rank %d iteration %" PRId64 " (of %" PRId64 "); is --load one shared directory?",
+                 k->cfg.load, all[0].it, all[0].n, r, all[r].it, all[r].n);
+        *who = r;
+    }
+    free(all);
+    return 0;
+}
+
+static void vote_set(vote *v, int64_t it, int64_t n, int status, int code) {
+    memset(v, 0, sizeof *v);
+    v->it = it;
+    v->n = n;
+    v->status = status;
+    v->code = code;
+    if (status >= VOTE_BAD) snprintf(v->msg, sizeof v->msg, "%s", co_err_detail());
+}
+
+/* Reads this rank's parts of the checkpoint at iteration `it` into the trainer's buffers;
+ * *m is its manifest when it returns VOTE_OK. */
+static int try_load(wk_ckpt *k, int64_t it, int64_t n, bool load_optim, ck_manifest **m, vote *v) {
+    const co_config *c = &k->cfg;
+    char dir[4200];
+    ck_iter_dir(dir, sizeof dir, c->load, it);
+    ck_bad bad = CK_OK;
+    int rc = ck_read_manifest(dir, m);
+    if (rc) bad = rc == CO_EFORMAT ? CK_BAD_FORMAT : rc == CO_ENOENT ? CK_BAD_INCOMPLETE : CK_BAD_IO;
+    if (!rc && load_optim && !(*m)->optim.present) {
+        rc = co_err_set(CO_EINVAL, "%s holds no optimizer state (saved with --no-save-optim); pass --no-load-optim "
+                                   "or --finetune", dir);
+    } else if (!rc) {
+        rc = check_model(*m, &k->cfg, gpt_get_config(trainer_model(k->t)), dir);
+        /* (every tensor of the checkpoint must be one of the whole model's) */
+        if (!rc) rc = check_extra(*m, k->save.r, load_optim ? k->save.n : k->save.nmodel, load_optim, dir);
+        if (!rc) rc = load_refs(k, *m, dir, load_optim, &bad);
+    }
+    if (!rc) {
+        vote_set(v, it, n, VOTE_OK, 0);
+        return 0;
+    }
+    ck_manifest_free(m);
+    if (rc == CO_EINVAL || rc == CO_EUNSUPPORTED) { /* the model does not match: no fallback helps */
+        vote_set(v, it, n, VOTE_FATAL, rc);
+        return 0;
+    }
+    char detail[1200];
+    snprintf(detail, sizeof detail, "%s", co_err_detail());
+    const char *kind = bad == CK_BAD_CHECKSUM ? "corrupt" : bad == CK_BAD_INCOMPLETE ? "incomplete or truncated"
+                       : bad == CK_BAD_FORMAT ? "malformed" : "unreadable";
+    char on[32] = ""; /* (which rank read it, where there are several) */
+    if (k->agree && k->agree->size > 1) snprintf(on, sizeof on, " on rank %d", k->rank);
+    co_err_set(rc, "checkpoint at iteration %" PRId64 " is %s%s: %s", it, kind, on, detail);
+    if (c->refuse_corrupt_checkpoint) {
+        co_err_set(rc, "checkpoint at iteration %" PRId64 " is %s%s: %s (refused: --refuse-corrupt-checkpoint)", it, kind,
+                   on, detail);
+        vote_set(v, it, n, VOTE_FATAL, rc);
+        return 0;
+    }
+    vote_set(v, it, n, VOTE_BAD, rc);
+    return 0;
+}
+
+/* The loaded checkpoint's position in the run, and what the log says of it. */
+static void loaded(wk_ckpt *k, const ck_manifest *m, bool load_optim) {
+    const co_config *c = &k->cfg;
+    opt_adamw *o = trainer_optimizer(k->t);
+    if (load_optim) o->step = m->optim.step;
+    trainer_progress tp;
+    trainer_get_progress(k->t, &tp);
+    if (!c->finetune) {
+        tp.iteration = m->progress.iteration;
+        for (int s = 0; s < 3; s++) tp.consumed[s] = m->progress.consumed[s];
+        tp.skipped = m->progress.skipped;
+        tp.nan_iters = m->progress.nan_iters;
+        tp.loss_sum = m->progress.loss_sum;
+        tp.tok_sum = m->progress.tok_sum;
+        tp.iters_since_log = m->progress.iters_since_log;
+        trainer_set_progress(k->t, &tp);
+        k->last_saved = m->iteration;
+        warn_schedule(k, m);
+    }
+    if (c->bf16) gpt_sync_bf16(trainer_model(k->t));
+    if (k->log) {
+        if (m->layout.data != data_size(k))
+            fprintf(k->log, "cohort: checkpoint written at data-parallel size %d, loaded at %d: consumed samples are "
+                            "global and kept\n", m->layout.data, data_size(k));
+        if (m->layout.tensor != k->tp || m->layout.pipeline != k->pp)
+            fprintf(k->log, "cohort: checkpoint written at tensor x pipeline size %d x %d, loaded at %d x %d: every "
+                            "rank reads its part of the global tensors\n", m->layout.tensor, m->layout.pipeline,
+                    k->tp, k->pp);
+        fprintf(k->log, "  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at iteration %" PRId64 "%s\n",
+                c->load, k->tp_rank + 1, k->tp, k->pp_rank + 1, k->pp,
+                c->finetune ? 0 : m->iteration, c->finetune ? " (--finetune: weights only)" : "");
+        fflush(k->log);
+    }
+    k->loaded_it = c->finetune ? 0 : m->iteration;
+}
+
+/* The job's candidates (round 0 of the agreement): 0 with its and n (n 0: none anywhere). */
+static int agree_candidates(wk_ckpt *k, int64_t **its, int *n) {
     const co_config *c = &k->cfg;
     int64_t want = co_config_was_set(c, "ckpt-step") && c->ckpt_step >= 0 ? c->ckpt_step : -1;
-    int64_t *its = NULL;
-    int n = 0;
-    int rc = ck_candidates(c->load, want, &its, &n);
-    if (!rc && want >= 0 && (rc = check_step(c->load, want))) {
-        free(its);
-        return rc;
+    *its = NULL;
+    *n = 0;
+    vote mine, job;
+    int rc = ck_candidates(c->load, want, its, n);
+    if (!rc && want >= 0 && (rc = check_step(c->load, want))) vote_set(&mine, want, 0, VOTE_FATAL, rc);
+    else if (rc) vote_set(&mine, -1, 0, VOTE_NONE, rc);
+    else vote_set(&mine, (*its)[0], *n, VOTE_OK, 0);
+    char none[1200];
+    snprintf(none, sizeof none, "%s", co_err_detail());
+    int who;
+    if (!(rc = agree(k, &mine, &job, &who)) && job.status == VOTE_FATAL)
+        rc = co_err_set(job.code, "%s%s", job.msg, who == k->rank ? "" : " (another rank's)");
+    if (!rc && job.status == VOTE_NONE) {
+        free(*its);
+        *its = NULL;
+        *n = 0;
+        if (c->exit_on_missing_checkpoint) return ck_err_wrap(CO_ENOENT, "--exit-on-missing-checkpoint");
+        if (k->log) fprintf(k->log, "cohort: WARNING: %s; starting from random initialisation\n", none);
+        return 0;
     }
     if (rc) {
-        if (c->exit_on_missing_checkpoint)
-            return ck_err_wrap(CO_ENOENT, "--exit-on-missing-checkpoint");
-        if (k->log) fprintf(k->log, "cohort: WARNING: %s; starting from random initialisation\n", co_err_detail());
-        return 0;
+        free(*its);
+        *its = NULL;
+        *n = 0;
+        return rc;
     }
     int64_t tracked;
     if (want < 0 && ck_read_tracker(c->load, &tracked) && k->log)
         fprintf(k->log, "cohort: WARNING: %s; trying the newest checkpoint directory\n", co_err_detail());
+    return 0;
+}
+
+static int load_newest(wk_ckpt *k) {
+    const co_config *c = &k->cfg;
+    int64_t *its = NULL;
+    int n = 0;
+    int rc = agree_candidates(k, &its, &n);
+    if (rc || !n) return rc;
     bool load_optim = !c->no_load_optim && !c->finetune;
-    rc = CO_ENOENT;
     for (int i = 0; i < n; i++) {
-        char dir[4200];
-        ck_iter_dir(dir, sizeof dir, c->load, its[i]);
         if (k->log) {
             fprintf(k->log, " loading checkpoint from %s at iteration %" PRId64 "\n", c->load, its[i]);
             fflush(k->log);
         }
         ck_manifest *m = NULL;
-        ck_bad bad = CK_OK;
-        rc = ck_read_manifest(dir, &m);
-        if (rc) bad = rc == CO_EFORMAT ? CK_BAD_FORMAT : rc == CO_ENOENT ? CK_BAD_INCOMPLETE : CK_BAD_IO;
-        if (!rc && load_optim && !m->optim.present) {
-            rc = co_err_set(CO_EINVAL, "%s holds no optimizer state (saved with --no-save-optim); pass --no-load-optim "
-                                       "or --finetune", dir);
+        vote mine, job;
+        int who;
+        try_load(k, its[i], n, load_optim, &m, &mine);
+        if ((rc = agree(k, &mine, &job, &who))) {
             ck_manifest_free(&m);
             break;
         }
-        if (!rc) {
-            rc = check_model(m, gpt_get_config(trainer_model(k->t)), dir);
-            /* (every tensor of the checkpoint must be one of the whole model's) */
-            if (!rc) rc = check_extra(m, k->save.r, load_optim ? k->save.n : k->save.nmodel, load_optim, dir);
-            if (!rc) rc = load_refs(k, m, dir, load_optim, &bad);
-            if (rc == CO_EINVAL || rc == CO_EUNSUPPORTED) { /* the model does not match: no fallback helps */
-                ck_manifest_free(&m);
-                break;
-            }
-        }
-        if (rc) {
-            char detail[1200];
-            snprintf(detail, sizeof detail, "%s", co_err_detail());
+        if (job.status == VOTE_OK) {
+            loaded(k, m, load_optim);
             ck_manifest_free(&m);
-            const char *kind = bad == CK_BAD_CHECKSUM ? "corrupt" : bad == CK_BAD_INCOMPLETE ? "incomplete or truncated"
-                               : bad == CK_BAD_FORMAT ? "malformed" : "unreadable";
-            if (c->refuse_corrupt_checkpoint) {
-                rc = co_err_set(rc, "checkpoint at iteration %" PRId64 " is %s: %s (refused: --refuse-corrupt-checkpoint)",
-                                its[i], kind, detail);
-                break;
-            }
-            if (k->log) {
-                fprintf(k->log, "cohort: WARNING: checkpoint at iteration %" PRId64 " is %s: %s\n", its[i], kind, detail);
-                fprintf(k->log, i + 1 < n ? "cohort: falling back to the previous checkpoint\n"
-                                          : "cohort: no older checkpoint to fall back to\n");
-                fflush(k->log);
-            }
-            co_err_set(rc, "checkpoint at iteration %" PRId64 " is %s: %s", its[i], kind, detail);
-            continue;
+            break;
         }
-        /* loaded: the run's position */
-        opt_adamw *o = trainer_optimizer(k->t);
-        if (load_optim) o->step = m->optim.step;
-        trainer_progress tp;
-        trainer_get_progress(k->t, &tp);
-        if (!c->finetune) {
-            tp.iteration = m->progress.iteration;
-            for (int s = 0; s < 3; s++) tp.consumed[s] = m->progress.consumed[s];
-            tp.skipped = m->progress.skipped;
-            tp.nan_iters = m->progress.nan_iters;
-            tp.loss_sum = m->progress.loss_sum;
-            tp.tok_sum = m->progress.tok_sum;
-            tp.iters_since_log = m->progress.iters_since_log;
-            trainer_set_progress(k->t, &tp);
-            k->last_saved = m->iteration;
-            warn_schedule(k, m);
-        }
-        if (c->bf16) gpt_sync_bf16(trainer_model(k->t));
+        ck_manifest_free(&m); /* some rank could not: what this one read is not used */
+        rc = co_err_set(job.code, "%s", job.msg);
+        if (job.status == VOTE_FATAL) break;
         if (k->log) {
-            if (m->layout.data != data_size(k))
-                fprintf(k->log, "cohort: checkpoint written at data-parallel size %d, loaded at %d: consumed samples are "
-                                "global and kept\n", m->layout.data, data_size(k));
-            if (m->layout.tensor != k->tp || m->layout.pipeline != k->pp)
-                fprintf(k->log, "cohort: checkpoint written at tensor x pipeline size %d x %d, loaded at %d x %d: every "
-                                "rank reads its part of the global tensors\n", m->layout.tensor, m->layout.pipeline,
-                        k->tp, k->pp);
-            fprintf(k->log, "  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at iteration %" PRId64 "%s\n",
-                    c->load, k->tp_rank + 1, k->tp, k->pp_rank + 1, k->pp,
-                    c->finetune ? 0 : m->iteration, c->finetune ? " (--finetune: weights only)" : "");
+            fprintf(k->log, "cohort: WARNING: %s\n", job.msg);
+            fprintf(k->log, i + 1 < n ? "cohort: every rank falls back to the previous checkpoint\n"
+                                      : "cohort: no older checkpoint to fall back to\n");
             fflush(k->log);
         }
-        k->loaded_it = c->finetune ? 0 : m->iteration;
-        ck_manifest_free(&m);
-        rc = 0;
-        break;
     }
     free(its);
     return rc;
@@ -648,7 +816,7 @@ static int setup_saver(wk_ckpt *k, int rank, const ck_coord *coord) {
     return rc;
 }
 
-int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world) {
+int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world, cm_comm *agree) {
     *out = NULL;
     const co_config *c = trainer_config(t);
     if (!c->load[0] && !c->save[0]) return 0;
@@ -660,6 +828,8 @@ int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world) {
     k->last_saved = -1;
     k->world = world;
     k->rank = rank;
+    k->agree = agree;
+    k->agree_timeout_ms = agree_timeout_ms(c);
     trainer_model_parallel(t, &k->tp, &k->tp_rank, &k->pp, &k->pp_rank);
     /* (the distributed optimizer: the moments' parts to load point into full buffers while
      * loading, allocated only for a --load; a save writes each rank's shard) */
@@ -686,8 +856,9 @@ int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world) {
     return 0;
 }
 
-int wk_ckpt_reload(wk_ckpt *k, const char *dir) {
+int wk_ckpt_reload(wk_ckpt *k, const char *dir, cm_comm *agree) {
     if (!k) return co_err_set(CO_EINVAL, "reloading %s: this rank has no checkpoint state (--save/--load)", dir);
+    k->agree = agree;
     snprintf(k->cfg.load, sizeof k->cfg.load, "%s", dir);
     bool dopt = trainer_dopt_on(k->t);
     /* (an async save still writing reads the parts rebuilt below: it finishes first) */

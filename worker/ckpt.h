@@ -5,7 +5,8 @@
  *                                 flags from the checkpoint (--use-checkpoint-args) and its
  *                                 seed (the generators' state; not with --no-load-rng or
  *                                 --finetune)
- *   wk_ckpt_attach(&ck,t,log,r,w) after trainer_new: loads --load (falling back to the
+ *   wk_ckpt_attach(&ck,t,log,r,w,c) after trainer_new: loads --load (every rank the same
+ *                                 iteration, agreed over c; falling back together to the
  *                                 previous good checkpoint, or refusing with
  *                                 --refuse-corrupt-checkpoint) and, with --save, installs
  *                                 the trainer hook that saves every --save-interval and at
@@ -17,6 +18,7 @@
 #define COHORT_WORKER_CKPT_H
 
 #include "checkpoint/ckpt.h"
+#include "comm/comm.h"
 #include "common/config.h"
 #include "train/trainer.h"
 
@@ -25,10 +27,12 @@
 typedef struct wk_ckpt wk_ckpt;
 
 int wk_ckpt_prepare(co_config *c, FILE *log);
-/* rank, world: this process's data-parallel rank and size; every rank loads. Saving: rank
- * 0 writes the whole checkpoint and commits it, unless wk_ckpt_set_coordinator is called.
- * log may be NULL. */
-int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world);
+/* rank, world: this process's rank and the world's size; every rank loads its parts, and
+ * with agree (the world's communicator; NULL for one rank) the ranks agree on the iteration
+ * first: all load the same one, fall back together, or stop together (never a mix).
+ * Saving: rank 0 writes the whole checkpoint and commits it, unless wk_ckpt_set_coordinator
+ * is called. log may be NULL. */
+int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world, cm_comm *agree);
 /* With world > 1 and --save: every rank writes its share of the files (writers = world)
  * and coord (the supervisor, through the worker's link) commits; call it on every rank
  * after wk_ckpt_attach and before training. No-op otherwise. */
@@ -38,7 +42,7 @@ void wk_ckpt_destroy(wk_ckpt **p);
 void wk_ckpt_set_rank(wk_ckpt *k, int rank);
 /* Loads the newest checkpoint of dir into the trainer in this process (a survivor of a
  * restart whose shard lost every replica: every rank resumes from the checkpoint). */
-int wk_ckpt_reload(wk_ckpt *k, const char *dir);
+int wk_ckpt_reload(wk_ckpt *k, const char *dir, cm_comm *agree);
 /* The rerun state machine's state travels in every checkpoint: save writes it (JSON object
  * text into buf; nonzero: none) at each save; after wk_ckpt_attach loaded a checkpoint,
  * wk_ckpt_loaded_rerun_state is its state (NULL: none). */

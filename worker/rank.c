@@ -197,7 +197,7 @@ int wk_run(const wk_options *o) {
     }
     /* --- checkpoint (issue 5): --load, then the --save hook (rank 0 writes) --- */
     wk_ckpt *ckpt = NULL;
-    rc = wk_ckpt_attach(&ckpt, t, out, link ? asg->rank : 0, link ? asg->world : 1);
+    rc = wk_ckpt_attach(&ckpt, t, out, link ? asg->rank : 0, link ? asg->world : 1, cs ? wk_comms_world(cs) : NULL);
     if (!rc && link && asg->world > 1) { /* every rank writes its share; the supervisor commits */
         ck_coord co = {.ack = ckpt_ack, .wait = ckpt_wait, .ctx = link};
         snprintf(co.token, sizeof co.token, CK_JOB_TOKEN_FMT, sv_link_job_id(link));
@@ -314,7 +314,7 @@ int wk_run(const wk_options *o) {
         set_experts(&etd, co_config_standin_model_parallel ? NULL : cs);
         trainer_set_expert_groups(t, etd.ep, etd.edp, etd.erep);
         if (reload) {
-            rc = wk_ckpt_reload(ckpt, reload);
+            rc = wk_ckpt_reload(ckpt, reload, wk_comms_world(cs));
             free(reload);
         } else {
             rc = trainer_sync_state(t, source);
