@@ -16,8 +16,9 @@
 #include <string.h>
 #include <sys/resource.h>
 
-/* This rank's own failure, at its setup or in training (rc: its CO_E* code; status: the exit
- * status it leads to). Under a supervisor one that no restart cures (sv_incurable_status)
+/* This rank's own failure, at its setup or in training (rc: its CO_E* code, 0 for one that
+ * is not its own, such as a state handover between ranks; status: the exit status it leads
+ * to). Under a supervisor one that no restart cures (sv_incurable_status)
  * goes to the supervisor, which prints the first rank's and stops the job at once; anything
  * else is printed here and the supervisor decides from the exit. Returns status. */
 static int failed(sv_link *link, int rc, int status, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -174,6 +175,7 @@ int wk_run(const wk_options *o) {
     }
     trainer *t = NULL;
     int early_rc = 0; /* a replacement's first state transfer failed */
+    bool handover_failed = false; /* the last failure was a state transfer between ranks */
     trainer_data td = *data;
     /* a replacement (any process started after generation 1): the data caches exist and the
      * survivors are not in trainer_new (no barriers), whether it takes its state from a
@@ -254,6 +256,7 @@ int wk_run(const wk_options *o) {
             int src;
             rc = source_in_group(cs, asg->rank, asg->state_source, &src);
             if (!rc) rc = trainer_sync_state(t, src);
+            handover_failed = rc != 0;
             if (rc) {
                 fprintf(stderr, "cohort worker %d: taking the state of rank %d failed: %s (%s)\n", asg->rank,
                         asg->state_source, co_err_detail(), co_strerror(rc));
@@ -334,10 +337,12 @@ int wk_run(const wk_options *o) {
         set_experts(&etd, co_config_standin_model_parallel ? NULL : cs);
         trainer_set_expert_groups(t, etd.ep, etd.edp, etd.erep);
         if (reload) {
+            handover_failed = false;
             rc = wk_ckpt_reload(ckpt, reload);
             free(reload);
         } else {
             rc = trainer_sync_state(t, source);
+            handover_failed = rc != 0;
         }
         if (!rc) rc = check_standin_replicas(cs, t, my_rank, "after the restart");
         if (!rc) rc = trainer_train(t, o->stop, &why);
@@ -345,7 +350,9 @@ int wk_run(const wk_options *o) {
     if (!rc && cs) rc = check_standin_replicas(cs, t, my_rank, "at the end");
     int status = WK_OK;
     if (rc) {
-        status = failed(link, rc, WK_FAILURE, "training failed at iteration %lld: %s (%s)",
+        /* (a failed state handover is the job's state, not this rank's: the supervisor's
+         * restart decides, e.g. from the checkpoint) */
+        status = failed(link, handover_failed ? 0 : rc, WK_FAILURE, "training failed at iteration %lld: %s (%s)",
                         (long long)trainer_iteration(t), co_err_detail(), co_strerror(rc));
     } else if (why == TRAIN_NAN || why == TRAIN_REJECTED) {
         status = WK_NAN;
