@@ -44,7 +44,7 @@
 enum {
     SV_EXIT_OK = 0,
     SV_EXIT_FAILURE = 1,
-    SV_EXIT_USAGE = 2,       /* misuse: a node whose training flags differ from the others' */
+    SV_EXIT_USAGE = 2,       /* misuse: a node whose training flags differ from the others', a rank's refused setup */
     SV_EXIT_NAN = 3,
     SV_EXIT_WORKER_FAILED = 4,
     SV_EXIT_RENDEZVOUS = 5,
