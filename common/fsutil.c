@@ -18,6 +18,9 @@ int fs_errno_code(int err) {
     case ENOTDIR: return CO_ENOENT;
     case ENOSPC:
     case EDQUOT: return CO_ENOSPC;
+    case EACCES:
+    case EPERM:
+    case EROFS: return CO_EDENIED;
     case ENOMEM: return CO_ENOMEM;
     case EINTR: return CO_EINTERRUPTED;
     default: return CO_EIO;

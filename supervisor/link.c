@@ -591,6 +591,22 @@ static void send_log(ac_actor *a, void *ctx) {
     free(p);
 }
 
+int sv_link_fatal(sv_link *l, int code, int status, const char *what) {
+    log_post *p = malloc(sizeof *p);
+    char *text = NULL;
+    if (!p || asprintf(&text, "fatal: %d %d %.3000s\n", code, status, what) < 0) {
+        free(p);
+        return co_err_set(CO_ENOMEM, "out of memory");
+    }
+    *p = (log_post){.l = l, .text = text};
+    if (!l->a || ac_post(l->a, send_log, p)) {
+        free(text);
+        free(p);
+        return co_err_set(CO_EIO, "the supervisor link is closed");
+    }
+    return 0;
+}
+
 static ssize_t forward_write(sv_link *l, const char *buf, size_t n, bool metrics) {
     /* the stream is line buffered: buf holds whole lines (or a flush of a partial one);
      * split long ones below the protocol's string limit */

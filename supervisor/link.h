@@ -92,6 +92,12 @@ uint64_t sv_link_job_id(const sv_link *l);
 FILE *sv_link_log_stream(sv_link *l);
 /* A stream whose lines (metrics records) go to the supervisor's --metrics-file. */
 FILE *sv_link_metrics_stream(sv_link *l);
+/* This worker's own failure (code: CO_E*; status: its exit status) that no restart cures
+ * (sv_incurable_status): the supervisor prints what ("rank N: what (stopping: ...)") for the
+ * first rank that reports one and stops the job with the status one process would exit with.
+ * Posted on the link thread, before the goodbye of sv_link_close; 0, or an error when the
+ * link cannot carry it (then the worker prints what itself). */
+int sv_link_fatal(sv_link *l, int code, int status, const char *what);
 /* Flushes the log and metrics streams, waits (at most 3 s) until the supervisor has
  * everything sent before, and closes the link. The supervisor learns the worker's exit
  * status from the process itself. NULL-safe. */

@@ -114,6 +114,7 @@ typedef struct sv {
     char collective_why[600];
     int collective_rank;
     uint64_t collective_gen, collective_t0;
+    bool incurable;             /* a rank's failure no restart cures stopped the job (its message printed) */
 } sv;
 
 static uint64_t random_job_id(void) {
@@ -143,6 +144,7 @@ static void check_restart_done(sv *s);
 static int spawn_one(sv *s, worker *w);
 static void watch_progress(sv *s, uint64_t now);
 static void begin_signal_stop(sv *s, int signum, int rank, const char *what);
+static void stop_incurable(sv *s, int rank, int status, const char *what);
 
 /* A slot's process is gone (or retired): it is no longer registered. */
 static void unregister(sv *s, worker *w) {
@@ -246,6 +248,13 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
                 sv__send(s->mb, NULL, &s->snd, &ab.base);
                 ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, kill_remaining, s, &s->kill_timer);
             }
+        } else if (!s->stopping && !term_signal && status == SV_EXIT_USAGE) {
+            /* a worker exits 2 only where its flags or its checkpoint were refused (as CO_EINVAL at
+             * setup); one that did not say why (sv_link_fatal) is stopped for all the same */
+            char what[300];
+            snprintf(what, sizeof what, "exited with status 2 (pid %u): its flags or its checkpoint were refused (its "
+                     "message is above)", w->pid);
+            stop_incurable(s, w->rank, sv_incurable_status(CO_EINVAL, SV_EXIT_USAGE), what);
         } else if (!s->stopping && s->restart_enabled && s->assigned && st != SV_EXIT_NAN) {
             begin_restart(s, term_signal ? "killed" : "exited", w->rank, why, 0);
         } else if (!s->stopping) {
@@ -393,6 +402,51 @@ static void send_assignments(sv *s, int64_t start_iteration, int source) {
 static void assign_ranks(sv *s) { send_assignments(s, 0, -1); }
 
 /* ---- in-process restart ---------------------------------------------------------------- */
+
+int sv_incurable_status(int code, int worker_status) {
+    switch (code) {
+    case CO_EINVAL:
+    case CO_EUNSUPPORTED: /* flags or a checkpoint that do not fit: the same on every start */
+        return worker_status == SV_EXIT_USAGE ? SV_EXIT_USAGE : SV_EXIT_FAILURE;
+    case CO_ENOSPC: /* a full disk or quota */
+    case CO_EDENIED: /* permission denied */
+    case CO_ENOENT: /* a missing file */
+        return SV_EXIT_FAILURE;
+    default: /* a peer's death (CO_EREMOTE), a timeout, an abort, I/O, memory: a restart may cure it */
+        return 0;
+    }
+}
+
+/* Rank rank failed with an error no restart cures (status: sv_incurable_status's, what: its
+ * message): the first such failure stops the job at once with that status and its message;
+ * later ones (the other ranks failing the same way) say nothing more. */
+static void stop_incurable(sv *s, int rank, int status, const char *what) {
+    if (s->incurable) return;
+    s->incurable = true;
+    char msg[1200];
+    snprintf(msg, sizeof msg, "rank %d: %s", rank, what);
+    if (s->stopping) { /* the job is stopping for another reason: the message still counts */
+        fprintf(stderr, "cohort: %s\n", msg);
+        return;
+    }
+    fprintf(stderr, "cohort: %s (stopping: a restart cannot cure this)\n", msg);
+    fflush(stderr);
+    if (s->val) svv_note_fault(s->val, "exited", rank, "stopped the job: a restart cannot cure it (its message above)");
+    begin_shutdown(s, status, msg);
+}
+
+/* A worker's "fatal: CODE STATUS MESSAGE" (sv_link_fatal): its own failure, which it did not
+ * print. Stops the job where no restart cures it; else the message is only printed. */
+static void on_fatal(sv *s, worker *w, const char *text, uint64_t generation) {
+    int code = 0, status = 0, n = 0;
+    if (sscanf(text, "%d %d %n", &code, &status, &n) != 2) n = 0;
+    char what[1000];
+    snprintf(what, sizeof what, "%.*s", (int)strcspn(text + n, "\n"), text + n);
+    int st = sv_incurable_status(code, status);
+    /* (a failure in a generation already aborted may be the abort's doing: the restart goes on) */
+    if (st && generation == s->snd.generation) stop_incurable(s, w->rank, st, what);
+    else fprintf(stderr, "cohort: rank %d: %s\n", w->rank, what);
+}
 
 static void on_proc_closed(uv_handle_t *h) {
     worker *w = h->data;
@@ -971,6 +1025,17 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
             int64_t before, after;
             int64_t n0 = svc_committed(s->ckpt, &before);
             svc_on_ack(s->ckpt, w->rank, e->checkpoint_ack);
+            /* a write that failed for good (a full disk, permission denied): stop before the
+             * other ranks, their save aborted, ask for a restart */
+            int st = e->checkpoint_ack->status < 0 ? sv_incurable_status(e->checkpoint_ack->status, SV_EXIT_FAILURE) : 0;
+            if (st) {
+                char what[1200];
+                snprintf(what, sizeof what, "checkpoint: writing its part of iteration %" PRIu64 " failed: %s (%s)",
+                         e->checkpoint_ack->iteration,
+                         e->checkpoint_ack->error ? e->checkpoint_ack->error : "no detail",
+                         co_strerror(e->checkpoint_ack->status));
+                stop_incurable(s, w->rank, st, what);
+            }
             if (svc_committed(s->ckpt, &after) != n0 && s->obs) {
                 /* committed: its save time from its iteration's acceptance (if the validator saw it) */
                 uint64_t acc = s->val ? svv_accepted_ms(s->val, after) : 0;
@@ -1001,6 +1066,10 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
                 snprintf(what, sizeof what, "%s received by rank %d (pid %u)", strsignal(sig), w->rank, w->pid);
                 begin_signal_stop(s, sig, w->rank, what);
             }
+            break;
+        }
+        if (!strncmp(e->log_line->text, "fatal: ", 7)) {
+            on_fatal(s, w, e->log_line->text + 7, e->generation);
             break;
         }
         if (s->val && !strncmp(e->log_line->text, "event: ", 7)) {

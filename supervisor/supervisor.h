@@ -20,6 +20,10 @@
  *   1 the supervisor itself failed (spawn, sockets, memory)
  *   3 training stopped on a NaN/Inf loss or gradient norm that the rerun state machine found
  *     reproducible (on a healthy peer too): a data or model problem, not a fault
+ *   1 also: a rank failed with an error a restart cannot cure (sv_incurable_status: a full
+ *     disk, permission denied, a missing file), as one process would exit
+ *   2 also: a rank's setup refused its flags or its checkpoint (a --load whose model differs
+ *     from the flags), as one process would exit; the job stops at once, no restart
  *   4 a worker failed or died and could not be replaced (in-process restart disabled, the
  *     restart limit reached, or no replica of its state survived); the others were stopped
  *   5 the rendezvous did not complete in time
@@ -40,7 +44,7 @@
 enum {
     SV_EXIT_OK = 0,
     SV_EXIT_FAILURE = 1,
-    SV_EXIT_USAGE = 2,       /* misuse: a node whose training flags differ from the others' */
+    SV_EXIT_USAGE = 2,       /* misuse: a node whose training flags differ from the others', a rank's refused setup */
     SV_EXIT_NAN = 3,
     SV_EXIT_WORKER_FAILED = 4,
     SV_EXIT_RENDEZVOUS = 5,
@@ -128,6 +132,18 @@ typedef struct sv_options {
 static inline bool sv_preempting_signal(int sig, bool requeue_on_sigterm) {
     return sig == SIGUSR1 || (sig == SIGTERM && requeue_on_sigterm);
 }
+
+/* Whether a rank's own failure can be cured by a restart. code: the CO_E* code it failed
+ * with; worker_status: the status it exits with (1, or 2 where its setup refused the flags or
+ * the checkpoint: worker/rank.h's WK_FAILURE and WK_USAGE). Returns 0 when a restart may
+ * cure it (a peer's death or disconnect, a timeout, an abort, an I/O or memory error: the
+ * rank is restarted), else the job's exit status, the one a single process would exit with:
+ * SV_EXIT_USAGE for a configuration or checkpoint that does not fit (CO_EINVAL,
+ * CO_EUNSUPPORTED with worker_status 2), SV_EXIT_FAILURE for the rest of what no restart
+ * changes (CO_EINVAL or CO_EUNSUPPORTED later on, CO_ENOSPC: a full disk or quota,
+ * CO_EDENIED: permission denied, CO_ENOENT: a missing file). The worker asks it before
+ * telling the supervisor (sv_link_fatal) and the supervisor before stopping the job. */
+int sv_incurable_status(int code, int worker_status);
 
 /* Runs the job to its end; returns one of the exit statuses above. */
 int sv_run(const sv_options *o);

@@ -5,14 +5,33 @@
 #include "comm/zmq_comm.h"
 #include "common/error.h"
 #include "kernels/backend.h"
+#include "supervisor/supervisor.h"
 #include "worker/ckpt.h"
 #include "worker/comms.h"
 #include "worker/resilience.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+
+/* This rank's own failure, at its setup or in training (rc: its CO_E* code, 0 for one that
+ * is not its own, such as a state handover between ranks; status: the exit status it leads
+ * to). Under a supervisor one that no restart cures (sv_incurable_status)
+ * goes to the supervisor, which prints the first rank's and stops the job at once; anything
+ * else is printed here and the supervisor decides from the exit. Returns status. */
+static int failed(sv_link *link, int rc, int status, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int failed(sv_link *link, int rc, int status, const char *fmt, ...) {
+    char what[1600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (!link || !sv_incurable_status(rc, status) || sv_link_fatal(link, rc, status, what))
+        fprintf(stderr, "cohort train: %s\n", what);
+    return status;
+}
 
 static int report_progress(trainer *t, void *ctx, bool final, train_end why) {
     (void)final;
@@ -156,6 +175,7 @@ int wk_run(const wk_options *o) {
     }
     trainer *t = NULL;
     int early_rc = 0; /* a replacement's first state transfer failed */
+    bool handover_failed = false; /* the last failure was a state transfer between ranks */
     trainer_data td = *data;
     /* a replacement (any process started after generation 1): the data caches exist and the
      * survivors are not in trainer_new (no barriers), whether it takes its state from a
@@ -175,9 +195,10 @@ int wk_run(const wk_options *o) {
         snprintf(c.load, sizeof c.load, "%s", asg->checkpoint_dir); /* no replica survived: the checkpoint */
     rc = trainer_new(&t, &c, &td, out, dp);
     if (rc) {
-        fprintf(stderr, "cohort train: setup failed: %s (%s)\n", co_err_detail(), co_strerror(rc));
+        int status = failed(link, rc, rc == CO_EINVAL ? WK_USAGE : WK_FAILURE, "setup failed: %s (%s)",
+                            co_err_detail(), co_strerror(rc));
         close_comms(link, &cs, &dp);
-        return rc == CO_EINVAL ? WK_USAGE : WK_FAILURE;
+        return status;
     }
     if (link) trainer_set_hook(t, report_progress, link);
     wait_ctx wctx = {.link = link, .cs = cs};
@@ -188,10 +209,10 @@ int wk_run(const wk_options *o) {
         char rerr[600];
         rc = wk_resil_new(&resil, &c, link, link ? asg->rank : 0, link ? asg->world : 1, rerr, sizeof rerr);
         if (rc) {
-            fprintf(stderr, "cohort train: %s\n", rerr);
+            int status = failed(link, rc, rc == CO_EINVAL ? WK_USAGE : WK_FAILURE, "%s", rerr);
             trainer_destroy(&t);
             close_comms(link, &cs, &dp);
-            return rc == CO_EINVAL ? WK_USAGE : WK_FAILURE;
+            return status;
         }
         wk_resil_attach(resil, t, out);
     }
@@ -203,12 +224,13 @@ int wk_run(const wk_options *o) {
         snprintf(co.token, sizeof co.token, CK_JOB_TOKEN_FMT, sv_link_job_id(link));
         rc = wk_ckpt_set_coordinator(ckpt, &co);
     }
-    if (rc) {
-        fprintf(stderr, "cohort train: checkpoint: %s (%s)\n", co_err_detail(), co_strerror(rc));
+    if (rc) { /* a flag that does not fit the checkpoint: 2 */
+        int status = failed(link, rc, rc == CO_EINVAL ? WK_USAGE : WK_FAILURE, "checkpoint: %s (%s)", co_err_detail(),
+                            co_strerror(rc));
         trainer_destroy(&t);
         wk_resil_destroy(&resil);
         close_comms(link, &cs, &dp);
-        return rc == CO_EINVAL ? WK_USAGE : WK_FAILURE; /* a flag that does not fit the checkpoint: 2 */
+        return status;
     }
     /* --- end checkpoint --- */
     wk_resil_attach_ckpt(resil, ckpt);
@@ -234,6 +256,7 @@ int wk_run(const wk_options *o) {
             int src;
             rc = source_in_group(cs, asg->rank, asg->state_source, &src);
             if (!rc) rc = trainer_sync_state(t, src);
+            handover_failed = rc != 0;
             if (rc) {
                 fprintf(stderr, "cohort worker %d: taking the state of rank %d failed: %s (%s)\n", asg->rank,
                         asg->state_source, co_err_detail(), co_strerror(rc));
@@ -314,10 +337,12 @@ int wk_run(const wk_options *o) {
         set_experts(&etd, co_config_standin_model_parallel ? NULL : cs);
         trainer_set_expert_groups(t, etd.ep, etd.edp, etd.erep);
         if (reload) {
+            handover_failed = false;
             rc = wk_ckpt_reload(ckpt, reload, wk_comms_world(cs));
             free(reload);
         } else {
             rc = trainer_sync_state(t, source);
+            handover_failed = rc != 0;
         }
         if (!rc) rc = check_standin_replicas(cs, t, my_rank, "after the restart");
         if (!rc) rc = trainer_train(t, o->stop, &why);
@@ -325,9 +350,10 @@ int wk_run(const wk_options *o) {
     if (!rc && cs) rc = check_standin_replicas(cs, t, my_rank, "at the end");
     int status = WK_OK;
     if (rc) {
-        fprintf(stderr, "cohort train: training failed at iteration %lld: %s (%s)\n",
-                (long long)trainer_iteration(t), co_err_detail(), co_strerror(rc));
-        status = WK_FAILURE;
+        /* (a failed state handover is the job's state, not this rank's: the supervisor's
+         * restart decides, e.g. from the checkpoint) */
+        status = failed(link, handover_failed ? 0 : rc, WK_FAILURE, "training failed at iteration %lld: %s (%s)",
+                        (long long)trainer_iteration(t), co_err_detail(), co_strerror(rc));
     } else if (why == TRAIN_NAN || why == TRAIN_REJECTED) {
         status = WK_NAN;
     } else {
