@@ -28,7 +28,8 @@
     X(ABORTED, -12, "aborted")                                                   \
     X(REMOTE, -13, "a remote peer failed or went away")                          \
     X(PROTOCOL, -14, "protocol violation by a peer")                             \
-    X(DENIED, -15, "permission denied")
+    X(DENIED, -15, "permission denied")                                          \
+    X(CORRUPT, -16, "no usable copy: the data failed verification")
 
 typedef enum {
     CO_OK = 0,

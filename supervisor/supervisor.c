@@ -411,6 +411,7 @@ int sv_incurable_status(int code, int worker_status) {
     case CO_ENOSPC: /* a full disk or quota */
     case CO_EDENIED: /* permission denied */
     case CO_ENOENT: /* a missing file */
+    case CO_ECORRUPT: /* no usable copy: every checkpoint the job could load failed verification */
         return SV_EXIT_FAILURE;
     default: /* a peer's death (CO_EREMOTE), a timeout, an abort, I/O, memory: a restart may cure it */
         return 0;

@@ -666,8 +666,8 @@ static int try_load(wk_ckpt *k, int64_t it, int64_t n, bool load_optim, ck_manif
     if (k->agree && k->agree->size > 1) snprintf(on, sizeof on, " on rank %d", k->rank);
     co_err_set(rc, "checkpoint at iteration %" PRId64 " is %s%s: %s", it, kind, on, detail);
     if (c->refuse_corrupt_checkpoint) {
-        co_err_set(rc, "checkpoint at iteration %" PRId64 " is %s%s: %s (refused: --refuse-corrupt-checkpoint)", it, kind,
-                   on, detail);
+        rc = co_err_set(CO_ECORRUPT, "checkpoint at iteration %" PRId64 " is %s%s: %s (refused: "
+                        "--refuse-corrupt-checkpoint)", it, kind, on, detail);
         vote_set(v, it, n, VOTE_FATAL, rc);
         return 0;
     }
@@ -781,6 +781,8 @@ static int load_newest(wk_ckpt *k) {
                                       : "cohort: no older checkpoint to fall back to\n");
             fflush(k->log);
         }
+        /* (none left: loading again finds the same files, so no restart cures it) */
+        if (i + 1 == n) rc = co_err_set(CO_ECORRUPT, "%s; no older checkpoint to fall back to", job.msg);
     }
     free(its);
     return rc;

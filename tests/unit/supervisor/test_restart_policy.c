@@ -33,6 +33,7 @@ static void incurable(void) {
     /* the disk, the permissions, a missing file: 1, as one process */
     CHECK(sv_incurable_status(CO_ENOSPC, WORKER_FAILURE) == SV_EXIT_FAILURE);
     CHECK(sv_incurable_status(CO_EDENIED, WORKER_FAILURE) == SV_EXIT_FAILURE);
+    CHECK(sv_incurable_status(CO_ECORRUPT, WORKER_FAILURE) == SV_EXIT_FAILURE); /* no usable checkpoint left */
     CHECK(sv_incurable_status(CO_ENOENT, WORKER_FAILURE) == SV_EXIT_FAILURE);
     CHECK(sv_incurable_status(CO_ENOSPC, WORKER_USAGE) == SV_EXIT_FAILURE);
 }
