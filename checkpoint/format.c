@@ -824,15 +824,20 @@ int ck_model_check(const ck_manifest *m) {
         return co_err_set(CO_EFORMAT, "the model's vocab %d is larger than its padded_vocab %d", mi->vocab, mi->padded_vocab);
     if (mi->heads % mi->kv_groups)
         return co_err_set(CO_EFORMAT, "the model's heads %d are not a multiple of its kv_groups %d", mi->heads, mi->kv_groups);
-    int max_layer = -1;
+    int max_layer = -1, nlayers = 0;
     for (int i = 0; i < m->ntensors; i++) {
         const ck_mtensor *t = &m->tensors[i];
         const char *name = t->name;
         static const char *const moments[] = {"optimizer.exp_avg_sq.", "optimizer.exp_avg."};
         for (size_t k = 0; k < 2; k++)
             if (!strncmp(name, moments[k], strlen(moments[k]))) name += strlen(moments[k]);
-        int layer = -1;
-        if (sscanf(name, "layers.%d.", &layer) == 1 && layer > max_layer) max_layer = layer;
+        /* every GPT layer has an input norm: the layers are counted by theirs, each once
+         * (not its moments'); a checkpoint of other tensors is not held to the count */
+        int layer = -1, end = 0;
+        if (name == t->name && sscanf(name, "layers.%d.input_norm.weight%n", &layer, &end) == 1 && end && !name[end]) {
+            nlayers++;
+            if (layer > max_layer) max_layer = layer;
+        }
         int nd;
         dim_rule d[2];
         if (!model_rule(mi, name, &nd, d)) continue;
@@ -852,9 +857,9 @@ int ck_model_check(const ck_manifest *m) {
                               d[k].field, d[k].size, t->name, have, want);
         }
     }
-    if (max_layer + 1 != mi->num_layers)
+    if (nlayers && (max_layer + 1 != mi->num_layers || nlayers != max_layer + 1))
         return co_err_set(CO_EFORMAT, "the model description says num_layers = %d but the tensors hold %d layer%s "
-                                      "(layers.0 to layers.%d)", mi->num_layers, max_layer + 1,
-                          max_layer == 0 ? "" : "s", max_layer);
+                                      "(layers.0 to layers.%d)", mi->num_layers, nlayers,
+                          nlayers == 1 ? "" : "s", max_layer);
     return 0;
 }
