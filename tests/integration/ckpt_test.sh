@@ -4,7 +4,9 @@
 # a SIGKILL at each phase of the commit, failing writes (ENOSPC, EIO), save on SIGTERM,
 # corrupt/truncated fallback and refusal, the load flags, the `cohort ckpt` tools' exit
 # codes, safetensors files read by a 20-line numpy reader, and the Hugging Face export's
-# loss from an independent numpy GPT-2 (hf_loss) against cohort's evaluation loss. The dp_*
+# loss from an independent numpy GPT-2 (hf_loss) against cohort's evaluation loss, the tools
+# that write never damaging a checkpoint or a live job (tools_*: refused outputs, prune beside
+# a job stopped mid-save, signals during convert, verify's model check, a garbage tracker). The dp_*
 # cases run several ranks under the supervisor: every rank writes its share of the files and
 # the supervisor commits (layout, tools and export on such checkpoints, a kill of a rank or of the
 # supervisor at each phase, a failing write on one rank).
