@@ -57,6 +57,25 @@ static int add(out_t *o, int *n, const char *name, const float *src, int64_t row
     return 0;
 }
 
+/* path := text + "\n" through path.tmp-PID (removed on failure; a dead process's is
+ * removed by the next export into the directory, ck_clean_dead_files). */
+static int write_replace(const char *path, const char *text, size_t len) {
+    char tmp[4500];
+    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
+    ck_file f;
+    int rc = ck_file_create(&f, tmp);
+    if (rc) return rc;
+    rc = ck_file_write(&f, text, len);
+    if (!rc) rc = ck_file_write(&f, "\n", 1);
+    uint8_t h[16];
+    if (!rc) rc = ck_file_finish(&f, h);
+    else ck_file_abort(&f);
+    if (!rc && rename(tmp, path)) rc = co_err_set(CO_EIO, "convert: renaming %s: %m", tmp);
+    if (!rc) rc = fs_fsync_parent(path);
+    if (rc) unlink(tmp);
+    return rc;
+}
+
 int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir, bool trim_vocab) {
     const ck_model_info *mi = &m->model;
     const char *why = mi->rope ? "rotary position embeddings (GPT-2 learns absolute positions)"
@@ -120,7 +139,7 @@ int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir
     if (!rc) rc = fs_mkdirs(out_dir);
     char path[4400], tmp[4500];
     snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
     if (!rc) {
         const char **names = calloc((size_t)n, sizeof *names);
         int *dts = calloc((size_t)n, sizeof *dts), *nds = calloc((size_t)n, sizeof *nds);
@@ -137,7 +156,6 @@ int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir
         json_t *meta = json_pack("{ss}", "format", "pt");
         if (!rc) rc = ck_st_build_header(names, dts, nds, (const int64_t(*)[CK_MAX_DIMS])shapes, n, meta, &hdr, &hlen);
         json_decref(meta);
-        unlink(tmp);
         ck_file f;
         if (!rc) rc = ck_file_create(&f, tmp);
         if (!rc) {
@@ -177,9 +195,7 @@ int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir
     json_decref(cfg);
     if (!text) return co_err_set(CO_ENOMEM, "convert: out of memory");
     snprintf(path, sizeof path, "%s/config.json", out_dir);
-    const void *bufs2[2] = {text, "\n"};
-    size_t lens[2] = {strlen(text), 1};
-    rc = fs_write_atomic(path, bufs2, lens, 2);
+    rc = write_replace(path, text, strlen(text));
     free(text);
     return rc;
 }

@@ -8,6 +8,7 @@
 #include <ctype.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -748,5 +749,117 @@ int ck_manifest_dump(const ck_manifest *m, char **out, size_t *len) {
     if (!s) return co_err_set(CO_ENOMEM, "manifest: out of memory");
     *out = s;
     *len = strlen(s);
+    return 0;
+}
+
+/* ---- the model description against the tensors ------------------------------------------ */
+
+/* A tensor's expected shape: each dimension's size and the model fields it comes from
+ * (for the message); size -1: not checked. */
+typedef struct dim_rule {
+    int64_t size;
+    const char *field;
+} dim_rule;
+
+/* The expected shape of a tensor named name (a model tensor's name, without an optimizer
+ * prefix) or false when no rule covers it. */
+static bool model_rule(const ck_model_info *mi, const char *name, int *nd, dim_rule d[2]) {
+    const int64_t H = mi->hidden, qkv = (int64_t)(mi->heads + 2 * mi->kv_groups) * mi->head_dim,
+                  att = (int64_t)mi->heads * mi->head_dim, f1 = (int64_t)mi->ffn_hidden * (mi->swiglu ? 2 : 1);
+    const dim_rule hid = {H, "hidden"}, vocab = {mi->padded_vocab, "padded_vocab"};
+    const char *qkvf = "(heads + 2 x kv_groups) x head_dim", *f1f = mi->swiglu ? "2 x ffn_hidden (SwiGLU)" : "ffn_hidden";
+    /* a layer's tensor: the part after "layers.N." or "mtp.layers.K.transformer_layer." */
+    const char *sfx = NULL;
+    int pos = 0;
+    if (sscanf(name, "layers.%*d.%n", &pos) == 0 && pos) sfx = name + pos;
+    pos = 0;
+    if (!sfx && sscanf(name, "mtp.layers.%*d.transformer_layer.%n", &pos) == 0 && pos) sfx = name + pos;
+    static const char *const norms[] = {"input_norm.weight", "input_norm.bias", "mlp_norm.weight", "mlp_norm.bias"};
+    *nd = 1;
+    d[0] = hid;
+    d[1] = (dim_rule){-1, NULL};
+    if (sfx) {
+        for (size_t i = 0; i < sizeof norms / sizeof norms[0]; i++)
+            if (!strcmp(sfx, norms[i])) return true;
+        if (!strcmp(sfx, "attention.proj.bias") || !strcmp(sfx, "mlp.fc2.bias")) return true;
+        if (!strcmp(sfx, "attention.qkv.bias")) d[0] = (dim_rule){qkv, qkvf};
+        else if (!strcmp(sfx, "mlp.fc1.bias")) d[0] = (dim_rule){f1, f1f};
+        else *nd = 2;
+        if (*nd == 1) return true;
+        if (!strcmp(sfx, "attention.qkv.weight")) d[0] = (dim_rule){qkv, qkvf}, d[1] = hid;
+        else if (!strcmp(sfx, "attention.proj.weight")) d[1] = (dim_rule){att, "heads x head_dim"};
+        else if (!strcmp(sfx, "mlp.fc1.weight")) d[0] = (dim_rule){f1, f1f}, d[1] = hid;
+        else if (!strcmp(sfx, "mlp.fc2.weight")) d[1] = (dim_rule){mi->ffn_hidden, "ffn_hidden"};
+        else if (!strcmp(sfx, "mlp.router.weight")) d[0] = (dim_rule){-1, NULL}, d[1] = hid;
+        else return false;
+        return true;
+    }
+    if (!strcmp(name, "final_norm.weight") || !strcmp(name, "final_norm.bias")) return true;
+    pos = 0;
+    if (sscanf(name, "mtp.layers.%*d.%n", &pos) == 0 && pos) {
+        const char *m = name + pos;
+        if (!strncmp(m, "enorm.", 6) || !strncmp(m, "hnorm.", 6) || !strncmp(m, "final_layernorm.", 16)) return true;
+        if (strcmp(m, "eh_proj.weight")) return false;
+        *nd = 2;
+        d[1] = (dim_rule){2 * H, "2 x hidden"};
+        return true;
+    }
+    *nd = 2;
+    d[1] = hid;
+    if (!strcmp(name, "embedding.word_embeddings.weight") || !strcmp(name, "output_layer.weight")) d[0] = vocab;
+    else if (!strcmp(name, "embedding.position_embeddings.weight")) d[0] = (dim_rule){mi->max_positions, "max_positions"};
+    else return false;
+    return true;
+}
+
+static void shape_str(char *out, size_t n, int nd, const int64_t *v) {
+    int o = snprintf(out, n, "[");
+    for (int i = 0; i < nd && o > 0 && (size_t)o < n; i++) o += snprintf(out + o, n - (size_t)o, "%s%" PRId64, i ? ", " : "", v[i]);
+    if (o > 0 && (size_t)o < n) snprintf(out + o, n - (size_t)o, "]");
+}
+
+int ck_model_check(const ck_manifest *m) {
+    const ck_model_info *mi = &m->model;
+    if (mi->vocab > mi->padded_vocab)
+        return co_err_set(CO_EFORMAT, "the model's vocab %d is larger than its padded_vocab %d", mi->vocab, mi->padded_vocab);
+    if (mi->heads % mi->kv_groups)
+        return co_err_set(CO_EFORMAT, "the model's heads %d are not a multiple of its kv_groups %d", mi->heads, mi->kv_groups);
+    int max_layer = -1, nlayers = 0;
+    for (int i = 0; i < m->ntensors; i++) {
+        const ck_mtensor *t = &m->tensors[i];
+        const char *name = t->name;
+        static const char *const moments[] = {"optimizer.exp_avg_sq.", "optimizer.exp_avg."};
+        for (size_t k = 0; k < 2; k++)
+            if (!strncmp(name, moments[k], strlen(moments[k]))) name += strlen(moments[k]);
+        /* every GPT layer has an input norm: the layers are counted by theirs, each once
+         * (not its moments'); a checkpoint of other tensors is not held to the count */
+        int layer = -1, end = 0;
+        if (name == t->name && sscanf(name, "layers.%d.input_norm.weight%n", &layer, &end) == 1 && end && !name[end]) {
+            nlayers++;
+            if (layer > max_layer) max_layer = layer;
+        }
+        int nd;
+        dim_rule d[2];
+        if (!model_rule(mi, name, &nd, d)) continue;
+        char have[96], want[96];
+        shape_str(have, sizeof have, t->ndim, t->shape);
+        if (t->ndim != nd)
+            return co_err_set(CO_EFORMAT, "tensor %s has shape %s, %d dimension%s where the model makes %d", t->name, have,
+                              t->ndim, t->ndim == 1 ? "" : "s", nd);
+        for (int k = 0; k < nd; k++) {
+            if (d[k].size < 0 || t->shape[k] == d[k].size) continue;
+            int64_t w[2] = {t->shape[0], nd > 1 ? t->shape[1] : 0};
+            w[k] = d[k].size;
+            shape_str(want, sizeof want, nd, w);
+            return co_err_set(CO_EFORMAT,
+                              "the model description says %s = %" PRId64 " but tensor %s has shape %s (the model makes "
+                              "it %s): the manifest's model does not match its tensors",
+                              d[k].field, d[k].size, t->name, have, want);
+        }
+    }
+    if (nlayers && (max_layer + 1 != mi->num_layers || nlayers != max_layer + 1))
+        return co_err_set(CO_EFORMAT, "the model description says num_layers = %d but the tensors hold %d layer%s "
+                                      "(layers.0 to layers.%d)", mi->num_layers, nlayers,
+                          nlayers == 1 ? "" : "s", max_layer);
     return 0;
 }

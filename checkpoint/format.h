@@ -172,6 +172,11 @@ typedef struct ck_manifest {
 int ck_manifest_parse(const char *buf, size_t len, const char *what, ck_manifest **out);
 void ck_manifest_free(ck_manifest **m);
 const ck_mtensor *ck_manifest_find(const ck_manifest *m, const char *name);
+/* The manifest's model description against the tensors it lists: the shapes of the
+ * tensors it names (embeddings, norms, attention, dense MLP, multi-token prediction; their
+ * optimizer moments too) and the number of layers. 0, or CO_EFORMAT with the detail naming
+ * the model field and the tensor that disagree. */
+int ck_model_check(const ck_manifest *m);
 /* Serialises m->doc with the structured fields written over it. Malloc'ed text. */
 int ck_manifest_dump(const ck_manifest *m, char **out, size_t *len);
 /* Builds m->doc's structured part from the fields (used by dump; exposed for tests). */

@@ -775,7 +775,11 @@ int ck_verify(const char *dir, ck_bad *bad, ck_verify_cb report, void *ctx) {
         if (report) report(ctx, CK_MANIFEST_NAME, *bad, co_err_detail());
         return rc;
     }
-    if (report) report(ctx, CK_MANIFEST_NAME, CK_OK, "");
+    /* the model description against the tensors' shapes: a manifest that parses may still
+     * describe another model than the one it holds */
+    char model_err[1024] = "";
+    if (ck_model_check(m)) snprintf(model_err, sizeof model_err, "%s", co_err_detail());
+    if (report) report(ctx, CK_MANIFEST_NAME, model_err[0] ? CK_BAD_FORMAT : CK_OK, model_err);
     int first = 0;
     int nf = m->nfiles;
     int *fis = calloc((size_t)(nf ? nf : 1), sizeof *fis);
@@ -803,12 +807,17 @@ int ck_verify(const char *dir, ck_bad *bad, ck_verify_cb report, void *ctx) {
             if (!first) first = r;
         }
     }
-    /* the detail names the first failing file, the one whose code is returned */
+    /* the detail names the first failing file, the one whose code is returned; a model
+     * description that does not match (malformed) comes first */
     for (int fi = 0; fi < nf; fi++)
         if (f[fi].rc) {
             co_err_set(f[fi].rc, "%s", f[fi].detail);
             break;
         }
+    if (model_err[0]) {
+        *bad = CK_BAD_FORMAT;
+        first = co_err_set(CO_EFORMAT, "%s/%s: %s", dir, CK_MANIFEST_NAME, model_err);
+    }
     free(fis);
     free(f);
     ck_manifest_free(&m);

@@ -56,41 +56,45 @@ static void describe(const holder *h, char *out, size_t n) {
 }
 
 /* The directory exists (made when missing), is a directory, and takes a new file. */
-static int probe(const char *dir, int *created) {
+static int probe(const char *what, const char *dir, int *created) {
     struct stat st;
     *created = 0;
     if (stat(dir, &st) == 0) {
-        if (!S_ISDIR(st.st_mode)) return co_err_set(CO_EINVAL, "--save %s: not a directory", dir);
+        if (!S_ISDIR(st.st_mode)) return co_err_set(CO_EINVAL, "%s %s: not a directory", what, dir);
     } else if (errno == ENOENT) {
         int rc = fs_mkdirs(dir);
-        if (rc) return co_err_set(rc, "--save %s: cannot create the directory: %s", dir, co_err_detail());
+        if (rc) return co_err_set(rc, "%s %s: cannot create the directory: %s", what, dir, co_err_detail());
         *created = 1;
     } else {
         int e = errno;
-        return co_err_set(fs_errno_code(e), "--save %s: cannot create the directory: %s", dir, strerror(e));
+        return co_err_set(fs_errno_code(e), "%s %s: cannot create the directory: %s", what, dir, strerror(e));
     }
     char path[4300];
     if ((size_t)snprintf(path, sizeof path, "%s/.cohort.probe-%ld", dir, (long)getpid()) >= sizeof path)
-        return co_err_set(CO_EINVAL, "--save %s: path too long", dir);
+        return co_err_set(CO_EINVAL, "%s %s: path too long", what, dir);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) {
         int e = errno;
         return co_err_set(e == EACCES || e == EPERM || e == EROFS ? CO_EDENIED : fs_errno_code(e),
-                          "--save %s: cannot create a file there: %s", dir, strerror(e));
+                          "%s %s: cannot create a file there: %s", what, dir, strerror(e));
     }
     int e = 0;
     if (write(fd, "x", 1) != 1) e = errno ? errno : EIO;
     if (close(fd) && !e) e = errno;
     if (unlink(path) && !e) e = errno;
-    if (e) return co_err_set(fs_errno_code(e), "--save %s: cannot write a file there: %s", dir, strerror(e));
+    if (e) return co_err_set(fs_errno_code(e), "%s %s: cannot write a file there: %s", what, dir, strerror(e));
     return 0;
 }
 
 int ck_savedir_lock(ck_lock **out, const char *dir, const char *job, char *note, size_t notelen) {
+    return ck_savedir_lock_as(out, "--save", dir, job, note, notelen);
+}
+
+int ck_savedir_lock_as(ck_lock **out, const char *what, const char *dir, const char *job, char *note, size_t notelen) {
     *out = NULL;
     if (note && notelen) note[0] = '\0';
     int created = 0;
-    int rc = probe(dir, &created);
+    int rc = probe(what, dir, &created);
     if (rc) return rc;
     ck_lock *l = calloc(1, sizeof *l);
     size_t pn = strlen(dir) + sizeof CK_LOCK_NAME + 2;
@@ -98,7 +102,7 @@ int ck_savedir_lock(ck_lock **out, const char *dir, const char *job, char *note,
     if (!l || !l->path || !l->dir) {
         if (l) free(l->path), free(l->dir);
         free(l);
-        return co_err_set(CO_ENOMEM, "--save %s: out of memory", dir);
+        return co_err_set(CO_ENOMEM, "%s %s: out of memory", what, dir);
     }
     snprintf(l->path, pn, "%s/%s", dir, CK_LOCK_NAME);
     l->created = created;
@@ -109,7 +113,7 @@ int ck_savedir_lock(ck_lock **out, const char *dir, const char *job, char *note,
         int fd = open(l->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (fd < 0) {
             int e = errno;
-            rc = co_err_set(fs_errno_code(e), "--save %s: cannot open the lock file %s: %s", dir, l->path, strerror(e));
+            rc = co_err_set(fs_errno_code(e), "%s %s: cannot open the lock file %s: %s", what, dir, l->path, strerror(e));
             break;
         }
         holder h;
@@ -119,9 +123,9 @@ int ck_savedir_lock(ck_lock **out, const char *dir, const char *job, char *note,
             if (e == EWOULDBLOCK) {
                 read_holder(fd, &h);
                 describe(&h, who, sizeof who);
-                rc = co_err_set(CO_EINVAL, "--save %s is in use: locked by %s; one job per save directory", dir, who);
+                rc = co_err_set(CO_EINVAL, "%s %s is in use: locked by %s; one job per save directory", what, dir, who);
             } else {
-                rc = co_err_set(fs_errno_code(e), "--save %s: cannot lock %s: %s", dir, l->path, strerror(e));
+                rc = co_err_set(fs_errno_code(e), "%s %s: cannot lock %s: %s", what, dir, l->path, strerror(e));
             }
             close(fd);
             break;
@@ -138,14 +142,14 @@ int ck_savedir_lock(ck_lock **out, const char *dir, const char *job, char *note,
             describe(&h, who, sizeof who);
             if (strcmp(h.host, host)) {
                 rc = co_err_set(CO_EINVAL,
-                                "--save %s: %s names %s, another host, whose job this host cannot see; if that job "
-                                "is no longer running, remove %s", dir, l->path, who, l->path);
+                                "%s %s: %s names %s, another host, whose job this host cannot see; if that job "
+                                "is no longer running, remove %s", what, dir, l->path, who, l->path);
                 close(fd);
                 break;
             }
             bool alive = h.pid > 0 && (kill((pid_t)h.pid, 0) == 0 || errno == EPERM);
             if (note && notelen)
-                snprintf(note, notelen, "--save %s: taking over the stale lock of %s: %s", dir, who,
+                snprintf(note, notelen, "%s %s: taking over the stale lock of %s: %s", what, dir, who,
                          alive ? "that pid now belongs to a process that does not hold the lock" : "that process is gone");
         }
         char text[512];
@@ -153,7 +157,7 @@ int ck_savedir_lock(ck_lock **out, const char *dir, const char *job, char *note,
                            host, (long long)time(NULL));
         if (ftruncate(fd, 0) || pwrite(fd, text, (size_t)len, 0) != len || fsync(fd)) {
             int e = errno;
-            rc = co_err_set(fs_errno_code(e), "--save %s: cannot write the lock file %s: %s", dir, l->path, strerror(e));
+            rc = co_err_set(fs_errno_code(e), "%s %s: cannot write the lock file %s: %s", what, dir, l->path, strerror(e));
             unlink(l->path);
             close(fd);
             break;
@@ -161,7 +165,7 @@ int ck_savedir_lock(ck_lock **out, const char *dir, const char *job, char *note,
         l->fd = fd;
         break;
     }
-    if (!rc && l->fd < 0) rc = co_err_set(CO_EIO, "--save %s: the lock file %s keeps being replaced", dir, l->path);
+    if (!rc && l->fd < 0) rc = co_err_set(CO_EIO, "%s %s: the lock file %s keeps being replaced", what, dir, l->path);
     if (rc) {
         if (l->created) rmdir(dir);
         free(l->path);
@@ -171,6 +175,37 @@ int ck_savedir_lock(ck_lock **out, const char *dir, const char *job, char *note,
     }
     *out = l;
     return 0;
+}
+
+int ck_savedir_lock_held(const char *dir, char *who, size_t n) {
+    if (n) who[0] = '\0';
+    char path[4300];
+    snprintf(path, sizeof path, "%s/%s", dir, CK_LOCK_NAME);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT) return 0;
+        return co_err_set(fs_errno_code(e), "%s: cannot open the lock file: %s", path, strerror(e));
+    }
+    holder h;
+    int held = 0;
+    /* a shared lock taken and dropped at once: it fails only while a job holds its
+     * exclusive one */
+    if (flock(fd, LOCK_SH | LOCK_NB)) {
+        int e = errno;
+        if (e != EWOULDBLOCK) {
+            close(fd);
+            return co_err_set(fs_errno_code(e), "%s: cannot test the lock: %s", path, strerror(e));
+        }
+        held = 1;
+    }
+    read_holder(fd, &h);
+    close(fd);
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1)) snprintf(host, sizeof host, "unknown");
+    if (!held && h.host[0] && strcmp(h.host, host)) held = 1; /* another host's: cannot tell */
+    if (held && n) describe(&h, who, n);
+    return held;
 }
 
 void ck_savedir_unlock(ck_lock **pl) {

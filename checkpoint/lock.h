@@ -28,6 +28,14 @@ typedef struct ck_lock ck_lock;
 /* 0 (with *out set; *note receives a line when a stale lock was taken over, else "") or
  * a negative CO_E* code with the detail naming the directory. */
 int ck_savedir_lock(ck_lock **out, const char *dir, const char *job, char *note, size_t notelen);
+/* As ck_savedir_lock, its messages naming the directory as what ("--output", "save
+ * directory") instead of "--save". */
+int ck_savedir_lock_as(ck_lock **out, const char *what, const char *dir, const char *job, char *note, size_t notelen);
+/* Whether a job holds dir's lock, without taking it: 1 (who gets "job ID (pid PID on HOST,
+ * since ...)") when a live process holds it or the lock file names another host (whose
+ * process this host cannot see), 0 when there is no lock file or its holder is gone, or a
+ * negative CO_E* code. */
+int ck_savedir_lock_held(const char *dir, char *who, size_t n);
 /* Removes the lock file and releases the lock; removes the directory too when this handle
  * created it and it is still empty. Safe on NULL. */
 void ck_savedir_unlock(ck_lock **l);

@@ -29,6 +29,7 @@ static bool hooks_read;
 static char crash_phase[32];
 static long crash_nth, crash_seen;
 static long fail_nth, fail_count;
+static long stop_nth, stop_seen;
 static int fail_errno = ENOSPC;
 static char role[16];        /* "sv", a worker's rank, or "" (one process) */
 static bool role_set;
@@ -71,6 +72,12 @@ static void read_hooks(void) {
             if (*end == ':') fail_errno = (int)strtol(end + 1, NULL, 10);
         }
     }
+    const char *st = getenv("COHORT_CKPT_STOP_AT");
+    if (st && *st) {
+        char spec[64];
+        snprintf(spec, sizeof spec, "%s", st);
+        if (for_me(spec)) stop_nth = strtol(spec, NULL, 10);
+    }
 }
 
 void ck_test_set_role(const char *who) {
@@ -80,6 +87,7 @@ void ck_test_set_role(const char *who) {
     hooks_read = false; /* re-read the hooks for this role */
     crash_phase[0] = '\0';
     fail_nth = 0;
+    stop_nth = 0;
     read_hooks();
     pthread_mutex_unlock(&hook_mu);
 }
@@ -119,6 +127,57 @@ ssize_t ck__hooked_pwrite(int fd, const void *buf, size_t len, off_t off) {
     return pwrite(fd, buf, len, off);
 }
 
+/* COHORT_CKPT_STOP_AT: stops the process at its Nth file write. */
+static void stop_point(const char *path) {
+    pthread_mutex_lock(&hook_mu);
+    read_hooks();
+    bool stop = stop_nth > 0 && ++stop_seen == stop_nth;
+    pthread_mutex_unlock(&hook_mu);
+    if (stop) {
+        fprintf(stderr, "cohort: COHORT_CKPT_STOP_AT=%ld: stopping the process while writing %s\n", stop_nth, path);
+        fflush(NULL);
+        raise(SIGSTOP);
+    }
+}
+
+/* ---- interruption ---------------------------------------------------------------------- */
+
+static volatile sig_atomic_t caught_signal;
+
+static void on_signal(int sig) {
+    if (!caught_signal) caught_signal = sig;
+}
+
+int ck_catch_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGINT, &sa, NULL) || sigaction(SIGTERM, &sa, NULL)) {
+        int e = errno;
+        return co_err_set(CO_EINTERNAL, "installing the SIGINT/SIGTERM handlers: %s", strerror(e));
+    }
+    return 0;
+}
+
+int ck_interrupted(void) { return caught_signal; }
+
+void ck_reraise(void) {
+    int sig = caught_signal;
+    if (!sig) return;
+    fflush(NULL);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* CO_EINTERRUPTED naming what was interrupted, or 0 when no signal was caught. */
+static int check_interrupted(const char *what) {
+    int sig = caught_signal;
+    if (!sig) return 0;
+    return co_err_set(CO_EINTERRUPTED, "%s: interrupted by %s", what, sig == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
 int ck_err_wrap(int rc, const char *fmt, ...) {
     char prefix[1024], detail[2048];
     snprintf(detail, sizeof detail, "%s", co_err_detail());
@@ -135,6 +194,8 @@ int ck_file_create(ck_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     f->fd = -1;
     snprintf(f->path, sizeof f->path, "%s", path);
+    int rc = check_interrupted(path);
+    if (rc) return rc;
     f->hash = XXH3_createState();
     if (!f->hash) return co_err_set(CO_ENOMEM, "%s: out of memory", path);
     XXH3_128bits_reset(f->hash);
@@ -153,11 +214,14 @@ int ck_file_create(ck_file *f, const char *path) {
 
 int ck_file_write(ck_file *f, const void *buf, size_t len) {
     const char *p = buf;
+    stop_point(f->path);
     if (len && !f->dw) {
         int rc = ck_dw_new(&f->dw, f->fd, f->path);
         if (rc) return rc;
     }
     while (len) {
+        int rc = check_interrupted(f->path);
+        if (rc) return rc;
         size_t room;
         char *dst = ck_dw_space(f->dw, &room);
         size_t n = len < room ? len : room;
@@ -168,7 +232,7 @@ int ck_file_write(ck_file *f, const void *buf, size_t len) {
         f->bytes += n;
         p += n;
         len -= n;
-        int rc = ck_dw_commit(f->dw, n);
+        rc = ck_dw_commit(f->dw, n);
         if (rc) return rc;
     }
     return 0;
@@ -250,6 +314,8 @@ int ck_file_open(ck_file *f, const char *path, uint64_t *size) {
 int ck_file_read(ck_file *f, void *buf, size_t len) {
     char *p = buf;
     while (len) {
+        int rc = check_interrupted(f->path);
+        if (rc) return rc;
         size_t n = len < IO_CHUNK ? len : IO_CHUNK;
         size_t done = 0;
         while (done < n) {
@@ -318,6 +384,28 @@ int64_t ck_parse_iter_name(const char *name) {
     return v;
 }
 
+/* text (len bytes, not terminated) as a short quoted string for a message: control and
+ * non-ASCII bytes escaped, cut with "..." past the room in out; "an empty file" for none. */
+static void quote_text(char *out, size_t n, const char *text, size_t len) {
+    if (!len) {
+        snprintf(out, n, "an empty file");
+        return;
+    }
+    size_t o = 0;
+    out[o++] = '\'';
+    for (size_t i = 0; i < len; i++) {
+        if (o + 10 >= n) { /* room for an escape, "..." and the closing quote */
+            o += (size_t)snprintf(out + o, n - o, "...");
+            break;
+        }
+        unsigned char c = (unsigned char)text[i];
+        if (c == '\n') o += (size_t)snprintf(out + o, n - o, "\\n");
+        else if (c < 0x20 || c >= 0x7f || c == '\'') o += (size_t)snprintf(out + o, n - o, "\\x%02x", c);
+        else out[o++] = (char)c;
+    }
+    snprintf(out + o, n - o, "'");
+}
+
 int ck_read_tracker(const char *save_dir, int64_t *it) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", save_dir, CK_TRACKER_NAME);
@@ -332,10 +420,16 @@ int ck_read_tracker(const char *save_dir, int64_t *it) {
     while (*p >= '0' && *p <= '9' && digits < 18) v = v * 10 + (*p++ - '0'), digits++;
     while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
     bool ok = digits > 0 && *p == '\0' && (size_t)(p - data) == len;
-    if (!ok && !strncmp(data, "release", 7))
+    if (!ok && !strncmp(data, "release", 7)) {
         rc = co_err_set(CO_EFORMAT, "%s: 'release' checkpoints are not supported", path);
-    else if (!ok)
-        rc = co_err_set(CO_EFORMAT, "%s: does not hold an iteration number", path);
+    } else if (!ok) {
+        char shown[64];
+        size_t shown_len = len; /* a trailing newline is allowed: not shown */
+        while (shown_len > 1 && strchr(" \t\r\n", data[shown_len - 1])) shown_len--;
+        quote_text(shown, sizeof shown, data, shown_len);
+        rc = co_err_set(CO_EFORMAT, "%s holds %s, not an iteration number (a non-negative integer); fix or remove it",
+                        path, shown);
+    }
     free(data);
     if (!rc) *it = v;
     return rc;
@@ -446,8 +540,174 @@ int ck_clean_stale(const char *save_dir) {
     return rc;
 }
 
+int ck_owner_alive(const char *suffix) {
+    char *end;
+    errno = 0;
+    long pid = strtol(suffix, &end, 10);
+    if (end == suffix || *end || errno || pid <= 0) return -1;
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+/* ck_owner_alive for the cleaners: this process's own PID names a leftover of an earlier
+ * process that had it (this one has not begun writing yet). */
+static int other_owner_alive(const char *suffix) {
+    char self[32];
+    snprintf(self, sizeof self, "%ld", (long)getpid());
+    return strcmp(suffix, self) ? ck_owner_alive(suffix) : 0;
+}
+
+static void note_name(char (*names)[256], int *count, const char *name) {
+    if (*count < CK_STALE_MAX) snprintf(names[*count], sizeof names[0], "%s", name);
+    (*count)++;
+}
+
+static void note_kept(ck_stale *st, const char *name, const char *why) {
+    if (st->nkept < CK_STALE_MAX) snprintf(st->why_kept[st->nkept], sizeof st->why_kept[0], "%s", why);
+    note_name(st->kept, &st->nkept, name);
+}
+
+int ck_clean_dead(const char *save_dir, const char *locked_by, bool dry_run, ck_stale *st) {
+    memset(st, 0, sizeof *st);
+    DIR *d = opendir(save_dir);
+    if (!d) return errno == ENOENT ? 0 : co_err_set(fs_errno_code(errno), "listing %s: %s", save_dir, strerror(errno));
+    struct dirent *de;
+    int rc = 0;
+    char path[4096 + 256], why[160];
+    while ((de = readdir(d)) && !rc) {
+        if (!is_leftover(de->d_name)) continue;
+        const char *suffix = strstr(de->d_name, ".tmp-");
+        if (!suffix) suffix = strstr(de->d_name, ".del-");
+        int alive = other_owner_alive(suffix + 5);
+        if (locked_by) {
+            snprintf(why, sizeof why, "the save directory is locked by %s", locked_by);
+            note_kept(st, de->d_name, why);
+            continue;
+        }
+        if (alive == 1) {
+            snprintf(why, sizeof why, "process %s is running", suffix + 5);
+            note_kept(st, de->d_name, why);
+            continue;
+        }
+        snprintf(path, sizeof path, "%s/%s", save_dir, de->d_name);
+        if (!dry_run) rc = ck_remove_dir(path);
+        if (!rc) note_name(st->removed, &st->nremoved, de->d_name);
+    }
+    closedir(d);
+    return rc;
+}
+
+int ck_clean_dead_files(const char *dir, const char *const *names, int nnames, ck_stale *st) {
+    memset(st, 0, sizeof *st);
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : co_err_set(fs_errno_code(errno), "listing %s: %s", dir, strerror(errno));
+    struct dirent *de;
+    int rc = 0;
+    char path[4096 + 256], why[160];
+    while ((de = readdir(d)) && !rc) {
+        const char *suffix = NULL;
+        for (int i = 0; i < nnames && !suffix; i++) {
+            size_t l = strlen(names[i]);
+            if (!strncmp(de->d_name, names[i], l) && !strncmp(de->d_name + l, ".tmp-", 5)) suffix = de->d_name + l + 5;
+        }
+        if (!suffix) continue;
+        int alive = other_owner_alive(suffix);
+        if (alive < 0) continue; /* not a name this code writes */
+        if (alive) {
+            snprintf(why, sizeof why, "process %s is running", suffix);
+            note_kept(st, de->d_name, why);
+            continue;
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (unlink(path) && errno != ENOENT) {
+            int e = errno;
+            rc = co_err_set(fs_errno_code(e), "removing %s: %s", path, strerror(e));
+            break;
+        }
+        note_name(st->removed, &st->nremoved, de->d_name);
+    }
+    closedir(d);
+    return rc;
+}
+
+ck_dir_kind ck_classify_dir(const char *dir) {
+    char p[4400];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, CK_MANIFEST_NAME);
+    if (!stat(p, &st)) return CK_DIR_CHECKPOINT;
+    snprintf(p, sizeof p, "%s/%s", dir, CK_TRACKER_NAME);
+    if (!stat(p, &st)) return CK_DIR_SAVE;
+    DIR *d = opendir(dir);
+    if (!d) return CK_DIR_OTHER;
+    ck_dir_kind kind = CK_DIR_OTHER;
+    struct dirent *de;
+    while ((de = readdir(d)) && kind == CK_DIR_OTHER) {
+        if (strncmp(de->d_name, "iter_", 5)) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (!stat(p, &st) && S_ISDIR(st.st_mode)) kind = CK_DIR_SAVE;
+    }
+    closedir(d);
+    return kind;
+}
+
+/* path with the symbolic links of its existing part resolved (the rest appended as given). */
+static int resolve_path(const char *path, char *out, size_t n) {
+    char head[4096], tail[4096] = "";
+    snprintf(head, sizeof head, "%s", path);
+    for (;;) {
+        char *r = realpath(head[0] ? head : ".", NULL);
+        if (r) {
+            int w = snprintf(out, n, "%s%s%s", r, tail[0] && strcmp(r, "/") ? "/" : "", tail);
+            free(r);
+            return w < 0 || (size_t)w >= n ? co_err_set(CO_EINVAL, "%s: path too long", path) : 0;
+        }
+        if (errno != ENOENT && errno != ENOTDIR) {
+            int e = errno;
+            return co_err_set(fs_errno_code(e), "%s: %s", path, strerror(e));
+        }
+        /* move the last component of head in front of tail */
+        size_t l = strlen(head);
+        while (l > 1 && head[l - 1] == '/') head[--l] = '\0';
+        char *slash = strrchr(head, '/');
+        const char *last = slash ? slash + 1 : head;
+        char t[4096];
+        snprintf(t, sizeof t, "%s%s%s", last, tail[0] ? "/" : "", tail);
+        snprintf(tail, sizeof tail, "%s", t);
+        if (!slash) head[0] = '\0';
+        else if (slash == head) head[1] = '\0';
+        else *slash = '\0';
+    }
+}
+
+int ck_check_output(const char *output, bool save_ok, const char *flag) {
+    char full[4096];
+    int rc = resolve_path(output, full, sizeof full);
+    if (rc) return ck_err_wrap(rc, "%s", flag);
+    char q[4096];
+    snprintf(q, sizeof q, "%s", full);
+    for (bool self = true;; self = false) {
+        ck_dir_kind k = ck_classify_dir(q);
+        if (k == CK_DIR_CHECKPOINT)
+            return co_err_set(CO_EINVAL,
+                              "%s %s %s the checkpoint directory %s (it holds %s): writing there would overwrite the "
+                              "checkpoint; choose a directory outside every save directory",
+                              flag, output, self ? "is" : "lies inside", q, CK_MANIFEST_NAME);
+        if (k == CK_DIR_SAVE && !(self && save_ok))
+            return co_err_set(CO_EINVAL,
+                              "%s %s %s the save directory %s (it holds %s or iter_* directories): writing there could "
+                              "overwrite its checkpoints; choose a directory outside every save directory",
+                              flag, output, self ? "is" : "lies inside", q, CK_TRACKER_NAME);
+        char *slash = strrchr(q, '/');
+        if (!slash || !strcmp(q, "/")) break;
+        if (slash == q) q[1] = '\0';
+        else *slash = '\0';
+    }
+    return 0;
+}
+
 int ck_begin(const char *save_dir, int64_t iteration, char *tmp, size_t n) {
-    int rc = fs_mkdirs(save_dir);
+    int rc = check_interrupted(save_dir);
+    if (rc) return rc;
+    rc = fs_mkdirs(save_dir);
     if (rc) return ck_err_wrap(rc, "creating the save directory %s", save_dir);
     char final[4096];
     ck_iter_dir(final, sizeof final, save_dir, iteration);
@@ -581,6 +841,7 @@ int ck_prune(const char *save_dir, int keep, bool dry_run, int64_t *removed, int
      * tracker (a save that crashed before replacing the tracker is not retention's call) */
     for (int i = 0; i < n - keep && !rc; i++) {
         if (its[i] == tracked || (tracked >= 0 && its[i] > tracked)) continue;
+        if ((rc = check_interrupted(save_dir))) break;
         if (!dry_run) rc = ck_remove_checkpoint(save_dir, its[i]);
         if (!rc) {
             if (*nremoved < max) removed[*nremoved] = its[i];

@@ -29,6 +29,8 @@
  *   fsync'ed, tracker not yet replaced), tracker, prune.
  * COHORT_CKPT_FAIL_WRITE=N[:ERRNO][@WHO] the Nth checkpoint write(2) fails with ERRNO
  *   (default ENOSPC=28; 5 is EIO), SQLite-style.
+ * COHORT_CKPT_STOP_AT=N[@WHO]         the process stops itself (SIGSTOP) at its Nth
+ *   ck_file_write, its file half written: a test signals it there, then continues it.
  * @WHO limits a hook to one process of a supervised job: a worker's data-parallel rank
  *   ("@1") or the supervisor ("@sv"). Without it the hook applies in every process that
  *   sees the variable (the supervisor passes COHORT_CKPT_* on to its workers). */
@@ -43,6 +45,18 @@ void ck_test_fail_write(long n, int err);
  * ("context: detail"); safe where co_err_set(rc, "...: %s", co_err_detail()) is not (the
  * detail buffer would be both source and destination). */
 int ck_err_wrap(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- interruption (the `cohort ckpt` tools that write) ---------------------------------
+ * ck_catch_signals makes SIGINT and SIGTERM set a flag instead of killing the process; from
+ * then on ck_begin, ck_file_create, ck_file_write, ck_file_read and ck_prune fail with
+ * CO_EINTERRUPTED ("interrupted by SIGINT"), so the caller's error path removes what it
+ * had begun. A training process never calls it (its signal thread takes those signals). */
+int ck_catch_signals(void);
+/* The signal caught (SIGINT, SIGTERM) or 0. */
+int ck_interrupted(void);
+/* Restores the caught signal's default action and raises it (the process ends as killed
+ * by it, exit status 128 + signal in a shell); returns when none was caught. */
+void ck_reraise(void);
 
 /* ---- hashing writer/reader ------------------------------------------------------------ */
 
@@ -89,7 +103,8 @@ void ck_iter_dir(char *out, size_t n, const char *save_dir, int64_t iteration);
 int64_t ck_parse_iter_name(const char *name);
 
 /* The tracker's iteration: 0 and *it, CO_ENOENT when there is no tracker, CO_EFORMAT when it
- * does not hold a non-negative integer. */
+ * does not hold a non-negative integer (the detail names the file and quotes what it
+ * holds). */
 int ck_read_tracker(const char *save_dir, int64_t *it);
 /* Replaces the tracker atomically. */
 int ck_write_tracker(const char *save_dir, int64_t it);
@@ -98,8 +113,46 @@ int ck_write_tracker(const char *save_dir, int64_t it);
  * ascending. *out is malloc'ed. */
 int ck_list_iterations(const char *save_dir, int64_t **out, int *n);
 
-/* Removes leftovers of interrupted saves and removals (iter_*.tmp-*, iter_*.del-*). */
+/* Removes leftovers of interrupted saves and removals (iter_*.tmp-*, iter_*.del-*): for the
+ * holder of the save directory's lock at its start, when no other writer can be running. */
 int ck_clean_stale(const char *save_dir);
+
+/* Leftovers found by ck_clean_dead / ck_clean_dead_files: the first CK_STALE_MAX names of
+ * those removed (or, dry_run, that would be) and of those kept because their owner may be
+ * alive, with the counts. */
+#define CK_STALE_MAX 32
+typedef struct ck_stale {
+    int nremoved, nkept;
+    char removed[CK_STALE_MAX][256];
+    char kept[CK_STALE_MAX][256], why_kept[CK_STALE_MAX][160];
+} ck_stale;
+/* Whether the process that a leftover's suffix names (".tmp-PID", ".del-PID") may be alive:
+ * a PID alive on this host; false for a PID that is gone; -1 for a suffix that is no PID (a
+ * supervised job's token, whose processes this host cannot tell). */
+int ck_owner_alive(const char *suffix);
+/* Removes the leftovers of dead processes from save_dir (the tool's side of ck_clean_stale,
+ * safe beside a running job): an iter_*.tmp-X / iter_*.del-X is kept when locked_by is
+ * not NULL (the save directory's lock is held by a live process, or by another host:
+ * locked_by describes it, and every leftover may be that job's, a supervised job naming
+ * its temporary directory by a token) or when X is a PID alive on this host; the others
+ * are removed (dry_run: listed only). */
+int ck_clean_dead(const char *save_dir, const char *locked_by, bool dry_run, ck_stale *st);
+/* The same for plain files NAME.tmp-PID in dir, for each NAME in names (an export's
+ * output): those of dead PIDs removed, those of live ones kept. */
+int ck_clean_dead_files(const char *dir, const char *const *names, int nnames, ck_stale *st);
+
+/* What a directory is to checkpoints. */
+typedef enum {
+    CK_DIR_OTHER = 0,      /* anything else, or absent */
+    CK_DIR_SAVE,           /* holds the tracker or an iter_* directory */
+    CK_DIR_CHECKPOINT,     /* holds a manifest.json */
+} ck_dir_kind;
+ck_dir_kind ck_classify_dir(const char *dir);
+/* A tool's output directory checked before anything is written there: CO_EINVAL, naming
+ * it (flag: "--output") and the directory it would damage, when it is or lies inside a
+ * checkpoint directory (the source's included) or lies inside a save directory, or is a
+ * save directory and !save_ok. Symbolic links in the part that exists are resolved. */
+int ck_check_output(const char *output, bool save_ok, const char *flag);
 
 /* Creates SAVE/iter_N.tmp-PID (removing a stale one) and writes its path into tmp. */
 int ck_begin(const char *save_dir, int64_t iteration, char *tmp, size_t n);

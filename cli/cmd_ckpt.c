@@ -3,6 +3,7 @@
 #include "cli/cli.h"
 
 #include "checkpoint/ckpt.h"
+#include "checkpoint/lock.h"
 #include "cli/ckpt_layout.h"
 #include "common/error.h"
 
@@ -98,6 +99,9 @@ static int resolve(const char *path, int64_t iteration, char *out, size_t n) {
     int64_t it = iteration;
     if (it < 0) {
         int rc = ck_read_tracker(path, &it);
+        if (rc == CO_EFORMAT)
+            return ck_err_wrap(rc, "%s: cannot tell which checkpoint to read (give --iteration N or a checkpoint "
+                                   "directory)", path);
         if (rc) {
             char base[4096];
             snprintf(base, sizeof base, "%s", path);
@@ -198,7 +202,10 @@ static int tool_ls(int argc, char **argv) {
         return 1;
     }
     int64_t tracked = -1;
-    bool has_tracker = !ck_read_tracker(save, &tracked);
+    int trc = ck_read_tracker(save, &tracked);
+    bool has_tracker = !trc;
+    char tracker_error[1200] = ""; /* a tracker there but unreadable */
+    if (trc && trc != CO_ENOENT) snprintf(tracker_error, sizeof tracker_error, "%s", co_err_detail());
     json_t *arr = json_array();
     if (!a.json) printf("%-10s  %-19s  %12s  %-10s  %s\n", "iteration", "time", "size", "status", "");
     for (int i = 0; i < n; i++) {
@@ -220,12 +227,14 @@ static int tool_ls(int argc, char **argv) {
     if (a.json) {
         json_t *o = json_pack("{sssoso}", "save_dir", save, "checkpoints", arr, "tracker",
                               has_tracker ? json_integer(tracked) : json_null());
+        if (tracker_error[0]) json_object_set_new(o, "tracker_error", json_string(tracker_error));
         json_dumpf(o, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
         putchar('\n');
         json_decref(o);
     } else {
         json_decref(arr);
-        if (!has_tracker) printf("(no %s)\n", CK_TRACKER_NAME);
+        if (tracker_error[0]) printf("tracker unreadable: %s\n", tracker_error);
+        else if (!has_tracker) printf("(no %s)\n", CK_TRACKER_NAME);
         else if (!n || tracked != its[n - 1]) printf("tracker: iteration %" PRId64 "\n", tracked);
     }
     free(its);
@@ -371,7 +380,7 @@ static const char *bad_name(ck_bad b) {
 
 static void vreport(void *ctx, const char *file, ck_bad bad, const char *detail) {
     vctx *v = ctx;
-    if (v->json) json_array_append_new(v->files, json_pack("{sssiss}", "file", file, "status", bad_name(bad), "code", (int)bad,
+    if (v->json) json_array_append_new(v->files, json_pack("{sssssiss}", "file", file, "status", bad_name(bad), "code", (int)bad,
                                                           "detail", detail));
     else if (bad == CK_OK) printf("  %-40s ok\n", file);
     else printf("  %-40s %s: %s\n", file, bad_name(bad), detail);
@@ -394,7 +403,7 @@ static int tool_verify(int argc, char **argv) {
     char dir[4200];
     if ((rc = resolve(a.pos[0], a.iteration, dir, sizeof dir))) {
         fprintf(stderr, "cohort ckpt verify: %s\n", co_err_detail());
-        return CK_BAD_INCOMPLETE;
+        return rc == CO_EFORMAT ? CK_BAD_FORMAT : CK_BAD_INCOMPLETE;
     }
     vctx v = {a.json, json_array()};
     if (!a.json) printf("verifying %s\n", dir);
@@ -530,9 +539,74 @@ static const char convert_usage[] =
     "--make-vocab-size-divisible-by x T (new rows copy the last row, rows past the new size\n"
     "are dropped). `cohort train --load` reads any layout at any size without this; it is\n"
     "for files cut as that job cuts them. Model and optimizer state, progress, seed and\n"
-    "the rerun state machine's state are carried over; SAVE must not hold iteration N.\n"
-    "exit status: 0 written; 1 failure; 2 usage or a layout the model does not split into;\n"
-    "3 the model or target is not supported.\n";
+    "the rerun state machine's state are carried over. SAVE must not hold iteration N nor\n"
+    "anything newer (its tracker would move back: refused), and must not be in use by a\n"
+    "job (its lock, SAVE/.cohort.lock, is taken while converting).\n"
+    "Either way --output must not be or lie inside a checkpoint directory (the source's\n"
+    "included), nor lie inside a save directory (hf-gpt2: nor be one). SIGINT or SIGTERM\n"
+    "stops the conversion and removes its temporary files; those a killed conversion left\n"
+    "(of a process no longer running) are removed by the next one into that output.\n"
+    "exit status: 0 written; 1 failure; 2 usage, an --output refused, or a layout the model\n"
+    "does not split into; 3 the model or target is not supported; 128 + the signal when\n"
+    "interrupted.\n";
+
+/* Reports the leftovers a cleaner removed and kept (stderr: the tool's own output stays
+ * what it was). */
+static void report_stale(const char *tool, const char *where, const ck_stale *st) {
+    for (int i = 0; i < st->nremoved && i < CK_STALE_MAX; i++)
+        fprintf(stderr, "cohort ckpt %s: removed %s/%s, left by an interrupted process that is no longer running\n",
+                tool, where, st->removed[i]);
+    for (int i = 0; i < st->nkept && i < CK_STALE_MAX; i++)
+        fprintf(stderr, "cohort ckpt %s: kept %s/%s: %s\n", tool, where, st->kept[i], st->why_kept[i]);
+}
+
+/* --to cohort: SAVE locked for the conversion, leftovers of dead conversions removed, and
+ * refused when it holds an iteration past the one written (its tracker would move back). */
+static int convert_cohort(const char *dir, const ck_manifest *m, const args *a, char *note, size_t note_len) {
+    ck_lock *lock = NULL;
+    char lnote[600] = "";
+    int rc = ck_savedir_lock_as(&lock, "--output", a->output, "ckpt-convert", lnote, sizeof lnote);
+    if (rc) return rc;
+    if (lnote[0]) fprintf(stderr, "cohort ckpt convert: %s\n", lnote);
+    ck_stale st;
+    rc = ck_clean_dead(a->output, NULL, false, &st);
+    if (!rc) report_stale("convert", a->output, &st);
+    int64_t tracked = -1, *its = NULL;
+    int n = 0;
+    int trc = rc ? 0 : ck_read_tracker(a->output, &tracked);
+    if (trc == CO_EFORMAT)
+        rc = ck_err_wrap(CO_EINVAL, "--output %s: its tracker is unreadable, so writing iteration %" PRId64
+                                    " there could move it back", a->output, m->iteration);
+    else if (trc && trc != CO_ENOENT) rc = trc;
+    if (!rc) rc = ck_list_iterations(a->output, &its, &n);
+    int64_t newest = n ? its[n - 1] : -1;
+    if (tracked > newest) newest = tracked;
+    free(its);
+    if (!rc && newest > m->iteration)
+        rc = co_err_set(CO_EINVAL,
+                        "--output %s holds iteration %" PRId64 " (%s), later than iteration %" PRId64
+                        " being converted: writing it would move the tracker back and the next --load would resume "
+                        "at %" PRId64 "; choose another directory",
+                        a->output, newest, newest == tracked ? "its tracker's" : "a checkpoint directory",
+                        m->iteration, m->iteration);
+    if (!rc) rc = cli_ckpt_relayout(dir, m, a->tp, a->dp, a->output, note, note_len);
+    int keep = rc;
+    char detail[2048];
+    snprintf(detail, sizeof detail, "%s", co_err_detail());
+    ck_savedir_unlock(&lock);
+    if (keep) co_err_set(keep, "%s", detail);
+    return keep;
+}
+
+/* --to hf-gpt2: leftovers of dead exports into the directory removed, then the export. */
+static int convert_hf(const char *dir, const ck_manifest *m, const args *a) {
+    static const char *const names[] = {"model.safetensors", "config.json"};
+    ck_stale st;
+    int rc = ck_clean_dead_files(a->output, names, 2, &st);
+    if (rc) return rc;
+    report_stale("convert", a->output, &st);
+    return ck_export_hf_gpt2(dir, m, a->output, a->trim_vocab);
+}
 
 static int tool_convert(int argc, char **argv) {
     args a;
@@ -554,6 +628,10 @@ static int tool_convert(int argc, char **argv) {
         return X_USAGE;
     }
     if (cohort && !a.dp) a.dp = 1;
+    if ((rc = ck_check_output(a.output, cohort, "--output"))) {
+        fprintf(stderr, "cohort ckpt convert: %s\n", co_err_detail());
+        return X_USAGE;
+    }
     char dir[4200];
     ck_manifest *m = NULL;
     if ((rc = resolve(a.pos[0], a.iteration, dir, sizeof dir)) || (rc = ck_read_manifest(dir, &m))) {
@@ -561,12 +639,17 @@ static int tool_convert(int argc, char **argv) {
         return 1;
     }
     char note[300] = "";
-    rc = cohort ? cli_ckpt_relayout(dir, m, a.tp, a.dp, a.output, note, sizeof note)
-                : ck_export_hf_gpt2(dir, m, a.output, a.trim_vocab);
+    if (!(rc = ck_catch_signals()))
+        rc = cohort ? convert_cohort(dir, m, &a, note, sizeof note) : convert_hf(dir, m, &a);
     int64_t it = m->iteration;
     ck_manifest_free(&m);
     if (rc) {
         fprintf(stderr, "cohort ckpt convert: %s\n", co_err_detail());
+        if (ck_interrupted()) {
+            fprintf(stderr, "cohort ckpt convert: interrupted: its temporary files are removed and nothing was written to %s\n",
+                    a.output);
+            ck_reraise();
+        }
         return rc == CO_EUNSUPPORTED ? X_UNSUPPORTED : rc == CO_EINVAL ? X_USAGE : 1;
     }
     if (cohort) {
@@ -592,8 +675,54 @@ static int tool_convert(int argc, char **argv) {
 static const char prune_usage[] =
     "usage: cohort ckpt prune SAVE --keep K [--dry-run] [--json]\n\nRemoves all but the K most recent "
     "checkpoints of SAVE. Never removes the one the\ntracker names, nor any newer than it (a save that did "
-    "not reach its commit), and\nremoves leftovers of interrupted saves. A checkpoint is renamed away before "
-    "it is\ndeleted, so it never looks complete while half removed.\nexit status: 0, 1 failure, 2 usage.\n";
+    "not reach its commit). A\ncheckpoint is renamed away before it is deleted, so it never looks complete "
+    "while\nhalf removed. Also removes the leftovers of interrupted saves and removals\n(iter_*.tmp-*, "
+    "iter_*.del-*) whose process is gone, and lists them apart from the\ncheckpoints; while a job holds "
+    "SAVE's lock (SAVE/.cohort.lock), or a leftover's\nprocess runs, that leftover is kept: it may be a save "
+    "in progress. Without a running\njob, prune holds the lock itself while it works. SIGINT or SIGTERM stops "
+    "it between\ncheckpoints.\nexit status: 0, 1 failure, 2 usage, 128 + the signal when interrupted.\n";
+
+/* The save directory's lock for a prune: taken when free (no job can start and begin a
+ * save meanwhile), else *who says which job holds it. 0, or an error. */
+static int prune_lock(const char *save, bool dry_run, ck_lock **lock, char *who, size_t n) {
+    *lock = NULL;
+    int held = ck_savedir_lock_held(save, who, n);
+    if (held < 0) return held;
+    if (held || dry_run) return 0;
+    char note[600] = "";
+    int rc = ck_savedir_lock_as(lock, "save directory", save, "ckpt-prune", note, sizeof note);
+    if (rc == CO_EINVAL && ck_savedir_lock_held(save, who, n) == 1) return 0; /* a job just took it */
+    if (!rc && note[0]) fprintf(stderr, "cohort ckpt prune: %s\n", note);
+    return rc;
+}
+
+static void prune_print(const args *a, const int64_t *removed, int nr, const ck_stale *st) {
+    const char *verb = a->dry_run ? "would remove" : "removed";
+    if (a->json) {
+        json_t *arr = json_array(), *tmp = json_array(), *kept = json_array();
+        for (int i = 0; i < nr && i < 4096; i++) json_array_append_new(arr, json_integer(removed[i]));
+        for (int i = 0; i < st->nremoved && i < CK_STALE_MAX; i++) json_array_append_new(tmp, json_string(st->removed[i]));
+        for (int i = 0; i < st->nkept && i < CK_STALE_MAX; i++)
+            json_array_append_new(kept, json_pack("{ssss}", "name", st->kept[i], "why", st->why_kept[i]));
+        json_t *o = json_pack("{sssbsosisosiso}", "save_dir", a->pos[0], "dry_run", a->dry_run, "removed", arr,
+                              "temporary_removed_count", st->nremoved, "temporary_removed", tmp, "temporary_kept_count",
+                              st->nkept, "temporary_kept", kept);
+        json_dumpf(o, stdout, JSON_PRESERVE_ORDER);
+        putchar('\n');
+        json_decref(o);
+        return;
+    }
+    for (int i = 0; i < nr && i < 4096; i++) printf("%s iteration %" PRId64 "\n", verb, removed[i]);
+    for (int i = 0; i < st->nremoved && i < CK_STALE_MAX; i++)
+        printf("%s stale temporary directory %s (its process is gone)\n", verb, st->removed[i]);
+    for (int i = 0; i < st->nkept && i < CK_STALE_MAX; i++)
+        printf("kept temporary directory %s: %s\n", st->kept[i], st->why_kept[i]);
+    printf("%d checkpoint%s %s; %d stale temporary director%s %s", nr, nr == 1 ? "" : "s",
+           a->dry_run ? "would be removed" : "removed", st->nremoved, st->nremoved == 1 ? "y" : "ies",
+           a->dry_run ? "would be removed" : "removed");
+    if (st->nkept) printf(", %d kept (in use)", st->nkept);
+    putchar('\n');
+}
 
 static int tool_prune(int argc, char **argv) {
     args a;
@@ -601,26 +730,33 @@ static int tool_prune(int argc, char **argv) {
     if (!tool_begin(argc, argv, &a, "prune", prune_usage, &rc) ||
         !tool_need(a.npos == 1 && a.keep >= 1, "prune", "SAVE and --keep K >= 1", &rc))
         return rc;
-    int64_t removed[4096];
-    int nr = 0;
-    if (!a.dry_run) rc = ck_clean_stale(a.pos[0]);
-    if (!rc) rc = ck_prune(a.pos[0], a.keep, a.dry_run, removed, 4096, &nr);
-    if (rc) {
-        fprintf(stderr, "cohort ckpt prune: %s\n", co_err_detail());
+    const char *save = a.pos[0];
+    struct stat sb;
+    if (stat(save, &sb) || !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "cohort ckpt prune: %s: not a directory\n", save);
         return 1;
     }
-    if (a.json) {
-        json_t *arr = json_array();
-        for (int i = 0; i < nr && i < 4096; i++) json_array_append_new(arr, json_integer(removed[i]));
-        json_t *o = json_pack("{sssbso}", "save_dir", a.pos[0], "dry_run", a.dry_run, "removed", arr);
-        json_dumpf(o, stdout, JSON_PRESERVE_ORDER);
-        putchar('\n');
-        json_decref(o);
-    } else {
-        for (int i = 0; i < nr && i < 4096; i++)
-            printf("%s iteration %" PRId64 "\n", a.dry_run ? "would remove" : "removed", removed[i]);
-        printf("%d checkpoint%s %s\n", nr, nr == 1 ? "" : "s", a.dry_run ? "would be removed" : "removed");
+    int64_t removed[4096];
+    int nr = 0;
+    ck_stale st;
+    memset(&st, 0, sizeof st);
+    ck_lock *lock = NULL;
+    char who[512] = "";
+    rc = ck_catch_signals();
+    if (!rc) rc = prune_lock(save, a.dry_run, &lock, who, sizeof who);
+    if (!rc) rc = ck_clean_dead(save, who[0] ? who : NULL, a.dry_run, &st);
+    if (!rc) rc = ck_prune(save, a.keep, a.dry_run, removed, 4096, &nr);
+    char detail[2048];
+    snprintf(detail, sizeof detail, "%s", co_err_detail());
+    ck_savedir_unlock(&lock);
+    if (rc) {
+        fprintf(stderr, "cohort ckpt prune: %s\n", detail);
+        /* what was removed before the failure */
+        for (int i = 0; i < nr && i < 4096; i++) fprintf(stderr, "cohort ckpt prune: removed iteration %" PRId64 "\n", removed[i]);
+        if (ck_interrupted()) ck_reraise();
+        return 1;
     }
+    prune_print(&a, removed, nr, &st);
     return 0;
 }
 

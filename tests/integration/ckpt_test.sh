@@ -4,7 +4,9 @@
 # a SIGKILL at each phase of the commit, failing writes (ENOSPC, EIO), save on SIGTERM,
 # corrupt/truncated fallback and refusal, the load flags, the `cohort ckpt` tools' exit
 # codes, safetensors files read by a 20-line numpy reader, and the Hugging Face export's
-# loss from an independent numpy GPT-2 (hf_loss) against cohort's evaluation loss. The dp_*
+# loss from an independent numpy GPT-2 (hf_loss) against cohort's evaluation loss, the tools
+# that write never damaging a checkpoint or a live job (tools_*: refused outputs, prune beside
+# a job stopped mid-save, signals during convert, verify's model check, a garbage tracker). The dp_*
 # cases run several ranks under the supervisor: every rank writes its share of the files and
 # the supervisor commits (layout, tools and export on such checkpoints, a kill of a rank or of the
 # supervisor at each phase, a failing write on one rank).
@@ -555,6 +557,167 @@ dp_enospc|dp_eio_async)
     [ ! -e "$S/iter_0000004" ] || fail "a failed save left iter_4"
     ! ls -d "$S"/iter_*.tmp-* 2>/dev/null | grep . >/dev/null || fail "temporary directory left: $(ls "$S")"
     "$cohort" ckpt verify "$S" >/dev/null || fail "previous checkpoint damaged"
+    ;;
+tools_output)
+    # convert never writes into a checkpoint or save directory it would damage, nor moves a
+    # tracker back, nor writes into a save directory a live job holds
+    train --train-iters 4 --save "$S" --save-interval 2 >/dev/null 2>&1 || fail "training"
+    cp "$S/iter_0000004/model.safetensors" "$work/model.orig"
+    refused() { # what, expected message, convert arguments
+        local what=$1 msg=$2; shift 2
+        "$cohort" ckpt convert "$@" >"$work/r.out" 2>"$work/r.err"; local rc=$?
+        [ $rc -eq 2 ] || fail "$what: exit $rc, want 2: $(cat "$work/r.err")"
+        grep -qF -- "$msg" "$work/r.err" || fail "$what: unclear refusal: $(cat "$work/r.err")"
+    }
+    refused "the source itself" "--output $S/iter_0000004 is the checkpoint directory $(realpath "$S")/iter_0000004" \
+        "$S/iter_0000004" --to hf-gpt2 --output "$S/iter_0000004"
+    refused "the save directory" "--output $S is the save directory" "$S" --to hf-gpt2 --output "$S"
+    refused "inside a save directory" "--output $S/hf lies inside the save directory" "$S" --to hf-gpt2 --output "$S/hf"
+    refused "inside a checkpoint" "lies inside the checkpoint directory" "$S" --to cohort --tensor-model-parallel-size 1 \
+        --output "$S/iter_0000002/x"
+    cmp -s "$work/model.orig" "$S/iter_0000004/model.safetensors" || fail "the checkpoint's model.safetensors was overwritten"
+    [ ! -e "$S/hf" ] && [ ! -e "$S/iter_0000002/x" ] || fail "a refused convert created its output: $(ls -R "$S")"
+    "$cohort" ckpt verify "$S" >/dev/null || fail "the checkpoint does not verify after the refusals"
+    # the tracker never moves back: iteration 2 into a save directory at 4
+    refused "an older iteration" "--output $S holds iteration 4 (its tracker's), later than iteration 2" \
+        "$S" --iteration 2 --to cohort --tensor-model-parallel-size 1 --output "$S"
+    [ "$(tracker)" = 4 ] || fail "the tracker moved to $(tracker)"
+    "$cohort" ckpt convert "$S" --to cohort --tensor-model-parallel-size 2 --output "$work/s2" >/dev/null ||
+        fail "convert of iteration 4"
+    refused "an older iteration, newest checkpoint without a tracker" "--output $work/s2 holds iteration 4" \
+        "$S" --iteration 2 --to cohort --tensor-model-parallel-size 1 --output "$work/s2"
+    [ "$(cat "$work/s2/latest_checkpointed_iteration.txt")" = 4 ] || fail "s2's tracker moved"
+    [ ! -e "$work/s2/iter_0000002" ] || fail "iteration 2 written behind the newer one"
+    # a save directory a live job holds
+    "$cohort" train "${tiny[@]}" --train-iters 100000 --save "$work/live" --save-interval 100000 >"$work/live.out" 2>&1 &
+    k=$!
+    for _ in $(seq 300); do grep -q '^started=' "$work/live/.cohort.lock" 2>/dev/null && break; sleep 0.05; done
+    grep -qx "pid=$k" "$work/live/.cohort.lock" || fail "no lock of pid $k: $(tail -3 "$work/live.out")"
+    refused "a live job's save directory" "--output $work/live is in use: locked by job" \
+        "$S" --to cohort --tensor-model-parallel-size 1 --output "$work/live"
+    [ -z "$(ls "$work/live")" ] || fail "convert wrote into a live job's save directory: $(ls "$work/live")"
+    kill -0 $k || fail "the live job died"
+    kill -9 $k; wait $k 2>/dev/null
+    ;;
+tools_prune_live)
+    # prune beside a job stopped in the middle of a save (COHORT_CKPT_STOP_AT): its
+    # temporary directory, and a supervised job's token-named one, are kept while it holds
+    # the lock; the job then finishes; stale leftovers are removed and listed apart
+    train --train-iters 4 --save "$S" --save-interval 2 >/dev/null 2>&1 || fail "training"
+    COHORT_CKPT_STOP_AT=1 "$cohort" train "${tiny[@]}" --train-iters 8 --load "$S" --save "$S" --save-interval 2 \
+        >"$work/job.out" 2>&1 &
+    k=$!
+    for _ in $(seq 300); do [ "$(awk '{print $3}' /proc/$k/stat 2>/dev/null)" = T ] && break; sleep 0.05; done
+    [ "$(awk '{print $3}' /proc/$k/stat)" = T ] || fail "the job did not stop in its save: $(tail -3 "$work/job.out")"
+    live=$(basename "$S"/iter_0000006.tmp-$k)
+    [ -d "$S/$live" ] || fail "no temporary directory of the job: $(ls "$S")"
+    true & dead=$!; wait $dead
+    mkdir "$S/iter_0000006.tmp-job00000000000000ab" "$S/iter_0000003.tmp-$dead"
+    "$cohort" ckpt prune "$S" --keep 1 >"$work/p1" 2>&1 || fail "prune beside the job: $(cat "$work/p1")"
+    [ -d "$S/$live" ] && [ -d "$S/iter_0000006.tmp-job00000000000000ab" ] && [ -d "$S/iter_0000003.tmp-$dead" ] ||
+        fail "prune removed a temporary directory while the job holds the lock: $(cat "$work/p1")"
+    grep -q "kept temporary directory $live: the save directory is locked by job .*(pid $k " "$work/p1" ||
+        fail "the live directory is not reported kept: $(cat "$work/p1")"
+    grep -q "^removed iteration 2$" "$work/p1" && grep -q "^1 checkpoint removed; 0 stale temporary directories removed, 3 kept" \
+        "$work/p1" || fail "prune's report: $(cat "$work/p1")"
+    kill -CONT $k
+    wait $k || fail "the job died after the prune: $(tail -5 "$work/job.out")"
+    [ "$(tracker)" = 8 ] || fail "the job's saves did not complete: tracker $(tracker)"
+    # the job gone: its leftovers are stale; a running process's is kept
+    mkdir "$S/iter_0000009.tmp-$$"
+    "$cohort" ckpt prune "$S" --keep 2 --dry-run >"$work/p2" 2>&1 || fail "prune --dry-run: $(cat "$work/p2")"
+    grep -q "would remove stale temporary directory iter_0000003.tmp-$dead" "$work/p2" && [ -d "$S/iter_0000003.tmp-$dead" ] ||
+        fail "prune --dry-run: $(cat "$work/p2")"
+    "$cohort" ckpt prune "$S" --keep 2 --json >"$work/p3" 2>&1 || fail "prune after the job: $(cat "$work/p3")"
+    "$py" - "$work/p3" "$dead" $$ <<'PY' || fail "prune's report after the job: $(cat "$work/p3")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+dead, me = sys.argv[2], sys.argv[3]
+assert d["removed"] == [4], d
+assert sorted(d["temporary_removed"]) == sorted(["iter_0000003.tmp-" + dead, "iter_0000006.tmp-job00000000000000ab"]), d
+assert d["temporary_removed_count"] == 2 and d["temporary_kept_count"] == 1, d
+assert d["temporary_kept"][0]["name"] == "iter_0000009.tmp-" + me and "running" in d["temporary_kept"][0]["why"], d
+PY
+    [ ! -e "$S/iter_0000003.tmp-$dead" ] && [ ! -e "$S/iter_0000006.tmp-job00000000000000ab" ] && [ -d "$S/iter_0000009.tmp-$$" ] ||
+        fail "after prune: $(ls "$S")"
+    [ ! -e "$S/.cohort.lock" ] || fail "prune left its lock"
+    ;;
+tools_signal)
+    # SIGINT/SIGTERM in the middle of a convert (stopped at its 3rd write by
+    # COHORT_CKPT_STOP_AT) remove its temporary files; a SIGKILL's leftovers are removed and
+    # reported by the next convert into that output
+    train --train-iters 2 --save "$S" >/dev/null 2>&1 || fail "training"
+    stopped_convert() { # output, convert arguments...; sets $k
+        COHORT_CKPT_STOP_AT=3 "$cohort" ckpt convert "$S" --output "$@" >"$work/c.out" 2>"$work/c.err" &
+        k=$!
+        for _ in $(seq 300); do [ "$(awk '{print $3}' /proc/$k/stat 2>/dev/null)" = T ] && break; sleep 0.05; done
+        [ "$(awk '{print $3}' /proc/$k/stat)" = T ] || fail "convert did not stop: $(cat "$work/c.err")"
+    }
+    hf=(--to hf-gpt2); co=(--to cohort --tensor-model-parallel-size 2)
+    stopped_convert "$work/hf" "${hf[@]}"
+    ls "$work/hf"/model.safetensors.tmp-$k >/dev/null || fail "no temporary file while converting: $(ls "$work/hf")"
+    kill -INT $k; kill -CONT $k; wait $k; rc=$?
+    [ $rc -eq 130 ] || fail "convert after SIGINT: exit $rc, want 130: $(cat "$work/c.err")"
+    grep -q "interrupted by SIGINT" "$work/c.err" || fail "$(cat "$work/c.err")"
+    [ -z "$(ls "$work/hf")" ] || fail "SIGINT left: $(ls "$work/hf")"
+    stopped_convert "$work/s2" "${co[@]}"
+    [ -d "$work/s2/iter_0000002.tmp-$k" ] || fail "no temporary directory while converting: $(ls -a "$work/s2")"
+    kill -TERM $k; kill -CONT $k; wait $k; rc=$?
+    [ $rc -eq 143 ] || fail "convert after SIGTERM: exit $rc, want 143: $(cat "$work/c.err")"
+    [ ! -e "$work/s2" ] || fail "SIGTERM left: $(ls -a "$work/s2")"
+    # killed: the next run removes the dead process's files and says so
+    for t in hf co; do
+        out=$work/k_$t; eval "args=(\"\${$t[@]}\")"
+        stopped_convert "$out" "${args[@]}"
+        kill -9 $k; wait $k 2>/dev/null
+        left=$(cd "$out" && ls -d *.tmp-$k) || fail "$t: nothing left by the killed convert"
+        "$cohort" ckpt convert "$S" --output "$out" "${args[@]}" >"$work/c2.out" 2>"$work/c2.err" ||
+            fail "$t: convert after a kill: $(cat "$work/c2.err")"
+        grep -q "removed $out/$left, left by an interrupted process that is no longer running" "$work/c2.err" ||
+            fail "$t: stale leftover not reported: $(cat "$work/c2.err")"
+        ! ls -d "$out"/*.tmp-* 2>/dev/null | grep . >/dev/null || fail "$t: leftovers: $(ls -a "$out")"
+    done
+    grep -q "taking over the stale lock of job ckpt-convert" "$work/c2.err" || fail "stale lock: $(cat "$work/c2.err")"
+    "$cohort" ckpt verify "$work/k_co" >/dev/null || fail "the convert after the kill does not verify"
+    [ -s "$work/k_hf/model.safetensors" ] && [ -s "$work/k_hf/config.json" ] || fail "export after the kill: $(ls "$work/k_hf")"
+    ;;
+tools_model_tracker)
+    # verify checks the manifest's model description against the tensors; a garbage tracker
+    # is named with what it holds (ls, inspect, verify, the loader)
+    train --train-iters 2 --save "$S" >/dev/null 2>&1 || fail "training"
+    edited() { # field value: a copy of the checkpoint whose manifest says model.field = value
+        rm -rf "$work/e"; cp -r "$S/iter_0000002" "$work/e"
+        "$py" -c "
+import json,sys; p=sys.argv[1]; m=json.load(open(p)); m['model'][sys.argv[2]]=int(sys.argv[3]); json.dump(m,open(p,'w'))" \
+            "$work/e/manifest.json" "$1" "$2" || fail "editing the manifest"
+    }
+    for spec in "hidden 128|hidden = 128 but tensor embedding.word_embeddings.weight has shape [512, 32]" \
+                "num_layers 3|num_layers = 3 but the tensors hold 2 layers" \
+                "ffn_hidden 64|ffn_hidden = 64 but tensor layers.0.mlp.fc1.weight has shape [128, 32]" \
+                "head_dim 16|(heads + 2 x kv_groups) x head_dim = 192 but tensor layers.0.attention.qkv.weight has shape [96, 32]"; do
+        field=${spec%%|*}; msg=${spec#*|}
+        edited $field
+        "$cohort" ckpt verify "$work/e" >"$work/v" 2>&1; rc=$?
+        [ $rc -eq 3 ] || fail "verify with model.$field: exit $rc, want 3: $(cat "$work/v")"
+        grep -qF "manifest.json                            malformed: the model description says $msg" "$work/v" ||
+            fail "verify with model.$field: the mismatch is not named: $(cat "$work/v")"
+    done
+    "$cohort" ckpt verify "$work/e" --json >"$work/v.json"; [ $? -eq 3 ] || fail "verify --json: exit status"
+    "$py" -c "
+import json,sys; d=json.load(open(sys.argv[1])); f=d['files'][0]
+assert d['code']==3 and f['file']=='manifest.json' and 'head_dim' in f['detail'] and len(d['files'])==3, d" "$work/v.json" ||
+        fail "verify --json: $(cat "$work/v.json")"
+    "$cohort" ckpt verify "$S" >/dev/null || fail "the unedited checkpoint does not verify"
+    echo abc >"$S/latest_checkpointed_iteration.txt"
+    msg="$S/latest_checkpointed_iteration.txt holds 'abc', not an iteration number"
+    "$cohort" ckpt ls "$S" >"$work/ls" 2>&1 || fail "ls: $(cat "$work/ls")"
+    grep -qF "tracker unreadable: $msg" "$work/ls" && ! grep -q "(no latest" "$work/ls" || fail "ls: $(cat "$work/ls")"
+    for t in inspect verify; do
+        "$cohort" ckpt $t "$S" >/dev/null 2>"$work/t"; rc=$?
+        [ $rc -eq 3 ] && grep -qF "$msg" "$work/t" || fail "$t with a garbage tracker: exit $rc: $(cat "$work/t")"
+    done
+    train --train-iters 3 --load "$S" >"$work/l.out" 2>&1 || fail "load: $(tail -3 "$work/l.out")"
+    grep -qF "WARNING: $msg" "$work/l.out" || fail "the loader does not name the garbage: $(grep -i warn "$work/l.out")"
     ;;
 *) fail "unknown case $case_name" ;;
 esac
