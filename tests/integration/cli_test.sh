@@ -95,6 +95,23 @@ tensor-parallel size 1)" "${tiny[@]}" --train-iters 2 --expert-tensor-parallel-s
         expect_refused "--nproc-per-node 0 is out of range" "${tiny[@]}" --train-iters 2 --nproc-per-node 0
         expect_refused "--nnodes -1 is out of range" "${tiny[@]}" --train-iters 2 --nnodes -1
         expect_refused "--node-rank 2 is out of range" "${tiny[@]}" --train-iters 2 --nnodes 2 --node-rank 2
+        # every parallel size, with its range (pipeline 0 and negatives ran as one stage before)
+        for pp in 0 -1 -2 1025; do
+            expect_refused "--pipeline-model-parallel-size $pp is out of range (1 to 1024)" "${tiny[@]}" --train-iters 2 \
+                --pipeline-model-parallel-size $pp
+        done
+        expect_refused "--pipeline-model-parallel-size -1 is out of range (1 to 1024)" "${tiny[@]}" --train-iters 2 \
+            --pipeline-model-parallel-size -1 --nproc-per-node 2
+        expect_refused "--tensor-model-parallel-size -2 is out of range (1 to 64)" "${tiny[@]}" --train-iters 2 \
+            --tensor-model-parallel-size -2
+        expect_refused "--context-parallel-size 0 is out of range (1 to 1024)" "${tiny[@]}" --train-iters 2 \
+            --context-parallel-size 0
+        expect_refused "--expert-model-parallel-size -1 is out of range (1 to 1024)" "${tiny[@]}" --train-iters 2 \
+            --expert-model-parallel-size -1
+        expect_refused "--expert-tensor-parallel-size -1 is out of range (0 to 64)" "${tiny[@]}" --train-iters 2 \
+            --expert-tensor-parallel-size -1
+        expect_refused "--virtual-pipeline-model-parallel-size -2 is out of range (0 to 1024)" "${tiny[@]}" \
+            --train-iters 2 --virtual-pipeline-model-parallel-size -2
         expect_refused "--global-batch-size -8 is out of range" "${tiny[@]}" --train-iters 2 --global-batch-size -8
         expect_refused "--global-batch-size 0 is out of range" "${tiny[@]}" --train-iters 2 --global-batch-size 0
         expect_refused "--global-batch-size -8 is out of range" --global-batch-size -8 --workdir "$work/w"

@@ -137,6 +137,34 @@ static void test_validation(void) {
     CHECK(check_line("--nproc-per-node 0", err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "--nproc-per-node 0 is out of range (1 to 65536)"), "%s", err);
     CHECK(check_line("--nnodes 0", err, sizeof err) == CO_EINVAL);
+    /* every parallel size: zero and negatives were taken as one before */
+    static const struct { const char *flag, *want; } sizes[] = {
+        {"--pipeline-model-parallel-size 0", "--pipeline-model-parallel-size 0 is out of range (1 to 1024)"},
+        {"--pipeline-model-parallel-size -2", "--pipeline-model-parallel-size -2 is out of range (1 to 1024)"},
+        {"--pipeline-model-parallel-size 1025", "--pipeline-model-parallel-size 1025 is out of range (1 to 1024)"},
+        {"--tensor-model-parallel-size -2", "--tensor-model-parallel-size -2 is out of range (1 to 64)"},
+        {"--context-parallel-size 0", "--context-parallel-size 0 is out of range (1 to 1024)"},
+        {"--context-parallel-size 2000000000", "--context-parallel-size 2000000000 is out of range (1 to 1024)"},
+        {"--expert-model-parallel-size -1", "--expert-model-parallel-size -1 is out of range (1 to 1024)"},
+        {"--expert-tensor-parallel-size -1", "--expert-tensor-parallel-size -1 is out of range (0 to 64)"},
+        {"--virtual-pipeline-model-parallel-size -1", "--virtual-pipeline-model-parallel-size -1 is out of range (0 to 1024)"},
+        {"--num-virtual-stages-per-pipeline-rank -3", "--num-virtual-stages-per-pipeline-rank -3 is out of range (0 to 1024)"},
+        {"--nnodes -1", "--nnodes -1 is out of range (1 to 65536)"},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        CHECK_MSG(check_line(sizes[i].flag, err, sizeof err) == CO_EINVAL, "%s accepted", sizes[i].flag);
+        CHECK_MSG(strstr(err, sizes[i].want), "%s: %s", sizes[i].flag, err);
+    }
+    {
+        /* the data-parallel size the launcher derived, in range too */
+        co_config c;
+        char e[1024];
+        REQUIRE(parse(&c, base, e, sizeof e) == 0);
+        CHECK(co_config_finalize(&c, -3, e, sizeof e) == CO_EINVAL);
+        CHECK_MSG(strstr(e, "data-parallel size -3 (the world over tensor x context x pipeline) is out of range"),
+                  "%s", e);
+        co_config_free(&c);
+    }
     CHECK(check_line("--global-batch-size -8", err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "--global-batch-size -8 is out of range"), "%s", err);
     CHECK(check_line("--global-batch-size -1", err, sizeof err) == CO_EINVAL); /* -1 given is not "unset" */
