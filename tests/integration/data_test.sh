@@ -160,6 +160,32 @@ train)
         fail "sft: $(tail -5 "$work/out")"
     grep -q "iteration        2/" "$work/out" || fail "sft: no log line"
     ;;
+space_path)
+    # a dataset in a directory whose name has a space: one --data-path word that is not a
+    # weighted blend is one path (as Megatron's nargs='*'); blends in one word or several
+    # still split, and the per-split flags read the same way, one process or under the supervisor
+    d="$work/my data"
+    mkdir -p "$d"
+    "$py" -c 'import json; [print(json.dumps({"text": ("x %d " % i) * 20})) for i in range(200)]' >"$d/a.jsonl"
+    "$cohort" data preprocess --input "$d/a.jsonl" --output-prefix "$d/a" --tokenizer-type ByteLevelTokenizer \
+        --append-eod --quiet || fail "preprocess into '$d'"
+    p="$d/a_text_document"
+    cp "$p.bin" "$work/b_text_document.bin" && cp "$p.idx" "$work/b_text_document.idx" || fail copy
+    tiny=(--tokenizer-type ByteLevelTokenizer --num-layers 1 --hidden-size 32 --num-attention-heads 4 --seq-length 64
+          --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --log-interval 1 --eval-interval 2 --eval-iters 1
+          --train-iters 2 --threads 1 --data-cache-path "$work/cache" --split 90,10,0)
+    trains() { # what, then the flags
+        local what=$1; shift
+        "$cohort" train "${tiny[@]}" "$@" >"$work/out" 2>&1 || fail "$what: $(tail -3 "$work/out")"
+        grep -q "iteration        2/" "$work/out" || fail "$what: no log line: $(tail -3 "$work/out")"
+    }
+    trains "one path with a space" --data-path "$p"
+    trains "under the supervisor" --data-path "$p" --nproc-per-node 2
+    trains "a blend, words" --data-path 0.3 "$p" 0.7 "$work/b_text_document"
+    trains "a blend, one word" --data-path "0.3 $work/b_text_document 0.7 $work/b_text_document"
+    trains "per split" --train-data-path "$p" --valid-data-path "$p"
+    "$cohort" data inspect "$p" --tokenizer-type ByteLevelTokenizer >"$work/out" || fail "inspect: $(cat "$work/out")"
+    ;;
 *) fail "unknown case $case_name" ;;
 esac
 echo "ok $case_name"

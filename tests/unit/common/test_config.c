@@ -64,6 +64,39 @@ static void test_parse_forms(void) {
     co_config_free(&c);
 }
 
+/* --data-path words: a path with a space is one path unless the word is a weighted blend. */
+static void test_data_path_words(void) {
+    co_config c;
+    char err[512];
+    char *one[] = {"--data-path", "/data/my corpus/a_text_document"};
+    co_config_defaults(&c);
+    REQUIRE(co_config_parse(&c, 2, one, err, sizeof err) == 0);
+    CHECK(c.n_data_path == 1 && !strcmp(c.data_path[0], "/data/my corpus/a_text_document"));
+    co_config_free(&c);
+    char *blend_word[] = {"--data-path", "0.3 A 0.7 B"};
+    co_config_defaults(&c);
+    REQUIRE(co_config_parse(&c, 2, blend_word, err, sizeof err) == 0);
+    CHECK(c.n_data_path == 4 && !strcmp(c.data_path[0], "0.3") && !strcmp(c.data_path[3], "B"));
+    co_config_free(&c);
+    char *blend_words[] = {"--data-path", "0.3", "/data/my corpus/a", "0.7", "B", "--lr", "1"};
+    co_config_defaults(&c);
+    REQUIRE(co_config_parse(&c, 7, blend_words, err, sizeof err) == 0);
+    CHECK(c.n_data_path == 4 && !strcmp(c.data_path[1], "/data/my corpus/a") && !strcmp(c.data_path[2], "0.7"));
+    co_config_free(&c);
+    char *split[] = {"--train-data-path", "my dir/t", "--valid-data-path", "1 v"};
+    co_config_defaults(&c);
+    REQUIRE(co_config_parse(&c, 4, split, err, sizeof err) == 0);
+    CHECK(c.n_train_data_path == 1 && !strcmp(c.train_data_path[0], "my dir/t"));
+    CHECK(c.n_valid_data_path == 2 && !strcmp(c.valid_data_path[1], "v"));
+    co_config_free(&c);
+    /* other list flags still split at spaces */
+    char *inj[] = {"--inject", "nan@rank=0,step=2 kill@rank=1,step=3"};
+    co_config_defaults(&c);
+    REQUIRE(co_config_parse(&c, 2, inj, err, sizeof err) == 0);
+    CHECK(c.n_inject == 2);
+    co_config_free(&c);
+}
+
 static void test_unknown_flag_suggests(void) {
     co_config c;
     char err[512];
@@ -305,6 +338,7 @@ static void test_edit_distance(void) {
 int main(void) {
     RUN(test_defaults_are_megatrons);
     RUN(test_parse_forms);
+    RUN(test_data_path_words);
     RUN(test_unknown_flag_suggests);
     RUN(test_validation);
     RUN(test_timeline_flags);
