@@ -186,6 +186,32 @@ space_path)
     trains "per split" --train-data-path "$p" --valid-data-path "$p"
     "$cohort" data inspect "$p" --tokenizer-type ByteLevelTokenizer >"$work/out" || fail "inspect: $(cat "$work/out")"
     ;;
+idx_counts)
+    # an .idx whose counts are 2^64 - 1 (unsigned in the file): named as such by verify and
+    # inspect, never as -1
+    printf '{"text": "hello world"}\n{"text": "more"}\n' >"$work/in.jsonl"
+    "$cohort" data preprocess --input "$work/in.jsonl" --output-prefix "$work/d" --tokenizer-type ByteLevelTokenizer \
+        --quiet || fail preprocess
+    for field in 18:sequences 26:documents; do
+        off=${field%%:*}; what=${field#*:}
+        "$py" - "$work/d_text_document" "$work/$what" "$off" <<'PY' || fail "crafting the .idx"
+import shutil, struct, sys
+src, dst, off = sys.argv[1], sys.argv[2], int(sys.argv[3])
+i = bytearray(open(src + ".idx", "rb").read())
+i[off:off + 8] = struct.pack("<Q", 2**64 - 1)
+open(dst + ".idx", "wb").write(i)
+shutil.copy(src + ".bin", dst + ".bin")
+PY
+        "$cohort" data verify "$work/$what" >/dev/null 2>"$work/err"; rc=$?
+        [ $rc -eq 12 ] || fail "verify $what: exit $rc, want 12: $(cat "$work/err")"
+        if [ "$what" = documents ]; then want="2 sequences and 18446744073709551615 document entries"
+        else want="18446744073709551615 sequences and 3 document entries"; fi
+        grep -qF "$want need more than the file" "$work/err" || fail "verify $what: $(cat "$work/err")"
+        "$cohort" data inspect "$work/$what" --tokenizer-type ByteLevelTokenizer >/dev/null 2>"$work/err2"; rc=$?
+        [ $rc -eq 1 ] && grep -qF "18446744073709551615" "$work/err2" || fail "inspect $what: exit $rc: $(cat "$work/err2")"
+        ! grep -q -- "-1" "$work/err" "$work/err2" || fail "$what printed as -1: $(cat "$work/err" "$work/err2")"
+    done
+    ;;
 *) fail "unknown case $case_name" ;;
 esac
 echo "ok $case_name"
