@@ -212,6 +212,24 @@ PY
         ! grep -q -- "-1" "$work/err" "$work/err2" || fail "$what printed as -1: $(cat "$work/err" "$work/err2")"
     done
     ;;
+empty_valid)
+    # evaluation on and an empty validation split: one notice, on the logging rank, where the
+    # datasets are built (nothing said before); none with a validation split or evaluation off
+    tiny=(--mock-data --tokenizer-type ByteLevelTokenizer --num-layers 1 --hidden-size 32 --num-attention-heads 4
+          --seq-length 32 --micro-batch-size 2 --lr 1e-3 --log-interval 1 --train-iters 2 --threads 1
+          --data-cache-path "$work/cache")
+    want="WARNING: evaluation is on (--eval-iters 2) but the validation split is empty (--split 100,0,0): no validation loss"
+    for n in 1 2; do
+        "$cohort" train "${tiny[@]}" --split 100,0,0 --eval-iters 2 --eval-interval 1 --nproc-per-node $n \
+            >"$work/out" 2>&1 || fail "$n rank(s): $(tail -3 "$work/out")"
+        [ "$(grep -cF "$want" "$work/out")" -eq 1 ] || fail "$n rank(s): not said once: $(grep -i warning "$work/out")"
+    done
+    "$cohort" train "${tiny[@]}" --split 100,0,0 --eval-iters 0 >"$work/out" 2>&1 || fail "eval off: $(tail -3 "$work/out")"
+    ! grep -q "validation split is empty" "$work/out" || fail "said with evaluation off"
+    "$cohort" train "${tiny[@]}" --split 90,10,0 --eval-iters 2 --eval-interval 1 >"$work/out" 2>&1 || fail "90,10,0"
+    ! grep -q "validation split is empty" "$work/out" || fail "said with a validation split"
+    grep -q "validation loss at iteration" "$work/out" || fail "no validation at 90,10,0"
+    ;;
 *) fail "unknown case $case_name" ;;
 esac
 echo "ok $case_name"
