@@ -16,6 +16,7 @@
 #include "data/tokenizer.h"
 #include "data/verify.h"
 
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -492,8 +493,9 @@ static int data_inspect(int argc, char **argv) {
         hist[b]++;
     }
     int dt = idx_dtype(r);
-    printf("%s\n  documents %lld, sequences %lld, tokens %lld, dtype %s (code %d)\n", prefix, (long long)nd,
-           (long long)ns, (long long)total, dt >= 1 && dt <= 8 ? names[dt] : "?", dt);
+    /* (counts are unsigned in the file; the reader bounded them by its size) */
+    printf("%s\n  documents %" PRIu64 ", sequences %" PRIu64 ", tokens %" PRIu64 ", dtype %s (code %d)\n", prefix,
+           (uint64_t)nd, (uint64_t)ns, (uint64_t)total, dt >= 1 && dt <= 8 ? names[dt] : "?", dt);
     if (nd)
         printf("  document length: min %lld, mean %.1f, max %lld tokens\n", (long long)minlen, (double)total / (double)nd,
                (long long)maxlen);

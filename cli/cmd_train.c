@@ -433,6 +433,7 @@ int cli_train(int argc, char **argv) {
     int world = worker ? asg.world : dp; /* the ranks that train */
     /* the data-parallel size: the world over tensor x context x pipeline (a worker is told) */
     long mp = (long)c.tensor_model_parallel_size * c.context_parallel_size * c.pipeline_model_parallel_size;
+    if (!co_config_model_parallel_sizes_ok(&c)) mp = 1; /* co_config_finalize refuses them with their ranges */
     if (!worker && mp > 1 && dp % mp == 0) dp = (int)(dp / mp);
     else if (!worker && mp > 1) {
         /* (sizes that are not built are refused by co_config_finalize with their own line) */

@@ -399,6 +399,24 @@ static bool in_choices(const char *choices, const char *v) {
     return false;
 }
 
+/* --data-path and the per-split --train/valid/test-data-path. */
+static bool is_data_path_flag(const flag *f) {
+    size_t n = strlen(f->name);
+    return n >= 9 && !strcmp(f->name + n - 9, "data-path");
+}
+
+/* Whether v's first space-separated word is a number (a blend's weight). */
+static bool starts_with_number(const char *v) {
+    while (*v == ' ' || *v == '\t') v++;
+    char word[64];
+    size_t n = strcspn(v, " \t");
+    if (!n || n >= sizeof word) return false;
+    memcpy(word, v, n);
+    word[n] = '\0';
+    double d;
+    return parse_dbl(word, &d) == 0 && d - d == 0; /* finite: a path named "inf" or "nan" is a path */
+}
+
 /* Sets flag f from text v. */
 static int apply(co_config *c, const flag *f, const char *v, char *err, size_t errlen) {
     char *base = (char *)c + f->off;
@@ -427,9 +445,20 @@ static int apply(co_config *c, const flag *f, const char *v, char *err, size_t e
     case F_BOOL: *(bool *)base = true; break;
     case F_NOBOOL: *(bool *)base = true; break;
     case F_LIST: {
-        /* "A" or "W1 A W2 B" (spaces or several argv words) */
+        /* "A" or "W1 A W2 B" (spaces or several argv words). A data path word is split at
+         * spaces only when it is a weighted blend, its first word a number (Megatron's
+         * --data-path is nargs='*': "0.3 A 0.7 B" in one word or four); any other word is one
+         * path, spaces and all. */
         char **list = (char **)(void *)base;
         int *count = (int *)(void *)((char *)c + f->off2);
+        if (is_data_path_flag(f) && !starts_with_number(v)) {
+            if (!*v) return 0;
+            if (*count >= CO_MAX_DATA_PATHS)
+                return set_err(err, errlen, "--%s: more than %d entries", f->name, CO_MAX_DATA_PATHS);
+            if (!(list[*count] = strdup(v))) return CO_ENOMEM;
+            (*count)++;
+            break;
+        }
         char *copy = strdup(v), *save = NULL;
         if (!copy) return CO_ENOMEM;
         for (char *tok = strtok_r(copy, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
@@ -672,9 +701,40 @@ bool co_config_timeline_records(const co_config *c, int64_t start, int64_t it) {
 
 bool co_config_standin_model_parallel = false;
 
+bool co_config_model_parallel_sizes_ok(const co_config *c) {
+    return c->tensor_model_parallel_size >= 1 && c->tensor_model_parallel_size <= CO_MAX_TP_GROUP &&
+           c->context_parallel_size >= 1 && c->context_parallel_size <= CO_MAX_CP_GROUP &&
+           c->pipeline_model_parallel_size >= 1 && c->pipeline_model_parallel_size <= CO_MAX_PP_STAGES;
+}
+
+/* Every parallel size in its range (CO_MAX_* in config.h), each refusal naming the range;
+ * the combinations below assume them. Returns false when one is out of range. */
+static bool parallel_sizes_in_range(problems *P, const co_config *c) {
+    bool bad = out_of_range(P, "tensor-model-parallel-size", c->tensor_model_parallel_size, 1, CO_MAX_TP_GROUP);
+    bad |= out_of_range(P, "pipeline-model-parallel-size", c->pipeline_model_parallel_size, 1, CO_MAX_PP_STAGES);
+    bad |= out_of_range(P, "context-parallel-size", c->context_parallel_size, 1, CO_MAX_CP_GROUP);
+    bad |= out_of_range(P, "expert-model-parallel-size", c->expert_model_parallel_size, 1, CO_MAX_EP_GROUP);
+    /* 0: as the tensor size */
+    bad |= out_of_range(P, "expert-tensor-parallel-size", c->expert_tensor_parallel_size, 0, CO_MAX_TP_GROUP);
+    /* 0: no virtual pipeline (one chunk per rank) */
+    bad |= out_of_range(P, "virtual-pipeline-model-parallel-size", c->virtual_pipeline_model_parallel_size, 0,
+                        CO_MAX_VP_CHUNKS);
+    bad |= out_of_range(P, "num-virtual-stages-per-pipeline-rank", c->num_virtual_stages_per_pipeline_rank, 0,
+                        CO_MAX_VP_CHUNKS);
+    bad |= out_of_range(P, "num-layers-per-virtual-pipeline-stage", c->num_layers_per_virtual_pipeline_stage, 0,
+                        CO_MAX_LAYERS);
+    bad |= out_of_range(P, "microbatch-group-size-per-virtual-pipeline-stage", c->microbatch_group_size_per_vp_stage,
+                        0, CO_MAX_GLOBAL_BATCH);
+    bad |= out_of_range(P, "nproc-per-node", c->nproc_per_node, 1, CO_MAX_PROCS);
+    bad |= out_of_range(P, "nnodes", c->nnodes, 1, CO_MAX_PROCS);
+    return !bad;
+}
+
 int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     problems P = {err, 0, errlen, 0};
     if (errlen) err[0] = '\0';
+    /* (out of range, every check of a combination below is skipped: its message would be noise) */
+    bool par_ok = parallel_sizes_in_range(&P, c);
 
     /* accepted for Megatron's scripts but not implemented: refused, never ignored */
     if (c->overlap_grad_reduce)
@@ -682,7 +742,7 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->overlap_param_gather)
         problem(&P, "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)");
     if (c->ddp_bucket_size < 0) problem(&P, "--ddp-bucket-size must not be negative");
-    if (c->use_distributed_optimizer) {
+    if (c->use_distributed_optimizer && par_ok) {
         if (!strcmp(c->device, "cuda"))
             problem(&P, "--use-distributed-optimizer is not supported yet on cuda (host memory only)");
         if (c->tensor_model_parallel_size > 1 || c->pipeline_model_parallel_size > 1)
@@ -696,15 +756,14 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
             problem(&P, "--use-distributed-optimizer with --context-parallel-size %d is not supported yet (the shards "
                         "span the data-parallel group only)", c->context_parallel_size);
     }
-    bool real_tp = c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel;
+    bool real_tp = par_ok && c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel;
     if (c->sequence_parallel && c->tensor_model_parallel_size == 1)
         c->sequence_parallel = false; /* as Megatron: sequence parallelism needs a tensor group */
     if (c->sequence_parallel && co_config_standin_model_parallel)
         problem(&P, "--sequence-parallel is not part of the model-parallel stand-in");
-    bool real_pp = c->pipeline_model_parallel_size > 1 && !co_config_standin_model_parallel;
+    bool real_pp = par_ok && c->pipeline_model_parallel_size > 1 && !co_config_standin_model_parallel;
     (void)real_tp; /* (context parallelism combines with tensor parallelism) */
-    bool real_cp = c->context_parallel_size > 1 && !co_config_standin_model_parallel;
-    if (c->context_parallel_size < 1) problem(&P, "--context-parallel-size must be >= 1");
+    bool real_cp = par_ok && c->context_parallel_size > 1 && !co_config_standin_model_parallel;
     if (real_pp && real_cp)
         problem(&P, "pipeline parallelism together with context parallelism is not supported yet");
     if (real_cp && c->seq_length > 0 && c->seq_length % (2 * c->context_parallel_size))
@@ -730,9 +789,7 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         problem(&P, "--cp-comm-type %s is not supported yet (only p2p: the ring)", c->cp_comm_type);
     if (c->cp_packed_sequences && c->context_parallel_size > 1 && !c->reset_attention_mask && !c->sft)
         problem(&P, "--cp-packed-sequences splits documents: it needs --reset-attention-mask (or --sft)");
-    if (c->expert_model_parallel_size < 1)
-        problem(&P, "--expert-model-parallel-size %d must be >= 1", c->expert_model_parallel_size);
-    if (c->expert_model_parallel_size > 1 && !co_config_standin_model_parallel) {
+    if (par_ok && c->expert_model_parallel_size > 1 && !co_config_standin_model_parallel) {
         int ep = c->expert_model_parallel_size;
         if (c->num_experts <= 0)
             problem(&P, "--expert-model-parallel-size %d needs --num-experts (the expert group splits a MoE layer's "
@@ -758,19 +815,17 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
             problem(&P, "--expert-model-parallel-size %d with --device cuda is not supported yet (the token exchange "
                         "runs on the CPU backend)", ep);
     }
-    if (c->expert_tensor_parallel_size != 0 && c->expert_tensor_parallel_size != c->tensor_model_parallel_size &&
+    if (par_ok && c->expert_tensor_parallel_size != 0 &&
+        c->expert_tensor_parallel_size != c->tensor_model_parallel_size &&
         !(c->expert_tensor_parallel_size == 1 && c->num_experts > 0))
         problem(&P, "--expert-tensor-parallel-size %d is not supported yet (only 1 with --num-experts, or the "
                     "tensor-parallel size %d)", c->expert_tensor_parallel_size, c->tensor_model_parallel_size);
     /* (the pipeline's layer placement and schedule are checked against the model by the
      * scheduler before any work: cli/cmd_train.c) */
-    if (c->virtual_pipeline_model_parallel_size && c->num_virtual_stages_per_pipeline_rank &&
+    if (par_ok && c->virtual_pipeline_model_parallel_size && c->num_virtual_stages_per_pipeline_rank &&
         c->virtual_pipeline_model_parallel_size != c->num_virtual_stages_per_pipeline_rank)
         problem(&P, "--virtual-pipeline-model-parallel-size %d and --num-virtual-stages-per-pipeline-rank %d differ",
                 c->virtual_pipeline_model_parallel_size, c->num_virtual_stages_per_pipeline_rank);
-    if (c->virtual_pipeline_model_parallel_size < 0 || c->num_virtual_stages_per_pipeline_rank < 0 ||
-        c->num_layers_per_virtual_pipeline_stage < 0 || c->microbatch_group_size_per_vp_stage < 0)
-        problem(&P, "virtual pipeline sizes must not be negative");
     if (co_config_was_set(c, "decoder-first-pipeline-num-layers") && c->decoder_first_pipeline_num_layers < 0)
         problem(&P, "--decoder-first-pipeline-num-layers must not be negative");
     if (co_config_was_set(c, "decoder-last-pipeline-num-layers") && c->decoder_last_pipeline_num_layers < 0)
@@ -787,7 +842,7 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         if (!c->disable_bias_linear)
             problem(&P, "--num-experts: the experts have no biases; add --disable-bias-linear (as Megatron's grouped "
                         "experts)");
-        if (c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel) {
+        if (par_ok && c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel) {
             /* Megatron's layouts: --expert-tensor-parallel-size 1, the experts whole on every
              * tensor rank over its sequence shard; or the tensor size (Megatron's default, when
              * the flag is not given), each expert split over the tensor group (docs/moe.md) */
@@ -812,7 +867,7 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
                             "one rank would)", tp);
         }
         if (c->bf16) problem(&P, "--num-experts with --bf16 is not supported yet (the experts run in fp32)");
-        if (c->context_parallel_size > 1 && !co_config_standin_model_parallel) {
+        if (real_cp) {
             /* the router over this rank's tokens, the aux counts over the context group
              * (Megatron's tp_cp group; docs/moe.md "Context parallelism") */
             int cp = c->context_parallel_size;
@@ -852,8 +907,7 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->mtp_num_layers < 0 || c->mtp_num_layers > 8)
         problem(&P, "--mtp-num-layers %d is out of range (0 to 8)", c->mtp_num_layers);
     if (c->mtp_num_layers > 0) {
-        if (c->pipeline_model_parallel_size > 1 && !co_config_standin_model_parallel &&
-            strcmp(c->position_embedding_type, "rope"))
+        if (real_pp && strcmp(c->position_embedding_type, "rope"))
             problem(&P, "--mtp-num-layers with --pipeline-model-parallel-size %d needs --position-embedding-type rope "
                         "(the MTP stage holds a copy of the word embedding, the position table stays on the first "
                         "stage; Megatron does not support MTP with learned absolute positions)",
@@ -890,20 +944,18 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
     if (c->micro_batch_size == -1 && !GIVEN("micro-batch-size"))
         problem(&P, "--micro-batch-size must be given and positive");
     else out_of_range(&P, "micro-batch-size", c->micro_batch_size, 1, CO_MAX_MICRO_BATCH);
-    out_of_range(&P, "tensor-model-parallel-size", c->tensor_model_parallel_size, 1, CO_MAX_TP_GROUP);
-    bool procs_bad = out_of_range(&P, "nproc-per-node", c->nproc_per_node, 1, CO_MAX_PROCS);
-    procs_bad |= out_of_range(&P, "nnodes", c->nnodes, 1, CO_MAX_PROCS);
-    if (!procs_bad) {
+    if (par_ok) {
         int64_t world = (int64_t)c->nproc_per_node * c->nnodes;
         if (world > CO_MAX_PROCS)
             problem(&P, "--nproc-per-node %d x --nnodes %d = %lld worker processes: more than %d", c->nproc_per_node,
                     c->nnodes, (long long)world, CO_MAX_PROCS);
         else if (c->node_rank < 0 || c->node_rank >= c->nnodes)
             problem(&P, "--node-rank %d is out of range (0 to --nnodes - 1 = %d)", c->node_rank, c->nnodes - 1);
-        else if (dp < 1)
-            problem(&P, "data-parallel size %d is not positive", dp);
+        else if (dp < 1 || dp > CO_MAX_PROCS)
+            problem(&P, "data-parallel size %d (the world over tensor x context x pipeline) is out of range (1 to %d)",
+                    dp, CO_MAX_PROCS);
     }
-    if (P.n > n_refused) return CO_EINVAL;
+    if (P.n > n_refused || !par_ok) return CO_EINVAL;
 
     int n_before_shape = P.n;
     if (c->hidden_size % c->num_attention_heads)

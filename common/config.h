@@ -31,7 +31,11 @@
 #define CO_MAX_VOCAB_DIVISOR 65536
 #define CO_MAX_ITERS ((int64_t)1 << 40)       /* iterations and samples of a run */
 #define CO_MAX_PROCS 65536                    /* --nproc-per-node, --nnodes */
-#define CO_MAX_TP_GROUP 64                    /* --tensor-model-parallel-size */
+#define CO_MAX_TP_GROUP 64                    /* --tensor-model-parallel-size, --expert-tensor-parallel-size */
+#define CO_MAX_PP_STAGES CO_MAX_LAYERS        /* --pipeline-model-parallel-size: a layer per stage at most */
+#define CO_MAX_VP_CHUNKS CO_MAX_LAYERS        /* --virtual-pipeline-model-parallel-size and its other names */
+#define CO_MAX_CP_GROUP 1024                  /* --context-parallel-size */
+#define CO_MAX_EP_GROUP 1024                  /* --expert-model-parallel-size */
 #define CO_MAX_THREADS 4096
 /* Micro batches per rank and iteration that the rerun state machine validates (RR_MAX_MB
  * in resilience/rerun.h); more are refused unless --rerun-mode disabled. */
@@ -205,6 +209,11 @@ bool co_config_was_set(const co_config *c, const char *name);
  * communicators and restarts across them are tested before the split compute exists. The
  * ranks of a model-parallel group then train identical replicas. */
 extern bool co_config_standin_model_parallel;
+
+/* Whether the tensor, context and pipeline sizes are each within their bounds (1 to
+ * CO_MAX_*): the launcher divides the world by their product only then, and otherwise
+ * leaves the refusal, with the ranges, to co_config_finalize. */
+bool co_config_model_parallel_sizes_ok(const co_config *c);
 
 /* Completes derived values (ffn size, kv channels, max positions, global batch) and checks
  * consistency. data_parallel_size is the number of data-parallel replicas. Returns 0, or

@@ -69,14 +69,20 @@ int idxv_verify(const char *prefix, int64_t vocab, char *msg, size_t mn) {
         rc = say(msg, mn, IDXV_HEADER, "%s: unknown dtype code %d", ip, dtype);
         goto out;
     }
-    int64_t ns = rd64(buf + 18), nd = rd64(buf + 26);
-    if (ns < 0 || nd < 0 || ns > (int64_t)(isz / 12) || nd > (int64_t)(isz / 8) ||
-        (34 + 12 * (size_t)ns + 8 * (size_t)nd != isz && 34 + 13 * (size_t)ns + 8 * (size_t)nd != isz)) {
+    /* the counts are unsigned 64-bit: compared and printed as such (a huge count is no negative one) */
+    uint64_t uns = (uint64_t)rd64(buf + 18), und = (uint64_t)rd64(buf + 26);
+    if (uns > isz / 12 || und > isz / 8) {
         rc = say(msg, mn, IDXV_IDX_SIZE,
-                 "%s: %zu bytes, but %" PRId64 " sequences and %" PRId64 " document entries need %" PRId64, ip, isz, ns,
-                 nd, (int64_t)34 + 12 * ns + 8 * nd);
+                 "%s: %zu bytes, but %" PRIu64 " sequences and %" PRIu64 " document entries need more than the file",
+                 ip, isz, uns, und);
         goto out;
     }
+    if (34 + 12 * uns + 8 * und != isz && 34 + 13 * uns + 8 * und != isz) {
+        rc = say(msg, mn, IDXV_IDX_SIZE, "%s: %zu bytes, but %" PRIu64 " sequences and %" PRIu64 " document entries need %" PRIu64,
+                 ip, isz, uns, und, (uint64_t)34 + 12 * uns + 8 * und);
+        goto out;
+    }
+    int64_t ns = (int64_t)uns, nd = (int64_t)und; /* (each below the file's size) */
     const unsigned char *lens = buf + 34, *ptrs = lens + 4 * ns, *docs = ptrs + 8 * ns;
     int64_t total = 0;
     for (int64_t i = 0; i < ns; i++) {

@@ -2,12 +2,16 @@
  * (see inject.h). */
 #include "resilience/inject.h"
 
+#include "common/config.h"
 #include "common/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* --inject is a list flag: it must hold at least the specs a schedule may have */
+_Static_assert(FI_MAX_SPECS <= CO_MAX_DATA_PATHS, "--inject's list is shorter than FI_MAX_SPECS");
 
 static const char *const kind_names[FI_NKINDS] = {
     "kill", "stop", "hang", "slow", "nan", "inf", "spike", "bitflip-grad", "bitflip-param",
@@ -74,7 +78,19 @@ static int parse_range(const char *v, int64_t lo, int64_t hi, uint64_t r, int64_
     return 0;
 }
 
-static int parse_one(const char *spec, int index, uint64_t seed, int world, int64_t train_iters, fi_fault *f,
+/* The steps a spec may name: lo..hi, and how a refusal says so. */
+typedef struct step_range {
+    int64_t lo, hi;
+    const char *what; /* " (...)" after the range; NULL: any step >= 1 */
+    bool live;        /* a running job's: lo is two after the iteration it is at */
+} step_range;
+
+static step_range train_steps(int64_t train_iters) {
+    if (train_iters <= 0 || train_iters >= FI_STEPS_UNBOUNDED) return (step_range){1, FI_STEPS_UNBOUNDED, NULL, false};
+    return (step_range){1, train_iters, " (iterations 1 to --train-iters)", false};
+}
+
+static int parse_one(const char *spec, int index, uint64_t seed, int world, step_range steps, fi_fault *f,
                      char *err, size_t n) {
     memset(f, 0, sizeof *f);
     snprintf(f->spec, sizeof f->spec, "%s", spec);
@@ -91,6 +107,7 @@ static int parse_one(const char *spec, int index, uint64_t seed, int world, int6
     if (k == FI_NKINDS) return bad(err, n, spec, "unknown kind '%s'", buf);
     f->kind = (fi_kind)k;
     bool have_rank = false, have_step = false;
+    unsigned seen = 0; /* keys given (a bit per key) */
     char *save = NULL;
     for (char *kv = at ? strtok_r(at + 1, ",", &save) : NULL; kv; kv = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(kv, '=');
@@ -98,14 +115,28 @@ static int parse_one(const char *spec, int index, uint64_t seed, int world, int6
         *eq = '\0';
         const char *key = kv, *val = eq + 1;
         int64_t v;
+        static const char *const keys[] = {"rank", "step", "microbatch", "phase", "times", "bit", "ms"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            if (!strcmp(key, keys[k])) {
+                if (seen & (1u << k)) return bad(err, n, spec, "'%s' is given twice", key);
+                seen |= 1u << k;
+            }
         if (!strcmp(key, "rank")) {
             if (parse_range(val, 0, world - 1, mix64(f->salt ^ 1), &v))
                 return bad(err, n, spec, "rank '%s' is not in 0..%d", val, world - 1);
             f->rank = (int)v;
             have_rank = true;
         } else if (!strcmp(key, "step")) {
-            if (parse_range(val, 1, train_iters > 0 ? train_iters : INT64_MAX / 2, mix64(f->salt ^ 2), &v))
-                return bad(err, n, spec, "step '%s' is not in 1..%lld", val, (long long)train_iters);
+            if (parse_range(val, steps.lo, steps.hi, mix64(f->salt ^ 2), &v)) {
+                if (!steps.what) return bad(err, n, spec, "step '%s' is not an iteration number (1, 2, ...)", val);
+                char *end;
+                long long s0 = strtoll(val, &end, 10);
+                if (steps.live && end != val && !*end && s0 >= 1 && s0 < steps.lo)
+                    return bad(err, n, spec, "step %lld is too soon: the job is at iteration %lld (give %lld..%lld)",
+                               s0, (long long)steps.lo - 2, (long long)steps.lo, (long long)steps.hi);
+                return bad(err, n, spec, "step '%s' is not in %lld..%lld%s", val, (long long)steps.lo,
+                           (long long)steps.hi, steps.what);
+            }
             f->step = v;
             have_step = true;
         } else if (!strcmp(key, "microbatch")) {
@@ -145,14 +176,18 @@ static int parse_one(const char *spec, int index, uint64_t seed, int world, int6
     return 0;
 }
 
-int fi_schedule_parse(fi_schedule *s, char *const *specs, int nspecs, uint64_t seed, int world, int64_t train_iters,
-                      char *err, size_t errlen) {
+static int parse_all(fi_schedule *s, char *const *specs, int nspecs, uint64_t seed, int world, step_range steps,
+                     char *err, size_t errlen) {
     memset(s, 0, sizeof *s);
     if (nspecs <= 0) return 0;
+    if (nspecs > FI_MAX_SPECS) {
+        snprintf(err, errlen, "%d fault specs: at most %d may be given (FI_MAX_SPECS)", nspecs, FI_MAX_SPECS);
+        return CO_EINVAL;
+    }
     s->f = calloc((size_t)nspecs, sizeof *s->f);
     if (!s->f) return CO_ENOMEM;
     for (int i = 0; i < nspecs; i++) {
-        int rc = parse_one(specs[i], i, seed, world, train_iters, &s->f[i], err, errlen);
+        int rc = parse_one(specs[i], i, seed, world, steps, &s->f[i], err, errlen);
         if (rc) {
             fi_schedule_free(s);
             return rc;
@@ -162,10 +197,26 @@ int fi_schedule_parse(fi_schedule *s, char *const *specs, int nspecs, uint64_t s
     return 0;
 }
 
+int fi_schedule_parse(fi_schedule *s, char *const *specs, int nspecs, uint64_t seed, int world, int64_t train_iters,
+                      char *err, size_t errlen) {
+    return parse_all(s, specs, nspecs, seed, world, train_steps(train_iters), err, errlen);
+}
+
+int fi_schedule_parse_live(fi_schedule *s, char *const *specs, int nspecs, int world, int64_t first, int64_t last,
+                           char *err, size_t errlen) {
+    step_range r = {first, last, " (the iterations the job has still to run, at least two ahead)", true};
+    return parse_all(s, specs, nspecs, 0, world, r, err, errlen);
+}
+
 int fi_schedule_add(fi_schedule *s, const char *spec, uint64_t seed, int world, int64_t train_iters, char *err,
                     size_t errlen) {
+    if (s->n >= FI_MAX_SPECS) {
+        snprintf(err, errlen, "--inject '%s': the job already has %d faults scheduled, the most it holds "
+                              "(FI_MAX_SPECS)", spec, FI_MAX_SPECS);
+        return CO_EINVAL;
+    }
     fi_fault f;
-    int rc = parse_one(spec, s->n, seed, world, train_iters, &f, err, errlen);
+    int rc = parse_one(spec, s->n, seed, world, train_steps(train_iters), &f, err, errlen);
     if (rc) return rc;
     fi_fault *nf = realloc(s->f, sizeof *nf * (size_t)(s->n + 1));
     if (!nf) return CO_ENOMEM;

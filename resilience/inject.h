@@ -28,6 +28,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The most specs one schedule holds: `cohort train --inject` (also the flag's list size,
+ * CO_MAX_DATA_PATHS) and one `cohort inject` call alike; fi_schedule_add refuses more. */
+#define FI_MAX_SPECS 64
+
+/* A bound on steps at or above this is "not known" (`cohort inject` checking syntax only,
+ * the supervisor's own check): a bad step is then refused as "not an iteration number". */
+#define FI_STEPS_UNBOUNDED (INT64_MAX / 8)
+
 typedef enum {
     FI_KILL, FI_STOP, FI_HANG, FI_SLOW, FI_NAN, FI_INF, FI_SPIKE, FI_BITFLIP_GRAD, FI_BITFLIP_PARAM,
     FI_BITFLIP_ACT, FI_MSG_DELAY, FI_MSG_DROP, FI_MSG_DUP, FI_KILL_SUPERVISOR, FI_NKINDS
@@ -54,11 +62,17 @@ typedef struct fi_schedule {
     int n;
 } fi_schedule;
 
-/* Parses every spec (index k is the k-th --inject). world: ranks; train_iters bounds steps.
- * On error: CO_EINVAL and one message naming the spec in err. */
+/* Parses every spec (index k is the k-th --inject; at most FI_MAX_SPECS). world: ranks;
+ * train_iters bounds steps (1..train_iters; <= 0 or >= FI_STEPS_UNBOUNDED: any positive
+ * step). A key given twice in one spec is refused. On error: CO_EINVAL and one message
+ * naming the spec in err. */
 int fi_schedule_parse(fi_schedule *s, char *const *specs, int nspecs, uint64_t seed, int world, int64_t train_iters,
                       char *err, size_t errlen);
-/* Adds one more (`cohort inject` against a running job). */
+/* The same for a running job (`cohort inject`): steps must be in first..last, the
+ * iterations it has still to run. */
+int fi_schedule_parse_live(fi_schedule *s, char *const *specs, int nspecs, int world, int64_t first, int64_t last,
+                           char *err, size_t errlen);
+/* Adds one more (`cohort inject` against a running job); CO_EINVAL past FI_MAX_SPECS. */
 int fi_schedule_add(fi_schedule *s, const char *spec, uint64_t seed, int world, int64_t train_iters, char *err,
                     size_t errlen);
 void fi_schedule_free(fi_schedule *s);

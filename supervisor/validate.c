@@ -38,6 +38,17 @@ typedef struct fault_rec {
     uint64_t t_detect;            /* when it was detected (restart faults) */
 } fault_rec;
 
+/* A fault `cohort inject` asked for: not a fault until a rank reports it fired. */
+typedef struct inject_req {
+    char spec[200];
+    int64_t requested_at; /* the iteration the job was at */
+} inject_req;
+
+/* The line the supervisor records for a `cohort inject` request (supervisor.c handle_inject):
+ * "inject: SPEC (cohort inject), requested at iteration N". */
+#define SVV_REQUEST_MARK " (cohort inject), requested at iteration "
+#define SVV_MAX_REQUESTS 1024 /* listed in the report; more are counted only */
+
 struct svv {
     svv_options o;
     rr_machine *rr;
@@ -54,6 +65,10 @@ struct svv {
     int nev_seen;
     fault_rec *f;
     int nf, capf;
+    inject_req *req;              /* `cohort inject` requests (SVV_MAX_REQUESTS at most) ... */
+    int nreq;
+    int64_t nreq_total;           /* ... and how many came */
+    int n_cli_inject;             /* the --inject specs (o.inject's first entries) */
     double *ema;    /* [W] compute time (data + forward + backward) per iteration, smoothed */
     double *worst;  /* [W] lowest score seen */
     int *low;       /* [W] consecutive iterations scored below the threshold */
@@ -126,6 +141,7 @@ int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
     for (int r = 0; r < v->W; r++) v->worst[r] = INFINITY, v->score[r] = NAN;
     v->resumed_at = -1;
     v->first_report_iter = -1;
+    v->n_cli_inject = o->inject ? o->inject->n : 0;
     *out = v;
     return 0;
 }
@@ -148,6 +164,7 @@ void svv_destroy(svv **pv) {
     free(v->nhist);
     free(v->score);
     free(v->f);
+    free(v->req);
     free(v);
     *pv = NULL;
 }
@@ -184,7 +201,24 @@ static void fault_event(const svv *v, const fault_rec *f, const char *event) {
     json_decref(o);
 }
 
+/* A `cohort inject` request: kept to be matched with its firing, never counted a fault. */
+static void note_request(svv *v, const char *line, const char *mark) {
+    v->nreq_total++;
+    if (v->nreq >= SVV_MAX_REQUESTS) return;
+    if (!v->req && !(v->req = calloc(SVV_MAX_REQUESTS, sizeof *v->req))) return;
+    inject_req *q = &v->req[v->nreq++];
+    const char *spec = strstr(line, "inject: ");
+    spec = spec && spec < mark ? spec + 8 : line;
+    snprintf(q->spec, sizeof q->spec, "%.*s", (int)(mark - spec), spec);
+    q->requested_at = atoll(mark + strlen(SVV_REQUEST_MARK));
+}
+
 void svv_on_event(svv *v, int rank, const char *line) {
+    const char *mark = strstr(line, SVV_REQUEST_MARK);
+    if (mark) {
+        note_request(v, line, mark);
+        return;
+    }
     fault_rec *f = new_fault(v);
     if (!f) return;
     snprintf(f->kind, sizeof f->kind, "%s", strstr(line, "inject:") ? "injected" : "worker");
@@ -524,11 +558,109 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
     return 0;
 }
 
+typedef struct inj_view inj_view;
+static int write_report(svv *v, FILE *human, const char *json_path, int exit_status, double wall_s,
+                        const inj_view *inj, int ninj, int nfired);
+
+/* One injection asked for: an --inject spec or a `cohort inject` request. */
+struct inj_view {
+    const char *spec;
+    bool live;            /* cohort inject (requested_at says when) */
+    int64_t requested_at;
+    bool fired;           /* a rank reported it firing */
+};
+
+/* The injections asked for (--inject's, then cohort inject's) and whether a rank reported
+ * each firing: a firing's line ends "(--inject SPEC)" (fi_describe, the spec cut to 159
+ * characters); each firing is matched to one injection. *out malloc'd; returns the count. */
+static int injections(const svv *v, inj_view **out, int *nfired) {
+    int n = v->n_cli_inject + v->nreq;
+    *out = NULL;
+    *nfired = 0;
+    if (!n) return 0;
+    inj_view *x = calloc((size_t)n, sizeof *x);
+    bool *used = calloc((size_t)v->nf + 1, sizeof *used);
+    if (!x || !used) {
+        free(x);
+        free(used);
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        bool live = i >= v->n_cli_inject;
+        const inject_req *q = live ? &v->req[i - v->n_cli_inject] : NULL;
+        x[i] = (inj_view){.spec = live ? q->spec : v->o.inject->f[i].spec, .live = live,
+                          .requested_at = live ? q->requested_at : -1};
+        char needle[200];
+        snprintf(needle, sizeof needle, "(--inject %.159s)", x[i].spec);
+        for (int k = 0; k < v->nf && !x[i].fired; k++)
+            if (!used[k] && !strcmp(v->f[k].kind, "injected") && strstr(v->f[k].text, needle))
+                used[k] = x[i].fired = true;
+        *nfired += x[i].fired;
+    }
+    free(used);
+    *out = x;
+    return n;
+}
+
+/* The report's injection lines: how many were asked for and fired, and those that did not. */
+static void report_injections(FILE *human, const svv *v, const inj_view *x, int n, int nfired) {
+    if (!human || !n) return;
+    int64_t asked = v->n_cli_inject + v->nreq_total; /* (requests past SVV_MAX_REQUESTS are counted, not kept) */
+    fprintf(human, "  injections: %" PRId64 " asked for (%d by --inject, %" PRId64 " by cohort inject), %d reported "
+                   "fired\n", asked, v->n_cli_inject, v->nreq_total, nfired);
+    int listed = 0;
+    for (int i = 0; i < n && listed < 16; i++)
+        if (!x[i].fired) {
+            if (x[i].live)
+                fprintf(human, "  - not fired: %s (cohort inject at iteration %" PRId64 ")\n", x[i].spec,
+                        x[i].requested_at);
+            else
+                fprintf(human, "  - not fired: %s (--inject)\n", x[i].spec);
+            listed++;
+        }
+    if (asked - nfired > listed)
+        fprintf(human, "  - ... and %" PRId64 " more not fired\n", asked - nfired - listed);
+}
+
+/* The same in the JSON report: every injection with its source and whether it fired. */
+static json_t *injections_json(const svv *v, const inj_view *x, int n, int nfired) {
+    json_t *o = json_object(), *a = json_array();
+    if (!o || !a) {
+        json_decref(o);
+        json_decref(a);
+        return NULL;
+    }
+    json_object_set_new(o, "requested", json_integer(v->n_cli_inject + v->nreq_total));
+    json_object_set_new(o, "fired", json_integer(nfired));
+    for (int i = 0; i < n; i++) {
+        char text[400];
+        if (x[i].live)
+            snprintf(text, sizeof text, "inject: %s" SVV_REQUEST_MARK "%" PRId64, x[i].spec, x[i].requested_at);
+        else
+            snprintf(text, sizeof text, "inject: %s (--inject)", x[i].spec);
+        json_t *j = json_pack("{s:s, s:s, s:b, s:s}", "spec", x[i].spec, "source",
+                              x[i].live ? "cohort inject" : "--inject", "fired", x[i].fired, "text", text);
+        if (j && x[i].live) json_object_set_new(j, "requested_at", json_integer(x[i].requested_at));
+        if (j) json_array_append_new(a, j);
+    }
+    json_object_set_new(o, "list", a);
+    return o;
+}
+
 int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status, double wall_s) {
+    inj_view *inj = NULL;
+    int nfired = 0, ninj = injections(v, &inj, &nfired);
+    int rc = write_report(v, human, json_path, exit_status, wall_s, inj, ninj, nfired);
+    free(inj);
+    return rc;
+}
+
+static int write_report(svv *v, FILE *human, const char *json_path, int exit_status, double wall_s,
+                        const inj_view *inj, int ninj, int nfired) {
     int nstrag = 0;
     for (int r = 0; r < v->W; r++) nstrag += v->flagged[r];
     for (int k = 0; k < v->nstages; k++) nstrag += v->sflagged[k];
-    if (human && (v->nf || nstrag || v->reruns || v->restarts)) {
+    if (human && (v->nf || nstrag || v->reruns || v->restarts || nfired < ninj)) {
         fprintf(human, "cohort run report: exit status %d after %.1f s; %" PRId64 " iterations validated, %" PRId64
                        " replays, %" PRId64 " peer checks, %" PRId64 " repairs, %" PRId64 " skipped; %d fault(s), "
                        "%d straggler(s), %" PRId64 " restart(s), %" PRId64 " step(s) lost\n",
@@ -549,6 +681,7 @@ int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status
             if (v->sflagged[k])
                 fprintf(human, "  - straggler stage: pipeline stage %d, lowest score %.2f\n", k, v->sworst[k]);
         for (int k = 0; k < v->nquar; k++) fprintf(human, "  - quarantined and replaced: rank %d\n", v->quarantined[k]);
+        report_injections(human, v, inj, ninj, nfired);
     }
     if (!json_path || !*json_path) return 0;
     json_t *o = json_object(), *fs = json_array(), *ss = json_array();
@@ -585,6 +718,8 @@ int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status
         json_array_append_new(fs, j);
     }
     json_object_set_new(o, "faults", fs);
+    json_t *ij = injections_json(v, inj, ninj, nfired);
+    if (ij) json_object_set_new(o, "injections", ij);
     for (int r = 0; r < v->W; r++)
         if (v->flagged[r]) {
             json_t *j = json_object();

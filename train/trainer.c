@@ -372,6 +372,11 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         rc = co_err_set(CO_EINVAL, "the train split of --split '%s' is empty", c->split);
         goto fail;
     }
+    bool per_split = c->n_train_data_path || c->n_valid_data_path || c->n_test_data_path;
+    if (reads && t->log && !data->joining && c->eval_iters > 0 && !t->ds[1])
+        fprintf(t->log, "cohort: WARNING: evaluation is on (--eval-iters %lld) but the validation split is empty "
+                "(%s%s): no validation loss will be computed\n", (long long)c->eval_iters,
+                per_split ? "no --valid-data-path" : "--split ", per_split ? "" : c->split);
     if (data->metrics && t->log) {
         t->metrics = data->metrics;
         t->metrics_borrowed = true;

@@ -95,6 +95,23 @@ tensor-parallel size 1)" "${tiny[@]}" --train-iters 2 --expert-tensor-parallel-s
         expect_refused "--nproc-per-node 0 is out of range" "${tiny[@]}" --train-iters 2 --nproc-per-node 0
         expect_refused "--nnodes -1 is out of range" "${tiny[@]}" --train-iters 2 --nnodes -1
         expect_refused "--node-rank 2 is out of range" "${tiny[@]}" --train-iters 2 --nnodes 2 --node-rank 2
+        # every parallel size, with its range (pipeline 0 and negatives ran as one stage before)
+        for pp in 0 -1 -2 1025; do
+            expect_refused "--pipeline-model-parallel-size $pp is out of range (1 to 1024)" "${tiny[@]}" --train-iters 2 \
+                --pipeline-model-parallel-size $pp
+        done
+        expect_refused "--pipeline-model-parallel-size -1 is out of range (1 to 1024)" "${tiny[@]}" --train-iters 2 \
+            --pipeline-model-parallel-size -1 --nproc-per-node 2
+        expect_refused "--tensor-model-parallel-size -2 is out of range (1 to 64)" "${tiny[@]}" --train-iters 2 \
+            --tensor-model-parallel-size -2
+        expect_refused "--context-parallel-size 0 is out of range (1 to 1024)" "${tiny[@]}" --train-iters 2 \
+            --context-parallel-size 0
+        expect_refused "--expert-model-parallel-size -1 is out of range (1 to 1024)" "${tiny[@]}" --train-iters 2 \
+            --expert-model-parallel-size -1
+        expect_refused "--expert-tensor-parallel-size -1 is out of range (0 to 64)" "${tiny[@]}" --train-iters 2 \
+            --expert-tensor-parallel-size -1
+        expect_refused "--virtual-pipeline-model-parallel-size -2 is out of range (0 to 1024)" "${tiny[@]}" \
+            --train-iters 2 --virtual-pipeline-model-parallel-size -2
         expect_refused "--global-batch-size -8 is out of range" "${tiny[@]}" --train-iters 2 --global-batch-size -8
         expect_refused "--global-batch-size 0 is out of range" "${tiny[@]}" --train-iters 2 --global-batch-size 0
         expect_refused "--global-batch-size -8 is out of range" --global-batch-size -8 --workdir "$work/w"
@@ -360,6 +377,64 @@ sigint_early|interrupt_loop)
         for n in $(seq 11 20); do ms=$((RANDOM % 1500)); interrupt "$((ms / 1000)).$(printf %03d $((ms % 1000)))" $n; done
         echo "  20 interrupts in $((SECONDS - t_start)) s"
     fi
+    ;;
+inject_checked)
+    # `cohort inject` against a running 2-rank job: --pid takes a live job's supervisor pid
+    # only (abc and 0 injected into whatever ran), specs are capped as --inject's, a key
+    # twice and steps outside the job's remaining iterations are refused naming the range,
+    # and the run report counts the faults that fired, not the specs received
+    # (rank 0 slowed to at most 10 iterations a second, so that a step 30 ahead is still ahead
+    # when the request arrives)
+    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --threads 1 --train-iters 100000 --metrics-file "$work/m.jsonl" \
+        --run-report "$work/report.json" --inject "slow@rank=0,step=1,ms=100,times=always" >"$work/out" 2>"$work/err" &
+    job=$!
+    for _ in $(seq 600); do
+        n=$(grep -c grad_norm "$work/m.jsonl" 2>/dev/null); [ "${n:-0}" -ge 2 ] && break; sleep 0.1
+    done
+    [ "${n:-0}" -ge 2 ] || { kill $job; fail "the job did not start: $(tail -3 "$work/err")"; }
+    inj() { # want-exit want-message args...
+        local want=$1 msg=$2; shift 2
+        "$cohort" inject "$@" >"$work/i" 2>&1; local rc=$?
+        [ $rc -eq "$want" ] && grep -qF -- "$msg" "$work/i" || { kill $job; fail "inject $*: exit $rc, want $want: $(cat "$work/i")"; }
+    }
+    inj 2 "--pid needs a positive whole number (the pid of a running job's supervisor), got 'abc'" \
+        --pid abc "nan@rank=0,step=90000"
+    inj 2 "got '0'" --pid 0 "nan@rank=0,step=90000"
+    inj 2 "got '-5'" --pid -5 "nan@rank=0,step=90000"
+    inj 2 "no running cohort job with supervisor pid $$" --pid $$ "nan@rank=0,step=90000"
+    many=(); for k in $(seq 65); do many+=("nan@rank=0,step=$((90000 + k))"); done
+    inj 2 "65 fault specs: at most 64 per call" --pid $job "${many[@]}"
+    inj 2 "'step' is given twice" --pid $job "nan@rank=0,step=90000,step=90001"
+    inj 2 "step '0' is not an iteration number" --pid $job "nan@rank=0,step=0"
+    inj 1 "..100000 (the iterations the job has still to run" --pid $job "nan@rank=0,step=200000"
+    inj 1 "rank '2' is not in 0..1" --pid $job "nan@rank=2,step=90000"
+    inj 1 "step 1 is too soon" --pid $job "nan@rank=0,step=1"
+    # two that fire (30 iterations ahead of the job as its status says; again if it was faster)
+    for _ in 1 2 3 4 5; do
+        at=$("$cohort" status --json $job | "$py" -c 'import json,sys; d = json.load(sys.stdin)
+print(max([d["iteration"], d["reported_iteration"]] + [r["iteration"] for r in d["ranks"]]) + 30)')
+        "$cohort" inject --pid $job "nan@rank=1,step=$at" "spike@rank=0,step=$((at + 1))" >"$work/i" 2>&1 && break
+        grep -q "too soon" "$work/i" || break
+    done
+    grep -q "ok: spike@rank=0,step=$((at + 1))" "$work/i" || { kill $job; fail "not accepted: $(cat "$work/i")"; }
+    inj 0 "ok: nan@rank=0,step=90000" --pid $job "nan@rank=0,step=90000"
+    for _ in $(seq 600); do
+        grep -q "inject: nan on rank 1" "$work/err" && grep -q "inject: spike on rank 0" "$work/err" && break; sleep 0.1
+    done
+    kill -TERM $job
+    wait $job; rc=$?
+    [ $rc -eq 0 ] || fail "job exit $rc: $(tail -3 "$work/err")"
+    grep -q "not fired: nan@rank=0,step=90000 (cohort inject at iteration" "$work/err" ||
+        fail "the unfired one is not listed: $(grep -A5 'run report' "$work/err")"
+    "$py" - "$work/report.json" <<'PY' || fail "run report: $(cat "$work/report.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+inj = [f for f in r["faults"] if f["kind"] == "injected"]
+assert len(inj) == 3 and all("(--inject " in f["text"] for f in inj), r["faults"]  # slow, nan, spike: once each
+i = r["injections"]
+assert i["requested"] == 4 and i["fired"] == 3, i
+assert [x["spec"] for x in i["list"] if not x["fired"]] == ["nan@rank=0,step=90000"], i
+PY
     ;;
 *) fail "unknown case $case_name" ;;
 esac

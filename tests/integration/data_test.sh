@@ -160,6 +160,76 @@ train)
         fail "sft: $(tail -5 "$work/out")"
     grep -q "iteration        2/" "$work/out" || fail "sft: no log line"
     ;;
+space_path)
+    # a dataset in a directory whose name has a space: one --data-path word that is not a
+    # weighted blend is one path (as Megatron's nargs='*'); blends in one word or several
+    # still split, and the per-split flags read the same way, one process or under the supervisor
+    d="$work/my data"
+    mkdir -p "$d"
+    "$py" -c 'import json; [print(json.dumps({"text": ("x %d " % i) * 20})) for i in range(200)]' >"$d/a.jsonl"
+    "$cohort" data preprocess --input "$d/a.jsonl" --output-prefix "$d/a" --tokenizer-type ByteLevelTokenizer \
+        --append-eod --quiet || fail "preprocess into '$d'"
+    p="$d/a_text_document"
+    cp "$p.bin" "$work/b_text_document.bin" && cp "$p.idx" "$work/b_text_document.idx" || fail copy
+    tiny=(--tokenizer-type ByteLevelTokenizer --num-layers 1 --hidden-size 32 --num-attention-heads 4 --seq-length 64
+          --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --log-interval 1 --eval-interval 2 --eval-iters 1
+          --train-iters 2 --threads 1 --data-cache-path "$work/cache" --split 90,10,0)
+    trains() { # what, then the flags
+        local what=$1; shift
+        "$cohort" train "${tiny[@]}" "$@" >"$work/out" 2>&1 || fail "$what: $(tail -3 "$work/out")"
+        grep -q "iteration        2/" "$work/out" || fail "$what: no log line: $(tail -3 "$work/out")"
+    }
+    trains "one path with a space" --data-path "$p"
+    trains "under the supervisor" --data-path "$p" --nproc-per-node 2
+    trains "a blend, words" --data-path 0.3 "$p" 0.7 "$work/b_text_document"
+    trains "a blend, one word" --data-path "0.3 $work/b_text_document 0.7 $work/b_text_document"
+    trains "per split" --train-data-path "$p" --valid-data-path "$p"
+    "$cohort" data inspect "$p" --tokenizer-type ByteLevelTokenizer >"$work/out" || fail "inspect: $(cat "$work/out")"
+    ;;
+idx_counts)
+    # an .idx whose counts are 2^64 - 1 (unsigned in the file): named as such by verify and
+    # inspect, never as -1
+    printf '{"text": "hello world"}\n{"text": "more"}\n' >"$work/in.jsonl"
+    "$cohort" data preprocess --input "$work/in.jsonl" --output-prefix "$work/d" --tokenizer-type ByteLevelTokenizer \
+        --quiet || fail preprocess
+    for field in 18:sequences 26:documents; do
+        off=${field%%:*}; what=${field#*:}
+        "$py" - "$work/d_text_document" "$work/$what" "$off" <<'PY' || fail "crafting the .idx"
+import shutil, struct, sys
+src, dst, off = sys.argv[1], sys.argv[2], int(sys.argv[3])
+i = bytearray(open(src + ".idx", "rb").read())
+i[off:off + 8] = struct.pack("<Q", 2**64 - 1)
+open(dst + ".idx", "wb").write(i)
+shutil.copy(src + ".bin", dst + ".bin")
+PY
+        "$cohort" data verify "$work/$what" >/dev/null 2>"$work/err"; rc=$?
+        [ $rc -eq 12 ] || fail "verify $what: exit $rc, want 12: $(cat "$work/err")"
+        if [ "$what" = documents ]; then want="2 sequences and 18446744073709551615 document entries"
+        else want="18446744073709551615 sequences and 3 document entries"; fi
+        grep -qF "$want need more than the file" "$work/err" || fail "verify $what: $(cat "$work/err")"
+        "$cohort" data inspect "$work/$what" --tokenizer-type ByteLevelTokenizer >/dev/null 2>"$work/err2"; rc=$?
+        [ $rc -eq 1 ] && grep -qF "18446744073709551615" "$work/err2" || fail "inspect $what: exit $rc: $(cat "$work/err2")"
+        ! grep -q -- "-1" "$work/err" "$work/err2" || fail "$what printed as -1: $(cat "$work/err" "$work/err2")"
+    done
+    ;;
+empty_valid)
+    # evaluation on and an empty validation split: one notice, on the logging rank, where the
+    # datasets are built (nothing said before); none with a validation split or evaluation off
+    tiny=(--mock-data --tokenizer-type ByteLevelTokenizer --num-layers 1 --hidden-size 32 --num-attention-heads 4
+          --seq-length 32 --micro-batch-size 2 --lr 1e-3 --log-interval 1 --train-iters 2 --threads 1
+          --data-cache-path "$work/cache")
+    want="WARNING: evaluation is on (--eval-iters 2) but the validation split is empty (--split 100,0,0): no validation loss"
+    for n in 1 2; do
+        "$cohort" train "${tiny[@]}" --split 100,0,0 --eval-iters 2 --eval-interval 1 --nproc-per-node $n \
+            >"$work/out" 2>&1 || fail "$n rank(s): $(tail -3 "$work/out")"
+        [ "$(grep -cF "$want" "$work/out")" -eq 1 ] || fail "$n rank(s): not said once: $(grep -i warning "$work/out")"
+    done
+    "$cohort" train "${tiny[@]}" --split 100,0,0 --eval-iters 0 >"$work/out" 2>&1 || fail "eval off: $(tail -3 "$work/out")"
+    ! grep -q "validation split is empty" "$work/out" || fail "said with evaluation off"
+    "$cohort" train "${tiny[@]}" --split 90,10,0 --eval-iters 2 --eval-interval 1 >"$work/out" 2>&1 || fail "90,10,0"
+    ! grep -q "validation split is empty" "$work/out" || fail "said with a validation split"
+    grep -q "validation loss at iteration" "$work/out" || fail "no validation at 90,10,0"
+    ;;
 *) fail "unknown case $case_name" ;;
 esac
 echo "ok $case_name"

@@ -64,6 +64,39 @@ static void test_parse_forms(void) {
     co_config_free(&c);
 }
 
+/* --data-path words: a path with a space is one path unless the word is a weighted blend. */
+static void test_data_path_words(void) {
+    co_config c;
+    char err[512];
+    char *one[] = {"--data-path", "/data/my corpus/a_text_document"};
+    co_config_defaults(&c);
+    REQUIRE(co_config_parse(&c, 2, one, err, sizeof err) == 0);
+    CHECK(c.n_data_path == 1 && !strcmp(c.data_path[0], "/data/my corpus/a_text_document"));
+    co_config_free(&c);
+    char *blend_word[] = {"--data-path", "0.3 A 0.7 B"};
+    co_config_defaults(&c);
+    REQUIRE(co_config_parse(&c, 2, blend_word, err, sizeof err) == 0);
+    CHECK(c.n_data_path == 4 && !strcmp(c.data_path[0], "0.3") && !strcmp(c.data_path[3], "B"));
+    co_config_free(&c);
+    char *blend_words[] = {"--data-path", "0.3", "/data/my corpus/a", "0.7", "B", "--lr", "1"};
+    co_config_defaults(&c);
+    REQUIRE(co_config_parse(&c, 7, blend_words, err, sizeof err) == 0);
+    CHECK(c.n_data_path == 4 && !strcmp(c.data_path[1], "/data/my corpus/a") && !strcmp(c.data_path[2], "0.7"));
+    co_config_free(&c);
+    char *split[] = {"--train-data-path", "my dir/t", "--valid-data-path", "1 v"};
+    co_config_defaults(&c);
+    REQUIRE(co_config_parse(&c, 4, split, err, sizeof err) == 0);
+    CHECK(c.n_train_data_path == 1 && !strcmp(c.train_data_path[0], "my dir/t"));
+    CHECK(c.n_valid_data_path == 2 && !strcmp(c.valid_data_path[1], "v"));
+    co_config_free(&c);
+    /* other list flags still split at spaces */
+    char *inj[] = {"--inject", "nan@rank=0,step=2 kill@rank=1,step=3"};
+    co_config_defaults(&c);
+    REQUIRE(co_config_parse(&c, 2, inj, err, sizeof err) == 0);
+    CHECK(c.n_inject == 2);
+    co_config_free(&c);
+}
+
 static void test_unknown_flag_suggests(void) {
     co_config c;
     char err[512];
@@ -137,6 +170,34 @@ static void test_validation(void) {
     CHECK(check_line("--nproc-per-node 0", err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "--nproc-per-node 0 is out of range (1 to 65536)"), "%s", err);
     CHECK(check_line("--nnodes 0", err, sizeof err) == CO_EINVAL);
+    /* every parallel size: zero and negatives were taken as one before */
+    static const struct { const char *flag, *want; } sizes[] = {
+        {"--pipeline-model-parallel-size 0", "--pipeline-model-parallel-size 0 is out of range (1 to 1024)"},
+        {"--pipeline-model-parallel-size -2", "--pipeline-model-parallel-size -2 is out of range (1 to 1024)"},
+        {"--pipeline-model-parallel-size 1025", "--pipeline-model-parallel-size 1025 is out of range (1 to 1024)"},
+        {"--tensor-model-parallel-size -2", "--tensor-model-parallel-size -2 is out of range (1 to 64)"},
+        {"--context-parallel-size 0", "--context-parallel-size 0 is out of range (1 to 1024)"},
+        {"--context-parallel-size 2000000000", "--context-parallel-size 2000000000 is out of range (1 to 1024)"},
+        {"--expert-model-parallel-size -1", "--expert-model-parallel-size -1 is out of range (1 to 1024)"},
+        {"--expert-tensor-parallel-size -1", "--expert-tensor-parallel-size -1 is out of range (0 to 64)"},
+        {"--virtual-pipeline-model-parallel-size -1", "--virtual-pipeline-model-parallel-size -1 is out of range (0 to 1024)"},
+        {"--num-virtual-stages-per-pipeline-rank -3", "--num-virtual-stages-per-pipeline-rank -3 is out of range (0 to 1024)"},
+        {"--nnodes -1", "--nnodes -1 is out of range (1 to 65536)"},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        CHECK_MSG(check_line(sizes[i].flag, err, sizeof err) == CO_EINVAL, "%s accepted", sizes[i].flag);
+        CHECK_MSG(strstr(err, sizes[i].want), "%s: %s", sizes[i].flag, err);
+    }
+    {
+        /* the data-parallel size the launcher derived, in range too */
+        co_config c;
+        char e[1024];
+        REQUIRE(parse(&c, base, e, sizeof e) == 0);
+        CHECK(co_config_finalize(&c, -3, e, sizeof e) == CO_EINVAL);
+        CHECK_MSG(strstr(e, "data-parallel size -3 (the world over tensor x context x pipeline) is out of range"),
+                  "%s", e);
+        co_config_free(&c);
+    }
     CHECK(check_line("--global-batch-size -8", err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "--global-batch-size -8 is out of range"), "%s", err);
     CHECK(check_line("--global-batch-size -1", err, sizeof err) == CO_EINVAL); /* -1 given is not "unset" */
@@ -277,6 +338,7 @@ static void test_edit_distance(void) {
 int main(void) {
     RUN(test_defaults_are_megatrons);
     RUN(test_parse_forms);
+    RUN(test_data_path_words);
     RUN(test_unknown_flag_suggests);
     RUN(test_validation);
     RUN(test_timeline_flags);

@@ -302,12 +302,54 @@ static void inject_schedule(void) {
                             {"kill@rank=0,step=2,times=always", "times=always applies to"},
                             {"nan@rank=0,step=2,phase=lunch", "phase 'lunch'"},
                             {"nan@rank=0,step=2,colour=red", "unknown key 'colour'"},
-                            {"bitflip-grad@rank=0,step=2,bit=32", "bit '32'"}};
+                            {"bitflip-grad@rank=0,step=2,bit=32", "bit '32'"},
+                            /* a key twice: which one would count? */
+                            {"nan@rank=0,step=3,step=4", "'step' is given twice"},
+                            {"nan@rank=0,rank=1,step=3", "'rank' is given twice"},
+                            {"slow@rank=0,step=3,ms=5,ms=6", "'ms' is given twice"},
+                            /* the real range, named */
+                            {"nan@rank=0,step=0", "step '0' is not in 1..100 (iterations 1 to --train-iters)"}};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         char *spec[1] = {(char *)bad[k][0]};
         int rc = fi_schedule_parse(&s, spec, 1, 0, 4, 100, err, sizeof err);
         CHECK_MSG(rc == CO_EINVAL && strstr(err, bad[k][1]), "%s: %s", bad[k][0], err);
     }
+    /* steps unknown (cohort inject checking the syntax): no "1..0" */
+    char *zero[1] = {"nan@rank=0,step=0"};
+    CHECK(fi_schedule_parse(&s, zero, 1, 0, 4, 0, err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "step '0' is not an iteration number (1, 2, ...)") && !strstr(err, "1..0"), "%s", err);
+    /* a running job's remaining iterations */
+    char *live[1] = {"nan@rank=0,step=5"};
+    CHECK(fi_schedule_parse_live(&s, live, 1, 4, 12, 100, err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "step 5 is too soon: the job is at iteration 10 (give 12..100)"), "%s", err);
+    live[0] = "nan@rank=0,step=101";
+    CHECK(fi_schedule_parse_live(&s, live, 1, 4, 12, 100, err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "step '101' is not in 12..100 (the iterations the job has still to run"), "%s", err);
+    live[0] = "nan@rank=0,step=12";
+    CHECK(fi_schedule_parse_live(&s, live, 1, 4, 12, 100, err, sizeof err) == 0 && s.n == 1);
+    fi_schedule_free(&s);
+}
+
+/* One cap on a schedule's specs, FI_MAX_SPECS, for --inject and cohort inject alike. */
+static void inject_cap(void) {
+    char err[512];
+    CHECK(FI_MAX_SPECS == 64);
+    char *specs[FI_MAX_SPECS + 1];
+    char buf[FI_MAX_SPECS + 1][48];
+    for (int i = 0; i <= FI_MAX_SPECS; i++) {
+        snprintf(buf[i], sizeof buf[i], "nan@rank=0,step=%d", i + 1);
+        specs[i] = buf[i];
+    }
+    fi_schedule s;
+    CHECK(fi_schedule_parse(&s, specs, FI_MAX_SPECS + 1, 0, 4, 1000, err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "65 fault specs: at most 64"), "%s", err);
+    REQUIRE(fi_schedule_parse(&s, specs, FI_MAX_SPECS, 0, 4, 1000, err, sizeof err) == 0);
+    CHECK(fi_schedule_add(&s, "nan@rank=1,step=900", 0, 4, 1000, err, sizeof err) == CO_EINVAL && s.n == FI_MAX_SPECS);
+    CHECK_MSG(strstr(err, "already has 64 faults scheduled"), "%s", err);
+    fi_schedule_free(&s);
+    REQUIRE(fi_schedule_parse(&s, specs, 3, 0, 4, 1000, err, sizeof err) == 0);
+    CHECK(fi_schedule_add(&s, "nan@rank=1,step=900", 0, 4, 1000, err, sizeof err) == 0 && s.n == 4);
+    fi_schedule_free(&s);
 }
 
 /* The limit the configuration enforces (co_config_finalize refuses more micro batches per
@@ -458,6 +500,7 @@ int main(void) {
     RUN(injection_types);
     RUN(state_and_tracker);
     RUN(inject_schedule);
+    RUN(inject_cap);
     RUN(weight_checksums);
     return TEST_EXIT();
 }
