@@ -348,11 +348,13 @@ inject_cli)
     for _ in $(seq 300); do
         n=$(grep -c grad_norm "$work/f.jsonl" 2>/dev/null); [ "${n:-0}" -ge 5 ] && break; sleep 0.1
     done
+    # (the kill first, well ahead: each `cohort inject` asks the job's status too, and the
+    # refusals below take their time while the job runs on)
+    at=$(( $(grep -c grad_norm "$work/f.jsonl") + 150 ))
+    "$cohort" inject --pid $job --json "kill@rank=1,step=$at" >"$work/i4" 2>&1; r4=$?
     "$cohort" inject --pid $job "nan@rank=7,step=900" >"$work/i1" 2>&1; r1=$?
     "$cohort" inject --pid $job "nan@rank=0,step=1" >"$work/i2" 2>&1; r2=$?
     "$cohort" inject --pid 1 "nan@rank=0,step=1" >"$work/i3" 2>&1; r3=$?
-    at=$(( $(grep -c grad_norm "$work/f.jsonl") + 40 ))
-    "$cohort" inject --pid $job --json "kill@rank=1,step=$at" >"$work/i4" 2>&1; r4=$?
     wait $job; rc=$?
     [ $r1 -eq 1 ] && grep -q "rank '7' is not in 0..3" "$work/i1" || fail "bad rank: $r1 $(cat "$work/i1")"
     [ $r2 -eq 1 ] && grep -q "step 1 is too soon" "$work/i2" || fail "past step: $r2 $(cat "$work/i2")"
