@@ -15,6 +15,8 @@
 #   prom_http        methods and paths, on a 2-rank job's and a single process's endpoint:
 #                    HEAD 200, POST with a body / PUT / DELETE 405 with Allow: GET, HEAD,
 #                    /metrics%00, /metrics/, /metricsX 404, /%6detrics and a query 200
+#   proc_names       the supervisor and each worker name themselves for ps and top:
+#                    /proc/PID/comm (cohort-sv, cohort-rN) and cmdline (cohort: rank N of job ID)
 #   status           `cohort status --json` and the human form, --watch on a terminal (script)
 #                    and without one, the restart and fault after a kill
 #   status_errors    no such job, several jobs, a supervisor that does not answer (stopped),
@@ -366,6 +368,28 @@ PY
     cat "$work/http-$port.txt"
     stop h
     job=$pjob; stop p
+    ;;
+proc_names)
+    # every process of a job names itself for ps and top: the comm and the command line
+    start n
+    trained 2 n
+    id=$("$cohort" status --json "$job" | $py -c 'import json,sys; print(json.load(sys.stdin)["job_id"])') || fail "no job id"
+    [ "$(cat /proc/$job/comm)" = cohort-sv ] || fail "supervisor comm: $(cat /proc/$job/comm)"
+    [ "$(tr '\0' '\n' </proc/$job/cmdline | head -1)" = "cohort: supervisor of job $id" ] ||
+        fail "supervisor cmdline: $(tr '\0' ' ' </proc/$job/cmdline | head -c 300)"
+    n=0
+    for w in $(pgrep -P "$job"); do
+        r=$(tr '\0' '\n' </proc/$w/cmdline | head -1 | sed -n "s/^cohort: rank \([0-9]\) of job $id (node 0)$/\1/p")
+        [ -n "$r" ] || fail "worker $w cmdline: $(tr '\0' ' ' </proc/$w/cmdline | head -c 300)"
+        [ "$(cat /proc/$w/comm)" = "cohort-r$r" ] || fail "worker $w (rank $r) comm: $(cat /proc/$w/comm)"
+        # no thread of it is left as "exe" (the link thread started before the rank was known)
+        ! grep -qx exe /proc/$w/task/*/comm || fail "worker $w threads: $(cat /proc/$w/task/*/comm | sort | uniq -c)"
+        ps -o args= -p "$w" | grep -q "^cohort: rank $r of job $id (node 0)" || fail "ps: $(ps -o args= -p "$w")"
+        n=$((n + 1)); ranks="${ranks:-} $r"
+    done
+    [ $n -eq 2 ] && [ "$(echo $ranks | tr ' ' '\n' | sort | tr '\n' ' ')" = "0 1 " ] || fail "workers: $n, ranks$ranks"
+    echo "supervisor: $(cat /proc/$job/comm); workers: ranks$ranks of job $id"
+    stop n
     ;;
 prom_rules)
     command -v promtool >/dev/null || skip "no promtool (Debian package prometheus; deploy/setup.sh installs it)"
