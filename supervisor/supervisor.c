@@ -9,6 +9,7 @@
 #include "supervisor/ckpt_coord.h"
 #include "checkpoint/store.h"
 #include "common/fsutil.h"
+#include "common/proctitle.h"
 #include "supervisor/metrics_http.h"
 #include "supervisor/msg.h"
 #include "supervisor/status.h"
@@ -1537,6 +1538,7 @@ int sv_run(const sv_options *opt) {
         /* every node derives the same job id from the job's secret */
         s.snd.job_id = XXH64(s.secret.server_public, strlen(s.secret.server_public), 0) | 1u;
     }
+    co_proctitle_role(s.agent ? CO_PROC_AGENT : CO_PROC_SUPERVISOR, -1, s.o.node_rank, s.snd.job_id);
     /* the supervisor tracks every worker of the job, an agent its node's */
     s.nw = s.agent ? s.o.nproc : s.o.nproc * s.o.nnodes;
     s.world = s.o.active_world > 0 && s.o.active_world < s.nw && s.o.nnodes == 1 ? s.o.active_world : s.nw;

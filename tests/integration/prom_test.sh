@@ -10,6 +10,13 @@
 #                    with `cohort inject` shows as cohort_restarts_total 1 and a fault of kind
 #                    killed in its API, and the iteration advances past the kill
 #   prom_rules       deploy/prometheus/alerts.yml: promtool check rules and its unit tests
+#   prom_slow_clients 20 clients trickling a request a byte a second: a normal GET /metrics
+#                    still answers 200 at once, and each slow one is cut at its deadline
+#   prom_http        methods and paths, on a 2-rank job's and a single process's endpoint:
+#                    HEAD 200, POST with a body / PUT / DELETE 405 with Allow: GET, HEAD,
+#                    /metrics%00, /metrics/, /metricsX 404, /%6detrics and a query 200
+#   proc_names       the supervisor and each worker name themselves for ps and top:
+#                    /proc/PID/comm (cohort-sv, cohort-rN) and cmdline (cohort: rank N of job ID)
 #   status           `cohort status --json` and the human form, --watch on a terminal (script)
 #                    and without one, the restart and fault after a kill
 #   status_errors    no such job, several jobs, a supervisor that does not answer (stopped),
@@ -256,6 +263,133 @@ assert len(rules) >= 4 and all(x["health"] != "err" for x in rules), rules
 PY
     stop s
     grep -q "in-process restart into generation 2" "$work/s.err" || fail "no restart in the log"
+    ;;
+prom_slow_clients)
+    port=$(free_port)
+    start c --metrics-port "$port"
+    trained 3 c
+    # 20 connections each send a request line, then one header byte a second (for at most
+    # 12 s); after 1 s a normal GET must answer within 3 s, and the server must cut every
+    # slow one at its 5 s deadline (before the trickle's end)
+    $py - "$port" >"$work/slow.txt" 2>&1 <<'PY' || fail "slow clients: $(cat "$work/slow.txt") $(tail -3 "$work/c.err")"
+import socket, sys, threading, time, urllib.request
+port = int(sys.argv[1])
+t0 = time.time()
+socks = []
+for _ in range(20):
+    s = socket.create_connection(("127.0.0.1", port), timeout=2)
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    socks.append(s)
+got = {}
+def normal():
+    time.sleep(1)
+    t = time.time()
+    try:
+        r = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=3)
+        body = r.read().decode()
+        got["status"], got["iteration"] = r.status, "cohort_iteration " in body
+    except Exception as e:
+        got["error"] = repr(e)
+    got["seconds"] = time.time() - t
+th = threading.Thread(target=normal); th.start()
+cut = {}
+while len(cut) < len(socks) and time.time() - t0 < 12:
+    for i, s in enumerate(socks):
+        if i in cut: continue
+        try:
+            s.sendall(b"a")
+            s.settimeout(0.001)
+            try:
+                if s.recv(4096) == b"": cut[i] = time.time() - t0
+            except socket.timeout:
+                pass
+            s.settimeout(2)
+        except OSError:
+            cut[i] = time.time() - t0
+    time.sleep(1)
+th.join()
+print("normal GET:", got, "; slow clients cut:", len(cut), "of", len(socks), "latest at %.1f s" % max(cut.values(), default=-1))
+assert got.get("status") == 200 and got.get("iteration") and got["seconds"] < 3, got
+assert len(cut) == len(socks) and max(cut.values()) < 9, cut
+PY
+    cat "$work/slow.txt"
+    # and the endpoint serves on afterwards
+    get "http://127.0.0.1:$port/metrics" | grep -q '^#status 200' || fail "no answer after the slow clients"
+    stop c
+    ;;
+prom_http)
+    port=$(free_port); sport=$(free_port)
+    start h --metrics-port "$port"; hjob=$job
+    single=(); prev=
+    for a in "${tiny[@]}"; do [ "$prev" = --nproc-per-node ] && a=1; single+=("$a"); prev=$a; done
+    "$cohort" train "${single[@]}" --metrics-file "$work/p.jsonl" --metrics-port "$sport" >"$work/p.out" 2>"$work/p.err" &
+    pjob=$!
+    trained 3 h; trained 3 p
+    for p in "$port" "$sport"; do
+        $py - "$p" >"$work/http-$p.txt" 2>&1 <<'PY' || fail "port $p: $(cat "$work/http-$p.txt")"
+import http.client, sys
+port = int(sys.argv[1])
+def req(method, path, body=None, headers={}):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        c.request(method, path, body=body, headers=headers)
+        r = c.getresponse()
+        data = r.read()
+        # the connection still serves a second request: the first one's body was consumed
+        c.request("GET", "/metrics")
+        r2 = c.getresponse(); r2.read()
+        return r.status, r.getheader("Allow"), data, r2.status
+    finally:
+        c.close()
+bad = []
+def want(method, path, status, body=None, allow=None, empty=False, headers={}):
+    try:
+        got, al, data, again = req(method, path, body, headers)
+    except Exception as e:
+        bad.append((method, path, "no answer: %r" % e)); return
+    ok = got == status and again == 200 and (allow is None or al == allow) and (not empty or data == b"")
+    print(method, path, got, "Allow:", al, "then GET", again, "ok" if ok else "WRONG")
+    if not ok: bad.append((method, path, got, al, again))
+want("GET", "/metrics", 200)
+want("HEAD", "/metrics", 200, empty=True)
+want("GET", "/%6detrics", 200)
+want("GET", "/metrics?x=1", 200)
+want("POST", "/metrics", 405, body=b"x" * 5000, allow="GET, HEAD")
+want("POST", "/metrics", 405, body=b"x" * 3000, allow="GET, HEAD", headers={"Expect": "100-continue"})
+want("PUT", "/metrics", 405, body=b"y", allow="GET, HEAD")
+want("DELETE", "/metrics", 405, allow="GET, HEAD")
+want("OPTIONS", "/metrics", 405, allow="GET, HEAD")
+for path in ["/metrics%00", "/metrics%00x", "/metrics/", "/metricsX", "/metric", "/%2fmetrics", "/metrics%2", "/other", "/"]:
+    want("GET", path, 404)
+want("POST", "/other", 404, body=b"z" * 100)
+assert not bad, bad
+PY
+    done
+    cat "$work/http-$port.txt"
+    stop h
+    job=$pjob; stop p
+    ;;
+proc_names)
+    # every process of a job names itself for ps and top: the comm and the command line
+    start n
+    trained 2 n
+    id=$("$cohort" status --json "$job" | $py -c 'import json,sys; print(json.load(sys.stdin)["job_id"])') || fail "no job id"
+    [ "$(cat /proc/$job/comm)" = cohort-sv ] || fail "supervisor comm: $(cat /proc/$job/comm)"
+    [ "$(tr '\0' '\n' </proc/$job/cmdline | head -1)" = "cohort: supervisor of job $id" ] ||
+        fail "supervisor cmdline: $(tr '\0' ' ' </proc/$job/cmdline | head -c 300)"
+    n=0
+    for w in $(pgrep -P "$job"); do
+        r=$(tr '\0' '\n' </proc/$w/cmdline | head -1 | sed -n "s/^cohort: rank \([0-9]\) of job $id (node 0)$/\1/p")
+        [ -n "$r" ] || fail "worker $w cmdline: $(tr '\0' ' ' </proc/$w/cmdline | head -c 300)"
+        [ "$(cat /proc/$w/comm)" = "cohort-r$r" ] || fail "worker $w (rank $r) comm: $(cat /proc/$w/comm)"
+        # no thread of it is left as "exe" (the link thread started before the rank was known)
+        ! grep -qx exe /proc/$w/task/*/comm || fail "worker $w threads: $(cat /proc/$w/task/*/comm | sort | uniq -c)"
+        ps -o args= -p "$w" | grep -q "^cohort: rank $r of job $id (node 0)" || fail "ps: $(ps -o args= -p "$w")"
+        n=$((n + 1)); ranks="${ranks:-} $r"
+    done
+    [ $n -eq 2 ] && [ "$(echo $ranks | tr ' ' '\n' | sort | tr '\n' ' ')" = "0 1 " ] || fail "workers: $n, ranks$ranks"
+    echo "supervisor: $(cat /proc/$job/comm); workers: ranks$ranks of job $id"
+    stop n
     ;;
 prom_rules)
     command -v promtool >/dev/null || skip "no promtool (Debian package prometheus; deploy/setup.sh installs it)"
