@@ -65,6 +65,7 @@ typedef struct worker {
 
 typedef struct sv {
     sv_options o;
+    int live_injects;       /* `cohort inject` requests taken (with --inject's, at most FI_MAX_SPECS) */
     ac_actor *a;
     ac_mailbox *mb;
     sv__sender snd;
@@ -708,7 +709,11 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
         snprintf(out, sizeof out, "error: not an injection request");
     } else if (!s->assigned || s->stopping || s->agent) {
         snprintf(out, sizeof out, "error: the job is %s", s->stopping ? "stopping" : "not running yet");
-    } else if (fi_schedule_add(&one, spec, (uint64_t)sv__now_ms(), s->nw, INT64_MAX / 4, err, sizeof err)) {
+    } else if (s->live_injects + (s->o.inject ? s->o.inject->n : 0) >= FI_MAX_SPECS) {
+        snprintf(out, sizeof out, "error: the job has %d injections already, the most one job takes (--inject and "
+                 "cohort inject together)", FI_MAX_SPECS);
+    } else if (fi_schedule_add(&one, spec, (uint64_t)sv__now_ms(), s->nw,
+                               s->o.train_iters > 0 ? s->o.train_iters : INT64_MAX / 4, err, sizeof err)) {
         snprintf(out, sizeof out, "error: %s", err);
     } else if (one.f[0].step <= cur + 1) {
         snprintf(out, sizeof out, "error: step %lld is too soon: the job is at iteration %lld (give step >= %lld)",
@@ -729,6 +734,7 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
             inj.params = &pp;
             for (int i = 0; i < s->nw; i++)
                 if (s->w[i].registered && !s->w[i].exited) sv__send(s->mb, s->w[i].identity, &s->snd, &inj.base);
+            s->live_injects++; /* (a kill-supervisor counts in --inject's schedule) */
         }
         char line[700];
         snprintf(line, sizeof line, "inject: %s (cohort inject), requested at iteration %lld", spec, (long long)cur);

@@ -385,8 +385,11 @@ inject_checked)
     # and the run report counts the faults that fired, not the specs received
     # (rank 0 slowed to at most 10 iterations a second, so that a step 30 ahead is still ahead
     # when the request arrives)
+    # (and 59 --inject specs that never fire: with the live ones the job nears its cap of 64)
+    later=(); for k in $(seq 59); do later+=(--inject "nan@rank=1,step=$((99000 + k))"); done
     "$cohort" train "${tiny[@]}" --nproc-per-node 2 --threads 1 --train-iters 100000 --metrics-file "$work/m.jsonl" \
-        --run-report "$work/report.json" --inject "slow@rank=0,step=1,ms=100,times=always" >"$work/out" 2>"$work/err" &
+        --run-report "$work/report.json" --inject "slow@rank=0,step=1,ms=100,times=always" "${later[@]}" \
+        >"$work/out" 2>"$work/err" &
     job=$!
     for _ in $(seq 600); do
         n=$(grep -c grad_norm "$work/m.jsonl" 2>/dev/null); [ "${n:-0}" -ge 2 ] && break; sleep 0.1
@@ -418,22 +421,31 @@ print(max([d["iteration"], d["reported_iteration"]] + [r["iteration"] for r in d
     done
     grep -q "ok: spike@rank=0,step=$((at + 1))" "$work/i" || { kill $job; fail "not accepted: $(cat "$work/i")"; }
     inj 0 "ok: nan@rank=0,step=90000" --pid $job "nan@rank=0,step=90000"
+    # the job's cap counts --inject's specs and every call's: the 65th is refused
+    extra=0
+    for k in 1 2 3 4 5 6; do
+        "$cohort" inject --pid $job "nan@rank=0,step=$((91000 + k))" >"$work/i" 2>&1 || break
+        extra=$((extra + 1))
+    done
+    grep -q "the job has 64 injections already" "$work/i" || { kill $job; fail "no cap on a job's injections: $(cat "$work/i")"; }
     for _ in $(seq 600); do
         grep -q "inject: nan on rank 1" "$work/err" && grep -q "inject: spike on rank 0" "$work/err" && break; sleep 0.1
     done
     kill -TERM $job
     wait $job; rc=$?
     [ $rc -eq 0 ] || fail "job exit $rc: $(tail -3 "$work/err")"
-    grep -q "not fired: nan@rank=0,step=90000 (cohort inject at iteration" "$work/err" ||
-        fail "the unfired one is not listed: $(grep -A5 'run report' "$work/err")"
-    "$py" - "$work/report.json" <<'PY' || fail "run report: $(cat "$work/report.json")"
+    grep -q "injections: $((63 + extra)) asked for (60 by --inject, $((3 + extra)) by cohort inject), 3 reported fired" \
+        "$work/err" || fail "the injections line: $(grep "injections:" "$work/err")"
+    "$py" - "$work/report.json" "$extra" <<'PY' || fail "run report: $(cat "$work/report.json")"
 import json, sys
 r = json.load(open(sys.argv[1]))
 inj = [f for f in r["faults"] if f["kind"] == "injected"]
 assert len(inj) == 3 and all("(--inject " in f["text"] for f in inj), r["faults"]  # slow, nan, spike: once each
 i = r["injections"]
-assert i["requested"] == 4 and i["fired"] == 3, i
-assert [x["spec"] for x in i["list"] if not x["fired"]] == ["nan@rank=0,step=90000"], i
+assert i["requested"] == 63 + int(sys.argv[2]) and i["fired"] == 3, i
+unfired = [x["spec"] for x in i["list"] if not x["fired"]]
+assert "nan@rank=0,step=90000" in unfired and len(unfired) == i["requested"] - 3, i
+assert all(s == "nan@rank=0,step=90000" or "step=99" in s or "step=910" in s for s in unfired), unfired
 PY
     ;;
 *) fail "unknown case $case_name" ;;
