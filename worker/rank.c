@@ -4,6 +4,7 @@
 #include "checkpoint/ckpt.h"
 #include "comm/zmq_comm.h"
 #include "common/error.h"
+#include "common/proctitle.h"
 #include "kernels/backend.h"
 #include "supervisor/supervisor.h"
 #include "worker/ckpt.h"
@@ -318,6 +319,7 @@ int wk_run(const wk_options *o) {
                                printer ? sv_link_metrics_stream(link) : NULL);
             wk_ckpt_set_rank(ckpt, na.rank);
             wk_resil_set_rank(resil, na.rank);
+            co_proctitle_role(CO_PROC_WORKER, na.rank, c.node_rank, sv_link_job_id(link)); /* (what ps shows) */
             wk_resil_mark_replayed(resil, na.faults_through); /* that rank's faults fired already */
             my_rank = na.rank;
         }

@@ -12,7 +12,7 @@ py=/usr/bin/python3
 work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-tb.XXXXXX")
 trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
-"$py" -c "import google.protobuf" 2>/dev/null || { echo "skip: python3-protobuf is not installed (deploy/setup.sh deps)"; exit 77; }
+"$py" -c "import google.protobuf" 2>/dev/null || { echo "skip: python3-protobuf is not installed (deploy/setup.sh test installs it)"; exit 77; }
 
 tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
       --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
