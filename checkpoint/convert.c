@@ -57,6 +57,18 @@ static int add(out_t *o, int *n, const char *name, const float *src, int64_t row
     return 0;
 }
 
+/* Ends a file written through tmp: finished (fsync'ed) and renamed to path when rc is 0,
+ * else abandoned; tmp never stays behind. Returns the first failure. */
+static int commit_file(ck_file *f, int rc, const char *tmp, const char *path) {
+    uint8_t h[16];
+    if (!rc) rc = ck_file_finish(f, h);
+    else ck_file_abort(f);
+    if (!rc && rename(tmp, path)) rc = co_err_set(CO_EIO, "convert: renaming %s: %m", tmp);
+    if (!rc) rc = fs_fsync_parent(path);
+    if (rc) unlink(tmp);
+    return rc;
+}
+
 /* path := text + "\n" through path.tmp-PID (removed on failure; a dead process's is
  * removed by the next export into the directory, ck_clean_dead_files). */
 static int write_replace(const char *path, const char *text, size_t len) {
@@ -67,13 +79,7 @@ static int write_replace(const char *path, const char *text, size_t len) {
     if (rc) return rc;
     rc = ck_file_write(&f, text, len);
     if (!rc) rc = ck_file_write(&f, "\n", 1);
-    uint8_t h[16];
-    if (!rc) rc = ck_file_finish(&f, h);
-    else ck_file_abort(&f);
-    if (!rc && rename(tmp, path)) rc = co_err_set(CO_EIO, "convert: renaming %s: %m", tmp);
-    if (!rc) rc = fs_fsync_parent(path);
-    if (rc) unlink(tmp);
-    return rc;
+    return commit_file(&f, rc, tmp, path);
 }
 
 int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir, bool trim_vocab) {
@@ -164,13 +170,8 @@ int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir
                 int64_t ne = o[i].ndim == 1 ? o[i].shape[0] : o[i].shape[0] * o[i].shape[1];
                 rc = ck_file_write(&f, o[i].data, (size_t)ne * sizeof(float));
             }
-            uint8_t h[16];
-            if (!rc) rc = ck_file_finish(&f, h);
-            else ck_file_abort(&f);
+            rc = commit_file(&f, rc, tmp, path);
         }
-        if (!rc && rename(tmp, path)) rc = co_err_set(CO_EIO, "convert: renaming %s: %m", tmp);
-        if (!rc) rc = fs_fsync_parent(path);
-        if (rc) unlink(tmp);
         free(hdr);
         free(names), free(dts), free(nds), free(shapes);
     }
