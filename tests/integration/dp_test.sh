@@ -304,6 +304,14 @@ sigint_rendezvous)
         COHORT_TEST_REGISTER_DELAY=1:3000 "$COHORT_CPU_EXE" train --device cpu "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 \
             --save "$work/ck" >"$work/out" 2>&1 &
         sup=$!
+        # (the supervisor's own handler first: it exists about 2 ms after exec, from main.c's
+        # preinit; a loaded machine can keep a process in the dynamic loader longer than 0.05 s,
+        # and a signal there kills it as any program's would)
+        for _ in $(seq 500); do
+            cgt=$(awk '/^SigCgt:/ {print $2}' /proc/$sup/status 2>/dev/null)
+            [ -n "$cgt" ] && (( 0x$cgt & 2 )) && break
+            sleep 0.01
+        done
         sleep $delay
         kill -INT -- -$sup
         wait $sup; rc=$?
