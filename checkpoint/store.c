@@ -669,9 +669,10 @@ static int resolve_path(const char *path, char *out, size_t n) {
         while (l > 1 && head[l - 1] == '/') head[--l] = '\0';
         char *slash = strrchr(head, '/');
         const char *last = slash ? slash + 1 : head;
-        char t[4096];
-        snprintf(t, sizeof t, "%s%s%s", last, tail[0] ? "/" : "", tail);
-        snprintf(tail, sizeof tail, "%s", t);
+        char t[2 * sizeof tail + 2];
+        int tl = snprintf(t, sizeof t, "%s%s%s", last, tail[0] ? "/" : "", tail);
+        if (tl < 0 || (size_t)tl >= sizeof tail) return co_err_set(CO_EINVAL, "%s: path too long", path);
+        memcpy(tail, t, (size_t)tl + 1);
         if (!slash) head[0] = '\0';
         else if (slash == head) head[1] = '\0';
         else *slash = '\0';
