@@ -577,13 +577,12 @@ int ck_clean_dead(const char *save_dir, const char *locked_by, bool dry_run, ck_
         if (!is_leftover(de->d_name)) continue;
         const char *suffix = strstr(de->d_name, ".tmp-");
         if (!suffix) suffix = strstr(de->d_name, ".del-");
-        int alive = other_owner_alive(suffix + 5);
         if (locked_by) {
             snprintf(why, sizeof why, "the save directory is locked by %s", locked_by);
             note_kept(st, de->d_name, why);
             continue;
         }
-        if (alive == 1) {
+        if (other_owner_alive(suffix + 5) == 1) {
             snprintf(why, sizeof why, "process %s is running", suffix + 5);
             note_kept(st, de->d_name, why);
             continue;

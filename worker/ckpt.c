@@ -631,9 +631,9 @@ static void vote_set(vote *v, int64_t it, int64_t n, int status, int code) {
     if (status >= VOTE_BAD) snprintf(v->msg, sizeof v->msg, "%s", co_err_detail());
 }
 
-/* Reads this rank's parts of the checkpoint at iteration `it` into the trainer's buffers;
- * *m is its manifest when it returns VOTE_OK. */
-static int try_load(wk_ckpt *k, int64_t it, int64_t n, bool load_optim, ck_manifest **m, vote *v) {
+/* Reads this rank's parts of the checkpoint at iteration `it` into the trainer's buffers and
+ * says in *v how it went; *m is its manifest when v is VOTE_OK. */
+static void try_load(wk_ckpt *k, int64_t it, int64_t n, bool load_optim, ck_manifest **m, vote *v) {
     const co_config *c = &k->cfg;
     char dir[4200];
     ck_iter_dir(dir, sizeof dir, c->load, it);
@@ -651,12 +651,12 @@ static int try_load(wk_ckpt *k, int64_t it, int64_t n, bool load_optim, ck_manif
     }
     if (!rc) {
         vote_set(v, it, n, VOTE_OK, 0);
-        return 0;
+        return;
     }
     ck_manifest_free(m);
     if (rc == CO_EINVAL || rc == CO_EUNSUPPORTED) { /* the model does not match: no fallback helps */
         vote_set(v, it, n, VOTE_FATAL, rc);
-        return 0;
+        return;
     }
     char detail[1200];
     snprintf(detail, sizeof detail, "%s", co_err_detail());
@@ -669,10 +669,9 @@ static int try_load(wk_ckpt *k, int64_t it, int64_t n, bool load_optim, ck_manif
         rc = co_err_set(CO_ECORRUPT, "checkpoint at iteration %" PRId64 " is %s%s: %s (refused: "
                         "--refuse-corrupt-checkpoint)", it, kind, on, detail);
         vote_set(v, it, n, VOTE_FATAL, rc);
-        return 0;
+        return;
     }
     vote_set(v, it, n, VOTE_BAD, rc);
-    return 0;
 }
 
 /* The loaded checkpoint's position in the run, and what the log says of it. */
