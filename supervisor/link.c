@@ -591,21 +591,6 @@ static void send_log(ac_actor *a, void *ctx) {
     free(p);
 }
 
-int sv_link_fatal(sv_link *l, int code, int status, const char *what) {
-    log_post *p = malloc(sizeof *p);
-    char *text = NULL;
-    if (!p || asprintf(&text, "fatal: %d %d %.3000s\n", code, status, what) < 0) {
-        free(p);
-        return co_err_set(CO_ENOMEM, "out of memory");
-    }
-    *p = (log_post){.l = l, .text = text};
-    if (!l->a || ac_post(l->a, send_log, p)) {
-        free(text);
-        free(p);
-        return co_err_set(CO_EIO, "the supervisor link is closed");
-    }
-    return 0;
-}
 
 static ssize_t forward_write(sv_link *l, const char *buf, size_t n, bool metrics) {
     /* the stream is line buffered: buf holds whole lines (or a flush of a partial one);
@@ -1074,9 +1059,12 @@ int sv_link_await_restart(sv_link *l, int64_t iteration, sv_assignment *out, int
 typedef struct failure_post {
     sv_link *l;
     int code;
-    char text[400];
+    int status;              /* the worker's own incurable failure's exit status; 0: a collective's */
+    char text[1600];
 } failure_post;
 
+/* An Abort to the supervisor on the link thread: a failed collective, or (status) this
+ * worker's own failure that no restart cures. */
 static void send_failure(ac_actor *a, void *ctx) {
     (void)a;
     failure_post *p = ctx;
@@ -1087,8 +1075,22 @@ static void send_failure(ac_actor *a, void *ctx) {
     ab.error_code = p->code;
     ab.has_failed_rank = 1;
     ab.failed_rank = p->l->snd.sender;
+    ab.has_exit_status = p->status != 0;
+    ab.exit_status = p->status;
     sv__send(p->l->mb, NULL, &p->l->snd, &ab.base);
     free(p);
+}
+
+int sv_link_fatal(sv_link *l, int code, int status, const char *what) {
+    failure_post *p = calloc(1, sizeof *p);
+    if (!p) return co_err_set(CO_ENOMEM, "out of memory");
+    *p = (failure_post){.l = l, .code = code, .status = status};
+    snprintf(p->text, sizeof p->text, "%s", what);
+    if (!l->a || ac_post(l->a, send_failure, p)) {
+        free(p);
+        return co_err_set(CO_EIO, "the supervisor link is closed");
+    }
+    return 0;
 }
 
 bool sv_link_await_abort(sv_link *l, int code, const char *what, int timeout_ms) {

@@ -438,14 +438,12 @@ static void stop_incurable(sv *s, int rank, int status, const char *what) {
     begin_shutdown(s, status, msg);
 }
 
-/* A worker's "fatal: CODE STATUS MESSAGE" (sv_link_fatal): its own failure, which it did not
+/* A worker's own failure (sv_link_fatal: an Abort with its exit status), which it did not
  * print. Stops the job where no restart cures it; else the message is only printed. */
-static void on_fatal(sv *s, worker *w, const char *text, uint64_t generation) {
-    int code = 0, status = 0, n = 0;
-    if (sscanf(text, "%d %d %n", &code, &status, &n) != 2) n = 0;
+static void on_fatal(sv *s, worker *w, const Cohort__V1__Abort *ab, uint64_t generation) {
     char what[1000];
-    snprintf(what, sizeof what, "%.*s", (int)strcspn(text + n, "\n"), text + n);
-    int st = sv_incurable_status(code, status);
+    snprintf(what, sizeof what, "%.*s", (int)strcspn(ab->reason, "\n"), ab->reason);
+    int st = sv_incurable_status(ab->has_error_code ? ab->error_code : 0, ab->exit_status);
     /* (a failure in a generation already aborted may be the abort's doing: the restart goes on) */
     if (st && generation == s->snd.generation) stop_incurable(s, w->rank, st, what);
     else fprintf(stderr, "cohort: rank %d: %s\n", w->rank, what);
@@ -970,6 +968,10 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         w->waiting_ms = e->heartbeat->has_waiting_ms ? e->heartbeat->waiting_ms : 0;
         break;
     case COHORT__V1__ENVELOPE__BODY_ABORT:
+        if (e->abort->has_exit_status) { /* the worker's own failure (sv_link_fatal) */
+            on_fatal(s, w, e->abort, e->generation);
+            break;
+        }
         /* a worker's collective failed (a peer died or timed out): restart if nothing else
          * does within a moment (a dead peer's exit usually arrives too, and names the rank) */
         if (s->restart_enabled && !s->stopping && !s->restarting && e->generation == s->snd.generation) {
@@ -1074,10 +1076,6 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
                 snprintf(what, sizeof what, "%s received by rank %d (pid %u)", strsignal(sig), w->rank, w->pid);
                 begin_signal_stop(s, sig, w->rank, what);
             }
-            break;
-        }
-        if (!strncmp(e->log_line->text, "fatal: ", 7)) {
-            on_fatal(s, w, e->log_line->text + 7, e->generation);
             break;
         }
         if (s->val && !strncmp(e->log_line->text, "event: ", 7)) {
