@@ -4,14 +4,11 @@
 #include "common/config.h"
 #include "common/error.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 /* the configuration refuses more micro batches per rank than a report holds */
 _Static_assert(RR_MAX_MB == CO_RERUN_MAX_MICRO_BATCHES, "RR_MAX_MB and co_config_finalize's limit differ");
@@ -512,9 +509,19 @@ static int decide_sums(rr_machine *m, rr_verdict *v, int rej) {
     return 1;
 }
 
-static int decide_all(rr_machine *m, rr_verdict *v) {
+/* What the first rejecting rank failed: the check, its value, and whether it is fatal (a
+ * NaN or Inf) rather than a spike that may be real. */
+typedef struct {
+    int rank; /* -1: nothing rejected */
+    char check[32];
+    double value;
+    bool fatal;
+} rejection;
+
+/* --rerun-inject: chosen once per iteration from the seed; poisons the chosen rank's result
+ * on the first attempt, or on every attempt for a persistent fault. */
+static void inject_fault(rr_machine *m) {
     int W = m->o.world;
-    /* injection: choose once per iteration, replace the chosen rank's result */
     if (m->attempt == 0 && m->o.injection_rate > 0 && m->o.mode == RR_MODE_VALIDATE) {
         uint64_t h = mix64(m->o.seed ^ mix64((uint64_t)m->iter + 0x1234567ull));
         if (h % (uint64_t)m->o.injection_rate == 0) {
@@ -525,49 +532,139 @@ static int decide_all(rr_machine *m, rr_verdict *v) {
     if (m->inj_active && !m->after_repair &&
         (m->attempt == 0 || m->o.injection_type != RR_INJECT_TRANSIENT))
         poison(&m->cur[m->inj_rank]);
+}
 
+/* Keeps one relative difference for the determinism summary. */
+static void keep_rel(rr_machine *m, double d) {
+    if (m->nrel == m->relcap) {
+        int cap = m->relcap ? 2 * m->relcap : 64;
+        double *p = realloc(m->rel, sizeof *p * (size_t)cap);
+        if (!p) return;
+        m->rel = p;
+        m->relcap = cap;
+    }
+    m->rel[m->nrel++] = d;
+}
+
+/* report_determinism_stats: every iteration runs twice; the second run's losses and
+ * gradient norm are compared with the first's and the step accepted. */
+static void decide_determinism(rr_machine *m, rr_verdict *v) {
+    int W = m->o.world;
+    if (m->attempt == 0) {
+        memcpy(m->first, m->cur, sizeof *m->cur * (size_t)W);
+        start_round(m, ROUND_ALL, 1);
+        verdict(v, m, RR_RERUN, RR_DIAG_NONE, "report_determinism_stats: every iteration runs twice");
+        return;
+    }
+    for (int k = 0; k < W; k++) {
+        for (int i = 0; i <= m->cur[k].nmb; i++) {
+            double a = i < m->cur[k].nmb ? m->first[k].loss[i] : m->first[k].grad_norm;
+            double b = i < m->cur[k].nmb ? m->cur[k].loss[i] : m->cur[k].grad_norm;
+            double d = rel_diff(a, b);
+            m->compared++;
+            if (d == 0) m->identical++;
+            else keep_rel(m, d);
+        }
+    }
+    track(m);
+    verdict(v, m, RR_ACCEPT, RR_DIAG_NONE, "determinism compared");
+    start_round(m, ROUND_ALL, 0);
+}
+
+/* Accepts the step with diagnosis `diag`: the trackers learn from it, a new iteration starts. */
+static void accept_step(rr_machine *m, rr_verdict *v, rr_diagnosis diag, const char *msg) {
+    track(m);
+    verdict(v, m, RR_ACCEPT, diag, "%s", msg);
+    start_round(m, ROUND_ALL, 0);
+}
+
+/* Ends the iteration with `d` (skip or stop) after recording the event. */
+static void end_with(rr_machine *m, rr_verdict *v, int rank, rr_diagnosis diag, rr_decision d, const char *msg) {
+    add_event(m, rank, diag, d, false, msg);
+    verdict(v, m, d, diag, "%s", msg);
+    start_round(m, ROUND_ALL, 0);
+}
+
+/* The round after a suspect's state was repaired from a peer: valid, or the fault is in the
+ * data or the model (it came back). */
+static void decide_after_repair(rr_machine *m, rr_verdict *v, const rejection *r) {
+    char msg[200];
+    if (r->rank < 0) {
+        snprintf(msg, sizeof msg, "rank %d repaired from rank %d; the replay is valid", m->suspect, m->helper);
+        accept_step(m, v, RR_DIAG_PERSISTENT, msg);
+        return;
+    }
+    snprintf(msg, sizeof msg, "rank %d: %s (%g) again after its state was repaired", r->rank, r->check, r->value);
+    snprintf(m->rej_check, sizeof m->rej_check, "%s", r->check);
+    m->rej_value = r->value;
+    end_with(m, v, r->rank, RR_DIAG_CORRECT, give_up(m), msg);
+}
+
+/* A replay in which the suspect's result changed: a transient fault if nothing is rejected
+ * now, otherwise another rejection to follow (or a stop after too many attempts). */
+static void decide_not_reproduced(rr_machine *m, rr_verdict *v, const rejection *r) {
+    char msg[200];
+    int s = m->suspect;
+    if (r->rank < 0) {
+        snprintf(msg, sizeof msg, "rank %d: %s (%g) did not reproduce on replay: transient fault", s, m->rej_check,
+                 m->rej_value);
+        m->faults[s]++;
+        add_event(m, s, RR_DIAG_TRANSIENT, RR_ACCEPT, false, msg);
+        accept_step(m, v, RR_DIAG_TRANSIENT, msg);
+        return;
+    }
+    if (m->attempt >= RR_MAX_ATTEMPT) {
+        snprintf(msg, sizeof msg, "rank %d: %s (%g): results differ on every replay", r->rank, r->check, r->value);
+        end_with(m, v, r->rank, RR_DIAG_PERSISTENT, RR_STOP, msg);
+        return;
+    }
+    suspect(m, r->rank, r->check, r->value, r->fatal);
+    verdict(v, m, RR_RERUN, RR_DIAG_NONE, "rank %d: %s (%g) in the replay; replaying again", r->rank, r->check,
+            r->value);
+}
+
+/* The suspect reproduced its rejected result: with one replica that is the answer (a real
+ * spike goes on, a NaN skips or stops); with several, a healthy peer recomputes the
+ * suspect's micro batches to tell the hardware from the data. */
+static void decide_reproduced(rr_machine *m, rr_verdict *v) {
+    char msg[200];
+    int s = m->suspect, W = m->o.world;
+    int R = m->o.replica_stride > 1 ? m->o.replica_stride : 1, replicas = m->o.replicas > 0 ? m->o.replicas : W / R;
+    if (replicas <= 1 && !m->rej_fatal) {
+        snprintf(msg, sizeof msg, "%s (%g) reproduced: a real value, training goes on", m->rej_check, m->rej_value);
+        add_event(m, s, RR_DIAG_CORRECT, RR_ACCEPT, false, msg);
+        accept_step(m, v, RR_DIAG_CORRECT, msg);
+        return;
+    }
+    if (replicas <= 1) {
+        snprintf(msg, sizeof msg, "%s (%g) reproduced on replay: the data or the model is at fault", m->rej_check,
+                 m->rej_value);
+        end_with(m, v, s, RR_DIAG_CORRECT, give_up(m), msg);
+        return;
+    }
+    m->suspect_rerun = m->cur[s];
+    int d = s / R % replicas; /* the suspect's replica: the same place in the next one helps */
+    m->helper = s + ((d + 1) % replicas - d) * R;
+    start_round(m, ROUND_CHECK, m->attempt + 1);
+    verdict(v, m, RR_CHECK, RR_DIAG_NONE, "rank %d: %s (%g) reproduced; rank %d recomputes its micro batches", s,
+            m->rej_check, m->rej_value, m->helper);
+}
+
+/* A round in which every rank reported: checksums first, then the rejection's stage (first
+ * round, replay of an accepted-on-peer result, after a repair, replay). */
+static int decide_all(rr_machine *m, rr_verdict *v) {
+    inject_fault(m);
     if (m->o.mode == RR_MODE_DETERMINISM) {
-        if (m->attempt == 0) {
-            memcpy(m->first, m->cur, sizeof *m->cur * (size_t)W);
-            start_round(m, ROUND_ALL, 1);
-            verdict(v, m, RR_RERUN, RR_DIAG_NONE, "report_determinism_stats: every iteration runs twice");
-            return 0;
-        }
-        for (int k = 0; k < W; k++) {
-            for (int i = 0; i <= m->cur[k].nmb; i++) {
-                double a = i < m->cur[k].nmb ? m->first[k].loss[i] : m->first[k].grad_norm;
-                double b = i < m->cur[k].nmb ? m->cur[k].loss[i] : m->cur[k].grad_norm;
-                double d = rel_diff(a, b);
-                m->compared++;
-                if (d == 0) {
-                    m->identical++;
-                    continue;
-                }
-                if (m->nrel == m->relcap) {
-                    int cap = m->relcap ? 2 * m->relcap : 64;
-                    double *p = realloc(m->rel, sizeof *p * (size_t)cap);
-                    if (!p) continue;
-                    m->rel = p;
-                    m->relcap = cap;
-                }
-                m->rel[m->nrel++] = d;
-            }
-        }
-        track(m);
-        verdict(v, m, RR_ACCEPT, RR_DIAG_NONE, "determinism compared");
-        start_round(m, ROUND_ALL, 0);
+        decide_determinism(m, v);
         return 0;
     }
-
-    char check[32] = "";
-    double value = 0;
-    bool fatal = false;
-    int rej = find_rejection(m, m->cur, W, check, &value, &fatal);
-    if (decide_sums(m, v, rej)) return 0;
+    rejection r = {.rank = -1};
+    r.rank = find_rejection(m, m->cur, m->o.world, r.check, &r.value, &r.fatal);
+    if (decide_sums(m, v, r.rank)) return 0;
 
     if (m->accept_replay) {
         m->accept_replay = false;
-        if (rej < 0 || !fatal) {
+        if (r.rank < 0 || !r.fatal) {
             track(m);
             verdict(v, m, RR_ACCEPT, RR_DIAG_CORRECT, "rank %d: %s reproduced on a peer: accepted", m->suspect,
                     m->rej_check);
@@ -576,90 +673,19 @@ static int decide_all(rr_machine *m, rr_verdict *v) {
         }
         m->suspect = -1; /* a fatal result in the rebuild: handle it from the start */
     }
-    if (m->suspect < 0) {
-        /* the iteration's first round */
-        if (rej < 0) {
-            track(m);
-            verdict(v, m, RR_ACCEPT, RR_DIAG_NONE, "validated");
-            start_round(m, ROUND_ALL, 0);
+    if (m->suspect < 0) { /* the iteration's first round */
+        if (r.rank < 0) {
+            accept_step(m, v, RR_DIAG_NONE, "validated");
             return 0;
         }
-        suspect(m, rej, check, value, fatal);
-        verdict(v, m, RR_RERUN, RR_DIAG_NONE, "rank %d: %s (%g); replaying the step in place", rej, check, value);
+        suspect(m, r.rank, r.check, r.value, r.fatal);
+        verdict(v, m, RR_RERUN, RR_DIAG_NONE, "rank %d: %s (%g); replaying the step in place", r.rank, r.check,
+                r.value);
         return 0;
     }
-
-    if (m->after_repair) {
-        if (rej < 0) {
-            track(m);
-            verdict(v, m, RR_ACCEPT, RR_DIAG_PERSISTENT, "rank %d repaired from rank %d; the replay is valid",
-                    m->suspect, m->helper);
-            start_round(m, ROUND_ALL, 0);
-            return 0;
-        }
-        char msg[160];
-        snprintf(msg, sizeof msg, "rank %d: %s (%g) again after its state was repaired", rej, check, value);
-        snprintf(m->rej_check, sizeof m->rej_check, "%s", check);
-        m->rej_value = value;
-        add_event(m, rej, RR_DIAG_CORRECT, give_up(m), false, msg);
-        verdict(v, m, give_up(m), RR_DIAG_CORRECT, "%s", msg);
-        start_round(m, ROUND_ALL, 0);
-        return 0;
-    }
-
-    /* a replay after a rejection: does the suspect reproduce its result? */
-    int s = m->suspect;
-    bool reproduces = same_result(&m->cur[s], &m->first[s]);
-    if (!reproduces) {
-        if (rej < 0) {
-            char msg[200];
-            snprintf(msg, sizeof msg, "rank %d: %s (%g) did not reproduce on replay: transient fault", s, m->rej_check,
-                     m->rej_value);
-            m->faults[s]++;
-            add_event(m, s, RR_DIAG_TRANSIENT, RR_ACCEPT, false, msg);
-            track(m);
-            verdict(v, m, RR_ACCEPT, RR_DIAG_TRANSIENT, "%s", msg);
-            start_round(m, ROUND_ALL, 0);
-            return 0;
-        }
-        if (m->attempt >= RR_MAX_ATTEMPT) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "rank %d: %s (%g): results differ on every replay", rej, check, value);
-            add_event(m, rej, RR_DIAG_PERSISTENT, RR_STOP, false, msg);
-            verdict(v, m, RR_STOP, RR_DIAG_PERSISTENT, "%s", msg);
-            start_round(m, ROUND_ALL, 0);
-            return 0;
-        }
-        /* another rejection in the replay: start over from it */
-        suspect(m, rej, check, value, fatal);
-        verdict(v, m, RR_RERUN, RR_DIAG_NONE, "rank %d: %s (%g) in the replay; replaying again", rej, check, value);
-        return 0;
-    }
-    int R = m->o.replica_stride > 1 ? m->o.replica_stride : 1, replicas = m->o.replicas > 0 ? m->o.replicas : W / R;
-    if (replicas <= 1 && !m->rej_fatal) {
-        char msg[200];
-        snprintf(msg, sizeof msg, "%s (%g) reproduced: a real value, training goes on", m->rej_check, m->rej_value);
-        add_event(m, s, RR_DIAG_CORRECT, RR_ACCEPT, false, msg);
-        track(m);
-        verdict(v, m, RR_ACCEPT, RR_DIAG_CORRECT, "%s", msg);
-        start_round(m, ROUND_ALL, 0);
-        return 0;
-    }
-    if (replicas <= 1) {
-        char msg[200];
-        snprintf(msg, sizeof msg, "%s (%g) reproduced on replay: the data or the model is at fault", m->rej_check,
-                 m->rej_value);
-        add_event(m, s, RR_DIAG_CORRECT, give_up(m), false, msg);
-        verdict(v, m, give_up(m), RR_DIAG_CORRECT, "%s", msg);
-        start_round(m, ROUND_ALL, 0);
-        return 0;
-    }
-    m->suspect_rerun = m->cur[s];
-    int d = s / R % replicas; /* the suspect's replica: the same place in the next one helps */
-    m->helper = s + ((d + 1) % replicas - d) * R;
-    start_round(m, ROUND_CHECK, m->attempt + 1);
-    verdict(v, m, RR_CHECK, RR_DIAG_NONE, "rank %d: %s (%g) reproduced; rank %d recomputes its micro batches", s,
-            m->rej_check, m->rej_value, m->helper);
+    if (m->after_repair) decide_after_repair(m, v, &r);
+    else if (!same_result(&m->cur[m->suspect], &m->first[m->suspect])) decide_not_reproduced(m, v, &r);
+    else decide_reproduced(m, v);
     return 0;
 }
 
@@ -811,58 +837,4 @@ int rr_state_load(rr_machine *m, const char *text) {
     }
     json_decref(o);
     return rc;
-}
-
-/* ---- Megatron's tracker file ------------------------------------------------------------- */
-
-int rr_tracker_append(const char *path, const rr_event *e, const char *job) {
-    FILE *f = fopen(path, "a");
-    if (!f) return co_err_set(CO_EIO, "rerun tracker %s: %s", path, strerror(errno));
-    char host[256] = "localhost";
-    gethostname(host, sizeof host - 1);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    struct tm tm;
-    localtime_r(&ts.tv_sec, &tm);
-    char when[64];
-    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
-    char msg[256];
-    snprintf(msg, sizeof msg, "%s", e->message);
-    for (char *p = msg; *p; p++)
-        if (*p == '\'' || *p == '\n') *p = ' ';
-    fprintf(f, "ts=%s.%06ld node=%s device=cpu jobID=%s rank=%d iteration=%lld status=%s result=%g message='%s: %s'\n",
-            when, ts.tv_nsec / 1000, host, job && *job ? job : "N/A", e->rank, (long long)e->iteration,
-            rr_diagnosis_name(e->diagnosis), e->value, e->check, msg);
-    int rc = fclose(f) ? co_err_set(CO_EIO, "rerun tracker %s: %s", path, strerror(errno)) : 0;
-    return rc;
-}
-
-int rr_tracker_skips(const char *path, int64_t *iters, int cap) {
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char line[1024];
-    /* (rank, iteration) pairs seen, to apply "more than once on a rank" */
-    int64_t seen_it[512];
-    int seen_rank[512], nseen = 0, added = 0;
-    while (fgets(line, sizeof line, f)) {
-        const char *pr = strstr(line, " rank="), *pi = strstr(line, " iteration="), *ps = strstr(line, " status=");
-        if (!pr || !pi || !ps) continue;
-        int rank = atoi(pr + 6);
-        long long it = atoll(pi + 11);
-        bool reproducible = !strncmp(ps + 8, "correct_result", 14);
-        bool twice = false;
-        for (int k = 0; k < nseen; k++)
-            if (seen_it[k] == it && seen_rank[k] == rank) twice = true;
-        if (!twice && nseen < 512) {
-            seen_it[nseen] = it;
-            seen_rank[nseen++] = rank;
-        }
-        if (!reproducible && !twice) continue;
-        bool dup = false;
-        for (int k = 0; k < added; k++)
-            if (iters[k] == it) dup = true;
-        if (!dup && added < cap) iters[added++] = it;
-    }
-    fclose(f);
-    return added;
 }

@@ -161,7 +161,8 @@ void rr_determinism_summary(const rr_machine *m, char *buf, size_t n);
 int rr_state_save(const rr_machine *m, char *buf, size_t n);
 int rr_state_load(rr_machine *m, const char *json);
 
-/* Appends one line for a rejected result in Megatron's tracker format
+/* Megatron's tracker file (tracker.c: the only file I/O in resilience/). Appends one line
+ * for a rejected result in its format
  * (ts=... node=... device=... jobID=... rank=R iteration=I status=S result=V message='...'). */
 int rr_tracker_append(const char *path, const rr_event *e, const char *job);
 /* Iterations to skip from a tracker file: those rejected reproducibly, or more than once on
