@@ -6,6 +6,7 @@
 #include "checkpoint/lock.h"
 #include "cli/ckpt_layout.h"
 #include "common/error.h"
+#include "common/log.h"
 
 #include <dirent.h>
 #include <inttypes.h>
@@ -66,7 +67,7 @@ static int parse_args(int argc, char **argv, args *a, const char *tool) {
             else {
                 long long x = strtoll(v, &end, 10);
                 if (*end || end == v || x < 0) {
-                    fprintf(stderr, "cohort ckpt %s: %s needs a non-negative integer, got '%s'\n", tool, s, v);
+                    co_log(CO_LOG_ERROR, "%s needs a non-negative integer, got '%s'", s, v);
                     return X_USAGE;
                 }
                 if (!strcmp(s, "--keep")) a->keep = (int)x;
@@ -75,12 +76,12 @@ static int parse_args(int argc, char **argv, args *a, const char *tool) {
                 else a->iteration = x;
             }
         } else if (s[0] == '-' && s[1]) {
-            fprintf(stderr, "cohort ckpt %s: unknown or incomplete flag '%s' (see --help)\n", tool, s);
+            co_log(CO_LOG_ERROR, "unknown or incomplete flag '%s' (see --help)", s);
             return X_USAGE;
         } else if (a->npos < 4) {
             a->pos[a->npos++] = s;
         } else {
-            fprintf(stderr, "cohort ckpt %s: too many arguments\n", tool);
+            co_log(CO_LOG_ERROR, "too many arguments");
             return X_USAGE;
         }
     }
@@ -131,9 +132,9 @@ static bool tool_begin(int argc, char **argv, args *a, const char *tool, const c
 }
 
 /* False with the usage error "needs WHAT" when the tool lacks it. */
-static bool tool_need(bool ok, const char *tool, const char *what, int *status) {
+static bool tool_need(bool ok, const char *what, int *status) {
     *status = ok ? 0 : X_USAGE;
-    if (!ok) fprintf(stderr, "cohort ckpt %s: needs %s (see --help)\n", tool, what);
+    if (!ok) co_log(CO_LOG_ERROR, "needs %s (see --help)", what);
     return ok;
 }
 
@@ -191,14 +192,14 @@ static int tool_ls(int argc, char **argv) {
     args a;
     int rc;
     if (!tool_begin(argc, argv, &a, "ls", ls_usage, &rc) ||
-        !tool_need(a.npos == 1, "ls", "one save directory", &rc))
+        !tool_need(a.npos == 1, "one save directory", &rc))
         return rc;
     const char *save = a.pos[0];
     int64_t *its;
     int n;
     rc = ck_list_iterations(save, &its, &n);
     if (rc) {
-        fprintf(stderr, "cohort ckpt ls: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         return 1;
     }
     int64_t tracked = -1;
@@ -267,19 +268,19 @@ static int tool_inspect(int argc, char **argv) {
     args a;
     int rc;
     if (!tool_begin(argc, argv, &a, "inspect", inspect_usage, &rc) ||
-        !tool_need(a.npos == 1, "inspect", "one checkpoint", &rc))
+        !tool_need(a.npos == 1, "one checkpoint", &rc))
         return rc;
     char dir[4200];
     ck_manifest *m = NULL;
     if ((rc = resolve(a.pos[0], a.iteration, dir, sizeof dir)) || (rc = ck_read_manifest(dir, &m))) {
-        fprintf(stderr, "cohort ckpt inspect: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         return rc == CO_EFORMAT ? CK_BAD_FORMAT : rc == CO_ENOENT ? CK_BAD_INCOMPLETE : 1;
     }
     float **bufs = NULL;
     ck_bad bad = CK_OK;
     rc = ck_read_all(dir, m, 1 << CK_KIND_MODEL | 1 << CK_KIND_OPTIM, &bufs, &bad);
     if (rc) {
-        fprintf(stderr, "cohort ckpt inspect: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         ck_manifest_free(&m);
         return exit_of_bad(bad);
     }
@@ -398,11 +399,11 @@ static int tool_verify(int argc, char **argv) {
     args a;
     int rc;
     if (!tool_begin(argc, argv, &a, "verify", verify_usage, &rc) ||
-        !tool_need(a.npos == 1, "verify", "one checkpoint", &rc))
+        !tool_need(a.npos == 1, "one checkpoint", &rc))
         return rc;
     char dir[4200];
     if ((rc = resolve(a.pos[0], a.iteration, dir, sizeof dir))) {
-        fprintf(stderr, "cohort ckpt verify: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         return rc == CO_EFORMAT ? CK_BAD_FORMAT : CK_BAD_INCOMPLETE;
     }
     vctx v = {a.json, json_array()};
@@ -429,7 +430,7 @@ static int open_all(const char *path, int64_t it, char *dir, size_t n, ck_manife
     ck_bad bad;
     if (!rc) rc = ck_read_all(dir, *m, 1 << CK_KIND_MODEL | 1 << CK_KIND_OPTIM, bufs, &bad);
     if (rc) {
-        fprintf(stderr, "cohort ckpt: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         ck_manifest_free(m);
     }
     return rc;
@@ -445,7 +446,7 @@ static int tool_diff(int argc, char **argv) {
     args a;
     int rc;
     if (!tool_begin(argc, argv, &a, "diff", diff_usage, &rc) ||
-        !tool_need(a.npos == 2, "diff", "two checkpoints", &rc))
+        !tool_need(a.npos == 2, "two checkpoints", &rc))
         return rc;
     char da[4200], db[4200];
     ck_manifest *ma = NULL, *mb = NULL;
@@ -552,12 +553,11 @@ static const char convert_usage[] =
 
 /* Reports the leftovers a cleaner removed and kept (stderr: the tool's own output stays
  * what it was). */
-static void report_stale(const char *tool, const char *where, const ck_stale *st) {
+static void report_stale(const char *where, const ck_stale *st) {
     for (int i = 0; i < st->nremoved && i < CK_STALE_MAX; i++)
-        fprintf(stderr, "cohort ckpt %s: removed %s/%s, left by an interrupted process that is no longer running\n",
-                tool, where, st->removed[i]);
+        co_log(CO_LOG_INFO, "removed %s/%s, left by an interrupted process that is no longer running", where, st->removed[i]);
     for (int i = 0; i < st->nkept && i < CK_STALE_MAX; i++)
-        fprintf(stderr, "cohort ckpt %s: kept %s/%s: %s\n", tool, where, st->kept[i], st->why_kept[i]);
+        co_log(CO_LOG_INFO, "kept %s/%s: %s", where, st->kept[i], st->why_kept[i]);
 }
 
 /* --to cohort: SAVE locked for the conversion, leftovers of dead conversions removed, and
@@ -567,10 +567,10 @@ static int convert_cohort(const char *dir, const ck_manifest *m, const args *a, 
     char lnote[600] = "";
     int rc = ck_savedir_lock_as(&lock, "--output", a->output, "ckpt-convert", lnote, sizeof lnote);
     if (rc) return rc;
-    if (lnote[0]) fprintf(stderr, "cohort ckpt convert: %s\n", lnote);
+    if (lnote[0]) co_log(CO_LOG_ERROR, "%s", lnote);
     ck_stale st;
     rc = ck_clean_dead(a->output, NULL, false, &st);
-    if (!rc) report_stale("convert", a->output, &st);
+    if (!rc) report_stale(a->output, &st);
     int64_t tracked = -1, *its = NULL;
     int n = 0;
     int trc = rc ? 0 : ck_read_tracker(a->output, &tracked);
@@ -604,7 +604,7 @@ static int convert_hf(const char *dir, const ck_manifest *m, const args *a) {
     ck_stale st;
     int rc = ck_clean_dead_files(a->output, names, 2, &st);
     if (rc) return rc;
-    report_stale("convert", a->output, &st);
+    report_stale(a->output, &st);
     return ck_export_hf_gpt2(dir, m, a->output, a->trim_vocab);
 }
 
@@ -612,30 +612,30 @@ static int tool_convert(int argc, char **argv) {
     args a;
     int rc;
     if (!tool_begin(argc, argv, &a, "convert", convert_usage, &rc) ||
-        !tool_need(a.npos == 1 && a.to && a.output, "convert", "CKPT, --to and --output", &rc))
+        !tool_need(a.npos == 1 && a.to && a.output, "CKPT, --to and --output", &rc))
         return rc;
     bool cohort = !strcmp(a.to, "cohort");
     if (strcmp(a.to, "hf-gpt2") && !cohort) {
-        fprintf(stderr, "cohort ckpt convert: --to %s: unknown target; hf-gpt2 or cohort\n", a.to);
+        co_log(CO_LOG_ERROR, "--to %s: unknown target; hf-gpt2 or cohort", a.to);
         return X_UNSUPPORTED;
     }
     if (cohort && a.tp < 1) {
-        fprintf(stderr, "cohort ckpt convert: --to cohort needs --tensor-model-parallel-size T (1 or more)\n");
+        co_log(CO_LOG_ERROR, "--to cohort needs --tensor-model-parallel-size T (1 or more)");
         return X_USAGE;
     }
     if (!cohort && (a.tp || a.dp)) {
-        fprintf(stderr, "cohort ckpt convert: --tensor-model-parallel-size and --data-parallel-size go with --to cohort\n");
+        co_log(CO_LOG_ERROR, "--tensor-model-parallel-size and --data-parallel-size go with --to cohort");
         return X_USAGE;
     }
     if (cohort && !a.dp) a.dp = 1;
     if ((rc = ck_check_output(a.output, cohort, "--output"))) {
-        fprintf(stderr, "cohort ckpt convert: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         return X_USAGE;
     }
     char dir[4200];
     ck_manifest *m = NULL;
     if ((rc = resolve(a.pos[0], a.iteration, dir, sizeof dir)) || (rc = ck_read_manifest(dir, &m))) {
-        fprintf(stderr, "cohort ckpt convert: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         return 1;
     }
     char note[300] = "";
@@ -644,9 +644,9 @@ static int tool_convert(int argc, char **argv) {
     int64_t it = m->iteration;
     ck_manifest_free(&m);
     if (rc) {
-        fprintf(stderr, "cohort ckpt convert: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         if (ck_interrupted()) {
-            fprintf(stderr, "cohort ckpt convert: interrupted: its temporary files are removed and nothing was written to %s\n",
+            co_log(CO_LOG_ERROR, "interrupted: its temporary files are removed and nothing was written to %s",
                     a.output);
             ck_reraise();
         }
@@ -692,7 +692,7 @@ static int prune_lock(const char *save, bool dry_run, ck_lock **lock, char *who,
     char note[600] = "";
     int rc = ck_savedir_lock_as(lock, "save directory", save, "ckpt-prune", note, sizeof note);
     if (rc == CO_EINVAL && ck_savedir_lock_held(save, who, n) == 1) return 0; /* a job just took it */
-    if (!rc && note[0]) fprintf(stderr, "cohort ckpt prune: %s\n", note);
+    if (!rc && note[0]) co_log(CO_LOG_ERROR, "%s", note);
     return rc;
 }
 
@@ -728,12 +728,12 @@ static int tool_prune(int argc, char **argv) {
     args a;
     int rc;
     if (!tool_begin(argc, argv, &a, "prune", prune_usage, &rc) ||
-        !tool_need(a.npos == 1 && a.keep >= 1, "prune", "SAVE and --keep K >= 1", &rc))
+        !tool_need(a.npos == 1 && a.keep >= 1, "SAVE and --keep K >= 1", &rc))
         return rc;
     const char *save = a.pos[0];
     struct stat sb;
     if (stat(save, &sb) || !S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "cohort ckpt prune: %s: not a directory\n", save);
+        co_log(CO_LOG_ERROR, "%s: not a directory", save);
         return 1;
     }
     int64_t removed[4096];
@@ -750,9 +750,9 @@ static int tool_prune(int argc, char **argv) {
     snprintf(detail, sizeof detail, "%s", co_err_detail());
     ck_savedir_unlock(&lock);
     if (rc) {
-        fprintf(stderr, "cohort ckpt prune: %s\n", detail);
+        co_log(CO_LOG_ERROR, "%s", detail);
         /* what was removed before the failure */
-        for (int i = 0; i < nr && i < 4096; i++) fprintf(stderr, "cohort ckpt prune: removed iteration %" PRId64 "\n", removed[i]);
+        for (int i = 0; i < nr && i < 4096; i++) co_log(CO_LOG_INFO, "removed iteration %" PRId64, removed[i]);
         if (ck_interrupted()) ck_reraise();
         return 1;
     }
@@ -766,6 +766,7 @@ int cli_ckpt(int argc, char **argv) {
         return argc < 1 ? X_USAGE : 0;
     }
     const char *tool = argv[0];
+    co_log_set_prefix("cohort ckpt %s", tool);
     if (!strcmp(tool, "ls")) return tool_ls(argc - 1, argv + 1);
     if (!strcmp(tool, "inspect")) return tool_inspect(argc - 1, argv + 1);
     if (!strcmp(tool, "verify")) return tool_verify(argc - 1, argv + 1);

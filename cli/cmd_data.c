@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 
 #include "common/error.h"
+#include "common/log.h"
 #include "data/gpt_dataset.h"
 #include "data/indexed.h"
 #include "data/loader.h"
@@ -46,9 +47,9 @@ static int tok_flag(tok_flags *t, int argc, char **argv, int *i) {
     return 1;
 }
 
-static int open_tokenizer(const char *cmd, const tok_flags *f, tok_tokenizer *t) {
+static int open_tokenizer(const tok_flags *f, tok_tokenizer *t) {
     int rc = tok_open(t, f->type ? f->type : "GPT2BPETokenizer", f->vocab_size, f->vocab_file, f->merge_file);
-    if (rc) fprintf(stderr, "cohort data %s: %s\n", cmd, co_err_detail());
+    if (rc) co_log(CO_LOG_ERROR, "%s", co_err_detail());
     return rc;
 }
 
@@ -94,14 +95,14 @@ static int data_preprocess(int argc, char **argv) {
                 char *end;
                 long v = strtol(argv[++i], &end, 10);
                 if (*end || v < 1 || v > 256) {
-                    fprintf(stderr, "cohort data preprocess: --workers expects 1..256\n");
+                    co_log(CO_LOG_ERROR, "--workers expects 1..256");
                     return CLI_USAGE;
                 }
                 o.workers = (int)v;
             } else {
                 while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) {
                     if (o.nkeys == PP_MAX_KEYS) {
-                        fprintf(stderr, "cohort data preprocess: at most %d --json-keys\n", PP_MAX_KEYS);
+                        co_log(CO_LOG_ERROR, "at most %d --json-keys", PP_MAX_KEYS);
                         return CLI_USAGE;
                     }
                     o.keys[o.nkeys++] = argv[++i];
@@ -109,27 +110,27 @@ static int data_preprocess(int argc, char **argv) {
                 if (!o.nkeys) goto needs_value;
             }
         } else {
-            fprintf(stderr, "cohort data preprocess: unknown flag '%s' (see --help)\n", a);
+            co_log(CO_LOG_ERROR, "unknown flag '%s' (see --help)", a);
             return CLI_USAGE;
         }
         continue;
     needs_value:
-        fprintf(stderr, "cohort data preprocess: %s needs a value\n", a);
+        co_log(CO_LOG_ERROR, "%s needs a value", a);
         return CLI_USAGE;
     }
     if (!o.input || !o.output_prefix) {
-        fprintf(stderr, "cohort data preprocess: --input and --output-prefix are required\n");
+        co_log(CO_LOG_ERROR, "--input and --output-prefix are required");
         return CLI_USAGE;
     }
     tok_tokenizer tok;
-    if (open_tokenizer("preprocess", &tf, &tok)) return CLI_USAGE;
+    if (open_tokenizer(&tf, &tok)) return CLI_USAGE;
     o.tok = &tok;
     o.progress = !quiet && isatty(STDERR_FILENO) ? stderr : NULL;
     pp_stats st;
     int rc = pp_run(&o, &st);
     tok_close(&tok);
     if (rc) {
-        fprintf(stderr, "cohort data preprocess: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE;
     }
     if (!quiet)
@@ -151,7 +152,7 @@ static int data_tokenize(int argc, char **argv) {
         const char *a = argv[i];
         int r = tok_flag(&tf, argc, argv, &i);
         if (r < 0 || ((!strcmp(a, "--input") || !strcmp(a, "--output")) && i + 1 >= argc)) {
-            fprintf(stderr, "cohort data tokenize: %s needs a value\n", a);
+            co_log(CO_LOG_ERROR, "%s needs a value", a);
             return CLI_USAGE;
         }
         if (r) continue;
@@ -170,17 +171,17 @@ static int data_tokenize(int argc, char **argv) {
         else if (!strcmp(a, "--binary")) binary = 1;
         else if (!strcmp(a, "--time")) timing = 1;
         else {
-            fprintf(stderr, "cohort data tokenize: unknown flag '%s'\n", a);
+            co_log(CO_LOG_ERROR, "unknown flag '%s'", a);
             return CLI_USAGE;
         }
     }
     if (!input) {
-        fprintf(stderr, "cohort data tokenize: --input is required\n");
+        co_log(CO_LOG_ERROR, "--input is required");
         return CLI_USAGE;
     }
     FILE *f = fopen(input, "rb");
     if (!f) {
-        fprintf(stderr, "cohort data tokenize: %s: cannot open\n", input);
+        co_log(CO_LOG_ERROR, "%s: cannot open", input);
         return CLI_FAILURE;
     }
     size_t cap = 1 << 20, n = 0;
@@ -196,13 +197,13 @@ static int data_tokenize(int argc, char **argv) {
     fclose(f);
     if (!buf) return CLI_FAILURE;
     tok_tokenizer tok;
-    if (open_tokenizer("tokenize", &tf, &tok)) {
+    if (open_tokenizer(&tf, &tok)) {
         free(buf);
         return CLI_USAGE;
     }
     FILE *out = strcmp(output, "-") ? fopen(output, "wb") : stdout;
     int rc = out ? CLI_OK : CLI_FAILURE;
-    if (!out) fprintf(stderr, "cohort data tokenize: %s: cannot create\n", output);
+    if (!out) co_log(CO_LOG_ERROR, "%s: cannot create", output);
     if (out && !decode) {
         int32_t *ids = malloc((n + 1) * sizeof *ids);
         tok_session *s = NULL;
@@ -212,7 +213,7 @@ static int data_tokenize(int argc, char **argv) {
         double dt = now_s() - t0;
         tok_session_free(&s);
         if (k < 0) {
-            fprintf(stderr, "cohort data tokenize: %s\n", co_err_detail());
+            co_log(CO_LOG_ERROR, "%s", co_err_detail());
             rc = CLI_FAILURE;
         } else {
             if (timing)
@@ -245,7 +246,7 @@ static int data_tokenize(int argc, char **argv) {
         int64_t len = tok_decode(&tok, ids, nid, NULL, 0);
         char *text = len >= 0 ? malloc((size_t)len + 1) : NULL;
         if (len < 0 || !text) {
-            fprintf(stderr, "cohort data tokenize: %s\n", co_err_detail());
+            co_log(CO_LOG_ERROR, "%s", co_err_detail());
             rc = CLI_FAILURE;
         } else {
             tok_decode(&tok, ids, nid, text, (size_t)len + 1);
@@ -330,7 +331,7 @@ static int data_order(int argc, char **argv) {
             return CLI_OK;
         }
         if ((!strcmp(argv[i], "--split-name") || !strcmp(argv[i], "--count")) && i + 1 >= argc) {
-            fprintf(stderr, "cohort data order: %s needs a value\n", argv[i]);
+            co_log(CO_LOG_ERROR, "%s needs a value", argv[i]);
             free(rest);
             return CLI_USAGE;
         }
@@ -340,7 +341,7 @@ static int data_order(int argc, char **argv) {
             char *end;
             count = strtoll(argv[++i], &end, 10);
             if (*end || count < 0) {
-                fprintf(stderr, "cohort data order: --count expects a non-negative integer\n");
+                co_log(CO_LOG_ERROR, "--count expects a non-negative integer");
                 free(rest);
                 return CLI_USAGE;
             }
@@ -365,7 +366,7 @@ static int data_order(int argc, char **argv) {
     if (!rc && co_config_parse_split(c.split, sp)) rc = usage_err(err, sizeof err, "--split '%s' is not valid", c.split);
     if (!rc) rc = cli_tokenizer(&c, &vocab, &eod, err, sizeof err);
     if (rc) {
-        fprintf(stderr, "cohort data order: %s\n", err);
+        co_log(CO_LOG_ERROR, "%s", err);
         co_config_free(&c);
         return CLI_USAGE;
     }
@@ -400,7 +401,7 @@ static int data_order(int argc, char **argv) {
     dl_dataset *ds = NULL;
     if (!rc) rc = want > 0 ? dl_build(&ds, &dc, split, want) : 0;
     if (rc) {
-        fprintf(stderr, "cohort data order: %s (%s)\n", co_err_detail(), co_strerror(rc));
+        co_log(CO_LOG_ERROR, "%s (%s)", co_err_detail(), co_strerror(rc));
         tok_close(&tok);
         co_config_free(&c);
         return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE;
@@ -447,7 +448,7 @@ static int data_inspect(int argc, char **argv) {
         const char *a = argv[i];
         int r = tok_flag(&tf, argc, argv, &i);
         if (r < 0 || ((!strcmp(a, "--doc") || !strcmp(a, "--chars")) && i + 1 >= argc)) {
-            fprintf(stderr, "cohort data inspect: %s needs a value\n", a);
+            co_log(CO_LOG_ERROR, "%s needs a value", a);
             return CLI_USAGE;
         }
         if (r) continue;
@@ -462,18 +463,18 @@ static int data_inspect(int argc, char **argv) {
         if (!strcmp(a, "--doc")) doc = strtoll(argv[++i], NULL, 10);
         else if (!strcmp(a, "--chars")) chars = strtoll(argv[++i], NULL, 10);
         else if (a[0] == '-' || prefix) {
-            fprintf(stderr, "cohort data inspect: unexpected argument '%s'\n", a);
+            co_log(CO_LOG_ERROR, "unexpected argument '%s'", a);
             return CLI_USAGE;
         } else prefix = a;
     }
     if (!prefix) {
-        fprintf(stderr, "cohort data inspect: give PREFIX (of PREFIX.bin/.idx)\n");
+        co_log(CO_LOG_ERROR, "give PREFIX (of PREFIX.bin/.idx)");
         return CLI_USAGE;
     }
     idx_reader *r;
     int rc = idx_open(&r, prefix);
     if (rc) {
-        fprintf(stderr, "cohort data inspect: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         return CLI_FAILURE;
     }
     static const char *names[] = {"?", "uint8", "int8", "int16", "int32", "int64", "float64", "float32", "uint16"};
@@ -568,7 +569,7 @@ static int data_verify(int argc, char **argv) {
         }
         int t = tok_flag(&tf, argc, argv, &i);
         if (t < 0) {
-            fprintf(stderr, "cohort data verify: %s needs a value\n", argv[i]);
+            co_log(CO_LOG_ERROR, "%s needs a value", argv[i]);
             return CLI_USAGE;
         }
         if (t > 0) {
@@ -576,18 +577,18 @@ static int data_verify(int argc, char **argv) {
             continue;
         }
         if (argv[i][0] == '-' || prefix) {
-            fprintf(stderr, "cohort data verify: unexpected argument '%s'\n", argv[i]);
+            co_log(CO_LOG_ERROR, "unexpected argument '%s'", argv[i]);
             return CLI_USAGE;
         } else prefix = argv[i];
     }
     if (!prefix) {
-        fprintf(stderr, "cohort data verify: give PREFIX (of PREFIX.bin/.idx)\n");
+        co_log(CO_LOG_ERROR, "give PREFIX (of PREFIX.bin/.idx)");
         return CLI_USAGE;
     }
     long long vocab;
     if (vocab_given && !tf.type) {
         if (tf.vocab_size < 1) {
-            fprintf(stderr, "cohort data verify: --vocab-size must be at least 1\n");
+            co_log(CO_LOG_ERROR, "--vocab-size must be at least 1");
             return CLI_USAGE;
         }
         vocab = tf.vocab_size;
@@ -595,7 +596,7 @@ static int data_verify(int argc, char **argv) {
         vocab = 50257; /* GPT-2's vocabulary, as `cohort train` takes it without --vocab-file */
     } else {
         tok_tokenizer tok;
-        if (open_tokenizer("verify", &tf, &tok)) return CLI_USAGE;
+        if (open_tokenizer(&tf, &tok)) return CLI_USAGE;
         vocab = (long long)tok_vocab_size(&tok);
         tok_close(&tok);
     }
@@ -610,11 +611,13 @@ int cli_data(int argc, char **argv) {
         data_usage(argc < 1 ? stderr : stdout);
         return argc < 1 ? CLI_USAGE : CLI_OK;
     }
+    co_log_set_prefix("cohort data %s", argv[0]);
     if (!strcmp(argv[0], "order")) return data_order(argc - 1, argv + 1);
     if (!strcmp(argv[0], "preprocess")) return data_preprocess(argc - 1, argv + 1);
     if (!strcmp(argv[0], "tokenize")) return data_tokenize(argc - 1, argv + 1);
     if (!strcmp(argv[0], "inspect")) return data_inspect(argc - 1, argv + 1);
     if (!strcmp(argv[0], "verify")) return data_verify(argc - 1, argv + 1);
-    fprintf(stderr, "cohort data: unknown command '%s' (known: order, preprocess, tokenize, inspect, verify)\n", argv[0]);
+    co_log_set_prefix("cohort data");
+    co_log(CO_LOG_ERROR, "unknown command '%s' (known: order, preprocess, tokenize, inspect, verify)", argv[0]);
     return CLI_USAGE;
 }

@@ -5,6 +5,7 @@
 
 #include "actors/actor.h"
 #include "common/error.h"
+#include "common/log.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -19,6 +20,7 @@ static void keygen_usage(FILE *f) {
 }
 
 int cli_keygen(int argc, char **argv) {
+    co_log_set_prefix("cohort keygen");
     const char *out = NULL;
     int force = 0;
     for (int i = 0; i < argc; i++) {
@@ -32,7 +34,7 @@ int cli_keygen(int argc, char **argv) {
             keygen_usage(stdout);
             return CLI_OK;
         } else {
-            fprintf(stderr, "cohort keygen: unknown argument '%s'\n", argv[i]);
+            co_log(CO_LOG_ERROR, "unknown argument '%s'", argv[i]);
             keygen_usage(stderr);
             return CLI_USAGE;
         }
@@ -45,7 +47,7 @@ int cli_keygen(int argc, char **argv) {
         FILE *f = fopen(out, "r");
         if (f) {
             fclose(f);
-            fprintf(stderr, "cohort keygen: %s exists (use --force to replace it)\n", out);
+            co_log(CO_LOG_ERROR, "%s exists (use --force to replace it)", out);
             return CLI_FAILURE;
         }
     }
@@ -54,9 +56,9 @@ int cli_keygen(int argc, char **argv) {
     if (!rc) rc = ac_secret_write(out, &s);
     memset(&s, 0, sizeof s);
     if (rc) {
-        fprintf(stderr, "cohort keygen: %s: %s\n", co_strerror(rc), co_err_detail());
+        co_log(CO_LOG_ERROR, "%s: %s", co_strerror(rc), co_err_detail());
         return CLI_FAILURE;
     }
-    fprintf(stderr, "cohort keygen: wrote %s (mode 0600)\n", out);
+    co_log(CO_LOG_INFO, "wrote %s (mode 0600)", out);
     return CLI_OK;
 }

@@ -5,6 +5,7 @@
 #include "cli/cli.h"
 
 #include "common/error.h"
+#include "common/log.h"
 #include "supervisor/inject_client.h"
 
 #include <errno.h>
@@ -152,17 +153,18 @@ static int pick_job(const char *arg, sv_job *out) {
         return 0;
     }
     if (!matches) {
-        if (arg) fprintf(stderr, "cohort status: no running cohort job with supervisor pid or job id %s\n", arg);
+        if (arg) co_log(CO_LOG_ERROR, "no running cohort job with supervisor pid or job id %s", arg);
         else fprintf(stderr, "cohort status: no running cohort job of this user found on this machine (a job with "
                              "--nproc-per-node 2 or more; its supervisor answers)\n");
         return CLI_USAGE;
     }
-    fprintf(stderr, "cohort status: %d jobs are running; name one (its supervisor pid or job id):\n", matches);
+    co_log(CO_LOG_ERROR, "%d jobs are running; name one (its supervisor pid or job id):", matches);
     for (int i = 0; i < n; i++) fprintf(stderr, "  pid %d  job %016" PRIx64 "\n", jobs[i].pid, jobs[i].job_id);
     return CLI_USAGE;
 }
 
 int cli_status(int argc, char **argv) {
+    co_log_set_prefix("cohort status");
     bool json = false, watch = false;
     double every = 2, timeout = 5;
     const char *arg = NULL;
@@ -178,23 +180,23 @@ int cli_status(int argc, char **argv) {
             if (i + 1 < argc && (strtod(argv[i + 1], &end), !*end && end != argv[i + 1])) {
                 every = strtod(argv[++i], NULL);
                 if (!(every >= 0.1 && every <= 3600)) {
-                    fprintf(stderr, "cohort status: --watch %s is out of range (0.1 to 3600 seconds)\n", argv[i]);
+                    co_log(CO_LOG_ERROR, "--watch %s is out of range (0.1 to 3600 seconds)", argv[i]);
                     return CLI_USAGE;
                 }
             }
         } else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) {
             timeout = strtod(argv[++i], &end);
             if (*end || !(timeout > 0 && timeout <= 600)) {
-                fprintf(stderr, "cohort status: --timeout %s is out of range (0 to 600 seconds)\n", argv[i]);
+                co_log(CO_LOG_ERROR, "--timeout %s is out of range (0 to 600 seconds)", argv[i]);
                 return CLI_USAGE;
             }
         } else if (argv[i][0] == '-') {
-            fprintf(stderr, "cohort status: unknown flag %s (see cohort status --help)\n", argv[i]);
+            co_log(CO_LOG_ERROR, "unknown flag %s (see cohort status --help)", argv[i]);
             return CLI_USAGE;
         } else if (!arg) {
             arg = argv[i];
         } else {
-            fprintf(stderr, "cohort status: one JOB only (got %s and %s)\n", arg, argv[i]);
+            co_log(CO_LOG_ERROR, "one JOB only (got %s and %s)", arg, argv[i]);
             return CLI_USAGE;
         }
     }
@@ -210,20 +212,20 @@ int cli_status(int argc, char **argv) {
             return CLI_OK;
         }
         if (rc) {
-            fprintf(stderr, "cohort status: %s (%s)%s\n", co_err_detail(), co_strerror(rc),
+            co_log(CO_LOG_ERROR, "%s (%s)%s", co_err_detail(), co_strerror(rc),
                     rc == CO_ETIMEOUT ? "; the supervisor may be busy or stopped (--timeout)" : "");
             return CLI_FAILURE;
         }
         json_error_t je;
         json_t *d = json_loads(doc, 0, &je);
         if (!json_is_object(d)) {
-            fprintf(stderr, "cohort status: the supervisor's answer is not a JSON object: %s\n", je.text);
+            co_log(CO_LOG_ERROR, "the supervisor's answer is not a JSON object: %s", je.text);
             free(doc);
             json_decref(d);
             return CLI_FAILURE;
         }
         if (json_is_string(json_object_get(d, "error"))) {
-            fprintf(stderr, "cohort status: the supervisor says: %s\n", str(d, "error"));
+            co_log(CO_LOG_ERROR, "the supervisor says: %s", str(d, "error"));
             free(doc);
             json_decref(d);
             return CLI_FAILURE;

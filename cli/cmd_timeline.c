@@ -7,6 +7,7 @@
 #include "cli/timeline_draw.h"
 
 #include "common/error.h"
+#include "common/log.h"
 #include "common/fsutil.h"
 
 #include <dirent.h>
@@ -61,7 +62,7 @@ static int parse_args(int argc, char **argv, args *a) {
             a->json = true;
         } else if (!strcmp(s, "--iteration") || !strcmp(s, "--svg") || !strcmp(s, "--trace")) {
             if (i + 1 >= argc) {
-                fprintf(stderr, "cohort timeline: %s needs a value (see --help)\n", s);
+                co_log(CO_LOG_ERROR, "%s needs a value (see --help)", s);
                 return CLI_USAGE;
             }
             const char *v = argv[++i];
@@ -71,18 +72,18 @@ static int parse_args(int argc, char **argv, args *a) {
                 char *end;
                 long long x = strtoll(v, &end, 10);
                 if (end == v || *end || x < 1) {
-                    fprintf(stderr, "cohort timeline: --iteration needs an iteration number (1, 2, ...), got '%s'\n", v);
+                    co_log(CO_LOG_ERROR, "--iteration needs an iteration number (1, 2, ...), got '%s'", v);
                     return CLI_USAGE;
                 }
                 a->iteration = x;
             }
         } else if (s[0] == '-' && s[1]) {
-            fprintf(stderr, "cohort timeline: unknown flag '%s' (see --help)\n", s);
+            co_log(CO_LOG_ERROR, "unknown flag '%s' (see --help)", s);
             return CLI_USAGE;
         } else if (!a->dir) {
             a->dir = s;
         } else {
-            fprintf(stderr, "cohort timeline: one directory only, got '%s' and '%s'\n", a->dir, s);
+            co_log(CO_LOG_ERROR, "one directory only, got '%s' and '%s'", a->dir, s);
             return CLI_USAGE;
         }
     }
@@ -110,7 +111,7 @@ static int list_ranks(const char *dir, int **out, int *n) {
     *n = 0;
     DIR *d = opendir(dir);
     if (!d) {
-        fprintf(stderr, "cohort timeline: cannot open directory %s: %s\n", dir, strerror(errno));
+        co_log(CO_LOG_ERROR, "cannot open directory %s: %s", dir, strerror(errno));
         return -1;
     }
     int cap = 0;
@@ -170,7 +171,7 @@ static int write_out(const char *path, char *data, size_t len, const char *what)
     const void *bufs[1] = {data};
     size_t lens[1] = {len};
     int rc = fs_write_atomic(path, bufs, lens, 1);
-    if (rc) fprintf(stderr, "cohort timeline: writing the %s %s: %s\n", what, path, co_err_detail());
+    if (rc) co_log(CO_LOG_ERROR, "writing the %s %s: %s", what, path, co_err_detail());
     return rc ? -1 : 0;
 }
 
@@ -304,13 +305,14 @@ static void print_report(const tld_view *v, const args *a, const char *svg, cons
 }
 
 int cli_timeline(int argc, char **argv) {
+    co_log_set_prefix("cohort timeline");
     args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? CLI_OK : rc;
     int *ranks = NULL, nranks = 0;
     if (list_ranks(a.dir, &ranks, &nranks)) return CLI_FAILURE;
     if (!nranks) {
-        fprintf(stderr, "cohort timeline: %s has no timeline-rank-*.jsonl files (was the job run with --timeline-dir %s?)\n",
+        co_log(CO_LOG_ERROR, "%s has no timeline-rank-*.jsonl files (was the job run with --timeline-dir %s?)",
                 a.dir, a.dir);
         free(ranks);
         return CLI_FAILURE;
@@ -328,17 +330,17 @@ int cli_timeline(int argc, char **argv) {
         tl_file f;
         if (tl_read(path, &f)) {
             const char *why = co_err_detail();
-            fprintf(stderr, "cohort timeline: %s\n", strncmp(why, "timeline: ", 10) ? why : why + 10);
+            co_log(CO_LOG_ERROR, "%s", strncmp(why, "timeline: ", 10) ? why : why + 10);
             goto out;
         }
         if (!f.headers) {
-            fprintf(stderr, "cohort timeline: note: %s holds no records (its process stopped before writing any)\n",
+            co_log(CO_LOG_WARN, "note: %s holds no records (its process stopped before writing any)",
                     path);
             tl_file_free(&f);
             continue;
         }
         if (f.meta.rank != ranks[i]) {
-            fprintf(stderr, "cohort timeline: %s: malformed header: it says rank %d\n", path, f.meta.rank);
+            co_log(CO_LOG_ERROR, "%s: malformed header: it says rank %d", path, f.meta.rank);
             tl_file_free(&f);
             goto out;
         }
@@ -359,7 +361,7 @@ int cli_timeline(int argc, char **argv) {
         files[nf++] = f;
     }
     if (!nf) {
-        fprintf(stderr, "cohort timeline: no file in %s holds records\n", a.dir);
+        co_log(CO_LOG_ERROR, "no file in %s holds records", a.dir);
         goto out;
     }
     v.meta = files[0].meta;
@@ -382,7 +384,7 @@ int cli_timeline(int argc, char **argv) {
         bool any = false;
         for (int i = 0; i < nf; i++) any |= has_iter(&files[i], it);
         if (!any) {
-            fprintf(stderr, "cohort timeline: iteration %lld is not recorded in %s (recorded: %s)\n", (long long)it,
+            co_log(CO_LOG_ERROR, "iteration %lld is not recorded in %s (recorded: %s)", (long long)it,
                     a.dir, ranges[0] ? ranges : "none");
             goto out;
         }
@@ -400,7 +402,7 @@ int cli_timeline(int argc, char **argv) {
     }
     for (int i = 0; i < nf; i++) {
         if (files[i].meta.rank >= v.meta.world) {
-            fprintf(stderr, "cohort timeline: %s/timeline-rank-%05d.jsonl: rank %d is outside the world of %d\n",
+            co_log(CO_LOG_ERROR, "%s/timeline-rank-%05d.jsonl: rank %d is outside the world of %d",
                     a.dir, files[i].meta.rank, files[i].meta.rank, v.meta.world);
             goto out;
         }
@@ -423,11 +425,11 @@ int cli_timeline(int argc, char **argv) {
         list[0] = '\0';
         for (int i = 0; i < nmissing && len + 12 < sizeof list; i++)
             len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", i ? " " : "", missing[i]);
-        fprintf(stderr, "cohort timeline: note: %d of %d ranks have no record of iteration %lld: %s%s\n", nmissing,
+        co_log(CO_LOG_WARN, "note: %d of %d ranks have no record of iteration %lld: %s%s", nmissing,
                 v.meta.world, (long long)it, list, len + 12 >= sizeof list ? " ..." : "");
     }
     if (dropped)
-        fprintf(stderr, "cohort timeline: note: the recorders dropped %lld events (buffer full or bad times)\n",
+        co_log(CO_LOG_WARN, "note: the recorders dropped %lld events (buffer full or bad times)",
                 (long long)dropped);
     v.formula = (double)(v.meta.pp - 1) / ((double)v.meta.v * v.meta.m);
     tld_sort_rows(&v);
