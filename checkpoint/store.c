@@ -5,6 +5,7 @@
 #include "checkpoint/dio.h"
 
 #include "common/error.h"
+#include "common/log.h"
 #include "common/fsutil.h"
 
 #include <dirent.h>
@@ -98,7 +99,7 @@ void ck_crash_point(const char *phase) {
     bool die = crash_phase[0] && !strcmp(crash_phase, phase) && ++crash_seen == crash_nth;
     pthread_mutex_unlock(&hook_mu);
     if (die) {
-        fprintf(stderr, "cohort: COHORT_CKPT_CRASH_AT=%s: killing the process\n", phase);
+        co_log(CO_LOG_WARN, "COHORT_CKPT_CRASH_AT=%s: killing the process", phase);
         fflush(NULL);
         raise(SIGKILL);
     }
@@ -134,7 +135,7 @@ static void stop_point(const char *path) {
     bool stop = stop_nth > 0 && ++stop_seen == stop_nth;
     pthread_mutex_unlock(&hook_mu);
     if (stop) {
-        fprintf(stderr, "cohort: COHORT_CKPT_STOP_AT=%ld: stopping the process while writing %s\n", stop_nth, path);
+        co_log(CO_LOG_WARN, "COHORT_CKPT_STOP_AT=%ld: stopping the process while writing %s", stop_nth, path);
         fflush(NULL);
         raise(SIGSTOP);
     }

@@ -2,6 +2,7 @@
  * layout `cohort train`'s flags describe (world = --nproc-per-node x --nnodes, or
  * --world-size), built as Megatron builds them (scheduler/groups.h). It computes the
  * groups also for layouts whose compute `cohort train` does not run yet. */
+#include "common/log.h"
 #include "cli/cli.h"
 #include "scheduler/groups.h"
 #include "scheduler/placement.h"
@@ -31,6 +32,7 @@ static void print_list(FILE *f, const int *r, int n, bool json) {
 }
 
 int cli_topology(int argc, char **argv) {
+    co_log_set_prefix("cohort topology");
     bool json = false;
     int world = 0;
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
@@ -52,14 +54,14 @@ int cli_topology(int argc, char **argv) {
     int rc = co_config_parse(&c, nrest, rest, err, sizeof err);
     free(rest);
     if (rc) {
-        fprintf(stderr, "cohort topology: %s\n", err);
+        co_log(CO_LOG_ERROR, "%s", err);
         co_config_free(&c);
         return CLI_USAGE;
     }
     if (world == 0) world = c.nproc_per_node * c.nnodes;
     topo_layout l;
     if (world < 1 || world > 1 << 16) {
-        fprintf(stderr, "cohort topology: world size %d: give --world-size N (1..65536) or --nproc-per-node/--nnodes\n",
+        co_log(CO_LOG_ERROR, "world size %d: give --world-size N (1..65536) or --nproc-per-node/--nnodes",
                 world);
         co_config_free(&c);
         return CLI_USAGE;
@@ -70,7 +72,7 @@ int cli_topology(int argc, char **argv) {
     l.emb_stages = pp_embedding_stages_of_config(&c); /* (MTP layers before the last stage) */
     co_config_free(&c);
     if (rc) {
-        fprintf(stderr, "cohort topology: %s\n", err);
+        co_log(CO_LOG_ERROR, "%s", err);
         return CLI_USAGE;
     }
     int *g = malloc(sizeof *g * (size_t)world), *coord = calloc((size_t)world * 7, sizeof *coord);

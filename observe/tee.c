@@ -5,6 +5,7 @@
 #include "observe/tensorboard.h"
 
 #include "common/error.h"
+#include "common/log.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,7 @@ typedef struct tee {
 static void warn(tee *t, int rc) {
     if (t->warned || !rc) return;
     t->warned = true;
-    fprintf(stderr, "cohort: TensorBoard: %s; no more events are written (the metrics file goes on)\n",
+    co_log(CO_LOG_WARN, "TensorBoard: %s; no more events are written (the metrics file goes on)",
             co_err_detail()[0] ? co_err_detail() : co_strerror(rc));
 }
 
