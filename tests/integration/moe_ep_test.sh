@@ -58,20 +58,14 @@
 #             the tensor-parallel size at expert tensor size 1, tp x ep not dividing the world
 #             at expert tensor size tp, ep x expert tensor size not a multiple of tp x cp, a capacity or
 #             packed sequences with ep x cp
-set -uo pipefail
 cohort=$1; case_name=$2
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-moe-ep.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir moe-ep
 
 . "${COHORT_SOURCE_ROOT:?}/tests/integration/moe_tiny.sh"
 
-run() { # NAME ITERS ARGS...: metrics in $work/NAME.jsonl, output in $work/NAME.out, checkpoint $work/NAME.ck
-    local name=$1 iters=$2; shift 2
-    "$cohort" train "${tiny[@]}" --train-iters "$iters" --metrics-file "$work/$name.jsonl" --save "$work/$name.ck" "$@" \
-        >"$work/$name.out" 2>&1 || fail "$name: exit $?: $(tail -5 "$work/$name.out")"
-}
+run() { train_ok "$1" --train-iters "$2" --save "$work/$1.ck" "${@:3}"; } # NAME ITERS ARGS...: checkpoint $work/NAME.ck
 close() { # REF RUN: the final checkpoints within 1e-5, every expert tensor compared
     "$cohort" ckpt diff "$work/$1.ck" "$work/$2.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$2: diff"
     /usr/bin/python3 - "$work/d.json" <<'PY' || fail "$2: parameters differ from $1's: $(head -c 400 "$work/d.json")"
@@ -88,9 +82,7 @@ bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
 assert not bad, bad[:3]
 PY
 }
-bitwise() { # A B: two runs' checkpoints bitwise the same
-    "$cohort" ckpt diff "$work/$1.ck" "$work/$2.ck" >"$work/bd" || fail "$1 and $2 differ: $(tail -3 "$work/bd")"
-}
+bitwise() { ckpt_same "$work/$1.ck" "$work/$2.ck"; } # A B: two runs' checkpoints bitwise the same
 
 three_faults() { # KILL FROM FLIP REPAIR_RE NAN REPORTER_RE FOUND_RE ARGS...: 6 iterations of ARGS
     # clean; rank KILL killed at iteration 4 and rebuilt from rank FROM's memory; a weight bit
@@ -123,7 +115,7 @@ match)
     compare 1 one ep2a ep2g ep4a ep4g ep2d4
     for n in ep2a ep2g ep4a ep4g ep2d4; do close one $n; done
     run ep4b 5 --nproc-per-node 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
-    [ "$(losses "$work/ep4a.jsonl")" = "$(losses "$work/ep4b.jsonl")" ] || fail "two ep 4 runs log different numbers"
+    same_losses ep4a ep4b "two ep 4 runs log different numbers"
     bitwise ep4a ep4b
     ;;
 pp)

@@ -21,12 +21,11 @@
 #                    and without one, the restart and fault after a kill
 #   status_errors    no such job, several jobs, a supervisor that does not answer (stopped),
 #                    --watch until the job ends
-set -uo pipefail
 cohort=$1; case_name=$2
 # every `cohort train` here runs with --device cpu, also on a machine with a GPU
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-src=$COHORT_SOURCE_ROOT
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-prom.XXXXXX")
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir prom
 promd=
 cleanup() {
     [ -n "$promd" ] && kill "$promd" 2>/dev/null && wait "$promd" 2>/dev/null
@@ -35,15 +34,12 @@ cleanup() {
     [ -n "${KEEP:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
 skip() { echo "SKIP: $*" >&2; exit 77; }
 py=/usr/bin/python3
 
 # long enough to be watched: the test stops it (SIGTERM: a clean stop, exit 0)
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --data-cache-path "$work/cache" --log-interval 1 --eval-interval 100000 --eval-iters 1 --threads 1
-      --nproc-per-node 2 --train-iters 1000000 --inprocess-soft-timeout 5 --inprocess-hard-timeout 10)
+tiny_model --eval-interval 100000 --nproc-per-node 2 --train-iters 1000000 --inprocess-soft-timeout 5 \
+    --inprocess-hard-timeout 10
 free_port() { $py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # start NAME [flags]: a job in the background; its pid in $job
 start() {
@@ -491,7 +487,7 @@ status_errors)
     sleep 1
     job=$a; stop a
     job=$b; stop b
-    for _ in $(seq 100); do kill -0 $watcher 2>/dev/null || break; sleep 0.1; done
+    wait_gone $watcher 10
     wait $watcher; r=$?
     [ $r -eq 0 ] && grep -q "the job (supervisor pid $b) ended" "$work/w" && [ "$(grep -c '^cohort job ' "$work/w")" -ge 2 ] ||
         fail "--watch to the end: $r $(tail -5 "$work/w")"
