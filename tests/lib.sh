@@ -21,6 +21,9 @@
 #                                stderr in $work/NAME.out; fails the test unless it exits 0
 #   train_refused MESSAGE ARGS... `cohort train $tiny --train-iters 2 ARGS` exits 2 with MESSAGE on
 #                                stderr and starts no work (nothing on stdout)
+#   nan_reproduced KIND REPORTER HELPER ARGS...  a NaN at every replay of iteration 4 (ARGS
+#                                inject it) in a 6-iteration job: a rank matching REPORTER reports
+#                                KIND, a rank matching HELPER recomputes and finds it too: exit 3
 #   resume_exact ITERS AT        train_ok runs of ITERS iterations: one whole ($work/full), one
 #                                stopped after AT and resumed from its checkpoint ($work/s); both
 #                                end bitwise the same
@@ -107,6 +110,17 @@ train_refused() {
     [ $rc -eq 2 ] || fail "$*: exit $rc, want 2: $(tail -3 "$work/err")"
     grep -qF -- "$msg" "$work/err" || fail "$*: no '$msg' in: $(cat "$work/err")"
     [ ! -s "$work/out" ] || fail "$*: work started: $(head -3 "$work/out")"
+}
+
+nan_reproduced() {
+    local kind=$1 rep=$2 helper=$3 rc; shift 3
+    "$cohort" train "${tiny[@]}" --train-iters 6 "$@" >"$work/f.out" 2>&1
+    rc=$?
+    [ $rc -eq 3 ] || fail "exit $rc, want 3: $(tail -5 "$work/f.out")"
+    grep -Eq "rank $rep: $kind \(nan\) reproduced; rank $helper recomputes" "$work/f.out" ||
+        fail "no peer check: $(grep -i 'supervisor\|iteration 4' "$work/f.out" | head)"
+    grep -Eq "reproduced on rank $helper too: the data or the model is at fault" "$work/f.out" ||
+        fail "no diagnosis: $(grep supervisor "$work/f.out")"
 }
 
 resume_exact() {

@@ -82,6 +82,13 @@ bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
 assert not bad, bad[:3]
 PY
 }
+recovered() { # INJECT PATTERN ARGS...: 8 iterations of ARGS, clean and with the fault: the output says
+    local inj=$1 re=$2; shift 2 # PATTERN (grep -E) and the checkpoints are bitwise the same
+    run clean 8 "$@"
+    run f 8 "$@" --inject "$inj"
+    grep -Eq "$re" "$work/f.out" || fail "$inj: no '$re': $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
+    bitwise clean f
+}
 bitwise() { ckpt_same "$work/$1.ck" "$work/$2.ck"; } # A B: two runs' checkpoints bitwise the same
 
 three_faults() { # KILL FROM FLIP REPAIR_RE NAN REPORTER_RE FOUND_RE ARGS...: 6 iterations of ARGS
@@ -153,12 +160,8 @@ killed)
     bitwise clean2 g
     ;;
 sdc)
-    k=(--nproc-per-node 4 --expert-model-parallel-size 2)
-    run clean 8 "${k[@]}"
-    run f 8 "${k[@]}" --inject "bitflip-param@rank=2,step=4,bit=22"
-    grep -q "iteration 4: repair .*silent data corruption; repaired from rank [01]" "$work/f.out" ||
-        fail "not repaired: $(grep supervisor "$work/f.out")"
-    bitwise clean f
+    recovered "bitflip-param@rank=2,step=4,bit=22" "iteration 4: repair .*silent data corruption; repaired from rank [01]" \
+        --nproc-per-node 4 --expert-model-parallel-size 2
     ;;
 tp)
     T=(--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1)
@@ -173,12 +176,8 @@ tp)
     "$cohort" train "${tiny[@]}" --train-iters 6 --load "$work/half.ck" --save "$work/half.ck" >"$work/r1.out" 2>&1 ||
         fail "resume on one rank: $(tail -3 "$work/r1.out")"
     close one half
-    k=(--nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2)
-    run clean 8 "${k[@]}"
-    run f 8 "${k[@]}" --inject "kill@rank=3,step=4"
-    grep -q "rank 3 replaced in process generation 2: state of iteration 3 taken from rank 1's memory" "$work/f.out" ||
-        fail "rank 3 did not take rank 1's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
-    bitwise clean f
+    recovered "kill@rank=3,step=4" "rank 3 replaced in process generation 2: state of iteration 3 taken from rank 1's memory" \
+        --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2
     ;;
 etp)
     T=(--tensor-model-parallel-size 2 --sequence-parallel) # no --expert-tensor-parallel-size: 2
@@ -281,15 +280,9 @@ cp)
     three_faults 3 1 2 "[01]" 3 3 1 "${k[@]}"
     ;;
 peer_check)
-    "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --expert-model-parallel-size 2 \
-        --inject "nan@rank=3,step=4,times=always" >"$work/f.out" 2>&1
-    rc=$?
-    [ $rc -eq 3 ] || fail "exit $rc, want 3: $(tail -5 "$work/f.out")"
     # the second expert group (ranks 2, 3) reports it; the first (ranks 0, 1) recomputes
-    grep -Eq "rank [23]: nan_[a-z]* \(nan\) reproduced; rank [01] recomputes" "$work/f.out" ||
-        fail "no peer check: $(grep -i 'supervisor' "$work/f.out" | head)"
-    grep -Eq "reproduced on rank [01] too: the data or the model is at fault" "$work/f.out" ||
-        fail "no diagnosis: $(grep supervisor "$work/f.out")"
+    nan_reproduced "nan_[a-z]*" "[23]" "[01]" --nproc-per-node 4 --expert-model-parallel-size 2 \
+        --inject "nan@rank=3,step=4,times=always"
     ;;
 refused)
     expect() { # PATTERN ARGS...: exit 2 and the pattern in the output, nothing trained

@@ -61,6 +61,13 @@ stop() {
     [ $rc -eq 0 ] || fail "$1 exited $rc after SIGTERM: $(grep -v '^cohort rank' "$work/$1.err" | tail -5)"
 }
 # the supervisor's pid: cpu_cohort.sh execs cohort, so the job's pid is the supervisor's
+scraped() { # PORT N: $work/m1.txt, a scrape of the job's endpoint whose cohort_iteration is N or more (5 s)
+    local n
+    for _ in $(seq 50); do
+        get "http://127.0.0.1:$1/metrics" >"$work/m1.txt"
+        n=$(sed -n 's/^cohort_iteration \([0-9]*\)$/\1/p' "$work/m1.txt"); [ "${n:-0}" -ge "$2" ] && return; sleep 0.1
+    done
+}
 get() { $py - "$@" <<'PY'
 import sys, urllib.request, urllib.error
 try:
@@ -78,10 +85,7 @@ prom_exposition)
     trained 60 e
     grep -q "Prometheus metrics at http://127.0.0.1:$port/metrics" "$work/e.err" || fail "no address said: $(cat "$work/e.err")"
     # (a snapshot is at most a heartbeat, 1 s, behind the records)
-    for _ in $(seq 50); do
-        get "http://127.0.0.1:$port/metrics" >"$work/m1.txt"
-        n=$(sed -n 's/^cohort_iteration \([0-9]*\)$/\1/p' "$work/m1.txt"); [ "${n:-0}" -ge 60 ] && break; sleep 0.1
-    done
+    scraped "$port" 60
     sleep 1.5
     get "http://127.0.0.1:$port/metrics" >"$work/m2.txt"
     # a second job on the same port: refused at its start, saying why (exit 1)
@@ -156,10 +160,7 @@ prom_single)
     job=$!
     trained 20 p
     # (a snapshot is at most 0.2 s behind the records)
-    for _ in $(seq 50); do
-        get "http://127.0.0.1:$port/metrics" >"$work/m1.txt"
-        n=$(sed -n 's/^cohort_iteration \([0-9]*\)$/\1/p' "$work/m1.txt"); [ "${n:-0}" -ge 20 ] && break; sleep 0.1
-    done
+    scraped "$port" 20
     sleep 1
     get "http://127.0.0.1:$port/metrics" >"$work/m2.txt"
     stop p
