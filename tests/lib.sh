@@ -16,7 +16,8 @@
 #   same_losses A B [WHAT]       $work/A.jsonl and $work/B.jsonl logged the same losses and norms
 #   ckpt_same A B [WHAT]         checkpoints A and B (an iteration's directory, or a save
 #                                directory: its latest) hold bitwise the same tensors, every
-#                                parameter with both optimizer moments; WHAT names them when not
+#                                parameter with both optimizer moments (`cohort ckpt diff --json`
+#                                in $work/ckpt_same.json); WHAT names them when not
 #   train_ok NAME ARGS...        `cohort train $tiny ARGS`, metrics in $work/NAME.jsonl, stdout and
 #                                stderr in $work/NAME.out; fails the test unless it exits 0
 #   train_refused MESSAGE ARGS... `cohort train $tiny --train-iters 2 ARGS` exits 2 with MESSAGE on
@@ -82,8 +83,7 @@ $(diff <(losses "$work/$1.jsonl" | tr ' ' '\n') <(losses "$work/$2.jsonl" | tr '
 }
 
 ckpt_same() {
-    local out
-    out=$(mktemp "$work/ckpt-diff.XXXXXX")
+    local out=$work/ckpt_same.json
     "${COHORT_CPU_EXE:?}" ckpt diff --json "$1" "$2" >"$out" 2>&1 ||
         fail "${3:-$2 against $1}: not bitwise equal: $(grep -B1 '"status": "[^b]' "$out" | head -8)"
     /usr/bin/python3 - "$out" <<'PY' || fail "${3:-$2 against $1}: $(head -c 600 "$out")"

@@ -1,4 +1,4 @@
-# moe_tiny.sh - sourced by moe_test.sh and moe_ep_test.sh (after $work and fail() exist): the
+# moe_tiny.sh - sourced by moe_test.sh and moe_ep_test.sh (after tests/lib.sh and workdir): the
 # tiny MoE model both train (4 layers, every second one MoE with 4 experts of hidden 48, top-2,
 # aux and z losses) as $tiny, compare_runs.sh's helpers, and moe_losses_match (below).
 tiny_model --num-layers 4 --attention-dropout 0 --eval-iters 2 --disable-bias-linear --num-experts 4 \

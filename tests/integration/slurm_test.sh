@@ -58,7 +58,7 @@ dump() {
         [ -f "$f" ] && { echo "--- $f"; grep -v '  iteration ' "$f" | tail -25; }
     done
 }
-fail() { echo "FAIL: $*" >&2; dump >&2; exit 1; }
+fail() { echo "FAIL: $*" >&2; dump >&2; exit 1; } # (lib.sh's, with the jobs' and daemons' logs)
 
 # --- the cluster: munge, slurmctld, two slurmd on this host ---
 mkdir -p "$work/munge" "$work/state" "$work/spool/127.0.0.1" "$work/spool/127.0.0.2" "$work/log"
