@@ -30,8 +30,9 @@
 #                                end bitwise the same
 #   tb_has METRICS TAG           the TensorBoard event files in $work/tb hold the values of the
 #                                metrics file METRICS (tests/integration/tb_read.py) and the tag TAG
-#   bg NAME COMMAND...           COMMAND in the background, stdout and stderr in $work/NAME.out,
-#                                its pid in $job
+#   train_bg OUT ITER ARGS...    `cohort train $tiny ARGS` in the background, stdout and stderr in
+#                                $work/OUT, its pid in $job; returns once it logged iteration ITER
+#                                (fails after 60 s without)
 #   wait_until SECONDS COMMAND...  runs COMMAND every 0.1 s until it succeeds; 1 if SECONDS pass
 #   wait_gone PID SECONDS        until process PID has exited; 1 if SECONDS pass
 #   children PID                 its child processes, oldest first (from /proc: no procps on a
@@ -136,10 +137,11 @@ tb_has() {
     /usr/bin/python3 "$src/tests/integration/tb_read.py" dump "$work/tb" | grep -q "^$2" || fail "no $2 tag"
 }
 
-bg() {
-    local name=$1; shift
-    "$@" >"$work/$name.out" 2>&1 &
+train_bg() {
+    local out=$work/$1 it=$2; shift 2
+    "$cohort" train "${tiny[@]}" "$@" >"$out" 2>&1 &
     job=$!
+    wait_until 60 grep -q "iteration *$it/" "$out" || fail "no progress within 60 s: $(tail -3 "$out")"
 }
 
 wait_until() {

@@ -121,9 +121,8 @@ enospc|eio|enospc_async)
     "$cohort" ckpt verify "$S" >/dev/null || fail "previous checkpoint damaged"
     ;;
 sigterm)
-    "$cohort" train "${tiny[@]}" --train-iters 3000 --save "$S" >"$work/out" 2>&1 &
-    pid=$!
-    wait_until 60 grep -q "iteration        3/" "$work/out" || fail "no progress within 60 s"
+    train_bg out 3 --train-iters 3000 --save "$S"
+    pid=$job
     kill -TERM $pid
     wait $pid; rc=$?
     [ $rc -eq 0 ] || fail "exit $rc after SIGTERM"

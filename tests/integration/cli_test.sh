@@ -238,9 +238,8 @@ exit_interval)
     ! grep -q "iteration        4/" "$work/out" || fail "ran past the exit interval"
     ;;
 sigterm)
-    "$cohort" train "${tiny[@]}" --train-iters 100000 >"$work/out" 2>&1 &
-    pid=$!
-    wait_until 60 grep -q "iteration        2/" "$work/out" || fail "no progress within 60 s"
+    train_bg out 2 --train-iters 100000
+    pid=$job
     kill -TERM $pid
     wait $pid; rc=$?
     [ $rc -eq 0 ] || fail "exit $rc after SIGTERM"

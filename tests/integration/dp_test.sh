@@ -37,9 +37,8 @@ PY
 worker_killed)
     # without in-process restart a dead worker is a clear job-level error (the fault suite
     # covers the restart)
-    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 --no-inprocess-restart >"$work/out" 2>&1 &
-    sup=$!
-    wait_until 60 grep -q "iteration        3/" "$work/out" || fail "no progress within 60 s"
+    train_bg out 3 --nproc-per-node 2 --train-iters 100000 --no-inprocess-restart
+    sup=$job
     victim=$(children $sup | tail -1); [ -n "$victim" ] || fail "no worker found"
     kill -9 "$victim"
     wait_gone $sup 30 || fail "supervisor still running 30 s after a worker died"
@@ -48,9 +47,8 @@ worker_killed)
     grep -q "was killed by signal 9" "$work/out" || fail "no diagnosis: $(tail -5 "$work/out")"
     ;;
 sigterm)
-    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 >"$work/out" 2>&1 &
-    sup=$!
-    wait_until 60 grep -q "iteration        2/" "$work/out" || fail "no progress within 60 s"
+    train_bg out 2 --nproc-per-node 2 --train-iters 100000
+    sup=$job
     kill -TERM $sup
     wait $sup; rc=$?
     [ $rc -eq 0 ] || fail "exit $rc after SIGTERM: $(tail -5 "$work/out")"
