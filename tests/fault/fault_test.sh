@@ -5,25 +5,17 @@
 # job ended with are bitwise those of the fault-free run (its logged losses and gradient
 # norms, and its final checkpoint: parameters and optimizer state, `cohort ckpt diff`).
 #   fault_test.sh COHORT CASE
-set -uo pipefail
 cohort=$1; case_name=$2
-# every `cohort train` here runs with --device cpu, also on a machine with a GPU
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-fault.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir fault
 
 iters=12
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 16 --lr 1e-3
-      --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 1
-      --nproc-per-node 4 --train-iters $iters)
+tiny_model --global-batch-size 16 --nproc-per-node 4 --train-iters $iters
 # Every recoverable case ends with `cohort ckpt diff` of the final checkpoints, fault-free
 # run against faulty run (expect_same, expect_same_ckpt). Exempt: nan_persistent_stop,
 # nan_persistent_skip and error_injection's correct_result (stop or skip an iteration by
 # design), crash_loop (stops at the restart limit), determinism, bad_spec (no fault).
-# the fields of the training records of a metrics file that must not depend on timing
-losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
 
 # short timeouts so that hangs are found within seconds
 quick="--inprocess-soft-timeout 2 --inprocess-hard-timeout 4 --inprocess-barrier-timeout 60"
@@ -42,28 +34,13 @@ clean() {
 }
 # expect_same NAME: the faulty run logged exactly the fault-free run's losses and norms
 expect_same() {
-    [ "$(losses "$work/$1.jsonl")" = "$(losses "$work/clean.jsonl")" ] ||
-        fail "$1: losses differ from the fault-free run:
-$(diff <(losses "$work/$1.jsonl" | tr ' ' '\n') <(losses "$work/clean.jsonl" | tr ' ' '\n') | head -6)"
+    same_losses clean "$1" "$1: losses differ from the fault-free run"
     [ "$(grep -c '"grad_norm"' "$work/$1.jsonl")" -eq $iters ] || fail "$1: not every iteration logged"
     expect_same_ckpt "$work/clean.ckpt" "$work/$1.ckpt" $iters
 }
 # expect_same_ckpt REF RUN ITERATION: the run's checkpoint of that iteration holds bitwise the
 # fault-free run's parameters and optimizer state (Adam's two moments), every tensor present
-expect_same_ckpt() {
-    local it; it=$(printf 'iter_%07d' "$3")
-    "$cohort" ckpt diff --json "$1/$it" "$2/$it" >"$2.diff.json" 2>&1 ||
-        fail "$2/$it: the final state differs from the fault-free run's: $(grep -B1 '"status": "[^b]' "$2.diff.json" | head -8)"
-    /usr/bin/python3 - "$2.diff.json" <<'PY' || fail "$2/$it: ckpt diff: $(head -c 600 "$2.diff.json")"
-import json, sys
-d = json.load(open(sys.argv[1]))
-names = [t["name"] for t in d["tensors"]]
-params = [n for n in names if not n.startswith("optimizer.")]
-assert d["bitwise_equal"] and d["different"] == 0 and d["equal"] == len(names), d
-assert params and all("optimizer.exp_avg." + n in names and "optimizer.exp_avg_sq." + n in names for n in params), names
-assert all(t["status"] == "bitwise equal" for t in d["tensors"]), d
-PY
-}
+expect_same_ckpt() { ckpt_same "$1/$(printf 'iter_%07d' "$3")" "$2/$(printf 'iter_%07d' "$3")"; }
 # expect_fault NAME KIND[|KIND...] RANK DIAGNOSIS: the run report lists that fault (a bit flip
 # shows as whichever check its value trips first)
 expect_fault() {
@@ -210,12 +187,26 @@ replica_check)
     grep -q '"replica check at iteration 8' "$work/f.report.json" || fail "replica event not in the report"
     ;;
 msg_drop|msg_dup|msg_delay)
+    # a rank's loss report to the supervisor dropped (the rank sends it again after 1 s without
+    # a verdict), sent twice (the supervisor counts it once) or delayed (900 ms): the same
+    # numbers. The fault is on rank 3, whose metrics records the supervisor writes, so the
+    # records show what it cost that rank: its wait for the verdict of iteration 4 (drop) or
+    # the whole iteration (delay). (A duplicate leaves no trace in the report or the metrics.)
     kind=msg-${case_name#msg_}
+    spec="$kind@rank=3,step=4"; [ "$kind" = msg-delay ] && spec+=",ms=900"
     clean
-    run f --inject "$kind@rank=1,step=4"
+    run f --inject "$spec"
     expect_rc f 0
     expect_same f
-    grep -q "inject: $kind on rank 1 at step 4" "$work/f.report.json" || fail "not in the report"
+    grep -q "inject: $kind on rank 3 at step 4" "$work/f.report.json" || fail "not in the report"
+    /usr/bin/python3 - "$work/f.jsonl" "$kind" <<'PY' || fail "$kind had no effect: $(grep '"iteration":4,' "$work/f.jsonl")"
+import json, sys
+rec = {r["iteration"]: r for r in map(json.loads, open(sys.argv[1])) if "grad_norm" in r}[4]
+if sys.argv[2] == "msg-drop":    # no verdict without the report sent again, 1 s into the wait
+    assert rec["validation_ms_per_iteration"] >= 1000, rec
+elif sys.argv[2] == "msg-delay":  # no verdict before the report left, 900 ms after it was sent
+    assert rec["elapsed_ms_per_iteration"] >= 900, rec
+PY
     ;;
 slow)
     # a straggler: rank 2 sleeps 150 ms per micro batch from step 2 on (others take ~5 ms)
@@ -424,16 +415,18 @@ kill_supervisor)
     # the supervisor dies: the workers stop on their own (no orphan trains headless), the
     # last checkpoint is intact, and the job resumes from it to the fault-free result
     clean --save "$work/clean.ckpt" --save-interval 4
-    run f --inject "kill-supervisor@step=7" --save "$work/f.ckpt" --save-interval 4
+    # (run's job in the background, to know its workers: the supervisor's children)
+    "$cohort" train "${tiny[@]}" --metrics-file "$work/f.jsonl" --run-report "$work/f.report.json" --save "$work/f.ckpt" \
+        --inject "kill-supervisor@step=7" --save-interval 4 >"$work/f.out" 2>"$work/f.err" &
+    sup=$!
+    wait_until 60 eval '[ "$(children $sup | wc -l)" -ge 4 ]' || fail "the job's 4 workers did not start"
+    workers=$(children $sup)
+    wait $sup; rc=$?
     [ $rc -eq 137 ] || fail "supervisor exited $rc, not killed"
-    for _ in $(seq 100); do
-        left=$(grep -l "cohort-fault" /proc/[0-9]*/cmdline 2>/dev/null | while read -r f; do
-            [ -r "$f" ] || continue
-            tr '\0' ' ' <"$f" 2>/dev/null | grep -q "f.jsonl" && echo x; done | wc -l)
-        [ "$left" -eq 0 ] && break
-        sleep 0.1
-    done
-    [ "$left" -eq 0 ] || fail "$left workers still running 10 s after their supervisor died"
+    running() { # the workers still running (a zombie has stopped; whoever adopted it reaps it)
+        local p s; for p in $workers; do s=$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null); [ -n "$s" ] && [ "$s" != Z ] && echo "$p"; done
+    }
+    wait_until 10 eval '[ -z "$(running)" ]' || fail "workers $(running) still running 10 s after their supervisor died"
     [ "$(cat "$work/f.ckpt/latest_checkpointed_iteration.txt")" = 4 ] || fail "tracker: $(cat "$work/f.ckpt/latest_checkpointed_iteration.txt")"
     "$cohort" ckpt verify "$work/f.ckpt" >/dev/null || fail "the last checkpoint does not verify"
     run g --load "$work/f.ckpt" --save "$work/f.ckpt" --save-interval 4
@@ -456,7 +449,7 @@ chaos)
     run f "${chaos_iters[@]}" "${args[@]}" $quick --save "$work/f.ckpt" --save-interval 1000 --inprocess-restart-limit 20
     expect_rc f 0
     expect_same_ckpt "$work/clean.ckpt" "$work/f.ckpt" 200
-    [ "$(losses "$work/f.jsonl")" = "$(losses "$work/clean.jsonl")" ] || fail "logged losses differ"
+    same_losses f clean "logged losses differ"
     /usr/bin/python3 - "$work/f.report.json" <<'PY' || fail "report incomplete: $(cat "$work/f.report.json")"
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mp_test.sh - Megatron's parallel groups as communicators, and in-process restarts across
-# them, on 8 processes in a tp2 x pp2 x dp2 layout (issue 14, item 3), with the model
+# them, on 8 processes in a tp2 x pp2 x dp2 layout, with the model
 # replicated: cohort-standin (standin_main.c) replicates the whole model on every rank of a
 # model-parallel group (the groups' plumbing alone, apart from the tensor and pipeline
 # compute that tests/integration/{tp,pp}_test.sh check), so each (tp, pp) shard's data-parallel
@@ -8,19 +8,14 @@
 # and at the end that the members of every group (tp, cp, dp, pp, mp, embedding, expert ...)
 # hold identical weights. Final states are compared with `cohort ckpt diff`.
 #   mp_test.sh COHORT COHORT_STANDIN CASE
-set -uo pipefail
-export COHORT_CPU_EXE=$1
-cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$1"
 standin=$2; case_name=$3
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-mp.XXXXXX")
-trap '[ -n "${KEEP:-}" ] && echo "kept $work" >&2 || rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+workdir mp
 
 iters=10
-common=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-        --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-        --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 1
-        --train-iters $iters --inprocess-soft-timeout 5)
+tiny_model --train-iters $iters --inprocess-soft-timeout 5
+common=("${tiny[@]}")
 mp=(--nproc-per-node 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
 # standin NAME [flags...]: the 8-rank stand-in job; status in $rc
 standin() {
@@ -31,20 +26,7 @@ standin() {
 }
 expect_rc() { [ "$rc" -eq "$2" ] || fail "$1 exited $rc, not $2: $(grep -v '^cohort rank' "$work/$1.err" | tail -8)"; }
 # expect_same_ckpt A B: the final checkpoints hold bitwise the same parameters and moments
-expect_same_ckpt() {
-    local it; it=$(printf 'iter_%07d' $iters)
-    "$cohort" ckpt diff --json "$work/$1.ckpt/$it" "$work/$2.ckpt/$it" >"$work/$2.diff.json" 2>&1 ||
-        fail "$2: the final state differs from $1's: $(head -c 800 "$work/$2.diff.json")"
-    /usr/bin/python3 - "$work/$2.diff.json" <<'PY' || fail "$2: ckpt diff: $(head -c 600 "$work/$2.diff.json")"
-import json, sys
-d = json.load(open(sys.argv[1]))
-names = [t["name"] for t in d["tensors"]]
-params = [n for n in names if not n.startswith("optimizer.")]
-assert d["bitwise_equal"] and d["different"] == 0 and d["equal"] == len(names), d
-assert params and all("optimizer.exp_avg." + n in names for n in params), names
-PY
-}
-losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
+expect_same_ckpt() { ckpt_same "$work/$1.ckpt/$(printf 'iter_%07d' $iters)" "$work/$2.ckpt/$(printf 'iter_%07d' $iters)"; }
 
 case $case_name in
 groups_match)
@@ -54,7 +36,7 @@ groups_match)
     standin mp
     expect_rc mp 0
     expect_same_ckpt dp2 mp
-    [ "$(losses "$work/mp.jsonl")" = "$(losses "$work/dp2.jsonl")" ] || fail "logged losses differ from the 2-rank job's"
+    same_losses mp dp2 "logged losses differ from the 2-rank job's"
     grep -q "replicas differ" "$work/mp.err" && fail "$(grep "replicas differ" "$work/mp.err" | head -3)"
     ;;
 groups_kill)

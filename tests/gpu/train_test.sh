@@ -2,16 +2,12 @@
 # train_test.sh - `cohort train --device cuda` end to end against `--device cpu`, one case
 # per meson test (suite gpu); exits 77 where there is no GPU.
 #   train_test.sh COHORT CASE     CASE: tracks_cpu | tracks_cpu_bf16 | deterministic | local_rank
-set -uo pipefail
 cohort=$1; case_name=$2
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-gpu.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+workdir gpu
 
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 64
-      --num-attention-heads 4 --seq-length 64 --micro-batch-size 4 --global-batch-size 8 --lr 1e-3
-      --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 10 --data-cache-path "$work/cache"
-      --log-interval 10 --eval-interval 100000 --eval-iters 1 --threads 2)
+tiny_model --hidden-size 64 --seq-length 64 --micro-batch-size 4 --log-interval 10 --eval-interval 100000 --threads 2 \
+    --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 10
 
 # skip without a GPU
 "$cohort" train "${tiny[@]}" --device cuda --train-iters 12 >"$work/probe" 2>&1; rc=$?
@@ -21,12 +17,12 @@ if [ $rc -eq 2 ] && grep -q -- "--device cuda:" "$work/probe"; then
 fi
 [ $rc -eq 0 ] || fail "probe run: exit $rc: $(tail -5 "$work/probe")"
 
-losses() { # metrics file -> "iteration loss" per logged training iteration
+loss_pairs() { # metrics file -> "iteration loss" per logged training iteration
     sed -n 's/^{"iteration":\([0-9]*\),.*"lm_loss":\([-0-9.eE+]*\),.*/\1 \2/p' "$1"
 }
 
 compare() { # a b abs rel: every logged loss of b within abs + rel*|a| of a's
-    paste <(losses "$1") <(losses "$2") | awk -v A="$3" -v R="$4" '
+    paste <(loss_pairs "$1") <(loss_pairs "$2") | awk -v A="$3" -v R="$4" '
         { n++; d = $2 - $4; if (d < 0) d = -d; a = $2 < 0 ? -$2 : $2
           if ($1 != $3 || d > A + R * a) { bad++; if (bad <= 5) printf "iteration %s: cpu %s gpu %s\n", $1, $2, $4 } }
         END { printf "%d logged iterations compared, %d off\n", n, bad; exit (n < 5 || bad > 0) }' >&2

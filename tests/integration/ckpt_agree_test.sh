@@ -12,18 +12,13 @@
 #                seconds, naming the file, and nothing restarts
 #   moe_args     a MoE checkpoint loaded with another --num-experts names the expert counts
 #                (exit 2); --use-checkpoint-args takes --num-experts and the MoE flags from it
-set -uo pipefail
 cohort=$1; case_name=$2
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-agree.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir agree
 . "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
 
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
-      --threads 1)
+tiny_model --num-layers 4 --attention-dropout 0 --eval-iters 2
 layout=(--nproc-per-node 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
 
 run() { # NAME ARGS...: output in $work/NAME.out, metrics in $work/NAME.jsonl; returns the exit status

@@ -11,19 +11,14 @@
 # the supervisor commits (layout, tools and export on such checkpoints, a kill of a rank or of the
 # supervisor at each phase, a failing write on one rank).
 #   ckpt_test.sh COHORT PYTHON CASE
-set -uo pipefail
 cohort=$1; py=$2; case_name=$3
-src=${COHORT_SOURCE_ROOT:?}
 # every `cohort train` here runs with --device cpu, also on a machine with a GPU
-export COHORT_CPU_EXE=$cohort; cohort=$src/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-ckpt.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir ckpt
 S=$work/save
 
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 4 --lr 1e-3
-      --data-cache-path "$work/cache" --log-interval 3 --eval-interval 3 --eval-iters 1 --threads 2)
+tiny_model --global-batch-size 4 --log-interval 3 --eval-interval 3 --threads 2
 train() { "$cohort" train "${tiny[@]}" "$@"; }
 # several ranks: a global batch that 1, 2 and 4 ranks divide, one thread each
 dp=(--global-batch-size 8 --threads 1)
@@ -76,8 +71,8 @@ resume|resume_async)
     # the final evaluation of the resumed run equals the uninterrupted one
     [ "$(grep 'on validation set' "$work/full.out")" = "$(grep 'on validation set' "$work/b.out")" ] || fail "final validation differs"
     # parameters and optimizer state bitwise equal
-    "$cohort" ckpt diff "$work/full" "$S" >"$work/diff.out" 2>&1 || fail "checkpoints differ: $(tail -5 "$work/diff.out")"
-    grep -q "bitwise equal: 84 tensors" "$work/diff.out" || fail "$(cat "$work/diff.out")"
+    ckpt_same "$work/full" "$S" "checkpoints differ"
+    grep -q '"equal": 84,' "$work/ckpt_same.json" || fail "$(head -8 "$work/ckpt_same.json")"
     # the metrics' loss values too
     grep -v '"evaluation"' "$work/m_full.jsonl" | grep -o '"iteration":[0-9]*,.*"lm_loss":[^,]*' | sed -E 's/"elapsed[^,]*,"tokens[^,]*,"tflops[^,]*,//' >"$work/x1"
     cat "$work/m_a.jsonl" "$work/m_b.jsonl" | grep -v '"evaluation"' | grep -o '"iteration":[0-9]*,.*"lm_loss":[^,]*' |
@@ -126,10 +121,8 @@ enospc|eio|enospc_async)
     "$cohort" ckpt verify "$S" >/dev/null || fail "previous checkpoint damaged"
     ;;
 sigterm)
-    "$cohort" train "${tiny[@]}" --train-iters 3000 --save "$S" >"$work/out" 2>&1 &
-    pid=$!
-    for _ in $(seq 600); do grep -q "iteration        3/" "$work/out" && break; sleep 0.1; done
-    grep -q "iteration        3/" "$work/out" || fail "no progress within 60 s"
+    train_bg out 3 --train-iters 3000 --save "$S"
+    pid=$job
     kill -TERM $pid
     wait $pid; rc=$?
     [ $rc -eq 0 ] || fail "exit $rc after SIGTERM"
@@ -339,7 +332,7 @@ lock)
     "$cohort" train "${tiny[@]}" "${dp[@]}" --nproc-per-node 2 --train-iters 600 --log-interval 100 --eval-interval 1000 --save "$S" \
         >"$work/a.out" 2>&1 &
     a=$!
-    for _ in $(seq 300); do grep -q '^started=' "$S/.cohort.lock" 2>/dev/null && break; sleep 0.05; done
+    wait_until 15 grep -q '^started=' "$S/.cohort.lock"
     [ -s "$S/.cohort.lock" ] || fail "no lock file while the job runs: $(tail -3 "$work/a.out")"
     grep -qx "pid=$a" "$S/.cohort.lock" && grep -qx "host=$host" "$S/.cohort.lock" ||
         fail "the lock does not name the supervisor (pid $a on $host): $(cat "$S/.cohort.lock")"
@@ -358,7 +351,7 @@ lock)
     # a stale lock: its holder killed (SIGKILL leaves the file); the next job takes it over
     "$cohort" train "${tiny[@]}" --train-iters 100000 --save "$work/s2" --save-interval 100000 >/dev/null 2>&1 &
     k=$!
-    for _ in $(seq 300); do grep -q '^started=' "$work/s2/.cohort.lock" 2>/dev/null && break; sleep 0.05; done
+    wait_until 15 grep -q '^started=' "$work/s2/.cohort.lock"
     grep -qx "pid=$k" "$work/s2/.cohort.lock" || fail "no lock of pid $k"
     kill -9 $k; wait $k 2>/dev/null
     old=$(sed -n 's/^job=//p' "$work/s2/.cohort.lock")
@@ -591,7 +584,7 @@ tools_output)
     # a save directory a live job holds
     "$cohort" train "${tiny[@]}" --train-iters 100000 --save "$work/live" --save-interval 100000 >"$work/live.out" 2>&1 &
     k=$!
-    for _ in $(seq 300); do grep -q '^started=' "$work/live/.cohort.lock" 2>/dev/null && break; sleep 0.05; done
+    wait_until 15 grep -q '^started=' "$work/live/.cohort.lock"
     grep -qx "pid=$k" "$work/live/.cohort.lock" || fail "no lock of pid $k: $(tail -3 "$work/live.out")"
     refused "a live job's save directory" "--output $work/live is in use: locked by job" \
         "$S" --to cohort --tensor-model-parallel-size 1 --output "$work/live"

@@ -1,19 +1,13 @@
 #!/usr/bin/env bash
 # cli_test.sh - integration tests of the `cohort` binary, one case per meson test.
 #   cli_test.sh COHORT PYTHON CASE
-set -uo pipefail
 cohort=$1; py=$2; case_name=$3
 # every `cohort train` here runs with --device cpu, also on a machine with a GPU
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-src=${COHORT_SOURCE_ROOT:?}
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-it.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir it
 
-# a small model on mock data: fast, deterministic
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 4 --lr 1e-3
-      --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 2)
+tiny_model --global-batch-size 4 --threads 2
 
 case $case_name in
 unknown_flag)
@@ -244,10 +238,8 @@ exit_interval)
     ! grep -q "iteration        4/" "$work/out" || fail "ran past the exit interval"
     ;;
 sigterm)
-    "$cohort" train "${tiny[@]}" --train-iters 100000 >"$work/out" 2>&1 &
-    pid=$!
-    for _ in $(seq 600); do grep -q "iteration        2/" "$work/out" && break; sleep 0.1; done
-    grep -q "iteration        2/" "$work/out" || fail "no progress within 60 s"
+    train_bg out 2 --train-iters 100000
+    pid=$job
     kill -TERM $pid
     wait $pid; rc=$?
     [ $rc -eq 0 ] || fail "exit $rc after SIGTERM"
@@ -325,17 +317,12 @@ sigint_early|interrupt_loop)
         # the binary itself, not the --device cpu wrapper: a signal in the wrapper shell before its
         # exec would end it with 130
         "$COHORT_CPU_EXE" train --device cpu "${job[@]}" --train-iters 100000 --save "$work/ck" >"$work/out" 2>&1 &
-        local pid=$! mask exe
+        local pid=$!
         # every interrupt comes once cohort took SIGINT over (blocked for its signal thread,
         # or caught): before that the process is still the forked shell (which catches
         # SIGINT itself under job control) or the dynamic loader (the first ~2 ms after
         # exec), which no program controls
-        exe=$(readlink -f "$COHORT_CPU_EXE")
-        for _ in $(seq 5000); do
-            [ "$(readlink -f /proc/$pid/exe 2>/dev/null)" = "$exe" ] || continue
-            mask=$(awk '/^Sig(Blk|Cgt)/{printf "%s ", $2}' /proc/$pid/status 2>/dev/null) || break
-            [ -n "$mask" ] && { (( 16#${mask%% *} & 2 )) || (( 16#${mask#* } & 2 )); } && break
-        done
+        wait_handles_sigint $pid "$COHORT_CPU_EXE"
         [ "$when" = handlers ] || sleep "$when"
         kill -INT $pid
         wait $pid; local rc=$?

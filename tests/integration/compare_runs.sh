@@ -1,12 +1,12 @@
 # compare_runs.sh - sourced by the parallelism tests (tp_test.sh, pp_test.sh): what two runs
-# of `cohort train` logged, compared. Needs $work (the runs' metrics are $work/NAME.jsonl)
-# and fail().
-#   losses FILE               the iterations, losses and gradient norms of a metrics file, one line
+# of `cohort train` logged, compared. Needs tests/lib.sh and $work (the runs' metrics are
+# $work/NAME.jsonl).
 #   convert_roundtrip ONE TP2 `ckpt convert --to cohort` of the tp 1 checkpoint $work/ONE to tp 2
 #                             and of the tp 2 one $work/TP2 to tp 1 keeps every tensor bitwise
+#   sdc_repaired RANK FROM ARGS...  a weight bit of RANK flipped in iteration 4 of an 8-iteration
+#                             job (run ARGS) is repaired from rank FROM: bitwise the clean run
 #   compare FROM REF RUN...   iterations FROM.. of every RUN against REF's, and their validation
 #                             losses, within fp32 reduction tolerance (1e-6 relative)
-losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
 compare() { # FROM REF RUN...: iterations FROM.. of every run against REF's, and the validation loss
     /usr/bin/python3 - "$work" "$@" <<'PY' || fail "the layouts disagree"
 import json, sys
@@ -45,4 +45,13 @@ convert_roundtrip() { # ONE TP2: checkpoints (in $work) of one rank and of tp 2,
         "$cohort" ckpt diff "$work/$1" "$work/$2" >"$work/d.out" 2>&1 && grep -q "^bitwise equal" "$work/d.out" ||
             fail "converted $1: $(tail -3 "$work/d.out")"
     done
+}
+sdc_repaired() {
+    local rank=$1 from=$2; shift 2
+    run clean "$@" --train-iters 8 --save "$work/cs"
+    run f "$@" --train-iters 8 --inject "bitflip-param@rank=$rank,step=4,bit=22" --save "$work/fs"
+    grep -q "rank $rank: parameters changed in memory since its last update .*silent data corruption; repaired from rank $from" \
+        "$work/f.out" || fail "no diagnosis: $(grep -i 'supervisor' "$work/f.out" | head -5)"
+    same_losses clean f "the repaired run trained other numbers"
+    ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
 }

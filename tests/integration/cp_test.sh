@@ -29,27 +29,18 @@
 #   bad_configs  a sequence not divisible by 2cp, attention dropout, --device cuda, pipeline
 #                parallelism, --cp-packed-sequences without documents, --cp-comm-type other than
 #                p2p: refused before any work
-set -uo pipefail
 cohort=$1; case_name=$2
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-cp.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir cp
 
 # the ring attention has no dropout (refused with cp); hidden dropout (Megatron's default 0.1)
 # stays on: it is keyed by each token's row in the whole micro batch, so a context-parallel
 # run draws one rank's masks
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000
-      --eval-iters 2 --threads 1)
+tiny_model --attention-dropout 0 --eval-iters 2
 . "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
 
-run() { # NAME ARGS...: trains 5 iterations, metrics in $work/NAME.jsonl, checkpoint in $work/NAME.ck
-    local name=$1; shift
-    "$cohort" train "${tiny[@]}" --train-iters 5 --metrics-file "$work/$name.jsonl" --save "$work/$name.ck" "$@" \
-        >"$work/$name.out" 2>&1 || fail "$name: exit $?: $(tail -5 "$work/$name.out")"
-}
+run() { train_ok "$1" --train-iters 5 --save "$work/$1.ck" "${@:2}"; } # NAME ARGS...: checkpoint in $work/NAME.ck
 params_match() { # REF RUN...: final parameters and moments within 5e-5 absolute of REF's
     local ref=$1; shift
     for n in "$@"; do
@@ -78,9 +69,7 @@ for i in range(3000):
           --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1
           --eval-interval 1000 --eval-iters 2 --threads 1 --reset-attention-mask --reset-position-ids --eod-mask-loss)
 }
-bitwise() { # A B: two runs' checkpoints bitwise the same
-    "$cohort" ckpt diff "$work/$1.ck" "$work/$2.ck" >"$work/bd" || fail "$1 and $2 differ: $(tail -3 "$work/bd")"
-}
+bitwise() { ckpt_same "$work/$1.ck" "$work/$2.ck"; } # A B: two runs' checkpoints bitwise the same
 
 case $case_name in
 causal)

@@ -5,14 +5,11 @@
 # bpe_node compares GPT-2 BPE ids with the npm package gpt-3-encoder's JavaScript encoder
 # on a ~4 MB corpus; it skips (77) when node or the package is missing, unless CI=true -- and even
 # then when deploy/setup.sh recorded that the npm registry was unreachable (third_party/npm/UNREACHABLE).
-set -uo pipefail
 cohort=$1; py=$2; case_name=$3
 # every `cohort train` here runs with --device cpu, also on a machine with a GPU
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-src=${COHORT_SOURCE_ROOT:?}
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-data.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir data
 skip() { if [ "${CI:-}" = "true" ]; then fail "$* (required under CI=true)"; fi; echo "SKIP: $*"; exit 77; }
 
 case $case_name in

@@ -6,17 +6,13 @@
 # per meson test; every comparison is `cohort ckpt diff` of final checkpoints (parameters and
 # both Adam moments).
 #   dopt_test.sh COHORT CASE
-set -uo pipefail
 cohort=$1; case_name=$2
 # every `cohort train` here runs with --device cpu, also on a machine with a GPU
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-dopt.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir dopt
 
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 16 --lr 1e-3
-      --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 1)
+tiny_model --global-batch-size 16
 D=--use-distributed-optimizer
 quick="--inprocess-soft-timeout 2 --inprocess-hard-timeout 4 --inprocess-barrier-timeout 60"
 # train NAME NPROC [flags...]: a job (one process for NPROC 1), output in $work/NAME.{out,err}
@@ -30,12 +26,7 @@ train() {
 ok() { [ $rc -eq 0 ] || fail "$1 exited $rc: $(grep -v '^cohort rank' "$work/$1.err" | tail -6)"; }
 it_dir() { printf '%s/iter_%07d' "$1" "$2"; }
 # same A B IT: bitwise equal checkpoints of iteration IT (every tensor, moments included)
-same() {
-    "$cohort" ckpt diff "$(it_dir "$1" "$3")" "$(it_dir "$2" "$3")" >"$work/diff.txt" 2>&1 ||
-        fail "$1 vs $2 at $3 not bitwise equal: $(grep -v 'bitwise equal' "$work/diff.txt" | head -6)"
-    grep -q "optimizer.exp_avg_sq.layers.1.mlp.fc2.weight" <("$cohort" ckpt inspect "$(it_dir "$2" "$3")" 2>&1) ||
-        fail "$2: no optimizer state in the checkpoint"
-}
+same() { ckpt_same "$(it_dir "$1" "$3")" "$(it_dir "$2" "$3")" "$1 vs $2 at $3"; } # A B ITERATION: bitwise
 # close A B IT: within fp32 reduction-order noise (ten times what 2 and 4 uninterrupted
 # replicated ranks differ by: parameters 7e-7, exp_avg 5e-9, exp_avg_sq 1e-11 absolute)
 close() {

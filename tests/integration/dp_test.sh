@@ -1,26 +1,13 @@
 #!/usr/bin/env bash
 # dp_test.sh - multi-process training under the supervisor, one case per meson test.
 #   dp_test.sh COHORT CASE
-set -uo pipefail
 cohort=$1; case_name=$2
 # every `cohort train` here runs with --device cpu, also on a machine with a GPU
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-dp.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir dp
 
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 1)
-# children of a process, newest last (from /proc: no procps on a minimal Debian)
-children() {
-    local p
-    for p in /proc/[0-9]*; do
-        [ "$(awk '{print $4}' "$p/stat" 2>/dev/null)" = "$1" ] && echo "${p#/proc/}"
-    done | sort -n
-}
-# the fields of the training lines of a metrics file that must not depend on timing
-losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
+tiny_model
 
 case $case_name in
 matches_one_rank)
@@ -31,7 +18,7 @@ matches_one_rank)
         "$cohort" train "${tiny[@]}" --nproc-per-node $n --train-iters 5 --metrics-file "$f" >"$work/out$n" 2>&1 \
             || fail "$n ranks: $(tail -5 "$work/out$n")"
     done
-    [ "$(losses "$work/m2.jsonl")" = "$(losses "$work/m2b.jsonl")" ] || fail "2-rank runs differ"
+    same_losses m2 m2b "2-rank runs differ"
     /usr/bin/python3 - "$work" <<'PY' || fail "ranks disagree"
 import json, sys
 w = sys.argv[1]
@@ -50,42 +37,45 @@ PY
 worker_killed)
     # without in-process restart a dead worker is a clear job-level error (the fault suite
     # covers the restart)
-    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 --no-inprocess-restart >"$work/out" 2>&1 &
-    sup=$!
-    for _ in $(seq 600); do grep -q "iteration        3/" "$work/out" && break; sleep 0.1; done
-    grep -q "iteration        3/" "$work/out" || fail "no progress within 60 s"
+    train_bg out 3 --nproc-per-node 2 --train-iters 100000 --no-inprocess-restart
+    sup=$job
     victim=$(children $sup | tail -1); [ -n "$victim" ] || fail "no worker found"
     kill -9 "$victim"
-    for _ in $(seq 300); do kill -0 $sup 2>/dev/null || break; sleep 0.1; done
-    kill -0 $sup 2>/dev/null && fail "supervisor still running 30 s after a worker died"
+    wait_gone $sup 30 || fail "supervisor still running 30 s after a worker died"
     wait $sup; rc=$?
     [ $rc -eq 4 ] || fail "exit $rc, want 4: $(tail -5 "$work/out")"
     grep -q "was killed by signal 9" "$work/out" || fail "no diagnosis: $(tail -5 "$work/out")"
     ;;
 sigterm)
-    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 >"$work/out" 2>&1 &
-    sup=$!
-    for _ in $(seq 600); do grep -q "iteration        2/" "$work/out" && break; sleep 0.1; done
-    grep -q "iteration        2/" "$work/out" || fail "no progress within 60 s"
+    train_bg out 2 --nproc-per-node 2 --train-iters 100000
+    sup=$job
     kill -TERM $sup
     wait $sup; rc=$?
     [ $rc -eq 0 ] || fail "exit $rc after SIGTERM: $(tail -5 "$work/out")"
     grep -q "stopped by signal after iteration" "$work/out" || fail "no clean stop: $(tail -5 "$work/out")"
     ;;
 any_order)
-    # rank 0 registers last, 1.5 s after the others: the rendezvous still completes
-    COHORT_TEST_REGISTER_DELAY=0:1500,2:700 "$cohort" train "${tiny[@]}" --nproc-per-node 3 --global-batch-size 6 \
-        --train-iters 2 >"$work/out" 2>&1 || fail "$(tail -5 "$work/out")"
+    # rank 0 registers last, seconds after the others: `cohort status` shows ranks 1 and 2
+    # registered (their host known) while rank 0 is not, and the rendezvous still completes
+    COHORT_TEST_REGISTER_DELAY=0:6000,2:700 "$cohort" train "${tiny[@]}" --nproc-per-node 3 --global-batch-size 6 \
+        --train-iters 2 >"$work/out" 2>&1 &
+    sup=$!
+    registered() { # which slots registered, in rank order: "no yes yes"
+        "$cohort" status --json $sup 2>/dev/null |
+            /usr/bin/python3 -c 'import json, sys; print(" ".join("yes" if r["host"] else "no" for r in json.load(sys.stdin)["ranks"]))'
+    }
+    wait_until 30 eval '[ "$(registered)" = "no yes yes" ]' ||
+        fail "ranks 1 and 2 not seen registered before rank 0: $(registered); $(tail -3 "$work/out")"
+    wait $sup || fail "$(tail -5 "$work/out")"
     grep -q "iteration        2/       2" "$work/out" || fail "did not train"
     ;;
 killed_in_rendezvous)
     COHORT_TEST_REGISTER_DELAY=1:20000 "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 2 >"$work/out" 2>&1 &
     sup=$!
-    sleep 1.5
+    wait_until 30 eval '[ "$(children $sup | wc -l)" -ge 2 ]' # both workers started
     victim=$(children $sup | tail -1); [ -n "$victim" ] || fail "no worker found"
     kill -9 "$victim"
-    for _ in $(seq 300); do kill -0 $sup 2>/dev/null || break; sleep 0.1; done
-    kill -0 $sup 2>/dev/null && fail "supervisor still running 30 s after a worker died in rendezvous"
+    wait_gone $sup 30 || fail "supervisor still running 30 s after a worker died in rendezvous"
     wait $sup; rc=$?
     [ $rc -eq 4 ] || fail "exit $rc, want 4: $(tail -5 "$work/out")"
     ;;
@@ -136,16 +126,7 @@ keyless_peer)
             fail "the job noticed the intruder: $(grep -v '  iteration ' "$f" | tail -8)"
     done
     grep -q "iteration       12/      12" "$work/attacked.n0" || fail "$(tail -5 "$work/attacked.n0")"
-    it=iter_0000012
-    "$cohort" ckpt diff --json "$work/calm/$it" "$work/attacked/$it" >"$work/diff.json" 2>&1 ||
-        fail "the attacked run's final state differs: $(head -c 800 "$work/diff.json")"
-    /usr/bin/python3 - "$work/diff.json" <<'PY' || fail "ckpt diff: $(head -c 600 "$work/diff.json")"
-import json, sys
-d = json.load(open(sys.argv[1]))
-names = [t["name"] for t in d["tensors"]]
-assert d["bitwise_equal"] and d["different"] == 0 and d["equal"] == len(names), d
-assert any(n.startswith("optimizer.exp_avg.") for n in names) and any(not n.startswith("optimizer.") for n in names), names
-PY
+    ckpt_same "$work/calm/iter_0000012" "$work/attacked/iter_0000012" "the attacked run's final state"
     ;;
 wrong_key)
     # a node whose secret is not the job's is refused: its worker never registers
@@ -247,8 +228,8 @@ resume_direct)
     "$cohort" ckpt verify "$work/b" >/dev/null 2>&1 || fail "the checkpoint does not verify"
     "$cohort" train "${big[@]}" --nproc-per-node 2 --train-iters 6 --save "$work/b" --load "$work/b" --async-save \
         --metrics-file "$work/b.jsonl" >"$work/o2" 2>&1 || fail "second half: $(tail -5 "$work/o2")"
-    "$cohort" ckpt diff "$work/a" "$work/b" >"$work/diff" 2>&1 || fail "checkpoints differ: $(head -5 "$work/diff")"
-    [ "$(losses "$work/a.jsonl")" = "$(losses "$work/b.jsonl")" ] || fail "logged losses differ"
+    ckpt_same "$work/a" "$work/b" "checkpoints differ"
+    same_losses a b "logged losses differ"
     ;;
 embedded)
     "$cohort" train --nproc-per-node 4 --train-iters 4 --log-interval 2 --eval-iters 1 --workdir "$work/w" \
@@ -263,8 +244,7 @@ sigint_group|sigterm_group|sigterm_one_worker|sigint_supervisor)
     set -m # the job in its own process group, as a terminal's foreground job is
     "$COHORT_CPU_EXE" train --device cpu "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 --save "$work/ck" >"$work/out" 2>&1 &
     sup=$!
-    for _ in $(seq 600); do grep -q "iteration        3/" "$work/out" && break; sleep 0.1; done
-    grep -q "iteration        3/" "$work/out" || fail "no progress within 60 s"
+    wait_until 60 grep -q "iteration        3/" "$work/out" || fail "no progress within 60 s"
     case $case_name in
     sigint_group) kill -INT -- -$sup ;;
     sigterm_group) kill -TERM -- -$sup ;;
@@ -306,12 +286,9 @@ sigint_rendezvous)
         sup=$!
         # (the supervisor's own handler first: it exists about 2 ms after exec, from main.c's
         # preinit; a loaded machine can keep a process in the dynamic loader longer than 0.05 s,
-        # and a signal there kills it as any program's would)
-        for _ in $(seq 500); do
-            cgt=$(awk '/^SigCgt:/ {print $2}' /proc/$sup/status 2>/dev/null)
-            [ -n "$cgt" ] && (( 0x$cgt & 2 )) && break
-            sleep 0.01
-        done
+        # and a signal there kills it as any program's would; before the exec the process is
+        # the forked shell, which under job control catches SIGINT itself)
+        wait_handles_sigint $sup "$COHORT_CPU_EXE"
         sleep $delay
         kill -INT -- -$sup
         wait $sup; rc=$?
@@ -330,8 +307,7 @@ second_signal)
     "$COHORT_CPU_EXE" train --device cpu "${tiny[@]}" --nproc-per-node 2 --train-iters 100000 --save "$work/ck" --save-interval 2 \
         --inject slow@rank=0,step=6,phase=allreduce,ms=4000 >"$work/out" 2>&1 &
     sup=$!
-    for _ in $(seq 600); do grep -q "iteration        5/" "$work/out" && break; sleep 0.1; done
-    grep -q "iteration        5/" "$work/out" || fail "no progress within 60 s"
+    wait_until 60 grep -q "iteration        5/" "$work/out" || fail "no progress within 60 s"
     kill -INT -- -$sup
     sleep 0.5
     t0=$(date +%s%N)

@@ -4,17 +4,13 @@
 # 2-rank job at once with the status one process would exit with and the first failing
 # rank's message, with no in-process restart; one case per meson test.
 #   incurable_test.sh COHORT CASE
-set -uo pipefail
 cohort=$1; case_name=$2
 # every `cohort train` here runs with --device cpu, also on a machine with a GPU
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-incurable.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir incurable
 
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 1)
+tiny_model
 S=$work/ckpt
 tracker() { cat "$S/latest_checkpointed_iteration.txt" 2>/dev/null; }
 # job NAME [flags...]: a 2-rank job (bounded: a restart loop would take minutes); its output

@@ -58,20 +58,14 @@
 #             the tensor-parallel size at expert tensor size 1, tp x ep not dividing the world
 #             at expert tensor size tp, ep x expert tensor size not a multiple of tp x cp, a capacity or
 #             packed sequences with ep x cp
-set -uo pipefail
 cohort=$1; case_name=$2
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-moe-ep.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir moe-ep
 
 . "${COHORT_SOURCE_ROOT:?}/tests/integration/moe_tiny.sh"
 
-run() { # NAME ITERS ARGS...: metrics in $work/NAME.jsonl, output in $work/NAME.out, checkpoint $work/NAME.ck
-    local name=$1 iters=$2; shift 2
-    "$cohort" train "${tiny[@]}" --train-iters "$iters" --metrics-file "$work/$name.jsonl" --save "$work/$name.ck" "$@" \
-        >"$work/$name.out" 2>&1 || fail "$name: exit $?: $(tail -5 "$work/$name.out")"
-}
+run() { train_ok "$1" --train-iters "$2" --save "$work/$1.ck" "${@:3}"; } # NAME ITERS ARGS...: checkpoint $work/NAME.ck
 close() { # REF RUN: the final checkpoints within 1e-5, every expert tensor compared
     "$cohort" ckpt diff "$work/$1.ck" "$work/$2.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$2: diff"
     /usr/bin/python3 - "$work/d.json" <<'PY' || fail "$2: parameters differ from $1's: $(head -c 400 "$work/d.json")"
@@ -88,9 +82,14 @@ bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
 assert not bad, bad[:3]
 PY
 }
-bitwise() { # A B: two runs' checkpoints bitwise the same
-    "$cohort" ckpt diff "$work/$1.ck" "$work/$2.ck" >"$work/bd" || fail "$1 and $2 differ: $(tail -3 "$work/bd")"
+recovered() { # INJECT PATTERN ARGS...: 8 iterations of ARGS, clean and with the fault: the output says
+    local inj=$1 re=$2; shift 2 # PATTERN (grep -E) and the checkpoints are bitwise the same
+    run clean 8 "$@"
+    run f 8 "$@" --inject "$inj"
+    grep -Eq "$re" "$work/f.out" || fail "$inj: no '$re': $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
+    bitwise clean f
 }
+bitwise() { ckpt_same "$work/$1.ck" "$work/$2.ck"; } # A B: two runs' checkpoints bitwise the same
 
 three_faults() { # KILL FROM FLIP REPAIR_RE NAN REPORTER_RE FOUND_RE ARGS...: 6 iterations of ARGS
     # clean; rank KILL killed at iteration 4 and rebuilt from rank FROM's memory; a weight bit
@@ -123,7 +122,7 @@ match)
     compare 1 one ep2a ep2g ep4a ep4g ep2d4
     for n in ep2a ep2g ep4a ep4g ep2d4; do close one $n; done
     run ep4b 5 --nproc-per-node 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
-    [ "$(losses "$work/ep4a.jsonl")" = "$(losses "$work/ep4b.jsonl")" ] || fail "two ep 4 runs log different numbers"
+    same_losses ep4a ep4b "two ep 4 runs log different numbers"
     bitwise ep4a ep4b
     ;;
 pp)
@@ -161,12 +160,8 @@ killed)
     bitwise clean2 g
     ;;
 sdc)
-    k=(--nproc-per-node 4 --expert-model-parallel-size 2)
-    run clean 8 "${k[@]}"
-    run f 8 "${k[@]}" --inject "bitflip-param@rank=2,step=4,bit=22"
-    grep -q "iteration 4: repair .*silent data corruption; repaired from rank [01]" "$work/f.out" ||
-        fail "not repaired: $(grep supervisor "$work/f.out")"
-    bitwise clean f
+    recovered "bitflip-param@rank=2,step=4,bit=22" "iteration 4: repair .*silent data corruption; repaired from rank [01]" \
+        --nproc-per-node 4 --expert-model-parallel-size 2
     ;;
 tp)
     T=(--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1)
@@ -181,12 +176,8 @@ tp)
     "$cohort" train "${tiny[@]}" --train-iters 6 --load "$work/half.ck" --save "$work/half.ck" >"$work/r1.out" 2>&1 ||
         fail "resume on one rank: $(tail -3 "$work/r1.out")"
     close one half
-    k=(--nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2)
-    run clean 8 "${k[@]}"
-    run f 8 "${k[@]}" --inject "kill@rank=3,step=4"
-    grep -q "rank 3 replaced in process generation 2: state of iteration 3 taken from rank 1's memory" "$work/f.out" ||
-        fail "rank 3 did not take rank 1's state: $(grep -i 'replaced\|supervisor' "$work/f.out" | head)"
-    bitwise clean f
+    recovered "kill@rank=3,step=4" "rank 3 replaced in process generation 2: state of iteration 3 taken from rank 1's memory" \
+        --nproc-per-node 4 "${T[@]}" --expert-model-parallel-size 2
     ;;
 etp)
     T=(--tensor-model-parallel-size 2 --sequence-parallel) # no --expert-tensor-parallel-size: 2
@@ -289,15 +280,9 @@ cp)
     three_faults 3 1 2 "[01]" 3 3 1 "${k[@]}"
     ;;
 peer_check)
-    "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --expert-model-parallel-size 2 \
-        --inject "nan@rank=3,step=4,times=always" >"$work/f.out" 2>&1
-    rc=$?
-    [ $rc -eq 3 ] || fail "exit $rc, want 3: $(tail -5 "$work/f.out")"
     # the second expert group (ranks 2, 3) reports it; the first (ranks 0, 1) recomputes
-    grep -Eq "rank [23]: nan_[a-z]* \(nan\) reproduced; rank [01] recomputes" "$work/f.out" ||
-        fail "no peer check: $(grep -i 'supervisor' "$work/f.out" | head)"
-    grep -Eq "reproduced on rank [01] too: the data or the model is at fault" "$work/f.out" ||
-        fail "no diagnosis: $(grep supervisor "$work/f.out")"
+    nan_reproduced "nan_[a-z]*" "[23]" "[01]" --nproc-per-node 4 --expert-model-parallel-size 2 \
+        --inject "nan@rank=3,step=4,times=always"
     ;;
 refused)
     expect() { # PATTERN ARGS...: exit 2 and the pattern in the output, nothing trained

@@ -54,20 +54,14 @@
 #                size other than 1 and tp, a capacity with tensor parallelism, the expert bias
 #                with softmax, flex, group counts that do not divide, padding without a
 #                capacity (expert parallelism's: moe_ep_test.sh)
-set -uo pipefail
 cohort=$1; case_name=$2
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-moe.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir moe
 
 . "${COHORT_SOURCE_ROOT:?}/tests/integration/moe_tiny.sh"
 
-run() { # NAME ITERS ARGS...: metrics in $work/NAME.jsonl, output in $work/NAME.out
-    local name=$1 iters=$2; shift 2
-    "$cohort" train "${tiny[@]}" --train-iters "$iters" --metrics-file "$work/$name.jsonl" "$@" >"$work/$name.out" 2>&1 ||
-        fail "$name: exit $?: $(tail -5 "$work/$name.out")"
-}
+run() { train_ok "$1" --train-iters "$2" "${@:3}"; } # NAME ITERS ARGS...
 case $case_name in
 train)
     more=(--moe-shared-expert-intermediate-size 16 --moe-expert-capacity-factor 1.5 --moe-grouped-gemm --lr 3e-3)
@@ -88,18 +82,12 @@ last = sum(r["lm_loss"] for r in rows[-5:]) / 5
 assert last < first - 0.05, (first, last)
 print("ok: lm loss %.4f -> %.4f, load_balancing_loss %.4f, z_loss %.4f" % (first, last, rows[-1]["load_balancing_loss"], rows[-1]["z_loss"]))
 PY
-    [ "$(losses "$work/a.jsonl")" = "$(losses "$work/b.jsonl")" ] || fail "two runs differ"
+    same_losses a b "two runs differ"
     # TensorBoard: Megatron's load_balancing_loss and z_loss tags, the metrics' values
-    /usr/bin/python3 "${COHORT_SOURCE_ROOT:?}/tests/integration/tb_read.py" check "$work/tb" "$work/a.jsonl" \
-        >"$work/tb.out" 2>&1 || fail "tensorboard: $(tail -3 "$work/tb.out")"
-    /usr/bin/python3 "${COHORT_SOURCE_ROOT:?}/tests/integration/tb_read.py" dump "$work/tb" | grep -q "^load_balancing_loss" ||
-        fail "no load_balancing_loss tag"
+    tb_has "$work/a.jsonl" "load_balancing_loss"
     ;;
 resume)
-    run full 6 --save "$work/full"
-    run half 6 --exit-interval 3 --save "$work/s"
-    run rest 6 --load "$work/s" --save "$work/s"
-    "$cohort" ckpt diff "$work/full" "$work/s" >"$work/diff.out" 2>&1 || fail "resumed run differs: $(tail -5 "$work/diff.out")"
+    resume_exact 6 3
     "$cohort" ckpt inspect "$work/s" >"$work/inspect.out" 2>&1 || fail "inspect: $(tail -3 "$work/inspect.out")"
     for t in layers.0.mlp.router.weight layers.0.mlp.experts.3.fc1.weight layers.2.mlp.experts.0.fc2.weight \
              layers.1.mlp.fc1.weight; do
@@ -146,7 +134,7 @@ expert_bias)
     run half 6 "${eb[@]}" --moe-router-bias-update-rate 0.01 --save "$work/s" --exit-interval 3
     run rest 6 "${eb[@]}" --moe-router-bias-update-rate 0.01 --save "$work/s" --load "$work/s"
     compare 1 one dp2
-    "$cohort" ckpt diff "$work/one.ck" "$work/s" >"$work/d.out" 2>&1 || fail "resumed run differs: $(tail -5 "$work/d.out")"
+    ckpt_same "$work/one.ck" "$work/s" "resumed run differs"
     "$cohort" ckpt diff "$work/zero.ck" "$work/one.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "diff"
     /usr/bin/python3 -c "
 import json
@@ -221,7 +209,7 @@ dopt)
     run o4 6 "${d[@]}" --nproc-per-node 4 --use-distributed-optimizer --save "$work/o4.ck"
     grep -q "distributed optimizer over 2 data-parallel ranks" "$work/o2.out" || fail "o2: $(head -5 "$work/o2.out")"
     compare 1 r2 o2 o4
-    "$cohort" ckpt diff "$work/r2.ck" "$work/o2.ck" >"$work/d" || fail "dp 2: the distributed optimizer differs: $(tail -3 "$work/d")"
+    ckpt_same "$work/r2.ck" "$work/o2.ck" "dp 2: the distributed optimizer differs"
     close() { # REF RUN
         "$cohort" ckpt diff "$work/$1" "$work/$2" --json >"$work/d.json"; [ $? -le 1 ] || fail "$2: diff"
         /usr/bin/python3 -c "
@@ -243,7 +231,7 @@ assert not bad, bad[:3]
     # a killed rank's shard is rebuilt from its neighbour's copy, the expert bias with it
     run k 6 "${d[@]}" --nproc-per-node 4 --use-distributed-optimizer --save "$work/k.ck" --inject "kill@rank=2,step=4"
     grep -q "in-process restart into generation 2" "$work/k.out" || fail "no restart: $(grep supervisor "$work/k.out")"
-    "$cohort" ckpt diff "$work/o4.ck" "$work/k.ck" >"$work/d" || fail "killed: $(tail -3 "$work/d")"
+    ckpt_same "$work/o4.ck" "$work/k.ck" "killed"
     ;;
 rerun)
     # the rerun state machine validates the language-model loss and reports the MoE and MTP

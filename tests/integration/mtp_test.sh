@@ -32,24 +32,16 @@
 #             mtp_K_loss within fp32 reduction tolerance, parameters and moments within 1e-5
 #   refused   context parallelism with packed sequences, a pipeline with learned positions, document masks, more
 #             than 8 depths, the MTP layers m on pipeline rank 0: exit 2 before any work
-set -uo pipefail
 cohort=$1; case_name=$2
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-mtp.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir mtp
 
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
-      --threads 1 --position-embedding-type rope --mtp-num-layers 2)
+tiny_model --num-layers 4 --attention-dropout 0 --eval-iters 2 --position-embedding-type rope \
+    --mtp-num-layers 2
 . "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
 
-run() { # NAME ITERS ARGS...
-    local name=$1 iters=$2; shift 2
-    "$cohort" train "${tiny[@]}" --train-iters "$iters" --metrics-file "$work/$name.jsonl" "$@" >"$work/$name.out" 2>&1 ||
-        fail "$name: exit $?: $(tail -5 "$work/$name.out")"
-}
+run() { train_ok "$1" --train-iters "$2" "${@:3}"; } # NAME ITERS ARGS...
 compare_mtp() { # REF RUN:FROM...: each depth's mtp_K_loss of every run from iteration FROM on as REF's
     /usr/bin/python3 - "$work" "$@" <<'PY' || fail "mtp_K_loss differs from $1's"
 import json, sys
@@ -107,18 +99,12 @@ assert rows[0]["lm_loss"] == off[0]["lm_loss"], (rows[0]["lm_loss"], off[0]["lm_
 assert rows[-1]["lm_loss"] != off[-1]["lm_loss"]
 print("ok: lm %.4f mtp_1 %.4f mtp_2 %.4f at the end" % (rows[-1]["lm_loss"], rows[-1]["mtp_1_loss"], rows[-1]["mtp_2_loss"]))
 PY
-    [ "$(losses "$work/a.jsonl")" = "$(losses "$work/b.jsonl")" ] || fail "two runs differ"
+    same_losses a b "two runs differ"
     # TensorBoard: Megatron's "mtp_K loss" tags, the metrics' values
-    /usr/bin/python3 "${COHORT_SOURCE_ROOT:?}/tests/integration/tb_read.py" check "$work/tb" "$work/a.jsonl" \
-        >"$work/tb.out" 2>&1 || fail "tensorboard: $(tail -3 "$work/tb.out")"
-    /usr/bin/python3 "${COHORT_SOURCE_ROOT:?}/tests/integration/tb_read.py" dump "$work/tb" | grep -q "^mtp_2 loss" ||
-        fail "no mtp_2 loss tag"
+    tb_has "$work/a.jsonl" "mtp_2 loss"
     ;;
 resume)
-    run full 6 --save "$work/full"
-    run half 6 --exit-interval 3 --save "$work/s"
-    run rest 6 --load "$work/s" --save "$work/s"
-    "$cohort" ckpt diff "$work/full" "$work/s" >"$work/diff.out" 2>&1 || fail "resumed run differs: $(tail -5 "$work/diff.out")"
+    resume_exact 6 3
     "$cohort" ckpt inspect "$work/s" >"$work/inspect.out" 2>&1 || fail "inspect: $(tail -3 "$work/inspect.out")"
     for t in mtp.layers.0.enorm.weight mtp.layers.1.hnorm.weight mtp.layers.1.eh_proj.weight \
              mtp.layers.0.final_layernorm.weight mtp.layers.1.transformer_layer.attention.qkv.weight; do
@@ -171,7 +157,7 @@ stages)
     run kc 5 "${d6[@]}" --save "$work/kc"
     run kf 5 "${d6[@]}" --inject "kill@rank=3,step=3" --save "$work/kf"
     grep -q "in-process restart into generation 2" "$work/kf.out" || fail "no restart: $(grep supervisor "$work/kf.out")"
-    "$cohort" ckpt diff "$work/kc" "$work/kf" >"$work/diff" || fail "the rebuilt MTP stage: $(tail -5 "$work/diff")"
+    ckpt_same "$work/kc" "$work/kf" "the rebuilt MTP stage"
     ;;
 tp)
     t2=(--nproc-per-node 2 --tensor-model-parallel-size 2)

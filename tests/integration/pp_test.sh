@@ -34,27 +34,18 @@
 #   bad_layouts       layers that do not split over the stages, an interleaved schedule whose
 #                     micro batches do not fit its groups, a layout with the wrong number of
 #                     stages: refused before any work (exit 2)
-set -uo pipefail
 cohort=$1; case_name=$2
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-pp.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir pp
 
 # 4 layers over 2 or 4 stages; a global batch of 8 is 4 micro batches per pipeline (2 with
 # dp 2). Attention dropout is keyed per tensor rank (Megatron's seed + 2718 + tp_rank), so it
 # is off; hidden dropout draws the one-rank masks at any split and stays on.
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 4 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
-      --threads 1)
+tiny_model --num-layers 4 --attention-dropout 0 --eval-iters 2
 . "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
 
-run() { # NAME ARGS...: trains 5 iterations, metrics in $work/NAME.jsonl
-    local name=$1; shift
-    "$cohort" train "${tiny[@]}" --train-iters 5 --metrics-file "$work/$name.jsonl" "$@" >"$work/$name.out" 2>&1 ||
-        fail "$name: exit $?: $(tail -5 "$work/$name.out")"
-}
+run() { train_ok "$1" --train-iters 5 "${@:2}"; } # NAME ARGS...: 5 iterations, metrics in $work/NAME.jsonl
 case $case_name in
 matches_one_rank)
     run one --nproc-per-node 1 --save "$work/one.ck"
@@ -69,7 +60,7 @@ matches_one_rank)
     run tp2pp2 --nproc-per-node 4 --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel \
         --save "$work/tp2pp2.ck"
     compare 1 one pp2 pp4 vpp uneven layout pp2dp2 tp2pp2
-    [ "$(losses "$work/pp2.jsonl")" = "$(losses "$work/pp2b.jsonl")" ] || fail "two pp 2 runs differ"
+    same_losses pp2 pp2b "two pp 2 runs differ"
     # the parameters and moments after the 5 steps, every stage's tensors under their global
     # names: within fp32 rounding of one rank's; two pp 2 runs bitwise the same
     for n in one pp2 pp2b pp4 vpp tp2pp2; do [ -d "$work/$n.ck" ] || fail "$n saved nothing"; done
@@ -100,7 +91,7 @@ ckpt_reshard)
     run same "${t22[@]}" --train-iters 6 --load "$work/s" --save "$work/s"
     grep -q "successfully loaded checkpoint from $work/s \[ t 2/2, p 2/2 \] at iteration 3" "$work/same.out" ||
         fail "no load line: $(grep -i checkpoint "$work/same.out" | head -3)"
-    "$cohort" ckpt diff "$work/full" "$work/s" >"$work/diff" || fail "resumed at tp 2 x pp 2: $(tail -5 "$work/diff")"
+    ckpt_same "$work/full" "$work/s" "resumed at tp 2 x pp 2"
     # inspect: which stage wrote each tensor (the embedding on stage 0, the last layer on 1)
     "$cohort" ckpt inspect "$work/s" --iteration 3 >"$work/inspect" || fail "inspect"
     grep -qE "^  embedding.word_embeddings.weight .* stage 0" "$work/inspect" || fail "inspect: $(head -20 "$work/inspect")"
@@ -121,14 +112,14 @@ killed)
     grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
     grep -q "state of iteration [0-9]* taken from rank 2's memory" "$work/f.out" ||
         fail "rank 3 did not take rank 2's state: $(grep 'replaced in process' "$work/f.out")"
-    "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
+    ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
     # tp 2 x pp 2 x dp 2: rank 7 (tp 1, pp 1, dp 1) from rank 5 (tp 1, pp 1, dp 0)
     t8=(--nproc-per-node 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --train-iters 6)
     run clean8 "${t8[@]}" --save "$work/cs8"
     run f8 "${t8[@]}" --inject "kill@rank=7,step=3" --save "$work/fs8"
     grep -q "state of iteration [0-9]* taken from rank 5's memory" "$work/f8.out" ||
         fail "rank 7 did not take rank 5's state: $(grep 'replaced in process\|supervisor' "$work/f8.out" | head)"
-    "$cohort" ckpt diff "$work/cs8" "$work/fs8" >"$work/diff" || fail "tp2 x pp2 x dp2: $(tail -5 "$work/diff")"
+    ckpt_same "$work/cs8" "$work/fs8" "tp2 x pp2 x dp2"
     ;;
 nan_replay)
     run clean --nproc-per-node 4 --pipeline-model-parallel-size 2 --train-iters 6 --save "$work/cs"
@@ -136,32 +127,20 @@ nan_replay)
     run f --nproc-per-node 4 --pipeline-model-parallel-size 2 --train-iters 6 --inject "nan@rank=3,step=3" \
         --save "$work/fs"
     grep -qi "iteration 3: .*replay" "$work/f.out" || fail "no replay: $(grep -i 'iteration 3' "$work/f.out" | head)"
-    "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
-    [ "$(losses "$work/clean.jsonl")" = "$(losses "$work/f.jsonl")" ] || fail "the logged numbers differ"
+    ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
+    same_losses clean f "the logged numbers differ"
     ;;
 peer_check)
     # pp 2 x dp 2: rank 3 is stage 1 of replica 1 (ranks 1, 3); replica 0 (ranks 0, 2) helps.
     # Every rank of a replica reports its loss, so the suspect named is one of replica 1's.
-    "$cohort" train "${tiny[@]}" --train-iters 6 --nproc-per-node 4 --pipeline-model-parallel-size 2 \
-        --inject "nan@rank=3,step=4,times=always" >"$work/f.out" 2>&1
-    rc=$?
-    [ $rc -eq 3 ] || fail "exit $rc, want 3: $(tail -5 "$work/f.out")"
-    grep -Eq "rank [13]: nan_loss \(nan\) reproduced; rank [02] recomputes" "$work/f.out" ||
-        fail "no peer check: $(grep -i 'supervisor\|iteration 4' "$work/f.out" | head)"
-    grep -Eq "reproduced on rank [02] too: the data or the model is at fault" "$work/f.out" || fail "no diagnosis: $(grep supervisor "$work/f.out")"
+    nan_reproduced nan_loss "[13]" "[02]" --nproc-per-node 4 --pipeline-model-parallel-size 2 \
+        --inject "nan@rank=3,step=4,times=always"
     ;;
 sdc)
     # a flipped weight bit on the last stage of replica 1 (rank 3): each replica's checksum
     # covers its stages', they differ, and rank 3 is repaired from rank 2 (the same stage
     # of replica 0); the job trains the clean run's numbers
-    run clean --nproc-per-node 4 --pipeline-model-parallel-size 2 --train-iters 8 --save "$work/cs"
-    run f --nproc-per-node 4 --pipeline-model-parallel-size 2 --train-iters 8 --inject "bitflip-param@rank=3,step=4,bit=22" \
-        --save "$work/fs"
-    grep -q "rank 3: parameters changed in memory since its last update .*silent data corruption; repaired from rank 2" \
-        "$work/f.out" || fail "no diagnosis: $(grep -i 'supervisor' "$work/f.out" | head -5)"
-    [ "$(losses "$work/clean.jsonl")" = "$(losses "$work/f.jsonl")" ] ||
-        fail "the repaired run trained other numbers: $(losses "$work/f.jsonl") vs $(losses "$work/clean.jsonl")"
-    "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
+    sdc_repaired 3 2 --nproc-per-node 4 --pipeline-model-parallel-size 2
     ;;
 hang)
     q=(--inprocess-soft-timeout 2 --inprocess-hard-timeout 4 --inprocess-barrier-timeout 60)
@@ -170,7 +149,7 @@ hang)
     run f --nproc-per-node 2 --pipeline-model-parallel-size 2 --train-iters 6 --save "$work/fs" "${q[@]}" \
         --inject "hang@rank=0,step=4,microbatch=1,phase=backward"
     grep -q "stuck: pipeline stage 0 (rank 0)" "$work/f.out" || fail "the stuck stage not named: $(grep supervisor "$work/f.out")"
-    "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
+    ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
     ;;
 stragglers)
     s6=(--nproc-per-node 6 --pipeline-model-parallel-size 2 --global-batch-size 12 --train-iters 12)
@@ -219,19 +198,11 @@ PY
     [ -s "$work/tl/timeline-iter-3.svg" ] && [ -s "$work/tl/timeline-iter-3.trace.json" ] || fail "no picture: $(ls "$work/tl")"
     ;;
 bad_layouts)
-    refused() { # MESSAGE ARGS...
-        local msg=$1; shift
-        "$cohort" train "${tiny[@]}" --train-iters 2 "$@" >"$work/out" 2>"$work/err"
-        local rc=$?
-        [ $rc -eq 2 ] || fail "$*: exit $rc, want 2: $(tail -3 "$work/err")"
-        grep -qF -- "$msg" "$work/err" || fail "$*: no '$msg' in: $(cat "$work/err")"
-        [ ! -s "$work/out" ] || fail "$*: work started: $(head -3 "$work/out")"
-    }
-    refused "--num-layers 4" --nproc-per-node 3 --pipeline-model-parallel-size 3
-    refused "microbatch" --nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 \
+    train_refused "--num-layers 4" --nproc-per-node 3 --pipeline-model-parallel-size 3
+    train_refused "microbatch" --nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 \
         --global-batch-size 2
-    refused "stages" --nproc-per-node 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et|t|tL"
-    refused "is not a multiple of tensor x context x pipeline = 4" --nproc-per-node 2 --pipeline-model-parallel-size 4
+    train_refused "stages" --nproc-per-node 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "Et|t|tL"
+    train_refused "is not a multiple of tensor x context x pipeline = 4" --nproc-per-node 2 --pipeline-model-parallel-size 4
     ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -21,12 +21,11 @@
 #                    and without one, the restart and fault after a kill
 #   status_errors    no such job, several jobs, a supervisor that does not answer (stopped),
 #                    --watch until the job ends
-set -uo pipefail
 cohort=$1; case_name=$2
 # every `cohort train` here runs with --device cpu, also on a machine with a GPU
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-src=$COHORT_SOURCE_ROOT
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-prom.XXXXXX")
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir prom
 promd=
 cleanup() {
     [ -n "$promd" ] && kill "$promd" 2>/dev/null && wait "$promd" 2>/dev/null
@@ -35,15 +34,12 @@ cleanup() {
     [ -n "${KEEP:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
 skip() { echo "SKIP: $*" >&2; exit 77; }
 py=/usr/bin/python3
 
 # long enough to be watched: the test stops it (SIGTERM: a clean stop, exit 0)
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --data-cache-path "$work/cache" --log-interval 1 --eval-interval 100000 --eval-iters 1 --threads 1
-      --nproc-per-node 2 --train-iters 1000000 --inprocess-soft-timeout 5 --inprocess-hard-timeout 10)
+tiny_model --eval-interval 100000 --nproc-per-node 2 --train-iters 1000000 --inprocess-soft-timeout 5 \
+    --inprocess-hard-timeout 10
 free_port() { $py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # start NAME [flags]: a job in the background; its pid in $job
 start() {
@@ -65,6 +61,13 @@ stop() {
     [ $rc -eq 0 ] || fail "$1 exited $rc after SIGTERM: $(grep -v '^cohort rank' "$work/$1.err" | tail -5)"
 }
 # the supervisor's pid: cpu_cohort.sh execs cohort, so the job's pid is the supervisor's
+scraped() { # PORT N: $work/m1.txt, a scrape of the job's endpoint whose cohort_iteration is N or more (5 s)
+    local n
+    for _ in $(seq 50); do
+        get "http://127.0.0.1:$1/metrics" >"$work/m1.txt"
+        n=$(sed -n 's/^cohort_iteration \([0-9]*\)$/\1/p' "$work/m1.txt"); [ "${n:-0}" -ge "$2" ] && return; sleep 0.1
+    done
+}
 get() { $py - "$@" <<'PY'
 import sys, urllib.request, urllib.error
 try:
@@ -82,10 +85,7 @@ prom_exposition)
     trained 60 e
     grep -q "Prometheus metrics at http://127.0.0.1:$port/metrics" "$work/e.err" || fail "no address said: $(cat "$work/e.err")"
     # (a snapshot is at most a heartbeat, 1 s, behind the records)
-    for _ in $(seq 50); do
-        get "http://127.0.0.1:$port/metrics" >"$work/m1.txt"
-        n=$(sed -n 's/^cohort_iteration \([0-9]*\)$/\1/p' "$work/m1.txt"); [ "${n:-0}" -ge 60 ] && break; sleep 0.1
-    done
+    scraped "$port" 60
     sleep 1.5
     get "http://127.0.0.1:$port/metrics" >"$work/m2.txt"
     # a second job on the same port: refused at its start, saying why (exit 1)
@@ -160,10 +160,7 @@ prom_single)
     job=$!
     trained 20 p
     # (a snapshot is at most 0.2 s behind the records)
-    for _ in $(seq 50); do
-        get "http://127.0.0.1:$port/metrics" >"$work/m1.txt"
-        n=$(sed -n 's/^cohort_iteration \([0-9]*\)$/\1/p' "$work/m1.txt"); [ "${n:-0}" -ge 20 ] && break; sleep 0.1
-    done
+    scraped "$port" 20
     sleep 1
     get "http://127.0.0.1:$port/metrics" >"$work/m2.txt"
     stop p
@@ -491,7 +488,7 @@ status_errors)
     sleep 1
     job=$a; stop a
     job=$b; stop b
-    for _ in $(seq 100); do kill -0 $watcher 2>/dev/null || break; sleep 0.1; done
+    wait_gone $watcher 10
     wait $watcher; r=$?
     [ $r -eq 0 ] && grep -q "the job (supervisor pid $b) ended" "$work/w" && [ "$(grep -c '^cohort job ' "$work/w")" -ge 2 ] ||
         fail "--watch to the end: $r $(tail -5 "$work/w")"

@@ -11,9 +11,8 @@
 # 3. (a third job) the time-limit warning SIGUSR1 sent to the batch shell alone (as
 #    --signal=B:USR1@120 does) is passed on to the step by the script: the same stop and requeue.
 # Skips (exit 77) with the reason where Slurm is not installed or cannot start here.
-set -uo pipefail
-cohort=$(realpath "$1") # (the jobs run in sbatch's directory)
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$(realpath "$1")" # (the jobs run in sbatch's directory)
 sbatch_script=$COHORT_SOURCE_ROOT/deploy/slurm/cohort.sbatch
 skip() { echo "SKIP: $*"; exit 77; }
 
@@ -59,7 +58,7 @@ dump() {
         [ -f "$f" ] && { echo "--- $f"; grep -v '  iteration ' "$f" | tail -25; }
     done
 }
-fail() { echo "FAIL: $*" >&2; dump >&2; exit 1; }
+fail() { echo "FAIL: $*" >&2; dump >&2; exit 1; } # (lib.sh's, with the jobs' and daemons' logs)
 
 # --- the cluster: munge, slurmctld, two slurmd on this host ---
 mkdir -p "$work/munge" "$work/state" "$work/spool/127.0.0.1" "$work/spool/127.0.0.2" "$work/log"
@@ -121,12 +120,8 @@ done
 echo "slurm: 2 nodes idle: $(sinfo -h -o '%P %D %t %N')"
 
 # --- the jobs ---
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 1
-      --nproc-per-node 2 --train-iters 24 --rendezvous-timeout 60
-      # slow down step 14 (every job alike: no numeric effect), so that a preemption lands mid-run
-      --inject slow@rank=0,step=14,phase=allreduce,ms=2500)
+# (step 14 slowed down in every job alike, no numeric effect, so that a preemption lands mid-run)
+tiny_model --nproc-per-node 2 --train-iters 24 --rendezvous-timeout 60 --inject slow@rank=0,step=14,phase=allreduce,ms=2500
 submit() { # NAME -> job id; the job's output in $work/NAME.out
     local id
     id=$(COHORT=$cohort COHORT_CKPT_DIR=$work/$1 MASTER_PORT=$((port + 100 + 20 * ${#jobs_submitted[@]})) \
@@ -155,7 +150,6 @@ wait_log() { # FILE PATTERN SECONDS JOB: until the pattern is in the file (1: no
     done
     return 1
 }
-losses() { grep '"grad_norm"' "$1" | grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' | paste -sd' '; }
 clean_run() { # NAME: no rank was lost, killed or restarted
     ! grep -q "was killed by\|exited with status\|restart into generation\|did not stop; killing" "$work/$1.out" ||
         fail "$1: a process died: $(grep "was killed by\|exited with status\|restart into\|killing" "$work/$1.out" | head -5)"
@@ -190,8 +184,8 @@ it=${line##* }
 grep -q "restart 1" "$work/b.out" || fail "job b: the requeued run did not start"
 grep -q "iteration       24/      24" "$work/b.out" || fail "job b: the requeued run did not finish"
 clean_run b
-"$cohort" ckpt diff "$work/a" "$work/b" >"$work/diff.b" 2>&1 || fail "job b: final checkpoint differs from job a's: $(head -5 "$work/diff.b")"
-[ "$(losses "$work/a.jsonl")" = "$(losses "$work/b.jsonl")" ] || fail "job b: logged losses differ from job a's"
+ckpt_same "$work/a" "$work/b" "job b: final checkpoint differs from job a's"
+same_losses a b "job b: logged losses differ from job a's"
 echo "job b ($b): preempted (SIGTERM) after iteration $it, requeued, resumed: bitwise job a's result"
 
 # 3. the time-limit warning, to the batch shell only
@@ -203,6 +197,6 @@ st=$(wait_done "$c" 150)
 [ "$st" = COMPLETED ] && [ "$(field "$c" ExitCode)" = 0:0 ] || fail "job c: $st, exit $(field "$c" ExitCode)"
 grep -q "stopped for preemption (User defined signal 1): exit 75" "$work/c.out" || fail "job c: no preemption stop"
 clean_run c
-"$cohort" ckpt diff "$work/a" "$work/c" >"$work/diff.c" 2>&1 || fail "job c: final checkpoint differs from job a's: $(head -5 "$work/diff.c")"
+ckpt_same "$work/a" "$work/c" "job c: final checkpoint differs from job a's"
 echo "job c ($c): SIGUSR1 to the batch shell, passed to the step: saved, requeued, resumed: bitwise job a's result"
 exit 0

@@ -4,19 +4,16 @@
 # Every event file is read by tests/integration/tb_read.py, which shares nothing with the
 # writer (its own CRC32C, framing parser and schema) and compares each tag's steps and
 # values with the metrics records of the same run.
-set -uo pipefail
 cohort=$1; case_name=$2
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
 reader=$COHORT_SOURCE_ROOT/tests/integration/tb_read.py
 py=/usr/bin/python3
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-tb.XXXXXX")
-trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+workdir tb
+trap 'kill -9 $(jobs -p) 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT # (no clean stop to wait for)
 "$py" -c "import google.protobuf" 2>/dev/null || { echo "skip: python3-protobuf is not installed (deploy/setup.sh test installs it)"; exit 77; }
 
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --data-cache-path "$work/cache" --log-interval 1 --eval-interval 5 --eval-iters 1 --threads 1)
+tiny_model --eval-interval 5
 optin=(--log-validation-ppl-to-tensorboard --log-timers-to-tensorboard --log-memory-to-tensorboard
        --log-world-size-to-tensorboard)
 

@@ -33,27 +33,18 @@
 #                     divisible-by 100: 600 rows at tp 2, 800 at tp 4): loading and converting
 #                     copy the last row into the new rows (weights and moments) and drop rows
 #                     past the smaller size; both paths train the same numbers
-set -uo pipefail
 cohort=$1; case_name=$2
-export COHORT_CPU_EXE=$cohort; cohort=${COHORT_SOURCE_ROOT:?}/tests/cpu_cohort.sh
-work=$(mktemp -d "${TMPDIR:-/tmp}/cohort-tp.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir tp
 
 # vocabulary 500 pads to 512 at tp 1, 2 and 4 (a multiple of 128 x tp): the same model.
 # Attention dropout is keyed per tensor rank (Megatron's seed + 2718 + tp_rank), so it is off
 # here; hidden dropout draws one rank's masks and stays on.
-tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
-      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 8 --lr 1e-3
-      --attention-dropout 0 --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 2
-      --threads 1)
+tiny_model --attention-dropout 0 --eval-iters 2
 . "${COHORT_SOURCE_ROOT:?}/tests/integration/compare_runs.sh"
 
-run() { # NAME ARGS...: trains 5 iterations, metrics in $work/NAME.jsonl
-    local name=$1; shift
-    "$cohort" train "${tiny[@]}" --train-iters 5 --metrics-file "$work/$name.jsonl" "$@" >"$work/$name.out" 2>&1 ||
-        fail "$name: exit $?: $(tail -5 "$work/$name.out")"
-}
+run() { train_ok "$1" --train-iters 5 "${@:2}"; } # NAME ARGS...: 5 iterations, metrics in $work/NAME.jsonl
 case $case_name in
 matches_one_rank)
     run one --nproc-per-node 1
@@ -63,7 +54,7 @@ matches_one_rank)
     run tp2dp2 --nproc-per-node 4 --tensor-model-parallel-size 2
     run tp4sp --nproc-per-node 4 --tensor-model-parallel-size 4 --sequence-parallel
     compare 1 one tp2 tp2sp tp2dp2 tp4sp
-    [ "$(losses "$work/tp2.jsonl")" = "$(losses "$work/tp2b.jsonl")" ] || fail "two tp 2 runs differ"
+    same_losses tp2 tp2b "two tp 2 runs differ"
     grep -q "data-parallel size 2" "$work/tp2dp2.out" || fail "tp2 x dp2: $(head -3 "$work/tp2dp2.out")"
     ;;
 gqa_swiglu)
@@ -98,7 +89,7 @@ PY
     grep '"evaluation"' "$work/clean.jsonl" >"$work/cv"; grep '"evaluation"' "$work/f.jsonl" >"$work/fv"
     cmp -s "$work/cv" "$work/fv" || fail "validation differs: $(cat "$work/fv") vs $(cat "$work/cv")"
     # the final parameters and optimizer state, every tensor-parallel slice
-    "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
+    ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
     ;;
 killed_reload)
     t2=(--nproc-per-node 2 --tensor-model-parallel-size 2 --train-iters 8 --save-interval 2)
@@ -107,7 +98,7 @@ killed_reload)
     grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
     grep -q "successfully loaded checkpoint from $work/fs \[ t 2/2, p 1/1 \] at iteration 4" "$work/f.out" ||
         fail "no reload of iteration 4: $(grep -i 'checkpoint' "$work/f.out" | head -5)"
-    "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
+    ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
     [ "$(losses "$work/clean.jsonl" | grep -o '"iteration":8 .*')" = "$(losses "$work/f.jsonl" | grep -o '"iteration":8 .*')" ] ||
         fail "iteration 8 differs"
     ;;
@@ -115,29 +106,14 @@ sdc)
     # a flipped weight bit on one rank of a replica: the replicas' checksums (each the hash
     # of its tensor group's) differ, the corrupt replica is repaired from the other's
     # ranks, same tensor coordinate each, and the job trains the clean run's numbers
-    run clean --nproc-per-node 4 --tensor-model-parallel-size 2 --train-iters 8 --save "$work/cs"
-    run f --nproc-per-node 4 --tensor-model-parallel-size 2 --train-iters 8 --inject "bitflip-param@rank=2,step=4,bit=22" \
-        --save "$work/fs"
-    grep -q "rank 2: parameters changed in memory since its last update .*silent data corruption; repaired from rank 0" \
-        "$work/f.out" || fail "no diagnosis: $(grep -i 'supervisor' "$work/f.out" | head -5)"
-    [ "$(losses "$work/clean.jsonl")" = "$(losses "$work/f.jsonl")" ] ||
-        fail "the repaired run trained other numbers: $(losses "$work/f.jsonl") vs $(losses "$work/clean.jsonl")"
-    "$cohort" ckpt diff "$work/cs" "$work/fs" >"$work/diff" || fail "the final checkpoints differ: $(tail -5 "$work/diff")"
+    sdc_repaired 2 0 --nproc-per-node 4 --tensor-model-parallel-size 2
     ;;
 bad_layouts)
-    refused() { # MESSAGE ARGS...
-        local msg=$1; shift
-        "$cohort" train "${tiny[@]}" --train-iters 2 "$@" >"$work/out" 2>"$work/err"
-        local rc=$?
-        [ $rc -eq 2 ] || fail "$*: exit $rc, want 2: $(tail -3 "$work/err")"
-        grep -qF -- "$msg" "$work/err" || fail "$*: no '$msg' in: $(cat "$work/err")"
-        [ ! -s "$work/out" ] || fail "$*: work started: $(head -3 "$work/out")"
-    }
-    refused "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3" --nproc-per-node 3 \
+    train_refused "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3" --nproc-per-node 3 \
         --tensor-model-parallel-size 3
-    refused "--seq-length 30 is not divisible by --tensor-model-parallel-size 4" --nproc-per-node 4 \
+    train_refused "--seq-length 30 is not divisible by --tensor-model-parallel-size 4" --nproc-per-node 4 \
         --tensor-model-parallel-size 4 --sequence-parallel --seq-length 30
-    refused "is not a multiple of tensor x context x pipeline = 2" --nproc-per-node 3 --tensor-model-parallel-size 2
+    train_refused "is not a multiple of tensor x context x pipeline = 2" --nproc-per-node 3 --tensor-model-parallel-size 2
     ;;
 ckpt_reshard)
     t22=(--nproc-per-node 4 --tensor-model-parallel-size 2)
@@ -184,8 +160,8 @@ PY
     run same "${t22[@]}" --train-iters 6 --load "$work/s" --save "$work/s"
     grep -q "successfully loaded checkpoint from $work/s \[ t 2/2, p 1/1 \] at iteration 3" "$work/same.out" ||
         fail "no load line: $(grep -i checkpoint "$work/same.out" | head -3)"
-    "$cohort" ckpt diff "$work/full" "$work/s" >"$work/diff" || fail "resumed at tp 2 x dp 2: $(tail -5 "$work/diff")"
-    grep -q "bitwise equal: 84 tensors" "$work/diff" || fail "$(cat "$work/diff")"
+    ckpt_same "$work/full" "$work/s" "resumed at tp 2 x dp 2"
+    grep -q '"equal": 84,' "$work/ckpt_same.json" || fail "$(head -8 "$work/ckpt_same.json")"
     [ "$(grep -v '"evaluation"' "$work/same.jsonl" | losses /dev/stdin)" = \
       "$(grep -v '"evaluation"' "$work/full.jsonl" | grep -v '"iteration":[123],' | losses /dev/stdin)" ] ||
         fail "resumed at tp 2 x dp 2: other numbers"
@@ -256,7 +232,7 @@ ckpt_padded_vocab)
         fail "convert: $(cat "$work/c4.out")"
     grep -q "padded vocabulary changed from 600 to 800 rows" "$work/c4.out" || fail "convert note: $(cat "$work/c4.out")"
     run tp4c "${pv[@]}" --nproc-per-node 4 --tensor-model-parallel-size 4 --train-iters 6 --load "$work/c4"
-    [ "$(losses "$work/tp4.jsonl")" = "$(losses "$work/tp4c.jsonl")" ] || fail "loading and converting differ"
+    same_losses tp4 tp4c "loading and converting differ"
     # the converted rows: 600..799 copy row 599, for the weights and both moments
     /usr/bin/python3 - "$work" <<'PY' || fail "the padded rows"
 import json, struct, sys
