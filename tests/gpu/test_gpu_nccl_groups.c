@@ -1,4 +1,4 @@
-/* test_gpu_nccl_groups.c - a rank's NCCL groups on one GPU (worker/comms.c, issue 14 item 4):
+/* test_gpu_nccl_groups.c - a rank's NCCL groups on one GPU (worker/comms.c):
  * a 1-rank world over ZeroMQ and NCCL from a unique id as the supervisor's assignment
  * carries it, every Megatron group split from it by ncclCommSplit, an all-reduce of device
  * memory on each, wk_comms_abort failing the next call on every NCCL group, and a set built
