@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cp_bench.sh - context parallelism on this machine's cores (issue 17, item 6a): one model at
+# cp_bench.sh - context parallelism on this machine's cores: one model at
 # a long sequence through `cohort train` at cp 1 (one process, 2 threads) and cp 2 (2
 # processes x 1 thread, the ring over them), same batches, fp32, dropout off. Per
 # configuration: tokens/s (the median of the iterations after the first) and each rank's

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fault_bench.sh - what the supervisor's fault tolerance costs and how fast it acts, on the
 # embedded default model (4 layers, hidden 256, byte-level, licence texts, global batch 32)
-# under the supervisor (issue "The supervisor keeps the run alive").
+# under the supervisor.
 #
 #   bench/fault_bench.sh [COHORT]          (COHORT: the cohort binary, default build/cohort)
 #

@@ -5,7 +5,7 @@
  *
  *   bench/mailbox_bench [--size BYTES] [--roundtrips N] [--messages N]
  *
- * Target (issue 3): the mailbox's message rate is at least half of raw ZeroMQ's. The output
+ * Target: the mailbox's message rate is at least half of raw ZeroMQ's. The output
  * starts with the CPU (bench_cpu.h: model name, ISA flags). */
 #include "actors/actor.h"
 #include "bench/bench_cpu.h"

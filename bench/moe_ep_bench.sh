@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# moe_ep_bench.sh - expert parallelism in a training job (issue 18, item 7): a small MoE GPT
+# moe_ep_bench.sh - expert parallelism in a training job: a small MoE GPT
 # (2 layers, both MoE: 8 experts, top-2, hidden 256, expert hidden 1024, GELU, sequence 256)
 # trained by `cohort train` on 2 ranks as data parallelism (ep 1: every rank computes every
 # expert) and as ep 2 with each dispatcher. Per configuration: tokens per second (the whole

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pp_bench.sh - pipeline parallelism on this machine's cores (issue 16, item 8): GPT-2 124M
+# pp_bench.sh - pipeline parallelism on this machine's cores: GPT-2 124M
 # (config B, micro batches of 2 x 256 tokens, fp32, dropout off) through `cohort train` at
 # pp 1 (one process, 2 threads) and pp 2 (2 processes x 1 thread) with the 1F1B and the
 # interleaved schedule (2 chunks per rank), for m = 4, 8, 16 micro batches per iteration; all

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run.sh - the training-step benchmark of issue "cohort train": configs A and B, cohort fp32 and bf16
+# run.sh - the training-step benchmark: configs A and B, cohort fp32 and bf16
 # beside PyTorch (Debian's python3-torch on Debian's OpenBLAS) in one run.
 #
 #   bench/run.sh [steps]        prints JSON lines, then the CPU, PyTorch's OpenBLAS core and a

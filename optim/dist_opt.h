@@ -1,7 +1,7 @@
 /* dist_opt.h - the distributed optimizer (ZeRO-1, Megatron's --use-distributed-optimizer):
  * the bucketed parameter/gradient layout, the sharded AdamW step over the data-parallel
- * group, and an optional second copy of every shard on the next data-parallel rank (issue
- * 17 item 4). docs/distributed-optimizer.md describes it; train/trainer_dopt.c wires it
+ * group, and an optional second copy of every shard on the next data-parallel rank.
+ * docs/distributed-optimizer.md describes it; train/trainer_dopt.c wires it
  * into the trainer (--use-distributed-optimizer).
  *
  * Layout (Megatron's param_and_grad_buffer.py with use_distributed_optimizer): parameters
