@@ -629,8 +629,8 @@ int cli_train(int argc, char **argv) {
         so.report_file = report;
         so.straggler_threshold = c.straggler_threshold;
         fi_schedule inj;
-        if (wk_inject_parse(&c, world, &inj, err, sizeof err)) {
-            fprintf(stderr, "cohort train: %s\n", err);
+        if (wk_inject_parse(&c, world, &inj)) {
+            fprintf(stderr, "cohort train: %s\n", co_err_detail());
             ck_savedir_unlock(&save_lock);
             co_config_free(&c);
             return CLI_USAGE;

@@ -84,7 +84,7 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     const co_config *c = &t->cfg;
     const gpt_chunk *d = gpt_chunk_def(t->model, ci);
     int s = mb % d->slots, N = c->micro_batch_size * c->seq_length;
-    size_t act = (size_t)(t->tp && c->sequence_parallel ? N / t->tp_size : N) * (size_t)c->hidden_size;
+    size_t act = (size_t)(t->g.tp && c->sequence_parallel ? N / t->tp_size : N) * (size_t)c->hidden_size;
     /* (1 + D streams on either side of the MTP stage in training) */
     size_t act_in = act * (size_t)gpt_chunk_streams(t->model, ci, false, train);
     size_t act_out = act * (size_t)gpt_chunk_streams(t->model, ci, true, train);
@@ -96,7 +96,7 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     t->phase_ms[TR_PH_DATA] += 1000 * (now_s() - t0); /* (a wait for the previous stage is no phase) */
     if (!rc && !d->embedding) {
         /* the previous stage's output, with the micro batch's positions and document starts */
-        cm_comm *ch = t->pp_fwd;
+        cm_comm *ch = t->g.pp;
         int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size;
         double tw = now_s(), tl0 = tl_now();
         waiting(t, prev);
@@ -129,7 +129,7 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     if (d->head) t->mb_loss_local[mb] = loss;
     t->phase_ms[TR_PH_FORWARD] += 1000 * (now_s() - t1);
     if (!d->head) {
-        cm_comm *ch = t->pp_fwd;
+        cm_comm *ch = t->g.pp;
         int next = (t->pp_rank + 1) % t->pp_size;
         memcpy(t->meta, x->positions, (size_t)N * sizeof(int32_t));
         memcpy(t->meta + N, x->seg, (size_t)N * sizeof(int32_t));
@@ -145,12 +145,12 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     const co_config *c = &t->cfg;
     const gpt_chunk *d = gpt_chunk_def(t->model, ci);
     int s = mb % d->slots, N = c->micro_batch_size * c->seq_length;
-    size_t act = (size_t)(t->tp && c->sequence_parallel ? N / t->tp_size : N) * (size_t)c->hidden_size;
+    size_t act = (size_t)(t->g.tp && c->sequence_parallel ? N / t->tp_size : N) * (size_t)c->hidden_size;
     size_t act_in = act * (size_t)gpt_chunk_streams(t->model, ci, false, true);
     size_t act_out = act * (size_t)gpt_chunk_streams(t->model, ci, true, true);
     int rc = 0;
     if (!d->head) {
-        cm_comm *ch = t->pp_bwd;
+        cm_comm *ch = t->g.pp_bwd;
         int next = (t->pp_rank + 1) % t->pp_size;
         double tw = now_s(), tl0 = tl_now();
         waiting(t, next);
@@ -171,7 +171,7 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     if ((rc = kb_backend_status(t->be))) return rc;
     t->phase_ms[TR_PH_BACKWARD] += 1000 * (now_s() - t0);
     if (!d->embedding) {
-        cm_comm *ch = t->pp_bwd;
+        cm_comm *ch = t->g.pp_bwd;
         int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size;
         tl0 = tl_now();
         rc = ch->ops->send(ch, gpt_chunk_input_grad(t->model), act_in * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
@@ -190,7 +190,7 @@ static int share_losses(trainer *t, double *loss, double *tok) {
         t->lbuf[mb] = last ? t->mb_loss_local[mb] : 0;
         t->lbuf[M + mb] = last ? t->mb_tok_local[mb] : 0;
     }
-    int rc = t->pp->ops->allreduce_sum(t->pp, t->lbuf, 2 * (size_t)M, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    int rc = t->g.pp->ops->allreduce_sum(t->g.pp, t->lbuf, 2 * (size_t)M, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
     *loss = *tok = 0;
     for (int mb = 0; mb < M; mb++) {
@@ -210,9 +210,9 @@ static int share_losses(trainer *t, double *loss, double *tok) {
 static int sum_tied_embedding(trainer *t) {
     int ti = gpt_tied_embedding(t->model);
     if (ti < 0) return 0;
-    if (!t->emb) return co_err_set(CO_EINVAL, "a copy of the word embedding on pipeline rank %d without an embedding group", t->pp_rank);
+    if (!t->g.emb) return co_err_set(CO_EINVAL, "a copy of the word embedding on pipeline rank %d without an embedding group", t->pp_rank);
     const gpt_tensor *e = &gpt_tensors(t->model)[ti];
-    return t->emb->ops->allreduce_sum(t->emb, gpt_grads(t->model) + e->offset, e->numel, CM_F32, TRAIN_COMM_TIMEOUT_MS);
+    return t->g.emb->ops->allreduce_sum(t->g.emb, gpt_grads(t->model) + e->offset, e->numel, CM_F32, TRAIN_COMM_TIMEOUT_MS);
 }
 
 int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,
@@ -235,7 +235,7 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
         }
     }
     if (!rc) rc = share_losses(t, loss_out, tok_out);
-    if (!rc && t->tp) rc = gpt_tp_finalize_grads(t->model);
+    if (!rc && t->g.tp) rc = gpt_tp_finalize_grads(t->model);
     double tl0 = tl_now();
     if (!rc) rc = sum_tied_embedding(t);
     if (!rc && gpt_tied_embedding(t->model) >= 0) trainer__tl(t, TL_EMBED_REDUCE, -1, -1, tl0);

@@ -8,8 +8,10 @@
 #include "train/trainer_internal.h"
 
 #include "common/error.h"
+#include "common/log.h"
 #include "common/rng.h"
 #include "scheduler/placement.h"
+#include "train/verdict.h"
 
 #include <signal.h>
 #include <xxhash.h>
@@ -85,18 +87,20 @@ void trainer_set_progress(trainer *t, const trainer_progress *p) {
 struct opt_adamw *trainer_optimizer(trainer *t) { return &t->opt; }
 const co_config *trainer_config(const trainer *t) { return &t->cfg; }
 
-void trainer_set_hook(trainer *t, trainer_hook fn, void *ctx) {
-    if (t->nhooks < 4) {
-        t->hook[t->nhooks] = fn;
-        t->hook_ctx[t->nhooks++] = ctx;
-    }
+int trainer_set_hook(trainer *t, trainer_hook fn, void *ctx) {
+    if (t->nhooks >= TRAINER_MAX_HOOKS)
+        return co_err_set(CO_ERANGE, "trainer: no room for another hook (it holds %d)", TRAINER_MAX_HOOKS);
+    t->hook[t->nhooks] = fn;
+    t->hook_ctx[t->nhooks++] = ctx;
+    return 0;
 }
 
-void trainer_set_pre_step_hook(trainer *t, trainer_pre_step_hook fn, void *ctx) {
-    if (t->npre_step < 4) {
-        t->pre_step[t->npre_step] = fn;
-        t->pre_step_ctx[t->npre_step++] = ctx;
-    }
+int trainer_set_pre_step_hook(trainer *t, trainer_pre_step_hook fn, void *ctx) {
+    if (t->npre_step >= TRAINER_MAX_HOOKS)
+        return co_err_set(CO_ERANGE, "trainer: no room for another pre-step hook (it holds %d)", TRAINER_MAX_HOOKS);
+    t->pre_step[t->npre_step] = fn;
+    t->pre_step_ctx[t->npre_step++] = ctx;
+    return 0;
 }
 
 static int run_hooks(trainer *t, bool final, train_end why) {
@@ -190,59 +194,46 @@ static int pipeline_setup(trainer *t, gpt_config *m) {
     return rc;
 }
 
-int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, FILE *log, cm_comm *dp) {
-    *out = NULL;
-    trainer *t = calloc(1, sizeof *t);
-    if (!t) return CO_ENOMEM;
-    t->cfg = *cfg;
-    /* the data paths stay owned by the caller's config */
-    t->log = log;
-    t->dp = dp;
+/* The trainer's groups from the caller's (only those its configuration uses, checked against
+ * it), its data-parallel view and the job's layout. */
+static int adopt_groups(trainer *t, const tr_groups *g) {
     const co_config *c = &t->cfg;
-    /* the data-parallel view (micro batches per replica); the tensor group is t->tp */
+    cm_comm *dp = g->dp;
+    t->g.dp = dp;
+    /* the data-parallel view (micro batches per replica); the tensor group is t->g.tp */
     int rc = topo_init(&t->topo, dp ? dp->size : 1, 1, 1, 1, dp ? dp->rank : 0);
-    if (rc) goto fail;
+    if (rc) return rc;
     t->job_rank = t->topo.dp_rank; /* (the world rank, once trainer_set_injector says it) */
-    t->tp = data->tp;
-    t->tp_size = t->tp ? t->tp->size : 1;
-    t->tp_rank = t->tp ? t->tp->rank : 0;
-    if (t->tp && t->tp_size != c->tensor_model_parallel_size) {
-        rc = co_err_set(CO_EINVAL, "a tensor group of %d ranks for --tensor-model-parallel-size %d", t->tp_size,
-                        c->tensor_model_parallel_size);
-        goto fail;
+    t->g.tp = g->tp;
+    t->tp_size = t->g.tp ? t->g.tp->size : 1;
+    t->tp_rank = t->g.tp ? t->g.tp->rank : 0;
+    if (t->g.tp && t->tp_size != c->tensor_model_parallel_size)
+        return co_err_set(CO_EINVAL, "a tensor group of %d ranks for --tensor-model-parallel-size %d", t->tp_size,
+                          c->tensor_model_parallel_size);
+    t->g.pp = g->pp && g->pp->size > 1 ? g->pp : NULL;
+    t->pp_size = t->g.pp ? t->g.pp->size : 1;
+    t->pp_rank = t->g.pp ? t->g.pp->rank : 0;
+    if (t->g.pp) {
+        t->g.pp_bwd = g->pp_bwd;
+        t->g.emb = g->emb;
+        t->g.mp = g->mp;
+        if (t->pp_size != c->pipeline_model_parallel_size || !t->g.pp_bwd || !t->g.mp)
+            return co_err_set(CO_EINVAL, "a pipeline group of %d ranks (and its channels) for "
+                                         "--pipeline-model-parallel-size %d", t->pp_size, c->pipeline_model_parallel_size);
     }
-    t->pp = data->pp && data->pp->size > 1 ? data->pp : NULL;
-    t->pp_size = t->pp ? t->pp->size : 1;
-    t->pp_rank = t->pp ? t->pp->rank : 0;
-    if (t->pp) {
-        t->pp_fwd = t->pp;
-        t->pp_bwd = data->pp_bwd;
-        t->emb = data->emb;
-        t->mp = data->mp;
-        if (t->pp_size != c->pipeline_model_parallel_size || !t->pp_bwd || !t->mp) {
-            rc = co_err_set(CO_EINVAL, "a pipeline group of %d ranks (and its channels) for --pipeline-model-parallel-size %d",
-                            t->pp_size, c->pipeline_model_parallel_size);
-            goto fail;
-        }
-    }
-    {
-        char lerr[200];
-        int cpn = c->context_parallel_size > 1 ? c->context_parallel_size : 1;
-        int world = (dp ? dp->size : 1) * t->tp_size * t->pp_size * cpn;
-        int epn = c->num_experts > 0 && c->expert_model_parallel_size > 1 ? c->expert_model_parallel_size : 1;
-        t->have_layout = topo_layout_init(&t->layout, world, t->tp_size, t->pp_size, cpn, epn,
-                                          c->expert_tensor_parallel_size, c->use_tp_pp_dp_mapping, lerr,
-                                          sizeof lerr) == 0;
-    }
+    char lerr[200];
+    int cpn = c->context_parallel_size > 1 ? c->context_parallel_size : 1;
+    int world = (dp ? dp->size : 1) * t->tp_size * t->pp_size * cpn;
+    int epn = c->num_experts > 0 && c->expert_model_parallel_size > 1 ? c->expert_model_parallel_size : 1;
+    t->have_layout = topo_layout_init(&t->layout, world, t->tp_size, t->pp_size, cpn, epn,
+                                      c->expert_tensor_parallel_size, c->use_tp_pp_dp_mapping, lerr, sizeof lerr) == 0;
     t->M = topo_num_microbatches(&t->topo, c->global_batch_size, c->micro_batch_size);
+    return 0;
+}
 
-    kb_options bo = {.device = strcmp(c->device, "cuda") == 0 ? KB_DEVICE_CUDA : KB_DEVICE_CPU,
-                     .threads = c->threads,
-                     .bf16 = c->bf16,
-                     .cuda_device = data->cuda_device};
-    rc = kb_backend_new(&t->be, &bo);
-    if (rc) goto fail;
-
+/* The model's configuration from the flags (the MoE and MTP settings too). */
+static void model_config(trainer *t, int vocab_size) {
+    const co_config *c = &t->cfg;
     gpt_config *m = &t->mcfg;
     m->num_layers = c->num_layers;
     m->hidden = c->hidden_size;
@@ -250,8 +241,8 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     m->kv_groups = c->num_query_groups;
     m->head_dim = c->kv_channels;
     m->ffn_hidden = c->ffn_hidden_size;
-    m->vocab = data->vocab_size;
-    m->padded_vocab = gpt_padded_vocab(data->vocab_size, c->make_vocab_size_divisible_by * t->tp_size);
+    m->vocab = vocab_size;
+    m->padded_vocab = gpt_padded_vocab(vocab_size, c->make_vocab_size_divisible_by * t->tp_size);
     m->max_positions = c->max_position_embeddings;
     m->rope = strcmp(c->position_embedding_type, "rope") == 0;
     m->rotary_base = (float)c->rotary_base;
@@ -265,29 +256,43 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     m->attention_dropout = (float)c->attention_dropout;
     m->tp = t->tp_size;
     m->tp_rank = t->tp_rank;
-    m->sequence_parallel = t->tp && c->sequence_parallel;
+    m->sequence_parallel = t->g.tp && c->sequence_parallel;
     trainer__moe_config(t, m);
     trainer__mtp_config(t, m);
-    if (t->pp && (rc = pipeline_setup(t, m))) goto fail;
-    if ((rc = trainer__cp_setup(t, data, m))) goto fail;
-    if ((rc = trainer__ep_setup(t, data, m))) goto fail;
-    rc = gpt_new(&t->model, m, t->be, c->micro_batch_size, t->local_T);
-    if (rc) goto fail;
-    if ((rc = trainer__moe_setup(t))) goto fail;
-    if (t->tp) gpt_set_tensor_group(t->model, t->tp, TRAIN_COMM_TIMEOUT_MS);
-    if ((rc = trainer__ep_model_ready(t))) goto fail;
+}
+
+/* The model (this rank's stage, context share and experts, over its groups), initialised,
+ * and its optimizer. */
+static int build_model(trainer *t, const trainer_data *data) {
+    const co_config *c = &t->cfg;
+    gpt_config *m = &t->mcfg;
+    model_config(t, data->vocab_size);
+    int rc;
+    if (t->g.pp && (rc = pipeline_setup(t, m))) return rc;
+    if ((rc = trainer__cp_setup(t, data, m))) return rc;
+    if ((rc = trainer__ep_setup(t, data, m))) return rc;
+    if ((rc = gpt_new(&t->model, m, t->be, c->micro_batch_size, t->local_T))) return rc;
+    if ((rc = trainer__moe_setup(t))) return rc;
+    if (t->g.tp) gpt_set_tensor_group(t->model, t->g.tp, TRAIN_COMM_TIMEOUT_MS);
+    if ((rc = trainer__ep_model_ready(t))) return rc;
     /* the distributed optimizer lays the model's buffers out before they are filled */
-    if (c->use_distributed_optimizer && (rc = trainer__dopt_setup(t, data->joining))) goto fail;
-    if (t->cp) gpt_set_context_group(t->model, t->cp, TRAIN_COMM_TIMEOUT_MS);
-    if (t->cp && c->num_experts > 0 && t->tp_size > 1) gpt_set_moe_token_group(t->model, data->tpcp, TRAIN_COMM_TIMEOUT_MS);
+    if (c->use_distributed_optimizer && (rc = trainer__dopt_setup(t, data->joining))) return rc;
+    if (t->g.cp) gpt_set_context_group(t->model, t->g.cp, TRAIN_COMM_TIMEOUT_MS);
+    if (t->g.cp && c->num_experts > 0 && t->tp_size > 1)
+        gpt_set_moe_token_group(t->model, t->g.tpcp, TRAIN_COMM_TIMEOUT_MS);
     gpt_init(t->model, (uint64_t)c->seed);
     rc = c->use_distributed_optimizer
              ? trainer__dopt_init_shards(t)
              : opt_adamw_init(&t->opt, t->model, (float)c->adam_beta1, (float)c->adam_beta2, (float)c->adam_eps,
                               (float)c->weight_decay, (float)c->clip_grad);
-    if (rc) goto fail;
+    if (rc) return rc;
     t->flops_per_sample = gpt_flops_per_sample(m, c->seq_length);
+    return 0;
+}
 
+/* Megatron's learning-rate schedule from the flags. */
+static void lr_setup(trainer *t) {
+    const co_config *c = &t->cfg;
     t->lr.max_lr = c->lr;
     t->lr.min_lr = c->min_lr;
     t->lr.init_lr = c->lr_warmup_init;
@@ -297,16 +302,18 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     t->lr.wsd_decay_iters = c->lr_wsd_decay_iters;
     t->lr.style = (lr_style)lr_style_parse(c->lr_decay_style);
     t->lr.wsd_style = (lr_wsd_style)lr_wsd_style_parse(c->lr_wsd_decay_style);
+}
 
+/* The micro batches' arrays: one set, or with a pipeline one per micro batch of the step
+ * (each kept until its backward); an evaluation's zero weights; the tensor group's broadcast. */
+static int alloc_batches(trainer *t) {
+    const co_config *c = &t->cfg;
     size_t N = (size_t)c->micro_batch_size * c->seq_length;
-    t->nmbuf = t->pp ? t->M : 1; /* a pipeline keeps every micro batch's until its backward */
+    t->nmbuf = t->g.pp ? t->M : 1;
     t->mbuf = calloc((size_t)t->nmbuf, sizeof *t->mbuf);
     t->zeros = calloc(N, sizeof(float));
-    t->bcast = t->tp ? malloc(5 * N * sizeof(int32_t)) : NULL;
-    if (!t->mbuf || !t->zeros || (t->tp && !t->bcast)) {
-        rc = CO_ENOMEM;
-        goto fail;
-    }
+    t->bcast = t->g.tp ? malloc(5 * N * sizeof(int32_t)) : NULL;
+    if (!t->mbuf || !t->zeros || (t->g.tp && !t->bcast)) return CO_ENOMEM;
     for (int k = 0; k < t->nmbuf; k++) {
         tr_batch *mb = &t->mbuf[k];
         mb->tokens = malloc(N * sizeof(int32_t));
@@ -318,81 +325,106 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
         if (t->cpn > 1 && c->mtp_num_layers > 0) {
             mb->full = malloc(3 * N * sizeof(int32_t));
             mb->full_mask = malloc(N * sizeof(float));
-            if (!mb->full || !mb->full_mask) {
-                rc = CO_ENOMEM;
-                goto fail;
-            }
+            if (!mb->full || !mb->full_mask) return CO_ENOMEM;
         }
-        if (!mb->tokens || !mb->targets || !mb->positions || !mb->seg || !mb->mask || !mb->dscale) {
-            rc = CO_ENOMEM;
-            goto fail;
-        }
+        if (!mb->tokens || !mb->targets || !mb->positions || !mb->seg || !mb->mask || !mb->dscale) return CO_ENOMEM;
     }
+    return 0;
+}
 
-    /* rank 0 builds (and caches) the data indices first; the others then load them */
-    cm_comm *bar = trainer__grad_group(t); /* (with context ranks: every reader) */
-    if (bar && !data->joining && bar->rank != 0 && (rc = bar->ops->barrier(bar, -1))) goto fail;
+/* The dataset layer's configuration from the flags (data->prefix: one .bin/.idx prefix). */
+static void data_config(const co_config *c, const trainer_data *data, char **single, dl_config *dc) {
+    memset(dc, 0, sizeof *dc);
+    dc->base.mock = c->mock_data;
+    dc->base.split = c->split;
+    dc->base.seq_length = c->seq_length;
+    dc->base.seed = (uint32_t)c->seed;
+    dc->base.eod = data->eod;
+    dc->base.vocab_size = data->vocab_size;
+    dc->base.eod_mask_loss = c->eod_mask_loss;
+    dc->base.reset_position_ids = c->reset_position_ids;
+    dc->base.reset_attention_mask = c->reset_attention_mask;
+    dc->base.cache_dir = c->data_cache_path[0] ? c->data_cache_path : NULL;
+    single[0] = (char *)data->prefix;
+    dc->data_path = data->prefix ? single : c->data_path;
+    dc->n_data_path = data->prefix ? 1 : c->n_data_path;
+    dc->split_path[0] = c->train_data_path, dc->n_split_path[0] = c->n_train_data_path;
+    dc->split_path[1] = c->valid_data_path, dc->n_split_path[1] = c->n_valid_data_path;
+    dc->split_path[2] = c->test_data_path, dc->n_split_path[2] = c->n_test_data_path;
+    dc->sft = c->sft;
+}
+
+/* The datasets of the splits, on the ranks that read data (tensor rank 0; with a pipeline
+ * the first and last stage and the MTP depths' stage). Rank 0 of the data-parallel ranks
+ * builds (and caches) the indices first, the others then load them. */
+static int open_data(trainer *t, const trainer_data *data) {
+    const co_config *c = &t->cfg;
+    cm_comm *bar = tr_groups_grad(&t->g); /* (with context ranks: every reader) */
+    int rc;
+    if (bar && !data->joining && bar->rank != 0 && (rc = bar->ops->barrier(bar, -1))) return rc;
     dl_config dc;
-    memset(&dc, 0, sizeof dc);
-    dc.base.mock = c->mock_data;
-    dc.base.split = c->split;
-    dc.base.seq_length = c->seq_length;
-    dc.base.seed = (uint32_t)c->seed;
-    dc.base.eod = data->eod;
-    dc.base.vocab_size = data->vocab_size;
-    dc.base.eod_mask_loss = c->eod_mask_loss;
-    dc.base.reset_position_ids = c->reset_position_ids;
-    dc.base.reset_attention_mask = c->reset_attention_mask;
-    dc.base.cache_dir = c->data_cache_path[0] ? c->data_cache_path : NULL;
-    char *single[1] = {(char *)data->prefix};
-    dc.data_path = data->prefix ? single : c->data_path;
-    dc.n_data_path = data->prefix ? 1 : c->n_data_path;
-    dc.split_path[0] = c->train_data_path, dc.n_split_path[0] = c->n_train_data_path;
-    dc.split_path[1] = c->valid_data_path, dc.n_split_path[1] = c->n_valid_data_path;
-    dc.split_path[2] = c->test_data_path, dc.n_split_path[2] = c->n_test_data_path;
-    dc.sft = c->sft;
+    char *single[1];
+    data_config(c, data, single, &dc);
     if (c->sft) {
-        rc = tok_open(&t->sft_tok, c->tokenizer_type, c->vocab_size, c->vocab_file, c->merge_file);
-        if (rc) goto fail;
+        if ((rc = tok_open(&t->sft_tok, c->tokenizer_type, c->vocab_size, c->vocab_file, c->merge_file))) return rc;
         dc.tok = &t->sft_tok;
     }
-    /* tensor-parallel rank 0 alone reads data; with a pipeline only on the first and last
-     * stage, and the one running the MTP depths (their rolled tokens) */
     bool mtp_here = t->stages && pp_mtp_rank(t->stages, t->pp_size, t->vchunks) == t->pp_rank;
-    bool reads = t->tp_rank == 0 && (!t->pp || t->pp_rank == 0 || t->pp_rank == t->pp_size - 1 || mtp_here);
+    bool reads = t->tp_rank == 0 && (!t->g.pp || t->pp_rank == 0 || t->pp_rank == t->pp_size - 1 || mtp_here);
     for (int s = 0; s < 3 && reads; s++) {
         int64_t want = co_config_split_samples(c, s);
         if (want <= 0) continue;
-        rc = dl_build(&t->ds[s], &dc, s, want);
-        if (rc) goto fail;
+        if ((rc = dl_build(&t->ds[s], &dc, s, want))) return rc;
         t->has_split[s] = t->ds[s] != NULL;
     }
-    if (bar && !data->joining && bar->rank == 0 && (rc = bar->ops->barrier(bar, -1))) goto fail;
-    if (reads && !t->ds[0]) {
-        rc = co_err_set(CO_EINVAL, "the train split of --split '%s' is empty", c->split);
-        goto fail;
-    }
+    if (bar && !data->joining && bar->rank == 0 && (rc = bar->ops->barrier(bar, -1))) return rc;
+    if (reads && !t->ds[0]) return co_err_set(CO_EINVAL, "the train split of --split '%s' is empty", c->split);
     bool per_split = c->n_train_data_path || c->n_valid_data_path || c->n_test_data_path;
     if (reads && t->log && !data->joining && c->eval_iters > 0 && !t->ds[1])
         fprintf(t->log, "cohort: WARNING: evaluation is on (--eval-iters %lld) but the validation split is empty "
                 "(%s%s): no validation loss will be computed\n", (long long)c->eval_iters,
                 per_split ? "no --valid-data-path" : "--split ", per_split ? "" : c->split);
-    if (data->metrics && t->log) {
+    return 0;
+}
+
+/* Where the logging rank's metrics records go: the caller's stream, or --metrics-file. */
+static int open_metrics(trainer *t, const trainer_data *data) {
+    const co_config *c = &t->cfg;
+    if (!t->log) return 0;
+    if (data->metrics) {
         t->metrics = data->metrics;
         t->metrics_borrowed = true;
-    } else if (c->metrics_file[0] && t->log) {
-        t->metrics = fopen(c->metrics_file, "a");
-        if (!t->metrics) {
-            rc = co_err_set(CO_EIO, "cannot open --metrics-file %s", c->metrics_file);
-            goto fail;
-        }
+    } else if (c->metrics_file[0] && !(t->metrics = fopen(c->metrics_file, "a"))) {
+        return co_err_set(CO_EIO, "cannot open --metrics-file %s", c->metrics_file);
+    }
+    return 0;
+}
+
+int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, FILE *log) {
+    *out = NULL;
+    trainer *t = calloc(1, sizeof *t);
+    if (!t) return CO_ENOMEM;
+    t->cfg = *cfg; /* (the data paths stay owned by the caller's config) */
+    t->log = log;
+    const co_config *c = &t->cfg;
+    int rc = adopt_groups(t, &data->groups);
+    kb_options bo = {.device = strcmp(c->device, "cuda") == 0 ? KB_DEVICE_CUDA : KB_DEVICE_CPU,
+                     .threads = c->threads,
+                     .bf16 = c->bf16,
+                     .cuda_device = data->cuda_device};
+    if (!rc) rc = kb_backend_new(&t->be, &bo);
+    if (!rc) rc = build_model(t, data);
+    if (!rc) lr_setup(t);
+    if (!rc) rc = alloc_batches(t);
+    if (!rc) rc = open_data(t, data);
+    if (!rc) rc = open_metrics(t, data);
+    if (rc) {
+        trainer_destroy(&t);
+        return rc;
     }
     t->start_time = now_s();
     *out = t;
     return 0;
-fail:
-    trainer_destroy(&t);
-    return rc;
 }
 
 void trainer_destroy(trainer **pt) {
@@ -439,25 +471,11 @@ gpt_model *trainer_model(trainer *t) { return t->model; }
 FILE *trainer_metrics_stream(trainer *t) { return t->metrics; }
 double trainer_last_loss(const trainer *t) { return t->last_loss; }
 
-/* The ranks that hold one replica of the model between them: the model-parallel group
- * (tensor x pipeline) with a pipeline, the tensor group without; NULL on one rank. Its rank
- * 0 (tensor rank 0 of the first stage) reads data and speaks for it. */
-static cm_comm *replica_group(const trainer *t) { return t->pp ? t->mp : t->tp; }
+/* The replica's rank 0 (tensor rank 0 of the first stage, context rank 0): it reads data
+ * and speaks for the replica. */
 static bool replica_lead(const trainer *t) {
-    return t->tp_rank == 0 && (!t->pp || t->pp_rank == 0) && (t->cpn <= 1 || t->cpr == 0);
+    return t->tp_rank == 0 && (!t->g.pp || t->pp_rank == 0) && (t->cpn <= 1 || t->cpr == 0);
 }
-/* The ranks the validator sees as one replica (their checksums combined, a check round run
- * by all of them): the replica group, or with expert parallelism the expert group times the
- * pipeline (trainer_ep.c); with context parallelism alone the context group (its ranks hold
- * the same weights and report the same sums: one of them reports a check round). */
-static cm_comm *val_group(const trainer *t) {
-    if (t->epn > 1) return t->erep;
-    cm_comm *rg = replica_group(t);
-    return rg ? rg : t->cpn > 1 ? t->cp : NULL;
-}
-/* The ranks that hold the same state, over which a replica's state is taken (a repair, a
- * replacement, the replica check): data parallel, or expert data parallel. */
-static cm_comm *state_group(const trainer *t) { return t->epn > 1 ? t->edp : t->dp; }
 
 uint64_t trainer__dropout_seed(const trainer *t, int64_t gmb) {
     return mix(mix((uint64_t)t->cfg.seed, (uint64_t)t->iteration), (uint64_t)gmb);
@@ -467,7 +485,7 @@ uint64_t trainer__dropout_seed(const trainer *t, int64_t gmb) {
  * embedding's copy not counted (gpt_tp_grad_sumsq). */
 int trainer__grad_norm(trainer *t, double *out) {
     if (t->epn > 1) return trainer__ep_grad_norm(t, out);
-    cm_comm *rg = replica_group(t);
+    cm_comm *rg = tr_groups_replica(&t->g);
     if (!rg) {
         *out = opt_grad_norm(t->model);
         return kb_backend_status(t->be);
@@ -488,7 +506,7 @@ static int broadcast_batch(trainer *t, tr_batch *x, size_t N) {
         for (int k = 0; k < 4; k++) memcpy(p + (size_t)k * N, parts[k], N * sizeof(int32_t));
         memcpy(p + 4 * N, x->mask, N * sizeof(float));
     }
-    int rc = t->tp->ops->broadcast(t->tp, p, 5 * N * sizeof(int32_t), 0, TRAIN_COMM_TIMEOUT_MS);
+    int rc = t->g.tp->ops->broadcast(t->g.tp, p, 5 * N * sizeof(int32_t), 0, TRAIN_COMM_TIMEOUT_MS);
     if (rc || t->tp_rank == 0) return rc;
     for (int k = 0; k < 4; k++) memcpy(parts[k], p + (size_t)k * N, N * sizeof(int32_t));
     memcpy(x->mask, p + 4 * N, N * sizeof(float));
@@ -506,7 +524,7 @@ int trainer__load_batch(trainer *t, int s, int64_t first, tr_batch *x, gpt_batch
         int rc = dl_get(t->ds[s], idx, x->tokens + o, x->targets + o, x->mask + o, x->positions + o, x->seg + o);
         if (rc) return rc;
     }
-    if (t->tp) {
+    if (t->g.tp) {
         int rc = broadcast_batch(t, x, (size_t)B * T);
         if (rc) return rc;
     }
@@ -580,7 +598,7 @@ static int log_line(trainer *t, double lr, double grad_norm) {
     double ms = 1000.0 * t->time_since_log / t->iters_since_log;
     double loss = t->tok_sum > 0 ? t->loss_sum / t->tok_sum : NAN;
     double tflops = t->flops_per_sample * c->global_batch_size / (ms / 1000.0) / 1e12 /
-                    (t->topo.world * t->tp_size * t->cpn * (t->pp ? t->pp_size : 1));
+                    (t->topo.world * t->tp_size * t->cpn * (t->g.pp ? t->pp_size : 1));
     double tok_s = (double)c->global_batch_size * c->seq_length / (ms / 1000.0);
     char ts[32];
     timestamp(ts, sizeof ts);
@@ -595,7 +613,7 @@ static int log_line(trainer *t, double lr, double grad_norm) {
     if (t->log) fflush(t->log);
     /* the tensor group's collectives inside the model since the last line (this rank's) */
     char tpx[200] = "";
-    if (t->tp) {
+    if (t->g.tp) {
         gpt_tp_stats st;
         gpt_tp_stats_take(t->model, &st);
         snprintf(tpx, sizeof tpx, ",\"tensor_comm_ms_per_iteration\":%.3f,\"tensor_analytic_bytes_per_iteration\":%.0f",
@@ -632,7 +650,7 @@ static int log_line(trainer *t, double lr, double grad_norm) {
 static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) {
     /* over the data x context group with context parallelism: each context rank's gradient
      * is its tokens' part of its replica's (summed), the replicas are averaged */
-    cm_comm *dp = t->dp, *gg = trainer__grad_group(t);
+    cm_comm *dp = t->g.dp, *gg = tr_groups_grad(&t->g);
     int rc;
     if (t->dopt) { /* the distributed optimizer (data parallelism only): reduce-scatter, averaged, the norm */
         if ((rc = trainer__dopt_reduce(t))) return rc;
@@ -648,7 +666,7 @@ static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) 
     double rep[4] = {*loss, *tok, *stop_reason == 1, *stop_reason == 2};
     rc = gg->ops->allreduce_sum(gg, rep, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
-    cm_comm *rg = replica_group(t);
+    cm_comm *rg = tr_groups_replica(&t->g);
     if (rg && (rc = rg->ops->allreduce_sum(rg, rep + 2, 2, CM_F64, TRAIN_COMM_TIMEOUT_MS))) return rc;
     *loss = rep[0];
     *tok = rep[1];
@@ -660,7 +678,7 @@ static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) 
  * injected or repaired here; the supervisor records its own verdicts itself). */
 static void emit_line(trainer *t, const char *line, bool to_sink) {
     progress_clear(t);
-    fprintf(stderr, "cohort rank %d: %s\n", t->job_rank, line);
+    co_log(CO_LOG_WARN, "%s", line);
     if (to_sink && t->ev_fn) t->ev_fn(t->ev_ctx, line);
 }
 static void emit(trainer *t, const char *line) { emit_line(t, line, true); }
@@ -707,7 +725,7 @@ void trainer__inject_forward(trainer *t, int64_t step, int mb, int N) {
         gpt_sync_bf16(t->model);
         fi_describe(f, t->job_rank, step, mb, line, sizeof line);
         emit(t, line);
-        fprintf(stderr, "cohort rank %d: inject: flipped bit %d of parameter %zu\n", t->topo.dp_rank, bit, idx);
+        co_log(CO_LOG_WARN, "inject: flipped bit %d of parameter %zu", bit, idx);
     }
     if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_ACT, t->job_rank, t->job_rank, step, mb, FI_PH_FORWARD))) {
         int bit = f->bit >= 0 ? f->bit : 30;
@@ -743,7 +761,7 @@ void trainer__inject_grads(trainer *t, int64_t step, int mb, int poison) {
         size_t idx = fi_flip(f, gpt_grads(t->model), gpt_num_params(t->model), &bit);
         fi_describe(f, t->job_rank, step, mb, line, sizeof line);
         emit(t, line);
-        fprintf(stderr, "cohort rank %d: inject: flipped bit %d of gradient %zu\n", t->topo.dp_rank, bit, idx);
+        co_log(CO_LOG_WARN, "inject: flipped bit %d of gradient %zu", bit, idx);
     }
 }
 
@@ -802,7 +820,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
     }
     *loss_out = it_loss;
     *tok_out = it_tok;
-    if (t->tp) {
+    if (t->g.tp) {
         /* the parts of replicated parameters' gradients summed over the tensor group */
         int rc = gpt_tp_finalize_grads(t->model);
         if (rc) return rc;
@@ -827,7 +845,7 @@ static bool skip_listed(const trainer *t, int64_t step) {
 static int replica_of(const trainer *t, int world_rank) {
     if (t->epn > 1) return trainer__ep_replica_of(t, world_rank); /* (its place in the state group) */
     topo_coord co;
-    if ((replica_group(t) || t->cpn > 1) && t->have_layout && world_rank >= 0 &&
+    if ((tr_groups_replica(&t->g) || t->cpn > 1) && t->have_layout && world_rank >= 0 &&
         topo_coords(&t->layout, world_rank, &co) == 0)
         return co.dp;
     return world_rank;
@@ -839,7 +857,7 @@ static int replica_of(const trainer *t, int world_rank) {
 
 /* Are the weights checksummed at all (a validator that compares replicas, an interval)? */
 static bool sums_on(const trainer *t) {
-    return t->dp && t->dp->size > 1 && t->have_val && t->val.checksum && t->cfg.check_weight_hash_interval > 0 &&
+    return t->g.dp && t->g.dp->size > 1 && t->have_val && t->val.checksum && t->cfg.check_weight_hash_interval > 0 &&
            !strcmp(t->cfg.rerun_mode, "validate_results");
 }
 
@@ -873,7 +891,7 @@ static void *sum_main(void *arg) {
  * of its ranks' (all-gathered over the replica's ranks), the same on each of them, so the
  * supervisor compares replicas as it does without model parallelism. */
 static int combine_sums(trainer *t, rr_report *r) {
-    cm_comm *rg = val_group(t);
+    cm_comm *rg = tr_groups_validation(&t->g);
     int n = rg->size;
     uint64_t mine[3] = {r->sum_used, r->sum_written, r->has_written};
     uint64_t *all = malloc(sizeof *all * 5 * (size_t)n);
@@ -897,7 +915,7 @@ static int combine_sums(trainer *t, rr_report *r) {
 
 /* Every rank takes rank `root`'s parameters and optimizer state (REPAIR, replica repair). */
 static int take_state(trainer *t, int root) {
-    cm_comm *dp = state_group(t);
+    cm_comm *dp = tr_groups_state(&t->g);
     size_t n = gpt_num_params(t->model);
     int rc = dp->ops->broadcast(dp, gpt_params(t->model), n * sizeof(float), root, TRAIN_COMM_TIMEOUT_MS);
     if (!rc && t->opt.m) rc = dp->ops->broadcast(dp, t->opt.m, n * sizeof(float), root, TRAIN_COMM_TIMEOUT_MS);
@@ -912,7 +930,7 @@ static int take_state(trainer *t, int root) {
  * more... with two ranks a mismatch cannot be attributed: both are reported) takes the
  * majority's state. */
 static int check_replicas(trainer *t) {
-    cm_comm *dp = state_group(t);
+    cm_comm *dp = tr_groups_state(&t->g);
     size_t n = gpt_num_params(t->model);
     XXH64_state_t *h = XXH64_createState();
     if (!h) return CO_ENOMEM;
@@ -965,14 +983,6 @@ void trainer_set_output(trainer *t, FILE *log, FILE *metrics) {
     t->metrics_borrowed = true;
 }
 
-void trainer_set_tensor_group(trainer *t, cm_comm *tp) {
-    if (!t->tp && !tp) return;
-    t->tp = tp;
-    gpt_set_tensor_group(t->model, tp, TRAIN_COMM_TIMEOUT_MS);
-    kb_backend_clear_status(t->be); /* a collective the last generation's abort failed */
-    trainer__etp_tensor_group(t);   /* (experts split over it without expert parallelism) */
-}
-
 void trainer_model_parallel(const trainer *t, int *tp, int *tp_rank, int *pp, int *pp_rank) {
     *tp = t->tp_size;
     *tp_rank = t->tp_rank;
@@ -998,8 +1008,8 @@ int trainer_open_timeline(trainer *t, int world_rank, int world) {
     const co_config *c = &t->cfg;
     if (!c->timeline_dir[0] || t->tl_open_rec) return 0;
     tl_meta m = {.rank = world_rank, .world = world, .tp = t->tp_size, .pp = t->pp_size,
-                 .dp = t->dp ? t->dp->size : 1, .tp_rank = t->tp_rank, .pp_rank = t->pp_rank,
-                 .dp_rank = t->topo.dp_rank, .v = t->pp ? t->vchunks : 1, .m = t->M};
+                 .dp = t->g.dp ? t->g.dp->size : 1, .tp_rank = t->tp_rank, .pp_rank = t->pp_rank,
+                 .dp_rank = t->topo.dp_rank, .v = t->g.pp ? t->vchunks : 1, .m = t->M};
     t->tl_start = t->iteration;
     return tl_open(&t->tl_open_rec, c->timeline_dir, &m);
 }
@@ -1026,23 +1036,36 @@ int trainer_describe_stage(const trainer *t, char *buf, size_t n) {
     return len;
 }
 
-void trainer_set_pipeline_groups(trainer *t, cm_comm *pp, cm_comm *pp_bwd, cm_comm *emb, cm_comm *mp) {
-    if (!t->pp_size || t->pp_size < 2) return;
-    t->pp = t->pp_fwd = pp;
-    t->pp_bwd = pp_bwd;
-    t->emb = emb;
-    t->mp = mp;
+/* The tensor group of a new generation (NULL between generations): the model's collectives
+ * and the experts split over it follow. */
+static void set_tensor_group(trainer *t, cm_comm *tp) {
+    if (!t->g.tp && !tp) return;
+    t->g.tp = tp;
+    gpt_set_tensor_group(t->model, tp, TRAIN_COMM_TIMEOUT_MS);
+    kb_backend_clear_status(t->be); /* a collective the last generation's abort failed */
+    trainer__etp_tensor_group(t);   /* (experts split over it without expert parallelism) */
 }
 
-void trainer_set_comm(trainer *t, cm_comm *dp) {
-    t->dp = dp;
-    if (dp) topo_init(&t->topo, dp->size, 1, 1, 1, dp->rank);
+void trainer_set_groups(trainer *t, const tr_groups *g) {
+    static const tr_groups none;
+    if (!g) g = &none;
+    t->g.dp = g->dp;
+    if (g->dp) topo_init(&t->topo, g->dp->size, 1, 1, 1, g->dp->rank);
+    set_tensor_group(t, g->tp);
+    trainer__cp_set_groups(t, g);
+    if (t->pp_size > 1) {
+        t->g.pp = g->pp;
+        t->g.pp_bwd = g->pp_bwd;
+        t->g.emb = g->emb;
+        t->g.mp = g->mp;
+    }
+    trainer__ep_set_groups(t, g);
 }
 
 void trainer_state_replaced(trainer *t) { t->have_written = false; }
 
 int trainer_sync_state(trainer *t, int root) {
-    if (!t->dp) return 0;
+    if (!t->g.dp) return 0;
     int64_t mine = t->iteration;
     /* (the distributed optimizer: the parameters come from the shards' holders below) */
     int rc = t->dopt ? 0 : take_state(t, root);
@@ -1051,7 +1074,7 @@ int trainer_sync_state(trainer *t, int root) {
     double p[11] = {(double)t->iteration, (double)t->consumed[0], (double)t->consumed[1], (double)t->consumed[2],
                     (double)t->skipped,   (double)t->nan_iters,   t->loss_sum,            t->tok_sum,
                     (double)t->iters_since_log, (double)t->opt.step, t->time_since_log};
-    cm_comm *sg = state_group(t);
+    cm_comm *sg = tr_groups_state(&t->g);
     rc = sg->ops->broadcast(sg, p, sizeof p, root, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
     t->iteration = (int64_t)p[0];
@@ -1070,292 +1093,382 @@ int trainer_sync_state(trainer *t, int root) {
     return rc;
 }
 
-int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
-    const co_config *c = &t->cfg;
-    *why = TRAIN_DONE;
-    int T = c->seq_length;
-    t->stop = stop;
-    bool tty = c->progress && t->log == stdout && isatty(STDOUT_FILENO);
-    int me = t->topo.dp_rank;
-    /* the weights as built or loaded (a repair or a peer's state noted it already; an
-     * optimizer step keeps it) */
-    if (!t->have_written) note_written(t);
-    cm_comm *rg = replica_group(t), *vg = val_group(t);
-    if (rg) {
-        /* which splits have samples: the replica's rank 0 built them */
-        int rc = rg->ops->broadcast(rg, t->has_split, sizeof t->has_split, 0, TRAIN_COMM_TIMEOUT_MS);
-        if (rc) return rc;
-    }
-    if (t->iteration < c->train_iters) {
-        /* a stop asked for before the first step (a signal during setup, the supervisor's
-         * order): the ranks agree on it in one vote, and nothing is trained */
-        double vote = stop && *stop ? 1 : 0;
-        if (t->dp) {
-            cm_comm *g = trainer__grad_group(t);
-            int rc = g->ops->allreduce_sum(g, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
-            if (rc) return rc;
-        }
-        if (rg) {
-            int rc = rg->ops->allreduce_sum(rg, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
-            if (rc) return rc;
-        }
-        if (vote > 0) {
-            *why = TRAIN_SIGNAL;
-            if (t->nhooks) {
-                int rc = run_hooks(t, true, *why);
-                if (rc < 0) return rc;
-            }
-            return 0;
-        }
-    }
-    tl_discard(t->tl_open_rec); /* an iteration an in-process restart abandoned */
-    while (t->iteration < c->train_iters) {
-        double t0 = now_s();
-        int64_t step = t->iteration + 1;
-        memset(t->phase_ms, 0, sizeof t->phase_ms);
-        t->tl = co_config_timeline_records(c, t->tl_start, step) ? t->tl_open_rec : NULL;
-        if (skip_listed(t, step)) {
-            /* --iterations-to-skip: the batch is consumed, nothing is computed */
-            progress_clear(t);
-            if (t->log) fprintf(t->log, "cohort: skipping iteration %lld (--iterations-to-skip)\n", (long long)step);
-            t->iteration++;
-            t->consumed[0] += c->global_batch_size;
-            t->skipped++;
-            if (t->nhooks) {
-                int rc = run_hooks(t, false, TRAIN_DONE);
-                if (rc < 0) return rc;
-            }
-            continue;
-        }
-        double it_loss = 0, it_tok = 0, gnorm = 0, local_norm = 0;
-        int stop_reason = 0;
-        int attempt = 0, role_check_for = -1; /* role_check_for >= 0: this round recomputes that rank's share */
-        int check_suspect = -1;                /* the world rank whose share it is */
-        bool check_reports = true;             /* this rank reports the recomputation (its replica's helper) */
-        bool checking_round = false, skip_step = false;
-        for (;;) {
-            trainer__aux_attempt(t); /* an earlier attempt's MoE and MTP statistics do not count */
-            if (!checking_round) {
-                int rc = t->pp ? trainer__pipeline_share(t, me, step, &it_loss, &it_tok, &local_norm)
-                               : compute_share(t, me, step, &it_loss, &it_tok, &local_norm);
-                if (rc) return rc;
-                rr_report r = {.iteration = step, .attempt = attempt, .rank = me, .check_for = -1,
-                               .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB, .grad_norm = local_norm,
-                               .has_sum = sums_on(t) && step % c->check_weight_hash_interval == 0};
-                if (t->have_val) {
-                    memcpy(r.loss, t->mb_loss, sizeof(double) * (size_t)r.nmb);
-                    memcpy(r.tokens, t->mb_tok, sizeof(double) * (size_t)r.nmb);
-                    trainer__aux_report(t, &r);
-                    double tr = now_s();
-                    if ((rc = t->val.report(t->val.ctx, &r, t->phase_ms))) return rc;
-                    t->gate_s += now_s() - tr;
-                }
-                fire_process_faults(t, step, -1, FI_PH_ALLREDUCE);
-                /* one vote per rank on stopping, so that every rank stops after the same iteration */
-                bool want_stop = (stop && *stop) || (c->exit_duration_in_mins > 0 &&
-                                                     (now_s() - t->start_time) / 60.0 > c->exit_duration_in_mins);
-                stop_reason = stop && *stop ? 1 : want_stop ? 2 : 0;
-                double ta = now_s();
-                /* the weights this round used are hashed while the gradients are reduced
-                 * (neither touches the other's memory) */
-                sum_job job = {.t = t};
-                pthread_t th;
-                bool threaded = r.has_sum && !pthread_create(&th, NULL, sum_main, &job);
-                double tl0 = tl_now();
-                if (t->dp) rc = reduce_step(t, &it_loss, &it_tok, &stop_reason);
-                if (t->dp && !rc) trainer__tl(t, TL_DP_REDUCE, -1, -1, tl0);
-                double tj = now_s();
-                if (threaded) pthread_join(th, NULL);
-                else if (r.has_sum && !rc) sum_main(&job);
-                t->sum_wait_s += now_s() - tj;
-                t->sum_hash_s += job.s;
-                if (rc) return rc;
-                if (r.has_sum) {
-                    r.sum_used = job.sum;
-                    r.has_written = t->have_written;
-                    r.sum_written = t->sum_written;
-                    if (vg && (rc = combine_sums(t, &r))) return rc;
-                    if ((rc = t->val.checksum(t->val.ctx, &r))) return rc;
-                }
-                t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - ta);
-            } else if (role_check_for >= 0) {
-                double l, k;
-                int rc = t->pp ? trainer__pipeline_share(t, role_check_for, step, &l, &k, &local_norm)
-                               : compute_share(t, role_check_for, step, &l, &k, &local_norm);
-                if (rc) return rc;
-                rr_report r = {.iteration = step, .attempt = attempt, .rank = me,
-                               .check_for = vg ? check_suspect : role_check_for,
-                               .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB, .grad_norm = local_norm};
-                memcpy(r.loss, t->mb_loss, sizeof(double) * (size_t)r.nmb);
-                memcpy(r.tokens, t->mb_tok, sizeof(double) * (size_t)r.nmb);
-                trainer__aux_report(t, &r);
-                if (check_reports && (rc = t->val.report(t->val.ctx, &r, t->phase_ms))) return rc;
-            }
-            if (!t->have_val) break;
-            double tv = now_s();
-            rr_verdict v;
-            int rc = t->val.verdict(t->val.ctx, step, attempt, &v);
-            if (rc) return rc;
-            t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - tv);
-            t->gate_s += now_s() - tv;
-            if (v.decision != RR_ACCEPT) tl_discard(t->tl); /* the timeline keeps the attempt that counts */
-            if (v.decision == RR_ACCEPT) {
-                if (checking_round) return co_err_set(CO_EPROTOCOL, "verdict ACCEPT after a check round");
-                if (v.diagnosis != RR_DIAG_NONE) {
-                    char line[600];
-                    snprintf(line, sizeof line, "iteration %lld: %s: %s", (long long)step,
-                             rr_diagnosis_name(v.diagnosis), v.reason);
-                    if (me == 0 && !t->dp) emit_line(t, line, false);
-                }
-                break;
-            }
-            char line[600];
-            snprintf(line, sizeof line, "iteration %lld: %s: %s", (long long)step, rr_decision_name(v.decision),
-                     v.reason);
-            if (!t->dp || (replica_of(t, v.suspect) == state_group(t)->rank && replica_lead(t) && t->epr == 0))
-                emit_line(t, line, false);
-            if (v.decision == RR_RERUN) {
-                attempt = v.attempt;
-                checking_round = false;
-            } else if (v.decision == RR_CHECK) {
-                attempt = v.attempt;
-                checking_round = true;
-                /* the helper's replica recomputes (all of its tensor group); the helper reports */
-                role_check_for = t->epn > 1                         ? trainer__ep_check_share(t, v.helper, v.suspect)
-                                 : replica_of(t, v.helper) == me ? replica_of(t, v.suspect)
-                                                                 : -1;
-                check_suspect = v.suspect;
-                check_reports = v.helper == t->job_rank || !vg;
-            } else if (v.decision == RR_REPAIR) {
-                int src = replica_of(t, v.helper);
-                if (!t->dp || src < 0 || src >= state_group(t)->size)
-                    return co_err_set(CO_EPROTOCOL, "verdict REPAIR from rank %d", v.helper);
-                if ((rc = take_state(t, src))) return rc;
-                attempt = v.attempt;
-                checking_round = false;
-            } else if (v.decision == RR_SKIP) {
-                skip_step = true;
-                break;
-            } else {
-                *why = TRAIN_REJECTED;
-                progress_clear(t);
-                return 0;
-            }
-        }
-        kb_backend *be = t->be;
-        double tlo = tl_now();
-        if (!skip_step) {
-            double to = now_s();
-            int grc = t->dopt ? trainer__dopt_norm(t, &gnorm) : trainer__grad_norm(t, &gnorm);
-            if (grc) return grc;
-            double loss = it_tok > 0 ? it_loss / it_tok : 0;
-            if (!t->have_val && c->check_for_nan_in_loss_and_grad && (!isfinite(loss) || !isfinite(gnorm))) {
-                t->nan_iters++;
-                progress_clear(t);
-                fprintf(stderr, "cohort: iteration %lld: %s (lm loss %g, grad norm %g); stopping\n", (long long)step,
-                        !isfinite(loss) ? "NaN/Inf in the loss" : "NaN/Inf in the gradients", loss, gnorm);
-                *why = TRAIN_NAN;
-                return 0;
-            }
-            if (!isfinite(gnorm)) {
-                /* validated per rank, yet the reduced gradients overflowed: never apply them */
-                t->nan_iters++;
-                progress_clear(t);
-                fprintf(stderr, "cohort: iteration %lld: NaN/Inf in the reduced gradients; stopping\n", (long long)step);
-                *why = TRAIN_NAN;
-                return 0;
-            }
-            for (int i = 0; i < t->npre_step; i++) {
-                int rc = t->pre_step[i](t, t->pre_step_ctx[i]);
-                if (rc < 0) return rc;
-            }
-            fire_process_faults(t, step, -1, FI_PH_OPTIMIZER);
-            {
-                int mrc = trainer__moe_pre_step(t); /* the expert biases move before the weights do */
-                if (mrc) return mrc;
-            }
-            double lr = lr_at(&t->lr, t->iteration);
-            /* the next step's checksum compares with what this step writes (hashed as AdamW
-             * writes it, where the backend can) */
-            bool written = sums_on(t) && (step + 1) % c->check_weight_hash_interval == 0;
-            if (t->dopt) {
-                int rc = trainer__dopt_step(t, lr, gnorm, written ? &t->sum_written : NULL);
-                if (rc) return rc;
-            } else {
-                opt_adamw_step_checksum(&t->opt, t->model, lr, gnorm, written ? &t->sum_written : NULL);
-            }
-            if (written) t->have_written = true;
-            if (kb_backend_status(be)) return kb_backend_status(be);
-            fi_fault *f;
-            if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_PARAM, t->job_rank, t->job_rank, step, -1, FI_PH_OPTIMIZER))) {
-                int bit;
-                char line[400];
-                size_t idx = fi_flip(f, gpt_params(t->model), gpt_num_params(t->model), &bit);
-                gpt_sync_bf16(t->model);
-                fi_describe(f, t->job_rank, step, -1, line, sizeof line);
-                emit(t, line);
-                fprintf(stderr, "cohort rank %d: inject: flipped bit %d of parameter %zu\n", me, bit, idx);
-            }
-            t->phase_ms[TR_PH_OPTIMIZER] += 1000 * (now_s() - to);
-            trainer__tl(t, TL_OPTIMIZER, -1, -1, tlo);
-        } else {
-            t->skipped++;
-            it_loss = it_tok = 0;
-        }
-        t->iteration++;
-        t->consumed[0] += c->global_batch_size;
-        if (t->dopt) {
-            /* the iteration is committed (the shards are updated); the parameters' all-gather
-             * follows, redone by a restart's handover if an abort interrupts it */
-            int rc = trainer__dopt_sync(t);
-            if (rc) return rc;
-        }
-        trainer__moe_step(t);
-        trainer__mtp_step(t);
-        if (t->tl && tl_flush(t->tl)) {
-            fprintf(stderr, "cohort rank %d: the timeline: %s; not recorded further\n", t->job_rank, co_err_detail());
-            tl_close(&t->tl_open_rec);
-        }
-        t->tl = NULL;
-        double dt = now_s() - t0;
-        t->loss_sum += it_loss;
-        t->tok_sum += it_tok;
-        t->iters_since_log++;
-        t->time_since_log += dt;
-        if (t->iteration % c->log_interval == 0) {
-            int rc = log_line(t, lr_at(&t->lr, t->iteration), gnorm);
-            if (rc) return rc;
-        }
-        t->ema_step_s = t->ema_step_s > 0 ? 0.9 * t->ema_step_s + 0.1 * dt : dt;
-        if (t->iteration % c->log_interval && tty)
-            progress_draw(t, it_tok > 0 ? it_loss / it_tok : 0, (double)c->global_batch_size * T / t->ema_step_s);
+/* ---- the iteration as named phases ----
+ * trainer_train is a loop over them, one tr_iter per iteration: attempt the step (forward
+ * and backward over the schedule, the report, the reduction), await the verdict (an action:
+ * train/verdict.h; rerun, check and repair run another attempt), apply the update, and after
+ * the step (commit, logging, checks, evaluation, hooks, the exit rules). */
 
-        if (t->dp && c->check_replicas_interval > 0 && t->iteration % c->check_replicas_interval == 0) {
-            int rc = check_replicas(t);
-            if (rc) return rc;
-        }
-        if (c->eval_iters > 0 && t->iteration % c->eval_interval == 0 && t->has_split[1] &&
-            t->iteration < c->train_iters) {
-            char label[64];
-            snprintf(label, sizeof label, "iteration %lld", (long long)t->iteration);
-            double vl;
-            int rc = trainer_evaluate(t, 1, label, &vl);
-            if (rc) return rc;
-        }
-        if (t->nhooks) {
-            int rc = run_hooks(t, false, TRAIN_DONE);
-            if (rc < 0) return rc;
-        }
-        if (stop_reason == 1) { *why = TRAIN_SIGNAL; break; }
-        if (c->exit_interval > 0 && t->iteration % c->exit_interval == 0) { *why = TRAIN_EXIT_INTERVAL; break; }
-        if (stop_reason == 2) { *why = TRAIN_EXIT_DURATION; break; }
+/* One iteration's state through its phases. */
+typedef struct tr_iter {
+    int64_t step;        /* the iteration trained (1-based, as logged) */
+    double t0;           /* when it started */
+    double loss, tok;    /* its loss sum and loss tokens (reduced over the data-parallel ranks) */
+    double local_norm;   /* this rank's gradient norm before the reduction (its report's) */
+    double grad_norm;    /* the reduced gradient's norm (the update's, the log line's) */
+    int stop_reason;     /* the ranks' vote: 0 go on, 1 a signal, 2 --exit-duration-in-mins */
+    int attempt;         /* the round (the verdict's attempt number) */
+    bool checking;       /* the next round is a check round */
+    int check_for;       /* in a check round: the data-parallel share this rank recomputes (-1: none) */
+    int check_suspect;   /* the world rank whose share it is */
+    bool check_reports;  /* this rank reports the recomputation (its replica's helper) */
+} tr_iter;
+
+/* The validator's report of a round: per micro batch losses and tokens, this rank's gradient
+ * norm, the MoE and MTP losses (a check round's names the share it recomputed). */
+static void build_report(trainer *t, const tr_iter *it, int check_for, rr_report *r) {
+    *r = (rr_report){.iteration = it->step, .attempt = it->attempt, .rank = t->topo.dp_rank,
+                     .check_for = check_for, .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB,
+                     .grad_norm = it->local_norm};
+    memcpy(r->loss, t->mb_loss, sizeof(double) * (size_t)r->nmb);
+    memcpy(r->tokens, t->mb_tok, sizeof(double) * (size_t)r->nmb);
+    trainer__aux_report(t, r);
+}
+
+/* Forward and backward of data_rank's share of the step: the pipeline's schedule, or the
+ * micro batches one after another. */
+static int run_share(trainer *t, int data_rank, tr_iter *it, double *loss, double *tok) {
+    return t->g.pp ? trainer__pipeline_share(t, data_rank, it->step, loss, tok, &it->local_norm)
+                   : compute_share(t, data_rank, it->step, loss, tok, &it->local_norm);
+}
+
+/* The reduction of a round (reduce_step) with, when the round is checksummed, the weights it
+ * used hashed on a thread meanwhile (neither touches the other's memory); then the checksums
+ * to the validator. */
+static int reduce_and_hash(trainer *t, tr_iter *it, rr_report *r) {
+    sum_job job = {.t = t};
+    pthread_t th;
+    bool threaded = r->has_sum && !pthread_create(&th, NULL, sum_main, &job);
+    double tl0 = tl_now();
+    int rc = t->g.dp ? reduce_step(t, &it->loss, &it->tok, &it->stop_reason) : 0;
+    if (t->g.dp && !rc) trainer__tl(t, TL_DP_REDUCE, -1, -1, tl0);
+    double tj = now_s();
+    if (threaded) pthread_join(th, NULL);
+    else if (r->has_sum && !rc) sum_main(&job);
+    t->sum_wait_s += now_s() - tj;
+    t->sum_hash_s += job.s;
+    if (rc || !r->has_sum) return rc;
+    r->sum_used = job.sum;
+    r->has_written = t->have_written;
+    r->sum_written = t->sum_written;
+    cm_comm *vg = tr_groups_validation(&t->g);
+    if (vg && (rc = combine_sums(t, r))) return rc;
+    return t->val.checksum(t->val.ctx, r);
+}
+
+/* A round of the step: this rank's share computed and reported, the stop vote, the reduction. */
+static int train_round(trainer *t, tr_iter *it, volatile sig_atomic_t *stop) {
+    const co_config *c = &t->cfg;
+    int rc = run_share(t, t->topo.dp_rank, it, &it->loss, &it->tok);
+    if (rc) return rc;
+    rr_report r = {0};
+    if (t->have_val) {
+        build_report(t, it, -1, &r);
+        r.has_sum = sums_on(t) && it->step % c->check_weight_hash_interval == 0;
+        double tr = now_s();
+        if ((rc = t->val.report(t->val.ctx, &r, t->phase_ms))) return rc;
+        t->gate_s += now_s() - tr;
     }
-    progress_clear(t);
-    if (t->nhooks) {
-        int rc = run_hooks(t, true, *why);
-        if (rc < 0) return rc;
+    fire_process_faults(t, it->step, -1, FI_PH_ALLREDUCE);
+    /* one vote per rank on stopping, so that every rank stops after the same iteration */
+    bool want_stop = (stop && *stop) ||
+                     (c->exit_duration_in_mins > 0 && (now_s() - t->start_time) / 60.0 > c->exit_duration_in_mins);
+    it->stop_reason = stop && *stop ? 1 : want_stop ? 2 : 0;
+    double ta = now_s();
+    if ((rc = reduce_and_hash(t, it, &r))) return rc;
+    t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - ta);
+    return 0;
+}
+
+/* A check round: the helper's replica recomputes the suspect's share; the helper reports it. */
+static int check_round(trainer *t, tr_iter *it) {
+    if (it->check_for < 0) return 0;
+    double l, k;
+    int rc = run_share(t, it->check_for, it, &l, &k);
+    if (rc) return rc;
+    rr_report r;
+    build_report(t, it, tr_groups_validation(&t->g) ? it->check_suspect : it->check_for, &r);
+    return it->check_reports ? t->val.report(t->val.ctx, &r, t->phase_ms) : 0;
+}
+
+/* Phase 1, attempt the step: a training round or a check round. */
+static int attempt_step(trainer *t, tr_iter *it, volatile sig_atomic_t *stop) {
+    trainer__aux_attempt(t); /* an earlier attempt's MoE and MTP statistics do not count */
+    return it->checking ? check_round(t, it) : train_round(t, it, stop);
+}
+
+/* The verdict's line on stderr: an accepted round's diagnosis (one process), or the decision
+ * (on the suspect replica's lead rank). */
+static void log_verdict(trainer *t, const tr_iter *it, const rr_verdict *v) {
+    char line[600];
+    if (v->decision == RR_ACCEPT) {
+        if (v->diagnosis == RR_DIAG_NONE) return;
+        snprintf(line, sizeof line, "iteration %lld: %s: %s", (long long)it->step, rr_diagnosis_name(v->diagnosis),
+                 v->reason);
+        if (t->topo.dp_rank == 0 && !t->g.dp) emit_line(t, line, false);
+        return;
+    }
+    snprintf(line, sizeof line, "iteration %lld: %s: %s", (long long)it->step, rr_decision_name(v->decision),
+             v->reason);
+    if (!t->g.dp ||
+        (replica_of(t, v->suspect) == tr_groups_state(&t->g)->rank && replica_lead(t) && t->epr == 0))
+        emit_line(t, line, false);
+}
+
+/* The next round of the iteration as the verdict orders it (rerun, check, repair). */
+static int prepare_round(trainer *t, tr_iter *it, const rr_verdict *v, tr_action a) {
+    it->attempt = v->attempt;
+    it->checking = a == TR_ACT_CHECK;
+    if (a == TR_ACT_CHECK) {
+        /* the helper's replica recomputes (all of its tensor group); the helper reports */
+        int me = t->topo.dp_rank;
+        it->check_for = t->epn > 1                          ? trainer__ep_check_share(t, v->helper, v->suspect)
+                        : replica_of(t, v->helper) == me ? replica_of(t, v->suspect)
+                                                         : -1;
+        it->check_suspect = v->suspect;
+        it->check_reports = v->helper == t->job_rank || !tr_groups_validation(&t->g);
+    } else if (a == TR_ACT_REPAIR) {
+        int src = replica_of(t, v->helper);
+        if (!t->g.dp || src < 0 || src >= tr_groups_state(&t->g)->size)
+            return co_err_set(CO_EPROTOCOL, "verdict REPAIR from rank %d", v->helper);
+        return take_state(t, src);
     }
     return 0;
+}
+
+/* Phase 2, await the verdict on the round just run: its action in *a; a replaying action has
+ * set up the next round. */
+static int await_verdict(trainer *t, tr_iter *it, tr_action *a) {
+    if (!t->have_val) {
+        *a = tr_verdict_action(NULL, it->checking);
+        return 0;
+    }
+    double tv = now_s();
+    rr_verdict v;
+    int rc = t->val.verdict(t->val.ctx, it->step, it->attempt, &v);
+    if (rc) return rc;
+    t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - tv);
+    t->gate_s += now_s() - tv;
+    if (v.decision != RR_ACCEPT) tl_discard(t->tl); /* the timeline keeps the attempt that counts */
+    *a = tr_verdict_action(&v, it->checking);
+    if (*a == TR_ACT_PROTOCOL) return co_err_set(CO_EPROTOCOL, "verdict ACCEPT after a check round");
+    log_verdict(t, it, &v);
+    return tr_action_replays(*a) ? prepare_round(t, it, &v, *a) : 0;
+}
+
+/* A fault injected after the optimizer step: a flipped parameter bit. */
+static void inject_after_update(trainer *t, int64_t step) {
+    fi_fault *f;
+    if (!t->inj || !(f = fi_take(t->inj, FI_BITFLIP_PARAM, t->job_rank, t->job_rank, step, -1, FI_PH_OPTIMIZER)))
+        return;
+    int bit;
+    char line[400];
+    size_t idx = fi_flip(f, gpt_params(t->model), gpt_num_params(t->model), &bit);
+    gpt_sync_bf16(t->model);
+    fi_describe(f, t->job_rank, step, -1, line, sizeof line);
+    emit(t, line);
+    co_log(CO_LOG_WARN, "inject: flipped bit %d of parameter %zu", bit, idx);
+}
+
+/* The optimizer step proper: the pre-step hooks, the expert biases, AdamW (or the
+ * distributed optimizer's shard update), its checksum where the next step compares it. */
+static int optimizer_step(trainer *t, tr_iter *it) {
+    const co_config *c = &t->cfg;
+    for (int i = 0; i < t->npre_step; i++) {
+        int rc = t->pre_step[i](t, t->pre_step_ctx[i]);
+        if (rc < 0) return rc;
+    }
+    fire_process_faults(t, it->step, -1, FI_PH_OPTIMIZER);
+    int rc = trainer__moe_pre_step(t); /* the expert biases move before the weights do */
+    if (rc) return rc;
+    double lr = lr_at(&t->lr, t->iteration);
+    /* the next step's checksum compares with what this step writes (hashed as AdamW writes
+     * it, where the backend can) */
+    bool written = sums_on(t) && (it->step + 1) % c->check_weight_hash_interval == 0;
+    if (t->dopt) {
+        if ((rc = trainer__dopt_step(t, lr, it->grad_norm, written ? &t->sum_written : NULL))) return rc;
+    } else {
+        opt_adamw_step_checksum(&t->opt, t->model, lr, it->grad_norm, written ? &t->sum_written : NULL);
+    }
+    if (written) t->have_written = true;
+    return kb_backend_status(t->be);
+}
+
+/* Phase 3, apply the update of an accepted step: the norm, the NaN policy, the optimizer. A
+ * skipped step drops its update; a step that may not be applied sets *why (TRAIN_NAN). */
+static int apply_update(trainer *t, tr_iter *it, tr_action a, train_end *why) {
+    if (a == TR_ACT_SKIP) {
+        t->skipped++;
+        it->loss = it->tok = 0;
+        return 0;
+    }
+    double tlo = tl_now(), to = now_s();
+    int rc = t->dopt ? trainer__dopt_norm(t, &it->grad_norm) : trainer__grad_norm(t, &it->grad_norm);
+    if (rc) return rc;
+    double loss = it->tok > 0 ? it->loss / it->tok : 0, gnorm = it->grad_norm;
+    tr_action u = tr_update_action(t->have_val, t->cfg.check_for_nan_in_loss_and_grad, loss, gnorm);
+    if (u != TR_ACT_STEP) {
+        t->nan_iters++;
+        progress_clear(t);
+        if (u == TR_ACT_STOP_NAN_REDUCED)
+            co_log(CO_LOG_ERROR, "iteration %lld: NaN/Inf in the reduced gradients; stopping", (long long)it->step);
+        else
+            co_log(CO_LOG_ERROR, "iteration %lld: %s (lm loss %g, grad norm %g); stopping", (long long)it->step,
+                    u == TR_ACT_STOP_NAN_LOSS ? "NaN/Inf in the loss" : "NaN/Inf in the gradients", loss, gnorm);
+        *why = TRAIN_NAN;
+        return 0;
+    }
+    if ((rc = optimizer_step(t, it))) return rc;
+    inject_after_update(t, it->step);
+    t->phase_ms[TR_PH_OPTIMIZER] += 1000 * (now_s() - to);
+    trainer__tl(t, TL_OPTIMIZER, -1, -1, tlo);
+    return 0;
+}
+
+/* The iteration counts from here: the position moves on, the distributed optimizer's
+ * parameters are gathered, the step's statistics taken, its timeline written. */
+static int commit_iteration(trainer *t) {
+    t->iteration++;
+    t->consumed[0] += t->cfg.global_batch_size;
+    if (t->dopt) {
+        /* the shards are updated; the parameters' all-gather follows, redone by a restart's
+         * handover if an abort interrupts it */
+        int rc = trainer__dopt_sync(t);
+        if (rc) return rc;
+    }
+    trainer__moe_step(t);
+    trainer__mtp_step(t);
+    if (t->tl && tl_flush(t->tl)) {
+        co_log(CO_LOG_WARN, "the timeline: %s; not recorded further", co_err_detail());
+        tl_close(&t->tl_open_rec);
+    }
+    t->tl = NULL;
+    return 0;
+}
+
+/* The log line (every --log-interval) or the progress bar (a terminal, between lines). */
+static int report_iteration(trainer *t, const tr_iter *it) {
+    const co_config *c = &t->cfg;
+    double dt = now_s() - it->t0;
+    t->loss_sum += it->loss;
+    t->tok_sum += it->tok;
+    t->iters_since_log++;
+    t->time_since_log += dt;
+    if (t->iteration % c->log_interval == 0) {
+        int rc = log_line(t, lr_at(&t->lr, t->iteration), it->grad_norm);
+        if (rc) return rc;
+    }
+    t->ema_step_s = t->ema_step_s > 0 ? 0.9 * t->ema_step_s + 0.1 * dt : dt;
+    bool tty = c->progress && t->log == stdout && isatty(STDOUT_FILENO);
+    if (t->iteration % c->log_interval && tty)
+        progress_draw(t, it->tok > 0 ? it->loss / it->tok : 0,
+                      (double)c->global_batch_size * c->seq_length / t->ema_step_s);
+    return 0;
+}
+
+/* Phase 4, after the step: commit, report, the replica check, evaluation, the hooks, then the
+ * exit rules (*why set and *done true when training ends here). */
+static int after_step(trainer *t, tr_iter *it, train_end *why, bool *done) {
+    const co_config *c = &t->cfg;
+    int rc = commit_iteration(t);
+    if (!rc) rc = report_iteration(t, it);
+    if (!rc && t->g.dp && c->check_replicas_interval > 0 && t->iteration % c->check_replicas_interval == 0)
+        rc = check_replicas(t);
+    if (!rc && c->eval_iters > 0 && t->iteration % c->eval_interval == 0 && t->has_split[1] &&
+        t->iteration < c->train_iters) {
+        char label[64];
+        snprintf(label, sizeof label, "iteration %lld", (long long)t->iteration);
+        double vl;
+        rc = trainer_evaluate(t, 1, label, &vl);
+    }
+    if (rc) return rc;
+    if ((rc = run_hooks(t, false, TRAIN_DONE)) < 0) return rc;
+    *done = true;
+    if (it->stop_reason == 1) *why = TRAIN_SIGNAL;
+    else if (c->exit_interval > 0 && t->iteration % c->exit_interval == 0) *why = TRAIN_EXIT_INTERVAL;
+    else if (it->stop_reason == 2) *why = TRAIN_EXIT_DURATION;
+    else *done = false;
+    return 0;
+}
+
+/* --iterations-to-skip: the batch is consumed, nothing is computed. */
+static int skip_iteration(trainer *t, int64_t step) {
+    progress_clear(t);
+    if (t->log) fprintf(t->log, "cohort: skipping iteration %lld (--iterations-to-skip)\n", (long long)step);
+    t->iteration++;
+    t->consumed[0] += t->cfg.global_batch_size;
+    t->skipped++;
+    int rc = run_hooks(t, false, TRAIN_DONE);
+    return rc < 0 ? rc : 0;
+}
+
+/* Before the first step: which splits have samples (the replica's rank 0 built them), the
+ * weights as built or loaded noted, and a stop asked for before the first step (a signal
+ * during setup, the supervisor's order) agreed on in one vote: then nothing is trained and
+ * *why is TRAIN_SIGNAL. */
+static int train_prologue(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
+    /* (a repair or a peer's state noted it already; an optimizer step keeps it) */
+    if (!t->have_written) note_written(t);
+    cm_comm *rg = tr_groups_replica(&t->g);
+    int rc = rg ? rg->ops->broadcast(rg, t->has_split, sizeof t->has_split, 0, TRAIN_COMM_TIMEOUT_MS) : 0;
+    if (rc || t->iteration >= t->cfg.train_iters) return rc;
+    double vote = stop && *stop ? 1 : 0;
+    cm_comm *g = tr_groups_grad(&t->g);
+    if (t->g.dp && (rc = g->ops->allreduce_sum(g, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS))) return rc;
+    if (rg && (rc = rg->ops->allreduce_sum(rg, &vote, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS))) return rc;
+    if (vote > 0) *why = TRAIN_SIGNAL;
+    return 0;
+}
+
+/* A new iteration's state; its phase times cleared, the timeline recording it or not. */
+static void begin_iteration(trainer *t, tr_iter *it) {
+    *it = (tr_iter){.step = t->iteration + 1, .t0 = now_s(), .check_for = -1, .check_suspect = -1,
+                    .check_reports = true};
+    memset(t->phase_ms, 0, sizeof t->phase_ms);
+    t->tl = co_config_timeline_records(&t->cfg, t->tl_start, it->step) ? t->tl_open_rec : NULL;
+}
+
+/* One iteration through its phases; *done when training ends with it (*why says why). */
+static int train_iteration(trainer *t, volatile sig_atomic_t *stop, train_end *why, bool *done) {
+    tr_iter it;
+    begin_iteration(t, &it);
+    if (skip_listed(t, it.step)) return skip_iteration(t, it.step);
+    tr_action a;
+    int rc;
+    do {
+        if ((rc = attempt_step(t, &it, stop)) || (rc = await_verdict(t, &it, &a))) return rc;
+    } while (tr_action_replays(a));
+    if (a == TR_ACT_REJECT) {
+        *why = TRAIN_REJECTED;
+        progress_clear(t);
+        *done = true;
+        return 0;
+    }
+    if ((rc = apply_update(t, &it, a, why))) return rc;
+    if (*why == TRAIN_NAN) {
+        *done = true;
+        return 0;
+    }
+    return after_step(t, &it, why, done);
+}
+
+int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
+    *why = TRAIN_DONE;
+    t->stop = stop;
+    int rc = train_prologue(t, stop, why);
+    if (rc) return rc;
+    if (*why == TRAIN_SIGNAL) { /* (a stop before the first step) */
+        rc = run_hooks(t, true, *why);
+        return rc < 0 ? rc : 0;
+    }
+    tl_discard(t->tl_open_rec); /* an iteration an in-process restart abandoned */
+    bool done = false;
+    while (!done && t->iteration < t->cfg.train_iters)
+        if ((rc = train_iteration(t, stop, why, &done))) return rc;
+    if (*why == TRAIN_NAN || *why == TRAIN_REJECTED) return 0;
+    progress_clear(t);
+    rc = run_hooks(t, true, *why);
+    return rc < 0 ? rc : 0;
 }
 
 int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss) {
@@ -1364,11 +1477,11 @@ int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss)
     if (!t->has_split[split] || c->eval_iters <= 0) return 0;
     int B = c->micro_batch_size, N = B * c->seq_length;
     double loss = 0, tok = 0;
-    if (t->pp) {
+    if (t->g.pp) {
         int rc = trainer__pipeline_evaluate(t, split, &loss, &tok);
         if (rc) return rc;
     }
-    for (int64_t it = 0; !t->pp && it < c->eval_iters; it++) {
+    for (int64_t it = 0; !t->g.pp && it < c->eval_iters; it++) {
         for (int mb = 0; mb < t->M; mb++) {
             gpt_batch b;
             int64_t gmb = (int64_t)mb * t->topo.dp + t->topo.dp_rank;
@@ -1382,9 +1495,9 @@ int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss)
         }
         t->consumed[split] += c->global_batch_size;
     }
-    if (t->dp) {
+    if (t->g.dp) {
         double rep[2] = {loss, tok};
-        cm_comm *g = trainer__grad_group(t); /* (the context ranks' parts too) */
+        cm_comm *g = tr_groups_grad(&t->g); /* (the context ranks' parts too) */
         int rc = g->ops->allreduce_sum(g, rep, 2, CM_F64, TRAIN_COMM_TIMEOUT_MS);
         if (rc) return rc;
         loss = rep[0];

@@ -9,6 +9,7 @@
 
 #include "common/config.h"
 #include "model/gpt.h"
+#include "train/tr_groups.h"
 
 #include <signal.h>
 #include <stdbool.h>
@@ -43,36 +44,17 @@ typedef struct trainer_data {
     bool joining;
     /* with --device cuda: the GPU to use, the worker's local rank on its node (0 alone) */
     int cuda_device;
-    /* the tensor-parallel group (cfg tensor_model_parallel_size ranks, this one at its
-     * rank in it), or NULL: the model is split over it, only its rank 0 builds the datasets
-     * and reads batches, which it broadcasts (Megatron's get_batch_on_this_tp_rank) */
-    struct cm_comm *tp;
-    /* the pipeline group (cfg pipeline_model_parallel_size ranks, this one at its stage), its
-     * second channel (the gradients'), the embedding group (NULL off the first and last
-     * stage) and the model-parallel group (tensor x pipeline ranks), or NULL without a
-     * pipeline: the rank builds its stage's chunks and runs Megatron's schedule */
-    struct cm_comm *pp, *pp_bwd, *emb, *mp;
-    /* the context group (cfg context_parallel_size ranks, this one at its rank in it) and
-     * the data x context group, or NULL at cp 1: this rank keeps its share of every sequence,
-     * attention is a ring over the context group, gradients and loss reports are summed over
-     * the data x context group (train/trainer_cp.c); the tensor x context group: the MoE
-     * layers' token group under tensor parallelism too (NULL without) */
-    struct cm_comm *cp, *dpcp, *tpcp;
-    /* expert parallelism (--expert-model-parallel-size > 1 with --num-experts; NULL
-     * otherwise): the expert group (the expert-tensor x expert group: Megatron's expert group
-     * at --expert-tensor-parallel-size 1), the expert-data-parallel group and the expert group
-     * x pipeline (train/trainer_ep.c) */
-    struct cm_comm *ep, *edp, *erep;
+    /* the communicators (train/tr_groups.h): data parallel (NULL: one process), tensor
+     * (the model split over it), pipeline (this rank's stage's chunks and Megatron's schedule),
+     * context and expert groups, each NULL where its parallelism is off */
+    tr_groups groups;
 } trainer_data;
 
-struct cm_comm;
-
 /* Builds everything from a finalized configuration. log: where log lines go (stdout; NULL
- * for a rank that does not print). dp: the data-parallel communicator (NULL: one process);
- * with it, this rank takes its share of every global batch, gradients and loss reports are
- * all-reduced each step, and rank 0 builds the data index caches before the others. */
-int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, FILE *log,
-                struct cm_comm *dp);
+ * for a rank that does not print). With data->groups.dp this rank takes its share of every
+ * global batch, gradients and loss reports are all-reduced each step, and rank 0 builds the
+ * data index caches before the others. */
+int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, FILE *log);
 void trainer_destroy(trainer **t);
 
 /* Trains until an exit condition; stop may be set asynchronously by a signal handler. */
@@ -113,18 +95,22 @@ const struct dopt_layout *trainer_dopt_shard(const trainer *t, const float **m, 
                                              const int **unit_first);
 const co_config *trainer_config(const trainer *t);
 
-/* Adds a hook (up to 4, run in the order added) called on the training thread after every
- * completed iteration, and once more with final = true when training stops for any reason
- * but an error. A negative return stops training with that error. Used for checkpoint
- * saving and for the worker's heartbeat progress. */
-typedef int (*trainer_hook)(trainer *t, void *ctx, bool final, train_end why);
-void trainer_set_hook(trainer *t, trainer_hook fn, void *ctx);
+/* How many hooks of each kind a trainer holds. */
+#define TRAINER_MAX_HOOKS 4
 
-/* Adds a hook (up to 4) called on the training thread just before each optimizer step,
- * the one moment parameters and optimizer state change. An async checkpoint uses it to
- * wait until its snapshot copy, made during forward and backward, is complete. */
+/* Adds a hook (run in the order added) called on the training thread after every completed
+ * iteration, and once more with final = true when training stops for any reason but an
+ * error. A negative return stops training with that error. Used for checkpoint saving and
+ * for the worker's heartbeat progress. CO_ERANGE (nothing added) past TRAINER_MAX_HOOKS. */
+typedef int (*trainer_hook)(trainer *t, void *ctx, bool final, train_end why);
+int trainer_set_hook(trainer *t, trainer_hook fn, void *ctx);
+
+/* Adds a hook called on the training thread just before each optimizer step, the one moment
+ * parameters and optimizer state change. An async checkpoint uses it to wait until its
+ * snapshot copy, made during forward and backward, is complete. CO_ERANGE (nothing added)
+ * past TRAINER_MAX_HOOKS. */
 typedef int (*trainer_pre_step_hook)(trainer *t, void *ctx);
-void trainer_set_pre_step_hook(trainer *t, trainer_pre_step_hook fn, void *ctx);
+int trainer_set_pre_step_hook(trainer *t, trainer_pre_step_hook fn, void *ctx);
 
 /* ---- validation of every iteration (the rerun state machine, resilience/rerun.h) ----
  * With a validator, each iteration's results are reported before the gradient reduction
@@ -167,18 +153,12 @@ void trainer_state_replaced(trainer *t);
 /* ---- in-process restart ----
  * After an abort, trainer_train returns at the last step this rank committed (its state is
  * always that of a completed iteration: an abort only interrupts collectives and waits that
- * come before the optimizer step or after it completed). The caller builds the new
- * generation's communicator, gives it here, and every rank takes rank `root`'s parameters,
- * optimizer state and progress; then trainer_train continues. */
-void trainer_set_comm(trainer *t, struct cm_comm *dp);
-/* The new generation's context and data x context groups, and the tensor x context group
- * (the MoE layers' token group under tensor parallelism) (NULL between generations; nothing
- * at cp 1). */
-void trainer_set_context_groups(trainer *t, struct cm_comm *cp, struct cm_comm *dpcp, struct cm_comm *tpcp);
-/* The new generation's expert groups (as trainer_data's; NULL between generations). */
-void trainer_set_expert_groups(trainer *t, struct cm_comm *ep, struct cm_comm *edp, struct cm_comm *erep);
-/* The new generation's tensor-parallel group (NULL between generations). */
-void trainer_set_tensor_group(trainer *t, struct cm_comm *tp);
+ * come before the optimizer step or after it completed). The caller drops the old
+ * generation's groups (trainer_set_groups(t, NULL)), builds the new generation's, gives them
+ * here, and every rank takes rank `root`'s parameters, optimizer state and progress
+ * (trainer_sync_state); then trainer_train continues. The trainer keeps only the groups its
+ * configuration uses (as trainer_new does). */
+void trainer_set_groups(trainer *t, const tr_groups *g);
 /* The model's configuration on another rank of this replica: tensor rank tp_rank, pipeline
  * rank pp_rank (its chunks; one slot each): what gpt_tensor_table needs to list that rank's
  * tensors (checkpoints). */
@@ -197,9 +177,6 @@ int trainer_open_timeline(trainer *t, int world_rank, int world);
 void trainer_set_wait_fn(trainer *t, void (*fn)(void *ctx, int stage), void *ctx);
 /* "pipeline stage 1 of 2: layers 2-3 (and the head and loss)" into buf (0 without a pipeline). */
 int trainer_describe_stage(const trainer *t, char *buf, size_t n);
-/* The new generation's pipeline groups (as trainer_data's; NULL between generations). */
-void trainer_set_pipeline_groups(trainer *t, struct cm_comm *pp, struct cm_comm *pp_bwd, struct cm_comm *emb,
-                                 struct cm_comm *mp);
 int trainer_sync_state(trainer *t, int root);
 /* Where log lines and metrics records go from now on (the logging rank changed after a
  * restart with shifted ranks; NULL: this rank does not print). Neither is closed here. */

@@ -29,17 +29,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-void trainer_set_context_groups(trainer *t, cm_comm *cp, cm_comm *dpcp, cm_comm *tpcp) {
+void trainer__cp_set_groups(trainer *t, const tr_groups *g) {
     if (t->cpn <= 1) return;
-    t->cp = cp;
-    t->dpcp = dpcp;
-    gpt_set_context_group(t->model, cp, TRAIN_COMM_TIMEOUT_MS);
+    t->g.cp = g->cp;
+    t->g.dpcp = g->dpcp;
+    t->g.tpcp = g->tpcp;
+    gpt_set_context_group(t->model, g->cp, TRAIN_COMM_TIMEOUT_MS);
     /* (the MoE layers' token group under tensor parallelism too) */
-    if (t->cfg.num_experts > 0 && t->tp_size > 1) gpt_set_moe_token_group(t->model, tpcp, TRAIN_COMM_TIMEOUT_MS);
+    if (t->cfg.num_experts > 0 && t->tp_size > 1) gpt_set_moe_token_group(t->model, g->tpcp, TRAIN_COMM_TIMEOUT_MS);
     kb_backend_clear_status(t->be); /* a ring shift the last generation's abort failed */
 }
-
-cm_comm *trainer__grad_group(const trainer *t) { return t->cpn > 1 ? t->dpcp : t->dp; }
 
 static int round_up(int a, int m) { return (a + m - 1) / m * m; }
 
@@ -48,15 +47,16 @@ int trainer__cp_setup(trainer *t, const trainer_data *data, gpt_config *m) {
     t->cpn = c->context_parallel_size > 1 ? c->context_parallel_size : 1;
     t->local_T = c->seq_length;
     if (t->cpn == 1) return 0;
-    if (!data->cp || data->cp->size != t->cpn || !data->dpcp)
+    if (!data->groups.cp || data->groups.cp->size != t->cpn || !data->groups.dpcp)
         return co_err_set(CO_EINVAL, "a context group of %d ranks (and the data x context group) for "
-                                     "--context-parallel-size %d", data->cp ? data->cp->size : 0, t->cpn);
+                                     "--context-parallel-size %d", data->groups.cp ? data->groups.cp->size : 0, t->cpn);
     if (c->seq_length % (2 * t->cpn))
         return co_err_set(CO_EINVAL, "the sequence length %d is not divisible by 2 * context-parallel-size = %d",
                           c->seq_length, 2 * t->cpn);
-    t->cp = data->cp;
-    t->dpcp = data->dpcp;
-    t->cpr = t->cp->rank;
+    t->g.cp = data->groups.cp;
+    t->g.dpcp = data->groups.dpcp;
+    t->g.tpcp = data->groups.tpcp;
+    t->cpr = t->g.cp->rank;
     t->thd = c->sft || c->cp_packed_sequences;
     t->docs = c->sft || c->reset_attention_mask;
     /* the padded length of a micro batch's sequences is a multiple of 2cp, and under sequence

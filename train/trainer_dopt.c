@@ -35,7 +35,7 @@ struct tr_dopt {
 
 int trainer__dopt_setup(trainer *t, bool joining) {
     const co_config *c = &t->cfg;
-    cm_comm *g = trainer__grad_group(t);
+    cm_comm *g = tr_groups_grad(&t->g);
     int dp = g ? g->size : 1, rank = g ? g->rank : 0;
     gpt_model *m = t->model;
     int nt = gpt_num_tensors(m);
@@ -130,7 +130,7 @@ void trainer__dopt_free(trainer *t) {
  * its all-reduce goes through shared memory (one host) and its other collectives through
  * sockets (dist_opt.h, opt.allreduce). */
 static cm_comm *step_group(trainer *t) {
-    cm_comm *g = trainer__grad_group(t);
+    cm_comm *g = tr_groups_grad(&t->g);
     t->dopt->s.opt.allreduce = cm_zmq_shared_memory(g) && !t->dopt->force_rs;
     return g;
 }
@@ -145,7 +145,7 @@ int trainer__dopt_reduce(trainer *t) {
 int trainer__dopt_norm(trainer *t, double *out) {
     tr_dopt *d = t->dopt;
     /* one process: no reduction ran (dopt_reduce over no group is the norm alone) */
-    if (!d->reduced && !trainer__grad_group(t)) {
+    if (!d->reduced && !tr_groups_grad(&t->g)) {
         int rc = trainer__dopt_reduce(t);
         if (rc) return rc;
     }
@@ -259,7 +259,7 @@ int trainer_dopt_moments_end(trainer *t, bool scatter) {
  * (the supervisor falls back to the checkpoint before this happens). */
 int trainer__dopt_handover(trainer *t, bool held) {
     tr_dopt *d = t->dopt;
-    cm_comm *g = trainer__grad_group(t);
+    cm_comm *g = tr_groups_grad(&t->g);
     if (!d || !g) return 0;
     dopt_state *s = &d->s;
     const dopt_layout *L = &s->L;

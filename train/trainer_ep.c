@@ -56,7 +56,7 @@ int trainer__ep_setup(trainer *t, const trainer_data *data, gpt_config *m) {
     t->epr = 0;
     t->etpn = c->num_experts > 0 && m->moe.etp_size > 1 ? m->moe.etp_size : 1;
     if (t->epn == 1) return 0;
-    int dp = t->dp ? t->dp->size : 1, tp = t->tp_size, etp = t->etpn, cp = t->cpn;
+    int dp = t->g.dp ? t->g.dp->size : 1, tp = t->tp_size, etp = t->etpn, cp = t->cpn;
     /* the expert-tensor x expert group: etp x ep consecutive ranks of a stage, whole tensor x
      * context groups (ep a multiple of tp at etp 1; ep data-parallel replicas at etp = tp; the
      * context ranks folded in, Megatron's expert layout) */
@@ -66,14 +66,15 @@ int trainer__ep_setup(trainer *t, const trainer_data *data, gpt_config *m) {
                                      "groups (each expert group is ep consecutive ranks)", t->epn, dp, tp, cp);
     /* (the expert-data-parallel size: the stage's ranks over the expert group's) */
     int edp = dp / (t->epn * etp / (tp * cp));
-    if (!data->ep || data->ep->size != t->epn * etp || !data->edp || data->edp->size != edp || !data->erep)
+    const tr_groups *g = &data->groups;
+    if (!g->ep || g->ep->size != t->epn * etp || !g->edp || g->edp->size != edp || !g->erep)
         return co_err_set(CO_EINVAL, "an expert group of %d ranks (and the expert-data-parallel group of %d) for "
                                      "--expert-model-parallel-size %d x expert tensor size %d",
-                          data->ep ? data->ep->size : 0, edp, t->epn, etp);
-    t->ep = data->ep;
-    t->edp = data->edp;
-    t->erep = data->erep;
-    t->epr = t->ep->rank / etp;
+                          g->ep ? g->ep->size : 0, edp, t->epn, etp);
+    t->g.ep = g->ep;
+    t->g.edp = g->edp;
+    t->g.erep = g->erep;
+    t->epr = t->g.ep->rank / etp;
     m->moe.ep_size = t->epn;
     m->ep_rank = t->epr;
     return 0;
@@ -82,16 +83,16 @@ int trainer__ep_setup(trainer *t, const trainer_data *data, gpt_config *m) {
 /* Experts split over the tensor group without expert parallelism: the tensor group is their
  * exchange group (moe_set_expert_group's expert-tensor x expert group at ep 1). */
 void trainer__etp_tensor_group(trainer *t) {
-    if (t->epn > 1 || t->etpn == 1 || !t->tp) return;
-    int rc = gpt_set_expert_group(t->model, t->tp, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
+    if (t->epn > 1 || t->etpn == 1 || !t->g.tp) return;
+    int rc = gpt_set_expert_group(t->model, t->g.tp, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
     if (rc && !t->be->status) t->be->status = rc;
 }
 
 int trainer__ep_model_ready(trainer *t) {
     if (t->epn == 1) {
         if (t->etpn == 1) return 0;
-        if (!t->tp) return co_err_set(CO_EINVAL, "experts split over the tensor group: no tensor group");
-        return gpt_set_expert_group(t->model, t->tp, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
+        if (!t->g.tp) return co_err_set(CO_EINVAL, "experts split over the tensor group: no tensor group");
+        return gpt_set_expert_group(t->model, t->g.tp, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
     }
     const gpt_tensor *tab = gpt_tensors(t->model);
     int nt = gpt_num_tensors(t->model);
@@ -109,7 +110,7 @@ int trainer__ep_model_ready(trainer *t) {
     }
     if (n) t->ep_runs[n - 1].len = total - t->ep_runs[n - 1].off;
     t->nep_runs = n;
-    return gpt_set_expert_group(t->model, t->ep, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
+    return gpt_set_expert_group(t->model, t->g.ep, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
 }
 
 void trainer__ep_free(trainer *t) {
@@ -118,15 +119,15 @@ void trainer__ep_free(trainer *t) {
     t->nep_runs = 0;
 }
 
-void trainer_set_expert_groups(trainer *t, cm_comm *ep, cm_comm *edp, cm_comm *erep) {
+void trainer__ep_set_groups(trainer *t, const tr_groups *g) {
     if (t->epn == 1) return;
-    t->ep = ep;
-    t->edp = edp;
-    t->erep = erep;
+    t->g.ep = g->ep;
+    t->g.edp = g->edp;
+    t->g.erep = g->erep;
     /* the layers keep their layout between generations (nothing runs then); the new
      * generation's group replaces the old one */
-    if (!ep) return;
-    int rc = gpt_set_expert_group(t->model, ep, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
+    if (!g->ep) return;
+    int rc = gpt_set_expert_group(t->model, g->ep, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
     /* an exchange the last generation's abort failed left the sticky status; a group that
      * does not fit the layers leaves it set for the first step to report */
     t->be->status = rc;
@@ -137,12 +138,12 @@ int trainer__ep_reduce_grads(trainer *t) {
     for (int i = 0; i < t->nep_runs; i++) {
         const struct tr_ep_run *r = &t->ep_runs[i];
         /* (the dense tensors' over data x context: each context rank's part of its replica's) */
-        cm_comm *c = r->expert ? t->edp : trainer__grad_group(t);
+        cm_comm *c = r->expert ? t->g.edp : tr_groups_grad(&t->g);
         if (!r->len || c->size == 1) continue;
         int rc = c->ops->allreduce_sum(c, g + r->off, r->len, CM_F32, TRAIN_COMM_TIMEOUT_MS);
         if (rc) return rc;
     }
-    t->be->ops->scale(t->be, g, 1.0f / (float)t->dp->size, gpt_num_params(t->model));
+    t->be->ops->scale(t->be, g, 1.0f / (float)t->g.dp->size, gpt_num_params(t->model));
     return kb_backend_status(t->be);
 }
 
@@ -154,9 +155,9 @@ int trainer__ep_grad_norm(trainer *t, double *out) {
     double sq[2];
     sq[0] = gpt_tp_grad_sumsq_split(t->model, &sq[1]);
     int rc = kb_backend_status(t->be);
-    cm_comm *rg = t->pp ? t->mp : t->tp;
+    cm_comm *rg = tr_groups_replica(&t->g);
     if (!rc && rg) rc = rg->ops->allreduce_sum(rg, &sq[0], 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
-    if (!rc) rc = t->erep->ops->allreduce_sum(t->erep, &sq[1], 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc) rc = t->g.erep->ops->allreduce_sum(t->g.erep, &sq[1], 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     *out = sqrt(sq[0] + sq[1]);
     return rc;
 }

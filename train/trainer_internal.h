@@ -16,6 +16,7 @@
 #include "scheduler/schedule.h"
 #include "scheduler/topology.h"
 #include "train/timeline.h"
+#include "train/tr_groups.h"
 
 #include <signal.h>
 #include <stdbool.h>
@@ -37,8 +38,10 @@ struct trainer {
     FILE *log;              /* NULL on ranks that do not print */
     FILE *metrics;
     bool metrics_borrowed;  /* given by the caller (trainer_data.metrics), not ours to close */
-    cm_comm *dp;            /* data-parallel group, or NULL */
-    cm_comm *tp;            /* tensor-parallel group, or NULL (trainer_data.tp) */
+    /* the communicators (train/tr_groups.h): only the groups the configuration uses are kept
+     * (pp with a pipeline, cp, dpcp, tpcp with context parallelism, ep, edp, erep with expert
+     * parallelism); all NULL between generations of an in-process restart */
+    tr_groups g;
     int tp_size, tp_rank;
     topo_layout layout;     /* the job's layout: a world rank's replica (its data-parallel coordinate) */
     bool have_layout;
@@ -70,11 +73,11 @@ struct trainer {
     double start_time;
     int progress_shown;
     double ema_step_s;      /* smoothed step time for the progress bar's rate and ETA */
-    trainer_hook hook[4];
-    void *hook_ctx[4];
+    trainer_hook hook[TRAINER_MAX_HOOKS];
+    void *hook_ctx[TRAINER_MAX_HOOKS];
     int nhooks;
-    trainer_pre_step_hook pre_step[4];
-    void *pre_step_ctx[4];
+    trainer_pre_step_hook pre_step[TRAINER_MAX_HOOKS];
+    void *pre_step_ctx[TRAINER_MAX_HOOKS];
     int npre_step;
     /* validation, injection, skips (resilience/) */
     trainer_validator val;
@@ -95,11 +98,7 @@ struct trainer {
     bool have_written;
     double sum_wait_s, sum_hash_s; /* since the last log line: checksum time on the training
                                       thread (not hidden), and all hashing (also overlapped) */
-    /* pipeline parallelism (pipeline.c; pp NULL without) */
-    cm_comm *pp;            /* the pipeline group: activations forward, the losses' sum */
-    cm_comm *pp_fwd, *pp_bwd; /* its channels: activations (= pp), their gradients */
-    cm_comm *emb;           /* the embedding group (first and last stage), or NULL */
-    cm_comm *mp;            /* the model-parallel group (tensor x pipeline: one replica), or NULL */
+    /* pipeline parallelism (pipeline.c; g.pp NULL without) */
     int pp_size, pp_rank, vchunks;
     pp_stage *stages;       /* [pp_size * vchunks]: every rank's chunks (Megatron's placement) */
     pp_op *ops;             /* this rank's schedule */
@@ -114,7 +113,6 @@ struct trainer {
     void (*wait_fn)(void *ctx, int stage); /* trainer_set_wait_fn */
     void *wait_ctx;
     /* context parallelism (trainer_cp.c; cpn 1 without) */
-    cm_comm *cp, *dpcp;     /* the context group, the data x context group (the gradients' reduction) */
     int cpn, cpr;           /* its size and this rank */
     bool thd, docs;         /* the per-document split (packed sequences); documents in the data */
     int cap_total, local_T; /* padded tokens a sequence may take; the model's local tokens */
@@ -138,12 +136,10 @@ struct trainer {
     double mtp_sum[GPT_MAX_MTP], mtp_count;
     /* --use-distributed-optimizer (trainer_dopt.c; NULL without): opt.m and opt.v stay NULL */
     struct tr_dopt *dopt;
-    /* expert parallelism (trainer_ep.c; epn 1 without): the expert group, the expert-data-
-     * parallel group, the expert group x pipeline (one whole model); the flat buffers' runs
-     * of expert and other tensors (the gradients' reductions). ep is the expert-tensor x
-     * expert group (the expert group itself at etpn 1); etpn: the expert-tensor size (1, or
-     * the tensor size: the experts split over the tensor group) */
-    cm_comm *ep, *edp, *erep;
+    /* expert parallelism (trainer_ep.c; epn 1 without; its groups g.ep, g.edp, g.erep): the
+     * flat buffers' runs of expert and other tensors (the gradients' reductions). g.ep is the
+     * expert-tensor x expert group (the expert group itself at etpn 1); etpn: the
+     * expert-tensor size (1, or the tensor size: the experts split over the tensor group) */
     int epn, epr, etpn;
     struct tr_ep_run *ep_runs;
     int nep_runs;
@@ -204,12 +200,12 @@ void trainer__emit(trainer *t, const char *line);
  * the groups, fills the model configuration's cp fields and t->local_T (the model's tokens
  * per sequence); cp_localize cuts the micro batch just read (whole sequences, b->T = seq) to
  * this rank's tokens (b->T = local, b->seg the local document ids) and counts the loss tokens
- * of the whole sequences in t->cp_ntok; grad_group: the group gradients and loss reports are
- * summed over (data x context, or data). */
+ * of the whole sequences in t->cp_ntok; cp_set_groups: a new generation's context, data x
+ * context and tensor x context groups (nothing at cp 1). */
 int trainer__cp_setup(trainer *t, const trainer_data *data, gpt_config *m);
+void trainer__cp_set_groups(trainer *t, const tr_groups *g);
 void trainer__cp_free(trainer *t);
 int trainer__cp_localize(trainer *t, tr_batch *x, gpt_batch *b, int64_t first);
-cm_comm *trainer__grad_group(const trainer *t);
 /* trainer_ep.c: expert parallelism. ep_setup (before gpt_new) checks the groups and sets the
  * model's expert rank; ep_model_ready (after) hands the layers their group and lists the
  * buffers' runs; ep_reduce_grads sums the experts' gradients over the expert-data-parallel
@@ -218,6 +214,8 @@ cm_comm *trainer__grad_group(const trainer *t);
  * ep_replica_of: a world rank's expert-data-parallel replica (its place in t->edp);
  * ep_check_share: the data-parallel share this rank recomputes in a check round (-1: none). */
 int trainer__ep_setup(trainer *t, const trainer_data *data, gpt_config *m);
+/* A new generation's expert groups (nothing without expert parallelism). */
+void trainer__ep_set_groups(trainer *t, const tr_groups *g);
 int trainer__ep_model_ready(trainer *t);
 void trainer__etp_tensor_group(trainer *t);
 void trainer__ep_free(trainer *t);

@@ -130,9 +130,9 @@ int trainer__moe_pre_step(trainer *t) {
      * step's tokens per expert summed over the data-parallel replicas, each MoE layer's bias
      * moved by rate toward the even load. Every replica applies the same update. */
     size_t n = (size_t)c->num_layers * (size_t)c->num_experts;
-    int rc = t->dp ? t->dp->ops->allreduce_sum(t->dp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS) : 0;
-    if (!rc && t->tp) rc = t->tp->ops->allreduce_sum(t->tp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS);
-    if (!rc && t->cpn > 1) rc = t->cp->ops->allreduce_sum(t->cp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS);
+    int rc = t->g.dp ? t->g.dp->ops->allreduce_sum(t->g.dp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS) : 0;
+    if (!rc && t->g.tp) rc = t->g.tp->ops->allreduce_sum(t->g.tp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc && t->cpn > 1) rc = t->g.cp->ops->allreduce_sum(t->g.cp, t->moe_tpe, n, CM_I64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
     int32_t *cnt = t->moe_cnt;
     for (int l = 0; l < c->num_layers; l++) {
@@ -192,9 +192,9 @@ int trainer__moe_log(trainer *t, char *text, size_t tn, char *json, size_t jn) {
      * the context group). */
     double tp = (t->tp_size > 1 ? (double)t->tp_size : 1.0) * (t->cpn > 1 ? (double)t->cpn : 1.0);
     double v[4] = {t->moe_lb_sum, t->moe_z_sum / tp, t->moe_forwards / tp, t->moe_dropped};
-    int rc = t->dp ? t->dp->ops->allreduce_sum(t->dp, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS) : 0;
-    if (!rc && t->cpn > 1) rc = t->cp->ops->allreduce_sum(t->cp, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
-    cm_comm *rg = t->pp ? t->mp : t->tp;
+    int rc = t->g.dp ? t->g.dp->ops->allreduce_sum(t->g.dp, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS) : 0;
+    if (!rc && t->cpn > 1) rc = t->g.cp->ops->allreduce_sum(t->g.cp, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    cm_comm *rg = tr_groups_replica(&t->g);
     if (!rc && rg) rc = rg->ops->allreduce_sum(rg, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
     double lb = v[2] > 0 ? v[0] / v[2] : 0, z = v[2] > 0 ? v[1] / v[2] : 0;

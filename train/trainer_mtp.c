@@ -39,13 +39,13 @@ int trainer__mtp_log(trainer *t, char *text, size_t tn, char *json, size_t jn) {
     double v[GPT_MAX_MTP + 1];
     for (int k = 0; k < D; k++) v[k] = t->mtp_sum[k];
     v[D] = t->mtp_count;
-    int rc = t->dp ? t->dp->ops->allreduce_sum(t->dp, v, (size_t)D + 1, CM_F64, TRAIN_COMM_TIMEOUT_MS) : 0;
+    int rc = t->g.dp ? t->g.dp->ops->allreduce_sum(t->g.dp, v, (size_t)D + 1, CM_F64, TRAIN_COMM_TIMEOUT_MS) : 0;
     /* each context rank's loss is its tokens' part (over the whole sequences' count): summed
      * over the context group, the count not */
-    if (!rc && t->cpn > 1) rc = t->cp->ops->allreduce_sum(t->cp, v, (size_t)D, CM_F64, TRAIN_COMM_TIMEOUT_MS);
-    if (!rc && t->pp && t->mp) {
-        if (t->tp && t->tp->rank != 0) memset(v, 0, sizeof v);
-        rc = t->mp->ops->allreduce_sum(t->mp, v, (size_t)D + 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc && t->cpn > 1) rc = t->g.cp->ops->allreduce_sum(t->g.cp, v, (size_t)D, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc && t->g.pp && t->g.mp) {
+        if (t->g.tp && t->g.tp->rank != 0) memset(v, 0, sizeof v);
+        rc = t->g.mp->ops->allreduce_sum(t->g.mp, v, (size_t)D + 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     }
     if (rc) return rc;
     int len = 0, jl = 0;

@@ -136,150 +136,204 @@ static int held_by_r(const bool *h, int tp, int pp, int ep, int r, int s, int i)
     return r + tp * s;
 }
 
-int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *load, int **writer_group, int *groups) {
-    *writer_group = NULL;
-    gpt_model *model = trainer_model(t);
-    opt_adamw *o = trainer_optimizer(t);
+/* What the listing of one rank's parts works from: the replica's sizes and this rank's
+ * place, every shard's tensor table, which shards some rank holds. Shard (tensor rank r,
+ * stage s, expert rank e) is r + tp (s + pp e). */
+typedef struct parts_ctx {
+    int tp, tpr, pp, ppr, ep, epr, shards, nt;
+    const gpt_tensor *mine; /* this rank's tensors */
+    gpt_tensor **tab;       /* [shards] each shard's table */
+    int *ntab;
+    bool *held_by;          /* [shards] some rank holds the shard */
+} parts_ctx;
+
+static int shard_of(const parts_ctx *x, int r, int s, int e) { return r + x->tp * (s + x->pp * e); }
+
+/* Each world rank's shard into wg (and which shards are held), from the job's layout; this
+ * rank's coordinates must be the trainer's. */
+static int map_writers(parts_ctx *x, trainer *t, int world, int rank, int *wg) {
     const co_config *c = trainer_config(t);
-    int tp, tpr, pp, ppr, ep, epr;
-    trainer_model_parallel(t, &tp, &tpr, &pp, &ppr);
-    trainer_expert_parallel(t, &ep, &epr);
-    /* shard (tensor rank r, stage s, expert rank e) */
-#define SHARD(r, s, e) ((r) + tp * ((s) + pp * (e)))
-    int shards = tp * pp * ep, nt = gpt_num_tensors(model);
-    const gpt_tensor *mine = gpt_tensors(model);
-    /* writer w (a world rank) holds the shard of its coordinates */
     topo_layout lay;
     char err[200];
     int cpn = c->context_parallel_size > 1 && !co_config_standin_model_parallel ? c->context_parallel_size : 1;
-    if (world % (tp * pp * cpn) ||
-        topo_layout_init(&lay, world, tp, pp, cpn, ep, c->expert_tensor_parallel_size, c->use_tp_pp_dp_mapping, err,
-                         sizeof err))
+    if (world % (x->tp * x->pp * cpn) ||
+        topo_layout_init(&lay, world, x->tp, x->pp, cpn, x->ep, c->expert_tensor_parallel_size,
+                         c->use_tp_pp_dp_mapping, err, sizeof err))
         return co_err_set(CO_EINTERNAL, "checkpoint: %d ranks in shards of tensor %d x pipeline %d x expert %d", world,
-                          tp, pp, ep);
-    int *wg = malloc(sizeof *wg * (size_t)world);
-    /* the shards some rank holds: with the expert group spanning the tensor ranks not every
-     * (tensor rank, expert rank) pair exists, and a writer group must have members */
-    bool *held_by = calloc((size_t)shards, sizeof *held_by);
-    gpt_tensor **tab = calloc((size_t)shards, sizeof *tab);
-    int *ntab = calloc((size_t)shards, sizeof *ntab);
-    int rc = !wg || !tab || !ntab || !held_by ? co_err_set(CO_ENOMEM, "checkpoint: out of memory") : 0;
-    for (int w = 0; w < world && !rc; w++) {
+                          x->tp, x->pp, x->ep);
+    for (int w = 0; w < world; w++) {
         topo_coord co;
-        if (topo_coords(&lay, w, &co)) rc = co_err_set(CO_EINTERNAL, "checkpoint: no coordinates for rank %d", w);
-        else wg[w] = SHARD(co.tp, co.pp, ep > 1 ? co.ep : 0), held_by[wg[w]] = true;
-        if (!rc && w == rank && (co.tp != tpr || co.pp != ppr || (ep > 1 && co.ep != epr)))
-            rc = co_err_set(CO_EINTERNAL, "checkpoint: rank %d is at tensor %d, pipeline %d, expert %d, its layout says "
-                                          "%d, %d, %d", w, tpr, ppr, epr, co.tp, co.pp, co.ep);
+        if (topo_coords(&lay, w, &co)) return co_err_set(CO_EINTERNAL, "checkpoint: no coordinates for rank %d", w);
+        wg[w] = shard_of(x, co.tp, co.pp, x->ep > 1 ? co.ep : 0);
+        x->held_by[wg[w]] = true;
+        if (w == rank && (co.tp != x->tpr || co.pp != x->ppr || (x->ep > 1 && co.ep != x->epr)))
+            return co_err_set(CO_EINTERNAL, "checkpoint: rank %d is at tensor %d, pipeline %d, expert %d, its layout says "
+                                            "%d, %d, %d", w, x->tpr, x->ppr, x->epr, co.tp, co.pp, co.ep);
     }
-    for (int sh = 0; sh < shards && !rc; sh++) {
-        gpt_config cfg = trainer_model_config_of(t, sh % tp, sh / tp % pp);
-        cfg.ep_rank = sh / (tp * pp);
-        rc = gpt_tensor_table(&cfg, &tab[sh], &ntab[sh], NULL);
-        if (!rc && sh / tp % pp == ppr && ntab[sh] != nt)
-            rc = co_err_set(CO_EINTERNAL, "checkpoint: shard %d has %d tensors, this rank %d", sh, ntab[sh], nt);
+    return 0;
+}
+
+/* Every shard's tensor table (gpt_tensor_table with its tensor rank, chunks and expert rank). */
+static int shard_tables(parts_ctx *x, trainer *t) {
+    for (int sh = 0; sh < x->shards; sh++) {
+        gpt_config cfg = trainer_model_config_of(t, sh % x->tp, sh / x->tp % x->pp);
+        cfg.ep_rank = sh / (x->tp * x->pp);
+        int rc = gpt_tensor_table(&cfg, &x->tab[sh], &x->ntab[sh], NULL);
+        if (rc) return rc;
+        if (sh / x->tp % x->pp == x->ppr && x->ntab[sh] != x->nt)
+            return co_err_set(CO_EINTERNAL, "checkpoint: shard %d has %d tensors, this rank %d", sh, x->ntab[sh], x->nt);
     }
+    return 0;
+}
+
+/* Where this rank's piece q of tensor i starts in base (a row slice at its local rows). */
+static float *piece_data(const parts_ctx *x, float *base, int i, const gpt_tensor *tr, int q) {
+    size_t cols = (size_t)(tr->shape[1] ? tr->shape[1] : 1);
+    return base + x->mine[i].offset + (tr->split == GPT_TP_ROWS ? (size_t)x->mine[i].piece[q].local * cols : 0);
+}
+
+/* An expert tensor's parts at stage s: each expert rank's own experts, whole on its tensor
+ * ranks, or with the experts split over the tensor group too (expert tensor size = tp) each
+ * (tensor rank, expert rank)'s own slice, written by its shard. */
+static int add_expert_parts(wk_parts *l, int part, const parts_ctx *x, int s, int i, float *base) {
+    bool my_stage = s == x->ppr;
+    const gpt_tensor *t0 = &x->tab[shard_of(x, 0, s, 0)][i];
+    int rc = 0;
+    if (x->tp == 1 || t0->split == GPT_TP_REPLICATED) {
+        for (int e = 0; e < x->ep && !rc; e++)
+            rc = add(l, part, &x->tab[shard_of(x, 0, s, e)][i], held(x->held_by, x->tp, x->pp, i, s, e), false, 0,
+                     NULL, my_stage && e == x->epr ? base + x->mine[i].offset : NULL);
+        return rc;
+    }
+    for (int e = 0; e < x->ep && !rc; e++)
+        for (int r = 0; r < x->tp && !rc; r++) {
+            const gpt_tensor *tr = &x->tab[shard_of(x, r, s, e)][i];
+            bool mine_here = my_stage && e == x->epr && r == x->tpr;
+            for (int q = 0; q < tr->npieces && !rc; q++)
+                rc = add(l, part, tr, shard_of(x, r, s, e), true, tr->split, &tr->piece[q],
+                         mine_here ? piece_data(x, base, i, tr, q) : NULL);
+        }
+    return rc;
+}
+
+/* A dense tensor's parts at stage s: once, by one tensor rank, where every tensor rank holds
+ * it whole; else each tensor rank's pieces (a run several ranks share, by the first of them). */
+static int add_dense_parts(wk_parts *l, int part, const parts_ctx *x, int s, int i, float *base) {
+    bool my_stage = s == x->ppr;
+    const gpt_tensor *t0 = &x->tab[shard_of(x, 0, s, 0)][i];
+    if (x->tp == 1 || t0->split == GPT_TP_REPLICATED)
+        return add(l, part, t0, held_by_r(x->held_by, x->tp, x->pp, x->ep, i % x->tp, s, i), false, 0, NULL,
+                   my_stage ? base + x->mine[i].offset : NULL);
+    int rc = 0;
+    for (int r = 0; r < x->tp && !rc; r++) {
+        const gpt_tensor *tr = &x->tab[shard_of(x, r, s, 0)][i];
+        for (int q = 0; q < tr->npieces && !rc; q++) {
+            const gpt_piece *p = &tr->piece[q];
+            if (r % p->share) continue; /* the first of the ranks sharing it lists it */
+            bool here = my_stage && x->tpr / p->share == r / p->share;
+            rc = add(l, part, tr, held_by_r(x->held_by, x->tp, x->pp, x->ep, r, s, i), true, tr->split, p,
+                     here ? piece_data(x, base, i, tr, q) : NULL);
+        }
+    }
+    return rc;
+}
+
+/* Every shard's parts of kind `part` to save (the last stage's copy of a tied embedding
+ * not at all). */
+static int add_save_parts(wk_parts *save, int part, const parts_ctx *x, float *base) {
+    int rc = 0;
+    for (int s = 0; s < x->pp && !rc; s++)
+        for (int i = 0; i < x->ntab[shard_of(x, 0, s, 0)] && !rc; i++) {
+            const gpt_tensor *t0 = &x->tab[shard_of(x, 0, s, 0)][i];
+            if (t0->emb_copy) continue;
+            rc = t0->expert && x->ep > 1 ? add_expert_parts(save, part, x, s, i, base)
+                                         : add_dense_parts(save, part, x, s, i, base);
+        }
+    return rc;
+}
+
+/* This rank's own parts of kind `part` to load (its copy of the tied embedding too). */
+static int add_load_parts(wk_parts *load, int part, const parts_ctx *x, float *base) {
+    int rc = 0;
+    for (int i = 0; i < x->nt && !rc; i++) {
+        const gpt_tensor *t1 = &x->mine[i];
+        if (x->tp == 1 || t1->split == GPT_TP_REPLICATED) {
+            rc = add(load, part, t1, 0, false, 0, NULL, base + t1->offset);
+            continue;
+        }
+        for (int q = 0; q < t1->npieces && !rc; q++)
+            rc = add(load, part, t1, 0, true, t1->split, &t1->piece[q], piece_data(x, base, i, t1, q));
+    }
+    return rc;
+}
+
+/* The parameters' and both moments' parts, to save and to load; with the distributed
+ * optimizer the moments to save are every data-parallel rank's pieces of its shard. */
+static int list_parts(trainer *t, const parts_ctx *x, int world, int rank, wk_parts *save, wk_parts *load) {
+    opt_adamw *o = trainer_optimizer(t);
     const float *dm = NULL, *dv = NULL;
     const int *ufirst = NULL;
     int drank = 0;
     const dopt_layout *L = trainer_dopt_shard(t, &dm, &dv, &drank, &ufirst);
-    if (!rc && L && (shards != 1 || L->dp != world || drank != rank))
-        rc = co_err_set(CO_EINTERNAL, "checkpoint: the distributed optimizer's rank %d of %d is world rank %d of %d "
-                                      "in %d model shards", drank, L->dp, rank, world, shards);
+    if (L && (x->shards != 1 || L->dp != world || drank != rank))
+        return co_err_set(CO_EINTERNAL, "checkpoint: the distributed optimizer's rank %d of %d is world rank %d of %d "
+                                        "in %d model shards", drank, L->dp, rank, world, x->shards);
     save->n = load->n = 0;
+    int rc = 0;
     for (int part = 0; part < 3 && !rc; part++) {
-        float *base = part == 0 ? gpt_params(model) : part == 1 ? o->m : o->v;
+        float *base = part == 0 ? gpt_params(trainer_model(t)) : part == 1 ? o->m : o->v;
         if (part == 1) save->nmodel = save->n, load->nmodel = load->n;
-        /* every shard's parts, to save (the distributed optimizer's moments: every rank's pieces) */
-        if (part && L) rc = add_dopt(save, part, mine, nt, L, drank, part == 1 ? dm : dv, ufirst);
-        for (int s = 0; s < pp && !rc && !(part && L); s++) {
-            bool my_stage = s == ppr;
-            for (int i = 0; i < ntab[SHARD(0, s, 0)] && !rc; i++) {
-                const gpt_tensor *t0 = &tab[SHARD(0, s, 0)][i];
-                if (t0->emb_copy) continue;
-                if (t0->expert && ep > 1 && (tp == 1 || t0->split == GPT_TP_REPLICATED)) {
-                    /* each expert rank's own experts (whole on its tensor ranks) */
-                    for (int e = 0; e < ep && !rc; e++)
-                        rc = add(save, part, &tab[SHARD(0, s, e)][i], held(held_by, tp, pp, i, s, e), false, 0,
-                                 NULL, my_stage && e == epr ? base + mine[i].offset : NULL);
-                    continue;
-                }
-                if (t0->expert && ep > 1) {
-                    /* split over the tensor group too (expert tensor size = tp): every (tensor rank,
-                     * expert rank) holds its own slice of its experts, written by its shard */
-                    for (int e = 0; e < ep && !rc; e++)
-                        for (int r = 0; r < tp && !rc; r++) {
-                            const gpt_tensor *tr = &tab[SHARD(r, s, e)][i];
-                            size_t cols = (size_t)(tr->shape[1] ? tr->shape[1] : 1);
-                            bool mine_here = my_stage && e == epr && r == tpr;
-                            for (int q = 0; q < tr->npieces && !rc; q++) {
-                                float *data = !mine_here ? NULL
-                                              : base + mine[i].offset +
-                                                    (tr->split == GPT_TP_ROWS ? (size_t)mine[i].piece[q].local * cols : 0);
-                                rc = add(save, part, tr, SHARD(r, s, e), true, tr->split, &tr->piece[q], data);
-                            }
-                        }
-                    continue;
-                }
-                if (tp == 1 || t0->split == GPT_TP_REPLICATED) {
-                    rc = add(save, part, t0, held_by_r(held_by, tp, pp, ep, i % tp, s, i), false, 0, NULL,
-                             my_stage ? base + mine[i].offset : NULL);
-                    continue;
-                }
-                for (int r = 0; r < tp && !rc; r++) {
-                    const gpt_tensor *tr = &tab[SHARD(r, s, 0)][i];
-                    size_t cols = (size_t)(tr->shape[1] ? tr->shape[1] : 1);
-                    for (int q = 0; q < tr->npieces && !rc; q++) {
-                        const gpt_piece *p = &tr->piece[q];
-                        if (r % p->share) continue; /* the first of the ranks sharing it lists it */
-                        bool held = my_stage && tpr / p->share == r / p->share;
-                        float *data = !held ? NULL
-                                      : base + mine[i].offset +
-                                            (tr->split == GPT_TP_ROWS ? (size_t)mine[i].piece[q].local * cols : 0);
-                        rc = add(save, part, tr, held_by_r(held_by, tp, pp, ep, r, s, i), true, tr->split, p, data);
-                    }
-                }
-            }
-        }
-        /* this rank's parts, to load (its copy of the tied embedding too) */
-        for (int i = 0; i < nt && !rc; i++) {
-            const gpt_tensor *t1 = &mine[i];
-            size_t cols = (size_t)(t1->shape[1] ? t1->shape[1] : 1);
-            if (tp == 1 || t1->split == GPT_TP_REPLICATED) {
-                rc = add(load, part, t1, 0, false, 0, NULL, base + t1->offset);
-                continue;
-            }
-            for (int q = 0; q < t1->npieces && !rc; q++)
-                rc = add(load, part, t1, 0, true, t1->split, &t1->piece[q],
-                         base + t1->offset + (t1->split == GPT_TP_ROWS ? (size_t)t1->piece[q].local * cols : 0));
-        }
+        rc = part && L ? add_dopt(save, part, x->mine, x->nt, L, drank, part == 1 ? dm : dv, ufirst)
+                       : add_save_parts(save, part, x, base);
+        if (!rc) rc = add_load_parts(load, part, x, base);
     }
-    for (int sh = 0; tab && sh < shards; sh++) free(tab[sh]);
-    free(tab);
-    free(ntab);
-    if (rc) {
-        free(wg);
-        free(held_by);
-        return rc;
-    }
-    /* the groups some rank holds, numbered densely (each has world / groups writers) */
+    return rc;
+}
+
+/* The writer groups some rank holds, numbered densely (each has world / groups writers):
+ * the writers' and the saved parts' groups renumbered; their count. */
+static int number_groups(const parts_ctx *x, int world, int *wg, wk_parts *save) {
+    int *num = malloc(sizeof *num * (size_t)x->shards);
+    if (!num) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
     int ng = 0;
-    int *num = malloc(sizeof *num * (size_t)shards);
-    if (!num) {
-        free(wg);
-        free(held_by);
-        return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
-    }
-    for (int sh = 0; sh < shards; sh++) num[sh] = held_by[sh] ? ng++ : -1;
+    for (int sh = 0; sh < x->shards; sh++) num[sh] = x->held_by[sh] ? ng++ : -1;
     for (int w = 0; w < world; w++) wg[w] = num[wg[w]];
     for (int j = 0; j < save->n; j++)
         if (!save->r[j].flat) save->r[j].group = num[save->r[j].group];
     free(num);
-    free(held_by);
+    return ng;
+}
+
+int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *load, int **writer_group, int *groups) {
+    *writer_group = NULL;
+    parts_ctx x = {.nt = gpt_num_tensors(trainer_model(t)), .mine = gpt_tensors(trainer_model(t))};
+    trainer_model_parallel(t, &x.tp, &x.tpr, &x.pp, &x.ppr);
+    trainer_expert_parallel(t, &x.ep, &x.epr);
+    x.shards = x.tp * x.pp * x.ep;
+    /* writer w (a world rank) holds the shard of its coordinates; with the expert group
+     * spanning the tensor ranks not every (tensor rank, expert rank) pair exists, and a
+     * writer group must have members */
+    int *wg = malloc(sizeof *wg * (size_t)world);
+    x.held_by = calloc((size_t)x.shards, sizeof *x.held_by);
+    x.tab = calloc((size_t)x.shards, sizeof *x.tab);
+    x.ntab = calloc((size_t)x.shards, sizeof *x.ntab);
+    int rc = !wg || !x.tab || !x.ntab || !x.held_by ? co_err_set(CO_ENOMEM, "checkpoint: out of memory") : 0;
+    if (!rc) rc = map_writers(&x, t, world, rank, wg);
+    if (!rc) rc = shard_tables(&x, t);
+    if (!rc) rc = list_parts(t, &x, world, rank, save, load);
+    int ng = rc ? 0 : number_groups(&x, world, wg, save);
+    if (ng < 0) rc = ng;
+    for (int sh = 0; x.tab && sh < x.shards; sh++) free(x.tab[sh]);
+    free(x.tab);
+    free(x.ntab);
+    free(x.held_by);
+    if (rc) {
+        free(wg);
+        return rc;
+    }
     name_them(save);
     name_them(load);
     *writer_group = wg;
     *groups = ng;
     return 0;
-#undef SHARD
 }

@@ -160,8 +160,32 @@ int wk_comms_rank_in(const wk_comms *cs, topo_group_kind k, int w) {
 
 const topo_layout *wk_comms_layout(const wk_comms *cs) { return &cs->layout; }
 
-int wk_comms_check_equal(wk_comms *cs, uint64_t value, int timeout_ms, char *err, size_t errlen) {
-    if (errlen) err[0] = '\0';
+void wk_comms_trainer_groups(const wk_comms *cs, const co_config *c, tr_groups *g) {
+    memset(g, 0, sizeof *g);
+    if (!cs) return;
+    g->dp = wk_comms_group(cs, TOPO_G_DP);
+    if (c->tensor_model_parallel_size > 1) g->tp = wk_comms_group(cs, TOPO_G_TP);
+    if (c->pipeline_model_parallel_size > 1) {
+        g->pp = wk_comms_pipeline(cs, 0);
+        g->pp_bwd = wk_comms_pipeline(cs, 1);
+        g->emb = wk_comms_group(cs, TOPO_G_EMBEDDING);
+        g->mp = wk_comms_group(cs, TOPO_G_MP);
+    }
+    if (c->context_parallel_size > 1) {
+        g->cp = wk_comms_group(cs, TOPO_G_CP);
+        g->dpcp = wk_comms_group(cs, TOPO_G_DP_CP);
+        g->tpcp = wk_comms_group(cs, TOPO_G_TP_CP);
+    }
+    if (!co_config_standin_model_parallel && cs->layout.ep > 1) {
+        /* the layers' exchange group: the expert-tensor x expert group (the expert group at
+         * expert tensor size 1) */
+        g->ep = wk_comms_group(cs, TOPO_G_ETP_EP);
+        g->edp = wk_comms_group(cs, TOPO_G_EDP);
+        g->erep = wk_comms_group(cs, TOPO_G_ETP_EP_PP);
+    }
+}
+
+int wk_comms_check_equal(wk_comms *cs, uint64_t value, int timeout_ms) {
     for (int k = 0; k < TOPO_NGROUP_KINDS; k++) {
         cm_comm *g = cs->group[k];
         if (!g || g->size < 2) continue;
@@ -169,12 +193,10 @@ int wk_comms_check_equal(wk_comms *cs, uint64_t value, int timeout_ms, char *err
         if (!all) return co_err_set(CO_ENOMEM, "communicators: out of memory");
         int rc = g->ops->allgather(g, &value, all, sizeof value, timeout_ms);
         for (int i = 1; !rc && i < g->size; i++)
-            if (all[i] != all[0]) {
-                snprintf(err, errlen, "the %s group: world ranks %d and %d hold different values (%016llx, %016llx)",
-                         topo_group_name((topo_group_kind)k), cs->members[k][0], cs->members[k][i],
-                         (unsigned long long)all[0], (unsigned long long)all[i]);
-                rc = co_err_set(CO_EPROTOCOL, "%s", err);
-            }
+            if (all[i] != all[0])
+                rc = co_err_set(CO_EPROTOCOL, "the %s group: world ranks %d and %d hold different values (%016llx, %016llx)",
+                                topo_group_name((topo_group_kind)k), cs->members[k][0], cs->members[k][i],
+                                (unsigned long long)all[0], (unsigned long long)all[i]);
         free(all);
         if (rc) return rc;
     }

@@ -18,8 +18,10 @@
 
 #include "comm/comm.h"
 #include "comm/zmq_comm.h"
+#include "common/config.h"
 #include "scheduler/groups.h"
 #include "supervisor/link.h"
+#include "train/tr_groups.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -52,9 +54,16 @@ int wk_comms_member(const wk_comms *cs, topo_group_kind k, int i);
 int wk_comms_rank_in(const wk_comms *cs, topo_group_kind k, int w);
 const topo_layout *wk_comms_layout(const wk_comms *cs);
 
+/* The trainer's groups (train/tr_groups.h) from this set, at setup and at every restart alike:
+ * data parallel always; tensor, pipeline (its two channels, the embedding and model-parallel
+ * groups) and context groups where c's sizes (the test stand-in's are 1) split the model;
+ * the expert groups where the layout has expert parallelism (none under the stand-in).
+ * cs NULL (one process): every group NULL. */
+void wk_comms_trainer_groups(const wk_comms *cs, const co_config *c, tr_groups *g);
+
 /* Every member of every group holds the same value (one all-gather per group): 0, or
- * CO_EPROTOCOL with the first group and ranks that differ in err. For ranks that must hold
- * identical state, as the replicas of the test stand-in of model parallelism. */
-int wk_comms_check_equal(wk_comms *cs, uint64_t value, int timeout_ms, char *err, size_t errlen);
+ * CO_EPROTOCOL naming the first group and ranks that differ (co_err_detail). For ranks that
+ * must hold identical state, as the replicas of the test stand-in of model parallelism. */
+int wk_comms_check_equal(wk_comms *cs, uint64_t value, int timeout_ms);
 
 #endif

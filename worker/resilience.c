@@ -5,6 +5,7 @@
 #include "worker/resilience.h"
 
 #include "common/error.h"
+#include "common/log.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -44,8 +45,11 @@ void wk_rr_options(const co_config *c, int world, rr_options *o) {
     o->seed = (uint64_t)c->seed;
 }
 
-int wk_inject_parse(const co_config *c, int world, fi_schedule *s, char *err, size_t n) {
-    return fi_schedule_parse(s, c->inject, c->n_inject, (uint64_t)c->inject_seed, world, c->train_iters, err, n);
+int wk_inject_parse(const co_config *c, int world, fi_schedule *s) {
+    char err[600] = "";
+    int rc = fi_schedule_parse(s, c->inject, c->n_inject, (uint64_t)c->inject_seed, world, c->train_iters, err,
+                               sizeof err);
+    return rc ? co_err_set(rc, "%s", err) : 0;
 }
 
 /* ---- the validator ---- */
@@ -68,7 +72,7 @@ static int local_verdict(void *ctx, int64_t iteration, int attempt, rr_verdict *
     for (; x->nev_seen < n; x->nev_seen++)
         if (x->c.result_rejected_tracker_filename[0] &&
             rr_tracker_append(x->c.result_rejected_tracker_filename, &ev[x->nev_seen], NULL))
-            fprintf(stderr, "cohort: %s\n", co_err_detail());
+            co_log(CO_LOG_WARN, "%s", co_err_detail());
     return 0;
 }
 
@@ -83,7 +87,7 @@ static int link_report(void *ctx, const rr_report *r, const double phase_ms[TR_N
         if (r->attempt == 0 && r->check_for < 0 &&
             (f = fi_take(&x->inj, mk[k], x->rank, x->rank, r->iteration, -1, FI_PH_ALLREDUCE))) {
             fi_describe(f, x->rank, r->iteration, -1, line, sizeof line);
-            fprintf(stderr, "cohort rank %d: %s\n", x->rank, line);
+            co_log(CO_LOG_WARN, "%s", line);
             sv_link_event(x->link, line);
             if (mk[k] == FI_MSG_DROP) copies = 0;
             if (mk[k] == FI_MSG_DUP) copies = 2;
@@ -107,20 +111,19 @@ static void link_event(void *ctx, const char *line) {
     sv_link_event(x->link, line);
 }
 
-int wk_resil_new(wk_resil **out, const co_config *c, sv_link *link, int rank, int world, char *err, size_t n) {
+int wk_resil_new(wk_resil **out, const co_config *c, sv_link *link, int rank, int world) {
     *out = NULL;
     wk_resil *x = calloc(1, sizeof *x);
-    if (!x) return CO_ENOMEM;
+    if (!x) return co_err_set(CO_ENOMEM, "resilience: out of memory");
     x->c = *c;
     x->link = link;
     x->rank = rank;
     x->world = world;
-    int rc = wk_inject_parse(c, world, &x->inj, err, n);
+    int rc = wk_inject_parse(c, world, &x->inj);
     if (!rc && !link && strcmp(c->rerun_mode, "disabled")) {
         rr_options o;
         wk_rr_options(c, 1, &o);
-        rc = rr_new(&x->rr, &o);
-        if (rc) snprintf(err, n, "%s", co_err_detail());
+        rc = rr_new(&x->rr, &o); /* (its detail stays) */
     }
     if (rc) {
         wk_resil_destroy(&x);
@@ -144,13 +147,13 @@ static int pull_injections(trainer *t, void *ctx, bool final, train_end why) {
     for (int i = 0; i < n; i++) {
         char err[600];
         if (fi_schedule_add(&x->inj, specs[i], (uint64_t)x->c.inject_seed, x->world, x->c.train_iters, err, sizeof err))
-            fprintf(stderr, "cohort rank %d: %s\n", x->rank, err);
+            co_log(CO_LOG_WARN, "%s", err);
         free(specs[i]);
     }
     return 0;
 }
 
-void wk_resil_attach(wk_resil *x, trainer *t, FILE *log) {
+int wk_resil_attach(wk_resil *x, trainer *t, FILE *log) {
     if (x->nskips) {
         trainer_set_skips(t, x->skips, x->nskips);
         if (log && x->c.result_rejected_tracker_filename[0] && x->nskips > x->c.n_iterations_to_skip)
@@ -160,7 +163,8 @@ void wk_resil_attach(wk_resil *x, trainer *t, FILE *log) {
     x->t = t;
     trainer_set_injector(t, &x->inj, x->rank);
     if (x->link) {
-        trainer_set_hook(t, pull_injections, x);
+        int rc = trainer_set_hook(t, pull_injections, x);
+        if (rc) return rc;
         trainer_set_event_sink(t, link_event, x);
         if (strcmp(x->c.rerun_mode, "disabled")) {
             trainer_validator v = {.report = link_report, .verdict = link_verdict, .checksum = link_checksum, .ctx = x};
@@ -170,6 +174,7 @@ void wk_resil_attach(wk_resil *x, trainer *t, FILE *log) {
         trainer_validator v = {.report = local_report, .verdict = local_verdict, .ctx = x};
         trainer_set_validator(t, &v);
     }
+    return 0;
 }
 
 void wk_resil_set_rank(wk_resil *x, int rank) {
@@ -194,8 +199,8 @@ void wk_resil_attach_ckpt(wk_resil *x, wk_ckpt *k) {
     wk_ckpt_set_rerun_state(k, local_state_save, x);
     const char *st = wk_ckpt_loaded_rerun_state(k);
     if (st && strstr(st, "spiky_max") && rr_state_load(x->rr, st))
-        fprintf(stderr, "cohort: the checkpoint's rerun state machine state is not usable (%s); starting afresh\n",
-                co_err_detail());
+        co_log(CO_LOG_WARN, "the checkpoint's rerun state machine state is not usable (%s); starting afresh",
+               co_err_detail());
 }
 
 void wk_resil_destroy(wk_resil **px) {
@@ -204,7 +209,7 @@ void wk_resil_destroy(wk_resil **px) {
     if (x->rr) {
         int n;
         const rr_event *ev = rr_events(x->rr, &n);
-        if (n) fprintf(stderr, "cohort: the rerun state machine handled %d fault(s):\n", n);
+        if (n) co_log(CO_LOG_INFO, "the rerun state machine handled %d fault(s):", n);
         for (int i = 0; i < n; i++)
             fprintf(stderr, "  - iteration %lld, %s, %s: %s%s%s%s\n", (long long)ev[i].iteration, ev[i].check,
                     rr_diagnosis_name(ev[i].diagnosis), ev[i].message, ev[i].aux[0] ? " [its MoE/MTP losses: " : "",
@@ -212,7 +217,7 @@ void wk_resil_destroy(wk_resil **px) {
         if (!strcmp(x->c.rerun_mode, "report_determinism_stats")) {
             char buf[400];
             rr_determinism_summary(x->rr, buf, sizeof buf);
-            fprintf(stderr, "cohort: determinism: %s\n", buf);
+            co_log(CO_LOG_INFO, "determinism: %s", buf);
         }
     }
     rr_destroy(&x->rr);

@@ -15,12 +15,14 @@ typedef struct wk_resil wk_resil;
 
 /* The rerun state machine's options from the flags. */
 void wk_rr_options(const co_config *c, int world, rr_options *o);
-/* The --inject schedule (flags checked: CO_EINVAL with the message in err). */
-int wk_inject_parse(const co_config *c, int world, fi_schedule *s, char *err, size_t n);
+/* The --inject schedule (flags checked: CO_EINVAL, the message in co_err_detail). */
+int wk_inject_parse(const co_config *c, int world, fi_schedule *s);
 
-/* link NULL: one process (the state machine runs here); else a supervised worker. */
-int wk_resil_new(wk_resil **out, const co_config *c, sv_link *link, int rank, int world, char *err, size_t n);
-void wk_resil_attach(wk_resil *x, trainer *t, FILE *log);
+/* link NULL: one process (the state machine runs here); else a supervised worker. Errors: the
+ * CO_E code, the message in co_err_detail. */
+int wk_resil_new(wk_resil **out, const co_config *c, sv_link *link, int rank, int world);
+/* Wires x to t (its hooks, validator, injector, skips): 0, or the trainer's refusal of a hook. */
+int wk_resil_attach(wk_resil *x, trainer *t, FILE *log);
 /* One process: the state machine's state is saved with checkpoints and restored from the
  * one wk_ckpt loaded. */
 void wk_resil_attach_ckpt(wk_resil *x, wk_ckpt *k);
