@@ -3,6 +3,7 @@
  * --world-size), built as Megatron builds them (scheduler/groups.h). It computes the
  * groups also for layouts whose compute `cohort train` does not run yet. */
 #include "cli/cli.h"
+#include "common/error.h"
 #include "scheduler/groups.h"
 #include "scheduler/placement.h"
 
@@ -49,10 +50,10 @@ int cli_topology(int argc, char **argv) {
     co_config c;
     co_config_defaults(&c);
     char err[4096];
-    int rc = co_config_parse(&c, nrest, rest, err, sizeof err);
+    int rc = co_config_parse(&c, nrest, rest);
     free(rest);
     if (rc) {
-        fprintf(stderr, "cohort topology: %s\n", err);
+        fprintf(stderr, "cohort topology: %s\n", co_err_detail());
         co_config_free(&c);
         return CLI_USAGE;
     }

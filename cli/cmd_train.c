@@ -3,7 +3,6 @@
 #include "cli/cli.h"
 
 #include "scheduler/placement.h"
-#include "scheduler/schedule.h"
 #include "worker/rank.h"
 #include "worker/resilience.h"
 
@@ -19,6 +18,7 @@
 #include "kernels/backend.h"
 #include "observe/tensorboard.h"
 #include "train/sample.h"
+#include "train/config_check.h"
 #include "train/trainer.h"
 #include "supervisor/link.h"
 #include "supervisor/metrics_local.h"
@@ -162,15 +162,12 @@ static void say_stopped_early(FILE *out, const char *when) {
     fflush(out);
 }
 
-int cli_tokenizer(const co_config *c, int *vocab, int *eod, char *err, size_t errlen) {
+int cli_tokenizer(const co_config *c, int *vocab, int *eod) {
     if (!strcmp(c->tokenizer_type, "GPT2BPETokenizer") && (c->vocab_file[0] || c->merge_file[0])) {
         /* as Megatron: the vocabulary's size and <|endoftext|> come from --vocab-file */
         tok_tokenizer tk;
         int rc = tok_open(&tk, c->tokenizer_type, 0, c->vocab_file, c->merge_file);
-        if (rc) {
-            snprintf(err, errlen, "--vocab-file/--merge-file: %s", co_err_detail());
-            return CO_EINVAL;
-        }
+        if (rc) return co_err_set(CO_EINVAL, "--vocab-file/--merge-file: %s", co_err_detail());
         *vocab = (int)tok_vocab_size(&tk);
         *eod = tk.eod;
         tok_close(&tk);
@@ -186,8 +183,7 @@ int cli_tokenizer(const co_config *c, int *vocab, int *eod, char *err, size_t er
         *vocab = TOK_BYTE_VOCAB;
         *eod = TOK_BYTE_EOD;
     } else {
-        snprintf(err, errlen, "unsupported --tokenizer-type %s", c->tokenizer_type);
-        return CO_EINVAL;
+        return co_err_set(CO_EINVAL, "unsupported --tokenizer-type %s", c->tokenizer_type);
     }
     return 0;
 }
@@ -315,51 +311,9 @@ static void embedded_done(void *ctx, trainer *t, double vl) {
     else if (e->c->sample_lines > 0) print_samples(t, e->c, e->c->sample_lines, e->out);
 }
 
-/* With a pipeline: Megatron's layer placement and schedule for these flags, checked before
- * any work (the trainer builds them alike). 0 or CO_EINVAL with the reason in err. */
-static int check_pipeline(const co_config *c, int dp, char *err, size_t n) {
-    int p = c->pipeline_model_parallel_size;
-    bool placed = c->virtual_pipeline_model_parallel_size || c->num_virtual_stages_per_pipeline_rank ||
-                  c->num_layers_per_virtual_pipeline_stage || co_config_was_set(c, "decoder-first-pipeline-num-layers") ||
-                  co_config_was_set(c, "decoder-last-pipeline-num-layers") || c->account_for_embedding_in_pipeline_split ||
-                  c->account_for_loss_in_pipeline_split || c->pipeline_model_parallel_layout[0];
-    if ((p < 2 && !placed) || co_config_standin_model_parallel) return 0;
-    pp_place_cfg pc;
-    pp_place_from_config(c, &pc);
-    int v = pp_place_chunks(&pc, err, n);
-    if (v < 1) return CO_EINVAL;
-    if (c->mtp_num_layers > 0) {
-        /* MTP layers on a stage before the loss's run there and send their hidden states on
-         * with the main ones (docs/mtp.md); as Megatron, not on the first pipeline rank, and
-         * with rope off the first stage (the position table stays there) */
-        pp_stage *st = calloc((size_t)p * (size_t)v, sizeof *st);
-        int vv = 0;
-        if (!st) return CO_ENOMEM;
-        int rc = pp_placement(&pc, st, p * v, &vv, err, n) ? CO_EINVAL : 0;
-        int r = rc ? -1 : pp_mtp_rank(st, p, vv);
-        bool loss_too = r >= 0 && st[r * vv + vv - 1].loss;
-        if (r == 0 && p > 1) {
-            snprintf(err, n, "--pipeline-model-parallel-layout '%s' places the MTP layers m on pipeline rank 0: they "
-                             "must be on a later rank (as Megatron)", c->pipeline_model_parallel_layout);
-            rc = CO_EINVAL;
-        } else if (r > 0 && strcmp(c->position_embedding_type, "rope")) {
-            snprintf(err, n, "--mtp-num-layers on a pipeline rank without the embedding needs "
-                             "--position-embedding-type rope (the position table stays on the first stage; Megatron "
-                             "does not support MTP with learned absolute positions)");
-            rc = CO_EINVAL;
-        } else if (r > 0 && !loss_too && p > 64) {
-            snprintf(err, n, "MTP layers before the loss's stage with more than 64 pipeline ranks are not supported");
-            rc = CO_EINVAL;
-        }
-        free(st);
-        if (rc) return rc;
-    }
-    pp_sched_cfg sc = {.p = p, .rank = 0, .m = c->global_batch_size / (c->micro_batch_size * dp), .v = v,
-                       .group = c->microbatch_group_size_per_vp_stage};
-    return pp_sched_check(&sc, err, n) ? CO_EINVAL : 0;
-}
+int cli_train(int argc, char **argv) { return cli_train_with(argc, argv, NULL); }
 
-int cli_train(int argc, char **argv) {
+int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
     install_signals(); /* before anything else: a signal during setup is a stop, never lost or fatal */
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -385,10 +339,10 @@ int cli_train(int argc, char **argv) {
         }
     co_config c;
     co_config_defaults(&c);
-    char err[4096];
-    int rc = co_config_parse(&c, argc, argv, err, sizeof err);
+    c.standin_model_parallel = opts && opts->standin_model_parallel;
+    int rc = co_config_parse(&c, argc, argv);
     if (rc) {
-        fprintf(stderr, "cohort train: %s\n", err);
+        fprintf(stderr, "cohort train: %s\n", co_err_detail());
         co_config_free(&c);
         return CLI_USAGE;
     }
@@ -396,17 +350,16 @@ int cli_train(int argc, char **argv) {
      * Job, torchrun-style variables) where the flags do not give it; a worker reads the
      * same environment, inherited from its supervisor */
     char env_note[600];
-    if (co_launch_env_apply(&c, NULL, env_note, sizeof env_note, err, sizeof err)) {
-        fprintf(stderr, "cohort train: %s\n", err);
+    if (co_launch_env_apply(&c, NULL, env_note, sizeof env_note)) {
+        fprintf(stderr, "cohort train: %s\n", co_err_detail());
         co_config_free(&c);
         return CLI_USAGE;
     }
     if (env_note[0] && !sv_link_wanted()) printf("cohort: from the environment: %s\n", env_note);
     bool embedded = c.n_data_path == 0 && !c.mock_data && !c.n_train_data_path; /* no data flags at all */
     if (embedded) embedded_defaults(&c);
-    /* --- checkpoint (issue 5): --use-checkpoint-args and the checkpoint's seed --- */
+    /* --use-checkpoint-args and the checkpoint's seed, before the checks */
     wk_ckpt_prepare(&c, sv_link_wanted() ? NULL : stdout);
-    /* --- end checkpoint --- */
 
     /* A worker learns its place from the supervisor before validating (the data-parallel
      * size decides what a valid global batch is). */
@@ -435,10 +388,10 @@ int cli_train(int argc, char **argv) {
     int world = worker ? asg.world : dp; /* the ranks that train */
     /* the data-parallel size: the world over tensor x context x pipeline (a worker is told) */
     long mp = (long)c.tensor_model_parallel_size * c.context_parallel_size * c.pipeline_model_parallel_size;
-    if (!co_config_model_parallel_sizes_ok(&c)) mp = 1; /* co_config_finalize refuses them with their ranges */
+    if (!co_config_model_parallel_sizes_ok(&c)) mp = 1; /* the checks refuse them with their ranges */
     if (!worker && mp > 1 && dp % mp == 0) dp = (int)(dp / mp);
     else if (!worker && mp > 1) {
-        /* (sizes that are not built are refused by co_config_finalize with their own line) */
+        /* (sizes that are not built are refused by the checks with their own line) */
         fprintf(stderr, "cohort train: invalid configuration:\n  the world of %d ranks is not a multiple of "
                         "tensor x context x pipeline = %ld\n", dp, mp);
         co_config_free(&c);
@@ -451,13 +404,14 @@ int cli_train(int argc, char **argv) {
                          ? c.inprocess_active_world_size : c.nproc_per_node; /* spares sleep */
         c.threads = (int)(cores / active > 0 ? cores / active : 1);
     }
-    rc = co_config_finalize(&c, dp, err, sizeof err);
-    if (!rc) rc = check_pipeline(&c, dp, err, sizeof err);
+    co_problems problems;
+    rc = trainer_config_check(&c, dp, &problems);
     int vocab = 0, eod = 0;
-    if (!rc) rc = cli_tokenizer(&c, &vocab, &eod, err, sizeof err);
+    if (!rc && (rc = cli_tokenizer(&c, &vocab, &eod))) co_problem(&problems, "%s", co_err_detail());
     if (rc) {
         fprintf(stderr, "cohort train: invalid configuration:\n");
-        for (char *line = strtok(err, "\n"); line; line = strtok(NULL, "\n")) fprintf(stderr, "  %s\n", line);
+        for (char *line = strtok(problems.text, "\n"); line; line = strtok(NULL, "\n"))
+            fprintf(stderr, "  %s\n", line);
         sv_link_close(&link);
         sv_assignment_free(&asg);
         co_config_free(&c);
@@ -488,7 +442,7 @@ int cli_train(int argc, char **argv) {
             snprintf(c.device, sizeof c.device, "%s", gpu ? "cuda" : "cpu");
             if (!gpu && !worker) fprintf(stderr, "cohort: %s: training on the CPU (--device cpu says so quietly)\n", why);
         }
-        if (!strcmp(c.device, "cuda") && c.context_parallel_size > 1 && !co_config_standin_model_parallel) {
+        if (!strcmp(c.device, "cuda") && c.context_parallel_size > 1 && !c.standin_model_parallel) {
             fprintf(stderr, "cohort train: invalid configuration:\n  --context-parallel-size %d on the GPU is not "
                             "supported yet (the CUDA backend has no block attention kernels): pass --device cpu\n",
                     c.context_parallel_size);
@@ -629,6 +583,7 @@ int cli_train(int argc, char **argv) {
         so.report_file = report;
         so.straggler_threshold = c.straggler_threshold;
         fi_schedule inj;
+        char err[4096];
         if (wk_inject_parse(&c, world, &inj, err, sizeof err)) {
             fprintf(stderr, "cohort train: %s\n", err);
             ck_savedir_unlock(&save_lock);
@@ -666,10 +621,10 @@ int cli_train(int argc, char **argv) {
         /* data-parallel ranks per expert group (whole tensor x context groups: Megatron's expert
          * layout folds the context ranks into the expert groups) */
         int per = epn > 1 ? epn * etpn / (c.tensor_model_parallel_size * c.context_parallel_size) : 1;
-        so.replica_stride = co_config_standin_model_parallel ? 1
+        so.replica_stride = c.standin_model_parallel ? 1
                             : c.tensor_model_parallel_size * c.context_parallel_size * per *
                                   (c.use_tp_pp_dp_mapping ? c.pipeline_model_parallel_size : 1);
-        so.replicas = co_config_standin_model_parallel ? 0 : dp / per;
+        so.replicas = c.standin_model_parallel ? 0 : dp / per;
         so.pp = c.pipeline_model_parallel_size;
         so.cp = c.context_parallel_size;
         so.ep = c.expert_model_parallel_size;

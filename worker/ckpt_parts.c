@@ -151,7 +151,7 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
     /* writer w (a world rank) holds the shard of its coordinates */
     topo_layout lay;
     char err[200];
-    int cpn = c->context_parallel_size > 1 && !co_config_standin_model_parallel ? c->context_parallel_size : 1;
+    int cpn = c->context_parallel_size > 1 && !c->standin_model_parallel ? c->context_parallel_size : 1;
     if (world % (tp * pp * cpn) ||
         topo_layout_init(&lay, world, tp, pp, cpn, ep, c->expert_tensor_parallel_size, c->use_tp_pp_dp_mapping, err,
                          sizeof err))

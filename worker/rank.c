@@ -117,12 +117,12 @@ static void set_pipeline(trainer_data *td, const wk_comms *cs) {
     td->mp = cs ? wk_comms_group(cs, TOPO_G_MP) : NULL;
 }
 
-/* Test stand-in of model parallelism (co_config_standin_model_parallel): every rank holds
+/* Test stand-in of model parallelism (co_config.standin_model_parallel): every rank holds
  * the whole model, so the members of every group must hold identical weights. Checked at
  * each generation's start and at the end, over every group. */
 static int check_standin_replicas(wk_comms *cs, trainer *t, int rank, const char *when) {
     const topo_layout *l = wk_comms_layout(cs);
-    if (!co_config_standin_model_parallel || l->tp * l->cp * l->pp == 1) return 0;
+    if (!trainer_config(t)->standin_model_parallel || l->tp * l->cp * l->pp == 1) return 0;
     char err[400];
     int rc = wk_comms_check_equal(cs, gpt_weights_checksum(trainer_model(t)), 10 * 60 * 1000, err, sizeof err);
     if (rc) fprintf(stderr, "cohort worker %d: the replicas differ %s: %s\n", rank, when, err[0] ? err : co_err_detail());
@@ -169,7 +169,7 @@ int wk_run(const wk_options *o) {
             return WK_FAILURE;
         }
     }
-    if (co_config_standin_model_parallel) {
+    if (c.standin_model_parallel) {
         /* the test stand-in: the model is whole on every rank, the trainer sees its
          * data-parallel group only (the groups are built and checked all the same) */
         c.tensor_model_parallel_size = c.pipeline_model_parallel_size = c.context_parallel_size = 1;
@@ -186,7 +186,7 @@ int wk_run(const wk_options *o) {
     bool pipelined = c.pipeline_model_parallel_size > 1;
     td.tp = split_model && cs ? wk_comms_group(cs, TOPO_G_TP) : NULL;
     set_pipeline(&td, pipelined ? cs : NULL);
-    set_experts(&td, co_config_standin_model_parallel ? NULL : cs);
+    set_experts(&td, c.standin_model_parallel ? NULL : cs);
     bool context = c.context_parallel_size > 1; /* (the stand-in set it to 1) */
     td.cp = context && cs ? wk_comms_group(cs, TOPO_G_CP) : NULL;
     td.dpcp = context && cs ? wk_comms_group(cs, TOPO_G_DP_CP) : NULL;
@@ -336,7 +336,7 @@ int wk_run(const wk_options *o) {
             trainer_set_pipeline_groups(t, ptd.pp, ptd.pp_bwd, ptd.emb, ptd.mp);
         }
         trainer_data etd;
-        set_experts(&etd, co_config_standin_model_parallel ? NULL : cs);
+        set_experts(&etd, c.standin_model_parallel ? NULL : cs);
         trainer_set_expert_groups(t, etd.ep, etd.edp, etd.erep);
         if (reload) {
             handover_failed = false;

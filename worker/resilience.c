@@ -45,7 +45,9 @@ void wk_rr_options(const co_config *c, int world, rr_options *o) {
 }
 
 int wk_inject_parse(const co_config *c, int world, fi_schedule *s, char *err, size_t n) {
-    return fi_schedule_parse(s, c->inject, c->n_inject, (uint64_t)c->inject_seed, world, c->train_iters, err, n);
+    int rc = fi_schedule_parse(s, c->inject, c->n_inject, (uint64_t)c->inject_seed, world, c->train_iters);
+    if (rc) snprintf(err, n, "%s", co_err_detail());
+    return rc;
 }
 
 /* ---- the validator ---- */
@@ -142,9 +144,8 @@ static int pull_injections(trainer *t, void *ctx, bool final, train_end why) {
     char *specs[16];
     int n = sv_link_take_injections(x->link, specs, 16);
     for (int i = 0; i < n; i++) {
-        char err[600];
-        if (fi_schedule_add(&x->inj, specs[i], (uint64_t)x->c.inject_seed, x->world, x->c.train_iters, err, sizeof err))
-            fprintf(stderr, "cohort rank %d: %s\n", x->rank, err);
+        if (fi_schedule_add(&x->inj, specs[i], (uint64_t)x->c.inject_seed, x->world, x->c.train_iters))
+            fprintf(stderr, "cohort rank %d: %s\n", x->rank, co_err_detail());
         free(specs[i]);
     }
     return 0;

@@ -3,6 +3,7 @@
 #include "common/error.h"
 #include "optim/lr.h"
 #include "tests/test.h"
+#include "train/config_check.h"
 
 #include <math.h>
 #include <string.h>
@@ -14,7 +15,19 @@ static int parse(co_config *c, const char *line, char *err, size_t n) {
     snprintf(buf, sizeof buf, "%s", line);
     for (char *t = strtok(buf, " "); t; t = strtok(NULL, " ")) argv[argc++] = t;
     co_config_defaults(c);
-    return co_config_parse(c, argc, argv, err, n);
+    int rc = co_config_parse(c, argc, argv);
+    if (rc) snprintf(err, n, "%s", co_err_detail());
+    return rc;
+}
+
+/* Every check in order (train/config_check.h), the problems into err. */
+static int check(co_config *c, int dp, char *err, size_t n) {
+    co_problems P;
+    int rc = trainer_config_check(c, dp, &P);
+    size_t k = P.len < n ? P.len : n - 1;
+    memcpy(err, P.text, k);
+    err[k] = '\0';
+    return rc;
 }
 
 static const char *base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
@@ -25,7 +38,7 @@ static int check_line(const char *extra, char *err, size_t n) {
     char line[2048];
     snprintf(line, sizeof line, "%s%s", base, extra);
     int rc = parse(&c, line, err, n);
-    if (!rc) rc = co_config_finalize(&c, 1, err, n);
+    if (!rc) rc = check(&c, 1, err, n);
     co_config_free(&c);
     return rc;
 }
@@ -67,32 +80,31 @@ static void test_parse_forms(void) {
 /* --data-path words: a path with a space is one path unless the word is a weighted blend. */
 static void test_data_path_words(void) {
     co_config c;
-    char err[512];
     char *one[] = {"--data-path", "/data/my corpus/a_text_document"};
     co_config_defaults(&c);
-    REQUIRE(co_config_parse(&c, 2, one, err, sizeof err) == 0);
+    REQUIRE(co_config_parse(&c, 2, one) == 0);
     CHECK(c.n_data_path == 1 && !strcmp(c.data_path[0], "/data/my corpus/a_text_document"));
     co_config_free(&c);
     char *blend_word[] = {"--data-path", "0.3 A 0.7 B"};
     co_config_defaults(&c);
-    REQUIRE(co_config_parse(&c, 2, blend_word, err, sizeof err) == 0);
+    REQUIRE(co_config_parse(&c, 2, blend_word) == 0);
     CHECK(c.n_data_path == 4 && !strcmp(c.data_path[0], "0.3") && !strcmp(c.data_path[3], "B"));
     co_config_free(&c);
     char *blend_words[] = {"--data-path", "0.3", "/data/my corpus/a", "0.7", "B", "--lr", "1"};
     co_config_defaults(&c);
-    REQUIRE(co_config_parse(&c, 7, blend_words, err, sizeof err) == 0);
+    REQUIRE(co_config_parse(&c, 7, blend_words) == 0);
     CHECK(c.n_data_path == 4 && !strcmp(c.data_path[1], "/data/my corpus/a") && !strcmp(c.data_path[2], "0.7"));
     co_config_free(&c);
     char *split[] = {"--train-data-path", "my dir/t", "--valid-data-path", "1 v"};
     co_config_defaults(&c);
-    REQUIRE(co_config_parse(&c, 4, split, err, sizeof err) == 0);
+    REQUIRE(co_config_parse(&c, 4, split) == 0);
     CHECK(c.n_train_data_path == 1 && !strcmp(c.train_data_path[0], "my dir/t"));
     CHECK(c.n_valid_data_path == 2 && !strcmp(c.valid_data_path[1], "v"));
     co_config_free(&c);
     /* other list flags still split at spaces */
     char *inj[] = {"--inject", "nan@rank=0,step=2 kill@rank=1,step=3"};
     co_config_defaults(&c);
-    REQUIRE(co_config_parse(&c, 2, inj, err, sizeof err) == 0);
+    REQUIRE(co_config_parse(&c, 2, inj) == 0);
     CHECK(c.n_inject == 2);
     co_config_free(&c);
 }
@@ -193,7 +205,7 @@ static void test_validation(void) {
         co_config c;
         char e[1024];
         REQUIRE(parse(&c, base, e, sizeof e) == 0);
-        CHECK(co_config_finalize(&c, -3, e, sizeof e) == CO_EINVAL);
+        CHECK(check(&c, -3, e, sizeof e) == CO_EINVAL);
         CHECK_MSG(strstr(e, "data-parallel size -3 (the world over tensor x context x pipeline) is out of range"),
                   "%s", e);
         co_config_free(&c);
@@ -230,12 +242,12 @@ static void test_validation(void) {
         REQUIRE(parse(&c, "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
                           "--micro-batch-size 1 --global-batch-size 128 --train-iters 10 --lr 1e-3",
                       e, sizeof e) == 0);
-        CHECK(co_config_finalize(&c, 2, e, sizeof e) == 0); /* 64 per rank with 2 ranks */
+        CHECK(check(&c, 2, e, sizeof e) == 0); /* 64 per rank with 2 ranks */
         co_config_free(&c);
         REQUIRE(parse(&c, "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
                           "--micro-batch-size 2 --train-iters 10 --lr 1e-3",
                       e, sizeof e) == 0);
-        CHECK(co_config_finalize(&c, 0, e, sizeof e) == CO_EINVAL); /* no division by a zero world */
+        CHECK(check(&c, 0, e, sizeof e) == CO_EINVAL); /* no division by a zero world */
         co_config_free(&c);
     }
     /* several problems are reported together, one per line */
@@ -252,7 +264,7 @@ static void test_timeline_flags(void) {
     /* "A:B": absolute, 1-based, inclusive */
     snprintf(line, sizeof line, "%s--timeline-dir tl --timeline-iterations 5:8", base);
     REQUIRE(parse(&c, line, err, sizeof err) == 0);
-    co_config_finalize(&c, 1, err, sizeof err);
+    check(&c, 1, err, sizeof err);
     CHECK_MSG(!strstr(err, "--timeline-iterations"), "%s", err);
     CHECK(c.timeline_from == 5 && c.timeline_to == 8 && !c.timeline_relative);
     CHECK(!co_config_timeline_records(&c, 0, 4) && co_config_timeline_records(&c, 0, 5));
@@ -261,7 +273,7 @@ static void test_timeline_flags(void) {
     /* "N" (default 3): the N iterations after the run's first, counted from where it began */
     snprintf(line, sizeof line, "%s--timeline-dir tl", base);
     REQUIRE(parse(&c, line, err, sizeof err) == 0);
-    co_config_finalize(&c, 1, err, sizeof err);
+    check(&c, 1, err, sizeof err);
     CHECK(c.timeline_from == 2 && c.timeline_to == 4 && c.timeline_relative);
     CHECK(!co_config_timeline_records(&c, 0, 1) && co_config_timeline_records(&c, 0, 2) &&
           co_config_timeline_records(&c, 0, 4) && !co_config_timeline_records(&c, 0, 5));
@@ -289,7 +301,7 @@ static void test_derived(void) {
     REQUIRE(parse(&c, "--num-layers 2 --hidden-size 96 --num-attention-heads 4 --seq-length 32 "
                       "--micro-batch-size 2 --train-iters 10 --lr 1e-3 --swiglu",
                   err, sizeof err) == 0);
-    REQUIRE(co_config_finalize(&c, 2, err, sizeof err) == 0);
+    REQUIRE(check(&c, 2, err, sizeof err) == 0);
     CHECK(c.ffn_hidden_size == 256); /* int(4*96*2/3 / 64) * 64 */
     CHECK(c.kv_channels == 24);
     CHECK(c.num_query_groups == 4);
