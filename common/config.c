@@ -8,6 +8,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -950,4 +951,123 @@ void co_config_write_json(const co_config *c, FILE *out) {
         }
     }
     fputc('}', out);
+}
+
+/* ---- reading the JSON back ------------------------------------------------------------ */
+
+/* Flag f's value in c as text: "on"/"off" for a switch, a list's words between spaces. */
+static void value_text(const co_config *c, const flag *f, char *buf, size_t n) {
+    const char *base = (const char *)c + f->off;
+    switch (f->kind) {
+    case F_INT: snprintf(buf, n, "%d", *(const int *)base); break;
+    case F_I64: snprintf(buf, n, "%lld", (long long)*(const int64_t *)base); break;
+    case F_DBL: snprintf(buf, n, "%g", *(const double *)base); break;
+    case F_STR: snprintf(buf, n, "%s", base); break;
+    case F_BOOL:
+    case F_NOBOOL: snprintf(buf, n, "%s", *(const bool *)base ? "on" : "off"); break;
+    case F_LIST: {
+        char *const *list = (char *const *)(const void *)base;
+        int count = *(const int *)(const void *)((const char *)c + f->off2);
+        size_t len = 0;
+        buf[0] = '\0';
+        for (int k = 0; k < count && len + 1 < n; k++) {
+            int w = snprintf(buf + len, n - len, "%s%s", k ? " " : "", list[k]);
+            if (w > 0) len += (size_t)w < n - len ? (size_t)w : n - len - 1;
+        }
+        break;
+    }
+    }
+}
+
+/* A list flag from a JSON array of strings: 1 when it changed, 0 when v is not such an array
+ * or holds the same words, CO_ENOMEM. */
+static int read_list(co_config *c, const flag *f, const json_t *v) {
+    char **list = (char **)(void *)((char *)c + f->off);
+    int *count = (int *)(void *)((char *)c + f->off2);
+    size_t n = json_array_size(v);
+    if (!json_is_array(v) || n > CO_MAX_DATA_PATHS) return 0;
+    bool same = (int)n == *count;
+    for (size_t k = 0; k < n; k++) {
+        const json_t *w = json_array_get(v, k);
+        if (!json_is_string(w)) return 0;
+        if (same && strcmp(list[k], json_string_value(w))) same = false;
+    }
+    if (same) return 0;
+    char *words[CO_MAX_DATA_PATHS];
+    for (size_t k = 0; k < n; k++)
+        if (!(words[k] = strdup(json_string_value(json_array_get(v, k))))) {
+            while (k--) free(words[k]);
+            return co_err_set(CO_ENOMEM, "--%s: out of memory", f->name);
+        }
+    for (int k = 0; k < *count; k++) free(list[k]);
+    memcpy(list, words, n * sizeof *words);
+    *count = (int)n;
+    return 1;
+}
+
+/* Flag f from JSON value v when v is of f's kind: 1 when the value changed, 0 when it did
+ * not (same value, or v of another kind), CO_ENOMEM. */
+static int read_value(co_config *c, const flag *f, const json_t *v) {
+    char *base = (char *)c + f->off;
+    switch (f->kind) {
+    case F_INT: {
+        json_int_t x = json_integer_value(v);
+        if (!json_is_integer(v) || x < INT_MIN || x > INT_MAX || *(int *)base == (int)x) return 0;
+        *(int *)base = (int)x;
+        return 1;
+    }
+    case F_I64:
+        if (!json_is_integer(v) || *(int64_t *)base == (int64_t)json_integer_value(v)) return 0;
+        *(int64_t *)base = (int64_t)json_integer_value(v);
+        return 1;
+    case F_DBL:
+        if (!json_is_number(v) || *(double *)base == json_number_value(v)) return 0;
+        *(double *)base = json_number_value(v);
+        return 1;
+    case F_STR:
+        if (!json_is_string(v) || strlen(json_string_value(v)) >= f->size || !strcmp(base, json_string_value(v)))
+            return 0;
+        strcpy(base, json_string_value(v));
+        return 1;
+    case F_BOOL:
+    case F_NOBOOL:
+        if (!json_is_boolean(v) || *(bool *)base == json_is_true(v)) return 0;
+        *(bool *)base = json_is_true(v);
+        return 1;
+    case F_LIST: return read_list(c, f, v);
+    }
+    return 0;
+}
+
+/* Reads flag f from obj; tells `changed`. 0 or CO_ENOMEM. */
+static int read_flag(co_config *c, const flag *f, const json_t *obj, co_config_changed_fn changed, void *ctx) {
+    const json_t *v = json_object_get(obj, f->name);
+    int rc = v ? read_value(c, f, v) : 0;
+    if (rc <= 0) return rc;
+    if (changed) {
+        char text[1024];
+        value_text(c, f, text, sizeof text);
+        changed(ctx, f->name, text);
+    }
+    return 0;
+}
+
+int co_config_read_json(co_config *c, const json_t *obj, const char *const *only, co_config_changed_fn changed,
+                        void *ctx) {
+    if (!json_is_object(obj)) return 0;
+    if (!only) {
+        for (size_t i = 0; i < NFLAGS; i++) {
+            int rc = read_flag(c, &flags[i], obj, changed, ctx);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    for (const char *const *name = only; *name; name++) {
+        bool negated;
+        const flag *f = find_flag(*name, strlen(*name), &negated);
+        if (!f || negated) return co_err_set(CO_EINVAL, "co_config_read_json: no flag --%s", *name);
+        int rc = read_flag(c, f, obj, changed, ctx);
+        if (rc) return rc;
+    }
+    return 0;
 }

@@ -276,7 +276,8 @@ typedef void (*co_config_changed_fn)(void *ctx, const char *name, const char *va
  * same flag table: each flag in `only` (names without dashes, NULL-terminated; NULL: every
  * flag) found in obj with a value of its kind and different from c's is set, and `changed`
  * (may be NULL) told. A missing key, or a value of another kind (another version's), leaves
- * the flag as it was. Which flags the user set is not changed. 0, or CO_ENOMEM. */
+ * the flag as it was. Which flags the user set is not changed. 0, or CO_ENOMEM (CO_EINVAL
+ * for a name in `only` that is no flag). */
 int co_config_read_json(co_config *c, const struct json_t *obj, const char *const *only, co_config_changed_fn changed,
                         void *ctx);
 

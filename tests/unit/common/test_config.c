@@ -5,7 +5,10 @@
 #include "tests/test.h"
 #include "train/config_check.h"
 
+#include <jansson.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int parse(co_config *c, const char *line, char *err, size_t n) {
@@ -311,6 +314,66 @@ static void test_derived(void) {
     co_config_free(&c);
 }
 
+/* The configuration as JSON (co_config_write_json) read back (co_config_read_json) through
+ * the flag table: every kind of flag equal, what changed told, `only` limits the flags. */
+static char *config_json(const co_config *c) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f) return NULL;
+    co_config_write_json(c, f);
+    fclose(f);
+    return buf;
+}
+
+static void count_changes(void *ctx, const char *name, const char *value) {
+    int *n = ctx;
+    (*n)++;
+    if (!strcmp(name, "hidden-size")) CHECK_MSG(!strcmp(value, "96"), "%s", value);
+    if (!strcmp(name, "swiglu")) CHECK_MSG(!strcmp(value, "on"), "%s", value);
+}
+
+static void test_json_round_trip(void) {
+    co_config c, back;
+    char err[512];
+    REQUIRE(parse(&c, "--num-layers 3 --hidden-size 96 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 "
+                      "--train-iters 10 --lr 3e-4 --swiglu --no-check-for-nan-in-loss-and-grad --data-path 0.5 A 0.5 B "
+                      "--split 98,1,1 --normalization RMSNorm --train-samples 123456789012 --rotary-base 500000.5 "
+                      "--inject nan@rank=0,step=2 --metrics-file m\"q.json",
+                  err, sizeof err) == 0);
+    char *one = config_json(&c);
+    REQUIRE(one != NULL);
+    json_error_t je;
+    json_t *obj = json_loads(one, 0, &je);
+    REQUIRE_MSG(obj != NULL, "%s: %s", je.text, one);
+    co_config_defaults(&back);
+    int changes = 0;
+    REQUIRE(co_config_read_json(&back, obj, NULL, count_changes, &changes) == 0);
+    char *two = config_json(&back);
+    CHECK_MSG(two && !strcmp(one, two), "%s\n%s", one, two ? two : "");
+    CHECK(back.n_data_path == 4 && !strcmp(back.data_path[3], "B") && back.n_inject == 1);
+    CHECK(back.train_samples == 123456789012LL && back.rotary_base == 500000.5 && !back.check_for_nan_in_loss_and_grad);
+    CHECK(changes >= 15);
+    co_config_free(&back);
+    /* only the flags named: the rest stay at their defaults */
+    static const char *const model[] = {"hidden-size", "swiglu", NULL};
+    co_config_defaults(&back);
+    changes = 0;
+    REQUIRE(co_config_read_json(&back, obj, model, count_changes, &changes) == 0);
+    CHECK(changes == 2 && back.hidden_size == 96 && back.swiglu && back.num_layers == -1 && back.n_data_path == 0);
+    static const char *const bogus[] = {"no-such-flag", NULL};
+    CHECK(co_config_read_json(&back, obj, bogus, NULL, NULL) == CO_EINVAL);
+    /* a value of another kind is left as it was */
+    json_object_set_new(obj, "num-layers", json_string("three"));
+    REQUIRE(co_config_read_json(&back, obj, NULL, NULL, NULL) == 0);
+    CHECK(back.num_layers == -1 && back.hidden_size == 96);
+    co_config_free(&back);
+    json_decref(obj);
+    free(one);
+    free(two);
+    co_config_free(&c);
+}
+
 static void test_lr_schedules(void) {
     lr_schedule s = {.max_lr = 1.0, .min_lr = 0.1, .init_lr = 0.0, .warmup_iters = 10, .decay_iters = 110,
                      .wsd_decay_iters = 20, .style = LR_COSINE, .wsd_style = WSD_EXPONENTIAL};
@@ -355,6 +418,7 @@ int main(void) {
     RUN(test_validation);
     RUN(test_timeline_flags);
     RUN(test_derived);
+    RUN(test_json_round_trip);
     RUN(test_lr_schedules);
     RUN(test_split_parse);
     RUN(test_edit_distance);
