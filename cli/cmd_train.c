@@ -12,6 +12,7 @@
 #include "worker/ckpt.h"
 #include "common/error.h"
 #include "common/launch_env.h"
+#include "common/log.h"
 #include "common/proctitle.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
@@ -311,6 +312,22 @@ static void embedded_done(void *ctx, trainer *t, double vl) {
     else if (e->c->sample_lines > 0) print_samples(t, e->c, e->c->sample_lines, e->out);
 }
 
+/* "cohort train: invalid configuration:" and the problems, one indented line each. */
+static void say_invalid(const co_problems *P) {
+    char text[sizeof P->text + 512];
+    size_t len = 0;
+    for (const char *line = P->text; *line && len + 1 < sizeof text;) {
+        size_t n = strcspn(line, "\n");
+        if (n) {
+            int w = snprintf(text + len, sizeof text - len, "\n  %.*s", (int)n, line);
+            if (w > 0) len += (size_t)w < sizeof text - len ? (size_t)w : sizeof text - len - 1;
+        }
+        line += n + (line[n] == '\n');
+    }
+    text[len] = '\0';
+    co_log(CO_LOG_ERROR, "invalid configuration:%s", text);
+}
+
 int cli_train(int argc, char **argv) { return cli_train_with(argc, argv, NULL); }
 
 int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
@@ -337,12 +354,13 @@ int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
                    "`cohort inject`.\n");
             return CLI_OK;
         }
+    co_log_set_prefix("cohort train"); /* a supervisor or a rank names itself later */
     co_config c;
     co_config_defaults(&c);
     c.standin_model_parallel = opts && opts->standin_model_parallel;
     int rc = co_config_parse(&c, argc, argv);
     if (rc) {
-        fprintf(stderr, "cohort train: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         co_config_free(&c);
         return CLI_USAGE;
     }
@@ -351,7 +369,7 @@ int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
      * same environment, inherited from its supervisor */
     char env_note[600];
     if (co_launch_env_apply(&c, NULL, env_note, sizeof env_note)) {
-        fprintf(stderr, "cohort train: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         co_config_free(&c);
         return CLI_USAGE;
     }
@@ -392,8 +410,8 @@ int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
     if (!worker && mp > 1 && dp % mp == 0) dp = (int)(dp / mp);
     else if (!worker && mp > 1) {
         /* (sizes that are not built are refused by the checks with their own line) */
-        fprintf(stderr, "cohort train: invalid configuration:\n  the world of %d ranks is not a multiple of "
-                        "tensor x context x pipeline = %ld\n", dp, mp);
+        co_log(CO_LOG_ERROR, "invalid configuration:\n  the world of %d ranks is not a multiple of tensor x context "
+                             "x pipeline = %ld", dp, mp);
         co_config_free(&c);
         return CLI_USAGE;
     }
@@ -409,9 +427,7 @@ int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
     int vocab = 0, eod = 0;
     if (!rc && (rc = cli_tokenizer(&c, &vocab, &eod))) co_problem(&problems, "%s", co_err_detail());
     if (rc) {
-        fprintf(stderr, "cohort train: invalid configuration:\n");
-        for (char *line = strtok(problems.text, "\n"); line; line = strtok(NULL, "\n"))
-            fprintf(stderr, "  %s\n", line);
+        say_invalid(&problems);
         sv_link_close(&link);
         sv_assignment_free(&asg);
         co_config_free(&c);
@@ -432,7 +448,7 @@ int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
                      vis ? vis : "");
         bool gpu = ngpu > 0 && need <= ngpu;
         if (!strcmp(c.device, "cuda") && !gpu) {
-            fprintf(stderr, "cohort train: invalid configuration:\n  --device cuda: %s\n", why);
+            co_log(CO_LOG_ERROR, "invalid configuration:\n  --device cuda: %s", why);
             sv_link_close(&link);
             sv_assignment_free(&asg);
             co_config_free(&c);
@@ -443,9 +459,9 @@ int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
             if (!gpu && !worker) fprintf(stderr, "cohort: %s: training on the CPU (--device cpu says so quietly)\n", why);
         }
         if (!strcmp(c.device, "cuda") && c.context_parallel_size > 1 && !c.standin_model_parallel) {
-            fprintf(stderr, "cohort train: invalid configuration:\n  --context-parallel-size %d on the GPU is not "
-                            "supported yet (the CUDA backend has no block attention kernels): pass --device cpu\n",
-                    c.context_parallel_size);
+            co_log(CO_LOG_ERROR, "invalid configuration:\n  --context-parallel-size %d on the GPU is not supported yet "
+                                 "(the CUDA backend has no block attention kernels): pass --device cpu",
+                   c.context_parallel_size);
             sv_link_close(&link);
             sv_assignment_free(&asg);
             co_config_free(&c);
@@ -457,7 +473,7 @@ int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
     if (c.bf16 && !strcmp(c.device, "cpu")) {
         char why[400];
         if (!kb_cpu_bf16_check(why, sizeof why)) {
-            fprintf(stderr, "cohort train: invalid configuration:\n  %s\n", why);
+            co_log(CO_LOG_ERROR, "invalid configuration:\n  %s", why);
             sv_link_close(&link);
             sv_assignment_free(&asg);
             co_config_free(&c);
@@ -498,7 +514,7 @@ int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
         } else {
             rc = corpus_build_default(c.workdir, prefix, sizeof prefix, &info);
             if (rc) {
-                fprintf(stderr, "cohort train: building the embedded corpus failed: %s\n", co_err_detail());
+                co_log(CO_LOG_ERROR, "building the embedded corpus failed: %s", co_err_detail());
                 sv_link_close(&link);
                 sv_assignment_free(&asg);
                 co_config_free(&c);
@@ -541,7 +557,7 @@ int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
         char job[32], note[1400];
         snprintf(job, sizeof job, "%016" PRIx64, job_id);
         if (ck_savedir_lock(&save_lock, c.save, job, note, sizeof note)) {
-            fprintf(stderr, "cohort train: %s\n", co_err_detail());
+            co_log(CO_LOG_ERROR, "%s", co_err_detail());
             sv_link_close(&link);
             sv_assignment_free(&asg);
             co_config_free(&c);
@@ -585,7 +601,7 @@ int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
         fi_schedule inj;
         char err[4096];
         if (wk_inject_parse(&c, world, &inj, err, sizeof err)) {
-            fprintf(stderr, "cohort train: %s\n", err);
+            co_log(CO_LOG_ERROR, "%s", err);
             ck_savedir_unlock(&save_lock);
             co_config_free(&c);
             return CLI_USAGE;
@@ -660,7 +676,7 @@ int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
     if (!worker && c.metrics_port > 0) {
         rc = svl_start(&prom, c.metrics_port, c.metrics_file, c.save_interval, c.train_iters, c.save, &data.metrics);
         if (rc) {
-            fprintf(stderr, "cohort train: %s\n", co_err_detail());
+            co_log(CO_LOG_ERROR, "%s", co_err_detail());
             ck_savedir_unlock(&save_lock);
             sv_link_close(&link);
             sv_assignment_free(&asg);
@@ -680,11 +696,11 @@ int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
         ob_tb *tb = NULL;
         FILE *mf = prom ? data.metrics : NULL;
         if (ob_tb_open(&tb, &tbo)) {
-            fprintf(stderr, "cohort train: --tensorboard-dir: %s\n", co_err_detail());
+            co_log(CO_LOG_ERROR, "--tensorboard-dir: %s", co_err_detail());
         } else if (!prom && c.metrics_file[0] && !(mf = fopen(c.metrics_file, "a"))) {
-            fprintf(stderr, "cohort train: cannot open --metrics-file %s\n", c.metrics_file);
+            co_log(CO_LOG_ERROR, "cannot open --metrics-file %s", c.metrics_file);
         } else if (!(tb_metrics = ob_tee_open(mf, tb))) {
-            fprintf(stderr, "cohort train: --tensorboard-dir: cannot make the metrics stream\n");
+            co_log(CO_LOG_ERROR, "--tensorboard-dir: cannot make the metrics stream");
         }
         if (!tb_metrics) {
             if (mf && !prom) fclose(mf);
