@@ -373,7 +373,7 @@ static void inject_cap(void) {
     fi_schedule_free(&s);
 }
 
-/* The limit the configuration enforces (co_config_finalize refuses more micro batches per
+/* The limit the configuration enforces (its checks refuse more micro batches per
  * rank): a report of RR_MAX_MB micro batches is validated to its last one (a NaN there is
  * found), a longer one is refused, never cut. */
 static void micro_batch_limit(void) {
