@@ -1,4 +1,7 @@
-/* config.c - the flag table, parsing, validation and help of cohort's configuration.
+/* config.c - the flag table of cohort's configuration: parsing, help, the JSON it is written
+ * as and read back from, the problems list every check adds to, and the checks of the run's
+ * own flags (batch, length, timeline, learning rate, optimizer, logging, data, launch; the
+ * other modules check theirs: train/config_check.c runs them all).
  *
  * Flag names and defaults follow Megatron-LM (shared/reference/megatron-facts.md §8) so a
  * Megatron launch script's flags work unchanged; flags marked [cohort] are our own. */
