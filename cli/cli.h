@@ -9,9 +9,17 @@
 
 #include "common/config.h"
 
+#include <stdbool.h>
+
 enum { CLI_OK = 0, CLI_FAILURE = 1, CLI_USAGE = 2, CLI_NAN = 3 };
 
 int cli_train(int argc, char **argv);
+/* What a test binary changes in `cohort train` (never a flag): tests/fault/standin_main.c. */
+typedef struct cli_train_opts {
+    bool standin_model_parallel; /* co_config.standin_model_parallel */
+} cli_train_opts;
+/* cli_train with opts (NULL: none). */
+int cli_train_with(int argc, char **argv, const cli_train_opts *opts);
 int cli_data(int argc, char **argv);
 int cli_ckpt(int argc, char **argv);
 int cli_keygen(int argc, char **argv);
@@ -21,8 +29,9 @@ int cli_topology(int argc, char **argv);
 int cli_schedule(int argc, char **argv);
 int cli_timeline(int argc, char **argv);
 
-/* Resolves the tokenizer named in the configuration to (vocab size, EOD id). */
-int cli_tokenizer(const co_config *c, int *vocab, int *eod, char *err, size_t errlen);
+/* Resolves the tokenizer named in the configuration to (vocab size, EOD id). 0, or
+ * CO_EINVAL with co_err_detail() naming the flag. */
+int cli_tokenizer(const co_config *c, int *vocab, int *eod);
 /* Resolves --data-path ("PREFIX" or "1.0 PREFIX") to one prefix; NULL when absent. */
 const char *cli_data_prefix(const co_config *c);
 

@@ -351,7 +351,8 @@ static int data_order(int argc, char **argv) {
     co_config c;
     co_config_defaults(&c);
     char err[2048];
-    int rc = co_config_parse(&c, nrest, rest, err, sizeof err);
+    int rc = co_config_parse(&c, nrest, rest);
+    if (rc) snprintf(err, sizeof err, "%s", co_err_detail());
     free(rest);
     int vocab = 0, eod = 0;
     if (!rc && split < 0) rc = usage_err(err, sizeof err, "--split-name must be train, valid or test");
@@ -364,7 +365,7 @@ static int data_order(int argc, char **argv) {
         rc = usage_err(err, sizeof err, "--data-path, --mock-data or --train/valid/test-data-path is required");
     double sp[3];
     if (!rc && co_config_parse_split(c.split, sp)) rc = usage_err(err, sizeof err, "--split '%s' is not valid", c.split);
-    if (!rc) rc = cli_tokenizer(&c, &vocab, &eod, err, sizeof err);
+    if (!rc && (rc = cli_tokenizer(&c, &vocab, &eod))) snprintf(err, sizeof err, "%s", co_err_detail());
     if (rc) {
         co_log(CO_LOG_ERROR, "%s", err);
         co_config_free(&c);

@@ -161,9 +161,8 @@ int cli_inject(int argc, char **argv) {
     }
     /* the syntax is checked here first (the supervisor checks ranks and steps) */
     fi_schedule s;
-    char err[600];
-    if (fi_schedule_parse(&s, specs, nspecs, 0, 1 << 20, 0, err, sizeof err)) {
-        fprintf(stderr, "cohort inject: %s\n", err);
+    if (fi_schedule_parse(&s, specs, nspecs, 0, 1 << 20, 0)) {
+        fprintf(stderr, "cohort inject: %s\n", co_err_detail());
         free(specs);
         return CLI_USAGE;
     }
@@ -184,8 +183,8 @@ int cli_inject(int argc, char **argv) {
         if (ranged && first > last) {
             snprintf(answer, sizeof answer, "error: the job is at iteration %lld of %lld: no iteration is left to "
                      "inject into (at least two ahead)", (long long)first - 2, (long long)last);
-        } else if (ranged && fi_schedule_parse_live(&s, &specs[i], 1, world, first, last, err, sizeof err)) {
-            snprintf(answer, sizeof answer, "error: %s", err);
+        } else if (ranged && fi_schedule_parse_live(&s, &specs[i], 1, world, first, last)) {
+            snprintf(answer, sizeof answer, "error: %s", co_err_detail());
         } else {
             if (ranged) fi_schedule_free(&s);
             rc = sv_inject(job, specs[i], timeout * 1000, answer, sizeof answer);

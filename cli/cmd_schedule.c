@@ -238,7 +238,6 @@ static int schedule_main(int argc, char **argv, FILE *out, FILE *errf) {
         return CLI_USAGE;
     }
     int vflag = o.v ? o.v : o.v2;
-    char err[1024];
     bool placed = o.L > 0;
     if (!placed && (o.layout || o.has_first || o.has_last || o.acc_e || o.acc_l || o.lpv || o.mtp)) {
         fprintf(errf, "cohort schedule: the layer placement flags need --num-layers\n");
@@ -250,15 +249,15 @@ static int schedule_main(int argc, char **argv, FILE *out, FILE *errf) {
     int v = vflag ? vflag : 1;
     pp_stage *st = NULL;
     if (placed) {
-        v = pp_place_chunks(&pc, err, sizeof err);
+        v = pp_place_chunks(&pc);
         if (v < 0) {
-            fprintf(errf, "cohort schedule: %s\n", err);
+            fprintf(errf, "cohort schedule: %s\n", co_err_detail());
             return v == CO_ENOMEM ? CLI_FAILURE : CLI_USAGE;
         }
     }
     pp_sched_cfg sc = {.p = o.p, .rank = 0, .m = m, .v = v, .group = o.group};
-    if (pp_sched_check(&sc, err, sizeof err)) {
-        fprintf(errf, "cohort schedule: %s\n", err);
+    if (pp_sched_check(&sc)) {
+        fprintf(errf, "cohort schedule: %s\n", co_err_detail());
         return CLI_USAGE;
     }
     int cap = 2 * m * v, n, vv;
@@ -271,9 +270,9 @@ static int schedule_main(int argc, char **argv, FILE *out, FILE *errf) {
         return CLI_FAILURE;
     }
     if (placed) {
-        int rc = pp_placement(&pc, st, o.p * v, &vv, err, sizeof err);
+        int rc = pp_placement(&pc, st, o.p * v, &vv);
         if (rc) {
-            fprintf(errf, "cohort schedule: %s\n", err);
+            fprintf(errf, "cohort schedule: %s\n", co_err_detail());
             free(ops);
             free(st);
             return rc == CO_EINVAL ? CLI_USAGE : CLI_FAILURE;
@@ -342,8 +341,8 @@ static int schedule_main(int argc, char **argv, FILE *out, FILE *errf) {
     }
     for (int r = 0; r < p; r++) {
         sc.rank = r;
-        if (pp_schedule(&sc, ops, cap, &n, err, sizeof err)) { /* checked above: cannot fail */
-            fprintf(errf, "cohort schedule: %s\n", err);
+        if (pp_schedule(&sc, ops, cap, &n)) { /* checked above: cannot fail */
+            fprintf(errf, "cohort schedule: %s\n", co_err_detail());
             free(ops);
             free(st);
             return CLI_FAILURE;

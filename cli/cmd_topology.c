@@ -4,6 +4,7 @@
  * groups also for layouts whose compute `cohort train` does not run yet. */
 #include "common/log.h"
 #include "cli/cli.h"
+#include "common/error.h"
 #include "scheduler/groups.h"
 #include "scheduler/placement.h"
 
@@ -51,10 +52,10 @@ int cli_topology(int argc, char **argv) {
     co_config c;
     co_config_defaults(&c);
     char err[4096];
-    int rc = co_config_parse(&c, nrest, rest, err, sizeof err);
+    int rc = co_config_parse(&c, nrest, rest);
     free(rest);
     if (rc) {
-        co_log(CO_LOG_ERROR, "%s", err);
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         co_config_free(&c);
         return CLI_USAGE;
     }

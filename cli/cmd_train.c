@@ -3,7 +3,6 @@
 #include "cli/cli.h"
 
 #include "scheduler/placement.h"
-#include "scheduler/schedule.h"
 #include "worker/rank.h"
 #include "worker/resilience.h"
 
@@ -13,12 +12,14 @@
 #include "worker/ckpt.h"
 #include "common/error.h"
 #include "common/launch_env.h"
+#include "common/log.h"
 #include "common/proctitle.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
 #include "kernels/backend.h"
 #include "observe/tensorboard.h"
 #include "train/sample.h"
+#include "train/config_check.h"
 #include "train/trainer.h"
 #include "supervisor/link.h"
 #include "supervisor/metrics_local.h"
@@ -52,7 +53,7 @@
  * never be delivered to a compute thread: oneDNN's JIT sgemm kernels run with the stack
  * pointer inside a heap buffer, and the kernel writes the signal frame (about 12 KB with
  * AMX state) below it, over malloc's chunk headers ("corrupted size vs. prev_size while
- * consolidating", or a hang in malloc; the cause of issue 13's aborts). The supervisor
+ * consolidating", or a hang in malloc: the training runs' sporadic aborts). The supervisor
  * process, which computes nothing, hands them back to handlers for libuv
  * (signals_to_handlers). A signal inherited as ignored (a non-interactive shell's
  * background job) is honoured all the same. */
@@ -162,15 +163,12 @@ static void say_stopped_early(FILE *out, const char *when) {
     fflush(out);
 }
 
-int cli_tokenizer(const co_config *c, int *vocab, int *eod, char *err, size_t errlen) {
+int cli_tokenizer(const co_config *c, int *vocab, int *eod) {
     if (!strcmp(c->tokenizer_type, "GPT2BPETokenizer") && (c->vocab_file[0] || c->merge_file[0])) {
         /* as Megatron: the vocabulary's size and <|endoftext|> come from --vocab-file */
         tok_tokenizer tk;
         int rc = tok_open(&tk, c->tokenizer_type, 0, c->vocab_file, c->merge_file);
-        if (rc) {
-            snprintf(err, errlen, "--vocab-file/--merge-file: %s", co_err_detail());
-            return CO_EINVAL;
-        }
+        if (rc) return co_err_set(CO_EINVAL, "--vocab-file/--merge-file: %s", co_err_detail());
         *vocab = (int)tok_vocab_size(&tk);
         *eod = tk.eod;
         tok_close(&tk);
@@ -186,8 +184,7 @@ int cli_tokenizer(const co_config *c, int *vocab, int *eod, char *err, size_t er
         *vocab = TOK_BYTE_VOCAB;
         *eod = TOK_BYTE_EOD;
     } else {
-        snprintf(err, errlen, "unsupported --tokenizer-type %s", c->tokenizer_type);
-        return CO_EINVAL;
+        return co_err_set(CO_EINVAL, "unsupported --tokenizer-type %s", c->tokenizer_type);
     }
     return 0;
 }
@@ -315,98 +312,363 @@ static void embedded_done(void *ctx, trainer *t, double vl) {
     else if (e->c->sample_lines > 0) print_samples(t, e->c, e->c->sample_lines, e->out);
 }
 
-/* With a pipeline: Megatron's layer placement and schedule for these flags, checked before
- * any work (the trainer builds them alike). 0 or CO_EINVAL with the reason in err. */
-static int check_pipeline(const co_config *c, int dp, char *err, size_t n) {
-    int p = c->pipeline_model_parallel_size;
-    bool placed = c->virtual_pipeline_model_parallel_size || c->num_virtual_stages_per_pipeline_rank ||
-                  c->num_layers_per_virtual_pipeline_stage || co_config_was_set(c, "decoder-first-pipeline-num-layers") ||
-                  co_config_was_set(c, "decoder-last-pipeline-num-layers") || c->account_for_embedding_in_pipeline_split ||
-                  c->account_for_loss_in_pipeline_split || c->pipeline_model_parallel_layout[0];
-    if ((p < 2 && !placed) || co_config_standin_model_parallel) return 0;
-    pp_place_cfg pc;
-    pp_place_from_config(c, &pc);
-    int v = pp_place_chunks(&pc, err, n);
-    if (v < 1) return CO_EINVAL;
-    if (c->mtp_num_layers > 0) {
-        /* MTP layers on a stage before the loss's run there and send their hidden states on
-         * with the main ones (docs/mtp.md); as Megatron, not on the first pipeline rank, and
-         * with rope off the first stage (the position table stays there) */
-        pp_stage *st = calloc((size_t)p * (size_t)v, sizeof *st);
-        int vv = 0;
-        if (!st) return CO_ENOMEM;
-        int rc = pp_placement(&pc, st, p * v, &vv, err, n) ? CO_EINVAL : 0;
-        int r = rc ? -1 : pp_mtp_rank(st, p, vv);
-        bool loss_too = r >= 0 && st[r * vv + vv - 1].loss;
-        if (r == 0 && p > 1) {
-            snprintf(err, n, "--pipeline-model-parallel-layout '%s' places the MTP layers m on pipeline rank 0: they "
-                             "must be on a later rank (as Megatron)", c->pipeline_model_parallel_layout);
-            rc = CO_EINVAL;
-        } else if (r > 0 && strcmp(c->position_embedding_type, "rope")) {
-            snprintf(err, n, "--mtp-num-layers on a pipeline rank without the embedding needs "
-                             "--position-embedding-type rope (the position table stays on the first stage; Megatron "
-                             "does not support MTP with learned absolute positions)");
-            rc = CO_EINVAL;
-        } else if (r > 0 && !loss_too && p > 64) {
-            snprintf(err, n, "MTP layers before the loss's stage with more than 64 pipeline ranks are not supported");
-            rc = CO_EINVAL;
-        }
-        free(st);
-        if (rc) return rc;
-    }
-    pp_sched_cfg sc = {.p = p, .rank = 0, .m = c->global_batch_size / (c->micro_batch_size * dp), .v = v,
-                       .group = c->microbatch_group_size_per_vp_stage};
-    return pp_sched_check(&sc, err, n) ? CO_EINVAL : 0;
+/* `cohort train --help`: the flags with their defaults, the exit statuses and signals. */
+static void print_help(void) {
+    printf("usage: cohort train [flags]\n\n"
+           "Pretrains a GPT model. Flags are Megatron-LM's (pretrain_gpt.py) with its defaults;\n"
+           "--flag=value and --flag value both work. With neither --data-path nor --mock-data,\n"
+           "runs the embedded default job: a byte-level model trained for under two minutes on\n"
+           "2 cores on the licence texts in /usr/share/common-licenses, then sampled.\n");
+    co_config_help(stdout);
+    printf("\nexit status: 0 done or stopped cleanly (signal, exit interval or duration), 1 runtime\n"
+           "failure, 2 usage or configuration error (with --nnodes > 1 also: a node whose flags differ\n"
+           "from the others'), 3 a NaN/Inf loss or gradient that the rerun state\n"
+           "machine found reproducible (a data or model problem); with --nproc-per-node > 1 or\n"
+           "--nnodes > 1 also 4 a worker failed and could not be replaced in process, 5 the rendezvous\n"
+           "did not complete in time, 6 a worker went silent with --no-inprocess-restart.\n"
+           "SIGINT/SIGTERM (Ctrl-C, a scheduler; to the job, its process group or one worker): the\n"
+           "current step finishes, --save saves, exit 0; a second one stops at once (128 + signal).\n"
+           "SIGUSR1 (a preemption warning; SIGTERM too with --requeue-on-sigterm): the same stop, exit\n"
+           "75, for a scheduler to requeue the job (deploy/slurm, docs/deploy.md).\n"
+           "Faults, restarts and the run report: docs/resilience.md; inject into a running job with\n"
+           "`cohort inject`.\n");
 }
 
-int cli_train(int argc, char **argv) {
+/* --device: auto = cuda where this build and machine have a GPU for each of the node's
+ * `need` workers, else cpu (said once; the supervisor and every worker decide alike); then
+ * --bf16 where the device runs it. 0, or CLI_USAGE with the reason logged. */
+static int choose_device(co_config *c, bool worker, int need) {
+    char why[512] = "";
+    int ngpu = strcmp(c->device, "cpu") != 0 ? kb_cuda_available(why, sizeof why) : 0;
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    if (ngpu > 0 && need > ngpu)
+        snprintf(why, sizeof why, "each worker uses the GPU of its local rank, so %d workers on a node need %d GPUs, "
+                 "but this process sees %d (CUDA_VISIBLE_DEVICES%s%s)", need, need, ngpu, vis ? "=" : " is not set",
+                 vis ? vis : "");
+    bool gpu = ngpu > 0 && need <= ngpu;
+    if (!strcmp(c->device, "cuda") && !gpu) {
+        co_log(CO_LOG_ERROR, "invalid configuration:\n  --device cuda: %s", why);
+        return CLI_USAGE;
+    }
+    if (!strcmp(c->device, "auto")) {
+        snprintf(c->device, sizeof c->device, "%s", gpu ? "cuda" : "cpu");
+        if (!gpu && !worker) fprintf(stderr, "cohort: %s: training on the CPU (--device cpu says so quietly)\n", why);
+    }
+    if (!strcmp(c->device, "cuda") && c->context_parallel_size > 1 && !c->standin_model_parallel) {
+        co_log(CO_LOG_ERROR, "invalid configuration:\n  --context-parallel-size %d on the GPU is not supported yet "
+                             "(the CUDA backend has no block attention kernels): pass --device cpu",
+               c->context_parallel_size);
+        return CLI_USAGE;
+    }
+    /* --bf16 on the CPU: only where the matrix products have bf16 instructions (AVX512-BF16,
+     * AMX); elsewhere it would be slower than fp32, so it is refused (kernels/cpu/isa.c) */
+    if (c->bf16 && !strcmp(c->device, "cpu")) {
+        char bf16_why[400];
+        if (!kb_cpu_bf16_check(bf16_why, sizeof bf16_why)) {
+            co_log(CO_LOG_ERROR, "invalid configuration:\n  %s", bf16_why);
+            return CLI_USAGE;
+        }
+    }
+    return 0;
+}
+
+/* The rerun state machine's state in the checkpoint the workers will load, as JSON (the
+ * caller frees it), or NULL. */
+static char *checkpoint_rerun_state(const co_config *c) {
+    char *rerun_state = NULL;
+    if (!c->load[0]) return NULL;
+    int64_t it = c->ckpt_step;
+    if (it < 0 && ck_read_tracker(c->load, &it)) it = -1;
+    ck_manifest *m = NULL;
+    char dir[1100];
+    if (it >= 0) ck_iter_dir(dir, sizeof dir, c->load, it);
+    if (it >= 0 && !ck_read_manifest(dir, &m)) {
+        json_t *rs = json_object_get(m->doc, "rerun_state_machine");
+        if (json_is_object(rs) && json_object_get(rs, "spiky_max")) rerun_state = json_dumps(rs, JSON_COMPACT);
+        ck_manifest_free(&m);
+    }
+    return rerun_state;
+}
+
+/* The supervisor's view of the parallel layout: which ranks report one replica's results,
+ * the groups' sizes and order. dp: the data-parallel size. */
+static void supervisor_layout(sv_options *so, const co_config *c, int dp) {
+    so->tp = c->tensor_model_parallel_size;
+    /* a replica's ranks (tensor x pipeline) report its results (the stand-in replicates);
+     * in Megatron's order the data coordinate comes after tp (tp-cp-dp-pp) or after tp
+     * and pp (tp-cp-pp-dp) */
+    /* with expert parallelism an expert group is one replica (train/trainer_ep.c): its
+     * ranks' results depend on each other's tokens */
+    int epn = c->num_experts > 0 && c->expert_model_parallel_size > 1 ? c->expert_model_parallel_size : 1;
+    int etpn = c->expert_tensor_parallel_size > 0 ? c->expert_tensor_parallel_size : c->tensor_model_parallel_size;
+    /* data-parallel ranks per expert group (whole tensor x context groups: Megatron's expert
+     * layout folds the context ranks into the expert groups) */
+    int per = epn > 1 ? epn * etpn / (c->tensor_model_parallel_size * c->context_parallel_size) : 1;
+    so->replica_stride = c->standin_model_parallel ? 1
+                         : c->tensor_model_parallel_size * c->context_parallel_size * per *
+                               (c->use_tp_pp_dp_mapping ? c->pipeline_model_parallel_size : 1);
+    so->replicas = c->standin_model_parallel ? 0 : dp / per;
+    so->pp = c->pipeline_model_parallel_size;
+    so->cp = c->context_parallel_size;
+    so->ep = c->expert_model_parallel_size;
+    so->etp = c->expert_tensor_parallel_size;
+    so->tp_pp_dp = c->use_tp_pp_dp_mapping;
+    so->emb_stages = pp_embedding_stages_of_config(c);
+#ifdef COHORT_HAVE_NCCL
+    so->nccl = !strcmp(c->device, "cuda"); /* the workers' groups over NCCL on their GPUs */
+#endif
+}
+
+/* In-process restart: its switches, limits and timeouts (in milliseconds). */
+static void supervisor_restart(sv_options *so, const co_config *c) {
+    so->restart = c->inprocess_restart;
+    so->active_world = c->inprocess_active_world_size > 0 ? c->inprocess_active_world_size : 0;
+    so->shift_ranks = !strcmp(c->inprocess_rank_assignment, "shift-ranks");
+    so->dopt_holders = c->use_distributed_optimizer ? (c->dist_opt_redundancy ? 2 : 1) : 0;
+    so->quarantine_after = c->quarantine_after;
+    so->quarantine_window = c->quarantine_window;
+    so->restart_limit = c->inprocess_restart_limit;
+    so->restart_window_ms = (int)(c->inprocess_restart_window * 1000);
+    so->soft_timeout_ms = (int)(c->inprocess_soft_timeout * 1000);
+    so->soft_timeout_set = co_config_was_set(c, "inprocess-soft-timeout");
+    so->hard_timeout_ms = (int)(c->inprocess_hard_timeout * 1000);
+    so->barrier_timeout_ms = (int)(c->inprocess_barrier_timeout * 1000);
+    so->heartbeat_interval_ms = (int)(c->inprocess_heartbeat_interval * 1000);
+    so->heartbeat_timeout_ms = (int)(c->inprocess_heartbeat_timeout * 1000);
+}
+
+/* With several workers this process is the supervisor (or a node agent): it starts them
+ * from this binary with the same flags and runs the job (supervisor/). corpus: the embedded
+ * job's corpus, built once for every worker (NULL: data flags given). The exit status. */
+static int run_supervisor(const co_config *c, int argc, char **argv, int dp, int world, const char *corpus,
+                          const corpus_info *info, uint64_t job_id) {
+    char ready[1100], stats[200];
+    char *env[2] = {ready, stats};
+    snprintf(ready, sizeof ready, "COHORT_CORPUS_READY=%s", corpus ? corpus : "");
+    snprintf(stats, sizeof stats, "COHORT_CORPUS_STATS=%lld %lld %.6f", (long long)info->documents,
+             (long long)info->tokens, info->unigram_entropy);
+    if (c->nnodes > 1 && c->node_rank > 0)
+        printf("cohort: node agent %d starting %d worker processes for the supervisor at %s:%d\n", c->node_rank,
+               c->nproc_per_node, c->master_addr, c->master_port);
+    else
+        printf("cohort: supervisor starting %d worker processes (data-parallel size %d)\n", c->nproc_per_node, dp);
+    fflush(stdout);
+    char node_addr[256];
+    node_address(c, node_addr, sizeof node_addr);
+    sv_options so = {.nproc = c->nproc_per_node, .nnodes = c->nnodes, .node_rank = c->node_rank,
+                     .master_addr = c->master_addr, .master_port = c->master_port, .node_addr = node_addr,
+                     .secret_path = c->job_secret, .exe = "/proc/self/exe", .worker_args = argv,
+                     .nworker_args = argc, .extra_env = env, .nextra_env = corpus ? 2 : 0,
+                     .rendezvous_timeout_ms = (int)(c->rendezvous_timeout * 1000),
+                     .metrics_file = c->metrics_file, .save_dir = c->save, .most_recent_k = c->most_recent_k,
+                     .metrics_port = c->metrics_port, .save_interval = c->save_interval,
+                     .train_iters = c->train_iters};
+    ob_tb_options tbo;
+    ob_tb_options_from_config(&tbo, c, world);
+    if (c->tensorboard_dir[0] && !(c->nnodes > 1 && c->node_rank > 0)) so.tensorboard = &tbo;
+    wk_rr_options(c, world, &so.rerun);
+    so.tracker_file = c->result_rejected_tracker_filename;
+    char report[1100];
+    snprintf(report, sizeof report, "%s", c->run_report);
+    if (!report[0] && c->save[0]) snprintf(report, sizeof report, "%s/run_report.json", c->save);
+    so.report_file = report;
+    so.straggler_threshold = c->straggler_threshold;
+    fi_schedule inj;
+    if (wk_inject_parse(c, world, &inj)) {
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
+        return CLI_USAGE;
+    }
+    so.inject = &inj;
+    /* the state machine's state comes back from the checkpoint the workers load */
+    char *rerun_state = checkpoint_rerun_state(c);
+    so.rerun_state = rerun_state;
+    supervisor_layout(&so, c, dp);
+    supervisor_restart(&so, c);
+    so.job_id = job_id;
+    so.signalled = &g_signal; /* one that came before the supervisor's own handlers took over */
+    so.requeue_on_sigterm = c->requeue_on_sigterm;
+    signals_to_handlers(); /* the supervisor process computes nothing: libuv's handlers */
+    int status = sv_run(&so);
+    free(rerun_state);
+    fi_schedule_free(&inj);
+    return status;
+}
+
+/* The data-parallel size dp and the ranks that train (world): a worker is told by its
+ * supervisor (asg); otherwise the processes over tensor x context x pipeline, warm spares
+ * not counted. A worker shares its node's cores with the others. 0, or CLI_USAGE (logged)
+ * for a world the model-parallel sizes do not divide. */
+static int job_sizes(co_config *c, const sv_assignment *asg, int *dp_out, int *world_out) {
+    bool worker = asg != NULL;
+    int dp = worker ? asg->dp : c->nproc_per_node * c->nnodes;
+    if (!worker && c->nnodes == 1 && c->inprocess_active_world_size > 0 && c->inprocess_active_world_size < dp)
+        dp = c->inprocess_active_world_size; /* the others are warm spares */
+    *world_out = worker ? asg->world : dp; /* the ranks that train */
+    /* the data-parallel size: the world over tensor x context x pipeline (a worker is told) */
+    long mp = (long)c->tensor_model_parallel_size * c->context_parallel_size * c->pipeline_model_parallel_size;
+    if (!co_config_model_parallel_sizes_ok(c)) mp = 1; /* the checks refuse them with their ranges */
+    if (!worker && mp > 1 && dp % mp == 0) dp = (int)(dp / mp);
+    else if (!worker && mp > 1) {
+        /* (sizes that are not built are refused by the checks with their own line) */
+        co_log(CO_LOG_ERROR, "invalid configuration:\n  the world of %d ranks is not a multiple of tensor x context "
+                             "x pipeline = %ld", dp, mp);
+        return CLI_USAGE;
+    }
+    *dp_out = dp;
+    if (worker && !co_config_was_set(c, "threads")) {
+        /* the node's cores are shared by its workers */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int active = c->inprocess_active_world_size > 0 && c->inprocess_active_world_size < c->nproc_per_node
+                         ? c->inprocess_active_world_size : c->nproc_per_node; /* spares sleep */
+        c->threads = (int)(cores / active > 0 ? cores / active : 1);
+    }
+    return 0;
+}
+
+/* The embedded default job's corpus: built (or, in a worker, the one its supervisor built)
+ * at prefix, its metrics file under --workdir; what it is said on `out` (NULL: nothing).
+ * 0, or the error (logged). */
+static int embedded_corpus(co_config *c, bool worker, FILE *out, char *prefix, size_t n, corpus_info *info) {
+    default_workdir(c);
+    const char *ready = getenv("COHORT_CORPUS_READY");
+    if (worker && ready) {
+        /* the supervisor built it once for every worker */
+        snprintf(prefix, n, "%s", ready);
+        const char *st = getenv("COHORT_CORPUS_STATS");
+        if (st) sscanf(st, "%lld %lld %lf", (long long *)&info->documents, (long long *)&info->tokens, &info->unigram_entropy);
+        snprintf(info->source_dir, sizeof info->source_dir, "%s", CORPUS_DEFAULT_DIR);
+    } else {
+        int rc = corpus_build_default(c->workdir, prefix, n, info);
+        if (rc) {
+            co_log(CO_LOG_ERROR, "building the embedded corpus failed: %s", co_err_detail());
+            return rc;
+        }
+    }
+    if (!c->metrics_file[0]) {
+        /* each embedded run starts its own metrics file */
+        if (snprintf(c->metrics_file, sizeof c->metrics_file, "%s/metrics.jsonl", c->workdir) >=
+            (int)sizeof c->metrics_file)
+            c->metrics_file[0] = '\0'; /* workdir path too long: no metrics file */
+        else if (!worker)
+            unlink(c->metrics_file);
+    }
+    if (out) {
+        fprintf(out,
+                "cohort: no --data-path given: running the embedded default job\n"
+                "  corpus: %s (%lld documents, %lld tokens, unigram entropy %.3f nats/token)\n"
+                "  written as Megatron .bin/.idx at %s\n",
+                info->source_dir, (long long)info->documents, (long long)info->tokens, info->unigram_entropy, prefix);
+        fprintf(out, "  metrics: %s\n", c->metrics_file);
+    }
+    return 0;
+}
+
+/* The single process's metrics stream with --tensorboard-dir: the records pass on to the
+ * metrics file (or, served, to --metrics-port's stream prom_metrics, which writes that file) and to
+ * the event file (observe/tensorboard.h). NULL (logged) when it cannot be made. */
+static FILE *tensorboard_stream(const co_config *c, int world, bool served, FILE *prom_metrics) {
+    ob_tb_options tbo;
+    ob_tb_options_from_config(&tbo, c, world);
+    ob_tb *tb = NULL;
+    FILE *mf = served ? prom_metrics : NULL, *tee = NULL;
+    if (ob_tb_open(&tb, &tbo)) {
+        co_log(CO_LOG_ERROR, "--tensorboard-dir: %s", co_err_detail());
+    } else if (!served && c->metrics_file[0] && !(mf = fopen(c->metrics_file, "a"))) {
+        co_log(CO_LOG_ERROR, "cannot open --metrics-file %s", c->metrics_file);
+    } else if (!(tee = ob_tee_open(mf, tb))) {
+        co_log(CO_LOG_ERROR, "--tensorboard-dir: cannot make the metrics stream");
+    }
+    if (!tee) {
+        if (mf && !served) fclose(mf);
+        ob_tb_close(&tb);
+    }
+    return tee;
+}
+
+/* Locks --save for this job (a new job id) after checking the directory takes files. 0, or
+ * the error (logged). */
+static int lock_save_dir(const co_config *c, ck_lock **lock, uint64_t *job_id) {
+    if (getrandom(job_id, sizeof *job_id, 0) != (ssize_t)sizeof *job_id)
+        *job_id = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
+    *job_id |= 1;
+    char job[32], note[1400];
+    snprintf(job, sizeof job, "%016" PRIx64, *job_id);
+    int rc = ck_savedir_lock(lock, c->save, job, note, sizeof note);
+    if (rc) {
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
+        return rc;
+    }
+    if (note[0]) fprintf(stderr, "cohort: %s\n", note);
+    return 0;
+}
+
+/* "cohort train: invalid configuration:" and the problems, one indented line each. */
+static void say_invalid(const co_problems *P) {
+    char text[sizeof P->text + 512];
+    size_t len = 0;
+    for (const char *line = P->text; *line && len + 1 < sizeof text;) {
+        size_t n = strcspn(line, "\n");
+        if (n) {
+            int w = snprintf(text + len, sizeof text - len, "\n  %.*s", (int)n, line);
+            if (w > 0) len += (size_t)w < sizeof text - len ? (size_t)w : sizeof text - len - 1;
+        }
+        line += n + (line[n] == '\n');
+    }
+    text[len] = '\0';
+    co_log(CO_LOG_ERROR, "invalid configuration:%s", text);
+}
+
+/* The configuration: Megatron's defaults, the flags, the node's place from a launcher's
+ * environment (Slurm's srun, a Kubernetes Indexed Job, torchrun-style variables) where the
+ * flags do not give it (a worker reads the same environment, inherited from its
+ * supervisor), the embedded job's defaults when no data flag is given (*embedded), and
+ * with --load the checkpoint's model flags (--use-checkpoint-args) and seed. 0, or
+ * CO_EINVAL (logged). */
+static int read_config(co_config *c, int argc, char **argv, const cli_train_opts *opts, bool *embedded) {
+    co_config_defaults(c);
+    c->standin_model_parallel = opts && opts->standin_model_parallel;
+    int rc = co_config_parse(c, argc, argv);
+    char env_note[600] = "";
+    if (!rc) rc = co_launch_env_apply(c, NULL, env_note, sizeof env_note);
+    if (rc) {
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
+        return rc;
+    }
+    if (env_note[0] && !sv_link_wanted()) printf("cohort: from the environment: %s\n", env_note);
+    *embedded = c->n_data_path == 0 && !c->mock_data && !c->n_train_data_path; /* no data flags at all */
+    if (*embedded) embedded_defaults(c);
+    wk_ckpt_prepare(c, sv_link_wanted() ? NULL : stdout);
+    return 0;
+}
+
+/* Every check of the configuration for dp data-parallel replicas (train/config_check.h),
+ * then the tokenizer's vocabulary size and end-of-document id. 0, or CO_EINVAL with every
+ * problem logged under "invalid configuration:". */
+static int check_config(co_config *c, int dp, int *vocab, int *eod) {
+    co_problems problems;
+    int rc = trainer_config_check(c, dp, &problems);
+    if (!rc && (rc = cli_tokenizer(c, vocab, eod))) co_problem(&problems, "%s", co_err_detail());
+    if (rc) say_invalid(&problems);
+    return rc;
+}
+
+int cli_train(int argc, char **argv) { return cli_train_with(argc, argv, NULL); }
+
+int cli_train_with(int argc, char **argv, const cli_train_opts *opts) {
     install_signals(); /* before anything else: a signal during setup is a stop, never lost or fatal */
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: cohort train [flags]\n\n"
-                   "Pretrains a GPT model. Flags are Megatron-LM's (pretrain_gpt.py) with its defaults;\n"
-                   "--flag=value and --flag value both work. With neither --data-path nor --mock-data,\n"
-                   "runs the embedded default job: a byte-level model trained for under two minutes on\n"
-                   "2 cores on the licence texts in /usr/share/common-licenses, then sampled.\n");
-            co_config_help(stdout);
-            printf("\nexit status: 0 done or stopped cleanly (signal, exit interval or duration), 1 runtime\n"
-                   "failure, 2 usage or configuration error (with --nnodes > 1 also: a node whose flags differ\n"
-                   "from the others'), 3 a NaN/Inf loss or gradient that the rerun state\n"
-                   "machine found reproducible (a data or model problem); with --nproc-per-node > 1 or\n"
-                   "--nnodes > 1 also 4 a worker failed and could not be replaced in process, 5 the rendezvous\n"
-                   "did not complete in time, 6 a worker went silent with --no-inprocess-restart.\n"
-                   "SIGINT/SIGTERM (Ctrl-C, a scheduler; to the job, its process group or one worker): the\n"
-                   "current step finishes, --save saves, exit 0; a second one stops at once (128 + signal).\n"
-                   "SIGUSR1 (a preemption warning; SIGTERM too with --requeue-on-sigterm): the same stop, exit\n"
-                   "75, for a scheduler to requeue the job (deploy/slurm, docs/deploy.md).\n"
-                   "Faults, restarts and the run report: docs/resilience.md; inject into a running job with\n"
-                   "`cohort inject`.\n");
+            print_help();
             return CLI_OK;
         }
+    co_log_set_prefix("cohort train"); /* a supervisor or a rank names itself later */
     co_config c;
-    co_config_defaults(&c);
-    char err[4096];
-    int rc = co_config_parse(&c, argc, argv, err, sizeof err);
+    bool embedded;
+    int rc = read_config(&c, argc, argv, opts, &embedded);
     if (rc) {
-        fprintf(stderr, "cohort train: %s\n", err);
         co_config_free(&c);
         return CLI_USAGE;
     }
-    /* the node's place from a launcher's environment (Slurm's srun, a Kubernetes Indexed
-     * Job, torchrun-style variables) where the flags do not give it; a worker reads the
-     * same environment, inherited from its supervisor */
-    char env_note[600];
-    if (co_launch_env_apply(&c, NULL, env_note, sizeof env_note, err, sizeof err)) {
-        fprintf(stderr, "cohort train: %s\n", err);
-        co_config_free(&c);
-        return CLI_USAGE;
-    }
-    if (env_note[0] && !sv_link_wanted()) printf("cohort: from the environment: %s\n", env_note);
-    bool embedded = c.n_data_path == 0 && !c.mock_data && !c.n_train_data_path; /* no data flags at all */
-    if (embedded) embedded_defaults(&c);
-    /* --- checkpoint (issue 5): --use-checkpoint-args and the checkpoint's seed --- */
-    wk_ckpt_prepare(&c, sv_link_wanted() ? NULL : stdout);
-    /* --- end checkpoint --- */
 
     /* A worker learns its place from the supervisor before validating (the data-parallel
      * size decides what a valid global batch is). */
@@ -429,35 +691,13 @@ int cli_train(int argc, char **argv) {
         }
         co_proctitle_role(CO_PROC_WORKER, asg.rank, c.node_rank, asg.job_id); /* (ps showed "exe") */
     }
-    int dp = worker ? asg.dp : c.nproc_per_node * c.nnodes;
-    if (!worker && c.nnodes == 1 && c.inprocess_active_world_size > 0 && c.inprocess_active_world_size < dp)
-        dp = c.inprocess_active_world_size; /* the others are warm spares */
-    int world = worker ? asg.world : dp; /* the ranks that train */
-    /* the data-parallel size: the world over tensor x context x pipeline (a worker is told) */
-    long mp = (long)c.tensor_model_parallel_size * c.context_parallel_size * c.pipeline_model_parallel_size;
-    if (!co_config_model_parallel_sizes_ok(&c)) mp = 1; /* co_config_finalize refuses them with their ranges */
-    if (!worker && mp > 1 && dp % mp == 0) dp = (int)(dp / mp);
-    else if (!worker && mp > 1) {
-        /* (sizes that are not built are refused by co_config_finalize with their own line) */
-        fprintf(stderr, "cohort train: invalid configuration:\n  the world of %d ranks is not a multiple of "
-                        "tensor x context x pipeline = %ld\n", dp, mp);
+    int dp, world;
+    if (job_sizes(&c, worker ? &asg : NULL, &dp, &world)) {
         co_config_free(&c);
         return CLI_USAGE;
     }
-    if (worker && !co_config_was_set(&c, "threads")) {
-        /* the node's cores are shared by its workers */
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int active = c.inprocess_active_world_size > 0 && c.inprocess_active_world_size < c.nproc_per_node
-                         ? c.inprocess_active_world_size : c.nproc_per_node; /* spares sleep */
-        c.threads = (int)(cores / active > 0 ? cores / active : 1);
-    }
-    rc = co_config_finalize(&c, dp, err, sizeof err);
-    if (!rc) rc = check_pipeline(&c, dp, err, sizeof err);
     int vocab = 0, eod = 0;
-    if (!rc) rc = cli_tokenizer(&c, &vocab, &eod, err, sizeof err);
-    if (rc) {
-        fprintf(stderr, "cohort train: invalid configuration:\n");
-        for (char *line = strtok(err, "\n"); line; line = strtok(NULL, "\n")) fprintf(stderr, "  %s\n", line);
+    if (check_config(&c, dp, &vocab, &eod)) {
         sv_link_close(&link);
         sv_assignment_free(&asg);
         co_config_free(&c);
@@ -468,47 +708,11 @@ int cli_train(int argc, char **argv) {
      * uses the GPU of its local rank (docs/gpu.md). */
     const char *lr = worker ? getenv("COHORT_LOCAL_RANK") : NULL;
     int gpu_index = lr ? atoi(lr) : 0, need = worker || world > 1 ? c.nproc_per_node : 1;
-    {
-        char why[512] = "";
-        int ngpu = strcmp(c.device, "cpu") != 0 ? kb_cuda_available(why, sizeof why) : 0;
-        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
-        if (ngpu > 0 && need > ngpu)
-            snprintf(why, sizeof why, "each worker uses the GPU of its local rank, so %d workers on a node need %d GPUs, "
-                     "but this process sees %d (CUDA_VISIBLE_DEVICES%s%s)", need, need, ngpu, vis ? "=" : " is not set",
-                     vis ? vis : "");
-        bool gpu = ngpu > 0 && need <= ngpu;
-        if (!strcmp(c.device, "cuda") && !gpu) {
-            fprintf(stderr, "cohort train: invalid configuration:\n  --device cuda: %s\n", why);
-            sv_link_close(&link);
-            sv_assignment_free(&asg);
-            co_config_free(&c);
-            return CLI_USAGE;
-        }
-        if (!strcmp(c.device, "auto")) {
-            snprintf(c.device, sizeof c.device, "%s", gpu ? "cuda" : "cpu");
-            if (!gpu && !worker) fprintf(stderr, "cohort: %s: training on the CPU (--device cpu says so quietly)\n", why);
-        }
-        if (!strcmp(c.device, "cuda") && c.context_parallel_size > 1 && !co_config_standin_model_parallel) {
-            fprintf(stderr, "cohort train: invalid configuration:\n  --context-parallel-size %d on the GPU is not "
-                            "supported yet (the CUDA backend has no block attention kernels): pass --device cpu\n",
-                    c.context_parallel_size);
-            sv_link_close(&link);
-            sv_assignment_free(&asg);
-            co_config_free(&c);
-            return CLI_USAGE;
-        }
-    }
-    /* --bf16 on the CPU: only where the matrix products have bf16 instructions (AVX512-BF16,
-     * AMX); elsewhere it would be slower than fp32, so it is refused (kernels/cpu/isa.c) */
-    if (c.bf16 && !strcmp(c.device, "cpu")) {
-        char why[400];
-        if (!kb_cpu_bf16_check(why, sizeof why)) {
-            fprintf(stderr, "cohort train: invalid configuration:\n  %s\n", why);
-            sv_link_close(&link);
-            sv_assignment_free(&asg);
-            co_config_free(&c);
-            return CLI_USAGE;
-        }
+    if (choose_device(&c, worker, need)) {
+        sv_link_close(&link);
+        sv_assignment_free(&asg);
+        co_config_free(&c);
+        return CLI_USAGE;
     }
     bool supervisor = !worker && world > 1;
     if (g_stop && !worker) {
@@ -532,43 +736,13 @@ int cli_train(int argc, char **argv) {
     corpus_info info;
     memset(&info, 0, sizeof info);
     char prefix[1024];
-    if (embedded) {
-        default_workdir(&c);
-        const char *ready = getenv("COHORT_CORPUS_READY");
-        if (worker && ready) {
-            /* the supervisor built it once for every worker */
-            snprintf(prefix, sizeof prefix, "%s", ready);
-            const char *st = getenv("COHORT_CORPUS_STATS");
-            if (st) sscanf(st, "%lld %lld %lf", (long long *)&info.documents, (long long *)&info.tokens, &info.unigram_entropy);
-            snprintf(info.source_dir, sizeof info.source_dir, "%s", CORPUS_DEFAULT_DIR);
-        } else {
-            rc = corpus_build_default(c.workdir, prefix, sizeof prefix, &info);
-            if (rc) {
-                fprintf(stderr, "cohort train: building the embedded corpus failed: %s\n", co_err_detail());
-                sv_link_close(&link);
-                sv_assignment_free(&asg);
-                co_config_free(&c);
-                return CLI_FAILURE;
-            }
-        }
-        data.prefix = prefix;
-        if (!c.metrics_file[0]) {
-            /* each embedded run starts its own metrics file */
-            if (snprintf(c.metrics_file, sizeof c.metrics_file, "%s/metrics.jsonl", c.workdir) >=
-                (int)sizeof c.metrics_file)
-                c.metrics_file[0] = '\0'; /* workdir path too long: no metrics file */
-            else if (!worker)
-                unlink(c.metrics_file);
-        }
-        if (out && !supervisor) {
-            fprintf(out,
-                    "cohort: no --data-path given: running the embedded default job\n"
-                    "  corpus: %s (%lld documents, %lld tokens, unigram entropy %.3f nats/token)\n"
-                    "  written as Megatron .bin/.idx at %s\n",
-                    info.source_dir, (long long)info.documents, (long long)info.tokens, info.unigram_entropy, prefix);
-            fprintf(out, "  metrics: %s\n", c.metrics_file);
-        }
+    if (embedded && embedded_corpus(&c, worker, out && !supervisor ? out : NULL, prefix, sizeof prefix, &info)) {
+        sv_link_close(&link);
+        sv_assignment_free(&asg);
+        co_config_free(&c);
+        return CLI_FAILURE;
     }
+    if (embedded) data.prefix = prefix;
 
     if (g_stop && !worker) {
         /* a signal while the corpus was built: stop before training */
@@ -581,122 +755,16 @@ int cli_train(int argc, char **argv) {
      * workers share the lock), after checking the directory takes files (checkpoint/lock.h) */
     ck_lock *save_lock = NULL;
     uint64_t job_id = 0;
-    if (!worker && c.save[0] && !(c.nnodes > 1 && c.node_rank > 0)) {
-        if (getrandom(&job_id, sizeof job_id, 0) != (ssize_t)sizeof job_id) job_id = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
-        job_id |= 1;
-        char job[32], note[1400];
-        snprintf(job, sizeof job, "%016" PRIx64, job_id);
-        if (ck_savedir_lock(&save_lock, c.save, job, note, sizeof note)) {
-            fprintf(stderr, "cohort train: %s\n", co_err_detail());
-            sv_link_close(&link);
-            sv_assignment_free(&asg);
-            co_config_free(&c);
-            return CLI_USAGE;
-        }
-        if (note[0]) fprintf(stderr, "cohort: %s\n", note);
+    if (!worker && c.save[0] && !(c.nnodes > 1 && c.node_rank > 0) && lock_save_dir(&c, &save_lock, &job_id)) {
+        sv_link_close(&link);
+        sv_assignment_free(&asg);
+        co_config_free(&c);
+        return CLI_USAGE;
     }
 
     if (supervisor) {
-        char ready[1100], stats[200];
-        char *env[2] = {ready, stats};
-        snprintf(ready, sizeof ready, "COHORT_CORPUS_READY=%s", prefix);
-        snprintf(stats, sizeof stats, "COHORT_CORPUS_STATS=%lld %lld %.6f", (long long)info.documents,
-                 (long long)info.tokens, info.unigram_entropy);
-        if (c.nnodes > 1 && c.node_rank > 0)
-            printf("cohort: node agent %d starting %d worker processes for the supervisor at %s:%d\n", c.node_rank,
-                   c.nproc_per_node, c.master_addr, c.master_port);
-        else
-            printf("cohort: supervisor starting %d worker processes (data-parallel size %d)\n", c.nproc_per_node, dp);
-        fflush(stdout);
-        char node_addr[256];
-        node_address(&c, node_addr, sizeof node_addr);
-        sv_options so = {.nproc = c.nproc_per_node, .nnodes = c.nnodes, .node_rank = c.node_rank,
-                         .master_addr = c.master_addr, .master_port = c.master_port, .node_addr = node_addr,
-                         .secret_path = c.job_secret, .exe = "/proc/self/exe", .worker_args = argv,
-                         .nworker_args = argc, .extra_env = env, .nextra_env = embedded ? 2 : 0,
-                         .rendezvous_timeout_ms = (int)(c.rendezvous_timeout * 1000),
-                         .metrics_file = c.metrics_file, .save_dir = c.save, .most_recent_k = c.most_recent_k,
-                         .metrics_port = c.metrics_port, .save_interval = c.save_interval,
-                         .train_iters = c.train_iters};
-        ob_tb_options tbo;
-        ob_tb_options_from_config(&tbo, &c, world);
-        if (c.tensorboard_dir[0] && !(c.nnodes > 1 && c.node_rank > 0)) so.tensorboard = &tbo;
-        wk_rr_options(&c, world, &so.rerun);
-        so.tracker_file = c.result_rejected_tracker_filename;
-        char report[1100];
-        snprintf(report, sizeof report, "%s", c.run_report);
-        if (!report[0] && c.save[0]) snprintf(report, sizeof report, "%s/run_report.json", c.save);
-        so.report_file = report;
-        so.straggler_threshold = c.straggler_threshold;
-        fi_schedule inj;
-        if (wk_inject_parse(&c, world, &inj)) {
-            fprintf(stderr, "cohort train: %s\n", co_err_detail());
-            ck_savedir_unlock(&save_lock);
-            co_config_free(&c);
-            return CLI_USAGE;
-        }
-        so.inject = &inj;
-        /* the state machine's state comes back from the checkpoint the workers load */
-        char *rerun_state = NULL;
-        if (c.load[0]) {
-            int64_t it = c.ckpt_step;
-            if (it < 0 && ck_read_tracker(c.load, &it)) it = -1;
-            ck_manifest *m = NULL;
-            char dir[1100];
-            if (it >= 0) ck_iter_dir(dir, sizeof dir, c.load, it);
-            if (it >= 0 && !ck_read_manifest(dir, &m)) {
-                json_t *rs = json_object_get(m->doc, "rerun_state_machine");
-                if (json_is_object(rs) && json_object_get(rs, "spiky_max")) rerun_state = json_dumps(rs, JSON_COMPACT);
-                ck_manifest_free(&m);
-            }
-        }
-        so.rerun_state = rerun_state;
-        so.restart = c.inprocess_restart;
-        so.active_world = c.inprocess_active_world_size > 0 ? c.inprocess_active_world_size : 0;
-        so.shift_ranks = !strcmp(c.inprocess_rank_assignment, "shift-ranks");
-        so.dopt_holders = c.use_distributed_optimizer ? (c.dist_opt_redundancy ? 2 : 1) : 0;
-        so.tp = c.tensor_model_parallel_size;
-        /* a replica's ranks (tensor x pipeline) report its results (the stand-in replicates);
-         * in Megatron's order the data coordinate comes after tp (tp-cp-dp-pp) or after tp
-         * and pp (tp-cp-pp-dp) */
-        /* with expert parallelism an expert group is one replica (train/trainer_ep.c): its
-         * ranks' results depend on each other's tokens */
-        int epn = c.num_experts > 0 && c.expert_model_parallel_size > 1 ? c.expert_model_parallel_size : 1;
-        int etpn = c.expert_tensor_parallel_size > 0 ? c.expert_tensor_parallel_size : c.tensor_model_parallel_size;
-        /* data-parallel ranks per expert group (whole tensor x context groups: Megatron's expert
-         * layout folds the context ranks into the expert groups) */
-        int per = epn > 1 ? epn * etpn / (c.tensor_model_parallel_size * c.context_parallel_size) : 1;
-        so.replica_stride = co_config_standin_model_parallel ? 1
-                            : c.tensor_model_parallel_size * c.context_parallel_size * per *
-                                  (c.use_tp_pp_dp_mapping ? c.pipeline_model_parallel_size : 1);
-        so.replicas = co_config_standin_model_parallel ? 0 : dp / per;
-        so.pp = c.pipeline_model_parallel_size;
-        so.cp = c.context_parallel_size;
-        so.ep = c.expert_model_parallel_size;
-        so.etp = c.expert_tensor_parallel_size;
-        so.tp_pp_dp = c.use_tp_pp_dp_mapping;
-        so.emb_stages = pp_embedding_stages_of_config(&c);
-#ifdef COHORT_HAVE_NCCL
-        so.nccl = !strcmp(c.device, "cuda"); /* the workers' groups over NCCL on their GPUs */
-#endif
-        so.quarantine_after = c.quarantine_after;
-        so.quarantine_window = c.quarantine_window;
-        so.restart_limit = c.inprocess_restart_limit;
-        so.restart_window_ms = (int)(c.inprocess_restart_window * 1000);
-        so.soft_timeout_ms = (int)(c.inprocess_soft_timeout * 1000);
-        so.soft_timeout_set = co_config_was_set(&c, "inprocess-soft-timeout");
-        so.hard_timeout_ms = (int)(c.inprocess_hard_timeout * 1000);
-        so.barrier_timeout_ms = (int)(c.inprocess_barrier_timeout * 1000);
-        so.heartbeat_interval_ms = (int)(c.inprocess_heartbeat_interval * 1000);
-        so.heartbeat_timeout_ms = (int)(c.inprocess_heartbeat_timeout * 1000);
-        so.job_id = job_id;
-        so.signalled = &g_signal; /* one that came before the supervisor's own handlers took over */
-        so.requeue_on_sigterm = c.requeue_on_sigterm;
-        signals_to_handlers(); /* the supervisor process computes nothing: libuv's handlers */
-        int status = sv_run(&so);
+        int status = run_supervisor(&c, argc, argv, dp, world, embedded ? prefix : NULL, &info, job_id);
         ck_savedir_unlock(&save_lock);
-        free(rerun_state);
-        fi_schedule_free(&inj);
         co_config_free(&c);
         return status;
     }
@@ -705,7 +773,7 @@ int cli_train(int argc, char **argv) {
     if (!worker && c.metrics_port > 0) {
         rc = svl_start(&prom, c.metrics_port, c.metrics_file, c.save_interval, c.train_iters, c.save, &data.metrics);
         if (rc) {
-            fprintf(stderr, "cohort train: %s\n", co_err_detail());
+            co_log(CO_LOG_ERROR, "%s", co_err_detail());
             ck_savedir_unlock(&save_lock);
             sv_link_close(&link);
             sv_assignment_free(&asg);
@@ -715,34 +783,17 @@ int cli_train(int argc, char **argv) {
         fprintf(stderr, "cohort: Prometheus metrics at http://127.0.0.1:%d/metrics\n", c.metrics_port);
     }
     /* the single process writes the TensorBoard events (a worker never does: its supervisor
-     * writes the last rank's): its metrics records go through a stream that passes them on
-     * to the metrics file (or to --metrics-port's stream, which writes that file) and the
-     * event file (observe/tensorboard.h) */
+     * writes the last rank's) */
     FILE *tb_metrics = NULL;
-    if (!worker && c.tensorboard_dir[0]) {
-        ob_tb_options tbo;
-        ob_tb_options_from_config(&tbo, &c, world);
-        ob_tb *tb = NULL;
-        FILE *mf = prom ? data.metrics : NULL;
-        if (ob_tb_open(&tb, &tbo)) {
-            fprintf(stderr, "cohort train: --tensorboard-dir: %s\n", co_err_detail());
-        } else if (!prom && c.metrics_file[0] && !(mf = fopen(c.metrics_file, "a"))) {
-            fprintf(stderr, "cohort train: cannot open --metrics-file %s\n", c.metrics_file);
-        } else if (!(tb_metrics = ob_tee_open(mf, tb))) {
-            fprintf(stderr, "cohort train: --tensorboard-dir: cannot make the metrics stream\n");
-        }
-        if (!tb_metrics) {
-            if (mf && !prom) fclose(mf);
-            ob_tb_close(&tb);
-            svl_stop(&prom);
-            ck_savedir_unlock(&save_lock);
-            sv_link_close(&link);
-            sv_assignment_free(&asg);
-            co_config_free(&c);
-            return CLI_FAILURE;
-        }
-        data.metrics = tb_metrics;
+    if (!worker && c.tensorboard_dir[0] && !(tb_metrics = tensorboard_stream(&c, world, prom != NULL, data.metrics))) {
+        svl_stop(&prom);
+        ck_savedir_unlock(&save_lock);
+        sv_link_close(&link);
+        sv_assignment_free(&asg);
+        co_config_free(&c);
+        return CLI_FAILURE;
     }
+    if (tb_metrics) data.metrics = tb_metrics;
     embedded_end ee = {.info = embedded ? &info : NULL, .c = &c, .out = out};
     wk_options wo = {.config = &c, .data = &data, .out = out, .link = link, .asg = &asg, .stop = &g_stop,
                      .abort_flag = &g_abort, .on_done = embedded_done, .ctx = &ee};

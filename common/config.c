@@ -1,4 +1,7 @@
-/* config.c - the flag table, parsing, validation and help of cohort's configuration.
+/* config.c - the flag table of cohort's configuration: parsing, help, the JSON it is written
+ * as and read back from, the problems list every check adds to, and the checks of the run's
+ * own flags (batch, length, timeline, learning rate, optimizer, logging, data, launch; the
+ * other modules check theirs: train/config_check.c runs them all).
  *
  * Flag names and defaults follow Megatron-LM (shared/reference/megatron-facts.md §8) so a
  * Megatron launch script's flags work unchanged; flags marked [cohort] are our own. */
@@ -8,6 +11,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -359,15 +363,6 @@ static const flag flags[] = {
 #define NFLAGS (sizeof flags / sizeof flags[0])
 _Static_assert(NFLAGS <= 256, "co_config.set is too small");
 
-static int set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int set_err(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return CO_EINVAL;
-}
-
 static int parse_i64(const char *s, int64_t *out) {
     char *end;
     errno = 0;
@@ -418,28 +413,28 @@ static bool starts_with_number(const char *v) {
 }
 
 /* Sets flag f from text v. */
-static int apply(co_config *c, const flag *f, const char *v, char *err, size_t errlen) {
+static int apply(co_config *c, const flag *f, const char *v) {
     char *base = (char *)c + f->off;
     int64_t iv;
     double dv;
     switch (f->kind) {
     case F_INT:
         if (parse_i64(v, &iv) || iv < INT_MIN || iv > INT_MAX)
-            return set_err(err, errlen, "--%s expects an integer, got '%s'", f->name, v);
+            return co_err_set(CO_EINVAL, "--%s expects an integer, got '%s'", f->name, v);
         *(int *)base = (int)iv;
         break;
     case F_I64:
-        if (parse_i64(v, &iv)) return set_err(err, errlen, "--%s expects an integer, got '%s'", f->name, v);
+        if (parse_i64(v, &iv)) return co_err_set(CO_EINVAL, "--%s expects an integer, got '%s'", f->name, v);
         *(int64_t *)base = iv;
         break;
     case F_DBL:
-        if (parse_dbl(v, &dv)) return set_err(err, errlen, "--%s expects a number, got '%s'", f->name, v);
+        if (parse_dbl(v, &dv)) return co_err_set(CO_EINVAL, "--%s expects a number, got '%s'", f->name, v);
         *(double *)base = dv;
         break;
     case F_STR:
         if (f->choices && !in_choices(f->choices, v))
-            return set_err(err, errlen, "--%s must be one of %s, got '%s'", f->name, f->choices, v);
-        if (strlen(v) >= f->size) return set_err(err, errlen, "--%s: value too long", f->name);
+            return co_err_set(CO_EINVAL, "--%s must be one of %s, got '%s'", f->name, f->choices, v);
+        if (strlen(v) >= f->size) return co_err_set(CO_EINVAL, "--%s: value too long", f->name);
         strcpy(base, v);
         break;
     case F_BOOL: *(bool *)base = true; break;
@@ -454,20 +449,20 @@ static int apply(co_config *c, const flag *f, const char *v, char *err, size_t e
         if (is_data_path_flag(f) && !starts_with_number(v)) {
             if (!*v) return 0;
             if (*count >= CO_MAX_DATA_PATHS)
-                return set_err(err, errlen, "--%s: more than %d entries", f->name, CO_MAX_DATA_PATHS);
-            if (!(list[*count] = strdup(v))) return CO_ENOMEM;
+                return co_err_set(CO_EINVAL, "--%s: more than %d entries", f->name, CO_MAX_DATA_PATHS);
+            if (!(list[*count] = strdup(v))) return co_err_set(CO_ENOMEM, "--%s: out of memory", f->name);
             (*count)++;
             break;
         }
         char *copy = strdup(v), *save = NULL;
-        if (!copy) return CO_ENOMEM;
+        if (!copy) return co_err_set(CO_ENOMEM, "--%s: out of memory", f->name);
         for (char *tok = strtok_r(copy, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
             if (*count >= CO_MAX_DATA_PATHS) {
                 free(copy);
-                return set_err(err, errlen, "--%s: more than %d entries", f->name, CO_MAX_DATA_PATHS);
+                return co_err_set(CO_EINVAL, "--%s: more than %d entries", f->name, CO_MAX_DATA_PATHS);
             }
             list[*count] = strdup(tok);
-            if (!list[*count]) { free(copy); return CO_ENOMEM; }
+            if (!list[*count]) { free(copy); return co_err_set(CO_ENOMEM, "--%s: out of memory", f->name); }
             (*count)++;
         }
         free(copy);
@@ -492,9 +487,7 @@ void co_config_defaults(co_config *c) {
             else if (f->kind == F_DBL) *(double *)base = -1.0;
             continue;
         }
-        char e[128];
-        int rc = apply(c, f, f->def, e, sizeof e);
-        (void)rc;
+        (void)apply(c, f, f->def); /* the table's defaults parse */
     }
 }
 
@@ -552,46 +545,46 @@ static const char *closest_flag(const char *name) {
     return best;
 }
 
-int co_config_parse(co_config *c, int argc, char **argv, char *err, size_t errlen) {
+int co_config_parse(co_config *c, int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0 || !a[2])
-            return set_err(err, errlen, "unexpected argument '%s' (flags start with --)", a);
+            return co_err_set(CO_EINVAL, "unexpected argument '%s' (flags start with --)", a);
         const char *name = a + 2;
         const char *eq = strchr(name, '=');
         size_t len = eq ? (size_t)(eq - name) : strlen(name);
         /* accept underscores as Megatron's argparse does not, but users type them */
         char norm[128];
-        if (len >= sizeof norm) return set_err(err, errlen, "unknown flag '%s'", a);
+        if (len >= sizeof norm) return co_err_set(CO_EINVAL, "unknown flag '%s'", a);
         for (size_t k = 0; k < len; k++) norm[k] = name[k] == '_' ? '-' : name[k];
         norm[len] = '\0';
         bool neg;
         const flag *f = find_flag(norm, len, &neg);
         if (!f) {
             const char *guess = closest_flag(norm);
-            return set_err(err, errlen, "unknown flag '--%s'; did you mean '--%s'?", norm, guess);
+            return co_err_set(CO_EINVAL, "unknown flag '--%s'; did you mean '--%s'?", norm, guess);
         }
         c->set[f - flags] = 1;
         if (f->kind == F_BOOL || f->kind == F_NOBOOL) {
-            if (eq) return set_err(err, errlen, "--%s takes no value", f->name);
+            if (eq) return co_err_set(CO_EINVAL, "--%s takes no value", f->name);
             *(bool *)((char *)c + f->off) = !neg;
             continue;
         }
         const char *v;
         if (eq) v = eq + 1;
         else if (i + 1 < argc) v = argv[++i];
-        else return set_err(err, errlen, "--%s needs a value", f->name);
+        else return co_err_set(CO_EINVAL, "--%s needs a value", f->name);
         if (f->kind == F_LIST) {
             /* every following word that is not a flag belongs to the list */
-            int rc = apply(c, f, v, err, errlen);
+            int rc = apply(c, f, v);
             if (rc) return rc;
             while (!eq && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
-                rc = apply(c, f, argv[++i], err, errlen);
+                rc = apply(c, f, argv[++i]);
                 if (rc) return rc;
             }
             continue;
         }
-        int rc = apply(c, f, v, err, errlen);
+        int rc = apply(c, f, v);
         if (rc) return rc;
     }
     return 0;
@@ -603,23 +596,35 @@ bool co_config_was_set(const co_config *c, const char *name) {
     return false;
 }
 
-/* Collects problems one per line. */
-typedef struct problems {
-    char *buf;
-    size_t len, cap;
-    int n;
-} problems;
+void co_problems_init(co_problems *P) {
+    P->text[0] = '\0';
+    P->len = 0;
+    P->n = 0;
+}
 
-static void problem(problems *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void problem(problems *p, const char *fmt, ...) {
-    if (p->len + 2 >= p->cap) { p->n++; return; }
+void co_problem(co_problems *P, const char *fmt, ...) {
+    size_t cap = sizeof P->text;
+    if (P->len + 2 >= cap) { P->n++; return; }
     va_list ap;
     va_start(ap, fmt);
-    if (p->n) p->buf[p->len++] = '\n';
-    int w = vsnprintf(p->buf + p->len, p->cap - p->len, fmt, ap);
+    if (P->n) P->text[P->len++] = '\n';
+    int w = vsnprintf(P->text + P->len, cap - P->len, fmt, ap);
     va_end(ap);
-    if (w > 0) p->len += (size_t)w < p->cap - p->len ? (size_t)w : p->cap - p->len - 1;
-    p->n++;
+    if (w > 0) P->len += (size_t)w < cap - P->len ? (size_t)w : cap - P->len - 1;
+    P->n++;
+}
+
+bool co_problem_range(co_problems *P, const char *name, int64_t v, int64_t lo, int64_t hi) {
+    if (v >= lo && v <= hi) return false;
+    co_problem(P, "--%s %lld is out of range (%lld to %lld)", name, (long long)v, (long long)lo, (long long)hi);
+    return true;
+}
+
+bool co_problem_dbl_range(co_problems *P, const char *name, double v, double lo, double hi, bool strict) {
+    bool ok = (strict ? v > lo : v >= lo) && v <= hi; /* false for NaN */
+    if (ok) return false;
+    co_problem(P, "--%s %g is out of range (%s%g to %g)", name, v, strict ? "above " : "", lo, hi);
+    return true;
 }
 
 int64_t co_config_split_samples(const co_config *c, int split) {
@@ -650,21 +655,6 @@ int co_config_parse_split(const char *s, double out[3]) {
     if (n == 0 || !(sum > 0)) return -1;
     for (int i = 0; i < 3; i++) out[i] = v[i] / sum;
     return 0;
-}
-
-/* v out of [lo, hi]: one problem naming the flag and the range. Returns true then. */
-static bool out_of_range(problems *P, const char *name, int64_t v, int64_t lo, int64_t hi) {
-    if (v >= lo && v <= hi) return false;
-    problem(P, "--%s %lld is out of range (%lld to %lld)", name, (long long)v, (long long)lo, (long long)hi);
-    return true;
-}
-
-/* A finite number in (lo, hi] (strict = true) or [lo, hi]. */
-static bool dbl_out_of_range(problems *P, const char *name, double v, double lo, double hi, bool strict) {
-    bool ok = (strict ? v > lo : v >= lo) && v <= hi; /* false for NaN */
-    if (ok) return false;
-    problem(P, "--%s %g is out of range (%s%g to %g)", name, v, strict ? "above " : "", lo, hi);
-    return true;
 }
 
 /* --timeline-iterations: "N" (1 <= N: from = 2, to = N + 1, relative to the run's start)
@@ -699,435 +689,115 @@ bool co_config_timeline_records(const co_config *c, int64_t start, int64_t it) {
 
 #define GIVEN(name) co_config_was_set(c, name)
 
-bool co_config_standin_model_parallel = false;
-
 bool co_config_model_parallel_sizes_ok(const co_config *c) {
     return c->tensor_model_parallel_size >= 1 && c->tensor_model_parallel_size <= CO_MAX_TP_GROUP &&
            c->context_parallel_size >= 1 && c->context_parallel_size <= CO_MAX_CP_GROUP &&
            c->pipeline_model_parallel_size >= 1 && c->pipeline_model_parallel_size <= CO_MAX_PP_STAGES;
 }
 
-/* Every parallel size in its range (CO_MAX_* in config.h), each refusal naming the range;
- * the combinations below assume them. Returns false when one is out of range. */
-static bool parallel_sizes_in_range(problems *P, const co_config *c) {
-    bool bad = out_of_range(P, "tensor-model-parallel-size", c->tensor_model_parallel_size, 1, CO_MAX_TP_GROUP);
-    bad |= out_of_range(P, "pipeline-model-parallel-size", c->pipeline_model_parallel_size, 1, CO_MAX_PP_STAGES);
-    bad |= out_of_range(P, "context-parallel-size", c->context_parallel_size, 1, CO_MAX_CP_GROUP);
-    bad |= out_of_range(P, "expert-model-parallel-size", c->expert_model_parallel_size, 1, CO_MAX_EP_GROUP);
-    /* 0: as the tensor size */
-    bad |= out_of_range(P, "expert-tensor-parallel-size", c->expert_tensor_parallel_size, 0, CO_MAX_TP_GROUP);
-    /* 0: no virtual pipeline (one chunk per rank) */
-    bad |= out_of_range(P, "virtual-pipeline-model-parallel-size", c->virtual_pipeline_model_parallel_size, 0,
-                        CO_MAX_VP_CHUNKS);
-    bad |= out_of_range(P, "num-virtual-stages-per-pipeline-rank", c->num_virtual_stages_per_pipeline_rank, 0,
-                        CO_MAX_VP_CHUNKS);
-    bad |= out_of_range(P, "num-layers-per-virtual-pipeline-stage", c->num_layers_per_virtual_pipeline_stage, 0,
-                        CO_MAX_LAYERS);
-    bad |= out_of_range(P, "microbatch-group-size-per-virtual-pipeline-stage", c->microbatch_group_size_per_vp_stage,
-                        0, CO_MAX_GLOBAL_BATCH);
-    bad |= out_of_range(P, "nproc-per-node", c->nproc_per_node, 1, CO_MAX_PROCS);
-    bad |= out_of_range(P, "nnodes", c->nnodes, 1, CO_MAX_PROCS);
-    return !bad;
+void co_config_check_refused(const co_config *c, co_problems *P) {
+    if (c->fp16) co_problem(P, "--fp16 is not supported yet; use --bf16");
 }
 
-int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
-    problems P = {err, 0, errlen, 0};
-    if (errlen) err[0] = '\0';
-    /* (out of range, every check of a combination below is skipped: its message would be noise) */
-    bool par_ok = parallel_sizes_in_range(&P, c);
-
-    /* accepted for Megatron's scripts but not implemented: refused, never ignored */
-    if (c->overlap_grad_reduce)
-        problem(&P, "--overlap-grad-reduce is not supported yet (the gradients are reduced after the backward)");
-    if (c->overlap_param_gather)
-        problem(&P, "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)");
-    if (c->ddp_bucket_size < 0) problem(&P, "--ddp-bucket-size must not be negative");
-    if (c->use_distributed_optimizer && par_ok) {
-        if (!strcmp(c->device, "cuda"))
-            problem(&P, "--use-distributed-optimizer is not supported yet on cuda (host memory only)");
-        if (c->tensor_model_parallel_size > 1 || c->pipeline_model_parallel_size > 1)
-            problem(&P, "--use-distributed-optimizer with tensor or pipeline parallelism is not supported yet "
-                        "(data parallelism only)");
-        if (c->num_experts > 0 && c->expert_model_parallel_size > 1)
-            problem(&P, "--use-distributed-optimizer with --expert-model-parallel-size %d is not supported yet (the "
-                        "experts' shards would span the expert-data-parallel group only)",
-                    c->expert_model_parallel_size);
-        if (c->context_parallel_size > 1)
-            problem(&P, "--use-distributed-optimizer with --context-parallel-size %d is not supported yet (the shards "
-                        "span the data-parallel group only)", c->context_parallel_size);
-    }
-    bool real_tp = par_ok && c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel;
-    if (c->sequence_parallel && c->tensor_model_parallel_size == 1)
-        c->sequence_parallel = false; /* as Megatron: sequence parallelism needs a tensor group */
-    if (c->sequence_parallel && co_config_standin_model_parallel)
-        problem(&P, "--sequence-parallel is not part of the model-parallel stand-in");
-    bool real_pp = par_ok && c->pipeline_model_parallel_size > 1 && !co_config_standin_model_parallel;
-    (void)real_tp; /* (context parallelism combines with tensor parallelism) */
-    bool real_cp = par_ok && c->context_parallel_size > 1 && !co_config_standin_model_parallel;
-    if (real_pp && real_cp)
-        problem(&P, "pipeline parallelism together with context parallelism is not supported yet");
-    if (real_cp && c->seq_length > 0 && c->seq_length % (2 * c->context_parallel_size))
-        problem(&P, "--seq-length %d is not divisible by 2 * --context-parallel-size = %d (each rank keeps two of "
-                    "2 * cp chunks of every sequence)", c->seq_length, 2 * c->context_parallel_size);
-    if (real_cp && c->attention_dropout > 0)
-        problem(&P, "--attention-dropout %g with --context-parallel-size %d is not supported yet (the ring attention "
-                    "has no dropout): pass --attention-dropout 0", c->attention_dropout, c->context_parallel_size);
-    if (real_cp && !strcmp(c->device, "cuda"))
-        problem(&P, "--context-parallel-size %d with --device cuda is not supported yet (the CUDA backend has no "
-                    "block attention kernels for the ring)", c->context_parallel_size);
-    if (real_cp && c->mtp_num_layers > 0 && (c->sft || c->cp_packed_sequences))
-        problem(&P, "multi-token prediction with context parallelism and packed sequences (THD) is not supported yet");
-    if (c->cp_packed_capacity < 1.0 || c->cp_packed_capacity > 64.0)
-        problem(&P, "--cp-packed-capacity %g must be in [1, 64]", c->cp_packed_capacity);
-    else if (real_cp && c->cp_packed_capacity > c->context_parallel_size)
-        problem(&P, "--cp-packed-capacity %g is more than --context-parallel-size %d (a rank would hold more than a "
-                    "whole sequence)", c->cp_packed_capacity, c->context_parallel_size);
-    if (real_cp && c->timeline_dir[0])
-        problem(&P, "--timeline-dir with --context-parallel-size %d is not supported yet (the timeline's header has "
-                    "no context-parallel coordinate)", c->context_parallel_size);
-    if (strcmp(c->cp_comm_type, "p2p"))
-        problem(&P, "--cp-comm-type %s is not supported yet (only p2p: the ring)", c->cp_comm_type);
-    if (c->cp_packed_sequences && c->context_parallel_size > 1 && !c->reset_attention_mask && !c->sft)
-        problem(&P, "--cp-packed-sequences splits documents: it needs --reset-attention-mask (or --sft)");
-    if (par_ok && c->expert_model_parallel_size > 1 && !co_config_standin_model_parallel) {
-        int ep = c->expert_model_parallel_size;
-        if (c->num_experts <= 0)
-            problem(&P, "--expert-model-parallel-size %d needs --num-experts (the expert group splits a MoE layer's "
-                        "experts)", ep);
-        else if (c->num_experts % ep)
-            problem(&P, "--num-experts %d is not divisible by --expert-model-parallel-size %d (each expert rank holds "
-                        "num-experts / ep experts)", c->num_experts, ep);
-        int tp = c->tensor_model_parallel_size, cp = c->context_parallel_size;
-        /* (at expert tensor size 1 the expert group holds whole tensor groups; at expert tensor
-         * size = tp it is tp x ep ranks, ep whole data-parallel replicas; with context
-         * parallelism Megatron's expert layout folds the context ranks into the expert groups,
-         * which then hold whole tensor x context groups) */
-        int etp = c->expert_tensor_parallel_size > 0 ? c->expert_tensor_parallel_size : tp;
-        if (cp > 1 && (ep * etp) % (tp * cp))
-            problem(&P, "--expert-model-parallel-size %d x expert tensor size %d is not a multiple of tensor %d x "
-                        "context %d parallel sizes (an expert group must hold whole tensor x context groups, so that "
-                        "the ranks with the same experts hold the same slices of the other tensors)", ep, etp, tp, cp);
-        else if (tp > 1 && c->expert_tensor_parallel_size == 1 && ep % tp)
-            problem(&P, "--expert-model-parallel-size %d is not a multiple of --tensor-model-parallel-size %d (an "
-                        "expert group must hold whole tensor groups, so that the ranks with the same experts hold the "
-                        "same tensor slices)", ep, tp);
-        if (!strcmp(c->device, "cuda"))
-            problem(&P, "--expert-model-parallel-size %d with --device cuda is not supported yet (the token exchange "
-                        "runs on the CPU backend)", ep);
-    }
-    if (par_ok && c->expert_tensor_parallel_size != 0 &&
-        c->expert_tensor_parallel_size != c->tensor_model_parallel_size &&
-        !(c->expert_tensor_parallel_size == 1 && c->num_experts > 0))
-        problem(&P, "--expert-tensor-parallel-size %d is not supported yet (only 1 with --num-experts, or the "
-                    "tensor-parallel size %d)", c->expert_tensor_parallel_size, c->tensor_model_parallel_size);
-    /* (the pipeline's layer placement and schedule are checked against the model by the
-     * scheduler before any work: cli/cmd_train.c) */
-    if (par_ok && c->virtual_pipeline_model_parallel_size && c->num_virtual_stages_per_pipeline_rank &&
-        c->virtual_pipeline_model_parallel_size != c->num_virtual_stages_per_pipeline_rank)
-        problem(&P, "--virtual-pipeline-model-parallel-size %d and --num-virtual-stages-per-pipeline-rank %d differ",
-                c->virtual_pipeline_model_parallel_size, c->num_virtual_stages_per_pipeline_rank);
-    if (co_config_was_set(c, "decoder-first-pipeline-num-layers") && c->decoder_first_pipeline_num_layers < 0)
-        problem(&P, "--decoder-first-pipeline-num-layers must not be negative");
-    if (co_config_was_set(c, "decoder-last-pipeline-num-layers") && c->decoder_last_pipeline_num_layers < 0)
-        problem(&P, "--decoder-last-pipeline-num-layers must not be negative");
-    if (c->fp16) problem(&P, "--fp16 is not supported yet; use --bf16");
-    if (c->num_experts < 0) problem(&P, "--num-experts %d is negative", c->num_experts);
-    if (c->num_experts > 0) {
-        int E = c->num_experts;
-        if (c->moe_router_topk < 1 || c->moe_router_topk > E)
-            problem(&P, "--moe-router-topk %d must be between 1 and --num-experts %d", c->moe_router_topk, E);
-        if (c->moe_layer_freq < 1) problem(&P, "--moe-layer-freq %d must be a positive integer", c->moe_layer_freq);
-        if (c->moe_ffn_hidden_size < 0 || c->moe_shared_expert_intermediate_size < 0)
-            problem(&P, "--moe-ffn-hidden-size and --moe-shared-expert-intermediate-size must not be negative");
-        if (!c->disable_bias_linear)
-            problem(&P, "--num-experts: the experts have no biases; add --disable-bias-linear (as Megatron's grouped "
-                        "experts)");
-        if (par_ok && c->tensor_model_parallel_size > 1 && !co_config_standin_model_parallel) {
-            /* Megatron's layouts: --expert-tensor-parallel-size 1, the experts whole on every
-             * tensor rank over its sequence shard; or the tensor size (Megatron's default, when
-             * the flag is not given), each expert split over the tensor group (docs/moe.md) */
-            int tp = c->tensor_model_parallel_size;
-            int etp = c->expert_tensor_parallel_size ? c->expert_tensor_parallel_size : tp;
-            int fm = c->moe_ffn_hidden_size > 0 ? c->moe_ffn_hidden_size : c->ffn_hidden_size;
-            if (!c->sequence_parallel)
-                problem(&P, "--num-experts with --tensor-model-parallel-size %d needs --sequence-parallel (Megatron: "
-                            "\"During training, performance may degrade if MoE and tensor parallelism are enabled "
-                            "without also enabling sequence parallelism.\")", tp);
-            if (etp == tp && fm > 0 && fm % etp)
-                problem(&P, "--num-experts with --expert-tensor-parallel-size %d: the experts' hidden size %d is not "
-                            "divisible by it (each expert's fc1 rows and fc2 columns split over the tensor group)", etp,
-                        fm);
-            if (etp == tp && !strcmp(c->device, "cuda"))
-                problem(&P, "--num-experts with --expert-tensor-parallel-size %d (the experts split over the tensor "
-                            "group) with --device cuda is not supported yet (the token exchange runs on the CPU "
-                            "backend); pass --expert-tensor-parallel-size 1", etp);
-            if (c->moe_expert_capacity_factor > 0)
-                problem(&P, "--moe-expert-capacity-factor with --tensor-model-parallel-size %d is not supported yet "
-                            "(Megatron's capacity counts each tensor rank's tokens, so it drops other tokens than "
-                            "one rank would)", tp);
-        }
-        if (c->bf16) problem(&P, "--num-experts with --bf16 is not supported yet (the experts run in fp32)");
-        if (real_cp) {
-            /* the router over this rank's tokens, the aux counts over the context group
-             * (Megatron's tp_cp group; docs/moe.md "Context parallelism") */
-            int cp = c->context_parallel_size;
-            if (c->moe_expert_capacity_factor > 0)
-                problem(&P, "--moe-expert-capacity-factor with --context-parallel-size %d is not supported yet "
-                            "(Megatron's capacity counts each context rank's tokens, so it drops other tokens than one "
-                            "rank would)", cp);
-            if (c->sft || (c->cp_packed_sequences && c->reset_attention_mask))
-                problem(&P, "--num-experts with --context-parallel-size %d and packed sequences (THD) is not supported "
-                            "yet (the padding tokens of the per-document split would be routed)", cp);
-        }
-        if (c->moe_router_enable_expert_bias && strcmp(c->moe_router_score_function, "sigmoid"))
-            problem(&P, "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (as Megatron)");
-        if (!(c->moe_router_bias_update_rate >= 0))
-            problem(&P, "--moe-router-bias-update-rate %g must not be negative", c->moe_router_bias_update_rate);
-        if (c->moe_router_pre_softmax && strcmp(c->moe_router_score_function, "softmax"))
-            problem(&P, "--moe-router-pre-softmax needs --moe-router-score-function softmax");
-        if (!strcmp(c->moe_router_load_balancing_type, "global_aux_loss") ||
-            !strcmp(c->moe_router_load_balancing_type, "sinkhorn"))
-            problem(&P, "--moe-router-load-balancing-type %s is not supported yet (aux_loss, seq_aux_loss or none)",
-                    c->moe_router_load_balancing_type);
-        if (!strcmp(c->moe_token_dispatcher_type, "flex"))
-            problem(&P, "--moe-token-dispatcher-type flex (DeepEP) is not supported (allgather or alltoall)");
-        if (c->moe_router_num_groups < 0 || c->moe_router_group_topk < 0 ||
-            (c->moe_router_num_groups > 0 && (E % c->moe_router_num_groups || c->moe_router_group_topk < 1 ||
-                                              c->moe_router_group_topk > c->moe_router_num_groups)) ||
-            (c->moe_router_num_groups == 0 && c->moe_router_group_topk > 0))
-            problem(&P, "--moe-router-num-groups %d must divide --num-experts %d and --moe-router-group-topk %d be "
-                        "between 1 and it", c->moe_router_num_groups, E, c->moe_router_group_topk);
-        if (c->moe_aux_loss_coeff < 0 || c->moe_z_loss_coeff < 0 || c->moe_router_topk_scaling_factor < 0)
-            problem(&P, "the MoE loss coefficients and --moe-router-topk-scaling-factor must not be negative");
-        if (c->moe_pad_expert_input_to_capacity && !(c->moe_expert_capacity_factor > 0))
-            problem(&P, "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
-        if (!(c->moe_router_collapse_share > 0 && c->moe_router_collapse_share <= 1) || c->moe_router_collapse_iters < 0)
-            problem(&P, "--moe-router-collapse-share must be in (0, 1] and --moe-router-collapse-iters >= 0");
-    }
-    if (c->mtp_num_layers < 0 || c->mtp_num_layers > 8)
-        problem(&P, "--mtp-num-layers %d is out of range (0 to 8)", c->mtp_num_layers);
-    if (c->mtp_num_layers > 0) {
-        if (real_pp && strcmp(c->position_embedding_type, "rope"))
-            problem(&P, "--mtp-num-layers with --pipeline-model-parallel-size %d needs --position-embedding-type rope "
-                        "(the MTP stage holds a copy of the word embedding, the position table stays on the first "
-                        "stage; Megatron does not support MTP with learned absolute positions)",
-                    c->pipeline_model_parallel_size);
-        if (c->reset_attention_mask)
-            problem(&P, "--mtp-num-layers with --reset-attention-mask is not supported yet (as Megatron's MTP: causal "
-                        "masks only)");
-        if (!strcmp(c->device, "cuda"))
-            problem(&P, "--mtp-num-layers with --device cuda is not supported yet (the CPU backend only)");
-        if (c->bf16) problem(&P, "--mtp-num-layers with --bf16 is not supported yet");
-        if (!(c->mtp_loss_scaling_factor >= 0))
-            problem(&P, "--mtp-loss-scaling-factor %g must not be negative", c->mtp_loss_scaling_factor);
-    }
-    if (GIVEN("inprocess-active-world-size") && c->nnodes > 1)
-        problem(&P, "--inprocess-active-world-size with --nnodes > 1 is not supported yet (warm spares on one node only)");
-    if (GIVEN("inprocess-active-world-size") && c->inprocess_active_world_size == 1 && c->nproc_per_node > 1)
-        problem(&P, "--inprocess-active-world-size 1 is not supported yet (a single training rank runs without the "
-                    "supervisor, so without spares)");
-    if (c->run_report[0] && c->nproc_per_node == 1 && c->nnodes == 1)
-        problem(&P, "--run-report is not supported yet in a single-process job (the supervisor writes it: "
-                    "--nproc-per-node 2 or more)");
-    int n_refused = P.n;
-
-    /* sizes every later step divides by */
-    if (c->num_layers == -1 && !GIVEN("num-layers")) problem(&P, "--num-layers must be given and positive");
-    else out_of_range(&P, "num-layers", c->num_layers, 1, CO_MAX_LAYERS);
-    if (c->hidden_size == -1 && !GIVEN("hidden-size")) problem(&P, "--hidden-size must be given and positive");
-    else out_of_range(&P, "hidden-size", c->hidden_size, 1, CO_MAX_HIDDEN);
-    if (c->num_attention_heads == -1 && !GIVEN("num-attention-heads"))
-        problem(&P, "--num-attention-heads must be given and positive");
-    else out_of_range(&P, "num-attention-heads", c->num_attention_heads, 1, CO_MAX_HIDDEN);
-    if (c->seq_length == -1 && !GIVEN("seq-length")) problem(&P, "--seq-length must be given and positive");
-    else out_of_range(&P, "seq-length", c->seq_length, 1, CO_MAX_SEQ_LENGTH);
+void co_config_check_micro_batch(const co_config *c, co_problems *P) {
     if (c->micro_batch_size == -1 && !GIVEN("micro-batch-size"))
-        problem(&P, "--micro-batch-size must be given and positive");
-    else out_of_range(&P, "micro-batch-size", c->micro_batch_size, 1, CO_MAX_MICRO_BATCH);
-    if (par_ok) {
-        int64_t world = (int64_t)c->nproc_per_node * c->nnodes;
-        if (world > CO_MAX_PROCS)
-            problem(&P, "--nproc-per-node %d x --nnodes %d = %lld worker processes: more than %d", c->nproc_per_node,
-                    c->nnodes, (long long)world, CO_MAX_PROCS);
-        else if (c->node_rank < 0 || c->node_rank >= c->nnodes)
-            problem(&P, "--node-rank %d is out of range (0 to --nnodes - 1 = %d)", c->node_rank, c->nnodes - 1);
-        else if (dp < 1 || dp > CO_MAX_PROCS)
-            problem(&P, "data-parallel size %d (the world over tensor x context x pipeline) is out of range (1 to %d)",
-                    dp, CO_MAX_PROCS);
-    }
-    if (P.n > n_refused || !par_ok) return CO_EINVAL;
+        co_problem(P, "--micro-batch-size must be given and positive");
+    else co_problem_range(P, "micro-batch-size", c->micro_batch_size, 1, CO_MAX_MICRO_BATCH);
+}
 
-    int n_before_shape = P.n;
-    if (c->hidden_size % c->num_attention_heads)
-        problem(&P, "--hidden-size %d is not divisible by --num-attention-heads %d", c->hidden_size,
-                c->num_attention_heads);
-    if (GIVEN("kv-channels")) out_of_range(&P, "kv-channels", c->kv_channels, 1, CO_MAX_KV_CHANNELS);
-    if (c->kv_channels < 1) c->kv_channels = c->hidden_size / c->num_attention_heads;
-    if (!c->group_query_attention) c->num_query_groups = c->num_attention_heads;
-    if (c->num_query_groups < 1 || c->num_query_groups > c->num_attention_heads)
-        problem(&P, "--num-query-groups %d is out of range (1 to --num-attention-heads %d)", c->num_query_groups,
-                c->num_attention_heads);
-    else if (c->num_attention_heads % c->num_query_groups)
-        problem(&P, "--num-attention-heads %d is not divisible by --num-query-groups %d",
-                c->num_attention_heads, c->num_query_groups);
-    if (GIVEN("ffn-hidden-size")) out_of_range(&P, "ffn-hidden-size", c->ffn_hidden_size, 1, CO_MAX_FFN_HIDDEN);
-    if (c->ffn_hidden_size < 1)
-        c->ffn_hidden_size = c->swiglu ? (int)((4 * (int64_t)c->hidden_size * 2 / 3) / 64 * 64)
-                                       : 4 * c->hidden_size;
-    if (c->ffn_hidden_size < 1) problem(&P, "--ffn-hidden-size must be positive");
-    bool rope = strcmp(c->position_embedding_type, "rope") == 0;
-    if (rope && c->kv_channels % 2) problem(&P, "rope needs an even head dimension, got %d", c->kv_channels);
-    if (rope) dbl_out_of_range(&P, "rotary-base", c->rotary_base, 0, 1e12, true);
-    if (GIVEN("max-position-embeddings"))
-        out_of_range(&P, "max-position-embeddings", c->max_position_embeddings, 1, CO_MAX_SEQ_LENGTH);
-    if (c->max_position_embeddings < 1) c->max_position_embeddings = c->seq_length;
-    if (!rope && c->seq_length > c->max_position_embeddings)
-        problem(&P, "--seq-length %d is longer than --max-position-embeddings %d", c->seq_length,
-                c->max_position_embeddings);
-    dbl_out_of_range(&P, "norm-epsilon", c->norm_epsilon, 0, 1, true);
-    int tp = c->tensor_model_parallel_size;
-    if (real_tp && tp <= CO_MAX_TP_GROUP && P.n == n_before_shape) {
-        /* the layouts the tensor-parallel layers split (model/gpt.h gpt_tp_check says the same) */
-        if (c->num_attention_heads % tp)
-            problem(&P, "--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d",
-                    c->num_attention_heads, tp);
-        if (c->num_query_groups % tp && tp % c->num_query_groups)
-            problem(&P, "--num-query-groups %d and --tensor-model-parallel-size %d: one must divide the other",
-                    c->num_query_groups, tp);
-        if (c->ffn_hidden_size % tp)
-            problem(&P, "--ffn-hidden-size %d is not divisible by --tensor-model-parallel-size %d", c->ffn_hidden_size,
-                    tp);
-        if (c->sequence_parallel && c->seq_length % tp)
-            problem(&P, "--sequence-parallel: --seq-length %d is not divisible by --tensor-model-parallel-size %d",
-                    c->seq_length, tp);
-    }
-
-    /* vocabulary (the tokenizer's size before padding; GPT-2's 50257 unless NullTokenizer) */
-    bool null_tok = strcmp(c->tokenizer_type, "NullTokenizer") == 0;
-    if (null_tok && c->vocab_size == -1 && !GIVEN("vocab-size"))
-        problem(&P, "--tokenizer-type NullTokenizer needs --vocab-size");
-    else if (GIVEN("vocab-size"))
-        out_of_range(&P, "vocab-size", c->vocab_size, 1, CO_MAX_VOCAB);
-    bool vocab_bad = out_of_range(&P, "make-vocab-size-divisible-by", c->make_vocab_size_divisible_by, 1,
-                                  CO_MAX_VOCAB_DIVISOR);
-    int64_t vocab = null_tok ? (int64_t)c->vocab_size + 1
-                    : strcmp(c->tokenizer_type, "ByteLevelTokenizer") == 0 ? 257 : 50257;
-    int64_t padded = vocab_bad || vocab < 1 ? 0
-                     : (vocab + c->make_vocab_size_divisible_by - 1) / c->make_vocab_size_divisible_by *
-                           c->make_vocab_size_divisible_by;
-
-    /* products: the kernels' int dimensions, and memory that no machine has */
-    if (P.n == n_before_shape) {
-        int64_t C = c->hidden_size, F = c->ffn_hidden_size, KV = c->kv_channels, L = c->num_layers;
-        int64_t Q = ((int64_t)c->num_attention_heads + 2 * (int64_t)c->num_query_groups) * KV;
-        int64_t AH = (int64_t)c->num_attention_heads * KV, F1 = c->swiglu ? 2 * F : F;
-        int64_t N = (int64_t)c->micro_batch_size * c->seq_length;
-        if (Q > CO_MAX_LAYER_WIDTH || F1 > CO_MAX_LAYER_WIDTH)
-            problem(&P, "layer widths (qkv %lld, MLP %lld) above %d: --num-attention-heads x --kv-channels or "
-                        "--ffn-hidden-size is absurd", (long long)Q, (long long)F1, CO_MAX_LAYER_WIDTH);
-        if (N > CO_MAX_MICRO_BATCH_TOKENS)
-            problem(&P, "--micro-batch-size %d x --seq-length %d = %lld tokens per micro batch: more than %d",
-                    c->micro_batch_size, c->seq_length, (long long)N, CO_MAX_MICRO_BATCH_TOKENS);
-        if (P.n == n_before_shape) {
-            int64_t W = C;
-            if (Q > W) W = Q;
-            if (F1 > W) W = F1;
-            if (padded > W) W = padded;
-            if (N * W > CO_MAX_ACTIVATION)
-                problem(&P, "--micro-batch-size x --seq-length (%lld tokens) x the widest layer (%lld) = %lld "
-                            "activations: more than %lld",
-                        (long long)N, (long long)W, (long long)(N * W), (long long)CO_MAX_ACTIVATION);
-            /* parameters (x4: weights, gradients, Adam's two moments) and one micro batch's
-             * activations, in bytes */
-            double params = (double)padded * C * (c->untie_embeddings_and_output_weights ? 2 : 1) +
-                            (rope ? 0 : (double)c->max_position_embeddings * C) +
-                            (double)L * ((double)Q * C + (double)AH * C + (double)F1 * C + (double)F * C + 8.0 * C);
-            double acts = (double)L * N * (5.0 * C + 2.0 * Q + 2.0 * AH + 2.0 * F1 + 2.0 * F) + (double)N * padded;
-            double bytes = 16.0 * params + 4.0 * acts;
-            if (bytes > CO_MAX_MODEL_BYTES)
-                problem(&P, "the model needs about %.0f GiB (%.3g parameters): more than %.0f GiB, refused as absurd",
-                        bytes / (1 << 30), params, CO_MAX_MODEL_BYTES / (1 << 30));
-        }
-    }
-
-    /* batch and run length */
+/* The global batch (micro x dp when not given), a whole number of micro batches per rank,
+ * at most what the rerun state machine validates. Returns whether it is valid. */
+static bool check_batch(co_config *c, int dp, co_problems *P) {
     /* -1: not given (derived below); a given value, -1 included, must be in range */
     if (GIVEN("global-batch-size") || c->global_batch_size != -1)
-        out_of_range(&P, "global-batch-size", c->global_batch_size, 1, CO_MAX_GLOBAL_BATCH);
+        co_problem_range(P, "global-batch-size", c->global_batch_size, 1, CO_MAX_GLOBAL_BATCH);
     int64_t per_step = (int64_t)c->micro_batch_size * dp;
     if (c->global_batch_size == -1) {
         if (per_step > CO_MAX_GLOBAL_BATCH)
-            problem(&P, "--micro-batch-size %d x data-parallel size %d is more than %d samples per iteration",
-                    c->micro_batch_size, dp, CO_MAX_GLOBAL_BATCH);
+            co_problem(P, "--micro-batch-size %d x data-parallel size %d is more than %d samples per iteration",
+                       c->micro_batch_size, dp, CO_MAX_GLOBAL_BATCH);
         else
             c->global_batch_size = (int)per_step;
     }
     bool batch_ok = c->global_batch_size >= 1 && c->global_batch_size <= CO_MAX_GLOBAL_BATCH;
     if (batch_ok && c->global_batch_size % per_step) {
-        problem(&P, "--global-batch-size %d is not a multiple of --micro-batch-size %d x data-parallel size %d",
-                c->global_batch_size, c->micro_batch_size, dp);
+        co_problem(P, "--global-batch-size %d is not a multiple of --micro-batch-size %d x data-parallel size %d",
+                   c->global_batch_size, c->micro_batch_size, dp);
         batch_ok = false;
     }
     if (batch_ok && strcmp(c->rerun_mode, "disabled") && c->global_batch_size / per_step > CO_RERUN_MAX_MICRO_BATCHES)
-        problem(&P, "--global-batch-size %d is %lld micro batches per rank and iteration; the rerun state machine "
-                    "validates at most %d (not supported yet): raise --micro-batch-size or pass --rerun-mode disabled",
-                c->global_batch_size, (long long)(c->global_batch_size / per_step), CO_RERUN_MAX_MICRO_BATCHES);
+        co_problem(P, "--global-batch-size %d is %lld micro batches per rank and iteration; the rerun state machine "
+                      "validates at most %d (not supported yet): raise --micro-batch-size or pass --rerun-mode "
+                      "disabled", c->global_batch_size, (long long)(c->global_batch_size / per_step),
+                   CO_RERUN_MAX_MICRO_BATCHES);
+    return batch_ok;
+}
+
+/* The run's length (iterations, or samples turned into iterations) and its evaluation.
+ * batch_ok: the global batch is valid. Returns whether the batch and length are. */
+static bool check_length(co_config *c, bool batch_ok, co_problems *P) {
     bool iters_bad = false, samples_bad = false;
     if (GIVEN("train-iters") || c->train_iters != -1)
-        iters_bad = out_of_range(&P, "train-iters", c->train_iters, 1, CO_MAX_ITERS);
+        iters_bad = co_problem_range(P, "train-iters", c->train_iters, 1, CO_MAX_ITERS);
     if (GIVEN("train-samples") || c->train_samples != -1)
-        samples_bad = out_of_range(&P, "train-samples", c->train_samples, 1, CO_MAX_ITERS);
+        samples_bad = co_problem_range(P, "train-samples", c->train_samples, 1, CO_MAX_ITERS);
     if (iters_bad || samples_bad) batch_ok = false;
     else if ((c->train_iters > 0) == (c->train_samples > 0))
-        problem(&P, "give exactly one of --train-iters and --train-samples (positive)");
+        co_problem(P, "give exactly one of --train-iters and --train-samples (positive)");
     else if (batch_ok && c->train_samples > 0) {
         if (c->train_samples % c->global_batch_size)
-            problem(&P, "--train-samples %lld is not a multiple of --global-batch-size %d",
-                    (long long)c->train_samples, c->global_batch_size);
+            co_problem(P, "--train-samples %lld is not a multiple of --global-batch-size %d",
+                       (long long)c->train_samples, c->global_batch_size);
         c->train_iters = c->train_samples / c->global_batch_size;
     }
     if (GIVEN("eval-interval") || c->eval_interval < 1)
-        out_of_range(&P, "eval-interval", c->eval_interval, 1, CO_MAX_ITERS);
-    if (GIVEN("eval-iters") || c->eval_iters < 0) out_of_range(&P, "eval-iters", c->eval_iters, 0, CO_MAX_ITERS);
-    if (batch_ok && c->train_iters > 0 && c->eval_interval >= 1 && c->eval_iters >= 0 && c->eval_iters <= CO_MAX_ITERS) {
+        co_problem_range(P, "eval-interval", c->eval_interval, 1, CO_MAX_ITERS);
+    if (GIVEN("eval-iters") || c->eval_iters < 0) co_problem_range(P, "eval-iters", c->eval_iters, 0, CO_MAX_ITERS);
+    if (batch_ok && c->train_iters > 0 && c->eval_interval >= 1 && c->eval_iters >= 0 &&
+        c->eval_iters <= CO_MAX_ITERS) {
         /* the samples each split must provide (co_config_split_samples) fit int64 */
         double gbs = c->global_batch_size, train = (double)c->train_iters * gbs,
                valid = ((double)(c->train_iters / c->eval_interval) + 1) * (double)c->eval_iters * gbs;
         if (train > (double)CO_MAX_ITERS || valid > (double)CO_MAX_ITERS)
-            problem(&P, "the run asks for %.3g training and %.3g validation samples: more than %lld", train, valid,
-                    (long long)CO_MAX_ITERS);
+            co_problem(P, "the run asks for %.3g training and %.3g validation samples: more than %lld", train, valid,
+                       (long long)CO_MAX_ITERS);
     }
+    return batch_ok;
+}
 
-    /* the timeline's iterations ("N" or "A:B") */
-    {
-        int64_t a = 0, b = 0;
-        bool rel = false;
-        if (parse_timeline_iterations(c->timeline_iterations, &a, &b, &rel))
-            problem(&P, "--timeline-iterations '%s' is not N (the N iterations after the first, 1 to %lld) or A:B "
-                        "(iterations A to B, 1 <= A <= B)", c->timeline_iterations, (long long)CO_MAX_ITERS);
-        else if (GIVEN("timeline-iterations") && !c->timeline_dir[0])
-            problem(&P, "--timeline-iterations needs --timeline-dir (where each rank writes its timeline)");
-        else if (!rel && batch_ok && c->train_iters > 0 && a > c->train_iters)
-            problem(&P, "--timeline-iterations %s records nothing: the run ends at iteration %lld",
-                    c->timeline_iterations, (long long)c->train_iters);
-        c->timeline_from = a;
-        c->timeline_to = b;
-        c->timeline_relative = rel;
-    }
+/* The timeline's iterations ("N" or "A:B"), parsed into timeline_from/to/relative. */
+static void check_timeline(co_config *c, bool batch_ok, co_problems *P) {
+    int64_t a = 0, b = 0;
+    bool rel = false;
+    if (parse_timeline_iterations(c->timeline_iterations, &a, &b, &rel))
+        co_problem(P, "--timeline-iterations '%s' is not N (the N iterations after the first, 1 to %lld) or A:B "
+                      "(iterations A to B, 1 <= A <= B)", c->timeline_iterations, (long long)CO_MAX_ITERS);
+    else if (GIVEN("timeline-iterations") && !c->timeline_dir[0])
+        co_problem(P, "--timeline-iterations needs --timeline-dir (where each rank writes its timeline)");
+    else if (!rel && batch_ok && c->train_iters > 0 && a > c->train_iters)
+        co_problem(P, "--timeline-iterations %s records nothing: the run ends at iteration %lld",
+                   c->timeline_iterations, (long long)c->train_iters);
+    c->timeline_from = a;
+    c->timeline_to = b;
+    c->timeline_relative = rel;
+}
 
-    /* learning rate */
-    if (!(c->lr > 0 && c->lr <= 1e6)) problem(&P, "--lr must be given and positive (at most 1e6)");
-    if (c->min_lr < 0 || c->min_lr > c->lr) problem(&P, "--min-lr must be between 0 and --lr");
-    if (c->lr_warmup_init < 0 || c->lr_warmup_init > 1e6) problem(&P, "--lr-warmup-init must be between 0 and 1e6");
-    if (GIVEN("lr-warmup-fraction")) dbl_out_of_range(&P, "lr-warmup-fraction", c->lr_warmup_fraction, 0, 1, false);
-    else if (c->lr_warmup_fraction > 1) problem(&P, "--lr-warmup-fraction must be at most 1");
+/* The learning-rate schedule; derives the decay iterations (--train-iters when not given)
+ * and turns a sample-based schedule into iterations. */
+static void check_lr(co_config *c, bool batch_ok, co_problems *P) {
+    if (!(c->lr > 0 && c->lr <= 1e6)) co_problem(P, "--lr must be given and positive (at most 1e6)");
+    if (c->min_lr < 0 || c->min_lr > c->lr) co_problem(P, "--min-lr must be between 0 and --lr");
+    if (c->lr_warmup_init < 0 || c->lr_warmup_init > 1e6) co_problem(P, "--lr-warmup-init must be between 0 and 1e6");
+    if (GIVEN("lr-warmup-fraction")) co_problem_dbl_range(P, "lr-warmup-fraction", c->lr_warmup_fraction, 0, 1, false);
+    else if (c->lr_warmup_fraction > 1) co_problem(P, "--lr-warmup-fraction must be at most 1");
     if (c->lr_warmup_fraction >= 0 && (c->lr_warmup_iters > 0 || c->lr_warmup_samples > 0))
-        problem(&P, "give only one of --lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples");
-    if (GIVEN("lr-decay-iters")) out_of_range(&P, "lr-decay-iters", c->lr_decay_iters, 1, CO_MAX_ITERS);
-    if (GIVEN("lr-decay-samples")) out_of_range(&P, "lr-decay-samples", c->lr_decay_samples, 1, CO_MAX_ITERS);
-    out_of_range(&P, "lr-warmup-iters", c->lr_warmup_iters, 0, CO_MAX_ITERS);
-    out_of_range(&P, "lr-warmup-samples", c->lr_warmup_samples, 0, CO_MAX_ITERS);
-    if (GIVEN("lr-wsd-decay-iters")) out_of_range(&P, "lr-wsd-decay-iters", c->lr_wsd_decay_iters, 0, CO_MAX_ITERS);
+        co_problem(P, "give only one of --lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples");
+    if (GIVEN("lr-decay-iters")) co_problem_range(P, "lr-decay-iters", c->lr_decay_iters, 1, CO_MAX_ITERS);
+    if (GIVEN("lr-decay-samples")) co_problem_range(P, "lr-decay-samples", c->lr_decay_samples, 1, CO_MAX_ITERS);
+    co_problem_range(P, "lr-warmup-iters", c->lr_warmup_iters, 0, CO_MAX_ITERS);
+    co_problem_range(P, "lr-warmup-samples", c->lr_warmup_samples, 0, CO_MAX_ITERS);
+    if (GIVEN("lr-wsd-decay-iters"))
+        co_problem_range(P, "lr-wsd-decay-iters", c->lr_wsd_decay_iters, 0, CO_MAX_ITERS);
     if (c->lr_decay_iters < 1) c->lr_decay_iters = c->train_iters;
     if (batch_ok && (c->lr_warmup_samples > 0 || c->lr_decay_samples > 0)) {
         /* sample-based schedule: convert to iterations */
@@ -1135,88 +805,80 @@ int co_config_finalize(co_config *c, int dp, char *err, size_t errlen) {
         if (c->lr_decay_samples > 0) c->lr_decay_iters = c->lr_decay_samples / c->global_batch_size;
     }
     if (strcmp(c->lr_decay_style, "WSD") == 0 && c->lr_wsd_decay_iters < 0)
-        problem(&P, "--lr-decay-style WSD needs --lr-wsd-decay-iters");
-    if (c->lr_decay_iters >= 1 && c->lr_warmup_iters > c->lr_decay_iters && strcmp(c->lr_decay_style, "constant") != 0 &&
-        c->lr_warmup_fraction < 0)
-        problem(&P, "--lr-warmup-iters %lld exceeds the decay iterations %lld", (long long)c->lr_warmup_iters,
-                (long long)c->lr_decay_iters);
-    if (c->hidden_dropout < 0 || c->hidden_dropout >= 1) problem(&P, "--hidden-dropout must be in [0, 1)");
-    if (c->attention_dropout < 0 || c->attention_dropout >= 1) problem(&P, "--attention-dropout must be in [0, 1)");
-    if (!(c->init_method_std > 0 && c->init_method_std <= 1e3)) problem(&P, "--init-method-std must be positive");
+        co_problem(P, "--lr-decay-style WSD needs --lr-wsd-decay-iters");
+    if (c->lr_decay_iters >= 1 && c->lr_warmup_iters > c->lr_decay_iters &&
+        strcmp(c->lr_decay_style, "constant") != 0 && c->lr_warmup_fraction < 0)
+        co_problem(P, "--lr-warmup-iters %lld exceeds the decay iterations %lld", (long long)c->lr_warmup_iters,
+                   (long long)c->lr_decay_iters);
+}
+
+/* Dropout, initialisation and AdamW's hyperparameters. */
+static void check_optimizer(const co_config *c, co_problems *P) {
+    if (c->hidden_dropout < 0 || c->hidden_dropout >= 1) co_problem(P, "--hidden-dropout must be in [0, 1)");
+    if (c->attention_dropout < 0 || c->attention_dropout >= 1) co_problem(P, "--attention-dropout must be in [0, 1)");
+    if (!(c->init_method_std > 0 && c->init_method_std <= 1e3)) co_problem(P, "--init-method-std must be positive");
     if (!(c->adam_beta1 >= 0 && c->adam_beta1 < 1 && c->adam_beta2 >= 0 && c->adam_beta2 < 1))
-        problem(&P, "--adam-beta1 and --adam-beta2 must be in [0, 1)");
-    if (!(c->adam_eps > 0 && c->adam_eps < 1)) problem(&P, "--adam-eps must be positive (below 1)");
-    if (!(c->clip_grad >= 0 && c->clip_grad <= 1e12)) problem(&P, "--clip-grad must be >= 0");
-    if (!(c->weight_decay >= 0 && c->weight_decay <= 1e3)) problem(&P, "--weight-decay must be >= 0");
+        co_problem(P, "--adam-beta1 and --adam-beta2 must be in [0, 1)");
+    if (!(c->adam_eps > 0 && c->adam_eps < 1)) co_problem(P, "--adam-eps must be positive (below 1)");
+    if (!(c->clip_grad >= 0 && c->clip_grad <= 1e12)) co_problem(P, "--clip-grad must be >= 0");
+    if (!(c->weight_decay >= 0 && c->weight_decay <= 1e3)) co_problem(P, "--weight-decay must be >= 0");
+}
 
-    /* logging, exit, checkpoints */
-    out_of_range(&P, "log-interval", c->log_interval, 1, INT_MAX);
-    out_of_range(&P, "tensorboard-log-interval", c->tensorboard_log_interval, 1, INT_MAX);
-    out_of_range(&P, "tensorboard-queue-size", c->tensorboard_queue_size, 1, 1000000);
-    if (GIVEN("exit-interval")) out_of_range(&P, "exit-interval", c->exit_interval, 1, CO_MAX_ITERS);
+/* Logging, exit conditions and checkpoints' intervals. */
+static void check_logging(const co_config *c, co_problems *P) {
+    co_problem_range(P, "log-interval", c->log_interval, 1, INT_MAX);
+    co_problem_range(P, "tensorboard-log-interval", c->tensorboard_log_interval, 1, INT_MAX);
+    co_problem_range(P, "tensorboard-queue-size", c->tensorboard_queue_size, 1, 1000000);
+    if (GIVEN("exit-interval")) co_problem_range(P, "exit-interval", c->exit_interval, 1, CO_MAX_ITERS);
     if (GIVEN("exit-duration-in-mins"))
-        dbl_out_of_range(&P, "exit-duration-in-mins", c->exit_duration_in_mins, 0, 1e9, true);
-    if (GIVEN("save-interval")) out_of_range(&P, "save-interval", c->save_interval, 1, CO_MAX_ITERS);
-    out_of_range(&P, "metrics-port", c->metrics_port, 0, 65535);
-    if (c->most_recent_k != -1) out_of_range(&P, "most-recent-k", c->most_recent_k, 1, INT_MAX);
-    if (GIVEN("ckpt-step")) out_of_range(&P, "ckpt-step", c->ckpt_step, 0, CO_MAX_ITERS);
-    out_of_range(&P, "sample-lines", c->sample_lines, 0, 1000);
+        co_problem_dbl_range(P, "exit-duration-in-mins", c->exit_duration_in_mins, 0, 1e9, true);
+    if (GIVEN("save-interval")) co_problem_range(P, "save-interval", c->save_interval, 1, CO_MAX_ITERS);
+    co_problem_range(P, "metrics-port", c->metrics_port, 0, 65535);
+    if (c->most_recent_k != -1) co_problem_range(P, "most-recent-k", c->most_recent_k, 1, INT_MAX);
+    if (GIVEN("ckpt-step")) co_problem_range(P, "ckpt-step", c->ckpt_step, 0, CO_MAX_ITERS);
+    co_problem_range(P, "sample-lines", c->sample_lines, 0, 1000);
+}
 
-    /* data */
+/* The split and the data paths: blends in pairs, one source of data. */
+static void check_data(const co_config *c, co_problems *P) {
     double sp[3];
     if (co_config_parse_split(c->split, sp))
-        problem(&P, "--split '%s' is not 1 to 3 non-negative numbers with a positive sum", c->split);
+        co_problem(P, "--split '%s' is not 1 to 3 non-negative numbers with a positive sum", c->split);
     if (c->n_data_path > 1 && c->n_data_path % 2)
-        problem(&P, "--data-path with weights needs 'W1 PREFIX1 W2 PREFIX2 ...'");
-    {
-        static const char *names[3] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
-        const int ns[3] = {c->n_train_data_path, c->n_valid_data_path, c->n_test_data_path};
-        for (int s = 0; s < 3; s++)
-            if (ns[s] > 1 && ns[s] % 2) problem(&P, "%s with weights needs 'W1 PREFIX1 W2 PREFIX2 ...'", names[s]);
-        if ((ns[0] || ns[1] || ns[2]) && (c->n_data_path || c->mock_data))
-            problem(&P, "give --data-path (or --mock-data) or the per-split --train/valid/test-data-path, not both");
-        if ((ns[1] || ns[2]) && !ns[0] && !c->n_data_path && !c->mock_data)
-            problem(&P, "--valid-data-path/--test-data-path need --train-data-path");
-    }
-    if (c->sft && c->mock_data) problem(&P, "--sft reads JSONL conversations: give --data-path, not --mock-data");
-    if (c->n_data_path && c->mock_data) problem(&P, "give --data-path or --mock-data, not both");
+        co_problem(P, "--data-path with weights needs 'W1 PREFIX1 W2 PREFIX2 ...'");
+    static const char *names[3] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
+    const int ns[3] = {c->n_train_data_path, c->n_valid_data_path, c->n_test_data_path};
+    for (int s = 0; s < 3; s++)
+        if (ns[s] > 1 && ns[s] % 2) co_problem(P, "%s with weights needs 'W1 PREFIX1 W2 PREFIX2 ...'", names[s]);
+    if ((ns[0] || ns[1] || ns[2]) && (c->n_data_path || c->mock_data))
+        co_problem(P, "give --data-path (or --mock-data) or the per-split --train/valid/test-data-path, not both");
+    if ((ns[1] || ns[2]) && !ns[0] && !c->n_data_path && !c->mock_data)
+        co_problem(P, "--valid-data-path/--test-data-path need --train-data-path");
+    if (c->sft && c->mock_data) co_problem(P, "--sft reads JSONL conversations: give --data-path, not --mock-data");
+    if (c->n_data_path && c->mock_data) co_problem(P, "give --data-path or --mock-data, not both");
+}
 
-    /* distributed launch and resilience */
-    if (c->master_port < 1 || c->master_port > 65535) problem(&P, "--master-port must be in 1..65535");
-    else if ((int64_t)c->nproc_per_node * c->nnodes > 1 &&
-             (int64_t)c->master_port + (int64_t)c->nproc_per_node * c->nnodes > 65535)
-        problem(&P, "--master-port %d: the workers' data ports (port + 1 + rank, up to %lld) pass 65535",
-                c->master_port, (long long)c->master_port + (int64_t)c->nproc_per_node * c->nnodes);
+/* The launch: the supervisor's and workers' ports, the rendezvous timeout, threads. */
+static void check_launch(const co_config *c, co_problems *P) {
+    int64_t procs = (int64_t)c->nproc_per_node * c->nnodes;
+    if (c->master_port < 1 || c->master_port > 65535) co_problem(P, "--master-port must be in 1..65535");
+    else if (procs > 1 && (int64_t)c->master_port + procs > 65535)
+        co_problem(P, "--master-port %d: the workers' data ports (port + 1 + rank, up to %lld) pass 65535",
+                   c->master_port, (long long)c->master_port + procs);
     /* timeouts become int milliseconds: at most 10^6 s */
-    dbl_out_of_range(&P, "rendezvous-timeout", c->rendezvous_timeout, 0, 1e6, true);
+    co_problem_dbl_range(P, "rendezvous-timeout", c->rendezvous_timeout, 0, 1e6, true);
     if (GIVEN("threads") || c->threads == 0 || c->threads < -1)
-        out_of_range(&P, "threads", c->threads, 1, CO_MAX_THREADS);
-    out_of_range(&P, "error-injection-rate", c->error_injection_rate, 0, INT_MAX);
-    out_of_range(&P, "inject-seed", c->inject_seed, 0, INT64_MAX);
-    if (!(c->inprocess_soft_timeout > 0 && c->inprocess_soft_timeout < c->inprocess_hard_timeout &&
-          c->inprocess_hard_timeout < c->inprocess_barrier_timeout && c->inprocess_barrier_timeout <= 1e6))
-        problem(&P, "in-process restart timeouts must satisfy 0 < soft < hard < barrier <= 1e6 seconds");
-    if (!(c->inprocess_heartbeat_interval > 0 && c->inprocess_heartbeat_interval < c->inprocess_heartbeat_timeout &&
-          c->inprocess_heartbeat_timeout <= 1e6))
-        problem(&P, "--inprocess-heartbeat-interval must be positive and below --inprocess-heartbeat-timeout "
-                    "(at most 1e6 seconds)");
-    if (c->inprocess_active_world_size != -1 &&
-        (c->inprocess_active_world_size < 1 || c->inprocess_active_world_size > c->nproc_per_node * c->nnodes))
-        problem(&P, "--inprocess-active-world-size must be between 1 and the number of worker processes");
-    if (c->inprocess_restart_limit < 0 || !(c->inprocess_restart_window > 0 && c->inprocess_restart_window <= 1e6))
-        problem(&P, "--inprocess-restart-limit must be >= 0 and --inprocess-restart-window positive (at most 1e6 s)");
-    out_of_range(&P, "quarantine-after", c->quarantine_after, 0, INT_MAX);
-    out_of_range(&P, "quarantine-window", c->quarantine_window, 1, CO_MAX_ITERS);
-    if (c->check_replicas_interval < 0) problem(&P, "--check-replicas-interval must be >= 0");
-    if (c->check_weight_hash_interval < 0) problem(&P, "--check-weight-hash-across-dp-replicas-interval must be >= 0");
-    if (!(c->straggler_threshold > 0 && c->straggler_threshold <= 1))
-        problem(&P, "--straggler-threshold must be in (0, 1]");
-    for (int i = 0; i < c->n_iterations_to_skip; i++) {
-        int64_t it;
-        if (parse_i64(c->iterations_to_skip[i], &it) || it < 1)
-            problem(&P, "--iterations-to-skip: '%s' is not an iteration number (1, 2, ...)", c->iterations_to_skip[i]);
-    }
-    return P.n ? CO_EINVAL : 0;
+        co_problem_range(P, "threads", c->threads, 1, CO_MAX_THREADS);
+}
+
+void co_config_check_run(co_config *c, int dp, co_problems *P) {
+    bool batch_ok = check_length(c, check_batch(c, dp, P), P);
+    check_timeline(c, batch_ok, P);
+    check_lr(c, batch_ok, P);
+    check_optimizer(c, P);
+    check_logging(c, P);
+    check_data(c, P);
+    check_launch(c, P);
 }
 #undef GIVEN
 
@@ -1292,4 +954,123 @@ void co_config_write_json(const co_config *c, FILE *out) {
         }
     }
     fputc('}', out);
+}
+
+/* ---- reading the JSON back ------------------------------------------------------------ */
+
+/* Flag f's value in c as text: "on"/"off" for a switch, a list's words between spaces. */
+static void value_text(const co_config *c, const flag *f, char *buf, size_t n) {
+    const char *base = (const char *)c + f->off;
+    switch (f->kind) {
+    case F_INT: snprintf(buf, n, "%d", *(const int *)base); break;
+    case F_I64: snprintf(buf, n, "%lld", (long long)*(const int64_t *)base); break;
+    case F_DBL: snprintf(buf, n, "%g", *(const double *)base); break;
+    case F_STR: snprintf(buf, n, "%s", base); break;
+    case F_BOOL:
+    case F_NOBOOL: snprintf(buf, n, "%s", *(const bool *)base ? "on" : "off"); break;
+    case F_LIST: {
+        char *const *list = (char *const *)(const void *)base;
+        int count = *(const int *)(const void *)((const char *)c + f->off2);
+        size_t len = 0;
+        buf[0] = '\0';
+        for (int k = 0; k < count && len + 1 < n; k++) {
+            int w = snprintf(buf + len, n - len, "%s%s", k ? " " : "", list[k]);
+            if (w > 0) len += (size_t)w < n - len ? (size_t)w : n - len - 1;
+        }
+        break;
+    }
+    }
+}
+
+/* A list flag from a JSON array of strings: 1 when it changed, 0 when v is not such an array
+ * or holds the same words, CO_ENOMEM. */
+static int read_list(co_config *c, const flag *f, const json_t *v) {
+    char **list = (char **)(void *)((char *)c + f->off);
+    int *count = (int *)(void *)((char *)c + f->off2);
+    size_t n = json_array_size(v);
+    if (!json_is_array(v) || n > CO_MAX_DATA_PATHS) return 0;
+    bool same = (int)n == *count;
+    for (size_t k = 0; k < n; k++) {
+        const json_t *w = json_array_get(v, k);
+        if (!json_is_string(w)) return 0;
+        if (same && strcmp(list[k], json_string_value(w))) same = false;
+    }
+    if (same) return 0;
+    char *words[CO_MAX_DATA_PATHS];
+    for (size_t k = 0; k < n; k++)
+        if (!(words[k] = strdup(json_string_value(json_array_get(v, k))))) {
+            while (k--) free(words[k]);
+            return co_err_set(CO_ENOMEM, "--%s: out of memory", f->name);
+        }
+    for (int k = 0; k < *count; k++) free(list[k]);
+    memcpy(list, words, n * sizeof *words);
+    *count = (int)n;
+    return 1;
+}
+
+/* Flag f from JSON value v when v is of f's kind: 1 when the value changed, 0 when it did
+ * not (same value, or v of another kind), CO_ENOMEM. */
+static int read_value(co_config *c, const flag *f, const json_t *v) {
+    char *base = (char *)c + f->off;
+    switch (f->kind) {
+    case F_INT: {
+        json_int_t x = json_integer_value(v);
+        if (!json_is_integer(v) || x < INT_MIN || x > INT_MAX || *(int *)base == (int)x) return 0;
+        *(int *)base = (int)x;
+        return 1;
+    }
+    case F_I64:
+        if (!json_is_integer(v) || *(int64_t *)base == (int64_t)json_integer_value(v)) return 0;
+        *(int64_t *)base = (int64_t)json_integer_value(v);
+        return 1;
+    case F_DBL:
+        if (!json_is_number(v) || *(double *)base == json_number_value(v)) return 0;
+        *(double *)base = json_number_value(v);
+        return 1;
+    case F_STR:
+        if (!json_is_string(v) || strlen(json_string_value(v)) >= f->size || !strcmp(base, json_string_value(v)))
+            return 0;
+        strcpy(base, json_string_value(v));
+        return 1;
+    case F_BOOL:
+    case F_NOBOOL:
+        if (!json_is_boolean(v) || *(bool *)base == json_is_true(v)) return 0;
+        *(bool *)base = json_is_true(v);
+        return 1;
+    case F_LIST: return read_list(c, f, v);
+    }
+    return 0;
+}
+
+/* Reads flag f from obj; tells `changed`. 0 or CO_ENOMEM. */
+static int read_flag(co_config *c, const flag *f, const json_t *obj, co_config_changed_fn changed, void *ctx) {
+    const json_t *v = json_object_get(obj, f->name);
+    int rc = v ? read_value(c, f, v) : 0;
+    if (rc <= 0) return rc;
+    if (changed) {
+        char text[1024];
+        value_text(c, f, text, sizeof text);
+        changed(ctx, f->name, text);
+    }
+    return 0;
+}
+
+int co_config_read_json(co_config *c, const json_t *obj, const char *const *only, co_config_changed_fn changed,
+                        void *ctx) {
+    if (!json_is_object(obj)) return 0;
+    if (!only) {
+        for (size_t i = 0; i < NFLAGS; i++) {
+            int rc = read_flag(c, &flags[i], obj, changed, ctx);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    for (const char *const *name = only; *name; name++) {
+        bool negated;
+        const flag *f = find_flag(*name, strlen(*name), &negated);
+        if (!f || negated) return co_err_set(CO_EINVAL, "co_config_read_json: no flag --%s", *name);
+        int rc = read_flag(c, f, obj, changed, ctx);
+        if (rc) return rc;
+    }
+    return 0;
 }

@@ -1,9 +1,13 @@
 /* config.h - the training configuration and its command-line flags.
  *
  * One table (config.c) lists every flag cohort accepts, with Megatron-LM's name, its
- * default and its help line; the CLI, `--help`, the validation and (later) the checkpoint
- * manifest all read that one table. Parsing never exits: it returns an error code and a
- * message the caller prints. */
+ * default and its help line; the CLI, `--help`, the checkpoint manifest (the JSON writer and
+ * its reader) all read that one table. Parsing never exits: it returns an error code with
+ * the message in co_err_detail(). What the values mean is checked by the modules they
+ * concern (the model's shapes in model/gpt_check.c, the parallel layout in
+ * scheduler/parallel_check.c, the resilience limits in resilience/resilience_check.c, the
+ * run's own flags here), in the order train/config_check.c runs them, each adding its
+ * problems to one co_problems list. */
 #ifndef COHORT_COMMON_CONFIG_H
 #define COHORT_COMMON_CONFIG_H
 
@@ -13,7 +17,7 @@
 
 #define CO_MAX_DATA_PATHS 64
 
-/* Upper bounds co_config_finalize enforces (beyond them a configuration is refused as
+/* Upper bounds the configuration's checks enforce (beyond them a configuration is refused as
  * absurd before anything is allocated: the kernels index with int dimensions, and the
  * sample counts are int64 products). */
 #define CO_MAX_LAYERS 1024
@@ -177,7 +181,7 @@ typedef struct co_config {
     /* the timeline of a training step (train/timeline.h, docs/timeline.md) */
     char timeline_dir[512];         /* "": off */
     char timeline_iterations[64];   /* "N" or "A:B" */
-    /* --timeline-iterations parsed by co_config_finalize: iterations A..B, or with
+    /* --timeline-iterations parsed by co_config_check_run: iterations A..B, or with
      * timeline_relative the N after the run's first, from = 2 and to = N + 1 counted from
      * the iterations completed at the start (co_config_timeline_records) */
     int64_t timeline_from, timeline_to;
@@ -188,6 +192,15 @@ typedef struct co_config {
     char workdir[512];
     int sample_lines;
 
+    /* Tests only, never a flag nor written to a checkpoint: the model-parallel stand-in
+     * (tests/fault/standin_main.c sets it in every process it starts, workers included, as
+     * they run the same binary): --tensor-model-parallel-size, --pipeline-model-parallel-size
+     * and --context-parallel-size above 1 accepted with the model computed whole on every
+     * rank, so that the parallel groups, their communicators and restarts across them are
+     * tested before the split compute exists. The ranks of a model-parallel group then train
+     * identical replicas. */
+    bool standin_model_parallel;
+
     /* which flags the user set (index into the flag table) */
     uint8_t set[256];
 } co_config;
@@ -197,41 +210,76 @@ void co_config_defaults(co_config *c);
 /* Frees what parse allocated (data paths). */
 void co_config_free(co_config *c);
 
-/* Parses argv (after the subcommand). On error returns CO_EINVAL and writes one message
- * (naming the flag, and the closest known flag for an unknown one) into err. */
-int co_config_parse(co_config *c, int argc, char **argv, char *err, size_t errlen);
+/* Parses argv (after the subcommand). On error returns CO_EINVAL with one message in
+ * co_err_detail() (naming the flag, and the closest known flag for an unknown one). */
+int co_config_parse(co_config *c, int argc, char **argv);
 /* Was flag `name` (without dashes, e.g. "num-layers") given on the command line? */
 bool co_config_was_set(const co_config *c, const char *name);
 
-/* Tests only (tests/integration/standin_main.c; cohort never sets it): accept
- * --tensor-model-parallel-size, --pipeline-model-parallel-size and --context-parallel-size
- * above 1 with the model computed whole on every rank, so that the parallel groups, their
- * communicators and restarts across them are tested before the split compute exists. The
- * ranks of a model-parallel group then train identical replicas. */
-extern bool co_config_standin_model_parallel;
-
 /* Whether the tensor, context and pipeline sizes are each within their bounds (1 to
  * CO_MAX_*): the launcher divides the world by their product only then, and otherwise
- * leaves the refusal, with the ranges, to co_config_finalize. */
+ * leaves the refusal, with the ranges, to the parallel layout's check. */
 bool co_config_model_parallel_sizes_ok(const co_config *c);
 
-/* Completes derived values (ffn size, kv channels, max positions, global batch) and checks
- * consistency. data_parallel_size is the number of data-parallel replicas. Returns 0, or
- * CO_EINVAL with every problem found listed one per line in err. */
-int co_config_finalize(co_config *c, int data_parallel_size, char *err, size_t errlen);
+/* ---- the checks' problems --------------------------------------------------------------- */
 
-/* Whether a run that began with `start` iterations completed (0, or the loaded
- * checkpoint's) records iteration `it` (1-based, as the log line counts) in its timeline:
- * --timeline-dir given and `it` in --timeline-iterations (finalized configuration). */
+/* What the checks found wrong, one sentence per problem in the order found (the CLI prints
+ * them all, one per line): every check adds to one list, so a bad command line hears of all
+ * its problems at once. */
+typedef struct co_problems {
+    char text[4096]; /* the problems, '\n' between them */
+    size_t len;
+    int n;           /* problems found (also those that no longer fit in text) */
+} co_problems;
+
+/* An empty list. */
+void co_problems_init(co_problems *P);
+/* Adds one problem. */
+void co_problem(co_problems *P, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* v out of [lo, hi]: one problem naming --name and the range. Returns true then. */
+bool co_problem_range(co_problems *P, const char *name, int64_t v, int64_t lo, int64_t hi);
+/* v not a finite number in (lo, hi] (strict) or [lo, hi]: one problem with the range; true then. */
+bool co_problem_dbl_range(co_problems *P, const char *name, double v, double lo, double hi, bool strict);
+
+/* ---- the configuration's own checks (the run, the optimizer, data, logging, launch) ---- */
+
+/* Flags accepted for Megatron's scripts whose meaning is not built (precision). */
+void co_config_check_refused(const co_config *c, co_problems *P);
+/* --micro-batch-size given and in range (a size later checks divide by). */
+void co_config_check_micro_batch(const co_config *c, co_problems *P);
+/* The run: global batch (derived as micro x dp when not given), iterations or samples
+ * (iterations derived from samples), evaluation, --timeline-iterations (parsed into
+ * timeline_from/to), the learning-rate schedule (decay and warm-up iterations derived),
+ * the optimizer, logging, exit and checkpoint intervals, data paths and the launch's ports,
+ * timeouts and threads. dp: the data-parallel size. */
+void co_config_check_run(co_config *c, int dp, co_problems *P);
+
 /* s as a JSON string (quoted, escaped) on f. */
 void co_json_str(FILE *f, const char *s);
 
+/* Whether a run that began with `start` iterations completed (0, or the loaded
+ * checkpoint's) records iteration `it` (1-based, as the log line counts) in its timeline:
+ * --timeline-dir given and `it` in --timeline-iterations (checked configuration). */
 bool co_config_timeline_records(const co_config *c, int64_t start, int64_t it);
 
 /* Prints the flags, grouped, with defaults. */
 void co_config_help(FILE *f);
-/* Writes the configuration as one JSON object (for metrics files and manifests). */
+/* Writes the configuration as one JSON object (for metrics files and manifests): every
+ * flag of the table under its name. */
 void co_config_write_json(const co_config *c, FILE *f);
+
+struct json_t;
+/* Told of each value co_config_read_json changed: the flag's name and the new value as
+ * text ("on"/"off" for a switch, the words of a list between spaces). */
+typedef void (*co_config_changed_fn)(void *ctx, const char *name, const char *value);
+/* Reads back an object co_config_write_json wrote (a checkpoint's "config"), through the
+ * same flag table: each flag in `only` (names without dashes, NULL-terminated; NULL: every
+ * flag) found in obj with a value of its kind and different from c's is set, and `changed`
+ * (may be NULL) told. A missing key, or a value of another kind (another version's), leaves
+ * the flag as it was. Which flags the user set is not changed. 0, or CO_ENOMEM (CO_EINVAL
+ * for a name in `only` that is no flag). */
+int co_config_read_json(co_config *c, const struct json_t *obj, const char *const *only, co_config_changed_fn changed,
+                        void *ctx);
 
 /* Parses a --split string ("98,1,1") into fractions summing to 1. 0 or -1. */
 int co_config_parse_split(const char *s, double out[3]);

@@ -70,7 +70,7 @@ static void add_note(char *note, size_t n, const char *flag, const char *value, 
 
 static const char *process_env(const char *name) { return getenv(name); }
 
-int co_launch_env_apply(co_config *c, co_env_get get, char *note, size_t notelen, char *err, size_t errlen) {
+int co_launch_env_apply(co_config *c, co_env_get get, char *note, size_t notelen) {
     if (notelen) note[0] = '\0';
     if (!get) get = process_env;
     /* Slurm counts only inside a step that srun started (one task per node); the batch
@@ -106,29 +106,24 @@ int co_launch_env_apply(co_config *c, co_env_get get, char *note, size_t notelen
         if (!v && slurm && !strcmp(ints[i].flag, "node-rank")) v = first_of(get, slurm_rank, &which);
         if (!v && !strcmp(ints[i].flag, "node-rank")) v = first_of(get, k8s_rank, &which);
         if (!v) continue;
-        if (!parse_int(v, ints[i].lo, ints[i].hi, ints[i].field)) {
-            snprintf(err, errlen, "reading --%s from the environment: %s=%s is not a number in %ld..%ld", ints[i].flag,
-                     which, v, ints[i].lo, ints[i].hi);
-            return CO_EINVAL;
-        }
+        if (!parse_int(v, ints[i].lo, ints[i].hi, ints[i].field))
+            return co_err_set(CO_EINVAL, "reading --%s from the environment: %s=%s is not a number in %ld..%ld",
+                              ints[i].flag, which, v, ints[i].lo, ints[i].hi);
         add_note(note, notelen, ints[i].flag, v, which);
     }
     if (!co_config_was_set(c, "master-addr")) {
         static const char *const names[] = {"MASTER_ADDR", "PET_MASTER_ADDR", NULL};
         static const char *const lists[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST", NULL};
         v = first_of(get, names, &which);
-        if (v && strlen(v) >= sizeof c->master_addr) {
-            snprintf(err, errlen, "reading --master-addr from the environment: %s is too long", which);
-            return CO_EINVAL;
-        }
+        if (v && strlen(v) >= sizeof c->master_addr)
+            return co_err_set(CO_EINVAL, "reading --master-addr from the environment: %s is too long", which);
         if (v) {
             snprintf(c->master_addr, sizeof c->master_addr, "%s", v);
         } else if (slurm && (v = first_of(get, lists, &which))) {
             /* node 0 of the step is the first host of its node list */
-            if (co_hostlist_first(v, c->master_addr, sizeof c->master_addr)) {
-                snprintf(err, errlen, "reading --master-addr from the environment: %s=%s is not a host list", which, v);
-                return CO_EINVAL;
-            }
+            if (co_hostlist_first(v, c->master_addr, sizeof c->master_addr))
+                return co_err_set(CO_EINVAL, "reading --master-addr from the environment: %s=%s is not a host list",
+                                  which, v);
         }
         if (v) {
             add_note(note, notelen, "master-addr", c->master_addr, which);
@@ -153,11 +148,10 @@ int co_launch_env_apply(co_config *c, co_env_get get, char *note, size_t notelen
         const char *nt = get("SLURM_STEP_NUM_TASKS");
         if (!nt || !*nt) nt = get("SLURM_NTASKS");
         int ntasks;
-        if (nt && parse_int(nt, 1, INT_MAX, &ntasks) && ntasks != c->nnodes) {
-            snprintf(err, errlen, "under srun, cohort runs one task per node (srun --ntasks-per-node=1; it starts "
-                     "--nproc-per-node workers itself), but this step has %d tasks on %d nodes", ntasks, c->nnodes);
-            return CO_EINVAL;
-        }
+        if (nt && parse_int(nt, 1, INT_MAX, &ntasks) && ntasks != c->nnodes)
+            return co_err_set(CO_EINVAL, "under srun, cohort runs one task per node (srun --ntasks-per-node=1; it "
+                                         "starts --nproc-per-node workers itself), but this step has %d tasks on %d "
+                                         "nodes", ntasks, c->nnodes);
     }
     return 0;
 }

@@ -19,9 +19,10 @@
 typedef const char *(*co_env_get)(const char *name);
 
 /* Fills the flags the command line left unset from the environment. note: what was taken
- * from where ("" when nothing), for the log. 0, or CO_EINVAL with the reason in err (a
- * variable that is not a number, or an srun step of several tasks per node). */
-int co_launch_env_apply(co_config *c, co_env_get get, char *note, size_t notelen, char *err, size_t errlen);
+ * from where ("" when nothing), for the log. 0, or CO_EINVAL with the reason in
+ * co_err_detail() (a variable that is not a number, or an srun step of several tasks per
+ * node). */
+int co_launch_env_apply(co_config *c, co_env_get get, char *note, size_t notelen);
 
 /* The first host of a Slurm host list ("node[01-04,07],gpu3" -> "node01"; "127.0.0.[1-2]" ->
  * "127.0.0.1"). 0, or CO_EINVAL for a malformed list or one too long for out. */

@@ -6,6 +6,7 @@
 #include "model/gpt_internal.h"
 
 #include "kernels/checksum.h"
+#include "model/gpt_check.h"
 
 #include <xxhash.h>
 
@@ -86,24 +87,7 @@ int gpt_tp_check(const gpt_config *c, int max_T) {
     if (tp == 1) return 0;
     if (c->tp_rank < 0 || c->tp_rank >= tp)
         return co_err_set(CO_EINVAL, "tensor-parallel rank %d is outside a group of %d", c->tp_rank, tp);
-    if (c->heads % tp)
-        return co_err_set(CO_EINVAL, "--num-attention-heads %d is not divisible by --tensor-model-parallel-size %d",
-                          c->heads, tp);
-    if (c->kv_groups % tp && tp % c->kv_groups)
-        return co_err_set(CO_EINVAL,
-                          "--num-query-groups %d and --tensor-model-parallel-size %d: one must divide the other",
-                          c->kv_groups, tp);
-    if (c->ffn_hidden % tp)
-        return co_err_set(CO_EINVAL, "--ffn-hidden-size %d is not divisible by --tensor-model-parallel-size %d",
-                          c->ffn_hidden, tp);
-    if (c->padded_vocab % tp)
-        return co_err_set(CO_EINVAL, "the padded vocabulary (%d) is not divisible by --tensor-model-parallel-size %d",
-                          c->padded_vocab, tp);
-    if (c->sequence_parallel && max_T > 0 && max_T % tp)
-        return co_err_set(CO_EINVAL,
-                          "--sequence-parallel: --seq-length %d is not divisible by --tensor-model-parallel-size %d",
-                          max_T, tp);
-    return 0;
+    return gpt_tp_rules(c, max_T, NULL);
 }
 
 /* This rank's shapes (tp, rank, local heads, groups, ffn, vocabulary) from m->cfg, checked. */

@@ -43,16 +43,16 @@ static uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-static int bad(char *err, size_t n, const char *spec, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int bad(char *err, size_t n, const char *spec, const char *fmt, ...) {
+/* A refused spec: CO_EINVAL with the spec, what is wrong and the syntax as the detail. */
+static int bad(const char *spec, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bad(const char *spec, const char *fmt, ...) {
     char what[200];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    snprintf(err, n, "--inject '%s': %s (syntax: KIND@rank=R,step=S[,microbatch=M][,phase=P][,times=once|always]"
-                     "[,bit=B][,ms=N]; see cohort train --help)", spec, what);
-    return CO_EINVAL;
+    return co_err_set(CO_EINVAL, "--inject '%s': %s (syntax: KIND@rank=R,step=S[,microbatch=M][,phase=P]"
+                                 "[,times=once|always][,bit=B][,ms=N]; see cohort train --help)", spec, what);
 }
 
 /* "N", "*" or "A-B" within [lo, hi]: a value, drawn from r when not fixed. */
@@ -90,57 +90,56 @@ static step_range train_steps(int64_t train_iters) {
     return (step_range){1, train_iters, " (iterations 1 to --train-iters)", false};
 }
 
-static int parse_one(const char *spec, int index, uint64_t seed, int world, step_range steps, fi_fault *f,
-                     char *err, size_t n) {
+static int parse_one(const char *spec, int index, uint64_t seed, int world, step_range steps, fi_fault *f) {
     memset(f, 0, sizeof *f);
     snprintf(f->spec, sizeof f->spec, "%s", spec);
     f->microbatch = -1;
     f->bit = -1;
     f->salt = mix64(seed ^ mix64((uint64_t)index + 1));
     char buf[256];
-    if (strlen(spec) >= sizeof buf) return bad(err, n, spec, "too long");
+    if (strlen(spec) >= sizeof buf) return bad(spec, "too long");
     snprintf(buf, sizeof buf, "%s", spec);
     char *at = strchr(buf, '@');
     if (at) *at = '\0';
     int k = 0;
     while (k < FI_NKINDS && strcmp(buf, kind_names[k])) k++;
-    if (k == FI_NKINDS) return bad(err, n, spec, "unknown kind '%s'", buf);
+    if (k == FI_NKINDS) return bad(spec, "unknown kind '%s'", buf);
     f->kind = (fi_kind)k;
     bool have_rank = false, have_step = false;
     unsigned seen = 0; /* keys given (a bit per key) */
     char *save = NULL;
     for (char *kv = at ? strtok_r(at + 1, ",", &save) : NULL; kv; kv = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(kv, '=');
-        if (!eq) return bad(err, n, spec, "'%s' is not key=value", kv);
+        if (!eq) return bad(spec, "'%s' is not key=value", kv);
         *eq = '\0';
         const char *key = kv, *val = eq + 1;
         int64_t v;
         static const char *const keys[] = {"rank", "step", "microbatch", "phase", "times", "bit", "ms"};
         for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
             if (!strcmp(key, keys[k])) {
-                if (seen & (1u << k)) return bad(err, n, spec, "'%s' is given twice", key);
+                if (seen & (1u << k)) return bad(spec, "'%s' is given twice", key);
                 seen |= 1u << k;
             }
         if (!strcmp(key, "rank")) {
             if (parse_range(val, 0, world - 1, mix64(f->salt ^ 1), &v))
-                return bad(err, n, spec, "rank '%s' is not in 0..%d", val, world - 1);
+                return bad(spec, "rank '%s' is not in 0..%d", val, world - 1);
             f->rank = (int)v;
             have_rank = true;
         } else if (!strcmp(key, "step")) {
             if (parse_range(val, steps.lo, steps.hi, mix64(f->salt ^ 2), &v)) {
-                if (!steps.what) return bad(err, n, spec, "step '%s' is not an iteration number (1, 2, ...)", val);
+                if (!steps.what) return bad(spec, "step '%s' is not an iteration number (1, 2, ...)", val);
                 char *end;
                 long long s0 = strtoll(val, &end, 10);
                 if (steps.live && end != val && !*end && s0 >= 1 && s0 < steps.lo)
-                    return bad(err, n, spec, "step %lld is too soon: the job is at iteration %lld (give %lld..%lld)",
+                    return bad(spec, "step %lld is too soon: the job is at iteration %lld (give %lld..%lld)",
                                s0, (long long)steps.lo - 2, (long long)steps.lo, (long long)steps.hi);
-                return bad(err, n, spec, "step '%s' is not in %lld..%lld%s", val, (long long)steps.lo,
+                return bad(spec, "step '%s' is not in %lld..%lld%s", val, (long long)steps.lo,
                            (long long)steps.hi, steps.what);
             }
             f->step = v;
             have_step = true;
         } else if (!strcmp(key, "microbatch")) {
-            if (parse_range(val, 0, 1 << 20, mix64(f->salt ^ 3), &v)) return bad(err, n, spec, "microbatch '%s'", val);
+            if (parse_range(val, 0, 1 << 20, mix64(f->salt ^ 3), &v)) return bad(spec, "microbatch '%s'", val);
             f->microbatch = (int)v;
         } else if (!strcmp(key, "phase")) {
             fi_phase p = !strcmp(val, "forward")     ? FI_PH_FORWARD
@@ -148,46 +147,43 @@ static int parse_one(const char *spec, int index, uint64_t seed, int world, step
                          : !strcmp(val, "allreduce") ? FI_PH_ALLREDUCE
                          : !strcmp(val, "optimizer") ? FI_PH_OPTIMIZER
                                                      : FI_PH_DEFAULT;
-            if (p == FI_PH_DEFAULT) return bad(err, n, spec, "phase '%s' is not forward|backward|allreduce|optimizer", val);
+            if (p == FI_PH_DEFAULT) return bad(spec, "phase '%s' is not forward|backward|allreduce|optimizer", val);
             f->phase = p;
         } else if (!strcmp(key, "times")) {
-            if (strcmp(val, "once") && strcmp(val, "always")) return bad(err, n, spec, "times must be once or always");
+            if (strcmp(val, "once") && strcmp(val, "always")) return bad(spec, "times must be once or always");
             f->always = !strcmp(val, "always");
         } else if (!strcmp(key, "bit")) {
-            if (parse_range(val, 0, 31, mix64(f->salt ^ 4), &v)) return bad(err, n, spec, "bit '%s' is not in 0..31", val);
+            if (parse_range(val, 0, 31, mix64(f->salt ^ 4), &v)) return bad(spec, "bit '%s' is not in 0..31", val);
             f->bit = (int)v;
         } else if (!strcmp(key, "ms")) {
-            if (parse_range(val, 0, 3600 * 1000, mix64(f->salt ^ 5), &v)) return bad(err, n, spec, "ms '%s'", val);
+            if (parse_range(val, 0, 3600 * 1000, mix64(f->salt ^ 5), &v)) return bad(spec, "ms '%s'", val);
             f->ms = (int)v;
         } else {
-            return bad(err, n, spec, "unknown key '%s'", key);
+            return bad(spec, "unknown key '%s'", key);
         }
     }
-    if (!have_step) return bad(err, n, spec, "step= is required");
+    if (!have_step) return bad(spec, "step= is required");
     if (f->kind == FI_KILL_SUPERVISOR) {
         f->rank = -1;
     } else if (!have_rank) {
-        return bad(err, n, spec, "rank= is required");
+        return bad(spec, "rank= is required");
     }
     if (!f->phase) f->phase = fi_default_phase(f->kind);
     if (!f->ms) f->ms = f->kind == FI_SLOW ? 200 : f->kind == FI_MSG_DELAY ? 300 : 0;
     if (f->always && f->kind != FI_NAN && f->kind != FI_INF && f->kind != FI_SPIKE && f->kind != FI_SLOW)
-        return bad(err, n, spec, "times=always applies to nan, inf, spike and slow only");
+        return bad(spec, "times=always applies to nan, inf, spike and slow only");
     return 0;
 }
 
-static int parse_all(fi_schedule *s, char *const *specs, int nspecs, uint64_t seed, int world, step_range steps,
-                     char *err, size_t errlen) {
+static int parse_all(fi_schedule *s, char *const *specs, int nspecs, uint64_t seed, int world, step_range steps) {
     memset(s, 0, sizeof *s);
     if (nspecs <= 0) return 0;
-    if (nspecs > FI_MAX_SPECS) {
-        snprintf(err, errlen, "%d fault specs: at most %d may be given (FI_MAX_SPECS)", nspecs, FI_MAX_SPECS);
-        return CO_EINVAL;
-    }
+    if (nspecs > FI_MAX_SPECS)
+        return co_err_set(CO_EINVAL, "%d fault specs: at most %d may be given (FI_MAX_SPECS)", nspecs, FI_MAX_SPECS);
     s->f = calloc((size_t)nspecs, sizeof *s->f);
-    if (!s->f) return CO_ENOMEM;
+    if (!s->f) return co_err_set(CO_ENOMEM, "--inject: out of memory");
     for (int i = 0; i < nspecs; i++) {
-        int rc = parse_one(specs[i], i, seed, world, steps, &s->f[i], err, errlen);
+        int rc = parse_one(specs[i], i, seed, world, steps, &s->f[i]);
         if (rc) {
             fi_schedule_free(s);
             return rc;
@@ -197,29 +193,24 @@ static int parse_all(fi_schedule *s, char *const *specs, int nspecs, uint64_t se
     return 0;
 }
 
-int fi_schedule_parse(fi_schedule *s, char *const *specs, int nspecs, uint64_t seed, int world, int64_t train_iters,
-                      char *err, size_t errlen) {
-    return parse_all(s, specs, nspecs, seed, world, train_steps(train_iters), err, errlen);
+int fi_schedule_parse(fi_schedule *s, char *const *specs, int nspecs, uint64_t seed, int world, int64_t train_iters) {
+    return parse_all(s, specs, nspecs, seed, world, train_steps(train_iters));
 }
 
-int fi_schedule_parse_live(fi_schedule *s, char *const *specs, int nspecs, int world, int64_t first, int64_t last,
-                           char *err, size_t errlen) {
+int fi_schedule_parse_live(fi_schedule *s, char *const *specs, int nspecs, int world, int64_t first, int64_t last) {
     step_range r = {first, last, " (the iterations the job has still to run, at least two ahead)", true};
-    return parse_all(s, specs, nspecs, 0, world, r, err, errlen);
+    return parse_all(s, specs, nspecs, 0, world, r);
 }
 
-int fi_schedule_add(fi_schedule *s, const char *spec, uint64_t seed, int world, int64_t train_iters, char *err,
-                    size_t errlen) {
-    if (s->n >= FI_MAX_SPECS) {
-        snprintf(err, errlen, "--inject '%s': the job already has %d faults scheduled, the most it holds "
-                              "(FI_MAX_SPECS)", spec, FI_MAX_SPECS);
-        return CO_EINVAL;
-    }
+int fi_schedule_add(fi_schedule *s, const char *spec, uint64_t seed, int world, int64_t train_iters) {
+    if (s->n >= FI_MAX_SPECS)
+        return co_err_set(CO_EINVAL, "--inject '%s': the job already has %d faults scheduled, the most it holds "
+                                     "(FI_MAX_SPECS)", spec, FI_MAX_SPECS);
     fi_fault f;
-    int rc = parse_one(spec, s->n, seed, world, train_steps(train_iters), &f, err, errlen);
+    int rc = parse_one(spec, s->n, seed, world, train_steps(train_iters), &f);
     if (rc) return rc;
     fi_fault *nf = realloc(s->f, sizeof *nf * (size_t)(s->n + 1));
-    if (!nf) return CO_ENOMEM;
+    if (!nf) return co_err_set(CO_ENOMEM, "--inject: out of memory");
     s->f = nf;
     s->f[s->n++] = f;
     return 0;

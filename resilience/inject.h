@@ -64,17 +64,14 @@ typedef struct fi_schedule {
 
 /* Parses every spec (index k is the k-th --inject; at most FI_MAX_SPECS). world: ranks;
  * train_iters bounds steps (1..train_iters; <= 0 or >= FI_STEPS_UNBOUNDED: any positive
- * step). A key given twice in one spec is refused. On error: CO_EINVAL and one message
- * naming the spec in err. */
-int fi_schedule_parse(fi_schedule *s, char *const *specs, int nspecs, uint64_t seed, int world, int64_t train_iters,
-                      char *err, size_t errlen);
+ * step). A key given twice in one spec is refused. On error: CO_EINVAL (or CO_ENOMEM) with
+ * one message naming the spec in co_err_detail(). */
+int fi_schedule_parse(fi_schedule *s, char *const *specs, int nspecs, uint64_t seed, int world, int64_t train_iters);
 /* The same for a running job (`cohort inject`): steps must be in first..last, the
  * iterations it has still to run. */
-int fi_schedule_parse_live(fi_schedule *s, char *const *specs, int nspecs, int world, int64_t first, int64_t last,
-                           char *err, size_t errlen);
+int fi_schedule_parse_live(fi_schedule *s, char *const *specs, int nspecs, int world, int64_t first, int64_t last);
 /* Adds one more (`cohort inject` against a running job); CO_EINVAL past FI_MAX_SPECS. */
-int fi_schedule_add(fi_schedule *s, const char *spec, uint64_t seed, int world, int64_t train_iters, char *err,
-                    size_t errlen);
+int fi_schedule_add(fi_schedule *s, const char *spec, uint64_t seed, int world, int64_t train_iters);
 void fi_schedule_free(fi_schedule *s);
 
 /* The natural phase of a kind (where it fires when phase= is not given). */

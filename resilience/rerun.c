@@ -11,7 +11,7 @@
 #include <string.h>
 
 /* the configuration refuses more micro batches per rank than a report holds */
-_Static_assert(RR_MAX_MB == CO_RERUN_MAX_MICRO_BATCHES, "RR_MAX_MB and co_config_finalize's limit differ");
+_Static_assert(RR_MAX_MB == CO_RERUN_MAX_MICRO_BATCHES, "RR_MAX_MB and trainer_config_check's limit differ");
 
 #define RR_TRACK_N 100   /* values the spike and gradient trackers learn from, then freeze */
 #define RR_MAX_ATTEMPT 4 /* replays of one iteration before giving up */

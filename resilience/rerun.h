@@ -82,7 +82,7 @@ void rr_options_default(rr_options *o, int world);
 /* One rank's report for one round: its micro batches' loss sums and token counts, and the
  * norm of its own gradients before reduction. check_for >= 0 in a CHECK round: these are
  * the micro batches of rank check_for, recomputed here. At most RR_MAX_MB micro batches:
- * co_config_finalize refuses a configuration with more per rank (CO_RERUN_MAX_MICRO_BATCHES)
+ * trainer_config_check refuses a configuration with more per rank (CO_RERUN_MAX_MICRO_BATCHES)
  * unless validation is off, and rr_add refuses a longer report. */
 #define RR_MAX_MB 64
 #define RR_MAX_AUX 10

@@ -97,16 +97,13 @@ static bool expand_pass(const char *s, size_t n, bool paren, sbuf *out, long lon
     return true;
 }
 
-char *pp_layout_expand(const char *layout, int *nstages, int *rc, char *err, size_t errlen) {
+int pp_layout_expand(const char *layout, char **out, int *nstages) {
+    *out = NULL;
     *nstages = 0;
-    *rc = CO_ENOMEM;
     size_t n = strlen(layout);
-    if (n > PP_MAX_LAYOUT) {
-        *rc = CO_EINVAL;
-        snprintf(err, errlen, "--pipeline-model-parallel-layout is %zu characters long, more than %d", n,
-                 PP_MAX_LAYOUT);
-        return NULL;
-    }
+    if (n > PP_MAX_LAYOUT)
+        return co_err_set(CO_EINVAL, "--pipeline-model-parallel-layout is %zu characters long, more than %d", n,
+                          PP_MAX_LAYOUT);
     sbuf a = {0}, b = {0}, c = {0};
     /* commas are cosmetic */
     for (size_t i = 0; i < n; i++)
@@ -133,33 +130,32 @@ char *pp_layout_expand(const char *layout, int *nstages, int *rc, char *err, siz
         char what[24];
         if (isprint((unsigned char)ch)) snprintf(what, sizeof what, "'%c'", ch);
         else snprintf(what, sizeof what, "byte 0x%02x", (unsigned char)ch);
-        snprintf(err, errlen, "--pipeline-model-parallel-layout '%s': unknown layer character %s in stage %d "
-                 "('%.*s'); known: E (embedding), t (decoder layer), m (MTP layer), L (loss), '|' between stages, "
-                 "X*N and (...)*N repeat, commas are ignored", layout, what, stage,
-                 (int)(stage_end - stage_start > 60 ? 60 : stage_end - stage_start), c.s + stage_start);
+        co_err_set(CO_EINVAL, "--pipeline-model-parallel-layout '%s': unknown layer character %s in stage %d "
+                   "('%.*s'); known: E (embedding), t (decoder layer), m (MTP layer), L (loss), '|' between stages, "
+                   "X*N and (...)*N repeat, commas are ignored", layout, what, stage,
+                   (int)(stage_end - stage_start > 60 ? 60 : stage_end - stage_start), c.s + stage_start);
         free(c.s);
-        *rc = CO_EINVAL;
-        return NULL;
+        return CO_EINVAL;
     }
     *nstages = ns;
-    *rc = 0;
-    return c.s;
-fail:
+    *out = c.s;
+    return 0;
+fail:;
+    int rc;
     if (a.too_long || b.too_long || c.too_long) {
-        *rc = CO_EINVAL;
         if (bad_n >= 0)
-            snprintf(err, errlen, "--pipeline-model-parallel-layout '%s': a repetition count is larger than %d", layout,
-                     PP_MAX_LAYOUT);
+            rc = co_err_set(CO_EINVAL, "--pipeline-model-parallel-layout '%s': a repetition count is larger than %d",
+                            layout, PP_MAX_LAYOUT);
         else
-            snprintf(err, errlen, "--pipeline-model-parallel-layout '%s' expands to more than %d characters", layout,
-                     PP_MAX_LAYOUT);
+            rc = co_err_set(CO_EINVAL, "--pipeline-model-parallel-layout '%s' expands to more than %d characters",
+                            layout, PP_MAX_LAYOUT);
     } else {
-        snprintf(err, errlen, "out of memory expanding --pipeline-model-parallel-layout");
+        rc = co_err_set(CO_ENOMEM, "out of memory expanding --pipeline-model-parallel-layout");
     }
     free(a.s);
     free(b.s);
     free(c.s);
-    return NULL;
+    return rc;
 }
 
 /* Per stage (in stage order) its counts of E, t, m, L. */
@@ -180,7 +176,7 @@ static int *layout_counts(const char *x, int ns) {
 
 /* PipelineParallelLayerLayout.validate_layer_layout, in its order, and cohort's own rule
  * that E and L sit in the stages that build the embedding and the loss. */
-static int layout_validate(const pp_place_cfg *c, const char *x, const int *cnt, int v, char *err, size_t errlen) {
+static int layout_validate(const pp_place_cfg *c, const char *x, const int *cnt, int v) {
     int p = c->p, ns = p * v;
     const char *L = c->layout;
     char first = 0, last = 0;
@@ -191,7 +187,7 @@ static int layout_validate(const pp_place_cfg *c, const char *x, const int *cnt,
             last = *q;
             tot[kind_of(*q)]++;
         }
-#define FAIL(...) return snprintf(err, errlen, __VA_ARGS__), CO_EINVAL
+#define FAIL(...) return co_err_set(CO_EINVAL, __VA_ARGS__)
     if (!first) FAIL("--pipeline-model-parallel-layout '%s' holds no layers: it must start with E and end with L", L);
     if (first != 'E') FAIL("--pipeline-model-parallel-layout '%s': the first layer must be the embedding E, not %c", L,
                            first);
@@ -235,11 +231,11 @@ static int layout_validate(const pp_place_cfg *c, const char *x, const int *cnt,
 
 /* ---- the checks ------------------------------------------------------------------------ */
 
-#define FAIL(...) return snprintf(err, errlen, __VA_ARGS__), CO_EINVAL
+#define FAIL(...) return co_err_set(CO_EINVAL, __VA_ARGS__)
 
 /* Everything but the layout's contents, in Megatron's order; the model chunks per rank
  * (layout: its stages / p). With a layout, *x is its expansion and *ns its stages. */
-static int chunks_of(const pp_place_cfg *c, char **x, int *ns, char *err, size_t errlen) {
+static int chunks_of(const pp_place_cfg *c, char **x, int *ns) {
     int p = c->p, L = c->num_layers;
     if (p < 1 || p > PP_MAX_RANKS) FAIL("--pipeline-model-parallel-size %d is out of range (1..%d)", p, PP_MAX_RANKS);
     if (L < 1 || L > PP_MAX_LAYERS) FAIL("--num-layers %d is out of range (1..%d)", L, PP_MAX_LAYERS);
@@ -259,9 +255,8 @@ static int chunks_of(const pp_place_cfg *c, char **x, int *ns, char *err, size_t
              "(%d) and --pipeline-model-parallel-layout (%s)", c->layers_per_vstage, c->v, c->layout ? "given" : "none");
     int Lp = L + c->account_embedding + c->account_loss, v;
     if (c->layout) {
-        int rc, nstages;
-        *x = pp_layout_expand(c->layout, &nstages, &rc, err, errlen);
-        if (!*x) return rc;
+        int nstages, rc = pp_layout_expand(c->layout, x, &nstages);
+        if (rc) return rc;
         *ns = nstages;
         if (nstages % p)
             FAIL("--pipeline-model-parallel-layout has %d stages, not a multiple of --pipeline-model-parallel-size %d",
@@ -349,18 +344,17 @@ static int chunks_of(const pp_place_cfg *c, char **x, int *ns, char *err, size_t
     return v;
 }
 
-int pp_place_chunks(const pp_place_cfg *c, char *err, size_t errlen) {
+int pp_place_chunks(const pp_place_cfg *c) {
     int ns = 0;
     char *x = NULL;
-    int v = chunks_of(c, &x, &ns, err, errlen);
+    int v = chunks_of(c, &x, &ns);
     if (v > 0 && x) {
         int *cnt = layout_counts(x, ns);
         if (!cnt) {
             free(x);
-            snprintf(err, errlen, "out of memory");
-            return CO_ENOMEM;
+            return co_err_set(CO_ENOMEM, "the pipeline's layout: out of memory");
         }
-        int rc = layout_validate(c, x, cnt, v, err, errlen);
+        int rc = layout_validate(c, x, cnt, v);
         free(cnt);
         if (rc) v = rc;
     }
@@ -372,28 +366,23 @@ int pp_place_chunks(const pp_place_cfg *c, char *err, size_t errlen) {
 
 /* ---- the placement ---------------------------------------------------------------------- */
 
-int pp_placement(const pp_place_cfg *c, pp_stage *st, int cap, int *vout, char *err, size_t errlen) {
-    int v = pp_place_chunks(c, err, errlen);
+int pp_placement(const pp_place_cfg *c, pp_stage *st, int cap, int *vout) {
+    int v = pp_place_chunks(c);
     if (v < 0) return v;
     int p = c->p, L = c->num_layers;
     *vout = v;
-    if (cap < p * v) {
-        snprintf(err, errlen, "room for %d stages, the placement has %d", cap, p * v);
-        return CO_ERANGE;
-    }
+    if (cap < p * v) return co_err_set(CO_ERANGE, "room for %d stages, the placement has %d", cap, p * v);
     memset(st, 0, sizeof *st * (size_t)p * (size_t)v);
     if (c->layout) {
         /* PipelineParallelLayerLayout.get_num_layers_to_build / get_layer_offset: a stage's
          * offset is the t's of every stage before it in stage order */
-        int ns, rc;
-        char *x = pp_layout_expand(c->layout, &ns, &rc, err, errlen);
-        if (!x) return rc;
+        int ns;
+        char *x;
+        int rc = pp_layout_expand(c->layout, &x, &ns);
+        if (rc) return rc;
         int *cnt = layout_counts(x, ns);
         free(x);
-        if (!cnt) {
-            snprintf(err, errlen, "out of memory");
-            return CO_ENOMEM;
-        }
+        if (!cnt) return co_err_set(CO_ENOMEM, "the pipeline's placement: out of memory");
         int off = 0;
         for (int i = 0; i < ns; i++) {
             pp_stage *s = &st[(i % p) * v + i / p];
@@ -446,17 +435,13 @@ int pp_placement(const pp_place_cfg *c, pp_stage *st, int cap, int *vout, char *
     int next = 0;
     for (int i = 0; i < p * v; i++) {
         const pp_stage *s = &st[(i % p) * v + i / p];
-        if (s->first_layer != next || s->num_layers < 0) {
-            snprintf(err, errlen, "internal: stage %d (rank %d, chunk %d) starts at layer %d with %d layers, expected "
-                     "to start at %d", i, i % p, i / p, s->first_layer, s->num_layers, next);
-            return CO_EINTERNAL;
-        }
+        if (s->first_layer != next || s->num_layers < 0)
+            return co_err_set(CO_EINTERNAL, "internal: stage %d (rank %d, chunk %d) starts at layer %d with %d layers, "
+                                            "expected to start at %d", i, i % p, i / p, s->first_layer, s->num_layers,
+                              next);
         next += s->num_layers;
     }
-    if (next != L) {
-        snprintf(err, errlen, "internal: the stages hold %d layers, --num-layers is %d", next, L);
-        return CO_EINTERNAL;
-    }
+    if (next != L) return co_err_set(CO_EINTERNAL, "internal: the stages hold %d layers, --num-layers is %d", next, L);
     return 0;
 }
 
@@ -492,15 +477,14 @@ unsigned long long pp_embedding_stages(const pp_stage *st, int p, int v, bool ti
 
 unsigned long long pp_embedding_stages_of_config(const co_config *c) {
     int p = c->pipeline_model_parallel_size;
-    if (p < 2 || c->mtp_num_layers <= 0 || co_config_standin_model_parallel) return 0;
+    if (p < 2 || c->mtp_num_layers <= 0 || c->standin_model_parallel) return 0;
     pp_place_cfg pc;
     pp_place_from_config(c, &pc);
-    char err[300];
-    int v = pp_place_chunks(&pc, err, sizeof err);
+    int v = pp_place_chunks(&pc);
     if (v < 1) return 0;
     pp_stage *st = calloc((size_t)p * (size_t)v, sizeof *st);
     unsigned long long mask = 0;
-    if (st && !pp_placement(&pc, st, p * v, &v, err, sizeof err))
+    if (st && !pp_placement(&pc, st, p * v, &v))
         mask = pp_embedding_stages(st, p, v, !c->untie_embeddings_and_output_weights);
     free(st);
     return mask;

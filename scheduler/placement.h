@@ -45,7 +45,7 @@ typedef struct pp_place_cfg {
 } pp_place_cfg;
 
 struct co_config;
-/* The placement flags of a finalized configuration (cohort train's; NULL layout when empty). */
+/* The placement flags of a checked configuration (cohort train's; NULL layout when empty). */
 void pp_place_from_config(const struct co_config *c, pp_place_cfg *out);
 
 /* What one stage (rank, chunk) holds. */
@@ -59,13 +59,14 @@ typedef struct pp_stage {
 
 /* The model chunks per rank the flags give (v; 1 = no interleaving), after checking every
  * rule Megatron applies to them (megatron/training/arguments.py, TransformerConfig,
- * get_num_layers_to_build, PipelineParallelLayerLayout); >= 1, or CO_EINVAL with err a
- * sentence naming the flags and values. */
-int pp_place_chunks(const pp_place_cfg *c, char *err, size_t errlen);
+ * get_num_layers_to_build, PipelineParallelLayerLayout); >= 1, or CO_EINVAL with
+ * co_err_detail() a sentence naming the flags and values (CO_ENOMEM). */
+int pp_place_chunks(const pp_place_cfg *c);
 
 /* Fills st[r * v + c] for every rank r and chunk c (v = pp_place_chunks; cap >= p·v) and
- * sets *v. CO_EINVAL (err says why), CO_ERANGE (cap too small) or CO_ENOMEM. */
-int pp_placement(const pp_place_cfg *c, pp_stage *st, int cap, int *v, char *err, size_t errlen);
+ * sets *v. 0, or CO_EINVAL (co_err_detail() says why), CO_ERANGE (cap too small) or
+ * CO_ENOMEM. */
+int pp_placement(const pp_place_cfg *c, pp_stage *st, int cap, int *v);
 
 /* The pipeline rank whose chunks hold the MTP layers of a placement (p ranks, v chunks
  * each), or -1 without them (Megatron's get_mtp_ranks). */
@@ -75,13 +76,14 @@ int pp_mtp_rank(const pp_stage *st, int p, int v);
  * the last when the embedding is tied (Megatron's get_embedding_ranks); 0 otherwise (the
  * first and the last) or when p > 64. */
 unsigned long long pp_embedding_stages(const pp_stage *st, int p, int v, bool tied);
-/* The same from a finalized configuration's flags (0 when its placement is invalid). */
+/* The same from a checked configuration's flags (0 when its placement is invalid). */
 unsigned long long pp_embedding_stages_of_config(const struct co_config *c);
 
 /* Expands a layout string as Megatron's parse_str_to_list does (commas dropped, then every
- * "(...)*N", then every "X*N", each pass once from left to right) into a new string of E,
- * t, m, L and '|' (the caller frees it); *nstages = the '|' count + 1. NULL with err set
- * (CO_EINVAL in *rc: an unknown character, a repetition too large; CO_ENOMEM). */
-char *pp_layout_expand(const char *layout, int *nstages, int *rc, char *err, size_t errlen);
+ * "(...)*N", then every "X*N", each pass once from left to right) into *out, a new string
+ * of E, t, m, L and '|' (the caller frees it); *nstages = the '|' count + 1. 0, or
+ * CO_EINVAL (an unknown character, a repetition too large; co_err_detail() says which) or
+ * CO_ENOMEM, *out NULL. */
+int pp_layout_expand(const char *layout, char **out, int *nstages);
 
 #endif

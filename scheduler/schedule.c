@@ -7,58 +7,39 @@
 
 int pp_sched_group(const pp_sched_cfg *c) { return c->group > 0 ? c->group : c->p; }
 
-int pp_sched_check(const pp_sched_cfg *c, char *err, size_t errlen) {
-    if (c->p < 1 || c->p > PP_MAX_RANKS) {
-        snprintf(err, errlen, "--pipeline-model-parallel-size %d is out of range (1..%d)", c->p, PP_MAX_RANKS);
-        return CO_EINVAL;
-    }
-    if (c->rank < 0 || c->rank >= c->p) {
-        snprintf(err, errlen, "pipeline rank %d is out of range (0..%d for --pipeline-model-parallel-size %d)", c->rank,
-                 c->p - 1, c->p);
-        return CO_EINVAL;
-    }
-    if (c->m < 1 || c->m > PP_MAX_MICROBATCHES) {
-        snprintf(err, errlen, "the number of micro batches %d is out of range (1..%d)", c->m, PP_MAX_MICROBATCHES);
-        return CO_EINVAL;
-    }
-    if (c->v < 1 || c->v > PP_MAX_CHUNKS) {
-        snprintf(err, errlen, "the number of model chunks per pipeline rank %d is out of range (1..%d)", c->v,
-                 PP_MAX_CHUNKS);
-        return CO_EINVAL;
-    }
-    if ((long long)c->m * c->v > PP_MAX_VIRTUAL_MICROBATCHES) {
-        snprintf(err, errlen, "%d micro batches x %d model chunks = %lld virtual micro batches is more than %d", c->m,
-                 c->v, (long long)c->m * c->v, PP_MAX_VIRTUAL_MICROBATCHES);
-        return CO_EINVAL;
-    }
-    if (c->group < 0) {
-        snprintf(err, errlen, "--microbatch-group-size-per-virtual-pipeline-stage %d must be positive", c->group);
-        return CO_EINVAL;
-    }
+int pp_sched_check(const pp_sched_cfg *c) {
+    if (c->p < 1 || c->p > PP_MAX_RANKS)
+        return co_err_set(CO_EINVAL, "--pipeline-model-parallel-size %d is out of range (1..%d)", c->p, PP_MAX_RANKS);
+    if (c->rank < 0 || c->rank >= c->p)
+        return co_err_set(CO_EINVAL, "pipeline rank %d is out of range (0..%d for --pipeline-model-parallel-size %d)",
+                          c->rank, c->p - 1, c->p);
+    if (c->m < 1 || c->m > PP_MAX_MICROBATCHES)
+        return co_err_set(CO_EINVAL, "the number of micro batches %d is out of range (1..%d)", c->m,
+                          PP_MAX_MICROBATCHES);
+    if (c->v < 1 || c->v > PP_MAX_CHUNKS)
+        return co_err_set(CO_EINVAL, "the number of model chunks per pipeline rank %d is out of range (1..%d)", c->v,
+                          PP_MAX_CHUNKS);
+    if ((long long)c->m * c->v > PP_MAX_VIRTUAL_MICROBATCHES)
+        return co_err_set(CO_EINVAL, "%d micro batches x %d model chunks = %lld virtual micro batches is more than %d",
+                          c->m, c->v, (long long)c->m * c->v, PP_MAX_VIRTUAL_MICROBATCHES);
+    if (c->group < 0)
+        return co_err_set(CO_EINVAL, "--microbatch-group-size-per-virtual-pipeline-stage %d must be positive",
+                          c->group);
     if (c->v == 1) return 0; /* the group size only shapes the interleaved schedule */
-    if (c->p == 1) {
-        /* megatron/training/arguments.py */
-        snprintf(err, errlen, "%d model chunks per rank (the interleaved schedule) need --pipeline-model-parallel-size "
-                 "greater than 1", c->v);
-        return CO_EINVAL;
-    }
+    if (c->p == 1) /* megatron/training/arguments.py */
+        return co_err_set(CO_EINVAL, "%d model chunks per rank (the interleaved schedule) need "
+                                     "--pipeline-model-parallel-size greater than 1", c->v);
     int g = pp_sched_group(c);
-    if (g > c->m || g < c->p) {
-        /* forward_backward_pipelining_with_interleaving raises ValueError */
-        snprintf(err, errlen, "--microbatch-group-size-per-virtual-pipeline-stage %d must lie in [p, m] = [%d, %d] "
-                 "(pipeline size, micro batches)%s", g, c->p, c->m,
-                 c->group ? "" : "; it defaults to the pipeline size, so the interleaved schedule needs at least "
-                                 "that many micro batches");
-        return CO_EINVAL;
-    }
+    if (g > c->m || g < c->p) /* forward_backward_pipelining_with_interleaving raises ValueError */
+        return co_err_set(CO_EINVAL, "--microbatch-group-size-per-virtual-pipeline-stage %d must lie in [p, m] = "
+                                     "[%d, %d] (pipeline size, micro batches)%s", g, c->p, c->m,
+                          c->group ? "" : "; it defaults to the pipeline size, so the interleaved schedule needs at "
+                                          "least that many micro batches");
     int rem = c->m % g;
-    if (rem > 0 && rem < c->p) {
-        /* ... and RuntimeError: the last group would stall the pipeline */
-        snprintf(err, errlen, "%d micro batches mod --microbatch-group-size-per-virtual-pipeline-stage %d = %d: the "
-                 "remainder must be 0 or at least the pipeline size %d (a smaller last group leaves dependency "
-                 "bubbles; Megatron refuses it)", c->m, g, rem, c->p);
-        return CO_EINVAL;
-    }
+    if (rem > 0 && rem < c->p) /* ... and RuntimeError: the last group would stall the pipeline */
+        return co_err_set(CO_EINVAL, "%d micro batches mod --microbatch-group-size-per-virtual-pipeline-stage %d = "
+                                     "%d: the remainder must be 0 or at least the pipeline size %d (a smaller last "
+                                     "group leaves dependency bubbles; Megatron refuses it)", c->m, g, rem, c->p);
     return 0;
 }
 
@@ -82,8 +63,7 @@ void pp_table(const pp_sched_cfg *c, int k, int *mb, int *chunk) {
 }
 
 int pp_warmup(const pp_sched_cfg *c) {
-    char err[8];
-    if (pp_sched_check(c, err, sizeof err)) return -1;
+    if (pp_sched_check(c)) return -1;
     if (c->p == 1) return 0; /* forward_backward_no_pipelining */
     long long total = (long long)c->m * c->v, w;
     if (c->v == 1) w = c->p - c->rank - 1; /* 1F1B */
@@ -99,15 +79,12 @@ static pp_op vop(const pp_sched_cfg *c, int k, pp_kind kind) {
     return o;
 }
 
-int pp_schedule(const pp_sched_cfg *c, pp_op *ops, int cap, int *n, char *err, size_t errlen) {
+int pp_schedule(const pp_sched_cfg *c, pp_op *ops, int cap, int *n) {
     *n = 0;
-    int rc = pp_sched_check(c, err, errlen);
+    int rc = pp_sched_check(c);
     if (rc) return rc;
     int total = c->m * c->v;
-    if (cap < 2 * total) {
-        snprintf(err, errlen, "room for %d operations, the schedule has %d", cap, 2 * total);
-        return CO_ERANGE;
-    }
+    if (cap < 2 * total) return co_err_set(CO_ERANGE, "room for %d operations, the schedule has %d", cap, 2 * total);
     /* Three phases, as all three of Megatron's schedules run them (no pipelining: warm-up 0):
      * warm-up forwards 0..w-1; steady steps k = 0..total-w-1 of forward w+k then backward k;
      * cool-down backwards total-w..total-1. The backward of virtual micro batch k takes the

@@ -46,16 +46,16 @@ typedef struct pp_sched_cfg {
 } pp_sched_cfg;
 
 /* Checks c as Megatron does (m >= 1; v > 1 needs p > 1; with v > 1: p <= group <= m and
- * m mod group is 0 or >= p) and against the bounds above. 0, or CO_EINVAL with err a
- * sentence naming the flag and the values. */
-int pp_sched_check(const pp_sched_cfg *c, char *err, size_t errlen);
+ * m mod group is 0 or >= p) and against the bounds above. 0, or CO_EINVAL with
+ * co_err_detail() a sentence naming the flag and the values. */
+int pp_sched_check(const pp_sched_cfg *c);
 
 /* The group size in effect: group, or p when group is 0. */
 int pp_sched_group(const pp_sched_cfg *c);
 
 /* Fills ops[0..2·m·v) with rank c->rank's operations in order; *n = 2·m·v. CO_EINVAL (a
- * bad configuration, err says why) or CO_ERANGE (cap < 2·m·v) otherwise. */
-int pp_schedule(const pp_sched_cfg *c, pp_op *ops, int cap, int *n, char *err, size_t errlen);
+ * bad configuration, co_err_detail() says why) or CO_ERANGE (cap < 2·m·v) otherwise. */
+int pp_schedule(const pp_sched_cfg *c, pp_op *ops, int cap, int *n);
 
 /* Megatron's num_warmup_microbatches for c->rank: the forwards of the warm-up phase (the
  * steady phase then starts with one more forward before the first backward, so the

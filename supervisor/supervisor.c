@@ -702,7 +702,6 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
         if ((int64_t)s->w[i].iteration > cur) cur = (int64_t)s->w[i].iteration;
     if (s->val && svv_current_iteration(s->val) > cur) cur = svv_current_iteration(s->val);
     fi_schedule one = {0};
-    char err[600];
     if (!spec) {
         snprintf(out, sizeof out, "error: not an injection request");
     } else if (!s->assigned || s->stopping || s->agent) {
@@ -711,14 +710,14 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
         snprintf(out, sizeof out, "error: the job has %d injections already, the most one job takes (--inject and "
                  "cohort inject together)", FI_MAX_SPECS);
     } else if (fi_schedule_add(&one, spec, (uint64_t)sv__now_ms(), s->nw,
-                               s->o.train_iters > 0 ? s->o.train_iters : INT64_MAX / 4, err, sizeof err)) {
-        snprintf(out, sizeof out, "error: %s", err);
+                               s->o.train_iters > 0 ? s->o.train_iters : INT64_MAX / 4)) {
+        snprintf(out, sizeof out, "error: %s", co_err_detail());
     } else if (one.f[0].step <= cur + 1) {
         snprintf(out, sizeof out, "error: step %lld is too soon: the job is at iteration %lld (give step >= %lld)",
                  (long long)one.f[0].step, (long long)cur, (long long)cur + 2);
     } else {
         if (one.f[0].kind == FI_KILL_SUPERVISOR) {
-            if (!s->o.inject || fi_schedule_add(s->o.inject, spec, 0, s->nw, INT64_MAX / 4, err, sizeof err))
+            if (!s->o.inject || fi_schedule_add(s->o.inject, spec, 0, s->nw, INT64_MAX / 4))
                 snprintf(out, sizeof out, "error: cannot keep it");
         } else {
             Cohort__V1__Param pm = COHORT__V1__PARAM__INIT, *pp = &pm;

@@ -148,27 +148,26 @@ gpt_chunk trainer__chunk_of(const pp_stage *st, int p, int v, int r, int ci, int
  * schedule keeps in it at once), the per micro batch buffers. */
 static int pipeline_setup(trainer *t, gpt_config *m) {
     const co_config *c = &t->cfg;
-    char err[400];
     pp_place_cfg pc;
     pp_place_from_config(c, &pc);
     pc.p = t->pp_size;
-    int v = pp_place_chunks(&pc, err, sizeof err);
-    if (v < 1) return co_err_set(v < 0 ? v : CO_EINVAL, "%s", err);
+    int v = pp_place_chunks(&pc);
+    if (v < 1) return v < 0 ? v : CO_EINVAL;
     if (v > GPT_MAX_CHUNKS)
         return co_err_set(CO_EINVAL, "%d model chunks per pipeline rank (at most %d)", v, GPT_MAX_CHUNKS);
     pp_stage *st = calloc((size_t)t->pp_size * (size_t)v, sizeof *st);
     if (!st) return co_err_set(CO_ENOMEM, "pipeline placement: out of memory");
-    int rc = pp_placement(&pc, st, t->pp_size * v, &v, err, sizeof err);
+    int rc = pp_placement(&pc, st, t->pp_size * v, &v);
     if (rc) {
         free(st);
-        return co_err_set(rc, "%s", err);
+        return rc;
     }
     pp_sched_cfg sc = {.p = t->pp_size, .rank = t->pp_rank, .m = t->M, .v = v,
                        .group = c->microbatch_group_size_per_vp_stage};
     t->vchunks = v;
     t->ops = malloc(sizeof *t->ops * 2 * (size_t)t->M * (size_t)v);
     if (!t->ops) rc = co_err_set(CO_ENOMEM, "pipeline schedule: out of memory");
-    if (!rc && (rc = pp_schedule(&sc, t->ops, 2 * t->M * v, &t->nops, err, sizeof err))) co_err_set(rc, "%s", err);
+    if (!rc) rc = pp_schedule(&sc, t->ops, 2 * t->M * v, &t->nops);
     /* slots: the most forwards of a chunk not yet matched by their backward (a chunk takes
      * its micro batches' backwards in the order of their forwards, so slot = mb mod slots) */
     int inflight[GPT_MAX_CHUNKS] = {0}, most[GPT_MAX_CHUNKS] = {0};

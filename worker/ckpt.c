@@ -222,76 +222,22 @@ static int hook(trainer *t, void *ctx, bool final, train_end why) {
 
 /* ---- --use-checkpoint-args and the seed ----------------------------------------------- */
 
-static void take_args(co_config *c, json_t *conf, FILE *log) {
-#define INT_ARG(key, field)                                                                     \
-    do {                                                                                        \
-        json_t *v = json_object_get(conf, key);                                                 \
-        if (json_is_integer(v) && c->field != (int)json_integer_value(v)) {                     \
-            if (log) fprintf(log, "  --%s %d from the checkpoint\n", key, (int)json_integer_value(v)); \
-            c->field = (int)json_integer_value(v);                                              \
-        }                                                                                       \
-    } while (0)
-#define DBL_ARG(key, field)                                                                     \
-    do {                                                                                        \
-        json_t *v = json_object_get(conf, key);                                                 \
-        if (json_is_number(v) && c->field != json_number_value(v)) {                            \
-            if (log) fprintf(log, "  --%s %g from the checkpoint\n", key, json_number_value(v)); \
-            c->field = json_number_value(v);                                                    \
-        }                                                                                       \
-    } while (0)
-#define BOOL_ARG(key, field)                                                                    \
-    do {                                                                                        \
-        json_t *v = json_object_get(conf, key);                                                 \
-        if (json_is_boolean(v) && c->field != json_is_true(v)) {                                \
-            if (log) fprintf(log, "  --%s %s from the checkpoint\n", key, json_is_true(v) ? "on" : "off"); \
-            c->field = json_is_true(v);                                                         \
-        }                                                                                       \
-    } while (0)
-#define STR_ARG(key, field)                                                                     \
-    do {                                                                                        \
-        json_t *v = json_object_get(conf, key);                                                 \
-        if (json_is_string(v) && strlen(json_string_value(v)) < sizeof c->field &&              \
-            strcmp(c->field, json_string_value(v))) {                                           \
-            if (log) fprintf(log, "  --%s %s from the checkpoint\n", key, json_string_value(v)); \
-            snprintf(c->field, sizeof c->field, "%s", json_string_value(v));                    \
-        }                                                                                       \
-    } while (0)
-    INT_ARG("num-layers", num_layers);
-    INT_ARG("hidden-size", hidden_size);
-    INT_ARG("ffn-hidden-size", ffn_hidden_size);
-    INT_ARG("num-attention-heads", num_attention_heads);
-    BOOL_ARG("group-query-attention", group_query_attention);
-    INT_ARG("num-query-groups", num_query_groups);
-    INT_ARG("kv-channels", kv_channels);
-    INT_ARG("seq-length", seq_length);
-    INT_ARG("max-position-embeddings", max_position_embeddings);
-    STR_ARG("position-embedding-type", position_embedding_type);
-    DBL_ARG("rotary-base", rotary_base);
-    STR_ARG("normalization", normalization);
-    DBL_ARG("norm-epsilon", norm_epsilon);
-    BOOL_ARG("swiglu", swiglu);
-    BOOL_ARG("untie-embeddings-and-output-weights", untie_embeddings_and_output_weights);
-    BOOL_ARG("disable-bias-linear", disable_bias_linear);
-    INT_ARG("make-vocab-size-divisible-by", make_vocab_size_divisible_by);
-    STR_ARG("tokenizer-type", tokenizer_type);
-    INT_ARG("vocab-size", vocab_size);
-    /* the mixture of experts and multi-token prediction: the flags that shape the tensors */
-    INT_ARG("num-experts", num_experts);
-    INT_ARG("moe-layer-freq", moe_layer_freq);
-    INT_ARG("moe-ffn-hidden-size", moe_ffn_hidden_size);
-    INT_ARG("moe-shared-expert-intermediate-size", moe_shared_expert_intermediate_size);
-    INT_ARG("moe-router-topk", moe_router_topk);
-    STR_ARG("moe-router-score-function", moe_router_score_function);
-    BOOL_ARG("moe-router-pre-softmax", moe_router_pre_softmax);
-    BOOL_ARG("moe-router-enable-expert-bias", moe_router_enable_expert_bias);
-    INT_ARG("moe-router-num-groups", moe_router_num_groups);
-    INT_ARG("moe-router-group-topk", moe_router_group_topk);
-    DBL_ARG("moe-router-topk-scaling-factor", moe_router_topk_scaling_factor);
-    INT_ARG("mtp-num-layers", mtp_num_layers);
-#undef INT_ARG
-#undef DBL_ARG
-#undef BOOL_ARG
-#undef STR_ARG
+/* The flags --use-checkpoint-args takes from the checkpoint: those that shape the model's
+ * tensors (the mixture of experts' and multi-token prediction's too), in the order the
+ * log lists them. */
+static const char *const checkpoint_args[] = {
+    "num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "group-query-attention",
+    "num-query-groups", "kv-channels", "seq-length", "max-position-embeddings", "position-embedding-type",
+    "rotary-base", "normalization", "norm-epsilon", "swiglu", "untie-embeddings-and-output-weights",
+    "disable-bias-linear", "make-vocab-size-divisible-by", "tokenizer-type", "vocab-size",
+    "num-experts", "moe-layer-freq", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size", "moe-router-topk",
+    "moe-router-score-function", "moe-router-pre-softmax", "moe-router-enable-expert-bias", "moe-router-num-groups",
+    "moe-router-group-topk", "moe-router-topk-scaling-factor", "mtp-num-layers", NULL};
+
+/* One flag taken from the checkpoint, for the log. */
+static void took_arg(void *ctx, const char *name, const char *value) {
+    FILE *log = ctx;
+    if (log) fprintf(log, "  --%s %s from the checkpoint\n", name, value);
 }
 
 static int check_step(const char *load_dir, int64_t want);
@@ -320,7 +266,8 @@ int wk_ckpt_prepare(co_config *c, FILE *log) {
     if (!m) return 0;
     if (want_args) {
         if (log) fprintf(log, "cohort: --use-checkpoint-args: model flags from %s iteration %" PRId64 "\n", c->load, m->iteration);
-        take_args(c, json_object_get(m->doc, "config"), log);
+        if (co_config_read_json(c, json_object_get(m->doc, "config"), checkpoint_args, took_arg, log) && log)
+            fprintf(log, "cohort: --use-checkpoint-args: %s\n", co_err_detail());
     }
     if (want_seed && m->seed != c->seed) {
         if (log)

@@ -1,7 +1,7 @@
 /* ckpt.h - a rank's checkpoints (worker/): Megatron's --load/--save flags wired to the
  * trainer (progress, model, optimizer) through three calls.
  *
- *   wk_ckpt_prepare(&cfg, log)   before co_config_finalize: with --load, takes the model
+ *   wk_ckpt_prepare(&cfg, log)   before the checks (trainer_config_check): with --load, takes the model
  *                                 flags from the checkpoint (--use-checkpoint-args) and its
  *                                 seed (the generators' state; not with --no-load-rng or
  *                                 --finetune)

@@ -155,7 +155,7 @@ static int map_writers(parts_ctx *x, trainer *t, int world, int rank, int *wg) {
     const co_config *c = trainer_config(t);
     topo_layout lay;
     char err[200];
-    int cpn = c->context_parallel_size > 1 && !co_config_standin_model_parallel ? c->context_parallel_size : 1;
+    int cpn = c->context_parallel_size > 1 && !c->standin_model_parallel ? c->context_parallel_size : 1;
     if (world % (x->tp * x->pp * cpn) ||
         topo_layout_init(&lay, world, x->tp, x->pp, cpn, x->ep, c->expert_tensor_parallel_size,
                          c->use_tp_pp_dp_mapping, err, sizeof err))

@@ -176,7 +176,7 @@ void wk_comms_trainer_groups(const wk_comms *cs, const co_config *c, tr_groups *
         g->dpcp = wk_comms_group(cs, TOPO_G_DP_CP);
         g->tpcp = wk_comms_group(cs, TOPO_G_TP_CP);
     }
-    if (!co_config_standin_model_parallel && cs->layout.ep > 1) {
+    if (!c->standin_model_parallel && cs->layout.ep > 1) {
         /* the layers' exchange group: the expert-tensor x expert group (the expert group at
          * expert tensor size 1) */
         g->ep = wk_comms_group(cs, TOPO_G_ETP_EP);

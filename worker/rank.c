@@ -96,12 +96,12 @@ static void report_waiting(void *ctx, int stage) {
     sv_link_waiting(w->link, world);
 }
 
-/* Test stand-in of model parallelism (co_config_standin_model_parallel): every rank holds
+/* Test stand-in of model parallelism (co_config.standin_model_parallel): every rank holds
  * the whole model, so the members of every group must hold identical weights. Checked at
  * each generation's start and at the end, over every group. */
 static int check_standin_replicas(wk_comms *cs, trainer *t, const char *when) {
     const topo_layout *l = wk_comms_layout(cs);
-    if (!co_config_standin_model_parallel || l->tp * l->cp * l->pp == 1) return 0;
+    if (!trainer_config(t)->standin_model_parallel || l->tp * l->cp * l->pp == 1) return 0;
     int rc = wk_comms_check_equal(cs, gpt_weights_checksum(trainer_model(t)), 10 * 60 * 1000);
     if (rc) co_log(CO_LOG_ERROR, "the replicas differ %s: %s", when, co_err_detail());
     return rc;
@@ -163,7 +163,7 @@ static int setup_failed(rank_run *r, int rc, const char *what) {
 static int make_trainer(rank_run *r) {
     co_config *c = &r->c;
     const sv_assignment *asg = r->asg;
-    if (co_config_standin_model_parallel) {
+    if (c->standin_model_parallel) {
         /* the test stand-in: the model is whole on every rank, the trainer sees its
          * data-parallel group only (the groups are built and checked all the same) */
         c->tensor_model_parallel_size = c->pipeline_model_parallel_size = c->context_parallel_size = 1;

@@ -46,10 +46,7 @@ void wk_rr_options(const co_config *c, int world, rr_options *o) {
 }
 
 int wk_inject_parse(const co_config *c, int world, fi_schedule *s) {
-    char err[600] = "";
-    int rc = fi_schedule_parse(s, c->inject, c->n_inject, (uint64_t)c->inject_seed, world, c->train_iters, err,
-                               sizeof err);
-    return rc ? co_err_set(rc, "%s", err) : 0;
+    return fi_schedule_parse(s, c->inject, c->n_inject, (uint64_t)c->inject_seed, world, c->train_iters);
 }
 
 /* ---- the validator ---- */
@@ -145,9 +142,8 @@ static int pull_injections(trainer *t, void *ctx, bool final, train_end why) {
     char *specs[16];
     int n = sv_link_take_injections(x->link, specs, 16);
     for (int i = 0; i < n; i++) {
-        char err[600];
-        if (fi_schedule_add(&x->inj, specs[i], (uint64_t)x->c.inject_seed, x->world, x->c.train_iters, err, sizeof err))
-            co_log(CO_LOG_WARN, "%s", err);
+        if (fi_schedule_add(&x->inj, specs[i], (uint64_t)x->c.inject_seed, x->world, x->c.train_iters))
+            co_log(CO_LOG_WARN, "%s", co_err_detail());
         free(specs[i]);
     }
     return 0;

@@ -3,8 +3,12 @@
 #include "common/error.h"
 #include "optim/lr.h"
 #include "tests/test.h"
+#include "train/config_check.h"
 
+#include <jansson.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int parse(co_config *c, const char *line, char *err, size_t n) {
@@ -14,7 +18,19 @@ static int parse(co_config *c, const char *line, char *err, size_t n) {
     snprintf(buf, sizeof buf, "%s", line);
     for (char *t = strtok(buf, " "); t; t = strtok(NULL, " ")) argv[argc++] = t;
     co_config_defaults(c);
-    return co_config_parse(c, argc, argv, err, n);
+    int rc = co_config_parse(c, argc, argv);
+    if (rc) snprintf(err, n, "%s", co_err_detail());
+    return rc;
+}
+
+/* Every check in order (train/config_check.h), the problems into err. */
+static int check(co_config *c, int dp, char *err, size_t n) {
+    co_problems P;
+    int rc = trainer_config_check(c, dp, &P);
+    size_t k = P.len < n ? P.len : n - 1;
+    memcpy(err, P.text, k);
+    err[k] = '\0';
+    return rc;
 }
 
 static const char *base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
@@ -25,7 +41,7 @@ static int check_line(const char *extra, char *err, size_t n) {
     char line[2048];
     snprintf(line, sizeof line, "%s%s", base, extra);
     int rc = parse(&c, line, err, n);
-    if (!rc) rc = co_config_finalize(&c, 1, err, n);
+    if (!rc) rc = check(&c, 1, err, n);
     co_config_free(&c);
     return rc;
 }
@@ -67,32 +83,31 @@ static void test_parse_forms(void) {
 /* --data-path words: a path with a space is one path unless the word is a weighted blend. */
 static void test_data_path_words(void) {
     co_config c;
-    char err[512];
     char *one[] = {"--data-path", "/data/my corpus/a_text_document"};
     co_config_defaults(&c);
-    REQUIRE(co_config_parse(&c, 2, one, err, sizeof err) == 0);
+    REQUIRE(co_config_parse(&c, 2, one) == 0);
     CHECK(c.n_data_path == 1 && !strcmp(c.data_path[0], "/data/my corpus/a_text_document"));
     co_config_free(&c);
     char *blend_word[] = {"--data-path", "0.3 A 0.7 B"};
     co_config_defaults(&c);
-    REQUIRE(co_config_parse(&c, 2, blend_word, err, sizeof err) == 0);
+    REQUIRE(co_config_parse(&c, 2, blend_word) == 0);
     CHECK(c.n_data_path == 4 && !strcmp(c.data_path[0], "0.3") && !strcmp(c.data_path[3], "B"));
     co_config_free(&c);
     char *blend_words[] = {"--data-path", "0.3", "/data/my corpus/a", "0.7", "B", "--lr", "1"};
     co_config_defaults(&c);
-    REQUIRE(co_config_parse(&c, 7, blend_words, err, sizeof err) == 0);
+    REQUIRE(co_config_parse(&c, 7, blend_words) == 0);
     CHECK(c.n_data_path == 4 && !strcmp(c.data_path[1], "/data/my corpus/a") && !strcmp(c.data_path[2], "0.7"));
     co_config_free(&c);
     char *split[] = {"--train-data-path", "my dir/t", "--valid-data-path", "1 v"};
     co_config_defaults(&c);
-    REQUIRE(co_config_parse(&c, 4, split, err, sizeof err) == 0);
+    REQUIRE(co_config_parse(&c, 4, split) == 0);
     CHECK(c.n_train_data_path == 1 && !strcmp(c.train_data_path[0], "my dir/t"));
     CHECK(c.n_valid_data_path == 2 && !strcmp(c.valid_data_path[1], "v"));
     co_config_free(&c);
     /* other list flags still split at spaces */
     char *inj[] = {"--inject", "nan@rank=0,step=2 kill@rank=1,step=3"};
     co_config_defaults(&c);
-    REQUIRE(co_config_parse(&c, 2, inj, err, sizeof err) == 0);
+    REQUIRE(co_config_parse(&c, 2, inj) == 0);
     CHECK(c.n_inject == 2);
     co_config_free(&c);
 }
@@ -193,7 +208,7 @@ static void test_validation(void) {
         co_config c;
         char e[1024];
         REQUIRE(parse(&c, base, e, sizeof e) == 0);
-        CHECK(co_config_finalize(&c, -3, e, sizeof e) == CO_EINVAL);
+        CHECK(check(&c, -3, e, sizeof e) == CO_EINVAL);
         CHECK_MSG(strstr(e, "data-parallel size -3 (the world over tensor x context x pipeline) is out of range"),
                   "%s", e);
         co_config_free(&c);
@@ -230,12 +245,12 @@ static void test_validation(void) {
         REQUIRE(parse(&c, "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
                           "--micro-batch-size 1 --global-batch-size 128 --train-iters 10 --lr 1e-3",
                       e, sizeof e) == 0);
-        CHECK(co_config_finalize(&c, 2, e, sizeof e) == 0); /* 64 per rank with 2 ranks */
+        CHECK(check(&c, 2, e, sizeof e) == 0); /* 64 per rank with 2 ranks */
         co_config_free(&c);
         REQUIRE(parse(&c, "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
                           "--micro-batch-size 2 --train-iters 10 --lr 1e-3",
                       e, sizeof e) == 0);
-        CHECK(co_config_finalize(&c, 0, e, sizeof e) == CO_EINVAL); /* no division by a zero world */
+        CHECK(check(&c, 0, e, sizeof e) == CO_EINVAL); /* no division by a zero world */
         co_config_free(&c);
     }
     /* several problems are reported together, one per line */
@@ -252,7 +267,7 @@ static void test_timeline_flags(void) {
     /* "A:B": absolute, 1-based, inclusive */
     snprintf(line, sizeof line, "%s--timeline-dir tl --timeline-iterations 5:8", base);
     REQUIRE(parse(&c, line, err, sizeof err) == 0);
-    co_config_finalize(&c, 1, err, sizeof err);
+    check(&c, 1, err, sizeof err);
     CHECK_MSG(!strstr(err, "--timeline-iterations"), "%s", err);
     CHECK(c.timeline_from == 5 && c.timeline_to == 8 && !c.timeline_relative);
     CHECK(!co_config_timeline_records(&c, 0, 4) && co_config_timeline_records(&c, 0, 5));
@@ -261,7 +276,7 @@ static void test_timeline_flags(void) {
     /* "N" (default 3): the N iterations after the run's first, counted from where it began */
     snprintf(line, sizeof line, "%s--timeline-dir tl", base);
     REQUIRE(parse(&c, line, err, sizeof err) == 0);
-    co_config_finalize(&c, 1, err, sizeof err);
+    check(&c, 1, err, sizeof err);
     CHECK(c.timeline_from == 2 && c.timeline_to == 4 && c.timeline_relative);
     CHECK(!co_config_timeline_records(&c, 0, 1) && co_config_timeline_records(&c, 0, 2) &&
           co_config_timeline_records(&c, 0, 4) && !co_config_timeline_records(&c, 0, 5));
@@ -289,13 +304,73 @@ static void test_derived(void) {
     REQUIRE(parse(&c, "--num-layers 2 --hidden-size 96 --num-attention-heads 4 --seq-length 32 "
                       "--micro-batch-size 2 --train-iters 10 --lr 1e-3 --swiglu",
                   err, sizeof err) == 0);
-    REQUIRE(co_config_finalize(&c, 2, err, sizeof err) == 0);
+    REQUIRE(check(&c, 2, err, sizeof err) == 0);
     CHECK(c.ffn_hidden_size == 256); /* int(4*96*2/3 / 64) * 64 */
     CHECK(c.kv_channels == 24);
     CHECK(c.num_query_groups == 4);
     CHECK(c.max_position_embeddings == 32);
     CHECK(c.global_batch_size == 4); /* micro x dp */
     CHECK(c.lr_decay_iters == 10);
+    co_config_free(&c);
+}
+
+/* The configuration as JSON (co_config_write_json) read back (co_config_read_json) through
+ * the flag table: every kind of flag equal, what changed told, `only` limits the flags. */
+static char *config_json(const co_config *c) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f) return NULL;
+    co_config_write_json(c, f);
+    fclose(f);
+    return buf;
+}
+
+static void count_changes(void *ctx, const char *name, const char *value) {
+    int *n = ctx;
+    (*n)++;
+    if (!strcmp(name, "hidden-size")) CHECK_MSG(!strcmp(value, "96"), "%s", value);
+    if (!strcmp(name, "swiglu")) CHECK_MSG(!strcmp(value, "on"), "%s", value);
+}
+
+static void test_json_round_trip(void) {
+    co_config c, back;
+    char err[512];
+    REQUIRE(parse(&c, "--num-layers 3 --hidden-size 96 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 "
+                      "--train-iters 10 --lr 3e-4 --swiglu --no-check-for-nan-in-loss-and-grad --data-path 0.5 A 0.5 B "
+                      "--split 98,1,1 --normalization RMSNorm --train-samples 123456789012 --rotary-base 500000.5 "
+                      "--inject nan@rank=0,step=2 --metrics-file m\"q.json",
+                  err, sizeof err) == 0);
+    char *one = config_json(&c);
+    REQUIRE(one != NULL);
+    json_error_t je;
+    json_t *obj = json_loads(one, 0, &je);
+    REQUIRE_MSG(obj != NULL, "%s: %s", je.text, one);
+    co_config_defaults(&back);
+    int changes = 0;
+    REQUIRE(co_config_read_json(&back, obj, NULL, count_changes, &changes) == 0);
+    char *two = config_json(&back);
+    CHECK_MSG(two && !strcmp(one, two), "%s\n%s", one, two ? two : "");
+    CHECK(back.n_data_path == 4 && !strcmp(back.data_path[3], "B") && back.n_inject == 1);
+    CHECK(back.train_samples == 123456789012LL && back.rotary_base == 500000.5 && !back.check_for_nan_in_loss_and_grad);
+    CHECK(changes >= 15);
+    co_config_free(&back);
+    /* only the flags named: the rest stay at their defaults */
+    static const char *const model[] = {"hidden-size", "swiglu", NULL};
+    co_config_defaults(&back);
+    changes = 0;
+    REQUIRE(co_config_read_json(&back, obj, model, count_changes, &changes) == 0);
+    CHECK(changes == 2 && back.hidden_size == 96 && back.swiglu && back.num_layers == -1 && back.n_data_path == 0);
+    static const char *const bogus[] = {"no-such-flag", NULL};
+    CHECK(co_config_read_json(&back, obj, bogus, NULL, NULL) == CO_EINVAL);
+    /* a value of another kind is left as it was */
+    json_object_set_new(obj, "num-layers", json_string("three"));
+    REQUIRE(co_config_read_json(&back, obj, NULL, NULL, NULL) == 0);
+    CHECK(back.num_layers == -1 && back.hidden_size == 96);
+    co_config_free(&back);
+    json_decref(obj);
+    free(one);
+    free(two);
     co_config_free(&c);
 }
 
@@ -343,6 +418,7 @@ int main(void) {
     RUN(test_validation);
     RUN(test_timeline_flags);
     RUN(test_derived);
+    RUN(test_json_round_trip);
     RUN(test_lr_schedules);
     RUN(test_split_parse);
     RUN(test_edit_distance);

@@ -20,11 +20,12 @@ static const char *fake_get(const char *name) {
 /* Parses argv (after "train"), applies env; returns apply's code. */
 static int place(co_config *c, const char *const *env, int argc, char **argv, char *note, char *err) {
     co_config_defaults(c);
-    char perr[512];
-    int rc = co_config_parse(c, argc, argv, perr, sizeof perr);
+    int rc = co_config_parse(c, argc, argv);
     if (rc) return rc;
     g_env = env;
-    return co_launch_env_apply(c, fake_get, note, 600, err, 600);
+    rc = co_launch_env_apply(c, fake_get, note, 600);
+    if (rc) snprintf(err, 600, "%s", co_err_detail());
+    return rc;
 }
 
 static void test_hostlist(void) {

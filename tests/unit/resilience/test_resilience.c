@@ -10,6 +10,27 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The injector's parsers with the detail of a refusal copied into err (which the
+ * assertions read). */
+static int inject_parse(fi_schedule *s, char *const *specs, int n, uint64_t seed, int world, int64_t iters, char *err,
+                        size_t errlen) {
+    int rc = fi_schedule_parse(s, specs, n, seed, world, iters);
+    snprintf(err, errlen, "%s", rc ? co_err_detail() : "");
+    return rc;
+}
+static int inject_parse_live(fi_schedule *s, char *const *specs, int n, int world, int64_t first, int64_t last,
+                             char *err, size_t errlen) {
+    int rc = fi_schedule_parse_live(s, specs, n, world, first, last);
+    snprintf(err, errlen, "%s", rc ? co_err_detail() : "");
+    return rc;
+}
+static int inject_add(fi_schedule *s, const char *spec, uint64_t seed, int world, int64_t iters, char *err,
+                      size_t errlen) {
+    int rc = fi_schedule_add(s, spec, seed, world, iters);
+    snprintf(err, errlen, "%s", rc ? co_err_detail() : "");
+    return rc;
+}
+
 static rr_report rep(int64_t it, int attempt, int rank, double loss, double gnorm) {
     rr_report r;
     memset(&r, 0, sizeof r);
@@ -262,14 +283,14 @@ static void inject_schedule(void) {
     fi_schedule s;
     char *ok[] = {"nan@rank=1,step=5", "kill@rank=*,step=10-20", "bitflip-grad@rank=0,step=3,bit=30",
                   "slow@rank=2,step=4,ms=50,times=always", "kill-supervisor@step=8", "spike@rank=3,step=6,microbatch=1,times=always"};
-    REQUIRE(fi_schedule_parse(&s, ok, 6, 7, 4, 100, err, sizeof err) == 0);
+    REQUIRE(inject_parse(&s, ok, 6, 7, 4, 100, err, sizeof err) == 0);
     CHECK(s.n == 6 && s.f[0].kind == FI_NAN && s.f[0].rank == 1 && s.f[0].step == 5 && s.f[0].phase == FI_PH_FORWARD);
     CHECK(s.f[1].rank >= 0 && s.f[1].rank < 4 && s.f[1].step >= 10 && s.f[1].step <= 20);
     CHECK(s.f[2].bit == 30 && s.f[2].phase == FI_PH_BACKWARD);
     CHECK(s.f[4].rank == -1);
     /* the same seed draws the same schedule; another seed may not */
     fi_schedule s2;
-    REQUIRE(fi_schedule_parse(&s2, ok, 6, 7, 4, 100, err, sizeof err) == 0);
+    REQUIRE(inject_parse(&s2, ok, 6, 7, 4, 100, err, sizeof err) == 0);
     CHECK(s2.f[1].rank == s.f[1].rank && s2.f[1].step == s.f[1].step);
     fi_schedule_free(&s2);
     /* once: fires on its rank, once */
@@ -311,22 +332,22 @@ static void inject_schedule(void) {
                             {"nan@rank=0,step=0", "step '0' is not in 1..100 (iterations 1 to --train-iters)"}};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         char *spec[1] = {(char *)bad[k][0]};
-        int rc = fi_schedule_parse(&s, spec, 1, 0, 4, 100, err, sizeof err);
+        int rc = inject_parse(&s, spec, 1, 0, 4, 100, err, sizeof err);
         CHECK_MSG(rc == CO_EINVAL && strstr(err, bad[k][1]), "%s: %s", bad[k][0], err);
     }
     /* steps unknown (cohort inject checking the syntax): no "1..0" */
     char *zero[1] = {"nan@rank=0,step=0"};
-    CHECK(fi_schedule_parse(&s, zero, 1, 0, 4, 0, err, sizeof err) == CO_EINVAL);
+    CHECK(inject_parse(&s, zero, 1, 0, 4, 0, err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "step '0' is not an iteration number (1, 2, ...)") && !strstr(err, "1..0"), "%s", err);
     /* a running job's remaining iterations */
     char *live[1] = {"nan@rank=0,step=5"};
-    CHECK(fi_schedule_parse_live(&s, live, 1, 4, 12, 100, err, sizeof err) == CO_EINVAL);
+    CHECK(inject_parse_live(&s, live, 1, 4, 12, 100, err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "step 5 is too soon: the job is at iteration 10 (give 12..100)"), "%s", err);
     live[0] = "nan@rank=0,step=101";
-    CHECK(fi_schedule_parse_live(&s, live, 1, 4, 12, 100, err, sizeof err) == CO_EINVAL);
+    CHECK(inject_parse_live(&s, live, 1, 4, 12, 100, err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "step '101' is not in 12..100 (the iterations the job has still to run"), "%s", err);
     live[0] = "nan@rank=0,step=12";
-    CHECK(fi_schedule_parse_live(&s, live, 1, 4, 12, 100, err, sizeof err) == 0 && s.n == 1);
+    CHECK(inject_parse_live(&s, live, 1, 4, 12, 100, err, sizeof err) == 0 && s.n == 1);
     fi_schedule_free(&s);
 }
 
@@ -341,18 +362,18 @@ static void inject_cap(void) {
         specs[i] = buf[i];
     }
     fi_schedule s;
-    CHECK(fi_schedule_parse(&s, specs, FI_MAX_SPECS + 1, 0, 4, 1000, err, sizeof err) == CO_EINVAL);
+    CHECK(inject_parse(&s, specs, FI_MAX_SPECS + 1, 0, 4, 1000, err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "65 fault specs: at most 64"), "%s", err);
-    REQUIRE(fi_schedule_parse(&s, specs, FI_MAX_SPECS, 0, 4, 1000, err, sizeof err) == 0);
-    CHECK(fi_schedule_add(&s, "nan@rank=1,step=900", 0, 4, 1000, err, sizeof err) == CO_EINVAL && s.n == FI_MAX_SPECS);
+    REQUIRE(inject_parse(&s, specs, FI_MAX_SPECS, 0, 4, 1000, err, sizeof err) == 0);
+    CHECK(inject_add(&s, "nan@rank=1,step=900", 0, 4, 1000, err, sizeof err) == CO_EINVAL && s.n == FI_MAX_SPECS);
     CHECK_MSG(strstr(err, "already has 64 faults scheduled"), "%s", err);
     fi_schedule_free(&s);
-    REQUIRE(fi_schedule_parse(&s, specs, 3, 0, 4, 1000, err, sizeof err) == 0);
-    CHECK(fi_schedule_add(&s, "nan@rank=1,step=900", 0, 4, 1000, err, sizeof err) == 0 && s.n == 4);
+    REQUIRE(inject_parse(&s, specs, 3, 0, 4, 1000, err, sizeof err) == 0);
+    CHECK(inject_add(&s, "nan@rank=1,step=900", 0, 4, 1000, err, sizeof err) == 0 && s.n == 4);
     fi_schedule_free(&s);
 }
 
-/* The limit the configuration enforces (co_config_finalize refuses more micro batches per
+/* The limit the configuration enforces (its checks refuse more micro batches per
  * rank): a report of RR_MAX_MB micro batches is validated to its last one (a NaN there is
  * found), a longer one is refused, never cut. */
 static void micro_batch_limit(void) {

@@ -13,8 +13,38 @@
 #include "scheduler/schedule.h"
 #include "tests/test.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The scheduler's functions with the detail of a refusal copied into err (which the
+ * assertions read). */
+static int sched_check(const pp_sched_cfg *c, char *err, size_t n) {
+    int rc = pp_sched_check(c);
+    snprintf(err, n, "%s", rc ? co_err_detail() : "");
+    return rc;
+}
+static int schedule(const pp_sched_cfg *c, pp_op *ops, int cap, int *k, char *err, size_t n) {
+    int rc = pp_schedule(c, ops, cap, k);
+    snprintf(err, n, "%s", rc ? co_err_detail() : "");
+    return rc;
+}
+static int place_chunks(const pp_place_cfg *c, char *err, size_t n) {
+    int v = pp_place_chunks(c);
+    snprintf(err, n, "%s", v < 0 ? co_err_detail() : "");
+    return v;
+}
+static int placement(const pp_place_cfg *c, pp_stage *st, int cap, int *v, char *err, size_t n) {
+    int rc = pp_placement(c, st, cap, v);
+    snprintf(err, n, "%s", rc ? co_err_detail() : "");
+    return rc;
+}
+static char *layout_expand(const char *layout, int *ns, int *rc, char *err, size_t n) {
+    char *x;
+    *rc = pp_layout_expand(layout, &x, ns);
+    snprintf(err, n, "%s", *rc ? co_err_detail() : "");
+    return x;
+}
 
 /* Every valid configuration of the grids the cases walk: p 1..8, v 1..4, m 1..20, every group. */
 #define FOR_CONFIGS(c)                                                                         \
@@ -23,7 +53,7 @@
             for (int m_ = 1; m_ <= 20; m_++)                                                   \
                 for (int g_ = v_ == 1 ? 0 : p_; g_ <= (v_ == 1 ? 0 : m_); g_++)                \
                     for (pp_sched_cfg c = {.p = p_, .m = m_, .v = v_, .group = g_}; c.p; c.p = 0) \
-                        if (pp_sched_check(&c, err, sizeof err) == 0)
+                        if (sched_check(&c, err, sizeof err) == 0)
 
 static int count_configs;
 
@@ -37,7 +67,7 @@ static void phases_and_counts(void) {
         int *fwd = calloc((size_t)T, sizeof *fwd), *bwd = calloc((size_t)T, sizeof *bwd);
         REQUIRE(ops && fwd && bwd);
         for (c.rank = 0; c.rank < c.p; c.rank++) {
-            REQUIRE(pp_schedule(&c, ops, 2 * T, &n, err, sizeof err) == 0);
+            REQUIRE(schedule(&c, ops, 2 * T, &n, err, sizeof err) == 0);
             REQUIRE(n == 2 * T);
             memset(fwd, 0, sizeof *fwd * (size_t)T);
             memset(bwd, 0, sizeof *bwd * (size_t)T);
@@ -84,7 +114,7 @@ static void phases_and_counts(void) {
 static void megatron_example(void) {
     char err[200];
     pp_sched_cfg c = {.p = 2, .rank = 0, .m = 5, .v = 2, .group = 3};
-    REQUIRE(pp_sched_check(&c, err, sizeof err) == 0);
+    REQUIRE(sched_check(&c, err, sizeof err) == 0);
     static const int mb[10] = {0, 1, 2, 0, 1, 2, 3, 4, 3, 4}, ch[10] = {0, 0, 0, 1, 1, 1, 0, 0, 1, 1};
     for (int k = 0; k < 10; k++) {
         int b, h;
@@ -93,7 +123,7 @@ static void megatron_example(void) {
     }
     pp_op ops[20];
     int n;
-    REQUIRE(pp_schedule(&c, ops, 20, &n, err, sizeof err) == 0);
+    REQUIRE(schedule(&c, ops, 20, &n, err, sizeof err) == 0);
     /* warm-up 2(2-0-1) + (2-1)*3 = 5 */
     const char *want = "F0.0 F1.0 F2.0 F0.1 F1.1 F2.1 B0.1 F3.0 B1.1 F4.0 B2.1 F3.1 B0.0 F4.1 B1.0 B2.0 B3.1 B4.1 B3.0 B4.0";
     char got[400] = "";
@@ -107,10 +137,10 @@ static void megatron_example(void) {
     CHECK(pp_warmup(&c) == 5);
     /* 1F1B, 4 stages, rank 1: warm-up 2 */
     c = (pp_sched_cfg){.p = 4, .rank = 1, .m = 4, .v = 1};
-    REQUIRE(pp_schedule(&c, ops, 20, &n, err, sizeof err) == 0);
+    REQUIRE(schedule(&c, ops, 20, &n, err, sizeof err) == 0);
     CHECK(n == 8 && ops[0].kind == PP_FORWARD && ops[2].kind == PP_FORWARD && ops[2].mb == 2 && ops[3].kind == PP_BACKWARD &&
           ops[3].mb == 0 && ops[7].kind == PP_BACKWARD && ops[7].mb == 3);
-    CHECK(pp_schedule(&c, ops, 7, &n, err, sizeof err) == CO_ERANGE);
+    CHECK(schedule(&c, ops, 7, &n, err, sizeof err) == CO_ERANGE);
 }
 
 static void links(void) {
@@ -176,7 +206,7 @@ static long long simulate(const pp_sched_cfg *base, int tf, int tb, bool *fifo_o
     for (int r = 0; r < p; r++) {
         pp_sched_cfg c = *base;
         c.rank = r;
-        if (pp_schedule(&c, ops + (size_t)r * 2 * T, 2 * T, &n, err, sizeof err)) abort();
+        if (schedule(&c, ops + (size_t)r * 2 * T, 2 * T, &n, err, sizeof err)) abort();
     }
     *fifo_ok = *deps_ok = true;
     for (bool progress = true; progress;) {
@@ -258,28 +288,28 @@ static void simulation(void) {
 static void refusals(void) {
     char err[400];
     pp_sched_cfg c = {.p = 4, .rank = 0, .m = 3, .v = 2};
-    CHECK(pp_sched_check(&c, err, sizeof err) == CO_EINVAL && strstr(err, "[4, 3]"));
+    CHECK(sched_check(&c, err, sizeof err) == CO_EINVAL && strstr(err, "[4, 3]"));
     CHECK(pp_warmup(&c) == -1);
     c = (pp_sched_cfg){.p = 4, .m = 10, .v = 2, .group = 4};
-    CHECK(pp_sched_check(&c, err, sizeof err) == CO_EINVAL && strstr(err, "= 2") && strstr(err, "pipeline size 4"));
+    CHECK(sched_check(&c, err, sizeof err) == CO_EINVAL && strstr(err, "= 2") && strstr(err, "pipeline size 4"));
     c.group = 5;
-    CHECK(pp_sched_check(&c, err, sizeof err) == 0); /* remainder 0 */
+    CHECK(sched_check(&c, err, sizeof err) == 0); /* remainder 0 */
     c = (pp_sched_cfg){.p = 4, .m = 11, .v = 2, .group = 7}; /* remainder 4 = p */
-    CHECK(pp_sched_check(&c, err, sizeof err) == 0);
+    CHECK(sched_check(&c, err, sizeof err) == 0);
     c = (pp_sched_cfg){.p = 1, .m = 4, .v = 2};
-    CHECK(pp_sched_check(&c, err, sizeof err) == CO_EINVAL && strstr(err, "greater than 1"));
+    CHECK(sched_check(&c, err, sizeof err) == CO_EINVAL && strstr(err, "greater than 1"));
     c = (pp_sched_cfg){.p = 2, .rank = 2, .m = 4, .v = 1};
-    CHECK(pp_sched_check(&c, err, sizeof err) == CO_EINVAL && strstr(err, "rank 2"));
+    CHECK(sched_check(&c, err, sizeof err) == CO_EINVAL && strstr(err, "rank 2"));
     c = (pp_sched_cfg){.p = 2, .m = 0, .v = 1};
-    CHECK(pp_sched_check(&c, err, sizeof err) == CO_EINVAL);
+    CHECK(sched_check(&c, err, sizeof err) == CO_EINVAL);
     c = (pp_sched_cfg){.p = 2, .m = 1, .v = 1, .group = 7}; /* the group only matters interleaved */
-    CHECK(pp_sched_check(&c, err, sizeof err) == 0);
+    CHECK(sched_check(&c, err, sizeof err) == 0);
 }
 
 /* ---- placement ---- */
 
 static int place(pp_place_cfg c, pp_stage *st, int *v, char *err, size_t n) {
-    return pp_placement(&c, st, 64, v, err, n);
+    return placement(&c, st, 64, v, err, n);
 }
 
 static void placement_examples(void) {
@@ -318,24 +348,24 @@ static void layouts(void) {
     pp_stage st[64];
     int v, ns, rc;
     /* the docstring's example */
-    char *x = pp_layout_expand("Ettt|(tt|)*29,m|L", &ns, &rc, err, sizeof err);
+    char *x = layout_expand("Ettt|(tt|)*29,m|L", &ns, &rc, err, sizeof err);
     REQUIRE(x);
     CHECK(ns == 32 && !strncmp(x, "Ettt|tt|tt|", 11) && !strcmp(x + strlen(x) - 9, "tt|tt|m|L"));
     free(x);
     /* the flag's help: "E|(t|)*3,m|m||L" */
-    x = pp_layout_expand("E|(t|)*3,m|m||L", &ns, &rc, err, sizeof err);
+    x = layout_expand("E|(t|)*3,m|m||L", &ns, &rc, err, sizeof err);
     REQUIRE(x);
     CHECK(!strcmp(x, "E|t|t|t|m|m||L") && ns == 8);
     free(x);
     /* re.sub semantics: the parenthesis pass takes up to the first ')'; X*N also repeats '|' */
-    x = pp_layout_expand("E((t)*2|)*2L", &ns, &rc, err, sizeof err);
+    x = layout_expand("E((t)*2|)*2L", &ns, &rc, err, sizeof err);
     CHECK(!x && rc == CO_EINVAL && strstr(err, "'('"));
     free(x);
-    x = pp_layout_expand("Et|*2tL", &ns, &rc, err, sizeof err);
+    x = layout_expand("Et|*2tL", &ns, &rc, err, sizeof err);
     REQUIRE(x);
     CHECK(!strcmp(x, "Et||tL") && ns == 3);
     free(x);
-    x = pp_layout_expand("E(t)*99999999L", &ns, &rc, err, sizeof err);
+    x = layout_expand("E(t)*99999999L", &ns, &rc, err, sizeof err);
     CHECK(!x && rc == CO_EINVAL);
     /* VPP from the layout: 2 ranks x 2 chunks, stage i = chunk i/2 of rank i%2 */
     REQUIRE(place((pp_place_cfg){.p = 2, .num_layers = 6, .layout = "Et|tt|tt|tL"}, st, &v, err, sizeof err) == 0);
@@ -365,7 +395,7 @@ static void layouts(void) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         pp_place_cfg c = {.p = bad[i].p, .num_layers = bad[i].L, .layout = bad[i].layout};
-        CHECK_MSG(pp_place_chunks(&c, err, sizeof err) == CO_EINVAL && strstr(err, bad[i].msg), "%s: %s", bad[i].layout,
+        CHECK_MSG(place_chunks(&c, err, sizeof err) == CO_EINVAL && strstr(err, bad[i].msg), "%s: %s", bad[i].layout,
                   err);
     }
 }
@@ -392,12 +422,12 @@ static void placement_refusals(void) {
         {{.p = 2, .num_layers = 4, .layout = "Et|tL", .account_embedding = true}, "cannot be combined"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        CHECK_MSG(pp_place_chunks(&bad[i].c, err, sizeof err) == CO_EINVAL && strstr(err, bad[i].msg), "case %zu: %s", i,
+        CHECK_MSG(place_chunks(&bad[i].c, err, sizeof err) == CO_EINVAL && strstr(err, bad[i].msg), "case %zu: %s", i,
                   err);
     pp_stage st[4];
     int v;
     pp_place_cfg c = {.p = 4, .num_layers = 8, .v = 2};
-    CHECK(pp_placement(&c, st, 4, &v, err, sizeof err) == CO_ERANGE);
+    CHECK(placement(&c, st, 4, &v, err, sizeof err) == CO_ERANGE);
 }
 
 /* Every placement the flags accept tiles the layers: the stages in stage order hold 0..L-1
@@ -415,9 +445,9 @@ static void tiling(void) {
                             pp_place_cfg c = {.p = p, .num_layers = L, .v = vv, .has_first = f >= 0, .first = f,
                                               .has_last = t >= 0, .last = t, .account_embedding = acc & 1,
                                               .account_loss = acc & 2};
-                            int ch = pp_place_chunks(&c, err, sizeof err);
+                            int ch = place_chunks(&c, err, sizeof err);
                             if (ch < 0 || p * ch > 64) continue;
-                            int rc = pp_placement(&c, st, 64, &v, err, sizeof err);
+                            int rc = placement(&c, st, 64, &v, err, sizeof err);
                             CHECK_MSG(rc == 0, "p %d L %d v %d first %d last %d acc %d: %s", p, L, vv, f, t, acc, err);
                             accepted++;
                         }

@@ -32,10 +32,9 @@ static svv *validator(int world, fi_schedule *inject) {
 
 /* Two --inject specs and three `cohort inject` requests; one of each fires. */
 static void fired_not_requested(void) {
-    char err[512];
     char *specs[] = {"nan@rank=0,step=3", "kill@rank=1,step=50"};
     fi_schedule s;
-    REQUIRE(fi_schedule_parse(&s, specs, 2, 0, 2, 100, err, sizeof err) == 0);
+    REQUIRE(fi_schedule_parse(&s, specs, 2, 0, 2, 100) == 0);
     svv *v = validator(2, &s);
     svv_on_event(v, 0, "inject: nan on rank 0 at step 3, micro batch 0, phase forward (--inject nan@rank=0,step=3)\n");
     svv_on_event(v, 1, "inject: spike@rank=1,step=20 (cohort inject), requested at iteration 10");

@@ -1,0 +1,35 @@
+/* gpt_check.h - the model's part of the configuration's checks: the shapes (layers, hidden
+ * sizes, heads and query groups, positions, vocabulary), what tensor parallelism splits,
+ * the mixture of experts' and multi-token prediction's flags, and sizes no machine has.
+ * The checks add their problems to a co_problems list (common/config.h); train/
+ * config_check.c runs them in order. The tensor-parallel rules exist once, here: the
+ * configuration's check lists every broken one, gpt_tp_check (gpt.h) returns the first. */
+#ifndef COHORT_MODEL_GPT_CHECK_H
+#define COHORT_MODEL_GPT_CHECK_H
+
+#include "common/config.h"
+
+#include <stdbool.h>
+
+struct gpt_config;
+
+/* The tensor-parallel rules for cfg->tp > 1: heads, query groups (one divides the other),
+ * ffn size, padded vocabulary divisible by tp, and the sequence (max_T > 0) under sequence
+ * parallelism. With P, every broken rule is added to it and 0 returned; without, the first
+ * one is CO_EINVAL with co_err_detail() naming it. */
+int gpt_tp_rules(const struct gpt_config *cfg, int max_T, co_problems *P);
+
+/* The mixture of experts' flags (--num-experts and --moe-*), with what they do not combine
+ * with. sizes_ok: the parallel sizes are in range. */
+void gpt_check_moe(const co_config *c, bool sizes_ok, co_problems *P);
+/* Multi-token prediction's flags. */
+void gpt_check_mtp(const co_config *c, bool sizes_ok, co_problems *P);
+/* --num-layers, --hidden-size, --num-attention-heads and --seq-length given and in range
+ * (the sizes the shapes' checks divide by). */
+void gpt_check_required(const co_config *c, co_problems *P);
+/* Once the sizes above are valid: derives kv channels, query groups, ffn size and maximum
+ * positions where not given, checks the shapes, the tensor-parallel split and the
+ * vocabulary, then the widths and memory the model would take. */
+void gpt_check_shapes(co_config *c, co_problems *P);
+
+#endif

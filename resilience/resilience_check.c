@@ -1,0 +1,61 @@
+/* resilience_check.c - resilience's checks of the configuration (see resilience_check.h). */
+#include "resilience/resilience_check.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+void rr_check_spares(const co_config *c, co_problems *P) {
+    bool spares = co_config_was_set(c, "inprocess-active-world-size");
+    if (spares && c->nnodes > 1)
+        co_problem(P, "--inprocess-active-world-size with --nnodes > 1 is not supported yet (warm spares on one node "
+                      "only)");
+    if (spares && c->inprocess_active_world_size == 1 && c->nproc_per_node > 1)
+        co_problem(P, "--inprocess-active-world-size 1 is not supported yet (a single training rank runs without the "
+                      "supervisor, so without spares)");
+    if (c->run_report[0] && c->nproc_per_node == 1 && c->nnodes == 1)
+        co_problem(P, "--run-report is not supported yet in a single-process job (the supervisor writes it: "
+                      "--nproc-per-node 2 or more)");
+}
+
+/* Whether s is an iteration number (1, 2, ...). */
+static bool is_iteration(const char *s) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    return !errno && end != s && !*end && v >= 1;
+}
+
+/* In-process restart's timeouts, heartbeats, spares and restart budget. */
+static void check_restart_limits(const co_config *c, co_problems *P) {
+    if (!(c->inprocess_soft_timeout > 0 && c->inprocess_soft_timeout < c->inprocess_hard_timeout &&
+          c->inprocess_hard_timeout < c->inprocess_barrier_timeout && c->inprocess_barrier_timeout <= 1e6))
+        co_problem(P, "in-process restart timeouts must satisfy 0 < soft < hard < barrier <= 1e6 seconds");
+    if (!(c->inprocess_heartbeat_interval > 0 && c->inprocess_heartbeat_interval < c->inprocess_heartbeat_timeout &&
+          c->inprocess_heartbeat_timeout <= 1e6))
+        co_problem(P, "--inprocess-heartbeat-interval must be positive and below --inprocess-heartbeat-timeout "
+                      "(at most 1e6 seconds)");
+    if (c->inprocess_active_world_size != -1 &&
+        (c->inprocess_active_world_size < 1 || c->inprocess_active_world_size > c->nproc_per_node * c->nnodes))
+        co_problem(P, "--inprocess-active-world-size must be between 1 and the number of worker processes");
+    if (c->inprocess_restart_limit < 0 || !(c->inprocess_restart_window > 0 && c->inprocess_restart_window <= 1e6))
+        co_problem(P, "--inprocess-restart-limit must be >= 0 and --inprocess-restart-window positive (at most 1e6 s)");
+}
+
+void rr_check_limits(const co_config *c, co_problems *P) {
+    co_problem_range(P, "error-injection-rate", c->error_injection_rate, 0, INT_MAX);
+    co_problem_range(P, "inject-seed", c->inject_seed, 0, INT64_MAX);
+    check_restart_limits(c, P);
+    co_problem_range(P, "quarantine-after", c->quarantine_after, 0, INT_MAX);
+    co_problem_range(P, "quarantine-window", c->quarantine_window, 1, CO_MAX_ITERS);
+    if (c->check_replicas_interval < 0) co_problem(P, "--check-replicas-interval must be >= 0");
+    if (c->check_weight_hash_interval < 0)
+        co_problem(P, "--check-weight-hash-across-dp-replicas-interval must be >= 0");
+    if (!(c->straggler_threshold > 0 && c->straggler_threshold <= 1))
+        co_problem(P, "--straggler-threshold must be in (0, 1]");
+    for (int i = 0; i < c->n_iterations_to_skip; i++)
+        if (!is_iteration(c->iterations_to_skip[i]))
+            co_problem(P, "--iterations-to-skip: '%s' is not an iteration number (1, 2, ...)",
+                       c->iterations_to_skip[i]);
+}
