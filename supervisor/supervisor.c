@@ -7,7 +7,7 @@
 #include "actors/actor.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "supervisor/ckpt_coord.h"
+#include "supervisor/core.h"
 #include "checkpoint/store.h"
 #include "common/fsutil.h"
 #include "common/proctitle.h"
@@ -34,117 +34,6 @@
 #include <xxhash.h>
 
 extern char **environ;
-
-typedef struct worker {
-    struct sv *sv;
-    int index;              /* global rank: node_rank * nproc + local_rank */
-    int local_rank;
-    uv_process_t proc;
-    svp_wstate state;         /* its process's life (planner.h; every change through w_set) */
-    int64_t exit_status;
-    int term_signal;
-    char identity[64];
-    char spawn_endpoint[400]; /* the data endpoint given to a worker spawned here */
-    char *data_endpoint;      /* as registered */
-    uint32_t pid;
-    char host[64];            /* as it registered */
-    uint64_t last_seen_ms;
-    uint64_t iteration;
-    int waiting_on;           /* the world rank whose pipeline message it waits for (heartbeat), -1 */
-    uint32_t waiting_ms;      /* ... for this long at its last heartbeat */
-    /* in-process restart: what the slot's rank is in for, beside its process's life */
-    bool replacing;           /* a replacement not yet assigned */
-    uint64_t ready_gen;       /* generation whose restart barrier it reached */
-    int64_t ready_iter;       /* the iteration it committed last */
-    uint64_t abort_ms;        /* when it was sent the Abort */
-    bool retiring;            /* quarantined: replaced once it reaches the restart barrier */
-    bool signalled;           /* it reported a SIGINT/SIGTERM of its own */
-    int rank;                 /* its data-parallel rank, -1 for a warm spare (index is its slot) */
-} worker;
-
-typedef struct sv {
-    sv_options o;
-    int live_injects;       /* `cohort inject` requests taken (with --inject's, at most FI_MAX_SPECS) */
-    ac_actor *a;
-    ac_mailbox *mb;
-    sv__sender snd;
-    char ipc_dir[256];
-    char endpoint[320];
-    worker *w;              /* supervisor: every worker of the job; agent: this node's */
-    int nw;
-    bool agent;             /* a node agent (node_rank > 0) */
-    ac_secret secret;
-    bool have_secret;
-    int first_failure;      /* agent: the first failing worker's status */
-    char *flags_ref;        /* the first registered worker's flags (JSON), the job's */
-    int flags_ref_node;
-    bool assigned, stopping;
-    int status;             /* -1 until decided */
-    ac_timer *hb_timer, *rdv_timer, *kill_timer;
-    uv_signal_t sig_int, sig_term, sig_usr1;
-    int signals;            /* SIGINT/SIGTERM/SIGUSR1 the supervisor itself received */
-    int agent_sig;          /* agent: the first of them (its exit status says a preemption) */
-    int sig_stop;           /* a clean stop by this signal is under way (0: none) */
-    pw_stats stats;
-    int drops_told;         /* messages dropped as malformed or over a limit, said on stderr */
-    FILE *metrics;          /* --metrics-file, written from the workers' Metrics records */
-    svc *ckpt;              /* commits the ranks' checkpoints (--save; ckpt_coord.c) */
-    svv *val;               /* validates every iteration, writes the run report (validate.c) */
-    svo *obs;               /* what Prometheus and `cohort status` are told (status.c) */
-    svm *http;              /* --metrics-port's HTTP server (metrics_http.c) */
-    uint64_t published_ms;  /* when the latest snapshot was published */
-    uint64_t t_start;
-    bool restart_enabled;   /* in-process restart (one node) */
-    int world;              /* active ranks (--inprocess-active-world-size); slots beyond are spares */
-    bool finishing;         /* every active rank finished: the spares are told to go */
-    bool restarting;        /* between an Abort and every rank's Restart */
-    uint64_t restart_t0;
-    uint64_t last_ready_ms; /* when the last rank reached the restart barrier */
-    topo_layout layout;     /* the world's parallel layout (sv_options tp, pp, cp, ep, etp) */
-    topo_coord *coord;      /* [world] each rank's coordinates: its shard is (tp, cp, pp) */
-    int *source;            /* [world] after a restart: the survivor whose state each rank takes */
-    bool no_proc_state;     /* test hook: local workers' process state is not read */
-    uint64_t restart_times[64];
-    int nrestarts;
-    int64_t restart_faults_through; /* injected faults up to this step already fired */
-    int quarantine_rank;        /* a rank to retire once the next iteration starts (-1) */
-    int64_t quarantine_after;
-    ac_timer *collective_timer; /* a worker's failed collective, awaiting its explanation */
-    char collective_why[600];
-    int collective_rank;
-    uint64_t collective_gen, collective_t0;
-    bool incurable;             /* a rank's failure no restart cures stopped the job (its message printed) */
-    char job_hex[32];           /* the job id as the validator's tracker lines name it (it keeps a pointer) */
-} sv;
-
-static uint64_t random_job_id(void) {
-    uint64_t id = 0;
-    if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) id = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^ sv__now_ms();
-    return id ? id : 1;
-}
-
-/* Milliseconds from t to now, 0 when t is later. */
-static uint64_t ms_since_(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
-
-static void send_shutdown(sv *s, worker *w, int status, const char *reason) {
-    Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
-    sd.exit_status = status;
-    sd.reason = (char *)reason;
-    sv__send(s->mb, w->identity, &s->snd, &sd.base);
-}
-
-/* The slot holding data-parallel rank r (NULL: none). */
-static worker *rank_slot(struct sv *s, int r);
-
-/* Ends the loop once no worker of this node is left running and the job cannot go on. */
-static void maybe_finish(struct sv *s);
-static void on_proc_closed(uv_handle_t *h);
-static void begin_restart(sv *s, const char *kind, int rank, const char *why, uint64_t detect_ms);
-static void check_restart_done(sv *s);
-static int spawn_one(sv *s, worker *w);
-static void watch_progress(sv *s, uint64_t now);
-static void begin_signal_stop(sv *s, int signum, int rank, const char *what);
-static void stop_incurable(sv *s, int rank, int status, const char *what);
 
 /* The transitions of a slot's process (planner.h's svp_wstate), all of them: allowed[from]
  * has bit `to` set. */
@@ -187,6 +76,35 @@ static bool w_running(const sv *s, const worker *w) {
  * kept until the slot is unregistered (its rank or its process replaced). */
 static bool w_registered(const worker *w) { return w->data_endpoint != NULL; }
 
+
+static uint64_t random_job_id(void) {
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) id = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^ sv__now_ms();
+    return id ? id : 1;
+}
+
+/* Milliseconds from t to now, 0 when t is later. */
+static uint64_t ms_since_(uint64_t now, uint64_t t) { return now > t ? now - t : 0; }
+
+static void send_shutdown(sv *s, worker *w, int status, const char *reason) {
+    Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
+    sd.exit_status = status;
+    sd.reason = (char *)reason;
+    sv__send(s->mb, w->identity, &s->snd, &sd.base);
+}
+
+/* The slot holding data-parallel rank r (NULL: none). */
+static worker *rank_slot(struct sv *s, int r);
+
+/* Ends the loop once no worker of this node is left running and the job cannot go on. */
+static void on_proc_closed(uv_handle_t *h);
+static void begin_restart(sv *s, const char *kind, int rank, const char *why, uint64_t detect_ms);
+static void check_restart_done(sv *s);
+static int spawn_one(sv *s, worker *w);
+static void watch_progress(sv *s, uint64_t now);
+static void begin_signal_stop(sv *s, int signum, int rank, const char *what);
+static void stop_incurable(sv *s, int rank, int status, const char *what);
+
 /* Slots whose process registered (the rendezvous is complete when every slot's has). */
 static int registered_count(const sv *s) {
     int n = 0;
@@ -207,7 +125,7 @@ static worker *rank_slot(sv *s, int r) {
     return NULL;
 }
 
-static void kill_remaining(ac_timer *t, void *ctx) {
+void sv__kill_remaining(ac_timer *t, void *ctx) {
     (void)t;
     sv *s = ctx;
     s->kill_timer = NULL;
@@ -226,23 +144,60 @@ static void begin_shutdown(sv *s, int status, const char *reason) {
     s->stopping = true;
     for (int i = 0; i < s->nw; i++)
         if (svp_alive(s->w[i].state)) send_shutdown(s, &s->w[i], status, reason);
-    ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, kill_remaining, s, &s->kill_timer);
+    ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, sv__kill_remaining, s, &s->kill_timer);
 }
 
-static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
-    worker *w = p->data;
-    sv *s = w->sv;
-    w_set(w, SVP_EXITING);
-    w->exit_status = status;
-    w->term_signal = term_signal;
-    uv_close((uv_handle_t *)p, on_proc_closed);
-    if (w->rank < 0 && !s->agent) {
+/* The job's active ranks all finished: the warm spares are told to go. */
+static void finish_spares(sv *s) {
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].rank >= 0 && w_running(s, &s->w[i])) return;
+    s->finishing = true;
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].rank < 0 && w_running(s, &s->w[i])) {
+            if (svp_alive(s->w[i].state)) send_shutdown(s, &s->w[i], 0, "the job is done");
+            else uv_process_kill(&s->w[i].proc, SIGKILL); /* nothing to lose (a SIGTERM would only be a stop request) */
+        }
+}
+
+/* A rank's process failed (exited non-zero or was killed): an incurable setup failure stops
+ * the job, anything else restarts it in process where that is on, else stops it. */
+static void rank_failed(sv *s, worker *w, int64_t status, int term_signal) {
+    char why[256];
+    if (term_signal)
+        snprintf(why, sizeof why, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->rank, s->o.node_rank,
+                 w->pid, term_signal, strsignal(term_signal));
+    else
+        snprintf(why, sizeof why, "rank %d (node %d, pid %u) exited with status %" PRId64, w->rank, s->o.node_rank,
+                 w->pid, status);
+    int st = status == 3 && !term_signal ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED;
+    if (s->stopping) return;
+    if (!term_signal && status == SV_EXIT_USAGE) {
+        /* a worker exits 2 only where its flags or its checkpoint were refused (as CO_EINVAL at
+         * setup); one that did not say why (sv_link_fatal) is stopped for all the same */
+        char what[300];
+        snprintf(what, sizeof what, "exited with status 2 (pid %u): its flags or its checkpoint were refused (its "
+                 "message is above)", w->pid);
+        stop_incurable(s, w->rank, sv_incurable_status(CO_EINVAL, SV_EXIT_USAGE), what);
+    } else if (s->restart_enabled && s->assigned && st != SV_EXIT_NAN) {
+        begin_restart(s, term_signal ? "killed" : "exited", w->rank, why, 0);
+    } else {
+        if (s->val) svv_note_fault(s->val, term_signal ? "killed" : "exited", w->rank, why);
+        co_log(CO_LOG_ERROR, "%s at iteration %" PRIu64 "; stopping the job", why, w->iteration);
+        begin_shutdown(s, st, why);
+    }
+}
+
+/* The supervisor's side of a worker's exit (on_exit_cb): a warm spare is replaced, a
+ * quarantined rank's replacement starts, a kill by signal during a clean stop ends the job
+ * with it, a failure restarts or stops the job, the last active rank's clean exit lets the
+ * spares go. */
+static void supervisor_worker_exited(sv *s, worker *w, int64_t status, int term_signal) {
+    if (w->rank < 0) {
         /* a warm spare died: start another (no rank lost, no restart) */
         if (!s->stopping && !s->finishing) {
             unregister(s, w);
             w_set(w, SVP_RESPAWN);
         }
-        maybe_finish(s);
         return;
     }
     if (w->retiring && !s->stopping) {
@@ -253,76 +208,33 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
         w_set(w, SVP_RESPAWN);
         return;
     }
-    if ((term_signal == SIGINT || term_signal == SIGTERM || term_signal == SIGUSR1) && (s->sig_stop || w->signalled || (s->agent && s->signals))) {
+    if ((term_signal == SIGINT || term_signal == SIGTERM || term_signal == SIGUSR1) && (s->sig_stop || w->signalled)) {
         /* killed by a signal during a clean stop by signal (a second one, or one that came
          * before the worker's handlers were installed): a stop, not a crash; no restart */
         char why[256];
         snprintf(why, sizeof why, "rank %d (pid %u) was killed by %s during the stop", w->rank, w->pid,
                  strsignal(term_signal));
         co_log(CO_LOG_WARN, "%s", why);
-        if (s->agent) {
-            if (!s->first_failure) s->first_failure = 128 + term_signal;
-        } else if (!s->stopping && s->assigned) begin_shutdown(s, 128 + term_signal, why); /* its step is lost */
+        if (!s->stopping && s->assigned) begin_shutdown(s, 128 + term_signal, why); /* its step is lost */
         else if (!s->stopping) begin_shutdown(s, SV_EXIT_OK, why);                  /* nothing trained yet */
-        maybe_finish(s);
         return;
     }
-    if (term_signal || status != 0) {
-        char why[256];
-        if (term_signal)
-            snprintf(why, sizeof why, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->rank,
-                     s->o.node_rank, w->pid, term_signal, strsignal(term_signal));
-        else
-            snprintf(why, sizeof why, "rank %d (node %d, pid %u) exited with status %" PRId64, w->rank,
-                     s->o.node_rank, w->pid, status);
-        int st = status == 3 && !term_signal ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED;
-        if (s->agent) {
-            /* tell the supervisor at once; it stops the job */
-            if (!s->first_failure) {
-                s->first_failure = st;
-                co_log(CO_LOG_WARN, "%s", why);
-                Cohort__V1__Abort ab = COHORT__V1__ABORT__INIT;
-                ab.generation = s->snd.generation;
-                ab.reason = why;
-                ab.has_failed_rank = 1;
-                ab.failed_rank = (uint32_t)w->rank;
-                ab.has_error_code = 1;
-                ab.error_code = st;
-                sv__send(s->mb, NULL, &s->snd, &ab.base);
-                ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, kill_remaining, s, &s->kill_timer);
-            }
-        } else if (!s->stopping && !term_signal && status == SV_EXIT_USAGE) {
-            /* a worker exits 2 only where its flags or its checkpoint were refused (as CO_EINVAL at
-             * setup); one that did not say why (sv_link_fatal) is stopped for all the same */
-            char what[300];
-            snprintf(what, sizeof what, "exited with status 2 (pid %u): its flags or its checkpoint were refused (its "
-                     "message is above)", w->pid);
-            stop_incurable(s, w->rank, sv_incurable_status(CO_EINVAL, SV_EXIT_USAGE), what);
-        } else if (!s->stopping && s->restart_enabled && s->assigned && st != SV_EXIT_NAN) {
-            begin_restart(s, term_signal ? "killed" : "exited", w->rank, why, 0);
-        } else if (!s->stopping) {
-            if (s->val) svv_note_fault(s->val, term_signal ? "killed" : "exited", w->rank, why);
-            co_log(CO_LOG_ERROR, "%s at iteration %" PRIu64 "; stopping the job", why, w->iteration);
-            begin_shutdown(s, st, why);
-        }
-    }
-    if (!term_signal && status == 0 && !s->agent && !s->restarting) {
-        bool active_left = false;
-        for (int i = 0; i < s->nw; i++)
-            if (s->w[i].rank >= 0 && w_running(s, &s->w[i])) active_left = true;
-        if (!active_left) s->finishing = true;
-        if (!active_left)
-            for (int i = 0; i < s->nw; i++)
-                if (s->w[i].rank < 0 && w_running(s, &s->w[i])) {
-                    if (svp_alive(s->w[i].state)) send_shutdown(s, &s->w[i], 0, "the job is done");
-                    else uv_process_kill(&s->w[i].proc, SIGKILL); /* nothing to lose (a SIGTERM would
-                                                                      only be a stop request) */
-                }
-    }
-    maybe_finish(s);
+    if (term_signal || status != 0) rank_failed(s, w, status, term_signal);
+    else if (!s->restarting) finish_spares(s);
 }
 
-static void maybe_finish(sv *s) {
+static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
+    worker *w = p->data;
+    sv *s = w->sv;
+    w_set(w, SVP_EXITING);
+    w->exit_status = status;
+    w->term_signal = term_signal;
+    uv_close((uv_handle_t *)p, on_proc_closed);
+    s->role->worker_exited(s, w, status, term_signal);
+    sv__maybe_finish(s);
+}
+
+void sv__maybe_finish(sv *s) {
     if (s->restarting && !s->stopping) return; /* replacements are on their way */
     bool running = false, all_registered = true;
     for (int i = 0; i < s->nw; i++) {
@@ -745,7 +657,7 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
     char err[600];
     if (!spec) {
         snprintf(out, sizeof out, "error: not an injection request");
-    } else if (!s->assigned || s->stopping || s->agent) {
+    } else if (!s->assigned || s->stopping) {
         snprintf(out, sizeof out, "error: the job is %s", s->stopping ? "stopping" : "not running yet");
     } else if (s->live_injects + (s->o.inject ? s->o.inject->n : 0) >= FI_MAX_SPECS) {
         snprintf(out, sizeof out, "error: the job has %d injections already, the most one job takes (--inject and "
@@ -830,13 +742,13 @@ static void handle_status(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
         nfaults = (int)msg->env->status_request->faults;
     char *doc = NULL;
     svo_rank *ranks = calloc((size_t)s->nw, sizeof *ranks);
-    if (ranks && s->obs && !s->agent) {
+    if (ranks && s->obs) {
         svo_job j;
         job_view(s, &j, ranks);
         doc = svo_status_json(s->obs, &j, s->val, nfaults);
     }
     free(ranks);
-    const char *err = "{\"error\":\"this supervisor cannot tell its status (out of memory, or a node agent)\"}";
+    const char *err = "{\"error\":\"this supervisor cannot tell its status (out of memory)\"}";
     Cohort__V1__StatusReply rep = COHORT__V1__STATUS_REPLY__INIT;
     rep.json.data = (uint8_t *)(doc ? doc : err);
     rep.json.len = strlen(doc ? doc : err);
@@ -1101,16 +1013,6 @@ static void on_agent_message(sv *s, const Cohort__V1__Envelope *e) {
     }
 }
 
-/* A message for a node agent, from the supervisor: the job stops for preemption
- * (begin_signal_stop), so this node's process exits 75 too (an Indexed Job restarts only the
- * pods that did not exit 0). */
-static void on_supervisor_message(sv *s, const Cohort__V1__Envelope *e) {
-    if (e->body_case == COHORT__V1__ENVELOPE__BODY_PREEMPT && !s->agent_sig) {
-        int sig = e->preempt->signal;
-        if (sig == SIGTERM || sig == SIGUSR1) s->agent_sig = sig;
-    }
-}
-
 /* Decodes a message; one dropped as malformed or over a limit is said at once (a worker whose
  * registration is dropped would wait for its assignment until its timeout with nothing said). */
 static pw_msg *decode_message(sv *s, const ac_msg *m) {
@@ -1125,34 +1027,43 @@ static pw_msg *decode_message(sv *s, const ac_msg *m) {
     return msg;
 }
 
+/* The supervisor's messages: `cohort inject` and `cohort status` requests, the workers', the
+ * node agents'. */
+static void supervisor_on_message(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *msg) {
+    if (m->peer && !strncmp(m->peer, "inject-", 7)) {
+        handle_inject(s, mb, m, msg);
+        return;
+    }
+    if (m->peer && !strncmp(m->peer, "status-", 7)) {
+        handle_status(s, mb, m, msg);
+        return;
+    }
+    if (m->request_id) ac_reply(mb, m, "", 0); /* a worker's goodbye: its earlier messages are in */
+    if (!msg) return;
+    for (int i = 0; i < s->nw && m->peer; i++)
+        if (!strcmp(s->w[i].identity, m->peer)) {
+            on_worker_message(s, &s->w[i], msg->env);
+            return;
+        }
+    if (m->peer && !strncmp(m->peer, "agent", 5)) on_agent_message(s, msg->env);
+}
+
 static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
     sv *s = ctx;
     pw_msg *msg = decode_message(s, m);
-    if (m->peer && !strncmp(m->peer, "inject-", 7)) {
-        handle_inject(s, mb, m, msg);
-    } else if (m->peer && !strncmp(m->peer, "status-", 7)) {
-        handle_status(s, mb, m, msg);
-    } else {
-        if (m->request_id) ac_reply(mb, m, "", 0); /* a worker's goodbye: its earlier messages are in */
-        worker *w = NULL;
-        for (int i = 0; i < s->nw && m->peer && !s->agent; i++)
-            if (!strcmp(s->w[i].identity, m->peer)) w = &s->w[i];
-        if (msg && s->agent) on_supervisor_message(s, msg->env);
-        else if (msg && w) on_worker_message(s, w, msg->env);
-        else if (msg && m->peer && !strncmp(m->peer, "agent", 5)) on_agent_message(s, msg->env);
-    }
+    s->role->on_message(s, mb, m, msg);
     pw_msg_free(&msg);
 }
 
 static void heartbeat_tick(ac_timer *t, void *ctx) {
     (void)t;
     sv *s = ctx;
-    uint64_t now = sv__now_ms();
-    if (s->agent) {
-        Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
-        sv__send(s->mb, NULL, &s->snd, &hb.base);
-        return;
-    }
+    s->role->tick(s, sv__now_ms());
+}
+
+/* The supervisor's tick: hangs, the metrics snapshot, a heartbeat to every worker and the
+ * workers' silence. */
+static void supervisor_tick(sv *s, uint64_t now) {
     watch_progress(s, now);
     publish_metrics(s); /* heartbeats, restarts and ranks' ages change without a record */
     for (int i = 0; i < s->nw; i++) {
@@ -1312,7 +1223,7 @@ static void rendezvous_timeout(ac_timer *t, void *ctx) {
      * is a request to stop after its step, which one not yet training would only note) */
     for (int i = 0; i < s->nw; i++)
         if (w_running(s, &s->w[i]) && s->w[i].state == SVP_STARTED) uv_process_kill(&s->w[i].proc, SIGKILL);
-    maybe_finish(s); /* every local worker may already be gone */
+    sv__maybe_finish(s); /* every local worker may already be gone */
 }
 
 /* A clean stop by signal (the supervisor's own, to it or to its process group, or one a
@@ -1322,13 +1233,13 @@ static void rendezvous_timeout(ac_timer *t, void *ctx) {
  * and the run report is written. During an in-process restart the order follows the
  * restart's assignments (check_restart_done). rank: who got it (-1: the supervisor). */
 static void begin_signal_stop(sv *s, int signum, int rank, const char *what) {
-    if (s->sig_stop || s->stopping || s->agent) return; /* under way, or the job ends anyway */
+    if (s->sig_stop || s->stopping) return; /* under way, or the job ends anyway */
     s->sig_stop = signum;
     if (s->val) svv_note_fault(s->val, "signal", rank, what);
     if (!s->assigned) {
         co_log(CO_LOG_ERROR, "%s before training began: stopping the job", what);
         begin_shutdown(s, SV_EXIT_OK, "signal before training");
-        maybe_finish(s);
+        sv__maybe_finish(s);
         return;
     }
     co_log(CO_LOG_INFO, "%s: the job stops after the current step%s", what,
@@ -1347,35 +1258,24 @@ static void begin_signal_stop(sv *s, int signum, int rank, const char *what) {
         if (svp_alive(s->w[i].state)) send_shutdown(s, &s->w[i], 0, "signal");
 }
 
+/* The supervisor's own SIGINT/SIGTERM/SIGUSR1: the job stops cleanly. */
+static void supervisor_first_signal(sv *s, int signum) {
+    char what[120];
+    snprintf(what, sizeof what, "%s received by the supervisor", strsignal(signum));
+    begin_signal_stop(s, signum, -1, what);
+}
+
 static void on_signal(uv_signal_t *h, int signum) {
     sv *s = h->data;
     if (++s->signals == 1) {
-        char what[120];
-        snprintf(what, sizeof what, "%s received by the %s", strsignal(signum), s->agent ? "node agent" : "supervisor");
-        if (s->agent) {
-            /* a node agent tells the supervisor, which orders every rank to stop after its
-             * step. It does not pass the signal on to its workers: a scheduler (Slurm's
-             * scancel, srun forwarding a signal) signals every process of the step, and a
-             * forwarded copy would reach a worker as a second signal, which kills it */
-            s->agent_sig = signum;
-            co_log(CO_LOG_INFO, "%s: asking the supervisor to stop the job", strsignal(signum));
-            char text[200];
-            snprintf(text, sizeof text, "%s received by node agent %d (pid %d)", strsignal(signum), s->o.node_rank,
-                     (int)getpid());
-            Cohort__V1__SignalReceived sr = COHORT__V1__SIGNAL_RECEIVED__INIT;
-            sr.signal = signum;
-            sr.what = text;
-            sv__send(s->mb, NULL, &s->snd, &sr.base);
-            return;
-        }
-        begin_signal_stop(s, signum, -1, what);
+        s->role->first_signal(s, signum);
     } else {
         /* a second signal: at once; the step in progress is lost */
         co_log(CO_LOG_ERROR, "second %s: killing the workers", strsignal(signum));
         s->status = 128 + signum;
         begin_shutdown(s, 128 + signum, "interrupted twice");
-        kill_remaining(NULL, s);
-        maybe_finish(s);
+        sv__kill_remaining(NULL, s);
+        sv__maybe_finish(s);
     }
 }
 
@@ -1454,6 +1354,41 @@ static int send_to_rank(void *ctx, int rank, const ProtobufCMessage *body) {
     return sv__send(s->mb, w->identity, &s->snd, body);
 }
 
+/* The supervisor's mailbox (bound: ipc on one node, tcp on several), the job file `cohort
+ * inject` and `cohort status` find it by, --metrics-port's server, the rendezvous timeout. */
+static int supervisor_open_mailbox(sv *s, ac_mailbox_opts *mo) {
+    int rc = 0;
+    if (s->o.nnodes == 1) {
+        rc = ac_ipc_endpoint(s->ipc_dir, "supervisor", s->endpoint, sizeof s->endpoint);
+        if (!rc) rc = ac_mailbox_bind(s->a, s->endpoint, mo, &s->mb);
+    } else {
+        char bind_ep[300];
+        snprintf(bind_ep, sizeof bind_ep, "tcp://*:%d", s->o.master_port);
+        snprintf(s->endpoint, sizeof s->endpoint, "tcp://%s:%d", s->o.master_addr, s->o.master_port);
+        rc = ac_mailbox_bind(s->a, bind_ep, mo, &s->mb);
+    }
+    if (rc) return rc;
+    /* how `cohort inject` finds this job: <ipc dir>/job */
+    char path[400];
+    snprintf(path, sizeof path, "%s/job", s->ipc_dir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "pid=%d\nendpoint=%s\njob=%" PRIx64 "\n", (int)getpid(), s->endpoint, s->snd.job_id);
+        fclose(f);
+    }
+    if (s->o.metrics_port > 0) {
+        /* one node: loopback only (nothing leaves the machine); several: node 0's address as
+         * the other nodes reach it (--master-addr) */
+        const char *addr = s->o.nnodes > 1 && s->o.master_addr && *s->o.master_addr ? s->o.master_addr : "127.0.0.1";
+        rc = svm_start(&s->http, addr, s->o.metrics_port);
+        if (rc) return rc;
+        publish_metrics(s);
+        co_log(CO_LOG_INFO, "Prometheus metrics at http://%s%s%s:%d/metrics", strchr(addr, ':') ? "[" : "", addr,
+               strchr(addr, ':') ? "]" : "", s->o.metrics_port);
+    }
+    return ac_timer_start(s->a, (uint64_t)s->o.rendezvous_timeout_ms, 0, rendezvous_timeout, s, &s->rdv_timer);
+}
+
 static int sv_on_start(ac_actor *a, void *ctx) {
     sv *s = ctx;
     s->a = a;
@@ -1463,30 +1398,7 @@ static int sv_on_start(ac_actor *a, void *ctx) {
     mo.on_message = on_message;
     mo.ctx = s;
     mo.secret = s->have_secret ? &s->secret : NULL;
-    if (s->o.nnodes == 1) {
-        if (!rc) rc = ac_ipc_endpoint(s->ipc_dir, "supervisor", s->endpoint, sizeof s->endpoint);
-        if (!rc) rc = ac_mailbox_bind(a, s->endpoint, &mo, &s->mb);
-    } else if (!s->agent) {
-        char bind_ep[300];
-        snprintf(bind_ep, sizeof bind_ep, "tcp://*:%d", s->o.master_port);
-        snprintf(s->endpoint, sizeof s->endpoint, "tcp://%s:%d", s->o.master_addr, s->o.master_port);
-        if (!rc) rc = ac_mailbox_bind(a, bind_ep, &mo, &s->mb);
-    } else {
-        char id[32];
-        snprintf(id, sizeof id, "agent%d", s->o.node_rank);
-        snprintf(s->endpoint, sizeof s->endpoint, "tcp://%s:%d", s->o.master_addr, s->o.master_port);
-        if (!rc) rc = ac_mailbox_connect(a, s->endpoint, id, &mo, &s->mb);
-    }
-    if (!rc && !s->agent) {
-        /* how `cohort inject` finds this job: <ipc dir>/job */
-        char path[400];
-        snprintf(path, sizeof path, "%s/job", s->ipc_dir);
-        FILE *f = fopen(path, "w");
-        if (f) {
-            fprintf(f, "pid=%d\nendpoint=%s\njob=%" PRIx64 "\n", (int)getpid(), s->endpoint, s->snd.job_id);
-            fclose(f);
-        }
-    }
+    if (!rc) rc = s->role->open_mailbox(s, &mo);
     for (int i = 0; !rc && i < s->nw; i++) {
         worker *w = &s->w[i];
         if (s->o.nnodes == 1) {
@@ -1496,17 +1408,6 @@ static int sv_on_start(ac_actor *a, void *ctx) {
         } else {
             snprintf(w->spawn_endpoint, sizeof w->spawn_endpoint, "tcp://%s:%d", s->o.node_addr,
                      s->o.master_port + 1 + w->index);
-        }
-    }
-    if (!rc && s->o.metrics_port > 0 && !s->agent) {
-        /* one node: loopback only (nothing leaves the machine); several: node 0's address as
-         * the other nodes reach it (--master-addr) */
-        const char *addr = s->o.nnodes > 1 && s->o.master_addr && *s->o.master_addr ? s->o.master_addr : "127.0.0.1";
-        rc = svm_start(&s->http, addr, s->o.metrics_port);
-        if (!rc) {
-            publish_metrics(s);
-            co_log(CO_LOG_INFO, "Prometheus metrics at http://%s%s%s:%d/metrics",
-                    strchr(addr, ':') ? "[" : "", addr, strchr(addr, ':') ? "]" : "", s->o.metrics_port);
         }
     }
     if (rc) return rc;
@@ -1525,8 +1426,6 @@ static int sv_on_start(ac_actor *a, void *ctx) {
     }
     rc = ac_timer_start(a, (uint64_t)s->o.heartbeat_interval_ms, (uint64_t)s->o.heartbeat_interval_ms, heartbeat_tick, s,
                         &s->hb_timer);
-    if (!rc && !s->agent)
-        rc = ac_timer_start(a, (uint64_t)s->o.rendezvous_timeout_ms, 0, rendezvous_timeout, s, &s->rdv_timer);
     if (!rc) rc = spawn_workers(s);
     if (rc) {
         /* workers already started must not outlive us */
@@ -1560,35 +1459,6 @@ static void release(sv *s) {
     free(s->w);
     free(s->coord);
     free(s->source);
-}
-
-/* The options with their defaults, the process's log prefix, who this process is. */
-static void init_options(sv *s, const sv_options *opt) {
-    memset(s, 0, sizeof *s);
-    s->o = *opt;
-    if (!s->o.rendezvous_timeout_ms) s->o.rendezvous_timeout_ms = 120000;
-    if (!s->o.heartbeat_interval_ms) s->o.heartbeat_interval_ms = 1000;
-    if (!s->o.heartbeat_timeout_ms) s->o.heartbeat_timeout_ms = 30000;
-    if (!s->o.kill_grace_ms) s->o.kill_grace_ms = 10000;
-    if (s->o.nnodes < 1) s->o.nnodes = 1;
-    s->status = -1;
-    s->quarantine_rank = -1;
-    s->agent = s->o.nnodes > 1 && s->o.node_rank > 0;
-    if (s->agent) co_log_set_prefix("cohort node agent %d", s->o.node_rank);
-    else co_log_set_prefix("cohort supervisor");
-    /* several nodes: a failure still stops the job (restart needs a node agent's part) */
-    s->restart_enabled = s->o.restart && s->o.nnodes == 1;
-    if (!s->o.restart_window_ms) s->o.restart_window_ms = 600000;
-    s->no_proc_state = getenv("COHORT_TEST_NO_PROC_STATE") != NULL;
-    if (!s->o.soft_timeout_ms) s->o.soft_timeout_ms = 60000;
-    if (!s->o.hard_timeout_ms) s->o.hard_timeout_ms = 90000;
-    if (!s->o.barrier_timeout_ms) s->o.barrier_timeout_ms = 120000;
-    s->snd.job_id = s->o.job_id ? s->o.job_id : random_job_id();
-    s->snd.generation = 1;
-    s->snd.sender = s->agent ? PW_SENDER_UNASSIGNED : PW_SENDER_SUPERVISOR;
-    /* the supervisor tracks every worker of the job, an agent its node's */
-    s->nw = s->agent ? s->o.nproc : s->o.nproc * s->o.nnodes;
-    s->world = s->o.active_world > 0 && s->o.active_world < s->nw && s->o.nnodes == 1 ? s->o.active_world : s->nw;
 }
 
 /* Several nodes: the job secret, and the job id every node derives from it. */
@@ -1626,14 +1496,19 @@ static int init_layout(sv *s) {
     return 0;
 }
 
-/* The worker slots and the ranks' coordinates. */
-static int init_tables(sv *s) {
-    s->w = calloc((size_t)s->nw, sizeof *s->w);
+/* The world's ranks' coordinates and restart sources (the supervisor's). */
+static int init_coords(sv *s) {
     s->coord = calloc((size_t)s->world, sizeof *s->coord);
     s->source = calloc((size_t)s->world, sizeof *s->source);
-    bool ok = s->w && s->coord && s->source;
-    for (int r = 0; r < s->world && ok && !s->agent; r++) ok = topo_coords(&s->layout, r, &s->coord[r]) == 0;
-    if (!ok) return SV_EXIT_FAILURE;
+    bool ok = s->coord && s->source;
+    for (int r = 0; r < s->world && ok; r++) ok = topo_coords(&s->layout, r, &s->coord[r]) == 0;
+    return ok ? 0 : SV_EXIT_FAILURE;
+}
+
+/* The worker slots of this process: the job's (supervisor) or its node's (agent). */
+static int init_slots(sv *s) {
+    s->w = calloc((size_t)s->nw, sizeof *s->w);
+    if (!s->w) return SV_EXIT_FAILURE;
     for (int i = 0; i < s->nw; i++) {
         worker *w = &s->w[i];
         w->sv = s;
@@ -1705,6 +1580,58 @@ static int open_coordinators(sv *s) {
     return 0;
 }
 
+/* The supervisor's own setup: the layout, the ranks' coordinates, the metrics stream, the
+ * coordinators. */
+static int supervisor_setup(sv *s) {
+    int st = init_layout(s);
+    if (!st) st = init_coords(s);
+    if (!st) st = open_metrics(s);
+    if (!st) st = open_coordinators(s);
+    return st;
+}
+
+static int supervisor_stop_signal(const sv *s) { return s->sig_stop; }
+
+static const sv__role supervisor_role = {
+    .setup = supervisor_setup,
+    .open_mailbox = supervisor_open_mailbox,
+    .on_message = supervisor_on_message,
+    .tick = supervisor_tick,
+    .worker_exited = supervisor_worker_exited,
+    .first_signal = supervisor_first_signal,
+    .stop_signal = supervisor_stop_signal,
+};
+
+/* The options with their defaults, the process's log prefix, who this process is. */
+static void init_options(sv *s, const sv_options *opt) {
+    memset(s, 0, sizeof *s);
+    s->o = *opt;
+    if (!s->o.rendezvous_timeout_ms) s->o.rendezvous_timeout_ms = 120000;
+    if (!s->o.heartbeat_interval_ms) s->o.heartbeat_interval_ms = 1000;
+    if (!s->o.heartbeat_timeout_ms) s->o.heartbeat_timeout_ms = 30000;
+    if (!s->o.kill_grace_ms) s->o.kill_grace_ms = 10000;
+    if (s->o.nnodes < 1) s->o.nnodes = 1;
+    s->status = -1;
+    s->quarantine_rank = -1;
+    s->agent = s->o.nnodes > 1 && s->o.node_rank > 0;
+    s->role = s->agent ? &sv__agent_role : &supervisor_role;
+    if (s->agent) co_log_set_prefix("cohort node agent %d", s->o.node_rank);
+    else co_log_set_prefix("cohort supervisor");
+    /* several nodes: a failure still stops the job (restart needs a node agent's part) */
+    s->restart_enabled = s->o.restart && s->o.nnodes == 1;
+    if (!s->o.restart_window_ms) s->o.restart_window_ms = 600000;
+    s->no_proc_state = getenv("COHORT_TEST_NO_PROC_STATE") != NULL;
+    if (!s->o.soft_timeout_ms) s->o.soft_timeout_ms = 60000;
+    if (!s->o.hard_timeout_ms) s->o.hard_timeout_ms = 90000;
+    if (!s->o.barrier_timeout_ms) s->o.barrier_timeout_ms = 120000;
+    s->snd.job_id = s->o.job_id ? s->o.job_id : random_job_id();
+    s->snd.generation = 1;
+    s->snd.sender = s->agent ? PW_SENDER_UNASSIGNED : PW_SENDER_SUPERVISOR;
+    /* the supervisor tracks every worker of the job, an agent its node's */
+    s->nw = s->agent ? s->o.nproc : s->o.nproc * s->o.nnodes;
+    s->world = s->o.active_world > 0 && s->o.active_world < s->nw && s->o.nnodes == 1 ? s->o.active_world : s->nw;
+}
+
 /* How the job ended (supervisor.h's statuses), once the loop is over; rc: the loop's error. */
 static int final_status(sv *s, int rc) {
     int status = rc ? SV_EXIT_FAILURE : s->status >= 0 ? s->status : s->first_failure ? s->first_failure : SV_EXIT_OK;
@@ -1714,7 +1641,7 @@ static int final_status(sv *s, int rc) {
             if (s->w[i].rank >= 0 && (s->w[i].exit_status || s->w[i].term_signal)) status = SV_EXIT_WORKER_FAILED;
     }
     /* a clean stop for preemption: saved, but not done (the scheduler requeues the job) */
-    int stop_sig = s->agent ? s->agent_sig : s->sig_stop;
+    int stop_sig = s->role->stop_signal(s);
     if (status == SV_EXIT_OK && stop_sig && sv_preempting_signal(stop_sig, s->o.requeue_on_sigterm)) {
         status = SV_EXIT_PREEMPTED;
         co_log(CO_LOG_INFO, "stopped for preemption (%s): exit %d, requeue the job to resume from --load",
@@ -1744,11 +1671,9 @@ int sv_run(const sv_options *opt) {
     sv s;
     init_options(&s, opt);
     int st = load_job_secret(&s);
-    if (!st && !s.agent) st = init_layout(&s);
-    if (!st) st = init_tables(&s);
-    if (!st && !s.agent) st = open_metrics(&s);
+    if (!st) st = init_slots(&s);
     s.t_start = sv__now_ms();
-    if (!st && !s.agent) st = open_coordinators(&s);
+    if (!st && s.role->setup) st = s.role->setup(&s);
     if (st) {
         release(&s);
         return st;
