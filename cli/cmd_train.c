@@ -20,8 +20,8 @@
 #include "observe/tensorboard.h"
 #include "train/sample.h"
 #include "train/trainer.h"
-#include "supervisor/link.h"
-#include "supervisor/metrics_local.h"
+#include "worker/link.h"
+#include "worker/metrics_local.h"
 #include "supervisor/supervisor.h"
 
 #include <inttypes.h>

@@ -19,7 +19,7 @@
 #include "comm/comm.h"
 #include "comm/zmq_comm.h"
 #include "scheduler/groups.h"
-#include "supervisor/link.h"
+#include "worker/link.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
 /* link.c - the worker's mailbox thread: registers with the supervisor, waits for the
  * assignment, sends heartbeats and log lines, and turns the supervisor's Shutdown and
  * Abort orders (or its silence) into the stop flag and an aborted communicator. */
-#include "supervisor/link.h"
+#include "worker/link.h"
 
 #include "actors/actor.h"
 #include "common/error.h"
