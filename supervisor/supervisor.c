@@ -1074,7 +1074,7 @@ static void supervisor_tick(sv *s, uint64_t now) {
         sv__send(s->mb, w->identity, &s->snd, &hb.base);
         if (!s->stopping && s->restart_enabled && now - w->last_seen_ms > (uint64_t)s->o.heartbeat_timeout_ms) {
             co_log(CO_LOG_ERROR, "rank %d (pid %u) sent no heartbeat for %d s; killing it to replace it",
-                    i, w->pid, s->o.heartbeat_timeout_ms / 1000);
+                   i, w->pid, s->o.heartbeat_timeout_ms / 1000);
             w->last_seen_ms = now; /* once */
             uv_process_kill(&w->proc, SIGKILL);
             continue;
@@ -1217,7 +1217,7 @@ static void rendezvous_timeout(ac_timer *t, void *ctx) {
     s->rdv_timer = NULL;
     if (s->assigned || s->stopping) return;
     co_log(CO_LOG_ERROR, "rendezvous timed out after %d s: %d of %d workers registered",
-            s->o.rendezvous_timeout_ms / 1000, registered_count(s), s->nw);
+           s->o.rendezvous_timeout_ms / 1000, registered_count(s), s->nw);
     begin_shutdown(s, SV_EXIT_RENDEZVOUS, "rendezvous timed out");
     /* unregistered workers cannot hear the shutdown; they hold nothing (to a worker, SIGTERM
      * is a request to stop after its step, which one not yet training would only note) */
@@ -1243,7 +1243,7 @@ static void begin_signal_stop(sv *s, int signum, int rank, const char *what) {
         return;
     }
     co_log(CO_LOG_INFO, "%s: the job stops after the current step%s", what,
-            s->restarting ? " (once the restart in progress is done)" : "");
+           s->restarting ? " (once the restart in progress is done)" : "");
     if (sv_preempting_signal(signum, s->o.requeue_on_sigterm))
         for (int n = 1; n < s->o.nnodes; n++) {
             /* every node's process exits 75, whichever received the signal */

@@ -290,10 +290,10 @@ static void score_stages(svv *v, int64_t iteration, double *buf) {
         if (v->slow[k] >= 3 && !v->sflagged[k]) {
             v->sflagged[k] = true;
             co_log(CO_LOG_WARN,
-                    "straggler stage: pipeline stage %d at iteration %" PRId64 " scores %.2f "
-                    "(compute %.0f ms per iteration, the other stages' median %.0f ms; threshold %.2f): it sets the "
-                    "pipeline's pace (its layers cost more than the others', or all its ranks are slow)",
-                    k, iteration, score, stage[k], med, v->o.straggler_threshold);
+                   "straggler stage: pipeline stage %d at iteration %" PRId64 " scores %.2f "
+                   "(compute %.0f ms per iteration, the other stages' median %.0f ms; threshold %.2f): it sets the "
+                   "pipeline's pace (its layers cost more than the others', or all its ranks are slow)",
+                   k, iteration, score, stage[k], med, v->o.straggler_threshold);
             if (v->o.metrics) {
                 fprintf(v->o.metrics,
                         "{\"event\":\"straggler_stage\",\"iteration\":%" PRId64 ",\"stage\":%d,\"score\":%.4f,"
@@ -342,9 +342,9 @@ static void score_stragglers(svv *v, int64_t iteration) {
         if (v->low[r] >= 3 && !v->flagged[r]) {
             v->flagged[r] = true;
             co_log(CO_LOG_WARN,
-                    "straggler: rank %d at iteration %" PRId64 " scores %.2f (compute %.0f ms per "
-                    "iteration, others' median %.0f ms; threshold %.2f)",
-                    r, iteration, score, v->ema[r], med, v->o.straggler_threshold);
+                   "straggler: rank %d at iteration %" PRId64 " scores %.2f (compute %.0f ms per "
+                   "iteration, others' median %.0f ms; threshold %.2f)",
+                   r, iteration, score, v->ema[r], med, v->o.straggler_threshold);
             if (v->o.metrics) {
                 fprintf(v->o.metrics,
                         "{\"event\":\"straggler\",\"iteration\":%" PRId64 ",\"rank\":%d,\"score\":%.4f,"
@@ -376,8 +376,8 @@ static void take_events(svv *v, uint64_t now, int *quarantine) {
                 memset(h, 0, sizeof *h * 8);
                 if (v->nquar < 64) v->quarantined[v->nquar++] = e->rank;
                 co_log(CO_LOG_WARN, "rank %d was found faulty %d times within %" PRId64
-                                " iterations: quarantined; its process is replaced", e->rank, cnt,
-                        v->o.quarantine_window);
+                       " iterations: quarantined; its process is replaced", e->rank, cnt,
+                       v->o.quarantine_window);
             }
         }
         if (v->o.tracker_file && *v->o.tracker_file) {
@@ -549,8 +549,8 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
     }
     if (vd.decision != RR_ACCEPT || vd.diagnosis != RR_DIAG_NONE)
         co_log(CO_LOG_WARN, "iteration %" PRId64 ": %s%s%s%s: %s", it, rr_decision_name(vd.decision),
-                vd.diagnosis != RR_DIAG_NONE ? " (" : "", vd.diagnosis != RR_DIAG_NONE ? rr_diagnosis_name(vd.diagnosis) : "",
-                vd.diagnosis != RR_DIAG_NONE ? ")" : "", vd.reason);
+               vd.diagnosis != RR_DIAG_NONE ? " (" : "", vd.diagnosis != RR_DIAG_NONE ? rr_diagnosis_name(vd.diagnosis) : "",
+               vd.diagnosis != RR_DIAG_NONE ? ")" : "", vd.reason);
     send_verdict(v, &vd, -1);
     if (vd.decision == RR_STOP) {
         snprintf(why, n, "iteration %" PRId64 ": %s", it, vd.reason);
