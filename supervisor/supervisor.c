@@ -1,7 +1,9 @@
 /* supervisor.c - spawns this node's workers, runs the rendezvous, watches heartbeats and
  * exits, prints the log lines workers send, and decides how the job ended (supervisor.h).
  * Everything runs on one actor loop on the calling thread: the control mailbox, the
- * worker processes (uv_spawn), the timers and the signal handlers. */
+ * worker processes (uv_spawn), the timers and the signal handlers. The core (slots and their
+ * processes, signals, the loop) is shared with the node agent, whose role is agent.c; the
+ * supervisor's role is here (core.h's sv__role), and a restart's decisions are planner.c's. */
 #include "supervisor/supervisor.h"
 
 #include "actors/actor.h"
