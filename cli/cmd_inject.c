@@ -4,7 +4,7 @@
 
 #include "common/error.h"
 #include "resilience/inject.h"
-#include "supervisor/inject_client.h"
+#include "cli/inject_client.h"
 
 #include <errno.h>
 #include <jansson.h>

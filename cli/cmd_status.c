@@ -1,12 +1,12 @@
 /* cmd_status.c - `cohort status`: a running job's state from another terminal, asked of its
- * supervisor over its mailbox (supervisor/inject_client.h sv_status; the document is
+ * supervisor over its mailbox (cli/inject_client.h sv_status; the document is
  * supervisor/status.c's): ranks, progress, step-time spread, stragglers, faults and the
  * next checkpoint, as text, as JSON, or redrawn every few seconds. */
 #include "cli/cli.h"
 
 #include "common/error.h"
+#include "cli/inject_client.h"
 #include "common/log.h"
-#include "supervisor/inject_client.h"
 
 #include <errno.h>
 #include <inttypes.h>

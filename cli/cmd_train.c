@@ -21,8 +21,8 @@
 #include "train/sample.h"
 #include "train/config_check.h"
 #include "train/trainer.h"
-#include "supervisor/link.h"
-#include "supervisor/metrics_local.h"
+#include "worker/link.h"
+#include "worker/metrics_local.h"
 #include "supervisor/supervisor.h"
 
 #include <inttypes.h>

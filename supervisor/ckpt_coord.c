@@ -13,6 +13,7 @@
 
 #include "checkpoint/ckpt.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "supervisor/msg.h"
 
 #include <inttypes.h>
@@ -89,8 +90,8 @@ static void abort_save(svc *c, const char *why) {
     c->aborted = true;
     char tmp[4400];
     ck_tmp_dir_shared(tmp, sizeof tmp, c->save_dir, c->iteration, c->token);
-    fprintf(stderr, "cohort supervisor: checkpoint at iteration %" PRId64 " aborted: %s; removed %s once no rank writes "
-                    "into it (the tracker still names the previous checkpoint)\n", c->iteration, why, tmp);
+    co_log(CO_LOG_WARN, "checkpoint at iteration %" PRId64 " aborted: %s; removed %s once no rank writes "
+           "into it (the tracker still names the previous checkpoint)", c->iteration, why, tmp);
     fflush(stderr);
     tell_all(c, c->iteration, COHORT__V1__CHECKPOINT_PHASE__CKPT_ABORT, tmp);
 }
@@ -98,7 +99,7 @@ static void abort_save(svc *c, const char *why) {
 static void finish_aborted(svc *c) {
     char tmp[4400];
     ck_tmp_dir_shared(tmp, sizeof tmp, c->save_dir, c->iteration, c->token);
-    if (ck_remove_dir(tmp)) fprintf(stderr, "cohort supervisor: removing %s: %s\n", tmp, co_err_detail());
+    if (ck_remove_dir(tmp)) co_log(CO_LOG_WARN, "removing %s: %s", tmp, co_err_detail());
     reset(c);
 }
 
@@ -127,8 +128,8 @@ static void commit(svc *c) {
         int64_t removed[64];
         int nr = 0;
         if (ck_prune(c->save_dir, c->keep, false, removed, 64, &nr))
-            fprintf(stderr, "cohort supervisor: retention (--most-recent-k %d) after saving iteration %" PRId64 ": %s\n",
-                    c->keep, it, co_err_detail());
+            co_log(CO_LOG_WARN, "retention (--most-recent-k %d) after saving iteration %" PRId64 ": %s",
+                   c->keep, it, co_err_detail());
     }
     tell_all(c, it, COHORT__V1__CHECKPOINT_PHASE__CKPT_COMMIT, final);
     if (c->metrics) {

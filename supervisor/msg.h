@@ -1,6 +1,7 @@
 /* msg.h - sending and receiving control messages over a mailbox: the envelope header
  * (job id, generation, sender, per-sender sequence number) is filled here, so the
- * supervisor and the worker's link never build one by hand. Private to supervisor/. */
+ * supervisor and the worker's link never build one by hand. Shared by supervisor/, the
+ * worker's link (worker/link.c) and the clients in cli/ and worker/metrics_local.c. */
 #ifndef COHORT_SUPERVISOR_MSG_H
 #define COHORT_SUPERVISOR_MSG_H
 

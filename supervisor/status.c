@@ -122,11 +122,8 @@ static void one(FILE *f, const char *name, const char *type, const char *help, d
     fputc('\n', f);
 }
 
-char *svo_prometheus(const svo *o, const svo_job *j, const svv *v) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) return NULL;
+/* The job's identity, progress and the last rank's latest logged iteration. */
+static void prom_job(FILE *f, const svo *o, const svo_job *j, const svv *v) {
     head(f, "cohort_job_info", "gauge", "The job: its id and state (always 1).");
     fputs("cohort_job_info{", f);
     if (j->job_id) { /* (a single process has no job id) */
@@ -151,100 +148,110 @@ char *svo_prometheus(const svo *o, const svo_job *j, const svv *v) {
     if (o->train_iters > 0 || j->train_iters > 0)
         one(f, "cohort_train_iterations", "gauge", "Iterations the job trains (--train-iters).",
             (double)(o->train_iters > 0 ? o->train_iters : j->train_iters));
-    if (o->have) {
-        one(f, "cohort_consumed_samples", "gauge", "Training samples consumed (Megatron's consumed_samples).",
-            (double)o->consumed_samples);
-        one(f, "cohort_lm_loss", "gauge", "Language-model loss of the latest logged iteration(s).", o->lm_loss);
-        one(f, "cohort_grad_norm", "gauge", "Gradient norm of the latest logged iteration.", o->grad_norm);
-        one(f, "cohort_learning_rate", "gauge", "Learning rate of the latest logged iteration.", o->learning_rate);
-        one(f, "cohort_tokens_per_second", "gauge", "Training throughput over the latest log interval.",
-            o->tokens_per_second);
-        one(f, "cohort_iteration_seconds", "gauge", "Wall time per iteration over the latest log interval.",
-            o->ms_per_iteration / 1000.0);
-        one(f, "cohort_skipped_iterations", "gauge", "Iterations skipped (the trainer's count).", (double)o->skipped);
-        one(f, "cohort_nan_iterations", "gauge", "Iterations with a NaN/Inf loss or gradient norm (the trainer's count).",
-            (double)o->nan_iterations);
+    if (!o->have) return;
+    one(f, "cohort_consumed_samples", "gauge", "Training samples consumed (Megatron's consumed_samples).",
+        (double)o->consumed_samples);
+    one(f, "cohort_lm_loss", "gauge", "Language-model loss of the latest logged iteration(s).", o->lm_loss);
+    one(f, "cohort_grad_norm", "gauge", "Gradient norm of the latest logged iteration.", o->grad_norm);
+    one(f, "cohort_learning_rate", "gauge", "Learning rate of the latest logged iteration.", o->learning_rate);
+    one(f, "cohort_tokens_per_second", "gauge", "Training throughput over the latest log interval.",
+        o->tokens_per_second);
+    one(f, "cohort_iteration_seconds", "gauge", "Wall time per iteration over the latest log interval.",
+        o->ms_per_iteration / 1000.0);
+    one(f, "cohort_skipped_iterations", "gauge", "Iterations skipped (the trainer's count).", (double)o->skipped);
+    one(f, "cohort_nan_iterations", "gauge", "Iterations with a NaN/Inf loss or gradient norm (the trainer's count).",
+        (double)o->nan_iterations);
+}
+
+/* Which step time of a rank's svv_times a per-rank series shows. */
+typedef enum { PROM_LAST, PROM_MEDIAN, PROM_SCORE } prom_time;
+
+/* One per-rank series of the validator's step times (ranks without times, or a NaN score, left out). */
+static void prom_rank_times(FILE *f, const svv *v, const char *name, const char *help, prom_time which) {
+    head(f, name, "gauge", help);
+    svv_times t;
+    for (int r = 0; r < svv_world(v); r++) {
+        if (!svv_rank_times(v, r, &t)) continue;
+        double x = which == PROM_LAST ? t.last_ms / 1000.0 : which == PROM_MEDIAN ? t.median_ms / 1000.0 : t.score;
+        if (which == PROM_SCORE && isnan(x)) continue;
+        fprintf(f, "%s{rank=\"%d\"} ", name, r);
+        value(f, x);
+        fputc('\n', f);
     }
-    /* per rank */
+}
+
+/* Each rank: up, its heartbeat's iteration, its step times and straggler score. */
+static void prom_ranks(FILE *f, const svo_job *j, const svv *v) {
     head(f, "cohort_rank_up", "gauge", "1 while the rank's worker process is registered and running.");
     for (int i = 0; i < j->nslots; i++)
         if (j->ranks[i].rank >= 0) fprintf(f, "cohort_rank_up{rank=\"%d\",node=\"%d\"} %d\n", j->ranks[i].rank,
                                            j->ranks[i].node, j->ranks[i].alive ? 1 : 0);
-    if (v) {
-        head(f, "cohort_rank_iteration", "gauge", "The iteration each rank's latest heartbeat gave.");
-        for (int i = 0; i < j->nslots; i++)
-            if (j->ranks[i].rank >= 0)
-                fprintf(f, "cohort_rank_iteration{rank=\"%d\"} %" PRId64 "\n", j->ranks[i].rank, j->ranks[i].iteration);
-        int W = svv_world(v);
-        head(f, "cohort_rank_step_seconds", "gauge",
-             "Each rank's latest step time (data, forward, backward, all-reduce, optimizer), as it reported.");
-        svv_times t;
-        for (int r = 0; r < W; r++)
-            if (svv_rank_times(v, r, &t)) {
-                fprintf(f, "cohort_rank_step_seconds{rank=\"%d\"} ", r);
-                value(f, t.last_ms / 1000.0);
-                fputc('\n', f);
-            }
-        head(f, "cohort_rank_step_median_seconds", "gauge", "Each rank's median step time over its latest 32 iterations.");
-        for (int r = 0; r < W; r++)
-            if (svv_rank_times(v, r, &t)) {
-                fprintf(f, "cohort_rank_step_median_seconds{rank=\"%d\"} ", r);
-                value(f, t.median_ms / 1000.0);
-                fputc('\n', f);
-            }
-        head(f, "cohort_straggler_score", "gauge",
-             "Each rank's straggler score: the others' median compute time over its own, smoothed (1: on par; "
-             "below --straggler-threshold three iterations in a row: a straggler).");
-        for (int r = 0; r < W; r++)
-            if (svv_rank_times(v, r, &t) && !isnan(t.score)) {
-                fprintf(f, "cohort_straggler_score{rank=\"%d\"} ", r);
-                value(f, t.score);
-                fputc('\n', f);
-            }
-        svv_counts c;
-        svv_counts_get(v, &c);
-        one(f, "cohort_restarts_total", "counter", "In-process restarts of the job.", (double)c.restarts);
-        one(f, "cohort_validated_iterations_total", "counter", "Iterations the rerun state machine validated.",
-            (double)c.validated);
-        one(f, "cohort_replays_total", "counter", "Iterations replayed by the rerun state machine.", (double)c.replays);
-        one(f, "cohort_peer_checks_total", "counter", "Iterations recomputed on a healthy peer replica.",
-            (double)c.checks);
-        one(f, "cohort_repairs_total", "counter", "Replicas repaired from a healthy peer's state.", (double)c.repairs);
-        one(f, "cohort_validation_skipped_iterations_total", "counter",
-            "Iterations the rerun state machine skipped (a persistent NaN with --skip).", (double)c.skips);
-        one(f, "cohort_steps_lost_total", "counter", "Accepted iterations lost by restarts from a checkpoint.",
-            (double)c.steps_lost);
-        one(f, "cohort_stragglers", "gauge", "Ranks flagged as stragglers so far.", (double)c.stragglers);
-        /* faults by kind and diagnosis: counted from the run report's list */
-        struct {
-            char kind[32], diag[32];
-            int n;
-        } agg[64];
-        int na = 0;
-        svv_fault fl;
-        for (int k = 0; !svv_fault_get(v, k, &fl); k++) {
-            const char *dg = fl.diagnosis && *fl.diagnosis ? fl.diagnosis : "none";
-            int a = 0;
-            while (a < na && (strcmp(agg[a].kind, fl.kind) || strcmp(agg[a].diag, dg))) a++;
-            if (a == na) {
-                if (na == 64) continue;
-                snprintf(agg[a].kind, sizeof agg[a].kind, "%s", fl.kind);
-                snprintf(agg[a].diag, sizeof agg[a].diag, "%s", dg);
-                agg[a].n = 0;
-                na++;
-            }
-            agg[a].n++;
+    if (!v) return;
+    head(f, "cohort_rank_iteration", "gauge", "The iteration each rank's latest heartbeat gave.");
+    for (int i = 0; i < j->nslots; i++)
+        if (j->ranks[i].rank >= 0)
+            fprintf(f, "cohort_rank_iteration{rank=\"%d\"} %" PRId64 "\n", j->ranks[i].rank, j->ranks[i].iteration);
+    prom_rank_times(f, v, "cohort_rank_step_seconds",
+                    "Each rank's latest step time (data, forward, backward, all-reduce, optimizer), as it reported.",
+                    PROM_LAST);
+    prom_rank_times(f, v, "cohort_rank_step_median_seconds",
+                    "Each rank's median step time over its latest 32 iterations.", PROM_MEDIAN);
+    prom_rank_times(f, v, "cohort_straggler_score",
+                    "Each rank's straggler score: the others' median compute time over its own, smoothed (1: on par; "
+                    "below --straggler-threshold three iterations in a row: a straggler).", PROM_SCORE);
+}
+
+/* The rerun state machine's and the restarts' counters. */
+static void prom_counters(FILE *f, const svv *v) {
+    svv_counts c;
+    svv_counts_get(v, &c);
+    one(f, "cohort_restarts_total", "counter", "In-process restarts of the job.", (double)c.restarts);
+    one(f, "cohort_validated_iterations_total", "counter", "Iterations the rerun state machine validated.",
+        (double)c.validated);
+    one(f, "cohort_replays_total", "counter", "Iterations replayed by the rerun state machine.", (double)c.replays);
+    one(f, "cohort_peer_checks_total", "counter", "Iterations recomputed on a healthy peer replica.", (double)c.checks);
+    one(f, "cohort_repairs_total", "counter", "Replicas repaired from a healthy peer's state.", (double)c.repairs);
+    one(f, "cohort_validation_skipped_iterations_total", "counter",
+        "Iterations the rerun state machine skipped (a persistent NaN with --skip).", (double)c.skips);
+    one(f, "cohort_steps_lost_total", "counter", "Accepted iterations lost by restarts from a checkpoint.",
+        (double)c.steps_lost);
+    one(f, "cohort_stragglers", "gauge", "Ranks flagged as stragglers so far.", (double)c.stragglers);
+}
+
+/* Faults by kind and diagnosis, counted from the run report's list. */
+static void prom_faults(FILE *f, const svv *v) {
+    struct {
+        char kind[32], diag[32];
+        int n;
+    } agg[64];
+    int na = 0;
+    svv_fault fl;
+    for (int k = 0; !svv_fault_get(v, k, &fl); k++) {
+        const char *dg = fl.diagnosis && *fl.diagnosis ? fl.diagnosis : "none";
+        int a = 0;
+        while (a < na && (strcmp(agg[a].kind, fl.kind) || strcmp(agg[a].diag, dg))) a++;
+        if (a == na) {
+            if (na == 64) continue;
+            snprintf(agg[a].kind, sizeof agg[a].kind, "%s", fl.kind);
+            snprintf(agg[a].diag, sizeof agg[a].diag, "%s", dg);
+            agg[a].n = 0;
+            na++;
         }
-        head(f, "cohort_faults_total", "counter",
-             "Faults seen, by kind (killed, exited, hang, nan, injected, ...) and the rerun state machine's diagnosis.");
-        for (int a = 0; a < na; a++) {
-            fputs("cohort_faults_total{kind=", f);
-            label(f, agg[a].kind);
-            fputs(",diagnosis=", f);
-            label(f, agg[a].diag);
-            fprintf(f, "} %d\n", agg[a].n);
-        }
+        agg[a].n++;
     }
+    head(f, "cohort_faults_total", "counter",
+         "Faults seen, by kind (killed, exited, hang, nan, injected, ...) and the rerun state machine's diagnosis.");
+    for (int a = 0; a < na; a++) {
+        fputs("cohort_faults_total{kind=", f);
+        label(f, agg[a].kind);
+        fputs(",diagnosis=", f);
+        label(f, agg[a].diag);
+        fprintf(f, "} %d\n", agg[a].n);
+    }
+}
+
+/* Checkpoints committed and loaded, and their times. */
+static void prom_checkpoints(FILE *f, const svo *o, const svo_job *j) {
     one(f, "cohort_checkpoints_total", "counter", "Checkpoints committed by this job.", (double)j->ckpt_commits);
     if (j->ckpt_last >= 0)
         one(f, "cohort_checkpoint_last_iteration", "gauge", "The newest committed checkpoint's iteration.",
@@ -259,6 +266,20 @@ char *svo_prometheus(const svo *o, const svo_job *j, const svv *v) {
         one(f, "cohort_checkpoint_load_seconds", "gauge", "The latest checkpoint load's time (the logging rank's).",
             o->load_s);
     }
+}
+
+char *svo_prometheus(const svo *o, const svo_job *j, const svv *v) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    prom_job(f, o, j, v);
+    prom_ranks(f, j, v);
+    if (v) {
+        prom_counters(f, v);
+        prom_faults(f, v);
+    }
+    prom_checkpoints(f, o, j);
     if (fclose(f)) {
         free(buf);
         return NULL;

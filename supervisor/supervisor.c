@@ -1,17 +1,21 @@
 /* supervisor.c - spawns this node's workers, runs the rendezvous, watches heartbeats and
  * exits, prints the log lines workers send, and decides how the job ended (supervisor.h).
  * Everything runs on one actor loop on the calling thread: the control mailbox, the
- * worker processes (uv_spawn), the timers and the signal handlers. */
+ * worker processes (uv_spawn), the timers and the signal handlers. The core (slots and their
+ * processes, signals, the loop) is shared with the node agent, whose role is agent.c; the
+ * supervisor's role is here (core.h's sv__role), and a restart's decisions are planner.c's. */
 #include "supervisor/supervisor.h"
 
 #include "actors/actor.h"
 #include "common/error.h"
-#include "supervisor/ckpt_coord.h"
+#include "common/log.h"
+#include "supervisor/core.h"
 #include "checkpoint/store.h"
 #include "common/fsutil.h"
 #include "common/proctitle.h"
 #include "supervisor/metrics_http.h"
 #include "supervisor/msg.h"
+#include "supervisor/planner.h"
 #include "supervisor/status.h"
 #include "supervisor/validate.h"
 #include "observe/tensorboard.h"
@@ -33,91 +37,47 @@
 
 extern char **environ;
 
-typedef struct worker {
-    struct sv *sv;
-    int index;              /* global rank: node_rank * nproc + local_rank */
-    int local_rank;
-    uv_process_t proc;
-    bool spawned, exited, registered;
-    int64_t exit_status;
-    int term_signal;
-    char identity[64];
-    char spawn_endpoint[400]; /* the data endpoint given to a worker spawned here */
-    char *data_endpoint;      /* as registered */
-    uint32_t pid;
-    char host[64];            /* as it registered */
-    uint64_t last_seen_ms;
-    uint64_t iteration;
-    int waiting_on;           /* the world rank whose pipeline message it waits for (heartbeat), -1 */
-    uint32_t waiting_ms;      /* ... for this long at its last heartbeat */
-    /* in-process restart */
-    bool closing;             /* its exited process handle is being closed */
-    bool respawn;             /* start a replacement once it is closed */
-    bool replacing;           /* a replacement not yet assigned */
-    uint64_t ready_gen;       /* generation whose restart barrier it reached */
-    int64_t ready_iter;       /* the iteration it committed last */
-    uint64_t abort_ms;        /* when it was sent the Abort */
-    bool retiring;            /* quarantined: replaced once it reaches the restart barrier */
-    bool signalled;           /* it reported a SIGINT/SIGTERM of its own */
-    bool training;            /* it reported a loss since its last assignment (past its setup) */
-    int rank;                 /* its data-parallel rank, -1 for a warm spare (index is its slot) */
-} worker;
+/* The transitions of a slot's process (planner.h's svp_wstate), all of them: allowed[from]
+ * has bit `to` set. */
+static const unsigned w_allowed[] = {
+    [SVP_EMPTY] = 1u << SVP_STARTED | 1u << SVP_REGISTERED, /* started here; another node's registered */
+    [SVP_STARTED] = 1u << SVP_REGISTERED | 1u << SVP_EXITING,
+    [SVP_REGISTERED] = 1u << SVP_TRAINING | 1u << SVP_EXITING,
+    [SVP_TRAINING] = 1u << SVP_REGISTERED | 1u << SVP_EXITING, /* assigned again; exited */
+    [SVP_EXITING] = 1u << SVP_EXITED | 1u << SVP_RESPAWN,      /* handle closed; a new process planned */
+    [SVP_EXITED] = 1u << SVP_STARTED,                          /* a new process at once */
+    [SVP_RESPAWN] = 1u << SVP_STARTED | 1u << SVP_EXITED,      /* started once closed; or it failed to */
+};
 
-typedef struct sv {
-    sv_options o;
-    int live_injects;       /* `cohort inject` requests taken (with --inject's, at most FI_MAX_SPECS) */
-    ac_actor *a;
-    ac_mailbox *mb;
-    sv__sender snd;
-    char ipc_dir[256];
-    char endpoint[320];
-    worker *w;              /* supervisor: every worker of the job; agent: this node's */
-    int nw;
-    int nspawned;
-    bool agent;             /* a node agent (node_rank > 0) */
-    ac_secret secret;
-    bool have_secret;
-    int first_failure;      /* agent: the first failing worker's status */
-    int nregistered, nexited;
-    char *flags_ref;        /* the first registered worker's flags (JSON), the job's */
-    int flags_ref_node;
-    bool assigned, stopping;
-    int status;             /* -1 until decided */
-    ac_timer *hb_timer, *rdv_timer, *kill_timer;
-    uv_signal_t sig_int, sig_term, sig_usr1;
-    int signals;            /* SIGINT/SIGTERM/SIGUSR1 the supervisor itself received */
-    int agent_sig;          /* agent: the first of them (its exit status says a preemption) */
-    int sig_stop;           /* a clean stop by this signal is under way (0: none) */
-    pw_stats stats;
-    int drops_told;         /* messages dropped as malformed or over a limit, said on stderr */
-    FILE *metrics;          /* --metrics-file, written from the workers' Metrics records */
-    svc *ckpt;              /* commits the ranks' checkpoints (--save; ckpt_coord.c) */
-    svv *val;               /* validates every iteration, writes the run report (validate.c) */
-    svo *obs;               /* what Prometheus and `cohort status` are told (status.c) */
-    svm *http;              /* --metrics-port's HTTP server (metrics_http.c) */
-    uint64_t published_ms;  /* when the latest snapshot was published */
-    uint64_t t_start;
-    bool restart_enabled;   /* in-process restart (one node) */
-    int world;              /* active ranks (--inprocess-active-world-size); slots beyond are spares */
-    bool finishing;         /* every active rank finished: the spares are told to go */
-    bool restarting;        /* between an Abort and every rank's Restart */
-    uint64_t restart_t0;
-    uint64_t last_ready_ms; /* when the last rank reached the restart barrier */
-    topo_layout layout;     /* the world's parallel layout (sv_options tp, pp, cp, ep, etp) */
-    topo_coord *coord;      /* [world] each rank's coordinates: its shard is (tp, cp, pp) */
-    int *source;            /* [world] after a restart: the survivor whose state each rank takes */
-    bool no_proc_state;     /* test hook: local workers' process state is not read */
-    uint64_t restart_times[64];
-    int nrestarts;
-    int64_t restart_faults_through; /* injected faults up to this step already fired */
-    int quarantine_rank;        /* a rank to retire once the next iteration starts (-1) */
-    int64_t quarantine_after;
-    ac_timer *collective_timer; /* a worker's failed collective, awaiting its explanation */
-    char collective_why[600];
-    int collective_rank;
-    uint64_t collective_gen, collective_t0;
-    bool incurable;             /* a rank's failure no restart cures stopped the job (its message printed) */
-} sv;
+static const char *w_state_name(svp_wstate st) {
+    static const char *const names[] = {"empty", "started", "registered", "training", "exiting", "exited", "respawn"};
+    return (unsigned)st < sizeof names / sizeof *names ? names[st] : "?";
+}
+
+/* Moves slot w's process to state to; a transition the table does not allow is a bug, said
+ * (and made all the same: the supervisor's bookkeeping follows the processes). */
+static void w_set(worker *w, svp_wstate to) {
+    if (w->state == to) return;
+    if (!(w_allowed[w->state] & 1u << to))
+        co_log(CO_LOG_ERROR, "internal: slot %d went from %s to %s", w->index, w_state_name(w->state), w_state_name(to));
+    w->state = to;
+}
+
+/* Its process exited (whether its handle is closed yet or a new one is planned or not). */
+static bool w_exited(const worker *w) { return w->state == SVP_EXITING || w->state == SVP_EXITED; }
+
+/* Is slot w's process started on this node (else another node's: not ours to start or kill)? */
+static bool w_local(const sv *s, const worker *w) { return w->index / s->o.nproc == s->o.node_rank; }
+
+/* Its process runs here (started, not exited). */
+static bool w_running(const sv *s, const worker *w) {
+    return w_local(s, w) && (w->state == SVP_STARTED || svp_alive(w->state));
+}
+
+/* Its process registered (and may have exited since): the registration's data endpoint is
+ * kept until the slot is unregistered (its rank or its process replaced). */
+static bool w_registered(const worker *w) { return w->data_endpoint != NULL; }
+
 
 static uint64_t random_job_id(void) {
     uint64_t id = 0;
@@ -139,7 +99,6 @@ static void send_shutdown(sv *s, worker *w, int status, const char *reason) {
 static worker *rank_slot(struct sv *s, int r);
 
 /* Ends the loop once no worker of this node is left running and the job cannot go on. */
-static void maybe_finish(struct sv *s);
 static void on_proc_closed(uv_handle_t *h);
 static void begin_restart(sv *s, const char *kind, int rank, const char *why, uint64_t detect_ms);
 static void check_restart_done(sv *s);
@@ -148,10 +107,16 @@ static void watch_progress(sv *s, uint64_t now);
 static void begin_signal_stop(sv *s, int signum, int rank, const char *what);
 static void stop_incurable(sv *s, int rank, int status, const char *what);
 
-/* A slot's process is gone (or retired): it is no longer registered. */
+/* Slots whose process registered (the rendezvous is complete when every slot's has). */
+static int registered_count(const sv *s) {
+    int n = 0;
+    for (int i = 0; i < s->nw; i++) n += w_registered(&s->w[i]);
+    return n;
+}
+
+/* A slot's process is gone (or retired): its registration's endpoint goes. */
 static void unregister(sv *s, worker *w) {
-    if (w->registered) s->nregistered--;
-    w->registered = false;
+    (void)s;
     free(w->data_endpoint);
     w->data_endpoint = NULL;
 }
@@ -162,13 +127,13 @@ static worker *rank_slot(sv *s, int r) {
     return NULL;
 }
 
-static void kill_remaining(ac_timer *t, void *ctx) {
+void sv__kill_remaining(ac_timer *t, void *ctx) {
     (void)t;
     sv *s = ctx;
     s->kill_timer = NULL;
     for (int i = 0; i < s->nw; i++)
-        if (s->w[i].spawned && !s->w[i].exited) {
-            fprintf(stderr, "cohort supervisor: worker %d (pid %u) did not stop; killing it\n", i, s->w[i].pid);
+        if (w_running(s, &s->w[i])) {
+            co_log(CO_LOG_ERROR, "worker %d (pid %u) did not stop; killing it", i, s->w[i].pid);
             uv_process_kill(&s->w[i].proc, SIGKILL);
         }
 }
@@ -180,139 +145,114 @@ static void begin_shutdown(sv *s, int status, const char *reason) {
     if (s->stopping) return;
     s->stopping = true;
     for (int i = 0; i < s->nw; i++)
-        if (s->w[i].registered && !s->w[i].exited) send_shutdown(s, &s->w[i], status, reason);
-    ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, kill_remaining, s, &s->kill_timer);
+        if (svp_alive(s->w[i].state)) send_shutdown(s, &s->w[i], status, reason);
+    ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, sv__kill_remaining, s, &s->kill_timer);
 }
 
-static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
-    worker *w = p->data;
-    sv *s = w->sv;
-    w->exited = true;
-    w->exit_status = status;
-    w->term_signal = term_signal;
-    s->nexited++;
-    w->closing = true;
-    uv_close((uv_handle_t *)p, on_proc_closed);
-    if (w->rank < 0 && !s->agent) {
+/* The job's active ranks all finished: the warm spares are told to go. */
+static void finish_spares(sv *s) {
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].rank >= 0 && w_running(s, &s->w[i])) return;
+    s->finishing = true;
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].rank < 0 && w_running(s, &s->w[i])) {
+            if (svp_alive(s->w[i].state)) send_shutdown(s, &s->w[i], 0, "the job is done");
+            else uv_process_kill(&s->w[i].proc, SIGKILL); /* nothing to lose (a SIGTERM would only be a stop request) */
+        }
+}
+
+/* A rank's process failed (exited non-zero or was killed): an incurable setup failure stops
+ * the job, anything else restarts it in process where that is on, else stops it. */
+static void rank_failed(sv *s, worker *w, int64_t status, int term_signal) {
+    char why[256];
+    if (term_signal)
+        snprintf(why, sizeof why, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->rank, s->o.node_rank,
+                 w->pid, term_signal, strsignal(term_signal));
+    else
+        snprintf(why, sizeof why, "rank %d (node %d, pid %u) exited with status %" PRId64, w->rank, s->o.node_rank,
+                 w->pid, status);
+    int st = status == 3 && !term_signal ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED;
+    if (s->stopping) return;
+    if (!term_signal && status == SV_EXIT_USAGE) {
+        /* a worker exits 2 only where its flags or its checkpoint were refused (as CO_EINVAL at
+         * setup); one that did not say why (sv_link_fatal) is stopped for all the same */
+        char what[300];
+        snprintf(what, sizeof what, "exited with status 2 (pid %u): its flags or its checkpoint were refused (its "
+                 "message is above)", w->pid);
+        stop_incurable(s, w->rank, sv_incurable_status(CO_EINVAL, SV_EXIT_USAGE), what);
+    } else if (s->restart_enabled && s->assigned && st != SV_EXIT_NAN) {
+        begin_restart(s, term_signal ? "killed" : "exited", w->rank, why, 0);
+    } else {
+        if (s->val) svv_note_fault(s->val, term_signal ? "killed" : "exited", w->rank, why);
+        co_log(CO_LOG_ERROR, "%s at iteration %" PRIu64 "; stopping the job", why, w->iteration);
+        begin_shutdown(s, st, why);
+    }
+}
+
+/* The supervisor's side of a worker's exit (on_exit_cb): a warm spare is replaced, a
+ * quarantined rank's replacement starts, a kill by signal during a clean stop ends the job
+ * with it, a failure restarts or stops the job, the last active rank's clean exit lets the
+ * spares go. */
+static void supervisor_worker_exited(sv *s, worker *w, int64_t status, int term_signal) {
+    if (w->rank < 0) {
         /* a warm spare died: start another (no rank lost, no restart) */
         if (!s->stopping && !s->finishing) {
-            w->exited = false;
             unregister(s, w);
-            w->respawn = true;
+            w_set(w, SVP_RESPAWN);
         }
-        maybe_finish(s);
         return;
     }
     if (w->retiring && !s->stopping) {
         /* a quarantined rank, retired on purpose: its replacement starts once the handle closes */
         w->retiring = false;
-        w->exited = false;
         w->replacing = true;
         unregister(s, w);
-        w->respawn = true;
+        w_set(w, SVP_RESPAWN);
         return;
     }
-    if ((term_signal == SIGINT || term_signal == SIGTERM || term_signal == SIGUSR1) && (s->sig_stop || w->signalled || (s->agent && s->signals))) {
+    if ((term_signal == SIGINT || term_signal == SIGTERM || term_signal == SIGUSR1) && (s->sig_stop || w->signalled)) {
         /* killed by a signal during a clean stop by signal (a second one, or one that came
          * before the worker's handlers were installed): a stop, not a crash; no restart */
         char why[256];
         snprintf(why, sizeof why, "rank %d (pid %u) was killed by %s during the stop", w->rank, w->pid,
                  strsignal(term_signal));
-        fprintf(stderr, "cohort %s: %s\n", s->agent ? "node agent" : "supervisor", why);
-        if (s->agent) {
-            if (!s->first_failure) s->first_failure = 128 + term_signal;
-        } else if (!s->stopping && s->assigned) begin_shutdown(s, 128 + term_signal, why); /* its step is lost */
+        co_log(CO_LOG_WARN, "%s", why);
+        if (!s->stopping && s->assigned) begin_shutdown(s, 128 + term_signal, why); /* its step is lost */
         else if (!s->stopping) begin_shutdown(s, SV_EXIT_OK, why);                  /* nothing trained yet */
-        maybe_finish(s);
         return;
     }
-    if (term_signal || status != 0) {
-        char why[256];
-        if (term_signal)
-            snprintf(why, sizeof why, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->rank,
-                     s->o.node_rank, w->pid, term_signal, strsignal(term_signal));
-        else
-            snprintf(why, sizeof why, "rank %d (node %d, pid %u) exited with status %" PRId64, w->rank,
-                     s->o.node_rank, w->pid, status);
-        int st = status == 3 && !term_signal ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED;
-        if (s->agent) {
-            /* tell the supervisor at once; it stops the job */
-            if (!s->first_failure) {
-                s->first_failure = st;
-                fprintf(stderr, "cohort node agent %d: %s\n", s->o.node_rank, why);
-                Cohort__V1__Abort ab = COHORT__V1__ABORT__INIT;
-                ab.generation = s->snd.generation;
-                ab.reason = why;
-                ab.has_failed_rank = 1;
-                ab.failed_rank = (uint32_t)w->rank;
-                ab.has_error_code = 1;
-                ab.error_code = st;
-                sv__send(s->mb, NULL, &s->snd, &ab.base);
-                ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, kill_remaining, s, &s->kill_timer);
-            }
-        } else if (!s->stopping && !term_signal && status == SV_EXIT_USAGE) {
-            /* a worker exits 2 only where its flags or its checkpoint were refused (as CO_EINVAL at
-             * setup); one that did not say why (sv_link_fatal) is stopped for all the same */
-            char what[300];
-            snprintf(what, sizeof what, "exited with status 2 (pid %u): its flags or its checkpoint were refused (its "
-                     "message is above)", w->pid);
-            stop_incurable(s, w->rank, sv_incurable_status(CO_EINVAL, SV_EXIT_USAGE), what);
-        } else if (!s->stopping && s->restart_enabled && s->assigned && st != SV_EXIT_NAN) {
-            begin_restart(s, term_signal ? "killed" : "exited", w->rank, why, 0);
-        } else if (!s->stopping) {
-            if (s->val) svv_note_fault(s->val, term_signal ? "killed" : "exited", w->rank, why);
-            fprintf(stderr, "cohort supervisor: %s at iteration %" PRIu64 "; stopping the job\n", why, w->iteration);
-            begin_shutdown(s, st, why);
-        }
-    }
-    if (!term_signal && status == 0 && !s->agent && !s->restarting) {
-        bool active_left = false;
-        for (int i = 0; i < s->nw; i++)
-            if (s->w[i].rank >= 0 && s->w[i].spawned && !s->w[i].exited) active_left = true;
-        if (!active_left) s->finishing = true;
-        if (!active_left)
-            for (int i = 0; i < s->nw; i++)
-                if (s->w[i].rank < 0 && s->w[i].spawned && !s->w[i].exited) {
-                    if (s->w[i].registered) send_shutdown(s, &s->w[i], 0, "the job is done");
-                    else uv_process_kill(&s->w[i].proc, SIGKILL); /* nothing to lose (a SIGTERM would
-                                                                      only be a stop request) */
-                }
-    }
-    maybe_finish(s);
+    if (term_signal || status != 0) rank_failed(s, w, status, term_signal);
+    else if (!s->restarting) finish_spares(s);
 }
 
-static void maybe_finish(sv *s) {
+static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
+    worker *w = p->data;
+    sv *s = w->sv;
+    w_set(w, SVP_EXITING);
+    w->exit_status = status;
+    w->term_signal = term_signal;
+    uv_close((uv_handle_t *)p, on_proc_closed);
+    s->role->worker_exited(s, w, status, term_signal);
+    sv__maybe_finish(s);
+}
+
+void sv__maybe_finish(sv *s) {
     if (s->restarting && !s->stopping) return; /* replacements are on their way */
-    if (s->nexited == s->nspawned && (s->agent || s->nregistered == s->nw || s->stopping))
-        ac_actor_request_stop(s->a);
+    bool running = false, all_registered = true;
+    for (int i = 0; i < s->nw; i++) {
+        running = running || w_running(s, &s->w[i]);
+        all_registered = all_registered && w_registered(&s->w[i]);
+    }
+    if (!running && (s->agent || all_registered || s->stopping)) ac_actor_request_stop(s->a);
 }
 
-/* Sends every rank its assignment for the current generation: an Assign (at the start, and
- * to a replacement) or a Restart (to a survivor of an aborted generation). start_iteration
- * and source: where the new generation resumes and whose state every rank takes. */
-static void send_assignments(sv *s, int64_t start_iteration, int source) {
-    int n = s->world;
-    Cohort__V1__PeerEndpoint *pe = calloc((size_t)n, sizeof *pe);
-    Cohort__V1__PeerEndpoint **pp = calloc((size_t)n, sizeof *pp);
-    if (!pe || !pp) {
-        free(pe);
-        free(pp);
-        begin_shutdown(s, SV_EXIT_FAILURE, "out of memory");
-        return;
-    }
+/* Every rank's data endpoint (pe, pp: [world]); false if a rank has no slot. */
+static bool fill_peers(sv *s, Cohort__V1__PeerEndpoint *pe, Cohort__V1__PeerEndpoint **pp) {
     bool restart = s->snd.generation > 1;
-    for (int r = 0; r < n; r++) {
-        if (!rank_slot(s, r)) {
-            free(pe);
-            free(pp);
-            begin_shutdown(s, SV_EXIT_FAILURE, "no worker holds a rank");
-            return;
-        }
-    }
-    for (int r = 0; r < n; r++) {
+    for (int r = 0; r < s->world; r++) {
         worker *wr = rank_slot(s, r);
-        Cohort__V1__PeerEndpoint init = COHORT__V1__PEER_ENDPOINT__INIT;
-        pe[r] = init;
+        if (!wr) return false;
+        pe[r] = (Cohort__V1__PeerEndpoint)COHORT__V1__PEER_ENDPOINT__INIT;
         pe[r].rank = (uint32_t)r;
         /* after a restart every rank binds its endpoint of the new generation */
         pe[r].endpoint = restart ? wr->spawn_endpoint : wr->data_endpoint;
@@ -322,81 +262,109 @@ static void send_assignments(sv *s, int64_t start_iteration, int source) {
         pe[r].node_rank = (uint32_t)(wr->index / s->o.nproc);
         pp[r] = &pe[r];
     }
-    Cohort__V1__Topology topo = COHORT__V1__TOPOLOGY__INIT;
-    topo.tp = (uint32_t)s->layout.tp;
-    topo.pp = (uint32_t)s->layout.pp;
-    topo.cp = (uint32_t)s->layout.cp;
-    topo.dp = (uint32_t)s->layout.dp;
-    topo.has_ep = topo.has_etp = topo.has_tp_pp_dp = 1;
-    topo.ep = (uint32_t)s->layout.ep;
-    topo.etp = (uint32_t)s->layout.etp;
-    topo.tp_pp_dp = s->layout.tp_pp_dp;
-    topo.has_emb_stages = s->layout.emb_stages != 0;
-    topo.emb_stages = s->layout.emb_stages;
-    /* NCCL: one unique id per generation for the world; the groups are split from it */
-    uint8_t nccl_id[128];
-    if (s->o.nccl) {
+    return true;
+}
+
+/* The world's parallel layout as the assignment carries it. */
+static void fill_topology(const sv *s, Cohort__V1__Topology *topo) {
+    *topo = (Cohort__V1__Topology)COHORT__V1__TOPOLOGY__INIT;
+    topo->tp = (uint32_t)s->layout.tp;
+    topo->pp = (uint32_t)s->layout.pp;
+    topo->cp = (uint32_t)s->layout.cp;
+    topo->dp = (uint32_t)s->layout.dp;
+    topo->has_ep = topo->has_etp = topo->has_tp_pp_dp = 1;
+    topo->ep = (uint32_t)s->layout.ep;
+    topo->etp = (uint32_t)s->layout.etp;
+    topo->tp_pp_dp = s->layout.tp_pp_dp;
+    topo->has_emb_stages = s->layout.emb_stages != 0;
+    topo->emb_stages = s->layout.emb_stages;
+}
+
+/* NCCL: one unique id per generation for the world (the groups are split from it); false
+ * (the job stopped) if there is none. */
+static bool nccl_unique_id(sv *s, uint8_t id[128]) {
+    if (!s->o.nccl) return true;
 #ifdef COHORT_HAVE_NCCL
-        int rc = cm_nccl_get_unique_id(nccl_id);
+    int rc = cm_nccl_get_unique_id(id);
 #else
-        int rc = co_err_set(CO_EUNSUPPORTED, "this build has no NCCL");
+    (void)id;
+    int rc = co_err_set(CO_EUNSUPPORTED, "this build has no NCCL");
 #endif
-        if (rc) {
-            char why[600];
-            snprintf(why, sizeof why, "no NCCL unique id for generation %" PRIu64 ": %s", s->snd.generation,
-                     co_err_detail());
-            free(pe);
-            free(pp);
-            begin_shutdown(s, SV_EXIT_FAILURE, why);
-            return;
-        }
+    if (!rc) return true;
+    char why[600];
+    snprintf(why, sizeof why, "no NCCL unique id for generation %" PRIu64 ": %s", s->snd.generation, co_err_detail());
+    begin_shutdown(s, SV_EXIT_FAILURE, why);
+    return false;
+}
+
+/* Sends rank r its assignment: an Assign, or a Restart carrying it to a survivor. */
+static void send_assignment(sv *s, int r, Cohort__V1__Assign *as, int64_t start_iteration, int source) {
+    worker *wr = rank_slot(s, r);
+    bool restart = s->snd.generation > 1;
+    Cohort__V1__Coordinates co = COHORT__V1__COORDINATES__INIT;
+    co.tp = (uint32_t)s->coord[r].tp;
+    co.cp = (uint32_t)s->coord[r].cp;
+    co.dp = (uint32_t)s->coord[r].dp;
+    co.pp = (uint32_t)s->coord[r].pp;
+    as->coords = &co;
+    as->rank = (uint32_t)r; /* node-major: node_rank * nproc + local_rank */
+    if (restart) {
+        as->has_start_iteration = 1;
+        as->start_iteration = (uint64_t)start_iteration;
+        as->has_state_source = 1;
+        as->state_source = source >= 0 ? s->source[r] : -1; /* a peer holding its shard */
+        as->has_faults_through = 1;
+        as->faults_through = (uint64_t)s->restart_faults_through;
+        if (source < 0) as->checkpoint_dir = (char *)s->o.save_dir; /* load it */
     }
-    for (int r = 0; r < n; r++) {
-        worker *wr = rank_slot(s, r);
-        Cohort__V1__Coordinates co = COHORT__V1__COORDINATES__INIT;
-        co.tp = (uint32_t)s->coord[r].tp;
-        co.cp = (uint32_t)s->coord[r].cp;
-        co.dp = (uint32_t)s->coord[r].dp;
-        co.pp = (uint32_t)s->coord[r].pp;
-        Cohort__V1__Assign as = COHORT__V1__ASSIGN__INIT;
-        as.coords = &co;
-        if (s->o.nccl) {
-            as.has_nccl_unique_id = 1;
-            as.nccl_unique_id.len = sizeof nccl_id;
-            as.nccl_unique_id.data = nccl_id;
-        }
-        as.rank = (uint32_t)r; /* node-major: node_rank * nproc + local_rank */
-        as.world_size = (uint32_t)n;
-        as.topology = &topo;
-        as.n_peers = (size_t)n;
-        as.peers = pp;
-        as.job_id = s->snd.job_id;
-        as.generation = s->snd.generation;
-        if (restart) {
-            as.has_start_iteration = 1;
-            as.start_iteration = (uint64_t)start_iteration;
-            as.has_state_source = 1;
-            as.state_source = source >= 0 ? s->source[r] : -1; /* a peer holding its shard */
-            as.has_faults_through = 1;
-            as.faults_through = (uint64_t)s->restart_faults_through;
-            if (source < 0) as.checkpoint_dir = (char *)s->o.save_dir; /* load it */
-        }
-        int rc;
-        wr->training = false;
-        if (!restart || wr->replacing) {
-            rc = sv__send(s->mb, wr->identity, &s->snd, &as.base);
-            wr->replacing = false;
-        } else {
-            Cohort__V1__Restart rs = COHORT__V1__RESTART__INIT;
-            rs.new_generation = s->snd.generation;
-            rs.assignment = &as;
-            rs.reason = "in-process restart";
-            rc = sv__send(s->mb, wr->identity, &s->snd, &rs.base);
-        }
-        if (rc) fprintf(stderr, "cohort supervisor: sending the assignment to worker %d failed: %s\n", r, co_strerror(rc));
+    int rc;
+    if (wr->state == SVP_TRAINING) w_set(wr, SVP_REGISTERED); /* (until its first loss of this generation) */
+    if (!restart || wr->replacing) {
+        rc = sv__send(s->mb, wr->identity, &s->snd, &as->base);
+        wr->replacing = false;
+    } else {
+        Cohort__V1__Restart rs = COHORT__V1__RESTART__INIT;
+        rs.new_generation = s->snd.generation;
+        rs.assignment = as;
+        rs.reason = "in-process restart";
+        rc = sv__send(s->mb, wr->identity, &s->snd, &rs.base);
     }
-    s->assigned = true;
-    ac_timer_stop(&s->rdv_timer);
+    as->coords = NULL;
+    if (rc) co_log(CO_LOG_ERROR, "sending the assignment to worker %d failed: %s", r, co_strerror(rc));
+}
+
+/* Sends every rank its assignment for the current generation: an Assign (at the start, and
+ * to a replacement) or a Restart (to a survivor of an aborted generation). start_iteration
+ * and source: where the new generation resumes and whose state every rank takes (source < 0:
+ * every rank loads the checkpoint). */
+static void send_assignments(sv *s, int64_t start_iteration, int source) {
+    int n = s->world;
+    Cohort__V1__PeerEndpoint *pe = calloc((size_t)n, sizeof *pe);
+    Cohort__V1__PeerEndpoint **pp = calloc((size_t)n, sizeof *pp);
+    uint8_t nccl_id[128];
+    if (!pe || !pp) begin_shutdown(s, SV_EXIT_FAILURE, "out of memory");
+    else if (!fill_peers(s, pe, pp)) begin_shutdown(s, SV_EXIT_FAILURE, "no worker holds a rank");
+    else if (nccl_unique_id(s, nccl_id)) {
+        Cohort__V1__Topology topo;
+        fill_topology(s, &topo);
+        for (int r = 0; r < n; r++) {
+            Cohort__V1__Assign as = COHORT__V1__ASSIGN__INIT;
+            if (s->o.nccl) {
+                as.has_nccl_unique_id = 1;
+                as.nccl_unique_id.len = sizeof nccl_id;
+                as.nccl_unique_id.data = nccl_id;
+            }
+            as.world_size = (uint32_t)n;
+            as.topology = &topo;
+            as.n_peers = (size_t)n;
+            as.peers = pp;
+            as.job_id = s->snd.job_id;
+            as.generation = s->snd.generation;
+            send_assignment(s, r, &as, start_iteration, source);
+        }
+        s->assigned = true;
+        ac_timer_stop(&s->rdv_timer);
+    }
     free(pe);
     free(pp);
 }
@@ -451,88 +419,113 @@ static void on_fatal(sv *s, worker *w, const Cohort__V1__Abort *ab, uint64_t gen
 
 static void on_proc_closed(uv_handle_t *h) {
     worker *w = h->data;
-    w->closing = false;
-    if (w->respawn) {
-        w->respawn = false;
+    if (w->state == SVP_EXITING) w_set(w, SVP_EXITED);
+    if (w->state == SVP_RESPAWN) {
         int rc = spawn_one(w->sv, w);
         if (rc) {
-            fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
+            w_set(w, SVP_EXITED);
+            co_log(CO_LOG_WARN, "%s", co_err_detail());
             begin_shutdown(w->sv, SV_EXIT_FAILURE, "could not start a replacement worker");
         }
     }
 }
 
+static void plan_view(sv *s, svp_view *v, svp_slot *slots);
+
+/* Whether --inprocess-restart-limit restarts happened within the window already (then the
+ * job is stopped); else the restart is counted. */
+static bool restart_limit_reached(sv *s, uint64_t now, const char *why) {
+    int recent = 0;
+    for (int k = 0; k < s->nrestarts && k < 64; k++)
+        if (now - s->restart_times[k] <= (uint64_t)s->o.restart_window_ms) recent++;
+    if (recent >= s->o.restart_limit) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s; %d restarts within %d s already (--inprocess-restart-limit): stopping the job",
+                 why, recent, s->o.restart_window_ms / 1000);
+        co_log(CO_LOG_ERROR, "%s", msg);
+        begin_shutdown(s, SV_EXIT_WORKER_FAILED, msg);
+        return true;
+    }
+    s->restart_times[s->nrestarts % 64] = now;
+    s->nrestarts++;
+    return false;
+}
+
+/* Starts a new process in slot w, whose process exited, unless one is on its way: at once,
+ * or once its old process handle is closed. */
+static int respawn_slot(sv *s, worker *w) {
+    if (w->state == SVP_EXITING) w_set(w, SVP_RESPAWN);
+    return w->state == SVP_EXITED ? spawn_one(s, w) : 0;
+}
+
+/* Dead slot w's rank goes to the warm spare sp (NULL: to a new process in w). */
+static int replace_dead_rank(sv *s, worker *w, worker *sp) {
+    if (sp) {
+        /* a warm spare takes the dead rank; the dead slot starts a new spare */
+        co_log(CO_LOG_INFO, "the warm spare in slot %d takes rank %d", sp->index, w->rank);
+        sp->rank = w->rank;
+        sp->replacing = true;
+        snprintf(sp->spawn_endpoint, sizeof sp->spawn_endpoint, "%s", w->spawn_endpoint);
+        w->rank = -1;
+        unregister(s, w);
+        if (!s->finishing && respawn_slot(s, w)) co_log(CO_LOG_ERROR, "a new spare: %s", co_err_detail());
+        return 0;
+    }
+    if (!w->replacing) {
+        w->replacing = true;
+        unregister(s, w);
+    }
+    int rc = respawn_slot(s, w);
+    if (rc) {
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
+        begin_shutdown(s, SV_EXIT_FAILURE, "could not start a replacement worker");
+    }
+    return rc;
+}
+
 /* Aborts the current generation: the survivors unwind to their restart barrier, dead ranks
- * are respawned. Called again if anything fails while a restart is in progress. */
+ * are respawned or taken by warm spares. Called again if anything fails while a restart is
+ * in progress. */
 static void begin_restart(sv *s, const char *kind, int rank, const char *why, uint64_t detect_ms) {
     for (int k = 0; k < s->nw; k++) { /* what the heartbeats said of pipeline waits is old news now */
         s->w[k].waiting_on = -1;
         s->w[k].waiting_ms = 0;
     }
     uint64_t now = sv__now_ms();
-    int recent = 0;
-    for (int k = 0; k < s->nrestarts && k < 64; k++)
-        if (now - s->restart_times[k] <= (uint64_t)s->o.restart_window_ms) recent++;
     if (s->val) svv_restart_begin(s->val, kind, rank, why, detect_ms);
-    if (recent >= s->o.restart_limit) {
-        char msg[600];
-        snprintf(msg, sizeof msg, "%s; %d restarts within %d s already (--inprocess-restart-limit): stopping the job",
-                 why, recent, s->o.restart_window_ms / 1000);
-        fprintf(stderr, "cohort supervisor: %s\n", msg);
-        begin_shutdown(s, SV_EXIT_WORKER_FAILED, msg);
-        return;
-    }
-    s->restart_times[s->nrestarts % 64] = now;
-    s->nrestarts++;
+    if (restart_limit_reached(s, now, why)) return;
     uint64_t gen = ++s->snd.generation;
     if (!s->restarting) s->restart_t0 = now;
     s->restarting = true;
-    fprintf(stderr, "cohort supervisor: %s; in-process restart into generation %" PRIu64 "\n", why, gen);
-    fflush(stderr);
+    co_log(CO_LOG_WARN, "%s; in-process restart into generation %" PRIu64, why, gen);
     svc_restart(s->ckpt, why);
+    /* which warm spare takes each dead rank (planner.c) */
+    svp_slot *slots = calloc((size_t)s->nw, sizeof *slots);
+    int *take = calloc((size_t)s->nw, sizeof *take);
+    svp_view v;
+    if (slots && take) {
+        plan_view(s, &v, slots);
+        svp_take_spares(&v, take);
+    }
+    free(slots);
+    if (!slots || !take) {
+        free(take);
+        begin_shutdown(s, SV_EXIT_FAILURE, "out of memory");
+        return;
+    }
     for (int i = 0; i < s->nw; i++) {
         worker *w = &s->w[i];
         char name[48];
         snprintf(name, sizeof name, "data-%d-g%" PRIu64, w->index, gen);
         if (ac_ipc_endpoint(s->ipc_dir, name, w->spawn_endpoint, sizeof w->spawn_endpoint)) {
             begin_shutdown(s, SV_EXIT_FAILURE, "no endpoint for the new generation");
-            return;
+            break;
         }
         w->ready_gen = 0;
         if (w->rank < 0) continue; /* a warm spare: not in the generation */
-        if (w->exited || !w->spawned) {
-            worker *sp = NULL;
-            for (int k = 0; k < s->nw && !w->replacing; k++)
-                if (s->w[k].rank < 0 && s->w[k].registered && !s->w[k].exited && !s->w[k].closing) sp = &s->w[k];
-            if (sp) {
-                /* a warm spare takes the dead rank; the dead slot starts a new spare */
-                fprintf(stderr, "cohort supervisor: the warm spare in slot %d takes rank %d\n", sp->index, w->rank);
-                sp->rank = w->rank;
-                sp->replacing = true;
-                snprintf(sp->spawn_endpoint, sizeof sp->spawn_endpoint, "%s", w->spawn_endpoint);
-                w->rank = -1;
-                unregister(s, w);
-                if (w->exited && !w->respawn && !s->finishing) {
-                    w->exited = false;
-                    if (w->closing) w->respawn = true;
-                    else if (spawn_one(s, w)) fprintf(stderr, "cohort supervisor: a new spare: %s\n", co_err_detail());
-                }
-                continue;
-            }
-            if (!w->replacing) {
-                w->replacing = true;
-                unregister(s, w);
-            }
-            if (w->exited && !w->respawn) {
-                w->exited = false;
-                if (w->closing) w->respawn = true;
-                else if (spawn_one(s, w)) {
-                    fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
-                    begin_shutdown(s, SV_EXIT_FAILURE, "could not start a replacement worker");
-                    return;
-                }
-            }
-        } else if (w->registered && !w->replacing) {
+        if (svp_dead(w->state)) {
+            if (replace_dead_rank(s, w, take[i] >= 0 ? &s->w[take[i]] : NULL)) break;
+        } else if (svp_alive(w->state) && !w->replacing) {
             Cohort__V1__Abort ab = COHORT__V1__ABORT__INIT;
             ab.generation = gen;
             ab.reason = (char *)why;
@@ -542,6 +535,7 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
             w->abort_ms = now;
         }
     }
+    free(take);
 }
 
 static void collective_failed(ac_timer *t, void *ctx) {
@@ -552,140 +546,100 @@ static void collective_failed(ac_timer *t, void *ctx) {
     begin_restart(s, "collective", s->collective_rank, s->collective_why, sv__now_ms() - s->collective_t0);
 }
 
-/* --use-distributed-optimizer: data-parallel rank k's optimizer shard lives on k and (with
- * redundancy) on k+1 of its data-parallel group; a holder counts if it survived and committed
- * iteration M. The first rank whose shard has no such holder, or -1. */
-static int optimizer_shard_lost(sv *s, int64_t M) {
-    if (s->o.dopt_holders < 1) return -1;
-    for (int r = 0; r < s->world; r++) {
-        int dp = 0;
-        for (int q = 0; q < s->world; q++) dp += topo_same_shard(&s->coord[q], &s->coord[r]);
-        bool held = false;
-        for (int h = 0; h < s->o.dopt_holders && h < dp && !held; h++) {
-            int want = (s->coord[r].dp + h) % dp;
-            for (int q = 0; q < s->world && !held; q++) {
-                if (!topo_same_shard(&s->coord[q], &s->coord[r]) || s->coord[q].dp != want) continue;
-                worker *w = rank_slot(s, q);
-                held = w && !w->replacing && w->ready_iter == M;
-            }
-        }
-        if (!held) return r;
+/* The planner's view of the job (slots: [s->nw], filled here). */
+static void plan_view(sv *s, svp_view *v, svp_slot *slots) {
+    for (int i = 0; i < s->nw; i++) {
+        const worker *w = &s->w[i];
+        slots[i] = (svp_slot){.state = w->state, .rank = w->rank, .node = w->index / s->o.nproc,
+                              .replacing = w->replacing, .ready = w->ready_gen == s->snd.generation,
+                              .ready_iter = w->ready_iter};
     }
-    return -1;
+    *v = (svp_view){.slots = slots, .nslots = s->nw, .world = s->world, .coord = s->coord,
+                    .dopt_holders = s->o.dopt_holders, .shift_ranks = s->o.shift_ranks, .checkpoint_iter = -1,
+                    .current_iter = s->val ? svv_current_iteration(s->val) : -1};
 }
 
-static void check_restart_done(sv *s) {
-    if (!s->restarting || s->stopping) return;
-    uint64_t gen = s->snd.generation;
-    int64_t M = -1;
-    int src = -1, replaced = 0;
-    for (int i = 0; i < s->nw; i++) {
-        worker *w = &s->w[i];
-        if (w->rank < 0) continue; /* spares */
-        if (w->replacing) {
-            if (!w->registered || w->closing || w->respawn) return;
-            replaced++;
-            continue;
-        }
-        if (w->ready_gen != gen) return;
-        if (w->ready_iter > M) {
-            M = w->ready_iter;
-            src = w->rank;
-        }
-    }
-    /* per shard (the ranks with the same tp, cp and pp coordinates: a data-parallel group),
-     * the survivor that committed the most is the source of its shard's ranks */
-    int lost = -1, behind = -1, nsources = 0;
-    for (int r = 0; r < s->world; r++) s->source[r] = -1;
-    for (int r = 0; r < s->world && src >= 0; r++) {
-        worker *w = rank_slot(s, r);
-        if (!w || w->replacing) continue;
-        for (int q = 0; q < s->world; q++)
-            if (topo_same_shard(&s->coord[q], &s->coord[r]) &&
-                (s->source[q] < 0 || rank_slot(s, s->source[q])->ready_iter < w->ready_iter))
-                s->source[q] = r;
-    }
-    for (int r = 0; r < s->world && src >= 0; r++) {
-        if (s->source[r] < 0) lost = r;
-        else if (rank_slot(s, s->source[r])->ready_iter != M) behind = r;
-        else if (s->source[r] == r) nsources++;
-    }
-    int opt_lost = src >= 0 ? optimizer_shard_lost(s, M) : -1;
-    if (src >= 0 && opt_lost >= 0 && lost < 0 && behind < 0) {
-        const topo_coord *c = &s->coord[opt_lost];
-        fprintf(stderr, "cohort supervisor: the optimizer shard of data-parallel rank %d (rank %d; model shard tp %d, "
-                        "cp %d, pp %d) lost every holder at iteration %" PRId64 "%s\n", c->dp, opt_lost, c->tp, c->cp,
-                c->pp, M, s->o.dopt_holders > 1 ? " (it and the next data-parallel rank)" : " (no --dist-opt-redundancy)");
-        src = -1;
-    }
-    if (src >= 0 && (lost >= 0 || behind >= 0)) {
-        /* a shard without a replica, or one whose replicas committed less than another's: the
-         * shards must resume from one iteration, the checkpoint's */
-        const topo_coord *c = &s->coord[lost >= 0 ? lost : behind];
-        fprintf(stderr, "cohort supervisor: %s of the model shard tp %d, cp %d, pp %d (rank %d's)\n",
-                lost >= 0 ? "no replica survived" : "the surviving replicas are behind the others", c->tp, c->cp,
-                c->pp, lost >= 0 ? lost : behind);
-        src = -1;
-    }
-    /* injected faults up to the step in progress at the fault fired already: the survivors
-     * committed M, so every rank was in step M + 1 (with no survivor: the newest reported) */
-    int64_t faults_through = M >= 0 ? M + 1 : (s->val ? svv_current_iteration(s->val) + 1 : M + 1);
-    if (src < 0) {
-        /* every replica of a shard died: the new processes load the last checkpoint instead */
-        int64_t ck = -1;
-        if (!s->o.save_dir || !*s->o.save_dir || ck_read_tracker(s->o.save_dir, &ck) || ck < 0) {
-            begin_shutdown(s, SV_EXIT_WORKER_FAILED, "no data-parallel replica of a model shard survived and there "
-                                                     "is no checkpoint to restart from (--save)");
-            return;
-        }
-        fprintf(stderr, "cohort supervisor: no replica of the state survived: the new generation loads the "
-                        "checkpoint of iteration %" PRId64 " from %s (%" PRId64 " steps lost)\n", ck, s->o.save_dir,
-                M > ck ? M - ck : 0);
-        M = ck;
-    }
-    s->restart_faults_through = faults_through;
-    if (s->o.shift_ranks) {
-        /* ShiftRanks: the survivors keep their order and close up; replacements come last */
-        int *nr = malloc(sizeof *nr * (size_t)s->nw), next = 0, src_new = src;
-        if (nr) {
-            for (int i = 0; i < s->nw; i++) nr[i] = -1;
-            for (int pass = 0; pass < 2; pass++)
-                for (int r = 0; r < s->world; r++) {
-                    worker *w = rank_slot(s, r);
-                    if (w && w->replacing == (pass == 1)) nr[w->index - s->w[0].index] = next++;
-                }
-            for (int i = 0; i < s->nw; i++) {
-                if (s->w[i].rank == src && src >= 0) src_new = nr[i];
-                if (s->w[i].rank >= 0) s->w[i].rank = nr[i];
-            }
-            src = src_new;
-            /* (one shard only: refused with model parallelism, every rank's source is src) */
-            for (int r = 0; r < s->world; r++) s->source[r] = src;
-            free(nr);
-        }
-    }
-    s->restarting = false;
+/* Says why the survivors' state cannot be used (the plan's reason) and what happens instead. */
+static void say_fallback(sv *s, const svp_plan *p) {
+    const topo_coord *c = p->why_rank >= 0 ? &s->coord[p->why_rank] : NULL;
+    if (p->reason == SVP_OPTIMIZER_LOST)
+        co_log(CO_LOG_WARN, "the optimizer shard of data-parallel rank %d (rank %d; model shard tp %d, cp %d, pp %d) "
+               "lost every holder at iteration %" PRId64 "%s", c->dp, p->why_rank, c->tp, c->cp, c->pp, p->committed,
+               s->o.dopt_holders > 1 ? " (it and the next data-parallel rank)" : " (no --dist-opt-redundancy)");
+    else if (p->reason == SVP_SHARD_LOST || p->reason == SVP_SHARD_BEHIND)
+        co_log(CO_LOG_WARN, "%s of the model shard tp %d, cp %d, pp %d (rank %d's)",
+               p->reason == SVP_SHARD_LOST ? "no replica survived" : "the surviving replicas are behind the others",
+               c->tp, c->cp, c->pp, p->why_rank);
+    if (p->verdict == SVP_FROM_CHECKPOINT)
+        co_log(CO_LOG_WARN, "no replica of the state survived: the new generation loads the checkpoint of iteration "
+               "%" PRId64 " from %s (%" PRId64 " steps lost)", p->resume_iter, s->o.save_dir,
+               p->committed > p->resume_iter ? p->committed - p->resume_iter : 0);
+}
+
+/* Says where the new generation's state comes from. */
+static void say_resume(sv *s, const svp_plan *p) {
     char from[200];
-    if (src >= 0 && nsources <= 1) {
-        snprintf(from, sizeof from, "the state of rank %d", s->source[0]);
-    } else if (src >= 0) {
+    if (p->src >= 0 && p->nsources <= 1) {
+        snprintf(from, sizeof from, "the state of rank %d", p->source[0]);
+    } else if (p->src >= 0) {
         int len = snprintf(from, sizeof from, "the state of ranks");
         for (int r = 0, k = 0; r < s->world && len < (int)sizeof from - 40; r++)
-            if (s->source[r] == r) len += snprintf(from + len, sizeof from - (size_t)len, "%s %d", k++ ? "," : "", r);
+            if (p->source[r] == r) len += snprintf(from + len, sizeof from - (size_t)len, "%s %d", k++ ? "," : "", r);
         snprintf(from + len, sizeof from - (size_t)len, " (one per model shard)");
     } else {
         snprintf(from, sizeof from, "the checkpoint's state");
     }
-    fprintf(stderr, "cohort supervisor: generation %" PRIu64 ": %d rank(s) resume after iteration %" PRId64
-                    " with %s (%d replaced; %.0f ms since the fault)\n",
-            gen, s->world, M, from, replaced, (double)(sv__now_ms() - s->restart_t0));
-    if (s->val) svv_restart_done(s->val, M, src < 0);
-    send_assignments(s, M, src);
+    co_log(CO_LOG_INFO, "generation %" PRIu64 ": %d rank(s) resume after iteration %" PRId64 " with %s (%d replaced; "
+           "%.0f ms since the fault)", s->snd.generation, s->world, p->resume_iter, from, p->nreplaced,
+           (double)(sv__now_ms() - s->restart_t0));
+}
+
+/* Once every survivor is at the restart barrier and every replacement registered: plans the
+ * new generation (planner.c) and carries the plan out. */
+static void check_restart_done(sv *s) {
+    if (!s->restarting || s->stopping) return;
+    svp_slot *slots = calloc((size_t)s->nw, sizeof *slots);
+    int *new_rank = calloc((size_t)s->nw, sizeof *new_rank);
+    if (!slots || !new_rank) {
+        free(slots);
+        free(new_rank);
+        begin_shutdown(s, SV_EXIT_FAILURE, "out of memory");
+        return;
+    }
+    svp_view v;
+    plan_view(s, &v, slots);
+    svp_plan p = {.source = s->source, .new_rank = new_rank};
+    svp_plan_restart(&v, &p);
+    if (p.verdict != SVP_WAIT && p.reason != SVP_OK) {
+        /* every replica of a shard died: the new processes load the last checkpoint instead */
+        int64_t ck = -1;
+        if (s->o.save_dir && *s->o.save_dir && !ck_read_tracker(s->o.save_dir, &ck) && ck >= 0) {
+            v.checkpoint_iter = ck;
+            svp_plan_restart(&v, &p);
+        }
+    }
+    if (p.verdict != SVP_WAIT) say_fallback(s, &p);
+    if (p.verdict == SVP_CANNOT_CONTINUE)
+        begin_shutdown(s, SV_EXIT_WORKER_FAILED, "no data-parallel replica of a model shard survived and there "
+                                                 "is no checkpoint to restart from (--save)");
+    if (p.verdict == SVP_WAIT || p.verdict == SVP_CANNOT_CONTINUE) {
+        free(slots);
+        free(new_rank);
+        return;
+    }
+    s->restart_faults_through = p.faults_through;
+    for (int i = 0; i < s->nw; i++) s->w[i].rank = new_rank[i];
+    free(slots);
+    free(new_rank);
+    s->restarting = false;
+    say_resume(s, &p);
+    if (s->val) svv_restart_done(s->val, p.resume_iter, p.src < 0);
+    send_assignments(s, p.resume_iter, p.src);
     if (s->sig_stop) {
         /* a signal came during the restart: the new generation stops before its first step
          * (the ranks vote at the start of training), saving what the survivors had */
         for (int i = 0; i < s->nw; i++)
-            if (s->w[i].registered && !s->w[i].exited) send_shutdown(s, &s->w[i], 0, "signal");
+            if (svp_alive(s->w[i].state)) send_shutdown(s, &s->w[i], 0, "signal");
     }
 }
 
@@ -704,7 +658,7 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
     fi_schedule one = {0};
     if (!spec) {
         snprintf(out, sizeof out, "error: not an injection request");
-    } else if (!s->assigned || s->stopping || s->agent) {
+    } else if (!s->assigned || s->stopping) {
         snprintf(out, sizeof out, "error: the job is %s", s->stopping ? "stopping" : "not running yet");
     } else if (s->live_injects + (s->o.inject ? s->o.inject->n : 0) >= FI_MAX_SPECS) {
         snprintf(out, sizeof out, "error: the job has %d injections already, the most one job takes (--inject and "
@@ -730,12 +684,12 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
             inj.n_params = 1;
             inj.params = &pp;
             for (int i = 0; i < s->nw; i++)
-                if (s->w[i].registered && !s->w[i].exited) sv__send(s->mb, s->w[i].identity, &s->snd, &inj.base);
+                if (svp_alive(s->w[i].state)) sv__send(s->mb, s->w[i].identity, &s->snd, &inj.base);
             s->live_injects++; /* (a kill-supervisor counts in --inject's schedule) */
         }
         char line[700];
         snprintf(line, sizeof line, "inject: %s (cohort inject), requested at iteration %lld", spec, (long long)cur);
-        fprintf(stderr, "cohort supervisor: %s\n", line);
+        co_log(CO_LOG_WARN, "%s", line);
         if (s->val) svv_on_event(s->val, one.f[0].rank, line);
         snprintf(out, sizeof out, "ok: %s (the job is at iteration %lld)", spec, (long long)cur);
     }
@@ -757,7 +711,7 @@ static void job_view(sv *s, svo_job *j, svo_rank *ranks) {
     for (int i = 0; i < s->nw; i++) {
         const worker *w = &s->w[i];
         ranks[i] = (svo_rank){.rank = w->rank, .node = w->index / s->o.nproc, .pid = w->pid, .host = w->host,
-                              .iteration = (int64_t)w->iteration, .alive = w->registered && !w->exited,
+                              .iteration = (int64_t)w->iteration, .alive = svp_alive(w->state),
                               .seen_ago_s = w->last_seen_ms ? (double)ms_since_(now, w->last_seen_ms) / 1000.0 : -1};
     }
     j->ranks = ranks;
@@ -789,13 +743,13 @@ static void handle_status(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
         nfaults = (int)msg->env->status_request->faults;
     char *doc = NULL;
     svo_rank *ranks = calloc((size_t)s->nw, sizeof *ranks);
-    if (ranks && s->obs && !s->agent) {
+    if (ranks && s->obs) {
         svo_job j;
         job_view(s, &j, ranks);
         doc = svo_status_json(s->obs, &j, s->val, nfaults);
     }
     free(ranks);
-    const char *err = "{\"error\":\"this supervisor cannot tell its status (out of memory, or a node agent)\"}";
+    const char *err = "{\"error\":\"this supervisor cannot tell its status (out of memory)\"}";
     Cohort__V1__StatusReply rep = COHORT__V1__STATUS_REPLY__INIT;
     rep.json.data = (uint8_t *)(doc ? doc : err);
     rep.json.len = strlen(doc ? doc : err);
@@ -854,234 +808,185 @@ static bool flags_differ(const char *a_json, const char *b_json, char *why, size
     return differ;
 }
 
-static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
-    sv *s = ctx;
-    uint64_t bad = s->stats.dropped[PW_DROP_OVERSIZED] + s->stats.dropped[PW_DROP_MALFORMED] +
-                   s->stats.dropped[PW_DROP_LIMITS];
-    pw_msg *msg = sv__decode(m, s->snd.job_id, 0, &s->stats);
-    if (!msg && s->drops_told < 3 &&
-        s->stats.dropped[PW_DROP_OVERSIZED] + s->stats.dropped[PW_DROP_MALFORMED] + s->stats.dropped[PW_DROP_LIMITS] > bad) {
-        /* said at once: a worker whose registration is dropped would wait for its assignment
-         * until its timeout with nothing said */
-        s->drops_told++;
-        fprintf(stderr, "cohort supervisor: dropped a message from %s: %s\n", m->peer ? m->peer : "an unnamed peer",
-                co_err_detail());
+/* A worker's Register: checks its node's flags against the job's, then the rendezvous (or
+ * the restart, for a replacement) may be complete. */
+static void on_registration(sv *s, worker *w, const Cohort__V1__Register *r) {
+    if ((w->state != SVP_STARTED && w->state != SVP_EMPTY) || (int)r->local_rank != w->local_rank ||
+        (int)r->node_rank * s->o.nproc + w->local_rank != w->index)
+        return;
+    char *flags = r->has_config_json ? strndup((const char *)r->config_json.data, r->config_json.len) : NULL;
+    if (flags && !s->stopping) {
+        char why[600];
+        if (!s->flags_ref) {
+            s->flags_ref = flags;
+            flags = NULL;
+            s->flags_ref_node = (int)r->node_rank;
+        } else if (flags_differ(s->flags_ref, flags, why, sizeof why)) {
+            char msg[1100], local[300] = "";
+            size_t nl = sizeof node_local_flags / sizeof *node_local_flags;
+            for (size_t k = 0, len = 0; k < nl && len < sizeof local; k++)
+                len += (size_t)snprintf(local + len, sizeof local - len, "%s--%s", k ? ", " : "", node_local_flags[k]);
+            snprintf(msg, sizeof msg, "node %u's training flags differ from node %d's: %s; every node must run the "
+                     "same `cohort train` flags (only %s may differ)", r->node_rank, s->flags_ref_node, why, local);
+            co_log(CO_LOG_ERROR, "%s", msg);
+            begin_shutdown(s, SV_EXIT_USAGE, msg);
+        }
     }
-    if (m->peer && !strncmp(m->peer, "inject-", 7)) {
-        handle_inject(s, mb, m, msg);
-        pw_msg_free(&msg);
+    free(flags);
+    w_set(w, SVP_REGISTERED);
+    w->pid = r->pid;
+    snprintf(w->host, sizeof w->host, "%s", r->hostname ? r->hostname : "");
+    w->data_endpoint = strdup(r->data_endpoint);
+    if (!w->data_endpoint) {
+        begin_shutdown(s, SV_EXIT_FAILURE, "out of memory");
         return;
     }
-    if (m->peer && !strncmp(m->peer, "status-", 7)) {
-        handle_status(s, mb, m, msg);
-        pw_msg_free(&msg);
+    if (s->stopping) {
+        send_shutdown(s, w, s->status > 0 && s->status < 128 ? s->status : 0, "the job is stopping");
         return;
     }
-    if (m->request_id) ac_reply(mb, m, "", 0); /* a worker's goodbye: its earlier messages are in */
-    if (!msg) return;
-    Cohort__V1__Envelope *e = msg->env;
-    if (s->agent) {
-        /* from the supervisor: the job stops for preemption (begin_signal_stop), so this node's
-         * process exits 75 too (an Indexed Job restarts only the pods that did not exit 0) */
-        if (e->body_case == COHORT__V1__ENVELOPE__BODY_LOG_LINE && e->log_line->text &&
-            !strncmp(e->log_line->text, "preempt: ", 9) && !s->agent_sig) {
-            int sig = atoi(e->log_line->text + 9);
-            if (sig == SIGTERM || sig == SIGUSR1) s->agent_sig = sig;
-        }
-        goto out;
+    if (w->replacing) check_restart_done(s); /* a replacement */
+    else if (!s->stopping && !s->assigned && registered_count(s) == s->nw) assign_ranks(s);
+}
+
+/* A worker's Abort: its own failure (sv_link_fatal), or a collective of its that failed. */
+static void on_worker_abort(sv *s, worker *w, const Cohort__V1__Abort *ab, uint64_t generation) {
+    if (ab->has_exit_status) { /* the worker's own failure (sv_link_fatal) */
+        on_fatal(s, w, ab, generation);
+        return;
     }
-    worker *w = NULL;
-    for (int i = 0; i < s->nw && m->peer; i++)
-        if (!strcmp(s->w[i].identity, m->peer)) w = &s->w[i];
-    if (!w) {
-        /* a node agent reporting a signal it received (on_signal): the job stops cleanly */
-        if (m->peer && !strncmp(m->peer, "agent", 5) && e->body_case == COHORT__V1__ENVELOPE__BODY_LOG_LINE &&
-            e->log_line->text && !strncmp(e->log_line->text, "signal: ", 8)) {
-            int sig = atoi(e->log_line->text + 8);
-            if (sig == SIGINT || sig == SIGTERM || sig == SIGUSR1) {
-                char what[200];
-                const char *t = strchr(e->log_line->text + 8, ' '); /* past the number: "NAME received by ..." */
-                t = t ? t + 1 : e->log_line->text + 8;
-                snprintf(what, sizeof what, "%.*s", (int)strcspn(t, "\n"), t);
-                begin_signal_stop(s, sig, -1, what);
-            }
-            goto out;
-        }
-        /* a node agent reporting a dead worker on its node */
-        if (m->peer && !strncmp(m->peer, "agent", 5) && e->body_case == COHORT__V1__ENVELOPE__BODY_ABORT &&
-            !s->stopping) {
-            Cohort__V1__Abort *ab = e->abort;
-            fprintf(stderr, "cohort supervisor: %s; stopping the job\n", ab->reason);
-            begin_shutdown(s, ab->has_error_code && ab->error_code == SV_EXIT_NAN ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED,
-                           ab->reason);
-        }
-        goto out;
+    if (s->stopping || generation != s->snd.generation) return;
+    if (!s->restart_enabled) {
+        begin_shutdown(s, SV_EXIT_WORKER_FAILED, ab->reason);
+        return;
     }
+    /* a peer died or timed out: restart if nothing else does within a moment (a dead peer's
+     * exit usually arrives too, and names the rank) */
+    if (!s->restarting && !s->collective_timer) {
+        snprintf(s->collective_why, sizeof s->collective_why, "%s", ab->reason);
+        s->collective_rank = w->rank;
+        s->collective_gen = s->snd.generation;
+        s->collective_t0 = sv__now_ms();
+        ac_timer_start(s->a, 300, 0, collective_failed, s, &s->collective_timer);
+    }
+}
+
+/* A survivor at the restart barrier of the current generation. */
+static void on_ready(sv *s, worker *w, const Cohort__V1__Ready *rd, uint64_t generation) {
+    if (!s->restarting || generation != s->snd.generation || w->replacing) return;
+    if (w->retiring) {
+        uv_process_kill(&w->proc, SIGKILL); /* quarantined: its exit starts the replacement */
+        return;
+    }
+    w->ready_gen = generation;
+    w->ready_iter = rd->has_iteration ? (int64_t)rd->iteration : 0;
+    s->last_ready_ms = sv__now_ms();
+    check_restart_done(s);
+}
+
+/* A quarantine decided in an earlier iteration is carried out once a report of a later one
+ * comes (every rank applied and logged that iteration): true if the restart began. */
+static bool retire_quarantined(sv *s, int64_t it) {
+    if (s->quarantine_rank < 0 || it <= s->quarantine_after) return false;
+    int q = s->quarantine_rank;
+    s->quarantine_rank = -1;
+    worker *qw = rank_slot(s, q);
+    if (!s->restart_enabled || !qw || w_exited(qw)) return false;
+    char msg[200];
+    snprintf(msg, sizeof msg, "rank %d quarantined (found faulty too often)", q);
+    qw->retiring = true; /* retired at this restart's barrier */
+    begin_restart(s, "quarantine", q, msg, 0);
+    return true;
+}
+
+/* A worker's LossReport or ParamsChecksum: to the validator. */
+static void on_report(sv *s, worker *w, const Cohort__V1__Envelope *e) {
+    if (!s->val || s->stopping || s->restarting || e->generation != s->snd.generation) return;
+    char why[400];
+    int quarantine = -1;
+    bool sum = e->body_case == COHORT__V1__ENVELOPE__BODY_PARAMS_CHECKSUM;
+    int64_t it = (int64_t)(sum ? e->params_checksum->iteration : e->loss_report->iteration);
+    if (retire_quarantined(s, it)) return;
+    if (w->state == SVP_REGISTERED) w_set(w, SVP_TRAINING);
+    int st = w->rank < 0 ? 0
+             : sum      ? svv_on_checksum(s->val, w->rank, e->params_checksum, why, sizeof why, &quarantine)
+                        : svv_on_report(s->val, w->rank, e->loss_report, why, sizeof why, &quarantine);
+    if (st > 0) begin_shutdown(s, st, why);
+    else if (quarantine >= 0 && s->quarantine_rank < 0) {
+        /* not now: ranks still in this iteration's all-reduce would be aborted before
+         * applying it while the others have, and its log line would be lost */
+        s->quarantine_rank = quarantine;
+        s->quarantine_after = it;
+    }
+}
+
+/* A worker's CheckpointAck: to the commit coordinator; a write that failed for good stops the job. */
+static void on_checkpoint_ack(sv *s, worker *w, const Cohort__V1__CheckpointAck *ack, uint64_t generation) {
+    if (!s->ckpt || generation != s->snd.generation || w->rank < 0) return;
+    int64_t before, after;
+    int64_t n0 = svc_committed(s->ckpt, &before);
+    svc_on_ack(s->ckpt, w->rank, ack);
+    /* a write that failed for good (a full disk, permission denied): stop before the
+     * other ranks, their save aborted, ask for a restart */
+    int st = ack->status < 0 ? sv_incurable_status(ack->status, SV_EXIT_FAILURE) : 0;
+    if (st) {
+        char what[1200];
+        snprintf(what, sizeof what, "checkpoint: writing its part of iteration %" PRIu64 " failed: %s (%s)",
+                 ack->iteration, ack->error ? ack->error : "no detail", co_strerror(ack->status));
+        stop_incurable(s, w->rank, st, what);
+    }
+    if (svc_committed(s->ckpt, &after) != n0 && s->obs) {
+        /* committed: its save time from its iteration's acceptance (if the validator saw it) */
+        uint64_t acc = s->val ? svv_accepted_ms(s->val, after) : 0;
+        svo_on_checkpoint(s->obs, after, acc ? (double)ms_since_(sv__now_ms(), acc) / 1000.0 : -1);
+        publish_metrics(s);
+    }
+}
+
+/* A worker's Metrics record: into --metrics-file and what Prometheus is told. */
+static void on_metrics(sv *s, const Cohort__V1__Metrics *mt) {
+    if (!mt->record) return;
+    if (s->metrics) {
+        fputs(mt->record, s->metrics);
+        fflush(s->metrics);
+    }
+    svo_on_record(s->obs, mt->record);
+    /* (at most 5 snapshots a second: a fast job logs hundreds of records a second; the
+     * heartbeat tick publishes the rest) */
+    if (sv__now_ms() - s->published_ms >= 200) publish_metrics(s);
+}
+
+/* A worker got SIGINT/SIGTERM/SIGUSR1 itself (link.c): the whole job stops cleanly. */
+static void on_worker_signal(sv *s, worker *w, int sig) {
+    w->signalled = true;
+    if (sig != SIGINT && sig != SIGTERM && sig != SIGUSR1) return;
+    char what[160];
+    snprintf(what, sizeof what, "%s received by rank %d (pid %u)", strsignal(sig), w->rank, w->pid);
+    begin_signal_stop(s, sig, w->rank, what);
+}
+
+/* A message from one of the job's workers. */
+static void on_worker_message(sv *s, worker *w, const Cohort__V1__Envelope *e) {
     w->last_seen_ms = sv__now_ms();
     switch (e->body_case) {
-    case COHORT__V1__ENVELOPE__BODY_REGISTRATION: {
-        Cohort__V1__Register *r = e->registration;
-        if (w->registered || (int)r->local_rank != w->local_rank || (int)r->node_rank * s->o.nproc + w->local_rank != w->index)
-            break;
-        char *flags = r->has_config_json ? strndup((const char *)r->config_json.data, r->config_json.len) : NULL;
-        if (flags && !s->stopping) {
-            char why[600];
-            if (!s->flags_ref) {
-                s->flags_ref = flags;
-                flags = NULL;
-                s->flags_ref_node = (int)r->node_rank;
-            } else if (flags_differ(s->flags_ref, flags, why, sizeof why)) {
-                char msg[1100], local[300] = "";
-                size_t nl = sizeof node_local_flags / sizeof *node_local_flags;
-                for (size_t k = 0, len = 0; k < nl && len < sizeof local; k++)
-                    len += (size_t)snprintf(local + len, sizeof local - len, "%s--%s", k ? ", " : "",
-                                            node_local_flags[k]);
-                snprintf(msg, sizeof msg, "node %u's training flags differ from node %d's: %s; every node must "
-                         "run the same `cohort train` flags (only %s may differ)", r->node_rank, s->flags_ref_node,
-                         why, local);
-                fprintf(stderr, "cohort supervisor: %s\n", msg);
-                begin_shutdown(s, SV_EXIT_USAGE, msg);
-            }
-        }
-        free(flags);
-        w->registered = true;
-        w->pid = r->pid;
-        snprintf(w->host, sizeof w->host, "%s", r->hostname ? r->hostname : "");
-        w->data_endpoint = strdup(r->data_endpoint);
-        if (!w->data_endpoint) {
-            begin_shutdown(s, SV_EXIT_FAILURE, "out of memory");
-            break;
-        }
-        ++s->nregistered;
-        if (s->stopping) {
-            send_shutdown(s, w, s->status > 0 && s->status < 128 ? s->status : 0, "the job is stopping");
-            break;
-        }
-        if (w->replacing) check_restart_done(s); /* a replacement */
-        else if (s->nregistered == s->nw && !s->stopping && !s->assigned) assign_ranks(s);
-        break;
-    }
+    case COHORT__V1__ENVELOPE__BODY_REGISTRATION: on_registration(s, w, e->registration); break;
     case COHORT__V1__ENVELOPE__BODY_HEARTBEAT:
         w->iteration = e->heartbeat->iteration;
         w->waiting_on = e->heartbeat->has_waiting_on ? e->heartbeat->waiting_on : -1;
         w->waiting_ms = e->heartbeat->has_waiting_ms ? e->heartbeat->waiting_ms : 0;
         break;
-    case COHORT__V1__ENVELOPE__BODY_ABORT:
-        if (e->abort->has_exit_status) { /* the worker's own failure (sv_link_fatal) */
-            on_fatal(s, w, e->abort, e->generation);
-            break;
-        }
-        /* a worker's collective failed (a peer died or timed out): restart if nothing else
-         * does within a moment (a dead peer's exit usually arrives too, and names the rank) */
-        if (s->restart_enabled && !s->stopping && !s->restarting && e->generation == s->snd.generation) {
-            if (!s->collective_timer) {
-                snprintf(s->collective_why, sizeof s->collective_why, "%s", e->abort->reason);
-                s->collective_rank = w->rank;
-                s->collective_gen = s->snd.generation;
-                s->collective_t0 = sv__now_ms();
-                ac_timer_start(s->a, 300, 0, collective_failed, s, &s->collective_timer);
-            }
-        } else if (!s->restart_enabled && !s->stopping && e->generation == s->snd.generation) {
-            begin_shutdown(s, SV_EXIT_WORKER_FAILED, e->abort->reason);
-        }
-        break;
-    case COHORT__V1__ENVELOPE__BODY_READY:
-        /* a survivor at the restart barrier of the current generation */
-        if (s->restarting && e->generation == s->snd.generation && !w->replacing && w->retiring) {
-            uv_process_kill(&w->proc, SIGKILL); /* quarantined: its exit starts the replacement */
-        } else if (s->restarting && e->generation == s->snd.generation && !w->replacing) {
-            w->ready_gen = e->generation;
-            w->ready_iter = e->ready->has_iteration ? (int64_t)e->ready->iteration : 0;
-            s->last_ready_ms = sv__now_ms();
-            check_restart_done(s);
-        }
-        break;
+    case COHORT__V1__ENVELOPE__BODY_ABORT: on_worker_abort(s, w, e->abort, e->generation); break;
+    case COHORT__V1__ENVELOPE__BODY_READY: on_ready(s, w, e->ready, e->generation); break;
     case COHORT__V1__ENVELOPE__BODY_LOSS_REPORT:
-    case COHORT__V1__ENVELOPE__BODY_PARAMS_CHECKSUM:
-        if (s->val && !s->stopping && !s->restarting && e->generation == s->snd.generation) {
-            char why[400];
-            int quarantine = -1;
-            bool sum = e->body_case == COHORT__V1__ENVELOPE__BODY_PARAMS_CHECKSUM;
-            int64_t it = (int64_t)(sum ? e->params_checksum->iteration : e->loss_report->iteration);
-            if (s->quarantine_rank >= 0 && it > s->quarantine_after) {
-                /* a report of the next iteration: every rank applied (and logged) the one the
-                 * quarantine was decided in; retire the rank at this restart's barrier */
-                int q = s->quarantine_rank;
-                s->quarantine_rank = -1;
-                if (s->restart_enabled && rank_slot(s, q) && !rank_slot(s, q)->exited) {
-                    char msg[200];
-                    snprintf(msg, sizeof msg, "rank %d quarantined (found faulty too often)", q);
-                    rank_slot(s, q)->retiring = true;
-                    begin_restart(s, "quarantine", q, msg, 0);
-                    break;
-                }
-            }
-            w->training = true;
-            int st = w->rank < 0 ? 0
-                     : sum      ? svv_on_checksum(s->val, w->rank, e->params_checksum, why, sizeof why, &quarantine)
-                                : svv_on_report(s->val, w->rank, e->loss_report, why, sizeof why, &quarantine);
-            if (st > 0) begin_shutdown(s, st, why);
-            else if (quarantine >= 0 && s->quarantine_rank < 0) {
-                /* not now: ranks still in this iteration's all-reduce would be aborted before
-                 * applying it while the others have, and its log line would be lost */
-                s->quarantine_rank = quarantine;
-                s->quarantine_after = it;
-            }
-        }
-        break;
-    case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_ACK:
-        if (s->ckpt && e->generation == s->snd.generation && w->rank >= 0) {
-            int64_t before, after;
-            int64_t n0 = svc_committed(s->ckpt, &before);
-            svc_on_ack(s->ckpt, w->rank, e->checkpoint_ack);
-            /* a write that failed for good (a full disk, permission denied): stop before the
-             * other ranks, their save aborted, ask for a restart */
-            int st = e->checkpoint_ack->status < 0 ? sv_incurable_status(e->checkpoint_ack->status, SV_EXIT_FAILURE) : 0;
-            if (st) {
-                char what[1200];
-                snprintf(what, sizeof what, "checkpoint: writing its part of iteration %" PRIu64 " failed: %s (%s)",
-                         e->checkpoint_ack->iteration,
-                         e->checkpoint_ack->error ? e->checkpoint_ack->error : "no detail",
-                         co_strerror(e->checkpoint_ack->status));
-                stop_incurable(s, w->rank, st, what);
-            }
-            if (svc_committed(s->ckpt, &after) != n0 && s->obs) {
-                /* committed: its save time from its iteration's acceptance (if the validator saw it) */
-                uint64_t acc = s->val ? svv_accepted_ms(s->val, after) : 0;
-                svo_on_checkpoint(s->obs, after, acc ? (double)ms_since_(sv__now_ms(), acc) / 1000.0 : -1);
-                publish_metrics(s);
-            }
-        }
-        break;
-    case COHORT__V1__ENVELOPE__BODY_METRICS:
-        if (s->metrics && e->metrics->record) {
-            fputs(e->metrics->record, s->metrics);
-            fflush(s->metrics);
-        }
-        if (e->metrics->record) {
-            svo_on_record(s->obs, e->metrics->record);
-            /* (at most 5 snapshots a second: a fast job logs hundreds of records a second;
-             * the heartbeat tick publishes the rest) */
-            if (sv__now_ms() - s->published_ms >= 200) publish_metrics(s);
-        }
+    case COHORT__V1__ENVELOPE__BODY_PARAMS_CHECKSUM: on_report(s, w, e); break;
+    case COHORT__V1__ENVELOPE__BODY_CHECKPOINT_ACK: on_checkpoint_ack(s, w, e->checkpoint_ack, e->generation); break;
+    case COHORT__V1__ENVELOPE__BODY_METRICS: on_metrics(s, e->metrics); break;
+    case COHORT__V1__ENVELOPE__BODY_SIGNAL_RECEIVED: on_worker_signal(s, w, e->signal_received->signal); break;
+    case COHORT__V1__ENVELOPE__BODY_FAULT_EVENT:
+        /* an injected or repaired fault on that rank: for the run report */
+        if (s->val) svv_on_event(s->val, w->rank, e->fault_event->text);
         break;
     case COHORT__V1__ENVELOPE__BODY_LOG_LINE: {
-        if (!strncmp(e->log_line->text, "signal: ", 8)) {
-            /* a worker got SIGINT/SIGTERM/SIGUSR1 itself (link.c): the whole job stops cleanly */
-            int sig = atoi(e->log_line->text + 8);
-            w->signalled = true;
-            if (sig == SIGINT || sig == SIGTERM || sig == SIGUSR1) {
-                char what[160];
-                snprintf(what, sizeof what, "%s received by rank %d (pid %u)", strsignal(sig), w->rank, w->pid);
-                begin_signal_stop(s, sig, w->rank, what);
-            }
-            break;
-        }
-        if (s->val && !strncmp(e->log_line->text, "event: ", 7)) {
-            /* an injected or repaired fault on that rank: for the run report */
-            svv_on_event(s->val, w->rank, e->log_line->text + 7);
-            break;
-        }
         FILE *f = e->log_line->level >= COHORT__V1__LOG_LEVEL__LOG_WARNING ? stderr : stdout;
         fputs(e->log_line->text, f);
         fflush(f);
@@ -1089,30 +994,88 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
     }
     default: break;
     }
-out:
+}
+
+/* A message from another node's agent: a signal it received (the job stops cleanly), or a
+ * dead worker on its node (the job stops). */
+static void on_agent_message(sv *s, const Cohort__V1__Envelope *e) {
+    if (e->body_case == COHORT__V1__ENVELOPE__BODY_SIGNAL_RECEIVED) {
+        int sig = e->signal_received->signal;
+        if (sig != SIGINT && sig != SIGTERM && sig != SIGUSR1) return;
+        char what[200];
+        const char *t = e->signal_received->what ? e->signal_received->what : strsignal(sig);
+        snprintf(what, sizeof what, "%.*s", (int)strcspn(t, "\n"), t);
+        begin_signal_stop(s, sig, -1, what);
+    } else if (e->body_case == COHORT__V1__ENVELOPE__BODY_ABORT && !s->stopping) {
+        const Cohort__V1__Abort *ab = e->abort;
+        co_log(CO_LOG_ERROR, "%s; stopping the job", ab->reason);
+        begin_shutdown(s, ab->has_error_code && ab->error_code == SV_EXIT_NAN ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED,
+                       ab->reason);
+    }
+}
+
+/* Decodes a message; one dropped as malformed or over a limit is said at once (a worker whose
+ * registration is dropped would wait for its assignment until its timeout with nothing said). */
+static pw_msg *decode_message(sv *s, const ac_msg *m) {
+    uint64_t bad = s->stats.dropped[PW_DROP_OVERSIZED] + s->stats.dropped[PW_DROP_MALFORMED] +
+                   s->stats.dropped[PW_DROP_LIMITS];
+    pw_msg *msg = sv__decode(m, s->snd.job_id, 0, &s->stats);
+    if (!msg && s->drops_told < 3 &&
+        s->stats.dropped[PW_DROP_OVERSIZED] + s->stats.dropped[PW_DROP_MALFORMED] + s->stats.dropped[PW_DROP_LIMITS] > bad) {
+        s->drops_told++;
+        co_log(CO_LOG_WARN, "dropped a message from %s: %s", m->peer ? m->peer : "an unnamed peer", co_err_detail());
+    }
+    return msg;
+}
+
+/* The supervisor's messages: `cohort inject` and `cohort status` requests, the workers', the
+ * node agents'. */
+static void supervisor_on_message(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *msg) {
+    if (m->peer && !strncmp(m->peer, "inject-", 7)) {
+        handle_inject(s, mb, m, msg);
+        return;
+    }
+    if (m->peer && !strncmp(m->peer, "status-", 7)) {
+        handle_status(s, mb, m, msg);
+        return;
+    }
+    if (m->request_id) ac_reply(mb, m, "", 0); /* a worker's goodbye: its earlier messages are in */
+    if (!msg) return;
+    for (int i = 0; i < s->nw && m->peer; i++)
+        if (!strcmp(s->w[i].identity, m->peer)) {
+            on_worker_message(s, &s->w[i], msg->env);
+            return;
+        }
+    if (m->peer && !strncmp(m->peer, "agent", 5)) on_agent_message(s, msg->env);
+}
+
+static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
+    sv *s = ctx;
+    pw_msg *msg = decode_message(s, m);
+    s->role->on_message(s, mb, m, msg);
     pw_msg_free(&msg);
 }
 
 static void heartbeat_tick(ac_timer *t, void *ctx) {
     (void)t;
     sv *s = ctx;
-    uint64_t now = sv__now_ms();
-    if (s->agent) {
-        Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
-        sv__send(s->mb, NULL, &s->snd, &hb.base);
-        return;
-    }
+    s->role->tick(s, sv__now_ms());
+}
+
+/* The supervisor's tick: hangs, the metrics snapshot, a heartbeat to every worker and the
+ * workers' silence. */
+static void supervisor_tick(sv *s, uint64_t now) {
     watch_progress(s, now);
     publish_metrics(s); /* heartbeats, restarts and ranks' ages change without a record */
     for (int i = 0; i < s->nw; i++) {
         worker *w = &s->w[i];
-        if (!w->registered || w->exited) continue;
+        if (!svp_alive(w->state)) continue;
         Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
         hb.iteration = w->iteration;
         sv__send(s->mb, w->identity, &s->snd, &hb.base);
         if (!s->stopping && s->restart_enabled && now - w->last_seen_ms > (uint64_t)s->o.heartbeat_timeout_ms) {
-            fprintf(stderr, "cohort supervisor: rank %d (pid %u) sent no heartbeat for %d s; killing it to replace it\n",
-                    i, w->pid, s->o.heartbeat_timeout_ms / 1000);
+            co_log(CO_LOG_ERROR, "rank %d (pid %u) sent no heartbeat for %d s; killing it to replace it",
+                   i, w->pid, s->o.heartbeat_timeout_ms / 1000);
             w->last_seen_ms = now; /* once */
             uv_process_kill(&w->proc, SIGKILL);
             continue;
@@ -1121,7 +1084,7 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
             char why[160];
             snprintf(why, sizeof why, "rank %d (pid %u) sent no heartbeat for %d s", i, w->pid,
                      s->o.heartbeat_timeout_ms / 1000);
-            fprintf(stderr, "cohort supervisor: %s; stopping the job\n", why);
+            co_log(CO_LOG_ERROR, "%s; stopping the job", why);
             begin_shutdown(s, SV_EXIT_LOST_WORKER, why);
         }
     }
@@ -1194,26 +1157,26 @@ static void watch_progress(sv *s, uint64_t now) {
         int ready = 0;
         for (int i = 0; i < s->nw; i++) {
             worker *w = &s->w[i];
-            if (w->rank >= 0 && !w->replacing && !w->exited && w->ready_gen == s->snd.generation) ready++;
+            if (w->rank >= 0 && !w->replacing && !w_exited(w) && w->ready_gen == s->snd.generation) ready++;
         }
         double step = s->val ? svv_max_step_ms(s->val) : 0;
         uint64_t grace = LAGGARD_GRACE_MS + (uint64_t)(step > 0 ? step : 0);
         bool others_in = ready > 0 && s->last_ready_ms >= s->restart_t0 && ms_since(now, s->last_ready_ms) > grace;
         for (int i = 0; i < s->nw; i++) {
             worker *w = &s->w[i];
-            if (w->rank < 0 || w->replacing || w->exited || w->ready_gen == s->snd.generation || !w->abort_ms) continue;
+            if (w->rank < 0 || w->replacing || w_exited(w) || w->ready_gen == s->snd.generation || !w->abort_ms) continue;
             char why[160];
             why[0] = '\0';
             /* (test hook COHORT_TEST_NO_PROC_STATE: as for a remote node's rank, unread) */
-            if (w->spawned && w->pid && !s->no_proc_state && process_stopped((pid_t)w->pid))
+            if (w_local(s, w) && w->pid && !s->no_proc_state && process_stopped((pid_t)w->pid))
                 snprintf(why, sizeof why, "is stopped (process state T)");
-            else if (others_in && w->training && ms_since(now, w->abort_ms) > grace) /* (one in setup may be slow) */
+            else if (others_in && w->state == SVP_TRAINING && ms_since(now, w->abort_ms) > grace) /* (one in setup may be slow) */
                 snprintf(why, sizeof why, "did not reach the restart barrier %.1f s after the other %d rank(s)",
                          (double)ms_since(now, s->last_ready_ms) / 1000, ready);
             else if (ms_since(now, w->abort_ms) > hard - soft)
                 snprintf(why, sizeof why, "did not reach the restart barrier in %.1f s", (double)(hard - soft) / 1000);
             if (!why[0]) continue;
-            fprintf(stderr, "cohort supervisor: rank %d %s; killing it to replace it\n", w->rank, why);
+            co_log(CO_LOG_ERROR, "rank %d %s; killing it to replace it", w->rank, why);
             w->abort_ms = 0;
             uv_process_kill(&w->proc, SIGKILL);
         }
@@ -1227,7 +1190,7 @@ static void watch_progress(sv *s, uint64_t now) {
      * soft timeout finds a hang before any rank of the round has reported */
     for (int i = 0; i < s->nw && s->o.pp > 1; i++) {
         const worker *w = &s->w[i];
-        if (w->rank < 0 || w->exited || w->waiting_on < 0 || w->waiting_ms <= soft) continue;
+        if (w->rank < 0 || w_exited(w) || w->waiting_on < 0 || w->waiting_ms <= soft) continue;
         char why[300];
         int len = snprintf(why, sizeof why, "no progress: rank %d waited %.1f s for rank %d's pipeline message (soft "
                            "timeout %.1f s)", w->rank, (double)w->waiting_ms / 1000, w->waiting_on, (double)soft / 1000);
@@ -1254,14 +1217,14 @@ static void rendezvous_timeout(ac_timer *t, void *ctx) {
     sv *s = ctx;
     s->rdv_timer = NULL;
     if (s->assigned || s->stopping) return;
-    fprintf(stderr, "cohort supervisor: rendezvous timed out after %d s: %d of %d workers registered\n",
-            s->o.rendezvous_timeout_ms / 1000, s->nregistered, s->nw);
+    co_log(CO_LOG_ERROR, "rendezvous timed out after %d s: %d of %d workers registered",
+           s->o.rendezvous_timeout_ms / 1000, registered_count(s), s->nw);
     begin_shutdown(s, SV_EXIT_RENDEZVOUS, "rendezvous timed out");
     /* unregistered workers cannot hear the shutdown; they hold nothing (to a worker, SIGTERM
      * is a request to stop after its step, which one not yet training would only note) */
     for (int i = 0; i < s->nw; i++)
-        if (s->w[i].spawned && !s->w[i].exited && !s->w[i].registered) uv_process_kill(&s->w[i].proc, SIGKILL);
-    maybe_finish(s); /* every local worker may already be gone */
+        if (w_running(s, &s->w[i]) && s->w[i].state == SVP_STARTED) uv_process_kill(&s->w[i].proc, SIGKILL);
+    sv__maybe_finish(s); /* every local worker may already be gone */
 }
 
 /* A clean stop by signal (the supervisor's own, to it or to its process group, or one a
@@ -1271,64 +1234,49 @@ static void rendezvous_timeout(ac_timer *t, void *ctx) {
  * and the run report is written. During an in-process restart the order follows the
  * restart's assignments (check_restart_done). rank: who got it (-1: the supervisor). */
 static void begin_signal_stop(sv *s, int signum, int rank, const char *what) {
-    if (s->sig_stop || s->stopping || s->agent) return; /* under way, or the job ends anyway */
+    if (s->sig_stop || s->stopping) return; /* under way, or the job ends anyway */
     s->sig_stop = signum;
     if (s->val) svv_note_fault(s->val, "signal", rank, what);
     if (!s->assigned) {
-        fprintf(stderr, "cohort supervisor: %s before training began: stopping the job\n", what);
+        co_log(CO_LOG_ERROR, "%s before training began: stopping the job", what);
         begin_shutdown(s, SV_EXIT_OK, "signal before training");
-        maybe_finish(s);
+        sv__maybe_finish(s);
         return;
     }
-    fprintf(stderr, "cohort supervisor: %s: the job stops after the current step%s\n", what,
-            s->restarting ? " (once the restart in progress is done)" : "");
+    co_log(CO_LOG_INFO, "%s: the job stops after the current step%s", what,
+           s->restarting ? " (once the restart in progress is done)" : "");
     if (sv_preempting_signal(signum, s->o.requeue_on_sigterm))
         for (int n = 1; n < s->o.nnodes; n++) {
             /* every node's process exits 75, whichever received the signal */
-            char id[32], text[64];
+            char id[32];
             snprintf(id, sizeof id, "agent%d", n);
-            snprintf(text, sizeof text, "preempt: %d\n", signum);
-            Cohort__V1__LogLine ll = COHORT__V1__LOG_LINE__INIT;
-            ll.level = COHORT__V1__LOG_LEVEL__LOG_WARNING;
-            ll.text = text;
-            sv__send(s->mb, id, &s->snd, &ll.base);
+            Cohort__V1__Preempt pr = COHORT__V1__PREEMPT__INIT;
+            pr.signal = signum;
+            sv__send(s->mb, id, &s->snd, &pr.base);
         }
     if (s->restarting) return;
     for (int i = 0; i < s->nw; i++)
-        if (s->w[i].registered && !s->w[i].exited) send_shutdown(s, &s->w[i], 0, "signal");
+        if (svp_alive(s->w[i].state)) send_shutdown(s, &s->w[i], 0, "signal");
+}
+
+/* The supervisor's own SIGINT/SIGTERM/SIGUSR1: the job stops cleanly. */
+static void supervisor_first_signal(sv *s, int signum) {
+    char what[120];
+    snprintf(what, sizeof what, "%s received by the supervisor", strsignal(signum));
+    begin_signal_stop(s, signum, -1, what);
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
     sv *s = h->data;
     if (++s->signals == 1) {
-        char what[120];
-        snprintf(what, sizeof what, "%s received by the %s", strsignal(signum), s->agent ? "node agent" : "supervisor");
-        if (s->agent) {
-            /* a node agent tells the supervisor, which orders every rank to stop after its
-             * step. It does not pass the signal on to its workers: a scheduler (Slurm's
-             * scancel, srun forwarding a signal) signals every process of the step, and a
-             * forwarded copy would reach a worker as a second signal, which kills it */
-            s->agent_sig = signum;
-            fprintf(stderr, "cohort node agent %d: %s: asking the supervisor to stop the job\n", s->o.node_rank,
-                    strsignal(signum));
-            char text[200];
-            snprintf(text, sizeof text, "signal: %d %s received by node agent %d (pid %d)\n", signum, strsignal(signum),
-                     s->o.node_rank, (int)getpid());
-            Cohort__V1__LogLine ll = COHORT__V1__LOG_LINE__INIT;
-            ll.rank = s->snd.sender;
-            ll.level = COHORT__V1__LOG_LEVEL__LOG_WARNING;
-            ll.text = text;
-            sv__send(s->mb, NULL, &s->snd, &ll.base);
-            return;
-        }
-        begin_signal_stop(s, signum, -1, what);
+        s->role->first_signal(s, signum);
     } else {
         /* a second signal: at once; the step in progress is lost */
-        fprintf(stderr, "cohort supervisor: second %s: killing the workers\n", strsignal(signum));
+        co_log(CO_LOG_ERROR, "second %s: killing the workers", strsignal(signum));
         s->status = 128 + signum;
         begin_shutdown(s, 128 + signum, "interrupted twice");
-        kill_remaining(NULL, s);
-        maybe_finish(s);
+        sv__kill_remaining(NULL, s);
+        sv__maybe_finish(s);
     }
 }
 
@@ -1383,8 +1331,7 @@ static int spawn_one(sv *s, worker *w) {
     free(args);
     free(env);
     if (rc) return co_err_set(CO_EIO, "supervisor: starting worker %d (%s) failed: %s", w->index, s->o.exe, uv_strerror(rc));
-    w->spawned = true;
-    s->nspawned++;
+    w_set(w, SVP_STARTED);
     w->pid = (uint32_t)w->proc.pid;
     w->last_seen_ms = sv__now_ms();
     return 0;
@@ -1404,8 +1351,43 @@ static int spawn_workers(sv *s) {
 static int send_to_rank(void *ctx, int rank, const ProtobufCMessage *body) {
     sv *s = ctx;
     worker *w = rank_slot(s, rank);
-    if (!w || !w->registered || w->exited) return CO_ENOENT;
+    if (!w || !svp_alive(w->state)) return CO_ENOENT;
     return sv__send(s->mb, w->identity, &s->snd, body);
+}
+
+/* The supervisor's mailbox (bound: ipc on one node, tcp on several), the job file `cohort
+ * inject` and `cohort status` find it by, --metrics-port's server, the rendezvous timeout. */
+static int supervisor_open_mailbox(sv *s, ac_mailbox_opts *mo) {
+    int rc = 0;
+    if (s->o.nnodes == 1) {
+        rc = ac_ipc_endpoint(s->ipc_dir, "supervisor", s->endpoint, sizeof s->endpoint);
+        if (!rc) rc = ac_mailbox_bind(s->a, s->endpoint, mo, &s->mb);
+    } else {
+        char bind_ep[300];
+        snprintf(bind_ep, sizeof bind_ep, "tcp://*:%d", s->o.master_port);
+        snprintf(s->endpoint, sizeof s->endpoint, "tcp://%s:%d", s->o.master_addr, s->o.master_port);
+        rc = ac_mailbox_bind(s->a, bind_ep, mo, &s->mb);
+    }
+    if (rc) return rc;
+    /* how `cohort inject` finds this job: <ipc dir>/job */
+    char path[400];
+    snprintf(path, sizeof path, "%s/job", s->ipc_dir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "pid=%d\nendpoint=%s\njob=%" PRIx64 "\n", (int)getpid(), s->endpoint, s->snd.job_id);
+        fclose(f);
+    }
+    if (s->o.metrics_port > 0) {
+        /* one node: loopback only (nothing leaves the machine); several: node 0's address as
+         * the other nodes reach it (--master-addr) */
+        const char *addr = s->o.nnodes > 1 && s->o.master_addr && *s->o.master_addr ? s->o.master_addr : "127.0.0.1";
+        rc = svm_start(&s->http, addr, s->o.metrics_port);
+        if (rc) return rc;
+        publish_metrics(s);
+        co_log(CO_LOG_INFO, "Prometheus metrics at http://%s%s%s:%d/metrics", strchr(addr, ':') ? "[" : "", addr,
+               strchr(addr, ':') ? "]" : "", s->o.metrics_port);
+    }
+    return ac_timer_start(s->a, (uint64_t)s->o.rendezvous_timeout_ms, 0, rendezvous_timeout, s, &s->rdv_timer);
 }
 
 static int sv_on_start(ac_actor *a, void *ctx) {
@@ -1417,30 +1399,7 @@ static int sv_on_start(ac_actor *a, void *ctx) {
     mo.on_message = on_message;
     mo.ctx = s;
     mo.secret = s->have_secret ? &s->secret : NULL;
-    if (s->o.nnodes == 1) {
-        if (!rc) rc = ac_ipc_endpoint(s->ipc_dir, "supervisor", s->endpoint, sizeof s->endpoint);
-        if (!rc) rc = ac_mailbox_bind(a, s->endpoint, &mo, &s->mb);
-    } else if (!s->agent) {
-        char bind_ep[300];
-        snprintf(bind_ep, sizeof bind_ep, "tcp://*:%d", s->o.master_port);
-        snprintf(s->endpoint, sizeof s->endpoint, "tcp://%s:%d", s->o.master_addr, s->o.master_port);
-        if (!rc) rc = ac_mailbox_bind(a, bind_ep, &mo, &s->mb);
-    } else {
-        char id[32];
-        snprintf(id, sizeof id, "agent%d", s->o.node_rank);
-        snprintf(s->endpoint, sizeof s->endpoint, "tcp://%s:%d", s->o.master_addr, s->o.master_port);
-        if (!rc) rc = ac_mailbox_connect(a, s->endpoint, id, &mo, &s->mb);
-    }
-    if (!rc && !s->agent) {
-        /* how `cohort inject` finds this job: <ipc dir>/job */
-        char path[400];
-        snprintf(path, sizeof path, "%s/job", s->ipc_dir);
-        FILE *f = fopen(path, "w");
-        if (f) {
-            fprintf(f, "pid=%d\nendpoint=%s\njob=%" PRIx64 "\n", (int)getpid(), s->endpoint, s->snd.job_id);
-            fclose(f);
-        }
-    }
+    if (!rc) rc = s->role->open_mailbox(s, &mo);
     for (int i = 0; !rc && i < s->nw; i++) {
         worker *w = &s->w[i];
         if (s->o.nnodes == 1) {
@@ -1450,17 +1409,6 @@ static int sv_on_start(ac_actor *a, void *ctx) {
         } else {
             snprintf(w->spawn_endpoint, sizeof w->spawn_endpoint, "tcp://%s:%d", s->o.node_addr,
                      s->o.master_port + 1 + w->index);
-        }
-    }
-    if (!rc && s->o.metrics_port > 0 && !s->agent) {
-        /* one node: loopback only (nothing leaves the machine); several: node 0's address as
-         * the other nodes reach it (--master-addr) */
-        const char *addr = s->o.nnodes > 1 && s->o.master_addr && *s->o.master_addr ? s->o.master_addr : "127.0.0.1";
-        rc = svm_start(&s->http, addr, s->o.metrics_port);
-        if (!rc) {
-            publish_metrics(s);
-            fprintf(stderr, "cohort supervisor: Prometheus metrics at http://%s%s%s:%d/metrics\n",
-                    strchr(addr, ':') ? "[" : "", addr, strchr(addr, ':') ? "]" : "", s->o.metrics_port);
         }
     }
     if (rc) return rc;
@@ -1479,13 +1427,11 @@ static int sv_on_start(ac_actor *a, void *ctx) {
     }
     rc = ac_timer_start(a, (uint64_t)s->o.heartbeat_interval_ms, (uint64_t)s->o.heartbeat_interval_ms, heartbeat_tick, s,
                         &s->hb_timer);
-    if (!rc && !s->agent)
-        rc = ac_timer_start(a, (uint64_t)s->o.rendezvous_timeout_ms, 0, rendezvous_timeout, s, &s->rdv_timer);
     if (!rc) rc = spawn_workers(s);
     if (rc) {
         /* workers already started must not outlive us */
         for (int i = 0; i < s->nw; i++)
-            if (s->w[i].spawned) uv_process_kill(&s->w[i].proc, SIGKILL);
+            if (w_running(s, &s->w[i])) uv_process_kill(&s->w[i].proc, SIGKILL);
     }
     return rc;
 }
@@ -1501,189 +1447,250 @@ static void sv_on_stop(ac_actor *a, void *ctx) {
     uv_close((uv_handle_t *)&s->sig_usr1, NULL);
 }
 
-/* The per-worker and per-rank tables of sv_run. */
-static void free_tables(sv *s) {
+/* The per-worker and per-rank tables, the outputs and the coordinators of sv_run (each may
+ * not have been made yet). */
+static void release(sv *s) {
+    svv_destroy(&s->val);
+    svc_destroy(&s->ckpt);
+    svo_destroy(&s->obs);
+    if (s->metrics) fclose(s->metrics);
+    s->metrics = NULL;
+    free(s->flags_ref);
+    for (int i = 0; s->w && i < s->nw; i++) free(s->w[i].data_endpoint);
     free(s->w);
     free(s->coord);
     free(s->source);
 }
 
-int sv_run(const sv_options *opt) {
-    sv s;
-    memset(&s, 0, sizeof s);
-    s.o = *opt;
-    if (!s.o.rendezvous_timeout_ms) s.o.rendezvous_timeout_ms = 120000;
-    if (!s.o.heartbeat_interval_ms) s.o.heartbeat_interval_ms = 1000;
-    if (!s.o.heartbeat_timeout_ms) s.o.heartbeat_timeout_ms = 30000;
-    if (!s.o.kill_grace_ms) s.o.kill_grace_ms = 10000;
-    if (s.o.nnodes < 1) s.o.nnodes = 1;
-    s.status = -1;
-    s.quarantine_rank = -1;
-    s.agent = s.o.nnodes > 1 && s.o.node_rank > 0;
-    /* several nodes: a failure still stops the job (restart needs a node agent's part) */
-    s.restart_enabled = s.o.restart && s.o.nnodes == 1;
-    if (!s.o.restart_window_ms) s.o.restart_window_ms = 600000;
-    s.no_proc_state = getenv("COHORT_TEST_NO_PROC_STATE") != NULL;
-    if (!s.o.soft_timeout_ms) s.o.soft_timeout_ms = 60000;
-    if (!s.o.hard_timeout_ms) s.o.hard_timeout_ms = 90000;
-    if (!s.o.barrier_timeout_ms) s.o.barrier_timeout_ms = 120000;
-    s.snd.job_id = s.o.job_id ? s.o.job_id : random_job_id();
-    s.snd.generation = 1;
-    s.snd.sender = s.agent ? PW_SENDER_UNASSIGNED : PW_SENDER_SUPERVISOR;
-    if (s.o.nnodes > 1) {
-        int rc = s.o.secret_path && *s.o.secret_path ? ac_secret_load(s.o.secret_path, &s.secret)
-                                                     : co_err_set(CO_EINVAL, "several nodes need --job-secret (cohort keygen)");
+/* Several nodes: the job secret, and the job id every node derives from it. */
+static int load_job_secret(sv *s) {
+    if (s->o.nnodes > 1) {
+        int rc = s->o.secret_path && *s->o.secret_path
+                     ? ac_secret_load(s->o.secret_path, &s->secret)
+                     : co_err_set(CO_EINVAL, "several nodes need --job-secret (cohort keygen)");
         if (rc) {
-            fprintf(stderr, "cohort supervisor: job secret: %s (%s)\n", co_err_detail(), co_strerror(rc));
+            co_log(CO_LOG_ERROR, "job secret: %s (%s)", co_err_detail(), co_strerror(rc));
             return SV_EXIT_FAILURE;
         }
-        s.have_secret = true;
-        /* every node derives the same job id from the job's secret */
-        s.snd.job_id = XXH64(s.secret.server_public, strlen(s.secret.server_public), 0) | 1u;
+        s->have_secret = true;
+        s->snd.job_id = XXH64(s->secret.server_public, strlen(s->secret.server_public), 0) | 1u;
     }
-    co_proctitle_role(s.agent ? CO_PROC_AGENT : CO_PROC_SUPERVISOR, -1, s.o.node_rank, s.snd.job_id);
-    /* the supervisor tracks every worker of the job, an agent its node's */
-    s.nw = s.agent ? s.o.nproc : s.o.nproc * s.o.nnodes;
-    s.world = s.o.active_world > 0 && s.o.active_world < s.nw && s.o.nnodes == 1 ? s.o.active_world : s.nw;
-    if (!s.agent) { /* (an agent assigns nothing) */
-        char err[300];
-        if (topo_layout_init(&s.layout, s.world, s.o.tp > 0 ? s.o.tp : 1, s.o.pp > 0 ? s.o.pp : 1,
-                             s.o.cp > 0 ? s.o.cp : 1, s.o.ep > 0 ? s.o.ep : 1, s.o.etp, s.o.tp_pp_dp, err, sizeof err)) {
-            fprintf(stderr, "cohort supervisor: %s\n", err);
-            return SV_EXIT_USAGE;
-        }
-        s.layout.emb_stages = s.o.emb_stages;
-        if (s.o.shift_ranks && s.layout.dp != s.world) {
-            fprintf(stderr, "cohort supervisor: --inprocess-rank-assignment shift-ranks renumbers the ranks, which "
-                            "would move model shards: not with tensor, context or pipeline parallelism\n");
-            return SV_EXIT_USAGE;
-        }
+    co_proctitle_role(s->agent ? CO_PROC_AGENT : CO_PROC_SUPERVISOR, -1, s->o.node_rank, s->snd.job_id);
+    return 0;
+}
+
+/* The world's parallel layout (the supervisor's: an agent assigns nothing). */
+static int init_layout(sv *s) {
+    char err[300];
+    if (topo_layout_init(&s->layout, s->world, s->o.tp > 0 ? s->o.tp : 1, s->o.pp > 0 ? s->o.pp : 1,
+                         s->o.cp > 0 ? s->o.cp : 1, s->o.ep > 0 ? s->o.ep : 1, s->o.etp, s->o.tp_pp_dp, err,
+                         sizeof err)) {
+        co_log(CO_LOG_ERROR, "%s", err);
+        return SV_EXIT_USAGE;
     }
-    s.w = calloc((size_t)s.nw, sizeof *s.w);
-    for (int i = 0; s.w && i < s.nw; i++) s.w[i].waiting_on = -1;
-    s.coord = calloc((size_t)s.world, sizeof *s.coord);
-    s.source = calloc((size_t)s.world, sizeof *s.source);
-    bool coords_ok = s.w && s.coord && s.source;
-    for (int r = 0; r < s.world && coords_ok && !s.agent; r++) coords_ok = topo_coords(&s.layout, r, &s.coord[r]) == 0;
-    if (!coords_ok) {
-        free_tables(&s);
-        return SV_EXIT_FAILURE;
+    s->layout.emb_stages = s->o.emb_stages;
+    if (s->o.shift_ranks && s->layout.dp != s->world) {
+        co_log(CO_LOG_ERROR, "--inprocess-rank-assignment shift-ranks renumbers the ranks, which would move model "
+               "shards: not with tensor, context or pipeline parallelism");
+        return SV_EXIT_USAGE;
     }
-    for (int i = 0; i < s.nw; i++) {
-        worker *w = &s.w[i];
-        w->sv = &s;
-        w->index = s.agent ? s.o.node_rank * s.o.nproc + i : i;
-        w->local_rank = w->index % s.o.nproc;
+    return 0;
+}
+
+/* The world's ranks' coordinates and restart sources (the supervisor's). */
+static int init_coords(sv *s) {
+    s->coord = calloc((size_t)s->world, sizeof *s->coord);
+    s->source = calloc((size_t)s->world, sizeof *s->source);
+    bool ok = s->coord && s->source;
+    for (int r = 0; r < s->world && ok; r++) ok = topo_coords(&s->layout, r, &s->coord[r]) == 0;
+    return ok ? 0 : SV_EXIT_FAILURE;
+}
+
+/* The worker slots of this process: the job's (supervisor) or its node's (agent). */
+static int init_slots(sv *s) {
+    s->w = calloc((size_t)s->nw, sizeof *s->w);
+    if (!s->w) return SV_EXIT_FAILURE;
+    for (int i = 0; i < s->nw; i++) {
+        worker *w = &s->w[i];
+        w->sv = s;
+        w->waiting_on = -1;
+        w->index = s->agent ? s->o.node_rank * s->o.nproc + i : i;
+        w->local_rank = w->index % s->o.nproc;
         snprintf(w->identity, sizeof w->identity, "w%d", w->index);
-        w->rank = s.agent || w->index < s.world ? w->index : -1;
+        w->rank = s->agent || w->index < s->world ? w->index : -1;
     }
-    if (!s.agent && s.o.metrics_file && *s.o.metrics_file && !(s.metrics = fopen(s.o.metrics_file, "a"))) {
-        fprintf(stderr, "cohort supervisor: cannot open --metrics-file %s\n", s.o.metrics_file);
-        free_tables(&s);
+    return 0;
+}
+
+/* --metrics-file and --tensorboard-dir: the stream the workers' records and the validator's
+ * events go to. */
+static int open_metrics(sv *s) {
+    if (s->o.metrics_file && *s->o.metrics_file && !(s->metrics = fopen(s->o.metrics_file, "a"))) {
+        co_log(CO_LOG_ERROR, "cannot open --metrics-file %s", s->o.metrics_file);
         return SV_EXIT_FAILURE;
     }
-    if (!s.agent && s.o.tensorboard && s.o.tensorboard->dir && *s.o.tensorboard->dir) {
+    if (s->o.tensorboard && s->o.tensorboard->dir && *s->o.tensorboard->dir) {
         /* every record that reaches the metrics file (the last rank's, the validator's
          * events) becomes TensorBoard events too: the stream passes it on to both */
         ob_tb *tb = NULL;
         FILE *tee = NULL;
-        if (ob_tb_open(&tb, s.o.tensorboard) || !(tee = ob_tee_open(s.metrics, tb))) {
-            fprintf(stderr, "cohort supervisor: --tensorboard-dir: %s\n", tb ? "cannot make the metrics stream" : co_err_detail());
+        if (ob_tb_open(&tb, s->o.tensorboard) || !(tee = ob_tee_open(s->metrics, tb))) {
+            co_log(CO_LOG_ERROR, "--tensorboard-dir: %s", tb ? "cannot make the metrics stream" : co_err_detail());
             ob_tb_close(&tb);
-            if (s.metrics) fclose(s.metrics);
-            free_tables(&s);
             return SV_EXIT_FAILURE;
         }
-        s.metrics = tee;
+        s->metrics = tee;
     }
-    if (!s.agent && s.o.save_dir && *s.o.save_dir &&
-        svc_new(&s.ckpt, s.o.save_dir, s.o.most_recent_k, s.world, s.snd.job_id, send_to_rank, &s)) {
-        fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
-        if (s.metrics) fclose(s.metrics);
-        free_tables(&s);
+    return 0;
+}
+
+/* The checkpoint commits, what the job tells outside, and the validator of every iteration. */
+static int open_coordinators(sv *s) {
+    if (s->o.save_dir && *s->o.save_dir &&
+        svc_new(&s->ckpt, s->o.save_dir, s->o.most_recent_k, s->world, s->snd.job_id, send_to_rank, s)) {
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         return SV_EXIT_FAILURE;
     }
-    uint64_t t_start = sv__now_ms();
-    s.t_start = t_start;
-    if (!s.agent && svo_new(&s.obs)) {
-        fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
-        svc_destroy(&s.ckpt);
-        if (s.metrics) fclose(s.metrics);
-        free_tables(&s);
+    if (svo_new(&s->obs)) {
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         return SV_EXIT_FAILURE;
     }
-    char job[32]; /* the validator keeps a pointer to it (its tracker lines): lives as long as the job */
-    if (!s.agent) {
-        snprintf(job, sizeof job, "%016" PRIx64, s.snd.job_id);
-        svv_options vo = {.rr = s.o.rerun, .tracker_file = s.o.tracker_file, .job = job,
-                          .straggler_threshold = s.o.straggler_threshold > 0 ? s.o.straggler_threshold : 0.75,
-                          .inject = s.o.inject, .metrics = s.metrics, .quarantine_after = s.o.quarantine_after,
-                          .quarantine_window = s.o.quarantine_window};
-        vo.rr.world = s.world;
-        int *stage_of = s.o.pp > 1 ? malloc(sizeof *stage_of * (size_t)s.world) : NULL;
-        for (int r = 0; stage_of && r < s.world; r++) stage_of[r] = s.coord[r].pp;
-        vo.stage_of = stage_of;
-        vo.nstages = s.o.pp;
-        vo.rr.replica_stride = s.o.replica_stride > 1 ? s.o.replica_stride : 1;
-        vo.rr.replicas = s.o.replicas;
-        int vrc = svv_new(&s.val, &vo, send_to_rank, &s);
-        free(stage_of); /* (copied) */
-        if (vrc) {
-            fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
-            svc_destroy(&s.ckpt);
-            if (s.metrics) fclose(s.metrics);
-            free_tables(&s);
-            return SV_EXIT_FAILURE;
+    snprintf(s->job_hex, sizeof s->job_hex, "%016" PRIx64, s->snd.job_id);
+    svv_options vo = {.rr = s->o.rerun, .tracker_file = s->o.tracker_file, .job = s->job_hex,
+                      .straggler_threshold = s->o.straggler_threshold > 0 ? s->o.straggler_threshold : 0.75,
+                      .inject = s->o.inject, .metrics = s->metrics, .quarantine_after = s->o.quarantine_after,
+                      .quarantine_window = s->o.quarantine_window};
+    vo.rr.world = s->world;
+    int *stage_of = s->o.pp > 1 ? malloc(sizeof *stage_of * (size_t)s->world) : NULL;
+    for (int r = 0; stage_of && r < s->world; r++) stage_of[r] = s->coord[r].pp;
+    vo.stage_of = stage_of;
+    vo.nstages = s->o.pp;
+    vo.rr.replica_stride = s->o.replica_stride > 1 ? s->o.replica_stride : 1;
+    vo.rr.replicas = s->o.replicas;
+    int vrc = svv_new(&s->val, &vo, send_to_rank, s);
+    free(stage_of); /* (copied) */
+    if (vrc) {
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
+        return SV_EXIT_FAILURE;
+    }
+    if (s->o.rerun_state && *s->o.rerun_state && svv_state_load(s->val, s->o.rerun_state))
+        co_log(CO_LOG_WARN, "the checkpoint's rerun state machine state is not usable (%s); starting afresh",
+               co_err_detail());
+    svc_set_rerun_state(s->ckpt, svv_state_save, s->val);
+    if (s->ckpt) svc_set_metrics(s->ckpt, s->metrics);
+    return 0;
+}
+
+/* The supervisor's own setup: the layout, the ranks' coordinates, the metrics stream, the
+ * coordinators. */
+static int supervisor_setup(sv *s) {
+    int st = init_layout(s);
+    if (!st) st = init_coords(s);
+    if (!st) st = open_metrics(s);
+    if (!st) st = open_coordinators(s);
+    return st;
+}
+
+static int supervisor_stop_signal(const sv *s) { return s->sig_stop; }
+
+static const sv__role supervisor_role = {
+    .setup = supervisor_setup,
+    .open_mailbox = supervisor_open_mailbox,
+    .on_message = supervisor_on_message,
+    .tick = supervisor_tick,
+    .worker_exited = supervisor_worker_exited,
+    .first_signal = supervisor_first_signal,
+    .stop_signal = supervisor_stop_signal,
+};
+
+/* The options with their defaults, the process's log prefix, who this process is. */
+static void init_options(sv *s, const sv_options *opt) {
+    memset(s, 0, sizeof *s);
+    s->o = *opt;
+    if (!s->o.rendezvous_timeout_ms) s->o.rendezvous_timeout_ms = 120000;
+    if (!s->o.heartbeat_interval_ms) s->o.heartbeat_interval_ms = 1000;
+    if (!s->o.heartbeat_timeout_ms) s->o.heartbeat_timeout_ms = 30000;
+    if (!s->o.kill_grace_ms) s->o.kill_grace_ms = 10000;
+    if (s->o.nnodes < 1) s->o.nnodes = 1;
+    s->status = -1;
+    s->quarantine_rank = -1;
+    s->agent = s->o.nnodes > 1 && s->o.node_rank > 0;
+    s->role = s->agent ? &sv__agent_role : &supervisor_role;
+    if (s->agent) co_log_set_prefix("cohort node agent %d", s->o.node_rank);
+    else co_log_set_prefix("cohort supervisor");
+    /* several nodes: a failure still stops the job (restart needs a node agent's part) */
+    s->restart_enabled = s->o.restart && s->o.nnodes == 1;
+    if (!s->o.restart_window_ms) s->o.restart_window_ms = 600000;
+    s->no_proc_state = getenv("COHORT_TEST_NO_PROC_STATE") != NULL;
+    if (!s->o.soft_timeout_ms) s->o.soft_timeout_ms = 60000;
+    if (!s->o.hard_timeout_ms) s->o.hard_timeout_ms = 90000;
+    if (!s->o.barrier_timeout_ms) s->o.barrier_timeout_ms = 120000;
+    s->snd.job_id = s->o.job_id ? s->o.job_id : random_job_id();
+    s->snd.generation = 1;
+    s->snd.sender = s->agent ? PW_SENDER_UNASSIGNED : PW_SENDER_SUPERVISOR;
+    /* the supervisor tracks every worker of the job, an agent its node's */
+    s->nw = s->agent ? s->o.nproc : s->o.nproc * s->o.nnodes;
+    s->world = s->o.active_world > 0 && s->o.active_world < s->nw && s->o.nnodes == 1 ? s->o.active_world : s->nw;
+}
+
+/* How the job ended (supervisor.h's statuses), once the loop is over; rc: the loop's error. */
+static int final_status(sv *s, int rc) {
+    int status = rc ? SV_EXIT_FAILURE : s->status >= 0 ? s->status : s->first_failure ? s->first_failure : SV_EXIT_OK;
+    if (!rc && s->status < 0 && !s->first_failure) {
+        /* every worker exited on its own: a clean end only if all exited 0 */
+        for (int i = 0; i < s->nw; i++)
+            if (s->w[i].rank >= 0 && (s->w[i].exit_status || s->w[i].term_signal)) status = SV_EXIT_WORKER_FAILED;
+    }
+    /* a clean stop for preemption: saved, but not done (the scheduler requeues the job) */
+    int stop_sig = s->role->stop_signal(s);
+    if (status == SV_EXIT_OK && stop_sig && sv_preempting_signal(stop_sig, s->o.requeue_on_sigterm)) {
+        status = SV_EXIT_PREEMPTED;
+        co_log(CO_LOG_INFO, "stopped for preemption (%s): exit %d, requeue the job to resume from --load",
+               strsignal(stop_sig), SV_EXIT_PREEMPTED);
+    }
+    return status;
+}
+
+/* The run report on stderr and into --run-report (whose directory a job stopped before its
+ * first save has not made yet). */
+static void write_run_report(sv *s, int status) {
+    if (!s->val) return;
+    if (s->o.report_file && *s->o.report_file) {
+        char dir[1100];
+        snprintf(dir, sizeof dir, "%s", s->o.report_file);
+        char *slash = strrchr(dir, '/');
+        if (slash && slash != dir) {
+            *slash = '\0';
+            if (access(dir, F_OK)) fs_mkdirs(dir);
         }
-        if (s.o.rerun_state && *s.o.rerun_state && svv_state_load(s.val, s.o.rerun_state))
-            fprintf(stderr, "cohort supervisor: the checkpoint's rerun state machine state is not usable (%s); "
-                            "starting afresh\n", co_err_detail());
-        svc_set_rerun_state(s.ckpt, svv_state_save, s.val);
-        if (s.ckpt) svc_set_metrics(s.ckpt, s.metrics);
+    }
+    if (svv_write_report(s->val, stderr, s->o.report_file, status, (double)(sv__now_ms() - s->t_start) / 1000.0))
+        co_log(CO_LOG_WARN, "%s", co_err_detail());
+}
+
+int sv_run(const sv_options *opt) {
+    sv s;
+    init_options(&s, opt);
+    int st = load_job_secret(&s);
+    if (!st) st = init_slots(&s);
+    s.t_start = sv__now_ms();
+    if (!st && s.role->setup) st = s.role->setup(&s);
+    if (st) {
+        release(&s);
+        return st;
     }
     ac_actor_opts ao = {.name = "supervisor", .on_start = sv_on_start, .on_stop = sv_on_stop, .ctx = &s};
     int rc = ac_actor_new(&ao, &s.a);
     if (!rc) rc = ac_actor_run(s.a);
-    if (rc) fprintf(stderr, "cohort supervisor: %s (%s)\n", co_err_detail(), co_strerror(rc));
+    if (rc) co_log(CO_LOG_ERROR, "%s (%s)", co_err_detail(), co_strerror(rc));
     ac_actor_destroy(&s.a);
     svm_stop(&s.http); /* (Prometheus sees the job gone: its scrapes fail) */
     svc_destroy(&s.ckpt); /* every local worker is gone: unfinished saves' directories go */
     if (s.ipc_dir[0]) ac_ipc_dir_remove(s.ipc_dir);
-    int status = rc ? SV_EXIT_FAILURE : s.status >= 0 ? s.status : s.first_failure ? s.first_failure : SV_EXIT_OK;
-    if (!rc && s.status < 0 && !s.first_failure) {
-        /* every worker exited on its own: a clean end only if all exited 0 */
-        for (int i = 0; i < s.nw; i++)
-            if (s.w[i].spawned && s.w[i].rank >= 0 && (s.w[i].exit_status || s.w[i].term_signal))
-                status = SV_EXIT_WORKER_FAILED;
-    }
-    /* a clean stop for preemption: saved, but not done (the scheduler requeues the job) */
-    int stop_sig = s.agent ? s.agent_sig : s.sig_stop;
-    if (status == SV_EXIT_OK && stop_sig && sv_preempting_signal(stop_sig, s.o.requeue_on_sigterm)) {
-        status = SV_EXIT_PREEMPTED;
-        fprintf(stderr, "cohort %s: stopped for preemption (%s): exit %d, requeue the job to resume from --load\n",
-                s.agent ? "node agent" : "supervisor", strsignal(stop_sig), SV_EXIT_PREEMPTED);
-    }
-    if (s.val) {
-        if (s.o.report_file && *s.o.report_file) {
-            /* a job stopped before its first save has no --save directory yet: the report still goes there */
-            char dir[1100];
-            snprintf(dir, sizeof dir, "%s", s.o.report_file);
-            char *slash = strrchr(dir, '/');
-            if (slash && slash != dir) {
-                *slash = '\0';
-                if (access(dir, F_OK)) fs_mkdirs(dir);
-            }
-        }
-        if (svv_write_report(s.val, stderr, s.o.report_file, status, (double)(sv__now_ms() - t_start) / 1000.0))
-            fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
-        svv_destroy(&s.val);
-    }
+    int status = final_status(&s, rc);
+    write_run_report(&s, status);
     uint64_t dropped = pw_stats_dropped(&s.stats);
-    if (dropped) fprintf(stderr, "cohort supervisor: dropped %" PRIu64 " malformed or foreign messages\n", dropped);
-    free(s.flags_ref);
-    svo_destroy(&s.obs);
-    for (int i = 0; i < s.nw; i++) free(s.w[i].data_endpoint);
-    if (s.metrics) fclose(s.metrics);
-    free_tables(&s);
+    if (dropped) co_log(CO_LOG_WARN, "dropped %" PRIu64 " malformed or foreign messages", dropped);
+    release(&s);
     return status;
 }

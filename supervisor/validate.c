@@ -3,6 +3,7 @@
 #include "supervisor/validate.h"
 
 #include "common/error.h"
+#include "common/log.h"
 #include "supervisor/msg.h"
 #include "supervisor/supervisor.h"
 
@@ -288,11 +289,11 @@ static void score_stages(svv *v, int64_t iteration, double *buf) {
         v->slow[k] = score < v->o.straggler_threshold ? v->slow[k] + 1 : 0;
         if (v->slow[k] >= 3 && !v->sflagged[k]) {
             v->sflagged[k] = true;
-            fprintf(stderr,
-                    "cohort supervisor: straggler stage: pipeline stage %d at iteration %" PRId64 " scores %.2f "
-                    "(compute %.0f ms per iteration, the other stages' median %.0f ms; threshold %.2f): it sets the "
-                    "pipeline's pace (its layers cost more than the others', or all its ranks are slow)\n",
-                    k, iteration, score, stage[k], med, v->o.straggler_threshold);
+            co_log(CO_LOG_WARN,
+                   "straggler stage: pipeline stage %d at iteration %" PRId64 " scores %.2f "
+                   "(compute %.0f ms per iteration, the other stages' median %.0f ms; threshold %.2f): it sets the "
+                   "pipeline's pace (its layers cost more than the others', or all its ranks are slow)",
+                   k, iteration, score, stage[k], med, v->o.straggler_threshold);
             if (v->o.metrics) {
                 fprintf(v->o.metrics,
                         "{\"event\":\"straggler_stage\",\"iteration\":%" PRId64 ",\"stage\":%d,\"score\":%.4f,"
@@ -340,10 +341,10 @@ static void score_stragglers(svv *v, int64_t iteration) {
         /* three iterations in a row: one slow step is noise, not a straggler */
         if (v->low[r] >= 3 && !v->flagged[r]) {
             v->flagged[r] = true;
-            fprintf(stderr,
-                    "cohort supervisor: straggler: rank %d at iteration %" PRId64 " scores %.2f (compute %.0f ms per "
-                    "iteration, others' median %.0f ms; threshold %.2f)\n",
-                    r, iteration, score, v->ema[r], med, v->o.straggler_threshold);
+            co_log(CO_LOG_WARN,
+                   "straggler: rank %d at iteration %" PRId64 " scores %.2f (compute %.0f ms per "
+                   "iteration, others' median %.0f ms; threshold %.2f)",
+                   r, iteration, score, v->ema[r], med, v->o.straggler_threshold);
             if (v->o.metrics) {
                 fprintf(v->o.metrics,
                         "{\"event\":\"straggler\",\"iteration\":%" PRId64 ",\"rank\":%d,\"score\":%.4f,"
@@ -374,14 +375,14 @@ static void take_events(svv *v, uint64_t now, int *quarantine) {
                 *quarantine = e->rank;
                 memset(h, 0, sizeof *h * 8);
                 if (v->nquar < 64) v->quarantined[v->nquar++] = e->rank;
-                fprintf(stderr, "cohort supervisor: rank %d was found faulty %d times within %" PRId64
-                                " iterations: quarantined; its process is replaced\n", e->rank, cnt,
-                        v->o.quarantine_window);
+                co_log(CO_LOG_WARN, "rank %d was found faulty %d times within %" PRId64
+                       " iterations: quarantined; its process is replaced", e->rank, cnt,
+                       v->o.quarantine_window);
             }
         }
         if (v->o.tracker_file && *v->o.tracker_file) {
             int rc = rr_tracker_append(v->o.tracker_file, e, v->o.job);
-            if (rc) fprintf(stderr, "cohort supervisor: %s\n", co_err_detail());
+            if (rc) co_log(CO_LOG_WARN, "%s", co_err_detail());
         }
         fault_rec *f = new_fault(v);
         if (!f) continue;
@@ -489,7 +490,7 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
         if (f) {
             char line[300];
             fi_describe(f, -1, it, -1, line, sizeof line);
-            fprintf(stderr, "cohort supervisor: %s\n", line);
+            co_log(CO_LOG_WARN, "%s", line);
             fflush(stderr);
             raise(SIGKILL);
         }
@@ -547,9 +548,9 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
             }
     }
     if (vd.decision != RR_ACCEPT || vd.diagnosis != RR_DIAG_NONE)
-        fprintf(stderr, "cohort supervisor: iteration %" PRId64 ": %s%s%s%s: %s\n", it, rr_decision_name(vd.decision),
-                vd.diagnosis != RR_DIAG_NONE ? " (" : "", vd.diagnosis != RR_DIAG_NONE ? rr_diagnosis_name(vd.diagnosis) : "",
-                vd.diagnosis != RR_DIAG_NONE ? ")" : "", vd.reason);
+        co_log(CO_LOG_WARN, "iteration %" PRId64 ": %s%s%s%s: %s", it, rr_decision_name(vd.decision),
+               vd.diagnosis != RR_DIAG_NONE ? " (" : "", vd.diagnosis != RR_DIAG_NONE ? rr_diagnosis_name(vd.diagnosis) : "",
+               vd.diagnosis != RR_DIAG_NONE ? ")" : "", vd.reason);
     send_verdict(v, &vd, -1);
     if (vd.decision == RR_STOP) {
         snprintf(why, n, "iteration %" PRId64 ": %s", it, vd.reason);

@@ -20,8 +20,8 @@
 #include "comm/zmq_comm.h"
 #include "common/config.h"
 #include "scheduler/groups.h"
-#include "supervisor/link.h"
 #include "train/tr_groups.h"
+#include "worker/link.h"
 
 #include <stddef.h>
 #include <stdint.h>

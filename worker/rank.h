@@ -16,7 +16,7 @@
 #define COHORT_WORKER_RANK_H
 
 #include "common/config.h"
-#include "supervisor/link.h"
+#include "worker/link.h"
 #include "train/trainer.h"
 
 #include <signal.h>

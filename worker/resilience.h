@@ -6,7 +6,7 @@
 #include "common/config.h"
 #include "resilience/inject.h"
 #include "resilience/rerun.h"
-#include "supervisor/link.h"
+#include "worker/link.h"
 #include "train/trainer.h"
 
 #include <stdio.h>

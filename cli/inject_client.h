@@ -1,8 +1,8 @@
 /* inject_client.h - `cohort inject` and `cohort status`: a running job's supervisor, found and
  * asked for its state or to inject a
  * fault (the same KIND@rank=R,step=S,... syntax as --inject; resilience/inject.h). */
-#ifndef COHORT_SUPERVISOR_INJECT_CLIENT_H
-#define COHORT_SUPERVISOR_INJECT_CLIENT_H
+#ifndef COHORT_CLI_INJECT_CLIENT_H
+#define COHORT_CLI_INJECT_CLIENT_H
 
 #include <stddef.h>
 #include <stdint.h>

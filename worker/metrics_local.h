@@ -1,10 +1,10 @@
 /* metrics_local.h - --metrics-port for a single-process job (no supervisor): the trainer's
  * metrics records pass through a stream that appends them to --metrics-file (if any) and
- * feeds status.c's registry, whose Prometheus rendering metrics_http.c serves after each
- * record. Only the series a single process has: no ranks' reports, restarts or faults
- * (docs/observability.md, "Prometheus"). */
-#ifndef COHORT_SUPERVISOR_METRICS_LOCAL_H
-#define COHORT_SUPERVISOR_METRICS_LOCAL_H
+ * feeds supervisor/status.c's registry, whose Prometheus rendering supervisor/metrics_http.c
+ * serves after each record. Only the series a single process has: no ranks' reports,
+ * restarts or faults (docs/observability.md, "Prometheus"). */
+#ifndef COHORT_WORKER_METRICS_LOCAL_H
+#define COHORT_WORKER_METRICS_LOCAL_H
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* link.c - the worker's mailbox thread: registers with the supervisor, waits for the
  * assignment, sends heartbeats and log lines, and turns the supervisor's Shutdown and
  * Abort orders (or its silence) into the stop flag and an aborted communicator. */
-#include "supervisor/link.h"
+#include "worker/link.h"
 
 #include "actors/actor.h"
 #include "common/error.h"
@@ -305,7 +305,7 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
 /* A SIGINT/SIGTERM this worker got itself (a scheduler's, or one sent to it alone): the
  * supervisor is told at once, so that the whole job stops after the same step (the ranks'
  * stop vote does that anyway) and this worker's death by a second signal is not taken for a
- * crash. The text is "signal: NUMBER NAME ..." (supervisor.c). */
+ * crash: a SignalReceived message (supervisor.c). */
 static void signal_tick(ac_timer *t, void *ctx) {
     (void)t;
     sv_link *l = ctx;
@@ -322,13 +322,11 @@ static void signal_tick(ac_timer *t, void *ctx) {
     if (!sig || l->signal_reported) return;
     l->signal_reported = true;
     char text[200];
-    snprintf(text, sizeof text, "signal: %d %s received by worker %d (pid %d)\n", sig, strsignal(sig), l->local_rank,
-             (int)getpid());
-    Cohort__V1__LogLine ll = COHORT__V1__LOG_LINE__INIT;
-    ll.rank = l->snd.sender;
-    ll.level = COHORT__V1__LOG_LEVEL__LOG_WARNING;
-    ll.text = text;
-    sv__send(l->mb, NULL, &l->snd, &ll.base);
+    snprintf(text, sizeof text, "%s received by worker %d (pid %d)", strsignal(sig), l->local_rank, (int)getpid());
+    Cohort__V1__SignalReceived sr = COHORT__V1__SIGNAL_RECEIVED__INIT;
+    sr.signal = sig;
+    sr.what = text;
+    sv__send(l->mb, NULL, &l->snd, &sr.base);
 }
 
 /* Test hook: COHORT_TEST_REGISTER_DELAY="LOCAL_RANK:MS,..." delays that worker's
@@ -920,28 +918,22 @@ int sv_link_verdict(sv_link *l, int64_t iteration, int attempt, rr_verdict *out,
 static void send_event(ac_actor *a, void *ctx) {
     (void)a;
     log_post *p = ctx;
-    Cohort__V1__LogLine ll = COHORT__V1__LOG_LINE__INIT;
-    ll.rank = p->l->snd.sender;
-    ll.level = COHORT__V1__LOG_LEVEL__LOG_WARNING;
-    ll.text = p->text;
-    sv__send(p->l->mb, NULL, &p->l->snd, &ll.base);
+    Cohort__V1__FaultEvent ev = COHORT__V1__FAULT_EVENT__INIT;
+    ev.text = p->text;
+    sv__send(p->l->mb, NULL, &p->l->snd, &ev.base);
     free(p->text);
     free(p);
 }
 
 void sv_link_event(sv_link *l, const char *line) {
     log_post *p = malloc(sizeof *p);
-    size_t n = strnlen(line, 3000);
-    char *text = malloc(n + 2 + 7);
+    size_t n = strcspn(line, "\n"); /* one line */
+    char *text = strndup(line, n < 3000 ? n : 3000);
     if (!p || !text) {
         free(p);
         free(text);
         return;
     }
-    memcpy(text, "event: ", 7);
-    memcpy(text + 7, line, n);
-    text[7 + n] = '\n';
-    text[8 + n] = '\0';
     p->l = l;
     p->text = text;
     p->metrics = false;

@@ -1,7 +1,7 @@
 /* metrics_local.c - the Prometheus endpoint of a single-process job (metrics_local.h). The
  * trainer's thread writes records; each complete line is parsed and the snapshot rendered
  * and published there (metrics_http.c copies it under its mutex for the HTTP thread). */
-#include "supervisor/metrics_local.h"
+#include "worker/metrics_local.h"
 
 #include "common/error.h"
 #include "supervisor/metrics_http.h"

@@ -11,8 +11,8 @@
  *   binds for its peers), COHORT_JOB_SECRET (the job secret file, several nodes only)
  * A worker that hears nothing from its supervisor for the heartbeat timeout stops (it
  * never trains headless): the stop flag is raised and the collectives are aborted. */
-#ifndef COHORT_SUPERVISOR_LINK_H
-#define COHORT_SUPERVISOR_LINK_H
+#ifndef COHORT_WORKER_LINK_H
+#define COHORT_WORKER_LINK_H
 
 #include "comm/comm.h"
 #include "comm/zmq_comm.h"

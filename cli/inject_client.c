@@ -2,7 +2,7 @@
  * supervisor (the `job` file in its private ipc directory), sends it an InjectFault request
  * and waits for the one-line answer (supervisor.c handle_inject), or a StatusRequest and
  * waits for the StatusReply's JSON document (handle_status). */
-#include "supervisor/inject_client.h"
+#include "cli/inject_client.h"
 
 #include "actors/actor.h"
 #include "common/error.h"

@@ -1,0 +1,156 @@
+/* planner.c - the supervisor's restart decisions as pure functions over its view of the
+ * worker slots (planner.h): spares for dead ranks, each shard's source, the checkpoint
+ * fallback, shift-ranks. */
+#include "supervisor/planner.h"
+
+#include <stddef.h>
+
+/* The slot holding rank r, or NULL. */
+static const svp_slot *slot_of(const svp_view *v, int r) {
+    for (int i = 0; i < v->nslots && r >= 0; i++)
+        if (v->slots[i].rank == r) return &v->slots[i];
+    return NULL;
+}
+
+int svp_take_spares(const svp_view *v, int *take) {
+    int taken = 0;
+    for (int i = 0; i < v->nslots; i++) take[i] = -1;
+    for (int i = 0; i < v->nslots; i++) {
+        const svp_slot *w = &v->slots[i];
+        if (w->rank < 0 || w->replacing || !svp_dead(w->state)) continue;
+        int sp = -1;
+        for (int k = 0; k < v->nslots; k++) {
+            const svp_slot *c = &v->slots[k];
+            if (c->rank >= 0 || !svp_alive(c->state)) continue;
+            bool used = false;
+            for (int j = 0; j < i && !used; j++) used = take[j] == k;
+            if (!used) sp = k;
+        }
+        if (sp >= 0) {
+            take[i] = sp;
+            taken++;
+        }
+    }
+    return taken;
+}
+
+int svp_optimizer_shard_lost(const svp_view *v, int64_t M) {
+    if (v->dopt_holders < 1) return -1;
+    for (int r = 0; r < v->world; r++) {
+        int dp = 0;
+        for (int q = 0; q < v->world; q++) dp += topo_same_shard(&v->coord[q], &v->coord[r]);
+        bool held = false;
+        for (int h = 0; h < v->dopt_holders && h < dp && !held; h++) {
+            int want = (v->coord[r].dp + h) % dp;
+            for (int q = 0; q < v->world && !held; q++) {
+                if (!topo_same_shard(&v->coord[q], &v->coord[r]) || v->coord[q].dp != want) continue;
+                const svp_slot *w = slot_of(v, q);
+                held = w && !w->replacing && w->ready_iter == M;
+            }
+        }
+        if (!held) return r;
+    }
+    return -1;
+}
+
+/* Whether every survivor reached the barrier and every replacement registered; counts the
+ * replacements and finds the newest committed iteration and the first survivor that has it. */
+static bool restart_ready(const svp_view *v, int *replaced, int64_t *M, int *src) {
+    *replaced = 0;
+    *M = -1;
+    *src = -1;
+    for (int i = 0; i < v->nslots; i++) {
+        const svp_slot *w = &v->slots[i];
+        if (w->rank < 0) continue; /* spares */
+        if (w->replacing) {
+            if (!svp_alive(w->state)) return false;
+            (*replaced)++;
+            continue;
+        }
+        if (!w->ready) return false;
+        if (w->ready_iter > *M) {
+            *M = w->ready_iter;
+            *src = w->rank;
+        }
+    }
+    return true;
+}
+
+/* Per shard, the survivor that committed the most becomes the source of its ranks; then the
+ * first rank of a shard without one (*lost) or whose source is behind M (*behind). */
+static void pick_sources(const svp_view *v, svp_plan *p, int64_t M, int *lost, int *behind) {
+    *lost = *behind = -1;
+    p->nsources = 0;
+    for (int r = 0; r < v->world; r++) p->source[r] = -1;
+    for (int r = 0; r < v->world; r++) {
+        const svp_slot *w = slot_of(v, r);
+        if (!w || w->replacing) continue;
+        for (int q = 0; q < v->world; q++)
+            if (topo_same_shard(&v->coord[q], &v->coord[r]) &&
+                (p->source[q] < 0 || slot_of(v, p->source[q])->ready_iter < w->ready_iter))
+                p->source[q] = r;
+    }
+    for (int r = 0; r < v->world; r++) {
+        if (p->source[r] < 0) *lost = r;
+        else if (slot_of(v, p->source[r])->ready_iter != M) *behind = r;
+        else if (p->source[r] == r) p->nsources++;
+    }
+}
+
+/* ShiftRanks: the survivors keep their order and close up, the replacements come last; every
+ * rank's source is the one survivor src (one shard: refused with model parallelism). */
+static void shift_ranks(const svp_view *v, svp_plan *p) {
+    int next = 0, src_new = p->src;
+    for (int pass = 0; pass < 2; pass++)
+        for (int r = 0; r < v->world; r++) {
+            const svp_slot *w = slot_of(v, r);
+            if (w && w->replacing == (pass == 1)) p->new_rank[w - v->slots] = next++;
+        }
+    for (int i = 0; i < v->nslots; i++)
+        if (v->slots[i].rank == p->src && p->src >= 0) src_new = p->new_rank[i];
+    p->src = src_new;
+    for (int r = 0; r < v->world; r++) p->source[r] = p->src;
+}
+
+void svp_plan_restart(const svp_view *v, svp_plan *p) {
+    int replaced, src;
+    int64_t M;
+    p->verdict = SVP_WAIT;
+    if (!restart_ready(v, &replaced, &M, &src)) return;
+    p->reason = SVP_OK;
+    p->why_rank = -1;
+    p->committed = M;
+    p->nreplaced = replaced;
+    int lost = -1, behind = -1;
+    if (src >= 0) pick_sources(v, p, M, &lost, &behind);
+    else {
+        p->nsources = 0;
+        for (int r = 0; r < v->world; r++) p->source[r] = -1;
+    }
+    int opt_lost = src >= 0 ? svp_optimizer_shard_lost(v, M) : -1;
+    if (src < 0) p->reason = SVP_NO_SURVIVOR;
+    else if (lost >= 0 || behind >= 0) {
+        /* the shards must resume from one iteration: the checkpoint's */
+        p->reason = lost >= 0 ? SVP_SHARD_LOST : SVP_SHARD_BEHIND;
+        p->why_rank = lost >= 0 ? lost : behind;
+    } else if (opt_lost >= 0) {
+        p->reason = SVP_OPTIMIZER_LOST;
+        p->why_rank = opt_lost;
+    }
+    /* injected faults up to the step in progress at the fault fired already: the survivors
+     * committed M, so every rank was in step M + 1 (with no survivor: the newest reported) */
+    p->faults_through = M >= 0 ? M + 1 : v->current_iter + 1;
+    p->src = p->reason == SVP_OK ? src : -1;
+    p->resume_iter = M;
+    if (p->reason != SVP_OK) {
+        if (v->checkpoint_iter < 0) {
+            p->verdict = SVP_CANNOT_CONTINUE;
+            return;
+        }
+        p->resume_iter = v->checkpoint_iter;
+        for (int r = 0; r < v->world; r++) p->source[r] = -1;
+    }
+    for (int i = 0; i < v->nslots; i++) p->new_rank[i] = v->slots[i].rank;
+    if (v->shift_ranks) shift_ranks(v, p);
+    p->verdict = p->src >= 0 ? SVP_FROM_PEERS : SVP_FROM_CHECKPOINT;
+}

@@ -1,0 +1,279 @@
+/* test_planner.c - supervisor/planner.c, the supervisor's restart decisions, over fault
+ * patterns: each replica of every shard dead in turn (data, tensor, pipeline parallel), every
+ * replica of one shard dead (the checkpoint, or no way on without one), survivors behind,
+ * both holders of a distributed-optimizer shard dead, warm spares (one dying during the
+ * restart), shift-ranks without a spare, nothing alive, and waiting for the barrier. */
+#include "supervisor/planner.h"
+
+#include "tests/test.h"
+
+#define MAXW 16
+
+/* A job of world ranks (tp x pp x cp, the rest data parallel) plus spares warm spares, every
+ * rank at the barrier having committed iteration 10. */
+typedef struct job {
+    topo_layout layout;
+    topo_coord coord[MAXW];
+    svp_slot slots[MAXW];
+    svp_view v;
+    int source[MAXW], new_rank[MAXW], take[MAXW];
+    svp_plan p;
+} job;
+
+static int job_init(job *j, int world, int spares, int tp, int pp) {
+    char err[200];
+    memset(j, 0, sizeof *j);
+    if (topo_layout_init(&j->layout, world, tp, pp, 1, 1, 0, false, err, sizeof err)) {
+        fprintf(stderr, "layout: %s\n", err);
+        return -1;
+    }
+    for (int r = 0; r < world; r++)
+        if (topo_coords(&j->layout, r, &j->coord[r])) return -1;
+    for (int i = 0; i < world + spares; i++)
+        j->slots[i] = (svp_slot){.state = SVP_TRAINING, .rank = i < world ? i : -1, .ready = i < world,
+                                 .ready_iter = 10};
+    j->v = (svp_view){.slots = j->slots, .nslots = world + spares, .world = world, .coord = j->coord,
+                      .checkpoint_iter = -1, .current_iter = 11};
+    j->p = (svp_plan){.source = j->source, .new_rank = j->new_rank};
+    return 0;
+}
+
+/* Rank r's process died and a new one registered in its slot (not at the barrier). */
+static void replaced(job *j, int slot) {
+    j->slots[slot].state = SVP_REGISTERED;
+    j->slots[slot].replacing = true;
+    j->slots[slot].ready = false;
+    j->slots[slot].ready_iter = 0;
+}
+
+static void plan(job *j) { svp_plan_restart(&j->v, &j->p); }
+
+/* dp 4: one rank dead; every rank takes the first survivor's state. */
+static void data_parallel_each_dead(void) {
+    for (int dead = 0; dead < 4; dead++) {
+        job j;
+        REQUIRE(job_init(&j, 4, 0, 1, 1) == 0);
+        replaced(&j, dead);
+        plan(&j);
+        CHECK_MSG(j.p.verdict == SVP_FROM_PEERS, "dead %d: verdict %d", dead, j.p.verdict);
+        int first = dead == 0 ? 1 : 0;
+        for (int r = 0; r < 4; r++) CHECK_MSG(j.source[r] == first, "dead %d: rank %d from %d", dead, r, j.source[r]);
+        CHECK(j.p.src == first);
+        CHECK(j.p.resume_iter == 10 && j.p.committed == 10);
+        CHECK(j.p.faults_through == 11);
+        CHECK(j.p.nreplaced == 1 && j.p.nsources == 1);
+        for (int i = 0; i < 4; i++) CHECK(j.new_rank[i] == i);
+    }
+}
+
+/* tp 2 x pp 2 x dp 2 (and tp 2 x dp 2, tp 1 x pp 4 x dp 2): every rank dead in turn; each
+ * shard's source is its first surviving replica, never the dead rank, never another shard. */
+static void model_parallel_each_replica_dead(void) {
+    const int shapes[][3] = {{4, 2, 1}, {8, 2, 2}, {8, 1, 4}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int world = shapes[s][0], tp = shapes[s][1], pp = shapes[s][2];
+        for (int dead = 0; dead < world; dead++) {
+            job j;
+            REQUIRE(job_init(&j, world, 0, tp, pp) == 0);
+            replaced(&j, dead);
+            plan(&j);
+            CHECK_MSG(j.p.verdict == SVP_FROM_PEERS, "world %d tp %d pp %d dead %d", world, tp, pp, dead);
+            for (int r = 0; r < world; r++) {
+                int src = j.source[r];
+                REQUIRE(src >= 0 && src < world);
+                CHECK_MSG(topo_same_shard(&j.coord[src], &j.coord[r]), "rank %d from %d: another shard", r, src);
+                CHECK_MSG(src != dead, "rank %d from the dead rank %d", r, dead);
+                int first = -1;
+                for (int q = world - 1; q >= 0; q--)
+                    if (q != dead && topo_same_shard(&j.coord[q], &j.coord[r])) first = q;
+                CHECK_MSG(src == first, "rank %d from %d, not its shard's first survivor %d", r, src, first);
+            }
+            CHECK_MSG(j.p.nsources == tp * pp, "%d sources", j.p.nsources); /* one per shard */
+        }
+    }
+}
+
+/* tp 2 x dp 2: both replicas of one shard dead: the checkpoint, or no way on without one. */
+static void all_replicas_of_a_shard_dead(void) {
+    job j;
+    REQUIRE(job_init(&j, 4, 0, 2, 1) == 0);
+    /* the ranks of tp rank 0 */
+    int shard[2], n = 0;
+    for (int r = 0; r < 4; r++)
+        if (j.coord[r].tp == 0) shard[n++] = r;
+    REQUIRE(n == 2);
+    replaced(&j, shard[0]);
+    replaced(&j, shard[1]);
+    plan(&j);
+    CHECK(j.p.verdict == SVP_CANNOT_CONTINUE);
+    CHECK(j.p.reason == SVP_SHARD_LOST);
+    CHECK(j.p.why_rank == shard[0] || j.p.why_rank == shard[1]);
+    j.v.checkpoint_iter = 8;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_CHECKPOINT);
+    CHECK(j.p.reason == SVP_SHARD_LOST);
+    CHECK(j.p.src == -1);
+    CHECK(j.p.resume_iter == 8 && j.p.committed == 10);
+    for (int r = 0; r < 4; r++) CHECK(j.source[r] == -1);
+    CHECK(j.p.nreplaced == 2);
+}
+
+/* The survivors of one shard committed less than another shard's: the checkpoint. */
+static void shard_behind(void) {
+    job j;
+    REQUIRE(job_init(&j, 4, 0, 2, 1) == 0);
+    for (int r = 0; r < 4; r++)
+        if (j.coord[r].tp == 1) j.slots[r].ready_iter = 9;
+    j.v.checkpoint_iter = 5;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_CHECKPOINT);
+    CHECK(j.p.reason == SVP_SHARD_BEHIND);
+    CHECK(j.coord[j.p.why_rank].tp == 1);
+    CHECK(j.p.resume_iter == 5);
+}
+
+/* dp 4 with the distributed optimizer: a shard lives on rank k and (redundancy) k + 1. */
+static void optimizer_holders(void) {
+    job j;
+    REQUIRE(job_init(&j, 4, 0, 1, 1) == 0);
+    j.v.dopt_holders = 2;
+    j.v.checkpoint_iter = 6;
+    replaced(&j, 1);
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_PEERS); /* rank 1's shard lives on rank 2 too */
+    CHECK(svp_optimizer_shard_lost(&j.v, 10) == -1);
+    replaced(&j, 2); /* both holders of rank 1's shard */
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_CHECKPOINT);
+    CHECK(j.p.reason == SVP_OPTIMIZER_LOST);
+    CHECK(j.p.why_rank == 1);
+    CHECK(j.p.resume_iter == 6 && j.p.committed == 10);
+    /* the last rank's shard lives on rank 0 too (the group wraps) */
+    REQUIRE(job_init(&j, 4, 0, 1, 1) == 0);
+    j.v.dopt_holders = 2;
+    replaced(&j, 3);
+    replaced(&j, 0);
+    CHECK(svp_optimizer_shard_lost(&j.v, 10) == 3);
+    /* no redundancy: one dead holder is enough */
+    REQUIRE(job_init(&j, 4, 0, 1, 1) == 0);
+    j.v.dopt_holders = 1;
+    replaced(&j, 2);
+    plan(&j);
+    CHECK(j.p.verdict == SVP_CANNOT_CONTINUE && j.p.reason == SVP_OPTIMIZER_LOST && j.p.why_rank == 2);
+    /* a holder that committed less than the newest iteration does not count */
+    REQUIRE(job_init(&j, 4, 0, 1, 1) == 0);
+    j.v.dopt_holders = 2;
+    j.slots[1].ready_iter = 9;
+    j.slots[2].ready_iter = 9;
+    CHECK(svp_optimizer_shard_lost(&j.v, 10) == 1);
+}
+
+/* Warm spares: the last live spare takes the first dead rank; a spare dying during the
+ * restart leaves its new rank to a new process in its slot. */
+static void spares(void) {
+    job j;
+    REQUIRE(job_init(&j, 4, 2, 1, 1) == 0); /* slots 4 and 5: spares */
+    j.slots[1].state = SVP_EXITED;
+    j.slots[3].state = SVP_EXITING;
+    CHECK(svp_take_spares(&j.v, j.take) == 2);
+    CHECK(j.take[1] == 5 && j.take[3] == 4);
+    CHECK(j.take[0] == -1 && j.take[2] == -1 && j.take[4] == -1 && j.take[5] == -1);
+    /* a spare not registered yet (or gone) is not taken */
+    j.slots[5].state = SVP_STARTED;
+    j.slots[4].state = SVP_EXITED;
+    CHECK(svp_take_spares(&j.v, j.take) == 0);
+    CHECK(j.take[1] == -1 && j.take[3] == -1);
+    /* one spare, two dead ranks: the first dead rank gets it */
+    REQUIRE(job_init(&j, 4, 1, 1, 1) == 0);
+    j.slots[0].state = SVP_EXITED;
+    j.slots[2].state = SVP_EXITED;
+    CHECK(svp_take_spares(&j.v, j.take) == 1);
+    CHECK(j.take[0] == 4 && j.take[2] == -1);
+    /* the spare took rank 0 (slot 0 is a spare now, starting); then it dies before its assignment */
+    j.slots[4].rank = 0;
+    j.slots[0].rank = -1;
+    j.slots[0].state = SVP_STARTED;
+    replaced(&j, 4);
+    replaced(&j, 2);
+    j.slots[4].state = SVP_EXITING;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_WAIT);
+    CHECK(svp_take_spares(&j.v, j.take) == 0); /* already being replaced: in place, no spare */
+    j.slots[4].state = SVP_RESPAWN;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_WAIT);
+    j.slots[4].state = SVP_REGISTERED;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_PEERS);
+    CHECK(j.p.nreplaced == 2);
+    CHECK(j.source[0] == 1 && j.source[2] == 1);
+    CHECK(j.new_rank[4] == 0 && j.new_rank[0] == -1);
+}
+
+/* ShiftRanks with no spare: survivors close up in order, the replacement comes last. */
+static void shift_ranks_without_spare(void) {
+    job j;
+    REQUIRE(job_init(&j, 4, 0, 1, 1) == 0);
+    j.v.shift_ranks = true;
+    replaced(&j, 0);
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_PEERS);
+    CHECK(j.new_rank[1] == 0 && j.new_rank[2] == 1 && j.new_rank[3] == 2 && j.new_rank[0] == 3);
+    CHECK(j.p.src == 0); /* rank 1's state, rank 0 now */
+    for (int r = 0; r < 4; r++) CHECK(j.source[r] == 0);
+    /* two dead, the first survivor later in the world */
+    REQUIRE(job_init(&j, 4, 0, 1, 1) == 0);
+    j.v.shift_ranks = true;
+    replaced(&j, 0);
+    replaced(&j, 2);
+    j.slots[3].ready_iter = 11; /* committed more: the source */
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_PEERS && j.p.resume_iter == 11);
+    CHECK(j.new_rank[1] == 0 && j.new_rank[3] == 1 && j.new_rank[0] == 2 && j.new_rank[2] == 3);
+    CHECK(j.p.src == 1);
+}
+
+/* Nothing survived: the checkpoint, or no way on; faults up to the newest iteration fired. */
+static void nothing_alive(void) {
+    job j;
+    REQUIRE(job_init(&j, 2, 0, 1, 1) == 0);
+    replaced(&j, 0);
+    replaced(&j, 1);
+    plan(&j);
+    CHECK(j.p.verdict == SVP_CANNOT_CONTINUE && j.p.reason == SVP_NO_SURVIVOR);
+    CHECK(j.p.faults_through == 12);
+    j.v.checkpoint_iter = 4;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_CHECKPOINT && j.p.resume_iter == 4 && j.p.committed == -1);
+    CHECK(j.source[0] == -1 && j.source[1] == -1);
+}
+
+/* Not yet: a survivor away from the barrier, a replacement not registered. */
+static void waits(void) {
+    job j;
+    REQUIRE(job_init(&j, 4, 0, 1, 1) == 0);
+    j.slots[2].ready = false;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_WAIT);
+    REQUIRE(job_init(&j, 4, 0, 1, 1) == 0);
+    replaced(&j, 1);
+    j.slots[1].state = SVP_STARTED;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_WAIT);
+    j.slots[1].state = SVP_TRAINING;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_PEERS);
+}
+
+int main(void) {
+    RUN(data_parallel_each_dead);
+    RUN(model_parallel_each_replica_dead);
+    RUN(all_replicas_of_a_shard_dead);
+    RUN(shard_behind);
+    RUN(optimizer_holders);
+    RUN(spares);
+    RUN(shift_ranks_without_spare);
+    RUN(nothing_alive);
+    RUN(waits);
+    return TEST_EXIT();
+}
