@@ -81,6 +81,7 @@ struct svv {
     bool *sflagged;
     int64_t rounds;
     int64_t validated, reruns, checks, repairs, skips;
+    int64_t duplicate_reports; /* loss reports that arrived twice (counted once) */
     int64_t restarts;
     uint64_t round_first_ms;      /* first report of the round in progress (0: none) */
     uint64_t last_accept_ms;
@@ -434,12 +435,18 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
         return 0;
     }
     pend *p = &v->p[rank];
-    if (p->added && p->r.iteration == it && p->r.attempt == attempt) return 0; /* duplicate */
+    if (p->added && p->r.iteration == it && p->r.attempt == attempt) { /* a duplicate of a whole round */
+        v->duplicate_reports++;
+        return 0;
+    }
     pend_round(v, rank, it, attempt, check_for);
     if (p->r.nmb != nmb && p->got) pend_reset(p, rank, it, attempt, check_for); /* another count: afresh */
     p->r.nmb = nmb;
     if (lr->has_checksum_follows && lr->checksum_follows) p->want_sum = true;
-    if (p->seen & (1ull << lr->micro_batch)) return 0; /* a duplicate message */
+    if (p->seen & (1ull << lr->micro_batch)) { /* a duplicate message */
+        v->duplicate_reports++;
+        return 0;
+    }
     if (it > v->max_iter) v->max_iter = it;
     if (!v->round_first_ms) v->round_first_ms = now;
     p->seen |= 1ull << lr->micro_batch;
@@ -700,6 +707,7 @@ static int write_report(svv *v, FILE *human, const char *json_path, int exit_sta
     json_object_set_new(o, "repairs", json_integer(v->repairs));
     json_object_set_new(o, "iterations_skipped", json_integer(v->skips));
     json_object_set_new(o, "restarts", json_integer(v->restarts));
+    json_object_set_new(o, "duplicate_reports", json_integer(v->duplicate_reports));
     json_object_set_new(o, "steps_lost", json_integer(v->lost_steps));
     json_t *q = json_array();
     for (int k = 0; k < v->nquar; k++) json_array_append_new(q, json_integer(v->quarantined[k]));

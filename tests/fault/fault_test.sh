@@ -191,7 +191,7 @@ msg_drop|msg_dup|msg_delay)
     # a verdict), sent twice (the supervisor counts it once) or delayed (900 ms): the same
     # numbers. The fault is on rank 3, whose metrics records the supervisor writes, so the
     # records show what it cost that rank: its wait for the verdict of iteration 4 (drop) or
-    # the whole iteration (delay). (A duplicate leaves no trace in the report or the metrics.)
+    # the whole iteration (delay); a duplicate is counted once and the report says it came.
     kind=msg-${case_name#msg_}
     spec="$kind@rank=3,step=4"; [ "$kind" = msg-delay ] && spec+=",ms=900"
     clean
@@ -207,6 +207,10 @@ if sys.argv[2] == "msg-drop":    # no verdict without the report sent again, 1 s
 elif sys.argv[2] == "msg-delay":  # no verdict before the report left, 900 ms after it was sent
     assert rec["elapsed_ms_per_iteration"] >= 900, rec
 PY
+    if [ "$kind" = msg-dup ]; then
+        /usr/bin/python3 -c 'import json,sys; n=json.load(open(sys.argv[1]))["duplicate_reports"]; assert n >= 1, n' \
+            "$work/f.report.json" || fail "no duplicate report counted: $(grep -o '"duplicate_reports": [0-9]*' "$work/f.report.json")"
+    fi
     ;;
 slow)
     # a straggler: rank 2 sleeps 150 ms per micro batch from step 2 on (others take ~5 ms)
