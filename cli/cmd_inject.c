@@ -3,6 +3,7 @@
 #include "cli/cli.h"
 
 #include "common/error.h"
+#include "common/log.h"
 #include "resilience/inject.h"
 #include "cli/inject_client.h"
 
@@ -87,7 +88,7 @@ static int parse_args(int argc, char **argv, int *pid, int *timeout, bool *json,
             bool is_pid = argv[i][2] == 'p';
             int v = i + 1 < argc ? positive_int(argv[i + 1]) : -1;
             if (v < 0) {
-                fprintf(stderr, "cohort inject: %s needs a positive whole number (%s), got '%s'\n", argv[i],
+                co_log(CO_LOG_ERROR, "%s needs a positive whole number (%s), got '%s'", argv[i],
                         is_pid ? "the pid of a running job's supervisor" : "seconds",
                         i + 1 < argc ? argv[i + 1] : "nothing");
                 return CLI_USAGE;
@@ -97,7 +98,7 @@ static int parse_args(int argc, char **argv, int *pid, int *timeout, bool *json,
         } else if (!strcmp(argv[i], "--json")) {
             *json = true;
         } else if (argv[i][0] == '-') {
-            fprintf(stderr, "cohort inject: unknown flag %s (see cohort inject --help)\n", argv[i]);
+            co_log(CO_LOG_ERROR, "unknown flag %s (see cohort inject --help)", argv[i]);
             return CLI_USAGE;
         } else {
             specs[(*nspecs)++] = argv[i];
@@ -108,7 +109,7 @@ static int parse_args(int argc, char **argv, int *pid, int *timeout, bool *json,
         return CLI_USAGE;
     }
     if (*nspecs > FI_MAX_SPECS) {
-        fprintf(stderr, "cohort inject: %d fault specs: at most %d per call (as cohort train --inject)\n", *nspecs,
+        co_log(CO_LOG_ERROR, "%d fault specs: at most %d per call (as cohort train --inject)", *nspecs,
                 FI_MAX_SPECS);
         return CLI_USAGE;
     }
@@ -123,17 +124,17 @@ static const sv_job *find_job(sv_job *jobs, int cap, int pid) {
     for (int i = 0; i < n; i++)
         if (!pid || jobs[i].pid == pid) {
             if (job && !pid) {
-                fprintf(stderr, "cohort inject: several jobs are running (supervisor pids %d, %d, ...): give --pid\n",
+                co_log(CO_LOG_ERROR, "several jobs are running (supervisor pids %d, %d, ...): give --pid",
                         job->pid, jobs[i].pid);
                 return NULL;
             }
             job = &jobs[i];
         }
     if (!job && pid)
-        fprintf(stderr, "cohort inject: no running cohort job with supervisor pid %d (`cohort status` lists them)\n",
+        co_log(CO_LOG_ERROR, "no running cohort job with supervisor pid %d (`cohort status` lists them)",
                 pid);
     else if (!job)
-        fprintf(stderr, "cohort inject: no running cohort job of this user found\n");
+        co_log(CO_LOG_ERROR, "no running cohort job of this user found");
     return job;
 }
 
@@ -150,6 +151,7 @@ static void print_answer(bool json, const char *spec, const sv_job *job, bool ok
 }
 
 int cli_inject(int argc, char **argv) {
+    co_log_set_prefix("cohort inject");
     int pid = 0, timeout = 10, nspecs = 0;
     bool json = false;
     char **specs = calloc((size_t)(argc > 0 ? argc : 1), sizeof *specs);
@@ -162,7 +164,7 @@ int cli_inject(int argc, char **argv) {
     /* the syntax is checked here first (the supervisor checks ranks and steps) */
     fi_schedule s;
     if (fi_schedule_parse(&s, specs, nspecs, 0, 1 << 20, 0)) {
-        fprintf(stderr, "cohort inject: %s\n", co_err_detail());
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
         free(specs);
         return CLI_USAGE;
     }
