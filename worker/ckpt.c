@@ -506,13 +506,16 @@ static int load(wk_ckpt *k) {
     return rc;
 }
 
-/* How long a rank that has read its part waits for the slowest one: the soft timeout that
- * finds a hung rank in training (--inprocess-soft-timeout), so a rank stuck in its load
- * fails the job's load as a hang in a step would; the training collectives' bound without
- * in-process restart. */
+/* How long a rank that has read its part waits for the slowest one: the restart barrier's
+ * bound (--inprocess-barrier-timeout, how long ranks wait for each other to re-enter
+ * training), since a replacement rank starts its process, builds its model and reads its
+ * part while the survivors wait; the training collectives' bound without in-process
+ * restart. (The soft timeout, which finds a hung step, is too short for a replacement's
+ * start: seconds in tests.) */
 static int agree_timeout_ms(const co_config *c) {
-    if (c->inprocess_restart && c->inprocess_soft_timeout > 0 && c->inprocess_soft_timeout * 1000 < TRAIN_COMM_TIMEOUT_MS)
-        return (int)(c->inprocess_soft_timeout * 1000);
+    if (c->inprocess_restart && c->inprocess_barrier_timeout > 0 &&
+        c->inprocess_barrier_timeout * 1000 < TRAIN_COMM_TIMEOUT_MS)
+        return (int)(c->inprocess_barrier_timeout * 1000);
     return TRAIN_COMM_TIMEOUT_MS;
 }
 
