@@ -5,6 +5,7 @@
 
 #include "actors/actor.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "supervisor/msg.h"
 #include "resilience/rerun.h"
 
@@ -690,7 +691,13 @@ void sv_link_close(sv_link **pl) {
             if (pthread_cond_timedwait(&l->cv, &l->mu, &dl)) break;
         pthread_mutex_unlock(&l->mu);
     }
-    ac_actor_stop(&l->a);
+    if (ac_actor_stop(&l->a)) {
+        /* its thread still runs (abandoned: it frees the actor when it ends) and may read
+         * the link: leave the link's memory to it rather than free what a thread uses */
+        co_log(CO_LOG_WARN, "%s; its memory is left to it", co_err_detail());
+        *pl = NULL;
+        return;
+    }
     free_round(l);
     for (int i = 0; i < l->ninject; i++) free(l->inject[i]);
     sv_assignment_free(&l->asg);

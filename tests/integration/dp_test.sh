@@ -79,6 +79,19 @@ killed_in_rendezvous)
     wait $sup; rc=$?
     [ $rc -eq 4 ] || fail "exit $rc, want 4: $(tail -5 "$work/out")"
     ;;
+slow_link_start)
+    # a worker whose link to the supervisor starts after its start and stop timeouts (10 s each): the
+    # worker gives up with status 1 and its still-running link thread keeps the memory it
+    # reads (freeing it corrupted the heap: SIGABRT or SIGSEGV); the job stops with 4
+    COHORT_TEST_REGISTER_DELAY=1:25000 "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 2 >"$work/out" 2>&1
+    rc=$?
+    [ $rc -eq 4 ] || fail "exit $rc, want 4: $(tail -5 "$work/out")"
+    grep -q "actor worker-link did not stop within .* its memory is left to it" "$work/out" ||
+        fail "the link's slow start did not happen: $(tail -5 "$work/out")"
+    grep -q "rank 1 (node 0, pid [0-9]*) exited with status 1" "$work/out" ||
+        fail "rank 1 did not exit cleanly: $(grep 'rank 1' "$work/out")"
+    ! grep -qiE "corrupted|double free|signal (6|11)" "$work/out" || fail "$(grep -iE 'corrupted|double free|signal' "$work/out")"
+    ;;
 two_nodes)
     # two nodes on one machine over tcp: node 0's supervisor, node 1's agent, CURVE with the job secret
     "$cohort" keygen --output "$work/secret" >/dev/null || fail "keygen"
