@@ -143,8 +143,12 @@ test)
     # Most tests wait more than they compute (a job's ranks on a verdict, a restart, a signal):
     # more test processes than cores (and twice the time each may take beside the others);
     # those that assert timing run alone (is_parallel false).
+    # The tests that must run alone (suite 'serial', is_parallel false) come after the others:
+    # interleaved, each would first wait for every running test to end, leaving cores idle.
     log "running the test suites (release build)"
-    MESON_TESTTHREADS=${MESON_TESTTHREADS:-4} run_suite build --timeout-multiplier 2
+    MESON_TESTTHREADS=${MESON_TESTTHREADS:-4} run_suite build --timeout-multiplier 2 --no-suite serial
+    log "running the tests that run alone (suite serial)"
+    run_suite build --timeout-multiplier 2 --suite serial
     # The sanitizer trees hold no CUDA code (no GPU test runs there) and build only what their
     # suites run.
     log "running the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer"

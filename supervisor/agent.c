@@ -52,13 +52,7 @@ static void agent_worker_exited(sv *s, worker *w, int64_t status, int term_signa
     }
     if ((!term_signal && status == 0) || s->first_failure) return;
     char why[256];
-    if (term_signal)
-        snprintf(why, sizeof why, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->rank, s->o.node_rank,
-                 w->pid, term_signal, strsignal(term_signal));
-    else
-        snprintf(why, sizeof why, "rank %d (node %d, pid %u) exited with status %" PRId64, w->rank, s->o.node_rank,
-                 w->pid, status);
-    int st = status == 3 && !term_signal ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED;
+    int st = sv__rank_failure(s, w, status, term_signal, why, sizeof why);
     s->first_failure = st;
     co_log(CO_LOG_WARN, "%s", why);
     Cohort__V1__Abort ab = COHORT__V1__ABORT__INIT;

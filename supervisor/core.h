@@ -129,5 +129,9 @@ extern const sv__role sv__agent_role;
 void sv__kill_remaining(ac_timer *t, void *ctx);
 /* Ends the loop once no worker of this node is left running and the job cannot go on. */
 void sv__maybe_finish(struct sv *s);
+/* A failed rank's process in words into why ("rank 3 (node 1, pid 42) was killed by signal
+ * 9 (Killed)") and the job's exit status for it (SV_EXIT_NAN for a worker's NaN exit). */
+int sv__rank_failure(const struct sv *s, const struct worker *w, int64_t status, int term_signal, char *why,
+                     size_t n);
 
 #endif

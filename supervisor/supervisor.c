@@ -161,17 +161,21 @@ static void finish_spares(sv *s) {
         }
 }
 
+int sv__rank_failure(const sv *s, const worker *w, int64_t status, int term_signal, char *why, size_t n) {
+    if (term_signal)
+        snprintf(why, n, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->rank, s->o.node_rank, w->pid,
+                 term_signal, strsignal(term_signal));
+    else
+        snprintf(why, n, "rank %d (node %d, pid %u) exited with status %" PRId64, w->rank, s->o.node_rank, w->pid,
+                 status);
+    return status == 3 && !term_signal ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED;
+}
+
 /* A rank's process failed (exited non-zero or was killed): an incurable setup failure stops
  * the job, anything else restarts it in process where that is on, else stops it. */
 static void rank_failed(sv *s, worker *w, int64_t status, int term_signal) {
     char why[256];
-    if (term_signal)
-        snprintf(why, sizeof why, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->rank, s->o.node_rank,
-                 w->pid, term_signal, strsignal(term_signal));
-    else
-        snprintf(why, sizeof why, "rank %d (node %d, pid %u) exited with status %" PRId64, w->rank, s->o.node_rank,
-                 w->pid, status);
-    int st = status == 3 && !term_signal ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED;
+    int st = sv__rank_failure(s, w, status, term_signal, why, sizeof why);
     if (s->stopping) return;
     if (!term_signal && status == SV_EXIT_USAGE) {
         /* a worker exits 2 only where its flags or its checkpoint were refused (as CO_EINVAL at
