@@ -762,8 +762,8 @@ static int setup_saver(wk_ckpt *k, int rank, const ck_coord *coord) {
         }
         rc = ck_saver_reserve(k->saver, total);
     }
-    if (!rc) trainer_set_hook(k->t, hook, k);
-    if (!rc && c->async_save) trainer_set_pre_step_hook(k->t, pre_step, k);
+    if (!rc) rc = trainer_set_hook(k->t, hook, k);
+    if (!rc && c->async_save) rc = trainer_set_pre_step_hook(k->t, pre_step, k);
     return rc;
 }
 
