@@ -140,9 +140,10 @@ __device__ __forceinline__ float cu_expf(float x0) {
 }
 
 // Fixed-order block reduction (sum) over blockDim.x threads (a multiple of 32, <= 1024).
-// red: shared scratch of 32 entries. All threads get the result.
-template <typename V>
-__device__ __forceinline__ V cu_block_sum(V v, V *red) {
+// red: shared scratch of 32 entries (a V *; a template parameter so that the CUDA stand-in,
+// tests/cudasim/, can pass its checked shared-memory handle). All threads get the result.
+template <typename V, typename R>
+__device__ __forceinline__ V cu_block_sum(V v, R red) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
     __syncthreads();  // red may still be read by a previous call
@@ -152,7 +153,8 @@ __device__ __forceinline__ V cu_block_sum(V v, V *red) {
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     return s;
 }
-__device__ __forceinline__ float cu_block_max(float v, float *red) {
+template <typename R>
+__device__ __forceinline__ float cu_block_max(float v, R red) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
     __syncthreads();
