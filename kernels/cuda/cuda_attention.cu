@@ -71,10 +71,12 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(float *__restrict__ ou
     }
     const int lo = live && seg ? seg[t] : 0;
     float m = -INFINITY, l = 0.0f;
-    if (threadIdx.x == 0) {
-        int jm = t0;
-        if (seg)
+    if (threadIdx.x == 0) { // first key any row of the block sees: 0 without documents
+        int jm = 0;
+        if (seg) {
+            jm = t0;
             for (int i = 0; i < ATT_ROWS && t0 + i < T; i++) jm = min(jm, seg[t0 + i]);
+        }
         s_jmin = max(jm, 0);
     }
     __syncthreads();
@@ -174,10 +176,12 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_bwd_dq(float *__restrict__
     const int lo = live && seg ? seg[t] : 0;
     const float lrow = live ? lse[((size_t)b * nh + h) * T + t] : 0.0f;
     const float Dt = live ? D[((size_t)b * nh + h) * T + t] : 0.0f;
-    if (threadIdx.x == 0) {
-        int jm = t0;
-        if (seg)
+    if (threadIdx.x == 0) { // first key any row of the block sees: 0 without documents
+        int jm = 0;
+        if (seg) {
+            jm = t0;
             for (int i = 0; i < ATT_ROWS && t0 + i < T; i++) jm = min(jm, seg[t0 + i]);
+        }
         s_jmin = max(jm, 0);
     }
     __syncthreads();
