@@ -3,8 +3,8 @@
 //
 // One cu_state sits behind kb_backend.impl: the GPU index, one non-blocking stream on which
 // every operation is queued in call order, a cuBLASLt handle with its workspace and a cache
-// of chosen algorithms (one per shape, so a shape always runs the same algorithm: results
-// are bitwise repeatable), a cuBLAS handle on the same stream and workspace for the grouped
+// of chosen algorithms (one per shape and operand and bias alignment, so a shape always runs
+// the same algorithm: results are bitwise repeatable), a cuBLAS handle on the same stream and workspace for the grouped
 // products (made on first use, cuda_grouped.cu), and stream-ordered scratch buffers grown on
 // demand.
 // Every reduction has a fixed partition and a fixed combining order; nothing uses atomics,
@@ -36,7 +36,7 @@ enum { CU_SCR_A16 = 0, CU_SCR_B16, CU_SCR_W16, CU_SCR_ATT, CU_SCR_MISC, CU_SCR_R
 
 typedef struct cu_mm {
     // key
-    int m, n, k, ta, tb, bf16, epi_bias, beta1, align;
+    int m, n, k, ta, tb, bf16, epi_bias, beta1, align, bias_align;
     // value
     int ok;  // 1: algo valid; 0: build failed (the caller falls back)
     cublasLtMatmulDesc_t desc;

@@ -66,11 +66,11 @@ mdesc *D(cublasLtMatmulDesc_t d) { return (mdesc *)d->data; }
 mlayout *L(cublasLtMatrixLayout_t l) { return (mlayout *)l->data; }
 mpref *P(cublasLtMatmulPreference_t p) { return (mpref *)p->data; }
 
+// the alignment an algorithm may rely on: at most 16 bytes (the widest vector access)
 uint32_t align_of(const void *p) {
     uintptr_t u = (uintptr_t)p;
-    if (u == 0) return 256;
     uint32_t a = 1;
-    while (a < 256 && !(u & a)) a <<= 1;
+    while (a < 16 && !(u & a)) a <<= 1;
     return a;
 }
 
@@ -256,7 +256,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     uint32_t al = 256;
     for (int i = 0; i < 4; i++) al = P(pref)->align[i] < al ? P(pref)->align[i] : al;
     res[0].algo.data[0] = ALGO_MAGIC;
-    res[0].algo.data[1] = al;
+    res[0].algo.data[1] = al < 16 ? al : 16;
     // the bias pointer set now is the one whose alignment the algorithm may assume
     res[0].algo.data[2] = D(d)->epilogue == CUBLASLT_EPILOGUE_BIAS ? align_of(D(d)->bias) : 0;
     res[0].workspaceSize = 0;
