@@ -56,7 +56,7 @@ static const char *w_state_name(svp_wstate st) {
 
 /* Moves slot w's process to state to; a transition the table does not allow is a bug, said
  * (and made all the same: the supervisor's bookkeeping follows the processes). */
-static void w_set(worker *w, svp_wstate to) {
+void sv__w_set(worker *w, svp_wstate to) {
     if (w->state == to) return;
     if (!(w_allowed[w->state] & 1u << to))
         co_log(CO_LOG_ERROR, "internal: slot %d went from %s to %s", w->index, w_state_name(w->state), w_state_name(to));
@@ -102,10 +102,10 @@ static worker *rank_slot(struct sv *s, int r);
 static void on_proc_closed(uv_handle_t *h);
 static void begin_restart(sv *s, const char *kind, int rank, const char *why, uint64_t detect_ms);
 static void check_restart_done(sv *s);
-static int spawn_one(sv *s, worker *w);
 static void watch_progress(sv *s, uint64_t now);
 static void begin_signal_stop(sv *s, int signum, int rank, const char *what);
 static void stop_incurable(sv *s, int rank, int status, const char *what);
+static int respawn_slot(sv *s, worker *w);
 
 /* Slots whose process registered (the rendezvous is complete when every slot's has). */
 static int registered_count(const sv *s) {
@@ -133,7 +133,7 @@ void sv__kill_remaining(ac_timer *t, void *ctx) {
     s->kill_timer = NULL;
     for (int i = 0; i < s->nw; i++)
         if (w_running(s, &s->w[i])) {
-            co_log(CO_LOG_ERROR, "worker %d (pid %u) did not stop; killing it", i, s->w[i].pid);
+            co_log(CO_LOG_ERROR, "worker %d (pid %u) did not stop; killing it", s->w[i].index, s->w[i].pid);
             uv_process_kill(&s->w[i].proc, SIGKILL);
         }
 }
@@ -146,7 +146,21 @@ static void begin_shutdown(sv *s, int status, const char *reason) {
     s->stopping = true;
     for (int i = 0; i < s->nw; i++)
         if (svp_alive(s->w[i].state)) send_shutdown(s, &s->w[i], status, reason);
+    for (int n = 1; n < s->o.nnodes && !s->agent; n++) { /* every node agent: the job is over */
+        char id[32];
+        snprintf(id, sizeof id, "agent%d", n);
+        Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
+        sd.exit_status = status;
+        sd.reason = (char *)reason;
+        sv__send(s->mb, id, &s->snd, &sd.base);
+    }
     ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, sv__kill_remaining, s, &s->kill_timer);
+}
+
+/* Kills slot w's process: here, or through its node's agent (why: for the agent's log). */
+static void kill_slot(sv *s, worker *w, const char *why) {
+    if (w_local(s, w)) uv_process_kill(&w->proc, SIGKILL);
+    else sv__send_slot_event(s, COHORT__V1__SLOT_EVENT__KIND__SLOT_KILL, w, why);
 }
 
 /* The job's active ranks all finished: the warm spares are told to go. */
@@ -163,11 +177,11 @@ static void finish_spares(sv *s) {
 
 int sv__rank_failure(const sv *s, const worker *w, int64_t status, int term_signal, char *why, size_t n) {
     if (term_signal)
-        snprintf(why, n, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->rank, s->o.node_rank, w->pid,
-                 term_signal, strsignal(term_signal));
+        snprintf(why, n, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->rank, w->index / s->o.nproc,
+                 w->pid, term_signal, strsignal(term_signal));
     else
-        snprintf(why, n, "rank %d (node %d, pid %u) exited with status %" PRId64, w->rank, s->o.node_rank, w->pid,
-                 status);
+        snprintf(why, n, "rank %d (node %d, pid %u) exited with status %" PRId64, w->rank, w->index / s->o.nproc,
+                 w->pid, status);
     return status == 3 && !term_signal ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED;
 }
 
@@ -202,7 +216,7 @@ static void supervisor_worker_exited(sv *s, worker *w, int64_t status, int term_
         /* a warm spare died: start another (no rank lost, no restart) */
         if (!s->stopping && !s->finishing) {
             unregister(s, w);
-            w_set(w, SVP_RESPAWN);
+            sv__w_set(w, SVP_RESPAWN);
         }
         return;
     }
@@ -211,7 +225,7 @@ static void supervisor_worker_exited(sv *s, worker *w, int64_t status, int term_
         w->retiring = false;
         w->replacing = true;
         unregister(s, w);
-        w_set(w, SVP_RESPAWN);
+        if (respawn_slot(s, w)) begin_shutdown(s, SV_EXIT_FAILURE, "could not start a replacement worker");
         return;
     }
     if ((term_signal == SIGINT || term_signal == SIGTERM || term_signal == SIGUSR1) && (s->sig_stop || w->signalled)) {
@@ -232,7 +246,7 @@ static void supervisor_worker_exited(sv *s, worker *w, int64_t status, int term_
 static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
     worker *w = p->data;
     sv *s = w->sv;
-    w_set(w, SVP_EXITING);
+    sv__w_set(w, SVP_EXITING);
     w->exit_status = status;
     w->term_signal = term_signal;
     uv_close((uv_handle_t *)p, on_proc_closed);
@@ -252,7 +266,8 @@ void sv__maybe_finish(sv *s) {
 
 /* Every rank's data endpoint (pe, pp: [world]); false if a rank has no slot. */
 static bool fill_peers(sv *s, Cohort__V1__PeerEndpoint *pe, Cohort__V1__PeerEndpoint **pp) {
-    bool restart = s->snd.generation > 1;
+    /* (several nodes: a slot's tcp endpoint serves every generation, bound anew by each) */
+    bool restart = s->snd.generation > 1 && s->o.nnodes == 1;
     for (int r = 0; r < s->world; r++) {
         worker *wr = rank_slot(s, r);
         if (!wr) return false;
@@ -322,7 +337,7 @@ static void send_assignment(sv *s, int r, Cohort__V1__Assign *as, int64_t start_
         if (source < 0) as->checkpoint_dir = (char *)s->o.save_dir; /* load it */
     }
     int rc;
-    if (wr->state == SVP_TRAINING) w_set(wr, SVP_REGISTERED); /* (until its first loss of this generation) */
+    if (wr->state == SVP_TRAINING) sv__w_set(wr, SVP_REGISTERED); /* (until its first loss of this generation) */
     if (!restart || wr->replacing) {
         rc = sv__send(s->mb, wr->identity, &s->snd, &as->base);
         wr->replacing = false;
@@ -423,11 +438,11 @@ static void on_fatal(sv *s, worker *w, const Cohort__V1__Abort *ab, uint64_t gen
 
 static void on_proc_closed(uv_handle_t *h) {
     worker *w = h->data;
-    if (w->state == SVP_EXITING) w_set(w, SVP_EXITED);
+    if (w->state == SVP_EXITING) sv__w_set(w, SVP_EXITED);
     if (w->state == SVP_RESPAWN) {
-        int rc = spawn_one(w->sv, w);
+        int rc = sv__spawn_one(w->sv, w);
         if (rc) {
-            w_set(w, SVP_EXITED);
+            sv__w_set(w, SVP_EXITED);
             co_log(CO_LOG_WARN, "%s", co_err_detail());
             begin_shutdown(w->sv, SV_EXIT_FAILURE, "could not start a replacement worker");
         }
@@ -458,8 +473,24 @@ static bool restart_limit_reached(sv *s, uint64_t now, const char *why) {
 /* Starts a new process in slot w, whose process exited, unless one is on its way: at once,
  * or once its old process handle is closed. */
 static int respawn_slot(sv *s, worker *w) {
-    if (w->state == SVP_EXITING) w_set(w, SVP_RESPAWN);
-    return w->state == SVP_EXITED ? spawn_one(s, w) : 0;
+    if (!w_local(s, w)) {
+        /* another node's: its agent starts the new process, which registers here */
+        if (w->state == SVP_EXITING) sv__w_set(w, SVP_RESPAWN);
+        char why[96];
+        snprintf(why, sizeof why, "rank %d is replaced (generation %" PRIu64 ")", w->rank, s->snd.generation);
+        int rc = sv__send_slot_event(s, COHORT__V1__SLOT_EVENT__KIND__SLOT_RESPAWN, w, why);
+        if (rc) return co_err_set(rc, "supervisor: ordering node %d's agent to replace rank %d failed",
+                                  w->index / s->o.nproc, w->rank);
+        sv__w_set(w, SVP_STARTED);
+        w->pid = 0;
+        w->stopped_pid = 0;
+        w->exit_status = 0; /* (the dead process's: not the job's end) */
+        w->term_signal = 0;
+        w->last_seen_ms = sv__now_ms();
+        return 0;
+    }
+    if (w->state == SVP_EXITING) sv__w_set(w, SVP_RESPAWN);
+    return w->state == SVP_EXITED ? sv__spawn_one(s, w) : 0;
 }
 
 /* Dead slot w's rank goes to the warm spare sp (NULL: to a new process in w). */
@@ -521,7 +552,7 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
         worker *w = &s->w[i];
         char name[48];
         snprintf(name, sizeof name, "data-%d-g%" PRIu64, w->index, gen);
-        if (ac_ipc_endpoint(s->ipc_dir, name, w->spawn_endpoint, sizeof w->spawn_endpoint)) {
+        if (s->o.nnodes == 1 && ac_ipc_endpoint(s->ipc_dir, name, w->spawn_endpoint, sizeof w->spawn_endpoint)) {
             begin_shutdown(s, SV_EXIT_FAILURE, "no endpoint for the new generation");
             break;
         }
@@ -837,7 +868,7 @@ static void on_registration(sv *s, worker *w, const Cohort__V1__Register *r) {
         }
     }
     free(flags);
-    w_set(w, SVP_REGISTERED);
+    sv__w_set(w, SVP_REGISTERED);
     w->pid = r->pid;
     snprintf(w->host, sizeof w->host, "%s", r->hostname ? r->hostname : "");
     w->data_endpoint = strdup(r->data_endpoint);
@@ -879,7 +910,7 @@ static void on_worker_abort(sv *s, worker *w, const Cohort__V1__Abort *ab, uint6
 static void on_ready(sv *s, worker *w, const Cohort__V1__Ready *rd, uint64_t generation) {
     if (!s->restarting || generation != s->snd.generation || w->replacing) return;
     if (w->retiring) {
-        uv_process_kill(&w->proc, SIGKILL); /* quarantined: its exit starts the replacement */
+        kill_slot(s, w, "quarantined"); /* its exit starts the replacement */
         return;
     }
     w->ready_gen = generation;
@@ -911,7 +942,7 @@ static void on_report(sv *s, worker *w, const Cohort__V1__Envelope *e) {
     bool sum = e->body_case == COHORT__V1__ENVELOPE__BODY_PARAMS_CHECKSUM;
     int64_t it = (int64_t)(sum ? e->params_checksum->iteration : e->loss_report->iteration);
     if (retire_quarantined(s, it)) return;
-    if (w->state == SVP_REGISTERED) w_set(w, SVP_TRAINING);
+    if (w->state == SVP_REGISTERED) sv__w_set(w, SVP_TRAINING);
     int st = w->rank < 0 ? 0
              : sum      ? svv_on_checksum(s->val, w->rank, e->params_checksum, why, sizeof why, &quarantine)
                         : svv_on_report(s->val, w->rank, e->loss_report, why, sizeof why, &quarantine);
@@ -1000,9 +1031,35 @@ static void on_worker_message(sv *s, worker *w, const Cohort__V1__Envelope *e) {
     }
 }
 
-/* A message from another node's agent: a signal it received (the job stops cleanly), or a
- * dead worker on its node (the job stops). */
-static void on_agent_message(sv *s, const Cohort__V1__Envelope *e) {
+/* Node agent n's report on one of its node's slots: a worker's process exited (the same as
+ * a local worker's exit), or is stopped or runs again (the laggard check at the restart
+ * barrier reads it as it reads a local process's state). */
+static void on_slot_event(sv *s, int n, const Cohort__V1__SlotEvent *ev) {
+    if ((int)ev->slot >= s->nw || (int)ev->slot / s->o.nproc != n || n == s->o.node_rank) return;
+    worker *w = &s->w[ev->slot];
+    if (ev->has_pid && ev->pid && w->pid && ev->pid != w->pid) return; /* about an older process */
+    if (ev->kind == COHORT__V1__SLOT_EVENT__KIND__SLOT_STOPPED || ev->kind == COHORT__V1__SLOT_EVENT__KIND__SLOT_CONTINUED) {
+        w->stopped_pid = ev->kind == COHORT__V1__SLOT_EVENT__KIND__SLOT_STOPPED ? ev->pid : 0;
+        if (w->stopped_pid && s->restarting) watch_progress(s, sv__now_ms()); /* replaced now, not a tick later */
+        return;
+    }
+    if (ev->kind != COHORT__V1__SLOT_EVENT__KIND__SLOT_EXITED || w_exited(w) || w->state == SVP_EMPTY) return;
+    if (!w->pid && ev->has_pid) w->pid = ev->pid; /* (a replacement that died before it registered) */
+    sv__w_set(w, SVP_EXITING);
+    w->exit_status = ev->has_exit_status ? ev->exit_status : 1;
+    w->term_signal = ev->has_term_signal ? ev->term_signal : 0;
+    w->stopped_pid = 0;
+    s->role->worker_exited(s, w, w->exit_status, w->term_signal);
+    sv__maybe_finish(s);
+}
+
+/* A message from another node's agent (its identity "agentN"): a signal it received (the job
+ * stops cleanly), or a report on one of its slots. Every message says the agent lives. */
+static void on_agent_message(sv *s, const char *peer, const Cohort__V1__Envelope *e) {
+    char *end = NULL;
+    long n = strtol(peer + 5, &end, 10);
+    if (!end || *end || n < 1 || n >= s->o.nnodes) return;
+    if (s->agent_heard_ms) s->agent_heard_ms[n] = sv__now_ms();
     if (e->body_case == COHORT__V1__ENVELOPE__BODY_SIGNAL_RECEIVED) {
         int sig = e->signal_received->signal;
         if (sig != SIGINT && sig != SIGTERM && sig != SIGUSR1) return;
@@ -1010,11 +1067,8 @@ static void on_agent_message(sv *s, const Cohort__V1__Envelope *e) {
         const char *t = e->signal_received->what ? e->signal_received->what : strsignal(sig);
         snprintf(what, sizeof what, "%.*s", (int)strcspn(t, "\n"), t);
         begin_signal_stop(s, sig, -1, what);
-    } else if (e->body_case == COHORT__V1__ENVELOPE__BODY_ABORT && !s->stopping) {
-        const Cohort__V1__Abort *ab = e->abort;
-        co_log(CO_LOG_ERROR, "%s; stopping the job", ab->reason);
-        begin_shutdown(s, ab->has_error_code && ab->error_code == SV_EXIT_NAN ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED,
-                       ab->reason);
+    } else if (e->body_case == COHORT__V1__ENVELOPE__BODY_SLOT_EVENT) {
+        on_slot_event(s, (int)n, e->slot_event);
     }
 }
 
@@ -1050,7 +1104,7 @@ static void supervisor_on_message(sv *s, ac_mailbox *mb, const ac_msg *m, const 
             on_worker_message(s, &s->w[i], msg->env);
             return;
         }
-    if (m->peer && !strncmp(m->peer, "agent", 5)) on_agent_message(s, msg->env);
+    if (m->peer && !strncmp(m->peer, "agent", 5)) on_agent_message(s, m->peer, msg->env);
 }
 
 static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
@@ -1066,9 +1120,33 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
     s->role->tick(s, sv__now_ms());
 }
 
+/* Several nodes: a heartbeat to every node agent (an agent that hears nothing for the heartbeat
+ * timeout stops its node); an agent silent for the heartbeat timeout is a node lost, its ranks
+ * with it: the job stops (SV_EXIT_NODE_LOST) and is restarted from the last checkpoint. */
+static void watch_agents(sv *s, uint64_t now) {
+    for (int n = 1; n < s->o.nnodes; n++) {
+        char id[32];
+        snprintf(id, sizeof id, "agent%d", n);
+        Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
+        sv__send(s->mb, id, &s->snd, &hb.base);
+        uint64_t heard = s->agent_heard_ms ? s->agent_heard_ms[n] : 0;
+        if (s->stopping || !s->assigned || !heard || now <= heard || now - heard <= (uint64_t)s->o.heartbeat_timeout_ms)
+            continue;
+        char why[300];
+        snprintf(why, sizeof why, "node %d's agent sent nothing for %.1f s (--inprocess-heartbeat-timeout %.1f s): the "
+                 "node is lost with its ranks %d to %d", n, (double)(now - heard) / 1000,
+                 (double)s->o.heartbeat_timeout_ms / 1000, n * s->o.nproc, (n + 1) * s->o.nproc - 1);
+        co_log(CO_LOG_ERROR, "%s; stopping the job (exit %d: restart it from the last checkpoint)", why,
+               SV_EXIT_NODE_LOST);
+        if (s->val) svv_note_fault(s->val, "node_lost", n * s->o.nproc, why);
+        begin_shutdown(s, SV_EXIT_NODE_LOST, why);
+    }
+}
+
 /* The supervisor's tick: hangs, the metrics snapshot, a heartbeat to every worker and the
- * workers' silence. */
+ * workers' silence, the node agents'. */
 static void supervisor_tick(sv *s, uint64_t now) {
+    watch_agents(s, now);
     watch_progress(s, now);
     publish_metrics(s); /* heartbeats, restarts and ranks' ages change without a record */
     for (int i = 0; i < s->nw; i++) {
@@ -1081,7 +1159,7 @@ static void supervisor_tick(sv *s, uint64_t now) {
             co_log(CO_LOG_ERROR, "rank %d (pid %u) sent no heartbeat for %d s; killing it to replace it",
                    i, w->pid, s->o.heartbeat_timeout_ms / 1000);
             w->last_seen_ms = now; /* once */
-            uv_process_kill(&w->proc, SIGKILL);
+            kill_slot(s, w, "it sent no heartbeat");
             continue;
         }
         if (!s->stopping && now - w->last_seen_ms > (uint64_t)s->o.heartbeat_timeout_ms) {
@@ -1105,7 +1183,7 @@ static uint64_t ms_since(uint64_t now, uint64_t t) { return now > t ? now - t : 
 
 /* Is the local process pid stopped (SIGSTOP, a debugger)? Its state in /proc/PID/stat:
  * "PID (COMM) S ...", COMM may hold spaces and parentheses, so the state follows the last ')'. */
-static bool process_stopped(pid_t pid) {
+bool sv__process_stopped(pid_t pid) {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "r");
@@ -1172,8 +1250,10 @@ static void watch_progress(sv *s, uint64_t now) {
             char why[160];
             why[0] = '\0';
             /* (test hook COHORT_TEST_NO_PROC_STATE: as for a remote node's rank, unread) */
-            if (w_local(s, w) && w->pid && !s->no_proc_state && process_stopped((pid_t)w->pid))
+            if (w_local(s, w) && w->pid && !s->no_proc_state && sv__process_stopped((pid_t)w->pid))
                 snprintf(why, sizeof why, "is stopped (process state T)");
+            else if (!w_local(s, w) && w->pid && w->stopped_pid == w->pid) /* as its node's agent reported */
+                snprintf(why, sizeof why, "is stopped (process state T, node %d's agent says)", w->index / s->o.nproc);
             else if (others_in && w->state == SVP_TRAINING && ms_since(now, w->abort_ms) > grace) /* (one in setup may be slow) */
                 snprintf(why, sizeof why, "did not reach the restart barrier %.1f s after the other %d rank(s)",
                          (double)ms_since(now, s->last_ready_ms) / 1000, ready);
@@ -1182,7 +1262,7 @@ static void watch_progress(sv *s, uint64_t now) {
             if (!why[0]) continue;
             co_log(CO_LOG_ERROR, "rank %d %s; killing it to replace it", w->rank, why);
             w->abort_ms = 0;
-            uv_process_kill(&w->proc, SIGKILL);
+            kill_slot(s, w, why);
         }
         if (now - s->restart_t0 > (uint64_t)s->o.barrier_timeout_ms)
             begin_shutdown(s, SV_EXIT_WORKER_FAILED, "the restart barrier timed out (--inprocess-barrier-timeout)");
@@ -1285,7 +1365,7 @@ static void on_signal(uv_signal_t *h, int signum) {
 }
 
 /* Starts the worker process of slot w (at the start, or to replace a dead rank). */
-static int spawn_one(sv *s, worker *w) {
+int sv__spawn_one(sv *s, worker *w) {
     uv_loop_t *loop = ac_actor_loop(s->a);
     int nenv = 0;
     while (environ[nenv]) nenv++;
@@ -1335,8 +1415,10 @@ static int spawn_one(sv *s, worker *w) {
     free(args);
     free(env);
     if (rc) return co_err_set(CO_EIO, "supervisor: starting worker %d (%s) failed: %s", w->index, s->o.exe, uv_strerror(rc));
-    w_set(w, SVP_STARTED);
+    sv__w_set(w, SVP_STARTED);
     w->pid = (uint32_t)w->proc.pid;
+    w->exit_status = 0; /* (a replaced process's is not the job's end) */
+    w->term_signal = 0;
     w->last_seen_ms = sv__now_ms();
     return 0;
 }
@@ -1345,7 +1427,7 @@ static int spawn_workers(sv *s) {
     for (int i = 0; i < s->nw; i++) {
         worker *w = &s->w[i];
         if (w->index / s->o.nproc != s->o.node_rank) continue; /* another node's */
-        int rc = spawn_one(s, w);
+        int rc = sv__spawn_one(s, w);
         if (rc) return rc;
     }
     return 0;
@@ -1464,6 +1546,7 @@ static void release(sv *s) {
     free(s->w);
     free(s->coord);
     free(s->source);
+    free(s->agent_heard_ms);
 }
 
 /* Several nodes: the job secret, and the job id every node derives from it. */
@@ -1505,7 +1588,8 @@ static int init_layout(sv *s) {
 static int init_coords(sv *s) {
     s->coord = calloc((size_t)s->world, sizeof *s->coord);
     s->source = calloc((size_t)s->world, sizeof *s->source);
-    bool ok = s->coord && s->source;
+    s->agent_heard_ms = calloc((size_t)s->o.nnodes, sizeof *s->agent_heard_ms);
+    bool ok = s->coord && s->source && s->agent_heard_ms;
     for (int r = 0; r < s->world && ok; r++) ok = topo_coords(&s->layout, r, &s->coord[r]) == 0;
     return ok ? 0 : SV_EXIT_FAILURE;
 }
@@ -1622,8 +1706,8 @@ static void init_options(sv *s, const sv_options *opt) {
     s->role = s->agent ? &sv__agent_role : &supervisor_role;
     if (s->agent) co_log_set_prefix("cohort node agent %d", s->o.node_rank);
     else co_log_set_prefix("cohort supervisor");
-    /* several nodes: a failure still stops the job (restart needs a node agent's part) */
-    s->restart_enabled = s->o.restart && s->o.nnodes == 1;
+    /* (several nodes: every node's agent replaces its workers on the supervisor's order) */
+    s->restart_enabled = s->o.restart;
     if (!s->o.restart_window_ms) s->o.restart_window_ms = 600000;
     s->no_proc_state = getenv("COHORT_TEST_NO_PROC_STATE") != NULL;
     if (!s->o.soft_timeout_ms) s->o.soft_timeout_ms = 60000;

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# multinode_test.sh - a job of several nodes on this host (each node its own `cohort train
+# --node-rank N` on 127.0.0.1: node 0 the supervisor, the others node agents, CURVE with a job
+# secret) through faults, one case per meson test.
+#   multinode_test.sh COHORT CASE
+# Cases:
+#   worker_killed  three nodes x 2 workers, tp 2 x dp 3: a worker on node 2 killed at a step is
+#                  replaced in process by node 2's agent with its data-parallel peer's state
+#                  (another node's), the survivors on every node keep theirs: 0 steps lost,
+#                  the final checkpoint (parameters and both moments) bitwise the fault-free
+#                  run's
+#   stopped        a worker on node 1 SIGSTOPped: its agent reports it stopped, the hang aborts
+#                  the generation and the stopped rank is killed and replaced at the barrier at
+#                  once (not at the hard timeout); the job ends bitwise as the fault-free run
+#   node0_killed   node 0 (the supervisor and its workers) killed: the agents of nodes 1 and 2
+#                  stop their workers within the heartbeat timeout, say so, exit 8; the last
+#                  checkpoint verifies
+#   node_stopped   node 1's agent and workers SIGSTOPped: the supervisor finds the node lost
+#                  after the heartbeat timeout, stops the job with exit 7 and the last
+#                  checkpoint verifies
+cohort=$1; case_name=$2
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir multinode
+
+"$cohort" keygen --output "$work/secret" >/dev/null || fail "keygen"
+# (ranks of a tp 2 x dp 3 job, 2 per node: node 2 holds ranks 4 and 5)
+tiny_model --global-batch-size 12
+hb=(--inprocess-heartbeat-interval 0.5 --inprocess-heartbeat-timeout 3)
+
+# start_nodes NAME NNODES ARGS...: nodes NNODES-1..1 (agents) then node 0 in the background,
+# each node's output in $work/NAME.nK, the metrics (node 0) in $work/NAME.jsonl; pids in
+# node_pid[K]
+start_nodes() {
+    local name=$1 nn=$2 k; shift 2
+    local port=$((20000 + RANDOM % 30000))
+    local net=(--nnodes "$nn" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port
+               --job-secret "$work/secret")
+    node_pid=()
+    for ((k = nn - 1; k >= 1; k--)); do
+        timeout -s KILL 120 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank $k --node-addr 127.0.0.1 "$@" \
+            >"$work/$name.n$k" 2>&1 &
+        node_pid[k]=$!
+    done
+    timeout -s KILL 120 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --metrics-file "$work/$name.jsonl" \
+        "$@" >"$work/$name.n0" 2>&1 &
+    node_pid[0]=$!
+}
+
+# wait_nodes NAME NNODES: every node exits 0
+wait_nodes() {
+    local k rc
+    for ((k = 0; k < $2; k++)); do
+        wait "${node_pid[k]}"; rc=$?
+        [ $rc -eq 0 ] || fail "$1: node $k exit $rc: $(tail -5 "$work/$1.n$k")"
+    done
+}
+
+# the pid of worker LOCAL (0, 1) of the node whose process is PID
+worker_of() { children "$1" | sed -n "$(($2 + 1))p"; }
+
+case $case_name in
+worker_killed)
+    job=(--tensor-model-parallel-size 2 --train-iters 8 "${hb[@]}")
+    start_nodes clean 3 "${job[@]}" --save "$work/cs"
+    wait_nodes clean 3
+    start_nodes f 3 "${job[@]}" --save "$work/fs" --inject "kill@rank=5,step=4"
+    wait_nodes f 3
+    grep -q "rank 5 (node 2, pid [0-9]*) was killed by signal 9" "$work/f.n0" ||
+        fail "no kill on node 2: $(grep supervisor "$work/f.n0")"
+    grep -q "in-process restart into generation 2" "$work/f.n0" || fail "no restart: $(grep supervisor "$work/f.n0")"
+    grep -q "starting a replacement in slot 5" "$work/f.n2" || fail "node 2's agent replaced nothing: $(cat "$work/f.n2")"
+    grep -q "with the state of ranks 0, 1 (one per model shard)" "$work/f.n0" ||
+        fail "not resumed from the survivors' memory: $(grep 'resume after' "$work/f.n0")"
+    grep -q "state of iteration [0-9]* taken from rank [13]'s memory" "$work/f.n0" ||
+        fail "rank 5 did not take a peer's state: $(grep "replaced in process" "$work/f.n0")"
+    grep -q "1 restart(s), 0 step(s) lost" "$work/f.n0" && ! grep -q "loads the checkpoint" "$work/f.n0" ||
+        fail "steps lost: $(grep 'lost\|checkpoint' "$work/f.n0")"
+    ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
+    ;;
+stopped)
+    # (a hard timeout of 20 s: the kill must come long before it; the heartbeat timeout is
+    # left at its 30 s so that the hang, not the silence, finds the stopped rank)
+    job=(--tensor-model-parallel-size 2 --train-iters 8 --inprocess-soft-timeout 2 --inprocess-hard-timeout 20
+         --inprocess-barrier-timeout 60)
+    start_nodes clean 3 "${job[@]}" --save "$work/cs"
+    wait_nodes clean 3
+    start_nodes f 3 "${job[@]}" --save "$work/fs" --inject "stop@rank=2,step=5"
+    wait_nodes f 3
+    grep -q "worker 2 (pid [0-9]*) is stopped (process state T)" "$work/f.n1" ||
+        fail "node 1's agent did not see its worker stopped: $(grep agent "$work/f.n1")"
+    grep -q "rank 2 is stopped (process state T, node 1's agent says); killing it" "$work/f.n0" ||
+        fail "not killed at the barrier: $(grep supervisor "$work/f.n0")"
+    grep -q "starting a replacement in slot 2" "$work/f.n1" || fail "node 1's agent replaced nothing: $(cat "$work/f.n1")"
+    grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
+    ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
+    ;;
+node0_killed)
+    # the supervisor dies at step 7 (--inject kill-supervisor: SIGKILL; its node's workers stop
+    # on their own), after the checkpoint of iteration 4
+    start_nodes f 3 --train-iters 200 --save "$work/fs" --save-interval 4 "${hb[@]}" --inject "kill-supervisor@step=7"
+    wait "${node_pid[0]}"; rc=$?
+    t0=$SECONDS
+    [ $rc -eq 137 ] || fail "node 0 exited $rc, not killed: $(tail -3 "$work/f.n0")"
+    for k in 1 2; do
+        wait "${node_pid[k]}"; rc=$?
+        [ $rc -eq 8 ] || fail "node $k exit $rc, want 8 (the supervisor's node lost): $(tail -3 "$work/f.n$k")"
+        grep -q "no word from the supervisor at .* for [0-9.]* s (--inprocess-heartbeat-timeout 3.0 s): node 0 is lost; stopping this node's workers" "$work/f.n$k" ||
+            fail "node $k did not say why: $(tail -3 "$work/f.n$k")"
+    done
+    # within the heartbeat timeout (3 s) and a tick's slack
+    [ $((SECONDS - t0)) -le 5 ] || fail "the nodes stopped $((SECONDS - t0)) s after node 0 died"
+    [ "$(cat "$work/fs/latest_checkpointed_iteration.txt")" = 4 ] || fail "tracker: $(cat "$work/fs/latest_checkpointed_iteration.txt")"
+    "$cohort" ckpt verify "$work/fs" >/dev/null || fail "the last checkpoint does not verify"
+    ;;
+node_stopped)
+    # node 1's agent and workers SIGSTOPped after the checkpoint of iteration 4: nothing of the
+    # node answers; the supervisor finds it lost after the heartbeat timeout
+    start_nodes f 3 --train-iters 400 --save "$work/fs" --save-interval 4 "${hb[@]}"
+    wait_until 60 grep -q "successfully saved checkpoint from iteration *4 " "$work/f.n0" ||
+        fail "no checkpoint: $(tail -3 "$work/f.n0")"
+    agent=$(children "${node_pid[1]}")
+    [ -n "$agent" ] || fail "node 1's agent not found"
+    stopped="$agent $(children "$agent")"
+    kill -STOP $stopped
+    t0=$SECONDS
+    wait "${node_pid[0]}"; rc=$?
+    kill -KILL $stopped; kill -CONT $stopped
+    [ $rc -eq 7 ] || fail "node 0 exit $rc, want 7 (a node lost): $(tail -5 "$work/f.n0")"
+    grep -q "node 1's agent sent nothing for [0-9.]* s (--inprocess-heartbeat-timeout 3.0 s): the node is lost with its ranks 2 to 3" "$work/f.n0" ||
+        fail "not found lost: $(grep supervisor "$work/f.n0")"
+    # the hang (2 s) aborts the generation first, the silence (3 s) ends it
+    [ $((SECONDS - t0)) -le 8 ] || fail "the job stopped $((SECONDS - t0)) s after node 1 stopped"
+    wait "${node_pid[2]}"; rc=$?
+    [ $rc -eq 7 ] || fail "node 2 exit $rc, want 7: $(tail -3 "$work/f.n2")"
+    "$cohort" ckpt verify "$work/fs" >/dev/null || fail "the last checkpoint does not verify"
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
+echo "ok: $case_name"
