@@ -18,6 +18,10 @@
 #   node_stopped   node 1's agent and workers SIGSTOPped: the supervisor finds the node lost
 #                  after the heartbeat timeout, stops the job with exit 7 and the last
 #                  checkpoint verifies
+#   requeue_policy deploy/slurm/cohort.sbatch (srun and scontrol stubbed) requeues after 75
+#                  always and after 4-8 and 137 at most COHORT_MAX_REQUEUES times, never after
+#                  0, 1, 2, 3, 130; deploy/k8s/cohort.yaml fails the Job on 1, 2, 3, 130, 143
+#                  and on nothing a requeue cures
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 on_cpu "$cohort"
@@ -134,6 +138,54 @@ node_stopped)
     wait "${node_pid[2]}"; rc=$?
     [ $rc -eq 7 ] || fail "node 2 exit $rc, want 7: $(tail -3 "$work/f.n2")"
     "$cohort" ckpt verify "$work/fs" >/dev/null || fail "the last checkpoint does not verify"
+    ;;
+requeue_policy)
+    stub=$work/bin; mkdir -p "$stub"
+    printf '#!/bin/sh\nexit "$FAKE_RC"\n' >"$stub/srun"
+    printf '#!/bin/sh\necho "$*" >>"$FAKE_LOG"\n' >"$stub/scontrol"
+    printf '#!/bin/sh\nexit 0\n' >"$stub/sleep" # (the script waits for Slurm to end it)
+    chmod +x "$stub"/*
+    # sbatch_rc RC: the script's requeues ("requeue 42" lines) in $work/requeued, its exit in $?
+    sbatch_rc() {
+        : >"$work/requeued"
+        PATH=$stub:$PATH FAKE_RC=$1 FAKE_LOG=$work/requeued COHORT_CKPT_DIR=$work/ck COHORT_JOB_SECRET=$work/secret \
+            COHORT_MAX_REQUEUES=2 SLURM_JOB_ID=42 bash "$src/deploy/slurm/cohort.sbatch" >"$work/sb.out" 2>&1
+    }
+    for rc in 0 1 2 3 130; do
+        sbatch_rc $rc; [ $? -eq $rc ] || fail "exit $rc became $?"
+        [ ! -s "$work/requeued" ] || fail "requeued after exit $rc: $(cat "$work/sb.out")"
+    done
+    for rc in 75 75 75; do
+        sbatch_rc $rc
+        grep -qx "requeue 42" "$work/requeued" || fail "not requeued after a preemption: $(cat "$work/sb.out")"
+    done
+    for rc in 7 8; do
+        sbatch_rc $rc
+        grep -qx "requeue 42" "$work/requeued" || fail "not requeued after exit $rc: $(cat "$work/sb.out")"
+    done
+    [ "$(cat "$work/ck.requeues")" = 2 ] || fail "failure requeues counted: $(cat "$work/ck.requeues")"
+    for rc in 4 5 6 7 8 137; do # the bound (2) is reached: none more
+        sbatch_rc $rc; [ $? -eq $rc ] || fail "exit $rc became $?"
+        [ ! -s "$work/requeued" ] || fail "requeued after exit $rc beyond the bound: $(cat "$work/sb.out")"
+        grep -q "requeued after failures 2 times already (COHORT_MAX_REQUEUES=2): not again" "$work/sb.out" ||
+            fail "the bound not said: $(cat "$work/sb.out")"
+    done
+    rm "$work/ck.requeues"
+    for rc in 4 5 6 137; do
+        rm -f "$work/ck.requeues"; sbatch_rc $rc
+        grep -qx "requeue 42" "$work/requeued" || fail "not requeued after exit $rc: $(cat "$work/sb.out")"
+    done
+    /usr/bin/python3 - "$src/deploy/k8s/cohort.yaml" <<'PY' || fail "k8s podFailurePolicy"
+import sys, yaml
+job = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d.get("kind") == "Job"][0]
+fail = set()
+for r in job["spec"]["podFailurePolicy"]["rules"]:
+    if r.get("action") == "FailJob":
+        fail |= set(r["onExitCodes"]["values"])
+assert {1, 2, 3, 130, 143} <= fail, fail
+assert not fail & {4, 5, 6, 7, 8, 75, 137}, fail
+assert job["spec"]["backoffLimit"] > 0
+PY
     ;;
 *) fail "unknown case $case_name" ;;
 esac
