@@ -328,6 +328,9 @@ static const flag flags[] = {
       "seconds between heartbeats, both ways"),
     D("resilience", "inprocess-heartbeat-timeout", inprocess_heartbeat_timeout, "30",
       "seconds of silence after which a rank is lost (killed and replaced, or the job stops)"),
+    D("resilience", "node-replacement-timeout", node_replacement_timeout, "0",
+      "[cohort] several nodes: seconds the survivors wait at the restart barrier for a new node agent of a lost "
+      "node's rank (same --node-rank, same job secret) to join; 0: a lost node stops the job (status 7)"),
     I("resilience", "inprocess-restart-limit", inprocess_restart_limit, "5",
       "[cohort] at most this many restarts within --inprocess-restart-window; then the job stops (status 4)"),
     D("resilience", "inprocess-restart-window", inprocess_restart_window, "600",

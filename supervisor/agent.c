@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 /* How often the agent reads its workers' process state (a stopped one is reported at once). */
@@ -32,9 +33,7 @@ int sv__send_slot_event(sv *s, int kind, const worker *w, const char *reason) {
     }
     ev.reason = (char *)reason;
     if (s->agent) return sv__send(s->mb, NULL, &s->snd, &ev.base);
-    char id[32];
-    snprintf(id, sizeof id, "agent%d", w->index / s->o.nproc);
-    return sv__send(s->mb, id, &s->snd, &ev.base);
+    return sv__agent_send(s, w->index / s->o.nproc, &ev.base);
 }
 
 /* This node's slot of a SlotEvent (NULL: not this node's). */
@@ -86,6 +85,9 @@ static void agent_shutdown(sv *s, const Cohort__V1__Shutdown *sd) {
     for (int i = 0; i < s->nw; i++) s->w[i].replacing = false;
     agent_sync_restarting(s);
     if (sd->exit_status != 0 && s->status < 0) s->status = sd->exit_status;
+    if (sd->exit_status != 0)
+        co_log(CO_LOG_ERROR, "the supervisor stops this node: %s (exit %d)", sd->reason ? sd->reason : "the job failed",
+               sd->exit_status);
     ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, sv__kill_remaining, s, &s->kill_timer);
     sv__maybe_finish(s);
 }
@@ -96,8 +98,12 @@ static void agent_poll(ac_timer *t, void *ctx);
  * AGENT_PROC_POLL_MS. */
 
 static int agent_open_mailbox(sv *s, ac_mailbox_opts *mo) {
-    char id[32];
-    snprintf(id, sizeof id, "agent%d", s->o.node_rank);
+    /* "agentN.X": X tells this agent from a lost one of the same node, which the supervisor
+     * refuses once another took its place */
+    char id[64];
+    uint32_t nonce = 0;
+    if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) nonce = (uint32_t)sv__now_ms();
+    snprintf(id, sizeof id, "agent%d.%d.%08x", s->o.node_rank, (int)getpid(), nonce);
     snprintf(s->endpoint, sizeof s->endpoint, "tcp://%s:%d", s->o.master_addr, s->o.master_port);
     int rc = ac_mailbox_connect(s->a, s->endpoint, id, mo, &s->mb);
     if (!rc && !s->no_proc_state) rc = ac_timer_start(s->a, AGENT_PROC_POLL_MS, AGENT_PROC_POLL_MS, agent_poll, s,

@@ -110,6 +110,10 @@ typedef struct sv {
     bool sup_lost;              /* agent: the supervisor's node was lost (exit SV_EXIT_SUPERVISOR_LOST) */
     ac_timer *poll_timer;       /* agent: reads its workers' process state */
     uint64_t *agent_heard_ms;   /* supervisor: [nnodes] when each node's agent was last heard from */
+    char (*agent_id)[64];       /* supervisor: [nnodes] each node's agent's identity ("agentN.X"; "": none) */
+    char (*agent_gone)[64];     /* supervisor: [nnodes] a lost agent's identity: refused if it comes back */
+    uint64_t *node_lost_ms;     /* supervisor: [nnodes] when a node was lost and awaits a new agent (0: not) */
+    uint64_t barrier_t0;        /* when the restart barrier's timeout began (a lost node's new agent restarts it) */
 } sv;
 
 /* What the process does as the supervisor (supervisor.c) or as a node agent (agent.c). */
@@ -144,6 +148,8 @@ int sv__spawn_one(struct sv *s, struct worker *w);
 void sv__w_set(struct worker *w, svp_wstate to);
 /* Is the local process pid stopped (SIGSTOP, a debugger)? */
 bool sv__process_stopped(pid_t pid);
+/* Sends body to node n's agent (the supervisor's; nothing while the node has none). */
+int sv__agent_send(struct sv *s, int n, const ProtobufCMessage *body);
 /* Sends a SlotEvent of kind about slot (the agent: to the supervisor; the supervisor: to the
  * slot's node agent). */
 int sv__send_slot_event(struct sv *s, int kind, const struct worker *w, const char *reason);

@@ -147,12 +147,10 @@ static void begin_shutdown(sv *s, int status, const char *reason) {
     for (int i = 0; i < s->nw; i++)
         if (svp_alive(s->w[i].state)) send_shutdown(s, &s->w[i], status, reason);
     for (int n = 1; n < s->o.nnodes && !s->agent; n++) { /* every node agent: the job is over */
-        char id[32];
-        snprintf(id, sizeof id, "agent%d", n);
         Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
         sd.exit_status = status;
         sd.reason = (char *)reason;
-        sv__send(s->mb, id, &s->snd, &sd.base);
+        sv__agent_send(s, n, &sd.base);
     }
     ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, sv__kill_remaining, s, &s->kill_timer);
 }
@@ -161,6 +159,11 @@ static void begin_shutdown(sv *s, int status, const char *reason) {
 static void kill_slot(sv *s, worker *w, const char *why) {
     if (w_local(s, w)) uv_process_kill(&w->proc, SIGKILL);
     else sv__send_slot_event(s, COHORT__V1__SLOT_EVENT__KIND__SLOT_KILL, w, why);
+}
+
+int sv__agent_send(sv *s, int n, const ProtobufCMessage *body) {
+    if (!s->agent_id || n < 1 || n >= s->o.nnodes || !s->agent_id[n][0]) return 0; /* none (yet, or lost) */
+    return sv__send(s->mb, s->agent_id[n], &s->snd, body);
 }
 
 /* The job's active ranks all finished: the warm spares are told to go. */
@@ -530,7 +533,7 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
     if (s->val) svv_restart_begin(s->val, kind, rank, why, detect_ms);
     if (restart_limit_reached(s, now, why)) return;
     uint64_t gen = ++s->snd.generation;
-    if (!s->restarting) s->restart_t0 = now;
+    if (!s->restarting) s->restart_t0 = s->barrier_t0 = now;
     s->restarting = true;
     co_log(CO_LOG_WARN, "%s; in-process restart into generation %" PRIu64, why, gen);
     svc_restart(s->ckpt, why);
@@ -1031,6 +1034,32 @@ static void on_worker_message(sv *s, worker *w, const Cohort__V1__Envelope *e) {
     }
 }
 
+/* Whether peer is node n's agent: the first to speak for its node, or after the node was lost
+ * a new one (its workers then replace the node's ranks). Any other (an agent that was lost and
+ * came back, a second agent of one node) is told to stop. */
+static bool agent_admitted(sv *s, int n, const char *peer) {
+    if (!strcmp(s->agent_id[n], peer)) return true;
+    if (!s->agent_id[n][0] && strcmp(s->agent_gone[n], peer) && !s->stopping) {
+        snprintf(s->agent_id[n], sizeof s->agent_id[n], "%s", peer);
+        if (s->node_lost_ms[n]) {
+            co_log(CO_LOG_WARN, "a new agent of node %d joined after %.1f s; its workers replace the node's ranks", n,
+                   (double)ms_since_(sv__now_ms(), s->node_lost_ms[n]) / 1000);
+            s->node_lost_ms[n] = 0;
+            s->barrier_t0 = sv__now_ms(); /* its workers' start has the barrier's time */
+        }
+        return true;
+    }
+    char why[200];
+    snprintf(why, sizeof why, "refused: node %d %s", n, !strcmp(s->agent_gone[n], peer)
+             ? "was lost and its ranks were given to another agent" : "has another agent");
+    co_log(CO_LOG_WARN, "node %d's agent %s %s", n, peer, why);
+    Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
+    sd.exit_status = SV_EXIT_NODE_LOST;
+    sd.reason = why;
+    sv__send(s->mb, peer, &s->snd, &sd.base);
+    return false;
+}
+
 /* Node agent n's report on one of its node's slots: a worker's process exited (the same as
  * a local worker's exit), or is stopped or runs again (the laggard check at the restart
  * barrier reads it as it reads a local process's state). */
@@ -1058,8 +1087,9 @@ static void on_slot_event(sv *s, int n, const Cohort__V1__SlotEvent *ev) {
 static void on_agent_message(sv *s, const char *peer, const Cohort__V1__Envelope *e) {
     char *end = NULL;
     long n = strtol(peer + 5, &end, 10);
-    if (!end || *end || n < 1 || n >= s->o.nnodes) return;
-    if (s->agent_heard_ms) s->agent_heard_ms[n] = sv__now_ms();
+    if (!end || (*end && *end != '.') || n < 1 || n >= s->o.nnodes || !s->agent_id) return;
+    if (!agent_admitted(s, (int)n, peer)) return;
+    s->agent_heard_ms[n] = sv__now_ms();
     if (e->body_case == COHORT__V1__ENVELOPE__BODY_SIGNAL_RECEIVED) {
         int sig = e->signal_received->signal;
         if (sig != SIGINT && sig != SIGTERM && sig != SIGUSR1) return;
@@ -1070,6 +1100,23 @@ static void on_agent_message(sv *s, const char *peer, const Cohort__V1__Envelope
     } else if (e->body_case == COHORT__V1__ENVELOPE__BODY_SLOT_EVENT) {
         on_slot_event(s, (int)n, e->slot_event);
     }
+}
+
+/* The slot of the worker whose identity is peer ("w<slot>.<nonce>", worker/link.c): the slot
+ * whose process it is, or for a registration the slot waiting for its process (which then
+ * takes the identity). NULL: none (a process whose slot was given to another). */
+static worker *worker_of(sv *s, const char *peer, const Cohort__V1__Envelope *e) {
+    for (int i = 0; i < s->nw; i++)
+        if (!strcmp(s->w[i].identity, peer)) return &s->w[i];
+    char *end = NULL;
+    long slot = peer[0] == 'w' ? strtol(peer + 1, &end, 10) : -1;
+    if (e->body_case != COHORT__V1__ENVELOPE__BODY_REGISTRATION || !end || end == peer + 1 || (*end && *end != '.') ||
+        slot < 0 || slot >= s->nw)
+        return NULL;
+    worker *w = &s->w[slot];
+    if (w->state != SVP_STARTED && w->state != SVP_EMPTY) return NULL;
+    snprintf(w->identity, sizeof w->identity, "%s", peer);
+    return w;
 }
 
 /* Decodes a message; one dropped as malformed or over a limit is said at once (a worker whose
@@ -1098,13 +1145,21 @@ static void supervisor_on_message(sv *s, ac_mailbox *mb, const ac_msg *m, const 
         return;
     }
     if (m->request_id) ac_reply(mb, m, "", 0); /* a worker's goodbye: its earlier messages are in */
-    if (!msg) return;
-    for (int i = 0; i < s->nw && m->peer; i++)
-        if (!strcmp(s->w[i].identity, m->peer)) {
-            on_worker_message(s, &s->w[i], msg->env);
-            return;
-        }
-    if (m->peer && !strncmp(m->peer, "agent", 5)) on_agent_message(s, m->peer, msg->env);
+    if (!msg || !m->peer) return;
+    if (!strncmp(m->peer, "agent", 5)) {
+        on_agent_message(s, m->peer, msg->env);
+        return;
+    }
+    worker *w = worker_of(s, m->peer, msg->env);
+    if (w) {
+        on_worker_message(s, w, msg->env);
+    } else if (m->peer[0] == 'w' && !m->request_id && !s->stopping) {
+        /* a process whose slot another took (a lost node's worker that came back): it stops */
+        Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
+        sd.exit_status = SV_EXIT_NODE_LOST;
+        sd.reason = "refused: its rank was given to another process";
+        sv__send(s->mb, m->peer, &s->snd, &sd.base);
+    }
 }
 
 static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
@@ -1120,15 +1175,39 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
     s->role->tick(s, sv__now_ms());
 }
 
+/* Node n's agent went silent: its ranks are lost together. Its identity is refused from now
+ * on (it may come back, its workers too: they are told to stop), the generation is aborted,
+ * and the survivors wait at the restart barrier for a new agent of node rank n, whose workers
+ * take the node's slots (watch_lost_nodes bounds the wait). */
+static void lose_node(sv *s, int n, const char *why, uint64_t silent_ms) {
+    uint64_t now = sv__now_ms();
+    snprintf(s->agent_gone[n], sizeof s->agent_gone[n], "%s", s->agent_id[n]);
+    s->agent_id[n][0] = '\0';
+    s->agent_heard_ms[n] = 0;
+    s->node_lost_ms[n] = now;
+    co_log(CO_LOG_ERROR, "%s; waiting up to %.1f s (--node-replacement-timeout) for a new agent of node %d", why,
+           (double)s->o.node_replacement_ms / 1000, n);
+    int first = -1;
+    for (int i = 0; i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (w->index / s->o.nproc != n) continue;
+        w->identity[0] = '\0'; /* its process is refused if it comes back */
+        w->stopped_pid = 0;
+        if (w_exited(w) || w->state == SVP_EMPTY || w->state == SVP_RESPAWN) continue;
+        sv__w_set(w, SVP_EXITING);
+        w->term_signal = SIGKILL;
+        if (first < 0) first = w->rank;
+    }
+    if (s->assigned && !s->stopping) begin_restart(s, "node_lost", first, why, silent_ms);
+}
+
 /* Several nodes: a heartbeat to every node agent (an agent that hears nothing for the heartbeat
  * timeout stops its node); an agent silent for the heartbeat timeout is a node lost, its ranks
  * with it: the job stops (SV_EXIT_NODE_LOST) and is restarted from the last checkpoint. */
 static void watch_agents(sv *s, uint64_t now) {
     for (int n = 1; n < s->o.nnodes; n++) {
-        char id[32];
-        snprintf(id, sizeof id, "agent%d", n);
         Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
-        sv__send(s->mb, id, &s->snd, &hb.base);
+        sv__agent_send(s, n, &hb.base);
         uint64_t heard = s->agent_heard_ms ? s->agent_heard_ms[n] : 0;
         if (s->stopping || !s->assigned || !heard || now <= heard || now - heard <= (uint64_t)s->o.heartbeat_timeout_ms)
             continue;
@@ -1136,9 +1215,13 @@ static void watch_agents(sv *s, uint64_t now) {
         snprintf(why, sizeof why, "node %d's agent sent nothing for %.1f s (--inprocess-heartbeat-timeout %.1f s): the "
                  "node is lost with its ranks %d to %d", n, (double)(now - heard) / 1000,
                  (double)s->o.heartbeat_timeout_ms / 1000, n * s->o.nproc, (n + 1) * s->o.nproc - 1);
+        if (s->restart_enabled && s->o.node_replacement_ms > 0) {
+            lose_node(s, n, why, now - heard); /* (the restart notes the fault) */
+            continue;
+        }
+        if (s->val) svv_note_fault(s->val, "node_lost", n * s->o.nproc, why);
         co_log(CO_LOG_ERROR, "%s; stopping the job (exit %d: restart it from the last checkpoint)", why,
                SV_EXIT_NODE_LOST);
-        if (s->val) svv_note_fault(s->val, "node_lost", n * s->o.nproc, why);
         begin_shutdown(s, SV_EXIT_NODE_LOST, why);
     }
 }
@@ -1215,6 +1298,26 @@ static int stuck_stage(sv *s, char *note, size_t n) {
     return stuck;
 }
 
+/* A lost node waits for a new agent (its ranks' replacements) until --node-replacement-timeout,
+ * then the job stops (SV_EXIT_NODE_LOST). True while one waits (the barrier's timeout waits). */
+static bool watch_lost_nodes(sv *s, uint64_t now) {
+    bool waiting = false;
+    for (int n = 1; n < s->o.nnodes && s->node_lost_ms && !s->stopping; n++) {
+        if (!s->node_lost_ms[n]) continue;
+        if (ms_since(now, s->node_lost_ms[n]) <= (uint64_t)s->o.node_replacement_ms) {
+            waiting = true;
+            continue;
+        }
+        char why[300];
+        snprintf(why, sizeof why, "node %d was lost and no agent of node rank %d joined within %.1f s "
+                 "(--node-replacement-timeout)", n, n, (double)s->o.node_replacement_ms / 1000);
+        co_log(CO_LOG_ERROR, "%s; stopping the job (exit %d: restart it from the last checkpoint)", why,
+               SV_EXIT_NODE_LOST);
+        begin_shutdown(s, SV_EXIT_NODE_LOST, why);
+    }
+    return waiting;
+}
+
 /* Hangs: a round whose reports stopped coming for the soft timeout aborts the generation;
  * a rank that does not reach the restart barrier by the hard timeout is killed; the whole
  * barrier has the barrier timeout. */
@@ -1264,7 +1367,7 @@ static void watch_progress(sv *s, uint64_t now) {
             w->abort_ms = 0;
             kill_slot(s, w, why);
         }
-        if (now - s->restart_t0 > (uint64_t)s->o.barrier_timeout_ms)
+        if (!watch_lost_nodes(s, now) && ms_since(now, s->barrier_t0) > (uint64_t)s->o.barrier_timeout_ms)
             begin_shutdown(s, SV_EXIT_WORKER_FAILED, "the restart barrier timed out (--inprocess-barrier-timeout)");
         return;
     }
@@ -1332,11 +1435,9 @@ static void begin_signal_stop(sv *s, int signum, int rank, const char *what) {
     if (sv_preempting_signal(signum, s->o.requeue_on_sigterm))
         for (int n = 1; n < s->o.nnodes; n++) {
             /* every node's process exits 75, whichever received the signal */
-            char id[32];
-            snprintf(id, sizeof id, "agent%d", n);
             Cohort__V1__Preempt pr = COHORT__V1__PREEMPT__INIT;
             pr.signal = signum;
-            sv__send(s->mb, id, &s->snd, &pr.base);
+            sv__agent_send(s, n, &pr.base);
         }
     if (s->restarting) return;
     for (int i = 0; i < s->nw; i++)
@@ -1370,8 +1471,8 @@ int sv__spawn_one(sv *s, worker *w) {
     int nenv = 0;
     while (environ[nenv]) nenv++;
     char **args = calloc((size_t)s->o.nworker_args + 3, sizeof *args);
-    char **env = calloc((size_t)nenv + (size_t)s->o.nextra_env + 10, sizeof *env); /* + 9 vars + NULL */
-    char vars[9][600];
+    char **env = calloc((size_t)nenv + (size_t)s->o.nextra_env + 11, sizeof *env); /* + 10 vars + NULL */
+    char vars[10][600];
     if (!args || !env) {
         free(args);
         free(env);
@@ -1395,7 +1496,9 @@ int sv__spawn_one(sv *s, worker *w) {
     snprintf(vars[7], sizeof vars[7], "COHORT_JOB_SECRET=%s", s->have_secret ? s->o.secret_path : "");
     /* a warm spare waits for a rank as long as its supervisor lives */
     snprintf(vars[8], sizeof vars[8], "COHORT_SPARE=%d", w->rank < 0 ? 1 : 0);
-    for (int k = 0; k < 9; k++) env[ne++] = vars[k];
+    /* the supervisor's silence after which the worker stops itself (a partitioned node's) */
+    snprintf(vars[9], sizeof vars[9], "COHORT_SILENCE_MS=%d", s->o.heartbeat_timeout_ms);
+    for (int k = 0; k < 10; k++) env[ne++] = vars[k];
     for (int k = 0; k < s->o.nextra_env; k++) env[ne++] = s->o.extra_env[k];
     uv_stdio_container_t stdio[3];
     for (int k = 0; k < 3; k++) {
@@ -1547,6 +1650,9 @@ static void release(sv *s) {
     free(s->coord);
     free(s->source);
     free(s->agent_heard_ms);
+    free(s->node_lost_ms);
+    free(s->agent_id);
+    free(s->agent_gone);
 }
 
 /* Several nodes: the job secret, and the job id every node derives from it. */
@@ -1589,7 +1695,10 @@ static int init_coords(sv *s) {
     s->coord = calloc((size_t)s->world, sizeof *s->coord);
     s->source = calloc((size_t)s->world, sizeof *s->source);
     s->agent_heard_ms = calloc((size_t)s->o.nnodes, sizeof *s->agent_heard_ms);
-    bool ok = s->coord && s->source && s->agent_heard_ms;
+    s->node_lost_ms = calloc((size_t)s->o.nnodes, sizeof *s->node_lost_ms);
+    s->agent_id = calloc((size_t)s->o.nnodes, sizeof *s->agent_id);
+    s->agent_gone = calloc((size_t)s->o.nnodes, sizeof *s->agent_gone);
+    bool ok = s->coord && s->source && s->agent_heard_ms && s->node_lost_ms && s->agent_id && s->agent_gone;
     for (int r = 0; r < s->world && ok; r++) ok = topo_coords(&s->layout, r, &s->coord[r]) == 0;
     return ok ? 0 : SV_EXIT_FAILURE;
 }

@@ -111,6 +111,7 @@ typedef struct sv_options {
      * survivors wait at a restart barrier inside their processes, dead ranks are respawned
      * and take their state from a surviving replica. 0 restart_limit: disabled. */
     bool restart;
+    int node_replacement_ms;       /* several nodes: how long survivors wait for a lost node's new agent (0: stop) */
     int restart_limit;             /* restarts allowed within restart_window_ms */
     int restart_window_ms;
     int soft_timeout_ms;           /* no progress this long: abort and restart (0: 60000) */

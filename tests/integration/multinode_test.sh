@@ -18,6 +18,12 @@
 #   node_stopped   node 1's agent and workers SIGSTOPped: the supervisor finds the node lost
 #                  after the heartbeat timeout, stops the job with exit 7 and the last
 #                  checkpoint verifies
+#   node_replaced  node 1's agent and workers SIGSTOPped (then its workers killed: the host is
+#                  gone) with --node-replacement-timeout: the node is found lost after the
+#                  heartbeat timeout, the survivors wait at the restart barrier, a new agent of
+#                  node rank 1 joins and its workers take the node's ranks with their data-
+#                  parallel peers' state: 0 steps lost, the final checkpoint bitwise the
+#                  fault-free run's; the old agent, continued, is refused and stops
 #   requeue_policy deploy/slurm/cohort.sbatch (srun and scontrol stubbed) requeues after 75
 #                  always and after 4-8 and 137 at most COHORT_MAX_REQUEUES times, never after
 #                  0, 1, 2, 3, 130; deploy/k8s/cohort.yaml fails the Job on 1, 2, 3, 130, 143
@@ -38,17 +44,21 @@ hb=(--inprocess-heartbeat-interval 0.5 --inprocess-heartbeat-timeout 3)
 start_nodes() {
     local name=$1 nn=$2 k; shift 2
     local port=$((20000 + RANDOM % 30000))
-    local net=(--nnodes "$nn" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port
-               --job-secret "$work/secret")
+    net=(--nnodes "$nn" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port --job-secret "$work/secret")
     node_pid=()
-    for ((k = nn - 1; k >= 1; k--)); do
-        timeout -s KILL 120 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank $k --node-addr 127.0.0.1 "$@" \
-            >"$work/$name.n$k" 2>&1 &
-        node_pid[k]=$!
-    done
+    for ((k = nn - 1; k >= 1; k--)); do start_agent "$name.n$k" $k "$@"; done
     timeout -s KILL 120 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --metrics-file "$work/$name.jsonl" \
         "$@" >"$work/$name.n0" 2>&1 &
     node_pid[0]=$!
+}
+
+# start_agent OUT K ARGS...: node K's agent of the job start_nodes started, output in $work/OUT,
+# its pid in node_pid[K]
+start_agent() {
+    local out=$1 k=$2; shift 2
+    timeout -s KILL 120 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank $k --node-addr 127.0.0.1 "$@" \
+        >"$work/$out" 2>&1 &
+    node_pid[k]=$!
 }
 
 # wait_nodes NAME NNODES: every node exits 0
@@ -138,6 +148,39 @@ node_stopped)
     wait "${node_pid[2]}"; rc=$?
     [ $rc -eq 7 ] || fail "node 2 exit $rc, want 7: $(tail -3 "$work/f.n2")"
     "$cohort" ckpt verify "$work/fs" >/dev/null || fail "the last checkpoint does not verify"
+    ;;
+node_replaced)
+    job=(--train-iters 40 "${hb[@]}" --node-replacement-timeout 60)
+    start_nodes clean 3 "${job[@]}" --save "$work/cs"
+    wait_nodes clean 3
+    start_nodes f 3 "${job[@]}" --save "$work/fs"
+    wait_until 60 grep -q "iteration *5/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
+    old_agent=$(children "${node_pid[1]}"); old_pid=${node_pid[1]}
+    [ -n "$old_agent" ] || fail "node 1's agent not found"
+    old_workers=$(children "$old_agent")
+    kill -STOP $old_agent $old_workers
+    t0=$SECONDS
+    wait_until 20 grep -q "node 1's agent sent nothing for [0-9.]* s .*: the node is lost with its ranks 2 to 3; waiting up to 60.0 s (--node-replacement-timeout) for a new agent of node 1" "$work/f.n0" ||
+        fail "node 1 not found lost: $(grep supervisor "$work/f.n0")"
+    [ $((SECONDS - t0)) -le 6 ] || fail "node 1 found lost $((SECONDS - t0)) s after it stopped (heartbeat timeout 3 s)"
+    kill -KILL $old_workers # (the host is gone: its ports with it)
+    start_agent f.n1b 1 "${job[@]}" --save "$work/fs"
+    wait_until 30 grep -q "a new agent of node 1 joined" "$work/f.n0" || fail "the new agent not taken: $(grep supervisor "$work/f.n0")"
+    kill -CONT $old_agent # the old agent comes back: refused (or it finds the supervisor silent first)
+    wait "$old_pid"; rc=$?
+    [ $rc -eq 7 ] || [ $rc -eq 8 ] || fail "the old agent exited $rc: $(tail -3 "$work/f.n1")"
+    wait_nodes f 3
+    # (7: the supervisor refused it; 8: it found the supervisor silent first and stopped)
+    if [ $rc -eq 7 ]; then
+        grep -q "node 1's agent agent1\.[0-9a-f.]* refused: node 1 was lost and its ranks were given to another agent" \
+            "$work/f.n0" || fail "the old agent not refused: $(grep supervisor "$work/f.n0")"
+    else
+        grep -q "no word from the supervisor .* node 0 is lost" "$work/f.n1" || fail "the old agent: $(tail -3 "$work/f.n1")"
+    fi
+    grep -q "resume after iteration [0-9]* with the state of rank 0 (2 replaced" "$work/f.n0" ||
+        fail "not resumed from the survivors' memory: $(grep 'resume after' "$work/f.n0")"
+    grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
+    ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
     ;;
 requeue_policy)
     stub=$work/bin; mkdir -p "$stub"
