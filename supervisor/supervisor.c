@@ -1187,6 +1187,21 @@ static void lose_node(sv *s, int n, const char *why, uint64_t silent_ms) {
     s->node_lost_ms[n] = now;
     co_log(CO_LOG_ERROR, "%s; waiting up to %.1f s (--node-replacement-timeout) for a new agent of node %d", why,
            (double)s->o.node_replacement_ms / 1000, n);
+    /* what the loss costs (planner.c): nothing where every shard it held lives on elsewhere */
+    svp_slot *slots = calloc((size_t)s->nw, sizeof *slots);
+    if (slots) {
+        svp_view v;
+        plan_view(s, &v, slots);
+        int lost = svp_node_shard_lost(&v, n);
+        if (lost < 0)
+            co_log(CO_LOG_INFO, "every model shard node %d held has a replica on another node: its ranks' "
+                   "replacements take their peers' state", n);
+        else
+            co_log(CO_LOG_WARN, "the model shard tp %d, cp %d, pp %d (rank %d's) had no replica outside node %d: the new "
+                   "generation loads the last checkpoint", s->coord[lost].tp, s->coord[lost].cp, s->coord[lost].pp,
+                   lost, n);
+        free(slots);
+    }
     int first = -1;
     for (int i = 0; i < s->nw; i++) {
         worker *w = &s->w[i];

@@ -163,6 +163,8 @@ node_replaced)
     wait_until 20 grep -q "node 1's agent sent nothing for [0-9.]* s .*: the node is lost with its ranks 2 to 3; waiting up to 60.0 s (--node-replacement-timeout) for a new agent of node 1" "$work/f.n0" ||
         fail "node 1 not found lost: $(grep supervisor "$work/f.n0")"
     [ $((SECONDS - t0)) -le 6 ] || fail "node 1 found lost $((SECONDS - t0)) s after it stopped (heartbeat timeout 3 s)"
+    grep -q "every model shard node 1 held has a replica on another node" "$work/f.n0" ||
+        fail "the loss not planned: $(grep supervisor "$work/f.n0" | tail -3)"
     kill -KILL $old_workers # (the host is gone: its ports with it)
     start_agent f.n1b 1 "${job[@]}" --save "$work/fs"
     wait_until 30 grep -q "a new agent of node 1 joined" "$work/f.n0" || fail "the new agent not taken: $(grep supervisor "$work/f.n0")"
