@@ -321,7 +321,7 @@ static const flag flags[] = {
       "5x the slowest step after 5 steps, at most this)"),
     D("resilience", "inprocess-hard-timeout", inprocess_hard_timeout, "90",
       "seconds without progress after which a rank that did not answer the abort is killed and replaced (sooner: "
-      "a stopped local process at once, any other 2 s after every other rank reached the restart barrier)"),
+      "a stopped process at once, on any node, any other 2 s after every other rank reached the restart barrier)"),
     D("resilience", "inprocess-barrier-timeout", inprocess_barrier_timeout, "120",
       "seconds for every rank to reach the restart barrier"),
     D("resilience", "inprocess-heartbeat-interval", inprocess_heartbeat_interval, "1",
