@@ -106,6 +106,10 @@ static int agent_open_mailbox(sv *s, ac_mailbox_opts *mo) {
     snprintf(id, sizeof id, "agent%d.%d.%08x", s->o.node_rank, (int)getpid(), nonce);
     snprintf(s->endpoint, sizeof s->endpoint, "tcp://%s:%d", s->o.master_addr, s->o.master_port);
     int rc = ac_mailbox_connect(s->a, s->endpoint, id, mo, &s->mb);
+    if (!rc) { /* known to the supervisor at once (its orders, its stop reach this agent) */
+        Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
+        sv__send(s->mb, NULL, &s->snd, &hb.base);
+    }
     if (!rc && !s->no_proc_state) rc = ac_timer_start(s->a, AGENT_PROC_POLL_MS, AGENT_PROC_POLL_MS, agent_poll, s,
                                                         &s->poll_timer);
     return rc;
@@ -208,12 +212,17 @@ static void agent_worker_exited(sv *s, worker *w, int64_t status, int term_signa
     int st = sv__rank_failure(s, w, status, term_signal, why, sizeof why);
     co_log(CO_LOG_WARN, "%s", why);
     sv__send_slot_event(s, COHORT__V1__SLOT_EVENT__KIND__SLOT_EXITED, w, why);
-    if (s->restart_enabled && !s->stopping && w->state != SVP_RESPAWN) {
-        w->replacing = true; /* until the supervisor orders its replacement or stops the job */
-        agent_sync_restarting(s);
+    /* the supervisor decides: a replacement, or the job's end; awaited while it lives (its
+     * silence ends the wait), unless the failure is one it never restarts (flags or data
+     * refused, a reproducible NaN) */
+    bool curable = term_signal || (status != SV_EXIT_USAGE && status != SV_EXIT_NAN);
+    if (s->restart_enabled && !s->stopping && s->sup_heard_ms && curable) {
+        if (w->state != SVP_RESPAWN) {
+            w->replacing = true; /* until the supervisor orders its replacement or stops the job */
+            agent_sync_restarting(s);
+        }
         return;
     }
-    if (s->restart_enabled) return;
     s->first_failure = st;
     ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, sv__kill_remaining, s, &s->kill_timer);
 }

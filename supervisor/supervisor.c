@@ -1039,8 +1039,14 @@ static void on_worker_message(sv *s, worker *w, const Cohort__V1__Envelope *e) {
  * came back, a second agent of one node) is told to stop. */
 static bool agent_admitted(sv *s, int n, const char *peer) {
     if (!strcmp(s->agent_id[n], peer)) return true;
-    if (!s->agent_id[n][0] && strcmp(s->agent_gone[n], peer) && !s->stopping) {
+    if (!s->agent_id[n][0] && strcmp(s->agent_gone[n], peer)) {
         snprintf(s->agent_id[n], sizeof s->agent_id[n], "%s", peer);
+        if (s->stopping) { /* (begin_shutdown did not know it yet) */
+            Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
+            sd.exit_status = s->status > 0 && s->status < 128 ? s->status : 0;
+            sd.reason = "the job is stopping";
+            sv__send(s->mb, peer, &s->snd, &sd.base);
+        }
         if (s->node_lost_ms[n]) {
             co_log(CO_LOG_WARN, "a new agent of node %d joined after %.1f s; its workers replace the node's ranks", n,
                    (double)ms_since_(sv__now_ms(), s->node_lost_ms[n]) / 1000);

@@ -24,6 +24,9 @@
 #                  node rank 1 joins and its workers take the node's ranks with their data-
 #                  parallel peers' state: 0 steps lost, the final checkpoint bitwise the
 #                  fault-free run's; the old agent, continued, is refused and stops
+#   partitioned    the supervisor and node 1's agent SIGSTOPped (node 1's workers cut off, their
+#                  agent unable to stop them): the workers stop themselves after the heartbeat
+#                  timeout of the supervisor's silence
 #   requeue_policy deploy/slurm/cohort.sbatch (srun and scontrol stubbed) requeues after 75
 #                  always and after 4-8 and 137 at most COHORT_MAX_REQUEUES times, never after
 #                  0, 1, 2, 3, 130; deploy/k8s/cohort.yaml fails the Job on 1, 2, 3, 130, 143
@@ -41,9 +44,22 @@ hb=(--inprocess-heartbeat-interval 0.5 --inprocess-heartbeat-timeout 3)
 # start_nodes NAME NNODES ARGS...: nodes NNODES-1..1 (agents) then node 0 in the background,
 # each node's output in $work/NAME.nK, the metrics (node 0) in $work/NAME.jsonl; pids in
 # node_pid[K]
+# a port with the next 8 free (none listening): the supervisor's and its workers' data ports
+pick_port() {
+    local used p k ok _ addr
+    used=" $(tail -qn +2 /proc/net/tcp /proc/net/tcp6 2>/dev/null | while read -r _ addr _; do echo $((16#${addr##*:})); done |
+        tr '\n' ' ') "
+    for _ in $(seq 50); do
+        p=$((20000 + RANDOM % 12000)) ok=1 # (below the ephemeral ports, 32768 up)
+        for ((k = 0; k <= 8; k++)); do [[ $used == *" $((p + k)) "* ]] && ok=0; done
+        [ $ok = 1 ] && break
+    done
+    echo $p
+}
+
 start_nodes() {
     local name=$1 nn=$2 k; shift 2
-    local port=$((20000 + RANDOM % 30000))
+    local port; port=$(pick_port)
     net=(--nnodes "$nn" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port --job-secret "$work/secret")
     node_pid=()
     for ((k = nn - 1; k >= 1; k--)); do start_agent "$name.n$k" $k "$@"; done
@@ -66,7 +82,8 @@ wait_nodes() {
     local k rc
     for ((k = 0; k < $2; k++)); do
         wait "${node_pid[k]}"; rc=$?
-        [ $rc -eq 0 ] || fail "$1: node $k exit $rc: $(tail -5 "$work/$1.n$k")"
+        [ $rc -eq 0 ] || fail "$1: node $k exit $rc: $(tail -5 "$work/$1.n$k")
+errors: $(grep -hi "error\|failed\|cannot\|refused" "$work/$1".n* | grep -v "^ *\[" | head -8)"
     done
 }
 
@@ -183,6 +200,23 @@ node_replaced)
         fail "not resumed from the survivors' memory: $(grep 'resume after' "$work/f.n0")"
     grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
     ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
+    ;;
+partitioned)
+    start_nodes f 3 --train-iters 400 "${hb[@]}"
+    wait_until 60 grep -q "iteration *5/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
+    sup=$(children "${node_pid[0]}"); agent=$(children "${node_pid[1]}")
+    workers=$(children "$agent")
+    [ -n "$sup" ] && [ -n "$agent" ] && [ "$(echo $workers | wc -w)" = 2 ] || fail "processes not found"
+    kill -STOP $sup $agent
+    t0=$SECONDS
+    # (a worker that stopped is a zombie until its stopped agent reaps it)
+    running() { local p; for p in $workers; do [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" = R ] ||
+        [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" = S ] && echo "$p"; done; }
+    wait_until 15 eval '[ -z "$(running)" ]' || fail "node 1's workers $(running) still run 15 s after the supervisor went silent"
+    elapsed=$((SECONDS - t0))
+    kill -KILL $sup $agent; kill -CONT $sup $agent
+    [ $elapsed -ge 2 ] && [ $elapsed -le 6 ] || fail "the workers stopped $elapsed s after the silence began (timeout 3 s)"
+    grep -q "no word from the supervisor for 3.0 s; stopping" "$work/f.n1" || fail "not said: $(tail -3 "$work/f.n1")"
     ;;
 requeue_policy)
     stub=$work/bin; mkdir -p "$stub"
