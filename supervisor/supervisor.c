@@ -205,7 +205,10 @@ static void rank_failed(sv *s, worker *w, int64_t status, int term_signal) {
         begin_restart(s, term_signal ? "killed" : "exited", w->rank, why, 0);
     } else {
         if (s->val) svv_note_fault(s->val, term_signal ? "killed" : "exited", w->rank, why);
-        co_log(CO_LOG_ERROR, "%s at iteration %" PRIu64 "; stopping the job", why, w->iteration);
+        /* (its heartbeat's iteration, or the newest the validator saw: a heartbeat may be old) */
+        int64_t it = s->val && svv_current_iteration(s->val) > (int64_t)w->iteration ? svv_current_iteration(s->val)
+                                                                                      : (int64_t)w->iteration;
+        co_log(CO_LOG_ERROR, "%s at iteration %" PRId64 "; stopping the job", why, it);
         begin_shutdown(s, st, why);
     }
 }

@@ -9,6 +9,8 @@
 #                  (another node's), the survivors on every node keep theirs: 0 steps lost,
 #                  the final checkpoint (parameters and both moments) bitwise the fault-free
 #                  run's
+#   no_restart     the same kill with --no-inprocess-restart: the job stops with exit 4 and the
+#                  dead rank named with its node, every node's process exits non-zero
 #   stopped        a worker on node 1 SIGSTOPped: its agent reports it stopped, the hang aborts
 #                  the generation and the stopped rank is killed and replaced at the barrier at
 #                  once (not at the hard timeout); the job ends bitwise as the fault-free run
@@ -108,6 +110,17 @@ worker_killed)
     grep -q "1 restart(s), 0 step(s) lost" "$work/f.n0" && ! grep -q "loads the checkpoint" "$work/f.n0" ||
         fail "steps lost: $(grep 'lost\|checkpoint' "$work/f.n0")"
     ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
+    ;;
+no_restart)
+    start_nodes f 3 --tensor-model-parallel-size 2 --train-iters 8 "${hb[@]}" --no-inprocess-restart \
+        --inject "kill@rank=5,step=4"
+    for k in 0 1 2; do
+        wait "${node_pid[k]}"; rc=$?
+        [ $rc -eq 4 ] || fail "node $k exit $rc, want 4: $(tail -3 "$work/f.n$k")"
+    done
+    grep -q "rank 5 (node 2, pid [0-9]*) was killed by signal 9 (Killed) at iteration [0-9]*; stopping the job" "$work/f.n0" ||
+        fail "no diagnosis: $(grep supervisor "$work/f.n0")"
+    ! grep -q "restart into generation" "$work/f.n0" || fail "restarted: $(grep supervisor "$work/f.n0")"
     ;;
 stopped)
     # (a hard timeout of 20 s: the kill must come long before it; the heartbeat timeout is
