@@ -94,7 +94,7 @@ worker_of() { children "$1" | sed -n "$(($2 + 1))p"; }
 
 case $case_name in
 worker_killed)
-    job=(--tensor-model-parallel-size 2 --train-iters 8 "${hb[@]}")
+    job=(--tensor-model-parallel-size 2 --train-iters 8)
     start_nodes clean 3 "${job[@]}" --save "$work/cs"
     wait_nodes clean 3
     start_nodes f 3 "${job[@]}" --save "$work/fs" --inject "kill@rank=5,step=4"
@@ -112,7 +112,7 @@ worker_killed)
     ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
     ;;
 no_restart)
-    start_nodes f 3 --tensor-model-parallel-size 2 --train-iters 8 "${hb[@]}" --no-inprocess-restart \
+    start_nodes f 3 --tensor-model-parallel-size 2 --train-iters 8 --no-inprocess-restart \
         --inject "kill@rank=5,step=4"
     for k in 0 1 2; do
         wait "${node_pid[k]}"; rc=$?
