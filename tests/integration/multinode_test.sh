@@ -152,8 +152,8 @@ node0_killed)
         grep -q "no word from the supervisor at .* for [0-9.]* s (--inprocess-heartbeat-timeout 3.0 s): node 0 is lost; stopping this node's workers" "$work/f.n$k" ||
             fail "node $k did not say why: $(tail -3 "$work/f.n$k")"
     done
-    # within the heartbeat timeout (3 s) and a tick's slack
-    [ $((SECONDS - t0)) -le 5 ] || fail "the nodes stopped $((SECONDS - t0)) s after node 0 died"
+    # the heartbeat timeout (3 s), a tick (0.5 s), the kill, and a loaded machine's slack
+    [ $((SECONDS - t0)) -le 6 ] || fail "the nodes stopped $((SECONDS - t0)) s after node 0 died"
     [ "$(cat "$work/fs/latest_checkpointed_iteration.txt")" = 4 ] || fail "tracker: $(cat "$work/fs/latest_checkpointed_iteration.txt")"
     "$cohort" ckpt verify "$work/fs" >/dev/null || fail "the last checkpoint does not verify"
     ;;
@@ -192,7 +192,7 @@ node_replaced)
     t0=$SECONDS
     wait_until 20 grep -q "node 1's agent sent nothing for [0-9.]* s .*: the node is lost with its ranks 2 to 3; waiting up to 60.0 s (--node-replacement-timeout) for a new agent of node 1" "$work/f.n0" ||
         fail "node 1 not found lost: $(grep supervisor "$work/f.n0")"
-    [ $((SECONDS - t0)) -le 6 ] || fail "node 1 found lost $((SECONDS - t0)) s after it stopped (heartbeat timeout 3 s)"
+    [ $((SECONDS - t0)) -le 7 ] || fail "node 1 found lost $((SECONDS - t0)) s after it stopped (heartbeat timeout 3 s)"
     grep -q "every model shard node 1 held has a replica on another node" "$work/f.n0" ||
         fail "the loss not planned: $(grep supervisor "$work/f.n0" | tail -3)"
     kill -KILL $old_workers # (the host is gone: its ports with it)
