@@ -197,7 +197,8 @@ static void agent_tick(sv *s, uint64_t now) {
  * other workers are killed after the grace). */
 static void agent_worker_exited(sv *s, worker *w, int64_t status, int term_signal) {
     if ((term_signal == SIGINT || term_signal == SIGTERM || term_signal == SIGUSR1) && s->signals) {
-        co_log(CO_LOG_WARN, "rank %d (pid %u) was killed by %s during the stop", w->rank, w->pid, strsignal(term_signal));
+        co_log(CO_LOG_WARN, "rank %d (pid %u) was killed by %s during the stop", w->rank, w->pid,
+               strsignal(term_signal));
         if (!s->first_failure) s->first_failure = 128 + term_signal;
         return;
     }

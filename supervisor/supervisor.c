@@ -1076,8 +1076,9 @@ static void on_slot_event(sv *s, int n, const Cohort__V1__SlotEvent *ev) {
     if ((int)ev->slot >= s->nw || (int)ev->slot / s->o.nproc != n || n == s->o.node_rank) return;
     worker *w = &s->w[ev->slot];
     if (ev->has_pid && ev->pid && w->pid && ev->pid != w->pid) return; /* about an older process */
-    if (ev->kind == COHORT__V1__SLOT_EVENT__KIND__SLOT_STOPPED || ev->kind == COHORT__V1__SLOT_EVENT__KIND__SLOT_CONTINUED) {
-        w->stopped_pid = ev->kind == COHORT__V1__SLOT_EVENT__KIND__SLOT_STOPPED ? ev->pid : 0;
+    bool stopped = ev->kind == COHORT__V1__SLOT_EVENT__KIND__SLOT_STOPPED;
+    if (stopped || ev->kind == COHORT__V1__SLOT_EVENT__KIND__SLOT_CONTINUED) {
+        w->stopped_pid = stopped ? ev->pid : 0;
         if (w->stopped_pid && s->restarting) watch_progress(s, sv__now_ms()); /* replaced now, not a tick later */
         return;
     }
@@ -1206,9 +1207,9 @@ static void lose_node(sv *s, int n, const char *why, uint64_t silent_ms) {
             co_log(CO_LOG_INFO, "every model shard node %d held has a replica on another node: its ranks' "
                    "replacements take their peers' state", n);
         else
-            co_log(CO_LOG_WARN, "the model shard tp %d, cp %d, pp %d (rank %d's) had no replica outside node %d: the new "
-                   "generation loads the last checkpoint", s->coord[lost].tp, s->coord[lost].cp, s->coord[lost].pp,
-                   lost, n);
+            co_log(CO_LOG_WARN, "the model shard tp %d, cp %d, pp %d (rank %d's) had no replica outside node %d: the "
+                   "new generation loads the last checkpoint", s->coord[lost].tp, s->coord[lost].cp,
+                   s->coord[lost].pp, lost, n);
         free(slots);
     }
     int first = -1;
