@@ -325,7 +325,9 @@ static void print_help(void) {
            "from the others'), 3 a NaN/Inf loss or gradient that the rerun state\n"
            "machine found reproducible (a data or model problem); with --nproc-per-node > 1 or\n"
            "--nnodes > 1 also 4 a worker failed and could not be replaced in process, 5 the rendezvous\n"
-           "did not complete in time, 6 a worker went silent with --no-inprocess-restart.\n"
+           "did not complete in time, 6 a worker went silent with --no-inprocess-restart; with\n"
+           "--nnodes > 1 also 7 a node was lost (its agent silent for --inprocess-heartbeat-timeout),\n"
+           "8 (a node agent) the supervisor's node was lost.\n"
            "SIGINT/SIGTERM (Ctrl-C, a scheduler; to the job, its process group or one worker): the\n"
            "current step finishes, --save saves, exit 0; a second one stops at once (128 + signal).\n"
            "SIGUSR1 (a preemption warning; SIGTERM too with --requeue-on-sigterm): the same stop, exit\n"
@@ -435,6 +437,7 @@ static void supervisor_restart(sv_options *so, const co_config *c) {
     so->barrier_timeout_ms = (int)(c->inprocess_barrier_timeout * 1000);
     so->heartbeat_interval_ms = (int)(c->inprocess_heartbeat_interval * 1000);
     so->heartbeat_timeout_ms = (int)(c->inprocess_heartbeat_timeout * 1000);
+    so->node_replacement_ms = (int)(c->node_replacement_timeout * 1000);
 }
 
 /* With several workers this process is the supervisor (or a node agent): it starts them

@@ -321,13 +321,16 @@ static const flag flags[] = {
       "5x the slowest step after 5 steps, at most this)"),
     D("resilience", "inprocess-hard-timeout", inprocess_hard_timeout, "90",
       "seconds without progress after which a rank that did not answer the abort is killed and replaced (sooner: "
-      "a stopped local process at once, any other 2 s after every other rank reached the restart barrier)"),
+      "a stopped process at once, on any node, any other 2 s after every other rank reached the restart barrier)"),
     D("resilience", "inprocess-barrier-timeout", inprocess_barrier_timeout, "120",
       "seconds for every rank to reach the restart barrier"),
     D("resilience", "inprocess-heartbeat-interval", inprocess_heartbeat_interval, "1",
       "seconds between heartbeats, both ways"),
     D("resilience", "inprocess-heartbeat-timeout", inprocess_heartbeat_timeout, "30",
       "seconds of silence after which a rank is lost (killed and replaced, or the job stops)"),
+    D("resilience", "node-replacement-timeout", node_replacement_timeout, "0",
+      "[cohort] several nodes: seconds the survivors wait at the restart barrier for a new node agent of a lost "
+      "node's rank (same --node-rank, same job secret) to join; 0: a lost node stops the job (status 7)"),
     I("resilience", "inprocess-restart-limit", inprocess_restart_limit, "5",
       "[cohort] at most this many restarts within --inprocess-restart-window; then the job stops (status 4)"),
     D("resilience", "inprocess-restart-window", inprocess_restart_window, "600",

@@ -171,6 +171,7 @@ typedef struct co_config {
     bool inprocess_restart;
     double inprocess_soft_timeout, inprocess_hard_timeout, inprocess_barrier_timeout;
     double inprocess_heartbeat_interval, inprocess_heartbeat_timeout;
+    double node_replacement_timeout;
     int inprocess_restart_limit;
     double inprocess_restart_window;
     int inprocess_active_world_size;

@@ -39,6 +39,8 @@ static void check_restart_limits(const co_config *c, co_problems *P) {
     if (c->inprocess_active_world_size != -1 &&
         (c->inprocess_active_world_size < 1 || c->inprocess_active_world_size > c->nproc_per_node * c->nnodes))
         co_problem(P, "--inprocess-active-world-size must be between 1 and the number of worker processes");
+    if (!(c->node_replacement_timeout >= 0 && c->node_replacement_timeout <= 1e6))
+        co_problem(P, "--node-replacement-timeout must be between 0 and 1e6 seconds");
     if (c->inprocess_restart_limit < 0 || !(c->inprocess_restart_window > 0 && c->inprocess_restart_window <= 1e6))
         co_problem(P, "--inprocess-restart-limit must be >= 0 and --inprocess-restart-window positive (at most 1e6 s)");
 }

@@ -17,6 +17,7 @@
 #include "supervisor/validate.h"
 
 #include <stdio.h>
+#include <sys/types.h>
 
 struct sv;
 
@@ -45,6 +46,9 @@ typedef struct worker {
     bool retiring;            /* quarantined: replaced once it reaches the restart barrier */
     bool signalled;           /* it reported a SIGINT/SIGTERM of its own */
     int rank;                 /* its data-parallel rank, -1 for a warm spare (index is its slot) */
+    /* several nodes */
+    uint32_t stopped_pid;     /* supervisor: another node's process its agent reported stopped (0: none) */
+    bool respawn_ordered;     /* agent: the supervisor ordered a new process once this one is gone */
 } worker;
 
 typedef struct sv {
@@ -101,6 +105,15 @@ typedef struct sv {
     uint64_t collective_gen, collective_t0;
     bool incurable;             /* a rank's failure no restart cures stopped the job (its message printed) */
     char job_hex[32];           /* the job id as the validator's tracker lines name it (it keeps a pointer) */
+    /* several nodes */
+    uint64_t sup_heard_ms;      /* agent: when the supervisor was last heard from */
+    bool sup_lost;              /* agent: the supervisor's node was lost (exit SV_EXIT_SUPERVISOR_LOST) */
+    ac_timer *poll_timer;       /* agent: reads its workers' process state */
+    uint64_t *agent_heard_ms;   /* supervisor: [nnodes] when each node's agent was last heard from */
+    char (*agent_id)[64];       /* supervisor: [nnodes] each node's agent's identity ("agentN.X"; "": none) */
+    char (*agent_gone)[64];     /* supervisor: [nnodes] a lost agent's identity: refused if it comes back */
+    uint64_t *node_lost_ms;     /* supervisor: [nnodes] when a node was lost and awaits a new agent (0: not) */
+    uint64_t barrier_t0;        /* when the restart barrier's timeout began (a lost node's new agent restarts it) */
 } sv;
 
 /* What the process does as the supervisor (supervisor.c) or as a node agent (agent.c). */
@@ -129,6 +142,17 @@ extern const sv__role sv__agent_role;
 void sv__kill_remaining(ac_timer *t, void *ctx);
 /* Ends the loop once no worker of this node is left running and the job cannot go on. */
 void sv__maybe_finish(struct sv *s);
+/* Starts the worker process of slot w (at the start, or to replace a dead rank). */
+int sv__spawn_one(struct sv *s, struct worker *w);
+/* Moves slot w's process to state to (the transition table's check). */
+void sv__w_set(struct worker *w, svp_wstate to);
+/* Is the local process pid stopped (SIGSTOP, a debugger)? */
+bool sv__process_stopped(pid_t pid);
+/* Sends body to node n's agent (the supervisor's; nothing while the node has none). */
+int sv__agent_send(struct sv *s, int n, const ProtobufCMessage *body);
+/* Sends a SlotEvent of kind about slot (the agent: to the supervisor; the supervisor: to the
+ * slot's node agent). */
+int sv__send_slot_event(struct sv *s, int kind, const struct worker *w, const char *reason);
 /* A failed rank's process in words into why ("rank 3 (node 1, pid 42) was killed by signal
  * 9 (Killed)") and the job's exit status for it (SV_EXIT_NAN for a worker's NaN exit). */
 int sv__rank_failure(const struct sv *s, const struct worker *w, int64_t status, int term_signal, char *why,

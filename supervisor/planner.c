@@ -53,6 +53,21 @@ int svp_optimizer_shard_lost(const svp_view *v, int64_t M) {
     return -1;
 }
 
+int svp_node_shard_lost(const svp_view *v, int node) {
+    for (int i = 0; i < v->nslots; i++) {
+        const svp_slot *w = &v->slots[i];
+        if (w->node != node || w->rank < 0 || w->rank >= v->world) continue;
+        bool elsewhere = false;
+        for (int k = 0; k < v->nslots && !elsewhere; k++) {
+            const svp_slot *c = &v->slots[k];
+            elsewhere = c->node != node && c->rank >= 0 && c->rank < v->world && !c->replacing && svp_alive(c->state) &&
+                        topo_same_shard(&v->coord[c->rank], &v->coord[w->rank]);
+        }
+        if (!elsewhere) return w->rank;
+    }
+    return -1;
+}
+
 /* Whether every survivor reached the barrier and every replacement registered; counts the
  * replacements and finds the newest committed iteration and the first survivor that has it. */
 static bool restart_ready(const svp_view *v, int *replaced, int64_t *M, int *src) {

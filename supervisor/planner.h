@@ -102,6 +102,14 @@ typedef struct svp_plan {
  * every rank load the checkpoint (SVP_CANNOT_CONTINUE without one). */
 void svp_plan_restart(const svp_view *v, svp_plan *plan);
 
+/* Several nodes: what losing node `node` (its agent silent: every slot on it gone at once)
+ * costs. Returns the first rank on the node whose model shard has no live replica on another
+ * node (then the new generation, whenever it comes, loads the checkpoint: every replica of that
+ * shard died), or -1 when every shard the node held survives elsewhere (its ranks' replacements
+ * take their peers' state: no step lost). Slots on other nodes count when alive and not
+ * replacements. */
+int svp_node_shard_lost(const svp_view *v, int node);
+
 /* The first data-parallel rank whose optimizer shard has no holder that survived and
  * committed iteration M (itself and the next dopt_holders - 1 ranks of its data-parallel
  * group), or -1. */

@@ -56,7 +56,7 @@ static const char *w_state_name(svp_wstate st) {
 
 /* Moves slot w's process to state to; a transition the table does not allow is a bug, said
  * (and made all the same: the supervisor's bookkeeping follows the processes). */
-static void w_set(worker *w, svp_wstate to) {
+void sv__w_set(worker *w, svp_wstate to) {
     if (w->state == to) return;
     if (!(w_allowed[w->state] & 1u << to))
         co_log(CO_LOG_ERROR, "internal: slot %d went from %s to %s", w->index, w_state_name(w->state), w_state_name(to));
@@ -102,10 +102,10 @@ static worker *rank_slot(struct sv *s, int r);
 static void on_proc_closed(uv_handle_t *h);
 static void begin_restart(sv *s, const char *kind, int rank, const char *why, uint64_t detect_ms);
 static void check_restart_done(sv *s);
-static int spawn_one(sv *s, worker *w);
 static void watch_progress(sv *s, uint64_t now);
 static void begin_signal_stop(sv *s, int signum, int rank, const char *what);
 static void stop_incurable(sv *s, int rank, int status, const char *what);
+static int respawn_slot(sv *s, worker *w);
 
 /* Slots whose process registered (the rendezvous is complete when every slot's has). */
 static int registered_count(const sv *s) {
@@ -133,7 +133,7 @@ void sv__kill_remaining(ac_timer *t, void *ctx) {
     s->kill_timer = NULL;
     for (int i = 0; i < s->nw; i++)
         if (w_running(s, &s->w[i])) {
-            co_log(CO_LOG_ERROR, "worker %d (pid %u) did not stop; killing it", i, s->w[i].pid);
+            co_log(CO_LOG_ERROR, "worker %d (pid %u) did not stop; killing it", s->w[i].index, s->w[i].pid);
             uv_process_kill(&s->w[i].proc, SIGKILL);
         }
 }
@@ -146,7 +146,24 @@ static void begin_shutdown(sv *s, int status, const char *reason) {
     s->stopping = true;
     for (int i = 0; i < s->nw; i++)
         if (svp_alive(s->w[i].state)) send_shutdown(s, &s->w[i], status, reason);
+    for (int n = 1; n < s->o.nnodes && !s->agent; n++) { /* every node agent: the job is over */
+        Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
+        sd.exit_status = status;
+        sd.reason = (char *)reason;
+        sv__agent_send(s, n, &sd.base);
+    }
     ac_timer_start(s->a, (uint64_t)s->o.kill_grace_ms, 0, sv__kill_remaining, s, &s->kill_timer);
+}
+
+/* Kills slot w's process: here, or through its node's agent (why: for the agent's log). */
+static void kill_slot(sv *s, worker *w, const char *why) {
+    if (w_local(s, w)) uv_process_kill(&w->proc, SIGKILL);
+    else sv__send_slot_event(s, COHORT__V1__SLOT_EVENT__KIND__SLOT_KILL, w, why);
+}
+
+int sv__agent_send(sv *s, int n, const ProtobufCMessage *body) {
+    if (!s->agent_id || n < 1 || n >= s->o.nnodes || !s->agent_id[n][0]) return 0; /* none (yet, or lost) */
+    return sv__send(s->mb, s->agent_id[n], &s->snd, body);
 }
 
 /* The job's active ranks all finished: the warm spares are told to go. */
@@ -163,11 +180,11 @@ static void finish_spares(sv *s) {
 
 int sv__rank_failure(const sv *s, const worker *w, int64_t status, int term_signal, char *why, size_t n) {
     if (term_signal)
-        snprintf(why, n, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->rank, s->o.node_rank, w->pid,
-                 term_signal, strsignal(term_signal));
+        snprintf(why, n, "rank %d (node %d, pid %u) was killed by signal %d (%s)", w->rank, w->index / s->o.nproc,
+                 w->pid, term_signal, strsignal(term_signal));
     else
-        snprintf(why, n, "rank %d (node %d, pid %u) exited with status %" PRId64, w->rank, s->o.node_rank, w->pid,
-                 status);
+        snprintf(why, n, "rank %d (node %d, pid %u) exited with status %" PRId64, w->rank, w->index / s->o.nproc,
+                 w->pid, status);
     return status == 3 && !term_signal ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED;
 }
 
@@ -188,7 +205,10 @@ static void rank_failed(sv *s, worker *w, int64_t status, int term_signal) {
         begin_restart(s, term_signal ? "killed" : "exited", w->rank, why, 0);
     } else {
         if (s->val) svv_note_fault(s->val, term_signal ? "killed" : "exited", w->rank, why);
-        co_log(CO_LOG_ERROR, "%s at iteration %" PRIu64 "; stopping the job", why, w->iteration);
+        /* (its heartbeat's iteration, or the newest the validator saw: a heartbeat may be old) */
+        int64_t it = s->val && svv_current_iteration(s->val) > (int64_t)w->iteration ? svv_current_iteration(s->val)
+                                                                                      : (int64_t)w->iteration;
+        co_log(CO_LOG_ERROR, "%s at iteration %" PRId64 "; stopping the job", why, it);
         begin_shutdown(s, st, why);
     }
 }
@@ -202,7 +222,7 @@ static void supervisor_worker_exited(sv *s, worker *w, int64_t status, int term_
         /* a warm spare died: start another (no rank lost, no restart) */
         if (!s->stopping && !s->finishing) {
             unregister(s, w);
-            w_set(w, SVP_RESPAWN);
+            sv__w_set(w, SVP_RESPAWN);
         }
         return;
     }
@@ -211,7 +231,7 @@ static void supervisor_worker_exited(sv *s, worker *w, int64_t status, int term_
         w->retiring = false;
         w->replacing = true;
         unregister(s, w);
-        w_set(w, SVP_RESPAWN);
+        if (respawn_slot(s, w)) begin_shutdown(s, SV_EXIT_FAILURE, "could not start a replacement worker");
         return;
     }
     if ((term_signal == SIGINT || term_signal == SIGTERM || term_signal == SIGUSR1) && (s->sig_stop || w->signalled)) {
@@ -232,7 +252,7 @@ static void supervisor_worker_exited(sv *s, worker *w, int64_t status, int term_
 static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
     worker *w = p->data;
     sv *s = w->sv;
-    w_set(w, SVP_EXITING);
+    sv__w_set(w, SVP_EXITING);
     w->exit_status = status;
     w->term_signal = term_signal;
     uv_close((uv_handle_t *)p, on_proc_closed);
@@ -252,7 +272,8 @@ void sv__maybe_finish(sv *s) {
 
 /* Every rank's data endpoint (pe, pp: [world]); false if a rank has no slot. */
 static bool fill_peers(sv *s, Cohort__V1__PeerEndpoint *pe, Cohort__V1__PeerEndpoint **pp) {
-    bool restart = s->snd.generation > 1;
+    /* (several nodes: a slot's tcp endpoint serves every generation, bound anew by each) */
+    bool restart = s->snd.generation > 1 && s->o.nnodes == 1;
     for (int r = 0; r < s->world; r++) {
         worker *wr = rank_slot(s, r);
         if (!wr) return false;
@@ -322,7 +343,7 @@ static void send_assignment(sv *s, int r, Cohort__V1__Assign *as, int64_t start_
         if (source < 0) as->checkpoint_dir = (char *)s->o.save_dir; /* load it */
     }
     int rc;
-    if (wr->state == SVP_TRAINING) w_set(wr, SVP_REGISTERED); /* (until its first loss of this generation) */
+    if (wr->state == SVP_TRAINING) sv__w_set(wr, SVP_REGISTERED); /* (until its first loss of this generation) */
     if (!restart || wr->replacing) {
         rc = sv__send(s->mb, wr->identity, &s->snd, &as->base);
         wr->replacing = false;
@@ -423,11 +444,11 @@ static void on_fatal(sv *s, worker *w, const Cohort__V1__Abort *ab, uint64_t gen
 
 static void on_proc_closed(uv_handle_t *h) {
     worker *w = h->data;
-    if (w->state == SVP_EXITING) w_set(w, SVP_EXITED);
+    if (w->state == SVP_EXITING) sv__w_set(w, SVP_EXITED);
     if (w->state == SVP_RESPAWN) {
-        int rc = spawn_one(w->sv, w);
+        int rc = sv__spawn_one(w->sv, w);
         if (rc) {
-            w_set(w, SVP_EXITED);
+            sv__w_set(w, SVP_EXITED);
             co_log(CO_LOG_WARN, "%s", co_err_detail());
             begin_shutdown(w->sv, SV_EXIT_FAILURE, "could not start a replacement worker");
         }
@@ -458,8 +479,24 @@ static bool restart_limit_reached(sv *s, uint64_t now, const char *why) {
 /* Starts a new process in slot w, whose process exited, unless one is on its way: at once,
  * or once its old process handle is closed. */
 static int respawn_slot(sv *s, worker *w) {
-    if (w->state == SVP_EXITING) w_set(w, SVP_RESPAWN);
-    return w->state == SVP_EXITED ? spawn_one(s, w) : 0;
+    if (!w_local(s, w)) {
+        /* another node's: its agent starts the new process, which registers here */
+        if (w->state == SVP_EXITING) sv__w_set(w, SVP_RESPAWN);
+        char why[96];
+        snprintf(why, sizeof why, "rank %d is replaced (generation %" PRIu64 ")", w->rank, s->snd.generation);
+        int rc = sv__send_slot_event(s, COHORT__V1__SLOT_EVENT__KIND__SLOT_RESPAWN, w, why);
+        if (rc) return co_err_set(rc, "supervisor: ordering node %d's agent to replace rank %d failed",
+                                  w->index / s->o.nproc, w->rank);
+        sv__w_set(w, SVP_STARTED);
+        w->pid = 0;
+        w->stopped_pid = 0;
+        w->exit_status = 0; /* (the dead process's: not the job's end) */
+        w->term_signal = 0;
+        w->last_seen_ms = sv__now_ms();
+        return 0;
+    }
+    if (w->state == SVP_EXITING) sv__w_set(w, SVP_RESPAWN);
+    return w->state == SVP_EXITED ? sv__spawn_one(s, w) : 0;
 }
 
 /* Dead slot w's rank goes to the warm spare sp (NULL: to a new process in w). */
@@ -499,7 +536,7 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
     if (s->val) svv_restart_begin(s->val, kind, rank, why, detect_ms);
     if (restart_limit_reached(s, now, why)) return;
     uint64_t gen = ++s->snd.generation;
-    if (!s->restarting) s->restart_t0 = now;
+    if (!s->restarting) s->restart_t0 = s->barrier_t0 = now;
     s->restarting = true;
     co_log(CO_LOG_WARN, "%s; in-process restart into generation %" PRIu64, why, gen);
     svc_restart(s->ckpt, why);
@@ -521,7 +558,7 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
         worker *w = &s->w[i];
         char name[48];
         snprintf(name, sizeof name, "data-%d-g%" PRIu64, w->index, gen);
-        if (ac_ipc_endpoint(s->ipc_dir, name, w->spawn_endpoint, sizeof w->spawn_endpoint)) {
+        if (s->o.nnodes == 1 && ac_ipc_endpoint(s->ipc_dir, name, w->spawn_endpoint, sizeof w->spawn_endpoint)) {
             begin_shutdown(s, SV_EXIT_FAILURE, "no endpoint for the new generation");
             break;
         }
@@ -837,7 +874,7 @@ static void on_registration(sv *s, worker *w, const Cohort__V1__Register *r) {
         }
     }
     free(flags);
-    w_set(w, SVP_REGISTERED);
+    sv__w_set(w, SVP_REGISTERED);
     w->pid = r->pid;
     snprintf(w->host, sizeof w->host, "%s", r->hostname ? r->hostname : "");
     w->data_endpoint = strdup(r->data_endpoint);
@@ -879,7 +916,7 @@ static void on_worker_abort(sv *s, worker *w, const Cohort__V1__Abort *ab, uint6
 static void on_ready(sv *s, worker *w, const Cohort__V1__Ready *rd, uint64_t generation) {
     if (!s->restarting || generation != s->snd.generation || w->replacing) return;
     if (w->retiring) {
-        uv_process_kill(&w->proc, SIGKILL); /* quarantined: its exit starts the replacement */
+        kill_slot(s, w, "quarantined"); /* its exit starts the replacement */
         return;
     }
     w->ready_gen = generation;
@@ -911,7 +948,7 @@ static void on_report(sv *s, worker *w, const Cohort__V1__Envelope *e) {
     bool sum = e->body_case == COHORT__V1__ENVELOPE__BODY_PARAMS_CHECKSUM;
     int64_t it = (int64_t)(sum ? e->params_checksum->iteration : e->loss_report->iteration);
     if (retire_quarantined(s, it)) return;
-    if (w->state == SVP_REGISTERED) w_set(w, SVP_TRAINING);
+    if (w->state == SVP_REGISTERED) sv__w_set(w, SVP_TRAINING);
     int st = w->rank < 0 ? 0
              : sum      ? svv_on_checksum(s->val, w->rank, e->params_checksum, why, sizeof why, &quarantine)
                         : svv_on_report(s->val, w->rank, e->loss_report, why, sizeof why, &quarantine);
@@ -1000,9 +1037,69 @@ static void on_worker_message(sv *s, worker *w, const Cohort__V1__Envelope *e) {
     }
 }
 
-/* A message from another node's agent: a signal it received (the job stops cleanly), or a
- * dead worker on its node (the job stops). */
-static void on_agent_message(sv *s, const Cohort__V1__Envelope *e) {
+/* Whether peer is node n's agent: the first to speak for its node, or after the node was lost
+ * a new one (its workers then replace the node's ranks). Any other (an agent that was lost and
+ * came back, a second agent of one node) is told to stop. */
+static bool agent_admitted(sv *s, int n, const char *peer) {
+    if (!strcmp(s->agent_id[n], peer)) return true;
+    if (!s->agent_id[n][0] && strcmp(s->agent_gone[n], peer)) {
+        snprintf(s->agent_id[n], sizeof s->agent_id[n], "%s", peer);
+        if (s->stopping) { /* (begin_shutdown did not know it yet) */
+            Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
+            sd.exit_status = s->status > 0 && s->status < 128 ? s->status : 0;
+            sd.reason = "the job is stopping";
+            sv__send(s->mb, peer, &s->snd, &sd.base);
+        }
+        if (s->node_lost_ms[n]) {
+            co_log(CO_LOG_WARN, "a new agent of node %d joined after %.1f s; its workers replace the node's ranks", n,
+                   (double)ms_since_(sv__now_ms(), s->node_lost_ms[n]) / 1000);
+            s->node_lost_ms[n] = 0;
+            s->barrier_t0 = sv__now_ms(); /* its workers' start has the barrier's time */
+        }
+        return true;
+    }
+    char why[200];
+    snprintf(why, sizeof why, "refused: node %d %s", n, !strcmp(s->agent_gone[n], peer)
+             ? "was lost and its ranks were given to another agent" : "has another agent");
+    co_log(CO_LOG_WARN, "node %d's agent %s %s", n, peer, why);
+    Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
+    sd.exit_status = SV_EXIT_NODE_LOST;
+    sd.reason = why;
+    sv__send(s->mb, peer, &s->snd, &sd.base);
+    return false;
+}
+
+/* Node agent n's report on one of its node's slots: a worker's process exited (the same as
+ * a local worker's exit), or is stopped or runs again (the laggard check at the restart
+ * barrier reads it as it reads a local process's state). */
+static void on_slot_event(sv *s, int n, const Cohort__V1__SlotEvent *ev) {
+    if ((int)ev->slot >= s->nw || (int)ev->slot / s->o.nproc != n || n == s->o.node_rank) return;
+    worker *w = &s->w[ev->slot];
+    if (ev->has_pid && ev->pid && w->pid && ev->pid != w->pid) return; /* about an older process */
+    bool stopped = ev->kind == COHORT__V1__SLOT_EVENT__KIND__SLOT_STOPPED;
+    if (stopped || ev->kind == COHORT__V1__SLOT_EVENT__KIND__SLOT_CONTINUED) {
+        w->stopped_pid = stopped ? ev->pid : 0;
+        if (w->stopped_pid && s->restarting) watch_progress(s, sv__now_ms()); /* replaced now, not a tick later */
+        return;
+    }
+    if (ev->kind != COHORT__V1__SLOT_EVENT__KIND__SLOT_EXITED || w_exited(w) || w->state == SVP_EMPTY) return;
+    if (!w->pid && ev->has_pid) w->pid = ev->pid; /* (a replacement that died before it registered) */
+    sv__w_set(w, SVP_EXITING);
+    w->exit_status = ev->has_exit_status ? ev->exit_status : 1;
+    w->term_signal = ev->has_term_signal ? ev->term_signal : 0;
+    w->stopped_pid = 0;
+    s->role->worker_exited(s, w, w->exit_status, w->term_signal);
+    sv__maybe_finish(s);
+}
+
+/* A message from another node's agent (its identity "agentN"): a signal it received (the job
+ * stops cleanly), or a report on one of its slots. Every message says the agent lives. */
+static void on_agent_message(sv *s, const char *peer, const Cohort__V1__Envelope *e) {
+    char *end = NULL;
+    long n = strtol(peer + 5, &end, 10);
+    if (!end || (*end && *end != '.') || n < 1 || n >= s->o.nnodes || !s->agent_id) return;
+    if (!agent_admitted(s, (int)n, peer)) return;
+    s->agent_heard_ms[n] = sv__now_ms();
     if (e->body_case == COHORT__V1__ENVELOPE__BODY_SIGNAL_RECEIVED) {
         int sig = e->signal_received->signal;
         if (sig != SIGINT && sig != SIGTERM && sig != SIGUSR1) return;
@@ -1010,12 +1107,26 @@ static void on_agent_message(sv *s, const Cohort__V1__Envelope *e) {
         const char *t = e->signal_received->what ? e->signal_received->what : strsignal(sig);
         snprintf(what, sizeof what, "%.*s", (int)strcspn(t, "\n"), t);
         begin_signal_stop(s, sig, -1, what);
-    } else if (e->body_case == COHORT__V1__ENVELOPE__BODY_ABORT && !s->stopping) {
-        const Cohort__V1__Abort *ab = e->abort;
-        co_log(CO_LOG_ERROR, "%s; stopping the job", ab->reason);
-        begin_shutdown(s, ab->has_error_code && ab->error_code == SV_EXIT_NAN ? SV_EXIT_NAN : SV_EXIT_WORKER_FAILED,
-                       ab->reason);
+    } else if (e->body_case == COHORT__V1__ENVELOPE__BODY_SLOT_EVENT) {
+        on_slot_event(s, (int)n, e->slot_event);
     }
+}
+
+/* The slot of the worker whose identity is peer ("w<slot>.<nonce>", worker/link.c): the slot
+ * whose process it is, or for a registration the slot waiting for its process (which then
+ * takes the identity). NULL: none (a process whose slot was given to another). */
+static worker *worker_of(sv *s, const char *peer, const Cohort__V1__Envelope *e) {
+    for (int i = 0; i < s->nw; i++)
+        if (!strcmp(s->w[i].identity, peer)) return &s->w[i];
+    char *end = NULL;
+    long slot = peer[0] == 'w' ? strtol(peer + 1, &end, 10) : -1;
+    if (e->body_case != COHORT__V1__ENVELOPE__BODY_REGISTRATION || !end || end == peer + 1 || (*end && *end != '.') ||
+        slot < 0 || slot >= s->nw)
+        return NULL;
+    worker *w = &s->w[slot];
+    if (w->state != SVP_STARTED && w->state != SVP_EMPTY) return NULL;
+    snprintf(w->identity, sizeof w->identity, "%s", peer);
+    return w;
 }
 
 /* Decodes a message; one dropped as malformed or over a limit is said at once (a worker whose
@@ -1044,13 +1155,21 @@ static void supervisor_on_message(sv *s, ac_mailbox *mb, const ac_msg *m, const 
         return;
     }
     if (m->request_id) ac_reply(mb, m, "", 0); /* a worker's goodbye: its earlier messages are in */
-    if (!msg) return;
-    for (int i = 0; i < s->nw && m->peer; i++)
-        if (!strcmp(s->w[i].identity, m->peer)) {
-            on_worker_message(s, &s->w[i], msg->env);
-            return;
-        }
-    if (m->peer && !strncmp(m->peer, "agent", 5)) on_agent_message(s, msg->env);
+    if (!msg || !m->peer) return;
+    if (!strncmp(m->peer, "agent", 5)) {
+        on_agent_message(s, m->peer, msg->env);
+        return;
+    }
+    worker *w = worker_of(s, m->peer, msg->env);
+    if (w) {
+        on_worker_message(s, w, msg->env);
+    } else if (m->peer[0] == 'w' && !m->request_id && !s->stopping) {
+        /* a process whose slot another took (a lost node's worker that came back): it stops */
+        Cohort__V1__Shutdown sd = COHORT__V1__SHUTDOWN__INIT;
+        sd.exit_status = SV_EXIT_NODE_LOST;
+        sd.reason = "refused: its rank was given to another process";
+        sv__send(s->mb, m->peer, &s->snd, &sd.base);
+    }
 }
 
 static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
@@ -1066,9 +1185,76 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
     s->role->tick(s, sv__now_ms());
 }
 
+/* Node n's agent went silent: its ranks are lost together. Its identity is refused from now
+ * on (it may come back, its workers too: they are told to stop), the generation is aborted,
+ * and the survivors wait at the restart barrier for a new agent of node rank n, whose workers
+ * take the node's slots (watch_lost_nodes bounds the wait). */
+static void lose_node(sv *s, int n, const char *why, uint64_t silent_ms) {
+    uint64_t now = sv__now_ms();
+    snprintf(s->agent_gone[n], sizeof s->agent_gone[n], "%s", s->agent_id[n]);
+    s->agent_id[n][0] = '\0';
+    s->agent_heard_ms[n] = 0;
+    s->node_lost_ms[n] = now;
+    co_log(CO_LOG_ERROR, "%s; waiting up to %.1f s (--node-replacement-timeout) for a new agent of node %d", why,
+           (double)s->o.node_replacement_ms / 1000, n);
+    /* what the loss costs (planner.c): nothing where every shard it held lives on elsewhere */
+    svp_slot *slots = calloc((size_t)s->nw, sizeof *slots);
+    if (slots) {
+        svp_view v;
+        plan_view(s, &v, slots);
+        int lost = svp_node_shard_lost(&v, n);
+        if (lost < 0)
+            co_log(CO_LOG_INFO, "every model shard node %d held has a replica on another node: its ranks' "
+                   "replacements take their peers' state", n);
+        else
+            co_log(CO_LOG_WARN, "the model shard tp %d, cp %d, pp %d (rank %d's) had no replica outside node %d: the "
+                   "new generation loads the last checkpoint", s->coord[lost].tp, s->coord[lost].cp,
+                   s->coord[lost].pp, lost, n);
+        free(slots);
+    }
+    int first = -1;
+    for (int i = 0; i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (w->index / s->o.nproc != n) continue;
+        w->identity[0] = '\0'; /* its process is refused if it comes back */
+        w->stopped_pid = 0;
+        if (w_exited(w) || w->state == SVP_EMPTY || w->state == SVP_RESPAWN) continue;
+        sv__w_set(w, SVP_EXITING);
+        w->term_signal = SIGKILL;
+        if (first < 0) first = w->rank;
+    }
+    if (s->assigned && !s->stopping) begin_restart(s, "node_lost", first, why, silent_ms);
+}
+
+/* Several nodes: a heartbeat to every node agent (an agent that hears nothing for the heartbeat
+ * timeout stops its node); an agent silent for the heartbeat timeout is a node lost, its ranks
+ * with it: the job stops (SV_EXIT_NODE_LOST) and is restarted from the last checkpoint. */
+static void watch_agents(sv *s, uint64_t now) {
+    for (int n = 1; n < s->o.nnodes; n++) {
+        Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
+        sv__agent_send(s, n, &hb.base);
+        uint64_t heard = s->agent_heard_ms ? s->agent_heard_ms[n] : 0;
+        if (s->stopping || !s->assigned || !heard || now <= heard || now - heard <= (uint64_t)s->o.heartbeat_timeout_ms)
+            continue;
+        char why[300];
+        snprintf(why, sizeof why, "node %d's agent sent nothing for %.1f s (--inprocess-heartbeat-timeout %.1f s): the "
+                 "node is lost with its ranks %d to %d", n, (double)(now - heard) / 1000,
+                 (double)s->o.heartbeat_timeout_ms / 1000, n * s->o.nproc, (n + 1) * s->o.nproc - 1);
+        if (s->restart_enabled && s->o.node_replacement_ms > 0) {
+            lose_node(s, n, why, now - heard); /* (the restart notes the fault) */
+            continue;
+        }
+        if (s->val) svv_note_fault(s->val, "node_lost", n * s->o.nproc, why);
+        co_log(CO_LOG_ERROR, "%s; stopping the job (exit %d: restart it from the last checkpoint)", why,
+               SV_EXIT_NODE_LOST);
+        begin_shutdown(s, SV_EXIT_NODE_LOST, why);
+    }
+}
+
 /* The supervisor's tick: hangs, the metrics snapshot, a heartbeat to every worker and the
- * workers' silence. */
+ * workers' silence, the node agents'. */
 static void supervisor_tick(sv *s, uint64_t now) {
+    watch_agents(s, now);
     watch_progress(s, now);
     publish_metrics(s); /* heartbeats, restarts and ranks' ages change without a record */
     for (int i = 0; i < s->nw; i++) {
@@ -1081,7 +1267,7 @@ static void supervisor_tick(sv *s, uint64_t now) {
             co_log(CO_LOG_ERROR, "rank %d (pid %u) sent no heartbeat for %d s; killing it to replace it",
                    i, w->pid, s->o.heartbeat_timeout_ms / 1000);
             w->last_seen_ms = now; /* once */
-            uv_process_kill(&w->proc, SIGKILL);
+            kill_slot(s, w, "it sent no heartbeat");
             continue;
         }
         if (!s->stopping && now - w->last_seen_ms > (uint64_t)s->o.heartbeat_timeout_ms) {
@@ -1105,7 +1291,7 @@ static uint64_t ms_since(uint64_t now, uint64_t t) { return now > t ? now - t : 
 
 /* Is the local process pid stopped (SIGSTOP, a debugger)? Its state in /proc/PID/stat:
  * "PID (COMM) S ...", COMM may hold spaces and parentheses, so the state follows the last ')'. */
-static bool process_stopped(pid_t pid) {
+bool sv__process_stopped(pid_t pid) {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "r");
@@ -1135,6 +1321,26 @@ static int stuck_stage(sv *s, char *note, size_t n) {
     for (int k = 0; k < s->nw && len > 0 && (size_t)len < n - 16; k++)
         if (s->w[k].rank >= 0 && s->w[k].waiting_on == stuck) len += snprintf(note + len, n - (size_t)len, " %d", s->w[k].rank);
     return stuck;
+}
+
+/* A lost node waits for a new agent (its ranks' replacements) until --node-replacement-timeout,
+ * then the job stops (SV_EXIT_NODE_LOST). True while one waits (the barrier's timeout waits). */
+static bool watch_lost_nodes(sv *s, uint64_t now) {
+    bool waiting = false;
+    for (int n = 1; n < s->o.nnodes && s->node_lost_ms && !s->stopping; n++) {
+        if (!s->node_lost_ms[n]) continue;
+        if (ms_since(now, s->node_lost_ms[n]) <= (uint64_t)s->o.node_replacement_ms) {
+            waiting = true;
+            continue;
+        }
+        char why[300];
+        snprintf(why, sizeof why, "node %d was lost and no agent of node rank %d joined within %.1f s "
+                 "(--node-replacement-timeout)", n, n, (double)s->o.node_replacement_ms / 1000);
+        co_log(CO_LOG_ERROR, "%s; stopping the job (exit %d: restart it from the last checkpoint)", why,
+               SV_EXIT_NODE_LOST);
+        begin_shutdown(s, SV_EXIT_NODE_LOST, why);
+    }
+    return waiting;
 }
 
 /* Hangs: a round whose reports stopped coming for the soft timeout aborts the generation;
@@ -1172,8 +1378,10 @@ static void watch_progress(sv *s, uint64_t now) {
             char why[160];
             why[0] = '\0';
             /* (test hook COHORT_TEST_NO_PROC_STATE: as for a remote node's rank, unread) */
-            if (w_local(s, w) && w->pid && !s->no_proc_state && process_stopped((pid_t)w->pid))
+            if (w_local(s, w) && w->pid && !s->no_proc_state && sv__process_stopped((pid_t)w->pid))
                 snprintf(why, sizeof why, "is stopped (process state T)");
+            else if (!w_local(s, w) && w->pid && w->stopped_pid == w->pid) /* as its node's agent reported */
+                snprintf(why, sizeof why, "is stopped (process state T, node %d's agent says)", w->index / s->o.nproc);
             else if (others_in && w->state == SVP_TRAINING && ms_since(now, w->abort_ms) > grace) /* (one in setup may be slow) */
                 snprintf(why, sizeof why, "did not reach the restart barrier %.1f s after the other %d rank(s)",
                          (double)ms_since(now, s->last_ready_ms) / 1000, ready);
@@ -1182,9 +1390,9 @@ static void watch_progress(sv *s, uint64_t now) {
             if (!why[0]) continue;
             co_log(CO_LOG_ERROR, "rank %d %s; killing it to replace it", w->rank, why);
             w->abort_ms = 0;
-            uv_process_kill(&w->proc, SIGKILL);
+            kill_slot(s, w, why);
         }
-        if (now - s->restart_t0 > (uint64_t)s->o.barrier_timeout_ms)
+        if (!watch_lost_nodes(s, now) && ms_since(now, s->barrier_t0) > (uint64_t)s->o.barrier_timeout_ms)
             begin_shutdown(s, SV_EXIT_WORKER_FAILED, "the restart barrier timed out (--inprocess-barrier-timeout)");
         return;
     }
@@ -1252,11 +1460,9 @@ static void begin_signal_stop(sv *s, int signum, int rank, const char *what) {
     if (sv_preempting_signal(signum, s->o.requeue_on_sigterm))
         for (int n = 1; n < s->o.nnodes; n++) {
             /* every node's process exits 75, whichever received the signal */
-            char id[32];
-            snprintf(id, sizeof id, "agent%d", n);
             Cohort__V1__Preempt pr = COHORT__V1__PREEMPT__INIT;
             pr.signal = signum;
-            sv__send(s->mb, id, &s->snd, &pr.base);
+            sv__agent_send(s, n, &pr.base);
         }
     if (s->restarting) return;
     for (int i = 0; i < s->nw; i++)
@@ -1285,13 +1491,13 @@ static void on_signal(uv_signal_t *h, int signum) {
 }
 
 /* Starts the worker process of slot w (at the start, or to replace a dead rank). */
-static int spawn_one(sv *s, worker *w) {
+int sv__spawn_one(sv *s, worker *w) {
     uv_loop_t *loop = ac_actor_loop(s->a);
     int nenv = 0;
     while (environ[nenv]) nenv++;
     char **args = calloc((size_t)s->o.nworker_args + 3, sizeof *args);
-    char **env = calloc((size_t)nenv + (size_t)s->o.nextra_env + 10, sizeof *env); /* + 9 vars + NULL */
-    char vars[9][600];
+    char **env = calloc((size_t)nenv + (size_t)s->o.nextra_env + 11, sizeof *env); /* + 10 vars + NULL */
+    char vars[10][600];
     if (!args || !env) {
         free(args);
         free(env);
@@ -1315,7 +1521,9 @@ static int spawn_one(sv *s, worker *w) {
     snprintf(vars[7], sizeof vars[7], "COHORT_JOB_SECRET=%s", s->have_secret ? s->o.secret_path : "");
     /* a warm spare waits for a rank as long as its supervisor lives */
     snprintf(vars[8], sizeof vars[8], "COHORT_SPARE=%d", w->rank < 0 ? 1 : 0);
-    for (int k = 0; k < 9; k++) env[ne++] = vars[k];
+    /* the supervisor's silence after which the worker stops itself (a partitioned node's) */
+    snprintf(vars[9], sizeof vars[9], "COHORT_SILENCE_MS=%d", s->o.heartbeat_timeout_ms);
+    for (int k = 0; k < 10; k++) env[ne++] = vars[k];
     for (int k = 0; k < s->o.nextra_env; k++) env[ne++] = s->o.extra_env[k];
     uv_stdio_container_t stdio[3];
     for (int k = 0; k < 3; k++) {
@@ -1335,8 +1543,10 @@ static int spawn_one(sv *s, worker *w) {
     free(args);
     free(env);
     if (rc) return co_err_set(CO_EIO, "supervisor: starting worker %d (%s) failed: %s", w->index, s->o.exe, uv_strerror(rc));
-    w_set(w, SVP_STARTED);
+    sv__w_set(w, SVP_STARTED);
     w->pid = (uint32_t)w->proc.pid;
+    w->exit_status = 0; /* (a replaced process's is not the job's end) */
+    w->term_signal = 0;
     w->last_seen_ms = sv__now_ms();
     return 0;
 }
@@ -1345,7 +1555,7 @@ static int spawn_workers(sv *s) {
     for (int i = 0; i < s->nw; i++) {
         worker *w = &s->w[i];
         if (w->index / s->o.nproc != s->o.node_rank) continue; /* another node's */
-        int rc = spawn_one(s, w);
+        int rc = sv__spawn_one(s, w);
         if (rc) return rc;
     }
     return 0;
@@ -1464,6 +1674,10 @@ static void release(sv *s) {
     free(s->w);
     free(s->coord);
     free(s->source);
+    free(s->agent_heard_ms);
+    free(s->node_lost_ms);
+    free(s->agent_id);
+    free(s->agent_gone);
 }
 
 /* Several nodes: the job secret, and the job id every node derives from it. */
@@ -1505,7 +1719,11 @@ static int init_layout(sv *s) {
 static int init_coords(sv *s) {
     s->coord = calloc((size_t)s->world, sizeof *s->coord);
     s->source = calloc((size_t)s->world, sizeof *s->source);
-    bool ok = s->coord && s->source;
+    s->agent_heard_ms = calloc((size_t)s->o.nnodes, sizeof *s->agent_heard_ms);
+    s->node_lost_ms = calloc((size_t)s->o.nnodes, sizeof *s->node_lost_ms);
+    s->agent_id = calloc((size_t)s->o.nnodes, sizeof *s->agent_id);
+    s->agent_gone = calloc((size_t)s->o.nnodes, sizeof *s->agent_gone);
+    bool ok = s->coord && s->source && s->agent_heard_ms && s->node_lost_ms && s->agent_id && s->agent_gone;
     for (int r = 0; r < s->world && ok; r++) ok = topo_coords(&s->layout, r, &s->coord[r]) == 0;
     return ok ? 0 : SV_EXIT_FAILURE;
 }
@@ -1622,8 +1840,8 @@ static void init_options(sv *s, const sv_options *opt) {
     s->role = s->agent ? &sv__agent_role : &supervisor_role;
     if (s->agent) co_log_set_prefix("cohort node agent %d", s->o.node_rank);
     else co_log_set_prefix("cohort supervisor");
-    /* several nodes: a failure still stops the job (restart needs a node agent's part) */
-    s->restart_enabled = s->o.restart && s->o.nnodes == 1;
+    /* (several nodes: every node's agent replaces its workers on the supervisor's order) */
+    s->restart_enabled = s->o.restart;
     if (!s->o.restart_window_ms) s->o.restart_window_ms = 600000;
     s->no_proc_state = getenv("COHORT_TEST_NO_PROC_STATE") != NULL;
     if (!s->o.soft_timeout_ms) s->o.soft_timeout_ms = 60000;

@@ -29,6 +29,11 @@
  *   5 the rendezvous did not complete in time
  *   6 a worker stopped sending heartbeats and in-process restart is disabled; the job was
  *     stopped
+ *   7 (several nodes) a node was lost: its agent went silent for the heartbeat timeout or
+ *     its connection dropped, and no agent of that node rank took its place in time; the
+ *     others were stopped, the last checkpoint is intact (restart the job from --load)
+ *   8 (a node agent) the supervisor's node was lost: nothing heard from it for the heartbeat
+ *     timeout; this node's workers were stopped, the last checkpoint is intact
  *   75 a clean stop for preemption (SIGUSR1; SIGTERM with --requeue-on-sigterm): as 0, but
  *     the job is not done; a scheduler requeues it and it resumes from --load
  *   128 + N a second signal N (130: SIGINT, 143: SIGTERM) stopped the job at once, or a
@@ -49,6 +54,8 @@ enum {
     SV_EXIT_WORKER_FAILED = 4,
     SV_EXIT_RENDEZVOUS = 5,
     SV_EXIT_LOST_WORKER = 6,
+    SV_EXIT_NODE_LOST = 7,       /* several nodes: a node agent was lost and not replaced in time */
+    SV_EXIT_SUPERVISOR_LOST = 8, /* a node agent: the supervisor's node was lost */
     /* a clean stop for preemption (SIGUSR1, or SIGTERM with --requeue-on-sigterm): the step
      * finished, --save saved; requeue the job to resume (EX_TEMPFAIL, deploy/slurm) */
     SV_EXIT_PREEMPTED = 75,
@@ -99,10 +106,12 @@ typedef struct sv_options {
     const char *report_file;       /* JSON run report (NULL: none) */
     double straggler_threshold;
     fi_schedule *inject;           /* --inject (kill-supervisor fires here) */
-    /* in-process restart (one node): a dead, hung or silent rank aborts the generation; the
+    /* in-process restart (every node: node agents respawn their node's workers on the
+     * supervisor's order): a dead, hung or silent rank aborts the generation; the
      * survivors wait at a restart barrier inside their processes, dead ranks are respawned
      * and take their state from a surviving replica. 0 restart_limit: disabled. */
     bool restart;
+    int node_replacement_ms;       /* several nodes: how long survivors wait for a lost node's new agent (0: stop) */
     int restart_limit;             /* restarts allowed within restart_window_ms */
     int restart_window_ms;
     int soft_timeout_ms;           /* no progress this long: abort and restart (0: 60000) */

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +48,7 @@ struct sv_link {
     _Atomic uint64_t waiting_since_ms;
     _Atomic uint64_t last_heard_ms;
     bool lost_reported;
+    int silence_ms;                    /* the supervisor's silence that stops this worker */
     pid_t parent;                      /* the local supervisor's pid, when the link opened */
     ac_timer *hb;
     pw_stats stats;
@@ -295,10 +297,10 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
         hb.waiting_ms = (uint32_t)(now > since && now - since < UINT32_MAX ? now - since : 0);
     }
     sv__send(l->mb, NULL, &l->snd, &hb.base);
-    if (!l->lost_reported && sv__now_ms() - atomic_load(&l->last_heard_ms) > LINK_SILENCE_MS) {
+    if (!l->lost_reported && sv__now_ms() - atomic_load(&l->last_heard_ms) > (uint64_t)l->silence_ms) {
         l->lost_reported = true;
-        fprintf(stderr, "cohort worker %d: no word from the supervisor for %d s; stopping\n", l->local_rank,
-                LINK_SILENCE_MS / 1000);
+        fprintf(stderr, "cohort worker %d: no word from the supervisor for %.1f s; stopping\n", l->local_rank,
+                (double)l->silence_ms / 1000);
         abort_all(l);
     }
 }
@@ -402,7 +404,13 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic
     const char *id = getenv("COHORT_WORKER_ID"), *node = getenv("COHORT_NODE_RANK");
     const char *data_ep = getenv("COHORT_DATA_ENDPOINT"), *secret = getenv("COHORT_JOB_SECRET");
     l->node_rank = node ? atoi(node) : 0;
-    snprintf(l->identity, sizeof l->identity, "w%d", id ? atoi(id) : l->local_rank);
+    /* "w<slot>.<nonce>": its slot, and this process apart from an earlier one in that slot
+     * (a lost node's worker that comes back is refused once its slot is another's) */
+    uint32_t nonce = 0;
+    if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) nonce = (uint32_t)getpid();
+    snprintf(l->identity, sizeof l->identity, "w%d.%08x", id ? atoi(id) : l->local_rank, nonce);
+    const char *silence = getenv("COHORT_SILENCE_MS");
+    l->silence_ms = silence && atoi(silence) > 0 ? atoi(silence) : LINK_SILENCE_MS;
     int rc = 0;
     if (data_ep && *data_ep) {
         snprintf(l->data_endpoint, sizeof l->data_endpoint, "%s", data_ep);

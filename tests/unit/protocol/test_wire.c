@@ -53,7 +53,7 @@ static pw_drop decode_why(const void *b, size_t n, const pw_limits *lim, const p
 static void test_round_trip_every_body(void) {
     const ProtobufCMessageDescriptor *bodies[64];
     size_t nb = pws_bodies(bodies, 64);
-    CHECK(nb == 24); /* every oneof body of Envelope, FaultEvent the newest */
+    CHECK(nb == 25); /* every oneof body of Envelope, SlotEvent the newest */
     pw_stats st = {0};
     for (size_t i = 0; i < nb; i++) {
         ProtobufCMessage *body = pws_fill(bodies[i], (unsigned)i + 1, 3);

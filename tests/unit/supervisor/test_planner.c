@@ -265,6 +265,74 @@ static void waits(void) {
     CHECK(j.p.verdict == SVP_FROM_PEERS);
 }
 
+/* Several nodes, node-major (nproc per node): each slot's node. */
+static void on_nodes(job *j, int nproc) {
+    for (int i = 0; i < j->v.nslots; i++) j->slots[i].node = i / nproc;
+}
+
+/* A node lost: every slot on it at once; its replacements started by a new agent. */
+static void node_lost(job *j, int node) {
+    for (int i = 0; i < j->v.nslots; i++)
+        if (j->slots[i].node == node) {
+            replaced(j, i);
+            j->slots[i].state = SVP_STARTED; /* not registered yet */
+        }
+}
+
+/* Three nodes x 2, tp 2 x dp 3 (node 2: ranks 4 and 5, one replica of each shard): a rank on
+ * node 2 dead takes its state from its shard's replica on node 0; node 2 lost whole costs no
+ * step: the plan waits for the new agent's workers, then both take their peers' state. */
+static void nodes_replica_elsewhere(void) {
+    job j;
+    REQUIRE(job_init(&j, 6, 0, 2, 1) == 0);
+    on_nodes(&j, 2);
+    for (int n = 0; n < 3; n++) CHECK_MSG(svp_node_shard_lost(&j.v, n) == -1, "node %d", n);
+    replaced(&j, 5);
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_PEERS && j.p.nreplaced == 1);
+    CHECK(j.source[5] == 1 && j.source[4] == 0); /* node 0's replicas, the shard's first */
+    REQUIRE(job_init(&j, 6, 0, 2, 1) == 0);
+    on_nodes(&j, 2);
+    node_lost(&j, 2);
+    plan(&j);
+    CHECK(j.p.verdict == SVP_WAIT);
+    j.slots[4].state = SVP_REGISTERED;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_WAIT); /* rank 5's process not registered yet */
+    j.slots[5].state = SVP_REGISTERED;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_PEERS && j.p.reason == SVP_OK);
+    CHECK(j.p.nreplaced == 2 && j.p.resume_iter == 10);
+    for (int r = 0; r < 6; r++) CHECK_MSG(j.source[r] == r % 2, "rank %d from %d", r, j.source[r]);
+}
+
+/* Two nodes x 1, tp 2 (node 1 holds tp rank 1, the shard's only replica): losing node 1 loses
+ * that shard: the checkpoint (none: no way on); a node of a dp-only job loses nothing. */
+static void nodes_shard_only_there(void) {
+    job j;
+    REQUIRE(job_init(&j, 2, 0, 2, 1) == 0);
+    on_nodes(&j, 1);
+    CHECK(svp_node_shard_lost(&j.v, 1) == 1);
+    CHECK(svp_node_shard_lost(&j.v, 0) == 0);
+    node_lost(&j, 1);
+    j.slots[1].state = SVP_REGISTERED;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_CANNOT_CONTINUE && j.p.reason == SVP_SHARD_LOST && j.p.why_rank == 1);
+    j.v.checkpoint_iter = 8;
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_CHECKPOINT && j.p.resume_iter == 8 && j.source[0] == -1);
+    /* 4 nodes x 2, tp 2 x dp 4 with nodes holding both tp ranks: any node may go */
+    REQUIRE(job_init(&j, 8, 0, 2, 1) == 0);
+    on_nodes(&j, 2);
+    for (int n = 0; n < 4; n++) CHECK_MSG(svp_node_shard_lost(&j.v, n) == -1, "node %d", n);
+    /* ... but not a second node while the first's replacements are not in */
+    node_lost(&j, 1);
+    CHECK(svp_node_shard_lost(&j.v, 2) == -1);
+    for (int i = 0; i < 8; i++)
+        if (j.slots[i].node >= 1) j.slots[i].state = SVP_STARTED, j.slots[i].replacing = true;
+    CHECK(svp_node_shard_lost(&j.v, 0) == 0);
+}
+
 int main(void) {
     RUN(data_parallel_each_dead);
     RUN(model_parallel_each_replica_dead);
@@ -275,5 +343,7 @@ int main(void) {
     RUN(shift_ranks_without_spare);
     RUN(nothing_alive);
     RUN(waits);
+    RUN(nodes_replica_elsewhere);
+    RUN(nodes_shard_only_there);
     return TEST_EXIT();
 }
