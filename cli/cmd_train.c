@@ -504,7 +504,7 @@ static int run_supervisor(const co_config *c, int argc, char **argv, int dp, int
 static int job_sizes(co_config *c, const sv_assignment *asg, int *dp_out, int *world_out) {
     bool worker = asg != NULL;
     int dp = worker ? asg->dp : c->nproc_per_node * c->nnodes;
-    if (!worker && c->nnodes == 1 && c->inprocess_active_world_size > 0 && c->inprocess_active_world_size < dp)
+    if (!worker && c->inprocess_active_world_size > 0 && c->inprocess_active_world_size < dp)
         dp = c->inprocess_active_world_size; /* the others are warm spares */
     *world_out = worker ? asg->world : dp; /* the ranks that train */
     /* the data-parallel size: the world over tensor x context x pipeline (a worker is told) */

@@ -340,7 +340,7 @@ static const flag flags[] = {
       "order and close up and replacements take the last ranks (shift-ranks)"),
     I("resilience", "inprocess-active-world-size", inprocess_active_world_size, NULL,
       "ranks that train (default: every process); the other --nproc-per-node processes are warm spares "
-      "that take a dead rank's place (one node; not supported yet with --nnodes > 1 or with 1)"),
+      "that take a dead rank's place, on any node (the last processes: node-major; not supported yet with 1)"),
     I("resilience", "quarantine-after", quarantine_after, "2",
       "[cohort] a rank the rerun state machine finds faulty this many times within --quarantine-window "
       "iterations is killed and replaced (0: never)"),

@@ -8,10 +8,7 @@
 
 void rr_check_spares(const co_config *c, co_problems *P) {
     bool spares = co_config_was_set(c, "inprocess-active-world-size");
-    if (spares && c->nnodes > 1)
-        co_problem(P, "--inprocess-active-world-size with --nnodes > 1 is not supported yet (warm spares on one node "
-                      "only)");
-    if (spares && c->inprocess_active_world_size == 1 && c->nproc_per_node > 1)
+    if (spares && c->inprocess_active_world_size == 1 && c->nproc_per_node * c->nnodes > 1)
         co_problem(P, "--inprocess-active-world-size 1 is not supported yet (a single training rank runs without the "
                       "supervisor, so without spares)");
     if (c->run_report[0] && c->nproc_per_node == 1 && c->nnodes == 1)

@@ -32,6 +32,8 @@ int sv__send_slot_event(sv *s, int kind, const worker *w, const char *reason) {
         ev.term_signal = w->term_signal;
     }
     ev.reason = (char *)reason;
+    ev.has_spare = kind == COHORT__V1__SLOT_EVENT__KIND__SLOT_RESPAWN;
+    ev.spare = w->rank < 0;
     if (s->agent) return sv__send(s->mb, NULL, &s->snd, &ev.base);
     return sv__agent_send(s, w->index / s->o.nproc, &ev.base);
 }
@@ -62,7 +64,8 @@ static void agent_order(sv *s, worker *w, const Cohort__V1__SlotEvent *ev) {
     } else if (ev->kind == COHORT__V1__SLOT_EVENT__KIND__SLOT_RESPAWN && !s->stopping) {
         w->replacing = false;
         agent_sync_restarting(s);
-        co_log(CO_LOG_INFO, "starting a replacement in slot %d: %s", w->index, why);
+        w->rank = ev->has_spare && ev->spare ? -1 : w->index; /* (a warm spare waits for a rank) */
+        co_log(CO_LOG_INFO, "starting a %s in slot %d: %s", w->rank < 0 ? "warm spare" : "replacement", w->index, why);
         if (w->state == SVP_EXITING) {
             sv__w_set(w, SVP_RESPAWN); /* started once its handle is closed */
         } else if (w->state == SVP_EXITED || w->state == SVP_EMPTY) {
@@ -207,8 +210,12 @@ static void agent_worker_exited(sv *s, worker *w, int64_t status, int term_signa
         w->respawn_ordered = false;
         sv__w_set(w, SVP_RESPAWN);
     }
+    if (!term_signal && status == 0 && !s->sup_lost) { /* its end: the supervisor lets the spares go after the last */
+        sv__send_slot_event(s, COHORT__V1__SLOT_EVENT__KIND__SLOT_EXITED, w, "finished");
+        return;
+    }
     /* (once the job stops, its workers' ends are the stop's, not failures) */
-    if ((!term_signal && status == 0) || s->first_failure || s->sup_lost || s->stopping) return;
+    if (s->first_failure || s->sup_lost || s->stopping) return;
     char why[256];
     int st = sv__rank_failure(s, w, status, term_signal, why, sizeof why);
     co_log(CO_LOG_WARN, "%s", why);

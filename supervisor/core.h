@@ -48,6 +48,7 @@ typedef struct worker {
     int rank;                 /* its data-parallel rank, -1 for a warm spare (index is its slot) */
     /* several nodes */
     uint32_t stopped_pid;     /* supervisor: another node's process its agent reported stopped (0: none) */
+    bool goodbye;             /* supervisor: its process said goodbye (it is ending) */
     bool respawn_ordered;     /* agent: the supervisor ordered a new process once this one is gone */
 } worker;
 

@@ -168,14 +168,18 @@ int sv__agent_send(sv *s, int n, const ProtobufCMessage *body) {
 
 /* The job's active ranks all finished: the warm spares are told to go. */
 static void finish_spares(sv *s) {
+    /* (another node's process runs until it says goodbye or its agent reports its end) */
     for (int i = 0; i < s->nw; i++)
-        if (s->w[i].rank >= 0 && w_running(s, &s->w[i])) return;
+        if (s->w[i].rank >= 0 &&
+            (w_running(s, &s->w[i]) || (!w_local(s, &s->w[i]) && svp_alive(s->w[i].state) && !s->w[i].goodbye)))
+            return;
     s->finishing = true;
-    for (int i = 0; i < s->nw; i++)
-        if (s->w[i].rank < 0 && w_running(s, &s->w[i])) {
-            if (svp_alive(s->w[i].state)) send_shutdown(s, &s->w[i], 0, "the job is done");
-            else uv_process_kill(&s->w[i].proc, SIGKILL); /* nothing to lose (a SIGTERM would only be a stop request) */
-        }
+    for (int i = 0; i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (w->rank >= 0) continue;
+        if (svp_alive(w->state) && (w_running(s, w) || !w_local(s, w))) send_shutdown(s, w, 0, "the job is done");
+        else if (w_running(s, w)) uv_process_kill(&w->proc, SIGKILL); /* nothing to lose (a SIGTERM would only be a stop request) */
+    }
 }
 
 int sv__rank_failure(const sv *s, const worker *w, int64_t status, int term_signal, char *why, size_t n) {
@@ -222,7 +226,7 @@ static void supervisor_worker_exited(sv *s, worker *w, int64_t status, int term_
         /* a warm spare died: start another (no rank lost, no restart) */
         if (!s->stopping && !s->finishing) {
             unregister(s, w);
-            sv__w_set(w, SVP_RESPAWN);
+            if (respawn_slot(s, w)) co_log(CO_LOG_ERROR, "a new spare: %s", co_err_detail());
         }
         return;
     }
@@ -264,8 +268,13 @@ void sv__maybe_finish(sv *s) {
     if (s->restarting && !s->stopping) return; /* replacements are on their way */
     bool running = false, all_registered = true;
     for (int i = 0; i < s->nw; i++) {
-        running = running || w_running(s, &s->w[i]);
-        all_registered = all_registered && w_registered(&s->w[i]);
+        const worker *w = &s->w[i];
+        running = running || w_running(s, w);
+        /* another node's warm spare is told to go once every rank ended (finish_spares): the
+         * supervisor waits for it, or it would wait for a rank until it found the silence */
+        running = running || (!s->agent && !s->stopping && w->rank < 0 && !w_local(s, w) && svp_alive(w->state) &&
+                               !w->goodbye);
+        all_registered = all_registered && w_registered(w);
     }
     if (!running && (s->agent || all_registered || s->stopping)) ac_actor_request_stop(s->a);
 }
@@ -483,7 +492,8 @@ static int respawn_slot(sv *s, worker *w) {
         /* another node's: its agent starts the new process, which registers here */
         if (w->state == SVP_EXITING) sv__w_set(w, SVP_RESPAWN);
         char why[96];
-        snprintf(why, sizeof why, "rank %d is replaced (generation %" PRIu64 ")", w->rank, s->snd.generation);
+        if (w->rank < 0) snprintf(why, sizeof why, "a new warm spare (generation %" PRIu64 ")", s->snd.generation);
+        else snprintf(why, sizeof why, "rank %d is replaced (generation %" PRIu64 ")", w->rank, s->snd.generation);
         int rc = sv__send_slot_event(s, COHORT__V1__SLOT_EVENT__KIND__SLOT_RESPAWN, w, why);
         if (rc) return co_err_set(rc, "supervisor: ordering node %d's agent to replace rank %d failed",
                                   w->index / s->o.nproc, w->rank);
@@ -876,6 +886,7 @@ static void on_registration(sv *s, worker *w, const Cohort__V1__Register *r) {
     free(flags);
     sv__w_set(w, SVP_REGISTERED);
     w->pid = r->pid;
+    w->goodbye = false;
     snprintf(w->host, sizeof w->host, "%s", r->hostname ? r->hostname : "");
     w->data_endpoint = strdup(r->data_endpoint);
     if (!w->data_endpoint) {
@@ -1161,6 +1172,13 @@ static void supervisor_on_message(sv *s, ac_mailbox *mb, const ac_msg *m, const 
         return;
     }
     worker *w = worker_of(s, m->peer, msg->env);
+    if (w && m->request_id && !w_local(s, w)) {
+        /* another node's process ending (its agent's report of the end may be lost with it):
+         * the last rank's lets the spares go, a spare's lets the supervisor end */
+        w->goodbye = true;
+        if (w->rank >= 0 && !s->restarting) finish_spares(s);
+        sv__maybe_finish(s);
+    }
     if (w) {
         on_worker_message(s, w, msg->env);
     } else if (m->peer[0] == 'w' && !m->request_id && !s->stopping) {
@@ -1739,7 +1757,7 @@ static int init_slots(sv *s) {
         w->index = s->agent ? s->o.node_rank * s->o.nproc + i : i;
         w->local_rank = w->index % s->o.nproc;
         snprintf(w->identity, sizeof w->identity, "w%d", w->index);
-        w->rank = s->agent || w->index < s->world ? w->index : -1;
+        w->rank = w->index < s->world ? w->index : -1;
     }
     return 0;
 }
@@ -1852,7 +1870,9 @@ static void init_options(sv *s, const sv_options *opt) {
     s->snd.sender = s->agent ? PW_SENDER_UNASSIGNED : PW_SENDER_SUPERVISOR;
     /* the supervisor tracks every worker of the job, an agent its node's */
     s->nw = s->agent ? s->o.nproc : s->o.nproc * s->o.nnodes;
-    s->world = s->o.active_world > 0 && s->o.active_world < s->nw && s->o.nnodes == 1 ? s->o.active_world : s->nw;
+    /* (the job's processes, node-major; the last beyond the active world are warm spares) */
+    int procs = s->o.nproc * s->o.nnodes;
+    s->world = s->o.active_world > 0 && s->o.active_world < procs ? s->o.active_world : procs;
 }
 
 /* How the job ended (supervisor.h's statuses), once the loop is over; rc: the loop's error. */

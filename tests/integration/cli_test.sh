@@ -64,8 +64,6 @@ tensor-parallel size 1)" "${tiny[@]}" --train-iters 2 --expert-tensor-parallel-s
         # the rank order flag is Megatron's and means nothing with one rank per grid dimension
         "$cohort" train "${tiny[@]}" --train-iters 1 --use-tp-pp-dp-mapping >"$work/out" 2>&1 ||
             fail "--use-tp-pp-dp-mapping: $(tail -3 "$work/out")"
-        expect_refused "--inprocess-active-world-size with --nnodes > 1 is not supported yet" "${tiny[@]}" --train-iters 2 \
-            --nnodes 2 --nproc-per-node 2 --inprocess-active-world-size 3
         expect_refused "--inprocess-active-world-size 1 is not supported yet" "${tiny[@]}" --train-iters 2 \
             --nproc-per-node 2 --inprocess-active-world-size 1
         expect_refused "--run-report is not supported yet in a single-process job" "${tiny[@]}" --train-iters 2 \

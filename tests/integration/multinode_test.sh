@@ -9,6 +9,10 @@
 #                  (another node's), the survivors on every node keep theirs: 0 steps lost,
 #                  the final checkpoint (parameters and both moments) bitwise the fault-free
 #                  run's
+#   spare          three nodes x 2 with --inprocess-active-world-size 4 (tp 2 x dp 2; node 2's
+#                  two processes are warm spares): rank 3 (node 1) killed, node 2's spare takes
+#                  its rank and its peer's state, node 1's agent starts a new spare in the dead
+#                  slot; bitwise the fault-free run; every node ends 0, no spare complains
 #   no_restart     the same kill with --no-inprocess-restart: the job stops with exit 4 and the
 #                  dead rank named with its node, every node's process exits non-zero
 #   stopped        a worker on node 1 SIGSTOPped: its agent reports it stopped, the hang aborts
@@ -109,6 +113,19 @@ worker_killed)
         fail "rank 5 did not take a peer's state: $(grep "replaced in process" "$work/f.n0")"
     grep -q "1 restart(s), 0 step(s) lost" "$work/f.n0" && ! grep -q "loads the checkpoint" "$work/f.n0" ||
         fail "steps lost: $(grep 'lost\|checkpoint' "$work/f.n0")"
+    ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
+    ;;
+spare)
+    job=(--tensor-model-parallel-size 2 --train-iters 8 --inprocess-active-world-size 4)
+    start_nodes clean 3 "${job[@]}" --save "$work/cs"
+    wait_nodes clean 3
+    start_nodes f 3 "${job[@]}" --save "$work/fs" --inject "kill@rank=3,step=4"
+    wait_nodes f 3
+    grep -q "rank 3 (node 1, pid [0-9]*) was killed by signal 9" "$work/f.n0" || fail "no kill: $(grep supervisor "$work/f.n0")"
+    grep -q "the warm spare in slot 5 takes rank 3" "$work/f.n0" || fail "no spare took it: $(grep supervisor "$work/f.n0")"
+    grep -q "starting a warm spare in slot 3" "$work/f.n1" || fail "no new spare on node 1: $(grep agent "$work/f.n1")"
+    grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
+    ! grep -q "no rank assignment" "$work"/f.n* || fail "a spare complained: $(grep -h 'no rank assignment' "$work"/f.n*)"
     ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
     ;;
 no_restart)
