@@ -46,12 +46,32 @@ int gds_source_open_indexed(gds_source **out, const char *prefix) {
     return 0;
 }
 
+/* The mock source's document count: Megatron's 100,000, or (a test seam) the first N of its
+ * documents when COHORT_TEST_MOCK_SEQUENCES=N. Tiny test jobs set it: the indices of 100,000
+ * documents of up to 4096 tokens (6.4 million samples of 32 tokens) cost each rank a second
+ * or more to build or verify, far more than their few training steps. */
+static int mock_size(int64_t *n) {
+    *n = MOCK_SIZE;
+    const char *e = getenv("COHORT_TEST_MOCK_SEQUENCES");
+    if (!e || !*e) return 0;
+    char *end;
+    long long v = strtoll(e, &end, 10);
+    if (*end || v < 1 || v > MOCK_SIZE)
+        return co_err_set(CO_EINVAL, "COHORT_TEST_MOCK_SEQUENCES=%s: want a document count from 1 to %d", e,
+                          MOCK_SIZE);
+    *n = v;
+    return 0;
+}
+
 int gds_source_open_mock(gds_source **out, int64_t vocab_size, int32_t eod) {
     *out = NULL;
     if (vocab_size <= 0) return co_err_set(CO_EINVAL, "mock data: vocab_size must be positive");
     if (eod < 0 || eod >= vocab_size)
         return co_err_set(CO_EINVAL, "mock data: the EOD id %d is outside the vocabulary 0..%" PRId64, (int)eod,
                           vocab_size - 1);
+    int64_t n;
+    int rc = mock_size(&n);
+    if (rc) return rc;
     gds_source *s = calloc(1, sizeof *s);
     int32_t *lens = malloc(MOCK_SIZE * sizeof *lens);
     if (!s || !lens) {
@@ -65,7 +85,7 @@ int gds_source_open_mock(gds_source **out, int64_t vocab_size, int32_t eod) {
     s->mock_lens = lens;
     s->mock_vocab = vocab_size;
     s->mock_eod = eod;
-    s->n = MOCK_SIZE;
+    s->n = n;
     s->lens = lens;
     *out = s;
     return 0;

@@ -9,7 +9,8 @@
 #                                the script's background jobs are killed
 #   on_cpu EXE                   $cohort: EXE through tests/cpu_cohort.sh (`train` gets --device
 #                                cpu, also on a machine with a GPU); $COHORT_CPU_EXE: EXE itself
-#   tiny_model [FLAG [VALUE]]... $tiny: a small model on mock data (fast, deterministic); each
+#   tiny_model [FLAG [VALUE]]... $tiny: a small model on mock data (fast, deterministic; the
+#                                first 1000 mock documents, COHORT_TEST_MOCK_SEQUENCES); each
 #                                FLAG replaces its default value or is added (needs $work)
 #   losses METRICS               its training records' iterations, losses and gradient norms
 #                                (what must not depend on timing), one line
@@ -42,6 +43,10 @@
 #                                forked shell or the dynamic loader, which no program controls
 set -uo pipefail
 src=${COHORT_SOURCE_ROOT:?}
+# --mock-data of the first 1000 of Megatron's 100,000 mock documents (data/gpt_dataset.c): the
+# full set's indices cost each rank of a tiny job a second or more to build or verify, most of
+# what the job costs. Set it empty to run a script on Megatron's full mock set.
+export COHORT_TEST_MOCK_SEQUENCES=${COHORT_TEST_MOCK_SEQUENCES-1000}
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 

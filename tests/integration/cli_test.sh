@@ -250,7 +250,8 @@ bad_data)
     grep -q "$work/bad.idx" "$work/err" || fail "error does not name the file: $(cat "$work/err")"
     ;;
 data_order)
-    "$cohort" data order --mock-data --tokenizer-type NullTokenizer --vocab-size 500 --seq-length 64 \
+    # Megatron's whole mock set (numpy's reference builds all 100,000 documents)
+    COHORT_TEST_MOCK_SEQUENCES= "$cohort" data order --mock-data --tokenizer-type NullTokenizer --vocab-size 500 --seq-length 64 \
         --global-batch-size 8 --train-iters 50 --split 98,1,1 --seed 7 --count 20 --data-cache-path "$work/c" \
         >"$work/out" 2>&1 || fail "$(cat "$work/out")"
     PYTHONPATH="$src/tests/data" "$py" - "$work/out" <<'PY' || fail "order differs from numpy's"

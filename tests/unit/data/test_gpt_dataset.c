@@ -121,6 +121,7 @@ static void test_masks(void) {
 
 static void test_mock(void) {
     gds_source *s;
+    unsetenv("COHORT_TEST_MOCK_SEQUENCES"); /* Megatron's set (test_mock_sequences: the seam) */
     REQUIRE(gds_source_open_mock(&s, 1000, 999) == 0);
     CHECK(gds_source_num_sequences(s) == 100000);
     const int32_t *len = gds_source_lengths(s);
@@ -135,12 +136,42 @@ static void test_mock(void) {
     CHECK(gds_source_open_mock(&s, 0, 0) == CO_EINVAL);
 }
 
+/* The test seam COHORT_TEST_MOCK_SEQUENCES=N: the first N of the same documents; a count
+ * outside 1..100000 is refused naming the variable; empty means Megatron's 100,000. */
+static void test_mock_sequences(void) {
+    gds_source *full, *s;
+    unsetenv("COHORT_TEST_MOCK_SEQUENCES");
+    REQUIRE(gds_source_open_mock(&full, 1000, 999) == 0);
+    setenv("COHORT_TEST_MOCK_SEQUENCES", "1000", 1);
+    REQUIRE(gds_source_open_mock(&s, 1000, 999) == 0);
+    CHECK(gds_source_num_sequences(s) == 1000);
+    CHECK(!memcmp(gds_source_lengths(s), gds_source_lengths(full), 1000 * sizeof(int32_t)));
+    int32_t a[4], b[4];
+    int64_t last = gds_source_lengths(s)[999] - 1; /* its EOD */
+    CHECK(gds_source_read(s, 999, last, 1, a) == 0 && gds_source_read(full, 999, last, 1, b) == 0 && a[0] == b[0]);
+    CHECK(gds_source_read(s, 1000, 0, 1, a) != 0);
+    gds_source_close(&s);
+    const char *bad[] = {"0", "100001", "-3", "12x"};
+    for (int i = 0; i < 4; i++) {
+        setenv("COHORT_TEST_MOCK_SEQUENCES", bad[i], 1);
+        CHECK_MSG(gds_source_open_mock(&s, 1000, 999) == CO_EINVAL && !s, "%s", bad[i]);
+        CHECK_MSG(strstr(co_err_detail(), "COHORT_TEST_MOCK_SEQUENCES"), "%s", co_err_detail());
+    }
+    setenv("COHORT_TEST_MOCK_SEQUENCES", "", 1);
+    REQUIRE(gds_source_open_mock(&s, 1000, 999) == 0);
+    CHECK(gds_source_num_sequences(s) == 100000);
+    gds_source_close(&s);
+    unsetenv("COHORT_TEST_MOCK_SEQUENCES");
+    gds_source_close(&full);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/cohort-test-gds-XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
     RUN(test_split);
     RUN(test_masks);
     RUN(test_mock);
+    RUN(test_mock_sequences);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "cleanup failed\n");
