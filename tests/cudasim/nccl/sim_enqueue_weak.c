@@ -1,0 +1,11 @@
+/* sim_enqueue_weak.c - the NCCL stand-in's fallback stream hook: runs the operation at once
+ * in the calling thread, for a program linked without the CUDA runtime stand-in (whose
+ * strong cudasim_enqueue queues it on the stream instead). In its own object, so that a
+ * strong definition anywhere in the link replaces it. */
+#include "tests/cudasim/nccl/sim_nccl.h"
+
+__attribute__((weak)) cudaError_t cudasim_enqueue(cudaStream_t s, cudasim_fn fn, void *arg) {
+    (void)s;
+    fn(arg);
+    return cudaSuccess;
+}
