@@ -53,11 +53,11 @@ static ncclResult_t wait_all(sim_comm *c, bool ack, uint64_t r, const char *what
     int64_t deadline = sim_now_ms() + sim_timeout_ms();
     for (;;) {
         uint32_t f = atomic_load(&c->seg->futex);
-        bool all = true;
-        for (int j = 0; j < c->nranks && all; j++)
-            all = (ack ? atomic_load(&c->ranks[j].ack) : atomic_load(&c->ranks[j].seq)) >= r;
-        if (all) return ncclSuccess;
-        ncclResult_t e = sim_wait(c, f, deadline, what, -1);
+        int lacking = -1; /* a rank that left is a failure only while it is waited on */
+        for (int j = 0; j < c->nranks && lacking < 0; j++)
+            if ((ack ? atomic_load(&c->ranks[j].ack) : atomic_load(&c->ranks[j].seq)) < r) lacking = j;
+        if (lacking < 0) return ncclSuccess;
+        ncclResult_t e = sim_wait(c, f, deadline, what, lacking);
         if (e != ncclSuccess) return e;
     }
 }

@@ -275,7 +275,9 @@ static void rank_split(int rank, int n, const char *dir, const void *arg) {
         ncclCommUserRank(s, &sr);
         CHECK(sn == 3 && sr == rank);
         float f = (float)rank, m = 0;
-        CHECK(ncclAllReduce(&f, &m, 1, ncclFloat32, ncclMax, s, NULL) == ncclSuccess && m == 2.0f);
+        ncclResult_t r = ncclAllReduce(&f, &m, 1, ncclFloat32, ncclMax, s, NULL);
+        CHECK_MSG(r == ncclSuccess && m == 2.0f, "rank %d: %s (%s), max %g", rank, ncclGetErrorString(r),
+                  ncclGetLastError(s), (double)m);
         ncclCommDestroy(s);
     }
     /* the parent still works after its splits */
