@@ -145,8 +145,10 @@ static ncclResult_t check_peers(sim_comm *c, int peer) {
                 co_log(CO_LOG_WARN, "sim nccl: %s: rank %d (pid %d) died", c->name, j,
                        (int)atomic_load(&c->ranks[j].pid));
                 sim_wake(c);
+                st = RANK_DEAD;
+            } else {
+                st = exp; /* it left (or aborted) and exited meanwhile */
             }
-            st = RANK_DEAD;
         }
         if (st == RANK_ABORTED || st == RANK_DEAD)
             return sim_error(ncclRemoteError, "%s: rank %d %s", c->name, j, st == RANK_DEAD ? "died" : "aborted");
@@ -156,15 +158,19 @@ static ncclResult_t check_peers(sim_comm *c, int peer) {
     return ncclSuccess;
 }
 
-/* One step of a wait on peer (-1: every rank): fails on a local abort, a failed peer or
- * the deadline, else sleeps until the futex word moves from `seen` (at most 5 ms). */
+/* One step of a wait on peer (-1: every rank), whose condition the caller found unmet with
+ * the futex word at `seen`: fails on a local abort, the deadline, or (the word unmoved) a
+ * failed peer; else sleeps until the word moves from `seen` (at most 5 ms). */
 ncclResult_t sim_wait(sim_comm *c, uint32_t seen, int64_t deadline, const char *what, int peer) {
     if (atomic_load(&c->aborted)) return sim_error(ncclSystemError, "%s: %s: the communicator was aborted", c->name, what);
-    ncclResult_t r = check_peers(c, peer);
-    if (r != ncclSuccess) return r;
     if (sim_now_ms() >= deadline)
         return sim_error(ncclSystemError, "%s: %s: no progress in %d ms (COHORT_SIM_NCCL_TIMEOUT_MS)", c->name, what,
                          sim_timeout_ms());
+    /* something changed since the caller looked: it looks again before a peer that posted
+     * its part and then left (or exited) counts as a failure */
+    if (atomic_load(&c->seg->futex) != seen) return ncclSuccess;
+    ncclResult_t r = check_peers(c, peer);
+    if (r != ncclSuccess) return r;
     struct timespec ts = {0, 5 * 1000 * 1000};
     syscall(SYS_futex, (uint32_t *)&c->seg->futex, FUTEX_WAIT, seen, &ts, NULL, 0);
     return ncclSuccess;

@@ -405,7 +405,9 @@ static void rank_nonblocking(int rank, int n, const char *dir, const void *arg) 
     CHECK(settle(c, 5000) == ncclSuccess);
     REQUIRE(k);
     CHECK(settle(k, 5000) == ncclSuccess);
-    CHECK(ncclAllReduce(&v, &s, 1, ncclInt32, ncclMax, k, NULL) == ncclSuccess && s == n);
+    r = ncclAllReduce(&v, &s, 1, ncclInt32, ncclMax, k, NULL);
+    CHECK_MSG(r == ncclSuccess && s == n, "rank %d: %s (%s), max %d", rank, ncclGetErrorString(r), ncclGetLastError(k),
+              (int)s);
     ncclCommDestroy(k);
     r = ncclCommFinalize(c);
     CHECK(r == ncclSuccess || r == ncclInProgress);
