@@ -208,10 +208,8 @@ static void run_p2p(sim_task *t) {
             if (r == ncclSuccess) r = p2p_step(o, &moved);
             if (r != ncclSuccess) fail_op(o, r);
         }
-        if (moved) {
-            deadline = sim_now_ms() + sim_timeout_ms();
-            continue;
-        }
+        if (moved) deadline = sim_now_ms() + sim_timeout_ms();
+        if (moved || first->finished || first->failed) continue; /* the first error's message stays the last */
         ncclResult_t r = sim_wait(first->c, f, deadline, op_name[first->kind], first->peer);
         if (r != ncclSuccess) fail_op(first, r);
     }

@@ -166,11 +166,12 @@ ncclResult_t sim_wait(sim_comm *c, uint32_t seen, int64_t deadline, const char *
     if (sim_now_ms() >= deadline)
         return sim_error(ncclSystemError, "%s: %s: no progress in %d ms (COHORT_SIM_NCCL_TIMEOUT_MS)", c->name, what,
                          sim_timeout_ms());
-    /* something changed since the caller looked: it looks again before a peer that posted
-     * its part and then left (or exited) counts as a failure */
+    /* a peer that posted its part and then left (or exited) is no failure: every post bumps
+     * the word before the peer can leave, so a word still at `seen` after the peers were
+     * read means the caller's condition saw everything they posted */
     if (atomic_load(&c->seg->futex) != seen) return ncclSuccess;
     ncclResult_t r = check_peers(c, peer);
-    if (r != ncclSuccess) return r;
+    if (r != ncclSuccess) return atomic_load(&c->seg->futex) != seen ? ncclSuccess : r;
     struct timespec ts = {0, 5 * 1000 * 1000};
     syscall(SYS_futex, (uint32_t *)&c->seg->futex, FUTEX_WAIT, seen, &ts, NULL, 0);
     return ncclSuccess;

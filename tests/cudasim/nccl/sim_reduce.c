@@ -67,35 +67,37 @@ static uint16_t f_to_f16(float f) {
     return s | (uint16_t)((m - 0x38000000u) >> 13);
 }
 
-#define APPLY(acc, v, op)                                                                          \
+/* U: the type sums and products are computed in (integers: the unsigned one of the same
+ * width, so that they wrap as on a GPU instead of overflowing) */
+#define APPLY(acc, v, op, T, U)                                                                    \
     switch (op) {                                                                                  \
-    case ncclProd: acc = acc * v; break;                                                           \
+    case ncclProd: acc = (T)((U)acc * (U)v); break;                                                \
     case ncclMax: acc = v > acc ? v : acc; break;                                                  \
     case ncclMin: acc = v < acc ? v : acc; break;                                                  \
-    default: acc = acc + v; break; /* sum, avg */                                                  \
+    default: acc = (T)((U)acc + (U)v); break; /* sum, avg */                                       \
     }
 
-#define NATIVE(T)                                                                                  \
+#define NATIVE(T, U)                                                                               \
     static void red_##T(T *d, const T *s, size_t n, ncclRedOp_t op) {                              \
         for (size_t i = 0; i < n; i++) {                                                           \
             T a = d[i], v = s[i];                                                                  \
-            APPLY(a, v, op);                                                                       \
+            APPLY(a, v, op, T, U);                                                                 \
             d[i] = a;                                                                              \
         }                                                                                          \
     }
-NATIVE(int8_t)
-NATIVE(uint8_t)
-NATIVE(int32_t)
-NATIVE(uint32_t)
-NATIVE(int64_t)
-NATIVE(uint64_t)
-NATIVE(float)
-NATIVE(double)
+NATIVE(int8_t, uint32_t)
+NATIVE(uint8_t, uint32_t)
+NATIVE(int32_t, uint32_t)
+NATIVE(uint32_t, uint32_t)
+NATIVE(int64_t, uint64_t)
+NATIVE(uint64_t, uint64_t)
+NATIVE(float, float)
+NATIVE(double, double)
 
 static void red_half(uint16_t *d, const uint16_t *s, size_t n, ncclRedOp_t op, bool bf) {
     for (size_t i = 0; i < n; i++) {
         float a = bf ? bf16_to_f(d[i]) : f16_to_f(d[i]), v = bf ? bf16_to_f(s[i]) : f16_to_f(s[i]);
-        APPLY(a, v, op);
+        APPLY(a, v, op, float, float);
         d[i] = bf ? f_to_bf16(a) : f_to_f16(a);
     }
 }

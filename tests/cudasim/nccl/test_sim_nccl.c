@@ -79,33 +79,39 @@ static void fill(void *buf, ncclDataType_t t, int r, size_t count, size_t at) {
     }
 }
 
-#define COMBINE(a, v, op) ((op) == ncclProd ? (a) * (v) : (op) == ncclMax ? ((v) > (a) ? (v) : (a)) : (op) == ncclMin ? ((v) < (a) ? (v) : (a)) : (a) + (v))
+/* U: integer sums and products wrap (in the unsigned type of the same width), as on a GPU */
+#define COMBINE(a, v, op, U)                                                                       \
+    ((op) == ncclProd  ? (U)(a) * (U)(v)                                                           \
+     : (op) == ncclMax ? (U)((v) > (a) ? (v) : (a))                                                \
+     : (op) == ncclMin ? (U)((v) < (a) ? (v) : (a))                                                \
+                       : (U)(a) + (U)(v))
 
 /* element i of the reduction over n ranks, in rank order (as the stand-in promises) */
 static void expect(void *out, ncclDataType_t t, ncclRedOp_t op, int n, size_t i) {
     uint8_t raw[8];
-#define RED(T)                                                                                     \
+#define RED(T, U)                                                                                  \
     do {                                                                                           \
         T a = 0;                                                                                   \
         for (int r = 0; r < n; r++) {                                                              \
             fill(raw, t, r, 1, i);                                                                 \
             T v;                                                                                   \
             memcpy(&v, raw, sizeof v);                                                             \
-            a = r == 0 ? v : (T)COMBINE(a, v, op);                                                 \
+            a = r == 0 ? v : (T)COMBINE(a, v, op, U);                                              \
         }                                                                                          \
         if (op == ncclAvg) a = (T)(a / (T)n);                                                      \
         memcpy(out, &a, sizeof a);                                                                 \
     } while (0)
     switch (t) {
-    case ncclUint8: RED(uint8_t); break;
-    case ncclInt32: RED(int32_t); break;
-    case ncclInt64: RED(int64_t); break;
-    case ncclFloat32: RED(float); break;
-    case ncclFloat64: RED(double); break;
+    case ncclUint8: RED(uint8_t, uint32_t); break;
+    case ncclInt32: RED(int32_t, uint32_t); break;
+    case ncclInt64: RED(int64_t, uint64_t); break;
+    case ncclFloat32: RED(float, float); break;
+    case ncclFloat64: RED(double, double); break;
     case ncclBfloat16:
     case ncclFloat16: {
         float a = 0; /* exact in float and in the 16-bit type at every step */
-        for (int r = 0; r < n; r++) a = r == 0 ? (float)val(r, i, false) : COMBINE(a, (float)val(r, i, false), op);
+        for (int r = 0; r < n; r++)
+            a = r == 0 ? (float)val(r, i, false) : COMBINE(a, (float)val(r, i, false), op, float);
         if (op == ncclAvg) a /= (float)n;
         uint16_t h = t == ncclBfloat16 ? to_bf16(a) : to_f16(a);
         memcpy(out, &h, 2);
