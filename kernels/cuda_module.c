@@ -12,7 +12,10 @@
  * the one co_err_detail() reads.
  *
  * Where it is looked for, in order: $COHORT_CUDA_MODULE; beside the executable; the build
- * directory it was built in; the install's library directory; the loader's search path. */
+ * directory it was built in; the install's library directory; the loader's search path.
+ * A build with COHORT_CUDA_MODULE_PATH defined (the test-only cohort-cudasim, which runs the
+ * CUDA backend on the CPU stand-in of tests/cudasim/) loads the module at that path instead
+ * of looking (unless $COHORT_CUDA_MODULE names one). */
 #include "kernels/cuda/cuda.h"
 #ifdef COHORT_HAVE_NCCL
 #include "comm/nccl_comm.h"
@@ -29,7 +32,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#ifdef COHORT_CUDA_MODULE_PATH
+#define MODULE_NAME COHORT_CUDA_MODULE_PATH
+#else
 #define MODULE_NAME "libcohort_cuda.so"
+#endif
 
 static pthread_once_t mod__once = PTHREAD_ONCE_INIT;
 static void *mod__handle;
@@ -47,6 +54,10 @@ static void mod__load(void) {
         mod__handle = mod__try(env);
         return; /* asked for this one: no other */
     }
+#ifdef COHORT_CUDA_MODULE_PATH
+    mod__handle = mod__try(COHORT_CUDA_MODULE_PATH);
+    return;
+#endif
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {

@@ -3,8 +3,8 @@
 //
 // One cu_state sits behind kb_backend.impl: the GPU index, one non-blocking stream on which
 // every operation is queued in call order, a cuBLASLt handle with its workspace and a cache
-// of chosen algorithms (one per shape, so a shape always runs the same algorithm: results
-// are bitwise repeatable), a cuBLAS handle on the same stream and workspace for the grouped
+// of chosen algorithms (one per shape and operand and bias alignment, so a shape always runs
+// the same algorithm: results are bitwise repeatable), a cuBLAS handle on the same stream and workspace for the grouped
 // products (made on first use, cuda_grouped.cu), and stream-ordered scratch buffers grown on
 // demand.
 // Every reduction has a fixed partition and a fixed combining order; nothing uses atomics,
@@ -36,7 +36,7 @@ enum { CU_SCR_A16 = 0, CU_SCR_B16, CU_SCR_W16, CU_SCR_ATT, CU_SCR_MISC, CU_SCR_R
 
 typedef struct cu_mm {
     // key
-    int m, n, k, ta, tb, bf16, epi_bias, beta1, align;
+    int m, n, k, ta, tb, bf16, epi_bias, beta1, align, bias_align;
     // value
     int ok;  // 1: algo valid; 0: build failed (the caller falls back)
     cublasLtMatmulDesc_t desc;
@@ -140,9 +140,10 @@ __device__ __forceinline__ float cu_expf(float x0) {
 }
 
 // Fixed-order block reduction (sum) over blockDim.x threads (a multiple of 32, <= 1024).
-// red: shared scratch of 32 entries. All threads get the result.
-template <typename V>
-__device__ __forceinline__ V cu_block_sum(V v, V *red) {
+// red: shared scratch of 32 entries (a V *; a template parameter so that the CUDA stand-in,
+// tests/cudasim/, can pass its checked shared-memory handle). All threads get the result.
+template <typename V, typename R>
+__device__ __forceinline__ V cu_block_sum(V v, R red) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
     __syncthreads();  // red may still be read by a previous call
@@ -152,7 +153,8 @@ __device__ __forceinline__ V cu_block_sum(V v, V *red) {
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     return s;
 }
-__device__ __forceinline__ float cu_block_max(float v, float *red) {
+template <typename R>
+__device__ __forceinline__ float cu_block_max(float v, R red) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
     __syncthreads();

@@ -39,7 +39,10 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // Loads rows [r0, r0 + ATT_ROWS) of the head starting at column col of a [T, stride] matrix
 // (zeros past T) into S[ATT_ROWS][hd].
-__device__ __forceinline__ void load_tile(float *S, const float *base, size_t stride, int col, int r0, int T,
+// (S is a template parameter so that the CUDA stand-in, tests/cudasim/, can pass its checked
+// shared-memory pointer; on a GPU it is float *)
+template <typename P>
+__device__ __forceinline__ void load_tile(P S, const float *base, size_t stride, int col, int r0, int T,
                                           int hd) {
     for (int idx = threadIdx.x; idx < ATT_ROWS * hd; idx += ATT_THREADS) {
         int rr = idx / hd, d = idx % hd, r = r0 + rr;
@@ -51,7 +54,7 @@ template <int E>
 __global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(float *__restrict__ out, float *__restrict__ lse,
                                                           const float *__restrict__ qkv, att_args a) {
     extern __shared__ float sm[];
-    float *Ks = sm, *Vs = sm + ATT_ROWS * a.hd, *Ps = sm + 2 * ATT_ROWS * a.hd;
+    auto Ks = sm + 0, Vs = sm + ATT_ROWS * a.hd, Ps = sm + 2 * ATT_ROWS * a.hd; // float * (auto: tests/cudasim)
     __shared__ int s_jmin;
     const int T = a.T, hd = a.hd, nh = a.nh;
     const int bh = blockIdx.y, b = bh / nh, h = bh % nh, grp = h / a.rep;
@@ -68,10 +71,12 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(float *__restrict__ ou
     }
     const int lo = live && seg ? seg[t] : 0;
     float m = -INFINITY, l = 0.0f;
-    if (threadIdx.x == 0) {
-        int jm = t0;
-        if (seg)
+    if (threadIdx.x == 0) { // first key any row of the block sees: 0 without documents
+        int jm = 0;
+        if (seg) {
+            jm = t0;
             for (int i = 0; i < ATT_ROWS && t0 + i < T; i++) jm = min(jm, seg[t0 + i]);
+        }
         s_jmin = max(jm, 0);
     }
     __syncthreads();
@@ -150,7 +155,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_bwd_dq(float *__restrict__
                                                              const float *__restrict__ qkv, const float *__restrict__ lse,
                                                              const float *__restrict__ D, att_args a) {
     extern __shared__ float sm[];
-    float *Ks = sm, *Vs = sm + ATT_ROWS * a.hd;
+    auto Ks = sm + 0, Vs = sm + ATT_ROWS * a.hd;
     __shared__ int s_jmin;
     const int T = a.T, hd = a.hd, nh = a.nh;
     const int bh = blockIdx.y, b = bh / nh, h = bh % nh, grp = h / a.rep;
@@ -171,10 +176,12 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_bwd_dq(float *__restrict__
     const int lo = live && seg ? seg[t] : 0;
     const float lrow = live ? lse[((size_t)b * nh + h) * T + t] : 0.0f;
     const float Dt = live ? D[((size_t)b * nh + h) * T + t] : 0.0f;
-    if (threadIdx.x == 0) {
-        int jm = t0;
-        if (seg)
+    if (threadIdx.x == 0) { // first key any row of the block sees: 0 without documents
+        int jm = 0;
+        if (seg) {
+            jm = t0;
             for (int i = 0; i < ATT_ROWS && t0 + i < T; i++) jm = min(jm, seg[t0 + i]);
+        }
         s_jmin = max(jm, 0);
     }
     __syncthreads();
@@ -224,7 +231,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_bwd_dkv(float *__restrict_
                                                               const float *__restrict__ lse,
                                                               const float *__restrict__ D, att_args a) {
     extern __shared__ float sm[];
-    float *Qs = sm, *Gs = sm + ATT_ROWS * a.hd;
+    auto Qs = sm + 0, Gs = sm + ATT_ROWS * a.hd;
     __shared__ float s_l[ATT_ROWS], s_D[ATT_ROWS];
     __shared__ int s_lo[ATT_ROWS];
     const int T = a.T, hd = a.hd, nh = a.nh;

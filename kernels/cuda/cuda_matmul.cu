@@ -4,7 +4,11 @@
 // Row-major y[N,OC] = x[N,IC] W[OC,IC]^T is the column-major product y^T = W^T' x^T, so
 // every call maps onto one cuBLASLt matmul without copies. The algorithm for each shape
 // (and operand alignment) is chosen once by cuBLASLt's heuristic and cached: a shape always
-// runs the same algorithm, so results are bitwise repeatable. Bias gradients are column sums
+// runs the same algorithm, so results are bitwise repeatable. With the bias epilogue the
+// heuristic is asked after CUBLASLT_MATMUL_DESC_BIAS_POINTER is set (cublasLt.h: it assumes
+// that pointer's alignment), and the cache key holds the bias alignment too: an algorithm
+// chosen for an aligned bias never runs with a less aligned one (biases packed in one
+// parameter buffer are only 4-byte aligned). Bias gradients are column sums
 // with a fixed order (cu_col_sums), not a cuBLASLt epilogue.
 #include "kernels/cuda/cu_common.cuh"
 
@@ -25,7 +29,7 @@ void cu_mm_release(cu_state *st) {
 
 // Column-major C[m,n] (beta: 0 or 1) = op(A) op(B); A stored [ta ? k x m : m x k], B stored
 // [tb ? n x k : k x n], all tightly packed (leading dimension = stored rows).
-static int mm_build(cu_state *st, cu_mm *m) {
+static int mm_build(cu_state *st, cu_mm *m, const float *bias) {
     cudaDataType_t ab = m->bf16 ? CUDA_R_16BF : CUDA_R_32F;
     cublasOperation_t opa = m->ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = m->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     uint64_t ar = m->ta ? m->k : m->m, ac = m->ta ? m->m : m->k;
@@ -38,7 +42,8 @@ static int mm_build(cu_state *st, cu_mm *m) {
         cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
         cudaDataType_t bt = CUDA_R_32F;
         if (cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
-            cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt))
+            cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt) ||
+            cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias))
             return -1;
     }
     if (cublasLtMatrixLayoutCreate(&m->la, ab, ar, ac, (int64_t)ar) ||
@@ -67,12 +72,16 @@ static int mm_build(cu_state *st, cu_mm *m) {
     return 0;
 }
 
-static cu_mm *mm_get(cu_state *st, int m, int n, int k, int ta, int tb, int bf16, int epi_bias, int beta1,
+static int align_of(const void *p);
+
+// the cached algorithm of this key (bias: the epilogue's bias, NULL for none), built on first use
+static cu_mm *mm_get(cu_state *st, int m, int n, int k, int ta, int tb, int bf16, const float *bias, int beta1,
                      int align) {
+    const int epi_bias = bias != NULL, bias_align = bias ? align_of(bias) : 0;
     for (int i = 0; i < st->n_mm; i++) {
         cu_mm *c = &st->mm[i];
         if (c->m == m && c->n == n && c->k == k && c->ta == ta && c->tb == tb && c->bf16 == bf16 &&
-            c->epi_bias == epi_bias && c->beta1 == beta1 && c->align == align)
+            c->epi_bias == epi_bias && c->beta1 == beta1 && c->align == align && c->bias_align == bias_align)
             return c->ok ? c : NULL;
     }
     cu_mm *c;
@@ -84,11 +93,11 @@ static cu_mm *mm_get(cu_state *st, int m, int n, int k, int ta, int tb, int bf16
         mm_clear(c);
     }
     c->m = m, c->n = n, c->k = k, c->ta = ta, c->tb = tb, c->bf16 = bf16, c->epi_bias = epi_bias, c->beta1 = beta1;
-    c->align = align;
-    if (mm_build(st, c)) {
+    c->align = align, c->bias_align = bias_align;
+    if (mm_build(st, c, bias)) {
         mm_clear(c); // keep the key with ok = 0 so a failing shape is not rebuilt each call
         c->m = m, c->n = n, c->k = k, c->ta = ta, c->tb = tb, c->bf16 = bf16, c->epi_bias = epi_bias;
-        c->beta1 = beta1, c->align = align;
+        c->beta1 = beta1, c->align = align, c->bias_align = bias_align;
         return NULL;
     }
     c->ok = 1;
@@ -108,7 +117,7 @@ static int mm_run(kb_backend *b, int m, int n, int k, int ta, int tb, int bf16, 
     int a2 = align_of(B), a3 = align_of(C);
     al = a2 < al ? a2 : al;
     al = a3 < al ? a3 : al;
-    cu_mm *mm = mm_get(st, m, n, k, ta, tb, bf16, bias != NULL, beta1, al);
+    cu_mm *mm = mm_get(st, m, n, k, ta, tb, bf16, bias, beta1, al);
     if (!mm) return -1;
     if (bias && cublasLtMatmulDescSetAttribute(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias))
         return -1;

@@ -1,0 +1,771 @@
+/* test_cudasim_parity.c - every entry of kb_backend (kernels/backend.h) on the CUDA backend,
+ * run by the CUDA stand-in (tests/cudasim/: the real kernels/cuda sources on the CPU, loaded as
+ * the module libcohort_cudasim.so through COHORT_CUDA_MODULE, as cohort loads the real one),
+ * against the CPU backend, on fresh random inputs (never zeros) at shapes that cross every
+ * tile boundary of the kernels: attention at 1, 31, 32, 33, 130 and 1000 tokens (the 32-row
+ * tiles), head dimensions 2 to 128 (each register width E), grouped queries, document masks
+ * on and off, dropout; linear layers with and without bias (an aligned and a misaligned bias
+ * pointer: the cuBLASLt heuristic's alignment); odd vocabularies; grouped products with empty
+ * groups. fp32 and bf16 with the tolerances of tests/gpu/test_gpu_kernels.c (where this CPU
+ * has no bf16 matrix products, the bf16 CUDA products are checked against the CPU's fp32
+ * products of the bf16-rounded inputs: the same arithmetic). Entries the CUDA backend leaves
+ * NULL are the documented ones. Shapes are smaller than the GPU test's (the stand-in runs
+ * every CUDA thread as a fiber); COHORT_CUDASIM_SEED varies the thread order per run. */
+#include "tests/gpu/gpu_util.h"
+
+#include <dlfcn.h>
+
+static kb_backend *CPU32, *CPU16, *GPU32, *GPU16;
+
+/* host bf16 rounding of x (round-to-nearest-even, as the backends' to_bf16) */
+static void round_bf16(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        u += 0x7fffu + ((u >> 16) & 1u);
+        u &= 0xffff0000u;
+        memcpy(&x[i], &u, 4);
+    }
+}
+
+/* ---------------------------------------------------------------- memory, bf16 */
+
+static void test_memory(void) {
+    size_t n = 100003;
+    float *x = gu_rand(n, 7.0f);
+    x[5] = NAN;
+    x[6] = INFINITY;
+    x[7] = -0.0f;
+    float *d = gu_buf(GPU32, x, n);
+    float *back = gu_fetch(GPU32, d, n);
+    GU_EQUAL("copy round trip", back, x, n * sizeof(float));
+    uint16_t *c16 = malloc(n * 2), *g16h = malloc(n * 2);
+    CPU32->ops->to_bf16(CPU32, c16, x, n);
+    uint16_t *g16 = GPU32->ops->alloc(GPU32, n * 2);
+    GPU32->ops->to_bf16(GPU32, g16, d, n);
+    GPU32->ops->copy(GPU32, g16h, g16, n * 2);
+    GU_EQUAL("to_bf16", g16h, c16, n * 2);
+    GPU32->ops->zero(GPU32, d + 3, n - 10);
+    free(back);
+    back = gu_fetch(GPU32, d, n);
+    int ok = back[0] == x[0] && back[2] == x[2] && back[n - 7] == x[n - 7];
+    for (size_t i = 3; i < n - 7; i++) ok &= back[i] == 0.0f;
+    CHECK_MSG(ok, "zero touched the wrong range");
+    GPU32->ops->free(GPU32, d);
+    GPU32->ops->free(GPU32, g16);
+    free(x), free(back), free(c16), free(g16h);
+    CHECK(GPU32->status == 0);
+}
+
+/* ---------------------------------------------------------------- linear */
+
+/* bias_off: the bias (and its gradient) start that many floats into their allocation, so the
+ * pointer is only 4- or 8-byte aligned (parameters packed in one buffer are) */
+static void linear_case(bool bf16, int N, int IC, int OC, bool bias, bool pass16, int bias_off) {
+    kb_backend *C = bf16 ? (CPU16 ? CPU16 : CPU32) : CPU32, *G = bf16 ? GPU16 : GPU32;
+    char label[160];
+    snprintf(label, sizeof label, "linear %s N=%d IC=%d OC=%d bias=%d (+%d floats) W16=%d%s", bf16 ? "bf16" : "fp32", N,
+             IC, OC, bias, bias_off, pass16, bf16 && !CPU16 ? " (reference: fp32 products of bf16-rounded inputs)" : "");
+    float *in = gu_rand((size_t)N * IC, 1.0f), *W = gu_rand((size_t)OC * IC, 0.5f), *b = gu_rand(OC, 1.0f);
+    float *dout = gu_rand((size_t)N * OC, 1.0f), *dW0 = gu_rand((size_t)OC * IC, 0.1f), *db0 = gu_rand(OC, 0.1f);
+    uint16_t *W16 = malloc((size_t)OC * IC * 2);
+    C->ops->to_bf16(C, W16, W, (size_t)OC * IC);
+    /* CPU reference */
+    float *out = malloc(sizeof(float) * N * OC), *din = malloc(sizeof(float) * N * IC);
+    float *dW = malloc(sizeof(float) * OC * IC), *db = malloc(sizeof(float) * OC);
+    memcpy(dW, dW0, sizeof(float) * OC * IC);
+    memcpy(db, db0, sizeof(float) * OC);
+    if (bf16 && !CPU16) { /* the same products in fp32 on the rounded inputs */
+        float *rin = malloc(sizeof(float) * N * IC), *rW = malloc(sizeof(float) * OC * IC);
+        float *rdo = malloc(sizeof(float) * N * OC);
+        memcpy(rin, in, sizeof(float) * N * IC), memcpy(rW, W, sizeof(float) * OC * IC);
+        memcpy(rdo, dout, sizeof(float) * N * OC);
+        round_bf16(rin, (size_t)N * IC), round_bf16(rW, (size_t)OC * IC), round_bf16(rdo, (size_t)N * OC);
+        C->ops->linear_forward(C, out, rin, rW, NULL, bias ? b : NULL, N, IC, OC);
+        C->ops->linear_backward(C, din, dW, NULL, rdo, rin, rW, NULL, N, IC, OC);
+        if (bias) C->ops->bias_grad(C, db, dout, N, OC); /* the bias gradient is fp32 */
+        free(rin), free(rW), free(rdo);
+    } else {
+        C->ops->linear_forward(C, out, in, W, pass16 ? W16 : NULL, bias ? b : NULL, N, IC, OC);
+        C->ops->linear_backward(C, din, dW, bias ? db : NULL, dout, in, W, pass16 ? W16 : NULL, N, IC, OC);
+    }
+    /* GPU */
+    float *gin = gu_buf(G, in, (size_t)N * IC), *gW = gu_buf(G, W, (size_t)OC * IC);
+    float *gb_mem = gu_buf(G, NULL, (size_t)OC + bias_off), *gb = gb_mem + bias_off;
+    G->ops->copy(G, gb, b, sizeof(float) * OC);
+    float *gdout = gu_buf(G, dout, (size_t)N * OC), *gdW = gu_buf(G, dW0, (size_t)OC * IC);
+    float *gdb_mem = gu_buf(G, NULL, (size_t)OC + bias_off), *gdb = gdb_mem + bias_off;
+    G->ops->copy(G, gdb, db0, sizeof(float) * OC);
+    float *gout = gu_buf(G, NULL, (size_t)N * OC), *gdin = gu_buf(G, NULL, (size_t)N * IC);
+    uint16_t *gW16 = G->ops->alloc(G, (size_t)OC * IC * 2);
+    G->ops->to_bf16(G, gW16, gW, (size_t)OC * IC);
+    G->ops->linear_forward(G, gout, gin, gW, pass16 ? gW16 : NULL, bias ? gb : NULL, N, IC, OC);
+    G->ops->linear_backward(G, gdin, gdW, bias ? gdb : NULL, gdout, gin, gW, pass16 ? gW16 : NULL, N, IC, OC);
+    G->ops->sync(G);
+    CHECK_MSG(G->status == 0, "%s: status %d %s", label, G->status, co_err_detail());
+    kb_backend_clear_status(G); /* the next cases run (and report) on their own */
+    double at = bf16 ? 2e-3 : 1e-4, rt = bf16 ? 2e-3 : 1e-4;
+    float *h;
+    char l2[200];
+    snprintf(l2, sizeof l2, "%s out", label);
+    h = gu_fetch(G, gout, (size_t)N * OC);
+    GU_CLOSE(l2, h, out, (size_t)N * OC, at * IC / 16 + at, rt);
+    free(h);
+    snprintf(l2, sizeof l2, "%s din", label);
+    h = gu_fetch(G, gdin, (size_t)N * IC);
+    GU_CLOSE(l2, h, din, (size_t)N * IC, at * OC / 16 + at, rt);
+    free(h);
+    snprintf(l2, sizeof l2, "%s dW", label);
+    h = gu_fetch(G, gdW, (size_t)OC * IC);
+    GU_CLOSE(l2, h, dW, (size_t)OC * IC, at * N / 16 + at, rt);
+    free(h);
+    if (bias) {
+        snprintf(l2, sizeof l2, "%s dbias", label);
+        h = gu_fetch(G, gdb, OC);
+        GU_CLOSE(l2, h, db, OC, 1e-4 * N / 16 + 1e-5, 1e-4);
+        free(h);
+    }
+    float *gp[] = {gin, gW, gb_mem, gdout, gdW, gdb_mem, gout, gdin};
+    for (int i = 0; i < 8; i++) G->ops->free(G, gp[i]);
+    G->ops->free(G, gW16);
+    free(in), free(W), free(b), free(dout), free(dW0), free(db0), free(W16), free(out), free(din), free(dW), free(db);
+}
+
+static void test_linear(void) {
+    int shapes[][3] = {{7, 13, 5}, {64, 96, 200}, {33, 768, 50}, {1, 8, 3}, {130, 64, 300}};
+    for (int s = 0; s < 5; s++)
+        for (int bf = 0; bf < 2; bf++) {
+            linear_case(bf, shapes[s][0], shapes[s][1], shapes[s][2], true, bf, 0);
+            linear_case(bf, shapes[s][0], shapes[s][1], shapes[s][2], false, false, 0);
+        }
+}
+
+/* The bias epilogue's pointer alignment: the same shape with a 256-byte aligned bias, then
+ * one 4 bytes (and 8 bytes) into its buffer. cuBLASLt's heuristic assumes the alignment of the
+ * CUBLASLT_MATMUL_DESC_BIAS_POINTER set when it is asked; an algorithm chosen for one
+ * alignment must not run with a less aligned bias (the stand-in's cublasLtMatmul refuses it,
+ * where a GPU would fault or misread). */
+static void test_linear_bias_alignment(void) {
+    for (int bf = 0; bf < 2; bf++) {
+        linear_case(bf, 9, 40, 24, true, false, 0);
+        linear_case(bf, 9, 40, 24, true, false, 1);
+        linear_case(bf, 9, 40, 24, true, false, 2);
+        linear_case(bf, 9, 40, 24, true, false, 0);
+    }
+    kb_backend *G[] = {GPU32, GPU16};
+    for (int i = 0; i < 2; i++) {
+        CHECK_MSG(G[i]->status == 0, "bias alignment: status %d %s", G[i]->status, co_err_detail());
+        kb_backend_clear_status(G[i]);
+    }
+}
+
+/* ---------------------------------------------------------------- embeddings */
+
+static void embed_case(int N, int C, int V, int P, bool wpe) {
+    int32_t *tok = malloc(sizeof(int32_t) * N), *pos = malloc(sizeof(int32_t) * N);
+    for (int n = 0; n < N; n++) {
+        tok[n] = n % 3 == 0 ? 1 : gu_randint(V); /* a frequent id, as real text has */
+        pos[n] = n % P;
+    }
+    float *wte = gu_rand((size_t)V * C, 1.0f), *wp = gu_rand((size_t)P * C, 1.0f), *dout = gu_rand((size_t)N * C, 1.0f);
+    float *dwte = gu_rand((size_t)V * C, 0.1f), *dwpe = gu_rand((size_t)P * C, 0.1f);
+    float *out = malloc(sizeof(float) * N * C);
+    float *gte = gu_buf(GPU32, wte, (size_t)V * C), *gpe = gu_buf(GPU32, wp, (size_t)P * C);
+    float *gdo = gu_buf(GPU32, dout, (size_t)N * C), *gdte = gu_buf(GPU32, dwte, (size_t)V * C);
+    float *gdpe = gu_buf(GPU32, dwpe, (size_t)P * C), *gout = gu_buf(GPU32, NULL, (size_t)N * C);
+    int32_t *gtok = gu_ibuf(GPU32, tok, N), *gpos = gu_ibuf(GPU32, pos, N);
+    CPU32->ops->embed_forward(CPU32, out, tok, pos, wte, wpe ? wp : NULL, N, C);
+    CPU32->ops->embed_backward(CPU32, dwte, wpe ? dwpe : NULL, dout, tok, pos, N, C, V);
+    GPU32->ops->embed_forward(GPU32, gout, gtok, gpos, gte, wpe ? gpe : NULL, N, C);
+    GPU32->ops->embed_backward(GPU32, gdte, wpe ? gdpe : NULL, gdo, gtok, gpos, N, C, V);
+    float *h;
+    h = gu_fetch(GPU32, gout, (size_t)N * C);
+    GU_EQUAL("embed_forward", h, out, sizeof(float) * N * C);
+    free(h);
+    /* same order of additions as the CPU: bitwise equal */
+    h = gu_fetch(GPU32, gdte, (size_t)V * C);
+    GU_EQUAL("embed_backward dwte", h, dwte, sizeof(float) * V * C);
+    free(h);
+    if (wpe) {
+        h = gu_fetch(GPU32, gdpe, (size_t)P * C);
+        GU_EQUAL("embed_backward dwpe", h, dwpe, sizeof(float) * P * C);
+        free(h);
+    }
+    float *gp[] = {gte, gpe, gdo, gdte, gdpe, gout, (float *)gtok, (float *)gpos};
+    for (int i = 0; i < 8; i++) GPU32->ops->free(GPU32, gp[i]);
+    free(tok), free(pos), free(wte), free(wp), free(dout), free(dwte), free(dwpe), free(out);
+}
+
+static void test_embed(void) {
+    embed_case(37, 5, 11, 7, true);
+    embed_case(1000, 96, 300, 128, true);
+    embed_case(1000, 64, 50257, 1024, false);
+    embed_case(3000, 33, 2000, 1500, true);
+}
+
+/* ---------------------------------------------------------------- norms */
+
+static void norm_case(bool rms, int N, int C) {
+    char label[96];
+    snprintf(label, sizeof label, "%s N=%d C=%d", rms ? "rmsnorm" : "layernorm", N, C);
+    float *in = gu_rand((size_t)N * C, 2.0f), *w = gu_rand(C, 1.0f), *b = gu_rand(C, 1.0f);
+    for (int i = 0; i < N * C; i++) in[i] += 0.5f; /* a nonzero mean */
+    float *dout = gu_rand((size_t)N * C, 1.0f), *din = gu_rand((size_t)N * C, 0.3f);
+    float *dw = gu_rand(C, 0.1f), *db = gu_rand(C, 0.1f);
+    float *out = malloc(sizeof(float) * N * C), *mean = malloc(sizeof(float) * N), *rstd = malloc(sizeof(float) * N);
+    float *g_in = gu_buf(GPU32, in, (size_t)N * C), *g_w = gu_buf(GPU32, w, C), *g_b = gu_buf(GPU32, b, C);
+    float *g_do = gu_buf(GPU32, dout, (size_t)N * C), *g_din = gu_buf(GPU32, din, (size_t)N * C);
+    float *g_dw = gu_buf(GPU32, dw, C), *g_db = gu_buf(GPU32, db, C), *g_out = gu_buf(GPU32, NULL, (size_t)N * C);
+    float *g_mean = gu_buf(GPU32, NULL, N), *g_rstd = gu_buf(GPU32, NULL, N);
+    CPU32->ops->norm_forward(CPU32, rms, out, mean, rstd, in, w, b, N, C, 1e-5f);
+    CPU32->ops->norm_backward(CPU32, rms, din, dw, db, dout, in, w, mean, rstd, N, C);
+    GPU32->ops->norm_forward(GPU32, rms, g_out, g_mean, g_rstd, g_in, g_w, g_b, N, C, 1e-5f);
+    GPU32->ops->norm_backward(GPU32, rms, g_din, g_dw, g_db, g_do, g_in, g_w, g_mean, g_rstd, N, C);
+    float *h;
+    char l2[128];
+    snprintf(l2, sizeof l2, "%s out", label);
+    h = gu_fetch(GPU32, g_out, (size_t)N * C);
+    GU_CLOSE(l2, h, out, (size_t)N * C, 1e-5, 1e-4);
+    free(h);
+    snprintf(l2, sizeof l2, "%s rstd", label);
+    h = gu_fetch(GPU32, g_rstd, N);
+    GU_CLOSE(l2, h, rstd, N, 1e-6, 1e-5);
+    free(h);
+    snprintf(l2, sizeof l2, "%s din", label);
+    h = gu_fetch(GPU32, g_din, (size_t)N * C);
+    GU_CLOSE(l2, h, din, (size_t)N * C, 1e-5, 1e-4);
+    free(h);
+    snprintf(l2, sizeof l2, "%s dw", label);
+    h = gu_fetch(GPU32, g_dw, C);
+    GU_CLOSE(l2, h, dw, C, 1e-5 * N, 1e-4);
+    free(h);
+    if (!rms) {
+        snprintf(l2, sizeof l2, "%s dbias", label);
+        h = gu_fetch(GPU32, g_db, C);
+        GU_CLOSE(l2, h, db, C, 1e-5 * N, 1e-4);
+        free(h);
+        snprintf(l2, sizeof l2, "%s mean", label);
+        h = gu_fetch(GPU32, g_mean, N);
+        GU_CLOSE(l2, h, mean, N, 1e-6, 1e-5);
+        free(h);
+    }
+    float *gp[] = {g_in, g_w, g_b, g_do, g_din, g_dw, g_db, g_out, g_mean, g_rstd};
+    for (int i = 0; i < 10; i++) GPU32->ops->free(GPU32, gp[i]);
+    free(in), free(w), free(b), free(dout), free(din), free(dw), free(db), free(out), free(mean), free(rstd);
+}
+
+static void test_norm(void) {
+    int shapes[][2] = {{37, 1}, {5, 7}, {300, 96}, {130, 768}, {3, 1000}, {2, 4099}};
+    for (int s = 0; s < 6; s++) {
+        norm_case(false, shapes[s][0], shapes[s][1]);
+        norm_case(true, shapes[s][0], shapes[s][1]);
+    }
+}
+
+/* ---------------------------------------------------------------- rope */
+
+static void test_rope(void) {
+    int cases[][4] = {{7, 2, 1, 4}, {300, 4, 2, 64}, {64, 3, 3, 6}};
+    for (int k = 0; k < 3; k++) {
+        int N = cases[k][0], nh = cases[k][1], nkv = cases[k][2], hd = cases[k][3];
+        size_t n = (size_t)N * (nh + 2 * nkv) * hd;
+        float *x = gu_rand(n, 1.0f);
+        int32_t *pos = malloc(sizeof(int32_t) * N);
+        for (int i = 0; i < N; i++) pos[i] = gu_randint(5000);
+        float *gx = gu_buf(GPU32, x, n);
+        int32_t *gpos = gu_ibuf(GPU32, pos, N);
+        for (int inv = 0; inv < 2; inv++) {
+            CPU32->ops->rope(CPU32, x, pos, N, nh, nkv, hd, 10000.0f, inv);
+            GPU32->ops->rope(GPU32, gx, gpos, N, nh, nkv, hd, 10000.0f, inv);
+            float *h = gu_fetch(GPU32, gx, n);
+            GU_CLOSE(inv ? "rope inverse" : "rope", h, x, n, 1e-6, 1e-5);
+            free(h);
+        }
+        GPU32->ops->free(GPU32, gx);
+        GPU32->ops->free(GPU32, gpos);
+        free(x), free(pos);
+    }
+}
+
+/* ---------------------------------------------------------------- attention */
+
+typedef struct attn_geo {
+    int B, T, nh, nkv, hd;
+    float p;
+    bool seg;
+} attn_geo;
+
+static void attn_case(attn_geo g) {
+    char label[128];
+    snprintf(label, sizeof label, "attention B=%d T=%d nh=%d nkv=%d hd=%d p=%.2f seg=%d", g.B, g.T, g.nh, g.nkv,
+             g.hd, g.p, g.seg);
+    int N = g.B * g.T, R = (g.nh + 2 * g.nkv) * g.hd, AH = g.nh * g.hd;
+    size_t nq = (size_t)N * R, no = (size_t)N * AH, nl = (size_t)g.B * g.nh * g.T;
+    float *qkv = gu_rand(nq, 1.5f), *dout = gu_rand(no, 1.0f);
+    int32_t *seg = malloc(sizeof(int32_t) * N);
+    for (int b = 0; b < g.B; b++) {
+        int start = 0;
+        for (int t = 0; t < g.T; t++) {
+            if (t > 0 && gu_randint(9) == 0) start = t; /* documents of random lengths */
+            seg[b * g.T + t] = start;
+        }
+    }
+    float *out = malloc(sizeof(float) * no), *lse = malloc(sizeof(float) * nl), *dqkv = malloc(sizeof(float) * nq);
+    uint64_t seed = 1234, off = 99;
+    CPU32->ops->attention_forward(CPU32, out, lse, qkv, g.seg ? seg : NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p, seed, off);
+    CPU32->ops->attention_backward(CPU32, dqkv, dout, qkv, out, lse, g.seg ? seg : NULL, g.B, g.T, g.nh, g.nkv, g.hd,
+                                   g.p, seed, off);
+    float *gq = gu_buf(GPU32, qkv, nq), *gdo = gu_buf(GPU32, dout, no), *go = gu_buf(GPU32, NULL, no);
+    float *gl = gu_buf(GPU32, NULL, nl), *gdq = gu_buf(GPU32, NULL, nq);
+    int32_t *gseg = gu_ibuf(GPU32, seg, N);
+    GPU32->ops->attention_forward(GPU32, go, gl, gq, g.seg ? gseg : NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p, seed, off);
+    GPU32->ops->attention_backward(GPU32, gdq, gdo, gq, go, gl, g.seg ? gseg : NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p,
+                                   seed, off);
+    GPU32->ops->sync(GPU32);
+    CHECK_MSG(GPU32->status == 0, "%s: status %d %s", label, GPU32->status, co_err_detail());
+    kb_backend_clear_status(GPU32);
+    char l2[192];
+    float *h;
+    snprintf(l2, sizeof l2, "%s out", label);
+    h = gu_fetch(GPU32, go, no);
+    GU_CLOSE(l2, h, out, no, 1e-4, 1e-3);
+    free(h);
+    snprintf(l2, sizeof l2, "%s lse", label);
+    h = gu_fetch(GPU32, gl, nl);
+    GU_CLOSE(l2, h, lse, nl, 1e-5, 1e-5);
+    free(h);
+    snprintf(l2, sizeof l2, "%s dqkv", label);
+    h = gu_fetch(GPU32, gdq, nq);
+    GU_CLOSE(l2, h, dqkv, nq, 2e-4, 2e-3);
+    free(h);
+    float *gp[] = {gq, gdo, go, gl, gdq, (float *)gseg};
+    for (int i = 0; i < 6; i++) GPU32->ops->free(GPU32, gp[i]);
+    free(qkv), free(dout), free(seg), free(out), free(lse), free(dqkv);
+}
+
+static void test_attention(void) {
+    /* sequences 1, 31, 32, 33, 130, 1000 (the 32-row tiles), each register width E (hd 2..8,
+     * ..16, ..32, ..64, ..128), grouped queries, masks on and off, dropout */
+    attn_geo cases[] = {
+        {2, 1, 2, 1, 8, 0.0f, false},    {1, 31, 2, 2, 4, 0.0f, false},   {1, 32, 2, 1, 16, 0.0f, false},
+        {2, 33, 4, 2, 32, 0.0f, false},  {2, 33, 2, 2, 24, 0.0f, true},   {1, 130, 2, 1, 64, 0.0f, false},
+        {1, 130, 4, 1, 8, 0.2f, true},   {1, 64, 2, 2, 128, 0.1f, false}, {1, 77, 1, 1, 96, 0.0f, true},
+        {1, 1000, 1, 1, 4, 0.0f, false}, {1, 1000, 2, 1, 4, 0.0f, true},  {1, 5, 1, 1, 2, 0.5f, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) attn_case(cases[i]);
+}
+
+/* ---------------------------------------------------------------- activations, elementwise */
+
+static void test_activations(void) {
+    size_t n = 100001;
+    float *x = gu_rand(n, 6.0f), *d = gu_rand(n, 1.0f), *y = gu_rand(n, 1.0f);
+    n = 40001;
+    float *gx = gu_buf(GPU32, x, n), *gd = gu_buf(GPU32, d, n), *gy = gu_buf(GPU32, y, n), *go = gu_buf(GPU32, NULL, n);
+    float *o = malloc(sizeof(float) * n), *h;
+    CPU32->ops->gelu_forward(CPU32, o, x, n);
+    GPU32->ops->gelu_forward(GPU32, go, gx, n);
+    h = gu_fetch(GPU32, go, n);
+    GU_CLOSE("gelu_forward", h, o, n, 1e-6, 1e-5);
+    free(h);
+    CPU32->ops->gelu_backward(CPU32, o, d, x, n);
+    GPU32->ops->gelu_backward(GPU32, go, gd, gx, n);
+    h = gu_fetch(GPU32, go, n);
+    GU_CLOSE("gelu_backward", h, o, n, 1e-6, 1e-5);
+    free(h);
+    int N = 133, F = 150; /* n >= N * 2F */
+    CPU32->ops->swiglu_forward(CPU32, o, x, N, F);
+    GPU32->ops->swiglu_forward(GPU32, go, gx, N, F);
+    h = gu_fetch(GPU32, go, (size_t)N * F);
+    GU_CLOSE("swiglu_forward", h, o, (size_t)N * F, 1e-6, 1e-5);
+    free(h);
+    CPU32->ops->swiglu_backward(CPU32, o, d, x, N, F);
+    GPU32->ops->swiglu_backward(GPU32, go, gd, gx, N, F);
+    h = gu_fetch(GPU32, go, (size_t)N * 2 * F);
+    GU_CLOSE("swiglu_backward", h, o, (size_t)N * 2 * F, 1e-6, 1e-5);
+    free(h);
+    /* elementwise: same arithmetic, bitwise equal */
+    CPU32->ops->add(CPU32, o, x, y, n);
+    GPU32->ops->add(GPU32, go, gx, gy, n);
+    h = gu_fetch(GPU32, go, n);
+    GU_EQUAL("add", h, o, n * sizeof(float));
+    free(h);
+    CPU32->ops->scale(CPU32, o, 0.37f, n);
+    GPU32->ops->scale(GPU32, go, 0.37f, n);
+    h = gu_fetch(GPU32, go, n);
+    GU_EQUAL("scale", h, o, n * sizeof(float));
+    free(h);
+    float ps[] = {0.0f, 0.1f, 0.5f};
+    for (int k = 0; k < 3; k++) {
+        CPU32->ops->dropout(CPU32, o, x, n, ps[k], 77, 1ull << 41);
+        GPU32->ops->dropout(GPU32, go, gx, n, ps[k], 77, 1ull << 41);
+        h = gu_fetch(GPU32, go, n);
+        GU_EQUAL("dropout (identical masks)", h, o, n * sizeof(float));
+        free(h);
+    }
+    GPU32->ops->free(GPU32, gx), GPU32->ops->free(GPU32, gd), GPU32->ops->free(GPU32, gy), GPU32->ops->free(GPU32, go);
+    free(x), free(d), free(y), free(o);
+}
+
+/* ---------------------------------------------------------------- loss */
+
+static void ce_case(int N, int Vp) {
+    char label[96];
+    snprintf(label, sizeof label, "cross_entropy N=%d Vp=%d", N, Vp);
+    size_t n = (size_t)N * Vp;
+    float *logits = gu_rand(n, 4.0f), *ds = malloc(sizeof(float) * N), *loss = malloc(sizeof(float) * N);
+    int32_t *tg = malloc(sizeof(int32_t) * N);
+    for (int i = 0; i < N; i++) {
+        tg[i] = i % 7 == 5 ? -1 : gu_randint(Vp);
+        ds[i] = i % 5 == 3 ? 0.0f : 0.5f + 0.5f * gu_uniform();
+    }
+    float *gl = gu_buf(GPU32, logits, n), *gds = gu_buf(GPU32, ds, N), *gloss = gu_buf(GPU32, NULL, N);
+    int32_t *gtg = gu_ibuf(GPU32, tg, N);
+    CPU32->ops->cross_entropy(CPU32, loss, logits, tg, ds, N, Vp);
+    GPU32->ops->cross_entropy(GPU32, gloss, gl, gtg, gds, N, Vp);
+    char l2[128];
+    float *h;
+    snprintf(l2, sizeof l2, "%s losses", label);
+    h = gu_fetch(GPU32, gloss, N);
+    GU_CLOSE(l2, h, loss, N, 1e-5, 1e-5);
+    free(h);
+    snprintf(l2, sizeof l2, "%s gradient", label);
+    h = gu_fetch(GPU32, gl, n);
+    GU_CLOSE(l2, h, logits, n, 1e-8, 1e-4);
+    free(h);
+    GPU32->ops->free(GPU32, gl), GPU32->ops->free(GPU32, gds), GPU32->ops->free(GPU32, gloss);
+    GPU32->ops->free(GPU32, gtg);
+    free(logits), free(ds), free(loss), free(tg);
+}
+
+static void test_cross_entropy(void) {
+    ce_case(9, 1);
+    ce_case(37, 100);
+    ce_case(7, 50257);
+    ce_case(3, 2049);
+}
+
+/* ---------------------------------------------------------------- tensor parallelism */
+
+/* bias_add: one addition per element, bitwise the CPU's. bias_grad: column sums of N rows
+ * in another order than the CPU's: |gpu - cpu| <= 1e-6 N + 1e-6 + 1e-5 |cpu| (inputs in
+ * [-1, 1): a sum's rounding error grows about as sqrt(N) eps |partial sums| ~ 3.5e-8 N,
+ * so 1e-6 N is ~30 times that), and bitwise the same on a second run. */
+static void bias_case(int N, int C) {
+    char label[96];
+    snprintf(label, sizeof label, "bias N=%d C=%d", N, C);
+    float *out = gu_rand((size_t)N * C, 2.0f), *bias = gu_rand(C, 1.0f), *dout = gu_rand((size_t)N * C, 1.0f);
+    float *db = gu_rand(C, 0.1f);
+    float *g_out = gu_buf(GPU32, out, (size_t)N * C), *g_bias = gu_buf(GPU32, bias, C);
+    float *g_dout = gu_buf(GPU32, dout, (size_t)N * C), *g_db = gu_buf(GPU32, db, C), *g_db2 = gu_buf(GPU32, db, C);
+    CPU32->ops->bias_add(CPU32, out, bias, N, C);
+    CPU32->ops->bias_grad(CPU32, db, dout, N, C);
+    GPU32->ops->bias_add(GPU32, g_out, g_bias, N, C);
+    GPU32->ops->bias_grad(GPU32, g_db, g_dout, N, C);
+    GPU32->ops->bias_grad(GPU32, g_db2, g_dout, N, C);
+    GPU32->ops->sync(GPU32);
+    CHECK_MSG(GPU32->status == 0, "%s: status %d %s", label, GPU32->status, co_err_detail());
+    char l2[128];
+    float *h, *h2;
+    snprintf(l2, sizeof l2, "%s: bias_add", label);
+    h = gu_fetch(GPU32, g_out, (size_t)N * C);
+    GU_EQUAL(l2, h, out, sizeof(float) * N * C);
+    free(h);
+    snprintf(l2, sizeof l2, "%s: bias_grad", label);
+    h = gu_fetch(GPU32, g_db, C);
+    GU_CLOSE(l2, h, db, C, 1e-6 * N + 1e-6, 1e-5);
+    h2 = gu_fetch(GPU32, g_db2, C);
+    snprintf(l2, sizeof l2, "%s: bias_grad repeated", label);
+    GU_EQUAL(l2, h2, h, sizeof(float) * C);
+    free(h), free(h2);
+    float *gp[] = {g_out, g_bias, g_dout, g_db, g_db2};
+    for (int i = 0; i < 5; i++) GPU32->ops->free(GPU32, gp[i]);
+    free(out), free(bias), free(dout), free(db);
+}
+
+/* The vocabulary-parallel cross-entropy of tp shards of logits[N,Vt] (shard k: columns
+ * [k V, (k+1) V), V = Vt/tp), each operation on the GPU against the CPU's on the same
+ * inputs, the group's reductions done here:
+ *   ce_max: the max is exact, bitwise the CPU's;
+ *   ce_sums: sums of exponentials (the same cu_expf as cpu_expf, summed in another order)
+ *     within 1e-7 + 2e-5 |cpu|; the target logit minus the max bitwise the CPU's;
+ *   ce_grad (from the CPU's reduced sums): losses within 1e-6 + 1e-5 |cpu| (logf on the
+ *     device may differ from glibc's in the last bit), gradients within 1e-8 + 1e-4 |cpu|;
+ *   the GPU's whole pipeline (its own sums) against the CPU's unsharded cross_entropy
+ *     within cross_entropy's tolerances above (losses 1e-5 + 1e-5 |cpu|, gradients
+ *     1e-8 + 1e-4 |cpu|);
+ *   ce_sums and ce_grad run twice: bitwise the same.
+ * Targets: inside each shard, on shard boundaries, < 0, == Vt and > Vt; rows with dscale 0;
+ * one row whose shards but the first lie 100 below its max (their exponentials are 0). */
+static void ce_tp_case(int N, int Vt, int tp) {
+    char label[96];
+    snprintf(label, sizeof label, "vocabulary-parallel cross_entropy N=%d Vt=%d tp=%d", N, Vt, tp);
+    const int V = Vt / tp;
+    size_t nf = (size_t)N * Vt, ns = (size_t)N * V;
+    float *full = gu_rand(nf, 4.0f), *ds = malloc(sizeof(float) * N);
+    int32_t *tg = malloc(sizeof(int32_t) * N);
+    for (int n = 0; n < N; n++) {
+        int k = n % 9;
+        tg[n] = k == 0   ? -1
+                : k == 1 ? Vt
+                : k == 2 ? Vt + 7
+                : k == 3 ? (n / 9 % tp) * V /* the first column of a shard */
+                : k == 4 ? Vt - 1
+                         : gu_randint(Vt);
+        ds[n] = n % 5 == 3 ? 0.0f : 0.5f + 0.5f * gu_uniform();
+    }
+    for (int j = V; j < Vt; j++) full[j] -= 100.0f; /* row 0: only shard 0 counts */
+    float *shard = malloc(sizeof(float) * ns * tp), *cmx = malloc(sizeof(float) * N * tp);
+    float *mx = malloc(sizeof(float) * N);
+    float *csums = malloc(sizeof(float) * 2 * N * tp);
+    float *cred = calloc(2 * (size_t)N, sizeof(float)), *gred = calloc(2 * (size_t)N, sizeof(float));
+    float *closs = malloc(sizeof(float) * N), *full_loss = malloc(sizeof(float) * N);
+    for (int k = 0; k < tp; k++)
+        for (int n = 0; n < N; n++)
+            memcpy(shard + ns * k + (size_t)n * V, full + (size_t)n * Vt + (size_t)k * V, sizeof(float) * V);
+    /* three copies of the shards: ce_grad from the CPU's sums, again, from the GPU's sums */
+    float *g_sh = gu_buf(GPU32, shard, ns * tp), *g_sh2 = gu_buf(GPU32, shard, ns * tp);
+    float *g_sh3 = gu_buf(GPU32, shard, ns * tp);
+    float *g_mx = gu_buf(GPU32, NULL, N), *g_sums = gu_buf(GPU32, NULL, 2 * (size_t)N);
+    float *g_sums2 = gu_buf(GPU32, NULL, 2 * (size_t)N), *g_red = gu_buf(GPU32, NULL, 2 * (size_t)N);
+    float *g_loss = gu_buf(GPU32, NULL, N), *g_loss2 = gu_buf(GPU32, NULL, N);
+    float *g_ds = gu_buf(GPU32, ds, N);
+    int32_t *g_tg = gu_ibuf(GPU32, tg, N);
+    char l2[192];
+    float *h, *h2;
+    /* ce_max per shard, then the group's max */
+    for (int k = 0; k < tp; k++) {
+        CPU32->ops->ce_max(CPU32, cmx + (size_t)k * N, shard + ns * k, N, V);
+        GPU32->ops->ce_max(GPU32, g_mx, g_sh + ns * k, N, V);
+        h = gu_fetch(GPU32, g_mx, N);
+        snprintf(l2, sizeof l2, "%s shard %d: ce_max", label, k);
+        GU_EQUAL(l2, h, cmx + (size_t)k * N, sizeof(float) * N);
+        free(h);
+    }
+    for (int n = 0; n < N; n++) {
+        mx[n] = cmx[n];
+        for (int k = 1; k < tp; k++) mx[n] = cmx[(size_t)k * N + n] > mx[n] ? cmx[(size_t)k * N + n] : mx[n];
+    }
+    GPU32->ops->copy(GPU32, g_mx, mx, sizeof(float) * N);
+    /* ce_sums per shard from the group's max; the CPU's and the GPU's reductions */
+    for (int k = 0; k < tp; k++) {
+        float *cs = csums + (size_t)k * 2 * N, *gs;
+        CPU32->ops->ce_sums(CPU32, cs, shard + ns * k, mx, tg, k * V, N, V);
+        GPU32->ops->ce_sums(GPU32, g_sums, g_sh + ns * k, g_mx, g_tg, k * V, N, V);
+        GPU32->ops->ce_sums(GPU32, g_sums2, g_sh + ns * k, g_mx, g_tg, k * V, N, V);
+        gs = gu_fetch(GPU32, g_sums, 2 * (size_t)N);
+        h2 = gu_fetch(GPU32, g_sums2, 2 * (size_t)N);
+        snprintf(l2, sizeof l2, "%s shard %d: ce_sums (sums of exponentials)", label, k);
+        GU_CLOSE(l2, gs, cs, N, 1e-7, 2e-5);
+        snprintf(l2, sizeof l2, "%s shard %d: ce_sums (target logits)", label, k);
+        GU_EQUAL(l2, gs + N, cs + N, sizeof(float) * N);
+        snprintf(l2, sizeof l2, "%s shard %d: ce_sums repeated", label, k);
+        GU_EQUAL(l2, h2, gs, sizeof(float) * 2 * N);
+        for (int i = 0; i < 2 * N; i++) cred[i] += cs[i], gred[i] += gs[i];
+        free(gs), free(h2);
+    }
+    /* ce_grad per shard: from the CPU's sums (the operation alone), and from the GPU's
+     * own (the pipeline), against the CPU's unsharded cross_entropy */
+    CPU32->ops->cross_entropy(CPU32, full_loss, full, tg, ds, N, Vt); /* full: now its gradient */
+    for (int pass = 0; pass < 2; pass++) {
+        GPU32->ops->copy(GPU32, g_red, pass == 0 ? cred : gred, sizeof(float) * 2 * N);
+        for (int k = 0; k < tp; k++) {
+            float *csh = shard + ns * k;
+            float *gsh = (pass == 0 ? g_sh : g_sh3) + ns * k;
+            if (pass == 0) {
+                CPU32->ops->ce_grad(CPU32, closs, csh, mx, cred, tg, ds, k * V, Vt, N, V);
+                GPU32->ops->ce_grad(GPU32, g_loss2, g_sh2 + ns * k, g_mx, g_red, g_tg, g_ds, k * V, Vt, N, V);
+            }
+            GPU32->ops->ce_grad(GPU32, g_loss, gsh, g_mx, g_red, g_tg, g_ds, k * V, Vt, N, V);
+            const char *what = pass == 0 ? "ce_grad" : "pipeline vs unsharded cross_entropy";
+            h = gu_fetch(GPU32, g_loss, N);
+            snprintf(l2, sizeof l2, "%s shard %d: %s losses", label, k, what);
+            GU_CLOSE(l2, h, pass == 0 ? closs : full_loss, N, pass == 0 ? 1e-6 : 1e-5, 1e-5);
+            for (int n = 0; n < N; n++)
+                if (tg[n] < 0 || tg[n] >= Vt)
+                    CHECK_MSG(h[n] == 0.0f, "%s: row %d (target %d) has a loss", l2, n, tg[n]);
+            free(h);
+            h = gu_fetch(GPU32, gsh, ns);
+            snprintf(l2, sizeof l2, "%s shard %d: %s gradient", label, k, what);
+            if (pass == 0) {
+                GU_CLOSE(l2, h, csh, ns, 1e-8, 1e-4);
+            } else {
+                float *want = malloc(sizeof(float) * ns);
+                for (int n = 0; n < N; n++)
+                    memcpy(want + (size_t)n * V, full + (size_t)n * Vt + (size_t)k * V, sizeof(float) * V);
+                GU_CLOSE(l2, h, want, ns, 1e-8, 1e-4);
+                free(want);
+            }
+            for (int n = 0; n < N; n++) {
+                bool zero = true;
+                for (int j = 0; j < V; j++) zero &= h[(size_t)n * V + j] == 0.0f;
+                if (ds[n] == 0.0f) CHECK_MSG(zero, "%s: row %d has dscale 0 and a gradient", l2, n);
+            }
+            if (pass == 0) {
+                h2 = gu_fetch(GPU32, g_sh2 + ns * k, ns);
+                snprintf(l2, sizeof l2, "%s shard %d: ce_grad repeated", label, k);
+                GU_EQUAL(l2, h2, h, sizeof(float) * ns);
+                free(h2);
+                float *l1 = gu_fetch(GPU32, g_loss, N), *lb = gu_fetch(GPU32, g_loss2, N);
+                snprintf(l2, sizeof l2, "%s shard %d: ce_grad losses repeated", label, k);
+                GU_EQUAL(l2, lb, l1, sizeof(float) * N);
+                free(l1), free(lb);
+            }
+            free(h);
+        }
+    }
+    GPU32->ops->sync(GPU32);
+    CHECK_MSG(GPU32->status == 0, "%s: status %d %s", label, GPU32->status, co_err_detail());
+    float *gp[] = {g_sh, g_sh2, g_sh3, g_mx, g_sums, g_sums2, g_red, g_loss, g_loss2, g_ds, (float *)g_tg};
+    for (size_t i = 0; i < sizeof gp / sizeof gp[0]; i++) GPU32->ops->free(GPU32, gp[i]);
+    free(full), free(ds), free(tg), free(shard), free(cmx), free(mx), free(csums), free(cred), free(gred);
+    free(closs), free(full_loss);
+}
+
+static void test_tensor_parallel(void) {
+    int bshapes[][2] = {{1, 1}, {7, 13}, {300, 96}, {130, 768}, {3, 4099}, {4099, 33}};
+    for (int s = 0; s < 6; s++) bias_case(bshapes[s][0], bshapes[s][1]);
+    /* V per shard: 1, 26, 250, 513 (one more than the block), 1024, 25152 (GPT-2's padded
+     * vocabulary over 2) */
+    int cshapes[][3] = {{9, 2, 2}, {37, 52, 2}, {37, 1000, 4}, {33, 1026, 2}, {17, 3072, 3}, {5, 50304, 2}};
+    for (int s = 0; s < 6; s++) ce_tp_case(cshapes[s][0], cshapes[s][1], cshapes[s][2]);
+}
+
+/* ---------------------------------------------------------------- optimizer */
+
+static void test_optimizer(void) {
+    size_t sizes[] = {1, 1000, 8192, 8193, 300001};
+    for (int k = 0; k < 5; k++) {
+        size_t n = sizes[k];
+        float *x = gu_rand(n, 3.0f);
+        float *gx = gu_buf(GPU32, x, n);
+        double c = CPU32->ops->sumsq(CPU32, x, n), g = GPU32->ops->sumsq(GPU32, gx, n);
+        double g2 = GPU32->ops->sumsq(GPU32, gx, n);
+        CHECK_MSG(fabs(c - g) <= 1e-12 * c, "sumsq n=%zu: gpu %.17g cpu %.17g", n, g, c);
+        CHECK_MSG(memcmp(&g, &g2, sizeof g) == 0, "sumsq not repeatable");
+        float *p = gu_rand(n, 1.0f), *gr = gu_rand(n, 1.0f), *m = gu_rand(n, 0.1f), *v = gu_rand(n, 0.01f);
+        for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+        float *gp = gu_buf(GPU32, p, n), *gg = gu_buf(GPU32, gr, n), *gm = gu_buf(GPU32, m, n), *gv = gu_buf(GPU32, v, n);
+        for (int t = 1; t <= 3; t++) {
+            CPU32->ops->adamw(CPU32, p, gr, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t);
+            GPU32->ops->adamw(GPU32, gp, gg, gm, gv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t);
+        }
+        float *h;
+        h = gu_fetch(GPU32, gp, n);
+        GU_CLOSE("adamw p", h, p, n, 1e-7, 1e-6);
+        free(h);
+        h = gu_fetch(GPU32, gm, n);
+        GU_CLOSE("adamw m", h, m, n, 1e-8, 1e-6);
+        free(h);
+        h = gu_fetch(GPU32, gv, n);
+        GU_CLOSE("adamw v", h, v, n, 1e-10, 1e-6);
+        free(h);
+        float *gp2[] = {gx, gp, gg, gm, gv};
+        for (int i = 0; i < 5; i++) GPU32->ops->free(GPU32, gp2[i]);
+        free(x), free(p), free(gr), free(m), free(v);
+    }
+}
+
+/* ---------------------------------------------------------------- grouped products */
+
+/* uneven groups, empty ones, off[0] > 0; against the CPU backend's grouped products */
+static void grouped_case(int n, const int *rows, int pre, int IC, int OC) {
+    char label[96];
+    snprintf(label, sizeof label, "grouped n=%d IC=%d OC=%d", n, IC, OC);
+    int32_t off[9];
+    off[0] = pre;
+    for (int j = 0; j < n; j++) off[j + 1] = off[j] + rows[j];
+    int R = off[n] + 3;
+    float *in = gu_rand((size_t)R * IC, 1.0f), *W = gu_rand((size_t)n * OC * IC, 0.5f), *dout = gu_rand((size_t)R * OC, 1.0f);
+    float *out = gu_rand((size_t)R * OC, 1.0f), *din = gu_rand((size_t)R * IC, 1.0f), *dW = gu_rand((size_t)n * OC * IC, 0.1f);
+    float *gin = gu_buf(GPU32, in, (size_t)R * IC), *gW = gu_buf(GPU32, W, (size_t)n * OC * IC);
+    float *gdo = gu_buf(GPU32, dout, (size_t)R * OC), *gout = gu_buf(GPU32, out, (size_t)R * OC);
+    float *gdin = gu_buf(GPU32, din, (size_t)R * IC), *gdW = gu_buf(GPU32, dW, (size_t)n * OC * IC);
+    CPU32->ops->grouped_linear_forward(CPU32, out, in, W, off, n, IC, OC);
+    CPU32->ops->grouped_linear_backward(CPU32, din, dW, dout, in, W, off, n, IC, OC);
+    GPU32->ops->grouped_linear_forward(GPU32, gout, gin, gW, off, n, IC, OC);
+    GPU32->ops->grouped_linear_backward(GPU32, gdin, gdW, gdo, gin, gW, off, n, IC, OC);
+    GPU32->ops->sync(GPU32);
+    CHECK_MSG(GPU32->status == 0, "%s: status %d %s", label, GPU32->status, co_err_detail());
+    char l2[128];
+    float *h;
+    snprintf(l2, sizeof l2, "%s out", label);
+    h = gu_fetch(GPU32, gout, (size_t)R * OC);
+    GU_CLOSE(l2, h, out, (size_t)R * OC, 1e-4 * IC / 16 + 1e-4, 1e-4);
+    free(h);
+    snprintf(l2, sizeof l2, "%s din", label);
+    h = gu_fetch(GPU32, gdin, (size_t)R * IC);
+    GU_CLOSE(l2, h, din, (size_t)R * IC, 1e-4 * OC / 16 + 1e-4, 1e-4);
+    free(h);
+    snprintf(l2, sizeof l2, "%s dW", label);
+    h = gu_fetch(GPU32, gdW, (size_t)n * OC * IC);
+    GU_CLOSE(l2, h, dW, (size_t)n * OC * IC, 1e-4 * R / 16 + 1e-4, 1e-4);
+    free(h);
+    float *gp[] = {gin, gW, gdo, gout, gdin, gdW};
+    for (int i = 0; i < 6; i++) GPU32->ops->free(GPU32, gp[i]);
+    free(in), free(W), free(dout), free(out), free(din), free(dW);
+}
+
+static void test_grouped(void) {
+    int r1[] = {5, 0, 17, 1}, r2[] = {0, 0, 40}, r3[] = {33, 31, 0, 2, 9, 0, 1, 64};
+    grouped_case(4, r1, 3, 24, 40);
+    grouped_case(3, r2, 0, 7, 5);
+    grouped_case(8, r3, 1, 33, 16);
+}
+
+/* ---------------------------------------------------------------- the table */
+
+/* every entry the CPU backend has, the CUDA backend has too, but for the ones backend.h says
+ * it leaves NULL (block attention, adamw_checksum) */
+static void test_entries(void) {
+    const size_t n = sizeof(kb_ops) / sizeof(void (*)(void));
+    const size_t allowed[] = {offsetof(kb_ops, block_attention_forward), offsetof(kb_ops, block_attention_backward),
+                              offsetof(kb_ops, adamw_checksum)};
+    for (size_t i = 0; i < n; i++) {
+        void (*c)(void), (*g)(void);
+        memcpy(&c, (const char *)CPU32->ops + i * sizeof c, sizeof c);
+        memcpy(&g, (const char *)GPU32->ops + i * sizeof g, sizeof g);
+        bool ok_null = false;
+        for (size_t k = 0; k < 3; k++) ok_null |= allowed[k] == i * sizeof c;
+        CHECK_MSG(g != NULL || ok_null, "kb_ops entry %zu is NULL on CUDA", i);
+        CHECK_MSG(c != NULL, "kb_ops entry %zu is NULL on the CPU", i);
+    }
+}
+
+int main(void) {
+    char why[256];
+    if (!kb_cuda_available(why, sizeof why)) { /* never a skip: the stand-in must load here */
+        fprintf(stderr, "the CUDA stand-in did not load (COHORT_CUDA_MODULE=%s): %s\n",
+                getenv("COHORT_CUDA_MODULE") ? getenv("COHORT_CUDA_MODULE") : "(unset)", why);
+        return 1;
+    }
+    CPU32 = gu_backend(KB_DEVICE_CPU, false);
+    const char *no16 = getenv("COHORT_TEST_NO_CPU_BF16");
+    if (no16 && no16[0] == '1') snprintf(why, sizeof why, "COHORT_TEST_NO_CPU_BF16=1");
+    if ((!no16 || no16[0] != '1') && kb_cpu_bf16_check(why, sizeof why)) CPU16 = gu_backend(KB_DEVICE_CPU, true);
+    else fprintf(stderr, "no CPU bf16 products (%s): bf16 CUDA products are checked against fp32 products of "
+                 "bf16-rounded inputs\n", why);
+    GPU32 = gu_backend(KB_DEVICE_CUDA, false);
+    GPU16 = gu_backend(KB_DEVICE_CUDA, true);
+    fprintf(stderr, "%s\n%s\n", kb_backend_describe(GPU32), kb_backend_describe(GPU16));
+    RUN(test_memory);
+    RUN(test_entries);
+    RUN(test_linear);
+    RUN(test_linear_bias_alignment);
+    RUN(test_embed);
+    RUN(test_norm);
+    RUN(test_rope);
+    RUN(test_attention);
+    RUN(test_activations);
+    RUN(test_cross_entropy);
+    RUN(test_tensor_parallel);
+    RUN(test_optimizer);
+    RUN(test_grouped);
+    CHECK_MSG(GPU32->status == 0 && GPU16->status == 0, "sticky status: %d %d (%s)", GPU32->status, GPU16->status,
+              co_err_detail());
+    kb_backend_destroy(&GPU32);
+    kb_backend_destroy(&GPU16);
+    kb_backend_destroy(&CPU32);
+    if (CPU16) kb_backend_destroy(&CPU16);
+    return TEST_EXIT();
+}
