@@ -423,13 +423,17 @@ static void *split_thread(void *arg) {
     return NULL;
 }
 
-/* the child's segment name: a hash of the parent's, the split's number and the color */
+/* the child's segment name: the parent's up to its pid (of the process that made the first
+ * unique id, so that a test finds every segment of its worlds), then a hash of the parent's
+ * name, the split's number and the color */
 static void child_name(char *out, const sim_comm *p, uint64_t idx, int color) {
     uint64_t h = 1469598103934665603ull;
     char buf[SIM_NAME_MAX + 48];
     int n = snprintf(buf, sizeof buf, "%s/%llu/%d", p->name, (unsigned long long)idx, color);
     for (int i = 0; i < n; i++) h = (h ^ (uint8_t)buf[i]) * 1099511628211ull;
-    snprintf(out, SIM_NAME_MAX, "/cohort-nccl-split-%016llx", (unsigned long long)h);
+    const char *pid = p->name + strlen("/cohort-nccl-"), *end = strchr(pid, '-');
+    int len = end ? (int)(end - pid) : 0;
+    snprintf(out, SIM_NAME_MAX, "/cohort-nccl-%.*s-s%016llx", len, pid, (unsigned long long)h);
 }
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config) {

@@ -198,7 +198,20 @@ static ncclResult_t map_segment(sim_comm *c) {
     c->chans = (sim_chan *)(c->ranks + n);
     c->slots = (char *)(c->chans + (size_t)n * n);
     c->bufs = c->slots + (size_t)n * SIM_SLOT_BYTES;
+    atomic_store(&c->mapped, 1);
     return ncclSuccess;
+}
+
+/* Marks this rank gone from the segment (left or aborted; an abort fails the peers too). */
+static void mark_gone(sim_comm *c, int state) {
+    if (!atomic_load(&c->mapped)) return;
+    int st = RANK_ATTACHED;
+    atomic_compare_exchange_strong(&c->ranks[c->rank].state, &st, state);
+    if (state == RANK_ABORTED) {
+        int zero = 0;
+        atomic_compare_exchange_strong(&c->seg->failed_by, &zero, c->rank + 1);
+    }
+    sim_wake(c);
 }
 
 /* Joins the segment as c->rank and waits (bounded, abortable) for every rank. */
@@ -225,6 +238,7 @@ ncclResult_t sim_comm_attach(sim_comm *c) {
         uint32_t f = atomic_load(&c->seg->futex);
         if (atomic_load(&c->seg->attached) >= c->nranks) break;
         if ((r = sim_wait(c, f, deadline, "init", -1)) != ncclSuccess) {
+            if (atomic_load(&c->aborted)) mark_gone(c, RANK_ABORTED); /* aborted while it attached */
             sim_unlink(c);
             return r;
         }
@@ -344,15 +358,7 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
  * mapping until they ran (they fail at once). */
 static void comm_end(sim_comm *c, int state) {
     atomic_store(&c->aborted, 1);
-    if (c->seg) {
-        int st = RANK_ATTACHED;
-        atomic_compare_exchange_strong(&c->ranks[c->rank].state, &st, state);
-        if (state == RANK_ABORTED) {
-            int zero = 0;
-            atomic_compare_exchange_strong(&c->seg->failed_by, &zero, c->rank + 1);
-        }
-        sim_wake(c);
-    }
+    mark_gone(c, state); /* or the init thread does, once it sees the abort */
     sim_unlink(c);
     /* a running task stops at its next check (a few ms): wait for it, as ncclCommAbort
      * waits for its kernels, so the caller may free the buffers afterwards */

@@ -67,6 +67,7 @@ typedef struct sim_comm {
     sim_rank *ranks;
     sim_chan *chans;
     char *slots, *bufs;
+    atomic_int mapped;       /* seg and the pointers below it are set (an init thread sets them) */
     atomic_int refs;         /* the user's handle, queued tasks, a background init thread */
     atomic_int aborted;      /* ncclCommAbort or ncclCommDestroy was called */
     atomic_int async_err;    /* the first error of an operation (sticky) */

@@ -5,7 +5,7 @@
  * joins (CO_ETIMEOUT there, CO_EREMOTE at the peer), cm_abort from another thread ends one
  * in progress (CO_EABORTED there, CO_EREMOTE elsewhere), a peer killed by SIGKILL gives
  * CO_EREMOTE, and all-to-all sizes that do not match fail the receiver, each within a
- * bounded time. */
+ * bounded time; and no shared-memory segment is left behind. */
 #include "tests/test.h"
 
 #include "comm/nccl_comm.h"
@@ -13,6 +13,7 @@
 #include "tests/fork_ranks.h"
 
 #include <cuda_runtime.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -27,6 +28,22 @@ static cm_comm *join(int rank, int n, const uint8_t *id) {
     int rc = cm_nccl_new(&c, rank, n, id, 0, NULL);
     if (rc) fprintf(stderr, "rank %d: cm_nccl_new: %s (%s)\n", rank, co_err_detail(), co_err_name(rc));
     return c;
+}
+
+/* segments of this process's worlds (and their splits) still in /dev/shm */
+static int leftover_segments(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "cohort-nccl-%d-", (int)getpid());
+    DIR *d = opendir("/dev/shm");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (!strncmp(e->d_name, prefix, strlen(prefix))) {
+            fprintf(stderr, "left in /dev/shm: %s\n", e->d_name);
+            n++;
+        }
+    closedir(d);
+    return n;
 }
 
 static float fval(int r, size_t i) { return (float)(t_mix((uint64_t)r * 65537 + i) % 4001) / 13.0f - 150.0f; }
@@ -136,6 +153,7 @@ static void test_ops(void) {
     ids ids;
     for (int i = 0; i < NIDS; i++) REQUIRE(cm_nccl_get_unique_id(ids.id[i]) == 0);
     CHECK(t_fork_ranks("ops", "sim-nccl-comm", N, rank_ops, &ids, -1, 20000) == 0);
+    CHECK(leftover_segments() == 0);
 }
 
 /* ---- failures ---- */
@@ -210,6 +228,7 @@ static void test_failures(void) {
     for (int i = 0; i < NIDS; i++) REQUIRE(cm_nccl_get_unique_id(ids.id[i]) == 0);
     CHECK(t_fork_ranks("failures", "sim-nccl-comm", N, rank_fail, &ids, 2, 20000) == 0);
     CHECK(t_fork_ranks("a2a mismatch", "sim-nccl-comm", N, rank_a2a_mismatch, &ids, -1, 20000) == 0);
+    CHECK(leftover_segments() == 0); /* the killed rank's world too */
 }
 
 /* argument "ops": the operations only (on a runtime whose streams cannot run concurrently) */
