@@ -129,7 +129,7 @@ static size_t tsize(ncclDataType_t t) {
 static const ncclDataType_t types[] = {ncclUint8, ncclInt32, ncclInt64, ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat16};
 static const ncclRedOp_t ops[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
 
-/* count elements of every type and reduction; *bad counts mismatching elements */
+/* an all-reduce of count elements of type t with op (in place or not), every element checked */
 static void allreduce_case(ncclComm_t c, int rank, int n, ncclDataType_t t, ncclRedOp_t op, size_t count, bool inplace) {
     size_t es = tsize(t);
     uint8_t *in = malloc(count * es), *out = malloc(count * es), want[8] = {0};
@@ -147,24 +147,16 @@ static void allreduce_case(ncclComm_t c, int rank, int n, ncclDataType_t t, nccl
     free(out);
 }
 
-static void rank_collectives(int rank, int n, const char *dir, const void *arg) {
-    (void)dir;
-    ncclComm_t c = join(rank, n, arg);
-    REQUIRE(c);
-    int cnt = -1, me = -1;
-    CHECK(ncclCommCount(c, &cnt) == ncclSuccess && cnt == n);
-    CHECK(ncclCommUserRank(c, &me) == ncclSuccess && me == rank);
-    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
-        for (size_t oi = 0; oi < sizeof ops / sizeof *ops; oi++) allreduce_case(c, rank, n, types[ti], ops[oi], 7, oi % 2);
-    allreduce_case(c, rank, n, ncclFloat32, ncclSum, 70001, false); /* two rounds of the slot */
-    allreduce_case(c, rank, n, ncclBfloat16, ncclAvg, 150001, true);
+/* broadcast, all-gather and reduce-scatter (in place and not, past one round), and
+ * arguments refused at the call */
+static void other_collectives(ncclComm_t c, int rank, int n) {
+    size_t bad = 0;
     /* broadcast from rank 2: in place and out of place, past one round */
     size_t bn = 100003;
     float *b = malloc(bn * sizeof *b), *b2 = malloc(bn * sizeof *b2);
     for (size_t i = 0; i < bn; i++) b[i] = rank == 2 ? (float)val(2, i, true) : -1.0f;
     CHECK(ncclBroadcast(b, b, bn, ncclFloat32, 2, c, NULL) == ncclSuccess);
     CHECK(ncclBroadcast(b, b2, bn, ncclFloat32, 2, c, NULL) == ncclSuccess);
-    size_t bad = 0;
     for (size_t i = 0; i < bn; i++) bad += b[i] != (float)val(2, i, true) || b2[i] != b[i];
     CHECK_MSG(bad == 0, "broadcast: %zu elements differ", bad);
     /* all-gather: 33333 int32 per rank, and an in-place one of 5 */
@@ -206,6 +198,20 @@ static void rank_collectives(int rank, int n, const char *dir, const void *arg) 
     CHECK(ncclAllReduce(g, g, 1, ncclFloat8e4m3, ncclSum, c, NULL) == ncclInvalidArgument);
     CHECK(ncclBroadcast(g, g, 1, ncclInt32, n, c, NULL) == ncclInvalidArgument);
     free(b), free(b2), free(g), free(ga), free(rs), free(rr);
+}
+
+static void rank_collectives(int rank, int n, const char *dir, const void *arg) {
+    (void)dir;
+    ncclComm_t c = join(rank, n, arg);
+    REQUIRE(c);
+    int cnt = -1, me = -1;
+    CHECK(ncclCommCount(c, &cnt) == ncclSuccess && cnt == n);
+    CHECK(ncclCommUserRank(c, &me) == ncclSuccess && me == rank);
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t oi = 0; oi < sizeof ops / sizeof *ops; oi++) allreduce_case(c, rank, n, types[ti], ops[oi], 7, oi % 2);
+    allreduce_case(c, rank, n, ncclFloat32, ncclSum, 70001, false); /* two rounds of the slot */
+    allreduce_case(c, rank, n, ncclBfloat16, ncclAvg, 150001, true);
+    other_collectives(c, rank, n);
     CHECK(ncclCommFinalize(c) == ncclSuccess);
     CHECK(ncclCommDestroy(c) == ncclSuccess);
 }

@@ -50,52 +50,8 @@ static float fval(int r, size_t i) { return (float)(t_mix((uint64_t)r * 65537 + 
 
 /* ---- every operation ---- */
 
-static void rank_ops(int rank, int n, const char *dir, const void *arg) {
-    (void)dir;
-    const ids *ids = arg;
-    cm_comm *c = join(rank, n, ids->id[0]);
-    REQUIRE(c);
-    CHECK(c->rank == rank && c->size == n);
-    /* all-reduce of device memory, past one round of the stand-in's slot */
-    size_t cnt = 70001;
-    float *h = malloc(cnt * sizeof *h), *d = NULL;
-    for (size_t i = 0; i < cnt; i++) h[i] = fval(rank, i);
-    REQUIRE(cudaMalloc((void **)&d, cnt * sizeof *d) == cudaSuccess);
-    cudaMemcpy(d, h, cnt * sizeof *h, cudaMemcpyHostToDevice);
-    CHECK(c->ops->allreduce_sum(c, d, cnt, CM_F32, 10000) == 0);
-    cudaMemcpy(h, d, cnt * sizeof *h, cudaMemcpyDeviceToHost);
-    size_t bad = 0;
-    for (size_t i = 0; i < cnt; i++) {
-        float want = fval(0, i);
-        for (int r = 1; r < n; r++) want += fval(r, i);
-        bad += memcmp(&want, &h[i], 4) != 0;
-    }
-    CHECK_MSG(bad == 0, "all-reduce (device): %zu elements differ", bad);
-    /* host buffers: staged */
-    double hd[3] = {0.5 * rank, -1.25, 1e300 / 4};
-    CHECK(c->ops->allreduce_sum(c, hd, 3, CM_F64, 10000) == 0);
-    CHECK(hd[0] == 0.5 * (0 + 1 + 2) && hd[1] == -3.75 && hd[2] == 3 * (1e300 / 4));
-    int64_t hi[2] = {rank, (int64_t)1 << 50};
-    CHECK(c->ops->allreduce_sum(c, hi, 2, CM_I64, 10000) == 0);
-    CHECK(hi[0] == 3 && hi[1] == (int64_t)3 << 50);
-    /* broadcast from rank 1 (an odd byte count) */
-    char bb[1001];
-    memset(bb, rank == 1 ? 'x' : 0, sizeof bb);
-    CHECK(c->ops->broadcast(c, bb, sizeof bb, 1, 10000) == 0);
-    CHECK(bb[0] == 'x' && bb[1000] == 'x');
-    /* all-gather and reduce-scatter */
-    int32_t mine[5], all[N * 5];
-    for (int i = 0; i < 5; i++) mine[i] = rank * 100 + i;
-    CHECK(c->ops->allgather(c, mine, all, sizeof mine, 10000) == 0);
-    for (int r = 0; r < n; r++) CHECK(all[r * 5 + 4] == r * 100 + 4);
-    float rs[N * 7], rr[7];
-    for (int i = 0; i < n * 7; i++) rs[i] = fval(rank, (size_t)i);
-    CHECK(c->ops->reduce_scatter_sum(c, rs, rr, 7, CM_F32, 10000) == 0);
-    for (int i = 0; i < 7; i++) {
-        float want = fval(0, (size_t)(rank * 7 + i));
-        for (int r = 1; r < n; r++) want += fval(r, (size_t)(rank * 7 + i));
-        CHECK(memcmp(&want, &rr[i], 4) == 0);
-    }
+/* all-to-all, barrier, send/recv, and both splits, on c */
+static void ops_p2p_splits(cm_comm *c, int rank, int n) {
     /* all-to-all with uneven blocks: rank i sends j + i + 1 bytes of value 16 i + j to rank j */
     size_t sb[N], rb[N], so = 0, ro = 0;
     uint8_t sbuf[64], rbuf[64];
@@ -144,8 +100,57 @@ static void rank_ops(int rank, int n, const char *dir, const void *arg) {
         cm_destroy(&s);
     }
     CHECK(c->ops->barrier(c, 10000) == 0); /* the parent after the splits */
+}
+
+static void rank_ops(int rank, int n, const char *dir, const void *arg) {
+    (void)dir;
+    const ids *ids = arg;
+    cm_comm *c = join(rank, n, ids->id[0]);
+    REQUIRE(c);
+    CHECK(c->rank == rank && c->size == n);
+    /* all-reduce of device memory, past one round of the stand-in's slot */
+    size_t cnt = 70001;
+    float *h = malloc(cnt * sizeof *h), *d = NULL;
+    for (size_t i = 0; i < cnt; i++) h[i] = fval(rank, i);
+    REQUIRE(cudaMalloc((void **)&d, cnt * sizeof *d) == cudaSuccess);
+    cudaMemcpy(d, h, cnt * sizeof *h, cudaMemcpyHostToDevice);
+    CHECK(c->ops->allreduce_sum(c, d, cnt, CM_F32, 10000) == 0);
+    cudaMemcpy(h, d, cnt * sizeof *h, cudaMemcpyDeviceToHost);
+    size_t bad = 0;
+    for (size_t i = 0; i < cnt; i++) {
+        float want = fval(0, i);
+        for (int r = 1; r < n; r++) want += fval(r, i);
+        bad += memcmp(&want, &h[i], 4) != 0;
+    }
+    CHECK_MSG(bad == 0, "all-reduce (device): %zu elements differ", bad);
+    /* host buffers: staged */
+    double hd[3] = {0.5 * rank, -1.25, 1e300 / 4};
+    CHECK(c->ops->allreduce_sum(c, hd, 3, CM_F64, 10000) == 0);
+    CHECK(hd[0] == 0.5 * (0 + 1 + 2) && hd[1] == -3.75 && hd[2] == 3 * (1e300 / 4));
+    int64_t hi[2] = {rank, (int64_t)1 << 50};
+    CHECK(c->ops->allreduce_sum(c, hi, 2, CM_I64, 10000) == 0);
+    CHECK(hi[0] == 3 && hi[1] == (int64_t)3 << 50);
+    /* broadcast from rank 1 (an odd byte count) */
+    char bb[1001];
+    memset(bb, rank == 1 ? 'x' : 0, sizeof bb);
+    CHECK(c->ops->broadcast(c, bb, sizeof bb, 1, 10000) == 0);
+    CHECK(bb[0] == 'x' && bb[1000] == 'x');
+    /* all-gather and reduce-scatter */
+    int32_t mine[5], all[N * 5];
+    for (int i = 0; i < 5; i++) mine[i] = rank * 100 + i;
+    CHECK(c->ops->allgather(c, mine, all, sizeof mine, 10000) == 0);
+    for (int r = 0; r < n; r++) CHECK(all[r * 5 + 4] == r * 100 + 4);
+    float rs[N * 7], rr[7];
+    for (int i = 0; i < n * 7; i++) rs[i] = fval(rank, (size_t)i);
+    CHECK(c->ops->reduce_scatter_sum(c, rs, rr, 7, CM_F32, 10000) == 0);
+    for (int i = 0; i < 7; i++) {
+        float want = fval(0, (size_t)(rank * 7 + i));
+        for (int r = 1; r < n; r++) want += fval(r, (size_t)(rank * 7 + i));
+        CHECK(memcmp(&want, &rr[i], 4) == 0);
+    }
     free(h);
     cudaFree(d);
+    ops_p2p_splits(c, rank, n);
     cm_destroy(&c);
 }
 
