@@ -78,9 +78,9 @@ unsigned long g_launches;
 } // namespace cudasim
 
 #if defined(__x86_64__)
-// cudasim_switch(save, to): saves the callee-saved registers, the SSE and x87 control words
-// on the current stack, stores the stack pointer in *save and resumes the context whose
-// stack pointer is to.
+// cudasim_switch(save, to): saves the callee-saved registers on the current stack, stores
+// the stack pointer in *save and resumes the context whose stack pointer is to. (The SSE and
+// x87 control words are not switched: every fiber runs with the host thread's.)
 asm(R"(
 .text
 .p2align 4
@@ -92,14 +92,8 @@ cudasim_switch:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $16, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $16, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -138,14 +132,13 @@ void fiber_entry() {
 
 void fiber_init(fiber *f) {
 #if defined(__x86_64__)
+    // r15 r14 r13 r12 rbx rbp, then fiber_entry as the return address, entered with the
+    // stack as a call leaves it (rsp + 8 a multiple of 16; its own return address 0)
     uintptr_t top = ((uintptr_t)f->stack + STACK) & ~(uintptr_t)15;
-    uint64_t *sp = (uint64_t *)(top - 80);
-    uint32_t cw[2] = {0x1F80u, 0x037Fu}; // MXCSR, x87 control word: the defaults
-    memcpy(sp, cw, sizeof cw);
-    sp[1] = 0;
-    for (int i = 2; i < 8; i++) sp[i] = 0; // r15 r14 r13 r12 rbx rbp
-    sp[8] = (uint64_t)(uintptr_t)&fiber_entry;
-    sp[9] = 0; // fiber_entry's return address: it never returns
+    uint64_t *sp = (uint64_t *)(top - 64);
+    for (int i = 0; i < 6; i++) sp[i] = 0;
+    sp[6] = (uint64_t)(uintptr_t)&fiber_entry;
+    sp[7] = 0;
     f->sp = sp;
 #else
     getcontext(&f->uc);
@@ -262,16 +255,18 @@ bool warp_complete(int w, int nt) {
         if (!first) first = f;
     }
     if (!first) return false;
-    std::vector<int> same, other;
+    auto same_site = [&](const fiber *f) {
+        return f->kind == first->kind && f->line == first->line && (f->file == first->file || !strcmp(f->file, first->file));
+    };
     const fiber *odd = NULL;
-    for (int i = lo; i < hi; i++) {
+    for (int i = lo; i < hi && !odd; i++) {
         fiber *f = g_pool[i].get();
-        if (f->state == F_DONE) continue;
-        bool eq = f->kind == first->kind && f->line == first->line && strcmp(f->file, first->file) == 0;
-        (eq ? same : other).push_back(i);
-        if (!eq && !odd) odd = f;
+        if (f->state != F_DONE && !same_site(f)) odd = f;
     }
-    if (odd) {
+    if (odd) { // the lists for the message
+        std::vector<int> same, other;
+        for (int i = lo; i < hi; i++)
+            if (g_pool[i]->state != F_DONE) (same_site(g_pool[i].get()) ? same : other).push_back(i);
         block_fail(cudaErrorLaunchFailure, "divergent warp operations in warp " + std::to_string(w) + ": threads " +
                                                ranges(same) + " at " + kind_name(first->kind) + " (" + site_str(first) +
                                                "), threads " + ranges(other) + " at " + kind_name(odd->kind) + " (" +
@@ -309,19 +304,15 @@ bool warp_complete(int w, int nt) {
 // barrier if all of them wait at the same __syncthreads, else report why the block hangs.
 bool barrier_complete(int nt) {
     const fiber *first = NULL, *odd = NULL;
-    std::vector<int> same, other, warp;
-    for (int i = 0; i < nt; i++) {
+    auto same_site = [&](const fiber *f) {
+        return f->line == first->line && (f->file == first->file || !strcmp(f->file, first->file));
+    };
+    for (int i = 0; i < nt && !odd; i++) {
         fiber *f = g_pool[i].get();
         if (f->state == F_DONE) continue;
-        if (f->state == F_WARP) {
-            warp.push_back(i);
-            if (!odd) odd = f;
-            continue;
-        }
-        if (!first) first = f;
-        bool eq = f->line == first->line && strcmp(f->file, first->file) == 0;
-        (eq ? same : other).push_back(i);
-        if (!eq && !odd) odd = f;
+        if (f->state == F_WARP) odd = f;
+        else if (!first) first = f;
+        else if (!same_site(f)) odd = f;
     }
     if (!first && !odd) return false; // every thread has exited
     if (!odd) {
@@ -330,6 +321,15 @@ bool barrier_complete(int nt) {
         g_epoch++;
         return true;
     }
+    std::vector<int> same, other, warp; // the lists for the message
+    for (int i = 0; i < nt; i++) {
+        fiber *f = g_pool[i].get();
+        if (f->state == F_DONE) continue;
+        if (f->state == F_WARP) warp.push_back(i);
+        else if (!first) first = f, same.push_back(i);
+        else (same_site(f) ? same : other).push_back(i);
+    }
+    if (!warp.empty()) odd = g_pool[warp[0]].get();
     std::string msg;
     if (!first)
         msg = "lanes of a warp never meet: threads " + ranges(warp) + " wait at " + kind_name(odd->kind) + " (" +
@@ -357,7 +357,8 @@ void run_block(uint3 bid, uint64_t rng) {
     }
     g_block_ep = ++g_epoch;
     memset(g_wep, 0, sizeof g_wep);
-    std::vector<int> ready(nt);
+    static std::vector<int> ready;
+    ready.resize((size_t)nt);
     for (int i = 0; i < nt; i++) ready[i] = i;
     while (!g_failed) {
         for (size_t i = ready.size(); i > 1; i--) { // Fisher-Yates with the seeded stream

@@ -2,7 +2,8 @@
 // its own (translated by gen_cu.py like kernels/cuda/*.cu): block reductions with shuffles
 // and shared memory, and each error the stand-in must report (a race, out-of-bounds shared
 // memory, a divergent __syncthreads, a shuffle from an exited lane, an uninitialised shared
-// read, a bad launch configuration, a host access to memory queued work uses), the stream
+// read, a bad launch configuration, a host access to memory queued work uses or to device
+// memory, a kernel writing past its allocation), the stream
 // semantics (work runs at the synchronising call, cudaStreamQuery, cudasim_enqueue order)
 // and that the thread order between barriers follows the seed.
 #include <cuda_runtime.h>
@@ -208,32 +209,63 @@ static void test_streams(void) {
     cudaStreamDestroy(s);
 }
 
-// host access to memory that queued work uses stops the process with a clear message
-static void test_host_access(void) {
+// runs fn in a forked child with its stderr in buf; its wait status
+static int in_child(void (*fn)(void), char *buf, size_t n) {
     int pfd[2];
-    REQUIRE(pipe(pfd) == 0);
+    if (pipe(pfd) != 0) return -1;
     pid_t pid = fork();
-    REQUIRE(pid >= 0);
+    if (pid < 0) return -1;
     if (pid == 0) {
         dup2(pfd[1], 2);
-        cudaStream_t s;
-        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-        float *x = managed(100);
-        k_fill<<<1, 32, 0, s>>>(x, 1.0f, 100);
-        volatile float v = x[3]; // no cudaStreamSynchronize: the stand-in stops here
-        (void)v;
+        fn();
         _exit(0);
     }
     close(pfd[1]);
-    char buf[2048];
-    ssize_t n, got = 0;
-    while ((n = read(pfd[0], buf + got, sizeof buf - 1 - (size_t)got)) > 0) got += n;
+    ssize_t r;
+    size_t got = 0;
+    while (got + 1 < n && (r = read(pfd[0], buf + got, n - 1 - got)) > 0) got += (size_t)r;
     buf[got] = 0;
     close(pfd[0]);
     int st = 0;
     waitpid(pid, &st, 0);
-    CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "the child was not stopped (status 0x%x)", st);
+    return st;
+}
+
+static void host_read_unsynced(void) {
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    float *x = managed(100);
+    k_fill<<<1, 32, 0, s>>>(x, 1.0f, 100);
+    volatile float v = x[3]; // no cudaStreamSynchronize: the stand-in stops here
+    (void)v;
+}
+
+static void kernel_past_the_end(void) {
+    void *d = NULL;
+    cudaMalloc(&d, 4096);
+    k_fill<<<1, 32>>>((float *)d, 1.0f, 1025); // one float past the allocation's last page
+    cudaDeviceSynchronize();
+}
+
+static void host_touches_device_memory(void) {
+    void *d = NULL;
+    cudaMalloc(&d, 64);
+    ((volatile float *)d)[0] = 1.0f;
+}
+
+// host access to memory that queued work uses, or to device memory, and a kernel writing
+// past an allocation stop the process with a clear message
+static void test_host_access(void) {
+    char buf[2048];
+    int st = in_child(host_read_unsynced, buf, sizeof buf);
+    CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "unsynchronised read: not stopped (status 0x%x)", st);
     CHECK_MSG(strstr(buf, "host read") && strstr(buf, "kernel k_fill") && strstr(buf, "queued on stream"), "message: %s", buf);
+    st = in_child(kernel_past_the_end, buf, sizeof buf);
+    CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "write past the end: not stopped (status 0x%x)", st);
+    CHECK_MSG(strstr(buf, "write") && strstr(buf, "0 bytes past the end of an allocation of 4096 bytes"), "message: %s", buf);
+    st = in_child(host_touches_device_memory, buf, sizeof buf);
+    CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "device memory: not stopped (status 0x%x)", st);
+    CHECK_MSG(strstr(buf, "host write") && strstr(buf, "device memory"), "message: %s", buf);
 }
 
 // between barriers the threads run in an order that follows the seed and changes per launch

@@ -218,6 +218,13 @@ static inline float __int_as_float(int i) { return ::cudasim::from_bits<float>((
 static inline int __float_as_int(float f) { return (int)__float_as_uint(f); }
 static inline float __uint2float_rn(unsigned u) { return (float)u; }
 static inline float __int2float_rn(int i) { return (float)i; }
+// (__expf and __logf: glibc has them)
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
+template <class T>
+static inline T __ldg(const T *p) { return *p; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
