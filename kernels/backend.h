@@ -35,6 +35,9 @@ typedef struct kb_options {
     kb_device device;
     int threads;      /* CPU threads; <= 0 means all online cores */
     bool bf16;        /* matrix products take bf16 inputs, accumulate and output fp32 */
+    bool bf16_reference; /* CPU: take bf16 even where the CPU has no bf16 matrix instructions
+                          * (oneDNN's slower paths; the reference of the GPU tests), where it
+                          * is otherwise refused as no faster than fp32 */
     int cuda_device;  /* CUDA: index of the GPU to use; the trainer passes the worker's local
                        * rank on its node (0 for a single process), docs/gpu.md */
 } kb_options;

@@ -30,10 +30,12 @@ typedef struct cpu_mm {
     dnnl_primitive_t prim;
     dnnl_memory_t mem_a, mem_b, mem_bias, mem_c;
     int manual_bias; /* primitive built without bias: add it afterwards */
+    int emulated;    /* no primitive: bf16 inputs widened to fp32, fp32 product (bf16_reference) */
 } cpu_mm;
 
 typedef struct cpu_state {
     int threads;
+    bool bf16_emulated; /* kb_options.bf16_reference on a CPU without bf16 instructions */
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     cpu_mm mm[CPU_MM_CACHE];

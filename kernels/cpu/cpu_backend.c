@@ -180,7 +180,7 @@ void cpu_attention_backward(kb_backend *b, float *dqkv, const float *dout, const
 int cpu_backend_create(kb_backend **out, const kb_options *opt) {
     *out = NULL;
     char why[400];
-    if (opt->bf16 && !kb_cpu_bf16_check(why, sizeof why)) return co_err_set(CO_EUNSUPPORTED, "%s", why);
+    if (opt->bf16 && !opt->bf16_reference && !kb_cpu_bf16_check(why, sizeof why)) return co_err_set(CO_EUNSUPPORTED, "%s", why);
     kb_backend *b = calloc(1, sizeof *b);
     cpu_state *st = calloc(1, sizeof *st);
     if (!b || !st) {
@@ -197,6 +197,7 @@ int cpu_backend_create(kb_backend **out, const kb_options *opt) {
         threads = n > 0 ? (int)n : 1;
     }
     st->threads = threads;
+    st->bf16_emulated = opt->bf16 && opt->bf16_reference && !kb_cpu_bf16_check(NULL, 0);
     b->opt.threads = threads;
     omp_set_num_threads(threads);
     if (dnnl_engine_create(&st->engine, dnnl_cpu, 0) != dnnl_success ||
@@ -206,7 +207,8 @@ int cpu_backend_create(kb_backend **out, const kb_options *opt) {
     }
     const dnnl_version_t *v = dnnl_version();
     snprintf(st->desc, sizeof st->desc, "cpu: oneDNN %d.%d.%d, %d thread%s, %s, %s kernels (attention %s)",
-             v->major, v->minor, v->patch, threads, threads == 1 ? "" : "s", opt->bf16 ? "bf16" : "fp32",
+             v->major, v->minor, v->patch, threads, threads == 1 ? "" : "s",
+             st->bf16_emulated ? "bf16 (reference: widened to fp32)" : opt->bf16 ? "bf16" : "fp32",
              cpu_isa_name(cpu_isa_level()), cpu_attention_variant());
     *out = b;
     return 0;

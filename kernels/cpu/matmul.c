@@ -84,7 +84,7 @@ static cpu_mm *mm_get(cpu_state *st, int64_t M, int64_t N, int64_t K, int ta, in
         cpu_mm *m = &st->mm[i];
         if (m->M == M && m->N == N && m->K == K && m->ta == ta && m->tb == tb &&
             m->bias == bias && m->acc == acc)
-            return m->prim ? m : NULL;
+            return m->prim || m->emulated ? m : NULL;
     }
     cpu_mm *m;
     if (st->n_mm < CPU_MM_CACHE) {
@@ -95,6 +95,10 @@ static cpu_mm *mm_get(cpu_state *st, int64_t M, int64_t N, int64_t K, int ta, in
         mm_clear(m);
     }
     m->M = M, m->N = N, m->K = K, m->ta = ta, m->tb = tb, m->bias = bias, m->acc = acc;
+    if (st->bf16_emulated) {
+        m->emulated = 1;
+        return m;
+    }
     if (mm_build(st, m)) {
         /* keep the key with prim == NULL: the caller reports the failure and does not
          * retry the build every call */
@@ -105,8 +109,36 @@ static cpu_mm *mm_get(cpu_state *st, int64_t M, int64_t N, int64_t K, int ta, in
     return m;
 }
 
+/* The same product without bf16 instructions (kb_options.bf16_reference): A and B widened
+ * from bf16 to fp32 exactly, one fp32 sgemm, so the values multiplied are the bf16 ones. */
+static int mm_run_emulated(cpu_state *st, cpu_mm *m, const kb_bf16 *A, const kb_bf16 *B,
+                           const float *bias, float *C) {
+    size_t na = (size_t)m->M * (size_t)m->K, nb = (size_t)m->K * (size_t)m->N;
+    float *a = malloc((na ? na : 1) * sizeof(float)), *bm = malloc((nb ? nb : 1) * sizeof(float));
+    if (!a || !bm) {
+        free(a), free(bm);
+        return -1;
+    }
+    for (size_t i = 0; i < na; i++) a[i] = cpu_bf2f(A[i]);
+    for (size_t i = 0; i < nb; i++) bm[i] = cpu_bf2f(B[i]);
+    float beta = m->acc ? 1.0f : 0.0f;
+    if (m->bias && !m->acc) {
+        for (int64_t r = 0; r < m->M; r++) memcpy(C + r * m->N, bias, (size_t)m->N * sizeof(float));
+        beta = 1.0f;
+    }
+    dnnl_status_t rc = dnnl_sgemm(m->ta ? 'T' : 'N', m->tb ? 'T' : 'N', m->M, m->N, m->K, 1.0f, a,
+                                  m->ta ? m->M : m->K, bm, m->tb ? m->K : m->N, beta, C, m->N);
+    if (rc == dnnl_success && m->bias && m->acc)
+        for (int64_t r = 0; r < m->M; r++)
+            for (int64_t j = 0; j < m->N; j++) C[r * m->N + j] += bias[j];
+    (void)st;
+    free(a), free(bm);
+    return rc == dnnl_success ? 0 : -1;
+}
+
 static int mm_run(cpu_state *st, cpu_mm *m, const kb_bf16 *A, const kb_bf16 *B,
                   const float *bias, float *C) {
+    if (m->emulated) return mm_run_emulated(st, m, A, B, bias, C);
     dnnl_memory_set_data_handle(m->mem_a, (void *)A);
     dnnl_memory_set_data_handle(m->mem_b, (void *)B);
     dnnl_memory_set_data_handle(m->mem_c, C);

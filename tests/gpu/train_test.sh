@@ -30,10 +30,15 @@ compare() { # a b abs rel: every logged loss of b within abs + rel*|a| of a's
 
 case $case_name in
 tracks_cpu|tracks_cpu_bf16)
-    extra=(); abs=0.02; rel=0.01
+    extra=(); cpu_extra=(); abs=0.02; rel=0.01
     if [ "$case_name" = tracks_cpu_bf16 ]; then extra=(--bf16); abs=0.08; rel=0.03; fi
+    # the CPU side in bf16 where the CPU has bf16 instructions (cohort refuses --bf16 elsewhere);
+    # otherwise fp32, which the bf16 losses track within the same bounds
+    if [ "$case_name" = tracks_cpu_bf16 ] && grep -qwE "avx512_bf16|amx_bf16" /proc/cpuinfo; then cpu_extra=(--bf16); fi
+    [ "$case_name" = tracks_cpu_bf16 ] && echo "cpu reference: ${cpu_extra[*]:-fp32 (no bf16 instructions on this CPU)}" >&2
     for dev in cpu cuda; do
-        "$cohort" train "${tiny[@]}" "${extra[@]}" --device $dev --train-iters 300 --hidden-dropout 0 \
+        if [ $dev = cpu ]; then ex=("${cpu_extra[@]}"); else ex=("${extra[@]}"); fi
+        "$cohort" train "${tiny[@]}" "${ex[@]}" --device $dev --train-iters 300 --hidden-dropout 0 \
             --attention-dropout 0 --metrics-file "$work/$dev.jsonl" >"$work/$dev.out" 2>&1 ||
             fail "$dev run: $(tail -5 "$work/$dev.out")"
     done
