@@ -70,9 +70,14 @@ static size_t seg_size(int n) {
            (size_t)n * SIM_SLOT_BYTES + (size_t)n * n * SIM_CHAN_BYTES;
 }
 
+static atomic_int live_comms; /* communicators allocated and not yet freed (sim_nccl_live_comms) */
+
+int sim_nccl_live_comms(void) { return atomic_load(&live_comms); }
+
 sim_comm *sim_comm_alloc(const char *name, int nranks, int rank, bool blocking) {
     struct ncclComm *h = calloc(1, sizeof *h);
     if (!h) return NULL;
+    atomic_fetch_add(&live_comms, 1);
     sim_comm *c = &h->c;
     snprintf(c->name, sizeof c->name, "%s", name);
     c->nranks = nranks;
@@ -91,6 +96,7 @@ void sim_comm_unref(sim_comm *c) {
     if (c->map) munmap(c->map, c->map_size);
     pthread_mutex_destroy(&c->exec_lk);
     free((struct ncclComm *)c);
+    atomic_fetch_sub(&live_comms, 1);
 }
 
 void sim_unlink(sim_comm *c) {

@@ -25,6 +25,9 @@
 typedef void (*cudasim_fn)(void *arg);
 #endif
 cudaError_t cudasim_enqueue(cudaStream_t s, cudasim_fn fn, void *arg);
+/* The same for work that waits on other processes (every collective): the runtime stand-in
+ * runs it on a thread of its own, so that cudaStreamQuery never waits for it, as on a GPU. */
+cudaError_t cudasim_enqueue_async(cudaStream_t s, cudasim_fn fn, void *arg);
 
 #define SIM_MAX_RANKS 64
 #define SIM_SLOT_BYTES ((size_t)256 * 1024) /* a rank's collective slot: one round's chunk */
@@ -94,6 +97,8 @@ int sim_timeout_ms(void);
 sim_comm *sim_comm_alloc(const char *name, int nranks, int rank, bool blocking);
 void sim_comm_ref(sim_comm *c);
 void sim_comm_unref(sim_comm *c);
+/* for tests: communicators of this process not yet freed (a leaked ncclComm_t stays counted) */
+int sim_nccl_live_comms(void);
 ncclResult_t sim_comm_attach(sim_comm *c);
 ncclResult_t sim_comm_start(ncclComm_t *out, const char *name, int nranks, int rank, bool blocking);
 ncclResult_t sim_fail(sim_comm *c, ncclResult_t r);

@@ -4,12 +4,14 @@
  * operation, both splits), and its failure paths: a deadline ends a collective a peer never
  * joins (CO_ETIMEOUT there, CO_EREMOTE at the peer), cm_abort from another thread ends one
  * in progress (CO_EABORTED there, CO_EREMOTE elsewhere), a peer killed by SIGKILL gives
- * CO_EREMOTE, and all-to-all sizes that do not match fail the receiver, each within a
- * bounded time; and no shared-memory segment is left behind. */
+ * CO_EREMOTE, all-to-all sizes that do not match fail every rank (CO_EPROTOCOL), and a
+ * split whose parent fails leaves no communicator behind, each within a bounded time; and
+ * no shared-memory segment is left behind. */
 #include "tests/test.h"
 
 #include "comm/nccl_comm.h"
 #include "common/error.h"
+#include "tests/cudasim/nccl/sim_nccl.h"
 #include "tests/fork_ranks.h"
 
 #include <cuda_runtime.h>
@@ -17,7 +19,7 @@
 #include <pthread.h>
 #include <signal.h>
 
-enum { N = 3, NIDS = 5 };
+enum { N = 3, NIDS = 6 };
 
 typedef struct ids {
     uint8_t id[NIDS][128]; /* one communicator per case, as the supervisor hands them out */
@@ -206,9 +208,9 @@ static void rank_fail(int rank, int n, const char *dir, const void *arg) {
 }
 
 /* all-to-all sizes that do not match (rank 0 sends rank 1 four bytes, rank 1 expects six):
- * rank 1 fails naming both sizes, and no rank hangs. comm.h promises CO_EPROTOCOL on both
- * sides; nccl_comm.c exchanges no sizes (real NCCL would hang until the deadline), so the
- * sender may also finish or see CO_EREMOTE once rank 1 gave up. */
+ * comm.h promises CO_EPROTOCOL on both sides, naming both sizes; nccl_comm.c checks every
+ * rank's sizes first, so every rank (rank 2 too) gives the same verdict, and none waits for
+ * the deadline. The communicator is unusable afterwards. */
 static void rank_a2a_mismatch(int rank, int n, const char *dir, const void *arg) {
     (void)dir;
     const ids *ids = arg;
@@ -221,11 +223,40 @@ static void rank_a2a_mismatch(int rank, int n, const char *dir, const void *arg)
     int rc = c->ops->alltoallv(c, sbuf, sb, rbuf, rb, 5000);
     int64_t dt = t_now_ms() - t0;
     CHECK_MSG(dt < 3000, "rank %d: the all-to-all took %lld ms", rank, (long long)dt);
-    if (rank == 1)
-        CHECK_MSG(rc == CO_EINVAL && strstr(co_err_detail(), "sends 4 bytes") && strstr(co_err_detail(), "receives 6"),
-                  "rank 1: %s (%s)", co_err_name(rc), co_err_detail());
-    else CHECK_MSG(rc == 0 || rc == CO_EREMOTE, "rank %d: %s (%s)", rank, co_err_name(rc), co_err_detail());
+    CHECK_MSG(rc == CO_EPROTOCOL && strstr(co_err_detail(), "rank 0 sends 4 bytes to rank 1") &&
+                  strstr(co_err_detail(), "receives 6"),
+              "rank %d: %s (%s)", rank, co_err_name(rc), co_err_detail());
+    CHECK(c->ops->barrier(c, 1000) == CO_EPROTOCOL);
     cm_destroy(&c);
+}
+
+/* a split by color whose parent fails (ranks 0 and 1 split with a 300 ms deadline, rank 2
+ * never joins the split: it waits on a receive from rank 0): the split fails, the parent is
+ * unusable, and once the parent is destroyed no NCCL communicator of the process is left
+ * (the half-made child must be aborted, not leaked). */
+static void rank_split_fail(int rank, int n, const char *dir, const void *arg) {
+    (void)dir;
+    const ids *ids = arg;
+    cm_comm *c = join(rank, n, ids->id[5]);
+    REQUIRE(c);
+    int rc;
+    if (rank == 2) {
+        uint8_t b[4];
+        rc = c->ops->recv(c, b, sizeof b, 0, 5000);
+        CHECK_MSG(rc == CO_EREMOTE, "rank 2: %s (%s)", co_err_name(rc), co_err_detail());
+    } else {
+        cm_comm *s = NULL;
+        rc = cm_nccl_split_color(c, 0, rank, &s, 300);
+        /* the first to time out aborts: the other may see that first */
+        CHECK_MSG((rc == CO_ETIMEOUT || rc == CO_EREMOTE) && !s, "rank %d: %s (%s)", rank, co_err_name(rc),
+                  co_err_detail());
+        cm_destroy(&s);
+    }
+    cm_destroy(&c);
+    int64_t t0 = t_now_ms(); /* the stand-in's own threads drop their references as they end */
+    while (sim_nccl_live_comms() > 0 && t_now_ms() - t0 < 3000) t_sleep_ms(10);
+    CHECK_MSG(sim_nccl_live_comms() == 0, "rank %d: %d NCCL communicators left after a failed split", rank,
+              sim_nccl_live_comms());
 }
 
 static void test_failures(void) {
@@ -233,6 +264,7 @@ static void test_failures(void) {
     for (int i = 0; i < NIDS; i++) REQUIRE(cm_nccl_get_unique_id(ids.id[i]) == 0);
     CHECK(t_fork_ranks("failures", "sim-nccl-comm", N, rank_fail, &ids, 2, 20000) == 0);
     CHECK(t_fork_ranks("a2a mismatch", "sim-nccl-comm", N, rank_a2a_mismatch, &ids, -1, 20000) == 0);
+    CHECK(t_fork_ranks("split fails", "sim-nccl-comm", N, rank_split_fail, &ids, -1, 20000) == 0);
     CHECK(leftover_segments() == 0); /* the killed rank's world too */
 }
 
