@@ -255,7 +255,7 @@ static ncclResult_t issue(const sim_op *ops, int n) {
         sim_comm_ref(ops[i].c); /* this call's, to read the error afterwards */
         atomic_fetch_add(&ops[i].c->pending, 1);
     }
-    cudaError_t e = cudasim_enqueue(ops[0].stream, run_task, t);
+    cudaError_t e = cudasim_enqueue_async(ops[0].stream, run_task, t);
     ncclResult_t r = ncclSuccess;
     if (e != cudaSuccess) {
         r = sim_error(ncclUnhandledCudaError, "cannot queue %s on its stream: CUDA error %d", op_name[ops[0].kind],
