@@ -13,10 +13,10 @@
 #   reproducible: two dp 2 runs end with bitwise the same checkpoint (parameters and Adam's
 #     moments) and losses.
 #   killed / nan / nccl_hang: a fault in a dp 2 job (a rank SIGKILLed inside its all-reduce;
-#     a NaN loss, replayed; a rank stopped (SIGSTOP) at its all-reduce, so that its peer
-#     waits inside an NCCL collective until the generation is aborted: ncclCommAbort from
-#     the link's thread) ends in an in-process restart, and bitwise the fault-free run's
-#     checkpoint and losses.
+#     a NaN loss, replayed; a rank hung in compute, so that its peer waits inside an NCCL
+#     collective until the generation is aborted: ncclCommAbort from the link's thread, and
+#     nobody is replaced) ends in an in-process restart (or replay), and bitwise the
+#     fault-free run's checkpoint and losses.
 #   train_nccl_test.sh COHORT COHORT_CUDASIM CASE
 cohort=$1; cudasim=$2; case_name=$3
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
@@ -101,8 +101,17 @@ nan)
     grep -q "iteration 2: rerun" "$work/f.out" || fail "no replay of iteration 2: $(grep -i nan "$work/f.out" | head -3)"
     ;;
 nccl_hang)
-    faulty --inject "stop@rank=1,step=2,phase=allreduce"
+    # rank 1 hangs in its forward pass (a busy loop that polls the abort flag), so rank 0
+    # waits inside the data-parallel NCCL all-reduce; the soft timeout aborts the generation:
+    # ncclCommAbort from rank 0's link thread must end that collective in process (rank 1's
+    # own abort does not reach rank 0 here, as with real NCCL: COHORT_SIM_NCCL_ABORT_SILENT)
+    COHORT_SIM_NCCL_ABORT_SILENT=1 faulty --inject "hang@rank=1,step=2"
     grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    grep -q "rank 0: generation aborted during iteration 2" "$work/f.out" ||
+        fail "rank 0 did not unwind: $(grep 'rank 0\|supervisor' "$work/f.out")"
+    # nobody replaced: a collective that ignored the abort would have had rank 0 killed
+    grep -q "generation 2: 2 rank(s) resume after iteration 1 with the state of rank [01] (0 replaced" "$work/f.out" ||
+        fail "not resumed in process: $(grep supervisor "$work/f.out")"
     ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -208,9 +208,13 @@ static ncclResult_t map_segment(sim_comm *c) {
     return ncclSuccess;
 }
 
-/* Marks this rank gone from the segment (left or aborted; an abort fails the peers too). */
+/* Marks this rank gone from the segment (left or aborted; an abort fails the peers too,
+ * unless COHORT_SIM_NCCL_ABORT_SILENT=1: then, as with real NCCL, whose abort need not reach
+ * the peers, they wait on until their own abort, their deadline or this process's exit). */
 static void mark_gone(sim_comm *c, int state) {
     if (!atomic_load(&c->mapped)) return;
+    const char *silent = getenv("COHORT_SIM_NCCL_ABORT_SILENT");
+    if (state == RANK_ABORTED && silent && silent[0] == '1') return;
     int st = RANK_ATTACHED;
     atomic_compare_exchange_strong(&c->ranks[c->rank].state, &st, state);
     if (state == RANK_ABORTED) {
