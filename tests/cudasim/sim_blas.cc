@@ -258,6 +258,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     res[0].algo.data[0] = ALGO_MAGIC;
     res[0].algo.data[1] = al < 16 ? al : 16;
     // the bias pointer set now is the one whose alignment the algorithm may assume
+    if (D(d)->epilogue == CUBLASLT_EPILOGUE_BIAS && !D(d)->bias)
+        co_log(CO_LOG_WARN, "cudasim: cublasLtMatmulAlgoGetHeuristic asked for a bias epilogue before "
+                            "CUBLASLT_MATMUL_DESC_BIAS_POINTER is set: the algorithm assumes a 16-byte aligned bias");
     res[0].algo.data[2] = D(d)->epilogue == CUBLASLT_EPILOGUE_BIAS ? align_of(D(d)->bias) : 0;
     res[0].workspaceSize = 0;
     res[0].state = CUBLAS_STATUS_SUCCESS;
