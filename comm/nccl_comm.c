@@ -128,6 +128,11 @@ static int wait_done(nccl_impl *x, const char *op, int timeout_ms, bool stream) 
                 if (ce == cudaErrorNotReady) {
                     done = false;
                     ce = cudaSuccess;
+                } else if (ce == cudaSuccess) {
+                    /* an error the operation met while the stream drained, after the read
+                     * above, is only visible now */
+                    r = ncclCommGetAsyncError(x->comm, &st);
+                    done = r == ncclSuccess && st == ncclSuccess;
                 }
             }
         }
@@ -282,10 +287,41 @@ static int nc_reduce_scatter(cm_comm *c, const void *send, void *recv, size_t co
     return hr ? stage_out(x, total, recv, bytes, "reduce-scatter") : 0;
 }
 
-/* All-to-all with uneven blocks: one send and one receive per peer inside an NCCL group
- * (NCCL has no alltoallv of its own); the own block is a device (or staged) copy. Sizes
- * are not exchanged: a receive larger than the matching send is a hang that the timeout
- * ends, as NCCL cannot tell. */
+/* Before an all-to-all moves data, every rank learns every rank's size lists (one small
+ * all-gather of send_bytes and recv_bytes), so that a block whose sizes disagree fails the
+ * call on every rank, with the same verdict, instead of hanging in NCCL until the deadline
+ * (NCCL cannot tell a short send from a slow one). Returns 0 when every pair agrees. */
+static int a2a_check_sizes(cm_comm *c, const size_t *send_bytes, const size_t *recv_bytes, int timeout_ms) {
+    nccl_impl *x = c->impl;
+    int n = c->size;
+    size_t row = 2 * (size_t)n; /* a rank's send_bytes[n], then its recv_bytes[n] */
+    uint64_t *all = malloc((size_t)(n + 1) * row * sizeof *all);
+    if (!all) return fail(x, CO_ENOMEM, "all-to-all", "out of memory for the size lists");
+    uint64_t *mine = all + (size_t)n * row;
+    for (int j = 0; j < n; j++) {
+        mine[j] = send_bytes[j];
+        mine[n + j] = recv_bytes[j];
+    }
+    int rc = nc_allgather(c, mine, all, row * sizeof *all, timeout_ms);
+    for (int i = 0; i < n && !rc; i++)
+        for (int j = 0; j < n && !rc; j++) {
+            uint64_t sent = all[(size_t)i * row + j], got = all[(size_t)j * row + n + i];
+            if (sent == got) continue;
+            char why[200];
+            snprintf(why, sizeof why, "rank %d sends %llu bytes to rank %d, which receives %llu from it", i,
+                     (unsigned long long)sent, j, (unsigned long long)got);
+            /* sticky, but no abort: a peer may still be reading the all-gather's last bytes;
+             * every rank reaches the same verdict, and destroy aborts */
+            if (!x->failed) x->failed = CO_EPROTOCOL;
+            rc = co_err_set(CO_EPROTOCOL, "nccl: all-to-all: %s", why);
+        }
+    free(all);
+    return rc;
+}
+
+/* All-to-all with uneven blocks: the sizes checked on every rank (a2a_check_sizes), then
+ * one send and one receive per peer inside an NCCL group (NCCL has no alltoallv of its
+ * own); the own block is a device (or staged) copy. */
 static int nc_alltoallv(cm_comm *c, const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes,
                         int timeout_ms) {
     nccl_impl *x = c->impl;
@@ -301,6 +337,12 @@ static int nc_alltoallv(cm_comm *c, const void *send, const size_t *send_bytes, 
     if (send_bytes[me] != recv_bytes[me])
         return co_err_set(CO_EINVAL, "nccl: all-to-all: rank %d sends itself %zu bytes but expects %zu", me,
                           send_bytes[me], recv_bytes[me]);
+    int64_t t0 = now_ms();
+    if (n > 1 && (rc = a2a_check_sizes(c, send_bytes, recv_bytes, timeout_ms))) return rc;
+    if (timeout_ms >= 0) { /* the data phase gets what the size check left of the deadline */
+        int64_t left = timeout_ms - (now_ms() - t0);
+        timeout_ms = left > 0 ? (int)left : 0;
+    }
     if (stot + rtot == 0) return 0;
     bool hs = stot && on_host(send), hr = rtot && on_host(recv);
     const char *s = send;
@@ -562,8 +604,12 @@ int cm_nccl_split_color(cm_comm *c, int color, int key, cm_comm **out, int timeo
                              : ncclSuccess;
     pthread_mutex_unlock(&x->lk);
     if (r != ncclSuccess && r != ncclInProgress) return fail_nccl(x, r, "split");
-    /* the parent reports the split's progress */
-    if ((rc = wait_done(x, "split", timeout_ms, false))) return rc;
+    /* the parent reports the split's progress; a failed split's half-made child is aborted
+     * here (nothing else holds it) */
+    if ((rc = wait_done(x, "split", timeout_ms, false))) {
+        if (nc) ncclCommAbort(nc);
+        return rc;
+    }
     if (color < 0 || !nc) return 0;
     nccl_impl *y = NULL;
     cm_comm *child = NULL;

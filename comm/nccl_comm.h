@@ -13,6 +13,10 @@
  * the result is in the caller's buffer. The caller orders compute before a collective
  * (the backend's sync) -- the communicator's stream does not wait on other streams.
  *
+ * All-to-all: NCCL cannot tell a short send from a slow one, so the ranks first all-gather
+ * their size lists (one small collective per call); sizes that disagree fail the call on
+ * every rank with CO_EPROTOCOL, naming the pair and both sizes, before any data moves.
+ *
  * Determinism: NCCL's reductions are repeatable for a fixed world size, topology, NCCL
  * version and environment (NCCL_ALGO / NCCL_PROTO unset or fixed); unlike the ZeroMQ
  * communicator this is NCCL's property, not one this file enforces.

@@ -1508,6 +1508,19 @@ static void on_signal(uv_signal_t *h, int signum) {
     }
 }
 
+/* Whether a worker inherits the supervisor's environment variable: all but COHORT_* (the
+ * supervisor sets those it means a worker to have), except the ones a user sets for the whole
+ * job: tests' hooks, the corpus and checkpoint settings, the CUDA module to load, and the
+ * CUDA and NCCL stand-ins' settings (tests/cudasim/: the device count, the seed, the timeout). */
+static bool inherited(const char *kv) {
+    static const char *const keep[] = {"COHORT_TEST_", "COHORT_CORPUS_", "COHORT_CKPT_", "COHORT_CUDA_MODULE=",
+                                       "COHORT_CUDASIM_", "COHORT_SIM_NCCL_"};
+    if (strncmp(kv, "COHORT_", 7)) return true;
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
+        if (!strncmp(kv, keep[i], strlen(keep[i]))) return true;
+    return false;
+}
+
 /* Starts the worker process of slot w (at the start, or to replace a dead rank). */
 int sv__spawn_one(sv *s, worker *w) {
     uv_loop_t *loop = ac_actor_loop(s->a);
@@ -1526,9 +1539,7 @@ int sv__spawn_one(sv *s, worker *w) {
     for (int k = 0; k < s->o.nworker_args; k++) args[2 + k] = s->o.worker_args[k];
     int ne = 0;
     for (int k = 0; k < nenv; k++)
-        if (strncmp(environ[k], "COHORT_", 7) || !strncmp(environ[k], "COHORT_TEST_", 12) ||
-            !strncmp(environ[k], "COHORT_CORPUS_", 14) || !strncmp(environ[k], "COHORT_CKPT_", 12))
-            env[ne++] = environ[k];
+        if (inherited(environ[k])) env[ne++] = environ[k];
     snprintf(vars[0], sizeof vars[0], "COHORT_SUPERVISOR=%s", s->endpoint);
     snprintf(vars[1], sizeof vars[1], "COHORT_JOB_ID=%" PRIx64, s->snd.job_id);
     snprintf(vars[2], sizeof vars[2], "COHORT_LOCAL_RANK=%d", w->local_rank);

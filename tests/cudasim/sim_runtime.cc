@@ -33,8 +33,21 @@ extern "C" {
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <deque>
 #include <map>
+#include <memory>
+#include <thread>
+
+// cudasim_enqueue_async work: runs on a thread of its own once its stream reaches it (with
+// every allocation open: it counts in g_exec until it is popped), so that cudaStreamQuery
+// answers cudaErrorNotReady while it runs instead of running it in the caller
+struct async_run {
+    std::mutex m;
+    std::condition_variable cv;
+    bool started = false, done = false;
+    std::thread th;
+};
 
 struct CUstream_st {
     int id;
@@ -44,6 +57,7 @@ struct CUstream_st {
         std::string what;
         std::function<void()> fn;
         std::vector<void *> refs;
+        std::shared_ptr<async_run> async; // set for cudasim_enqueue_async work
     };
     std::deque<item> q;
 };
@@ -211,19 +225,51 @@ CUstream_st *S(cudaStream_t s) {
 
 bool blocking(const CUstream_st *s) { return s == &g_legacy || !(s->flags & cudaStreamNonBlocking); }
 
-void run_queue(CUstream_st *s) {
+// Whether the asynchronous item at the head of a queue has finished: starts its thread the
+// first time; with wait, waits for it (its work never takes g_lock, so holding it is safe).
+bool async_finished(CUstream_st::item &it, bool wait) {
+    async_run *a = it.async.get();
+    if (!a->started) {
+        a->started = true;
+        exec_begin(); // ended when the item is popped
+        std::function<void()> fn = it.fn;
+        a->th = std::thread([a, fn]() {
+            fn();
+            std::lock_guard<std::mutex> lk(a->m);
+            a->done = true;
+            a->cv.notify_all();
+        });
+    }
+    std::unique_lock<std::mutex> lk(a->m);
+    if (wait) a->cv.wait(lk, [a]() { return a->done; });
+    if (!a->done) return false;
+    lk.unlock();
+    a->th.join();
+    exec_end();
+    return true;
+}
+
+// Runs the queue; without wait, stops at asynchronous work still running and returns false.
+bool run_queue(CUstream_st *s, bool wait = true) {
     exec_begin();
+    bool finished = true;
     while (!s->q.empty()) {
-        CUstream_st::item it = std::move(s->q.front());
+        CUstream_st::item &head = s->q.front();
+        if (head.async && (head.async->started || g_sticky == cudaSuccess) && !async_finished(head, wait)) {
+            finished = false;
+            break;
+        }
+        CUstream_st::item it = std::move(head);
         s->q.pop_front();
-        if (g_sticky == cudaSuccess) it.fn(); // after a failure nothing more runs, as on a GPU
+        if (!it.async && g_sticky == cudaSuccess) it.fn(); // after a failure nothing more runs, as on a GPU
         for (void *r : it.refs) {
             alloc *a = find(r);
             if (a && a->pending > 0) a->pending--;
         }
     }
-    s->queries = 0;
+    if (finished) s->queries = 0;
     exec_end();
+    return finished;
 }
 
 } // namespace
@@ -279,6 +325,21 @@ cudaError_t drain(cudaStream_t s0) {
     return g_sticky;
 }
 
+// cudaStreamQuery's drain: as drain, but the stream's own queue stops at asynchronous work
+// still running (cudaErrorNotReady)
+cudaError_t drain_poll(cudaStream_t s0) {
+    std::lock_guard<std::recursive_mutex> lk(g_lock);
+    CUstream_st *s = S(s0);
+    if (s == &g_legacy) {
+        for (CUstream_st *o : g_streams)
+            if (blocking(o)) run_queue(o);
+    } else if (blocking(s)) {
+        run_queue(&g_legacy);
+    }
+    if (!run_queue(s, false)) return g_sticky ? g_sticky : cudaErrorNotReady;
+    return g_sticky;
+}
+
 cudaError_t drain_all() {
     std::lock_guard<std::recursive_mutex> lk(g_lock);
     run_queue(&g_legacy);
@@ -309,6 +370,14 @@ void cudasim_clear_error(void) {
 cudaError_t cudasim_enqueue(cudaStream_t s, cudasim_fn fn, void *arg) {
     if (!fn) return set_last(cudaErrorInvalidValue);
     return set_last(enqueue(s, "cudasim_enqueue work", [fn, arg]() { fn(arg); }, {}));
+}
+
+cudaError_t cudasim_enqueue_async(cudaStream_t s0, cudasim_fn fn, void *arg) {
+    if (!fn) return set_last(cudaErrorInvalidValue);
+    std::lock_guard<std::recursive_mutex> lk(g_lock);
+    cudaError_t e = enqueue(s0, "cudasim_enqueue_async work", [fn, arg]() { fn(arg); }, {});
+    if (e == cudaSuccess) S(s0)->q.back().async = std::make_shared<async_run>();
+    return set_last(e);
 }
 
 // ---- errors and versions ----
@@ -617,13 +686,15 @@ cudaError_t cudaStreamQuery(cudaStream_t s0) {
     CUstream_st *s = S(s0);
     if (s->q.empty()) return cudaSuccess;
     if (s->queries++ == 0) return cudaErrorNotReady; // the next query runs it
-    return set_last(drain(s0));
+    cudaError_t e = drain_poll(s0);
+    return e == cudaErrorNotReady ? e : set_last(e);
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg) {
     STICKY();
     if (!fn) return set_last(cudaErrorInvalidValue);
-    return set_last(enqueue(s, "cudaLaunchHostFunc work", [fn, arg]() { fn(arg); }, {}));
+    // as on a GPU, where a CUDA thread of its own runs it (and it must not call CUDA)
+    return cudasim_enqueue_async(s, fn, arg);
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {

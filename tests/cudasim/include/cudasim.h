@@ -16,6 +16,12 @@ typedef void (*cudasim_fn)(void *arg);
 /* Queues fn(arg) on stream s (0: the legacy default stream) behind its queued work;
  * it runs, in order, at the next call that synchronises with s. */
 cudaError_t cudasim_enqueue(cudaStream_t s, cudasim_fn fn, void *arg);
+/* The same for work that may wait a long time on something outside the stand-in (the NCCL
+ * stand-in's collectives wait for other processes): once its stream reaches it, it runs on a
+ * thread of its own, with every allocation open (the host-access check is off while it
+ * runs); cudaStreamQuery answers cudaErrorNotReady until it has finished, as on a GPU, and
+ * a synchronising call waits for it. fn must not call the CUDA runtime. */
+cudaError_t cudasim_enqueue_async(cudaStream_t s, cudasim_fn fn, void *arg);
 
 /* The last error the stand-in reported (a race, an out-of-bounds shared-memory access, a
  * divergent barrier, ...): one line naming the kernel, block and threads; "" if none. */

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# train_nccl_test.sh - multi-rank `cohort train --device cuda` under the supervisor on the
+# CUDA stand-in (build/cohort-cudasim, whose module holds the CUDA backend, comm/nccl_comm.c
+# and the NCCL stand-in: docs/testing.md), one case per meson test (suite cudasim). Every
+# rank is a process with a stand-in GPU of its own (COHORT_CUDASIM_DEVICES=4); the supervisor
+# makes the NCCL unique id through the module, the ranks build their NCCL groups from it.
+#   dp2, tp2, pp2, tp2_dp2 (and *_bf16 with --bf16): the layout trains 3 iterations on the
+#     stand-in and on the CPU backend (the same layout, ZeroMQ groups): the logged losses
+#     (training and validation) agree within 1e-5 relative (fp32; 2e-5 with --bf16: the
+#     products' bf16 roundings differ with the summation order), and the final parameters
+#     within 1e-5 absolute (fp32; with --bf16 only within 2.5e-3, a bound of what 3 Adam
+#     steps at lr 1e-3 can move a weight, where an update near zero may go either way).
+#   reproducible: two dp 2 runs end with bitwise the same checkpoint (parameters and Adam's
+#     moments) and losses.
+#   killed / nan / nccl_hang: a fault in a dp 2 job (a rank SIGKILLed inside its all-reduce;
+#     a NaN loss, replayed; a rank hung in compute, so that its peer waits inside an NCCL
+#     collective until the generation is aborted: ncclCommAbort from the link's thread, and
+#     nobody is replaced) ends in an in-process restart (or replay), and bitwise the
+#     fault-free run's checkpoint and losses.
+#   train_nccl_test.sh COHORT COHORT_CUDASIM CASE
+cohort=$1; cudasim=$2; case_name=$3
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+export COHORT_CPU_EXE=$cohort
+export COHORT_CUDASIM_DEVICES=4 OMP_WAIT_POLICY=passive
+workdir cudasim-nccl
+
+iters=3
+tiny_model --train-iters $iters
+quick="--inprocess-soft-timeout 2 --inprocess-hard-timeout 4 --inprocess-barrier-timeout 60"
+
+# run NAME EXE DEVICE [flags...]: output in $work/NAME.{out,jsonl}, final checkpoint in
+# $work/NAME.ckpt, status in $rc
+run() {
+    local name=$1 exe=$2 dev=$3; shift 3
+    "$exe" train "${tiny[@]}" --device "$dev" --metrics-file "$work/$name.jsonl" --save "$work/$name.ckpt" \
+        --run-report "$work/$name.report.json" "$@" >"$work/$name.out" 2>&1
+    rc=$?
+}
+ok() { [ $rc -eq 0 ] || fail "$1 exited $rc: $(grep -v '^cohort rank' "$work/$1.out" | tail -6)"; }
+ckpt() { printf '%s/%s.ckpt/iter_%07d' "$work" "$1" $iters; }
+
+# close NAME_A NAME_B LOSS_REL PARAM_ABS: logged losses and final parameters within tolerance
+close() {
+    "$cohort" ckpt diff --json "$(ckpt "$1")" "$(ckpt "$2")" >"$work/diff.json" 2>&1
+    /usr/bin/python3 - "$work/$1.jsonl" "$work/$2.jsonl" "$work/diff.json" "$3" "$4" <<'PY' || fail "$2 against $1"
+import json, sys
+a, b = ([json.loads(l) for l in open(f) if '"lm_loss"' in l] for f in sys.argv[1:3])
+d = json.load(open(sys.argv[3]))
+lrel, pabs = float(sys.argv[4]), float(sys.argv[5])
+assert len(a) == len(b) >= 3, (len(a), len(b))
+for x, y in zip(a, b):
+    rel = abs(x["lm_loss"] - y["lm_loss"]) / abs(x["lm_loss"])
+    assert rel <= lrel, f"loss {x['lm_loss']} vs {y['lm_loss']} (rel {rel:.2e} > {lrel})"
+params = [t for t in d["tensors"] if not t["name"].startswith("optimizer.")]
+assert params and all(t["status"] in ("bitwise equal", "differs") for t in d["tensors"]), [t for t in d["tensors"] if t["status"] not in ("bitwise equal", "differs")]
+worst = max(params, key=lambda t: t.get("max_abs", 0))
+assert worst.get("max_abs", 0) <= pabs, f"{worst['name']}: {worst['max_abs']} > {pabs}"
+print(f"ok: losses within {lrel}, parameters within {worst.get('max_abs', 0):.2e} ({worst['name']})")
+PY
+}
+
+layout() {
+    case $1 in
+    dp2) echo "--nproc-per-node 2" ;;
+    tp2) echo "--nproc-per-node 2 --tensor-model-parallel-size 2" ;;
+    pp2) echo "--nproc-per-node 2 --pipeline-model-parallel-size 2" ;;
+    tp2_dp2) echo "--nproc-per-node 4 --tensor-model-parallel-size 2" ;;
+    esac
+}
+
+# faulty KIND FLAGS...: a fault-free dp 2 stand-in run and one with the fault; bitwise the same
+faulty() {
+    run clean "$cudasim" cuda --nproc-per-node 2 $quick; ok clean
+    run f "$cudasim" cuda --nproc-per-node 2 $quick "$@"; ok f
+    same_losses clean f "the faulty run logged other numbers than the fault-free one"
+    ckpt_same "$(ckpt clean)" "$(ckpt f)"
+}
+
+case $case_name in
+dp2|tp2|pp2|tp2_dp2|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16)
+    l=${case_name%_bf16}; flags=($(layout $l)); lrel=1e-5; pabs=1e-5
+    [ "$l" != "$case_name" ] && { flags+=(--bf16); lrel=2e-5; pabs=2.5e-3; }
+    run cpu "$cohort" cpu "${flags[@]}"; ok cpu
+    run cuda "$cudasim" cuda "${flags[@]}"; ok cuda
+    grep -q "cudasim (the CPU stand-in" "$work/cuda.out" || fail "not on the stand-in: $(head -3 "$work/cuda.out")"
+    close cpu cuda $lrel $pabs
+    ;;
+reproducible)
+    run a "$cudasim" cuda --nproc-per-node 2; ok a
+    run b "$cudasim" cuda --nproc-per-node 2; ok b
+    same_losses a b "two stand-in runs differ"
+    ckpt_same "$(ckpt a)" "$(ckpt b)"
+    ;;
+killed)
+    faulty --inject "kill@rank=1,step=2,phase=allreduce"
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    grep -q "1 replaced" "$work/f.out" || fail "the killed rank was not replaced: $(grep supervisor "$work/f.out")"
+    ;;
+nan)
+    faulty --inject "nan@rank=1,step=2,microbatch=1"
+    grep -q "iteration 2: rerun" "$work/f.out" || fail "no replay of iteration 2: $(grep -i nan "$work/f.out" | head -3)"
+    ;;
+nccl_hang)
+    # rank 1 hangs in its forward pass (a busy loop that polls the abort flag), so rank 0
+    # waits inside the data-parallel NCCL all-reduce; the soft timeout aborts the generation:
+    # ncclCommAbort from rank 0's link thread must end that collective in process (rank 1's
+    # own abort does not reach rank 0 here, as with real NCCL: COHORT_SIM_NCCL_ABORT_SILENT)
+    COHORT_SIM_NCCL_ABORT_SILENT=1 faulty --inject "hang@rank=1,step=2"
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    grep -q "rank 0: generation aborted during iteration 2" "$work/f.out" ||
+        fail "rank 0 did not unwind: $(grep 'rank 0\|supervisor' "$work/f.out")"
+    # nobody replaced: a collective that ignored the abort would have had rank 0 killed
+    grep -q "generation 2: 2 rank(s) resume after iteration 1 with the state of rank [01] (0 replaced" "$work/f.out" ||
+        fail "not resumed in process: $(grep supervisor "$work/f.out")"
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
