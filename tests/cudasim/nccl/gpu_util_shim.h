@@ -7,23 +7,12 @@
 
 #include "common/error.h"
 #include "tests/test.h"
+#include "tests/gpu/gpu_rand.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static uint64_t gu__rng = 0x243F6A8885A308D3ull;
-
-/* uniform in [-1, 1), never exactly 0 (as gpu_util.h's) */
-static inline float gu_uniform(void) {
-    uint64_t z = (gu__rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    float u = (float)((z >> 40) + 0.5) * (1.0f / 16777216.0f);
-    return 2.0f * u - 1.0f;
-}
 
 /* the stand-ins are always there */
 static inline void gu_require_gpu(void) {}
