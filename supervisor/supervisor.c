@@ -1110,6 +1110,13 @@ static void on_agent_message(sv *s, const char *peer, const Cohort__V1__Envelope
     long n = strtol(peer + 5, &end, 10);
     if (!end || (*end && *end != '.') || n < 1 || n >= s->o.nnodes || !s->agent_id) return;
     if (!agent_admitted(s, (int)n, peer)) return;
+    if (!s->agent_heard_ms[n]) {
+        /* answered at once, not at the next tick: an agent takes a failure of its workers for
+         * the job's end until it has heard the supervisor (a short job's first fault can come
+         * before the first tick) */
+        Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
+        sv__agent_send(s, (int)n, &hb.base);
+    }
     s->agent_heard_ms[n] = sv__now_ms();
     if (e->body_case == COHORT__V1__ENVELOPE__BODY_SIGNAL_RECEIVED) {
         int sig = e->signal_received->signal;
