@@ -25,8 +25,9 @@ Ties in every top-k: larger first, then the lower index (a stable argsort), as m
 usage: moe_ref.py [--rm] ROOT    (--rm: delete ROOT when every configuration passes)
 """
 import os
-import shutil
 import sys
+
+from ref_cases import run_cases
 
 import numpy as np
 
@@ -329,22 +330,7 @@ def check_case(d):
 
 
 def main():
-    args = sys.argv[1:]
-    rm = "--rm" in args
-    args = [a for a in args if a != "--rm"]
-    if len(args) != 1:
-        print(__doc__)
-        return 2
-    root = args[0]
-    dirs = sorted(os.path.join(root, d) for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-    if not dirs:
-        print("no cases in", root)
-        return 1
-    ok = all([check_case(d) for d in dirs])
-    print("%d configurations, %s (tolerance %g)" % (len(dirs), "all agree" if ok else "DISAGREEMENT", TOL))
-    if ok and rm:
-        shutil.rmtree(root)
-    return 0 if ok else 1
+    return run_cases(__doc__, check_case, "", TOL)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ usage: moe_torch_ref.py [--rm] ROOT    exit 0 agree, 1 disagree, 77 no torch
 """
 import math
 import os
-import shutil
 import sys
+
+from ref_cases import run_cases
 
 try:
     import torch
@@ -255,23 +256,7 @@ def check_case(d):
 
 
 def main():
-    args = sys.argv[1:]
-    rm = "--rm" in args
-    args = [a for a in args if a != "--rm"]
-    if len(args) != 1:
-        print(__doc__)
-        return 2
-    root = args[0]
-    dirs = sorted(os.path.join(root, d) for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-    if not dirs:
-        print("no cases in", root)
-        return 1
-    ok = all([check_case(d) for d in dirs])
-    print("torch %s: %d configurations, %s (tolerance %g)" % (torch.__version__, len(dirs),
-                                                            "all agree" if ok else "DISAGREEMENT", TOL))
-    if ok and rm:
-        shutil.rmtree(root)
-    return 0 if ok else 1
+    return run_cases(__doc__, check_case, "torch %s: " % torch.__version__, TOL)
 
 
 if __name__ == "__main__":
