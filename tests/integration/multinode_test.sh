@@ -30,6 +30,10 @@
 #                  node rank 1 joins and its workers take the node's ranks with their data-
 #                  parallel peers' state: 0 steps lost, the final checkpoint bitwise the
 #                  fault-free run's; the old agent, continued, is refused and stops
+#   node_killed    node 2 lost whole (its agent and workers SIGKILLed, as a machine that
+#                  crashes) with --node-replacement-timeout: found lost after the heartbeat
+#                  timeout, and a new agent for node 2 started 5 s after the crash takes its
+#                  ranks with their peers' state: 0 steps lost, bitwise the fault-free run
 #   partitioned    the supervisor and node 1's agent SIGSTOPped (node 1's workers cut off, their
 #                  agent unable to stop them): the workers stop themselves after the heartbeat
 #                  timeout of the supervisor's silence
@@ -83,10 +87,11 @@ start_agent() {
     node_pid[k]=$!
 }
 
-# wait_nodes NAME NNODES: every node exits 0
+# wait_nodes NAME NNODES: every node exits 0 (but one whose node_pid was emptied: gone)
 wait_nodes() {
     local k rc
     for ((k = 0; k < $2; k++)); do
+        [ -n "${node_pid[k]}" ] || continue
         wait "${node_pid[k]}"; rc=$?
         [ $rc -eq 0 ] || fail "$1: node $k exit $rc: $(tail -5 "$work/$1.n$k")
 errors: $(grep -hi "error\|failed\|cannot\|refused" "$work/$1".n* | grep -v "^ *\[" | head -8)"
@@ -226,6 +231,29 @@ node_replaced)
     else
         grep -q "no word from the supervisor .* node 0 is lost" "$work/f.n1" || fail "the old agent: $(tail -3 "$work/f.n1")"
     fi
+    grep -q "resume after iteration [0-9]* with the state of rank 0 (2 replaced" "$work/f.n0" ||
+        fail "not resumed from the survivors' memory: $(grep 'resume after' "$work/f.n0")"
+    grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
+    ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
+    ;;
+node_killed)
+    job=(--train-iters 40 "${hb[@]}" --node-replacement-timeout 60)
+    start_nodes clean 3 "${job[@]}" --save "$work/cs"
+    wait_nodes clean 3
+    start_nodes f 3 "${job[@]}" --save "$work/fs"
+    wait_until 60 grep -q "iteration *5/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
+    old_agent=$(children "${node_pid[2]}"); old_pid=${node_pid[2]}
+    [ -n "$old_agent" ] || fail "node 2's agent not found"
+    kill -KILL $old_agent $(children "$old_agent")
+    t0=$SECONDS
+    wait "$old_pid"
+    wait_until 20 grep -q "node 2's agent sent nothing for [0-9.]* s .*: the node is lost with its ranks 4 to 5; waiting up to 60.0 s (--node-replacement-timeout) for a new agent of node 2" "$work/f.n0" ||
+        fail "node 2 not found lost: $(grep supervisor "$work/f.n0")"
+    # the machine that replaces it comes up 5 s after the crash (a scheduler's restart)
+    while [ $((SECONDS - t0)) -lt 5 ]; do sleep 0.2; done
+    start_agent f.n2b 2 "${job[@]}" --save "$work/fs"
+    wait_until 30 grep -q "a new agent of node 2 joined" "$work/f.n0" || fail "the new agent not taken: $(grep supervisor "$work/f.n0")"
+    wait_nodes f 3
     grep -q "resume after iteration [0-9]* with the state of rank 0 (2 replaced" "$work/f.n0" ||
         fail "not resumed from the survivors' memory: $(grep 'resume after' "$work/f.n0")"
     grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
