@@ -312,15 +312,21 @@ cudaError_t enqueue(cudaStream_t s0, const std::string &what, std::function<void
     return cudaSuccess;
 }
 
-cudaError_t drain(cudaStream_t s0) {
-    std::lock_guard<std::recursive_mutex> lk(g_lock);
-    CUstream_st *s = S(s0);
+// The legacy stream's implicit synchronisation before s runs: the legacy stream waits for
+// every blocking stream, and a blocking stream for the legacy one (g_lock held).
+static void drain_implicit(CUstream_st *s) {
     if (s == &g_legacy) {
         for (CUstream_st *o : g_streams)
             if (blocking(o)) run_queue(o);
     } else if (blocking(s)) {
         run_queue(&g_legacy);
     }
+}
+
+cudaError_t drain(cudaStream_t s0) {
+    std::lock_guard<std::recursive_mutex> lk(g_lock);
+    CUstream_st *s = S(s0);
+    drain_implicit(s);
     run_queue(s);
     return g_sticky;
 }
@@ -330,12 +336,7 @@ cudaError_t drain(cudaStream_t s0) {
 cudaError_t drain_poll(cudaStream_t s0) {
     std::lock_guard<std::recursive_mutex> lk(g_lock);
     CUstream_st *s = S(s0);
-    if (s == &g_legacy) {
-        for (CUstream_st *o : g_streams)
-            if (blocking(o)) run_queue(o);
-    } else if (blocking(s)) {
-        run_queue(&g_legacy);
-    }
+    drain_implicit(s);
     if (!run_queue(s, false)) return g_sticky ? g_sticky : cudaErrorNotReady;
     return g_sticky;
 }

@@ -25,8 +25,9 @@ usage: mtp_torch_ref.py [--rm] ROOT    exit 0 agree, 1 disagree, 77 no torch
 """
 import math
 import os
-import shutil
 import sys
+
+from ref_cases import run_cases
 
 try:
     import torch
@@ -178,20 +179,7 @@ def check(d):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--rm"]
-    if len(args) != 1:
-        print(__doc__)
-        return 2
-    root = args[0]
-    dirs = sorted(os.path.join(root, x) for x in os.listdir(root) if os.path.isdir(os.path.join(root, x)))
-    if not dirs:
-        print("no cases in", root)
-        return 1
-    ok = all([check(x) for x in dirs])
-    print("torch %s: %d configurations, %s" % (torch.__version__, len(dirs), "all agree" if ok else "DISAGREEMENT"))
-    if ok and "--rm" in sys.argv[1:]:
-        shutil.rmtree(root)
-    return 0 if ok else 1
+    return run_cases(__doc__, check, "torch %s: " % torch.__version__, None)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 case folder under ROOT with the checker's check_case, print one summary line, and with --rm
 remove ROOT when all agree.
 
-    run_cases(doc, check_case, what, tol) -> the process exit status (0 all agree, 1 not, 2 usage)
+    run_cases(doc, check_case, what, tol) -> the process exit status (0 all agree, 1 not, 2 usage);
+    tol None: no tolerance in the line
 """
 import os
 import shutil
@@ -22,7 +23,8 @@ def run_cases(doc, check_case, what, tol):
         print("no cases in", root)
         return 1
     ok = all([check_case(d) for d in dirs])
-    print("%s%d configurations, %s (tolerance %g)" % (what, len(dirs), "all agree" if ok else "DISAGREEMENT", tol))
+    print("%s%d configurations, %s%s" % (what, len(dirs), "all agree" if ok else "DISAGREEMENT",
+                                       "" if tol is None else " (tolerance %g)" % tol))
     if ok and rm:
         shutil.rmtree(root)
     return 0 if ok else 1
