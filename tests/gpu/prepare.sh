@@ -3,8 +3,8 @@
 # machine, and packs it into one file that travels with the source tree, so that the GPU
 # machine (where time is short) only runs:
 #
-#   tests/gpu/prepare.sh                 # -> gpu-bundle.tar.xz in the source root (ignored by git)
-#   ... copy the source tree and gpu-bundle.tar.xz to the GPU machine, then there:
+#   tests/gpu/prepare.sh                 # -> gpu-bundle.tar.gz in the source root (ignored by git)
+#   ... copy the source tree and gpu-bundle.tar.gz to the GPU machine, then there:
 #   tests/gpu/run.sh                     # verdict in its last line
 #
 # The build is for sm_90 (H100/H200) only (-Dgpu_sm=90; CUDA_SM=80,90 for more), for a
@@ -17,7 +17,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${GPU_BUILD_DIR:-$root/build-gpu}
-bundle=${GPU_BUNDLE:-$root/gpu-bundle.tar.xz}
+bundle=${GPU_BUNDLE:-$root/gpu-bundle.tar.gz}
 sm=${CUDA_SM:-90}
 [ -d /usr/local/cuda/bin ] && export PATH=/usr/local/cuda/bin:$PATH
 log() { echo "prepare.sh: $*" >&2; }
@@ -30,10 +30,12 @@ else
 fi
 
 # the programs of the gpu suite and what they run (meson's own record of the tests)
-tests_json=$(meson introspect --tests "$build")
-mapfile -t targets < <(python3 - "$build" "$tests_json" <<'EOF'
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+meson introspect --tests "$build" >"$stage/tests.json"
+mapfile -t targets < <(python3 - "$build" "$stage/tests.json" <<'EOF'
 import json, os, sys
-build, tests = sys.argv[1], json.loads(sys.argv[2])
+build, tests = sys.argv[1], json.load(open(sys.argv[2]))
 out = {"cohort", "libcohort_cuda.so", "bench/gpu_bench"}
 for t in tests:
     if "cohort:gpu" not in t["suite"]:
@@ -47,8 +49,6 @@ EOF
 log "building ${#targets[@]} targets in $build for sm_$sm"
 ninja -C "$build" "${targets[@]}" >&2
 
-stage=$(mktemp -d)
-trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 for t in "${targets[@]}"; do
     mkdir -p "$stage/bin/$(dirname "$t")"
@@ -58,9 +58,9 @@ strip --strip-unneeded "$stage"/bin/cohort "$stage"/bin/libcohort_cuda.so 2>/dev
 
 # the manifest: one line per test, NAME<TAB>TIMEOUT<TAB>command (bash words; $B is the
 # bundle's bin folder, $S the source root, both set by run.sh)
-python3 - "$build" "$root" "$tests_json" >"$stage/tests.tsv" <<'EOF'
+python3 - "$build" "$root" "$stage/tests.json" >"$stage/tests.tsv" <<'EOF'
 import json, os, shlex, sys
-build, root, tests = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+build, root, tests = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
 def word(a):
     if a.startswith("./") and os.path.exists(os.path.join(build, a)):
         a = os.path.join(build, a)  # meson names built programs relative to the build folder
@@ -85,6 +85,7 @@ find "$stage/bin" -type f -perm -u+x -o -name '*.so' | xargs ldd 2>/dev/null | a
 nvcc --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p' >"$stage/cuda-version"
 echo "sm_$sm" >"$stage/gpu-arch"
 (cd "$root" && git log --oneline -1 2>/dev/null || echo "not a git checkout") >"$stage/source"
-tar -C "$stage" -cJf "$bundle" .
+rm "$stage/tests.json"
+tar -C "$stage" -czf "$bundle" .
 log "$(basename "$bundle"): $(du -k "$bundle" | cut -f1) KiB packed, $(du -sk "$stage" | cut -f1) KiB unpacked;" \
     "$(wc -l <"$stage/tests.tsv") tests, CUDA $(cat "$stage/cuda-version"), sm_$sm"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run.sh - the verdict of a GPU machine on the CUDA path, in under eight minutes, from a build
-# made beforehand elsewhere (tests/gpu/prepare.sh -> gpu-bundle.tar.xz in the source root):
+# made beforehand elsewhere (tests/gpu/prepare.sh -> gpu-bundle.tar.gz in the source root):
 # nothing is compiled here. Steps:
 #   1. the machine: nvidia-smi sees a GPU; its driver supports the CUDA version the bundle
 #      was built with (else FAIL before anything runs: an older driver would make every
@@ -18,7 +18,7 @@
 set -uo pipefail
 S=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-$PWD/gpu-results}
-bundle=${GPU_BUNDLE:-$S/gpu-bundle.tar.xz}
+bundle=${GPU_BUNDLE:-$S/gpu-bundle.tar.gz}
 deadline=${GPU_DEADLINE_S:-450} # the tests and the benchmark together
 mkdir -p "$out"
 t0=$SECONDS
@@ -32,7 +32,7 @@ verdict() { # STATUS TEXT...: the last line, then exit
 
 [ -f "$bundle" ] || verdict 2 "FAIL: no bundle at $bundle: run tests/gpu/prepare.sh on a build machine first and copy the file with the tree"
 U=$(mktemp -d /tmp/cohort-gpu.XXXXXX)
-tar -C "$U" -xJf "$bundle" || verdict 2 "FAIL: cannot unpack $bundle"
+tar -C "$U" -xzf "$bundle" || verdict 2 "FAIL: cannot unpack $bundle"
 B=$U/bin
 built_cuda=$(cat "$U/cuda-version")
 log "bundle: $(cat "$U/source"), CUDA $built_cuda, $(cat "$U/gpu-arch"), $(wc -l <"$U/tests.tsv") tests"

@@ -19,7 +19,7 @@ chmod +x "$work/b/bin/"*
     printf 'gpu_one\t30\t"$B/passes"\n'
     [ "$case_name" = skip_fails ] && printf 'gpu_two\t30\t"$B/skips"\n'
 } >"$work/b/tests.tsv"
-tar -C "$work/b" -cJf "$work/bundle.tar.xz" .
+tar -C "$work/b" -czf "$work/bundle.tar.gz" .
 
 driver=13.0
 [ "$case_name" = old_driver ] && driver=12.4
@@ -32,7 +32,7 @@ SMI
     chmod +x "$work/path/nvidia-smi"
 fi
 # no nvidia-smi of this machine's own, if it has one
-PATH="$work/path:/usr/bin:/bin" OUT="$work/out" GPU_BUNDLE="$work/bundle.tar.xz" \
+PATH="$work/path:/usr/bin:/bin" OUT="$work/out" GPU_BUNDLE="$work/bundle.tar.gz" \
     bash "$COHORT_SOURCE_ROOT/tests/gpu/run.sh" >"$work/stdout" 2>"$work/stderr"
 rc=$?
 last=$(tail -1 "$work/stdout")
