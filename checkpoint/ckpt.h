@@ -209,5 +209,22 @@ int ck_candidates(const char *load_dir, int64_t want, int64_t **its, int *n);
  * softmax is cohort's), or only the tokenizer's vocab rows with trim_vocab (another softmax,
  * another loss). CO_EUNSUPPORTED (with the reason) for models without GPT-2's options. */
 int ck_export_hf_gpt2(const char *ckpt_dir, const ck_manifest *m, const char *out_dir, bool trim_vocab);
+/* The same in the Hugging Face Llama layout (LlamaForCausalLM: q/k/v and gate/up split out of
+ * qkv and fc1, lm_head unless tied, config.json with rope_theta, rms_norm_eps, ...).
+ * CO_EUNSUPPORTED (with the reason) for models Llama cannot express: learned positions,
+ * LayerNorm, GELU, biases, experts, MTP layers, any other tensor. Both exports add a "cohort"
+ * object to config.json (tokenizer flags, real vocabulary) for ck_import_hf. */
+int ck_export_hf_llama(const char *ckpt_dir, const ck_manifest *m, const char *out_dir, bool trim_vocab);
+
+/* ---- import --------------------------------------------------------------------------- */
+
+/* Writes save_dir/iter_0000000 (and the tracker): a checkpoint of the Hugging Face GPT-2
+ * (gpt2) or Llama model in hf_dir (config.json; model.safetensors, or the shards
+ * model.safetensors.index.json names), tensor-parallel size 1, no optimizer state, its
+ * config holding the model and tokenizer flags (--use-checkpoint-args). F16/BF16/F64 become
+ * fp32. CO_EFORMAT naming the file, key or tensor for malformed input (missing tensor, wrong
+ * shape, truncated file, config disagreeing with the tensors); CO_EUNSUPPORTED for models
+ * cohort cannot express (rope scaling, biases in Llama, other activations, extra tensors). */
+int ck_import_hf(const char *hf_dir, bool gpt2, const char *save_dir);
 
 #endif

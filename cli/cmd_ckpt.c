@@ -27,8 +27,11 @@ static const char *top_usage =
     "  inspect CKPT               manifest, and tensors with shapes, dtypes and L2 norms\n"
     "  verify CKPT                checksums and completeness (exit status says what failed)\n"
     "  diff CKPT_A CKPT_B         which tensors differ (exit 0 bitwise equal, 1 different)\n"
-    "  convert CKPT --to hf-gpt2 --output DIR   export to Hugging Face GPT-2 (model.safetensors\n"
-    "                             + config.json; the padded vocabulary kept, --trim-vocab cuts it)\n"
+    "  convert CKPT --to hf-gpt2|hf-llama --output DIR   export to Hugging Face GPT-2 or Llama\n"
+    "                             (model.safetensors + config.json; the padded vocabulary kept,\n"
+    "                             --trim-vocab cuts it)\n"
+    "  convert HFDIR --from hf-gpt2|hf-llama --output SAVE   import a Hugging Face model as a\n"
+    "                             checkpoint to --finetune from\n"
     "  convert CKPT --to cohort --tensor-model-parallel-size T [--data-parallel-size D] --output SAVE\n"
     "                             rewrite in the layout a T x D job writes\n"
     "  prune SAVE --keep K        retention: keep the K most recent and the tracker's\n"
@@ -40,7 +43,8 @@ typedef struct args {
     bool json, help, dry_run, trim_vocab;
     int64_t iteration;
     int keep, tp, dp;
-    const char *to, *output;
+    bool model_only;
+    const char *to, *from, *output;
     const char *pos[4];
     int npos;
 } args;
@@ -56,13 +60,16 @@ static int parse_args(int argc, char **argv, args *a, const char *tool) {
         else if (!strcmp(s, "--help") || !strcmp(s, "-h")) a->help = true;
         else if (!strcmp(s, "--dry-run")) a->dry_run = true;
         else if (!strcmp(s, "--trim-vocab") && !strcmp(tool, "convert")) a->trim_vocab = true;
+        else if (!strcmp(s, "--model-only") && !strcmp(tool, "diff")) a->model_only = true;
         else if ((!strcmp(s, "--iteration") || !strcmp(s, "--keep") || !strcmp(s, "--to") || !strcmp(s, "--output") ||
+                  (!strcmp(tool, "convert") && !strcmp(s, "--from")) ||
                   (!strcmp(tool, "convert") &&
                    (!strcmp(s, "--tensor-model-parallel-size") || !strcmp(s, "--data-parallel-size")))) &&
                  i + 1 < argc) {
             const char *v = argv[++i];
             char *end;
             if (!strcmp(s, "--to")) a->to = v;
+            else if (!strcmp(s, "--from")) a->from = v;
             else if (!strcmp(s, "--output")) a->output = v;
             else {
                 long long x = strtoll(v, &end, 10);
@@ -437,9 +444,10 @@ static int open_all(const char *path, int64_t it, char *dir, size_t n, ck_manife
 }
 
 static const char diff_usage[] =
-    "usage: cohort ckpt diff CKPT_A CKPT_B [--json]\n\nCompares every tensor (model and optimizer state) of "
+    "usage: cohort ckpt diff CKPT_A CKPT_B [--model-only] [--json]\n\nCompares every tensor (model and optimizer state) of "
     "two checkpoints, whatever their\nlayouts on disk: bitwise equal, or the largest absolute and relative "
     "difference\n(|a-b| / max(|b|, 1e-30)); tensors in one only or with other shapes.\n"
+    "  --model-only  the parameters only: optimizer state on either side is left out\n"
     "exit status: 0 every tensor bitwise equal; 1 they differ; 2 usage or a checkpoint unreadable.\n";
 
 static int tool_diff(int argc, char **argv) {
@@ -461,6 +469,7 @@ static int tool_diff(int argc, char **argv) {
     int ndiff = 0, nequal = 0;
     for (int i = 0; i < ma->ntensors; i++) {
         const ck_mtensor *t = &ma->tensors[i], *u = ck_manifest_find(mb, t->name);
+        if (a.model_only && t->kind != CK_KIND_MODEL) continue;
         const char *status;
         double maxabs = 0, maxrel = 0;
         if (!u) status = "only in A";
@@ -494,7 +503,7 @@ static int tool_diff(int argc, char **argv) {
         }
     }
     for (int i = 0; i < mb->ntensors; i++)
-        if (!ck_manifest_find(ma, mb->tensors[i].name)) {
+        if (!ck_manifest_find(ma, mb->tensors[i].name) && !(a.model_only && mb->tensors[i].kind != CK_KIND_MODEL)) {
             ndiff++;
             if (a.json) json_array_append_new(arr, json_pack("{ssss}", "name", mb->tensors[i].name, "status", "only in B"));
             else printf("  %-52s only in B\n", mb->tensors[i].name);
@@ -520,9 +529,10 @@ static int tool_diff(int argc, char **argv) {
 /* ---- convert ----------------------------------------------------------------------------- */
 
 static const char convert_usage[] =
-    "usage: cohort ckpt convert CKPT --to hf-gpt2 --output DIR [--trim-vocab] [--iteration N] [--json]\n"
+    "usage: cohort ckpt convert CKPT --to hf-gpt2|hf-llama --output DIR [--trim-vocab] [--iteration N] [--json]\n"
     "       cohort ckpt convert CKPT --to cohort --tensor-model-parallel-size T [--data-parallel-size D]\n"
-    "                               --output SAVE [--iteration N] [--json]\n\n"
+    "                               --output SAVE [--iteration N] [--json]\n"
+    "       cohort ckpt convert HFDIR --from hf-gpt2|hf-llama --output SAVE [--json]\n\n"
     "hf-gpt2: writes DIR/model.safetensors and DIR/config.json in the Hugging Face GPT-2\n"
     "layout (GPT2LMHeadModel; Conv1D weights [in, out], c_attn = [q | k | v], output layer\n"
     "tied), from a checkpoint of any layout (tensor-parallel slices are joined). The\n"
@@ -530,10 +540,16 @@ static const char convert_usage[] =
     "size, so the softmax runs over the same logits as cohort's and the exported model\n"
     "computes cohort's loss. Needs GPT-2's options: learned positions, LayerNorm, GELU, tied\n"
     "embeddings, biases, no grouped-query attention.\n"
+    "hf-llama: the same in the Hugging Face Llama layout (LlamaForCausalLM: q/k/v_proj cut\n"
+    "from qkv, gate/up_proj from fc1, lm_head unless tied; config.json with rope_theta,\n"
+    "rms_norm_eps, num_key_value_heads, head_dim). Needs Llama's options: rotary positions,\n"
+    "RMSNorm, SwiGLU, no biases, no experts, no MTP layers.\n"
     "  --trim-vocab  drop the padded rows: vocab_size = the tokenizer's vocabulary, and the\n"
     "                softmax then runs over the real vocabulary only, so the exported model's\n"
     "                probabilities and losses differ from cohort's (they are equal only when\n"
     "                nothing was padded).\n"
+    "Both exports add a \"cohort\" object to config.json (tokenizer flags, real vocabulary)\n"
+    "that an import reads back.\n"
     "cohort: writes SAVE/iter_N and SAVE's tracker as a job of T tensor-parallel x D\n"
     "data-parallel ranks (D default 1) saves them: T x D shard files per kind, each tensor\n"
     "rank's slices spread over its D replicas, the padded vocabulary a multiple of\n"
@@ -543,13 +559,22 @@ static const char convert_usage[] =
     "the rerun state machine's state are carried over. SAVE must not hold iteration N nor\n"
     "anything newer (its tracker would move back: refused), and must not be in use by a\n"
     "job (its lock, SAVE/.cohort.lock, is taken while converting).\n"
+    "--from hf-gpt2|hf-llama: imports the Hugging Face model in HFDIR (config.json, and\n"
+    "model.safetensors or the shards model.safetensors.index.json names; F32, F16, BF16 or\n"
+    "F64 tensors, stored as fp32) as SAVE/iter_0000000: tensor-parallel size 1, no optimizer\n"
+    "state, the model and tokenizer flags recorded. Train from it with `cohort train --load\n"
+    "SAVE --finetune --use-checkpoint-args` at any layout. The tokenizer is config.json's\n"
+    "\"cohort\" object's, else GPT2BPETokenizer for a GPT-2 of 50257 rows, else NullTokenizer\n"
+    "over every row. A missing or misshapen tensor, a config key that disagrees with the\n"
+    "tensors, a truncated file, and tensors or options cohort's model lacks (rope_scaling,\n"
+    "biases in Llama, another activation) are refused by name. SAVE must hold no checkpoint.\n"
     "Either way --output must not be or lie inside a checkpoint directory (the source's\n"
-    "included), nor lie inside a save directory (hf-gpt2: nor be one). SIGINT or SIGTERM\n"
-    "stops the conversion and removes its temporary files; those a killed conversion left\n"
-    "(of a process no longer running) are removed by the next one into that output.\n"
-    "exit status: 0 written; 1 failure; 2 usage, an --output refused, or a layout the model\n"
-    "does not split into; 3 the model or target is not supported; 128 + the signal when\n"
-    "interrupted.\n";
+    "included), nor lie inside a save directory (hf-gpt2, hf-llama: nor be one). SIGINT or\n"
+    "SIGTERM stops the conversion and removes its temporary files; those a killed conversion\n"
+    "left (of a process no longer running) are removed by the next one into that output.\n"
+    "exit status: 0 written; 1 failure (malformed input); 2 usage, an --output refused, or a\n"
+    "layout the model does not split into; 3 the model, target or source is not supported;\n"
+    "128 + the signal when interrupted.\n";
 
 /* Reports the leftovers a cleaner removed and kept (stderr: the tool's own output stays
  * what it was). */
@@ -605,18 +630,79 @@ static int convert_hf(const char *dir, const ck_manifest *m, const args *a) {
     int rc = ck_clean_dead_files(a->output, names, 2, &st);
     if (rc) return rc;
     report_stale(a->output, &st);
-    return ck_export_hf_gpt2(dir, m, a->output, a->trim_vocab);
+    return !strcmp(a->to, "hf-llama") ? ck_export_hf_llama(dir, m, a->output, a->trim_vocab)
+                                       : ck_export_hf_gpt2(dir, m, a->output, a->trim_vocab);
+}
+
+/* --from: SAVE locked, leftovers of dead conversions removed, refused when it holds any
+ * checkpoint (iteration 0 would move its tracker back or replace one), then the import. */
+static int convert_import(const args *a) {
+    ck_lock *lock = NULL;
+    char lnote[600] = "";
+    int rc = ck_savedir_lock_as(&lock, "--output", a->output, "ckpt-convert", lnote, sizeof lnote);
+    if (rc) return rc;
+    if (lnote[0]) co_log(CO_LOG_ERROR, "%s", lnote);
+    ck_stale st;
+    rc = ck_clean_dead(a->output, NULL, false, &st);
+    if (!rc) report_stale(a->output, &st);
+    int64_t tracked = -1, *its = NULL;
+    int n = 0;
+    if (!rc) rc = ck_list_iterations(a->output, &its, &n);
+    free(its);
+    if (!rc && (n || !ck_read_tracker(a->output, &tracked)))
+        rc = co_err_set(CO_EINVAL, "--output %s already holds a checkpoint; import into an empty or new directory",
+                        a->output);
+    if (!rc) rc = ck_import_hf(a->pos[0], !strcmp(a->from, "hf-gpt2"), a->output);
+    int keep = rc;
+    char detail[2048];
+    snprintf(detail, sizeof detail, "%s", co_err_detail());
+    ck_savedir_unlock(&lock);
+    if (keep) co_err_set(keep, "%s", detail);
+    return keep;
+}
+
+static int tool_import(const args *a) {
+    if (strcmp(a->from, "hf-gpt2") && strcmp(a->from, "hf-llama")) {
+        co_log(CO_LOG_ERROR, "--from %s: unknown source; hf-gpt2 or hf-llama", a->from);
+        return X_UNSUPPORTED;
+    }
+    if (a->to || a->tp || a->dp || a->trim_vocab || a->iteration >= 0) {
+        co_log(CO_LOG_ERROR, "--from takes HFDIR and --output only (no --to, layout sizes, --trim-vocab or --iteration)");
+        return X_USAGE;
+    }
+    if (ck_check_output(a->output, true, "--output")) {
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
+        return X_USAGE;
+    }
+    int rc = ck_catch_signals();
+    if (!rc) rc = convert_import(a);
+    if (rc) {
+        co_log(CO_LOG_ERROR, "%s", co_err_detail());
+        if (ck_interrupted()) {
+            co_log(CO_LOG_ERROR, "interrupted: its temporary files are removed and nothing was written to %s", a->output);
+            ck_reraise();
+        }
+        return rc == CO_EUNSUPPORTED ? X_UNSUPPORTED : rc == CO_EINVAL ? X_USAGE : 1;
+    }
+    if (a->json)
+        printf("{\"from\": \"%s\", \"source\": \"%s\", \"output\": \"%s\", \"iteration\": 0}\n", a->from, a->pos[0],
+               a->output);
+    else
+        printf("wrote %s iteration 0 from %s (Hugging Face %s; tensor-parallel size 1, no optimizer state: train with "
+               "--finetune --use-checkpoint-args)\n", a->output, a->pos[0], strcmp(a->from, "hf-gpt2") ? "Llama" : "GPT-2");
+    return 0;
 }
 
 static int tool_convert(int argc, char **argv) {
     args a;
     int rc;
     if (!tool_begin(argc, argv, &a, "convert", convert_usage, &rc) ||
-        !tool_need(a.npos == 1 && a.to && a.output, "CKPT, --to and --output", &rc))
+        !tool_need(a.npos == 1 && (a.to || a.from) && a.output, "CKPT, --to (or --from) and --output", &rc))
         return rc;
+    if (a.from) return tool_import(&a);
     bool cohort = !strcmp(a.to, "cohort");
-    if (strcmp(a.to, "hf-gpt2") && !cohort) {
-        co_log(CO_LOG_ERROR, "--to %s: unknown target; hf-gpt2 or cohort", a.to);
+    if (strcmp(a.to, "hf-gpt2") && strcmp(a.to, "hf-llama") && !cohort) {
+        co_log(CO_LOG_ERROR, "--to %s: unknown target; hf-gpt2, hf-llama or cohort", a.to);
         return X_UNSUPPORTED;
     }
     if (cohort && a.tp < 1) {
@@ -662,10 +748,11 @@ static int tool_convert(int argc, char **argv) {
         return 0;
     }
     if (a.json)
-        printf("{\"from\": \"%s\", \"to\": \"hf-gpt2\", \"output\": \"%s\", \"trim_vocab\": %s}\n", dir, a.output,
+        printf("{\"from\": \"%s\", \"to\": \"%s\", \"output\": \"%s\", \"trim_vocab\": %s}\n", dir, a.to, a.output,
                a.trim_vocab ? "true" : "false");
     else
-        printf("wrote %s/model.safetensors and %s/config.json (Hugging Face GPT-2, %s) from %s\n", a.output, a.output,
+        printf("wrote %s/model.safetensors and %s/config.json (Hugging Face %s, %s) from %s\n", a.output, a.output,
+               strcmp(a.to, "hf-llama") ? "GPT-2" : "Llama",
                a.trim_vocab ? "padded vocabulary rows dropped" : "padded vocabulary kept", dir);
     return 0;
 }
