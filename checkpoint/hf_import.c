@@ -504,9 +504,12 @@ static int check_unused(imp *m, const char *family) {
 static int read_model(imp *m, bool gpt2, ck_meta *meta) {
     char path[4400];
     snprintf(path, sizeof path, "%s/config.json", m->dir);
+    struct stat st;
+    if (stat(path, &st))
+        return co_err_set(CO_ENOENT, "%s: %m (a Hugging Face model directory holds config.json and its tensors)", path);
     json_error_t je;
     m->cfg = json_load_file(path, 0, &je);
-    if (!m->cfg) return co_err_set(CO_EFORMAT, "%s: cannot read as JSON: %s (line %d)", path, je.text, je.line);
+    if (!m->cfg) return co_err_set(CO_EFORMAT, "%s: not JSON: %s (line %d)", path, je.text, je.line);
     if (!json_is_object(m->cfg)) return co_err_set(CO_EFORMAT, "%s: not a JSON object", path);
     json_t *mt = json_object_get(m->cfg, "model_type");
     const char *want = gpt2 ? "gpt2" : "llama";
