@@ -215,23 +215,24 @@ static int take(imp *m, const char *ours, const char *hf, int64_t r, int64_t c, 
     return x->name ? 0 : co_err_set(CO_ENOMEM, "import: out of memory");
 }
 
-/* ours := the HF tensors hf[0..k) ([rows[i], c] each) stacked by rows. */
+/* ours := the HF tensors hf[0..k) ([rows[i], c] each, k <= 3) stacked by rows. Each is read
+ * (and its shape checked against the file) before the whole is allocated. */
 static int stack(imp *m, const char *ours, const char *const *hf, const int64_t *rows, int k, int64_t c) {
+    float *p[3] = {NULL, NULL, NULL}, *d = NULL;
     int64_t total = 0;
-    for (int i = 0; i < k; i++) total += rows[i];
-    float *d = malloc((size_t)(total * c) * sizeof *d + 1);
-    if (!d) return co_err_set(CO_ENOMEM, "import: out of memory for %s", ours);
+    int rc = 0;
+    for (int i = 0; i < k && !rc; i++) {
+        rc = fetch(m, hf[i], 2, rows[i], c, &p[i]);
+        total += rows[i];
+    }
+    if (!rc && !(d = malloc((size_t)(total * c) * sizeof *d + 1)))
+        rc = co_err_set(CO_ENOMEM, "import: out of memory for %s", ours);
     int64_t at = 0;
-    for (int i = 0; i < k; i++) {
-        float *p = NULL;
-        int rc = fetch(m, hf[i], 2, rows[i], c, &p);
-        if (rc) {
-            free(d);
-            return rc;
-        }
-        memcpy(d + at * c, p, (size_t)(rows[i] * c) * sizeof *d);
-        free(p);
-        at += rows[i];
+    for (int i = 0; i < k && !rc; at += rows[i], i++) memcpy(d + at * c, p[i], (size_t)(rows[i] * c) * sizeof *d);
+    for (int i = 0; i < k; i++) free(p[i]);
+    if (rc) {
+        free(d);
+        return rc;
     }
     ck_tensor_ref *x = &m->refs[m->nrefs++];
     memset(x, 0, sizeof *x);
