@@ -145,6 +145,35 @@ assert (mo["vocab"], mo["padded_vocab"], mo["tied"], mo["bias"]) == (501, 512, T
 EOF
     # training from the import: flags from the checkpoint, the same numbers as from the original
     same_finetune ft "$work/s" "$work/imp"
+    # as the Hugging Face hub keeps GPT-2: no "transformer." prefix, the causal-mask buffers,
+    # lm_head beside the tied wte, no "cohort" object (the NullTokenizer over all 512 rows)
+    "$py" - "$work/hf" "$work/hub" <<'EOF' || fail "writing the hub-style copy"
+import json, os, struct, sys
+import numpy as np
+sys.path.insert(0, os.environ["COHORT_SOURCE_ROOT"] + "/tests/data")
+import hf_gpt2_ref as G
+src, dst = sys.argv[1:3]
+os.makedirs(dst)
+c = json.load(open(src + "/config.json")); del c["cohort"]; json.dump(c, open(dst + "/config.json", "w"))
+w = {k[len("transformer."):]: v.astype(np.float32) for k, v in G.read_safetensors(src + "/model.safetensors").items()}
+w["lm_head.weight"] = w["wte.weight"]
+for l in range(2):
+    w["h.%d.attn.bias" % l] = np.tril(np.ones((1, 1, 32, 32), dtype=np.float32))
+hdr, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+for n in sorted(w):
+    b = w[n].tobytes()
+    hdr[n] = {"dtype": "F32", "shape": list(w[n].shape), "data_offsets": [off, off + len(b)]}
+    blobs.append(b); off += len(b)
+h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
+open(dst + "/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+EOF
+    "$cohort" ckpt convert "$work/hub" --from hf-gpt2 --output "$work/imph" >"$work/ih.out" 2>&1 ||
+        fail "hub-style import: $(cat "$work/ih.out")"
+    "$cohort" ckpt diff "$work/s" "$work/imph" --model-only >"$work/d" || fail "hub-style: $(head "$work/d")"
+    "$py" -c "
+import json; m = json.load(open('$work/imph/iter_0000000/manifest.json')); c = m['config']
+assert (c['tokenizer-type'], c['vocab-size'], c['make-vocab-size-divisible-by']) == ('NullTokenizer', 511, 128), c
+assert (m['model']['vocab'], m['model']['padded_vocab']) == (512, 512), m['model']" || fail "hub-style tokenizer"
     ;;
 roundtrip_llama)
     # tied, head dimension 16 with hidden 32 and 4 heads (kv channels), 2 query groups
@@ -165,7 +194,15 @@ roundtrip_llama)
              "--swiglu on from the checkpoint" "--disable-bias-linear on from the checkpoint"; do
         grep -q -- "$l" "$work/args.out" || fail "--use-checkpoint-args: no '$l'"
     done
-    # the export in two BF16 shards with an index, as large Hugging Face models come
+    # any layout exports: the tp 2 run's checkpoint as its tp 1 conversion
+    train --train-iters 2 "${tp2[@]}" "${run[@]}" --load "$work/imp" --finetune --save "$work/t2" >"$work/t2.out" 2>&1 ||
+        fail "tp 2 run: $(tail -3 "$work/t2.out")"
+    "$cohort" ckpt convert "$work/t2" --to cohort --tensor-model-parallel-size 1 --output "$work/t1" >/dev/null ||
+        fail "to tp 1"
+    "$cohort" ckpt convert "$work/t2" --to hf-llama --output "$work/hf2" >/dev/null || fail "export from tp 2"
+    "$cohort" ckpt convert "$work/t1" --to hf-llama --output "$work/hf1" >/dev/null || fail "export from tp 1"
+    cmp "$work/hf1/model.safetensors" "$work/hf2/model.safetensors" || fail "the tp 2 and tp 1 exports differ"
+    # the export in two shards with an index, as large Hugging Face models come: BF16, then F16
     "$py" - "$work/hf" "$work/hfb" <<'EOF' || fail "writing the BF16 shards"
 import json, os, shutil, struct, sys
 import numpy as np
@@ -184,31 +221,46 @@ for i, part in enumerate([names[: len(names) // 2], names[len(names) // 2:]]):
     fn = "model-%05d-of-00002.safetensors" % (i + 1)
     hdr, blobs, off = {}, [], 0
     for n in part:
-        b = bf16(w[n]).tobytes()
-        hdr[n] = {"dtype": "BF16", "shape": list(w[n].shape), "data_offsets": [off, off + len(b)]}
+        b = (bf16(w[n]) if i == 0 else w[n].astype(np.float16)).tobytes()
+        hdr[n] = {"dtype": "BF16" if i == 0 else "F16", "shape": list(w[n].shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b); off += len(b); wmap[n] = fn
     h = json.dumps(hdr).encode(); h += b" " * (-len(h) % 8)
     open(dst + "/" + fn, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 json.dump({"metadata": {}, "weight_map": wmap}, open(dst + "/model.safetensors.index.json", "w"))
 EOF
     "$cohort" ckpt convert "$work/hfb" --from hf-llama --output "$work/impb" >"$work/ib.out" 2>&1 ||
-        fail "sharded BF16 import: $(cat "$work/ib.out")"
-    "$py" - "$work/impb/iter_0000000/model.safetensors" "$work/s/iter_0000003/model.safetensors" <<'EOF' ||
+        fail "sharded BF16/F16 import: $(cat "$work/ib.out")"
+    "$py" - "$work/impb/iter_0000000/model.safetensors" "$work/s/iter_0000003/model.safetensors" "$work/hf" <<'EOF' ||
 import os, sys
 import numpy as np
 sys.path.insert(0, os.environ["COHORT_SOURCE_ROOT"] + "/tests/data")
 import hf_gpt2_ref as G
 b, o = G.read_safetensors(sys.argv[1]), G.read_safetensors(sys.argv[2])
 assert set(b) == set(o), set(b) ^ set(o)
-for n in o:
+# the shards: the first half of the HF names sorted in BF16, the rest in F16; the tensors
+# that are one HF tensor each are compared (qkv and fc1 mix both shards)
+hf = G.read_safetensors(sys.argv[3] + "/model.safetensors")
+first = set(sorted(hf)[: len(hf) // 2])
+ours = {"model.embed_tokens.weight": "embedding.word_embeddings.weight", "model.norm.weight": "final_norm.weight"}
+for l in range(2):
+    for h, c in [("input_layernorm", "input_norm"), ("post_attention_layernorm", "mlp_norm"),
+                 ("self_attn.o_proj", "attention.proj"), ("mlp.down_proj", "mlp.fc2")]:
+        ours["model.layers.%d.%s.weight" % (l, h)] = "layers.%d.%s.weight" % (l, c)
+kinds = set()
+for h, n in ours.items():
     x = o[n].astype(np.float32)
-    u = x.view(np.uint32).astype(np.uint64)
-    r = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    if h in first:
+        u = x.view(np.uint32).astype(np.uint64)
+        r = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    else:
+        r = x.astype(np.float16).astype(np.float32)
+    kinds.add(h in first)
     assert (b[n].astype(np.float32) == r).all(), n
-    assert (b[n] != o[n]).any(), n + ": the BF16 copy rounded nothing"
-print("ok: %d tensors imported as their BF16 values" % len(o))
+    assert (b[n] != o[n]).any(), n + ": the 16-bit copy rounded nothing"
+assert kinds == {True, False}, kinds
+print("ok: %d tensors imported as their BF16 or F16 values" % len(ours))
 EOF
-        fail "the BF16 import is not the BF16-rounded original"
+        fail "the BF16/F16 import is not the rounded original"
     ;;
 import_refused)
     train "${llama[@]}" --train-iters 1 --save "$work/s" >/dev/null 2>&1 || fail "training"
@@ -262,6 +314,7 @@ EOF
     grep -q "beyond the end\|truncated\|data section" "$work/r.err" || fail "truncated: $(cat "$work/r.err")"
     refused 1 "$work/nocfg/config.json" "$work/nocfg" --from hf-llama --output "$work/o8"
     refused 3 "--from hf-bert: unknown source; hf-gpt2 or hf-llama" "$work/hf" --from hf-bert --output "$work/o9"
+    "$cohort" ckpt convert --help | grep -q -- "--from hf-gpt2|hf-llama: imports the Hugging Face model" || fail "--help"
     # a GPT-2 import of a Llama directory names what it misses
     refused 3 '"model_type" is llama, not gpt2' "$work/hf" --from hf-gpt2 --output "$work/o10"
     for o in o1 o2 o3 o4 o5 o6 o7 o8 o9 o10; do
