@@ -1,10 +1,16 @@
-/* convert.c - export of a checkpoint to the Hugging Face GPT-2 layout (model.safetensors +
- * config.json), for models with GPT-2's options: learned positions, LayerNorm, GELU (tanh,
- * HF "gelu_new"), tied embeddings, biases, no grouped-query attention.
+/* convert.c - export of a checkpoint to the Hugging Face GPT-2 and Llama layouts
+ * (model.safetensors + config.json).
  *
- * cohort keeps linear weights PyTorch-style [out, in] with qkv rows [q heads | k heads |
- * v heads]; HF GPT-2's Conv1D keeps [in, out] with c_attn columns [q | k | v], so every
- * linear weight is transposed and nothing else moves.
+ * GPT-2 (ck_export_hf_gpt2), for models with GPT-2's options: learned positions, LayerNorm,
+ * GELU (tanh, HF "gelu_new"), tied embeddings, biases, no grouped-query attention. cohort
+ * keeps linear weights PyTorch-style [out, in] with qkv rows [q heads | k heads | v heads];
+ * HF GPT-2's Conv1D keeps [in, out] with c_attn columns [q | k | v], so every linear weight
+ * is transposed and nothing else moves.
+ *
+ * Llama (ck_export_hf_llama), for rotary positions, RMSNorm, SwiGLU, no biases: nn.Linear
+ * weights are [out, in] as cohort's; qkv's row blocks become q/k/v_proj and fc1's halves
+ * gate/up_proj. cohort's rotary embedding rotates the halves of a head (pairs (i, i + hd/2),
+ * Megatron's non-interleaved rope), which is HF's rotate_half, so q and k are not permuted.
  *
  * The vocabulary keeps its padded rows by default (config.json's vocab_size = the padded
  * size): cohort's softmax, like Megatron's, runs over all padded_vocab logits, so only then
@@ -132,7 +138,27 @@ static int write_model(const char *out_dir, const out_t *o, int n) {
     return rc;
 }
 
-static void add_cohort_keys(json_t *cfg, const ck_manifest *m);
+/* The keys both exports add to config.json: the end-of-document token as bos/eos for the
+ * tokenizers whose last id it is, and the "cohort" object: what a Hugging Face config cannot
+ * say and an import (ck_import_hf) needs to give the model cohort's vocabulary back, the
+ * tokenizer's flags, its vocabulary (rows below it are real tokens, the rest padding) and
+ * the padding rule. */
+static void add_common_keys(json_t *cfg, const ck_manifest *m) {
+    json_t *conf = json_object_get(m->doc, "config"), *o = json_object();
+    json_t *tt = conf ? json_object_get(conf, "tokenizer-type") : NULL;
+    if (json_is_string(tt) && (!strcmp(json_string_value(tt), "GPT2BPETokenizer") ||
+                               !strcmp(json_string_value(tt), "NullTokenizer"))) {
+        json_object_set_new(cfg, "bos_token_id", json_integer(m->model.vocab - 1));
+        json_object_set_new(cfg, "eos_token_id", json_integer(m->model.vocab - 1));
+    }
+    static const char *const keys[] = {"tokenizer-type", "vocab-size", "make-vocab-size-divisible-by"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        json_t *v = conf ? json_object_get(conf, keys[i]) : NULL;
+        if (v) json_object_set(o, keys[i], v);
+    }
+    json_object_set_new(o, "vocab", json_integer(m->model.vocab));
+    json_object_set_new(cfg, "cohort", o);
+}
 
 int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir, bool trim_vocab) {
     const ck_model_info *mi = &m->model;
@@ -205,32 +231,11 @@ int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir
                             mi->ffn_hidden, "activation_function", "gelu_new", "layer_norm_epsilon", mi->norm_eps,
                             "resid_pdrop", 0.0, "embd_pdrop", 0.0, "attn_pdrop", 0.0, "initializer_range", 0.02,
                             "scale_attn_weights", 1, "tie_word_embeddings", 1, "use_cache", 1, "torch_dtype", "float32");
-    json_t *conf = json_object_get(m->doc, "config");
-    json_t *tt = conf ? json_object_get(conf, "tokenizer-type") : NULL;
-    if (json_is_string(tt) && (!strcmp(json_string_value(tt), "GPT2BPETokenizer") ||
-                               !strcmp(json_string_value(tt), "NullTokenizer"))) {
-        json_object_set_new(cfg, "bos_token_id", json_integer(mi->vocab - 1));
-        json_object_set_new(cfg, "eos_token_id", json_integer(mi->vocab - 1));
-    }
-    add_cohort_keys(cfg, m);
+    add_common_keys(cfg, m);
     return write_config(out_dir, cfg);
 }
 
 /* ---- Hugging Face Llama --------------------------------------------------------------- */
-
-/* config.json's "cohort" object: what a Hugging Face config cannot say and an import
- * (ck_import_hf) needs to give the model cohort's vocabulary back: the tokenizer's flags, its
- * vocabulary (rows below it are real tokens, the rest padding) and the padding rule. */
-static void add_cohort_keys(json_t *cfg, const ck_manifest *m) {
-    json_t *conf = json_object_get(m->doc, "config"), *o = json_object();
-    static const char *const keys[] = {"tokenizer-type", "vocab-size", "make-vocab-size-divisible-by"};
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        json_t *v = conf ? json_object_get(conf, keys[i]) : NULL;
-        if (v) json_object_set(o, keys[i], v);
-    }
-    json_object_set_new(o, "vocab", json_integer(m->model.vocab));
-    json_object_set_new(cfg, "cohort", o);
-}
 
 /* The run's flag `name` (a number) from the manifest's config, else fallback: the flag as
  * given (1e-5), where the model info holds it rounded to float. */
@@ -291,6 +296,22 @@ static int llama_layer(const char *dir, const ck_manifest *m, float **bufs, bool
     return rc;
 }
 
+/* Llama's config.json (transformers' LlamaConfig keys), rms_norm_eps and rope_theta as the
+ * run's flags gave them. */
+static json_t *llama_config(const ck_manifest *m, int out_vocab) {
+    const ck_model_info *mi = &m->model;
+    return json_pack("{s[s]sssisisisisisisisisssisfsfsnsbsbsfsfsbsbss}", "architectures", "LlamaForCausalLM",
+                            "model_type", "llama", "vocab_size", out_vocab, "hidden_size", mi->hidden,
+                            "intermediate_size", mi->ffn_hidden, "num_hidden_layers", mi->num_layers,
+                            "num_attention_heads", mi->heads, "num_key_value_heads", mi->kv_groups, "head_dim",
+                            mi->head_dim, "max_position_embeddings", mi->max_positions, "hidden_act", "silu",
+                            "pretraining_tp", 1, "rms_norm_eps", flag_num(m, "norm-epsilon", mi->norm_eps), "rope_theta",
+                            flag_num(m, "rotary-base", mi->rotary_base),
+                            "rope_scaling", "attention_bias", 0, "mlp_bias", 0, "attention_dropout", 0.0,
+                            "initializer_range", 0.02, "tie_word_embeddings", mi->tied, "use_cache", 1, "torch_dtype",
+                            "float32");
+}
+
 int ck_export_hf_llama(const char *dir, const ck_manifest *m, const char *out_dir, bool trim_vocab) {
     const ck_model_info *mi = &m->model;
     const char *why = llama_refusal(m);
@@ -336,24 +357,8 @@ int ck_export_hf_llama(const char *dir, const ck_manifest *m, const char *out_di
     for (int i = 0; i < n; i++) free(o[i].data);
     free(o);
     if (rc) return rc;
-    json_t *cfg = json_pack("{s[s]sssisisisisisisisisssisfsfsnsbsbsfsfsbsbss}", "architectures", "LlamaForCausalLM",
-                            "model_type", "llama", "vocab_size", out_vocab, "hidden_size", mi->hidden,
-                            "intermediate_size", mi->ffn_hidden, "num_hidden_layers", mi->num_layers,
-                            "num_attention_heads", mi->heads, "num_key_value_heads", mi->kv_groups, "head_dim",
-                            mi->head_dim, "max_position_embeddings", mi->max_positions, "hidden_act", "silu",
-                            "pretraining_tp", 1, "rms_norm_eps", flag_num(m, "norm-epsilon", mi->norm_eps), "rope_theta",
-                            flag_num(m, "rotary-base", mi->rotary_base),
-                            "rope_scaling", "attention_bias", 0, "mlp_bias", 0, "attention_dropout", 0.0,
-                            "initializer_range", 0.02, "tie_word_embeddings", mi->tied, "use_cache", 1, "torch_dtype",
-                            "float32");
+    json_t *cfg = llama_config(m, out_vocab);
     if (!cfg) return co_err_set(CO_ENOMEM, "convert: out of memory");
-    json_t *conf = json_object_get(m->doc, "config");
-    json_t *tt = conf ? json_object_get(conf, "tokenizer-type") : NULL;
-    if (json_is_string(tt) && (!strcmp(json_string_value(tt), "GPT2BPETokenizer") ||
-                               !strcmp(json_string_value(tt), "NullTokenizer"))) {
-        json_object_set_new(cfg, "bos_token_id", json_integer(mi->vocab - 1));
-        json_object_set_new(cfg, "eos_token_id", json_integer(mi->vocab - 1));
-    }
-    add_cohort_keys(cfg, m);
+    add_common_keys(cfg, m);
     return write_config(out_dir, cfg);
 }
