@@ -47,7 +47,8 @@ typedef struct imp {
 
 static int open_st(imp *m, const char *name) {
     if (m->nfiles == MAX_FILES) return co_err_set(CO_EFORMAT, "%s: more than %d safetensors files", m->dir, MAX_FILES);
-    if (!ck_name_ok(name, true)) return co_err_set(CO_EFORMAT, "%s: the index names a file '%s' (not a plain file name)", m->dir, name);
+    if (!ck_name_ok(name, true))
+        return co_err_set(CO_EFORMAT, "%s: the index names a file '%s' (not a plain file name)", m->dir, name);
     st_file *f = &m->files[m->nfiles];
     memset(f, 0, sizeof *f);
     snprintf(f->name, sizeof f->name, "%s", name);
@@ -151,8 +152,11 @@ static int fetch(imp *m, const char *name, int ndim, int64_t r, int64_t c, float
         char have[96] = "";
         for (int d = 0; d < e->ndim && d < CK_MAX_DIMS; d++)
             snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", d ? ", " : "", (long long)e->shape[d]);
-        return co_err_set(CO_EFORMAT, "%s: tensor %s has shape [%s], config.json implies [%lld%s%lld]", m->dir, name, have,
-                          (long long)r, ndim > 1 ? ", " : "", ndim > 1 ? (long long)c : 0LL);
+        char want_s[64];
+        if (ndim > 1) snprintf(want_s, sizeof want_s, "%lld, %lld", (long long)r, (long long)c);
+        else snprintf(want_s, sizeof want_s, "%lld", (long long)r);
+        return co_err_set(CO_EFORMAT, "%s: tensor %s has shape [%s], config.json implies [%s]", m->dir, name, have,
+                          want_s);
     }
     if (e->dtype != CK_DT_F32 && e->dtype != CK_DT_F16 && e->dtype != CK_DT_BF16 && e->dtype != CK_DT_F64)
         return co_err_set(CO_EUNSUPPORTED, "%s: tensor %s is %s; F32, F16, BF16 or F64 can be imported", m->dir, name,
@@ -391,7 +395,8 @@ static int llama_model(imp *m, ck_model_info *mi) {
                                          "scaling (remove it only if the model was trained without)", m->dir);
     json_t *pr = json_object_get(m->cfg, "partial_rotary_factor");
     if (!rc && pr && !json_is_null(pr) && json_number_value(pr) != 1.0)
-        rc = co_err_set(CO_EUNSUPPORTED, "%s/config.json: \"partial_rotary_factor\" is not 1; cohort rotates whole heads", m->dir);
+        rc = co_err_set(CO_EUNSUPPORTED, "%s/config.json: \"partial_rotary_factor\" is not 1; cohort rotates whole heads",
+                        m->dir);
     if (!rc) rc = cfg_bool(m, "tie_word_embeddings", false, &mi->tied);
     if (!rc && (mi->heads % mi->kv_groups || mi->head_dim % 2))
         rc = co_err_set(CO_EFORMAT, "%s/config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d, "
