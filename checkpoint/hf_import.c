@@ -11,6 +11,7 @@
  * its "config" holding the model flags so that `--use-checkpoint-args` restores them. */
 #include "checkpoint/ckpt.h"
 
+#include "common/config.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -252,13 +253,17 @@ static int stack(imp *m, const char *ours, const char *const *hf, const int64_t 
 
 /* ---- config.json ------------------------------------------------------------------------ */
 
-/* config key (the first of keys present) as a positive integer, else def (< 0: required). */
-static int cfg_int(imp *m, const char *const *keys, long long def, int *out) {
+/* config key (the first of keys present) as an integer in [1, max], else def (< 0:
+ * required); max is cohort's limit on the flag it becomes (common/config.h). */
+static int cfg_int(imp *m, const char *const *keys, long long def, int max, int *out) {
     for (int i = 0; keys[i]; i++) {
         json_t *v = json_object_get(m->cfg, keys[i]);
         if (!v || json_is_null(v)) continue;
-        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 30))
+        if (!json_is_integer(v) || json_integer_value(v) < 1)
             return co_err_set(CO_EFORMAT, "%s/config.json: \"%s\" must be a positive integer", m->dir, keys[i]);
+        if (json_integer_value(v) > max)
+            return co_err_set(CO_EUNSUPPORTED, "%s/config.json: \"%s\" is %lld, beyond cohort's limit %d", m->dir,
+                              keys[i], (long long)json_integer_value(v), max);
         *out = (int)json_integer_value(v);
         return 0;
     }
@@ -307,12 +312,12 @@ static int gpt2_model(imp *m, ck_model_info *mi) {
     static const char *const kE[] = {"n_embd", NULL}, *const kL[] = {"n_layer", NULL}, *const kH[] = {"n_head", NULL},
                              *const kP[] = {"n_positions", "n_ctx", NULL}, *const kV[] = {"vocab_size", NULL},
                              *const kF[] = {"n_inner", NULL};
-    int rc = cfg_int(m, kE, -1, &mi->hidden);
-    if (!rc) rc = cfg_int(m, kL, -1, &mi->num_layers);
-    if (!rc) rc = cfg_int(m, kH, -1, &mi->heads);
-    if (!rc) rc = cfg_int(m, kP, -1, &mi->max_positions);
-    if (!rc) rc = cfg_int(m, kV, -1, &mi->padded_vocab);
-    if (!rc) rc = cfg_int(m, kF, 4LL * mi->hidden, &mi->ffn_hidden);
+    int rc = cfg_int(m, kE, -1, CO_MAX_HIDDEN, &mi->hidden);
+    if (!rc) rc = cfg_int(m, kL, -1, CO_MAX_LAYERS, &mi->num_layers);
+    if (!rc) rc = cfg_int(m, kH, -1, CO_MAX_HIDDEN, &mi->heads);
+    if (!rc) rc = cfg_int(m, kP, -1, CO_MAX_SEQ_LENGTH, &mi->max_positions);
+    if (!rc) rc = cfg_int(m, kV, -1, CO_MAX_VOCAB, &mi->padded_vocab);
+    if (!rc) rc = cfg_int(m, kF, 4LL * mi->hidden, CO_MAX_FFN_HIDDEN, &mi->ffn_hidden);
     if (!rc) rc = cfg_num(m, "layer_norm_epsilon", 1e-5, &mi->norm_eps);
     if (!rc) rc = cfg_word(m, "activation_function", "gelu_new|gelu_pytorch_tanh");
     bool scaled = true, by_layer = false;
@@ -372,14 +377,14 @@ static int llama_model(imp *m, ck_model_info *mi) {
                              *const kH[] = {"num_attention_heads", NULL}, *const kP[] = {"max_position_embeddings", NULL},
                              *const kV[] = {"vocab_size", NULL}, *const kF[] = {"intermediate_size", NULL},
                              *const kK[] = {"num_key_value_heads", NULL}, *const kD[] = {"head_dim", NULL};
-    int rc = cfg_int(m, kE, -1, &mi->hidden);
-    if (!rc) rc = cfg_int(m, kL, -1, &mi->num_layers);
-    if (!rc) rc = cfg_int(m, kH, -1, &mi->heads);
-    if (!rc) rc = cfg_int(m, kP, -1, &mi->max_positions);
-    if (!rc) rc = cfg_int(m, kV, -1, &mi->padded_vocab);
-    if (!rc) rc = cfg_int(m, kF, -1, &mi->ffn_hidden);
-    if (!rc) rc = cfg_int(m, kK, mi->heads, &mi->kv_groups);
-    if (!rc) rc = cfg_int(m, kD, mi->hidden / mi->heads, &mi->head_dim);
+    int rc = cfg_int(m, kE, -1, CO_MAX_HIDDEN, &mi->hidden);
+    if (!rc) rc = cfg_int(m, kL, -1, CO_MAX_LAYERS, &mi->num_layers);
+    if (!rc) rc = cfg_int(m, kH, -1, CO_MAX_HIDDEN, &mi->heads);
+    if (!rc) rc = cfg_int(m, kP, -1, CO_MAX_SEQ_LENGTH, &mi->max_positions);
+    if (!rc) rc = cfg_int(m, kV, -1, CO_MAX_VOCAB, &mi->padded_vocab);
+    if (!rc) rc = cfg_int(m, kF, -1, CO_MAX_FFN_HIDDEN, &mi->ffn_hidden);
+    if (!rc) rc = cfg_int(m, kK, mi->heads, CO_MAX_HIDDEN, &mi->kv_groups);
+    if (!rc) rc = cfg_int(m, kD, mi->hidden / mi->heads, CO_MAX_KV_CHANNELS, &mi->head_dim);
     if (!rc) rc = cfg_num(m, "rms_norm_eps", 1e-6, &mi->norm_eps);
     if (!rc) rc = cfg_num(m, "rope_theta", 10000, &mi->rotary_base);
     if (!rc) rc = cfg_word(m, "hidden_act", "silu");

@@ -269,12 +269,12 @@ import_refused)
     "$py" - "$work" <<'EOF' || fail "writing the broken copies"
 import json, os, shutil, struct, sys
 w = sys.argv[1]
-def copy(name, cfg=None, drop=None, reshape=None):
+def copy(name, cfg=None, drop=None, reshape=None, i32=None):
     d = w + "/" + name
     shutil.copytree(w + "/hf", d)
     if cfg:
         c = json.load(open(d + "/config.json")); c.update(cfg); json.dump(c, open(d + "/config.json", "w"))
-    if drop or reshape:
+    if drop or reshape or i32:
         buf = open(d + "/model.safetensors", "rb").read()
         (n,) = struct.unpack("<Q", buf[:8]); hdr = json.loads(buf[8:8 + n]); data = buf[8 + n:]
         meta = hdr.pop("__metadata__", None)
@@ -284,7 +284,7 @@ def copy(name, cfg=None, drop=None, reshape=None):
             b = data[t["data_offsets"][0]:t["data_offsets"][1]]
             shape = t["shape"]
             if k == reshape: shape = [shape[1], shape[0]]
-            out[k] = {"dtype": t["dtype"], "shape": shape, "data_offsets": [off, off + len(b)]}
+            out[k] = {"dtype": "I32" if k == i32 else t["dtype"], "shape": shape, "data_offsets": [off, off + len(b)]}
             blobs.append(b); off += len(b)
         if meta: out["__metadata__"] = meta
         h = json.dumps(out).encode(); h += b" " * (-len(h) % 8)
@@ -299,6 +299,11 @@ copy("truncated")
 p = w + "/truncated/model.safetensors"
 os.truncate(p, os.path.getsize(p) - 100)
 copy("nocfg"); os.remove(w + "/nocfg/config.json")
+copy("i32", i32="model.norm.weight")
+copy("layers", cfg={"num_hidden_layers": 4096})
+copy("escape")
+json.dump({"weight_map": {"model.embed_tokens.weight": "../hf/model.safetensors"}},
+          open(w + "/escape/model.safetensors.index.json", "w"))
 EOF
     refused 1 "tensor model.layers.1.mlp.up_proj.weight is missing" "$work/missing" --from hf-llama --output "$work/o1"
     refused 1 "tensor model.layers.0.mlp.gate_proj.weight has shape [32, 48], config.json implies [48, 32]" \
@@ -313,11 +318,16 @@ EOF
     refused 1 "$work/truncated/model.safetensors" "$work/truncated" --from hf-llama --output "$work/o7"
     grep -q "beyond the end\|truncated\|data section" "$work/r.err" || fail "truncated: $(cat "$work/r.err")"
     refused 1 "$work/nocfg/config.json" "$work/nocfg" --from hf-llama --output "$work/o8"
+    refused 3 "tensor model.norm.weight is I32; F32, F16, BF16 or F64 can be imported" "$work/i32" --from hf-llama \
+        --output "$work/o11"
+    refused 3 '"num_hidden_layers" is 4096, beyond cohort'"'"'s limit 1024' "$work/layers" --from hf-llama --output "$work/o12"
+    refused 1 "the index names a file '../hf/model.safetensors' (not a plain file name)" "$work/escape" --from hf-llama \
+        --output "$work/o13"
     refused 3 "--from hf-bert: unknown source; hf-gpt2 or hf-llama" "$work/hf" --from hf-bert --output "$work/o9"
     "$cohort" ckpt convert --help | grep -q -- "--from hf-gpt2|hf-llama: imports the Hugging Face model" || fail "--help"
     # a GPT-2 import of a Llama directory names what it misses
     refused 3 '"model_type" is llama, not gpt2' "$work/hf" --from hf-gpt2 --output "$work/o10"
-    for o in o1 o2 o3 o4 o5 o6 o7 o8 o9 o10; do
+    for o in o1 o2 o3 o4 o5 o6 o7 o8 o9 o10 o11 o12 o13; do
         [ ! -e "$work/$o/iter_0000000" ] || fail "a refused import wrote $work/$o/iter_0000000"
     done
     # an output that holds a checkpoint already
