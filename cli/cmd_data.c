@@ -29,6 +29,7 @@
 typedef struct {
     const char *type, *vocab_file, *merge_file, *model, *pattern;
     long long vocab_size, num_special;
+    int num_special_given;
     const char *special[CO_MAX_DATA_PATHS];
     int n_special;
 } tok_flags;
@@ -57,6 +58,7 @@ static int tok_flag(tok_flags *t, int argc, char **argv, int *i) {
     (*i)++;
     if (dst) *dst = argv[*i];
     else *num = strtoll(argv[*i], NULL, 10);
+    if (num == &t->num_special) t->num_special_given = 1;
     return 1;
 }
 
@@ -68,7 +70,9 @@ static int open_tokenizer(const tok_flags *f, tok_tokenizer *t) {
         .merge_file = f->merge_file,
         .tokenizer_model = f->model,
         .tiktoken_pattern = f->pattern,
-        .tiktoken_num_special_tokens = f->num_special ? (int)f->num_special : -1,
+        .tiktoken_num_special_tokens = !f->num_special_given ? -1
+                                       : f->num_special < 0 || f->num_special > INT32_MAX ? 0
+                                                                                         : (int)f->num_special,
         .tiktoken_special_tokens = f->special,
         .n_tiktoken_special_tokens = f->n_special,
     };
