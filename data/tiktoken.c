@@ -335,59 +335,46 @@ static int special_names(const tt_options *o, char **names, int64_t vocab) {
         names[i] = strdup(i < n ? sp[i] : buf);
         if (!names[i]) return co_err_set(CO_ENOMEM, "TikTokenizer: out of memory");
         for (int j = 0; i >= n && j < n; j++) /* a given name equal to a filler */
-            if (!strcmp(sp[j], buf)) return co_err_set(CO_EINVAL, "--tiktoken-special-tokens: %s is a filler's name", buf);
+            if (!strcmp(sp[j], buf))
+                return co_err_set(CO_EINVAL, "--tiktoken-special-tokens: %s is a filler's name", buf);
     }
     return 0;
 }
 
-/* Lays out every id's bytes (specials, then ranks 0..inner-1) and the rank table. */
-static int build(tt_model *m, const rank_list *L, char **names, const char *path) {
-    int64_t inner = m->vocab - m->num_special;
-    int64_t *pos = malloc((size_t)inner * sizeof *pos); /* rank -> index in L */
+/* Where each rank below inner is in L (pos[rank]); Megatron's check that they all are, once.
+ * *total: their bytes. */
+static int rank_positions(const rank_list *L, int64_t inner, int64_t vocab, const char *path, int64_t **out,
+                          size_t *total) {
+    int64_t *pos = malloc((size_t)inner * sizeof *pos);
     if (!pos) return co_err_set(CO_ENOMEM, "TikTokenizer: out of memory");
     for (int64_t r = 0; r < inner; r++) pos[r] = -1;
-    size_t total = 0;
-    for (size_t i = 0; i < L->n; i++) {
+    int rc = 0;
+    *total = 0;
+    for (size_t i = 0; !rc && i < L->n; i++) {
         if (L->rank[i] >= inner) continue;
-        if (pos[L->rank[i]] >= 0) {
-            free(pos);
-            return co_err_set(CO_EFORMAT, "--tokenizer-model %s: rank %lld is given twice", path, (long long)L->rank[i]);
-        }
+        if (pos[L->rank[i]] >= 0)
+            rc = co_err_set(CO_EFORMAT, "--tokenizer-model %s: rank %lld is given twice", path, (long long)L->rank[i]);
         pos[L->rank[i]] = (int64_t)i;
-        total += (size_t)(L->off[i + 1] - L->off[i]);
+        *total += (size_t)(L->off[i + 1] - L->off[i]);
     }
-    for (int64_t r = 0; r < inner; r++)
-        if (pos[r] < 0) {
-            free(pos);
-            return co_err_set(CO_EFORMAT, "--tokenizer-model %s: no rank %lld (the vocabulary of %lld needs ranks 0..%lld)",
-                              path, (long long)r, (long long)m->vocab, (long long)inner - 1);
-        }
-    for (int i = 0; i < m->num_special; i++) total += strlen(names[i]);
-    size_t cap = 1;
-    while (cap < 2 * (size_t)inner) cap <<= 1;
-    m->mask = cap - 1;
-    m->bytes = malloc(total + 1);
-    m->off = malloc((size_t)(m->vocab + 1) * sizeof *m->off);
-    m->table = malloc(cap * sizeof *m->table);
-    if (!m->bytes || !m->off || !m->table) {
-        free(pos);
-        return co_err_set(CO_ENOMEM, "TikTokenizer: out of memory");
-    }
-    memset(m->table, 0xff, cap * sizeof *m->table);
-    m->off[0] = 0;
-    for (int64_t id = 0; id < m->vocab; id++) {
-        const void *src = id < m->num_special ? (const void *)names[id] : L->bytes + L->off[pos[id - m->num_special]];
-        size_t n = id < m->num_special ? strlen(names[id])
-                                       : (size_t)(L->off[pos[id - m->num_special] + 1] - L->off[pos[id - m->num_special]]);
-        memcpy(m->bytes + m->off[id], src, n);
-        m->off[id + 1] = m->off[id] + (int64_t)n;
-    }
-    free(pos);
-    m->nranks = inner;
-    for (int64_t r = 0; r < inner; r++) {
+    for (int64_t r = 0; !rc && r < inner; r++)
+        if (pos[r] < 0)
+            rc = co_err_set(CO_EFORMAT,
+                            "--tokenizer-model %s: no rank %lld (the vocabulary of %lld needs ranks 0..%lld)", path,
+                            (long long)r, (long long)vocab, (long long)inner - 1);
+    if (rc) free(pos);
+    else *out = pos;
+    return rc;
+}
+
+/* The open-addressing table from a rank's bytes to the rank; every byte must have a rank. */
+static int index_ranks(tt_model *m, const char *path) {
+    memset(m->table, 0xff, (m->mask + 1) * sizeof *m->table);
+    for (int64_t r = 0; r < m->nranks; r++) {
         const unsigned char *b = (const unsigned char *)m->bytes + m->off[r + m->num_special];
         size_t n = tok_len(m, r + m->num_special);
-        if (rank_of(m, b, n) >= 0) return co_err_set(CO_EFORMAT, "--tokenizer-model %s: two ranks of the same bytes", path);
+        if (rank_of(m, b, n) >= 0)
+            return co_err_set(CO_EFORMAT, "--tokenizer-model %s: two ranks of the same bytes", path);
         size_t i = (size_t)hash_bytes(b, n) & m->mask;
         while (m->table[i] >= 0) i = (i + 1) & m->mask;
         m->table[i] = (int32_t)r;
@@ -396,9 +383,39 @@ static int build(tt_model *m, const rank_list *L, char **names, const char *path
         unsigned char c = (unsigned char)b;
         if (rank_of(m, &c, 1) < 0)
             return co_err_set(CO_EFORMAT, "--tokenizer-model %s: byte 0x%02x has no rank below %lld", path, b,
-                              (long long)inner);
+                              (long long)m->nranks);
     }
     return 0;
+}
+
+/* Lays out every id's bytes (specials, then ranks 0..inner-1) and indexes the ranks. */
+static int build(tt_model *m, const rank_list *L, char **names, const char *path) {
+    int64_t inner = m->vocab - m->num_special, *pos = NULL;
+    size_t total = 0;
+    int rc = rank_positions(L, inner, m->vocab, path, &pos, &total);
+    if (rc) return rc;
+    for (int i = 0; i < m->num_special; i++) total += strlen(names[i]);
+    size_t cap = 1;
+    while (cap < 2 * (size_t)inner) cap <<= 1;
+    m->mask = cap - 1;
+    m->nranks = inner;
+    m->bytes = malloc(total + 1);
+    m->off = malloc((size_t)(m->vocab + 1) * sizeof *m->off);
+    m->table = malloc(cap * sizeof *m->table);
+    if (!m->bytes || !m->off || !m->table) {
+        free(pos);
+        return co_err_set(CO_ENOMEM, "TikTokenizer: out of memory");
+    }
+    m->off[0] = 0;
+    for (int64_t id = 0; id < m->vocab; id++) {
+        int64_t i = id < m->num_special ? -1 : pos[id - m->num_special]; /* the rank's entry in L */
+        const void *src = i < 0 ? (const void *)names[id] : L->bytes + L->off[i];
+        size_t n = i < 0 ? strlen(names[id]) : (size_t)(L->off[i + 1] - L->off[i]);
+        memcpy(m->bytes + m->off[id], src, n);
+        m->off[id + 1] = m->off[id] + (int64_t)n;
+    }
+    free(pos);
+    return index_ranks(m, path);
 }
 
 int tt_load(tt_model **out, const tt_options *o) {
@@ -475,7 +492,8 @@ static int64_t byte_pair(const tt_model *m, const unsigned char *p, size_t n, si
         for (size_t i = bi ? bi - 1 : 0; i <= bi && i + 2 < k; i++)
             rank[i] = rank_of(m, p + start[i], start[i + 2] - start[i]);
     }
-    for (size_t i = 0; i + 1 < k; i++) ids[i] = (int32_t)(rank_of(m, p + start[i], start[i + 1] - start[i]) + m->num_special);
+    for (size_t i = 0; i + 1 < k; i++)
+        ids[i] = (int32_t)(rank_of(m, p + start[i], start[i + 1] - start[i]) + m->num_special);
     return (int64_t)(k - 1);
 }
 
@@ -495,7 +513,9 @@ int64_t tt_encode(const tt_model *m, const char *s, size_t len, int32_t *out, si
             if (k + 1 > scap) {
                 scap = 2 * (k + 1);
                 free(start), free(rank), free(ids);
-                start = malloc(scap * sizeof *start), rank = malloc(scap * sizeof *rank), ids = malloc(scap * sizeof *ids);
+                start = malloc(scap * sizeof *start);
+                rank = malloc(scap * sizeof *rank);
+                ids = malloc(scap * sizeof *ids);
                 if (!start || !rank || !ids) {
                     free(start), free(rank), free(ids);
                     return co_err_set(CO_ENOMEM, "TikTokenizer: out of memory");

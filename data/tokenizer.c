@@ -87,8 +87,9 @@ static int open_spm(tok_tokenizer *t, const char *type, const char *model) {
         t->eod = spm_eos_id(t->spm);
         t->add_bos = kind == TOK_SPM_LLAMA2;
         if (t->eod < 0 || (t->add_bos && t->bos < 0))
-            return co_err_set(CO_EINVAL, "--tokenizer-model %s: %s needs a model with an eos%s piece (spm_train --eos_id)",
-                              model, type, t->add_bos ? " and a bos" : "");
+            return co_err_set(CO_EINVAL,
+                              "--tokenizer-model %s: %s needs a model with an eos%s piece (spm_train --eos_id)", model,
+                              type, t->add_bos ? " and a bos" : "");
         return 0;
     }
     char buf[256];
