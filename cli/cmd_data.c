@@ -27,28 +27,56 @@
 
 /* Tokenizer flags shared by the subcommands. */
 typedef struct {
-    const char *type, *vocab_file, *merge_file;
-    long long vocab_size;
+    const char *type, *vocab_file, *merge_file, *model, *pattern;
+    long long vocab_size, num_special;
+    int num_special_given;
+    const char *special[CO_MAX_DATA_PATHS];
+    int n_special;
 } tok_flags;
 
 /* Consumes argv[*i] (and its value) when it is a tokenizer flag: 1 consumed, 0 not one,
- * -1 missing value. */
+ * -1 missing value. --tiktoken-special-tokens takes the words up to the next flag. */
 static int tok_flag(tok_flags *t, int argc, char **argv, int *i) {
     const char *a = argv[*i];
-    const char **dst = !strcmp(a, "--tokenizer-type") ? &t->type
-                     : !strcmp(a, "--vocab-file")     ? &t->vocab_file
-                     : !strcmp(a, "--merge-file")     ? &t->merge_file
-                                                      : NULL;
-    if (!dst && strcmp(a, "--vocab-size")) return 0;
+    if (!strcmp(a, "--tiktoken-special-tokens")) {
+        if (*i + 1 >= argc || !strncmp(argv[*i + 1], "--", 2)) return -1;
+        while (*i + 1 < argc && strncmp(argv[*i + 1], "--", 2) && t->n_special < CO_MAX_DATA_PATHS)
+            t->special[t->n_special++] = argv[++*i];
+        return 1;
+    }
+    const char **dst = !strcmp(a, "--tokenizer-type")     ? &t->type
+                     : !strcmp(a, "--vocab-file")         ? &t->vocab_file
+                     : !strcmp(a, "--merge-file")         ? &t->merge_file
+                     : !strcmp(a, "--tokenizer-model")    ? &t->model
+                     : !strcmp(a, "--tiktoken-pattern")   ? &t->pattern
+                                                          : NULL;
+    long long *num = !strcmp(a, "--vocab-size")                  ? &t->vocab_size
+                     : !strcmp(a, "--tiktoken-num-special-tokens") ? &t->num_special
+                                                                   : NULL;
+    if (!dst && !num) return 0;
     if (*i + 1 >= argc) return -1;
     (*i)++;
     if (dst) *dst = argv[*i];
-    else t->vocab_size = strtoll(argv[*i], NULL, 10);
+    else *num = strtoll(argv[*i], NULL, 10);
+    if (num == &t->num_special) t->num_special_given = 1;
     return 1;
 }
 
 static int open_tokenizer(const tok_flags *f, tok_tokenizer *t) {
-    int rc = tok_open(t, f->type ? f->type : "GPT2BPETokenizer", f->vocab_size, f->vocab_file, f->merge_file);
+    tok_options o = {
+        .type = f->type ? f->type : "GPT2BPETokenizer",
+        .vocab_size = f->vocab_size,
+        .vocab_file = f->vocab_file,
+        .merge_file = f->merge_file,
+        .tokenizer_model = f->model,
+        .tiktoken_pattern = f->pattern,
+        .tiktoken_num_special_tokens = !f->num_special_given ? -1
+                                       : f->num_special < 0 || f->num_special > INT32_MAX ? 0
+                                                                                         : (int)f->num_special,
+        .tiktoken_special_tokens = f->special,
+        .n_tiktoken_special_tokens = f->n_special,
+    };
+    int rc = tok_open_options(t, &o);
     if (rc) co_log(CO_LOG_ERROR, "%s", co_err_detail());
     return rc;
 }
@@ -74,10 +102,15 @@ static int data_preprocess(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs("usage: cohort data preprocess --input FILE.jsonl --output-prefix PREFIX [--json-keys K ...]\n"
                   "       [--append-eod] [--workers N] [--skip-malformed] [--quiet]\n"
-                  "       [--tokenizer-type GPT2BPETokenizer|ByteLevelTokenizer|NullTokenizer]\n"
+                  "       [--tokenizer-type GPT2BPETokenizer|ByteLevelTokenizer|NullTokenizer|\n"
+                  "        SentencePieceTokenizer|GPTSentencePieceTokenizer|Llama2Tokenizer|TikTokenizer]\n"
                   "       [--vocab-file encoder.json --merge-file vocab.bpe] [--vocab-size V]\n"
+                  "       [--tokenizer-model FILE] [--tiktoken-pattern v1|v2]\n"
+                  "       [--tiktoken-num-special-tokens N] [--tiktoken-special-tokens T ...]\n"
                   "\n"
                   "Writes PREFIX_{key}_document.bin/.idx exactly as Megatron's tools/preprocess_data.py.\n"
+                  "SentencePiece types and TikTokenizer read --tokenizer-model (docs/data.md); Llama2Tokenizer\n"
+                  "starts every document with bos, as Megatron's.\n"
                   "--json-keys defaults to text, --workers to 1. A malformed line is an error naming the\n"
                   "file and line unless --skip-malformed (then skipped and counted).\n",
                   stdout);
@@ -276,7 +309,8 @@ static void data_usage(FILE *f) {
           "(blends: 'sample dataset dataset_sample document_position offset'; SFT: the packed\n"
           "sequence in place of document_position and offset -1), in shuffled training order.\n"
           "Data flags are those of `cohort train`: --data-path, --train/valid/test-data-path,\n"
-          "--mock-data, --sft, --split, --seq-length, --seed, --tokenizer-type/--vocab-size,\n"
+          "--mock-data, --sft, --split, --seq-length, --seed, --tokenizer-type/--vocab-size\n"
+          "(--tokenizer-model, --tiktoken-*),\n"
           "--train-iters or --train-samples, --global-batch-size (or --micro-batch-size),\n"
           "--eval-interval, --eval-iters, --data-cache-path, --eod-mask-loss, --reset-position-ids,\n"
           "--reset-attention-mask. --count defaults to 10, --split-name to train. --items adds\n"
@@ -396,7 +430,7 @@ static int data_order(int argc, char **argv) {
     memset(&tok, 0, sizeof tok);
     rc = 0;
     if (c.sft) {
-        rc = tok_open(&tok, c.tokenizer_type, c.vocab_size, c.vocab_file, c.merge_file);
+        rc = tok_open_config(&tok, &c);
         dc.tok = &tok;
     }
     dl_dataset *ds = NULL;
@@ -524,8 +558,7 @@ static int data_inspect(int argc, char **argv) {
             w += lens[k];
         }
         tok_tokenizer tok;
-        int have_tok = ids && !tok_open(&tok, tf.type ? tf.type : "GPT2BPETokenizer", tf.vocab_size, tf.vocab_file,
-                                        tf.merge_file);
+        int have_tok = ids && !open_tokenizer(&tf, &tok);
         printf("  document %lld (%lld tokens)", doc, (long long)n);
         int64_t len = have_tok ? tok_decode(&tok, ids, (size_t)w, NULL, 0) : -1;
         if (len >= 0) {
@@ -557,13 +590,15 @@ static int data_verify(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs("usage: cohort data verify PREFIX [--tokenizer-type T] [--vocab-size V] [--vocab-file F --merge-file M]\n"
+                  "       [--tokenizer-model F] [--tiktoken-pattern v1|v2] [--tiktoken-num-special-tokens N]\n"
                   "Runs every structural check of PREFIX.idx/.bin; the exit status names the first that\n"
                   "failed: 0 ok, 2 usage, 10 .idx missing/unreadable, 11 bad header (magic, version,\n"
                   "dtype), 12 .idx size inconsistent with its counts, 13 bad sequence lengths or\n"
                   "pointers, 14 bad document index, 15 .bin missing/unreadable, 16 .bin size wrong,\n"
                   "17 a token negative or outside the vocabulary. The vocabulary is the tokenizer's, as\n"
                   "`cohort train` takes it (default GPT2BPETokenizer: 50257; --vocab-file: its size;\n"
-                  "NullTokenizer --vocab-size V: V + 1; ByteLevelTokenizer: 257); --vocab-size V without\n"
+                  "NullTokenizer --vocab-size V: V + 1; ByteLevelTokenizer: 257; --tokenizer-model: the\n"
+                  "model's, docs/data.md); --vocab-size V without\n"
                   "--tokenizer-type bounds the ids to 0..V-1.\n",
                   stdout);
             return CLI_OK;

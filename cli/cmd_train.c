@@ -183,6 +183,15 @@ int cli_tokenizer(const co_config *c, int *vocab, int *eod) {
     } else if (!strcmp(c->tokenizer_type, "ByteLevelTokenizer")) {
         *vocab = TOK_BYTE_VOCAB;
         *eod = TOK_BYTE_EOD;
+    } else if (!strcmp(c->tokenizer_type, "TikTokenizer") ||
+               strstr(c->tokenizer_type, "SentencePiece") || !strcmp(c->tokenizer_type, "Llama2Tokenizer")) {
+        /* the vocabulary and eod of the model file, as Megatron's build_tokenizer */
+        tok_tokenizer tk;
+        int rc = tok_open_config(&tk, c);
+        if (rc) return rc;
+        *vocab = (int)tok_vocab_size(&tk);
+        *eod = tk.eod;
+        tok_close(&tk);
     } else {
         return co_err_set(CO_EINVAL, "unsupported --tokenizer-type %s", c->tokenizer_type);
     }

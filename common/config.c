@@ -214,10 +214,20 @@ static const flag flags[] = {
     S("data", "data-cache-path", data_cache_path, NULL, NULL, "where index caches go (default beside the data)"),
     B("data", "mock-data", mock_data, "Megatron's MockGPTDataset instead of files"),
     S("data", "tokenizer-type", tokenizer_type, "GPT2BPETokenizer",
-      "GPT2BPETokenizer|NullTokenizer|ByteLevelTokenizer", "tokenizer"),
-    I("data", "vocab-size", vocab_size, NULL, "vocabulary size for NullTokenizer"),
+      "GPT2BPETokenizer|NullTokenizer|ByteLevelTokenizer|SentencePieceTokenizer|GPTSentencePieceTokenizer|"
+      "Llama2Tokenizer|TikTokenizer",
+      "tokenizer (docs/data.md: the SentencePiece types and TikTokenizer need --tokenizer-model)"),
+    I("data", "vocab-size", vocab_size, NULL,
+      "vocabulary size: NullTokenizer's (required); TikTokenizer's (default: its ranks and special tokens, at most 131072)"),
     S("data", "vocab-file", vocab_file, NULL, NULL, "GPT-2 vocabulary (encoder.json; default: the copy deploy/setup.sh installs)"),
     S("data", "merge-file", merge_file, NULL, NULL, "GPT-2 merges (vocab.bpe; default: the copy deploy/setup.sh installs)"),
+    S("data", "tokenizer-model", tokenizer_model, NULL, NULL,
+      "SentencePiece model (SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer) or TikTokenizer's ranks file"),
+    S("data", "tiktoken-pattern", tiktoken_pattern, NULL, "v1|v2", "TikTokenizer's pre-tokenisation pattern (required)"),
+    I("data", "tiktoken-num-special-tokens", tiktoken_num_special_tokens, "1000",
+      "TikTokenizer: ids below this are special tokens, ranks follow"),
+    LIST("data", "tiktoken-special-tokens", tiktoken_special_tokens,
+         "TikTokenizer's special tokens, ids 0, 1, ... (default <unk> <s> </s>; must include those)"),
     L("data", "seed", seed, "1234", "random seed (data order, initialisation, dropout)"),
     B("data", "eod-mask-loss", eod_mask_loss, "no loss on end-of-document tokens"),
     B("data", "reset-position-ids", reset_position_ids, "restart position ids after each end of document"),
@@ -904,7 +914,7 @@ void co_config_help(FILE *out) {
         char name[80], def[128];
         const char *meta = f->kind == F_BOOL || f->kind == F_NOBOOL ? ""
                            : f->kind == F_STR && f->choices     ? " {...}"
-                           : f->kind == F_LIST                  ? " PREFIX"
+                           : f->kind == F_LIST                  ? (is_data_path_flag(f) ? " PREFIX" : " WORD")
                            : f->kind == F_DBL                   ? " X"
                            : f->kind == F_STR                   ? " TEXT"
                                                                 : " N";

@@ -116,6 +116,11 @@ typedef struct co_config {
     char tokenizer_type[32];
     int vocab_size;
     char vocab_file[512], merge_file[512];
+    char tokenizer_model[512];     /* SentencePiece .model or TikTokenizer ranks file */
+    char tiktoken_pattern[8];      /* v1 | v2 */
+    int tiktoken_num_special_tokens;
+    char *tiktoken_special_tokens[CO_MAX_DATA_PATHS];
+    int n_tiktoken_special_tokens;
     int64_t seed;
     bool eod_mask_loss, reset_position_ids, reset_attention_mask;
     bool cp_packed_sequences; /* [cohort] THD split of documents under context parallelism */

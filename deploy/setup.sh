@@ -19,9 +19,11 @@ cd "$here"
 # build tools (meson's test definitions need python3 at configure time), oneDNN (matrix products),
 # ZeroMQ, libuv and protobuf-c with its compiler (actors and their protocol; TensorBoard event
 # files), xxHash and Jansson (checkpoints, JSONL), libsodium (CURVE), libmicrohttpd (the
-# supervisor's Prometheus endpoint, --metrics-port).
-BUILD_PACKAGES=(gcc libc6-dev meson ninja-build pkg-config python3 libdnnl-dev libzmq3-dev libuv1-dev
-                libprotobuf-c-dev protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev libmicrohttpd-dev)
+# supervisor's Prometheus endpoint, --metrics-port), g++ and SentencePiece's library (the
+# SentencePiece tokenizers, Llama2Tokenizer; the build goes on without it and refuses those types).
+BUILD_PACKAGES=(gcc g++ libc6-dev meson ninja-build pkg-config python3 libdnnl-dev libzmq3-dev libuv1-dev
+                libprotobuf-c-dev protobuf-c-compiler libxxhash-dev libsodium-dev libjansson-dev libmicrohttpd-dev
+                libsentencepiece-dev)
 # What only the tests need (test installs both): numpy (reference tests), python3-torch (PyTorch:
 # the MoE layer's autograd reference, tests/data/moe_torch_ref.py), python3-protobuf (the
 # tensorboard tests' independent event-file reader), clang with its sanitizer/fuzzer runtime (fuzz
@@ -30,9 +32,11 @@ BUILD_PACKAGES=(gcc libc6-dev meson ninja-build pkg-config python3 libdnnl-dev l
 # private cluster on this host and submits deploy/slurm/cohort.sbatch to it; skipped without them),
 # python3-yaml (the Kubernetes manifests' test parses deploy/k8s) and prometheus with its promtool
 # (the integration tests scrape a real job and check deploy/prometheus/alerts.yml; they start their
-# own prometheus on a free port, not the package's system service).
+# own prometheus on a free port, not the package's system service), SentencePiece's spm_train and
+# Python module (the SentencePiece tokenizers' test trains a model and checks ids against it) and
+# python3-regex (the TikTokenizer's reference pre-tokenisation, tests/data/tiktoken_ref.py).
 TEST_PACKAGES=(python3-numpy python3-torch python3-protobuf clang libclang-rt-14-dev chromium slurmctld slurmd
-               slurm-client munge python3-yaml prometheus)
+               slurm-client munge python3-yaml prometheus sentencepiece python3-sentencepiece python3-regex)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 

@@ -365,7 +365,7 @@ static int open_data(trainer *t, const trainer_data *data) {
     char *single[1];
     data_config(c, data, single, &dc);
     if (c->sft) {
-        if ((rc = tok_open(&t->sft_tok, c->tokenizer_type, c->vocab_size, c->vocab_file, c->merge_file))) return rc;
+        if ((rc = tok_open_config(&t->sft_tok, c))) return rc;
         dc.tok = &t->sft_tok;
     }
     bool mtp_here = t->stages && pp_mtp_rank(t->stages, t->pp_size, t->vchunks) == t->pp_rank;

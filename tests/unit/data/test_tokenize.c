@@ -1,14 +1,20 @@
-/* test_tokenize.c - GPT-2 pre-tokeniser rules, Unicode classes, blending arithmetic and the
- * blend over-request error, which need no vocabulary files (the id-for-id comparison with
- * the reference encoder is the integration test data_bpe_node). */
+/* test_tokenize.c - GPT-2's and TikTokenizer's pre-tokeniser rules, Unicode classes,
+ * tiktoken's merge order on a tiny ranks file, blending arithmetic and the blend over-request
+ * error, which need no vocabulary files (the id-for-id comparisons with the reference encoders
+ * are the integration tests data_bpe_node and tok_*). */
 #include "common/error.h"
 #include "data/bpe.h"
 #include "data/loader.h"
+#include "data/tiktoken.h"
+#include "data/tokenizer.h"
 #include "data/unicode.h"
 #include "tests/test.h"
 
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Splits s into pieces joined by '|'. */
 static void pieces(const char *s, char *out, size_t cap) {
@@ -47,6 +53,78 @@ static void test_pieces(void) {
     PIECES("\xff\xfe" "a", "\xff\xfe|a");                   /* invalid UTF-8: "other" bytes */
 }
 
+/* TikTokenizer's pattern pat: s split into pieces joined by '|'. */
+static void tt_pieces(int pat, const char *s, char *out, size_t cap) {
+    size_t n = strlen(s), p = 0, w = 0;
+    while (p < n) {
+        size_t k = tt_next_piece(pat, s + p, n - p);
+        if (w && w + 1 < cap) out[w++] = '|';
+        for (size_t i = 0; i < k && w + 1 < cap; i++) out[w++] = s[p + i];
+        p += k;
+    }
+    out[w] = '\0';
+}
+
+#define TT_PIECES(pat, in, want)                                             \
+    do {                                                                     \
+        char got[256];                                                       \
+        tt_pieces(pat, in, got, sizeof got);                                 \
+        CHECK_MSG(!strcmp(got, want), "v%d \"%s\": got \"%s\" want \"%s\"", pat, in, got, want); \
+    } while (0)
+
+/* the splits of Python's regex module with Megatron's patterns (tests/data/tiktoken_ref.py) */
+static void test_tiktoken_pieces(void) {
+    for (int v = TT_PATTERN_V1; v <= TT_PATTERN_V2; v++) {
+        TT_PIECES(v, "Hello world", "Hello| world");
+        TT_PIECES(v, "a  b", "a| | b");
+        TT_PIECES(v, "x \n\ny", "x| \n\n|y");              /* \s*[\r\n]: up to the last newline */
+        TT_PIECES(v, "(hello) 123", "(hello|)| |1|2|3");    /* any non-letter prefixes a word; one digit each */
+        TT_PIECES(v, "don't", "don|'t");
+        TT_PIECES(v, "a/b//\nc", "a|/b|//\n|c");
+        TT_PIECES(v, "  \t\r\n  x", "  \t\r\n| | x");
+        TT_PIECES(v, "end   ", "end|   ");
+        TT_PIECES(v, "\xcc\x81" "abc", "\xcc\x81" "abc"); /* a combining mark prefixes the word */
+    }
+    TT_PIECES(TT_PATTERN_V1, "HTTPServer iPhone", "HTTPServer| iPhone");
+    TT_PIECES(TT_PATTERN_V2, "HTTPServer iPhone", "HTTPServer| i|Phone"); /* v2 splits at case */
+    TT_PIECES(TT_PATTERN_V1, "e\xcc\x81" "cole", "e|\xcc\x81" "cole");
+    TT_PIECES(TT_PATTERN_V2, "e\xcc\x81" "cole", "e\xcc\x81" "cole");   /* marks are letters' parts in v2 */
+    TT_PIECES(TT_PATTERN_V1, "Ab\xcc\x81" "C", "Ab|\xcc\x81" "C");
+    TT_PIECES(TT_PATTERN_V2, "Ab\xcc\x81" "C", "Ab\xcc\x81|C");       /* U* W+ backtracks to the mark */
+    CHECK(tt_class(0x0301) == TT_M && tt_class(0x01c5) == TT_LT && tt_class(0x0085) == TT_S);
+    CHECK(tt_class(0xfeff) == TT_OTHER); /* White_Space, not JavaScript's \s */
+}
+
+/* tiktoken's merge order on ranks 0..255 = bytes, "ab" 256, "bc" 257, "abc" 258, and
+ * Megatron's ids: 3 special tokens first (ids as tiktoken_ref.py gives them). */
+static void test_tiktoken_merge(void) {
+    char path[] = "/tmp/cohort-tt-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (int b = 0; b < 256; b++) fprintf(f, "%c%c== %d\n", b64[b >> 2], b64[(b & 3) << 4], b);
+    fprintf(f, "YWI= 256\nYmM= 257\nYWJj 258\n"); /* ab, bc, abc */
+    fclose(f);
+    const char *sp[] = {"<unk>", "<s>", "</s>"};
+    tok_options o = {.type = "TikTokenizer", .tokenizer_model = path, .tiktoken_pattern = "v1",
+                     .tiktoken_num_special_tokens = 3, .tiktoken_special_tokens = sp, .n_tiktoken_special_tokens = 3};
+    tok_tokenizer t;
+    CHECK(tok_open_options(&t, &o) == 0);
+    CHECK(tok_vocab_size(&t) == 262 && tok_eod(&t) == 2);
+    int32_t ids[16];
+    static const int32_t want[] = {123, 261, 260, 35, 261}; /* x abc bc " " abc */
+    CHECK(tok_encode(&t, "xabcbc abc", 10, ids, 16) == 5);
+    for (int i = 0; i < 5; i++) CHECK_MSG(ids[i] == want[i], "id %d: %d, want %d", i, ids[i], want[i]);
+    char text[64];
+    int32_t back[] = {1, 123, 261, 2};
+    CHECK(tok_decode(&t, back, 4, text, sizeof text) == 11 && !strcmp(text, "<s>xabc</s>"));
+    tok_close(&t);
+    o.vocab_size = 263; /* a rank the file lacks */
+    CHECK(tok_open_options(&t, &o) == CO_EFORMAT && strstr(co_err_detail(), "no rank 259"));
+    unlink(path);
+}
+
 static void test_classes(void) {
     CHECK(uni_class('a') == UNI_LETTER && uni_class('7') == UNI_NUMBER && uni_class('\t') == UNI_SPACE);
     CHECK(uni_class(0x4e2d) == UNI_LETTER);   /* 中 */
@@ -82,6 +160,8 @@ static void test_blend(void) {
 int main(void) {
     RUN(test_pieces);
     RUN(test_classes);
+    RUN(test_tiktoken_pieces);
+    RUN(test_tiktoken_merge);
     RUN(test_blend);
     return TEST_EXIT();
 }
