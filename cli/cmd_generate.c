@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 typedef struct gen_opts {
@@ -166,6 +167,9 @@ static int open_checkpoint(gen_ctx *g) {
     int n = 0;
     int rc = ck_candidates(g->o.load, g->o.iteration, &its, &n);
     bool found = !rc && n > 0 && (g->o.iteration < 0 || its[0] == g->o.iteration);
+    struct stat st;
+    if (found) ck_iter_dir(g->dir, sizeof g->dir, g->o.load, its[0]);
+    found = found && !stat(g->dir, &st) && S_ISDIR(st.st_mode);
     if (!found) {
         free(its);
         if (g->o.iteration >= 0)
@@ -174,7 +178,6 @@ static int open_checkpoint(gen_ctx *g) {
         return co_err_set(CO_ENOENT, "--load %s: no checkpoint there (a --save directory of cohort train)",
                           g->o.load);
     }
-    ck_iter_dir(g->dir, sizeof g->dir, g->o.load, its[0]);
     free(its);
     rc = ck_read_manifest(g->dir, &g->man);
     if (rc) return co_err_set(rc, "%s: %s", g->dir, co_err_detail());
