@@ -16,7 +16,8 @@
 #   embedded   the embedded job (`cohort train`'s defaults, byte tokenizer) saved after a
 #              few iterations generates text continuing the prompt, tokens/s on stderr
 #   tp_pp      a tp 2 x pp 2 checkpoint and its tp 1 conversion (`ckpt convert --to cohort`)
-#              generate the same ids (greedy), and the same as the checkpoint's --iteration
+#              generate the same ids, greedy and sampled with one seed, and --iteration N
+#              of the checkpoint the same as its latest
 #   refused    no --load, a missing checkpoint, a missing --iteration, NullTokenizer prompts
 #              with words that are not ids or ids past the vocabulary, a bad --top-p, an
 #              unknown flag: exit 2 with one line naming it, nothing on stdout; --help exit 0
@@ -109,13 +110,19 @@ tp_pp)
     for d in tp2pp2 tp1; do
         gen --load "$work/$d.ck" --prompt "1 2 3 4 5" --prompt "42" --max-new-tokens 12 --greedy --json \
             >"$work/$d.json" 2>"$work/$d.err" || fail "$d: $(cat "$work/$d.err")"
+        # sampled: every probability counts, so the same draws need the same weights throughout
+        gen --load "$work/$d.ck" --prompt "1 2 3 4 5" --max-new-tokens 24 --seed 4 --json \
+            >"$work/$d.s.json" 2>"$work/$d.err" || fail "$d: $(cat "$work/$d.err")"
     done
-    [ "$(wc -l <"$work/tp1.json")" = 2 ] || fail "tp1: $(cat "$work/tp1.json")"
-    cmp -s "$work/tp2pp2.json" "$work/tp1.json" ||
+    ids() { sed 's/,"seconds".*//' "$work/$1.json"; } # the text and ids, not the times
+    [ "$(ids tp1 | grep -c '"ids":\[[0-9]')" = 2 ] || fail "tp1: $(cat "$work/tp1.json")"
+    [ "$(ids tp2pp2.s)" = "$(ids tp1.s)" ] ||
+        fail "tp 2 x pp 2 and its tp 1 conversion sample different ids: $(cat "$work/tp2pp2.s.json" "$work/tp1.s.json")"
+    [ "$(ids tp2pp2)" = "$(ids tp1)" ] ||
         fail "tp 2 x pp 2 and its tp 1 conversion generate different ids: $(cat "$work/tp2pp2.json" "$work/tp1.json")"
     gen --load "$work/tp2pp2.ck" --iteration 3 --prompt "1 2 3 4 5" --prompt "42" --max-new-tokens 12 --greedy \
         --json >"$work/it.json" || fail "--iteration 3"
-    cmp -s "$work/tp2pp2.json" "$work/it.json" || fail "--iteration 3 generates other ids"
+    [ "$(ids tp2pp2)" = "$(ids it)" ] || fail "--iteration 3 generates other ids: $(cat "$work/it.json")"
     ;;
 refused)
     save gpt
