@@ -333,6 +333,12 @@ static int build_model(gen_ctx *g, int max_T) {
     if (!mc.rope && max_T > mc.max_positions)
         return co_err_set(CO_EINVAL, "a prompt and --max-new-tokens %d need %d positions, the model has %d: shorten "
                                      "the prompt or lower --max-new-tokens", g->o.max_new, max_T, mc.max_positions);
+    char why[300], isa[200];
+    if (g->o.bf16 == 1 && kb_cpu_bf16_check(why, sizeof why) != 1) {
+        kb_cpu_describe_isa(isa, sizeof isa);
+        return co_err_set(CO_EINVAL, "--bf16: this CPU (%s) has no bf16 matrix instructions (AVX512-BF16 or AMX); "
+                                     "generate without --bf16 (fp32)", isa);
+    }
     kb_options bo = {.device = KB_DEVICE_CPU, .threads = g->o.threads, .bf16 = want_bf16(g)};
     int rc = kb_backend_new(&g->be, &bo);
     if (rc) return co_err_set(rc, "%s", co_err_detail());

@@ -18,6 +18,9 @@
 #   tp_pp      a tp 2 x pp 2 checkpoint and its tp 1 conversion (`ckpt convert --to cohort`)
 #              generate the same ids, greedy and sampled with one seed, and --iteration N
 #              of the checkpoint the same as its latest
+#   bf16       a model trained with --bf16 generates in bf16 (--check-kv against a full bf16
+#              forward), --fp32 in fp32; held to AVX2 it falls back to fp32 with a warning and
+#              refuses an explicit --bf16 (skipped on CPUs without bf16 instructions)
 #   refused    no --load, a missing checkpoint, a missing --iteration, NullTokenizer prompts
 #              with words that are not ids or ids past the vocabulary, a bad --top-p, an
 #              unknown flag: exit 2 with one line naming it, nothing on stdout; --help exit 0
@@ -123,6 +126,25 @@ tp_pp)
     gen --load "$work/tp2pp2.ck" --iteration 3 --prompt "1 2 3 4 5" --prompt "42" --max-new-tokens 12 --greedy \
         --json >"$work/it.json" || fail "--iteration 3"
     [ "$(ids tp2pp2)" = "$(ids it)" ] || fail "--iteration 3 generates other ids: $(cat "$work/it.json")"
+    ;;
+bf16)
+    # a model trained in bf16 generates in bf16 (the products through the training forward's
+    # bf16 kernels): the cache's logits against a full bf16 forward's; --fp32 overrides; on a
+    # CPU without bf16 matrix instructions (or held to AVX2) it falls back to fp32 with a
+    # warning, and an explicit --bf16 is refused
+    grep -qwE "avx512_bf16|amx_bf16" /proc/cpuinfo && [ -z "${ONEDNN_MAX_CPU_ISA:-}" ] ||
+        { echo "skip: this CPU has no bf16 matrix instructions"; exit 77; }
+    save b16 --bf16
+    kv_ok b16 --greedy
+    grep -q 'tokens/s (bf16' "$work/b16.err" || fail "not bf16: $(cat "$work/b16.err")"
+    kv_ok b16 --fp32 --seed 2
+    grep -q 'tokens/s (fp32' "$work/b16.err" || fail "--fp32 is not fp32: $(cat "$work/b16.err")"
+    ONEDNN_MAX_CPU_ISA=AVX2 gen --load "$work/b16.ck" --prompt "1 2" --max-new-tokens 4 >"$work/out" 2>"$work/err" ||
+        fail "AVX2: $(cat "$work/err")"
+    grep -q 'trained in bf16; generating in fp32' "$work/err" && grep -q 'tokens/s (fp32' "$work/err" ||
+        fail "AVX2: no fp32 fallback: $(cat "$work/err")"
+    ONEDNN_MAX_CPU_ISA=AVX2 gen --load "$work/b16.ck" --prompt "1 2" --max-new-tokens 4 --bf16 >"$work/out" 2>"$work/err"
+    [ $? = 2 ] && grep -q 'bf16' "$work/err" && [ ! -s "$work/out" ] || fail "AVX2 --bf16 not refused: $(cat "$work/err")"
     ;;
 refused)
     save gpt
