@@ -68,7 +68,6 @@ assert r["text"].startswith("3 1 4 1 5"), r
 ' "$work/j" || fail "llama: --json: $(cat "$work/j")"
     ;;
 moe)
-    COHORT_TEST_MOCK_SEQUENCES=10000
     save moe --num-layers 4 --disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-layer-freq 2 \
         --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 1e-2
     kv_ok moe --greedy
