@@ -28,6 +28,7 @@ int cli_status(int argc, char **argv);
 int cli_topology(int argc, char **argv);
 int cli_schedule(int argc, char **argv);
 int cli_timeline(int argc, char **argv);
+int cli_generate(int argc, char **argv);
 
 /* Resolves the tokenizer named in the configuration to (vocab size, EOD id). 0, or
  * CO_EINVAL with co_err_detail() naming the flag. */

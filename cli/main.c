@@ -27,6 +27,8 @@ static void usage(FILE *f) {
           "               embedded job on text every Debian machine has)\n"
           "  data         Megatron-format data: preprocess (JSONL -> .bin/.idx with GPT-2 BPE),\n"
           "               inspect, verify, order (a split's sample order), tokenize\n"
+          "  generate     text from a trained model: a checkpoint of any layout, prompts from\n"
+          "               --prompt or standard input (greedy, temperature, top-k, top-p)\n"
           "  ckpt         checkpoint tools: ls, inspect, verify, diff, convert, prune\n"
           "  inject       inject a fault into a running job (the syntax of train --inject)\n"
           "  status       a running job's ranks, progress, stragglers, faults, next checkpoint\n"
@@ -53,6 +55,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return cli_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "data")) return cli_data(argc - 2, argv + 2);
     if (!strcmp(cmd, "ckpt")) return cli_ckpt(argc - 2, argv + 2);
+    if (!strcmp(cmd, "generate")) return cli_generate(argc - 2, argv + 2);
     if (!strcmp(cmd, "keygen")) return cli_keygen(argc - 2, argv + 2);
     if (!strcmp(cmd, "inject")) return cli_inject(argc - 2, argv + 2);
     if (!strcmp(cmd, "status")) return cli_status(argc - 2, argv + 2);
