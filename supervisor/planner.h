@@ -55,12 +55,17 @@ typedef struct svp_view {
     bool shift_ranks;          /* survivors close up, replacements last */
     int64_t checkpoint_iter;   /* the newest committed checkpoint's iteration, -1: none */
     int64_t current_iter;      /* the newest iteration the validator saw, -1: none */
+    bool node_granularity;     /* --inprocess-granularity node: spares are whole nodes (slots of one .node) */
 } svp_view;
 
 /* The warm spare (a slot index) that takes each dead rank at the abort of a generation:
  * take[i] for every slot i (-1: none; slot i's own process is replaced in place when it
  * holds a dead rank). A spare is alive and holds no rank; the last such slot is taken first,
- * each at most once. Returns how many spares were taken. */
+ * each at most once. With node granularity only a node that lost every rank it held takes
+ * spares, and only a whole spare node (every slot of it an alive spare, the last such node
+ * first): its k-th slot takes the lost node's k-th slot's rank; a rank whose node lost only
+ * part of its ranks is replaced in place, so that the spare nodes stay whole. Returns how many
+ * spares were taken. */
 int svp_take_spares(const svp_view *v, int *take);
 
 typedef enum svp_verdict {
