@@ -61,11 +61,13 @@ typedef struct svp_view {
 /* The warm spare (a slot index) that takes each dead rank at the abort of a generation:
  * take[i] for every slot i (-1: none; slot i's own process is replaced in place when it
  * holds a dead rank). A spare is alive and holds no rank; the last such slot is taken first,
- * each at most once. With node granularity only a node that lost every rank it held takes
- * spares, and only a whole spare node (every slot of it an alive spare, the last such node
- * first): its k-th slot takes the lost node's k-th slot's rank; a rank whose node lost only
- * part of its ranks is replaced in place, so that the spare nodes stay whole. Returns how many
- * spares were taken. */
+ * each at most once. With node granularity (NVRx's: a node with fewer healthy ranks than its
+ * processes leaves the active world whole) the spares are whole nodes (every slot of it an
+ * alive spare; the last such node first), and a node that lost a rank takes one: its k-th slot
+ * takes the node's k-th slot's rank, alive ranks too (take[i] >= 0 for a live slot i: its
+ * process is given up, the caller kills it). A node keeps its live ranks, and its dead ones
+ * are replaced in place, where no spare node is free or where a live rank's shard has no live
+ * replica on another node (its state would be lost). Returns how many slots were taken. */
 int svp_take_spares(const svp_view *v, int *take);
 
 typedef enum svp_verdict {

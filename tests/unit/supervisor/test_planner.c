@@ -336,9 +336,9 @@ static void nodes_shard_only_there(void) {
 
 /* Four nodes x 2, tp 2 x dp 3 on six ranks, node 3's two processes warm spares. Per process
  * (rank granularity) the last spare takes the first dead rank; with node granularity node 1
- * lost whole takes the whole spare node slot for slot, one rank dead on a node that keeps the
- * other takes none (replaced in place: the spare node stays whole), and a spare node missing
- * a process, or already taken, is no spare node. */
+ * lost whole takes the whole spare node slot for slot, one rank dead on node 1 takes it too
+ * for both ranks (the live one's process given up) unless the live rank's state has no other
+ * replica, and a spare node missing a process, or already taken, is no spare node. */
 static void spare_nodes(void) {
     job j;
     REQUIRE(job_init(&j, 6, 2, 2, 1) == 0);
@@ -351,9 +351,14 @@ static void spare_nodes(void) {
     CHECK(j.take[2] == 6 && j.take[3] == 7);
     for (int i = 0; i < 8; i++)
         if (i != 2 && i != 3) CHECK_MSG(j.take[i] == -1, "slot %d took %d", i, j.take[i]);
-    j.slots[3].state = SVP_TRAINING; /* only rank 2 dead: in place */
+    j.slots[3].state = SVP_TRAINING; /* only rank 2 dead: node 1 goes out whole, live rank 3 too */
+    CHECK(svp_take_spares(&j.v, j.take) == 2);
+    CHECK(j.take[2] == 6 && j.take[3] == 7);
+    /* ... but not where rank 3's shard has no live replica on another node (replacements) */
+    j.slots[1].replacing = j.slots[5].replacing = true;
     CHECK(svp_take_spares(&j.v, j.take) == 0);
-    CHECK(j.take[2] == -1);
+    CHECK(j.take[2] == -1 && j.take[3] == -1);
+    j.slots[1].replacing = j.slots[5].replacing = false;
     j.slots[3].state = SVP_EXITED;
     j.slots[7].state = SVP_STARTED; /* a spare not registered: node 3 is not whole */
     CHECK(svp_take_spares(&j.v, j.take) == 0);
