@@ -45,6 +45,8 @@
 #                  fault-free run, 0 steps lost; then one worker of node 1 killed: node 1 leaves
 #                  whole (its live rank's process too), node 3 takes both ranks, node 1's agent
 #                  starts two spares; bitwise, 0 steps lost
+#   spare_node_gone the spare node itself lost whole: the spare pool shrinks, no restart, the job
+#                  ends 0
 #   partitioned    the supervisor and node 1's agent SIGSTOPped (node 1's workers cut off, their
 #                  agent unable to stop them): the workers stop themselves after the heartbeat
 #                  timeout of the supervisor's silence
@@ -334,6 +336,21 @@ spare_node_lost | spare_node)
     ! grep -q "starting a" "$work/g.n3" || fail "node 3 started a process: $(grep 'starting a' "$work/g.n3")"
     grep -q " 0 step(s) lost" "$work/g.n0" || fail "steps lost: $(grep 'run report\|lost' "$work/g.n0")"
     ckpt_same "$work/cs" "$work/gs" "the final checkpoints differ (a worker killed)"
+    ;;
+spare_node_gone)
+    # the spare node (node 3) lost whole: no rank lost, no restart, the others end 0
+    start_nodes f 4 --tensor-model-parallel-size 2 --train-iters 200 --inprocess-active-world-size 6 \
+        --inprocess-granularity node "${hb[@]}"
+    wait_until 60 grep -q "iteration *5/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
+    agent=$(children "${node_pid[3]}"); old_pid=${node_pid[3]}
+    [ -n "$agent" ] || fail "node 3's agent not found"
+    kill -KILL $agent $(children "$agent")
+    wait "$old_pid"; node_pid[3]=
+    wait_nodes f 4
+    grep -q "node 3's agent sent nothing for [0-9.]* s .*: the node is lost with its warm spares only; it held warm spares only: no rank is lost, 0 warm spare(s) left" \
+        "$work/f.n0" || fail "the spare node's loss: $(grep supervisor "$work/f.n0")"
+    ! grep -q "restart into generation" "$work/f.n0" || fail "restarted: $(grep supervisor "$work/f.n0")"
+    grep -q " 0 restart(s), 0 step(s) lost" "$work/f.n0" || fail "run report: $(grep 'run report' "$work/f.n0")"
     ;;
 partitioned)
     start_nodes f 3 --train-iters 400 "${hb[@]}"
