@@ -932,6 +932,10 @@ static void on_registration(sv *s, worker *w, const Cohort__V1__Register *r) {
         send_shutdown(s, w, s->status > 0 && s->status < 128 ? s->status : 0, "the job is stopping");
         return;
     }
+    if (s->finishing && w->rank < 0) { /* a spare that came after the others were let go */
+        send_shutdown(s, w, 0, "the job is done");
+        return;
+    }
     if (w->replacing) check_restart_done(s); /* a replacement */
     else if (!s->stopping && !s->assigned && registered_count(s) == s->nw) assign_ranks(s);
 }
@@ -1087,9 +1091,14 @@ static void on_worker_message(sv *s, worker *w, const Cohort__V1__Envelope *e) {
  * only): its slots await its workers as warm spares; one it started for a rank (it cannot
  * know the ranks moved) is restarted as a spare, off the critical path. */
 static void adopt_spare_slots(sv *s, int n) {
+    bool said = false;
     for (int i = 0; i < s->nw; i++) {
         worker *w = &s->w[i];
         if (w->index / s->o.nproc != n || w->rank >= 0 || w->state != SVP_EXITED) continue;
+        if (!said)
+            co_log(CO_LOG_INFO, "a new agent of node %d joined: its slots hold warm spares (the node's ranks went to "
+                   "spares before)", n);
+        said = true;
         sv__w_set(w, SVP_STARTED);
         w->pid = 0;
         w->exit_status = w->term_signal = 0;

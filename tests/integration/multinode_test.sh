@@ -36,9 +36,10 @@
 #                  ranks with their peers' state: 0 steps lost, bitwise the fault-free run
 #   spare_node_lost four nodes x 2, tp 2 x dp 3 on --inprocess-active-world-size 6 (node 3's two
 #                  processes warm spares, per process): node 1 lost whole (agent and workers
-#                  SIGKILLed), no new agent: node 3's spares take ranks 2 and 3 with their peers'
-#                  state, the lost node's slots wait for nothing, no other node is found lost; 0 steps
-#                  lost, bitwise the fault-free run, every other node ends 0
+#                  SIGKILLed): node 3's spares take ranks 2 and 3 with their peers' state, the lost
+#                  node's slots wait for nothing, no other node is found lost; a new agent of node 1
+#                  then has its workers restarted as spares; 0 steps lost, bitwise the fault-free
+#                  run, every node ends 0
 #   spare_node     the same with --inprocess-granularity node (node 3 a spare node; an active world
 #                  not a multiple of --nproc-per-node refused): node 3's workers, started before the
 #                  fault, take node 1's ranks slot for slot, no process starts; bitwise the
@@ -273,10 +274,12 @@ node_killed)
     ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
     ;;
 spare_node_lost | spare_node)
-    # (a step takes some 40 ms: enough of them that the fault comes mid-run)
+    # (a step takes some 40 ms: enough of them that the fault comes mid-run, and a new agent
+    # of the lost node joins while the job runs)
     job=(--tensor-model-parallel-size 2 --train-iters 200 --inprocess-active-world-size 6 "${hb[@]}")
     # (per process as the bug was found: with a replacement timeout; the spare node needs none)
-    [ "$case_name" = spare_node_lost ] && job+=(--node-replacement-timeout 60)
+    [ "$case_name" = spare_node_lost ] && job=(--tensor-model-parallel-size 2 --train-iters 400
+                                                --inprocess-active-world-size 6 "${hb[@]}" --node-replacement-timeout 60)
     if [ "$case_name" = spare_node ]; then
         train_refused "--inprocess-granularity node: --inprocess-active-world-size 3 is not a multiple of --nproc-per-node 2" \
             --nproc-per-node 2 --nnodes 2 --node-rank 0 --inprocess-active-world-size 3 --inprocess-granularity node
@@ -293,7 +296,21 @@ spare_node_lost | spare_node)
     [ -n "$old_agent" ] || fail "node 1's agent not found"
     kill -KILL $old_agent $(children "$old_agent")
     wait "$old_pid"; node_pid[1]=
+    if [ "$case_name" = spare_node_lost ]; then
+        # a new agent of node 1 once the spares took over: its workers (started as ranks 2 and 3)
+        # are restarted as spares, and it ends 0 with the job
+        wait_until 60 grep -q "resume after" "$work/f.n0" || fail "no restart: $(grep supervisor "$work/f.n0")"
+        start_agent f.n1 1 "${job[@]}" --save "$work/fs"
+        wait_until 30 grep -q "a new agent of node 1 joined: its slots hold warm spares" "$work/f.n0" ||
+            fail "the new agent not taken: $(grep supervisor "$work/f.n0")"
+    fi
     wait_nodes f 4
+    if [ "$case_name" = spare_node_lost ]; then
+        for k in 2 3; do
+            grep -q "starting a warm spare in slot $k: its rank went to a warm spare" "$work/f.n1" ||
+                fail "node 1's new agent did not restart slot $k as a spare: $(cat "$work/f.n1")"
+        done
+    fi
     grep -q "node 1's agent sent nothing for [0-9.]* s .*: the node is lost with its ranks 2 to 3" "$work/f.n0" ||
         fail "node 1 not found lost: $(grep supervisor "$work/f.n0")"
     ! grep -q "node [023]'s agent sent nothing\|no replica outside\|ordering node" "$work/f.n0" ||
