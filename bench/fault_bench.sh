@@ -25,7 +25,8 @@
 # a new agent of the node (3 nodes, tp 2 x dp 3, the agent started once the supervisor finds
 # the node lost), and taken by a spare node (4 nodes, --inprocess-active-world-size 6
 # --inprocess-granularity node); from node 0's stamped output: kill -> found lost, found lost
-# -> the next step logged, the new agent's start -> the next step, kill -> the next step.
+# -> the new generation assigned (the supervisor's "resume" line), found lost -> the next step
+# logged, the new agent's start -> the next step, kill -> the next step.
 #
 # Environment: REPS (3), ITERS (60), WARM (5), NPROCS ("2 4"), FAULT_ITERS (18), NODE_ITERS (200),
 # FAULT_STEP (12), REANALYZE=DIR (print the tables again from a kept work directory), PARTS ("overhead faults"), FAULTS (the fault runs, default all of
@@ -311,8 +312,8 @@ def stamped(path):
         try: yield float(t), rest
         except ValueError: pass
 rows = {}
-print("\n| run | kill → found lost ms | found lost → next step ms | new agent started → next step ms | kill → next step ms | rc |")
-print("|---|---:|---:|---:|---:|---:|")
+print("\n| run | kill → found lost ms | found lost → new generation assigned ms | found lost → next step ms | new agent started → next step ms | kill → next step ms | rc |")
+print("|---|---:|---:|---:|---:|---:|---:|")
 for name in runs:
     base = os.path.join(work, name)
     try: t = dict(l.split() for l in open(base + ".t"))
@@ -321,17 +322,18 @@ for name in runs:
     lines = list(stamped(base + ".n0"))
     lost = next((ts for ts, l in lines if "node 1's agent sent nothing" in l), None)
     step = next((ts for ts, l in lines if lost and ts >= lost and re.search(r"\] iteration +\d+/", l)), None)
+    asg = next((ts for ts, l in lines if lost and ts >= lost and re.search(r"generation \d+: \d+ rank\(s\) resume", l)), None)
     rc = "0" if any("run report: exit status 0" in l for _, l in lines) else "?"
     ms = lambda a, b: None if a is None or b is None else 1000 * (b - a)
-    vals = (ms(kill, lost), ms(lost, step), ms(agent, step), ms(kill, step))
+    vals = (ms(kill, lost), ms(lost, asg), ms(lost, step), ms(agent, step), ms(kill, step))
     f = lambda x: "—" if x is None else f"{x:.0f}"
     print(f"| {name} | " + " | ".join(f(x) for x in vals) + f" | {rc} |")
     rows.setdefault(name.split("-")[1], []).append(vals)
-print("\n| how | runs | median kill → found lost ms | median found lost → next step ms | median new agent → next step ms | median kill → next step ms |")
-print("|---|---:|---:|---:|---:|---:|")
+print("\n| how | runs | median kill → found lost ms | median found lost → assigned ms | median found lost → next step ms | median new agent → next step ms | median kill → next step ms |")
+print("|---|---:|---:|---:|---:|---:|---:|")
 for how, vs in rows.items():
     med = lambda i: (lambda xs: f"{st.median(xs):.0f}" if xs else "—")([v[i] for v in vs if v[i] is not None])
-    print(f"| {how} | {len(vs)} | {med(0)} | {med(1)} | {med(2)} | {med(3)} |")
+    print(f"| {how} | {len(vs)} | {med(0)} | {med(1)} | {med(2)} | {med(3)} | {med(4)} |")
 PY
 fi
 
