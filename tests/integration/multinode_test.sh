@@ -276,9 +276,9 @@ node_killed)
 spare_node_lost | spare_node)
     # (a step takes some 40 ms: enough of them that the fault comes mid-run, and a new agent
     # of the lost node joins while the job runs)
-    job=(--tensor-model-parallel-size 2 --train-iters 200 --inprocess-active-world-size 6 "${hb[@]}")
+    job=(--tensor-model-parallel-size 2 --train-iters 100 --inprocess-active-world-size 6 "${hb[@]}")
     # (per process as the bug was found: with a replacement timeout; the spare node needs none)
-    [ "$case_name" = spare_node_lost ] && job=(--tensor-model-parallel-size 2 --train-iters 400
+    [ "$case_name" = spare_node_lost ] && job=(--tensor-model-parallel-size 2 --train-iters 300
                                                 --inprocess-active-world-size 6 "${hb[@]}" --node-replacement-timeout 60)
     if [ "$case_name" = spare_node ]; then
         train_refused "--inprocess-granularity node: --inprocess-active-world-size 3 is not a multiple of --nproc-per-node 2" \
@@ -356,7 +356,7 @@ spare_node_lost | spare_node)
     ;;
 spare_node_gone)
     # the spare node (node 3) lost whole: no rank lost, no restart, the others end 0
-    start_nodes f 4 --tensor-model-parallel-size 2 --train-iters 200 --inprocess-active-world-size 6 \
+    start_nodes f 4 --tensor-model-parallel-size 2 --train-iters 100 --inprocess-active-world-size 6 \
         --inprocess-granularity node "${hb[@]}"
     wait_until 60 grep -q "iteration *5/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
     agent=$(children "${node_pid[3]}"); old_pid=${node_pid[3]}
