@@ -20,7 +20,15 @@
 # completed after recovery); and the run's median step time. The target: a crash costs at
 # most 2 s + one step, a hang or a stopped rank (SIGSTOP) the soft timeout + 2 s + one step.
 #
-# Environment: REPS (3), ITERS (60), WARM (5), NPROCS ("2 4"), FAULT_ITERS (18),
+# Part 3, nodes (PARTS=nodes; not in the default): a node lost whole (its agent and workers
+# SIGKILLed after iteration 5) on several nodes on this host, REPS times each way: replaced by
+# a new agent of the node (3 nodes, tp 2 x dp 3, the agent started once the supervisor finds
+# the node lost), and taken by a spare node (4 nodes, --inprocess-active-world-size 6
+# --inprocess-granularity node); from node 0's stamped output: kill -> found lost, found lost
+# -> the new generation assigned (the supervisor's "resume" line), found lost -> the next step
+# logged, the new agent's start -> the next step, kill -> the next step.
+#
+# Environment: REPS (3), ITERS (60), WARM (5), NPROCS ("2 4"), FAULT_ITERS (18), NODE_ITERS (200),
 # FAULT_STEP (12), REANALYZE=DIR (print the tables again from a kept work directory), PARTS ("overhead faults"), FAULTS (the fault runs, default all of
 # kill-forward kill-allreduce hang-2s hang-learned stop-2s stop-learned nan bitflip-grad
 # bitflip-param msg-drop), KEEP=1 keeps the work directory. The output starts with the CPU (bench/cpuinfo.py:
@@ -221,5 +229,113 @@ for name in runs:
 for r in rows: print(f"\n{r}")
 PY
 fi
+if [[ " $PARTS " == *" nodes "* ]]; then
+    # several nodes on this host (each its own `cohort train --node-rank K` on 127.0.0.1, CURVE
+    # with a job secret), the tiny model of tests/integration/multinode_test.sh, tp 2: node 1
+    # lost whole (its agent and workers SIGKILLed) after iteration 5
+    NODE_ITERS=${NODE_ITERS:-200}
+    tiny=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
+          --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 12 --lr 1e-3
+          --data-cache-path "$work/cache" --log-interval 1 --eval-interval 1000 --eval-iters 1 --threads 1
+          --tensor-model-parallel-size 2 --train-iters "$NODE_ITERS"
+          --inprocess-heartbeat-interval 0.5 --inprocess-heartbeat-timeout 3)
+    [ -n "${REANALYZE:-}" ] || "$cohort" keygen --output "$work/secret" >/dev/null
+    now() { perl -MTime::HiRes=time -e 'printf "%.3f\n", time'; }
+    # a port with the next 8 free: the supervisor's and the workers' data ports
+    free_port() {
+        local used p k ok _ addr
+        used=" $(tail -qn +2 /proc/net/tcp /proc/net/tcp6 2>/dev/null | while read -r _ addr _; do
+            echo $((16#${addr##*:})); done | tr '\n' ' ') "
+        for _ in $(seq 50); do
+            p=$((20000 + RANDOM % 12000)) ok=1
+            for ((k = 0; k <= 8; k++)); do [[ $used == *" $((p + k)) "* ]] && ok=0; done
+            [ $ok = 1 ] && break
+        done
+        echo "$p"
+    }
+    # node NAME OUT K ARGS...: node K of the job NAME in the background, its stamped output
+    # (stdout and stderr) in $work/OUT, its process's pid in $work/OUT.pid
+    node() {
+        local name=$1 out=$2 k=$3; shift 3
+        ( "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank "$k" --node-addr 127.0.0.1 "$@" 2>&1 &
+          echo $! >"$work/$out.pid"; wait $! ) | stamp >"$work/$out" &
+    }
+    waitfor() { # SECONDS FILE PATTERN
+        local end=$((SECONDS + $1))
+        until grep -q "$3" "$2" 2>/dev/null; do [ $SECONDS -lt $end ] || return 1; sleep 0.05; done
+    }
+    pids_of() { # the children of pid $1 (a process's name may hold spaces: the fields after ") ")
+        local p stat f
+        for p in /proc/[0-9]*; do
+            { read -r stat <"$p/stat"; } 2>/dev/null || continue
+            read -ra f <<<"${stat##*) }"
+            [ "${f[1]}" = "$1" ] && echo "${p#/proc/}"
+        done
+    }
+    # node_run NAME NNODES HOW ARGS...: HOW "replaced" (a new agent of node 1 started as soon as the
+    # supervisor finds the node lost) or "spare" (warm spares take its ranks); times in $work/NAME.t
+    node_run() {
+        local name=$1 nn=$2 how=$3 k; shift 3
+        [ -z "${REANALYZE:-}" ] || return 0
+        net=(--nnodes "$nn" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "$(free_port)"
+             --job-secret "$work/secret")
+        for ((k = nn - 1; k >= 0; k--)); do node "$name" "$name.n$k" "$k" "$@"; done
+        waitfor 120 "$work/$name.n0" "iteration *5/" || { echo "fault_bench: $name made no progress" >&2; return; }
+        local agent; agent=$(cat "$work/$name.n1.pid")
+        kill -KILL "$agent" $(pids_of "$agent")
+        echo "kill $(now)" >"$work/$name.t"
+        if [ "$how" = replaced ]; then
+            waitfor 60 "$work/$name.n0" "node 1's agent sent nothing" || echo "fault_bench: $name: node 1 not found lost" >&2
+            node "$name" "$name.n1b" 1 "$@"
+            echo "agent $(now)" >>"$work/$name.t"
+        fi
+        waitfor 180 "$work/$name.n0" "run report: exit status" || echo "fault_bench: $name did not end" >&2
+        sleep 1
+        echo "# $name done (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+    }
+    nruns=()
+    for ((r = 1; r <= REPS; r++)); do
+        node_run "nod-replaced-$r" 3 replaced --node-replacement-timeout 60
+        node_run "nod-spare-$r" 4 spare --inprocess-active-world-size 6 --inprocess-granularity node
+        nruns+=("nod-replaced-$r" "nod-spare-$r")
+    done
+    echo
+    echo "## Nodes: node 1 lost whole after iteration 5 (tiny model, tp 2, 2 workers per node, heartbeat timeout 3 s)"
+    echo "replaced: 3 nodes (tp 2 x dp 3), --node-replacement-timeout 60, a new agent of node 1 started when the"
+    echo "supervisor says the node is lost; spare: 4 nodes, --inprocess-active-world-size 6 --inprocess-granularity node"
+    $py - "$work" "${nruns[@]}" <<'PY'
+import re, statistics as st, sys, os
+work, runs = sys.argv[1], sys.argv[2:]
+def stamped(path):
+    for l in open(path, errors="replace"):
+        t, _, rest = l.partition(" ")
+        try: yield float(t), rest
+        except ValueError: pass
+rows = {}
+print("\n| run | kill → found lost ms | found lost → new generation assigned ms | found lost → next step ms | new agent started → next step ms | kill → next step ms | rc |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for name in runs:
+    base = os.path.join(work, name)
+    try: t = dict(l.split() for l in open(base + ".t"))
+    except OSError: continue
+    kill = float(t["kill"]); agent = float(t["agent"]) if "agent" in t else None
+    lines = list(stamped(base + ".n0"))
+    lost = next((ts for ts, l in lines if "node 1's agent sent nothing" in l), None)
+    step = next((ts for ts, l in lines if lost and ts >= lost and re.search(r"\] iteration +\d+/", l)), None)
+    asg = next((ts for ts, l in lines if lost and ts >= lost and re.search(r"generation \d+: \d+ rank\(s\) resume", l)), None)
+    rc = "0" if any("run report: exit status 0" in l for _, l in lines) else "?"
+    ms = lambda a, b: None if a is None or b is None else 1000 * (b - a)
+    vals = (ms(kill, lost), ms(lost, asg), ms(lost, step), ms(agent, step), ms(kill, step))
+    f = lambda x: "—" if x is None else f"{x:.0f}"
+    print(f"| {name} | " + " | ".join(f(x) for x in vals) + f" | {rc} |")
+    rows.setdefault(name.split("-")[1], []).append(vals)
+print("\n| how | runs | median kill → found lost ms | median found lost → assigned ms | median found lost → next step ms | median new agent → next step ms | median kill → next step ms |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for how, vs in rows.items():
+    med = lambda i: (lambda xs: f"{st.median(xs):.0f}" if xs else "—")([v[i] for v in vs if v[i] is not None])
+    print(f"| {how} | {len(vs)} | {med(0)} | {med(1)} | {med(2)} | {med(3)} | {med(4)} |")
+PY
+fi
+
 echo
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -435,6 +435,7 @@ static void supervisor_restart(sv_options *so, const co_config *c) {
     so->restart = c->inprocess_restart;
     so->active_world = c->inprocess_active_world_size > 0 ? c->inprocess_active_world_size : 0;
     so->shift_ranks = !strcmp(c->inprocess_rank_assignment, "shift-ranks");
+    so->node_granularity = !strcmp(c->inprocess_granularity, "node");
     so->dopt_holders = c->use_distributed_optimizer ? (c->dist_opt_redundancy ? 2 : 1) : 0;
     so->quarantine_after = c->quarantine_after;
     so->quarantine_window = c->quarantine_window;

@@ -348,6 +348,10 @@ static const flag flags[] = {
     S("resilience", "inprocess-rank-assignment", inprocess_rank_assignment, "fill-gaps", "fill-gaps|shift-ranks",
       "after a restart: the replacement takes the dead rank's index (fill-gaps), or the survivors keep their "
       "order and close up and replacements take the last ranks (shift-ranks)"),
+    S("resilience", "inprocess-granularity", inprocess_granularity, "rank", "rank|node",
+      "what a warm spare is and what leaves the active world on a fault: one worker process (rank), or a whole "
+      "node (node: spare nodes, whose workers take the ranks of a node that lost one; --inprocess-active-world-size "
+      "a multiple of --nproc-per-node)"),
     I("resilience", "inprocess-active-world-size", inprocess_active_world_size, NULL,
       "ranks that train (default: every process); the other --nproc-per-node processes are warm spares "
       "that take a dead rank's place, on any node (the last processes: node-major; not supported yet with 1)"),

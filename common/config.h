@@ -181,6 +181,7 @@ typedef struct co_config {
     double inprocess_restart_window;
     int inprocess_active_world_size;
     char inprocess_rank_assignment[16];
+    char inprocess_granularity[8];
     int quarantine_after;
     int64_t quarantine_window;
     char run_report[512];

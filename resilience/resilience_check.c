@@ -5,12 +5,20 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 void rr_check_spares(const co_config *c, co_problems *P) {
     bool spares = co_config_was_set(c, "inprocess-active-world-size");
     if (spares && c->inprocess_active_world_size == 1 && c->nproc_per_node * c->nnodes > 1)
         co_problem(P, "--inprocess-active-world-size 1 is not supported yet (a single training rank runs without the "
                       "supervisor, so without spares)");
+    int procs = c->nproc_per_node * c->nnodes;
+    if (!strcmp(c->inprocess_granularity, "node") && spares && c->inprocess_active_world_size > 0 &&
+        c->inprocess_active_world_size < procs && c->inprocess_active_world_size % c->nproc_per_node)
+        co_problem(P, "--inprocess-granularity node: --inprocess-active-world-size %d is not a multiple of "
+                      "--nproc-per-node %d (the warm spares are whole nodes): give a multiple such as %d",
+                   c->inprocess_active_world_size, c->nproc_per_node,
+                   (c->inprocess_active_world_size / c->nproc_per_node + 1) * c->nproc_per_node);
     if (c->run_report[0] && c->nproc_per_node == 1 && c->nnodes == 1)
         co_problem(P, "--run-report is not supported yet in a single-process job (the supervisor writes it: "
                       "--nproc-per-node 2 or more)");

@@ -49,6 +49,7 @@ typedef struct worker {
     /* several nodes */
     uint32_t stopped_pid;     /* supervisor: another node's process its agent reported stopped (0: none) */
     bool goodbye;             /* supervisor: its process said goodbye (it is ending) */
+    bool adopting;            /* supervisor: its agent restarts its process as a warm spare (a rank's before) */
     bool respawn_ordered;     /* agent: the supervisor ordered a new process once this one is gone */
 } worker;
 

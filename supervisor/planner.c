@@ -12,20 +12,81 @@ static const svp_slot *slot_of(const svp_view *v, int r) {
     return NULL;
 }
 
+/* Whether slot k is an alive spare that no slot before `upto` took already. */
+static bool free_spare(const svp_view *v, const int *take, int k, int upto) {
+    const svp_slot *c = &v->slots[k];
+    if (c->rank >= 0 || !svp_alive(c->state)) return false;
+    for (int j = 0; j < upto; j++)
+        if (take[j] == k) return false;
+    return true;
+}
+
+/* Whether live rank slot w's model shard has a live replica (not a replacement) on another node. */
+static bool replica_elsewhere(const svp_view *v, const svp_slot *w) {
+    for (int k = 0; k < v->nslots; k++) {
+        const svp_slot *c = &v->slots[k];
+        if (c->node != w->node && c->rank >= 0 && c->rank < v->world && !c->replacing && svp_alive(c->state) &&
+            topo_same_shard(&v->coord[c->rank], &v->coord[w->rank]))
+            return true;
+    }
+    return false;
+}
+
+/* Whether the node whose slots are first..first+count-1 goes out whole: it lost a rank (dead,
+ * not being replaced already), and each rank it still holds alive is a replica of a shard
+ * that lives on on another node (its process is given up: its rank goes to the spare node). */
+static bool node_out(const svp_view *v, int first, int count) {
+    int dead = 0;
+    for (int i = first; i < first + count; i++) {
+        const svp_slot *w = &v->slots[i];
+        if (w->rank < 0) continue;
+        if (w->replacing) return false;
+        if (svp_dead(w->state)) dead++;
+        else if (w->rank >= v->world || !replica_elsewhere(v, w)) return false;
+    }
+    return dead > 0;
+}
+
+/* Node granularity (svp_take_spares): a node's slots are consecutive; each node that goes out
+ * takes the last whole spare node not taken yet, slot for slot. */
+static int take_spare_nodes(const svp_view *v, int *take) {
+    int taken = 0;
+    for (int i = 0; i < v->nslots;) {
+        int n = 0;
+        while (i + n < v->nslots && v->slots[i + n].node == v->slots[i].node) n++;
+        if (node_out(v, i, n)) {
+            int sp = -1;
+            for (int k = 0; k + n <= v->nslots;) {
+                int m = 0;
+                bool whole = true;
+                while (k + m < v->nslots && v->slots[k + m].node == v->slots[k].node) {
+                    whole = whole && free_spare(v, take, k + m, v->nslots);
+                    m++;
+                }
+                if (whole && m == n) sp = k;
+                k += m;
+            }
+            for (int j = 0; j < n && sp >= 0; j++)
+                if (v->slots[i + j].rank >= 0) {
+                    take[i + j] = sp + j;
+                    taken++;
+                }
+        }
+        i += n;
+    }
+    return taken;
+}
+
 int svp_take_spares(const svp_view *v, int *take) {
     int taken = 0;
     for (int i = 0; i < v->nslots; i++) take[i] = -1;
+    if (v->node_granularity) return take_spare_nodes(v, take);
     for (int i = 0; i < v->nslots; i++) {
         const svp_slot *w = &v->slots[i];
         if (w->rank < 0 || w->replacing || !svp_dead(w->state)) continue;
         int sp = -1;
-        for (int k = 0; k < v->nslots; k++) {
-            const svp_slot *c = &v->slots[k];
-            if (c->rank >= 0 || !svp_alive(c->state)) continue;
-            bool used = false;
-            for (int j = 0; j < i && !used; j++) used = take[j] == k;
-            if (!used) sp = k;
-        }
+        for (int k = 0; k < v->nslots; k++)
+            if (free_spare(v, take, k, i)) sp = k;
         if (sp >= 0) {
             take[i] = sp;
             taken++;

@@ -55,12 +55,19 @@ typedef struct svp_view {
     bool shift_ranks;          /* survivors close up, replacements last */
     int64_t checkpoint_iter;   /* the newest committed checkpoint's iteration, -1: none */
     int64_t current_iter;      /* the newest iteration the validator saw, -1: none */
+    bool node_granularity;     /* --inprocess-granularity node: spares are whole nodes (slots of one .node) */
 } svp_view;
 
 /* The warm spare (a slot index) that takes each dead rank at the abort of a generation:
  * take[i] for every slot i (-1: none; slot i's own process is replaced in place when it
  * holds a dead rank). A spare is alive and holds no rank; the last such slot is taken first,
- * each at most once. Returns how many spares were taken. */
+ * each at most once. With node granularity (NVRx's: a node with fewer healthy ranks than its
+ * processes leaves the active world whole) the spares are whole nodes (every slot of it an
+ * alive spare; the last such node first), and a node that lost a rank takes one: its k-th slot
+ * takes the node's k-th slot's rank, alive ranks too (take[i] >= 0 for a live slot i: its
+ * process is given up, the caller kills it). A node keeps its live ranks, and its dead ones
+ * are replaced in place, where no spare node is free or where a live rank's shard has no live
+ * replica on another node (its state would be lost). Returns how many slots were taken. */
 int svp_take_spares(const svp_view *v, int *take);
 
 typedef enum svp_verdict {

@@ -161,6 +161,12 @@ static void kill_slot(sv *s, worker *w, const char *why) {
     else sv__send_slot_event(s, COHORT__V1__SLOT_EVENT__KIND__SLOT_KILL, w, why);
 }
 
+/* Whether node n's slots have a process or an agent to start one: this node, or a node whose
+ * agent is known and not lost. */
+static bool node_has_agent(const sv *s, int n) {
+    return n == s->o.node_rank || !s->agent_id || (n >= 0 && n < s->o.nnodes && s->agent_id[n][0]);
+}
+
 int sv__agent_send(sv *s, int n, const ProtobufCMessage *body) {
     if (!s->agent_id || n < 1 || n >= s->o.nnodes || !s->agent_id[n][0]) return 0; /* none (yet, or lost) */
     return sv__send(s->mb, s->agent_id[n], &s->snd, body);
@@ -274,7 +280,10 @@ void sv__maybe_finish(sv *s) {
          * supervisor waits for it, or it would wait for a rank until it found the silence */
         running = running || (!s->agent && !s->stopping && w->rank < 0 && !w_local(s, w) && svp_alive(w->state) &&
                                !w->goodbye);
-        all_registered = all_registered && w_registered(w);
+        /* (a lost node's slot that holds no rank waits for nothing: no agent starts it) */
+        all_registered = all_registered && (w_registered(w) || (!s->agent && w->rank < 0 && !w_local(s, w) &&
+                                                                (w->state == SVP_EXITED || w->state == SVP_EMPTY) &&
+                                                                !node_has_agent(s, w->index / s->o.nproc)));
     }
     if (!running && (s->agent || all_registered || s->stopping)) ac_actor_request_stop(s->a);
 }
@@ -512,14 +521,20 @@ static int respawn_slot(sv *s, worker *w) {
 /* Dead slot w's rank goes to the warm spare sp (NULL: to a new process in w). */
 static int replace_dead_rank(sv *s, worker *w, worker *sp) {
     if (sp) {
-        /* a warm spare takes the dead rank; the dead slot starts a new spare */
-        co_log(CO_LOG_INFO, "the warm spare in slot %d takes rank %d", sp->index, w->rank);
+        /* a warm spare takes the dead rank; the dead slot starts a new spare (none on a lost
+         * node: its slots wait for a new agent of the node, whose workers become spares) */
+        co_log(CO_LOG_INFO, "the warm spare in slot %d takes rank %d (node %d, pid %u: started before the fault)",
+               sp->index, w->rank, sp->index / s->o.nproc, sp->pid);
         sp->rank = w->rank;
         sp->replacing = true;
-        snprintf(sp->spawn_endpoint, sizeof sp->spawn_endpoint, "%s", w->spawn_endpoint);
+        if (s->o.nnodes == 1) snprintf(sp->spawn_endpoint, sizeof sp->spawn_endpoint, "%s", w->spawn_endpoint);
         w->rank = -1;
         unregister(s, w);
-        if (!s->finishing && respawn_slot(s, w)) co_log(CO_LOG_ERROR, "a new spare: %s", co_err_detail());
+        if (node_has_agent(s, w->index / s->o.nproc)) {
+            if (!s->finishing && respawn_slot(s, w)) co_log(CO_LOG_ERROR, "a new spare: %s", co_err_detail());
+        } else if (w->state == SVP_EXITING) {
+            sv__w_set(w, SVP_EXITED);
+        }
         return 0;
     }
     if (!w->replacing) {
@@ -532,6 +547,20 @@ static int replace_dead_rank(sv *s, worker *w, worker *sp) {
         begin_shutdown(s, SV_EXIT_FAILURE, "could not start a replacement worker");
     }
     return rc;
+}
+
+/* Node granularity: live slot w's node leaves the active world, its rank goes to the warm
+ * spare sp on a spare node and its process is killed (its exit, a spare's, starts a new spare
+ * in its slot: the node becomes a spare node). */
+static void give_up_rank(sv *s, worker *w, worker *sp) {
+    co_log(CO_LOG_INFO, "the warm spare in slot %d takes rank %d (node %d, pid %u: started before the fault) from the "
+           "live process of slot %d, whose node leaves the active world", sp->index, w->rank, sp->index / s->o.nproc,
+           sp->pid, w->index);
+    sp->rank = w->rank;
+    sp->replacing = true;
+    w->rank = -1;
+    w->abort_ms = 0;
+    kill_slot(s, w, "its node leaves the active world (--inprocess-granularity node)");
 }
 
 /* Aborts the current generation: the survivors unwind to their restart barrier, dead ranks
@@ -574,8 +603,13 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
         }
         w->ready_gen = 0;
         if (w->rank < 0) continue; /* a warm spare: not in the generation */
+        if (take[i] >= 0 && s->o.node_granularity && (i % s->o.nproc == 0 || take[i - 1] < 0))
+            co_log(CO_LOG_INFO, "the spare node %d takes the ranks of node %d whole (--inprocess-granularity node)",
+                   take[i] / s->o.nproc, i / s->o.nproc);
         if (svp_dead(w->state)) {
             if (replace_dead_rank(s, w, take[i] >= 0 ? &s->w[take[i]] : NULL)) break;
+        } else if (take[i] >= 0) {
+            give_up_rank(s, w, &s->w[take[i]]);
         } else if (svp_alive(w->state) && !w->replacing) {
             Cohort__V1__Abort ab = COHORT__V1__ABORT__INIT;
             ab.generation = gen;
@@ -607,7 +641,8 @@ static void plan_view(sv *s, svp_view *v, svp_slot *slots) {
     }
     *v = (svp_view){.slots = slots, .nslots = s->nw, .world = s->world, .coord = s->coord,
                     .dopt_holders = s->o.dopt_holders, .shift_ranks = s->o.shift_ranks, .checkpoint_iter = -1,
-                    .current_iter = s->val ? svv_current_iteration(s->val) : -1};
+                    .current_iter = s->val ? svv_current_iteration(s->val) : -1,
+                    .node_granularity = s->o.node_granularity};
 }
 
 /* Says why the survivors' state cannot be used (the plan's reason) and what happens instead. */
@@ -897,6 +932,10 @@ static void on_registration(sv *s, worker *w, const Cohort__V1__Register *r) {
         send_shutdown(s, w, s->status > 0 && s->status < 128 ? s->status : 0, "the job is stopping");
         return;
     }
+    if (s->finishing && w->rank < 0) { /* a spare that came after the others were let go */
+        send_shutdown(s, w, 0, "the job is done");
+        return;
+    }
     if (w->replacing) check_restart_done(s); /* a replacement */
     else if (!s->stopping && !s->assigned && registered_count(s) == s->nw) assign_ranks(s);
 }
@@ -1048,6 +1087,28 @@ static void on_worker_message(sv *s, worker *w, const Cohort__V1__Envelope *e) {
     }
 }
 
+/* A new agent of node n, which was lost after warm spares took its ranks (or held spares
+ * only): its slots await its workers as warm spares; one it started for a rank (it cannot
+ * know the ranks moved) is restarted as a spare, off the critical path. */
+static void adopt_spare_slots(sv *s, int n) {
+    bool said = false;
+    for (int i = 0; i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (w->index / s->o.nproc != n || w->rank >= 0 || w->state != SVP_EXITED) continue;
+        if (!said)
+            co_log(CO_LOG_INFO, "a new agent of node %d joined: its slots hold warm spares (the node's ranks went to "
+                   "spares before)", n);
+        said = true;
+        sv__w_set(w, SVP_STARTED);
+        w->pid = 0;
+        w->exit_status = w->term_signal = 0;
+        w->last_seen_ms = sv__now_ms();
+        w->adopting = w->index < s->world; /* (started by the agent as a rank) */
+        if (w->adopting)
+            sv__send_slot_event(s, COHORT__V1__SLOT_EVENT__KIND__SLOT_RESPAWN, w, "its rank went to a warm spare");
+    }
+}
+
 /* Whether peer is node n's agent: the first to speak for its node, or after the node was lost
  * a new one (its workers then replace the node's ranks). Any other (an agent that was lost and
  * came back, a second agent of one node) is told to stop. */
@@ -1067,6 +1128,7 @@ static bool agent_admitted(sv *s, int n, const char *peer) {
             s->node_lost_ms[n] = 0;
             s->barrier_t0 = sv__now_ms(); /* its workers' start has the barrier's time */
         }
+        if (s->agent_gone[n][0]) adopt_spare_slots(s, n);
         return true;
     }
     char why[200];
@@ -1096,6 +1158,16 @@ static void on_slot_event(sv *s, int n, const Cohort__V1__SlotEvent *ev) {
     if (ev->kind != COHORT__V1__SLOT_EVENT__KIND__SLOT_EXITED || w_exited(w) || w->state == SVP_EMPTY) return;
     if (!w->pid && ev->has_pid) w->pid = ev->pid; /* (a replacement that died before it registered) */
     sv__w_set(w, SVP_EXITING);
+    if (w->adopting) { /* killed to be restarted as a warm spare, as ordered: its agent does */
+        w->adopting = false;
+        unregister(s, w);
+        w->identity[0] = '\0';
+        sv__w_set(w, SVP_RESPAWN);
+        sv__w_set(w, SVP_STARTED);
+        w->pid = 0;
+        w->last_seen_ms = sv__now_ms();
+        return;
+    }
     w->exit_status = ev->has_exit_status ? ev->exit_status : 1;
     w->term_signal = ev->has_term_signal ? ev->term_signal : 0;
     w->stopped_pid = 0;
@@ -1210,18 +1282,27 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
     s->role->tick(s, sv__now_ms());
 }
 
+static bool spares_cover_node(sv *s, int n);
+
 /* Node n's agent went silent: its ranks are lost together. Its identity is refused from now
  * on (it may come back, its workers too: they are told to stop), the generation is aborted,
- * and the survivors wait at the restart barrier for a new agent of node rank n, whose workers
- * take the node's slots (watch_lost_nodes bounds the wait). */
+ * and warm spares on other nodes take its ranks (svp_take_spares) or, where they cannot take
+ * all, the survivors wait at the restart barrier for a new agent of node rank n, whose workers
+ * take the node's slots (watch_lost_nodes bounds the wait); one that joins after spares took
+ * the ranks brings spares. */
 static void lose_node(sv *s, int n, const char *why, uint64_t silent_ms) {
     uint64_t now = sv__now_ms();
+    bool covered = spares_cover_node(s, n);
     snprintf(s->agent_gone[n], sizeof s->agent_gone[n], "%s", s->agent_id[n]);
     s->agent_id[n][0] = '\0';
     s->agent_heard_ms[n] = 0;
-    s->node_lost_ms[n] = now;
-    co_log(CO_LOG_ERROR, "%s; waiting up to %.1f s (--node-replacement-timeout) for a new agent of node %d", why,
-           (double)s->o.node_replacement_ms / 1000, n);
+    s->node_lost_ms[n] = covered ? 0 : now;
+    if (covered)
+        co_log(CO_LOG_ERROR, "%s; node %d's ranks go to warm spares on other nodes: no new agent of node %d is awaited",
+               why, n, n);
+    else
+        co_log(CO_LOG_ERROR, "%s; waiting up to %.1f s (--node-replacement-timeout) for a new agent of node %d", why,
+               (double)s->o.node_replacement_ms / 1000, n);
     /* what the loss costs (planner.c): nothing where every shard it held lives on elsewhere */
     svp_slot *slots = calloc((size_t)s->nw, sizeof *slots);
     if (slots) {
@@ -1243,12 +1324,82 @@ static void lose_node(sv *s, int n, const char *why, uint64_t silent_ms) {
         if (w->index / s->o.nproc != n) continue;
         w->identity[0] = '\0'; /* its process is refused if it comes back */
         w->stopped_pid = 0;
+        unregister(s, w);
         if (w_exited(w) || w->state == SVP_EMPTY || w->state == SVP_RESPAWN) continue;
         sv__w_set(w, SVP_EXITING);
         w->term_signal = SIGKILL;
         if (first < 0) first = w->rank;
     }
     if (s->assigned && !s->stopping) begin_restart(s, "node_lost", first, why, silent_ms);
+}
+
+/* Node n's agent went silent while the node held warm spares only: the spare pool shrinks, no
+ * rank is lost and nothing restarts; its slots wait for a new agent of the node. */
+static void lose_spare_node(sv *s, int n, const char *why) {
+    snprintf(s->agent_gone[n], sizeof s->agent_gone[n], "%s", s->agent_id[n]);
+    s->agent_id[n][0] = '\0';
+    s->agent_heard_ms[n] = 0;
+    int left = 0;
+    for (int i = 0; i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (w->index / s->o.nproc == n) {
+            w->identity[0] = '\0';
+            w->stopped_pid = 0;
+            unregister(s, w);
+            if (svp_alive(w->state) || w->state == SVP_STARTED) sv__w_set(w, SVP_EXITING);
+            if (w->state == SVP_EXITING || w->state == SVP_RESPAWN) sv__w_set(w, SVP_EXITED);
+        } else {
+            left += w->rank < 0 && svp_alive(w->state);
+        }
+    }
+    co_log(CO_LOG_WARN, "%s; it held warm spares only: no rank is lost, %d warm spare(s) left", why, left);
+    if (s->val) svv_on_event(s->val, -1, why);
+}
+
+/* Whether every process of node n ended and none is awaited (its agent ends then). */
+static bool node_done(const sv *s, int n) {
+    for (int i = 0; i < s->nw; i++) {
+        const worker *w = &s->w[i];
+        if (w->index / s->o.nproc == n && (w->replacing || !(w_exited(w) || w->state == SVP_EMPTY))) return false;
+    }
+    return true;
+}
+
+/* What node n holds, in words ("ranks 2 to 3", "ranks 6, 2", "warm spares only"); the number
+ * of ranks it holds. */
+static int node_holds(const sv *s, int n, char *out, size_t len) {
+    int r[64], k = 0;
+    for (int i = 0; i < s->nw && k < 64; i++)
+        if (s->w[i].index / s->o.nproc == n && s->w[i].rank >= 0) r[k++] = s->w[i].rank;
+    bool range = k > 1;
+    for (int j = 1; j < k; j++) range = range && r[j] == r[j - 1] + 1;
+    if (!k) snprintf(out, len, "warm spares only");
+    else if (k == 1) snprintf(out, len, "rank %d", r[0]);
+    else if (range) snprintf(out, len, "ranks %d to %d", r[0], r[k - 1]);
+    else {
+        int o = snprintf(out, len, "ranks");
+        for (int j = 0; j < k && o > 0 && (size_t)o < len; j++)
+            o += snprintf(out + o, len - (size_t)o, "%s %d", j ? "," : "", r[j]);
+    }
+    return k;
+}
+
+/* Whether warm spares on other nodes would take every rank node n holds, were it lost. */
+static bool spares_cover_node(sv *s, int n) {
+    svp_slot *slots = calloc((size_t)s->nw, sizeof *slots);
+    int *take = calloc((size_t)s->nw, sizeof *take);
+    bool cover = slots && take;
+    if (cover) {
+        svp_view v;
+        plan_view(s, &v, slots);
+        for (int i = 0; i < s->nw; i++)
+            if (slots[i].node == n) slots[i].state = SVP_EXITED;
+        svp_take_spares(&v, take);
+        for (int i = 0; i < s->nw; i++) cover = cover && (slots[i].node != n || slots[i].rank < 0 || take[i] >= 0);
+    }
+    free(slots);
+    free(take);
+    return cover;
 }
 
 /* Several nodes: a heartbeat to every node agent (an agent that hears nothing for the heartbeat
@@ -1261,15 +1412,28 @@ static void watch_agents(sv *s, uint64_t now) {
         uint64_t heard = s->agent_heard_ms ? s->agent_heard_ms[n] : 0;
         if (s->stopping || !s->assigned || !heard || now <= heard || now - heard <= (uint64_t)s->o.heartbeat_timeout_ms)
             continue;
-        char why[300];
+        if (node_done(s, n)) { /* its workers ended and none is awaited: the agent ended too */
+            s->agent_heard_ms[n] = 0;
+            continue;
+        }
+        char why[400], holds[200];
+        int nranks = node_holds(s, n, holds, sizeof holds);
         snprintf(why, sizeof why, "node %d's agent sent nothing for %.1f s (--inprocess-heartbeat-timeout %.1f s): the "
-                 "node is lost with its ranks %d to %d", n, (double)(now - heard) / 1000,
-                 (double)s->o.heartbeat_timeout_ms / 1000, n * s->o.nproc, (n + 1) * s->o.nproc - 1);
-        if (s->restart_enabled && s->o.node_replacement_ms > 0) {
+                 "node is lost with its %s", n, (double)(now - heard) / 1000, (double)s->o.heartbeat_timeout_ms / 1000,
+                 holds);
+        if (s->restart_enabled && !nranks) {
+            lose_spare_node(s, n, why);
+            continue;
+        }
+        /* (warm spares that take all its ranks need no new agent of the node) */
+        if (s->restart_enabled && (s->o.node_replacement_ms > 0 || spares_cover_node(s, n))) {
             lose_node(s, n, why, now - heard); /* (the restart notes the fault) */
             continue;
         }
-        if (s->val) svv_note_fault(s->val, "node_lost", n * s->o.nproc, why);
+        int first = -1;
+        for (int i = 0; i < s->nw && first < 0; i++)
+            if (s->w[i].index / s->o.nproc == n) first = s->w[i].rank;
+        if (s->val) svv_note_fault(s->val, "node_lost", first, why);
         co_log(CO_LOG_ERROR, "%s; stopping the job (exit %d: restart it from the last checkpoint)", why,
                SV_EXIT_NODE_LOST);
         begin_shutdown(s, SV_EXIT_NODE_LOST, why);
@@ -1290,14 +1454,14 @@ static void supervisor_tick(sv *s, uint64_t now) {
         sv__send(s->mb, w->identity, &s->snd, &hb.base);
         if (!s->stopping && s->restart_enabled && now - w->last_seen_ms > (uint64_t)s->o.heartbeat_timeout_ms) {
             co_log(CO_LOG_ERROR, "rank %d (pid %u) sent no heartbeat for %d s; killing it to replace it",
-                   i, w->pid, s->o.heartbeat_timeout_ms / 1000);
+                   w->rank, w->pid, s->o.heartbeat_timeout_ms / 1000);
             w->last_seen_ms = now; /* once */
             kill_slot(s, w, "it sent no heartbeat");
             continue;
         }
         if (!s->stopping && now - w->last_seen_ms > (uint64_t)s->o.heartbeat_timeout_ms) {
             char why[160];
-            snprintf(why, sizeof why, "rank %d (pid %u) sent no heartbeat for %d s", i, w->pid,
+            snprintf(why, sizeof why, "rank %d (pid %u) sent no heartbeat for %d s", w->rank, w->pid,
                      s->o.heartbeat_timeout_ms / 1000);
             co_log(CO_LOG_ERROR, "%s; stopping the job", why);
             begin_shutdown(s, SV_EXIT_LOST_WORKER, why);

@@ -125,7 +125,9 @@ typedef struct sv_options {
     bool shift_ranks;              /* after a restart survivors close up, replacements last
                                       (ShiftRanks); else a replacement takes the dead rank (FillGaps) */
     int active_world;              /* ranks that train (0: every worker); the rest are warm spares
-                                      that take a dead rank's place (one node) */
+                                      that take a dead rank's place (any node) */
+    bool node_granularity;         /* --inprocess-granularity node: the spares are whole nodes, which take a
+                                      lost node's ranks together */
     int quarantine_after;          /* faults attributed to a rank within quarantine_window */
     int64_t quarantine_window;     /* iterations: then its process is replaced (0: never) */
     uint64_t job_id;               /* the job's id (0: a random one); several nodes derive it

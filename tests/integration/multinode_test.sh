@@ -34,6 +34,20 @@
 #                  crashes) with --node-replacement-timeout: found lost after the heartbeat
 #                  timeout, and a new agent for node 2 started 5 s after the crash takes its
 #                  ranks with their peers' state: 0 steps lost, bitwise the fault-free run
+#   spare_node_lost four nodes x 2, tp 2 x dp 3 on --inprocess-active-world-size 6 (node 3's two
+#                  processes warm spares, per process): node 1 lost whole (agent and workers
+#                  SIGKILLed): node 3's spares take ranks 2 and 3 with their peers' state, the lost
+#                  node's slots wait for nothing, no other node is found lost; a new agent of node 1
+#                  then has its workers restarted as spares; 0 steps lost, bitwise the fault-free
+#                  run, every node ends 0
+#   spare_node     the same with --inprocess-granularity node (node 3 a spare node; an active world
+#                  not a multiple of --nproc-per-node refused): node 3's workers, started before the
+#                  fault, take node 1's ranks slot for slot, no process starts; bitwise the
+#                  fault-free run, 0 steps lost; then one worker of node 1 killed: node 1 leaves
+#                  whole (its live rank's process too), node 3 takes both ranks, node 1's agent
+#                  starts two spares; bitwise, 0 steps lost
+#   spare_node_gone the spare node itself lost whole: the spare pool shrinks, no restart, the job
+#                  ends 0
 #   partitioned    the supervisor and node 1's agent SIGSTOPped (node 1's workers cut off, their
 #                  agent unable to stop them): the workers stop themselves after the heartbeat
 #                  timeout of the supervisor's silence
@@ -258,6 +272,102 @@ node_killed)
         fail "not resumed from the survivors' memory: $(grep 'resume after' "$work/f.n0")"
     grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
     ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
+    ;;
+spare_node_lost | spare_node)
+    # (a step takes some 40 ms: enough of them that the fault comes mid-run, and a new agent
+    # of the lost node joins while the job runs)
+    job=(--tensor-model-parallel-size 2 --train-iters 100 --inprocess-active-world-size 6 "${hb[@]}")
+    # (per process as the bug was found: with a replacement timeout; the spare node needs none)
+    [ "$case_name" = spare_node_lost ] && job=(--tensor-model-parallel-size 2 --train-iters 300
+                                                --inprocess-active-world-size 6 "${hb[@]}" --node-replacement-timeout 60)
+    if [ "$case_name" = spare_node ]; then
+        train_refused "--inprocess-granularity node: --inprocess-active-world-size 3 is not a multiple of --nproc-per-node 2" \
+            --nproc-per-node 2 --nnodes 2 --node-rank 0 --inprocess-active-world-size 3 --inprocess-granularity node
+        job+=(--inprocess-granularity node)
+    fi
+    start_nodes clean 4 "${job[@]}" --save "$work/cs"
+    wait_nodes clean 4
+    start_nodes f 4 "${job[@]}" --save "$work/fs"
+    wait_until 60 grep -q "iteration *5/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
+    spare_agent=$(children "${node_pid[3]}")
+    spares=$(children "$spare_agent" | paste -sd' ')
+    [ "$(echo $spares | wc -w)" = 2 ] || fail "node 3's spares not found: '$spares'"
+    old_agent=$(children "${node_pid[1]}"); old_pid=${node_pid[1]}
+    [ -n "$old_agent" ] || fail "node 1's agent not found"
+    kill -KILL $old_agent $(children "$old_agent")
+    wait "$old_pid"; node_pid[1]=
+    if [ "$case_name" = spare_node_lost ]; then
+        # a new agent of node 1 once the spares took over: its workers (started as ranks 2 and 3)
+        # are restarted as spares, and it ends 0 with the job
+        wait_until 60 grep -q "resume after" "$work/f.n0" || fail "no restart: $(grep supervisor "$work/f.n0")"
+        start_agent f.n1 1 "${job[@]}" --save "$work/fs"
+        wait_until 30 grep -q "a new agent of node 1 joined: its slots hold warm spares" "$work/f.n0" ||
+            fail "the new agent not taken: $(grep supervisor "$work/f.n0")"
+    fi
+    wait_nodes f 4
+    if [ "$case_name" = spare_node_lost ]; then
+        for k in 2 3; do
+            grep -q "starting a warm spare in slot $k: its rank went to a warm spare" "$work/f.n1" ||
+                fail "node 1's new agent did not restart slot $k as a spare: $(cat "$work/f.n1")"
+        done
+    fi
+    grep -q "node 1's agent sent nothing for [0-9.]* s .*: the node is lost with its ranks 2 to 3" "$work/f.n0" ||
+        fail "node 1 not found lost: $(grep supervisor "$work/f.n0")"
+    ! grep -q "node [023]'s agent sent nothing\|no replica outside\|ordering node" "$work/f.n0" ||
+        fail "the bookkeeping after the spares moved: $(grep "sent nothing\|no replica\|ordering" "$work/f.n0")"
+    grep -q "node 1's ranks go to warm spares on other nodes: no new agent of node 1 is awaited" "$work/f.n0" ||
+        fail "a new agent of node 1 awaited: $(grep supervisor "$work/f.n0")"
+    # (rank granularity: the last spare takes the first dead rank; node: slot for slot)
+    if [ "$case_name" = spare_node ]; then
+        first=6 second=7
+        grep -q "the spare node 3 takes the ranks of node 1 whole" "$work/f.n0" ||
+            fail "no spare node took over: $(grep supervisor "$work/f.n0")"
+    else
+        first=7 second=6
+    fi
+    for pair in "$first 2" "$second 3"; do
+        set -- $pair
+        pid=$(grep -o "the warm spare in slot $1 takes rank $2 (node 3, pid [0-9]*" "$work/f.n0" | grep -o "[0-9]*$")
+        [ -n "$pid" ] || fail "slot $1 did not take rank $2: $(grep 'warm spare\|supervisor' "$work/f.n0")"
+        [[ " $spares " == *" $pid "* ]] || fail "rank $2 went to pid $pid, not a spare started before the fault ($spares)"
+    done
+    ! grep -q "starting a" "$work/f.n3" || fail "node 3 started a process: $(grep 'starting a' "$work/f.n3")"
+    grep -q "resume after iteration [0-9]* with the state of ranks 0, 1 (one per model shard) (2 replaced" \
+        "$work/f.n0" || fail "not resumed from the survivors' memory: $(grep 'resume after' "$work/f.n0")"
+    grep -q " 0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report\|lost' "$work/f.n0")"
+    ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
+    [ "$case_name" = spare_node ] || exit 0
+    # one worker of node 1 killed: the node leaves the active world whole (NVRx's node
+    # granularity), its live rank's process too; node 3 takes both ranks, node 1 becomes the
+    # spare node (its agent starts two spares)
+    start_nodes g 4 "${job[@]}" --save "$work/gs" --inject "kill@rank=3,step=5"
+    wait_nodes g 4
+    grep -q "the spare node 3 takes the ranks of node 1 whole" "$work/g.n0" ||
+        fail "no spare node took over: $(grep supervisor "$work/g.n0")"
+    grep -q "the warm spare in slot 6 takes rank 2 (node 3, pid [0-9]*: started before the fault) from the live process of slot 2" \
+        "$work/g.n0" || fail "rank 2 stayed on node 1: $(grep supervisor "$work/g.n0")"
+    grep -q "the warm spare in slot 7 takes rank 3 (node 3" "$work/g.n0" || fail "rank 3: $(grep supervisor "$work/g.n0")"
+    for k in 2 3; do
+        grep -q "starting a warm spare in slot $k" "$work/g.n1" || fail "node 1 did not become a spare node: $(cat "$work/g.n1")"
+    done
+    ! grep -q "starting a" "$work/g.n3" || fail "node 3 started a process: $(grep 'starting a' "$work/g.n3")"
+    grep -q " 0 step(s) lost" "$work/g.n0" || fail "steps lost: $(grep 'run report\|lost' "$work/g.n0")"
+    ckpt_same "$work/cs" "$work/gs" "the final checkpoints differ (a worker killed)"
+    ;;
+spare_node_gone)
+    # the spare node (node 3) lost whole: no rank lost, no restart, the others end 0
+    start_nodes f 4 --tensor-model-parallel-size 2 --train-iters 100 --inprocess-active-world-size 6 \
+        --inprocess-granularity node "${hb[@]}"
+    wait_until 60 grep -q "iteration *5/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
+    agent=$(children "${node_pid[3]}"); old_pid=${node_pid[3]}
+    [ -n "$agent" ] || fail "node 3's agent not found"
+    kill -KILL $agent $(children "$agent")
+    wait "$old_pid"; node_pid[3]=
+    wait_nodes f 4
+    grep -q "node 3's agent sent nothing for [0-9.]* s .*: the node is lost with its warm spares only; it held warm spares only: no rank is lost, 0 warm spare(s) left" \
+        "$work/f.n0" || fail "the spare node's loss: $(grep supervisor "$work/f.n0")"
+    ! grep -q "restart into generation" "$work/f.n0" || fail "restarted: $(grep supervisor "$work/f.n0")"
+    grep -q " 0 restart(s), 0 step(s) lost" "$work/f.n0" || fail "run report: $(grep 'run report' "$work/f.n0")"
     ;;
 partitioned)
     start_nodes f 3 --train-iters 400 "${hb[@]}"

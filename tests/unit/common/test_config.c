@@ -181,6 +181,15 @@ static void test_validation(void) {
     CHECK(check_line("--metrics-port 70000", err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "--metrics-port 70000 is out of range (0 to 65535)"), "%s", err);
     CHECK(check_line("--nnodes 2 --inprocess-active-world-size 1", err, sizeof err) == CO_EINVAL);
+    /* spare nodes: the active world in whole nodes */
+    CHECK(check_line("--nnodes 3 --nproc-per-node 2 --inprocess-active-world-size 3 --inprocess-granularity node", err,
+                     sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "--inprocess-granularity node: --inprocess-active-world-size 3 is not a multiple of "
+                          "--nproc-per-node 2 (the warm spares are whole nodes): give a multiple such as 4"), "%s", err);
+    CHECK(check_line("--nnodes 3 --nproc-per-node 2 --inprocess-active-world-size 4 --inprocess-granularity node", err,
+                     sizeof err) == 0);
+    CHECK(check_line("--nnodes 3 --nproc-per-node 2 --inprocess-active-world-size 3", err, sizeof err) == 0);
+    CHECK(check_line("--inprocess-granularity gpu", err, sizeof err) != 0);
     /* zero, negative, absurd: each refused with the range in the message */
     CHECK(check_line("--nproc-per-node 0", err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "--nproc-per-node 0 is out of range (1 to 65536)"), "%s", err);

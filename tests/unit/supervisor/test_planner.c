@@ -2,7 +2,8 @@
  * patterns: each replica of every shard dead in turn (data, tensor, pipeline parallel), every
  * replica of one shard dead (the checkpoint, or no way on without one), survivors behind,
  * both holders of a distributed-optimizer shard dead, warm spares (one dying during the
- * restart), shift-ranks without a spare, nothing alive, and waiting for the barrier. */
+ * restart; whole spare nodes), shift-ranks without a spare, nothing alive, and waiting for the
+ * barrier. */
 #include "supervisor/planner.h"
 
 #include "tests/test.h"
@@ -333,6 +334,44 @@ static void nodes_shard_only_there(void) {
     CHECK(svp_node_shard_lost(&j.v, 0) == 0);
 }
 
+/* Four nodes x 2, tp 2 x dp 3 on six ranks, node 3's two processes warm spares. Per process
+ * (rank granularity) the last spare takes the first dead rank; with node granularity node 1
+ * lost whole takes the whole spare node slot for slot, one rank dead on node 1 takes it too
+ * for both ranks (the live one's process given up) unless the live rank's state has no other
+ * replica, and a spare node missing a process, or already taken, is no spare node. */
+static void spare_nodes(void) {
+    job j;
+    REQUIRE(job_init(&j, 6, 2, 2, 1) == 0);
+    on_nodes(&j, 2);
+    j.slots[2].state = j.slots[3].state = SVP_EXITING;
+    CHECK(svp_take_spares(&j.v, j.take) == 2);
+    CHECK(j.take[2] == 7 && j.take[3] == 6);
+    j.v.node_granularity = true;
+    CHECK(svp_take_spares(&j.v, j.take) == 2);
+    CHECK(j.take[2] == 6 && j.take[3] == 7);
+    for (int i = 0; i < 8; i++)
+        if (i != 2 && i != 3) CHECK_MSG(j.take[i] == -1, "slot %d took %d", i, j.take[i]);
+    j.slots[3].state = SVP_TRAINING; /* only rank 2 dead: node 1 goes out whole, live rank 3 too */
+    CHECK(svp_take_spares(&j.v, j.take) == 2);
+    CHECK(j.take[2] == 6 && j.take[3] == 7);
+    /* ... but not where rank 3's shard has no live replica on another node (replacements) */
+    j.slots[1].replacing = j.slots[5].replacing = true;
+    CHECK(svp_take_spares(&j.v, j.take) == 0);
+    CHECK(j.take[2] == -1 && j.take[3] == -1);
+    j.slots[1].replacing = j.slots[5].replacing = false;
+    j.slots[3].state = SVP_EXITED;
+    j.slots[7].state = SVP_STARTED; /* a spare not registered: node 3 is not whole */
+    CHECK(svp_take_spares(&j.v, j.take) == 0);
+    j.slots[7].state = SVP_REGISTERED;
+    j.slots[4].state = j.slots[5].state = SVP_EXITED; /* nodes 1 and 2 lost, one spare node */
+    CHECK(svp_take_spares(&j.v, j.take) == 2);
+    CHECK(j.take[2] == 6 && j.take[3] == 7 && j.take[4] == -1 && j.take[5] == -1);
+    /* node 1's replacements on their way (in place): nothing taken for it again */
+    j.slots[2].replacing = j.slots[3].replacing = true;
+    CHECK(svp_take_spares(&j.v, j.take) == 2);
+    CHECK(j.take[2] == -1 && j.take[4] == 6 && j.take[5] == 7);
+}
+
 int main(void) {
     RUN(data_parallel_each_dead);
     RUN(model_parallel_each_replica_dead);
@@ -345,5 +384,6 @@ int main(void) {
     RUN(waits);
     RUN(nodes_replica_elsewhere);
     RUN(nodes_shard_only_there);
+    RUN(spare_nodes);
     return TEST_EXIT();
 }
