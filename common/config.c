@@ -728,11 +728,6 @@ static bool check_batch(co_config *c, int dp, co_problems *P) {
                    c->global_batch_size, c->micro_batch_size, dp);
         batch_ok = false;
     }
-    if (batch_ok && strcmp(c->rerun_mode, "disabled") && c->global_batch_size / per_step > CO_RERUN_MAX_MICRO_BATCHES)
-        co_problem(P, "--global-batch-size %d is %lld micro batches per rank and iteration; the rerun state machine "
-                      "validates at most %d (not supported yet): raise --micro-batch-size or pass --rerun-mode "
-                      "disabled", c->global_batch_size, (long long)(c->global_batch_size / per_step),
-                   CO_RERUN_MAX_MICRO_BATCHES);
     return batch_ok;
 }
 

@@ -41,9 +41,6 @@
 #define CO_MAX_CP_GROUP 1024                  /* --context-parallel-size */
 #define CO_MAX_EP_GROUP 1024                  /* --expert-model-parallel-size */
 #define CO_MAX_THREADS 4096
-/* Micro batches per rank and iteration that the rerun state machine validates (RR_MAX_MB
- * in resilience/rerun.h); more are refused unless --rerun-mode disabled. */
-#define CO_RERUN_MAX_MICRO_BATCHES 64
 
 typedef struct co_config {
     /* model */

@@ -767,13 +767,14 @@ void trainer__inject_grads(trainer *t, int64_t step, int mb, int poison) {
 void trainer__fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph) { fire_process_faults(t, step, mb, ph); }
 
 /* Forward and backward of data_rank's share of the step (micro batches mb*dp + data_rank),
- * gradients cleared first. Per micro batch loss sums and token counts go to t->mb_loss and
- * t->mb_tok; *grad_norm is the norm of this rank's gradients before any reduction. */
+ * gradients cleared first. Per micro batch loss sums and token counts are folded into t->mbs;
+ * *grad_norm is the norm of this rank's gradients before any reduction. */
 static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,
                          double *grad_norm) {
     const co_config *c = &t->cfg;
     int B = c->micro_batch_size, N = B * c->seq_length;
     gpt_zero_grad(t->model);
+    rr_mbs_reset(&t->mbs);
     double it_loss = 0, it_tok = 0;
     for (int mb = 0; mb < t->M; mb++) {
         double t0 = now_s();
@@ -809,10 +810,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         trainer__tl(t, TL_BACKWARD, mb, 0, tl0);
         trainer__inject_grads(t, step, mb, poison);
         t->phase_ms[TR_PH_BACKWARD] += 1000 * (now_s() - t2);
-        if (mb < RR_MAX_MB) {
-            t->mb_loss[mb] = loss;
-            t->mb_tok[mb] = ntok;
-        }
+        rr_mbs_add(&t->mbs, mb, loss, ntok);
         it_loss += loss;
         it_tok += ntok;
         if (kb_backend_status(t->be)) return kb_backend_status(t->be);
@@ -1113,14 +1111,11 @@ typedef struct tr_iter {
     bool check_reports;  /* this rank reports the recomputation (its replica's helper) */
 } tr_iter;
 
-/* The validator's report of a round: per micro batch losses and tokens, this rank's gradient
+/* The validator's report of a round: its micro batches' losses and tokens folded, this rank's gradient
  * norm, the MoE and MTP losses (a check round's names the share it recomputed). */
 static void build_report(trainer *t, const tr_iter *it, int check_for, rr_report *r) {
     *r = (rr_report){.iteration = it->step, .attempt = it->attempt, .rank = t->topo.dp_rank,
-                     .check_for = check_for, .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB,
-                     .grad_norm = it->local_norm};
-    memcpy(r->loss, t->mb_loss, sizeof(double) * (size_t)r->nmb);
-    memcpy(r->tokens, t->mb_tok, sizeof(double) * (size_t)r->nmb);
+                     .check_for = check_for, .nmb = t->mbs.n, .mb = t->mbs, .grad_norm = it->local_norm};
     trainer__aux_report(t, r);
 }
 

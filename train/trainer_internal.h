@@ -92,7 +92,7 @@ struct trainer {
     volatile sig_atomic_t *abort_flag;
     double phase_ms[TR_NPHASES];
     double gate_s;            /* time in the validator (report + verdict wait) since the last log line */
-    double mb_loss[RR_MAX_MB], mb_tok[RR_MAX_MB];
+    rr_mbs mbs;               /* the round's micro batches folded for the report (any number) */
     /* --check-weight-hash-across-dp-replicas-interval: the weights as this rank last wrote them */
     uint64_t sum_written;
     bool have_written;
