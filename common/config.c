@@ -182,6 +182,10 @@ static const flag flags[] = {
       "samples per iteration (default micro batch x data-parallel size)"),
     L("batch", "train-iters", train_iters, NULL, "iterations to train"),
     L("batch", "train-samples", train_samples, NULL, "samples to train (instead of --train-iters)"),
+    {"batch", "rampup-batch-size", F_LIST, OFF(rampup_batch_size), OFF(n_rampup_batch_size), 0, NULL, NULL,
+     "START INCREMENT SAMPLES: the global batch starts at START and grows by INCREMENT until --global-batch-size, "
+     "over SAMPLES samples (Megatron's num-microbatches calculator: START and INCREMENT multiples of micro batch x "
+     "data-parallel size; with --train-samples; the learning rate counts samples)"},
     /* optimizer */
     S("optimizer", "optimizer", optimizer, "adam", "adam", "optimizer (AdamW)"),
     D("optimizer", "lr", lr, NULL, "peak learning rate"),
@@ -632,7 +636,9 @@ bool co_problem_dbl_range(co_problems *P, const char *name, double v, double lo,
 
 int64_t co_config_split_samples(const co_config *c, int split) {
     int64_t gbs = c->global_batch_size;
-    if (split == 0) return c->train_iters * gbs;
+    /* Megatron's: --train-samples when given (with a batch ramp-up the iterations' batches
+     * differ), else iterations x batch */
+    if (split == 0) return c->train_samples > 0 ? c->train_samples : c->train_iters * gbs;
     if (split == 1) return (c->train_iters / c->eval_interval + 1) * c->eval_iters * gbs;
     return c->eval_iters * gbs;
 }
@@ -742,7 +748,9 @@ static bool check_length(co_config *c, bool batch_ok, co_problems *P) {
     if (iters_bad || samples_bad) batch_ok = false;
     else if ((c->train_iters > 0) == (c->train_samples > 0))
         co_problem(P, "give exactly one of --train-iters and --train-samples (positive)");
-    else if (batch_ok && c->train_samples > 0) {
+    else if (batch_ok && c->train_samples > 0 && c->rampup_start > 0) {
+        c->train_iters = co_config_rampup_iters(c);
+    } else if (batch_ok && c->train_samples > 0) {
         if (c->train_samples % c->global_batch_size)
             co_problem(P, "--train-samples %lld is not a multiple of --global-batch-size %d",
                        (long long)c->train_samples, c->global_batch_size);
@@ -869,8 +877,77 @@ static void check_launch(const co_config *c, co_problems *P) {
         co_problem_range(P, "threads", c->threads, 1, CO_MAX_THREADS);
 }
 
+int co_config_batch_at(const co_config *c, int64_t consumed) {
+    int64_t gbs = c->global_batch_size;
+    if (c->rampup_start <= 0 || consumed > c->rampup_samples) return (int)gbs;
+    /* Megatron's RampupBatchsizeNumMicroBatchesCalculator.update, in its floating point */
+    double per_increment = (double)c->rampup_samples / (double)((gbs - c->rampup_start) / c->rampup_increment);
+    int64_t steps = (int64_t)((double)consumed / per_increment);
+    int64_t b = c->rampup_start + steps * c->rampup_increment;
+    return (int)(b < gbs ? b : gbs);
+}
+
+int64_t co_config_rampup_iters(const co_config *c) {
+    /* Megatron's update_train_iters: the ramp's iterations one by one, then whole batches
+     * (a partial last batch is dropped) */
+    int64_t iters = 0, consumed = 0;
+    while (consumed <= c->rampup_samples && consumed <= c->train_samples && iters < CO_MAX_ITERS) {
+        consumed += co_config_batch_at(c, consumed);
+        iters++;
+    }
+    if (c->train_samples > consumed) iters += (c->train_samples - consumed) / c->global_batch_size;
+    return iters;
+}
+
+/* --rampup-batch-size START INCREMENT SAMPLES: Megatron's calculator's checks, and the
+ * schedule it needs (sample-based). The batch must be valid (batch_ok). */
+static void check_rampup(co_config *c, int dp, bool batch_ok, co_problems *P) {
+    c->rampup_start = c->rampup_increment = c->rampup_samples = 0;
+    if (!c->n_rampup_batch_size) return;
+    int64_t v[3];
+    if (c->n_rampup_batch_size != 3 || parse_i64(c->rampup_batch_size[0], &v[0]) ||
+        parse_i64(c->rampup_batch_size[1], &v[1]) || parse_i64(c->rampup_batch_size[2], &v[2])) {
+        co_problem(P, "--rampup-batch-size takes three integers: START INCREMENT SAMPLES (e.g. 16 16 5859375)");
+        return;
+    }
+    int64_t per_step = (int64_t)c->micro_batch_size * dp, gbs = c->global_batch_size;
+    if (v[0] < 1 || v[1] < 1 || v[2] < 1 || v[2] > CO_MAX_ITERS) {
+        co_problem(P, "--rampup-batch-size %lld %lld %lld: START and INCREMENT must be positive and SAMPLES in 1..%lld",
+                   (long long)v[0], (long long)v[1], (long long)v[2], (long long)CO_MAX_ITERS);
+        return;
+    }
+    if (!batch_ok) return;
+    bool ok = true;
+    if (v[0] >= gbs || (gbs - v[0]) % v[1]) {
+        co_problem(P, "--rampup-batch-size START %lld must be below --global-batch-size %d and the difference a "
+                      "multiple of INCREMENT %lld", (long long)v[0], c->global_batch_size, (long long)v[1]);
+        ok = false;
+    }
+    if (v[0] % per_step || v[1] % per_step) {
+        co_problem(P, "--rampup-batch-size START %lld and INCREMENT %lld must be multiples of --micro-batch-size %d x "
+                      "data-parallel size %d", (long long)v[0], (long long)v[1], c->micro_batch_size, dp);
+        ok = false;
+    }
+    if (c->train_samples <= 0) {
+        co_problem(P, "--rampup-batch-size needs --train-samples: Megatron expects no batch-size ramp-up for "
+                      "iteration-based training (--train-iters)");
+        ok = false;
+    }
+    if (GIVEN("lr-decay-iters") || GIVEN("lr-warmup-iters") || GIVEN("lr-wsd-decay-iters"))
+        co_problem(P, "--rampup-batch-size counts the learning rate's schedule in samples: give --lr-decay-samples "
+                      "and --lr-warmup-samples (or --lr-warmup-fraction), not --lr-decay-iters/--lr-warmup-iters");
+    if (!strcmp(c->lr_decay_style, "WSD"))
+        co_problem(P, "--lr-decay-style WSD with --rampup-batch-size is not supported yet");
+    if (!ok) return;
+    c->rampup_start = v[0];
+    c->rampup_increment = v[1];
+    c->rampup_samples = v[2];
+}
+
 void co_config_check_run(co_config *c, int dp, co_problems *P) {
-    bool batch_ok = check_length(c, check_batch(c, dp, P), P);
+    bool batch_ok = check_batch(c, dp, P);
+    check_rampup(c, dp, batch_ok, P);
+    batch_ok = check_length(c, batch_ok, P);
     check_timeline(c, batch_ok, P);
     check_lr(c, batch_ok, P);
     check_optimizer(c, P);

@@ -87,6 +87,11 @@ typedef struct co_config {
     /* batch */
     int micro_batch_size, global_batch_size;
     int64_t train_iters, train_samples;
+    /* --rampup-batch-size START INCREMENT SAMPLES (Megatron's num-microbatches calculator); the
+     * words as given, and parsed by the checks into rampup_start/increment/samples (0: none) */
+    char *rampup_batch_size[CO_MAX_DATA_PATHS];
+    int n_rampup_batch_size;
+    int64_t rampup_start, rampup_increment, rampup_samples;
     /* optimizer */
     char optimizer[16];
     double lr, min_lr;
@@ -202,6 +207,12 @@ typedef struct co_config {
     /* which flags the user set (index into the flag table) */
     uint8_t set[256];
 } co_config;
+
+/* The global batch once `consumed` training samples are trained: Megatron's batch-size ramp-up
+ * (--rampup-batch-size, checked by co_config_check_run), or --global-batch-size. */
+int co_config_batch_at(const co_config *c, int64_t consumed);
+/* The iterations of a ramped-up run of --train-samples (Megatron's update_train_iters). */
+int64_t co_config_rampup_iters(const co_config *c);
 
 /* Fills the Megatron defaults. */
 void co_config_defaults(co_config *c);
