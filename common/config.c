@@ -359,6 +359,48 @@ static const flag flags[] = {
     S("timeline", "timeline-iterations", timeline_iterations, "3", NULL,
       "[cohort] iterations --timeline-dir records: N = the N after the first iteration this run trains (the first "
       "has one-time costs), A:B = iterations A to B (1-based, as the log line counts)"),
+    /* Megatron's flags that its example scripts (gpt3, llama, mixtral) pass: their meaning, or
+     * no effect where cohort has no such choice, or refused (co_config_check_refused) */
+    S("compat", "attention-backend", attention_backend, "auto", "auto|local|unfused|flash|fused",
+      "attention implementation: auto, local and unfused run cohort's one attention kernel; flash and fused "
+      "(Transformer Engine's FlashAttention and cuDNN kernels) are refused"),
+    NB("compat", "position-embedding", add_position_embedding,
+       "learned absolute positions; --no-position-embedding (deprecated in Megatron) is accepted with "
+       "--position-embedding-type rope, which has none, and refused otherwise (as Megatron)"),
+    D("compat", "rotary-percent", rotary_percent, "1.0",
+      "share of each head's dimensions RoPE rotates (only 1.0: the others are not supported yet)"),
+    B("compat", "use-mcore-models", use_mcore_models, "no effect: cohort's GPT is Megatron Core's (no legacy models)"),
+    NB("compat", "masked-softmax-fusion", masked_softmax_fusion,
+       "no effect: cohort's attention kernel scales, masks and softmaxes in one pass either way"),
+    B("compat", "cross-entropy-loss-fusion", cross_entropy_loss_fusion,
+      "no effect: cohort's softmax cross-entropy is always one fused pass"),
+    B("compat", "grad-reduce-in-bf16", grad_reduce_in_bf16,
+      "no effect: cohort reduces gradients in fp32 (more exact than bf16)"),
+    B("compat", "apply-layernorm-1p", apply_layernorm_1p, "norm weights stored as 1 + w (not supported yet)"),
+    B("compat", "calculate-per-token-loss", calculate_per_token_loss,
+      "normalise the loss by the step's tokens instead of per micro batch (not supported yet)"),
+    D("compat", "decoupled-lr", decoupled_lr, NULL, "learning rate of the input and output layers (not supported yet)"),
+    D("compat", "decoupled-min-lr", decoupled_min_lr, NULL, "their minimum (not supported yet)"),
+    S("compat", "fp8-format", fp8_format, NULL, "e4m3|hybrid", "fp8 training (not supported)"),
+    B("compat", "manual-gc", manual_gc, "no effect: cohort has no garbage collector"),
+    I("compat", "empty-unused-memory-level", empty_unused_memory_level, "0",
+      "no effect: cohort has no caching allocator to empty"),
+    I("compat", "num-workers", num_workers, "2", "no effect: cohort reads data on the training thread"),
+    NB("compat", "mmap-bin-files", mmap_bin_files, "no effect: cohort always memory-maps .bin files"),
+    NB("compat", "create-attention-mask-in-dataloader", create_attention_mask_in_dataloader,
+       "no effect: cohort never builds attention masks (causal, with document starts)"),
+    S("compat", "tiktoken-pattern", tiktoken_pattern, NULL, NULL, "no effect: cohort has no TikTokenizer"),
+    B("compat", "log-throughput", log_throughput, "no effect: cohort's log line always has the throughput"),
+    B("compat", "profile", profile, "no effect: no profiler here; --timeline-dir records each step's operations"),
+    I("compat", "profile-step-start", profile_step_start, "10", "no effect (see --profile)"),
+    I("compat", "profile-step-end", profile_step_end, "12", "no effect (see --profile)"),
+    S("compat", "ckpt-format", ckpt_format, "torch_dist", "torch|torch_dist|zarr|fsdp_dtensor",
+      "no effect: cohort writes its own format (safetensors shards and a manifest; `cohort ckpt`)"),
+    I("compat", "distributed-timeout-minutes", distributed_timeout_minutes, "10",
+      "no effect: cohort's collectives time out on their own (--inprocess-soft-timeout and friends)"),
+    S("compat", "wandb-project", wandb_project, NULL, NULL,
+      "no effect: no Weights & Biases client (--tensorboard-dir, --metrics-file)"),
+    S("compat", "wandb-exp-name", wandb_exp_name, NULL, NULL, "no effect (see --wandb-project)"),
     /* cohort */
     I("cohort", "threads", threads, NULL, "[cohort] CPU threads (default: all online cores)"),
     S("cohort", "device", device, "auto", "auto|cpu|cuda",
@@ -706,6 +748,22 @@ bool co_config_model_parallel_sizes_ok(const co_config *c) {
 
 void co_config_check_refused(const co_config *c, co_problems *P) {
     if (c->fp16) co_problem(P, "--fp16 is not supported yet; use --bf16");
+    if (!strcmp(c->attention_backend, "flash") || !strcmp(c->attention_backend, "fused"))
+        co_problem(P, "--attention-backend %s selects Transformer Engine's %s attention, which cohort does not have: "
+                      "use auto (local and unfused are the same: cohort's one attention kernel)", c->attention_backend,
+                   !strcmp(c->attention_backend, "flash") ? "FlashAttention" : "cuDNN fused");
+    if (!c->add_position_embedding && strcmp(c->position_embedding_type, "rope"))
+        co_problem(P, "--no-position-embedding with --position-embedding-type %s: Megatron refuses it too (the flag is "
+                      "deprecated); give --position-embedding-type rope, which has no learned positions",
+                   c->position_embedding_type);
+    if (c->rotary_percent != 1.0)
+        co_problem(P, "--rotary-percent %g is not supported yet: RoPE rotates every dimension of a head (1.0)",
+                   c->rotary_percent);
+    if (c->apply_layernorm_1p) co_problem(P, "--apply-layernorm-1p is not supported yet");
+    if (c->calculate_per_token_loss) co_problem(P, "--calculate-per-token-loss is not supported yet");
+    if (GIVEN("decoupled-lr") || GIVEN("decoupled-min-lr"))
+        co_problem(P, "--decoupled-lr and --decoupled-min-lr are not supported yet (one learning rate for every layer)");
+    if (c->fp8_format[0]) co_problem(P, "--fp8-format %s: fp8 is not supported; use --bf16", c->fp8_format);
 }
 
 void co_config_check_micro_batch(const co_config *c, co_problems *P) {

@@ -102,6 +102,19 @@ typedef struct co_config {
     char lr_wsd_decay_style[16];
     double weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad;
     bool bf16, fp16;
+    /* Megatron flags its example launch scripts pass, with their meaning where cohort has one,
+     * accepted as no-ops where it is not a choice here, refused where not supported (config.c,
+     * the "compat" group; co_config_check_refused) */
+    char attention_backend[16];   /* auto|local|unfused: cohort's attention; flash|fused refused */
+    bool add_position_embedding;  /* false: --no-position-embedding (only with rope, as Megatron) */
+    bool use_mcore_models, masked_softmax_fusion, cross_entropy_loss_fusion, grad_reduce_in_bf16;
+    bool apply_layernorm_1p, calculate_per_token_loss, manual_gc, log_throughput, profile;
+    bool create_attention_mask_in_dataloader, mmap_bin_files;
+    double rotary_percent, decoupled_lr, decoupled_min_lr;
+    int empty_unused_memory_level, num_workers, profile_step_start, profile_step_end;
+    int distributed_timeout_minutes;
+    char ckpt_format[16], tiktoken_pattern[16], fp8_format[16];
+    char wandb_project[128], wandb_exp_name[128];
     /* data */
     char *data_path[CO_MAX_DATA_PATHS];
     int n_data_path;
