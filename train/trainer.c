@@ -497,6 +497,10 @@ void trainer_destroy(trainer **pt) {
 }
 
 int64_t trainer_iteration(const trainer *t) { return t->iteration; }
+
+bool trainer_batch_changes(const trainer *t) {
+    return t->cfg.rampup_start > 0 && co_config_batch_at(&t->cfg, t->consumed[0]) != t->gbs;
+}
 gpt_model *trainer_model(trainer *t) { return t->model; }
 FILE *trainer_metrics_stream(trainer *t) { return t->metrics; }
 double trainer_last_loss(const trainer *t) { return t->last_loss; }

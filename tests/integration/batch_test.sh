@@ -14,7 +14,8 @@
 #                       size and consumed samples, and the learning rate (counted in samples,
 #                       cosine with --lr-warmup-samples) are Megatron's formulas' (a restatement
 #                       in Python); the refusals of Megatron's calculator's checks
-#   rampup_resume       a run saved mid-ramp (--exit-interval 3: the next batch is 6) and resumed
+#   rampup_resume       a checkpoint before each step that changes the batch (Megatron's); a run
+#                       saved mid-ramp (--exit-interval 3: the next batch is 6) and resumed
 #                       ends bitwise the uninterrupted run, with the same log lines
 #   rampup_parallel     the ramp under pp 2 x dp 2 and interleaved pp 2 (4 ranks, 2): the same
 #                       batches, samples and numbers as one rank (fp32 reduction tolerance)
@@ -109,6 +110,9 @@ PY
 rampup_resume)
     r=(--global-batch-size 8 --rampup-batch-size 2 2 12 --train-samples 48 --hidden-dropout 0.1)
     train_ok full "${r[@]}" --save "$work/full"
+    # Megatron saves before each step whose micro batches differ: the batches are 2 2 4 6 8 8 8 8
+    [ "$(cd "$work/full" && echo iter_*)" = "iter_0000002 iter_0000003 iter_0000004 iter_0000008" ] ||
+        fail "not saved where the batch changes: $(ls "$work/full")"
     train_ok half "${r[@]}" --exit-interval 3 --save "$work/s"
     grep -q '"iteration":3,.*"consumed_samples":8,' "$work/half.jsonl" || fail "not stopped mid-ramp: $(tail -1 "$work/half.jsonl")"
     train_ok rest "${r[@]}" --load "$work/s" --save "$work/s"
