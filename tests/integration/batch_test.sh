@@ -18,7 +18,9 @@
 #                       saved mid-ramp (--exit-interval 3: the next batch is 6) and resumed
 #                       ends bitwise the uninterrupted run, with the same log lines
 #   rampup_parallel     the ramp under pp 2 x dp 2 and interleaved pp 2 (4 ranks, 2): the same
-#                       batches, samples and numbers as one rank (fp32 reduction tolerance)
+#                       batches, samples and numbers as one rank (fp32 reduction tolerance); a
+#                       NaN in the last micro batch of a ramp step is replayed, bitwise the
+#                       clean run
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 on_cpu "$cohort"
@@ -127,7 +129,15 @@ rampup_parallel)
     tiny_model --micro-batch-size 1 --num-layers 4 --attention-dropout 0 --eval-iters 1
     r=(--global-batch-size 8 --rampup-batch-size 2 2 12 --train-samples 48)
     train_ok one "${r[@]}"
-    train_ok pp2dp2 "${r[@]}" --nproc-per-node 4 --pipeline-model-parallel-size 2
+    train_ok pp2dp2 "${r[@]}" --nproc-per-node 4 --pipeline-model-parallel-size 2 --save "$work/c"
+    # a NaN on the last stage (rank 3) in iteration 4 (batch 6: 3 micro batches per pipeline):
+    # the replay of that iteration's schedule ends bitwise the clean run
+    train_ok nan "${r[@]}" --nproc-per-node 4 --pipeline-model-parallel-size 2 --save "$work/f" \
+        --inject "nan@rank=3,step=4,microbatch=2"
+    # (every rank of the replica, ranks 1 and 3, reports the pipeline's losses: either is named)
+    grep -Eq "iteration 4: rerun: rank [13]: nan_loss \(nan\); replaying the step in place" "$work/nan.out" ||
+        fail "no replay under the ramp: $(grep -i 'iteration 4\|inject' "$work/nan.out" | head -4)"
+    ckpt_same "$work/c" "$work/f" "pp 2 x dp 2: the replayed run under the ramp differs"
     train_ok vpp "${r[@]}" --nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1
     compare 1 one pp2dp2 vpp
     batches() { grep '"grad_norm"' "$work/$1.jsonl" | grep -o '"consumed_samples":[0-9]*\|"global_batch_size":[0-9]*' | paste -sd' '; }
