@@ -183,7 +183,7 @@ static const flag flags[] = {
     L("batch", "train-iters", train_iters, NULL, "iterations to train"),
     L("batch", "train-samples", train_samples, NULL, "samples to train (instead of --train-iters)"),
     {"batch", "rampup-batch-size", F_LIST, OFF(rampup_batch_size), OFF(n_rampup_batch_size), 0, NULL, NULL,
-     "START INCREMENT SAMPLES: the global batch starts at START and grows by INCREMENT until --global-batch-size, "
+     "(START INCREMENT SAMPLES) the global batch starts at START and grows by INCREMENT until --global-batch-size, "
      "over SAMPLES samples (Megatron's num-microbatches calculator: START and INCREMENT multiples of micro batch x "
      "data-parallel size; with --train-samples; the learning rate counts samples)"},
     /* optimizer */
@@ -1034,7 +1034,8 @@ void co_config_help(FILE *out) {
         char name[80], def[128];
         const char *meta = f->kind == F_BOOL || f->kind == F_NOBOOL ? ""
                            : f->kind == F_STR && f->choices     ? " {...}"
-                           : f->kind == F_LIST                  ? " PREFIX"
+                           : f->kind == F_LIST && is_data_path_flag(f) ? " PREFIX"
+                           : f->kind == F_LIST                  ? " VALUE..."
                            : f->kind == F_DBL                   ? " X"
                            : f->kind == F_STR                   ? " TEXT"
                                                                 : " N";
