@@ -34,7 +34,7 @@ peak_rss() {
     /usr/bin/python3 - "$cohort" train "${tiny[@]}" --metrics-file "$work/$name.jsonl" "$@" >"$work/$name.rss" \
         2>"$work/$name.out" <<'PY' || fail "$name: $(tail -5 "$work/$name.out")"
 import resource, subprocess, sys
-rc = subprocess.run(sys.argv[1:]).returncode
+rc = subprocess.run(sys.argv[1:], stdout=sys.stderr).returncode  # the run's output to NAME.out
 print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 sys.exit(rc)
 PY
@@ -53,6 +53,7 @@ many_micro_batches)
     same_losses clean f "256 micro batches: the logged numbers differ"
     peak_rss small --global-batch-size 64 --train-iters 3
     small=$(cat "$work/small.rss") big=$(cat "$work/clean.rss")
+    [[ $small =~ ^[0-9]+$ && $big =~ ^[0-9]+$ && $small -gt 0 ]] || fail "peak RSS not measured: '$small' '$big'"
     [ $((big - small)) -le 8192 ] || fail "peak RSS grows with the micro batches: 64: $small KiB, 256: $big KiB"
     echo "ok: peak RSS 64 micro batches $small KiB, 256 $big KiB"
     # the supervisor's validator: dp 2, 256 micro batches per rank, the NaN on rank 1
