@@ -382,6 +382,10 @@ static const flag flags[] = {
     D("compat", "decoupled-lr", decoupled_lr, NULL, "learning rate of the input and output layers (not supported yet)"),
     D("compat", "decoupled-min-lr", decoupled_min_lr, NULL, "their minimum (not supported yet)"),
     S("compat", "fp8-format", fp8_format, NULL, "e4m3|hybrid", "fp8 training (not supported)"),
+    I("compat", "fp8-amax-history-len", fp8_amax_history_len, "1", "fp8's scaling history (not supported: no fp8)"),
+    S("compat", "fp8-amax-compute-algo", fp8_amax_compute_algo, "most_recent", "most_recent|max",
+      "fp8's scaling rule (not supported: no fp8)"),
+    B("compat", "fp8-param-gather", fp8_param_gather, "fp8 parameter all-gather (not supported: no fp8)"),
     B("compat", "manual-gc", manual_gc, "no effect: cohort has no garbage collector"),
     I("compat", "empty-unused-memory-level", empty_unused_memory_level, "0",
       "no effect: cohort has no caching allocator to empty"),
@@ -763,7 +767,8 @@ void co_config_check_refused(const co_config *c, co_problems *P) {
     if (c->calculate_per_token_loss) co_problem(P, "--calculate-per-token-loss is not supported yet");
     if (GIVEN("decoupled-lr") || GIVEN("decoupled-min-lr"))
         co_problem(P, "--decoupled-lr and --decoupled-min-lr are not supported yet (one learning rate for every layer)");
-    if (c->fp8_format[0]) co_problem(P, "--fp8-format %s: fp8 is not supported; use --bf16", c->fp8_format);
+    if (c->fp8_format[0] || GIVEN("fp8-amax-history-len") || GIVEN("fp8-amax-compute-algo") || c->fp8_param_gather)
+        co_problem(P, "--fp8-format and the other --fp8-* flags: fp8 is not supported; use --bf16");
 }
 
 void co_config_check_micro_batch(const co_config *c, co_problems *P) {

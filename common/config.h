@@ -113,7 +113,9 @@ typedef struct co_config {
     double rotary_percent, decoupled_lr, decoupled_min_lr;
     int empty_unused_memory_level, num_workers, profile_step_start, profile_step_end;
     int distributed_timeout_minutes;
-    char ckpt_format[16], tiktoken_pattern[16], fp8_format[16];
+    char ckpt_format[16], tiktoken_pattern[16], fp8_format[16], fp8_amax_compute_algo[16];
+    int fp8_amax_history_len;
+    bool fp8_param_gather;
     char wandb_project[128], wandb_exp_name[128];
     /* data */
     char *data_path[CO_MAX_DATA_PATHS];
