@@ -182,6 +182,10 @@ static const flag flags[] = {
       "samples per iteration (default micro batch x data-parallel size)"),
     L("batch", "train-iters", train_iters, NULL, "iterations to train"),
     L("batch", "train-samples", train_samples, NULL, "samples to train (instead of --train-iters)"),
+    {"batch", "rampup-batch-size", F_LIST, OFF(rampup_batch_size), OFF(n_rampup_batch_size), 0, NULL, NULL,
+     "(START INCREMENT SAMPLES) the global batch starts at START and grows by INCREMENT until --global-batch-size, "
+     "over SAMPLES samples (Megatron's num-microbatches calculator: START and INCREMENT multiples of micro batch x "
+     "data-parallel size; with --train-samples; the learning rate counts samples)"},
     /* optimizer */
     S("optimizer", "optimizer", optimizer, "adam", "adam", "optimizer (AdamW)"),
     D("optimizer", "lr", lr, NULL, "peak learning rate"),
@@ -369,6 +373,51 @@ static const flag flags[] = {
     S("timeline", "timeline-iterations", timeline_iterations, "3", NULL,
       "[cohort] iterations --timeline-dir records: N = the N after the first iteration this run trains (the first "
       "has one-time costs), A:B = iterations A to B (1-based, as the log line counts)"),
+    /* Megatron's flags that its example scripts (gpt3, llama, mixtral) pass: their meaning, or
+     * no effect where cohort has no such choice, or refused (co_config_check_refused) */
+    S("compat", "attention-backend", attention_backend, "auto", "auto|local|unfused|flash|fused",
+      "attention implementation: auto, local and unfused run cohort's one attention kernel; flash and fused "
+      "(Transformer Engine's FlashAttention and cuDNN kernels) are refused"),
+    NB("compat", "position-embedding", add_position_embedding,
+       "learned absolute positions; --no-position-embedding (deprecated in Megatron) is accepted with "
+       "--position-embedding-type rope, which has none, and refused otherwise (as Megatron)"),
+    D("compat", "rotary-percent", rotary_percent, "1.0",
+      "share of each head's dimensions RoPE rotates (only 1.0: the others are not supported yet)"),
+    B("compat", "use-mcore-models", use_mcore_models, "no effect: cohort's GPT is Megatron Core's (no legacy models)"),
+    NB("compat", "masked-softmax-fusion", masked_softmax_fusion,
+       "no effect: cohort's attention kernel scales, masks and softmaxes in one pass either way"),
+    B("compat", "cross-entropy-loss-fusion", cross_entropy_loss_fusion,
+      "no effect: cohort's softmax cross-entropy is always one fused pass"),
+    B("compat", "grad-reduce-in-bf16", grad_reduce_in_bf16,
+      "no effect: cohort reduces gradients in fp32 (more exact than bf16)"),
+    B("compat", "apply-layernorm-1p", apply_layernorm_1p, "norm weights stored as 1 + w (not supported yet)"),
+    B("compat", "calculate-per-token-loss", calculate_per_token_loss,
+      "normalise the loss by the step's tokens instead of per micro batch (not supported yet)"),
+    D("compat", "decoupled-lr", decoupled_lr, NULL, "learning rate of the input and output layers (not supported yet)"),
+    D("compat", "decoupled-min-lr", decoupled_min_lr, NULL, "their minimum (not supported yet)"),
+    S("compat", "fp8-format", fp8_format, NULL, "e4m3|hybrid", "fp8 training (not supported)"),
+    I("compat", "fp8-amax-history-len", fp8_amax_history_len, "1", "fp8's scaling history (not supported: no fp8)"),
+    S("compat", "fp8-amax-compute-algo", fp8_amax_compute_algo, "most_recent", "most_recent|max",
+      "fp8's scaling rule (not supported: no fp8)"),
+    B("compat", "fp8-param-gather", fp8_param_gather, "fp8 parameter all-gather (not supported: no fp8)"),
+    B("compat", "manual-gc", manual_gc, "no effect: cohort has no garbage collector"),
+    I("compat", "empty-unused-memory-level", empty_unused_memory_level, "0",
+      "no effect: cohort has no caching allocator to empty"),
+    I("compat", "num-workers", num_workers, "2", "no effect: cohort reads data on the training thread"),
+    NB("compat", "mmap-bin-files", mmap_bin_files, "no effect: cohort always memory-maps .bin files"),
+    NB("compat", "create-attention-mask-in-dataloader", create_attention_mask_in_dataloader,
+       "no effect: cohort never builds attention masks (causal, with document starts)"),
+    B("compat", "log-throughput", log_throughput, "no effect: cohort's log line always has the throughput"),
+    B("compat", "profile", profile, "no effect: no profiler here; --timeline-dir records each step's operations"),
+    I("compat", "profile-step-start", profile_step_start, "10", "no effect (see --profile)"),
+    I("compat", "profile-step-end", profile_step_end, "12", "no effect (see --profile)"),
+    S("compat", "ckpt-format", ckpt_format, "torch_dist", "torch|torch_dist|zarr|fsdp_dtensor",
+      "no effect: cohort writes its own format (safetensors shards and a manifest; `cohort ckpt`)"),
+    I("compat", "distributed-timeout-minutes", distributed_timeout_minutes, "10",
+      "no effect: cohort's collectives time out on their own (--inprocess-soft-timeout and friends)"),
+    S("compat", "wandb-project", wandb_project, NULL, NULL,
+      "no effect: no Weights & Biases client (--tensorboard-dir, --metrics-file)"),
+    S("compat", "wandb-exp-name", wandb_exp_name, NULL, NULL, "no effect (see --wandb-project)"),
     /* cohort */
     I("cohort", "threads", threads, NULL, "[cohort] CPU threads (default: all online cores)"),
     S("cohort", "device", device, "auto", "auto|cpu|cuda",
@@ -646,7 +695,9 @@ bool co_problem_dbl_range(co_problems *P, const char *name, double v, double lo,
 
 int64_t co_config_split_samples(const co_config *c, int split) {
     int64_t gbs = c->global_batch_size;
-    if (split == 0) return c->train_iters * gbs;
+    /* Megatron's: --train-samples when given (with a batch ramp-up the iterations' batches
+     * differ), else iterations x batch */
+    if (split == 0) return c->train_samples > 0 ? c->train_samples : c->train_iters * gbs;
     if (split == 1) return (c->train_iters / c->eval_interval + 1) * c->eval_iters * gbs;
     return c->eval_iters * gbs;
 }
@@ -714,6 +765,23 @@ bool co_config_model_parallel_sizes_ok(const co_config *c) {
 
 void co_config_check_refused(const co_config *c, co_problems *P) {
     if (c->fp16) co_problem(P, "--fp16 is not supported yet; use --bf16");
+    if (!strcmp(c->attention_backend, "flash") || !strcmp(c->attention_backend, "fused"))
+        co_problem(P, "--attention-backend %s selects Transformer Engine's %s attention, which cohort does not have: "
+                      "use auto (local and unfused are the same: cohort's one attention kernel)", c->attention_backend,
+                   !strcmp(c->attention_backend, "flash") ? "FlashAttention" : "cuDNN fused");
+    if (!c->add_position_embedding && strcmp(c->position_embedding_type, "rope"))
+        co_problem(P, "--no-position-embedding with --position-embedding-type %s: Megatron refuses it too (the flag is "
+                      "deprecated); give --position-embedding-type rope, which has no learned positions",
+                   c->position_embedding_type);
+    if (c->rotary_percent != 1.0)
+        co_problem(P, "--rotary-percent %g is not supported yet: RoPE rotates every dimension of a head (1.0)",
+                   c->rotary_percent);
+    if (c->apply_layernorm_1p) co_problem(P, "--apply-layernorm-1p is not supported yet");
+    if (c->calculate_per_token_loss) co_problem(P, "--calculate-per-token-loss is not supported yet");
+    if (GIVEN("decoupled-lr") || GIVEN("decoupled-min-lr"))
+        co_problem(P, "--decoupled-lr and --decoupled-min-lr are not supported yet (one learning rate for every layer)");
+    if (c->fp8_format[0] || GIVEN("fp8-amax-history-len") || GIVEN("fp8-amax-compute-algo") || c->fp8_param_gather)
+        co_problem(P, "--fp8-format and the other --fp8-* flags: fp8 is not supported; use --bf16");
 }
 
 void co_config_check_micro_batch(const co_config *c, co_problems *P) {
@@ -742,11 +810,6 @@ static bool check_batch(co_config *c, int dp, co_problems *P) {
                    c->global_batch_size, c->micro_batch_size, dp);
         batch_ok = false;
     }
-    if (batch_ok && strcmp(c->rerun_mode, "disabled") && c->global_batch_size / per_step > CO_RERUN_MAX_MICRO_BATCHES)
-        co_problem(P, "--global-batch-size %d is %lld micro batches per rank and iteration; the rerun state machine "
-                      "validates at most %d (not supported yet): raise --micro-batch-size or pass --rerun-mode "
-                      "disabled", c->global_batch_size, (long long)(c->global_batch_size / per_step),
-                   CO_RERUN_MAX_MICRO_BATCHES);
     return batch_ok;
 }
 
@@ -761,7 +824,9 @@ static bool check_length(co_config *c, bool batch_ok, co_problems *P) {
     if (iters_bad || samples_bad) batch_ok = false;
     else if ((c->train_iters > 0) == (c->train_samples > 0))
         co_problem(P, "give exactly one of --train-iters and --train-samples (positive)");
-    else if (batch_ok && c->train_samples > 0) {
+    else if (batch_ok && c->train_samples > 0 && c->rampup_start > 0) {
+        c->train_iters = co_config_rampup_iters(c);
+    } else if (batch_ok && c->train_samples > 0) {
         if (c->train_samples % c->global_batch_size)
             co_problem(P, "--train-samples %lld is not a multiple of --global-batch-size %d",
                        (long long)c->train_samples, c->global_batch_size);
@@ -888,8 +953,77 @@ static void check_launch(const co_config *c, co_problems *P) {
         co_problem_range(P, "threads", c->threads, 1, CO_MAX_THREADS);
 }
 
+int co_config_batch_at(const co_config *c, int64_t consumed) {
+    int64_t gbs = c->global_batch_size;
+    if (c->rampup_start <= 0 || consumed > c->rampup_samples) return (int)gbs;
+    /* Megatron's RampupBatchsizeNumMicroBatchesCalculator.update, in its floating point */
+    double per_increment = (double)c->rampup_samples / (double)((gbs - c->rampup_start) / c->rampup_increment);
+    int64_t steps = (int64_t)((double)consumed / per_increment);
+    int64_t b = c->rampup_start + steps * c->rampup_increment;
+    return (int)(b < gbs ? b : gbs);
+}
+
+int64_t co_config_rampup_iters(const co_config *c) {
+    /* Megatron's update_train_iters: the ramp's iterations one by one, then whole batches
+     * (a partial last batch is dropped) */
+    int64_t iters = 0, consumed = 0;
+    while (consumed <= c->rampup_samples && consumed <= c->train_samples && iters < CO_MAX_ITERS) {
+        consumed += co_config_batch_at(c, consumed);
+        iters++;
+    }
+    if (c->train_samples > consumed) iters += (c->train_samples - consumed) / c->global_batch_size;
+    return iters;
+}
+
+/* --rampup-batch-size START INCREMENT SAMPLES: Megatron's calculator's checks, and the
+ * schedule it needs (sample-based). The batch must be valid (batch_ok). */
+static void check_rampup(co_config *c, int dp, bool batch_ok, co_problems *P) {
+    c->rampup_start = c->rampup_increment = c->rampup_samples = 0;
+    if (!c->n_rampup_batch_size) return;
+    int64_t v[3];
+    if (c->n_rampup_batch_size != 3 || parse_i64(c->rampup_batch_size[0], &v[0]) ||
+        parse_i64(c->rampup_batch_size[1], &v[1]) || parse_i64(c->rampup_batch_size[2], &v[2])) {
+        co_problem(P, "--rampup-batch-size takes three integers: START INCREMENT SAMPLES (e.g. 16 16 5859375)");
+        return;
+    }
+    int64_t per_step = (int64_t)c->micro_batch_size * dp, gbs = c->global_batch_size;
+    if (v[0] < 1 || v[1] < 1 || v[2] < 1 || v[2] > CO_MAX_ITERS) {
+        co_problem(P, "--rampup-batch-size %lld %lld %lld: START and INCREMENT must be positive and SAMPLES in 1..%lld",
+                   (long long)v[0], (long long)v[1], (long long)v[2], (long long)CO_MAX_ITERS);
+        return;
+    }
+    if (!batch_ok) return;
+    bool ok = true;
+    if (v[0] >= gbs || (gbs - v[0]) % v[1]) {
+        co_problem(P, "--rampup-batch-size START %lld must be below --global-batch-size %d and the difference a "
+                      "multiple of INCREMENT %lld", (long long)v[0], c->global_batch_size, (long long)v[1]);
+        ok = false;
+    }
+    if (v[0] % per_step || v[1] % per_step) {
+        co_problem(P, "--rampup-batch-size START %lld and INCREMENT %lld must be multiples of --micro-batch-size %d x "
+                      "data-parallel size %d", (long long)v[0], (long long)v[1], c->micro_batch_size, dp);
+        ok = false;
+    }
+    if (c->train_samples <= 0) {
+        co_problem(P, "--rampup-batch-size needs --train-samples: Megatron expects no batch-size ramp-up for "
+                      "iteration-based training (--train-iters)");
+        ok = false;
+    }
+    if (GIVEN("lr-decay-iters") || GIVEN("lr-warmup-iters") || GIVEN("lr-wsd-decay-iters"))
+        co_problem(P, "--rampup-batch-size counts the learning rate's schedule in samples: give --lr-decay-samples "
+                      "and --lr-warmup-samples (or --lr-warmup-fraction), not --lr-decay-iters/--lr-warmup-iters");
+    if (!strcmp(c->lr_decay_style, "WSD"))
+        co_problem(P, "--lr-decay-style WSD with --rampup-batch-size is not supported yet");
+    if (!ok) return;
+    c->rampup_start = v[0];
+    c->rampup_increment = v[1];
+    c->rampup_samples = v[2];
+}
+
 void co_config_check_run(co_config *c, int dp, co_problems *P) {
-    bool batch_ok = check_length(c, check_batch(c, dp, P), P);
+    bool batch_ok = check_batch(c, dp, P);
+    check_rampup(c, dp, batch_ok, P);
+    batch_ok = check_length(c, batch_ok, P);
     check_timeline(c, batch_ok, P);
     check_lr(c, batch_ok, P);
     check_optimizer(c, P);
@@ -918,7 +1052,8 @@ void co_config_help(FILE *out) {
         char name[80], def[128];
         const char *meta = f->kind == F_BOOL || f->kind == F_NOBOOL ? ""
                            : f->kind == F_STR && f->choices     ? " {...}"
-                           : f->kind == F_LIST                  ? (is_data_path_flag(f) ? " PREFIX" : " WORD")
+                           : f->kind == F_LIST && is_data_path_flag(f) ? " PREFIX"
+                           : f->kind == F_LIST                  ? " VALUE..."
                            : f->kind == F_DBL                   ? " X"
                            : f->kind == F_STR                   ? " TEXT"
                                                                 : " N";

@@ -41,9 +41,6 @@
 #define CO_MAX_CP_GROUP 1024                  /* --context-parallel-size */
 #define CO_MAX_EP_GROUP 1024                  /* --expert-model-parallel-size */
 #define CO_MAX_THREADS 4096
-/* Micro batches per rank and iteration that the rerun state machine validates (RR_MAX_MB
- * in resilience/rerun.h); more are refused unless --rerun-mode disabled. */
-#define CO_RERUN_MAX_MICRO_BATCHES 64
 
 typedef struct co_config {
     /* model */
@@ -90,6 +87,11 @@ typedef struct co_config {
     /* batch */
     int micro_batch_size, global_batch_size;
     int64_t train_iters, train_samples;
+    /* --rampup-batch-size START INCREMENT SAMPLES (Megatron's num-microbatches calculator); the
+     * words as given, and parsed by the checks into rampup_start/increment/samples (0: none) */
+    char *rampup_batch_size[CO_MAX_DATA_PATHS];
+    int n_rampup_batch_size;
+    int64_t rampup_start, rampup_increment, rampup_samples;
     /* optimizer */
     char optimizer[16];
     double lr, min_lr;
@@ -100,6 +102,21 @@ typedef struct co_config {
     char lr_wsd_decay_style[16];
     double weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad;
     bool bf16, fp16;
+    /* Megatron flags its example launch scripts pass, with their meaning where cohort has one,
+     * accepted as no-ops where it is not a choice here, refused where not supported (config.c,
+     * the "compat" group; co_config_check_refused) */
+    char attention_backend[16];   /* auto|local|unfused: cohort's attention; flash|fused refused */
+    bool add_position_embedding;  /* false: --no-position-embedding (only with rope, as Megatron) */
+    bool use_mcore_models, masked_softmax_fusion, cross_entropy_loss_fusion, grad_reduce_in_bf16;
+    bool apply_layernorm_1p, calculate_per_token_loss, manual_gc, log_throughput, profile;
+    bool create_attention_mask_in_dataloader, mmap_bin_files;
+    double rotary_percent, decoupled_lr, decoupled_min_lr;
+    int empty_unused_memory_level, num_workers, profile_step_start, profile_step_end;
+    int distributed_timeout_minutes;
+    char ckpt_format[16], fp8_format[16], fp8_amax_compute_algo[16];
+    int fp8_amax_history_len;
+    bool fp8_param_gather;
+    char wandb_project[128], wandb_exp_name[128];
     /* data */
     char *data_path[CO_MAX_DATA_PATHS];
     int n_data_path;
@@ -211,6 +228,12 @@ typedef struct co_config {
     /* which flags the user set (index into the flag table) */
     uint8_t set[256];
 } co_config;
+
+/* The global batch once `consumed` training samples are trained: Megatron's batch-size ramp-up
+ * (--rampup-batch-size, checked by co_config_check_run), or --global-batch-size. */
+int co_config_batch_at(const co_config *c, int64_t consumed);
+/* The iterations of a ramped-up run of --train-samples (Megatron's update_train_iters). */
+int64_t co_config_rampup_iters(const co_config *c);
 
 /* Fills the Megatron defaults. */
 void co_config_defaults(co_config *c);

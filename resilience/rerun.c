@@ -4,14 +4,12 @@
 #include "common/config.h"
 #include "common/error.h"
 
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* the configuration refuses more micro batches per rank than a report holds */
-_Static_assert(RR_MAX_MB == CO_RERUN_MAX_MICRO_BATCHES, "RR_MAX_MB and trainer_config_check's limit differ");
 
 #define RR_TRACK_N 100   /* values the spike and gradient trackers learn from, then freeze */
 #define RR_MAX_ATTEMPT 4 /* replays of one iteration before giving up */
@@ -124,7 +122,7 @@ static void start_round(rr_machine *m, round_kind kind, int attempt) {
 }
 
 int rr_add(rr_machine *m, const rr_report *r) {
-    if (r->rank < 0 || r->rank >= m->o.world || r->nmb < 0 || r->nmb > RR_MAX_MB)
+    if (r->rank < 0 || r->rank >= m->o.world || r->nmb < 0 || r->mb.n != r->nmb)
         return co_err_set(CO_EPROTOCOL, "rerun: report from rank %d with %d micro batches", r->rank, r->nmb);
     if (m->iter < 0 || (r->iteration > m->iter && r->attempt == 0 && m->nhave == 0 && m->kind == ROUND_ALL &&
                         m->attempt == 0)) {
@@ -168,13 +166,12 @@ static int find_rejection(rr_machine *m, const rr_report *rs, int n, char *check
     for (int k = 0; k < n; k++) {
         const rr_report *r = &rs[k];
         if (o->check_nan) {
-            for (int i = 0; i < r->nmb; i++)
-                if (!isfinite(r->loss[i])) {
-                    snprintf(check, 32, "%s", isnan(r->loss[i]) ? "nan_loss" : "inf_loss");
-                    *value = r->loss[i];
-                    *fatal = true;
-                    return r->rank;
-                }
+            if (r->mb.bad_mb >= 0) {
+                snprintf(check, 32, "%s", isnan(r->mb.bad_loss) ? "nan_loss" : "inf_loss");
+                *value = r->mb.bad_loss;
+                *fatal = true;
+                return r->rank;
+            }
             if (!isfinite(r->grad_norm)) {
                 snprintf(check, 32, "%s", isnan(r->grad_norm) ? "nan_grad" : "inf_grad");
                 *value = r->grad_norm;
@@ -185,14 +182,13 @@ static int find_rejection(rr_machine *m, const rr_report *rs, int n, char *check
     }
     for (int k = 0; k < n; k++) {
         const rr_report *r = &rs[k];
-        if (o->check_spiky && m->spiky_n > 0)
-            for (int i = 0; i < r->nmb; i++)
-                if (fabs(r->loss[i]) >= o->spiky_factor * m->spiky_max) {
-                    snprintf(check, 32, "spiky_loss");
-                    *value = r->loss[i];
-                    *fatal = false;
-                    return r->rank;
-                }
+        /* the largest loss is a spike exactly when some micro batch's is */
+        if (o->check_spiky && m->spiky_n > 0 && r->mb.n > 0 && fabs(r->mb.loss_peak) >= o->spiky_factor * m->spiky_max) {
+            snprintf(check, 32, "spiky_loss");
+            *value = r->mb.loss_peak;
+            *fatal = false;
+            return r->rank;
+        }
         if (o->check_large_grads && m->grad_n > 0 && r->grad_norm >= o->large_grad_factor * m->grad_max) {
             snprintf(check, 32, "large_grad");
             *value = r->grad_norm;
@@ -226,8 +222,11 @@ static int find_rejection(rr_machine *m, const rr_report *rs, int n, char *check
 static void track(rr_machine *m) {
     for (int k = 0; k < m->o.world; k++) {
         const rr_report *r = &m->cur[k];
-        for (int i = 0; i < r->nmb && m->spiky_n < RR_TRACK_N; i++, m->spiky_n++)
-            if (fabs(r->loss[i]) > m->spiky_max) m->spiky_max = fabs(r->loss[i]);
+        /* the tracker learns a report's micro batches at once, through their largest loss */
+        if (m->spiky_n < RR_TRACK_N && r->mb.n > 0) {
+            if (fabs(r->mb.loss_peak) > m->spiky_max) m->spiky_max = fabs(r->mb.loss_peak);
+            m->spiky_n = r->mb.n < RR_TRACK_N - m->spiky_n ? m->spiky_n + r->mb.n : RR_TRACK_N;
+        }
         if (m->grad_n < RR_TRACK_N) {
             if (r->grad_norm > m->grad_max) m->grad_max = r->grad_norm;
             m->grad_n++;
@@ -242,10 +241,9 @@ static bool same_dbl(double a, double b) {
 
 /* The same result bit for bit (NaN equals NaN, as Megatron's comparison). */
 static bool same_result(const rr_report *a, const rr_report *b) {
-    if (a->nmb != b->nmb) return false;
-    for (int i = 0; i < a->nmb; i++)
-        if (!same_dbl(a->loss[i], b->loss[i]) || !same_dbl(a->tokens[i], b->tokens[i])) return false;
-    return same_dbl(a->grad_norm, b->grad_norm);
+    if (a->nmb != b->nmb || a->mb.n != b->mb.n || a->mb.digest != b->mb.digest) return false;
+    return same_dbl(a->mb.loss_sum, b->mb.loss_sum) && same_dbl(a->mb.tokens_sum, b->mb.tokens_sum) &&
+           same_dbl(a->grad_norm, b->grad_norm);
 }
 
 static double rel_diff(double a, double b) {
@@ -262,9 +260,39 @@ static uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
+/* The first micro batch's loss becomes NaN (the same change on every attempt, so that a
+ * persistent fault reproduces bit for bit). */
+void rr_mbs_reset(rr_mbs *s) {
+    memset(s, 0, sizeof *s);
+    s->bad_mb = -1;
+}
+
+/* the bits of x, every NaN one value */
+static uint64_t dbl_bits(double x) {
+    uint64_t u;
+    if (isnan(x)) return 0x7FF8000000000000ull;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+void rr_mbs_add(rr_mbs *s, int mb, double loss, double tokens) {
+    s->n++;
+    s->loss_sum += loss;
+    s->tokens_sum += tokens;
+    if (!isfinite(loss) && (s->bad_mb < 0 || mb < s->bad_mb)) s->bad_mb = mb, s->bad_loss = loss;
+    if (fabs(loss) > fabs(s->loss_peak)) s->loss_peak = loss; /* NaN never is */
+    s->digest += mix64(mix64(mix64((uint64_t)mb + 0x51ED27A3ull) ^ dbl_bits(loss)) ^ dbl_bits(tokens));
+}
+
 static void poison(rr_report *r) {
-    if (r->nmb > 0) r->loss[0] = NAN;
-    else r->grad_norm = NAN;
+    if (r->mb.n > 0) {
+        r->mb.bad_mb = 0;
+        r->mb.bad_loss = NAN;
+        r->mb.loss_sum = NAN;
+        r->mb.digest ^= 0x9E3779B97F4A7C15ull;
+    } else {
+        r->grad_norm = NAN;
+    }
 }
 
 /* ---- events ----------------------------------------------------------------------------- */
@@ -556,11 +584,16 @@ static void decide_determinism(rr_machine *m, rr_verdict *v) {
         verdict(v, m, RR_RERUN, RR_DIAG_NONE, "report_determinism_stats: every iteration runs twice");
         return;
     }
+    /* per rank its micro batches' losses and its gradient norm. The losses are folded: equal
+     * digests mean every one identical; otherwise each counts as differing by their sums'
+     * relative difference (the digest cannot say which differ) */
     for (int k = 0; k < W; k++) {
-        for (int i = 0; i <= m->cur[k].nmb; i++) {
-            double a = i < m->cur[k].nmb ? m->first[k].loss[i] : m->first[k].grad_norm;
-            double b = i < m->cur[k].nmb ? m->cur[k].loss[i] : m->cur[k].grad_norm;
-            double d = rel_diff(a, b);
+        const rr_report *a = &m->first[k], *b = &m->cur[k];
+        int n = b->mb.n;
+        double dl = a->mb.digest == b->mb.digest && a->mb.n == n ? 0 : rel_diff(a->mb.loss_sum, b->mb.loss_sum);
+        if (dl == 0 && (a->mb.digest != b->mb.digest || a->mb.n != n)) dl = DBL_MIN; /* bits differ, sums agree: differing, by an unknown amount */
+        for (int i = 0; i <= n; i++) {
+            double d = i < n ? dl : rel_diff(a->grad_norm, b->grad_norm);
             m->compared++;
             if (d == 0) m->identical++;
             else keep_rel(m, d);

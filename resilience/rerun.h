@@ -79,12 +79,29 @@ typedef struct rr_options {
 
 void rr_options_default(rr_options *o, int world);
 
-/* One rank's report for one round: its micro batches' loss sums and token counts, and the
- * norm of its own gradients before reduction. check_for >= 0 in a CHECK round: these are
- * the micro batches of rank check_for, recomputed here. At most RR_MAX_MB micro batches:
- * trainer_config_check refuses a configuration with more per rank (CO_RERUN_MAX_MICRO_BATCHES)
- * unless validation is off, and rr_add refuses a longer report. */
-#define RR_MAX_MB 64
+/* A round's micro batches folded as they finish, so that a report has one size whatever
+ * their number: the sums, the largest |loss| (the spike check), the first non-finite loss
+ * (the NaN/Inf check) and a digest of every micro batch's exact loss and token count (a
+ * replay compares bit for bit through it: equal digests mean equal results). */
+typedef struct rr_mbs {
+    int n;               /* micro batches folded */
+    double loss_sum;     /* their loss sums added in micro-batch order */
+    double tokens_sum;
+    double loss_peak;    /* the loss of largest magnitude (0 with none) */
+    int bad_mb;          /* the first micro batch whose loss is not finite (-1: none) */
+    double bad_loss;     /* its loss */
+    uint64_t digest;     /* sum over micro batches of a hash of (index, loss bits, tokens bits);
+                          * every NaN hashes alike, as the comparison takes NaN equal to NaN */
+} rr_mbs;
+
+void rr_mbs_reset(rr_mbs *s);
+/* Folds micro batch mb's loss sum and token count in (any order gives the same digest; the
+ * sums follow the order of the calls). */
+void rr_mbs_add(rr_mbs *s, int mb, double loss, double tokens);
+
+/* One rank's report for one round: its micro batches folded (rr_mbs: any number, a fixed
+ * size) and the norm of its own gradients before reduction. check_for >= 0 in a CHECK
+ * round: these are the micro batches of rank check_for, recomputed here. */
 #define RR_MAX_AUX 10
 typedef struct rr_report {
     int64_t iteration;
@@ -92,8 +109,7 @@ typedef struct rr_report {
     int rank;
     int check_for;
     int nmb;
-    double loss[RR_MAX_MB];
-    double tokens[RR_MAX_MB];
+    rr_mbs mb;
     double grad_norm;
     /* checksums of the parameters this rank used in the round (XXH3 of its weights), and of
      * the parameters as it last wrote them (its optimizer step, a repair, a load); has_sum

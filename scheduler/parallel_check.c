@@ -199,5 +199,15 @@ int pp_check_config(const co_config *c, int dp) {
     }
     pp_sched_cfg sc = {.p = p, .rank = 0, .m = c->global_batch_size / (c->micro_batch_size * dp), .v = v,
                        .group = c->microbatch_group_size_per_vp_stage};
-    return pp_sched_check(&sc) ? CO_EINVAL : 0;
+    if (pp_sched_check(&sc)) return CO_EINVAL;
+    /* a batch ramp-up's smaller batches each run the schedule over their micro batches */
+    for (int64_t b = c->rampup_start; c->rampup_start > 0 && b < c->global_batch_size; b += c->rampup_increment) {
+        sc.m = (int)(b / (c->micro_batch_size * dp));
+        if (pp_sched_check(&sc)) {
+            char why[300];
+            snprintf(why, sizeof why, "%s", co_err_detail());
+            return co_err_set(CO_EINVAL, "--rampup-batch-size: the ramp's global batch %lld: %s", (long long)b, why);
+        }
+    }
+    return 0;
 }

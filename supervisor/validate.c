@@ -19,8 +19,7 @@ static const char *const ph_names[SVV_NPH] = {"data", "forward", "backward", "al
 
 typedef struct pend {
     rr_report r;
-    uint64_t seen; /* micro batches received (bit per micro batch) */
-    int got;
+    int got;        /* the round's message has come (one a round) */
     bool added;
     bool want_sum;  /* a ParamsChecksum follows the reports (r.has_sum: it has come) */
     double phase_ms[SVV_NPH];
@@ -427,11 +426,11 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
     int attempt = lr->has_attempt ? (int)lr->attempt : 0;
     int check_for = lr->has_check_for ? lr->check_for : -1;
     int nmb = lr->has_micro_batches ? (int)lr->micro_batches : 1;
-    if (nmb < 1 || nmb > RR_MAX_MB || lr->micro_batch >= (uint32_t)nmb) return 0;
+    if (nmb < 1 || lr->micro_batch != 0) return 0; /* one message a round: its micro batches folded */
     uint64_t now = sv__now_ms();
     if (v->have_last && it == v->last_iter && attempt == v->last_attempt) {
         /* a repeat of a round already decided: its verdict was lost on the way */
-        if (lr->micro_batch == (uint32_t)nmb - 1) send_verdict(v, &v->last, rank);
+        send_verdict(v, &v->last, rank);
         return 0;
     }
     pend *p = &v->p[rank];
@@ -440,19 +439,21 @@ int svv_on_report(svv *v, int rank, const Cohort__V1__LossReport *lr, char *why,
         return 0;
     }
     pend_round(v, rank, it, attempt, check_for);
-    if (p->r.nmb != nmb && p->got) pend_reset(p, rank, it, attempt, check_for); /* another count: afresh */
-    p->r.nmb = nmb;
-    if (lr->has_checksum_follows && lr->checksum_follows) p->want_sum = true;
-    if (p->seen & (1ull << lr->micro_batch)) { /* a duplicate message */
+    if (p->got) { /* a duplicate message */
         v->duplicate_reports++;
         return 0;
     }
+    p->r.nmb = nmb;
+    if (lr->has_checksum_follows && lr->checksum_follows) p->want_sum = true;
     if (it > v->max_iter) v->max_iter = it;
     if (!v->round_first_ms) v->round_first_ms = now;
-    p->seen |= 1ull << lr->micro_batch;
-    p->got++;
-    p->r.loss[lr->micro_batch] = lr->loss_sum;
-    p->r.tokens[lr->micro_batch] = lr->has_tokens ? lr->tokens : (double)lr->token_count;
+    p->got = 1;
+    /* the micro batches as the rank folded them */
+    p->r.mb = (rr_mbs){.n = nmb, .loss_sum = lr->loss_sum,
+                       .tokens_sum = lr->has_tokens ? lr->tokens : (double)lr->token_count,
+                       .loss_peak = lr->has_loss_peak ? lr->loss_peak : lr->loss_sum,
+                       .bad_mb = lr->has_bad_micro_batch ? lr->bad_micro_batch : -1,
+                       .bad_loss = lr->bad_loss, .digest = lr->results_digest};
     if (lr->has_grad_norm) p->r.grad_norm = lr->grad_norm;
     for (size_t k = 0; k < lr->n_phase_ms; k++)
         for (int q = 0; q < SVV_NPH; q++)
@@ -487,7 +488,7 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
     pend *p = &v->p[rank];
     int64_t it = p->r.iteration;
     int attempt = p->r.attempt, check_for = p->r.check_for;
-    if (!p->r.nmb || p->got < p->r.nmb || p->added || (p->want_sum && !p->r.has_sum)) return 0;
+    if (!p->r.nmb || !p->got || p->added || (p->want_sum && !p->r.has_sum)) return 0;
     if (attempt == 0 && check_for < 0 && it != v->first_report_iter) {
         v->first_report_iter = it;
         v->first_report_ms = now;
@@ -791,7 +792,7 @@ bool svv_stalled(svv *v, uint64_t now, uint64_t soft_ms, int *missing, int cap, 
      * checksum waits for: not the one that is stuck (the collective's timeout finds that) */
     for (int r = 0; r < v->W; r++) {
         const pend *p = &v->p[r]; /* (a round added to the state machine is reported) */
-        bool reported = p->r.nmb > 0 && p->got >= p->r.nmb;
+        bool reported = p->r.nmb > 0 && p->got;
         if (!reported && *nmissing < cap) missing[(*nmissing)++] = r;
     }
     *since = v->round_first_ms;

@@ -181,7 +181,7 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
 }
 
 /* The losses and token counts of the micro batches, known on the last stage, summed over
- * the pipeline group into t->mb_loss / t->mb_tok (every rank reports them); *loss, *tok
+ * the pipeline group and folded into t->mbs (every rank reports them); *loss, *tok
  * their sums. */
 static int share_losses(trainer *t, double *loss, double *tok) {
     int M = t->M;
@@ -193,11 +193,9 @@ static int share_losses(trainer *t, double *loss, double *tok) {
     int rc = t->g.pp->ops->allreduce_sum(t->g.pp, t->lbuf, 2 * (size_t)M, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
     *loss = *tok = 0;
+    rr_mbs_reset(&t->mbs);
     for (int mb = 0; mb < M; mb++) {
-        if (mb < RR_MAX_MB) {
-            t->mb_loss[mb] = t->lbuf[mb];
-            t->mb_tok[mb] = t->lbuf[M + mb];
-        }
+        rr_mbs_add(&t->mbs, mb, t->lbuf[mb], t->lbuf[M + mb]);
         *loss += t->lbuf[mb];
         *tok += t->lbuf[M + mb];
     }

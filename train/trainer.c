@@ -226,7 +226,8 @@ static int adopt_groups(trainer *t, const tr_groups *g) {
     int epn = c->num_experts > 0 && c->expert_model_parallel_size > 1 ? c->expert_model_parallel_size : 1;
     t->have_layout = topo_layout_init(&t->layout, world, t->tp_size, t->pp_size, cpn, epn,
                                       c->expert_tensor_parallel_size, c->use_tp_pp_dp_mapping, lerr, sizeof lerr) == 0;
-    t->M = topo_num_microbatches(&t->topo, c->global_batch_size, c->micro_batch_size);
+    t->M = t->M_max = topo_num_microbatches(&t->topo, c->global_batch_size, c->micro_batch_size);
+    t->gbs = c->global_batch_size;
     return 0;
 }
 
@@ -301,6 +302,36 @@ static void lr_setup(trainer *t) {
     t->lr.wsd_decay_iters = c->lr_wsd_decay_iters;
     t->lr.style = (lr_style)lr_style_parse(c->lr_decay_style);
     t->lr.wsd_style = (lr_wsd_style)lr_wsd_style_parse(c->lr_wsd_decay_style);
+    /* Megatron's scheduler counts samples (each step adds the step's batch): with a batch
+     * ramp-up the rate follows the samples consumed, decay over --lr-decay-samples (default
+     * --train-samples), warm-up over --lr-warmup-samples or the fraction of the decay */
+    t->lr_samples = t->lr;
+    t->lr_samples.decay_iters = c->lr_decay_samples > 0 ? c->lr_decay_samples : c->train_samples;
+    t->lr_samples.warmup_iters = c->lr_warmup_fraction >= 0
+                                     ? (int64_t)(c->lr_warmup_fraction * (double)t->lr_samples.decay_iters)
+                                     : c->lr_warmup_samples;
+}
+
+/* The learning rate of the next step (the log line's: after the step, the next one's). */
+static double next_lr(const trainer *t) {
+    return t->cfg.rampup_start > 0 ? lr_at(&t->lr_samples, t->consumed[0]) : lr_at(&t->lr, t->iteration);
+}
+
+/* The iteration's global batch gbs (a batch ramp-up's, or the full one): its micro batches
+ * per rank, the pipeline's schedule over them, the auxiliary losses' weight 1/M. The buffers
+ * are sized for the full batch. */
+int trainer__set_batch(trainer *t, int gbs) {
+    const co_config *c = &t->cfg;
+    int M = topo_num_microbatches(&t->topo, gbs, c->micro_batch_size);
+    if (M < 1 || M > t->M_max) return co_err_set(CO_EINVAL, "global batch %d: %d micro batches per rank (1..%d)", gbs, M, t->M_max);
+    t->gbs = gbs;
+    if (M == t->M) return 0;
+    t->M = M;
+    gpt_set_aux_loss_scale(t->model, 1.0f / (float)M);
+    if (!t->g.pp) return 0;
+    pp_sched_cfg sc = {.p = t->pp_size, .rank = t->pp_rank, .m = M, .v = t->vchunks,
+                       .group = c->microbatch_group_size_per_vp_stage};
+    return pp_schedule(&sc, t->ops, 2 * t->M_max * t->vchunks, &t->nops);
 }
 
 /* The micro batches' arrays: one set, or with a pipeline one per micro batch of the step
@@ -466,6 +497,10 @@ void trainer_destroy(trainer **pt) {
 }
 
 int64_t trainer_iteration(const trainer *t) { return t->iteration; }
+
+bool trainer_batch_changes(const trainer *t) {
+    return t->cfg.rampup_start > 0 && co_config_batch_at(&t->cfg, t->consumed[0]) != t->gbs;
+}
 gpt_model *trainer_model(trainer *t) { return t->model; }
 FILE *trainer_metrics_stream(trainer *t) { return t->metrics; }
 double trainer_last_loss(const trainer *t) { return t->last_loss; }
@@ -596,9 +631,9 @@ static int log_line(trainer *t, double lr, double grad_norm) {
     strncat(moe_json, mtp_json, sizeof moe_json - strlen(moe_json) - 1);
     double ms = 1000.0 * t->time_since_log / t->iters_since_log;
     double loss = t->tok_sum > 0 ? t->loss_sum / t->tok_sum : NAN;
-    double tflops = t->flops_per_sample * c->global_batch_size / (ms / 1000.0) / 1e12 /
+    double tflops = t->flops_per_sample * t->gbs / (ms / 1000.0) / 1e12 /
                     (t->topo.world * t->tp_size * t->cpn * (t->g.pp ? t->pp_size : 1));
-    double tok_s = (double)c->global_batch_size * c->seq_length / (ms / 1000.0);
+    double tok_s = (double)t->gbs * c->seq_length / (ms / 1000.0);
     char ts[32];
     timestamp(ts, sizeof ts);
     progress_clear(t);
@@ -608,7 +643,7 @@ static int log_line(trainer *t, double lr, double grad_norm) {
             "loss scale: %.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: "
             "%3lld |\n",
             ts, (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tflops, lr,
-            c->global_batch_size, loss, moe_txt, 1.0, grad_norm, (long long)t->skipped, (long long)t->nan_iters);
+            t->gbs, loss, moe_txt, 1.0, grad_norm, (long long)t->skipped, (long long)t->nan_iters);
     if (t->log) fflush(t->log);
     /* the tensor group's collectives inside the model since the last line (this rank's) */
     char tpx[200] = "";
@@ -629,7 +664,7 @@ static int log_line(trainer *t, double lr, double grad_norm) {
                 "\"nan_iterations\":%lld,\"validation_ms_per_iteration\":%.3f,\"weight_checksum_ms_per_iteration\":%.3f,"
                 "\"weight_hash_ms_per_iteration\":%.3f%s%s,\"rss_bytes\":%lld,\"max_rss_bytes\":%lld,\"time\":\"%s\"}\n",
                 (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tok_s, tflops, lr,
-                c->global_batch_size, json_num(lb, "%.9e", loss), json_num(gb, "%.6f", grad_norm), (long long)t->skipped, (long long)t->nan_iters,
+                t->gbs, json_num(lb, "%.9e", loss), json_num(gb, "%.6f", grad_norm), (long long)t->skipped, (long long)t->nan_iters,
                 1000.0 * t->gate_s / t->iters_since_log, 1000.0 * t->sum_wait_s / t->iters_since_log,
                 1000.0 * t->sum_hash_s / t->iters_since_log, tpx, moe_json, rss, hwm, ts);
         fflush(t->metrics);
@@ -767,13 +802,14 @@ void trainer__inject_grads(trainer *t, int64_t step, int mb, int poison) {
 void trainer__fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph) { fire_process_faults(t, step, mb, ph); }
 
 /* Forward and backward of data_rank's share of the step (micro batches mb*dp + data_rank),
- * gradients cleared first. Per micro batch loss sums and token counts go to t->mb_loss and
- * t->mb_tok; *grad_norm is the norm of this rank's gradients before any reduction. */
+ * gradients cleared first. Per micro batch loss sums and token counts are folded into t->mbs;
+ * *grad_norm is the norm of this rank's gradients before any reduction. */
 static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,
                          double *grad_norm) {
     const co_config *c = &t->cfg;
     int B = c->micro_batch_size, N = B * c->seq_length;
     gpt_zero_grad(t->model);
+    rr_mbs_reset(&t->mbs);
     double it_loss = 0, it_tok = 0;
     for (int mb = 0; mb < t->M; mb++) {
         double t0 = now_s();
@@ -809,10 +845,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         trainer__tl(t, TL_BACKWARD, mb, 0, tl0);
         trainer__inject_grads(t, step, mb, poison);
         t->phase_ms[TR_PH_BACKWARD] += 1000 * (now_s() - t2);
-        if (mb < RR_MAX_MB) {
-            t->mb_loss[mb] = loss;
-            t->mb_tok[mb] = ntok;
-        }
+        rr_mbs_add(&t->mbs, mb, loss, ntok);
         it_loss += loss;
         it_tok += ntok;
         if (kb_backend_status(t->be)) return kb_backend_status(t->be);
@@ -1113,14 +1146,11 @@ typedef struct tr_iter {
     bool check_reports;  /* this rank reports the recomputation (its replica's helper) */
 } tr_iter;
 
-/* The validator's report of a round: per micro batch losses and tokens, this rank's gradient
+/* The validator's report of a round: its micro batches' losses and tokens folded, this rank's gradient
  * norm, the MoE and MTP losses (a check round's names the share it recomputed). */
 static void build_report(trainer *t, const tr_iter *it, int check_for, rr_report *r) {
     *r = (rr_report){.iteration = it->step, .attempt = it->attempt, .rank = t->topo.dp_rank,
-                     .check_for = check_for, .nmb = t->M < RR_MAX_MB ? t->M : RR_MAX_MB,
-                     .grad_norm = it->local_norm};
-    memcpy(r->loss, t->mb_loss, sizeof(double) * (size_t)r->nmb);
-    memcpy(r->tokens, t->mb_tok, sizeof(double) * (size_t)r->nmb);
+                     .check_for = check_for, .nmb = t->mbs.n, .mb = t->mbs, .grad_norm = it->local_norm};
     trainer__aux_report(t, r);
 }
 
@@ -1280,7 +1310,7 @@ static int optimizer_step(trainer *t, tr_iter *it) {
     fire_process_faults(t, it->step, -1, FI_PH_OPTIMIZER);
     int rc = trainer__moe_pre_step(t); /* the expert biases move before the weights do */
     if (rc) return rc;
-    double lr = lr_at(&t->lr, t->iteration);
+    double lr = next_lr(t);
     /* the next step's checksum compares with what this step writes (hashed as AdamW writes
      * it, where the backend can) */
     bool written = sums_on(t) && (it->step + 1) % c->check_weight_hash_interval == 0;
@@ -1328,7 +1358,7 @@ static int apply_update(trainer *t, tr_iter *it, tr_action a, train_end *why) {
  * parameters are gathered, the step's statistics taken, its timeline written. */
 static int commit_iteration(trainer *t) {
     t->iteration++;
-    t->consumed[0] += t->cfg.global_batch_size;
+    t->consumed[0] += t->gbs;
     if (t->dopt) {
         /* the shards are updated; the parameters' all-gather follows, redone by a restart's
          * handover if an abort interrupts it */
@@ -1354,7 +1384,7 @@ static int report_iteration(trainer *t, const tr_iter *it) {
     t->iters_since_log++;
     t->time_since_log += dt;
     if (t->iteration % c->log_interval == 0) {
-        int rc = log_line(t, lr_at(&t->lr, t->iteration), it->grad_norm);
+        int rc = log_line(t, next_lr(t), it->grad_norm);
         if (rc) return rc;
     }
     t->ema_step_s = t->ema_step_s > 0 ? 0.9 * t->ema_step_s + 0.1 * dt : dt;
@@ -1395,7 +1425,7 @@ static int skip_iteration(trainer *t, int64_t step) {
     progress_clear(t);
     if (t->log) fprintf(t->log, "cohort: skipping iteration %lld (--iterations-to-skip)\n", (long long)step);
     t->iteration++;
-    t->consumed[0] += t->cfg.global_batch_size;
+    t->consumed[0] += t->gbs; /* the batch of the iteration skipped (Megatron's) */
     t->skipped++;
     int rc = run_hooks(t, false, TRAIN_DONE);
     return rc < 0 ? rc : 0;
@@ -1431,9 +1461,11 @@ static void begin_iteration(trainer *t, tr_iter *it) {
 static int train_iteration(trainer *t, volatile sig_atomic_t *stop, train_end *why, bool *done) {
     tr_iter it;
     begin_iteration(t, &it);
+    /* the batch of this iteration: Megatron's calculator at the samples consumed so far */
+    int rc = trainer__set_batch(t, co_config_batch_at(&t->cfg, t->consumed[0]));
+    if (rc) return rc;
     if (skip_listed(t, it.step)) return skip_iteration(t, it.step);
     tr_action a;
-    int rc;
     do {
         if ((rc = attempt_step(t, &it, stop)) || (rc = await_verdict(t, &it, &a))) return rc;
     } while (tr_action_replays(a));
@@ -1470,7 +1502,19 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
     return rc < 0 ? rc : 0;
 }
 
+/* An evaluation's batches are the full --global-batch-size, ramp-up or not (Megatron's
+ * evaluate); the training iteration's batch is restored after it. */
+static int evaluate_split(trainer *t, int split, const char *label, double *out_loss);
+
 int trainer_evaluate(trainer *t, int split, const char *label, double *out_loss) {
+    int gbs = t->gbs;
+    int rc = trainer__set_batch(t, t->cfg.global_batch_size);
+    if (!rc) rc = evaluate_split(t, split, label, out_loss);
+    int rc2 = trainer__set_batch(t, gbs);
+    return rc ? rc : rc2;
+}
+
+static int evaluate_split(trainer *t, int split, const char *label, double *out_loss) {
     const co_config *c = &t->cfg;
     *out_loss = NAN;
     if (!t->has_split[split] || c->eval_iters <= 0) return 0;

@@ -188,6 +188,9 @@ void trainer_set_abort_flag(trainer *t, volatile sig_atomic_t *flag);
 void trainer_phase_ms(const trainer *t, double out[TR_NPHASES]);
 
 int64_t trainer_iteration(const trainer *t);
+/* Whether the next iteration's global batch differs from the last one's (a batch ramp-up
+ * steps; Megatron saves a checkpoint then). */
+bool trainer_batch_changes(const trainer *t);
 gpt_model *trainer_model(trainer *t);
 /* Where this trainer's metrics records go (NULL: none; only the logging rank has one). */
 FILE *trainer_metrics_stream(trainer *t);

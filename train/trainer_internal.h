@@ -53,7 +53,10 @@ struct trainer {
     opt_adamw opt;
     lr_schedule lr;
     topo topo;
-    int M;                   /* micro batches per iteration */
+    int M;                   /* micro batches per iteration (this iteration's, under a batch ramp-up) */
+    int M_max;               /* ... of the full --global-batch-size: what the buffers are sized for */
+    int gbs;                 /* this iteration's global batch (co_config_batch_at) */
+    lr_schedule lr_samples;  /* under --rampup-batch-size: the schedule counted in samples, as Megatron's */
     dl_dataset *ds[3];       /* train, valid, test (NULL: empty split) */
     tok_tokenizer sft_tok;   /* the tokenizer SFT data is tokenized with (--sft) */
     int64_t consumed[3];     /* samples consumed of each split */
@@ -92,7 +95,7 @@ struct trainer {
     volatile sig_atomic_t *abort_flag;
     double phase_ms[TR_NPHASES];
     double gate_s;            /* time in the validator (report + verdict wait) since the last log line */
-    double mb_loss[RR_MAX_MB], mb_tok[RR_MAX_MB];
+    rr_mbs mbs;               /* the round's micro batches folded for the report (any number) */
     /* --check-weight-hash-across-dp-replicas-interval: the weights as this rank last wrote them */
     uint64_t sum_written;
     bool have_written;
@@ -241,6 +244,8 @@ gpt_chunk trainer__chunk_of(const pp_stage *st, int p, int v, int r, int ci, int
 int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,
                             double *grad_norm);
 int trainer__pipeline_evaluate(trainer *t, int split, double *loss_out, double *tok_out);
+/* The iteration's global batch: its micro batches, the pipeline schedule over them (trainer.c). */
+int trainer__set_batch(trainer *t, int gbs);
 
 /* Faults injected into this rank (resilience/inject.h) around a micro batch: before its
  * forward (kill, stop, hang, slow; a flipped weight or activation); its loss (nan, inf, a

@@ -73,14 +73,22 @@ static void lr_from_config(const co_config *c, lr_schedule *s) {
     s->wsd_style = (lr_wsd_style)lr_wsd_style_parse(c->lr_wsd_decay_style);
 }
 
-static json_t *lr_json(const co_config *c, int64_t it) {
+static json_t *lr_json(const co_config *c, int64_t it, int64_t consumed) {
     lr_schedule s;
     lr_from_config(c, &s);
+    double lr = lr_at(&s, it);
+    if (c->rampup_start > 0) { /* a batch ramp-up's schedule counts samples (the trainer's lr_samples) */
+        lr_schedule q = s;
+        q.decay_iters = c->lr_decay_samples > 0 ? c->lr_decay_samples : c->train_samples;
+        q.warmup_iters = c->lr_warmup_fraction >= 0 ? (int64_t)(c->lr_warmup_fraction * (double)q.decay_iters)
+                                                    : c->lr_warmup_samples;
+        lr = lr_at(&q, consumed);
+    }
     return json_pack("{sfsfsfsssIsIsIsssIsIsf}", "max_lr", s.max_lr, "min_lr", s.min_lr, "init_lr", s.init_lr,
                      "decay_style", c->lr_decay_style, "warmup_iters", (json_int_t)s.warmup_iters, "decay_iters",
                      (json_int_t)s.decay_iters, "wsd_decay_iters", (json_int_t)s.wsd_decay_iters, "wsd_decay_style",
-                     c->lr_wsd_decay_style, "num_steps", (json_int_t)it, "num_samples",
-                     (json_int_t)(it * c->global_batch_size), "lr", lr_at(&s, it));
+                     c->lr_wsd_decay_style, "num_steps", (json_int_t)it, "num_samples", (json_int_t)consumed, "lr",
+                     lr);
 }
 
 static json_t *rng_json(int64_t seed, int64_t it) {
@@ -172,7 +180,7 @@ static int save_parts(wk_ckpt *k) {
         meta.optim.clip_grad = o->clip_grad;
     }
     meta.config = k->config_json;
-    meta.lr_scheduler = lr_json(c, tp.iteration);
+    meta.lr_scheduler = lr_json(c, tp.iteration, tp.consumed[0]);
     meta.rng_generators = rng_json(c->seed, tp.iteration);
     if (k->rerun_save) {
         char buf[4096];
@@ -205,7 +213,11 @@ static int hook(trainer *t, void *ctx, bool final, train_end why) {
     int64_t it = trainer_iteration(t);
     int rc = 0;
     if (!final) {
-        if (k->cfg.save_interval > 0 && it % k->cfg.save_interval == 0 && it != k->last_saved) rc = save_now(k);
+        /* at --save-interval, and, as Megatron, before a batch ramp-up's next step changes the
+         * number of micro batches */
+        bool ramp = trainer_batch_changes(t) && it > 0;
+        if (((k->cfg.save_interval > 0 && it % k->cfg.save_interval == 0) || ramp) && it != k->last_saved)
+            rc = save_now(k);
     } else {
         if (why != TRAIN_NAN && it > 0 && it != k->last_saved) rc = save_now(k);
         int w = ck_saver_wait(k->saver);

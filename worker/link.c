@@ -64,7 +64,7 @@ struct sv_link {
     /* the rerun state machine's verdicts (sv_link_verdict), under mu */
     rr_verdict verdict;
     bool have_verdict;
-    Cohort__V1__LossReport *last_report[RR_MAX_MB]; /* the last round sent, for resending */
+    Cohort__V1__LossReport *last_report[1]; /* the last round sent (one message), for resending */
     int nlast;
     Cohort__V1__ParamsChecksum last_sum; /* the round's parameter checksums (have_sum), resent with it */
     bool have_sum;
@@ -787,64 +787,71 @@ int sv_link_checksum(sv_link *l, const rr_report *r) {
     return rc;
 }
 
+/* The round's message: its micro batches folded (any number of them), the gradient norm,
+ * the phases' times and the MoE/MTP losses. NULL when out of memory. */
+static Cohort__V1__LossReport *round_message(const sv_link *l, const report_post *p) {
+    Cohort__V1__LossReport *lr = calloc(1, sizeof *lr);
+    if (!lr) return NULL;
+    Cohort__V1__LossReport init = COHORT__V1__LOSS_REPORT__INIT;
+    *lr = init;
+    lr->iteration = (uint64_t)p->r.iteration;
+    lr->micro_batch = 0;
+    lr->loss_sum = p->r.mb.loss_sum;
+    lr->has_tokens = 1;
+    lr->tokens = p->r.mb.tokens_sum;
+    lr->has_results_digest = lr->has_loss_peak = lr->has_bad_micro_batch = lr->has_bad_loss = 1;
+    lr->results_digest = p->r.mb.digest;
+    lr->loss_peak = p->r.mb.loss_peak;
+    lr->bad_micro_batch = p->r.mb.bad_mb;
+    lr->bad_loss = p->r.mb.bad_loss;
+    lr->token_count = (uint64_t)(lr->tokens > 0 ? lr->tokens + 0.5 : 0);
+    lr->rank = l->snd.sender; /* the world rank (a trainer's rank is its data-parallel one) */
+    lr->has_loss_bits = 1;
+    memcpy(&lr->loss_bits, &lr->loss_sum, sizeof lr->loss_bits);
+    lr->has_attempt = 1;
+    lr->attempt = (uint32_t)p->r.attempt;
+    lr->has_micro_batches = 1;
+    lr->micro_batches = (uint32_t)p->r.nmb;
+    lr->has_check_for = 1;
+    lr->check_for = p->r.check_for;
+    if (p->r.has_sum) lr->has_checksum_follows = lr->checksum_follows = 1;
+    lr->has_grad_norm = 1;
+    lr->grad_norm = p->r.grad_norm;
+    lr->phase_ms = calloc((size_t)p->nphases, sizeof *lr->phase_ms);
+    for (int k = 0; lr->phase_ms && k < p->nphases; k++) {
+        Cohort__V1__KeyValue *kv = malloc(sizeof *kv);
+        if (!kv) break;
+        Cohort__V1__KeyValue kinit = COHORT__V1__KEY_VALUE__INIT;
+        *kv = kinit;
+        kv->key = (char *)p->phase_names[k];
+        kv->value = p->phase_ms[k];
+        lr->phase_ms[lr->n_phase_ms++] = kv;
+    }
+    int na = p->r.naux > 0 && p->r.naux <= RR_MAX_AUX ? p->r.naux : 0;
+    lr->aux_losses = na ? calloc((size_t)na, sizeof *lr->aux_losses) : NULL;
+    for (int k = 0; lr->aux_losses && k < na; k++) {
+        Cohort__V1__KeyValue *kv = malloc(sizeof *kv);
+        char *key = kv ? strndup(p->r.aux_key[k], sizeof p->r.aux_key[k]) : NULL;
+        if (!key) {
+            free(kv);
+            break;
+        }
+        Cohort__V1__KeyValue kinit = COHORT__V1__KEY_VALUE__INIT;
+        *kv = kinit;
+        kv->key = key;
+        kv->value = p->r.aux[k];
+        lr->aux_losses[lr->n_aux_losses++] = kv;
+    }
+    return lr;
+}
+
 static void post_report(ac_actor *a, void *ctx) {
     (void)a;
     report_post *p = ctx;
     sv_link *l = p->l;
     free_round(l);
-    int n = p->r.nmb > 0 ? p->r.nmb : 1;
-    for (int i = 0; i < n && i < RR_MAX_MB; i++) {
-        Cohort__V1__LossReport *lr = calloc(1, sizeof *lr);
-        if (!lr) break;
-        Cohort__V1__LossReport init = COHORT__V1__LOSS_REPORT__INIT;
-        *lr = init;
-        lr->iteration = (uint64_t)p->r.iteration;
-        lr->micro_batch = (uint32_t)i;
-        lr->loss_sum = i < p->r.nmb ? p->r.loss[i] : 0;
-        lr->has_tokens = 1;
-        lr->tokens = i < p->r.nmb ? p->r.tokens[i] : 0;
-        lr->token_count = (uint64_t)(lr->tokens > 0 ? lr->tokens + 0.5 : 0);
-        lr->rank = l->snd.sender; /* the world rank (a trainer's rank is its data-parallel one) */
-        lr->has_loss_bits = 1;
-        memcpy(&lr->loss_bits, &lr->loss_sum, sizeof lr->loss_bits);
-        lr->has_attempt = 1;
-        lr->attempt = (uint32_t)p->r.attempt;
-        lr->has_micro_batches = 1;
-        lr->micro_batches = (uint32_t)p->r.nmb;
-        lr->has_check_for = 1;
-        lr->check_for = p->r.check_for;
-        if (p->r.has_sum) lr->has_checksum_follows = lr->checksum_follows = 1;
-        if (i == n - 1) {
-            lr->has_grad_norm = 1;
-            lr->grad_norm = p->r.grad_norm;
-            lr->phase_ms = calloc((size_t)p->nphases, sizeof *lr->phase_ms);
-            for (int k = 0; lr->phase_ms && k < p->nphases; k++) {
-                Cohort__V1__KeyValue *kv = malloc(sizeof *kv);
-                if (!kv) break;
-                Cohort__V1__KeyValue kinit = COHORT__V1__KEY_VALUE__INIT;
-                *kv = kinit;
-                kv->key = (char *)p->phase_names[k];
-                kv->value = p->phase_ms[k];
-                lr->phase_ms[lr->n_phase_ms++] = kv;
-            }
-            int na = p->r.naux > 0 && p->r.naux <= RR_MAX_AUX ? p->r.naux : 0;
-            lr->aux_losses = na ? calloc((size_t)na, sizeof *lr->aux_losses) : NULL;
-            for (int k = 0; lr->aux_losses && k < na; k++) {
-                Cohort__V1__KeyValue *kv = malloc(sizeof *kv);
-                char *key = kv ? strndup(p->r.aux_key[k], sizeof p->r.aux_key[k]) : NULL;
-                if (!key) {
-                    free(kv);
-                    break;
-                }
-                Cohort__V1__KeyValue kinit = COHORT__V1__KEY_VALUE__INIT;
-                *kv = kinit;
-                kv->key = key;
-                kv->value = p->r.aux[k];
-                lr->aux_losses[lr->n_aux_losses++] = kv;
-            }
-        }
-        l->last_report[l->nlast++] = lr;
-    }
+    Cohort__V1__LossReport *lr = round_message(l, p);
+    if (lr) l->last_report[l->nlast++] = lr;
     send_round(l, p->copies);
     free(p);
 }

@@ -217,6 +217,10 @@ static void announce(const rank_run *r) {
             (long long)c->train_iters, c->global_batch_size, c->seq_length,
             c->global_batch_size / c->micro_batch_size / (dp ? dp->size : 1), c->micro_batch_size, dp ? dp->size : 1,
             dp && dp->size > 1 ? "s" : "");
+    if (c->rampup_start > 0)
+        fprintf(out, "cohort: batch ramp-up: from %lld samples by %lld over %lld samples (Megatron's "
+                     "--rampup-batch-size)\n", (long long)c->rampup_start, (long long)c->rampup_increment,
+                (long long)c->rampup_samples);
     fflush(out);
 }
 

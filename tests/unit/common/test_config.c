@@ -242,12 +242,11 @@ static void test_validation(void) {
     CHECK(check_line("--threads 1", err, sizeof err) == 0);
     CHECK(check_line("--group-query-attention --num-query-groups 8", err, sizeof err) == CO_EINVAL);
     CHECK(check_line("--group-query-attention --num-query-groups 2", err, sizeof err) == 0);
-    /* the rerun state machine validates 64 micro batches per rank: 64 pass, 65 are refused
-     * (unless validation is off) */
+    /* the rerun state machine validates any number of micro batches per rank (GPT-3 175B's
+     * layout has 192) */
     CHECK(check_line("--micro-batch-size 1 --global-batch-size 64", err, sizeof err) == 0);
-    CHECK(check_line("--micro-batch-size 1 --global-batch-size 65", err, sizeof err) == CO_EINVAL);
-    CHECK_MSG(strstr(err, "validates at most 64"), "%s", err);
-    CHECK(check_line("--micro-batch-size 1 --global-batch-size 65 --rerun-mode disabled", err, sizeof err) == 0);
+    CHECK(check_line("--micro-batch-size 1 --global-batch-size 65", err, sizeof err) == 0);
+    CHECK(check_line("--micro-batch-size 1 --global-batch-size 1536", err, sizeof err) == 0);
     {
         co_config c;
         char e[1024];
@@ -265,6 +264,61 @@ static void test_validation(void) {
     /* several problems are reported together, one per line */
     CHECK(check_line("--hidden-size 66 --global-batch-size 5", err, sizeof err) == CO_EINVAL);
     CHECK(strchr(err, '\n') != NULL);
+}
+
+/* --rampup-batch-size: Megatron's calculator (the batch at each consumed count, the
+ * iterations of a ramped run) and its checks; the flags of Megatron's example scripts. */
+static void test_rampup_and_compat(void) {
+    const char *base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --lr 1e-3 "
+                       "--micro-batch-size 1 ";
+    char line[600], e[1024];
+    co_config c;
+    snprintf(line, sizeof line, "%s--global-batch-size 64 --train-samples 1000 --rampup-batch-size 16 16 300", base);
+    REQUIRE(parse(&c, line, e, sizeof e) == 0);
+    CHECK_MSG(check(&c, 2, e, sizeof e) == 0, "%s", e);
+    CHECK(c.rampup_start == 16 && c.rampup_increment == 16 && c.rampup_samples == 300);
+    /* Megatron: 3 increments over 300 samples, 100 each; int(consumed / 100) steps; past 300 the full batch */
+    int64_t at[8] = {0, 16, 99, 100, 199, 200, 300, 301};
+    int want[8] = {16, 16, 16, 32, 32, 48, 64, 64};
+    for (int k = 0; k < 8; k++)
+        CHECK_MSG(co_config_batch_at(&c, at[k]) == want[k], "at %lld: %d", (long long)at[k], co_config_batch_at(&c, at[k]));
+    /* Megatron's update_train_iters: 0, 16, ..., 96 (7 batches of 16: 112), 112, 144, 176 (3 of
+     * 32: 208), 208, 256 (2 of 48: 304 > 300), then (1000 - 304) // 64 = 10 whole batches */
+    CHECK_MSG(c.train_iters == 22, "%lld iterations", (long long)c.train_iters);
+    CHECK(co_config_split_samples(&c, 0) == 1000);
+    co_config_free(&c);
+    const char *bad[][2] = {
+        {"--global-batch-size 64 --train-iters 10 --rampup-batch-size 16 16 300", "needs --train-samples"},
+        {"--global-batch-size 64 --train-samples 640 --rampup-batch-size 16 20 300", "a multiple of INCREMENT"},
+        {"--global-batch-size 64 --train-samples 640 --rampup-batch-size 17 47 300", "multiples of --micro-batch-size"},
+        {"--global-batch-size 64 --train-samples 640 --rampup-batch-size 64 16 300", "below --global-batch-size"},
+        {"--global-batch-size 64 --train-samples 640 --rampup-batch-size 16 16", "three integers"},
+        {"--global-batch-size 64 --train-samples 640 --rampup-batch-size 16 16 300 --lr-decay-iters 5",
+         "--lr-decay-samples"},
+        {"--attention-backend flash", "FlashAttention"},
+        {"--attention-backend fused", "cuDNN fused"},
+        {"--no-position-embedding", "--no-position-embedding with --position-embedding-type learned_absolute"},
+        {"--rotary-percent 0.5", "--rotary-percent 0.5 is not supported yet"},
+        {"--decoupled-lr 5e-4", "--decoupled-lr"},
+        {"--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather",
+         "fp8 is not supported"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(line, sizeof line, "%s%s%s", base, strstr(bad[k][0], "train-") ? "" : "--train-iters 10 ", bad[k][0]);
+        REQUIRE(parse(&c, line, e, sizeof e) == 0);
+        int rc = check(&c, 2, e, sizeof e);
+        CHECK_MSG(rc == CO_EINVAL && strstr(e, bad[k][1]), "%s: %s", bad[k][0], e);
+        co_config_free(&c);
+    }
+    /* accepted: Megatron's no-ops and meanings; --no-position-embedding with rope */
+    snprintf(line, sizeof line, "%s--train-iters 10 --use-mcore-models --no-masked-softmax-fusion --position-embedding-type "
+             "rope --no-position-embedding --attention-backend auto --cross-entropy-loss-fusion --manual-gc "
+             "--empty-unused-memory-level 1 --num-workers 1 --no-mmap-bin-files --no-create-attention-mask-in-dataloader "
+             "--log-throughput --ckpt-format torch_dist --distributed-timeout-minutes 60 --wandb-project p", base);
+    REQUIRE(parse(&c, line, e, sizeof e) == 0);
+    CHECK_MSG(check(&c, 1, e, sizeof e) == 0, "%s", e);
+    CHECK(!c.add_position_embedding && !c.masked_softmax_fusion && c.use_mcore_models);
+    co_config_free(&c);
 }
 
 /* --timeline-dir and --timeline-iterations: parsed, validated, and which iterations record. */
@@ -426,6 +480,7 @@ int main(void) {
     RUN(test_unknown_flag_suggests);
     RUN(test_validation);
     RUN(test_timeline_flags);
+    RUN(test_rampup_and_compat);
     RUN(test_derived);
     RUN(test_json_round_trip);
     RUN(test_lr_schedules);

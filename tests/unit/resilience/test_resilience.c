@@ -39,9 +39,9 @@ static rr_report rep(int64_t it, int attempt, int rank, double loss, double gnor
     r.rank = rank;
     r.check_for = -1;
     r.nmb = 2;
-    r.loss[0] = loss;
-    r.loss[1] = loss + 0.5;
-    r.tokens[0] = r.tokens[1] = 64;
+    rr_mbs_reset(&r.mb);
+    rr_mbs_add(&r.mb, 0, loss, 64);
+    rr_mbs_add(&r.mb, 1, loss + 0.5, 64);
     r.grad_norm = gnorm;
     return r;
 }
@@ -373,35 +373,72 @@ static void inject_cap(void) {
     fi_schedule_free(&s);
 }
 
-/* The limit the configuration enforces (its checks refuse more micro batches per
- * rank): a report of RR_MAX_MB micro batches is validated to its last one (a NaN there is
- * found), a longer one is refused, never cut. */
-static void micro_batch_limit(void) {
-    CHECK(RR_MAX_MB == 64);
-    rr_options o;
-    rr_options_default(&o, 1);
-    rr_machine *m;
-    REQUIRE(rr_new(&m, &o) == 0);
-    rr_report r = rep(1, 0, 0, 2.0, 1.0);
-    r.nmb = RR_MAX_MB;
-    for (int i = 0; i < RR_MAX_MB; i++) r.loss[i] = 2.0, r.tokens[i] = 64;
-    CHECK(rr_add(m, &r) == 1);
-    rr_verdict v;
-    rr_decide(m, &v);
-    CHECK(v.decision == RR_ACCEPT);
-    r = rep(2, 0, 0, 2.0, 1.0);
-    r.nmb = RR_MAX_MB;
-    for (int i = 0; i < RR_MAX_MB; i++) r.loss[i] = 2.0, r.tokens[i] = 64;
-    r.loss[RR_MAX_MB - 1] = NAN; /* the last micro batch */
-    CHECK(rr_add(m, &r) == 1);
-    rr_decide(m, &v);
-    CHECK_MSG(v.decision != RR_ACCEPT, "a NaN in micro batch %d was accepted", RR_MAX_MB - 1);
-    rr_destroy(&m);
-    REQUIRE(rr_new(&m, &o) == 0);
-    r = rep(1, 0, 0, 2.0, 1.0);
-    r.nmb = RR_MAX_MB + 1;
-    CHECK(rr_add(m, &r) < 0);
-    rr_destroy(&m);
+/* A report folds any number of micro batches into one fixed size: at 256 and 100000 micro
+ * batches a NaN in micro batch 200 (or the last) is found, a replay that changes one loss
+ * by one bit is told apart, one that repeats every bit is the same result, and a report
+ * whose count disagrees with its fold is refused. */
+static rr_report many(int64_t it, int attempt, int nmb, int bad, int flip) {
+    rr_report r = rep(it, attempt, 0, 2.0, 1.0);
+    r.nmb = nmb;
+    rr_mbs_reset(&r.mb);
+    for (int i = 0; i < nmb; i++) {
+        double l = 2.0 + 1e-3 * (i % 7);
+        if (i == bad) l = NAN;
+        if (i == flip) l = nextafter(l, 10.0);
+        rr_mbs_add(&r.mb, i, l, 64);
+    }
+    return r;
+}
+
+static void many_micro_batches(void) {
+    CHECK(sizeof(rr_report) < 1024); /* no per-micro-batch array: the same size for any count */
+    int counts[2] = {256, 100000};
+    for (int c = 0; c < 2; c++) {
+        int n = counts[c];
+        rr_options o;
+        rr_options_default(&o, 1);
+        rr_machine *m;
+        REQUIRE(rr_new(&m, &o) == 0);
+        rr_report r = many(1, 0, n, -1, -1);
+        CHECK(rr_add(m, &r) == 1);
+        rr_verdict v;
+        rr_decide(m, &v);
+        CHECK(v.decision == RR_ACCEPT);
+        r = many(2, 0, n, 200, -1);
+        CHECK(r.mb.bad_mb == 200 && isnan(r.mb.bad_loss));
+        CHECK(rr_add(m, &r) == 1);
+        rr_decide(m, &v);
+        CHECK_MSG(v.decision == RR_RERUN, "%d micro batches: a NaN in micro batch 200 gave %s", n,
+                  rr_decision_name(v.decision));
+        r = many(2, 1, n, -1, n - 1); /* the replay: finite, one loss a bit apart */
+        CHECK(rr_add(m, &r) == 1);
+        rr_decide(m, &v);
+        CHECK_MSG(v.decision == RR_ACCEPT && v.diagnosis == RR_DIAG_TRANSIENT, "%d: %s %s", n,
+                  rr_decision_name(v.decision), rr_diagnosis_name(v.diagnosis));
+        r = many(3, 0, n, n - 1, -1); /* the last micro batch */
+        CHECK(rr_add(m, &r) == 1);
+        rr_decide(m, &v);
+        CHECK(v.decision == RR_RERUN);
+        r = many(3, 1, n, n - 1, -1); /* reproduces bit for bit: one replica, a real problem */
+        CHECK(rr_add(m, &r) == 1);
+        rr_decide(m, &v);
+        CHECK_MSG(v.decision == RR_STOP && v.diagnosis == RR_DIAG_CORRECT, "%d: %s", n, rr_decision_name(v.decision));
+        r = many(4, 0, n, -1, -1);
+        r.nmb = n + 1; /* claims more micro batches than it folded */
+        CHECK(rr_add(m, &r) < 0);
+        rr_destroy(&m);
+    }
+    /* the digest: order of folding does not matter, one bit of one loss or token count does */
+    rr_mbs a, b, c;
+    rr_mbs_reset(&a), rr_mbs_reset(&b), rr_mbs_reset(&c);
+    for (int i = 0; i < 300; i++) rr_mbs_add(&a, i, 1.0 + i, 8);
+    for (int i = 299; i >= 0; i--) rr_mbs_add(&b, i, 1.0 + i, 8);
+    for (int i = 0; i < 300; i++) rr_mbs_add(&c, i, 1.0 + i, i == 150 ? nextafter(8.0, 9.0) : 8);
+    CHECK(a.digest == b.digest && a.n == 300 && a.loss_peak == 300.0);
+    CHECK(a.digest != c.digest);
+    rr_mbs_reset(&c);
+    for (int i = 0; i < 300; i++) rr_mbs_add(&c, i == 7 ? 8 : i == 8 ? 7 : i, 1.0 + i, 8); /* two swapped */
+    CHECK(a.digest != c.digest);
 }
 
 /* One round with parameter checksums: used[r], written[r] (0: none written). */
@@ -509,7 +546,7 @@ static void weight_checksums(void) {
 }
 
 int main(void) {
-    RUN(micro_batch_limit);
+    RUN(many_micro_batches);
     RUN(accepts_valid);
     RUN(transient_nan);
     RUN(reproducible_stop);
