@@ -45,6 +45,7 @@
 
 #include "comm/comm.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -69,6 +70,12 @@ typedef struct cm_zmq_options {
     const char *curve_server_public, *curve_server_secret, *curve_client_secret;
     int rcvhwm_msgs;          /* messages ZeroMQ queues per peer before it stops reading the
                                  connection (0 = derived: 256 MiB of chunks, at least 16) */
+    /* NULL, or a flag another thread raises to give up: once *cancel is nonzero, cm_zmq_new
+     * (its wait for every peer), a split and every operation of the communicator fail with
+     * CO_EABORTED within a poll slice (100 ms), as after cm_abort. A cm_abort needs the
+     * communicator, which a rank still connecting does not have yet (a worker's generation
+     * aborted while its communicators are built: worker/link.c) */
+    const volatile sig_atomic_t *cancel;
 } cm_zmq_options;
 
 /* The defaults above. */

@@ -105,6 +105,7 @@ int cm__check(cm__tp *t) {
     if (t->failed) return co_err_set(t->failed, "%s", t->fail_msg);
     if (atomic_load_explicit(&t->aborted, memory_order_acquire))
         return cm__fail(t, CO_EABORTED, "communicator aborted");
+    if (t->opt.cancel && *t->opt.cancel) return cm__fail(t, CO_EABORTED, "communicator aborted (cancelled)");
     return 0;
 }
 

@@ -95,6 +95,10 @@ bool sv_link_wanted(void) { return getenv("COHORT_SUPERVISOR") != NULL; }
 
 void sv_link_data_options(sv_link *l, cm_zmq_options *o) {
     cm_zmq_options_default(o);
+    /* a generation's communicators are built before the link can abort them (they are
+     * attached once made): the Abort of a newer generation reaches them through the flag
+     * instead, so that a rank still connecting to a peer that died goes to the barrier */
+    if (l) o->cancel = l->abort_flag;
     if (!l || !l->have_secret) return;
     o->curve_server_public = l->secret.server_public;
     o->curve_server_secret = l->secret.server_secret;

@@ -65,9 +65,10 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic
  * detaches. Detach before freeing what ctx points to. */
 void sv_link_attach_abort(sv_link *l, void (*abort)(void *ctx), void *ctx);
 
-/* The data plane's options for this job: defaults, and CURVE with the job secret where the
- * job has one (several nodes: the workers' tcp endpoints; comm/zmq_comm.h). The key strings
- * point into the link and live as long as it. */
+/* The data plane's options for this job: defaults, CURVE with the job secret where the job
+ * has one (several nodes: the workers' tcp endpoints; comm/zmq_comm.h), and, once restart is
+ * enabled, its abort flag as the communicators' cancel flag (an Abort that comes while they
+ * are being built). The key strings point into the link and live as long as it. */
 void sv_link_data_options(sv_link *l, cm_zmq_options *o);
 /* Progress for heartbeats (any thread). */
 void sv_link_progress(sv_link *l, int64_t iteration);

@@ -7,8 +7,9 @@
  * chunks, both the direct and the ring algorithms, in-place variants), sub-groups split
  * off the world, send/recv, f32 results bitwise identical across ranks and across two
  * runs, abort from another thread in the middle of a collective, a peer SIGKILLed during
- * collectives, timeouts, connection timeouts, mismatched options and mismatched calls, and
- * the uneven all-to-all (sizes learned from an all-to-all of the counts; a size mismatch).
+ * collectives, timeouts, connection timeouts, a connect cancelled from another thread (the
+ * options' cancel flag), mismatched options and mismatched calls, and the uneven
+ * all-to-all (sizes learned from an all-to-all of the counts; a size mismatch).
  * The all-reduce cases run both ways: over ZeroMQ only (shm_block_bytes 0) and through the
  * shared memory of ranks on one host (small blocks, so that slots are reused many times);
  * which pairs share memory is checked on a world that mixes ipc and tcp endpoints. */
@@ -557,6 +558,47 @@ static void test_connect_timeout(void) {
     CHECK(run_group("connect-timeout", 2, sc_connect_timeout, NULL, -1, 20000) == 0);
 }
 
+/* A rank waiting in cm_zmq_new for a peer that never comes gives up once its cancel flag is
+ * raised from another thread (a worker whose generation is aborted while it connects), long
+ * before its connect timeout; a raised flag also refuses a new communicator at once. */
+static volatile sig_atomic_t g_cancel;
+static void *raise_cancel(void *arg) {
+    (void)arg;
+    struct timespec ts = {0, 300 * 1000000L};
+    nanosleep(&ts, NULL);
+    g_cancel = 1;
+    return NULL;
+}
+static void sc_connect_cancel(int rank, int n, const char *dir, const void *arg) {
+    (void)arg;
+    if (rank != 0) return; /* rank 1 never comes */
+    char e0[128], e1[128];
+    snprintf(e0, sizeof e0, "ipc://%s/r0", dir);
+    snprintf(e1, sizeof e1, "ipc://%s/r1", dir);
+    const char *ep[2] = {e0, e1};
+    cm_zmq_options o;
+    cm_zmq_options_default(&o);
+    o.connect_timeout_ms = 15000;
+    o.cancel = &g_cancel;
+    cm_comm *c = NULL;
+    g_cancel = 0;
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, raise_cancel, NULL) == 0);
+    int64_t t0 = t_now_ms();
+    int rc = cm_zmq_new(&c, 0, n, ep, &o);
+    int64_t took = t_now_ms() - t0;
+    pthread_join(th, NULL);
+    CHECK_MSG(rc == CO_EABORTED && c == NULL, "%s: %s", co_err_name(rc), co_err_detail());
+    CHECK_MSG(took >= 250 && took < 5000, "cancelled after %lld ms", (long long)took);
+    t0 = t_now_ms();
+    CHECK(cm_zmq_new(&c, 0, n, ep, &o) == CO_EABORTED && c == NULL); /* still raised */
+    CHECK(t_now_ms() - t0 < 5000);
+}
+
+static void test_connect_cancel(void) {
+    CHECK(run_group("connect-cancel", 2, sc_connect_cancel, NULL, -1, 30000) == 0);
+}
+
 static void sc_mismatch(int rank, int n, const char *dir, const void *arg) {
     (void)arg;
     /* other options on rank 1: refused at HELLO */
@@ -778,6 +820,7 @@ int main(void) {
     RUN(test_killed_peer);
     RUN(test_timeout);
     RUN(test_connect_timeout);
+    RUN(test_connect_cancel);
     RUN(test_mismatch);
     return TEST_EXIT();
 }
