@@ -717,8 +717,9 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
         goto nomem;
 #undef A
 #undef AA
-    co_log(CO_LOG_INFO, "activation memory: %zu bytes on this rank (layers %zu, recomputation scratch %zu)",
-           m->act_bytes, m->act_layer_bytes, m->act_rc_bytes);
+    if (m->tpr == 0) /* (the tensor group's ranks hold the same) */
+        co_log(CO_LOG_INFO, "activation memory: %zu bytes on this rank (layers %zu, recomputation scratch %zu)",
+               m->act_bytes, m->act_layer_bytes, m->act_rc_bytes);
     *out = m;
     return 0;
 nomem:
