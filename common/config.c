@@ -920,7 +920,7 @@ void co_config_help(FILE *out) {
         char name[80], def[128];
         const char *meta = f->kind == F_BOOL || f->kind == F_NOBOOL ? ""
                            : f->kind == F_STR && f->choices     ? " {...}"
-                           : f->kind == F_LIST                  ? " PREFIX"
+                           : f->kind == F_LIST                  ? (is_data_path_flag(f) ? " PREFIX" : " WORD...")
                            : f->kind == F_DBL                   ? " X"
                            : f->kind == F_STR                   ? " TEXT"
                                                                 : " N";
