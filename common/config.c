@@ -70,6 +70,22 @@ static const flag flags[] = {
       "pad the vocabulary to a multiple of this"),
     D("model", "hidden-dropout", hidden_dropout, "0.1", "dropout on the residual branches and embeddings"),
     D("model", "attention-dropout", attention_dropout, "0.1", "dropout on attention probabilities"),
+    /* activation recomputation */
+    S("model", "recompute-granularity", recompute_granularity, NULL, "full|selective",
+      "recompute activations in the backward instead of keeping them: full (whole layers, with "
+      "--recompute-method and --recompute-num-layers) or selective (--recompute-modules; docs/memory.md)"),
+    S("model", "recompute-method", recompute_method, NULL, "uniform|block",
+      "full recomputation: uniform (groups of --recompute-num-layers layers, each group's input kept) or block "
+      "(the first --recompute-num-layers layers of each model chunk recomputed, the rest kept)"),
+    I("model", "recompute-num-layers", recompute_num_layers, NULL,
+      "full recomputation: layers per group (uniform) or recomputed layers per model chunk (block)"),
+    LIST("model", "recompute-modules", recompute_modules,
+         "selective recomputation: core_attn (the default), layernorm, mlp, moe (moe_act, mla_up_proj and "
+         "shared_experts are refused)"),
+    B("model", "recompute-activations", recompute_activations, "the same as --recompute-granularity selective"),
+    B("model", "distribute-saved-activations", distribute_saved_activations,
+      "full recomputation with tensor parallelism: each layer input kept is split over the tensor group (not "
+      "with --sequence-parallel, as Megatron)"),
     /* parallelism */
     I("parallel", "tensor-model-parallel-size", tensor_model_parallel_size, "1", "tensor-parallel ranks: every layer split over them as Megatron splits it (`cohort topology` prints the groups)"),
     I("parallel", "pipeline-model-parallel-size", pipeline_model_parallel_size, "1",

@@ -57,6 +57,13 @@ typedef struct co_config {
     double init_method_std;
     int make_vocab_size_divisible_by;
     double hidden_dropout, attention_dropout;
+    /* activation recomputation (Megatron's; model/gpt_check.c checks them, docs/memory.md) */
+    char recompute_granularity[16];   /* "": none, full, selective */
+    char recompute_method[16];        /* "": none, uniform, block (full only) */
+    int recompute_num_layers;         /* -1: not given */
+    char *recompute_modules[CO_MAX_DATA_PATHS]; /* selective: none given means core_attn */
+    int n_recompute_modules;
+    bool recompute_activations, distribute_saved_activations;
     /* parallelism */
     int tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size;
     int expert_model_parallel_size, expert_tensor_parallel_size; /* 0: as the tensor size */

@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "common/rng.h"
 
 #include <math.h>
@@ -393,35 +394,156 @@ int gpt_tensor_table(const gpt_config *cfg, gpt_tensor **out, int *n, size_t *np
     return rc;
 }
 
-/* One transformer layer's activations for micro batches of N tokens (gpt_internal.h's
- * layer_acts): the dense MLP's buffers, or a MoE layer's state (moe). 0, or the error. */
-static int layer_acts_new(gpt_model *m, layer_acts *a, bool moe, size_t N) {
+/* n floats of activation memory, counted (gpt_activation_bytes) into m->act_bytes and *also */
+static float *act_alloc(gpt_model *m, size_t n, size_t *also) {
+    float *p = n ? m->ops->alloc(m->be, n * sizeof(float)) : NULL;
+    if (p) {
+        m->act_bytes += n * sizeof(float);
+        if (also) *also += n * sizeof(float);
+    }
+    return p;
+}
+
+/* A MoE layer's state, kept in m->moes (which owns it). */
+static int moe_add(gpt_model *m, moe_layer **out, size_t N) {
     const gpt_config *c = &m->cfg;
-    const kb_ops *o = m->ops;
-    size_t C = (size_t)c->hidden, AH = (size_t)m->NHl * c->head_dim, lseN = (size_t)m->max_B * m->NHl * m->max_T;
-    struct {
-        float **p;
-        size_t n;
-    } b[] = {{&a->x_in, N * C}, {&a->ln1, N * C},          {&a->ln1_mean, N}, {&a->ln1_rstd, N},
-             {&a->qkv, N * (size_t)gpt__qkv_local(m)},      {&a->att, N * AH}, {&a->lse, lseN},
-             {&a->x_mid, N * C}, {&a->ln2, N * C},          {&a->ln2_mean, N}, {&a->ln2_rstd, N},
-             {&a->fc1, moe ? 0 : N * (size_t)gpt__fc1_local(m)}, {&a->act, moe ? 0 : N * (size_t)m->Fl}};
-    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
-        if (b[i].n && !(*b[i].p = o->alloc(m->be, b[i].n * sizeof(float))))
-            return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate model memory");
-    if (!moe) return 0;
+    moe_layer **grown = realloc(m->moes, sizeof *grown * (size_t)(m->nmoes + 1));
+    if (!grown) return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate model memory");
+    m->moes = grown;
     moe_config mc = moe_of(c);
-    int rc = moe_new(&a->moe, &mc, m->be, (int)N);
+    int rc = moe_new(out, &mc, m->be, (int)N);
     if (rc) return co_err_set(rc, "gpt_new: a MoE layer: %s", co_err_detail());
+    m->moes[m->nmoes++] = *out;
     return 0;
 }
 
+/* One transformer layer's activations for micro batches of N tokens (gpt_internal.h's
+ * layer_acts; Nl rows of the token-wise ones): the dense MLP's buffers (dense), a MoE layer's
+ * state (moe); the selective modules a->sel recomputes point at the model's shared scratch.
+ * Bytes counted into *count. 0, or the error. */
+static int layer_acts_new(gpt_model *m, layer_acts *a, bool dense, bool moe, size_t N, size_t Nl, size_t *count) {
+    const gpt_config *c = &m->cfg;
+    size_t C = (size_t)c->hidden, AH = (size_t)m->NHl * c->head_dim, lseN = (size_t)m->max_B * m->NHl * m->max_T;
+    bool ln = a->sel & GPT_RC_LAYERNORM, at = a->sel & GPT_RC_CORE_ATTN, mlp = a->sel & GPT_RC_MLP;
+    struct {
+        float **p;
+        size_t n;
+    } b[] = {{&a->x_in, Nl * C}, {&a->ln1, ln ? 0 : Nl * C}, {&a->ln1_mean, Nl}, {&a->ln1_rstd, Nl},
+             {&a->qkv, N * (size_t)gpt__qkv_local(m)},      {&a->att, at ? 0 : N * AH}, {&a->lse, at ? 0 : lseN},
+             {&a->x_mid, Nl * C}, {&a->ln2, ln ? 0 : Nl * C}, {&a->ln2_mean, Nl}, {&a->ln2_rstd, Nl},
+             {&a->fc1, dense && !mlp ? N * (size_t)gpt__fc1_local(m) : 0},
+             {&a->act, dense && !mlp ? N * (size_t)m->Fl : 0}};
+    a->owns_xin = a->owns_rest = true;
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+        if (b[i].n && !(*b[i].p = act_alloc(m, b[i].n, count)))
+            return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate model memory");
+    if (ln) a->ln1 = a->ln2 = m->rc_ln;
+    if (at) a->att = m->rc_att, a->lse = m->rc_lse;
+    if (mlp && dense) a->fc1 = m->rc_fc1, a->act = m->rc_act;
+    if (!moe) return 0;
+    if (a->sel & GPT_RC_MOE) {
+        a->moe = m->rc_moe;
+        return 0;
+    }
+    return moe_add(m, &a->moe, N);
+}
+
 static void layer_acts_free(gpt_model *m, layer_acts *a) {
-    float *ps[] = {a->x_in, a->x_mid, a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att,
+    const kb_ops *o = m->ops;
+    if (a->owns_xin && a->x_in) o->free(m->be, a->x_in);
+    if (a->xin_shard) o->free(m->be, a->xin_shard);
+    if (!a->owns_rest) return;
+    float *ps[] = {a->x_mid, a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att,
                    a->lse, a->ln2, a->ln2_mean, a->ln2_rstd, a->fc1, a->act};
-    for (size_t q = 0; q < sizeof ps / sizeof ps[0]; q++)
-        if (ps[q]) m->ops->free(m->be, ps[q]);
-    moe_destroy(&a->moe);
+    float *shared[] = {m->rc_ln, m->rc_att, m->rc_lse, m->rc_fc1, m->rc_act};
+    for (size_t q = 0; q < sizeof ps / sizeof ps[0]; q++) {
+        bool mine = ps[q] != NULL;
+        for (size_t k = 0; k < sizeof shared / sizeof shared[0]; k++) mine = mine && ps[q] != shared[k];
+        if (mine) o->free(m->be, ps[q]);
+    }
+}
+
+/* The recomputation's scratch (gpt_internal.h): the selective modules' shared buffers and one
+ * set of a layer's activations per place in a full recomputation group. 0, or the error. */
+static int recompute_scratch(gpt_model *m, size_t N, size_t Nl) {
+    const gpt_config *c = &m->cfg;
+    const gpt_recompute *r = &c->recompute;
+    size_t C = (size_t)c->hidden, AH = (size_t)m->NHl * c->head_dim, lseN = (size_t)m->max_B * m->NHl * m->max_T;
+    bool any_moe = false, any_dense = false;
+    int most = 0;
+    for (int k = 0; k < m->nchunks; k++) {
+        const gpt_chunk *d = &m->chunk[k].def;
+        if (d->nlayers > most) most = d->nlayers;
+        for (int i = 0; i < d->nlayers; i++) {
+            if (gpt_layer_is_moe(c, d->layer0 + i)) any_moe = true;
+            else any_dense = true;
+        }
+    }
+    size_t *cnt = &m->act_rc_bytes;
+    unsigned sel = r->full ? 0 : r->modules;
+    if (((sel & GPT_RC_LAYERNORM) && !(m->rc_ln = act_alloc(m, Nl * C, cnt))) ||
+        ((sel & GPT_RC_CORE_ATTN) && (!(m->rc_att = act_alloc(m, N * AH, cnt)) || !(m->rc_lse = act_alloc(m, lseN, cnt)))) ||
+        ((sel & GPT_RC_MLP) && any_dense && (!(m->rc_fc1 = act_alloc(m, N * (size_t)gpt__fc1_local(m), cnt)) ||
+                                             !(m->rc_act = act_alloc(m, N * (size_t)m->Fl, cnt)))))
+        return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate the recomputation's scratch");
+    int rc;
+    if ((sel & GPT_RC_MOE) && any_moe && (rc = moe_add(m, &m->rc_moe, N))) return rc;
+    if (r->full || ((sel & GPT_RC_MOE) && any_moe)) {
+        size_t rows = r->distribute ? N : Nl;
+        if (!(m->rc_xout = act_alloc(m, rows * C, cnt)))
+            return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate the recomputation's scratch");
+    }
+    if (r->distribute && !(m->rc_xfull = act_alloc(m, N * C, cnt)))
+        return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate the recomputation's scratch");
+    if (!r->full) return 0;
+    m->rc_nsets = r->full == GPT_RC_BLOCK ? 1 : (r->num_layers < most ? r->num_layers : most);
+    if (m->rc_nsets < 1) m->rc_nsets = 1;
+    if (!(m->rc_set = calloc((size_t)m->rc_nsets, sizeof *m->rc_set)))
+        return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate the recomputation's scratch");
+    for (int k = 0; k < m->rc_nsets; k++) {
+        m->rc_set[k].rc_pos = -1;
+        /* (a distributed group's layers run on all N rows) */
+        if ((rc = layer_acts_new(m, &m->rc_set[k], any_dense, any_moe, N, Nl, cnt))) return rc;
+    }
+    return 0;
+}
+
+/* A chunk's layer i (global l) of one slot: its own buffers, or a full recomputation group's
+ * scratch set with its own kept input (this rank's rows of it when distributed). */
+static int slot_layer_new(gpt_model *m, layer_acts *a, const gpt_chunk *d, int i, size_t N, size_t Nl) {
+    const gpt_config *c = &m->cfg;
+    int g0, g1, l = d->layer0 + i;
+    bool moe = gpt_layer_is_moe(c, l);
+    int pos = gpt__rc_pos(&c->recompute, i, d->nlayers, &g0, &g1);
+    if (pos < 0) {
+        a->rc_pos = -1;
+        a->sel = c->recompute.full ? 0 : c->recompute.modules;
+        return layer_acts_new(m, a, !moe, moe, N, Nl, &m->act_layer_bytes);
+    }
+    *a = m->rc_set[pos];
+    a->rc_pos = pos;
+    a->sel = 0;
+    a->owns_xin = a->owns_rest = false;
+    a->xin_shard = NULL;
+    if (!moe) a->moe = NULL;
+    if (pos > 0) return 0;
+    size_t C = (size_t)c->hidden;
+    if (c->recompute.distribute && i > 0) {
+        a->x_in = m->rc_xfull;
+        a->xin_shard = act_alloc(m, N / (size_t)m->tp * C, &m->act_layer_bytes);
+        if (!a->xin_shard) return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate model memory");
+        return 0;
+    }
+    a->owns_xin = true;
+    if (!(a->x_in = act_alloc(m, (c->recompute.distribute ? N : Nl) * C, &m->act_layer_bytes)))
+        return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate model memory");
+    return 0;
+}
+
+size_t gpt_activation_bytes(const gpt_model *m, size_t *layers, size_t *scratch) {
+    if (layers) *layers = m->act_layer_bytes;
+    if (scratch) *scratch = m->act_rc_bytes;
+    return m->act_bytes;
 }
 
 int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, int max_T) {
@@ -471,8 +593,13 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     }
 
     size_t N = (size_t)max_B * max_T;
+    /* rows of the token-wise activations: this rank's shard under sequence parallelism */
+    size_t Nl = m->sp ? N / (size_t)tp : N;
 #define A(ptr, count) \
     do { if (!((ptr) = o->alloc(be, (count) * sizeof(float)))) goto nomem; } while (0)
+#define AA(ptr, count) \
+    do { if (!((ptr) = act_alloc(m, (count), NULL))) goto nomem; } while (0)
+    if ((rc = recompute_scratch(m, N, Nl))) goto fail;
     /* the activations of every micro batch a chunk holds at once */
     for (int k = 0; k < m->nchunks; k++) {
         chunk_state *ch = &m->chunk[k];
@@ -480,22 +607,21 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
         for (int s = 0; s < ch->slots; s++) {
             chunk_slot *sl = &ch->slot[s];
             if (ch->def.nlayers && !(sl->acts = calloc((size_t)ch->def.nlayers, sizeof *sl->acts))) goto nomem;
-            for (int i = 0; i < ch->def.nlayers; i++) {
-                if ((rc = layer_acts_new(m, &sl->acts[i], gpt_layer_is_moe(c, ch->def.layer0 + i), N))) goto fail;
-            }
+            for (int i = 0; i < ch->def.nlayers; i++)
+                if ((rc = slot_layer_new(m, &sl->acts[i], &ch->def, i, N, Nl))) goto fail;
             const gpt_chunk *d = &ch->def;
             int D = c->mtp_layers > 0 ? c->mtp_layers : 0;
             /* after MTP depths on an earlier stage the input is 1 + D streams */
-            A(sl->x_end, (d->mtp_in ? 1 + (size_t)D : 1) * N * C);
+            AA(sl->x_end, (d->mtp_in ? 1 + (size_t)D : 1) * Nl * C);
             if (gpt__has_final_norm(d)) {
-                A(sl->lnf, N * C);
-                A(sl->lnf_mean, N);
-                A(sl->lnf_rstd, N);
+                AA(sl->lnf, Nl * C);
+                AA(sl->lnf_mean, Nl);
+                AA(sl->lnf_rstd, Nl);
             }
-            if (d->mtp && !d->head) A(sl->mtp_out, (1 + (size_t)D) * N * C);
+            if (d->mtp && !d->head) AA(sl->mtp_out, (1 + (size_t)D) * Nl * C);
             if (d->head) {
-                A(sl->logits, N * m->Vl);
-                A(sl->losses, N);
+                AA(sl->logits, N * m->Vl);
+                AA(sl->losses, N);
             }
             if (d->mtp || (d->head && d->mtp_in)) {
                 /* the depths (mtp) or only their losses (the head after them) */
@@ -503,23 +629,24 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
                 for (int k = 0; k < D; k++) {
                     mtp_acts *q = &sl->mtp[k];
                     if (d->mtp) {
-                        if ((rc = layer_acts_new(m, &q->layer, false, N))) goto fail;
-                        A(q->emb, N * C);
-                        A(q->en, N * C);
-                        A(q->en_mean, N);
-                        A(q->en_rstd, N);
-                        A(q->hn, N * C);
-                        A(q->hn_mean, N);
-                        A(q->hn_rstd, N);
-                        A(q->cat, 2 * N * C);
-                        A(q->x_out, N * C);
-                        A(q->out, N * C);
-                        A(q->out_mean, N);
-                        A(q->out_rstd, N);
+                        q->layer.rc_pos = -1;
+                        if ((rc = layer_acts_new(m, &q->layer, true, false, N, Nl, NULL))) goto fail;
+                        AA(q->emb, Nl * C);
+                        AA(q->en, Nl * C);
+                        AA(q->en_mean, Nl);
+                        AA(q->en_rstd, Nl);
+                        AA(q->hn, Nl * C);
+                        AA(q->hn_mean, Nl);
+                        AA(q->hn_rstd, Nl);
+                        AA(q->cat, 2 * Nl * C);
+                        AA(q->x_out, Nl * C);
+                        AA(q->out, Nl * C);
+                        AA(q->out_mean, Nl);
+                        AA(q->out_rstd, Nl);
                     }
                     if (d->head) {
-                        A(q->logits, N * m->Vl);
-                        A(q->losses, N);
+                        AA(q->logits, N * m->Vl);
+                        AA(q->losses, N);
                     }
                     q->tok = malloc(N * sizeof(int32_t));
                     q->pos = malloc(N * sizeof(int32_t));
@@ -589,6 +716,10 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
         !(m->moe_tpe = calloc((size_t)c->num_layers * c->moe.num_experts, sizeof *m->moe_tpe)))
         goto nomem;
 #undef A
+#undef AA
+    if (m->tpr == 0) /* (the tensor group's ranks hold the same) */
+        co_log(CO_LOG_INFO, "activation memory: %zu bytes on this rank (layers %zu, recomputation scratch %zu)",
+               m->act_bytes, m->act_layer_bytes, m->act_rc_bytes);
     *out = m;
     return 0;
 nomem:
@@ -631,6 +762,12 @@ void gpt_destroy(gpt_model **pm) {
         }
         free(ch->slot);
     }
+    for (int k = 0; k < m->rc_nsets; k++) layer_acts_free(m, &m->rc_set[k]);
+    free(m->rc_set);
+    float *prc[] = {m->rc_ln, m->rc_att, m->rc_lse, m->rc_fc1, m->rc_act, m->rc_xout, m->rc_xfull};
+    for (size_t k = 0; k < sizeof prc / sizeof prc[0]; k++) if (prc[k]) o->free(be, prc[k]);
+    for (int k = 0; k < m->nmoes; k++) moe_destroy(&m->moes[k]);
+    free(m->moes);
     float *pmtp[] = {m->mtp_dout, m->mtp_dcat, m->mtp_demb, m->mtp_dh[0], m->mtp_dh[1], m->mtp_gin,
                      m->mtp_gcat, m->mtp_dcatf, m->mtp_part, m->mtp_blk};
     for (size_t k = 0; k < sizeof pmtp / sizeof pmtp[0]; k++) if (pmtp[k]) o->free(be, pmtp[k]);
@@ -850,27 +987,20 @@ float *gpt_moe_expert_bias(gpt_model *m, int l) {
 }
 
 int gpt_set_expert_group(gpt_model *m, struct cm_comm *ep, moe_dispatcher d, int timeout_ms) {
-    for (int k = 0; k < m->nchunks; k++)
-        for (int s = 0; s < m->chunk[k].slots; s++)
-            for (int i = 0; i < m->chunk[k].def.nlayers; i++) {
-                moe_layer *ml = m->chunk[k].slot[s].acts[i].moe;
-                int rc = ml ? moe_set_expert_group(ml, ep, d, timeout_ms) : 0;
-                if (rc) return rc;
-            }
+    for (int k = 0; k < m->nmoes; k++) {
+        int rc = moe_set_expert_group(m->moes[k], ep, d, timeout_ms);
+        if (rc) return rc;
+    }
     return 0;
 }
 
 void gpt_moe_ep_counters(const gpt_model *m, uint64_t *bytes, double *seconds) {
     *bytes = 0;
     *seconds = 0;
-    for (int k = 0; k < m->nchunks; k++)
-        for (int s = 0; s < m->chunk[k].slots; s++)
-            for (int i = 0; i < m->chunk[k].def.nlayers; i++) {
-                const moe_layer *ml = m->chunk[k].slot[s].acts[i].moe;
-                if (!ml) continue;
-                *bytes += moe_ep_bytes_sent(ml);
-                *seconds += moe_ep_dispatch_seconds(ml);
-            }
+    for (int k = 0; k < m->nmoes; k++) {
+        *bytes += moe_ep_bytes_sent(m->moes[k]);
+        *seconds += moe_ep_dispatch_seconds(m->moes[k]);
+    }
 }
 
 void gpt_moe_stats_peek(const gpt_model *m, gpt_moe_stats *out) { *out = m->moe_acc; }

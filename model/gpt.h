@@ -69,6 +69,27 @@ typedef struct gpt_chunk {
     bool mtp, mtp_in;
 } gpt_chunk;
 
+/* Activation recomputation, as Megatron's --recompute-* flags (docs/memory.md). Full: whole
+ * layers are recomputed in the backward from a kept input, their activations in one scratch
+ * set per layer of a group instead of one per micro batch in flight; uniform: groups of
+ * num_layers consecutive layers of a chunk, each group's input kept; block: the first
+ * num_layers layers of each chunk, each its own group, the rest kept whole. distribute (tp > 1,
+ * no sequence parallelism): each kept input other than a chunk's first is held as this rank's
+ * N/tp rows and all-gathered before its recomputation. Selective: the modules' outputs are
+ * recomputed in the layer's backward (core_attn: attention's output and log-sum-exp from the
+ * kept qkv; layernorm: the two norms' outputs from their inputs; mlp: a dense layer's fc1 and
+ * activation from the norm's output; moe: a MoE layer's whole forward). Recomputation runs
+ * the same kernels in the same order on the same inputs, and dropout is keyed by (seed,
+ * layer, element), so gradients are bitwise those of the run that keeps everything. */
+enum { GPT_RC_NONE = 0, GPT_RC_UNIFORM = 1, GPT_RC_BLOCK = 2 };
+enum { GPT_RC_CORE_ATTN = 1u, GPT_RC_LAYERNORM = 2u, GPT_RC_MLP = 4u, GPT_RC_MOE = 8u };
+typedef struct gpt_recompute {
+    int full;           /* GPT_RC_NONE, GPT_RC_UNIFORM or GPT_RC_BLOCK */
+    int num_layers;     /* full: the group size (uniform) or recomputed layers per chunk (block) */
+    unsigned modules;   /* selective: GPT_RC_* bits */
+    bool distribute;    /* full, tp > 1 without sequence parallelism */
+} gpt_recompute;
+
 typedef struct gpt_config {
     int num_layers;       /* L */
     int hidden;           /* C */
@@ -114,6 +135,8 @@ typedef struct gpt_config {
      * on the head chunk, D depths each predict one token further (docs/mtp.md); 0: none */
     int mtp_layers;
     float mtp_loss_scaling;
+    /* activation recomputation (docs/memory.md) */
+    gpt_recompute recompute;
 } gpt_config;
 #define GPT_MAX_MTP 8
 
@@ -257,6 +280,10 @@ void gpt_tp_stats_take(gpt_model *m, gpt_tp_stats *out);
 void gpt_init(gpt_model *m, uint64_t seed);
 
 size_t gpt_num_params(const gpt_model *m);
+/* The activation memory this rank allocated, in bytes: every micro batch's saved activations
+ * and the recomputation's scratch (a MoE layer's own state not counted); *layers (NULL: not
+ * wanted) the transformer layers' share of the saved ones, *scratch the recomputation's. */
+size_t gpt_activation_bytes(const gpt_model *m, size_t *layers, size_t *scratch);
 float *gpt_params(gpt_model *m);
 float *gpt_grads(gpt_model *m);
 int gpt_num_tensors(const gpt_model *m);

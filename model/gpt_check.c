@@ -249,7 +249,116 @@ static void check_products(const co_config *c, int64_t padded, co_problems *P) {
                    bytes / (1 << 30), params, CO_MAX_MODEL_BYTES / (1 << 30));
 }
 
+/* The selective modules named by --recompute-modules (words, or comma-separated), as
+ * GPT_RC_* bits; a name outside Megatron's list, or one cohort does not build, is a problem. */
+static unsigned recompute_modules(const co_config *c, co_problems *P) {
+    static const struct {
+        const char *name;
+        unsigned bit;
+        const char *refused; /* why cohort refuses it, or NULL */
+    } mods[] = {
+        {"core_attn", GPT_RC_CORE_ATTN, NULL},
+        {"layernorm", GPT_RC_LAYERNORM, NULL},
+        {"mlp", GPT_RC_MLP, NULL},
+        {"moe", GPT_RC_MOE, NULL},
+        {"moe_act", 0, "recomputing only the experts' activation function is not supported yet (use moe: the "
+                       "whole MoE layer)"},
+        {"shared_experts", 0, "recomputing only the shared expert is not supported yet (use moe: the whole MoE "
+                              "layer)"},
+        {"mla_up_proj", 0, "it is for multi-latent attention, which cohort's model does not have (Megatron: "
+                           "\"mla_up_proj in recompute_modules is only supported with MLA\")"},
+    };
+    if (c->n_recompute_modules == 0) return GPT_RC_CORE_ATTN; /* Megatron's default */
+    unsigned bits = 0;
+    for (int i = 0; i < c->n_recompute_modules; i++) {
+        char word[128];
+        snprintf(word, sizeof word, "%s", c->recompute_modules[i]);
+        char *save = NULL;
+        for (char *w = strtok_r(word, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+            size_t k = 0, n = sizeof mods / sizeof mods[0];
+            while (k < n && strcmp(mods[k].name, w)) k++;
+            if (k == n)
+                co_problem(P, "--recompute-modules: '%s' is not a module (Megatron's are core_attn, moe_act, "
+                              "layernorm, mla_up_proj, mlp, moe, shared_experts)", w);
+            else if (mods[k].refused)
+                co_problem(P, "--recompute-modules %s: %s", w, mods[k].refused);
+            else if (mods[k].bit == GPT_RC_MOE && c->num_experts <= 0)
+                co_problem(P, "--recompute-modules moe: the model has no MoE layer (--num-experts is 0)");
+            else
+                bits |= mods[k].bit;
+        }
+    }
+    return bits;
+}
+
+/* Megatron's checks of the recomputation flags (arguments.py, transformer_config.py). */
+static void check_recompute(const co_config *c, co_problems *P) {
+    const char *g = c->recompute_granularity;
+    bool full = !strcmp(g, "full"), sel = !strcmp(g, "selective");
+    if (c->recompute_activations && full)
+        co_problem(P, "--recompute-activations is --recompute-granularity selective; it contradicts "
+                      "--recompute-granularity full: give one of them");
+    if (c->recompute_activations) sel = true;
+    int L = c->num_layers, pp = c->pipeline_model_parallel_size > 1 ? c->pipeline_model_parallel_size : 1;
+    int per_rank = L / pp > 0 ? L / pp : 1;
+    if (full) {
+        if (!c->recompute_method[0])
+            co_problem(P, "--recompute-granularity full needs --recompute-method uniform or block (Megatron: "
+                          "\"requires recompute method to be specified\")");
+        if (c->recompute_num_layers < 1 || c->recompute_num_layers > per_rank)
+            co_problem(P, "--recompute-granularity full needs --recompute-num-layers between 1 and the layers per "
+                          "pipeline rank (%d), got %d", per_rank, c->recompute_num_layers);
+    } else if (sel) {
+        if (c->recompute_method[0])
+            co_problem(P, "--recompute-method %s: a recompute method is not supported for selective "
+                          "recomputation (as Megatron); drop it or use --recompute-granularity full", c->recompute_method);
+        if (c->recompute_num_layers >= 0)
+            co_problem(P, "--recompute-num-layers %d: selective recomputation takes no layer count (as Megatron)",
+                       c->recompute_num_layers);
+    } else {
+        if (c->recompute_method[0] || c->recompute_num_layers >= 0)
+            co_problem(P, "--recompute-method and --recompute-num-layers need --recompute-granularity full");
+    }
+    if (!sel && c->n_recompute_modules > 0)
+        co_problem(P, "--recompute-modules applies to selective recomputation: add --recompute-granularity "
+                      "selective");
+    if (sel) (void)recompute_modules(c, P);
+    if (c->distribute_saved_activations) {
+        int tp = c->tensor_model_parallel_size;
+        if (tp <= 1)
+            co_problem(P, "--distribute-saved-activations needs --tensor-model-parallel-size > 1 (the saved "
+                          "inputs are split over the tensor group)");
+        else if (c->sequence_parallel)
+            co_problem(P, "--distribute-saved-activations with --sequence-parallel: the saved inputs already are "
+                          "token shards (Megatron refuses the two together)");
+        else if ((int64_t)c->micro_batch_size * c->seq_length % tp)
+            co_problem(P, "--distribute-saved-activations: --micro-batch-size x --seq-length (%lld) is not "
+                          "divisible by --tensor-model-parallel-size %d",
+                       (long long)c->micro_batch_size * c->seq_length, tp);
+        if (!full)
+            co_problem(P, "--distribute-saved-activations applies to --recompute-granularity full only (as "
+                          "Megatron)");
+    }
+}
+
+int gpt_recompute_of(const co_config *c, gpt_recompute *r) {
+    memset(r, 0, sizeof *r);
+    co_problems P;
+    co_problems_init(&P);
+    check_recompute(c, &P);
+    if (P.n) return co_err_set(CO_EINVAL, "%s", P.text);
+    if (!strcmp(c->recompute_granularity, "full")) {
+        r->full = !strcmp(c->recompute_method, "block") ? GPT_RC_BLOCK : GPT_RC_UNIFORM;
+        r->num_layers = c->recompute_num_layers;
+        r->distribute = c->distribute_saved_activations;
+    } else if (!strcmp(c->recompute_granularity, "selective") || c->recompute_activations) {
+        r->modules = recompute_modules(c, &P);
+    }
+    return 0;
+}
+
 void gpt_check_shapes(co_config *c, co_problems *P) {
+    check_recompute(c, P);
     int n0 = P->n;
     check_attention_mlp(c, P);
     int tp = c->tensor_model_parallel_size;

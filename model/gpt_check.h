@@ -12,6 +12,7 @@
 #include <stdbool.h>
 
 struct gpt_config;
+struct gpt_recompute;
 
 /* The tensor-parallel rules for cfg->tp > 1: heads, query groups (one divides the other),
  * ffn size, padded vocabulary divisible by tp, and the sequence (max_T > 0) under sequence
@@ -31,5 +32,10 @@ void gpt_check_required(const co_config *c, co_problems *P);
  * positions where not given, checks the shapes, the tensor-parallel split and the
  * vocabulary, then the widths and memory the model would take. */
 void gpt_check_shapes(co_config *c, co_problems *P);
+/* The model's recomputation (gpt.h gpt_recompute) from --recompute-granularity, -method,
+ * -num-layers, -modules, --recompute-activations and --distribute-saved-activations, checked
+ * as Megatron checks them (gpt_check_shapes lists every problem); CO_EINVAL with the first
+ * problems in co_err_detail() when they do not combine. */
+int gpt_recompute_of(const co_config *c, struct gpt_recompute *r);
 
 #endif

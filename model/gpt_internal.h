@@ -34,6 +34,15 @@ typedef struct layer_acts {
     float *fc1;         /* [N, F or 2F] (dense layers) */
     float *act;         /* [N,F] */
     moe_layer *moe;     /* a MoE layer's router, experts and their saved state */
+    /* activation recomputation (gpt.h gpt_recompute): rc_pos >= 0 for a layer of a full
+     * recomputation group (its place in the group; every buffer but a first layer's x_in is
+     * the scratch set rc_pos's), -1 otherwise; sel the selective modules recomputed in its
+     * backward (their buffers the model's shared scratch); xin_shard: a distributed group
+     * input, this rank's [N/tp, C] rows (x_in then the shared full-size m->rc_xfull) */
+    int rc_pos;
+    unsigned sel;
+    float *xin_shard;
+    bool owns_xin, owns_rest; /* which buffers layer_acts_free frees */
 } layer_acts;
 
 /* An MTP depth's activations for one micro batch (the head chunk; host-visible memory):
@@ -108,6 +117,18 @@ struct gpt_model {
     int nchunks;
     chunk_state chunk[GPT_MAX_CHUNKS];
     int last_chunk, last_slot; /* of the last forward (sampling reads its logits) */
+    /* activation recomputation: the scratch sets of a full group's layers [rc_nsets], the
+     * selective modules' shared buffers (norm output, attention output and log-sum-exp, fc1
+     * and activation, a MoE layer's state), a recomputed group's last output (discarded),
+     * a distributed input gathered; every distinct MoE layer object (moes, owned) */
+    layer_acts *rc_set;
+    int rc_nsets;
+    float *rc_ln, *rc_att, *rc_lse, *rc_fc1, *rc_act, *rc_xout, *rc_xfull;
+    moe_layer *rc_moe;
+    moe_layer **moes;
+    int nmoes;
+    bool recomputing;   /* a recomputed forward: no statistics counted twice */
+    size_t act_bytes, act_layer_bytes, act_rc_bytes; /* activation memory allocated (gpt_activation_bytes) */
     /* backward scratch */
     float *dx, *dh, *dbig, *dqkv, *datt, *dffn;
     float *tmp;         /* [N,C] */
@@ -166,6 +187,24 @@ typedef struct dev_batch {
  * (layer -1: the embedding; an MTP depth's layers count on from num_layers). */
 static inline uint64_t gpt__site(int layer, int which) {
     return ((uint64_t)(layer + 1) * 8u + (uint64_t)which) << 40;
+}
+
+/* Full recomputation of layer i of a chunk of n layers: its place in its group [*g0, *g1),
+ * or -1 when the layer keeps its activations (gpt.h gpt_recompute). */
+static inline int gpt__rc_pos(const gpt_recompute *r, int i, int n, int *g0, int *g1) {
+    int k = r->num_layers;
+    if (r->full == GPT_RC_UNIFORM && k > 0) {
+        *g0 = i - i % k;
+        *g1 = *g0 + k < n ? *g0 + k : n;
+        return i - *g0;
+    }
+    if (r->full == GPT_RC_BLOCK && i < k) {
+        *g0 = i;
+        *g1 = i + 1;
+        return 0;
+    }
+    *g0 = *g1 = i;
+    return -1;
 }
 
 /* ---- gpt_step.c: one transformer layer (gpt_step.c's loop, and the MTP depths') ---- */

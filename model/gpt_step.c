@@ -199,7 +199,7 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
             be->status = rc;
             return rc;
         }
-        if (train) {
+        if (train && !m->recomputing) {
             const moe_config *mc = &c->moe;
             /* (under sequence parallelism: this rank's part of the load-balancing loss, and
              * the z loss over Megatron's coefficient / tp, the mean over this rank's tokens) */
@@ -258,6 +258,11 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
         int l = d->layer0 + i;
         float *x_out = i + 1 < d->nlayers ? sl->acts[i + 1].x_in : sl->x_end;
         if (gpt__layer_forward(m, &sl->acts[i], l, x_out, &x_b, B, T, train, seed)) return NAN;
+        /* a distributed recomputation group's input: this rank's rows kept */
+        if (i + 1 < d->nlayers && sl->acts[i + 1].xin_shard) {
+            size_t rows = (size_t)(N / m->tp) * C;
+            o->copy(be, sl->acts[i + 1].xin_shard, x_out + (size_t)m->tpr * rows, rows * sizeof(float));
+        }
     }
     if (gpt__has_final_norm(d))
         o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, P(m, m->t_lnf_w),
@@ -319,6 +324,33 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     return sum;
 }
 
+/* Selective recomputation before a layer's backward, the MLP side: the second norm's output
+ * (layernorm), then from it a dense layer's fc1 and activation (mlp) or a MoE layer's whole
+ * forward (moe, its output discarded): the forward's kernels on the forward's inputs, so the
+ * same values. 0, or the backend's status. */
+static int recompute_mlp_side(gpt_model *m, layer_acts *a, int l, int B, int T) {
+    const gpt_config *c = &m->cfg;
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    const int *t = &m->t_layer[l * NLAYER_T];
+    int N = B * T, C = c->hidden, F = m->Fl, F1 = gpt__fc1_local(m);
+    int Nl = m->sp ? N / m->tp : N;
+    if (a->sel & GPT_RC_LAYERNORM)
+        o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]), P(m, t[LN2_B]),
+                        Nl, C, c->norm_eps);
+    if (a->moe && (a->sel & GPT_RC_MOE)) {
+        int rc = moe_forward(a->moe, m->rc_xout, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), B, T);
+        if (rc) be->status = rc;
+    } else if (!a->moe && (a->sel & GPT_RC_MLP)) {
+        const float *in2 = a->ln2;
+        if (m->sp) gpt__tp_allgather(m, m->gath, a->ln2, (size_t)Nl * C), in2 = m->gath;
+        o->linear_forward(be, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
+        if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, N, F);
+        else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
+    }
+    return be->status;
+}
+
 /* Backward of one transformer layer: m->dx holds the gradient of its output and becomes the
  * gradient of its input; weight gradients accumulate. 0, or the backend's status. */
 int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb, int B, int T, uint64_t seed) {
@@ -333,6 +365,7 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
     float ph = c->hidden_dropout, pa = c->attention_dropout;
+    if (a->sel && recompute_mlp_side(m, a, l, B, T)) return be->status;
     /* MLP branch: dmlp = dropout'(dx) */
     const float *dmlp = m->dx;
     if (ph > 0) {
@@ -366,11 +399,18 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
         gpt__dropout_rows(m, x_b.rows, N * m->cp, m->tmp, m->dx, Nl, ph, seed, site(l, 2));
         datt_out = m->tmp;
     }
+    /* selective core_attn: attention's output and log-sum-exp again from the kept qkv */
+    if (a->sel & GPT_RC_CORE_ATTN)
+        gpt__attention_forward(m, a->att, a->lse, a->qkv, x_b.seg, B, T, pa, gpt__tp_seed(m, seed), site(l, 1));
     gpt__row_parallel_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
                                P16(m, t[PROJ_W]), N, AH, Nl);
     gpt__attention_backward(m, m->dqkv, m->datt, a->qkv, a->att, a->lse, x_b.seg, B, T, pa, gpt__tp_seed(m, seed),
                             site(l, 1));
     if (c->rope) o->rope(be, m->dqkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, true);
+    /* selective layernorm: the first norm's output again (the shared buffer held the second's) */
+    if (a->sel & GPT_RC_LAYERNORM)
+        o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, P(m, t[LN1_W]), P(m, t[LN1_B]),
+                        Nl, C, c->norm_eps);
     const float *in1 = a->ln1;
     if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
     gpt__column_parallel_backward(m, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
@@ -378,6 +418,25 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN1_W]), G(m, t[LN1_B]), m->dh, a->x_in, P(m, t[LN1_W]),
                      a->ln1_mean, a->ln1_rstd, Nl, C);
     return be->status;
+}
+
+/* Full recomputation: the forward of a chunk's layers [g0, g1] from the group's kept input
+ * (all-gathered first where it is distributed), in training mode with the forward's seed, so
+ * dropout draws the forward's masks; the activations land in the scratch sets the group's
+ * layer_acts point at, the last output is discarded. No statistics are counted again. */
+static int recompute_group(gpt_model *m, chunk_slot *sl, const gpt_chunk *d, int g0, int g1, const dev_batch *xb,
+                           int B, int T, uint64_t seed) {
+    layer_acts *first = &sl->acts[g0];
+    if (first->xin_shard)
+        gpt__tp_allgather(m, first->x_in, first->xin_shard, (size_t)(B * T / m->tp) * m->cfg.hidden);
+    m->recomputing = true;
+    int rc = m->be->status;
+    for (int j = g0; j <= g1 && !rc; j++) {
+        float *x_out = j < g1 ? sl->acts[j + 1].x_in : m->rc_xout;
+        rc = gpt__layer_forward(m, &sl->acts[j], d->layer0 + j, x_out, xb, B, T, true, seed);
+    }
+    m->recomputing = false;
+    return rc;
 }
 
 void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_t seed) {
@@ -438,8 +497,18 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
     } /* else m->dx holds the next stage's gradient of this chunk's output (after an MTP
        * stage, of its 1 + D streams: a chunk without layers hands them back as they are) */
 
-    for (int i = d->nlayers - 1; i >= 0; i--)
+    for (int i = d->nlayers - 1; i >= 0; i--) {
+        int g0, g1;
+        if (gpt__rc_pos(&c->recompute, i, d->nlayers, &g0, &g1) >= 0) {
+            /* a full recomputation group [g0, i]: its forward again, then its backward */
+            if (recompute_group(m, sl, d, g0, i, &x_b, B, T, seed)) return;
+            for (int j = i; j >= g0; j--)
+                if (gpt__layer_backward(m, &sl->acts[j], d->layer0 + j, &x_b, B, T, seed)) return;
+            i = g0;
+            continue;
+        }
         if (gpt__layer_backward(m, &sl->acts[i], d->layer0 + i, &x_b, B, T, seed)) return;
+    }
     if (d->embedding) {
         if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, m->dx, m->dx, Nl, ph, seed, site(-1, 0));
         gpt__embedding_backward(m, m->dx, b->tokens, x_b.tokens, x_b.positions, N);

@@ -16,13 +16,10 @@
 #include <time.h>
 
 void gpt__moe_token_group(gpt_model *m, struct cm_comm *grp, int shards, int timeout_ms) {
-    for (int k = 0; k < m->nchunks; k++)
-        for (int s = 0; s < m->chunk[k].slots; s++)
-            for (int i = 0; i < m->chunk[k].def.nlayers; i++) {
-                moe_layer *ml = m->chunk[k].slot[s].acts[i].moe;
-                int rc = ml ? moe_set_token_group(ml, grp, shards, timeout_ms) : 0;
-                if (rc && !m->be->status) m->be->status = rc;
-            }
+    for (int k = 0; k < m->nmoes; k++) {
+        int rc = moe_set_token_group(m->moes[k], grp, shards, timeout_ms);
+        if (rc && !m->be->status) m->be->status = rc;
+    }
 }
 
 void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms) {

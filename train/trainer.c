@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/rng.h"
+#include "model/gpt_check.h"
 #include "scheduler/placement.h"
 #include "train/verdict.h"
 
@@ -257,6 +258,7 @@ static void model_config(trainer *t, int vocab_size) {
     m->tp = t->tp_size;
     m->tp_rank = t->tp_rank;
     m->sequence_parallel = t->g.tp && c->sequence_parallel;
+    (void)gpt_recompute_of(c, &m->recompute); /* (checked with the configuration) */
     trainer__moe_config(t, m);
     trainer__mtp_config(t, m);
 }
