@@ -31,7 +31,8 @@ bool topo_check_sizes(const co_config *c, co_problems *P) {
 }
 
 /* The gradient and parameter overlaps (not built) and the distributed optimizer's
- * combinations. */
+ * combinations (it shards over the gradient group of every tensor x pipeline shard: data
+ * parallel, or data x context). */
 static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
     /* accepted for Megatron's scripts but not implemented: refused, never ignored */
     if (c->overlap_grad_reduce)
@@ -42,16 +43,10 @@ static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
     if (!c->use_distributed_optimizer || !sizes_ok) return;
     if (!strcmp(c->device, "cuda"))
         co_problem(P, "--use-distributed-optimizer is not supported yet on cuda (host memory only)");
-    if (c->tensor_model_parallel_size > 1 || c->pipeline_model_parallel_size > 1)
-        co_problem(P, "--use-distributed-optimizer with tensor or pipeline parallelism is not supported yet "
-                      "(data parallelism only)");
     if (c->num_experts > 0 && c->expert_model_parallel_size > 1)
         co_problem(P, "--use-distributed-optimizer with --expert-model-parallel-size %d is not supported yet (the "
                       "experts' shards would span the expert-data-parallel group only)",
                    c->expert_model_parallel_size);
-    if (c->context_parallel_size > 1)
-        co_problem(P, "--use-distributed-optimizer with --context-parallel-size %d is not supported yet (the shards "
-                      "span the data-parallel group only)", c->context_parallel_size);
 }
 
 /* Context parallelism: the ring's split of the sequence, what it does not combine with, and
