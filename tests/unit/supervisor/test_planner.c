@@ -362,6 +362,7 @@ int main(void) {
     RUN(all_replicas_of_a_shard_dead);
     RUN(shard_behind);
     RUN(optimizer_holders);
+    RUN(optimizer_holders_cp);
     RUN(spares);
     RUN(shift_ranks_without_spare);
     RUN(nothing_alive);
