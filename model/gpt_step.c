@@ -438,8 +438,13 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
     } /* else m->dx holds the next stage's gradient of this chunk's output (after an MTP
        * stage, of its 1 + D streams: a chunk without layers hands them back as they are) */
 
-    for (int i = d->nlayers - 1; i >= 0; i--)
+    for (int i = d->nlayers - 1; i >= 0; i--) {
         if (gpt__layer_backward(m, &sl->acts[i], d->layer0 + i, &x_b, B, T, seed)) return;
+        if (m->bwd_hook) {
+            o->sync(be);
+            m->bwd_hook(m->bwd_hook_ctx, d->layer0 + i);
+        }
+    }
     if (d->embedding) {
         if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, m->dx, m->dx, Nl, ph, seed, site(-1, 0));
         gpt__embedding_backward(m, m->dx, b->tokens, x_b.tokens, x_b.positions, N);
@@ -453,6 +458,11 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
         return NAN;
     }
     return gpt_chunk_forward(m, 0, 0, b, train, seed, dscale, losses);
+}
+
+void gpt_set_backward_hook(gpt_model *m, void (*fn)(void *ctx, int layer), void *ctx) {
+    m->bwd_hook = fn;
+    m->bwd_hook_ctx = ctx;
 }
 
 void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) { gpt_chunk_backward(m, 0, 0, b, seed); }

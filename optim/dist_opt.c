@@ -320,25 +320,37 @@ int dopt_reduce(dopt_state *s, cm_comm *dp, double *grad_norm_out) {
 }
 
 int dopt_reduce_mp(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_norm_out) {
+    int rc = check_group(s, dp);
+    for (int b = 0; b < s->L.nbuckets && !rc; b++) rc = dopt_reduce_bucket(s, dp, b);
+    return rc ? rc : dopt_reduce_finish(s, dp, mp, grad_norm_out);
+}
+
+int dopt_reduce_bucket(dopt_state *s, cm_comm *dp, int b) {
+    const dopt_layout *L = &s->L;
+    int n = L->dp, me = s->rank, rc = 0;
+    if (n == 1) return 0;
+    /* 1. reduce-scatter the bucket in place into this rank's shard (averaged in dopt_reduce_finish) */
+    const dopt_bucket *B = &L->buckets[b];
+    float *base = s->grads + B->start, *mine = base + (size_t)me * B->shard;
+    if (s->opt.allreduce)
+        rc = dp->ops->allreduce_sum(dp, base, (size_t)n * B->shard, CM_F32, s->opt.timeout_ms);
+    else
+        rc = dp->ops->reduce_scatter_sum(dp, base, mine, B->shard, CM_F32, s->opt.timeout_ms);
+    if (rc)
+        return co_err_set(rc, "distributed optimizer step: reduce-scatter of bucket %d of %d: %s", b, L->nbuckets,
+                          co_err_detail());
+    return 0;
+}
+
+int dopt_reduce_finish(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_norm_out) {
     const dopt_layout *L = &s->L;
     kb_backend *be = s->be;
     int n = L->dp, me = s->rank, rc = check_group(s, dp);
     if (rc) return rc;
     float inv = 1.0f / (float)(s->opt.average_over > 0 ? s->opt.average_over : n);
-    /* 1. reduce-scatter each bucket in place into this rank's shard, then average */
-    for (int b = 0; b < L->nbuckets; b++) {
-        const dopt_bucket *B = &L->buckets[b];
-        float *base = s->grads + B->start, *mine = base + (size_t)me * B->shard;
-        if (n == 1) continue;
-        if (s->opt.allreduce)
-            rc = dp->ops->allreduce_sum(dp, base, (size_t)n * B->shard, CM_F32, s->opt.timeout_ms);
-        else
-            rc = dp->ops->reduce_scatter_sum(dp, base, mine, B->shard, CM_F32, s->opt.timeout_ms);
-        if (rc)
-            return co_err_set(rc, "distributed optimizer step: reduce-scatter of bucket %d of %d: %s", b,
-                              L->nbuckets, co_err_detail());
-        be->ops->scale(be, mine, inv, B->shard);
-    }
+    for (int b = 0; b < L->nbuckets && n > 1; b++)
+        be->ops->scale(be, s->grads + L->buckets[b].start + (size_t)me * L->buckets[b].shard, inv,
+                       L->buckets[b].shard);
     /* 2. the global norm: sum of squares of every rank's shards (padding is zero), all-reduced
      * over the group, then over the replica's model-parallel ranks */
     double sq = 0;

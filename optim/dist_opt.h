@@ -169,6 +169,12 @@ int dopt_reduce(dopt_state *s, cm_comm *dp, double *grad_norm_out);
  * replica: tensor x pipeline; NULL: none), each rank counting its norm runs' part of its
  * shard: the norm of the whole model's averaged gradient. */
 int dopt_reduce_mp(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_norm_out);
+/* dopt_reduce_mp in parts, for a reduction overlapped with the backward: the collective of
+ * bucket b alone (each bucket once, in the same order on every rank; from any one thread at
+ * a time: no backend call), then, once all are done, dopt_reduce_finish (the average, the
+ * norm, the redundant copy's gradient). The bits are dopt_reduce_mp's. */
+int dopt_reduce_bucket(dopt_state *s, cm_comm *dp, int b);
+int dopt_reduce_finish(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_norm_out);
 /* The runs of the buffer this rank counts in the norm (n pairs [lo, hi), sorted, not
  * overlapping; copied). CO_ENOMEM. */
 int dopt_set_norm_runs(dopt_state *s, const size_t *runs, int n);

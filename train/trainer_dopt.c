@@ -50,7 +50,7 @@ static void run_add(size_t *r, int *n, size_t lo, size_t hi) {
  * whole; of rows several tensor ranks hold (a replicated tensor, shared key/value rows) the
  * first holder's only. Needed with tensor or pipeline parallelism (the norm is summed over
  * the replica's ranks). */
-static int set_norm_runs(trainer *t, dopt_state *s) {
+int trainer__norm_runs(trainer *t, size_t **runs, int *nruns) {
     gpt_model *m = t->model;
     int nt = gpt_num_tensors(m);
     const gpt_tensor *tab = gpt_tensors(m);
@@ -83,8 +83,16 @@ static int set_norm_runs(trainer *t, dopt_state *s) {
                 run_add(r, &n, x->offset + (size_t)x->piece[q].local * cols,
                         x->offset + (size_t)(x->piece[q].local + x->piece[q].len) * cols);
     }
-    int rc = dopt_set_norm_runs(s, r, n);
     free(order);
+    *runs = r;
+    *nruns = n;
+    return 0;
+}
+
+static int set_norm_runs(trainer *t, dopt_state *s) {
+    size_t *r = NULL;
+    int n = 0, rc = trainer__norm_runs(t, &r, &n);
+    if (!rc) rc = dopt_set_norm_runs(s, r, n);
     free(r);
     return rc;
 }
@@ -227,6 +235,24 @@ int trainer__dopt_reduce(trainer *t) {
     d->reduced = !rc;
     return rc;
 }
+
+int trainer__dopt_nbuckets(const trainer *t) { return t->dopt->s.L.nbuckets; }
+
+void trainer__dopt_bucket(const trainer *t, int b, size_t *lo, size_t *hi) {
+    *lo = t->dopt->s.L.buckets[b].start;
+    *hi = t->dopt->s.L.buckets[b].end;
+}
+
+int trainer__dopt_reduce_bucket(trainer *t, cm_comm *g, int b) { return dopt_reduce_bucket(&t->dopt->s, g, b); }
+
+int trainer__dopt_reduce_finish(trainer *t) {
+    tr_dopt *d = t->dopt;
+    int rc = dopt_reduce_finish(&d->s, step_group(t), tr_groups_replica(&t->g), &d->norm);
+    d->reduced = !rc;
+    return rc;
+}
+
+cm_comm *trainer__dopt_group(trainer *t) { return step_group(t); }
 
 int trainer__dopt_norm(trainer *t, double *out) {
     tr_dopt *d = t->dopt;

@@ -135,6 +135,32 @@ PY
         same "$work/cr$n" "$work/cd$n" 8
     done
     ;;
+overlap)
+    # --overlap-grad-reduce: buckets of 1000 elements reduced on a communication thread as
+    # their layers' backward ends; bitwise the same run without overlap, with and without the
+    # distributed optimizer (and its reduce-scatter path), at data 2 and 4; refused with
+    # tensor parallelism (the backward's own collectives share the transport)
+    b=(--ddp-bucket-size 1000 --train-iters 4)
+    for n in 2 4; do
+        for opt in r d s; do
+            flag=; [ $opt != r ] && flag=$D
+            rs=0; [ $opt = s ] && rs=1
+            # shellcheck disable=SC2086
+            COHORT_TEST_DOPT_REDUCE_SCATTER=$rs train $opt$n $n $flag "${b[@]}" --save "$work/$opt$n"; ok $opt$n
+            # shellcheck disable=SC2086
+            COHORT_TEST_DOPT_REDUCE_SCATTER=$rs train $opt${n}o $n $flag "${b[@]}" --overlap-grad-reduce \
+                --save "$work/$opt${n}o"
+            ok $opt${n}o
+            same "$work/$opt$n" "$work/$opt${n}o" 4
+            grep -q "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward" \
+                "$work/$opt${n}o.out" "$work/$opt${n}o.err" ||
+                fail "$opt$n: no bucket started early: $(grep -h overlapped "$work/$opt${n}o".*)"
+        done
+    done
+    "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 --overlap-grad-reduce \
+        --tensor-model-parallel-size 2 >"$work/o" 2>&1
+    [ $? -eq 2 ] && grep -q "overlap-grad-reduce with tensor, pipeline" "$work/o" || fail "tp2: $(tail -3 "$work/o")"
+    ;;
 matches_replicated)
     # the distributed optimizer against the replicated one after 6 steps. On one host it
     # reduces and gathers with shared-memory all-reduces: bitwise the replicated optimizer's at
@@ -203,7 +229,7 @@ ckpt_reshard)
         fail "tp2 load: $(grep -i checkpoint "$work/t2-tp.out")"
     same "$work/rs2" "$work/t2" 8
     ;;
-kill|kill_optimizer|shift_ranks|kill_tp|kill_cp)
+kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap)
     # a rank holding an optimizer shard dies (in forward; right after its shard's update,
     # before the parameters' all-gather; with shifted ranks; in tensor 2 x data 2, where
     # each tensor rank's data-parallel pair shards its slices; in context 2 x data 2, where
@@ -215,6 +241,11 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp)
     kill_optimizer) inj=(--inject "kill@rank=3,step=6,phase=optimizer");;
     kill_tp) inj=(--inject "kill@rank=2,step=6"); lay=(--tensor-model-parallel-size 2);;
     kill_cp) inj=(--inject "kill@rank=1,step=6"); lay=(--context-parallel-size 2 --attention-dropout 0);;
+    kill_overlap)
+        # killed in its backward, while the others' buckets are in flight on their
+        # communication threads (the abort must reach them)
+        inj=(--inject "kill@rank=2,step=6,phase=backward")
+        lay=(--overlap-grad-reduce --ddp-bucket-size 1000);;
     *) inj=(--inprocess-rank-assignment shift-ranks --inject "kill@rank=1,step=5");;
     esac
     train clean 4 "${lay[@]}" $D --train-iters 10 --save "$work/clean"; ok clean
@@ -305,7 +336,7 @@ PY
     ;;
 refused)
     # what is not built is refused before any work, never ignored
-    for extra in "--overlap-grad-reduce" "--overlap-param-gather" "--ddp-bucket-size -1" \
+    for extra in "--overlap-grad-reduce --tensor-model-parallel-size 2" "--overlap-param-gather" "--ddp-bucket-size -1" \
                  "$D --num-experts 2 --expert-model-parallel-size 2"; do
         # shellcheck disable=SC2086
         "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 $extra >"$work/o" 2>&1
