@@ -223,8 +223,8 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     /* data_rank: this replica's own share, or (a check round of the rerun state machine) the
      * suspect replica's, which this whole pipeline recomputes */
     t->share_of = data_rank;
-    gpt_zero_grad(t->model);
     trainer__overlap_arm(t);
+    gpt_zero_grad(t->model);
     memset(t->have_batch, 0, sizeof *t->have_batch * (size_t)t->M);
     int rc = 0;
     for (int i = 0; i < t->nops && !rc; i++) {

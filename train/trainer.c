@@ -782,8 +782,8 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
                          double *grad_norm) {
     const co_config *c = &t->cfg;
     int B = c->micro_batch_size, N = B * c->seq_length;
+    trainer__overlap_arm(t); /* (first: a thread an error left behind may still write the gradients) */
     gpt_zero_grad(t->model);
-    trainer__overlap_arm(t);
     double it_loss = 0, it_tok = 0;
     for (int mb = 0; mb < t->M; mb++) {
         double t0 = now_s();
