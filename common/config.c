@@ -138,9 +138,10 @@ static const flag flags[] = {
       "each rank updates its shard, parameters all-gathered (ZeRO-1; CPU backend, tensor and pipeline size 1; "
       "docs/distributed-optimizer.md)"),
     L("parallel", "ddp-bucket-size", ddp_bucket_size, "0",
-      "elements per gradient bucket of the distributed optimizer (0: Megatron's max(40M, 1M x data-parallel size))"),
+      "elements per gradient bucket of the distributed optimizer and of --overlap-grad-reduce (0: Megatron's "
+      "max(40M, 1M x data-parallel size))"),
     B("parallel", "overlap-grad-reduce", overlap_grad_reduce,
-      "overlap the gradient reduction with the backward (not supported yet)"),
+      "reduce gradient buckets on a communication thread during the backward (data parallelism only)"),
     B("parallel", "overlap-param-gather", overlap_param_gather,
       "overlap the parameter all-gather with the next forward (not supported yet)"),
     NB("parallel", "dist-opt-redundancy", dist_opt_redundancy,

@@ -218,6 +218,10 @@ struct cm_comm;
 /* The tensor group's communicator (cfg.tp ranks, this one cfg.tp_rank); required before
  * the first forward when tp > 1, NULL at tp 1. Collectives wait at most timeout_ms. */
 void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms);
+/* fn(ctx, layer) after the backward of each decoder layer (global index), its weight
+ * gradients written (the backend synced): the gradient reduction's overlap starts buckets
+ * whose gradients are final. NULL: none. */
+void gpt_set_backward_hook(gpt_model *m, void (*fn)(void *ctx, int layer), void *ctx);
 
 /* The context group's communicator (cfg.cp ranks, this one cfg.cp_rank; the ring is its
  * ranks in order); required before the first forward when cp > 1. Each ring shift waits at

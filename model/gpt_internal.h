@@ -96,6 +96,9 @@ struct gpt_model {
     size_t nparams;
     float *params, *grads;
     kb_bf16 *params16; /* bf16 copy (bf16 mode) */
+    /* called after each layer's backward (gpt_set_backward_hook), NULL: none */
+    void (*bwd_hook)(void *ctx, int layer);
+    void *bwd_hook_ctx;
     /* fault injection: flip one bit of the final norm's output in the next forward */
     bool act_flip;
     size_t act_flip_index;

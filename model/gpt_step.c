@@ -502,12 +502,21 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
         if (gpt__rc_pos(&c->recompute, i, d->nlayers, &g0, &g1) >= 0) {
             /* a full recomputation group [g0, i]: its forward again, then its backward */
             if (recompute_group(m, sl, d, g0, i, &x_b, B, T, seed)) return;
-            for (int j = i; j >= g0; j--)
+            for (int j = i; j >= g0; j--) {
                 if (gpt__layer_backward(m, &sl->acts[j], d->layer0 + j, &x_b, B, T, seed)) return;
+                if (m->bwd_hook) {
+                    o->sync(be);
+                    m->bwd_hook(m->bwd_hook_ctx, d->layer0 + j);
+                }
+            }
             i = g0;
             continue;
         }
         if (gpt__layer_backward(m, &sl->acts[i], d->layer0 + i, &x_b, B, T, seed)) return;
+        if (m->bwd_hook) {
+            o->sync(be);
+            m->bwd_hook(m->bwd_hook_ctx, d->layer0 + i);
+        }
     }
     if (d->embedding) {
         if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, m->dx, m->dx, Nl, ph, seed, site(-1, 0));
@@ -522,6 +531,11 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
         return NAN;
     }
     return gpt_chunk_forward(m, 0, 0, b, train, seed, dscale, losses);
+}
+
+void gpt_set_backward_hook(gpt_model *m, void (*fn)(void *ctx, int layer), void *ctx) {
+    m->bwd_hook = fn;
+    m->bwd_hook_ctx = ctx;
 }
 
 void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) { gpt_chunk_backward(m, 0, 0, b, seed); }

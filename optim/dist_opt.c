@@ -146,6 +146,7 @@ void dopt_free(dopt_state *s) {
     size_t nb = sizeof bufs / sizeof *bufs - (s->borrowed ? 2 : 0);
     for (size_t i = 0; i < nb; i++)
         if (*bufs[i] && be) be->ops->free(be, *bufs[i]);
+    free(s->norm_runs);
     dopt_layout_free(&s->L);
     memset(s, 0, sizeof *s);
 }
@@ -287,32 +288,81 @@ int dopt_step(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double *
     return dopt_update(s, dp, decay, lr, norm);
 }
 
+int dopt_set_norm_runs(dopt_state *s, const size_t *runs, int n) {
+    size_t *r = malloc(sizeof *r * 2 * (size_t)(n > 0 ? n : 1));
+    if (!r) return co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
+    memcpy(r, runs, sizeof *r * 2 * (size_t)n);
+    free(s->norm_runs);
+    s->norm_runs = r;
+    s->nnorm_runs = n;
+    return 0;
+}
+
+/* The sum of squares of [lo, hi) of the gradient buffer, only where the norm runs say this
+ * rank counts it. */
+static double counted_sumsq(const dopt_state *s, size_t lo, size_t hi) {
+    kb_backend *be = s->be;
+    if (!s->norm_runs) return be->ops->sumsq(be, s->grads + lo, hi - lo);
+    double sq = 0;
+    for (int i = 0; i < s->nnorm_runs; i++) {
+        size_t a = s->norm_runs[2 * i], e = s->norm_runs[2 * i + 1];
+        if (e <= lo) continue;
+        if (a >= hi) break;
+        a = a > lo ? a : lo;
+        e = e < hi ? e : hi;
+        sq += be->ops->sumsq(be, s->grads + a, e - a);
+    }
+    return sq;
+}
+
 int dopt_reduce(dopt_state *s, cm_comm *dp, double *grad_norm_out) {
+    return dopt_reduce_mp(s, dp, NULL, grad_norm_out);
+}
+
+int dopt_reduce_mp(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_norm_out) {
+    int rc = check_group(s, dp);
+    for (int b = 0; b < s->L.nbuckets && !rc; b++) rc = dopt_reduce_bucket(s, dp, b);
+    return rc ? rc : dopt_reduce_finish(s, dp, mp, grad_norm_out);
+}
+
+int dopt_reduce_bucket(dopt_state *s, cm_comm *dp, int b) {
+    const dopt_layout *L = &s->L;
+    int n = L->dp, me = s->rank, rc = 0;
+    if (n == 1) return 0;
+    /* 1. reduce-scatter the bucket in place into this rank's shard (averaged in dopt_reduce_finish) */
+    const dopt_bucket *B = &L->buckets[b];
+    float *base = s->grads + B->start, *mine = base + (size_t)me * B->shard;
+    if (s->opt.allreduce)
+        rc = dp->ops->allreduce_sum(dp, base, (size_t)n * B->shard, CM_F32, s->opt.timeout_ms);
+    else
+        rc = dp->ops->reduce_scatter_sum(dp, base, mine, B->shard, CM_F32, s->opt.timeout_ms);
+    if (rc)
+        return co_err_set(rc, "distributed optimizer step: reduce-scatter of bucket %d of %d: %s", b, L->nbuckets,
+                          co_err_detail());
+    return 0;
+}
+
+int dopt_reduce_finish(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_norm_out) {
     const dopt_layout *L = &s->L;
     kb_backend *be = s->be;
     int n = L->dp, me = s->rank, rc = check_group(s, dp);
     if (rc) return rc;
-    /* 1. reduce-scatter each bucket in place into this rank's shard, then average */
-    for (int b = 0; b < L->nbuckets; b++) {
-        const dopt_bucket *B = &L->buckets[b];
-        float *base = s->grads + B->start, *mine = base + (size_t)me * B->shard;
-        if (n == 1) continue;
-        if (s->opt.allreduce)
-            rc = dp->ops->allreduce_sum(dp, base, (size_t)n * B->shard, CM_F32, s->opt.timeout_ms);
-        else
-            rc = dp->ops->reduce_scatter_sum(dp, base, mine, B->shard, CM_F32, s->opt.timeout_ms);
-        if (rc)
-            return co_err_set(rc, "distributed optimizer step: reduce-scatter of bucket %d of %d: %s", b,
-                              L->nbuckets, co_err_detail());
-        be->ops->scale(be, mine, 1.0f / (float)n, B->shard);
-    }
-    /* 2. the global norm: sum of squares of every rank's shards (padding is zero), all-reduced */
+    float inv = 1.0f / (float)(s->opt.average_over > 0 ? s->opt.average_over : n);
+    for (int b = 0; b < L->nbuckets && n > 1; b++)
+        be->ops->scale(be, s->grads + L->buckets[b].start + (size_t)me * L->buckets[b].shard, inv,
+                       L->buckets[b].shard);
+    /* 2. the global norm: sum of squares of every rank's shards (padding is zero), all-reduced
+     * over the group, then over the replica's model-parallel ranks */
     double sq = 0;
-    for (int b = 0; b < L->nbuckets; b++)
-        sq += be->ops->sumsq(be, s->grads + L->buckets[b].start + (size_t)me * L->buckets[b].shard,
-                             L->buckets[b].shard);
+    for (int b = 0; b < L->nbuckets; b++) {
+        size_t lo = L->buckets[b].start + (size_t)me * L->buckets[b].shard;
+        sq += counted_sumsq(s, lo, lo + L->buckets[b].shard);
+    }
     if (n > 1 && (rc = dp->ops->allreduce_sum(dp, &sq, 1, CM_F64, s->opt.timeout_ms)))
         return co_err_set(rc, "distributed optimizer step: all-reduce of the gradient norm: %s", co_err_detail());
+    if (mp && (rc = mp->ops->allreduce_sum(mp, &sq, 1, CM_F64, s->opt.timeout_ms)))
+        return co_err_set(rc, "distributed optimizer step: all-reduce of the gradient norm over the model-parallel "
+                              "group: %s", co_err_detail());
     if (s->opt.redundant && s->opt.allreduce && n > 1) {
         /* the previous rank's shard of the all-reduced gradient is here already: the copy's
          * gradient is read locally, averaged the same way (the bits its owner uses) */
@@ -320,7 +370,7 @@ int dopt_reduce(dopt_state *s, cm_comm *dp, double *grad_norm_out) {
         for (int b = 0; b < L->nbuckets; b++) {
             const dopt_bucket *B = &L->buckets[b];
             memcpy(s->rgrad + B->shard_base, s->grads + B->start + (size_t)prv * B->shard, B->shard * sizeof(float));
-            be->ops->scale(be, s->rgrad + B->shard_base, 1.0f / (float)n, B->shard);
+            be->ops->scale(be, s->rgrad + B->shard_base, inv, B->shard);
         }
     } else if (s->opt.redundant && (rc = exchange_shard_grad(s, dp)))
         return co_err_set(rc, "distributed optimizer step: shard gradient to rank %d / from rank %d: %s",

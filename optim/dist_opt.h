@@ -97,6 +97,9 @@ typedef struct dopt_options {
      * sums of each rank's own shard and zeros elsewhere: an exact copy). */
     bool allreduce;
     int timeout_ms; /* every collective's timeout (< 0: none, still abortable) */
+    /* the reduced gradient is divided by this (0: the group's size); with context parallelism
+     * the group is data x context but the replicas averaged are the data-parallel ones */
+    int average_over;
 } dopt_options;
 
 /* A shard's optimizer state: both moments and the steps taken (its parameters are copied
@@ -121,6 +124,12 @@ typedef struct dopt_state {
     /* redundancy: shard (rank-1) mod dp's parameters, moments and received gradient */
     float *rparams, *rm, *rv, *rgrad;
     int64_t step;
+    /* the norm's runs: [lo, hi) pairs of the buffer, sorted, whose gradient this rank counts
+     * in the global norm (NULL: all of it). With tensor or pipeline parallelism a replicated
+     * tensor's gradient lives on several model-parallel ranks and must count once
+     * (dopt_set_norm_runs). */
+    size_t *norm_runs;
+    int nnorm_runs;
 } dopt_state;
 
 /* State for data-parallel rank `rank` of L.dp (the layout is copied); buffers from the
@@ -156,6 +165,19 @@ int dopt_step(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double *
  * in between): dopt_reduce (reduce-scatter, average, the norm, the redundant copy's gradient)
  * and dopt_update (clip with that norm, AdamW on the shard and the copy, all-gather). */
 int dopt_reduce(dopt_state *s, cm_comm *dp, double *grad_norm_out);
+/* dopt_reduce with the sum of squares also summed over mp (the model-parallel ranks of one
+ * replica: tensor x pipeline; NULL: none), each rank counting its norm runs' part of its
+ * shard: the norm of the whole model's averaged gradient. */
+int dopt_reduce_mp(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_norm_out);
+/* dopt_reduce_mp in parts, for a reduction overlapped with the backward: the collective of
+ * bucket b alone (each bucket once, in the same order on every rank; from any one thread at
+ * a time: no backend call), then, once all are done, dopt_reduce_finish (the average, the
+ * norm, the redundant copy's gradient). The bits are dopt_reduce_mp's. */
+int dopt_reduce_bucket(dopt_state *s, cm_comm *dp, int b);
+int dopt_reduce_finish(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_norm_out);
+/* The runs of the buffer this rank counts in the norm (n pairs [lo, hi), sorted, not
+ * overlapping; copied). CO_ENOMEM. */
+int dopt_set_norm_runs(dopt_state *s, const size_t *runs, int n);
 int dopt_update(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double grad_norm);
 /* dopt_update in its two halves: the update of the shard and of the copy (local: no
  * communication, so an abort cannot interrupt it), and the all-gather of the parameters

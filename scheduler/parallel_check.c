@@ -31,27 +31,30 @@ bool topo_check_sizes(const co_config *c, co_problems *P) {
 }
 
 /* The gradient and parameter overlaps (not built) and the distributed optimizer's
- * combinations. */
+ * combinations (it shards over the gradient group of every tensor x pipeline shard: data
+ * parallel, or data x context). */
 static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
     /* accepted for Megatron's scripts but not implemented: refused, never ignored */
-    if (c->overlap_grad_reduce)
-        co_problem(P, "--overlap-grad-reduce is not supported yet (the gradients are reduced after the backward)");
+    if (c->overlap_grad_reduce && !strcmp(c->device, "cuda"))
+        co_problem(P, "--overlap-grad-reduce is not supported yet on cuda (the communication thread reads host memory)");
+    /* every group of a job shares one transport, which one thread uses at a time: the
+     * communication thread may run only while the backward itself communicates nothing */
+    if (c->overlap_grad_reduce && sizes_ok &&
+        (c->tensor_model_parallel_size > 1 || c->pipeline_model_parallel_size > 1 || c->context_parallel_size > 1 ||
+         (c->num_experts > 0 && c->expert_model_parallel_size > 1)))
+        co_problem(P, "--overlap-grad-reduce with tensor, pipeline, context or expert parallelism is not supported "
+                      "yet (their backward communicates over the transport the communication thread would use): "
+                      "data parallelism only");
     if (c->overlap_param_gather)
         co_problem(P, "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)");
     if (c->ddp_bucket_size < 0) co_problem(P, "--ddp-bucket-size must not be negative");
     if (!c->use_distributed_optimizer || !sizes_ok) return;
     if (!strcmp(c->device, "cuda"))
         co_problem(P, "--use-distributed-optimizer is not supported yet on cuda (host memory only)");
-    if (c->tensor_model_parallel_size > 1 || c->pipeline_model_parallel_size > 1)
-        co_problem(P, "--use-distributed-optimizer with tensor or pipeline parallelism is not supported yet "
-                      "(data parallelism only)");
     if (c->num_experts > 0 && c->expert_model_parallel_size > 1)
         co_problem(P, "--use-distributed-optimizer with --expert-model-parallel-size %d is not supported yet (the "
                       "experts' shards would span the expert-data-parallel group only)",
                    c->expert_model_parallel_size);
-    if (c->context_parallel_size > 1)
-        co_problem(P, "--use-distributed-optimizer with --context-parallel-size %d is not supported yet (the shards "
-                      "span the data-parallel group only)", c->context_parallel_size);
 }
 
 /* Context parallelism: the ring's split of the sequence, what it does not combine with, and

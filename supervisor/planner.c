@@ -95,16 +95,27 @@ int svp_take_spares(const svp_view *v, int *take) {
     return taken;
 }
 
+/* Whether a and b hold the same model shard apart from the context rank (the distributed
+ * optimizer shards over data x context), and a rank's place in that gradient group (the
+ * context rank varies fastest, as in the group's order). */
+static bool same_grad_group(const topo_coord *a, const topo_coord *b) {
+    return a->tp == b->tp && a->pp == b->pp && a->ep == b->ep;
+}
+static int grad_place(const topo_coord *c, int ncp) { return c->cp + ncp * c->dp; }
+
 int svp_optimizer_shard_lost(const svp_view *v, int64_t M) {
     if (v->dopt_holders < 1) return -1;
+    int ncp = 1;
+    for (int q = 0; q < v->world; q++)
+        if (v->coord[q].cp + 1 > ncp) ncp = v->coord[q].cp + 1;
     for (int r = 0; r < v->world; r++) {
-        int dp = 0;
-        for (int q = 0; q < v->world; q++) dp += topo_same_shard(&v->coord[q], &v->coord[r]);
+        int n = 0;
+        for (int q = 0; q < v->world; q++) n += same_grad_group(&v->coord[q], &v->coord[r]);
         bool held = false;
-        for (int h = 0; h < v->dopt_holders && h < dp && !held; h++) {
-            int want = (v->coord[r].dp + h) % dp;
+        for (int h = 0; h < v->dopt_holders && h < n && !held; h++) {
+            int want = (grad_place(&v->coord[r], ncp) + h) % n;
             for (int q = 0; q < v->world && !held; q++) {
-                if (!topo_same_shard(&v->coord[q], &v->coord[r]) || v->coord[q].dp != want) continue;
+                if (!same_grad_group(&v->coord[q], &v->coord[r]) || grad_place(&v->coord[q], ncp) != want) continue;
                 const svp_slot *w = slot_of(v, q);
                 held = w && !w->replacing && w->ready_iter == M;
             }

@@ -117,9 +117,9 @@ void svp_plan_restart(const svp_view *v, svp_plan *plan);
  * replacements. */
 int svp_node_shard_lost(const svp_view *v, int node);
 
-/* The first data-parallel rank whose optimizer shard has no holder that survived and
- * committed iteration M (itself and the next dopt_holders - 1 ranks of its data-parallel
- * group), or -1. */
+/* The first rank whose optimizer shard has no holder that survived and committed iteration
+ * M (itself and the next dopt_holders - 1 ranks of its gradient group: the ranks of its
+ * tensor x pipeline shard over data x context, the context rank varying fastest), or -1. */
 int svp_optimizer_shard_lost(const svp_view *v, int64_t M);
 
 #endif

@@ -165,6 +165,8 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     gpt_batch b;
     describe(t, mb, &b);
     double tl0 = tl_now();
+    /* (the chunk's last micro batch: its layers' buckets start as their backward ends) */
+    trainer__overlap_last(t, mb == t->M - 1, !d->head || !t->poison[mb]);
     gpt_chunk_backward(t->model, ci, s, &b, seed);
     trainer__tl(t, TL_BACKWARD, mb, ci, tl0);
     if (d->head) trainer__inject_grads(t, t->iteration + 1, mb, t->poison[mb]);
@@ -219,6 +221,7 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     /* data_rank: this replica's own share, or (a check round of the rerun state machine) the
      * suspect replica's, which this whole pipeline recomputes */
     t->share_of = data_rank;
+    trainer__overlap_arm(t);
     gpt_zero_grad(t->model);
     memset(t->have_batch, 0, sizeof *t->have_batch * (size_t)t->M);
     int rc = 0;
@@ -238,6 +241,7 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     if (!rc) rc = sum_tied_embedding(t);
     if (!rc && gpt_tied_embedding(t->model) >= 0) trainer__tl(t, TL_EMBED_REDUCE, -1, -1, tl0);
     *grad_norm = 0;
+    if (!rc && t->ovl) return trainer__overlap_flush(t, grad_norm);
     if (!rc && t->have_val) rc = trainer__grad_norm(t, grad_norm);
     return rc;
 }

@@ -288,6 +288,7 @@ static int build_model(trainer *t, const trainer_data *data) {
              : opt_adamw_init(&t->opt, t->model, (float)c->adam_beta1, (float)c->adam_beta2, (float)c->adam_eps,
                               (float)c->weight_decay, (float)c->clip_grad);
     if (rc) return rc;
+    if ((rc = trainer__overlap_setup(t))) return rc;
     t->flops_per_sample = gpt_flops_per_sample(m, c->seq_length);
     return 0;
 }
@@ -462,6 +463,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
 void trainer_destroy(trainer **pt) {
     trainer *t = *pt;
     if (!t) return;
+    trainer__overlap_free(t);
     for (int s = 0; s < 3; s++) dl_destroy(&t->ds[s]);
     tok_close(&t->sft_tok);
     trainer__moe_free(t);
@@ -688,7 +690,14 @@ static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) 
      * is its tokens' part of its replica's (summed), the replicas are averaged */
     cm_comm *dp = t->g.dp, *gg = tr_groups_grad(&t->g);
     int rc;
-    if (t->dopt) { /* the distributed optimizer (data parallelism only): reduce-scatter, averaged, the norm */
+    if (t->ovl) { /* the buckets started during the backward: what is still in flight, then the average */
+        if ((rc = trainer__overlap_wait(t))) return rc;
+        if (t->dopt) {
+            if ((rc = trainer__dopt_reduce_finish(t))) return rc;
+        } else {
+            t->be->ops->scale(t->be, gpt_grads(t->model), 1.0f / (float)dp->size, gpt_num_params(t->model));
+        }
+    } else if (t->dopt) { /* the distributed optimizer: reduce-scatter, averaged, the norm */
         if ((rc = trainer__dopt_reduce(t))) return rc;
     } else if (t->epn > 1) { /* the experts' over the expert-data-parallel group only */
         if ((rc = trainer__ep_reduce_grads(t))) return rc;
@@ -810,6 +819,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
                          double *grad_norm) {
     const co_config *c = &t->cfg;
     int B = c->micro_batch_size, N = B * c->seq_length;
+    trainer__overlap_arm(t); /* (first: a thread an error left behind may still write the gradients) */
     gpt_zero_grad(t->model);
     rr_mbs_reset(&t->mbs);
     double it_loss = 0, it_tok = 0;
@@ -843,6 +853,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         t->phase_ms[TR_PH_FORWARD] += 1000 * (t2 - t1);
         fire_process_faults(t, step, mb, FI_PH_BACKWARD);
         tl0 = tl_now();
+        trainer__overlap_last(t, mb == t->M - 1, !poison);
         gpt_backward(t->model, &b, seed);
         trainer__tl(t, TL_BACKWARD, mb, 0, tl0);
         trainer__inject_grads(t, step, mb, poison);
@@ -860,6 +871,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         if (rc) return rc;
     }
     *grad_norm = 0;
+    if (t->ovl) return trainer__overlap_flush(t, grad_norm); /* (the rest starts; the norm as it was) */
     if (t->have_val) {
         /* this replica's norm (the tensor group's, the same on each of its ranks) */
         int rc = trainer__grad_norm(t, grad_norm);
@@ -1083,6 +1095,7 @@ static void set_tensor_group(trainer *t, cm_comm *tp) {
 void trainer_set_groups(trainer *t, const tr_groups *g) {
     static const tr_groups none;
     if (!g) g = &none;
+    trainer__overlap_drain(t); /* (a thread an error left behind uses the old groups) */
     t->g.dp = g->dp;
     if (g->dp) topo_init(&t->topo, g->dp->size, 1, 1, 1, g->dp->rank);
     set_tensor_group(t, g->tp);
@@ -1190,6 +1203,7 @@ static int reduce_and_hash(trainer *t, tr_iter *it, rr_report *r) {
 /* A round of the step: this rank's share computed and reported, the stop vote, the reduction. */
 static int train_round(trainer *t, tr_iter *it, volatile sig_atomic_t *stop) {
     const co_config *c = &t->cfg;
+    t->ovl_reduce = true;
     int rc = run_share(t, t->topo.dp_rank, it, &it->loss, &it->tok);
     if (rc) return rc;
     rr_report r = {0};
@@ -1215,6 +1229,7 @@ static int train_round(trainer *t, tr_iter *it, volatile sig_atomic_t *stop) {
 static int check_round(trainer *t, tr_iter *it) {
     if (it->check_for < 0) return 0;
     double l, k;
+    t->ovl_reduce = false;
     int rc = run_share(t, it->check_for, it, &l, &k);
     if (rc) return rc;
     rr_report r;

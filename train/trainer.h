@@ -93,6 +93,12 @@ int trainer_dopt_moments_end(trainer *t, bool scatter);
 struct dopt_layout;
 const struct dopt_layout *trainer_dopt_shard(const trainer *t, const float **m, const float **v, int *rank,
                                              const int **unit_first);
+/* The layout another model shard's ranks build from their tensor table (gpt_tensor_table's,
+ * at that tensor rank and stage), with its unit_first (to free): what a save lists every
+ * shard's pieces of the moments from. */
+struct gpt_tensor;
+int trainer_dopt_layout_of(const trainer *t, const struct gpt_tensor *tab, int nt, struct dopt_layout *L,
+                           int **unit_first);
 const co_config *trainer_config(const trainer *t);
 
 /* How many hooks of each kind a trainer holds. */

@@ -33,6 +33,108 @@ struct tr_dopt {
     bool force_rs;
 };
 
+/* Appends [lo, hi) to the runs (merged with the last when adjacent). */
+static void run_add(size_t *r, int *n, size_t lo, size_t hi) {
+    if (lo >= hi) return;
+    if (*n && r[2 * *n - 1] == lo) {
+        r[2 * *n - 1] = hi;
+        return;
+    }
+    r[2 * *n] = lo;
+    r[2 * *n + 1] = hi;
+    ++*n;
+}
+
+/* The parts of the laid-out buffer this rank counts in the gradient norm, as
+ * gpt_tp_grad_sumsq does: not the last stage's copy of the tied embedding; a column slice
+ * whole; of rows several tensor ranks hold (a replicated tensor, shared key/value rows) the
+ * first holder's only. Needed with tensor or pipeline parallelism (the norm is summed over
+ * the replica's ranks). */
+int trainer__norm_runs(trainer *t, size_t **runs, int *nruns) {
+    gpt_model *m = t->model;
+    int nt = gpt_num_tensors(m);
+    const gpt_tensor *tab = gpt_tensors(m);
+    int *order = malloc(sizeof *order * (size_t)(nt ? nt : 1));
+    size_t *r = malloc(sizeof *r * 2 * 3 * (size_t)(nt ? nt : 1));
+    if (!order || !r) {
+        free(order);
+        free(r);
+        return co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
+    }
+    /* tensors by their offset in the buffer (the layout reverses the table) */
+    for (int i = 0; i < nt; i++) order[i] = i;
+    for (int i = 1; i < nt; i++)
+        for (int j = i; j > 0 && tab[order[j - 1]].offset > tab[order[j]].offset; j--) {
+            int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    int n = 0;
+    for (int k = 0; k < nt; k++) {
+        const gpt_tensor *x = &tab[order[k]];
+        if (x->emb_copy) continue;
+        if (x->split == GPT_TP_COLS || t->tp_size <= 1) {
+            run_add(r, &n, x->offset, x->offset + x->numel);
+            continue;
+        }
+        size_t cols = (size_t)(x->shape[1] ? x->shape[1] : 1);
+        for (int q = 0; q < x->npieces; q++)
+            if (t->tp_rank % x->piece[q].share == 0)
+                run_add(r, &n, x->offset + (size_t)x->piece[q].local * cols,
+                        x->offset + (size_t)(x->piece[q].local + x->piece[q].len) * cols);
+    }
+    free(order);
+    *runs = r;
+    *nruns = n;
+    return 0;
+}
+
+static int set_norm_runs(trainer *t, dopt_state *s) {
+    size_t *r = NULL;
+    int n = 0, rc = trainer__norm_runs(t, &r, &n);
+    if (!rc) rc = dopt_set_norm_runs(s, r, n);
+    free(r);
+    return rc;
+}
+
+/* The layout's parameters from a tensor table: one per tensor, except that a MoE layer's
+ * packed run is one, laid out whole; unit u is tensors unit_first[u] .. unit_first[u + 1] - 1
+ * (unit_first[nt + 1], decay and numel [nt]). */
+static int units_of(const gpt_tensor *tab, int nt, int *unit_first, bool *decay, size_t *numel, int *nunits) {
+    int nu = 0;
+    for (int i = 0; i < nt; i++) {
+        if (tab[i].packed && nu > 0) { /* the rest of a packed run joins its first tensor's unit */
+            numel[nu - 1] += tab[i].numel;
+            if (tab[i].decay != decay[nu - 1])
+                return co_err_set(CO_EINTERNAL, "distributed optimizer: %s decays unlike its run", tab[i].name);
+            continue;
+        }
+        unit_first[nu] = i;
+        numel[nu] = tab[i].numel;
+        decay[nu++] = tab[i].decay;
+    }
+    unit_first[nu] = nt;
+    *nunits = nu;
+    return 0;
+}
+
+int trainer_dopt_layout_of(const trainer *t, const gpt_tensor *tab, int nt, dopt_layout *L, int **unit_first) {
+    *unit_first = malloc(sizeof **unit_first * (size_t)(nt + 1));
+    size_t *numel = malloc(sizeof *numel * (size_t)(nt ? nt : 1));
+    bool *decay = malloc(sizeof *decay * (size_t)(nt ? nt : 1));
+    int nu = 0, rc = *unit_first && numel && decay ? 0 : co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
+    if (!rc && !t->dopt) rc = co_err_set(CO_EINTERNAL, "distributed optimizer: not on");
+    if (!rc) rc = units_of(tab, nt, *unit_first, decay, numel, &nu);
+    if (!rc) rc = dopt_layout_build(L, numel, nu, t->dopt->s.L.dp, (size_t)t->cfg.ddp_bucket_size);
+    free(numel);
+    free(decay);
+    if (rc) {
+        free(*unit_first);
+        *unit_first = NULL;
+    }
+    return rc;
+}
+
 int trainer__dopt_setup(trainer *t, bool joining) {
     const co_config *c = &t->cfg;
     cm_comm *g = tr_groups_grad(&t->g);
@@ -57,18 +159,7 @@ int trainer__dopt_setup(trainer *t, bool joining) {
     size_t *off = malloc(sizeof *off * (size_t)nt);
     int rc = d->unit_first && off ? 0 : co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
     int nu = 0;
-    for (int i = 0; i < nt && !rc; i++) {
-        if (tab[i].packed && nu > 0) { /* the rest of a packed run joins its first tensor's unit */
-            numel[nu - 1] += tab[i].numel;
-            if (tab[i].decay != d->decay[nu - 1])
-                rc = co_err_set(CO_EINTERNAL, "distributed optimizer: %s decays unlike its run", tab[i].name);
-            continue;
-        }
-        d->unit_first[nu] = i;
-        numel[nu] = tab[i].numel;
-        d->decay[nu++] = tab[i].decay;
-    }
-    if (!rc) d->unit_first[nu] = nt;
+    if (!rc) rc = units_of(tab, nt, d->unit_first, d->decay, numel, &nu);
     d->nunits = nu;
     dopt_layout L = {0};
     if (!rc) rc = dopt_layout_build(&L, numel, nu, dp, (size_t)c->ddp_bucket_size);
@@ -81,9 +172,11 @@ int trainer__dopt_setup(trainer *t, bool joining) {
     free(off);
     dopt_options o = {.beta1 = (float)c->adam_beta1, .beta2 = (float)c->adam_beta2, .eps = (float)c->adam_eps,
                       .weight_decay = (float)c->weight_decay, .clip_grad = (float)c->clip_grad,
-                      .redundant = c->dist_opt_redundancy, .timeout_ms = TRAIN_COMM_TIMEOUT_MS};
+                      .redundant = c->dist_opt_redundancy, .timeout_ms = TRAIN_COMM_TIMEOUT_MS,
+                      .average_over = t->g.dp ? t->g.dp->size : 1};
     if (!rc) rc = dopt_init_borrowed(&d->s, &L, rank, &o, t->be, gpt_params(m), gpt_grads(m));
     dopt_layout_free(&L);
+    if (!rc && tr_groups_replica(&t->g) && (rc = set_norm_runs(t, &d->s))) dopt_free(&d->s);
     if (rc) {
         free(d->decay);
         free(d->unit_first);
@@ -98,9 +191,10 @@ int trainer__dopt_setup(trainer *t, bool joining) {
     if (t->log) {
         size_t n = 0;
         for (int i = 0; i < nt; i++) n += tab[i].numel;
-        fprintf(t->log, "cohort: distributed optimizer over %d data-parallel rank%s: %d bucket%s, shard of %zu of %zu "
+        fprintf(t->log, "cohort: distributed optimizer over %d %s rank%s: %d bucket%s, shard of %zu of %zu "
                         "elements, %.2f bytes per parameter on this rank for parameters, gradients and moments%s "
-                        "(replicated: 16)\n", dp, dp > 1 ? "s" : "", d->s.L.nbuckets, d->s.L.nbuckets > 1 ? "s" : "",
+                        "(replicated: 16)\n", dp, t->g.cp ? "data x context-parallel" : "data-parallel",
+                dp > 1 ? "s" : "", d->s.L.nbuckets, d->s.L.nbuckets > 1 ? "s" : "",
                 d->s.L.shard_total, d->s.L.total, dopt_bytes_per_param(&d->s.L, n, d->s.opt.redundant),
                 d->s.opt.redundant ? " (with the copy of the previous rank's shard)" : "");
         fflush(t->log);
@@ -137,10 +231,28 @@ static cm_comm *step_group(trainer *t) {
 
 int trainer__dopt_reduce(trainer *t) {
     tr_dopt *d = t->dopt;
-    int rc = dopt_reduce(&d->s, step_group(t), &d->norm);
+    int rc = dopt_reduce_mp(&d->s, step_group(t), tr_groups_replica(&t->g), &d->norm);
     d->reduced = !rc;
     return rc;
 }
+
+int trainer__dopt_nbuckets(const trainer *t) { return t->dopt->s.L.nbuckets; }
+
+void trainer__dopt_bucket(const trainer *t, int b, size_t *lo, size_t *hi) {
+    *lo = t->dopt->s.L.buckets[b].start;
+    *hi = t->dopt->s.L.buckets[b].end;
+}
+
+int trainer__dopt_reduce_bucket(trainer *t, cm_comm *g, int b) { return dopt_reduce_bucket(&t->dopt->s, g, b); }
+
+int trainer__dopt_reduce_finish(trainer *t) {
+    tr_dopt *d = t->dopt;
+    int rc = dopt_reduce_finish(&d->s, step_group(t), tr_groups_replica(&t->g), &d->norm);
+    d->reduced = !rc;
+    return rc;
+}
+
+cm_comm *trainer__dopt_group(trainer *t) { return step_group(t); }
 
 int trainer__dopt_norm(trainer *t, double *out) {
     tr_dopt *d = t->dopt;

@@ -139,6 +139,8 @@ struct trainer {
     double mtp_sum[GPT_MAX_MTP], mtp_count;
     /* --use-distributed-optimizer (trainer_dopt.c; NULL without): opt.m and opt.v stay NULL */
     struct tr_dopt *dopt;
+    struct tr_overlap *ovl; /* --overlap-grad-reduce (trainer_overlap.c), NULL: off */
+    bool ovl_reduce;        /* this round's share is reduced after (a training round, not a check round) */
     /* expert parallelism (trainer_ep.c; epn 1 without; its groups g.ep, g.edp, g.erep): the
      * flat buffers' runs of expert and other tensors (the gradients' reductions). g.ep is the
      * expert-tensor x expert group (the expert group itself at etpn 1); etpn: the
@@ -166,6 +168,33 @@ int trainer__dopt_norm(trainer *t, double *out);
 int trainer__dopt_step(trainer *t, double lr, double grad_norm, uint64_t *sum);
 int trainer__dopt_sync(trainer *t);
 int trainer__dopt_handover(trainer *t, bool held);
+/* The overlapped reduction's view of the layout (trainer_overlap.c): the buckets, one
+ * bucket's collective (from the communication thread), the rest of dopt_reduce after them,
+ * the group (choosing the all-reduce path for this generation). */
+int trainer__dopt_nbuckets(const trainer *t);
+void trainer__dopt_bucket(const trainer *t, int b, size_t *lo, size_t *hi);
+int trainer__dopt_reduce_bucket(trainer *t, struct cm_comm *g, int b);
+int trainer__dopt_reduce_finish(trainer *t);
+struct cm_comm *trainer__dopt_group(trainer *t);
+/* The runs [lo, hi) of the gradient buffer this rank counts in the model's norm (as
+ * gpt_tp_grad_sumsq: the tied embedding's copy not, rows several tensor ranks hold on the
+ * first only); *runs malloc'ed, n pairs. */
+int trainer__norm_runs(trainer *t, size_t **runs, int *nruns);
+/* --overlap-grad-reduce (trainer_overlap.c): set up after the layout; arm before a share's
+ * backwards (clears what was posted); last: the next backward is its chunk's last micro
+ * batch's (its layers' buckets start as their gradients are final); flush after the
+ * gradients are final (tensor-group sums, tied embedding): the remaining buckets start, and
+ * *local_norm (when the validator wants it) is this replica's norm of the gradients as they
+ * were before the reduction; wait: every bucket's collective is done (the step's average
+ * and norm follow). drain: a thread left running after an error is stopped. */
+typedef struct tr_overlap tr_overlap;
+int trainer__overlap_setup(trainer *t);
+void trainer__overlap_free(trainer *t);
+void trainer__overlap_arm(trainer *t);
+void trainer__overlap_last(trainer *t, bool last, bool early);
+int trainer__overlap_flush(trainer *t, double *local_norm);
+int trainer__overlap_wait(trainer *t);
+void trainer__overlap_drain(trainer *t);
 /* The trainer changed n parameters at `at` (in the model's buffer) on every rank alike: the
  * redundant shard copy follows (dopt_copy_refresh). */
 void trainer__dopt_params_moved(trainer *t, const float *at, size_t n);

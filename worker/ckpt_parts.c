@@ -23,10 +23,10 @@
  * column slice is the rank's whole local tensor, so each part is one row-major buffer. The
  * moments are cut as their weights, under optimizer.exp_avg.<name> and exp_avg_sq.<name>.
  *
- * With the distributed optimizer (data parallelism only: tensor and pipeline size 1) the
- * moments to save are instead every data-parallel rank's pieces (dopt_layout.pieces): the
- * flat range [param_lo, param_hi) of parameter `param`'s global tensor, written by that
- * rank from its shard storage, so no rank holds the full moments at a save. To load, the
+ * With the distributed optimizer the moments to save are instead, for every shard, every
+ * rank of its gradient group's pieces (dopt_layout.pieces, the shard's layout rebuilt from
+ * its table): flat ranges of the global tensors, written by that rank from its shard
+ * storage, so no rank holds the full moments at a save (add_dopt). To load, the
  * parts stay the full moments' (trainer_dopt_moments_begin's buffers). */
 #include "worker/ckpt_parts.h"
 
@@ -76,37 +76,6 @@ static int add(wk_parts *l, int part, const gpt_tensor *t, int group, bool regio
     return 0;
 }
 
-/* Appends every data-parallel rank's pieces of moment `part` (1: exp_avg, 2: exp_avg_sq) of
- * the table's tensors as flat parts, written by that rank (world rank = data-parallel rank:
- * the distributed optimizer runs with data parallelism only); data where it is this rank's. */
-static int add_dopt(wk_parts *l, int part, const gpt_tensor *tab, int nt, const dopt_layout *L, int me,
-                    const float *shard, const int *unit_first) {
-    if (unit_first[L->nparams] != nt)
-        return co_err_set(CO_EINTERNAL, "checkpoint: the optimizer's layout covers %d tensors, the model has %d",
-                          unit_first[L->nparams], nt);
-    for (int r = 0; r < L->dp; r++)
-        for (int q = 0; q < L->npieces[r]; q++) {
-            const dopt_piece *p = &L->pieces[r][q];
-            /* the piece [param_lo, param_hi) of the layout's parameter, cut at its tensors (a
-             * MoE layer's run holds several, one after another) */
-            for (int i = unit_first[p->param]; i < unit_first[p->param + 1]; i++) {
-                size_t a = tab[i].offset - L->param_start[p->param], e = a + tab[i].numel;
-                size_t lo = p->param_lo > a ? p->param_lo : a, hi = p->param_hi < e ? p->param_hi : e;
-                if (lo >= hi) continue;
-                int rc = add(l, part, &tab[i], 0, false, 0, NULL,
-                             r == me ? (float *)shard + p->shard_off + (lo - p->param_lo) : NULL);
-                if (rc) return rc;
-                ck_tensor_ref *ref = &l->r[l->n - 1];
-                ref->dst = NULL;
-                ref->flat = true;
-                ref->flat_begin = (int64_t)(lo - a);
-                ref->flat_end = (int64_t)(hi - a);
-                ref->writer = r;
-            }
-        }
-    return 0;
-}
-
 static void name_them(wk_parts *l) {
     for (int j = 0; j < l->n; j++) l->r[j].name = l->names[j];
 }
@@ -145,9 +114,24 @@ typedef struct parts_ctx {
     gpt_tensor **tab;       /* [shards] each shard's table */
     int *ntab;
     bool *held_by;          /* [shards] some rank holds the shard */
+    /* with the distributed optimizer: [shards][dpn] the world rank of each rank of a shard's
+     * gradient group (data parallel, or data x context), in the group's order */
+    int *gw, dpn;
 } parts_ctx;
 
 static int shard_of(const parts_ctx *x, int r, int s, int e) { return r + x->tp * (s + x->pp * e); }
+
+/* With the distributed optimizer: world rank w's place in its shard sh's gradient group. */
+static int group_place(parts_ctx *x, const topo_layout *lay, bool cp, int w, int sh) {
+    int *members = malloc(sizeof *members * (size_t)lay->world), sz = 0, rc = 0;
+    if (!members) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
+    if (topo_group_of(lay, cp ? TOPO_G_DP_CP : TOPO_G_DP, w, members, &sz) < 0 || sz != x->dpn)
+        rc = co_err_set(CO_EINTERNAL, "checkpoint: rank %d's gradient group has %d ranks, not %d", w, sz, x->dpn);
+    for (int k = 0; k < sz && !rc; k++)
+        if (members[k] == w) x->gw[sh * x->dpn + k] = w;
+    free(members);
+    return rc;
+}
 
 /* Each world rank's shard into wg (and which shards are held), from the job's layout; this
  * rank's coordinates must be the trainer's. */
@@ -155,7 +139,7 @@ static int map_writers(parts_ctx *x, trainer *t, int world, int rank, int *wg) {
     const co_config *c = trainer_config(t);
     topo_layout lay;
     char err[200];
-    int cpn = c->context_parallel_size > 1 && !c->standin_model_parallel ? c->context_parallel_size : 1;
+    int cpn = c->context_parallel_size > 1 && !c->standin_model_parallel ? c->context_parallel_size : 1, rc;
     if (world % (x->tp * x->pp * cpn) ||
         topo_layout_init(&lay, world, x->tp, x->pp, cpn, x->ep, c->expert_tensor_parallel_size,
                          c->use_tp_pp_dp_mapping, err, sizeof err))
@@ -166,6 +150,7 @@ static int map_writers(parts_ctx *x, trainer *t, int world, int rank, int *wg) {
         if (topo_coords(&lay, w, &co)) return co_err_set(CO_EINTERNAL, "checkpoint: no coordinates for rank %d", w);
         wg[w] = shard_of(x, co.tp, co.pp, x->ep > 1 ? co.ep : 0);
         x->held_by[wg[w]] = true;
+        if (x->gw && (rc = group_place(x, &lay, cpn > 1, w, wg[w]))) return rc;
         if (w == rank && (co.tp != x->tpr || co.pp != x->ppr || (x->ep > 1 && co.ep != x->epr)))
             return co_err_set(CO_EINTERNAL, "checkpoint: rank %d is at tensor %d, pipeline %d, expert %d, its layout says "
                                             "%d, %d, %d", w, x->tpr, x->ppr, x->epr, co.tp, co.pp, co.ep);
@@ -267,6 +252,96 @@ static int add_load_parts(wk_parts *load, int part, const parts_ctx *x, float *b
     return rc;
 }
 
+/* ---- the distributed optimizer's shards of the moments ----
+ * Every shard's layout is rebuilt from its tensor table (trainer_dopt_layout_of: the
+ * trainer's own rules), and every gradient-group rank's pieces become flat ranges of the
+ * global tensors, written by that rank from its shard storage: a row slice's run maps to one
+ * global range, a column slice's to one range per row; what several tensor ranks hold (a
+ * replicated tensor, shared rows) is written by the ranks listing it in add_dense_parts, the
+ * last stage's copy of a tied embedding not at all. */
+typedef struct dopt_ctx {
+    wk_parts *l;
+    int part;
+    const gpt_tensor *t; /* the tensor (its shard's table) */
+    int writer;          /* world rank */
+    float *data;         /* the range's moment data on this rank, NULL: another's */
+} dopt_ctx;
+
+static int add_flat(const dopt_ctx *c, size_t glo, size_t ghi, float *data) {
+    if (glo >= ghi) return 0;
+    int rc = add(c->l, c->part, c->t, 0, false, 0, NULL, data);
+    if (rc) return rc;
+    ck_tensor_ref *ref = &c->l->r[c->l->n - 1];
+    ref->dst = NULL;
+    ref->flat = true;
+    ref->flat_begin = (int64_t)glo;
+    ref->flat_end = (int64_t)ghi;
+    ref->writer = c->writer;
+    return 0;
+}
+
+/* Local flat range [f0, f1) of tensor c->t held by tensor rank r: its global ranges. */
+static int add_local_range(const dopt_ctx *c, int tp, int r, int i, size_t f0, size_t f1) {
+    const gpt_tensor *t = c->t;
+    float *d = c->data;
+    if (tp == 1 || t->split == GPT_TP_REPLICATED)
+        return r == i % tp ? add_flat(c, f0, f1, d) : 0;
+    size_t lc = (size_t)(t->shape[1] ? t->shape[1] : 1), gc = (size_t)(t->gshape[1] ? t->gshape[1] : 1);
+    int rc = 0;
+    for (int q = 0; q < t->npieces && !rc; q++) {
+        const gpt_piece *p = &t->piece[q];
+        if (r % p->share) continue; /* the first of the ranks sharing it writes it */
+        size_t loc = (size_t)p->local, glob = (size_t)p->global, len = (size_t)p->len;
+        if (t->split == GPT_TP_ROWS) {
+            size_t a = loc * lc, e = (loc + len) * lc, lo = f0 > a ? f0 : a, hi = f1 < e ? f1 : e;
+            if (lo < hi) rc = add_flat(c, lo - a + glob * lc, hi - a + glob * lc, d ? d + (lo - f0) : NULL);
+            continue;
+        }
+        /* columns: each row's run of this piece */
+        for (size_t row = f0 / lc; row * lc < f1 && !rc; row++) {
+            size_t a = row * lc + loc, e = a + len, lo = f0 > a ? f0 : a, hi = f1 < e ? f1 : e;
+            if (lo < hi)
+                rc = add_flat(c, row * gc + glob + (lo - a), row * gc + glob + (hi - a), d ? d + (lo - f0) : NULL);
+        }
+    }
+    return rc;
+}
+
+/* Shard sh's (tensor rank r, stage s) moment `part`: every gradient-group rank's pieces. */
+static int add_dopt_shard(wk_parts *l, int part, const parts_ctx *x, trainer *t, int sh, int me_k,
+                          const float *mine) {
+    int r = sh % x->tp, s = sh / x->tp % x->pp, nt = x->ntab[sh];
+    const gpt_tensor *tab = x->tab[sh];
+    dopt_layout L = {0};
+    int *ufirst = NULL;
+    int rc = trainer_dopt_layout_of(t, tab, nt, &L, &ufirst);
+    bool here = r == x->tpr && s == x->ppr;
+    for (int k = 0; k < L.dp && !rc; k++)
+        for (int q = 0; q < L.npieces[k] && !rc; q++) {
+            const dopt_piece *p = &L.pieces[k][q];
+            /* the piece [param_lo, param_hi) of the layout's parameter, cut at its tensors (a
+             * MoE layer's run holds several, one after another) */
+            for (int i = ufirst[p->param]; i < ufirst[p->param + 1] && !rc; i++) {
+                if (tab[i].emb_copy) continue;
+                size_t a = tab[i].offset - tab[ufirst[p->param]].offset, e = a + tab[i].numel;
+                size_t lo = p->param_lo > a ? p->param_lo : a, hi = p->param_hi < e ? p->param_hi : e;
+                if (lo >= hi) continue;
+                float *d = here && k == me_k ? (float *)mine + p->shard_off + (lo - p->param_lo) : NULL;
+                dopt_ctx c = {.l = l, .part = part, .t = &tab[i], .writer = x->gw[sh * x->dpn + k], .data = d};
+                rc = add_local_range(&c, x->tp, r, i, lo - a, hi - a);
+            }
+        }
+    dopt_layout_free(&L);
+    free(ufirst);
+    return rc;
+}
+
+static int add_dopt(wk_parts *l, int part, const parts_ctx *x, trainer *t, int me_k, const float *shard) {
+    int rc = 0;
+    for (int sh = 0; sh < x->shards && !rc; sh++) rc = add_dopt_shard(l, part, x, t, sh, me_k, shard);
+    return rc;
+}
+
 /* The parameters' and both moments' parts, to save and to load; with the distributed
  * optimizer the moments to save are every data-parallel rank's pieces of its shard. */
 static int list_parts(trainer *t, const parts_ctx *x, int world, int rank, wk_parts *save, wk_parts *load) {
@@ -275,7 +350,7 @@ static int list_parts(trainer *t, const parts_ctx *x, int world, int rank, wk_pa
     const int *ufirst = NULL;
     int drank = 0;
     const dopt_layout *L = trainer_dopt_shard(t, &dm, &dv, &drank, &ufirst);
-    if (L && (x->shards != 1 || L->dp != world || drank != rank))
+    if (L && (L->dp != x->dpn || x->gw[shard_of(x, x->tpr, x->ppr, 0) * x->dpn + drank] != rank))
         return co_err_set(CO_EINTERNAL, "checkpoint: the distributed optimizer's rank %d of %d is world rank %d of %d "
                                         "in %d model shards", drank, L->dp, rank, world, x->shards);
     save->n = load->n = 0;
@@ -283,8 +358,7 @@ static int list_parts(trainer *t, const parts_ctx *x, int world, int rank, wk_pa
     for (int part = 0; part < 3 && !rc; part++) {
         float *base = part == 0 ? gpt_params(trainer_model(t)) : part == 1 ? o->m : o->v;
         if (part == 1) save->nmodel = save->n, load->nmodel = load->n;
-        rc = part && L ? add_dopt(save, part, x->mine, x->nt, L, drank, part == 1 ? dm : dv, ufirst)
-                       : add_save_parts(save, part, x, base);
+        rc = part && L ? add_dopt(save, part, x, t, drank, part == 1 ? dm : dv) : add_save_parts(save, part, x, base);
         if (!rc) rc = add_load_parts(load, part, x, base);
     }
     return rc;
@@ -310,14 +384,22 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
     trainer_model_parallel(t, &x.tp, &x.tpr, &x.pp, &x.ppr);
     trainer_expert_parallel(t, &x.ep, &x.epr);
     x.shards = x.tp * x.pp * x.ep;
+    int rc0 = 0;
     /* writer w (a world rank) holds the shard of its coordinates; with the expert group
      * spanning the tensor ranks not every (tensor rank, expert rank) pair exists, and a
      * writer group must have members */
     int *wg = malloc(sizeof *wg * (size_t)world);
+    if (trainer_dopt_on(t)) {
+        /* (the flag is refused with expert parallelism: every world rank is in one shard's
+         * gradient group) */
+        x.dpn = world / x.shards;
+        x.gw = calloc((size_t)world, sizeof *x.gw);
+        if (!x.gw) rc0 = co_err_set(CO_ENOMEM, "checkpoint: out of memory");
+    }
     x.held_by = calloc((size_t)x.shards, sizeof *x.held_by);
     x.tab = calloc((size_t)x.shards, sizeof *x.tab);
     x.ntab = calloc((size_t)x.shards, sizeof *x.ntab);
-    int rc = !wg || !x.tab || !x.ntab || !x.held_by ? co_err_set(CO_ENOMEM, "checkpoint: out of memory") : 0;
+    int rc = rc0 ? rc0 : !wg || !x.tab || !x.ntab || !x.held_by ? co_err_set(CO_ENOMEM, "checkpoint: out of memory") : 0;
     if (!rc) rc = map_writers(&x, t, world, rank, wg);
     if (!rc) rc = shard_tables(&x, t);
     if (!rc) rc = list_parts(t, &x, world, rank, save, load);
@@ -327,6 +409,7 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
     free(x.tab);
     free(x.ntab);
     free(x.held_by);
+    free(x.gw);
     if (rc) {
         free(wg);
         return rc;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dopt_test.sh - the distributed optimizer (--use-distributed-optimizer) through `cohort
-# train`: against the replicated optimizer, checkpoints resharded across data-parallel sizes
-# and written as each rank's shard of the moments,
+# train`: against the replicated optimizer (data parallel; tensor, pipeline and context
+# parallel x data), checkpoints resharded across data-parallel sizes and written as each
+# rank's shard of the moments (also of tensor x pipeline slices),
 # and (the fault suite) kills of optimizer-shard holders under in-process restart. One case
 # per meson test; every comparison is `cohort ckpt diff` of final checkpoints (parameters and
 # both Adam moments).
@@ -42,7 +43,124 @@ for t in d["tensors"]:
 PY
 }
 
+# near A B IT: within what splitting the model's matrix products and the sequence changes
+# against one process (5e-5 absolute on parameters and moments, cp_test.sh's bound: fp32
+# sums in another order, amplified by 6 Adam steps at lr 1e-3)
+near() {
+    "$cohort" ckpt diff --json "$(it_dir "$1" "$3")" "$(it_dir "$2" "$3")" >"$work/diff.json" 2>&1
+    /usr/bin/python3 - "$work/diff.json" <<'PY' || fail "$1 vs $2 at $3: $(head -c 400 "$work/diff.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert len(d["tensors"]) == 84 and all(t["status"] in ("differs", "bitwise equal") for t in d["tensors"]), d["tensors"]
+assert all(t["max_abs"] <= 5e-5 for t in d["tensors"]), [t for t in d["tensors"] if t["max_abs"] > 5e-5]
+PY
+}
+# model_parallel NAME FLAGS...: the distributed optimizer at 4 ranks of the layout FLAGS
+# against the same layout without it (bitwise: the same gradient sums, norm and AdamW bits;
+# the norm's squares are summed over the shards then the model-parallel ranks instead of per
+# tensor then over the replica, which could change its last bits, but not the float clipping
+# factor here) and against one process (near). --clip-grad 0.3: the norms are about 0.5, so
+# every step is clipped by the norm (a replicated tensor counted twice would change it)
+model_parallel() {
+    local name=$1; shift
+    set -- "$@" --clip-grad 0.3
+    one+=(--clip-grad 0.3)
+    train ${name}r 4 "$@" --train-iters 6 --save "$work/${name}r"; ok ${name}r
+    train ${name}d 4 "$@" $D --train-iters 6 --save "$work/${name}d"; ok ${name}d
+    same "$work/${name}r" "$work/${name}d" 6
+    train ${name}1 1 "${one[@]}" --train-iters 6 --save "$work/${name}1"; ok ${name}1
+    near "$work/${name}1" "$work/${name}d" 6
+}
+
 case $case_name in
+tp)
+    # tensor 2 x data 2: each tensor rank shards its slices over its data-parallel group
+    # (attention dropout off against one process, as tp_test.sh)
+    tiny_model --global-batch-size 16 --attention-dropout 0
+    one=()
+    model_parallel tp --tensor-model-parallel-size 2
+    grep -q "distributed optimizer over 2 data-parallel ranks" "$work/tpd.out" || fail "$(grep optimizer "$work/tpd.out")"
+    ;;
+pp)
+    # pipeline 2 x data 2: each stage its own layout (the last stage's copy of the tied
+    # embedding is updated on both stages alike, counted once in the norm)
+    tiny_model --global-batch-size 16 --attention-dropout 0
+    one=()
+    model_parallel pp --pipeline-model-parallel-size 2
+    ;;
+cp)
+    # context 2 x data 2: the shards span data x context (4 ranks), the gradient averaged over
+    # the 2 data-parallel replicas
+    tiny_model --global-batch-size 16 --attention-dropout 0
+    one=(--attention-dropout 0)
+    model_parallel cp --context-parallel-size 2
+    grep -q "distributed optimizer over 4 data x context-parallel ranks" "$work/cpd.out" ||
+        fail "$(grep optimizer "$work/cpd.out")"
+    ;;
+ckpt_mp)
+    # tensor 2 x pipeline 2 x data 2 with the distributed optimizer: each rank writes its
+    # shard of its slice of the moments once (flat ranges of the global tensors),
+    # the checkpoint is bitwise the replicated optimizer's at the same layout, verifies, and
+    # loads without the flag at one process and at tensor 1 x data 4, continuing bitwise as the
+    # replicated optimizer's checkpoint does
+    mp=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
+    for x in d r; do
+        flag=$D; [ $x = r ] && flag=
+        # shellcheck disable=SC2086
+        train s$x 8 "${mp[@]}" $flag --train-iters 8 --save "$work/s$x" --save-interval 4 --exit-interval 4; ok s$x
+    done
+    same "$work/sr" "$work/sd" 4
+    "$cohort" ckpt verify "$(it_dir "$work/sd" 4)" >"$work/verify.txt" 2>&1 || fail "verify: $(tail -5 "$work/verify.txt")"
+    /usr/bin/python3 - "$(it_dir "$work/sd" 4)/manifest.json" <<'PY' || fail "moment writers"
+import json, sys
+m = json.load(open(sys.argv[1]))
+files = m["files"]
+writers = set()
+for t in m["tensors"]:
+    if t["kind"] == "optim":
+        for s in t["slices"]:
+            assert "flat" in s, (t["name"], s)
+            writers.add(files[s["file"]]["writer"])
+# ranks 4 and 5 (stage 1, data-parallel rank 0) own the first half of stage 1's buffer,
+# which is the tied embedding's copy (laid out first: the table reversed), never saved
+assert sorted(writers) == [0, 1, 2, 3, 6, 7], writers
+PY
+    for to in 1:1 4:4; do
+        n=${to%%:*}
+        extra=(); [ "$n" = 4 ] && extra=(--tensor-model-parallel-size 1)
+        for x in d r; do
+            cp -r "$work/s$x" "$work/c$x$n"
+            train c$x$n "$n" "${extra[@]}" --train-iters 8 --load "$work/c$x$n" --save "$work/c$x$n"; ok c$x$n
+        done
+        same "$work/cr$n" "$work/cd$n" 8
+    done
+    ;;
+overlap)
+    # --overlap-grad-reduce: buckets of 1000 elements reduced on a communication thread as
+    # their layers' backward ends; bitwise the same run without overlap, with and without the
+    # distributed optimizer (and its reduce-scatter path), at data 2 and 4; refused with
+    # tensor parallelism (the backward's own collectives share the transport)
+    b=(--ddp-bucket-size 1000 --train-iters 4)
+    for n in 2 4; do
+        for opt in r d s; do
+            flag=; [ $opt != r ] && flag=$D
+            rs=0; [ $opt = s ] && rs=1
+            # shellcheck disable=SC2086
+            COHORT_TEST_DOPT_REDUCE_SCATTER=$rs train $opt$n $n $flag "${b[@]}" --save "$work/$opt$n"; ok $opt$n
+            # shellcheck disable=SC2086
+            COHORT_TEST_DOPT_REDUCE_SCATTER=$rs train $opt${n}o $n $flag "${b[@]}" --overlap-grad-reduce \
+                --save "$work/$opt${n}o"
+            ok $opt${n}o
+            same "$work/$opt$n" "$work/$opt${n}o" 4
+            grep -q "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward" \
+                "$work/$opt${n}o.out" "$work/$opt${n}o.err" ||
+                fail "$opt$n: no bucket started early: $(grep -h overlapped "$work/$opt${n}o".*)"
+        done
+    done
+    "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 --overlap-grad-reduce \
+        --tensor-model-parallel-size 2 >"$work/o" 2>&1
+    [ $? -eq 2 ] && grep -q "overlap-grad-reduce with tensor, pipeline" "$work/o" || fail "tp2: $(tail -3 "$work/o")"
+    ;;
 matches_replicated)
     # the distributed optimizer against the replicated one after 6 steps. On one host it
     # reduces and gathers with shared-memory all-reduces: bitwise the replicated optimizer's at
@@ -111,20 +229,29 @@ ckpt_reshard)
         fail "tp2 load: $(grep -i checkpoint "$work/t2-tp.out")"
     same "$work/rs2" "$work/t2" 8
     ;;
-kill|kill_optimizer|shift_ranks)
+kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap)
     # a rank holding an optimizer shard dies (in forward; right after its shard's update,
-    # before the parameters' all-gather; with shifted ranks): its shard comes back from the
-    # next data-parallel rank's copy, and the job ends bitwise at the fault-free result, no
-    # step lost
+    # before the parameters' all-gather; with shifted ranks; in tensor 2 x data 2, where
+    # each tensor rank's data-parallel pair shards its slices; in context 2 x data 2, where
+    # the shards span data x context): its shard comes back from the next rank's copy in its
+    # gradient group, and the job ends bitwise at the fault-free result, no step lost
+    lay=()
     case $case_name in
     kill) inj=(--inject "kill@rank=2,step=6");;
     kill_optimizer) inj=(--inject "kill@rank=3,step=6,phase=optimizer");;
+    kill_tp) inj=(--inject "kill@rank=2,step=6"); lay=(--tensor-model-parallel-size 2);;
+    kill_cp) inj=(--inject "kill@rank=1,step=6"); lay=(--context-parallel-size 2 --attention-dropout 0);;
+    kill_overlap)
+        # killed in its backward, while the others' buckets are in flight on their
+        # communication threads (the abort must reach them)
+        inj=(--inject "kill@rank=2,step=6,phase=backward")
+        lay=(--overlap-grad-reduce --ddp-bucket-size 1000);;
     *) inj=(--inprocess-rank-assignment shift-ranks --inject "kill@rank=1,step=5");;
     esac
-    train clean 4 $D --train-iters 10 --save "$work/clean"; ok clean
-    train f 4 $D --train-iters 10 --save "$work/f" "${inj[@]}" $quick; ok f
+    train clean 4 "${lay[@]}" $D --train-iters 10 --save "$work/clean"; ok clean
+    train f 4 "${lay[@]}" $D --train-iters 10 --save "$work/f" "${inj[@]}" $quick; ok f
     grep -q "in-process restart into generation 2" "$work/f.err" || fail "no restart"
-    grep -q "generation 2: 4 rank(s) resume after iteration [0-9]* with the state of rank [0-9] (1 replaced" \
+    grep -q "generation 2: 4 rank(s) resume after iteration [0-9]* with the state of ranks\? [0-9, ]* (.*1 replaced" \
         "$work/f.err" || fail "not resumed from memory: $(grep supervisor "$work/f.err")"
     grep -q "lost every holder\|loads the checkpoint" "$work/f.err" && fail "fell back to the checkpoint"
     if [ $case_name = shift_ranks ]; then
@@ -209,8 +336,8 @@ PY
     ;;
 refused)
     # what is not built is refused before any work, never ignored
-    for extra in "--overlap-grad-reduce" "--overlap-param-gather" "$D --tensor-model-parallel-size 2" \
-                 "$D --pipeline-model-parallel-size 2" "--ddp-bucket-size -1"; do
+    for extra in "--overlap-grad-reduce --tensor-model-parallel-size 2" "--overlap-param-gather" "--ddp-bucket-size -1" \
+                 "$D --num-experts 2 --expert-model-parallel-size 2"; do
         # shellcheck disable=SC2086
         "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 $extra >"$work/o" 2>&1
         [ $? -eq 2 ] || fail "$extra: not refused: $(tail -3 "$work/o")"

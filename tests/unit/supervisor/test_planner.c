@@ -21,10 +21,10 @@ typedef struct job {
     svp_plan p;
 } job;
 
-static int job_init(job *j, int world, int spares, int tp, int pp) {
+static int job_init_cp(job *j, int world, int spares, int tp, int pp, int cp) {
     char err[200];
     memset(j, 0, sizeof *j);
-    if (topo_layout_init(&j->layout, world, tp, pp, 1, 1, 0, false, err, sizeof err)) {
+    if (topo_layout_init(&j->layout, world, tp, pp, cp, 1, 0, false, err, sizeof err)) {
         fprintf(stderr, "layout: %s\n", err);
         return -1;
     }
@@ -38,6 +38,8 @@ static int job_init(job *j, int world, int spares, int tp, int pp) {
     j->p = (svp_plan){.source = j->source, .new_rank = j->new_rank};
     return 0;
 }
+
+static int job_init(job *j, int world, int spares, int tp, int pp) { return job_init_cp(j, world, spares, tp, pp, 1); }
 
 /* Rank r's process died and a new one registered in its slot (not at the barrier). */
 static void replaced(job *j, int slot) {
@@ -167,6 +169,27 @@ static void optimizer_holders(void) {
     j.slots[1].ready_iter = 9;
     j.slots[2].ready_iter = 9;
     CHECK(svp_optimizer_shard_lost(&j.v, 10) == 1);
+}
+
+/* Context 2 x data 2: the shards span data x context, the context rank fastest (rank 1 is
+ * context 1 of data-parallel rank 0, place 1; rank 2 is context 0 of data-parallel rank 1,
+ * place 2): shard 1 lives on ranks 1 and 2, not on rank 3 (the same context rank in the
+ * other replica). */
+static void optimizer_holders_cp(void) {
+    job j;
+    REQUIRE(job_init_cp(&j, 4, 0, 1, 1, 2) == 0);
+    REQUIRE(j.coord[1].cp == 1 && j.coord[1].dp == 0 && j.coord[2].cp == 0 && j.coord[2].dp == 1);
+    j.v.dopt_holders = 2;
+    replaced(&j, 1);
+    CHECK(svp_optimizer_shard_lost(&j.v, 10) == -1); /* on rank 2 too */
+    replaced(&j, 2);
+    CHECK(svp_optimizer_shard_lost(&j.v, 10) == 1);
+    /* ranks 1 and 3: shard 1 on rank 2, shard 3 on rank 0 (the ring wraps) */
+    REQUIRE(job_init_cp(&j, 4, 0, 1, 1, 2) == 0);
+    j.v.dopt_holders = 2;
+    replaced(&j, 1);
+    replaced(&j, 3);
+    CHECK(svp_optimizer_shard_lost(&j.v, 10) == -1);
 }
 
 /* Warm spares: the last live spare takes the first dead rank; a spare dying during the
@@ -378,6 +401,7 @@ int main(void) {
     RUN(all_replicas_of_a_shard_dead);
     RUN(shard_behind);
     RUN(optimizer_holders);
+    RUN(optimizer_holders_cp);
     RUN(spares);
     RUN(shift_ranks_without_spare);
     RUN(nothing_alive);

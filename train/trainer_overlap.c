@@ -1,0 +1,339 @@
+/* trainer_overlap.c - --overlap-grad-reduce (Megatron's): the gradient buckets are reduced
+ * (all-reduced, or reduce-scattered with the distributed optimizer) on a communication
+ * thread as soon as their gradients are final during the backward of the last micro batch,
+ * and the step waits only for what is still in flight.
+ *
+ * Buckets: the distributed optimizer's (optim/dist_opt.h's layout); without it, runs of the
+ * model's flat buffer cut the same way (tensors in reverse table order, a bucket closed once
+ * it holds --ddp-bucket-size elements), covering the whole buffer. A bucket is final after the
+ * backward of the lowest decoder layer it holds (gpt_set_backward_hook) in its chunk's last
+ * micro batch; buckets holding anything else (embeddings, the final norm, the head, MTP,
+ * gradients the tensor group sums afterwards, a chunk boundary) start at the flush, after
+ * those sums. Every rank of the group starts the same buckets in the same order (its layers'
+ * backwards come in the same order), and each bucket's collective is the one the step runs
+ * without overlap, over the same elements, so the result is the same bits (on one host:
+ * element-wise sums in rank order; the average and the norm follow after all of them).
+ *
+ * The validator wants each rank's gradient norm before the reduction: each bucket's sum of
+ * squares is taken just before it starts (over the norm runs, as gpt_tp_grad_sumsq counts).
+ * With fault injection configured, no bucket starts before the flush (an injected gradient
+ * must reach the reduction). An abort of the communicator ends the thread's collective (every
+ * one has the trainer's timeout); a thread left behind by an error is joined before the next
+ * round and before the groups change. */
+#include "train/trainer_internal.h"
+
+#include "common/error.h"
+#include "common/log.h"
+#include "optim/dist_opt.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct tr_overlap {
+    trainer *t;
+    int nb;
+    size_t *lo, *hi; /* bucket b: [lo, hi) of the gradient buffer */
+    int *ready;      /* the layer whose last backward makes bucket b final; -1: at the flush */
+    bool *posted;
+    size_t *runs;    /* the norm runs (trainer__norm_runs) */
+    int nruns;
+    double *sq;      /* [nb] each bucket's sum of squares as it started (the validator's) */
+    bool last, early; /* the running backward is its chunk's last micro batch's; buckets may start in it */
+    /* the communication thread and its queue (under mu) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t th;
+    bool running, closed;
+    int *queue, qn, qhead;
+    int rc;
+    char err[512];
+    cm_comm *g;
+};
+
+/* The layer of a decoder layer's tensor ("layers.N."), -1 for anything else. */
+static int layer_of(const gpt_tensor *x) {
+    int l = -1, n = 0;
+    if (sscanf(x->name, "layers.%d.%n", &l, &n) != 1 || n == 0) return -1;
+    return l;
+}
+
+/* Whether tensor x's gradient is final when its layer's backward returns (not summed over
+ * the tensor group afterwards: sequence-parallel parts, shared key/value rows). */
+static bool final_at_layer(const gpt_tensor *x) {
+    if (x->partial_grad || x->emb_copy) return false;
+    for (int q = 0; q < x->npieces; q++)
+        if (x->split != GPT_TP_REPLICATED && x->piece[q].share > 1) return false;
+    return true;
+}
+
+static int chunk_of_layer(const trainer *t, int l) {
+    const gpt_config *m = &t->mcfg;
+    for (int c = 0; c < m->nchunks; c++)
+        if (l >= m->chunks[c].layer0 && l < m->chunks[c].layer0 + m->chunks[c].nlayers) return c;
+    return 0;
+}
+
+/* Without the distributed optimizer: runs of the model's buffer, tensors from the highest
+ * offset down, a bucket closed once it holds bucket_size elements. */
+static int native_buckets(tr_overlap *o, const gpt_tensor *tab, int nt, size_t total, size_t bucket_size) {
+    int *order = malloc(sizeof *order * (size_t)(nt ? nt : 1));
+    o->lo = malloc(sizeof *o->lo * (size_t)(nt + 1));
+    o->hi = malloc(sizeof *o->hi * (size_t)(nt + 1));
+    if (!order || !o->lo || !o->hi) {
+        free(order);
+        return co_err_set(CO_ENOMEM, "overlap: out of memory");
+    }
+    for (int i = 0; i < nt; i++) order[i] = i;
+    for (int i = 1; i < nt; i++)
+        for (int j = i; j > 0 && tab[order[j - 1]].offset < tab[order[j]].offset; j--) {
+            int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    size_t hi = total, held = 0;
+    int nb = 0;
+    for (int k = 0; k < nt; k++) {
+        const gpt_tensor *x = &tab[order[k]];
+        held += x->numel;
+        if (held >= bucket_size && x->offset > 0 && !x->packed) {
+            o->lo[nb] = x->offset;
+            o->hi[nb++] = hi;
+            hi = x->offset;
+            held = 0;
+        }
+    }
+    if (hi > 0 || nb == 0) {
+        o->lo[nb] = 0;
+        o->hi[nb++] = hi;
+    }
+    o->nb = nb;
+    free(order);
+    return 0;
+}
+
+/* Each bucket's ready layer: the lowest layer it holds, -1 where it holds anything not final
+ * at its layer's backward or layers of two chunks. */
+static void ready_layers(tr_overlap *o, const trainer *t, const gpt_tensor *tab, int nt) {
+    for (int b = 0; b < o->nb; b++) {
+        int low = -1, chunk = -1;
+        bool ok = true;
+        for (int i = 0; i < nt && ok; i++) {
+            const gpt_tensor *x = &tab[i];
+            if (x->offset + x->numel <= o->lo[b] || x->offset >= o->hi[b]) continue;
+            int l = layer_of(x);
+            if (l < 0 || !final_at_layer(x) || (chunk >= 0 && chunk_of_layer(t, l) != chunk)) ok = false;
+            chunk = l >= 0 ? chunk_of_layer(t, l) : chunk;
+            if (low < 0 || l < low) low = l;
+        }
+        o->ready[b] = ok ? low : -1;
+    }
+}
+
+int trainer__overlap_setup(trainer *t) {
+    const co_config *c = &t->cfg;
+    if (!c->overlap_grad_reduce) return 0;
+    tr_overlap *o = calloc(1, sizeof *o);
+    if (!o) return co_err_set(CO_ENOMEM, "overlap: out of memory");
+    o->t = t;
+    pthread_mutex_init(&o->mu, NULL);
+    pthread_cond_init(&o->cv, NULL);
+    t->ovl = o;
+    gpt_model *m = t->model;
+    int nt = gpt_num_tensors(m), rc = 0;
+    const gpt_tensor *tab = gpt_tensors(m);
+    if (t->dopt) {
+        o->nb = trainer__dopt_nbuckets(t);
+        o->lo = malloc(sizeof *o->lo * (size_t)o->nb);
+        o->hi = malloc(sizeof *o->hi * (size_t)o->nb);
+        if (!o->lo || !o->hi) rc = co_err_set(CO_ENOMEM, "overlap: out of memory");
+        for (int b = 0; b < o->nb && !rc; b++) trainer__dopt_bucket(t, b, &o->lo[b], &o->hi[b]);
+    } else {
+        cm_comm *g = tr_groups_grad(&t->g);
+        size_t bs = c->ddp_bucket_size > 0 ? (size_t)c->ddp_bucket_size : dopt_default_bucket_size(g ? g->size : 1);
+        rc = native_buckets(o, tab, nt, gpt_num_params(m), bs);
+    }
+    if (!rc) {
+        o->ready = malloc(sizeof *o->ready * (size_t)o->nb);
+        o->posted = calloc((size_t)o->nb, sizeof *o->posted);
+        o->queue = malloc(sizeof *o->queue * (size_t)o->nb);
+        o->sq = calloc((size_t)o->nb, sizeof *o->sq);
+        if (!o->ready || !o->posted || !o->queue || !o->sq) rc = co_err_set(CO_ENOMEM, "overlap: out of memory");
+    }
+    if (!rc) rc = trainer__norm_runs(t, &o->runs, &o->nruns);
+    if (rc) {
+        trainer__overlap_free(t);
+        return rc;
+    }
+    ready_layers(o, t, tab, nt);
+    int early = 0;
+    for (int b = 0; b < o->nb; b++) early += o->ready[b] >= 0;
+    gpt_set_backward_hook(m, NULL, NULL);
+    co_log(CO_LOG_INFO, "overlapped gradient reduction: %d bucket%s, %d started during the backward", o->nb,
+           o->nb > 1 ? "s" : "", early);
+    return 0;
+}
+
+/* ---- the communication thread ---- */
+
+static int reduce_bucket(tr_overlap *o, int b) {
+    trainer *t = o->t;
+    if (t->dopt) return trainer__dopt_reduce_bucket(t, o->g, b);
+    return o->g->ops->allreduce_sum(o->g, gpt_grads(t->model) + o->lo[b], o->hi[b] - o->lo[b], CM_F32,
+                                    TRAIN_COMM_TIMEOUT_MS);
+}
+
+static void *comm_main(void *arg) {
+    tr_overlap *o = arg;
+    pthread_mutex_lock(&o->mu);
+    for (;;) {
+        while (o->qhead == o->qn && !o->closed) {
+            /* (an idle wait for the next bucket, re-checked every second) */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&o->cv, &o->mu, &ts);
+        }
+        if (o->qhead == o->qn) break;
+        int b = o->queue[o->qhead++];
+        bool failed = o->rc != 0;
+        pthread_mutex_unlock(&o->mu);
+        int rc = failed ? 0 : reduce_bucket(o, b);
+        pthread_mutex_lock(&o->mu);
+        if (rc && !o->rc) {
+            o->rc = rc;
+            snprintf(o->err, sizeof o->err, "overlapped gradient reduction, bucket %d of %d: %s", b, o->nb,
+                     co_err_detail());
+        }
+        pthread_cond_broadcast(&o->cv);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return NULL;
+}
+
+/* The sum of squares of [lo, hi) where this rank counts it. */
+static double counted_sq(const tr_overlap *o, size_t lo, size_t hi) {
+    kb_backend *be = o->t->be;
+    const float *g = gpt_grads(o->t->model);
+    double sq = 0;
+    for (int i = 0; i < o->nruns; i++) {
+        size_t a = o->runs[2 * i], e = o->runs[2 * i + 1];
+        a = a > lo ? a : lo;
+        e = e < hi ? e : hi;
+        if (a < e) sq += be->ops->sumsq(be, g + a, e - a);
+    }
+    return sq;
+}
+
+static int post(tr_overlap *o, int b) {
+    o->posted[b] = true;
+    if (o->t->have_val) o->sq[b] = counted_sq(o, o->lo[b], o->hi[b]);
+    pthread_mutex_lock(&o->mu);
+    int rc = 0;
+    if (!o->running) {
+        o->closed = false;
+        o->qn = o->qhead = 0;
+        o->rc = 0;
+        if (pthread_create(&o->th, NULL, comm_main, o)) rc = co_err_set(CO_ENOMEM, "overlap: cannot start a thread");
+        else o->running = true;
+    }
+    if (!rc) {
+        o->queue[o->qn++] = b;
+        pthread_cond_broadcast(&o->cv);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return rc;
+}
+
+/* (the model's backward hook) */
+static void on_layer(void *ctx, int layer) {
+    trainer *t = ctx;
+    tr_overlap *o = t->ovl;
+    if (!o->last || !o->early || !o->g) return;
+    for (int b = 0; b < o->nb; b++)
+        if (!o->posted[b] && o->ready[b] == layer && post(o, b)) {
+            /* (could not start the thread: the flush reduces it) */
+            o->posted[b] = false;
+            o->early = false;
+        }
+}
+
+void trainer__overlap_drain(trainer *t) {
+    tr_overlap *o = t ? t->ovl : NULL;
+    if (!o) return;
+    pthread_mutex_lock(&o->mu);
+    bool running = o->running;
+    o->closed = true;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+    if (running) pthread_join(o->th, NULL);
+    o->running = false;
+}
+
+void trainer__overlap_arm(trainer *t) {
+    tr_overlap *o = t->ovl;
+    if (!o) return;
+    trainer__overlap_drain(t);
+    memset(o->posted, 0, sizeof *o->posted * (size_t)o->nb);
+    o->last = false;
+    /* (a check round of the validator computes without the reduction) */
+    o->g = t->ovl_reduce ? tr_groups_grad(&t->g) : NULL;
+    if (t->dopt && o->g) o->g = trainer__dopt_group(t); /* (and the path of this generation) */
+    gpt_set_backward_hook(t->model, o->g ? on_layer : NULL, t);
+}
+
+void trainer__overlap_last(trainer *t, bool last, bool early) {
+    if (!t->ovl) return;
+    t->ovl->last = last;
+    t->ovl->early = early && !t->inj;
+}
+
+int trainer__overlap_flush(trainer *t, double *local_norm) {
+    tr_overlap *o = t->ovl;
+    o->last = false;
+    int rc = 0;
+    for (int b = 0; b < o->nb && !rc && o->g; b++)
+        if (!o->posted[b]) rc = post(o, b);
+    *local_norm = 0;
+    if (rc || !t->have_val) return rc;
+    /* the buckets' sums in bucket order, whenever each started (the same bits in any round) */
+    double sq = 0;
+    for (int b = 0; b < o->nb; b++) sq += o->g ? o->sq[b] : counted_sq(o, o->lo[b], o->hi[b]);
+    cm_comm *rg = tr_groups_replica(&t->g);
+    if (rg && (rc = rg->ops->allreduce_sum(rg, &sq, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS))) return rc;
+    *local_norm = sqrt(sq);
+    return kb_backend_status(t->be);
+}
+
+int trainer__overlap_wait(trainer *t) {
+    tr_overlap *o = t->ovl;
+    trainer__overlap_drain(t);
+    int rc = o->rc;
+    o->rc = 0;
+    gpt_set_backward_hook(t->model, NULL, NULL);
+    if (rc) return co_err_set(rc, "%s", o->err);
+    for (int b = 0; b < o->nb && o->g; b++)
+        if (!o->posted[b]) return co_err_set(CO_EINTERNAL, "overlap: bucket %d of %d was never reduced", b, o->nb);
+    return 0;
+}
+
+void trainer__overlap_free(trainer *t) {
+    tr_overlap *o = t->ovl;
+    if (!o) return;
+    trainer__overlap_drain(t);
+    if (t->model) gpt_set_backward_hook(t->model, NULL, NULL);
+    pthread_mutex_destroy(&o->mu);
+    pthread_cond_destroy(&o->cv);
+    free(o->lo);
+    free(o->hi);
+    free(o->ready);
+    free(o->posted);
+    free(o->queue);
+    free(o->runs);
+    free(o->sq);
+    free(o);
+    t->ovl = NULL;
+}
