@@ -147,7 +147,6 @@ void gpt_check_mtp(const co_config *c, bool sizes_ok, co_problems *P) {
                       "masks only)");
     if (!strcmp(c->device, "cuda"))
         co_problem(P, "--mtp-num-layers with --device cuda is not supported yet (the CPU backend only)");
-    if (c->bf16) co_problem(P, "--mtp-num-layers with --bf16 is not supported yet");
     if (!(c->mtp_loss_scaling_factor >= 0))
         co_problem(P, "--mtp-loss-scaling-factor %g must not be negative", c->mtp_loss_scaling_factor);
 }
