@@ -127,7 +127,6 @@ void gpt_check_moe(const co_config *c, bool sizes_ok, co_problems *P) {
         co_problem(P, "--num-experts: the experts have no biases; add --disable-bias-linear (as Megatron's grouped "
                       "experts)");
     if (sizes_ok && c->tensor_model_parallel_size > 1 && !standin) check_moe_tp(c, P);
-    if (c->bf16) co_problem(P, "--num-experts with --bf16 is not supported yet (the experts run in fp32)");
     if (sizes_ok && c->context_parallel_size > 1 && !standin) check_moe_cp(c, P);
     check_moe_router(c, P);
 }

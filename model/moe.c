@@ -125,7 +125,6 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     int rc = moe_layout(c, &off);
     if (rc) return rc;
     if (max_tokens <= 0) return co_err_set(CO_EINVAL, "moe: max_tokens %d must be positive", max_tokens);
-    if (be->opt.bf16) return co_err_set(CO_EUNSUPPORTED, "moe: bf16 matrix products are not built yet (fp32 only)");
     moe_layer *m = calloc(1, sizeof *m);
     if (!m) return co_err_set(CO_ENOMEM, "moe: allocating the layer");
     m->c = *c;
@@ -444,6 +443,18 @@ int moe_set_token_group(moe_layer *m, cm_comm *sq, int shards, int timeout_ms) {
 
 /* ---- forward ---- */
 
+/* The router's product in fp32 under --bf16 as well (Megatron's --moe-router-dtype fp32:
+ * routing decisions from bf16 logits flip with rounding): the backend's bf16 mode is off
+ * for the call. forward: logits = x Wr^T; backward (dlogits given): dx, dWr. */
+static void router_linear(moe_layer *m, const float *x, const float *Wr, float *dx, float *dWr, int N) {
+    kb_backend *be = m->be;
+    bool bf16 = be->opt.bf16;
+    be->opt.bf16 = false;
+    if (!dWr) m->o->linear_forward(be, m->logits, x, Wr, NULL, NULL, N, m->h, m->E);
+    else m->o->linear_backward(be, dx, dWr, NULL, m->dlogits, x, Wr, NULL, N, m->h, m->E);
+    be->opt.bf16 = bf16;
+}
+
 void moe__experts_forward(moe_layer *m, const float *params, const float *xin, float *h1, float *act, float *out,
                           const int32_t *off, int n) {
     const kb_ops *o = m->o;
@@ -519,7 +530,7 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     m->B = B;
     m->T = T;
     m->cap = capacity_of(c, N);
-    o->linear_forward(be, m->logits, x, params + m->off.router, NULL, NULL, N, h, E);
+    router_linear(m, x, params + m->off.router, NULL, NULL, N);
     o->sync(be);
     if (be->status) return be->status;
 
@@ -710,7 +721,7 @@ int moe_backward(moe_layer *m, float *dx, float *dparams, const float *dy, const
     }
     if (!m->ep.c)
         moe__experts_backward(m, params, dparams, m->dout, m->xp, m->h1, m->act, m->dact, m->dh1, m->dxp, m->eoff, E);
-    o->linear_backward(be, dx, dparams + m->off.router, NULL, m->dlogits, x, params + m->off.router, NULL, N, h, E);
+    router_linear(m, x, params + m->off.router, dx, dparams + m->off.router, N);
     if (gathered) o->add(be, dx, dx, m->tmp, (size_t)N * h);
     if (m->Fs) {
         int Fs = m->Fs, Fs1 = m->Fs1;

@@ -44,6 +44,14 @@
 #                the replicated run, dp 4 within 1e-5 (losses, norms, parameters, moments); a
 #                sharded dp 2 checkpoint resumed sharded at dp 4 and replicated on one rank;
 #                a rank killed at dp 4 rebuilt from its neighbour's copy, bitwise the clean run
+#   bf16         --bf16 (the experts' and shared expert's products in bf16 as the dense layers',
+#                the router's in fp32; skipped, 77, without the CPU's bf16 instructions): one
+#                rank within 2e-3 relative of the fp32 run (lm loss, load_balancing_loss,
+#                z_loss; gradient norms 1e-2; measured 6e-4); grouped products bitwise the products one by
+#                one; ep 2 with either dispatcher and pp 2 within 1e-3 of the bf16 one-rank
+#                run (losses, norms, MoE losses; measured 2.5e-5); twice bitwise the same
+#   cp_pp        cp 2 x pp 2 (each context rank's pipeline routes its chunks) trains the
+#                one-rank job's numbers as cp above
 #   rerun        an injected NaN: the rerun state machine's fault (one process: the list at
 #                exit; under the supervisor with ep 2: the run report) carries the round's
 #                load_balancing_loss, z_loss and mtp_1 loss of the rank
@@ -232,6 +240,55 @@ assert not bad, bad[:3]
     run k 6 "${d[@]}" --nproc-per-node 4 --use-distributed-optimizer --save "$work/k.ck" --inject "kill@rank=2,step=4"
     grep -q "in-process restart into generation 2" "$work/k.out" || fail "no restart: $(grep supervisor "$work/k.out")"
     ckpt_same "$work/o4.ck" "$work/k.ck" "killed"
+    ;;
+bf16)
+    grep -qwE "avx512_bf16|amx_bf16" /proc/cpuinfo && [ -z "${ONEDNN_MAX_CPU_ISA:-}" ] || exit 77
+    sh=(--moe-shared-expert-intermediate-size 16)
+    run f32 5 "${sh[@]}"
+    run one 5 "${sh[@]}" --bf16 --save "$work/one.ck"
+    run oneb 5 "${sh[@]}" --bf16 --save "$work/oneb.ck"
+    run grp 5 "${sh[@]}" --bf16 --moe-grouped-gemm --save "$work/grp.ck"
+    run ep2a 5 "${sh[@]}" --bf16 --nproc-per-node 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
+    run ep2g 5 "${sh[@]}" --bf16 --nproc-per-node 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
+    run pp2 5 "${sh[@]}" --bf16 --nproc-per-node 2 --pipeline-model-parallel-size 2
+    grep -q "cpu: oneDNN .*, bf16, " "$work/one.out" || fail "bf16 not in use: $(grep -m1 'cohort: model' "$work/one.out")"
+    ckpt_same "$work/one.ck" "$work/oneb.ck"
+    ckpt_same "$work/one.ck" "$work/grp.ck" "grouped bf16 products differ from the products one by one"
+    /usr/bin/python3 - "$work" <<'PY' || fail "bf16 MoE out of tolerance"
+import json, sys
+w = sys.argv[1]
+def load(n):
+    return {r["iteration"]: r for r in map(json.loads, open(f"{w}/{n}.jsonl")) if "grad_norm" in r}
+keys = ("lm_loss", "load_balancing_loss", "z_loss")
+def close(ref, run, tol, ntol):
+    a, b, worst = load(ref), load(run), 0
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5], (run, sorted(b))
+    for i in a:
+        for k in keys + ("grad_norm",):
+            rel = abs(a[i][k] - b[i][k]) / abs(a[i][k])
+            worst = max(worst, rel)
+            assert rel < (ntol if k == "grad_norm" else tol), (run, i, k, a[i][k], b[i][k])
+    return worst
+f = load("f32"), load("one")
+assert any(f[0][i][k] != f[1][i][k] for i in f[0] for k in keys), "bf16 gave fp32's numbers: not bf16 products"
+print("ok: bf16 within %.1e of fp32" % close("f32", "one", 2e-3, 1e-2))
+print("ok: layouts within %.1e of bf16 one rank" % max(close("one", n, 1e-3, 1e-3) for n in ("ep2a", "ep2g", "pp2")))
+PY
+    ;;
+cp_pp)
+    run one 5 --save "$work/one.ck"
+    run cp2pp2 5 --nproc-per-node 4 --context-parallel-size 2 --pipeline-model-parallel-size 2 --save "$work/cp2pp2.ck"
+    compare 1 one cp2pp2
+    moe_losses_match one:cp2pp2
+    "$cohort" ckpt diff "$work/one.ck" "$work/cp2pp2.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "diff"
+    /usr/bin/python3 -c "
+import json
+rows = json.load(open('$work/d.json'))['tensors']
+assert 'layers.2.mlp.experts.3.fc2.weight' in [r['name'] for r in rows]
+assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+assert not bad, bad[:3]
+" || fail "parameters differ from one rank's: $(head -c 400 "$work/d.json")"
     ;;
 rerun)
     # the rerun state machine validates the language-model loss and reports the MoE and MTP
