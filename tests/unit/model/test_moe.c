@@ -518,6 +518,40 @@ static void test_expert_bias_balances(void) {
 
 /* ---- errors ---- */
 
+/* --bf16: the router's product stays fp32 (Megatron's --moe-router-dtype fp32), so the
+ * routing (probabilities, map, aux loss) is bitwise the fp32 layer's, while the experts'
+ * products are bf16 (the output differs); the grouped products are bitwise the products one
+ * by one. Skipped where the CPU has no bf16 matrix instructions. */
+static void test_bf16_router_fp32(void) {
+    if (!kb_cpu_bf16_check(NULL, 0)) return;
+    kb_backend *be = backend(), *b16 = NULL;
+    kb_options o = {.device = KB_DEVICE_CPU, .threads = 2, .bf16 = true};
+    REQUIRE(be && kb_backend_new(&b16, &o) == 0);
+    moe_config c = base();
+    c.shared_ffn = 8;
+    int B = 2, T = 48, N = B * T;
+    run f, h, g;
+    REQUIRE(run_new(&f, &c, be, N, 77) == 0 && run_new(&h, &c, b16, N, 77) == 0);
+    c.grouped_gemm = true;
+    REQUIRE(run_new(&g, &c, b16, N, 77) == 0);
+    REQUIRE(fwd_bwd(&f, B, T, 1.0f) == 0 && fwd_bwd(&h, B, T, 1.0f) == 0 && fwd_bwd(&g, B, T, 1.0f) == 0);
+    size_t NE = (size_t)N * c.num_experts, Nh = (size_t)N * c.hidden;
+    CHECK(!memcmp(moe_routing_probs(f.m), moe_routing_probs(h.m), NE * sizeof(float)));
+    CHECK(!memcmp(moe_routing_map(f.m), moe_routing_map(h.m), NE));
+    CHECK(moe_aux_loss(f.m) == moe_aux_loss(h.m));
+    CHECK(memcmp(f.y, h.y, Nh * sizeof(float)) != 0); /* the experts' products in bf16 */
+    double d = 0, mx = 1e-3;
+    for (size_t i = 0; i < Nh; i++) d = fmax(d, fabs((double)f.y[i] - h.y[i])), mx = fmax(mx, fabs(f.y[i]));
+    CHECK_MSG(d / mx < 2e-2, "bf16 vs fp32 output: relative difference %.3g", d / mx);
+    CHECK(!memcmp(g.y, h.y, Nh * sizeof(float)) && !memcmp(g.dx, h.dx, Nh * sizeof(float)) &&
+          !memcmp(g.dparams, h.dparams, h.P * sizeof(float)));
+    run_free(&f);
+    run_free(&h);
+    run_free(&g);
+    kb_backend_destroy(&be);
+    kb_backend_destroy(&b16);
+}
+
 static void test_refused(void) {
     moe_offsets off;
     moe_config c = base();
@@ -571,6 +605,7 @@ int main(int argc, char **argv) {
     RUN(test_refused);
     RUN(test_deterministic);
     RUN(test_grouped_matches_sequential);
+    RUN(test_bf16_router_fp32);
     RUN(test_smaller_batch_and_nan);
     RUN(test_expert_bias_balances);
     RUN(test_grad_softmax);
