@@ -65,20 +65,15 @@ static void check_moe_tp(const co_config *c, co_problems *P) {
         co_problem(P, "--num-experts with --expert-tensor-parallel-size %d (the experts split over the tensor "
                       "group) with --device cuda is not supported yet (the token exchange runs on the CPU "
                       "backend); pass --expert-tensor-parallel-size 1", etp);
-    if (c->moe_expert_capacity_factor > 0)
-        co_problem(P, "--moe-expert-capacity-factor with --tensor-model-parallel-size %d is not supported yet "
-                      "(Megatron's capacity counts each tensor rank's tokens, so it drops other tokens than "
-                      "one rank would)", tp);
+    /* (an expert capacity counts each tensor rank's sequence-parallel tokens, as Megatron's
+     * apply_router_token_dropping over the rank's routing map: it drops other tokens than one
+     * rank would, docs/moe.md) */
 }
 
 /* MoE under context parallelism: the router over this rank's tokens, the aux counts over
  * the context group (Megatron's tp_cp group; docs/moe.md "Context parallelism"). */
 static void check_moe_cp(const co_config *c, co_problems *P) {
-    int cp = c->context_parallel_size;
-    if (c->moe_expert_capacity_factor > 0)
-        co_problem(P, "--moe-expert-capacity-factor with --context-parallel-size %d is not supported yet "
-                      "(Megatron's capacity counts each context rank's tokens, so it drops other tokens than one "
-                      "rank would)", cp);
+    int cp = c->context_parallel_size; /* (a capacity counts each context rank's tokens, as tp's) */
     if (c->sft || (c->cp_packed_sequences && c->reset_attention_mask))
         co_problem(P, "--num-experts with --context-parallel-size %d and packed sequences (THD) is not supported "
                       "yet (the padding tokens of the per-document split would be routed)", cp);

@@ -421,10 +421,8 @@ int moe_set_token_group(moe_layer *m, cm_comm *sq, int shards, int timeout_ms) {
     }
     if (shards < 1 || sq->size % shards)
         return co_err_set(CO_EINVAL, "moe: %d row shards in a token group of %d ranks", shards, sq->size);
-    if (m->c.capacity_factor > 0)
-        return co_err_set(CO_EUNSUPPORTED,
-                          "moe: an expert capacity under sequence or context parallelism is not supported yet (Megatron's "
-                          "capacity over each rank's tokens drops other tokens than one rank would)");
+    /* (an expert capacity then counts this rank's tokens, as Megatron's token dropping over
+     * the rank's routing map: capacity_of over moe_forward's N) */
     size_t n = (size_t)m->maxN * (size_t)sq->size * (size_t)m->E;
     int32_t *cnt = realloc(m->auxcnt, sizeof(int32_t) * n);
     if (!cnt) return co_err_set(CO_ENOMEM, "moe: the aux counts of the sequence group");

@@ -38,7 +38,7 @@
 #                dp 2 with sigmoid routing, the expert bias and seq_aux_loss train the one-rank
 #                job's numbers (losses, gradient norms, load_balancing_loss and z_loss within
 #                1e-6 relative; the final parameters and moments within 1e-5); refused with
-#                it: a capacity, packed sequences (THD)
+#                it: packed sequences (THD)
 #   dopt         --use-distributed-optimizer (a MoE layer's run one parameter of its layout;
 #                shared expert, grouped products, sigmoid with the expert bias): dp 2 bitwise
 #                the replicated run, dp 4 within 1e-5 (losses, norms, parameters, moments); a
@@ -52,6 +52,10 @@
 #                run (losses, norms, MoE losses; measured 2.5e-5); twice bitwise the same
 #   cp_pp        cp 2 x pp 2 (each context rank's pipeline routes its chunks) trains the
 #                one-rank job's numbers as cp above
+#   capacity_tpcp an expert capacity (0.5: tokens dropped) counted over each rank's tokens, as
+#                Megatron's (the semantics against the one-rank layer on each rank's tokens:
+#                test_moe_ep.c): tp 2 with SP (expert tensor size 1 and tp), cp 2 and cp 2 x
+#                ep 2 train, drop tokens (moe_dropped_tokens) and are bitwise the same twice
 #   rerun        an injected NaN: the rerun state machine's fault (one process: the list at
 #                exit; under the supervisor with ep 2: the run report) carries the round's
 #                load_balancing_loss, z_loss and mtp_1 loss of the rank
@@ -59,7 +63,7 @@
 #                biases, tensor parallelism without sequence parallelism (also with the
 #                experts split over the tensor group), the experts split over the tensor
 #                group on cuda or with an expert size it does not divide, an expert tensor
-#                size other than 1 and tp, a capacity with tensor parallelism, the expert bias
+#                size other than 1 and tp, the expert bias
 #                with softmax, flex, group counts that do not divide, padding without a
 #                capacity (expert parallelism's: moe_ep_test.sh)
 cohort=$1; case_name=$2
@@ -290,6 +294,24 @@ bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
 assert not bad, bad[:3]
 " || fail "parameters differ from one rank's: $(head -c 400 "$work/d.json")"
     ;;
+capacity_tpcp)
+    cap=(--moe-expert-capacity-factor 0.5)
+    run t1 4 "${cap[@]}" --nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel \
+        --expert-tensor-parallel-size 1 --save "$work/t1.ck"
+    run t1b 4 "${cap[@]}" --nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel \
+        --expert-tensor-parallel-size 1 --save "$work/t1b.ck"
+    run t2 4 "${cap[@]}" --nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel --save "$work/t2.ck"
+    run t2b 4 "${cap[@]}" --nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel --save "$work/t2b.ck"
+    run c2 4 "${cap[@]}" --nproc-per-node 2 --context-parallel-size 2 --save "$work/c2.ck"
+    run c2b 4 "${cap[@]}" --nproc-per-node 2 --context-parallel-size 2 --save "$work/c2b.ck"
+    run ce 4 "${cap[@]}" --nproc-per-node 2 --context-parallel-size 2 --expert-model-parallel-size 2
+    for p in t1 t2 c2; do
+        ckpt_same "$work/$p.ck" "$work/${p}b.ck"
+    done
+    for p in t1 t2 c2 ce; do
+        grep '"grad_norm"' "$work/$p.jsonl" | grep -q '"moe_dropped_tokens":[1-9]' || fail "$p: no token dropped"
+    done
+    ;;
 rerun)
     # the rerun state machine validates the language-model loss and reports the MoE and MTP
     # losses of the round that raised a fault: in one process (the fault list at exit) and
@@ -336,8 +358,7 @@ bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
 assert not bad, bad[:3]
 " || fail "$2: parameters differ from $1's: $(head -c 400 "$work/d.json")"
     done
-    for a in "--moe-expert-capacity-factor 1.5:--moe-expert-capacity-factor with --context-parallel-size 2 is not supported yet" \
-             "--cp-packed-sequences --reset-attention-mask:packed sequences (THD) is not supported yet"; do
+    for a in "--cp-packed-sequences --reset-attention-mask:packed sequences (THD) is not supported yet"; do
         "$cohort" train "${tiny[@]}" --train-iters 2 --context-parallel-size 2 --nproc-per-node 4 ${a%%:*} \
             >"$work/r.out" 2>&1; rc=$?
         [ $rc -eq 2 ] && grep -q -- "${a#*:}" "$work/r.out" || fail "${a%%:*}: exit $rc: $(tail -3 "$work/r.out")"
@@ -368,10 +389,6 @@ refused)
 supported yet" "${tp2[@]}" --sequence-parallel --device cuda
     expect "the experts' hidden size 47 is not divisible by it" "${tp2[@]}" --sequence-parallel \
         --moe-ffn-hidden-size 47
-    expect "--moe-expert-capacity-factor with --tensor-model-parallel-size 2 is not supported yet" "${tp2[@]}" \
-        --sequence-parallel --moe-expert-capacity-factor 1.5
-    expect "--moe-expert-capacity-factor with --tensor-model-parallel-size 2 is not supported yet" "${tp2[@]}" \
-        --sequence-parallel --expert-tensor-parallel-size 1 --moe-expert-capacity-factor 1.5
     expect "--expert-tensor-parallel-size 3 is not supported yet" "${tp2[@]}" --sequence-parallel \
         --expert-tensor-parallel-size 3
     expect "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid" --moe-router-enable-expert-bias

@@ -287,6 +287,65 @@ static void test_capacity(void) {
     run_case((ep_case){"padded to capacity", c, 4, MOE_DISPATCH_ALLTOALL, false, 1});
 }
 
+/* An expert capacity under a token group (tensor ranks' sequence-parallel shards, context
+ * ranks' chunks: moe_set_token_group): Megatron's capacity counts each rank's own tokens
+ * (apply_router_token_dropping over the rank's routing map), so each rank must find the
+ * one-rank layer on its tokens alone (itself checked against numpy, tests/data/moe_ref.py):
+ * its output, input and parameter gradients and its drops (without the aux loss, whose
+ * counts the group sums). */
+static void sc_tokens(int rank, int P, const char *dir, const void *arg) {
+    const ep_case *k = arg;
+    kb_backend *be = backend();
+    REQUIRE(be);
+    moe_offsets of;
+    REQUIRE(moe_layout(&k->c, &of) == 0);
+    int E = k->c.num_experts, h = k->c.hidden, N = tokens_of(k, rank);
+    float *full = malloc(sizeof(float) * of.total), *bias = malloc(sizeof(float) * E);
+    fill(full, of.total, 0.4, 77);
+    fill(bias, (size_t)E, 0.1, 78);
+    ref mine;
+    reference(k, be, full, bias, rank, &mine);
+    CHECK_MSG(mine.dropped > 0, "%s rank %d: the capacity dropped nothing", k->name, rank);
+    cm_comm *c = connect_group(rank, P, dir);
+    REQUIRE(c);
+    moe_layer *m = NULL;
+    REQUIRE(moe_new(&m, &k->c, be, N) == 0);
+    int rc = moe_set_token_group(m, c, P, 30000);
+    CHECK_MSG(rc == 0, "%s: moe_set_token_group: %s", k->name, co_err_detail());
+    float *x = malloc(sizeof(float) * N * h), *dy = malloc(sizeof(float) * N * h);
+    float *y = malloc(sizeof(float) * N * h), *dx = malloc(sizeof(float) * N * h);
+    float *dp = calloc(of.total, sizeof(float));
+    fill(x, (size_t)N * h, 1.0, 1000 + (uint64_t)rank);
+    fill(dy, (size_t)N * h, 0.1, 2000 + (uint64_t)rank);
+    rc = moe_forward(m, y, x, full, bias, B, P * (N / B)); /* (the whole batch's shape: N rows here) */
+    CHECK_MSG(rc == 0, "%s rank %d: forward: %s", k->name, rank, co_err_detail());
+    rc = moe_backward(m, dx, dp, dy, x, full, 1.0f);
+    CHECK_MSG(rc == 0, "%s rank %d: backward: %s", k->name, rank, co_err_detail());
+    CHECK_MSG(moe_capacity(m) > 0 && moe_dropped(m) == mine.dropped,
+              "%s rank %d: capacity %d, drops %d vs %d", k->name, rank, moe_capacity(m), moe_dropped(m), mine.dropped);
+    double ey = rel(y, mine.y, (size_t)N * h), edx = rel(dx, mine.dx, (size_t)N * h), ep = rel(dp, mine.dparams, of.total);
+    CHECK_MSG(ey == 0 && edx == 0 && ep == 0, "%s rank %d of %d: y %.3g, dx %.3g, grads %.3g", k->name, rank, P, ey,
+              edx, ep);
+    free(y), free(dx), free(dp), free(x), free(dy), free(full), free(bias);
+    free(mine.y), free(mine.dx), free(mine.dparams);
+    moe_destroy(&m);
+    cm_destroy(&c);
+    kb_backend_destroy(&be);
+}
+
+static void test_capacity_token_group(void) {
+    moe_config c = base();
+    c.capacity_factor = 0.5; /* drops */
+    c.lb = MOE_LB_NONE;
+    c.aux_coeff = 0;
+    c.shared_ffn = 6;
+    for (int P = 2; P <= 4; P += 2) {
+        ep_case k = {"capacity 0.5 over a token group", c, P, MOE_DISPATCH_ALLTOALL, false, 1};
+        int bad = t_fork_ranks(k.name, "moetok", P, sc_tokens, &k, -1, 60000);
+        CHECK_MSG(bad == 0, "%s, %d ranks: %d rank(s) failed", k.name, P, bad);
+    }
+}
+
 static void test_uneven_tokens(void) {
     moe_config c = base();
     c.pre_softmax = true;
@@ -351,6 +410,7 @@ int main(void) {
     RUN(test_softmax_top2);
     RUN(test_sigmoid_bias_shared_swiglu);
     RUN(test_capacity);
+    RUN(test_capacity_token_group);
     RUN(test_uneven_tokens);
     RUN(test_expert_tensor_parallel);
     return TEST_EXIT();
