@@ -88,10 +88,9 @@ static void check_moe_router(const co_config *c, co_problems *P) {
         co_problem(P, "--moe-router-bias-update-rate %g must not be negative", c->moe_router_bias_update_rate);
     if (c->moe_router_pre_softmax && strcmp(c->moe_router_score_function, "softmax"))
         co_problem(P, "--moe-router-pre-softmax needs --moe-router-score-function softmax");
-    if (!strcmp(c->moe_router_load_balancing_type, "global_aux_loss") ||
-        !strcmp(c->moe_router_load_balancing_type, "sinkhorn"))
-        co_problem(P, "--moe-router-load-balancing-type %s is not supported yet (aux_loss, seq_aux_loss or none)",
-                   c->moe_router_load_balancing_type);
+    if (!strcmp(c->moe_router_load_balancing_type, "sinkhorn"))
+        co_problem(P, "--moe-router-load-balancing-type %s is not supported yet (aux_loss, seq_aux_loss, "
+                      "global_aux_loss or none)", c->moe_router_load_balancing_type);
     if (!strcmp(c->moe_token_dispatcher_type, "flex"))
         co_problem(P, "--moe-token-dispatcher-type flex (DeepEP) is not supported (allgather or alltoall)");
     if (c->moe_router_num_groups < 0 || c->moe_router_group_topk < 0 ||

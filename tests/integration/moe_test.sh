@@ -56,6 +56,13 @@
 #                Megatron's (the semantics against the one-rank layer on each rank's tokens:
 #                test_moe_ep.c): tp 2 with SP (expert tensor size 1 and tp), cp 2 and cp 2 x
 #                ep 2 train, drop tokens (moe_dropped_tokens) and are bitwise the same twice
+#   global_aux   --moe-router-load-balancing-type global_aux_loss (Megatron's: the counts of
+#                the global batch so far, summed over tensor x data x context ranks and
+#                averaged over the step's micro batches; the layer against a restatement in
+#                test_moe_ep.c): tp 2 (SP), cp 2 and pp 2 split the same micro batches as one
+#                rank does, so they train the one-rank job's numbers (losses, norms,
+#                "global_load_balancing_loss" within 1e-6 relative, parameters 1e-5); dp 2
+#                (each micro batch's counts over both replicas) trains, bitwise twice
 #   rerun        an injected NaN: the rerun state machine's fault (one process: the list at
 #                exit; under the supervisor with ep 2: the run report) carries the round's
 #                load_balancing_loss, z_loss and mtp_1 loss of the rank
@@ -310,6 +317,46 @@ capacity_tpcp)
     done
     for p in t1 t2 c2 ce; do
         grep '"grad_norm"' "$work/$p.jsonl" | grep -q '"moe_dropped_tokens":[1-9]' || fail "$p: no token dropped"
+    done
+    ;;
+global_aux)
+    g=(--moe-router-load-balancing-type global_aux_loss)
+    run one 5 "${g[@]}" --save "$work/one.ck"
+    run tp2 5 "${g[@]}" --nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel \
+        --expert-tensor-parallel-size 1 --save "$work/tp2.ck"
+    run cp2 5 "${g[@]}" --nproc-per-node 2 --context-parallel-size 2 --save "$work/cp2.ck"
+    run pp2 5 "${g[@]}" --nproc-per-node 2 --pipeline-model-parallel-size 2 --save "$work/pp2.ck"
+    run dp2 5 "${g[@]}" --nproc-per-node 2 --save "$work/dp2.ck"
+    run dp2b 5 "${g[@]}" --nproc-per-node 2 --save "$work/dp2b.ck"
+    compare 1 one tp2 cp2 pp2
+    ckpt_same "$work/dp2.ck" "$work/dp2b.ck"
+    grep -q ' lm loss: [0-9.E+-]* | global_load_balancing_loss: [0-9.E+-]* |' "$work/one.out" ||
+        fail "no global_load_balancing_loss item: $(grep -m1 iteration "$work/one.out")"
+    /usr/bin/python3 - "$work" <<'PY' || fail "global_load_balancing_loss differs"
+import json, sys
+w = sys.argv[1]
+def load(n):
+    return {r["iteration"]: r["global_load_balancing_loss"] for r in map(json.loads, open(f"{w}/{n}.jsonl"))
+            if "grad_norm" in r}
+a = load("one")
+assert sorted(a) == [1, 2, 3, 4, 5] and all(v > 0 for v in a.values()), a
+for n in ("tp2", "cp2", "pp2"):
+    b = load(n)
+    for i in a:
+        assert abs(a[i] - b[i]) <= 1e-6 * a[i], (n, i, a[i], b[i])
+d = load("dp2")
+assert all(abs(d[i] - a[i]) > 1e-9 * a[i] for i in a), ("dp 2 gave one rank's global loss", d, a)
+print("ok: global_load_balancing_loss as one rank's at tp 2, cp 2, pp 2")
+PY
+    for n in tp2 cp2 pp2; do
+        "$cohort" ckpt diff "$work/one.ck" "$work/$n.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$n: diff"
+        /usr/bin/python3 -c "
+import json
+rows = json.load(open('$work/d.json'))['tensors']
+assert rows and all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+assert not bad, bad[:3]
+" || fail "$n: parameters differ from one rank's: $(head -c 400 "$work/d.json")"
     done
     ;;
 rerun)

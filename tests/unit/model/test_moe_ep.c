@@ -346,6 +346,102 @@ static void test_capacity_token_group(void) {
     }
 }
 
+/* Megatron's global_aux_loss restated (router.py _apply_global_aux_loss): for each of a
+ * step's micro batches, every rank's top-k counts of the softmax scores summed over the
+ * data-parallel ranks, added to the running sum, averaged over the micro batches so far; rank
+ * r's loss coeff * E / (k T^2) * sum_e (its scores of e summed) * mean count of e, T = its
+ * tokens x ranks. x[mb][r] are the micro batches' tokens of every rank. */
+static double global_aux_restated(const moe_config *c, const float *Wr, float *const *x, int nmb, int P, int N,
+                                  int rank) {
+    int E = c->num_experts, h = c->hidden, k = c->topk;
+    double sum[64] = {0}, loss = 0, ps[64];
+    for (int mb = 0; mb < nmb; mb++) {
+        for (int e = 0; e < E; e++) ps[e] = 0;
+        for (int r = 0; r < P; r++)
+            for (int n = 0; n < N; n++) {
+                double a[64], mx = -INFINITY, z = 0;
+                for (int e = 0; e < E; e++) {
+                    a[e] = 0;
+                    for (int j = 0; j < h; j++) a[e] += (double)x[mb * P + r][(size_t)n * h + j] * Wr[(size_t)e * h + j];
+                    mx = fmax(mx, a[e]);
+                }
+                for (int e = 0; e < E; e++) z += (a[e] = exp(a[e] - mx));
+                for (int e = 0; e < E; e++) a[e] /= z;
+                for (int j = 0; j < k; j++) { /* the top-k (larger first, lower index on ties) */
+                    int best = -1;
+                    for (int e = 0; e < E; e++)
+                        if (a[e] >= 0 && (best < 0 || a[e] > a[best])) best = e;
+                    sum[best] += 1;         /* (every rank's counts) */
+                    a[best] = -1 - a[best]; /* taken; restored below */
+                }
+                for (int e = 0; e < E; e++) {
+                    if (a[e] < -0.5) a[e] = -1 - a[e];
+                    if (r == rank) ps[e] += a[e];
+                }
+            }
+        loss = 0;
+        for (int e = 0; e < E; e++) loss += ps[e] * sum[e] / (mb + 1);
+    }
+    double T = (double)N * P;
+    return c->aux_coeff * loss * E / ((double)k * T * T);
+}
+
+/* global_aux_loss over a data-parallel group of P forked ranks, three micro batches: each
+ * forward's aux loss is the restatement's (the running mean of the global counts), the
+ * running sum shared by two layers (micro batch slots), cleared by moe_global_aux_reset. */
+static void sc_global(int rank, int P, const char *dir, const void *arg) {
+    const ep_case *k = arg;
+    kb_backend *be = backend();
+    REQUIRE(be);
+    moe_offsets of;
+    REQUIRE(moe_layout(&k->c, &of) == 0);
+    int h = k->c.hidden, N = B * T, nmb = 3;
+    float *full = malloc(sizeof(float) * of.total), *bias = malloc(sizeof(float) * k->c.num_experts);
+    fill(full, of.total, 0.4, 77);
+    fill(bias, (size_t)k->c.num_experts, 0.1, 78);
+    float *x[3 * 4];
+    for (int i = 0; i < nmb * P; i++) {
+        x[i] = malloc(sizeof(float) * N * h);
+        fill(x[i], (size_t)N * h, 1.0, 500 + (uint64_t)i);
+    }
+    cm_comm *c = connect_group(rank, P, dir);
+    REQUIRE(c);
+    moe_layer *m[2] = {NULL, NULL};
+    REQUIRE(moe_new(&m[0], &k->c, be, N) == 0 && moe_new(&m[1], &k->c, be, N) == 0);
+    CHECK(moe_set_global_group(m[0], c, NULL, 30000) == 0 && moe_set_global_group(m[1], c, m[0], 30000) == 0);
+    float *y = malloc(sizeof(float) * N * h), *dx = malloc(sizeof(float) * N * h), *dp = calloc(of.total, sizeof(float));
+    for (int round = 0; round < 2; round++) {
+        moe_global_aux_reset(m[1]); /* (the shared sum: slot 0's) */
+        for (int mb = 0; mb < nmb; mb++) {
+            moe_layer *l = m[mb % 2];
+            int rc = moe_forward(l, y, x[mb * P + rank], full, bias, B, T);
+            CHECK_MSG(rc == 0, "rank %d: forward: %s", rank, co_err_detail());
+            rc = moe_backward(l, dx, dp, y, x[mb * P + rank], full, 1.0f);
+            CHECK_MSG(rc == 0, "rank %d: backward: %s", rank, co_err_detail());
+            double want = global_aux_restated(&k->c, full + of.router, x, mb + 1, P, N, rank);
+            CHECK_MSG(fabs(moe_aux_loss(l) - want) <= 1e-6 * fabs(want) && want > 0,
+                      "rank %d round %d micro batch %d: global aux %.9g, restated %.9g", rank, round, mb,
+                      moe_aux_loss(l), want);
+        }
+    }
+    for (int i = 0; i < nmb * P; i++) free(x[i]);
+    free(y), free(dx), free(dp), free(full), free(bias);
+    moe_destroy(&m[0]);
+    moe_destroy(&m[1]);
+    cm_destroy(&c);
+    kb_backend_destroy(&be);
+}
+
+static void test_global_aux_loss(void) {
+    moe_config c = base();
+    c.lb = MOE_LB_GLOBAL_AUX;
+    for (int P = 2; P <= 4; P += 2) {
+        ep_case k = {"global aux loss", c, P, MOE_DISPATCH_ALLTOALL, false, 1};
+        int bad = t_fork_ranks(k.name, "moeglb", P, sc_global, &k, -1, 60000);
+        CHECK_MSG(bad == 0, "%s, %d ranks: %d rank(s) failed", k.name, P, bad);
+    }
+}
+
 static void test_uneven_tokens(void) {
     moe_config c = base();
     c.pre_softmax = true;
@@ -411,6 +507,7 @@ int main(void) {
     RUN(test_sigmoid_bias_shared_swiglu);
     RUN(test_capacity);
     RUN(test_capacity_token_group);
+    RUN(test_global_aux_loss);
     RUN(test_uneven_tokens);
     RUN(test_expert_tensor_parallel);
     return TEST_EXIT();
