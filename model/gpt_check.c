@@ -88,6 +88,8 @@ static void check_moe_router(const co_config *c, co_problems *P) {
         co_problem(P, "--moe-router-bias-update-rate %g must not be negative", c->moe_router_bias_update_rate);
     if (c->moe_router_pre_softmax && strcmp(c->moe_router_score_function, "softmax"))
         co_problem(P, "--moe-router-pre-softmax needs --moe-router-score-function softmax");
+    if (!strcmp(c->moe_router_dtype, "fp64"))
+        co_problem(P, "--moe-router-dtype fp64 is not supported yet (the router runs in fp32, also under --bf16)");
     if (!strcmp(c->moe_router_load_balancing_type, "sinkhorn"))
         co_problem(P, "--moe-router-load-balancing-type %s is not supported yet (aux_loss, seq_aux_loss, "
                       "global_aux_loss or none)", c->moe_router_load_balancing_type);
