@@ -72,7 +72,7 @@ typedef struct co_config {
     int moe_layer_freq, moe_ffn_hidden_size, moe_shared_expert_intermediate_size; /* 0: ffn size; 0: none */
     int moe_router_topk, moe_router_num_groups, moe_router_group_topk;
     char moe_router_score_function[16], moe_router_load_balancing_type[24], moe_token_drop_policy[16];
-    char moe_token_dispatcher_type[16];
+    char moe_token_dispatcher_type[16], moe_router_dtype[8];
     bool moe_router_pre_softmax, moe_router_enable_expert_bias, moe_pad_expert_input_to_capacity, moe_grouped_gemm;
     double moe_router_topk_scaling_factor, moe_aux_loss_coeff, moe_z_loss_coeff; /* 0: none */
     double moe_router_bias_update_rate;

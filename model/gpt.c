@@ -136,13 +136,6 @@ static int model_shape(gpt_model *m, int max_T) {
                                                "(as Megatron)");
         /* (context parallelism combines with expert parallelism: each context rank routes its
          * own tokens and exchanges them within its expert group, trainer_ep.c) */
-        if (m->cp > 1 && c->moe.capacity_factor > 0)
-            return co_err_set(CO_EUNSUPPORTED, "mixture of experts with context parallelism and an expert capacity is "
-                                               "not supported yet");
-        if (m->tp > 1 && c->moe.capacity_factor > 0)
-            return co_err_set(CO_EUNSUPPORTED, "an expert capacity with tensor parallelism is not supported yet "
-                                               "(Megatron's capacity over each rank's tokens drops other tokens than "
-                                               "one rank would)");
         if (c->bias)
             return co_err_set(CO_EINVAL, "mixture of experts: the experts have no biases; add --disable-bias-linear");
         /* the experts split over the tensor group (expert tensor-parallel size = tp, the only

@@ -233,6 +233,11 @@ void gpt_set_context_group(gpt_model *m, struct cm_comm *cp, int timeout_ms);
  * losses count their tokens (model/moe.h moe_set_token_group). After the two above (each of
  * which sets the MoE layers' group to its own when the other size is 1). */
 void gpt_set_moe_token_group(gpt_model *m, struct cm_comm *tpcp, int timeout_ms);
+/* --moe-router-load-balancing-type global_aux_loss: every MoE layer's data-parallel group
+ * (moe_set_global_group; a layer's micro batch slots share one running sum), and the reset of
+ * those sums before each step (gpt_cp.c) */
+void gpt_set_moe_global_group(gpt_model *m, struct cm_comm *dp, int timeout_ms);
+void gpt_moe_global_reset(gpt_model *m);
 
 /* Whether backward sums a column-parallel layer's input gradient over the group on a
  * helper thread while it computes the weight gradient (on by default; the results are the

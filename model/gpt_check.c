@@ -65,20 +65,15 @@ static void check_moe_tp(const co_config *c, co_problems *P) {
         co_problem(P, "--num-experts with --expert-tensor-parallel-size %d (the experts split over the tensor "
                       "group) with --device cuda is not supported yet (the token exchange runs on the CPU "
                       "backend); pass --expert-tensor-parallel-size 1", etp);
-    if (c->moe_expert_capacity_factor > 0)
-        co_problem(P, "--moe-expert-capacity-factor with --tensor-model-parallel-size %d is not supported yet "
-                      "(Megatron's capacity counts each tensor rank's tokens, so it drops other tokens than "
-                      "one rank would)", tp);
+    /* (an expert capacity counts each tensor rank's sequence-parallel tokens, as Megatron's
+     * apply_router_token_dropping over the rank's routing map: it drops other tokens than one
+     * rank would, docs/moe.md) */
 }
 
 /* MoE under context parallelism: the router over this rank's tokens, the aux counts over
  * the context group (Megatron's tp_cp group; docs/moe.md "Context parallelism"). */
 static void check_moe_cp(const co_config *c, co_problems *P) {
-    int cp = c->context_parallel_size;
-    if (c->moe_expert_capacity_factor > 0)
-        co_problem(P, "--moe-expert-capacity-factor with --context-parallel-size %d is not supported yet "
-                      "(Megatron's capacity counts each context rank's tokens, so it drops other tokens than one "
-                      "rank would)", cp);
+    int cp = c->context_parallel_size; /* (a capacity counts each context rank's tokens, as tp's) */
     if (c->sft || (c->cp_packed_sequences && c->reset_attention_mask))
         co_problem(P, "--num-experts with --context-parallel-size %d and packed sequences (THD) is not supported "
                       "yet (the padding tokens of the per-document split would be routed)", cp);
@@ -93,10 +88,11 @@ static void check_moe_router(const co_config *c, co_problems *P) {
         co_problem(P, "--moe-router-bias-update-rate %g must not be negative", c->moe_router_bias_update_rate);
     if (c->moe_router_pre_softmax && strcmp(c->moe_router_score_function, "softmax"))
         co_problem(P, "--moe-router-pre-softmax needs --moe-router-score-function softmax");
-    if (!strcmp(c->moe_router_load_balancing_type, "global_aux_loss") ||
-        !strcmp(c->moe_router_load_balancing_type, "sinkhorn"))
-        co_problem(P, "--moe-router-load-balancing-type %s is not supported yet (aux_loss, seq_aux_loss or none)",
-                   c->moe_router_load_balancing_type);
+    if (!strcmp(c->moe_router_dtype, "fp64"))
+        co_problem(P, "--moe-router-dtype fp64 is not supported yet (the router runs in fp32, also under --bf16)");
+    if (!strcmp(c->moe_router_load_balancing_type, "sinkhorn"))
+        co_problem(P, "--moe-router-load-balancing-type %s is not supported yet (aux_loss, seq_aux_loss, "
+                      "global_aux_loss or none)", c->moe_router_load_balancing_type);
     if (!strcmp(c->moe_token_dispatcher_type, "flex"))
         co_problem(P, "--moe-token-dispatcher-type flex (DeepEP) is not supported (allgather or alltoall)");
     if (c->moe_router_num_groups < 0 || c->moe_router_group_topk < 0 ||
@@ -127,7 +123,6 @@ void gpt_check_moe(const co_config *c, bool sizes_ok, co_problems *P) {
         co_problem(P, "--num-experts: the experts have no biases; add --disable-bias-linear (as Megatron's grouped "
                       "experts)");
     if (sizes_ok && c->tensor_model_parallel_size > 1 && !standin) check_moe_tp(c, P);
-    if (c->bf16) co_problem(P, "--num-experts with --bf16 is not supported yet (the experts run in fp32)");
     if (sizes_ok && c->context_parallel_size > 1 && !standin) check_moe_cp(c, P);
     check_moe_router(c, P);
 }
@@ -147,7 +142,6 @@ void gpt_check_mtp(const co_config *c, bool sizes_ok, co_problems *P) {
                       "masks only)");
     if (!strcmp(c->device, "cuda"))
         co_problem(P, "--mtp-num-layers with --device cuda is not supported yet (the CPU backend only)");
-    if (c->bf16) co_problem(P, "--mtp-num-layers with --bf16 is not supported yet");
     if (!(c->mtp_loss_scaling_factor >= 0))
         co_problem(P, "--mtp-loss-scaling-factor %g must not be negative", c->mtp_loss_scaling_factor);
 }

@@ -26,6 +26,23 @@ void gpt_set_moe_token_group(gpt_model *m, struct cm_comm *tpcp, int timeout_ms)
     gpt__moe_token_group(m, tpcp, m->tp, timeout_ms);
 }
 
+void gpt_set_moe_global_group(gpt_model *m, struct cm_comm *dp, int timeout_ms) {
+    for (int k = 0; k < m->nchunks; k++)
+        for (int s = 0; s < m->chunk[k].slots; s++)
+            for (int i = 0; i < m->chunk[k].def.nlayers; i++) {
+                moe_layer *ml = m->chunk[k].slot[s].acts[i].moe;
+                /* (a layer's micro batch slots add to one running sum: slot 0's) */
+                int rc = ml ? moe_set_global_group(ml, dp, m->chunk[k].slot[0].acts[i].moe, timeout_ms) : 0;
+                if (rc && !m->be->status) m->be->status = rc;
+            }
+}
+
+void gpt_moe_global_reset(gpt_model *m) {
+    for (int k = 0; k < m->nchunks; k++)
+        for (int i = 0; i < m->chunk[k].def.nlayers && m->chunk[k].slots > 0; i++)
+            if (m->chunk[k].slot[0].acts[i].moe) moe_global_aux_reset(m->chunk[k].slot[0].acts[i].moe);
+}
+
 /* The ring's geometry and exchange for a micro batch of B x T local tokens; false (and the
  * backend's status set) when the group is missing or does not match the configuration. */
 static bool ring_of(gpt_model *m, int B, int T, ring_geo *g, ring_comm *rc, ring_exchange *x, const char *what) {

@@ -54,7 +54,7 @@ int moe_layout(const moe_config *c, moe_offsets *off) {
         return co_err_set(CO_EINVAL, "moe: group_topk %d needs num_groups", c->group_topk);
     }
     if (!(c->scaling_factor >= 0.0f)) return co_err_set(CO_EINVAL, "moe: the top-k scaling factor must be >= 0");
-    if (c->lb != MOE_LB_NONE && c->lb != MOE_LB_AUX && c->lb != MOE_LB_SEQ_AUX)
+    if (c->lb != MOE_LB_NONE && c->lb != MOE_LB_AUX && c->lb != MOE_LB_SEQ_AUX && c->lb != MOE_LB_GLOBAL_AUX)
         return co_err_set(CO_EINVAL, "moe: unknown load-balancing type %d", (int)c->lb);
     if (!(c->aux_coeff >= 0.0f) || !(c->z_coeff >= 0.0f))
         return co_err_set(CO_EINVAL, "moe: the aux and z loss coefficients must be >= 0");
@@ -106,6 +106,8 @@ void moe_destroy(moe_layer **pm) {
     free(m->auxs);
     free(m->auxcnt);
     free(m->sq_cnt);
+    free(m->gsum);
+    free(m->gavg);
     free(m->tpe);
     free(m->eoff);
     free(m->row_tok);
@@ -125,7 +127,6 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     int rc = moe_layout(c, &off);
     if (rc) return rc;
     if (max_tokens <= 0) return co_err_set(CO_EINVAL, "moe: max_tokens %d must be positive", max_tokens);
-    if (be->opt.bf16) return co_err_set(CO_EUNSUPPORTED, "moe: bf16 matrix products are not built yet (fp32 only)");
     moe_layer *m = calloc(1, sizeof *m);
     if (!m) return co_err_set(CO_ENOMEM, "moe: allocating the layer");
     m->c = *c;
@@ -174,6 +175,9 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     m->lse = malloc(sizeof(double) * N);
     m->auxs = malloc(sizeof(float) * N * E);
     m->auxcnt = malloc(sizeof(int32_t) * N * E);
+    m->gsum = calloc(E, sizeof(int64_t));
+    m->gavg = calloc(E, sizeof(double));
+    m->gacc = m;
     m->tpe = malloc(sizeof(int32_t) * E);
     m->eoff = malloc(sizeof(int32_t) * (E + 1));
     m->row_tok = malloc(sizeof(int32_t) * maxM);
@@ -184,6 +188,7 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     m->elig = malloc(E);
     m->cand = malloc(sizeof(*m->cand) * N);
     if (!m->sel || !m->rprobs || !m->probs || !m->map0 || !m->map || !m->lse || !m->auxs || !m->auxcnt || !m->tpe ||
+        !m->gsum || !m->gavg ||
         !m->eoff || !m->row_tok || !m->row_exp || !m->dprob || !m->rs || !m->gs || !m->elig || !m->cand) {
         moe_destroy(&m);
         return co_err_set(CO_ENOMEM, "moe: allocating the routing tables");
@@ -355,6 +360,49 @@ static void aux_shape(const moe_layer *m, int *nseq, int *per, int *rows, int *n
     *n0 = (m->sq_rank % m->sq_shards) * m->N;
 }
 
+/* global_aux_loss (moe_set_global_group): this forward's counts (m->auxcnt, this rank's)
+ * summed over the token group and the data-parallel group, added to the step's running sum,
+ * the loss from the running mean. 0, or a group's error. */
+static int global_aux(moe_layer *m) {
+    const moe_config *c = &m->c;
+    int N = m->N, E = m->E, k = m->k;
+    int64_t cnt[E];
+    for (int e = 0; e < E; e++) cnt[e] = m->auxcnt[e];
+    cm_comm *grp[2] = {m->sq, m->gdp};
+    int tm[2] = {m->sq_timeout, m->gdp_timeout};
+    for (int g = 0; g < 2; g++) {
+        int rc = grp[g] ? grp[g]->ops->allreduce_sum(grp[g], cnt, (size_t)E, CM_I64, tm[g]) : 0;
+        if (rc) return co_err_set(rc, "moe: summing the global aux loss's token counts over the %s group: %s",
+                                  g ? "data-parallel" : "token", co_err_detail());
+    }
+    moe_layer *a = m->gacc;
+    a->gsteps++;
+    double T = (double)N * m->sq_size * (m->gdp ? m->gdp->size : 1), loss = 0;
+    for (int e = 0; e < E; e++) {
+        a->gsum[e] += cnt[e];
+        m->gavg[e] = (double)a->gsum[e] / (double)a->gsteps;
+        double ps = 0;
+        for (int n = 0; n < N; n++) ps += m->auxs[(size_t)n * E + e];
+        loss += ps * m->gavg[e];
+    }
+    m->aux = c->aux_coeff * loss * E / ((double)k * T * T);
+    return 0;
+}
+
+int moe_set_global_group(moe_layer *m, cm_comm *dp, moe_layer *share, int timeout_ms) {
+    if (share && share->E != m->E)
+        return co_err_set(CO_EINVAL, "moe: a global aux loss shared by layers of %d and %d experts", m->E, share->E);
+    m->gdp = dp && dp->size > 1 ? dp : NULL;
+    m->gdp_timeout = timeout_ms;
+    m->gacc = share ? share : m;
+    return 0;
+}
+
+void moe_global_aux_reset(moe_layer *m) {
+    memset(m->gacc->gsum, 0, sizeof(int64_t) * (size_t)m->E);
+    m->gacc->gsteps = 0;
+}
+
 /* aux scores, their top-k counts (summed over the sequence group) and the load-balancing
  * loss: this rank's tokens' part of it. 0, or the group's error. */
 static int aux_losses(moe_layer *m) {
@@ -381,6 +429,7 @@ static int aux_losses(moe_layer *m) {
         topk_idx(v, NULL, E, k, top);
         for (int j = 0; j < k; j++) m->auxcnt[(size_t)((n0 + n) / rows) * E + top[j]]++;
     }
+    if (c->lb == MOE_LB_GLOBAL_AUX) return global_aux(m);
     if (m->sq) {
         /* Megatron's get_tokens_per_expert_and_token_count: the counts over the group */
         size_t nc = (size_t)nseq * E;
@@ -422,10 +471,8 @@ int moe_set_token_group(moe_layer *m, cm_comm *sq, int shards, int timeout_ms) {
     }
     if (shards < 1 || sq->size % shards)
         return co_err_set(CO_EINVAL, "moe: %d row shards in a token group of %d ranks", shards, sq->size);
-    if (m->c.capacity_factor > 0)
-        return co_err_set(CO_EUNSUPPORTED,
-                          "moe: an expert capacity under sequence or context parallelism is not supported yet (Megatron's "
-                          "capacity over each rank's tokens drops other tokens than one rank would)");
+    /* (an expert capacity then counts this rank's tokens, as Megatron's token dropping over
+     * the rank's routing map: capacity_of over moe_forward's N) */
     size_t n = (size_t)m->maxN * (size_t)sq->size * (size_t)m->E;
     int32_t *cnt = realloc(m->auxcnt, sizeof(int32_t) * n);
     if (!cnt) return co_err_set(CO_ENOMEM, "moe: the aux counts of the sequence group");
@@ -443,6 +490,18 @@ int moe_set_token_group(moe_layer *m, cm_comm *sq, int shards, int timeout_ms) {
 }
 
 /* ---- forward ---- */
+
+/* The router's product in fp32 under --bf16 as well (Megatron's --moe-router-dtype fp32:
+ * routing decisions from bf16 logits flip with rounding): the backend's bf16 mode is off
+ * for the call. forward: logits = x Wr^T; backward (dlogits given): dx, dWr. */
+static void router_linear(moe_layer *m, const float *x, const float *Wr, float *dx, float *dWr, int N) {
+    kb_backend *be = m->be;
+    bool bf16 = be->opt.bf16;
+    be->opt.bf16 = false;
+    if (!dWr) m->o->linear_forward(be, m->logits, x, Wr, NULL, NULL, N, m->h, m->E);
+    else m->o->linear_backward(be, dx, dWr, NULL, m->dlogits, x, Wr, NULL, N, m->h, m->E);
+    be->opt.bf16 = bf16;
+}
 
 void moe__experts_forward(moe_layer *m, const float *params, const float *xin, float *h1, float *act, float *out,
                           const int32_t *off, int n) {
@@ -519,7 +578,7 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     m->B = B;
     m->T = T;
     m->cap = capacity_of(c, N);
-    o->linear_forward(be, m->logits, x, params + m->off.router, NULL, NULL, N, h, E);
+    router_linear(m, x, params + m->off.router, NULL, NULL, N);
     o->sync(be);
     if (be->status) return be->status;
 
@@ -641,13 +700,20 @@ static void router_backward_token(moe_layer *m, int n, double ls, double *dl) {
         for (int j = 0; j < k; j++) dl[sel[j]] += ds[j] * pk[j] * (1.0 - pk[j]);
     }
     if (c->lb != MOE_LB_NONE && c->aux_coeff > 0) {
-        /* d aux / d a[n,e] = coeff / nseq * E/(k per^2) * count[seq(n), e] */
+        /* d aux / d a[n,e] = coeff / nseq * E/(k per^2) * count[seq(n), e] (global: the
+         * running mean count over T^2) */
         int nseq, per, rows, n0;
         aux_shape(m, &nseq, &per, &rows, &n0);
-        double w = ls * c->aux_coeff / nseq * E / ((double)k * per * per);
-        const int32_t *cnt = m->auxcnt + (size_t)((n0 + n) / rows) * E;
         double *ga = m->rs;
-        for (int e = 0; e < E; e++) ga[e] = w * cnt[e];
+        if (c->lb == MOE_LB_GLOBAL_AUX) {
+            double T = (double)m->N * m->sq_size * (m->gdp ? m->gdp->size : 1);
+            double w = ls * c->aux_coeff * E / ((double)k * T * T);
+            for (int e = 0; e < E; e++) ga[e] = w * m->gavg[e];
+        } else {
+            double w = ls * c->aux_coeff / nseq * E / ((double)k * per * per);
+            const int32_t *cnt = m->auxcnt + (size_t)((n0 + n) / rows) * E;
+            for (int e = 0; e < E; e++) ga[e] = w * cnt[e];
+        }
         if (c->score == MOE_SCORE_SOFTMAX) {
             row_softmax(l, E, sm);
             double dot = 0;
@@ -710,7 +776,7 @@ int moe_backward(moe_layer *m, float *dx, float *dparams, const float *dy, const
     }
     if (!m->ep.c)
         moe__experts_backward(m, params, dparams, m->dout, m->xp, m->h1, m->act, m->dact, m->dh1, m->dxp, m->eoff, E);
-    o->linear_backward(be, dx, dparams + m->off.router, NULL, m->dlogits, x, params + m->off.router, NULL, N, h, E);
+    router_linear(m, x, params + m->off.router, dx, dparams + m->off.router, N);
     if (gathered) o->add(be, dx, dx, m->tmp, (size_t)N * h);
     if (m->Fs) {
         int Fs = m->Fs, Fs1 = m->Fs1;

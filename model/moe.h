@@ -55,7 +55,8 @@
 #include <stdint.h>
 
 typedef enum { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID = 1 } moe_score_fn;
-typedef enum { MOE_LB_NONE = 0, MOE_LB_AUX = 1, MOE_LB_SEQ_AUX = 2 } moe_lb_type;
+/* MOE_LB_GLOBAL_AUX: Megatron's global_aux_loss (moe_set_global_group) */
+typedef enum { MOE_LB_NONE = 0, MOE_LB_AUX = 1, MOE_LB_SEQ_AUX = 2, MOE_LB_GLOBAL_AUX = 3 } moe_lb_type;
 typedef enum { MOE_DROP_PROBS = 0, MOE_DROP_POSITION = 1 } moe_drop_policy;
 /* --moe-token-dispatcher-type: how tokens reach the experts of other ranks */
 typedef enum { MOE_DISPATCH_ALLTOALL = 0, MOE_DISPATCH_ALLGATHER = 1 } moe_dispatcher;
@@ -141,6 +142,19 @@ const float *moe_routing_probs(const moe_layer *m);
 int moe_dropped(const moe_layer *m);
 /* the capacity of the last forward (0 when dropless) */
 int moe_capacity(const moe_layer *m);
+
+/* Megatron's global_aux_loss (lb MOE_LB_GLOBAL_AUX): the aux loss with the top-k counts of
+ * the global batch so far. Each forward sums this rank's counts over the token group (as
+ * aux_loss) and over dp (the data-parallel group, NULL: one replica: Megatron's tp_dp_cp
+ * group), adds them to the step's running sum and takes the running mean over the forwards
+ * so far (global_tokens_per_expert / ga_steps); the loss is coeff * E / (k T^2) *
+ * sum_e (this rank's tokens' summed scores of e) * mean count of e, T = this rank's tokens x
+ * token-group size x dp size. share: the layer whose running sum this one adds to (the same
+ * model layer in another micro batch slot), NULL: its own. moe_global_aux_reset clears the
+ * running sum (Megatron's reset_global_aux_loss_tracker, once per step). Every rank of dp
+ * must run the same forwards in the same order. */
+int moe_set_global_group(moe_layer *m, struct cm_comm *dp, moe_layer *share, int timeout_ms);
+void moe_global_aux_reset(moe_layer *m);
 
 /* ---- expert parallelism (moe_ep.c) ----
  * The layer's experts are split over the group ep (size c.ep_size, Megatron's expert group:

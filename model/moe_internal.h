@@ -82,6 +82,15 @@ struct moe_layer {
     cm_comm *sq;
     int sq_size, sq_rank, sq_timeout, sq_shards;
     int64_t *sq_cnt;        /* [maxN*sq_size*E] the aux counts summed over the group */
+    /* global_aux_loss (moe_set_global_group): the data-parallel group, the layer holding the
+     * step's running sum of the global counts (this one or another slot's), that sum [E],
+     * the forwards it holds, and the last forward's mean counts [E] */
+    struct cm_comm *gdp;
+    int gdp_timeout;
+    struct moe_layer *gacc;
+    int64_t *gsum;
+    int64_t gsteps;
+    double *gavg;
     /* the last forward (N: this rank's tokens; B x T: the whole micro batch's) */
     int N, B, T, M, cap, dropped;
     double aux, z;

@@ -58,11 +58,11 @@ static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
 }
 
 /* Context parallelism: the ring's split of the sequence, what it does not combine with, and
- * the packed (THD) split's flags. real_pp, real_cp: sizes above 1 that are computed split
- * (not the stand-in). */
-static void check_context(const co_config *c, bool real_pp, bool real_cp, co_problems *P) {
+ * the packed (THD) split's flags. real_cp: a size above 1 that is computed split (not the
+ * stand-in). With pipeline parallelism each pipeline carries its context rank's tokens
+ * (train/pipeline.c), as Megatron's. */
+static void check_context(const co_config *c, bool real_cp, co_problems *P) {
     int cp = c->context_parallel_size;
-    if (real_pp && real_cp) co_problem(P, "pipeline parallelism together with context parallelism is not supported yet");
     if (real_cp && c->seq_length > 0 && c->seq_length % (2 * cp))
         co_problem(P, "--seq-length %d is not divisible by 2 * --context-parallel-size = %d (each rank keeps two of "
                       "2 * cp chunks of every sequence)", c->seq_length, 2 * cp);
@@ -136,9 +136,8 @@ void topo_check_parallel(co_config *c, bool sizes_ok, co_problems *P) {
     if (c->sequence_parallel && c->tensor_model_parallel_size == 1)
         c->sequence_parallel = false; /* as Megatron: sequence parallelism needs a tensor group */
     if (c->sequence_parallel && standin) co_problem(P, "--sequence-parallel is not part of the model-parallel stand-in");
-    bool real_pp = sizes_ok && c->pipeline_model_parallel_size > 1 && !standin;
     bool real_cp = sizes_ok && c->context_parallel_size > 1 && !standin;
-    check_context(c, real_pp, real_cp, P);
+    check_context(c, real_cp, P);
     if (sizes_ok && c->expert_model_parallel_size > 1 && !standin) check_expert_groups(c, P);
     if (sizes_ok && c->expert_tensor_parallel_size != 0 &&
         c->expert_tensor_parallel_size != c->tensor_model_parallel_size &&

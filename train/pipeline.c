@@ -50,9 +50,50 @@ static void waiting(trainer *t, int stage) {
 static void describe(trainer *t, int mb, gpt_batch *b) {
     const co_config *c = &t->cfg;
     tr_batch *x = &t->mbuf[mb];
-    *b = (gpt_batch){.B = c->micro_batch_size, .T = c->seq_length, .tokens = x->tokens, .targets = x->targets,
+    *b = (gpt_batch){.B = c->micro_batch_size, .T = x->T, .tokens = x->tokens, .targets = x->targets,
                      .positions = x->positions, .seg = c->reset_attention_mask || c->sft ? x->seg : NULL,
-                     .loss_mask = x->mask};
+                     .loss_mask = x->mask, .rows = x->rows};
+    if (x->full) { /* (context parallelism with MTP: the whole sequences the depths roll) */
+        size_t N = (size_t)c->micro_batch_size * c->seq_length;
+        b->full_tokens = x->full, b->full_targets = x->full + N, b->full_positions = x->full + 2 * N;
+        b->full_mask = x->full_mask;
+        b->full_T = c->seq_length;
+    }
+}
+
+/* The activations' floats of one stream: the rank's tokens (its share of the sequences under
+ * context parallelism, the most a micro batch may hold there; its shard of them under
+ * sequence parallelism) x hidden. */
+static size_t act_floats(const trainer *t) {
+    const co_config *c = &t->cfg;
+    size_t N = (size_t)c->micro_batch_size * (size_t)t->local_T;
+    return (t->g.tp && c->sequence_parallel ? N / (size_t)t->tp_size : N) * (size_t)c->hidden_size;
+}
+
+/* The metadata sent with a micro batch's activations: its positions and document starts
+ * (the local ones under context parallelism, with each local token's row in the whole micro
+ * batch and the local tokens per sequence, which the packed split varies); its ints. */
+static size_t meta_ints(const trainer *t) {
+    size_t N = (size_t)t->cfg.micro_batch_size * (size_t)t->cfg.seq_length;
+    return t->cpn > 1 ? 3 * N + 1 : 2 * N;
+}
+
+static void meta_pack(trainer *t, const tr_batch *x) {
+    size_t N = (size_t)t->cfg.micro_batch_size * (size_t)t->cfg.seq_length;
+    memcpy(t->meta, x->positions, N * sizeof(int32_t));
+    memcpy(t->meta + N, x->seg, N * sizeof(int32_t));
+    if (t->cpn <= 1) return;
+    memcpy(t->meta + 2 * N, x->rows, N * sizeof(int32_t));
+    t->meta[3 * N] = x->T;
+}
+
+static void meta_unpack(trainer *t, tr_batch *x) {
+    size_t N = (size_t)t->cfg.micro_batch_size * (size_t)t->cfg.seq_length;
+    memcpy(x->positions, t->meta, N * sizeof(int32_t));
+    memcpy(x->seg, t->meta + N, N * sizeof(int32_t));
+    if (t->cpn <= 1) return;
+    memcpy(x->rows, t->meta + 2 * N, N * sizeof(int32_t));
+    x->T = t->meta[3 * N];
 }
 
 /* Micro batch mb's arrays from the data (once per step): samples of its place in the
@@ -69,9 +110,14 @@ static int read_batch(trainer *t, int split, int mb, int64_t first_sample, bool 
     int rc = trainer__load_batch(t, split, first_sample + gmb * B, x, &b);
     if (rc) return rc;
     trainer__tl(t, TL_DATA, mb, -1, tl0);
+    x->T = b.T;
+    N = b.B * b.T; /* this rank's tokens (its share under context parallelism) */
+    if (t->cpn > 1) memcpy(x->rows, b.rows, (size_t)N * sizeof(int32_t));
     double ntok = 0;
     for (int i = 0; i < N; i++) ntok += x->mask[i];
-    float w = train && ntok > 0 ? (float)(1.0 / (ntok * t->M)) : 0.0f;
+    /* normalised by the whole sequences' loss tokens (all context ranks' together) */
+    x->ntok_all = t->cpn > 1 ? t->cp_ntok : ntok;
+    float w = train && x->ntok_all > 0 ? (float)(1.0 / (x->ntok_all * t->M)) : 0.0f;
     for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
     t->mb_tok_local[mb] = ntok;
     t->have_batch[mb] = 2;
@@ -83,8 +129,8 @@ static int read_batch(trainer *t, int split, int mb, int64_t first_sample, bool 
 static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, int ci, bool train, uint64_t seed) {
     const co_config *c = &t->cfg;
     const gpt_chunk *d = gpt_chunk_def(t->model, ci);
-    int s = mb % d->slots, N = c->micro_batch_size * c->seq_length;
-    size_t act = (size_t)(t->g.tp && c->sequence_parallel ? N / t->tp_size : N) * (size_t)c->hidden_size;
+    int s = mb % d->slots;
+    size_t act = act_floats(t);
     /* (1 + D streams on either side of the MTP stage in training) */
     size_t act_in = act * (size_t)gpt_chunk_streams(t->model, ci, false, train);
     size_t act_out = act * (size_t)gpt_chunk_streams(t->model, ci, true, train);
@@ -100,14 +146,13 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
         int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size;
         double tw = now_s(), tl0 = tl_now();
         waiting(t, prev);
-        rc = ch->ops->recv(ch, t->meta, 2 * (size_t)N * sizeof(int32_t), prev, TRAIN_COMM_TIMEOUT_MS);
+        rc = ch->ops->recv(ch, t->meta, meta_ints(t) * sizeof(int32_t), prev, TRAIN_COMM_TIMEOUT_MS);
         if (!rc) rc = ch->ops->recv(ch, gpt_chunk_input(t->model, ci, s), act_in * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
         waiting(t, -1);
         trainer__tl(t, TL_RECV_WAIT, mb, ci, tl0);
         t->recv_s += now_s() - tw;
         if (!rc && !t->have_batch[mb]) {
-            memcpy(x->positions, t->meta, (size_t)N * sizeof(int32_t));
-            memcpy(x->seg, t->meta + N, (size_t)N * sizeof(int32_t));
+            meta_unpack(t, x);
             t->have_batch[mb] = 1;
         }
     }
@@ -117,7 +162,7 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     describe(t, mb, &b);
     double loss = 0, tl0 = tl_now();
     if (train) {
-        trainer__inject_forward(t, t->iteration + 1, mb, N);
+        trainer__inject_forward(t, t->iteration + 1, mb, c->micro_batch_size * x->T);
         tl0 = tl_now();
         loss = gpt_chunk_forward(t->model, ci, s, &b, true, seed, d->head ? x->dscale : NULL, NULL);
         trainer__tl(t, TL_FORWARD, mb, ci, tl0);
@@ -131,10 +176,9 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     if (!d->head) {
         cm_comm *ch = t->g.pp;
         int next = (t->pp_rank + 1) % t->pp_size;
-        memcpy(t->meta, x->positions, (size_t)N * sizeof(int32_t));
-        memcpy(t->meta + N, x->seg, (size_t)N * sizeof(int32_t));
+        meta_pack(t, x);
         tl0 = tl_now();
-        rc = ch->ops->send(ch, t->meta, 2 * (size_t)N * sizeof(int32_t), next, TRAIN_COMM_TIMEOUT_MS);
+        rc = ch->ops->send(ch, t->meta, meta_ints(t) * sizeof(int32_t), next, TRAIN_COMM_TIMEOUT_MS);
         if (!rc) rc = ch->ops->send(ch, gpt_chunk_output(t->model, ci, s), act_out * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
         trainer__tl(t, TL_SEND, mb, ci, tl0);
     }
@@ -142,10 +186,9 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
 }
 
 static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
-    const co_config *c = &t->cfg;
     const gpt_chunk *d = gpt_chunk_def(t->model, ci);
-    int s = mb % d->slots, N = c->micro_batch_size * c->seq_length;
-    size_t act = (size_t)(t->g.tp && c->sequence_parallel ? N / t->tp_size : N) * (size_t)c->hidden_size;
+    int s = mb % d->slots;
+    size_t act = act_floats(t);
     size_t act_in = act * (size_t)gpt_chunk_streams(t->model, ci, false, true);
     size_t act_out = act * (size_t)gpt_chunk_streams(t->model, ci, true, true);
     int rc = 0;

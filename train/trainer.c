@@ -188,7 +188,7 @@ static int pipeline_setup(trainer *t, gpt_config *m) {
     t->mb_loss_local = calloc((size_t)M, sizeof *t->mb_loss_local);
     t->mb_tok_local = calloc((size_t)M, sizeof *t->mb_tok_local);
     t->lbuf = calloc(2 * (size_t)M, sizeof *t->lbuf);
-    t->meta = calloc(2 * N, sizeof *t->meta);
+    t->meta = calloc(3 * N + 1, sizeof *t->meta);
     if (!rc && (!t->have_batch || !t->poison || !t->mb_loss_local || !t->mb_tok_local || !t->lbuf || !t->meta))
         rc = co_err_set(CO_ENOMEM, "pipeline buffers: out of memory");
     return rc;
@@ -360,6 +360,8 @@ static int alloc_batches(trainer *t) {
             mb->full_mask = malloc(N * sizeof(float));
             if (!mb->full || !mb->full_mask) return CO_ENOMEM;
         }
+        mb->T = c->seq_length;
+        if (t->cpn > 1 && t->g.pp && !(mb->rows = malloc(N * sizeof(int32_t)))) return CO_ENOMEM;
         if (!mb->tokens || !mb->targets || !mb->positions || !mb->seg || !mb->mask || !mb->dscale) return CO_ENOMEM;
     }
     return 0;
@@ -479,7 +481,7 @@ void trainer_destroy(trainer **pt) {
     for (int k = 0; t->mbuf && k < t->nmbuf; k++) {
         tr_batch *mb = &t->mbuf[k];
         free(mb->tokens), free(mb->targets), free(mb->positions), free(mb->seg), free(mb->mask), free(mb->dscale);
-        free(mb->full), free(mb->full_mask);
+        free(mb->full), free(mb->full_mask), free(mb->rows);
     }
     free(t->mbuf);
     free(t->zeros);

@@ -31,6 +31,12 @@ typedef struct tr_batch {
      * ([3][N]) and loss mask before the split (the depths roll across the chunks), or NULL */
     int32_t *full;
     float *full_mask;
+    /* context parallelism with a pipeline: each local token's row in the whole micro batch
+     * ([N], gpt_batch.rows), the local tokens per sequence (gpt_batch.T) and the loss tokens
+     * of the whole sequences, kept per micro batch until its backward */
+    int32_t *rows;
+    int T;
+    double ntok_all;
 } tr_batch;
 
 struct trainer {
@@ -110,7 +116,9 @@ struct trainer {
     int *poison;            /* [M] a corrupted loss's kind (trainer__inject_loss) */
     double *mb_loss_local, *mb_tok_local; /* [M] the head chunk's losses, the micro batches' tokens */
     double *lbuf;           /* [2M] the losses summed over the pipeline group */
-    int32_t *meta;          /* [2N] positions and document starts sent with activations */
+    int32_t *meta;          /* [3N+1] positions, document starts (with context parallelism each
+                             * local token's row and the local tokens per sequence) sent with
+                             * the activations */
     double recv_s;          /* waiting for a peer stage since the last log line */
     int share_of;           /* the data-parallel replica whose micro batches the pipeline runs */
     void (*wait_fn)(void *ctx, int stage); /* trainer_set_wait_fn */

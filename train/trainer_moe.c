@@ -35,6 +35,7 @@ void trainer__moe_config(trainer *t, gpt_config *m) {
     mc->expert_bias = c->moe_router_enable_expert_bias;
     mc->lb = !strcmp(c->moe_router_load_balancing_type, "none")           ? MOE_LB_NONE
              : !strcmp(c->moe_router_load_balancing_type, "seq_aux_loss") ? MOE_LB_SEQ_AUX
+             : !strcmp(c->moe_router_load_balancing_type, "global_aux_loss") ? MOE_LB_GLOBAL_AUX
                                                                            : MOE_LB_AUX;
     mc->aux_coeff = (float)c->moe_aux_loss_coeff;
     mc->z_coeff = (float)c->moe_z_loss_coeff;
@@ -76,6 +77,13 @@ void trainer__aux_attempt(trainer *t) {
     const co_config *c = &t->cfg;
     gpt_moe_stats st;
     if (c->num_experts > 0) {
+        /* global_aux_loss: this generation's data-parallel group, the step's running sums
+         * cleared (Megatron resets them in finalize_model_grads, once per step; a replayed
+         * attempt starts over) */
+        if (!strcmp(c->moe_router_load_balancing_type, "global_aux_loss")) {
+            gpt_set_moe_global_group(t->model, t->g.dp, TRAIN_COMM_TIMEOUT_MS);
+            gpt_moe_global_reset(t->model);
+        }
         gpt_moe_stats_take(t->model, &st, NULL);
         memset(t->moe_tpe, 0, sizeof(int64_t) * (size_t)c->num_layers * (size_t)c->num_experts);
     }
@@ -198,13 +206,18 @@ int trainer__moe_log(trainer *t, char *text, size_t tn, char *json, size_t jn) {
     if (!rc && rg) rc = rg->ops->allreduce_sum(rg, v, 4, CM_F64, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
     double lb = v[2] > 0 ? v[0] / v[2] : 0, z = v[2] > 0 ? v[1] / v[2] : 0;
+    /* global_aux_loss: each replica's loss is its tokens' part of the global batch's, summed
+     * over the replicas as Megatron's "global_load_balancing_loss" (needs_dp_avg=False) */
+    bool global = !strcmp(c->moe_router_load_balancing_type, "global_aux_loss");
+    if (global && t->g.dp) lb *= (double)t->g.dp->size;
+    const char *lbkey = global ? "global_load_balancing_loss" : "load_balancing_loss";
     int len = 0;
     if (c->moe_aux_loss_coeff > 0 && strcmp(c->moe_router_load_balancing_type, "none"))
-        len += snprintf(text + len, tn - (size_t)len, " load_balancing_loss: %.6E |", lb);
+        len += snprintf(text + len, tn - (size_t)len, " %s: %.6E |", lbkey, lb);
     if (c->moe_z_loss_coeff > 0 && (size_t)len < tn) snprintf(text + len, tn - (size_t)len, " z_loss: %.6E |", z);
-    int jl = snprintf(json, jn, ",\"load_balancing_loss\":%.9e,\"z_loss\":%.9e,\"moe_dropped_tokens\":%.0f,"
+    int jl = snprintf(json, jn, ",\"%s\":%.9e,\"z_loss\":%.9e,\"moe_dropped_tokens\":%.0f,"
                       "\"moe_router_collapses\":%lld",
-                      lb, z, v[3], (long long)t->moe_collapses);
+                      lbkey, lb, z, v[3], (long long)t->moe_collapses);
     if ((t->epn > 1 || t->etpn > 1) && jl > 0 && (size_t)jl < jn) {
         /* this (the logging) rank's exchange since the last log line: bytes it sent to its
          * expert group (the expert-tensor x expert group), seconds in dispatch and combine */

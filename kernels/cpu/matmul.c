@@ -332,8 +332,9 @@ void cpu_bias_grad(kb_backend *b, float *dbias, const float *dout, int N, int C)
  * gradient in blocks of GROUP_ROWS rows of one group, the weight gradient in blocks of
  * GROUP_COLS output rows of one group's dW (so no two pieces write the same element). The
  * pieces are spread over the backend's threads (static schedule); each is one dnnl_sgemm,
- * which runs on its calling thread inside the parallel region. fp32 only: with --bf16 the
- * model refuses the MoE layer. */
+ * which runs on its calling thread inside the parallel region. With --bf16 each group is one
+ * bf16 product (cpu_linear_forward/backward, the dense layers' path), as the CUDA backend's
+ * grouped products under bf16: the same bits as the experts' products one by one. */
 enum { GROUP_ROWS = 256, GROUP_COLS = 256 };
 
 typedef struct gpiece {
@@ -365,6 +366,13 @@ void cpu_grouped_linear_forward(kb_backend *b, float *out, const float *in, cons
                                 int n, int IC, int OC) {
     cpu_state *st = cpu_st(b);
     if (n <= 0 || OC <= 0) return;
+    if (b->opt.bf16) {
+        for (int g = 0; g < n && !b->status; g++)
+            if (off[g + 1] > off[g])
+                cpu_linear_forward(b, out + (size_t)off[g] * OC, in + (size_t)off[g] * IC, W + (size_t)g * OC * IC,
+                                   NULL, NULL, off[g + 1] - off[g], IC, OC);
+        return;
+    }
     sync_threads(st);
     int np = 0;
     gpiece *p = group_pieces(off, n, true, 0, &np);
@@ -390,6 +398,16 @@ void cpu_grouped_linear_backward(kb_backend *b, float *din, float *dW, const flo
                                  const float *W, const int32_t *off, int n, int IC, int OC) {
     cpu_state *st = cpu_st(b);
     if (n <= 0 || OC <= 0 || IC <= 0) return;
+    if (b->opt.bf16) {
+        for (int g = 0; g < n && !b->status; g++) {
+            size_t r0 = (size_t)off[g];
+            if (off[g + 1] > off[g])
+                cpu_linear_backward(b, din ? din + r0 * IC : NULL, dW ? dW + (size_t)g * OC * IC : NULL, NULL,
+                                    dout + r0 * OC, in + r0 * IC, W + (size_t)g * OC * IC, NULL, off[g + 1] - off[g],
+                                    IC, OC);
+        }
+        return;
+    }
     sync_threads(st);
     int np = 0, nw = 0;
     gpiece *p = din ? group_pieces(off, n, true, 0, &np) : NULL;

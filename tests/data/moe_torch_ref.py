@@ -23,6 +23,15 @@ Compared: routing map, tokens per expert, drops and capacity exactly; probs, y, 
 parameter tensor's gradient with max|cohort - ref| <= TOL * max(max|ref|, 1e-3), the losses
 relatively; TOL = 5e-6 (cohort's fp32 against float64). Prints the errors per configuration.
 
+bf16 cases (config bf16=1, cohort's --bf16): the experts' and the shared expert's products
+take bf16-rounded operands with a wide accumulation, forward and backward (din = bf16(g)
+bf16(W), dW = bf16(g)^T bf16(in): BF16Linear below, the backend's bf16 linear_backward); the
+router stays in full precision (cohort's router is fp32 under bf16). The routing, drops and
+aux and z losses are held to TOL as above; probs, y, dx and the gradients to BF16_TOL (measured
+2.6e-7): an operand cohort rounds from fp32 and this script from float64 could land on the
+neighbouring bf16 value (2^-8 relative) near a rounding boundary. And cohort's y must be
+farther than TOL from the full-precision products' (it did compute in bf16).
+
 usage: moe_torch_ref.py [--rm] ROOT    exit 0 agree, 1 disagree, 77 no torch
 """
 import math
@@ -40,7 +49,27 @@ except ImportError:
 import numpy as np
 
 TOL = 5e-6
+BF16_TOL = 5e-3
 torch.set_default_dtype(torch.float64)
+
+
+def bf(t):
+    return t.to(torch.bfloat16).to(torch.float64)
+
+
+class BF16Linear(torch.autograd.Function):
+    """out = bf16(a) bf16(W)^T; backward with bf16(g), as a bf16 backend's product"""
+
+    @staticmethod
+    def forward(ctx, a, W):
+        ctx.save_for_backward(a, W)
+        return bf(a) @ bf(W).t()
+
+    @staticmethod
+    def backward(ctx, g):
+        a, W = ctx.saved_tensors
+        gb = bf(g)
+        return gb @ bf(W), gb.t() @ bf(a)
 
 
 def read_cfg(d):
@@ -54,6 +83,7 @@ def read_cfg(d):
         cfg[k] = int(cfg[k])
     for k in ["scaling_factor", "aux_coeff", "z_coeff", "capacity_factor", "loss_scale", "aux_loss", "z_loss"]:
         cfg[k] = float(cfg[k])
+    cfg["bf16"] = int(cfg.get("bf16", "0"))
     return cfg
 
 
@@ -203,15 +233,27 @@ def check_case(d):
     aux = load_balancing_loss(logits, c)
     dropped = int(torch.logical_and(rmap, ~fmap).sum())
     # permute (tokens of each expert in token order), experts, unpermute weighted by probs
+    lin = BF16Linear.apply if c.get("bf16") else (lambda a, W: a @ W.t())
     y = torch.zeros(N, h)
     for e in range(E):
         toks = torch.nonzero(fmap[:, e]).flatten()
         if toks.numel() == 0:
             continue
-        out = act_fn(x[toks] @ W1[e].t(), sw) @ W2[e].t()
+        out = lin(act_fn(lin(x[toks], W1[e]), sw), W2[e])
         y = y.index_add(0, toks, probs[toks, e].unsqueeze(1) * out)
     if Fs:
-        y = y + act_fn(x @ Ws1.t(), sw) @ Ws2.t()
+        y = y + lin(act_fn(lin(x, Ws1), sw), Ws2)
+    y_full = None
+    if c["bf16"]:
+        with torch.no_grad():
+            y_full = torch.zeros(N, h)
+            for e in range(E):
+                toks = torch.nonzero(fmap[:, e]).flatten()
+                if toks.numel():
+                    out = act_fn(x[toks] @ W1[e].t(), sw) @ W2[e].t()
+                    y_full = y_full.index_add(0, toks, probs[toks, e].unsqueeze(1) * out)
+            if Fs:
+                y_full = y_full + act_fn(x @ Ws1.t(), sw) @ Ws2.t()
     L = (y * dy).sum() + c["loss_scale"] * (aux + z)
     L.backward()
     dP = torch.cat([(w.grad if w.grad is not None else torch.zeros_like(w)).flatten() for w in (Wr, W1, W2, Ws1, Ws2)])
@@ -232,6 +274,7 @@ def check_case(d):
               ("dx", load(d, "dx.bin"), x.grad.flatten(), [("", 0, N * h)]),
               ("dparams", load(d, "dparams.bin"), dP,
                [("router", 0, o_fc1), ("fc1", o_fc1, o_fc2), ("fc2", o_fc2, o_s1), ("shared", o_s1, total)])]
+    tol = BF16_TOL if c.get("bf16") else TOL
     for tag, got, ref, parts in checks:
         for sub, lo, hi in parts:
             if hi <= lo:
@@ -240,8 +283,13 @@ def check_case(d):
             err = float((g - r).abs().max() / max(float(r.abs().max()), 1e-3))
             key = tag + ("." + sub if sub else "")
             errs[key] = err
-            if not err <= TOL:
-                fails.append("%s: relative error %.3g > %g" % (key, err, TOL))
+            if not err <= tol:
+                fails.append("%s: relative error %.3g > %g" % (key, err, tol))
+    if y_full is not None:
+        got = load(d, "y.bin")
+        e_full = float((got - y_full.flatten()).abs().max() / max(float(y_full.abs().max()), 1e-3))
+        if not e_full > TOL:
+            fails.append("y within %.3g of the full-precision products: not bf16" % e_full)
     for tag, got, ref in [("aux_loss", c["aux_loss"], float(aux)), ("z_loss", c["z_loss"], float(z))]:
         err = abs(got - ref) / max(abs(ref), 1e-12) if ref != 0 else abs(got)
         errs[tag] = err

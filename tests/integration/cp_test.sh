@@ -26,9 +26,16 @@
 #                checksums, repaired from the data-parallel peer with the same context rank,
 #                the clean run's final checkpoint bitwise; a NaN that reproduces is recomputed by
 #                the other replica's context ranks and diagnosed as the data's (exit 3)
-#   bad_configs  a sequence not divisible by 2cp, attention dropout, --device cuda, pipeline
-#                parallelism, --cp-packed-sequences without documents, --cp-comm-type other than
-#                p2p: refused before any work
+#   pp           cp 2 x pp 2 (each context rank's pipeline carries its chunks of the sequences,
+#                the loss tokens of the whole sequences): plain causal, learned positions, and
+#                with documents in the per-document split (THD) with RoPE, vs one rank; twice
+#                bitwise the same
+#   pp_killed    a rank of a cp 2 x pp 2 x dp 2 job killed: replaced in process from its
+#                data-parallel peer with the same context and pipeline ranks, the fault-free
+#                run's checkpoint bitwise
+#   bad_configs  a sequence not divisible by 2cp, attention dropout, --device cuda,
+#                --cp-packed-sequences without documents, --cp-comm-type other than p2p:
+#                refused before any work
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 on_cpu "$cohort"
@@ -173,6 +180,37 @@ sdc)
     grep -Eq "rank 3: nan_[a-z]* \(nan\) reproduced on rank [01] too: the data or the model is at fault" \
         "$work/p.out" || fail "no peer check: $(grep supervisor "$work/p.out" | head)"
     ;;
+pp)
+    pp=(--nproc-per-node 4 --context-parallel-size 2 --pipeline-model-parallel-size 2)
+    run one --nproc-per-node 1
+    run cp2pp2 "${pp[@]}"
+    run cp2pp2b "${pp[@]}"
+    compare 1 one cp2pp2
+    params_match one cp2pp2
+    bitwise cp2pp2 cp2pp2b
+    "$cohort" ckpt inspect "$work/cp2pp2.ck" >"$work/inspect" || fail "inspect"
+    grep -q "world 4 = tensor 1 x pipeline 2 x context 2 x data 1" "$work/inspect" || fail "layout: $(grep world "$work/inspect")"
+    corpus
+    d=(--position-embedding-type rope --swiglu --normalization RMSNorm)
+    run done "${d[@]}" --nproc-per-node 1
+    run thdpp "${d[@]}" "${pp[@]}" --cp-packed-sequences
+    run thdppb "${d[@]}" "${pp[@]}" --cp-packed-sequences
+    compare 1 done thdpp
+    params_match done thdpp
+    bitwise thdpp thdppb
+    grep -q "context parallelism 2: per-document split (THD" "$work/thdpp.out" || fail "not THD: $(grep -i context "$work/thdpp.out")"
+    ;;
+pp_killed)
+    k=(--nproc-per-node 8 --context-parallel-size 2 --pipeline-model-parallel-size 2 --train-iters 8)
+    run clean "${k[@]}"
+    run f "${k[@]}" --inject "kill@rank=7,step=4"
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    # world rank 7 is cp 1, dp 1, pp 1 (tp-cp-dp-pp): its data-parallel peer with the same
+    # context and pipeline ranks is rank 5 (cp 1, dp 0, pp 1)
+    grep -q "state of iteration [0-9]* taken from rank 5's memory" "$work/f.out" ||
+        fail "rank 7 did not take rank 5's state: $(grep 'replaced in process' "$work/f.out")"
+    bitwise clean f
+    ;;
 bad_configs)
     refused() { # what expected-message flags...
         local what=$1 msg=$2; shift 2
@@ -182,8 +220,6 @@ bad_configs)
     }
     refused "seq % 2cp" "not divisible by 2 \* --context-parallel-size = 8" --nproc-per-node 4 --context-parallel-size 4 --seq-length 36
     refused "attention dropout" "ring attention has no dropout" --nproc-per-node 2 --context-parallel-size 2 --attention-dropout 0.1
-    refused "pipeline" "pipeline parallelism together with context parallelism" --nproc-per-node 4 --context-parallel-size 2 \
-        --pipeline-model-parallel-size 2
     refused "thd without documents" "cp-packed-sequences splits documents" --nproc-per-node 2 --context-parallel-size 2 \
         --cp-packed-sequences
     refused "world" "not a multiple of" --nproc-per-node 3 --context-parallel-size 2

@@ -56,7 +56,7 @@
 #   refused   bad configurations exit 2 before any work: experts not divisible by ep, ep
 #             without experts, ep not dividing the data-parallel ranks, ep not a multiple of
 #             the tensor-parallel size at expert tensor size 1, tp x ep not dividing the world
-#             at expert tensor size tp, ep x expert tensor size not a multiple of tp x cp, a capacity or
+#             at expert tensor size tp, ep x expert tensor size not a multiple of tp x cp,
 #             packed sequences with ep x cp
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
@@ -309,9 +309,7 @@ refused)
     # with context parallelism an expert group holds whole tensor x context groups
     expect "--expert-model-parallel-size 2 x expert tensor size 1 is not a multiple of tensor 1 x context 4" \
         --expert-model-parallel-size 2 --context-parallel-size 4 --nproc-per-node 4
-    # with expert parallelism too, a capacity and packed sequences (THD) stay refused under cp
-    expect "--moe-expert-capacity-factor with --context-parallel-size 2 is not supported yet" \
-        --expert-model-parallel-size 2 --context-parallel-size 2 --nproc-per-node 2 --moe-expert-capacity-factor 1
+    # with expert parallelism too, packed sequences (THD) stay refused under cp
     expect "--num-experts with --context-parallel-size 2 and packed sequences (THD) is not supported" \
         --expert-model-parallel-size 2 --context-parallel-size 2 --nproc-per-node 2 --cp-packed-sequences \
         --reset-attention-mask

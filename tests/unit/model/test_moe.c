@@ -148,6 +148,7 @@ typedef struct ref_case {
     moe_config c;
     int B, T;
     float loss_scale;
+    bool bf16; /* run on a --bf16 backend (moe_torch_ref.py's bf16 products) */
 } ref_case;
 
 static bool dump_case(const char *root, int idx, const ref_case *rc, kb_backend *be) {
@@ -173,7 +174,7 @@ static bool dump_case(const char *root, int idx, const ref_case *rc, kb_backend 
                        "hidden=%d\nnum_experts=%d\nffn_hidden=%d\ntopk=%d\nscore=%s\npre_softmax=%d\nnum_groups=%d\n"
                        "group_topk=%d\nscaling_factor=%.9g\nexpert_bias=%d\nlb=%s\naux_coeff=%.9g\nz_coeff=%.9g\n"
                        "capacity_factor=%.17g\ndrop=%s\npad_to_capacity=%d\nswiglu=%d\nshared_ffn=%d\nB=%d\nT=%d\n"
-                       "loss_scale=%.9g\naux_loss=%.17g\nz_loss=%.17g\ndropped=%d\ncapacity=%d\n",
+                       "loss_scale=%.9g\naux_loss=%.17g\nz_loss=%.17g\ndropped=%d\ncapacity=%d\nbf16=%d\n",
                        c->hidden, c->num_experts, c->ffn_hidden, c->topk,
                        c->score == MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid", c->pre_softmax, c->num_groups,
                        c->group_topk, (double)c->scaling_factor, c->expert_bias,
@@ -181,7 +182,7 @@ static bool dump_case(const char *root, int idx, const ref_case *rc, kb_backend 
                        (double)c->aux_coeff, (double)c->z_coeff, c->capacity_factor,
                        c->drop == MOE_DROP_PROBS ? "probs" : "position", c->pad_to_capacity, c->swiglu, c->shared_ffn,
                        rc->B, rc->T, (double)rc->loss_scale, moe_aux_loss(r.m), moe_z_loss(r.m), moe_dropped(r.m),
-                       moe_capacity(r.m));
+                       moe_capacity(r.m), rc->bf16);
     size_t Nh = sizeof(float) * (size_t)N * r.h, NE = (size_t)N * r.E;
     bool ok = write_file(dir, "config.txt", cfg, (size_t)len) && write_file(dir, "x.bin", r.x, Nh) &&
               write_file(dir, "params.bin", r.params, sizeof(float) * r.P) &&
@@ -197,9 +198,11 @@ static bool dump_case(const char *root, int idx, const ref_case *rc, kb_backend 
 
 /* Every configuration dumped, then checked by script (moe_ref.py: numpy; moe_torch_ref.py:
  * PyTorch autograd, exit 77 without torch). */
-static void against(const char *script) {
-    kb_backend *be = backend();
+static void against(const char *script, bool with_bf16) {
+    kb_backend *be = backend(), *b16 = NULL;
     REQUIRE(be);
+    kb_options o16 = {.device = KB_DEVICE_CPU, .threads = 2, .bf16 = true};
+    if (with_bf16 && kb_cpu_bf16_check(NULL, 0)) REQUIRE(kb_backend_new(&b16, &o16) == 0);
     ref_case cases[40];
     int n = 0;
     moe_config c;
@@ -242,14 +245,25 @@ static void against(const char *script) {
     ADD("grouped_sigmoid_k4_bias_cap_pad", 2, 16, 1.0f, c.grouped_gemm = true, c.score = MOE_SCORE_SIGMOID,
         c.expert_bias = true, c.topk = 4, c.capacity_factor = 0.75, c.pad_to_capacity = true);
     ADD("grouped_k8_gelu", 1, 24, 1.0f, c.grouped_gemm = true, c.topk = 8);
+    /* --bf16 (the torch script only; where the CPU has bf16 matrix instructions) */
+    int nf = n;
+    if (b16) {
+        ADD("bf16_k2_swiglu_shared_aux_z", 2, 16, 1.0f, c.swiglu = true, c.shared_ffn = 10, c.z_coeff = 1e-2f);
+        ADD("bf16_grouped_sigmoid_k4_bias_cap", 2, 16, 1.0f, c.grouped_gemm = true, c.score = MOE_SCORE_SIGMOID,
+            c.expert_bias = true, c.topk = 4, c.capacity_factor = 0.75);
+        ADD("bf16_cap0.5_position_gelu", 2, 12, 1.0f, c.capacity_factor = 0.5, c.drop = MOE_DROP_POSITION);
+        for (int i = nf; i < n; i++) cases[i].bf16 = true;
+    }
 #undef ADD
     char root[512];
     REQUIRE(t_scratch_dir(root, sizeof root, "cohort-moe-ref") == 0);
-    for (int i = 0; i < n; i++) CHECK_MSG(dump_case(root, i, &cases[i], be), "case %s", cases[i].name);
+    for (int i = 0; i < n; i++)
+        CHECK_MSG(dump_case(root, i, &cases[i], cases[i].bf16 ? b16 : be), "case %s", cases[i].name);
     char cmd[1024];
     REQUIRE(snprintf(cmd, sizeof cmd, "'%s' '%s' --rm '%s'", g_python, script, root) < (int)sizeof cmd);
     int st = system(cmd);
     kb_backend_destroy(&be);
+    kb_backend_destroy(&b16);
     if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
         char rm[600];
         snprintf(rm, sizeof rm, "rm -rf '%s'", root);
@@ -261,12 +275,12 @@ static void against(const char *script) {
 
 static void test_against_numpy(void) {
     if (!g_python || !g_script) TEST_SKIP_CASE("no python and moe_ref.py given");
-    against(g_script);
+    against(g_script, false);
 }
 
 static void test_against_torch(void) {
     if (!g_python || !g_torch_script) TEST_SKIP_CASE("no python and moe_torch_ref.py given");
-    against(g_torch_script);
+    against(g_torch_script, true);
 }
 
 /* ---- finite differences ---- */
@@ -518,6 +532,40 @@ static void test_expert_bias_balances(void) {
 
 /* ---- errors ---- */
 
+/* --bf16: the router's product stays fp32 (Megatron's --moe-router-dtype fp32), so the
+ * routing (probabilities, map, aux loss) is bitwise the fp32 layer's, while the experts'
+ * products are bf16 (the output differs); the grouped products are bitwise the products one
+ * by one. Skipped where the CPU has no bf16 matrix instructions. */
+static void test_bf16_router_fp32(void) {
+    if (!kb_cpu_bf16_check(NULL, 0)) return;
+    kb_backend *be = backend(), *b16 = NULL;
+    kb_options o = {.device = KB_DEVICE_CPU, .threads = 2, .bf16 = true};
+    REQUIRE(be && kb_backend_new(&b16, &o) == 0);
+    moe_config c = base();
+    c.shared_ffn = 8;
+    int B = 2, T = 48, N = B * T;
+    run f, h, g;
+    REQUIRE(run_new(&f, &c, be, N, 77) == 0 && run_new(&h, &c, b16, N, 77) == 0);
+    c.grouped_gemm = true;
+    REQUIRE(run_new(&g, &c, b16, N, 77) == 0);
+    REQUIRE(fwd_bwd(&f, B, T, 1.0f) == 0 && fwd_bwd(&h, B, T, 1.0f) == 0 && fwd_bwd(&g, B, T, 1.0f) == 0);
+    size_t NE = (size_t)N * c.num_experts, Nh = (size_t)N * c.hidden;
+    CHECK(!memcmp(moe_routing_probs(f.m), moe_routing_probs(h.m), NE * sizeof(float)));
+    CHECK(!memcmp(moe_routing_map(f.m), moe_routing_map(h.m), NE));
+    CHECK(moe_aux_loss(f.m) == moe_aux_loss(h.m));
+    CHECK(memcmp(f.y, h.y, Nh * sizeof(float)) != 0); /* the experts' products in bf16 */
+    double d = 0, mx = 1e-3;
+    for (size_t i = 0; i < Nh; i++) d = fmax(d, fabs((double)f.y[i] - h.y[i])), mx = fmax(mx, fabs(f.y[i]));
+    CHECK_MSG(d / mx < 2e-2, "bf16 vs fp32 output: relative difference %.3g", d / mx);
+    CHECK(!memcmp(g.y, h.y, Nh * sizeof(float)) && !memcmp(g.dx, h.dx, Nh * sizeof(float)) &&
+          !memcmp(g.dparams, h.dparams, h.P * sizeof(float)));
+    run_free(&f);
+    run_free(&h);
+    run_free(&g);
+    kb_backend_destroy(&be);
+    kb_backend_destroy(&b16);
+}
+
 static void test_refused(void) {
     moe_offsets off;
     moe_config c = base();
@@ -571,6 +619,7 @@ int main(int argc, char **argv) {
     RUN(test_refused);
     RUN(test_deterministic);
     RUN(test_grouped_matches_sequential);
+    RUN(test_bf16_router_fp32);
     RUN(test_smaller_batch_and_nan);
     RUN(test_expert_bias_balances);
     RUN(test_grad_softmax);

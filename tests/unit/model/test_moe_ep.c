@@ -287,6 +287,161 @@ static void test_capacity(void) {
     run_case((ep_case){"padded to capacity", c, 4, MOE_DISPATCH_ALLTOALL, false, 1});
 }
 
+/* An expert capacity under a token group (tensor ranks' sequence-parallel shards, context
+ * ranks' chunks: moe_set_token_group): Megatron's capacity counts each rank's own tokens
+ * (apply_router_token_dropping over the rank's routing map), so each rank must find the
+ * one-rank layer on its tokens alone (itself checked against numpy, tests/data/moe_ref.py):
+ * its output, input and parameter gradients and its drops (without the aux loss, whose
+ * counts the group sums). */
+static void sc_tokens(int rank, int P, const char *dir, const void *arg) {
+    const ep_case *k = arg;
+    kb_backend *be = backend();
+    REQUIRE(be);
+    moe_offsets of;
+    REQUIRE(moe_layout(&k->c, &of) == 0);
+    int E = k->c.num_experts, h = k->c.hidden, N = tokens_of(k, rank);
+    float *full = malloc(sizeof(float) * of.total), *bias = malloc(sizeof(float) * E);
+    fill(full, of.total, 0.4, 77);
+    fill(bias, (size_t)E, 0.1, 78);
+    ref mine;
+    reference(k, be, full, bias, rank, &mine);
+    CHECK_MSG(mine.dropped > 0, "%s rank %d: the capacity dropped nothing", k->name, rank);
+    cm_comm *c = connect_group(rank, P, dir);
+    REQUIRE(c);
+    moe_layer *m = NULL;
+    REQUIRE(moe_new(&m, &k->c, be, N) == 0);
+    int rc = moe_set_token_group(m, c, P, 30000);
+    CHECK_MSG(rc == 0, "%s: moe_set_token_group: %s", k->name, co_err_detail());
+    float *x = malloc(sizeof(float) * N * h), *dy = malloc(sizeof(float) * N * h);
+    float *y = malloc(sizeof(float) * N * h), *dx = malloc(sizeof(float) * N * h);
+    float *dp = calloc(of.total, sizeof(float));
+    fill(x, (size_t)N * h, 1.0, 1000 + (uint64_t)rank);
+    fill(dy, (size_t)N * h, 0.1, 2000 + (uint64_t)rank);
+    rc = moe_forward(m, y, x, full, bias, B, P * (N / B)); /* (the whole batch's shape: N rows here) */
+    CHECK_MSG(rc == 0, "%s rank %d: forward: %s", k->name, rank, co_err_detail());
+    rc = moe_backward(m, dx, dp, dy, x, full, 1.0f);
+    CHECK_MSG(rc == 0, "%s rank %d: backward: %s", k->name, rank, co_err_detail());
+    CHECK_MSG(moe_capacity(m) > 0 && moe_dropped(m) == mine.dropped,
+              "%s rank %d: capacity %d, drops %d vs %d", k->name, rank, moe_capacity(m), moe_dropped(m), mine.dropped);
+    double ey = rel(y, mine.y, (size_t)N * h), edx = rel(dx, mine.dx, (size_t)N * h), ep = rel(dp, mine.dparams, of.total);
+    CHECK_MSG(ey == 0 && edx == 0 && ep == 0, "%s rank %d of %d: y %.3g, dx %.3g, grads %.3g", k->name, rank, P, ey,
+              edx, ep);
+    free(y), free(dx), free(dp), free(x), free(dy), free(full), free(bias);
+    free(mine.y), free(mine.dx), free(mine.dparams);
+    moe_destroy(&m);
+    cm_destroy(&c);
+    kb_backend_destroy(&be);
+}
+
+static void test_capacity_token_group(void) {
+    moe_config c = base();
+    c.capacity_factor = 0.5; /* drops */
+    c.lb = MOE_LB_NONE;
+    c.aux_coeff = 0;
+    c.shared_ffn = 6;
+    for (int P = 2; P <= 4; P += 2) {
+        ep_case k = {"capacity 0.5 over a token group", c, P, MOE_DISPATCH_ALLTOALL, false, 1};
+        int bad = t_fork_ranks(k.name, "moetok", P, sc_tokens, &k, -1, 60000);
+        CHECK_MSG(bad == 0, "%s, %d ranks: %d rank(s) failed", k.name, P, bad);
+    }
+}
+
+/* Megatron's global_aux_loss restated (router.py _apply_global_aux_loss): for each of a
+ * step's micro batches, every rank's top-k counts of the softmax scores summed over the
+ * data-parallel ranks, added to the running sum, averaged over the micro batches so far; rank
+ * r's loss coeff * E / (k T^2) * sum_e (its scores of e summed) * mean count of e, T = its
+ * tokens x ranks. x[mb][r] are the micro batches' tokens of every rank. */
+static double global_aux_restated(const moe_config *c, const float *Wr, float *const *x, int nmb, int P, int N,
+                                  int rank) {
+    int E = c->num_experts, h = c->hidden, k = c->topk;
+    double sum[64] = {0}, loss = 0, ps[64];
+    for (int mb = 0; mb < nmb; mb++) {
+        for (int e = 0; e < E; e++) ps[e] = 0;
+        for (int r = 0; r < P; r++)
+            for (int n = 0; n < N; n++) {
+                double a[64], mx = -INFINITY, z = 0;
+                for (int e = 0; e < E; e++) {
+                    a[e] = 0;
+                    for (int j = 0; j < h; j++) a[e] += (double)x[mb * P + r][(size_t)n * h + j] * Wr[(size_t)e * h + j];
+                    mx = fmax(mx, a[e]);
+                }
+                for (int e = 0; e < E; e++) z += (a[e] = exp(a[e] - mx));
+                for (int e = 0; e < E; e++) a[e] /= z;
+                for (int j = 0; j < k; j++) { /* the top-k (larger first, lower index on ties) */
+                    int best = -1;
+                    for (int e = 0; e < E; e++)
+                        if (a[e] >= 0 && (best < 0 || a[e] > a[best])) best = e;
+                    sum[best] += 1;         /* (every rank's counts) */
+                    a[best] = -1 - a[best]; /* taken; restored below */
+                }
+                for (int e = 0; e < E; e++) {
+                    if (a[e] < -0.5) a[e] = -1 - a[e];
+                    if (r == rank) ps[e] += a[e];
+                }
+            }
+        loss = 0;
+        for (int e = 0; e < E; e++) loss += ps[e] * sum[e] / (mb + 1);
+    }
+    double T = (double)N * P;
+    return c->aux_coeff * loss * E / ((double)k * T * T);
+}
+
+/* global_aux_loss over a data-parallel group of P forked ranks, three micro batches: each
+ * forward's aux loss is the restatement's (the running mean of the global counts), the
+ * running sum shared by two layers (micro batch slots), cleared by moe_global_aux_reset. */
+static void sc_global(int rank, int P, const char *dir, const void *arg) {
+    const ep_case *k = arg;
+    kb_backend *be = backend();
+    REQUIRE(be);
+    moe_offsets of;
+    REQUIRE(moe_layout(&k->c, &of) == 0);
+    int h = k->c.hidden, N = B * T, nmb = 3;
+    float *full = malloc(sizeof(float) * of.total), *bias = malloc(sizeof(float) * k->c.num_experts);
+    fill(full, of.total, 0.4, 77);
+    fill(bias, (size_t)k->c.num_experts, 0.1, 78);
+    float *x[3 * 4];
+    for (int i = 0; i < nmb * P; i++) {
+        x[i] = malloc(sizeof(float) * N * h);
+        fill(x[i], (size_t)N * h, 1.0, 500 + (uint64_t)i);
+    }
+    cm_comm *c = connect_group(rank, P, dir);
+    REQUIRE(c);
+    moe_layer *m[2] = {NULL, NULL};
+    REQUIRE(moe_new(&m[0], &k->c, be, N) == 0 && moe_new(&m[1], &k->c, be, N) == 0);
+    CHECK(moe_set_global_group(m[0], c, NULL, 30000) == 0 && moe_set_global_group(m[1], c, m[0], 30000) == 0);
+    float *y = malloc(sizeof(float) * N * h), *dx = malloc(sizeof(float) * N * h), *dp = calloc(of.total, sizeof(float));
+    for (int round = 0; round < 2; round++) {
+        moe_global_aux_reset(m[1]); /* (the shared sum: slot 0's) */
+        for (int mb = 0; mb < nmb; mb++) {
+            moe_layer *l = m[mb % 2];
+            int rc = moe_forward(l, y, x[mb * P + rank], full, bias, B, T);
+            CHECK_MSG(rc == 0, "rank %d: forward: %s", rank, co_err_detail());
+            rc = moe_backward(l, dx, dp, y, x[mb * P + rank], full, 1.0f);
+            CHECK_MSG(rc == 0, "rank %d: backward: %s", rank, co_err_detail());
+            double want = global_aux_restated(&k->c, full + of.router, x, mb + 1, P, N, rank);
+            CHECK_MSG(fabs(moe_aux_loss(l) - want) <= 1e-6 * fabs(want) && want > 0,
+                      "rank %d round %d micro batch %d: global aux %.9g, restated %.9g", rank, round, mb,
+                      moe_aux_loss(l), want);
+        }
+    }
+    for (int i = 0; i < nmb * P; i++) free(x[i]);
+    free(y), free(dx), free(dp), free(full), free(bias);
+    moe_destroy(&m[0]);
+    moe_destroy(&m[1]);
+    cm_destroy(&c);
+    kb_backend_destroy(&be);
+}
+
+static void test_global_aux_loss(void) {
+    moe_config c = base();
+    c.lb = MOE_LB_GLOBAL_AUX;
+    for (int P = 2; P <= 4; P += 2) {
+        ep_case k = {"global aux loss", c, P, MOE_DISPATCH_ALLTOALL, false, 1};
+        int bad = t_fork_ranks(k.name, "moeglb", P, sc_global, &k, -1, 60000);
+        CHECK_MSG(bad == 0, "%s, %d ranks: %d rank(s) failed", k.name, P, bad);
+    }
+}
+
 static void test_uneven_tokens(void) {
     moe_config c = base();
     c.pre_softmax = true;
@@ -351,6 +506,8 @@ int main(void) {
     RUN(test_softmax_top2);
     RUN(test_sigmoid_bias_shared_swiglu);
     RUN(test_capacity);
+    RUN(test_capacity_token_group);
+    RUN(test_global_aux_loss);
     RUN(test_uneven_tokens);
     RUN(test_expert_tensor_parallel);
     return TEST_EXIT();
