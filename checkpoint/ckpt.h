@@ -103,6 +103,9 @@ typedef struct ck_coord {
     /* 0 when the coordinator committed the iteration; an error (with its detail) when it
      * aborted, went away or did not answer within timeout_ms */
     int (*wait)(void *ctx, int64_t iteration, int timeout_ms);
+    /* whether the coordinator said to save no more (the save directory is running out of
+     * space; NULL: it never does) */
+    bool (*stopped)(void *ctx);
     void *ctx;
     int timeout_ms;                    /* for wait (0: CK_COORD_TIMEOUT_MS) */
 } ck_coord;

@@ -827,9 +827,25 @@ int ck_remove_checkpoint(const char *save_dir, int64_t iteration) {
     return rc;
 }
 
+/* Whether SAVE/iter_N is a complete checkpoint: its manifest is there and parses (the commit
+ * wrote it after every file was written, fsync'ed and hashed). */
+static bool is_complete(const char *save_dir, int64_t it) {
+    char dir[4200];
+    ck_iter_dir(dir, sizeof dir, save_dir, it);
+    ck_manifest *m = NULL;
+    if (ck_read_manifest(dir, &m)) return false;
+    ck_manifest_free(&m);
+    return true;
+}
+
 int ck_prune(const char *save_dir, int keep, bool dry_run, int64_t *removed, int max, int *nremoved) {
+    return ck_prune_every(save_dir, keep, 0, dry_run, removed, max, nremoved);
+}
+
+int ck_prune_every(const char *save_dir, int keep, int every, bool dry_run, int64_t *removed, int max, int *nremoved) {
     *nremoved = 0;
     if (keep < 1) return co_err_set(CO_EINVAL, "retention must keep at least one checkpoint (got %d)", keep);
+    if (every < 0) return co_err_set(CO_EINVAL, "retention: keep every %d-th iteration: give 0 (none) or more", every);
     int64_t tracked = -1;
     int rc = ck_read_tracker(save_dir, &tracked);
     if (rc && rc != CO_ENOENT) return rc;
@@ -838,10 +854,16 @@ int ck_prune(const char *save_dir, int keep, bool dry_run, int64_t *removed, int
     int n;
     rc = ck_list_iterations(save_dir, &its, &n);
     if (rc) return rc;
-    /* the newest `keep` stay; so does the tracker's; so does anything newer than the
-     * tracker (a save that crashed before replacing the tracker is not retention's call) */
-    for (int i = 0; i < n - keep && !rc; i++) {
+    /* the newest `keep` complete checkpoints stay, with whatever lies between them (the
+     * newest complete one is where a resume goes when the tracker's is damaged) */
+    int cut = n, complete = 0;
+    while (cut > 0 && complete < keep)
+        if (is_complete(save_dir, its[--cut])) complete++;
+    /* so do the tracker's, anything newer than the tracker (a save that crashed before
+     * replacing the tracker is not retention's call) and every `every`-th iteration */
+    for (int i = 0; i < cut && !rc; i++) {
         if (its[i] == tracked || (tracked >= 0 && its[i] > tracked)) continue;
+        if (every > 0 && its[i] % every == 0) continue;
         if ((rc = check_interrupted(save_dir))) break;
         if (!dry_run) rc = ck_remove_checkpoint(save_dir, its[i]);
         if (!rc) {

@@ -171,9 +171,13 @@ int ck_remove_dir(const char *dir);
 /* Removes a checkpoint: renamed to iter_N.del-PID first, so it never looks complete while
  * half deleted. */
 int ck_remove_checkpoint(const char *save_dir, int64_t iteration);
-/* Retention: keeps the keep most recent checkpoints and the tracker's; removes the rest.
+/* Retention: keeps the keep most recent complete checkpoints and the tracker's; removes the rest.
  * Writes the removed iterations into removed (up to max) and their count into *nremoved. */
 int ck_prune(const char *save_dir, int keep, bool dry_run, int64_t *removed, int max, int *nremoved);
+/* The same, also keeping every checkpoint whose iteration is a multiple of every (0: none;
+ * --keep-every); keep counts complete checkpoints only (those whose manifest parses), so the
+ * newest complete one always stays. */
+int ck_prune_every(const char *save_dir, int keep, int every, bool dry_run, int64_t *removed, int max, int *nremoved);
 
 /* Reads and parses SAVE/iter_N/manifest.json (or DIR/manifest.json with dir given). */
 int ck_read_manifest(const char *ckpt_dir, ck_manifest **out);

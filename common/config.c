@@ -290,6 +290,12 @@ static const flag flags[] = {
     S("checkpoint", "load", load, NULL, NULL, "directory to load a checkpoint from"),
     L("checkpoint", "save-interval", save_interval, NULL, "iterations between checkpoints"),
     I("checkpoint", "most-recent-k", most_recent_k, "-1", "keep only the k most recent checkpoints (-1: all)"),
+    I("checkpoint", "keep-every", keep_every, "0",
+      "[cohort; Megatron has none] with --most-recent-k, also keep every checkpoint whose iteration is a multiple of "
+      "this (0: none)"),
+    D("checkpoint", "save-space-margin", save_space_margin, "2",
+      "[cohort] stop saving (and say so) once the save directory's free space is below the last checkpoint's size "
+      "times this (0: never)"),
     B("checkpoint", "no-save-optim", no_save_optim, "do not save optimizer state"),
     B("checkpoint", "no-load-optim", no_load_optim, "do not load optimizer state"),
     B("checkpoint", "no-load-rng", no_load_rng, "do not load generator state"),
@@ -936,6 +942,8 @@ static void check_logging(const co_config *c, co_problems *P) {
     if (GIVEN("save-interval")) co_problem_range(P, "save-interval", c->save_interval, 1, CO_MAX_ITERS);
     co_problem_range(P, "metrics-port", c->metrics_port, 0, 65535);
     if (c->most_recent_k != -1) co_problem_range(P, "most-recent-k", c->most_recent_k, 1, INT_MAX);
+    if (c->keep_every) co_problem_range(P, "keep-every", c->keep_every, 1, INT_MAX);
+    co_problem_dbl_range(P, "save-space-margin", c->save_space_margin, 0, 1000, false);
     if (GIVEN("ckpt-step")) co_problem_range(P, "ckpt-step", c->ckpt_step, 0, CO_MAX_ITERS);
     co_problem_range(P, "sample-lines", c->sample_lines, 0, 1000);
 }

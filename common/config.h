@@ -170,6 +170,8 @@ typedef struct co_config {
     char save[512], load[512];
     int64_t save_interval;
     int most_recent_k;
+    int keep_every;             /* with most_recent_k: every checkpoint at a multiple of this is kept too */
+    double save_space_margin;   /* saves stop below the last checkpoint's size times this much free space */
     bool no_save_optim, no_load_optim, no_load_rng, finetune, use_checkpoint_args;
     bool exit_on_missing_checkpoint, async_save;
     int64_t ckpt_step;

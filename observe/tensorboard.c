@@ -175,6 +175,15 @@ static void event(ob_tb *tb, json_t *r, const char *kind, int64_t it, double wal
         if (num(r, "recover_ms", &v) && v >= 0) scalar(tb, "cohort/restart-seconds", v / 1000.0, it, -1, wall);
     } else if (!strcmp(kind, "replay") && num(r, "replays", &v)) {
         scalar(tb, "cohort/replays", v, it, -1, wall);
+    } else if (!strcmp(kind, "goodput") && num(r, "ettr", &v)) {
+        /* the supervisor's goodput accounting (after a fault's recovery, at the end) */
+        scalar(tb, "cohort/goodput/ettr", v, it, -1, wall);
+        json_t *lost = json_object_get(r, "lost_seconds"), *x;
+        const char *cause;
+        json_object_foreach(lost, cause, x) {
+            snprintf(tag, sizeof tag, "cohort/goodput/lost-seconds/%s", cause);
+            if (json_is_number(x)) scalar(tb, tag, json_number_value(x), it, -1, wall);
+        }
     } else if (!strcmp(kind, "checkpoint") && num(r, "commit_ms", &v)) {
         /* the supervisor's view of a save: the first rank's acknowledgement to the commit */
         scalar(tb, "cohort/checkpoint-commit-seconds", v / 1000.0, it, -1, wall);

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 
 struct svc {
@@ -42,6 +43,9 @@ struct svc {
     FILE *metrics;           /* commits recorded here (svc_set_metrics) */
     uint64_t first_ack_ms;   /* the save in progress: its first acknowledgement */
     int64_t commits, last_committed; /* svc_committed */
+    int keep_every;          /* --keep-every (0: none) */
+    double margin;           /* --save-space-margin (0: saves never stop) */
+    char stopped[600];       /* why saves were stopped ("": they were not) */
 };
 
 int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_id, svc_send_fn send, void *ctx) {
@@ -70,6 +74,8 @@ static void tell_all(svc *c, int64_t it, Cohort__V1__CheckpointPhase phase, cons
         cmd.iteration = (uint64_t)it;
         cmd.directory = (char *)dir;
         cmd.phase = phase;
+        if (phase == COHORT__V1__CHECKPOINT_PHASE__CKPT_COMMIT && c->stopped[0])
+            cmd.has_saves_stopped = cmd.saves_stopped = true;
         c->send(c->ctx, r, &cmd.base);
     }
 }
@@ -103,6 +109,41 @@ static void finish_aborted(svc *c) {
     reset(c);
 }
 
+/* The save directory's free bytes: COHORT_TEST_FREE_BYTES when set (the tests' seam: no
+ * small file system to fill here), else statvfs's, for an unprivileged writer. */
+static int free_bytes(const char *dir, double *out) {
+    const char *t = getenv("COHORT_TEST_FREE_BYTES");
+    if (t && *t) {
+        *out = strtod(t, NULL);
+        return 0;
+    }
+    struct statvfs st;
+    if (statvfs(dir, &st)) return -1;
+    *out = (double)st.f_bavail * (double)st.f_frsize;
+    return 0;
+}
+
+/* After committing iteration it: saves stop when the free space left is below this
+ * checkpoint's size times the margin (the next one would likely not fit); said once, in the
+ * log and the metrics stream, and to the ranks in the commit's answer. */
+static void check_space(svc *c, int64_t it) {
+    if (c->margin <= 0 || c->stopped[0]) return;
+    double size = 0, avail;
+    for (int i = 0; i < c->nfiles; i++) size += (double)c->files[i].size;
+    if (free_bytes(c->save_dir, &avail) || avail >= size * c->margin) return;
+    snprintf(c->stopped, sizeof c->stopped,
+             "the save directory %.400s has %.1f MiB free, below the last checkpoint's %.1f MiB x %g (--save-space-margin)",
+             c->save_dir, avail / 1048576.0, size / 1048576.0, c->margin);
+    co_log(CO_LOG_WARN, "checkpoint: saving stopped after iteration %" PRId64 ": %s; training goes on without "
+           "saving: free space there (or lower --save-space-margin) and relaunch with --load to save again", it,
+           c->stopped);
+    if (c->metrics) {
+        fprintf(c->metrics, "{\"event\":\"saves_stopped\",\"iteration\":%" PRId64 ",\"free_bytes\":%.0f,"
+                "\"needed_bytes\":%.0f}\n", it, avail, size * c->margin);
+        fflush(c->metrics);
+    }
+}
+
 static void commit(svc *c) {
     int64_t it = c->iteration;
     char tmp[4400], final[4400];
@@ -127,10 +168,13 @@ static void commit(svc *c) {
     if (c->keep > 0) {
         int64_t removed[64];
         int nr = 0;
-        if (ck_prune(c->save_dir, c->keep, false, removed, 64, &nr))
-            co_log(CO_LOG_WARN, "retention (--most-recent-k %d) after saving iteration %" PRId64 ": %s",
-                   c->keep, it, co_err_detail());
+        if (ck_prune_every(c->save_dir, c->keep, c->keep_every, false, removed, 64, &nr))
+            co_log(CO_LOG_WARN, "retention (--most-recent-k %d, --keep-every %d) after saving iteration %" PRId64 ": %s",
+                   c->keep, c->keep_every, it, co_err_detail());
+        for (int i = 0; i < nr && i < 64; i++)
+            co_log(CO_LOG_INFO, "retention: removed the checkpoint of iteration %" PRId64, removed[i]);
     }
+    check_space(c, it);
     tell_all(c, it, COHORT__V1__CHECKPOINT_PHASE__CKPT_COMMIT, final);
     if (c->metrics) {
         fprintf(c->metrics, "{\"event\":\"checkpoint\",\"iteration\":%" PRId64 ",\"commit_ms\":%.3f}\n", it,
@@ -233,4 +277,19 @@ void svc_destroy(svc **pc) {
 int64_t svc_committed(const svc *c, int64_t *iteration) {
     *iteration = c ? c->last_committed : -1;
     return c ? c->commits : 0;
+}
+
+void svc_set_limits(svc *c, int keep_every, double space_margin) {
+    if (!c) return;
+    c->keep_every = keep_every > 0 ? keep_every : 0;
+    c->margin = space_margin > 0 ? space_margin : 0;
+}
+
+const char *svc_saves_stopped(const svc *c) { return c ? c->stopped : ""; }
+
+void svc_resend_stopped(svc *c) {
+    if (!c || !c->stopped[0] || c->last_committed < 0) return;
+    char final[4400];
+    ck_iter_dir(final, sizeof final, c->save_dir, c->last_committed);
+    tell_all(c, c->last_committed, COHORT__V1__CHECKPOINT_PHASE__CKPT_COMMIT, final);
 }

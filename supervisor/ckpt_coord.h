@@ -18,6 +18,16 @@ typedef int (*svc_send_fn)(void *ctx, int rank, const ProtobufCMessage *body);
 /* save_dir: --save; keep: --most-recent-k (<= 0 keeps all); world: ranks that write;
  * job_id: names the shared temporary directory (as the workers name it). */
 int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_id, svc_send_fn send, void *ctx);
+/* Retention's --keep-every (0: none) beside keep, and --save-space-margin: after a commit,
+ * free space in the save directory below that checkpoint's size times margin stops saves
+ * (0: never). */
+void svc_set_limits(svc *c, int keep_every, double space_margin);
+/* Why saves were stopped ("": they were not). The answers to commits say so from then on
+ * (CheckpointCommand.saves_stopped), and so does svc_resend_stopped after a restart. */
+const char *svc_saves_stopped(const svc *c);
+/* After an in-process restart's assignments: tells every rank again that saves are stopped
+ * (a replacement process has not heard it). Nothing when they are not. */
+void svc_resend_stopped(svc *c);
 /* The rerun state machine's state (JSON object text) goes into each committed manifest. */
 void svc_set_rerun_state(svc *c, int (*save)(void *ctx, char *buf, size_t n), void *ctx);
 /* Where a commit is recorded ({"event":"checkpoint","iteration","commit_ms"}: from the first

@@ -218,6 +218,29 @@ static void prom_counters(FILE *f, const svv *v) {
     one(f, "cohort_stragglers", "gauge", "Ranks flagged as stragglers so far.", (double)c.stragglers);
 }
 
+/* The goodput so far (supervisor/goodput.h): ETTR and the seconds lost by cause. */
+static void prom_goodput(FILE *f, const svv *v) {
+    gp_summary g;
+    svv_goodput(v, &g);
+    one(f, "cohort_goodput_ettr", "gauge",
+        "Effective training time ratio: productive step time over the wall time since the job started.", g.ettr);
+    one(f, "cohort_goodput_productive_seconds", "gauge", "Productive step time so far.", g.productive);
+    one(f, "cohort_goodput_wall_seconds", "gauge", "Wall time since the job started.", g.wall);
+    one(f, "cohort_checkpoint_saves_stopped", "gauge",
+        "1 once checkpoint saves were stopped because the save directory ran short of space (--save-space-margin).",
+        *svv_saves_stopped(v) ? 1 : 0);
+    head(f, "cohort_goodput_lost_seconds", "gauge",
+         "Seconds lost by cause (startup, detection, restart, state_transfer, replay, recompute, checkpoint_save, "
+         "straggler, shrunk_capacity, other).");
+    for (int c = 0; c <= GP_NCAUSES; c++) {
+        fputs("cohort_goodput_lost_seconds{cause=", f);
+        label(f, c < GP_NCAUSES ? gp_cause_name((gp_cause)c) : "other");
+        fputs("} ", f);
+        value(f, c < GP_NCAUSES ? g.lost[c] : g.other);
+        fputc('\n', f);
+    }
+}
+
 /* Faults by kind and diagnosis, counted from the run report's list. */
 static void prom_faults(FILE *f, const svv *v) {
     struct {
@@ -278,6 +301,7 @@ char *svo_prometheus(const svo *o, const svo_job *j, const svv *v) {
     if (v) {
         prom_counters(f, v);
         prom_faults(f, v);
+        prom_goodput(f, v);
     }
     prom_checkpoints(f, o, j);
     if (fclose(f)) {

@@ -721,6 +721,7 @@ static void check_restart_done(sv *s) {
     say_resume(s, &p);
     if (s->val) svv_restart_done(s->val, p.resume_iter, p.src < 0);
     send_assignments(s, p.resume_iter, p.src);
+    svc_resend_stopped(s->ckpt); /* (a replacement process has not heard it) */
     if (s->sig_stop) {
         /* a signal came during the restart: the new generation stops before its first step
          * (the ranks vote at the start of training), saving what the survivors had */
@@ -1017,6 +1018,7 @@ static void on_checkpoint_ack(sv *s, worker *w, const Cohort__V1__CheckpointAck 
     int64_t before, after;
     int64_t n0 = svc_committed(s->ckpt, &before);
     svc_on_ack(s->ckpt, w->rank, ack);
+    if (s->val && *svc_saves_stopped(s->ckpt)) svv_note_saves_stopped(s->val, svc_saves_stopped(s->ckpt));
     /* a write that failed for good (a full disk, permission denied): stop before the
      * other ranks, their save aborted, ask for a restart */
     int st = ack->status < 0 ? sv_incurable_status(ack->status, SV_EXIT_FAILURE) : 0;
@@ -1042,6 +1044,7 @@ static void on_metrics(sv *s, const Cohort__V1__Metrics *mt) {
         fflush(s->metrics);
     }
     svo_on_record(s->obs, mt->record);
+    svv_on_record(s->val, mt->record); /* a save's blocking time, for the goodput */
     /* (at most 5 snapshots a second: a fast job logs hundreds of records a second; the
      * heartbeat tick publishes the rest) */
     if (sv__now_ms() - s->published_ms >= 200) publish_metrics(s);
@@ -1973,6 +1976,7 @@ static int open_coordinators(sv *s) {
         co_log(CO_LOG_ERROR, "%s", co_err_detail());
         return SV_EXIT_FAILURE;
     }
+    svc_set_limits(s->ckpt, s->o.keep_every, s->o.save_space_margin);
     if (svo_new(&s->obs)) {
         co_log(CO_LOG_ERROR, "%s", co_err_detail());
         return SV_EXIT_FAILURE;

@@ -95,6 +95,8 @@ typedef struct sv_options {
      * commits them (ckpt_coord.c); NULL or "": no --save */
     const char *save_dir;
     int most_recent_k;             /* retention after each commit (<= 0: keep all) */
+    int keep_every;                /* ... keeping every checkpoint at a multiple of this too (0: none) */
+    double save_space_margin;      /* saves stop below the last checkpoint's size times this free (0: never) */
     /* extra environment for workers ("NAME=value"), e.g. the embedded corpus location */
     char *const *extra_env;
     int nextra_env;

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "supervisor/goodput.h"
 #include "supervisor/msg.h"
 #include "supervisor/supervisor.h"
 
@@ -96,12 +97,17 @@ struct svv {
     double *hist;   /* [W][SVV_HIST] each rank's step time (every phase), ms, the latest SVV_HIST iterations */
     int64_t *nhist; /* [W] iterations recorded */
     double *score;  /* [W] latest straggler score (NAN: none yet) */
+    char saves_stopped[600]; /* why checkpoint saves were stopped ("": they were not) */
+    gp gp;               /* the goodput accounting (goodput.h), fed as iterations are accepted */
+    int64_t reruns_seen; /* replays already charged to an accepted step */
     int64_t acc_it[16];  /* the latest accepted iterations ... */
     uint64_t acc_ms[16]; /* ... and when (svv_accepted_ms) */
     int nacc;
 };
 
 #define SVV_HIST 32
+
+static void goodput_event(const svv *v, const gp_summary *g);
 
 int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
     *out = NULL;
@@ -141,6 +147,7 @@ int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
     }
     for (int r = 0; r < v->W; r++) v->worst[r] = INFINITY, v->score[r] = NAN;
     v->resumed_at = -1;
+    gp_init(&v->gp, (double)sv__now_ms() / 1e3);
     v->first_report_iter = -1;
     v->n_cli_inject = o->inject ? o->inject->n : 0;
     *out = v;
@@ -520,6 +527,9 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
             v->max_step_ms = (double)(now - v->last_accept_ms);
         v->last_accept_ms = now;
         v->naccepts++;
+        gp_step(&v->gp, (double)now / 1e3, it,
+                v->reruns > v->reruns_seen && v->reject_ms ? (double)v->reject_ms / 1e3 : -1);
+        v->reruns_seen = v->reruns;
         if (it > v->last_accepted) v->last_accepted = it;
         v->acc_it[v->nacc % 16] = it;
         v->acc_ms[v->nacc % 16] = now;
@@ -546,6 +556,7 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
     }
     take_events(v, now, quarantine);
     if (vd.decision == RR_ACCEPT || vd.decision == RR_SKIP || vd.decision == RR_STOP) {
+        bool closed = false;
         for (int k = 0; k < v->nf; k++)
             if (v->f[k].open) {
                 v->f[k].open = false;
@@ -553,7 +564,13 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
                                      : v->reject_ms  ? (double)(now - v->reject_ms)
                                                      : 0;
                 fault_event(v, &v->f[k], v->f[k].restart ? "restart" : "fault");
+                closed = true;
             }
+        if (closed) {
+            gp_summary g;
+            svv_goodput(v, &g);
+            goodput_event(v, &g);
+        }
     }
     if (vd.decision != RR_ACCEPT || vd.diagnosis != RR_DIAG_NONE)
         co_log(CO_LOG_WARN, "iteration %" PRId64 ": %s%s%s%s: %s", it, rr_decision_name(vd.decision),
@@ -664,8 +681,85 @@ int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status
     return rc;
 }
 
+void svv_on_record(svv *v, const char *record) {
+    if (!v || !record || !strstr(record, "\"checkpoint_save\"")) return;
+    for (const char *p = record; *p;) { /* (a record may hold several lines) */
+        const char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t)(nl - p) : strlen(p);
+        json_t *r = n ? json_loadb(p, n, 0, NULL) : NULL;
+        json_t *ev = json_object_get(r, "event"), *s = json_object_get(r, "blocking_seconds");
+        if (json_is_string(ev) && !strcmp(json_string_value(ev), "checkpoint_save") && json_is_number(s))
+            gp_save(&v->gp, json_number_value(s));
+        json_decref(r);
+        if (!nl) break;
+        p = nl + 1;
+    }
+}
+
+void svv_note_saves_stopped(svv *v, const char *why) {
+    if (v && !v->saves_stopped[0]) snprintf(v->saves_stopped, sizeof v->saves_stopped, "%s", why);
+}
+
+const char *svv_saves_stopped(const svv *v) { return v ? v->saves_stopped : ""; }
+
+void svv_goodput(const svv *v, gp_summary *s) { gp_get(&v->gp, (double)sv__now_ms() / 1e3, s); }
+
+/* The goodput as a JSON object: ETTR, productive and wall seconds, seconds lost by cause. */
+static json_t *goodput_json(const gp_summary *g) {
+    json_t *o = json_object(), *l = json_object();
+    if (!o || !l) {
+        json_decref(o);
+        json_decref(l);
+        return NULL;
+    }
+    for (int c = 0; c < GP_NCAUSES; c++) json_object_set_new(l, gp_cause_name((gp_cause)c), json_real(g->lost[c]));
+    json_object_set_new(o, "lost_seconds", l);
+    json_object_set_new(o, "ettr", json_real(g->ettr));
+    json_object_set_new(o, "productive_seconds", json_real(g->productive));
+    json_object_set_new(o, "wall_seconds", json_real(g->wall));
+    json_object_set_new(o, "other_seconds", json_real(g->other));
+    json_object_set_new(o, "median_step_seconds", json_real(g->median_step));
+    json_object_set_new(o, "steps", json_integer(g->steps));
+    return o;
+}
+
+/* The goodput so far into the metrics stream ({"event":"goodput",...}: TensorBoard's
+ * cohort/goodput/...): after a fault's recovery and at the end. */
+static void goodput_event(const svv *v, const gp_summary *g) {
+    if (!v->o.metrics) return;
+    json_t *o = goodput_json(g);
+    if (!o) return;
+    json_object_set_new(o, "event", json_string("goodput"));
+    json_object_set_new(o, "iteration", json_integer(v->last_accepted > 0 ? v->last_accepted : 0));
+    char *line = json_dumps(o, JSON_COMPACT);
+    if (line) {
+        fprintf(v->o.metrics, "%s\n", line);
+        fflush(v->o.metrics);
+    }
+    free(line);
+    json_decref(o);
+}
+
+/* The goodput in the report: one log line, a metrics record, and an object in the JSON. */
+static json_t *report_goodput(const svv *v) {
+    gp_summary g;
+    svv_goodput(v, &g);
+    goodput_event(v, &g);
+    char lost[600];
+    size_t k = 0;
+    lost[0] = 0;
+    for (int c = 0; c < GP_NCAUSES; c++)
+        if (g.lost[c] > 0 && k < sizeof lost)
+            k += (size_t)snprintf(lost + k, sizeof lost - k, "%s%s %.2f s", k ? ", " : "", gp_cause_name((gp_cause)c),
+                                  g.lost[c]);
+    co_log(CO_LOG_INFO, "goodput: ETTR %.3f (%.2f s of productive steps in %.2f s); lost: %s%sother %.2f s", g.ettr,
+           g.productive, g.wall, lost, k ? ", " : "", g.other);
+    return goodput_json(&g);
+}
+
 static int write_report(svv *v, FILE *human, const char *json_path, int exit_status, double wall_s,
                         const inj_view *inj, int ninj, int nfired) {
+    json_t *gpj = report_goodput(v);
     int nstrag = 0;
     for (int r = 0; r < v->W; r++) nstrag += v->flagged[r];
     for (int k = 0; k < v->nstages; k++) nstrag += v->sflagged[k];
@@ -692,8 +786,14 @@ static int write_report(svv *v, FILE *human, const char *json_path, int exit_sta
         for (int k = 0; k < v->nquar; k++) fprintf(human, "  - quarantined and replaced: rank %d\n", v->quarantined[k]);
         report_injections(human, v, inj, ninj, nfired);
     }
-    if (!json_path || !*json_path) return 0;
+    if (human && v->saves_stopped[0]) fprintf(human, "cohort run report: checkpoint saves stopped: %s\n", v->saves_stopped);
+    if (!json_path || !*json_path) {
+        json_decref(gpj);
+        return 0;
+    }
     json_t *o = json_object(), *fs = json_array(), *ss = json_array();
+    if (gpj) json_object_set_new(o, "goodput", gpj);
+    if (v->saves_stopped[0]) json_object_set_new(o, "checkpoint_saves_stopped", json_string(v->saves_stopped));
     if (!o || !fs || !ss) {
         json_decref(o);
         json_decref(fs);
@@ -768,6 +868,7 @@ void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint
         fault_event(v, f, "fault");
     }
     v->restarts++;
+    gp_restart_begin(&v->gp, (double)now / 1e3, (double)detect_ms / 1e3);
     rr_restart(v->rr);
     memset(v->p, 0, sizeof *v->p * (size_t)v->W);
     v->have_last = false;
@@ -783,6 +884,7 @@ void svv_restart_done(svv *v, int64_t iteration, bool from_checkpoint) {
      * checkpoint, the iterations accepted after it */
     if (from_checkpoint && v->last_accepted > iteration) v->lost_steps += v->last_accepted - iteration;
     v->resumed_at = iteration;
+    gp_restart_done(&v->gp, (double)sv__now_ms() / 1e3);
 }
 
 bool svv_stalled(svv *v, uint64_t now, uint64_t soft_ms, int *missing, int cap, int *nmissing, uint64_t *since) {

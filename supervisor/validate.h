@@ -9,6 +9,7 @@
 #include "protocol/wire.h"
 #include "resilience/inject.h"
 #include "resilience/rerun.h"
+#include "supervisor/goodput.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -91,6 +92,14 @@ bool svv_rank_times(const svv *v, int r, svv_times *t);
 int svv_world(const svv *v);
 /* When iteration it was accepted (sv__now_ms), if it is among the latest 16; else 0. */
 uint64_t svv_accepted_ms(const svv *v, int64_t it);
+
+/* Goodput (goodput.h): a worker's metrics record (its {"event":"checkpoint_save",
+ * "blocking_seconds"} is a save's blocking time), and the accounting so far. */
+void svv_on_record(svv *v, const char *record);
+void svv_goodput(const svv *v, gp_summary *s);
+/* Saves were stopped for lack of space (why; kept once): the report and Prometheus say so. */
+void svv_note_saves_stopped(svv *v, const char *why);
+const char *svv_saves_stopped(const svv *v);
 
 /* The run report: a human summary on `human` and a JSON file at json_path (NULL: none). */
 int svv_write_report(svv *v, FILE *human, const char *json_path, int exit_status, double wall_s);

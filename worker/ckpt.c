@@ -44,6 +44,8 @@ struct wk_ckpt {
     int64_t loaded_it;       /* the iteration the latest load() read (-1: none) */
     cm_comm *agree;          /* the world a load agrees over (NULL: one rank) */
     int agree_timeout_ms;
+    ck_coord coord;          /* the supervisor's coordinator (have_coord) */
+    bool have_coord, stop_told;
 };
 
 /* ---- what the trainer's checkpoint holds ---------------------------------------------- */
@@ -208,18 +210,55 @@ static int pre_step(trainer *t, void *ctx) {
     return 0;
 }
 
+/* A save that training waits for, timed: the logging rank adds a metrics record of the time
+ * it blocked training ({"event":"checkpoint_save",...}: the supervisor's goodput accounting). */
+static int save_timed(wk_ckpt *k, int64_t it) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = save_now(k);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    FILE *ms = trainer_metrics_stream(k->t);
+    if (!rc && ms) {
+        fprintf(ms, "{\"event\":\"checkpoint_save\",\"iteration\":%" PRId64 ",\"blocking_seconds\":%.6f}\n", it,
+                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+        fflush(ms);
+    }
+    return rc;
+}
+
+/* Whether the supervisor stopped saves (its answer to a commit said the save directory is
+ * running out of space). The previous save's answer carries it: with --async-save that save
+ * is waited for first, so that every rank decides alike. */
+static int saves_stopped(wk_ckpt *k, int64_t it, bool *stop) {
+    *stop = false;
+    if (!k->have_coord || !k->coord.stopped) return 0;
+    int rc = k->cfg.async_save && k->saver ? ck_saver_wait(k->saver) : 0;
+    if (rc) return rc;
+    *stop = k->coord.stopped(k->coord.ctx);
+    if (*stop && !k->stop_told && k->log) {
+        fprintf(k->log, "cohort: checkpoint at iteration %" PRId64 " not saved: the supervisor stopped saving (the "
+                        "save directory %s is running out of space); training goes on\n", it, k->cfg.save);
+        fflush(k->log);
+    }
+    if (*stop) k->stop_told = true;
+    return 0;
+}
+
 static int hook(trainer *t, void *ctx, bool final, train_end why) {
     wk_ckpt *k = ctx;
     int64_t it = trainer_iteration(t);
     int rc = 0;
+    bool stop = false;
     if (!final) {
         /* at --save-interval, and, as Megatron, before a batch ramp-up's next step changes the
          * number of micro batches */
         bool ramp = trainer_batch_changes(t) && it > 0;
-        if (((k->cfg.save_interval > 0 && it % k->cfg.save_interval == 0) || ramp) && it != k->last_saved)
-            rc = save_now(k);
+        if (((k->cfg.save_interval > 0 && it % k->cfg.save_interval == 0) || ramp) && it != k->last_saved &&
+            !(rc = saves_stopped(k, it, &stop)) && !stop)
+            rc = save_timed(k, it);
     } else {
-        if (why != TRAIN_NAN && it > 0 && it != k->last_saved) rc = save_now(k);
+        if (why != TRAIN_NAN && it > 0 && it != k->last_saved && !(rc = saves_stopped(k, it, &stop)) && !stop)
+            rc = save_now(k);
         int w = ck_saver_wait(k->saver);
         if (!rc) rc = w;
         if (!rc && k->cfg.async_save && k->saves && k->log) {
@@ -845,6 +884,8 @@ void wk_ckpt_set_rank(wk_ckpt *k, int rank) {
 
 int wk_ckpt_set_coordinator(wk_ckpt *k, const ck_coord *coord) {
     if (!k || !k->cfg.save[0] || k->world < 2) return 0;
+    k->coord = *coord;
+    k->have_coord = true;
     return setup_saver(k, k->rank, coord);
 }
 

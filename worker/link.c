@@ -71,6 +71,7 @@ struct sv_link {
     /* checkpoint commit (sv_link_checkpoint_*): the supervisor's last answer, under mu */
     int64_t ckpt_iteration;
     int ckpt_phase;
+    bool saves_stopped;       /* a COMMIT said the save directory is running out of space */
     bool aborted;             /* the job was aborted or the supervisor lost */
     void (*abort_fn)(void *ctx); /* sv_link_attach_abort, under mu */
     void *abort_ctx;
@@ -279,6 +280,8 @@ static void on_message(ac_mailbox *mb, const ac_msg *m, void *ctx) {
         pthread_mutex_lock(&l->mu);
         l->ckpt_iteration = (int64_t)e->checkpoint_command->iteration;
         l->ckpt_phase = (int)e->checkpoint_command->phase;
+        if (e->checkpoint_command->has_saves_stopped && e->checkpoint_command->saves_stopped)
+            l->saves_stopped = true;
         pthread_cond_broadcast(&l->cv);
         pthread_mutex_unlock(&l->mu);
         break;
@@ -572,6 +575,13 @@ int sv_link_checkpoint_wait(sv_link *l, int64_t iteration, int timeout_ms) {
     if (getppid() != l->parent) return co_err_set(CO_EREMOTE, "the supervisor went away before committing it");
     if (aborted) return co_err_set(CO_EABORTED, "the job was aborted before the supervisor committed it");
     return co_err_set(CO_ETIMEOUT, "no answer from the supervisor within %d s", timeout_ms / 1000);
+}
+
+bool sv_link_saves_stopped(sv_link *l) {
+    pthread_mutex_lock(&l->mu);
+    bool stopped = l->saves_stopped;
+    pthread_mutex_unlock(&l->mu);
+    return stopped;
 }
 
 /* ---- log forwarding: a FILE whose complete lines become LogLine messages ---- */

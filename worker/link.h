@@ -87,6 +87,9 @@ typedef struct sv_file_info {
 } sv_file_info;
 int sv_link_checkpoint_ack(sv_link *l, int64_t iteration, int status, const char *error, const sv_file_info *files, int n);
 int sv_link_checkpoint_wait(sv_link *l, int64_t iteration, int timeout_ms);
+/* Whether a commit's answer said to save no more (the save directory is running out of
+ * space: supervisor/ckpt_coord.c); every rank has it before its next save. */
+bool sv_link_saves_stopped(sv_link *l);
 /* The job id (names the checkpoint's shared temporary directory). */
 uint64_t sv_link_job_id(const sv_link *l);
 /* A stream whose lines go to the supervisor's log (NULL on failure). */

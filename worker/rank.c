@@ -53,6 +53,7 @@ static int ckpt_ack(void *ctx, int64_t it, int status, const char *error, const 
     return rc;
 }
 static int ckpt_wait(void *ctx, int64_t it, int timeout_ms) { return sv_link_checkpoint_wait(ctx, it, timeout_ms); }
+static bool ckpt_stopped(void *ctx) { return sv_link_saves_stopped(ctx); }
 
 /* The communicators of a generation: the world and its groups (comms.h). The link aborts
  * them all (wk_comms_abort). */
@@ -192,7 +193,7 @@ static int attach_hooks(rank_run *r) {
     if (rc) return failed(link, rc, rc == CO_EINVAL ? WK_USAGE : WK_FAILURE, "%s", co_err_detail());
     rc = wk_ckpt_attach(&r->ckpt, r->t, r->o->out, r->rank, world, wk_comms_world(r->cs));
     if (!rc && link && world > 1) {
-        ck_coord co = {.ack = ckpt_ack, .wait = ckpt_wait, .ctx = link};
+        ck_coord co = {.ack = ckpt_ack, .wait = ckpt_wait, .stopped = ckpt_stopped, .ctx = link};
         snprintf(co.token, sizeof co.token, CK_JOB_TOKEN_FMT, sv_link_job_id(link));
         rc = wk_ckpt_set_coordinator(r->ckpt, &co);
     }

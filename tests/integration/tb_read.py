@@ -161,6 +161,10 @@ def expected(metrics, flags):
                 add("cohort/replays", it, r["replays"])
             elif k == "checkpoint":
                 add("cohort/checkpoint-commit-seconds", it, r["commit_ms"] / 1000)
+            elif k == "goodput":
+                add("cohort/goodput/ettr", it, r["ettr"])
+                for cause, v in r["lost_seconds"].items():
+                    add("cohort/goodput/lost-seconds/" + cause, it, v)
             continue
         it = r["iteration"]
         if "evaluation" in r:

@@ -625,6 +625,40 @@ static void test_corruption(void) {
     CHECK(ck_verify(dir, &bad, NULL, NULL) == CO_ENOENT && bad == CK_BAD_INCOMPLETE);
 }
 
+/* --keep-every beside --most-recent-k: the newest complete ones, every K-th, the tracker's;
+ * a directory without a manifest (an incomplete save) does not count among the newest. */
+static void test_retention_every(void) {
+    char save[512], dir[600];
+    scratch(save, sizeof save, "every");
+    fill(1);
+    for (int it = 2; it <= 20; it += 2) {
+        ck_meta meta;
+        meta_for(&meta, it);
+        CHECK(!ck_save(save, &meta, refs, NT, 1, 0));
+    }
+    int64_t removed[16];
+    int nr;
+    CHECK(!ck_write_tracker(save, 20));
+    CHECK(!ck_prune_every(save, 2, 8, true, removed, 16, &nr));
+    /* kept: 20, 18 (newest), 16, 8 (every 8th); removed 2, 4, 6, 10, 12, 14 */
+    CHECK(nr == 6 && removed[0] == 2 && removed[1] == 4 && removed[2] == 6 && removed[3] == 10 && removed[5] == 14);
+    /* 20's manifest gone (a damaged newest one, still the tracker's): 18 and 16 are the two
+     * newest complete ones; 20 stays as the tracker's */
+    snprintf(dir, sizeof dir, "%s/iter_0000020/%s", save, CK_MANIFEST_NAME);
+    CHECK(!unlink(dir));
+    CHECK(!ck_prune_every(save, 2, 8, false, removed, 16, &nr) && nr == 6);
+    int64_t *its;
+    int n;
+    CHECK(!ck_list_iterations(save, &its, &n) && n == 4 && its[0] == 8 && its[1] == 16 && its[2] == 18 &&
+          its[3] == 20);
+    free(its);
+    /* keep one, no K: the newest complete one (18) stays beside the tracker's incomplete 20 */
+    CHECK(!ck_prune_every(save, 1, 0, false, removed, 16, &nr) && nr == 2 && removed[0] == 8 && removed[1] == 16);
+    CHECK(!ck_list_iterations(save, &its, &n) && n == 2 && its[0] == 18 && its[1] == 20);
+    free(its);
+    CHECK(ck_prune_every(save, 2, -1, true, removed, 16, &nr) == CO_EINVAL);
+}
+
 static void test_retention_and_candidates(void) {
     char save[512], dir[600];
     scratch(save, sizeof save, "retention");
@@ -806,6 +840,7 @@ int main(void) {
     RUN(test_failing_writes);
     RUN(test_corruption);
     RUN(test_retention_and_candidates);
+    RUN(test_retention_every);
     RUN(test_async_saver);
     RUN(test_save_parts);
     t_remove_dir(root);
