@@ -17,6 +17,11 @@
 #     collective until the generation is aborted: ncclCommAbort from the link's thread, and
 #     nobody is replaced) ends in an in-process restart (or replay), and bitwise the
 #     fault-free run's checkpoint and losses.
+#   sdc: silent data corruption: a mantissa bit of rank 1's weights flipped before a forward;
+#     the weights' checksums, hashed on the (stand-in) device, differ in that very step with
+#     no majority of two, so the step is replayed and the rank whose weights changed since its
+#     optimizer step wrote them (the fused AdamW checksum) is repaired from the other: the job
+#     ends bitwise the fault-free run.
 #   train_nccl_test.sh COHORT COHORT_CUDASIM CASE
 cohort=$1; cudasim=$2; case_name=$3
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
@@ -112,6 +117,14 @@ nccl_hang)
     # nobody replaced: a collective that ignored the abort would have had rank 0 killed
     grep -q "generation 2: 2 rank(s) resume after iteration 1 with the state of rank [01] (0 replaced" "$work/f.out" ||
         fail "not resumed in process: $(grep supervisor "$work/f.out")"
+    ;;
+sdc)
+    faulty --inject-seed 3 --inject "bitflip-param@rank=1,step=2,bit=22,phase=forward"
+    grep -q "inject: flipped bit 22 of parameter" "$work/f.out" || fail "no flip: $(grep -i inject "$work/f.out" | head -3)"
+    grep -q "iteration 2: rerun: parameter checksums differ between the replicas with no majority" "$work/f.out" ||
+        fail "the checksums did not catch it: $(grep supervisor "$work/f.out")"
+    grep -q "iteration 2: repair (persistent_error): rank 1: parameters changed in memory since its last update .*repaired from rank 0" \
+        "$work/f.out" || fail "no repair: $(grep supervisor "$work/f.out")"
     ;;
 *) fail "unknown case $case_name" ;;
 esac
