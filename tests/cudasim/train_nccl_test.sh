@@ -22,6 +22,9 @@
 #     no majority of two, so the step is replayed and the rank whose weights changed since its
 #     optimizer step wrote them (the fused AdamW checksum) is repaired from the other: the job
 #     ends bitwise the fault-free run.
+#   pp2_killed: the last pipeline stage of a pp 2 job SIGKILLed in iteration 2: its stage has
+#     no other replica, so the new generation (new NCCL world and pipeline group) loads the
+#     checkpoint of iteration 1 on both ranks and the job ends bitwise the fault-free run.
 #   train_nccl_test.sh COHORT COHORT_CUDASIM CASE
 cohort=$1; cudasim=$2; case_name=$3
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
@@ -125,6 +128,16 @@ sdc)
         fail "the checksums did not catch it: $(grep supervisor "$work/f.out")"
     grep -q "iteration 2: repair (persistent_error): rank 1: parameters changed in memory since its last update .*repaired from rank 0" \
         "$work/f.out" || fail "no repair: $(grep supervisor "$work/f.out")"
+    ;;
+pp2_killed)
+    pp=(--nproc-per-node 2 --pipeline-model-parallel-size 2 --save-interval 1 $quick)
+    run clean "$cudasim" cuda "${pp[@]}"; ok clean
+    run f "$cudasim" cuda "${pp[@]}" --inject "kill@rank=1,step=2"; ok f
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    grep -q "loads the checkpoint of iteration 1" "$work/f.out" ||
+        fail "not resumed from the checkpoint: $(grep supervisor "$work/f.out")"
+    same_losses clean f "the faulty run logged other numbers than the fault-free one"
+    ckpt_same "$(ckpt clean)" "$(ckpt f)"
     ;;
 *) fail "unknown case $case_name" ;;
 esac
