@@ -25,6 +25,13 @@
 #   pp2_killed: the last pipeline stage of a pp 2 job SIGKILLed in iteration 2: its stage has
 #     no other replica, so the new generation (new NCCL world and pipeline group) loads the
 #     checkpoint of iteration 1 on both ranks and the job ends bitwise the fault-free run.
+#   pp2_syncs: a training step makes a bounded number of host waits, not one per tensor: the
+#     stand-in counts each rank's (cudasim_sync_count; COHORT_CUDASIM_COUNTS writes them at
+#     exit) in a 2- and a 6-iteration pp 2 run of a 4-layer model (about 25 tensors a stage,
+#     4 micro batches a step); the four extra steps cost each rank at most MAX waits a step:
+#     4 per micro batch (its loss read, the end of its backward, the pipeline's send and
+#     receive syncs) + 6 (the gradient norm's one: its runs reduced on the device, the
+#     optimizer step's, the log line's...), where the norm alone waited once per tensor.
 #   train_nccl_test.sh COHORT COHORT_CUDASIM CASE
 cohort=$1; cudasim=$2; case_name=$3
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
@@ -138,6 +145,21 @@ pp2_killed)
         fail "not resumed from the checkpoint: $(grep supervisor "$work/f.out")"
     same_losses clean f "the faulty run logged other numbers than the fault-free one"
     ckpt_same "$(ckpt clean)" "$(ckpt f)"
+    ;;
+pp2_syncs)
+    max=$((4 * 4 + 6))
+    for it in 2 6; do
+        tiny_model --num-layers 4 --train-iters $it
+        COHORT_CUDASIM_COUNTS="$work/counts$it" run s$it "$cudasim" cuda --nproc-per-node 2 \
+            --pipeline-model-parallel-size 2; ok s$it
+        [ "$(wc -l <"$work/counts$it")" -ge 2 ] || fail "the stand-in wrote no counts: $(cat "$work/counts$it")"
+    done
+    # the most a rank waited: the worker processes' lines (the supervisor has no device work)
+    a=$(awk '{print $4}' "$work/counts2" | sort -n | tail -1); b=$(awk '{print $4}' "$work/counts6" | sort -n | tail -1)
+    per=$(( (b - a + 3) / 4 ))
+    echo "host waits of the busiest rank: $a in 2 iterations, $b in 6: $per a step"
+    [ "$per" -ge 1 ] || fail "no waits counted ($a, $b): the counter does not count"
+    [ "$per" -le $max ] || fail "a step waits for the GPU $per times (at most $max expected): $a in 2 iterations, $b in 6"
     ;;
 *) fail "unknown case $case_name" ;;
 esac
