@@ -207,10 +207,24 @@ typedef struct kb_ops {
                   float lr, float beta1, float beta2, float eps, float wd, float gscale,
                   int64_t t);
     /* adamw, and *sum = kb_checksum_f32(p, n, seed) of the p it wrote, each block hashed as
-     * it is written (kernels/checksum.h). NULL where a backend cannot: the caller hashes. */
+     * it is written (kernels/checksum.h). The CPU backend writes *sum before it returns; a
+     * queued backend (CUDA) by the time the next sync returns, so *sum must stay valid and
+     * unread until then (one copy of every pending digest to the host at that sync). NULL
+     * where a backend cannot: the caller hashes. */
     void (*adamw_checksum)(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n,
                            float lr, float beta1, float beta2, float eps, float wd, float gscale,
                            int64_t t, uint64_t seed, uint64_t *sum);
+    /* Several sums of squares with one wait: out[k] (host memory) = the sum, in run order,
+     * of sumsq(x[j], n[j]) over group k's runs j in [end[k-1], end[k]) (end[-1] = 0), each
+     * run reduced as sumsq reduces it, so out equals a host loop over sumsq bit for bit. On
+     * CUDA the runs' sums stay on the device and one copy brings out[] to the host. */
+    void (*sumsq_runs)(kb_backend *b, const float *const *x, const size_t *n, const int *end,
+                       int ngroups, double *out);
+    /* The XOR over runs j < nruns of kb_checksum_f32(x[j], n[j], seed[j]) (kernels/checksum.h),
+     * computed where the data lives: on CUDA by a kernel, only the 8-byte digest copied to
+     * the host (one wait). Returns 0 with b->status set when it cannot run. */
+    uint64_t (*checksum_runs)(kb_backend *b, const float *const *x, const size_t *n,
+                              const uint64_t *seed, int nruns);
 
     /* ---- tensor parallelism (model/gpt.c with tp > 1; NULL where a backend has not
      * built them: the model then refuses tp > 1) ---- */

@@ -9,6 +9,7 @@
 #include "comm/comm.h"
 #include "common/error.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,30 +101,69 @@ void gpt_tp_set_overlap(gpt_model *m, bool on) { m->overlap = on; }
 
 double gpt_tp_grad_sumsq(gpt_model *m) { return gpt_tp_grad_sumsq_split(m, NULL); }
 
-double gpt_tp_grad_sumsq_split(gpt_model *m, double *experts) {
-    const kb_ops *o = m->ops;
-    double sum = 0;
-    if (experts) *experts = 0;
+/* The runs gpt_tp_grad_sumsq_split counts, in its order: each tensor's gradient whole, or
+ * under tensor parallelism a row-split or replicated tensor's runs of rows counted by the
+ * first of the ranks that hold them; group 1 (the experts, when asked apart) or 0. Calls
+ * add(x, n, group, arg) for each. */
+static void grad_runs(gpt_model *m, bool apart, void (*add)(const float *, size_t, int, void *), void *arg) {
     for (int i = 0; i < m->ntensors; i++) {
         const gpt_tensor *t = &m->tensors[i];
         const float *g = m->grads + t->offset;
         if (t->emb_copy) continue; /* the first stage counts the tied embedding */
-        if (experts && t->expert) {
-            *experts += o->sumsq(m->be, g, t->numel);
+        if (apart && t->expert) {
+            add(g, t->numel, 1, arg);
             continue;
         }
         if (t->split == GPT_TP_COLS || m->tp == 1) {
-            sum += o->sumsq(m->be, g, t->numel);
+            add(g, t->numel, 0, arg);
             continue;
         }
-        /* rows (or a replicated tensor, one run of every row): each run counted by the first
-         * of the ranks that hold it */
         size_t cols = (size_t)(t->shape[1] ? t->shape[1] : 1);
         for (int k = 0; k < t->npieces; k++)
             if (m->tpr % t->piece[k].share == 0)
-                sum += o->sumsq(m->be, g + (size_t)t->piece[k].local * cols, (size_t)t->piece[k].len * cols);
+                add(g + (size_t)t->piece[k].local * cols, (size_t)t->piece[k].len * cols, 0, arg);
     }
-    return sum;
+}
+
+typedef struct grad_list {
+    const float **x;
+    size_t *n;
+    int count, cap, group; /* the group being collected; count with x == NULL: just counting */
+} grad_list;
+
+static void list_add(const float *x, size_t n, int group, void *arg) {
+    grad_list *l = arg;
+    if (group != l->group) return;
+    if (l->x && l->count < l->cap) l->x[l->count] = x, l->n[l->count] = n;
+    l->count++;
+}
+
+/* The sums in one pass with one wait (kb_ops.sumsq_runs: on CUDA the runs' sums stay on the
+ * device), group 0's runs then group 1's, each in the loop's order: the same bits as one
+ * sumsq per run summed on the host. */
+double gpt_tp_grad_sumsq_split(gpt_model *m, double *experts) {
+    grad_list l = {0};
+    for (l.group = 0; l.group < 2; l.group++) grad_runs(m, experts != NULL, list_add, &l);
+    l.cap = l.count;
+    l.x = malloc((size_t)(l.cap ? l.cap : 1) * sizeof *l.x);
+    l.n = malloc((size_t)(l.cap ? l.cap : 1) * sizeof *l.n);
+    double out[2] = {0, 0};
+    if (!l.x || !l.n) {
+        free(l.x), free(l.n);
+        m->be->status = co_err_set(CO_ENOMEM, "gradient norm: cannot list %d gradient runs", l.cap);
+        return NAN;
+    }
+    l.count = 0;
+    l.group = 0;
+    grad_runs(m, experts != NULL, list_add, &l);
+    int end[2] = {l.count, 0};
+    l.group = 1;
+    grad_runs(m, experts != NULL, list_add, &l);
+    end[1] = l.count;
+    m->ops->sumsq_runs(m->be, l.x, l.n, end, 2, out);
+    free(l.x), free(l.n);
+    if (experts) *experts = out[1];
+    return out[0];
 }
 
 /* The sum of a column-parallel layer's input gradient over the group, on a helper thread

@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdlib.h>
 
 int opt_adamw_init(opt_adamw *o, gpt_model *model, float beta1, float beta2, float eps, float wd, float clip) {
     kb_backend *be = gpt_backend(model);
@@ -15,6 +16,8 @@ int opt_adamw_init(opt_adamw *o, gpt_model *model, float beta1, float beta2, flo
     o->clip_grad = clip;
     o->n = gpt_num_params(model);
     o->step = 0;
+    o->sums = NULL;
+    o->nsums = 0;
     o->m = be->ops->alloc(be, o->n * sizeof(float));
     o->v = be->ops->alloc(be, o->n * sizeof(float));
     if (!o->m || !o->v) {
@@ -29,6 +32,9 @@ void opt_adamw_free(opt_adamw *o, gpt_model *model) {
     if (o->m) be->ops->free(be, o->m);
     if (o->v) be->ops->free(be, o->v);
     o->m = o->v = NULL;
+    free(o->sums);
+    o->sums = NULL;
+    o->nsums = 0;
 }
 
 double opt_grad_norm(gpt_model *model) {
@@ -46,30 +52,41 @@ float opt_clip_scale(float clip_grad, double grad_norm) {
     return gscale;
 }
 
+/* room for each tensor's fused checksum; false (the caller hashes afterwards) without memory */
+static bool sums_room(opt_adamw *o, int nt) {
+    if (o->nsums >= nt) return true;
+    uint64_t *s = realloc(o->sums, (size_t)nt * sizeof *s);
+    if (!s) return false;
+    o->sums = s;
+    o->nsums = nt;
+    return true;
+}
+
 void opt_adamw_step_checksum(opt_adamw *o, gpt_model *model, double lr, double grad_norm, uint64_t *sum) {
     kb_backend *be = gpt_backend(model);
     float gscale = opt_clip_scale(o->clip_grad, grad_norm);
     o->step++;
     const gpt_tensor *t = gpt_tensors(model);
     float *p = gpt_params(model), *g = gpt_grads(model);
-    bool fused = sum && be->ops->adamw_checksum;
-    uint64_t h = 0;
-    for (int i = 0; i < gpt_num_tensors(model); i++) {
+    int nt = gpt_num_tensors(model);
+    bool fused = sum && be->ops->adamw_checksum && sums_room(o, nt);
+    for (int i = 0; i < nt; i++) {
         size_t off = t[i].offset;
         float wd = t[i].decay ? o->weight_decay : 0.0f;
-        uint64_t ht = 0;
         if (fused)
             be->ops->adamw_checksum(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, (float)lr, o->beta1,
-                                    o->beta2, o->eps, wd, gscale, o->step, GPT_SUM_SEED(i), &ht);
+                                    o->beta2, o->eps, wd, gscale, o->step, GPT_SUM_SEED(i), &o->sums[i]);
         else
             be->ops->adamw(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, (float)lr, o->beta1, o->beta2,
                            o->eps, wd, gscale, o->step);
-        h ^= ht;
     }
     gpt_sync_bf16(model);
     /* queued backends (CUDA): the step is done before the host reads parameters or moments
-     * (checkpoints) and before an asynchronous failure could go unnoticed */
+     * (checkpoints) and before an asynchronous failure could go unnoticed; the fused
+     * checksums reach o->sums at this sync */
     be->ops->sync(be);
+    uint64_t h = 0;
+    for (int i = 0; fused && i < nt; i++) h ^= o->sums[i];
     if (sum) *sum = (fused ? h : gpt_weights_checksum32(model)) ^ gpt_weights_checksum16(model);
 }
 

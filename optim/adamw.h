@@ -12,6 +12,9 @@ typedef struct opt_adamw {
     float *m, *v;   /* same layout as the parameters */
     size_t n;
     int64_t step;   /* optimizer steps taken */
+    uint64_t *sums; /* each tensor's checksum from the fused step (a queued backend writes them
+                       at its sync), nsums of them; allocated at the first fused step */
+    int nsums;
 } opt_adamw;
 
 int opt_adamw_init(opt_adamw *o, gpt_model *model, float beta1, float beta2, float eps, float wd,

@@ -1180,11 +1180,13 @@ static int run_share(trainer *t, int data_rank, tr_iter *it, double *loss, doubl
 
 /* The reduction of a round (reduce_step) with, when the round is checksummed, the weights it
  * used hashed on a thread meanwhile (neither touches the other's memory); then the checksums
- * to the validator. */
+ * to the validator. On CUDA the hash is a kernel on the backend's stream, which only the
+ * training thread drives: it hashes after the reduction there. */
 static int reduce_and_hash(trainer *t, tr_iter *it, rr_report *r) {
     sum_job job = {.t = t};
     pthread_t th;
-    bool threaded = r->has_sum && !pthread_create(&th, NULL, sum_main, &job);
+    bool threaded = r->has_sum && gpt_backend(t->model)->opt.device == KB_DEVICE_CPU &&
+                    !pthread_create(&th, NULL, sum_main, &job);
     double tl0 = tl_now();
     int rc = t->g.dp ? reduce_step(t, &it->loss, &it->tok, &it->stop_reason) : 0;
     if (t->g.dp && !rc) trainer__tl(t, TL_DP_REDUCE, -1, -1, tl0);

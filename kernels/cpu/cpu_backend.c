@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "kernels/checksum.h"
 #include "kernels/cpu/cpu.h"
 
 static void *cpu_alloc(kb_backend *b, size_t nbytes) {
@@ -41,6 +42,24 @@ void *cpu_scratch(cpu_state *st, int slot, size_t nbytes) {
     return st->scratch[slot];
 }
 
+/* sumsq_runs and checksum_runs: on the host they are the loops their callers would write */
+static void cpu_sumsq_runs(kb_backend *b, const float *const *x, const size_t *n, const int *end, int ngroups,
+                           double *out) {
+    for (int k = 0, j = 0; k < ngroups; k++) {
+        double s = 0;
+        for (; j < end[k]; j++) s += cpu_sumsq(b, x[j], n[j]);
+        out[k] = s;
+    }
+}
+
+static uint64_t cpu_checksum_runs(kb_backend *b, const float *const *x, const size_t *n, const uint64_t *seed,
+                                  int nruns) {
+    (void)b;
+    uint64_t h = 0;
+    for (int j = 0; j < nruns; j++) h ^= kb_checksum_f32(x[j], n[j], seed[j]);
+    return h;
+}
+
 static const kb_ops cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -70,6 +89,8 @@ static const kb_ops cpu_ops = {
     .sumsq = cpu_sumsq,
     .adamw = cpu_adamw,
     .adamw_checksum = cpu_adamw_checksum,
+    .sumsq_runs = cpu_sumsq_runs,
+    .checksum_runs = cpu_checksum_runs,
     .bias_add = cpu_bias_add,
     .bias_grad = cpu_bias_grad,
     .ce_max = cpu_ce_max,

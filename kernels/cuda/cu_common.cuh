@@ -32,7 +32,7 @@ extern "C" {
 #define CU_MM_CACHE 128
 
 // scratch slots
-enum { CU_SCR_A16 = 0, CU_SCR_B16, CU_SCR_W16, CU_SCR_ATT, CU_SCR_MISC, CU_SCR_RED, CU_SCR_GRP, CU_NSCRATCH };
+enum { CU_SCR_A16 = 0, CU_SCR_B16, CU_SCR_W16, CU_SCR_ATT, CU_SCR_MISC, CU_SCR_RED, CU_SCR_GRP, CU_SCR_SUM, CU_NSCRATCH };
 
 typedef struct cu_mm {
     // key
@@ -54,7 +54,11 @@ typedef struct cu_state {
     int n_mm, next_evict;
     void *scratch[CU_NSCRATCH];
     size_t scratch_size[CU_NSCRATCH];
-    double *host_result;  // pinned, for sumsq
+    double *host_result;  // pinned, for sumsq, sumsq_runs and checksum_runs
+    // adamw_checksum's digests waiting on the device for the next sync (cuda_checksum.cu):
+    // dig_dev[i] goes to *dig_ptr[i] through the pinned dig_host
+    uint64_t *dig_dev, *dig_host, **dig_ptr;
+    int dig_pending, dig_cap;
     cublasHandle_t blas;  // grouped products (cuda_grouped.cu): NULL until first used
     int grouped_mode;     // 0: cublasGemmGroupedBatchedEx; -1: one cublasSgemm per group
     char desc[256];
@@ -165,6 +169,20 @@ __device__ __forceinline__ float cu_block_max(float v, R red) {
     return s;
 }
 
+// One element of AdamW (k_adamw, k_adamw_checksum: the same bits)
+__device__ __forceinline__ void cu_adamw_elem(float *__restrict__ p, const float *__restrict__ g,
+                                              float *__restrict__ m, float *__restrict__ v, size_t i, float lr,
+                                              float beta1, float beta2, float c1, float c2, float ib1, float ib2,
+                                              float eps, float wd, float gscale) {
+    float gi = g[i] * gscale;
+    float mi = beta1 * m[i] + c1 * gi;
+    float vi = beta2 * v[i] + c2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    float mh = mi * ib1, vh = vi * ib2;
+    p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
+}
+
 // ---- operations (one group per file) ----
 void cu_to_bf16_raw(kb_backend *b, uint16_t *dst, const float *src, size_t n);  // no cu_enter
 
@@ -213,6 +231,16 @@ void cu_cross_entropy(kb_backend *b, float *losses, float *logits, const int32_t
 double cu_sumsq(kb_backend *b, const float *x, size_t n);
 void cu_adamw(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
               float beta2, float eps, float wd, float gscale, int64_t t);
+void cu_sumsq_runs(kb_backend *b, const float *const *x, const size_t *n, const int *end, int ngroups, double *out);
+// the weights' checksum (cuda_checksum.cu)
+uint64_t cu_checksum_runs(kb_backend *b, const float *const *x, const size_t *n, const uint64_t *seed, int nruns);
+void cu_adamw_checksum(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                       float beta2, float eps, float wd, float gscale, int64_t t, uint64_t seed, uint64_t *sum);
+// the backend's sync around its wait: queue the copy of the pending digests, then (after the
+// wait) write them where adamw_checksum was told
+void cu_digests_copy(kb_backend *b);
+void cu_digests_deliver(kb_backend *b);
+void cu_digests_release(cu_state *st);
 // tensor parallelism (backend.h: bias_add ... ce_grad)
 void cu_bias_add(kb_backend *b, float *out, const float *bias, int N, int C);
 void cu_bias_grad(kb_backend *b, float *dbias, const float *dout, int N, int C);

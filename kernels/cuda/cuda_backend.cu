@@ -118,9 +118,11 @@ static void cu_sync(kb_backend *b) {
         cu_fail(b, CO_EINTERNAL, "sync", "cudaSetDevice failed");
         return;
     }
+    cu_digests_copy(b); // adamw_checksum's digests come with this wait
     cudaError_t e = cudaStreamSynchronize(st->stream);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) cu_fail(b, CO_EINTERNAL, "asynchronous failure found at sync", cudaGetErrorString(e));
+    cu_digests_deliver(b);
 }
 
 static bool host_memory(const void *p) {
@@ -171,7 +173,9 @@ static const kb_ops cuda_ops = {
     /* .cross_entropy = */ cu_cross_entropy,
     /* .sumsq = */ cu_sumsq,
     /* .adamw = */ cu_adamw,
-    /* .adamw_checksum = */ NULL, /* the caller hashes the weights on the host (managed memory) */
+    /* .adamw_checksum = */ cu_adamw_checksum,
+    /* .sumsq_runs = */ cu_sumsq_runs,
+    /* .checksum_runs = */ cu_checksum_runs,
     /* .bias_add = */ cu_bias_add,
     /* .bias_grad = */ cu_bias_grad,
     /* .ce_max = */ cu_ce_max,
@@ -267,6 +271,7 @@ extern "C" void cuda_backend_release(kb_backend *b) {
         if (st->stream) cudaStreamSynchronize(st->stream);
         cu_mm_release(st);
         cu_blas_release(st);
+        cu_digests_release(st);
         for (int i = 0; i < CU_NSCRATCH; i++)
             if (st->scratch[i]) cudaFreeAsync(st->scratch[i], st->stream);
         if (st->stream) cudaStreamSynchronize(st->stream);

@@ -545,20 +545,57 @@ double cu_sumsq(kb_backend *b, const float *x, size_t n) {
     return st->host_result[0];
 }
 
+// Several runs' sums of squares, one wait: each run as cu_sumsq reduces it (its partials,
+// then its sum into runs[j]), each group's runs summed in order by one thread (the host's
+// loop: 0 + r0 + r1 + ...), the groups' sums copied to the host at once.
+__global__ void k_sum_seq(double *__restrict__ out, const double *__restrict__ r, int nr) {
+    double s = 0.0;
+    for (int i = 0; i < nr; i++) s += r[i];
+    *out = s;
+}
+
+void cu_sumsq_runs(kb_backend *b, const float *const *x, const size_t *n, const int *end, int ngroups, double *out) {
+    for (int k = 0; k < ngroups; k++) out[k] = NAN;
+    if (!cu_enter(b) || ngroups <= 0) return;
+    if (ngroups > 4) {
+        cu_fail(b, CO_EINVAL, "sumsq_runs", "more than 4 groups");
+        return;
+    }
+    cu_state *st = cu_st(b);
+    int nruns = end[ngroups - 1];
+    size_t np = 0;
+    for (int j = 0; j < nruns; j++) np += (n[j] + SS_CHUNK - 1) / SS_CHUNK;
+    double *red = (double *)cu_scratch(b, CU_SCR_RED, (4 + (size_t)nruns + np) * sizeof(double), "sumsq_runs");
+    if (!red) return;
+    double *runs = red + 4, *part = runs + nruns;
+    for (int j = 0; j < nruns; j++) {
+        size_t npj = (n[j] + SS_CHUNK - 1) / SS_CHUNK;
+        if (npj > 0x7fffffff) {
+            cu_fail(b, CO_EINVAL, "sumsq_runs", "too many elements");
+            return;
+        }
+        if (npj) k_sumsq_part<<<(unsigned)npj, SS_THREADS, 0, st->stream>>>(part, x[j], n[j]);
+        k_sumsq_final<<<1, SS_THREADS, 0, st->stream>>>(runs + j, part, npj);
+        if (cu_launched(b, "sumsq_runs")) return;
+        part += npj;
+    }
+    for (int k = 0, j0 = 0; k < ngroups; j0 = end[k++]) {
+        k_sum_seq<<<1, 1, 0, st->stream>>>(red + k, runs + j0, end[k] - j0);
+        if (cu_launched(b, "sumsq_runs")) return;
+    }
+    if (cu_check(b, cudaMemcpyAsync(st->host_result, red, (size_t)ngroups * sizeof(double), cudaMemcpyDeviceToHost,
+                                    st->stream), "sumsq_runs") ||
+        cu_check(b, cudaStreamSynchronize(st->stream), "sumsq_runs (asynchronous failure)"))
+        return;
+    for (int k = 0; k < ngroups; k++) out[k] = st->host_result[k];
+}
+
 // ---- AdamW ----
 
 __global__ void k_adamw(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
                         float *__restrict__ v, size_t n, float lr, float beta1, float beta2, float c1, float c2,
                         float ib1, float ib2, float eps, float wd, float gscale) {
-    GRID_STRIDE(i, n) {
-        float gi = g[i] * gscale;
-        float mi = beta1 * m[i] + c1 * gi;
-        float vi = beta2 * v[i] + c2 * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        float mh = mi * ib1, vh = vi * ib2;
-        p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
-    }
+    GRID_STRIDE(i, n) cu_adamw_elem(p, g, m, v, i, lr, beta1, beta2, c1, c2, ib1, ib2, eps, wd, gscale);
 }
 
 void cu_adamw(kb_backend *b, float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,

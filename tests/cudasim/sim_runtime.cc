@@ -33,6 +33,7 @@ extern "C" {
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -361,6 +362,28 @@ extern "C" {
 
 const char *cudasim_last_error(void) { return g_msg.c_str(); }
 
+// host synchronisations: the calls that make the host wait for queued work (counted whether
+// or not work was queued: the count is of the code's waits, as a GPU would cost them)
+static std::atomic<unsigned long> g_syncs;
+static void count_sync() { g_syncs++; }
+unsigned long cudasim_sync_count(void) { return g_syncs; }
+
+// COHORT_CUDASIM_COUNTS=FILE: at exit, one line "pid PID syncs N launches M" appended to FILE
+// (tests/cudasim/train_test.sh counts a training step's waits from two runs' lines)
+namespace {
+struct counts_at_exit {
+    ~counts_at_exit() {
+        const char *f = getenv("COHORT_CUDASIM_COUNTS");
+        if (!f || !*f) return;
+        FILE *o = fopen(f, "a");
+        if (!o) return;
+        fprintf(o, "pid %d syncs %lu launches %lu\n", (int)getpid(), (unsigned long)g_syncs,
+                cudasim_launch_count());
+        fclose(o);
+    }
+} g_counts_at_exit;
+}
+
 void cudasim_clear_error(void) {
     std::lock_guard<std::recursive_mutex> lk(g_lock);
     g_sticky = cudaSuccess;
@@ -499,6 +522,7 @@ cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *a, const void *f) {
 
 cudaError_t cudaDeviceSynchronize(void) {
     STICKY();
+    count_sync();
     return set_last(drain_all());
 }
 
@@ -602,6 +626,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     if (!dst || !src) return set_last(cudaErrorInvalidValue);
     std::lock_guard<std::recursive_mutex> lk(g_lock);
     if (!ours(dst)) { // into pageable host memory: done when the call returns
+        count_sync();
         cudaError_t e = drain(s);
         if (e) return set_last(e);
         now([&]() { memmove(dst, src, n); });
@@ -617,6 +642,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind k) {
     (void)k;
     STICKY();
+    count_sync();
     if (n == 0) return cudaSuccess;
     if (!dst || !src) return set_last(cudaErrorInvalidValue);
     std::lock_guard<std::recursive_mutex> lk(g_lock);
@@ -678,6 +704,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     STICKY();
+    count_sync();
     return set_last(drain(s));
 }
 
@@ -724,6 +751,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     STICKY();
+    count_sync();
     if (!e) return set_last(cudaErrorInvalidResourceHandle);
     std::lock_guard<std::recursive_mutex> lk(g_lock);
     return e->recorded && !e->done ? set_last(drain(e->stream)) : cudaSuccess;

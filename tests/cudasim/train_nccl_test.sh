@@ -17,6 +17,21 @@
 #     collective until the generation is aborted: ncclCommAbort from the link's thread, and
 #     nobody is replaced) ends in an in-process restart (or replay), and bitwise the
 #     fault-free run's checkpoint and losses.
+#   sdc: silent data corruption: a mantissa bit of rank 1's weights flipped before a forward;
+#     the weights' checksums, hashed on the (stand-in) device, differ in that very step with
+#     no majority of two, so the step is replayed and the rank whose weights changed since its
+#     optimizer step wrote them (the fused AdamW checksum) is repaired from the other: the job
+#     ends bitwise the fault-free run.
+#   pp2_killed: the last pipeline stage of a pp 2 job SIGKILLed in iteration 2: its stage has
+#     no other replica, so the new generation (new NCCL world and pipeline group) loads the
+#     checkpoint of iteration 1 on both ranks and the job ends bitwise the fault-free run.
+#   pp2_syncs: a training step makes a bounded number of host waits, not one per tensor: the
+#     stand-in counts each rank's (cudasim_sync_count; COHORT_CUDASIM_COUNTS writes them at
+#     exit) in a 2- and a 6-iteration pp 2 run of a 4-layer model (about 25 tensors a stage,
+#     4 micro batches a step); the four extra steps cost each rank at most MAX waits a step:
+#     4 per micro batch (its loss read, the end of its backward, the pipeline's send and
+#     receive syncs) + 6 (the gradient norm's one: its runs reduced on the device, the
+#     optimizer step's, the log line's...), where the norm alone waited once per tensor.
 #   train_nccl_test.sh COHORT COHORT_CUDASIM CASE
 cohort=$1; cudasim=$2; case_name=$3
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
@@ -112,6 +127,39 @@ nccl_hang)
     # nobody replaced: a collective that ignored the abort would have had rank 0 killed
     grep -q "generation 2: 2 rank(s) resume after iteration 1 with the state of rank [01] (0 replaced" "$work/f.out" ||
         fail "not resumed in process: $(grep supervisor "$work/f.out")"
+    ;;
+sdc)
+    faulty --inject-seed 3 --inject "bitflip-param@rank=1,step=2,bit=22,phase=forward"
+    grep -q "inject: flipped bit 22 of parameter" "$work/f.out" || fail "no flip: $(grep -i inject "$work/f.out" | head -3)"
+    grep -q "iteration 2: rerun: parameter checksums differ between the replicas with no majority" "$work/f.out" ||
+        fail "the checksums did not catch it: $(grep supervisor "$work/f.out")"
+    grep -q "iteration 2: repair (persistent_error): rank 1: parameters changed in memory since its last update .*repaired from rank 0" \
+        "$work/f.out" || fail "no repair: $(grep supervisor "$work/f.out")"
+    ;;
+pp2_killed)
+    pp=(--nproc-per-node 2 --pipeline-model-parallel-size 2 --save-interval 1 $quick)
+    run clean "$cudasim" cuda "${pp[@]}"; ok clean
+    run f "$cudasim" cuda "${pp[@]}" --inject "kill@rank=1,step=2"; ok f
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    grep -q "loads the checkpoint of iteration 1" "$work/f.out" ||
+        fail "not resumed from the checkpoint: $(grep supervisor "$work/f.out")"
+    same_losses clean f "the faulty run logged other numbers than the fault-free one"
+    ckpt_same "$(ckpt clean)" "$(ckpt f)"
+    ;;
+pp2_syncs)
+    max=$((4 * 4 + 6))
+    for it in 2 6; do
+        tiny_model --num-layers 4 --train-iters $it
+        COHORT_CUDASIM_COUNTS="$work/counts$it" run s$it "$cudasim" cuda --nproc-per-node 2 \
+            --pipeline-model-parallel-size 2; ok s$it
+        [ "$(wc -l <"$work/counts$it")" -ge 2 ] || fail "the stand-in wrote no counts: $(cat "$work/counts$it")"
+    done
+    # the most a rank waited: the worker processes' lines (the supervisor has no device work)
+    a=$(awk '{print $4}' "$work/counts2" | sort -n | tail -1); b=$(awk '{print $4}' "$work/counts6" | sort -n | tail -1)
+    per=$(( (b - a + 3) / 4 ))
+    echo "host waits of the busiest rank: $a in 2 iterations, $b in 6: $per a step"
+    [ "$per" -ge 1 ] || fail "no waits counted ($a, $b): the counter does not count"
+    [ "$per" -le $max ] || fail "a step waits for the GPU $per times (at most $max expected): $a in 2 iterations, $b in 6"
     ;;
 *) fail "unknown case $case_name" ;;
 esac

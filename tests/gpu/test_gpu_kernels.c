@@ -11,8 +11,14 @@
  * stand-in (tests/cudasim/: the real kernels/cuda sources on the CPU, loaded as the module
  * libcohort_cudasim.so through COHORT_CUDA_MODULE; suite cudasim) COHORT_TEST_STANDIN=1 makes
  * a missing module a failure, not a skip, and keeps the shapes small (the stand-in runs every
- * CUDA thread as a fiber); COHORT_CUDASIM_SEED varies the thread order per run. */
+ * CUDA thread as a fiber); COHORT_CUDASIM_SEED varies the thread order per run.
+ * The weights' checksum and the gradient norm's runs are checked bit for bit against the
+ * host (kernels/checksum.c, sumsq per run), and on the stand-in each with one host wait. */
 #include "tests/gpu/gpu_util.h"
+
+#include "kernels/checksum.h"
+
+#include <dlfcn.h>
 
 static kb_backend *CPU32, *CPU16, *GPU32, *GPU16;
 static bool BIG; /* a real GPU: GPT-2-sized shapes too */
@@ -651,6 +657,97 @@ static void test_optimizer(void) {
     }
 }
 
+/* ---------------------------------------------------------------- checksum and norm runs */
+
+/* the stand-in's count of host waits (cudasim_sync_count), or NULL on a GPU */
+static unsigned long (*sync_count)(void);
+
+static void find_sync_count(void) {
+    const char *mod = getenv("COHORT_CUDA_MODULE");
+    void *h = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (h) *(void **)&sync_count = dlsym(h, "cudasim_sync_count");
+}
+
+/* every XXH3 path: 4..16 bytes, 17..128, 129..240, the long path's partial and whole 1 KiB
+ * blocks, several checksum blocks and a short last one; odd bit patterns too */
+static void test_checksum(void) {
+    static const size_t sizes[] = {1,  2,   3,   4,    5,     8,     16,    30,    32,    33,    59,
+                                   60, 61,  64,  100,  255,   256,   257,   4000,  16383, 16384, 16385,
+                                   40000, 49153};
+    enum { NS = sizeof sizes / sizeof sizes[0] };
+    const float *gx[NS];
+    size_t n[NS];
+    uint64_t seed[NS], want = 0;
+    for (int k = 0; k < NS; k++) {
+        float *x = gu_rand(sizes[k], 2.0f);
+        if (sizes[k] > 8) x[3] = NAN, x[5] = -0.0f, x[7] = INFINITY, x[8] = 1e-42f;
+        float *g = gu_buf(GPU32, x, sizes[k]);
+        n[k] = sizes[k];
+        seed[k] = k == 0 ? 0 : ((uint64_t)k << 40) + 12345u * (uint64_t)k;
+        uint64_t c = kb_checksum_f32(x, n[k], seed[k]);
+        uint64_t d = GPU32->ops->checksum_runs(GPU32, (const float *const *)&g, &n[k], &seed[k], 1);
+        CHECK_MSG(d == c, "checksum n=%zu seed=%llu: gpu %016llx cpu %016llx", n[k], (unsigned long long)seed[k],
+                  (unsigned long long)d, (unsigned long long)c);
+        want ^= c;
+        gx[k] = g;
+        free(x);
+    }
+    unsigned long s0 = sync_count ? sync_count() : 0;
+    uint64_t all = GPU32->ops->checksum_runs(GPU32, gx, n, seed, NS);
+    CHECK_MSG(all == want, "checksum of %d runs: gpu %016llx cpu %016llx", NS, (unsigned long long)all,
+              (unsigned long long)want);
+    if (sync_count) CHECK_MSG(sync_count() - s0 == 1, "checksum_runs: %lu host waits", sync_count() - s0);
+    CHECK_MSG(CPU32->ops->checksum_runs(CPU32, (const float *const *)gx, n, seed, 0) == 0, "no runs: 0");
+
+    /* the gradient norm's runs: one wait, the bits of a host loop over sumsq */
+    int end[2] = {NS / 2, NS};
+    double out[2], loop[2] = {0, 0};
+    for (int k = 0; k < NS; k++) loop[k >= NS / 2] += GPU32->ops->sumsq(GPU32, gx[k], n[k]);
+    s0 = sync_count ? sync_count() : 0;
+    GPU32->ops->sumsq_runs(GPU32, gx, n, end, 2, out);
+    if (sync_count) CHECK_MSG(sync_count() - s0 == 1, "sumsq_runs: %lu host waits", sync_count() - s0);
+    CHECK_MSG(memcmp(out, loop, sizeof out) == 0, "sumsq_runs %.17g %.17g, loop %.17g %.17g", out[0], out[1],
+              loop[0], loop[1]);
+
+    /* AdamW with the checksum of what it wrote: the p of the plain step, the digest of that p,
+     * delivered at the sync (one wait for every tensor) */
+    uint64_t sums[NS];
+    float *p2[NS];
+    for (int k = 0; k < NS; k++) {
+        float *h = gu_fetch(GPU32, gx[k], n[k]);
+        p2[k] = gu_buf(GPU32, h, n[k]);
+        free(h);
+    }
+    float *gr = gu_buf(GPU32, NULL, 49153), *gm = gu_buf(GPU32, NULL, 49153), *gv = gu_buf(GPU32, NULL, 49153);
+    float *gr2 = gu_buf(GPU32, NULL, 49153), *gm2 = gu_buf(GPU32, NULL, 49153), *gv2 = gu_buf(GPU32, NULL, 49153);
+    float *hr = gu_rand(49153, 1.0f);
+    GPU32->ops->copy(GPU32, gr, hr, 49153 * sizeof(float));
+    GPU32->ops->copy(GPU32, gr2, hr, 49153 * sizeof(float));
+    free(hr);
+    GPU32->ops->sync(GPU32);
+    s0 = sync_count ? sync_count() : 0;
+    for (int k = 0; k < NS; k++) {
+        sums[k] = 0x5a5a;
+        GPU32->ops->adamw_checksum(GPU32, (float *)gx[k], gr, gm, gv, n[k], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 2,
+                                   seed[k], &sums[k]);
+    }
+    GPU32->ops->sync(GPU32);
+    if (sync_count) CHECK_MSG(sync_count() - s0 == 1, "adamw_checksum: %lu host waits", sync_count() - s0);
+    for (int k = 0; k < NS; k++) {
+        GPU32->ops->adamw(GPU32, p2[k], gr2, gm2, gv2, n[k], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 2);
+        float *a = gu_fetch(GPU32, gx[k], n[k]), *b = gu_fetch(GPU32, p2[k], n[k]);
+        CHECK_MSG(memcmp(a, b, n[k] * sizeof(float)) == 0, "adamw_checksum n=%zu: p differs from adamw's", n[k]);
+        uint64_t c = kb_checksum_f32(a, n[k], seed[k]);
+        CHECK_MSG(sums[k] == c, "adamw_checksum n=%zu: gpu %016llx cpu %016llx", n[k], (unsigned long long)sums[k],
+                  (unsigned long long)c);
+        free(a), free(b);
+        GPU32->ops->free(GPU32, (float *)gx[k]);
+        GPU32->ops->free(GPU32, p2[k]);
+    }
+    float *bufs[] = {gr, gm, gv, gr2, gm2, gv2};
+    for (int i = 0; i < 6; i++) GPU32->ops->free(GPU32, bufs[i]);
+}
+
 /* ---------------------------------------------------------------- grouped products */
 
 /* uneven groups, empty ones, off[0] > 0; against the CPU backend's grouped products */
@@ -701,11 +798,11 @@ static void test_grouped(void) {
 /* ---------------------------------------------------------------- the table */
 
 /* every entry the CPU backend has, the CUDA backend has too, but for the ones backend.h says
- * it leaves NULL (block attention, adamw_checksum) */
+ * it leaves NULL (block attention) */
 static void test_entries(void) {
     const size_t n = sizeof(kb_ops) / sizeof(void (*)(void));
     const size_t allowed[] = {offsetof(kb_ops, block_attention_forward), offsetof(kb_ops, block_attention_backward),
-                              offsetof(kb_ops, adamw_checksum)};
+                              offsetof(kb_ops, block_attention_backward)};
     for (size_t i = 0; i < n; i++) {
         void (*c)(void), (*g)(void);
         memcpy(&c, (const char *)CPU32->ops + i * sizeof c, sizeof c);
@@ -745,6 +842,9 @@ int main(void) {
     RUN(test_cross_entropy);
     RUN(test_tensor_parallel);
     RUN(test_optimizer);
+    find_sync_count();
+    if (!BIG) CHECK_MSG(sync_count != NULL, "the stand-in has no cudasim_sync_count");
+    RUN(test_checksum);
     RUN(test_grouped);
     CHECK_MSG(GPU32->status == 0 && GPU16->status == 0, "sticky status: %d %d (%s)", GPU32->status, GPU16->status,
               co_err_detail());

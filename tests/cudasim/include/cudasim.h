@@ -31,6 +31,10 @@ const char *cudasim_last_error(void);
 void cudasim_clear_error(void);
 /* Kernels launched since the process started (tests check that work really ran here). */
 unsigned long cudasim_launch_count(void);
+/* Host synchronisations since the process started: cudaStreamSynchronize,
+ * cudaDeviceSynchronize, cudaEventSynchronize, cudaMemcpy and cudaMemcpyAsync into pageable
+ * host memory (tests bound the waits of a step with it). */
+unsigned long cudasim_sync_count(void);
 
 #ifdef __cplusplus
 }

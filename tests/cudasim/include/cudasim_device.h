@@ -212,6 +212,9 @@ static constexpr int warpSize = 32;
 // ---- device intrinsics on the host ----
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
 static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+static inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+}
 static inline unsigned __float_as_uint(float f) { return ::cudasim::from_bits<unsigned>(::cudasim::to_bits(f)); }
 static inline float __uint_as_float(unsigned u) { return ::cudasim::from_bits<float>(u); }
 static inline float __int_as_float(int i) { return ::cudasim::from_bits<float>((uint32_t)i); }
