@@ -130,7 +130,7 @@ static int parse(int argc, char **argv, plan_opts *o) {
         i++;
         if (!strcmp(a, "--gpus") && !(rc = number(a, x, 1, &v))) p->gpus = (int)v;
         else if (!strcmp(a, "--gpus-per-node") && !(rc = number(a, x, 1, &v))) p->gpus_per_node = (int)v;
-        else if (!strcmp(a, "--days")) rc = number(a, x, 1e-3, &p->days);
+        else if (!strcmp(a, "--days")) rc = number(a, x, 1e-6, &p->days);
         else if (!strcmp(a, "--failures-per-gpu-hour")) rc = number(a, x, 1e-12, &p->rate_per_gpu_h);
         else if (!strcmp(a, "--mix")) rc = x ? parse_mix(x, p->shares) : number(a, x, 0, &v);
         else if (!strcmp(a, "--fallback-share")) rc = number(a, x, 0, &p->fallback_share);

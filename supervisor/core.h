@@ -57,7 +57,7 @@ typedef struct sv {
     sv_options o;
     int live_injects;       /* `cohort inject` requests taken (with --inject's, at most FI_MAX_SPECS) */
     fi_rand fir;            /* the random fault injector (o.fault_injector's copy; fir.world 0: off) */
-    fi_rand_plan fi_plan;   /* its plan for this generation */
+    fi_rand_plan fi_plan;   /* its next plan */
     ac_timer *fi_timer;     /* ... which fires when this does */
     ac_actor *a;
     ac_mailbox *mb;
@@ -149,8 +149,8 @@ void sv__kill_remaining(ac_timer *t, void *ctx);
 int64_t sv__current_iteration(sv *s);
 /* Sends a checked fault (its spec) to every live worker, to fire at f->step on f->rank. */
 void sv__inject_send(sv *s, const fi_fault *f, const char *spec);
-/* The random fault injector (fault_injector.c): draws the generation's plan and arms its
- * timer; called whenever ranks are assigned (training starts or resumes). */
+/* The random fault injector (fault_injector.c): draws the first plan and arms its timer;
+ * called whenever ranks are assigned (it acts the first time only). */
 void sv__fi_arm(sv *s);
 /* Ends the loop once no worker of this node is left running and the job cannot go on. */
 void sv__maybe_finish(struct sv *s);

@@ -58,6 +58,24 @@ refused)
         --fault-injector-mtti-seconds 5 >"$work/o" 2>&1
     [ $? -eq 2 ] && grep -q "'7' is not a rank of this job (0..3)" "$work/o" || fail "rank 7: $(cat "$work/o")"
     ;;
+soak|validate)
+    # bench/soak.sh for 2 minutes: soak with every fault kind every ~10 s; validate with the
+    # kinds a restart cures (kill, stop, hang) every ~20 s, against cohort plan's prediction
+    if [ "$case_name" = soak ]; then export SOAK_MTTI=10; else export SOAK_MTTI=20 SOAK_TYPES=sigkill,sigstop,hang; fi
+    COHORT=$cohort bash "$COHORT_SOURCE_ROOT/bench/soak.sh" 2 "$work/soak" >"$work/soak.out" 2>&1 ||
+        fail "soak: $(tail -3 "$work/soak.out")"
+    /usr/bin/python3 - "$work/soak/soak.json" "$case_name" <<'PY' || fail "$(cat "$work/soak.out")"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["bitwise_equal"] and s["steps_lost"] == 0, s
+if sys.argv[2] == "soak":
+    assert s["injections"] >= 6 and s["faults_survived"] >= 6, s
+else:
+    assert s["restarts"] >= 3, s
+    assert abs(s["ettr_measured"] - s["ettr_predicted"]) <= 0.10, s
+PY
+    cat "$work/soak.out"
+    ;;
 *) fail "unknown case $case_name" ;;
 esac
 echo "ok $case_name"
