@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # soak.sh - a supervised 4-rank CPU job under Megatron's random fault injector for MINUTES,
 # then the fault-free run of the same iterations: reports the faults survived, the steps lost,
-# the measured ETTR (the fault-free run's wall time over the faulty run's, the same iterations,
-# start-up in both), `cohort plan`'s prediction for that job (its failure rate from the MTTI,
+# the measured ETTR (the iterations times the faulty run's median logged step time, over its
+# wall time less the start-up: the fault-free run's wall time less its iterations at its median
+# step time; each run's own step times, so that a busy machine slows both sides alike), `cohort plan`'s prediction for that job (its failure rate from the MTTI,
 # the in-process restart's cost and the step time from the faulty run's report), and whether the
 # final checkpoints are bitwise equal (`cohort ckpt diff`). Exit status 1 when they are not.
 #   bench/soak.sh MINUTES [WORKDIR]
@@ -41,19 +42,24 @@ import json, subprocess, sys
 work, mtti, cohort, same, n = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 f, c = json.load(open(f"{work}/f.json")), json.load(open(f"{work}/clean.json"))
 inj = [i for i in f.get("injections", {}).get("list", []) if i["source"] == "--fault-injector"]
-measured = c["wall_seconds"] / f["wall_seconds"]
+def median_step(path):
+    t = sorted(r["elapsed_ms_per_iteration"] for r in map(json.loads, open(path)) if "elapsed_ms_per_iteration" in r)
+    return t[len(t) // 2] / 1000.0
+sf, sc = median_step(f"{work}/f.jsonl"), median_step(f"{work}/clean.jsonl")
+startup = max(0.0, c["wall_seconds"] - n * sc)
+measured = n * sf / (f["wall_seconds"] - startup)
 # the planner: 4 GPUs on one node for the faulty run's wall time, one failure per MTTI, each
 # cured in place (mix sw) at the in-process cost measured in the report, no checkpoints
-days = f["wall_seconds"] / 86400.0
+days = (f["wall_seconds"] - startup) / 86400.0
 plan = subprocess.run([cohort, "plan", "--gpus", "4", "--gpus-per-node", "4", "--days", repr(days),
                        "--failures-per-gpu-hour", repr(3600.0 / (mtti * 4)), "--mix", "hw=0,sw=1,sdc=0",
                        "--fallback-share", "0", "--save-seconds", "0", "--checkpoint-interval", "1e9",
-                       "--from-report", f"{work}/f.json", "--runs", "4000", "--json"],
+                       "--from-report", f"{work}/f.json", "--step-seconds", repr(sf), "--runs", "4000", "--json"],
                       capture_output=True, text=True, check=True)
 pred = [s for s in json.loads(plan.stdout)["strategies"] if s["strategy"] == "in-process"][0]["ettr"]
 out = {"iterations": n, "wall_seconds": f["wall_seconds"], "clean_wall_seconds": c["wall_seconds"],
        "injections": len(inj), "faults_survived": len(f["faults"]), "restarts": f["restarts"],
-       "steps_lost": f["steps_lost"], "ettr_measured": round(measured, 4), "ettr_predicted": round(pred, 4),
+       "steps_lost": f["steps_lost"], "startup_seconds": round(startup, 2), "step_seconds": sf, "ettr_measured": round(measured, 4), "ettr_predicted": round(pred, 4),
        "bitwise_equal": same == "yes"}
 json.dump(out, open(f"{work}/soak.json", "w"))
 print("soak: %d iterations in %.1f s (fault-free %.1f s); %d injections, %d faults survived, %d restarts, "
