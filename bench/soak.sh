@@ -18,7 +18,7 @@ mtti=${SOAK_MTTI:-20}
 types=${SOAK_TYPES:-sigkill,sigstop,hang,slow,nan,inf,spike,bitflip-grad,bitflip-param,bitflip-act}
 seed=${SOAK_SEED:-1}
 mkdir -p "$work"
-iters=$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 * 60 + 100 }') # above any rate this job reaches
+iters=$(awk -v m="$minutes" 'BEGIN { printf "%d", m * 60 * 300 + 100 }') # above any rate this job reaches
 job=(--mock-data --tokenizer-type NullTokenizer --vocab-size 500 --num-layers 2 --hidden-size 32
      --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 16 --lr 1e-3
      --data-cache-path "$work/cache" --log-interval 50 --eval-interval 1000000 --eval-iters 1 --threads 1
