@@ -624,9 +624,10 @@ static int injections(const svv *v, inj_view **out, int *nfired) {
 static void report_injections(FILE *human, const svv *v, const inj_view *x, int n, int nfired) {
     if (!human || !n) return;
     int64_t asked = v->n_cli_inject + v->nreq_total; /* (requests past SVV_MAX_REQUESTS are counted, not kept) */
-    fprintf(human, "  injections: %" PRId64 " asked for (%d by --inject, %" PRId64 " by cohort inject, %" PRId64
-                   " by --fault-injector), %d reported fired\n", asked, v->n_cli_inject, v->nreq_total - v->nreq_random,
-            v->nreq_random, nfired);
+    char rnd[64] = "";
+    if (v->nreq_random) snprintf(rnd, sizeof rnd, ", %" PRId64 " by --fault-injector", v->nreq_random);
+    fprintf(human, "  injections: %" PRId64 " asked for (%d by --inject, %" PRId64 " by cohort inject%s), %d reported "
+                   "fired\n", asked, v->n_cli_inject, v->nreq_total - v->nreq_random, rnd, nfired);
     int listed = 0;
     for (int i = 0; i < n && listed < 16; i++)
         if (!x[i].fired) {
