@@ -24,6 +24,7 @@ int cli_data(int argc, char **argv);
 int cli_ckpt(int argc, char **argv);
 int cli_keygen(int argc, char **argv);
 int cli_inject(int argc, char **argv);
+int cli_plan(int argc, char **argv);
 int cli_status(int argc, char **argv);
 int cli_topology(int argc, char **argv);
 int cli_schedule(int argc, char **argv);

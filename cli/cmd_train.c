@@ -493,6 +493,18 @@ static int run_supervisor(const co_config *c, int argc, char **argv, int dp, int
         return CLI_USAGE;
     }
     so.inject = &inj;
+    fi_rand fir;
+    if (fi_rand_wanted(c->fault_injector_ranks, c->fault_injector_num_ranks)) {
+        if (fi_rand_init(&fir, c->fault_injector_ranks, c->fault_injector_num_ranks, c->fault_injector_fault_types,
+                         c->fault_injector_fault_probabilities, c->fault_injector_fault_delay,
+                         c->fault_injector_mtti_seconds, c->fault_injector_offset_seconds,
+                         (uint64_t)c->fault_injector_seed, world)) {
+            co_log(CO_LOG_ERROR, "%s", co_err_detail());
+            fi_schedule_free(&inj);
+            return CLI_USAGE;
+        }
+        so.fault_injector = &fir;
+    }
     /* the state machine's state comes back from the checkpoint the workers load */
     char *rerun_state = checkpoint_rerun_state(c);
     so.rerun_state = rerun_state;

@@ -31,6 +31,9 @@ static void usage(FILE *f) {
           "               --prompt or standard input (greedy, temperature, top-k, top-p)\n"
           "  ckpt         checkpoint tools: ls, inspect, verify, diff, convert, prune\n"
           "  inject       inject a fault into a running job (the syntax of train --inject)\n"
+          "  plan         simulate a long run's failures: ETTR, steps lost and the best checkpoint\n"
+          "               interval per recovery strategy (checkpoint-restart, in-process, spares,\n"
+          "               elastic), costs from a run report or flags\n"
           "  status       a running job's ranks, progress, stragglers, faults, next checkpoint\n"
           "  keygen       write a job secret: keygen --output FILE\n"
           "  topology     every rank's coordinates and Megatron's parallel groups for a layout\n"
@@ -58,6 +61,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "generate")) return cli_generate(argc - 2, argv + 2);
     if (!strcmp(cmd, "keygen")) return cli_keygen(argc - 2, argv + 2);
     if (!strcmp(cmd, "inject")) return cli_inject(argc - 2, argv + 2);
+    if (!strcmp(cmd, "plan")) return cli_plan(argc - 2, argv + 2);
     if (!strcmp(cmd, "status")) return cli_status(argc - 2, argv + 2);
     if (!strcmp(cmd, "topology")) return cli_topology(argc - 2, argv + 2);
     if (!strcmp(cmd, "schedule")) return cli_schedule(argc - 2, argv + 2);

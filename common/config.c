@@ -350,6 +350,23 @@ static const flag flags[] = {
          "allreduce|optimizer][,times=once|always][,bit=B][,ms=N]; KIND: kill stop hang slow nan inf spike "
          "bitflip-grad bitflip-param bitflip-act msg-delay msg-drop msg-dup kill-supervisor; R, S may be * or A-B"),
     L("resilience", "inject-seed", inject_seed, "0", "[cohort] seed of random --inject choices (*, A-B, bits)"),
+    S("resilience", "fault-injector-ranks", fault_injector_ranks, NULL, NULL,
+      "comma-separated ranks the random fault injector hits (or --fault-injector-num-ranks); needs a supervised job"),
+    I("resilience", "fault-injector-num-ranks", fault_injector_num_ranks, "0",
+      "ranks the random fault injector hits, drawn from 1..world-1 at each plan (0: use --fault-injector-ranks)"),
+    S("resilience", "fault-injector-fault-types", fault_injector_fault_types, NULL, NULL,
+      "comma-separated fault types, one drawn per plan: sigkill segfault os_abort sigstop gpu_sleep lock_gil, or "
+      "cohort's kill stop hang slow nan inf spike bitflip-grad bitflip-param bitflip-act"),
+    S("resilience", "fault-injector-fault-probabilities", fault_injector_fault_probabilities, NULL, NULL,
+      "comma-separated weights of --fault-injector-fault-types (normalised; default equal)"),
+    D("resilience", "fault-injector-fault-delay", fault_injector_fault_delay, "-1",
+      "seconds from the start of training (and of each restart) to the fault (< 0: drawn from the MTTI)"),
+    D("resilience", "fault-injector-mtti-seconds", fault_injector_mtti_seconds, "0",
+      "mean time to injection: each delay is an exponential draw with this mean, from the start of training and "
+      "of each restart"),
+    D("resilience", "fault-injector-offset-seconds", fault_injector_offset_seconds, "0",
+      "seconds added to each drawn delay"),
+    L("resilience", "fault-injector-seed", fault_injector_seed, "0", "seed of the random fault injector's draws"),
     D("resilience", "straggler-threshold", straggler_threshold, "0.75",
       "[cohort] flag a rank whose speed score (median of others / its time) is below this"),
     NB("resilience", "inprocess-restart", inprocess_restart,

@@ -198,6 +198,11 @@ typedef struct co_config {
     char *inject[CO_MAX_DATA_PATHS];
     int n_inject;
     int64_t inject_seed;
+    /* Megatron's random fault injector (resilience/fault_injector.h) */
+    char fault_injector_ranks[256], fault_injector_fault_types[256], fault_injector_fault_probabilities[256];
+    int fault_injector_num_ranks;
+    double fault_injector_fault_delay, fault_injector_mtti_seconds, fault_injector_offset_seconds;
+    int64_t fault_injector_seed;
     double straggler_threshold;
     bool inprocess_restart;
     double inprocess_soft_timeout, inprocess_hard_timeout, inprocess_barrier_timeout;

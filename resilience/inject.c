@@ -202,7 +202,20 @@ int fi_schedule_parse_live(fi_schedule *s, char *const *specs, int nspecs, int w
     return parse_all(s, specs, nspecs, 0, world, r);
 }
 
+/* Drops the first fault that fired once and cannot fire again: a long job under the random
+ * fault injector keeps receiving faults; true if one was dropped. */
+static bool drop_spent(fi_schedule *s) {
+    for (int i = 0; i < s->n; i++)
+        if (s->f[i].fired && !s->f[i].always) {
+            memmove(&s->f[i], &s->f[i + 1], sizeof *s->f * (size_t)(s->n - i - 1));
+            s->n--;
+            return true;
+        }
+    return false;
+}
+
 int fi_schedule_add(fi_schedule *s, const char *spec, uint64_t seed, int world, int64_t train_iters) {
+    if (s->n >= FI_MAX_SPECS) drop_spent(s);
     if (s->n >= FI_MAX_SPECS)
         return co_err_set(CO_EINVAL, "--inject '%s': the job already has %d faults scheduled, the most it holds "
                                      "(FI_MAX_SPECS)", spec, FI_MAX_SPECS);

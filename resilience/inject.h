@@ -70,7 +70,8 @@ int fi_schedule_parse(fi_schedule *s, char *const *specs, int nspecs, uint64_t s
 /* The same for a running job (`cohort inject`): steps must be in first..last, the
  * iterations it has still to run. */
 int fi_schedule_parse_live(fi_schedule *s, char *const *specs, int nspecs, int world, int64_t first, int64_t last);
-/* Adds one more (`cohort inject` against a running job); CO_EINVAL past FI_MAX_SPECS. */
+/* Adds one more (`cohort inject` against a running job); when the schedule is full, a fault
+ * that fired once (spent) makes room; CO_EINVAL past FI_MAX_SPECS faults still live. */
 int fi_schedule_add(fi_schedule *s, const char *spec, uint64_t seed, int world, int64_t train_iters);
 void fi_schedule_free(fi_schedule *s);
 

@@ -1,6 +1,9 @@
 /* resilience_check.c - resilience's checks of the configuration (see resilience_check.h). */
 #include "resilience/resilience_check.h"
 
+#include "common/error.h"
+#include "resilience/fault_injector.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdint.h>
@@ -50,7 +53,27 @@ static void check_restart_limits(const co_config *c, co_problems *P) {
         co_problem(P, "--inprocess-restart-limit must be >= 0 and --inprocess-restart-window positive (at most 1e6 s)");
 }
 
+/* Megatron's random fault injector: its flags, in a supervised job only. */
+static void check_fault_injector(const co_config *c, co_problems *P) {
+    co_problem_range(P, "fault-injector-seed", c->fault_injector_seed, 0, INT64_MAX);
+    co_problem_range(P, "fault-injector-num-ranks", c->fault_injector_num_ranks, 0, INT_MAX);
+    if (!fi_rand_wanted(c->fault_injector_ranks, c->fault_injector_num_ranks)) return;
+    int world = c->nproc_per_node * c->nnodes;
+    if (world < 2) {
+        co_problem(P, "--fault-injector-ranks/--fault-injector-num-ranks need a supervised job that survives the "
+                      "faults: --nproc-per-node 2 or more");
+        return;
+    }
+    fi_rand r;
+    if (fi_rand_init(&r, c->fault_injector_ranks, c->fault_injector_num_ranks, c->fault_injector_fault_types,
+                     c->fault_injector_fault_probabilities, c->fault_injector_fault_delay,
+                     c->fault_injector_mtti_seconds, c->fault_injector_offset_seconds,
+                     (uint64_t)c->fault_injector_seed, world))
+        co_problem(P, "%s", co_err_detail());
+}
+
 void rr_check_limits(const co_config *c, co_problems *P) {
+    check_fault_injector(c, P);
     co_problem_range(P, "error-injection-rate", c->error_injection_rate, 0, INT_MAX);
     co_problem_range(P, "inject-seed", c->inject_seed, 0, INT64_MAX);
     check_restart_limits(c, P);

@@ -56,6 +56,9 @@ typedef struct worker {
 typedef struct sv {
     sv_options o;
     int live_injects;       /* `cohort inject` requests taken (with --inject's, at most FI_MAX_SPECS) */
+    fi_rand fir;            /* the random fault injector (o.fault_injector's copy; fir.world 0: off) */
+    fi_rand_plan fi_plan;   /* its next plan */
+    ac_timer *fi_timer;     /* ... which fires when this does */
     ac_actor *a;
     ac_mailbox *mb;
     sv__sender snd;
@@ -142,6 +145,13 @@ extern const sv__role sv__agent_role;
 
 /* After kill_grace_ms: SIGKILL for this node's workers still running (a timer callback). */
 void sv__kill_remaining(ac_timer *t, void *ctx);
+/* The iteration the job is at (the furthest any rank or the state machine reached). */
+int64_t sv__current_iteration(sv *s);
+/* Sends a checked fault (its spec) to every live worker, to fire at f->step on f->rank. */
+void sv__inject_send(sv *s, const fi_fault *f, const char *spec);
+/* The random fault injector (fault_injector.c): draws the first plan and arms its timer;
+ * called whenever ranks are assigned (it acts the first time only). */
+void sv__fi_arm(sv *s);
 /* Ends the loop once no worker of this node is left running and the job cannot go on. */
 void sv__maybe_finish(struct sv *s);
 /* Starts the worker process of slot w (at the start, or to replace a dead rank). */

@@ -407,6 +407,7 @@ static void send_assignments(sv *s, int64_t start_iteration, int source) {
         }
         s->assigned = true;
         ac_timer_stop(&s->rdv_timer);
+        sv__fi_arm(s);
     }
     free(pe);
     free(pp);
@@ -730,6 +731,28 @@ static void check_restart_done(sv *s) {
     }
 }
 
+int64_t sv__current_iteration(sv *s) {
+    int64_t cur = 0;
+    for (int i = 0; i < s->nw; i++)
+        if ((int64_t)s->w[i].iteration > cur) cur = (int64_t)s->w[i].iteration;
+    if (s->val && svv_current_iteration(s->val) > cur) cur = svv_current_iteration(s->val);
+    return cur;
+}
+
+void sv__inject_send(sv *s, const fi_fault *f, const char *spec) {
+    Cohort__V1__Param pm = COHORT__V1__PARAM__INIT, *pp = &pm;
+    pm.key = "spec";
+    pm.value = (char *)spec;
+    Cohort__V1__InjectFault inj = COHORT__V1__INJECT_FAULT__INIT;
+    inj.target_rank = f->rank;
+    inj.has_iteration = 1;
+    inj.iteration = (uint64_t)f->step;
+    inj.n_params = 1;
+    inj.params = &pp;
+    for (int i = 0; i < s->nw; i++)
+        if (svp_alive(s->w[i].state)) sv__send(s->mb, s->w[i].identity, &s->snd, &inj.base);
+}
+
 /* `cohort inject` against this job: checks the spec, forwards it to the workers (or keeps
  * a kill-supervisor), and answers with one line: "ok: ..." or "error: ...". */
 static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *msg) {
@@ -738,10 +761,7 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
     if (msg && msg->env->body_case == COHORT__V1__ENVELOPE__BODY_INJECT_FAULT)
         for (size_t i = 0; i < msg->env->inject_fault->n_params; i++)
             if (!strcmp(msg->env->inject_fault->params[i]->key, "spec")) spec = msg->env->inject_fault->params[i]->value;
-    int64_t cur = 0;
-    for (int i = 0; i < s->nw; i++)
-        if ((int64_t)s->w[i].iteration > cur) cur = (int64_t)s->w[i].iteration;
-    if (s->val && svv_current_iteration(s->val) > cur) cur = svv_current_iteration(s->val);
+    int64_t cur = sv__current_iteration(s);
     fi_schedule one = {0};
     if (!spec) {
         snprintf(out, sizeof out, "error: not an injection request");
@@ -761,17 +781,7 @@ static void handle_inject(sv *s, ac_mailbox *mb, const ac_msg *m, const pw_msg *
             if (!s->o.inject || fi_schedule_add(s->o.inject, spec, 0, s->nw, INT64_MAX / 4))
                 snprintf(out, sizeof out, "error: cannot keep it");
         } else {
-            Cohort__V1__Param pm = COHORT__V1__PARAM__INIT, *pp = &pm;
-            pm.key = "spec";
-            pm.value = (char *)spec;
-            Cohort__V1__InjectFault inj = COHORT__V1__INJECT_FAULT__INIT;
-            inj.target_rank = one.f[0].rank;
-            inj.has_iteration = 1;
-            inj.iteration = (uint64_t)one.f[0].step;
-            inj.n_params = 1;
-            inj.params = &pp;
-            for (int i = 0; i < s->nw; i++)
-                if (svp_alive(s->w[i].state)) sv__send(s->mb, s->w[i].identity, &s->snd, &inj.base);
+            sv__inject_send(s, &one.f[0], spec);
             s->live_injects++; /* (a kill-supervisor counts in --inject's schedule) */
         }
         char line[700];

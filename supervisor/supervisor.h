@@ -41,6 +41,7 @@
 #ifndef COHORT_SUPERVISOR_SUPERVISOR_H
 #define COHORT_SUPERVISOR_SUPERVISOR_H
 
+#include "resilience/fault_injector.h"
 #include "resilience/inject.h"
 #include "resilience/rerun.h"
 
@@ -108,6 +109,7 @@ typedef struct sv_options {
     const char *report_file;       /* JSON run report (NULL: none) */
     double straggler_threshold;
     fi_schedule *inject;           /* --inject (kill-supervisor fires here) */
+    const fi_rand *fault_injector; /* Megatron's random fault injector (--fault-injector-*; NULL: off) */
     /* in-process restart (every node: node agents respawn their node's workers on the
      * supervisor's order): a dead, hung or silent rank aborts the generation; the
      * survivors wait at a restart barrier inside their processes, dead ranks are respawned

@@ -39,15 +39,20 @@ typedef struct fault_rec {
     uint64_t t_detect;            /* when it was detected (restart faults) */
 } fault_rec;
 
-/* A fault `cohort inject` asked for: not a fault until a rank reports it fired. */
+/* A fault `cohort inject` or the random fault injector asked for: not a fault until a rank
+ * reports it fired. */
 typedef struct inject_req {
     char spec[200];
     int64_t requested_at; /* the iteration the job was at */
+    bool random;          /* the random fault injector's (--fault-injector-*) */
 } inject_req;
 
-/* The line the supervisor records for a `cohort inject` request (supervisor.c handle_inject):
- * "inject: SPEC (cohort inject), requested at iteration N". */
+/* The lines the supervisor records for a `cohort inject` request (supervisor.c handle_inject)
+ * and a random fault injector's injection (supervisor/fault_injector.c):
+ * "inject: SPEC (cohort inject), requested at iteration N",
+ * "inject: SPEC (--fault-injector), requested at iteration N". */
 #define SVV_REQUEST_MARK " (cohort inject), requested at iteration "
+#define SVV_RANDOM_MARK " (--fault-injector), requested at iteration "
 #define SVV_MAX_REQUESTS 1024 /* listed in the report; more are counted only */
 
 struct svv {
@@ -69,6 +74,7 @@ struct svv {
     inject_req *req;              /* `cohort inject` requests (SVV_MAX_REQUESTS at most) ... */
     int nreq;
     int64_t nreq_total;           /* ... and how many came */
+    int64_t nreq_random;          /* of those, the random fault injector's */
     int n_cli_inject;             /* the --inject specs (o.inject's first entries) */
     double *ema;    /* [W] compute time (data + forward + backward) per iteration, smoothed */
     double *worst;  /* [W] lowest score seen */
@@ -210,21 +216,23 @@ static void fault_event(const svv *v, const fault_rec *f, const char *event) {
 }
 
 /* A `cohort inject` request: kept to be matched with its firing, never counted a fault. */
-static void note_request(svv *v, const char *line, const char *mark) {
+static void note_request(svv *v, const char *line, const char *mark, bool random) {
     v->nreq_total++;
+    v->nreq_random += random;
     if (v->nreq >= SVV_MAX_REQUESTS) return;
     if (!v->req && !(v->req = calloc(SVV_MAX_REQUESTS, sizeof *v->req))) return;
     inject_req *q = &v->req[v->nreq++];
     const char *spec = strstr(line, "inject: ");
     spec = spec && spec < mark ? spec + 8 : line;
     snprintf(q->spec, sizeof q->spec, "%.*s", (int)(mark - spec), spec);
-    q->requested_at = atoll(mark + strlen(SVV_REQUEST_MARK));
+    q->requested_at = atoll(mark + strlen(random ? SVV_RANDOM_MARK : SVV_REQUEST_MARK));
+    q->random = random;
 }
 
 void svv_on_event(svv *v, int rank, const char *line) {
-    const char *mark = strstr(line, SVV_REQUEST_MARK);
-    if (mark) {
-        note_request(v, line, mark);
+    const char *mark = strstr(line, SVV_REQUEST_MARK), *rmark = strstr(line, SVV_RANDOM_MARK);
+    if (mark || rmark) {
+        note_request(v, line, mark ? mark : rmark, !mark);
         return;
     }
     fault_rec *f = new_fault(v);
@@ -591,7 +599,8 @@ static int write_report(svv *v, FILE *human, const char *json_path, int exit_sta
 /* One injection asked for: an --inject spec or a `cohort inject` request. */
 struct inj_view {
     const char *spec;
-    bool live;            /* cohort inject (requested_at says when) */
+    bool live;            /* cohort inject or --fault-injector (requested_at says when) */
+    bool random;          /* --fault-injector */
     int64_t requested_at;
     bool fired;           /* a rank reported it firing */
 };
@@ -614,7 +623,7 @@ static int injections(const svv *v, inj_view **out, int *nfired) {
     for (int i = 0; i < n; i++) {
         bool live = i >= v->n_cli_inject;
         const inject_req *q = live ? &v->req[i - v->n_cli_inject] : NULL;
-        x[i] = (inj_view){.spec = live ? q->spec : v->o.inject->f[i].spec, .live = live,
+        x[i] = (inj_view){.spec = live ? q->spec : v->o.inject->f[i].spec, .live = live, .random = live && q->random,
                           .requested_at = live ? q->requested_at : -1};
         char needle[200];
         snprintf(needle, sizeof needle, "(--inject %.159s)", x[i].spec);
@@ -632,14 +641,16 @@ static int injections(const svv *v, inj_view **out, int *nfired) {
 static void report_injections(FILE *human, const svv *v, const inj_view *x, int n, int nfired) {
     if (!human || !n) return;
     int64_t asked = v->n_cli_inject + v->nreq_total; /* (requests past SVV_MAX_REQUESTS are counted, not kept) */
-    fprintf(human, "  injections: %" PRId64 " asked for (%d by --inject, %" PRId64 " by cohort inject), %d reported "
-                   "fired\n", asked, v->n_cli_inject, v->nreq_total, nfired);
+    char rnd[64] = "";
+    if (v->nreq_random) snprintf(rnd, sizeof rnd, ", %" PRId64 " by --fault-injector", v->nreq_random);
+    fprintf(human, "  injections: %" PRId64 " asked for (%d by --inject, %" PRId64 " by cohort inject%s), %d reported "
+                   "fired\n", asked, v->n_cli_inject, v->nreq_total - v->nreq_random, rnd, nfired);
     int listed = 0;
     for (int i = 0; i < n && listed < 16; i++)
         if (!x[i].fired) {
             if (x[i].live)
-                fprintf(human, "  - not fired: %s (cohort inject at iteration %" PRId64 ")\n", x[i].spec,
-                        x[i].requested_at);
+                fprintf(human, "  - not fired: %s (%s at iteration %" PRId64 ")\n", x[i].spec,
+                        x[i].random ? "--fault-injector" : "cohort inject", x[i].requested_at);
             else
                 fprintf(human, "  - not fired: %s (--inject)\n", x[i].spec);
             listed++;
@@ -661,11 +672,12 @@ static json_t *injections_json(const svv *v, const inj_view *x, int n, int nfire
     for (int i = 0; i < n; i++) {
         char text[400];
         if (x[i].live)
-            snprintf(text, sizeof text, "inject: %s" SVV_REQUEST_MARK "%" PRId64, x[i].spec, x[i].requested_at);
+            snprintf(text, sizeof text, "inject: %s%s%" PRId64, x[i].spec,
+                     x[i].random ? SVV_RANDOM_MARK : SVV_REQUEST_MARK, x[i].requested_at);
         else
             snprintf(text, sizeof text, "inject: %s (--inject)", x[i].spec);
         json_t *j = json_pack("{s:s, s:s, s:b, s:s}", "spec", x[i].spec, "source",
-                              x[i].live ? "cohort inject" : "--inject", "fired", x[i].fired, "text", text);
+                              x[i].random ? "--fault-injector" : x[i].live ? "cohort inject" : "--inject", "fired", x[i].fired, "text", text);
         if (j && x[i].live) json_object_set_new(j, "requested_at", json_integer(x[i].requested_at));
         if (j) json_array_append_new(a, j);
     }
