@@ -190,6 +190,7 @@ typedef struct co_config {
     int n_inject;
     int64_t inject_seed;
     double straggler_threshold;
+    int straggler_evict_after;
     bool inprocess_restart;
     double inprocess_soft_timeout, inprocess_hard_timeout, inprocess_barrier_timeout;
     double inprocess_heartbeat_interval, inprocess_heartbeat_timeout;
