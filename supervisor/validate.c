@@ -83,6 +83,7 @@ struct svv {
     int *slow;      /* [nstages] consecutive iterations a stage scored below the threshold */
     bool *sflagged;
     int64_t rounds;
+    bool cold;      /* a restart: the next round is not scored */
     int64_t validated, reruns, checks, repairs, skips;
     int64_t duplicate_reports; /* loss reports that arrived twice (counted once) */
     int64_t restarts;
@@ -337,12 +338,15 @@ static void score_stragglers(svv *v, int64_t iteration) {
         v->nhist[r]++;
     }
     if (W < 2) return;
+    if (v->cold) { /* the first iteration after a restart: a process that just took a rank is
+                    * still cold (scored on it, a newcomer looks like a straggler) */
+        v->cold = false;
+        return;
+    }
     for (int r = 0; r < W; r++) {
         const double *ph = v->p[r].phase_ms;
         double c = ph[0] + ph[1] + ph[2];
-        /* the first iteration after a start or restart is dropped: it is cold everywhere, and most
-         * in a process that just took a rank (a newcomer scored on it looks like a straggler) */
-        v->ema[r] = v->rounds > 1 ? 0.7 * v->ema[r] + 0.3 * c : c;
+        v->ema[r] = v->rounds ? 0.7 * v->ema[r] + 0.3 * c : c;
     }
     v->rounds++;
     if (v->rounds < 5) return; /* warm-up: first iterations are slow everywhere */
@@ -803,6 +807,7 @@ void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint
     v->round_first_ms = 0;
     v->last_accept_ms = 0; /* the restart is not a step */
     v->rounds = 0;         /* straggler scores start over: a restart disturbs every rank's times */
+    v->cold = true;
     memset(v->low, 0, sizeof *v->low * (size_t)v->W);
     memset(v->evict_asked, 0, sizeof *v->evict_asked * (size_t)v->W);
 }
