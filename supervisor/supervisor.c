@@ -575,6 +575,7 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
         s->w[k].waiting_ms = 0;
     }
     uint64_t now = sv__now_ms();
+    s->evict_rank = -1; /* an eviction not carried out yet: the scores start over */
     if (s->val) svv_restart_begin(s->val, kind, rank, why, detect_ms);
     if (restart_limit_reached(s, now, why)) return;
     uint64_t gen = ++s->snd.generation;
