@@ -487,6 +487,7 @@ static int run_supervisor(const co_config *c, int argc, char **argv, int dp, int
     if (!report[0] && c->save[0]) snprintf(report, sizeof report, "%s/run_report.json", c->save);
     so.report_file = report;
     so.straggler_threshold = c->straggler_threshold;
+    so.straggler_evict_after = c->straggler_evict_after;
     fi_schedule inj;
     if (wk_inject_parse(c, world, &inj)) {
         co_log(CO_LOG_ERROR, "%s", co_err_detail());

@@ -369,6 +369,9 @@ static const flag flags[] = {
     L("resilience", "fault-injector-seed", fault_injector_seed, "0", "seed of the random fault injector's draws"),
     D("resilience", "straggler-threshold", straggler_threshold, "0.75",
       "[cohort] flag a rank whose speed score (median of others / its time) is below this"),
+    I("resilience", "straggler-evict-after", straggler_evict_after, "0",
+      "[cohort] a rank scored below --straggler-threshold this many iterations in a row is evicted: a warm spare "
+      "takes its rank and state in an in-process restart and its process is stopped (0: never)"),
     NB("resilience", "inprocess-restart", inprocess_restart,
        "on a dead, hung or silent rank: abort the generation, replace the rank, take its state from a "
        "data-parallel replica's memory and train on inside the surviving processes"),

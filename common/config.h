@@ -204,6 +204,7 @@ typedef struct co_config {
     double fault_injector_fault_delay, fault_injector_mtti_seconds, fault_injector_offset_seconds;
     int64_t fault_injector_seed;
     double straggler_threshold;
+    int straggler_evict_after;
     bool inprocess_restart;
     double inprocess_soft_timeout, inprocess_hard_timeout, inprocess_barrier_timeout;
     double inprocess_heartbeat_interval, inprocess_heartbeat_timeout;

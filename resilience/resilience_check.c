@@ -78,6 +78,7 @@ void rr_check_limits(const co_config *c, co_problems *P) {
     co_problem_range(P, "inject-seed", c->inject_seed, 0, INT64_MAX);
     check_restart_limits(c, P);
     co_problem_range(P, "quarantine-after", c->quarantine_after, 0, INT_MAX);
+    co_problem_range(P, "straggler-evict-after", c->straggler_evict_after, 0, INT_MAX);
     co_problem_range(P, "quarantine-window", c->quarantine_window, 1, CO_MAX_ITERS);
     if (c->check_replicas_interval < 0) co_problem(P, "--check-replicas-interval must be >= 0");
     if (c->check_weight_hash_interval < 0)

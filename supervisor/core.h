@@ -44,6 +44,7 @@ typedef struct worker {
     int64_t ready_iter;       /* the iteration it committed last */
     uint64_t abort_ms;        /* when it was sent the Abort */
     bool retiring;            /* quarantined: replaced once it reaches the restart barrier */
+    bool evicting;            /* a straggler being evicted: a warm spare takes its rank (planner's view) */
     bool signalled;           /* it reported a SIGINT/SIGTERM of its own */
     int rank;                 /* its data-parallel rank, -1 for a warm spare (index is its slot) */
     /* several nodes */
@@ -104,6 +105,9 @@ typedef struct sv {
     int64_t restart_faults_through; /* injected faults up to this step already fired */
     int quarantine_rank;        /* a rank to retire once the next iteration starts (-1) */
     int64_t quarantine_after;
+    int evict_rank;             /* a straggler to evict once the next iteration starts (-1) */
+    int64_t evict_after;
+    char evict_scores[200];     /* its scores below the threshold, for the log */
     ac_timer *collective_timer; /* a worker's failed collective, awaiting its explanation */
     char collective_why[600];
     int collective_rank;

@@ -43,6 +43,7 @@ static bool node_out(const svp_view *v, int first, int count) {
         if (w->replacing) return false;
         if (svp_dead(w->state)) dead++;
         else if (w->rank >= v->world || !replica_elsewhere(v, w)) return false;
+        else if (w->evict) dead++; /* a straggler evicted: its node goes as if it had lost it */
     }
     return dead > 0;
 }
@@ -83,7 +84,7 @@ int svp_take_spares(const svp_view *v, int *take) {
     if (v->node_granularity) return take_spare_nodes(v, take);
     for (int i = 0; i < v->nslots; i++) {
         const svp_slot *w = &v->slots[i];
-        if (w->rank < 0 || w->replacing || !svp_dead(w->state)) continue;
+        if (w->rank < 0 || w->replacing || !(svp_dead(w->state) || (w->evict && svp_alive(w->state)))) continue;
         int sp = -1;
         for (int k = 0; k < v->nslots; k++)
             if (free_spare(v, take, k, i)) sp = k;
@@ -102,6 +103,55 @@ static bool same_grad_group(const topo_coord *a, const topo_coord *b) {
     return a->tp == b->tp && a->pp == b->pp && a->ep == b->ep;
 }
 static int grad_place(const topo_coord *c, int ncp) { return c->cp + ncp * c->dp; }
+/* Whether slot w leaves the active world when slot e is evicted (e itself; with node
+ * granularity every slot of its node). */
+static bool leaves(const svp_view *v, const svp_slot *w, const svp_slot *e) {
+    return v->node_granularity ? w->node == e->node : w == e;
+}
+
+/* Whether a slot that stays holds a live replica of rank r's model shard (as itself or as a
+ * data-parallel peer) when slot e is evicted. */
+static bool shard_stays(const svp_view *v, int r, const svp_slot *e) {
+    for (int k = 0; k < v->nslots; k++) {
+        const svp_slot *c = &v->slots[k];
+        if (c->rank >= 0 && c->rank < v->world && !c->replacing && svp_alive(c->state) && !leaves(v, c, e) &&
+            topo_same_shard(&v->coord[c->rank], &v->coord[r]))
+            return true;
+    }
+    return false;
+}
+
+/* Whether rank r's optimizer shard (on itself and the next dopt_holders - 1 data-parallel
+ * ranks of its group) keeps a live holder that stays when slot e is evicted. */
+static bool optimizer_stays(const svp_view *v, int r, const svp_slot *e) {
+    if (v->dopt_holders < 1) return true; /* every replica holds the whole state */
+    int dp = 0;
+    for (int q = 0; q < v->world; q++) dp += topo_same_shard(&v->coord[q], &v->coord[r]);
+    for (int h = 0; h < v->dopt_holders && h < dp; h++) {
+        int want = (v->coord[r].dp + h) % dp;
+        for (int q = 0; q < v->world; q++) {
+            if (!topo_same_shard(&v->coord[q], &v->coord[r]) || v->coord[q].dp != want) continue;
+            const svp_slot *w = slot_of(v, q);
+            if (w && !w->replacing && svp_alive(w->state) && !leaves(v, w, e)) return true;
+        }
+    }
+    return false;
+}
+
+svp_evict_verdict svp_plan_evict(const svp_view *v, int rank, int *take) {
+    for (int i = 0; i < v->nslots; i++) take[i] = -1;
+    const svp_slot *e = rank >= 0 && rank < v->world ? slot_of(v, rank) : NULL;
+    if (!e || !e->evict || e->replacing || !svp_alive(e->state)) return SVP_EVICT_BUSY;
+    for (int r = 0; r < v->world; r++) {
+        const svp_slot *w = slot_of(v, r);
+        if (!w || !leaves(v, w, e)) continue;
+        if (!shard_stays(v, r, e)) return SVP_EVICT_LAST_REPLICA;
+    }
+    for (int r = 0; r < v->world; r++)
+        if (!optimizer_stays(v, r, e)) return SVP_EVICT_OPTIMIZER;
+    svp_take_spares(v, take);
+    return take[e - v->slots] >= 0 ? SVP_EVICT_OK : SVP_EVICT_NO_SPARE;
+}
 
 int svp_optimizer_shard_lost(const svp_view *v, int64_t M) {
     if (v->dopt_holders < 1) return -1;

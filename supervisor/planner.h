@@ -43,6 +43,7 @@ typedef struct svp_slot {
     bool replacing;      /* a new process for its rank, not assigned yet: takes its state from a peer */
     bool ready;          /* reached the restart barrier of the current generation */
     int64_t ready_iter;  /* ... having committed this iteration */
+    bool evict;          /* alive, and to be given up for a warm spare (a straggler: svp_plan_evict) */
 } svp_slot;
 
 /* The supervisor's view of the job during a restart. */
@@ -69,6 +70,23 @@ typedef struct svp_view {
  * are replaced in place, where no spare node is free or where a live rank's shard has no live
  * replica on another node (its state would be lost). Returns how many slots were taken. */
 int svp_take_spares(const svp_view *v, int *take);
+
+/* Whether a straggler can be evicted (--straggler-evict-after). */
+typedef enum svp_evict_verdict {
+    SVP_EVICT_OK = 0,        /* take[] says which spare takes it (with node granularity: its node's ranks) */
+    SVP_EVICT_NO_SPARE,      /* no free warm spare (spare node) */
+    SVP_EVICT_LAST_REPLICA,  /* a rank that would leave holds its model shard's last live replica */
+    SVP_EVICT_OPTIMIZER,     /* ... or an optimizer shard's last live holder */
+    SVP_EVICT_BUSY,          /* not a live, assigned rank (already replaced, exiting) or not marked evict */
+} svp_evict_verdict;
+
+/* The eviction of live rank `rank`, whose slot the view marks evict: with node granularity its
+ * whole node leaves for a spare node, else its slot for a warm spare (svp_take_spares, the
+ * evicted slot counted as lost: take[] as there, the caller kills the evicted processes). A
+ * rank that leaves must keep a live replica of its model shard (and, with the distributed
+ * optimizer, of each optimizer shard it holds) on a slot that stays: its state is taken from
+ * there, no step lost. */
+svp_evict_verdict svp_plan_evict(const svp_view *v, int rank, int *take);
 
 typedef enum svp_verdict {
     SVP_WAIT = 0,        /* a survivor has not reached the barrier, or a replacement has not registered */

@@ -554,14 +554,17 @@ static int replace_dead_rank(sv *s, worker *w, worker *sp) {
  * spare sp on a spare node and its process is killed (its exit, a spare's, starts a new spare
  * in its slot: the node becomes a spare node). */
 static void give_up_rank(sv *s, worker *w, worker *sp) {
+    const char *why = s->o.node_granularity ? "its node leaves the active world" : "it is evicted as a straggler";
     co_log(CO_LOG_INFO, "the warm spare in slot %d takes rank %d (node %d, pid %u: started before the fault) from the "
-           "live process of slot %d, whose node leaves the active world", sp->index, w->rank, sp->index / s->o.nproc,
-           sp->pid, w->index);
+           "live process of slot %d (pid %u), %s", sp->index, w->rank, sp->index / s->o.nproc, sp->pid, w->index,
+           w->pid, why);
     sp->rank = w->rank;
     sp->replacing = true;
     w->rank = -1;
     w->abort_ms = 0;
-    kill_slot(s, w, "its node leaves the active world (--inprocess-granularity node)");
+    w->evicting = false;
+    kill_slot(s, w, s->o.node_granularity ? "its node leaves the active world (--inprocess-granularity node)"
+                                          : "evicted as a straggler (--straggler-evict-after)");
 }
 
 /* Aborts the current generation: the survivors unwind to their restart barrier, dead ranks
@@ -573,6 +576,7 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
         s->w[k].waiting_ms = 0;
     }
     uint64_t now = sv__now_ms();
+    s->evict_rank = -1; /* an eviction not carried out yet: the scores start over */
     if (s->val) svv_restart_begin(s->val, kind, rank, why, detect_ms);
     if (restart_limit_reached(s, now, why)) return;
     uint64_t gen = ++s->snd.generation;
@@ -621,6 +625,7 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
             w->abort_ms = now;
         }
     }
+    for (int i = 0; i < s->nw; i++) s->w[i].evicting = false; /* carried out (or not possible any more) */
     free(take);
 }
 
@@ -638,7 +643,7 @@ static void plan_view(sv *s, svp_view *v, svp_slot *slots) {
         const worker *w = &s->w[i];
         slots[i] = (svp_slot){.state = w->state, .rank = w->rank, .node = w->index / s->o.nproc,
                               .replacing = w->replacing, .ready = w->ready_gen == s->snd.generation,
-                              .ready_iter = w->ready_iter};
+                              .ready_iter = w->ready_iter, .evict = w->evicting};
     }
     *v = (svp_view){.slots = slots, .nslots = s->nw, .world = s->world, .coord = s->coord,
                     .dopt_holders = s->o.dopt_holders, .shift_ranks = s->o.shift_ranks, .checkpoint_iter = -1,
@@ -1001,6 +1006,66 @@ static bool retire_quarantined(sv *s, int64_t it) {
     return true;
 }
 
+/* Why a straggler cannot be evicted (planner.c's verdict). */
+static const char *evict_refusal(svp_evict_verdict e) {
+    switch (e) {
+    case SVP_EVICT_NO_SPARE: return "no free warm spare (--inprocess-active-world-size)";
+    case SVP_EVICT_LAST_REPLICA: return "it (or its node) holds the last live replica of a model shard";
+    case SVP_EVICT_OPTIMIZER: return "it (or its node) holds the last live copy of an optimizer shard";
+    default: return "it is not a live rank of this generation";
+    }
+}
+
+/* An eviction decided in an earlier iteration (--straggler-evict-after) is carried out once a
+ * report of a later one comes (a step boundary, as a quarantine): a warm spare takes the
+ * straggler's rank and its shard's state from a peer in an in-process restart, its process
+ * (with node granularity its node's) is stopped. Where that cannot be, it is said and the job
+ * goes on. True if the restart began. */
+static bool evict_straggler(sv *s, int64_t it) {
+    if (s->evict_rank < 0 || it <= s->evict_after) return false;
+    int r = s->evict_rank;
+    s->evict_rank = -1;
+    worker *w = rank_slot(s, r);
+    svp_evict_verdict e = SVP_EVICT_BUSY;
+    svp_slot *slots = calloc((size_t)s->nw, sizeof *slots);
+    int *take = calloc((size_t)s->nw, sizeof *take);
+    if (w && slots && take && s->restart_enabled) {
+        svp_view v;
+        w->evicting = true;
+        plan_view(s, &v, slots);
+        e = svp_plan_evict(&v, r, take);
+        w->evicting = e == SVP_EVICT_OK;
+    }
+    free(slots);
+    free(take);
+    char msg[400];
+    if (e != SVP_EVICT_OK) {
+        co_log(CO_LOG_WARN, "straggler: rank %d scored below --straggler-threshold %d iterations in a row (%s): it "
+               "would be evicted (--straggler-evict-after) but cannot: %s; training goes on", r,
+               s->o.straggler_evict_after, s->evict_scores,
+               !s->restart_enabled ? "in-process restart is off" : evict_refusal(e));
+        return false;
+    }
+    snprintf(msg, sizeof msg, "rank %d (pid %u) evicted as a straggler: scored below %.2f %d iterations in a row (%s)",
+             r, w->pid, s->o.straggler_threshold > 0 ? s->o.straggler_threshold : 0.75, s->o.straggler_evict_after,
+             s->evict_scores);
+    begin_restart(s, "evicted", r, msg, 0);
+    return true;
+}
+
+/* A straggler to evict (the validator's), noted for the next iteration's boundary. */
+static void note_straggler(sv *s, int64_t it) {
+    double sc[8];
+    int n;
+    int r = svv_evict_candidate(s->val, sc, 8, &n);
+    if (r < 0 || s->evict_rank >= 0) return;
+    s->evict_rank = r;
+    s->evict_after = it;
+    int len = snprintf(s->evict_scores, sizeof s->evict_scores, "scores");
+    for (int k = 0; k < n && len < (int)sizeof s->evict_scores - 8; k++)
+        len += snprintf(s->evict_scores + len, sizeof s->evict_scores - (size_t)len, " %.2f", sc[k]);
+}
+
 /* A worker's LossReport or ParamsChecksum: to the validator. */
 static void on_report(sv *s, worker *w, const Cohort__V1__Envelope *e) {
     if (!s->val || s->stopping || s->restarting || e->generation != s->snd.generation) return;
@@ -1008,7 +1073,7 @@ static void on_report(sv *s, worker *w, const Cohort__V1__Envelope *e) {
     int quarantine = -1;
     bool sum = e->body_case == COHORT__V1__ENVELOPE__BODY_PARAMS_CHECKSUM;
     int64_t it = (int64_t)(sum ? e->params_checksum->iteration : e->loss_report->iteration);
-    if (retire_quarantined(s, it)) return;
+    if (retire_quarantined(s, it) || evict_straggler(s, it)) return;
     if (w->state == SVP_REGISTERED) sv__w_set(w, SVP_TRAINING);
     int st = w->rank < 0 ? 0
              : sum      ? svv_on_checksum(s->val, w->rank, e->params_checksum, why, sizeof why, &quarantine)
@@ -1019,6 +1084,8 @@ static void on_report(sv *s, worker *w, const Cohort__V1__Envelope *e) {
          * applying it while the others have, and its log line would be lost */
         s->quarantine_rank = quarantine;
         s->quarantine_after = it;
+    } else if (st == 0) {
+        note_straggler(s, it);
     }
 }
 
@@ -1995,7 +2062,7 @@ static int open_coordinators(sv *s) {
     svv_options vo = {.rr = s->o.rerun, .tracker_file = s->o.tracker_file, .job = s->job_hex,
                       .straggler_threshold = s->o.straggler_threshold > 0 ? s->o.straggler_threshold : 0.75,
                       .inject = s->o.inject, .metrics = s->metrics, .quarantine_after = s->o.quarantine_after,
-                      .quarantine_window = s->o.quarantine_window};
+                      .quarantine_window = s->o.quarantine_window, .evict_after = s->o.straggler_evict_after};
     vo.rr.world = s->world;
     int *stage_of = s->o.pp > 1 ? malloc(sizeof *stage_of * (size_t)s->world) : NULL;
     for (int r = 0; stage_of && r < s->world; r++) stage_of[r] = s->coord[r].pp;
@@ -2050,6 +2117,7 @@ static void init_options(sv *s, const sv_options *opt) {
     if (s->o.nnodes < 1) s->o.nnodes = 1;
     s->status = -1;
     s->quarantine_rank = -1;
+    s->evict_rank = -1;
     s->agent = s->o.nnodes > 1 && s->o.node_rank > 0;
     s->role = s->agent ? &sv__agent_role : &supervisor_role;
     if (s->agent) co_log_set_prefix("cohort node agent %d", s->o.node_rank);

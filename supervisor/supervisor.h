@@ -108,6 +108,8 @@ typedef struct sv_options {
     const char *rerun_state;       /* the --load checkpoint's state machine state (JSON; NULL) */
     const char *report_file;       /* JSON run report (NULL: none) */
     double straggler_threshold;
+    int straggler_evict_after;     /* a rank scored below the threshold this many iterations in a row is evicted
+                                      (a warm spare takes it); 0: never */
     fi_schedule *inject;           /* --inject (kill-supervisor fires here) */
     const fi_rand *fault_injector; /* Megatron's random fault injector (--fault-injector-*; NULL: off) */
     /* in-process restart (every node: node agents respawn their node's workers on the

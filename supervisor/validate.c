@@ -26,6 +26,8 @@ typedef struct pend {
     double phase_ms[SVV_NPH];
 } pend;
 
+#define SVV_EVICT_SCORES 16 /* the scores an eviction's record keeps */
+
 typedef struct fault_rec {
     char kind[32];
     int rank;
@@ -34,6 +36,8 @@ typedef struct fault_rec {
     char outcome[16];
     char text[640];
     double detect_ms, recover_ms; /* < 0: not measured */
+    double scores[SVV_EVICT_SCORES]; /* an eviction's straggler scores, oldest first */
+    int nscores;
     bool open;                    /* an rr fault whose recovery is still running */
     bool restart;                 /* recovered by an in-process restart */
     uint64_t t_detect;            /* when it was detected (restart faults) */
@@ -86,6 +90,7 @@ struct svv {
     int *slow;      /* [nstages] consecutive iterations a stage scored below the threshold */
     bool *sflagged;
     int64_t rounds;
+    bool cold;      /* a restart: the next round is not scored */
     int64_t validated, reruns, checks, repairs, skips;
     int64_t duplicate_reports; /* loss reports that arrived twice (counted once) */
     int64_t restarts;
@@ -106,6 +111,10 @@ struct svv {
     char saves_stopped[600]; /* why checkpoint saves were stopped ("": they were not) */
     gp gp;               /* the goodput accounting (goodput.h), fed as iterations are accepted */
     int64_t reruns_seen; /* replays already charged to an accepted step */
+    double *shist;  /* [W][SVV_EVICT_SCORES] each rank's latest scores */
+    bool *evict_asked;  /* [W] its run below the threshold was offered for eviction (svv_evict_candidate) */
+    double evict_scores[SVV_EVICT_SCORES]; /* the latest candidate's run of scores, for its fault record */
+    int nevict_scores;
     int64_t acc_it[16];  /* the latest accepted iterations ... */
     uint64_t acc_ms[16]; /* ... and when (svv_accepted_ms) */
     int nacc;
@@ -133,8 +142,10 @@ int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
     v->hist = calloc((size_t)v->W * SVV_HIST, sizeof *v->hist);
     v->nhist = calloc((size_t)v->W, sizeof *v->nhist);
     v->score = calloc((size_t)v->W, sizeof *v->score);
+    v->shist = calloc((size_t)v->W * SVV_EVICT_SCORES, sizeof *v->shist);
+    v->evict_asked = calloc((size_t)v->W, sizeof *v->evict_asked);
     if (!rc && (!v->p || !v->ema || !v->worst || !v->flagged || !v->low || !v->fault_iters || !v->hist || !v->nhist ||
-                !v->score))
+                !v->score || !v->shist || !v->evict_asked))
         rc = CO_ENOMEM;
     if (!rc && o->stage_of && o->nstages > 1) {
         v->nstages = o->nstages;
@@ -177,6 +188,8 @@ void svv_destroy(svv **pv) {
     free(v->hist);
     free(v->nhist);
     free(v->score);
+    free(v->shist);
+    free(v->evict_asked);
     free(v->f);
     free(v->req);
     free(v);
@@ -201,11 +214,18 @@ static fault_rec *new_fault(svv *v) {
  * observe/tensorboard.c): {"event":"fault"} when it is recorded (recover_ms < 0: still
  * being recovered) or when its recovery ends, {"event":"restart"} for one an in-process
  * restart recovered. */
+static json_t *scores_json(const fault_rec *f) {
+    json_t *a = json_array();
+    for (int k = 0; a && k < f->nscores; k++) json_array_append_new(a, json_real(f->scores[k]));
+    return a;
+}
+
 static void fault_event(const svv *v, const fault_rec *f, const char *event) {
     if (!v->o.metrics) return;
     json_t *o = json_pack("{s:s, s:s, s:i, s:I, s:s, s:s, s:f, s:f}", "event", event, "kind", f->kind, "rank", f->rank,
                           "iteration", (json_int_t)f->iteration, "diagnosis", f->diagnosis, "outcome", f->outcome,
                           "detect_ms", f->detect_ms, "recover_ms", f->recover_ms);
+    if (o && f->nscores) json_object_set_new(o, "scores", scores_json(f));
     char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (line) {
         fprintf(v->o.metrics, "%s\n", line);
@@ -333,6 +353,11 @@ static void score_stragglers(svv *v, int64_t iteration) {
         v->nhist[r]++;
     }
     if (W < 2) return;
+    if (v->cold) { /* the first iteration after a restart: a process that just took a rank is
+                    * still cold (scored on it, a newcomer looks like a straggler) */
+        v->cold = false;
+        return;
+    }
     for (int r = 0; r < W; r++) {
         const double *ph = v->p[r].phase_ms;
         double c = ph[0] + ph[1] + ph[2];
@@ -353,6 +378,8 @@ static void score_stragglers(svv *v, int64_t iteration) {
         v->score[r] = score;
         if (score < v->worst[r]) v->worst[r] = score;
         v->low[r] = score < v->o.straggler_threshold ? v->low[r] + 1 : 0;
+        v->shist[(size_t)r * SVV_EVICT_SCORES + (size_t)((v->low[r] + SVV_EVICT_SCORES - 1) % SVV_EVICT_SCORES)] = score;
+        if (!v->low[r]) v->evict_asked[r] = false;
         /* three iterations in a row: one slow step is noise, not a straggler */
         if (v->low[r] >= 3 && !v->flagged[r]) {
             v->flagged[r] = true;
@@ -837,6 +864,7 @@ static int write_report(svv *v, FILE *human, const char *json_path, int exit_sta
         if (f->detect_ms >= 0) json_object_set_new(j, "detection_ms", json_real(f->detect_ms));
         if (f->recover_ms >= 0) json_object_set_new(j, "recovery_ms", json_real(f->recover_ms));
         if (f->restart) json_object_set_new(j, "recovered_by", json_string("in-process restart"));
+        if (f->nscores) json_object_set_new(j, "scores", scores_json(f));
         json_array_append_new(fs, j);
     }
     json_object_set_new(o, "faults", fs);
@@ -870,13 +898,17 @@ void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint
         snprintf(f->kind, sizeof f->kind, "%s", kind);
         f->rank = rank;
         f->iteration = v->have_last ? v->last_iter + 1 : -1;
-        snprintf(f->diagnosis, sizeof f->diagnosis, "%s", "rank_failure");
+        snprintf(f->diagnosis, sizeof f->diagnosis, "%s", strcmp(kind, "evicted") ? "rank_failure" : "straggler");
         snprintf(f->outcome, sizeof f->outcome, "%s", "restart");
         snprintf(f->text, sizeof f->text, "%s", why);
         f->detect_ms = (double)detect_ms;
         f->open = true;
         f->restart = true;
         f->t_detect = now;
+        if (!strcmp(kind, "evicted")) { /* the scores that made it a straggler to evict */
+            memcpy(f->scores, v->evict_scores, sizeof f->scores);
+            f->nscores = v->nevict_scores;
+        }
         fault_event(v, f, "fault");
     }
     v->restarts++;
@@ -888,7 +920,28 @@ void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint
     v->round_first_ms = 0;
     v->last_accept_ms = 0; /* the restart is not a step */
     v->rounds = 0;         /* straggler scores start over: a restart disturbs every rank's times */
+    v->cold = true;
     memset(v->low, 0, sizeof *v->low * (size_t)v->W);
+    memset(v->evict_asked, 0, sizeof *v->evict_asked * (size_t)v->W);
+}
+
+int svv_evict_candidate(svv *v, double *scores, int cap, int *n) {
+    *n = 0;
+    if (v->o.evict_after <= 0) return -1;
+    for (int r = 0; r < v->W; r++) {
+        if (v->low[r] < v->o.evict_after || v->evict_asked[r]) continue;
+        v->evict_asked[r] = true;
+        /* the run's scores, oldest first (the ring holds the run's k-th score at k-1 mod its size) */
+        int m = v->low[r] < SVV_EVICT_SCORES ? v->low[r] : SVV_EVICT_SCORES;
+        for (int k = 0; k < m; k++) {
+            double x = v->shist[(size_t)r * SVV_EVICT_SCORES + (size_t)((v->low[r] - m + k) % SVV_EVICT_SCORES)];
+            v->evict_scores[k] = x;
+            if (k < cap) scores[(*n)++] = x;
+        }
+        v->nevict_scores = m;
+        return r;
+    }
+    return -1;
 }
 
 void svv_restart_done(svv *v, int64_t iteration, bool from_checkpoint) {

@@ -33,6 +33,7 @@ typedef struct svv_options {
     int nstages;
     int quarantine_after;         /* faults attributed to one rank ... (0: never quarantine) */
     int64_t quarantine_window;    /* ... within this many iterations quarantine it */
+    int evict_after;              /* --straggler-evict-after (0: never evict) */
 } svv_options;
 
 int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx);
@@ -59,6 +60,12 @@ void svv_restart_done(svv *v, int64_t iteration, bool from_checkpoint);
 /* A round that stopped progressing: some ranks reported, others not, for soft_ms. Returns
  * true with the silent ranks in missing (at most cap) and when the round began in *since. */
 bool svv_stalled(svv *v, uint64_t now, uint64_t soft_ms, int *missing, int cap, int *nmissing, uint64_t *since);
+/* A straggler to evict (--straggler-evict-after): a rank scored below the threshold
+ * evict_after iterations in a row, each run below it offered once (a refused eviction is not
+ * asked again until the rank scores above the threshold or a restart), or -1. scores gets the
+ * run's scores (at most cap, oldest first), *n how many; an "evicted" restart
+ * (svv_restart_begin) keeps them in its fault record. */
+int svv_evict_candidate(svv *v, double *scores, int cap, int *n);
 /* The state machine's state for checkpoints (ctx: the svv), and restoring it after --load. */
 int svv_state_save(void *ctx, char *buf, size_t n);
 int svv_state_load(svv *v, const char *json);

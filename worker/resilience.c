@@ -181,8 +181,13 @@ void wk_resil_set_rank(wk_resil *x, int rank) {
 void wk_resil_mark_replayed(wk_resil *x, int64_t step) {
     /* faults up to the step the job had reached fired already (in a process now gone, or on
      * the rank this process held before a shift) */
-    for (int i = 0; i < x->inj.n; i++)
-        if (x->inj.f[i].rank == x->rank && x->inj.f[i].step <= step && !x->inj.f[i].fired) x->inj.f[i].fired = 1;
+    for (int i = 0; i < x->inj.n; i++) {
+        fi_fault *f = &x->inj.f[i];
+        if (f->rank != x->rank || f->step > step) continue;
+        if (!f->fired) f->fired = 1;
+        /* a slow rank (times=always) is its process's machine: another process is not slow */
+        if (f->kind == FI_SLOW) f->always = false;
+    }
 }
 
 static int local_state_save(void *ctx, char *buf, size_t n) {

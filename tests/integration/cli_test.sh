@@ -138,6 +138,7 @@ tensor-parallel size 1)" "${tiny[@]}" --train-iters 2 --expert-tensor-parallel-s
         expect_refused "the workers' data ports" "${tiny[@]}" --train-iters 2 --master-port 65535 --nproc-per-node 2
         expect_refused "--error-injection-rate -1 is out of range" "${tiny[@]}" --train-iters 2 --error-injection-rate -1
         expect_refused "--quarantine-after -1 is out of range" "${tiny[@]}" --train-iters 2 --quarantine-after -1
+        expect_refused "--straggler-evict-after -1 is out of range" "${tiny[@]}" --train-iters 2 --straggler-evict-after -1
         expect_refused "--inject-seed -3 is out of range" "${tiny[@]}" --train-iters 2 --inject-seed -3
         expect_refused "in-process restart timeouts" "${tiny[@]}" --train-iters 2 --inprocess-soft-timeout 0
         expect_refused "--rendezvous-timeout 1e+07 is out of range" "${tiny[@]}" --train-iters 2 --rendezvous-timeout 1e7

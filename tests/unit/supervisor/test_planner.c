@@ -2,8 +2,9 @@
  * patterns: each replica of every shard dead in turn (data, tensor, pipeline parallel), every
  * replica of one shard dead (the checkpoint, or no way on without one), survivors behind,
  * both holders of a distributed-optimizer shard dead, warm spares (one dying during the
- * restart; whole spare nodes), shift-ranks without a spare, nothing alive, and waiting for the
- * barrier. */
+ * restart; whole spare nodes), shift-ranks without a spare, nothing alive, waiting for the
+ * barrier, and evicting a straggler (a spare, none, the last replica, an optimizer shard's last
+ * holder, a whole node). */
 #include "supervisor/planner.h"
 
 #include "tests/test.h"
@@ -395,6 +396,83 @@ static void spare_nodes(void) {
     CHECK(j.take[2] == -1 && j.take[4] == 6 && j.take[5] == 7);
 }
 
+/* Evicting a live straggler: the last spare takes its rank, the other slots keep theirs; the
+ * restart that follows takes its state from its data-parallel peer. Refused without a free
+ * spare, for a shard's last replica, for an optimizer shard's only holder, for a rank not
+ * marked or already being replaced. */
+static void evict_straggler(void) {
+    job j;
+    REQUIRE(job_init(&j, 2, 1, 1, 1) == 0); /* dp 2, slot 2 a spare */
+    CHECK(svp_plan_evict(&j.v, 1, j.take) == SVP_EVICT_BUSY); /* not marked */
+    j.slots[1].evict = true;
+    CHECK(svp_plan_evict(&j.v, 1, j.take) == SVP_EVICT_OK);
+    CHECK(j.take[1] == 2 && j.take[0] == -1 && j.take[2] == -1);
+    CHECK(svp_take_spares(&j.v, j.take) == 1 && j.take[1] == 2); /* begin_restart's view: the same */
+    /* carried out: the spare holds rank 1, slot 1 a spare (its process stopped) */
+    j.slots[2].rank = 1;
+    j.slots[1].rank = -1;
+    j.slots[1].evict = false;
+    j.slots[1].state = SVP_EXITED;
+    replaced(&j, 2);
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_PEERS && j.p.reason == SVP_OK && j.p.resume_iter == 10);
+    CHECK(j.source[1] == 0 && j.p.nreplaced == 1 && j.new_rank[2] == 1 && j.new_rank[1] == -1);
+    /* no spare (or one not registered): refused */
+    REQUIRE(job_init(&j, 2, 0, 1, 1) == 0);
+    j.slots[0].evict = true;
+    CHECK(svp_plan_evict(&j.v, 0, j.take) == SVP_EVICT_NO_SPARE);
+    CHECK(j.take[0] == -1 && j.take[1] == -1);
+    REQUIRE(job_init(&j, 2, 1, 1, 1) == 0);
+    j.slots[2].state = SVP_STARTED;
+    j.slots[0].evict = true;
+    CHECK(svp_plan_evict(&j.v, 0, j.take) == SVP_EVICT_NO_SPARE);
+    /* its only peer being replaced: it holds the shard's last replica */
+    REQUIRE(job_init(&j, 2, 1, 1, 1) == 0);
+    replaced(&j, 0);
+    j.slots[1].evict = true;
+    CHECK(svp_plan_evict(&j.v, 1, j.take) == SVP_EVICT_LAST_REPLICA);
+    j.slots[0].evict = true; /* and a replacement is not evicted */
+    CHECK(svp_plan_evict(&j.v, 0, j.take) == SVP_EVICT_BUSY);
+    /* tp 2 x dp 1: no replica at all */
+    REQUIRE(job_init(&j, 2, 1, 2, 1) == 0);
+    j.slots[1].evict = true;
+    CHECK(svp_plan_evict(&j.v, 1, j.take) == SVP_EVICT_LAST_REPLICA);
+    /* tp 2 x dp 2: rank 3's shard lives on rank 1 */
+    REQUIRE(job_init(&j, 4, 1, 2, 1) == 0);
+    j.slots[3].evict = true;
+    CHECK(svp_plan_evict(&j.v, 3, j.take) == SVP_EVICT_OK && j.take[3] == 4);
+    /* the distributed optimizer without redundancy: its optimizer shard has no other holder */
+    REQUIRE(job_init(&j, 2, 1, 1, 1) == 0);
+    j.v.dopt_holders = 1;
+    j.slots[1].evict = true;
+    CHECK(svp_plan_evict(&j.v, 1, j.take) == SVP_EVICT_OPTIMIZER);
+    j.v.dopt_holders = 2; /* with redundancy rank 0 holds it too */
+    CHECK(svp_plan_evict(&j.v, 1, j.take) == SVP_EVICT_OK && j.take[1] == 2);
+}
+
+/* Node granularity: a straggler's node leaves whole for the spare node (its live peer on the
+ * node too, where its shard has a replica on another node); not where the node holds a shard's
+ * last replica, nor without a whole spare node. */
+static void evict_straggler_node(void) {
+    job j;
+    REQUIRE(job_init(&j, 4, 2, 1, 1) == 0); /* dp 4 on nodes 0, 1; node 2 spare */
+    on_nodes(&j, 2);
+    j.v.node_granularity = true;
+    j.slots[3].evict = true;
+    CHECK(svp_plan_evict(&j.v, 3, j.take) == SVP_EVICT_OK);
+    CHECK(j.take[2] == 4 && j.take[3] == 5 && j.take[0] == -1 && j.take[1] == -1);
+    j.slots[5].state = SVP_EXITED; /* the spare node is not whole */
+    CHECK(svp_plan_evict(&j.v, 3, j.take) == SVP_EVICT_NO_SPARE);
+    /* tp 2 x dp 2 on two nodes, one tp pair per node... */
+    REQUIRE(job_init(&j, 4, 2, 2, 1) == 0);
+    on_nodes(&j, 2);
+    j.v.node_granularity = true;
+    j.slots[1].evict = true;
+    CHECK(svp_plan_evict(&j.v, 1, j.take) == SVP_EVICT_OK && j.take[0] == 4 && j.take[1] == 5);
+    replaced(&j, 2); /* ... node 1's rank 2 being replaced: node 0 holds shard tp 0's last replica */
+    CHECK(svp_plan_evict(&j.v, 1, j.take) == SVP_EVICT_LAST_REPLICA);
+}
+
 int main(void) {
     RUN(data_parallel_each_dead);
     RUN(model_parallel_each_replica_dead);
@@ -409,5 +487,7 @@ int main(void) {
     RUN(nodes_replica_elsewhere);
     RUN(nodes_shard_only_there);
     RUN(spare_nodes);
+    RUN(evict_straggler);
+    RUN(evict_straggler_node);
     return TEST_EXIT();
 }
