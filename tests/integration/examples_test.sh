@@ -186,12 +186,10 @@ mixtral_8x7b)
     launch mixtral 4 "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" \
         "${MODEL_PARALLEL_ARGS[@]}" "${LOGGING_ARGS[@]}"
     remaining=(
-        "--overlap-grad-reduce is not supported yet (the gradients are reduced after the backward)"
+        "--overlap-grad-reduce with tensor, pipeline, context or expert parallelism is not supported yet (their backward communicates over the transport the communication thread would use): data parallelism only"
         "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)"
-        "--use-distributed-optimizer with tensor or pipeline parallelism is not supported yet (data parallelism only)"
         "--use-distributed-optimizer with --expert-model-parallel-size 2 is not supported yet (the experts' shards would span the expert-data-parallel group only)"
     )
-    [ -n "$BF16" ] && remaining+=("--num-experts with --bf16 is not supported yet (the experts run in fp32)")
     expect_outcome mixtral
     ;;
 llama3_8b)
@@ -285,9 +283,8 @@ llama3_8b)
         "--apply-layernorm-1p is not supported yet"
         "--calculate-per-token-loss is not supported yet"
         "--decoupled-lr and --decoupled-min-lr are not supported yet (one learning rate for every layer)"
-        "--overlap-grad-reduce is not supported yet (the gradients are reduced after the backward)"
+        "--overlap-grad-reduce with tensor, pipeline, context or expert parallelism is not supported yet (their backward communicates over the transport the communication thread would use): data parallelism only"
         "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)"
-        "--use-distributed-optimizer with tensor or pipeline parallelism is not supported yet (data parallelism only)"
     )
     expect_outcome llama3
     ;;
