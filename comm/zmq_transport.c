@@ -105,7 +105,8 @@ int cm__check(cm__tp *t) {
     if (t->failed) return co_err_set(t->failed, "%s", t->fail_msg);
     if (atomic_load_explicit(&t->aborted, memory_order_acquire))
         return cm__fail(t, CO_EABORTED, "communicator aborted");
-    if (t->opt.cancel && *t->opt.cancel) return cm__fail(t, CO_EABORTED, "communicator aborted (cancelled)");
+    /* the flag is a plain int another thread raises: read it atomically (no torn or cached read) */
+    if (t->opt.cancel && __atomic_load_n(t->opt.cancel, __ATOMIC_ACQUIRE)) return cm__fail(t, CO_EABORTED, "communicator aborted (cancelled)");
     return 0;
 }
 

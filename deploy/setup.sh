@@ -150,7 +150,9 @@ test)
     # The tests that must run alone (suite 'serial', is_parallel false) come after the others:
     # interleaved, each would first wait for every running test to end, leaving cores idle.
     log "running the test suites (release build)"
-    MESON_TESTTHREADS=${MESON_TESTTHREADS:-4} run_suite build --timeout-multiplier 2 --no-suite serial
+    # (suite 'soak': the minutes-long soak and the planner's validation, on demand:
+    # `meson test -C build --suite soak`)
+    MESON_TESTTHREADS=${MESON_TESTTHREADS:-4} run_suite build --timeout-multiplier 2 --no-suite serial --no-suite soak
     # The sanitizer trees hold no CUDA code (no GPU test runs there) and build only what their
     # suites run. They build while the tests that run alone run, at idle priority: those
     # tests mostly wait (a timeout, a straggler, a restart; about a quarter of the 2 cores), so

@@ -198,7 +198,7 @@ static void take_abort(sv_link *l, const Cohort__V1__Abort *ab) {
         abort_all(l);
         return;
     }
-    *l->abort_flag = 1;
+    __atomic_store_n(l->abort_flag, 1, __ATOMIC_RELEASE); /* read by other threads (cm_zmq_options.cancel) */
     pthread_mutex_lock(&l->mu);
     if (l->abort_fn) l->abort_fn(l->abort_ctx);
     if (ab->generation > l->pending_gen) l->pending_gen = ab->generation;

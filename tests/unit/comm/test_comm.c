@@ -566,7 +566,7 @@ static void *raise_cancel(void *arg) {
     (void)arg;
     struct timespec ts = {0, 300 * 1000000L};
     nanosleep(&ts, NULL);
-    g_cancel = 1;
+    __atomic_store_n(&g_cancel, 1, __ATOMIC_RELEASE); /* as the worker's link raises its abort flag */
     return NULL;
 }
 static void sc_connect_cancel(int rank, int n, const char *dir, const void *arg) {
