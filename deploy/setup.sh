@@ -36,7 +36,7 @@ BUILD_PACKAGES=(gcc g++ libc6-dev meson ninja-build pkg-config python3 libdnnl-d
 # Python module (the SentencePiece tokenizers' test trains a model and checks ids against it) and
 # python3-regex (the TikTokenizer's reference pre-tokenisation, tests/data/tiktoken_ref.py).
 TEST_PACKAGES=(python3-numpy python3-torch python3-protobuf clang libclang-rt-14-dev chromium slurmctld slurmd
-               slurm-client munge python3-yaml prometheus sentencepiece python3-sentencepiece python3-regex)
+               slurm-client munge python3-yaml prometheus sentencepiece python3-sentencepiece python3-regex curl)
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 
