@@ -1434,6 +1434,7 @@ static void lose_spare_node(sv *s, int n, const char *why) {
     }
     co_log(CO_LOG_WARN, "%s; it held warm spares only: no rank is lost, %d warm spare(s) left", why, left);
     if (s->val) svv_on_event(s->val, -1, why);
+    sv__maybe_finish(s); /* the job's ranks may have ended while it waited for these spares' goodbye */
 }
 
 /* Whether every process of node n ended and none is awaited (its agent ends then). */
@@ -1520,6 +1521,12 @@ static void watch_agents(sv *s, uint64_t now) {
     }
 }
 
+/* Whether node n's agent has been silent for two heartbeat intervals or more. */
+static bool agent_silent(const sv *s, int n, uint64_t now) {
+    uint64_t heard = s->agent_heard_ms ? s->agent_heard_ms[n] : 0;
+    return n != s->o.node_rank && heard && now > heard && now - heard > 2 * (uint64_t)s->o.heartbeat_interval_ms;
+}
+
 /* The supervisor's tick: hangs, the metrics snapshot, a heartbeat to every worker and the
  * workers' silence, the node agents'. */
 static void supervisor_tick(sv *s, uint64_t now) {
@@ -1532,6 +1539,9 @@ static void supervisor_tick(sv *s, uint64_t now) {
         Cohort__V1__Heartbeat hb = COHORT__V1__HEARTBEAT__INIT;
         hb.iteration = w->iteration;
         sv__send(s->mb, w->identity, &s->snd, &hb.base);
+        /* (a worker whose node's agent went silent too is left to the node's loss: its
+         * process cannot be killed or replaced through that agent) */
+        if (!w_local(s, w) && agent_silent(s, w->index / s->o.nproc, now)) continue;
         if (!s->stopping && s->restart_enabled && now - w->last_seen_ms > (uint64_t)s->o.heartbeat_timeout_ms) {
             co_log(CO_LOG_ERROR, "rank %d (pid %u) sent no heartbeat for %d s; killing it to replace it",
                    w->rank, w->pid, s->o.heartbeat_timeout_ms / 1000);

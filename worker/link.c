@@ -319,9 +319,9 @@ static void heartbeat_tick(ac_timer *t, void *ctx) {
 static void signal_tick(ac_timer *t, void *ctx) {
     (void)t;
     sv_link *l = ctx;
-    /* the local supervisor's death: its SIGTERM (PR_SET_PDEATHSIG) asks this worker for a
-     * clean stop, but the stop is validated by the supervisor, which is gone: without this a
-     * worker waiting for a verdict would wait for the silence check's 30 s */
+    /* the local supervisor's death (where PR_SET_PDEATHSIG did not end this process first):
+     * nothing can validate a stop any more; without this a worker waiting for a verdict would
+     * wait for the silence check's 30 s */
     if (!l->lost_reported && getppid() != l->parent) {
         l->lost_reported = true;
         fprintf(stderr, "cohort worker %d: the supervisor (pid %d) died; stopping\n", l->local_rank, (int)l->parent);
@@ -390,8 +390,11 @@ int sv_link_open(sv_link **out, volatile sig_atomic_t *stop, volatile sig_atomic
     const char *ep = getenv("COHORT_SUPERVISOR"), *job = getenv("COHORT_JOB_ID"), *lr = getenv("COHORT_LOCAL_RANK");
     const char *dir = getenv("COHORT_IPC_DIR");
     if (!ep || !job || !lr || !dir) return co_err_set(CO_EINVAL, "worker: COHORT_SUPERVISOR/JOB_ID/LOCAL_RANK/IPC_DIR not set");
-    /* a local worker must not outlive its supervisor */
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    /* a local worker must not outlive its supervisor or node agent. SIGKILL, not SIGTERM: the
+     * signal comes when the thread that started this process ends, which while a killed
+     * agent's threads end one by one is before getppid() changes, and a SIGTERM would then
+     * read as a stop request to the job (signal_tick) rather than the node's loss */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     pid_t parent = getppid();
     if (parent == 1) return co_err_set(CO_EREMOTE, "worker: the supervisor is already gone");
     sv_link *l = calloc(1, sizeof *l);

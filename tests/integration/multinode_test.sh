@@ -368,6 +368,9 @@ spare_node_gone)
         "$work/f.n0" || fail "the spare node's loss: $(grep supervisor "$work/f.n0")"
     ! grep -q "restart into generation" "$work/f.n0" || fail "restarted: $(grep supervisor "$work/f.n0")"
     grep -q " 0 restart(s), 0 step(s) lost" "$work/f.n0" || fail "run report: $(grep 'run report' "$work/f.n0")"
+    # (the lost node's spares are not killed one by one through the dead agent, and their end
+    # as the agent dies is no stop request)
+    ! grep -q "sent no heartbeat\|received by rank" "$work/f.n0" || fail "$(grep supervisor "$work/f.n0")"
     ;;
 partitioned)
     start_nodes f 3 --train-iters 400 "${hb[@]}"
