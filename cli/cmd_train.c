@@ -475,7 +475,7 @@ static int run_supervisor(const co_config *c, int argc, char **argv, int dp, int
                      .rendezvous_timeout_ms = (int)(c->rendezvous_timeout * 1000),
                      .metrics_file = c->metrics_file, .save_dir = c->save, .most_recent_k = c->most_recent_k,
                      .keep_every = c->keep_every, .save_space_margin = c->save_space_margin,
-                     .metrics_port = c->metrics_port, .save_interval = c->save_interval,
+                     .metrics_port = c->metrics_port, .save_interval = c->save_interval, .expected_mtbf = c->expected_mtbf,
                      .train_iters = c->train_iters};
     ob_tb_options tbo;
     ob_tb_options_from_config(&tbo, c, world);

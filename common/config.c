@@ -288,7 +288,12 @@ static const flag flags[] = {
     /* checkpoints */
     S("checkpoint", "save", save, NULL, NULL, "directory to save checkpoints in"),
     S("checkpoint", "load", load, NULL, NULL, "directory to load a checkpoint from"),
-    L("checkpoint", "save-interval", save_interval, NULL, "iterations between checkpoints"),
+    L("checkpoint", "save-interval", save_interval, NULL,
+      "iterations between checkpoints, or auto: [cohort] Young's interval sqrt(2 x save cost x MTBF) from the measured "
+      "blocking save time and the faults seen (or --expected-mtbf), re-estimated as the job runs"),
+    D("checkpoint", "expected-mtbf", expected_mtbf, "0",
+      "[cohort] with --save-interval auto: the mean time between failures, seconds (0: estimated from the faults this "
+      "job sees, with a prior of one day worth one hour)"),
     I("checkpoint", "most-recent-k", most_recent_k, "-1", "keep only the k most recent checkpoints (-1: all)"),
     I("checkpoint", "keep-every", keep_every, "0",
       "[cohort; Megatron has none] with --most-recent-k, also keep every checkpoint whose iteration is a multiple of "
@@ -535,6 +540,10 @@ static int apply(co_config *c, const flag *f, const char *v) {
         *(int *)base = (int)iv;
         break;
     case F_I64:
+        if (!strcmp(f->name, "save-interval") && !strcmp(v, "auto")) {
+            *(int64_t *)base = CO_SAVE_INTERVAL_AUTO;
+            break;
+        }
         if (parse_i64(v, &iv)) return co_err_set(CO_EINVAL, "--%s expects an integer, got '%s'", f->name, v);
         *(int64_t *)base = iv;
         break;
@@ -959,7 +968,15 @@ static void check_logging(const co_config *c, co_problems *P) {
     if (GIVEN("exit-interval")) co_problem_range(P, "exit-interval", c->exit_interval, 1, CO_MAX_ITERS);
     if (GIVEN("exit-duration-in-mins"))
         co_problem_dbl_range(P, "exit-duration-in-mins", c->exit_duration_in_mins, 0, 1e9, true);
-    if (GIVEN("save-interval")) co_problem_range(P, "save-interval", c->save_interval, 1, CO_MAX_ITERS);
+    if (GIVEN("save-interval") && c->save_interval != CO_SAVE_INTERVAL_AUTO)
+        co_problem_range(P, "save-interval", c->save_interval, 1, CO_MAX_ITERS);
+    if (c->save_interval == CO_SAVE_INTERVAL_AUTO && !c->save[0])
+        co_problem(P, "--save-interval auto needs --save (the directory the checkpoints go to)");
+    if (c->save_interval == CO_SAVE_INTERVAL_AUTO && !strcmp(c->rerun_mode, "disabled") &&
+        c->nproc_per_node * (c->nnodes > 0 ? c->nnodes : 1) > 1)
+        co_problem(P, "--save-interval auto with several processes needs --rerun-mode validate_results (or "
+                      "report_determinism_stats): each step's verdict is what tells every rank the same iteration to save");
+    if (GIVEN("expected-mtbf")) co_problem_dbl_range(P, "expected-mtbf", c->expected_mtbf, 0, 1e12, true);
     co_problem_range(P, "metrics-port", c->metrics_port, 0, 65535);
     if (c->most_recent_k != -1) co_problem_range(P, "most-recent-k", c->most_recent_k, 1, INT_MAX);
     if (c->keep_every) co_problem_range(P, "keep-every", c->keep_every, 1, INT_MAX);

@@ -34,6 +34,7 @@
 #define CO_MAX_VOCAB 16777216
 #define CO_MAX_VOCAB_DIVISOR 65536
 #define CO_MAX_ITERS ((int64_t)1 << 40)       /* iterations and samples of a run */
+#define CO_SAVE_INTERVAL_AUTO ((int64_t)-2)   /* --save-interval auto (-1: not given) */
 #define CO_MAX_PROCS 65536                    /* --nproc-per-node, --nnodes */
 #define CO_MAX_TP_GROUP 64                    /* --tensor-model-parallel-size, --expert-tensor-parallel-size */
 #define CO_MAX_PP_STAGES CO_MAX_LAYERS        /* --pipeline-model-parallel-size: a layer per stage at most */
@@ -168,7 +169,8 @@ typedef struct co_config {
     bool requeue_on_sigterm; /* a SIGTERM stop is a preemption (exit 75), as a SIGUSR1 one */
     /* checkpoints */
     char save[512], load[512];
-    int64_t save_interval;
+    int64_t save_interval;      /* CO_SAVE_INTERVAL_AUTO: --save-interval auto */
+    double expected_mtbf;       /* --save-interval auto's MTBF, seconds (0: estimated) */
     int most_recent_k;
     int keep_every;             /* with most_recent_k: every checkpoint at a multiple of this is kept too */
     double save_space_margin;   /* saves stop below the last checkpoint's size times this much free space */

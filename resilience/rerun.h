@@ -133,6 +133,7 @@ typedef struct rr_verdict {
     int suspect;        /* rank under suspicion (-1 none) */
     int helper;         /* CHECK: who recomputes; REPAIR: whose state everyone takes (-1) */
     rr_diagnosis diagnosis;
+    bool save;          /* ACCEPT: a checkpoint follows the step (--save-interval auto's choice, the supervisor's) */
     char reason[512];
 } rr_verdict;
 

@@ -7,6 +7,7 @@
 #include "supervisor/supervisor.h"
 
 #include "actors/actor.h"
+#include "common/config.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "supervisor/core.h"
@@ -2072,7 +2073,9 @@ static int open_coordinators(sv *s) {
     svv_options vo = {.rr = s->o.rerun, .tracker_file = s->o.tracker_file, .job = s->job_hex,
                       .straggler_threshold = s->o.straggler_threshold > 0 ? s->o.straggler_threshold : 0.75,
                       .inject = s->o.inject, .metrics = s->metrics, .quarantine_after = s->o.quarantine_after,
-                      .quarantine_window = s->o.quarantine_window, .evict_after = s->o.straggler_evict_after};
+                      .quarantine_window = s->o.quarantine_window, .evict_after = s->o.straggler_evict_after,
+                      .save_auto = s->o.save_interval == CO_SAVE_INTERVAL_AUTO && s->o.save_dir && *s->o.save_dir && s->world > 1,
+                      .expected_mtbf = s->o.expected_mtbf, .train_iters = s->o.train_iters};
     vo.rr.world = s->world;
     int *stage_of = s->o.pp > 1 ? malloc(sizeof *stage_of * (size_t)s->world) : NULL;
     for (int r = 0; stage_of && r < s->world; r++) stage_of[r] = s->coord[r].pp;

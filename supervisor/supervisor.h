@@ -90,7 +90,9 @@ typedef struct sv_options {
     const struct ob_tb_options *tensorboard;
     int metrics_port;              /* Prometheus GET /metrics on this port (0: off; node 0 only), bound to
                                       127.0.0.1 on one node, master_addr on several (metrics_http.h) */
-    int64_t save_interval;         /* --save-interval, --train-iters: for `cohort status`'s next checkpoint */
+    int64_t save_interval;         /* --save-interval (CO_SAVE_INTERVAL_AUTO: the validator decides), --train-iters:
+                                      for `cohort status`'s next checkpoint */
+    double expected_mtbf;          /* --expected-mtbf, seconds (0: estimated) */
     int64_t train_iters;
     /* checkpoints: the ranks write their parts of each save into --save and the supervisor
      * commits them (ckpt_coord.c); NULL or "": no --save */

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "supervisor/ckpt_interval.h"
 #include "supervisor/goodput.h"
 #include "supervisor/msg.h"
 #include "supervisor/supervisor.h"
@@ -109,6 +110,7 @@ struct svv {
     int64_t *nhist; /* [W] iterations recorded */
     double *score;  /* [W] latest straggler score (NAN: none yet) */
     char saves_stopped[600]; /* why checkpoint saves were stopped ("": they were not) */
+    ci_auto ci;          /* --save-interval auto's estimate (o.save_auto) */
     gp gp;               /* the goodput accounting (goodput.h), fed as iterations are accepted */
     int64_t reruns_seen; /* replays already charged to an accepted step */
     double *shist;  /* [W][SVV_EVICT_SCORES] each rank's latest scores */
@@ -132,6 +134,7 @@ int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
     v->send = send;
     v->ctx = ctx;
     v->W = o->rr.world;
+    ci_auto_init(&v->ci, o->expected_mtbf, o->train_iters, (double)sv__now_ms() / 1e3);
     int rc = rr_new(&v->rr, &o->rr);
     v->p = calloc((size_t)v->W, sizeof *v->p);
     v->ema = calloc((size_t)v->W, sizeof *v->ema);
@@ -205,6 +208,7 @@ static fault_rec *new_fault(svv *v) {
         v->capf = cap;
     }
     fault_rec *f = &v->f[v->nf++];
+    ci_fault(&v->ci.est);
     memset(f, 0, sizeof *f);
     f->detect_ms = f->recover_ms = -1;
     return f;
@@ -278,6 +282,36 @@ void svv_note_fault(svv *v, const char *kind, int rank, const char *diagnosis) {
     fault_event(v, f, "fault");
 }
 
+/* --save-interval auto: whether a checkpoint follows accepted iteration it; a new interval is
+ * logged and recorded in the metrics with its inputs. */
+static bool auto_save(svv *v, int64_t it, uint64_t now) {
+    gp_summary g;
+    svv_goodput(v, &g);
+    int64_t since = v->ci.last_save < 0 ? 1 : it - v->ci.last_save; /* (iterations since the last save) */
+    bool changed = false, due = ci_auto_due(&v->ci, it, (double)now / 1e3, g.median_step, &changed);
+    if (changed) {
+        char why[400];
+        ci_auto_describe(&v->ci, g.median_step, why, sizeof why);
+        co_log(CO_LOG_INFO, "--save-interval auto: a checkpoint every %s", why);
+        if (v->o.metrics) {
+            const ci_est *e = &v->ci.est;
+            fprintf(v->o.metrics,
+                    "{\"event\":\"save_interval\",\"iteration\":%" PRId64 ",\"interval_iterations\":%" PRId64
+                    ",\"save_seconds\":%.6f,\"saves_measured\":%" PRId64 ",\"mtbf_seconds\":%.3f,\"faults\":%" PRId64
+                    ",\"step_seconds\":%.6f,\"young_seconds\":%.3f}\n",
+                    it, v->ci.interval, e->save_s, e->saves, ci_mtbf(e), e->faults, g.median_step,
+                    ci_young(e->save_s, ci_mtbf(e)));
+            fflush(v->o.metrics);
+        }
+    }
+    if (due && v->o.metrics) {
+        fprintf(v->o.metrics, "{\"event\":\"save_ordered\",\"iteration\":%" PRId64 ",\"interval_iterations\":%" PRId64
+                ",\"since_last\":%" PRId64 "}\n", it, v->ci.interval, since);
+        fflush(v->o.metrics);
+    }
+    return due;
+}
+
 static void send_verdict(svv *v, const rr_verdict *vd, int only_rank) {
     Cohort__V1__Verdict m = COHORT__V1__VERDICT__INIT;
     m.iteration = (uint64_t)vd->iteration;
@@ -290,6 +324,7 @@ static void send_verdict(svv *v, const rr_verdict *vd, int only_rank) {
     m.has_helper = 1;
     m.helper = vd->helper;
     if (vd->diagnosis != RR_DIAG_NONE) m.diagnosis = (char *)rr_diagnosis_name(vd->diagnosis);
+    if (vd->save) m.has_save = m.save = 1;
     for (int r = 0; r < v->W; r++)
         if (only_rank < 0 || r == only_rank) v->send(v->ctx, r, &m.base);
 }
@@ -570,6 +605,7 @@ static int complete(svv *v, int rank, uint64_t now, char *why, size_t n, int *qu
         v->acc_ms[v->nacc % 16] = now;
         v->nacc++;
     }
+    if (vd.decision == RR_ACCEPT && v->o.save_auto) vd.save = auto_save(v, it, now);
     v->last = vd;
     v->have_last = true;
     v->last_iter = it;
@@ -728,7 +764,7 @@ void svv_on_record(svv *v, const char *record) {
         json_t *r = n ? json_loadb(p, n, 0, NULL) : NULL;
         json_t *ev = json_object_get(r, "event"), *s = json_object_get(r, "blocking_seconds");
         if (json_is_string(ev) && !strcmp(json_string_value(ev), "checkpoint_save") && json_is_number(s))
-            gp_save(&v->gp, json_number_value(s));
+            gp_save(&v->gp, json_number_value(s)), ci_save(&v->ci.est, json_number_value(s));
         json_decref(r);
         if (!nl) break;
         p = nl + 1;
@@ -949,6 +985,7 @@ void svv_restart_done(svv *v, int64_t iteration, bool from_checkpoint) {
      * checkpoint, the iterations accepted after it */
     if (from_checkpoint && v->last_accepted > iteration) v->lost_steps += v->last_accepted - iteration;
     v->resumed_at = iteration;
+    if (from_checkpoint) ci_auto_resumed(&v->ci, iteration);
     gp_restart_done(&v->gp, (double)sv__now_ms() / 1e3);
 }
 

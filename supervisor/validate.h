@@ -34,6 +34,9 @@ typedef struct svv_options {
     int quarantine_after;         /* faults attributed to one rank ... (0: never quarantine) */
     int64_t quarantine_window;    /* ... within this many iterations quarantine it */
     int evict_after;              /* --straggler-evict-after (0: never evict) */
+    bool save_auto;               /* --save-interval auto: each ACCEPT says whether the ranks save */
+    double expected_mtbf;         /* --expected-mtbf (0: estimated from the faults seen) */
+    int64_t train_iters;          /* no interval longer than the run */
 } svv_options;
 
 int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx);

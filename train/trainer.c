@@ -504,6 +504,8 @@ void trainer_destroy(trainer **pt) {
 
 int64_t trainer_iteration(const trainer *t) { return t->iteration; }
 
+bool trainer_save_ordered(const trainer *t) { return t->save_ordered; }
+
 bool trainer_batch_changes(const trainer *t) {
     return t->cfg.rampup_start > 0 && co_config_batch_at(&t->cfg, t->consumed[0]) != t->gbs;
 }
@@ -1300,6 +1302,7 @@ static int await_verdict(trainer *t, tr_iter *it, tr_action *a) {
     t->phase_ms[TR_PH_ALLREDUCE] += 1000 * (now_s() - tv);
     t->gate_s += now_s() - tv;
     if (v.decision != RR_ACCEPT) tl_discard(t->tl); /* the timeline keeps the attempt that counts */
+    else t->save_ordered = v.save;
     *a = tr_verdict_action(&v, it->checking);
     if (*a == TR_ACT_PROTOCOL) return co_err_set(CO_EPROTOCOL, "verdict ACCEPT after a check round");
     log_verdict(t, it, &v);
@@ -1475,6 +1478,7 @@ static void begin_iteration(trainer *t, tr_iter *it) {
     *it = (tr_iter){.step = t->iteration + 1, .t0 = now_s(), .check_for = -1, .check_suspect = -1,
                     .check_reports = true};
     memset(t->phase_ms, 0, sizeof t->phase_ms);
+    t->save_ordered = false;
     t->tl = co_config_timeline_records(&t->cfg, t->tl_start, it->step) ? t->tl_open_rec : NULL;
 }
 

@@ -194,6 +194,9 @@ void trainer_set_abort_flag(trainer *t, volatile sig_atomic_t *flag);
 void trainer_phase_ms(const trainer *t, double out[TR_NPHASES]);
 
 int64_t trainer_iteration(const trainer *t);
+/* Whether the validator's verdict on the iteration just applied ordered a checkpoint after it
+ * (--save-interval auto under a supervisor: every rank gets the same verdict). */
+bool trainer_save_ordered(const trainer *t);
 /* Whether the next iteration's global batch differs from the last one's (a batch ramp-up
  * steps; Megatron saves a checkpoint then). */
 bool trainer_batch_changes(const trainer *t);

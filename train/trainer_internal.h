@@ -91,6 +91,7 @@ struct trainer {
     /* validation, injection, skips (resilience/) */
     trainer_validator val;
     bool have_val;
+    bool save_ordered;        /* this iteration's ACCEPT verdict asked for a checkpoint (--save-interval auto) */
     fi_schedule *inj;
     int job_rank;       /* this rank in the job (the world rank; dp_rank by default): what fault specs and log lines name */
     int64_t *skips;

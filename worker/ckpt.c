@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "optim/adamw.h"
 #include "optim/lr.h"
+#include "supervisor/ckpt_interval.h"
 
 #include <inttypes.h>
 #include <stddef.h>
@@ -46,6 +47,11 @@ struct wk_ckpt {
     int agree_timeout_ms;
     ck_coord coord;          /* the supervisor's coordinator (have_coord) */
     bool have_coord, stop_told;
+    /* --save-interval auto in one process (several take the supervisor's order, as a verdict) */
+    ci_auto ci;
+    double last_hook_s;      /* when the previous iteration's hook ran, and at which iteration */
+    int64_t last_hook_it;
+    double step_s;           /* the step time, smoothed */
 };
 
 /* ---- what the trainer's checkpoint holds ---------------------------------------------- */
@@ -218,6 +224,8 @@ static int save_timed(wk_ckpt *k, int64_t it) {
     int rc = save_now(k);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     FILE *ms = trainer_metrics_stream(k->t);
+    double blocking = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    if (!rc) ci_save(&k->ci.est, blocking);
     if (!rc && ms) {
         fprintf(ms, "{\"event\":\"checkpoint_save\",\"iteration\":%" PRId64 ",\"blocking_seconds\":%.6f}\n", it,
                 (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
@@ -244,6 +252,33 @@ static int saves_stopped(wk_ckpt *k, int64_t it, bool *stop) {
     return 0;
 }
 
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* --save-interval auto: whether iteration it is followed by a checkpoint. Under a supervisor
+ * its verdict says (every rank gets the same one); one process decides from its own save
+ * costs and step time (supervisor/ckpt_interval.h). */
+static bool auto_due(wk_ckpt *k, trainer *t, int64_t it) {
+    if (k->have_coord) return trainer_save_ordered(t);
+    double now = mono_s();
+    if (k->last_hook_s > 0 && it > k->last_hook_it) {
+        double s = (now - k->last_hook_s) / (double)(it - k->last_hook_it);
+        k->step_s = k->step_s > 0 ? 0.9 * k->step_s + 0.1 * s : s;
+    }
+    k->last_hook_s = now, k->last_hook_it = it;
+    bool changed = false, due = ci_auto_due(&k->ci, it, now, k->step_s, &changed);
+    if (changed && k->log) {
+        char why[400];
+        ci_auto_describe(&k->ci, k->step_s, why, sizeof why);
+        fprintf(k->log, "cohort: --save-interval auto: a checkpoint every %s\n", why);
+        fflush(k->log);
+    }
+    return due;
+}
+
 static int hook(trainer *t, void *ctx, bool final, train_end why) {
     wk_ckpt *k = ctx;
     int64_t it = trainer_iteration(t);
@@ -253,7 +288,10 @@ static int hook(trainer *t, void *ctx, bool final, train_end why) {
         /* at --save-interval, and, as Megatron, before a batch ramp-up's next step changes the
          * number of micro batches */
         bool ramp = trainer_batch_changes(t) && it > 0;
-        if (((k->cfg.save_interval > 0 && it % k->cfg.save_interval == 0) || ramp) && it != k->last_saved &&
+        bool due = k->cfg.save_interval == CO_SAVE_INTERVAL_AUTO ? auto_due(k, t, it)
+                   : k->cfg.save_interval > 0                     ? it % k->cfg.save_interval == 0
+                                                                  : false;
+        if ((due || ramp) && it != k->last_saved &&
             !(rc = saves_stopped(k, it, &stop)) && !stop)
             rc = save_timed(k, it);
     } else {
@@ -828,6 +866,7 @@ int wk_ckpt_attach(wk_ckpt **out, trainer *t, FILE *log, int rank, int world, cm
     k->log = log;
     k->cfg = *c;
     k->last_saved = -1;
+    ci_auto_init(&k->ci, c->expected_mtbf, c->train_iters, mono_s());
     k->world = world;
     k->rank = rank;
     k->agree = agree;

@@ -231,6 +231,7 @@ static void take_verdict(sv_link *l, const Cohort__V1__Verdict *vd) {
     v->attempt = vd->has_attempt ? (int)vd->attempt : 0;
     v->suspect = vd->has_suspect ? vd->suspect : -1;
     v->helper = vd->has_helper ? vd->helper : -1;
+    v->save = vd->has_save && vd->save;
     v->diagnosis = RR_DIAG_NONE;
     if (vd->diagnosis)
         for (int d = RR_DIAG_CORRECT; d <= RR_DIAG_PERSISTENT; d++)

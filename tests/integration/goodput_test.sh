@@ -9,6 +9,11 @@
 #              and ETTR is 1 but for the startup, the saves and the time after the last step
 #   retention  --most-recent-k 2 --keep-every 8 after every commit: the newest two and every
 #              8th are what is left
+#   auto_interval  --save-interval auto: the first save at iteration 10 measures the save cost,
+#              then every Young's interval (sqrt(2 x cost x --expected-mtbf) over the step time,
+#              each choice in the log and the metrics with its inputs, every rank saving the
+#              iterations the supervisor ordered); without --expected-mtbf a killed rank shortens
+#              the estimated MTBF; one process decides alone; the refusals
 #   disk_full  the save directory's free space (COHORT_TEST_FREE_BYTES) below the first
 #              checkpoint's size x --save-space-margin: saves stop with a log line, a metrics
 #              event, the Prometheus gauge and the report's entry, and training goes on
@@ -96,6 +101,54 @@ retention)
     left=$(cd "$work/r.ckpt" && ls -d iter_* | paste -sd' ')
     [ "$left" = "iter_0000008 iter_0000016 iter_0000018 iter_0000020" ] || fail "retention left: $left"
     grep -q "retention: removed the checkpoint of iteration 14" "$work/r.err" || fail "removals not logged"
+    ;;
+auto_interval)
+    run a --train-iters 150 --save "$work/a.ckpt" --save-interval auto --expected-mtbf 0.5
+    saved=$(cd "$work/a.ckpt" && ls -d iter_* | sed 's/iter_0*//' | paste -sd' ')
+    $py - "$work/a.jsonl" "$saved" <<'PY' || fail "auto interval: $(grep -h 'save-interval auto' "$work/a.out" "$work/a.err")"
+import json, math, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+saved = [int(x) for x in sys.argv[2].split()]
+ch = [r for r in recs if r.get("event") == "save_interval"]
+orders = [r for r in recs if r.get("event") == "save_ordered"]
+assert ch[0]["interval_iterations"] == 10 and ch[0]["saves_measured"] == 0, ch[0]
+assert orders[0]["iteration"] == 10, orders
+for r in ch[1:]:  # Young's interval over the step time, from the inputs it names
+    assert r["mtbf_seconds"] == 0.5 and r["saves_measured"] >= 1, r
+    young = math.sqrt(2 * r["save_seconds"] * r["mtbf_seconds"])
+    assert abs(r["young_seconds"] - young) < 2e-3, r
+    want = min(150, max(1, round(young / r["step_seconds"])))
+    assert abs(r["interval_iterations"] - want) <= 1, (r, want)
+for o in orders[1:]:
+    assert o["since_last"] >= o["interval_iterations"], o
+# every rank saved what was ordered (and the final iteration), nothing else
+assert saved == sorted({o["iteration"] for o in orders} | {150}), (saved, orders)
+assert len(orders) >= 2, orders
+PY
+    grep -q "save-interval auto: a checkpoint every [0-9]* iterations (Young: sqrt(2 x 0.[0-9]* s to save x 0.5 s between failures)" \
+        "$work/a.err" || fail "no log line: $(grep -h 'save-interval' "$work/a.err" | head -3)"
+    # estimated: the kill is a fault observed, the MTBF estimate falls
+    run b --train-iters 60 --save "$work/b.ckpt" --save-interval auto --inject "kill@rank=1,step=25"
+    grep -q "was killed by signal 9" "$work/b.err" || fail "no kill"
+    $py - "$work/b.jsonl" <<'PY' || fail "the estimate after a fault: $(grep save_interval "$work/b.jsonl")"
+import json, sys
+ch = [json.loads(l) for l in open(sys.argv[1]) if '"save_interval"' in l]
+before = [r for r in ch if r["faults"] == 0 and r["saves_measured"] > 0]
+after = [r for r in ch if r["faults"] >= 1]
+assert before and after, ch
+assert after[0]["mtbf_seconds"] < before[-1]["mtbf_seconds"] / 10, (before[-1], after[0])
+assert after[0]["interval_iterations"] <= before[-1]["interval_iterations"], (before[-1], after[0])
+PY
+    # one process decides alone
+    "$cohort" train "${tiny[@]}" --nproc-per-node 1 --train-iters 30 --save "$work/s.ckpt" --save-interval auto \
+        --expected-mtbf 1000000 >"$work/s.out" 2>&1 || fail "one process: $(tail -3 "$work/s.out")"
+    [ "$(cd "$work/s.ckpt" && ls -d iter_* | paste -sd' ')" = "iter_0000010 iter_0000030" ] ||
+        fail "one process saved $(ls "$work/s.ckpt")"
+    grep -q "cohort: --save-interval auto: a checkpoint every 30 iterations (Young" "$work/s.out" ||
+        fail "one process: $(grep 'save-interval' "$work/s.out")"
+    train_refused "--save-interval auto needs --save" --save-interval auto
+    train_refused "--save-interval auto with several processes needs --rerun-mode validate_results" \
+        --nproc-per-node 2 --save "$work/r.ckpt" --save-interval auto --rerun-mode disabled
     ;;
 disk_full)
     port=$(free_port)

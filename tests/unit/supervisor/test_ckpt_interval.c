@@ -1,8 +1,10 @@
 /* test_ckpt_interval.c - supervisor/ckpt_interval.c: Young's interval, the MTBF estimate with
- * its prior, and the interval in iterations. */
+ * its prior, the interval in iterations, and --save-interval auto's decisions (ci_auto). */
 #include "supervisor/ckpt_interval.h"
 
 #include "tests/test.h"
+
+#include <string.h>
 
 static void formula(void) {
     CHECK_CLOSE(ci_young(10, 3600), 268.32815729997475, 1e-9, 0); /* sqrt(2 * 10 * 3600) */
@@ -38,8 +40,41 @@ static void estimator(void) {
     CHECK(ci_iterations(&g, 1000, 100, 0) == 1);
 }
 
+/* --save-interval auto: the first save at CI_FIRST_SAVE to measure its cost, then Young's
+ * interval counted from the last save; a fault re-estimates it (and is worth a log line); a
+ * resume from a checkpoint counts from there. */
+static void auto_decisions(void) {
+    ci_auto a;
+    ci_auto_init(&a, 200, 1000, 0); /* MTBF given: 200 s */
+    bool changed = false;
+    int saved = -1;
+    for (int it = 51; it <= 80 && saved < 0; it++) /* the job resumed after iteration 50 */
+        if (ci_auto_due(&a, it, it, 0.1, &changed)) saved = it;
+    CHECK(saved == 50 + CI_FIRST_SAVE);
+    ci_save(&a.est, 0.25); /* sqrt(2 x 0.25 x 200) = 10 s = 100 steps of 0.1 s */
+    CHECK(!ci_auto_due(&a, 61, 61, 0.1, &changed) && changed && a.interval == 100);
+    CHECK(!ci_auto_due(&a, 62, 62, 0.1, &changed) && !changed);
+    CHECK(!ci_auto_due(&a, 159, 159, 0.1, &changed));
+    CHECK(ci_auto_due(&a, 160, 160, 0.1, &changed));
+    char line[400];
+    ci_auto_describe(&a, 0.1, line, sizeof line);
+    CHECK(strstr(line, "100 iterations (Young: sqrt(2 x 0.250 s to save x 200.0 s between failures) = 10.00 s") != NULL);
+    /* estimated: a fault shortens the interval and is reported as a change */
+    ci_auto e;
+    ci_auto_init(&e, 0, 1000000, 0);
+    ci_save(&e.est, 1);
+    ci_auto_due(&e, 1, 100, 0.01, &changed);
+    int64_t before = e.interval;
+    ci_fault(&e.est);
+    ci_auto_due(&e, 2, 101, 0.01, &changed);
+    CHECK(changed && e.interval < before);
+    ci_auto_resumed(&e, 500);
+    CHECK(!ci_auto_due(&e, 501, 102, 0.01, &changed));
+}
+
 int main(void) {
     RUN(formula);
     RUN(estimator);
+    RUN(auto_decisions);
     return TEST_EXIT();
 }
