@@ -2,7 +2,7 @@
 # fp16_test.sh - --fp16 with Megatron's loss scaling (docs/fp16.md), one case per meson test.
 #   fp16_test.sh COHORT CASE
 # Cases (the tiny model, hidden and attention dropout on):
-#   train   --fp16 against fp32 on the same batches: every logged loss within 1% (relative)
+#   train   --fp16 against fp32 on the same batches: every logged loss within 0.1% (relative)
 #           with a scale that never overflows; bitwise the same on a second run; a dynamic
 #           scale started far too high (2^27, hysteresis 1) overflows at the first
 #           iterations: each is skipped (the log counts them, the scale halves each time), and
@@ -22,7 +22,7 @@ workdir fp16
 
 tiny_model --attention-dropout 0.1 --hidden-dropout 0.1
 # scales NAME: the loss scale of every logged iteration
-scales() { grep -o '"loss_scale":[^,]*' "$work/$1.jsonl" | paste -sd' '; }
+scales() { grep -o '"loss_scale":[^,]*' "$work/$1.jsonl" | cut -d: -f2 | paste -sd' '; }
 # skipped NAME: the skipped-iteration count of every logged iteration
 skipped() { grep -o '"skipped_iterations":[0-9]*' "$work/$1.jsonl" | cut -d: -f2 | paste -sd' '; }
 
@@ -36,10 +36,10 @@ train)
 import json, sys
 a = [json.loads(l)["lm_loss"] for l in open(sys.argv[1])]
 b = [json.loads(l)["lm_loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 6, (a, b)
+assert len(a) == len(b) >= 6, (a, b)
 worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
 print("fp16 against fp32: largest relative loss difference %.2e" % worst)
-assert worst < 1e-2, (a, b)
+assert worst < 1e-3, (a, b)
 assert a != b, "fp16 products changed nothing"
 PY
     train_ok f16b --train-iters 6 --fp16 --loss-scale 1024 --save "$work/f16b.ck"
