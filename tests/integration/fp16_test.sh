@@ -12,6 +12,10 @@
 #   resume  a dynamic scale that overflows, backs off and grows (window 2) saved mid-run and
 #           resumed: the checkpoint bitwise the uninterrupted run's, the losses, norms and
 #           loss scales logged the same
+#   dopt    dp 2 with --use-distributed-optimizer against the replicated optimizer under a
+#           dynamic scale that overflows and backs off, and an overflow injected on rank 1
+#           alone: the same steps skipped, bitwise the same checkpoint (each shard unscaled by
+#           the same factor)
 #   tp_dp   tp 2 x dp 2 under the supervisor: an overflow on one rank only (rank 3's
 #           gradients at iteration 3) skips that step on every rank: the checkpoint bitwise
 #           that of a run skipping iteration 3 with --iterations-to-skip
@@ -78,6 +82,15 @@ resume)
         fail "loss scales after the resume: $(scales rest), want $(scales full | cut -d' ' -f6-)"
     [ "$(losses "$work/full.jsonl" | tr ' ' '\n' | tail -n 15)" = "$(losses "$work/rest.jsonl" | tr ' ' '\n')" ] ||
         fail "the resumed run logged other losses"
+    ;;
+dopt)
+    par=(--nproc-per-node 2 --fp16 --initial-loss-scale 33554432 --loss-scale-window 2 --train-iters 8)
+    COHORT_TEST_FP16_OVERFLOW=1:7 train_ok rep "${par[@]}" --save "$work/rep.ck"
+    COHORT_TEST_FP16_OVERFLOW=1:7 train_ok dist "${par[@]}" --use-distributed-optimizer --save "$work/dist.ck"
+    echo "skipped: $(skipped dist); loss scales: $(scales dist)"
+    [ "$(skipped dist)" = "$(skipped rep)" ] || fail "other steps skipped: $(skipped dist) / $(skipped rep)"
+    [ "$(scales dist | tr ' ' '\n' | sort -u | wc -l)" -ge 3 ] || fail "the scale hardly moved: $(scales dist)"
+    ckpt_same "$work/rep.ck" "$work/dist.ck" "the distributed optimizer under --fp16"
     ;;
 tp_dp)
     par=(--nproc-per-node 4 --tensor-model-parallel-size 2 --fp16 --loss-scale 1024 --train-iters 5)
