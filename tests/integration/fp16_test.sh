@@ -16,6 +16,8 @@
 #           dynamic scale that overflows and backs off, and an overflow injected on rank 1
 #           alone: the same steps skipped, bitwise the same checkpoint (each shard unscaled by
 #           the same factor)
+#   pp      pp 2 against one rank under a scale that overflows at the first iterations: the
+#           same iterations skipped at the same scales, the losses within 1e-4 (relative)
 #   tp_dp   tp 2 x dp 2 under the supervisor: an overflow on one rank only (rank 3's
 #           gradients at iteration 3) skips that step on every rank: the checkpoint bitwise
 #           that of a run skipping iteration 3 with --iterations-to-skip
@@ -91,6 +93,22 @@ dopt)
     [ "$(skipped dist)" = "$(skipped rep)" ] || fail "other steps skipped: $(skipped dist) / $(skipped rep)"
     [ "$(scales dist | tr ' ' '\n' | sort -u | wc -l)" -ge 3 ] || fail "the scale hardly moved: $(scales dist)"
     ckpt_same "$work/rep.ck" "$work/dist.ck" "the distributed optimizer under --fp16"
+    ;;
+pp)
+    f16=(--fp16 --initial-loss-scale 134217728 --hysteresis 1 --train-iters 8)
+    train_ok one "${f16[@]}"
+    train_ok pp2 "${f16[@]}" --nproc-per-node 2 --pipeline-model-parallel-size 2
+    echo "skipped: $(skipped pp2); loss scales: $(scales pp2)"
+    [ "$(skipped pp2)" = "$(skipped one)" ] && [ "$(scales pp2)" = "$(scales one)" ] ||
+        fail "pp 2 skipped other steps: $(skipped pp2) / $(skipped one) at $(scales pp2) / $(scales one)"
+    [ "$(skipped one | cut -d' ' -f1)" = 1 ] || fail "no overflow at the first iteration: $(skipped one)"
+    /usr/bin/python3 - "$work/one.jsonl" "$work/pp2.jsonl" <<'PY' || fail "pp 2's fp16 losses off one rank's"
+import json, sys
+a, b = ([json.loads(l)["lm_loss"] for l in open(f) if '"grad_norm"' in l] for f in sys.argv[1:3])
+pairs = [(x, y) for x, y in zip(a, b) if x != "nan" or y != "nan"]
+assert len(a) == len(b) == 8 and len(pairs) >= 3, (a, b)
+assert all(abs(x - y) <= 1e-4 * abs(x) for x, y in pairs), (a, b)
+PY
     ;;
 tp_dp)
     par=(--nproc-per-node 4 --tensor-model-parallel-size 2 --fp16 --loss-scale 1024 --train-iters 5)
