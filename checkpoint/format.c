@@ -519,6 +519,16 @@ int ck_manifest_parse(const char *buf, size_t len, const char *what, ck_manifest
     m->progress.loss_sum = get_bits(&r, la, "progress.log_accumulators", "loss_sum_bits");
     m->progress.tok_sum = get_bits(&r, la, "progress.log_accumulators", "tok_sum_bits");
     m->progress.iters_since_log = (int)get_int(&r, la, "progress.log_accumulators", "iters_since_log", 0, INT32_MAX);
+    json_t *gs = json_object_get(p, "grad_scaler"); /* (--fp16 only) */
+    if (gs) {
+        if (!json_is_object(gs)) gs = need(&r, p, "progress", "grad_scaler", JSON_OBJECT);
+        m->progress.loss_scale = get_bits(&r, gs, "progress.grad_scaler", "scale_bits");
+        m->progress.growth_tracker = get_int(&r, gs, "progress.grad_scaler", "growth_tracker", 0, INT64_MAX);
+        m->progress.hysteresis_tracker =
+            get_int(&r, gs, "progress.grad_scaler", "hysteresis_tracker", -INT64_MAX, INT64_MAX);
+        if (!r.rc && !(m->progress.loss_scale > 0 && m->progress.loss_scale < 1e39))
+            r.rc = co_err_set(CO_EFORMAT, "%s: progress.grad_scaler.scale_bits is not a positive loss scale", what);
+    }
     if (!r.rc && m->progress.iteration != m->iteration)
         r.rc = co_err_set(CO_EFORMAT, "%s: progress.iteration %" PRId64 " differs from iteration %" PRId64, what,
                           m->progress.iteration, m->iteration);
@@ -666,6 +676,11 @@ json_t *ck_manifest_to_json(const ck_manifest *m) {
                   "skipped_iterations", (json_int_t)p->skipped, "nan_iterations", (json_int_t)p->nan_iters,
                   "log_accumulators", "loss_sum_bits", bits_json(p->loss_sum), "tok_sum_bits", bits_json(p->tok_sum),
                   "iters_since_log", p->iters_since_log));
+    if (p->loss_scale > 0)
+        json_object_set_new(json_object_get(doc, "progress"), "grad_scaler",
+                            json_pack("{sosIsI}", "scale_bits", bits_json(p->loss_scale), "growth_tracker",
+                                      (json_int_t)p->growth_tracker, "hysteresis_tracker",
+                                      (json_int_t)p->hysteresis_tracker));
     json_t *rng = json_object_get(doc, "rng");
     if (!json_is_object(rng)) {
         rng = json_object();

@@ -125,6 +125,10 @@ typedef struct ck_progress {
     int64_t skipped, nan_iters;
     double loss_sum, tok_sum;          /* stored bit-exactly */
     int iters_since_log;
+    /* --fp16's loss scaler: its scale (stored bit-exactly; 0: none, not an fp16 run, or a
+     * checkpoint written before fp16 existed) and trackers ("progress.grad_scaler") */
+    double loss_scale;
+    int64_t growth_tracker, hysteresis_tracker;
 } ck_progress;
 
 typedef struct ck_layout {

@@ -226,7 +226,14 @@ static const flag flags[] = {
     D("optimizer", "adam-eps", adam_eps, "1e-08", "Adam epsilon"),
     D("optimizer", "clip-grad", clip_grad, "1.0", "clip gradients to this global norm (0: off)"),
     B("optimizer", "bf16", bf16, "bf16 matrix products, fp32 master weights and optimizer state"),
-    B("optimizer", "fp16", fp16, "fp16 mixed precision (not supported yet: use --bf16)"),
+    B("optimizer", "fp16", fp16,
+      "fp16 matrix products (fp32 accumulation), fp32 master weights and optimizer state, loss scaling"),
+    D("optimizer", "loss-scale", loss_scale, NULL, "--fp16: a static loss scale (default: dynamic)"),
+    D("optimizer", "initial-loss-scale", initial_loss_scale, "4294967296.0", "--fp16: the dynamic loss scale's start"),
+    D("optimizer", "min-loss-scale", min_loss_scale, "1.0", "--fp16: the dynamic loss scale's floor"),
+    L("optimizer", "loss-scale-window", loss_scale_window, "1000",
+      "--fp16: steps without overflow before the dynamic loss scale doubles"),
+    L("optimizer", "hysteresis", hysteresis, "2", "--fp16: overflows before the dynamic loss scale halves"),
     /* data */
     LIST("data", "data-path", data_path, "PREFIX of .bin/.idx files, or 'W1 P1 W2 P2 ...' to blend"),
     LIST("data", "train-data-path", train_data_path, "blend for the train split only ('W1 P1 ...')"),
@@ -818,7 +825,6 @@ bool co_config_model_parallel_sizes_ok(const co_config *c) {
 }
 
 void co_config_check_refused(const co_config *c, co_problems *P) {
-    if (c->fp16) co_problem(P, "--fp16 is not supported yet; use --bf16");
     if (!strcmp(c->attention_backend, "flash") || !strcmp(c->attention_backend, "fused"))
         co_problem(P, "--attention-backend %s selects Transformer Engine's %s attention, which cohort does not have: "
                       "use auto (local and unfused are the same: cohort's one attention kernel)", c->attention_backend,
@@ -948,6 +954,21 @@ static void check_lr(co_config *c, bool batch_ok, co_problems *P) {
                    (long long)c->lr_decay_iters);
 }
 
+/* --fp16 and its loss scale (Megatron's asserts: one precision, positive scales, the floor
+ * not above the start). The scales stay within fp32, which holds them. */
+static void check_loss_scale(const co_config *c, co_problems *P) {
+    if (c->fp16 && c->bf16) co_problem(P, "--fp16 and --bf16 together: give one of them");
+    if (GIVEN("loss-scale") && !(c->loss_scale > 0 && c->loss_scale <= 1e38))
+        co_problem(P, "--loss-scale %g must be positive (at most 1e38)", c->loss_scale);
+    if (!(c->initial_loss_scale > 0 && c->initial_loss_scale <= 1e38))
+        co_problem(P, "--initial-loss-scale %g must be positive (at most 1e38)", c->initial_loss_scale);
+    else if (!(c->min_loss_scale > 0 && c->min_loss_scale <= c->initial_loss_scale))
+        co_problem(P, "--min-loss-scale %g must be positive and at most --initial-loss-scale %g", c->min_loss_scale,
+                   c->initial_loss_scale);
+    co_problem_range(P, "loss-scale-window", c->loss_scale_window, 1, CO_MAX_ITERS);
+    co_problem_range(P, "hysteresis", c->hysteresis, 1, CO_MAX_ITERS);
+}
+
 /* Dropout, initialisation and AdamW's hyperparameters. */
 static void check_optimizer(const co_config *c, co_problems *P) {
     if (c->hidden_dropout < 0 || c->hidden_dropout >= 1) co_problem(P, "--hidden-dropout must be in [0, 1)");
@@ -958,6 +979,7 @@ static void check_optimizer(const co_config *c, co_problems *P) {
     if (!(c->adam_eps > 0 && c->adam_eps < 1)) co_problem(P, "--adam-eps must be positive (below 1)");
     if (!(c->clip_grad >= 0 && c->clip_grad <= 1e12)) co_problem(P, "--clip-grad must be >= 0");
     if (!(c->weight_decay >= 0 && c->weight_decay <= 1e3)) co_problem(P, "--weight-decay must be >= 0");
+    check_loss_scale(c, P);
 }
 
 /* Logging, exit conditions and checkpoints' intervals. */

@@ -110,6 +110,9 @@ typedef struct co_config {
     char lr_wsd_decay_style[16];
     double weight_decay, adam_beta1, adam_beta2, adam_eps, clip_grad;
     bool bf16, fp16;
+    /* --fp16's loss scale: static (loss_scale > 0, given) or dynamic (optim/grad_scaler.h) */
+    double loss_scale, initial_loss_scale, min_loss_scale;
+    int64_t loss_scale_window, hysteresis;
     /* Megatron flags its example launch scripts pass, with their meaning where cohort has one,
      * accepted as no-ops where it is not a choice here, refused where not supported (config.c,
      * the "compat" group; co_config_check_refused) */

@@ -17,8 +17,9 @@
  *  - Dropout and any other randomness comes from a counter-based generator keyed by
  *    (seed, offset, element index), so backward regenerates the same mask and a step can be
  *    replayed exactly.
- *  - Pointers named *16 are bfloat16 (uint16_t) copies used only by matrix products in
- *    bf16 mode; they may be NULL when the backend runs in fp32.
+ *  - Pointers named *16 are 16-bit (uint16_t) copies used only by matrix products in
+ *    bf16 mode (bfloat16) or fp16 mode (IEEE half); they may be NULL when the backend runs
+ *    in fp32.
  */
 #ifndef COHORT_KERNELS_BACKEND_H
 #define COHORT_KERNELS_BACKEND_H
@@ -35,6 +36,8 @@ typedef struct kb_options {
     kb_device device;
     int threads;      /* CPU threads; <= 0 means all online cores */
     bool bf16;        /* matrix products take bf16 inputs, accumulate and output fp32 */
+    bool fp16;        /* matrix products take fp16 inputs (rounded to nearest even, beyond 65504:
+                       * Inf), accumulate and output fp32; the *16 copies hold fp16 (--fp16) */
     bool bf16_reference; /* CPU: take bf16 even where the CPU has no bf16 matrix instructions
                           * (oneDNN's slower paths; the reference of the GPU tests), where it
                           * is otherwise refused as no faster than fp32 */
@@ -74,7 +77,7 @@ typedef struct kb_ops {
     void (*free)(kb_backend *b, void *p);
     /* x[0..n) = 0 */
     void (*zero)(kb_backend *b, float *x, size_t n);
-    /* dst16[i] = round-to-nearest-even bf16(src[i]) */
+    /* dst16[i] = round-to-nearest-even bf16(src[i]), or fp16(src[i]) in fp16 mode */
     void (*to_bf16)(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n);
     /* Waits until every operation queued so far has finished, so the host may read (and
      * write) backend memory; an asynchronous failure found here sets the sticky status.

@@ -580,7 +580,7 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     m->params = o->alloc(be, m->nparams * sizeof(float));
     m->grads = o->alloc(be, m->nparams * sizeof(float));
     if (!m->params || !m->grads) goto nomem;
-    if (be->opt.bf16) {
+    if (be->opt.bf16 || be->opt.fp16) { /* the products' 16-bit copy of the weights */
         m->params16 = o->alloc(be, m->nparams * sizeof(kb_bf16));
         if (!m->params16) goto nomem;
     }

@@ -491,16 +491,18 @@ int moe_set_token_group(moe_layer *m, cm_comm *sq, int shards, int timeout_ms) {
 
 /* ---- forward ---- */
 
-/* The router's product in fp32 under --bf16 as well (Megatron's --moe-router-dtype fp32:
- * routing decisions from bf16 logits flip with rounding): the backend's bf16 mode is off
- * for the call. forward: logits = x Wr^T; backward (dlogits given): dx, dWr. */
+/* The router's product in fp32 under --bf16 and --fp16 as well (Megatron's
+ * --moe-router-dtype fp32: routing decisions from 16-bit logits flip with rounding): the
+ * backend's 16-bit mode is off for the call. forward: logits = x Wr^T; backward (dlogits
+ * given): dx, dWr. */
 static void router_linear(moe_layer *m, const float *x, const float *Wr, float *dx, float *dWr, int N) {
     kb_backend *be = m->be;
-    bool bf16 = be->opt.bf16;
-    be->opt.bf16 = false;
+    bool bf16 = be->opt.bf16, fp16 = be->opt.fp16;
+    be->opt.bf16 = be->opt.fp16 = false;
     if (!dWr) m->o->linear_forward(be, m->logits, x, Wr, NULL, NULL, N, m->h, m->E);
     else m->o->linear_backward(be, dx, dWr, NULL, m->dlogits, x, Wr, NULL, N, m->h, m->E);
     be->opt.bf16 = bf16;
+    be->opt.fp16 = fp16;
 }
 
 void moe__experts_forward(moe_layer *m, const float *params, const float *xin, float *h1, float *act, float *out,

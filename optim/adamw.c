@@ -14,6 +14,7 @@ int opt_adamw_init(opt_adamw *o, gpt_model *model, float beta1, float beta2, flo
     o->eps = eps;
     o->weight_decay = wd;
     o->clip_grad = clip;
+    o->inv_loss_scale = 0;
     o->n = gpt_num_params(model);
     o->step = 0;
     o->sums = NULL;
@@ -52,6 +53,11 @@ float opt_clip_scale(float clip_grad, double grad_norm) {
     return gscale;
 }
 
+float opt_step_scale(float clip_grad, double grad_norm, float inv_loss_scale) {
+    float g = opt_clip_scale(clip_grad, grad_norm);
+    return inv_loss_scale > 0 ? g * inv_loss_scale : g;
+}
+
 /* room for each tensor's fused checksum; false (the caller hashes afterwards) without memory */
 static bool sums_room(opt_adamw *o, int nt) {
     if (o->nsums >= nt) return true;
@@ -64,7 +70,7 @@ static bool sums_room(opt_adamw *o, int nt) {
 
 void opt_adamw_step_checksum(opt_adamw *o, gpt_model *model, double lr, double grad_norm, uint64_t *sum) {
     kb_backend *be = gpt_backend(model);
-    float gscale = opt_clip_scale(o->clip_grad, grad_norm);
+    float gscale = opt_step_scale(o->clip_grad, grad_norm, o->inv_loss_scale);
     o->step++;
     const gpt_tensor *t = gpt_tensors(model);
     float *p = gpt_params(model), *g = gpt_grads(model);

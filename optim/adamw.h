@@ -9,6 +9,8 @@
 
 typedef struct opt_adamw {
     float beta1, beta2, eps, weight_decay, clip_grad;
+    float inv_loss_scale; /* --fp16: the gradients are the loss scale times the true ones, the
+                             step multiplies them by this (0: they are not scaled) */
     float *m, *v;   /* same layout as the parameters */
     size_t n;
     int64_t step;   /* optimizer steps taken */
@@ -26,6 +28,11 @@ double opt_grad_norm(gpt_model *model);
  * is below 1 (Megatron's clip_grad_norm), else 1; clip <= 0: no clipping. optim/dist_opt.c
  * uses it too, so both optimizers clip identically. */
 float opt_clip_scale(float clip_grad, double grad_norm);
+/* The factor of a step under a loss scale: opt_clip_scale's (of the true, unscaled norm)
+ * times inv_loss_scale where that is > 0. Megatron unscales the gradients, then clips them:
+ * with a power-of-two scale (a dynamic one always is) the product is exact, so the step's
+ * bits are the same. */
+float opt_step_scale(float clip_grad, double grad_norm, float inv_loss_scale);
 /* One step at learning rate lr, clipping with the given gradient norm. Refreshes the bf16
  * weight copy. */
 void opt_adamw_step(opt_adamw *o, gpt_model *model, double lr, double grad_norm);

@@ -389,7 +389,7 @@ int dopt_update(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double
 int dopt_update_shards(dopt_state *s, const bool *decay, double lr, double norm) {
     kb_backend *be = s->be;
     int n = s->L.dp, me = s->rank, rc;
-    float gscale = opt_clip_scale(s->opt.clip_grad, norm);
+    float gscale = opt_step_scale(s->opt.clip_grad, norm, s->opt.inv_loss_scale);
     /* 3. AdamW on the own shard (in the parameter buffer) and on the copy */
     s->step++;
     shard_update(s, me, s->params, s->grads, s->m, s->v, false, decay, (float)lr, gscale);

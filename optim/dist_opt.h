@@ -87,6 +87,7 @@ double dopt_bytes_per_param(const dopt_layout *L, size_t nparams_total, bool red
 
 typedef struct dopt_options {
     float beta1, beta2, eps, weight_decay, clip_grad;
+    float inv_loss_scale; /* --fp16: as opt_adamw's (0: the gradients are not scaled) */
     bool redundant; /* keep a copy of shard (rank-1) mod dp */
     /* reduce and gather with all-reduces instead of reduce-scatter and all-gather: where the
      * group's all-reduce goes through shared memory (cm_zmq_shared_memory: every rank on one

@@ -172,7 +172,7 @@ static int find_rejection(rr_machine *m, const rr_report *rs, int n, char *check
                 *fatal = true;
                 return r->rank;
             }
-            if (!isfinite(r->grad_norm)) {
+            if (!isfinite(r->grad_norm) && !o->grad_overflow_skips) {
                 snprintf(check, 32, "%s", isnan(r->grad_norm) ? "nan_grad" : "inf_grad");
                 *value = r->grad_norm;
                 *fatal = true;
@@ -189,7 +189,8 @@ static int find_rejection(rr_machine *m, const rr_report *rs, int n, char *check
             *fatal = false;
             return r->rank;
         }
-        if (o->check_large_grads && m->grad_n > 0 && r->grad_norm >= o->large_grad_factor * m->grad_max) {
+        if (o->check_large_grads && m->grad_n > 0 && (isfinite(r->grad_norm) || !o->grad_overflow_skips) &&
+            r->grad_norm >= o->large_grad_factor * m->grad_max) {
             snprintf(check, 32, "large_grad");
             *value = r->grad_norm;
             *fatal = false;
@@ -206,7 +207,8 @@ static int find_rejection(rr_machine *m, const rr_report *rs, int n, char *check
             qsort(others, (size_t)c, sizeof *others, cmp_dbl);
             double med = c % 2 ? others[c / 2] : 0.5 * (others[c / 2 - 1] + others[c / 2]);
             /* with two ranks the larger one is the outlier; the smaller is never flagged */
-            if (med > 0 && rs[k].grad_norm > o->outlier_factor * med) {
+            if (med > 0 && rs[k].grad_norm > o->outlier_factor * med &&
+                (isfinite(rs[k].grad_norm) || !o->grad_overflow_skips)) {
                 free(others);
                 snprintf(check, 32, "grad_outlier");
                 *value = rs[k].grad_norm;
@@ -227,7 +229,7 @@ static void track(rr_machine *m) {
             if (fabs(r->mb.loss_peak) > m->spiky_max) m->spiky_max = fabs(r->mb.loss_peak);
             m->spiky_n = r->mb.n < RR_TRACK_N - m->spiky_n ? m->spiky_n + r->mb.n : RR_TRACK_N;
         }
-        if (m->grad_n < RR_TRACK_N) {
+        if (m->grad_n < RR_TRACK_N && (isfinite(r->grad_norm) || !m->o.grad_overflow_skips)) {
             if (r->grad_norm > m->grad_max) m->grad_max = r->grad_norm;
             m->grad_n++;
         }

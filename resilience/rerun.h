@@ -32,6 +32,7 @@
  *             otherwise STOP (cannot attribute).
  *
  * With one rank there is no peer: a reproducible fatal result is a real problem.
+ * Under --fp16 (rr_options.grad_overflow_skips) gradients that overflow are not judged here.
  * Results are compared bit for bit (a deterministic backend replays exactly). */
 #ifndef COHORT_RESILIENCE_RERUN_H
 #define COHORT_RESILIENCE_RERUN_H
@@ -72,6 +73,12 @@ typedef struct rr_options {
     double large_grad_factor;  /* 10 */
     double outlier_factor;     /* 1000 */
     bool skip_on_reproducible; /* a reproducible fatal result: SKIP the iteration (else STOP) */
+    bool grad_overflow_skips;  /* --fp16's loss scaling: a non-finite gradient norm with finite
+                                * losses is the scale overflowing, not a fault: accepted here
+                                * (the trainer skips the step and the scale backs off, as
+                                * Megatron's optimizer does), and left out of the gradient
+                                * checks and their history; non-finite losses are checked as
+                                * always */
     int injection_rate;        /* --error-injection-rate: about once per N validated iterations */
     rr_inject_type injection_type;
     uint64_t seed;

@@ -117,7 +117,7 @@ static int read_batch(trainer *t, int split, int mb, int64_t first_sample, bool 
     for (int i = 0; i < N; i++) ntok += x->mask[i];
     /* normalised by the whole sequences' loss tokens (all context ranks' together) */
     x->ntok_all = t->cpn > 1 ? t->cp_ntok : ntok;
-    float w = train && x->ntok_all > 0 ? (float)(1.0 / (x->ntok_all * t->M)) : 0.0f;
+    float w = train && x->ntok_all > 0 ? (float)(1.0 / (x->ntok_all * t->M)) * trainer__loss_scale(t) : 0.0f;
     for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
     t->mb_tok_local[mb] = ntok;
     t->have_batch[mb] = 2;

@@ -72,6 +72,9 @@ void trainer_get_progress(const trainer *t, trainer_progress *p) {
     p->loss_sum = t->loss_sum;
     p->tok_sum = t->tok_sum;
     p->iters_since_log = t->iters_since_log;
+    p->loss_scale = t->scaler.scale;
+    p->growth_tracker = t->scaler.growth_tracker;
+    p->hysteresis_tracker = t->scaler.hysteresis_tracker;
 }
 
 void trainer_set_progress(trainer *t, const trainer_progress *p) {
@@ -83,6 +86,11 @@ void trainer_set_progress(trainer *t, const trainer_progress *p) {
     t->tok_sum = p->tok_sum;
     t->iters_since_log = p->iters_since_log;
     t->time_since_log = 0;
+    if (p->loss_scale > 0) { /* (0: a checkpoint without the scaler's state keeps the configured one) */
+        t->scaler.scale = p->loss_scale;
+        t->scaler.growth_tracker = p->growth_tracker;
+        t->scaler.hysteresis_tracker = p->hysteresis_tracker;
+    }
 }
 
 struct opt_adamw *trainer_optimizer(trainer *t) { return &t->opt; }
@@ -269,6 +277,11 @@ static int build_model(trainer *t, const trainer_data *data) {
     const co_config *c = &t->cfg;
     gpt_config *m = &t->mcfg;
     model_config(t, data->vocab_size);
+    if (c->fp16 && c->loss_scale > 0) opt_grad_scaler_constant(&t->scaler, c->loss_scale);
+    else if (c->fp16)
+        opt_grad_scaler_dynamic(&t->scaler, c->initial_loss_scale, c->min_loss_scale, c->loss_scale_window,
+                                c->hysteresis);
+    else opt_grad_scaler_constant(&t->scaler, 1.0);
     int rc;
     if (t->g.pp && (rc = pipeline_setup(t, m))) return rc;
     if ((rc = trainer__cp_setup(t, data, m))) return rc;
@@ -328,9 +341,10 @@ int trainer__set_batch(trainer *t, int gbs) {
     int M = topo_num_microbatches(&t->topo, gbs, c->micro_batch_size);
     if (M < 1 || M > t->M_max) return co_err_set(CO_EINVAL, "global batch %d: %d micro batches per rank (1..%d)", gbs, M, t->M_max);
     t->gbs = gbs;
+    /* the auxiliary losses weigh as the main loss: 1 / M, times --fp16's loss scale */
+    gpt_set_aux_loss_scale(t->model, trainer__loss_scale(t) * (1.0f / (float)M));
     if (M == t->M) return 0;
     t->M = M;
-    gpt_set_aux_loss_scale(t->model, 1.0f / (float)M);
     if (!t->g.pp) return 0;
     pp_sched_cfg sc = {.p = t->pp_size, .rank = t->pp_rank, .m = M, .v = t->vchunks,
                        .group = c->microbatch_group_size_per_vp_stage};
@@ -446,6 +460,7 @@ int trainer_new(trainer **out, const co_config *cfg, const trainer_data *data, F
     kb_options bo = {.device = strcmp(c->device, "cuda") == 0 ? KB_DEVICE_CUDA : KB_DEVICE_CPU,
                      .threads = c->threads,
                      .bf16 = c->bf16,
+                     .fp16 = c->fp16,
                      .cuda_device = data->cuda_device};
     if (!rc) rc = kb_backend_new(&t->be, &bo);
     if (!rc) rc = build_model(t, data);
@@ -651,7 +666,7 @@ static int log_line(trainer *t, double lr, double grad_norm) {
             "loss scale: %.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: "
             "%3lld |\n",
             ts, (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tflops, lr,
-            t->gbs, loss, moe_txt, 1.0, grad_norm, (long long)t->skipped, (long long)t->nan_iters);
+            t->gbs, loss, moe_txt, (double)t->scaler.scale, grad_norm, (long long)t->skipped, (long long)t->nan_iters);
     if (t->log) fflush(t->log);
     /* the tensor group's collectives inside the model since the last line (this rank's) */
     char tpx[200] = "";
@@ -668,11 +683,11 @@ static int log_line(trainer *t, double lr, double grad_norm) {
         fprintf(t->metrics,
                 "{\"iteration\":%lld,\"train_iters\":%lld,\"consumed_samples\":%lld,\"elapsed_ms_per_iteration\":%.3f,"
                 "\"tokens_per_second\":%.1f,\"tflops_per_rank\":%.4f,\"learning_rate\":%.9e,\"global_batch_size\":%d,"
-                "\"lm_loss\":%s,\"loss_scale\":1.0,\"grad_norm\":%s,\"skipped_iterations\":%lld,"
+                "\"lm_loss\":%s,\"loss_scale\":%.1f,\"grad_norm\":%s,\"skipped_iterations\":%lld,"
                 "\"nan_iterations\":%lld,\"validation_ms_per_iteration\":%.3f,\"weight_checksum_ms_per_iteration\":%.3f,"
                 "\"weight_hash_ms_per_iteration\":%.3f%s%s,\"rss_bytes\":%lld,\"max_rss_bytes\":%lld,\"time\":\"%s\"}\n",
                 (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tok_s, tflops, lr,
-                t->gbs, json_num(lb, "%.9e", loss), json_num(gb, "%.6f", grad_norm), (long long)t->skipped, (long long)t->nan_iters,
+                t->gbs, json_num(lb, "%.9e", loss), (double)t->scaler.scale, json_num(gb, "%.6f", grad_norm), (long long)t->skipped, (long long)t->nan_iters,
                 1000.0 * t->gate_s / t->iters_since_log, 1000.0 * t->sum_wait_s / t->iters_since_log,
                 1000.0 * t->sum_hash_s / t->iters_since_log, tpx, moe_json, rss, hwm, ts);
         fflush(t->metrics);
@@ -801,8 +816,21 @@ int trainer__inject_loss(trainer *t, int64_t step, int mb, int data_rank, double
     return poison;
 }
 
+/* COHORT_TEST_FP16_OVERFLOW=RANK:ITERATION (tests only): an Inf in that rank's gradients at
+ * that iteration, as an fp16 overflow there leaves them, the loss finite
+ * (tests/integration/fp16_test.sh). */
+static bool test_overflow(const trainer *t, int64_t step, int mb) {
+    const char *e = getenv("COHORT_TEST_FP16_OVERFLOW");
+    long long r, it;
+    return e && mb == 0 && sscanf(e, "%lld:%lld", &r, &it) == 2 && r == t->job_rank && it == step;
+}
+
 void trainer__inject_grads(trainer *t, int64_t step, int mb, int poison) {
     if (poison == FI_NAN || poison == FI_INF) gpt_grads(t->model)[0] = poison == FI_NAN ? NAN : INFINITY;
+    if (t->cfg.fp16 && test_overflow(t, step, mb)) {
+        t->be->ops->sync(t->be);
+        gpt_grads(t->model)[0] = INFINITY;
+    }
     fi_fault *f;
     if (t->inj && (f = fi_take(t->inj, FI_BITFLIP_GRAD, t->job_rank, t->job_rank, step, mb, FI_PH_BACKWARD))) {
         int bit;
@@ -843,7 +871,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         for (int i = 0; i < N; i++) ntok += x->mask[i];
         /* normalised by the whole sequences' loss tokens (all context ranks' together) */
         double nall = t->cpn > 1 ? t->cp_ntok : ntok;
-        float w = nall > 0 ? (float)(1.0 / (nall * t->M)) : 0.0f;
+        float w = nall > 0 ? (float)(1.0 / (nall * t->M)) * trainer__loss_scale(t) : 0.0f;
         for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
         uint64_t seed = trainer__dropout_seed(t, gmb);
         double t1 = now_s();
@@ -1122,9 +1150,11 @@ int trainer_sync_state(trainer *t, int root) {
     int rc = t->dopt ? 0 : take_state(t, root);
     if (rc) return rc;
     /* progress: iteration, samples consumed, counters, log accumulators, optimizer steps */
-    double p[11] = {(double)t->iteration, (double)t->consumed[0], (double)t->consumed[1], (double)t->consumed[2],
+    /* and --fp16's loss scaler (scale, trackers) */
+    double p[14] = {(double)t->iteration, (double)t->consumed[0], (double)t->consumed[1], (double)t->consumed[2],
                     (double)t->skipped,   (double)t->nan_iters,   t->loss_sum,            t->tok_sum,
-                    (double)t->iters_since_log, (double)t->opt.step, t->time_since_log};
+                    (double)t->iters_since_log, (double)t->opt.step, t->time_since_log, (double)t->scaler.scale,
+                    (double)t->scaler.growth_tracker, (double)t->scaler.hysteresis_tracker};
     cm_comm *sg = tr_groups_state(&t->g);
     rc = sg->ops->broadcast(sg, p, sizeof p, root, TRAIN_COMM_TIMEOUT_MS);
     if (rc) return rc;
@@ -1137,6 +1167,9 @@ int trainer_sync_state(trainer *t, int root) {
     t->iters_since_log = (int)p[8];
     t->opt.step = (int64_t)p[9];
     t->time_since_log = p[10];
+    t->scaler.scale = (float)p[11];
+    t->scaler.growth_tracker = (int64_t)p[12];
+    t->scaler.hysteresis_tracker = (int64_t)p[13];
     if (t->dopt) {
         rc = trainer__dopt_handover(t, mine == t->iteration);
         if (!rc) note_written(t);
@@ -1176,8 +1209,12 @@ static void build_report(trainer *t, const tr_iter *it, int check_for, rr_report
 /* Forward and backward of data_rank's share of the step: the pipeline's schedule, or the
  * micro batches one after another. */
 static int run_share(trainer *t, int data_rank, tr_iter *it, double *loss, double *tok) {
-    return t->g.pp ? trainer__pipeline_share(t, data_rank, it->step, loss, tok, &it->local_norm)
-                   : compute_share(t, data_rank, it->step, loss, tok, &it->local_norm);
+    int rc = t->g.pp ? trainer__pipeline_share(t, data_rank, it->step, loss, tok, &it->local_norm)
+                     : compute_share(t, data_rank, it->step, loss, tok, &it->local_norm);
+    /* the validator judges the true gradients' norm (--fp16: unscaled; a power-of-two scale
+     * divides exactly); an overflow stays non-finite */
+    if (t->cfg.fp16) it->local_norm *= (double)opt_grad_scaler_inv(&t->scaler);
+    return rc;
 }
 
 /* The reduction of a round (reduce_step) with, when the round is checksummed, the weights it
@@ -1347,6 +1384,22 @@ static int optimizer_step(trainer *t, tr_iter *it) {
     return kb_backend_status(t->be);
 }
 
+/* --fp16: the gradients overflowed at this loss scale (the norm, reduced over every rank of
+ * the replica and computed from gradients reduced over the data-parallel ranks, is the
+ * found-inf flag: non-finite exactly when some gradient is). As Megatron: no update, the
+ * iteration counts as skipped (and as a NaN iteration if its loss is not finite), its loss
+ * stays out of the log's average, and the scaler learns of the overflow. */
+static int skip_overflow(trainer *t, tr_iter *it, double loss) {
+    t->skipped++;
+    if (!isfinite(loss)) t->nan_iters++;
+    it->loss = it->tok = 0;
+    float before = t->scaler.scale;
+    opt_grad_scaler_update(&t->scaler, true);
+    co_log(CO_LOG_DEBUG, "iteration %lld: fp16 gradients overflowed at loss scale %g: step skipped, loss scale %g",
+           (long long)it->step, (double)before, (double)t->scaler.scale);
+    return 0;
+}
+
 /* Phase 3, apply the update of an accepted step: the norm, the NaN policy, the optimizer. A
  * skipped step drops its update; a step that may not be applied sets *why (TRAIN_NAN). */
 static int apply_update(trainer *t, tr_iter *it, tr_action a, train_end *why) {
@@ -1358,8 +1411,14 @@ static int apply_update(trainer *t, tr_iter *it, tr_action a, train_end *why) {
     double tlo = tl_now(), to = now_s();
     int rc = t->dopt ? trainer__dopt_norm(t, &it->grad_norm) : trainer__grad_norm(t, &it->grad_norm);
     if (rc) return rc;
+    bool fp16 = t->cfg.fp16;
+    float inv = opt_grad_scaler_inv(&t->scaler);
+    if (fp16) it->grad_norm *= (double)inv; /* the true gradients' norm */
     double loss = it->tok > 0 ? it->loss / it->tok : 0, gnorm = it->grad_norm;
-    tr_action u = tr_update_action(t->have_val, t->cfg.check_for_nan_in_loss_and_grad, loss, gnorm);
+    bool check_nan = t->cfg.check_for_nan_in_loss_and_grad;
+    tr_action u = fp16 ? tr_update_action_fp16(t->have_val, check_nan, loss, gnorm)
+                       : tr_update_action(t->have_val, check_nan, loss, gnorm);
+    if (u == TR_ACT_SKIP) return skip_overflow(t, it, loss);
     if (u != TR_ACT_STEP) {
         t->nan_iters++;
         progress_clear(t);
@@ -1371,7 +1430,9 @@ static int apply_update(trainer *t, tr_iter *it, tr_action a, train_end *why) {
         *why = TRAIN_NAN;
         return 0;
     }
+    t->opt.inv_loss_scale = fp16 ? inv : 0.0f;
     if ((rc = optimizer_step(t, it))) return rc;
+    opt_grad_scaler_update(&t->scaler, false);
     inject_after_update(t, it->step);
     t->phase_ms[TR_PH_OPTIMIZER] += 1000 * (now_s() - to);
     trainer__tl(t, TL_OPTIMIZER, -1, -1, tlo);

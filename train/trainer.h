@@ -72,6 +72,10 @@ typedef struct trainer_progress {
     /* log accumulators since the last log line, so a resumed run logs the same lines */
     double loss_sum, tok_sum;
     int iters_since_log;
+    /* --fp16's loss scaler (optim/grad_scaler.h): the scale (1 without --fp16; 0 when set:
+     * keep the configured one) and its trackers */
+    float loss_scale;
+    int64_t growth_tracker, hysteresis_tracker;
 } trainer_progress;
 
 void trainer_get_progress(const trainer *t, trainer_progress *p);

@@ -269,6 +269,7 @@ int trainer__dopt_norm(trainer *t, double *out) {
 int trainer__dopt_step(trainer *t, double lr, double grad_norm, uint64_t *sum) {
     tr_dopt *d = t->dopt;
     d->s.step = t->opt.step; /* the trainer's count is the truth (restored by loads and restarts) */
+    d->s.opt.inv_loss_scale = t->opt.inv_loss_scale; /* --fp16's, this step's */
     int rc = dopt_update_shards(&d->s, d->decay, lr, grad_norm);
     d->reduced = false;
     if (rc) return rc;

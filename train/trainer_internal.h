@@ -10,6 +10,7 @@
 #include "data/loader.h"
 #include "kernels/backend.h"
 #include "optim/adamw.h"
+#include "optim/grad_scaler.h"
 #include "optim/lr.h"
 #include "scheduler/groups.h"
 #include "scheduler/placement.h"
@@ -57,6 +58,7 @@ struct trainer {
     gpt_model *model;
     gpt_config mcfg;
     opt_adamw opt;
+    opt_grad_scaler scaler; /* --fp16's loss scale (without: a constant 1, which changes no bits) */
     lr_schedule lr;
     topo topo;
     int M;                   /* micro batches per iteration (this iteration's, under a batch ramp-up) */
@@ -161,6 +163,9 @@ struct trainer {
     double ep_secs_logged;
 };
 
+/* The loss scale of this step (--fp16; 1 without): the loss's backward and the auxiliary
+ * losses' are weighted by it (trainer.c, pipeline.c). */
+static inline float trainer__loss_scale(const trainer *t) { return t->scaler.scale; }
 
 /* trainer_dopt.c: the distributed optimizer's share of trainer_new (before gpt_init: the
  * model's buffers take its layout; joining: a replacement, its shards hold nothing yet; after

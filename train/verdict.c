@@ -23,6 +23,14 @@ tr_action tr_update_action(bool validated, bool check_nan, double loss, double g
     return TR_ACT_STEP;
 }
 
+tr_action tr_update_action_fp16(bool validated, bool check_nan, double loss, double grad_norm) {
+    tr_action a = tr_update_action(validated, check_nan, loss, grad_norm);
+    if (a == TR_ACT_STOP_NAN_GRADS) return TR_ACT_SKIP;
+    /* a validated round's loss was checked; an unchecked non-finite loss overflowed too */
+    if (a == TR_ACT_STOP_NAN_REDUCED) return TR_ACT_SKIP;
+    return a;
+}
+
 const char *tr_action_name(tr_action a) {
     static const char *const names[] = {"step", "rerun", "check", "repair", "skip", "reject", "protocol",
                                         "stop: nan loss", "stop: nan gradients", "stop: nan reduced gradients"};

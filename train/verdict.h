@@ -32,6 +32,11 @@ tr_action tr_verdict_action(const rr_verdict *v, bool checking);
  * gradient's norm. */
 tr_action tr_update_action(bool validated, bool check_nan, double loss, double grad_norm);
 
+/* The same under --fp16's loss scaling: gradients that overflowed (a non-finite norm) with a
+ * finite loss are not a fault but a loss scale too large: TR_ACT_SKIP (Megatron skips the
+ * step, the iteration counts, the scaler backs off). A non-finite loss stops as above. */
+tr_action tr_update_action_fp16(bool validated, bool check_nan, double loss, double grad_norm);
+
 /* Whether the action runs another round of the same iteration. */
 static inline bool tr_action_replays(tr_action a) {
     return a == TR_ACT_RERUN || a == TR_ACT_CHECK || a == TR_ACT_REPAIR;

@@ -170,7 +170,9 @@ static int save_parts(wk_ckpt *k) {
     memset(&meta, 0, sizeof meta);
     meta.iteration = tp.iteration;
     meta.progress = (ck_progress){tp.iteration, {tp.consumed[0], tp.consumed[1], tp.consumed[2]}, tp.skipped,
-                                  tp.nan_iters, tp.loss_sum, tp.tok_sum, tp.iters_since_log};
+                                  tp.nan_iters, tp.loss_sum, tp.tok_sum, tp.iters_since_log,
+                                  /* --fp16's loss scaler, to resume bitwise (0: none) */
+                                  c->fp16 ? tp.loss_scale : 0, tp.growth_tracker, tp.hysteresis_tracker};
     meta.seed = c->seed;
     /* every rank writes (ck_plan's writers); the writer groups are the model shards */
     meta.layout = (ck_layout){k->world, k->tp, k->pp, c->context_parallel_size, data_size(k),
@@ -728,11 +730,16 @@ static void loaded(wk_ckpt *k, const ck_manifest *m, bool load_optim) {
         tp.loss_sum = m->progress.loss_sum;
         tp.tok_sum = m->progress.tok_sum;
         tp.iters_since_log = m->progress.iters_since_log;
+        if (c->fp16 && load_optim && m->progress.loss_scale > 0) { /* (as Megatron: part of the optimizer's state) */
+            tp.loss_scale = (float)m->progress.loss_scale;
+            tp.growth_tracker = m->progress.growth_tracker;
+            tp.hysteresis_tracker = m->progress.hysteresis_tracker;
+        }
         trainer_set_progress(k->t, &tp);
         k->last_saved = m->iteration;
         warn_schedule(k, m);
     }
-    if (c->bf16) gpt_sync_bf16(trainer_model(k->t));
+    if (c->bf16 || c->fp16) gpt_sync_bf16(trainer_model(k->t));
     if (k->log) {
         if (m->layout.data != data_size(k))
             fprintf(k->log, "cohort: checkpoint written at data-parallel size %d, loaded at %d: consumed samples are "

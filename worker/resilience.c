@@ -38,6 +38,7 @@ void wk_rr_options(const co_config *c, int world, rr_options *o) {
     o->check_large_grads = c->check_for_large_grads;
     o->check_rank_outliers = c->check_rank_outliers;
     o->skip_on_reproducible = !strcmp(c->on_reproducible_error, "skip");
+    o->grad_overflow_skips = c->fp16;
     o->injection_rate = c->error_injection_rate;
     o->injection_type = !strcmp(c->error_injection_type, "correct_result")     ? RR_INJECT_CORRECT
                         : !strcmp(c->error_injection_type, "persistent_error") ? RR_INJECT_PERSISTENT

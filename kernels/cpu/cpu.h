@@ -36,6 +36,7 @@ typedef struct cpu_mm {
 typedef struct cpu_state {
     int threads;
     bool bf16_emulated; /* kb_options.bf16_reference on a CPU without bf16 instructions */
+    bool fp16;          /* kb_options.fp16: products of fp16 values, widened to fp32 (emulated) */
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     cpu_mm mm[CPU_MM_CACHE];
@@ -156,6 +157,40 @@ static inline kb_bf16 cpu_f2bf(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (kb_bf16)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (kb_bf16)(u >> 16);
+}
+/* fp16 (IEEE half) round-to-nearest-even, as CUDA's __float2half_rn: beyond 65504 (from
+ * 65520 on, the tie rounding up) Inf, below 2^-14 subnormal; NaN stays NaN (quiet). */
+static inline uint16_t cpu_f2h(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+    if (a >= 0x38800000u) { /* normal: the exponent rebiased, 13 bits rounded off */
+        uint32_t v = a - 0x38000000u;
+        return (uint16_t)(sign | ((v + 0xfffu + ((v >> 13) & 1u)) >> 13));
+    }
+    uint32_t e = a >> 23;
+    if (e < 102) return (uint16_t)sign; /* below 2^-25: zero */
+    /* subnormal: the value in units of 2^-24, rounded to nearest even */
+    uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+}
+static inline float cpu_h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0x1f) u = sign | 0x7f800000u | (m << 13);
+    else if (e) u = sign | ((e + 112) << 23) | (m << 13);
+    else if (!m) u = sign;
+    else {
+        uint32_t k = 0;
+        while (!(m & 0x400u)) m <<= 1, k++;
+        u = sign | ((113 - k) << 23) | ((m & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 static inline float cpu_bf2f(kb_bf16 h) {
     uint32_t u = (uint32_t)h << 16;

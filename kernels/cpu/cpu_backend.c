@@ -219,6 +219,7 @@ int cpu_backend_create(kb_backend **out, const kb_options *opt) {
     }
     st->threads = threads;
     st->bf16_emulated = opt->bf16 && opt->bf16_reference && !kb_cpu_bf16_check(NULL, 0);
+    st->fp16 = opt->fp16 && !opt->bf16;
     b->opt.threads = threads;
     omp_set_num_threads(threads);
     if (dnnl_engine_create(&st->engine, dnnl_cpu, 0) != dnnl_success ||
@@ -229,7 +230,10 @@ int cpu_backend_create(kb_backend **out, const kb_options *opt) {
     const dnnl_version_t *v = dnnl_version();
     snprintf(st->desc, sizeof st->desc, "cpu: oneDNN %d.%d.%d, %d thread%s, %s, %s kernels (attention %s)",
              v->major, v->minor, v->patch, threads, threads == 1 ? "" : "s",
-             st->bf16_emulated ? "bf16 (reference: widened to fp32)" : opt->bf16 ? "bf16" : "fp32",
+             st->bf16_emulated ? "bf16 (reference: widened to fp32)"
+             : opt->bf16      ? "bf16"
+             : st->fp16       ? "fp16 (products of fp16 values in fp32)"
+                              : "fp32",
              cpu_isa_name(cpu_isa_level()), cpu_attention_variant());
     *out = b;
     return 0;

@@ -62,7 +62,10 @@ void cpu_to_bf16(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n) {
 #pragma omp parallel for schedule(static) num_threads(st->threads)
     for (size_t c = 0; c < NCHUNK(n); c++) {
         CHUNK_BOUNDS(c, n);
-        for (size_t i = lo; i < hi; i++) dst16[i] = cpu_f2bf(src[i]);
+        if (st->fp16)
+            for (size_t i = lo; i < hi; i++) dst16[i] = cpu_f2h(src[i]);
+        else
+            for (size_t i = lo; i < hi; i++) dst16[i] = cpu_f2bf(src[i]);
     }
 }
 

@@ -1,5 +1,8 @@
 /* matmul.c - linear layers: fp32 through dnnl_sgemm, bf16 through cached oneDNN matmul
- * primitives (AMX / AVX512-BF16 where the CPU has them), fp32 accumulation and output. */
+ * primitives (AMX / AVX512-BF16 where the CPU has them), fp32 accumulation and output; fp16
+ * as bf16's reference path: inputs rounded to fp16, widened back exactly, one fp32 sgemm
+ * (the products of the fp16 values accumulated in fp32, as cuBLASLt's fp16 with fp32
+ * compute), on every CPU. */
 #include <omp.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -95,7 +98,7 @@ static cpu_mm *mm_get(cpu_state *st, int64_t M, int64_t N, int64_t K, int ta, in
         mm_clear(m);
     }
     m->M = M, m->N = N, m->K = K, m->ta = ta, m->tb = tb, m->bias = bias, m->acc = acc;
-    if (st->bf16_emulated) {
+    if (st->bf16_emulated || st->fp16) {
         m->emulated = 1;
         return m;
     }
@@ -119,8 +122,13 @@ static int mm_run_emulated(cpu_state *st, cpu_mm *m, const kb_bf16 *A, const kb_
         free(a), free(bm);
         return -1;
     }
-    for (size_t i = 0; i < na; i++) a[i] = cpu_bf2f(A[i]);
-    for (size_t i = 0; i < nb; i++) bm[i] = cpu_bf2f(B[i]);
+    if (st->fp16) {
+        for (size_t i = 0; i < na; i++) a[i] = cpu_h2f(A[i]);
+        for (size_t i = 0; i < nb; i++) bm[i] = cpu_h2f(B[i]);
+    } else {
+        for (size_t i = 0; i < na; i++) a[i] = cpu_bf2f(A[i]);
+        for (size_t i = 0; i < nb; i++) bm[i] = cpu_bf2f(B[i]);
+    }
     float beta = m->acc ? 1.0f : 0.0f;
     if (m->bias && !m->acc) {
         for (int64_t r = 0; r < m->M; r++) memcpy(C + r * m->N, bias, (size_t)m->N * sizeof(float));
@@ -131,7 +139,6 @@ static int mm_run_emulated(cpu_state *st, cpu_mm *m, const kb_bf16 *A, const kb_
     if (rc == dnnl_success && m->bias && m->acc)
         for (int64_t r = 0; r < m->M; r++)
             for (int64_t j = 0; j < m->N; j++) C[r * m->N + j] += bias[j];
-    (void)st;
     free(a), free(bm);
     return rc == dnnl_success ? 0 : -1;
 }
@@ -168,7 +175,10 @@ static void convert(cpu_state *st, kb_bf16 *dst, const float *src, size_t n) {
 #pragma omp parallel for schedule(static) num_threads(st->threads)
     for (size_t c = 0; c < nc; c++) {
         size_t lo = c * chunk, hi = lo + chunk < n ? lo + chunk : n;
-        for (size_t i = lo; i < hi; i++) dst[i] = cpu_f2bf(src[i]);
+        if (st->fp16)
+            for (size_t i = lo; i < hi; i++) dst[i] = cpu_f2h(src[i]);
+        else
+            for (size_t i = lo; i < hi; i++) dst[i] = cpu_f2bf(src[i]);
     }
 }
 
@@ -230,7 +240,7 @@ void cpu_linear_forward(kb_backend *b, float *out, const float *in, const float 
     cpu_state *st = cpu_st(b);
     if (N <= 0 || OC <= 0) return;
     sync_threads(st);
-    if (b->opt.bf16 && IC > 0) {
+    if ((b->opt.bf16 || b->opt.fp16) && IC > 0) {
         /* bf16 was checked to be native here (isa.c): a product it cannot do is an error,
          * never a silent fp32 fallback */
         cpu_mm *m = mm_get(st, N, OC, IC, 0, 1, bias != NULL, 0);
@@ -275,7 +285,7 @@ void cpu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias,
     }
     sync_threads(st);
     if (dbias) col_sums(st, dbias, dout, N, OC);
-    if (b->opt.bf16) {
+    if (b->opt.bf16 || b->opt.fp16) {
         cpu_mm *md = din ? mm_get(st, N, IC, OC, 0, 0, 0, 0) : NULL;
         cpu_mm *mw = dW ? mm_get(st, OC, IC, N, 1, 0, 0, 1) : NULL;
         if ((din && !md) || (dW && !mw)) {
@@ -366,7 +376,7 @@ void cpu_grouped_linear_forward(kb_backend *b, float *out, const float *in, cons
                                 int n, int IC, int OC) {
     cpu_state *st = cpu_st(b);
     if (n <= 0 || OC <= 0) return;
-    if (b->opt.bf16) {
+    if (b->opt.bf16 || b->opt.fp16) {
         for (int g = 0; g < n && !b->status; g++)
             if (off[g + 1] > off[g])
                 cpu_linear_forward(b, out + (size_t)off[g] * OC, in + (size_t)off[g] * IC, W + (size_t)g * OC * IC,
@@ -398,7 +408,7 @@ void cpu_grouped_linear_backward(kb_backend *b, float *din, float *dW, const flo
                                  const float *W, const int32_t *off, int n, int IC, int OC) {
     cpu_state *st = cpu_st(b);
     if (n <= 0 || OC <= 0 || IC <= 0) return;
-    if (b->opt.bf16) {
+    if (b->opt.bf16 || b->opt.fp16) {
         for (int g = 0; g < n && !b->status; g++) {
             size_t r0 = (size_t)off[g];
             if (off[g + 1] > off[g])

@@ -36,7 +36,7 @@ enum { CU_SCR_A16 = 0, CU_SCR_B16, CU_SCR_W16, CU_SCR_ATT, CU_SCR_MISC, CU_SCR_R
 
 typedef struct cu_mm {
     // key
-    int m, n, k, ta, tb, bf16, epi_bias, beta1, align, bias_align;
+    int m, n, k, ta, tb, bf16, epi_bias, beta1, align, bias_align; // bf16: the inputs' type (CU_MM_*)
     // value
     int ok;  // 1: algo valid; 0: build failed (the caller falls back)
     cublasLtMatmulDesc_t desc;
@@ -124,6 +124,25 @@ __device__ __forceinline__ uint16_t cu_f2bf(float f) {
     return (uint16_t)(u >> 16);
 }
 
+// fp16 round-to-nearest-even (as __float2half_rn: from 65520 on Inf), NaN stays NaN -- cpu_f2h,
+// spelled in integer operations so that the stand-in's CPU build gives the same bits
+__device__ __forceinline__ uint16_t cu_f2h(float f) {
+    uint32_t u = __float_as_uint(f);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+    if (a >= 0x38800000u) {
+        uint32_t v = a - 0x38000000u;
+        return (uint16_t)(sign | ((v + 0xfffu + ((v >> 13) & 1u)) >> 13));
+    }
+    uint32_t e = a >> 23;
+    if (e < 102) return (uint16_t)sign;
+    uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+}
+
 // cpu_expf: x < -87 (and -inf) gives 0, x > 88.5 saturates
 __device__ __forceinline__ float cu_expf(float x0) {
     float x = x0 < -87.0f ? -87.0f : x0;
@@ -184,7 +203,12 @@ __device__ __forceinline__ void cu_adamw_elem(float *__restrict__ p, const float
 }
 
 // ---- operations (one group per file) ----
-void cu_to_bf16_raw(kb_backend *b, uint16_t *dst, const float *src, size_t n);  // no cu_enter
+// the matrix products' input type: fp32, bf16 (--bf16), fp16 (--fp16)
+enum { CU_MM_F32 = 0, CU_MM_BF16 = 1, CU_MM_F16 = 2 };
+static inline int cu_mm_type(const kb_backend *b) {
+    return b->opt.bf16 ? CU_MM_BF16 : b->opt.fp16 ? CU_MM_F16 : CU_MM_F32;
+}
+void cu_to_bf16_raw(kb_backend *b, uint16_t *dst, const float *src, size_t n);  // no cu_enter; fp16 in fp16 mode
 
 void cu_linear_forward(kb_backend *b, float *out, const float *in, const float *W, const kb_bf16 *W16,
                        const float *bias, int N, int IC, int OC);

@@ -101,8 +101,19 @@ __global__ void k_to_bf16(uint16_t *__restrict__ dst, const float *__restrict__ 
         dst[i] = cu_f2bf(src[i]);
 }
 
+__global__ void k_to_f16(uint16_t *__restrict__ dst, const float *__restrict__ src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = cu_f2h(src[i]);
+}
+
+// the products' 16-bit type: bf16, or fp16 under --fp16
 void cu_to_bf16_raw(kb_backend *b, uint16_t *dst, const float *src, size_t n) {
     if (n == 0) return;
+    if (b->opt.fp16 && !b->opt.bf16) {
+        k_to_f16<<<cu_blocks(n, 256), 256, 0, cu_st(b)->stream>>>(dst, src, n);
+        cu_launched(b, "to_fp16");
+        return;
+    }
     k_to_bf16<<<cu_blocks(n, 256), 256, 0, cu_st(b)->stream>>>(dst, src, n);
     cu_launched(b, "to_bf16");
 }
@@ -352,7 +363,7 @@ extern "C" int cuda_backend_create(kb_backend **out, const kb_options *opt) {
     snprintf(st->desc, sizeof st->desc,
              "cuda: GPU %d of %d, %.80s (sm_%d%d, %.0f GiB), CUDA %d.%d, cuBLASLt, %s, deterministic", st->device,
              count, prop.name, prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
-             rt / 1000, (rt % 1000) / 10, opt->bf16 ? "bf16" : "fp32");
+             rt / 1000, (rt % 1000) / 10, opt->bf16 ? "bf16" : opt->fp16 ? "fp16" : "fp32");
     *out = b;
     return 0;
 }

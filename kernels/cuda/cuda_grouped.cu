@@ -251,7 +251,7 @@ void cu_grouped_linear_forward(kb_backend *b, float *out, const float *in, const
         for (int i = 0; i < np; i++)
             if (cu_check(b, cudaMemsetAsync(out + (size_t)p[i].r0 * OC, 0, sizeof(float) * p[i].rows * OC, s), op))
                 break;
-    } else if (b->opt.bf16) {
+    } else if (b->opt.bf16 || b->opt.fp16) {
         for (int i = 0; i < np && !b->status; i++)
             cu_linear_forward(b, out + (size_t)p[i].r0 * OC, in + (size_t)p[i].r0 * IC, W + (size_t)p[i].g * OC * IC,
                               NULL, NULL, p[i].rows, IC, OC);
@@ -268,7 +268,7 @@ void cu_grouped_linear_backward(kb_backend *b, float *din, float *dW, const floa
     int np = 0;
     gprob *p = group_problems(b, off, n, &np, op);
     if (!p) return;
-    if (b->opt.bf16) {
+    if (b->opt.bf16 || b->opt.fp16) {
         for (int i = 0; i < np && !b->status; i++) {
             size_t r0 = (size_t)p[i].r0, g = (size_t)p[i].g;
             cu_linear_backward(b, din ? din + r0 * IC : NULL, dW ? dW + g * OC * IC : NULL, NULL, dout + r0 * OC,

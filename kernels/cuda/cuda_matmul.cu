@@ -30,7 +30,8 @@ void cu_mm_release(cu_state *st) {
 // Column-major C[m,n] (beta: 0 or 1) = op(A) op(B); A stored [ta ? k x m : m x k], B stored
 // [tb ? n x k : k x n], all tightly packed (leading dimension = stored rows).
 static int mm_build(cu_state *st, cu_mm *m, const float *bias) {
-    cudaDataType_t ab = m->bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    // the inputs: fp32, bf16 (--bf16) or fp16 (--fp16); fp32 compute and output always
+    cudaDataType_t ab = m->bf16 == CU_MM_F16 ? CUDA_R_16F : m->bf16 ? CUDA_R_16BF : CUDA_R_32F;
     cublasOperation_t opa = m->ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = m->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     uint64_t ar = m->ta ? m->k : m->m, ac = m->ta ? m->m : m->k;
     uint64_t br = m->tb ? m->n : m->k, bc = m->tb ? m->k : m->n;
@@ -144,9 +145,10 @@ static void fill_rows(kb_backend *b, float *out, const float *bias, int N, int O
     cu_launched(b, "linear_forward (bias)");
 }
 
-static void no_algo(kb_backend *b, const char *op, int m, int n, int k, bool bf16) {
+static void no_algo(kb_backend *b, const char *op, int m, int n, int k, int bf16) {
     char what[128];
-    snprintf(what, sizeof what, "cuBLASLt has no %s algorithm for %dx%dx%d", bf16 ? "bf16" : "fp32", m, n, k);
+    snprintf(what, sizeof what, "cuBLASLt has no %s algorithm for %dx%dx%d",
+             bf16 == CU_MM_F16 ? "fp16" : bf16 ? "bf16" : "fp32", m, n, k);
     cu_fail(b, CO_EUNSUPPORTED, op, what);
 }
 
@@ -157,7 +159,7 @@ void cu_linear_forward(kb_backend *b, float *out, const float *in, const float *
         fill_rows(b, out, bias, N, OC);
         return;
     }
-    const bool bf = b->opt.bf16;
+    const int bf = cu_mm_type(b);
     const void *A = W, *B = in;
     if (bf) {
         uint16_t *in16 = (uint16_t *)cu_scratch(b, CU_SCR_A16, (size_t)N * IC * 2, "linear_forward");
@@ -192,7 +194,7 @@ void cu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias, cons
     }
     if (dbias) cu_col_sums(b, dbias, dout, NULL, NULL, NULL, N, OC, 0);
     if (!din && !dW) return;
-    const bool bf = b->opt.bf16;
+    const int bf = cu_mm_type(b);
     const void *dO = dout, *Wp = W, *X = in;
     if (bf) {
         uint16_t *d16 = (uint16_t *)cu_scratch(b, CU_SCR_B16, (size_t)N * OC * 2, "linear_backward");

@@ -4,7 +4,7 @@
 // (tests/cudasim/, docs/testing.md).
 //
 // Column-major throughout: D[m,n] = alpha op(A)[m,k] op(B)[k,n] + beta C (+ bias[m] on every
-// column with CUBLASLT_EPILOGUE_BIAS); beta == 0 does not read C. fp32 or bf16 A/B, fp32
+// column with CUBLASLT_EPILOGUE_BIAS); beta == 0 does not read C. fp32, bf16 or fp16 A/B, fp32
 // C/D, CUBLAS_COMPUTE_32F. The products are queued on the stream like kernels, with their
 // operands closed to the host until they have run (sim_runtime.cc).
 // The cuBLASLt heuristic, as cublasLt.h documents, takes the alignment it may assume from
@@ -24,6 +24,7 @@ extern "C" {
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -74,7 +75,14 @@ uint32_t align_of(const void *p) {
     return a;
 }
 
-size_t type_size(int32_t t) { return t == CUDA_R_32F ? 4 : t == CUDA_R_16BF ? 2 : 0; }
+size_t type_size(int32_t t) { return t == CUDA_R_32F ? 4 : t == CUDA_R_16BF || t == CUDA_R_16F ? 2 : 0; }
+
+// an IEEE half's value (normal, subnormal, Inf, NaN), exactly
+double half_value(uint16_t h) {
+    int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    double v = e == 0x1f ? (m ? NAN : INFINITY) : e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
+    return h & 0x8000 ? -v : v;
+}
 
 // one column-major operand
 struct mat {
@@ -86,6 +94,7 @@ struct mat {
         int64_t r = trans ? j : i, c = trans ? i : j;
         size_t k = (size_t)(r + c * ld);
         if (type == CUDA_R_32F) return ((const float *)p)[k];
+        if (type == CUDA_R_16F) return half_value(((const uint16_t *)p)[k]);
         uint32_t u = (uint32_t)((const uint16_t *)p)[k] << 16;
         float f;
         memcpy(&f, &u, 4);
@@ -119,7 +128,7 @@ cublasStatus_t refuse(const char *call, const std::string &why) {
 // (and cuBLASLt for these types) can run, else why not
 std::string lt_check(const mdesc *d, const mlayout *a, const mlayout *b, const mlayout *c, const mlayout *dd) {
     if (d->compute != CUBLAS_COMPUTE_32F || d->scale != CUDA_R_32F) return "only CUBLAS_COMPUTE_32F with fp32 scale";
-    if (a->type != b->type || !type_size(a->type)) return "A and B must both be fp32 or both bf16";
+    if (a->type != b->type || !type_size(a->type)) return "A and B must both be fp32, both bf16 or both fp16";
     if (c->type != CUDA_R_32F || dd->type != CUDA_R_32F) return "C and D must be fp32";
     uint64_t am = d->ta ? a->cols : a->rows, ak = d->ta ? a->rows : a->cols;
     uint64_t bk = d->tb ? b->cols : b->rows, bn = d->tb ? b->rows : b->cols;

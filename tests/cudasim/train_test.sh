@@ -5,6 +5,11 @@
 #   tracks_cpu: a tiny GPT (sequences of 64 tokens: two attention tiles) trained 3 iterations
 #     on the stand-in logs the same losses as `cohort --device cpu` within 1e-5 relative
 #     (different summation orders only), and the run says it used the CUDA backend.
+#   fp16: --fp16 (loss scale 4096, dynamic: no overflow in 3 iterations) on the stand-in (the
+#     CUDA backend's fp16 conversion kernel, cuBLASLt with CUDA_R_16F inputs computed in
+#     double) logs the CPU backend's --fp16 losses within 1e-5 relative (the same fp16 inputs;
+#     fp32 against double accumulation, which can move an fp16 rounding downstream), and the
+#     loss scale.
 #   deterministic: two stand-in runs with dropout log bitwise the same metrics (the stand-in
 #     shuffles thread order per launch: the kernels' results must not depend on it).
 cohort=$1; cudasim=$2; case_name=$3
@@ -26,6 +31,20 @@ tracks_cpu)
           <(grep -o '"lm_loss":[^,]*' "$work/cuda.jsonl" | cut -d: -f2) | awk '
         { n++; d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (d > 1e-5 * a) { bad++; print "cpu " $1 " stand-in " $2 } }
         END { exit (n < 3 || bad > 0) }' >&2 || fail "the stand-in's losses are not the CPU's: $(losses "$work/cpu.jsonl") / $(losses "$work/cuda.jsonl")"
+    ;;
+fp16)
+    f16=(--fp16 --initial-loss-scale 4096)
+    "$cohort" train "${tiny[@]}" "${f16[@]}" --device cpu --metrics-file "$work/cpu.jsonl" >"$work/cpu.out" 2>&1 ||
+        fail "cpu run: $(tail -5 "$work/cpu.out")"
+    "$cudasim" train "${tiny[@]}" "${f16[@]}" --device cuda --metrics-file "$work/cuda.jsonl" >"$work/cuda.out" 2>&1 ||
+        fail "stand-in run: $(tail -5 "$work/cuda.out")"
+    grep -q "cuda: GPU 0 of 1, cudasim.*fp16" "$work/cuda.out" || fail "no fp16 stand-in run: $(grep -m1 cuda: "$work/cuda.out")"
+    grep -q "loss scale: 4096.0 | .*skipped iterations: *0 |" "$work/cuda.out" || fail "no loss scale: $(grep -m1 iteration "$work/cuda.out")"
+    paste <(grep -o '"lm_loss":[^,]*' "$work/cpu.jsonl" | cut -d: -f2) \
+          <(grep -o '"lm_loss":[^,]*' "$work/cuda.jsonl" | cut -d: -f2) | awk '
+        { n++; d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; r = d / a; if (r > w) w = r; if (r > 1e-5) bad++ }
+        END { printf "fp16: stand-in against cpu: largest relative loss difference %.2e\n", w; exit (n < 3 || bad > 0) }' >&2 ||
+        fail "the stand-in's fp16 losses are not the CPU's: $(losses "$work/cpu.jsonl") / $(losses "$work/cuda.jsonl")"
     ;;
 deterministic)
     for r in 1 2; do

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # train_test.sh - `cohort train --device cuda` end to end against `--device cpu`, one case
 # per meson test (suite gpu); exits 77 where there is no GPU.
-#   train_test.sh COHORT CASE     CASE: tracks_cpu | tracks_cpu_bf16 | deterministic | local_rank
+#   train_test.sh COHORT CASE     CASE: tracks_cpu | tracks_cpu_bf16 | tracks_cpu_fp16 | deterministic |
+#                                       local_rank
+# (tracks_cpu_fp16: --fp16 at a dynamic scale from 4096 on both sides, the CPU's fp16 products
+# being the GPU's inputs multiplied in fp32: fp32's bounds; both runs skip the same steps)
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 # Megatron's whole mock set, as these GPU-vs-CPU tolerances were set on (lib.sh's first 1000
@@ -32,8 +35,9 @@ compare() { # a b abs rel: every logged loss of b within abs + rel*|a| of a's
 }
 
 case $case_name in
-tracks_cpu|tracks_cpu_bf16)
+tracks_cpu|tracks_cpu_bf16|tracks_cpu_fp16)
     extra=(); cpu_extra=(); abs=0.02; rel=0.01
+    if [ "$case_name" = tracks_cpu_fp16 ]; then extra=(--fp16 --initial-loss-scale 4096); cpu_extra=("${extra[@]}"); fi
     if [ "$case_name" = tracks_cpu_bf16 ]; then extra=(--bf16); abs=0.08; rel=0.03; fi
     # the CPU side in bf16 where the CPU has bf16 instructions (cohort refuses --bf16 elsewhere);
     # otherwise fp32, which the bf16 losses track within the same bounds
@@ -47,6 +51,11 @@ tracks_cpu|tracks_cpu_bf16)
     done
     grep -q "cuda:" "$work/cuda.out" || fail "the cuda run did not use the CUDA backend: $(head -3 "$work/cuda.out")"
     compare "$work/cpu.jsonl" "$work/cuda.jsonl" $abs $rel || fail "the GPU losses do not track the CPU's"
+    if [ "$case_name" = tracks_cpu_fp16 ]; then
+        grep -q "cuda: .*fp16" "$work/cuda.out" || fail "the cuda run was not fp16: $(grep -m1 cuda: "$work/cuda.out")"
+        sk() { grep -o '"skipped_iterations":[0-9]*' "$1" | paste -sd' '; }
+        [ "$(sk "$work/cpu.jsonl")" = "$(sk "$work/cuda.jsonl")" ] || fail "skipped steps differ: $(sk "$work/cpu.jsonl") / $(sk "$work/cuda.jsonl")"
+    fi
     ;;
 deterministic)
     for r in 1 2; do

@@ -51,7 +51,7 @@ refused|ranges)
             --context-parallel-size 2 --nproc-per-node 2 --seq-length 18 --attention-dropout 0
         expect_refused "with --context-parallel-size 2 is not supported yet (the ring attention has no dropout)" \
             "${tiny[@]}" --train-iters 2 --context-parallel-size 2 --nproc-per-node 2 --attention-dropout 0.1
-        expect_refused "--fp16 is not supported yet" "${tiny[@]}" --train-iters 2 --fp16
+        expect_refused "--fp16 and --bf16 together: give one of them" "${tiny[@]}" --train-iters 2 --fp16 --bf16
         expect_refused "--expert-model-parallel-size 2 needs --num-experts" "${tiny[@]}" --train-iters 2 \
             --expert-model-parallel-size 2
         # (a dense model at tp 1: the expert tensor size must be 1 with experts or the tensor size)
@@ -74,9 +74,10 @@ tensor-parallel size 1)" "${tiny[@]}" --train-iters 2 --expert-tensor-parallel-s
         "$cohort" train "${tiny[@]}" --train-iters 1 --micro-batch-size 1 --global-batch-size 65 \
             >"$work/out" 2>&1 || fail "65 micro batches under validation: $(tail -3 "$work/out")"
         "$cohort" train --help >"$work/help" || fail "--help exit $?"
-        for f in overlap-param-gather fp16; do
+        for f in overlap-param-gather; do
             grep -E -- "--$f( |$).*not supported yet" "$work/help" >/dev/null || fail "--help does not say --$f is not supported yet"
         done
+        grep -E -- "--fp16( |$).*loss scaling" "$work/help" >/dev/null || fail "--help does not describe --fp16"
         expect_refused "--vocab-file/--merge-file" --mock-data --num-layers 1 --hidden-size 32 --num-attention-heads 4 \
             --seq-length 16 --micro-batch-size 1 --train-iters 1 --lr 1e-3 --vocab-file "$work/none.json"
     else

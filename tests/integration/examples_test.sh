@@ -6,8 +6,8 @@
 # feature lands, its line goes and the case trains the launch line to its end.
 #   examples_test.sh COHORT CASE
 # Cases:
-#   gpt3_175b     train_gpt3_175b_distributed.sh (the version with --rampup-batch-size; --bf16
-#                 for --fp16, which is refused): Megatron's own checks refuse its
+#   gpt3_175b     train_gpt3_175b_distributed.sh (the version with --rampup-batch-size, --fp16
+#                 as it is: dynamic loss scaling from 2^32): Megatron's own checks refuse its
 #                 --rampup-batch-size with --train-iters and --lr-decay-iters (it expects
 #                 sample-based training); with --train-samples/--lr-decay-samples instead the
 #                 line trains (tp 2 x pp 2, the ramp in the log)
@@ -69,7 +69,7 @@ gpt3_175b)
         --adam-beta2 0.95
         --init-method-std 0.006
         --clip-grad 1.0
-        $BF16
+        --fp16
         --lr 6.0e-5
         --lr-decay-style cosine
         --min-lr 6.0e-6
@@ -113,6 +113,10 @@ gpt3_175b)
     grep -q "consumed samples: *14 .*global batch size: *6 " "$work/gpt3s.out" ||
         fail "no ramp in the log: $(grep 'iteration' "$work/gpt3s.out" | head -4)"
     [ -d "$work/ck" ] || fail "no checkpoint saved"
+    # --fp16: the loss scale in the log line, Megatron's 2^32 at the first iteration (an
+    # overflow there only spends the hysteresis)
+    grep -m1 "iteration  *1/" "$work/gpt3s.out" | grep -q "loss scale: 4294967296.0 |" ||
+        fail "no dynamic loss scale in the log: $(grep -m1 'iteration  *1/' "$work/gpt3s.out")"
     ;;
 mixtral_8x7b)
     MODEL_ARGS=(

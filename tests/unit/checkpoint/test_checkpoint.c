@@ -45,7 +45,8 @@ static void fill(float seed) {
 static void meta_for(ck_meta *m, int64_t it) {
     memset(m, 0, sizeof *m);
     m->iteration = it;
-    m->progress = (ck_progress){it, {it * 4, 8, 0}, 0, 0, 12.5, 1e300, 2};
+    /* (with --fp16's loss scaler: a scale, a growth tracker, a hysteresis tracker below 0) */
+    m->progress = (ck_progress){it, {it * 4, 8, 0}, 0, 0, 12.5, 1e300, 2, 65536.0, 3, -1};
     m->seed = 1234;
     m->layout = (ck_layout){1, 1, 1, 1, 1, false, 1, 1};
     m->model = (ck_model_info){2, 32, 4, 4, 8, 128, 501, 512, 32, false, false, false, true, true, 1e-5, 10000};
@@ -154,6 +155,7 @@ static void test_manifest_roundtrip_and_hostile(void) {
     REQUIRE(m);
     CHECK(m->iteration == 7 && m->progress.consumed[0] == 28 && m->progress.iters_since_log == 2);
     CHECK(m->progress.loss_sum == 12.5 && m->progress.tok_sum == 1e300);
+    CHECK(m->progress.loss_scale == 65536.0 && m->progress.growth_tracker == 3 && m->progress.hysteresis_tracker == -1);
     CHECK(m->ntensors == NT && m->layout.writers == 3 && m->optim.present && m->optim.step == 7);
     CHECK(m->model.padded_vocab == 512 && m->model.tied && !m->model.rope);
     const ck_mtensor *t = ck_manifest_find(m, "layers.0.w");

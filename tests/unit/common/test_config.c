@@ -149,7 +149,17 @@ static void test_validation(void) {
     CHECK(check_line("--group-query-attention --num-query-groups 3", err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "--num-query-groups"), "%s", err);
     CHECK(check_line("--train-samples 20", err, sizeof err) == CO_EINVAL); /* both given */
-    CHECK(check_line("--fp16", err, sizeof err) == CO_EINVAL);
+    /* --fp16 and its loss scale: accepted; one precision; Megatron's asserts on the scales */
+    CHECK(check_line("--fp16", err, sizeof err) == 0);
+    CHECK(check_line("--fp16 --loss-scale 4096 --initial-loss-scale 65536 --min-loss-scale 2 --loss-scale-window 10 "
+                     "--hysteresis 1", err, sizeof err) == 0);
+    CHECK(check_line("--fp16 --bf16", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "--fp16 and --bf16 together"), "%s", err);
+    CHECK(check_line("--fp16 --min-loss-scale 8 --initial-loss-scale 4", err, sizeof err) == CO_EINVAL);
+    CHECK_MSG(strstr(err, "--min-loss-scale 8 must be positive and at most --initial-loss-scale 4"), "%s", err);
+    CHECK(check_line("--fp16 --loss-scale 0", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--fp16 --hysteresis 0", err, sizeof err) == CO_EINVAL);
+    CHECK(check_line("--fp16 --loss-scale-window 0", err, sizeof err) == CO_EINVAL);
     /* tensor parallelism: what is built runs, what is not is refused */
     CHECK(check_line("--tensor-model-parallel-size 2", err, sizeof err) == 0);
     CHECK(check_line("--tensor-model-parallel-size 2 --sequence-parallel", err, sizeof err) == 0);

@@ -118,8 +118,14 @@ static void ref_linear(double *out, const double *in, const double *W, const flo
         }
 }
 
+/* the value a product multiplies: bf16- or fp16-rounded (the compiler's _Float16 conversion,
+ * round to nearest even, is the reference of the backend's own) in those modes */
+static double q16(const kb_backend *b, float x) {
+    return b->opt.bf16 ? kt_bf(x) : b->opt.fp16 ? (double)(_Float16)x : (double)x;
+}
+
 static void linear_case(kb_backend *b, int N, int IC, int OC, bool use_bias, bool give_w16) {
-    bool bf = b->opt.bf16;
+    bool bf = b->opt.bf16 || b->opt.fp16;
     float *in = kt_rand((size_t)N * IC, 1.0f), *W = kt_rand((size_t)OC * IC, 0.5f);
     float *bias = use_bias ? kt_rand(OC, 1.0f) : NULL;
     float *out = kt_rand((size_t)N * OC, 7.0f); /* garbage: must be overwritten */
@@ -132,8 +138,8 @@ static void linear_case(kb_backend *b, int N, int IC, int OC, bool use_bias, boo
     double *dW_ = malloc((size_t)OC * IC * sizeof(double));
     double *ref = malloc((size_t)N * OC * sizeof(double));
     /* reference on the values the kernel multiplies: bf16-rounded in bf16 mode */
-    for (size_t i = 0; i < (size_t)N * IC; i++) din_[i] = bf ? kt_bf(in[i]) : in[i];
-    for (size_t i = 0; i < (size_t)OC * IC; i++) dW_[i] = bf ? kt_bf(W[i]) : W[i];
+    for (size_t i = 0; i < (size_t)N * IC; i++) din_[i] = q16(b, in[i]);
+    for (size_t i = 0; i < (size_t)OC * IC; i++) dW_[i] = q16(b, W[i]);
     ref_linear(ref, din_, dW_, bias, N, IC, OC);
     b->ops->linear_forward(b, out, in, W, W16, bias, N, IC, OC);
     CHECK_MSG(kt_worst(out, ref, (size_t)N * OC, 1e-4, 1e-4) <= 1.0, "linear fwd N=%d IC=%d OC=%d bf16=%d",
@@ -159,8 +165,7 @@ static void linear_case(kb_backend *b, int N, int IC, int OC, bool use_bias, boo
         for (int i = 0; i < IC; i++) {
             double s = 0;
             for (int o = 0; o < OC; o++)
-                s += (bf ? kt_bf(dout[(size_t)n * OC + o]) : dout[(size_t)n * OC + o]) *
-                     dW_[(size_t)o * IC + i];
+                s += q16(b, dout[(size_t)n * OC + o]) * dW_[(size_t)o * IC + i];
             r[(size_t)n * IC + i] = s;
         }
     CHECK_MSG(kt_worst(din, r, (size_t)N * IC, 1e-4, 1e-4) <= 1.0, "linear din N=%d IC=%d OC=%d bf16=%d", N,
@@ -169,8 +174,7 @@ static void linear_case(kb_backend *b, int N, int IC, int OC, bool use_bias, boo
         for (int i = 0; i < IC; i++) {
             double s = dW0[(size_t)o * IC + i];
             for (int n = 0; n < N; n++)
-                s += (bf ? kt_bf(dout[(size_t)n * OC + o]) : dout[(size_t)n * OC + o]) *
-                     din_[(size_t)n * IC + i];
+                s += q16(b, dout[(size_t)n * OC + o]) * din_[(size_t)n * IC + i];
             r[(size_t)o * IC + i] = s;
         }
     CHECK_MSG(kt_worst(dW, r, (size_t)OC * IC, 1e-4, 1e-4) <= 1.0, "linear dW N=%d IC=%d OC=%d bf16=%d", N,
@@ -214,6 +218,52 @@ static void test_linear_bf16(void) {
     /* same shape again: served by the cached primitive */
     linear_case(b, 128, 64, 192, true, true);
     if (b != B16) kb_backend_destroy(&b);
+}
+
+/* fp16 products (--fp16): every CPU, inputs rounded to fp16 as the compiler's _Float16 does
+ * (checked over every fp16 value and around each rounding boundary), fp32 accumulation */
+static void test_linear_fp16(void) {
+    kb_options o = {.device = KB_DEVICE_CPU, .threads = 2, .fp16 = true};
+    kb_backend *b;
+    REQUIRE(kb_backend_new(&b, &o) == 0);
+    CHECK(strstr(kb_backend_describe(b), "fp16") != NULL);
+    /* the conversion: every half widened and rounded back is itself (NaN stays NaN), and
+     * floats near every half and the midpoints between halves round as _Float16 does */
+    uint16_t *h = malloc(65536 * sizeof *h);
+    float *f = malloc(65536 * 4 * sizeof *f);
+    REQUIRE(h && f);
+    int bad = 0;
+    for (uint32_t i = 0; i < 65536; i++) {
+        _Float16 x;
+        uint16_t u = (uint16_t)i;
+        memcpy(&x, &u, 2);
+        float v = (float)x;
+        f[4 * i] = v, f[4 * i + 1] = nextafterf(v, INFINITY), f[4 * i + 2] = nextafterf(v, -INFINITY);
+        uint16_t nxt = (uint16_t)(i + 1);
+        _Float16 y;
+        memcpy(&y, &nxt, 2);
+        f[4 * i + 3] = (float)(((double)x + (double)y) / 2); /* the tie (exact in float) */
+    }
+    for (int k = 0; k < 16; k++) { /* 65536 x 4 floats, 16384 per call */
+        b->ops->to_bf16(b, h, f + k * 16384, 16384);
+        for (int i = 0; i < 16384; i++) {
+            float v = f[k * 16384 + i];
+            _Float16 want = (_Float16)v;
+            uint16_t w;
+            memcpy(&w, &want, 2);
+            bool nan = v != v;
+            if (nan ? (h[i] & 0x7c00) != 0x7c00 || !(h[i] & 0x3ff) : h[i] != w) bad++;
+        }
+    }
+    CHECK_MSG(bad == 0, "%d conversions differ from _Float16's", bad);
+    free(h), free(f);
+    linear_case(b, 37, 29, 19, true, false);
+    linear_case(b, 64, 96, 48, false, true);
+    /* beyond fp16's range a product's input is Inf (the loss scale's overflow) */
+    float in[2] = {70000.0f, 1.0f}, W[2] = {1.0f, 1.0f}, out[1];
+    b->ops->linear_forward(b, out, in, W, NULL, NULL, 1, 2, 1);
+    CHECK(isinf(out[0]));
+    kb_backend_destroy(&b);
 }
 
 /* ---------------------------------------------------------------- embeddings */
@@ -704,6 +754,7 @@ int main(void) {
     RUN(test_zero_to_bf16);
     RUN(test_linear_fp32);
     RUN(test_linear_bf16);
+    RUN(test_linear_fp16);
     RUN(test_grouped_linear);
     RUN(test_embed);
     RUN(test_norm);

@@ -102,6 +102,38 @@ static void transient_nan(void) {
     rr_destroy(&m);
 }
 
+/* --fp16 (grad_overflow_skips): a rank's overflowed gradient norm with finite losses is
+ * accepted (the trainer skips the step) and stays out of the gradient checks' history; a NaN
+ * loss is still rerun. Without the option the same round is rerun. */
+static void fp16_overflow_accepted(void) {
+    rr_options o;
+    rr_options_default(&o, 3);
+    o.check_large_grads = o.check_rank_outliers = true;
+    rr_machine *m;
+    REQUIRE(rr_new(&m, &o) == 0);
+    double l[3] = {100, 101, 99}, g[3] = {1, INFINITY, 0.9};
+    rr_verdict v = round_all(m, 3, 1, 0, l, g);
+    CHECK(v.decision == RR_RERUN && v.suspect == 1); /* (not under --fp16) */
+    rr_destroy(&m);
+    o.grad_overflow_skips = true;
+    REQUIRE(rr_new(&m, &o) == 0);
+    v = round_all(m, 3, 1, 0, l, g);
+    CHECK_MSG(v.decision == RR_ACCEPT && v.diagnosis == RR_DIAG_NONE, "%d: %s", v.decision, v.reason);
+    g[0] = NAN, g[1] = 1.2;
+    v = round_all(m, 3, 2, 0, l, g);
+    CHECK(v.decision == RR_ACCEPT);
+    g[0] = 1.1; /* the history kept finite norms only: a normal norm is no large gradient */
+    v = round_all(m, 3, 3, 0, l, g);
+    CHECK(v.decision == RR_ACCEPT);
+    l[2] = NAN; /* a non-finite loss is validated as always */
+    v = round_all(m, 3, 4, 0, l, g);
+    CHECK(v.decision == RR_RERUN && v.suspect == 2);
+    int n;
+    rr_events(m, &n);
+    CHECK(n == 0);
+    rr_destroy(&m);
+}
+
 /* A NaN that reproduces on its rank: a peer recomputes; the same NaN there is a data
  * problem (stop, or skip by policy); a clean result there means the rank is corrupt. */
 static void reproducible(bool peer_agrees, bool skip) {
@@ -549,6 +581,7 @@ int main(void) {
     RUN(many_micro_batches);
     RUN(accepts_valid);
     RUN(transient_nan);
+    RUN(fp16_overflow_accepted);
     RUN(reproducible_stop);
     RUN(reproducible_skip);
     RUN(corrupt_rank_repaired);

@@ -64,6 +64,14 @@ static void test_update_actions(void) {
     /* a validated round's loss is the validator's business */
     CHECK(tr_update_action(true, true, NAN, 1.0) == TR_ACT_STEP);
     CHECK(strcmp(tr_action_name(TR_ACT_STOP_NAN_GRADS), "stop: nan gradients") == 0);
+    /* --fp16: overflowed gradients with a finite loss skip the step instead of stopping */
+    CHECK(tr_update_action_fp16(false, true, 2.5, 1.0) == TR_ACT_STEP);
+    CHECK(tr_update_action_fp16(false, true, 2.5, INFINITY) == TR_ACT_SKIP);
+    CHECK(tr_update_action_fp16(true, true, 2.5, NAN) == TR_ACT_SKIP);
+    CHECK(tr_update_action_fp16(false, false, 2.5, NAN) == TR_ACT_SKIP);
+    /* a non-finite loss is still checked as without --fp16 */
+    CHECK(tr_update_action_fp16(false, true, NAN, NAN) == TR_ACT_STOP_NAN_LOSS);
+    CHECK(tr_update_action_fp16(false, true, INFINITY, 1.0) == TR_ACT_STOP_NAN_LOSS);
 }
 
 static int calls;
