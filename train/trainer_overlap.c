@@ -16,8 +16,9 @@
  *
  * The validator wants each rank's gradient norm before the reduction: each bucket's sum of
  * squares is taken just before it starts (over the norm runs, as gpt_tp_grad_sumsq counts).
- * With fault injection configured, no bucket starts before the flush (an injected gradient
- * must reach the reduction). An abort of the communicator ends the thread's collective (every
+ * With a fault injected into gradients, losses or activations configured, no bucket starts
+ * before the flush (an injected gradient must reach the reduction); process faults (a kill in
+ * the backward meets the others' buckets in flight) and parameter bits leave them early. An abort of the communicator ends the thread's collective (every
  * one has the trainer's timeout); a thread left behind by an error is joined before the next
  * round and before the groups change.
  *
@@ -28,14 +29,15 @@
  * the worker: worker/comms.h wk_comms_open_grad), the same ranks in the same order choosing
  * the same algorithm (shared memory on one host), so the same bits. With data parallelism
  * alone the training thread communicates nothing while the thread runs, which may then use
- * the gradient group itself. Without either (a trainer given no second transport) each
- * bucket is reduced on the training thread as it would start (no overlap, the same bits). */
+ * the gradient group itself. Without either (a trainer given no second transport) the
+ * buckets are reduced on the training thread at the flush (no overlap, the same bits). */
 #include "train/trainer_internal.h"
 
 #include "comm/zmq_comm.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "optim/dist_opt.h"
+#include "resilience/inject.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -334,10 +336,24 @@ void trainer__overlap_arm(trainer *t) {
     gpt_set_backward_hook(t->model, o->g ? on_layer : NULL, t);
 }
 
+/* Whether the injector holds a fault that writes into the gradients after a backward (a
+ * process's kill, stop, hang or delay, a parameter's bit and a control message do not: the
+ * buckets may start early under them, so that a kill meets buckets in flight). */
+static bool inj_writes_grads(const trainer *t) {
+    const fi_schedule *s = t->inj;
+    for (int i = 0; s && i < s->n; i++)
+        switch (s->f[i].kind) {
+        case FI_KILL: case FI_STOP: case FI_HANG: case FI_SLOW: case FI_BITFLIP_PARAM:
+        case FI_MSG_DELAY: case FI_MSG_DROP: case FI_MSG_DUP: case FI_KILL_SUPERVISOR: break;
+        default: return true;
+        }
+    return false;
+}
+
 void trainer__overlap_last(trainer *t, bool last, bool early) {
     if (!t->ovl) return;
     t->ovl->last = last;
-    t->ovl->early = early && !t->inj;
+    t->ovl->early = early && !inj_writes_grads(t);
 }
 
 int trainer__overlap_flush(trainer *t, double *local_norm) {
@@ -364,7 +380,10 @@ int trainer__overlap_wait(trainer *t) {
     int rc = o->rc;
     o->rc = 0;
     gpt_set_backward_hook(t->model, NULL, NULL);
-    if (rc) return co_err_set(rc, "%s", o->err);
+    if (rc) {
+        co_log(CO_LOG_INFO, "%s", o->err); /* (which bucket an abort or a dead peer met) */
+        return co_err_set(rc, "%s", o->err);
+    }
     for (int b = 0; b < o->nb && o->g; b++)
         if (!o->posted[b]) return co_err_set(CO_EINTERNAL, "overlap: bucket %d of %d was never reduced", b, o->nb);
     return 0;

@@ -68,7 +68,8 @@ const topo_layout *wk_comms_layout(const wk_comms *cs);
  * data parallel always; tensor, pipeline (its two channels, the embedding and model-parallel
  * groups) and context groups where c's sizes (the test stand-in's are 1) split the model;
  * the expert groups where the layout has expert parallelism (none under the stand-in);
- * the gradient group's own transport where wk_comms_open_grad opened it. cs NULL (one process): every group NULL. */
+ * the gradient group's own transport where wk_comms_open_grad opened it. cs NULL (one
+ * process): every group NULL. */
 void wk_comms_trainer_groups(const wk_comms *cs, const co_config *c, tr_groups *g);
 
 /* Every member of every group holds the same value (one all-gather per group): 0, or

@@ -64,7 +64,9 @@ static int open_comms(sv_link *link, const co_config *c, const sv_assignment *a,
     /* NCCL where the supervisor gave a unique id (--device cuda in a build with NCCL), on
      * the GPU of this worker's local rank */
     int rc = wk_comms_new_nccl(cs, a, &zo, a->have_nccl_id ? cuda_device : -1);
-    if (!rc && c->overlap_grad_reduce) {
+    /* (COHORT_TEST_NO_GRAD_TRANSPORT=1: none, for the test of the trainer's fallback) */
+    const char *none = getenv("COHORT_TEST_NO_GRAD_TRANSPORT");
+    if (!rc && c->overlap_grad_reduce && !(none && !strcmp(none, "1"))) {
         /* the group the trainer reduces gradients over (the stand-in's is data parallel) */
         bool cp = c->context_parallel_size > 1 && !c->standin_model_parallel;
         /* a tcp endpoint's port moves past every worker slot's (master port + 1 + slot) */

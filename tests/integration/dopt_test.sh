@@ -194,6 +194,15 @@ overlap_tp|overlap_pp|overlap_cp)
             grep -q "no transport of the gradient group's own" "$work/$opt${k}o.err" && fail "$opt$k: reduced inline"
         done
     done
+    if [ $case_name = overlap_tp ]; then
+        # a trainer given no transport of the gradient group's own (a test knob) reduces the
+        # buckets on its training thread after the backward: it says so, and the bits hold
+        # shellcheck disable=SC2086
+        COHORT_TEST_NO_GRAD_TRANSPORT=1 train d1n 4 $l $D "${b[@]}" --overlap-grad-reduce --save "$work/d1n"; ok d1n
+        grep -q "no transport of the gradient group's own; its buckets are reduced after the backward" "$work/d1n.err" ||
+            fail "no fallback said: $(grep -h overlap "$work/d1n.err" | head -3)"
+        same "$work/d1" "$work/d1n" 4
+    fi
     ;;
 matches_replicated)
     # the distributed optimizer against the replicated one after 6 steps. On one host it
@@ -281,9 +290,10 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp)
         inj=(--inject "kill@rank=2,step=6,phase=backward")
         lay=(--overlap-grad-reduce --ddp-bucket-size 1000);;
     kill_overlap_tp)
-        # the same in tensor 2 x data 2: the abort must reach the gradient group's own
-        # transport too, and the replacement connects it
-        inj=(--inject "kill@rank=2,step=6,phase=backward")
+        # the same in tensor 2 x data 2, killed before its last micro batch's backward: its
+        # data-parallel peer's first bucket waits for it on the gradient group's own transport,
+        # which the abort must reach; the replacement connects it
+        inj=(--inject "kill@rank=2,step=6,phase=backward,microbatch=3")
         lay=(--overlap-grad-reduce --ddp-bucket-size 1000 --tensor-model-parallel-size 2);;
     *) inj=(--inprocess-rank-assignment shift-ranks --inject "kill@rank=1,step=5");;
     esac
@@ -299,6 +309,10 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp)
     fi
     same "$work/clean" "$work/f" 10
     grep -q '"steps_lost": 0' "$work/f.report.json" || fail "steps lost: $(grep steps_lost "$work/f.report.json")"
+    if [ $case_name = kill_overlap_tp ]; then
+        grep -q "cohort rank 0: overlapped gradient reduction, bucket [0-9]* of [0-9]*: .*aborted" "$work/f.err" ||
+            fail "no bucket of rank 0 in flight at the abort: $(grep -h 'rank 0' "$work/f.err" | tail -5)"
+    fi
     ;;
 overlap_mp_kill|overlap_mp_sdc)
     # tensor 2 x pipeline 2 x data 2 with the distributed optimizer, the overlapped reduction,
@@ -315,7 +329,8 @@ overlap_mp_kill|overlap_mp_sdc)
     grep -q "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward" "$work/clean.err" ||
         fail "no bucket started early: $(grep -h overlapped "$work/clean.err" | head -3)"
     if [ $case_name = overlap_mp_kill ]; then
-        train f 8 "${lay[@]}" --save "$work/f" --inject "kill@rank=5,step=5,phase=backward" $quick; ok f
+        # (before its last micro batch's backward: its data-parallel peer's buckets wait for it)
+        train f 8 "${lay[@]}" --save "$work/f" --inject "kill@rank=5,step=5,phase=backward,microbatch=3" $quick; ok f
         grep -q "in-process restart into generation 2" "$work/f.err" || fail "no restart"
         grep -q "generation 2: 8 rank(s) resume after iteration [0-9]* with the state of ranks\? [0-9, ]* (.*1 replaced" \
             "$work/f.err" || fail "not resumed from memory: $(grep supervisor "$work/f.err")"
