@@ -322,7 +322,7 @@ overlap_mp_kill|overlap_mp_sdc)
     # the rank repaired from its data-parallel peer); each job ends bitwise equal to the
     # fault-free run, parameters and both moments
     tiny_model --global-batch-size 16 --attention-dropout 0
-    lay=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel $D --overlap-grad-reduce
+    lay=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel "$D" --overlap-grad-reduce
          --ddp-bucket-size 1000 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
          --train-iters 8)
     train clean 8 "${lay[@]}" --save "$work/clean"; ok clean
