@@ -141,7 +141,8 @@ static const flag flags[] = {
       "elements per gradient bucket of the distributed optimizer and of --overlap-grad-reduce (0: Megatron's "
       "max(40M, 1M x data-parallel size))"),
     B("parallel", "overlap-grad-reduce", overlap_grad_reduce,
-      "reduce gradient buckets on a communication thread during the backward (data parallelism only)"),
+      "reduce gradient buckets on a communication thread during the backward, over a second transport of the "
+      "gradient group (not with expert parallelism)"),
     B("parallel", "overlap-param-gather", overlap_param_gather,
       "overlap the parameter all-gather with the next forward (not supported yet)"),
     NB("parallel", "dist-opt-redundancy", dist_opt_redundancy,

@@ -37,14 +37,13 @@ static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
     /* accepted for Megatron's scripts but not implemented: refused, never ignored */
     if (c->overlap_grad_reduce && !strcmp(c->device, "cuda"))
         co_problem(P, "--overlap-grad-reduce is not supported yet on cuda (the communication thread reads host memory)");
-    /* every group of a job shares one transport, which one thread uses at a time: the
-     * communication thread may run only while the backward itself communicates nothing */
-    if (c->overlap_grad_reduce && sizes_ok &&
-        (c->tensor_model_parallel_size > 1 || c->pipeline_model_parallel_size > 1 || c->context_parallel_size > 1 ||
-         (c->num_experts > 0 && c->expert_model_parallel_size > 1)))
-        co_problem(P, "--overlap-grad-reduce with tensor, pipeline, context or expert parallelism is not supported "
-                      "yet (their backward communicates over the transport the communication thread would use): "
-                      "data parallelism only");
+    /* the communication thread reduces over the gradient group's own transport (tensor,
+     * pipeline and context parallelism communicate in the backward over the job's); the
+     * experts' gradients go over the expert-data-parallel group, which has none */
+    if (c->overlap_grad_reduce && sizes_ok && c->num_experts > 0 && c->expert_model_parallel_size > 1)
+        co_problem(P, "--overlap-grad-reduce with expert parallelism is not supported yet (the experts' gradients "
+                      "are reduced over the expert-data-parallel group, which has no transport of its own): drop "
+                      "--overlap-grad-reduce or --expert-model-parallel-size");
     if (c->overlap_param_gather)
         co_problem(P, "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)");
     if (c->ddp_bucket_size < 0) co_problem(P, "--ddp-bucket-size must not be negative");

@@ -31,6 +31,10 @@ typedef struct tr_groups {
     /* expert parallelism (train/trainer_ep.c): the expert-tensor x expert group (the layers'
      * exchange), the expert-data-parallel group, the expert group x pipeline (one whole model) */
     struct cm_comm *ep, *edp, *erep;
+    /* --overlap-grad-reduce: the gradient group (tr_groups_grad's ranks, in its order) over a
+     * transport of its own, used only by the communication thread (train/trainer_overlap.c);
+     * NULL where the worker opened none */
+    struct cm_comm *grad_ovl;
 } tr_groups;
 
 /* The ranks holding one replica of the model between them: the model-parallel group with a

@@ -208,6 +208,7 @@ static int adopt_groups(trainer *t, const tr_groups *g) {
     const co_config *c = &t->cfg;
     cm_comm *dp = g->dp;
     t->g.dp = dp;
+    t->g.grad_ovl = c->overlap_grad_reduce ? g->grad_ovl : NULL;
     /* the data-parallel view (micro batches per replica); the tensor group is t->g.tp */
     int rc = topo_init(&t->topo, dp ? dp->size : 1, 1, 1, 1, dp ? dp->rank : 0);
     if (rc) return rc;
@@ -1129,6 +1130,7 @@ void trainer_set_groups(trainer *t, const tr_groups *g) {
     if (!g) g = &none;
     trainer__overlap_drain(t); /* (a thread an error left behind uses the old groups) */
     t->g.dp = g->dp;
+    t->g.grad_ovl = t->cfg.overlap_grad_reduce ? g->grad_ovl : NULL;
     if (g->dp) topo_init(&t->topo, g->dp->size, 1, 1, 1, g->dp->rank);
     set_tensor_group(t, g->tp);
     trainer__cp_set_groups(t, g);

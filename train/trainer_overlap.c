@@ -16,15 +16,28 @@
  *
  * The validator wants each rank's gradient norm before the reduction: each bucket's sum of
  * squares is taken just before it starts (over the norm runs, as gpt_tp_grad_sumsq counts).
- * With fault injection configured, no bucket starts before the flush (an injected gradient
- * must reach the reduction). An abort of the communicator ends the thread's collective (every
+ * With a fault injected into gradients, losses or activations configured, no bucket starts
+ * before the flush (an injected gradient must reach the reduction); process faults (a kill in
+ * the backward meets the others' buckets in flight) and parameter bits leave them early. An abort of the communicator ends the thread's collective (every
  * one has the trainer's timeout); a thread left behind by an error is joined before the next
- * round and before the groups change. */
+ * round and before the groups change.
+ *
+ * Transports: a ZeroMQ transport is used by one thread at a time, and under tensor, pipeline
+ * or context parallelism the backward itself communicates (the tensor group's sums, the
+ * pipeline's sends and receives, the ring's shifts, the replica's norm at the flush). The
+ * thread then reduces over the gradient group's own transport (tr_groups.grad_ovl, opened by
+ * the worker: worker/comms.h wk_comms_open_grad), the same ranks in the same order choosing
+ * the same algorithm (shared memory on one host), so the same bits. With data parallelism
+ * alone the training thread communicates nothing while the thread runs, which may then use
+ * the gradient group itself. Without either (a trainer given no second transport) the
+ * buckets are reduced on the training thread at the flush (no overlap, the same bits). */
 #include "train/trainer_internal.h"
 
+#include "comm/zmq_comm.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "optim/dist_opt.h"
+#include "resilience/inject.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -52,6 +65,7 @@ struct tr_overlap {
     int rc;
     char err[512];
     cm_comm *g;
+    bool inline_; /* this round reduces each bucket on the training thread (no transport of its own) */
 };
 
 /* The layer of a decoder layer's tensor ("layers.N."), -1 for anything else. */
@@ -182,6 +196,7 @@ int trainer__overlap_setup(trainer *t) {
 static int reduce_bucket(tr_overlap *o, int b) {
     trainer *t = o->t;
     if (t->dopt) return trainer__dopt_reduce_bucket(t, o->g, b);
+    if (o->g->size < 2) return 0; /* (one rank's sum is its own) */
     return o->g->ops->allreduce_sum(o->g, gpt_grads(t->model) + o->lo[b], o->hi[b] - o->lo[b], CM_F32,
                                     TRAIN_COMM_TIMEOUT_MS);
 }
@@ -231,6 +246,14 @@ static double counted_sq(const tr_overlap *o, size_t lo, size_t hi) {
 static int post(tr_overlap *o, int b) {
     o->posted[b] = true;
     if (o->t->have_val) o->sq[b] = counted_sq(o, o->lo[b], o->hi[b]);
+    if (o->inline_) {
+        int rc = o->rc ? 0 : reduce_bucket(o, b);
+        if (rc && !o->rc) {
+            o->rc = rc;
+            snprintf(o->err, sizeof o->err, "gradient reduction, bucket %d of %d: %s", b, o->nb, co_err_detail());
+        }
+        return 0;
+    }
     pthread_mutex_lock(&o->mu);
     int rc = 0;
     if (!o->running) {
@@ -273,22 +296,64 @@ void trainer__overlap_drain(trainer *t) {
     o->running = false;
 }
 
+/* The group the communication thread reduces over this round: the gradient group's own
+ * transport where the worker opened one; the gradient group itself where the training thread
+ * communicates nothing meanwhile (data parallelism alone, or a group of one rank, which never
+ * touches its transport); NULL: neither (reduce on the training thread). With the distributed
+ * optimizer the own transport must take the path the step's group takes (shared memory or
+ * sockets: dist_opt.h), or the sums could differ in their last bits. */
+static cm_comm *thread_group(tr_overlap *o) {
+    trainer *t = o->t;
+    cm_comm *gg = tr_groups_grad(&t->g), *own = t->g.grad_ovl;
+    if (own && own->size == gg->size && own->rank == gg->rank &&
+        cm_zmq_shared_memory(own) == cm_zmq_shared_memory(gg))
+        return own;
+    if (gg->size < 2 || !(t->g.tp || t->g.pp || t->g.cp || t->g.ep)) return gg;
+    static bool said;
+    if (!said)
+        co_log(CO_LOG_WARN, "--overlap-grad-reduce: no transport of the gradient group's own%s; its buckets are "
+                            "reduced after the backward", own ? " that matches it" : "");
+    said = true;
+    return NULL;
+}
+
 void trainer__overlap_arm(trainer *t) {
     tr_overlap *o = t->ovl;
     if (!o) return;
     trainer__overlap_drain(t);
     memset(o->posted, 0, sizeof *o->posted * (size_t)o->nb);
     o->last = false;
+    o->rc = 0;
     /* (a check round of the validator computes without the reduction) */
     o->g = t->ovl_reduce ? tr_groups_grad(&t->g) : NULL;
     if (t->dopt && o->g) o->g = trainer__dopt_group(t); /* (and the path of this generation) */
+    o->inline_ = false;
+    if (o->g && !thread_group(o)) {
+        o->inline_ = true;
+        return; /* (no hook: every bucket at the flush, on this thread) */
+    }
+    if (o->g) o->g = thread_group(o);
     gpt_set_backward_hook(t->model, o->g ? on_layer : NULL, t);
+}
+
+/* Whether the injector holds a fault that writes into the gradients after a backward (a
+ * process's kill, stop, hang or delay, a parameter's bit and a control message do not: the
+ * buckets may start early under them, so that a kill meets buckets in flight). */
+static bool inj_writes_grads(const trainer *t) {
+    const fi_schedule *s = t->inj;
+    for (int i = 0; s && i < s->n; i++)
+        switch (s->f[i].kind) {
+        case FI_KILL: case FI_STOP: case FI_HANG: case FI_SLOW: case FI_BITFLIP_PARAM:
+        case FI_MSG_DELAY: case FI_MSG_DROP: case FI_MSG_DUP: case FI_KILL_SUPERVISOR: break;
+        default: return true;
+        }
+    return false;
 }
 
 void trainer__overlap_last(trainer *t, bool last, bool early) {
     if (!t->ovl) return;
     t->ovl->last = last;
-    t->ovl->early = early && !t->inj;
+    t->ovl->early = early && !inj_writes_grads(t);
 }
 
 int trainer__overlap_flush(trainer *t, double *local_norm) {
@@ -297,6 +362,7 @@ int trainer__overlap_flush(trainer *t, double *local_norm) {
     int rc = 0;
     for (int b = 0; b < o->nb && !rc && o->g; b++)
         if (!o->posted[b]) rc = post(o, b);
+    if (!rc && o->inline_ && o->rc) rc = co_err_set(o->rc, "%s", o->err);
     *local_norm = 0;
     if (rc || !t->have_val) return rc;
     /* the buckets' sums in bucket order, whenever each started (the same bits in any round) */
@@ -314,7 +380,10 @@ int trainer__overlap_wait(trainer *t) {
     int rc = o->rc;
     o->rc = 0;
     gpt_set_backward_hook(t->model, NULL, NULL);
-    if (rc) return co_err_set(rc, "%s", o->err);
+    if (rc) {
+        co_log(CO_LOG_INFO, "%s", o->err); /* (which bucket an abort or a dead peer met) */
+        return co_err_set(rc, "%s", o->err);
+    }
     for (int b = 0; b < o->nb && o->g; b++)
         if (!o->posted[b]) return co_err_set(CO_EINTERNAL, "overlap: bucket %d of %d was never reduced", b, o->nb);
     return 0;

@@ -18,6 +18,8 @@ struct wk_comms {
     int *members[TOPO_NGROUP_KINDS]; /* group rank -> world rank */
     int gindex[TOPO_NGROUP_KINDS];   /* the index of this rank's group of each kind (-1: none) */
     cm_comm *pp_bwd;                 /* the pipeline group again: the gradients' channel */
+    cm_comm *grad;                   /* the gradient group on its own transport (wk_comms_open_grad) */
+    topo_group_kind grad_kind;       /* which group it is */
     cm_comm *nworld;                 /* NCCL (wk_comms_new_nccl), NULL without */
     cm_comm *ngroup[TOPO_NGROUP_KINDS];
 };
@@ -110,9 +112,56 @@ int wk_comms_new_nccl(wk_comms **out, const sv_assignment *asg, const cm_zmq_opt
     return 0;
 }
 
+/* The endpoint of the second transport beside a rank's data endpoint ep: "<path>.grad" for
+ * ipc, the port shifted by port_shift for tcp. */
+static int grad_endpoint(const char *ep, int port_shift, char *out, size_t cap) {
+    int n = -1;
+    if (!strncmp(ep, "ipc://", 6)) {
+        n = snprintf(out, cap, "%s.grad", ep);
+        /* (the unix socket's path limit, less what the shared memory's socket adds) */
+        if (n > 0 && (size_t)n - 6 + 5 > 107)
+            return co_err_set(CO_ERANGE, "the gradient transport's endpoint %s: path too long (limit 102)", out);
+    } else if (!strncmp(ep, "tcp://", 6)) {
+        const char *colon = strrchr(ep, ':');
+        long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+        if (port <= 0 || port + port_shift > 65535)
+            return co_err_set(CO_ERANGE, "the gradient transport beside %s: no port %ld + %d (lower --master-port)", ep,
+                              port, port_shift);
+        n = snprintf(out, cap, "%.*s:%ld", (int)(colon - ep), ep, port + port_shift);
+    }
+    if (n < 0 || (size_t)n >= cap) return co_err_set(CO_EINVAL, "the gradient transport beside %s: unknown endpoint", ep);
+    return 0;
+}
+
+int wk_comms_open_grad(wk_comms *cs, const sv_assignment *asg, const cm_zmq_options *zo, topo_group_kind k,
+                       int port_shift) {
+    if (!cs || !cs->group[k] || cs->group[k]->size < 2 || cs->grad) return 0;
+    int n = cs->group[k]->size, me = -1, rc = 0;
+    char **eps = calloc((size_t)n, sizeof *eps);
+    if (!eps) return co_err_set(CO_ENOMEM, "communicators: out of memory");
+    for (int i = 0; i < n && !rc; i++) {
+        int w = cs->members[k][i];
+        if (w == asg->rank) me = i;
+        if (!(eps[i] = malloc(512))) rc = co_err_set(CO_ENOMEM, "communicators: out of memory");
+        else rc = grad_endpoint(asg->endpoints[w], port_shift, eps[i], 512);
+    }
+    if (!rc) rc = cm_zmq_new(&cs->grad, me, n, (const char *const *)eps, zo);
+    if (rc) {
+        char keep[400];
+        snprintf(keep, sizeof keep, "%s", co_err_detail());
+        co_err_set(rc, "the %s group's own transport (--overlap-grad-reduce): %s", topo_group_name(k), keep);
+    } else {
+        cs->grad_kind = k;
+    }
+    for (int i = 0; i < n; i++) free(eps[i]);
+    free(eps);
+    return rc;
+}
+
 void wk_comms_abort(void *ctx) {
     wk_comms *cs = ctx;
     if (!cs) return;
+    if (cs->grad) cs->grad->ops->abort(cs->grad);
     for (int k = 0; k < TOPO_NGROUP_KINDS; k++)
         if (cs->ngroup[k]) cs->ngroup[k]->ops->abort(cs->ngroup[k]);
     if (cs->nworld) cs->nworld->ops->abort(cs->nworld);
@@ -128,6 +177,7 @@ void wk_comms_destroy(wk_comms **pcs) {
         free(cs->members[k]);
     }
     cm_destroy(&cs->pp_bwd);
+    cm_destroy(&cs->grad);
     cm_destroy(&cs->nworld);
     cm_destroy(&cs->world);
     free(cs);
@@ -183,6 +233,8 @@ void wk_comms_trainer_groups(const wk_comms *cs, const co_config *c, tr_groups *
         g->edp = wk_comms_group(cs, TOPO_G_EDP);
         g->erep = wk_comms_group(cs, TOPO_G_ETP_EP_PP);
     }
+    /* the gradient group's own transport, where it is the group gradients are reduced over */
+    if (cs->grad && cs->grad_kind == (g->cp ? TOPO_G_DP_CP : TOPO_G_DP)) g->grad_ovl = cs->grad;
 }
 
 int wk_comms_check_equal(wk_comms *cs, uint64_t value, int timeout_ms) {

@@ -34,6 +34,16 @@ int wk_comms_new(wk_comms **out, const sv_assignment *asg, const cm_zmq_options 
 /* ... and the NCCL groups on CUDA device nccl_device (< 0: none). CO_EUNSUPPORTED when the
  * build has no NCCL; CO_EPROTOCOL when the assignment carries no unique id. */
 int wk_comms_new_nccl(wk_comms **out, const sv_assignment *asg, const cm_zmq_options *zo, int nccl_device);
+/* --overlap-grad-reduce: group k (the data-parallel group, or data x context) again, over a
+ * transport of its own (cm_zmq_new among its members, not split from the world), which only
+ * the trainer's communication thread uses while the training thread's collectives go over
+ * the world's (a ZeroMQ transport is used by one thread at a time). Each member binds a
+ * second endpoint beside its data endpoint: "<path>.grad" for ipc, the tcp port plus
+ * port_shift (the job's worker slots, so that it meets no other slot's port). zo's cancel
+ * flag ends its connection wait; wk_comms_abort aborts it with the rest. 0 and nothing
+ * opened where this rank's group k has one member. */
+int wk_comms_open_grad(wk_comms *cs, const sv_assignment *asg, const cm_zmq_options *zo, topo_group_kind k,
+                       int port_shift);
 /* Aborts every communicator of the set: any thread (the link's). */
 void wk_comms_abort(void *cs);
 /* Frees every group and the world (NULL-safe; *pcs = NULL). */
@@ -57,8 +67,9 @@ const topo_layout *wk_comms_layout(const wk_comms *cs);
 /* The trainer's groups (train/tr_groups.h) from this set, at setup and at every restart alike:
  * data parallel always; tensor, pipeline (its two channels, the embedding and model-parallel
  * groups) and context groups where c's sizes (the test stand-in's are 1) split the model;
- * the expert groups where the layout has expert parallelism (none under the stand-in).
- * cs NULL (one process): every group NULL. */
+ * the expert groups where the layout has expert parallelism (none under the stand-in);
+ * the gradient group's own transport where wk_comms_open_grad opened it. cs NULL (one
+ * process): every group NULL. */
 void wk_comms_trainer_groups(const wk_comms *cs, const co_config *c, tr_groups *g);
 
 /* Every member of every group holds the same value (one all-gather per group): 0, or

@@ -55,14 +55,24 @@ static int ckpt_ack(void *ctx, int64_t it, int status, const char *error, const 
 static int ckpt_wait(void *ctx, int64_t it, int timeout_ms) { return sv_link_checkpoint_wait(ctx, it, timeout_ms); }
 static bool ckpt_stopped(void *ctx) { return sv_link_saves_stopped(ctx); }
 
-/* The communicators of a generation: the world and its groups (comms.h). The link aborts
- * them all (wk_comms_abort). */
-static int open_comms(sv_link *link, const sv_assignment *a, int cuda_device, wk_comms **cs) {
+/* The communicators of a generation: the world and its groups (comms.h), and with
+ * --overlap-grad-reduce the gradient group's own transport. The link aborts them all
+ * (wk_comms_abort); until attached, the options' cancel flag ends their connection waits. */
+static int open_comms(sv_link *link, const co_config *c, const sv_assignment *a, int cuda_device, wk_comms **cs) {
     cm_zmq_options zo;
     sv_link_data_options(link, &zo);
     /* NCCL where the supervisor gave a unique id (--device cuda in a build with NCCL), on
      * the GPU of this worker's local rank */
     int rc = wk_comms_new_nccl(cs, a, &zo, a->have_nccl_id ? cuda_device : -1);
+    /* (COHORT_TEST_NO_GRAD_TRANSPORT=1: none, for the test of the trainer's fallback) */
+    const char *none = getenv("COHORT_TEST_NO_GRAD_TRANSPORT");
+    if (!rc && c->overlap_grad_reduce && !(none && !strcmp(none, "1"))) {
+        /* the group the trainer reduces gradients over (the stand-in's is data parallel) */
+        bool cp = c->context_parallel_size > 1 && !c->standin_model_parallel;
+        /* a tcp endpoint's port moves past every worker slot's (master port + 1 + slot) */
+        rc = wk_comms_open_grad(*cs, a, &zo, cp ? TOPO_G_DP_CP : TOPO_G_DP, c->nnodes * c->nproc_per_node);
+        if (rc) wk_comms_destroy(cs);
+    }
     if (!rc) sv_link_attach_abort(link, wk_comms_abort, *cs);
     return rc;
 }
@@ -320,7 +330,7 @@ static int next_generation(rank_run *r, int rc, bool *stop) {
         *stop = true;
         return rc;
     }
-    rc = open_comms(r->link, &na, r->o->data->cuda_device, &r->cs);
+    rc = open_comms(r->link, &r->c, &na, r->o->data->cuda_device, &r->cs);
     r->wctx.cs = r->cs;
     int source = -1;
     if (!rc) rc = source_in_group(r->cs, na.rank, na.state_source, &source);
@@ -394,7 +404,7 @@ int wk_run(const wk_options *o) {
     r.wctx.link = o->link;
     if (r.link) co_log_set_prefix("cohort rank %d", r.rank); /* (a worker's lines name its rank) */
     if (r.link && r.asg->world > 1) {
-        int rc = open_comms(r.link, r.asg, o->data->cuda_device, &r.cs);
+        int rc = open_comms(r.link, &r.c, r.asg, o->data->cuda_device, &r.cs);
         if (rc) {
             co_log(CO_LOG_ERROR, "connecting to the other workers failed: %s (%s)", co_err_detail(), co_strerror(rc));
             return WK_FAILURE;

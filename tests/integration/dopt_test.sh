@@ -139,7 +139,7 @@ overlap)
     # --overlap-grad-reduce: buckets of 1000 elements reduced on a communication thread as
     # their layers' backward ends; bitwise the same run without overlap, with and without the
     # distributed optimizer (and its reduce-scatter path), at data 2 and 4; refused with
-    # tensor parallelism (the backward's own collectives share the transport)
+    # expert parallelism (the experts' group has no transport of its own)
     b=(--ddp-bucket-size 1000 --train-iters 4)
     for n in 2 4; do
         for opt in r d s; do
@@ -158,8 +158,51 @@ overlap)
         done
     done
     "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 --overlap-grad-reduce \
-        --tensor-model-parallel-size 2 >"$work/o" 2>&1
-    [ $? -eq 2 ] && grep -q "overlap-grad-reduce with tensor, pipeline" "$work/o" || fail "tp2: $(tail -3 "$work/o")"
+        --num-experts 2 --expert-model-parallel-size 2 >"$work/o" 2>&1
+    [ $? -eq 2 ] && grep -q "overlap-grad-reduce with expert parallelism is not supported yet" "$work/o" ||
+        fail "ep2: $(tail -3 "$work/o")"
+    ;;
+overlap_tp|overlap_pp|overlap_cp)
+    # --overlap-grad-reduce with model parallelism: the communication thread reduces over the
+    # gradient group's own transport while the backward's collectives (tensor sums, pipeline
+    # sends, ring shifts) go over the job's; bitwise the same layout without overlap, with and
+    # without the distributed optimizer, buckets started during the backward
+    tiny_model --global-batch-size 16 --attention-dropout 0
+    case $case_name in
+    overlap_tp) lay=(--tensor-model-parallel-size 2 --sequence-parallel);;
+    overlap_pp) lay=(--pipeline-model-parallel-size 2);;
+    overlap_cp) lay=(--context-parallel-size 2);;
+    esac
+    lays=("${lay[*]}")
+    # interleaved: two chunks of one layer per stage, each chunk's buckets started in its own
+    # last micro batch's backward
+    [ $case_name = overlap_pp ] && lays+=("${lay[*]} --num-layers 4 --num-layers-per-virtual-pipeline-stage 1")
+    b=(--ddp-bucket-size 1000 --train-iters 4)
+    k=0
+    for l in "${lays[@]}"; do
+        k=$((k + 1))
+        for opt in r d; do
+            flag=; [ $opt = d ] && flag=$D
+            # shellcheck disable=SC2086
+            train $opt$k 4 $l $flag "${b[@]}" --save "$work/$opt$k"; ok $opt$k
+            # shellcheck disable=SC2086
+            train $opt${k}o 4 $l $flag "${b[@]}" --overlap-grad-reduce --save "$work/$opt${k}o"; ok $opt${k}o
+            same "$work/$opt$k" "$work/$opt${k}o" 4
+            grep -q "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward" \
+                "$work/$opt${k}o.out" "$work/$opt${k}o.err" ||
+                fail "$opt$k ($l): no bucket started early: $(grep -h overlapped "$work/$opt${k}o".*)"
+            grep -q "no transport of the gradient group's own" "$work/$opt${k}o.err" && fail "$opt$k: reduced inline"
+        done
+    done
+    if [ $case_name = overlap_tp ]; then
+        # a trainer given no transport of the gradient group's own (a test knob) reduces the
+        # buckets on its training thread after the backward: it says so, and the bits hold
+        # shellcheck disable=SC2086
+        COHORT_TEST_NO_GRAD_TRANSPORT=1 train d1n 4 $l $D "${b[@]}" --overlap-grad-reduce --save "$work/d1n"; ok d1n
+        grep -q "no transport of the gradient group's own; its buckets are reduced after the backward" "$work/d1n.err" ||
+            fail "no fallback said: $(grep -h overlap "$work/d1n.err" | head -3)"
+        same "$work/d1" "$work/d1n" 4
+    fi
     ;;
 matches_replicated)
     # the distributed optimizer against the replicated one after 6 steps. On one host it
@@ -229,7 +272,7 @@ ckpt_reshard)
         fail "tp2 load: $(grep -i checkpoint "$work/t2-tp.out")"
     same "$work/rs2" "$work/t2" 8
     ;;
-kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap)
+kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp)
     # a rank holding an optimizer shard dies (in forward; right after its shard's update,
     # before the parameters' all-gather; with shifted ranks; in tensor 2 x data 2, where
     # each tensor rank's data-parallel pair shards its slices; in context 2 x data 2, where
@@ -246,6 +289,12 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap)
         # communication threads (the abort must reach them)
         inj=(--inject "kill@rank=2,step=6,phase=backward")
         lay=(--overlap-grad-reduce --ddp-bucket-size 1000);;
+    kill_overlap_tp)
+        # the same in tensor 2 x data 2, killed before its last micro batch's backward: its
+        # data-parallel peer's first bucket waits for it on the gradient group's own transport,
+        # which the abort must reach; the replacement connects it
+        inj=(--inject "kill@rank=2,step=6,phase=backward,microbatch=3")
+        lay=(--overlap-grad-reduce --ddp-bucket-size 1000 --tensor-model-parallel-size 2);;
     *) inj=(--inprocess-rank-assignment shift-ranks --inject "kill@rank=1,step=5");;
     esac
     train clean 4 "${lay[@]}" $D --train-iters 10 --save "$work/clean"; ok clean
@@ -260,6 +309,39 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap)
     fi
     same "$work/clean" "$work/f" 10
     grep -q '"steps_lost": 0' "$work/f.report.json" || fail "steps lost: $(grep steps_lost "$work/f.report.json")"
+    if [ $case_name = kill_overlap_tp ]; then
+        grep -q "cohort rank 0: overlapped gradient reduction, bucket [0-9]* of [0-9]*: .*aborted" "$work/f.err" ||
+            fail "no bucket of rank 0 in flight at the abort: $(grep -h 'rank 0' "$work/f.err" | tail -5)"
+    fi
+    ;;
+overlap_mp_kill|overlap_mp_sdc)
+    # tensor 2 x pipeline 2 x data 2 with the distributed optimizer, the overlapped reduction,
+    # full uniform recomputation and sequence parallelism: a rank killed in its backward (the
+    # others' buckets in flight on the gradient groups' own transports), or a mantissa bit of
+    # one rank's weights flipped (the two replicas' checksums differ, the step is replayed and
+    # the rank repaired from its data-parallel peer); each job ends bitwise equal to the
+    # fault-free run, parameters and both moments
+    tiny_model --global-batch-size 16 --attention-dropout 0
+    lay=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel "$D" --overlap-grad-reduce
+         --ddp-bucket-size 1000 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+         --train-iters 8)
+    train clean 8 "${lay[@]}" --save "$work/clean"; ok clean
+    grep -q "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward" "$work/clean.err" ||
+        fail "no bucket started early: $(grep -h overlapped "$work/clean.err" | head -3)"
+    if [ $case_name = overlap_mp_kill ]; then
+        # (before its last micro batch's backward: its data-parallel peer's buckets wait for it)
+        train f 8 "${lay[@]}" --save "$work/f" --inject "kill@rank=5,step=5,phase=backward,microbatch=3" $quick; ok f
+        grep -q "in-process restart into generation 2" "$work/f.err" || fail "no restart"
+        grep -q "generation 2: 8 rank(s) resume after iteration [0-9]* with the state of ranks\? [0-9, ]* (.*1 replaced" \
+            "$work/f.err" || fail "not resumed from memory: $(grep supervisor "$work/f.err")"
+        grep -q '"steps_lost": 0' "$work/f.report.json" || fail "steps lost: $(grep steps_lost "$work/f.report.json")"
+    else
+        train f 8 "${lay[@]}" --save "$work/f" --inject "bitflip-param@rank=5,step=4,bit=22"; ok f
+        # (the replica of ranks 0, 1, 4 and 5 repaired from the other's, same coordinates each)
+        grep -q "repair (persistent_error): 4 ranks' parameters differ from rank 2's (ranks 0, 1, 4, 5; .*silent data corruption; repaired from rank 2" "$work/f.err" ||
+            fail "no repair: $(grep supervisor "$work/f.err" | head -5)"
+    fi
+    same "$work/clean" "$work/f" 8
     ;;
 kill_both|kill_unreplicated)
     # both holders of a shard die in the same iteration (ranks 1 and 2: shard 1 lives on 1
@@ -336,7 +418,7 @@ PY
     ;;
 refused)
     # what is not built is refused before any work, never ignored
-    for extra in "--overlap-grad-reduce --tensor-model-parallel-size 2" "--overlap-param-gather" "--ddp-bucket-size -1" \
+    for extra in "--overlap-grad-reduce --num-experts 2 --expert-model-parallel-size 2" "--overlap-param-gather" "--ddp-bucket-size -1" \
                  "$D --num-experts 2 --expert-model-parallel-size 2"; do
         # shellcheck disable=SC2086
         "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 $extra >"$work/o" 2>&1

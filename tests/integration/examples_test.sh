@@ -190,7 +190,7 @@ mixtral_8x7b)
     launch mixtral 4 "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" \
         "${MODEL_PARALLEL_ARGS[@]}" "${LOGGING_ARGS[@]}"
     remaining=(
-        "--overlap-grad-reduce with tensor, pipeline, context or expert parallelism is not supported yet (their backward communicates over the transport the communication thread would use): data parallelism only"
+        "--overlap-grad-reduce with expert parallelism is not supported yet (the experts' gradients are reduced over the expert-data-parallel group, which has no transport of its own): drop --overlap-grad-reduce or --expert-model-parallel-size"
         "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)"
         "--use-distributed-optimizer with --expert-model-parallel-size 2 is not supported yet (the experts' shards would span the expert-data-parallel group only)"
     )
@@ -287,7 +287,6 @@ llama3_8b)
         "--apply-layernorm-1p is not supported yet"
         "--calculate-per-token-loss is not supported yet"
         "--decoupled-lr and --decoupled-min-lr are not supported yet (one learning rate for every layer)"
-        "--overlap-grad-reduce with tensor, pipeline, context or expert parallelism is not supported yet (their backward communicates over the transport the communication thread would use): data parallelism only"
         "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)"
     )
     expect_outcome llama3

@@ -68,14 +68,15 @@ hb=(--inprocess-heartbeat-interval 0.5 --inprocess-heartbeat-timeout 3)
 # start_nodes NAME NNODES ARGS...: nodes NNODES-1..1 (agents) then node 0 in the background,
 # each node's output in $work/NAME.nK, the metrics (node 0) in $work/NAME.jsonl; pids in
 # node_pid[K]
-# a port with the next 8 free (none listening): the supervisor's and its workers' data ports
+# a port with the next 14 free (none listening): the supervisor's and its workers' data ports,
+# and the gradient transports' past them (--overlap-grad-reduce)
 pick_port() {
     local used p k ok _ addr
     used=" $(tail -qn +2 /proc/net/tcp /proc/net/tcp6 2>/dev/null | while read -r _ addr _; do echo $((16#${addr##*:})); done |
         tr '\n' ' ') "
     for _ in $(seq 50); do
         p=$((20000 + RANDOM % 12000)) ok=1 # (below the ephemeral ports, 32768 up)
-        for ((k = 0; k <= 8; k++)); do [[ $used == *" $((p + k)) "* ]] && ok=0; done
+        for ((k = 0; k <= 14; k++)); do [[ $used == *" $((p + k)) "* ]] && ok=0; done
         [ $ok = 1 ] && break
     done
     echo $p
@@ -116,8 +117,11 @@ errors: $(grep -hi "error\|failed\|cannot\|refused" "$work/$1".n* | grep -v "^ *
 worker_of() { children "$1" | sed -n "$(($2 + 1))p"; }
 
 case $case_name in
-worker_killed)
+worker_killed|overlap_killed)
     job=(--tensor-model-parallel-size 2 --train-iters 8)
+    # with --overlap-grad-reduce each data-parallel group also has its own transport over tcp
+    # and CURVE (ports past the worker slots'), aborted and rebuilt with the rest
+    [ $case_name = overlap_killed ] && job+=(--overlap-grad-reduce --ddp-bucket-size 1000)
     start_nodes clean 3 "${job[@]}" --save "$work/cs"
     wait_nodes clean 3
     start_nodes f 3 "${job[@]}" --save "$work/fs" --inject "kill@rank=5,step=4"
@@ -133,6 +137,11 @@ worker_killed)
     grep -q "1 restart(s), 0 step(s) lost" "$work/f.n0" && ! grep -q "loads the checkpoint" "$work/f.n0" ||
         fail "steps lost: $(grep 'lost\|checkpoint' "$work/f.n0")"
     ckpt_same "$work/cs" "$work/fs" "the final checkpoints differ"
+    if [ $case_name = overlap_killed ]; then
+        grep -q "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward" "$work"/f.n* ||
+            fail "no bucket started early: $(grep -h overlapped "$work"/f.n* | head -3)"
+        grep -q "no transport of the gradient group's own" "$work"/f.n* && fail "reduced on the training thread"
+    fi
     ;;
 spare)
     job=(--tensor-model-parallel-size 2 --train-iters 8 --inprocess-active-world-size 4)
