@@ -184,6 +184,9 @@ static const kb_ops cuda_ops = {
     // grouped products (the MoE experts with --moe-grouped-gemm): cuBLAS, cuda_grouped.cu
     /* .grouped_linear_forward = */ cu_grouped_linear_forward,
     /* .grouped_linear_backward = */ cu_grouped_linear_backward,
+    // fused products: cuBLASLt's GELU epilogues (cuda_matmul.cu)
+    /* .linear_gelu_forward = */ cu_linear_gelu_forward,
+    /* .linear_backward_dgelu = */ cu_linear_backward_dgelu,
 };
 
 // ---- which GPUs this build can run on ----

@@ -368,6 +368,10 @@ static std::atomic<unsigned long> g_syncs;
 static void count_sync() { g_syncs++; }
 unsigned long cudasim_sync_count(void) { return g_syncs; }
 
+// WMMA products (include/mma.h increments it from lane 0 of each warp-level mma_sync)
+uint64_t cudasim_mma_count;
+unsigned long cudasim_mma_count_get(void) { return (unsigned long)__atomic_load_n(&cudasim_mma_count, __ATOMIC_RELAXED); }
+
 // COHORT_CUDASIM_COUNTS=FILE: at exit, one line "pid PID syncs N launches M" appended to FILE
 // (tests/cudasim/train_test.sh counts a training step's waits from two runs' lines)
 namespace {
