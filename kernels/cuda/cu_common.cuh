@@ -62,7 +62,11 @@ typedef struct cu_state {
     cublasHandle_t blas;  // grouped products (cuda_grouped.cu): NULL until first used
     int grouped_mode;     // 0: cublasGemmGroupedBatchedEx; -1: one cublasSgemm per group
     char desc[256];
+    void *prof;           // the operation timings (cuda_profile.cu), NULL unless COHORT_CUDA_PROFILE=1
 } cu_state;
+// operation timings (cuda_profile.cu)
+void cu_profile_setup(kb_backend *b);
+void cu_profile_release(cu_state *st);
 
 static inline cu_state *cu_st(kb_backend *b) { return (cu_state *)b->impl; }
 
