@@ -2,8 +2,11 @@
  * against the CPU backend, on fresh random inputs (never zeros), at shapes that cross every
  * tile boundary of the kernels: attention at 1, 31, 32, 33, 130 and 1000 tokens (the 32-row
  * tiles), head dimensions 2 to 128 (each register width E), grouped queries, document masks
- * on and off, dropout; linear layers with and without bias (an aligned and a misaligned bias
- * pointer: the cuBLASLt heuristic's alignment); odd vocabularies; grouped products with empty
+ * on and off, dropout; in bf16 mode the tensor-core attention (head dimensions 64 and 128)
+ * at 1, 15, 16, 17, 64, 100 and 129 tokens (its 16-row fragments and 32-row tiles), bitwise
+ * repeatable; linear layers with and without bias (an aligned and a misaligned bias
+ * pointer: the cuBLASLt heuristic's alignment); the fused GELU products (cuBLASLt
+ * epilogues, and their fallback); odd vocabularies; grouped products with empty
  * groups; the tensor-parallel entries with a repeat-run bitwise check. fp32 and bf16
  * tolerances; the CPU's bf16 reference takes bf16 on any CPU (kb_options.bf16_reference).
  * Entries the CUDA backend leaves NULL are the documented ones.
