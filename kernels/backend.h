@@ -267,6 +267,18 @@ typedef struct kb_ops {
     void (*grouped_linear_backward)(kb_backend *b, float *din, float *dW, const float *dout,
                                     const float *in, const float *W, const int32_t *off, int n,
                                     int IC, int OC);
+
+    /* ---- fused products (CUDA: cuBLASLt epilogues; NULL where a backend has none, and the
+     * caller composes them from linear_*, gelu_* and bias_grad) ---- */
+    /* pre[N,OC] = in[N,IC] W[OC,IC]^T + bias[OC]; out[N,OC] = gelu(pre) (tanh). Overwrites both. */
+    void (*linear_gelu_forward)(kb_backend *b, float *out, float *pre, const float *in, const float *W,
+                                const kb_bf16 *W16, const float *bias, int N, int IC, int OC);
+    /* din[N,IC] = (dout[N,OC] W[OC,IC]) * gelu'(pre[N,IC]) (overwrites); dbias[IC] += sum over
+     * rows of din (skipped if NULL): the backward of the product after linear_gelu_forward
+     * (W is the NEXT layer's weight) through the GELU, with the GELU layer's bias gradient. */
+    void (*linear_backward_dgelu)(kb_backend *b, float *din, float *dbias, const float *dout,
+                                  const float *W, const kb_bf16 *W16, const float *pre, int N,
+                                  int IC, int OC);
 } kb_ops;
 
 struct kb_backend {

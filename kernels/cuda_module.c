@@ -115,6 +115,11 @@ const char *cuda_backend_describe(const kb_backend *b) {
     return f ? f(b) : "cuda (module not loaded)";
 }
 
+int cuda_backend_profile(kb_backend *b, double ms[CU_PROF_N]) {
+    int (*f)(kb_backend *, double *) = (int (*)(kb_backend *, double *))mod__sym("cuda_backend_profile");
+    return f ? f(b, ms) : -1;
+}
+
 bool cuda_build_covers(int major, int minor) {
     bool (*f)(int, int) = (bool (*)(int, int))mod__sym("cuda_build_covers");
     return f ? f(major, minor) : false;

@@ -156,6 +156,22 @@ void gpt__cross_entropy(gpt_model *m, float *losses, float *logits, const int32_
     o->ce_grad(be, losses, logits, m->ce_mx, m->ce_sums, targets, dscale, m->v0, m->cfg.padded_vocab, N, V);
 }
 
+/* fc1 and its activation: act = gelu(in2 W1^T + b1) (fused: a cuBLASLt epilogue on CUDA, the
+ * pre-activation kept in fc1 for the backward) or swiglu / gelu after the product */
+static void gpt__fc1_forward(gpt_model *m, layer_acts *a, const float *in2, const int *t, int N) {
+    const gpt_config *c = &m->cfg;
+    const kb_ops *o = m->ops;
+    kb_backend *be = m->be;
+    int C = c->hidden, F = m->Fl, F1 = gpt__fc1_local(m);
+    if (!c->swiglu && o->linear_gelu_forward && t[FC1_B] >= 0) {
+        o->linear_gelu_forward(be, a->act, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
+        return;
+    }
+    o->linear_forward(be, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
+    if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, N, F);
+    else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
+}
+
 /* One transformer layer l (a decoder layer, or an MTP depth's at l >= num_layers) over the
  * micro batch: a->x_in -> x_out, its activations kept in a. 0, or the backend's status. */
 int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const dev_batch *xb, int B, int T,
@@ -165,7 +181,7 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
     kb_backend *be = m->be;
     const int *t = &m->t_layer[l * NLAYER_T];
     dev_batch x_b = *xb;
-    int N = B * T, C = c->hidden, Q = gpt__qkv_local(m), F = m->Fl, F1 = gpt__fc1_local(m);
+    int N = B * T, C = c->hidden, Q = gpt__qkv_local(m), F = m->Fl;
     int AH = m->NHl * c->head_dim, NH = m->NHl, NKV = m->NKVl;
     bool sp = m->sp;
     int Nl = sp ? N / m->tp : N;
@@ -213,9 +229,7 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
     } else {
         const float *in2 = a->ln2;
         if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
-        o->linear_forward(be, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
-        if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, N, F);
-        else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
+        gpt__fc1_forward(m, a, in2, t, N);
         gpt__row_parallel_forward(m, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, Nl);
     }
     if (ph > 0) gpt__dropout_rows(m, x_b.rows, N * m->cp, tmp, tmp, Nl, ph, seed, site(l, 3));
@@ -333,7 +347,7 @@ static int recompute_mlp_side(gpt_model *m, layer_acts *a, int l, int B, int T) 
     const kb_ops *o = m->ops;
     kb_backend *be = m->be;
     const int *t = &m->t_layer[l * NLAYER_T];
-    int N = B * T, C = c->hidden, F = m->Fl, F1 = gpt__fc1_local(m);
+    int N = B * T, C = c->hidden;
     int Nl = m->sp ? N / m->tp : N;
     if (a->sel & GPT_RC_LAYERNORM)
         o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]), P(m, t[LN2_B]),
@@ -344,9 +358,7 @@ static int recompute_mlp_side(gpt_model *m, layer_acts *a, int l, int B, int T) 
     } else if (!a->moe && (a->sel & GPT_RC_MLP)) {
         const float *in2 = a->ln2;
         if (m->sp) gpt__tp_allgather(m, m->gath, a->ln2, (size_t)Nl * C), in2 = m->gath;
-        o->linear_forward(be, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
-        if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, N, F);
-        else o->gelu_forward(be, a->act, a->fc1, (size_t)N * F);
+        gpt__fc1_forward(m, a, in2, t, N);
     }
     return be->status;
 }
@@ -382,14 +394,24 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
             return rc;
         }
     } else {
-        gpt__row_parallel_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
-                                   P16(m, t[FC2_W]), N, F, Nl);
-        if (c->swiglu) o->swiglu_backward(be, m->dbig, m->dffn, a->fc1, N, F);
-        else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
+        /* the GELU's backward fused into fc2's input product (a cuBLASLt epilogue on CUDA),
+         * fc1's bias gradient with it: one tensor-parallel rank only */
+        bool fused = !c->swiglu && o->linear_backward_dgelu && m->tp == 1 && t[FC1_B] >= 0;
+        if (fused) {
+            o->linear_backward(be, NULL, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                               P16(m, t[FC2_W]), N, F, C);
+            o->linear_backward_dgelu(be, m->dbig, G(m, t[FC1_B]), dmlp, P(m, t[FC2_W]), P16(m, t[FC2_W]), a->fc1,
+                                     N, F, C);
+        } else {
+            gpt__row_parallel_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                                       P16(m, t[FC2_W]), N, F, Nl);
+            if (c->swiglu) o->swiglu_backward(be, m->dbig, m->dffn, a->fc1, N, F);
+            else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
+        }
         const float *in2 = a->ln2;
         if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
-        gpt__column_parallel_backward(m, G(m, t[FC1_W]), G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]),
-                                      P16(m, t[FC1_W]), N, C, F1);
+        gpt__column_parallel_backward(m, G(m, t[FC1_W]), fused ? NULL : G(m, t[FC1_B]), m->dbig, in2,
+                                      P(m, t[FC1_W]), P16(m, t[FC1_W]), N, C, F1);
     }
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN2_W]), G(m, t[LN2_B]), m->dh, a->x_mid,
                      P(m, t[LN2_W]), a->ln2_mean, a->ln2_rstd, Nl, C);

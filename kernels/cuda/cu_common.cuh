@@ -32,7 +32,7 @@ extern "C" {
 #define CU_MM_CACHE 128
 
 // scratch slots
-enum { CU_SCR_A16 = 0, CU_SCR_B16, CU_SCR_W16, CU_SCR_ATT, CU_SCR_MISC, CU_SCR_RED, CU_SCR_GRP, CU_SCR_SUM, CU_NSCRATCH };
+enum { CU_SCR_A16 = 0, CU_SCR_B16, CU_SCR_W16, CU_SCR_ATT, CU_SCR_MISC, CU_SCR_RED, CU_SCR_GRP, CU_SCR_SUM, CU_SCR_EPI, CU_NSCRATCH };
 
 typedef struct cu_mm {
     // key
@@ -62,7 +62,11 @@ typedef struct cu_state {
     cublasHandle_t blas;  // grouped products (cuda_grouped.cu): NULL until first used
     int grouped_mode;     // 0: cublasGemmGroupedBatchedEx; -1: one cublasSgemm per group
     char desc[256];
+    void *prof;           // the operation timings (cuda_profile.cu), NULL unless COHORT_CUDA_PROFILE=1
 } cu_state;
+// operation timings (cuda_profile.cu)
+void cu_profile_setup(kb_backend *b);
+void cu_profile_release(cu_state *st);
 
 static inline cu_state *cu_st(kb_backend *b) { return (cu_state *)b->impl; }
 
@@ -215,6 +219,11 @@ void cu_linear_forward(kb_backend *b, float *out, const float *in, const float *
 void cu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias, const float *dout, const float *in,
                         const float *W, const kb_bf16 *W16, int N, int IC, int OC);
 void cu_mm_release(cu_state *st);
+// the fused products (backend.h: linear_gelu_forward, linear_backward_dgelu; cuBLASLt epilogues)
+void cu_linear_gelu_forward(kb_backend *b, float *out, float *pre, const float *in, const float *W,
+                            const kb_bf16 *W16, const float *bias, int N, int IC, int OC);
+void cu_linear_backward_dgelu(kb_backend *b, float *din, float *dbias, const float *dout, const float *W,
+                              const kb_bf16 *W16, const float *pre, int N, int IC, int OC);
 // grouped products (backend.h: grouped_linear_forward/backward; cuda_grouped.cu)
 void cu_grouped_linear_forward(kb_backend *b, float *out, const float *in, const float *W, const int32_t *off, int n,
                                int IC, int OC);
@@ -230,6 +239,13 @@ void cu_attention_forward(kb_backend *b, float *out, float *lse, const float *qk
 void cu_attention_backward(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const float *out,
                            const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd,
                            float p_drop, uint64_t seed, uint64_t offset);
+// attention on tensor cores (cuda_flash.cu): bf16 mode, head dimension 64 or 128
+bool cu_flash_usable(const kb_backend *b, int B, int nh, int hd);
+void cu_flash_forward(kb_backend *b, float *out, float *lse, const float *qkv, const int32_t *seg, int B, int T,
+                      int nh, int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset);
+void cu_flash_backward(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const float *out,
+                       const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd, float p_drop,
+                       uint64_t seed, uint64_t offset);
 
 void cu_zero(kb_backend *b, float *x, size_t n);
 void cu_to_bf16(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n);

@@ -34,6 +34,12 @@ bool cuda_build_covers(int major, int minor);
 /* What this build contains: "sm_80, sm_90 and compute_90 PTX (compute capability 8.0 and newer)". */
 void cuda_build_code(char *buf, size_t n);
 
+/* GPU time per kind of backend operation (bench/gpu_bench's report), milliseconds summed
+ * since the backend was made, read at its syncs: 0 with the times in ms[], or -1 when the
+ * backend was not made with COHORT_CUDA_PROFILE=1 (kernels/cuda/cuda_profile.cu). */
+enum { CU_PROF_ATTENTION, CU_PROF_PRODUCTS, CU_PROF_ELEMENTWISE, CU_PROF_MEMORY, CU_PROF_N };
+int cuda_backend_profile(kb_backend *b, double ms[CU_PROF_N]);
+
 #ifdef __cplusplus
 }
 #endif

@@ -370,6 +370,10 @@ static void bwd_launch(kb_backend *b, float *dqkv, float *dk, float *dv, size_t 
 void cu_attention_forward(kb_backend *b, float *out, float *lse, const float *qkv, const int32_t *seg, int B, int T,
                           int nh, int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset) {
     if (!cu_enter(b) || B <= 0 || T <= 0 || nh <= 0 || hd <= 0) return;
+    if (cu_flash_usable(b, B, nh, hd)) { // bf16 mode: tensor cores (cuda_flash.cu)
+        cu_flash_forward(b, out, lse, qkv, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
+        return;
+    }
     att_args a;
     if (!att_setup(b, &a, seg, B, T, nh, nkv, hd, p_drop, seed, offset, "attention_forward")) return;
     if (hd <= 8) fwd_launch<2>(b, out, lse, qkv, a);
@@ -384,6 +388,10 @@ void cu_attention_backward(kb_backend *b, float *dqkv, const float *dout, const 
                            const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd, float p_drop,
                            uint64_t seed, uint64_t offset) {
     if (!cu_enter(b) || B <= 0 || T <= 0 || nh <= 0 || hd <= 0) return;
+    if (cu_flash_usable(b, B, nh, hd)) {
+        cu_flash_backward(b, dqkv, dout, qkv, out, lse, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
+        return;
+    }
     att_args a;
     if (!att_setup(b, &a, seg, B, T, nh, nkv, hd, p_drop, seed, offset, "attention_backward")) return;
     const size_t rows = (size_t)B * nh * T;

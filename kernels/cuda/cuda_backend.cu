@@ -195,6 +195,9 @@ static const kb_ops cuda_ops = {
     // grouped products (the MoE experts with --moe-grouped-gemm): cuBLAS, cuda_grouped.cu
     /* .grouped_linear_forward = */ cu_grouped_linear_forward,
     /* .grouped_linear_backward = */ cu_grouped_linear_backward,
+    // fused products: cuBLASLt's GELU epilogues (cuda_matmul.cu)
+    /* .linear_gelu_forward = */ cu_linear_gelu_forward,
+    /* .linear_backward_dgelu = */ cu_linear_backward_dgelu,
 };
 
 // ---- which GPUs this build can run on ----
@@ -283,6 +286,7 @@ extern "C" void cuda_backend_release(kb_backend *b) {
         cu_mm_release(st);
         cu_blas_release(st);
         cu_digests_release(st);
+        cu_profile_release(st);
         for (int i = 0; i < CU_NSCRATCH; i++)
             if (st->scratch[i]) cudaFreeAsync(st->scratch[i], st->stream);
         if (st->stream) cudaStreamSynchronize(st->stream);
@@ -363,7 +367,8 @@ extern "C" int cuda_backend_create(kb_backend **out, const kb_options *opt) {
     snprintf(st->desc, sizeof st->desc,
              "cuda: GPU %d of %d, %.80s (sm_%d%d, %.0f GiB), CUDA %d.%d, cuBLASLt, %s, deterministic", st->device,
              count, prop.name, prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
-             rt / 1000, (rt % 1000) / 10, opt->bf16 ? "bf16" : opt->fp16 ? "fp16" : "fp32");
+              rt / 1000, (rt % 1000) / 10, opt->bf16 ? "bf16" : opt->fp16 ? "fp16" : "fp32");
+    cu_profile_setup(b); // COHORT_CUDA_PROFILE=1: operation timings (bench/gpu_bench)
     *out = b;
     return 0;
 }

@@ -8,8 +8,13 @@
 // heuristic is asked after CUBLASLT_MATMUL_DESC_BIAS_POINTER is set (cublasLt.h: it assumes
 // that pointer's alignment), and the cache key holds the bias alignment too: an algorithm
 // chosen for an aligned bias never runs with a less aligned one (biases packed in one
-// parameter buffer are only 4-byte aligned). Bias gradients are column sums
-// with a fixed order (cu_col_sums), not a cuBLASLt epilogue.
+// parameter buffer are only 4-byte aligned). Bias gradients of linear_backward are column
+// sums with a fixed order (cu_col_sums).
+// The fused products (linear_gelu_forward, linear_backward_dgelu) are cuBLASLt epilogues:
+// CUBLASLT_EPILOGUE_GELU_AUX_BIAS (bias, then GELU; the pre-activation to the aux matrix)
+// and CUBLASLT_EPILOGUE_DGELU_BGRAD (times gelu'(aux); the bias gradient of the result);
+// where cuBLASLt has no algorithm for them (or the aux leading dimension is not a multiple of
+// 8, as cublasLt.h requires) they fall back to the product and the elementwise kernels.
 #include "kernels/cuda/cu_common.cuh"
 
 #include <stdio.h>
@@ -29,7 +34,9 @@ void cu_mm_release(cu_state *st) {
 
 // Column-major C[m,n] (beta: 0 or 1) = op(A) op(B); A stored [ta ? k x m : m x k], B stored
 // [tb ? n x k : k x n], all tightly packed (leading dimension = stored rows).
-static int mm_build(cu_state *st, cu_mm *m, const float *bias) {
+// m->epi_bias: the epilogue, EPI_* below; bias and aux as set when the heuristic is asked
+enum { EPI_NONE = 0, EPI_BIAS, EPI_GELU_AUX_BIAS, EPI_DGELU_BGRAD };
+static int mm_build(cu_state *st, cu_mm *m, const float *bias, const float *aux) {
     // the inputs: fp32, bf16 (--bf16) or fp16 (--fp16); fp32 compute and output always
     cudaDataType_t ab = m->bf16 == CU_MM_F16 ? CUDA_R_16F : m->bf16 ? CUDA_R_16BF : CUDA_R_32F;
     cublasOperation_t opa = m->ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = m->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -40,12 +47,20 @@ static int mm_build(cu_state *st, cu_mm *m, const float *bias) {
         cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb))
         return -1;
     if (m->epi_bias) {
-        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        cublasLtEpilogue_t epi = m->epi_bias == EPI_GELU_AUX_BIAS ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                 : m->epi_bias == EPI_DGELU_BGRAD ? CUBLASLT_EPILOGUE_DGELU_BGRAD
+                                                                  : CUBLASLT_EPILOGUE_BIAS;
         cudaDataType_t bt = CUDA_R_32F;
         if (cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
             cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt) ||
             cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias))
             return -1;
+        if (m->epi_bias >= EPI_GELU_AUX_BIAS) { // the aux matrix: fp32 like D, leading dimension D's rows
+            int64_t ld = m->m;
+            if (cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux) ||
+                cublasLtMatmulDescSetAttribute(m->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld))
+                return -1;
+        }
     }
     if (cublasLtMatrixLayoutCreate(&m->la, ab, ar, ac, (int64_t)ar) ||
         cublasLtMatrixLayoutCreate(&m->lb, ab, br, bc, (int64_t)br) ||
@@ -76,9 +91,9 @@ static int mm_build(cu_state *st, cu_mm *m, const float *bias) {
 static int align_of(const void *p);
 
 // the cached algorithm of this key (bias: the epilogue's bias, NULL for none), built on first use
-static cu_mm *mm_get(cu_state *st, int m, int n, int k, int ta, int tb, int bf16, const float *bias, int beta1,
-                     int align) {
-    const int epi_bias = bias != NULL, bias_align = bias ? align_of(bias) : 0;
+static cu_mm *mm_get(cu_state *st, int m, int n, int k, int ta, int tb, int bf16, int epi, const float *bias,
+                     const float *aux, int beta1, int align) {
+    const int epi_bias = epi, bias_align = bias ? align_of(bias) : 0;
     for (int i = 0; i < st->n_mm; i++) {
         cu_mm *c = &st->mm[i];
         if (c->m == m && c->n == n && c->k == k && c->ta == ta && c->tb == tb && c->bf16 == bf16 &&
@@ -95,7 +110,7 @@ static cu_mm *mm_get(cu_state *st, int m, int n, int k, int ta, int tb, int bf16
     }
     c->m = m, c->n = n, c->k = k, c->ta = ta, c->tb = tb, c->bf16 = bf16, c->epi_bias = epi_bias, c->beta1 = beta1;
     c->align = align, c->bias_align = bias_align;
-    if (mm_build(st, c, bias)) {
+    if (mm_build(st, c, bias, aux)) {
         mm_clear(c); // keep the key with ok = 0 so a failing shape is not rebuilt each call
         c->m = m, c->n = n, c->k = k, c->ta = ta, c->tb = tb, c->bf16 = bf16, c->epi_bias = epi_bias;
         c->beta1 = beta1, c->align = align, c->bias_align = bias_align;
@@ -111,16 +126,24 @@ static int align_of(const void *p) {
 }
 
 // C = op(A) op(B) (+ C if beta1) (+ bias[m] per column if bias). 0 or -1 (no algorithm).
-static int mm_run(kb_backend *b, int m, int n, int k, int ta, int tb, int bf16, const void *A, const void *B,
-                  float *C, const float *bias, int beta1, const char *op) {
+// With epi (EPI_*): bias is the bias (the bias gradient's output for EPI_DGELU_BGRAD), aux the
+// GELU's input matrix (leading dimension m).
+static int mm_run_epi(kb_backend *b, int m, int n, int k, int ta, int tb, int bf16, const void *A, const void *B,
+                      float *C, int epi, const float *bias, const float *aux, int beta1, const char *op) {
     cu_state *st = cu_st(b);
     int al = align_of(A);
     int a2 = align_of(B), a3 = align_of(C);
     al = a2 < al ? a2 : al;
     al = a3 < al ? a3 : al;
-    cu_mm *mm = mm_get(st, m, n, k, ta, tb, bf16, bias, beta1, al);
+    if (aux) {
+        int a4 = align_of(aux);
+        al = a4 < al ? a4 : al;
+    }
+    cu_mm *mm = mm_get(st, m, n, k, ta, tb, bf16, epi, bias, aux, beta1, al);
     if (!mm) return -1;
     if (bias && cublasLtMatmulDescSetAttribute(mm->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias))
+        return -1;
+    if (aux && cublasLtMatmulDescSetAttribute(mm->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux))
         return -1;
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t s = cublasLtMatmul(st->lt, mm->desc, &one, A, mm->la, B, mm->lb, beta1 ? &one : &zero, C, mm->lc,
@@ -132,6 +155,11 @@ static int mm_run(kb_backend *b, int m, int n, int k, int ta, int tb, int bf16, 
         return 0; // failure recorded; do not retry another way
     }
     return 0;
+}
+
+static int mm_run(kb_backend *b, int m, int n, int k, int ta, int tb, int bf16, const void *A, const void *B,
+                  float *C, const float *bias, int beta1, const char *op) {
+    return mm_run_epi(b, m, n, k, ta, tb, bf16, A, B, C, bias ? EPI_BIAS : EPI_NONE, bias, NULL, beta1, op);
 }
 
 __global__ void k_fill_rows(float *__restrict__ out, const float *__restrict__ bias, int N, int OC) {
@@ -223,4 +251,60 @@ void cu_linear_backward(kb_backend *b, float *din, float *dW, float *dbias, cons
     // dW^T[IC,OC] += in^T (stored IC x N) x dout (stored OC x N, transposed)
     if (dW && mm_run(b, IC, OC, N, 0, 1, bf, X, dO, dW, NULL, 1, "linear_backward (weight)"))
         no_algo(b, "linear_backward (weight)", IC, OC, N, bf);
+}
+
+// bf16 copies of an activation and a weight for a product (scratch slots given); W16 used if set
+static bool mm_bf16_operands(kb_backend *b, const void **X, const void **Wp, const float *x, size_t nx, int xslot,
+                             const float *W, const kb_bf16 *W16, size_t nw, const char *op) {
+    uint16_t *x16 = (uint16_t *)cu_scratch(b, xslot, nx * 2, op);
+    if (!x16) return false;
+    cu_to_bf16_raw(b, x16, x, nx);
+    *X = x16;
+    if (!W16) {
+        uint16_t *w = (uint16_t *)cu_scratch(b, CU_SCR_W16, nw * 2, op);
+        if (!w) return false;
+        cu_to_bf16_raw(b, w, W, nw);
+        W16 = w;
+    }
+    *Wp = W16;
+    return true;
+}
+
+void cu_linear_gelu_forward(kb_backend *b, float *out, float *pre, const float *in, const float *W,
+                            const kb_bf16 *W16, const float *bias, int N, int IC, int OC) {
+    if (!cu_enter(b) || N <= 0 || OC <= 0) return;
+    if (IC > 0 && bias && OC % 8 == 0) {
+        const bool bf = b->opt.bf16;
+        const void *A = W, *B = in;
+        if (bf && !mm_bf16_operands(b, &B, &A, in, (size_t)N * IC, CU_SCR_A16, W, W16, (size_t)OC * IC,
+                                    "linear_gelu_forward"))
+            return;
+        // out^T[OC,N] = gelu(W^T' in^T + bias), pre^T[OC,N] the argument
+        if (mm_run_epi(b, OC, N, IC, 1, 0, bf, A, B, out, EPI_GELU_AUX_BIAS, bias, pre, 0, "linear_gelu_forward") == 0)
+            return;
+    }
+    cu_linear_forward(b, pre, in, W, W16, bias, N, IC, OC); // no epilogue for this shape
+    cu_gelu_forward(b, out, pre, (size_t)N * OC);
+}
+
+void cu_linear_backward_dgelu(kb_backend *b, float *din, float *dbias, const float *dout, const float *W,
+                              const kb_bf16 *W16, const float *pre, int N, int IC, int OC) {
+    if (!cu_enter(b) || N <= 0 || IC <= 0) return;
+    if (OC > 0 && dbias && IC % 8 == 0) {
+        const bool bf = b->opt.bf16;
+        const void *A = W, *B = dout;
+        if (bf && !mm_bf16_operands(b, &B, &A, dout, (size_t)N * OC, CU_SCR_B16, W, W16, (size_t)OC * IC,
+                                    "linear_backward_dgelu"))
+            return;
+        float *g = (float *)cu_scratch(b, CU_SCR_EPI, (size_t)IC * sizeof(float), "linear_backward_dgelu");
+        if (!g) return;
+        // din^T[IC,N] = (W (stored IC x OC) dout^T) * gelu'(pre^T); g = its row sums
+        if (mm_run_epi(b, IC, N, OC, 0, 0, bf, A, B, din, EPI_DGELU_BGRAD, g, pre, 0, "linear_backward_dgelu") == 0) {
+            cu_add(b, dbias, dbias, g, (size_t)IC); // the epilogue overwrites; the gradient accumulates
+            return;
+        }
+    }
+    cu_linear_backward(b, din, NULL, NULL, dout, NULL, W, W16, N, IC, OC);
+    cu_gelu_backward(b, din, din, pre, (size_t)N * IC);
+    if (dbias) cu_col_sums(b, dbias, din, NULL, NULL, NULL, N, IC, 0);
 }

@@ -104,7 +104,7 @@ FIRST = re.compile(r'^([\w:<>\s]+?)\s+(\w+)\s*((?:\[[^\]]*\])*)\s*(?:,|$)')
 
 
 def shared_decl(m):
-    ext, body = m.group(1), m.group(2)
+    ext, body = m.group(1), re.sub(r'__align__\(\s*\d+\s*\)\s*', '', m.group(2))  # the stand-in aligns all
     f = FIRST.match(body)
     if not f:
         fail('cannot parse the __shared__ declaration "%s"' % m.group(0))

@@ -4,7 +4,11 @@
 // (tests/cudasim/, docs/testing.md).
 //
 // Column-major throughout: D[m,n] = alpha op(A)[m,k] op(B)[k,n] + beta C (+ bias[m] on every
-// column with CUBLASLT_EPILOGUE_BIAS); beta == 0 does not read C. fp32, bf16 or fp16 A/B, fp32
+// column with CUBLASLT_EPILOGUE_BIAS); beta == 0 does not read C. CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+// writes that (with the bias) to the fp32 aux matrix and gelu of it (tanh form) to D;
+// CUBLASLT_EPILOGUE_DGELU_BGRAD multiplies it by gelu'(aux) and writes the row sums of the
+// result (the bias gradient, overwritten) to the bias pointer; both need
+// CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, a multiple of 8 and at least D's rows (cublasLt.h). fp32, bf16 or fp16 A/B, fp32
 // C/D, CUBLAS_COMPUTE_32F. The products are queued on the stream like kernels, with their
 // operands closed to the host until they have run (sim_runtime.cc).
 // The cuBLASLt heuristic, as cublasLt.h documents, takes the alignment it may assume from
@@ -49,6 +53,8 @@ struct mdesc {
     uint32_t epilogue;
     int32_t bias_type;
     const void *bias;
+    void *aux;
+    int64_t aux_ld;
 };
 struct mlayout {
     int32_t type;
@@ -119,6 +125,28 @@ void gemm(int64_t m, int64_t n, int64_t k, float alpha, mat A, mat B, float beta
     }
 }
 
+// the GELU epilogues on D[m,n] (tanh form, in double): forward, aux = D and D = gelu(D);
+// backward, D *= gelu'(aux) and bgrad[i] = sum over j of D(i, j) (overwritten)
+void epilogue_gelu(int64_t m, int64_t n, float *Dp, int64_t ldd, float *aux, int64_t ldaux, bool backward, float *bgrad) {
+    const double k = 0.7978845608028654, a = 0.044715;
+    std::vector<double> rows(backward ? (size_t)m : 0, 0.0);
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < m; i++) {
+            float &d = Dp[i + j * ldd];
+            if (!backward) {
+                double x = d;
+                aux[i + j * ldaux] = d;
+                d = (float)(0.5 * x * (1.0 + tanh(k * (x + a * x * x * x))));
+            } else {
+                double x = aux[i + j * ldaux], t = tanh(k * (x + a * x * x * x));
+                double g = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * a * x * x);
+                d = (float)((double)d * g);
+                rows[(size_t)i] += d;
+            }
+        }
+    for (int64_t i = 0; backward && i < m; i++) bgrad[i] = (float)rows[(size_t)i];
+}
+
 cublasStatus_t refuse(const char *call, const std::string &why) {
     co_log(CO_LOG_ERROR, "cudasim: %s refused: %s", call, why.c_str());
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -136,9 +164,15 @@ std::string lt_check(const mdesc *d, const mlayout *a, const mlayout *b, const m
         return "operand shapes do not agree";
     if (a->ld < (int64_t)a->rows || b->ld < (int64_t)b->rows || c->ld < (int64_t)c->rows || dd->ld < (int64_t)dd->rows)
         return "a leading dimension is smaller than its matrix's rows";
-    if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS)
+    if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS &&
+        d->epilogue != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && d->epilogue != CUBLASLT_EPILOGUE_DGELU_BGRAD)
         return "epilogue " + std::to_string(d->epilogue) + " is not modelled";
-    if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && d->bias_type != CUDA_R_32F) return "the bias must be fp32";
+    if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->bias_type != CUDA_R_32F) return "the bias must be fp32";
+    if (d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || d->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD) {
+        if (d->aux_ld % 8 || d->aux_ld < (int64_t)dd->rows)
+            return "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD " + std::to_string(d->aux_ld) +
+                   " must be a multiple of 8 and at least D's rows";
+    }
     return "";
 }
 
@@ -164,7 +198,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
     *d = new cublasLtMatmulDescOpaque_t();
     mdesc *m = D(*d);
     m->compute = ct, m->scale = st, m->ta = m->tb = CUBLAS_OP_N, m->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    m->bias_type = CUDA_R_32F, m->bias = NULL;
+    m->bias_type = CUDA_R_32F, m->bias = NULL, m->aux = NULL, m->aux_ld = 0;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -200,6 +234,14 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
         if (n != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
         memcpy(&m->bias, buf, sizeof(void *));
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        if (n != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&m->aux, buf, sizeof(void *));
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+        if (n != 8) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&m->aux_ld, buf, 8);
         return CUBLAS_STATUS_SUCCESS;
     default: return refuse("cublasLtMatmulDescSetAttribute", "attribute " + std::to_string((int)attr) + " is not modelled");
     }
@@ -267,10 +309,11 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     res[0].algo.data[0] = ALGO_MAGIC;
     res[0].algo.data[1] = al < 16 ? al : 16;
     // the bias pointer set now is the one whose alignment the algorithm may assume
-    if (D(d)->epilogue == CUBLASLT_EPILOGUE_BIAS && !D(d)->bias)
+    const bool epi_bias = D(d)->epilogue == CUBLASLT_EPILOGUE_BIAS || D(d)->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    if (epi_bias && !D(d)->bias)
         co_log(CO_LOG_WARN, "cudasim: cublasLtMatmulAlgoGetHeuristic asked for a bias epilogue before "
                             "CUBLASLT_MATMUL_DESC_BIAS_POINTER is set: the algorithm assumes a 16-byte aligned bias");
-    res[0].algo.data[2] = D(d)->epilogue == CUBLASLT_EPILOGUE_BIAS ? align_of(D(d)->bias) : 0;
+    res[0].algo.data[2] = epi_bias ? align_of(D(d)->bias) : 0;
     res[0].workspaceSize = 0;
     res[0].state = CUBLAS_STATUS_SUCCESS;
     res[0].wavesCount = 1.0f;
@@ -288,8 +331,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     const mlayout la = *L(a), lb = *L(b), lc = *L(c), ld = *L(dd);
     std::string why = lt_check(&m, &la, &lb, &lc, &ld);
     if (!why.empty()) return refuse("cublasLtMatmul", why);
-    const bool bias = m.epilogue == CUBLASLT_EPILOGUE_BIAS;
-    if (bias && !m.bias) return refuse("cublasLtMatmul", "CUBLASLT_EPILOGUE_BIAS with no CUBLASLT_MATMUL_DESC_BIAS_POINTER");
+    const bool gelu = m.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS, dgelu = m.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    const bool bias = m.epilogue == CUBLASLT_EPILOGUE_BIAS || gelu;
+    if ((bias || dgelu) && !m.bias)
+        return refuse("cublasLtMatmul", "a bias epilogue with no CUBLASLT_MATMUL_DESC_BIAS_POINTER");
+    if ((gelu || dgelu) && !m.aux)
+        return refuse("cublasLtMatmul", "a GELU epilogue with no CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER");
     if (algo) {
         if (algo->data[0] != ALGO_MAGIC) return refuse("cublasLtMatmul", "the algorithm is not one the heuristic returned");
         const void *ops[4] = {A, B, C, Dp};
@@ -318,8 +365,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     const float *Cp = (const float *)C;
     int64_t ldc = lc.ld, ldd = ld.ld;
     float *Dout = (float *)Dp;
-    cudaError_t e = enqueue(s, "cublasLtMatmul", [=]() { gemm(M, N, K, al, MA, MB, be, Cp, ldc, Dout, ldd, bp); },
-                            {A, B, C, Dp, bp});
+    float *aux = (float *)m.aux, *bgrad = dgelu ? (float *)m.bias : NULL;
+    const int64_t aux_ld = m.aux_ld;
+    cudaError_t e = enqueue(
+        s, "cublasLtMatmul",
+        [=]() {
+            gemm(M, N, K, al, MA, MB, be, Cp, ldc, Dout, ldd, bp);
+            if (gelu || dgelu) epilogue_gelu(M, N, Dout, ldd, aux, aux_ld, dgelu, bgrad);
+        },
+        {A, B, C, Dp, bp, aux, bgrad});
     return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 

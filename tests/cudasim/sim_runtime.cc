@@ -31,6 +31,7 @@ extern "C" {
 #include <string.h>
 #include <sys/mman.h>
 #include <ucontext.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -66,6 +67,7 @@ struct CUstream_st {
 struct CUevent_st {
     cudaStream_t stream;
     bool recorded, done;
+    double t; // when it ran (CLOCK_MONOTONIC, seconds): cudaEventElapsedTime is the host time between two
 };
 
 namespace cudasim {
@@ -367,6 +369,10 @@ const char *cudasim_last_error(void) { return g_msg.c_str(); }
 static std::atomic<unsigned long> g_syncs;
 static void count_sync() { g_syncs++; }
 unsigned long cudasim_sync_count(void) { return g_syncs; }
+
+// WMMA products (include/mma.h increments it from lane 0 of each warp-level mma_sync)
+uint64_t cudasim_mma_count;
+unsigned long cudasim_mma_count_get(void) { return (unsigned long)__atomic_load_n(&cudasim_mma_count, __ATOMIC_RELAXED); }
 
 // COHORT_CUDASIM_COUNTS=FILE: at exit, one line "pid PID syncs N launches M" appended to FILE
 // (tests/cudasim/train_test.sh counts a training step's waits from two runs' lines)
@@ -746,7 +752,12 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e) return set_last(cudaErrorInvalidResourceHandle);
     std::lock_guard<std::recursive_mutex> lk(g_lock);
     e->stream = s, e->recorded = true, e->done = false;
-    return set_last(enqueue(s, "cudaEventRecord", [e]() { e->done = true; }, {}));
+    return set_last(enqueue(s, "cudaEventRecord", [e]() {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        e->t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+        e->done = true;
+    }, {}));
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
@@ -778,10 +789,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     }, {}));
 }
 
+// the host time between the two events' running (the stand-in's work is host work)
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
-    (void)a, (void)b;
-    if (!ms) return set_last(cudaErrorInvalidValue);
-    *ms = 0.0f;
+    if (!ms || !a || !b) return set_last(cudaErrorInvalidValue);
+    if (!a->done || !b->done) return set_last(cudaErrorNotReady);
+    *ms = (float)(1e3 * (b->t - a->t));
     return cudaSuccess;
 }
 

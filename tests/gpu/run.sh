@@ -112,12 +112,23 @@ if [ $left -gt 30 ]; then
     timeout $((left - 5)) "$B/bench/gpu_bench" --micro "${BENCH_MICRO:-16}" --json >"$out/bench.json" 2>"$out/bench.err"
     brc=$?
     if [ $brc -eq 0 ]; then
-        bench=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print("%.0f tokens/s, %.1f model TFLOP/s, MFU %.1f%% of the cuBLAS bf16 rate measured here (%.0f TFLOP/s)" % (d["tokens_per_s"], d["model_tflops"], 100 * d["mfu"], d["matmul_bf16_tflops"]))' "$out/bench.json" 2>/dev/null || echo "see bench.json")
+        bench=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print("%.0f tokens/s, %.1f model TFLOP/s, MFU %.1f%% of the cuBLAS bf16 rate measured here (%.0f TFLOP/s), device memory %.1f GiB, GPU time: attention %.0f%%, products %.0f%%, elementwise %.0f%%, memory %.0f%%, communication none (one GPU)" % (d["tokens_per_s"], d["model_tflops"], 100 * d["mfu"], d["matmul_bf16_tflops"], d["gpu_mem_used_gib"], 100 * d.get("attention_share", 0), 100 * d.get("products_share", 0), 100 * d.get("elementwise_share", 0), 100 * d.get("memory_share", 0)))' "$out/bench.json" 2>/dev/null || echo "see bench.json")
     else
         bench="failed (exit $brc, bench.err)"
     fi
 fi
 log "benchmark: $bench"
+# PyTorch eager on the same model and step, where torch with CUDA is installed (bench/gpu_torch.py)
+left=$((deadline - (SECONDS - t0)))
+if [ $left -gt 60 ] && [ -f "$S/bench/gpu_torch.py" ] &&
+    python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+    timeout $((left - 5)) python3 "$S/bench/gpu_torch.py" --micro "${BENCH_MICRO:-16}" --modes eager \
+        >"$out/torch.json" 2>"$out/torch.err" &&
+        log "PyTorch eager: $(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print("%.0f tokens/s, %.1f model TFLOP/s" % (d["tokens_per_s"], d["model_tflops"]))' "$out/torch.json" 2>/dev/null || echo "see torch.json")" ||
+        log "PyTorch eager: failed (torch.err)"
+else
+    log "PyTorch eager: not run (no torch with CUDA here, or no time left)"
+fi
 rm -rf "$U"
 summary="$pass passed, $fail failed on $gpu_name (driver CUDA $driver_cuda, built with $built_cuda) in $((SECONDS - t0)) s; benchmark: $bench"
 [ ${#notrun[@]} -eq 0 ] || summary="$summary; not run: ${notrun[*]}"

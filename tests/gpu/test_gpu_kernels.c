@@ -2,8 +2,11 @@
  * against the CPU backend, on fresh random inputs (never zeros), at shapes that cross every
  * tile boundary of the kernels: attention at 1, 31, 32, 33, 130 and 1000 tokens (the 32-row
  * tiles), head dimensions 2 to 128 (each register width E), grouped queries, document masks
- * on and off, dropout; linear layers with and without bias (an aligned and a misaligned bias
- * pointer: the cuBLASLt heuristic's alignment); odd vocabularies; grouped products with empty
+ * on and off, dropout; in bf16 mode the tensor-core attention (head dimensions 64 and 128)
+ * at 1, 15, 16, 17, 64, 100 and 129 tokens (its 16-row fragments and 32-row tiles), bitwise
+ * repeatable; linear layers with and without bias (an aligned and a misaligned bias
+ * pointer: the cuBLASLt heuristic's alignment); the fused GELU products (cuBLASLt
+ * epilogues, and their fallback); odd vocabularies; grouped products with empty
  * groups; the tensor-parallel entries with a repeat-run bitwise check. fp32 and bf16
  * tolerances; the CPU's bf16 reference takes bf16 on any CPU (kb_options.bf16_reference).
  * Entries the CUDA backend leaves NULL are the documented ones.
@@ -112,6 +115,85 @@ static void linear_case(bool bf16, int N, int IC, int OC, bool bias, bool pass16
     for (int i = 0; i < 8; i++) G->ops->free(G, gp[i]);
     G->ops->free(G, gW16);
     free(in), free(W), free(b), free(dout), free(dW0), free(db0), free(W16), free(out), free(din), free(dW), free(db);
+}
+
+/* the stand-in's count of kernel launches (cudasim_launch_count), or NULL on a GPU */
+static unsigned long (*launch_count)(void);
+
+/* The fused products (cuBLASLt's GELU epilogues): linear_gelu_forward against the CPU's
+ * linear_forward + gelu_forward, linear_backward_dgelu against linear_backward (din) +
+ * gelu_backward + bias_grad. F (the GELU layer's width) a multiple of 8 takes the epilogues
+ * (on the stand-in: the forward launches no kernel, the backward one, the bias gradient's
+ * add); otherwise the fallback (product, then the elementwise kernels). */
+static void linear_gelu_case(bool bf16, int N, int IC, int F) {
+    kb_backend *C = bf16 ? CPU16 : CPU32, *G = bf16 ? GPU16 : GPU32;
+    char label[128];
+    snprintf(label, sizeof label, "linear+gelu %s N=%d IC=%d F=%d", bf16 ? "bf16" : "fp32", N, IC, F);
+    /* forward: pre[N,F] = in[N,IC] W1[F,IC]^T + b1; act = gelu(pre). backward: the next
+     * layer W2[IC,F] (out width IC) gives dact = dy[N,IC] W2, dpre = dact * gelu'(pre) */
+    float *in = gu_rand((size_t)N * IC, 1.0f), *W1 = gu_rand((size_t)F * IC, 0.5f), *b1 = gu_rand(F, 1.0f);
+    float *W2 = gu_rand((size_t)IC * F, 0.5f), *dy = gu_rand((size_t)N * IC, 1.0f), *db0 = gu_rand(F, 0.1f);
+    float *pre = malloc(sizeof(float) * N * F), *act = malloc(sizeof(float) * N * F);
+    float *dpre = malloc(sizeof(float) * N * F), *db = malloc(sizeof(float) * F);
+    memcpy(db, db0, sizeof(float) * F);
+    C->ops->linear_forward(C, pre, in, W1, NULL, b1, N, IC, F);
+    C->ops->gelu_forward(C, act, pre, (size_t)N * F);
+    C->ops->linear_backward(C, dpre, NULL, NULL, dy, NULL, W2, NULL, N, F, IC);
+    C->ops->gelu_backward(C, dpre, dpre, pre, (size_t)N * F);
+    C->ops->bias_grad(C, db, dpre, N, F);
+    float *gin = gu_buf(G, in, (size_t)N * IC), *gW1 = gu_buf(G, W1, (size_t)F * IC), *gb1 = gu_buf(G, b1, F);
+    float *gW2 = gu_buf(G, W2, (size_t)IC * F), *gdy = gu_buf(G, dy, (size_t)N * IC), *gdb = gu_buf(G, db0, F);
+    float *gpre = gu_buf(G, NULL, (size_t)N * F), *gact = gu_buf(G, NULL, (size_t)N * F);
+    float *gdpre = gu_buf(G, NULL, (size_t)N * F);
+    G->ops->sync(G);
+    const bool epi = F % 8 == 0;
+    unsigned long l0 = launch_count ? launch_count() : 0;
+    G->ops->linear_gelu_forward(G, gact, gpre, gin, gW1, NULL, gb1, N, IC, F);
+    G->ops->sync(G); /* the stand-in counts a kernel when it runs */
+    unsigned long l1 = launch_count ? launch_count() : 0;
+    G->ops->linear_backward_dgelu(G, gdpre, gdb, gdy, gW2, NULL, gpre, N, F, IC);
+    G->ops->sync(G);
+    unsigned long l2c = launch_count ? launch_count() : 0;
+    CHECK_MSG(G->status == 0, "%s: status %d %s", label, G->status, co_err_detail());
+    kb_backend_clear_status(G);
+    if (launch_count && !bf16) { /* bf16 adds its conversion kernels */
+        CHECK_MSG(epi ? l1 == l0 : l1 > l0, "%s: the forward launched %lu kernels (epilogue %d)", label, l1 - l0, epi);
+        CHECK_MSG(epi ? l2c - l1 == 1 : l2c - l1 >= 2, "%s: the backward launched %lu kernels (epilogue %d)", label,
+                  l2c - l1, epi);
+    }
+    double at = bf16 ? 2e-3 : 1e-4, rt = bf16 ? 4e-3 : 1e-4;
+    char l2[200];
+    float *h;
+    snprintf(l2, sizeof l2, "%s pre", label);
+    h = gu_fetch(G, gpre, (size_t)N * F);
+    GU_CLOSE(l2, h, pre, (size_t)N * F, at * IC / 16 + at, rt);
+    free(h);
+    snprintf(l2, sizeof l2, "%s act", label);
+    h = gu_fetch(G, gact, (size_t)N * F);
+    GU_CLOSE(l2, h, act, (size_t)N * F, at * IC / 16 + at, rt);
+    free(h);
+    snprintf(l2, sizeof l2, "%s dpre", label);
+    h = gu_fetch(G, gdpre, (size_t)N * F);
+    GU_CLOSE(l2, h, dpre, (size_t)N * F, at * IC / 16 + at, rt);
+    free(h);
+    snprintf(l2, sizeof l2, "%s dbias", label);
+    h = gu_fetch(G, gdb, F);
+    GU_CLOSE(l2, h, db, F, (at * IC / 16 + at) * N / 8 + 1e-5, rt);
+    free(h);
+    float *gp[] = {gin, gW1, gb1, gW2, gdy, gdb, gpre, gact, gdpre};
+    for (int i = 0; i < 9; i++) G->ops->free(G, gp[i]);
+    free(in), free(W1), free(b1), free(W2), free(dy), free(db0), free(pre), free(act), free(dpre), free(db);
+}
+
+static void test_linear_gelu(void) {
+    const char *mod = getenv("COHORT_CUDA_MODULE");
+    void *hm = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (hm) *(void **)&launch_count = dlsym(hm, "cudasim_launch_count");
+    if (!BIG) CHECK_MSG(launch_count != NULL, "the stand-in has no cudasim_launch_count");
+    int shapes[][3] = {{37, 24, 64}, {5, 16, 20}, {1, 8, 8}, {130, 64, 256}};
+    for (int s = 0; s < 4; s++)
+        for (int bf = 0; bf < 2; bf++) linear_gelu_case(bf, shapes[s][0], shapes[s][1], shapes[s][2]);
+    if (BIG) linear_gelu_case(true, 2048, 768, 3072);
 }
 
 static void test_linear(void) {
@@ -279,10 +361,17 @@ typedef struct attn_geo {
     bool seg;
 } attn_geo;
 
-static void attn_case(attn_geo g) {
-    char label[128];
-    snprintf(label, sizeof label, "attention B=%d T=%d nh=%d nkv=%d hd=%d p=%.2f seg=%d", g.B, g.T, g.nh, g.nkv,
-             g.hd, g.p, g.seg);
+/* tolerances of an attention case: out, lse, dqkv (absolute, relative) */
+typedef struct attn_tol {
+    double oa, orl, la, lr, da, dr;
+} attn_tol;
+
+/* G's attention forward and backward against the CPU's fp32 ones; with `repeat`, a second
+ * run on G must give the same bits (the kernels have a fixed reduction order) */
+static void attn_case_on(kb_backend *G, attn_geo g, attn_tol tol, bool repeat) {
+    char label[160];
+    snprintf(label, sizeof label, "attention%s B=%d T=%d nh=%d nkv=%d hd=%d p=%.2f seg=%d", G->opt.bf16 ? " bf16" : "",
+             g.B, g.T, g.nh, g.nkv, g.hd, g.p, g.seg);
     int N = g.B * g.T, R = (g.nh + 2 * g.nkv) * g.hd, AH = g.nh * g.hd;
     size_t nq = (size_t)N * R, no = (size_t)N * AH, nl = (size_t)g.B * g.nh * g.T;
     float *qkv = gu_rand(nq, 1.5f), *dout = gu_rand(no, 1.0f);
@@ -299,33 +388,45 @@ static void attn_case(attn_geo g) {
     CPU32->ops->attention_forward(CPU32, out, lse, qkv, g.seg ? seg : NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p, seed, off);
     CPU32->ops->attention_backward(CPU32, dqkv, dout, qkv, out, lse, g.seg ? seg : NULL, g.B, g.T, g.nh, g.nkv, g.hd,
                                    g.p, seed, off);
-    float *gq = gu_buf(GPU32, qkv, nq), *gdo = gu_buf(GPU32, dout, no), *go = gu_buf(GPU32, NULL, no);
-    float *gl = gu_buf(GPU32, NULL, nl), *gdq = gu_buf(GPU32, NULL, nq);
-    int32_t *gseg = gu_ibuf(GPU32, seg, N);
-    GPU32->ops->attention_forward(GPU32, go, gl, gq, g.seg ? gseg : NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p, seed, off);
-    GPU32->ops->attention_backward(GPU32, gdq, gdo, gq, go, gl, g.seg ? gseg : NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p,
+    float *gq = gu_buf(G, qkv, nq), *gdo = gu_buf(G, dout, no), *go = gu_buf(G, NULL, no);
+    float *gl = gu_buf(G, NULL, nl), *gdq = gu_buf(G, NULL, nq);
+    int32_t *gseg = gu_ibuf(G, seg, N);
+    float *first[3] = {NULL, NULL, NULL};
+    for (int run = 0; run < (repeat ? 2 : 1); run++) {
+        G->ops->attention_forward(G, go, gl, gq, g.seg ? gseg : NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p, seed, off);
+        G->ops->attention_backward(G, gdq, gdo, gq, go, gl, g.seg ? gseg : NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p,
                                    seed, off);
-    GPU32->ops->sync(GPU32);
-    CHECK_MSG(GPU32->status == 0, "%s: status %d %s", label, GPU32->status, co_err_detail());
-    kb_backend_clear_status(GPU32);
-    char l2[192];
-    float *h;
-    snprintf(l2, sizeof l2, "%s out", label);
-    h = gu_fetch(GPU32, go, no);
-    GU_CLOSE(l2, h, out, no, 1e-4, 1e-3);
-    free(h);
-    snprintf(l2, sizeof l2, "%s lse", label);
-    h = gu_fetch(GPU32, gl, nl);
-    GU_CLOSE(l2, h, lse, nl, 1e-5, 1e-5);
-    free(h);
-    snprintf(l2, sizeof l2, "%s dqkv", label);
-    h = gu_fetch(GPU32, gdq, nq);
-    GU_CLOSE(l2, h, dqkv, nq, 2e-4, 2e-3);
-    free(h);
+        G->ops->sync(G);
+        CHECK_MSG(G->status == 0, "%s: status %d %s", label, G->status, co_err_detail());
+        kb_backend_clear_status(G);
+        char l2[224];
+        float *h[3] = {gu_fetch(G, go, no), gu_fetch(G, gl, nl), gu_fetch(G, gdq, nq)};
+        if (run == 0) {
+            snprintf(l2, sizeof l2, "%s out", label);
+            GU_CLOSE(l2, h[0], out, no, tol.oa, tol.orl);
+            snprintf(l2, sizeof l2, "%s lse", label);
+            GU_CLOSE(l2, h[1], lse, nl, tol.la, tol.lr);
+            snprintf(l2, sizeof l2, "%s dqkv", label);
+            GU_CLOSE(l2, h[2], dqkv, nq, tol.da, tol.dr);
+            for (int i = 0; i < 3; i++) first[i] = h[i];
+        } else {
+            snprintf(l2, sizeof l2, "%s: a second run, bitwise", label);
+            size_t n3[3] = {no, nl, nq};
+            for (int i = 0; i < 3; i++) {
+                GU_EQUAL(l2, h[i], first[i], n3[i] * sizeof(float));
+                free(h[i]);
+            }
+        }
+    }
+    for (int i = 0; i < 3; i++) free(first[i]);
     float *gp[] = {gq, gdo, go, gl, gdq, (float *)gseg};
-    for (int i = 0; i < 6; i++) GPU32->ops->free(GPU32, gp[i]);
+    for (int i = 0; i < 6; i++) G->ops->free(G, gp[i]);
     free(qkv), free(dout), free(seg), free(out), free(lse), free(dqkv);
 }
+
+static const attn_tol ATT_FP32 = {1e-4, 1e-3, 1e-5, 1e-5, 2e-4, 2e-3};
+
+static void attn_case(attn_geo g) { attn_case_on(GPU32, g, ATT_FP32, false); }
 
 static void test_attention(void) {
     /* sequences 1, 31, 32, 33, 130, 1000 (the 32-row tiles), each register width E (hd 2..8,
@@ -343,6 +444,37 @@ static void test_attention(void) {
         {3, 33, 6, 2, 16, 0.0f, true},   {1, 1000, 12, 4, 128, 0.1f, true}, {2, 1024, 12, 12, 64, 0.0f, false},
     };
     for (size_t i = 0; BIG && i < sizeof big / sizeof big[0]; i++) attn_case(big[i]);
+}
+
+/* the stand-in's count of WMMA products (cudasim_mma_count_get), or NULL on a GPU */
+static unsigned long (*mma_count)(void);
+
+/* bf16 mode with head dimension 64 or 128: the tensor-core kernels (cuda_flash.cu: bf16
+ * tiles, fp32 accumulation) at sequences around their 16-row fragments and 32-row tiles,
+ * grouped queries, document masks, dropout, against the CPU's fp32 attention. Tolerance:
+ * q, k, v, dO and P (dS) are rounded to bf16 (relative 2^-9), so out within 2e-2 + 2e-2 |x|,
+ * lse within 2e-2 + 1e-2 |x|, dqkv within 5e-2 + 5e-2 |x| (the inputs are up to 1.5, scores
+ * up to ~4); a second run is bitwise the first. Other head dimensions take the fp32 kernels
+ * in bf16 mode too (fp32 tolerance, and on the stand-in no tensor-core product). */
+static void test_attention_tensor_cores(void) {
+    const char *mod = getenv("COHORT_CUDA_MODULE");
+    void *hm = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (hm) *(void **)&mma_count = dlsym(hm, "cudasim_mma_count_get");
+    if (!BIG) CHECK_MSG(mma_count != NULL, "the stand-in has no cudasim_mma_count_get");
+    const attn_tol bf = {2e-2, 2e-2, 2e-2, 1e-2, 5e-2, 5e-2};
+    attn_geo cases[] = {
+        {2, 1, 2, 1, 64, 0.0f, false},  {1, 15, 1, 1, 128, 0.0f, false}, {2, 16, 2, 2, 64, 0.0f, true},
+        {1, 17, 2, 1, 128, 0.1f, true}, {1, 64, 2, 2, 64, 0.0f, false},  {1, 100, 1, 1, 128, 0.0f, true},
+        {1, 129, 2, 1, 64, 0.2f, false}, {1, 129, 1, 1, 128, 0.0f, false},
+    };
+    unsigned long before = mma_count ? mma_count() : 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) attn_case_on(GPU16, cases[i], bf, true);
+    if (mma_count) CHECK_MSG(mma_count() > before, "bf16 attention at hd 64/128 ran no tensor-core product");
+    attn_geo big[] = {{2, 1024, 12, 12, 64, 0.0f, false}, {1, 1000, 8, 2, 128, 0.1f, true}};
+    for (size_t i = 0; BIG && i < sizeof big / sizeof big[0]; i++) attn_case_on(GPU16, big[i], bf, true);
+    before = mma_count ? mma_count() : 0;
+    attn_case_on(GPU16, (attn_geo){1, 33, 2, 1, 96, 0.0f, true}, ATT_FP32, false);
+    if (mma_count) CHECK_MSG(mma_count() == before, "bf16 attention at hd 96 ran tensor-core products");
 }
 
 /* ---------------------------------------------------------------- activations, elementwise */
@@ -798,7 +930,8 @@ static void test_grouped(void) {
 /* ---------------------------------------------------------------- the table */
 
 /* every entry the CPU backend has, the CUDA backend has too, but for the ones backend.h says
- * it leaves NULL (block attention) */
+ * it leaves NULL (block attention); the CPU has every entry but the fused products (the model
+ * composes them there), which CUDA has */
 static void test_entries(void) {
     const size_t n = sizeof(kb_ops) / sizeof(void (*)(void));
     const size_t allowed[] = {offsetof(kb_ops, block_attention_forward), offsetof(kb_ops, block_attention_backward),
@@ -810,7 +943,10 @@ static void test_entries(void) {
         bool ok_null = false;
         for (size_t k = 0; k < 3; k++) ok_null |= allowed[k] == i * sizeof c;
         CHECK_MSG(g != NULL || ok_null, "kb_ops entry %zu is NULL on CUDA", i);
-        CHECK_MSG(c != NULL, "kb_ops entry %zu is NULL on the CPU", i);
+        bool fused = i * sizeof c == offsetof(kb_ops, linear_gelu_forward) ||
+                     i * sizeof c == offsetof(kb_ops, linear_backward_dgelu);
+        CHECK_MSG(c != NULL || fused, "kb_ops entry %zu is NULL on the CPU", i);
+        CHECK_MSG(g != NULL || !fused, "kb_ops entry %zu (a fused product) is NULL on CUDA", i);
     }
 }
 
@@ -834,10 +970,12 @@ int main(void) {
     RUN(test_entries);
     RUN(test_linear);
     RUN(test_linear_bias_alignment);
+    RUN(test_linear_gelu);
     RUN(test_embed);
     RUN(test_norm);
     RUN(test_rope);
     RUN(test_attention);
+    RUN(test_attention_tensor_cores);
     RUN(test_activations);
     RUN(test_cross_entropy);
     RUN(test_tensor_parallel);

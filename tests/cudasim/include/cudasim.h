@@ -35,6 +35,9 @@ unsigned long cudasim_launch_count(void);
  * cudaDeviceSynchronize, cudaEventSynchronize, cudaMemcpy and cudaMemcpyAsync into pageable
  * host memory (tests bound the waits of a step with it). */
 unsigned long cudasim_sync_count(void);
+/* Warp-level WMMA products (nvcuda::wmma::mma_sync, include/mma.h) since the process started
+ * (tests check that a tensor-core path ran). */
+unsigned long cudasim_mma_count_get(void);
 
 #ifdef __cplusplus
 }
