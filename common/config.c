@@ -435,7 +435,7 @@ static const flag flags[] = {
       "no effect: cohort's softmax cross-entropy is always one fused pass"),
     B("compat", "grad-reduce-in-bf16", grad_reduce_in_bf16,
       "no effect: cohort reduces gradients in fp32 (more exact than bf16)"),
-    B("compat", "apply-layernorm-1p", apply_layernorm_1p, "norm weights stored as 1 + w (not supported yet)"),
+    B("compat", "apply-layernorm-1p", apply_layernorm_1p, "zero-centred norm weights: stored as w - 1 (initialised to 0), the norm's output is norm(x) * (1 + w)"),
     B("compat", "calculate-per-token-loss", calculate_per_token_loss,
       "normalise the loss by the step's tokens instead of per micro batch (not supported yet)"),
     D("compat", "decoupled-lr", decoupled_lr, NULL, "learning rate of the input and output layers (not supported yet)"),
@@ -821,8 +821,15 @@ void co_config_check_refused(const co_config *c, co_problems *P) {
     if (c->rotary_percent != 1.0)
         co_problem(P, "--rotary-percent %g is not supported yet: RoPE rotates every dimension of a head (1.0)",
                    c->rotary_percent);
-    if (c->apply_layernorm_1p) co_problem(P, "--apply-layernorm-1p is not supported yet");
-    if (c->calculate_per_token_loss) co_problem(P, "--calculate-per-token-loss is not supported yet");
+    if (c->calculate_per_token_loss && c->pipeline_model_parallel_size > 1)
+        co_problem(P, "--calculate-per-token-loss with --pipeline-model-parallel-size %d is not supported yet (the "
+                      "pipeline's micro batches are weighted per micro batch)", c->pipeline_model_parallel_size);
+    if (c->calculate_per_token_loss && c->num_experts > 0)
+        co_problem(P, "--calculate-per-token-loss with --num-experts is not supported yet (the aux losses are weighted "
+                      "per micro batch)");
+    if (c->calculate_per_token_loss && c->mtp_num_layers > 0)
+        co_problem(P, "--calculate-per-token-loss with --mtp-num-layers is not supported yet (the MTP losses are "
+                      "weighted per micro batch)");
     if (GIVEN("decoupled-lr") || GIVEN("decoupled-min-lr"))
         co_problem(P, "--decoupled-lr and --decoupled-min-lr are not supported yet (one learning rate for every layer)");
     if (c->fp8_format[0] || GIVEN("fp8-amax-history-len") || GIVEN("fp8-amax-compute-algo") || c->fp8_param_gather)

@@ -2,7 +2,8 @@
  *
  * An iteration: for each of M micro batches, read samples consumed + m*mbs ..., forward,
  * loss = sum(per-token loss * mask), backward with each token weighted
- * mask / (tokens in its micro batch) / M (Megatron's averaging); then the global gradient
+ * mask / (tokens in its micro batch) / M (Megatron's averaging; with --calculate-per-token-loss
+ * mask / (the iteration's loss tokens on every rank)); then the global gradient
  * norm, clipping, AdamW at the scheduled rate. Everything is deterministic for a fixed
  * seed and thread count: dropout masks come from (seed, iteration, micro batch). */
 #include "train/trainer_internal.h"
@@ -248,6 +249,7 @@ static void model_config(trainer *t, int vocab_size) {
     m->rope = strcmp(c->position_embedding_type, "rope") == 0;
     m->rotary_base = (float)c->rotary_base;
     m->rmsnorm = strcmp(c->normalization, "RMSNorm") == 0;
+    m->norm_1p = c->apply_layernorm_1p;
     m->norm_eps = (float)c->norm_epsilon;
     m->swiglu = c->swiglu;
     m->tied = !c->untie_embeddings_and_output_weights;
@@ -814,6 +816,31 @@ void trainer__inject_grads(trainer *t, int64_t step, int mb, int poison) {
 
 void trainer__fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph) { fire_process_faults(t, step, mb, ph); }
 
+/* --calculate-per-token-loss (Megatron's): every loss token of the iteration weighs the same,
+ * 1 / (the loss tokens of every micro batch on every data-parallel rank), where without it a
+ * token weighs 1 / (its micro batch's tokens) / M. The count is summed over the gradient's
+ * group (data x context) before the first forward; the gradients are then averaged over the
+ * data-parallel ranks, hence *w = dp / count. */
+static int per_token_weight(trainer *t, int data_rank, float *w) {
+    double n = 0;
+    for (int mb = 0; mb < t->M; mb++) {
+        gpt_batch b;
+        tr_batch *x = &t->mbuf[0];
+        int64_t first = t->consumed[0] + ((int64_t)mb * t->topo.dp + data_rank) * t->cfg.micro_batch_size;
+        int rc = trainer__load_batch(t, 0, first, x, &b);
+        if (rc) return rc;
+        for (int i = 0; i < b.B * b.T; i++) n += x->mask[i];
+    }
+    cm_comm *gg = tr_groups_grad(&t->g);
+    if (gg) {
+        int rc = gg->ops->allreduce_sum(gg, &n, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+        if (rc) return rc;
+    }
+    int dp = t->g.dp ? t->g.dp->size : 1;
+    *w = n > 0 ? (float)(dp / n) : 0.0f;
+    return 0;
+}
+
 /* Forward and backward of data_rank's share of the step (micro batches mb*dp + data_rank),
  * gradients cleared first. Per micro batch loss sums and token counts are folded into t->mbs;
  * *grad_norm is the norm of this rank's gradients before any reduction. */
@@ -825,6 +852,11 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
     gpt_zero_grad(t->model);
     rr_mbs_reset(&t->mbs);
     double it_loss = 0, it_tok = 0;
+    float wtok = 0;
+    if (c->calculate_per_token_loss) {
+        int rc = per_token_weight(t, data_rank, &wtok);
+        if (rc) return rc;
+    }
     for (int mb = 0; mb < t->M; mb++) {
         double t0 = now_s();
         gpt_batch b;
@@ -841,7 +873,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         for (int i = 0; i < N; i++) ntok += x->mask[i];
         /* normalised by the whole sequences' loss tokens (all context ranks' together) */
         double nall = t->cpn > 1 ? t->cp_ntok : ntok;
-        float w = nall > 0 ? (float)(1.0 / (nall * t->M)) : 0.0f;
+        float w = c->calculate_per_token_loss ? wtok : nall > 0 ? (float)(1.0 / (nall * t->M)) : 0.0f;
         for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
         uint64_t seed = trainer__dropout_seed(t, gmb);
         double t1 = now_s();

@@ -21,6 +21,13 @@
 #                       batches, samples and numbers as one rank (fp32 reduction tolerance); a
 #                       NaN in the last micro batch of a ramp step is replayed, bitwise the
 #                       clean run
+#   per_token_loss      --calculate-per-token-loss on short documents with --eod-mask-loss (micro
+#                       batches of unequal loss tokens): the iteration's loss is the sum over its
+#                       tokens / their count, so 4 micro batches of 2, 1 of 8, dp 2 x 2 of 2 and
+#                       tp 2 (SP) x cp 2 end with the same parameters and moments (within 5e-5, fp32 sums in
+#                       another order), while without the flag (each micro batch's mean
+#                       averaged) 4 micro batches of 2 end farther than that from 1 of 8; the
+#                       refusals that remain
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 on_cpu "$cohort"
@@ -64,6 +71,45 @@ many_micro_batches)
         fail "dp 2: no replay: $(grep -i 'iteration 2\|supervisor' "$work/df.out" | head)"
     ckpt_same "$work/dc" "$work/df" "dp 2, 256 micro batches per rank: the replayed run differs"
     same_losses dclean df "dp 2: the logged numbers differ"
+    ;;
+per_token_loss)
+    # short documents (1 to 34 bytes and the EOD, as cp_test.sh's) whose EODs take a share of
+    # each micro batch's loss tokens that varies from one micro batch to the next
+    /usr/bin/python3 -c 'import json, random
+r = random.Random(5)
+for i in range(3000):
+    n = r.choice([1, 2, 3, 5, 8, 13, 21, 34])
+    print(json.dumps({"text": "".join(r.choice("abcdefgh ") for _ in range(n))}))' >"$work/short.jsonl"
+    "$cohort" data preprocess --input "$work/short.jsonl" --output-prefix "$work/short" --tokenizer-type ByteLevelTokenizer \
+        --append-eod --quiet || fail "preprocess"
+    tiny=(--tokenizer-type ByteLevelTokenizer --data-path "$work/short_text_document" --split 90,10,0 --num-layers 2
+          --hidden-size 32 --num-attention-heads 4 --seq-length 64 --global-batch-size 8 --lr 1e-3
+          --attention-dropout 0 --hidden-dropout 0 --eod-mask-loss --data-cache-path "$work/cache" --log-interval 1
+          --eval-interval 1000 --eval-iters 1 --threads 1 --make-vocab-size-divisible-by 256)
+    # (the padded vocabulary 512 at tp 1 and 2: the same model)
+    p=(--calculate-per-token-loss --train-iters 4)
+    train_ok m4 "${p[@]}" --micro-batch-size 2 --save "$work/m4"
+    train_ok m1 "${p[@]}" --micro-batch-size 8 --save "$work/m1"
+    train_ok d2 "${p[@]}" --micro-batch-size 2 --nproc-per-node 2 --save "$work/d2"
+    train_ok tc "${p[@]}" --micro-batch-size 2 --nproc-per-node 4 --tensor-model-parallel-size 2 --sequence-parallel \
+        --context-parallel-size 2 --save "$work/tc"
+    train_ok a4 --train-iters 4 --micro-batch-size 2 --save "$work/a4"
+    train_ok a1 --train-iters 4 --micro-batch-size 8 --save "$work/a1"
+    worst() { # A B: the largest absolute difference of any parameter or moment
+        "$COHORT_CPU_EXE" ckpt diff --json "$work/$1" "$work/$2" >"$work/d.json"
+        /usr/bin/python3 -c "import json; print(max(r.get('max_abs', 0) for r in json.load(open('$work/d.json'))['tensors']))"
+    }
+    for r in m1 d2 tc; do
+        w=$(worst m4 $r)
+        /usr/bin/python3 -c "import sys; sys.exit(not $w <= 5e-5)" || fail "per-token loss: $r differs from m4 by $w"
+        echo "ok: per-token loss: $r within $w of 4 micro batches of 2"
+    done
+    w=$(worst a4 a1)
+    /usr/bin/python3 -c "import sys; sys.exit(not $w > 5e-5)" ||
+        fail "without per-token loss 4 micro batches of 2 end within $w of 1 of 8: the test does not tell"
+    echo "ok: without the flag the micro batches' means differ by $w"
+    train_refused "--calculate-per-token-loss with --pipeline-model-parallel-size 2 is not supported yet" \
+        --calculate-per-token-loss --nproc-per-node 2 --pipeline-model-parallel-size 2
     ;;
 rampup)
     r=(--global-batch-size 8 --rampup-batch-size 2 2 12 --train-samples 48 --lr-warmup-samples 4

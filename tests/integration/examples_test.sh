@@ -18,7 +18,9 @@
 #                 MTP): refused with the distributed optimizer and overlap lines still being
 #                 built; without those three flags it trains to its end
 #   llama3_8b     train_llama3_8b_h100_fp8.sh (bf16, mock data): past parsing; the refusals
-#                 remain (--attention-backend fused for good: cohort has no cuDNN attention)
+#                 remain (--attention-backend fused for good: cohort has no cuDNN attention);
+#                 without the refused flags the line trains to its end, its checkpoint marked
+#                 --apply-layernorm-1p
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 on_cpu "$cohort"
@@ -284,13 +286,36 @@ llama3_8b)
         "${EVAL_AND_LOGGING_ARGS[@]}"
     remaining=(
         "--attention-backend fused selects Transformer Engine's cuDNN fused attention, which cohort does not have: use auto (local and unfused are the same: cohort's one attention kernel)"
-        "--apply-layernorm-1p is not supported yet"
-        "--calculate-per-token-loss is not supported yet"
         "--decoupled-lr and --decoupled-min-lr are not supported yet (one learning rate for every layer)"
         "--overlap-grad-reduce with tensor, pipeline, context or expert parallelism is not supported yet (their backward communicates over the transport the communication thread would use): data parallelism only"
         "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)"
     )
     expect_outcome llama3
+    # ... without the refused flags (--attention-backend auto; one learning rate; no overlap):
+    # the line trains to its end, zero-centred norms (--apply-layernorm-1p, kept so in the
+    # checkpoint) and the loss per token (--calculate-per-token-loss) included
+    keep=()
+    skip=0
+    for a in "${MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}"; do
+        if [ $skip = 1 ]; then skip=0; continue; fi
+        case $a in
+        --decoupled-lr | --decoupled-min-lr | --attention-backend) skip=1; continue ;;
+        --overlap-grad-reduce | --overlap-param-gather) continue ;;
+        esac
+        keep+=("$a")
+    done
+    EVAL_AND_LOGGING_ARGS=("${EVAL_AND_LOGGING_ARGS[@]/#$work\/ck/$work/ck2}")
+    launch llama3_run 2 "${keep[@]}" --attention-backend auto "${MODEL_PARALLEL_ARGS[@]}" "${DATA_ARGS_LIST[@]}" \
+        "${EVAL_AND_LOGGING_ARGS[@]}"
+    remaining=()
+    expect_outcome llama3_run
+    grep -q '"layernorm_1p": *true' "$work"/ck2/iter_0000002/manifest.json ||
+        fail "the checkpoint does not say its norms are stored as w - 1: $(ls "$work/ck2")"
+    # ... and a job without --apply-layernorm-1p does not load it
+    launch llama3_plain 2 "${keep[@]/--apply-layernorm-1p/--no-load-rng}" --attention-backend auto \
+        "${MODEL_PARALLEL_ARGS[@]}" "${DATA_ARGS_LIST[@]}" "${EVAL_AND_LOGGING_ARGS[@]}" --train-samples 24
+    [ $rc -ne 0 ] && grep -q "checkpoint has norm weights stored as w - 1, the flags (--apply-layernorm-1p) give norm weights stored as w" \
+        "$work/llama3_plain.out" "$work/llama3_plain.err" || fail "loaded without --apply-layernorm-1p: exit $rc"
     ;;
 deepseek_v3)
     # Megatron's DeepSeek-V3 recipe (Megatron-Core's MoE README and the MoE model zoo's
