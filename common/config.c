@@ -437,7 +437,8 @@ static const flag flags[] = {
       "no effect: cohort reduces gradients in fp32 (more exact than bf16)"),
     B("compat", "apply-layernorm-1p", apply_layernorm_1p, "zero-centred norm weights: stored as w - 1 (initialised to 0), the norm's output is norm(x) * (1 + w)"),
     B("compat", "calculate-per-token-loss", calculate_per_token_loss,
-      "normalise the loss by the step's tokens instead of per micro batch (not supported yet)"),
+      "each loss token weighs 1 / (the step's loss tokens over every micro batch and data-parallel rank) instead of "
+      "1 / (its micro batch's tokens x micro batches) (not with pipeline parallelism, MoE or MTP yet)"),
     D("compat", "decoupled-lr", decoupled_lr, NULL, "learning rate of the input and output layers (not supported yet)"),
     D("compat", "decoupled-min-lr", decoupled_min_lr, NULL, "their minimum (not supported yet)"),
     S("compat", "fp8-format", fp8_format, NULL, "e4m3|hybrid", "fp8 training (not supported)"),
