@@ -315,11 +315,24 @@ static void lr_setup(trainer *t) {
     t->lr_samples.warmup_iters = c->lr_warmup_fraction >= 0
                                      ? (int64_t)(c->lr_warmup_fraction * (double)t->lr_samples.decay_iters)
                                      : c->lr_warmup_samples;
+    /* --decoupled-lr (Megatron's param groups of the input embedding and the output layer):
+     * the same warm-up and decay, from --decoupled-lr to --decoupled-min-lr (or --min-lr) */
+    t->decoupled = co_config_was_set(c, "decoupled-lr");
+    t->lr_dec = t->lr;
+    t->lr_samples_dec = t->lr_samples;
+    t->lr_dec.max_lr = t->lr_samples_dec.max_lr = c->decoupled_lr;
+    if (co_config_was_set(c, "decoupled-min-lr")) t->lr_dec.min_lr = t->lr_samples_dec.min_lr = c->decoupled_min_lr;
 }
 
 /* The learning rate of the next step (the log line's: after the step, the next one's). */
 static double next_lr(const trainer *t) {
     return t->cfg.rampup_start > 0 ? lr_at(&t->lr_samples, t->consumed[0]) : lr_at(&t->lr, t->iteration);
+}
+
+/* ... the input embedding's and the output layer's under --decoupled-lr; -1 without */
+static double next_decoupled_lr(const trainer *t) {
+    if (!t->decoupled) return -1;
+    return t->cfg.rampup_start > 0 ? lr_at(&t->lr_samples_dec, t->consumed[0]) : lr_at(&t->lr_dec, t->iteration);
 }
 
 /* The iteration's global batch gbs (a batch ramp-up's, or the full one): its micro batches
@@ -642,16 +655,17 @@ static int log_line(trainer *t, double lr, double grad_norm) {
     double tflops = t->flops_per_sample * t->gbs / (ms / 1000.0) / 1e12 /
                     (t->topo.world * t->tp_size * t->cpn * (t->g.pp ? t->pp_size : 1));
     double tok_s = (double)t->gbs * c->seq_length / (ms / 1000.0);
-    char ts[32];
+    char ts[32], dlr_txt[48] = "";
     timestamp(ts, sizeof ts);
+    if (t->decoupled) snprintf(dlr_txt, sizeof dlr_txt, " decoupled learning rate: %.6E |", next_decoupled_lr(t));
     progress_clear(t);
     if (t->log) fprintf(t->log,
             " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
-            "throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E |%s "
+            "throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E |%s global batch size: %5d | lm loss: %.6E |%s "
             "loss scale: %.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: "
             "%3lld |\n",
             ts, (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tflops, lr,
-            t->gbs, loss, moe_txt, 1.0, grad_norm, (long long)t->skipped, (long long)t->nan_iters);
+            dlr_txt, t->gbs, loss, moe_txt, 1.0, grad_norm, (long long)t->skipped, (long long)t->nan_iters);
     if (t->log) fflush(t->log);
     /* the tensor group's collectives inside the model since the last line (this rank's) */
     char tpx[200] = "";
@@ -1370,6 +1384,7 @@ static int optimizer_step(trainer *t, tr_iter *it) {
     if (t->dopt) {
         if ((rc = trainer__dopt_step(t, lr, it->grad_norm, written ? &t->sum_written : NULL))) return rc;
     } else {
+        t->opt.lr_decoupled = next_decoupled_lr(t);
         opt_adamw_step_checksum(&t->opt, t->model, lr, it->grad_norm, written ? &t->sum_written : NULL);
     }
     if (written) t->have_written = true;

@@ -28,6 +28,13 @@
 #                       another order), while without the flag (each micro batch's mean
 #                       averaged) 4 micro batches of 2 end farther than that from 1 of 8; the
 #                       refusals that remain
+#   decoupled_lr        --decoupled-lr/--decoupled-min-lr: the log line's decoupled learning rate
+#                       of every iteration is Megatron's schedule (warm-up, cosine decay) from
+#                       them, its learning rate the one from --lr/--min-lr; at 0 the input
+#                       embedding and the output layer end bitwise the same whatever --lr the
+#                       others train at (at their initial values), and differ from a job
+#                       without the flags; equal to --lr/--min-lr it is bitwise the
+#                       job without the flags; refused with the distributed optimizer
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 on_cpu "$cohort"
@@ -110,6 +117,49 @@ for i in range(3000):
     echo "ok: without the flag the micro batches' means differ by $w"
     train_refused "--calculate-per-token-loss with --pipeline-model-parallel-size 2 is not supported yet" \
         --calculate-per-token-loss --nproc-per-node 2 --pipeline-model-parallel-size 2
+    ;;
+decoupled_lr)
+    s=(--untie-embeddings-and-output-weights --micro-batch-size 2 --train-iters 6 --lr-decay-style cosine
+       --lr-warmup-iters 2 --lr-decay-iters 5 --lr 1e-3 --min-lr 1e-4)
+    train_ok d "${s[@]}" --decoupled-lr 5e-3 --decoupled-min-lr 2e-4 --save "$work/d"
+    /usr/bin/python3 - "$work/d.out" <<'PY' || fail "the learning rates are not Megatron's schedules"
+import math, re, sys
+def lr(step, mx, mn, warm=2, decay=5):  # Megatron's OptimizerParamScheduler.get_lr, cosine, init 0
+    if step <= warm: return mx * step / warm
+    if step > decay: return mn
+    return mn + 0.5 * (math.cos(math.pi * (step - warm) / (decay - warm)) + 1) * (mx - mn)
+rows = re.findall(r"iteration +(\d+)/.*? learning rate: (\S+) \| decoupled learning rate: (\S+) \|", open(sys.argv[1]).read())
+assert [int(r[0]) for r in rows] == list(range(1, 7)), rows
+for it, a, b in rows:  # (the line's rate is the next step's: after `it` steps)
+    it = int(it)
+    for got, want in ((float(a), lr(it, 1e-3, 1e-4)), (float(b), lr(it, 5e-3, 2e-4))):
+        assert abs(got - want) <= 1e-6 * want + 1e-12, (it, got, want)
+print("ok: both schedules over", len(rows), "iterations")
+PY
+    # at rate 0 (AdamW's step and its weight decay both scale with the rate) the two tensors
+    # keep their initial values whatever --lr the others train at
+    train_ok z "${s[@]}" --decoupled-lr 0 --decoupled-min-lr 0 --save "$work/z"
+    train_ok z3 "${s[@]}" --lr 3e-3 --decoupled-lr 0 --decoupled-min-lr 0 --save "$work/z3"
+    train_ok plain "${s[@]}" --save "$work/plain"
+    for pair in "z z3 equal" "z plain differs"; do
+        set -- $pair
+        "$COHORT_CPU_EXE" ckpt diff --json --model-only "$work/$1" "$work/$2" >"$work/zd.json"
+        /usr/bin/python3 - "$work/zd.json" "$3" <<'PY' || fail "--decoupled-lr 0, $1 vs $2: $(head -c 600 "$work/zd.json")"
+import json, sys
+rows = {r["name"]: r["status"] for r in json.load(open(sys.argv[1]))["tensors"]}
+io = ("embedding.word_embeddings.weight", "output_layer.weight")
+want = "bitwise equal" if sys.argv[2] == "equal" else "differs"
+assert all(rows[n] == want for n in io), [(n, rows[n]) for n in io]
+rest = [n for n in rows if n not in io and n.endswith("weight") and "norm" not in n]
+assert rest and all(rows[n] == "differs" for n in rest), rows
+print(f"ok: the input embedding and the output layer {want}; the {len(rest)} other matrices differ")
+PY
+    done
+    train_ok same "${s[@]}" --decoupled-lr 1e-3 --decoupled-min-lr 1e-4 --save "$work/same"
+    ckpt_same "$work/same" "$work/plain" "--decoupled-lr equal to --lr"
+    train_refused "--decoupled-lr with --use-distributed-optimizer is not supported yet" --decoupled-lr 1e-3 \
+        --use-distributed-optimizer
+    train_refused "--decoupled-min-lr needs --decoupled-lr" --decoupled-min-lr 1e-4
     ;;
 rampup)
     r=(--global-batch-size 8 --rampup-batch-size 2 2 12 --train-samples 48 --lr-warmup-samples 4

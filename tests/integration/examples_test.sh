@@ -286,12 +286,13 @@ llama3_8b)
         "${EVAL_AND_LOGGING_ARGS[@]}"
     remaining=(
         "--attention-backend fused selects Transformer Engine's cuDNN fused attention, which cohort does not have: use auto (local and unfused are the same: cohort's one attention kernel)"
-        "--decoupled-lr and --decoupled-min-lr are not supported yet (one learning rate for every layer)"
+        "--decoupled-lr with --use-distributed-optimizer is not supported yet (its shards' update takes one learning rate)"
         "--overlap-grad-reduce with tensor, pipeline, context or expert parallelism is not supported yet (their backward communicates over the transport the communication thread would use): data parallelism only"
         "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)"
     )
     expect_outcome llama3
-    # ... without the refused flags (--attention-backend auto; one learning rate; no overlap):
+    # ... without the refused flags (--attention-backend auto; no decoupled rate beside the
+    # distributed optimizer; no overlap):
     # the line trains to its end, zero-centred norms (--apply-layernorm-1p, kept so in the
     # checkpoint) and the loss per token (--calculate-per-token-loss) included
     keep=()
