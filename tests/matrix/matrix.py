@@ -49,6 +49,11 @@ FEATURES = {
     "bf16": (["--bf16"], True),
     "moe": (MOE, True),
     "mtp": (["--mtp-num-layers", "1"], True),
+    # zero-centred norms (Megatron's --apply-layernorm-1p) and the loss per token of the step
+    # (--calculate-per-token-loss; its micro batches' token counts differ under cp2thd's
+    # --eod-mask-loss): model and loss features, the one-process run has them too
+    "1p": (["--apply-layernorm-1p"], True),
+    "pertoken": (["--calculate-per-token-loss"], True),
 }
 # documents in every sequence (mock data's EOD tokens): what the THD split cuts by
 DOCS = ["--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss"]
@@ -66,8 +71,8 @@ LOSS_TOLERANCE = {"fp32": 1e-6, "bf16": 1e-3}
 
 # The trimmed set (suite integration, in CI): every layout and every feature at least once, a
 # few seconds each.
-TRIMMED = ["tp2-sp-moe", "vpp2-recompute", "cp2thd-recompute", "cp2-mtp", "ep2", "dp2-distopt-overlap", "dp2-bf16",
-           "tp2pp2-mtp"]
+TRIMMED = ["tp2-sp-moe", "vpp2-recompute", "cp2thd-recompute-pertoken", "cp2-mtp", "ep2", "dp2-distopt-overlap", "dp2-bf16",
+           "tp2pp2-mtp-1p"]
 
 
 def megatron_refuses(layout, feats):
