@@ -834,8 +834,14 @@ void trainer__fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph)
  * 1 / (the loss tokens of every micro batch on every data-parallel rank), where without it a
  * token weighs 1 / (its micro batch's tokens) / M. The count is summed over the gradient's
  * group (data x context) before the first forward; the gradients are then averaged over the
- * data-parallel ranks, hence *w = dp / count. */
-static int per_token_weight(trainer *t, int data_rank, float *w) {
+ * data-parallel ranks, hence *w = dp / count. The weight is the step's, whichever share: a
+ * check round (only the helper's replica runs it, so no collective may) takes the one its
+ * training round counted. */
+static int per_token_weight(trainer *t, int data_rank, int64_t step, float *w) {
+    if (t->tok_w_step == step + 1) {
+        *w = t->tok_w;
+        return 0;
+    }
     double n = 0;
     for (int mb = 0; mb < t->M; mb++) {
         gpt_batch b;
@@ -851,7 +857,8 @@ static int per_token_weight(trainer *t, int data_rank, float *w) {
         if (rc) return rc;
     }
     int dp = t->g.dp ? t->g.dp->size : 1;
-    *w = n > 0 ? (float)(dp / n) : 0.0f;
+    *w = t->tok_w = n > 0 ? (float)(dp / n) : 0.0f;
+    t->tok_w_step = step + 1;
     return 0;
 }
 
@@ -868,7 +875,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
     double it_loss = 0, it_tok = 0;
     float wtok = 0;
     if (c->calculate_per_token_loss) {
-        int rc = per_token_weight(t, data_rank, &wtok);
+        int rc = per_token_weight(t, data_rank, step, &wtok);
         if (rc) return rc;
     }
     for (int mb = 0; mb < t->M; mb++) {

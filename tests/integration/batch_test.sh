@@ -26,8 +26,9 @@
 #                       tokens / their count, so 4 micro batches of 2, 1 of 8, dp 2 x 2 of 2 and
 #                       tp 2 (SP) x cp 2 end with the same parameters and moments (within 5e-5, fp32 sums in
 #                       another order), while without the flag (each micro batch's mean
-#                       averaged) 4 micro batches of 2 end farther than that from 1 of 8; the
-#                       refusals that remain
+#                       averaged) 4 micro batches of 2 end farther than that from 1 of 8; a NaN
+#                       reproduced in dp 2 recomputed by the other replica (no hang) and
+#                       diagnosed; the refusals that remain
 #   decoupled_lr        --decoupled-lr/--decoupled-min-lr: the log line's decoupled learning rate
 #                       of every iteration is Megatron's schedule (warm-up, cosine decay) from
 #                       them, its learning rate the one from --lr/--min-lr; at 0 the input
@@ -115,6 +116,10 @@ for i in range(3000):
     /usr/bin/python3 -c "import sys; sys.exit(not $w > 5e-5)" ||
         fail "without per-token loss 4 micro batches of 2 end within $w of 1 of 8: the test does not tell"
     echo "ok: without the flag the micro batches' means differ by $w"
+    # a NaN that reproduces on rank 1 in a dp 2 job: rank 0 recomputes rank 1's share of the
+    # step with the step's token weight (no collective of its own: the other replica waits)
+    nan_reproduced nan_loss 1 0 "${p[@]}" --micro-batch-size 2 --nproc-per-node 2 \
+        --inject "nan@rank=1,step=4,times=always"
     train_refused "--calculate-per-token-loss with --pipeline-model-parallel-size 2 is not supported yet" \
         --calculate-per-token-loss --nproc-per-node 2 --pipeline-model-parallel-size 2
     ;;
