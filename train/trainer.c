@@ -1151,6 +1151,7 @@ void trainer_set_groups(trainer *t, const tr_groups *g) {
     static const tr_groups none;
     if (!g) g = &none;
     trainer__overlap_drain(t); /* (a thread an error left behind uses the old groups) */
+    t->tok_w_step = 0; /* (a new generation counts the step's tokens over its own groups) */
     t->g.dp = g->dp;
     if (g->dp) topo_init(&t->topo, g->dp->size, 1, 1, 1, g->dp->rank);
     set_tensor_group(t, g->tp);
