@@ -175,7 +175,7 @@ int main(int argc, char **argv) {
     memset(&meta, 0, sizeof meta);
     meta.layout = (ck_layout){1, 1, 1, 1, 1, false, 1, 1};
     meta.model = (ck_model_info){layers, hidden, heads, heads, hidden / heads, 4 * hidden, vocab, gc.padded_vocab,
-                                 positions, false, false, false, true, true, 1e-5, 10000};
+                                 positions, false, false, false, true, true, false, 1e-5, 10000};
     meta.optim = (ck_optim_info){true, "adamw", 1, 0.9, 0.95, 1e-8, 0.1, 1.0};
     ck_remove_dir(dir);
     char save[4096], ckdir[4200], ddf[4200], cmd[8800];

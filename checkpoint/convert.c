@@ -167,6 +167,7 @@ int ck_export_hf_gpt2(const char *dir, const ck_manifest *m, const char *out_dir
                       : mi->swiglu ? "SwiGLU (GPT-2 uses GELU)"
                       : !mi->tied ? "untied output weights (GPT-2 ties them to the embedding)"
                       : !mi->bias ? "no biases (GPT-2 has them)"
+                      : mi->norm_1p ? "norm weights stored as w - 1 (--apply-layernorm-1p; not converted yet)"
                       : mi->kv_groups != mi->heads ? "grouped-query attention"
                       : mi->head_dim * mi->heads != mi->hidden ? "a head dimension other than hidden/heads"
                                                                 : NULL;
@@ -254,6 +255,7 @@ static const char *llama_refusal(const ck_manifest *m) {
            : !mi->rmsnorm ? "LayerNorm (Llama uses RMSNorm: --normalization RMSNorm)"
            : !mi->swiglu ? "a GELU MLP (Llama's is SwiGLU: --swiglu)"
            : mi->bias ? "linear biases (Llama has none: --disable-bias-linear)"
+           : mi->norm_1p ? "norm weights stored as w - 1 (--apply-layernorm-1p; not converted yet)"
            : experts > 0 ? "a mixture of experts (Llama's MLP is dense)"
            : mtp > 0 ? "multi-token prediction layers (Llama has none)"
            : mi->head_dim % 2 ? "an odd head dimension (rotary embeddings pair its halves)"

@@ -574,6 +574,7 @@ int ck_manifest_parse(const char *buf, size_t len, const char *what, ck_manifest
     mi->bias = get_bool(&r, mo, "model", "bias");
     mi->norm_eps = get_num(&r, mo, "model", "norm_eps");
     mi->rotary_base = get_num(&r, mo, "model", "rotary_base");
+    mi->norm_1p = mo && json_object_get(mo, "layernorm_1p") && get_bool(&r, mo, "model", "layernorm_1p");
 
     json_t *op = r.rc ? NULL : json_object_get(doc, "optimizer");
     if (!r.rc && !op) r.rc = co_err_set(CO_EFORMAT, "%s: optimizer is missing (null when not saved)", what);
@@ -710,6 +711,8 @@ json_t *ck_manifest_to_json(const ck_manifest *m) {
                                   mi->max_positions, "rope", (int)mi->rope, "rmsnorm", (int)mi->rmsnorm, "swiglu",
                                   (int)mi->swiglu, "tied", (int)mi->tied, "bias", (int)mi->bias, "norm_eps", mi->norm_eps,
                                   "rotary_base", mi->rotary_base));
+    /* written only when set: a manifest without it reads as before */
+    if (mi->norm_1p) json_object_set_new(json_object_get(doc, "model"), "layernorm_1p", json_true());
     const ck_optim_info *o = &m->optim;
     json_object_set_new(doc, "optimizer",
                         o->present ? json_pack("{sssIsfsfsfsfsf}", "type", o->type, "step", (json_int_t)o->step, "beta1",

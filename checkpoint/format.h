@@ -144,6 +144,7 @@ typedef struct ck_layout {
 typedef struct ck_model_info {
     int num_layers, hidden, heads, kv_groups, head_dim, ffn_hidden, vocab, padded_vocab, max_positions;
     bool rope, rmsnorm, swiglu, tied, bias;
+    bool norm_1p; /* --apply-layernorm-1p: the norms' weights stored as w - 1 ("layernorm_1p", absent: false) */
     double norm_eps, rotary_base;
 } ck_model_info;
 

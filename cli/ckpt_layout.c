@@ -43,7 +43,7 @@ int cli_ckpt_relayout(const char *dir, const ck_manifest *m, int tp, int dp, con
     gpt_config g = {.num_layers = mi->num_layers, .hidden = mi->hidden, .heads = mi->heads, .kv_groups = mi->kv_groups,
                     .head_dim = mi->head_dim, .ffn_hidden = mi->ffn_hidden, .vocab = mi->vocab,
                     .padded_vocab = gpt_padded_vocab(mi->vocab, divisible * tp), .max_positions = mi->max_positions,
-                    .rope = mi->rope, .rotary_base = (float)mi->rotary_base, .rmsnorm = mi->rmsnorm,
+                    .rope = mi->rope, .rotary_base = (float)mi->rotary_base, .rmsnorm = mi->rmsnorm, .norm_1p = mi->norm_1p,
                     .norm_eps = (float)mi->norm_eps, .swiglu = mi->swiglu, .tied = mi->tied, .bias = mi->bias,
                     .tp = tp, .tp_rank = 0};
     /* mixture of experts: the layers' experts from the run's flags (the manifest's config) */

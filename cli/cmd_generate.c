@@ -264,7 +264,7 @@ static void model_config(const gen_ctx *g, gpt_config *m) {
                       .kv_groups = mi->kv_groups, .head_dim = mi->head_dim, .ffn_hidden = mi->ffn_hidden,
                       .vocab = mi->vocab, .padded_vocab = gpt_padded_vocab(mi->vocab, c->make_vocab_size_divisible_by),
                       .max_positions = mi->max_positions, .rope = mi->rope, .rotary_base = (float)mi->rotary_base,
-                      .rmsnorm = mi->rmsnorm, .norm_eps = (float)mi->norm_eps, .swiglu = mi->swiglu,
+                      .rmsnorm = mi->rmsnorm, .norm_1p = mi->norm_1p, .norm_eps = (float)mi->norm_eps, .swiglu = mi->swiglu,
                       .tied = mi->tied, .bias = mi->bias, .init_std = 0.02f, .tp = 1};
     if (c->num_experts <= 0) return;
     moe_config *mc = &m->moe;

@@ -60,6 +60,7 @@ static const flag flags[] = {
       "learned_absolute|rope", "position embedding"),
     D("model", "rotary-base", rotary_base, "10000", "RoPE base"),
     S("model", "normalization", normalization, "LayerNorm", "LayerNorm|RMSNorm", "normalisation layer"),
+    B("model", "apply-layernorm-1p", apply_layernorm_1p, "zero-centred norm weights: stored as w - 1 (initialised to 0), the norm's output is norm(x) * (1 + w)"),
     D("model", "norm-epsilon", norm_epsilon, "1e-5", "epsilon of the normalisation"),
     B("model", "swiglu", swiglu, "SwiGLU MLP instead of GELU"),
     B("model", "untie-embeddings-and-output-weights", untie_embeddings_and_output_weights,
@@ -198,6 +199,9 @@ static const flag flags[] = {
       "the MTP losses' weight: each depth's loss counts factor / depths"),
     /* batch */
     I("batch", "micro-batch-size", micro_batch_size, NULL, "samples per micro batch"),
+    B("batch", "calculate-per-token-loss", calculate_per_token_loss,
+      "each loss token weighs 1 / (the step's loss tokens over every micro batch and data-parallel rank) instead of "
+      "1 / (its micro batch's tokens x micro batches) (not with pipeline parallelism, MoE or MTP yet)"),
     I("batch", "global-batch-size", global_batch_size, NULL,
       "samples per iteration (default micro batch x data-parallel size)"),
     L("batch", "train-iters", train_iters, NULL, "iterations to train"),
@@ -210,6 +214,10 @@ static const flag flags[] = {
     S("optimizer", "optimizer", optimizer, "adam", "adam", "optimizer (AdamW)"),
     D("optimizer", "lr", lr, NULL, "peak learning rate"),
     D("optimizer", "min-lr", min_lr, "0.0", "learning rate floor after decay"),
+    D("optimizer", "decoupled-lr", decoupled_lr, NULL,
+      "learning rate of the input embedding and the output layer, on the same schedule as --lr (not with "
+      "--use-distributed-optimizer yet)"),
+    D("optimizer", "decoupled-min-lr", decoupled_min_lr, NULL, "their minimum (default: --min-lr)"),
     S("optimizer", "lr-decay-style", lr_decay_style, "linear",
       "constant|linear|cosine|inverse-square-root|WSD", "learning-rate decay"),
     L("optimizer", "lr-decay-iters", lr_decay_iters, NULL, "iterations to decay over (default --train-iters)"),
@@ -448,11 +456,6 @@ static const flag flags[] = {
       "no effect: cohort's softmax cross-entropy is always one fused pass"),
     B("compat", "grad-reduce-in-bf16", grad_reduce_in_bf16,
       "no effect: cohort reduces gradients in fp32 (more exact than bf16)"),
-    B("compat", "apply-layernorm-1p", apply_layernorm_1p, "norm weights stored as 1 + w (not supported yet)"),
-    B("compat", "calculate-per-token-loss", calculate_per_token_loss,
-      "normalise the loss by the step's tokens instead of per micro batch (not supported yet)"),
-    D("compat", "decoupled-lr", decoupled_lr, NULL, "learning rate of the input and output layers (not supported yet)"),
-    D("compat", "decoupled-min-lr", decoupled_min_lr, NULL, "their minimum (not supported yet)"),
     S("compat", "fp8-format", fp8_format, NULL, "e4m3|hybrid", "fp8 training (not supported)"),
     I("compat", "fp8-amax-history-len", fp8_amax_history_len, "1", "fp8's scaling history (not supported: no fp8)"),
     S("compat", "fp8-amax-compute-algo", fp8_amax_compute_algo, "most_recent", "most_recent|max",
@@ -837,10 +840,25 @@ void co_config_check_refused(const co_config *c, co_problems *P) {
     if (c->rotary_percent != 1.0)
         co_problem(P, "--rotary-percent %g is not supported yet: RoPE rotates every dimension of a head (1.0)",
                    c->rotary_percent);
-    if (c->apply_layernorm_1p) co_problem(P, "--apply-layernorm-1p is not supported yet");
-    if (c->calculate_per_token_loss) co_problem(P, "--calculate-per-token-loss is not supported yet");
-    if (GIVEN("decoupled-lr") || GIVEN("decoupled-min-lr"))
-        co_problem(P, "--decoupled-lr and --decoupled-min-lr are not supported yet (one learning rate for every layer)");
+    if (c->calculate_per_token_loss && c->pipeline_model_parallel_size > 1)
+        co_problem(P, "--calculate-per-token-loss with --pipeline-model-parallel-size %d is not supported yet (the "
+                      "pipeline's micro batches are weighted per micro batch)", c->pipeline_model_parallel_size);
+    if (c->calculate_per_token_loss && c->num_experts > 0)
+        co_problem(P, "--calculate-per-token-loss with --num-experts is not supported yet (the aux losses are weighted "
+                      "per micro batch)");
+    if (c->calculate_per_token_loss && c->mtp_num_layers > 0)
+        co_problem(P, "--calculate-per-token-loss with --mtp-num-layers is not supported yet (the MTP losses are "
+                      "weighted per micro batch)");
+    if (GIVEN("decoupled-lr") && c->use_distributed_optimizer)
+        co_problem(P, "--decoupled-lr with --use-distributed-optimizer is not supported yet (its shards' update takes "
+                      "one learning rate)");
+    if (GIVEN("decoupled-lr") && c->decoupled_lr < 0)
+        co_problem(P, "--decoupled-lr %g must be at least 0", c->decoupled_lr);
+    if (GIVEN("decoupled-min-lr") && !GIVEN("decoupled-lr"))
+        co_problem(P, "--decoupled-min-lr needs --decoupled-lr (the input and output layers' rate it ends at)");
+    else if (GIVEN("decoupled-min-lr") && (c->decoupled_min_lr < 0 || c->decoupled_min_lr > c->decoupled_lr))
+        co_problem(P, "--decoupled-min-lr %g must be between 0 and --decoupled-lr %g", c->decoupled_min_lr,
+                   c->decoupled_lr);
     if (c->fp8_format[0] || GIVEN("fp8-amax-history-len") || GIVEN("fp8-amax-compute-algo") || c->fp8_param_gather)
         co_problem(P, "--fp8-format and the other --fp8-* flags: fp8 is not supported; use --bf16");
 }

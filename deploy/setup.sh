@@ -151,8 +151,10 @@ test)
     # interleaved, each would first wait for every running test to end, leaving cores idle.
     log "running the test suites (release build)"
     # (suite 'soak': the minutes-long soak and the planner's validation, on demand:
-    # `meson test -C build --suite soak`)
-    MESON_TESTTHREADS=${MESON_TESTTHREADS:-4} run_suite build --timeout-multiplier 2 --no-suite serial --no-suite soak
+    # `meson test -C build --suite soak`; suite 'matrix_full': the layouts x features matrix's
+    # cells beyond its trimmed set, on demand: `meson test -C build --suite matrix_full`)
+    MESON_TESTTHREADS=${MESON_TESTTHREADS:-4} run_suite build --timeout-multiplier 2 --no-suite serial --no-suite soak \
+        --no-suite matrix_full
     # The sanitizer trees hold no CUDA code (no GPU test runs there) and build only what their
     # suites run. They build while the tests that run alone run, at idle priority: those
     # tests mostly wait (a timeout, a straggler, a restart; about a quarter of the 2 cores), so

@@ -250,7 +250,7 @@ static int build_tensors(gpt_model *m) {
             if (l < L) snprintf(pfx, sizeof pfx, "layers.%d.", l);
             else snprintf(pfx, sizeof pfx, "mtp.layers.%d.transformer_layer.", l - L);
 #define NAME(s) (snprintf(name, sizeof name, "%s%s", pfx, s), name)
-            t[LN1_W] = add_tensor(m, cap, NAME("input_norm.weight"), C, 0, false, 0, true);
+            t[LN1_W] = add_tensor(m, cap, NAME("input_norm.weight"), C, 0, false, 0, !c->norm_1p);
             if (!c->rmsnorm) t[LN1_B] = add_tensor(m, cap, NAME("input_norm.bias"), C, 0, false, 0, false);
             int GQ = qkv_width(c), GA = c->heads * HD;
             t[QKV_W] = add_split(m, cap, NAME("attention.qkv.weight"), GQ, C, ROWS(pq, 3), true, std, false);
@@ -258,7 +258,7 @@ static int build_tensors(gpt_model *m) {
                 t[QKV_B] = add_split(m, cap, NAME("attention.qkv.bias"), GQ, 0, ROWS(pq, 3), false, 0, false);
             t[PROJ_W] = add_split(m, cap, NAME("attention.proj.weight"), C, GA, COLS(pa, 1), true, ostd, false);
             if (c->bias) t[PROJ_B] = add_tensor(m, cap, NAME("attention.proj.bias"), C, 0, false, 0, false);
-            t[LN2_W] = add_tensor(m, cap, NAME("mlp_norm.weight"), C, 0, false, 0, true);
+            t[LN2_W] = add_tensor(m, cap, NAME("mlp_norm.weight"), C, 0, false, 0, !c->norm_1p);
             if (!c->rmsnorm) t[LN2_B] = add_tensor(m, cap, NAME("mlp_norm.bias"), C, 0, false, 0, false);
             if (gpt_layer_is_moe(c, l)) {
                 /* the router, the local experts' fc1 then fc2, the shared expert: one unpadded
@@ -321,7 +321,7 @@ static int build_tensors(gpt_model *m) {
                 if (t[sp_t[q]] >= 0) m->tensors[t[sp_t[q]]].partial_grad = m->sp;
         }
         if (gpt__has_final_norm(d)) {
-            m->t_lnf_w = add_tensor(m, cap, "final_norm.weight", C, 0, false, 0, true);
+            m->t_lnf_w = add_tensor(m, cap, "final_norm.weight", C, 0, false, 0, !c->norm_1p);
             m->t_lnf_b = c->rmsnorm ? -1 : add_tensor(m, cap, "final_norm.bias", C, 0, false, 0, false);
             m->tensors[m->t_lnf_w].partial_grad = m->sp;
             if (m->t_lnf_b >= 0) m->tensors[m->t_lnf_b].partial_grad = m->sp;
@@ -346,12 +346,12 @@ static int build_tensors(gpt_model *m) {
             for (int k = 0; k < D; k++) {
                 int *q = m->t_mtp[k];
 #define MNAME(s) (snprintf(name, sizeof name, "mtp.layers.%d.%s", k, s), name)
-                q[MTP_EN_W] = add_tensor(m, cap, MNAME("enorm.weight"), C, 0, false, 0, true);
+                q[MTP_EN_W] = add_tensor(m, cap, MNAME("enorm.weight"), C, 0, false, 0, !c->norm_1p);
                 if (!c->rmsnorm) q[MTP_EN_B] = add_tensor(m, cap, MNAME("enorm.bias"), C, 0, false, 0, false);
-                q[MTP_HN_W] = add_tensor(m, cap, MNAME("hnorm.weight"), C, 0, false, 0, true);
+                q[MTP_HN_W] = add_tensor(m, cap, MNAME("hnorm.weight"), C, 0, false, 0, !c->norm_1p);
                 if (!c->rmsnorm) q[MTP_HN_B] = add_tensor(m, cap, MNAME("hnorm.bias"), C, 0, false, 0, false);
                 q[MTP_EH_W] = add_split(m, cap, MNAME("eh_proj.weight"), C, 2 * C, ROWS(pe, 1), true, std, false);
-                q[MTP_FN_W] = add_tensor(m, cap, MNAME("final_layernorm.weight"), C, 0, false, 0, true);
+                q[MTP_FN_W] = add_tensor(m, cap, MNAME("final_layernorm.weight"), C, 0, false, 0, !c->norm_1p);
                 if (!c->rmsnorm) q[MTP_FN_B] = add_tensor(m, cap, MNAME("final_layernorm.bias"), C, 0, false, 0, false);
 #undef MNAME
                 /* the norms: replicated on every tensor rank, run on its token shard under
@@ -672,6 +672,15 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     A(m->dx, nstreams * N * C);
     A(m->dh, N * C);
     A(m->tmp, N * C);
+    if (c->norm_1p) {
+        A(m->norm_ones, C);
+        A(m->norm_1p, C);
+        float *ones = malloc((size_t)C * sizeof(float));
+        if (!ones) goto nomem;
+        for (int k = 0; k < C; k++) ones[k] = 1.0f;
+        o->copy(be, m->norm_ones, ones, (size_t)C * sizeof(float));
+        free(ones);
+    }
     A(m->dqkv, N * Q);
     A(m->datt, N * AH);
     A(m->dbig, N * gpt__fc1_local(m));
@@ -764,7 +773,7 @@ void gpt_destroy(gpt_model **pm) {
     float *pmtp[] = {m->mtp_dout, m->mtp_dcat, m->mtp_demb, m->mtp_dh[0], m->mtp_dh[1], m->mtp_gin,
                      m->mtp_gcat, m->mtp_dcatf, m->mtp_part, m->mtp_blk};
     for (size_t k = 0; k < sizeof pmtp / sizeof pmtp[0]; k++) if (pmtp[k]) o->free(be, pmtp[k]);
-    float *ps[] = {m->params, m->grads, m->dx, m->dh, m->tmp, m->dqkv, m->datt, m->dbig, m->dffn,
+    float *ps[] = {m->params, m->grads, m->dx, m->dh, m->tmp, m->norm_ones, m->norm_1p, m->dqkv, m->datt, m->dbig, m->dffn,
                    (float *)m->d_tok, (float *)m->d_tgt, (float *)m->d_pos, (float *)m->d_seg, m->d_dscale,
                    m->gath, m->dfull, m->dhs, m->ce_mx, m->ce_all, m->ce_sums, m->tp_buf, (float *)m->d_tokl};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) if (ps[k]) o->free(be, ps[k]);

@@ -103,6 +103,9 @@ typedef struct gpt_config {
     bool rope;            /* rope instead of learned absolute positions */
     float rotary_base;
     bool rmsnorm;         /* RMSNorm instead of LayerNorm */
+    /* Megatron's --apply-layernorm-1p (zero-centred norm weights): every norm's weight is
+     * stored as w - 1, initialised to 0, and the norm's output is norm(x) * (1 + w) */
+    bool norm_1p;
     float norm_eps;
     bool swiglu;
     bool tied;            /* LM head shares the token embedding */

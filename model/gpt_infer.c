@@ -112,7 +112,7 @@ static int layer_step(gpt_kv *kv, int l, float *x, int n, int p0) {
     int C = c->hidden, NH = c->heads, NKV = c->kv_groups, HD = c->head_dim, Q = (NH + 2 * NKV) * HD;
     int AH = NH * HD, F = c->ffn_hidden, F1 = c->swiglu ? 2 * F : F;
     size_t nC = (size_t)n * C;
-    o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, x, P(m, t[LN1_W]), P(m, t[LN1_B]), n, C,
+    o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, x, gpt__norm_w(m, t[LN1_W]), P(m, t[LN1_B]), n, C,
                     c->norm_eps);
     o->linear_forward(be, a->qkv, a->ln1, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), n, C, Q);
     if (c->rope) o->rope(be, a->qkv, kv->pos + p0, n, NH, NKV, HD, c->rotary_base, false);
@@ -129,7 +129,7 @@ static int layer_step(gpt_kv *kv, int l, float *x, int n, int p0) {
     float *tmp = m->tmp;
     o->linear_forward(be, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), n, AH, C);
     o->add(be, a->x_mid, x, tmp, nC);
-    o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]), P(m, t[LN2_B]), n,
+    o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, gpt__norm_w(m, t[LN2_W]), P(m, t[LN2_B]), n,
                     C, c->norm_eps);
     if (a->moe) {
         /* the router decides per token: one sequence of this step's n tokens */
@@ -169,7 +169,7 @@ int gpt_kv_step(gpt_kv *kv, const int32_t *tokens, int n, bool all, const float 
     /* the head on the rows asked for: every one, or the last */
     int r0 = all ? 0 : n - 1, rows = n - r0;
     const float *xr = x + (size_t)r0 * C;
-    o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xr, P(m, m->t_lnf_w), P(m, m->t_lnf_b), rows,
+    o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xr, gpt__norm_w(m, m->t_lnf_w), P(m, m->t_lnf_b), rows,
                     C, c->norm_eps);
     o->linear_forward(be, sl->logits, sl->lnf, P(m, m->t_lm), P16(m, m->t_lm), NULL, rows, C, Vp);
     o->sync(be);

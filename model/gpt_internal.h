@@ -135,6 +135,7 @@ struct gpt_model {
     /* backward scratch */
     float *dx, *dh, *dbig, *dqkv, *datt, *dffn;
     float *tmp;         /* [N,C] */
+    float *norm_ones, *norm_1p; /* [C]: ones, and 1 + w of the norm being run (--apply-layernorm-1p) */
     /* tensor parallelism (gpt.h): this rank's shapes and the group */
     int tp, tpr;
     bool sp;
@@ -175,6 +176,15 @@ struct gpt_model {
 /* Every MoE layer's token group (model/moe.h moe_set_token_group: grp, its first `shards`
  * ranks splitting a batch's rows); a failure goes to the backend's status. gpt_tp.c. */
 void gpt__moe_token_group(gpt_model *m, struct cm_comm *grp, int shards, int timeout_ms);
+/* A norm's weight as the kernels take it: the stored tensor, or under --apply-layernorm-1p
+ * 1 + w, written into m->norm_1p just before the norm that reads it (one stream: the next
+ * norm's rewrites it after this one has run). The stored tensor's gradient is the kernel's:
+ * d(1 + w)/dw = 1. */
+static inline const float *gpt__norm_w(gpt_model *m, int idx) {
+    if (!m->cfg.norm_1p || idx < 0) return P(m, idx);
+    m->ops->add(m->be, m->norm_1p, m->norm_ones, P(m, idx), (size_t)m->cfg.hidden);
+    return m->norm_1p;
+}
 static inline int gpt__qkv_local(const gpt_model *m) { return (m->NHl + 2 * m->NKVl) * m->cfg.head_dim; }
 static inline int gpt__fc1_local(const gpt_model *m) { return m->cfg.swiglu ? 2 * m->Fl : m->Fl; }
 

@@ -155,9 +155,9 @@ static int depth_hidden_forward(gpt_model *m, mtp_acts *q, int k, const float *h
     gpt__embedding_forward(m, q->emb, q->tok, q->tok, q->pos, N);
     if (c->hidden_dropout > 0)
         gpt__dropout_rows(m, b->rows, N * m->cp, q->emb, q->emb, Nl, c->hidden_dropout, seed, gpt__site(L + k, 0));
-    o->norm_forward(be, c->rmsnorm, q->en, q->en_mean, q->en_rstd, q->emb, P(m, t[MTP_EN_W]), P(m, t[MTP_EN_B]), Nl, C,
+    o->norm_forward(be, c->rmsnorm, q->en, q->en_mean, q->en_rstd, q->emb, gpt__norm_w(m, t[MTP_EN_W]), P(m, t[MTP_EN_B]), Nl, C,
                     c->norm_eps);
-    o->norm_forward(be, c->rmsnorm, q->hn, q->hn_mean, q->hn_rstd, h_prev, P(m, t[MTP_HN_W]), P(m, t[MTP_HN_B]), Nl, C,
+    o->norm_forward(be, c->rmsnorm, q->hn, q->hn_mean, q->hn_rstd, h_prev, gpt__norm_w(m, t[MTP_HN_W]), P(m, t[MTP_HN_B]), Nl, C,
                     c->norm_eps);
     o->sync(be);
     if (be->status) return be->status;
@@ -170,7 +170,7 @@ static int depth_hidden_forward(gpt_model *m, mtp_acts *q, int k, const float *h
     dev_batch xb = {q->tok, q->pos, NULL, q->tgt, q->dscale, b->rows};
     int rc = gpt__layer_forward(m, &q->layer, L + k, q->x_out, &xb, B, T, true, seed);
     if (rc) return rc;
-    o->norm_forward(be, c->rmsnorm, q->out, q->out_mean, q->out_rstd, q->x_out, P(m, t[MTP_FN_W]), P(m, t[MTP_FN_B]),
+    o->norm_forward(be, c->rmsnorm, q->out, q->out_mean, q->out_rstd, q->x_out, gpt__norm_w(m, t[MTP_FN_W]), P(m, t[MTP_FN_B]),
                     Nl, C, c->norm_eps);
     return be->status;
 }
@@ -217,7 +217,7 @@ static int depth_hidden_backward(gpt_model *m, mtp_acts *q, int k, const float *
     const int *t = m->t_mtp[k];
     o->zero(be, m->dx, NlC);
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[MTP_FN_W]), G(m, t[MTP_FN_B]), m->mtp_dout, q->x_out,
-                     P(m, t[MTP_FN_W]), q->out_mean, q->out_rstd, Nl, C);
+                     gpt__norm_w(m, t[MTP_FN_W]), q->out_mean, q->out_rstd, Nl, C);
     dev_batch xb = {q->tok, q->pos, NULL, q->tgt, NULL, b->rows};
     int rc = gpt__layer_backward(m, &q->layer, L + k, &xb, B, T, seed);
     if (rc) return rc;
@@ -234,7 +234,7 @@ static int depth_hidden_backward(gpt_model *m, mtp_acts *q, int k, const float *
     /* enorm into the embedding (the decoder's embedding backward) */
     o->zero(be, m->mtp_demb, NlC);
     o->norm_backward(be, c->rmsnorm, m->mtp_demb, G(m, t[MTP_EN_W]), G(m, t[MTP_EN_B]), m->mtp_dout, q->emb,
-                     P(m, t[MTP_EN_W]), q->en_mean, q->en_rstd, Nl, C);
+                     gpt__norm_w(m, t[MTP_EN_W]), q->en_mean, q->en_rstd, Nl, C);
     if (c->hidden_dropout > 0)
         gpt__dropout_rows(m, b->rows, N * m->cp, m->mtp_demb, m->mtp_demb, Nl, c->hidden_dropout, seed,
                           gpt__site(L + k, 0));
@@ -242,7 +242,7 @@ static int depth_hidden_backward(gpt_model *m, mtp_acts *q, int k, const float *
     /* hnorm into the previous depth's output (or the main final norm's) */
     float *d = m->mtp_dh[k & 1];
     o->zero(be, d, NlC);
-    o->norm_backward(be, c->rmsnorm, d, G(m, t[MTP_HN_W]), G(m, t[MTP_HN_B]), dhn, h_prev, P(m, t[MTP_HN_W]),
+    o->norm_backward(be, c->rmsnorm, d, G(m, t[MTP_HN_W]), G(m, t[MTP_HN_B]), dhn, h_prev, gpt__norm_w(m, t[MTP_HN_W]),
                      q->hn_mean, q->hn_rstd, Nl, C);
     *dprev = d;
     return 0;

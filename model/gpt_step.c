@@ -187,7 +187,7 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
     float ph = train ? c->hidden_dropout : 0.0f, pa = train ? c->attention_dropout : 0.0f;
-    o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, P(m, t[LN1_W]),
+    o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, gpt__norm_w(m, t[LN1_W]),
                     P(m, t[LN1_B]), Nl, C, c->norm_eps);
     /* column-parallel qkv (its input all-gathered under sequence parallelism) */
     const float *in1 = a->ln1;
@@ -200,7 +200,7 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
     gpt__row_parallel_forward(m, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, Nl);
     if (ph > 0) gpt__dropout_rows(m, x_b.rows, N * m->cp, tmp, tmp, Nl, ph, seed, site(l, 2));
     o->add(be, a->x_mid, a->x_in, tmp, NlC);
-    o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]),
+    o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, gpt__norm_w(m, t[LN2_W]),
                     P(m, t[LN2_B]), Nl, C, c->norm_eps);
     if (a->moe) {
         /* a MoE layer: router, experts, shared expert over the normed tokens; under sequence
@@ -279,7 +279,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
         }
     }
     if (gpt__has_final_norm(d))
-        o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, P(m, m->t_lnf_w),
+        o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, gpt__norm_w(m, m->t_lnf_w),
                         P(m, m->t_lnf_b), Nl, C, c->norm_eps);
     if (d->mtp && !d->head) {
         /* the MTP stage: the main final norm's output and (training) each depth's, on */
@@ -350,7 +350,7 @@ static int recompute_mlp_side(gpt_model *m, layer_acts *a, int l, int B, int T) 
     int N = B * T, C = c->hidden;
     int Nl = m->sp ? N / m->tp : N;
     if (a->sel & GPT_RC_LAYERNORM)
-        o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]), P(m, t[LN2_B]),
+        o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, gpt__norm_w(m, t[LN2_W]), P(m, t[LN2_B]),
                         Nl, C, c->norm_eps);
     if (a->moe && (a->sel & GPT_RC_MOE)) {
         int rc = moe_forward(a->moe, m->rc_xout, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), B, T);
@@ -414,7 +414,7 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
                                       P(m, t[FC1_W]), P16(m, t[FC1_W]), N, C, F1);
     }
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN2_W]), G(m, t[LN2_B]), m->dh, a->x_mid,
-                     P(m, t[LN2_W]), a->ln2_mean, a->ln2_rstd, Nl, C);
+                     gpt__norm_w(m, t[LN2_W]), a->ln2_mean, a->ln2_rstd, Nl, C);
     /* attention branch */
     const float *datt_out = m->dx;
     if (ph > 0) {
@@ -431,13 +431,13 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
     if (c->rope) o->rope(be, m->dqkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, true);
     /* selective layernorm: the first norm's output again (the shared buffer held the second's) */
     if (a->sel & GPT_RC_LAYERNORM)
-        o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, P(m, t[LN1_W]), P(m, t[LN1_B]),
+        o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, gpt__norm_w(m, t[LN1_W]), P(m, t[LN1_B]),
                         Nl, C, c->norm_eps);
     const float *in1 = a->ln1;
     if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
     gpt__column_parallel_backward(m, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
                                   P16(m, t[QKV_W]), N, C, Q);
-    o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN1_W]), G(m, t[LN1_B]), m->dh, a->x_in, P(m, t[LN1_W]),
+    o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN1_W]), G(m, t[LN1_B]), m->dh, a->x_in, gpt__norm_w(m, t[LN1_W]),
                      a->ln1_mean, a->ln1_rstd, Nl, C);
     return be->status;
 }
@@ -503,7 +503,7 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
         } else {
             o->zero(be, m->dx, NlC);
             o->norm_backward(be, c->rmsnorm, m->dx, G(m, m->t_lnf_w), G(m, m->t_lnf_b), m->dh, sl->x_end,
-                             P(m, m->t_lnf_w), sl->lnf_mean, sl->lnf_rstd, Nl, C);
+                             gpt__norm_w(m, m->t_lnf_w), sl->lnf_mean, sl->lnf_rstd, Nl, C);
         }
     } else if (d->mtp) {
         /* the MTP stage: m->dx holds the next stage's gradients of the 1 + D streams; the
@@ -515,7 +515,7 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
         else o->copy(be, m->dh, m->mtp_gin, NlC * sizeof(float));
         o->zero(be, m->dx, NlC);
         o->norm_backward(be, c->rmsnorm, m->dx, G(m, m->t_lnf_w), G(m, m->t_lnf_b), m->dh, sl->x_end,
-                         P(m, m->t_lnf_w), sl->lnf_mean, sl->lnf_rstd, Nl, C);
+                         gpt__norm_w(m, m->t_lnf_w), sl->lnf_mean, sl->lnf_rstd, Nl, C);
     } /* else m->dx holds the next stage's gradient of this chunk's output (after an MTP
        * stage, of its 1 + D streams: a chunk without layers hands them back as they are) */
 

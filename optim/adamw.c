@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 int opt_adamw_init(opt_adamw *o, gpt_model *model, float beta1, float beta2, float eps, float wd, float clip) {
     kb_backend *be = gpt_backend(model);
@@ -19,6 +20,7 @@ int opt_adamw_init(opt_adamw *o, gpt_model *model, float beta1, float beta2, flo
     o->step = 0;
     o->sums = NULL;
     o->nsums = 0;
+    o->lr_decoupled = -1;
     o->m = be->ops->alloc(be, o->n * sizeof(float));
     o->v = be->ops->alloc(be, o->n * sizeof(float));
     if (!o->m || !o->v) {
@@ -68,6 +70,11 @@ static bool sums_room(opt_adamw *o, int nt) {
     return true;
 }
 
+/* the tensors Megatron flags is_embedding_or_output_parameter (--decoupled-lr) */
+static bool decoupled(const gpt_tensor *t) {
+    return !strcmp(t->name, "embedding.word_embeddings.weight") || !strcmp(t->name, "output_layer.weight");
+}
+
 void opt_adamw_step_checksum(opt_adamw *o, gpt_model *model, double lr, double grad_norm, uint64_t *sum) {
     kb_backend *be = gpt_backend(model);
     float gscale = opt_step_scale(o->clip_grad, grad_norm, o->inv_loss_scale);
@@ -79,11 +86,12 @@ void opt_adamw_step_checksum(opt_adamw *o, gpt_model *model, double lr, double g
     for (int i = 0; i < nt; i++) {
         size_t off = t[i].offset;
         float wd = t[i].decay ? o->weight_decay : 0.0f;
+        float r = (float)(o->lr_decoupled >= 0 && decoupled(&t[i]) ? o->lr_decoupled : lr);
         if (fused)
-            be->ops->adamw_checksum(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, (float)lr, o->beta1,
+            be->ops->adamw_checksum(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, r, o->beta1,
                                     o->beta2, o->eps, wd, gscale, o->step, GPT_SUM_SEED(i), &o->sums[i]);
         else
-            be->ops->adamw(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, (float)lr, o->beta1, o->beta2,
+            be->ops->adamw(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, r, o->beta1, o->beta2,
                            o->eps, wd, gscale, o->step);
     }
     gpt_sync_bf16(model);

@@ -17,6 +17,10 @@ typedef struct opt_adamw {
     uint64_t *sums; /* each tensor's checksum from the fused step (a queued backend writes them
                        at its sync), nsums of them; allocated at the first fused step */
     int nsums;
+    /* >= 0: this step's rate of the input embedding and the output layer (Megatron's
+     * --decoupled-lr: "embedding.word_embeddings.weight", "output_layer.weight"); < 0 (as
+     * opt_adamw_init leaves it): the step's lr for every tensor */
+    double lr_decoupled;
 } opt_adamw;
 
 int opt_adamw_init(opt_adamw *o, gpt_model *model, float beta1, float beta2, float eps, float wd,

@@ -2,7 +2,8 @@
  *
  * An iteration: for each of M micro batches, read samples consumed + m*mbs ..., forward,
  * loss = sum(per-token loss * mask), backward with each token weighted
- * mask / (tokens in its micro batch) / M (Megatron's averaging); then the global gradient
+ * mask / (tokens in its micro batch) / M (Megatron's averaging; with --calculate-per-token-loss
+ * mask / (the iteration's loss tokens on every rank)); then the global gradient
  * norm, clipping, AdamW at the scheduled rate. Everything is deterministic for a fixed
  * seed and thread count: dropout masks come from (seed, iteration, micro batch). */
 #include "train/trainer_internal.h"
@@ -257,6 +258,7 @@ static void model_config(trainer *t, int vocab_size) {
     m->rope = strcmp(c->position_embedding_type, "rope") == 0;
     m->rotary_base = (float)c->rotary_base;
     m->rmsnorm = strcmp(c->normalization, "RMSNorm") == 0;
+    m->norm_1p = c->apply_layernorm_1p;
     m->norm_eps = (float)c->norm_epsilon;
     m->swiglu = c->swiglu;
     m->tied = !c->untie_embeddings_and_output_weights;
@@ -327,11 +329,24 @@ static void lr_setup(trainer *t) {
     t->lr_samples.warmup_iters = c->lr_warmup_fraction >= 0
                                      ? (int64_t)(c->lr_warmup_fraction * (double)t->lr_samples.decay_iters)
                                      : c->lr_warmup_samples;
+    /* --decoupled-lr (Megatron's param groups of the input embedding and the output layer):
+     * the same warm-up and decay, from --decoupled-lr to --decoupled-min-lr (or --min-lr) */
+    t->decoupled = co_config_was_set(c, "decoupled-lr");
+    t->lr_dec = t->lr;
+    t->lr_samples_dec = t->lr_samples;
+    t->lr_dec.max_lr = t->lr_samples_dec.max_lr = c->decoupled_lr;
+    if (co_config_was_set(c, "decoupled-min-lr")) t->lr_dec.min_lr = t->lr_samples_dec.min_lr = c->decoupled_min_lr;
 }
 
 /* The learning rate of the next step (the log line's: after the step, the next one's). */
 static double next_lr(const trainer *t) {
     return t->cfg.rampup_start > 0 ? lr_at(&t->lr_samples, t->consumed[0]) : lr_at(&t->lr, t->iteration);
+}
+
+/* ... the input embedding's and the output layer's under --decoupled-lr; -1 without */
+static double next_decoupled_lr(const trainer *t) {
+    if (!t->decoupled) return -1;
+    return t->cfg.rampup_start > 0 ? lr_at(&t->lr_samples_dec, t->consumed[0]) : lr_at(&t->lr_dec, t->iteration);
 }
 
 /* The iteration's global batch gbs (a batch ramp-up's, or the full one): its micro batches
@@ -658,16 +673,18 @@ static int log_line(trainer *t, double lr, double grad_norm) {
     double tflops = t->flops_per_sample * t->gbs / (ms / 1000.0) / 1e12 /
                     (t->topo.world * t->tp_size * t->cpn * (t->g.pp ? t->pp_size : 1));
     double tok_s = (double)t->gbs * c->seq_length / (ms / 1000.0);
-    char ts[32];
+    char ts[32], dlr_txt[48] = "";
     timestamp(ts, sizeof ts);
+    if (t->decoupled) snprintf(dlr_txt, sizeof dlr_txt, " decoupled learning rate: %.6E |", next_decoupled_lr(t));
     progress_clear(t);
     if (t->log) fprintf(t->log,
             " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
-            "throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E | global batch size: %5d | lm loss: %.6E |%s "
+            "throughput per GPU (TFLOP/s/GPU): %.1f | learning rate: %.6E |%s global batch size: %5d | lm loss: %.6E |%s "
             "loss scale: %.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan iterations: "
             "%3lld |\n",
             ts, (long long)t->iteration, (long long)c->train_iters, (long long)t->consumed[0], ms, tflops, lr,
-            t->gbs, loss, moe_txt, (double)t->scaler.scale, grad_norm, (long long)t->skipped, (long long)t->nan_iters);
+            dlr_txt, t->gbs, loss, moe_txt, (double)t->scaler.scale, grad_norm, (long long)t->skipped,
+            (long long)t->nan_iters);
     if (t->log) fflush(t->log);
     /* the tensor group's collectives inside the model since the last line (this rank's) */
     char tpx[200] = "";
@@ -845,6 +862,38 @@ void trainer__inject_grads(trainer *t, int64_t step, int mb, int poison) {
 
 void trainer__fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph) { fire_process_faults(t, step, mb, ph); }
 
+/* --calculate-per-token-loss (Megatron's): every loss token of the iteration weighs the same,
+ * 1 / (the loss tokens of every micro batch on every data-parallel rank), where without it a
+ * token weighs 1 / (its micro batch's tokens) / M. The count is summed over the gradient's
+ * group (data x context) before the first forward; the gradients are then averaged over the
+ * data-parallel ranks, hence *w = dp / count. The weight is the step's, whichever share: a
+ * check round (only the helper's replica runs it, so no collective may) takes the one its
+ * training round counted. */
+static int per_token_weight(trainer *t, int data_rank, int64_t step, float *w) {
+    if (t->tok_w_step == step + 1) {
+        *w = t->tok_w;
+        return 0;
+    }
+    double n = 0;
+    for (int mb = 0; mb < t->M; mb++) {
+        gpt_batch b;
+        tr_batch *x = &t->mbuf[0];
+        int64_t first = t->consumed[0] + ((int64_t)mb * t->topo.dp + data_rank) * t->cfg.micro_batch_size;
+        int rc = trainer__load_batch(t, 0, first, x, &b);
+        if (rc) return rc;
+        for (int i = 0; i < b.B * b.T; i++) n += x->mask[i];
+    }
+    cm_comm *gg = tr_groups_grad(&t->g);
+    if (gg) {
+        int rc = gg->ops->allreduce_sum(gg, &n, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+        if (rc) return rc;
+    }
+    int dp = t->g.dp ? t->g.dp->size : 1;
+    *w = t->tok_w = n > 0 ? (float)(dp / n) : 0.0f;
+    t->tok_w_step = step + 1;
+    return 0;
+}
+
 /* Forward and backward of data_rank's share of the step (micro batches mb*dp + data_rank),
  * gradients cleared first. Per micro batch loss sums and token counts are folded into t->mbs;
  * *grad_norm is the norm of this rank's gradients before any reduction. */
@@ -856,6 +905,11 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
     gpt_zero_grad(t->model);
     rr_mbs_reset(&t->mbs);
     double it_loss = 0, it_tok = 0;
+    float wtok = 0;
+    if (c->calculate_per_token_loss) {
+        int rc = per_token_weight(t, data_rank, step, &wtok);
+        if (rc) return rc;
+    }
     for (int mb = 0; mb < t->M; mb++) {
         double t0 = now_s();
         gpt_batch b;
@@ -872,7 +926,9 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         for (int i = 0; i < N; i++) ntok += x->mask[i];
         /* normalised by the whole sequences' loss tokens (all context ranks' together) */
         double nall = t->cpn > 1 ? t->cp_ntok : ntok;
-        float w = nall > 0 ? (float)(1.0 / (nall * t->M)) * trainer__loss_scale(t) : 0.0f;
+        float w = c->calculate_per_token_loss ? wtok * trainer__loss_scale(t)
+                  : nall > 0                  ? (float)(1.0 / (nall * t->M)) * trainer__loss_scale(t)
+                                              : 0.0f;
         for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
         uint64_t seed = trainer__dropout_seed(t, gmb);
         double t1 = now_s();
@@ -1129,6 +1185,7 @@ void trainer_set_groups(trainer *t, const tr_groups *g) {
     static const tr_groups none;
     if (!g) g = &none;
     trainer__overlap_drain(t); /* (a thread an error left behind uses the old groups) */
+    t->tok_w_step = 0; /* (a new generation counts the step's tokens over its own groups) */
     t->g.dp = g->dp;
     t->g.grad_ovl = t->cfg.overlap_grad_reduce ? g->grad_ovl : NULL;
     if (g->dp) topo_init(&t->topo, g->dp->size, 1, 1, 1, g->dp->rank);
@@ -1380,6 +1437,7 @@ static int optimizer_step(trainer *t, tr_iter *it) {
     if (t->dopt) {
         if ((rc = trainer__dopt_step(t, lr, it->grad_norm, written ? &t->sum_written : NULL))) return rc;
     } else {
+        t->opt.lr_decoupled = next_decoupled_lr(t);
         opt_adamw_step_checksum(&t->opt, t->model, lr, it->grad_norm, written ? &t->sum_written : NULL);
     }
     if (written) t->have_written = true;

@@ -65,6 +65,15 @@ struct trainer {
     int M_max;               /* ... of the full --global-batch-size: what the buffers are sized for */
     int gbs;                 /* this iteration's global batch (co_config_batch_at) */
     lr_schedule lr_samples;  /* under --rampup-batch-size: the schedule counted in samples, as Megatron's */
+    /* --decoupled-lr: the same schedules from --decoupled-lr to --decoupled-min-lr, for the input
+     * embedding and the output layer (decoupled false: none) */
+    lr_schedule lr_dec, lr_samples_dec;
+    bool decoupled;
+    /* --calculate-per-token-loss: the weight of a loss token in step tok_w_step - 1 (0: none yet),
+     * counted collectively in the step's training round; a check round recomputing a peer's
+     * share of the same step (the helper's replica alone) takes it from here */
+    int64_t tok_w_step;
+    float tok_w;
     dl_dataset *ds[3];       /* train, valid, test (NULL: empty split) */
     tok_tokenizer sft_tok;   /* the tokenizer SFT data is tokenized with (--sft) */
     int64_t consumed[3];     /* samples consumed of each split */

@@ -120,6 +120,7 @@ static void model_info(const gpt_config *g, ck_model_info *mi) {
     mi->max_positions = g->max_positions;
     mi->rope = g->rope;
     mi->rmsnorm = g->rmsnorm;
+    mi->norm_1p = g->norm_1p;
     mi->swiglu = g->swiglu;
     mi->tied = g->tied;
     mi->bias = g->bias;
@@ -452,6 +453,7 @@ static int check_model(const ck_manifest *m, const co_config *c, const gpt_confi
     DIFF_INT(max_positions, "%d positions", "--max-position-embeddings");
     DIFF_BOOL(rope, "rotary positions", "learned positions", "--position-embedding-type");
     DIFF_BOOL(rmsnorm, "RMSNorm", "LayerNorm", "--normalization");
+    DIFF_BOOL(norm_1p, "norm weights stored as w - 1", "norm weights stored as w", "--apply-layernorm-1p");
     DIFF_BOOL(swiglu, "SwiGLU", "GeLU", "--swiglu");
     DIFF_BOOL(tied, "tied embeddings", "untied embeddings", "--untie-embeddings-and-output-weights");
     DIFF_BOOL(bias, "linear biases", "no linear biases", "--disable-bias-linear");

@@ -21,6 +21,21 @@
 #                       batches, samples and numbers as one rank (fp32 reduction tolerance); a
 #                       NaN in the last micro batch of a ramp step is replayed, bitwise the
 #                       clean run
+#   per_token_loss      --calculate-per-token-loss on short documents with --eod-mask-loss (micro
+#                       batches of unequal loss tokens): the iteration's loss is the sum over its
+#                       tokens / their count, so 4 micro batches of 2, 1 of 8, dp 2 x 2 of 2 and
+#                       tp 2 (SP) x cp 2 end with the same parameters and moments (within 5e-5, fp32 sums in
+#                       another order), while without the flag (each micro batch's mean
+#                       averaged) 4 micro batches of 2 end farther than that from 1 of 8; a NaN
+#                       reproduced in dp 2 recomputed by the other replica (no hang) and
+#                       diagnosed; the refusals that remain
+#   decoupled_lr        --decoupled-lr/--decoupled-min-lr: the log line's decoupled learning rate
+#                       of every iteration is Megatron's schedule (warm-up, cosine decay) from
+#                       them, its learning rate the one from --lr/--min-lr; at 0 the input
+#                       embedding and the output layer end bitwise the same whatever --lr the
+#                       others train at (at their initial values), and differ from a job
+#                       without the flags; equal to --lr/--min-lr it is bitwise the
+#                       job without the flags; refused with the distributed optimizer
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 on_cpu "$cohort"
@@ -64,6 +79,92 @@ many_micro_batches)
         fail "dp 2: no replay: $(grep -i 'iteration 2\|supervisor' "$work/df.out" | head)"
     ckpt_same "$work/dc" "$work/df" "dp 2, 256 micro batches per rank: the replayed run differs"
     same_losses dclean df "dp 2: the logged numbers differ"
+    ;;
+per_token_loss)
+    # short documents (1 to 34 bytes and the EOD, as cp_test.sh's) whose EODs take a share of
+    # each micro batch's loss tokens that varies from one micro batch to the next
+    /usr/bin/python3 -c 'import json, random
+r = random.Random(5)
+for i in range(3000):
+    n = r.choice([1, 2, 3, 5, 8, 13, 21, 34])
+    print(json.dumps({"text": "".join(r.choice("abcdefgh ") for _ in range(n))}))' >"$work/short.jsonl"
+    "$cohort" data preprocess --input "$work/short.jsonl" --output-prefix "$work/short" --tokenizer-type ByteLevelTokenizer \
+        --append-eod --quiet || fail "preprocess"
+    tiny=(--tokenizer-type ByteLevelTokenizer --data-path "$work/short_text_document" --split 90,10,0 --num-layers 2
+          --hidden-size 32 --num-attention-heads 4 --seq-length 64 --global-batch-size 8 --lr 1e-3
+          --attention-dropout 0 --hidden-dropout 0 --eod-mask-loss --data-cache-path "$work/cache" --log-interval 1
+          --eval-interval 1000 --eval-iters 1 --threads 1 --make-vocab-size-divisible-by 256)
+    # (the padded vocabulary 512 at tp 1 and 2: the same model)
+    p=(--calculate-per-token-loss --train-iters 4)
+    train_ok m4 "${p[@]}" --micro-batch-size 2 --save "$work/m4"
+    train_ok m1 "${p[@]}" --micro-batch-size 8 --save "$work/m1"
+    train_ok d2 "${p[@]}" --micro-batch-size 2 --nproc-per-node 2 --save "$work/d2"
+    train_ok tc "${p[@]}" --micro-batch-size 2 --nproc-per-node 4 --tensor-model-parallel-size 2 --sequence-parallel \
+        --context-parallel-size 2 --save "$work/tc"
+    train_ok a4 --train-iters 4 --micro-batch-size 2 --save "$work/a4"
+    train_ok a1 --train-iters 4 --micro-batch-size 8 --save "$work/a1"
+    worst() { # A B: the largest absolute difference of any parameter or moment
+        "$COHORT_CPU_EXE" ckpt diff --json "$work/$1" "$work/$2" >"$work/d.json"
+        /usr/bin/python3 -c "import json; print(max(r.get('max_abs', 0) for r in json.load(open('$work/d.json'))['tensors']))"
+    }
+    for r in m1 d2 tc; do
+        w=$(worst m4 $r)
+        /usr/bin/python3 -c "import sys; sys.exit(not $w <= 5e-5)" || fail "per-token loss: $r differs from m4 by $w"
+        echo "ok: per-token loss: $r within $w of 4 micro batches of 2"
+    done
+    w=$(worst a4 a1)
+    /usr/bin/python3 -c "import sys; sys.exit(not $w > 5e-5)" ||
+        fail "without per-token loss 4 micro batches of 2 end within $w of 1 of 8: the test does not tell"
+    echo "ok: without the flag the micro batches' means differ by $w"
+    # a NaN that reproduces on rank 1 in a dp 2 job: rank 0 recomputes rank 1's share of the
+    # step with the step's token weight (no collective of its own: the other replica waits)
+    nan_reproduced nan_loss 1 0 "${p[@]}" --micro-batch-size 2 --nproc-per-node 2 \
+        --inject "nan@rank=1,step=4,times=always"
+    train_refused "--calculate-per-token-loss with --pipeline-model-parallel-size 2 is not supported yet" \
+        --calculate-per-token-loss --nproc-per-node 2 --pipeline-model-parallel-size 2
+    ;;
+decoupled_lr)
+    s=(--untie-embeddings-and-output-weights --micro-batch-size 2 --train-iters 6 --lr-decay-style cosine
+       --lr-warmup-iters 2 --lr-decay-iters 5 --lr 1e-3 --min-lr 1e-4)
+    train_ok d "${s[@]}" --decoupled-lr 5e-3 --decoupled-min-lr 2e-4 --save "$work/d"
+    /usr/bin/python3 - "$work/d.out" <<'PY' || fail "the learning rates are not Megatron's schedules"
+import math, re, sys
+def lr(step, mx, mn, warm=2, decay=5):  # Megatron's OptimizerParamScheduler.get_lr, cosine, init 0
+    if step <= warm: return mx * step / warm
+    if step > decay: return mn
+    return mn + 0.5 * (math.cos(math.pi * (step - warm) / (decay - warm)) + 1) * (mx - mn)
+rows = re.findall(r"iteration +(\d+)/.*? learning rate: (\S+) \| decoupled learning rate: (\S+) \|", open(sys.argv[1]).read())
+assert [int(r[0]) for r in rows] == list(range(1, 7)), rows
+for it, a, b in rows:  # (the line's rate is the next step's: after `it` steps)
+    it = int(it)
+    for got, want in ((float(a), lr(it, 1e-3, 1e-4)), (float(b), lr(it, 5e-3, 2e-4))):
+        assert abs(got - want) <= 1e-6 * want + 1e-12, (it, got, want)
+print("ok: both schedules over", len(rows), "iterations")
+PY
+    # at rate 0 (AdamW's step and its weight decay both scale with the rate) the two tensors
+    # keep their initial values whatever --lr the others train at
+    train_ok z "${s[@]}" --decoupled-lr 0 --decoupled-min-lr 0 --save "$work/z"
+    train_ok z3 "${s[@]}" --lr 3e-3 --decoupled-lr 0 --decoupled-min-lr 0 --save "$work/z3"
+    train_ok plain "${s[@]}" --save "$work/plain"
+    for pair in "z z3 equal" "z plain differs"; do
+        set -- $pair
+        "$COHORT_CPU_EXE" ckpt diff --json --model-only "$work/$1" "$work/$2" >"$work/zd.json"
+        /usr/bin/python3 - "$work/zd.json" "$3" <<'PY' || fail "--decoupled-lr 0, $1 vs $2: $(head -c 600 "$work/zd.json")"
+import json, sys
+rows = {r["name"]: r["status"] for r in json.load(open(sys.argv[1]))["tensors"]}
+io = ("embedding.word_embeddings.weight", "output_layer.weight")
+want = "bitwise equal" if sys.argv[2] == "equal" else "differs"
+assert all(rows[n] == want for n in io), [(n, rows[n]) for n in io]
+rest = [n for n in rows if n not in io and n.endswith("weight") and "norm" not in n]
+assert rest and all(rows[n] == "differs" for n in rest), rows
+print(f"ok: the input embedding and the output layer {want}; the {len(rest)} other matrices differ")
+PY
+    done
+    train_ok same "${s[@]}" --decoupled-lr 1e-3 --decoupled-min-lr 1e-4 --save "$work/same"
+    ckpt_same "$work/same" "$work/plain" "--decoupled-lr equal to --lr"
+    train_refused "--decoupled-lr with --use-distributed-optimizer is not supported yet" --decoupled-lr 1e-3 \
+        --use-distributed-optimizer
+    train_refused "--decoupled-min-lr needs --decoupled-lr" --decoupled-min-lr 1e-4
     ;;
 rampup)
     r=(--global-batch-size 8 --rampup-batch-size 2 2 12 --train-samples 48 --lr-warmup-samples 4

@@ -13,8 +13,14 @@
 #                 line trains (tp 2 x pp 2, the ramp in the log)
 #   mixtral_8x7b  train_mixtral_8x7b_distributed.sh (pp 2, ep 2; NullTokenizer for
 #                 Llama2Tokenizer): past parsing; the refusals of features being built remain
+#   deepseek_v3   Megatron's DeepSeek-V3 recipe without multi-latent attention (ep 2, sigmoid
+#                 group-limited routing with the expert bias, top-k scaling, a shared expert,
+#                 MTP): refused with the distributed optimizer and overlap lines still being
+#                 built; without those three flags it trains to its end
 #   llama3_8b     train_llama3_8b_h100_fp8.sh (bf16, mock data): past parsing; the refusals
-#                 remain (--attention-backend fused for good: cohort has no cuDNN attention)
+#                 remain (--attention-backend fused for good: cohort has no cuDNN attention);
+#                 without the refused flags the line trains to its end, its checkpoint marked
+#                 --apply-layernorm-1p
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 on_cpu "$cohort"
@@ -284,12 +290,145 @@ llama3_8b)
         "${EVAL_AND_LOGGING_ARGS[@]}"
     remaining=(
         "--attention-backend fused selects Transformer Engine's cuDNN fused attention, which cohort does not have: use auto (local and unfused are the same: cohort's one attention kernel)"
-        "--apply-layernorm-1p is not supported yet"
-        "--calculate-per-token-loss is not supported yet"
-        "--decoupled-lr and --decoupled-min-lr are not supported yet (one learning rate for every layer)"
+        "--decoupled-lr with --use-distributed-optimizer is not supported yet (its shards' update takes one learning rate)"
         "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)"
     )
     expect_outcome llama3
+    # ... without the refused flags (--attention-backend auto; no decoupled rate beside the
+    # distributed optimizer; no overlap):
+    # the line trains to its end, zero-centred norms (--apply-layernorm-1p, kept so in the
+    # checkpoint) and the loss per token (--calculate-per-token-loss) included
+    keep=()
+    skip=0
+    for a in "${MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}"; do
+        if [ $skip = 1 ]; then skip=0; continue; fi
+        case $a in
+        --decoupled-lr | --decoupled-min-lr | --attention-backend) skip=1; continue ;;
+        --overlap-grad-reduce | --overlap-param-gather) continue ;;
+        esac
+        keep+=("$a")
+    done
+    EVAL_AND_LOGGING_ARGS=("${EVAL_AND_LOGGING_ARGS[@]/#$work\/ck/$work/ck2}")
+    launch llama3_run 2 "${keep[@]}" --attention-backend auto "${MODEL_PARALLEL_ARGS[@]}" "${DATA_ARGS_LIST[@]}" \
+        "${EVAL_AND_LOGGING_ARGS[@]}"
+    remaining=()
+    expect_outcome llama3_run
+    grep -q '"layernorm_1p": *true' "$work"/ck2/iter_0000002/manifest.json ||
+        fail "the checkpoint does not say its norms are stored as w - 1: $(ls "$work/ck2")"
+    # ... and a job without --apply-layernorm-1p does not load it
+    launch llama3_plain 2 "${keep[@]/--apply-layernorm-1p/--no-load-rng}" --attention-backend auto \
+        "${MODEL_PARALLEL_ARGS[@]}" "${DATA_ARGS_LIST[@]}" "${EVAL_AND_LOGGING_ARGS[@]}" --train-samples 24
+    [ $rc -ne 0 ] && grep -q "checkpoint has norm weights stored as w - 1, the flags (--apply-layernorm-1p) give norm weights stored as w" \
+        "$work/llama3_plain.out" "$work/llama3_plain.err" || fail "loaded without --apply-layernorm-1p: exit $rc"
+    ;;
+deepseek_v3)
+    # Megatron's DeepSeek-V3 recipe (Megatron-Core's MoE README and the MoE model zoo's
+    # DeepSeek-V3 line), sizes shrunk: fine-grained experts with a shared expert, group-limited
+    # sigmoid routing without aux loss (the expert bias, updated from the counts; the sequence
+    # aux loss at a small weight), top-k scaling, multi-token prediction. Left out: multi-latent
+    # attention (--multi-latent-attention, --q-lora-rank, --kv-lora-rank, --qk-head-dim,
+    # --qk-pos-emb-head-dim, --v-head-dim, --rotary-scaling-factor, --mscale*), which cohort
+    # does not have, and the fusion flags of Transformer Engine (--moe-permute-fusion); the
+    # --moe-layer-freq list below.
+    MODEL_ARGS=(
+        --use-mcore-models
+        --disable-bias-linear
+        --seq-length 32
+        --max-position-embeddings 32
+        --num-layers 4
+        --hidden-size 32
+        --ffn-hidden-size 64
+        --num-attention-heads 4
+        --kv-channels 8
+        --init-method-std 0.02
+        --attention-dropout 0.0
+        --hidden-dropout 0.0
+        --normalization RMSNorm
+        --norm-epsilon 1e-6
+        --position-embedding-type rope
+        --rotary-base 10000
+        --swiglu
+        --untie-embeddings-and-output-weights
+        --no-masked-softmax-fusion
+        --no-position-embedding
+    )
+    MOE_ARGS=(
+        --num-experts 8
+        # Megatron's line makes the first 3 layers dense with the list form "([0]*3+[1]*58)",
+        # which cohort does not parse (an integer only: every N-th layer)
+        --moe-layer-freq 1
+        --moe-ffn-hidden-size 16
+        --moe-shared-expert-intermediate-size 16
+        --moe-router-load-balancing-type seq_aux_loss
+        --moe-router-topk 4
+        --moe-router-num-groups 4
+        --moe-router-group-topk 2
+        --moe-router-topk-scaling-factor 2.5
+        --moe-router-score-function sigmoid
+        --moe-router-enable-expert-bias
+        --moe-router-bias-update-rate 1e-3
+        --moe-router-dtype fp32
+        --moe-aux-loss-coeff 1e-4
+        --moe-grouped-gemm
+        --moe-token-dispatcher-type alltoall
+    )
+    MTP_ARGS=(
+        --mtp-num-layers 1
+        --mtp-loss-scaling-factor 0.1
+    )
+    DATA_ARGS=(
+        --tokenizer-type NullTokenizer --vocab-size 500
+        --mock-data
+        --split 99,1,0
+    )
+    TRAINING_ARGS=(
+        --micro-batch-size 1
+        --global-batch-size 8
+        --lr 1e-4
+        --train-iters 3
+        --lr-decay-iters 3
+        --lr-decay-style cosine
+        --min-lr 1.0e-5
+        --weight-decay 0.1
+        --lr-warmup-iters 1
+        --clip-grad 1.0
+        $BF16
+    )
+    MODEL_PARALLEL_ARGS=(
+        --tensor-model-parallel-size 1
+        --pipeline-model-parallel-size 1
+        --expert-model-parallel-size 2
+    )
+    DDP_ARGS=(
+        --use-distributed-optimizer
+        --overlap-grad-reduce
+        --overlap-param-gather
+    )
+    LOGGING_ARGS=(
+        --log-interval 1
+        --save-interval 10000
+        --eval-interval 1000
+        --eval-iters 1
+        --save "$work/ck"
+        --tensorboard-dir "$work/tb"
+    )
+    launch deepseek 2 "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${MTP_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" \
+        "${MODEL_PARALLEL_ARGS[@]}" "${DDP_ARGS[@]}" "${LOGGING_ARGS[@]}"
+    remaining=(
+        "--overlap-grad-reduce with tensor, pipeline, context or expert parallelism is not supported yet (their backward communicates over the transport the communication thread would use): data parallelism only"
+        "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)"
+        "--use-distributed-optimizer with --expert-model-parallel-size 2 is not supported yet (the experts' shards would span the expert-data-parallel group only)"
+    )
+    expect_outcome deepseek
+    # ... the model, its routing and MTP without those: trains to its end, the MTP loss and the
+    # expert bias's routing in the log
+    launch deepseek_run 2 "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${MTP_ARGS[@]}" "${DATA_ARGS[@]}" \
+        "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${LOGGING_ARGS[@]}"
+    remaining=()
+    expect_outcome deepseek_run
+    grep -q "iteration *3/ *3 .*mtp_1 loss" "$work/deepseek_run.out" ||
+        fail "no MTP loss in the last iteration's line: $(grep 'iteration' "$work/deepseek_run.out" | tail -2)"
+    [ -d "$work/ck" ] || fail "no checkpoint saved"
     ;;
 *) fail "unknown case $case_name" ;;
 esac

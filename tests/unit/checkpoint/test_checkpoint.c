@@ -49,7 +49,7 @@ static void meta_for(ck_meta *m, int64_t it) {
     m->progress = (ck_progress){it, {it * 4, 8, 0}, 0, 0, 12.5, 1e300, 2, 65536.0, 3, -1};
     m->seed = 1234;
     m->layout = (ck_layout){1, 1, 1, 1, 1, false, 1, 1};
-    m->model = (ck_model_info){2, 32, 4, 4, 8, 128, 501, 512, 32, false, false, false, true, true, 1e-5, 10000};
+    m->model = (ck_model_info){2, 32, 4, 4, 8, 128, 501, 512, 32, false, false, false, true, true, false, 1e-5, 10000};
     m->optim = (ck_optim_info){true, "adamw", it, 0.9, 0.999, 1e-8, 0.01, 1.0};
 }
 

@@ -316,7 +316,7 @@ static void test_save_load(void) {
     meta.iteration = 7;
     meta.progress.iteration = 7;
     meta.layout = (ck_layout){1, 1, 1, 1, 1, false, 1, 1};
-    meta.model = (ck_model_info){1, C, 1, 1, C, 4 * C, R, R, 16, false, false, false, true, true, 1e-5, 10000};
+    meta.model = (ck_model_info){1, C, 1, 1, C, 4 * C, R, R, 16, false, false, false, true, true, false, 1e-5, 10000};
     meta.optim = (ck_optim_info){true, "adamw", 7, 0.9, 0.999, 1e-8, 0.01, 1.0};
     for (int mode = 0; mode < 2; mode++) { /* direct allowed, then turned off */
         if (mode) setenv("COHORT_CKPT_DIRECT_IO", "0", 1);
@@ -532,7 +532,7 @@ static void test_stuck_async_save(void) {
     meta.iteration = 3;
     meta.progress.iteration = 3;
     meta.layout = (ck_layout){1, 1, 1, 1, 1, false, 1, 1};
-    meta.model = (ck_model_info){1, C, 1, 1, C, 4 * C, R, R, 16, false, false, false, true, true, 1e-5, 10000};
+    meta.model = (ck_model_info){1, C, 1, 1, C, 4 * C, R, R, 16, false, false, false, true, true, false, 1e-5, 10000};
     meta.optim = (ck_optim_info){true, "adamw", 3, 0.9, 0.999, 1e-8, 0.01, 1.0};
     ck_saver_opts o = {.save_dir = save, .async = true, .writers = 1};
     ck_saver *sv = NULL;

@@ -401,6 +401,64 @@ static void test_grad_mtp(void) {
     grad_check(c, false, "mtp: 1 depth, rmsnorm/rope/swiglu/untied/dropout");
 }
 
+/* --apply-layernorm-1p: every norm weight (the layers', the final norm's, the MTP depth's
+ * three) starts at 0, and a model whose stored weights are w computes bitwise what the plain
+ * model with weights 1 + w computes: the loss, the MTP loss and every gradient (d(1+w)/dw = 1);
+ * with LayerNorm and with RMSNorm, and its gradients against finite differences. */
+static void layernorm_1p_case(gpt_config c, const char *label) {
+    kb_backend *be = backend(false);
+    REQUIRE(be);
+    gpt_config c1 = c;
+    c1.norm_1p = true;
+    gpt_model *a = NULL, *b = NULL;
+    REQUIRE(gpt_new(&a, &c1, be, 2, 8) == 0 && gpt_new(&b, &c, be, 2, 8) == 0);
+    gpt_init(a, 5);
+    const gpt_tensor *ta = gpt_tensors(a), *tb = gpt_tensors(b);
+    REQUIRE(gpt_num_tensors(a) == gpt_num_tensors(b));
+    int norms = 0;
+    for (int i = 0; i < gpt_num_tensors(a); i++)
+        if (strstr(ta[i].name, "norm.weight")) {
+            norms++;
+            for (size_t k = 0; k < ta[i].numel; k++) CHECK(gpt_params(a)[ta[i].offset + k] == 0.0f);
+        }
+    CHECK_MSG(norms == 2 * c.num_layers + 1 + 5 * c.mtp_layers, "%s: %d norm weights", label, norms);
+    perturb(a, 9, 0.1);
+    for (int i = 0; i < gpt_num_tensors(a); i++) {
+        CHECK(!strcmp(ta[i].name, tb[i].name) && ta[i].numel == tb[i].numel);
+        bool norm = strstr(ta[i].name, "norm.weight") != NULL;
+        for (size_t k = 0; k < ta[i].numel; k++) {
+            float w = gpt_params(a)[ta[i].offset + k];
+            gpt_params(b)[tb[i].offset + k] = norm ? 1.0f + w : w;
+        }
+    }
+    batch_buf bb;
+    make_batch(&bb, 2, 8, c.vocab, 17, false);
+    gpt_zero_grad(a);
+    gpt_zero_grad(b);
+    double la = loss_of(a, &bb, 1), lb = loss_of(b, &bb, 1);
+    gpt_backward(a, &bb.b, 1);
+    gpt_backward(b, &bb.b, 1);
+    CHECK_MSG(la == lb, "%s: loss %.9g with 1p, %.9g with 1 + w", label, la, lb);
+    CHECK_MSG(!memcmp(gpt_grads(a), gpt_grads(b), gpt_num_params(a) * sizeof(float)), "%s: gradients differ", label);
+    gpt_destroy(&a);
+    gpt_destroy(&b);
+    kb_backend_destroy(&be);
+    grad_check(c1, false, label);
+}
+
+static void test_layernorm_1p(void) {
+    gpt_config c = tiny();
+    c.mtp_layers = 1;
+    c.mtp_loss_scaling = 0.5f;
+    layernorm_1p_case(c, "layernorm-1p: layernorm/learned/gelu/tied/mtp");
+    c.rope = true;
+    c.rmsnorm = true;
+    c.swiglu = true;
+    c.tied = false;
+    c.bias = false;
+    layernorm_1p_case(c, "layernorm-1p: rmsnorm/rope/swiglu/untied/mtp");
+}
+
 /* ---- against PyTorch (tests/data/mtp_torch_ref.py) ---- */
 
 static const char *g_python, *g_mtp_script;
@@ -501,6 +559,7 @@ int main(int argc, char **argv) {
     RUN(test_grad_moe);
     RUN(test_moe_one_expert_is_dense);
     RUN(test_grad_mtp);
+    RUN(test_layernorm_1p);
     RUN(test_mtp_against_torch);
     RUN(test_bitwise_repeatable);
     RUN(test_learns_counting);

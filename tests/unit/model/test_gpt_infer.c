@@ -3,7 +3,8 @@
  * position's logits equal to a full forward's over the whole sequence within 1e-5 x (1 +
  * max |logit|) in fp32, for GPT-2's options, a Llama-style model (rope, RMSNorm, SwiGLU,
  * grouped queries, untied, no biases), MoE layers (dropless, router per token) and a model
- * with MTP depths (not run); a step past the cache, an id outside the vocabulary and a
+ * with MTP depths (not run), GPT-2 and Llama options with zero-centred norms
+ * (--apply-layernorm-1p); a step past the cache, an id outside the vocabulary and a
  * model split over ranks refused; a reset cache starts again at position 0. */
 #include "../../test.h"
 
@@ -17,13 +18,16 @@ typedef struct kcase {
     const char *name;
     bool rope, rms, swiglu, tied, bias;
     int kv_groups, experts, mtp;
+    bool norm_1p; /* --apply-layernorm-1p: the norms' stored weights (0 at init) are w - 1 */
 } kcase;
 
 static const kcase cases[] = {
-    {"gpt2", false, false, false, true, true, 4, 0, 0},
-    {"llama", true, true, true, false, false, 2, 0, 0},
-    {"moe", true, false, false, true, false, 4, 4, 0},
-    {"mtp", true, false, false, true, true, 4, 0, 2},
+    {"gpt2", false, false, false, true, true, 4, 0, 0, false},
+    {"llama", true, true, true, false, false, 2, 0, 0, false},
+    {"moe", true, false, false, true, false, 4, 4, 0, false},
+    {"mtp", true, false, false, true, true, 4, 0, 2, false},
+    {"llama-1p", true, true, true, false, false, 2, 0, 0, true},
+    {"gpt2-1p", false, false, false, true, true, 4, 0, 0, true},
 };
 
 static gpt_config config(const kcase *k) {
@@ -31,7 +35,7 @@ static gpt_config config(const kcase *k) {
                     .ffn_hidden = 64, .vocab = V, .padded_vocab = gpt_padded_vocab(V, 8), .max_positions = 16,
                     .rope = k->rope, .rotary_base = 10000.0f, .rmsnorm = k->rms, .norm_eps = 1e-5f,
                     .swiglu = k->swiglu, .tied = k->tied, .bias = k->bias, .init_std = 0.3f, .tp = 1,
-                    .mtp_layers = k->mtp, .mtp_loss_scaling = 0.3f};
+                    .mtp_layers = k->mtp, .mtp_loss_scaling = 0.3f, .norm_1p = k->norm_1p};
     if (k->experts) {
         c.moe = (moe_config){.num_experts = k->experts, .ffn_hidden = 48, .topk = 2, .score = MOE_SCORE_SOFTMAX,
                              .scaling_factor = 1.0f, .ep_size = 1, .etp_size = 1};
