@@ -123,6 +123,11 @@ typedef struct sv {
     char (*agent_gone)[64];     /* supervisor: [nnodes] a lost agent's identity: refused if it comes back */
     uint64_t *node_lost_ms;     /* supervisor: [nnodes] when a node was lost and awaits a new agent (0: not) */
     uint64_t barrier_t0;        /* when the restart barrier's timeout began (a lost node's new agent restarts it) */
+    /* --elastic (supervisor.c's elastic_*; the plans: elastic.c) */
+    int world0;                 /* the world at the start: coord and source have room for it */
+    bool *elastic_gone;         /* [nnodes] a lost node no new agent replaced in time: its replicas leave */
+    bool *elastic_out;          /* [nnodes] a node whose replicas left: a new agent of it grows the job back */
+    bool elastic_grow;          /* the restart under way is a grow: the new agent's workers join */
 } sv;
 
 /* What the process does as the supervisor (supervisor.c) or as a node agent (agent.c). */

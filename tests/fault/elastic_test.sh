@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# elastic_test.sh - --elastic: elastic data parallelism, one case per meson test.
+#   elastic_test.sh COHORT CASE
+# Cases:
+#   node_lost  two nodes on this host (a supervisor --nnodes 2 --node-rank 0 and node 1's agent,
+#              2 workers each: dp 4): node 1's agent and workers SIGKILLed -> the replicas of node
+#              1 leave and the job trains on with dp 2 in the same processes on node 0 -> a new
+#              agent of node 1 -> its workers join as new replicas with their peers' state, dp 4
+#              to the end. Every sample consumed exactly once (each record's count, sum and sum
+#              of squares of the samples' positions in `cohort data order`'s training order),
+#              0 steps lost, the final parameters and moments within a stated fp32 tolerance of
+#              the fault-free run's (only the gradients' summation order differs), the shrunk
+#              seconds counted as shrunk_capacity in the goodput
+#   refused    what --elastic is not built for is refused with one line each
+cohort=$1; case_name=$2
+. "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
+on_cpu "$cohort"
+workdir elastic
+
+"$cohort" keygen --output "$work/secret" >/dev/null || fail "keygen"
+tiny_model --global-batch-size 8
+hb=(--inprocess-heartbeat-interval 0.5 --inprocess-heartbeat-timeout 3)
+
+# a port with the next 8 free: the supervisor's and its workers' data ports
+pick_port() {
+    local used p k ok _ addr
+    used=" $(tail -qn +2 /proc/net/tcp /proc/net/tcp6 2>/dev/null | while read -r _ addr _; do echo $((16#${addr##*:})); done |
+        tr '\n' ' ') "
+    for _ in $(seq 50); do
+        p=$((20000 + RANDOM % 12000)) ok=1
+        for ((k = 0; k <= 8; k++)); do [[ $used == *" $((p + k)) "* ]] && ok=0; done
+        [ $ok = 1 ] && break
+    done
+    echo $p
+}
+
+# start_nodes NAME ARGS...: node 1's agent, then node 0 (the supervisor), in the background;
+# output in $work/NAME.nK, metrics in $work/NAME.jsonl, pids in node_pid[K]
+start_nodes() {
+    local name=$1; shift
+    net=(--nnodes 2 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "$(pick_port)" --job-secret "$work/secret")
+    start_agent "$name.n1" "$@"
+    timeout -s KILL 150 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --metrics-file "$work/$name.jsonl" \
+        "$@" >"$work/$name.n0" 2>&1 &
+    node_pid[0]=$!
+}
+start_agent() {
+    local out=$1; shift
+    timeout -s KILL 150 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 1 --node-addr 127.0.0.1 "$@" \
+        >"$work/$out" 2>&1 &
+    node_pid[1]=$!
+}
+wait_ok() { # wait_ok PID WHAT OUT
+    wait "$1" || fail "$2 exited $?: $(tail -5 "$3")"
+}
+
+# Every record's samples are the global batch's, each position once: count, sum and sum of
+# squares of the positions [consumed - gbs, consumed); the data-parallel sizes seen in order.
+check_samples() {
+    /usr/bin/python3 - "$1" "$2" <<'PY' || fail "samples: $(tail -3 "$work/samples.out")"
+import json, sys
+gbs, dps, seen = int(sys.argv[2]), [], set()
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "samples_read" not in r:
+        continue
+    c = r["consumed_samples"]
+    pos = range(c - gbs, c)
+    want = (len(pos), sum(pos), sum(p * p for p in pos))
+    got = (r["samples_read"], r["sample_position_sum"], r["sample_position_sumsq"])
+    assert got == want, (r["iteration"], got, want)
+    assert r["iteration"] not in seen, r["iteration"]
+    seen.add(r["iteration"])
+    if not dps or dps[-1] != r["data_parallel_size"]:
+        dps.append(r["data_parallel_size"])
+print(" ".join(map(str, dps)))
+PY
+}
+
+case $case_name in
+node_lost)
+    job=(--train-iters 300 --elastic "${hb[@]}" --eval-iters 0 --disable-bias-linear)
+    start_nodes clean "${job[@]}" --save "$work/cs"
+    wait_ok "${node_pid[1]}" "clean: node 1" "$work/clean.n1"
+    wait_ok "${node_pid[0]}" "clean: node 0" "$work/clean.n0"
+    [ "$(check_samples "$work/clean.jsonl" 8)" = 4 ] || fail "the fault-free run's dp: $(check_samples "$work/clean.jsonl" 8)"
+    start_nodes f "${job[@]}" --save "$work/fs"
+    wait_until 60 grep -q "iteration *10/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
+    agent=$(children "${node_pid[1]}")
+    [ -n "$agent" ] || fail "node 1's agent not found"
+    kill -KILL $agent $(children "$agent") # the machine is gone
+    wait "${node_pid[1]}"
+    wait_until 20 grep -q "elastic: 2 model replica(s) lost a rank for good and leave; the job trains on with 2 replica(s) (2 ranks, it had 4)" "$work/f.n0" ||
+        fail "no shrink: $(grep -i "supervisor\|elastic" "$work/f.n0" | tail -5)"
+    shrunk_at=$(grep -o "iteration *[0-9]*/" "$work/f.n0" | tail -1 | tr -dc 0-9)
+    wait_until 30 bash -c "grep -o 'iteration *[0-9]*/' '$work/f.n0' | tail -1 | tr -dc 0-9 | xargs test $((shrunk_at + 5)) -le" ||
+        fail "no progress at dp 2: $(tail -3 "$work/f.n0")"
+    start_agent f.n1b "${job[@]}" --save "$work/fs"
+    wait_until 30 grep -q "elastic: 2 model replica(s) join; the job trains on with 4 replica(s) (4 ranks, it had 2)" "$work/f.n0" ||
+        fail "no grow: $(grep -i "supervisor\|elastic" "$work/f.n0" | tail -5)"
+    wait_ok "${node_pid[1]}" "node 1 (new agent)" "$work/f.n1b"
+    wait_ok "${node_pid[0]}" "node 0" "$work/f.n0"
+    dps=$(check_samples "$work/f.jsonl" 8)
+    [ "$dps" = "4 2 4" ] || fail "data-parallel sizes $dps, not 4 2 4"
+    grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
+    /usr/bin/python3 - "$work/fs/run_report.json" <<'PY' || fail "goodput: $(grep -o '"shrunk_capacity"[^,]*' "$work/fs/run_report.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+g = r["goodput"]["lost_seconds"] if "lost_seconds" in r.get("goodput", {}) else r["goodput"]
+assert g["shrunk_capacity"] > 0, g
+PY
+    # only the summation order of the gradients differs (4 ranks' partial sums, then 2's): the
+    # parameters and moments end within float rounding of the fault-free run's. Measured: max
+    # abs 2.4e-7 (2 ulp of the norms' weights near 1) over 300 steps; asserted within 1e-6
+    # (`cohort ckpt diff --atol`), and not bitwise (the fault happened). (Without
+    # --disable-bias-linear the key bias, whose gradient is zero in exact arithmetic, takes
+    # Adam steps of its rounding noise's sign in each run: 1e-5 apart after 300 steps.)
+    "$cohort" ckpt diff --json --atol 1e-6 "$work/cs" "$work/fs" >"$work/diff.json" ||
+        fail "the final checkpoints differ by more than 1e-6: $(grep -B2 '"status": "differs"' "$work/diff.json" | head -9)"
+    /usr/bin/python3 - "$work/diff.json" <<'PY' || fail "the final checkpoints: $(head -c 400 "$work/diff.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+names = [t["name"] for t in d["tensors"]]
+assert d["different"] == 0 and d["within_tolerance"] > 0 and not d["bitwise_equal"], d
+assert any(n.startswith("optimizer.exp_avg_sq.") for n in names), names
+print("max abs difference %.3g" % max(t["max_abs"] for t in d["tensors"]))
+PY
+    ;;
+refused)
+    for bad in "--pipeline-model-parallel-size 2:--elastic with --pipeline-model-parallel-size 2 is not supported yet" \
+               "--use-distributed-optimizer:--elastic with --use-distributed-optimizer is not supported yet" \
+               "--elastic-min-replicas 5:--elastic-min-replicas 5 is out of range: give 1 to the data-parallel size 4"; do
+        read -ra extra <<<"${bad%%:*}"
+        train_refused "${bad#*:}" --nproc-per-node 4 --elastic "${extra[@]}"
+    done
+    train_refused "--elastic-min-replicas 2 needs --elastic" --nproc-per-node 4 --elastic-min-replicas 2
+    ;;
+*) fail "unknown case $case_name" ;;
+esac
+echo "PASS: elastic $case_name"
