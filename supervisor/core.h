@@ -47,6 +47,9 @@ typedef struct worker {
     bool evicting;            /* a straggler being evicted: a warm spare takes its rank (planner's view) */
     bool signalled;           /* it reported a SIGINT/SIGTERM of its own */
     int rank;                 /* its data-parallel rank, -1 for a warm spare (index is its slot) */
+    bool elastic_gone;        /* --elastic: dead, and nothing replaces it (the restart budget used up, its
+                                 respawn failed): its replica leaves at the restart barrier */
+    bool elastic_left;        /* --elastic: its replica left; the slot waits for nothing */
     /* several nodes */
     uint32_t stopped_pid;     /* supervisor: another node's process its agent reported stopped (0: none) */
     bool goodbye;             /* supervisor: its process said goodbye (it is ending) */

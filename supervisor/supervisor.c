@@ -284,7 +284,8 @@ void sv__maybe_finish(sv *s) {
         /* (a lost node's slot that holds no rank waits for nothing: no agent starts it) */
         all_registered = all_registered && (w_registered(w) || (!s->agent && w->rank < 0 && !w_local(s, w) &&
                                                                 (w->state == SVP_EXITED || w->state == SVP_EMPTY) &&
-                                                                !node_has_agent(s, w->index / s->o.nproc)));
+                                                                !node_has_agent(s, w->index / s->o.nproc)) ||
+                                            (w->elastic_left && w->state == SVP_EXITED));
     }
     if (!running && (s->agent || all_registered || s->stopping)) ac_actor_request_stop(s->a);
 }
@@ -466,7 +467,20 @@ static void on_proc_closed(uv_handle_t *h) {
     worker *w = h->data;
     if (w->state == SVP_EXITING) sv__w_set(w, SVP_EXITED);
     if (w->state == SVP_RESPAWN) {
-        int rc = sv__spawn_one(w->sv, w);
+        /* (test hook COHORT_TEST_RESPAWN_FAILS: a replacement's process cannot start) */
+        int rc = getenv("COHORT_TEST_RESPAWN_FAILS") ? co_err_set(CO_EIO, "supervisor: starting a replacement for "
+                                                                           "rank %d: COHORT_TEST_RESPAWN_FAILS", w->rank)
+                                                     : sv__spawn_one(w->sv, w);
+        if (rc && w->sv->o.elastic && w->rank >= 0 && w->sv->restarting) {
+            /* --elastic: its replica leaves at the restart barrier instead */
+            sv__w_set(w, SVP_EXITED);
+            co_log(CO_LOG_WARN, "rank %d's replacement could not start (%s): its model replica leaves (--elastic)",
+                   w->rank, co_err_detail());
+            w->replacing = false;
+            w->elastic_gone = true;
+            check_restart_done(w->sv);
+            return;
+        }
         if (rc) {
             sv__w_set(w, SVP_EXITED);
             co_log(CO_LOG_WARN, "%s", co_err_detail());
@@ -479,11 +493,27 @@ static void plan_view(sv *s, svp_view *v, svp_slot *slots);
 
 /* Whether --inprocess-restart-limit restarts happened within the window already (then the
  * job is stopped); else the restart is counted. */
+/* --elastic: the restart budget is used up; the dead ranks are not replaced and their replicas
+ * leave at the restart barrier instead of the job stopping. False: none is dead (a hang), or
+ * not elastic: the job stops. */
+static bool elastic_budget_out(sv *s, const char *why, int recent) {
+    int n = 0;
+    for (int i = 0; s->o.elastic && i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (w->rank < 0 || !svp_dead(w->state)) continue;
+        w->elastic_gone = true;
+        n++;
+        co_log(CO_LOG_WARN, "%s; %d restarts within %d s already (--inprocess-restart-limit): rank %d is not replaced, "
+               "its model replica leaves (--elastic)", why, recent, s->o.restart_window_ms / 1000, w->rank);
+    }
+    return n > 0;
+}
+
 static bool restart_limit_reached(sv *s, uint64_t now, const char *why) {
     int recent = 0;
     for (int k = 0; k < s->nrestarts && k < 64; k++)
         if (now - s->restart_times[k] <= (uint64_t)s->o.restart_window_ms) recent++;
-    if (recent >= s->o.restart_limit) {
+    if (recent >= s->o.restart_limit && !elastic_budget_out(s, why, recent)) {
         char msg[600];
         snprintf(msg, sizeof msg, "%s; %d restarts within %d s already (--inprocess-restart-limit): stopping the job",
                  why, recent, s->o.restart_window_ms / 1000);
@@ -539,11 +569,22 @@ static int replace_dead_rank(sv *s, worker *w, worker *sp) {
         }
         return 0;
     }
+    if (w->elastic_gone) { /* (--elastic: nothing replaces it; its replica leaves) */
+        unregister(s, w);
+        return 0;
+    }
     if (!w->replacing) {
         w->replacing = true;
         unregister(s, w);
     }
     int rc = respawn_slot(s, w);
+    if (rc && s->o.elastic) {
+        co_log(CO_LOG_WARN, "rank %d's replacement could not start (%s): its model replica leaves (--elastic)", w->rank,
+               co_err_detail());
+        w->replacing = false;
+        w->elastic_gone = true;
+        return 0;
+    }
     if (rc) {
         co_log(CO_LOG_ERROR, "%s", co_err_detail());
         begin_shutdown(s, SV_EXIT_FAILURE, "could not start a replacement worker");
@@ -709,7 +750,7 @@ static bool elastic_shrink(sv *s, svp_view *v, sve_plan *p, bool *gone) {
     int n = 0;
     for (int i = 0; i < s->nw; i++) {
         const worker *w = &s->w[i];
-        gone[i] = s->elastic_gone[w->index / s->o.nproc] && w->rank >= 0 && !svp_alive(w->state);
+        gone[i] = (s->elastic_gone[w->index / s->o.nproc] || w->elastic_gone) && w->rank >= 0 && !svp_alive(w->state);
         n += gone[i];
     }
     if (!n) return true;
@@ -726,8 +767,12 @@ static bool elastic_shrink(sv *s, svp_view *v, sve_plan *p, bool *gone) {
     for (int i = 0; i < s->nw; i++) {
         worker *w = &s->w[i];
         if (!gone[i]) continue;
-        w->replacing = false; /* (nothing replaces it: its slot waits for a new agent of its node) */
-        if (w->state == SVP_RESPAWN || w->state == SVP_EXITING) sv__w_set(w, SVP_EXITED);
+        w->replacing = w->elastic_gone = false; /* (nothing replaces it: its slot waits for a new agent of its node) */
+        w->elastic_left = true;
+        /* (a lost node's slot was ordered a replacement from no agent; a local exiting one's
+         * handle closes first) */
+        if (w->state == SVP_STARTED && !w_local(s, w)) sv__w_set(w, SVP_EXITING);
+        if (w->state == SVP_RESPAWN || (w->state == SVP_EXITING && !w_local(s, w))) sv__w_set(w, SVP_EXITED);
     }
     for (int k = 0; k < s->o.nnodes; k++)
         if (s->elastic_gone[k]) s->elastic_out[k] = true, s->elastic_gone[k] = false;
@@ -1304,6 +1349,7 @@ static void adopt_spare_slots(sv *s, int n) {
             co_log(CO_LOG_INFO, "a new agent of node %d joined: its slots hold warm spares (the node's ranks went to "
                    "spares before)", n);
         said = true;
+        w->elastic_left = false;
         sv__w_set(w, SVP_STARTED);
         w->pid = 0;
         w->exit_status = w->term_signal = 0;

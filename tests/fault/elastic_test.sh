@@ -11,6 +11,10 @@
 #              0 steps lost, the final parameters and moments within a stated fp32 tolerance of
 #              the fault-free run's (only the gradients' summation order differs), the shrunk
 #              seconds counted as shrunk_capacity in the goodput
+#   budget     one node of 4 ranks: the second of two kills finds the restart budget used up
+#              (--inprocess-restart-limit 1): the rank is not replaced, its replica leaves, dp 3
+#              (uneven shares) to the end; samples once, 0 steps lost, within the tolerance
+#   respawn_fails the same with the replacement's process failing to start
 #   refused    what --elastic is not built for is refused with one line each
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
@@ -125,6 +129,34 @@ assert d["different"] == 0 and d["within_tolerance"] > 0 and not d["bitwise_equa
 assert any(n.startswith("optimizer.exp_avg_sq.") for n in names), names
 print("max abs difference %.3g" % max(t["max_abs"] for t in d["tensors"]))
 PY
+    ;;
+budget | respawn_fails)
+    # one node of 4 ranks (dp 4); a rank whose replacement cannot be had: the restart budget used
+    # up (--inprocess-restart-limit 1: the first kill is replaced, the second is not) or its new
+    # process failing to start (the test hook COHORT_TEST_RESPAWN_FAILS) -> its replica leaves,
+    # dp 3 (4 micro batches dealt 2, 1, 1) to the end, the supervisor ends 0
+    one=(--nproc-per-node 4 --train-iters 40 --elastic --eval-iters 0 --disable-bias-linear)
+    "$cohort" train "${tiny[@]}" "${one[@]}" --metrics-file "$work/clean.jsonl" --save "$work/cs" >"$work/clean.out" 2>&1 ||
+        fail "clean: exit $?: $(tail -5 "$work/clean.out")"
+    if [ "$case_name" = budget ]; then
+        faults=(--inprocess-restart-limit 1 --inject "kill@rank=1,step=5" --inject "kill@rank=2,step=12")
+        want="restarts within 600 s already (--inprocess-restart-limit): rank 2 is not replaced, its model replica leaves (--elastic)"
+    else
+        faults=(--inject "kill@rank=3,step=5")
+        export COHORT_TEST_RESPAWN_FAILS=1
+        want="rank 3's replacement could not start (supervisor: starting a replacement for rank 3: COHORT_TEST_RESPAWN_FAILS): its model replica leaves (--elastic)"
+    fi
+    timeout -s KILL 120 "$cohort" train "${tiny[@]}" "${one[@]}" "${faults[@]}" --metrics-file "$work/f.jsonl" --save "$work/fs" \
+        >"$work/f.out" 2>&1 || fail "exit $?: $(tail -5 "$work/f.out")"
+    unset COHORT_TEST_RESPAWN_FAILS
+    grep -qF "$want" "$work/f.out" || fail "not said: $want: $(grep supervisor "$work/f.out" | tail -5)"
+    grep -qF "elastic: 1 model replica(s) lost a rank for good and leave; the job trains on with 3 replica(s) (3 ranks, it had 4)" \
+        "$work/f.out" || fail "no shrink: $(grep supervisor "$work/f.out" | tail -5)"
+    dps=$(check_samples "$work/f.jsonl" 8)
+    [ "$dps" = "4 3" ] || fail "data-parallel sizes $dps, not 4 3"
+    grep -q "0 step(s) lost" "$work/f.out" || fail "steps lost: $(grep 'run report' "$work/f.out")"
+    "$cohort" ckpt diff --json --atol 1e-6 "$work/cs" "$work/fs" >"$work/diff.json" ||
+        fail "the final checkpoints differ by more than 1e-6: $(grep -B2 '"status": "differs"' "$work/diff.json" | head -9)"
     ;;
 refused)
     for bad in "--pipeline-model-parallel-size 2:--elastic with --pipeline-model-parallel-size 2 is not supported yet" \
