@@ -1131,8 +1131,16 @@ void trainer_set_groups(trainer *t, const tr_groups *g) {
     trainer__overlap_drain(t); /* (a thread an error left behind uses the old groups) */
     t->g.dp = g->dp;
     if (g->dp) topo_init(&t->topo, g->dp->size, 1, 1, 1, g->dp->rank);
-    /* --elastic: the data-parallel size may have changed (a shrink, a grow): this rank's share */
-    if (g->dp && t->cfg.elastic) t->M = trainer__share(t, t->gbs, t->topo.dp_rank);
+    /* --elastic: the data-parallel size may have changed (a shrink, a grow): this rank's share,
+     * and the job's layout over the new world (a verdict's world ranks name replicas by it) */
+    if (g->dp && t->cfg.elastic) {
+        t->M = trainer__share(t, t->gbs, t->topo.dp_rank);
+        topo_layout *l = &t->layout;
+        char lerr[200];
+        if (t->have_layout)
+            t->have_layout = topo_layout_init(l, g->dp->size * l->tp * l->cp * l->pp, l->tp, l->pp, l->cp, l->ep, l->etp,
+                                              l->tp_pp_dp, lerr, sizeof lerr) == 0;
+    }
     set_tensor_group(t, g->tp);
     trainer__cp_set_groups(t, g);
     if (t->pp_size > 1) {

@@ -11,6 +11,8 @@
 #              0 steps lost, the final parameters and moments within a stated fp32 tolerance of
 #              the fault-free run's (only the gradients' summation order differs), the shrunk
 #              seconds counted as shrunk_capacity in the goodput
+#   node_lost_tp the same with --tensor-model-parallel-size 2: node 1's replica of two ranks
+#              leaves (dp 2 -> 1) and comes back (dp 2)
 #   budget     one node of 4 ranks: the second of two kills finds the restart budget used up
 #              (--inprocess-restart-limit 1): the rank is not replaced, its replica leaves, dp 3
 #              (uneven shares) to the end; samples once, 0 steps lost, within the tolerance
@@ -82,30 +84,33 @@ PY
 }
 
 case $case_name in
-node_lost)
+node_lost | node_lost_tp)
     job=(--train-iters 300 --elastic "${hb[@]}" --eval-iters 0 --disable-bias-linear)
+    # (tp 2: node 1 holds replica 1 whole, ranks 2 and 3; dp 2 -> 1 -> 2)
+    dp=4 tp=1
+    [ "$case_name" = node_lost_tp ] && dp=2 tp=2 job+=(--tensor-model-parallel-size 2)
     start_nodes clean "${job[@]}" --save "$work/cs"
     wait_ok "${node_pid[1]}" "clean: node 1" "$work/clean.n1"
     wait_ok "${node_pid[0]}" "clean: node 0" "$work/clean.n0"
-    [ "$(check_samples "$work/clean.jsonl" 8)" = 4 ] || fail "the fault-free run's dp: $(check_samples "$work/clean.jsonl" 8)"
+    [ "$(check_samples "$work/clean.jsonl" 8)" = $dp ] || fail "the fault-free run's dp: $(check_samples "$work/clean.jsonl" 8)"
     start_nodes f "${job[@]}" --save "$work/fs"
     wait_until 60 grep -q "iteration *10/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
     agent=$(children "${node_pid[1]}")
     [ -n "$agent" ] || fail "node 1's agent not found"
     kill -KILL $agent $(children "$agent") # the machine is gone
     wait "${node_pid[1]}"
-    wait_until 20 grep -q "elastic: 2 model replica(s) lost a rank for good and leave; the job trains on with 2 replica(s) (2 ranks, it had 4)" "$work/f.n0" ||
+    wait_until 20 grep -qF "elastic: $((dp / 2)) model replica(s) lost a rank for good and leave; the job trains on with $((dp / 2)) replica(s) (2 ranks, it had 4)" "$work/f.n0" ||
         fail "no shrink: $(grep -i "supervisor\|elastic" "$work/f.n0" | tail -5)"
     shrunk_at=$(grep -o "iteration *[0-9]*/" "$work/f.n0" | tail -1 | tr -dc 0-9)
     wait_until 30 bash -c "grep -o 'iteration *[0-9]*/' '$work/f.n0' | tail -1 | tr -dc 0-9 | xargs test $((shrunk_at + 5)) -le" ||
         fail "no progress at dp 2: $(tail -3 "$work/f.n0")"
     start_agent f.n1b "${job[@]}" --save "$work/fs"
-    wait_until 30 grep -q "elastic: 2 model replica(s) join; the job trains on with 4 replica(s) (4 ranks, it had 2)" "$work/f.n0" ||
+    wait_until 30 grep -qF "elastic: $((dp / 2)) model replica(s) join; the job trains on with $dp replica(s) (4 ranks, it had 2)" "$work/f.n0" ||
         fail "no grow: $(grep -i "supervisor\|elastic" "$work/f.n0" | tail -5)"
     wait_ok "${node_pid[1]}" "node 1 (new agent)" "$work/f.n1b"
     wait_ok "${node_pid[0]}" "node 0" "$work/f.n0"
     dps=$(check_samples "$work/f.jsonl" 8)
-    [ "$dps" = "4 2 4" ] || fail "data-parallel sizes $dps, not 4 2 4"
+    [ "$dps" = "$dp $((dp / 2)) $dp" ] || fail "data-parallel sizes $dps, not $dp $((dp / 2)) $dp"
     grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
     /usr/bin/python3 - "$work/fs/run_report.json" <<'PY' || fail "goodput: $(grep -o '"shrunk_capacity"[^,]*' "$work/fs/run_report.json")"
 import json, sys
