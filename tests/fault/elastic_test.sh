@@ -85,7 +85,10 @@ PY
 
 case $case_name in
 node_lost | node_lost_tp)
-    job=(--train-iters 300 --elastic "${hb[@]}" --eval-iters 0 --disable-bias-linear)
+    # (rank 0 sleeps 20 ms per micro batch, in both runs: the dp 2 phase lasts seconds, time
+    # for the new agent to start its workers before the job's end, on a fast machine too)
+    job=(--train-iters 300 --elastic "${hb[@]}" --eval-iters 0 --disable-bias-linear
+         --inject "slow@rank=0,step=1,ms=20,times=always")
     # (tp 2: node 1 holds replica 1 whole, ranks 2 and 3; dp 2 -> 1 -> 2)
     dp=4 tp=1
     [ "$case_name" = node_lost_tp ] && dp=2 tp=2 job+=(--tensor-model-parallel-size 2)
