@@ -620,7 +620,8 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
     uint64_t now = sv__now_ms();
     s->evict_rank = -1; /* an eviction not carried out yet: the scores start over */
     if (s->val) svv_restart_begin(s->val, kind, rank, why, detect_ms);
-    if (restart_limit_reached(s, now, why)) return;
+    /* (--elastic's grow is capacity returning, not a failure: no restart budget spent) */
+    if (strcmp(kind, "elastic_grow") && restart_limit_reached(s, now, why)) return;
     uint64_t gen = ++s->snd.generation;
     if (!s->restarting) s->restart_t0 = s->barrier_t0 = now;
     s->restarting = true;

@@ -899,7 +899,9 @@ void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint
         snprintf(f->kind, sizeof f->kind, "%s", kind);
         f->rank = rank;
         f->iteration = v->have_last ? v->last_iter + 1 : -1;
-        snprintf(f->diagnosis, sizeof f->diagnosis, "%s", strcmp(kind, "evicted") ? "rank_failure" : "straggler");
+        snprintf(f->diagnosis, sizeof f->diagnosis, "%s", !strcmp(kind, "evicted")        ? "straggler"
+                                                         : !strcmp(kind, "elastic_grow") ? "capacity_returned"
+                                                                                         : "rank_failure");
         snprintf(f->outcome, sizeof f->outcome, "%s", "restart");
         snprintf(f->text, sizeof f->text, "%s", why);
         f->detect_ms = (double)detect_ms;

@@ -115,6 +115,8 @@ node_lost | node_lost_tp)
     dps=$(check_samples "$work/f.jsonl" 8)
     [ "$dps" = "$dp $((dp / 2)) $dp" ] || fail "data-parallel sizes $dps, not $dp $((dp / 2)) $dp"
     grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
+    grep -q "elastic_grow, rank -1, iteration [0-9]*, capacity_returned" "$work/f.n0" ||
+        fail "the grow not reported: $(grep -A4 'run report' "$work/f.n0")"
     /usr/bin/python3 - "$work/fs/run_report.json" <<'PY' || fail "goodput: $(grep -o '"shrunk_capacity"[^,]*' "$work/fs/run_report.json")"
 import json, sys
 r = json.load(open(sys.argv[1]))
