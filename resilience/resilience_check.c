@@ -73,9 +73,9 @@ static void check_elastic(const co_config *c, co_problems *P) {
     if (c->num_experts > 0)
         co_problem(P, "--elastic with --num-experts is not supported yet (its auxiliary losses are averaged over "
                       "the micro batches per rank)");
-    if (c->use_distributed_optimizer)
-        co_problem(P, "--elastic with --use-distributed-optimizer is not supported yet (its shards would be "
-                      "re-partitioned in memory): leave the distributed optimizer off");
+    if (c->use_distributed_optimizer && c->overlap_grad_reduce)
+        co_problem(P, "--elastic with --use-distributed-optimizer and --overlap-grad-reduce is not supported yet "
+                      "(the overlap's buckets are not re-partitioned): leave --overlap-grad-reduce off");
     if (co_config_was_set(c, "rampup-batch-size"))
         co_problem(P, "--elastic with --rampup-batch-size is not supported yet");
     if (c->inprocess_active_world_size > 0 && c->inprocess_active_world_size < procs)

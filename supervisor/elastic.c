@@ -63,6 +63,20 @@ int sve_plan_shrink(const svp_view *v, const topo_layout *old, const bool *gone,
     return rc == 0 ? p->changed : -1;
 }
 
+int sve_optimizer_lost(const svp_view *v, const topo_layout *old, const bool *gone, int holders) {
+    int dp = old->dp, lost = -1;
+    bool *leaves = calloc((size_t)dp, sizeof *leaves);
+    if (!leaves) return 0; /* (no memory: say shard 0, the caller stops) */
+    for (int i = 0; i < v->nslots; i++) {
+        int r = v->slots[i].rank;
+        if (gone[i] && r >= 0 && r < v->world) leaves[v->coord[r].dp] = true;
+    }
+    for (int k = 0; k < dp && lost < 0 && holders > 0; k++)
+        if (leaves[k] && (holders < 2 || dp < 2 || leaves[(k + 1) % dp])) lost = k;
+    free(leaves);
+    return lost;
+}
+
 int sve_plan_grow(const svp_view *v, const topo_layout *old, const bool *join, int max_replicas, sve_plan *p) {
     int per = old->tp * old->cp * old->pp, njoin = 0;
     for (int i = 0; i < v->nslots; i++) njoin += join[i] && v->slots[i].rank < 0 && svp_alive(v->slots[i].state);

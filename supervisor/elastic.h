@@ -25,6 +25,13 @@ typedef struct sve_plan {
  * leave) or the layout cannot be made (CO_EINVAL's detail). */
 int sve_plan_shrink(const svp_view *v, const topo_layout *old, const bool *gone, int min_replicas, sve_plan *p);
 
+/* With the distributed optimizer (holders: 1, or 2 with --dist-opt-redundancy: data-parallel
+ * rank k's shard lives on k and k + 1): the first data-parallel rank whose optimizer shard
+ * leaves with every holder when the replicas with a rank in gone[] leave, or -1 (then every
+ * shard is re-partitioned from a holder that stays, elastic.h's caller's workers do it in
+ * memory: train/trainer_dopt.c). */
+int sve_optimizer_lost(const svp_view *v, const topo_layout *old, const bool *gone, int holders);
+
 /* The grow: the slots in join[] (alive, holding no rank, in slot order) form whole new
  * replicas, tp x cp x pp slots each (each joins at the ranks of a new data-parallel
  * coordinate, tp fastest as a node-major layout places them), up to max_replicas replicas in

@@ -757,6 +757,16 @@ static bool elastic_shrink(sv *s, svp_view *v, sve_plan *p, bool *gone) {
     if (!n) return true;
     int dp0 = s->layout.dp, left = sve_plan_shrink(v, &s->layout, gone, s->o.elastic_min_replicas, p);
     char why[300];
+    int olost = left > 0 ? sve_optimizer_lost(v, &s->layout, gone, s->o.dopt_holders) : -1;
+    if (olost >= 0) {
+        snprintf(why, sizeof why, "--elastic: the optimizer shard of data-parallel rank %d leaves with every holder%s: "
+                 "the shards cannot be re-partitioned from memory", olost,
+                 s->o.dopt_holders > 1 ? " (it and the next data-parallel rank)" : " (no --dist-opt-redundancy)");
+        co_log(CO_LOG_ERROR, "%s; stopping the job (exit %d: restart it from the last checkpoint)", why,
+               SV_EXIT_NODE_LOST);
+        begin_shutdown(s, SV_EXIT_NODE_LOST, why);
+        return false;
+    }
     if (left < 0) {
         snprintf(why, sizeof why, "--elastic: %d of %d model replicas lost a rank for good and %d would remain, fewer "
                  "than --elastic-min-replicas %d", p->changed, dp0, dp0 - p->changed, s->o.elastic_min_replicas);

@@ -293,15 +293,18 @@ static int take_generation_state(rank_run *r, char *reload, int source) {
     tr_groups g;
     wk_comms_trainer_groups(r->cs, &r->c, &g);
     trainer_set_groups(r->t, &g);
-    /* --elastic: the world shrank or grew; a save's writers are the new world's ranks */
-    int rc = wk_ckpt_set_world(r->ckpt, r->world, r->rank);
-    if (rc) return rc;
+    /* --elastic: the world shrank or grew; a save's writers are the new world's ranks (after
+     * the handover, which may lay the distributed optimizer's shards out anew; before a reload,
+     * which reads the new world's parts) */
+    int rc = 0;
     if (reload) {
         r->handover_failed = false;
-        rc = wk_ckpt_reload(r->ckpt, reload, wk_comms_world(r->cs));
+        rc = wk_ckpt_set_world(r->ckpt, r->world, r->rank);
+        if (!rc) rc = wk_ckpt_reload(r->ckpt, reload, wk_comms_world(r->cs));
     } else {
         rc = trainer_sync_state(r->t, source);
         r->handover_failed = rc != 0;
+        if (!rc) rc = wk_ckpt_set_world(r->ckpt, r->world, r->rank);
     }
     if (!rc) rc = check_standin_replicas(r->cs, r->t, "after the restart");
     return rc;

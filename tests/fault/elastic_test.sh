@@ -19,6 +19,8 @@
 #              (--inprocess-restart-limit 1): the rank is not replaced, its replica leaves, dp 3
 #              (uneven shares) to the end; samples once, 0 steps lost, within the tolerance
 #   respawn_fails the same with the replacement's process failing to start
+#   budget_dopt the budget case with --use-distributed-optimizer: rank 2's optimizer shard comes
+#              from its copy on rank 3, and every shard is re-partitioned in memory over 3 ranks
 #   refused    what --elastic is not built for is refused with one line each
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
@@ -160,15 +162,16 @@ min_replicas)
     ! grep -q "model replica(s) lost a rank for good and leave" "$work/f.n0" || fail "shrunk below the floor"
     "$cohort" ckpt verify "$work/fs" >"$work/verify.out" 2>&1 || fail "the last checkpoint: $(tail -3 "$work/verify.out")"
     ;;
-budget | respawn_fails)
+budget | respawn_fails | budget_dopt)
     # one node of 4 ranks (dp 4); a rank whose replacement cannot be had: the restart budget used
     # up (--inprocess-restart-limit 1: the first kill is replaced, the second is not) or its new
     # process failing to start (the test hook COHORT_TEST_RESPAWN_FAILS) -> its replica leaves,
     # dp 3 (4 micro batches dealt 2, 1, 1) to the end, the supervisor ends 0
     one=(--nproc-per-node 4 --train-iters 40 --elastic --eval-iters 0 --disable-bias-linear)
+    [ "$case_name" = budget_dopt ] && one+=(--use-distributed-optimizer)
     "$cohort" train "${tiny[@]}" "${one[@]}" --metrics-file "$work/clean.jsonl" --save "$work/cs" >"$work/clean.out" 2>&1 ||
         fail "clean: exit $?: $(tail -5 "$work/clean.out")"
-    if [ "$case_name" = budget ]; then
+    if [ "$case_name" != respawn_fails ]; then
         faults=(--inprocess-restart-limit 1 --inject "kill@rank=1,step=5" --inject "kill@rank=2,step=12")
         want="restarts within 600 s already (--inprocess-restart-limit): rank 2 is not replaced, its model replica leaves (--elastic)"
     else
@@ -185,12 +188,16 @@ budget | respawn_fails)
     dps=$(check_samples "$work/f.jsonl" 8)
     [ "$dps" = "4 3" ] || fail "data-parallel sizes $dps, not 4 3"
     grep -q "0 step(s) lost" "$work/f.out" || fail "steps lost: $(grep 'run report' "$work/f.out")"
+    if [ "$case_name" = budget_dopt ]; then # (rank 2's shard from its copy on rank 3, all over 3 ranks)
+        grep -q "distributed optimizer: 4 shards re-partitioned in memory over 3 data-parallel ranks" "$work/f.out" ||
+            fail "not re-partitioned: $(grep -i "distributed optimizer" "$work/f.out" | tail -3)"
+    fi
     "$cohort" ckpt diff --json --atol 1e-6 "$work/cs" "$work/fs" >"$work/diff.json" ||
         fail "the final checkpoints differ by more than 1e-6: $(grep -B2 '"status": "differs"' "$work/diff.json" | head -9)"
     ;;
 refused)
     for bad in "--pipeline-model-parallel-size 2:--elastic with --pipeline-model-parallel-size 2 is not supported yet" \
-               "--use-distributed-optimizer:--elastic with --use-distributed-optimizer is not supported yet" \
+               "--use-distributed-optimizer --overlap-grad-reduce:--elastic with --use-distributed-optimizer and --overlap-grad-reduce is not supported yet" \
                "--elastic-min-replicas 5:--elastic-min-replicas 5 is out of range: give 1 to the data-parallel size 4"; do
         read -ra extra <<<"${bad%%:*}"
         train_refused "${bad#*:}" --nproc-per-node 4 --elastic "${extra[@]}"

@@ -104,7 +104,26 @@ static void min_replicas(void) {
     CHECK(sve_plan_shrink(&j.v, &j.layout, j.mark, 1, &j.p) == -1); /* (none would remain) */
 }
 
+/* The distributed optimizer's shards: dp 4, shard k on k and k + 1. Node 1 (ranks 2, 3) takes
+ * shard 2 with both holders; rank 1 alone leaves its shard on rank 2; without redundancy any
+ * leaving rank's shard is lost. */
+static void optimizer_shards(void) {
+    job j;
+    REQUIRE(job_init(&j, 4, 1, 2) == 0);
+    lose(&j, 1);
+    CHECK(sve_optimizer_lost(&j.v, &j.layout, j.mark, 2) == 2);
+    CHECK(sve_optimizer_lost(&j.v, &j.layout, j.mark, 0) == -1); /* (no distributed optimizer) */
+    REQUIRE(job_init(&j, 4, 1, 1) == 0);
+    lose(&j, 1);
+    CHECK(sve_optimizer_lost(&j.v, &j.layout, j.mark, 2) == -1);
+    CHECK(sve_optimizer_lost(&j.v, &j.layout, j.mark, 1) == 1);
+    REQUIRE(job_init(&j, 4, 1, 1) == 0);
+    lose(&j, 3); /* (its copy wraps round to rank 0) */
+    CHECK(sve_optimizer_lost(&j.v, &j.layout, j.mark, 2) == -1);
+}
+
 int main(void) {
+    RUN(optimizer_shards);
     RUN(node_lost_and_back);
     RUN(middle_replica_lost);
     RUN(tensor_parallel);
