@@ -15,6 +15,8 @@
 #              leaves (dp 2 -> 1) and comes back (dp 2)
 #   min_replicas node 1 lost under --elastic-min-replicas 3: the job stops (exit 7) naming the
 #              floor, the last checkpoint intact
+#   node_lost_dopt the same with the distributed optimizer, whose shard 2 and its copy were both
+#              on node 1: stopped naming the shard
 #   budget     one node of 4 ranks: the second of two kills finds the restart budget used up
 #              (--inprocess-restart-limit 1): the rank is not replaced, its replica leaves, dp 3
 #              (uneven shares) to the end; samples once, 0 steps lost, within the tolerance
@@ -144,11 +146,19 @@ assert any(n.startswith("optimizer.exp_avg_sq.") for n in names), names
 print("max abs difference %.3g" % max(t["max_abs"] for t in d["tensors"]))
 PY
     ;;
-min_replicas)
-    # node 1 lost with --elastic-min-replicas 3: 2 of 4 replicas would remain; the job stops with
-    # exit 7 as without --elastic, naming the floor; the last checkpoint verifies
-    job=(--train-iters 300 --elastic --elastic-min-replicas 3 "${hb[@]}" --eval-iters 0 --save-interval 5
+min_replicas | node_lost_dopt)
+    # node 1 lost with --elastic-min-replicas 3: 2 of 4 replicas would remain; or with the
+    # distributed optimizer: ranks 2 and 3 hold shard 2 and its only copy. The job stops with
+    # exit 7 as without --elastic, saying why; the last checkpoint verifies
+    job=(--train-iters 300 --elastic "${hb[@]}" --eval-iters 0 --save-interval 5
          --inject "slow@rank=0,step=1,ms=20,times=always")
+    if [ "$case_name" = min_replicas ]; then
+        job+=(--elastic-min-replicas 3)
+        want="--elastic: 2 of 4 model replicas lost a rank for good and 2 would remain, fewer than --elastic-min-replicas 3"
+    else
+        job+=(--use-distributed-optimizer)
+        want="--elastic: the optimizer shard of data-parallel rank 2 leaves with every holder (it and the next data-parallel rank): the shards cannot be re-partitioned from memory"
+    fi
     start_nodes f "${job[@]}" --save "$work/fs"
     wait_until 60 grep -q "iteration *12/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
     agent=$(children "${node_pid[1]}")
@@ -157,8 +167,7 @@ min_replicas)
     wait "${node_pid[1]}"
     wait "${node_pid[0]}"; rc=$?
     [ $rc -eq 7 ] || fail "exit $rc, want 7: $(tail -3 "$work/f.n0")"
-    grep -qF -- "--elastic: 2 of 4 model replicas lost a rank for good and 2 would remain, fewer than --elastic-min-replicas 3" \
-        "$work/f.n0" || fail "the floor not named: $(grep supervisor "$work/f.n0" | tail -4)"
+    grep -qF -- "$want" "$work/f.n0" || fail "not said: $want: $(grep supervisor "$work/f.n0" | tail -4)"
     ! grep -q "model replica(s) lost a rank for good and leave" "$work/f.n0" || fail "shrunk below the floor"
     "$cohort" ckpt verify "$work/fs" >"$work/verify.out" 2>&1 || fail "the last checkpoint: $(tail -3 "$work/verify.out")"
     ;;
