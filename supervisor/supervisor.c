@@ -491,8 +491,6 @@ static void on_proc_closed(uv_handle_t *h) {
 
 static void plan_view(sv *s, svp_view *v, svp_slot *slots);
 
-/* Whether --inprocess-restart-limit restarts happened within the window already (then the
- * job is stopped); else the restart is counted. */
 /* --elastic: the restart budget is used up; the dead ranks are not replaced and their replicas
  * leave at the restart barrier instead of the job stopping. False: none is dead (a hang), or
  * not elastic: the job stops. */
@@ -509,6 +507,9 @@ static bool elastic_budget_out(sv *s, const char *why, int recent) {
     return n > 0;
 }
 
+/* Whether --inprocess-restart-limit restarts happened within the window already (then the
+ * job is stopped, unless --elastic lets the dead ranks' replicas leave); else the restart is
+ * counted. */
 static bool restart_limit_reached(sv *s, uint64_t now, const char *why) {
     int recent = 0;
     for (int k = 0; k < s->nrestarts && k < 64; k++)
