@@ -860,7 +860,7 @@ static void elastic_watch(sv *s) {
             all = all && s->w[i].rank < 0 && svp_alive(s->w[i].state);
         if (!all) continue;
         char why[200];
-        snprintf(why, sizeof why, "--elastic: node %d's new agent and its %d workers joined", n, s->o.nproc);
+        snprintf(why, sizeof why, "--elastic: node %d's new agent and its %d worker(s) joined", n, s->o.nproc);
         s->elastic_grow = true;
         begin_restart(s, "elastic_grow", -1, why, 0);
         return;

@@ -13,6 +13,9 @@
 #              seconds counted as shrunk_capacity in the goodput
 #   node_lost_tp the same with --tensor-model-parallel-size 2: node 1's replica of two ranks
 #              leaves (dp 2 -> 1) and comes back (dp 2)
+#   grow_dopt  four nodes of one worker, dp 4 with the distributed optimizer: node 2 lost (its
+#              shard's copy on node 3) -> dp 3 -> node 2 back -> dp 4, the shards re-partitioned
+#              in memory each time; samples once, 0 steps lost, within the tolerance
 #   min_replicas node 1 lost under --elastic-min-replicas 3: the job stops (exit 7) naming the
 #              floor, the last checkpoint intact
 #   node_lost_dopt the same with the distributed optimizer, whose shard 2 and its copy were both
@@ -46,21 +49,25 @@ pick_port() {
     echo $p
 }
 
-# start_nodes NAME ARGS...: node 1's agent, then node 0 (the supervisor), in the background;
-# output in $work/NAME.nK, metrics in $work/NAME.jsonl, pids in node_pid[K]
+# start_nodes NAME ARGS...: the agents of nodes NNODES-1..1 (NNODES, 2 by default, NPROC workers
+# each, 2 by default), then node 0 (the supervisor), in the background; output in
+# $work/NAME.nK, metrics in $work/NAME.jsonl, pids in node_pid[K]
 start_nodes() {
-    local name=$1; shift
-    net=(--nnodes 2 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "$(pick_port)" --job-secret "$work/secret")
-    start_agent "$name.n1" "$@"
+    local name=$1 k; shift
+    net=(--nnodes "${NNODES:-2}" --nproc-per-node "${NPROC:-2}" --master-addr 127.0.0.1 --master-port "$(pick_port)"
+         --job-secret "$work/secret")
+    for ((k = ${NNODES:-2} - 1; k >= 1; k--)); do start_agent "$name.n$k" "$@"; done
     timeout -s KILL 150 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --metrics-file "$work/$name.jsonl" \
         "$@" >"$work/$name.n0" 2>&1 &
     node_pid[0]=$!
 }
+# start_agent OUT ARGS...: node ${K:-1}'s agent (K taken from OUT's .nK)
 start_agent() {
-    local out=$1; shift
-    timeout -s KILL 150 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 1 --node-addr 127.0.0.1 "$@" \
+    local out=$1 k=${1##*.n}; shift
+    k=${k%%[!0-9]*}
+    timeout -s KILL 150 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank "$k" --node-addr 127.0.0.1 "$@" \
         >"$work/$out" 2>&1 &
-    node_pid[1]=$!
+    node_pid[k]=$!
 }
 wait_ok() { # wait_ok PID WHAT OUT
     wait "$1" || fail "$2 exited $?: $(tail -5 "$3")"
@@ -145,6 +152,38 @@ assert d["different"] == 0 and d["within_tolerance"] > 0 and not d["bitwise_equa
 assert any(n.startswith("optimizer.exp_avg_sq.") for n in names), names
 print("max abs difference %.3g" % max(t["max_abs"] for t in d["tensors"]))
 PY
+    ;;
+grow_dopt)
+    # four nodes of one worker, dp 4 with the distributed optimizer: node 2 lost whole -> its
+    # shard's copy is on node 3, every shard re-partitioned over 3 ranks -> node 2's new agent
+    # joins, the shards re-partitioned over 4 (the new rank holding nothing before) -> the end;
+    # samples once, 0 steps lost, within the tolerance of the fault-free run
+    export NNODES=4 NPROC=1
+    job=(--train-iters 300 --elastic "${hb[@]}" --eval-iters 0 --disable-bias-linear --use-distributed-optimizer
+         --inject "slow@rank=0,step=1,ms=20,times=always")
+    start_nodes clean "${job[@]}" --save "$work/cs"
+    for k in 3 2 1 0; do wait_ok "${node_pid[k]}" "clean: node $k" "$work/clean.n$k"; done
+    start_nodes f "${job[@]}" --save "$work/fs"
+    wait_until 60 grep -q "iteration *10/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
+    agent=$(children "${node_pid[2]}")
+    [ -n "$agent" ] || fail "node 2's agent not found"
+    kill -KILL $agent $(children "$agent")
+    wait "${node_pid[2]}"
+    wait_until 20 grep -qF "elastic: 1 model replica(s) lost a rank for good and leave; the job trains on with 3 replica(s) (3 ranks, it had 4)" "$work/f.n0" ||
+        fail "no shrink: $(grep -i "supervisor\|elastic" "$work/f.n0" | tail -5)"
+    start_agent f.n2b "${job[@]}" --save "$work/fs"
+    wait_until 30 grep -qF "elastic: 1 model replica(s) join; the job trains on with 4 replica(s) (4 ranks, it had 3)" "$work/f.n0" ||
+        fail "no grow: $(grep -i "supervisor\|elastic" "$work/f.n0" | tail -5)"
+    for k in 3 2 1 0; do wait_ok "${node_pid[k]}" "node $k" "$work/f.n$k"; done
+    grep -q "distributed optimizer: 4 shards re-partitioned in memory over 3 data-parallel ranks" "$work/f.n0" ||
+        fail "not re-partitioned over 3: $(grep -i "distributed optimizer" "$work/f.n0" | tail -3)"
+    grep -q "distributed optimizer: 3 shards re-partitioned in memory over 4 data-parallel ranks" "$work/f.n0" ||
+        fail "not re-partitioned over 4: $(grep -i "distributed optimizer" "$work/f.n0" | tail -3)"
+    dps=$(check_samples "$work/f.jsonl" 8)
+    [ "$dps" = "4 3 4" ] || fail "data-parallel sizes $dps, not 4 3 4"
+    grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
+    "$cohort" ckpt diff --json --atol 1e-6 "$work/cs" "$work/fs" >"$work/diff.json" ||
+        fail "the final checkpoints differ by more than 1e-6: $(grep -B2 '"status": "differs"' "$work/diff.json" | head -9)"
     ;;
 min_replicas | node_lost_dopt)
     # node 1 lost with --elastic-min-replicas 3: 2 of 4 replicas would remain; or with the
