@@ -165,6 +165,8 @@ double ck_saver_wait_snapshot(ck_saver *s);
 int ck_saver_wait(ck_saver *s);
 /* This rank's writer index changed (an in-process restart renumbered the ranks). */
 void ck_saver_set_writer(ck_saver *s, int writer);
+/* The writers of a save and this rank's index changed (--elastic: the world shrank or grew). */
+void ck_saver_set_writers(ck_saver *s, int writers, int writer);
 /* Seconds the caller was blocked by the last ck_saver_save (waiting for the previous save,
  * starting the thread); add ck_saver_wait_snapshot's wait for the whole stall. */
 double ck_saver_last_stall(const ck_saver *s);

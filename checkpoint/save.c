@@ -737,6 +737,13 @@ static void *bg_main(void *arg) {
     return NULL;
 }
 
+void ck_saver_set_writers(ck_saver *s, int writers, int writer) {
+    if (!s) return;
+    ck_saver_wait(s); /* the background job reads them */
+    s->o.writers = writers > 0 ? writers : 1;
+    s->o.writer = writer;
+}
+
 double ck_saver_wait_snapshot(ck_saver *s) {
     if (!s->running) return 0.0;
     double t0 = now_s();

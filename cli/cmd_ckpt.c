@@ -44,6 +44,7 @@ typedef struct args {
     int64_t iteration;
     int keep, tp, dp;
     bool model_only;
+    double atol;  /* diff: differences up to this are within tolerance (-1: none) */
     const char *to, *from, *output;
     const char *pos[4];
     int npos;
@@ -54,6 +55,7 @@ static int parse_args(int argc, char **argv, args *a, const char *tool) {
     a->iteration = -1;
     a->keep = -1;
     a->tp = a->dp = 0;
+    a->atol = -1;
     for (int i = 0; i < argc; i++) {
         const char *s = argv[i];
         if (!strcmp(s, "--json")) a->json = true;
@@ -61,6 +63,15 @@ static int parse_args(int argc, char **argv, args *a, const char *tool) {
         else if (!strcmp(s, "--dry-run")) a->dry_run = true;
         else if (!strcmp(s, "--trim-vocab") && !strcmp(tool, "convert")) a->trim_vocab = true;
         else if (!strcmp(s, "--model-only") && !strcmp(tool, "diff")) a->model_only = true;
+        else if (!strcmp(s, "--atol") && !strcmp(tool, "diff") && i + 1 < argc) {
+            char *end;
+            a->atol = strtod(argv[++i], &end);
+            if (*end || !(a->atol >= 0)) {
+                co_log(CO_LOG_ERROR, "--atol %s: give a non-negative number (the largest absolute difference allowed)",
+                       argv[i]);
+                return X_USAGE;
+            }
+        }
         else if ((!strcmp(s, "--iteration") || !strcmp(s, "--keep") || !strcmp(s, "--to") || !strcmp(s, "--output") ||
                   (!strcmp(tool, "convert") && !strcmp(s, "--from")) ||
                   (!strcmp(tool, "convert") &&
@@ -444,11 +455,14 @@ static int open_all(const char *path, int64_t it, char *dir, size_t n, ck_manife
 }
 
 static const char diff_usage[] =
-    "usage: cohort ckpt diff CKPT_A CKPT_B [--model-only] [--json]\n\nCompares every tensor (model and optimizer state) of "
+    "usage: cohort ckpt diff CKPT_A CKPT_B [--model-only] [--atol X] [--json]\n\nCompares every tensor (model and optimizer state) of "
     "two checkpoints, whatever their\nlayouts on disk: bitwise equal, or the largest absolute and relative "
     "difference\n(|a-b| / max(|b|, 1e-30)); tensors in one only or with other shapes.\n"
     "  --model-only  the parameters only: optimizer state on either side is left out\n"
-    "exit status: 0 every tensor bitwise equal; 1 they differ; 2 usage or a checkpoint unreadable.\n";
+    "  --atol X      a tensor whose elements differ by at most X is \"within tolerance\" and counts as\n"
+    "                equal (a run whose gradients were summed in another order: --elastic)\n"
+    "exit status: 0 every tensor bitwise equal (or within --atol); 1 they differ; 2 usage or a checkpoint\n"
+    "unreadable.\n";
 
 static int tool_diff(int argc, char **argv) {
     args a;
@@ -466,7 +480,7 @@ static int tool_diff(int argc, char **argv) {
         return X_USAGE;
     }
     json_t *arr = json_array();
-    int ndiff = 0, nequal = 0;
+    int ndiff = 0, nequal = 0, nwithin = 0;
     for (int i = 0; i < ma->ntensors; i++) {
         const ck_mtensor *t = &ma->tensors[i], *u = ck_manifest_find(mb, t->name);
         if (a.model_only && t->kind != CK_KIND_MODEL) continue;
@@ -490,7 +504,8 @@ static int tool_diff(int argc, char **argv) {
                     }
             }
         }
-        bool eq = !strcmp(status, "bitwise equal");
+        if (!strcmp(status, "differs") && a.atol >= 0 && maxabs <= a.atol) status = "within tolerance", nwithin++;
+        bool eq = !strcmp(status, "bitwise equal") || !strcmp(status, "within tolerance");
         eq ? nequal++ : ndiff++;
         if (a.json)
             json_array_append_new(arr, json_pack("{sssssfsf}", "name", t->name, "status", status, "max_abs", maxabs,
@@ -509,15 +524,16 @@ static int tool_diff(int argc, char **argv) {
             else printf("  %-52s only in B\n", mb->tensors[i].name);
         }
     if (a.json) {
-        json_t *o = json_pack("{sssssbsisiso}", "a", da, "b", db, "bitwise_equal", ndiff == 0, "equal", nequal, "different",
-                              ndiff, "tensors", arr);
+        json_t *o = json_pack("{sssssbsisisiso}", "a", da, "b", db, "bitwise_equal", ndiff == 0 && nwithin == 0, "equal",
+                              nequal, "within_tolerance", nwithin, "different", ndiff, "tensors", arr);
         json_dumpf(o, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
         putchar('\n');
         json_decref(o);
     } else {
         json_decref(arr);
-        if (ndiff) printf("%d tensor%s differ, %d bitwise equal\n", ndiff, ndiff == 1 ? "" : "s", nequal);
-        else printf("bitwise equal: %d tensors\n", nequal);
+        const char *how = a.atol >= 0 ? "equal within --atol" : "bitwise equal";
+        if (ndiff) printf("%d tensor%s differ, %d %s\n", ndiff, ndiff == 1 ? "" : "s", nequal, how);
+        else printf("%s: %d tensors\n", how, nequal);
     }
     ck_free_all(ma, &ba);
     ck_free_all(mb, &bb);

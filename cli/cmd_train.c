@@ -448,6 +448,8 @@ static void supervisor_restart(sv_options *so, const co_config *c) {
     so->heartbeat_interval_ms = (int)(c->inprocess_heartbeat_interval * 1000);
     so->heartbeat_timeout_ms = (int)(c->inprocess_heartbeat_timeout * 1000);
     so->node_replacement_ms = (int)(c->node_replacement_timeout * 1000);
+    so->elastic = c->elastic;
+    so->elastic_min_replicas = c->elastic_min_replicas;
 }
 
 /* With several workers this process is the supervisor (or a node agent): it starts them

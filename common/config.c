@@ -411,6 +411,14 @@ static const flag flags[] = {
     D("resilience", "node-replacement-timeout", node_replacement_timeout, "0",
       "[cohort] several nodes: seconds the survivors wait at the restart barrier for a new node agent of a lost "
       "node's rank (same --node-rank, same job secret) to join; 0: a lost node stops the job (status 7)"),
+    B("resilience", "elastic", elastic,
+      "[cohort] elastic data parallelism: capacity lost for good (a node lost with no spare and no new agent "
+      "within --node-replacement-timeout, a rank that cannot be restarted) makes the model replicas that lost a "
+      "rank leave, and the rest train on in the same processes with the same global batch; a returning node "
+      "agent grows the job back at the next step (docs/resilience.md, Elastic)"),
+    I("resilience", "elastic-min-replicas", elastic_min_replicas, "1",
+      "[cohort] --elastic: the fewest model replicas (data-parallel size) the job shrinks to; below it the job "
+      "stops as without --elastic"),
     I("resilience", "inprocess-restart-limit", inprocess_restart_limit, "5",
       "[cohort] at most this many restarts within --inprocess-restart-window; then the job stops (status 4)"),
     D("resilience", "inprocess-restart-window", inprocess_restart_window, "600",

@@ -214,6 +214,8 @@ typedef struct co_config {
     double inprocess_soft_timeout, inprocess_hard_timeout, inprocess_barrier_timeout;
     double inprocess_heartbeat_interval, inprocess_heartbeat_timeout;
     double node_replacement_timeout;
+    bool elastic;                   /* --elastic: lost capacity shrinks the data-parallel size */
+    int elastic_min_replicas;       /* ... not below this many model replicas */
     int inprocess_restart_limit;
     double inprocess_restart_window;
     int inprocess_active_world_size;

@@ -18,6 +18,7 @@ typedef enum { ROUND_ALL = 0, ROUND_CHECK = 1 } round_kind;
 
 struct rr_machine {
     rr_options o;
+    int wcap;            /* ranks the per-rank arrays hold (the world at the start) */
     int64_t iter;        /* iteration of the current round, -1 before the first report */
     int attempt;         /* attempt the current round expects */
     round_kind kind;
@@ -87,6 +88,7 @@ int rr_new(rr_machine **out, const rr_options *o) {
     rr_machine *m = calloc(1, sizeof *m);
     if (!m) return CO_ENOMEM;
     m->o = *o;
+    m->wcap = o->world;
     m->iter = -1;
     m->suspect = m->helper = m->inj_rank = -1;
     m->cur = calloc((size_t)o->world, sizeof *m->cur);
@@ -98,6 +100,16 @@ int rr_new(rr_machine **out, const rr_options *o) {
         return CO_ENOMEM;
     }
     *out = m;
+    return 0;
+}
+
+int rr_set_world(rr_machine *m, int world, int replicas) {
+    if (world < 1 || world > m->wcap) return co_err_set(CO_EINVAL, "rerun: world size %d (1..%d)", world, m->wcap);
+    m->o.world = world;
+    m->o.replicas = replicas;
+    memset(m->have, 0, sizeof *m->have * (size_t)m->wcap);
+    memset(m->faults, 0, sizeof *m->faults * (size_t)m->wcap); /* (ranks are numbered anew) */
+    m->nhave = 0;
     return 0;
 }
 

@@ -174,6 +174,10 @@ int rr_decide(rr_machine *m, rr_verdict *v);
 /* The generation was aborted (in-process restart): the round in progress is dropped and the
  * next report starts its iteration afresh (the interrupted step is replayed). */
 void rr_restart(rr_machine *m);
+/* --elastic: from the next round on `world` ranks report (at most the world rr_new was given),
+ * `replicas` of them data-parallel replicas (0: world / replica_stride); at a restart, with
+ * rr_restart. The faults counted per rank are forgotten (the ranks are numbered anew). */
+int rr_set_world(rr_machine *m, int world, int replicas);
 
 /* Events of finished faults since the start; *n their count. */
 const rr_event *rr_events(const rr_machine *m, int *n);

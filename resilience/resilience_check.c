@@ -53,6 +53,43 @@ static void check_restart_limits(const co_config *c, co_problems *P) {
         co_problem(P, "--inprocess-restart-limit must be >= 0 and --inprocess-restart-window positive (at most 1e6 s)");
 }
 
+/* --elastic: what the shrink and the grow are built for; the rest is refused by name. */
+static void check_elastic(const co_config *c, co_problems *P) {
+    int procs = c->nproc_per_node * c->nnodes;
+    int per = c->tensor_model_parallel_size * c->pipeline_model_parallel_size *
+              (c->context_parallel_size > 1 ? c->context_parallel_size : 1);
+    int dp = per > 0 ? procs / per : 0;
+    if (co_config_was_set(c, "elastic-min-replicas") && !c->elastic)
+        co_problem(P, "--elastic-min-replicas %d needs --elastic", c->elastic_min_replicas);
+    if (!c->elastic) return;
+    if (procs < 2 || !c->inprocess_restart)
+        co_problem(P, "--elastic needs a supervised job with in-process restart (--nproc-per-node 2 or more, "
+                      "without --no-inprocess-restart)");
+    if (c->pipeline_model_parallel_size > 1)
+        co_problem(P, "--elastic with --pipeline-model-parallel-size %d is not supported yet (give 1)",
+                   c->pipeline_model_parallel_size);
+    if (c->context_parallel_size > 1)
+        co_problem(P, "--elastic with --context-parallel-size %d is not supported yet (give 1)", c->context_parallel_size);
+    if (c->num_experts > 0)
+        co_problem(P, "--elastic with --num-experts is not supported yet (its auxiliary losses are averaged over "
+                      "the micro batches per rank)");
+    if (c->use_distributed_optimizer && c->overlap_grad_reduce)
+        co_problem(P, "--elastic with --use-distributed-optimizer and --overlap-grad-reduce is not supported yet "
+                      "(the overlap's buckets are not re-partitioned): leave --overlap-grad-reduce off");
+    if (co_config_was_set(c, "rampup-batch-size"))
+        co_problem(P, "--elastic with --rampup-batch-size is not supported yet");
+    if (c->calculate_per_token_loss)
+        co_problem(P, "--elastic with --calculate-per-token-loss is not supported yet (the step's tokens are counted "
+                      "over equal shares of micro batches)");
+    if (c->inprocess_active_world_size > 0 && c->inprocess_active_world_size < procs)
+        co_problem(P, "--elastic with warm spares (--inprocess-active-world-size) is not supported yet");
+    if (!strcmp(c->inprocess_rank_assignment, "shift-ranks"))
+        co_problem(P, "--elastic renumbers the ranks itself: leave --inprocess-rank-assignment at fill-gaps");
+    if (c->elastic_min_replicas < 1 || (dp > 0 && c->elastic_min_replicas > dp))
+        co_problem(P, "--elastic-min-replicas %d is out of range: give 1 to the data-parallel size %d",
+                   c->elastic_min_replicas, dp);
+}
+
 /* Megatron's random fault injector: its flags, in a supervised job only. */
 static void check_fault_injector(const co_config *c, co_problems *P) {
     co_problem_range(P, "fault-injector-seed", c->fault_injector_seed, 0, INT64_MAX);
@@ -77,6 +114,7 @@ void rr_check_limits(const co_config *c, co_problems *P) {
     co_problem_range(P, "error-injection-rate", c->error_injection_rate, 0, INT_MAX);
     co_problem_range(P, "inject-seed", c->inject_seed, 0, INT64_MAX);
     check_restart_limits(c, P);
+    check_elastic(c, P);
     co_problem_range(P, "quarantine-after", c->quarantine_after, 0, INT_MAX);
     co_problem_range(P, "straggler-evict-after", c->straggler_evict_after, 0, INT_MAX);
     co_problem_range(P, "quarantine-window", c->quarantine_window, 1, CO_MAX_ITERS);

@@ -28,6 +28,7 @@ struct svc {
     char save_dir[4096];
     char token[64];
     int keep, world;
+    int ranks_cap;           /* ranks acked[] has room for (the world at the start: --elastic shrinks it) */
     svc_send_fn send;
     void *ctx;
     /* the save in progress */
@@ -58,7 +59,7 @@ int svc_new(svc **out, const char *save_dir, int keep, int world, uint64_t job_i
     snprintf(c->save_dir, sizeof c->save_dir, "%s", save_dir);
     snprintf(c->token, sizeof c->token, CK_JOB_TOKEN_FMT, job_id);
     c->keep = keep;
-    c->world = world;
+    c->world = c->ranks_cap = world;
     c->send = send;
     c->ctx = ctx;
     c->iteration = -1;
@@ -262,6 +263,16 @@ void svc_restart(svc *c, const char *why) {
     /* the save in progress dies with its generation; the next generation saves afresh */
     abort_save(c, why);
     finish_aborted(c);
+}
+
+int svc_set_world(svc *c, int world) {
+    if (!c) return 0;
+    if (world < 1 || world > c->ranks_cap)
+        return co_err_set(CO_EINVAL, "checkpoint coordinator: world %d (1..%d)", world, c->ranks_cap);
+    svc_restart(c, "the world changes size"); /* (a save in progress dies with its generation) */
+    c->world = world;
+    memset(c->acked, 0, (size_t)c->ranks_cap * sizeof *c->acked);
+    return 0;
 }
 
 void svc_destroy(svc **pc) {

@@ -41,6 +41,9 @@ void svc_abort(svc *c, const char *why);
 /* An in-process restart: a save in progress is aborted and its directory removed, and
  * later saves proceed as usual (the old generation's acknowledgements never reach here). */
 void svc_restart(svc *c, const char *why);
+/* --elastic: the world shrank or grew (at most the world svc_new was given): a save in progress
+ * is aborted, the next one waits for `world` ranks. */
+int svc_set_world(svc *c, int world);
 /* Removes the job's unfinished temporary directories (every local worker has exited). */
 void svc_destroy(svc **c);
 /* Checkpoints committed so far (0 with c NULL), the newest one's iteration in *iteration (-1: none). */

@@ -47,6 +47,9 @@ typedef struct worker {
     bool evicting;            /* a straggler being evicted: a warm spare takes its rank (planner's view) */
     bool signalled;           /* it reported a SIGINT/SIGTERM of its own */
     int rank;                 /* its data-parallel rank, -1 for a warm spare (index is its slot) */
+    bool elastic_gone;        /* --elastic: dead, and nothing replaces it (the restart budget used up, its
+                                 respawn failed): its replica leaves at the restart barrier */
+    bool elastic_left;        /* --elastic: its replica left; the slot waits for nothing */
     /* several nodes */
     uint32_t stopped_pid;     /* supervisor: another node's process its agent reported stopped (0: none) */
     bool goodbye;             /* supervisor: its process said goodbye (it is ending) */
@@ -123,6 +126,11 @@ typedef struct sv {
     char (*agent_gone)[64];     /* supervisor: [nnodes] a lost agent's identity: refused if it comes back */
     uint64_t *node_lost_ms;     /* supervisor: [nnodes] when a node was lost and awaits a new agent (0: not) */
     uint64_t barrier_t0;        /* when the restart barrier's timeout began (a lost node's new agent restarts it) */
+    /* --elastic (supervisor.c's elastic_*; the plans: elastic.c) */
+    int world0;                 /* the world at the start: coord and source have room for it */
+    bool *elastic_gone;         /* [nnodes] a lost node no new agent replaced in time: its replicas leave */
+    bool *elastic_out;          /* [nnodes] a node whose replicas left: a new agent of it grows the job back */
+    bool elastic_grow;          /* the restart under way is a grow: the new agent's workers join */
 } sv;
 
 /* What the process does as the supervisor (supervisor.c) or as a node agent (agent.c). */

@@ -62,7 +62,11 @@ void gp_step(gp *g, double now, int64_t it, double rejected) {
         g->lost[GP_RECOMPUTE] += base;
         g->recomputed_steps++;
     } else {
-        g->productive += base;
+        /* --elastic: a shrunk world's step is productive at its share of the full world's
+         * capacity, the rest is capacity lost */
+        double cap = g->capacity > 0 && g->capacity < 1 ? g->capacity : 1;
+        g->productive += base * cap;
+        g->lost[GP_SHRUNK_CAPACITY] += base * (1 - cap);
     }
     g->lost[g->after_restart ? GP_STATE_TRANSFER : GP_STRAGGLER] += excess;
     if (!g->after_restart && !replayed) g->win[g->nwin++ % GP_WINDOW] = interval;
@@ -106,6 +110,8 @@ void gp_save(gp *g, double seconds) {
 void gp_shrunk(gp *g, double seconds) {
     if (seconds > 0) g->lost[GP_SHRUNK_CAPACITY] += seconds;
 }
+
+void gp_set_capacity(gp *g, double fraction) { g->capacity = fraction; }
 
 void gp_get(const gp *g, double now, gp_summary *s) {
     memset(s, 0, sizeof *s);

@@ -19,7 +19,9 @@
  *   restart .. next accepted step            up to the median step as above, the rest
  *                                            state_transfer (peer-memory handover or load)
  *   anything else (after the last step: the final save, shutdown) is "other".
- * Shrunk capacity (ranks missing from an elastic job) is a cause with no event yet. */
+ * Shrunk capacity: while an elastic job trains on fewer ranks than it started with
+ * (gp_set_capacity), each step's productive time counts at that share of the full world and
+ * the rest as shrunk_capacity. */
 #ifndef COHORT_SUPERVISOR_GOODPUT_H
 #define COHORT_SUPERVISOR_GOODPUT_H
 
@@ -54,6 +56,7 @@ typedef struct gp {
     int64_t high_water;      /* the newest iteration ever accepted (-1: none) */
     double save_pending;     /* blocking save time not yet taken out of a step interval */
     double productive;
+    double capacity;         /* the world's share of the full one (--elastic; 0 or 1: whole) */
     double lost[GP_NCAUSES];
     double win[GP_WINDOW];   /* the latest clean step times */
     int nwin;
@@ -81,6 +84,8 @@ void gp_restart_done(gp *g, double now);
 void gp_save(gp *g, double seconds);
 /* Seconds of lost capacity (an elastic job running short of ranks); nothing calls it yet. */
 void gp_shrunk(gp *g, double seconds);
+/* --elastic: the job trains on this share of its full world from now on (1: whole again). */
+void gp_set_capacity(gp *g, double fraction);
 /* The accounting at `now`. */
 void gp_get(const gp *g, double now, gp_summary *s);
 

@@ -17,6 +17,7 @@
 #include "supervisor/metrics_http.h"
 #include "supervisor/msg.h"
 #include "supervisor/planner.h"
+#include "supervisor/elastic.h"
 #include "supervisor/status.h"
 #include "supervisor/validate.h"
 #include "observe/tensorboard.h"
@@ -284,7 +285,8 @@ void sv__maybe_finish(sv *s) {
         /* (a lost node's slot that holds no rank waits for nothing: no agent starts it) */
         all_registered = all_registered && (w_registered(w) || (!s->agent && w->rank < 0 && !w_local(s, w) &&
                                                                 (w->state == SVP_EXITED || w->state == SVP_EMPTY) &&
-                                                                !node_has_agent(s, w->index / s->o.nproc)));
+                                                                !node_has_agent(s, w->index / s->o.nproc)) ||
+                                            (w->elastic_left && w->state == SVP_EXITED));
     }
     if (!running && (s->agent || all_registered || s->stopping)) ac_actor_request_stop(s->a);
 }
@@ -466,7 +468,20 @@ static void on_proc_closed(uv_handle_t *h) {
     worker *w = h->data;
     if (w->state == SVP_EXITING) sv__w_set(w, SVP_EXITED);
     if (w->state == SVP_RESPAWN) {
-        int rc = sv__spawn_one(w->sv, w);
+        /* (test hook COHORT_TEST_RESPAWN_FAILS: a replacement's process cannot start) */
+        int rc = getenv("COHORT_TEST_RESPAWN_FAILS") ? co_err_set(CO_EIO, "supervisor: starting a replacement for "
+                                                                           "rank %d: COHORT_TEST_RESPAWN_FAILS", w->rank)
+                                                     : sv__spawn_one(w->sv, w);
+        if (rc && w->sv->o.elastic && w->rank >= 0 && w->sv->restarting) {
+            /* --elastic: its replica leaves at the restart barrier instead */
+            sv__w_set(w, SVP_EXITED);
+            co_log(CO_LOG_WARN, "rank %d's replacement could not start (%s): its model replica leaves (--elastic)",
+                   w->rank, co_err_detail());
+            w->replacing = false;
+            w->elastic_gone = true;
+            check_restart_done(w->sv);
+            return;
+        }
         if (rc) {
             sv__w_set(w, SVP_EXITED);
             co_log(CO_LOG_WARN, "%s", co_err_detail());
@@ -477,13 +492,30 @@ static void on_proc_closed(uv_handle_t *h) {
 
 static void plan_view(sv *s, svp_view *v, svp_slot *slots);
 
+/* --elastic: the restart budget is used up; the dead ranks are not replaced and their replicas
+ * leave at the restart barrier instead of the job stopping. False: none is dead (a hang), or
+ * not elastic: the job stops. */
+static bool elastic_budget_out(sv *s, const char *why, int recent) {
+    int n = 0;
+    for (int i = 0; s->o.elastic && i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (w->rank < 0 || !svp_dead(w->state)) continue;
+        w->elastic_gone = true;
+        n++;
+        co_log(CO_LOG_WARN, "%s; %d restarts within %d s already (--inprocess-restart-limit): rank %d is not replaced, "
+               "its model replica leaves (--elastic)", why, recent, s->o.restart_window_ms / 1000, w->rank);
+    }
+    return n > 0;
+}
+
 /* Whether --inprocess-restart-limit restarts happened within the window already (then the
- * job is stopped); else the restart is counted. */
+ * job is stopped, unless --elastic lets the dead ranks' replicas leave); else the restart is
+ * counted. */
 static bool restart_limit_reached(sv *s, uint64_t now, const char *why) {
     int recent = 0;
     for (int k = 0; k < s->nrestarts && k < 64; k++)
         if (now - s->restart_times[k] <= (uint64_t)s->o.restart_window_ms) recent++;
-    if (recent >= s->o.restart_limit) {
+    if (recent >= s->o.restart_limit && !elastic_budget_out(s, why, recent)) {
         char msg[600];
         snprintf(msg, sizeof msg, "%s; %d restarts within %d s already (--inprocess-restart-limit): stopping the job",
                  why, recent, s->o.restart_window_ms / 1000);
@@ -539,11 +571,22 @@ static int replace_dead_rank(sv *s, worker *w, worker *sp) {
         }
         return 0;
     }
+    if (w->elastic_gone) { /* (--elastic: nothing replaces it; its replica leaves) */
+        unregister(s, w);
+        return 0;
+    }
     if (!w->replacing) {
         w->replacing = true;
         unregister(s, w);
     }
     int rc = respawn_slot(s, w);
+    if (rc && s->o.elastic) {
+        co_log(CO_LOG_WARN, "rank %d's replacement could not start (%s): its model replica leaves (--elastic)", w->rank,
+               co_err_detail());
+        w->replacing = false;
+        w->elastic_gone = true;
+        return 0;
+    }
     if (rc) {
         co_log(CO_LOG_ERROR, "%s", co_err_detail());
         begin_shutdown(s, SV_EXIT_FAILURE, "could not start a replacement worker");
@@ -579,7 +622,8 @@ static void begin_restart(sv *s, const char *kind, int rank, const char *why, ui
     uint64_t now = sv__now_ms();
     s->evict_rank = -1; /* an eviction not carried out yet: the scores start over */
     if (s->val) svv_restart_begin(s->val, kind, rank, why, detect_ms);
-    if (restart_limit_reached(s, now, why)) return;
+    /* (--elastic's grow is capacity returning, not a failure: no restart budget spent) */
+    if (strcmp(kind, "elastic_grow") && restart_limit_reached(s, now, why)) return;
     uint64_t gen = ++s->snd.generation;
     if (!s->restarting) s->restart_t0 = s->barrier_t0 = now;
     s->restarting = true;
@@ -687,10 +731,148 @@ static void say_resume(sv *s, const svp_plan *p) {
            (double)(sv__now_ms() - s->restart_t0));
 }
 
+/* ---- --elastic: the shrink and the grow (their plans: elastic.c) ----------------------- */
+
+/* The world of plan p from the next generation on: every slot's rank, the layout, the ranks'
+ * coordinates, the validator's and the checkpoint coordinator's world. */
+static int elastic_apply(sv *s, const sve_plan *p) {
+    for (int i = 0; i < s->nw; i++) s->w[i].rank = p->new_rank[i];
+    s->layout = p->layout;
+    s->world = p->layout.world;
+    for (int r = 0; r < s->world; r++)
+        if (topo_coords(&s->layout, r, &s->coord[r])) return co_err_set(CO_ENOMEM, "elastic: out of memory");
+    int rc = s->val ? svv_set_world(s->val, s->world, s->o.replicas ? s->layout.dp : 0) : 0;
+    if (!rc && s->ckpt) rc = svc_set_world(s->ckpt, s->world);
+    return rc;
+}
+
+/* The shrink: the ranks of lost nodes that no new agent replaced in time (elastic_gone) are gone
+ * for good, and the replicas that held them leave. False: the job stops (below
+ * --elastic-min-replicas, or the new world could not be made). */
+static bool elastic_shrink(sv *s, svp_view *v, sve_plan *p, bool *gone) {
+    int n = 0;
+    for (int i = 0; i < s->nw; i++) {
+        const worker *w = &s->w[i];
+        gone[i] = (s->elastic_gone[w->index / s->o.nproc] || w->elastic_gone) && w->rank >= 0 && !svp_alive(w->state);
+        n += gone[i];
+    }
+    if (!n) return true;
+    int dp0 = s->layout.dp, left = sve_plan_shrink(v, &s->layout, gone, s->o.elastic_min_replicas, p);
+    char why[300];
+    int olost = left > 0 ? sve_optimizer_lost(v, &s->layout, gone, s->o.dopt_holders) : -1;
+    if (olost >= 0) {
+        snprintf(why, sizeof why, "--elastic: the optimizer shard of data-parallel rank %d leaves with every holder%s: "
+                 "the shards cannot be re-partitioned from memory", olost,
+                 s->o.dopt_holders > 1 ? " (it and the next data-parallel rank)" : " (no --dist-opt-redundancy)");
+        co_log(CO_LOG_ERROR, "%s; stopping the job (exit %d: restart it from the last checkpoint)", why,
+               SV_EXIT_NODE_LOST);
+        begin_shutdown(s, SV_EXIT_NODE_LOST, why);
+        return false;
+    }
+    if (left < 0) {
+        snprintf(why, sizeof why, "--elastic: %d of %d model replicas lost a rank for good and %d would remain, fewer "
+                 "than --elastic-min-replicas %d", p->changed, dp0, dp0 - p->changed, s->o.elastic_min_replicas);
+        co_log(CO_LOG_ERROR, "%s; stopping the job (exit %d: restart it from the last checkpoint)", why,
+               SV_EXIT_NODE_LOST);
+        begin_shutdown(s, SV_EXIT_NODE_LOST, why);
+        return false;
+    }
+    for (int i = 0; i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (!gone[i]) continue;
+        w->replacing = w->elastic_gone = false; /* (nothing replaces it: its slot waits for a new agent of its node) */
+        w->elastic_left = true;
+        /* (a lost node's slot was ordered a replacement from no agent; a local exiting one's
+         * handle closes first) */
+        if (w->state == SVP_STARTED && !w_local(s, w)) sv__w_set(w, SVP_EXITING);
+        if (w->state == SVP_RESPAWN || (w->state == SVP_EXITING && !w_local(s, w))) sv__w_set(w, SVP_EXITED);
+    }
+    for (int k = 0; k < s->o.nnodes; k++)
+        if (s->elastic_gone[k]) s->elastic_out[k] = true, s->elastic_gone[k] = false;
+    if (elastic_apply(s, p)) {
+        begin_shutdown(s, SV_EXIT_FAILURE, co_err_detail());
+        return false;
+    }
+    co_log(CO_LOG_WARN, "--elastic: %d model replica(s) lost a rank for good and leave; the job trains on with %d "
+           "replica(s) (%d ranks, it had %d), the global batch unchanged", left, s->layout.dp, s->world,
+           dp0 * s->layout.tp * s->layout.cp * s->layout.pp);
+    return true;
+}
+
+/* The grow: the workers of a returned node (elastic_out, its new agent's, registered and
+ * holding no rank) join as new replicas and take their state from their peers' memory. */
+static bool elastic_join(sv *s, svp_view *v, sve_plan *p, bool *join) {
+    s->elastic_grow = false;
+    for (int i = 0; i < s->nw; i++) {
+        const worker *w = &s->w[i];
+        join[i] = s->elastic_out[w->index / s->o.nproc] && w->rank < 0 && svp_alive(w->state);
+    }
+    int per = s->layout.tp * s->layout.cp * s->layout.pp, dp0 = s->layout.dp;
+    int added = sve_plan_grow(v, &s->layout, join, s->world0 / per, p);
+    if (added <= 0) return true; /* (no whole replica: they wait) */
+    if (elastic_apply(s, p)) {
+        begin_shutdown(s, SV_EXIT_FAILURE, co_err_detail());
+        return false;
+    }
+    for (int i = 0; i < s->nw; i++) {
+        worker *w = &s->w[i];
+        if (!join[i] || w->rank < 0) continue;
+        w->replacing = true; /* (a new process: it takes its shard's state from a peer) */
+        s->elastic_out[w->index / s->o.nproc] = false;
+    }
+    co_log(CO_LOG_WARN, "--elastic: %d model replica(s) join; the job trains on with %d replica(s) (%d ranks, it had "
+           "%d)", added, s->layout.dp, s->world, dp0 * per);
+    return true;
+}
+
+/* At the restart barrier, before the plan: the world shrinks or grows. False: the job stops. */
+static bool elastic_resize(sv *s) {
+    if (!s->o.elastic) return true;
+    svp_slot *slots = calloc((size_t)s->nw, sizeof *slots);
+    int *nr = calloc((size_t)s->nw, sizeof *nr);
+    bool *mark = calloc((size_t)s->nw, sizeof *mark);
+    bool ok = slots && nr && mark;
+    if (!ok) begin_shutdown(s, SV_EXIT_FAILURE, "out of memory");
+    svp_view v;
+    sve_plan p = {.new_rank = nr};
+    if (ok) {
+        plan_view(s, &v, slots);
+        ok = elastic_shrink(s, &v, &p, mark);
+    }
+    if (ok && s->elastic_grow) {
+        plan_view(s, &v, slots);
+        v.world = s->world;
+        ok = elastic_join(s, &v, &p, mark);
+    }
+    free(slots);
+    free(nr);
+    free(mark);
+    return ok;
+}
+
+/* --elastic, every tick while the job trains: a node whose replicas left has a new agent whose
+ * workers all registered: the job grows back at the next step (an in-process restart). */
+static void elastic_watch(sv *s) {
+    if (!s->o.elastic || !s->assigned || s->restarting || s->stopping || s->finishing) return;
+    for (int n = 1; n < s->o.nnodes; n++) {
+        if (!s->elastic_out[n] || !s->agent_id[n][0]) continue;
+        bool all = true;
+        for (int i = n * s->o.nproc; i < (n + 1) * s->o.nproc && i < s->nw; i++)
+            all = all && s->w[i].rank < 0 && svp_alive(s->w[i].state);
+        if (!all) continue;
+        char why[200];
+        snprintf(why, sizeof why, "--elastic: node %d's new agent and its %d worker(s) joined", n, s->o.nproc);
+        s->elastic_grow = true;
+        begin_restart(s, "elastic_grow", -1, why, 0);
+        return;
+    }
+}
+
 /* Once every survivor is at the restart barrier and every replacement registered: plans the
  * new generation (planner.c) and carries the plan out. */
 static void check_restart_done(sv *s) {
     if (!s->restarting || s->stopping) return;
+    if (!elastic_resize(s)) return;
     svp_slot *slots = calloc((size_t)s->nw, sizeof *slots);
     int *new_rank = calloc((size_t)s->nw, sizeof *new_rank);
     if (!slots || !new_rank) {
@@ -1180,11 +1362,12 @@ static void adopt_spare_slots(sv *s, int n) {
             co_log(CO_LOG_INFO, "a new agent of node %d joined: its slots hold warm spares (the node's ranks went to "
                    "spares before)", n);
         said = true;
+        w->elastic_left = false;
         sv__w_set(w, SVP_STARTED);
         w->pid = 0;
         w->exit_status = w->term_signal = 0;
         w->last_seen_ms = sv__now_ms();
-        w->adopting = w->index < s->world; /* (started by the agent as a rank) */
+        w->adopting = w->index < s->world && !s->elastic_out[n]; /* (started by the agent as a rank; --elastic: they join as ranks) */
         if (w->adopting)
             sv__send_slot_event(s, COHORT__V1__SLOT_EVENT__KIND__SLOT_RESPAWN, w, "its rank went to a warm spare");
     }
@@ -1382,8 +1565,8 @@ static void lose_node(sv *s, int n, const char *why, uint64_t silent_ms) {
         co_log(CO_LOG_ERROR, "%s; node %d's ranks go to warm spares on other nodes: no new agent of node %d is awaited",
                why, n, n);
     else
-        co_log(CO_LOG_ERROR, "%s; waiting up to %.1f s (--node-replacement-timeout) for a new agent of node %d", why,
-               (double)s->o.node_replacement_ms / 1000, n);
+        co_log(CO_LOG_ERROR, "%s; waiting up to %.1f s (--node-replacement-timeout) for a new agent of node %d%s", why,
+               (double)s->o.node_replacement_ms / 1000, n, s->o.elastic ? ", then the job shrinks (--elastic)" : "");
     /* what the loss costs (planner.c): nothing where every shard it held lives on elsewhere */
     svp_slot *slots = calloc((size_t)s->nw, sizeof *slots);
     if (slots) {
@@ -1508,7 +1691,7 @@ static void watch_agents(sv *s, uint64_t now) {
             continue;
         }
         /* (warm spares that take all its ranks need no new agent of the node) */
-        if (s->restart_enabled && (s->o.node_replacement_ms > 0 || spares_cover_node(s, n))) {
+        if (s->restart_enabled && (s->o.node_replacement_ms > 0 || s->o.elastic || spares_cover_node(s, n))) {
             lose_node(s, n, why, now - heard); /* (the restart notes the fault) */
             continue;
         }
@@ -1532,6 +1715,7 @@ static bool agent_silent(const sv *s, int n, uint64_t now) {
  * workers' silence, the node agents'. */
 static void supervisor_tick(sv *s, uint64_t now) {
     watch_agents(s, now);
+    elastic_watch(s);
     watch_progress(s, now);
     publish_metrics(s); /* heartbeats, restarts and ranks' ages change without a record */
     for (int i = 0; i < s->nw; i++) {
@@ -1611,6 +1795,15 @@ static bool watch_lost_nodes(sv *s, uint64_t now) {
         if (!s->node_lost_ms[n]) continue;
         if (ms_since(now, s->node_lost_ms[n]) <= (uint64_t)s->o.node_replacement_ms) {
             waiting = true;
+            continue;
+        }
+        if (s->o.elastic) { /* its replicas leave at the barrier (elastic_resize) */
+            co_log(CO_LOG_WARN, "node %d was lost and no agent of node rank %d joined within %.1f s "
+                   "(--node-replacement-timeout): its ranks are gone for good (--elastic)", n, n,
+                   (double)s->o.node_replacement_ms / 1000);
+            s->node_lost_ms[n] = 0;
+            s->elastic_gone[n] = true;
+            check_restart_done(s);
             continue;
         }
         char why[300];
@@ -1967,6 +2160,8 @@ static void release(sv *s) {
     free(s->source);
     free(s->agent_heard_ms);
     free(s->node_lost_ms);
+    free(s->elastic_gone);
+    free(s->elastic_out);
     free(s->agent_id);
     free(s->agent_gone);
 }
@@ -2014,7 +2209,11 @@ static int init_coords(sv *s) {
     s->node_lost_ms = calloc((size_t)s->o.nnodes, sizeof *s->node_lost_ms);
     s->agent_id = calloc((size_t)s->o.nnodes, sizeof *s->agent_id);
     s->agent_gone = calloc((size_t)s->o.nnodes, sizeof *s->agent_gone);
-    bool ok = s->coord && s->source && s->agent_heard_ms && s->node_lost_ms && s->agent_id && s->agent_gone;
+    s->elastic_gone = calloc((size_t)s->o.nnodes, sizeof *s->elastic_gone);
+    s->elastic_out = calloc((size_t)s->o.nnodes, sizeof *s->elastic_out);
+    s->world0 = s->world;
+    bool ok = s->coord && s->source && s->agent_heard_ms && s->node_lost_ms && s->agent_id && s->agent_gone &&
+              s->elastic_gone && s->elastic_out;
     for (int r = 0; r < s->world && ok; r++) ok = topo_coords(&s->layout, r, &s->coord[r]) == 0;
     return ok ? 0 : SV_EXIT_FAILURE;
 }

@@ -120,6 +120,9 @@ typedef struct sv_options {
      * and take their state from a surviving replica. 0 restart_limit: disabled. */
     bool restart;
     int node_replacement_ms;       /* several nodes: how long survivors wait for a lost node's new agent (0: stop) */
+    bool elastic;                  /* --elastic: capacity lost for good shrinks the data-parallel size, and
+                                      grows it back when it returns */
+    int elastic_min_replicas;      /* ... not below this many model replicas */
     int restart_limit;             /* restarts allowed within restart_window_ms */
     int restart_window_ms;
     int soft_timeout_ms;           /* no progress this long: abort and restart (0: 60000) */

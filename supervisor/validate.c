@@ -66,6 +66,7 @@ struct svv {
     svv_send_fn send;
     void *ctx;
     int W;
+    int W0;          /* the world at the start: the arrays' size (--elastic shrinks W, grows it back) */
     pend *p;
     rr_verdict last;
     bool have_last;
@@ -133,7 +134,7 @@ int svv_new(svv **out, const svv_options *o, svv_send_fn send, void *ctx) {
     v->o = *o;
     v->send = send;
     v->ctx = ctx;
-    v->W = o->rr.world;
+    v->W = v->W0 = o->rr.world;
     ci_auto_init(&v->ci, o->expected_mtbf, o->train_iters, (double)sv__now_ms() / 1e3);
     int rc = rr_new(&v->rr, &o->rr);
     v->p = calloc((size_t)v->W, sizeof *v->p);
@@ -934,7 +935,9 @@ void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint
         snprintf(f->kind, sizeof f->kind, "%s", kind);
         f->rank = rank;
         f->iteration = v->have_last ? v->last_iter + 1 : -1;
-        snprintf(f->diagnosis, sizeof f->diagnosis, "%s", strcmp(kind, "evicted") ? "rank_failure" : "straggler");
+        snprintf(f->diagnosis, sizeof f->diagnosis, "%s", !strcmp(kind, "evicted")        ? "straggler"
+                                                         : !strcmp(kind, "elastic_grow") ? "capacity_returned"
+                                                                                         : "rank_failure");
         snprintf(f->outcome, sizeof f->outcome, "%s", "restart");
         snprintf(f->text, sizeof f->text, "%s", why);
         f->detect_ms = (double)detect_ms;
@@ -959,6 +962,25 @@ void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint
     v->cold = true;
     memset(v->low, 0, sizeof *v->low * (size_t)v->W);
     memset(v->evict_asked, 0, sizeof *v->evict_asked * (size_t)v->W);
+}
+
+int svv_set_world(svv *v, int world, int replicas) {
+    if (world > v->W0 || v->stage_of) /* (pipeline stages are refused with --elastic) */
+        return co_err_set(CO_EINVAL, "validator: world %d (at most %d, without pipeline stages)", world, v->W0);
+    int rc = rr_set_world(v->rr, world, replicas);
+    if (rc) return rc;
+    v->W = world;
+    /* the ranks are numbered anew: what was learned about each starts over */
+    size_t n = (size_t)v->W0;
+    memset(v->p, 0, sizeof *v->p * n);
+    memset(v->ema, 0, sizeof *v->ema * n);
+    memset(v->flagged, 0, sizeof *v->flagged * n);
+    memset(v->low, 0, sizeof *v->low * n);
+    memset(v->nhist, 0, sizeof *v->nhist * n);
+    memset(v->evict_asked, 0, sizeof *v->evict_asked * n);
+    for (size_t r = 0; r < n; r++) v->worst[r] = INFINITY, v->score[r] = NAN;
+    gp_set_capacity(&v->gp, (double)world / v->W0);
+    return 0;
 }
 
 int svv_evict_candidate(svv *v, double *scores, int cap, int *n) {

@@ -239,6 +239,10 @@ static int adopt_groups(trainer *t, const tr_groups *g) {
                                       c->expert_tensor_parallel_size, c->use_tp_pp_dp_mapping, lerr, sizeof lerr) == 0;
     t->M = t->M_max = topo_num_microbatches(&t->topo, c->global_batch_size, c->micro_batch_size);
     t->gbs = c->global_batch_size;
+    if (c->elastic) { /* (any data-parallel size: a rank may take up to the whole batch) */
+        t->M = trainer__share(t, t->gbs, t->topo.dp_rank);
+        t->M_max = c->global_batch_size / c->micro_batch_size;
+    }
     return 0;
 }
 
@@ -349,12 +353,22 @@ static double next_decoupled_lr(const trainer *t) {
     return t->cfg.rampup_start > 0 ? lr_at(&t->lr_samples_dec, t->consumed[0]) : lr_at(&t->lr_dec, t->iteration);
 }
 
+/* The micro batches data-parallel rank r takes of a global batch of gbs samples: Megatron's
+ * sampler deals the batch's micro batches round the dp ranks (micro batch m goes to rank
+ * m mod dp), so the counts are equal when dp divides them and differ by one otherwise (an
+ * elastic job's shrunk data-parallel size). */
+int trainer__share(const trainer *t, int gbs, int r) {
+    int total = gbs / t->cfg.micro_batch_size, dp = t->topo.dp;
+    return r < total ? (total - r + dp - 1) / dp : 0;
+}
+
 /* The iteration's global batch gbs (a batch ramp-up's, or the full one): its micro batches
  * per rank, the pipeline's schedule over them, the auxiliary losses' weight 1/M. The buffers
  * are sized for the full batch. */
 int trainer__set_batch(trainer *t, int gbs) {
     const co_config *c = &t->cfg;
-    int M = topo_num_microbatches(&t->topo, gbs, c->micro_batch_size);
+    int M = c->elastic ? trainer__share(t, gbs, t->topo.dp_rank)
+                       : topo_num_microbatches(&t->topo, gbs, c->micro_batch_size);
     if (M < 1 || M > t->M_max) return co_err_set(CO_EINVAL, "global batch %d: %d micro batches per rank (1..%d)", gbs, M, t->M_max);
     t->gbs = gbs;
     /* the auxiliary losses weigh as the main loss: 1 / M, times --fp16's loss scale */
@@ -687,11 +701,16 @@ static int log_line(trainer *t, double lr, double grad_norm) {
             (long long)t->nan_iters);
     if (t->log) fflush(t->log);
     /* the tensor group's collectives inside the model since the last line (this rank's) */
-    char tpx[200] = "";
+    char tpx[400] = "";
+    if (t->cfg.elastic) /* the data-parallel size and the samples read since the last record */
+        snprintf(tpx, sizeof tpx, ",\"data_parallel_size\":%d,\"samples_read\":%.0f,\"sample_position_sum\":%.0f,"
+                 "\"sample_position_sumsq\":%.0f", t->topo.dp, t->smp_log[0], t->smp_log[1], t->smp_log[2]);
+    memset(t->smp_log, 0, sizeof t->smp_log);
     if (t->g.tp) {
+        size_t used = strlen(tpx);
         gpt_tp_stats st;
         gpt_tp_stats_take(t->model, &st);
-        snprintf(tpx, sizeof tpx, ",\"tensor_comm_ms_per_iteration\":%.3f,\"tensor_analytic_bytes_per_iteration\":%.0f",
+        snprintf(tpx + used, sizeof tpx - used, ",\"tensor_comm_ms_per_iteration\":%.3f,\"tensor_analytic_bytes_per_iteration\":%.0f",
                  1000.0 * st.comm_s / t->iters_since_log, (double)st.analytic_bytes / t->iters_since_log);
     }
     if (t->metrics) {
@@ -753,7 +772,9 @@ static int reduce_step(trainer *t, double *loss, double *tok, int *stop_reason) 
     *loss = rep[0];
     *tok = rep[1];
     *stop_reason = rep[2] > 0 ? 1 : rep[3] > 0 ? 2 : 0;
-    return 0;
+    /* --elastic: the samples read, summed over the data-parallel ranks (integers: exact) */
+    if (t->cfg.elastic) rc = gg->ops->allreduce_sum(gg, t->smp_step, 3, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    return rc;
 }
 
 /* A fault-related line on stderr; to_sink: also an event for the run report (a fault
@@ -910,7 +931,13 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         int rc = per_token_weight(t, data_rank, step, &wtok);
         if (rc) return rc;
     }
-    for (int mb = 0; mb < t->M; mb++) {
+    /* data_rank's micro batches (a check round's may be another rank's share), and the batch's:
+     * each micro batch's loss is its tokens' mean over the batch's micro batches, whichever
+     * rank computes it (dp / (tokens x total) is 1 / (tokens x M) bit for bit when dp divides) */
+    int M = t->cfg.elastic ? trainer__share(t, t->gbs, data_rank) : t->M;
+    double total = (double)(t->gbs / B);
+    memset(t->smp_step, 0, sizeof t->smp_step);
+    for (int mb = 0; mb < M; mb++) {
         double t0 = now_s();
         gpt_batch b;
         /* Megatron's sampler: each group of micro x dp samples is one micro batch per
@@ -927,8 +954,13 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         /* normalised by the whole sequences' loss tokens (all context ranks' together) */
         double nall = t->cpn > 1 ? t->cp_ntok : ntok;
         float w = c->calculate_per_token_loss ? wtok * trainer__loss_scale(t)
-                  : nall > 0                  ? (float)(1.0 / (nall * t->M)) * trainer__loss_scale(t)
-                                              : 0.0f;
+                  : nall > 0 ? (float)(t->cfg.elastic ? t->topo.dp / (nall * total) : 1.0 / (nall * t->M)) *
+                                   trainer__loss_scale(t)
+                             : 0.0f;
+        for (int i = 0; i < B; i++) { /* the samples' positions in training order */
+            double p = (double)(t->consumed[0] + gmb * B + i);
+            t->smp_step[0] += 1, t->smp_step[1] += p, t->smp_step[2] += p * p;
+        }
         for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
         uint64_t seed = trainer__dropout_seed(t, gmb);
         double t1 = now_s();
@@ -942,7 +974,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         t->phase_ms[TR_PH_FORWARD] += 1000 * (t2 - t1);
         fire_process_faults(t, step, mb, FI_PH_BACKWARD);
         tl0 = tl_now();
-        trainer__overlap_last(t, mb == t->M - 1, !poison);
+        trainer__overlap_last(t, mb == M - 1, !poison);
         gpt_backward(t->model, &b, seed);
         trainer__tl(t, TL_BACKWARD, mb, 0, tl0);
         trainer__inject_grads(t, step, mb, poison);
@@ -1189,6 +1221,16 @@ void trainer_set_groups(trainer *t, const tr_groups *g) {
     t->g.dp = g->dp;
     t->g.grad_ovl = t->cfg.overlap_grad_reduce ? g->grad_ovl : NULL;
     if (g->dp) topo_init(&t->topo, g->dp->size, 1, 1, 1, g->dp->rank);
+    /* --elastic: the data-parallel size may have changed (a shrink, a grow): this rank's share,
+     * and the job's layout over the new world (a verdict's world ranks name replicas by it) */
+    if (g->dp && t->cfg.elastic) {
+        t->M = trainer__share(t, t->gbs, t->topo.dp_rank);
+        topo_layout *l = &t->layout;
+        char lerr[200];
+        if (t->have_layout)
+            t->have_layout = topo_layout_init(l, g->dp->size * l->tp * l->cp * l->pp, l->tp, l->pp, l->cp, l->ep, l->etp,
+                                              l->tp_pp_dp, lerr, sizeof lerr) == 0;
+    }
     set_tensor_group(t, g->tp);
     trainer__cp_set_groups(t, g);
     if (t->pp_size > 1) {
@@ -1504,6 +1546,7 @@ static int apply_update(trainer *t, tr_iter *it, tr_action a, train_end *why) {
 static int commit_iteration(trainer *t) {
     t->iteration++;
     t->consumed[0] += t->gbs;
+    for (int k = 0; k < 3; k++) t->smp_log[k] += t->smp_step[k];
     if (t->dopt) {
         /* the shards are updated; the parameters' all-gather follows, redone by a restart's
          * handover if an abort interrupts it */

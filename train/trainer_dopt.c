@@ -370,10 +370,16 @@ int trainer_dopt_moments_end(trainer *t, bool scatter) {
  * holding it, in one order all ranks follow (so the blocking sends and receives cannot wait
  * on each other); then each rank installs what it received. A shard nobody holds fails
  * (the supervisor falls back to the checkpoint before this happens). */
+static int repartition_if_resized(trainer *t, bool held, bool *done);
+
 int trainer__dopt_handover(trainer *t, bool held) {
     tr_dopt *d = t->dopt;
     cm_comm *g = tr_groups_grad(&t->g);
     if (!d || !g) return 0;
+    bool done = false;
+    int prc = repartition_if_resized(t, held, &done);
+    if (prc || done) return prc;
+    d = t->dopt;
     dopt_state *s = &d->s;
     const dopt_layout *L = &s->L;
     int n = L->dp, me = g->rank, nslots = s->opt.redundant ? 2 : 1;
@@ -440,5 +446,113 @@ int trainer__dopt_handover(trainer *t, bool held) {
         d->sum = NULL;
         rc = trainer__dopt_sync(t);
     }
+    return rc;
+}
+
+/* ---- --elastic: the shards re-partitioned in memory over a new data-parallel size ----
+ * A shrink or a grow changes the group's size, so the layout (buckets padded to lcm(dp, 128),
+ * split into dp shards) changes with it. Every old shard's parameters and moments go, from the
+ * lowest rank holding it (its owner or, with redundancy, the next rank's copy), into one
+ * canonical order (each tensor's elements in table order, the same in every layout), summed
+ * over the new group (each element from one rank, zeros from the others: exact); the ranks
+ * still in the old layout lay the model out anew, and every rank takes its new shard and copy
+ * from the canonical state. A shard nobody holds fails (as a handover's does). */
+
+/* Each tensor's elements in table order from full (the model's layout) into c, or back (to_full). */
+static void canonical(const gpt_model *m, float *full, float *c, bool to_full) {
+    const gpt_tensor *tab = gpt_tensors((gpt_model *)m);
+    size_t at = 0;
+    for (int i = 0; i < gpt_num_tensors((gpt_model *)m); i++) {
+        if (to_full) memcpy(full + tab[i].offset, c + at, tab[i].numel * sizeof(float));
+        else memcpy(c + at, full + tab[i].offset, tab[i].numel * sizeof(float));
+        at += tab[i].numel;
+    }
+}
+
+/* This rank's old shards (k, the ones it is the lowest holder of) into the canonical state c
+ * ([3N]: parameters, m, v). all: every rank's {own shard, copy, its layout's dp}. */
+static int contribute(trainer *t, const int32_t *all, int nranks, int nold, float *c, size_t N) {
+    dopt_state *s = &t->dopt->s;
+    const dopt_layout *L = &s->L;
+    size_t S = L->shard_total;
+    float *full = calloc(3 * L->total + 1, sizeof(float)), *sp = malloc((S + 1) * sizeof(float));
+    int rc = full && sp ? 0 : co_err_set(CO_ENOMEM, "distributed optimizer: re-partitioning: out of memory");
+    for (int k = 0; k < nold && !rc; k++) {
+        int src = -1;
+        for (int r = 0; r < nranks && src < 0; r++)
+            if (all[3 * r + 2] == nold && (all[3 * r] == k || all[3 * r + 1] == k)) src = r;
+        if (src < 0) {
+            rc = co_err_set(CO_ENOENT, "distributed optimizer: re-partitioning over %d ranks: no rank holds optimizer "
+                                       "shard %d of %d (its owner and its copy's holder both left)", nranks, k, nold);
+            break;
+        }
+        if (src != tr_groups_grad(&t->g)->rank) continue;
+        dopt_shard_view v;
+        if ((rc = dopt_shard_view_get(s, k, &v, sp))) break;
+        for (int b = 0; b < L->nbuckets; b++) {
+            const dopt_bucket *B = &L->buckets[b];
+            size_t at = B->start + (size_t)k * B->shard, n = B->shard * sizeof(float);
+            memcpy(full + at, sp + B->shard_base, n);
+            memcpy(full + L->total + at, v.m + B->shard_base, n);
+            memcpy(full + 2 * L->total + at, v.v + B->shard_base, n);
+        }
+    }
+    for (int q = 0; q < 3 && !rc && all[3 * tr_groups_grad(&t->g)->rank + 2] == nold; q++)
+        canonical(t->model, full + (size_t)q * L->total, c + (size_t)q * N, false);
+    free(full);
+    free(sp);
+    return rc;
+}
+
+static int repartition_if_resized(trainer *t, bool held, bool *done) {
+    tr_dopt *d = t->dopt;
+    cm_comm *g = tr_groups_grad(&t->g);
+    *done = false;
+    if (!t->cfg.elastic) return 0;
+    /* (every rank takes the same path: one whose layout is not the group's makes all re-partition) */
+    double resized = d->s.L.dp != g->size;
+    int rc = g->ops->allreduce_sum(g, &resized, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS);
+    if (rc || resized == 0) return rc;
+    *done = true;
+    dopt_state *s = &d->s;
+    bool have = d->held && held && s->L.dp != g->size; /* (a joining rank holds nothing) */
+    int32_t mine[3] = {have ? s->rank : -1, have && s->opt.redundant ? (s->rank + s->L.dp - 1) % s->L.dp : -1,
+                       have ? s->L.dp : 0};
+    int32_t *all = malloc(sizeof *all * 3 * (size_t)g->size);
+    size_t N = 0;
+    for (int i = 0; i < gpt_num_tensors(t->model); i++) N += gpt_tensors(t->model)[i].numel;
+    float *c = calloc(3 * N + 1, sizeof(float));
+    rc = all && c ? 0 : co_err_set(CO_ENOMEM, "distributed optimizer: re-partitioning: out of memory");
+    if (!rc) rc = g->ops->allgather(g, mine, all, sizeof mine, TRAIN_COMM_TIMEOUT_MS);
+    int nold = 0;
+    for (int r = 0; !rc && r < g->size; r++) nold = all[3 * r + 2] > nold ? all[3 * r + 2] : nold;
+    if (!rc && !nold) rc = co_err_set(CO_ENOENT, "distributed optimizer: re-partitioning: no rank holds the state");
+    if (!rc) rc = contribute(t, all, g->size, nold, c, N);
+    if (!rc) rc = g->ops->allreduce_sum(g, c, 3 * N, CM_F32, TRAIN_COMM_TIMEOUT_MS);
+    if (!rc && d->s.L.dp != g->size) { /* the model laid out anew for the group's size */
+        int64_t step = t->opt.step; /* (the setup starts the optimizer's fields afresh) */
+        trainer__dopt_free(t);
+        rc = trainer__dopt_setup(t, false);
+        t->opt.step = step;
+    }
+    if (!rc) {
+        canonical(t->model, gpt_params(t->model), c, true);
+        gpt_sync_bf16(t->model);
+        rc = trainer_dopt_moments_begin(t);
+    }
+    if (!rc) {
+        canonical(t->model, t->opt.m, c + N, true);
+        canonical(t->model, t->opt.v, c + 2 * N, true);
+        rc = trainer_dopt_moments_end(t, true); /* (this rank's shard and its copy of the neighbour's) */
+    } else {
+        trainer_dopt_moments_end(t, false);
+    }
+    if (!rc && t->log) {
+        fprintf(t->log, "cohort: distributed optimizer: %d shards re-partitioned in memory over %d data-parallel "
+                        "ranks\n", nold, g->size);
+        fflush(t->log);
+    }
+    free(all);
+    free(c);
     return rc;
 }

@@ -64,6 +64,10 @@ struct trainer {
     int M;                   /* micro batches per iteration (this iteration's, under a batch ramp-up) */
     int M_max;               /* ... of the full --global-batch-size: what the buffers are sized for */
     int gbs;                 /* this iteration's global batch (co_config_batch_at) */
+    /* --elastic: the training-order positions of the samples every data-parallel rank read,
+     * as their count, sum and sum of squares (exact in a double): the step's, and since the
+     * last log line (the metrics record's: the consumed samples checked exactly once) */
+    double smp_step[3], smp_log[3];
     lr_schedule lr_samples;  /* under --rampup-batch-size: the schedule counted in samples, as Megatron's */
     /* --decoupled-lr: the same schedules from --decoupled-lr to --decoupled-min-lr, for the input
      * embedding and the output layer (decoupled false: none) */
@@ -298,6 +302,8 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
 int trainer__pipeline_evaluate(trainer *t, int split, double *loss_out, double *tok_out);
 /* The iteration's global batch: its micro batches, the pipeline schedule over them (trainer.c). */
 int trainer__set_batch(trainer *t, int gbs);
+/* The micro batches data-parallel rank r takes of a global batch of gbs samples. */
+int trainer__share(const trainer *t, int gbs, int r);
 
 /* Faults injected into this rank (resilience/inject.h) around a micro batch: before its
  * forward (kill, stop, hang, slow; a flipped weight or activation); its loss (nan, inf, a

@@ -835,6 +835,21 @@ static int load_newest(wk_ckpt *k) {
     return rc;
 }
 
+/* --async-save: room for a snapshot of the parts this rank holds. */
+static int reserve_snapshot(wk_ckpt *k) {
+    const co_config *c = &k->cfg;
+    if (!c->async_save) return 0;
+    size_t total = 0;
+    int n = c->no_save_optim ? k->save.nmodel : k->save.n;
+    for (int i = 0; i < n; i++) {
+        const ck_tensor_ref *r = &k->save.r[i];
+        const int64_t *sh = r->region ? r->rshape : r->shape;
+        if (r->data && r->flat) total += (size_t)(r->flat_end - r->flat_begin); /* a shard's piece */
+        else if (r->data) total += (size_t)sh[0] * (size_t)(r->ndim > 1 ? sh[1] : 1);
+    }
+    return ck_saver_reserve(k->saver, total);
+}
+
 /* The saver and the trainer hooks. coord NULL: this process writes every file and commits
  * (one process, or rank 0 without a coordinator); else it writes writer `rank`'s files of a
  * world-writer plan and coord commits. */
@@ -849,17 +864,7 @@ static int setup_saver(wk_ckpt *k, int rank, const ck_coord *coord) {
     ck_saver_opts so = {.save_dir = c->save, .async = c->async_save, .keep = coord ? 0 : c->most_recent_k,
                         .writers = coord ? k->world : 1, .log = k->log, .coord = coord, .writer = coord ? rank : 0};
     rc = ck_saver_new(&k->saver, &so);
-    if (!rc && c->async_save) {
-        size_t total = 0; /* the parts this rank holds */
-        int n = c->no_save_optim ? k->save.nmodel : k->save.n;
-        for (int i = 0; i < n; i++) {
-            const ck_tensor_ref *r = &k->save.r[i];
-            const int64_t *sh = r->region ? r->rshape : r->shape;
-            if (r->data && r->flat) total += (size_t)(r->flat_end - r->flat_begin); /* a shard's piece */
-            else if (r->data) total += (size_t)sh[0] * (size_t)(r->ndim > 1 ? sh[1] : 1);
-        }
-        rc = ck_saver_reserve(k->saver, total);
-    }
+    if (!rc) rc = reserve_snapshot(k);
     if (!rc) rc = trainer_set_hook(k->t, hook, k);
     if (!rc && c->async_save) rc = trainer_set_pre_step_hook(k->t, pre_step, k);
     return rc;
@@ -928,6 +933,18 @@ void wk_ckpt_set_rank(wk_ckpt *k, int rank) {
     if (!k) return;
     k->rank = rank;
     ck_saver_set_writer(k->saver, rank);
+}
+
+int wk_ckpt_set_world(wk_ckpt *k, int world, int rank) {
+    if (!k || world == k->world) return 0; /* (a rank alone changes with wk_ckpt_set_rank) */
+    /* (a save still writing reads the parts rebuilt below: it finishes first) */
+    int rc = k->saver ? ck_saver_wait(k->saver) : 0;
+    if (rc) return rc;
+    k->world = world;
+    k->rank = rank;
+    if ((rc = parts_rebuild(k)) || !k->saver) return rc;
+    ck_saver_set_writers(k->saver, k->have_coord ? world : 1, k->have_coord ? rank : 0);
+    return reserve_snapshot(k);
 }
 
 int wk_ckpt_set_coordinator(wk_ckpt *k, const ck_coord *coord) {

@@ -40,6 +40,10 @@ int wk_ckpt_set_coordinator(wk_ckpt *k, const ck_coord *coord);
 void wk_ckpt_destroy(wk_ckpt **p);
 /* This process's data-parallel rank changed (an in-process restart with shifted ranks). */
 void wk_ckpt_set_rank(wk_ckpt *k, int rank);
+/* --elastic: the job's world changed size (a shrink or a grow of the data-parallel size): this
+ * rank writes writer `rank`'s share of a world-writer save from now on. Call with the trainer's
+ * groups of the new generation set. */
+int wk_ckpt_set_world(wk_ckpt *k, int world, int rank);
 /* Loads the newest checkpoint of dir into the trainer in this process (a survivor of a
  * restart whose shard lost every replica: every rank resumes from the checkpoint). */
 int wk_ckpt_reload(wk_ckpt *k, const char *dir, cm_comm *agree);

@@ -153,6 +153,7 @@ typedef struct rank_run {
     wk_ckpt *ckpt;
     wait_ctx wctx;
     int rank;             /* this process's rank now (a restart with shifted ranks changes it) */
+    int world;            /* the job's ranks now (--elastic: a shrink or a grow changes it) */
     int64_t first_it;     /* where this run started (a stop before its first step saves nothing) */
     bool handover_failed; /* the last failure was a state transfer between ranks */
     train_end why;
@@ -272,7 +273,7 @@ static int first_generation(rank_run *r, int early_rc) {
  * goes to the restart barrier (a peer's failure noticed before the Abort arrived is told to
  * the supervisor, and its Abort awaited). */
 static bool generation_aborted(rank_run *r, int rc) {
-    if (!rc || !r->link || r->asg->world < 2) return false;
+    if (!rc || !r->link || r->world < 2) return false;
     if (sv_link_restart_pending(r->link)) return true;
     if (rc != CO_EREMOTE && rc != CO_ETIMEOUT && rc != CO_EABORTED) return false;
     char what[400];
@@ -302,13 +303,18 @@ static int take_generation_state(rank_run *r, char *reload, int source) {
     tr_groups g;
     wk_comms_trainer_groups(r->cs, &r->c, &g);
     trainer_set_groups(r->t, &g);
-    int rc;
+    /* --elastic: the world shrank or grew; a save's writers are the new world's ranks (after
+     * the handover, which may lay the distributed optimizer's shards out anew; before a reload,
+     * which reads the new world's parts) */
+    int rc = 0;
     if (reload) {
         r->handover_failed = false;
-        rc = wk_ckpt_reload(r->ckpt, reload, wk_comms_world(r->cs));
+        rc = wk_ckpt_set_world(r->ckpt, r->world, r->rank);
+        if (!rc) rc = wk_ckpt_reload(r->ckpt, reload, wk_comms_world(r->cs));
     } else {
         rc = trainer_sync_state(r->t, source);
         r->handover_failed = rc != 0;
+        if (!rc) rc = wk_ckpt_set_world(r->ckpt, r->world, r->rank);
     }
     if (!rc) rc = check_standin_replicas(r->cs, r->t, "after the restart");
     return rc;
@@ -336,7 +342,14 @@ static int next_generation(rank_run *r, int rc, bool *stop) {
     if (!rc) rc = source_in_group(r->cs, na.rank, na.state_source, &source);
     /* no replica of some shard survived: every rank, survivors too, takes the checkpoint */
     char *reload = !rc && source < 0 && na.checkpoint_dir ? strdup(na.checkpoint_dir) : NULL;
-    if (na.rank != r->rank) take_rank(r, &na);
+    if (na.world != r->world) {
+        co_log(CO_LOG_INFO, "the job has %d ranks from generation %llu (it had %d: --elastic)", na.world,
+               (unsigned long long)na.generation, r->world);
+        r->world = na.world;
+        take_rank(r, &na); /* (the last rank prints: maybe another one now) */
+    } else if (na.rank != r->rank) {
+        take_rank(r, &na);
+    }
     sv_assignment_free(&na);
     if (rc) return rc; /* another abort during the rebuild: back to the barrier (reload is NULL) */
     rc = take_generation_state(r, reload, source);
@@ -400,7 +413,8 @@ static int run_status(rank_run *r, int rc) {
 }
 
 int wk_run(const wk_options *o) {
-    rank_run r = {.o = o, .c = *o->config, .link = o->link, .asg = o->asg, .rank = o->link ? o->asg->rank : 0};
+    rank_run r = {.o = o, .c = *o->config, .link = o->link, .asg = o->asg, .rank = o->link ? o->asg->rank : 0,
+                  .world = o->link ? o->asg->world : 1};
     r.wctx.link = o->link;
     if (r.link) co_log_set_prefix("cohort rank %d", r.rank); /* (a worker's lines name its rank) */
     if (r.link && r.asg->world > 1) {

@@ -101,7 +101,25 @@ static void fault_in_startup(void) {
     CHECK(!strcmp(gp_cause_name(GP_CHECKPOINT_SAVE), "checkpoint_save"));
 }
 
+/* --elastic: steps on half the world are half productive, half shrunk capacity; whole again after. */
+static void shrunk_capacity(void) {
+    gp g;
+    gp_init(&g, 0);
+    gp_step(&g, 1, 1, -1);
+    gp_set_capacity(&g, 0.5);
+    gp_step(&g, 2, 2, -1);
+    gp_step(&g, 3, 3, -1);
+    gp_set_capacity(&g, 1);
+    gp_step(&g, 4, 4, -1);
+    gp_summary s;
+    gp_get(&g, 4, &s);
+    CHECK_CLOSE(s.lost[GP_SHRUNK_CAPACITY], 1, 1e-9, 0);
+    CHECK_CLOSE(s.productive, 2, 1e-9, 0);
+    CHECK(!strcmp(gp_cause_name(GP_SHRUNK_CAPACITY), "shrunk_capacity"));
+}
+
 int main(void) {
+    RUN(shrunk_capacity);
     RUN(clean_run);
     RUN(straggler_replay_save);
     RUN(restarts);
