@@ -143,7 +143,8 @@ static const flag flags[] = {
     B("parallel", "overlap-grad-reduce", overlap_grad_reduce,
       "reduce gradient buckets on a communication thread during the backward (data parallelism only)"),
     B("parallel", "overlap-param-gather", overlap_param_gather,
-      "overlap the parameter all-gather with the next forward (not supported yet)"),
+      "all-gather the distributed optimizer's updated parameters bucket by bucket during the next "
+      "forward (needs --use-distributed-optimizer and --overlap-grad-reduce; data parallelism only)"),
     NB("parallel", "dist-opt-redundancy", dist_opt_redundancy,
        "[cohort] with --use-distributed-optimizer: the next data-parallel rank keeps a copy of each rank's optimizer "
        "shard, so an in-process restart restores a dead rank's shard from memory (on by default; "

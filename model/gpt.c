@@ -914,6 +914,11 @@ void gpt_sync_bf16(gpt_model *m) {
     if (m->params16) m->ops->to_bf16(m->be, m->params16, m->params, m->nparams);
 }
 
+void gpt_sync_bf16_range(gpt_model *m, size_t lo, size_t n) {
+    if (m->params16 && lo < m->nparams)
+        m->ops->to_bf16(m->be, m->params16 + lo, m->params + lo, n < m->nparams - lo ? n : m->nparams - lo);
+}
+
 void gpt_inject_act_flip(gpt_model *m, size_t index, int bit) {
     m->act_flip = true;
     m->act_flip_index = index;

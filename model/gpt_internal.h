@@ -99,6 +99,9 @@ struct gpt_model {
     /* called after each layer's backward (gpt_set_backward_hook), NULL: none */
     void (*bwd_hook)(void *ctx, int layer);
     void *bwd_hook_ctx;
+    /* called before the forward uses a layer's weights (gpt_set_forward_hook), NULL: none */
+    void (*fwd_hook)(void *ctx, int layer);
+    void *fwd_hook_ctx;
     /* fault injection: flip one bit of the final norm's output in the next forward */
     bool act_flip;
     size_t act_flip_index;

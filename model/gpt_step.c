@@ -249,6 +249,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     dscale = x_b.dscale;
 
     float *x = gpt_chunk_input(m, ci, s);
+    if (m->fwd_hook) m->fwd_hook(m->fwd_hook_ctx, -1);
     if (d->embedding) {
         gpt__embedding_forward(m, x, b->tokens, x_b.tokens, x_b.positions, N);
         if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, x, x, Nl, ph, seed, site(-1, 0));
@@ -257,6 +258,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     for (int i = 0; i < d->nlayers; i++) {
         int l = d->layer0 + i;
         float *x_out = i + 1 < d->nlayers ? sl->acts[i + 1].x_in : sl->x_end;
+        if (m->fwd_hook) m->fwd_hook(m->fwd_hook_ctx, l);
         if (gpt__layer_forward(m, &sl->acts[i], l, x_out, &x_b, B, T, train, seed)) return NAN;
         /* a distributed recomputation group's input: this rank's rows kept */
         if (i + 1 < d->nlayers && sl->acts[i + 1].xin_shard) {
@@ -264,6 +266,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
             o->copy(be, sl->acts[i + 1].xin_shard, x_out + (size_t)m->tpr * rows, rows * sizeof(float));
         }
     }
+    if (m->fwd_hook) m->fwd_hook(m->fwd_hook_ctx, GPT_HOOK_AFTER_LAYERS);
     if (gpt__has_final_norm(d))
         o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, P(m, m->t_lnf_w),
                         P(m, m->t_lnf_b), Nl, C, c->norm_eps);
@@ -536,6 +539,11 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
 void gpt_set_backward_hook(gpt_model *m, void (*fn)(void *ctx, int layer), void *ctx) {
     m->bwd_hook = fn;
     m->bwd_hook_ctx = ctx;
+}
+
+void gpt_set_forward_hook(gpt_model *m, void (*fn)(void *ctx, int layer), void *ctx) {
+    m->fwd_hook = fn;
+    m->fwd_hook_ctx = ctx;
 }
 
 void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) { gpt_chunk_backward(m, 0, 0, b, seed); }

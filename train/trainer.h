@@ -101,6 +101,11 @@ int trainer_dopt_layout_of(const trainer *t, const struct gpt_tensor *tab, int n
                            int **unit_first);
 const co_config *trainer_config(const trainer *t);
 
+/* The parameters whole on this rank: with --overlap-param-gather a step's all-gather runs on
+ * a thread until the next forward reads them; a hook that reads them (a save) or
+ * communicates calls this first. 0 or the gather's error. */
+int trainer_params_sync(trainer *t);
+
 /* How many hooks of each kind a trainer holds. */
 #define TRAINER_MAX_HOOKS 4
 

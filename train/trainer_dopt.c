@@ -278,10 +278,19 @@ int trainer__dopt_step(trainer *t, double lr, double grad_norm, uint64_t *sum) {
     return 0;
 }
 
+int trainer__dopt_gather_bucket(trainer *t, cm_comm *g, int b) { return dopt_gather_bucket(&t->dopt->s, g, b); }
+
+int trainer__dopt_gather_start(trainer *t) {
+    tr_dopt *d = t->dopt;
+    /* (--overlap-param-gather: on a thread, waited for by the next forward) */
+    if (d && d->gather && t->pg && tr_groups_grad(&t->g)) return trainer__pgather_start(t);
+    return trainer__dopt_sync(t);
+}
+
 int trainer__dopt_sync(trainer *t) {
     tr_dopt *d = t->dopt;
     if (!d || !d->gather) return 0;
-    int rc = dopt_gather(&d->s, step_group(t));
+    int rc = trainer__pgather_pending(t) ? trainer__pgather_finish(t) : dopt_gather(&d->s, step_group(t));
     if (rc) return rc;
     d->gather = false;
     gpt_sync_bf16(t->model);

@@ -254,10 +254,11 @@ static int hook(trainer *t, void *ctx, bool final, train_end why) {
          * number of micro batches */
         bool ramp = trainer_batch_changes(t) && it > 0;
         if (((k->cfg.save_interval > 0 && it % k->cfg.save_interval == 0) || ramp) && it != k->last_saved &&
-            !(rc = saves_stopped(k, it, &stop)) && !stop)
+            !(rc = saves_stopped(k, it, &stop)) && !stop && !(rc = trainer_params_sync(t)))
             rc = save_timed(k, it);
     } else {
-        if (why != TRAIN_NAN && it > 0 && it != k->last_saved && !(rc = saves_stopped(k, it, &stop)) && !stop)
+        if (why != TRAIN_NAN && it > 0 && it != k->last_saved && !(rc = saves_stopped(k, it, &stop)) && !stop &&
+            !(rc = trainer_params_sync(t))) /* (a save reads the parameters whole: a gather in flight ends first) */
             rc = save_now(k);
         int w = ck_saver_wait(k->saver);
         if (!rc) rc = w;

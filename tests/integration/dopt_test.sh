@@ -161,6 +161,43 @@ overlap)
         --tensor-model-parallel-size 2 >"$work/o" 2>&1
     [ $? -eq 2 ] && grep -q "overlap-grad-reduce with tensor, pipeline" "$work/o" || fail "tp2: $(tail -3 "$work/o")"
     ;;
+param_gather)
+    # --overlap-param-gather (with --overlap-grad-reduce, as Megatron requires): the updated
+    # parameters gathered bucket by bucket on a thread while the next forward runs, each
+    # bucket waited for before its first layer; bitwise the same run without either overlap,
+    # at data 2 and 4 (and at 4 on the reduce-scatter path), with a save and an evaluation
+    # in between (both wait for the gathers first); refused without the distributed
+    # optimizer or --overlap-grad-reduce and with tensor parallelism (Megatron's reasons,
+    # the transport's)
+    b=(--ddp-bucket-size 1000 --train-iters 6 --save-interval 3 --eval-interval 2 --eval-iters 1)
+    for v in 2r 4r 4s; do
+        n=${v%?}; rs=0; [ "${v#?}" = s ] && rs=1
+        COHORT_TEST_DOPT_REDUCE_SCATTER=$rs train g$v "$n" $D "${b[@]}" --save "$work/g$v"; ok g$v
+        COHORT_TEST_DOPT_REDUCE_SCATTER=$rs train g${v}o "$n" $D "${b[@]}" --overlap-grad-reduce \
+            --overlap-param-gather --save "$work/g${v}o"
+        ok g${v}o
+        same "$work/g$v" "$work/g${v}o" 3
+        same "$work/g$v" "$work/g${v}o" 6
+        grep -q "overlapped parameter all-gather: [1-9][0-9]* buckets, gathered in the order the forward" \
+            "$work/g${v}o.out" "$work/g${v}o.err" || fail "$v: no overlapped gather: $(grep -h overlapped "$work/g${v}o".*)"
+        [ "$(grep -c "validation loss" "$work/g${v}o.out")" = "$(grep -c "validation loss" "$work/g$v.out")" ] ||
+            fail "$v: evaluations differ"
+        grep "validation loss" "$work/g$v.out" >"$work/e1"; grep "validation loss" "$work/g${v}o.out" >"$work/e2"
+        cmp -s "$work/e1" "$work/e2" || fail "$v: validation losses differ: $(diff "$work/e1" "$work/e2" | head -4)"
+    done
+    for extra in "--overlap-grad-reduce --overlap-param-gather" "$D --overlap-param-gather" \
+                 "$D --overlap-grad-reduce --overlap-param-gather --tensor-model-parallel-size 2"; do
+        # shellcheck disable=SC2086
+        "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 $extra >"$work/o" 2>&1
+        [ $? -eq 2 ] || fail "$extra: not refused: $(tail -3 "$work/o")"
+        case $extra in
+        --overlap-grad-reduce*) want="--overlap-param-gather only supported with distributed optimizer" ;;
+        *tensor*) want="--overlap-param-gather with tensor, pipeline, context or expert parallelism" ;;
+        *) want="Must use --overlap-param-gather with --overlap-grad-reduce" ;;
+        esac
+        grep -q -- "$want" "$work/o" || fail "$extra: $(cat "$work/o")"
+    done
+    ;;
 matches_replicated)
     # the distributed optimizer against the replicated one after 6 steps. On one host it
     # reduces and gathers with shared-memory all-reduces: bitwise the replicated optimizer's at
@@ -229,7 +266,7 @@ ckpt_reshard)
         fail "tp2 load: $(grep -i checkpoint "$work/t2-tp.out")"
     same "$work/rs2" "$work/t2" 8
     ;;
-kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap)
+kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_param_gather)
     # a rank holding an optimizer shard dies (in forward; right after its shard's update,
     # before the parameters' all-gather; with shifted ranks; in tensor 2 x data 2, where
     # each tensor rank's data-parallel pair shards its slices; in context 2 x data 2, where
@@ -246,6 +283,12 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap)
         # communication threads (the abort must reach them)
         inj=(--inject "kill@rank=2,step=6,phase=backward")
         lay=(--overlap-grad-reduce --ddp-bucket-size 1000);;
+    kill_param_gather)
+        # killed before its update of step 6: the others commit it and start gathering its
+        # parameters on their gather threads, which wait for the dead rank until the abort
+        # cancels them
+        inj=(--inject "kill@rank=2,step=6,phase=optimizer")
+        lay=(--overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 1000);;
     *) inj=(--inprocess-rank-assignment shift-ranks --inject "kill@rank=1,step=5");;
     esac
     train clean 4 "${lay[@]}" $D --train-iters 10 --save "$work/clean"; ok clean
@@ -260,6 +303,11 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap)
     fi
     same "$work/clean" "$work/f" 10
     grep -q '"steps_lost": 0' "$work/f.report.json" || fail "steps lost: $(grep steps_lost "$work/f.report.json")"
+    if [ $case_name = kill_param_gather ]; then
+        # a survivor's gather of iteration 6's parameters was in flight and ended by the abort
+        grep -q "overlapped parameter all-gather, bucket [0-9]* of [0-9]*: .*not gathered" "$work/f.err" ||
+            fail "no gather in flight cancelled: $(grep -i 'gather\|aborted' "$work/f.err" | head -5)"
+    fi
     ;;
 kill_both|kill_unreplicated)
     # both holders of a shard die in the same iteration (ranks 1 and 2: shard 1 lives on 1
@@ -336,7 +384,7 @@ PY
     ;;
 refused)
     # what is not built is refused before any work, never ignored
-    for extra in "--overlap-grad-reduce --tensor-model-parallel-size 2" "--overlap-param-gather" "--ddp-bucket-size -1" \
+    for extra in "--overlap-grad-reduce --tensor-model-parallel-size 2" "--ddp-bucket-size -1" \
                  "$D --num-experts 2 --expert-model-parallel-size 2"; do
         # shellcheck disable=SC2086
         "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 $extra >"$work/o" 2>&1

@@ -187,7 +187,7 @@ mixtral_8x7b)
         "${MODEL_PARALLEL_ARGS[@]}" "${LOGGING_ARGS[@]}"
     remaining=(
         "--overlap-grad-reduce with tensor, pipeline, context or expert parallelism is not supported yet (their backward communicates over the transport the communication thread would use): data parallelism only"
-        "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)"
+        "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported yet (their forward communicates over the transport the gather thread would use): data parallelism only"
         "--use-distributed-optimizer with --expert-model-parallel-size 2 is not supported yet (the experts' shards would span the expert-data-parallel group only)"
     )
     expect_outcome mixtral
@@ -284,7 +284,7 @@ llama3_8b)
         "--calculate-per-token-loss is not supported yet"
         "--decoupled-lr and --decoupled-min-lr are not supported yet (one learning rate for every layer)"
         "--overlap-grad-reduce with tensor, pipeline, context or expert parallelism is not supported yet (their backward communicates over the transport the communication thread would use): data parallelism only"
-        "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)"
+        "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported yet (their forward communicates over the transport the gather thread would use): data parallelism only"
     )
     expect_outcome llama3
     ;;
