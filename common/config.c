@@ -171,8 +171,8 @@ static const flag flags[] = {
     D("moe", "moe-router-topk-scaling-factor", moe_router_topk_scaling_factor, "0",
       "multiplies the routing probabilities (0: none)"),
     S("moe", "moe-router-load-balancing-type", moe_router_load_balancing_type, "aux_loss",
-      "aux_loss|seq_aux_loss|global_aux_loss|sinkhorn|none", "the load-balancing loss (sinkhorn is not "
-      "supported yet)"),
+      "aux_loss|seq_aux_loss|global_aux_loss|sinkhorn|none", "the load-balancing loss (sinkhorn: Megatron's "
+      "sinkhorn routing, no aux loss)"),
     S("moe", "moe-router-dtype", moe_router_dtype, "fp32", "fp32|fp64",
       "the router's precision: its product and routing in fp32 also under --bf16 (fp64 is not supported yet)"),
     D("moe", "moe-aux-loss-coeff", moe_aux_loss_coeff, "0", "the load-balancing loss's weight"),

@@ -194,6 +194,7 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
             be->status = co_err_set(CO_EINVAL, "a MoE layer: the tensor group is not set (gpt_set_tensor_group)");
             return be->status;
         }
+        moe_set_training(a->moe, train); /* (sinkhorn routing chooses otherwise outside training) */
         int rc = moe_forward(a->moe, tmp, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), B, T);
         if (rc) {
             be->status = rc;
@@ -342,6 +343,7 @@ static int recompute_mlp_side(gpt_model *m, layer_acts *a, int l, int B, int T) 
         o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, P(m, t[LN2_W]), P(m, t[LN2_B]),
                         Nl, C, c->norm_eps);
     if (a->moe && (a->sel & GPT_RC_MOE)) {
+        moe_set_training(a->moe, true);
         int rc = moe_forward(a->moe, m->rc_xout, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), B, T);
         if (rc) be->status = rc;
     } else if (!a->moe && (a->sel & GPT_RC_MLP)) {
