@@ -195,6 +195,7 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
             return be->status;
         }
         moe_set_training(a->moe, train); /* (sinkhorn routing chooses otherwise outside training) */
+        gpt__moe_bind(m, t, a->moe);
         int rc = moe_forward(a->moe, tmp, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), B, T);
         if (rc) {
             be->status = rc;
@@ -344,6 +345,7 @@ static int recompute_mlp_side(gpt_model *m, layer_acts *a, int l, int B, int T) 
                         Nl, C, c->norm_eps);
     if (a->moe && (a->sel & GPT_RC_MOE)) {
         moe_set_training(a->moe, true);
+        gpt__moe_bind(m, t, a->moe);
         int rc = moe_forward(a->moe, m->rc_xout, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), B, T);
         if (rc) be->status = rc;
     } else if (!a->moe && (a->sel & GPT_RC_MLP)) {
@@ -380,6 +382,7 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
     if (a->moe) {
         /* the normed input's gradient into dh (as the column-parallel fc1's would be); the
          * aux and z losses enter with the model's MoE loss scale */
+        gpt__moe_bind(m, t, a->moe);
         int rc = moe_backward(a->moe, m->dh, G(m, t[ROUTER_W]), dmlp, a->ln2, P(m, t[ROUTER_W]),
                               m->aux_loss_scale);
         if (rc) {

@@ -219,6 +219,13 @@ const moe_offsets *moe_layer_offsets(const moe_layer *m) { return &m->off; }
 
 void moe_set_training(moe_layer *m, bool train) { m->train = train; }
 
+void moe_set_param_offsets(moe_layer *m, size_t fc1, size_t fc2, size_t shared_fc1, size_t shared_fc2) {
+    m->off.fc1 = fc1;
+    m->off.fc2 = fc2;
+    m->off.shared_fc1 = shared_fc1;
+    m->off.shared_fc2 = shared_fc2;
+}
+
 void moe_init_params(const moe_layer *m, float *params, float std, uint64_t seed) {
     co_rng r;
     co_rng_seed(&r, seed);

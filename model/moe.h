@@ -129,6 +129,10 @@ const moe_offsets *moe_layer_offsets(const moe_layer *m);
 /* Training or not for the next forwards (sinkhorn routing chooses differently; a new layer
  * trains). */
 void moe_set_training(moe_layer *m, bool train);
+/* Where the experts' and the shared expert's weights are, in elements from the router's start
+ * (the params and dparams the calls take): moe_layout's places by default; the distributed
+ * optimizer with expert parallelism lays the experts out apart from the rest (gpt_relayout). */
+void moe_set_param_offsets(moe_layer *m, size_t fc1, size_t fc2, size_t shared_fc1, size_t shared_fc2);
 /* Deterministic initialisation of params[total]: normal(0, std) from seed (co_rng). */
 void moe_init_params(const moe_layer *m, float *params, float std, uint64_t seed);
 

@@ -348,7 +348,9 @@ int dopt_reduce_finish(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_nor
     int n = L->dp, me = s->rank, rc = check_group(s, dp);
     if (rc) return rc;
     float inv = 1.0f / (float)(s->opt.average_over > 0 ? s->opt.average_over : n);
-    for (int b = 0; b < L->nbuckets && n > 1; b++)
+    /* (a group of one still averages over the replicas: the experts' over an expert-data-
+     * parallel group of one rank are divided by the data-parallel size) */
+    for (int b = 0; b < L->nbuckets && (n > 1 || inv != 1.0f); b++)
         be->ops->scale(be, s->grads + L->buckets[b].start + (size_t)me * L->buckets[b].shard, inv,
                        L->buckets[b].shard);
     /* 2. the global norm: sum of squares of every rank's shards (padding is zero), all-reduced
@@ -375,6 +377,7 @@ int dopt_reduce_finish(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_nor
     } else if (s->opt.redundant && (rc = exchange_shard_grad(s, dp)))
         return co_err_set(rc, "distributed optimizer step: shard gradient to rank %d / from rank %d: %s",
                           (me + 1) % n, (me + n - 1) % n, co_err_detail());
+    s->norm_sq = sq;
     if (grad_norm_out) *grad_norm_out = sqrt(sq);
     return 0;
 }

@@ -130,6 +130,7 @@ typedef struct dopt_state {
      * (dopt_set_norm_runs). */
     size_t *norm_runs;
     int nnorm_runs;
+    double norm_sq; /* the last reduction's global sum of squares (the norm before its root) */
 } dopt_state;
 
 /* State for data-parallel rank `rank` of L.dp (the layout is copied); buffers from the

@@ -198,6 +198,63 @@ param_gather)
         grep -q -- "$want" "$work/o" || fail "$extra: $(cat "$work/o")"
     done
     ;;
+ep|kill_ep)
+    # expert parallelism: the experts' optimizer shards span the expert-data-parallel group
+    # (Megatron's second optimizer instance, their own layout after the rest of the buffer),
+    # the rest the data-parallel group; the norm counts every element once. No checkpoint
+    # lists the experts' shards yet (refused), so the runs are compared by their metrics:
+    # every iteration's loss and gradient norm. --clip-grad 0.3: every step is clipped by the
+    # norm (about 0.5), so a wrong norm shows
+    tiny_model --global-batch-size 16 --num-layers 4 --attention-dropout 0 --disable-bias-linear --num-experts 4 \
+        --moe-router-topk 2 --moe-layer-freq 2 --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 1e-2 \
+        --moe-z-loss-coeff 1e-3 --clip-grad 0.3
+    ep=(--expert-model-parallel-size 2)
+    if [ $case_name = kill_ep ]; then
+        # data 4 x expert 2 (expert-data-parallel groups of 2): a killed rank's dense shard
+        # comes from the next data-parallel rank, its experts' from the next
+        # expert-data-parallel rank; bitwise the fault-free run, no step lost
+        train clean 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/clean.jsonl"; ok clean
+        train f 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/f.jsonl" --inject "kill@rank=2,step=6" $quick
+        ok f
+        grep -q "in-process restart into generation 2" "$work/f.err" || fail "no restart"
+        grep -q "generation 2: 4 rank(s) resume after iteration [0-9]* with the state of ranks\? [0-9, ]* (.*1 replaced" \
+            "$work/f.err" || fail "not resumed from memory: $(grep supervisor "$work/f.err")"
+        grep -q "lost every holder\|loads the checkpoint\|handover" "$work/f.err" && fail "no handover from memory"
+        [ "$(losses "$work/f.jsonl" | wc -w)" -ge 30 ] || fail "f: $(losses "$work/f.jsonl")"
+        same_losses clean f "the killed run logged other numbers than the fault-free one"
+        grep -q '"steps_lost": 0' "$work/f.report.json" || fail "steps lost: $(grep steps_lost "$work/f.report.json")"
+    else
+        # data 4 x expert 2 (expert-data-parallel groups of 2), data 2 x expert 2 (groups of
+        # one: the experts' gradients still averaged over the data-parallel size) and tensor
+        # 2 x expert 2: the same numbers as without the flag, and within 5e-5 of one process
+        m=(--train-iters 5)
+        train one 1 "${m[@]}" --metrics-file "$work/one.jsonl"; ok one
+        for lay in "4:" "2:" "4:--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1"; do
+            n=${lay%%:*} extra=${lay#*:}
+            name=e$n; [ -n "$extra" ] && name=t$n
+            for x in r d; do
+                flag=; [ $x = d ] && flag=$D
+                # shellcheck disable=SC2086
+                train $name$x "$n" "${ep[@]}" $extra $flag "${m[@]}" --metrics-file "$work/$name$x.jsonl"; ok $name$x
+            done
+            [ "$(losses "$work/${name}d.jsonl" | wc -w)" -ge 15 ] || fail "$name: $(losses "$work/${name}d.jsonl")"
+            same_losses ${name}r ${name}d "$name: the distributed optimizer logged other numbers than the replicated one"
+            /usr/bin/python3 - "$work/one.jsonl" "$work/${name}d.jsonl" <<'PY' || fail "$name: losses not near one process's"
+import json, sys
+a, b = ({r["iteration"]: r["lm_loss"] for r in map(json.loads, open(f)) if "grad_norm" in r} for f in sys.argv[1:])
+assert set(a) == set(b) and len(a) == 5, (a, b)
+assert all(abs(a[i] - b[i]) <= 5e-5 for i in a), (a, b)
+PY
+        done
+        grep -q "the experts' distributed optimizer over 2 expert-data-parallel ranks" "$work/e4d.out" ||
+            fail "$(grep optimizer "$work/e4d.out")"
+        grep -q "the experts' distributed optimizer over 1 expert-data-parallel rank:" "$work/e2d.out" ||
+            fail "$(grep optimizer "$work/e2d.out")"
+        "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 "${ep[@]}" $D --save "$work/ck" >"$work/o" 2>&1
+        [ $? -eq 2 ] && grep -q "expert-model-parallel-size 2 and --save or --load is not supported yet" "$work/o" ||
+            fail "save: $(tail -3 "$work/o")"
+    fi
+    ;;
 matches_replicated)
     # the distributed optimizer against the replicated one after 6 steps. On one host it
     # reduces and gathers with shared-memory all-reduces: bitwise the replicated optimizer's at
@@ -384,8 +441,7 @@ PY
     ;;
 refused)
     # what is not built is refused before any work, never ignored
-    for extra in "--overlap-grad-reduce --tensor-model-parallel-size 2" "--ddp-bucket-size -1" \
-                 "$D --num-experts 2 --expert-model-parallel-size 2"; do
+    for extra in "--overlap-grad-reduce --tensor-model-parallel-size 2" "--ddp-bucket-size -1"; do
         # shellcheck disable=SC2086
         "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 $extra >"$work/o" 2>&1
         [ $? -eq 2 ] || fail "$extra: not refused: $(tail -3 "$work/o")"
