@@ -65,11 +65,12 @@ static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
     if (!strcmp(c->device, "cuda"))
         co_problem(P, "--use-distributed-optimizer is not supported yet on cuda (host memory only)");
     /* the experts' optimizer shards span the expert-data-parallel group (their own layout,
-     * train/trainer_dopt.c); a checkpoint does not list them yet */
-    if (c->num_experts > 0 && c->expert_model_parallel_size > 1 && (c->save[0] || c->load[0]))
+     * train/trainer_dopt.c); a checkpoint lists them at tensor and context size 1 only */
+    if (c->num_experts > 0 && c->expert_model_parallel_size > 1 && (c->save[0] || c->load[0]) &&
+        (c->tensor_model_parallel_size > 1 || c->context_parallel_size > 1))
         co_problem(P, "--use-distributed-optimizer with --expert-model-parallel-size %d and --save or --load is not "
-                      "supported yet (a checkpoint does not list the experts' optimizer shards)",
-                   c->expert_model_parallel_size);
+                      "supported yet with tensor or context parallelism (a checkpoint lists the experts' optimizer "
+                      "shards at tensor and context size 1 only)", c->expert_model_parallel_size);
 }
 
 /* Context parallelism: the ring's split of the sequence, what it does not combine with, and

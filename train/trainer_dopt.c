@@ -203,6 +203,38 @@ static int split_layouts(trainer *t, tr_dopt *d, int dp, int edp, size_t *off, d
     return rc;
 }
 
+bool trainer_dopt_experts(const trainer *t) { return t->dopt && t->dopt->ex; }
+
+int trainer_dopt_kind_layout_of(const trainer *t, const gpt_tensor *tab, int nt, bool experts, dopt_layout *L,
+                                int **list, int **first) {
+    *list = malloc(sizeof **list * (size_t)(nt ? nt : 1));
+    *first = malloc(sizeof **first * (size_t)(nt + 1));
+    size_t *numel = malloc(sizeof *numel * (size_t)(nt ? nt : 1));
+    bool *decay = malloc(sizeof *decay * (size_t)(nt ? nt : 1));
+    int nu = 0, rc = *list && *first && numel && decay ? 0 : co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
+    if (!rc && !trainer_dopt_experts(t)) rc = co_err_set(CO_EINTERNAL, "distributed optimizer: no experts' layout");
+    if (!rc) rc = units_of_kind(tab, nt, experts, *list, *first, decay, numel, &nu);
+    if (!rc)
+        rc = dopt_layout_build(L, numel, nu, experts ? t->dopt->xs.L.dp : t->dopt->s.L.dp,
+                               (size_t)t->cfg.ddp_bucket_size);
+    free(numel);
+    free(decay);
+    if (rc) {
+        free(*list);
+        free(*first);
+        *list = *first = NULL;
+    }
+    return rc;
+}
+
+const dopt_layout *trainer_dopt_xshard(const trainer *t, const float **m, const float **v, int *rank) {
+    if (!trainer_dopt_experts(t)) return NULL;
+    *m = t->dopt->xs.m;
+    *v = t->dopt->xs.v;
+    *rank = t->dopt->xs.rank;
+    return &t->dopt->xs.L;
+}
+
 int trainer__dopt_setup(trainer *t, bool joining) {
     const co_config *c = &t->cfg;
     cm_comm *g = tr_groups_grad(&t->g);
@@ -433,9 +465,8 @@ const dopt_layout *trainer_dopt_shard(const trainer *t, const float **m, const f
 int trainer_dopt_moments_begin(trainer *t) {
     tr_dopt *d = t->dopt;
     if (!d) return 0;
-    const dopt_layout *L = &d->s.L;
     kb_backend *be = t->be;
-    size_t n = L->total;
+    size_t n = d->s.L.total + (d->ex ? d->xs.L.total : 0);
     if (!t->opt.m) t->opt.m = be->ops->alloc(be, n * sizeof(float));
     if (!t->opt.v) t->opt.v = be->ops->alloc(be, n * sizeof(float));
     if (!t->opt.m || !t->opt.v) {
@@ -448,32 +479,40 @@ int trainer_dopt_moments_begin(trainer *t) {
     return 0;
 }
 
+/* The rank's own shard and its copy of the neighbour's from the full moments (the state's
+ * part of the buffer starting at base). */
+static int scatter_state(trainer *t, dopt_state *s, size_t base) {
+    const dopt_layout *L = &s->L;
+    int n = L->dp, rc = 0;
+    float *pm = malloc(3 * L->shard_total * sizeof(float) + sizeof(float));
+    if (!pm) return co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
+    float *pv = pm + L->shard_total, *pp = pv + L->shard_total;
+    int shards[2] = {s->rank, (s->rank + n - 1) % n};
+    for (int j = 0; j < (s->opt.redundant ? 2 : 1) && !rc; j++) {
+        for (int b = 0; b < L->nbuckets; b++) {
+            const dopt_bucket *B = &L->buckets[b];
+            size_t at = base + B->start + (size_t)shards[j] * B->shard;
+            memcpy(pm + B->shard_base, t->opt.m + at, B->shard * sizeof(float));
+            memcpy(pv + B->shard_base, t->opt.v + at, B->shard * sizeof(float));
+            memcpy(pp + B->shard_base, gpt_params(t->model) + at, B->shard * sizeof(float));
+        }
+        dopt_shard_view v = {.shard = shards[j], .n = L->shard_total, .m = pm, .v = pv, .step = t->opt.step};
+        rc = dopt_shard_restore(s, &v, pp);
+    }
+    free(pm);
+    return rc;
+}
+
 int trainer_dopt_moments_end(trainer *t, bool scatter) {
     tr_dopt *d = t->dopt;
     if (!d) return 0;
     kb_backend *be = t->be;
     int rc = 0;
     if (scatter && t->opt.m && t->opt.v) {
-        /* every rank read the whole moments: its own shard and its copy of the neighbour's */
-        dopt_state *s = &d->s;
-        const dopt_layout *L = &s->L;
-        int n = L->dp;
-        float *pm = malloc(3 * L->shard_total * sizeof(float) + sizeof(float));
-        if (!pm) return co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
-        float *pv = pm + L->shard_total, *pp = pv + L->shard_total;
-        int shards[2] = {s->rank, (s->rank + n - 1) % n};
-        for (int j = 0; j < (s->opt.redundant ? 2 : 1) && !rc; j++) {
-            for (int b = 0; b < L->nbuckets; b++) {
-                const dopt_bucket *B = &L->buckets[b];
-                size_t at = B->start + (size_t)shards[j] * B->shard;
-                memcpy(pm + B->shard_base, t->opt.m + at, B->shard * sizeof(float));
-                memcpy(pv + B->shard_base, t->opt.v + at, B->shard * sizeof(float));
-                memcpy(pp + B->shard_base, gpt_params(t->model) + at, B->shard * sizeof(float));
-            }
-            dopt_shard_view v = {.shard = shards[j], .n = L->shard_total, .m = pm, .v = pv, .step = t->opt.step};
-            rc = dopt_shard_restore(s, &v, pp);
-        }
-        free(pm);
+        /* every rank read the whole moments: its own shard and its copy of the neighbour's
+         * (with expert parallelism of both states) */
+        rc = scatter_state(t, &d->s, 0);
+        if (!rc && d->ex) rc = scatter_state(t, &d->xs, d->s.L.total);
         d->held = !rc;
     }
     if (t->opt.m) be->ops->free(be, t->opt.m);

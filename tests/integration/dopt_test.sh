@@ -198,18 +198,61 @@ param_gather)
         grep -q -- "$want" "$work/o" || fail "$extra: $(cat "$work/o")"
     done
     ;;
-ep|kill_ep)
+ep|kill_ep|ep_ckpt)
     # expert parallelism: the experts' optimizer shards span the expert-data-parallel group
     # (Megatron's second optimizer instance, their own layout after the rest of the buffer),
-    # the rest the data-parallel group; the norm counts every element once. No checkpoint
-    # lists the experts' shards yet (refused), so the runs are compared by their metrics:
-    # every iteration's loss and gradient norm. --clip-grad 0.3: every step is clipped by the
-    # norm (about 0.5), so a wrong norm shows
+    # the rest the data-parallel group; the norm counts every element once. The runs are
+    # compared by their metrics (every iteration's loss and gradient norm) and, at tensor
+    # size 1, by their checkpoints. --clip-grad 0.3: every step is clipped by the norm
+    # (about 0.5), so a wrong norm shows
     tiny_model --global-batch-size 16 --num-layers 4 --attention-dropout 0 --disable-bias-linear --num-experts 4 \
         --moe-router-topk 2 --moe-layer-freq 2 --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 1e-2 \
         --moe-z-loss-coeff 1e-3 --clip-grad 0.3
     ep=(--expert-model-parallel-size 2)
-    if [ $case_name = kill_ep ]; then
+    if [ $case_name = ep_ckpt ]; then
+        # data 4 x expert 2: the checkpoint bitwise the replicated optimizer's, every rank
+        # writing moments (dense shards over data 4, the experts' over their pairs), verified;
+        # loaded with the flag at expert 2 and at expert 1, and without it at expert 1, each
+        # continuing bitwise as the replicated checkpoint does; and pipeline 2 x expert 2
+        for x in d r; do
+            flag=$D; [ $x = r ] && flag=
+            # shellcheck disable=SC2086
+            train s$x 4 "${ep[@]}" $flag --train-iters 8 --save "$work/s$x" --save-interval 4 --exit-interval 4
+            ok s$x
+        done
+        same "$work/sr" "$work/sd" 4
+        "$cohort" ckpt verify "$(it_dir "$work/sd" 4)" >"$work/verify.txt" 2>&1 || fail "verify: $(tail -5 "$work/verify.txt")"
+        /usr/bin/python3 - "$(it_dir "$work/sd" 4)/manifest.json" <<'PY' || fail "moment writers"
+import json, sys
+m = json.load(open(sys.argv[1]))
+files, writers, experts = m["files"], set(), set()
+for t in m["tensors"]:
+    if t["kind"] == "optim":
+        for s in t["slices"]:
+            assert "flat" in s, (t["name"], s)
+            writers.add(files[s["file"]]["writer"])
+            if ".experts." in t["name"]:
+                experts.add(files[s["file"]]["writer"])
+assert sorted(writers) == [0, 1, 2, 3] and sorted(experts) == [0, 1, 2, 3], (writers, experts)
+PY
+        for to in e2d e1d e1r; do
+            flag=$D; [ $to = e1r ] && flag=
+            lay=(); [ $to = e2d ] && lay=("${ep[@]}")
+            for x in d r; do
+                cp -r "$work/s$x" "$work/c$x$to"
+                # shellcheck disable=SC2086
+                train c$x$to 4 "${lay[@]}" $flag --train-iters 8 --load "$work/c$x$to" --save "$work/c$x$to"
+                ok c$x$to
+            done
+            same "$work/cr$to" "$work/cd$to" 8
+        done
+        for x in d r; do
+            flag=$D; [ $x = r ] && flag=
+            # shellcheck disable=SC2086
+            train p$x 4 "${ep[@]}" --pipeline-model-parallel-size 2 $flag --train-iters 4 --save "$work/p$x"; ok p$x
+        done
+        same "$work/pr" "$work/pd" 4
+    elif [ $case_name = kill_ep ]; then
         # data 4 x expert 2 (expert-data-parallel groups of 2): a killed rank's dense shard
         # comes from the next data-parallel rank, its experts' from the next
         # expert-data-parallel rank; bitwise the fault-free run, no step lost
@@ -250,9 +293,10 @@ PY
             fail "$(grep optimizer "$work/e4d.out")"
         grep -q "the experts' distributed optimizer over 1 expert-data-parallel rank:" "$work/e2d.out" ||
             fail "$(grep optimizer "$work/e2d.out")"
-        "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 "${ep[@]}" $D --save "$work/ck" >"$work/o" 2>&1
-        [ $? -eq 2 ] && grep -q "expert-model-parallel-size 2 and --save or --load is not supported yet" "$work/o" ||
-            fail "save: $(tail -3 "$work/o")"
+        "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 "${ep[@]}" --tensor-model-parallel-size 2 \
+            --sequence-parallel --expert-tensor-parallel-size 1 $D --save "$work/ck" >"$work/o" 2>&1
+        [ $? -eq 2 ] && grep -q "expert-model-parallel-size 2 and --save or --load is not supported yet with tensor" \
+            "$work/o" || fail "save at tp 2: $(tail -3 "$work/o")"
     fi
     ;;
 matches_replicated)

@@ -188,7 +188,6 @@ mixtral_8x7b)
     remaining=(
         "--overlap-grad-reduce with tensor, pipeline, context or expert parallelism is not supported yet (their backward communicates over the transport the communication thread would use): data parallelism only"
         "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported yet (their forward communicates over the transport the gather thread would use): data parallelism only"
-        "--use-distributed-optimizer with --expert-model-parallel-size 2 and --save or --load is not supported yet (a checkpoint does not list the experts' optimizer shards)"
     )
     expect_outcome mixtral
     ;;
