@@ -255,10 +255,13 @@ PY
     elif [ $case_name = kill_ep ]; then
         # data 4 x expert 2 (expert-data-parallel groups of 2): a killed rank's dense shard
         # comes from the next data-parallel rank, its experts' from the next
-        # expert-data-parallel rank; bitwise the fault-free run, no step lost
-        train clean 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/clean.jsonl"; ok clean
-        train f 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/f.jsonl" --inject "kill@rank=2,step=6" $quick
+        # expert-data-parallel rank; bitwise the fault-free run (every loss and norm, the
+        # final checkpoint), no step lost
+        train clean 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/clean.jsonl" --save "$work/clean"; ok clean
+        train f 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/f.jsonl" --save "$work/f" \
+            --inject "kill@rank=2,step=6" $quick
         ok f
+        same "$work/clean" "$work/f" 10
         grep -q "in-process restart into generation 2" "$work/f.err" || fail "no restart"
         grep -q "generation 2: 4 rank(s) resume after iteration [0-9]* with the state of ranks\? [0-9, ]* (.*1 replaced" \
             "$work/f.err" || fail "not resumed from memory: $(grep supervisor "$work/f.err")"
