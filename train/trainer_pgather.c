@@ -15,8 +15,8 @@
  * training) calls trainer__dopt_sync, which waits for all of them.
  *
  * Only one thread uses a job's transport at a time: with data parallelism alone the forward
- * communicates nothing, so the gathers may run beside it (config_check refuses the flag with
- * tensor, pipeline, context or expert parallelism). An abort of the communicator (a dead or
+ * communicates nothing, so the gathers may run beside it (scheduler/parallel_check.c refuses
+ * the flag with tensor, pipeline, context or expert parallelism). An abort of the communicator (a dead or
  * hung peer) ends the thread's collective; every wait has the trainer's timeout; an error
  * becomes the backend's sticky status, so the forward's caller sees it, and a restart
  * cancels what is in flight (trainer__pgather_cancel) and gathers again after the shard
