@@ -277,7 +277,8 @@ static void model_config(const gen_ctx *g, gpt_config *m) {
     mc->group_topk = c->moe_router_group_topk;
     mc->scaling_factor = (float)c->moe_router_topk_scaling_factor;
     mc->expert_bias = c->moe_router_enable_expert_bias;
-    mc->lb = MOE_LB_NONE;
+    /* (no loss here; sinkhorn routing chooses by its activation outside training) */
+    mc->lb = strcmp(c->moe_router_load_balancing_type, "sinkhorn") ? MOE_LB_NONE : MOE_LB_SINKHORN;
     mc->capacity_factor = c->moe_expert_capacity_factor;
     mc->drop = strcmp(c->moe_token_drop_policy, "position") ? MOE_DROP_PROBS : MOE_DROP_POSITION;
     mc->pad_to_capacity = c->moe_pad_expert_input_to_capacity;

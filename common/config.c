@@ -145,7 +145,8 @@ static const flag flags[] = {
       "reduce gradient buckets on a communication thread during the backward, over a second transport of the "
       "gradient group (not with expert parallelism)"),
     B("parallel", "overlap-param-gather", overlap_param_gather,
-      "overlap the parameter all-gather with the next forward (not supported yet)"),
+      "all-gather the distributed optimizer's updated parameters bucket by bucket during the next "
+      "forward (needs --use-distributed-optimizer and --overlap-grad-reduce; data parallelism only)"),
     NB("parallel", "dist-opt-redundancy", dist_opt_redundancy,
        "[cohort] with --use-distributed-optimizer: the next data-parallel rank keeps a copy of each rank's optimizer "
        "shard, so an in-process restart restores a dead rank's shard from memory (on by default; "
@@ -172,8 +173,8 @@ static const flag flags[] = {
     D("moe", "moe-router-topk-scaling-factor", moe_router_topk_scaling_factor, "0",
       "multiplies the routing probabilities (0: none)"),
     S("moe", "moe-router-load-balancing-type", moe_router_load_balancing_type, "aux_loss",
-      "aux_loss|seq_aux_loss|global_aux_loss|sinkhorn|none", "the load-balancing loss (sinkhorn is not "
-      "supported yet)"),
+      "aux_loss|seq_aux_loss|global_aux_loss|sinkhorn|none", "the load-balancing loss (sinkhorn: Megatron's "
+      "sinkhorn routing, no aux loss)"),
     S("moe", "moe-router-dtype", moe_router_dtype, "fp32", "fp32|fp64",
       "the router's precision: its product and routing in fp32 also under --bf16 (fp64 is not supported yet)"),
     D("moe", "moe-aux-loss-coeff", moe_aux_loss_coeff, "0", "the load-balancing loss's weight"),

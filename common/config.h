@@ -90,7 +90,7 @@ typedef struct co_config {
     bool use_tp_pp_dp_mapping;
     bool sequence_parallel, use_distributed_optimizer;
     int64_t ddp_bucket_size;      /* elements per gradient bucket of the distributed optimizer (0: max(40M, 1M x dp)) */
-    bool overlap_grad_reduce, overlap_param_gather; /* refused: not built yet */
+    bool overlap_grad_reduce, overlap_param_gather;
     bool dist_opt_redundancy;     /* [cohort] a second copy of every optimizer shard on the next data-parallel rank */
     /* batch */
     int micro_batch_size, global_batch_size;

@@ -923,6 +923,11 @@ void gpt_sync_bf16(gpt_model *m) {
     if (m->params16) m->ops->to_bf16(m->be, m->params16, m->params, m->nparams);
 }
 
+void gpt_sync_bf16_range(gpt_model *m, size_t lo, size_t n) {
+    if (m->params16 && lo < m->nparams)
+        m->ops->to_bf16(m->be, m->params16 + lo, m->params + lo, n < m->nparams - lo ? n : m->nparams - lo);
+}
+
 void gpt_inject_act_flip(gpt_model *m, size_t index, int bit) {
     m->act_flip = true;
     m->act_flip_index = index;
@@ -931,12 +936,47 @@ void gpt_inject_act_flip(gpt_model *m, size_t index, int bit) {
 
 void gpt_zero_grad(gpt_model *m) { m->ops->zero(m->be, m->grads, m->nparams); }
 
+/* The tensor before packed tensor i in its run of the same kind (expert or not), -1: none. */
+static int packed_before(const gpt_model *m, int i) {
+    for (int j = i - 1; j >= 0 && m->tensors[j].packed_run == m->tensors[i].packed_run; j--)
+        if (m->tensors[j].expert == m->tensors[i].expert) return j;
+    return -1;
+}
+
+void gpt__moe_bind(gpt_model *m, const int *t, struct moe_layer *moe) {
+    if (!m->moe_moved || !moe) return;
+    int r = t[ROUTER_W], n = 0, fc1 = -1, fc2 = -1, sh = -1;
+    const gpt_tensor *x = m->tensors;
+    /* the run: router, the experts' fc1 then fc2, the shared expert's fc1 and fc2 */
+    for (int i = r + 1; i < m->ntensors && x[i].packed_run == x[r].packed_run; i++) {
+        if (x[i].expert && fc1 < 0) fc1 = i;
+        if (x[i].expert) n++;
+        if (!x[i].expert && sh < 0) sh = i;
+    }
+    fc2 = fc1 + n / 2;
+    size_t base = x[r].offset;
+    moe_set_param_offsets(moe, x[fc1].offset - base, x[fc2].offset - base, sh < 0 ? 0 : x[sh].offset - base,
+                          sh < 0 ? 0 : x[sh + 1].offset - base);
+}
+
 int gpt_relayout(gpt_model *m, const size_t *offsets, size_t total) {
-    for (int i = 0; i < m->ntensors; i++)
-        if ((!m->tensors[i].packed && offsets[i] % 16) || offsets[i] + m->tensors[i].numel > total ||
-            (m->tensors[i].packed && offsets[i] != offsets[i - 1] + m->tensors[i - 1].numel))
+    bool moved = false;
+    for (int i = 0; i < m->ntensors; i++) {
+        const gpt_tensor *x = &m->tensors[i];
+        bool ok = offsets[i] + x->numel <= total && (x->packed || offsets[i] % 16 == 0);
+        if (ok && x->packed && offsets[i] != offsets[i - 1] + m->tensors[i - 1].numel) {
+            /* a packed run's tensors follow one another, except that its experts may lie
+             * apart from the rest, after its router (each kind contiguous: the MoE layer is
+             * pointed at them, gpt__moe_bind) */
+            int j = packed_before(m, i);
+            ok = j >= 0 ? offsets[i] == offsets[j] + m->tensors[j].numel
+                        : x->expert && offsets[i] % 16 == 0 && offsets[i] > offsets[x->packed_run];
+            moved = true;
+        }
+        if (!ok)
             return co_err_set(CO_EINVAL, "gpt_relayout: tensor %s at %zu (%zu elements) in a buffer of %zu",
-                              m->tensors[i].name, offsets[i], m->tensors[i].numel, total);
+                              x->name, offsets[i], x->numel, total);
+    }
     const kb_ops *o = m->ops;
     kb_backend *be = m->be;
     /* the old buffers go first: the peak holds one set, never both */
@@ -953,6 +993,7 @@ int gpt_relayout(gpt_model *m, const size_t *offsets, size_t total) {
     o->zero(be, m->grads, total);
     for (int i = 0; i < m->ntensors; i++) m->tensors[i].offset = offsets[i];
     m->nparams = total;
+    m->moe_moved = moved;
     return 0;
 }
 

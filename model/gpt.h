@@ -225,6 +225,12 @@ void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms);
  * gradients written (the backend synced): the gradient reduction's overlap starts buckets
  * whose gradients are final. NULL: none. */
 void gpt_set_backward_hook(gpt_model *m, void (*fn)(void *ctx, int layer), void *ctx);
+/* fn(ctx, layer) in a chunk's forward before it reads the weights of: the embedding (layer
+ * -1, before anything else), decoder layer `layer` (global index), everything after the
+ * decoder layers (layer = GPT_HOOK_AFTER_LAYERS: final norm, head, MTP): the overlapped
+ * parameter all-gather waits there for the buckets holding them. NULL: none. */
+#define GPT_HOOK_AFTER_LAYERS (1 << 30)
+void gpt_set_forward_hook(gpt_model *m, void (*fn)(void *ctx, int layer), void *ctx);
 
 /* The context group's communicator (cfg.cp ranks, this one cfg.cp_rank; the ring is its
  * ranks in order); required before the first forward when cp > 1. Each ring shift waits at
@@ -305,6 +311,8 @@ kb_backend *gpt_backend(gpt_model *m);
 
 /* Refreshes the bf16 copy of the weights (after every optimizer step in bf16 mode). */
 void gpt_sync_bf16(gpt_model *m);
+/* The same for elements [lo, lo + n) of the flat buffer only (a bucket just gathered). */
+void gpt_sync_bf16_range(gpt_model *m, size_t lo, size_t n);
 /* The bf16 working copy of the weights the forward and backward read in bf16 mode
  * (gpt_num_params elements of 2 bytes), or NULL in fp32 mode. */
 const void *gpt_params_bf16(const gpt_model *m);

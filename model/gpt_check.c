@@ -90,9 +90,17 @@ static void check_moe_router(const co_config *c, co_problems *P) {
         co_problem(P, "--moe-router-pre-softmax needs --moe-router-score-function softmax");
     if (!strcmp(c->moe_router_dtype, "fp64"))
         co_problem(P, "--moe-router-dtype fp64 is not supported yet (the router runs in fp32, also under --bf16)");
-    if (!strcmp(c->moe_router_load_balancing_type, "sinkhorn"))
-        co_problem(P, "--moe-router-load-balancing-type %s is not supported yet (aux_loss, seq_aux_loss, "
-                      "global_aux_loss or none)", c->moe_router_load_balancing_type);
+    if (!strcmp(c->moe_router_load_balancing_type, "sinkhorn")) {
+        /* Megatron's assertion; the rest Megatron's sinkhorn routing would ignore */
+        if (c->moe_aux_loss_coeff > 0)
+            co_problem(P, "Sinkhorn routing does not support aux loss: --moe-router-load-balancing-type sinkhorn "
+                          "needs --moe-aux-loss-coeff 0 (it is %g)", c->moe_aux_loss_coeff);
+        if (c->moe_router_pre_softmax || c->moe_router_num_groups > 0 || c->moe_router_topk_scaling_factor > 0 ||
+            c->moe_router_enable_expert_bias)
+            co_problem(P, "--moe-router-load-balancing-type sinkhorn does not use --moe-router-pre-softmax, "
+                          "--moe-router-num-groups, --moe-router-topk-scaling-factor or "
+                          "--moe-router-enable-expert-bias (its routing has its own activation): drop them");
+    }
     if (!strcmp(c->moe_token_dispatcher_type, "flex"))
         co_problem(P, "--moe-token-dispatcher-type flex (DeepEP) is not supported (allgather or alltoall)");
     if (c->moe_router_num_groups < 0 || c->moe_router_group_topk < 0 ||

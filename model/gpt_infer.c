@@ -133,6 +133,8 @@ static int layer_step(gpt_kv *kv, int l, float *x, int n, int p0) {
                     C, c->norm_eps);
     if (a->moe) {
         /* the router decides per token: one sequence of this step's n tokens */
+        moe_set_training(a->moe, false);
+        gpt__moe_bind(m, t, a->moe);
         int rc = moe_forward(a->moe, tmp, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), 1, n);
         if (rc) return be->status = rc;
     } else {

@@ -99,6 +99,10 @@ struct gpt_model {
     /* called after each layer's backward (gpt_set_backward_hook), NULL: none */
     void (*bwd_hook)(void *ctx, int layer);
     void *bwd_hook_ctx;
+    /* called before the forward uses a layer's weights (gpt_set_forward_hook), NULL: none */
+    void (*fwd_hook)(void *ctx, int layer);
+    bool moe_moved; /* a MoE layer's experts lie apart from its router (gpt_relayout) */
+    void *fwd_hook_ctx;
     /* fault injection: flip one bit of the final norm's output in the next forward */
     bool act_flip;
     size_t act_flip_index;
@@ -291,5 +295,9 @@ void gpt__dropout_rows(gpt_model *m, const int32_t *rows, int N, float *out, con
 void gpt__attention_backward(gpt_model *m, float *dqkv, const float *datt, const float *qkv, const float *att,
                              const float *lse, const int32_t *seg, int B, int T, float pa, uint64_t seed,
                              uint64_t site);
+
+/* Points MoE layer `moe` (of the layer whose tensor indices are t) at its weights' places in
+ * the flat buffer when gpt_relayout moved its experts apart from its router. */
+void gpt__moe_bind(gpt_model *m, const int *t, struct moe_layer *moe);
 
 #endif

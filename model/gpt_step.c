@@ -210,6 +210,8 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
             be->status = co_err_set(CO_EINVAL, "a MoE layer: the tensor group is not set (gpt_set_tensor_group)");
             return be->status;
         }
+        moe_set_training(a->moe, train); /* (sinkhorn routing chooses otherwise outside training) */
+        gpt__moe_bind(m, t, a->moe);
         int rc = moe_forward(a->moe, tmp, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), B, T);
         if (rc) {
             be->status = rc;
@@ -263,6 +265,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     dscale = x_b.dscale;
 
     float *x = gpt_chunk_input(m, ci, s);
+    if (m->fwd_hook) m->fwd_hook(m->fwd_hook_ctx, -1);
     if (d->embedding) {
         gpt__embedding_forward(m, x, b->tokens, x_b.tokens, x_b.positions, N);
         if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, x, x, Nl, ph, seed, site(-1, 0));
@@ -271,6 +274,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     for (int i = 0; i < d->nlayers; i++) {
         int l = d->layer0 + i;
         float *x_out = i + 1 < d->nlayers ? sl->acts[i + 1].x_in : sl->x_end;
+        if (m->fwd_hook) m->fwd_hook(m->fwd_hook_ctx, l);
         if (gpt__layer_forward(m, &sl->acts[i], l, x_out, &x_b, B, T, train, seed)) return NAN;
         /* a distributed recomputation group's input: this rank's rows kept */
         if (i + 1 < d->nlayers && sl->acts[i + 1].xin_shard) {
@@ -278,6 +282,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
             o->copy(be, sl->acts[i + 1].xin_shard, x_out + (size_t)m->tpr * rows, rows * sizeof(float));
         }
     }
+    if (m->fwd_hook) m->fwd_hook(m->fwd_hook_ctx, GPT_HOOK_AFTER_LAYERS);
     if (gpt__has_final_norm(d))
         o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, gpt__norm_w(m, m->t_lnf_w),
                         P(m, m->t_lnf_b), Nl, C, c->norm_eps);
@@ -353,6 +358,8 @@ static int recompute_mlp_side(gpt_model *m, layer_acts *a, int l, int B, int T) 
         o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, gpt__norm_w(m, t[LN2_W]), P(m, t[LN2_B]),
                         Nl, C, c->norm_eps);
     if (a->moe && (a->sel & GPT_RC_MOE)) {
+        moe_set_training(a->moe, true);
+        gpt__moe_bind(m, t, a->moe);
         int rc = moe_forward(a->moe, m->rc_xout, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), B, T);
         if (rc) be->status = rc;
     } else if (!a->moe && (a->sel & GPT_RC_MLP)) {
@@ -387,6 +394,7 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
     if (a->moe) {
         /* the normed input's gradient into dh (as the column-parallel fc1's would be); the
          * aux and z losses enter with the model's MoE loss scale */
+        gpt__moe_bind(m, t, a->moe);
         int rc = moe_backward(a->moe, m->dh, G(m, t[ROUTER_W]), dmlp, a->ln2, P(m, t[ROUTER_W]),
                               m->aux_loss_scale);
         if (rc) {
@@ -558,6 +566,11 @@ double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, 
 void gpt_set_backward_hook(gpt_model *m, void (*fn)(void *ctx, int layer), void *ctx) {
     m->bwd_hook = fn;
     m->bwd_hook_ctx = ctx;
+}
+
+void gpt_set_forward_hook(gpt_model *m, void (*fn)(void *ctx, int layer), void *ctx) {
+    m->fwd_hook = fn;
+    m->fwd_hook_ctx = ctx;
 }
 
 void gpt_backward(gpt_model *m, const gpt_batch *b, uint64_t seed) { gpt_chunk_backward(m, 0, 0, b, seed); }

@@ -54,8 +54,13 @@ int moe_layout(const moe_config *c, moe_offsets *off) {
         return co_err_set(CO_EINVAL, "moe: group_topk %d needs num_groups", c->group_topk);
     }
     if (!(c->scaling_factor >= 0.0f)) return co_err_set(CO_EINVAL, "moe: the top-k scaling factor must be >= 0");
-    if (c->lb != MOE_LB_NONE && c->lb != MOE_LB_AUX && c->lb != MOE_LB_SEQ_AUX && c->lb != MOE_LB_GLOBAL_AUX)
+    if (c->lb != MOE_LB_NONE && c->lb != MOE_LB_AUX && c->lb != MOE_LB_SEQ_AUX && c->lb != MOE_LB_GLOBAL_AUX &&
+        c->lb != MOE_LB_SINKHORN)
         return co_err_set(CO_EINVAL, "moe: unknown load-balancing type %d", (int)c->lb);
+    if (c->lb == MOE_LB_SINKHORN &&
+        (c->aux_coeff > 0 || c->pre_softmax || c->num_groups || c->scaling_factor > 0 || c->expert_bias))
+        return co_err_set(CO_EINVAL, "moe: sinkhorn routing takes no aux loss, pre-softmax, groups, scaling factor "
+                                     "or expert bias");
     if (!(c->aux_coeff >= 0.0f) || !(c->z_coeff >= 0.0f))
         return co_err_set(CO_EINVAL, "moe: the aux and z loss coefficients must be >= 0");
     if (c->drop != MOE_DROP_PROBS && c->drop != MOE_DROP_POSITION)
@@ -117,6 +122,9 @@ void moe_destroy(moe_layer **pm) {
     free(m->gs);
     free(m->elig);
     free(m->cand);
+    free(m->snorm);
+    free(m->sd0);
+    free(m->sd1);
     free(m);
     *pm = NULL;
 }
@@ -187,6 +195,16 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     m->gs = malloc(sizeof(double) * E);
     m->elig = malloc(E);
     m->cand = malloc(sizeof(*m->cand) * N);
+    m->train = true;
+    if (c->lb == MOE_LB_SINKHORN) {
+        m->snorm = malloc(sizeof(double) * N * E);
+        m->sd0 = malloc(sizeof(double) * N);
+        m->sd1 = malloc(sizeof(double) * E);
+        if (!m->snorm || !m->sd0 || !m->sd1) {
+            moe_destroy(&m);
+            return co_err_set(CO_ENOMEM, "moe: allocating the sinkhorn routing's tables");
+        }
+    }
     if (!m->sel || !m->rprobs || !m->probs || !m->map0 || !m->map || !m->lse || !m->auxs || !m->auxcnt || !m->tpe ||
         !m->gsum || !m->gavg ||
         !m->eoff || !m->row_tok || !m->row_exp || !m->dprob || !m->rs || !m->gs || !m->elig || !m->cand) {
@@ -198,6 +216,15 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
 }
 
 const moe_offsets *moe_layer_offsets(const moe_layer *m) { return &m->off; }
+
+void moe_set_training(moe_layer *m, bool train) { m->train = train; }
+
+void moe_set_param_offsets(moe_layer *m, size_t fc1, size_t fc2, size_t shared_fc1, size_t shared_fc2) {
+    m->off.fc1 = fc1;
+    m->off.fc2 = fc2;
+    m->off.shared_fc1 = shared_fc1;
+    m->off.shared_fc2 = shared_fc2;
+}
 
 void moe_init_params(const moe_layer *m, float *params, float std, uint64_t seed) {
     co_rng r;
@@ -310,6 +337,53 @@ static void route_token(moe_layer *m, int n, const float *expert_bias, double *p
     }
 }
 
+/* Megatron's moe_utils.sinkhorn over this forward's N x E logits, into m->snorm: cost =
+ * exp(logits); d0 = 1/N / (cost d1 + eps) per token, d1 = 1/E / (d0 cost + eps) per expert,
+ * until the mean |change of d1| is at most 1e-4 (bounded: 1000 rounds); d1 * cost * d0. In
+ * double (Megatron: fp32). */
+static void sinkhorn(moe_layer *m) {
+    int N = m->N, E = m->E;
+    double *cost = m->snorm, *d0 = m->sd0, *d1 = m->sd1, eps = 1e-8, err = 1e9;
+    for (size_t i = 0; i < (size_t)N * E; i++) cost[i] = exp((double)m->logits[i]);
+    for (int e = 0; e < E; e++) d1[e] = 1.0;
+    for (int round = 0; err > 1e-4 && round < 1000; round++) {
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            for (int e = 0; e < E; e++) s += d1[e] * cost[(size_t)n * E + e];
+            d0[n] = (1.0 / N) * 1.0 / (s + eps);
+        }
+        err = 0;
+        for (int e = 0; e < E; e++) {
+            double s = 0;
+            for (int n = 0; n < N; n++) s += d0[n] * cost[(size_t)n * E + e];
+            double v = (1.0 / E) * 1.0 / (s + eps);
+            err += fabs(v - d1[e]);
+            d1[e] = v;
+        }
+        err /= E;
+    }
+    for (int n = 0; n < N; n++)
+        for (int e = 0; e < E; e++) cost[(size_t)n * E + e] *= d1[e] * d0[n];
+}
+
+/* The activation of sinkhorn routing for one token's logits: sigmoid at top-1, else softmax. */
+static void sinkhorn_act(const moe_layer *m, const float *l, double *a) {
+    if (m->k == 1)
+        for (int e = 0; e < m->E; e++) a[e] = sigmoid(l[e]);
+    else
+        row_softmax(l, m->E, a);
+}
+
+/* Sinkhorn routing's selection of token n (sel[n,0..k)) and its probabilities pk[0..k). */
+static void route_sinkhorn(moe_layer *m, int n, double *pk) {
+    int E = m->E, k = m->k;
+    double *a = m->gs;
+    int32_t *sel = m->sel + (size_t)n * k;
+    sinkhorn_act(m, m->logits + (size_t)n * E, a);
+    topk_idx(m->train ? m->snorm + (size_t)n * E : a, NULL, E, k, sel);
+    for (int j = 0; j < k; j++) pk[j] = a[sel[j]];
+}
+
 /* larger first, NaN after every number, then the lower token index (a total order) */
 static int cand_cmp(const void *a, const void *b) {
     const struct cand *x = a, *y = b;
@@ -409,7 +483,7 @@ static int aux_losses(moe_layer *m) {
     const moe_config *c = &m->c;
     int N = m->N, E = m->E, k = m->k, nseq, per, rows, n0;
     m->aux = 0;
-    if (c->lb == MOE_LB_NONE) return 0;
+    if (c->lb == MOE_LB_NONE || c->lb == MOE_LB_SINKHORN) return 0;
     aux_shape(m, &nseq, &per, &rows, &n0);
     memset(m->auxcnt, 0, sizeof(int32_t) * (size_t)nseq * E);
     int32_t top[E];
@@ -589,11 +663,14 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     memset(m->rprobs, 0, sizeof(float) * NE);
     memset(m->map0, 0, NE);
     double z = 0, pk[k];
+    bool sk = c->lb == MOE_LB_SINKHORN;
+    if (sk && m->train) sinkhorn(m);
     for (int n = 0; n < N; n++) {
         double *sm = m->gs;
         m->lse[n] = row_softmax(m->logits + (size_t)n * E, E, sm);
         z += m->lse[n] * m->lse[n];
-        route_token(m, n, c->expert_bias ? expert_bias : NULL, pk);
+        if (sk) route_sinkhorn(m, n, pk);
+        else route_token(m, n, c->expert_bias ? expert_bias : NULL, pk);
         for (int j = 0; j < k; j++) {
             int e = m->sel[(size_t)n * k + j];
             double p = c->scaling_factor > 0 ? (float)pk[j] * (double)c->scaling_factor : pk[j];
@@ -673,8 +750,12 @@ static void router_backward_token(moe_layer *m, int n, double ls, double *dl) {
         size_t i = (size_t)n * E + sel[j];
         dp[j] = m->map[i] ? m->dprob[i] * scale : 0.0;
     }
-    if (c->score == MOE_SCORE_SOFTMAX) {
-        if (c->pre_softmax) {
+    if (c->lb == MOE_LB_SINKHORN && k == 1) {
+        /* probs = sigmoid(l)[sel] */
+        double s = sigmoid(l[sel[0]]);
+        dl[sel[0]] += dp[0] * s * (1.0 - s);
+    } else if (c->score == MOE_SCORE_SOFTMAX || c->lb == MOE_LB_SINKHORN) {
+        if (c->pre_softmax || c->lb == MOE_LB_SINKHORN) {
             /* probs = s[sel], s = softmax(l): dl = s * (ds - sum s ds) */
             row_softmax(l, E, sm);
             double dot = 0;
@@ -701,7 +782,7 @@ static void router_backward_token(moe_layer *m, int n, double ls, double *dl) {
         }
         for (int j = 0; j < k; j++) dl[sel[j]] += ds[j] * pk[j] * (1.0 - pk[j]);
     }
-    if (c->lb != MOE_LB_NONE && c->aux_coeff > 0) {
+    if (c->lb != MOE_LB_NONE && c->lb != MOE_LB_SINKHORN && c->aux_coeff > 0) {
         /* d aux / d a[n,e] = coeff / nseq * E/(k per^2) * count[seq(n), e] (global: the
          * running mean count over T^2) */
         int nseq, per, rows, n0;

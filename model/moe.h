@@ -55,8 +55,21 @@
 #include <stdint.h>
 
 typedef enum { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID = 1 } moe_score_fn;
-/* MOE_LB_GLOBAL_AUX: Megatron's global_aux_loss (moe_set_global_group) */
-typedef enum { MOE_LB_NONE = 0, MOE_LB_AUX = 1, MOE_LB_SEQ_AUX = 2, MOE_LB_GLOBAL_AUX = 3 } moe_lb_type;
+/* MOE_LB_GLOBAL_AUX: Megatron's global_aux_loss (moe_set_global_group); MOE_LB_SINKHORN:
+ * Megatron's sinkhorn routing (no aux loss; the score function, pre-softmax, groups, scaling
+ * factor and expert bias do not apply): in training the top-k of each token's row of
+ * sinkhorn(logits) over this rank's tokens (moe_utils.sinkhorn: exp of the logits balanced
+ * by alternating row and column scalings until the columns' mean change is below 1e-4, at
+ * most 1000 rounds) chooses the experts, outside training the top-k of the activation; the
+ * probabilities are the activation of the chosen, sigmoid at top-1, else the softmax over
+ * all experts (not renormalised) */
+typedef enum {
+    MOE_LB_NONE = 0,
+    MOE_LB_AUX = 1,
+    MOE_LB_SEQ_AUX = 2,
+    MOE_LB_GLOBAL_AUX = 3,
+    MOE_LB_SINKHORN = 4
+} moe_lb_type;
 typedef enum { MOE_DROP_PROBS = 0, MOE_DROP_POSITION = 1 } moe_drop_policy;
 /* --moe-token-dispatcher-type: how tokens reach the experts of other ranks */
 typedef enum { MOE_DISPATCH_ALLTOALL = 0, MOE_DISPATCH_ALLGATHER = 1 } moe_dispatcher;
@@ -113,6 +126,13 @@ int moe_layout(const moe_config *c, moe_offsets *off);
 int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens);
 void moe_destroy(moe_layer **m);
 const moe_offsets *moe_layer_offsets(const moe_layer *m);
+/* Training or not for the next forwards (sinkhorn routing chooses differently; a new layer
+ * trains). */
+void moe_set_training(moe_layer *m, bool train);
+/* Where the experts' and the shared expert's weights are, in elements from the router's start
+ * (the params and dparams the calls take): moe_layout's places by default; the distributed
+ * optimizer with expert parallelism lays the experts out apart from the rest (gpt_relayout). */
+void moe_set_param_offsets(moe_layer *m, size_t fc1, size_t fc2, size_t shared_fc1, size_t shared_fc2);
 /* Deterministic initialisation of params[total]: normal(0, std) from seed (co_rng). */
 void moe_init_params(const moe_layer *m, float *params, float std, uint64_t seed);
 

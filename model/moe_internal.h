@@ -72,6 +72,8 @@ struct moe_layer {
     double *rs;             /* [E] scratch: selection scores */
     double *gs;             /* [E] scratch */
     uint8_t *elig;          /* [E] scratch */
+    double *snorm, *sd0, *sd1; /* sinkhorn routing: [maxN,E] the balanced scores, [maxN], [E] */
+    bool train;             /* the forward trains (moe_set_training) */
     struct cand { float v; int32_t n; } *cand; /* [maxN] */
     /* expert parallelism (moe_ep.c): ep NULL = every expert on this rank (El = E, e0 = 0) */
     moe__ep ep;

@@ -348,7 +348,9 @@ int dopt_reduce_finish(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_nor
     int n = L->dp, me = s->rank, rc = check_group(s, dp);
     if (rc) return rc;
     float inv = 1.0f / (float)(s->opt.average_over > 0 ? s->opt.average_over : n);
-    for (int b = 0; b < L->nbuckets && n > 1; b++)
+    /* (a group of one still averages over the replicas: the experts' over an expert-data-
+     * parallel group of one rank are divided by the data-parallel size) */
+    for (int b = 0; b < L->nbuckets && (n > 1 || inv != 1.0f); b++)
         be->ops->scale(be, s->grads + L->buckets[b].start + (size_t)me * L->buckets[b].shard, inv,
                        L->buckets[b].shard);
     /* 2. the global norm: sum of squares of every rank's shards (padding is zero), all-reduced
@@ -375,6 +377,7 @@ int dopt_reduce_finish(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_nor
     } else if (s->opt.redundant && (rc = exchange_shard_grad(s, dp)))
         return co_err_set(rc, "distributed optimizer step: shard gradient to rank %d / from rank %d: %s",
                           (me + 1) % n, (me + n - 1) % n, co_err_detail());
+    s->norm_sq = sq;
     if (grad_norm_out) *grad_norm_out = sqrt(sq);
     return 0;
 }
@@ -400,30 +403,35 @@ int dopt_update_shards(dopt_state *s, const bool *decay, double lr, double norm)
     return 0;
 }
 
-int dopt_gather(dopt_state *s, cm_comm *dp) {
+int dopt_gather_bucket(dopt_state *s, cm_comm *dp, int b) {
     const dopt_layout *L = &s->L;
     int n = L->dp, me = s->rank, rc = check_group(s, dp);
-    if (rc) return rc;
-    /* 4. all-gather each bucket's updated shards into every rank's full parameter buffer */
-    for (int b = 0; b < L->nbuckets && n > 1; b++) {
-        const dopt_bucket *B = &L->buckets[b];
-        float *base = s->params + B->start;
-        if (s->opt.allreduce) {
-            /* every other rank's shard zeroed, then the 64-bit integer sum of the bucket's bits
-             * over the group: each element is one rank's bits plus zeros (no carries), an exact
-             * copy (the bucket's start and length are multiples of 128 elements) */
-            size_t len = (size_t)n * B->shard;
-            if (me > 0) memset(base, 0, (size_t)me * B->shard * sizeof(float));
-            if (me + 1 < n) memset(base + (size_t)(me + 1) * B->shard, 0, (len - (size_t)(me + 1) * B->shard) * sizeof(float));
-            rc = dp->ops->allreduce_sum(dp, base, len / 2, CM_I64, s->opt.timeout_ms);
-        } else {
-            rc = dp->ops->allgather(dp, base + (size_t)me * B->shard, base, B->shard * sizeof(float),
-                                    s->opt.timeout_ms);
-        }
-        if (rc)
-            return co_err_set(rc, "distributed optimizer step: all-gather of bucket %d of %d: %s", b, L->nbuckets,
-                              co_err_detail());
+    if (rc || n == 1) return rc;
+    if (b < 0 || b >= L->nbuckets) return co_err_set(CO_EINVAL, "distributed optimizer: no bucket %d", b);
+    /* 4. all-gather the bucket's updated shards into every rank's full parameter buffer */
+    const dopt_bucket *B = &L->buckets[b];
+    float *base = s->params + B->start;
+    if (s->opt.allreduce) {
+        /* every other rank's shard zeroed, then the 64-bit integer sum of the bucket's bits
+         * over the group: each element is one rank's bits plus zeros (no carries), an exact
+         * copy (the bucket's start and length are multiples of 128 elements) */
+        size_t len = (size_t)n * B->shard;
+        if (me > 0) memset(base, 0, (size_t)me * B->shard * sizeof(float));
+        if (me + 1 < n) memset(base + (size_t)(me + 1) * B->shard, 0, (len - (size_t)(me + 1) * B->shard) * sizeof(float));
+        rc = dp->ops->allreduce_sum(dp, base, len / 2, CM_I64, s->opt.timeout_ms);
+    } else {
+        rc = dp->ops->allgather(dp, base + (size_t)me * B->shard, base, B->shard * sizeof(float), s->opt.timeout_ms);
     }
+    if (rc)
+        return co_err_set(rc, "distributed optimizer step: all-gather of bucket %d of %d: %s", b, L->nbuckets,
+                          co_err_detail());
+    return 0;
+}
+
+int dopt_gather(dopt_state *s, cm_comm *dp) {
+    int rc = check_group(s, dp);
+    for (int b = 0; b < s->L.nbuckets && !rc; b++) rc = dopt_gather_bucket(s, dp, b);
+    if (rc) return rc;
     s->be->ops->sync(s->be);
     return 0;
 }

@@ -131,6 +131,7 @@ typedef struct dopt_state {
      * (dopt_set_norm_runs). */
     size_t *norm_runs;
     int nnorm_runs;
+    double norm_sq; /* the last reduction's global sum of squares (the norm before its root) */
 } dopt_state;
 
 /* State for data-parallel rank `rank` of L.dp (the layout is copied); buffers from the
@@ -185,6 +186,10 @@ int dopt_update(dopt_state *s, cm_comm *dp, const bool *decay, double lr, double
  * (what an in-process restart redoes after the handover when an abort interrupted it). */
 int dopt_update_shards(dopt_state *s, const bool *decay, double lr, double grad_norm);
 int dopt_gather(dopt_state *s, cm_comm *dp);
+/* dopt_gather in parts, for a gather overlapped with the next forward: the all-gather of
+ * bucket b alone (each bucket once, in the same order on every rank; from any one thread at
+ * a time: no backend call; the bucket's parameters are undefined until it returns). */
+int dopt_gather_bucket(dopt_state *s, cm_comm *dp, int b);
 
 /* This rank's state of shard `shard`: its own (shard == rank) or, with redundancy, its copy
  * of shard (rank-1) mod dp. CO_ENOENT when this rank holds no copy of it. The parameters of

@@ -30,7 +30,7 @@ bool topo_check_sizes(const co_config *c, co_problems *P) {
     return !bad;
 }
 
-/* The gradient and parameter overlaps (not built) and the distributed optimizer's
+/* The gradient and parameter overlaps (data parallelism only) and the distributed optimizer's
  * combinations (it shards over the gradient group of every tensor x pipeline shard: data
  * parallel, or data x context). */
 static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
@@ -44,16 +44,32 @@ static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
         co_problem(P, "--overlap-grad-reduce with expert parallelism is not supported yet (the experts' gradients "
                       "are reduced over the expert-data-parallel group, which has no transport of its own): drop "
                       "--overlap-grad-reduce or --expert-model-parallel-size");
-    if (c->overlap_param_gather)
-        co_problem(P, "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)");
+    /* Megatron's two requirements (arguments.py), then the transport's: the forward's own
+     * collectives under model parallelism would share it with the gather thread */
+    if (c->overlap_param_gather && !c->use_distributed_optimizer)
+        co_problem(P, "--overlap-param-gather only supported with distributed optimizer: add "
+                      "--use-distributed-optimizer");
+    if (c->overlap_param_gather && !c->overlap_grad_reduce)
+        co_problem(P, "Must use --overlap-param-gather with --overlap-grad-reduce: add --overlap-grad-reduce");
+    if (c->overlap_param_gather && !strcmp(c->device, "cuda"))
+        co_problem(P, "--overlap-param-gather is not supported yet on cuda (the gather thread writes host memory)");
+    if (c->overlap_param_gather && sizes_ok &&
+        (c->tensor_model_parallel_size > 1 || c->pipeline_model_parallel_size > 1 || c->context_parallel_size > 1 ||
+         (c->num_experts > 0 && c->expert_model_parallel_size > 1)))
+        co_problem(P, "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported "
+                      "yet (their forward communicates over the transport the gather thread would use): data "
+                      "parallelism only");
     if (c->ddp_bucket_size < 0) co_problem(P, "--ddp-bucket-size must not be negative");
     if (!c->use_distributed_optimizer || !sizes_ok) return;
     if (!strcmp(c->device, "cuda"))
         co_problem(P, "--use-distributed-optimizer is not supported yet on cuda (host memory only)");
-    if (c->num_experts > 0 && c->expert_model_parallel_size > 1)
-        co_problem(P, "--use-distributed-optimizer with --expert-model-parallel-size %d is not supported yet (the "
-                      "experts' shards would span the expert-data-parallel group only)",
-                   c->expert_model_parallel_size);
+    /* the experts' optimizer shards span the expert-data-parallel group (their own layout,
+     * train/trainer_dopt.c); a checkpoint lists them at tensor and context size 1 only */
+    if (c->num_experts > 0 && c->expert_model_parallel_size > 1 && (c->save[0] || c->load[0]) &&
+        (c->tensor_model_parallel_size > 1 || c->context_parallel_size > 1))
+        co_problem(P, "--use-distributed-optimizer with --expert-model-parallel-size %d and --save or --load is not "
+                      "supported yet with tensor or context parallelism (a checkpoint lists the experts' optimizer "
+                      "shards at tensor and context size 1 only)", c->expert_model_parallel_size);
 }
 
 /* Context parallelism: the ring's split of the sequence, what it does not combine with, and

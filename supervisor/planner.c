@@ -99,10 +99,46 @@ int svp_take_spares(const svp_view *v, int *take) {
 /* Whether a and b hold the same model shard apart from the context rank (the distributed
  * optimizer shards over data x context), and a rank's place in that gradient group (the
  * context rank varies fastest, as in the group's order). */
-static bool same_grad_group(const topo_coord *a, const topo_coord *b) {
-    return a->tp == b->tp && a->pp == b->pp && a->ep == b->ep;
+/* The distributed optimizer's rings: the dense shards' over the gradient group (same tensor
+ * and pipeline coordinates: it spans the expert ranks), in the order data x context, the
+ * context rank fastest; with expert parallelism the experts' over the expert-data-parallel
+ * group (the same expert rank too), in the same order. */
+static bool same_grad_group(const topo_coord *a, const topo_coord *b) { return a->tp == b->tp && a->pp == b->pp; }
+static bool same_expert_group(const topo_coord *a, const topo_coord *b) {
+    return same_grad_group(a, b) && a->ep == b->ep;
 }
 static int grad_place(const topo_coord *c, int ncp) { return c->cp + ncp * c->dp; }
+
+/* Rank r's place in its ring (the gradient group or, experts, the expert-data-parallel
+ * group) and the ring's size. */
+static int ring_place(const svp_view *v, int r, bool experts, int ncp, int *n) {
+    int below = 0;
+    *n = 0;
+    for (int q = 0; q < v->world; q++) {
+        if (!(experts ? same_expert_group : same_grad_group)(&v->coord[q], &v->coord[r])) continue;
+        ++*n;
+        below += grad_place(&v->coord[q], ncp) < grad_place(&v->coord[r], ncp);
+    }
+    return below;
+}
+
+/* Whether rank r's optimizer shard in its ring has a holder (it or the next dopt_holders - 1
+ * ranks of the ring) that survived and committed iteration M. */
+static bool ring_held(const svp_view *v, int64_t M, int r, bool experts, int ncp) {
+    int n, at = ring_place(v, r, experts, ncp, &n);
+    for (int h = 0; h < v->dopt_holders && h < n; h++) {
+        int want = (at + h) % n;
+        for (int q = 0; q < v->world; q++) {
+            int nq;
+            if (!(experts ? same_expert_group : same_grad_group)(&v->coord[q], &v->coord[r]) ||
+                ring_place(v, q, experts, ncp, &nq) != want)
+                continue;
+            const svp_slot *w = slot_of(v, q);
+            if (w && !w->replacing && w->ready_iter == M) return true;
+        }
+    }
+    return false;
+}
 /* Whether slot w leaves the active world when slot e is evicted (e itself; with node
  * granularity every slot of its node). */
 static bool leaves(const svp_view *v, const svp_slot *w, const svp_slot *e) {
@@ -156,22 +192,13 @@ svp_evict_verdict svp_plan_evict(const svp_view *v, int rank, int *take) {
 int svp_optimizer_shard_lost(const svp_view *v, int64_t M) {
     if (v->dopt_holders < 1) return -1;
     int ncp = 1;
-    for (int q = 0; q < v->world; q++)
+    bool ep = false;
+    for (int q = 0; q < v->world; q++) {
         if (v->coord[q].cp + 1 > ncp) ncp = v->coord[q].cp + 1;
-    for (int r = 0; r < v->world; r++) {
-        int n = 0;
-        for (int q = 0; q < v->world; q++) n += same_grad_group(&v->coord[q], &v->coord[r]);
-        bool held = false;
-        for (int h = 0; h < v->dopt_holders && h < n && !held; h++) {
-            int want = (grad_place(&v->coord[r], ncp) + h) % n;
-            for (int q = 0; q < v->world && !held; q++) {
-                if (!same_grad_group(&v->coord[q], &v->coord[r]) || grad_place(&v->coord[q], ncp) != want) continue;
-                const svp_slot *w = slot_of(v, q);
-                held = w && !w->replacing && w->ready_iter == M;
-            }
-        }
-        if (!held) return r;
+        ep |= v->coord[q].ep > 0;
     }
+    for (int r = 0; r < v->world; r++)
+        if (!ring_held(v, M, r, false, ncp) || (ep && !ring_held(v, M, r, true, ncp))) return r;
     return -1;
 }
 

@@ -97,6 +97,8 @@ void trainer_set_progress(trainer *t, const trainer_progress *p) {
 struct opt_adamw *trainer_optimizer(trainer *t) { return &t->opt; }
 const co_config *trainer_config(const trainer *t) { return &t->cfg; }
 
+int trainer_params_sync(trainer *t) { return trainer__dopt_sync(t); }
+
 int trainer_set_hook(trainer *t, trainer_hook fn, void *ctx) {
     if (t->nhooks >= TRAINER_MAX_HOOKS)
         return co_err_set(CO_ERANGE, "trainer: no room for another hook (it holds %d)", TRAINER_MAX_HOOKS);
@@ -309,6 +311,7 @@ static int build_model(trainer *t, const trainer_data *data) {
                               (float)c->weight_decay, (float)c->clip_grad);
     if (rc) return rc;
     if ((rc = trainer__overlap_setup(t))) return rc;
+    if ((rc = trainer__pgather_setup(t))) return rc;
     t->flops_per_sample = gpt_flops_per_sample(m, c->seq_length);
     return 0;
 }
@@ -511,6 +514,7 @@ void trainer_destroy(trainer **pt) {
     trainer *t = *pt;
     if (!t) return;
     trainer__overlap_free(t);
+    trainer__pgather_free(t);
     for (int s = 0; s < 3; s++) dl_destroy(&t->ds[s]);
     tok_close(&t->sft_tok);
     trainer__moe_free(t);
@@ -968,6 +972,9 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         trainer__inject_forward(t, step, mb, N);
         tl0 = tl_now();
         double loss = gpt_forward(t->model, &b, true, seed, x->dscale, NULL);
+        /* (--overlap-param-gather: the forward waited for every bucket, the thread joins; a
+         * failed wait ends the share before the backward's own collectives) */
+        if (t->pg && ((rc = kb_backend_status(t->be)) || (rc = trainer__dopt_sync(t)))) return rc;
         trainer__tl(t, TL_FORWARD, mb, 0, tl0);
         int poison = trainer__inject_loss(t, step, mb, data_rank, &loss);
         double t2 = now_s();
@@ -1218,6 +1225,7 @@ void trainer_set_groups(trainer *t, const tr_groups *g) {
     if (!g) g = &none;
     trainer__overlap_drain(t); /* (a thread an error left behind uses the old groups) */
     t->tok_w_step = 0; /* (a new generation counts the step's tokens over its own groups) */
+    trainer__pgather_cancel(t); /* (the handover gathers the parameters again) */
     t->g.dp = g->dp;
     t->g.grad_ovl = t->cfg.overlap_grad_reduce ? g->grad_ovl : NULL;
     if (g->dp) topo_init(&t->topo, g->dp->size, 1, 1, 1, g->dp->rank);
@@ -1548,9 +1556,10 @@ static int commit_iteration(trainer *t) {
     t->consumed[0] += t->gbs;
     for (int k = 0; k < 3; k++) t->smp_log[k] += t->smp_step[k];
     if (t->dopt) {
-        /* the shards are updated; the parameters' all-gather follows, redone by a restart's
-         * handover if an abort interrupts it */
-        int rc = trainer__dopt_sync(t);
+        /* the shards are updated; the parameters' all-gather follows (with
+         * --overlap-param-gather on a thread, waited for by the next forward), redone by a
+         * restart's handover if an abort interrupts it */
+        int rc = trainer__dopt_gather_start(t);
         if (rc) return rc;
     }
     trainer__moe_step(t);
@@ -1589,10 +1598,13 @@ static int after_step(trainer *t, tr_iter *it, train_end *why, bool *done) {
     const co_config *c = &t->cfg;
     int rc = commit_iteration(t);
     if (!rc) rc = report_iteration(t, it);
-    if (!rc && t->g.dp && c->check_replicas_interval > 0 && t->iteration % c->check_replicas_interval == 0)
-        rc = check_replicas(t);
-    if (!rc && c->eval_iters > 0 && t->iteration % c->eval_interval == 0 && t->has_split[1] &&
-        t->iteration < c->train_iters) {
+    bool check = t->g.dp && c->check_replicas_interval > 0 && t->iteration % c->check_replicas_interval == 0;
+    bool eval = c->eval_iters > 0 && t->iteration % c->eval_interval == 0 && t->has_split[1] &&
+                t->iteration < c->train_iters;
+    /* (both read the parameters whole and communicate: a gather in flight ends first) */
+    if (!rc && (check || eval)) rc = trainer__dopt_sync(t);
+    if (!rc && check) rc = check_replicas(t);
+    if (!rc && eval) {
         char label[64];
         snprintf(label, sizeof label, "iteration %lld", (long long)t->iteration);
         double vl;
@@ -1605,7 +1617,7 @@ static int after_step(trainer *t, tr_iter *it, train_end *why, bool *done) {
     else if (c->exit_interval > 0 && t->iteration % c->exit_interval == 0) *why = TRAIN_EXIT_INTERVAL;
     else if (it->stop_reason == 2) *why = TRAIN_EXIT_DURATION;
     else *done = false;
-    return 0;
+    return *done ? trainer__dopt_sync(t) : 0;
 }
 
 /* --iterations-to-skip: the batch is consumed, nothing is computed. */
@@ -1684,9 +1696,14 @@ int trainer_train(trainer *t, volatile sig_atomic_t *stop, train_end *why) {
     tl_discard(t->tl_open_rec); /* an iteration an in-process restart abandoned */
     bool done = false;
     while (!done && t->iteration < t->cfg.train_iters)
-        if ((rc = train_iteration(t, stop, why, &done))) return rc;
+        if ((rc = train_iteration(t, stop, why, &done))) {
+            /* (a gather in flight ends before the caller closes the communicators) */
+            trainer__pgather_cancel(t);
+            return rc;
+        }
     if (*why == TRAIN_NAN || *why == TRAIN_REJECTED) return 0;
     progress_clear(t);
+    if ((rc = trainer__dopt_sync(t))) return rc; /* (the last step's gather in flight) */
     rc = run_hooks(t, true, *why);
     return rc < 0 ? rc : 0;
 }

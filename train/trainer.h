@@ -103,7 +103,21 @@ const struct dopt_layout *trainer_dopt_shard(const trainer *t, const float **m, 
 struct gpt_tensor;
 int trainer_dopt_layout_of(const trainer *t, const struct gpt_tensor *tab, int nt, struct dopt_layout *L,
                            int **unit_first);
+/* With expert parallelism (trainer_dopt_experts true): the dense (experts false) or the
+ * experts' layout another shard's ranks build from their table, over the gradient or the
+ * expert-data-parallel group; unit u is tensors list[first[u] .. first[u + 1] - 1] laid out
+ * one after another (both to free). And this rank's shard of the experts' moments, its rank
+ * in the expert-data-parallel group. */
+bool trainer_dopt_experts(const trainer *t);
+int trainer_dopt_kind_layout_of(const trainer *t, const struct gpt_tensor *tab, int nt, bool experts,
+                                struct dopt_layout *L, int **list, int **first);
+const struct dopt_layout *trainer_dopt_xshard(const trainer *t, const float **m, const float **v, int *rank);
 const co_config *trainer_config(const trainer *t);
+
+/* The parameters whole on this rank: with --overlap-param-gather a step's all-gather runs on
+ * a thread until the next forward reads them; a hook that reads them (a save) or
+ * communicates calls this first. 0 or the gather's error. */
+int trainer_params_sync(trainer *t);
 
 /* How many hooks of each kind a trainer holds. */
 #define TRAINER_MAX_HOOKS 4

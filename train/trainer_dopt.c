@@ -12,6 +12,7 @@
 #include "comm/zmq_comm.h"
 #include "optim/dist_opt.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,12 @@ struct tr_dopt {
     /* COHORT_TEST_DOPT_REDUCE_SCATTER=1: reduce-scatter and all-gather on one host too (the
      * path between hosts, for tests and comparisons) */
     bool force_rs;
+    /* expert parallelism (Megatron's second optimizer instance): the experts' parameters
+     * (each MoE layer's experts, a unit) laid out after the rest, in a layout and state of
+     * their own over the expert-data-parallel group; the rest (s) over the gradient group */
+    bool ex;
+    dopt_state xs;
+    bool *xdecay;
 };
 
 /* Appends [lo, hi) to the runs (merged with the last when adjacent). */
@@ -135,6 +142,99 @@ int trainer_dopt_layout_of(const trainer *t, const gpt_tensor *tab, int nt, dopt
     return rc;
 }
 
+/* With expert parallelism: the units of one kind (expert or not), a MoE layer's packed run
+ * giving one unit of its experts and one of the rest (router and shared expert); the tensors
+ * of unit u are list[first[u] .. first[u + 1] - 1], laid out one after another. */
+static int units_of_kind(const gpt_tensor *tab, int nt, bool expert, int *list, int *first, bool *decay,
+                         size_t *numel, int *nunits) {
+    int nu = 0, nl = 0;
+    for (int i = 0; i < nt; i++) {
+        if (tab[i].expert != expert) continue;
+        /* (joins the unit before it: a packed tensor of the same run and kind) */
+        bool join = tab[i].packed && nu > 0 && tab[list[nl - 1]].packed_run == tab[i].packed_run;
+        if (join) {
+            numel[nu - 1] += tab[i].numel;
+            if (tab[i].decay != decay[nu - 1])
+                return co_err_set(CO_EINTERNAL, "distributed optimizer: %s decays unlike its run", tab[i].name);
+        } else {
+            first[nu] = nl;
+            numel[nu] = tab[i].numel;
+            decay[nu++] = tab[i].decay;
+        }
+        list[nl++] = i;
+    }
+    first[nu] = nl;
+    *nunits = nu;
+    return 0;
+}
+
+/* Expert parallelism: two layouts, the experts' after the rest in the buffer (their offsets
+ * into off[]), the dense one in d->s's place and the experts' in *xl. */
+static int split_layouts(trainer *t, tr_dopt *d, int dp, int edp, size_t *off, dopt_layout *L, dopt_layout *xl) {
+    gpt_model *m = t->model;
+    int nt = gpt_num_tensors(m), rc = 0;
+    const gpt_tensor *tab = gpt_tensors(m);
+    int *list = malloc(sizeof *list * (size_t)nt), *first = malloc(sizeof *first * (size_t)(nt + 1));
+    size_t *numel = malloc(sizeof *numel * (size_t)nt);
+    bool *xdecay = malloc(sizeof *xdecay * (size_t)nt);
+    if (!list || !first || !numel || !xdecay) rc = co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
+    size_t bs = (size_t)t->cfg.ddp_bucket_size, base = 0;
+    for (int kind = 0; kind < 2 && !rc; kind++) {
+        int nu = 0;
+        bool *dec = kind ? xdecay : d->decay;
+        dopt_layout *K = kind ? xl : L;
+        rc = units_of_kind(tab, nt, kind == 1, list, first, dec, numel, &nu);
+        if (!rc) rc = dopt_layout_build(K, numel, nu, kind ? edp : dp, bs);
+        for (int u = 0; u < nu && !rc; u++) {
+            size_t at = base + K->param_start[u];
+            for (int q = first[u]; q < first[u + 1]; q++) {
+                off[list[q]] = at;
+                at += tab[list[q]].numel;
+            }
+        }
+        if (!kind) d->nunits = nu;
+        if (!rc) base += K->total;
+    }
+    free(list);
+    free(first);
+    free(numel);
+    if (rc) free(xdecay);
+    else d->xdecay = xdecay;
+    return rc;
+}
+
+bool trainer_dopt_experts(const trainer *t) { return t->dopt && t->dopt->ex; }
+
+int trainer_dopt_kind_layout_of(const trainer *t, const gpt_tensor *tab, int nt, bool experts, dopt_layout *L,
+                                int **list, int **first) {
+    *list = malloc(sizeof **list * (size_t)(nt ? nt : 1));
+    *first = malloc(sizeof **first * (size_t)(nt + 1));
+    size_t *numel = malloc(sizeof *numel * (size_t)(nt ? nt : 1));
+    bool *decay = malloc(sizeof *decay * (size_t)(nt ? nt : 1));
+    int nu = 0, rc = *list && *first && numel && decay ? 0 : co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
+    if (!rc && !trainer_dopt_experts(t)) rc = co_err_set(CO_EINTERNAL, "distributed optimizer: no experts' layout");
+    if (!rc) rc = units_of_kind(tab, nt, experts, *list, *first, decay, numel, &nu);
+    if (!rc)
+        rc = dopt_layout_build(L, numel, nu, experts ? t->dopt->xs.L.dp : t->dopt->s.L.dp,
+                               (size_t)t->cfg.ddp_bucket_size);
+    free(numel);
+    free(decay);
+    if (rc) {
+        free(*list);
+        free(*first);
+        *list = *first = NULL;
+    }
+    return rc;
+}
+
+const dopt_layout *trainer_dopt_xshard(const trainer *t, const float **m, const float **v, int *rank) {
+    if (!trainer_dopt_experts(t)) return NULL;
+    *m = t->dopt->xs.m;
+    *v = t->dopt->xs.v;
+    *rank = t->dopt->xs.rank;
+    return &t->dopt->xs.L;
+}
+
 int trainer__dopt_setup(trainer *t, bool joining) {
     const co_config *c = &t->cfg;
     cm_comm *g = tr_groups_grad(&t->g);
@@ -159,25 +259,42 @@ int trainer__dopt_setup(trainer *t, bool joining) {
     size_t *off = malloc(sizeof *off * (size_t)nt);
     int rc = d->unit_first && off ? 0 : co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
     int nu = 0;
-    if (!rc) rc = units_of(tab, nt, d->unit_first, d->decay, numel, &nu);
-    d->nunits = nu;
-    dopt_layout L = {0};
-    if (!rc) rc = dopt_layout_build(&L, numel, nu, dp, (size_t)c->ddp_bucket_size);
+    dopt_layout L = {0}, xl = {0};
+    d->ex = t->epn > 1;
+    cm_comm *eg = d->ex ? t->g.edp : NULL;
+    if (!rc && d->ex) {
+        rc = split_layouts(t, d, dp, eg ? eg->size : 1, off, &L, &xl);
+    } else if (!rc) {
+        rc = units_of(tab, nt, d->unit_first, d->decay, numel, &nu);
+        d->nunits = nu;
+        if (!rc) rc = dopt_layout_build(&L, numel, nu, dp, (size_t)c->ddp_bucket_size);
+        /* every tensor at its unit's start plus its place in the run */
+        for (int u = 0; u < nu && !rc; u++)
+            for (int i = d->unit_first[u]; i < d->unit_first[u + 1]; i++)
+                off[i] = L.param_start[u] + (tab[i].offset - tab[d->unit_first[u]].offset);
+    }
     free(numel);
-    /* every tensor at its unit's start plus its place in the run */
-    for (int u = 0; u < nu && !rc; u++)
-        for (int i = d->unit_first[u]; i < d->unit_first[u + 1]; i++)
-            off[i] = L.param_start[u] + (tab[i].offset - tab[d->unit_first[u]].offset);
-    if (!rc) rc = gpt_relayout(m, off, L.total);
+    if (!rc) rc = gpt_relayout(m, off, L.total + xl.total);
     free(off);
     dopt_options o = {.beta1 = (float)c->adam_beta1, .beta2 = (float)c->adam_beta2, .eps = (float)c->adam_eps,
                       .weight_decay = (float)c->weight_decay, .clip_grad = (float)c->clip_grad,
                       .redundant = c->dist_opt_redundancy, .timeout_ms = TRAIN_COMM_TIMEOUT_MS,
                       .average_over = t->g.dp ? t->g.dp->size : 1};
     if (!rc) rc = dopt_init_borrowed(&d->s, &L, rank, &o, t->be, gpt_params(m), gpt_grads(m));
+    /* the experts' over their expert-data-parallel group (every element counted in the norm,
+     * which sums over the expert x pipeline ranks: each holds other experts or slices) */
+    if (!rc && d->ex &&
+        (rc = dopt_init_borrowed(&d->xs, &xl, eg ? eg->rank : 0, &o, t->be, gpt_params(m) + L.total,
+                                 gpt_grads(m) + L.total)))
+        dopt_free(&d->s);
     dopt_layout_free(&L);
-    if (!rc && tr_groups_replica(&t->g) && (rc = set_norm_runs(t, &d->s))) dopt_free(&d->s);
+    dopt_layout_free(&xl);
+    if (!rc && tr_groups_replica(&t->g) && (rc = set_norm_runs(t, &d->s))) {
+        dopt_free(&d->s);
+        if (d->ex) dopt_free(&d->xs);
+    }
     if (rc) {
+        free(d->xdecay);
         free(d->decay);
         free(d->unit_first);
         free(d);
@@ -197,6 +314,11 @@ int trainer__dopt_setup(trainer *t, bool joining) {
                 dp > 1 ? "s" : "", d->s.L.nbuckets, d->s.L.nbuckets > 1 ? "s" : "",
                 d->s.L.shard_total, d->s.L.total, dopt_bytes_per_param(&d->s.L, n, d->s.opt.redundant),
                 d->s.opt.redundant ? " (with the copy of the previous rank's shard)" : "");
+        if (d->ex)
+            fprintf(t->log, "cohort: the experts' distributed optimizer over %d expert-data-parallel rank%s: %d "
+                            "bucket%s, shard of %zu of %zu elements%s\n", d->xs.L.dp, d->xs.L.dp > 1 ? "s" : "",
+                    d->xs.L.nbuckets, d->xs.L.nbuckets > 1 ? "s" : "", d->xs.L.shard_total, d->xs.L.total,
+                    d->xs.opt.redundant ? " (with the copy of the previous rank's shard)" : "");
         fflush(t->log);
     }
     return 0;
@@ -204,12 +326,15 @@ int trainer__dopt_setup(trainer *t, bool joining) {
 
 int trainer__dopt_init_shards(trainer *t) {
     dopt_init_shards(&t->dopt->s); /* (the weights as gpt_init drew them, the same on every rank) */
+    if (t->dopt->ex) dopt_init_shards(&t->dopt->xs);
     return 0;
 }
 
 void trainer__dopt_free(trainer *t) {
     if (!t->dopt) return;
     dopt_free(&t->dopt->s);
+    if (t->dopt->ex) dopt_free(&t->dopt->xs);
+    free(t->dopt->xdecay);
     free(t->dopt->decay);
     free(t->dopt->unit_first);
     free(t->dopt);
@@ -226,12 +351,24 @@ void trainer__dopt_free(trainer *t) {
 static cm_comm *step_group(trainer *t) {
     cm_comm *g = tr_groups_grad(&t->g);
     t->dopt->s.opt.allreduce = cm_zmq_shared_memory(g) && !t->dopt->force_rs;
+    if (t->dopt->ex) t->dopt->xs.opt.allreduce = cm_zmq_shared_memory(t->g.edp) && !t->dopt->force_rs;
     return g;
+}
+
+/* With expert parallelism: the experts' reduction over the expert-data-parallel group (the
+ * norm's squares summed over the expert x pipeline ranks), then the norm of both. */
+static int reduce_experts(trainer *t) {
+    tr_dopt *d = t->dopt;
+    if (!d->ex) return 0;
+    int rc = dopt_reduce_mp(&d->xs, t->g.edp, t->g.erep, NULL);
+    if (!rc) d->norm = sqrt(d->s.norm_sq + d->xs.norm_sq);
+    return rc;
 }
 
 int trainer__dopt_reduce(trainer *t) {
     tr_dopt *d = t->dopt;
     int rc = dopt_reduce_mp(&d->s, step_group(t), tr_groups_replica(&t->g), &d->norm);
+    if (!rc) rc = reduce_experts(t);
     d->reduced = !rc;
     return rc;
 }
@@ -248,6 +385,7 @@ int trainer__dopt_reduce_bucket(trainer *t, cm_comm *g, int b) { return dopt_red
 int trainer__dopt_reduce_finish(trainer *t) {
     tr_dopt *d = t->dopt;
     int rc = dopt_reduce_finish(&d->s, step_group(t), tr_groups_replica(&t->g), &d->norm);
+    if (!rc) rc = reduce_experts(t);
     d->reduced = !rc;
     return rc;
 }
@@ -271,6 +409,10 @@ int trainer__dopt_step(trainer *t, double lr, double grad_norm, uint64_t *sum) {
     d->s.step = t->opt.step; /* the trainer's count is the truth (restored by loads and restarts) */
     d->s.opt.inv_loss_scale = t->opt.inv_loss_scale; /* --fp16's, this step's */
     int rc = dopt_update_shards(&d->s, d->decay, lr, grad_norm);
+    if (!rc && d->ex) {
+        d->xs.step = t->opt.step;
+        rc = dopt_update_shards(&d->xs, d->xdecay, lr, grad_norm);
+    }
     d->reduced = false;
     if (rc) return rc;
     t->opt.step = d->s.step;
@@ -279,10 +421,20 @@ int trainer__dopt_step(trainer *t, double lr, double grad_norm, uint64_t *sum) {
     return 0;
 }
 
+int trainer__dopt_gather_bucket(trainer *t, cm_comm *g, int b) { return dopt_gather_bucket(&t->dopt->s, g, b); }
+
+int trainer__dopt_gather_start(trainer *t) {
+    tr_dopt *d = t->dopt;
+    /* (--overlap-param-gather: on a thread, waited for by the next forward) */
+    if (d && d->gather && t->pg && tr_groups_grad(&t->g)) return trainer__pgather_start(t);
+    return trainer__dopt_sync(t);
+}
+
 int trainer__dopt_sync(trainer *t) {
     tr_dopt *d = t->dopt;
     if (!d || !d->gather) return 0;
-    int rc = dopt_gather(&d->s, step_group(t));
+    int rc = trainer__pgather_pending(t) ? trainer__pgather_finish(t) : dopt_gather(&d->s, step_group(t));
+    if (!rc && d->ex) rc = dopt_gather(&d->xs, t->g.edp);
     if (rc) return rc;
     d->gather = false;
     gpt_sync_bf16(t->model);
@@ -314,9 +466,8 @@ const dopt_layout *trainer_dopt_shard(const trainer *t, const float **m, const f
 int trainer_dopt_moments_begin(trainer *t) {
     tr_dopt *d = t->dopt;
     if (!d) return 0;
-    const dopt_layout *L = &d->s.L;
     kb_backend *be = t->be;
-    size_t n = L->total;
+    size_t n = d->s.L.total + (d->ex ? d->xs.L.total : 0);
     if (!t->opt.m) t->opt.m = be->ops->alloc(be, n * sizeof(float));
     if (!t->opt.v) t->opt.v = be->ops->alloc(be, n * sizeof(float));
     if (!t->opt.m || !t->opt.v) {
@@ -329,32 +480,40 @@ int trainer_dopt_moments_begin(trainer *t) {
     return 0;
 }
 
+/* The rank's own shard and its copy of the neighbour's from the full moments (the state's
+ * part of the buffer starting at base). */
+static int scatter_state(trainer *t, dopt_state *s, size_t base) {
+    const dopt_layout *L = &s->L;
+    int n = L->dp, rc = 0;
+    float *pm = malloc(3 * L->shard_total * sizeof(float) + sizeof(float));
+    if (!pm) return co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
+    float *pv = pm + L->shard_total, *pp = pv + L->shard_total;
+    int shards[2] = {s->rank, (s->rank + n - 1) % n};
+    for (int j = 0; j < (s->opt.redundant ? 2 : 1) && !rc; j++) {
+        for (int b = 0; b < L->nbuckets; b++) {
+            const dopt_bucket *B = &L->buckets[b];
+            size_t at = base + B->start + (size_t)shards[j] * B->shard;
+            memcpy(pm + B->shard_base, t->opt.m + at, B->shard * sizeof(float));
+            memcpy(pv + B->shard_base, t->opt.v + at, B->shard * sizeof(float));
+            memcpy(pp + B->shard_base, gpt_params(t->model) + at, B->shard * sizeof(float));
+        }
+        dopt_shard_view v = {.shard = shards[j], .n = L->shard_total, .m = pm, .v = pv, .step = t->opt.step};
+        rc = dopt_shard_restore(s, &v, pp);
+    }
+    free(pm);
+    return rc;
+}
+
 int trainer_dopt_moments_end(trainer *t, bool scatter) {
     tr_dopt *d = t->dopt;
     if (!d) return 0;
     kb_backend *be = t->be;
     int rc = 0;
     if (scatter && t->opt.m && t->opt.v) {
-        /* every rank read the whole moments: its own shard and its copy of the neighbour's */
-        dopt_state *s = &d->s;
-        const dopt_layout *L = &s->L;
-        int n = L->dp;
-        float *pm = malloc(3 * L->shard_total * sizeof(float) + sizeof(float));
-        if (!pm) return co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
-        float *pv = pm + L->shard_total, *pp = pv + L->shard_total;
-        int shards[2] = {s->rank, (s->rank + n - 1) % n};
-        for (int j = 0; j < (s->opt.redundant ? 2 : 1) && !rc; j++) {
-            for (int b = 0; b < L->nbuckets; b++) {
-                const dopt_bucket *B = &L->buckets[b];
-                size_t at = B->start + (size_t)shards[j] * B->shard;
-                memcpy(pm + B->shard_base, t->opt.m + at, B->shard * sizeof(float));
-                memcpy(pv + B->shard_base, t->opt.v + at, B->shard * sizeof(float));
-                memcpy(pp + B->shard_base, gpt_params(t->model) + at, B->shard * sizeof(float));
-            }
-            dopt_shard_view v = {.shard = shards[j], .n = L->shard_total, .m = pm, .v = pv, .step = t->opt.step};
-            rc = dopt_shard_restore(s, &v, pp);
-        }
-        free(pm);
+        /* every rank read the whole moments: its own shard and its copy of the neighbour's
+         * (with expert parallelism of both states) */
+        rc = scatter_state(t, &d->s, 0);
+        if (!rc && d->ex) rc = scatter_state(t, &d->xs, d->s.L.total);
         d->held = !rc;
     }
     if (t->opt.m) be->ops->free(be, t->opt.m);
@@ -372,22 +531,13 @@ int trainer_dopt_moments_end(trainer *t, bool scatter) {
  * (the supervisor falls back to the checkpoint before this happens). */
 static int repartition_if_resized(trainer *t, bool held, bool *done);
 
-int trainer__dopt_handover(trainer *t, bool held) {
-    tr_dopt *d = t->dopt;
-    cm_comm *g = tr_groups_grad(&t->g);
-    if (!d || !g) return 0;
-    bool done = false;
-    int prc = repartition_if_resized(t, held, &done);
-    if (prc || done) return prc;
-    d = t->dopt;
-    dopt_state *s = &d->s;
+static int handover_state(trainer *t, dopt_state *s, cm_comm *g, bool held) {
     const dopt_layout *L = &s->L;
     int n = L->dp, me = g->rank, nslots = s->opt.redundant ? 2 : 1;
     if (g->size != n)
         return co_err_set(CO_EINVAL, "distributed optimizer: shards for %d data-parallel ranks, the new group has %d "
                                      "(load the checkpoint instead)", n, g->size);
-    d->held = d->held && held; /* (a survivor behind the iteration all resume from holds nothing) */
-    int32_t mine[2] = {d->held ? s->rank : -1, d->held && s->opt.redundant ? (s->rank + n - 1) % n : -1};
+    int32_t mine[2] = {held ? s->rank : -1, held && s->opt.redundant ? (s->rank + n - 1) % n : -1};
     size_t S = L->shard_total;
     int32_t *all = malloc(sizeof *all * 2 * (size_t)n);
     float *buf = malloc(sizeof(float) * (7 * S + 1)); /* 2 slots x (params, m, v) + a send buffer */
@@ -436,9 +586,24 @@ int trainer__dopt_handover(trainer *t, bool held) {
             rc = dopt_shard_restore(s, &v, rp);
         }
     }
-    d->held = !rc;
     free(all);
     free(buf);
+    return rc;
+}
+
+int trainer__dopt_handover(trainer *t, bool held) {
+    tr_dopt *d = t->dopt;
+    cm_comm *g = tr_groups_grad(&t->g);
+    if (!d || !g) return 0;
+    bool done = false; /* (--elastic: a new data-parallel size re-partitions the shards instead) */
+    int rc = repartition_if_resized(t, held, &done);
+    if (rc || done) return rc;
+    d = t->dopt;
+    d->held = d->held && held; /* (a survivor behind the iteration all resume from holds nothing) */
+    rc = handover_state(t, &d->s, g, d->held);
+    /* the experts' shards over their expert-data-parallel group */
+    if (!rc && d->ex && t->g.edp) rc = handover_state(t, &d->xs, t->g.edp, d->held);
+    d->held = !rc;
     if (!rc) {
         /* the rest of the parameters from the shards' owners (the root's full buffer may be
          * stale where an abort interrupted its last all-gather) */

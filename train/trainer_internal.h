@@ -164,6 +164,7 @@ struct trainer {
     /* --use-distributed-optimizer (trainer_dopt.c; NULL without): opt.m and opt.v stay NULL */
     struct tr_dopt *dopt;
     struct tr_overlap *ovl; /* --overlap-grad-reduce (trainer_overlap.c), NULL: off */
+    struct tr_pgather *pg;  /* --overlap-param-gather (trainer_pgather.c), NULL: off */
     bool ovl_reduce;        /* this round's share is reduced after (a training round, not a check round) */
     /* expert parallelism (trainer_ep.c; epn 1 without; its groups g.ep, g.edp, g.erep): the
      * flat buffers' runs of expert and other tensors (the gradients' reductions). g.ep is the
@@ -222,6 +223,22 @@ void trainer__overlap_last(trainer *t, bool last, bool early);
 int trainer__overlap_flush(trainer *t, double *local_norm);
 int trainer__overlap_wait(trainer *t);
 void trainer__overlap_drain(trainer *t);
+/* --overlap-param-gather (trainer_pgather.c): set up after the distributed optimizer;
+ * start: the committed step's buckets are gathered on a thread, the forward hook waits for
+ * each before its first use; finish: every bucket waited for, the thread joined (what
+ * trainer__dopt_sync does while one is pending); cancel: a thread in flight stopped and
+ * joined (a restart: the handover gathers again). The distributed optimizer's side:
+ * trainer__dopt_gather_start (after the commit: the thread, or the gather at once without
+ * the flag) and one bucket's all-gather from the thread. */
+typedef struct tr_pgather tr_pgather;
+int trainer__pgather_setup(trainer *t);
+void trainer__pgather_free(trainer *t);
+int trainer__pgather_start(trainer *t);
+bool trainer__pgather_pending(const trainer *t);
+int trainer__pgather_finish(trainer *t);
+void trainer__pgather_cancel(trainer *t);
+int trainer__dopt_gather_start(trainer *t);
+int trainer__dopt_gather_bucket(trainer *t, struct cm_comm *g, int b);
 /* The trainer changed n parameters at `at` (in the model's buffer) on every rank alike: the
  * redundant shard copy follows (dopt_copy_refresh). */
 void trainer__dopt_params_moved(trainer *t, const float *at, size_t n);

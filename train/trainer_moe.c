@@ -36,6 +36,7 @@ void trainer__moe_config(trainer *t, gpt_config *m) {
     mc->lb = !strcmp(c->moe_router_load_balancing_type, "none")           ? MOE_LB_NONE
              : !strcmp(c->moe_router_load_balancing_type, "seq_aux_loss") ? MOE_LB_SEQ_AUX
              : !strcmp(c->moe_router_load_balancing_type, "global_aux_loss") ? MOE_LB_GLOBAL_AUX
+             : !strcmp(c->moe_router_load_balancing_type, "sinkhorn")        ? MOE_LB_SINKHORN
                                                                            : MOE_LB_AUX;
     mc->aux_coeff = (float)c->moe_aux_loss_coeff;
     mc->z_coeff = (float)c->moe_z_loss_coeff;

@@ -294,11 +294,12 @@ static int hook(trainer *t, void *ctx, bool final, train_end why) {
         bool due = k->cfg.save_interval == CO_SAVE_INTERVAL_AUTO ? auto_due(k, t, it)
                    : k->cfg.save_interval > 0                     ? it % k->cfg.save_interval == 0
                                                                   : false;
-        if ((due || ramp) && it != k->last_saved &&
-            !(rc = saves_stopped(k, it, &stop)) && !stop)
+        if ((due || ramp) && it != k->last_saved && !(rc = saves_stopped(k, it, &stop)) && !stop &&
+            !(rc = trainer_params_sync(t)))
             rc = save_timed(k, it);
     } else {
-        if (why != TRAIN_NAN && it > 0 && it != k->last_saved && !(rc = saves_stopped(k, it, &stop)) && !stop)
+        if (why != TRAIN_NAN && it > 0 && it != k->last_saved && !(rc = saves_stopped(k, it, &stop)) && !stop &&
+            !(rc = trainer_params_sync(t))) /* (a save reads the parameters whole: a gather in flight ends first) */
             rc = save_now(k);
         int w = ck_saver_wait(k->saver);
         if (!rc) rc = w;

@@ -115,20 +115,24 @@ typedef struct parts_ctx {
     int *ntab;
     bool *held_by;          /* [shards] some rank holds the shard */
     /* with the distributed optimizer: [shards][dpn] the world rank of each rank of a shard's
-     * gradient group (data parallel, or data x context), in the group's order */
+     * gradient group (data parallel, or data x context), in the group's order; with expert
+     * parallelism (dx, tensor size 1) the dense layout's per stage (shard (0, s, 0)) and the
+     * experts' [shards][xdpn] of each shard's expert-data-parallel group */
     int *gw, dpn;
+    bool dx;
+    int *xgw, xdpn;
 } parts_ctx;
 
 static int shard_of(const parts_ctx *x, int r, int s, int e) { return r + x->tp * (s + x->pp * e); }
 
 /* With the distributed optimizer: world rank w's place in its shard sh's gradient group. */
-static int group_place(parts_ctx *x, const topo_layout *lay, bool cp, int w, int sh) {
+static int group_place(int *gw, int dpn, const topo_layout *lay, int kind, int w, int sh) {
     int *members = malloc(sizeof *members * (size_t)lay->world), sz = 0, rc = 0;
     if (!members) return co_err_set(CO_ENOMEM, "checkpoint: out of memory");
-    if (topo_group_of(lay, cp ? TOPO_G_DP_CP : TOPO_G_DP, w, members, &sz) < 0 || sz != x->dpn)
-        rc = co_err_set(CO_EINTERNAL, "checkpoint: rank %d's gradient group has %d ranks, not %d", w, sz, x->dpn);
+    if (topo_group_of(lay, kind, w, members, &sz) < 0 || sz != dpn)
+        rc = co_err_set(CO_EINTERNAL, "checkpoint: rank %d's gradient group has %d ranks, not %d", w, sz, dpn);
     for (int k = 0; k < sz && !rc; k++)
-        if (members[k] == w) x->gw[sh * x->dpn + k] = w;
+        if (members[k] == w) gw[sh * dpn + k] = w;
     free(members);
     return rc;
 }
@@ -150,7 +154,10 @@ static int map_writers(parts_ctx *x, trainer *t, int world, int rank, int *wg) {
         if (topo_coords(&lay, w, &co)) return co_err_set(CO_EINTERNAL, "checkpoint: no coordinates for rank %d", w);
         wg[w] = shard_of(x, co.tp, co.pp, x->ep > 1 ? co.ep : 0);
         x->held_by[wg[w]] = true;
-        if (x->gw && (rc = group_place(x, &lay, cpn > 1, w, wg[w]))) return rc;
+        int gk = cpn > 1 ? TOPO_G_DP_CP : TOPO_G_DP;
+        if (x->gw && (rc = group_place(x->gw, x->dpn, &lay, gk, w, x->dx ? shard_of(x, 0, co.pp, 0) : wg[w])))
+            return rc;
+        if (x->xgw && (rc = group_place(x->xgw, x->xdpn, &lay, TOPO_G_EDP, w, wg[w]))) return rc;
         if (w == rank && (co.tp != x->tpr || co.pp != x->ppr || (x->ep > 1 && co.ep != x->epr)))
             return co_err_set(CO_EINTERNAL, "checkpoint: rank %d is at tensor %d, pipeline %d, expert %d, its layout says "
                                             "%d, %d, %d", w, x->tpr, x->ppr, x->epr, co.tp, co.pp, co.ep);
@@ -307,32 +314,72 @@ static int add_local_range(const dopt_ctx *c, int tp, int r, int i, size_t f0, s
     return rc;
 }
 
+/* A layout's moment `part` of one shard's table: every group rank k's pieces (written by
+ * writers[k]), unit u being tensors list[first[u] ..] one after another; this rank's data
+ * (mine, its shard storage) where it is rank me_k (-1: another shard). */
+static int add_dopt_pieces(wk_parts *l, int part, const parts_ctx *x, const gpt_tensor *tab, const dopt_layout *L,
+                           const int *list, const int *first, const int *writers, int r, int me_k,
+                           const float *mine) {
+    int rc = 0;
+    for (int k = 0; k < L->dp && !rc; k++)
+        for (int q = 0; q < L->npieces[k] && !rc; q++) {
+            const dopt_piece *p = &L->pieces[k][q];
+            /* the piece [param_lo, param_hi) of the layout's parameter, cut at its tensors (a
+             * MoE layer's run holds several, one after another) */
+            size_t a = 0;
+            for (int j = first[p->param]; j < first[p->param + 1] && !rc; a += tab[list[j]].numel, j++) {
+                int i = list[j];
+                if (tab[i].emb_copy) continue;
+                size_t e = a + tab[i].numel;
+                size_t lo = p->param_lo > a ? p->param_lo : a, hi = p->param_hi < e ? p->param_hi : e;
+                if (lo >= hi) continue;
+                float *d = k == me_k ? (float *)mine + p->shard_off + (lo - p->param_lo) : NULL;
+                dopt_ctx c = {.l = l, .part = part, .t = &tab[i], .writer = writers[k], .data = d};
+                rc = add_local_range(&c, x->tp, r, i, lo - a, hi - a);
+            }
+        }
+    return rc;
+}
+
 /* Shard sh's (tensor rank r, stage s) moment `part`: every gradient-group rank's pieces. */
 static int add_dopt_shard(wk_parts *l, int part, const parts_ctx *x, trainer *t, int sh, int me_k,
                           const float *mine) {
     int r = sh % x->tp, s = sh / x->tp % x->pp, nt = x->ntab[sh];
     const gpt_tensor *tab = x->tab[sh];
     dopt_layout L = {0};
-    int *ufirst = NULL;
-    int rc = trainer_dopt_layout_of(t, tab, nt, &L, &ufirst);
+    int *ufirst = NULL, *list = malloc(sizeof *list * (size_t)(nt ? nt : 1));
+    int rc = list ? trainer_dopt_layout_of(t, tab, nt, &L, &ufirst) : co_err_set(CO_ENOMEM, "checkpoint: out of memory");
+    for (int i = 0; i < nt && list; i++) list[i] = i;
     bool here = r == x->tpr && s == x->ppr;
-    for (int k = 0; k < L.dp && !rc; k++)
-        for (int q = 0; q < L.npieces[k] && !rc; q++) {
-            const dopt_piece *p = &L.pieces[k][q];
-            /* the piece [param_lo, param_hi) of the layout's parameter, cut at its tensors (a
-             * MoE layer's run holds several, one after another) */
-            for (int i = ufirst[p->param]; i < ufirst[p->param + 1] && !rc; i++) {
-                if (tab[i].emb_copy) continue;
-                size_t a = tab[i].offset - tab[ufirst[p->param]].offset, e = a + tab[i].numel;
-                size_t lo = p->param_lo > a ? p->param_lo : a, hi = p->param_hi < e ? p->param_hi : e;
-                if (lo >= hi) continue;
-                float *d = here && k == me_k ? (float *)mine + p->shard_off + (lo - p->param_lo) : NULL;
-                dopt_ctx c = {.l = l, .part = part, .t = &tab[i], .writer = x->gw[sh * x->dpn + k], .data = d};
-                rc = add_local_range(&c, x->tp, r, i, lo - a, hi - a);
-            }
-        }
+    if (!rc) rc = add_dopt_pieces(l, part, x, tab, &L, list, ufirst, x->gw + (size_t)sh * x->dpn, r, here ? me_k : -1, mine);
     dopt_layout_free(&L);
     free(ufirst);
+    free(list);
+    return rc;
+}
+
+/* With expert parallelism (tensor size 1): every stage's dense layout over its gradient
+ * group, every (stage, expert rank)'s experts' layout over its expert-data-parallel group. */
+static int add_dopt_experts(wk_parts *l, int part, const parts_ctx *x, trainer *t, int me_k, const float *mine,
+                            int me_xk, const float *xmine) {
+    int rc = 0;
+    for (int sh = 0; sh < x->shards && !rc; sh++) {
+        int s = sh / x->tp % x->pp, e = sh / (x->tp * x->pp);
+        bool experts_only = e > 0; /* (every expert rank's table has the same dense tensors) */
+        for (int kind = experts_only ? 1 : 0; kind < 2 && !rc; kind++) {
+            dopt_layout L = {0};
+            int *list = NULL, *first = NULL;
+            rc = trainer_dopt_kind_layout_of(t, x->tab[sh], x->ntab[sh], kind == 1, &L, &list, &first);
+            bool here = s == x->ppr && (kind == 0 || e == x->epr);
+            const int *w = kind ? x->xgw + (size_t)sh * x->xdpn : x->gw + (size_t)shard_of(x, 0, s, 0) * x->dpn;
+            if (!rc)
+                rc = add_dopt_pieces(l, part, x, x->tab[sh], &L, list, first, w, 0, here ? (kind ? me_xk : me_k) : -1,
+                                     kind ? xmine : mine);
+            dopt_layout_free(&L);
+            free(list);
+            free(first);
+        }
+    }
     return rc;
 }
 
@@ -353,12 +400,20 @@ static int list_parts(trainer *t, const parts_ctx *x, int world, int rank, wk_pa
     if (L && (L->dp != x->dpn || x->gw[shard_of(x, x->tpr, x->ppr, 0) * x->dpn + drank] != rank))
         return co_err_set(CO_EINTERNAL, "checkpoint: the distributed optimizer's rank %d of %d is world rank %d of %d "
                                         "in %d model shards", drank, L->dp, rank, world, x->shards);
+    const float *xm = NULL, *xv = NULL;
+    int xrank = 0;
+    const dopt_layout *XL = x->dx ? trainer_dopt_xshard(t, &xm, &xv, &xrank) : NULL;
+    if (x->dx && (!XL || XL->dp != x->xdpn || x->xgw[shard_of(x, 0, x->ppr, x->epr) * x->xdpn + xrank] != rank))
+        return co_err_set(CO_EINTERNAL, "checkpoint: the experts' distributed optimizer's rank %d of %d is not world "
+                                        "rank %d", xrank, XL ? XL->dp : 0, rank);
     save->n = load->n = 0;
     int rc = 0;
     for (int part = 0; part < 3 && !rc; part++) {
         float *base = part == 0 ? gpt_params(trainer_model(t)) : part == 1 ? o->m : o->v;
         if (part == 1) save->nmodel = save->n, load->nmodel = load->n;
-        rc = part && L ? add_dopt(save, part, x, t, drank, part == 1 ? dm : dv) : add_save_parts(save, part, x, base);
+        rc = part && x->dx  ? add_dopt_experts(save, part, x, t, drank, part == 1 ? dm : dv, xrank, part == 1 ? xm : xv)
+             : part && L ? add_dopt(save, part, x, t, drank, part == 1 ? dm : dv)
+                         : add_save_parts(save, part, x, base);
         if (!rc) rc = add_load_parts(load, part, x, base);
     }
     return rc;
@@ -389,12 +444,20 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
      * spanning the tensor ranks not every (tensor rank, expert rank) pair exists, and a
      * writer group must have members */
     int *wg = malloc(sizeof *wg * (size_t)world);
-    if (trainer_dopt_on(t)) {
-        /* (the flag is refused with expert parallelism: every world rank is in one shard's
-         * gradient group) */
-        x.dpn = world / x.shards;
-        x.gw = calloc((size_t)world, sizeof *x.gw);
-        if (!x.gw) rc0 = co_err_set(CO_ENOMEM, "checkpoint: out of memory");
+    x.dx = trainer_dopt_experts(t);
+    if (x.dx && x.tp > 1) rc0 = co_err_set(CO_EINVAL, "checkpoint: the experts' distributed optimizer at tensor size %d",
+                                           x.tp);
+    if (trainer_dopt_on(t) && !rc0) {
+        /* every world rank is in one shard's gradient group; with expert parallelism the
+         * dense layout's spans the expert ranks (world / stages ranks), the experts' the
+         * expert-data-parallel group */
+        x.dpn = world / (x.dx ? x.tp * x.pp : x.shards);
+        x.gw = calloc((size_t)world * (x.dx ? (size_t)x.ep : 1), sizeof *x.gw);
+        if (x.dx) {
+            x.xdpn = world / x.shards;
+            x.xgw = calloc((size_t)world, sizeof *x.xgw);
+        }
+        if (!x.gw || (x.dx && !x.xgw)) rc0 = co_err_set(CO_ENOMEM, "checkpoint: out of memory");
     }
     x.held_by = calloc((size_t)x.shards, sizeof *x.held_by);
     x.tab = calloc((size_t)x.shards, sizeof *x.tab);
@@ -410,6 +473,7 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
     free(x.ntab);
     free(x.held_by);
     free(x.gw);
+    free(x.xgw);
     if (rc) {
         free(wg);
         return rc;

@@ -79,11 +79,38 @@ def group_limited_topk(scores, k, G, gk):
     return topk(masked, k)
 
 
+def sinkhorn(cost, tol=0.0001):
+    """Megatron's moe_utils.sinkhorn"""
+    cost = np.exp(cost)
+    d0 = np.ones(cost.shape[0])
+    d1 = np.ones(cost.shape[1])
+    eps = 0.00000001
+    error = 1e9
+    d1_old = d1
+    while error > tol:
+        d0 = (1 / d0.shape[0]) * 1 / (np.sum(d1 * cost, 1) + eps)
+        d1 = (1 / d1.shape[0]) * 1 / (np.sum(d0[:, None] * cost, 0) + eps)
+        error = np.mean(np.abs(d1_old - d1))
+        d1_old = d1
+    return d1 * cost * d0[:, None]
+
+
+def sinkhorn_activation(logits, k):
+    """router.py's _sinkhorn_activation"""
+    return sigmoid(logits) if k == 1 else softmax(logits)
+
+
 def select(logits, bias, c):
     """selection per token (topk_routing_with_score_function's indices) [N,k]"""
     N, E = logits.shape
     k = c["topk"]
     sel = np.zeros((N, k), np.int64)
+    if c["lb"] == "sinkhorn":
+        # sinkhorn_load_balancing: training chooses by the balanced scores, else by the activation
+        v = sinkhorn(logits) if c.get("train", "1") == "1" else sinkhorn_activation(logits, k)
+        for n in range(N):
+            sel[n] = topk(v[n], k)
+        return sel
     for n in range(N):
         l = logits[n]
         if c["score"] == "softmax":
@@ -102,7 +129,9 @@ def routing_probs(logits, sel, c):
     N, E = logits.shape
     k = c["topk"]
     rows = np.arange(N)[:, None]
-    if c["score"] == "softmax":
+    if c["lb"] == "sinkhorn":
+        p = sinkhorn_activation(logits, k)[rows, sel]
+    elif c["score"] == "softmax":
         if c["pre_softmax"]:
             p = softmax(logits)[rows, sel]
         else:
@@ -156,7 +185,7 @@ def lb_loss(a, cnt, c):
     """switch_load_balancing_loss_func (per sequence for seq_aux_loss, then / B)"""
     N, E = a.shape
     k = c["topk"]
-    if c["lb"] == "none":
+    if c["lb"] in ("none", "sinkhorn"):
         return 0.0
     if c["lb"] == "aux_loss":
         return c["aux_coeff"] * E / (k * N * N) * float((a.sum(axis=0) * cnt[0]).sum())

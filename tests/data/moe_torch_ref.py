@@ -108,6 +108,40 @@ def group_limited_topk(scores, topk_, num_tokens, num_experts, num_groups, group
     return topk(masked, topk_)
 
 
+def sinkhorn(cost, tol=0.0001):
+    """Megatron's moe_utils.sinkhorn"""
+    cost = torch.exp(cost)
+    d0 = torch.ones(cost.size(0), dtype=cost.dtype)
+    d1 = torch.ones(cost.size(1), dtype=cost.dtype)
+    eps = 0.00000001
+    error = 1e9
+    d1_old = d1
+    while error > tol:
+        d0 = (1 / d0.size(0)) * 1 / (torch.sum(d1 * cost, 1) + eps)
+        d1 = (1 / d1.size(0)) * 1 / (torch.sum(d0.unsqueeze(1) * cost, 0) + eps)
+        error = torch.mean(torch.abs(d1_old - d1))
+        d1_old = d1
+    return d1 * cost * d0.unsqueeze(1)
+
+
+def sinkhorn_load_balancing(logits, c):
+    """Megatron's TopKRouter.sinkhorn_load_balancing: (routing probs [N,E], routing map [N,E])"""
+    k = c["topk"]
+
+    def activation(lg):
+        return torch.sigmoid(lg) if k == 1 else torch.softmax(lg, dim=-1)
+
+    if c.get("train", "1") == "1":
+        with torch.no_grad():
+            _, indices = topk(sinkhorn(logits.detach()), k)
+        logits = activation(logits)
+    else:
+        logits = activation(logits)
+        _, indices = topk(logits.detach(), k)
+    routing_map = torch.zeros_like(logits).int().scatter(1, indices, 1).bool()
+    return logits * routing_map, routing_map
+
+
 def topk_routing_with_score_function(logits, c, bias):
     """Megatron's topk_routing_with_score_function: (routing probs [N,E], routing map [N,E])"""
     N, E = logits.shape
@@ -174,7 +208,7 @@ def switch_load_balancing_loss_func(probs, tokens_per_expert, total_num_tokens, 
 def load_balancing_loss(logits, c):
     N, E = logits.shape
     k = c["topk"]
-    if c["lb"] == "none":
+    if c["lb"] in ("none", "sinkhorn"):
         return torch.zeros(())
     rmap, scores = compute_routing_scores_for_aux_loss(logits, c)
     if c["lb"] == "aux_loss":
@@ -228,7 +262,10 @@ def check_case(d):
 
     logits = x @ Wr.t()
     z = z_loss_func(logits, c["z_coeff"]) if c["z_coeff"] > 0 else torch.zeros(())
-    rprobs, rmap = topk_routing_with_score_function(logits, c, bias)
+    if c["lb"] == "sinkhorn":
+        rprobs, rmap = sinkhorn_load_balancing(logits, c)
+    else:
+        rprobs, rmap = topk_routing_with_score_function(logits, c, bias)
     probs, fmap, cap = apply_router_token_dropping(rprobs, rmap, c)
     aux = load_balancing_loss(logits, c)
     dropped = int(torch.logical_and(rmap, ~fmap).sum())

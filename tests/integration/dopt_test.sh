@@ -204,6 +204,147 @@ overlap_tp|overlap_pp|overlap_cp)
         same "$work/d1" "$work/d1n" 4
     fi
     ;;
+param_gather)
+    # --overlap-param-gather (with --overlap-grad-reduce, as Megatron requires): the updated
+    # parameters gathered bucket by bucket on a thread while the next forward runs, each
+    # bucket waited for before its first layer; bitwise the same run without either overlap,
+    # at data 2 and 4 (and at 4 on the reduce-scatter path), with a save and an evaluation
+    # in between (both wait for the gathers first); refused without the distributed
+    # optimizer or --overlap-grad-reduce and with tensor parallelism (Megatron's reasons,
+    # the transport's)
+    b=(--ddp-bucket-size 1000 --train-iters 6 --save-interval 3 --eval-interval 2 --eval-iters 1)
+    for v in 2r 4r 4s; do
+        n=${v%?}; rs=0; [ "${v#?}" = s ] && rs=1
+        COHORT_TEST_DOPT_REDUCE_SCATTER=$rs train g$v "$n" $D "${b[@]}" --save "$work/g$v"; ok g$v
+        COHORT_TEST_DOPT_REDUCE_SCATTER=$rs train g${v}o "$n" $D "${b[@]}" --overlap-grad-reduce \
+            --overlap-param-gather --save "$work/g${v}o"
+        ok g${v}o
+        same "$work/g$v" "$work/g${v}o" 3
+        same "$work/g$v" "$work/g${v}o" 6
+        grep -q "overlapped parameter all-gather: [1-9][0-9]* buckets, gathered in the order the forward" \
+            "$work/g${v}o.out" "$work/g${v}o.err" || fail "$v: no overlapped gather: $(grep -h overlapped "$work/g${v}o".*)"
+        [ "$(grep -c "validation loss" "$work/g${v}o.out")" = "$(grep -c "validation loss" "$work/g$v.out")" ] ||
+            fail "$v: evaluations differ"
+        grep "validation loss" "$work/g$v.out" >"$work/e1"; grep "validation loss" "$work/g${v}o.out" >"$work/e2"
+        cmp -s "$work/e1" "$work/e2" || fail "$v: validation losses differ: $(diff "$work/e1" "$work/e2" | head -4)"
+    done
+    for extra in "--overlap-grad-reduce --overlap-param-gather" "$D --overlap-param-gather" \
+                 "$D --overlap-grad-reduce --overlap-param-gather --tensor-model-parallel-size 2"; do
+        # shellcheck disable=SC2086
+        "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 $extra >"$work/o" 2>&1
+        [ $? -eq 2 ] || fail "$extra: not refused: $(tail -3 "$work/o")"
+        case $extra in
+        --overlap-grad-reduce*) want="--overlap-param-gather only supported with distributed optimizer" ;;
+        *tensor*) want="--overlap-param-gather with tensor, pipeline, context or expert parallelism" ;;
+        *) want="Must use --overlap-param-gather with --overlap-grad-reduce" ;;
+        esac
+        grep -q -- "$want" "$work/o" || fail "$extra: $(cat "$work/o")"
+    done
+    ;;
+ep|kill_ep|ep_ckpt)
+    # expert parallelism: the experts' optimizer shards span the expert-data-parallel group
+    # (Megatron's second optimizer instance, their own layout after the rest of the buffer),
+    # the rest the data-parallel group; the norm counts every element once. The runs are
+    # compared by their metrics (every iteration's loss and gradient norm) and, at tensor
+    # size 1, by their checkpoints. --clip-grad 0.3: every step is clipped by the norm
+    # (about 0.5), so a wrong norm shows
+    tiny_model --global-batch-size 16 --num-layers 4 --attention-dropout 0 --disable-bias-linear --num-experts 4 \
+        --moe-router-topk 2 --moe-layer-freq 2 --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 1e-2 \
+        --moe-z-loss-coeff 1e-3 --clip-grad 0.3
+    ep=(--expert-model-parallel-size 2)
+    if [ $case_name = ep_ckpt ]; then
+        # data 4 x expert 2: the checkpoint bitwise the replicated optimizer's, every rank
+        # writing moments (dense shards over data 4, the experts' over their pairs), verified;
+        # loaded with the flag at expert 2 and at expert 1, and without it at expert 1, each
+        # continuing bitwise as the replicated checkpoint does; and pipeline 2 x expert 2
+        for x in d r; do
+            flag=$D; [ $x = r ] && flag=
+            # shellcheck disable=SC2086
+            train s$x 4 "${ep[@]}" $flag --train-iters 8 --save "$work/s$x" --save-interval 4 --exit-interval 4
+            ok s$x
+        done
+        same "$work/sr" "$work/sd" 4
+        "$cohort" ckpt verify "$(it_dir "$work/sd" 4)" >"$work/verify.txt" 2>&1 || fail "verify: $(tail -5 "$work/verify.txt")"
+        /usr/bin/python3 - "$(it_dir "$work/sd" 4)/manifest.json" <<'PY' || fail "moment writers"
+import json, sys
+m = json.load(open(sys.argv[1]))
+files, writers, experts = m["files"], set(), set()
+for t in m["tensors"]:
+    if t["kind"] == "optim":
+        for s in t["slices"]:
+            assert "flat" in s, (t["name"], s)
+            writers.add(files[s["file"]]["writer"])
+            if ".experts." in t["name"]:
+                experts.add(files[s["file"]]["writer"])
+assert sorted(writers) == [0, 1, 2, 3] and sorted(experts) == [0, 1, 2, 3], (writers, experts)
+PY
+        for to in e2d e1d e1r; do
+            flag=$D; [ $to = e1r ] && flag=
+            lay=(); [ $to = e2d ] && lay=("${ep[@]}")
+            for x in d r; do
+                cp -r "$work/s$x" "$work/c$x$to"
+                # shellcheck disable=SC2086
+                train c$x$to 4 "${lay[@]}" $flag --train-iters 8 --load "$work/c$x$to" --save "$work/c$x$to"
+                ok c$x$to
+            done
+            same "$work/cr$to" "$work/cd$to" 8
+        done
+        for x in d r; do
+            flag=$D; [ $x = r ] && flag=
+            # shellcheck disable=SC2086
+            train p$x 4 "${ep[@]}" --pipeline-model-parallel-size 2 $flag --train-iters 4 --save "$work/p$x"; ok p$x
+        done
+        same "$work/pr" "$work/pd" 4
+    elif [ $case_name = kill_ep ]; then
+        # data 4 x expert 2 (expert-data-parallel groups of 2): a killed rank's dense shard
+        # comes from the next data-parallel rank, its experts' from the next
+        # expert-data-parallel rank; bitwise the fault-free run (every loss and norm, the
+        # final checkpoint), no step lost
+        train clean 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/clean.jsonl" --save "$work/clean"; ok clean
+        train f 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/f.jsonl" --save "$work/f" \
+            --inject "kill@rank=2,step=6" $quick
+        ok f
+        same "$work/clean" "$work/f" 10
+        grep -q "in-process restart into generation 2" "$work/f.err" || fail "no restart"
+        grep -q "generation 2: 4 rank(s) resume after iteration [0-9]* with the state of ranks\? [0-9, ]* (.*1 replaced" \
+            "$work/f.err" || fail "not resumed from memory: $(grep supervisor "$work/f.err")"
+        grep -q "lost every holder\|loads the checkpoint\|handover" "$work/f.err" && fail "no handover from memory"
+        [ "$(losses "$work/f.jsonl" | wc -w)" -ge 30 ] || fail "f: $(losses "$work/f.jsonl")"
+        same_losses clean f "the killed run logged other numbers than the fault-free one"
+        grep -q '"steps_lost": 0' "$work/f.report.json" || fail "steps lost: $(grep steps_lost "$work/f.report.json")"
+    else
+        # data 4 x expert 2 (expert-data-parallel groups of 2), data 2 x expert 2 (groups of
+        # one: the experts' gradients still averaged over the data-parallel size) and tensor
+        # 2 x expert 2: the same numbers as without the flag, and within 5e-5 of one process
+        m=(--train-iters 5)
+        train one 1 "${m[@]}" --metrics-file "$work/one.jsonl"; ok one
+        for lay in "4:" "2:" "4:--tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1"; do
+            n=${lay%%:*} extra=${lay#*:}
+            name=e$n; [ -n "$extra" ] && name=t$n
+            for x in r d; do
+                flag=; [ $x = d ] && flag=$D
+                # shellcheck disable=SC2086
+                train $name$x "$n" "${ep[@]}" $extra $flag "${m[@]}" --metrics-file "$work/$name$x.jsonl"; ok $name$x
+            done
+            [ "$(losses "$work/${name}d.jsonl" | wc -w)" -ge 15 ] || fail "$name: $(losses "$work/${name}d.jsonl")"
+            same_losses ${name}r ${name}d "$name: the distributed optimizer logged other numbers than the replicated one"
+            /usr/bin/python3 - "$work/one.jsonl" "$work/${name}d.jsonl" <<'PY' || fail "$name: losses not near one process's"
+import json, sys
+a, b = ({r["iteration"]: r["lm_loss"] for r in map(json.loads, open(f)) if "grad_norm" in r} for f in sys.argv[1:])
+assert set(a) == set(b) and len(a) == 5, (a, b)
+assert all(abs(a[i] - b[i]) <= 5e-5 for i in a), (a, b)
+PY
+        done
+        grep -q "the experts' distributed optimizer over 2 expert-data-parallel ranks" "$work/e4d.out" ||
+            fail "$(grep optimizer "$work/e4d.out")"
+        grep -q "the experts' distributed optimizer over 1 expert-data-parallel rank:" "$work/e2d.out" ||
+            fail "$(grep optimizer "$work/e2d.out")"
+        "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 "${ep[@]}" --tensor-model-parallel-size 2 \
+            --sequence-parallel --expert-tensor-parallel-size 1 $D --save "$work/ck" >"$work/o" 2>&1
+        [ $? -eq 2 ] && grep -q "expert-model-parallel-size 2 and --save or --load is not supported yet with tensor" \
+            "$work/o" || fail "save at tp 2: $(tail -3 "$work/o")"
+    fi
+    ;;
 matches_replicated)
     # the distributed optimizer against the replicated one after 6 steps. On one host it
     # reduces and gathers with shared-memory all-reduces: bitwise the replicated optimizer's at
@@ -272,7 +413,7 @@ ckpt_reshard)
         fail "tp2 load: $(grep -i checkpoint "$work/t2-tp.out")"
     same "$work/rs2" "$work/t2" 8
     ;;
-kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp)
+kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kill_param_gather)
     # a rank holding an optimizer shard dies (in forward; right after its shard's update,
     # before the parameters' all-gather; with shifted ranks; in tensor 2 x data 2, where
     # each tensor rank's data-parallel pair shards its slices; in context 2 x data 2, where
@@ -295,6 +436,12 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp)
         # which the abort must reach; the replacement connects it
         inj=(--inject "kill@rank=2,step=6,phase=backward,microbatch=3")
         lay=(--overlap-grad-reduce --ddp-bucket-size 1000 --tensor-model-parallel-size 2);;
+    kill_param_gather)
+        # killed before its update of step 6: the others commit it and start gathering its
+        # parameters on their gather threads, which wait for the dead rank until the abort
+        # cancels them
+        inj=(--inject "kill@rank=2,step=6,phase=optimizer")
+        lay=(--overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 1000);;
     *) inj=(--inprocess-rank-assignment shift-ranks --inject "kill@rank=1,step=5");;
     esac
     train clean 4 "${lay[@]}" $D --train-iters 10 --save "$work/clean"; ok clean
@@ -312,6 +459,11 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp)
     if [ $case_name = kill_overlap_tp ]; then
         grep -q "cohort rank 0: overlapped gradient reduction, bucket [0-9]* of [0-9]*: .*aborted" "$work/f.err" ||
             fail "no bucket of rank 0 in flight at the abort: $(grep -h 'rank 0' "$work/f.err" | tail -5)"
+    fi
+    if [ $case_name = kill_param_gather ]; then
+        # a survivor's gather of iteration 6's parameters was in flight and ended by the abort
+        grep -q "overlapped parameter all-gather, bucket [0-9]* of [0-9]*: .*not gathered" "$work/f.err" ||
+            fail "no gather in flight cancelled: $(grep -i 'gather\|aborted' "$work/f.err" | head -5)"
     fi
     ;;
 overlap_mp_kill|overlap_mp_sdc)
@@ -418,8 +570,8 @@ PY
     ;;
 refused)
     # what is not built is refused before any work, never ignored
-    for extra in "--overlap-grad-reduce --num-experts 2 --expert-model-parallel-size 2" "--overlap-param-gather" "--ddp-bucket-size -1" \
-                 "$D --num-experts 2 --expert-model-parallel-size 2"; do
+    for extra in "--overlap-grad-reduce --num-experts 2 --expert-model-parallel-size 2" "--ddp-bucket-size -1" \
+                 "$D --overlap-grad-reduce --overlap-param-gather --tensor-model-parallel-size 2"; do
         # shellcheck disable=SC2086
         "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 $extra >"$work/o" 2>&1
         [ $? -eq 2 ] || fail "$extra: not refused: $(tail -3 "$work/o")"

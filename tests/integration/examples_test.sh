@@ -197,8 +197,7 @@ mixtral_8x7b)
         "${MODEL_PARALLEL_ARGS[@]}" "${LOGGING_ARGS[@]}"
     remaining=(
         "--overlap-grad-reduce with expert parallelism is not supported yet (the experts' gradients are reduced over the expert-data-parallel group, which has no transport of its own): drop --overlap-grad-reduce or --expert-model-parallel-size"
-        "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)"
-        "--use-distributed-optimizer with --expert-model-parallel-size 2 is not supported yet (the experts' shards would span the expert-data-parallel group only)"
+        "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported yet (their forward communicates over the transport the gather thread would use): data parallelism only"
     )
     expect_outcome mixtral
     ;;
@@ -291,7 +290,7 @@ llama3_8b)
     remaining=(
         "--attention-backend fused selects Transformer Engine's cuDNN fused attention, which cohort does not have: use auto (local and unfused are the same: cohort's one attention kernel)"
         "--decoupled-lr with --use-distributed-optimizer is not supported yet (its shards' update takes one learning rate)"
-        "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)"
+        "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported yet (their forward communicates over the transport the gather thread would use): data parallelism only"
     )
     expect_outcome llama3
     # ... without the refused flags (--attention-backend auto; no decoupled rate beside the

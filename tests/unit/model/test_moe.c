@@ -149,6 +149,7 @@ typedef struct ref_case {
     int B, T;
     float loss_scale;
     bool bf16; /* run on a --bf16 backend (moe_torch_ref.py's bf16 products) */
+    bool eval; /* the forward outside training (sinkhorn routing chooses otherwise) */
 } ref_case;
 
 static bool dump_case(const char *root, int idx, const ref_case *rc, kb_backend *be) {
@@ -162,6 +163,7 @@ static bool dump_case(const char *root, int idx, const ref_case *rc, kb_backend 
         run_free(&r);
         return false;
     }
+    moe_set_training(r.m, !rc->eval);
     int err = fwd_bwd(&r, rc->B, rc->T, rc->loss_scale);
     if (err) {
         fprintf(stderr, "  %s: %s\n", rc->name, co_err_detail());
@@ -174,15 +176,18 @@ static bool dump_case(const char *root, int idx, const ref_case *rc, kb_backend 
                        "hidden=%d\nnum_experts=%d\nffn_hidden=%d\ntopk=%d\nscore=%s\npre_softmax=%d\nnum_groups=%d\n"
                        "group_topk=%d\nscaling_factor=%.9g\nexpert_bias=%d\nlb=%s\naux_coeff=%.9g\nz_coeff=%.9g\n"
                        "capacity_factor=%.17g\ndrop=%s\npad_to_capacity=%d\nswiglu=%d\nshared_ffn=%d\nB=%d\nT=%d\n"
-                       "loss_scale=%.9g\naux_loss=%.17g\nz_loss=%.17g\ndropped=%d\ncapacity=%d\nbf16=%d\n",
+                       "loss_scale=%.9g\naux_loss=%.17g\nz_loss=%.17g\ndropped=%d\ncapacity=%d\nbf16=%d\ntrain=%d\n",
                        c->hidden, c->num_experts, c->ffn_hidden, c->topk,
                        c->score == MOE_SCORE_SOFTMAX ? "softmax" : "sigmoid", c->pre_softmax, c->num_groups,
                        c->group_topk, (double)c->scaling_factor, c->expert_bias,
-                       c->lb == MOE_LB_NONE ? "none" : c->lb == MOE_LB_AUX ? "aux_loss" : "seq_aux_loss",
+                       c->lb == MOE_LB_NONE       ? "none"
+                       : c->lb == MOE_LB_AUX      ? "aux_loss"
+                       : c->lb == MOE_LB_SINKHORN ? "sinkhorn"
+                                                  : "seq_aux_loss",
                        (double)c->aux_coeff, (double)c->z_coeff, c->capacity_factor,
                        c->drop == MOE_DROP_PROBS ? "probs" : "position", c->pad_to_capacity, c->swiglu, c->shared_ffn,
                        rc->B, rc->T, (double)rc->loss_scale, moe_aux_loss(r.m), moe_z_loss(r.m), moe_dropped(r.m),
-                       moe_capacity(r.m), rc->bf16);
+                       moe_capacity(r.m), rc->bf16, !rc->eval);
     size_t Nh = sizeof(float) * (size_t)N * r.h, NE = (size_t)N * r.E;
     bool ok = write_file(dir, "config.txt", cfg, (size_t)len) && write_file(dir, "x.bin", r.x, Nh) &&
               write_file(dir, "params.bin", r.params, sizeof(float) * r.P) &&
@@ -245,6 +250,14 @@ static void against(const char *script, bool with_bf16) {
     ADD("grouped_sigmoid_k4_bias_cap_pad", 2, 16, 1.0f, c.grouped_gemm = true, c.score = MOE_SCORE_SIGMOID,
         c.expert_bias = true, c.topk = 4, c.capacity_factor = 0.75, c.pad_to_capacity = true);
     ADD("grouped_k8_gelu", 1, 24, 1.0f, c.grouped_gemm = true, c.topk = 8);
+    /* Megatron's sinkhorn routing (no aux loss): softmax at top-k > 1, sigmoid at top-1 */
+    ADD("sinkhorn_k2_z", 2, 12, 1.0f, c.lb = MOE_LB_SINKHORN, c.aux_coeff = 0, c.z_coeff = 1e-2f);
+    ADD("sinkhorn_k1_swiglu_cap", 2, 12, 1.0f, c.lb = MOE_LB_SINKHORN, c.aux_coeff = 0, c.topk = 1, c.swiglu = true,
+        c.capacity_factor = 1.0);
+    ADD("sinkhorn_k4_shared_grouped", 2, 16, 1.0f, c.lb = MOE_LB_SINKHORN, c.aux_coeff = 0, c.topk = 4,
+        c.shared_ffn = 10, c.grouped_gemm = true);
+    ADD("sinkhorn_k2_eval", 2, 12, 1.0f, c.lb = MOE_LB_SINKHORN, c.aux_coeff = 0);
+    cases[n - 1].eval = true;
     /* --bf16 (the torch script only; where the CPU has bf16 matrix instructions) */
     int nf = n;
     if (b16) {

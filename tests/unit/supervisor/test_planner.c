@@ -22,10 +22,10 @@ typedef struct job {
     svp_plan p;
 } job;
 
-static int job_init_cp(job *j, int world, int spares, int tp, int pp, int cp) {
+static int job_init_ep(job *j, int world, int spares, int tp, int pp, int cp, int ep) {
     char err[200];
     memset(j, 0, sizeof *j);
-    if (topo_layout_init(&j->layout, world, tp, pp, cp, 1, 0, false, err, sizeof err)) {
+    if (topo_layout_init(&j->layout, world, tp, pp, cp, ep, 0, false, err, sizeof err)) {
         fprintf(stderr, "layout: %s\n", err);
         return -1;
     }
@@ -40,6 +40,9 @@ static int job_init_cp(job *j, int world, int spares, int tp, int pp, int cp) {
     return 0;
 }
 
+static int job_init_cp(job *j, int world, int spares, int tp, int pp, int cp) {
+    return job_init_ep(j, world, spares, tp, pp, cp, 1);
+}
 static int job_init(job *j, int world, int spares, int tp, int pp) { return job_init_cp(j, world, spares, tp, pp, 1); }
 
 /* Rank r's process died and a new one registered in its slot (not at the barrier). */
@@ -170,6 +173,31 @@ static void optimizer_holders(void) {
     j.slots[1].ready_iter = 9;
     j.slots[2].ready_iter = 9;
     CHECK(svp_optimizer_shard_lost(&j.v, 10) == 1);
+}
+
+/* Data 4 x expert 2 with the distributed optimizer: the dense shards' ring is the data-
+ * parallel group (ranks 0..3), the experts' the expert-data-parallel pairs {0, 2} and {1, 3}. */
+static void optimizer_shards_expert_parallel(void) {
+    job j;
+    REQUIRE(job_init_ep(&j, 4, 0, 1, 1, 1, 2) == 0);
+    REQUIRE(j.coord[1].ep == 1 && j.coord[2].ep == 0 && j.coord[2].dp == 2);
+    j.v.dopt_holders = 2;
+    replaced(&j, 0); /* its dense shard on rank 1, its experts' on rank 2 */
+    CHECK(svp_optimizer_shard_lost(&j.v, 10) == -1);
+    plan(&j);
+    CHECK(j.p.verdict == SVP_FROM_PEERS);
+    replaced(&j, 2); /* both holders of the experts' shard of ranks 0 and 2 */
+    CHECK(svp_optimizer_shard_lost(&j.v, 10) == 0);
+    REQUIRE(job_init_ep(&j, 4, 0, 1, 1, 1, 2) == 0);
+    j.v.dopt_holders = 2;
+    replaced(&j, 1);
+    replaced(&j, 3); /* the dense shards live on ranks 2 and 0; the experts' of 1 and 3 nowhere */
+    CHECK(svp_optimizer_shard_lost(&j.v, 10) == 1);
+    REQUIRE(job_init_ep(&j, 4, 0, 1, 1, 1, 2) == 0);
+    j.v.dopt_holders = 2;
+    replaced(&j, 2);
+    replaced(&j, 3); /* the dense shard of rank 2 lost (on 2 and 3) */
+    CHECK(svp_optimizer_shard_lost(&j.v, 10) == 2);
 }
 
 /* Context 2 x data 2: the shards span data x context, the context rank fastest (rank 1 is
@@ -480,6 +508,7 @@ int main(void) {
     RUN(shard_behind);
     RUN(optimizer_holders);
     RUN(optimizer_holders_cp);
+    RUN(optimizer_shards_expert_parallel);
     RUN(spares);
     RUN(shift_ranks_without_spare);
     RUN(nothing_alive);
