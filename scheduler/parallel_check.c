@@ -49,8 +49,6 @@ static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
         co_problem(P, "--overlap-param-gather is not supported yet (the parameters are all-gathered in the step)");
     if (c->ddp_bucket_size < 0) co_problem(P, "--ddp-bucket-size must not be negative");
     if (!c->use_distributed_optimizer || !sizes_ok) return;
-    if (!strcmp(c->device, "cuda"))
-        co_problem(P, "--use-distributed-optimizer is not supported yet on cuda (host memory only)");
     if (c->num_experts > 0 && c->expert_model_parallel_size > 1)
         co_problem(P, "--use-distributed-optimizer with --expert-model-parallel-size %d is not supported yet (the "
                       "experts' shards would span the expert-data-parallel group only)",
