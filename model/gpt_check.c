@@ -140,8 +140,6 @@ void gpt_check_mtp(const co_config *c, bool sizes_ok, co_problems *P) {
     if (c->reset_attention_mask)
         co_problem(P, "--mtp-num-layers with --reset-attention-mask is not supported yet (as Megatron's MTP: causal "
                       "masks only)");
-    if (!strcmp(c->device, "cuda"))
-        co_problem(P, "--mtp-num-layers with --device cuda is not supported yet (the CPU backend only)");
     if (!(c->mtp_loss_scaling_factor >= 0))
         co_problem(P, "--mtp-loss-scaling-factor %g must not be negative", c->mtp_loss_scaling_factor);
 }
