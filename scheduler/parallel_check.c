@@ -67,9 +67,6 @@ static void check_context(const co_config *c, bool real_cp, co_problems *P) {
     if (real_cp && c->attention_dropout > 0)
         co_problem(P, "--attention-dropout %g with --context-parallel-size %d is not supported yet (the ring attention "
                       "has no dropout): pass --attention-dropout 0", c->attention_dropout, cp);
-    if (real_cp && !strcmp(c->device, "cuda"))
-        co_problem(P, "--context-parallel-size %d with --device cuda is not supported yet (the CUDA backend has no "
-                      "block attention kernels for the ring)", cp);
     if (real_cp && c->mtp_num_layers > 0 && (c->sft || c->cp_packed_sequences))
         co_problem(P, "multi-token prediction with context parallelism and packed sequences (THD) is not supported yet");
     if (c->cp_packed_capacity < 1.0 || c->cp_packed_capacity > 64.0)
