@@ -107,9 +107,6 @@ static void check_expert_groups(const co_config *c, co_problems *P) {
         co_problem(P, "--expert-model-parallel-size %d is not a multiple of --tensor-model-parallel-size %d (an "
                       "expert group must hold whole tensor groups, so that the ranks with the same experts hold the "
                       "same tensor slices)", ep, tp);
-    if (!strcmp(c->device, "cuda"))
-        co_problem(P, "--expert-model-parallel-size %d with --device cuda is not supported yet (the token exchange "
-                      "runs on the CPU backend)", ep);
 }
 
 /* The virtual pipeline's two names and the first and last stages' layer counts. (The
