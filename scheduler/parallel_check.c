@@ -35,8 +35,6 @@ bool topo_check_sizes(const co_config *c, co_problems *P) {
  * parallel, or data x context). */
 static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
     /* accepted for Megatron's scripts but not implemented: refused, never ignored */
-    if (c->overlap_grad_reduce && !strcmp(c->device, "cuda"))
-        co_problem(P, "--overlap-grad-reduce is not supported yet on cuda (the communication thread reads host memory)");
     /* every group of a job shares one transport, which one thread uses at a time: the
      * communication thread may run only while the backward itself communicates nothing */
     if (c->overlap_grad_reduce && sizes_ok &&
