@@ -33,10 +33,11 @@
 #     receive syncs) + 6 (the gradient norm's one: its runs reduced on the device, the
 #     optimizer step's, the log line's...), where the norm alone waited once per tensor.
 #   dopt_dp2, dopt_tp2_dp2, dopt_tp2_pp2, mtp_pp2, cp2, cp2_thd, ep2_alltoall, ep2_allgather,
-#     moe_tp2, moe_bf16: what the CPU backend runs and cuda refused before (the distributed
-#     optimizer, multi-token prediction, context parallelism with the sequence and the
-#     per-document split, expert parallelism with both dispatchers, the experts split over
-#     the tensor group, bf16 MoE with grouped products; docs/gpu.md "Parallelism on cuda"):
+#     moe_tp2, moe_bf16, overlap_dp2: what the CPU backend runs and cuda refused before (the
+#     distributed optimizer, multi-token prediction, context parallelism with the sequence
+#     and the per-document split, expert parallelism with both dispatchers, the experts split
+#     over the tensor group, bf16 MoE with grouped products, overlapped gradient reduction;
+#     docs/gpu.md "Parallelism on cuda"):
 #     each layout trains 3
 #     iterations on the CPU backend and on the stand-in (losses and final parameters within
 #     the fp32 tolerances above), then once more on the stand-in with a rank SIGKILLed in
@@ -188,6 +189,15 @@ ep2_alltoall|ep2_allgather)
     feature "$inj" "loads the checkpoint of iteration 1" --nproc-per-node 2 \
         --expert-model-parallel-size 2 --moe-token-dispatcher-type ${case_name#ep2_} --save-interval 1
     grep -q '"load_balancing_loss"' "$work/cuda.jsonl" || fail "no MoE loss logged: $(tail -1 "$work/cuda.jsonl")"
+    ;;
+overlap_dp2)
+    # --overlap-grad-reduce with the distributed optimizer: buckets of 1000 elements
+    # reduce-scattered over NCCL on the communication thread during the last backward
+    feature "kill@rank=1,step=2,phase=allreduce" "$from_memory" --nproc-per-node 2 $D --overlap-grad-reduce \
+        --ddp-bucket-size 1000
+    grep -q "loads the checkpoint" "$work/f.out" && fail "fell back to the checkpoint"
+    grep -q "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward" "$work/cuda.out" ||
+        fail "no bucket reduced during the backward: $(grep -i overlap "$work/cuda.out")"
     ;;
 moe_tp2)
     # MoE under tp 2 with sequence parallelism, the experts split over the tensor group (the

@@ -160,6 +160,7 @@ static void test_validation(void) {
     CHECK(check_line("--use-distributed-optimizer --device cuda", err, sizeof err) == 0);
     CHECK(check_line("--use-distributed-optimizer --tensor-model-parallel-size 2 --device cuda", err, sizeof err) == 0);
     CHECK(check_line("--mtp-num-layers 1 --device cuda", err, sizeof err) == 0);
+    CHECK(check_line("--overlap-grad-reduce --device cuda", err, sizeof err) == 0);
     CHECK(check_line("--context-parallel-size 2 --attention-dropout 0 --device cuda", err, sizeof err) == 0);
     CHECK_MSG(check_line("--num-experts 4 --disable-bias-linear --expert-model-parallel-size 2 --device cuda", err,
                          sizeof err) == 0, "%s", err);
