@@ -365,12 +365,6 @@ static int choose_device(co_config *c, bool worker, int need) {
         snprintf(c->device, sizeof c->device, "%s", gpu ? "cuda" : "cpu");
         if (!gpu && !worker) fprintf(stderr, "cohort: %s: training on the CPU (--device cpu says so quietly)\n", why);
     }
-    if (!strcmp(c->device, "cuda") && c->context_parallel_size > 1 && !c->standin_model_parallel) {
-        co_log(CO_LOG_ERROR, "invalid configuration:\n  --context-parallel-size %d on the GPU is not supported yet "
-                             "(the CUDA backend has no block attention kernels): pass --device cpu",
-               c->context_parallel_size);
-        return CLI_USAGE;
-    }
     /* --bf16 on the CPU: only where the matrix products have bf16 instructions (AVX512-BF16,
      * AMX); elsewhere it would be slower than fp32, so it is refused (kernels/cpu/isa.c) */
     if (c->bf16 && !strcmp(c->device, "cpu")) {

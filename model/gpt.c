@@ -559,10 +559,6 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
         free(m);
         return rc;
     }
-    if (cfg->mtp_layers > 0 && be->opt.device != KB_DEVICE_CPU) {
-        free(m);
-        return co_err_set(CO_EUNSUPPORTED, "multi-token prediction runs on the CPU backend only yet");
-    }
     if (m->tp > 1 && (!be->ops->bias_add || !be->ops->bias_grad || !be->ops->ce_max || !be->ops->ce_sums ||
                       !be->ops->ce_grad)) {
         free(m);
@@ -647,6 +643,13 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
                     q->mask = malloc(N * sizeof(float));
                     q->dscale = malloc(N * sizeof(float));
                     if (!q->tok || !q->pos || !q->tgt || !q->mask || !q->dscale) goto nomem;
+                    if (be->opt.device != KB_DEVICE_CPU) {
+                        size_t ib = (size_t)N * sizeof(int32_t);
+                        A(q->d_dscale, N);
+                        if (!(q->d_tok = o->alloc(be, ib)) || !(q->d_pos = o->alloc(be, ib)) ||
+                            !(q->d_tgt = o->alloc(be, ib)))
+                            goto nomem;
+                    }
                 }
                 if (D > 0 && d->mtp && !d->head && !m->mtp_gin) A(m->mtp_gin, (1 + (size_t)D) * N * C);
                 if (D > 0 && d->mtp && !m->mtp_dout) {
@@ -758,6 +761,8 @@ void gpt_destroy(gpt_model **pm) {
                                q->logits, q->losses};
                 for (size_t z = 0; z < sizeof qs / sizeof qs[0]; z++) if (qs[z]) o->free(be, qs[z]);
                 free(q->tok), free(q->pos), free(q->tgt), free(q->mask), free(q->dscale);
+                void *ds[] = {q->d_tok, q->d_pos, q->d_tgt, q->d_dscale};
+                for (size_t z = 0; z < sizeof ds / sizeof ds[0]; z++) if (ds[z]) o->free(be, ds[z]);
             }
             free(sl->mtp);
             free(sl->acts);

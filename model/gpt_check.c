@@ -61,10 +61,6 @@ static void check_moe_tp(const co_config *c, co_problems *P) {
     if (etp == tp && fm > 0 && fm % etp)
         co_problem(P, "--num-experts with --expert-tensor-parallel-size %d: the experts' hidden size %d is not "
                       "divisible by it (each expert's fc1 rows and fc2 columns split over the tensor group)", etp, fm);
-    if (etp == tp && !strcmp(c->device, "cuda"))
-        co_problem(P, "--num-experts with --expert-tensor-parallel-size %d (the experts split over the tensor "
-                      "group) with --device cuda is not supported yet (the token exchange runs on the CPU "
-                      "backend); pass --expert-tensor-parallel-size 1", etp);
     /* (an expert capacity counts each tensor rank's sequence-parallel tokens, as Megatron's
      * apply_router_token_dropping over the rank's routing map: it drops other tokens than one
      * rank would, docs/moe.md) */
@@ -148,8 +144,6 @@ void gpt_check_mtp(const co_config *c, bool sizes_ok, co_problems *P) {
     if (c->reset_attention_mask)
         co_problem(P, "--mtp-num-layers with --reset-attention-mask is not supported yet (as Megatron's MTP: causal "
                       "masks only)");
-    if (!strcmp(c->device, "cuda"))
-        co_problem(P, "--mtp-num-layers with --device cuda is not supported yet (the CPU backend only)");
     if (!(c->mtp_loss_scaling_factor >= 0))
         co_problem(P, "--mtp-loss-scaling-factor %g must not be negative", c->mtp_loss_scaling_factor);
 }

@@ -59,6 +59,8 @@ typedef struct mtp_acts {
     float *logits, *losses;                 /* [N,V], [N] */
     int32_t *tok, *pos, *tgt;               /* [N] rolled k+1 places left, zero-filled */
     float *mask, *dscale;                   /* [N] */
+    int32_t *d_tok, *d_pos, *d_tgt;         /* the backend's copies of tok, pos, tgt and dscale, */
+    float *d_dscale;                        /* which its kernels read (NULL on the CPU: the host's) */
     double loss, ntok;                      /* the depth's masked mean loss, its tokens */
 } mtp_acts;
 

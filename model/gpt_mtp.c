@@ -14,8 +14,9 @@
  * token's logit gradient weight is mask_k * scale / D / sum(mask_k) * aux_loss_scale.
  * Backward runs the depths in reverse: the output layer, the final norm, the layer, eh_proj,
  * then enorm into the embedding's gradient and hnorm into the previous depth's output (or,
- * for depth 0, m->mtp_dlnf: the main final norm's output). CPU backend only (host loops
- * over the rows).
+ * for depth 0, m->mtp_dlnf: the main final norm's output). The rolled batch is made on the
+ * host and copied to the backend (CUDA: stream-ordered); the concatenations are host loops
+ * over the rows after a sync (CUDA: managed memory).
  *
  * Split over two stages (the layout's m on a stage before L's; gpt.h gpt_chunk.mtp/mtp_in,
  * Megatron's MTP stage): the MTP stage runs the depths up to their final norms and sends
@@ -141,6 +142,19 @@ static void depth_prepare(gpt_model *m, mtp_acts *q, const gpt_batch *b, int k) 
     q->ntok = ntok;
     float w = (float)((double)c->mtp_loss_scaling / D / (ntok > 0 ? ntok : 1.0) * m->aux_loss_scale);
     for (int n = 0; n < N; n++) q->dscale[n] = q->mask[n] * w;
+    if (!q->d_tok) return;
+    /* the kernels' copies, in order with the queued work (gpt_step.c's to_backend) */
+    size_t ib = sizeof(int32_t) * (size_t)N;
+    m->ops->copy(m->be, q->d_tok, q->tok, ib);
+    m->ops->copy(m->be, q->d_pos, q->pos, ib);
+    m->ops->copy(m->be, q->d_tgt, q->tgt, ib);
+    m->ops->copy(m->be, q->d_dscale, q->dscale, sizeof(float) * (size_t)N);
+}
+
+/* Depth k's batch arrays as its kernels read them: the backend's copies, or (CPU) the host's. */
+static dev_batch depth_batch(const mtp_acts *q, const gpt_batch *b, bool dscale) {
+    if (!q->d_tok) return (dev_batch){q->tok, q->pos, NULL, q->tgt, dscale ? q->dscale : NULL, b->rows};
+    return (dev_batch){q->d_tok, q->d_pos, NULL, q->d_tgt, dscale ? q->d_dscale : NULL, b->rows};
 }
 
 /* Depth k from h_prev [Nl,C] to its final norm's output q->out. */
@@ -152,7 +166,8 @@ static int depth_hidden_forward(gpt_model *m, mtp_acts *q, int k, const float *h
     int L = c->num_layers, B = b->B, T = b->T, N = B * T, C = c->hidden;
     int Nl = m->sp ? N / m->tp : N;
     const int *t = m->t_mtp[k];
-    gpt__embedding_forward(m, q->emb, q->tok, q->tok, q->pos, N);
+    dev_batch xb = depth_batch(q, b, true);
+    gpt__embedding_forward(m, q->emb, q->tok, xb.tokens, xb.positions, N);
     if (c->hidden_dropout > 0)
         gpt__dropout_rows(m, b->rows, N * m->cp, q->emb, q->emb, Nl, c->hidden_dropout, seed, gpt__site(L + k, 0));
     o->norm_forward(be, c->rmsnorm, q->en, q->en_mean, q->en_rstd, q->emb, gpt__norm_w(m, t[MTP_EN_W]), P(m, t[MTP_EN_B]), Nl, C,
@@ -167,7 +182,6 @@ static int depth_hidden_forward(gpt_model *m, mtp_acts *q, int k, const float *h
     }
     /* eh_proj (column-parallel under tensor parallelism) */
     eh_forward(m, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
-    dev_batch xb = {q->tok, q->pos, NULL, q->tgt, q->dscale, b->rows};
     int rc = gpt__layer_forward(m, &q->layer, L + k, q->x_out, &xb, B, T, true, seed);
     if (rc) return rc;
     o->norm_forward(be, c->rmsnorm, q->out, q->out_mean, q->out_rstd, q->x_out, gpt__norm_w(m, t[MTP_FN_W]), P(m, t[MTP_FN_B]),
@@ -184,7 +198,8 @@ static int depth_loss_forward(gpt_model *m, mtp_acts *q, int k, const float *out
     const float *inf = out;
     if (m->sp) gpt__tp_allgather(m, m->gath, out, (size_t)Nl * m->cfg.hidden), inf = m->gath;
     o->linear_forward(be, q->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, m->cfg.hidden, m->Vl);
-    gpt__cross_entropy(m, q->losses, q->logits, q->tgt, q->dscale, N);
+    gpt__cross_entropy(m, q->losses, q->logits, q->d_tgt ? q->d_tgt : q->tgt, q->d_dscale ? q->d_dscale : q->dscale,
+                       N);
     o->sync(be);
     if (be->status) return be->status;
     double sum = 0;
@@ -218,7 +233,7 @@ static int depth_hidden_backward(gpt_model *m, mtp_acts *q, int k, const float *
     o->zero(be, m->dx, NlC);
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[MTP_FN_W]), G(m, t[MTP_FN_B]), m->mtp_dout, q->x_out,
                      gpt__norm_w(m, t[MTP_FN_W]), q->out_mean, q->out_rstd, Nl, C);
-    dev_batch xb = {q->tok, q->pos, NULL, q->tgt, NULL, b->rows};
+    dev_batch xb = depth_batch(q, b, false);
     int rc = gpt__layer_backward(m, &q->layer, L + k, &xb, B, T, seed);
     if (rc) return rc;
     /* eh_proj: m->dx is the gradient of its output */
@@ -238,7 +253,7 @@ static int depth_hidden_backward(gpt_model *m, mtp_acts *q, int k, const float *
     if (c->hidden_dropout > 0)
         gpt__dropout_rows(m, b->rows, N * m->cp, m->mtp_demb, m->mtp_demb, Nl, c->hidden_dropout, seed,
                           gpt__site(L + k, 0));
-    gpt__embedding_backward(m, m->mtp_demb, q->tok, q->tok, q->pos, N);
+    gpt__embedding_backward(m, m->mtp_demb, q->tok, xb.tokens, xb.positions, N);
     /* hnorm into the previous depth's output (or the main final norm's) */
     float *d = m->mtp_dh[k & 1];
     o->zero(be, d, NlC);

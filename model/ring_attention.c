@@ -226,12 +226,19 @@ static void merge(float *out, float *lse, const float *po, const float *pl, cons
             }
 }
 
+/* The ring's buffers come from the backend, so that its kernels can read them (CUDA: managed
+ * memory, which the host loops here read and write after a sync; the CPU: plain memory). */
+static void *rbuf(kb_backend *b, size_t bytes) { return b->ops->alloc(b, bytes ? bytes : 1); }
+static void rfree(kb_backend *b, void *p) {
+    if (p) b->ops->free(b, p);
+}
+
 static int ops_check(kb_backend *b, const ring_geo *g, const char *op) {
     int rc = ring_check(g);
     if (rc) return co_err_set(rc, "%s: %s", op, co_err_detail());
     if (!b->ops->block_attention_forward || !b->ops->block_attention_backward)
         return co_err_set(CO_EUNSUPPORTED,
-                          "%s: this backend has no block attention (CPU only so far)", op);
+                          "%s: this backend has no block attention", op);
     return 0;
 }
 
@@ -243,14 +250,15 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
     const int L = g->seq / g->cp, nh = g->nh, hd = g->hd;
     ring_msg m;
     msg_init(&m, g, doc != NULL);
-    void *cur = malloc(m.bytes), *nxt = g->cp > 1 ? malloc(m.bytes) : NULL;
+    void *cur = rbuf(b, m.bytes), *nxt = g->cp > 1 ? rbuf(b, m.bytes) : NULL;
     /* partial results: at most [B*L, nh*hd] and [B*nh*L] */
-    float *po = g->cp > 1 ? malloc((size_t)g->B * L * nh * hd * sizeof(float)) : NULL;
-    float *pl = g->cp > 1 ? malloc((size_t)g->B * nh * L * sizeof(float)) : NULL;
+    float *po = g->cp > 1 ? rbuf(b, (size_t)g->B * L * nh * hd * sizeof(float)) : NULL;
+    float *pl = g->cp > 1 ? rbuf(b, (size_t)g->B * nh * L * sizeof(float)) : NULL;
     if (!cur || (g->cp > 1 && (!nxt || !po || !pl))) {
         rc = co_err_set(CO_ENOMEM, "%s: cannot allocate the ring buffers", op);
         goto done;
     }
+    b->ops->sync(b); /* (a queued backend: qkv and doc are written) */
     msg_pack(&m, cur, g, qkv, doc);
     for (int i = 0; i < g->cp; i++) {
         /* cur holds the KV of rank (rank - i); the KV of rank (rank - i - 1) arrives from the
@@ -268,7 +276,9 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
         } else {
             b->ops->block_attention_forward(b, &a, po, pl);
         }
-        /* the merge too runs beside the exchange (neither touches the other's buffers) */
+        /* the merge too runs beside the exchange (neither touches the other's buffers); a
+         * queued backend's block first finishes (the host reads it) */
+        b->ops->sync(b);
         const int krc = kernel_status(b, op, i);
         if (!krc && i > 0) merge(out, lse, po, pl, g, s.q0, s.nq);
         if (threaded) pthread_join(th, NULL);
@@ -283,10 +293,10 @@ int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo
         }
     }
 done:
-    free(cur);
-    free(nxt);
-    free(po);
-    free(pl);
+    rfree(b, cur);
+    rfree(b, nxt);
+    rfree(b, po);
+    rfree(b, pl);
     return rc;
 }
 
@@ -307,17 +317,18 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
     ring_msg m;
     msg_init(&m, g, doc != NULL);
     const size_t dn = m.rows * m.kw, dbytes = dn * sizeof(float);
-    void *cur = malloc(m.bytes), *nxt = g->cp > 1 ? malloc(m.bytes) : NULL;
-    float *dloc = malloc(dbytes), *dfin = malloc(dbytes), *dacc = g->cp > 1 ? malloc(dbytes) : NULL;
+    void *cur = rbuf(b, m.bytes), *nxt = g->cp > 1 ? rbuf(b, m.bytes) : NULL;
+    float *dloc = rbuf(b, dbytes), *dfin = rbuf(b, dbytes), *dacc = g->cp > 1 ? rbuf(b, dbytes) : NULL;
     /* the upper half's out, dout and lse gathered contiguous for the i > rank steps */
     const int need_half = g->rank < g->cp - 1;
-    float *ho = need_half ? malloc((size_t)g->B * S * nh * hd * sizeof(float)) : NULL;
-    float *hdo = need_half ? malloc((size_t)g->B * S * nh * hd * sizeof(float)) : NULL;
-    float *hl = need_half ? malloc((size_t)g->B * nh * S * sizeof(float)) : NULL;
+    float *ho = need_half ? rbuf(b, (size_t)g->B * S * nh * hd * sizeof(float)) : NULL;
+    float *hdo = need_half ? rbuf(b, (size_t)g->B * S * nh * hd * sizeof(float)) : NULL;
+    float *hl = need_half ? rbuf(b, (size_t)g->B * nh * S * sizeof(float)) : NULL;
     if (!cur || !dloc || !dfin || (g->cp > 1 && (!nxt || !dacc)) || (need_half && (!ho || !hdo || !hl))) {
         rc = co_err_set(CO_ENOMEM, "%s: cannot allocate the ring buffers", op);
         goto done;
     }
+    b->ops->sync(b); /* (a queued backend: the forward's and the gradient's rows are written) */
     if (need_half) {
         rows_gather(ho, out, g->B, L, S, S, (size_t)nh * hd);
         rows_gather(hdo, dout, g->B, L, S, S, (size_t)nh * hd);
@@ -340,6 +351,7 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
         b->ops->block_attention_backward(b, &a, half ? ho : out, half ? hl : lse,
                                          half ? hdo : dout, dqkv + (size_t)s.q0 * R, R, dloc,
                                          m.kw, dloc + (size_t)nkv * hd, m.kw);
+        b->ops->sync(b); /* (the host adds dloc next) */
         if (threaded) pthread_join(th, NULL);
         if ((rc = kernel_status(b, op, i))) goto done;
         if (j.rc) {
@@ -370,14 +382,14 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
     for (size_t r = 0; r < m.rows; r++)
         memcpy(dqkv + r * R + (size_t)nh * hd, dkv + r * m.kw, m.kw * sizeof(float));
 done:
-    free(cur);
-    free(nxt);
-    free(dloc);
-    free(dfin);
-    free(dacc);
-    free(ho);
-    free(hdo);
-    free(hl);
+    rfree(b, cur);
+    rfree(b, nxt);
+    rfree(b, dloc);
+    rfree(b, dfin);
+    rfree(b, dacc);
+    rfree(b, ho);
+    rfree(b, hdo);
+    rfree(b, hl);
     return rc;
 }
 

@@ -353,6 +353,9 @@ int dopt_reduce_finish(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_nor
     for (int b = 0; b < L->nbuckets && (n > 1 || inv != 1.0f); b++)
         be->ops->scale(be, s->grads + L->buckets[b].start + (size_t)me * L->buckets[b].shard, inv,
                        L->buckets[b].shard);
+    /* (a queued backend, CUDA: the averaged shard is read by the norm, the copy's exchange
+     * and the host from here on) */
+    if (n > 1) be->ops->sync(be);
     /* 2. the global norm: sum of squares of every rank's shards (padding is zero), all-reduced
      * over the group, then over the replica's model-parallel ranks */
     double sq = 0;
@@ -407,6 +410,8 @@ int dopt_gather_bucket(dopt_state *s, cm_comm *dp, int b) {
     const dopt_layout *L = &s->L;
     int n = L->dp, me = s->rank, rc = check_group(s, dp);
     if (rc || n == 1) return rc;
+    /* the shard's update may still be queued (CUDA): the collective and the host read it */
+    s->be->ops->sync(s->be);
     if (b < 0 || b >= L->nbuckets) return co_err_set(CO_EINVAL, "distributed optimizer: no bucket %d", b);
     /* 4. all-gather the bucket's updated shards into every rank's full parameter buffer */
     const dopt_bucket *B = &L->buckets[b];
@@ -439,6 +444,7 @@ int dopt_gather(dopt_state *s, cm_comm *dp) {
 int dopt_shard_view_get(const dopt_state *s, int shard, dopt_shard_view *out, float *params) {
     int n = s->L.dp;
     memset(out, 0, sizeof *out);
+    s->be->ops->sync(s->be); /* the host reads the shards next (a queued backend: CUDA) */
     if (shard == s->rank) {
         out->m = s->m;
         out->v = s->v;
@@ -464,6 +470,7 @@ int dopt_shard_restore(dopt_state *s, const dopt_shard_view *v, const float *par
         return co_err_set(CO_EINVAL, "distributed optimizer restore: shard %d of %zu elements, layout has %zu",
                           v->shard, v->n, L->shard_total);
     size_t bytes = L->shard_total * sizeof(float);
+    s->be->ops->sync(s->be); /* the host writes the shards next (a queued backend: CUDA) */
     if (v->shard == s->rank) {
         for (int b = 0; b < L->nbuckets; b++) {
             const dopt_bucket *B = &L->buckets[b];

@@ -35,8 +35,6 @@ bool topo_check_sizes(const co_config *c, co_problems *P) {
  * parallel, or data x context). */
 static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
     /* accepted for Megatron's scripts but not implemented: refused, never ignored */
-    if (c->overlap_grad_reduce && !strcmp(c->device, "cuda"))
-        co_problem(P, "--overlap-grad-reduce is not supported yet on cuda (the communication thread reads host memory)");
     /* the communication thread reduces over the gradient group's own transport (tensor,
      * pipeline and context parallelism communicate in the backward over the job's); the
      * experts' gradients go over the expert-data-parallel group, which has none */
@@ -61,8 +59,6 @@ static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
                       "parallelism only");
     if (c->ddp_bucket_size < 0) co_problem(P, "--ddp-bucket-size must not be negative");
     if (!c->use_distributed_optimizer || !sizes_ok) return;
-    if (!strcmp(c->device, "cuda"))
-        co_problem(P, "--use-distributed-optimizer is not supported yet on cuda (host memory only)");
     /* the experts' optimizer shards span the expert-data-parallel group (their own layout,
      * train/trainer_dopt.c); a checkpoint lists them at tensor and context size 1 only */
     if (c->num_experts > 0 && c->expert_model_parallel_size > 1 && (c->save[0] || c->load[0]) &&
@@ -84,9 +80,6 @@ static void check_context(const co_config *c, bool real_cp, co_problems *P) {
     if (real_cp && c->attention_dropout > 0)
         co_problem(P, "--attention-dropout %g with --context-parallel-size %d is not supported yet (the ring attention "
                       "has no dropout): pass --attention-dropout 0", c->attention_dropout, cp);
-    if (real_cp && !strcmp(c->device, "cuda"))
-        co_problem(P, "--context-parallel-size %d with --device cuda is not supported yet (the CUDA backend has no "
-                      "block attention kernels for the ring)", cp);
     if (real_cp && c->mtp_num_layers > 0 && (c->sft || c->cp_packed_sequences))
         co_problem(P, "multi-token prediction with context parallelism and packed sequences (THD) is not supported yet");
     if (c->cp_packed_capacity < 1.0 || c->cp_packed_capacity > 64.0)
@@ -127,9 +120,6 @@ static void check_expert_groups(const co_config *c, co_problems *P) {
         co_problem(P, "--expert-model-parallel-size %d is not a multiple of --tensor-model-parallel-size %d (an "
                       "expert group must hold whole tensor groups, so that the ranks with the same experts hold the "
                       "same tensor slices)", ep, tp);
-    if (!strcmp(c->device, "cuda"))
-        co_problem(P, "--expert-model-parallel-size %d with --device cuda is not supported yet (the token exchange "
-                      "runs on the CPU backend)", ep);
 }
 
 /* The virtual pipeline's two names and the first and last stages' layer counts. (The

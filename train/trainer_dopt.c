@@ -477,6 +477,7 @@ int trainer_dopt_moments_begin(trainer *t) {
     }
     be->ops->zero(be, t->opt.m, n);
     be->ops->zero(be, t->opt.v, n);
+    be->ops->sync(be); /* the checkpoint's reader writes them from the host */
     return 0;
 }
 
@@ -488,6 +489,7 @@ static int scatter_state(trainer *t, dopt_state *s, size_t base) {
     float *pm = malloc(3 * L->shard_total * sizeof(float) + sizeof(float));
     if (!pm) return co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
     float *pv = pm + L->shard_total, *pp = pv + L->shard_total;
+    t->be->ops->sync(t->be); /* (the host reads the loaded moments and parameters) */
     int shards[2] = {s->rank, (s->rank + n - 1) % n};
     for (int j = 0; j < (s->opt.redundant ? 2 : 1) && !rc; j++) {
         for (int b = 0; b < L->nbuckets; b++) {

@@ -245,6 +245,10 @@ static double counted_sq(const tr_overlap *o, size_t lo, size_t hi) {
 
 static int post(tr_overlap *o, int b) {
     o->posted[b] = true;
+    /* a queued backend (CUDA): the bucket's gradients are final once the backward's kernels
+     * so far have run; the thread's collective reads them beside the next ones (with a
+     * validator the bucket's sumsq below waits as well) */
+    o->t->be->ops->sync(o->t->be);
     if (o->t->have_val) o->sq[b] = counted_sq(o, o->lo[b], o->hi[b]);
     if (o->inline_) {
         int rc = o->rc ? 0 : reduce_bucket(o, b);

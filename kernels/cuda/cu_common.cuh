@@ -246,6 +246,11 @@ void cu_flash_forward(kb_backend *b, float *out, float *lse, const float *qkv, c
 void cu_flash_backward(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const float *out,
                        const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd, float p_drop,
                        uint64_t seed, uint64_t offset);
+// block attention (backend.h; context parallelism's ring attention, cuda_cp.cu)
+void cu_block_attention_forward(kb_backend *b, const kb_block_attn *a, float *out, float *lse);
+void cu_block_attention_backward(kb_backend *b, const kb_block_attn *a, const float *out, const float *lse,
+                                 const float *dout, float *dq, size_t dq_stride, float *dk, size_t dk_stride,
+                                 float *dv, size_t dv_stride);
 
 void cu_zero(kb_backend *b, float *x, size_t n);
 void cu_to_bf16(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n);

@@ -170,10 +170,9 @@ static const kb_ops cuda_ops = {
     /* .rope = */ cu_rope,
     /* .attention_forward = */ cu_attention_forward,
     /* .attention_backward = */ cu_attention_backward,
-    // block attention (context parallelism): not supported on CUDA yet; NULL, and callers
-    // check (model/ring_attention.c fails with CO_EUNSUPPORTED)
-    /* .block_attention_forward = */ NULL,
-    /* .block_attention_backward = */ NULL,
+    // block attention (context parallelism's ring attention): cuda_cp.cu
+    /* .block_attention_forward = */ cu_block_attention_forward,
+    /* .block_attention_backward = */ cu_block_attention_backward,
     /* .gelu_forward = */ cu_gelu_forward,
     /* .gelu_backward = */ cu_gelu_backward,
     /* .swiglu_forward = */ cu_swiglu_forward,

@@ -70,7 +70,7 @@
 #   refused      bad configurations exit 2 before any work: top-k above the experts,
 #                biases, tensor parallelism without sequence parallelism (also with the
 #                experts split over the tensor group), the experts split over the tensor
-#                group on cuda or with an expert size it does not divide, an expert tensor
+#                group with an expert size it does not divide, an expert tensor
 #                size other than 1 and tp, the expert bias
 #                with softmax, flex, group counts that do not divide, padding without a
 #                capacity, --moe-router-dtype fp64 (expert parallelism's: moe_ep_test.sh)
@@ -433,8 +433,6 @@ refused)
     expect "--num-experts with --tensor-model-parallel-size 2 needs --sequence-parallel" "${tp2[@]}"
     expect "--num-experts with --tensor-model-parallel-size 2 needs --sequence-parallel" "${tp2[@]}" \
         --expert-tensor-parallel-size 2
-    expect "--expert-tensor-parallel-size 2 (the experts split over the tensor group) with --device cuda is not \
-supported yet" "${tp2[@]}" --sequence-parallel --device cuda
     expect "the experts' hidden size 47 is not divisible by it" "${tp2[@]}" --sequence-parallel \
         --moe-ffn-hidden-size 47
     expect "--expert-tensor-parallel-size 3 is not supported yet" "${tp2[@]}" --sequence-parallel \

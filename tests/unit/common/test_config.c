@@ -165,6 +165,17 @@ static void test_validation(void) {
     CHECK(check_line("--tensor-model-parallel-size 2 --sequence-parallel", err, sizeof err) == 0);
     CHECK(check_line("--tensor-model-parallel-size 2 --save ck --load ck", err, sizeof err) == 0);
     CHECK(check_line("--tensor-model-parallel-size 2 --device cuda", err, sizeof err) == 0);
+    /* on cuda what the CPU backend runs: the distributed optimizer, MTP, context and expert parallelism, the
+     * experts split over the tensor group */
+    CHECK(check_line("--use-distributed-optimizer --device cuda", err, sizeof err) == 0);
+    CHECK(check_line("--use-distributed-optimizer --tensor-model-parallel-size 2 --device cuda", err, sizeof err) == 0);
+    CHECK(check_line("--mtp-num-layers 1 --device cuda", err, sizeof err) == 0);
+    CHECK(check_line("--overlap-grad-reduce --device cuda", err, sizeof err) == 0);
+    CHECK(check_line("--context-parallel-size 2 --attention-dropout 0 --device cuda", err, sizeof err) == 0);
+    CHECK_MSG(check_line("--num-experts 4 --disable-bias-linear --expert-model-parallel-size 2 --device cuda", err,
+                         sizeof err) == 0, "%s", err);
+    CHECK_MSG(check_line("--num-experts 4 --disable-bias-linear --tensor-model-parallel-size 2 --sequence-parallel "
+                         "--device cuda", err, sizeof err) == 0, "%s", err);
     CHECK(check_line("--tensor-model-parallel-size 3", err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"), "%s", err);
     CHECK(check_line("--tensor-model-parallel-size 4 --sequence-parallel --seq-length 30 --max-position-embeddings 32",
