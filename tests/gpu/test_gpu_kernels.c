@@ -478,6 +478,7 @@ static void test_attention_tensor_cores(void) {
     before = mma_count ? mma_count() : 0;
     attn_case_on(GPU16, (attn_geo){1, 33, 2, 1, 96, 0.0f, true}, ATT_FP32, false);
     if (mma_count) CHECK_MSG(mma_count() == before, "bf16 attention at hd 96 ran tensor-core products");
+}
 
 /* Block attention (context parallelism's ring, kernels/cuda/cuda_cp.cu): queries as the upper
  * half of each sequence of a packed qkv buffer (q_brows = 2 Tq) against keys and values of
