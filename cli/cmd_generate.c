@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/rng.h"
 #include "data/tokenizer.h"
+#include "model/gpt_check.h"
 #include "model/gpt_infer.h"
 
 #include <jansson.h>
@@ -267,23 +268,11 @@ static void model_config(const gen_ctx *g, gpt_config *m) {
                       .rmsnorm = mi->rmsnorm, .norm_1p = mi->norm_1p, .norm_eps = (float)mi->norm_eps, .swiglu = mi->swiglu,
                       .tied = mi->tied, .bias = mi->bias, .init_std = 0.02f, .tp = 1};
     if (c->num_experts <= 0) return;
-    moe_config *mc = &m->moe;
-    mc->num_experts = c->num_experts;
-    mc->ffn_hidden = c->moe_ffn_hidden_size > 0 ? c->moe_ffn_hidden_size : mi->ffn_hidden;
-    mc->topk = c->moe_router_topk;
-    mc->score = strcmp(c->moe_router_score_function, "sigmoid") ? MOE_SCORE_SOFTMAX : MOE_SCORE_SIGMOID;
-    mc->pre_softmax = c->moe_router_pre_softmax;
-    mc->num_groups = c->moe_router_num_groups;
-    mc->group_topk = c->moe_router_group_topk;
-    mc->scaling_factor = (float)c->moe_router_topk_scaling_factor;
-    mc->expert_bias = c->moe_router_enable_expert_bias;
+    gpt_moe_of(c, mi->ffn_hidden, &m->moe);
     /* (no loss here; sinkhorn routing chooses by its activation outside training) */
-    mc->lb = strcmp(c->moe_router_load_balancing_type, "sinkhorn") ? MOE_LB_NONE : MOE_LB_SINKHORN;
-    mc->capacity_factor = c->moe_expert_capacity_factor;
-    mc->drop = strcmp(c->moe_token_drop_policy, "position") ? MOE_DROP_PROBS : MOE_DROP_POSITION;
-    mc->pad_to_capacity = c->moe_pad_expert_input_to_capacity;
-    mc->grouped_gemm = c->moe_grouped_gemm;
-    mc->shared_ffn = c->moe_shared_expert_intermediate_size;
+    moe_config *mc = &m->moe;
+    mc->lb = mc->lb == MOE_LB_SINKHORN ? MOE_LB_SINKHORN : MOE_LB_NONE;
+    mc->aux_coeff = mc->z_coeff = 0;
     mc->ep_size = mc->etp_size = 1;
     m->moe_layer_freq = c->moe_layer_freq;
 }

@@ -368,3 +368,32 @@ void gpt_check_shapes(co_config *c, co_problems *P) {
     int64_t padded = check_vocab(c, P);
     if (P->n == n0) check_products(c, padded, P);
 }
+
+void gpt_moe_of(const co_config *c, int dense_ffn, moe_config *mc) {
+    memset(mc, 0, sizeof *mc);
+    if (c->num_experts <= 0) return;
+    const char *lb = c->moe_router_load_balancing_type;
+    mc->num_experts = c->num_experts;
+    mc->ffn_hidden = c->moe_ffn_hidden_size > 0 ? c->moe_ffn_hidden_size : dense_ffn;
+    mc->topk = c->moe_router_topk;
+    mc->score = strcmp(c->moe_router_score_function, "sigmoid") ? MOE_SCORE_SOFTMAX : MOE_SCORE_SIGMOID;
+    mc->pre_softmax = c->moe_router_pre_softmax;
+    mc->num_groups = c->moe_router_num_groups;
+    mc->group_topk = c->moe_router_group_topk;
+    mc->scaling_factor = (float)c->moe_router_topk_scaling_factor;
+    mc->expert_bias = c->moe_router_enable_expert_bias;
+    mc->lb = !strcmp(lb, "none")              ? MOE_LB_NONE
+             : !strcmp(lb, "seq_aux_loss")    ? MOE_LB_SEQ_AUX
+             : !strcmp(lb, "global_aux_loss") ? MOE_LB_GLOBAL_AUX
+             : !strcmp(lb, "sinkhorn")        ? MOE_LB_SINKHORN
+                                              : MOE_LB_AUX;
+    mc->aux_coeff = (float)c->moe_aux_loss_coeff;
+    mc->z_coeff = (float)c->moe_z_loss_coeff;
+    mc->capacity_factor = c->moe_expert_capacity_factor;
+    mc->drop = strcmp(c->moe_token_drop_policy, "position") ? MOE_DROP_PROBS : MOE_DROP_POSITION;
+    mc->pad_to_capacity = c->moe_pad_expert_input_to_capacity;
+    mc->grouped_gemm = c->moe_grouped_gemm;
+    mc->shared_ffn = c->moe_shared_expert_intermediate_size;
+    mc->ep_size = c->expert_model_parallel_size;
+    mc->etp_size = c->expert_tensor_parallel_size > 0 ? c->expert_tensor_parallel_size : 0;
+}

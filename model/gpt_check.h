@@ -37,5 +37,11 @@ void gpt_check_shapes(co_config *c, co_problems *P);
  * as Megatron checks them (gpt_check_shapes lists every problem); CO_EINVAL with the first
  * problems in co_err_detail() when they do not combine. */
 int gpt_recompute_of(const co_config *c, struct gpt_recompute *r);
+/* The mixture of experts' configuration from the --num-experts and --moe-* flags (zeroed
+ * without experts): the routing, its losses and capacity, the experts' sizes (dense_ffn: the
+ * model's MLP size, the experts' without --moe-ffn-hidden-size), --expert-model-parallel-size;
+ * the expert tensor-parallel size as given (0: unset, the caller's tensor size). */
+struct moe_config;
+void gpt_moe_of(const co_config *c, int dense_ffn, struct moe_config *mc);
 
 #endif

@@ -41,6 +41,19 @@
 #   wait_handles_sigint PID EXE  until process PID runs EXE and has taken SIGINT over (blocked
 #                                for its signal thread, or caught); before, a signal would end the
 #                                forked shell or the dynamic loader, which no program controls
+# Jobs of several nodes on this host (a node agent per node, `--node-rank K`, a job secret in
+# $work/secret; NODE_NPROC workers each, 2 by default; each process killed after NODE_TIMEOUT
+# seconds, 150 by default):
+#   pick_port N                  a port with the next N free (none listening), below the
+#                                ephemeral ports: the supervisor's and its workers' data ports
+#   start_nodes NAME NNODES ARGS...  the agents of nodes NNODES-1..1, then node 0 (the
+#                                supervisor), in the background: `cohort train $tiny $net ARGS`,
+#                                each node's output in $work/NAME.nK, node 0's metrics and run
+#                                report in $work/NAME.{jsonl,report.json}; pids in node_pid[K],
+#                                the network flags in $net
+#   start_agent OUT K ARGS...    node K's agent of the job start_nodes started (a new one after
+#                                a loss), output in $work/OUT, its pid in node_pid[K]
+#   wait_nodes NAME NNODES       every node exits 0 (but one whose node_pid was emptied: gone)
 set -uo pipefail
 src=${COHORT_SOURCE_ROOT:?}
 # --mock-data of the first 1000 of Megatron's 100,000 mock documents (data/gpt_dataset.c): the
@@ -183,4 +196,45 @@ wait_handles_sigint() {
         [ -n "$mask" ] && { (( 16#${mask%% *} & 2 )) || (( 16#${mask#* } & 2 )); } && return 0
     done
     return 1
+}
+
+pick_port() {
+    local used p k ok _ addr
+    used=" $(tail -qn +2 /proc/net/tcp /proc/net/tcp6 2>/dev/null | while read -r _ addr _; do echo $((16#${addr##*:})); done |
+        tr '\n' ' ') "
+    for _ in $(seq 50); do
+        p=$((20000 + RANDOM % 12000)) ok=1 # (below the ephemeral ports, 32768 up)
+        for ((k = 0; k <= $1; k++)); do [[ $used == *" $((p + k)) "* ]] && ok=0; done
+        [ $ok = 1 ] && break
+    done
+    echo $p
+}
+
+start_nodes() {
+    local name=$1 nn=$2 k; shift 2
+    # (each worker's data port, and a second one for the overlapped gradient reduction's transport)
+    net=(--nnodes "$nn" --nproc-per-node "${NODE_NPROC:-2}" --master-addr 127.0.0.1
+         --master-port "$(pick_port $((2 * nn * ${NODE_NPROC:-2} + 1)))" --job-secret "$work/secret")
+    node_pid=()
+    for ((k = nn - 1; k >= 1; k--)); do start_agent "$name.n$k" $k "$@"; done
+    timeout -s KILL "${NODE_TIMEOUT:-150}" "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 \
+        --metrics-file "$work/$name.jsonl" --run-report "$work/$name.report.json" "$@" >"$work/$name.n0" 2>&1 &
+    node_pid[0]=$!
+}
+
+start_agent() {
+    local out=$1 k=$2; shift 2
+    timeout -s KILL "${NODE_TIMEOUT:-150}" "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank "$k" \
+        --node-addr 127.0.0.1 "$@" >"$work/$out" 2>&1 &
+    node_pid[k]=$!
+}
+
+wait_nodes() {
+    local k rc
+    for ((k = 0; k < $2; k++)); do
+        [ -n "${node_pid[k]:-}" ] || continue
+        wait "${node_pid[k]}"; rc=$?
+        [ $rc -eq 0 ] || fail "$1: node $k exit $rc: $(tail -5 "$work/$1.n$k")
+errors: $(grep -hi "error\|failed\|cannot\|refused" "$work/$1".n* | grep -v "^ *\[" | head -8)"
+    done
 }

@@ -12,6 +12,7 @@
 #include "train/trainer_internal.h"
 
 #include "common/error.h"
+#include "model/gpt_check.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -22,32 +23,9 @@
 void trainer__moe_config(trainer *t, gpt_config *m) {
     const co_config *c = &t->cfg;
     if (c->num_experts <= 0) return;
-    moe_config *mc = &m->moe;
-    memset(mc, 0, sizeof *mc);
-    mc->num_experts = c->num_experts;
-    mc->ffn_hidden = c->moe_ffn_hidden_size > 0 ? c->moe_ffn_hidden_size : c->ffn_hidden_size;
-    mc->topk = c->moe_router_topk;
-    mc->score = strcmp(c->moe_router_score_function, "sigmoid") ? MOE_SCORE_SOFTMAX : MOE_SCORE_SIGMOID;
-    mc->pre_softmax = c->moe_router_pre_softmax;
-    mc->num_groups = c->moe_router_num_groups;
-    mc->group_topk = c->moe_router_group_topk;
-    mc->scaling_factor = (float)c->moe_router_topk_scaling_factor;
-    mc->expert_bias = c->moe_router_enable_expert_bias;
-    mc->lb = !strcmp(c->moe_router_load_balancing_type, "none")           ? MOE_LB_NONE
-             : !strcmp(c->moe_router_load_balancing_type, "seq_aux_loss") ? MOE_LB_SEQ_AUX
-             : !strcmp(c->moe_router_load_balancing_type, "global_aux_loss") ? MOE_LB_GLOBAL_AUX
-             : !strcmp(c->moe_router_load_balancing_type, "sinkhorn")        ? MOE_LB_SINKHORN
-                                                                           : MOE_LB_AUX;
-    mc->aux_coeff = (float)c->moe_aux_loss_coeff;
-    mc->z_coeff = (float)c->moe_z_loss_coeff;
-    mc->capacity_factor = c->moe_expert_capacity_factor;
-    mc->drop = strcmp(c->moe_token_drop_policy, "position") ? MOE_DROP_PROBS : MOE_DROP_POSITION;
-    mc->pad_to_capacity = c->moe_pad_expert_input_to_capacity;
-    mc->grouped_gemm = c->moe_grouped_gemm;
-    mc->shared_ffn = c->moe_shared_expert_intermediate_size;
-    mc->ep_size = c->expert_model_parallel_size;
+    gpt_moe_of(c, c->ffn_hidden_size, &m->moe);
     /* --expert-tensor-parallel-size: unset means the tensor size (Megatron's default) */
-    mc->etp_size = c->expert_tensor_parallel_size > 0 ? c->expert_tensor_parallel_size : t->tp_size;
+    if (!m->moe.etp_size) m->moe.etp_size = t->tp_size;
     m->moe_layer_freq = c->moe_layer_freq;
 }
 

@@ -36,39 +36,7 @@ workdir elastic
 tiny_model --global-batch-size 8
 hb=(--inprocess-heartbeat-interval 0.5 --inprocess-heartbeat-timeout 3)
 
-# a port with the next 8 free: the supervisor's and its workers' data ports
-pick_port() {
-    local used p k ok _ addr
-    used=" $(tail -qn +2 /proc/net/tcp /proc/net/tcp6 2>/dev/null | while read -r _ addr _; do echo $((16#${addr##*:})); done |
-        tr '\n' ' ') "
-    for _ in $(seq 50); do
-        p=$((20000 + RANDOM % 12000)) ok=1
-        for ((k = 0; k <= 8; k++)); do [[ $used == *" $((p + k)) "* ]] && ok=0; done
-        [ $ok = 1 ] && break
-    done
-    echo $p
-}
-
-# start_nodes NAME ARGS...: the agents of nodes NNODES-1..1 (NNODES, 2 by default, NPROC workers
-# each, 2 by default), then node 0 (the supervisor), in the background; output in
-# $work/NAME.nK, metrics in $work/NAME.jsonl, pids in node_pid[K]
-start_nodes() {
-    local name=$1 k; shift
-    net=(--nnodes "${NNODES:-2}" --nproc-per-node "${NPROC:-2}" --master-addr 127.0.0.1 --master-port "$(pick_port)"
-         --job-secret "$work/secret")
-    for ((k = ${NNODES:-2} - 1; k >= 1; k--)); do start_agent "$name.n$k" "$@"; done
-    timeout -s KILL 150 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --metrics-file "$work/$name.jsonl" \
-        "$@" >"$work/$name.n0" 2>&1 &
-    node_pid[0]=$!
-}
-# start_agent OUT ARGS...: node ${K:-1}'s agent (K taken from OUT's .nK)
-start_agent() {
-    local out=$1 k=${1##*.n}; shift
-    k=${k%%[!0-9]*}
-    timeout -s KILL 150 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank "$k" --node-addr 127.0.0.1 "$@" \
-        >"$work/$out" 2>&1 &
-    node_pid[k]=$!
-}
+# (the nodes: start_nodes and start_agent, tests/lib.sh; NNODES nodes, 2 by default)
 wait_ok() { # wait_ok PID WHAT OUT
     wait "$1" || fail "$2 exited $?: $(tail -5 "$3")"
 }
@@ -105,11 +73,11 @@ node_lost | node_lost_tp)
     # (tp 2: node 1 holds replica 1 whole, ranks 2 and 3; dp 2 -> 1 -> 2)
     dp=4 tp=1
     [ "$case_name" = node_lost_tp ] && dp=2 tp=2 job+=(--tensor-model-parallel-size 2)
-    start_nodes clean "${job[@]}" --save "$work/cs"
+    start_nodes clean "${NNODES:-2}" "${job[@]}" --save "$work/cs"
     wait_ok "${node_pid[1]}" "clean: node 1" "$work/clean.n1"
     wait_ok "${node_pid[0]}" "clean: node 0" "$work/clean.n0"
     [ "$(check_samples "$work/clean.jsonl" 8)" = $dp ] || fail "the fault-free run's dp: $(check_samples "$work/clean.jsonl" 8)"
-    start_nodes f "${job[@]}" --save "$work/fs"
+    start_nodes f "${NNODES:-2}" "${job[@]}" --save "$work/fs"
     wait_until 60 grep -q "iteration *10/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
     agent=$(children "${node_pid[1]}")
     [ -n "$agent" ] || fail "node 1's agent not found"
@@ -120,7 +88,7 @@ node_lost | node_lost_tp)
     shrunk_at=$(grep -o "iteration *[0-9]*/" "$work/f.n0" | tail -1 | tr -dc 0-9)
     wait_until 30 bash -c "grep -o 'iteration *[0-9]*/' '$work/f.n0' | tail -1 | tr -dc 0-9 | xargs test $((shrunk_at + 5)) -le" ||
         fail "no progress at dp 2: $(tail -3 "$work/f.n0")"
-    start_agent f.n1b "${job[@]}" --save "$work/fs"
+    start_agent f.n1b 1 "${job[@]}" --save "$work/fs"
     wait_until 30 grep -qF "elastic: $((dp / 2)) model replica(s) join; the job trains on with $dp replica(s) (4 ranks, it had 2)" "$work/f.n0" ||
         fail "no grow: $(grep -i "supervisor\|elastic" "$work/f.n0" | tail -5)"
     wait_ok "${node_pid[1]}" "node 1 (new agent)" "$work/f.n1b"
@@ -158,12 +126,12 @@ grow_dopt)
     # shard's copy is on node 3, every shard re-partitioned over 3 ranks -> node 2's new agent
     # joins, the shards re-partitioned over 4 (the new rank holding nothing before) -> the end;
     # samples once, 0 steps lost, within the tolerance of the fault-free run
-    export NNODES=4 NPROC=1
+    NNODES=4 NODE_NPROC=1
     job=(--train-iters 300 --elastic "${hb[@]}" --eval-iters 0 --disable-bias-linear --use-distributed-optimizer
          --inject "slow@rank=0,step=1,ms=20,times=always")
-    start_nodes clean "${job[@]}" --save "$work/cs"
+    start_nodes clean "${NNODES:-2}" "${job[@]}" --save "$work/cs"
     for k in 3 2 1 0; do wait_ok "${node_pid[k]}" "clean: node $k" "$work/clean.n$k"; done
-    start_nodes f "${job[@]}" --save "$work/fs"
+    start_nodes f "${NNODES:-2}" "${job[@]}" --save "$work/fs"
     wait_until 60 grep -q "iteration *10/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
     agent=$(children "${node_pid[2]}")
     [ -n "$agent" ] || fail "node 2's agent not found"
@@ -171,7 +139,7 @@ grow_dopt)
     wait "${node_pid[2]}"
     wait_until 20 grep -qF "elastic: 1 model replica(s) lost a rank for good and leave; the job trains on with 3 replica(s) (3 ranks, it had 4)" "$work/f.n0" ||
         fail "no shrink: $(grep -i "supervisor\|elastic" "$work/f.n0" | tail -5)"
-    start_agent f.n2b "${job[@]}" --save "$work/fs"
+    start_agent f.n2b 2 "${job[@]}" --save "$work/fs"
     wait_until 30 grep -qF "elastic: 1 model replica(s) join; the job trains on with 4 replica(s) (4 ranks, it had 3)" "$work/f.n0" ||
         fail "no grow: $(grep -i "supervisor\|elastic" "$work/f.n0" | tail -5)"
     for k in 3 2 1 0; do wait_ok "${node_pid[k]}" "node $k" "$work/f.n$k"; done
@@ -198,7 +166,7 @@ min_replicas | node_lost_dopt)
         job+=(--use-distributed-optimizer)
         want="--elastic: the optimizer shard of data-parallel rank 2 leaves with every holder (it and the next data-parallel rank): the shards cannot be re-partitioned from memory"
     fi
-    start_nodes f "${job[@]}" --save "$work/fs"
+    start_nodes f "${NNODES:-2}" "${job[@]}" --save "$work/fs"
     wait_until 60 grep -q "iteration *12/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
     agent=$(children "${node_pid[1]}")
     [ -n "$agent" ] || fail "node 1's agent not found"

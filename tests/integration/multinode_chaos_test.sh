@@ -28,56 +28,13 @@ job=(--train-iters $iters --inprocess-heartbeat-interval 0.5 --inprocess-heartbe
      --inprocess-soft-timeout 2 --inprocess-hard-timeout 20 --inprocess-barrier-timeout 60
      --node-replacement-timeout 60 --inprocess-restart-limit 20)
 
-# a port with the next 16 free (none listening): the supervisor's and its workers' data ports
-pick_port() {
-    local used p k ok _ addr
-    used=" $(tail -qn +2 /proc/net/tcp /proc/net/tcp6 2>/dev/null | while read -r _ addr _; do echo $((16#${addr##*:})); done |
-        tr '\n' ' ') "
-    for _ in $(seq 50); do
-        p=$((20000 + RANDOM % 12000)) ok=1 # (below the ephemeral ports, 32768 up)
-        for ((k = 0; k <= 16; k++)); do [[ $used == *" $((p + k)) "* ]] && ok=0; done
-        [ $ok = 1 ] && break
-    done
-    echo $p
-}
-
-# start_nodes NAME ARGS...: nodes 2, 1 (agents) then node 0 in the background, each node's
-# output in $work/NAME.nK, node 0's metrics and run report in $work/NAME.{jsonl,report.json};
-# pids in node_pid[K]
-start_nodes() {
-    local name=$1 k; shift
-    net=(--nnodes 3 --nproc-per-node 4 --master-addr 127.0.0.1 --master-port "$(pick_port)" --job-secret "$work/secret")
-    node_pid=()
-    for k in 2 1; do start_agent "$name.n$k" $k "$@"; done
-    timeout -s KILL 150 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --metrics-file "$work/$name.jsonl" \
-        --run-report "$work/$name.report.json" "$@" >"$work/$name.n0" 2>&1 &
-    node_pid[0]=$!
-}
-
-# start_agent OUT K ARGS...: node K's agent of the job start_nodes started, output in $work/OUT
-start_agent() {
-    local out=$1 k=$2; shift 2
-    timeout -s KILL 150 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank $k --node-addr 127.0.0.1 "$@" \
-        >"$work/$out" 2>&1 &
-    node_pid[k]=$!
-}
-
-# wait_nodes NAME: every node still in node_pid exits 0
-wait_nodes() {
-    local k rc
-    for k in 0 1 2; do
-        [ -n "${node_pid[k]:-}" ] || continue
-        wait "${node_pid[k]}"; rc=$?
-        [ $rc -eq 0 ] || fail "$1: node $k exit $rc: $(tail -5 "$work/$1.n$k")
-errors: $(grep -hi "error\|failed\|cannot\|refused" "$work/$1".n* | grep -v "^ *\[" | head -8)"
-    done
-}
+NODE_NPROC=4 # (start_nodes, tests/lib.sh: three nodes of 4 workers)
 
 case $case_name in
 chaos)
     t_start=$SECONDS
-    start_nodes clean "${job[@]}" --save "$work/cs"
-    wait_nodes clean
+    start_nodes clean 3 "${job[@]}" --save "$work/cs"
+    wait_nodes clean 3
     t_clean=$((SECONDS - t_start))
     # (step 22 of rank 0 slowed down by 5 s, no numeric effect: longer than the soft
     # timeout, so the job aborts the generation and restarts; node 1 is killed as that restart
@@ -86,7 +43,7 @@ chaos)
             kill@rank=8,step=15,phase=allreduce slow@rank=0,step=22,ms=5000)
     args=()
     for f in "${faults[@]}"; do args+=(--inject "$f"); done
-    start_nodes f "${job[@]}" --save "$work/fs" "${args[@]}"
+    start_nodes f 3 "${job[@]}" --save "$work/fs" "${args[@]}"
     # (node 1's processes looked up first: its workers are final once rank 6 was replaced)
     wait_until 60 grep -q "iteration *18/" "$work/f.n0" || fail "no progress: $(grep supervisor "$work/f.n0" | tail -3)"
     old_agent=$(children "${node_pid[1]}"); old_pid=${node_pid[1]}
@@ -102,7 +59,7 @@ chaos)
         fail "node 1 not found lost: $(grep supervisor "$work/f.n0" | tail -5)"
     start_agent f.n1b 1 "${job[@]}" --save "$work/fs" "${args[@]}"
     wait_until 30 grep -q "a new agent of node 1 joined" "$work/f.n0" || fail "the new agent not taken: $(grep supervisor "$work/f.n0" | tail -5)"
-    wait_nodes f
+    wait_nodes f 3
     t_all=$((SECONDS - t_start))
     # each fault happened, as its node says
     grep -q "rank 5 (node 1, pid [0-9]*) was killed by signal 9" "$work/f.n0" || fail "no kill of rank 5: $(grep supervisor "$work/f.n0")"

@@ -65,53 +65,7 @@ workdir multinode
 tiny_model --global-batch-size 12
 hb=(--inprocess-heartbeat-interval 0.5 --inprocess-heartbeat-timeout 3)
 
-# start_nodes NAME NNODES ARGS...: nodes NNODES-1..1 (agents) then node 0 in the background,
-# each node's output in $work/NAME.nK, the metrics (node 0) in $work/NAME.jsonl; pids in
-# node_pid[K]
-# a port with the next 14 free (none listening): the supervisor's and its workers' data ports,
-# and the gradient transports' past them (--overlap-grad-reduce)
-pick_port() {
-    local used p k ok _ addr
-    used=" $(tail -qn +2 /proc/net/tcp /proc/net/tcp6 2>/dev/null | while read -r _ addr _; do echo $((16#${addr##*:})); done |
-        tr '\n' ' ') "
-    for _ in $(seq 50); do
-        p=$((20000 + RANDOM % 12000)) ok=1 # (below the ephemeral ports, 32768 up)
-        for ((k = 0; k <= 14; k++)); do [[ $used == *" $((p + k)) "* ]] && ok=0; done
-        [ $ok = 1 ] && break
-    done
-    echo $p
-}
-
-start_nodes() {
-    local name=$1 nn=$2 k; shift 2
-    local port; port=$(pick_port)
-    net=(--nnodes "$nn" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port --job-secret "$work/secret")
-    node_pid=()
-    for ((k = nn - 1; k >= 1; k--)); do start_agent "$name.n$k" $k "$@"; done
-    timeout -s KILL 120 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank 0 --metrics-file "$work/$name.jsonl" \
-        "$@" >"$work/$name.n0" 2>&1 &
-    node_pid[0]=$!
-}
-
-# start_agent OUT K ARGS...: node K's agent of the job start_nodes started, output in $work/OUT,
-# its pid in node_pid[K]
-start_agent() {
-    local out=$1 k=$2; shift 2
-    timeout -s KILL 120 "$cohort" train "${tiny[@]}" "${net[@]}" --node-rank $k --node-addr 127.0.0.1 "$@" \
-        >"$work/$out" 2>&1 &
-    node_pid[k]=$!
-}
-
-# wait_nodes NAME NNODES: every node exits 0 (but one whose node_pid was emptied: gone)
-wait_nodes() {
-    local k rc
-    for ((k = 0; k < $2; k++)); do
-        [ -n "${node_pid[k]}" ] || continue
-        wait "${node_pid[k]}"; rc=$?
-        [ $rc -eq 0 ] || fail "$1: node $k exit $rc: $(tail -5 "$work/$1.n$k")
-errors: $(grep -hi "error\|failed\|cannot\|refused" "$work/$1".n* | grep -v "^ *\[" | head -8)"
-    done
-}
+NODE_TIMEOUT=120 # (start_nodes, tests/lib.sh)
 
 # the pid of worker LOCAL (0, 1) of the node whose process is PID
 worker_of() { children "$1" | sed -n "$(($2 + 1))p"; }
