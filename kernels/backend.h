@@ -264,6 +264,12 @@ typedef struct kb_ops {
     void (*grouped_linear_backward)(kb_backend *b, float *din, float *dW, const float *dout,
                                     const float *in, const float *W, const int32_t *off, int n,
                                     int IC, int OC);
+
+    /* ---- ordering other device work with the backend's ----
+     * The CUDA stream (cudaStream_t) the backend queues its operations on, so that other
+     * work (stream-ordered NCCL, comm.h's *_q operations) is queued in order with them;
+     * NULL where operations finish before they return (CPU). */
+    void *(*stream)(kb_backend *b);
 } kb_ops;
 
 struct kb_backend {

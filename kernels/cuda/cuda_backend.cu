@@ -125,6 +125,8 @@ static void cu_sync(kb_backend *b) {
     cu_digests_deliver(b);
 }
 
+static void *cu_stream(kb_backend *b) { return (void *)cu_st(b)->stream; }
+
 static bool host_memory(const void *p) {
     cudaPointerAttributes a;
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -184,6 +186,8 @@ static const kb_ops cuda_ops = {
     // grouped products (the MoE experts with --moe-grouped-gemm): cuBLAS, cuda_grouped.cu
     /* .grouped_linear_forward = */ cu_grouped_linear_forward,
     /* .grouped_linear_backward = */ cu_grouped_linear_backward,
+    // ordering other device work (stream-ordered NCCL) with the backend's
+    /* .stream = */ cu_stream,
 };
 
 // ---- which GPUs this build can run on ----
