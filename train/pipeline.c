@@ -219,7 +219,7 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     describe(t, mb, &b);
     double loss = 0, tl0 = tl_now();
     if (train) {
-        if (on_device(t) && t->inj) t->be->ops->sync(t->be); /* (a fault may write weights from the host) */
+        if (on_device(t) && t->inj && t->inj->n > 0) t->be->ops->sync(t->be); /* (a fault may write weights from the host) */
         trainer__inject_forward(t, t->iteration + 1, mb, c->micro_batch_size * x->T);
         tl0 = tl_now();
         loss = gpt_chunk_forward(t->model, ci, s, &b, true, seed, d->head ? x->dscale : NULL, NULL);
@@ -278,7 +278,7 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     trainer__tl(t, TL_BACKWARD, mb, ci, tl0);
     if (d->head) {
         /* (an injected fault writes gradients from the host: the backward must have run) */
-        if (on_device(t) && (t->poison[mb] || t->inj)) t->be->ops->sync(t->be);
+        if (on_device(t) && (t->poison[mb] >= 0 || (t->inj && t->inj->n > 0))) t->be->ops->sync(t->be);
         trainer__inject_grads(t, t->iteration + 1, mb, t->poison[mb]);
     }
     if ((rc = dev_status(t))) return rc;
