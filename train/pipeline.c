@@ -38,6 +38,7 @@
 #include "train/trainer_internal.h"
 
 #include "common/error.h"
+#include "common/log.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -84,9 +85,23 @@ static size_t act_floats(const trainer *t) {
 
 /* ---- the device channels (see the top of the file) ---- */
 
+/* (Not the interleaved schedule: pairing each held send with the next receive deadlocks
+ * there, once a rank's send waits in a group for a receive its peer posts only after its
+ * own group, which waits for this rank's next one; Megatron's interleaved exchange posts
+ * both next receives with both sends instead. It stays on the host channels.) */
 static bool on_device(const trainer *t) {
     return t->g.pp_dev && t->g.pp_dev_bwd && t->g.pp_dev->ops->p2p_q && t->g.pp_dev->ops->queued_error &&
-           t->be->ops->stream && t->be->ops->stream(t->be);
+           t->be->ops->stream && t->be->ops->stream(t->be) && gpt_num_chunks(t->model) == 1;
+}
+
+/* Once: which channels the activations take (the tests read it). */
+static void say_channels(trainer *t) {
+    if (t->pp_said || !t->g.pp_dev) return;
+    t->pp_said = true;
+    if (on_device(t)) co_log(CO_LOG_INFO, "pipeline: activations and gradients over NCCL on the device, in stream order");
+    else
+        co_log(CO_LOG_INFO, "pipeline: the interleaved schedule's activations and gradients go over the host "
+                            "(ZeroMQ, managed memory), not NCCL");
 }
 
 /* The held sends and this operation's receive into buf (ch NULL: none) posted as one group
@@ -333,6 +348,7 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     /* data_rank: this replica's own share, or (a check round of the rerun state machine) the
      * suspect replica's, which this whole pipeline recomputes */
     t->share_of = data_rank;
+    say_channels(t);
     gpt_set_device_pipeline(t->model, on_device(t));
     trainer__overlap_arm(t);
     gpt_zero_grad(t->model);

@@ -222,8 +222,6 @@ static int adopt_groups(trainer *t, const tr_groups *g) {
         if (t->pp_size != c->pipeline_model_parallel_size || !t->g.pp_bwd || !t->g.mp)
             return co_err_set(CO_EINVAL, "a pipeline group of %d ranks (and its channels) for "
                                          "--pipeline-model-parallel-size %d", t->pp_size, c->pipeline_model_parallel_size);
-        if (t->g.pp_dev && t->g.pp_dev_bwd)
-            co_log(CO_LOG_INFO, "pipeline: activations and gradients over NCCL on the device, in stream order");
     }
     char lerr[200];
     int cpn = c->context_parallel_size > 1 ? c->context_parallel_size : 1;

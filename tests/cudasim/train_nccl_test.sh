@@ -10,10 +10,11 @@
 #     --bf16: the products' bf16 roundings differ with the summation order), and the final
 #     parameters within 1e-5 absolute (fp32; with --bf16 only within 2.5e-3, a bound of what 3
 #     Adam steps at lr 1e-3 can move a weight, where an update near zero may go either way).
-#     With a pipeline (pp2, vpp2: 4 layers, 2 chunks a rank, the interleaved schedule;
-#     tp2_pp2) the activations and gradients go over NCCL on the device in stream order
-#     (train/pipeline.c): each rank must say so, and a second stand-in run must end bitwise
-#     equal to the first (checkpoint and losses).
+#     With a pipeline (pp2, tp2_pp2; vpp2: 4 layers, 2 chunks a rank, the interleaved
+#     schedule) the activations and gradients go over NCCL on the device in stream order
+#     (train/pipeline.c; the interleaved schedule's still over the host): each rank must say
+#     which, and a second stand-in run must end bitwise equal to the first (checkpoint and
+#     losses).
 #   Every case runs with COHORT_SIM_NCCL_RENDEZVOUS=1: a stand-in send finishes only when its
 #     receiver took it, as a large message on real NCCL, so a schedule that needs NCCL to
 #     buffer a send deadlocks here too.
@@ -141,7 +142,9 @@ dp2|tp2|pp2|tp2_dp2|vpp2|tp2_pp2|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16)
     grep -q "cudasim (the CPU stand-in" "$work/cuda.out" || fail "not on the stand-in: $(head -3 "$work/cuda.out")"
     close cpu cuda $lrel $pabs
     if [[ " ${flags[*]} " == *" --pipeline-model-parallel-size "* ]]; then
-        n=$(grep -c "pipeline: activations and gradients over NCCL" "$work/cuda.out")
+        said="pipeline: activations and gradients over NCCL"
+        [ $l = vpp2 ] && said="pipeline: the interleaved schedule's activations and gradients go over the host"
+        n=$(grep -c "$said" "$work/cuda.out")
         [ "$n" -ge "${flags[1]}" ] || fail "$n rank(s) say the pipeline goes over NCCL: $(grep -i pipeline "$work/cuda.out" | head -3)"
         run again "$cudasim" cuda "${flags[@]}"; ok again
         same_losses cuda again "two stand-in runs differ"
