@@ -112,6 +112,7 @@ static int dev_post(trainer *t, cm_comm *ch, void *buf, size_t bytes, int peer) 
     for (int i = 0; i < t->pp_nheld; i++) ops[n++] = t->pp_held[i];
     t->pp_nheld = 0;
     if (ch) ops[n++] = (cm_p2p){.c = ch, .buf = buf, .bytes = bytes, .peer = peer, .send = 0};
+    if (ch) t->pp_last_from = peer;
     if (!n) return 0;
     double tl0 = tl_now();
     int rc = ops[0].c->ops->p2p_q(ops, n, t->be->ops->stream(t->be));
@@ -125,6 +126,18 @@ static int dev_hold(trainer *t, cm_comm *ch, const void *buf, size_t bytes, int 
         return co_err_set(CO_EINTERNAL, "pipeline: more than %d sends held", t->pp_nheld);
     t->pp_held[t->pp_nheld++] = (cm_p2p){.c = ch, .buf = (void *)buf, .bytes = bytes, .peer = peer, .send = 1};
     return 0;
+}
+
+/* Syncs the backend where it waits for what the device channels receive, telling whoever
+ * watches that it waits for pipeline rank `stage` (the supervisor's hang detection of a
+ * pipeline reads these waits: no host receive says it any more). */
+static void dev_wait(trainer *t, int stage) {
+    double tw = now_s(), tl0 = tl_now();
+    waiting(t, stage);
+    t->be->ops->sync(t->be);
+    waiting(t, -1);
+    trainer__tl(t, TL_RECV_WAIT, -1, -1, tl0);
+    t->recv_s += now_s() - tw;
 }
 
 /* The backend's sticky status, then a failure of the device channels' queued operations. */
@@ -234,10 +247,15 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     describe(t, mb, &b);
     double loss = 0, tl0 = tl_now();
     if (train) {
-        if (on_device(t) && t->inj && t->inj->n > 0) t->be->ops->sync(t->be); /* (a fault may write weights from the host) */
+        if (on_device(t) && t->inj && t->inj->n > 0) dev_wait(t, t->pp_last_from); /* (a fault may write weights from the host) */
         trainer__inject_forward(t, t->iteration + 1, mb, c->micro_batch_size * x->T);
+        /* (on the device the head's loss read waits for the received input: said as a wait
+         * for the previous stage, its compute included) */
+        bool said = dev && d->head;
+        if (said) waiting(t, prev);
         tl0 = tl_now();
         loss = gpt_chunk_forward(t->model, ci, s, &b, true, seed, d->head ? x->dscale : NULL, NULL);
+        if (said) waiting(t, -1);
         trainer__tl(t, TL_FORWARD, mb, ci, tl0);
         if (d->head) t->poison[mb] = trainer__inject_loss(t, t->iteration + 1, mb, t->share_of, &loss);
     } else {
@@ -293,7 +311,7 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     trainer__tl(t, TL_BACKWARD, mb, ci, tl0);
     if (d->head) {
         /* (an injected fault writes gradients from the host: the backward must have run) */
-        if (on_device(t) && (t->poison[mb] >= 0 || (t->inj && t->inj->n > 0))) t->be->ops->sync(t->be);
+        if (on_device(t) && (t->poison[mb] >= 0 || (t->inj && t->inj->n > 0))) dev_wait(t, t->pp_last_from);
         trainer__inject_grads(t, t->iteration + 1, mb, t->poison[mb]);
     }
     if ((rc = dev_status(t))) return rc;
@@ -354,6 +372,7 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     gpt_zero_grad(t->model);
     memset(t->have_batch, 0, sizeof *t->have_batch * (size_t)t->M);
     t->pp_nheld = 0;
+    t->pp_last_from = (t->pp_rank + 1) % t->pp_size;
     int rc = 0;
     for (int i = 0; i < t->nops && !rc; i++) {
         const pp_op *op = &t->ops[i];
@@ -369,7 +388,7 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
      * list, for the gradients the host reads next, and the failures of what was queued */
     if (!rc && on_device(t)) rc = dev_post(t, NULL, NULL, 0, 0);
     if (!rc && on_device(t)) {
-        t->be->ops->sync(t->be);
+        dev_wait(t, t->pp_last_from);
         rc = dev_status(t);
     }
     if (!rc) rc = share_losses(t, loss_out, tok_out);
@@ -395,6 +414,7 @@ int trainer__pipeline_evaluate(trainer *t, int split, double *loss_out, double *
     for (int64_t it = 0; it < c->eval_iters && !rc; it++) {
         memset(t->have_batch, 0, sizeof *t->have_batch * (size_t)t->M);
         t->pp_nheld = 0;
+        t->pp_last_from = (t->pp_rank + t->pp_size - 1) % t->pp_size;
         /* each micro batch through the chunks in pipeline order (forwards only: no bubble to fill) */
         for (int mb = 0; mb < t->M && !rc; mb++)
             for (int ci = 0; ci < gpt_num_chunks(t->model) && !rc; ci++)

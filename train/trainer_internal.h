@@ -123,6 +123,7 @@ struct trainer {
     cm_p2p pp_held[2];      /* on the device (g.pp_dev): the sends held for the next operation's
                              * receive (train/pipeline.c) */
     int pp_nheld;
+    int pp_last_from;       /* the pipeline rank of the last receive posted on the device */
     bool pp_said;           /* which channels the pipeline uses was logged */
     int share_of;           /* the data-parallel replica whose micro batches the pipeline runs */
     void (*wait_fn)(void *ctx, int stage); /* trainer_set_wait_fn */

@@ -37,6 +37,14 @@
 #     the job ends bitwise the fault-free run.
 #   pp2_nan: a NaN loss on the last stage of a pp 2 job is replayed and the job ends bitwise
 #     the fault-free run.
+#   pp2_nccl_hang: the last stage of a pp 2 job hangs in its forward, so the first stage's
+#     stream waits in an NCCL receive of the pipeline's gradient channel; the soft timeout
+#     aborts the generation, and the link's abort must reach that communicator (ncclCommAbort
+#     on every NCCL communicator of the rank) so that the first stage unwinds in process:
+#     nobody is replaced, and the job ends bitwise the fault-free run
+#     (COHORT_SIM_NCCL_ABORT_SILENT=1, as in nccl_hang). The hang must be found from rank 0's
+#     report that it waits for rank 1 (its device waits are reported as the pipeline's host
+#     receives are), not from the stand-in's 120 s deadline of the queued receive.
 #   pp2_syncs, tp2_syncs: a training step makes a bounded number of host waits, not one per
 #     tensor or layer: the stand-in counts each rank's (cudasim_sync_count;
 #     COHORT_CUDASIM_COUNTS writes them at exit) in a 2- and a 6-iteration run of a 4-layer
@@ -203,6 +211,23 @@ pp2_nan)
     run clean "$cudasim" cuda "${pp[@]}"; ok clean
     run f "$cudasim" cuda "${pp[@]}" --inject "nan@rank=1,step=2,microbatch=1"; ok f
     grep -q "iteration 2: rerun" "$work/f.out" || fail "no replay of iteration 2: $(grep -i nan "$work/f.out" | head -3)"
+    same_losses clean f "the faulty run logged other numbers than the fault-free one"
+    ckpt_same "$(ckpt clean)" "$(ckpt f)"
+    ;;
+pp2_nccl_hang)
+    # (a hard timeout of 12 s: after the abort the stand-in still runs, on the CPU, the
+    # kernels rank 0 queued behind the aborted receive before it reaches the barrier)
+    pp=(--nproc-per-node 2 --pipeline-model-parallel-size 2 --save-interval 1 --inprocess-soft-timeout 2
+        --inprocess-hard-timeout 12 --inprocess-barrier-timeout 60)
+    run clean "$cudasim" cuda "${pp[@]}"; ok clean
+    COHORT_SIM_NCCL_ABORT_SILENT=1 run f "$cudasim" cuda "${pp[@]}" --inject "hang@rank=1,step=2"; ok f
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    grep -q "rank 0: generation aborted during iteration 2" "$work/f.out" ||
+        fail "rank 0 did not unwind: $(grep 'rank 0\|supervisor' "$work/f.out")"
+    grep -q "0 replaced" "$work/f.out" || fail "a rank was replaced: $(grep supervisor "$work/f.out")"
+    # found by the supervisor from rank 0's reported wait, not by a device operation's deadline
+    grep -q "no progress: rank 0 waited .* for rank 1's pipeline message" "$work/f.out" ||
+        fail "the hang was not found from rank 0's wait: $(grep 'supervisor' "$work/f.out" | head -3)"
     same_losses clean f "the faulty run logged other numbers than the fault-free one"
     ckpt_same "$(ckpt clean)" "$(ckpt f)"
     ;;
