@@ -4,7 +4,8 @@
 # and the NCCL stand-in: docs/testing.md), one case per meson test (suite cudasim). Every
 # rank is a process with a stand-in GPU of its own (COHORT_CUDASIM_DEVICES=4); the supervisor
 # makes the NCCL unique id through the module, the ranks build their NCCL groups from it.
-#   dp2, tp2, pp2, tp2_dp2, vpp2, tp2_pp2 (and *_bf16 with --bf16): the layout trains 3
+#   dp2, tp2, pp2, tp2_dp2, vpp2, tp2_pp2, tp2_sp (sequence parallelism: the queued
+#     reduce-scatters and all-gathers) (and *_bf16 with --bf16): the layout trains 3
 #     iterations on the stand-in and on the CPU backend (the same layout, ZeroMQ groups): the
 #     logged losses (training and validation) agree within 1e-5 relative (fp32; 2e-5 with
 #     --bf16: the products' bf16 roundings differ with the summation order), and the final
@@ -110,6 +111,7 @@ layout() {
     tp2_dp2) echo "--nproc-per-node 4 --tensor-model-parallel-size 2" ;;
     vpp2) echo "--nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers 4 --virtual-pipeline-model-parallel-size 2" ;;
     tp2_pp2) echo "--nproc-per-node 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2" ;;
+    tp2_sp) echo "--nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel" ;;
     esac
 }
 
@@ -142,7 +144,7 @@ syncs_per_step() {
 }
 
 case $case_name in
-dp2|tp2|pp2|tp2_dp2|vpp2|tp2_pp2|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16)
+dp2|tp2|pp2|tp2_dp2|vpp2|tp2_pp2|tp2_sp|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16)
     l=${case_name%_bf16}; flags=($(layout $l)); lrel=1e-5; pabs=1e-5
     [ "$l" != "$case_name" ] && { flags+=(--bf16); lrel=2e-5; pabs=2.5e-3; }
     run cpu "$cohort" cpu "${flags[@]}"; ok cpu
