@@ -2,9 +2,9 @@
  * (comm/zmq_*.c) and, later, NCCL. A communicator is a group of `size` ranks; this
  * process is `rank` in it. Sub-groups (tensor-, pipeline-, data-parallel) are split off.
  *
- * Every call blocks until done (but the optional stream-ordered operations below), until timeout_ms passes (CO_ETIMEOUT; timeout_ms < 0 waits
- * without limit, still abortable), or until cm_abort is called from any thread
- * (CO_EABORTED). A peer that disconnects or fails gives CO_EREMOTE. After an error the
+ * Every call (but the optional stream-ordered operations at the end of cm_ops) blocks
+ * until done, until timeout_ms passes (CO_ETIMEOUT; timeout_ms < 0 waits without limit,
+ * still abortable), or until cm_abort is called from any thread (CO_EABORTED). A peer that disconnects or fails gives CO_EREMOTE. After an error the
  * communicator is unusable: destroy it and build a new one (the restart path does this).
  * Reductions use a fixed order, so results are bitwise identical from run to run. */
 #ifndef COHORT_COMM_COMM_H
