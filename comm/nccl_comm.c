@@ -424,6 +424,146 @@ static int nc_recv(cm_comm *c, void *buf, size_t bytes, int peer, int timeout_ms
     return nc_p2p(c, buf, bytes, peer, timeout_ms, false);
 }
 
+/* ---- stream-ordered operations (comm.h): queued on the caller's stream, no wait ---- */
+
+static int gone(nccl_impl *x, const char *op) {
+    if (!x->failed) x->failed = CO_EABORTED;
+    return co_err_set(x->failed, "nccl: %s: the communicator was aborted", op);
+}
+
+/* Entry of a queued call: as enter, and no host buffer (staging it would wait for the
+ * device, which these calls exist not to do). */
+static int enter_q(nccl_impl *x, const char *op, const void *a, const void *b) {
+    int rc = enter(x, op);
+    if (rc) return rc;
+    if ((a && on_host(a)) || (b && on_host(b)))
+        return co_err_set(CO_EINVAL, "nccl: stream-ordered %s of a host buffer: it takes device or managed memory", op);
+    return 0;
+}
+
+/* After the enqueue call of a queued operation: a non-blocking communicator may still be
+ * enqueuing (ncclInProgress); that is waited for, not the stream. */
+static int queued(nccl_impl *x, ncclResult_t r, const char *op) {
+    if (r != ncclSuccess && r != ncclInProgress) return fail_nccl(x, r, op);
+    return r == ncclInProgress ? wait_done(x, op, x->opt.init_timeout_ms, false) : 0;
+}
+
+static int nc_allreduce_q(cm_comm *c, void *buf, size_t count, cm_dtype dt, void *stream) {
+    nccl_impl *x = c->impl;
+    if (count == 0) return enter(x, "all-reduce");
+    if ((unsigned)dt > CM_I64) return co_err_set(CO_EINVAL, "nccl: all-reduce: unknown dtype %d", (int)dt);
+    int rc = enter_q(x, "all-reduce", buf, NULL);
+    if (rc) return rc;
+    pthread_mutex_lock(&x->lk);
+    bool live = x->comm != NULL;
+    ncclResult_t r = live ? ncclAllReduce(buf, buf, count, dt_nccl(dt), ncclSum, x->comm, (cudaStream_t)stream)
+                          : ncclSuccess;
+    pthread_mutex_unlock(&x->lk);
+    return live ? queued(x, r, "all-reduce") : gone(x, "all-reduce");
+}
+
+static int nc_allgather_q(cm_comm *c, const void *send, void *recv, size_t bytes, void *stream) {
+    nccl_impl *x = c->impl;
+    if (bytes == 0) return enter(x, "all-gather");
+    int rc = enter_q(x, "all-gather", send, recv);
+    if (rc) return rc;
+    pthread_mutex_lock(&x->lk);
+    bool live = x->comm != NULL;
+    ncclResult_t r = live ? ncclAllGather(send, recv, bytes, ncclInt8, x->comm, (cudaStream_t)stream) : ncclSuccess;
+    pthread_mutex_unlock(&x->lk);
+    return live ? queued(x, r, "all-gather") : gone(x, "all-gather");
+}
+
+static int nc_reduce_scatter_q(cm_comm *c, const void *send, void *recv, size_t count, cm_dtype dt, void *stream) {
+    nccl_impl *x = c->impl;
+    if (count == 0) return enter(x, "reduce-scatter");
+    if ((unsigned)dt > CM_I64) return co_err_set(CO_EINVAL, "nccl: reduce-scatter: unknown dtype %d", (int)dt);
+    int rc = enter_q(x, "reduce-scatter", send, recv);
+    if (rc) return rc;
+    pthread_mutex_lock(&x->lk);
+    bool live = x->comm != NULL;
+    ncclResult_t r = live ? ncclReduceScatter(send, recv, count, dt_nccl(dt), ncclSum, x->comm, (cudaStream_t)stream)
+                          : ncclSuccess;
+    pthread_mutex_unlock(&x->lk);
+    return live ? queued(x, r, "reduce-scatter") : gone(x, "reduce-scatter");
+}
+
+#define P2P_Q_MAX_COMMS 8
+
+/* The distinct communicators of a batch into xs (at most P2P_Q_MAX_COMMS), every entry
+ * checked; their count, or a negative code. */
+static int p2p_q_comms(const cm_p2p *ops, int n, nccl_impl **xs) {
+    int nx = 0;
+    for (int i = 0; i < n; i++) {
+        const cm_p2p *o = &ops[i];
+        const char *op = o->send ? "send" : "recv";
+        if (!o->c || o->c->ops != &nccl_ops)
+            return co_err_set(CO_EINVAL, "nccl: a batch of sends and receives: entry %d is not an NCCL communicator's", i);
+        nccl_impl *x = o->c->impl;
+        int rc = enter_q(x, op, o->bytes ? o->buf : NULL, NULL);
+        if (rc) return rc;
+        if (o->peer < 0 || o->peer >= o->c->size || o->peer == o->c->rank)
+            return co_err_set(CO_EINVAL, "nccl: %s: peer %d of rank %d out of range (%d ranks)", op, o->peer, o->c->rank,
+                              o->c->size);
+        int j = 0;
+        while (j < nx && xs[j] != x) j++;
+        if (j < nx) continue;
+        if (nx == P2P_Q_MAX_COMMS)
+            return co_err_set(CO_EINVAL, "nccl: a batch of sends and receives over more than %d communicators",
+                              P2P_Q_MAX_COMMS);
+        xs[nx++] = x;
+    }
+    return nx;
+}
+
+static int nc_p2p_q(const cm_p2p *ops, int n, void *stream) {
+    nccl_impl *xs[P2P_Q_MAX_COMMS];
+    int nx = n > 0 ? p2p_q_comms(ops, n, xs) : 0;
+    if (nx <= 0) return nx;
+    /* every communicator of the group locked against an abort while it is posted (an abort
+     * takes one lock at a time, so the order does not matter) */
+    for (int j = 0; j < nx; j++) pthread_mutex_lock(&xs[j]->lk);
+    int dead = -1;
+    for (int j = 0; j < nx && dead < 0; j++)
+        if (!xs[j]->comm) dead = j;
+    ncclResult_t r = ncclSuccess;
+    if (dead < 0) {
+        r = ncclGroupStart();
+        for (int i = 0; i < n && r == ncclSuccess; i++) {
+            const cm_p2p *o = &ops[i];
+            nccl_impl *x = o->c->impl;
+            if (!o->bytes) continue;
+            r = o->send ? ncclSend(o->buf, o->bytes, ncclInt8, o->peer, x->comm, (cudaStream_t)stream)
+                        : ncclRecv(o->buf, o->bytes, ncclInt8, o->peer, x->comm, (cudaStream_t)stream);
+        }
+        ncclResult_t e = ncclGroupEnd();
+        if (r == ncclSuccess) r = e;
+    }
+    for (int j = nx - 1; j >= 0; j--) pthread_mutex_unlock(&xs[j]->lk);
+    if (dead >= 0) return gone(xs[dead], "send/recv");
+    int rc = 0;
+    for (int j = 0; j < nx; j++) {
+        int e = queued(xs[j], r, "send/recv");
+        if (!rc) rc = e;
+    }
+    return rc;
+}
+
+static int nc_queued_error(cm_comm *c) {
+    nccl_impl *x = c->impl;
+    const char *op = "a stream-ordered operation";
+    if (atomic_load(&x->aborted)) return gone(x, op);
+    if (x->failed) return co_err_set(x->failed, "nccl: %s: the communicator failed earlier", op);
+    pthread_mutex_lock(&x->lk);
+    bool live = x->comm != NULL;
+    ncclResult_t st = ncclSuccess, r = live ? ncclCommGetAsyncError(x->comm, &st) : ncclSuccess;
+    pthread_mutex_unlock(&x->lk);
+    if (!live) return gone(x, op);
+    if (r != ncclSuccess) return fail_nccl(x, r, op);
+    if (st != ncclSuccess && st != ncclInProgress) return fail_nccl(x, st, op);
+    return 0;
+}
+
 /* comm.h's split: only the listed ranks call it. ranks[0] makes a fresh unique id and sends
  * it to the others over this communicator; then they build a new communicator from it. */
 static int nc_split(cm_comm *c, const int *ranks, int n, cm_comm **out) {
@@ -504,6 +644,11 @@ static const cm_ops nccl_ops = {
     .split = nc_split,
     .abort = nc_abort,
     .destroy = nc_destroy,
+    .allreduce_sum_q = nc_allreduce_q,
+    .allgather_q = nc_allgather_q,
+    .reduce_scatter_sum_q = nc_reduce_scatter_q,
+    .p2p_q = nc_p2p_q,
+    .queued_error = nc_queued_error,
 };
 
 int cm_nccl_get_unique_id(uint8_t out[128]) {

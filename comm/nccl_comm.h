@@ -12,6 +12,10 @@
  * loss/stop-vote arrays) is staged through pinned and device buffers. Calls return when
  * the result is in the caller's buffer. The caller orders compute before a collective
  * (the backend's sync) -- the communicator's stream does not wait on other streams.
+ * The stream-ordered operations (comm.h's *_q: collectives, batches of sends and receives
+ * over one or more communicators in one NCCL group) are queued on the caller's stream
+ * instead and return once NCCL has enqueued them; they take device or managed memory only,
+ * and their failures show at queued_error (ncclCommGetAsyncError, no wait).
  *
  * All-to-all: NCCL cannot tell a short send from a slow one, so the ranks first all-gather
  * their size lists (one small collective per call); sizes that disagree fail the call on

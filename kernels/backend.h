@@ -279,6 +279,11 @@ typedef struct kb_ops {
     void (*linear_backward_dgelu)(kb_backend *b, float *din, float *dbias, const float *dout,
                                   const float *W, const kb_bf16 *W16, const float *pre, int N,
                                   int IC, int OC);
+    /* ---- ordering other device work with the backend's ----
+     * The CUDA stream (cudaStream_t) the backend queues its operations on, so that other
+     * work (stream-ordered NCCL, comm.h's *_q operations) is queued in order with them;
+     * NULL where operations finish before they return (CPU). */
+    void *(*stream)(kb_backend *b);
 } kb_ops;
 
 struct kb_backend {

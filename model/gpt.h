@@ -253,6 +253,13 @@ void gpt_moe_global_reset(gpt_model *m);
  * same bits either way). */
 void gpt_tp_set_overlap(gpt_model *m, bool on);
 
+/* Whether the caller moves a pipeline chunk's output and its input's gradient on the device
+ * in stream order (train/pipeline.c over NCCL): gpt_chunk_forward of a chunk without the
+ * head and gpt_chunk_backward then return without waiting for the device, and the caller
+ * syncs the backend before the host reads gradients. Off by default (a host send needs
+ * the data written). */
+void gpt_set_device_pipeline(gpt_model *m, bool on);
+
 /* The sum of squares of the gradients this rank accounts for in the group's norm: its
  * slices, and the runs several ranks hold only on the first of them (replicated tensors on
  * rank 0), so the group's sum is the norm's square of the whole model's gradient. At tp 1

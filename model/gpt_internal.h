@@ -157,6 +157,10 @@ struct gpt_model {
     size_t tp_buf_n;
     gpt_tp_stats stats;
     bool overlap;                    /* the input-gradient sum runs beside the weight gradient */
+    /* the tensor group's collectives queued on the backend's stream (CUDA with an NCCL
+     * group: comm.h's *_q): no wait before or after them (gpt_tp.c) */
+    void *tp_stream;
+    bool dev_pp;                     /* gpt_set_device_pipeline */
     /* context parallelism (gpt_cp.c): the ring's group and the size of its shifts' waits */
     int cp, cpr;
     struct cm_comm *cpc;

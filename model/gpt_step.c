@@ -145,6 +145,7 @@ void gpt__cross_entropy(gpt_model *m, float *losses, float *logits, const int32_
     }
     o->ce_max(be, m->ce_mx, logits, N, V);
     gpt__tp_allgather(m, m->ce_all, m->ce_mx, (size_t)N);
+    if (m->tp_stream) o->sync(be); /* (a queued all-gather) the host takes the max next */
     if (!be->status)
         for (int n = 0; n < N; n++) {
             float mx = m->ce_all[n];
@@ -296,7 +297,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
         }
     }
     if (!d->head) {
-        o->sync(be); /* the output is written before the host sends it */
+        if (!m->dev_pp) o->sync(be); /* the output is written before the host sends it */
         return be->status ? NAN : 0.0;
     }
     /* the final norm's output: this chunk's, or the first stream received after the MTP
@@ -552,7 +553,9 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
         if (ph > 0) gpt__dropout_rows(m, b->rows, N * m->cp, m->dx, m->dx, Nl, ph, seed, site(-1, 0));
         gpt__embedding_backward(m, m->dx, b->tokens, x_b.tokens, x_b.positions, N);
     }
-    o->sync(be); /* the gradients (and the input's gradient) are complete before the host reads them */
+    /* the gradients (and the input's gradient) are complete before the host reads them; on
+     * the device pipeline the caller syncs once after its last chunk */
+    if (!m->dev_pp) o->sync(be);
 }
 
 double gpt_forward(gpt_model *m, const gpt_batch *b, bool train, uint64_t seed, const float *dscale, float *losses) {

@@ -3,7 +3,13 @@
  * row-parallel layers' products around them, the input-gradient sum overlapped with the
  * weight gradient, the gradient norm over the group and the partial gradients summed after
  * the last micro batch. A collective that fails records its error in the backend's sticky
- * status; once it is set the rest of the pass communicates no more. */
+ * status; once it is set the rest of the pass communicates no more.
+ *
+ * On CUDA with an NCCL tensor group the collectives are queued on the backend's stream
+ * (comm.h's stream-ordered operations), between the kernels that write their input and
+ * those that read their output, as Megatron's run on PyTorch's current stream: no sync
+ * before them and no wait after (tp_stream). Where the group has no such operations
+ * (ZeroMQ over managed memory) the stream is synced before each and the call waits. */
 #include "model/gpt_internal.h"
 
 #include "comm/comm.h"
@@ -26,6 +32,9 @@ void gpt__moe_token_group(gpt_model *m, struct cm_comm *grp, int shards, int tim
 void gpt_set_tensor_group(gpt_model *m, struct cm_comm *tp, int timeout_ms) {
     m->tpc = tp;
     m->tp_timeout = timeout_ms;
+    const cm_ops *q = tp ? tp->ops : NULL;
+    bool ordered = q && q->allreduce_sum_q && q->allgather_q && q->reduce_scatter_sum_q && q->queued_error;
+    m->tp_stream = ordered && !m->host_batch && m->ops->stream ? m->ops->stream(m->be) : NULL;
     /* the MoE layers route and compute this rank's token shard (moe_set_sequence_group) */
     if (m->sp) gpt__moe_token_group(m, tp, tp ? tp->size : 1, timeout_ms);
 }
@@ -59,6 +68,11 @@ static bool tp_ok(gpt_model *m, const char *what, bool queued) {
         m->be->status = co_err_set(CO_EINVAL, "%s: the tensor group is not set (gpt_set_tensor_group)", what);
         return false;
     }
+    if (m->tp_stream) { /* stream-ordered: an earlier queued collective's failure stops the pass */
+        int rc = m->tpc->ops->queued_error(m->tpc);
+        if (rc) m->be->status = rc;
+        return !rc;
+    }
     if (queued && !m->host_batch) {
         m->ops->sync(m->be);
         if (m->be->status) return false;
@@ -70,7 +84,8 @@ static bool tp_ok(gpt_model *m, const char *what, bool queued) {
 static void tp_allreduce_q(gpt_model *m, float *x, size_t n, bool queued) {
     if (!tp_ok(m, "tensor-parallel all-reduce", queued)) return;
     double t0 = mono_s();
-    int rc = m->tpc->ops->allreduce_sum(m->tpc, x, n, CM_F32, m->tp_timeout);
+    int rc = m->tp_stream ? m->tpc->ops->allreduce_sum_q(m->tpc, x, n, CM_F32, m->tp_stream)
+                          : m->tpc->ops->allreduce_sum(m->tpc, x, n, CM_F32, m->tp_timeout);
     if (rc) m->be->status = rc;
     tp_count(m, t0, 2.0 * (m->tp - 1) / m->tp * (double)n * sizeof(float));
 }
@@ -80,7 +95,8 @@ void gpt__tp_allreduce(gpt_model *m, float *x, size_t n) { tp_allreduce_q(m, x, 
 static void tp_reduce_scatter_q(gpt_model *m, float *shard, const float *full, size_t shard_n, bool queued) {
     if (!tp_ok(m, "tensor-parallel reduce-scatter", queued)) return;
     double t0 = mono_s();
-    int rc = m->tpc->ops->reduce_scatter_sum(m->tpc, full, shard, shard_n, CM_F32, m->tp_timeout);
+    int rc = m->tp_stream ? m->tpc->ops->reduce_scatter_sum_q(m->tpc, full, shard, shard_n, CM_F32, m->tp_stream)
+                          : m->tpc->ops->reduce_scatter_sum(m->tpc, full, shard, shard_n, CM_F32, m->tp_timeout);
     if (rc) m->be->status = rc;
     tp_count(m, t0, (double)(m->tp - 1) * (double)shard_n * sizeof(float));
 }
@@ -92,12 +108,15 @@ void gpt__tp_reduce_scatter(gpt_model *m, float *shard, const float *full, size_
 void gpt__tp_allgather(gpt_model *m, float *full, const float *shard, size_t shard_n) {
     if (!tp_ok(m, "tensor-parallel all-gather", true)) return;
     double t0 = mono_s();
-    int rc = m->tpc->ops->allgather(m->tpc, shard, full, shard_n * sizeof(float), m->tp_timeout);
+    int rc = m->tp_stream ? m->tpc->ops->allgather_q(m->tpc, shard, full, shard_n * sizeof(float), m->tp_stream)
+                          : m->tpc->ops->allgather(m->tpc, shard, full, shard_n * sizeof(float), m->tp_timeout);
     if (rc) m->be->status = rc;
     tp_count(m, t0, (double)(m->tp - 1) * (double)shard_n * sizeof(float));
 }
 
 void gpt_tp_set_overlap(gpt_model *m, bool on) { m->overlap = on; }
+
+void gpt_set_device_pipeline(gpt_model *m, bool on) { m->dev_pp = on && !m->host_batch; }
 
 double gpt_tp_grad_sumsq(gpt_model *m) { return gpt_tp_grad_sumsq_split(m, NULL); }
 
@@ -192,6 +211,11 @@ static void *async_main(void *p) {
 static void async_start(tp_async *a, gpt_model *m, int N) {
     a->m = m;
     a->n = (size_t)(m->sp ? N / m->tp : N) * (size_t)m->cfg.hidden;
+    if (m->tp_stream) { /* queued on the stream between the input and the weight gradient */
+        a->running = false;
+        input_grad_sum(m, a->n);
+        return;
+    }
     if (!m->host_batch) m->ops->sync(m->be); /* the input gradient the helper sums is written */
     a->running = m->overlap && !pthread_create(&a->th, NULL, async_main, a);
     if (!a->running) input_grad_sum(m, a->n);
@@ -251,6 +275,7 @@ int gpt_tp_finalize_grads(gpt_model *m) {
             }
         }
         if (pass == 0) gpt__tp_allreduce(m, m->tp_buf, k);
+        if (pass == 0 && m->tp_stream) m->ops->sync(m->be); /* (queued) the host unpacks the sums next */
         if (kb_backend_status(m->be)) return kb_backend_status(m->be);
     }
     return 0;

@@ -18,6 +18,18 @@
  * until the generation is aborted. Megatron's order makes every rank receive in the order
  * its peer sent, on each channel.
  *
+ * On the device (--device cuda with NCCL groups: t->g.pp_dev and pp_dev_bwd), activations and
+ * gradients go over NCCL in stream order, device buffer to device buffer: a receive is
+ * queued on the backend's stream ahead of the kernels that read it, a send behind those that
+ * wrote it, and the host never waits for either. A send is held until the next operation
+ * of the list posts its receive, and both go as one NCCL group, as Megatron's
+ * send_forward_recv_backward and send_backward_recv_forward do, so that two stages that each
+ * send to and receive from the other never wait on each other's send; an operation with no
+ * receive posts the held sends alone first (Megatron's warmup send_forward and cooldown
+ * send_backward). Nothing is held across a wait of the host, so no peer's stream waits on a
+ * send this rank has not posted. The positions and document starts, which the host needs,
+ * still go on the host channels, and so do the losses.
+ *
  * After the list: the losses of the micro batches (known on the last stage) are summed over
  * the pipeline group so that every rank reports them, the partial gradients of the tensor
  * group are summed, the copies of the word embedding (first stage; last when tied; the MTP
@@ -26,6 +38,7 @@
 #include "train/trainer_internal.h"
 
 #include "common/error.h"
+#include "common/log.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -68,6 +81,71 @@ static size_t act_floats(const trainer *t) {
     const co_config *c = &t->cfg;
     size_t N = (size_t)c->micro_batch_size * (size_t)t->local_T;
     return (t->g.tp && c->sequence_parallel ? N / (size_t)t->tp_size : N) * (size_t)c->hidden_size;
+}
+
+/* ---- the device channels (see the top of the file) ---- */
+
+/* (Not the interleaved schedule: pairing each held send with the next receive deadlocks
+ * there, once a rank's send waits in a group for a receive its peer posts only after its
+ * own group, which waits for this rank's next one; Megatron's interleaved exchange posts
+ * both next receives with both sends instead. It stays on the host channels.) */
+static bool on_device(const trainer *t) {
+    return t->g.pp_dev && t->g.pp_dev_bwd && t->g.pp_dev->ops->p2p_q && t->g.pp_dev->ops->queued_error &&
+           t->be->ops->stream && t->be->ops->stream(t->be) && gpt_num_chunks(t->model) == 1;
+}
+
+/* Once: which channels the activations take (the tests read it). */
+static void say_channels(trainer *t) {
+    if (t->pp_said || !t->g.pp_dev) return;
+    t->pp_said = true;
+    if (on_device(t)) co_log(CO_LOG_INFO, "pipeline: activations and gradients over NCCL on the device, in stream order");
+    else
+        co_log(CO_LOG_INFO, "pipeline: the interleaved schedule's activations and gradients go over the host "
+                            "(ZeroMQ, managed memory), not NCCL");
+}
+
+/* The held sends and this operation's receive into buf (ch NULL: none) posted as one group
+ * on the backend's stream. */
+static int dev_post(trainer *t, cm_comm *ch, void *buf, size_t bytes, int peer) {
+    cm_p2p ops[3];
+    int n = 0;
+    for (int i = 0; i < t->pp_nheld; i++) ops[n++] = t->pp_held[i];
+    t->pp_nheld = 0;
+    if (ch) ops[n++] = (cm_p2p){.c = ch, .buf = buf, .bytes = bytes, .peer = peer, .send = 0};
+    if (ch) t->pp_last_from = peer;
+    if (!n) return 0;
+    double tl0 = tl_now();
+    int rc = ops[0].c->ops->p2p_q(ops, n, t->be->ops->stream(t->be));
+    trainer__tl(t, TL_SEND, -1, -1, tl0);
+    return rc;
+}
+
+/* A send held for the next operation's receive (at most one per operation). */
+static int dev_hold(trainer *t, cm_comm *ch, const void *buf, size_t bytes, int peer) {
+    if (t->pp_nheld == (int)(sizeof t->pp_held / sizeof t->pp_held[0]))
+        return co_err_set(CO_EINTERNAL, "pipeline: more than %d sends held", t->pp_nheld);
+    t->pp_held[t->pp_nheld++] = (cm_p2p){.c = ch, .buf = (void *)buf, .bytes = bytes, .peer = peer, .send = 1};
+    return 0;
+}
+
+/* Syncs the backend where it waits for what the device channels receive, telling whoever
+ * watches that it waits for pipeline rank `stage` (the supervisor's hang detection of a
+ * pipeline reads these waits: no host receive says it any more). */
+static void dev_wait(trainer *t, int stage) {
+    double tw = now_s(), tl0 = tl_now();
+    waiting(t, stage);
+    t->be->ops->sync(t->be);
+    waiting(t, -1);
+    trainer__tl(t, TL_RECV_WAIT, -1, -1, tl0);
+    t->recv_s += now_s() - tw;
+}
+
+/* The backend's sticky status, then a failure of the device channels' queued operations. */
+static int dev_status(trainer *t) {
+    int rc = kb_backend_status(t->be);
+    if (!rc && on_device(t)) rc = t->g.pp_dev->ops->queued_error(t->g.pp_dev);
+    if (!rc && on_device(t)) rc = t->g.pp_dev_bwd->ops->queued_error(t->g.pp_dev_bwd);
+    return rc;
 }
 
 /* The metadata sent with a micro batch's activations: its positions and document starts
@@ -136,6 +214,13 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     size_t act_out = act * (size_t)gpt_chunk_streams(t->model, ci, true, train);
     tr_batch *x = &t->mbuf[mb];
     int rc = 0;
+    int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size, next = (t->pp_rank + 1) % t->pp_size;
+    bool dev = on_device(t);
+    /* on the device: the held sends and the input's receive, posted before any wait */
+    if (dev)
+        rc = d->embedding ? dev_post(t, NULL, NULL, 0, 0)
+                          : dev_post(t, t->g.pp_dev, gpt_chunk_input(t->model, ci, s), act_in * sizeof(float), prev);
+    if (rc) return rc;
     double t0 = now_s();
     /* the data: tokens for the embedding and the MTP depths, labels and mask for the loss */
     if (d->embedding || d->head || d->mtp) rc = read_batch(t, split, mb, first_sample, train);
@@ -143,11 +228,11 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     if (!rc && !d->embedding) {
         /* the previous stage's output, with the micro batch's positions and document starts */
         cm_comm *ch = t->g.pp;
-        int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size;
         double tw = now_s(), tl0 = tl_now();
         waiting(t, prev);
         rc = ch->ops->recv(ch, t->meta, meta_ints(t) * sizeof(int32_t), prev, TRAIN_COMM_TIMEOUT_MS);
-        if (!rc) rc = ch->ops->recv(ch, gpt_chunk_input(t->model, ci, s), act_in * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
+        if (!rc && !dev)
+            rc = ch->ops->recv(ch, gpt_chunk_input(t->model, ci, s), act_in * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
         waiting(t, -1);
         trainer__tl(t, TL_RECV_WAIT, mb, ci, tl0);
         t->recv_s += now_s() - tw;
@@ -162,24 +247,31 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     describe(t, mb, &b);
     double loss = 0, tl0 = tl_now();
     if (train) {
+        if (on_device(t) && t->inj && t->inj->n > 0) dev_wait(t, t->pp_last_from); /* (a fault may write weights from the host) */
         trainer__inject_forward(t, t->iteration + 1, mb, c->micro_batch_size * x->T);
+        /* (on the device the head's loss read waits for the received input: said as a wait
+         * for the previous stage, its compute included) */
+        bool said = dev && d->head;
+        if (said) waiting(t, prev);
         tl0 = tl_now();
         loss = gpt_chunk_forward(t->model, ci, s, &b, true, seed, d->head ? x->dscale : NULL, NULL);
+        if (said) waiting(t, -1);
         trainer__tl(t, TL_FORWARD, mb, ci, tl0);
         if (d->head) t->poison[mb] = trainer__inject_loss(t, t->iteration + 1, mb, t->share_of, &loss);
     } else {
         loss = gpt_chunk_forward(t->model, ci, s, &b, false, 0, d->head ? t->zeros : NULL, NULL);
     }
-    if ((rc = kb_backend_status(t->be))) return rc;
+    if ((rc = dev_status(t))) return rc;
     if (d->head) t->mb_loss_local[mb] = loss;
     t->phase_ms[TR_PH_FORWARD] += 1000 * (now_s() - t1);
     if (!d->head) {
         cm_comm *ch = t->g.pp;
-        int next = (t->pp_rank + 1) % t->pp_size;
         meta_pack(t, x);
         tl0 = tl_now();
         rc = ch->ops->send(ch, t->meta, meta_ints(t) * sizeof(int32_t), next, TRAIN_COMM_TIMEOUT_MS);
-        if (!rc) rc = ch->ops->send(ch, gpt_chunk_output(t->model, ci, s), act_out * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
+        if (!rc && dev) rc = dev_hold(t, t->g.pp_dev, gpt_chunk_output(t->model, ci, s), act_out * sizeof(float), next);
+        else if (!rc)
+            rc = ch->ops->send(ch, gpt_chunk_output(t->model, ci, s), act_out * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
         trainer__tl(t, TL_SEND, mb, ci, tl0);
     }
     return rc;
@@ -192,9 +284,14 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     size_t act_in = act * (size_t)gpt_chunk_streams(t->model, ci, false, true);
     size_t act_out = act * (size_t)gpt_chunk_streams(t->model, ci, true, true);
     int rc = 0;
-    if (!d->head) {
+    int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size, next = (t->pp_rank + 1) % t->pp_size;
+    if (on_device(t)) {
+        /* the held sends and the output gradient's receive; nothing for the host to wait for */
+        rc = d->head ? dev_post(t, NULL, NULL, 0, 0)
+                     : dev_post(t, t->g.pp_dev_bwd, gpt_chunk_output_grad(t->model), act_out * sizeof(float), next);
+        if (rc) return rc;
+    } else if (!d->head) {
         cm_comm *ch = t->g.pp_bwd;
-        int next = (t->pp_rank + 1) % t->pp_size;
         double tw = now_s(), tl0 = tl_now();
         waiting(t, next);
         rc = ch->ops->recv(ch, gpt_chunk_output_grad(t->model), act_out * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
@@ -212,12 +309,17 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     trainer__overlap_last(t, mb == t->M - 1, !d->head || !t->poison[mb]);
     gpt_chunk_backward(t->model, ci, s, &b, seed);
     trainer__tl(t, TL_BACKWARD, mb, ci, tl0);
-    if (d->head) trainer__inject_grads(t, t->iteration + 1, mb, t->poison[mb]);
-    if ((rc = kb_backend_status(t->be))) return rc;
+    if (d->head) {
+        /* (an injected fault writes gradients from the host: the backward must have run) */
+        if (on_device(t) && (t->poison[mb] >= 0 || (t->inj && t->inj->n > 0))) dev_wait(t, t->pp_last_from);
+        trainer__inject_grads(t, t->iteration + 1, mb, t->poison[mb]);
+    }
+    if ((rc = dev_status(t))) return rc;
     t->phase_ms[TR_PH_BACKWARD] += 1000 * (now_s() - t0);
-    if (!d->embedding) {
+    if (!d->embedding && on_device(t)) {
+        rc = dev_hold(t, t->g.pp_dev_bwd, gpt_chunk_input_grad(t->model), act_in * sizeof(float), prev);
+    } else if (!d->embedding) {
         cm_comm *ch = t->g.pp_bwd;
-        int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size;
         tl0 = tl_now();
         rc = ch->ops->send(ch, gpt_chunk_input_grad(t->model), act_in * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
         trainer__tl(t, TL_SEND, mb, ci, tl0);
@@ -264,9 +366,13 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     /* data_rank: this replica's own share, or (a check round of the rerun state machine) the
      * suspect replica's, which this whole pipeline recomputes */
     t->share_of = data_rank;
+    say_channels(t);
+    gpt_set_device_pipeline(t->model, on_device(t));
     trainer__overlap_arm(t);
     gpt_zero_grad(t->model);
     memset(t->have_batch, 0, sizeof *t->have_batch * (size_t)t->M);
+    t->pp_nheld = 0;
+    t->pp_last_from = (t->pp_rank + 1) % t->pp_size;
     int rc = 0;
     for (int i = 0; i < t->nops && !rc; i++) {
         const pp_op *op = &t->ops[i];
@@ -278,7 +384,17 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
             rc = stage_backward(t, op->mb, op->chunk, seed);
         }
     }
+    /* on the device: the last sends (before the losses' wait), then the one wait of the
+     * list, for the gradients the host reads next, and the failures of what was queued */
+    if (!rc && on_device(t)) rc = dev_post(t, NULL, NULL, 0, 0);
+    if (!rc && on_device(t)) {
+        dev_wait(t, t->pp_last_from);
+        rc = dev_status(t);
+    }
     if (!rc) rc = share_losses(t, loss_out, tok_out);
+    /* a failed list leaves nothing queued that the host's next writes (a reload, a peer's
+     * state) would race: what is queued on aborted communicators ends at once */
+    if (rc && on_device(t)) t->be->ops->sync(t->be);
     if (!rc && t->g.tp) rc = gpt_tp_finalize_grads(t->model);
     double tl0 = tl_now();
     if (!rc) rc = sum_tied_embedding(t);
@@ -292,14 +408,23 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
 int trainer__pipeline_evaluate(trainer *t, int split, double *loss_out, double *tok_out) {
     const co_config *c = &t->cfg;
     t->share_of = t->topo.dp_rank;
+    gpt_set_device_pipeline(t->model, on_device(t));
     double loss = 0, tok = 0;
     int rc = 0;
     for (int64_t it = 0; it < c->eval_iters && !rc; it++) {
         memset(t->have_batch, 0, sizeof *t->have_batch * (size_t)t->M);
+        t->pp_nheld = 0;
+        t->pp_last_from = (t->pp_rank + t->pp_size - 1) % t->pp_size;
         /* each micro batch through the chunks in pipeline order (forwards only: no bubble to fill) */
         for (int mb = 0; mb < t->M && !rc; mb++)
             for (int ci = 0; ci < gpt_num_chunks(t->model) && !rc; ci++)
                 rc = stage_forward(t, split, t->consumed[split], mb, ci, false, 0);
+        if (!rc && on_device(t)) rc = dev_post(t, NULL, NULL, 0, 0);
+        if (!rc && on_device(t)) { /* (what the host does next may read the weights) */
+            t->be->ops->sync(t->be);
+            rc = dev_status(t);
+        }
+        if (rc && on_device(t)) t->be->ops->sync(t->be); /* (as after a failed step) */
         double l = 0, k = 0;
         if (!rc) rc = share_losses(t, &l, &k);
         loss += l;

@@ -24,6 +24,10 @@ typedef struct tr_groups {
      * gradients'), the embedding group (NULL off the stages holding a copy of the word
      * embedding) and the model-parallel group (tensor x pipeline: one replica) */
     struct cm_comm *pp, *pp_bwd, *emb, *mp;
+    /* the pipeline's two channels on the device (NCCL, --device cuda; NULL otherwise): the
+     * activations and their gradients, sent and received in stream order (train/pipeline.c);
+     * pp and pp_bwd still carry the micro batches' positions and the losses, on the host */
+    struct cm_comm *pp_dev, *pp_dev_bwd;
     /* the context group, the data x context group (gradients and loss reports are summed over
      * it) and the tensor x context group (the MoE layers' token group under tensor
      * parallelism) (train/trainer_cp.c) */

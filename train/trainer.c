@@ -227,6 +227,8 @@ static int adopt_groups(trainer *t, const tr_groups *g) {
     t->pp_rank = t->g.pp ? t->g.pp->rank : 0;
     if (t->g.pp) {
         t->g.pp_bwd = g->pp_bwd;
+        t->g.pp_dev = g->pp_dev;
+        t->g.pp_dev_bwd = g->pp_dev_bwd;
         t->g.emb = g->emb;
         t->g.mp = g->mp;
         if (t->pp_size != c->pipeline_model_parallel_size || !t->g.pp_bwd || !t->g.mp)
@@ -1244,6 +1246,8 @@ void trainer_set_groups(trainer *t, const tr_groups *g) {
     if (t->pp_size > 1) {
         t->g.pp = g->pp;
         t->g.pp_bwd = g->pp_bwd;
+        t->g.pp_dev = g->pp_dev;
+        t->g.pp_dev_bwd = g->pp_dev_bwd;
         t->g.emb = g->emb;
         t->g.mp = g->mp;
     }

@@ -136,6 +136,11 @@ struct trainer {
                              * local token's row and the local tokens per sequence) sent with
                              * the activations */
     double recv_s;          /* waiting for a peer stage since the last log line */
+    cm_p2p pp_held[2];      /* on the device (g.pp_dev): the sends held for the next operation's
+                             * receive (train/pipeline.c) */
+    int pp_nheld;
+    int pp_last_from;       /* the pipeline rank of the last receive posted on the device */
+    bool pp_said;           /* which channels the pipeline uses was logged */
     int share_of;           /* the data-parallel replica whose micro batches the pipeline runs */
     void (*wait_fn)(void *ctx, int stage); /* trainer_set_wait_fn */
     void *wait_ctx;

@@ -22,6 +22,7 @@ struct wk_comms {
     topo_group_kind grad_kind;       /* which group it is */
     cm_comm *nworld;                 /* NCCL (wk_comms_new_nccl), NULL without */
     cm_comm *ngroup[TOPO_NGROUP_KINDS];
+    cm_comm *npp_bwd;                /* NCCL's pipeline group again: the gradients' channel */
 };
 
 /* The NCCL world from the generation's unique id, then every group split from it: every
@@ -42,6 +43,18 @@ static int open_nccl(wk_comms *cs, const sv_assignment *asg, int device) {
             char keep[400];
             snprintf(keep, sizeof keep, "%s", co_err_detail());
             co_err_set(rc, "splitting the NCCL %s group: %s", topo_group_name((topo_group_kind)k), keep);
+        }
+    }
+    /* the pipeline's gradients get a communicator of their own, as over ZeroMQ: sends between
+     * two ranks match receives in posting order per communicator, and with interleaving both
+     * directions carry activations and gradients (every rank calls the split: pp is global) */
+    if (!rc && cs->group[TOPO_G_PP] && cs->group[TOPO_G_PP]->size > 1) {
+        rc = cm_nccl_split_color(cs->nworld, cs->gindex[TOPO_G_PP], cs->group[TOPO_G_PP]->rank, &cs->npp_bwd,
+                                 no.init_timeout_ms);
+        if (rc) {
+            char keep[400];
+            snprintf(keep, sizeof keep, "%s", co_err_detail());
+            co_err_set(rc, "splitting the NCCL pipeline's gradient channel: %s", keep);
         }
     }
     return rc;
@@ -164,6 +177,7 @@ void wk_comms_abort(void *ctx) {
     if (cs->grad) cs->grad->ops->abort(cs->grad);
     for (int k = 0; k < TOPO_NGROUP_KINDS; k++)
         if (cs->ngroup[k]) cs->ngroup[k]->ops->abort(cs->ngroup[k]);
+    if (cs->npp_bwd) cs->npp_bwd->ops->abort(cs->npp_bwd);
     if (cs->nworld) cs->nworld->ops->abort(cs->nworld);
     if (cs->world) cs->world->ops->abort(cs->world);
 }
@@ -178,6 +192,7 @@ void wk_comms_destroy(wk_comms **pcs) {
     }
     cm_destroy(&cs->pp_bwd);
     cm_destroy(&cs->grad);
+    cm_destroy(&cs->npp_bwd);
     cm_destroy(&cs->nworld);
     cm_destroy(&cs->world);
     free(cs);
@@ -208,6 +223,11 @@ int wk_comms_rank_in(const wk_comms *cs, topo_group_kind k, int w) {
     return -1;
 }
 
+cm_comm *wk_comms_pipeline_device(const wk_comms *cs, int dir) {
+    if (!cs || !cs->nworld || !cs->npp_bwd) return NULL;
+    return dir ? cs->npp_bwd : cs->ngroup[TOPO_G_PP];
+}
+
 const topo_layout *wk_comms_layout(const wk_comms *cs) { return &cs->layout; }
 
 void wk_comms_trainer_groups(const wk_comms *cs, const co_config *c, tr_groups *g) {
@@ -218,6 +238,8 @@ void wk_comms_trainer_groups(const wk_comms *cs, const co_config *c, tr_groups *
     if (c->pipeline_model_parallel_size > 1) {
         g->pp = wk_comms_pipeline(cs, 0);
         g->pp_bwd = wk_comms_pipeline(cs, 1);
+        g->pp_dev = wk_comms_pipeline_device(cs, 0);
+        g->pp_dev_bwd = wk_comms_pipeline_device(cs, 1);
         g->emb = wk_comms_group(cs, TOPO_G_EMBEDDING);
         g->mp = wk_comms_group(cs, TOPO_G_MP);
     }

@@ -58,6 +58,10 @@ cm_comm *wk_comms_group(const wk_comms *cs, topo_group_kind k);
  * their gradients (backward). Each channel delivers a peer's messages in the order sent, so
  * the two directions of one pair of ranks never wait on each other's order. */
 cm_comm *wk_comms_pipeline(const wk_comms *cs, int dir);
+/* The same two channels over NCCL (NULL without NCCL or without a pipeline): the pipeline's
+ * NCCL group and a second NCCL communicator of its ranks, for activations and gradients on
+ * the device in stream order (train/pipeline.c); wk_comms_abort aborts both. */
+cm_comm *wk_comms_pipeline_device(const wk_comms *cs, int dir);
 /* The world rank of member i of this rank's group k (-1: none). */
 int wk_comms_member(const wk_comms *cs, topo_group_kind k, int i);
 /* The rank within group k of world rank w (-1: w is not in this rank's group k). */

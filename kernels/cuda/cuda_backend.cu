@@ -136,6 +136,8 @@ static void cu_sync(kb_backend *b) {
     cu_digests_deliver(b);
 }
 
+static void *cu_stream(kb_backend *b) { return (void *)cu_st(b)->stream; }
+
 static bool host_memory(const void *p) {
     cudaPointerAttributes a;
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -197,6 +199,8 @@ static const kb_ops cuda_ops = {
     // fused products: cuBLASLt's GELU epilogues (cuda_matmul.cu)
     /* .linear_gelu_forward = */ cu_linear_gelu_forward,
     /* .linear_backward_dgelu = */ cu_linear_backward_dgelu,
+    // ordering other device work (stream-ordered NCCL) with the backend's
+    /* .stream = */ cu_stream,
 };
 
 // ---- which GPUs this build can run on ----

@@ -4,12 +4,21 @@
 # and the NCCL stand-in: docs/testing.md), one case per meson test (suite cudasim). Every
 # rank is a process with a stand-in GPU of its own (COHORT_CUDASIM_DEVICES=4); the supervisor
 # makes the NCCL unique id through the module, the ranks build their NCCL groups from it.
-#   dp2, tp2, pp2, tp2_dp2 (and *_bf16 with --bf16): the layout trains 3 iterations on the
-#     stand-in and on the CPU backend (the same layout, ZeroMQ groups): the logged losses
-#     (training and validation) agree within 1e-5 relative (fp32; 2e-5 with --bf16: the
-#     products' bf16 roundings differ with the summation order), and the final parameters
-#     within 1e-5 absolute (fp32; with --bf16 only within 2.5e-3, a bound of what 3 Adam
-#     steps at lr 1e-3 can move a weight, where an update near zero may go either way).
+#   dp2, tp2, pp2, tp2_dp2, vpp2, tp2_pp2, tp2_sp (sequence parallelism: the queued
+#     reduce-scatters and all-gathers) (and *_bf16 with --bf16): the layout trains 3
+#     iterations on the stand-in and on the CPU backend (the same layout, ZeroMQ groups): the
+#     logged losses (training and validation) agree within 1e-5 relative (fp32; 2e-5 with
+#     --bf16: the products' bf16 roundings differ with the summation order), and the final
+#     parameters within 1e-5 absolute (fp32; with --bf16 only within 2.5e-3, a bound of what 3
+#     Adam steps at lr 1e-3 can move a weight, where an update near zero may go either way).
+#     With a pipeline (pp2, tp2_pp2; vpp2: 4 layers, 2 chunks a rank, the interleaved
+#     schedule) the activations and gradients go over NCCL on the device in stream order
+#     (train/pipeline.c; the interleaved schedule's still over the host): each rank must say
+#     which, and a second stand-in run must end bitwise equal to the first (checkpoint and
+#     losses).
+#   Every case runs with COHORT_SIM_NCCL_RENDEZVOUS=1: a stand-in send finishes only when its
+#     receiver took it, as a large message on real NCCL, so a schedule that needs NCCL to
+#     buffer a send deadlocks here too.
 #   tp2_dp2_fp16: tp 2 x dp 2 with --fp16 (a static scale of 4096) and an overflow injected
 #     into rank 3's gradients at iteration 2 (COHORT_TEST_FP16_OVERFLOW): on the stand-in
 #     (fp16 products through cuBLASLt, NCCL groups) that step is skipped on every rank as on
@@ -27,16 +36,36 @@
 #     no majority of two, so the step is replayed and the rank whose weights changed since its
 #     optimizer step wrote them (the fused AdamW checksum) is repaired from the other: the job
 #     ends bitwise the fault-free run.
-#   pp2_killed: the last pipeline stage of a pp 2 job SIGKILLed in iteration 2: its stage has
-#     no other replica, so the new generation (new NCCL world and pipeline group) loads the
-#     checkpoint of iteration 1 on both ranks and the job ends bitwise the fault-free run.
-#   pp2_syncs: a training step makes a bounded number of host waits, not one per tensor: the
-#     stand-in counts each rank's (cudasim_sync_count; COHORT_CUDASIM_COUNTS writes them at
-#     exit) in a 2- and a 6-iteration pp 2 run of a 4-layer model (about 25 tensors a stage,
-#     4 micro batches a step); the four extra steps cost each rank at most MAX waits a step:
-#     4 per micro batch (its loss read, the end of its backward, the pipeline's send and
-#     receive syncs) + 6 (the gradient norm's one: its runs reduced on the device, the
-#     optimizer step's, the log line's...), where the norm alone waited once per tensor.
+#   pp2_killed, tp2_pp2_killed: the last pipeline stage of a pp 2 job (a rank of it under
+#     tp 2 x pp 2) SIGKILLed in iteration 2 while its peers' NCCL sends and receives are
+#     queued on their streams: its stage has no other replica, so the new generation (new
+#     NCCL world and pipeline channels) loads the checkpoint of iteration 1 on every rank and
+#     the job ends bitwise the fault-free run.
+#   pp2_nan: a NaN loss on the last stage of a pp 2 job is replayed and the job ends bitwise
+#     the fault-free run.
+#   pp2_nccl_hang: the last stage of a pp 2 job hangs in its forward, so the first stage's
+#     stream waits in an NCCL receive of the pipeline's gradient channel; the soft timeout
+#     aborts the generation, and the link's abort must reach that communicator (ncclCommAbort
+#     on every NCCL communicator of the rank) so that the first stage unwinds in process:
+#     nobody is replaced, and the job ends bitwise the fault-free run
+#     (COHORT_SIM_NCCL_ABORT_SILENT=1, as in nccl_hang). The hang must be found from rank 0's
+#     report that it waits for rank 1 (its device waits are reported as the pipeline's host
+#     receives are), not from the stand-in's 120 s deadline of the queued receive.
+#   pp2_syncs, tp2_syncs: a training step makes a bounded number of host waits, not one per
+#     tensor or layer: the stand-in counts each rank's (cudasim_sync_count;
+#     COHORT_CUDASIM_COUNTS writes them at exit) in a 2- and a 6-iteration run of a 4-layer
+#     model (about 25 tensors a stage, 4 micro batches a step); the four extra steps cost the
+#     busiest rank at most MAX waits a step (the stand-in counts a loss read twice: the copy
+#     to the host and its wait). pp 2: the last stage 2 per micro batch (its loss read; the
+#     activations and gradients go over NCCL in stream order, so neither the end of a
+#     chunk's forward nor of its backward waits) + 8 (the one wait after the schedule, the
+#     gradient norm's, the optimizer step's, the log line's...): 16 are counted, where with
+#     the pipeline over the host it was 18 (and the bound 4 per micro batch + 6); the first
+#     stage, which reads no loss, at most 8 (no wait per micro batch). tp 2 (one
+#     model split over 2 ranks): 5 per micro batch (the batch's broadcast, the
+#     cross-entropy's row max, the loss read, the end of the backward) + 8, with every
+#     collective of the layers queued on the stream, where syncing before each collective
+#     added 4 a layer and micro batch.
 #   dopt_dp2, dopt_tp2_dp2, dopt_tp2_pp2, mtp_pp2, cp2, cp2_thd, ep2_alltoall, ep2_allgather,
 #     moe_tp2, moe_bf16, overlap_dp2: what the CPU backend runs and cuda refused before (the
 #     distributed optimizer, multi-token prediction, context parallelism with the sequence
@@ -53,7 +82,7 @@
 cohort=$1; cudasim=$2; case_name=$3
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 export COHORT_CPU_EXE=$cohort
-export COHORT_CUDASIM_DEVICES=4 OMP_WAIT_POLICY=passive
+export COHORT_CUDASIM_DEVICES=4 OMP_WAIT_POLICY=passive COHORT_SIM_NCCL_RENDEZVOUS=1
 workdir cudasim-nccl
 
 iters=3
@@ -102,6 +131,9 @@ layout() {
     tp2) echo "--nproc-per-node 2 --tensor-model-parallel-size 2" ;;
     pp2) echo "--nproc-per-node 2 --pipeline-model-parallel-size 2" ;;
     tp2_dp2) echo "--nproc-per-node 4 --tensor-model-parallel-size 2" ;;
+    vpp2) echo "--nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers 4 --virtual-pipeline-model-parallel-size 2" ;;
+    tp2_pp2) echo "--nproc-per-node 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2" ;;
+    tp2_sp) echo "--nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel" ;;
     esac
 }
 
@@ -134,6 +166,26 @@ feature() {
 }
 D=--use-distributed-optimizer
 from_memory="resume after iteration [0-9]* with the state of ranks\? [0-9, ]* (.*1 replaced"
+
+# syncs_per_step NAME FLAGS...: the busiest rank's host waits of one step, from a 2- and a
+# 6-iteration run of a 4-layer model, into $per
+syncs_per_step() {
+    local name=$1 it a b; shift
+    for it in 2 6; do
+        tiny_model --num-layers 4 --train-iters $it
+        COHORT_CUDASIM_COUNTS="$work/$name-counts$it" run $name$it "$cudasim" cuda "$@"; ok $name$it
+        [ "$(wc -l <"$work/$name-counts$it")" -ge 2 ] || fail "the stand-in wrote no counts: $(cat "$work/$name-counts$it")"
+    done
+    # the most a rank waited: the worker processes' lines (the supervisor has no device work)
+    a=$(awk '{print $4}' "$work/$name-counts2" | sort -n | tail -1); b=$(awk '{print $4}' "$work/$name-counts6" | sort -n | tail -1)
+    per=$(( (b - a + 3) / 4 ))
+    echo "host waits of the busiest rank: $a in 2 iterations, $b in 6: $per a step"
+    [ "$per" -ge 1 ] || fail "no waits counted ($a, $b): the counter does not count"
+    # and of the second busiest (with two workers: the other one)
+    a=$(awk '{print $4}' "$work/$name-counts2" | sort -n | tail -2 | head -1); b=$(awk '{print $4}' "$work/$name-counts6" | sort -n | tail -2 | head -1)
+    per2=$(( (b - a + 3) / 4 ))
+    echo "host waits of the second busiest rank: $a in 2 iterations, $b in 6: $per2 a step"
+}
 
 case $case_name in
 dopt_dp2)
@@ -233,13 +285,22 @@ moe_bf16)
     same_losses cuda f "the faulty stand-in run logged other numbers than the fault-free one"
     ckpt_same "$(ckpt cuda)" "$(ckpt f)"
     ;;
-dp2|tp2|pp2|tp2_dp2|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16)
+dp2|tp2|pp2|tp2_dp2|vpp2|tp2_pp2|tp2_sp|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16)
     l=${case_name%_bf16}; flags=($(layout $l)); lrel=1e-5; pabs=1e-5
     [ "$l" != "$case_name" ] && { flags+=(--bf16); lrel=2e-5; pabs=2.5e-3; }
     run cpu "$cohort" cpu "${flags[@]}"; ok cpu
     run cuda "$cudasim" cuda "${flags[@]}"; ok cuda
     grep -q "cudasim (the CPU stand-in" "$work/cuda.out" || fail "not on the stand-in: $(head -3 "$work/cuda.out")"
     close cpu cuda $lrel $pabs
+    if [[ " ${flags[*]} " == *" --pipeline-model-parallel-size "* ]]; then
+        said="pipeline: activations and gradients over NCCL"
+        [ $l = vpp2 ] && said="pipeline: the interleaved schedule's activations and gradients go over the host"
+        n=$(grep -c "$said" "$work/cuda.out")
+        [ "$n" -ge "${flags[1]}" ] || fail "$n rank(s) say the pipeline goes over NCCL: $(grep -i pipeline "$work/cuda.out" | head -3)"
+        run again "$cudasim" cuda "${flags[@]}"; ok again
+        same_losses cuda again "two stand-in runs differ"
+        ckpt_same "$(ckpt cuda)" "$(ckpt again)"
+    fi
     ;;
 tp2_dp2_fp16)
     flags=($(layout tp2_dp2) --fp16 --loss-scale 4096)
@@ -287,30 +348,53 @@ sdc)
     grep -q "iteration 2: repair (persistent_error): rank 1: parameters changed in memory since its last update .*repaired from rank 0" \
         "$work/f.out" || fail "no repair: $(grep supervisor "$work/f.out")"
     ;;
-pp2_killed)
-    pp=(--nproc-per-node 2 --pipeline-model-parallel-size 2 --save-interval 1 $quick)
+pp2_killed|tp2_pp2_killed)
+    pp=(--nproc-per-node 2 --pipeline-model-parallel-size 2 --save-interval 1 $quick); victim=1
+    [ $case_name = tp2_pp2_killed ] && { pp[1]=4; pp+=(--tensor-model-parallel-size 2); victim=3; }
     run clean "$cudasim" cuda "${pp[@]}"; ok clean
-    run f "$cudasim" cuda "${pp[@]}" --inject "kill@rank=1,step=2"; ok f
+    run f "$cudasim" cuda "${pp[@]}" --inject "kill@rank=$victim,step=2"; ok f
     grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
     grep -q "loads the checkpoint of iteration 1" "$work/f.out" ||
         fail "not resumed from the checkpoint: $(grep supervisor "$work/f.out")"
     same_losses clean f "the faulty run logged other numbers than the fault-free one"
     ckpt_same "$(ckpt clean)" "$(ckpt f)"
     ;;
+pp2_nan)
+    pp=(--nproc-per-node 2 --pipeline-model-parallel-size 2 $quick)
+    run clean "$cudasim" cuda "${pp[@]}"; ok clean
+    run f "$cudasim" cuda "${pp[@]}" --inject "nan@rank=1,step=2,microbatch=1"; ok f
+    grep -q "iteration 2: rerun" "$work/f.out" || fail "no replay of iteration 2: $(grep -i nan "$work/f.out" | head -3)"
+    same_losses clean f "the faulty run logged other numbers than the fault-free one"
+    ckpt_same "$(ckpt clean)" "$(ckpt f)"
+    ;;
+pp2_nccl_hang)
+    # (a hard timeout of 12 s: after the abort the stand-in still runs, on the CPU, the
+    # kernels rank 0 queued behind the aborted receive before it reaches the barrier)
+    pp=(--nproc-per-node 2 --pipeline-model-parallel-size 2 --save-interval 1 --inprocess-soft-timeout 2
+        --inprocess-hard-timeout 12 --inprocess-barrier-timeout 60)
+    run clean "$cudasim" cuda "${pp[@]}"; ok clean
+    COHORT_SIM_NCCL_ABORT_SILENT=1 run f "$cudasim" cuda "${pp[@]}" --inject "hang@rank=1,step=2"; ok f
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    grep -q "rank 0: generation aborted during iteration 2" "$work/f.out" ||
+        fail "rank 0 did not unwind: $(grep 'rank 0\|supervisor' "$work/f.out")"
+    grep -q "0 replaced" "$work/f.out" || fail "a rank was replaced: $(grep supervisor "$work/f.out")"
+    # found by the supervisor from rank 0's reported wait, not by a device operation's deadline
+    grep -q "no progress: rank 0 waited .* for rank 1's pipeline message" "$work/f.out" ||
+        fail "the hang was not found from rank 0's wait: $(grep 'supervisor' "$work/f.out" | head -3)"
+    same_losses clean f "the faulty run logged other numbers than the fault-free one"
+    ckpt_same "$(ckpt clean)" "$(ckpt f)"
+    ;;
 pp2_syncs)
-    max=$((4 * 4 + 6))
-    for it in 2 6; do
-        tiny_model --num-layers 4 --train-iters $it
-        COHORT_CUDASIM_COUNTS="$work/counts$it" run s$it "$cudasim" cuda --nproc-per-node 2 \
-            --pipeline-model-parallel-size 2; ok s$it
-        [ "$(wc -l <"$work/counts$it")" -ge 2 ] || fail "the stand-in wrote no counts: $(cat "$work/counts$it")"
-    done
-    # the most a rank waited: the worker processes' lines (the supervisor has no device work)
-    a=$(awk '{print $4}' "$work/counts2" | sort -n | tail -1); b=$(awk '{print $4}' "$work/counts6" | sort -n | tail -1)
-    per=$(( (b - a + 3) / 4 ))
-    echo "host waits of the busiest rank: $a in 2 iterations, $b in 6: $per a step"
-    [ "$per" -ge 1 ] || fail "no waits counted ($a, $b): the counter does not count"
-    [ "$per" -le $max ] || fail "a step waits for the GPU $per times (at most $max expected): $a in 2 iterations, $b in 6"
+    max=$((2 * 4 + 8))
+    syncs_per_step pp --nproc-per-node 2 --pipeline-model-parallel-size 2
+    [ "$per" -le $max ] || fail "a step waits for the GPU $per times (at most $max expected)"
+    # the first stage reads no loss: no wait per micro batch at all
+    [ "$per2" -le 8 ] || fail "the first stage waits for the GPU $per2 times a step (at most 8 expected)"
+    ;;
+tp2_syncs)
+    max=$((5 * 4 + 8))
+    syncs_per_step tp --nproc-per-node 2 --tensor-model-parallel-size 2
+    [ "$per" -le $max ] || fail "a step waits for the GPU $per times (at most $max expected)"
     ;;
 *) fail "unknown case $case_name" ;;
 esac

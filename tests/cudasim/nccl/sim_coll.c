@@ -138,6 +138,18 @@ static ncclResult_t run_coll(sim_op *o) {
 
 /* ---- point to point ---- */
 
+/* COHORT_SIM_NCCL_RENDEZVOUS=1: a send finishes only once the receiver has taken its last
+ * chunk, not when that chunk is posted (a pair's channel holds one), as a large message on
+ * real NCCL does; so a schedule that needs NCCL to buffer a send deadlocks here too. */
+static bool rendezvous(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("COHORT_SIM_NCCL_RENDEZVOUS");
+        on = e && *e == '1';
+    }
+    return on;
+}
+
 /* Moves one chunk of a send or receive if its channel allows; *moved says whether it did. */
 static ncclResult_t p2p_step(sim_op *o, bool *moved) {
     sim_comm *c = o->c;
@@ -148,6 +160,10 @@ static ncclResult_t p2p_step(sim_op *o, bool *moved) {
     uint64_t sent = atomic_load(&ch->sent), taken = atomic_load(&ch->taken);
     if (send) {
         if (sent != taken) return ncclSuccess; /* the receiver has not taken the last chunk */
+        if (o->done == total) { /* (rendezvous) the receiver took the last chunk */
+            o->finished = *moved = true;
+            return ncclSuccess;
+        }
         size_t len = total - o->done < SIM_CHAN_BYTES ? total - o->done : SIM_CHAN_BYTES;
         memcpy(buf, (const char *)o->send + o->done, len);
         ch->total = total;
@@ -165,7 +181,7 @@ static ncclResult_t p2p_step(sim_op *o, bool *moved) {
     }
     sim_wake(c);
     *moved = true;
-    o->finished = o->done == total;
+    o->finished = o->done == total && (!send || !rendezvous());
     return ncclSuccess;
 }
 

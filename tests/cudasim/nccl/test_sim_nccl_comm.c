@@ -5,8 +5,10 @@
  * joins (CO_ETIMEOUT there, CO_EREMOTE at the peer), cm_abort from another thread ends one
  * in progress (CO_EABORTED there, CO_EREMOTE elsewhere), a peer killed by SIGKILL gives
  * CO_EREMOTE, all-to-all sizes that do not match fail every rank (CO_EPROTOCOL), and a
- * split whose parent fails leaves no communicator behind, each within a bounded time; and
- * no shared-memory segment is left behind. */
+ * split whose parent fails leaves no communicator behind, each within a bounded time; the
+ * stream-ordered operations (comm.h's *_q) on a stream of the caller's, a batch of sends and
+ * receives over two communicators with rendezvous sends, a host buffer refused, an abort
+ * reported by queued_error; and no shared-memory segment is left behind. */
 #include "tests/test.h"
 
 #include "comm/nccl_comm.h"
@@ -163,6 +165,94 @@ static void test_ops(void) {
     CHECK(leftover_segments() == 0);
 }
 
+/* ---- the stream-ordered operations (comm.h's *_q): queued on the caller's stream ---- */
+
+static void rank_queued(int rank, int n, const char *dir, const void *arg) {
+    (void)dir;
+    const ids *ids = arg;
+    /* a send finishes only when its receiver took it: a batch must not need a buffered send */
+    setenv("COHORT_SIM_NCCL_RENDEZVOUS", "1", 1);
+    cm_comm *c = join(rank, n, ids->id[1]), *c2 = join(rank, n, ids->id[2]);
+    REQUIRE(c && c2);
+    REQUIRE(c->ops->allreduce_sum_q && c->ops->allgather_q && c->ops->reduce_scatter_sum_q && c->ops->p2p_q &&
+            c->ops->queued_error);
+    cudaStream_t st;
+    REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+    size_t cnt = 70001; /* several stand-in rounds and channel chunks */
+    float *h = malloc(cnt * sizeof *h), *d = NULL, *out = NULL, *back = NULL;
+    REQUIRE(cudaMalloc((void **)&d, cnt * sizeof *d) == cudaSuccess && cudaMalloc((void **)&out, cnt * sizeof *out) == cudaSuccess &&
+            cudaMalloc((void **)&back, cnt * sizeof *back) == cudaSuccess);
+    for (size_t i = 0; i < cnt; i++) h[i] = fval(rank, i);
+    cudaMemcpy(d, h, cnt * sizeof *h, cudaMemcpyHostToDevice);
+    CHECK(c->ops->allreduce_sum_q(c, d, cnt, CM_F32, st) == 0);
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+    cudaMemcpy(h, d, cnt * sizeof *h, cudaMemcpyDeviceToHost);
+    size_t bad = 0;
+    for (size_t i = 0; i < cnt; i++) {
+        float want = fval(0, i);
+        for (int r = 1; r < n; r++) want += fval(r, i);
+        bad += memcmp(&want, &h[i], 4) != 0;
+    }
+    CHECK_MSG(bad == 0, "queued all-reduce: %zu elements differ", bad);
+    /* one batch over two communicators: the ring forward on c, backward on c2 (every rank
+     * sends before it receives, which a rendezvous send outside a group would deadlock) */
+    int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    for (size_t i = 0; i < cnt; i++) h[i] = fval(rank + 10, i);
+    cudaMemcpy(d, h, cnt * sizeof *h, cudaMemcpyHostToDevice);
+    cm_p2p ring[4] = {{c, d, cnt * sizeof(float), next, 1},
+                      {c2, d, cnt * sizeof(float), prev, 1},
+                      {c, out, cnt * sizeof(float), prev, 0},
+                      {c2, back, cnt * sizeof(float), next, 0}};
+    CHECK(c->ops->p2p_q(ring, 4, st) == 0);
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+    CHECK(c->ops->queued_error(c) == 0 && c2->ops->queued_error(c2) == 0);
+    size_t bad_out = 0, bad_back = 0;
+    cudaMemcpy(h, out, cnt * sizeof *h, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < cnt; i++) bad_out += h[i] != fval(prev + 10, i);
+    cudaMemcpy(h, back, cnt * sizeof *h, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < cnt; i++) bad_back += h[i] != fval(next + 10, i);
+    CHECK_MSG(bad_out == 0 && bad_back == 0, "queued ring: %zu and %zu elements differ", bad_out, bad_back);
+    /* all-gather and reduce-scatter (device memory) */
+    float *g = NULL;
+    REQUIRE(cudaMalloc((void **)&g, (size_t)n * 7 * sizeof *g) == cudaSuccess);
+    float mine[7], all[N * 7];
+    for (int i = 0; i < 7; i++) mine[i] = fval(rank, (size_t)i);
+    cudaMemcpy(d, mine, sizeof mine, cudaMemcpyHostToDevice);
+    CHECK(c->ops->allgather_q(c, d, g, sizeof mine, st) == 0);
+    CHECK(c->ops->reduce_scatter_sum_q(c, g, out, 7, CM_F32, st) == 0); /* rank r: n x rank r's row */
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+    cudaMemcpy(all, g, (size_t)n * sizeof mine, cudaMemcpyDeviceToHost);
+    for (int r = 0; r < n; r++) CHECK(all[r * 7 + 6] == fval(r, 6));
+    float rr[7];
+    cudaMemcpy(rr, out, sizeof rr, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 7; i++) {
+        float want = fval(rank, (size_t)i);
+        for (int r = 1; r < n; r++) want += fval(rank, (size_t)i);
+        CHECK(memcmp(&want, &rr[i], 4) == 0);
+    }
+    /* a host buffer is refused (staging would wait for the device) */
+    double hd = 1;
+    CHECK(c->ops->allreduce_sum_q(c, &hd, 1, CM_F64, st) == CO_EINVAL);
+    /* after an abort: the queued error and every later call say so */
+    c2->ops->abort(c2);
+    CHECK(c2->ops->queued_error(c2) == CO_EABORTED);
+    cm_p2p one = {c2, d, 4, next, 1};
+    CHECK(c2->ops->p2p_q(&one, 1, st) == CO_EABORTED);
+    CHECK(c->ops->barrier(c, 10000) == 0);
+    free(h);
+    cudaFree(d), cudaFree(out), cudaFree(back), cudaFree(g);
+    cudaStreamDestroy(st);
+    cm_destroy(&c2);
+    cm_destroy(&c);
+}
+
+static void test_queued(void) {
+    ids ids;
+    for (int i = 0; i < NIDS; i++) REQUIRE(cm_nccl_get_unique_id(ids.id[i]) == 0);
+    CHECK(t_fork_ranks("queued", "sim-nccl-comm", N, rank_queued, &ids, -1, 20000) == 0);
+    CHECK(leftover_segments() == 0);
+}
+
 /* ---- failures ---- */
 
 typedef struct later {
@@ -272,6 +362,7 @@ static void test_failures(void) {
 int main(int argc, char **argv) {
     setenv("COHORT_SIM_NCCL_TIMEOUT_MS", "10000", 1);
     RUN(test_ops);
+    RUN(test_queued);
     if (argc > 1 && !strcmp(argv[1], "ops")) return TEST_EXIT();
     RUN(test_failures);
     return TEST_EXIT();
