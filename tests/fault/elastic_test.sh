@@ -98,7 +98,7 @@ node_lost | node_lost_tp)
     grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
     grep -q "elastic_grow, rank -1, iteration [0-9]*, capacity_returned" "$work/f.n0" ||
         fail "the grow not reported: $(grep -A4 'run report' "$work/f.n0")"
-    /usr/bin/python3 - "$work/fs/run_report.json" <<'PY' || fail "goodput: $(grep -o '"shrunk_capacity"[^,]*' "$work/fs/run_report.json")"
+    /usr/bin/python3 - "$work/f.report.json" <<'PY' || fail "goodput: $(grep -o '"shrunk_capacity"[^,]*' "$work/f.report.json")"
 import json, sys
 r = json.load(open(sys.argv[1]))
 g = r["goodput"]["lost_seconds"] if "lost_seconds" in r.get("goodput", {}) else r["goodput"]
