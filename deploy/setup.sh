@@ -152,9 +152,10 @@ test)
     log "running the test suites (release build)"
     # (suite 'soak': the minutes-long soak and the planner's validation, on demand:
     # `meson test -C build --suite soak`; suite 'matrix_full': the layouts x features matrix's
-    # cells beyond its trimmed set, on demand: `meson test -C build --suite matrix_full`)
+    # cells beyond its trimmed set, on demand: `meson test -C build --suite matrix_full`;
+    # suite 'cudasim_full': the stand-in's second case of a layout or feature, on demand)
     MESON_TESTTHREADS=${MESON_TESTTHREADS:-4} run_suite build --timeout-multiplier 2 --no-suite serial --no-suite soak \
-        --no-suite matrix_full
+        --no-suite matrix_full --no-suite cudasim_full
     # The sanitizer trees hold no CUDA code (no GPU test runs there) and build only what their
     # suites run. They build while the tests that run alone run, at idle priority: those
     # tests mostly wait (a timeout, a straggler, a restart; about a quarter of the 2 cores), so
