@@ -327,9 +327,12 @@ static int next_generation(rank_run *r, int rc, bool *stop) {
     int64_t it = trainer_iteration(r->t);
     co_log(CO_LOG_INFO, "generation aborted during iteration %lld (%s); at the restart barrier", (long long)it + 1,
            co_strerror(rc));
+    /* the trainer's communication threads (the overlapped reduction, the parameter gather)
+     * end before the communicators they use go: aborted first, so that none waits on a peer */
+    if (r->cs) wk_comms_abort(r->cs);
+    trainer_set_groups(r->t, NULL);
     close_comms(r->link, &r->cs);
     r->wctx.cs = NULL;
-    trainer_set_groups(r->t, NULL);
     sv_assignment na;
     rc = sv_link_await_restart(r->link, it, &na, (int)(r->c.rendezvous_timeout * 1000));
     if (rc) {
@@ -435,6 +438,7 @@ int wk_run(const wk_options *o) {
         status = run_status(&r, rc);
     }
     wk_ckpt_destroy(&r.ckpt); /* waits for a background save */
+    if (r.cs && status != WK_OK) wk_comms_abort(r.cs); /* (a communication thread may wait on a peer) */
     trainer_destroy(&r.t);
     wk_resil_destroy(&r.resil);
     close_comms(r.link, &r.cs);
