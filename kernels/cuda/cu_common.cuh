@@ -239,6 +239,10 @@ void cu_attention_forward(kb_backend *b, float *out, float *lse, const float *qk
 void cu_attention_backward(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const float *out,
                            const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd,
                            float p_drop, uint64_t seed, uint64_t offset);
+// the attention backward's D = rowsum(O * dO) in its scratch, with room for dK and dV unless
+// direct (cuda_attention.cu; the fp32 and the tensor-core backward share it)
+float *cu_attention_dsum(kb_backend *b, const float *out, const float *dout, int B, int T, int nh, int hd,
+                         bool direct);
 // attention on tensor cores (cuda_flash.cu): bf16 mode, head dimension 64 or 128
 bool cu_flash_usable(const kb_backend *b, int B, int nh, int hd);
 void cu_flash_forward(kb_backend *b, float *out, float *lse, const float *qkv, const int32_t *seg, int B, int T,

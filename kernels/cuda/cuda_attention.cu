@@ -150,6 +150,19 @@ __global__ void k_attn_dsum(float *__restrict__ D, const float *__restrict__ out
     }
 }
 
+// The backward's scratch (CU_SCR_ATT): D[B nh T] = rowsum(O * dO), queued, then (unless direct:
+// one query head per key head) room for dK and dV per query head. NULL after an error (the
+// backend's status set).
+float *cu_attention_dsum(kb_backend *b, const float *out, const float *dout, int B, int T, int nh, int hd,
+                         bool direct) {
+    const size_t rows = (size_t)B * nh * T;
+    size_t need = rows * sizeof(float) + (direct ? 0 : 2 * rows * (size_t)hd * sizeof(float));
+    float *D = (float *)cu_scratch(b, CU_SCR_ATT, need, "attention_backward");
+    if (!D) return NULL;
+    k_attn_dsum<<<cu_blocks(rows, 8, 0x7fffffff), 256, 0, cu_st(b)->stream>>>(D, out, dout, B, T, nh, hd);
+    return cu_launched(b, "attention_backward (D)") ? NULL : D;
+}
+
 template <int E>
 __global__ void __launch_bounds__(ATT_THREADS) k_attn_bwd_dq(float *__restrict__ dqkv, const float *__restrict__ dout,
                                                              const float *__restrict__ qkv, const float *__restrict__ lse,
@@ -396,12 +409,9 @@ void cu_attention_backward(kb_backend *b, float *dqkv, const float *dout, const 
     if (!att_setup(b, &a, seg, B, T, nh, nkv, hd, p_drop, seed, offset, "attention_backward")) return;
     const size_t rows = (size_t)B * nh * T;
     const bool direct = a.rep == 1 && nkv == nh;
-    size_t need = rows * sizeof(float) + (direct ? 0 : 2 * rows * (size_t)hd * sizeof(float));
-    float *D = (float *)cu_scratch(b, CU_SCR_ATT, need, "attention_backward");
+    float *D = cu_attention_dsum(b, out, dout, B, T, nh, hd, direct);
     if (!D) return;
     cudaStream_t s = cu_st(b)->stream;
-    k_attn_dsum<<<cu_blocks(rows, 8, 0x7fffffff), 256, 0, s>>>(D, out, dout, B, T, nh, hd);
-    if (cu_launched(b, "attention_backward (D)")) return;
     float *dk = direct ? dqkv : D + rows, *dv = direct ? dqkv : D + rows + rows * (size_t)hd;
     size_t ostride = direct ? a.R : (size_t)hd;
     if (hd <= 8) bwd_launch<2>(b, dqkv, dk, dv, ostride, direct, dout, qkv, lse, D, a);

@@ -197,24 +197,6 @@ __global__ void __launch_bounds__(FL_THREADS) k_flash_fwd(float *__restrict__ ou
     if (live && (lane & 1) == 0) lse[((size_t)b * nh + h) * T + t] = lrow;
 }
 
-// D[(b nh + h) T + t] = sum_d O * dO, one warp per row
-__global__ void k_flash_dsum(float *__restrict__ D, const float *__restrict__ out, const float *__restrict__ dout,
-                             int B, int T, int nh, int hd) {
-    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (row >= (size_t)B * T * nh) return;
-    size_t bt = row / (size_t)nh;
-    int h = (int)(row % (size_t)nh);
-    const float *o = out + bt * (size_t)nh * hd + (size_t)h * hd, *g = dout + bt * (size_t)nh * hd + (size_t)h * hd;
-    float s = 0.0f;
-    for (int d = lane; d < hd; d += 32) s += o[d] * g[d];
-    for (int k = 16; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
-    if (lane == 0) {
-        size_t bb = bt / (size_t)T, t = bt % (size_t)T;
-        D[(bb * nh + h) * T + t] = s;
-    }
-}
-
 // dQ of 32 queries of head h: dS = P (dP - D) scale with dP = dO V^T, dQ = dS K
 template <int HD>
 __global__ void __launch_bounds__(FL_THREADS) k_flash_dq(float *__restrict__ dqkv, const float *__restrict__ dout,
@@ -434,12 +416,9 @@ void cu_flash_backward(kb_backend *b, float *dqkv, const float *dout, const floa
     fl_args a = fl_setup(seg, B, T, nh, nkv, hd, p_drop, seed, offset);
     const size_t rows = (size_t)B * nh * T;
     const bool direct = a.rep == 1 && nkv == nh;
-    size_t need = rows * sizeof(float) + (direct ? 0 : 2 * rows * (size_t)hd * sizeof(float));
-    float *D = (float *)cu_scratch(b, CU_SCR_ATT, need, "attention_backward");
+    float *D = cu_attention_dsum(b, out, dout, B, T, nh, hd, direct);
     if (!D) return;
     cudaStream_t s = cu_st(b)->stream;
-    k_flash_dsum<<<cu_blocks(rows, 8, 0x7fffffff), 256, 0, s>>>(D, out, dout, B, T, nh, hd);
-    if (cu_launched(b, "attention_backward (D)")) return;
     float *dk = direct ? dqkv : D + rows, *dv = direct ? dqkv : D + rows + rows * (size_t)hd;
     size_t ostride = direct ? a.R : (size_t)hd;
     if (hd == 64) fl_bwd_launch<64>(b, dqkv, dk, dv, ostride, direct, dout, qkv, lse, D, a);
