@@ -433,8 +433,11 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kil
     kill_overlap_tp)
         # the same in tensor 2 x data 2, killed before its last micro batch's backward: its
         # data-parallel peer's first bucket waits for it on the gradient group's own transport,
-        # which the abort must reach; the replacement connects it
-        inj=(--inject "kill@rank=2,step=6,phase=backward,microbatch=3")
+        # which the abort must reach; the replacement connects it. Rank 2 first sleeps 2 s
+        # there, so rank 0 has reached its last backward and started that bucket however
+        # loaded the machine is (the death alone raced rank 0's earlier micro batches)
+        inj=(--inject "slow@rank=2,step=6,phase=backward,microbatch=3,ms=2000"
+             --inject "kill@rank=2,step=6,phase=backward,microbatch=3")
         lay=(--overlap-grad-reduce --ddp-bucket-size 1000 --tensor-model-parallel-size 2);;
     kill_param_gather)
         # killed before its update of step 6: the others commit it and start gathering its
