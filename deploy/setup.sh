@@ -38,7 +38,7 @@ BUILD_PACKAGES=(gcc g++ libc6-dev meson ninja-build pkg-config python3 libdnnl-d
 TEST_PACKAGES=(python3-numpy python3-torch python3-protobuf clang libclang-rt-14-dev chromium slurmctld slurmd
                slurm-client munge python3-yaml prometheus sentencepiece python3-sentencepiece python3-regex curl)
 
-log() { printf 'setup: %s\n' "$*" >&2; }
+log() { printf 'setup: [%4d s] %s\n' "$SECONDS" "$*" >&2; }
 
 deps() { # [test]: the test packages too
     local missing=() want=("${BUILD_PACKAGES[@]}")
