@@ -91,6 +91,9 @@ AuthInfo=socket=$work/munge/sock,cred_expire=10
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/builtin
+# (a requeued job becomes eligible cred_expire + 1 s later, with no event to schedule it on:
+# the periodic pass, every 60 s by default, would start it)
+SchedulerParameters=sched_interval=1
 SelectType=select/linear
 StateSaveLocation=$work/state
 SlurmdSpoolDir=$work/spool/%n
