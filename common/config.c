@@ -202,7 +202,7 @@ static const flag flags[] = {
     I("batch", "micro-batch-size", micro_batch_size, NULL, "samples per micro batch"),
     B("batch", "calculate-per-token-loss", calculate_per_token_loss,
       "each loss token weighs 1 / (the step's loss tokens over every micro batch and data-parallel rank) instead of "
-      "1 / (its micro batch's tokens x micro batches) (not with pipeline parallelism, MoE or MTP yet)"),
+      "1 / (its micro batch's tokens x micro batches); the MoE and MTP losses as Megatron scales them with it"),
     I("batch", "global-batch-size", global_batch_size, NULL,
       "samples per iteration (default micro batch x data-parallel size)"),
     L("batch", "train-iters", train_iters, NULL, "iterations to train"),
@@ -849,15 +849,6 @@ void co_config_check_refused(const co_config *c, co_problems *P) {
     if (c->rotary_percent != 1.0)
         co_problem(P, "--rotary-percent %g is not supported yet: RoPE rotates every dimension of a head (1.0)",
                    c->rotary_percent);
-    if (c->calculate_per_token_loss && c->pipeline_model_parallel_size > 1)
-        co_problem(P, "--calculate-per-token-loss with --pipeline-model-parallel-size %d is not supported yet (the "
-                      "pipeline's micro batches are weighted per micro batch)", c->pipeline_model_parallel_size);
-    if (c->calculate_per_token_loss && c->num_experts > 0)
-        co_problem(P, "--calculate-per-token-loss with --num-experts is not supported yet (the aux losses are weighted "
-                      "per micro batch)");
-    if (c->calculate_per_token_loss && c->mtp_num_layers > 0)
-        co_problem(P, "--calculate-per-token-loss with --mtp-num-layers is not supported yet (the MTP losses are "
-                      "weighted per micro batch)");
     if (GIVEN("decoupled-lr") && c->use_distributed_optimizer)
         co_problem(P, "--decoupled-lr with --use-distributed-optimizer is not supported yet (its shards' update takes "
                       "one learning rate)");

@@ -401,6 +401,11 @@ bool gpt_layer_is_moe(const gpt_config *c, int l);
  * (Megatron's MoEAuxLossAutoScaler) and the MTP depths' losses (MTPLossAutoScaler), as the
  * main loss's backward scale: 1 / micro batches per step (1 until set). */
 void gpt_set_aux_loss_scale(gpt_model *m, float scale);
+/* --calculate-per-token-loss's MTP weight (Megatron's process_mtp_loss): depth k's tokens
+ * weigh scale / D * (the micro batch's loss tokens / depth k's) * w, w the main loss's token
+ * weight, instead of scale / D / (depth k's tokens) * the auxiliary-loss weight; w < 0 (the
+ * default): per micro batch. */
+void gpt_set_mtp_token_weight(gpt_model *m, float w);
 /* The expert-parallel group and dispatcher for every MoE layer: moe.ep_size ranks (this one
  * at ep_rank), or with moe.etp_size > 1 the expert-tensor x expert group of etp_size x ep_size
  * (the tensor group at ep_size 1); required before the first forward when either is > 1. */

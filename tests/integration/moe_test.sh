@@ -67,6 +67,12 @@
 #   rerun        an injected NaN: the rerun state machine's fault (one process: the list at
 #                exit; under the supervisor with ep 2: the run report) carries the round's
 #                load_balancing_loss, z_loss and mtp_1 loss of the rank
+#   per_token    --calculate-per-token-loss (Megatron's router pre-multiplies the aux and z
+#                losses by the micro batch's tokens, so that the division by the step's
+#                tokens leaves them weighted 1 / micro batches): with --eod-mask-loss (micro
+#                batches of unequal loss tokens) dp 2, pp 2 and ep 2 train the one-rank job's
+#                numbers (losses, norms, MoE losses; parameters and moments within 1e-5); with
+#                no token masked the job without the flag's numbers
 #   refused      bad configurations exit 2 before any work: top-k above the experts,
 #                biases, tensor parallelism without sequence parallelism (also with the
 #                experts split over the tensor group), the experts split over the tensor
@@ -410,6 +416,28 @@ assert not bad, bad[:3]
         "$cohort" train "${tiny[@]}" --train-iters 2 --context-parallel-size 2 --nproc-per-node 4 ${a%%:*} \
             >"$work/r.out" 2>&1; rc=$?
         [ $rc -eq 2 ] && grep -q -- "${a#*:}" "$work/r.out" || fail "${a%%:*}: exit $rc: $(tail -3 "$work/r.out")"
+    done
+    ;;
+per_token)
+    p=(--calculate-per-token-loss --eod-mask-loss)
+    run one 5 "${p[@]}" --save "$work/one.ck"
+    run dp2 5 "${p[@]}" --nproc-per-node 2 --save "$work/dp2.ck"
+    run pp2 5 "${p[@]}" --nproc-per-node 2 --pipeline-model-parallel-size 2 --save "$work/pp2.ck"
+    run ep2 5 "${p[@]}" --nproc-per-node 2 --expert-model-parallel-size 2 --save "$work/ep2.ck"
+    compare 1 one dp2 pp2 ep2
+    moe_losses_match one:dp2 one:pp2 one:ep2
+    run flag 5 --calculate-per-token-loss --save "$work/flag.ck"
+    run noflag 5 --save "$work/noflag.ck"
+    compare 1 noflag flag
+    for n in one:dp2 one:pp2 one:ep2 noflag:flag; do
+        "$cohort" ckpt diff "$work/${n%%:*}.ck" "$work/${n#*:}.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$n: diff"
+        /usr/bin/python3 -c "
+import json
+rows = json.load(open('$work/d.json'))['tensors']
+assert any('router' in r['name'] for r in rows), [r['name'] for r in rows][:20]
+bad = [r for r in rows if r['status'] not in ('bitwise equal', 'differs') or r.get('max_abs', 0) > 1e-5]
+assert not bad, bad[:3]
+" || fail "$n: the parameters differ: $(head -c 400 "$work/d.json")"
     done
     ;;
 refused)
