@@ -849,9 +849,6 @@ void co_config_check_refused(const co_config *c, co_problems *P) {
     if (c->rotary_percent != 1.0)
         co_problem(P, "--rotary-percent %g is not supported yet: RoPE rotates every dimension of a head (1.0)",
                    c->rotary_percent);
-    if (GIVEN("decoupled-lr") && c->use_distributed_optimizer)
-        co_problem(P, "--decoupled-lr with --use-distributed-optimizer is not supported yet (its shards' update takes "
-                      "one learning rate)");
     if (GIVEN("decoupled-lr") && c->decoupled_lr < 0)
         co_problem(P, "--decoupled-lr %g must be at least 0", c->decoupled_lr);
     if (GIVEN("decoupled-min-lr") && !GIVEN("decoupled-lr"))

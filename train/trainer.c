@@ -1501,10 +1501,10 @@ static int optimizer_step(trainer *t, tr_iter *it) {
     /* the next step's checksum compares with what this step writes (hashed as AdamW writes
      * it, where the backend can) */
     bool written = sums_on(t) && (it->step + 1) % c->check_weight_hash_interval == 0;
+    t->opt.lr_decoupled = next_decoupled_lr(t);
     if (t->dopt) {
         if ((rc = trainer__dopt_step(t, lr, it->grad_norm, written ? &t->sum_written : NULL))) return rc;
     } else {
-        t->opt.lr_decoupled = next_decoupled_lr(t);
         opt_adamw_step_checksum(&t->opt, t->model, lr, it->grad_norm, written ? &t->sum_written : NULL);
     }
     if (written) t->have_written = true;

@@ -35,7 +35,8 @@
 #                       embedding and the output layer end bitwise the same whatever --lr the
 #                       others train at (at their initial values), and differ from a job
 #                       without the flags; equal to --lr/--min-lr it is bitwise the
-#                       job without the flags; refused with the distributed optimizer
+#                       job without the flags; with the distributed optimizer at dp 2 and
+#                       tp 2 x dp 2 bitwise the replicated optimizer's run
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 on_cpu "$cohort"
@@ -162,8 +163,15 @@ PY
     done
     train_ok same "${s[@]}" --decoupled-lr 1e-3 --decoupled-min-lr 1e-4 --save "$work/same"
     ckpt_same "$work/same" "$work/plain" "--decoupled-lr equal to --lr"
-    train_refused "--decoupled-lr with --use-distributed-optimizer is not supported yet" --decoupled-lr 1e-3 \
-        --use-distributed-optimizer
+    # the distributed optimizer: each shard's pieces of the embedding and the output layer
+    # (their vocabulary slices under tp 2) at the decoupled rate: bitwise the replicated run
+    dl=(--decoupled-lr 5e-3 --decoupled-min-lr 2e-4)
+    for l in "2" "4 --tensor-model-parallel-size 2"; do
+        set -- $l
+        train_ok r$1 "${s[@]}" "${dl[@]}" --nproc-per-node "$@" --save "$work/r$1"
+        train_ok o$1 "${s[@]}" "${dl[@]}" --nproc-per-node "$@" --use-distributed-optimizer --save "$work/o$1"
+        ckpt_same "$work/r$1" "$work/o$1" "--decoupled-lr with the distributed optimizer, $* ranks"
+    done
     train_refused "--decoupled-min-lr needs --decoupled-lr" --decoupled-min-lr 1e-4
     ;;
 rampup)

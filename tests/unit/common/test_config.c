@@ -333,7 +333,6 @@ static void test_rampup_and_compat(void) {
         {"--no-position-embedding", "--no-position-embedding with --position-embedding-type learned_absolute"},
         {"--rotary-percent 0.5", "--rotary-percent 0.5 is not supported yet"},
         {"--decoupled-min-lr 5e-5", "--decoupled-min-lr needs --decoupled-lr"},
-        {"--decoupled-lr 5e-4 --use-distributed-optimizer", "--decoupled-lr with --use-distributed-optimizer"},
         {"--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather",
          "fp8 is not supported"},
     };
