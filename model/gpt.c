@@ -69,7 +69,9 @@ static int add_tensor(gpt_model *m, int cap, const char *name, int rows, int col
 
 bool gpt_layer_is_moe(const gpt_config *c, int l) {
     /* (an MTP depth's layer, l >= num_layers, is dense) */
-    return c->moe.num_experts > 0 && l < c->num_layers && l % (c->moe_layer_freq > 0 ? c->moe_layer_freq : 1) == 0;
+    if (c->moe.num_experts <= 0 || l < 0 || l >= c->num_layers) return false;
+    if (c->moe_listed) return l < GPT_MOE_LIST_MAX && (c->moe_list[l / 64] >> (l % 64) & 1);
+    return l % (c->moe_layer_freq > 0 ? c->moe_layer_freq : 1) == 0;
 }
 
 /* The MoE layer's configuration with the model's hidden size and activation. */

@@ -52,6 +52,7 @@
  * output to the next. slots: micro batches in flight in it at once (activation sets; the
  * pipeline schedule's most forwards not yet matched by their backward). */
 #define GPT_MAX_CHUNKS 8
+#define GPT_MOE_LIST_MAX 1024 /* layers a --moe-layer-freq list can name (CO_MAX_LAYERS) */
 typedef struct gpt_chunk {
     int layer0, nlayers;
     bool embedding, head;
@@ -133,6 +134,10 @@ typedef struct gpt_config {
      * slice of each (the expert tensor-parallel size must be 1 or tp). Not with bf16 yet. */
     moe_config moe;
     int moe_layer_freq;
+    /* Megatron's list form of --moe-layer-freq: bit l of moe_list set for a MoE layer l
+     * (moe_listed; layers up to GPT_MOE_LIST_MAX), in place of moe_layer_freq */
+    bool moe_listed;
+    uint64_t moe_list[GPT_MOE_LIST_MAX / 64];
     int ep_rank;
     /* multi-token prediction (Megatron's --mtp-num-layers D, --mtp-loss-scaling-factor):
      * on the head chunk, D depths each predict one token further (docs/mtp.md); 0: none */
