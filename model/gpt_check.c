@@ -121,7 +121,8 @@ void gpt_check_moe(const co_config *c, bool sizes_ok, co_problems *P) {
     if (c->moe_router_topk < 1 || c->moe_router_topk > E)
         co_problem(P, "--moe-router-topk %d must be between 1 and --num-experts %d", c->moe_router_topk, E);
     size_t nl = strlen(c->moe_layer_list);
-    if (!nl && c->moe_layer_freq < 1) co_problem(P, "--moe-layer-freq %d must be a positive integer", c->moe_layer_freq);
+    if (!nl && c->moe_layer_freq < 1)
+        co_problem(P, "--moe-layer-freq %d must be a positive integer", c->moe_layer_freq);
     if (nl && (int)nl != c->num_layers) /* (Megatron's assertion in its layer specs) */
         co_problem(P, "--moe-layer-freq: Invalid length of moe_layer_pattern: %zu, expected %d (--num-layers), current "
                       "moe layer pattern: %s", nl, c->num_layers, c->moe_layer_list);

@@ -412,14 +412,15 @@ static void check_moe_layers(json_t *conf, const co_config *c, char *msg, size_t
     co_config_defaults(k);
     bool differ = false;
     if (!co_config_read_json(k, conf, only, NULL, NULL))
-        for (int l = 0; l < c->num_layers && !differ; l++) differ = co_config_moe_layer(k, l) != co_config_moe_layer(c, l);
+        for (int l = 0; l < c->num_layers && !differ; l++)
+            differ = co_config_moe_layer(k, l) != co_config_moe_layer(c, l);
     if (differ) {
         char a[72], b[72];
         moe_layers_text(k, c->num_layers, a);
         moe_layers_text(c, c->num_layers, b);
         size_t at = strlen(msg);
-        snprintf(msg + at, len - at, "%scheckpoint has MoE layers %s (1: MoE), --moe-layer-freq gives %s", at ? "; " : "",
-                 a, b);
+        snprintf(msg + at, len - at, "%scheckpoint has MoE layers %s (1: MoE), --moe-layer-freq gives %s",
+                 at ? "; " : "", a, b);
     }
     co_config_free(k);
     free(k);
