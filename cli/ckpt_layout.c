@@ -14,6 +14,7 @@
 #include "checkpoint/ckpt.h"
 #include "common/error.h"
 #include "model/gpt.h"
+#include "model/gpt_check.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -53,7 +54,16 @@ int cli_ckpt_relayout(const char *dir, const ck_manifest *m, int tp, int dp, con
         g.moe = (moe_config){.num_experts = E, .ffn_hidden = fm > 0 ? fm : mi->ffn_hidden,
                              .topk = int_flag(config, "moe-router-topk", 2),
                              .shared_ffn = int_flag(config, "moe-shared-expert-intermediate-size", 0)};
-        g.moe_layer_freq = int_flag(config, "moe-layer-freq", 1);
+        /* (the integer or Megatron's list form, as the run's flags had it) */
+        static const char *const only[] = {"moe-layer-freq", NULL};
+        co_config *mc = malloc(sizeof *mc);
+        if (!mc) return co_err_set(CO_ENOMEM, "ckpt convert: out of memory");
+        co_config_defaults(mc);
+        int rc = co_config_read_json(mc, config, only, NULL, NULL);
+        gpt_moe_layers_of(mc, &g);
+        co_config_free(mc);
+        free(mc);
+        if (rc) return rc;
         /* a MoE job with tensor parallelism runs sequence parallel (docs/moe.md); the tensor
          * table is the same with or without it */
         g.sequence_parallel = tp > 1;

@@ -274,7 +274,7 @@ static void model_config(const gen_ctx *g, gpt_config *m) {
     mc->lb = mc->lb == MOE_LB_SINKHORN ? MOE_LB_SINKHORN : MOE_LB_NONE;
     mc->aux_coeff = mc->z_coeff = 0;
     mc->ep_size = mc->etp_size = 1;
-    m->moe_layer_freq = c->moe_layer_freq;
+    gpt_moe_layers_of(c, m);
 }
 
 /* The model's tensor t from the checkpoint's global tensor buf (Vc rows when a vocabulary

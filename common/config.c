@@ -155,7 +155,9 @@ static const flag flags[] = {
     I("moe", "num-experts", num_experts, "0",
       "experts of each MoE layer (0: a dense model); the MLP of every --moe-layer-freq-th layer is a mixture of "
       "experts (docs/moe.md)"),
-    I("moe", "moe-layer-freq", moe_layer_freq, "1", "every N-th layer (0, N, 2N, ...) is a MoE layer (an integer)"),
+    I("moe", "moe-layer-freq", moe_layer_freq, "1",
+      "every N-th layer (0, N, 2N, ...) is a MoE layer; or Megatron's list form, one 1 (MoE) or 0 (dense) per layer: "
+      "\"([1]*3+[0]*1)*2\", \"[0]*3+[1]*5\", \"[0,1,1,1]\""),
     I("moe", "moe-ffn-hidden-size", moe_ffn_hidden_size, "0", "each expert's hidden size (0: --ffn-hidden-size)"),
     I("moe", "moe-shared-expert-intermediate-size", moe_shared_expert_intermediate_size, "0",
       "the shared expert's hidden size, run on every token (0: none)"),
@@ -202,7 +204,7 @@ static const flag flags[] = {
     I("batch", "micro-batch-size", micro_batch_size, NULL, "samples per micro batch"),
     B("batch", "calculate-per-token-loss", calculate_per_token_loss,
       "each loss token weighs 1 / (the step's loss tokens over every micro batch and data-parallel rank) instead of "
-      "1 / (its micro batch's tokens x micro batches) (not with pipeline parallelism, MoE or MTP yet)"),
+      "1 / (its micro batch's tokens x micro batches); the MoE and MTP losses as Megatron scales them with it"),
     I("batch", "global-batch-size", global_batch_size, NULL,
       "samples per iteration (default micro batch x data-parallel size)"),
     L("batch", "train-iters", train_iters, NULL, "iterations to train"),
@@ -548,6 +550,22 @@ static bool starts_with_number(const char *v) {
     return parse_dbl(word, &d) == 0 && d - d == 0; /* finite: a path named "inf" or "nan" is a path */
 }
 
+/* --moe-layer-freq: an integer flag that also takes Megatron's list form (moe_layer_list) */
+static bool is_moe_freq(const flag *f) { return !strcmp(f->name, "moe-layer-freq"); }
+
+bool co_config_moe_layer(const co_config *c, int l) {
+    if (c->moe_layer_list[0]) return l >= 0 && (size_t)l < strlen(c->moe_layer_list) && c->moe_layer_list[l] == '1';
+    return c->moe_layer_freq > 0 && l % c->moe_layer_freq == 0;
+}
+
+/* The list form as Megatron's args hold it, "[1, 1, 0]", into buf. */
+static void moe_list_text(const co_config *c, char *buf, size_t n) {
+    size_t len = 0;
+    for (const char *q = c->moe_layer_list; *q && len + 4 < n; q++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%c", q == c->moe_layer_list ? "[" : ", ", *q);
+    snprintf(buf + len, n - len, "]");
+}
+
 /* Sets flag f from text v. */
 static int apply(co_config *c, const flag *f, const char *v) {
     char *base = (char *)c + f->off;
@@ -555,6 +573,13 @@ static int apply(co_config *c, const flag *f, const char *v) {
     double dv;
     switch (f->kind) {
     case F_INT:
+        if (is_moe_freq(f)) {
+            c->moe_layer_list[0] = '\0';
+            if (strchr(v, '[')) { /* Megatron's list form */
+                *(int *)base = 0;
+                return co_moe_layer_list(v, c->moe_layer_list, sizeof c->moe_layer_list);
+            }
+        }
         if (parse_i64(v, &iv) || iv < INT_MIN || iv > INT_MAX)
             return co_err_set(CO_EINVAL, "--%s expects an integer, got '%s'", f->name, v);
         *(int *)base = (int)iv;
@@ -849,18 +874,6 @@ void co_config_check_refused(const co_config *c, co_problems *P) {
     if (c->rotary_percent != 1.0)
         co_problem(P, "--rotary-percent %g is not supported yet: RoPE rotates every dimension of a head (1.0)",
                    c->rotary_percent);
-    if (c->calculate_per_token_loss && c->pipeline_model_parallel_size > 1)
-        co_problem(P, "--calculate-per-token-loss with --pipeline-model-parallel-size %d is not supported yet (the "
-                      "pipeline's micro batches are weighted per micro batch)", c->pipeline_model_parallel_size);
-    if (c->calculate_per_token_loss && c->num_experts > 0)
-        co_problem(P, "--calculate-per-token-loss with --num-experts is not supported yet (the aux losses are weighted "
-                      "per micro batch)");
-    if (c->calculate_per_token_loss && c->mtp_num_layers > 0)
-        co_problem(P, "--calculate-per-token-loss with --mtp-num-layers is not supported yet (the MTP losses are "
-                      "weighted per micro batch)");
-    if (GIVEN("decoupled-lr") && c->use_distributed_optimizer)
-        co_problem(P, "--decoupled-lr with --use-distributed-optimizer is not supported yet (its shards' update takes "
-                      "one learning rate)");
     if (GIVEN("decoupled-lr") && c->decoupled_lr < 0)
         co_problem(P, "--decoupled-lr %g must be at least 0", c->decoupled_lr);
     if (GIVEN("decoupled-min-lr") && !GIVEN("decoupled-lr"))
@@ -1200,7 +1213,15 @@ void co_config_write_json(const co_config *c, FILE *out) {
         co_json_str(out, f->name);
         fputc(':', out);
         switch (f->kind) {
-        case F_INT: fprintf(out, "%d", *(const int *)base); break;
+        case F_INT:
+            if (is_moe_freq(f) && c->moe_layer_list[0]) {
+                char text[4 * CO_MAX_LAYERS + 4];
+                moe_list_text(c, text, sizeof text);
+                co_json_str(out, text);
+                break;
+            }
+            fprintf(out, "%d", *(const int *)base);
+            break;
         case F_I64: fprintf(out, "%lld", (long long)*(const int64_t *)base); break;
         case F_DBL: fprintf(out, "%.17g", *(const double *)base); break;
         case F_STR: co_json_str(out, base); break;
@@ -1228,7 +1249,10 @@ void co_config_write_json(const co_config *c, FILE *out) {
 static void value_text(const co_config *c, const flag *f, char *buf, size_t n) {
     const char *base = (const char *)c + f->off;
     switch (f->kind) {
-    case F_INT: snprintf(buf, n, "%d", *(const int *)base); break;
+    case F_INT:
+        if (is_moe_freq(f) && c->moe_layer_list[0]) moe_list_text(c, buf, n);
+        else snprintf(buf, n, "%d", *(const int *)base);
+        break;
     case F_I64: snprintf(buf, n, "%lld", (long long)*(const int64_t *)base); break;
     case F_DBL: snprintf(buf, n, "%g", *(const double *)base); break;
     case F_STR: snprintf(buf, n, "%s", base); break;
@@ -1281,6 +1305,25 @@ static int read_value(co_config *c, const flag *f, const json_t *v) {
     switch (f->kind) {
     case F_INT: {
         json_int_t x = json_integer_value(v);
+        if (is_moe_freq(f) && json_is_string(v)) { /* the list form (a checkpoint's flags) */
+            char list[sizeof c->moe_layer_list], *spaced = strdup(json_string_value(v));
+            if (!spaced) return CO_ENOMEM;
+            size_t k = 0; /* (the text as written, "[1, 0]": Megatron's form has no spaces) */
+            for (const char *q = spaced; *q; q++)
+                if (*q != ' ') spaced[k++] = *q;
+            spaced[k] = '\0';
+            int rc = co_moe_layer_list(spaced, list, sizeof list);
+            free(spaced);
+            if (rc || (*(int *)base == 0 && !strcmp(list, c->moe_layer_list))) return 0;
+            strcpy(c->moe_layer_list, list);
+            *(int *)base = 0;
+            return 1;
+        }
+        if (is_moe_freq(f) && json_is_integer(v) && c->moe_layer_list[0] && x >= INT_MIN && x <= INT_MAX) {
+            c->moe_layer_list[0] = '\0'; /* (the integer form replaces the list) */
+            *(int *)base = (int)x;
+            return 1;
+        }
         if (!json_is_integer(v) || x < INT_MIN || x > INT_MAX || *(int *)base == (int)x) return 0;
         *(int *)base = (int)x;
         return 1;

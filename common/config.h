@@ -71,6 +71,9 @@ typedef struct co_config {
     int num_experts, mtp_num_layers;                   /* 0: a dense model; no MTP (refused otherwise) */
     /* mixture of experts (Megatron's --moe-* flags; model/moe.h) */
     int moe_layer_freq, moe_ffn_hidden_size, moe_shared_expert_intermediate_size; /* 0: ffn size; 0: none */
+    /* --moe-layer-freq's list form (Megatron's "([1]*3+[0]*1)*2"): one '0' (dense) or '1' (MoE)
+     * per layer, moe_layer_freq then 0; "" for the integer form */
+    char moe_layer_list[CO_MAX_LAYERS + 1];
     int moe_router_topk, moe_router_num_groups, moe_router_group_topk;
     char moe_router_score_function[16], moe_router_load_balancing_type[24], moe_token_drop_policy[16];
     char moe_token_dispatcher_type[16], moe_router_dtype[8];
@@ -256,6 +259,13 @@ typedef struct co_config {
 int co_config_batch_at(const co_config *c, int64_t consumed);
 /* The iterations of a ramped-up run of --train-samples (Megatron's update_train_iters). */
 int64_t co_config_rampup_iters(const co_config *c);
+
+/* --moe-layer-freq's list form (Megatron's moe_freq_type: a Python list expression of 0s and
+ * 1s such as "([1]*3+[0]*1)*2" or "[0,1,1,1]"; common/moe_freq.c): the layers' pattern into
+ * out as '0'/'1' characters, NUL-terminated, fewer than cap. 0, or CO_EINVAL saying why. */
+int co_moe_layer_list(const char *text, char *out, size_t cap);
+/* Whether --moe-layer-freq makes layer l (0-based) a MoE layer: its list's entry, or l % N == 0. */
+bool co_config_moe_layer(const co_config *c, int l);
 
 /* Fills the Megatron defaults. */
 void co_config_defaults(co_config *c);

@@ -69,7 +69,9 @@ static int add_tensor(gpt_model *m, int cap, const char *name, int rows, int col
 
 bool gpt_layer_is_moe(const gpt_config *c, int l) {
     /* (an MTP depth's layer, l >= num_layers, is dense) */
-    return c->moe.num_experts > 0 && l < c->num_layers && l % (c->moe_layer_freq > 0 ? c->moe_layer_freq : 1) == 0;
+    if (c->moe.num_experts <= 0 || l < 0 || l >= c->num_layers) return false;
+    if (c->moe_listed) return l < GPT_MOE_LIST_MAX && (c->moe_list[l / 64] >> (l % 64) & 1);
+    return l % (c->moe_layer_freq > 0 ? c->moe_layer_freq : 1) == 0;
 }
 
 /* The MoE layer's configuration with the model's hidden size and activation. */
@@ -717,6 +719,7 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
         if (!(m->host_losses = malloc(N * sizeof(float)))) goto nomem;
     }
     m->aux_loss_scale = 1.0f;
+    m->mtp_tok_w = -1.0f;
     if (c->moe.num_experts > 0 &&
         !(m->moe_tpe = calloc((size_t)c->num_layers * c->moe.num_experts, sizeof *m->moe_tpe)))
         goto nomem;
@@ -1042,6 +1045,8 @@ void gpt_mtp_stats_take(gpt_model *m, double *loss_sums, int64_t *forwards) {
 }
 
 void gpt_set_aux_loss_scale(gpt_model *m, float scale) { m->aux_loss_scale = scale; }
+
+void gpt_set_mtp_token_weight(gpt_model *m, float w) { m->mtp_tok_w = w; }
 
 float *gpt_moe_expert_bias(gpt_model *m, int l) {
     if (l < 0 || l >= m->cfg.num_layers) return NULL;

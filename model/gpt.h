@@ -52,6 +52,7 @@
  * output to the next. slots: micro batches in flight in it at once (activation sets; the
  * pipeline schedule's most forwards not yet matched by their backward). */
 #define GPT_MAX_CHUNKS 8
+#define GPT_MOE_LIST_MAX 1024 /* layers a --moe-layer-freq list can name (CO_MAX_LAYERS) */
 typedef struct gpt_chunk {
     int layer0, nlayers;
     bool embedding, head;
@@ -133,6 +134,10 @@ typedef struct gpt_config {
      * slice of each (the expert tensor-parallel size must be 1 or tp). Not with bf16 yet. */
     moe_config moe;
     int moe_layer_freq;
+    /* Megatron's list form of --moe-layer-freq: bit l of moe_list set for a MoE layer l
+     * (moe_listed; layers up to GPT_MOE_LIST_MAX), in place of moe_layer_freq */
+    bool moe_listed;
+    uint64_t moe_list[GPT_MOE_LIST_MAX / 64];
     int ep_rank;
     /* multi-token prediction (Megatron's --mtp-num-layers D, --mtp-loss-scaling-factor):
      * on the head chunk, D depths each predict one token further (docs/mtp.md); 0: none */
@@ -401,6 +406,11 @@ bool gpt_layer_is_moe(const gpt_config *c, int l);
  * (Megatron's MoEAuxLossAutoScaler) and the MTP depths' losses (MTPLossAutoScaler), as the
  * main loss's backward scale: 1 / micro batches per step (1 until set). */
 void gpt_set_aux_loss_scale(gpt_model *m, float scale);
+/* --calculate-per-token-loss's MTP weight (Megatron's process_mtp_loss): depth k's tokens
+ * weigh scale / D * (the micro batch's loss tokens / depth k's) * w, w the main loss's token
+ * weight, instead of scale / D / (depth k's tokens) * the auxiliary-loss weight; w < 0 (the
+ * default): per micro batch. */
+void gpt_set_mtp_token_weight(gpt_model *m, float w);
 /* The expert-parallel group and dispatcher for every MoE layer: moe.ep_size ranks (this one
  * at ep_rank), or with moe.etp_size > 1 the expert-tensor x expert group of etp_size x ep_size
  * (the tensor group at ep_size 1); required before the first forward when either is > 1. */

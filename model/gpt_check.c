@@ -120,7 +120,12 @@ void gpt_check_moe(const co_config *c, bool sizes_ok, co_problems *P) {
     bool standin = c->standin_model_parallel;
     if (c->moe_router_topk < 1 || c->moe_router_topk > E)
         co_problem(P, "--moe-router-topk %d must be between 1 and --num-experts %d", c->moe_router_topk, E);
-    if (c->moe_layer_freq < 1) co_problem(P, "--moe-layer-freq %d must be a positive integer", c->moe_layer_freq);
+    size_t nl = strlen(c->moe_layer_list);
+    if (!nl && c->moe_layer_freq < 1)
+        co_problem(P, "--moe-layer-freq %d must be a positive integer", c->moe_layer_freq);
+    if (nl && (int)nl != c->num_layers) /* (Megatron's assertion in its layer specs) */
+        co_problem(P, "--moe-layer-freq: Invalid length of moe_layer_pattern: %zu, expected %d (--num-layers), current "
+                      "moe layer pattern: %s", nl, c->num_layers, c->moe_layer_list);
     if (c->moe_ffn_hidden_size < 0 || c->moe_shared_expert_intermediate_size < 0)
         co_problem(P, "--moe-ffn-hidden-size and --moe-shared-expert-intermediate-size must not be negative");
     if (!c->disable_bias_linear)
@@ -367,6 +372,14 @@ void gpt_check_shapes(co_config *c, co_problems *P) {
     }
     int64_t padded = check_vocab(c, P);
     if (P->n == n0) check_products(c, padded, P);
+}
+
+void gpt_moe_layers_of(const co_config *c, gpt_config *m) {
+    m->moe_layer_freq = c->moe_layer_freq;
+    m->moe_listed = c->moe_layer_list[0] != '\0';
+    memset(m->moe_list, 0, sizeof m->moe_list);
+    for (int l = 0; m->moe_listed && l < GPT_MOE_LIST_MAX && c->moe_layer_list[l]; l++)
+        if (c->moe_layer_list[l] == '1') m->moe_list[l / 64] |= (uint64_t)1 << (l % 64);
 }
 
 void gpt_moe_of(const co_config *c, int dense_ffn, moe_config *mc) {

@@ -43,5 +43,7 @@ int gpt_recompute_of(const co_config *c, struct gpt_recompute *r);
  * the expert tensor-parallel size as given (0: unset, the caller's tensor size). */
 struct moe_config;
 void gpt_moe_of(const co_config *c, int dense_ffn, struct moe_config *mc);
+/* --moe-layer-freq into the model's configuration: the integer, or the list form's layers. */
+void gpt_moe_layers_of(const co_config *c, struct gpt_config *m);
 
 #endif

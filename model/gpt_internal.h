@@ -171,6 +171,7 @@ struct gpt_model {
     bool host_batch;
     /* mixture of experts */
     float aux_loss_scale;
+    float mtp_tok_w; /* --calculate-per-token-loss's MTP token weight, < 0: none */
     gpt_moe_stats moe_acc;
     int64_t *moe_tpe;   /* [L][E] tokens per expert since the last gpt_moe_stats_take */
     bool pack;          /* add_split does not pad (a MoE layer's block) */

@@ -11,7 +11,9 @@
  *   loss_k = sum(CE(out_k Wlm^T, tgt_k) * mask_k) / sum(mask_k)   the shared output layer
  * The objective adds scale / D * loss_k per depth (--mtp-loss-scaling-factor scale), with the
  * model's auxiliary-loss weight (1 / micro batches: Megatron's MTPLossAutoScaler), so each
- * token's logit gradient weight is mask_k * scale / D / sum(mask_k) * aux_loss_scale.
+ * token's logit gradient weight is mask_k * scale / D / sum(mask_k) * aux_loss_scale (with
+ * --calculate-per-token-loss mask_k * scale / D * sum(mask) / sum(mask_k) * the main loss's
+ * token weight, gpt_set_mtp_token_weight).
  * Backward runs the depths in reverse: the output layer, the final norm, the layer, eh_proj,
  * then enorm into the embedding's gradient and hnorm into the previous depth's output (or,
  * for depth 0, m->mtp_dlnf: the main final norm's output). The rolled batch is made on the
@@ -133,14 +135,28 @@ static void eh_backward(gpt_model *m, float *dcat, float *dW, const float *dx, c
     else gpt__tp_allreduce(m, dcat, (size_t)N * 2 * C);
 }
 
-/* Depth k's rolled batch and its tokens' gradient weights. */
+/* The micro batch's main loss tokens (the whole sequences' under context parallelism). */
+static double main_tokens(const gpt_batch *b) {
+    double n = 0;
+    size_t T = b->full_tokens ? (size_t)b->full_T : (size_t)b->T;
+    const float *mask = b->full_tokens ? b->full_mask : b->loss_mask;
+    for (size_t r = 0; r < (size_t)b->B * T; r++) n += mask[r];
+    return n;
+}
+
+/* Depth k's rolled batch and its tokens' gradient weights (per token: Megatron's
+ * process_mtp_loss rescales the depth's sum by the main loss's tokens over its own, the
+ * whole sequences' counts here, so that a context-parallel run weighs as one rank). */
 static void depth_prepare(gpt_model *m, mtp_acts *q, const gpt_batch *b, int k) {
     const gpt_config *c = &m->cfg;
     int N = b->B * b->T, D = c->mtp_layers;
     roll_batch(q, b, k);
     double ntok = rolled_tokens(q, b, k);
     q->ntok = ntok;
-    float w = (float)((double)c->mtp_loss_scaling / D / (ntok > 0 ? ntok : 1.0) * m->aux_loss_scale);
+    float w = m->mtp_tok_w >= 0
+                  ? (float)((double)c->mtp_loss_scaling / D * (main_tokens(b) / (ntok > 0 ? ntok : 1.0)) *
+                            m->mtp_tok_w)
+                  : (float)((double)c->mtp_loss_scaling / D / (ntok > 0 ? ntok : 1.0) * m->aux_loss_scale);
     for (int n = 0; n < N; n++) q->dscale[n] = q->mask[n] * w;
     if (!q->d_tok) return;
     /* the kernels' copies, in order with the queued work (gpt_step.c's to_backend) */

@@ -70,8 +70,7 @@ static bool sums_room(opt_adamw *o, int nt) {
     return true;
 }
 
-/* the tensors Megatron flags is_embedding_or_output_parameter (--decoupled-lr) */
-static bool decoupled(const gpt_tensor *t) {
+bool opt_decoupled_tensor(const gpt_tensor *t) {
     return !strcmp(t->name, "embedding.word_embeddings.weight") || !strcmp(t->name, "output_layer.weight");
 }
 
@@ -86,7 +85,7 @@ void opt_adamw_step_checksum(opt_adamw *o, gpt_model *model, double lr, double g
     for (int i = 0; i < nt; i++) {
         size_t off = t[i].offset;
         float wd = t[i].decay ? o->weight_decay : 0.0f;
-        float r = (float)(o->lr_decoupled >= 0 && decoupled(&t[i]) ? o->lr_decoupled : lr);
+        float r = (float)(o->lr_decoupled >= 0 && opt_decoupled_tensor(&t[i]) ? o->lr_decoupled : lr);
         if (fused)
             be->ops->adamw_checksum(be, p + off, g + off, o->m + off, o->v + off, t[i].numel, r, o->beta1,
                                     o->beta2, o->eps, wd, gscale, o->step, GPT_SUM_SEED(i), &o->sums[i]);

@@ -37,6 +37,9 @@ float opt_clip_scale(float clip_grad, double grad_norm);
  * with a power-of-two scale (a dynamic one always is) the product is exact, so the step's
  * bits are the same. */
 float opt_step_scale(float clip_grad, double grad_norm, float inv_loss_scale);
+/* Whether tensor t is one Megatron flags is_embedding_or_output_parameter: the input
+ * embedding's and the output layer's weights, which --decoupled-lr trains at its rate. */
+bool opt_decoupled_tensor(const gpt_tensor *t);
 /* One step at learning rate lr, clipping with the given gradient norm. Refreshes the bf16
  * weight copy. */
 void opt_adamw_step(opt_adamw *o, gpt_model *model, double lr, double grad_norm);

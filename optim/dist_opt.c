@@ -246,7 +246,8 @@ static void shard_update(dopt_state *s, int k, float *p, const float *g, float *
         const dopt_piece *pc = &s->L.pieces[k][j];
         size_t n = pc->param_hi - pc->param_lo, at = dense ? pc->shard_off : pc->buf_off;
         float wd = decay && decay[pc->param] ? o->weight_decay : 0.0f;
-        be->ops->adamw(be, p + at, g + at, m + pc->shard_off, v + pc->shard_off, n, lr, o->beta1, o->beta2, o->eps,
+        float r = s->decoupled && s->decoupled[pc->param] && s->lr_decoupled >= 0 ? (float)s->lr_decoupled : lr;
+        be->ops->adamw(be, p + at, g + at, m + pc->shard_off, v + pc->shard_off, n, r, o->beta1, o->beta2, o->eps,
                        wd, gscale, s->step);
     }
 }

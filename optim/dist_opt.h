@@ -132,6 +132,11 @@ typedef struct dopt_state {
     size_t *norm_runs;
     int nnorm_runs;
     double norm_sq; /* the last reduction's global sum of squares (the norm before its root) */
+    /* --decoupled-lr (Megatron's embedding and output layer parameter groups): the layout's
+     * parameters flagged here [L.nparams] take lr_decoupled instead of the step's rate, as
+     * optim/adamw.c's; NULL (dopt_init's) or lr_decoupled < 0: one rate. The caller's array. */
+    const bool *decoupled;
+    double lr_decoupled;
 } dopt_state;
 
 /* State for data-parallel rank `rank` of L.dp (the layout is copied); buffers from the

@@ -58,14 +58,6 @@ static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
                       "yet (their forward communicates over the transport the gather thread would use): data "
                       "parallelism only");
     if (c->ddp_bucket_size < 0) co_problem(P, "--ddp-bucket-size must not be negative");
-    if (!c->use_distributed_optimizer || !sizes_ok) return;
-    /* the experts' optimizer shards span the expert-data-parallel group (their own layout,
-     * train/trainer_dopt.c); a checkpoint lists them at tensor and context size 1 only */
-    if (c->num_experts > 0 && c->expert_model_parallel_size > 1 && (c->save[0] || c->load[0]) &&
-        (c->tensor_model_parallel_size > 1 || c->context_parallel_size > 1))
-        co_problem(P, "--use-distributed-optimizer with --expert-model-parallel-size %d and --save or --load is not "
-                      "supported yet with tensor or context parallelism (a checkpoint lists the experts' optimizer "
-                      "shards at tensor and context size 1 only)", c->expert_model_parallel_size);
 }
 
 /* Context parallelism: the ring's split of the sequence, what it does not combine with, and

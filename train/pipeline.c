@@ -175,7 +175,8 @@ static void meta_unpack(trainer *t, tr_batch *x) {
 }
 
 /* Micro batch mb's arrays from the data (once per step): samples of its place in the
- * global batch, and its gradient weights mask / (tokens x M). */
+ * global batch, and its gradient weights mask / (tokens x M) (--calculate-per-token-loss:
+ * mask x the step's token weight). */
 static int read_batch(trainer *t, int split, int mb, int64_t first_sample, bool train) {
     int data_rank = t->share_of;
     const co_config *c = &t->cfg;
@@ -195,7 +196,10 @@ static int read_batch(trainer *t, int split, int mb, int64_t first_sample, bool 
     for (int i = 0; i < N; i++) ntok += x->mask[i];
     /* normalised by the whole sequences' loss tokens (all context ranks' together) */
     x->ntok_all = t->cpn > 1 ? t->cp_ntok : ntok;
-    float w = train && x->ntok_all > 0 ? (float)(1.0 / (x->ntok_all * t->M)) * trainer__loss_scale(t) : 0.0f;
+    float w = !train                         ? 0.0f
+              : c->calculate_per_token_loss ? t->tok_w * trainer__loss_scale(t) /* (the step's, counted first) */
+              : x->ntok_all > 0             ? (float)(1.0 / (x->ntok_all * t->M)) * trainer__loss_scale(t)
+                                            : 0.0f;
     for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
     t->mb_tok_local[mb] = ntok;
     t->have_batch[mb] = 2;
@@ -362,10 +366,14 @@ static int sum_tied_embedding(trainer *t) {
 
 int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *loss_out, double *tok_out,
                             double *grad_norm) {
-    (void)step;
     /* data_rank: this replica's own share, or (a check round of the rerun state machine) the
      * suspect replica's, which this whole pipeline recomputes */
     t->share_of = data_rank;
+    float wtok;
+    if (t->cfg.calculate_per_token_loss) {
+        int rc = trainer__per_token_weight(t, data_rank, step, &wtok);
+        if (rc) return rc;
+    }
     say_channels(t);
     gpt_set_device_pipeline(t->model, on_device(t));
     trainer__overlap_arm(t);

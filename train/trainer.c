@@ -895,10 +895,22 @@ void trainer__fire_process_faults(trainer *t, int64_t step, int mb, fi_phase ph)
  * group (data x context) before the first forward; the gradients are then averaged over the
  * data-parallel ranks, hence *w = dp / count. The weight is the step's, whichever share: a
  * check round (only the helper's replica runs it, so no collective may) takes the one its
- * training round counted. */
-static int per_token_weight(trainer *t, int data_rank, int64_t step, float *w) {
+ * training round counted. The auxiliary losses take it too (per_token_aux). With a pipeline
+ * every stage counts the same tokens (Megatron's last stage counts and broadcasts them). */
+static void per_token_aux(trainer *t, float w) {
+    /* Megatron's router pre-multiplies the aux and z losses by the micro batch's tokens (its
+     * rank's times the tensor x context size), so that the division by the step's tokens
+     * leaves them 1 / (micro batches x dp) when no token is masked */
+    float ls = trainer__loss_scale(t);
+    double mbt = (double)t->cfg.micro_batch_size * (double)t->cfg.seq_length;
+    gpt_set_aux_loss_scale(t->model, (float)(w * mbt) * ls);
+    gpt_set_mtp_token_weight(t->model, w * ls);
+}
+
+int trainer__per_token_weight(trainer *t, int data_rank, int64_t step, float *w) {
     if (t->tok_w_step == step + 1) {
         *w = t->tok_w;
+        per_token_aux(t, *w);
         return 0;
     }
     double n = 0;
@@ -918,6 +930,7 @@ static int per_token_weight(trainer *t, int data_rank, int64_t step, float *w) {
     int dp = t->g.dp ? t->g.dp->size : 1;
     *w = t->tok_w = n > 0 ? (float)(dp / n) : 0.0f;
     t->tok_w_step = step + 1;
+    per_token_aux(t, *w);
     return 0;
 }
 
@@ -934,7 +947,7 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
     double it_loss = 0, it_tok = 0;
     float wtok = 0;
     if (c->calculate_per_token_loss) {
-        int rc = per_token_weight(t, data_rank, step, &wtok);
+        int rc = trainer__per_token_weight(t, data_rank, step, &wtok);
         if (rc) return rc;
     }
     /* data_rank's micro batches (a check round's may be another rank's share), and the batch's:
@@ -1488,10 +1501,10 @@ static int optimizer_step(trainer *t, tr_iter *it) {
     /* the next step's checksum compares with what this step writes (hashed as AdamW writes
      * it, where the backend can) */
     bool written = sums_on(t) && (it->step + 1) % c->check_weight_hash_interval == 0;
+    t->opt.lr_decoupled = next_decoupled_lr(t);
     if (t->dopt) {
         if ((rc = trainer__dopt_step(t, lr, it->grad_norm, written ? &t->sum_written : NULL))) return rc;
     } else {
-        t->opt.lr_decoupled = next_decoupled_lr(t);
         opt_adamw_step_checksum(&t->opt, t->model, lr, it->grad_norm, written ? &t->sum_written : NULL);
     }
     if (written) t->have_written = true;

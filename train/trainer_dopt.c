@@ -24,6 +24,7 @@ struct tr_dopt {
     int nunits;
     int *unit_first; /* [nunits + 1]: unit u is tensors unit_first[u] .. unit_first[u + 1] - 1 */
     bool *decay;  /* [nunits] weight decay applies */
+    bool *decoupled; /* [nunits] --decoupled-lr's rate applies (the embedding, the output layer) */
     bool held;    /* this rank's shards (own and copy) hold the state of the trainer's iteration */
     bool reduced; /* the gradients of this round are reduce-scattered, norm computed */
     bool gather;  /* the shards are updated, the full parameter buffer is not yet (trainer__dopt_sync) */
@@ -193,6 +194,7 @@ static int split_layouts(trainer *t, tr_dopt *d, int dp, int edp, size_t *off, d
             }
         }
         if (!kind) d->nunits = nu;
+        for (int u = 0; u < nu && !kind && !rc; u++) d->decoupled[u] = opt_decoupled_tensor(&tab[list[first[u]]]);
         if (!rc) base += K->total;
     }
     free(list);
@@ -245,12 +247,16 @@ int trainer__dopt_setup(trainer *t, bool joining) {
     tr_dopt *d = calloc(1, sizeof *d);
     size_t *numel = malloc(sizeof *numel * (size_t)nt);
     if (d) d->decay = malloc(sizeof *d->decay * (size_t)nt);
+    if (d) d->decoupled = malloc(sizeof *d->decoupled * (size_t)nt);
     if (d) {
         const char *force = getenv("COHORT_TEST_DOPT_REDUCE_SCATTER");
         d->force_rs = force && *force && strcmp(force, "0");
     }
-    if (!d || !numel || !d->decay) {
-        if (d) free(d->decay);
+    if (!d || !numel || !d->decay || !d->decoupled) {
+        if (d) {
+            free(d->decay);
+            free(d->decoupled);
+        }
         free(d);
         free(numel);
         return co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
@@ -267,6 +273,7 @@ int trainer__dopt_setup(trainer *t, bool joining) {
     } else if (!rc) {
         rc = units_of(tab, nt, d->unit_first, d->decay, numel, &nu);
         d->nunits = nu;
+        for (int u = 0; u < nu && !rc; u++) d->decoupled[u] = opt_decoupled_tensor(&tab[d->unit_first[u]]);
         if (!rc) rc = dopt_layout_build(&L, numel, nu, dp, (size_t)c->ddp_bucket_size);
         /* every tensor at its unit's start plus its place in the run */
         for (int u = 0; u < nu && !rc; u++)
@@ -296,6 +303,7 @@ int trainer__dopt_setup(trainer *t, bool joining) {
     if (rc) {
         free(d->xdecay);
         free(d->decay);
+        free(d->decoupled);
         free(d->unit_first);
         free(d);
         return rc;
@@ -336,6 +344,7 @@ void trainer__dopt_free(trainer *t) {
     if (t->dopt->ex) dopt_free(&t->dopt->xs);
     free(t->dopt->xdecay);
     free(t->dopt->decay);
+    free(t->dopt->decoupled);
     free(t->dopt->unit_first);
     free(t->dopt);
     t->dopt = NULL;
@@ -408,6 +417,8 @@ int trainer__dopt_step(trainer *t, double lr, double grad_norm, uint64_t *sum) {
     tr_dopt *d = t->dopt;
     d->s.step = t->opt.step; /* the trainer's count is the truth (restored by loads and restarts) */
     d->s.opt.inv_loss_scale = t->opt.inv_loss_scale; /* --fp16's, this step's */
+    d->s.decoupled = d->decoupled; /* (the experts are neither the embedding nor the output layer) */
+    d->s.lr_decoupled = t->opt.lr_decoupled;
     int rc = dopt_update_shards(&d->s, d->decay, lr, grad_norm);
     if (!rc && d->ex) {
         d->xs.step = t->opt.step;

@@ -326,6 +326,9 @@ int trainer__pipeline_evaluate(trainer *t, int split, double *loss_out, double *
 int trainer__set_batch(trainer *t, int gbs);
 /* The micro batches data-parallel rank r takes of a global batch of gbs samples. */
 int trainer__share(const trainer *t, int gbs, int r);
+/* --calculate-per-token-loss: the weight of a loss token in step `step` (the step's tokens
+ * over the gradient group, counted once per step), set as the auxiliary losses' too. */
+int trainer__per_token_weight(trainer *t, int data_rank, int64_t step, float *w);
 
 /* Faults injected into this rank (resilience/inject.h) around a micro batch: before its
  * forward (kill, stop, hang, slow; a flipped weight or activation); its loss (nan, inf, a

@@ -26,7 +26,7 @@ void trainer__moe_config(trainer *t, gpt_config *m) {
     gpt_moe_of(c, c->ffn_hidden_size, &m->moe);
     /* --expert-tensor-parallel-size: unset means the tensor size (Megatron's default) */
     if (!m->moe.etp_size) m->moe.etp_size = t->tp_size;
-    m->moe_layer_freq = c->moe_layer_freq;
+    gpt_moe_layers_of(c, m);
 }
 
 int trainer__moe_setup(trainer *t) {

@@ -393,13 +393,45 @@ static int check_step(const char *load_dir, int64_t want) {
                       load_dir, want, n ? "it has " : "it has none", have);
 }
 
+/* Layers [0, n) as '0'/'1' characters (MoE: 1), the first 64 and "..." past them. */
+static void moe_layers_text(const co_config *c, int n, char *buf) {
+    int k = 0;
+    for (; k < n && k < 64; k++) buf[k] = co_config_moe_layer(c, k) ? '1' : '0';
+    strcpy(buf + k, n > 64 ? "..." : "");
+}
+
+/* --moe-layer-freq against the checkpoint's (the integer or Megatron's list form), layer by
+ * layer; not where either side has no MoE layers (the expert count says it). */
+static void check_moe_layers(json_t *conf, const co_config *c, char *msg, size_t len) {
+    static const char *const only[] = {"moe-layer-freq", NULL};
+    json_t *ne = json_object_get(conf, "num-experts");
+    if (!c->num_experts || !json_is_integer(ne) || !json_integer_value(ne) || !json_object_get(conf, "moe-layer-freq"))
+        return;
+    co_config *k = malloc(sizeof *k);
+    if (!k) return;
+    co_config_defaults(k);
+    bool differ = false;
+    if (!co_config_read_json(k, conf, only, NULL, NULL))
+        for (int l = 0; l < c->num_layers && !differ; l++)
+            differ = co_config_moe_layer(k, l) != co_config_moe_layer(c, l);
+    if (differ) {
+        char a[72], b[72];
+        moe_layers_text(k, c->num_layers, a);
+        moe_layers_text(c, c->num_layers, b);
+        size_t at = strlen(msg);
+        snprintf(msg + at, len - at, "%scheckpoint has MoE layers %s (1: MoE), --moe-layer-freq gives %s",
+                 at ? "; " : "", a, b);
+    }
+    co_config_free(k);
+    free(k);
+}
+
 /* The mixture of experts and MTP: the flags that shape the model's tensors, from the
  * checkpoint's flags (its "config"; the manifest's "model" has no MoE fields), each
  * difference appended to msg. */
 static void check_moe(json_t *conf, const co_config *c, char *msg, size_t len) {
     static const struct { const char *key, *what; size_t off; } ints[] = {
         {"num-experts", "%lld experts", offsetof(co_config, num_experts)},
-        {"moe-layer-freq", "a MoE layer every %lld layers", offsetof(co_config, moe_layer_freq)},
         {"moe-ffn-hidden-size", "expert hidden size %lld", offsetof(co_config, moe_ffn_hidden_size)},
         {"moe-shared-expert-intermediate-size", "shared expert size %lld",
          offsetof(co_config, moe_shared_expert_intermediate_size)},
@@ -410,13 +442,12 @@ static void check_moe(json_t *conf, const co_config *c, char *msg, size_t len) {
         json_t *v = json_object_get(conf, ints[i].key);
         int want = *(const int *)((const char *)c + ints[i].off);
         if (!json_is_integer(v) || json_integer_value(v) == want) continue;
-        if (!strcmp(ints[i].key, "moe-layer-freq") && (!c->num_experts || !json_integer_value(json_object_get(conf, "num-experts"))))
-            continue; /* (no MoE layers on one side: the expert count says it) */
         char h[96];
         snprintf(h, sizeof h, ints[i].what, (long long)json_integer_value(v));
         size_t at = strlen(msg);
         snprintf(msg + at, len - at, "%scheckpoint has %s, --%s is %d", at ? "; " : "", h, ints[i].key, want);
     }
+    check_moe_layers(conf, c, msg, len);
     json_t *b = json_object_get(conf, "moe-router-enable-expert-bias");
     if (json_is_boolean(b) && json_is_true(b) != c->moe_router_enable_expert_bias && c->num_experts > 0) {
         size_t at = strlen(msg);

@@ -116,11 +116,12 @@ typedef struct parts_ctx {
     bool *held_by;          /* [shards] some rank holds the shard */
     /* with the distributed optimizer: [shards][dpn] the world rank of each rank of a shard's
      * gradient group (data parallel, or data x context), in the group's order; with expert
-     * parallelism (dx, tensor size 1) the dense layout's per stage (shard (0, s, 0)) and the
-     * experts' [shards][xdpn] of each shard's expert-data-parallel group */
+     * parallelism (dx) the dense layout's per (tensor rank, stage) (at shard (r, s, 0)) and
+     * the experts' [shards][xdpn] of each shard's expert-data-parallel group */
     int *gw, dpn;
     bool dx;
     int *xgw, xdpn;
+    bool xwhole; /* (dx) the experts whole on each tensor rank (expert tensor size 1) */
 } parts_ctx;
 
 static int shard_of(const parts_ctx *x, int r, int s, int e) { return r + x->tp * (s + x->pp * e); }
@@ -155,7 +156,7 @@ static int map_writers(parts_ctx *x, trainer *t, int world, int rank, int *wg) {
         wg[w] = shard_of(x, co.tp, co.pp, x->ep > 1 ? co.ep : 0);
         x->held_by[wg[w]] = true;
         int gk = cpn > 1 ? TOPO_G_DP_CP : TOPO_G_DP;
-        if (x->gw && (rc = group_place(x->gw, x->dpn, &lay, gk, w, x->dx ? shard_of(x, 0, co.pp, 0) : wg[w])))
+        if (x->gw && (rc = group_place(x->gw, x->dpn, &lay, gk, w, x->dx ? shard_of(x, co.tp, co.pp, 0) : wg[w])))
             return rc;
         if (x->xgw && (rc = group_place(x->xgw, x->xdpn, &lay, TOPO_G_EDP, w, wg[w]))) return rc;
         if (w == rank && (co.tp != x->tpr || co.pp != x->ppr || (x->ep > 1 && co.ep != x->epr)))
@@ -314,10 +315,11 @@ static int add_local_range(const dopt_ctx *c, int tp, int r, int i, size_t f0, s
     return rc;
 }
 
-/* A layout's moment `part` of one shard's table: every group rank k's pieces (written by
- * writers[k]), unit u being tensors list[first[u] ..] one after another; this rank's data
- * (mine, its shard storage) where it is rank me_k (-1: another shard). */
-static int add_dopt_pieces(wk_parts *l, int part, const parts_ctx *x, const gpt_tensor *tab, const dopt_layout *L,
+/* A layout's moment `part` of one shard's table (tensor rank r of tp: a tensor several
+ * tensor ranks hold is written by one): every group rank k's pieces (written by writers[k]),
+ * unit u being tensors list[first[u] ..] one after another; this rank's data (mine, its
+ * shard storage) where it is rank me_k (-1: another shard). */
+static int add_dopt_pieces(wk_parts *l, int part, int tp, const gpt_tensor *tab, const dopt_layout *L,
                            const int *list, const int *first, const int *writers, int r, int me_k,
                            const float *mine) {
     int rc = 0;
@@ -335,7 +337,7 @@ static int add_dopt_pieces(wk_parts *l, int part, const parts_ctx *x, const gpt_
                 if (lo >= hi) continue;
                 float *d = k == me_k ? (float *)mine + p->shard_off + (lo - p->param_lo) : NULL;
                 dopt_ctx c = {.l = l, .part = part, .t = &tab[i], .writer = writers[k], .data = d};
-                rc = add_local_range(&c, x->tp, r, i, lo - a, hi - a);
+                rc = add_local_range(&c, tp, r, i, lo - a, hi - a);
             }
         }
     return rc;
@@ -351,30 +353,39 @@ static int add_dopt_shard(wk_parts *l, int part, const parts_ctx *x, trainer *t,
     int rc = list ? trainer_dopt_layout_of(t, tab, nt, &L, &ufirst) : co_err_set(CO_ENOMEM, "checkpoint: out of memory");
     for (int i = 0; i < nt && list; i++) list[i] = i;
     bool here = r == x->tpr && s == x->ppr;
-    if (!rc) rc = add_dopt_pieces(l, part, x, tab, &L, list, ufirst, x->gw + (size_t)sh * x->dpn, r, here ? me_k : -1, mine);
+    if (!rc)
+        rc = add_dopt_pieces(l, part, x->tp, tab, &L, list, ufirst, x->gw + (size_t)sh * x->dpn, r, here ? me_k : -1,
+                             mine);
     dopt_layout_free(&L);
     free(ufirst);
     free(list);
     return rc;
 }
 
-/* With expert parallelism (tensor size 1): every stage's dense layout over its gradient
- * group, every (stage, expert rank)'s experts' layout over its expert-data-parallel group. */
+/* With expert parallelism: every (tensor rank, stage)'s dense layout over its gradient group
+ * (from the table of the first shard holding it: every expert rank has the same dense
+ * tensors), every held (tensor rank, stage, expert rank)'s experts' layout over its
+ * expert-data-parallel group. With the experts whole on each tensor rank (expert tensor size
+ * 1, the expert group spanning the tensor ranks) an expert rank is one tensor rank, which
+ * writes its experts whole; split over the tensor group, each tensor rank its slices. */
 static int add_dopt_experts(wk_parts *l, int part, const parts_ctx *x, trainer *t, int me_k, const float *mine,
                             int me_xk, const float *xmine) {
     int rc = 0;
     for (int sh = 0; sh < x->shards && !rc; sh++) {
-        int s = sh / x->tp % x->pp, e = sh / (x->tp * x->pp);
-        bool experts_only = e > 0; /* (every expert rank's table has the same dense tensors) */
-        for (int kind = experts_only ? 1 : 0; kind < 2 && !rc; kind++) {
+        int r = sh % x->tp, s = sh / x->tp % x->pp, e = sh / (x->tp * x->pp);
+        if (!x->held_by[sh]) continue;
+        bool dense = true;
+        for (int f = 0; f < e && dense; f++) dense = !x->held_by[shard_of(x, r, s, f)];
+        for (int kind = dense ? 0 : 1; kind < 2 && !rc; kind++) {
             dopt_layout L = {0};
             int *list = NULL, *first = NULL;
             rc = trainer_dopt_kind_layout_of(t, x->tab[sh], x->ntab[sh], kind == 1, &L, &list, &first);
-            bool here = s == x->ppr && (kind == 0 || e == x->epr);
-            const int *w = kind ? x->xgw + (size_t)sh * x->xdpn : x->gw + (size_t)shard_of(x, 0, s, 0) * x->dpn;
+            bool here = s == x->ppr && r == x->tpr && (kind == 0 || e == x->epr);
+            const int *w = kind ? x->xgw + (size_t)sh * x->xdpn : x->gw + (size_t)shard_of(x, r, s, 0) * x->dpn;
+            bool whole = kind && x->xwhole;
             if (!rc)
-                rc = add_dopt_pieces(l, part, x, x->tab[sh], &L, list, first, w, 0, here ? (kind ? me_xk : me_k) : -1,
-                                     kind ? xmine : mine);
+                rc = add_dopt_pieces(l, part, whole ? 1 : x->tp, x->tab[sh], &L, list, first, w, whole ? 0 : r,
+                                     here ? (kind ? me_xk : me_k) : -1, kind ? xmine : mine);
             dopt_layout_free(&L);
             free(list);
             free(first);
@@ -403,7 +414,7 @@ static int list_parts(trainer *t, const parts_ctx *x, int world, int rank, wk_pa
     const float *xm = NULL, *xv = NULL;
     int xrank = 0;
     const dopt_layout *XL = x->dx ? trainer_dopt_xshard(t, &xm, &xv, &xrank) : NULL;
-    if (x->dx && (!XL || XL->dp != x->xdpn || x->xgw[shard_of(x, 0, x->ppr, x->epr) * x->xdpn + xrank] != rank))
+    if (x->dx && (!XL || XL->dp != x->xdpn || x->xgw[shard_of(x, x->tpr, x->ppr, x->epr) * x->xdpn + xrank] != rank))
         return co_err_set(CO_EINTERNAL, "checkpoint: the experts' distributed optimizer's rank %d of %d is not world "
                                         "rank %d", xrank, XL ? XL->dp : 0, rank);
     save->n = load->n = 0;
@@ -445,17 +456,18 @@ int wk_parts_build(trainer *t, int world, int rank, wk_parts *save, wk_parts *lo
      * writer group must have members */
     int *wg = malloc(sizeof *wg * (size_t)world);
     x.dx = trainer_dopt_experts(t);
-    if (x.dx && x.tp > 1) rc0 = co_err_set(CO_EINVAL, "checkpoint: the experts' distributed optimizer at tensor size %d",
-                                           x.tp);
-    if (trainer_dopt_on(t) && !rc0) {
+    if (trainer_dopt_on(t)) {
         /* every world rank is in one shard's gradient group; with expert parallelism the
-         * dense layout's spans the expert ranks (world / stages ranks), the experts' the
-         * expert-data-parallel group */
+         * dense layout's spans the expert ranks (world / (tensor x stages) ranks), the
+         * experts' the expert-data-parallel group (world / (expert tensor x expert x stages)) */
+        const co_config *c = trainer_config(t);
+        int etp = c->expert_tensor_parallel_size > 0 ? c->expert_tensor_parallel_size : x.tp;
+        x.xwhole = etp == 1;
         x.dpn = world / (x.dx ? x.tp * x.pp : x.shards);
         x.gw = calloc((size_t)world * (x.dx ? (size_t)x.ep : 1), sizeof *x.gw);
         if (x.dx) {
-            x.xdpn = world / x.shards;
-            x.xgw = calloc((size_t)world, sizeof *x.xgw);
+            x.xdpn = world / (etp * x.ep * x.pp);
+            x.xgw = calloc((size_t)x.shards * (size_t)x.xdpn, sizeof *x.xgw);
         }
         if (!x.gw || (x.dx && !x.xgw)) rc0 = co_err_set(CO_ENOMEM, "checkpoint: out of memory");
     }

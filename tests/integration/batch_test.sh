@@ -24,18 +24,19 @@
 #   per_token_loss      --calculate-per-token-loss on short documents with --eod-mask-loss (micro
 #                       batches of unequal loss tokens): the iteration's loss is the sum over its
 #                       tokens / their count, so 4 micro batches of 2, 1 of 8, dp 2 x 2 of 2 and
-#                       tp 2 (SP) x cp 2 end with the same parameters and moments (within 5e-5, fp32 sums in
-#                       another order), while without the flag (each micro batch's mean
+#                       tp 2 (SP) x cp 2 and pp 2 end with the same parameters and moments (within 5e-5, fp32
+#                       sums in another order), while without the flag (each micro batch's mean
 #                       averaged) 4 micro batches of 2 end farther than that from 1 of 8; a NaN
 #                       reproduced in dp 2 recomputed by the other replica (no hang) and
-#                       diagnosed; the refusals that remain
+#                       diagnosed
 #   decoupled_lr        --decoupled-lr/--decoupled-min-lr: the log line's decoupled learning rate
 #                       of every iteration is Megatron's schedule (warm-up, cosine decay) from
 #                       them, its learning rate the one from --lr/--min-lr; at 0 the input
 #                       embedding and the output layer end bitwise the same whatever --lr the
 #                       others train at (at their initial values), and differ from a job
 #                       without the flags; equal to --lr/--min-lr it is bitwise the
-#                       job without the flags; refused with the distributed optimizer
+#                       job without the flags; with the distributed optimizer at dp 2 and
+#                       tp 2 x dp 2 bitwise the replicated optimizer's run
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 on_cpu "$cohort"
@@ -101,13 +102,15 @@ for i in range(3000):
     train_ok d2 "${p[@]}" --micro-batch-size 2 --nproc-per-node 2 --save "$work/d2"
     train_ok tc "${p[@]}" --micro-batch-size 2 --nproc-per-node 4 --tensor-model-parallel-size 2 --sequence-parallel \
         --context-parallel-size 2 --save "$work/tc"
+    # (pp 2: every stage counts the step's tokens, as Megatron's last stage does)
+    train_ok pp "${p[@]}" --micro-batch-size 2 --nproc-per-node 2 --pipeline-model-parallel-size 2 --save "$work/pp"
     train_ok a4 --train-iters 4 --micro-batch-size 2 --save "$work/a4"
     train_ok a1 --train-iters 4 --micro-batch-size 8 --save "$work/a1"
     worst() { # A B: the largest absolute difference of any parameter or moment
         "$COHORT_CPU_EXE" ckpt diff --json "$work/$1" "$work/$2" >"$work/d.json"
         /usr/bin/python3 -c "import json; print(max(r.get('max_abs', 0) for r in json.load(open('$work/d.json'))['tensors']))"
     }
-    for r in m1 d2 tc; do
+    for r in m1 d2 tc pp; do
         w=$(worst m4 $r)
         /usr/bin/python3 -c "import sys; sys.exit(not $w <= 5e-5)" || fail "per-token loss: $r differs from m4 by $w"
         echo "ok: per-token loss: $r within $w of 4 micro batches of 2"
@@ -120,8 +123,6 @@ for i in range(3000):
     # step with the step's token weight (no collective of its own: the other replica waits)
     nan_reproduced nan_loss 1 0 "${p[@]}" --micro-batch-size 2 --nproc-per-node 2 \
         --inject "nan@rank=1,step=4,times=always"
-    train_refused "--calculate-per-token-loss with --pipeline-model-parallel-size 2 is not supported yet" \
-        --calculate-per-token-loss --nproc-per-node 2 --pipeline-model-parallel-size 2
     ;;
 decoupled_lr)
     s=(--untie-embeddings-and-output-weights --micro-batch-size 2 --train-iters 6 --lr-decay-style cosine
@@ -162,8 +163,15 @@ PY
     done
     train_ok same "${s[@]}" --decoupled-lr 1e-3 --decoupled-min-lr 1e-4 --save "$work/same"
     ckpt_same "$work/same" "$work/plain" "--decoupled-lr equal to --lr"
-    train_refused "--decoupled-lr with --use-distributed-optimizer is not supported yet" --decoupled-lr 1e-3 \
-        --use-distributed-optimizer
+    # the distributed optimizer: each shard's pieces of the embedding and the output layer
+    # (their vocabulary slices under tp 2) at the decoupled rate: bitwise the replicated run
+    dl=(--decoupled-lr 5e-3 --decoupled-min-lr 2e-4)
+    for l in "2" "4 --tensor-model-parallel-size 2"; do
+        set -- $l
+        train_ok r$1 "${s[@]}" "${dl[@]}" --nproc-per-node "$@" --save "$work/r$1"
+        train_ok o$1 "${s[@]}" "${dl[@]}" --nproc-per-node "$@" --use-distributed-optimizer --save "$work/o$1"
+        ckpt_same "$work/r$1" "$work/o$1" "--decoupled-lr with the distributed optimizer, $* ranks"
+    done
     train_refused "--decoupled-min-lr needs --decoupled-lr" --decoupled-min-lr 1e-4
     ;;
 rampup)

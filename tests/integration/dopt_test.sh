@@ -241,7 +241,7 @@ param_gather)
         grep -q -- "$want" "$work/o" || fail "$extra: $(cat "$work/o")"
     done
     ;;
-ep|kill_ep|ep_ckpt)
+ep|kill_ep|ep_ckpt|ep_ckpt_tp|ep_ckpt_cp)
     # expert parallelism: the experts' optimizer shards span the expert-data-parallel group
     # (Megatron's second optimizer instance, their own layout after the rest of the buffer),
     # the rest the data-parallel group; the norm counts every element once. The runs are
@@ -252,7 +252,66 @@ ep|kill_ep|ep_ckpt)
         --moe-router-topk 2 --moe-layer-freq 2 --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 1e-2 \
         --moe-z-loss-coeff 1e-3 --clip-grad 0.3
     ep=(--expert-model-parallel-size 2)
-    if [ $case_name = ep_ckpt ]; then
+    if [ $case_name = ep_ckpt_tp ] || [ $case_name = ep_ckpt_cp ]; then
+        # expert 2 with tensor or context parallelism: the checkpoint bitwise the replicated
+        # optimizer's, every rank writing moments of experts (dense shards over each tensor
+        # rank's gradient group, the experts' over their expert-data-parallel groups: with
+        # the experts whole on each tensor rank an expert rank is one tensor rank, which
+        # writes its experts whole; split over the tensor group, each its slices), verified;
+        # loaded with the flag at another layout and the same, and without it, each
+        # continuing bitwise as the replicated checkpoint does
+        sp=(--tensor-model-parallel-size 2 --sequence-parallel)
+        if [ $case_name = ep_ckpt_tp ]; then
+            # (t: expert tensor size 1, the expert group across the tensor ranks; x: the
+            # experts split over the tensor group, expert tensor size 2)
+            lays=("t:${sp[*]} --expert-tensor-parallel-size 1" "x:${sp[*]}")
+        else
+            lays=("c:--context-parallel-size 2")
+        fi
+        for lay in "${lays[@]}"; do
+            n=${lay%%:*} extra=${lay#*:}
+            for x in d r; do
+                flag=$D; [ $x = r ] && flag=
+                # shellcheck disable=SC2086
+                train $n$x 4 "${ep[@]}" $extra $flag --train-iters 8 --save "$work/$n$x" --save-interval 4 \
+                    --exit-interval 4
+                ok $n$x
+            done
+            same "$work/${n}r" "$work/${n}d" 4
+            "$cohort" ckpt verify "$(it_dir "$work/${n}d" 4)" >"$work/verify.txt" 2>&1 ||
+                fail "$n: verify: $(tail -5 "$work/verify.txt")"
+            /usr/bin/python3 - "$(it_dir "$work/${n}d" 4)/manifest.json" <<'PY' || fail "$n: moment writers"
+import json, sys
+m = json.load(open(sys.argv[1]))
+files, writers, experts = m["files"], set(), set()
+for t in m["tensors"]:
+    if t["kind"] == "optim":
+        for s in t["slices"]:
+            assert "flat" in s, (t["name"], s)
+            writers.add(files[s["file"]]["writer"])
+            if ".experts." in t["name"]:
+                experts.add(files[s["file"]]["writer"])
+assert sorted(writers) == [0, 1, 2, 3] and sorted(experts) == [0, 1, 2, 3], (writers, experts)
+PY
+            # to: the same layout with the flag (t only), data 4 x expert 2 with it, one
+            # expert rank without it
+            tos="e2d e1r"; [ $n = t ] && tos="same e2d e1r"
+            for to in $tos; do
+                flag=$D; [ $to = e1r ] && flag=
+                lay=(); [ $to = e2d ] && lay=("${ep[@]}")
+                # shellcheck disable=SC2206
+                [ $to = same ] && lay=("${ep[@]}" $extra)
+                for x in d r; do
+                    rm -rf "$work/c$x$to"
+                    cp -r "$work/$n$x" "$work/c$x$to"
+                    # shellcheck disable=SC2086
+                    train c$x$to 4 "${lay[@]}" $flag --train-iters 8 --load "$work/c$x$to" --save "$work/c$x$to"
+                    ok c$x$to
+                done
+                same "$work/cr$to" "$work/cd$to" 8
+            done
+        done
+    elif [ $case_name = ep_ckpt ]; then
         # data 4 x expert 2: the checkpoint bitwise the replicated optimizer's, every rank
         # writing moments (dense shards over data 4, the experts' over their pairs), verified;
         # loaded with the flag at expert 2 and at expert 1, and without it at expert 1, each
@@ -339,10 +398,6 @@ PY
             fail "$(grep optimizer "$work/e4d.out")"
         grep -q "the experts' distributed optimizer over 1 expert-data-parallel rank:" "$work/e2d.out" ||
             fail "$(grep optimizer "$work/e2d.out")"
-        "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 "${ep[@]}" --tensor-model-parallel-size 2 \
-            --sequence-parallel --expert-tensor-parallel-size 1 $D --save "$work/ck" >"$work/o" 2>&1
-        [ $? -eq 2 ] && grep -q "expert-model-parallel-size 2 and --save or --load is not supported yet with tensor" \
-            "$work/o" || fail "save at tp 2: $(tail -3 "$work/o")"
     fi
     ;;
 matches_replicated)

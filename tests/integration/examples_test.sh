@@ -327,8 +327,7 @@ deepseek_v3)
     # aux loss at a small weight), top-k scaling, multi-token prediction. Left out: multi-latent
     # attention (--multi-latent-attention, --q-lora-rank, --kv-lora-rank, --qk-head-dim,
     # --qk-pos-emb-head-dim, --v-head-dim, --rotary-scaling-factor, --mscale*), which cohort
-    # does not have, and the fusion flags of Transformer Engine (--moe-permute-fusion); the
-    # --moe-layer-freq list below.
+    # does not have, and the fusion flags of Transformer Engine (--moe-permute-fusion).
     MODEL_ARGS=(
         --use-mcore-models
         --disable-bias-linear
@@ -353,9 +352,9 @@ deepseek_v3)
     )
     MOE_ARGS=(
         --num-experts 8
-        # Megatron's line makes the first 3 layers dense with the list form "([0]*3+[1]*58)",
-        # which cohort does not parse (an integer only: every N-th layer)
-        --moe-layer-freq 1
+        # Megatron's line makes the first 3 of 61 layers dense, "([0]*3+[1]*58)"; here the
+        # first of 4
+        --moe-layer-freq "([0]*1+[1]*3)"
         --moe-ffn-hidden-size 16
         --moe-shared-expert-intermediate-size 16
         --moe-router-load-balancing-type seq_aux_loss
@@ -428,6 +427,11 @@ deepseek_v3)
     grep -q "iteration *3/ *3 .*mtp_1 loss" "$work/deepseek_run.out" ||
         fail "no MTP loss in the last iteration's line: $(grep 'iteration' "$work/deepseek_run.out" | tail -2)"
     [ -d "$work/ck" ] || fail "no checkpoint saved"
+    # the list form of --moe-layer-freq: layer 0 dense, the others MoE
+    "$cohort" ckpt inspect "$work/ck" >"$work/inspect.out" 2>&1 || fail "inspect: $(tail -3 "$work/inspect.out")"
+    grep -q "layers.0.mlp.fc1.weight" "$work/inspect.out" && grep -q "layers.3.mlp.experts.7.fc1.weight" \
+        "$work/inspect.out" && ! grep -q "layers.0.mlp.experts" "$work/inspect.out" ||
+        fail "not the first layer dense: $(grep -m6 mlp "$work/inspect.out")"
     ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -67,6 +67,17 @@
 #   rerun        an injected NaN: the rerun state machine's fault (one process: the list at
 #                exit; under the supervisor with ep 2: the run report) carries the round's
 #                load_balancing_loss, z_loss and mtp_1 loss of the rank
+#   per_token    --calculate-per-token-loss (Megatron's router pre-multiplies the aux and z
+#                losses by the micro batch's tokens, so that the division by the step's
+#                tokens leaves them weighted 1 / micro batches): with --eod-mask-loss (micro
+#                batches of unequal loss tokens) dp 2, pp 2 and ep 2 train the one-rank job's
+#                numbers (losses, norms, MoE losses; parameters and moments within 1e-5); with
+#                no token masked the job without the flag's numbers
+#   layer_list   Megatron's list form of --moe-layer-freq: "([1]+[0])*2" trains bitwise the
+#                --moe-layer-freq 2 job; "[0,1,1,0]" puts the experts in layers 1 and 2 only
+#                (ckpt inspect), its checkpoint refused by a job of another pattern (the
+#                layers named), taken by --use-checkpoint-args, and converted to tp 2 and back
+#                bitwise
 #   refused      bad configurations exit 2 before any work: top-k above the experts,
 #                biases, tensor parallelism without sequence parallelism (also with the
 #                experts split over the tensor group), the experts split over the tensor
@@ -411,6 +422,54 @@ assert not bad, bad[:3]
             >"$work/r.out" 2>&1; rc=$?
         [ $rc -eq 2 ] && grep -q -- "${a#*:}" "$work/r.out" || fail "${a%%:*}: exit $rc: $(tail -3 "$work/r.out")"
     done
+    ;;
+per_token)
+    p=(--calculate-per-token-loss --eod-mask-loss)
+    run one 5 "${p[@]}" --save "$work/one.ck"
+    run dp2 5 "${p[@]}" --nproc-per-node 2 --save "$work/dp2.ck"
+    run pp2 5 "${p[@]}" --nproc-per-node 2 --pipeline-model-parallel-size 2 --save "$work/pp2.ck"
+    run ep2 5 "${p[@]}" --nproc-per-node 2 --expert-model-parallel-size 2 --save "$work/ep2.ck"
+    compare 1 one dp2 pp2 ep2
+    moe_losses_match one:dp2 one:pp2 one:ep2
+    run flag 5 --calculate-per-token-loss --save "$work/flag.ck"
+    run noflag 5 --save "$work/noflag.ck"
+    compare 1 noflag flag
+    for n in one:dp2 one:pp2 one:ep2 noflag:flag; do
+        "$cohort" ckpt diff "$work/${n%%:*}.ck" "$work/${n#*:}.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$n: diff"
+        /usr/bin/python3 -c "
+import json
+rows = json.load(open('$work/d.json'))['tensors']
+assert any('router' in r['name'] for r in rows), [r['name'] for r in rows][:20]
+bad = [r for r in rows if r['status'] not in ('bitwise equal', 'differs') or r.get('max_abs', 0) > 1e-5]
+assert not bad, bad[:3]
+" || fail "$n: the parameters differ: $(head -c 400 "$work/d.json")"
+    done
+    ;;
+layer_list)
+    run f2 3 --moe-layer-freq 2 --save "$work/f2"
+    run l2 3 --moe-layer-freq "([1]+[0])*2" --save "$work/l2"
+    ckpt_same "$work/f2" "$work/l2" "the list ([1]+[0])*2 against --moe-layer-freq 2"
+    run l3 3 --moe-layer-freq "[0,1,1,0]" --save "$work/l3"
+    "$cohort" ckpt inspect "$work/l3" >"$work/inspect.out" 2>&1 || fail "inspect: $(tail -3 "$work/inspect.out")"
+    for l in 1 2; do
+        grep -q "layers.$l.mlp.experts.3.fc1.weight" "$work/inspect.out" || fail "layer $l has no experts"
+    done
+    for l in 0 3; do
+        ! grep -q "layers.$l.mlp.experts" "$work/inspect.out" || fail "layer $l has experts"
+        grep -q "layers.$l.mlp.fc1.weight" "$work/inspect.out" || fail "layer $l is not dense"
+    done
+    "$cohort" train "${tiny[@]}" --train-iters 4 --moe-layer-freq 2 --load "$work/l3" >"$work/x.out" 2>&1
+    rc=$?
+    [ $rc -eq 2 ] && grep -q "checkpoint has MoE layers 0110 (1: MoE), --moe-layer-freq gives 1010" "$work/x.out" ||
+        fail "another pattern loaded: exit $rc: $(tail -3 "$work/x.out")"
+    run args 4 --moe-layer-freq 2 --load "$work/l3" --use-checkpoint-args
+    grep -q -- "--moe-layer-freq \[0, 1, 1, 0\] from the checkpoint" "$work/args.out" &&
+        grep -q "successfully loaded checkpoint .* at iteration 3" "$work/args.out" ||
+        fail "--use-checkpoint-args: $(grep -i "checkpoint" "$work/args.out" | head -5)"
+    "$cohort" ckpt convert "$work/l3" --to cohort --tensor-model-parallel-size 2 --output "$work/c2" >"$work/c.out" 2>&1 &&
+        "$cohort" ckpt convert "$work/c2" --to cohort --tensor-model-parallel-size 1 --output "$work/c1" >>"$work/c.out" 2>&1 ||
+        fail "convert: $(tail -3 "$work/c.out")"
+    ckpt_same "$work/l3" "$work/c1" "converted to tp 2 and back"
     ;;
 refused)
     expect() { # PATTERN ARGS...: exit 2 and the pattern on stderr, nothing trained

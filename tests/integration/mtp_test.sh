@@ -40,6 +40,13 @@
 #             last stage and tp 2 (SP) within 1e-3 of the bf16 one-rank run (losses, norms;
 #             measured 2.5e-4: an fp32 sum in another order can move a weight's bf16 copy
 #             by one bf16 step); twice bitwise the same
+#   per_token --calculate-per-token-loss (Megatron's: the depths' sums rescaled by the micro
+#             batch's loss tokens over the depth's, the whole divided by the step's tokens): with
+#             --eod-mask-loss (micro batches of unequal loss tokens) dp 2, pp 2, pp 3 with the
+#             MTP stage ("Ett|ttmm|L") and cp 2 (the counts the whole sequences', where
+#             Megatron's are each context rank's) train the one-rank job's numbers (losses, norms,
+#             mtp_K_loss, parameters and moments within 1e-5); with no token masked the weights
+#             are the per micro batch ones: the job without the flag's numbers
 #   refused   context parallelism with packed sequences, a pipeline with learned positions, document masks, more
 #             than 8 depths, the MTP layers m on pipeline rank 0: exit 2 before any work
 cohort=$1; case_name=$2
@@ -287,6 +294,26 @@ for i in a:
 assert differ, "bf16 gave fp32's numbers exactly: not bf16 products"
 print(f"ok: bf16 within {worst:.1e} of fp32")
 PY
+    ;;
+per_token)
+    p=(--calculate-per-token-loss --eod-mask-loss --global-batch-size 12)
+    run one 5 "${p[@]}" --save "$work/one.ck"
+    run dp2 5 "${p[@]}" --nproc-per-node 2 --save "$work/dp2.ck"
+    run pp2 5 "${p[@]}" --nproc-per-node 2 --pipeline-model-parallel-size 2 --save "$work/pp2.ck"
+    run p3 5 "${p[@]}" --nproc-per-node 3 --pipeline-model-parallel-size 3 --pipeline-model-parallel-layout \
+        "Ett|ttmm|L" --save "$work/p3.ck"
+    run cp2 5 "${p[@]}" --nproc-per-node 2 --context-parallel-size 2 --save "$work/cp2.ck"
+    compare 1 one dp2 pp2 p3 cp2
+    compare_mtp one dp2:1 pp2:1 p3:1 cp2:1
+    params_close one dp2 pp2 p3 cp2
+    # no token masked: each micro batch's depth k weighs its tokens' sum / (its loss tokens x M)
+    # either way (a depth's rolled tokens are fewer than the main loss's: without the rescale
+    # its gradient would be a few per cent smaller)
+    run flag 5 --calculate-per-token-loss --save "$work/flag.ck"
+    run noflag 5 --save "$work/noflag.ck"
+    compare 1 noflag flag
+    compare_mtp noflag flag:1
+    params_close noflag flag
     ;;
 refused)
     expect() { # PATTERN ARGS...

@@ -333,7 +333,6 @@ static void test_rampup_and_compat(void) {
         {"--no-position-embedding", "--no-position-embedding with --position-embedding-type learned_absolute"},
         {"--rotary-percent 0.5", "--rotary-percent 0.5 is not supported yet"},
         {"--decoupled-min-lr 5e-5", "--decoupled-min-lr needs --decoupled-lr"},
-        {"--decoupled-lr 5e-4 --use-distributed-optimizer", "--decoupled-lr with --use-distributed-optimizer"},
         {"--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather",
          "fp8 is not supported"},
     };
@@ -471,6 +470,77 @@ static void test_json_round_trip(void) {
     co_config_free(&c);
 }
 
+/* --moe-layer-freq: the integer, and Megatron's list form (its moe_freq_type's Python list
+ * expression, as its examples write it) expanded per layer, checked against --num-layers,
+ * kept through the checkpoint's JSON; what it is not, refused with the reason. */
+static void test_moe_layer_freq_list(void) {
+    static const char *const ok[][2] = {
+        {"([1]*3+[0]*1)*2", "11101110"}, /* Megatron's help */
+        {"[0,1,1,1]", "0111"},
+        {"[0]*3+[1]*5", "00011111"}, /* the DeepSeek-V3 and Kimi examples' form, unparenthesised */
+        {"([0]+[1]*3)", "0111"},      /* DeepSeek-V2-Lite's */
+        {"([0,1]*2)", "0101"},        /* Llama-4's */
+        {"[1,]*2+2*[0]", "1100"},     /* a trailing comma; an integer times a list */
+        {"[1]*(1+1)+[0]*0", "11"},
+    };
+    co_config c;
+    char err[512], line[512];
+    for (size_t k = 0; k < sizeof ok / sizeof ok[0]; k++) {
+        snprintf(line, sizeof line, "--moe-layer-freq %s", ok[k][0]);
+        REQUIRE_MSG(parse(&c, line, err, sizeof err) == 0, "%s: %s", ok[k][0], err);
+        CHECK_MSG(!strcmp(c.moe_layer_list, ok[k][1]) && c.moe_layer_freq == 0, "%s: %s", ok[k][0], c.moe_layer_list);
+        for (int l = 0; ok[k][1][l]; l++) CHECK(co_config_moe_layer(&c, l) == (ok[k][1][l] == '1'));
+        co_config_free(&c);
+    }
+    REQUIRE(parse(&c, "--moe-layer-freq 3", err, sizeof err) == 0);
+    CHECK(c.moe_layer_freq == 3 && !c.moe_layer_list[0] && co_config_moe_layer(&c, 3) && !co_config_moe_layer(&c, 4));
+    co_config_free(&c);
+    static const char *const bad[][2] = {
+        {"[1,_0]", "only digits, commas"},
+        {"[1]+1", "a list plus an integer"},
+        {"[2,1]", "an entry other than 0 (dense) and 1 (MoE)"},
+        {"[[1],[0]]", "a list inside a list"},
+        {"([1],[0])", "a tuple"},
+        {"[1]*[2]", "a list times a list"},
+        {"[1,0", "separated by commas and end with ]"},
+        {"[1]+", "the expression ends early"},
+        {"[1]*2)", "text after the expression"},
+        {"[1]*100000", "more entries than layers"},
+        {"(3)", "expects an integer"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(line, sizeof line, "--moe-layer-freq %s", bad[k][0]);
+        CHECK_MSG(parse(&c, line, err, sizeof err) == CO_EINVAL && strstr(err, bad[k][1]), "%s: %s", bad[k][0], err);
+        co_config_free(&c);
+    }
+    /* one entry per layer (Megatron's assertion), with MoE flags that are otherwise valid */
+    const char *moe = "--num-experts 4 --disable-bias-linear --moe-router-topk 2 ";
+    snprintf(line, sizeof line, "%s--moe-layer-freq [0]+[1]", moe);
+    CHECK_MSG(check_line(line, err, sizeof err) == 0, "%s", err);
+    snprintf(line, sizeof line, "%s--moe-layer-freq [1,0,1]", moe);
+    CHECK_MSG(check_line(line, err, sizeof err) == CO_EINVAL &&
+                  strstr(err, "Invalid length of moe_layer_pattern: 3, expected 2 (--num-layers)"), "%s", err);
+    /* the checkpoint's flags: the list form as a string, read back (spaces as Python prints it) */
+    REQUIRE(parse(&c, "--moe-layer-freq ([1]*3+[0]*1)*2", err, sizeof err) == 0);
+    char *one = config_json(&c);
+    REQUIRE(one && strstr(one, "\"moe-layer-freq\":\"[1, 1, 1, 0, 1, 1, 1, 0]\""));
+    json_t *obj = json_loads(one, 0, NULL);
+    REQUIRE(obj != NULL);
+    co_config back;
+    co_config_defaults(&back);
+    static const char *const only[] = {"moe-layer-freq", NULL};
+    REQUIRE(co_config_read_json(&back, obj, only, NULL, NULL) == 0);
+    CHECK_MSG(!strcmp(back.moe_layer_list, "11101110") && back.moe_layer_freq == 0, "%s", back.moe_layer_list);
+    /* and an integer read over a list replaces it */
+    json_object_set_new(obj, "moe-layer-freq", json_integer(2));
+    REQUIRE(co_config_read_json(&back, obj, only, NULL, NULL) == 0);
+    CHECK(back.moe_layer_freq == 2 && !back.moe_layer_list[0]);
+    co_config_free(&back);
+    json_decref(obj);
+    free(one);
+    co_config_free(&c);
+}
+
 static void test_lr_schedules(void) {
     lr_schedule s = {.max_lr = 1.0, .min_lr = 0.1, .init_lr = 0.0, .warmup_iters = 10, .decay_iters = 110,
                      .wsd_decay_iters = 20, .style = LR_COSINE, .wsd_style = WSD_EXPONENTIAL};
@@ -517,6 +587,7 @@ int main(void) {
     RUN(test_rampup_and_compat);
     RUN(test_derived);
     RUN(test_json_round_trip);
+    RUN(test_moe_layer_freq_list);
     RUN(test_lr_schedules);
     RUN(test_split_parse);
     RUN(test_edit_distance);
