@@ -146,7 +146,7 @@ static const flag flags[] = {
       "gradient group (not with expert parallelism)"),
     B("parallel", "overlap-param-gather", overlap_param_gather,
       "all-gather the distributed optimizer's updated parameters bucket by bucket during the next "
-      "forward (needs --use-distributed-optimizer and --overlap-grad-reduce; data parallelism only)"),
+      "forward (needs --use-distributed-optimizer and --overlap-grad-reduce; not with expert parallelism)"),
     NB("parallel", "dist-opt-redundancy", dist_opt_redundancy,
        "[cohort] with --use-distributed-optimizer: the next data-parallel rank keeps a copy of each rank's optimizer "
        "shard, so an in-process restart restores a dead rank's shard from memory (on by default; "

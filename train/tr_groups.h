@@ -39,6 +39,9 @@ typedef struct tr_groups {
      * transport of its own, used only by the communication thread (train/trainer_overlap.c);
      * NULL where the worker opened none */
     struct cm_comm *grad_ovl;
+    /* the same for the expert-data-parallel group under expert parallelism (the experts'
+     * gradients and parameters); NULL where the worker opened none */
+    struct cm_comm *edp_ovl;
 } tr_groups;
 
 /* The ranks holding one replica of the model between them: the model-parallel group with a

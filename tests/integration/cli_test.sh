@@ -74,7 +74,7 @@ tensor-parallel size 1)" "${tiny[@]}" --train-iters 2 --expert-tensor-parallel-s
         "$cohort" train "${tiny[@]}" --train-iters 1 --micro-batch-size 1 --global-batch-size 65 \
             >"$work/out" 2>&1 || fail "65 micro batches under validation: $(tail -3 "$work/out")"
         "$cohort" train --help >"$work/help" || fail "--help exit $?"
-        grep -E -- "--overlap-param-gather( |$).*data parallelism only" "$work/help" >/dev/null ||
+        grep -E -- "--overlap-param-gather( |$).*not with expert parallelism" "$work/help" >/dev/null ||
             fail "--help does not say where --overlap-param-gather runs"
         grep -E -- "--fp16( |$).*loss scaling" "$work/help" >/dev/null || fail "--help does not describe --fp16"
         expect_refused "--vocab-file/--merge-file" --mock-data --num-layers 1 --hidden-size 32 --num-attention-heads 4 \

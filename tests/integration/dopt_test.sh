@@ -210,8 +210,7 @@ param_gather)
     # bucket waited for before its first layer; bitwise the same run without either overlap,
     # at data 2 and 4 (and at 4 on the reduce-scatter path), with a save and an evaluation
     # in between (both wait for the gathers first); refused without the distributed
-    # optimizer or --overlap-grad-reduce and with tensor parallelism (Megatron's reasons,
-    # the transport's)
+    # optimizer or --overlap-grad-reduce (Megatron's reasons) and with expert parallelism
     b=(--ddp-bucket-size 1000 --train-iters 6 --save-interval 3 --eval-interval 2 --eval-iters 1)
     for v in 2r 4r 4s; do
         n=${v%?}; rs=0; [ "${v#?}" = s ] && rs=1
@@ -229,17 +228,61 @@ param_gather)
         cmp -s "$work/e1" "$work/e2" || fail "$v: validation losses differ: $(diff "$work/e1" "$work/e2" | head -4)"
     done
     for extra in "--overlap-grad-reduce --overlap-param-gather" "$D --overlap-param-gather" \
-                 "$D --overlap-grad-reduce --overlap-param-gather --tensor-model-parallel-size 2"; do
+                 "$D --overlap-grad-reduce --overlap-param-gather --num-experts 2 --expert-model-parallel-size 2"; do
         # shellcheck disable=SC2086
         "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 $extra >"$work/o" 2>&1
         [ $? -eq 2 ] || fail "$extra: not refused: $(tail -3 "$work/o")"
         case $extra in
         --overlap-grad-reduce*) want="--overlap-param-gather only supported with distributed optimizer" ;;
-        *tensor*) want="--overlap-param-gather with tensor, pipeline, context or expert parallelism" ;;
+        *expert*) want="--overlap-param-gather with expert parallelism is not supported yet" ;;
         *) want="Must use --overlap-param-gather with --overlap-grad-reduce" ;;
         esac
         grep -q -- "$want" "$work/o" || fail "$extra: $(cat "$work/o")"
     done
+    ;;
+param_gather_tp|param_gather_pp|param_gather_cp)
+    # --overlap-param-gather with model parallelism: the gather thread all-gathers over the
+    # gradient group's own transport (the overlapped reduction's, whose thread is joined by
+    # then) while the forward's collectives (tensor sums, pipeline sends, ring shifts) go over
+    # the job's; bitwise the same layout with the distributed optimizer and neither overlap,
+    # with a save and an evaluation between (both wait for the gathers first); under an
+    # interleaved pipeline each chunk's forward waits for its own buckets
+    tiny_model --global-batch-size 16 --attention-dropout 0
+    case $case_name in
+    param_gather_tp) lay=(--tensor-model-parallel-size 2 --sequence-parallel);;
+    param_gather_pp) lay=(--pipeline-model-parallel-size 2);;
+    param_gather_cp) lay=(--context-parallel-size 2);;
+    esac
+    lays=("${lay[*]}")
+    [ $case_name = param_gather_pp ] && lays+=("${lay[*]} --num-layers 4 --num-layers-per-virtual-pipeline-stage 1")
+    b=(--ddp-bucket-size 1000 --train-iters 4 --save-interval 2 --eval-interval 2 --eval-iters 1)
+    k=0
+    for l in "${lays[@]}"; do
+        k=$((k + 1))
+        # shellcheck disable=SC2086
+        train g$k 4 $l $D "${b[@]}" --save "$work/g$k"; ok g$k
+        # shellcheck disable=SC2086
+        train g${k}o 4 $l $D "${b[@]}" --overlap-grad-reduce --overlap-param-gather --save "$work/g${k}o"; ok g${k}o
+        same "$work/g$k" "$work/g${k}o" 2
+        same "$work/g$k" "$work/g${k}o" 4
+        grep -q "overlapped parameter all-gather: [1-9][0-9]* buckets, gathered in the order the forward" \
+            "$work/g${k}o.out" "$work/g${k}o.err" || fail "$l: no overlapped gather: $(grep -h overlapped "$work/g${k}o".*)"
+        grep -q "no transport of the gradient group's own" "$work/g${k}o.err" && fail "$l: gathered inline"
+        grep "validation loss" "$work/g$k.out" >"$work/e1"; grep "validation loss" "$work/g${k}o.out" >"$work/e2"
+        [ -s "$work/e1" ] && cmp -s "$work/e1" "$work/e2" ||
+            fail "$l: validation losses differ: $(diff "$work/e1" "$work/e2" | head -4)"
+    done
+    if [ $case_name = param_gather_tp ]; then
+        # a trainer given no transport of the gradient group's own (a test knob) gathers the
+        # parameters at once after each step: it says so, and the bits hold
+        # shellcheck disable=SC2086
+        COHORT_TEST_NO_GRAD_TRANSPORT=1 train g1n 4 $l $D "${b[@]}" --overlap-grad-reduce --overlap-param-gather \
+            --save "$work/g1n"
+        ok g1n
+        grep -q -- "--overlap-param-gather: no transport of the gradient group's own; the parameters are gathered after each step" \
+            "$work/g1n.err" || fail "no fallback said: $(grep -h overlap "$work/g1n.err" | head -3)"
+        same "$work/g1" "$work/g1n" 4
+    fi
     ;;
 ep|kill_ep|ep_ckpt)
     # expert parallelism: the experts' optimizer shards span the expert-data-parallel group
@@ -413,7 +456,7 @@ ckpt_reshard)
         fail "tp2 load: $(grep -i checkpoint "$work/t2-tp.out")"
     same "$work/rs2" "$work/t2" 8
     ;;
-kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kill_param_gather)
+kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kill_param_gather|kill_param_gather_tp)
     # a rank holding an optimizer shard dies (in forward; right after its shard's update,
     # before the parameters' all-gather; with shifted ranks; in tensor 2 x data 2, where
     # each tensor rank's data-parallel pair shards its slices; in context 2 x data 2, where
@@ -445,6 +488,12 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kil
         # cancels them
         inj=(--inject "kill@rank=2,step=6,phase=optimizer")
         lay=(--overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 1000);;
+    kill_param_gather_tp)
+        # the same in tensor 2 x data 2, the gathers on the gradient group's own transport:
+        # rank 2 first sleeps 2 s before its update, so its data-parallel peer (rank 0) has
+        # committed and started gathering however loaded the machine is, then dies
+        inj=(--inject "slow@rank=2,step=6,phase=optimizer,ms=2000" --inject "kill@rank=2,step=6,phase=optimizer")
+        lay=(--overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 1000 --tensor-model-parallel-size 2);;
     *) inj=(--inprocess-rank-assignment shift-ranks --inject "kill@rank=1,step=5");;
     esac
     train clean 4 "${lay[@]}" $D --train-iters 10 --save "$work/clean"; ok clean
@@ -462,6 +511,10 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kil
     if [ $case_name = kill_overlap_tp ]; then
         grep -q "cohort rank 0: overlapped gradient reduction, bucket [0-9]* of [0-9]*: .*aborted" "$work/f.err" ||
             fail "no bucket of rank 0 in flight at the abort: $(grep -h 'rank 0' "$work/f.err" | tail -5)"
+    fi
+    if [ $case_name = kill_param_gather_tp ]; then
+        grep -q "cohort rank 0: overlapped parameter all-gather, bucket [0-9]* of [0-9]*: .*aborted.*not gathered" \
+            "$work/f.err" || fail "no gather of rank 0 in flight at the abort: $(grep -h 'rank 0' "$work/f.err" | tail -5)"
     fi
     if [ $case_name = kill_param_gather ]; then
         # a survivor's gather of iteration 6's parameters was in flight and ended by the abort
@@ -574,7 +627,7 @@ PY
 refused)
     # what is not built is refused before any work, never ignored
     for extra in "--overlap-grad-reduce --num-experts 2 --expert-model-parallel-size 2" "--ddp-bucket-size -1" \
-                 "$D --overlap-grad-reduce --overlap-param-gather --tensor-model-parallel-size 2"; do
+                 "$D --overlap-grad-reduce --overlap-param-gather --num-experts 2 --expert-model-parallel-size 2"; do
         # shellcheck disable=SC2086
         "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 $extra >"$work/o" 2>&1
         [ $? -eq 2 ] || fail "$extra: not refused: $(tail -3 "$work/o")"

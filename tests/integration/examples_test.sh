@@ -197,7 +197,7 @@ mixtral_8x7b)
         "${MODEL_PARALLEL_ARGS[@]}" "${LOGGING_ARGS[@]}"
     remaining=(
         "--overlap-grad-reduce with expert parallelism is not supported yet (the experts' gradients are reduced over the expert-data-parallel group, which has no transport of its own): drop --overlap-grad-reduce or --expert-model-parallel-size"
-        "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported yet (their forward communicates over the transport the gather thread would use): data parallelism only"
+        "--overlap-param-gather with expert parallelism is not supported yet (the experts' parameters are gathered over the expert-data-parallel group, which has no transport of its own): drop --overlap-param-gather or --expert-model-parallel-size"
     )
     expect_outcome mixtral
     ;;
@@ -290,11 +290,10 @@ llama3_8b)
     remaining=(
         "--attention-backend fused selects Transformer Engine's cuDNN fused attention, which cohort does not have: use auto (local and unfused are the same: cohort's one attention kernel)"
         "--decoupled-lr with --use-distributed-optimizer is not supported yet (its shards' update takes one learning rate)"
-        "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported yet (their forward communicates over the transport the gather thread would use): data parallelism only"
     )
     expect_outcome llama3
     # ... without the refused flags (--attention-backend auto; no decoupled rate beside the
-    # distributed optimizer; no overlap):
+    # distributed optimizer; both overlaps kept, tp 2 with sequence parallelism):
     # the line trains to its end, zero-centred norms (--apply-layernorm-1p, kept so in the
     # checkpoint) and the loss per token (--calculate-per-token-loss) included
     keep=()
@@ -303,7 +302,6 @@ llama3_8b)
         if [ $skip = 1 ]; then skip=0; continue; fi
         case $a in
         --decoupled-lr | --decoupled-min-lr | --attention-backend) skip=1; continue ;;
-        --overlap-grad-reduce | --overlap-param-gather) continue ;;
         esac
         keep+=("$a")
     done
@@ -415,7 +413,7 @@ deepseek_v3)
         "${MODEL_PARALLEL_ARGS[@]}" "${DDP_ARGS[@]}" "${LOGGING_ARGS[@]}"
     remaining=(
         "--overlap-grad-reduce with expert parallelism is not supported yet (the experts' gradients are reduced over the expert-data-parallel group, which has no transport of its own): drop --overlap-grad-reduce or --expert-model-parallel-size"
-        "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported yet (their forward communicates over the transport the gather thread would use): data parallelism only"
+        "--overlap-param-gather with expert parallelism is not supported yet (the experts' parameters are gathered over the expert-data-parallel group, which has no transport of its own): drop --overlap-param-gather or --expert-model-parallel-size"
     )
     expect_outcome deepseek
     # ... the model, its routing and MTP without the two overlaps (the distributed optimizer
