@@ -138,8 +138,7 @@ PY
 overlap)
     # --overlap-grad-reduce: buckets of 1000 elements reduced on a communication thread as
     # their layers' backward ends; bitwise the same run without overlap, with and without the
-    # distributed optimizer (and its reduce-scatter path), at data 2 and 4; refused with
-    # expert parallelism (the experts' group has no transport of its own)
+    # distributed optimizer (and its reduce-scatter path), at data 2 and 4
     b=(--ddp-bucket-size 1000 --train-iters 4)
     for n in 2 4; do
         for opt in r d s; do
@@ -157,10 +156,6 @@ overlap)
                 fail "$opt$n: no bucket started early: $(grep -h overlapped "$work/$opt${n}o".*)"
         done
     done
-    "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 --overlap-grad-reduce \
-        --num-experts 2 --expert-model-parallel-size 2 >"$work/o" 2>&1
-    [ $? -eq 2 ] && grep -q "overlap-grad-reduce with expert parallelism is not supported yet" "$work/o" ||
-        fail "ep2: $(tail -3 "$work/o")"
     ;;
 overlap_tp|overlap_pp|overlap_cp)
     # --overlap-grad-reduce with model parallelism: the communication thread reduces over the
@@ -210,7 +205,7 @@ param_gather)
     # bucket waited for before its first layer; bitwise the same run without either overlap,
     # at data 2 and 4 (and at 4 on the reduce-scatter path), with a save and an evaluation
     # in between (both wait for the gathers first); refused without the distributed
-    # optimizer or --overlap-grad-reduce (Megatron's reasons) and with expert parallelism
+    # optimizer or --overlap-grad-reduce (Megatron's reasons)
     b=(--ddp-bucket-size 1000 --train-iters 6 --save-interval 3 --eval-interval 2 --eval-iters 1)
     for v in 2r 4r 4s; do
         n=${v%?}; rs=0; [ "${v#?}" = s ] && rs=1
@@ -227,14 +222,12 @@ param_gather)
         grep "validation loss" "$work/g$v.out" >"$work/e1"; grep "validation loss" "$work/g${v}o.out" >"$work/e2"
         cmp -s "$work/e1" "$work/e2" || fail "$v: validation losses differ: $(diff "$work/e1" "$work/e2" | head -4)"
     done
-    for extra in "--overlap-grad-reduce --overlap-param-gather" "$D --overlap-param-gather" \
-                 "$D --overlap-grad-reduce --overlap-param-gather --num-experts 2 --expert-model-parallel-size 2"; do
+    for extra in "--overlap-grad-reduce --overlap-param-gather" "$D --overlap-param-gather"; do
         # shellcheck disable=SC2086
         "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 $extra >"$work/o" 2>&1
         [ $? -eq 2 ] || fail "$extra: not refused: $(tail -3 "$work/o")"
         case $extra in
         --overlap-grad-reduce*) want="--overlap-param-gather only supported with distributed optimizer" ;;
-        *expert*) want="--overlap-param-gather with expert parallelism is not supported yet" ;;
         *) want="Must use --overlap-param-gather with --overlap-grad-reduce" ;;
         esac
         grep -q -- "$want" "$work/o" || fail "$extra: $(cat "$work/o")"
@@ -283,6 +276,39 @@ param_gather_tp|param_gather_pp|param_gather_cp)
             "$work/g1n.err" || fail "no fallback said: $(grep -h overlap "$work/g1n.err" | head -3)"
         same "$work/g1" "$work/g1n" 4
     fi
+    ;;
+overlap_ep)
+    # --overlap-grad-reduce (and --overlap-param-gather) with expert parallelism: the experts'
+    # buckets reduced (and gathered) over the expert-data-parallel group's own transport, the
+    # rest over the gradient group's, while the layers' token exchange goes over the job's;
+    # data 4 x expert 2 (expert-data-parallel pairs) replicated, distributed, distributed with
+    # both overlaps, and data 2 x expert 2 (groups of one) with both: every loss and norm and
+    # the checkpoint bitwise the same layout without the overlaps, buckets started during the
+    # backward
+    tiny_model --global-batch-size 16 --num-layers 4 --attention-dropout 0 --disable-bias-linear --num-experts 4 \
+        --moe-router-topk 2 --moe-layer-freq 2 --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 1e-2 \
+        --moe-z-loss-coeff 1e-3 --clip-grad 0.3
+    b=(--expert-model-parallel-size 2 --ddp-bucket-size 1000 --train-iters 4)
+    for v in 4r 4d 4p 2p; do
+        n=${v%?} flag=$D ovl=(--overlap-grad-reduce)
+        [ "${v#?}" = r ] && flag=
+        [ "${v#?}" = p ] && ovl+=(--overlap-param-gather)
+        # (the reference of 4d and 4p is the same run)
+        [ -d "$work/e$n${flag:+d}" ] ||
+            { train e$n${flag:+d} "$n" "${b[@]}" $flag --metrics-file "$work/e$n${flag:+d}.jsonl" --save "$work/e$n${flag:+d}"
+              ok e$n${flag:+d}; }
+        train o$v "$n" "${b[@]}" $flag "${ovl[@]}" --metrics-file "$work/o$v.jsonl" --save "$work/o$v"; ok o$v
+        same "$work/e$n${flag:+d}" "$work/o$v" 4
+        [ "$(losses "$work/o$v.jsonl" | wc -w)" -ge 12 ] || fail "$v: $(losses "$work/o$v.jsonl")"
+        same_losses e$n${flag:+d} o$v "$v: the overlaps logged other numbers"
+        grep -q "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward" "$work/o$v.err" ||
+            fail "$v: no bucket started early: $(grep -h overlapped "$work/o$v.err" | head -3)"
+        grep -q "no transport of the" "$work/o$v.err" && fail "$v: reduced or gathered inline"
+        if [ "${v#?}" = p ]; then
+            grep -q "overlapped parameter all-gather: [1-9][0-9]* buckets" "$work/o$v.err" ||
+                fail "$v: no overlapped gather: $(grep -h overlapped "$work/o$v.err" | head -3)"
+        fi
+    done
     ;;
 ep|kill_ep|ep_ckpt)
     # expert parallelism: the experts' optimizer shards span the expert-data-parallel group
@@ -626,8 +652,7 @@ PY
     ;;
 refused)
     # what is not built is refused before any work, never ignored
-    for extra in "--overlap-grad-reduce --num-experts 2 --expert-model-parallel-size 2" "--ddp-bucket-size -1" \
-                 "$D --overlap-grad-reduce --overlap-param-gather --num-experts 2 --expert-model-parallel-size 2"; do
+    for extra in "--ddp-bucket-size -1"; do
         # shellcheck disable=SC2086
         "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 $extra >"$work/o" 2>&1
         [ $? -eq 2 ] || fail "$extra: not refused: $(tail -3 "$work/o")"
