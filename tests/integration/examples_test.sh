@@ -10,7 +10,9 @@
 #                 as it is: dynamic loss scaling from 2^32): Megatron's own checks refuse its
 #                 --rampup-batch-size with --train-iters and --lr-decay-iters (it expects
 #                 sample-based training); with --train-samples/--lr-decay-samples instead the
-#                 line trains (tp 2 x pp 2, the ramp in the log)
+#                 line trains (tp 2 x pp 2, the ramp in the log); and with tp 2 x pp 2 x dp 2,
+#                 sequence parallelism, the distributed optimizer, both overlaps,
+#                 recomputation and bf16 (8 ranks)
 #   mixtral_8x7b  train_mixtral_8x7b_distributed.sh (pp 2, ep 2, the distributed optimizer
 #                 and both overlaps; NullTokenizer for Llama2Tokenizer, a split the mock
 #                 data fills): trains to its end
@@ -124,6 +126,24 @@ gpt3_175b)
     # overflow there only spends the hysteresis)
     grep -m1 "iteration  *1/" "$work/gpt3s.out" | grep -q "loss scale: 4294967296.0 |" ||
         fail "no dynamic loss scale in the log: $(grep -m1 'iteration  *1/' "$work/gpt3s.out")"
+    # ... and the line as Megatron's GPT-3 runs are launched at scale: tensor 2 x pipeline 2 x
+    # data 2 with sequence parallelism, the distributed optimizer, both overlaps, activation
+    # recomputation and bf16 (for --fp16): trains to its end, both overlaps on every rank
+    TRAINING_ARGS=("${TRAINING_ARGS[@]/--fp16/$BF16}")
+    MODEL_PARALLEL_ARGS+=(--sequence-parallel --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
+                          --recompute-activations)
+    EVAL_AND_LOGGING_ARGS=("${EVAL_AND_LOGGING_ARGS[@]/#$work\/ck/$work/ck3}")
+    launch gpt3mp 8 "${GPT_MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${DATA_ARGS[@]}" \
+        "${EVAL_AND_LOGGING_ARGS[@]}"
+    remaining=()
+    expect_outcome gpt3mp
+    grep -q "iteration  *7/  *7 .*consumed samples:  *38 " "$work/gpt3mp.out" ||
+        fail "gpt3mp: not to its end: $(grep iteration "$work/gpt3mp.out" | tail -1)"
+    for what in "overlapped gradient reduction" "overlapped parameter all-gather"; do
+        [ "$(grep -c "cohort rank [0-7]: $what" "$work/gpt3mp.err")" = 8 ] ||
+            fail "gpt3mp: not every rank says $what: $(grep -h overlapped "$work/gpt3mp.err" | head -3)"
+    done
+    [ -d "$work/ck3" ] || fail "gpt3mp: no checkpoint saved"
     ;;
 mixtral_8x7b)
     MODEL_ARGS=(
