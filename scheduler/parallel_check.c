@@ -43,8 +43,6 @@ static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
                       "--use-distributed-optimizer");
     if (c->overlap_param_gather && !c->overlap_grad_reduce)
         co_problem(P, "Must use --overlap-param-gather with --overlap-grad-reduce: add --overlap-grad-reduce");
-    if (c->overlap_param_gather && !strcmp(c->device, "cuda"))
-        co_problem(P, "--overlap-param-gather is not supported yet on cuda (the gather thread writes host memory)");
     if (c->ddp_bucket_size < 0) co_problem(P, "--ddp-bucket-size must not be negative");
     if (!c->use_distributed_optimizer || !sizes_ok) return;
     /* the experts' optimizer shards span the expert-data-parallel group (their own layout,

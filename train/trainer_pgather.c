@@ -203,6 +203,12 @@ void trainer__pgather_chunk(trainer *t, int chunk) {
     if (t->pg) t->pg->chunk = chunk;
 }
 
+/* Whether the backend queues its work (CUDA: the host reads and writes its buffers only
+ * after a sync); whether c is a device communicator (NCCL: its collectives on its own
+ * stream, on device memory; a group of one rank never moves anything). */
+static bool queued(trainer *t) { return t->be->ops->stream && t->be->ops->stream(t->be); }
+static bool device_comm(const cm_comm *c) { return c->size < 2 || c->ops->allgather_q; }
+
 /* The groups the thread gathers over this time (false: none, gather at once): the gradient
  * group's own transport where it matches, or the group itself where the forward communicates
  * nothing or it has one rank (which never touches its transport); with expert parallelism
@@ -214,12 +220,16 @@ static bool thread_groups(trainer *t, cm_comm **g, cm_comm **eg) {
     *eg = NULL;
     bool experts = t->epn > 1 && t->g.edp;
     if (experts) *eg = trainer__edp_own(t) ? trainer__edp_own(t) : t->g.edp->size < 2 ? t->g.edp : NULL;
-    if (*g && (!experts || *eg)) return true;
+    const char *why = !*g ? "no transport of the gradient group's own"
+                      : experts && !*eg ? "no transport of the expert-data-parallel group's own"
+                                        : NULL;
+    /* on a queued backend (cuda) the thread must not touch the buffers from the host: only a
+     * device communicator (NCCL, its own stream) gathers there beside the forward */
+    if (!why && queued(t) && (!device_comm(*g) || (*eg && !device_comm(*eg))))
+        why = "no device communicator of the gradient group's own";
+    if (!why) return true;
     static bool said;
-    if (!said)
-        co_log(CO_LOG_WARN, "--overlap-param-gather: no transport of the %s group's own%s; the parameters are "
-                            "gathered after each step", *g ? "expert-data-parallel" : "gradient",
-               (*g ? t->g.edp_ovl : t->g.grad_ovl) ? " that matches it" : "");
+    if (!said) co_log(CO_LOG_WARN, "--overlap-param-gather: %s; the parameters are gathered after each step", why);
     said = true;
     return false;
 }
@@ -228,6 +238,9 @@ int trainer__pgather_start(trainer *t) {
     tr_pgather *p = t->pg;
     trainer__pgather_cancel(t);
     if (!thread_groups(t, &p->g, &p->eg)) return trainer__dopt_sync(t);
+    /* the update's kernels (a queued backend) have written the shards before the thread's
+     * collectives read them; the thread calls nothing of the backend */
+    t->be->ops->sync(t->be);
     p->chunk = -1;
     memset(p->done, 0, sizeof *p->done * (size_t)p->nb);
     memset(p->synced, 0, sizeof *p->synced * (size_t)p->nb);

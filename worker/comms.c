@@ -24,6 +24,7 @@ struct wk_comms {
     cm_comm *nworld;                 /* NCCL (wk_comms_new_nccl), NULL without */
     cm_comm *ngroup[TOPO_NGROUP_KINDS];
     cm_comm *npp_bwd;                /* NCCL's pipeline group again: the gradients' channel */
+    cm_comm *ngrad;                  /* NCCL's gradient group again (wk_comms_open_grad_nccl) */
 };
 
 /* The NCCL world from the generation's unique id, then every group split from it: every
@@ -178,6 +179,31 @@ int wk_comms_open_grad(wk_comms *cs, const sv_assignment *asg, const cm_zmq_opti
     return rc;
 }
 
+int wk_comms_open_grad_nccl(wk_comms *cs, topo_group_kind k) {
+#ifdef COHORT_HAVE_NCCL
+    if (!cs || !cs->nworld || cs->ngrad) return 0;
+    int key = -1;
+    for (int i = 0; cs->members[k] && i < cs->group[k]->size; i++)
+        if (cs->members[k][i] == cs->rank) key = i;
+    cm_nccl_options no;
+    cm_nccl_options_default(&no);
+    /* (every rank calls the split: NCCL's rule) */
+    int rc = cm_nccl_split_color(cs->nworld, cs->gindex[k], key < 0 ? 0 : key, &cs->ngrad, no.init_timeout_ms);
+    if (rc) {
+        char keep[400];
+        snprintf(keep, sizeof keep, "%s", co_err_detail());
+        return co_err_set(rc, "the NCCL %s group's own communicator (--overlap-grad-reduce): %s", topo_group_name(k),
+                          keep);
+    }
+    cs->grad_kind = k;
+    return 0;
+#else
+    (void)cs;
+    (void)k;
+    return 0;
+#endif
+}
+
 int wk_comms_open_expert_grad(wk_comms *cs, const sv_assignment *asg, const cm_zmq_options *zo, int port_shift) {
     topo_group_kind k = TOPO_G_EDP;
     if (!cs || !cs->group[k] || cs->group[k]->size < 2 || cs->egrad) return 0;
@@ -192,6 +218,7 @@ void wk_comms_abort(void *ctx) {
     for (int k = 0; k < TOPO_NGROUP_KINDS; k++)
         if (cs->ngroup[k]) cs->ngroup[k]->ops->abort(cs->ngroup[k]);
     if (cs->npp_bwd) cs->npp_bwd->ops->abort(cs->npp_bwd);
+    if (cs->ngrad) cs->ngrad->ops->abort(cs->ngrad);
     if (cs->nworld) cs->nworld->ops->abort(cs->nworld);
     if (cs->world) cs->world->ops->abort(cs->world);
 }
@@ -208,6 +235,7 @@ void wk_comms_destroy(wk_comms **pcs) {
     cm_destroy(&cs->grad);
     cm_destroy(&cs->egrad);
     cm_destroy(&cs->npp_bwd);
+    cm_destroy(&cs->ngrad);
     cm_destroy(&cs->nworld);
     cm_destroy(&cs->world);
     free(cs);
@@ -272,7 +300,8 @@ void wk_comms_trainer_groups(const wk_comms *cs, const co_config *c, tr_groups *
         g->edp_ovl = cs->egrad; /* (its own transport, where wk_comms_open_expert_grad opened it) */
     }
     /* the gradient group's own transport, where it is the group gradients are reduced over */
-    if (cs->grad && cs->grad_kind == (g->cp ? TOPO_G_DP_CP : TOPO_G_DP)) g->grad_ovl = cs->grad;
+    cm_comm *own = cs->nworld ? cs->ngrad : cs->grad; /* (on NCCL the NCCL group's own) */
+    if (own && cs->grad_kind == (g->cp ? TOPO_G_DP_CP : TOPO_G_DP)) g->grad_ovl = own;
 }
 
 int wk_comms_check_equal(wk_comms *cs, uint64_t value, int timeout_ms) {
