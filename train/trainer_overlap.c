@@ -18,19 +18,23 @@
  * squares is taken just before it starts (over the norm runs, as gpt_tp_grad_sumsq counts).
  * With a fault injected into gradients, losses or activations configured, no bucket starts
  * before the flush (an injected gradient must reach the reduction); process faults (a kill in
- * the backward meets the others' buckets in flight) and parameter bits leave them early. An abort of the communicator ends the thread's collective (every
- * one has the trainer's timeout); a thread left behind by an error is joined before the next
- * round and before the groups change.
+ * the backward meets the others' buckets in flight) and parameter bits leave them early. An
+ * abort of the communicator ends the thread's collective (every one has the trainer's
+ * timeout); a thread left behind by an error is joined before the next round and before the
+ * groups change.
  *
- * Transports: a ZeroMQ transport is used by one thread at a time, and under tensor, pipeline
- * or context parallelism the backward itself communicates (the tensor group's sums, the
- * pipeline's sends and receives, the ring's shifts, the replica's norm at the flush). The
- * thread then reduces over the gradient group's own transport (tr_groups.grad_ovl, opened by
- * the worker: worker/comms.h wk_comms_open_grad), the same ranks in the same order choosing
- * the same algorithm (shared memory on one host), so the same bits. With data parallelism
- * alone the training thread communicates nothing while the thread runs, which may then use
- * the gradient group itself. Without either (a trainer given no second transport) the
- * buckets are reduced on the training thread at the flush (no overlap, the same bits). */
+ * Transports: a ZeroMQ transport is used by one thread at a time, and under tensor, pipeline,
+ * context or expert parallelism the backward itself communicates (the tensor group's sums,
+ * the pipeline's sends and receives, the ring's shifts, the experts' token exchange, the
+ * replica's norm at the flush). The thread then reduces over the gradient group's own
+ * transport (tr_groups.grad_ovl, opened by the worker: worker/comms.h wk_comms_open_grad, or
+ * with NCCL wk_comms_open_grad_nccl), the same ranks in the same order choosing the same
+ * algorithm (shared memory on one host), so the same bits; with expert parallelism the
+ * experts' buckets over the expert-data-parallel group's (tr_groups.edp_ovl,
+ * wk_comms_open_expert_grad). With data parallelism alone the training thread communicates
+ * nothing while the thread runs, which may then use the gradient group itself. Without
+ * either (a trainer given no second transport) the buckets are reduced on the training
+ * thread at the flush (no overlap, the same bits). */
 #include "train/trainer_internal.h"
 
 #include "comm/zmq_comm.h"

@@ -23,15 +23,23 @@
  * may use the gradient group itself; with model parallelism and none (a trainer given no
  * second transport) the parameters are gathered at once, as without the flag.
  *
+ * With expert parallelism the experts' layout's buckets are gathered too, over the
+ * expert-data-parallel group's own transport (tr_groups.edp_ovl). On a queued backend (cuda)
+ * only a device communicator (the gradient group's own NCCL one, its own stream) may gather
+ * beside the forward: the backend is synced once before the thread starts (the update's
+ * kernels wrote the shards), the thread calls nothing of the backend and the host never
+ * touches the buffers; a bucket's collective has returned with its result in the buffer
+ * before the hook lets the forward queue the layer that reads it.
+ *
  * Under a pipeline each chunk's forward waits for its own buckets: the hook after a chunk's
  * layers waits only where the chunk holds the final norm, head or MTP (trainer__pgather_chunk),
  * so an interleaved stage's later chunks' buckets go on arriving while its first runs; the
  * thread is joined before the last micro batch's backward (every chunk's forward has run).
- * An abort of the communicator (a dead or
- * hung peer) ends the thread's collective; every wait has the trainer's timeout; an error
- * becomes the backend's sticky status, so the forward's caller sees it, and a restart
- * cancels what is in flight (trainer__pgather_cancel) and gathers again after the shard
- * handover. */
+ *
+ * An abort of the communicator (a dead or hung peer) ends the thread's collective; every
+ * wait has the trainer's timeout; an error becomes the backend's sticky status, so the
+ * forward's caller sees it, and a restart cancels what is in flight (trainer__pgather_cancel)
+ * and gathers again after the shard handover. */
 #include "train/trainer_internal.h"
 
 #include "common/error.h"
