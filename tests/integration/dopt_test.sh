@@ -310,7 +310,7 @@ overlap_ep)
         fi
     done
     ;;
-ep|kill_ep|ep_ckpt)
+ep|kill_ep|kill_overlap_ep|ep_ckpt)
     # expert parallelism: the experts' optimizer shards span the expert-data-parallel group
     # (Megatron's second optimizer instance, their own layout after the rest of the buffer),
     # the rest the data-parallel group; the norm counts every element once. The runs are
@@ -364,15 +364,27 @@ PY
             train p$x 4 "${ep[@]}" --pipeline-model-parallel-size 2 $flag --train-iters 4 --save "$work/p$x"; ok p$x
         done
         same "$work/pr" "$work/pd" 4
-    elif [ $case_name = kill_ep ]; then
+    elif [ $case_name = kill_ep ] || [ $case_name = kill_overlap_ep ]; then
         # data 4 x expert 2 (expert-data-parallel groups of 2): a killed rank's dense shard
         # comes from the next data-parallel rank, its experts' from the next
         # expert-data-parallel rank; bitwise the fault-free run (every loss and norm, the
-        # final checkpoint), no step lost
+        # final checkpoint), no step lost. kill_overlap_ep: with both overlaps, killed before
+        # its last micro batch's backward (after sleeping 2 s there, so the others have
+        # started their buckets on the gradient and expert-data-parallel groups' own
+        # transports however loaded the machine), which the abort must reach
+        inj=(--inject "kill@rank=2,step=6")
+        if [ $case_name = kill_overlap_ep ]; then
+            ep+=(--overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 1000)
+            inj=(--inject "slow@rank=2,step=6,phase=backward,microbatch=1,ms=2000"
+                 --inject "kill@rank=2,step=6,phase=backward,microbatch=1")
+        fi
         train clean 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/clean.jsonl" --save "$work/clean"; ok clean
-        train f 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/f.jsonl" --save "$work/f" \
-            --inject "kill@rank=2,step=6" $quick
+        train f 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/f.jsonl" --save "$work/f" "${inj[@]}" $quick
         ok f
+        if [ $case_name = kill_overlap_ep ]; then
+            grep -q "cohort rank [013]: overlapped gradient reduction, bucket [0-9]* of [0-9]*: .*aborted" "$work/f.err" ||
+                fail "no bucket in flight at the abort: $(grep -h 'overlapped\|aborted' "$work/f.err" | tail -5)"
+        fi
         same "$work/clean" "$work/f" 10
         grep -q "in-process restart into generation 2" "$work/f.err" || fail "no restart"
         grep -q "generation 2: 4 rank(s) resume after iteration [0-9]* with the state of ranks\? [0-9, ]* (.*1 replaced" \
