@@ -264,7 +264,7 @@ param_gather_tp2_dp2)
     # group's own NCCL communicator (its own stream) while the next forward's kernels and the
     # tensor group's collectives run, each waited for before its first layer; against the CPU
     # backend, through a kill, and bitwise the stand-in's run without the overlaps
-    lay=(--nproc-per-node 4 --tensor-model-parallel-size 2 $D --ddp-bucket-size 1000)
+    lay=(--nproc-per-node 4 --tensor-model-parallel-size 2 "$D" --ddp-bucket-size 1000)
     feature "kill@rank=2,step=2,phase=allreduce" "$from_memory" "${lay[@]}" --overlap-grad-reduce --overlap-param-gather
     ! grep -q "loads the checkpoint" "$work/f.out" || fail "fell back to the checkpoint"
     grep -q "overlapped parameter all-gather: [1-9][0-9]* buckets" "$work/cuda.out" ||
