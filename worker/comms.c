@@ -25,6 +25,7 @@ struct wk_comms {
     cm_comm *ngroup[TOPO_NGROUP_KINDS];
     cm_comm *npp_bwd;                /* NCCL's pipeline group again: the gradients' channel */
     cm_comm *ngrad;                  /* NCCL's gradient group again (wk_comms_open_grad_nccl) */
+    cm_comm *negrad;                 /* NCCL's expert-data-parallel group again (the same) */
 };
 
 /* The NCCL world from the generation's unique id, then every group split from it: every
@@ -181,21 +182,24 @@ int wk_comms_open_grad(wk_comms *cs, const sv_assignment *asg, const cm_zmq_opti
 
 int wk_comms_open_grad_nccl(wk_comms *cs, topo_group_kind k) {
 #ifdef COHORT_HAVE_NCCL
-    if (!cs || !cs->nworld || cs->ngrad) return 0;
+    if (!cs || !cs->nworld) return 0;
+    bool experts = k == TOPO_G_EDP;
+    cm_comm **out = experts ? &cs->negrad : &cs->ngrad;
+    if (*out) return 0;
     int key = -1;
     for (int i = 0; cs->members[k] && i < cs->group[k]->size; i++)
         if (cs->members[k][i] == cs->rank) key = i;
     cm_nccl_options no;
     cm_nccl_options_default(&no);
     /* (every rank calls the split: NCCL's rule) */
-    int rc = cm_nccl_split_color(cs->nworld, cs->gindex[k], key < 0 ? 0 : key, &cs->ngrad, no.init_timeout_ms);
+    int rc = cm_nccl_split_color(cs->nworld, cs->gindex[k], key < 0 ? 0 : key, out, no.init_timeout_ms);
     if (rc) {
         char keep[400];
         snprintf(keep, sizeof keep, "%s", co_err_detail());
         return co_err_set(rc, "the NCCL %s group's own communicator (--overlap-grad-reduce): %s", topo_group_name(k),
                           keep);
     }
-    cs->grad_kind = k;
+    if (!experts) cs->grad_kind = k;
     return 0;
 #else
     (void)cs;
@@ -219,6 +223,7 @@ void wk_comms_abort(void *ctx) {
         if (cs->ngroup[k]) cs->ngroup[k]->ops->abort(cs->ngroup[k]);
     if (cs->npp_bwd) cs->npp_bwd->ops->abort(cs->npp_bwd);
     if (cs->ngrad) cs->ngrad->ops->abort(cs->ngrad);
+    if (cs->negrad) cs->negrad->ops->abort(cs->negrad);
     if (cs->nworld) cs->nworld->ops->abort(cs->nworld);
     if (cs->world) cs->world->ops->abort(cs->world);
 }
@@ -236,6 +241,7 @@ void wk_comms_destroy(wk_comms **pcs) {
     cm_destroy(&cs->egrad);
     cm_destroy(&cs->npp_bwd);
     cm_destroy(&cs->ngrad);
+    cm_destroy(&cs->negrad);
     cm_destroy(&cs->nworld);
     cm_destroy(&cs->world);
     free(cs);
@@ -297,7 +303,9 @@ void wk_comms_trainer_groups(const wk_comms *cs, const co_config *c, tr_groups *
         g->ep = wk_comms_group(cs, TOPO_G_ETP_EP);
         g->edp = wk_comms_group(cs, TOPO_G_EDP);
         g->erep = wk_comms_group(cs, TOPO_G_ETP_EP_PP);
-        g->edp_ovl = cs->egrad; /* (its own transport, where wk_comms_open_expert_grad opened it) */
+        /* (its own transport, where wk_comms_open_expert_grad or with NCCL wk_comms_open_grad_nccl
+         * opened it) */
+        g->edp_ovl = cs->nworld ? cs->negrad : cs->egrad;
     }
     /* the gradient group's own transport, where it is the group gradients are reduced over */
     cm_comm *own = cs->nworld ? cs->ngrad : cs->grad; /* (on NCCL the NCCL group's own) */

@@ -48,7 +48,8 @@ int wk_comms_open_grad(wk_comms *cs, const sv_assignment *asg, const cm_zmq_opti
  * (ncclCommSplit: every rank of the world calls it), its own stream, for the communication
  * threads of --overlap-grad-reduce and --overlap-param-gather, whose collectives then run
  * beside the training thread's on the device; wk_comms_trainer_groups hands it out as the
- * gradient group's own. 0 and nothing opened without NCCL. */
+ * gradient group's own (k TOPO_G_EDP: as the expert-data-parallel group's). 0 and nothing
+ * opened without NCCL. */
 int wk_comms_open_grad_nccl(wk_comms *cs, topo_group_kind k);
 /* The same for the expert-data-parallel group (the experts' gradients and parameters under
  * expert parallelism): "<path>.egrad" for ipc, the tcp port plus 2 x port_shift. */
