@@ -143,10 +143,11 @@ static const flag flags[] = {
       "max(40M, 1M x data-parallel size))"),
     B("parallel", "overlap-grad-reduce", overlap_grad_reduce,
       "reduce gradient buckets on a communication thread during the backward, over a second transport of the "
-      "gradient group (not with expert parallelism)"),
+      "gradient group (and of the expert-data-parallel group with expert parallelism)"),
     B("parallel", "overlap-param-gather", overlap_param_gather,
       "all-gather the distributed optimizer's updated parameters bucket by bucket during the next "
-      "forward (needs --use-distributed-optimizer and --overlap-grad-reduce; data parallelism only)"),
+      "forward, over the overlapped reduction's own transports (needs --use-distributed-optimizer and "
+      "--overlap-grad-reduce)"),
     NB("parallel", "dist-opt-redundancy", dist_opt_redundancy,
        "[cohort] with --use-distributed-optimizer: the next data-parallel rank keeps a copy of each rank's optimizer "
        "shard, so an in-process restart restores a dead rank's shard from memory (on by default; "

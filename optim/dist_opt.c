@@ -411,8 +411,6 @@ int dopt_gather_bucket(dopt_state *s, cm_comm *dp, int b) {
     const dopt_layout *L = &s->L;
     int n = L->dp, me = s->rank, rc = check_group(s, dp);
     if (rc || n == 1) return rc;
-    /* the shard's update may still be queued (CUDA): the collective and the host read it */
-    s->be->ops->sync(s->be);
     if (b < 0 || b >= L->nbuckets) return co_err_set(CO_EINVAL, "distributed optimizer: no bucket %d", b);
     /* 4. all-gather the bucket's updated shards into every rank's full parameter buffer */
     const dopt_bucket *B = &L->buckets[b];
@@ -436,6 +434,8 @@ int dopt_gather_bucket(dopt_state *s, cm_comm *dp, int b) {
 
 int dopt_gather(dopt_state *s, cm_comm *dp) {
     int rc = check_group(s, dp);
+    /* the shard's update may still be queued (CUDA): the collectives and the host read it */
+    s->be->ops->sync(s->be);
     for (int b = 0; b < s->L.nbuckets && !rc; b++) rc = dopt_gather_bucket(s, dp, b);
     if (rc) return rc;
     s->be->ops->sync(s->be);

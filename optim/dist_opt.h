@@ -193,7 +193,9 @@ int dopt_update_shards(dopt_state *s, const bool *decay, double lr, double grad_
 int dopt_gather(dopt_state *s, cm_comm *dp);
 /* dopt_gather in parts, for a gather overlapped with the next forward: the all-gather of
  * bucket b alone (each bucket once, in the same order on every rank; from any one thread at
- * a time: no backend call; the bucket's parameters are undefined until it returns). */
+ * a time: no backend call, so the caller syncs the backend after the update first (a queued
+ * backend, CUDA, may still be writing the shard); the bucket's parameters are undefined
+ * until it returns). */
 int dopt_gather_bucket(dopt_state *s, cm_comm *dp, int b);
 
 /* This rank's state of shard `shard`: its own (shard == rank) or, with redundancy, its copy

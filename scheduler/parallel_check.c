@@ -30,33 +30,19 @@ bool topo_check_sizes(const co_config *c, co_problems *P) {
     return !bad;
 }
 
-/* The gradient and parameter overlaps (data parallelism only) and the distributed optimizer's
+/* The gradient and parameter overlaps and the distributed optimizer's
  * combinations (it shards over the gradient group of every tensor x pipeline shard: data
  * parallel, or data x context). */
 static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
     /* accepted for Megatron's scripts but not implemented: refused, never ignored */
-    /* the communication thread reduces over the gradient group's own transport (tensor,
-     * pipeline and context parallelism communicate in the backward over the job's); the
-     * experts' gradients go over the expert-data-parallel group, which has none */
-    if (c->overlap_grad_reduce && sizes_ok && c->num_experts > 0 && c->expert_model_parallel_size > 1)
-        co_problem(P, "--overlap-grad-reduce with expert parallelism is not supported yet (the experts' gradients "
-                      "are reduced over the expert-data-parallel group, which has no transport of its own): drop "
-                      "--overlap-grad-reduce or --expert-model-parallel-size");
-    /* Megatron's two requirements (arguments.py), then the transport's: the forward's own
-     * collectives under model parallelism would share it with the gather thread */
+    /* the overlaps' threads use the gradient group's (and with expert parallelism the
+     * expert-data-parallel group's) own transports: any layout. Megatron's two requirements
+     * (arguments.py): */
     if (c->overlap_param_gather && !c->use_distributed_optimizer)
         co_problem(P, "--overlap-param-gather only supported with distributed optimizer: add "
                       "--use-distributed-optimizer");
     if (c->overlap_param_gather && !c->overlap_grad_reduce)
         co_problem(P, "Must use --overlap-param-gather with --overlap-grad-reduce: add --overlap-grad-reduce");
-    if (c->overlap_param_gather && !strcmp(c->device, "cuda"))
-        co_problem(P, "--overlap-param-gather is not supported yet on cuda (the gather thread writes host memory)");
-    if (c->overlap_param_gather && sizes_ok &&
-        (c->tensor_model_parallel_size > 1 || c->pipeline_model_parallel_size > 1 || c->context_parallel_size > 1 ||
-         (c->num_experts > 0 && c->expert_model_parallel_size > 1)))
-        co_problem(P, "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported "
-                      "yet (their forward communicates over the transport the gather thread would use): data "
-                      "parallelism only");
     if (c->ddp_bucket_size < 0) co_problem(P, "--ddp-bucket-size must not be negative");
 }
 

@@ -258,6 +258,7 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
         bool said = dev && d->head;
         if (said) waiting(t, prev);
         tl0 = tl_now();
+        trainer__pgather_chunk(t, ci); /* (--overlap-param-gather: the buckets this chunk reads) */
         loss = gpt_chunk_forward(t->model, ci, s, &b, true, seed, d->head ? x->dscale : NULL, NULL);
         if (said) waiting(t, -1);
         trainer__tl(t, TL_FORWARD, mb, ci, tl0);
@@ -308,6 +309,9 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     trainer__fire_process_faults(t, t->iteration + 1, mb, FI_PH_BACKWARD);
     gpt_batch b;
     describe(t, mb, &b);
+    /* (--overlap-param-gather: every chunk's forward has run, so every bucket was waited for;
+     * the gather thread joins before the reduction's thread may take the same transport) */
+    if (t->pg && mb == t->M - 1 && (rc = trainer__dopt_sync(t))) return rc;
     double tl0 = tl_now();
     /* (the chunk's last micro batch: its layers' buckets start as their backward ends) */
     trainer__overlap_last(t, mb == t->M - 1, !d->head || !t->poison[mb]);

@@ -36,9 +36,13 @@ typedef struct tr_groups {
      * exchange), the expert-data-parallel group, the expert group x pipeline (one whole model) */
     struct cm_comm *ep, *edp, *erep;
     /* --overlap-grad-reduce: the gradient group (tr_groups_grad's ranks, in its order) over a
-     * transport of its own, used only by the communication thread (train/trainer_overlap.c);
-     * NULL where the worker opened none */
+     * transport of its own (with NCCL an NCCL communicator of its own), used only by the
+     * communication threads (train/trainer_overlap.c, trainer_pgather.c); NULL where the
+     * worker opened none */
     struct cm_comm *grad_ovl;
+    /* the same for the expert-data-parallel group under expert parallelism (the experts'
+     * gradients and parameters); NULL where the worker opened none */
+    struct cm_comm *edp_ovl;
 } tr_groups;
 
 /* The ranks holding one replica of the model between them: the model-parallel group with a

@@ -365,11 +365,13 @@ static cm_comm *step_group(trainer *t) {
 }
 
 /* With expert parallelism: the experts' reduction over the expert-data-parallel group (the
- * norm's squares summed over the expert x pipeline ranks), then the norm of both. */
-static int reduce_experts(trainer *t) {
+ * norm's squares summed over the expert x pipeline ranks; finish: its buckets already
+ * reduced, trainer__dopt_reduce_bucket), then the norm of both. */
+static int reduce_experts(trainer *t, bool finish) {
     tr_dopt *d = t->dopt;
     if (!d->ex) return 0;
-    int rc = dopt_reduce_mp(&d->xs, t->g.edp, t->g.erep, NULL);
+    int rc = finish ? dopt_reduce_finish(&d->xs, t->g.edp, t->g.erep, NULL)
+                    : dopt_reduce_mp(&d->xs, t->g.edp, t->g.erep, NULL);
     if (!rc) d->norm = sqrt(d->s.norm_sq + d->xs.norm_sq);
     return rc;
 }
@@ -377,24 +379,43 @@ static int reduce_experts(trainer *t) {
 int trainer__dopt_reduce(trainer *t) {
     tr_dopt *d = t->dopt;
     int rc = dopt_reduce_mp(&d->s, step_group(t), tr_groups_replica(&t->g), &d->norm);
-    if (!rc) rc = reduce_experts(t);
+    if (!rc) rc = reduce_experts(t, false);
     d->reduced = !rc;
     return rc;
 }
 
-int trainer__dopt_nbuckets(const trainer *t) { return t->dopt->s.L.nbuckets; }
-
-void trainer__dopt_bucket(const trainer *t, int b, size_t *lo, size_t *hi) {
-    *lo = t->dopt->s.L.buckets[b].start;
-    *hi = t->dopt->s.L.buckets[b].end;
+/* (the buckets of both layouts: the dense one's, then with expert parallelism the experts',
+ * which lie after the dense layout's end) */
+int trainer__dopt_nbuckets(const trainer *t) {
+    return t->dopt->s.L.nbuckets + (t->dopt->ex ? t->dopt->xs.L.nbuckets : 0);
 }
 
-int trainer__dopt_reduce_bucket(trainer *t, cm_comm *g, int b) { return dopt_reduce_bucket(&t->dopt->s, g, b); }
+bool trainer__dopt_bucket_expert(const trainer *t, int b) { return b >= t->dopt->s.L.nbuckets; }
+
+/* The state bucket b belongs to, b made its index there. */
+static dopt_state *bucket_state(trainer *t, int *b) {
+    if (*b < t->dopt->s.L.nbuckets) return &t->dopt->s;
+    *b -= t->dopt->s.L.nbuckets;
+    return &t->dopt->xs;
+}
+
+void trainer__dopt_bucket(const trainer *t, int b, size_t *lo, size_t *hi) {
+    const tr_dopt *d = t->dopt;
+    size_t base = b < d->s.L.nbuckets ? 0 : d->s.L.total;
+    const dopt_bucket *B = b < d->s.L.nbuckets ? &d->s.L.buckets[b] : &d->xs.L.buckets[b - d->s.L.nbuckets];
+    *lo = base + B->start;
+    *hi = base + B->end;
+}
+
+int trainer__dopt_reduce_bucket(trainer *t, cm_comm *g, int b) {
+    dopt_state *s = bucket_state(t, &b);
+    return dopt_reduce_bucket(s, g, b);
+}
 
 int trainer__dopt_reduce_finish(trainer *t) {
     tr_dopt *d = t->dopt;
     int rc = dopt_reduce_finish(&d->s, step_group(t), tr_groups_replica(&t->g), &d->norm);
-    if (!rc) rc = reduce_experts(t);
+    if (!rc) rc = reduce_experts(t, true);
     d->reduced = !rc;
     return rc;
 }
@@ -432,7 +453,10 @@ int trainer__dopt_step(trainer *t, double lr, double grad_norm, uint64_t *sum) {
     return 0;
 }
 
-int trainer__dopt_gather_bucket(trainer *t, cm_comm *g, int b) { return dopt_gather_bucket(&t->dopt->s, g, b); }
+int trainer__dopt_gather_bucket(trainer *t, cm_comm *g, int b) {
+    dopt_state *s = bucket_state(t, &b);
+    return dopt_gather_bucket(s, g, b);
+}
 
 int trainer__dopt_gather_start(trainer *t) {
     tr_dopt *d = t->dopt;
@@ -444,8 +468,13 @@ int trainer__dopt_gather_start(trainer *t) {
 int trainer__dopt_sync(trainer *t) {
     tr_dopt *d = t->dopt;
     if (!d || !d->gather) return 0;
-    int rc = trainer__pgather_pending(t) ? trainer__pgather_finish(t) : dopt_gather(&d->s, step_group(t));
-    if (!rc && d->ex) rc = dopt_gather(&d->xs, t->g.edp);
+    int rc = 0;
+    if (trainer__pgather_pending(t)) { /* (the thread gathers both layouts' buckets) */
+        rc = trainer__pgather_finish(t);
+    } else {
+        rc = dopt_gather(&d->s, step_group(t));
+        if (!rc && d->ex) rc = dopt_gather(&d->xs, t->g.edp);
+    }
     if (rc) return rc;
     d->gather = false;
     gpt_sync_bf16(t->model);

@@ -74,6 +74,7 @@ int trainer__ep_setup(trainer *t, const trainer_data *data, gpt_config *m) {
     t->g.ep = g->ep;
     t->g.edp = g->edp;
     t->g.erep = g->erep;
+    t->g.edp_ovl = c->overlap_grad_reduce ? g->edp_ovl : NULL;
     t->epr = t->g.ep->rank / etp;
     m->moe.ep_size = t->epn;
     m->ep_rank = t->epr;
@@ -124,6 +125,7 @@ void trainer__ep_set_groups(trainer *t, const tr_groups *g) {
     t->g.ep = g->ep;
     t->g.edp = g->edp;
     t->g.erep = g->erep;
+    t->g.edp_ovl = t->cfg.overlap_grad_reduce ? g->edp_ovl : NULL;
     /* the layers keep their layout between generations (nothing runs then); the new
      * generation's group replaces the old one */
     if (!g->ep) return;
@@ -145,6 +147,20 @@ int trainer__ep_reduce_grads(trainer *t) {
     }
     t->be->ops->scale(t->be, g, 1.0f / (float)t->g.dp->size, gpt_num_params(t->model));
     return kb_backend_status(t->be);
+}
+
+int trainer__ep_nruns(const trainer *t) { return t->nep_runs; }
+
+bool trainer__ep_run_at(const trainer *t, size_t at, size_t *start) {
+    for (int i = 0; i < t->nep_runs; i++) {
+        const struct tr_ep_run *r = &t->ep_runs[i];
+        if (at >= r->off && at < r->off + r->len) {
+            *start = r->off;
+            return r->expert;
+        }
+    }
+    *start = 0; /* (not in any run: the buffer before the first, dense) */
+    return false;
 }
 
 int trainer__ep_grad_norm(trainer *t, double *out) {

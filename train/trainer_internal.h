@@ -201,10 +201,12 @@ int trainer__dopt_norm(trainer *t, double *out);
 int trainer__dopt_step(trainer *t, double lr, double grad_norm, uint64_t *sum);
 int trainer__dopt_sync(trainer *t);
 int trainer__dopt_handover(trainer *t, bool held);
-/* The overlapped reduction's view of the layout (trainer_overlap.c): the buckets, one
- * bucket's collective (from the communication thread), the rest of dopt_reduce after them,
- * the group (choosing the all-reduce path for this generation). */
+/* The overlapped reduction's view of the layout (trainer_overlap.c): the buckets (with
+ * expert parallelism the dense layout's, then the experts', over the expert-data-parallel
+ * group: bucket_expert), one bucket's collective (from the communication thread), the rest
+ * of dopt_reduce after them, the group (choosing the all-reduce path for this generation). */
 int trainer__dopt_nbuckets(const trainer *t);
+bool trainer__dopt_bucket_expert(const trainer *t, int b);
 void trainer__dopt_bucket(const trainer *t, int b, size_t *lo, size_t *hi);
 int trainer__dopt_reduce_bucket(trainer *t, struct cm_comm *g, int b);
 int trainer__dopt_reduce_finish(trainer *t);
@@ -228,6 +230,14 @@ void trainer__overlap_last(trainer *t, bool last, bool early);
 int trainer__overlap_flush(trainer *t, double *local_norm);
 int trainer__overlap_wait(trainer *t);
 void trainer__overlap_drain(trainer *t);
+/* The gradient group's own transport (tr_groups.grad_ovl) where it matches the gradient group
+ * (its size, this rank's place, the shared-memory path), else NULL; whether the training
+ * thread communicates in the forward and backward (tensor, pipeline, context or expert
+ * parallelism), so that a communication thread needs a transport of its own. */
+struct cm_comm *trainer__grad_own(const trainer *t);
+/* The same for the expert-data-parallel group (tr_groups.edp_ovl against t->g.edp). */
+struct cm_comm *trainer__edp_own(const trainer *t);
+bool trainer__forward_communicates(const trainer *t);
 /* --overlap-param-gather (trainer_pgather.c): set up after the distributed optimizer;
  * start: the committed step's buckets are gathered on a thread, the forward hook waits for
  * each before its first use; finish: every bucket waited for, the thread joined (what
@@ -242,6 +252,9 @@ int trainer__pgather_start(trainer *t);
 bool trainer__pgather_pending(const trainer *t);
 int trainer__pgather_finish(trainer *t);
 void trainer__pgather_cancel(trainer *t);
+/* The pipeline's chunk whose forward runs next (the hook after its layers waits only where
+ * it holds the final norm, head or MTP); -1: not known (every bucket waited for there). */
+void trainer__pgather_chunk(trainer *t, int chunk);
 int trainer__dopt_gather_start(trainer *t);
 int trainer__dopt_gather_bucket(trainer *t, struct cm_comm *g, int b);
 /* The trainer changed n parameters at `at` (in the model's buffer) on every rank alike: the
@@ -302,6 +315,10 @@ void trainer__etp_tensor_group(trainer *t);
 void trainer__ep_free(trainer *t);
 int trainer__ep_reduce_grads(trainer *t);
 int trainer__ep_grad_norm(trainer *t, double *out);
+/* The runs of one kind trainer__ep_reduce_grads reduces: how many; the kind of the element at
+ * offset `at` (true: an expert's) and where its run starts. */
+int trainer__ep_nruns(const trainer *t);
+bool trainer__ep_run_at(const trainer *t, size_t at, size_t *start);
 int trainer__ep_replica_of(const trainer *t, int world_rank);
 int trainer__ep_check_share(const trainer *t, int helper, int suspect);
 

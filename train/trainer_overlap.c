@@ -18,19 +18,23 @@
  * squares is taken just before it starts (over the norm runs, as gpt_tp_grad_sumsq counts).
  * With a fault injected into gradients, losses or activations configured, no bucket starts
  * before the flush (an injected gradient must reach the reduction); process faults (a kill in
- * the backward meets the others' buckets in flight) and parameter bits leave them early. An abort of the communicator ends the thread's collective (every
- * one has the trainer's timeout); a thread left behind by an error is joined before the next
- * round and before the groups change.
+ * the backward meets the others' buckets in flight) and parameter bits leave them early. An
+ * abort of the communicator ends the thread's collective (every one has the trainer's
+ * timeout); a thread left behind by an error is joined before the next round and before the
+ * groups change.
  *
- * Transports: a ZeroMQ transport is used by one thread at a time, and under tensor, pipeline
- * or context parallelism the backward itself communicates (the tensor group's sums, the
- * pipeline's sends and receives, the ring's shifts, the replica's norm at the flush). The
- * thread then reduces over the gradient group's own transport (tr_groups.grad_ovl, opened by
- * the worker: worker/comms.h wk_comms_open_grad), the same ranks in the same order choosing
- * the same algorithm (shared memory on one host), so the same bits. With data parallelism
- * alone the training thread communicates nothing while the thread runs, which may then use
- * the gradient group itself. Without either (a trainer given no second transport) the
- * buckets are reduced on the training thread at the flush (no overlap, the same bits). */
+ * Transports: a ZeroMQ transport is used by one thread at a time, and under tensor, pipeline,
+ * context or expert parallelism the backward itself communicates (the tensor group's sums,
+ * the pipeline's sends and receives, the ring's shifts, the experts' token exchange, the
+ * replica's norm at the flush). The thread then reduces over the gradient group's own
+ * transport (tr_groups.grad_ovl, opened by the worker: worker/comms.h wk_comms_open_grad, or
+ * with NCCL wk_comms_open_grad_nccl), the same ranks in the same order choosing the same
+ * algorithm (shared memory on one host), so the same bits; with expert parallelism the
+ * experts' buckets over the expert-data-parallel group's (tr_groups.edp_ovl,
+ * wk_comms_open_expert_grad). With data parallelism alone the training thread communicates
+ * nothing while the thread runs, which may then use the gradient group itself. Without
+ * either (a trainer given no second transport) the buckets are reduced on the training
+ * thread at the flush (no overlap, the same bits). */
 #include "train/trainer_internal.h"
 
 #include "comm/zmq_comm.h"
@@ -50,6 +54,7 @@ struct tr_overlap {
     trainer *t;
     int nb;
     size_t *lo, *hi; /* bucket b: [lo, hi) of the gradient buffer */
+    bool *expert;    /* bucket b holds experts' gradients (expert parallelism: the expert-data-parallel group's) */
     int *ready;      /* the layer whose last backward makes bucket b final; -1: at the flush */
     bool *posted;
     size_t *runs;    /* the norm runs (trainer__norm_runs) */
@@ -64,7 +69,7 @@ struct tr_overlap {
     int *queue, qn, qhead;
     int rc;
     char err[512];
-    cm_comm *g;
+    cm_comm *g, *eg; /* the groups of this round: the dense buckets', the experts' (NULL: no experts) */
     bool inline_; /* this round reduces each bucket on the training thread (no transport of its own) */
 };
 
@@ -129,6 +134,36 @@ static int native_buckets(tr_overlap *o, const gpt_tensor *tab, int nt, size_t t
     return 0;
 }
 
+/* With expert parallelism without the distributed optimizer: each bucket cut where the
+ * gradients change kind (the experts' are summed over the expert-data-parallel group, the
+ * rest over the gradient group: trainer__ep_reduce_grads's runs), the pieces in the buckets'
+ * order, each from its highest offset down. */
+static int split_by_kind(tr_overlap *o, const trainer *t) {
+    int cap = o->nb + trainer__ep_nruns(t) + 1, nb = 0;
+    size_t *lo = malloc(sizeof *lo * (size_t)cap), *hi = malloc(sizeof *hi * (size_t)cap);
+    o->expert = calloc((size_t)cap, sizeof *o->expert);
+    if (!lo || !hi || !o->expert) {
+        free(lo);
+        free(hi);
+        return co_err_set(CO_ENOMEM, "overlap: out of memory");
+    }
+    for (int b = 0; b < o->nb; b++)
+        for (size_t at = o->hi[b]; at > o->lo[b] && nb < cap;) {
+            size_t start;
+            bool ex = trainer__ep_run_at(t, at - 1, &start);
+            lo[nb] = start > o->lo[b] ? start : o->lo[b];
+            hi[nb] = at;
+            o->expert[nb++] = ex;
+            at = lo[nb - 1];
+        }
+    free(o->lo);
+    free(o->hi);
+    o->lo = lo;
+    o->hi = hi;
+    o->nb = nb;
+    return 0;
+}
+
 /* Each bucket's ready layer: the lowest layer it holds, -1 where it holds anything not final
  * at its layer's backward or layers of two chunks. */
 static void ready_layers(tr_overlap *o, const trainer *t, const gpt_tensor *tab, int nt) {
@@ -164,11 +199,19 @@ int trainer__overlap_setup(trainer *t) {
         o->lo = malloc(sizeof *o->lo * (size_t)o->nb);
         o->hi = malloc(sizeof *o->hi * (size_t)o->nb);
         if (!o->lo || !o->hi) rc = co_err_set(CO_ENOMEM, "overlap: out of memory");
-        for (int b = 0; b < o->nb && !rc; b++) trainer__dopt_bucket(t, b, &o->lo[b], &o->hi[b]);
+        o->expert = calloc((size_t)o->nb, sizeof *o->expert);
+        if (!o->expert) rc = co_err_set(CO_ENOMEM, "overlap: out of memory");
+        for (int b = 0; b < o->nb && !rc; b++) {
+            trainer__dopt_bucket(t, b, &o->lo[b], &o->hi[b]);
+            o->expert[b] = trainer__dopt_bucket_expert(t, b);
+        }
     } else {
         cm_comm *g = tr_groups_grad(&t->g);
         size_t bs = c->ddp_bucket_size > 0 ? (size_t)c->ddp_bucket_size : dopt_default_bucket_size(g ? g->size : 1);
         rc = native_buckets(o, tab, nt, gpt_num_params(m), bs);
+        if (!rc && t->epn > 1) rc = split_by_kind(o, t);
+        else if (!rc && !(o->expert = calloc((size_t)o->nb, sizeof *o->expert)))
+            rc = co_err_set(CO_ENOMEM, "overlap: out of memory");
     }
     if (!rc) {
         o->ready = malloc(sizeof *o->ready * (size_t)o->nb);
@@ -195,10 +238,11 @@ int trainer__overlap_setup(trainer *t) {
 
 static int reduce_bucket(tr_overlap *o, int b) {
     trainer *t = o->t;
-    if (t->dopt) return trainer__dopt_reduce_bucket(t, o->g, b);
-    if (o->g->size < 2) return 0; /* (one rank's sum is its own) */
-    return o->g->ops->allreduce_sum(o->g, gpt_grads(t->model) + o->lo[b], o->hi[b] - o->lo[b], CM_F32,
-                                    TRAIN_COMM_TIMEOUT_MS);
+    cm_comm *g = o->expert[b] ? o->eg : o->g;
+    if (t->dopt) return trainer__dopt_reduce_bucket(t, g, b);
+    if (g->size < 2) return 0; /* (one rank's sum is its own) */
+    return g->ops->allreduce_sum(g, gpt_grads(t->model) + o->lo[b], o->hi[b] - o->lo[b], CM_F32,
+                                 TRAIN_COMM_TIMEOUT_MS);
 }
 
 static void *comm_main(void *arg) {
@@ -229,10 +273,13 @@ static void *comm_main(void *arg) {
     return NULL;
 }
 
-/* The sum of squares of [lo, hi) where this rank counts it. */
-static double counted_sq(const tr_overlap *o, size_t lo, size_t hi) {
+/* The sum of squares of bucket b where this rank counts it (an expert bucket whole: every
+ * rank counts its experts, gpt_tp_grad_sumsq_split's second group). */
+static double counted_sq(const tr_overlap *o, int b) {
     kb_backend *be = o->t->be;
     const float *g = gpt_grads(o->t->model);
+    size_t lo = o->lo[b], hi = o->hi[b];
+    if (o->expert[b]) return be->ops->sumsq(be, g + lo, hi - lo);
     double sq = 0;
     for (int i = 0; i < o->nruns; i++) {
         size_t a = o->runs[2 * i], e = o->runs[2 * i + 1];
@@ -249,7 +296,7 @@ static int post(tr_overlap *o, int b) {
      * so far have run; the thread's collective reads them beside the next ones (with a
      * validator the bucket's sumsq below waits as well) */
     o->t->be->ops->sync(o->t->be);
-    if (o->t->have_val) o->sq[b] = counted_sq(o, o->lo[b], o->hi[b]);
+    if (o->t->have_val) o->sq[b] = counted_sq(o, b);
     if (o->inline_) {
         int rc = o->rc ? 0 : reduce_bucket(o, b);
         if (rc && !o->rc) {
@@ -300,6 +347,24 @@ void trainer__overlap_drain(trainer *t) {
     o->running = false;
 }
 
+cm_comm *trainer__grad_own(const trainer *t) {
+    cm_comm *gg = tr_groups_grad(&t->g), *own = t->g.grad_ovl;
+    if (own && gg && own->size == gg->size && own->rank == gg->rank &&
+        cm_zmq_shared_memory(own) == cm_zmq_shared_memory(gg))
+        return own;
+    return NULL;
+}
+
+cm_comm *trainer__edp_own(const trainer *t) {
+    cm_comm *eg = t->g.edp, *own = t->g.edp_ovl;
+    if (own && eg && own->size == eg->size && own->rank == eg->rank &&
+        cm_zmq_shared_memory(own) == cm_zmq_shared_memory(eg))
+        return own;
+    return NULL;
+}
+
+bool trainer__forward_communicates(const trainer *t) { return t->g.tp || t->g.pp || t->g.cp || t->g.ep; }
+
 /* The group the communication thread reduces over this round: the gradient group's own
  * transport where the worker opened one; the gradient group itself where the training thread
  * communicates nothing meanwhile (data parallelism alone, or a group of one rank, which never
@@ -308,15 +373,28 @@ void trainer__overlap_drain(trainer *t) {
  * sockets: dist_opt.h), or the sums could differ in their last bits. */
 static cm_comm *thread_group(tr_overlap *o) {
     trainer *t = o->t;
-    cm_comm *gg = tr_groups_grad(&t->g), *own = t->g.grad_ovl;
-    if (own && own->size == gg->size && own->rank == gg->rank &&
-        cm_zmq_shared_memory(own) == cm_zmq_shared_memory(gg))
-        return own;
-    if (gg->size < 2 || !(t->g.tp || t->g.pp || t->g.cp || t->g.ep)) return gg;
+    cm_comm *gg = tr_groups_grad(&t->g), *own = trainer__grad_own(t);
+    if (own) return own;
+    if (gg->size < 2 || !trainer__forward_communicates(t)) return gg;
     static bool said;
     if (!said)
         co_log(CO_LOG_WARN, "--overlap-grad-reduce: no transport of the gradient group's own%s; its buckets are "
-                            "reduced after the backward", own ? " that matches it" : "");
+                            "reduced after the backward", t->g.grad_ovl ? " that matches it" : "");
+    said = true;
+    return NULL;
+}
+
+/* The experts' group for the communication thread (expert parallelism): the expert-data-
+ * parallel group's own transport, or the group itself where it has one rank (which never
+ * touches its transport); NULL: neither (reduce on the training thread). */
+static cm_comm *thread_egroup(tr_overlap *o) {
+    trainer *t = o->t;
+    cm_comm *own = trainer__edp_own(t);
+    if (own || t->g.edp->size < 2) return own ? own : t->g.edp;
+    static bool said;
+    if (!said)
+        co_log(CO_LOG_WARN, "--overlap-grad-reduce: no transport of the expert-data-parallel group's own%s; its "
+                            "buckets are reduced after the backward", t->g.edp_ovl ? " that matches it" : "");
     said = true;
     return NULL;
 }
@@ -331,12 +409,15 @@ void trainer__overlap_arm(trainer *t) {
     /* (a check round of the validator computes without the reduction) */
     o->g = t->ovl_reduce ? tr_groups_grad(&t->g) : NULL;
     if (t->dopt && o->g) o->g = trainer__dopt_group(t); /* (and the path of this generation) */
+    o->eg = o->g && t->epn > 1 ? t->g.edp : NULL;
     o->inline_ = false;
-    if (o->g && !thread_group(o)) {
+    cm_comm *tg = o->g ? thread_group(o) : NULL, *te = o->eg ? thread_egroup(o) : NULL;
+    if (o->g && (!tg || (o->eg && !te))) {
         o->inline_ = true;
         return; /* (no hook: every bucket at the flush, on this thread) */
     }
-    if (o->g) o->g = thread_group(o);
+    if (o->g) o->g = tg;
+    if (o->eg) o->eg = te;
     gpt_set_backward_hook(t->model, o->g ? on_layer : NULL, t);
 }
 
@@ -369,12 +450,19 @@ int trainer__overlap_flush(trainer *t, double *local_norm) {
     if (!rc && o->inline_ && o->rc) rc = co_err_set(o->rc, "%s", o->err);
     *local_norm = 0;
     if (rc || !t->have_val) return rc;
-    /* the buckets' sums in bucket order, whenever each started (the same bits in any round) */
-    double sq = 0;
-    for (int b = 0; b < o->nb; b++) sq += o->g ? o->sq[b] : counted_sq(o, o->lo[b], o->hi[b]);
+    /* the buckets' sums in bucket order, whenever each started (the same bits in any round);
+     * the experts' apart, over the expert group x pipeline (as trainer__ep_grad_norm) */
+    double sq = 0, xsq = 0;
+    for (int b = 0; b < o->nb; b++) {
+        double v = o->g ? o->sq[b] : counted_sq(o, b);
+        if (o->expert[b]) xsq += v;
+        else sq += v;
+    }
     cm_comm *rg = tr_groups_replica(&t->g);
     if (rg && (rc = rg->ops->allreduce_sum(rg, &sq, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS))) return rc;
-    *local_norm = sqrt(sq);
+    if (t->epn > 1 && (rc = t->g.erep->ops->allreduce_sum(t->g.erep, &xsq, 1, CM_F64, TRAIN_COMM_TIMEOUT_MS)))
+        return rc;
+    *local_norm = sqrt(sq + xsq);
     return kb_backend_status(t->be);
 }
 
@@ -402,6 +490,7 @@ void trainer__overlap_free(trainer *t) {
     pthread_cond_destroy(&o->cv);
     free(o->lo);
     free(o->hi);
+    free(o->expert);
     free(o->ready);
     free(o->posted);
     free(o->queue);

@@ -14,13 +14,32 @@
  * parameters or communicates first (evaluation, the replica check, a save, the end of
  * training) calls trainer__dopt_sync, which waits for all of them.
  *
- * Only one thread uses a job's transport at a time: with data parallelism alone the forward
- * communicates nothing, so the gathers may run beside it (scheduler/parallel_check.c refuses
- * the flag with tensor, pipeline, context or expert parallelism). An abort of the communicator (a dead or
- * hung peer) ends the thread's collective; every wait has the trainer's timeout; an error
- * becomes the backend's sticky status, so the forward's caller sees it, and a restart
- * cancels what is in flight (trainer__pgather_cancel) and gathers again after the shard
- * handover. */
+ * Only one thread uses a ZeroMQ transport at a time. The gather thread uses the gradient
+ * group's own transport (tr_groups.grad_ovl, the one the overlapped reduction's thread uses:
+ * that thread is joined before the step, and this one before the next iteration's last
+ * backward, so the two never overlap), while the forward's own collectives (the tensor
+ * group's sums, the pipeline's sends, the ring's shifts) go over the job's. With data
+ * parallelism alone and no own transport the forward communicates nothing, so the gathers
+ * may use the gradient group itself; with model parallelism and none (a trainer given no
+ * second transport) the parameters are gathered at once, as without the flag.
+ *
+ * With expert parallelism the experts' layout's buckets are gathered too, over the
+ * expert-data-parallel group's own transport (tr_groups.edp_ovl). On a queued backend (cuda)
+ * only a device communicator (the gradient group's own NCCL one, its own stream) may gather
+ * beside the forward: the backend is synced once before the thread starts (the update's
+ * kernels wrote the shards), the thread calls nothing of the backend and the host never
+ * touches the buffers; a bucket's collective has returned with its result in the buffer
+ * before the hook lets the forward queue the layer that reads it.
+ *
+ * Under a pipeline each chunk's forward waits for its own buckets: the hook after a chunk's
+ * layers waits only where the chunk holds the final norm, head or MTP (trainer__pgather_chunk),
+ * so an interleaved stage's later chunks' buckets go on arriving while its first runs; the
+ * thread is joined before the last micro batch's backward (every chunk's forward has run).
+ *
+ * An abort of the communicator (a dead or hung peer) ends the thread's collective; every
+ * wait has the trainer's timeout; an error becomes the backend's sticky status, so the
+ * forward's caller sees it, and a restart cancels what is in flight (trainer__pgather_cancel)
+ * and gathers again after the shard handover. */
 #include "train/trainer_internal.h"
 
 #include "common/error.h"
@@ -48,9 +67,10 @@ struct tr_pgather {
     bool *done;   /* bucket b gathered */
     int rc;
     char err[512];
-    cm_comm *g;
+    cm_comm *g, *eg; /* the dense buckets' group, the experts' (expert parallelism; else NULL) */
     int waited; /* buckets still in flight when the forward needed them (since the last log) */
     int status; /* the backend status a failed wait set (cleared by the cancel), 0: none */
+    int chunk;  /* the pipeline chunk whose forward runs (trainer__pgather_chunk), -1: not known */
 };
 
 /* The forward position of a tensor: -1 the embedding, N decoder layer N, else after the
@@ -124,7 +144,7 @@ static void *comm_main(void *arg) {
         bool failed = p->rc != 0;
         pthread_mutex_unlock(&p->mu);
         if (failed) break;
-        int rc = trainer__dopt_gather_bucket(p->t, p->g, b);
+        int rc = trainer__dopt_gather_bucket(p->t, trainer__dopt_bucket_expert(p->t, b) ? p->eg : p->g, b);
         pthread_mutex_lock(&p->mu);
         if (rc) {
             p->rc = rc;
@@ -177,15 +197,59 @@ static int wait_upto(tr_pgather *p, int upto) {
 /* (the model's forward hook) */
 static void on_layer(void *ctx, int layer) {
     trainer *t = ctx;
+    if (layer == GPT_HOOK_AFTER_LAYERS && t->pg->chunk >= 0) {
+        /* a chunk with neither the final norm, the head nor MTP reads nothing after its layers */
+        const gpt_chunk *d = gpt_chunk_def(t->model, t->pg->chunk);
+        if (d && !d->head && !d->mtp) return;
+    }
     int rc = wait_upto(t->pg, layer);
     /* the forward goes on over stale weights; its caller sees the status and drops it */
     if (rc && !t->be->status) t->be->status = t->pg->status = rc;
 }
 
+void trainer__pgather_chunk(trainer *t, int chunk) {
+    if (t->pg) t->pg->chunk = chunk;
+}
+
+/* Whether the backend queues its work (CUDA: the host reads and writes its buffers only
+ * after a sync); whether c is a device communicator (NCCL: its collectives on its own
+ * stream, on device memory; a group of one rank never moves anything). */
+static bool queued(trainer *t) { return t->be->ops->stream && t->be->ops->stream(t->be); }
+static bool device_comm(const cm_comm *c) { return c->size < 2 || c->ops->allgather_q; }
+
+/* The groups the thread gathers over this time (false: none, gather at once): the gradient
+ * group's own transport where it matches, or the group itself where the forward communicates
+ * nothing or it has one rank (which never touches its transport); with expert parallelism
+ * the experts' buckets likewise over the expert-data-parallel group's. */
+static bool thread_groups(trainer *t, cm_comm **g, cm_comm **eg) {
+    cm_comm *gg = trainer__dopt_group(t); /* (and this generation's path: all-reduce or all-gather) */
+    *g = trainer__grad_own(t);
+    if (!*g && (gg->size < 2 || !trainer__forward_communicates(t))) *g = gg;
+    *eg = NULL;
+    bool experts = t->epn > 1 && t->g.edp;
+    if (experts) *eg = trainer__edp_own(t) ? trainer__edp_own(t) : t->g.edp->size < 2 ? t->g.edp : NULL;
+    const char *why = !*g ? "no transport of the gradient group's own"
+                      : experts && !*eg ? "no transport of the expert-data-parallel group's own"
+                                        : NULL;
+    /* on a queued backend (cuda) the thread must not touch the buffers from the host: only a
+     * device communicator (NCCL, its own stream) gathers there beside the forward */
+    if (!why && queued(t) && (!device_comm(*g) || (*eg && !device_comm(*eg))))
+        why = "no device communicator of the gradient group's own";
+    if (!why) return true;
+    static bool said;
+    if (!said) co_log(CO_LOG_WARN, "--overlap-param-gather: %s; the parameters are gathered after each step", why);
+    said = true;
+    return false;
+}
+
 int trainer__pgather_start(trainer *t) {
     tr_pgather *p = t->pg;
     trainer__pgather_cancel(t);
-    p->g = trainer__dopt_group(t); /* (and this generation's path: all-reduce or all-gather) */
+    if (!thread_groups(t, &p->g, &p->eg)) return trainer__dopt_sync(t);
+    /* the update's kernels (a queued backend) have written the shards before the thread's
+     * collectives read them; the thread calls nothing of the backend */
+    t->be->ops->sync(t->be);
+    p->chunk = -1;
     memset(p->done, 0, sizeof *p->done * (size_t)p->nb);
     memset(p->synced, 0, sizeof *p->synced * (size_t)p->nb);
     p->rc = 0;

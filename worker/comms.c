@@ -20,9 +20,12 @@ struct wk_comms {
     cm_comm *pp_bwd;                 /* the pipeline group again: the gradients' channel */
     cm_comm *grad;                   /* the gradient group on its own transport (wk_comms_open_grad) */
     topo_group_kind grad_kind;       /* which group it is */
+    cm_comm *egrad;                  /* the expert-data-parallel group on its own (wk_comms_open_expert_grad) */
     cm_comm *nworld;                 /* NCCL (wk_comms_new_nccl), NULL without */
     cm_comm *ngroup[TOPO_NGROUP_KINDS];
     cm_comm *npp_bwd;                /* NCCL's pipeline group again: the gradients' channel */
+    cm_comm *ngrad;                  /* NCCL's gradient group again (wk_comms_open_grad_nccl) */
+    cm_comm *negrad;                 /* NCCL's expert-data-parallel group again (the same) */
 };
 
 /* The NCCL world from the generation's unique id, then every group split from it: every
@@ -125,30 +128,30 @@ int wk_comms_new_nccl(wk_comms **out, const sv_assignment *asg, const cm_zmq_opt
     return 0;
 }
 
-/* The endpoint of the second transport beside a rank's data endpoint ep: "<path>.grad" for
- * ipc, the port shifted by port_shift for tcp. */
-static int grad_endpoint(const char *ep, int port_shift, char *out, size_t cap) {
+/* The endpoint of a transport of its own beside a rank's data endpoint ep: "<path>.<suffix>"
+ * for ipc, the port shifted by port_shift for tcp. */
+static int own_endpoint(const char *ep, const char *suffix, int port_shift, char *out, size_t cap) {
     int n = -1;
     if (!strncmp(ep, "ipc://", 6)) {
-        n = snprintf(out, cap, "%s.grad", ep);
+        n = snprintf(out, cap, "%s.%s", ep, suffix);
         /* (the unix socket's path limit, less what the shared memory's socket adds) */
         if (n > 0 && (size_t)n - 6 + 5 > 107)
-            return co_err_set(CO_ERANGE, "the gradient transport's endpoint %s: path too long (limit 102)", out);
+            return co_err_set(CO_ERANGE, "the %s transport's endpoint %s: path too long (limit 102)", suffix, out);
     } else if (!strncmp(ep, "tcp://", 6)) {
         const char *colon = strrchr(ep, ':');
         long port = colon ? strtol(colon + 1, NULL, 10) : 0;
         if (port <= 0 || port + port_shift > 65535)
-            return co_err_set(CO_ERANGE, "the gradient transport beside %s: no port %ld + %d (lower --master-port)", ep,
-                              port, port_shift);
+            return co_err_set(CO_ERANGE, "the %s transport beside %s: no port %ld + %d (lower --master-port)", suffix,
+                              ep, port, port_shift);
         n = snprintf(out, cap, "%.*s:%ld", (int)(colon - ep), ep, port + port_shift);
     }
-    if (n < 0 || (size_t)n >= cap) return co_err_set(CO_EINVAL, "the gradient transport beside %s: unknown endpoint", ep);
+    if (n < 0 || (size_t)n >= cap) return co_err_set(CO_EINVAL, "the %s transport beside %s: unknown endpoint", suffix, ep);
     return 0;
 }
 
-int wk_comms_open_grad(wk_comms *cs, const sv_assignment *asg, const cm_zmq_options *zo, topo_group_kind k,
-                       int port_shift) {
-    if (!cs || !cs->group[k] || cs->group[k]->size < 2 || cs->grad) return 0;
+/* Group k again over a transport of its own (*out), its members' endpoints from own_endpoint. */
+static int open_own(wk_comms *cs, const sv_assignment *asg, const cm_zmq_options *zo, topo_group_kind k,
+                    const char *suffix, int port_shift, cm_comm **out) {
     int n = cs->group[k]->size, me = -1, rc = 0;
     char **eps = calloc((size_t)n, sizeof *eps);
     if (!eps) return co_err_set(CO_ENOMEM, "communicators: out of memory");
@@ -156,28 +159,71 @@ int wk_comms_open_grad(wk_comms *cs, const sv_assignment *asg, const cm_zmq_opti
         int w = cs->members[k][i];
         if (w == asg->rank) me = i;
         if (!(eps[i] = malloc(512))) rc = co_err_set(CO_ENOMEM, "communicators: out of memory");
-        else rc = grad_endpoint(asg->endpoints[w], port_shift, eps[i], 512);
+        else rc = own_endpoint(asg->endpoints[w], suffix, port_shift, eps[i], 512);
     }
-    if (!rc) rc = cm_zmq_new(&cs->grad, me, n, (const char *const *)eps, zo);
+    if (!rc) rc = cm_zmq_new(out, me, n, (const char *const *)eps, zo);
     if (rc) {
         char keep[400];
         snprintf(keep, sizeof keep, "%s", co_err_detail());
         co_err_set(rc, "the %s group's own transport (--overlap-grad-reduce): %s", topo_group_name(k), keep);
-    } else {
-        cs->grad_kind = k;
     }
     for (int i = 0; i < n; i++) free(eps[i]);
     free(eps);
     return rc;
 }
 
+int wk_comms_open_grad(wk_comms *cs, const sv_assignment *asg, const cm_zmq_options *zo, topo_group_kind k,
+                       int port_shift) {
+    if (!cs || !cs->group[k] || cs->group[k]->size < 2 || cs->grad) return 0;
+    int rc = open_own(cs, asg, zo, k, "grad", port_shift, &cs->grad);
+    if (!rc) cs->grad_kind = k;
+    return rc;
+}
+
+int wk_comms_open_grad_nccl(wk_comms *cs, topo_group_kind k) {
+#ifdef COHORT_HAVE_NCCL
+    if (!cs || !cs->nworld) return 0;
+    bool experts = k == TOPO_G_EDP;
+    cm_comm **out = experts ? &cs->negrad : &cs->ngrad;
+    if (*out) return 0;
+    int key = -1;
+    for (int i = 0; cs->members[k] && i < cs->group[k]->size; i++)
+        if (cs->members[k][i] == cs->rank) key = i;
+    cm_nccl_options no;
+    cm_nccl_options_default(&no);
+    /* (every rank calls the split: NCCL's rule) */
+    int rc = cm_nccl_split_color(cs->nworld, cs->gindex[k], key < 0 ? 0 : key, out, no.init_timeout_ms);
+    if (rc) {
+        char keep[400];
+        snprintf(keep, sizeof keep, "%s", co_err_detail());
+        return co_err_set(rc, "the NCCL %s group's own communicator (--overlap-grad-reduce): %s", topo_group_name(k),
+                          keep);
+    }
+    if (!experts) cs->grad_kind = k;
+    return 0;
+#else
+    (void)cs;
+    (void)k;
+    return 0;
+#endif
+}
+
+int wk_comms_open_expert_grad(wk_comms *cs, const sv_assignment *asg, const cm_zmq_options *zo, int port_shift) {
+    topo_group_kind k = TOPO_G_EDP;
+    if (!cs || !cs->group[k] || cs->group[k]->size < 2 || cs->egrad) return 0;
+    return open_own(cs, asg, zo, k, "egrad", 2 * port_shift, &cs->egrad);
+}
+
 void wk_comms_abort(void *ctx) {
     wk_comms *cs = ctx;
     if (!cs) return;
     if (cs->grad) cs->grad->ops->abort(cs->grad);
+    if (cs->egrad) cs->egrad->ops->abort(cs->egrad);
     for (int k = 0; k < TOPO_NGROUP_KINDS; k++)
         if (cs->ngroup[k]) cs->ngroup[k]->ops->abort(cs->ngroup[k]);
     if (cs->npp_bwd) cs->npp_bwd->ops->abort(cs->npp_bwd);
+    if (cs->ngrad) cs->ngrad->ops->abort(cs->ngrad);
+    if (cs->negrad) cs->negrad->ops->abort(cs->negrad);
     if (cs->nworld) cs->nworld->ops->abort(cs->nworld);
     if (cs->world) cs->world->ops->abort(cs->world);
 }
@@ -192,7 +238,10 @@ void wk_comms_destroy(wk_comms **pcs) {
     }
     cm_destroy(&cs->pp_bwd);
     cm_destroy(&cs->grad);
+    cm_destroy(&cs->egrad);
     cm_destroy(&cs->npp_bwd);
+    cm_destroy(&cs->ngrad);
+    cm_destroy(&cs->negrad);
     cm_destroy(&cs->nworld);
     cm_destroy(&cs->world);
     free(cs);
@@ -254,9 +303,13 @@ void wk_comms_trainer_groups(const wk_comms *cs, const co_config *c, tr_groups *
         g->ep = wk_comms_group(cs, TOPO_G_ETP_EP);
         g->edp = wk_comms_group(cs, TOPO_G_EDP);
         g->erep = wk_comms_group(cs, TOPO_G_ETP_EP_PP);
+        /* (its own transport, where wk_comms_open_expert_grad or with NCCL wk_comms_open_grad_nccl
+         * opened it) */
+        g->edp_ovl = cs->nworld ? cs->negrad : cs->egrad;
     }
     /* the gradient group's own transport, where it is the group gradients are reduced over */
-    if (cs->grad && cs->grad_kind == (g->cp ? TOPO_G_DP_CP : TOPO_G_DP)) g->grad_ovl = cs->grad;
+    cm_comm *own = cs->nworld ? cs->ngrad : cs->grad; /* (on NCCL the NCCL group's own) */
+    if (own && cs->grad_kind == (g->cp ? TOPO_G_DP_CP : TOPO_G_DP)) g->grad_ovl = own;
 }
 
 int wk_comms_check_equal(wk_comms *cs, uint64_t value, int timeout_ms) {

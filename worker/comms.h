@@ -44,6 +44,16 @@ int wk_comms_new_nccl(wk_comms **out, const sv_assignment *asg, const cm_zmq_opt
  * opened where this rank's group k has one member. */
 int wk_comms_open_grad(wk_comms *cs, const sv_assignment *asg, const cm_zmq_options *zo, topo_group_kind k,
                        int port_shift);
+/* With NCCL (a set from wk_comms_new_nccl): group k again as an NCCL communicator of its own
+ * (ncclCommSplit: every rank of the world calls it), its own stream, for the communication
+ * threads of --overlap-grad-reduce and --overlap-param-gather, whose collectives then run
+ * beside the training thread's on the device; wk_comms_trainer_groups hands it out as the
+ * gradient group's own (k TOPO_G_EDP: as the expert-data-parallel group's). 0 and nothing
+ * opened without NCCL. */
+int wk_comms_open_grad_nccl(wk_comms *cs, topo_group_kind k);
+/* The same for the expert-data-parallel group (the experts' gradients and parameters under
+ * expert parallelism): "<path>.egrad" for ipc, the tcp port plus 2 x port_shift. */
+int wk_comms_open_expert_grad(wk_comms *cs, const sv_assignment *asg, const cm_zmq_options *zo, int port_shift);
 /* Aborts every communicator of the set: any thread (the link's). */
 void wk_comms_abort(void *cs);
 /* Frees every group and the world (NULL-safe; *pcs = NULL). */
@@ -72,7 +82,8 @@ const topo_layout *wk_comms_layout(const wk_comms *cs);
  * data parallel always; tensor, pipeline (its two channels, the embedding and model-parallel
  * groups) and context groups where c's sizes (the test stand-in's are 1) split the model;
  * the expert groups where the layout has expert parallelism (none under the stand-in);
- * the gradient group's own transport where wk_comms_open_grad opened it. cs NULL (one
+ * the gradient group's own transport where wk_comms_open_grad opened it, the
+ * expert-data-parallel group's where wk_comms_open_expert_grad did. cs NULL (one
  * process): every group NULL. */
 void wk_comms_trainer_groups(const wk_comms *cs, const co_config *c, tr_groups *g);
 

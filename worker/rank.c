@@ -69,8 +69,16 @@ static int open_comms(sv_link *link, const co_config *c, const sv_assignment *a,
     if (!rc && c->overlap_grad_reduce && !(none && !strcmp(none, "1"))) {
         /* the group the trainer reduces gradients over (the stand-in's is data parallel) */
         bool cp = c->context_parallel_size > 1 && !c->standin_model_parallel;
-        /* a tcp endpoint's port moves past every worker slot's (master port + 1 + slot) */
-        rc = wk_comms_open_grad(*cs, a, &zo, cp ? TOPO_G_DP_CP : TOPO_G_DP, c->nnodes * c->nproc_per_node);
+        /* a tcp endpoint's port moves past every worker slot's (master port + 1 + slot); with
+         * NCCL the groups are NCCL's, and so is the gradient group's own */
+        if (a->have_nccl_id)
+            rc = wk_comms_open_grad_nccl(*cs, cp ? TOPO_G_DP_CP : TOPO_G_DP);
+        else
+            rc = wk_comms_open_grad(*cs, a, &zo, cp ? TOPO_G_DP_CP : TOPO_G_DP, c->nnodes * c->nproc_per_node);
+        /* with expert parallelism the experts' group too */
+        if (!rc && c->num_experts > 0 && c->expert_model_parallel_size > 1 && !c->standin_model_parallel)
+            rc = a->have_nccl_id ? wk_comms_open_grad_nccl(*cs, TOPO_G_EDP)
+                                 : wk_comms_open_expert_grad(*cs, a, &zo, c->nnodes * c->nproc_per_node);
         if (rc) wk_comms_destroy(cs);
     }
     if (!rc) sv_link_attach_abort(link, wk_comms_abort, *cs);

@@ -67,12 +67,12 @@
 #     collective of the layers queued on the stream, where syncing before each collective
 #     added 4 a layer and micro batch.
 #   dopt_dp2, dopt_tp2_dp2, dopt_tp2_pp2, mtp_pp2, cp2, cp2_thd, ep2_alltoall, ep2_allgather,
-#     moe_tp2, moe_bf16, overlap_dp2: what the CPU backend runs and cuda refused before (the
-#     distributed optimizer, multi-token prediction, context parallelism with the sequence
-#     and the per-document split, expert parallelism with both dispatchers, the experts split
-#     over the tensor group, bf16 MoE with grouped products, overlapped gradient reduction;
-#     docs/gpu.md "Parallelism on cuda"):
-#     each layout trains 3
+#     moe_tp2, moe_bf16, overlap_dp2, param_gather_tp2_dp2, overlap_ep2_dp4: what the CPU
+#     backend runs and cuda refused before (the distributed optimizer, multi-token prediction, context
+#     parallelism with the sequence and the per-document split, expert parallelism with both
+#     dispatchers, the experts split over the tensor group, bf16 MoE with grouped products,
+#     overlapped gradient reduction and parameter gather (also bitwise the stand-in without
+#     them); docs/gpu.md "Parallelism on cuda"): each layout trains 3
 #     iterations on the CPU backend and on the stand-in (losses and final parameters within
 #     the fp32 tolerances above), then once more on the stand-in with a rank SIGKILLed in
 #     iteration 2: the job restarts in process and ends bitwise the stand-in's fault-free
@@ -257,6 +257,42 @@ overlap_dp2)
     ! grep -q "loads the checkpoint" "$work/f.out" || fail "fell back to the checkpoint"
     grep -q "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward" "$work/cuda.out" ||
         fail "no bucket reduced during the backward: $(grep -i overlap "$work/cuda.out")"
+    ;;
+param_gather_tp2_dp2)
+    # --overlap-param-gather (with --overlap-grad-reduce and the distributed optimizer) in
+    # tensor 2 x data 2: the buckets all-gathered on the gather thread over the gradient
+    # group's own NCCL communicator (its own stream) while the next forward's kernels and the
+    # tensor group's collectives run, each waited for before its first layer; against the CPU
+    # backend, through a kill, and bitwise the stand-in's run without the overlaps
+    lay=(--nproc-per-node 4 --tensor-model-parallel-size 2 "$D" --ddp-bucket-size 1000)
+    feature "kill@rank=2,step=2,phase=allreduce" "$from_memory" "${lay[@]}" --overlap-grad-reduce --overlap-param-gather
+    ! grep -q "loads the checkpoint" "$work/f.out" || fail "fell back to the checkpoint"
+    grep -q "overlapped parameter all-gather: [1-9][0-9]* buckets" "$work/cuda.out" ||
+        fail "no overlapped gather: $(grep -i overlap "$work/cuda.out")"
+    ! grep -q "no transport of the\|no device communicator" "$work/cuda.out" ||
+        fail "not overlapped: $(grep -i 'overlap' "$work/cuda.out" | head -3)"
+    run plain "$cudasim" cuda "${lay[@]}" $slow; ok plain
+    same_losses plain cuda "the overlaps logged other numbers than the stand-in without them"
+    ckpt_same "$(ckpt plain)" "$(ckpt cuda)"
+    ;;
+overlap_ep2_dp4)
+    # both overlaps with expert parallelism: data 4 x expert 2 (expert-data-parallel pairs),
+    # the experts' buckets reduced and gathered over the expert-data-parallel group's own NCCL
+    # communicator, the rest over the gradient group's, beside the experts' token exchange on
+    # the expert group's; against the CPU backend, through a kill (both groups' shards from
+    # memory), and bitwise the stand-in's run without the overlaps
+    tiny_model --train-iters $iters --attention-dropout 0 --disable-bias-linear --num-experts 4 --moe-router-topk 2 \
+        --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3
+    lay=(--nproc-per-node 4 --expert-model-parallel-size 2 "$D" --ddp-bucket-size 1000)
+    feature "kill@rank=2,step=2,phase=allreduce" "$from_memory" "${lay[@]}" --overlap-grad-reduce --overlap-param-gather
+    ! grep -q "loads the checkpoint" "$work/f.out" || fail "fell back to the checkpoint"
+    grep -q "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward" "$work/cuda.out" ||
+        fail "no bucket reduced during the backward: $(grep -i overlap "$work/cuda.out")"
+    ! grep -q "no transport of the\|no device communicator" "$work/cuda.out" ||
+        fail "not overlapped: $(grep -i 'overlap' "$work/cuda.out" | head -3)"
+    run plain "$cudasim" cuda "${lay[@]}" $slow; ok plain
+    same_losses plain cuda "the overlaps logged other numbers than the stand-in without them"
+    ckpt_same "$(ckpt plain)" "$(ckpt cuda)"
     ;;
 moe_tp2)
     # MoE under tp 2 with sequence parallelism, the experts split over the tensor group (the

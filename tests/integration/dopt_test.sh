@@ -138,8 +138,7 @@ PY
 overlap)
     # --overlap-grad-reduce: buckets of 1000 elements reduced on a communication thread as
     # their layers' backward ends; bitwise the same run without overlap, with and without the
-    # distributed optimizer (and its reduce-scatter path), at data 2 and 4; refused with
-    # expert parallelism (the experts' group has no transport of its own)
+    # distributed optimizer (and its reduce-scatter path), at data 2 and 4
     b=(--ddp-bucket-size 1000 --train-iters 4)
     for n in 2 4; do
         for opt in r d s; do
@@ -157,10 +156,6 @@ overlap)
                 fail "$opt$n: no bucket started early: $(grep -h overlapped "$work/$opt${n}o".*)"
         done
     done
-    "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 --overlap-grad-reduce \
-        --num-experts 2 --expert-model-parallel-size 2 >"$work/o" 2>&1
-    [ $? -eq 2 ] && grep -q "overlap-grad-reduce with expert parallelism is not supported yet" "$work/o" ||
-        fail "ep2: $(tail -3 "$work/o")"
     ;;
 overlap_tp|overlap_pp|overlap_cp)
     # --overlap-grad-reduce with model parallelism: the communication thread reduces over the
@@ -210,8 +205,7 @@ param_gather)
     # bucket waited for before its first layer; bitwise the same run without either overlap,
     # at data 2 and 4 (and at 4 on the reduce-scatter path), with a save and an evaluation
     # in between (both wait for the gathers first); refused without the distributed
-    # optimizer or --overlap-grad-reduce and with tensor parallelism (Megatron's reasons,
-    # the transport's)
+    # optimizer or --overlap-grad-reduce (Megatron's reasons)
     b=(--ddp-bucket-size 1000 --train-iters 6 --save-interval 3 --eval-interval 2 --eval-iters 1)
     for v in 2r 4r 4s; do
         n=${v%?}; rs=0; [ "${v#?}" = s ] && rs=1
@@ -228,20 +222,95 @@ param_gather)
         grep "validation loss" "$work/g$v.out" >"$work/e1"; grep "validation loss" "$work/g${v}o.out" >"$work/e2"
         cmp -s "$work/e1" "$work/e2" || fail "$v: validation losses differ: $(diff "$work/e1" "$work/e2" | head -4)"
     done
-    for extra in "--overlap-grad-reduce --overlap-param-gather" "$D --overlap-param-gather" \
-                 "$D --overlap-grad-reduce --overlap-param-gather --tensor-model-parallel-size 2"; do
+    for extra in "--overlap-grad-reduce --overlap-param-gather" "$D --overlap-param-gather"; do
         # shellcheck disable=SC2086
         "$cohort" train "${tiny[@]}" --nproc-per-node 4 --train-iters 1 $extra >"$work/o" 2>&1
         [ $? -eq 2 ] || fail "$extra: not refused: $(tail -3 "$work/o")"
         case $extra in
         --overlap-grad-reduce*) want="--overlap-param-gather only supported with distributed optimizer" ;;
-        *tensor*) want="--overlap-param-gather with tensor, pipeline, context or expert parallelism" ;;
         *) want="Must use --overlap-param-gather with --overlap-grad-reduce" ;;
         esac
         grep -q -- "$want" "$work/o" || fail "$extra: $(cat "$work/o")"
     done
     ;;
-ep|kill_ep|ep_ckpt|ep_ckpt_tp|ep_ckpt_cp)
+param_gather_tp|param_gather_pp|param_gather_cp)
+    # --overlap-param-gather with model parallelism: the gather thread all-gathers over the
+    # gradient group's own transport (the overlapped reduction's, whose thread is joined by
+    # then) while the forward's collectives (tensor sums, pipeline sends, ring shifts) go over
+    # the job's; bitwise the same layout with the distributed optimizer and neither overlap,
+    # with a save and an evaluation between (both wait for the gathers first); under an
+    # interleaved pipeline each chunk's forward waits for its own buckets
+    tiny_model --global-batch-size 16 --attention-dropout 0
+    case $case_name in
+    param_gather_tp) lay=(--tensor-model-parallel-size 2 --sequence-parallel);;
+    param_gather_pp) lay=(--pipeline-model-parallel-size 2);;
+    param_gather_cp) lay=(--context-parallel-size 2);;
+    esac
+    lays=("${lay[*]}")
+    [ $case_name = param_gather_pp ] && lays+=("${lay[*]} --num-layers 4 --num-layers-per-virtual-pipeline-stage 1")
+    b=(--ddp-bucket-size 1000 --train-iters 4 --save-interval 2 --eval-interval 2 --eval-iters 1)
+    k=0
+    for l in "${lays[@]}"; do
+        k=$((k + 1))
+        # shellcheck disable=SC2086
+        train g$k 4 $l $D "${b[@]}" --save "$work/g$k"; ok g$k
+        # shellcheck disable=SC2086
+        train g${k}o 4 $l $D "${b[@]}" --overlap-grad-reduce --overlap-param-gather --save "$work/g${k}o"; ok g${k}o
+        same "$work/g$k" "$work/g${k}o" 2
+        same "$work/g$k" "$work/g${k}o" 4
+        grep -q "overlapped parameter all-gather: [1-9][0-9]* buckets, gathered in the order the forward" \
+            "$work/g${k}o.out" "$work/g${k}o.err" || fail "$l: no overlapped gather: $(grep -h overlapped "$work/g${k}o".*)"
+        grep -q "no transport of the gradient group's own" "$work/g${k}o.err" && fail "$l: gathered inline"
+        grep "validation loss" "$work/g$k.out" >"$work/e1"; grep "validation loss" "$work/g${k}o.out" >"$work/e2"
+        [ -s "$work/e1" ] && cmp -s "$work/e1" "$work/e2" ||
+            fail "$l: validation losses differ: $(diff "$work/e1" "$work/e2" | head -4)"
+    done
+    if [ $case_name = param_gather_tp ]; then
+        # a trainer given no transport of the gradient group's own (a test knob) gathers the
+        # parameters at once after each step: it says so, and the bits hold
+        # shellcheck disable=SC2086
+        COHORT_TEST_NO_GRAD_TRANSPORT=1 train g1n 4 $l $D "${b[@]}" --overlap-grad-reduce --overlap-param-gather \
+            --save "$work/g1n"
+        ok g1n
+        grep -q -- "--overlap-param-gather: no transport of the gradient group's own; the parameters are gathered after each step" \
+            "$work/g1n.err" || fail "no fallback said: $(grep -h overlap "$work/g1n.err" | head -3)"
+        same "$work/g1" "$work/g1n" 4
+    fi
+    ;;
+overlap_ep)
+    # --overlap-grad-reduce (and --overlap-param-gather) with expert parallelism: the experts'
+    # buckets reduced (and gathered) over the expert-data-parallel group's own transport, the
+    # rest over the gradient group's, while the layers' token exchange goes over the job's;
+    # data 4 x expert 2 (expert-data-parallel pairs) replicated, distributed, distributed with
+    # both overlaps, and data 2 x expert 2 (groups of one) with both: every loss and norm and
+    # the checkpoint bitwise the same layout without the overlaps, buckets started during the
+    # backward
+    tiny_model --global-batch-size 16 --num-layers 4 --attention-dropout 0 --disable-bias-linear --num-experts 4 \
+        --moe-router-topk 2 --moe-layer-freq 2 --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 1e-2 \
+        --moe-z-loss-coeff 1e-3 --clip-grad 0.3
+    b=(--expert-model-parallel-size 2 --ddp-bucket-size 1000 --train-iters 4)
+    for v in 4r 4d 4p 2p; do
+        n=${v%?} flag=$D ovl=(--overlap-grad-reduce)
+        [ "${v#?}" = r ] && flag=
+        [ "${v#?}" = p ] && ovl+=(--overlap-param-gather)
+        # (the reference of 4d and 4p is the same run)
+        [ -d "$work/e$n${flag:+d}" ] ||
+            { train e$n${flag:+d} "$n" "${b[@]}" $flag --metrics-file "$work/e$n${flag:+d}.jsonl" --save "$work/e$n${flag:+d}"
+              ok e$n${flag:+d}; }
+        train o$v "$n" "${b[@]}" $flag "${ovl[@]}" --metrics-file "$work/o$v.jsonl" --save "$work/o$v"; ok o$v
+        same "$work/e$n${flag:+d}" "$work/o$v" 4
+        [ "$(losses "$work/o$v.jsonl" | wc -w)" -ge 12 ] || fail "$v: $(losses "$work/o$v.jsonl")"
+        same_losses e$n${flag:+d} o$v "$v: the overlaps logged other numbers"
+        grep -q "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward" "$work/o$v.err" ||
+            fail "$v: no bucket started early: $(grep -h overlapped "$work/o$v.err" | head -3)"
+        grep -q "no transport of the" "$work/o$v.err" && fail "$v: reduced or gathered inline"
+        if [ "${v#?}" = p ]; then
+            grep -q "overlapped parameter all-gather: [1-9][0-9]* buckets" "$work/o$v.err" ||
+                fail "$v: no overlapped gather: $(grep -h overlapped "$work/o$v.err" | head -3)"
+        fi
+    done
+    ;;
+ep|kill_ep|kill_overlap_ep|ep_ckpt|ep_ckpt_tp|ep_ckpt_cp)
     # expert parallelism: the experts' optimizer shards span the expert-data-parallel group
     # (Megatron's second optimizer instance, their own layout after the rest of the buffer),
     # the rest the data-parallel group; the norm counts every element once. The runs are
@@ -354,15 +423,27 @@ PY
             train p$x 4 "${ep[@]}" --pipeline-model-parallel-size 2 $flag --train-iters 4 --save "$work/p$x"; ok p$x
         done
         same "$work/pr" "$work/pd" 4
-    elif [ $case_name = kill_ep ]; then
+    elif [ $case_name = kill_ep ] || [ $case_name = kill_overlap_ep ]; then
         # data 4 x expert 2 (expert-data-parallel groups of 2): a killed rank's dense shard
         # comes from the next data-parallel rank, its experts' from the next
         # expert-data-parallel rank; bitwise the fault-free run (every loss and norm, the
-        # final checkpoint), no step lost
+        # final checkpoint), no step lost. kill_overlap_ep: with both overlaps, killed before
+        # its last micro batch's backward (after sleeping 2 s there, so the others have
+        # started their buckets on the gradient and expert-data-parallel groups' own
+        # transports however loaded the machine), which the abort must reach
+        inj=(--inject "kill@rank=2,step=6")
+        if [ $case_name = kill_overlap_ep ]; then
+            ep+=(--overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 1000)
+            inj=(--inject "slow@rank=2,step=6,phase=backward,microbatch=1,ms=2000"
+                 --inject "kill@rank=2,step=6,phase=backward,microbatch=1")
+        fi
         train clean 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/clean.jsonl" --save "$work/clean"; ok clean
-        train f 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/f.jsonl" --save "$work/f" \
-            --inject "kill@rank=2,step=6" $quick
+        train f 4 "${ep[@]}" $D --train-iters 10 --metrics-file "$work/f.jsonl" --save "$work/f" "${inj[@]}" $quick
         ok f
+        if [ $case_name = kill_overlap_ep ]; then
+            grep -q "cohort rank [013]: overlapped gradient reduction, bucket [0-9]* of [0-9]*: .*aborted" "$work/f.err" ||
+                fail "no bucket in flight at the abort: $(grep -h 'overlapped\|aborted' "$work/f.err" | tail -5)"
+        fi
         same "$work/clean" "$work/f" 10
         grep -q "in-process restart into generation 2" "$work/f.err" || fail "no restart"
         grep -q "generation 2: 4 rank(s) resume after iteration [0-9]* with the state of ranks\? [0-9, ]* (.*1 replaced" \
@@ -468,7 +549,7 @@ ckpt_reshard)
         fail "tp2 load: $(grep -i checkpoint "$work/t2-tp.out")"
     same "$work/rs2" "$work/t2" 8
     ;;
-kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kill_param_gather)
+kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kill_param_gather|kill_param_gather_tp)
     # a rank holding an optimizer shard dies (in forward; right after its shard's update,
     # before the parameters' all-gather; with shifted ranks; in tensor 2 x data 2, where
     # each tensor rank's data-parallel pair shards its slices; in context 2 x data 2, where
@@ -500,6 +581,12 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kil
         # cancels them
         inj=(--inject "kill@rank=2,step=6,phase=optimizer")
         lay=(--overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 1000);;
+    kill_param_gather_tp)
+        # the same in tensor 2 x data 2, the gathers on the gradient group's own transport:
+        # rank 2 first sleeps 2 s before its update, so its data-parallel peer (rank 0) has
+        # committed and started gathering however loaded the machine is, then dies
+        inj=(--inject "slow@rank=2,step=6,phase=optimizer,ms=2000" --inject "kill@rank=2,step=6,phase=optimizer")
+        lay=(--overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 1000 --tensor-model-parallel-size 2);;
     *) inj=(--inprocess-rank-assignment shift-ranks --inject "kill@rank=1,step=5");;
     esac
     train clean 4 "${lay[@]}" $D --train-iters 10 --save "$work/clean"; ok clean
@@ -517,6 +604,10 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kil
     if [ $case_name = kill_overlap_tp ]; then
         grep -q "cohort rank 0: overlapped gradient reduction, bucket [0-9]* of [0-9]*: .*aborted" "$work/f.err" ||
             fail "no bucket of rank 0 in flight at the abort: $(grep -h 'rank 0' "$work/f.err" | tail -5)"
+    fi
+    if [ $case_name = kill_param_gather_tp ]; then
+        grep -q "cohort rank 0: overlapped parameter all-gather, bucket [0-9]* of [0-9]*: .*aborted.*not gathered" \
+            "$work/f.err" || fail "no gather of rank 0 in flight at the abort: $(grep -h 'rank 0' "$work/f.err" | tail -5)"
     fi
     if [ $case_name = kill_param_gather ]; then
         # a survivor's gather of iteration 6's parameters was in flight and ended by the abort
@@ -627,14 +718,11 @@ PY
     close "$work/full4" "$work/r4" 8
     ;;
 refused)
-    # what is not built is refused before any work, never ignored
-    for extra in "--overlap-grad-reduce --num-experts 2 --expert-model-parallel-size 2" "--ddp-bucket-size -1" \
-                 "$D --overlap-grad-reduce --overlap-param-gather --tensor-model-parallel-size 2"; do
-        # shellcheck disable=SC2086
-        "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 $extra >"$work/o" 2>&1
-        [ $? -eq 2 ] || fail "$extra: not refused: $(tail -3 "$work/o")"
-        grep -q "not supported yet\|must not be negative" "$work/o" || fail "$extra: $(cat "$work/o")"
-    done
+    # a bucket size out of range is refused before any work (both overlaps run in every
+    # layout now: nothing of the flags is left refused)
+    "$cohort" train "${tiny[@]}" --nproc-per-node 2 --train-iters 1 --ddp-bucket-size -1 >"$work/o" 2>&1
+    [ $? -eq 2 ] || fail "--ddp-bucket-size -1: not refused: $(tail -3 "$work/o")"
+    grep -q "must not be negative" "$work/o" || fail "--ddp-bucket-size -1: $(cat "$work/o")"
     # --help says what the flags do
     help=$("$cohort" train --help 2>&1)
     grep -q -- "--dist-opt-redundancy" <<<"$help" || fail "--help lacks --dist-opt-redundancy"

@@ -10,13 +10,16 @@
 #                 as it is: dynamic loss scaling from 2^32): Megatron's own checks refuse its
 #                 --rampup-batch-size with --train-iters and --lr-decay-iters (it expects
 #                 sample-based training); with --train-samples/--lr-decay-samples instead the
-#                 line trains (tp 2 x pp 2, the ramp in the log)
-#   mixtral_8x7b  train_mixtral_8x7b_distributed.sh (pp 2, ep 2; NullTokenizer for
-#                 Llama2Tokenizer): past parsing; the refusals of features being built remain
+#                 line trains (tp 2 x pp 2, the ramp in the log); and with tp 2 x pp 2 x dp 2,
+#                 sequence parallelism, the distributed optimizer, both overlaps,
+#                 recomputation and bf16 (8 ranks)
+#   mixtral_8x7b  train_mixtral_8x7b_distributed.sh (pp 2, ep 2, the distributed optimizer
+#                 and both overlaps; NullTokenizer for Llama2Tokenizer, a split the mock
+#                 data fills): trains to its end
 #   deepseek_v3   Megatron's DeepSeek-V3 recipe without multi-latent attention (ep 2, sigmoid
 #                 group-limited routing with the expert bias, top-k scaling, a shared expert,
-#                 MTP): refused with the distributed optimizer and overlap lines still being
-#                 built; without those three flags it trains to its end
+#                 MTP): trains to its end with the distributed optimizer and both overlaps,
+#                 and without the overlaps
 #   llama3_8b     train_llama3_8b_h100_fp8.sh (bf16, mock data): past parsing; the refusals
 #                 remain (--attention-backend fused for good: cohort has no cuDNN attention);
 #                 without the refused flags the line trains to its end, its checkpoint marked
@@ -123,6 +126,24 @@ gpt3_175b)
     # overflow there only spends the hysteresis)
     grep -m1 "iteration  *1/" "$work/gpt3s.out" | grep -q "loss scale: 4294967296.0 |" ||
         fail "no dynamic loss scale in the log: $(grep -m1 'iteration  *1/' "$work/gpt3s.out")"
+    # ... and the line as Megatron's GPT-3 runs are launched at scale: tensor 2 x pipeline 2 x
+    # data 2 with sequence parallelism, the distributed optimizer, both overlaps, activation
+    # recomputation and bf16 (for --fp16): trains to its end, both overlaps on every rank
+    TRAINING_ARGS=("${TRAINING_ARGS[@]/--fp16/$BF16}")
+    MODEL_PARALLEL_ARGS+=(--sequence-parallel --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
+                          --recompute-activations)
+    EVAL_AND_LOGGING_ARGS=("${EVAL_AND_LOGGING_ARGS[@]/#$work\/ck/$work/ck3}")
+    launch gpt3mp 8 "${GPT_MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}" "${MODEL_PARALLEL_ARGS[@]}" "${DATA_ARGS[@]}" \
+        "${EVAL_AND_LOGGING_ARGS[@]}"
+    remaining=()
+    expect_outcome gpt3mp
+    grep -q "iteration  *7/  *7 .*consumed samples:  *38 " "$work/gpt3mp.out" ||
+        fail "gpt3mp: not to its end: $(grep iteration "$work/gpt3mp.out" | tail -1)"
+    for what in "overlapped gradient reduction" "overlapped parameter all-gather"; do
+        [ "$(grep -c "cohort rank [0-7]: $what" "$work/gpt3mp.err")" = 8 ] ||
+            fail "gpt3mp: not every rank says $what: $(grep -h overlapped "$work/gpt3mp.err" | head -3)"
+    done
+    [ -d "$work/ck3" ] || fail "gpt3mp: no checkpoint saved"
     ;;
 mixtral_8x7b)
     MODEL_ARGS=(
@@ -160,7 +181,7 @@ mixtral_8x7b)
     DATA_ARGS=(
         --tokenizer-type NullTokenizer --vocab-size 500
         --mock-data
-        --split 99990,8,2
+        --split 99,1,0 # (the line's 99990,8,2 leaves the mock data's validation split no document)
     )
     TRAINING_ARGS=(
         --micro-batch-size 1
@@ -195,11 +216,10 @@ mixtral_8x7b)
     )
     launch mixtral 4 "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" \
         "${MODEL_PARALLEL_ARGS[@]}" "${LOGGING_ARGS[@]}"
-    remaining=(
-        "--overlap-grad-reduce with expert parallelism is not supported yet (the experts' gradients are reduced over the expert-data-parallel group, which has no transport of its own): drop --overlap-grad-reduce or --expert-model-parallel-size"
-        "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported yet (their forward communicates over the transport the gather thread would use): data parallelism only"
-    )
+    remaining=()
     expect_outcome mixtral
+    grep -q "overlapped parameter all-gather: [1-9][0-9]* buckets" "$work/mixtral.err" ||
+        fail "mixtral: no overlapped gather: $(grep -h overlapped "$work/mixtral.err" | head -3)"
     ;;
 llama3_8b)
     MODEL_ARGS=(
@@ -290,11 +310,10 @@ llama3_8b)
     remaining=(
         "--attention-backend fused selects Transformer Engine's cuDNN fused attention, which cohort does not have: use auto (local and unfused are the same: cohort's one attention kernel)"
         "--decoupled-lr with --use-distributed-optimizer is not supported yet (its shards' update takes one learning rate)"
-        "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported yet (their forward communicates over the transport the gather thread would use): data parallelism only"
     )
     expect_outcome llama3
     # ... without the refused flags (--attention-backend auto; no decoupled rate beside the
-    # distributed optimizer; no overlap):
+    # distributed optimizer; both overlaps kept, tp 2 with sequence parallelism):
     # the line trains to its end, zero-centred norms (--apply-layernorm-1p, kept so in the
     # checkpoint) and the loss per token (--calculate-per-token-loss) included
     keep=()
@@ -303,7 +322,6 @@ llama3_8b)
         if [ $skip = 1 ]; then skip=0; continue; fi
         case $a in
         --decoupled-lr | --decoupled-min-lr | --attention-backend) skip=1; continue ;;
-        --overlap-grad-reduce | --overlap-param-gather) continue ;;
         esac
         keep+=("$a")
     done
@@ -412,10 +430,7 @@ deepseek_v3)
     )
     launch deepseek 2 "${MODEL_ARGS[@]}" "${MOE_ARGS[@]}" "${MTP_ARGS[@]}" "${DATA_ARGS[@]}" "${TRAINING_ARGS[@]}" \
         "${MODEL_PARALLEL_ARGS[@]}" "${DDP_ARGS[@]}" "${LOGGING_ARGS[@]}"
-    remaining=(
-        "--overlap-grad-reduce with expert parallelism is not supported yet (the experts' gradients are reduced over the expert-data-parallel group, which has no transport of its own): drop --overlap-grad-reduce or --expert-model-parallel-size"
-        "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not supported yet (their forward communicates over the transport the gather thread would use): data parallelism only"
-    )
+    remaining=()
     expect_outcome deepseek
     # ... the model, its routing and MTP without the two overlaps (the distributed optimizer
     # kept, its experts' shards over the expert-data-parallel group): trains to its end, the MTP

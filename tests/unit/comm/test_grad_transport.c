@@ -3,8 +3,10 @@
  * (tensor 2 x data 2, 4 ranks) opened again beside the world, the trainer's groups naming it,
  * all-reduces on it from a second thread while the main thread all-reduces on the tensor group
  * of the world's transport (each transport used by one thread), the sums exact; the link's
- * abort (wk_comms_abort) failing a collective blocked on it; and the worker's cancel flag
- * ending its connection wait when a peer never connects. */
+ * abort (wk_comms_abort) failing a collective blocked on it; the worker's cancel flag
+ * ending its connection wait when a peer never connects; and with expert parallelism (data 4
+ * x expert 2) the expert-data-parallel group's own transport (wk_comms_open_expert_grad)
+ * beside the gradient group's and the expert group's, the same way. */
 #include "common/error.h"
 #include "tests/test.h"
 #include "tests/fork_ranks.h"
@@ -135,13 +137,67 @@ static void cancelled(int rank, int n, const char *dir, const void *arg) {
     wk_comms_destroy(&cs);
 }
 
+/* Data 4 x expert 2: the expert-data-parallel pairs over a transport of their own, used from
+ * a second thread while the main thread sums over the expert group on the world's. */
+static void experts(int rank, int n, const char *dir, const void *arg) {
+    (void)n;
+    (void)arg;
+    sv_assignment a;
+    char eps[4][128], *ep[4];
+    assignment(&a, eps, ep, rank, dir);
+    a.tp = a.etp = 1;
+    a.ep = 2;
+    a.dp = 4;
+    cm_zmq_options zo;
+    options(&zo, NULL);
+    wk_comms *cs = NULL;
+    int rc = wk_comms_new(&cs, &a, &zo);
+    REQUIRE_MSG(rc == 0, "rank %d: %s", rank, co_err_detail());
+    rc = wk_comms_open_grad(cs, &a, &zo, TOPO_G_DP, 4);
+    if (!rc) rc = wk_comms_open_expert_grad(cs, &a, &zo, 4);
+    REQUIRE_MSG(rc == 0, "rank %d: %s", rank, co_err_detail());
+    co_config c;
+    co_config_defaults(&c);
+    c.num_experts = 2;
+    c.expert_model_parallel_size = 2;
+    tr_groups g;
+    wk_comms_trainer_groups(cs, &c, &g);
+    REQUIRE(g.grad_ovl && g.edp_ovl && g.edp && g.ep);
+    CHECK(g.edp_ovl != g.edp && g.edp_ovl != g.grad_ovl && g.edp_ovl->size == 2 && g.edp_ovl->rank == g.edp->rank);
+    CHECK(g.grad_ovl->size == 4);
+    static float eb[N], xb[N];
+    for (int i = 0; i < N; i++) eb[i] = xb[i] = 1.0f;
+    sums s = {.g = g.edp_ovl, .buf = eb};
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, sum_many, &s) == 0);
+    for (int k = 0; k < 20 && !rc; k++) rc = g.ep->ops->allreduce_sum(g.ep, xb, N, CM_F32, T_MS);
+    pthread_join(th, NULL);
+    CHECK_MSG(rc == 0 && s.rc == 0, "rank %d: %d %d: %s", rank, rc, s.rc, co_err_detail());
+    CHECK(eb[0] == 1048576.0f && eb[N - 1] == 1048576.0f && xb[7] == 1048576.0f); /* 2^20 each */
+    /* the link's abort reaches it too */
+    if (rank == 0) {
+        t_sleep_ms(200);
+        wk_comms_abort(cs);
+    }
+    int64_t t0 = t_now_ms();
+    rc = g.edp_ovl->ops->allreduce_sum(g.edp_ovl, eb, N, CM_F32, rank == 0 ? T_MS : 3000);
+    if (rank == 0) CHECK_MSG(rc == CO_EABORTED, "rank 0 after the abort: %s", co_err_name(rc));
+    CHECK_MSG(t_now_ms() - t0 < 5000, "rank %d: the abort took %lld ms", rank, (long long)(t_now_ms() - t0));
+    wk_comms_destroy(&cs);
+}
+
 static void grad_transport(void) { CHECK(t_fork_ranks("concurrent", "gradtp", 4, concurrent, NULL, -1, 60000) == 0); }
 static void grad_transport_cancel(void) {
     CHECK(t_fork_ranks("cancelled", "gradtp", 4, cancelled, NULL, -1, 60000) == 0);
 }
 
+static void grad_transport_experts(void) {
+    CHECK(t_fork_ranks("experts", "gradtp", 4, experts, NULL, -1, 60000) == 0);
+}
+
 int main(void) {
     RUN(grad_transport);
     RUN(grad_transport_cancel);
+    RUN(grad_transport_experts);
     return TEST_EXIT();
 }

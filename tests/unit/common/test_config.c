@@ -187,23 +187,28 @@ static void test_validation(void) {
     CHECK(check_line("--tokenizer-type NullTokenizer", err, sizeof err) == CO_EINVAL);
     /* accepted by Megatron but not implemented: refused, not ignored */
     CHECK(check_line("--use-distributed-optimizer --overlap-grad-reduce", err, sizeof err) == 0);
-    /* the overlap runs with tensor, pipeline and context parallelism (the gradient group's own
-     * transport), not with expert parallelism */
+    /* the overlap runs with tensor, pipeline, context and expert parallelism (the gradient
+     * group's and the expert-data-parallel group's own transports) */
     CHECK(check_line("--overlap-grad-reduce --tensor-model-parallel-size 2", err, sizeof err) == 0);
     CHECK(check_line("--overlap-grad-reduce --pipeline-model-parallel-size 2", err, sizeof err) == 0);
-    CHECK(check_line("--overlap-grad-reduce --num-experts 2 --expert-model-parallel-size 2", err, sizeof err) ==
-          CO_EINVAL);
-    CHECK_MSG(strstr(err, "--overlap-grad-reduce with expert parallelism is not supported yet"), "%s", err);
-    /* --overlap-param-gather: Megatron's two requirements, then data parallelism only */
+    check_line("--overlap-grad-reduce --num-experts 2 --expert-model-parallel-size 2", err, sizeof err);
+    CHECK_MSG(!strstr(err, "overlap"), "%s", err); /* (one rank: refused for its world alone) */
+    /* --overlap-param-gather: Megatron's two requirements; with any layout (the gradient
+     * group's and the expert-data-parallel group's own transports) */
     CHECK(check_line("--use-distributed-optimizer --overlap-param-gather", err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "Must use --overlap-param-gather with --overlap-grad-reduce"), "%s", err);
     CHECK(check_line("--overlap-grad-reduce --overlap-param-gather", err, sizeof err) == CO_EINVAL);
     CHECK_MSG(strstr(err, "--overlap-param-gather only supported with distributed optimizer"), "%s", err);
     CHECK(check_line("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather", err, sizeof err) == 0);
     CHECK(check_line("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
-                     "--tensor-model-parallel-size 2", err, sizeof err) == CO_EINVAL);
-    CHECK_MSG(strstr(err, "--overlap-param-gather with tensor, pipeline, context or expert parallelism is not "
-                          "supported yet"), "%s", err);
+                     "--tensor-model-parallel-size 2", err, sizeof err) == 0);
+    CHECK(check_line("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
+                     "--pipeline-model-parallel-size 2", err, sizeof err) == 0);
+    CHECK(check_line("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
+                     "--context-parallel-size 2 --attention-dropout 0", err, sizeof err) == 0);
+    check_line("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --num-experts 2 "
+               "--expert-model-parallel-size 2", err, sizeof err);
+    CHECK_MSG(!strstr(err, "overlap"), "%s", err);
     CHECK(check_line("--use-distributed-optimizer --tensor-model-parallel-size 2", err, sizeof err) == 0);
     CHECK(check_line("--use-distributed-optimizer --ddp-bucket-size 1000", err, sizeof err) == 0);
     CHECK(check_line("--use-distributed-optimizer --no-dist-opt-redundancy", err, sizeof err) == 0);
