@@ -33,8 +33,7 @@ bool topo_check_sizes(const co_config *c, co_problems *P) {
 /* The gradient and parameter overlaps and the distributed optimizer's
  * combinations (it shards over the gradient group of every tensor x pipeline shard: data
  * parallel, or data x context). */
-static void check_dist_opt(const co_config *c, bool sizes_ok, co_problems *P) {
-    /* accepted for Megatron's scripts but not implemented: refused, never ignored */
+static void check_dist_opt(const co_config *c, co_problems *P) {
     /* the overlaps' threads use the gradient group's (and with expert parallelism the
      * expert-data-parallel group's) own transports: any layout. Megatron's two requirements
      * (arguments.py): */
@@ -115,7 +114,7 @@ static void check_virtual_pipeline(const co_config *c, bool sizes_ok, co_problem
 
 void topo_check_parallel(co_config *c, bool sizes_ok, co_problems *P) {
     bool standin = c->standin_model_parallel;
-    check_dist_opt(c, sizes_ok, P);
+    check_dist_opt(c, P);
     if (c->sequence_parallel && c->tensor_model_parallel_size == 1)
         c->sequence_parallel = false; /* as Megatron: sequence parallelism needs a tensor group */
     if (c->sequence_parallel && standin) co_problem(P, "--sequence-parallel is not part of the model-parallel stand-in");
