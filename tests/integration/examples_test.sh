@@ -309,11 +309,10 @@ llama3_8b)
         "${EVAL_AND_LOGGING_ARGS[@]}"
     remaining=(
         "--attention-backend fused selects Transformer Engine's cuDNN fused attention, which cohort does not have: use auto (local and unfused are the same: cohort's one attention kernel)"
-        "--decoupled-lr with --use-distributed-optimizer is not supported yet (its shards' update takes one learning rate)"
     )
     expect_outcome llama3
-    # ... without the refused flags (--attention-backend auto; no decoupled rate beside the
-    # distributed optimizer; both overlaps kept, tp 2 with sequence parallelism):
+    # ... without the refused flag (--attention-backend auto; the decoupled rate beside the
+    # distributed optimizer and both overlaps kept, tp 2 with sequence parallelism):
     # the line trains to its end, zero-centred norms (--apply-layernorm-1p, kept so in the
     # checkpoint) and the loss per token (--calculate-per-token-loss) included
     keep=()
@@ -321,7 +320,7 @@ llama3_8b)
     for a in "${MODEL_ARGS[@]}" "${TRAINING_ARGS[@]}"; do
         if [ $skip = 1 ]; then skip=0; continue; fi
         case $a in
-        --decoupled-lr | --decoupled-min-lr | --attention-backend) skip=1; continue ;;
+        --attention-backend) skip=1; continue ;;
         esac
         keep+=("$a")
     done
