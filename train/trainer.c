@@ -526,6 +526,7 @@ void trainer_destroy(trainer **pt) {
         opt_adamw_free(&t->opt, t->model);
         gpt_destroy(&t->model);
     }
+    if (t->pp_grecv && t->be) t->be->ops->free(t->be, t->pp_grecv); /* (pipeline.c's device staging) */
     kb_backend_destroy(&t->be);
     if (t->metrics && !t->metrics_borrowed) fclose(t->metrics);
     else if (t->metrics) fflush(t->metrics);
