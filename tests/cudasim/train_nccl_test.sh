@@ -239,10 +239,11 @@ for i in range(600):
 ep2_alltoall|ep2_allgather)
     # the experts split over 2 ranks, tokens exchanged by all-to-all or all-gather and
     # reduce-scatter over the NCCL expert group; the killed rank's experts have no other
-    # holder: the checkpoint of iteration 1. (allgather: killed in the gradient all-reduce;
-    # killed in its forward, the survivor has been seen to crash in the allgather
-    # dispatcher's backward after the restart on the stand-in: docs/gpu.md, known gaps)
-    inj="kill@rank=1,step=2"; [ $case_name = ep2_allgather ] && inj+=",phase=allreduce"
+    # holder: the checkpoint of iteration 1. Killed in its forward, so that the survivor's
+    # dispatcher exchange fails (most runs): the new generation's expert group must get its
+    # buffers (the allgather dispatcher's) past the old one's failure, and no backward may run
+    # through a forward that failed (the survivor crashed in ag_backward so)
+    inj="kill@rank=1,step=2"
     tiny_model --train-iters $iters --attention-dropout 0 --disable-bias-linear --num-experts 4 --moe-router-topk 2 \
         --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3
     feature "$inj" "loads the checkpoint of iteration 1" --nproc-per-node 2 \
