@@ -115,11 +115,14 @@ static void say_channels(trainer *t) {
     if (on_device(t))
         co_log(CO_LOG_INFO, "pipeline: activations and gradients over NCCL on the device, in stream order%s",
                sc.v > 1 ? " (the interleaved schedule, Megatron's batched steps)" : "");
-    else
+    else if (!pp_exchange_grouped(&sc))
         co_log(CO_LOG_INFO, "pipeline: the interleaved schedule's activations and gradients go over the host "
                             "(ZeroMQ, managed memory), not NCCL: --microbatch-group-size-per-virtual-pipeline-stage "
                             "%d is not the pipeline size %d",
                pp_sched_group(&sc), sc.p);
+    else
+        co_log(CO_LOG_INFO, "pipeline: activations and gradients go over the host (ZeroMQ, managed memory), not "
+                            "NCCL: the backend has no stream or the pipeline group no stream-ordered send/recv");
 }
 
 /* Operation op's receive on the device into *r; false where it receives nothing (the
