@@ -105,6 +105,7 @@ static int ep_reserve(moe_layer *m, size_t R) {
 
 int moe_set_expert_group(moe_layer *m, cm_comm *c, moe_dispatcher d, int timeout_ms) {
     moe__ep_free(m);
+    m->have_fwd = false; /* (the last forward's rows went with the buffers) */
     m->ep.El = m->E;
     m->ep.e0 = 0;
     int P = c ? c->size : 1;

@@ -101,6 +101,15 @@ int pp_schedule(const pp_sched_cfg *c, pp_op *ops, int cap, int *n) {
     return 0;
 }
 
+bool pp_exchange_step(const pp_sched_cfg *c, int i) {
+    if (c->v == 1 || c->p == 1) return true;
+    int w = pp_warmup(c), steady = 2 * (c->m * c->v - w);
+    /* (in the steady phase the pair's backward receives with its forward) */
+    return i < w || i >= w + steady || (i - w) % 2 == 0;
+}
+
+bool pp_exchange_grouped(const pp_sched_cfg *c) { return c->v == 1 || pp_sched_group(c) == c->p; }
+
 void pp_op_link(const pp_sched_cfg *c, const pp_op *op, pp_link *l) {
     int p = c->p, r = c->rank, v = c->v, ch = op->chunk;
     pp_peer prev = {-1, -1}, next = {-1, -1};

@@ -67,6 +67,26 @@ int pp_warmup(const pp_sched_cfg *c);
  * of the forward order is micro batch *mb of chunk *chunk. c must pass pp_sched_check. */
 void pp_table(const pp_sched_cfg *c, int k, int *mb, int *chunk);
 
+/* Megatron's steps of the pipeline's point-to-point exchange, for a transport where a send
+ * waits for its receive and each batch of sends and receives is one group that ends as a
+ * whole (NCCL groups on a stream; Megatron's batch_isend_irecv): whether operation i
+ * (0..2·m·v-1) of rank c->rank's list begins a step. A step's group is posted before its
+ * first operation runs and holds the sends of the previous step's operations and the
+ * receives of this step's. 1F1B (v = 1): every operation is a step (Megatron's
+ * send_forward_recv_backward and send_backward_recv_forward); interleaved: each warm-up
+ * forward, each steady pair of a forward and a backward (one
+ * send_forward_backward_recv_forward_backward after the pair), each cool-down backward.
+ * Then every rank's k-th group pairs with its neighbours' (one step apart), so no group
+ * waits for one its peer posts after a group that waits for this rank's next; pairing each
+ * backward's receive with the forward's send before it instead deadlocks the interleaved
+ * schedule. c must pass pp_sched_check. */
+bool pp_exchange_step(const pp_sched_cfg *c, int i);
+/* Whether those steps pair up for c: 1F1B, or the interleaved schedule with the micro batch
+ * group the pipeline size (Megatron's default). With a larger group the first stage takes
+ * the last stage's outputs of the first chunk several steps before the forwards that read
+ * them (Megatron queues them in lists): receiving each with its forward deadlocks there. */
+bool pp_exchange_grouped(const pp_sched_cfg *c);
+
 /* A peer stage: pipeline rank and model chunk; rank -1 = none. */
 typedef struct pp_peer {
     int rank, chunk;

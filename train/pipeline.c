@@ -21,14 +21,22 @@
  * On the device (--device cuda with NCCL groups: t->g.pp_dev and pp_dev_bwd), activations and
  * gradients go over NCCL in stream order, device buffer to device buffer: a receive is
  * queued on the backend's stream ahead of the kernels that read it, a send behind those that
- * wrote it, and the host never waits for either. A send is held until the next operation
- * of the list posts its receive, and both go as one NCCL group, as Megatron's
- * send_forward_recv_backward and send_backward_recv_forward do, so that two stages that each
- * send to and receive from the other never wait on each other's send; an operation with no
- * receive posts the held sends alone first (Megatron's warmup send_forward and cooldown
- * send_backward). Nothing is held across a wait of the host, so no peer's stream waits on a
- * send this rank has not posted. The positions and document starts, which the host needs,
- * still go on the host channels, and so do the losses.
+ * wrote it, and the host never waits for either. The list runs in Megatron's steps of the
+ * exchange (scheduler/schedule.h's pp_exchange_step): each step begins with one NCCL group of
+ * the previous step's sends and this step's receives, as Megatron's batched
+ * send_forward_recv_backward, send_backward_recv_forward (1F1B) and
+ * send_forward_backward_recv_forward_backward (interleaved: a steady forward and backward
+ * are one step, the backward's receive posted with the forward's) do, so that two stages
+ * that each send to and receive from the other never wait on each other's send. (Holding
+ * each send for the next operation's receive deadlocks the interleaved schedule: a send
+ * waits in a group for a receive its peer posts after a group that waits for this rank's
+ * next.) The interleaved schedule with a micro batch group larger than the pipeline has no
+ * such pairing without buffering received tensors (Megatron keeps them in lists): it stays
+ * on the host channels. A backward's gradient is received into a buffer of its own
+ * (pp_grecv) and copied into the model's, whose previous contents a held send still reads.
+ * Nothing is held across a wait of the host, so no peer's stream waits on a send this rank
+ * has not posted. The positions and document starts, which the host needs, still go on the
+ * host channels, and so do the losses.
  *
  * After the list: the losses of the micro batches (known on the last stage) are summed over
  * the pipeline group so that every rank reports them, the partial gradients of the tensor
@@ -85,42 +93,100 @@ static size_t act_floats(const trainer *t) {
 
 /* ---- the device channels (see the top of the file) ---- */
 
-/* (Not the interleaved schedule: pairing each held send with the next receive deadlocks
- * there, once a rank's send waits in a group for a receive its peer posts only after its
- * own group, which waits for this rank's next one; Megatron's interleaved exchange posts
- * both next receives with both sends instead. It stays on the host channels.) */
+/* The schedule's configuration (scheduler/schedule.h) of this rank's list. */
+static pp_sched_cfg sched_cfg(const trainer *t) {
+    return (pp_sched_cfg){.p = t->pp_size, .rank = t->pp_rank, .m = t->M, .v = gpt_num_chunks(t->model),
+                          .group = t->cfg.microbatch_group_size_per_vp_stage};
+}
+
 static bool on_device(const trainer *t) {
-    return t->g.pp_dev && t->g.pp_dev_bwd && t->g.pp_dev->ops->p2p_q && t->g.pp_dev->ops->queued_error &&
-           t->be->ops->stream && t->be->ops->stream(t->be) && gpt_num_chunks(t->model) == 1;
+    if (!(t->g.pp_dev && t->g.pp_dev_bwd && t->g.pp_dev->ops->p2p_q && t->g.pp_dev->ops->queued_error &&
+          t->be->ops->stream && t->be->ops->stream(t->be)))
+        return false;
+    pp_sched_cfg sc = sched_cfg(t);
+    return pp_exchange_grouped(&sc);
 }
 
 /* Once: which channels the activations take (the tests read it). */
 static void say_channels(trainer *t) {
     if (t->pp_said || !t->g.pp_dev) return;
     t->pp_said = true;
-    if (on_device(t)) co_log(CO_LOG_INFO, "pipeline: activations and gradients over NCCL on the device, in stream order");
-    else
+    pp_sched_cfg sc = sched_cfg(t);
+    if (on_device(t))
+        co_log(CO_LOG_INFO, "pipeline: activations and gradients over NCCL on the device, in stream order%s",
+               sc.v > 1 ? " (the interleaved schedule, Megatron's batched steps)" : "");
+    else if (!pp_exchange_grouped(&sc))
         co_log(CO_LOG_INFO, "pipeline: the interleaved schedule's activations and gradients go over the host "
-                            "(ZeroMQ, managed memory), not NCCL");
+                            "(ZeroMQ, managed memory), not NCCL: --microbatch-group-size-per-virtual-pipeline-stage "
+                            "%d is not the pipeline size %d",
+               pp_sched_group(&sc), sc.p);
+    else
+        co_log(CO_LOG_INFO, "pipeline: activations and gradients go over the host (ZeroMQ, managed memory), not "
+                            "NCCL: the backend has no stream or the pipeline group no stream-ordered send/recv");
 }
 
-/* The held sends and this operation's receive into buf (ch NULL: none) posted as one group
- * on the backend's stream. */
-static int dev_post(trainer *t, cm_comm *ch, void *buf, size_t bytes, int peer) {
-    cm_p2p ops[3];
+/* Operation op's receive on the device into *r; false where it receives nothing (the
+ * embedding's forward, the head's backward). */
+static bool dev_recv_of(trainer *t, const pp_op *op, bool train, cm_p2p *r) {
+    const gpt_chunk *d = gpt_chunk_def(t->model, op->chunk);
+    size_t act = act_floats(t) * sizeof(float);
+    if (op->kind == PP_FORWARD) {
+        if (d->embedding) return false;
+        *r = (cm_p2p){.c = t->g.pp_dev, .buf = gpt_chunk_input(t->model, op->chunk, op->mb % d->slots),
+                      .bytes = act * (size_t)gpt_chunk_streams(t->model, op->chunk, false, train),
+                      .peer = (t->pp_rank + t->pp_size - 1) % t->pp_size};
+    } else {
+        if (d->head) return false;
+        *r = (cm_p2p){.c = t->g.pp_dev_bwd, .buf = t->pp_grecv,
+                      .bytes = act * (size_t)gpt_chunk_streams(t->model, op->chunk, true, true),
+                      .peer = (t->pp_rank + 1) % t->pp_size};
+    }
+    return true;
+}
+
+/* The backend memory the gradients are received into (once: the most streams a chunk's
+ * output has). */
+static int dev_grecv(trainer *t) {
+    if (t->pp_grecv) return 0;
+    int most = 1;
+    for (int ci = 0; ci < gpt_num_chunks(t->model); ci++)
+        if (gpt_chunk_streams(t->model, ci, true, true) > most) most = gpt_chunk_streams(t->model, ci, true, true);
+    size_t bytes = act_floats(t) * sizeof(float) * (size_t)most;
+    t->pp_grecv = t->be->ops->alloc(t->be, bytes);
+    if (!t->pp_grecv) return co_err_set(CO_ENOMEM, "pipeline: %zu bytes of device memory for the received gradients", bytes);
+    return 0;
+}
+
+/* A step of the exchange on the device: the held sends and the receives of ops[0..n)
+ * posted as one group on the backend's stream. */
+static int dev_post(trainer *t, const pp_op *ops, int nops, bool train) {
+    cm_p2p g[4];
     int n = 0;
-    for (int i = 0; i < t->pp_nheld; i++) ops[n++] = t->pp_held[i];
+    for (int i = 0; i < t->pp_nheld; i++) g[n++] = t->pp_held[i];
     t->pp_nheld = 0;
-    if (ch) ops[n++] = (cm_p2p){.c = ch, .buf = buf, .bytes = bytes, .peer = peer, .send = 0};
-    if (ch) t->pp_last_from = peer;
+    for (int i = 0; i < nops; i++) {
+        if (n == (int)(sizeof g / sizeof g[0]))
+            return co_err_set(CO_EINTERNAL, "pipeline: more than %d sends and receives in a step", n);
+        if (!dev_recv_of(t, &ops[i], train, &g[n])) continue;
+        t->pp_last_from = g[n++].peer;
+    }
     if (!n) return 0;
     double tl0 = tl_now();
-    int rc = ops[0].c->ops->p2p_q(ops, n, t->be->ops->stream(t->be));
+    int rc = g[0].c->ops->p2p_q(g, n, t->be->ops->stream(t->be));
     trainer__tl(t, TL_SEND, -1, -1, tl0);
     return rc;
 }
 
-/* A send held for the next operation's receive (at most one per operation). */
+/* Before operation i of the list on the device: where a step of the exchange begins, its
+ * group (the step's operations: up to the next step's first). */
+static int dev_step(trainer *t, const pp_sched_cfg *sc, int i) {
+    if (!pp_exchange_step(sc, i)) return 0;
+    int j = i + 1;
+    while (j < t->nops && !pp_exchange_step(sc, j)) j++;
+    return dev_post(t, t->ops + i, j - i, true);
+}
+
+/* A send held for the next step of the exchange (at most one per operation). */
 static int dev_hold(trainer *t, cm_comm *ch, const void *buf, size_t bytes, int peer) {
     if (t->pp_nheld == (int)(sizeof t->pp_held / sizeof t->pp_held[0]))
         return co_err_set(CO_EINTERNAL, "pipeline: more than %d sends held", t->pp_nheld);
@@ -150,7 +216,15 @@ static int dev_status(trainer *t) {
 
 /* The metadata sent with a micro batch's activations: its positions and document starts
  * (the local ones under context parallelism, with each local token's row in the whole micro
- * batch and the local tokens per sequence, which the packed split varies); its ints. */
+ * batch and the local tokens per sequence, which the packed split varies); its ints. Not on
+ * the interleaved schedule's link from the last pipeline rank back to the first
+ * (meta_sent): the first rank read the micro batch for its first chunk, whose forward comes
+ * before any other of the micro batch, so its host never waits for a peer's in the list
+ * (on the device its queued work then never waits for a host that waits for it). */
+static bool meta_sent(const trainer *t, bool to_next) {
+    return to_next ? t->pp_rank != t->pp_size - 1 : t->pp_rank != 0;
+}
+
 static size_t meta_ints(const trainer *t) {
     size_t N = (size_t)t->cfg.micro_batch_size * (size_t)t->cfg.seq_length;
     return t->cpn > 1 ? 3 * N + 1 : 2 * N;
@@ -219,12 +293,7 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     tr_batch *x = &t->mbuf[mb];
     int rc = 0;
     int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size, next = (t->pp_rank + 1) % t->pp_size;
-    bool dev = on_device(t);
-    /* on the device: the held sends and the input's receive, posted before any wait */
-    if (dev)
-        rc = d->embedding ? dev_post(t, NULL, NULL, 0, 0)
-                          : dev_post(t, t->g.pp_dev, gpt_chunk_input(t->model, ci, s), act_in * sizeof(float), prev);
-    if (rc) return rc;
+    bool dev = on_device(t); /* (the input's receive was posted with its step: dev_step) */
     double t0 = now_s();
     /* the data: tokens for the embedding and the MTP depths, labels and mask for the loss */
     if (d->embedding || d->head || d->mtp) rc = read_batch(t, split, mb, first_sample, train);
@@ -232,15 +301,16 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
     if (!rc && !d->embedding) {
         /* the previous stage's output, with the micro batch's positions and document starts */
         cm_comm *ch = t->g.pp;
+        bool meta = meta_sent(t, false);
         double tw = now_s(), tl0 = tl_now();
         waiting(t, prev);
-        rc = ch->ops->recv(ch, t->meta, meta_ints(t) * sizeof(int32_t), prev, TRAIN_COMM_TIMEOUT_MS);
+        if (meta) rc = ch->ops->recv(ch, t->meta, meta_ints(t) * sizeof(int32_t), prev, TRAIN_COMM_TIMEOUT_MS);
         if (!rc && !dev)
             rc = ch->ops->recv(ch, gpt_chunk_input(t->model, ci, s), act_in * sizeof(float), prev, TRAIN_COMM_TIMEOUT_MS);
         waiting(t, -1);
         trainer__tl(t, TL_RECV_WAIT, mb, ci, tl0);
         t->recv_s += now_s() - tw;
-        if (!rc && !t->have_batch[mb]) {
+        if (!rc && meta && !t->have_batch[mb]) {
             meta_unpack(t, x);
             t->have_batch[mb] = 1;
         }
@@ -273,7 +343,7 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
         cm_comm *ch = t->g.pp;
         meta_pack(t, x);
         tl0 = tl_now();
-        rc = ch->ops->send(ch, t->meta, meta_ints(t) * sizeof(int32_t), next, TRAIN_COMM_TIMEOUT_MS);
+        if (meta_sent(t, true)) rc = ch->ops->send(ch, t->meta, meta_ints(t) * sizeof(int32_t), next, TRAIN_COMM_TIMEOUT_MS);
         if (!rc && dev) rc = dev_hold(t, t->g.pp_dev, gpt_chunk_output(t->model, ci, s), act_out * sizeof(float), next);
         else if (!rc)
             rc = ch->ops->send(ch, gpt_chunk_output(t->model, ci, s), act_out * sizeof(float), next, TRAIN_COMM_TIMEOUT_MS);
@@ -291,10 +361,9 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     int rc = 0;
     int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size, next = (t->pp_rank + 1) % t->pp_size;
     if (on_device(t)) {
-        /* the held sends and the output gradient's receive; nothing for the host to wait for */
-        rc = d->head ? dev_post(t, NULL, NULL, 0, 0)
-                     : dev_post(t, t->g.pp_dev_bwd, gpt_chunk_output_grad(t->model), act_out * sizeof(float), next);
-        if (rc) return rc;
+        /* the output gradient, received with its step (dev_step) into pp_grecv: nothing for
+         * the host to wait for */
+        if (!d->head) t->be->ops->copy(t->be, gpt_chunk_output_grad(t->model), t->pp_grecv, act_out * sizeof(float));
     } else if (!d->head) {
         cm_comm *ch = t->g.pp_bwd;
         double tw = now_s(), tl0 = tl_now();
@@ -385,12 +454,14 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     memset(t->have_batch, 0, sizeof *t->have_batch * (size_t)t->M);
     t->pp_nheld = 0;
     t->pp_last_from = (t->pp_rank + 1) % t->pp_size;
-    int rc = 0;
+    pp_sched_cfg sc = sched_cfg(t);
+    int rc = on_device(t) ? dev_grecv(t) : 0;
     for (int i = 0; i < t->nops && !rc; i++) {
         const pp_op *op = &t->ops[i];
         int64_t gmb = (int64_t)op->mb * t->topo.dp + data_rank;
         uint64_t seed = trainer__dropout_seed(t, gmb);
-        if (op->kind == PP_FORWARD) {
+        if (on_device(t) && (rc = dev_step(t, &sc, i))) break;
+            if (op->kind == PP_FORWARD) {
             rc = stage_forward(t, 0, t->consumed[0], op->mb, op->chunk, true, seed);
         } else {
             rc = stage_backward(t, op->mb, op->chunk, seed);
@@ -398,7 +469,7 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     }
     /* on the device: the last sends (before the losses' wait), then the one wait of the
      * list, for the gradients the host reads next, and the failures of what was queued */
-    if (!rc && on_device(t)) rc = dev_post(t, NULL, NULL, 0, 0);
+    if (!rc && on_device(t)) rc = dev_post(t, NULL, 0, true);
     if (!rc && on_device(t)) {
         dev_wait(t, t->pp_last_from);
         rc = dev_status(t);
@@ -429,9 +500,12 @@ int trainer__pipeline_evaluate(trainer *t, int split, double *loss_out, double *
         t->pp_last_from = (t->pp_rank + t->pp_size - 1) % t->pp_size;
         /* each micro batch through the chunks in pipeline order (forwards only: no bubble to fill) */
         for (int mb = 0; mb < t->M && !rc; mb++)
-            for (int ci = 0; ci < gpt_num_chunks(t->model) && !rc; ci++)
-                rc = stage_forward(t, split, t->consumed[split], mb, ci, false, 0);
-        if (!rc && on_device(t)) rc = dev_post(t, NULL, NULL, 0, 0);
+            for (int ci = 0; ci < gpt_num_chunks(t->model) && !rc; ci++) {
+                pp_op op = {PP_FORWARD, mb, ci}; /* (each its own step: its receive with the last sends) */
+                if (on_device(t)) rc = dev_post(t, &op, 1, false);
+                if (!rc) rc = stage_forward(t, split, t->consumed[split], mb, ci, false, 0);
+            }
+        if (!rc && on_device(t)) rc = dev_post(t, NULL, 0, false);
         if (!rc && on_device(t)) { /* (what the host does next may read the weights) */
             t->be->ops->sync(t->be);
             rc = dev_status(t);

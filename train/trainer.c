@@ -526,6 +526,7 @@ void trainer_destroy(trainer **pt) {
         opt_adamw_free(&t->opt, t->model);
         gpt_destroy(&t->model);
     }
+    if (t->pp_grecv && t->be) t->be->ops->free(t->be, t->pp_grecv); /* (pipeline.c's device staging) */
     kb_backend_destroy(&t->be);
     if (t->metrics && !t->metrics_borrowed) fclose(t->metrics);
     else if (t->metrics) fflush(t->metrics);
@@ -987,9 +988,11 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         trainer__inject_forward(t, step, mb, N);
         tl0 = tl_now();
         double loss = gpt_forward(t->model, &b, true, seed, x->dscale, NULL);
-        /* (--overlap-param-gather: the forward waited for every bucket, the thread joins; a
+        /* a failed forward ends the share: its layers' state is not this micro batch's (an
+         * exchange that failed left it half written), so no backward may go through it.
+         * (--overlap-param-gather: the forward waited for every bucket, the thread joins; a
          * failed wait ends the share before the backward's own collectives) */
-        if (t->pg && ((rc = kb_backend_status(t->be)) || (rc = trainer__dopt_sync(t)))) return rc;
+        if ((rc = kb_backend_status(t->be)) || (t->pg && (rc = trainer__dopt_sync(t)))) return rc;
         trainer__tl(t, TL_FORWARD, mb, 0, tl0);
         int poison = trainer__inject_loss(t, step, mb, data_rank, &loss);
         double t2 = now_s();

@@ -129,10 +129,12 @@ void trainer__ep_set_groups(trainer *t, const tr_groups *g) {
     /* the layers keep their layout between generations (nothing runs then); the new
      * generation's group replaces the old one */
     if (!g->ep) return;
-    int rc = gpt_set_expert_group(t->model, g->ep, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
-    /* an exchange the last generation's abort failed left the sticky status; a group that
-     * does not fit the layers leaves it set for the first step to report */
-    t->be->status = rc;
+    /* an exchange the last generation's abort failed left the sticky status: cleared first,
+     * since the backend allocates nothing while it is set (the allgather dispatcher's
+     * buffers are the new group's); a group that does not fit the layers, or buffers that
+     * cannot be had, leave it set for the first step to report */
+    kb_backend_clear_status(t->be);
+    t->be->status = gpt_set_expert_group(t->model, g->ep, dispatcher_of(&t->cfg), TRAIN_COMM_TIMEOUT_MS);
 }
 
 int trainer__ep_reduce_grads(trainer *t) {

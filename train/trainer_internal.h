@@ -136,8 +136,10 @@ struct trainer {
                              * local token's row and the local tokens per sequence) sent with
                              * the activations */
     double recv_s;          /* waiting for a peer stage since the last log line */
-    cm_p2p pp_held[2];      /* on the device (g.pp_dev): the sends held for the next operation's
-                             * receive (train/pipeline.c) */
+    cm_p2p pp_held[2];      /* on the device (g.pp_dev): the sends held for the next step of the
+                             * exchange (train/pipeline.c) */
+    float *pp_grecv;        /* on the device: backend memory the output's gradient is received
+                             * into, apart from the backward's buffer that its send reads */
     int pp_nheld;
     int pp_last_from;       /* the pipeline rank of the last receive posted on the device */
     bool pp_said;           /* which channels the pipeline uses was logged */

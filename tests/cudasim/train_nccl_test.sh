@@ -11,11 +11,11 @@
 #     --bf16: the products' bf16 roundings differ with the summation order), and the final
 #     parameters within 1e-5 absolute (fp32; with --bf16 only within 2.5e-3, a bound of what 3
 #     Adam steps at lr 1e-3 can move a weight, where an update near zero may go either way).
-#     With a pipeline (pp2, tp2_pp2; vpp2: 4 layers, 2 chunks a rank, the interleaved
-#     schedule) the activations and gradients go over NCCL on the device in stream order
-#     (train/pipeline.c; the interleaved schedule's still over the host): each rank must say
-#     which, and a second stand-in run must end bitwise equal to the first (checkpoint and
-#     losses).
+#     With a pipeline (pp2, tp2_pp2; vpp2: 4 layers, --num-layers-per-virtual-pipeline-stage 1,
+#     so 2 chunks a rank, the interleaved schedule, in Megatron's batched steps) the
+#     activations and gradients go over NCCL on the device in stream order
+#     (train/pipeline.c): each rank must say so and none that they go over the host, and a
+#     second stand-in run must end bitwise equal to the first (checkpoint and losses).
 #   Every case runs with COHORT_SIM_NCCL_RENDEZVOUS=1: a stand-in send finishes only when its
 #     receiver took it, as a large message on real NCCL, so a schedule that needs NCCL to
 #     buffer a send deadlocks here too.
@@ -36,8 +36,8 @@
 #     no majority of two, so the step is replayed and the rank whose weights changed since its
 #     optimizer step wrote them (the fused AdamW checksum) is repaired from the other: the job
 #     ends bitwise the fault-free run.
-#   pp2_killed, tp2_pp2_killed: the last pipeline stage of a pp 2 job (a rank of it under
-#     tp 2 x pp 2) SIGKILLed in iteration 2 while its peers' NCCL sends and receives are
+#   pp2_killed, tp2_pp2_killed, vpp2_killed: the last pipeline stage of a pp 2 job (a rank of it under
+#     tp 2 x pp 2; of the vpp2 layout) SIGKILLed in iteration 2 while its peers' NCCL sends and receives are
 #     queued on their streams: its stage has no other replica, so the new generation (new
 #     NCCL world and pipeline channels) loads the checkpoint of iteration 1 on every rank and
 #     the job ends bitwise the fault-free run.
@@ -131,7 +131,7 @@ layout() {
     tp2) echo "--nproc-per-node 2 --tensor-model-parallel-size 2" ;;
     pp2) echo "--nproc-per-node 2 --pipeline-model-parallel-size 2" ;;
     tp2_dp2) echo "--nproc-per-node 4 --tensor-model-parallel-size 2" ;;
-    vpp2) echo "--nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers 4 --virtual-pipeline-model-parallel-size 2" ;;
+    vpp2) echo "--nproc-per-node 2 --pipeline-model-parallel-size 2 --num-layers 4 --num-layers-per-virtual-pipeline-stage 1" ;;
     tp2_pp2) echo "--nproc-per-node 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2" ;;
     tp2_sp) echo "--nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel" ;;
     esac
@@ -239,10 +239,11 @@ for i in range(600):
 ep2_alltoall|ep2_allgather)
     # the experts split over 2 ranks, tokens exchanged by all-to-all or all-gather and
     # reduce-scatter over the NCCL expert group; the killed rank's experts have no other
-    # holder: the checkpoint of iteration 1. (allgather: killed in the gradient all-reduce;
-    # killed in its forward, the survivor has been seen to crash in the allgather
-    # dispatcher's backward after the restart on the stand-in: docs/gpu.md, known gaps)
-    inj="kill@rank=1,step=2"; [ $case_name = ep2_allgather ] && inj+=",phase=allreduce"
+    # holder: the checkpoint of iteration 1. Killed in its forward, so that the survivor's
+    # dispatcher exchange fails (most runs): the new generation's expert group must get its
+    # buffers (the allgather dispatcher's) past the old one's failure, and no backward may run
+    # through a forward that failed (the survivor crashed in ag_backward so)
+    inj="kill@rank=1,step=2"
     tiny_model --train-iters $iters --attention-dropout 0 --disable-bias-linear --num-experts 4 --moe-router-topk 2 \
         --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3
     feature "$inj" "loads the checkpoint of iteration 1" --nproc-per-node 2 \
@@ -330,9 +331,10 @@ dp2|tp2|pp2|tp2_dp2|vpp2|tp2_pp2|tp2_sp|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16)
     close cpu cuda $lrel $pabs
     if [[ " ${flags[*]} " == *" --pipeline-model-parallel-size "* ]]; then
         said="pipeline: activations and gradients over NCCL"
-        [ $l = vpp2 ] && said="pipeline: the interleaved schedule's activations and gradients go over the host"
+        [ $l = vpp2 ] && said+=".*(the interleaved schedule"
         n=$(grep -c "$said" "$work/cuda.out")
         [ "$n" -ge "${flags[1]}" ] || fail "$n rank(s) say the pipeline goes over NCCL: $(grep -i pipeline "$work/cuda.out" | head -3)"
+        ! grep -q "pipeline: .* go over the host" "$work/cuda.out" || fail "over the host: $(grep -m1 "over the host" "$work/cuda.out")"
         run again "$cudasim" cuda "${flags[@]}"; ok again
         same_losses cuda again "two stand-in runs differ"
         ckpt_same "$(ckpt cuda)" "$(ckpt again)"
@@ -384,10 +386,13 @@ sdc)
     grep -q "iteration 2: repair (persistent_error): rank 1: parameters changed in memory since its last update .*repaired from rank 0" \
         "$work/f.out" || fail "no repair: $(grep supervisor "$work/f.out")"
     ;;
-pp2_killed|tp2_pp2_killed)
+pp2_killed|tp2_pp2_killed|vpp2_killed)
     pp=(--nproc-per-node 2 --pipeline-model-parallel-size 2 --save-interval 1 $quick); victim=1
     [ $case_name = tp2_pp2_killed ] && { pp[1]=4; pp+=(--tensor-model-parallel-size 2); victim=3; }
+    [ $case_name = vpp2_killed ] && pp=($(layout vpp2) --save-interval 1 $slow)
     run clean "$cudasim" cuda "${pp[@]}"; ok clean
+    [ $case_name != vpp2_killed ] || grep -q "over NCCL on the device.*(the interleaved schedule" "$work/clean.out" ||
+        fail "the interleaved pipeline is not over NCCL: $(grep -m1 "pipeline:" "$work/clean.out")"
     run f "$cudasim" cuda "${pp[@]}" --inject "kill@rank=$victim,step=2"; ok f
     grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
     grep -q "loads the checkpoint of iteration 1" "$work/f.out" ||

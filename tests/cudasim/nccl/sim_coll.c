@@ -5,7 +5,8 @@
  * between ncclGroupStart and ncclGroupEnd the calls collect in a per-thread list that
  * ncclGroupEnd queues as one task (on the first call's stream). A task runs its collectives
  * in call order, then moves all of its sends and receives forward together, so a ring of
- * sends and receives in one group cannot deadlock.
+ * sends and receives in one group cannot deadlock; a send and a receive of one group on
+ * overlapping memory are refused (a race on a GPU).
  *
  * A collective round (R = 1, 2, ...): wait until every rank read round R-1 (acks), copy this
  * rank's chunk into its slot and post seq = R, wait until every rank posted R, compute from
@@ -259,9 +260,26 @@ static _Thread_local sim_op *group_ops;
 static _Thread_local int group_n, group_cap;
 static _Thread_local ncclResult_t group_err;
 
+/* A send and a receive of one group whose buffers overlap: on a GPU both move at once, chunk
+ * by chunk, so the receive may overwrite what the send has not read yet (here a send's
+ * chunks are copied before a receive's arrive, which would hide it): refused. */
+static ncclResult_t check_overlap(const sim_op *ops, int n) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n && ops[i].kind == OP_SEND; j++) {
+            if (ops[j].kind != OP_RECV || !ops[i].count || !ops[j].count) continue;
+            const char *s = ops[i].send, *r = ops[j].recv;
+            size_t sb = ops[i].count * sim_type_size(ops[i].dt), rb = ops[j].count * sim_type_size(ops[j].dt);
+            if (s < r + rb && r < s + sb)
+                return sim_error(ncclInvalidUsage, "a group's send (%zu bytes at %p) and receive (%zu bytes at %p) "
+                                 "share memory", sb, (const void *)s, rb, (const void *)r);
+        }
+    return ncclSuccess;
+}
+
 /* Queues ops[0..n) as one task; returns the first communicator error seen afterwards (the
  * weak hook runs the task at once) or ncclSuccess. */
 static ncclResult_t issue(const sim_op *ops, int n) {
+    if (n < 1) return ncclSuccess;
     sim_task *t = malloc(sizeof *t + (size_t)n * sizeof(sim_op));
     if (!t) return sim_error(ncclSystemError, "out of memory");
     t->n = n;
@@ -344,6 +362,7 @@ ncclResult_t ncclGroupEnd(void) {
     group_err = ncclSuccess;
     group_n = 0;
     if (r != ncclSuccess || n == 0) return r;
+    if ((r = check_overlap(group_ops, n)) != ncclSuccess) return r;
     return issue(group_ops, n);
 }
 

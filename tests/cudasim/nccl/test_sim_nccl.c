@@ -2,7 +2,7 @@
  * hook (every operation runs in the call): forked ranks meet through a unique id made by the
  * parent, and every operation is checked bitwise against a direct computation in rank order
  * (odd counts, counts past one round's slot, several types and reductions); a group of sends
- * and receives around a ring; a split into two colors and one with NCCL_SPLIT_NOCOLOR; an
+ * and receives around a ring (and one whose send and receive share memory, refused); a split into two colors and one with NCCL_SPLIT_NOCOLOR; an
  * abort from another thread ending a collective in progress on every rank; a rank killed in
  * the middle of an operation; non-blocking init; and no segment left in /dev/shm. */
 #include "tests/test.h"
@@ -243,6 +243,12 @@ static void rank_ring(int rank, int n, const char *dir, const void *arg) {
     for (size_t i = 0; i < len; i++) bad += r[i] != (uint8_t)(t_mix((uint64_t)prev * 7919 + i));
     CHECK_MSG(bad == 0, "ring: %zu bytes differ", bad);
     CHECK(got == (uint8_t)(prev + 100));
+    /* a send and a receive of one group on overlapping memory: refused, nothing queued */
+    CHECK(ncclGroupStart() == ncclSuccess);
+    CHECK(ncclSend(s, 64, ncclUint8, next, c, NULL) == ncclSuccess);
+    CHECK(ncclRecv(s + 32, 64, ncclUint8, prev, c, NULL) == ncclSuccess);
+    CHECK(ncclGroupEnd() == ncclInvalidUsage);
+    CHECK(strstr(ncclGetLastError(NULL), "share memory") != NULL);
     /* sizes that do not match: the receiver is told */
     if (rank < 2) {
         uint8_t buf[12] = {0};

@@ -285,6 +285,129 @@ static void simulation(void) {
     fprintf(stderr, "  %d simulations\n", runs);
 }
 
+/* The exchange as NCCL runs it (pp_exchange_step, train/pipeline.c on the device): every
+ * rank's list turned into a stream of groups (a step's group: the sends of the previous
+ * step's operations and the receives of this step's; after the list the last sends), run
+ * with rendezvous sends: a send and its receive end together, once both are in the group
+ * their ranks' streams are at and every earlier message of their channel (src, dst, kind)
+ * has ended; a group ends when all its messages have. ops[r * n + i], step[r * n + i]: rank
+ * r's list and whether operation i begins a step. True when every group ends; *fifo_ok
+ * whether each channel's receives expect its messages in the order they are sent. */
+typedef struct xmsg {
+    int id, group;
+} xmsg;
+
+static bool exchange(const pp_sched_cfg *base, const pp_op *ops, const bool *step, int n, bool *fifo_ok) {
+    int p = base->p, m = base->m, nch = p * p * 2;
+    xmsg *snd = malloc(sizeof *snd * (size_t)nch * (size_t)n), *rcv = malloc(sizeof *rcv * (size_t)nch * (size_t)n);
+    int *ns = calloc((size_t)nch, sizeof *ns), *nr = calloc((size_t)nch, sizeof *nr), *at = calloc((size_t)nch, sizeof *at);
+    int *left = calloc((size_t)p * (size_t)(n + 2), sizeof *left), *ngroups = calloc((size_t)p, sizeof *ngroups);
+    int *cur = calloc((size_t)p, sizeof *cur);
+    if (!snd || !rcv || !ns || !nr || !at || !left || !ngroups || !cur) abort();
+    for (int r = 0; r < p; r++) {
+        pp_sched_cfg c = *base;
+        c.rank = r;
+        int g = -1, held[2], held_ch[2], nheld = 0;
+        for (int i = 0; i <= n; i++) {
+            if (i == n || step[r * n + i]) {
+                g++; /* a step begins (or the list ends): the held sends and the step's receives */
+                for (int h = 0; h < nheld; h++) {
+                    snd[(size_t)held_ch[h] * n + ns[held_ch[h]]++] = (xmsg){held[h], g};
+                    left[r * (n + 2) + g]++;
+                }
+                nheld = 0;
+                for (int j = i; j < n && (j == i || !step[r * n + j]); j++) {
+                    const pp_op *o = &ops[r * n + j];
+                    pp_link l;
+                    pp_op_link(&c, o, &l);
+                    if (l.from.rank < 0) continue;
+                    int ch = (l.from.rank * p + r) * 2 + (int)o->kind;
+                    rcv[(size_t)ch * n + nr[ch]++] = (xmsg){(l.from.chunk * p + l.from.rank) * m + o->mb, g};
+                    left[r * (n + 2) + g]++;
+                }
+            }
+            if (i == n) break;
+            const pp_op *o = &ops[r * n + i];
+            pp_link l;
+            pp_op_link(&c, o, &l);
+            if (l.to.rank < 0) continue;
+            if (nheld == 2) abort(); /* (pipeline.c holds two) */
+            held_ch[nheld] = (r * p + l.to.rank) * 2 + (int)o->kind;
+            held[nheld++] = (o->chunk * p + r) * m + o->mb;
+        }
+        ngroups[r] = g + 1;
+    }
+    *fifo_ok = true;
+    for (int ch = 0; ch < nch; ch++) {
+        if (ns[ch] != nr[ch]) *fifo_ok = false;
+        for (int k = 0; k < ns[ch] && k < nr[ch]; k++)
+            if (snd[(size_t)ch * n + k].id != rcv[(size_t)ch * n + k].id) *fifo_ok = false;
+    }
+    for (bool progress = true; progress && *fifo_ok;) {
+        progress = false;
+        for (int r = 0; r < p; r++) /* each stream past its ended groups */
+            while (cur[r] < ngroups[r] && left[r * (n + 2) + cur[r]] == 0) cur[r]++, progress = true;
+        for (int ch = 0; ch < nch; ch++) {
+            int src = ch / 2 / p, dst = ch / 2 % p;
+            if (at[ch] == ns[ch]) continue;
+            xmsg s = snd[(size_t)ch * n + at[ch]], q = rcv[(size_t)ch * n + at[ch]];
+            if (s.group != cur[src] || q.group != cur[dst]) continue;
+            left[src * (n + 2) + s.group]--;
+            left[dst * (n + 2) + q.group]--;
+            at[ch]++;
+            progress = true;
+        }
+    }
+    bool done = *fifo_ok;
+    for (int r = 0; r < p; r++)
+        if (cur[r] < ngroups[r]) done = false;
+    free(snd), free(rcv), free(ns), free(nr), free(at), free(left), free(ngroups), free(cur);
+    return done;
+}
+
+static void exchange_steps(void) {
+    char err[400];
+    int runs = 0, grouped = 0, stuck = 0;
+    FOR_CONFIGS(c) {
+        if (c.p == 1 || c.m > 12) continue;
+        int T = c.m * c.v, n = 2 * T;
+        pp_op *ops = malloc(sizeof *ops * (size_t)c.p * (size_t)n), *ev = malloc(sizeof *ev * (size_t)c.p * (size_t)T);
+        bool *step = malloc(sizeof *step * (size_t)c.p * (size_t)n), *each = malloc(sizeof *each * (size_t)c.p * (size_t)n);
+        REQUIRE(ops && ev && step && each);
+        for (int r = 0; r < c.p; r++) {
+            pp_sched_cfg cr = c;
+            cr.rank = r;
+            int k;
+            REQUIRE(schedule(&cr, ops + (size_t)r * n, n, &k, err, sizeof err) == 0);
+            for (int i = 0; i < n; i++) step[r * n + i] = pp_exchange_step(&cr, i), each[r * n + i] = true;
+            /* an evaluation: forwards only, each micro batch through the chunks (every one a step) */
+            for (int mb = 0; mb < c.m; mb++)
+                for (int ci = 0; ci < c.v; ci++) ev[r * T + mb * c.v + ci] = (pp_op){PP_FORWARD, mb, ci};
+        }
+        bool fifo;
+        runs++;
+        bool ok = exchange(&c, ops, step, n, &fifo);
+        if (pp_exchange_grouped(&c)) {
+            CHECK_MSG(ok, "deadlock: p %d m %d v %d group %d", c.p, c.m, c.v, c.group);
+            grouped++;
+        } else if (!ok) {
+            stuck++; /* (why a larger group stays on the host: p 2 m 4 v 2 group 4 is one) */
+        }
+        CHECK_MSG(fifo, "p %d m %d v %d group %d: a channel's messages received out of order", c.p, c.m, c.v, c.group);
+        CHECK_MSG(exchange(&c, ev, each, T, &fifo) && fifo, "evaluation: p %d m %d v %d", c.p, c.m, c.v);
+        /* every operation a step (each held send with the next receive) deadlocks the
+         * interleaved schedule (pp 2, 2 chunks, 4 micro batches: rank 1 sends a gradient
+         * that rank 0 receives only after its own send of a gradient, which rank 1 receives
+         * after it) */
+        if (c.p == 2 && c.v == 2 && c.m == 4 && c.group == 2)
+            CHECK_MSG(!exchange(&c, ops, each, n, &fifo) && fifo, "pairing each send with the next receive did not deadlock");
+        if (c.v == 1) CHECK(exchange(&c, ops, each, n, &fifo)); /* (1F1B: the same steps) */
+        free(ops), free(ev), free(step), free(each);
+    }
+    fprintf(stderr, "  %d exchanges, %d of them grouped; %d of the others deadlock\n", runs, grouped, stuck);
+    CHECK(grouped > 100 && stuck > 100);
+}
+
 static void refusals(void) {
     char err[400];
     pp_sched_cfg c = {.p = 4, .rank = 0, .m = 3, .v = 2};
@@ -460,6 +583,7 @@ int main(void) {
     RUN(megatron_example);
     RUN(links);
     RUN(simulation);
+    RUN(exchange_steps);
     RUN(refusals);
     RUN(placement_examples);
     RUN(layouts);
