@@ -58,21 +58,39 @@ refused)
         --fault-injector-mtti-seconds 5 >"$work/o" 2>&1
     [ $? -eq 2 ] && grep -q "'7' is not a rank of this job (0..3)" "$work/o" || fail "rank 7: $(cat "$work/o")"
     ;;
-soak|validate)
-    # bench/soak.sh for 2 minutes: soak with every fault kind every ~10 s; validate with the
-    # kinds a restart cures (kill, stop, hang) every ~20 s, against cohort plan's prediction
-    if [ "$case_name" = soak ]; then export SOAK_MTTI=10; else export SOAK_MTTI=20 SOAK_TYPES=sigkill,sigstop,hang; fi
-    COHORT=$cohort bash "$COHORT_SOURCE_ROOT/bench/soak.sh" 2 "$work/soak" >"$work/soak.out" 2>&1 ||
-        fail "soak: $(tail -3 "$work/soak.out")"
-    /usr/bin/python3 - "$work/soak/soak.json" "$case_name" <<'PY' || fail "$(cat "$work/soak.out")"
+soak)
+    # bench/soak.sh for 2 minutes, every fault kind, ~20 s between faults; seed 26 draws nan, kill,
+    # stop, bit-flipped activations and hang in its first ~80 s. The soak's own checks (the faults
+    # happened, no step lost, the final state bitwise the fault-free run's) and the planner's
+    # prediction of this run's ETTR from the costs and restarts it measured, within 10 points.
+    SOAK_MTTI=20 SOAK_SEED=26 COHORT=$cohort bash "$COHORT_SOURCE_ROOT/bench/soak.sh" 2 "$work/soak" \
+        >"$work/soak.out" 2>&1 || fail "soak: $(tail -3 "$work/soak.out")"
+    /usr/bin/python3 - "$work/soak/soak.json" "$work/soak/f.json" <<'PY' || fail "$(cat "$work/soak.out")"
+import json, sys
+s, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert s["bitwise_equal"] and s["steps_lost"] == 0, s
+# the faults happened: the nan was fired, the kill and the stop sent (a rank cannot report
+# those); restarts cured the kill (a rank killed) and the stop, a replayed step the nan
+inj = [i for i in r["injections"]["list"] if i["source"] == "--fault-injector"]
+assert {"nan"} <= {i["spec"].split("@")[0] for i in inj if i["fired"]}, inj
+assert {"kill", "stop"} <= {i["spec"].split("@")[0] for i in inj}, inj
+assert s["faults_survived"] >= 4 and s["restarts"] >= 2 and s["replays"] >= 1, s
+assert "killed" in {f["kind"] for f in r["faults"] if f.get("recovered_by") == "in-process restart"}, r["faults"]
+assert s["iterations"] >= 300, s
+assert abs(s["ettr_measured"] - s["ettr_predicted"]) <= 0.10, s
+PY
+    cat "$work/soak.out"
+    ;;
+validate)
+    # on demand (suite soak): the planner against a 10-minute job's measured ETTR, kills, stops
+    # and hangs every ~20 s
+    SOAK_MTTI=20 SOAK_TYPES=sigkill,sigstop,hang COHORT=$cohort bash "$COHORT_SOURCE_ROOT/bench/soak.sh" 10 \
+        "$work/soak" >"$work/soak.out" 2>&1 || fail "soak: $(tail -3 "$work/soak.out")"
+    /usr/bin/python3 - "$work/soak/soak.json" <<'PY' || fail "$(cat "$work/soak.out")"
 import json, sys
 s = json.load(open(sys.argv[1]))
-assert s["bitwise_equal"] and s["steps_lost"] == 0, s
-if sys.argv[2] == "soak":
-    assert s["injections"] >= 6 and s["faults_survived"] >= 6, s
-else:
-    assert s["restarts"] >= 3, s
-    assert abs(s["ettr_measured"] - s["ettr_predicted"]) <= 0.10, s
+assert s["bitwise_equal"] and s["steps_lost"] == 0 and s["restarts"] >= 10, s
+assert abs(s["ettr_measured"] - s["ettr_predicted"]) <= 0.10, s
 PY
     cat "$work/soak.out"
     ;;
