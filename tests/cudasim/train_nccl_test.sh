@@ -307,6 +307,12 @@ dp2|tp2|pp2|tp2_dp2|vpp2|tp2_pp2|tp2_sp|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16)
         else
             grep -q "the norms', attention's and GELU's $said" "$work/cuda.out" ||
                 fail "no bf16 activations: $(grep -m1 'activation memory' "$work/cuda.out")"
+            # the bytes (dp 2: every rank holds the same): per layer ln1, ln2 [N,C], attention's
+            # output [N,AH] and the GELU's [N,F] in bf16, 2 bytes each fewer than the CPU's fp32
+            # (N 64, C = AH 32, F 128; 2 layers)
+            lb() { grep -m1 -o 'activation memory: [0-9]* bytes on this rank (layers [0-9]*' "$work/$1.out" | grep -o '[0-9]*$'; }
+            [ $l != dp2 ] || [ $(( $(lb cpu) - $(lb cuda) )) -eq $(( 2 * 2 * (2 * 64 * 32 + 64 * 32 + 64 * 128) )) ] ||
+                fail "layer activation bytes: cpu $(lb cpu), stand-in $(lb cuda)"
             [[ " ${flags[*]} " == *" --pipeline-model-parallel-size "* ]] || {
                 run again "$cudasim" cuda "${flags[@]}"; ok again
                 same_losses cuda again "two stand-in runs differ"
