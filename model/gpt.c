@@ -398,8 +398,7 @@ static float *act_alloc(gpt_model *m, size_t n, size_t *also) {
 }
 
 /* The floats' worth of room for n activations: half with bf16 storage (gpt_internal.h act16) */
-static size_t act_n(const gpt_model *m, size_t n, bool a16) {
-    (void)m;
+static size_t act_n(size_t n, bool a16) {
     return a16 ? (n + 1) / 2 : n;
 }
 
@@ -442,12 +441,12 @@ static int layer_acts_new(gpt_model *m, layer_acts *a, bool dense, bool moe, siz
     struct {
         float **p;
         size_t n;
-    } b[] = {{&a->x_in, Nl * C}, {&a->ln1, ln ? 0 : act_n(m, Nl * C, m->act16)}, {&a->ln1_mean, Nl},
+    } b[] = {{&a->x_in, Nl * C}, {&a->ln1, ln ? 0 : act_n(Nl * C, m->act16)}, {&a->ln1_mean, Nl},
              {&a->ln1_rstd, Nl}, {&a->qkv, N * (size_t)gpt__qkv_local(m)},
-             {&a->att, at ? 0 : act_n(m, N * AH, m->act16)}, {&a->lse, at ? 0 : lseN},
-             {&a->x_mid, Nl * C}, {&a->ln2, ln ? 0 : act_n(m, Nl * C, m->act16)}, {&a->ln2_mean, Nl}, {&a->ln2_rstd, Nl},
+             {&a->att, at ? 0 : act_n(N * AH, m->act16)}, {&a->lse, at ? 0 : lseN},
+             {&a->x_mid, Nl * C}, {&a->ln2, ln ? 0 : act_n(Nl * C, m->act16)}, {&a->ln2_mean, Nl}, {&a->ln2_rstd, Nl},
              {&a->fc1, dense && !mlp ? N * (size_t)gpt__fc1_local(m) : 0},
-             {&a->act, dense && !mlp ? act_n(m, N * (size_t)m->Fl, m->act16_mlp) : 0}};
+             {&a->act, dense && !mlp ? act_n(N * (size_t)m->Fl, m->act16_mlp) : 0}};
     a->owns_xin = a->owns_rest = true;
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         if (b[i].n && !(*b[i].p = act_alloc(m, b[i].n, count)))
@@ -496,12 +495,12 @@ static int recompute_scratch(gpt_model *m, size_t N, size_t Nl) {
     }
     size_t *cnt = &m->act_rc_bytes;
     unsigned sel = r->full ? 0 : r->modules;
-    if (((sel & GPT_RC_LAYERNORM) && !(m->rc_ln = act_alloc(m, act_n(m, Nl * C, m->act16), cnt))) ||
-        ((sel & GPT_RC_CORE_ATTN) && (!(m->rc_att = act_alloc(m, act_n(m, N * AH, m->act16), cnt)) ||
+    if (((sel & GPT_RC_LAYERNORM) && !(m->rc_ln = act_alloc(m, act_n(Nl * C, m->act16), cnt))) ||
+        ((sel & GPT_RC_CORE_ATTN) && (!(m->rc_att = act_alloc(m, act_n(N * AH, m->act16), cnt)) ||
                                       !(m->rc_lse = act_alloc(m, lseN, cnt)))) ||
         ((sel & GPT_RC_MLP) && any_dense &&
          (!(m->rc_fc1 = act_alloc(m, N * (size_t)gpt__fc1_local(m), cnt)) ||
-          !(m->rc_act = act_alloc(m, act_n(m, N * (size_t)m->Fl, m->act16_mlp), cnt)))))
+          !(m->rc_act = act_alloc(m, act_n(N * (size_t)m->Fl, m->act16_mlp), cnt)))))
         return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate the recomputation's scratch");
     int rc;
     if ((sel & GPT_RC_MOE) && any_moe && (rc = moe_add(m, &m->rc_moe, N))) return rc;

@@ -437,14 +437,13 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
         /* the GELU's backward fused into fc2's input product (a cuBLASLt epilogue on CUDA),
          * fc1's bias gradient with it: one tensor-parallel rank only */
         bool fused = !c->swiglu && o->linear_backward_dgelu && m->tp == 1 && t[FC1_B] >= 0;
-        if (fused && m->act16_mlp) {
-            linear_act_backward(m, NULL, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]),
-                                N, F, C);
-            o->linear_backward_dgelu(be, m->dbig, G(m, t[FC1_B]), dmlp, P(m, t[FC2_W]), P16(m, t[FC2_W]), a->fc1,
-                                     N, F, C);
-        } else if (fused) {
-            o->linear_backward(be, NULL, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
-                               P16(m, t[FC2_W]), N, F, C);
+        if (fused) {
+            if (m->act16_mlp)
+                linear_act_backward(m, NULL, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                                    P16(m, t[FC2_W]), N, F, C);
+            else
+                o->linear_backward(be, NULL, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                                   P16(m, t[FC2_W]), N, F, C);
             o->linear_backward_dgelu(be, m->dbig, G(m, t[FC1_B]), dmlp, P(m, t[FC2_W]), P16(m, t[FC2_W]), a->fc1,
                                      N, F, C);
         } else {
