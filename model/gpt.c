@@ -627,7 +627,7 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
             /* after MTP depths on an earlier stage the input is 1 + D streams */
             AA(sl->x_end, (d->mtp_in ? 1 + (size_t)D : 1) * Nl * C);
             if (gpt__has_final_norm(d)) {
-                AA(sl->lnf, Nl * C);
+                AA(sl->lnf, act_n(Nl * C, m->act16)); /* (the LM head's input: bf16 with act16) */
                 AA(sl->lnf_mean, Nl);
                 AA(sl->lnf_rstd, Nl);
             }

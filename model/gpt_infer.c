@@ -173,9 +173,8 @@ int gpt_kv_step(gpt_kv *kv, const int32_t *tokens, int n, bool all, const float 
     /* the head on the rows asked for: every one, or the last */
     int r0 = all ? 0 : n - 1, rows = n - r0;
     const float *xr = x + (size_t)r0 * C;
-    o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xr, gpt__norm_w(m, m->t_lnf_w), P(m, m->t_lnf_b), rows,
-                    C, c->norm_eps);
-    o->linear_forward(be, sl->logits, sl->lnf, P(m, m->t_lm), P16(m, m->t_lm), NULL, rows, C, Vp);
+    gpt__norm_act(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xr, gpt__norm_w(m, m->t_lnf_w), P(m, m->t_lnf_b), rows);
+    gpt__linear_act(m, sl->logits, sl->lnf, m->act16, P(m, m->t_lm), P16(m, m->t_lm), NULL, rows, C, Vp);
     o->sync(be);
     if (be->status) return be->status;
     kv->len = p0 + n;

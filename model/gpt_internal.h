@@ -74,7 +74,8 @@ typedef struct chunk_slot {
     layer_acts *acts;   /* [nlayers] */
     float *x_end;       /* [Nl,C] the stream after the last layer: the output for the next stage,
                            or on the head chunk the final norm's input; with no layers, the input */
-    float *lnf, *lnf_mean, *lnf_rstd;   /* the final norm's (gpt__has_final_norm): [Nl,C], [Nl], [Nl] */
+    float *lnf, *lnf_mean, *lnf_rstd;   /* the final norm's (gpt__has_final_norm): [Nl,C], [Nl], [Nl];
+                                           lnf kb_bf16 with bf16 activations (act16) */
     float *logits;      /* head: [N,Vl] */
     float *losses;      /* head: [N] */
     mtp_acts *mtp;      /* chunks running the MTP depths or (mtp_in) their losses: [mtp_layers]

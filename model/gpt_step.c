@@ -273,6 +273,33 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
     return be->status;
 }
 
+/* An injected silent corruption of one activation (resilience/inject.h): a bit of the final
+ * norm's output x[0..n), which the output layer and its gradients read: the first element from
+ * the injected index on below 1 in magnitude (a high exponent bit then turns it into a huge
+ * value instead of a tiny one). With bf16 activations x holds bf16, whose bit b - 16 is fp32's
+ * bit b (sign, exponent and the high mantissa; a lower bit flips bf16's bit b). */
+static void act_flip(gpt_model *m, float *x, size_t n) {
+    size_t i = m->act_flip_index % n;
+    int bit = m->act_flip_bit;
+    m->act_flip = false;
+    if (m->act16) {
+        kb_bf16 *h = gpt__a16(x);
+        for (size_t k = 0; k < n; k++, i = (i + 1) % n) {
+            uint32_t w = (uint32_t)h[i] << 16;
+            float f;
+            memcpy(&f, &w, sizeof f);
+            if (fabsf(f) < 1.0f) break;
+        }
+        h[i] ^= (kb_bf16)(1u << (bit >= 16 ? bit - 16 : bit));
+        return;
+    }
+    uint32_t u;
+    for (size_t k = 0; k < n && !(fabsf(x[i]) < 1.0f); k++) i = (i + 1) % n;
+    memcpy(&u, &x[i], sizeof u);
+    u ^= 1u << bit;
+    memcpy(&x[i], &u, sizeof u);
+}
+
 double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool train, uint64_t seed,
                          const float *dscale, float *losses) {
     const gpt_config *c = &m->cfg;
@@ -318,8 +345,8 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     }
     if (m->fwd_hook) m->fwd_hook(m->fwd_hook_ctx, GPT_HOOK_AFTER_LAYERS);
     if (gpt__has_final_norm(d))
-        o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, gpt__norm_w(m, m->t_lnf_w),
-                        P(m, m->t_lnf_b), Nl, C, c->norm_eps);
+        gpt__norm_act(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, gpt__norm_w(m, m->t_lnf_w), P(m, m->t_lnf_b),
+                      Nl);
     if (d->mtp && !d->head) {
         /* the MTP stage: the main final norm's output and (training) each depth's, on */
         if (train) {
@@ -337,23 +364,13 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
      * stage (which applied it) */
     float *lnf = d->mtp_in ? sl->x_end : sl->lnf;
     if (m->act_flip) {
-        /* an injected silent corruption of one activation (resilience/inject.h): the
-         * final norm's output, which the output layer and its gradients read */
-        uint32_t u;
-        size_t n = NlC, i = m->act_flip_index % n;
-        /* the first element from there below 1 in magnitude: a high exponent bit then
-         * turns it into a huge value instead of a tiny one */
         o->sync(be); /* the norm's output is written before the host reads it (CUDA) */
-        for (size_t k = 0; k < n && !(fabsf(lnf[i]) < 1.0f); k++) i = (i + 1) % n;
-        memcpy(&u, &lnf[i], sizeof u);
-        u ^= 1u << m->act_flip_bit;
-        memcpy(&lnf[i], &u, sizeof u);
-        m->act_flip = false;
+        act_flip(m, lnf, NlC);
     }
     const float *inf = lnf;
     if (sp) gpt__tp_allgather(m, m->gath, lnf, NlC), inf = m->gath;
     /* the output layer: column-parallel over the vocabulary */
-    o->linear_forward(be, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, V);
+    gpt__linear_act(m, sl->logits, inf, m->act16, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, V);
     if (!dscale) {
         o->sync(be); /* sampling: the logits stay readable by the host */
         return 0.0;
@@ -554,8 +571,11 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
         const float *lnf = d->mtp_in ? sl->x_end : sl->lnf;
         const float *inf = lnf;
         if (sp) gpt__tp_allgather(m, m->gath, lnf, NlC), inf = m->gath;
-        gpt__column_parallel_backward(m, G(m, m->t_lm), NULL, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C,
-                                      V);
+        if (m->act16)
+            linear_act_backward(m, m->dh, G(m, m->t_lm), NULL, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C, V);
+        else
+            gpt__column_parallel_backward(m, G(m, m->t_lm), NULL, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N,
+                                          C, V);
         if (d->mtp && m->mtp_dlnf) o->add(be, m->dh, m->dh, m->mtp_dlnf, NlC);
         if (d->mtp_in) {
             o->copy(be, m->dx, m->dh, NlC * sizeof(float)); /* the first stream's gradient */
