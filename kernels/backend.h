@@ -284,6 +284,31 @@ typedef struct kb_ops {
      * work (stream-ordered NCCL, comm.h's *_q operations) is queued in order with them;
      * NULL where operations finish before they return (CPU). */
     void *(*stream)(kb_backend *b);
+
+    /* ---- bf16 activations (CUDA in bf16 mode; NULL elsewhere: the model then keeps these
+     * activations in fp32 and the products round them per call). The activations that only
+     * products read (the norms' outputs before qkv and fc1, attention's output before the
+     * projection, the GELU's output before fc2) made in bf16 by the kernel that computes
+     * them (rounded once, to nearest even) and stored so; statistics (mean, rstd, lse), the
+     * GELU's pre-activation and every gradient stay fp32. Each is its fp32 counterpart with
+     * the activation's pointer kb_bf16: the bits a product reads are those the fp32 form's
+     * per-call rounding gives, so only the attention backward's rowsum(O * dO) and the bias
+     * gradients' inputs differ from the fp32-activation path (docs/gpu.md). ---- */
+    void (*norm_forward_bf16)(kb_backend *b, bool rms, kb_bf16 *out, float *mean, float *rstd, const float *in,
+                              const float *w, const float *bias, int N, int C, float eps);
+    void (*linear_forward_bf16)(kb_backend *b, float *out, const kb_bf16 *in, const float *W, const kb_bf16 *W16,
+                                const float *bias, int N, int IC, int OC);
+    void (*linear_backward_bf16)(kb_backend *b, float *din, float *dW, float *dbias, const float *dout,
+                                 const kb_bf16 *in, const float *W, const kb_bf16 *W16, int N, int IC, int OC);
+    /* as linear_gelu_forward with a bf16 input and output (bias may be NULL) */
+    void (*linear_gelu_forward_bf16)(kb_backend *b, kb_bf16 *out, float *pre, const kb_bf16 *in, const float *W,
+                                     const kb_bf16 *W16, const float *bias, int N, int IC, int OC);
+    void (*attention_forward_bf16)(kb_backend *b, kb_bf16 *out, float *lse, const float *qkv, const int32_t *seg,
+                                   int B, int T, int nh, int nkv, int hd, float p_drop, uint64_t seed,
+                                   uint64_t offset);
+    void (*attention_backward_bf16)(kb_backend *b, float *dqkv, const float *dout, const float *qkv,
+                                    const kb_bf16 *out, const float *lse, const int32_t *seg, int B, int T, int nh,
+                                    int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset);
 } kb_ops;
 
 struct kb_backend {

@@ -399,6 +399,26 @@ static float *act_alloc(gpt_model *m, size_t n, size_t *also) {
     return p;
 }
 
+/* The floats' worth of room for n activations: half with bf16 storage (gpt_internal.h act16) */
+static size_t act_n(size_t n, bool a16) {
+    return a16 ? (n + 1) / 2 : n;
+}
+
+/* Whether this model keeps bf16 activations (gpt_internal.h act16): the backend has the
+ * bf16 operations (CUDA in bf16 mode), one tensor and one context rank, dense layers only
+ * and no MTP depths (the paths that read these buffers as fp32: the collectives of tensor
+ * and context parallelism, the MoE layer's input, the MTP concatenation). */
+static void choose_act16(gpt_model *m) {
+    const gpt_config *c = &m->cfg;
+    const kb_ops *o = m->ops;
+    bool ok = m->be->opt.bf16 && !m->be->opt.fp16 && o->norm_forward_bf16 && o->linear_forward_bf16 &&
+              o->linear_backward_bf16 && o->linear_gelu_forward_bf16 && o->attention_forward_bf16 &&
+              o->attention_backward_bf16 && m->tp == 1 && m->cp == 1 && c->mtp_layers <= 0;
+    for (int l = 0; ok && l < c->num_layers; l++) ok = !gpt_layer_is_moe(c, l);
+    m->act16 = ok;
+    m->act16_mlp = m->act16 && !c->swiglu;
+}
+
 /* A MoE layer's state, kept in m->moes (which owns it). */
 static int moe_add(gpt_model *m, moe_layer **out, size_t N) {
     const gpt_config *c = &m->cfg;
@@ -423,11 +443,12 @@ static int layer_acts_new(gpt_model *m, layer_acts *a, bool dense, bool moe, siz
     struct {
         float **p;
         size_t n;
-    } b[] = {{&a->x_in, Nl * C}, {&a->ln1, ln ? 0 : Nl * C}, {&a->ln1_mean, Nl}, {&a->ln1_rstd, Nl},
-             {&a->qkv, N * (size_t)gpt__qkv_local(m)},      {&a->att, at ? 0 : N * AH}, {&a->lse, at ? 0 : lseN},
-             {&a->x_mid, Nl * C}, {&a->ln2, ln ? 0 : Nl * C}, {&a->ln2_mean, Nl}, {&a->ln2_rstd, Nl},
+    } b[] = {{&a->x_in, Nl * C}, {&a->ln1, ln ? 0 : act_n(Nl * C, m->act16)}, {&a->ln1_mean, Nl},
+             {&a->ln1_rstd, Nl}, {&a->qkv, N * (size_t)gpt__qkv_local(m)},
+             {&a->att, at ? 0 : act_n(N * AH, m->act16)}, {&a->lse, at ? 0 : lseN},
+             {&a->x_mid, Nl * C}, {&a->ln2, ln ? 0 : act_n(Nl * C, m->act16)}, {&a->ln2_mean, Nl}, {&a->ln2_rstd, Nl},
              {&a->fc1, dense && !mlp ? N * (size_t)gpt__fc1_local(m) : 0},
-             {&a->act, dense && !mlp ? N * (size_t)m->Fl : 0}};
+             {&a->act, dense && !mlp ? act_n(N * (size_t)m->Fl, m->act16_mlp) : 0}};
     a->owns_xin = a->owns_rest = true;
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         if (b[i].n && !(*b[i].p = act_alloc(m, b[i].n, count)))
@@ -476,10 +497,12 @@ static int recompute_scratch(gpt_model *m, size_t N, size_t Nl) {
     }
     size_t *cnt = &m->act_rc_bytes;
     unsigned sel = r->full ? 0 : r->modules;
-    if (((sel & GPT_RC_LAYERNORM) && !(m->rc_ln = act_alloc(m, Nl * C, cnt))) ||
-        ((sel & GPT_RC_CORE_ATTN) && (!(m->rc_att = act_alloc(m, N * AH, cnt)) || !(m->rc_lse = act_alloc(m, lseN, cnt)))) ||
-        ((sel & GPT_RC_MLP) && any_dense && (!(m->rc_fc1 = act_alloc(m, N * (size_t)gpt__fc1_local(m), cnt)) ||
-                                             !(m->rc_act = act_alloc(m, N * (size_t)m->Fl, cnt)))))
+    if (((sel & GPT_RC_LAYERNORM) && !(m->rc_ln = act_alloc(m, act_n(Nl * C, m->act16), cnt))) ||
+        ((sel & GPT_RC_CORE_ATTN) && (!(m->rc_att = act_alloc(m, act_n(N * AH, m->act16), cnt)) ||
+                                      !(m->rc_lse = act_alloc(m, lseN, cnt)))) ||
+        ((sel & GPT_RC_MLP) && any_dense &&
+         (!(m->rc_fc1 = act_alloc(m, N * (size_t)gpt__fc1_local(m), cnt)) ||
+          !(m->rc_act = act_alloc(m, act_n(N * (size_t)m->Fl, m->act16_mlp), cnt)))))
         return co_err_set(CO_ENOMEM, "gpt_new: cannot allocate the recomputation's scratch");
     int rc;
     if ((sel & GPT_RC_MOE) && any_moe && (rc = moe_add(m, &m->rc_moe, N))) return rc;
@@ -584,6 +607,7 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     }
 
     size_t N = (size_t)max_B * max_T;
+    choose_act16(m);
     /* rows of the token-wise activations: this rank's shard under sequence parallelism */
     size_t Nl = m->sp ? N / (size_t)tp : N;
 #define A(ptr, count) \
@@ -605,7 +629,7 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
             /* after MTP depths on an earlier stage the input is 1 + D streams */
             AA(sl->x_end, (d->mtp_in ? 1 + (size_t)D : 1) * Nl * C);
             if (gpt__has_final_norm(d)) {
-                AA(sl->lnf, Nl * C);
+                AA(sl->lnf, act_n(Nl * C, m->act16)); /* (the LM head's input: bf16 with act16) */
                 AA(sl->lnf_mean, Nl);
                 AA(sl->lnf_rstd, Nl);
             }
@@ -726,8 +750,11 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
 #undef A
 #undef AA
     if (m->tpr == 0) /* (the tensor group's ranks hold the same) */
-        co_log(CO_LOG_INFO, "activation memory: %zu bytes on this rank (layers %zu, recomputation scratch %zu)",
-               m->act_bytes, m->act_layer_bytes, m->act_rc_bytes);
+        co_log(CO_LOG_INFO, "activation memory: %zu bytes on this rank (layers %zu, recomputation scratch %zu)%s",
+               m->act_bytes, m->act_layer_bytes, m->act_rc_bytes,
+               m->act16_mlp ? "; the norms', attention's and GELU's outputs in bf16"
+               : m->act16   ? "; the norms' and attention's outputs in bf16"
+                            : "");
     *out = m;
     return 0;
 nomem:

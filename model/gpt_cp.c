@@ -61,6 +61,11 @@ static bool ring_of(gpt_model *m, int B, int T, ring_geo *g, ring_comm *rc, ring
 void gpt__attention_forward(gpt_model *m, float *att, float *lse, const float *qkv, const int32_t *seg, int B, int T,
                             float pa, uint64_t seed, uint64_t site) {
     if (m->be->status) return;
+    if (m->act16) { /* (cp 1) attention's output in bf16: gpt_internal.h act16 */
+        m->ops->attention_forward_bf16(m->be, gpt__a16(att), lse, qkv, seg, B, T, m->NHl, m->NKVl, m->cfg.head_dim, pa,
+                                       seed, site);
+        return;
+    }
     if (m->cp <= 1) {
         m->ops->attention_forward(m->be, att, lse, qkv, seg, B, T, m->NHl, m->NKVl, m->cfg.head_dim, pa, seed, site);
         return;
@@ -77,6 +82,11 @@ void gpt__attention_backward(gpt_model *m, float *dqkv, const float *datt, const
                              const float *lse, const int32_t *seg, int B, int T, float pa, uint64_t seed,
                              uint64_t site) {
     if (m->be->status) return;
+    if (m->act16) {
+        m->ops->attention_backward_bf16(m->be, dqkv, datt, qkv, (const kb_bf16 *)(const void *)att, lse, seg, B, T, m->NHl,
+                                        m->NKVl, m->cfg.head_dim, pa, seed, site);
+        return;
+    }
     if (m->cp <= 1) {
         m->ops->attention_backward(m->be, dqkv, datt, qkv, att, lse, seg, B, T, m->NHl, m->NKVl, m->cfg.head_dim, pa,
                                    seed, site);

@@ -112,9 +112,12 @@ static int layer_step(gpt_kv *kv, int l, float *x, int n, int p0) {
     int C = c->hidden, NH = c->heads, NKV = c->kv_groups, HD = c->head_dim, Q = (NH + 2 * NKV) * HD;
     int AH = NH * HD, F = c->ffn_hidden, F1 = c->swiglu ? 2 * F : F;
     size_t nC = (size_t)n * C;
-    o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, x, gpt__norm_w(m, t[LN1_W]), P(m, t[LN1_B]), n, C,
-                    c->norm_eps);
-    o->linear_forward(be, a->qkv, a->ln1, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), n, C, Q);
+    /* with bf16 activations (gpt_internal.h act16) the norms' outputs are bf16 as in training;
+     * attention's and the MLP's outputs go to the backward's fp32 scratch (datt, dffn), which
+     * the products round as the training forward's kernels do */
+    float *att = m->act16 ? m->datt : a->att, *act = m->act16_mlp ? m->dffn : a->act;
+    gpt__norm_act(m, a->ln1, a->ln1_mean, a->ln1_rstd, x, gpt__norm_w(m, t[LN1_W]), P(m, t[LN1_B]), n);
+    gpt__linear_act(m, a->qkv, a->ln1, m->act16, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), n, C, Q);
     if (c->rope) o->rope(be, a->qkv, kv->pos + p0, n, NH, NKV, HD, c->rotary_base, false);
     float *K = kv->k + ((size_t)l * kv->cap + (size_t)p0) * kv->kvw;
     float *V = kv->v + ((size_t)l * kv->cap + (size_t)p0) * kv->kvw;
@@ -125,12 +128,11 @@ static int layer_step(gpt_kv *kv, int l, float *x, int n, int p0) {
             V[(size_t)i * kv->kvw + d] = row[(size_t)AH + kv->kvw + d];
         }
     }
-    attend(kv, l, a->att, a->qkv, n, p0);
+    attend(kv, l, att, a->qkv, n, p0);
     float *tmp = m->tmp;
-    o->linear_forward(be, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), n, AH, C);
+    o->linear_forward(be, tmp, att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), n, AH, C);
     o->add(be, a->x_mid, x, tmp, nC);
-    o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, gpt__norm_w(m, t[LN2_W]), P(m, t[LN2_B]), n,
-                    C, c->norm_eps);
+    gpt__norm_act(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, gpt__norm_w(m, t[LN2_W]), P(m, t[LN2_B]), n);
     if (a->moe) {
         /* the router decides per token: one sequence of this step's n tokens */
         moe_set_training(a->moe, false);
@@ -138,10 +140,10 @@ static int layer_step(gpt_kv *kv, int l, float *x, int n, int p0) {
         int rc = moe_forward(a->moe, tmp, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), 1, n);
         if (rc) return be->status = rc;
     } else {
-        o->linear_forward(be, a->fc1, a->ln2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), n, C, F1);
-        if (c->swiglu) o->swiglu_forward(be, a->act, a->fc1, n, F);
-        else o->gelu_forward(be, a->act, a->fc1, (size_t)n * F);
-        o->linear_forward(be, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), n, F, C);
+        gpt__linear_act(m, a->fc1, a->ln2, m->act16, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), n, C, F1);
+        if (c->swiglu) o->swiglu_forward(be, act, a->fc1, n, F);
+        else o->gelu_forward(be, act, a->fc1, (size_t)n * F);
+        o->linear_forward(be, tmp, act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), n, F, C);
     }
     o->add(be, x, a->x_mid, tmp, nC);
     return be->status;
@@ -171,9 +173,8 @@ int gpt_kv_step(gpt_kv *kv, const int32_t *tokens, int n, bool all, const float 
     /* the head on the rows asked for: every one, or the last */
     int r0 = all ? 0 : n - 1, rows = n - r0;
     const float *xr = x + (size_t)r0 * C;
-    o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xr, gpt__norm_w(m, m->t_lnf_w), P(m, m->t_lnf_b), rows,
-                    C, c->norm_eps);
-    o->linear_forward(be, sl->logits, sl->lnf, P(m, m->t_lm), P16(m, m->t_lm), NULL, rows, C, Vp);
+    gpt__norm_act(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, xr, gpt__norm_w(m, m->t_lnf_w), P(m, m->t_lnf_b), rows);
+    gpt__linear_act(m, sl->logits, sl->lnf, m->act16, P(m, m->t_lm), P16(m, m->t_lm), NULL, rows, C, Vp);
     o->sync(be);
     if (be->status) return be->status;
     kv->len = p0 + n;

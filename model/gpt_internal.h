@@ -24,6 +24,9 @@ enum { MTP_EN_W, MTP_EN_B, MTP_HN_W, MTP_HN_B, MTP_EH_W, MTP_FN_W, MTP_FN_B, MTP
 
 /* One layer's saved activations for one micro batch (N = B*T rows; Nl = N/tp under
  * sequence parallelism, else N). */
+/* With bf16 activations (gpt_model.act16) ln1, ln2 and att, and act where act16_mlp, hold
+ * kb_bf16 elements (half the bytes; typed float * still, read through gpt__a16) which only
+ * the backend's *_bf16 operations touch. */
 typedef struct layer_acts {
     float *x_in;        /* [Nl,C] residual stream entering the layer */
     float *ln1, *ln1_mean, *ln1_rstd;   /* [Nl,C], [Nl], [Nl] */
@@ -71,7 +74,8 @@ typedef struct chunk_slot {
     layer_acts *acts;   /* [nlayers] */
     float *x_end;       /* [Nl,C] the stream after the last layer: the output for the next stage,
                            or on the head chunk the final norm's input; with no layers, the input */
-    float *lnf, *lnf_mean, *lnf_rstd;   /* the final norm's (gpt__has_final_norm): [Nl,C], [Nl], [Nl] */
+    float *lnf, *lnf_mean, *lnf_rstd;   /* the final norm's (gpt__has_final_norm): [Nl,C], [Nl], [Nl];
+                                           lnf kb_bf16 with bf16 activations (act16) */
     float *logits;      /* head: [N,Vl] */
     float *losses;      /* head: [N] */
     mtp_acts *mtp;      /* chunks running the MTP depths or (mtp_in) their losses: [mtp_layers]
@@ -169,6 +173,10 @@ struct gpt_model {
      * copied into backend buffers each forward, and losses come back through host_losses.
      * host_batch (CPU): the caller's arrays are used as they are. */
     bool host_batch;
+    /* bf16 activations (backend.h's *_bf16 operations, CUDA in bf16 mode): the norms' outputs
+     * and attention's output stored in bf16 (act16), the GELU's output too (act16_mlp: GELU
+     * layers); at tp 1 and cp 1 without MoE layers or MTP depths, fp32 elsewhere */
+    bool act16, act16_mlp;
     /* mixture of experts */
     float aux_loss_scale;
     float mtp_tok_w; /* --calculate-per-token-loss's MTP token weight, < 0: none */
@@ -291,6 +299,14 @@ uint64_t gpt__tp_seed(const gpt_model *m, uint64_t seed);
 
 /* ---- gpt_cp.c: attention of one layer, the one-rank kernel at cp 1, the ring over the
  * context group at cp > 1 (errors go to the backend's sticky status) ---- */
+/* bf16 activations: a buffer of layer_acts holding kb_bf16 (gpt_model.act16) */
+static inline kb_bf16 *gpt__a16(float *p) { return (kb_bf16 *)(void *)p; }
+/* A norm whose output only products read (the layers' two norms): bf16 with act16 */
+void gpt__norm_act(gpt_model *m, float *out, float *mean, float *rstd, const float *in, const float *w,
+                   const float *bias, int N);
+/* out = in W^T + bias at tp 1 for an activation in's buffer (bf16 when a16) */
+void gpt__linear_act(gpt_model *m, float *out, const float *in, bool a16, const float *W, const kb_bf16 *W16,
+                     const float *bias, int N, int IC, int OC);
 void gpt__attention_forward(gpt_model *m, float *att, float *lse, const float *qkv, const int32_t *seg, int B, int T,
                             float pa, uint64_t seed, uint64_t site);
 /* Hidden dropout of this rank's Nl token rows (rows r0.. of the batch's local tokens, r0 =

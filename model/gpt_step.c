@@ -157,6 +157,29 @@ void gpt__cross_entropy(gpt_model *m, float *losses, float *logits, const int32_
     o->ce_grad(be, losses, logits, m->ce_mx, m->ce_sums, targets, dscale, m->v0, m->cfg.padded_vocab, N, V);
 }
 
+/* bf16 activations (gpt_internal.h act16): the layers' norm outputs, attention's output and
+ * the GELU's output are made and kept in bf16 by the backend's *_bf16 operations, which
+ * every reader of those buffers below goes through; act16 holds only at tp 1 (no
+ * collectives on them), so the products are the one-rank ones. */
+void gpt__norm_act(gpt_model *m, float *out, float *mean, float *rstd, const float *in, const float *w,
+                   const float *bias, int N) {
+    const gpt_config *c = &m->cfg;
+    if (m->act16)
+        m->ops->norm_forward_bf16(m->be, c->rmsnorm, gpt__a16(out), mean, rstd, in, w, bias, N, c->hidden, c->norm_eps);
+    else m->ops->norm_forward(m->be, c->rmsnorm, out, mean, rstd, in, w, bias, N, c->hidden, c->norm_eps);
+}
+
+void gpt__linear_act(gpt_model *m, float *out, const float *in, bool a16, const float *W, const kb_bf16 *W16,
+                     const float *bias, int N, int IC, int OC) {
+    if (a16) m->ops->linear_forward_bf16(m->be, out, (const kb_bf16 *)(const void *)in, W, W16, bias, N, IC, OC);
+    else m->ops->linear_forward(m->be, out, in, W, W16, bias, N, IC, OC);
+}
+
+static void linear_act_backward(gpt_model *m, float *din, float *dW, float *dbias, const float *dout, const float *in,
+                                const float *W, const kb_bf16 *W16, int N, int IC, int OC) {
+    m->ops->linear_backward_bf16(m->be, din, dW, dbias, dout, (const kb_bf16 *)(const void *)in, W, W16, N, IC, OC);
+}
+
 /* fc1 and its activation: act = gelu(in2 W1^T + b1) (fused: a cuBLASLt epilogue on CUDA, the
  * pre-activation kept in fc1 for the backward) or swiglu / gelu after the product */
 static void gpt__fc1_forward(gpt_model *m, layer_acts *a, const float *in2, const int *t, int N) {
@@ -164,6 +187,16 @@ static void gpt__fc1_forward(gpt_model *m, layer_acts *a, const float *in2, cons
     const kb_ops *o = m->ops;
     kb_backend *be = m->be;
     int C = c->hidden, F = m->Fl, F1 = gpt__fc1_local(m);
+    if (m->act16_mlp) { /* bf16 in, bf16 GELU out, the pre-activation fp32 */
+        o->linear_gelu_forward_bf16(be, gpt__a16(a->act), a->fc1, (const kb_bf16 *)(const void *)in2, P(m, t[FC1_W]),
+                                    P16(m, t[FC1_W]), t[FC1_B] >= 0 ? P(m, t[FC1_B]) : NULL, N, C, F1);
+        return;
+    }
+    if (m->act16) { /* SwiGLU: bf16 in, fp32 out */
+        gpt__linear_act(m, a->fc1, in2, true, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
+        o->swiglu_forward(be, a->act, a->fc1, N, F);
+        return;
+    }
     if (!c->swiglu && o->linear_gelu_forward && t[FC1_B] >= 0) {
         o->linear_gelu_forward(be, a->act, a->fc1, in2, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
         return;
@@ -188,21 +221,20 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
     float ph = train ? c->hidden_dropout : 0.0f, pa = train ? c->attention_dropout : 0.0f;
-    o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, gpt__norm_w(m, t[LN1_W]),
-                    P(m, t[LN1_B]), Nl, C, c->norm_eps);
+    gpt__norm_act(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, gpt__norm_w(m, t[LN1_W]), P(m, t[LN1_B]), Nl);
     /* column-parallel qkv (its input all-gathered under sequence parallelism) */
     const float *in1 = a->ln1;
     if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
-    o->linear_forward(be, a->qkv, in1, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), N, C, Q);
+    gpt__linear_act(m, a->qkv, in1, m->act16, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), N, C, Q);
     if (c->rope) o->rope(be, a->qkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, false);
     gpt__attention_forward(m, a->att, a->lse, a->qkv, x_b.seg, B, T, pa, gpt__tp_seed(m, seed), site(l, 1));
     /* row-parallel proj: x_mid = x_in + dropout(sum over the group of att Wproj^T, + b) */
     float *tmp = m->tmp;
-    gpt__row_parallel_forward(m, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, Nl);
+    if (m->act16) gpt__linear_act(m, tmp, a->att, true, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, C);
+    else gpt__row_parallel_forward(m, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, Nl);
     if (ph > 0) gpt__dropout_rows(m, x_b.rows, N * m->cp, tmp, tmp, Nl, ph, seed, site(l, 2));
     o->add(be, a->x_mid, a->x_in, tmp, NlC);
-    o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, gpt__norm_w(m, t[LN2_W]),
-                    P(m, t[LN2_B]), Nl, C, c->norm_eps);
+    gpt__norm_act(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, gpt__norm_w(m, t[LN2_W]), P(m, t[LN2_B]), Nl);
     if (a->moe) {
         /* a MoE layer: router, experts, shared expert over the normed tokens; under sequence
          * parallelism this rank's Nl of the batch's N with the whole weights (the layer's
@@ -233,11 +265,39 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
         const float *in2 = a->ln2;
         if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
         gpt__fc1_forward(m, a, in2, t, N);
-        gpt__row_parallel_forward(m, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, Nl);
+        if (m->act16_mlp) gpt__linear_act(m, tmp, a->act, true, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, C);
+        else gpt__row_parallel_forward(m, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, Nl);
     }
     if (ph > 0) gpt__dropout_rows(m, x_b.rows, N * m->cp, tmp, tmp, Nl, ph, seed, site(l, 3));
     o->add(be, x_out, a->x_mid, tmp, NlC);
     return be->status;
+}
+
+/* An injected silent corruption of one activation (resilience/inject.h): a bit of the final
+ * norm's output x[0..n), which the output layer and its gradients read: the first element from
+ * the injected index on below 1 in magnitude (a high exponent bit then turns it into a huge
+ * value instead of a tiny one). With bf16 activations x holds bf16, whose bit b - 16 is fp32's
+ * bit b (sign, exponent and the high mantissa; a lower bit flips bf16's bit b). */
+static void act_flip(gpt_model *m, float *x, size_t n) {
+    size_t i = m->act_flip_index % n;
+    int bit = m->act_flip_bit;
+    m->act_flip = false;
+    if (m->act16) {
+        kb_bf16 *h = gpt__a16(x);
+        for (size_t k = 0; k < n; k++, i = (i + 1) % n) {
+            uint32_t w = (uint32_t)h[i] << 16;
+            float f;
+            memcpy(&f, &w, sizeof f);
+            if (fabsf(f) < 1.0f) break;
+        }
+        h[i] ^= (kb_bf16)(1u << (bit >= 16 ? bit - 16 : bit));
+        return;
+    }
+    uint32_t u;
+    for (size_t k = 0; k < n && !(fabsf(x[i]) < 1.0f); k++) i = (i + 1) % n;
+    memcpy(&u, &x[i], sizeof u);
+    u ^= 1u << bit;
+    memcpy(&x[i], &u, sizeof u);
 }
 
 double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool train, uint64_t seed,
@@ -285,8 +345,8 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     }
     if (m->fwd_hook) m->fwd_hook(m->fwd_hook_ctx, GPT_HOOK_AFTER_LAYERS);
     if (gpt__has_final_norm(d))
-        o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, gpt__norm_w(m, m->t_lnf_w),
-                        P(m, m->t_lnf_b), Nl, C, c->norm_eps);
+        gpt__norm_act(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, gpt__norm_w(m, m->t_lnf_w), P(m, m->t_lnf_b),
+                      Nl);
     if (d->mtp && !d->head) {
         /* the MTP stage: the main final norm's output and (training) each depth's, on */
         if (train) {
@@ -304,23 +364,13 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
      * stage (which applied it) */
     float *lnf = d->mtp_in ? sl->x_end : sl->lnf;
     if (m->act_flip) {
-        /* an injected silent corruption of one activation (resilience/inject.h): the
-         * final norm's output, which the output layer and its gradients read */
-        uint32_t u;
-        size_t n = NlC, i = m->act_flip_index % n;
-        /* the first element from there below 1 in magnitude: a high exponent bit then
-         * turns it into a huge value instead of a tiny one */
         o->sync(be); /* the norm's output is written before the host reads it (CUDA) */
-        for (size_t k = 0; k < n && !(fabsf(lnf[i]) < 1.0f); k++) i = (i + 1) % n;
-        memcpy(&u, &lnf[i], sizeof u);
-        u ^= 1u << m->act_flip_bit;
-        memcpy(&lnf[i], &u, sizeof u);
-        m->act_flip = false;
+        act_flip(m, lnf, NlC);
     }
     const float *inf = lnf;
     if (sp) gpt__tp_allgather(m, m->gath, lnf, NlC), inf = m->gath;
     /* the output layer: column-parallel over the vocabulary */
-    o->linear_forward(be, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, V);
+    gpt__linear_act(m, sl->logits, inf, m->act16, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, V);
     if (!dscale) {
         o->sync(be); /* sampling: the logits stay readable by the host */
         return 0.0;
@@ -350,14 +400,12 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
  * same values. 0, or the backend's status. */
 static int recompute_mlp_side(gpt_model *m, layer_acts *a, int l, int B, int T) {
     const gpt_config *c = &m->cfg;
-    const kb_ops *o = m->ops;
     kb_backend *be = m->be;
     const int *t = &m->t_layer[l * NLAYER_T];
     int N = B * T, C = c->hidden;
     int Nl = m->sp ? N / m->tp : N;
     if (a->sel & GPT_RC_LAYERNORM)
-        o->norm_forward(be, c->rmsnorm, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, gpt__norm_w(m, t[LN2_W]), P(m, t[LN2_B]),
-                        Nl, C, c->norm_eps);
+        gpt__norm_act(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, gpt__norm_w(m, t[LN2_W]), P(m, t[LN2_B]), Nl);
     if (a->moe && (a->sel & GPT_RC_MOE)) {
         moe_set_training(a->moe, true);
         gpt__moe_bind(m, t, a->moe);
@@ -407,20 +455,32 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
          * fc1's bias gradient with it: one tensor-parallel rank only */
         bool fused = !c->swiglu && o->linear_backward_dgelu && m->tp == 1 && t[FC1_B] >= 0;
         if (fused) {
-            o->linear_backward(be, NULL, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
-                               P16(m, t[FC2_W]), N, F, C);
+            if (m->act16_mlp)
+                linear_act_backward(m, NULL, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                                    P16(m, t[FC2_W]), N, F, C);
+            else
+                o->linear_backward(be, NULL, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                                   P16(m, t[FC2_W]), N, F, C);
             o->linear_backward_dgelu(be, m->dbig, G(m, t[FC1_B]), dmlp, P(m, t[FC2_W]), P16(m, t[FC2_W]), a->fc1,
                                      N, F, C);
         } else {
-            gpt__row_parallel_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
-                                       P16(m, t[FC2_W]), N, F, Nl);
+            if (m->act16_mlp)
+                linear_act_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                                    P16(m, t[FC2_W]), N, F, C);
+            else
+                gpt__row_parallel_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
+                                           P16(m, t[FC2_W]), N, F, Nl);
             if (c->swiglu) o->swiglu_backward(be, m->dbig, m->dffn, a->fc1, N, F);
             else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
         }
         const float *in2 = a->ln2;
         if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
-        gpt__column_parallel_backward(m, G(m, t[FC1_W]), fused ? NULL : G(m, t[FC1_B]), m->dbig, in2,
-                                      P(m, t[FC1_W]), P16(m, t[FC1_W]), N, C, F1);
+        if (m->act16)
+            linear_act_backward(m, m->dh, G(m, t[FC1_W]), fused ? NULL : G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]),
+                                P16(m, t[FC1_W]), N, C, F1);
+        else
+            gpt__column_parallel_backward(m, G(m, t[FC1_W]), fused ? NULL : G(m, t[FC1_B]), m->dbig, in2,
+                                          P(m, t[FC1_W]), P16(m, t[FC1_W]), N, C, F1);
     }
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN2_W]), G(m, t[LN2_B]), m->dh, a->x_mid,
                      gpt__norm_w(m, t[LN2_W]), a->ln2_mean, a->ln2_rstd, Nl, C);
@@ -433,19 +493,26 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
     /* selective core_attn: attention's output and log-sum-exp again from the kept qkv */
     if (a->sel & GPT_RC_CORE_ATTN)
         gpt__attention_forward(m, a->att, a->lse, a->qkv, x_b.seg, B, T, pa, gpt__tp_seed(m, seed), site(l, 1));
-    gpt__row_parallel_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
-                               P16(m, t[PROJ_W]), N, AH, Nl);
+    if (m->act16)
+        linear_act_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
+                            P16(m, t[PROJ_W]), N, AH, C);
+    else
+        gpt__row_parallel_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
+                                   P16(m, t[PROJ_W]), N, AH, Nl);
     gpt__attention_backward(m, m->dqkv, m->datt, a->qkv, a->att, a->lse, x_b.seg, B, T, pa, gpt__tp_seed(m, seed),
                             site(l, 1));
     if (c->rope) o->rope(be, m->dqkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, true);
     /* selective layernorm: the first norm's output again (the shared buffer held the second's) */
     if (a->sel & GPT_RC_LAYERNORM)
-        o->norm_forward(be, c->rmsnorm, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, gpt__norm_w(m, t[LN1_W]), P(m, t[LN1_B]),
-                        Nl, C, c->norm_eps);
+        gpt__norm_act(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, gpt__norm_w(m, t[LN1_W]), P(m, t[LN1_B]), Nl);
     const float *in1 = a->ln1;
     if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
-    gpt__column_parallel_backward(m, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
-                                  P16(m, t[QKV_W]), N, C, Q);
+    if (m->act16)
+        linear_act_backward(m, m->dh, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]), P16(m, t[QKV_W]),
+                            N, C, Q);
+    else
+        gpt__column_parallel_backward(m, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
+                                      P16(m, t[QKV_W]), N, C, Q);
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN1_W]), G(m, t[LN1_B]), m->dh, a->x_in, gpt__norm_w(m, t[LN1_W]),
                      a->ln1_mean, a->ln1_rstd, Nl, C);
     return be->status;
@@ -504,8 +571,11 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
         const float *lnf = d->mtp_in ? sl->x_end : sl->lnf;
         const float *inf = lnf;
         if (sp) gpt__tp_allgather(m, m->gath, lnf, NlC), inf = m->gath;
-        gpt__column_parallel_backward(m, G(m, m->t_lm), NULL, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C,
-                                      V);
+        if (m->act16)
+            linear_act_backward(m, m->dh, G(m, m->t_lm), NULL, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C, V);
+        else
+            gpt__column_parallel_backward(m, G(m, m->t_lm), NULL, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N,
+                                          C, V);
         if (d->mtp && m->mtp_dlnf) o->add(be, m->dh, m->dh, m->mtp_dlnf, NlC);
         if (d->mtp_in) {
             o->copy(be, m->dx, m->dh, NlC * sizeof(float)); /* the first stream's gradient */

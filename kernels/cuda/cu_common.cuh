@@ -37,6 +37,7 @@ enum { CU_SCR_A16 = 0, CU_SCR_B16, CU_SCR_W16, CU_SCR_ATT, CU_SCR_MISC, CU_SCR_R
 typedef struct cu_mm {
     // key
     int m, n, k, ta, tb, bf16, epi_bias, beta1, align, bias_align; // bf16: the inputs' type (CU_MM_*)
+    int out16; // C and D bf16 (the fused GELU product's bf16 output)
     // value
     int ok;  // 1: algo valid; 0: build failed (the caller falls back)
     cublasLtMatmulDesc_t desc;
@@ -127,6 +128,12 @@ __device__ __forceinline__ uint16_t cu_f2bf(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
+
+// a kernel's output element: fp32 as it is, or (bf16 activations) rounded once to bf16
+__device__ __forceinline__ void cu_put(float *p, float v) { *p = v; }
+__device__ __forceinline__ void cu_put(uint16_t *p, float v) { *p = cu_f2bf(v); }
+__device__ __forceinline__ float cu_get(const float *p) { return *p; }
+__device__ __forceinline__ float cu_get(const uint16_t *p) { return __uint_as_float((uint32_t)*p << 16); }
 
 // fp16 round-to-nearest-even (as __float2half_rn: from 65520 on Inf), NaN stays NaN -- cpu_f2h,
 // spelled in integer operations so that the stand-in's CPU build gives the same bits
@@ -241,14 +248,17 @@ void cu_attention_backward(kb_backend *b, float *dqkv, const float *dout, const 
                            float p_drop, uint64_t seed, uint64_t offset);
 // the attention backward's D = rowsum(O * dO) in its scratch, with room for dK and dV unless
 // direct (cuda_attention.cu; the fp32 and the tensor-core backward share it)
-float *cu_attention_dsum(kb_backend *b, const float *out, const float *dout, int B, int T, int nh, int hd,
-                         bool direct);
+// (out16: O in bf16, out NULL then)
+float *cu_attention_dsum(kb_backend *b, const float *out, const uint16_t *out16, const float *dout, int B, int T,
+                         int nh, int hd, bool direct);
 // attention on tensor cores (cuda_flash.cu): bf16 mode, head dimension 64 or 128
 bool cu_flash_usable(const kb_backend *b, int B, int nh, int hd);
-void cu_flash_forward(kb_backend *b, float *out, float *lse, const float *qkv, const int32_t *seg, int B, int T,
+// (OT float, or uint16_t: the output in bf16; out16 likewise the backward's O in bf16)
+template <typename OT>
+void cu_flash_forward(kb_backend *b, OT *out, float *lse, const float *qkv, const int32_t *seg, int B, int T,
                       int nh, int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset);
 void cu_flash_backward(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const float *out,
-                       const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd, float p_drop,
+                       const uint16_t *out16, const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd, float p_drop,
                        uint64_t seed, uint64_t offset);
 // block attention (backend.h; context parallelism's ring attention, cuda_cp.cu)
 void cu_block_attention_forward(kb_backend *b, const kb_block_attn *a, float *out, float *lse);
@@ -269,6 +279,22 @@ void cu_norm_backward(kb_backend *b, bool rms, float *din, float *dw, float *dbi
 void cu_rope(kb_backend *b, float *qkv, const int32_t *pos, int N, int nh, int nkv, int hd, float base,
              bool inverse);
 void cu_gelu_forward(kb_backend *b, float *out, const float *in, size_t n);
+// bf16 activations (backend.h: *_bf16; bf16 mode): outputs rounded once to bf16 by the kernel
+// that makes them, bf16 activation operands read as they are
+void cu_norm_forward_bf16(kb_backend *b, bool rms, kb_bf16 *out, float *mean, float *rstd, const float *in,
+                          const float *w, const float *bias, int N, int C, float eps);
+void cu_gelu_forward_bf16(kb_backend *b, kb_bf16 *out, const float *in, size_t n);
+void cu_linear_forward_bf16(kb_backend *b, float *out, const kb_bf16 *in, const float *W, const kb_bf16 *W16,
+                            const float *bias, int N, int IC, int OC);
+void cu_linear_backward_bf16(kb_backend *b, float *din, float *dW, float *dbias, const float *dout,
+                             const kb_bf16 *in, const float *W, const kb_bf16 *W16, int N, int IC, int OC);
+void cu_linear_gelu_forward_bf16(kb_backend *b, kb_bf16 *out, float *pre, const kb_bf16 *in, const float *W,
+                                 const kb_bf16 *W16, const float *bias, int N, int IC, int OC);
+void cu_attention_forward_bf16(kb_backend *b, kb_bf16 *out, float *lse, const float *qkv, const int32_t *seg, int B,
+                               int T, int nh, int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset);
+void cu_attention_backward_bf16(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const kb_bf16 *out,
+                                const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd,
+                                float p_drop, uint64_t seed, uint64_t offset);
 void cu_gelu_backward(kb_backend *b, float *din, const float *dout, const float *in, size_t n);
 void cu_swiglu_forward(kb_backend *b, float *out, const float *in, int N, int F);
 void cu_swiglu_backward(kb_backend *b, float *din, const float *dout, const float *in, int N, int F);

@@ -50,8 +50,8 @@ __device__ __forceinline__ void load_tile(P S, const float *base, size_t stride,
     }
 }
 
-template <int E>
-__global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(float *__restrict__ out, float *__restrict__ lse,
+template <int E, typename OT> // OT: the output's type, float or uint16_t (bf16 activations)
+__global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(OT *__restrict__ out, float *__restrict__ lse,
                                                           const float *__restrict__ qkv, att_args a) {
     extern __shared__ float sm[];
     auto Ks = sm + 0, Vs = sm + ATT_ROWS * a.hd, Ps = sm + 2 * ATT_ROWS * a.hd; // float * (auto: tests/cudasim)
@@ -122,17 +122,18 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attn_fwd(float *__restrict__ ou
     }
     if (!live) return;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    float *orow = out + ((size_t)b * T + t) * (size_t)(nh * hd) + (size_t)h * hd;
+    OT *orow = out + ((size_t)b * T + t) * (size_t)(nh * hd) + (size_t)h * hd;
 #pragma unroll
     for (int e = 0; e < E; e++) {
         int d = u + 4 * e;
-        if (d < hd) orow[d] = o[e] * inv;
+        if (d < hd) cu_put(&orow[d], o[e] * inv);
     }
     if (u == 0) lse[((size_t)b * nh + h) * T + t] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
-// D[(b nh + h) T + t] = sum_d O * dO, one warp per row
-__global__ void k_attn_dsum(float *__restrict__ D, const float *__restrict__ out, const float *__restrict__ dout,
+// D[(b nh + h) T + t] = sum_d O * dO, one warp per row (O fp32, or bf16 as the forward stored it)
+template <typename OT>
+__global__ void k_attn_dsum(float *__restrict__ D, const OT *__restrict__ out, const float *__restrict__ dout,
                             int B, int T, int nh, int hd) {
     size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
@@ -140,9 +141,10 @@ __global__ void k_attn_dsum(float *__restrict__ D, const float *__restrict__ out
     // row enumerates (b, t, h) so the reads are contiguous
     size_t bt = row / (size_t)nh;
     int h = (int)(row % (size_t)nh);
-    const float *o = out + bt * (size_t)nh * hd + (size_t)h * hd, *g = dout + bt * (size_t)nh * hd + (size_t)h * hd;
+    const OT *o = out + bt * (size_t)nh * hd + (size_t)h * hd;
+    const float *g = dout + bt * (size_t)nh * hd + (size_t)h * hd;
     float s = 0.0f;
-    for (int d = lane; d < hd; d += 32) s += o[d] * g[d];
+    for (int d = lane; d < hd; d += 32) s += cu_get(&o[d]) * g[d];
     for (int k = 16; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
     if (lane == 0) {
         size_t b = bt / (size_t)T, t = bt % (size_t)T;
@@ -153,13 +155,14 @@ __global__ void k_attn_dsum(float *__restrict__ D, const float *__restrict__ out
 // The backward's scratch (CU_SCR_ATT): D[B nh T] = rowsum(O * dO), queued, then (unless direct:
 // one query head per key head) room for dK and dV per query head. NULL after an error (the
 // backend's status set).
-float *cu_attention_dsum(kb_backend *b, const float *out, const float *dout, int B, int T, int nh, int hd,
-                         bool direct) {
+float *cu_attention_dsum(kb_backend *b, const float *out, const uint16_t *out16, const float *dout, int B, int T,
+                         int nh, int hd, bool direct) {
     const size_t rows = (size_t)B * nh * T;
     size_t need = rows * sizeof(float) + (direct ? 0 : 2 * rows * (size_t)hd * sizeof(float));
     float *D = (float *)cu_scratch(b, CU_SCR_ATT, need, "attention_backward");
     if (!D) return NULL;
-    k_attn_dsum<<<cu_blocks(rows, 8, 0x7fffffff), 256, 0, cu_st(b)->stream>>>(D, out, dout, B, T, nh, hd);
+    if (out16) k_attn_dsum<uint16_t><<<cu_blocks(rows, 8, 0x7fffffff), 256, 0, cu_st(b)->stream>>>(D, out16, dout, B, T, nh, hd);
+    else k_attn_dsum<float><<<cu_blocks(rows, 8, 0x7fffffff), 256, 0, cu_st(b)->stream>>>(D, out, dout, B, T, nh, hd);
     return cu_launched(b, "attention_backward (D)") ? NULL : D;
 }
 
@@ -361,11 +364,11 @@ static bool att_setup(kb_backend *b, att_args *a, const int32_t *seg, int B, int
     return true;
 }
 
-template <int E>
-static void fwd_launch(kb_backend *b, float *out, float *lse, const float *qkv, const att_args &a) {
+template <int E, typename OT>
+static void fwd_launch(kb_backend *b, OT *out, float *lse, const float *qkv, const att_args &a) {
     dim3 grid((unsigned)((a.T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)(a.B * a.nh));
     size_t sh = (2 * (size_t)ATT_ROWS * a.hd + (size_t)ATT_ROWS * (ATT_ROWS + 1)) * sizeof(float);
-    k_attn_fwd<E><<<grid, ATT_THREADS, sh, cu_st(b)->stream>>>(out, lse, qkv, a);
+    k_attn_fwd<E, OT><<<grid, ATT_THREADS, sh, cu_st(b)->stream>>>(out, lse, qkv, a);
 }
 
 template <int E>
@@ -380,8 +383,9 @@ static void bwd_launch(kb_backend *b, float *dqkv, float *dk, float *dv, size_t 
     cu_launched(b, "attention_backward (dk, dv)");
 }
 
-void cu_attention_forward(kb_backend *b, float *out, float *lse, const float *qkv, const int32_t *seg, int B, int T,
-                          int nh, int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset) {
+template <typename OT>
+static void att_fwd(kb_backend *b, OT *out, float *lse, const float *qkv, const int32_t *seg, int B, int T, int nh,
+                    int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset) {
     if (!cu_enter(b) || B <= 0 || T <= 0 || nh <= 0 || hd <= 0) return;
     if (cu_flash_usable(b, B, nh, hd)) { // bf16 mode: tensor cores (cuda_flash.cu)
         cu_flash_forward(b, out, lse, qkv, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
@@ -397,19 +401,31 @@ void cu_attention_forward(kb_backend *b, float *out, float *lse, const float *qk
     cu_launched(b, "attention_forward");
 }
 
-void cu_attention_backward(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const float *out,
-                           const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd, float p_drop,
-                           uint64_t seed, uint64_t offset) {
+void cu_attention_forward(kb_backend *b, float *out, float *lse, const float *qkv, const int32_t *seg, int B, int T,
+                          int nh, int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset) {
+    att_fwd(b, out, lse, qkv, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
+}
+
+// bf16 activations: the output rounded to bf16 as it is written (the fp32 or the tensor-core kernels)
+void cu_attention_forward_bf16(kb_backend *b, kb_bf16 *out, float *lse, const float *qkv, const int32_t *seg, int B,
+                               int T, int nh, int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset) {
+    att_fwd(b, out, lse, qkv, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
+}
+
+// out16: the forward's output in bf16 (bf16 activations; out NULL then)
+static void att_bwd(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const float *out,
+                    const uint16_t *out16, const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd,
+                    float p_drop, uint64_t seed, uint64_t offset) {
     if (!cu_enter(b) || B <= 0 || T <= 0 || nh <= 0 || hd <= 0) return;
     if (cu_flash_usable(b, B, nh, hd)) {
-        cu_flash_backward(b, dqkv, dout, qkv, out, lse, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
+        cu_flash_backward(b, dqkv, dout, qkv, out, out16, lse, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
         return;
     }
     att_args a;
     if (!att_setup(b, &a, seg, B, T, nh, nkv, hd, p_drop, seed, offset, "attention_backward")) return;
     const size_t rows = (size_t)B * nh * T;
     const bool direct = a.rep == 1 && nkv == nh;
-    float *D = cu_attention_dsum(b, out, dout, B, T, nh, hd, direct);
+    float *D = cu_attention_dsum(b, out, out16, dout, B, T, nh, hd, direct);
     if (!D) return;
     cudaStream_t s = cu_st(b)->stream;
     float *dk = direct ? dqkv : D + rows, *dv = direct ? dqkv : D + rows + rows * (size_t)hd;
@@ -423,4 +439,16 @@ void cu_attention_backward(kb_backend *b, float *dqkv, const float *dout, const 
     size_t total = (size_t)B * T * 2 * nkv * hd;
     k_attn_group_sum<<<cu_blocks(total, 256), 256, 0, s>>>(dqkv, D + rows, D + rows + rows * (size_t)hd, a);
     cu_launched(b, "attention_backward (group sums)");
+}
+
+void cu_attention_backward(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const float *out,
+                           const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd, float p_drop,
+                           uint64_t seed, uint64_t offset) {
+    att_bwd(b, dqkv, dout, qkv, out, NULL, lse, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
+}
+
+void cu_attention_backward_bf16(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const kb_bf16 *out,
+                                const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd,
+                                float p_drop, uint64_t seed, uint64_t offset) {
+    att_bwd(b, dqkv, dout, qkv, NULL, out, lse, seg, B, T, nh, nkv, hd, p_drop, seed, offset);
 }

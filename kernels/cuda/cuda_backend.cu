@@ -201,6 +201,13 @@ static const kb_ops cuda_ops = {
     /* .linear_backward_dgelu = */ cu_linear_backward_dgelu,
     // ordering other device work (stream-ordered NCCL) with the backend's
     /* .stream = */ cu_stream,
+    // bf16 activations (bf16 mode): cuda_elementwise.cu, cuda_matmul.cu, cuda_attention.cu
+    /* .norm_forward_bf16 = */ cu_norm_forward_bf16,
+    /* .linear_forward_bf16 = */ cu_linear_forward_bf16,
+    /* .linear_backward_bf16 = */ cu_linear_backward_bf16,
+    /* .linear_gelu_forward_bf16 = */ cu_linear_gelu_forward_bf16,
+    /* .attention_forward_bf16 = */ cu_attention_forward_bf16,
+    /* .attention_backward_bf16 = */ cu_attention_backward_bf16,
 };
 
 // ---- which GPUs this build can run on ----

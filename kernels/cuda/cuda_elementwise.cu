@@ -82,8 +82,10 @@ void cu_embed_backward(kb_backend *b, float *dwte, float *dwpe, const float *dou
 
 // ---- normalisation ----
 
-// one warp per row; two passes (mean, then the variance of x - mean) as the CPU does
-__global__ void k_norm_fwd(float *__restrict__ out, float *__restrict__ mean, float *__restrict__ rstd,
+// one warp per row; two passes (mean, then the variance of x - mean) as the CPU does; the
+// output fp32 or (OT uint16_t) rounded once to bf16, the statistics fp32 either way
+template <typename OT>
+__global__ void k_norm_fwd(OT *__restrict__ out, float *__restrict__ mean, float *__restrict__ rstd,
                            const float *__restrict__ in, const float *__restrict__ w, const float *__restrict__ bias,
                            int N, int C, float eps, bool rms) {
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -103,11 +105,11 @@ __global__ void k_norm_fwd(float *__restrict__ out, float *__restrict__ mean, fl
     }
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     float rs = 1.0f / sqrtf(v / (float)C + eps);
-    float *o = out + (size_t)row * C;
+    OT *o = out + (size_t)row * C;
     if (bias && !rms)
-        for (int c = lane; c < C; c += 32) o[c] = (x[c] - mu) * rs * w[c] + bias[c];
+        for (int c = lane; c < C; c += 32) cu_put(&o[c], (x[c] - mu) * rs * w[c] + bias[c]);
     else
-        for (int c = lane; c < C; c += 32) o[c] = (x[c] - mu) * rs * w[c];
+        for (int c = lane; c < C; c += 32) cu_put(&o[c], (x[c] - mu) * rs * w[c]);
     if (lane == 0) {
         if (mean) mean[row] = rms ? 0.0f : mu;
         rstd[row] = rs;
@@ -117,8 +119,15 @@ __global__ void k_norm_fwd(float *__restrict__ out, float *__restrict__ mean, fl
 void cu_norm_forward(kb_backend *b, bool rms, float *out, float *mean, float *rstd, const float *in, const float *w,
                      const float *bias, int N, int C, float eps) {
     if (!cu_enter(b) || N <= 0 || C <= 0) return;
-    k_norm_fwd<<<(N + 7) / 8, 256, 0, cu_st(b)->stream>>>(out, mean, rstd, in, w, bias, N, C, eps, rms);
+    k_norm_fwd<float><<<(N + 7) / 8, 256, 0, cu_st(b)->stream>>>(out, mean, rstd, in, w, bias, N, C, eps, rms);
     cu_launched(b, "norm_forward");
+}
+
+void cu_norm_forward_bf16(kb_backend *b, bool rms, kb_bf16 *out, float *mean, float *rstd, const float *in,
+                          const float *w, const float *bias, int N, int C, float eps) {
+    if (!cu_enter(b) || N <= 0 || C <= 0) return;
+    k_norm_fwd<uint16_t><<<(N + 7) / 8, 256, 0, cu_st(b)->stream>>>(out, mean, rstd, in, w, bias, N, C, eps, rms);
+    cu_launched(b, "norm_forward_bf16");
 }
 
 // din += rs * (dy*w - mean(dy*w) - xhat * mean(dy*w*xhat)), one warp per row
@@ -246,11 +255,12 @@ void cu_rope(kb_backend *b, float *qkv, const int32_t *pos, int N, int nh, int n
 __device__ __forceinline__ float tanh_fast(float u) { return 1.0f - 2.0f / (cu_expf(2.0f * u) + 1.0f); }
 __device__ __forceinline__ float sigmoid_fast(float a) { return 1.0f / (1.0f + cu_expf(-a)); }
 
-__global__ void k_gelu_fwd(float *__restrict__ out, const float *__restrict__ in, size_t n) {
+template <typename OT>
+__global__ void k_gelu_fwd(OT *__restrict__ out, const float *__restrict__ in, size_t n) {
     GRID_STRIDE(i, n) {
         float x = in[i];
         float t = tanh_fast(GELU_K * (x + GELU_A * x * x * x));
-        out[i] = 0.5f * x * (1.0f + t);
+        cu_put(&out[i], 0.5f * x * (1.0f + t));
     }
 }
 
@@ -267,8 +277,14 @@ __global__ void k_gelu_bwd(float *din, const float *dout, const float *__restric
 
 void cu_gelu_forward(kb_backend *b, float *out, const float *in, size_t n) {
     if (!cu_enter(b) || n == 0) return;
-    k_gelu_fwd<<<cu_blocks(n, 256), 256, 0, cu_st(b)->stream>>>(out, in, n);
+    k_gelu_fwd<float><<<cu_blocks(n, 256), 256, 0, cu_st(b)->stream>>>(out, in, n);
     cu_launched(b, "gelu_forward");
+}
+
+void cu_gelu_forward_bf16(kb_backend *b, kb_bf16 *out, const float *in, size_t n) {
+    if (!cu_enter(b) || n == 0) return;
+    k_gelu_fwd<uint16_t><<<cu_blocks(n, 256), 256, 0, cu_st(b)->stream>>>(out, in, n);
+    cu_launched(b, "gelu_forward_bf16");
 }
 
 void cu_gelu_backward(kb_backend *b, float *din, const float *dout, const float *in, size_t n) {

@@ -92,8 +92,8 @@ __device__ __forceinline__ void fl_accum(facc *acc, PP p, PV v) {
 
 // rows [0, 16) of acc (16 x HD) to dst rows: row i to dst + i * stride, for rows i with
 // row0 + i < T; through the warp's fp32 scratch C (16 x FL_ROWS)
-template <int HD, typename PC>
-__device__ __forceinline__ void fl_write(float *dst, size_t stride, int row0, int T, const facc *acc, PC C) {
+template <int HD, typename OT, typename PC>
+__device__ __forceinline__ void fl_write(OT *dst, size_t stride, int row0, int T, const facc *acc, PC C) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int d = 0; d < HD / 16; d++) {
@@ -102,7 +102,7 @@ __device__ __forceinline__ void fl_write(float *dst, size_t stride, int row0, in
         __syncwarp();
         for (int e = lane; e < 256; e += 32) {
             int i = e >> 4, c = e & 15;
-            if (row0 + i < T) dst[(size_t)i * stride + d * 16 + c] = C[i * FL_ROWS + c];
+            if (row0 + i < T) cu_put(&dst[(size_t)i * stride + d * 16 + c], C[i * FL_ROWS + c]);
         }
     }
 }
@@ -117,8 +117,8 @@ __device__ __forceinline__ int fl_first_tile(const int32_t *seg, int t0, int T) 
     return (max(jm, 0) / FL_ROWS) * FL_ROWS;
 }
 
-template <int HD>
-__global__ void __launch_bounds__(FL_THREADS) k_flash_fwd(float *__restrict__ out, float *__restrict__ lse,
+template <int HD, typename OT> // OT: the output's type, float or uint16_t (bf16 activations)
+__global__ void __launch_bounds__(FL_THREADS) k_flash_fwd(OT *__restrict__ out, float *__restrict__ lse,
                                                           const float *__restrict__ qkv, fl_args a) {
     __shared__ __align__(32) __nv_bfloat16 Qs[FL_ROWS * HD];
     __shared__ __align__(32) __nv_bfloat16 Ks[FL_ROWS * HD];
@@ -389,15 +389,20 @@ static fl_args fl_setup(const int32_t *seg, int B, int T, int nh, int nkv, int h
     return a;
 }
 
-void cu_flash_forward(kb_backend *b, float *out, float *lse, const float *qkv, const int32_t *seg, int B, int T,
+template <typename OT>
+void cu_flash_forward(kb_backend *b, OT *out, float *lse, const float *qkv, const int32_t *seg, int B, int T,
                       int nh, int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset) {
     fl_args a = fl_setup(seg, B, T, nh, nkv, hd, p_drop, seed, offset);
     dim3 grid((unsigned)((T + FL_ROWS - 1) / FL_ROWS), (unsigned)(B * nh));
     cudaStream_t s = cu_st(b)->stream;
-    if (hd == 64) k_flash_fwd<64><<<grid, FL_THREADS, 0, s>>>(out, lse, qkv, a);
-    else k_flash_fwd<128><<<grid, FL_THREADS, 0, s>>>(out, lse, qkv, a);
+    if (hd == 64) k_flash_fwd<64, OT><<<grid, FL_THREADS, 0, s>>>(out, lse, qkv, a);
+    else k_flash_fwd<128, OT><<<grid, FL_THREADS, 0, s>>>(out, lse, qkv, a);
     cu_launched(b, "attention_forward (tensor cores)");
 }
+template void cu_flash_forward<float>(kb_backend *, float *, float *, const float *, const int32_t *, int, int, int,
+                                      int, int, float, uint64_t, uint64_t);
+template void cu_flash_forward<uint16_t>(kb_backend *, uint16_t *, float *, const float *, const int32_t *, int, int,
+                                         int, int, int, float, uint64_t, uint64_t);
 
 template <int HD>
 static void fl_bwd_launch(kb_backend *b, float *dqkv, float *dk, float *dv, size_t ostride, int direct,
@@ -411,12 +416,12 @@ static void fl_bwd_launch(kb_backend *b, float *dqkv, float *dk, float *dv, size
 }
 
 void cu_flash_backward(kb_backend *b, float *dqkv, const float *dout, const float *qkv, const float *out,
-                       const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd, float p_drop,
+                       const uint16_t *out16, const float *lse, const int32_t *seg, int B, int T, int nh, int nkv, int hd, float p_drop,
                        uint64_t seed, uint64_t offset) {
     fl_args a = fl_setup(seg, B, T, nh, nkv, hd, p_drop, seed, offset);
     const size_t rows = (size_t)B * nh * T;
     const bool direct = a.rep == 1 && nkv == nh;
-    float *D = cu_attention_dsum(b, out, dout, B, T, nh, hd, direct);
+    float *D = cu_attention_dsum(b, out, out16, dout, B, T, nh, hd, direct);
     if (!D) return;
     cudaStream_t s = cu_st(b)->stream;
     float *dk = direct ? dqkv : D + rows, *dv = direct ? dqkv : D + rows + rows * (size_t)hd;

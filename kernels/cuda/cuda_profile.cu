@@ -123,6 +123,26 @@ PW(K_MM, linear_backward_dgelu, (kb_backend * b, float *di, float *db, const flo
                               const kb_bf16 *W16, const float *pre, int N, int IC, int OC),
    (b, di, db, d, W, W16, pre, N, IC, OC))
 
+// bf16 activations
+PW(K_EW, norm_forward_bf16, (kb_backend * b, bool rms, kb_bf16 *o, float *mean, float *rstd, const float *i,
+                            const float *w, const float *bi, int N, int C, float eps),
+   (b, rms, o, mean, rstd, i, w, bi, N, C, eps))
+PW(K_MM, linear_forward_bf16, (kb_backend * b, float *o, const kb_bf16 *i, const float *W, const kb_bf16 *W16,
+                              const float *bi, int N, int IC, int OC), (b, o, i, W, W16, bi, N, IC, OC))
+PW(K_MM, linear_backward_bf16, (kb_backend * b, float *di, float *dW, float *db, const float *d, const kb_bf16 *i,
+                               const float *W, const kb_bf16 *W16, int N, int IC, int OC),
+   (b, di, dW, db, d, i, W, W16, N, IC, OC))
+PW(K_MM, linear_gelu_forward_bf16, (kb_backend * b, kb_bf16 *o, float *pre, const kb_bf16 *i, const float *W,
+                                   const kb_bf16 *W16, const float *bi, int N, int IC, int OC),
+   (b, o, pre, i, W, W16, bi, N, IC, OC))
+PW(K_ATT, attention_forward_bf16, (kb_backend * b, kb_bf16 *o, float *l, const float *q, const int32_t *s, int B, int T,
+                                  int nh, int nkv, int hd, float p, uint64_t seed, uint64_t off),
+   (b, o, l, q, s, B, T, nh, nkv, hd, p, seed, off))
+PW(K_ATT, attention_backward_bf16, (kb_backend * b, float *dq, const float *d, const float *q, const kb_bf16 *o,
+                                   const float *l, const int32_t *s, int B, int T, int nh, int nkv, int hd, float p,
+                                   uint64_t seed, uint64_t off),
+   (b, dq, d, q, o, l, s, B, T, nh, nkv, hd, p, seed, off))
+
 static void pw_sync(kb_backend *b) {
     R(b)->sync(b);
     pr_collect(pr_of(b));
@@ -144,6 +164,8 @@ static void pr_table(const kb_ops *r) {
     SET(add), SET(scale), SET(dropout), SET(cross_entropy), SET(sumsq), SET(adamw), SET(adamw_checksum);
     SET(sumsq_runs), SET(checksum_runs), SET(bias_add), SET(bias_grad), SET(ce_max), SET(ce_sums), SET(ce_grad);
     SET(grouped_linear_forward), SET(grouped_linear_backward), SET(linear_gelu_forward), SET(linear_backward_dgelu);
+    SET(norm_forward_bf16), SET(linear_forward_bf16), SET(linear_backward_bf16), SET(linear_gelu_forward_bf16);
+    SET(attention_forward_bf16), SET(attention_backward_bf16);
 #undef SET
 }
 

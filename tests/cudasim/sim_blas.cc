@@ -8,8 +8,12 @@
 // writes that (with the bias) to the fp32 aux matrix and gelu of it (tanh form) to D;
 // CUBLASLT_EPILOGUE_DGELU_BGRAD multiplies it by gelu'(aux) and writes the row sums of the
 // result (the bias gradient, overwritten) to the bias pointer; both need
-// CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, a multiple of 8 and at least D's rows (cublasLt.h). fp32, bf16 or fp16 A/B, fp32
-// C/D, CUBLAS_COMPUTE_32F. The products are queued on the stream like kernels, with their
+// CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, a multiple of 8 and at least D's rows (cublasLt.h).
+// CUBLASLT_EPILOGUE_BGRADB writes the column sums of op(B) (the sum over k for each of D's
+// columns: the bias gradient of the weight-gradient product) to the bias pointer, overwritten.
+// fp32, bf16 or fp16 A/B, fp32 C/D, CUBLAS_COMPUTE_32F; with bf16 A/B also bf16 C/D (D
+// rounded to nearest even from the fp32 result; the GELU epilogue's aux then bf16 unless
+// CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE says fp32). The products are queued on the stream like kernels, with their
 // operands closed to the host until they have run (sim_runtime.cc).
 // The cuBLASLt heuristic, as cublasLt.h documents, takes the alignment it may assume from
 // the preference's CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES and, for a bias epilogue, from
@@ -55,6 +59,7 @@ struct mdesc {
     const void *bias;
     void *aux;
     int64_t aux_ld;
+    int32_t aux_type; // -1: D's type
 };
 struct mlayout {
     int32_t type;
@@ -88,6 +93,22 @@ double half_value(uint16_t h) {
     int e = (h >> 10) & 0x1f, m = h & 0x3ff;
     double v = e == 0x1f ? (m ? NAN : INFINITY) : e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
     return h & 0x8000 ? -v : v;
+}
+
+// bf16's value, exactly, and a float rounded to bf16 (nearest even; NaN stays NaN) as the
+// backend's cu_f2bf
+float bf16_value(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
 }
 
 // one column-major operand
@@ -157,7 +178,9 @@ cublasStatus_t refuse(const char *call, const std::string &why) {
 std::string lt_check(const mdesc *d, const mlayout *a, const mlayout *b, const mlayout *c, const mlayout *dd) {
     if (d->compute != CUBLAS_COMPUTE_32F || d->scale != CUDA_R_32F) return "only CUBLAS_COMPUTE_32F with fp32 scale";
     if (a->type != b->type || !type_size(a->type)) return "A and B must both be fp32, both bf16 or both fp16";
-    if (c->type != CUDA_R_32F || dd->type != CUDA_R_32F) return "C and D must be fp32";
+    const bool d16 = dd->type == CUDA_R_16BF && c->type == CUDA_R_16BF && a->type == CUDA_R_16BF;
+    if (!d16 && (c->type != CUDA_R_32F || dd->type != CUDA_R_32F))
+        return "C and D must be fp32 (or both bf16 with bf16 A and B)";
     uint64_t am = d->ta ? a->cols : a->rows, ak = d->ta ? a->rows : a->cols;
     uint64_t bk = d->tb ? b->cols : b->rows, bn = d->tb ? b->rows : b->cols;
     if (ak != bk || am != c->rows || bn != c->cols || c->rows != dd->rows || c->cols != dd->cols)
@@ -165,14 +188,20 @@ std::string lt_check(const mdesc *d, const mlayout *a, const mlayout *b, const m
     if (a->ld < (int64_t)a->rows || b->ld < (int64_t)b->rows || c->ld < (int64_t)c->rows || dd->ld < (int64_t)dd->rows)
         return "a leading dimension is smaller than its matrix's rows";
     if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS &&
-        d->epilogue != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && d->epilogue != CUBLASLT_EPILOGUE_DGELU_BGRAD)
+        d->epilogue != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && d->epilogue != CUBLASLT_EPILOGUE_DGELU_BGRAD &&
+        d->epilogue != CUBLASLT_EPILOGUE_BGRADB)
         return "epilogue " + std::to_string(d->epilogue) + " is not modelled";
     if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->bias_type != CUDA_R_32F) return "the bias must be fp32";
     if (d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || d->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD) {
         if (d->aux_ld % 8 || d->aux_ld < (int64_t)dd->rows)
             return "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD " + std::to_string(d->aux_ld) +
                    " must be a multiple of 8 and at least D's rows";
+        int32_t at = d->aux_type < 0 ? dd->type : d->aux_type;
+        if (at != CUDA_R_32F && !(d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS && at == CUDA_R_16BF))
+            return "the GELU epilogue's aux matrix must be fp32 (or bf16 for GELU_AUX_BIAS)";
     }
+    if (d16 && (d->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD || d->epilogue == CUBLASLT_EPILOGUE_BGRADB))
+        return "the bias-gradient epilogues are modelled with fp32 D only";
     return "";
 }
 
@@ -198,7 +227,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
     *d = new cublasLtMatmulDescOpaque_t();
     mdesc *m = D(*d);
     m->compute = ct, m->scale = st, m->ta = m->tb = CUBLAS_OP_N, m->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    m->bias_type = CUDA_R_32F, m->bias = NULL, m->aux = NULL, m->aux_ld = 0;
+    m->bias_type = CUDA_R_32F, m->bias = NULL, m->aux = NULL, m->aux_ld = 0, m->aux_type = -1;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -215,6 +244,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_TRANSA:
     case CUBLASLT_MATMUL_DESC_TRANSB:
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE:
     case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE:
     case CUBLASLT_MATMUL_DESC_SCALE_TYPE: {
         if (n != 4) return CUBLAS_STATUS_INVALID_VALUE;
@@ -223,6 +253,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
         if (attr == CUBLASLT_MATMUL_DESC_TRANSA) m->ta = v;
         else if (attr == CUBLASLT_MATMUL_DESC_TRANSB) m->tb = v;
         else if (attr == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE) m->bias_type = v;
+        else if (attr == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE) m->aux_type = v;
         else if (attr == CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) m->compute = v;
         else m->scale = v;
         return CUBLAS_STATUS_SUCCESS;
@@ -332,8 +363,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     std::string why = lt_check(&m, &la, &lb, &lc, &ld);
     if (!why.empty()) return refuse("cublasLtMatmul", why);
     const bool gelu = m.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS, dgelu = m.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
-    const bool bias = m.epilogue == CUBLASLT_EPILOGUE_BIAS || gelu;
-    if ((bias || dgelu) && !m.bias)
+    const bool bias = m.epilogue == CUBLASLT_EPILOGUE_BIAS || gelu, bgradb = m.epilogue == CUBLASLT_EPILOGUE_BGRADB;
+    if ((bias || dgelu || bgradb) && !m.bias)
         return refuse("cublasLtMatmul", "a bias epilogue with no CUBLASLT_MATMUL_DESC_BIAS_POINTER");
     if ((gelu || dgelu) && !m.aux)
         return refuse("cublasLtMatmul", "a GELU epilogue with no CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER");
@@ -365,13 +396,38 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     const float *Cp = (const float *)C;
     int64_t ldc = lc.ld, ldd = ld.ld;
     float *Dout = (float *)Dp;
-    float *aux = (float *)m.aux, *bgrad = dgelu ? (float *)m.bias : NULL;
+    float *aux = (float *)m.aux, *bgrad = dgelu || bgradb ? (float *)m.bias : NULL;
     const int64_t aux_ld = m.aux_ld;
+    const bool d16 = ld.type == CUDA_R_16BF, aux16 = (m.aux_type < 0 ? ld.type : m.aux_type) == CUDA_R_16BF;
     cudaError_t e = enqueue(
         s, "cublasLtMatmul",
         [=]() {
-            gemm(M, N, K, al, MA, MB, be, Cp, ldc, Dout, ldd, bp);
-            if (gelu || dgelu) epilogue_gelu(M, N, Dout, ldd, aux, aux_ld, dgelu, bgrad);
+            if (bgradb) // the column sums of op(B), from its elements as stored (before the product)
+                for (int64_t j = 0; j < N; j++) {
+                    double sum = 0.0;
+                    for (int64_t p = 0; p < K; p++) sum += MB.at(p, j);
+                    bgrad[j] = (float)sum;
+                }
+            if (!d16) {
+                gemm(M, N, K, al, MA, MB, be, Cp, ldc, Dout, ldd, bp);
+                if (gelu || dgelu) epilogue_gelu(M, N, Dout, ldd, aux, aux_ld, dgelu, bgrad);
+                return;
+            }
+            // bf16 D (and C): the fp32 result, its epilogue, then rounded to bf16
+            std::vector<float> c32((size_t)ldc * N), d32((size_t)M * N), a32(aux ? (size_t)M * N : 0);
+            if (be != 0.0f)
+                for (size_t i = 0; i < c32.size(); i++) c32[i] = bf16_value(((const uint16_t *)Cp)[i]);
+            gemm(M, N, K, al, MA, MB, be, c32.data(), ldc, d32.data(), M, bp);
+            if (gelu) epilogue_gelu(M, N, d32.data(), M, a32.data(), M, false, NULL);
+            for (int64_t j = 0; j < N; j++)
+                for (int64_t i = 0; i < M; i++) {
+                    float v = d32[(size_t)(i + j * M)];
+                    ((uint16_t *)Dout)[i + j * ldd] = bf16_round(v);
+                    if (!gelu) continue;
+                    float x = a32[(size_t)(i + j * M)];
+                    if (aux16) ((uint16_t *)aux)[i + j * aux_ld] = bf16_round(x);
+                    else aux[i + j * aux_ld] = x;
+                }
         },
         {A, B, C, Dp, bp, aux, bgrad});
     return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;

@@ -11,6 +11,12 @@
 #     --bf16: the products' bf16 roundings differ with the summation order), and the final
 #     parameters within 1e-5 absolute (fp32; with --bf16 only within 2.5e-3, a bound of what 3
 #     Adam steps at lr 1e-3 can move a weight, where an update near zero may go either way).
+#     dp2_bf16 and pp2_bf16 run with bf16 activations on the stand-in (the log must say so;
+#     tp2_bf16 and tp2_dp2_bf16 must not: fp32 under tensor parallelism), which the CPU's
+#     bf16 mode does not keep: the products read the same bf16 values, but the attention
+#     backward's rowsum(O dO) and the bias gradients (the BGRADB epilogue) take bf16-rounded
+#     O and dout where the CPU takes fp32, inside the same bounds (dp2_bf16: 1.5e-3 seen);
+#     dp2_bf16 runs twice on the stand-in, bitwise alike.
 #     With a pipeline (pp2, tp2_pp2; vpp2: 4 layers, --num-layers-per-virtual-pipeline-stage 1,
 #     so 2 chunks a rank, the interleaved schedule, in Megatron's batched steps) the
 #     activations and gradients go over NCCL on the device in stream order
@@ -31,6 +37,10 @@
 #     collective until the generation is aborted: ncclCommAbort from the link's thread, and
 #     nobody is replaced) ends in an in-process restart (or replay), and bitwise the
 #     fault-free run's checkpoint and losses.
+#   act_flip_bf16: an activation's bit flipped (--bf16, bf16 activations: the final norm's
+#     output in bf16) is caught and the step replayed; the job ends within the bf16 bounds of
+#     the fault-free run (not bitwise: a step replayed in place with --bf16 ends a little off
+#     the fault-free run on the stand-in, with an injected NaN too, before bf16 activations).
 #   sdc: silent data corruption: a mantissa bit of rank 1's weights flipped before a forward;
 #     the weights' checksums, hashed on the (stand-in) device, differ in that very step with
 #     no majority of two, so the step is replayed and the rank whose weights changed since its
@@ -329,6 +339,28 @@ dp2|tp2|pp2|tp2_dp2|vpp2|tp2_pp2|tp2_sp|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16)
     run cuda "$cudasim" cuda "${flags[@]}"; ok cuda
     grep -q "cudasim (the CPU stand-in" "$work/cuda.out" || fail "not on the stand-in: $(head -3 "$work/cuda.out")"
     close cpu cuda $lrel $pabs
+    if [ "$l" != "$case_name" ]; then
+        # bf16 activations (the norms', attention's and GELU's outputs stored in bf16) where
+        # the model keeps them: one tensor rank; fp32 under tensor parallelism
+        said="outputs in bf16"
+        if [[ " ${flags[*]} " == *" --tensor-model-parallel-size "* ]]; then
+            ! grep -q "$said" "$work/cuda.out" || fail "bf16 activations under tensor parallelism"
+        else
+            grep -q "the norms', attention's and GELU's $said" "$work/cuda.out" ||
+                fail "no bf16 activations: $(grep -m1 'activation memory' "$work/cuda.out")"
+            # the bytes (dp 2: every rank holds the same): per layer ln1, ln2 [N,C], attention's
+            # output [N,AH] and the GELU's [N,F] in bf16, 2 bytes each fewer than the CPU's fp32
+            # (N 64, C = AH 32, F 128; 2 layers)
+            lb() { grep -m1 -o 'activation memory: [0-9]* bytes on this rank (layers [0-9]*' "$work/$1.out" | grep -o '[0-9]*$'; }
+            [ $l != dp2 ] || [ $(( $(lb cpu) - $(lb cuda) )) -eq $(( 2 * 2 * (2 * 64 * 32 + 64 * 32 + 64 * 128) )) ] ||
+                fail "layer activation bytes: cpu $(lb cpu), stand-in $(lb cuda)"
+            [[ " ${flags[*]} " == *" --pipeline-model-parallel-size "* ]] || {
+                run again "$cudasim" cuda "${flags[@]}"; ok again
+                same_losses cuda again "two stand-in runs differ"
+                ckpt_same "$(ckpt cuda)" "$(ckpt again)"
+            }
+        fi
+    fi
     if [[ " ${flags[*]} " == *" --pipeline-model-parallel-size "* ]]; then
         said="pipeline: activations and gradients over NCCL"
         [ $l = vpp2 ] && said+=".*(the interleaved schedule"
@@ -377,6 +409,19 @@ nccl_hang)
     # nobody replaced: a collective that ignored the abort would have had rank 0 killed
     grep -q "generation 2: 2 rank(s) resume after iteration 1 with the state of rank [01] (0 replaced" "$work/f.out" ||
         fail "not resumed in process: $(grep supervisor "$work/f.out")"
+    ;;
+act_flip_bf16)
+    # bit 30 of an fp32 activation (bf16's bit 14, the exponent's top) flipped in rank 1's
+    # final-norm output, which bf16 activations keep in bf16: a huge value, the step replayed
+    # (not bitwise the fault-free run: a step replayed in place with --bf16 on the stand-in
+    # ends a little off it, with a NaN injected as well, before bf16 activations too)
+    run clean "$cudasim" cuda --nproc-per-node 2 $quick --bf16; ok clean
+    run f "$cudasim" cuda --nproc-per-node 2 $quick --bf16 --inject "bitflip-act@rank=1,step=2,bit=30"; ok f
+    grep -q "the norms', attention's and GELU's outputs in bf16" "$work/f.out" || fail "no bf16 activations"
+    grep -q "iteration 2: rerun: rank 1: \(grad_outlier\|nan_\|inf_\)" "$work/f.out" ||
+        fail "the flip was not caught: $(grep -i 'inject\|supervisor' "$work/f.out" | head -4)"
+    grep -q "iteration 2: accept (transient_error)" "$work/f.out" || fail "no accepted replay: $(grep supervisor "$work/f.out")"
+    close clean f 2e-5 2.5e-3
     ;;
 sdc)
     faulty --inject-seed 3 --inject "bitflip-param@rank=1,step=2,bit=22,phase=forward"

@@ -12,6 +12,11 @@
 #     loss scale.
 #   deterministic: two stand-in runs with dropout log bitwise the same metrics (the stand-in
 #     shuffles thread order per launch: the kernels' results must not depend on it).
+#   bf16_recompute: --bf16 with dropout on the stand-in keeps the norms', attention's and
+#     GELU's outputs in bf16 (the log says so), and selective recomputation of every module
+#     (their bf16 buffers written again before the backward reads them) and full recomputation
+#     (a layer at a time: every activation from the layer's input) log bitwise the losses and
+#     gradient norms of the run without recomputation, under another thread order.
 cohort=$1; cudasim=$2; case_name=$3
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 workdir cudasim
@@ -19,6 +24,7 @@ workdir cudasim
 tiny_model --seq-length 64 --train-iters 3 --global-batch-size 4
 
 losses() { grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*' "$1" | paste -sd' '; }
+gn() { grep -o '"iteration":[0-9]*\|"lm_loss":[^,]*\|"grad_norm":[^,]*' "$1" | paste -sd' '; }
 
 case $case_name in
 tracks_cpu)
@@ -54,6 +60,21 @@ deterministic)
     [ "$(losses "$work/m1.jsonl")" = "$(losses "$work/m2.jsonl")" ] ||
         fail "two stand-in runs under different thread orders differ: $(losses "$work/m1.jsonl") / $(losses "$work/m2.jsonl")"
     [ "$(grep -c lm_loss "$work/m1.jsonl")" -ge 3 ] || fail "metrics file has too few lines"
+    ;;
+bf16_recompute)
+    b16=(--bf16 --hidden-dropout 0.1 --attention-dropout 0.1)
+    runs=(plain "--recompute-granularity selective --recompute-modules layernorm core_attn mlp"
+          "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+    for r in 0 1 2; do
+        extra=(); [ $r -gt 0 ] && extra=(${runs[r]})
+        COHORT_CUDASIM_SEED=$((r + 1)) "$cudasim" train "${tiny[@]}" "${b16[@]}" "${extra[@]}" --device cuda \
+            --metrics-file "$work/m$r.jsonl" >"$work/out$r" 2>&1 || fail "run $r (${runs[r]}): $(tail -5 "$work/out$r")"
+        grep -q "the norms', attention's and GELU's outputs in bf16" "$work/out$r" ||
+            fail "run $r: no bf16 activations: $(grep -m1 'activation memory' "$work/out$r")"
+        [ $r -eq 0 ] || [ "$(gn "$work/m0.jsonl")" = "$(gn "$work/m$r.jsonl")" ] ||
+            fail "${runs[r]} against none: $(gn "$work/m0.jsonl") / $(gn "$work/m$r.jsonl")"
+    done
+    [ "$(grep -c lm_loss "$work/m0.jsonl")" -ge 3 ] || fail "metrics file has too few lines"
     ;;
 *) fail "unknown case $case_name" ;;
 esac

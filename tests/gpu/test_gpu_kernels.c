@@ -109,9 +109,28 @@ static void linear_case(bool bf16, int N, int IC, int OC, bool bias, bool pass16
     GU_CLOSE(l2, h, dW, (size_t)OC * IC, at * N / 16 + at, rt);
     free(h);
     if (bias) {
+        /* the bias gradient is the weight-gradient product's BGRADB epilogue: the column sums
+         * of dout as the product reads it, so in bf16 mode of the bf16-rounded dout (the
+         * CPU's column sums of the fp32 dout are a looser match, checked too) */
         snprintf(l2, sizeof l2, "%s dbias", label);
         h = gu_fetch(G, gdb, OC);
-        GU_CLOSE(l2, h, db, OC, 1e-4 * N / 16 + 1e-5, 1e-4);
+        float *ref = db;
+        if (bf16) {
+            uint16_t *d16 = malloc((size_t)N * OC * 2);
+            float *dr = malloc(sizeof(float) * N * OC);
+            ref = malloc(sizeof(float) * OC);
+            C->ops->to_bf16(C, d16, dout, (size_t)N * OC);
+            for (size_t i = 0; i < (size_t)N * OC; i++) {
+                uint32_t u = (uint32_t)d16[i] << 16;
+                memcpy(&dr[i], &u, 4);
+            }
+            memcpy(ref, db0, sizeof(float) * OC);
+            C->ops->bias_grad(C, ref, dr, N, OC);
+            GU_CLOSE(l2, h, db, OC, 4e-3 * sqrt((double)N) + 1e-5, 4e-3); /* 2^-9 per element */
+            free(d16), free(dr);
+        }
+        GU_CLOSE(l2, h, ref, OC, 1e-4 * N / 16 + 1e-5, 1e-4);
+        if (ref != db) free(ref);
         free(h);
     }
     float *gp[] = {gin, gW, gb_mem, gdout, gdW, gdb_mem, gout, gdin};
@@ -1003,6 +1022,187 @@ static void test_grouped(void) {
 
 /* ---------------------------------------------------------------- the table */
 
+/* ---------------------------------------------------------------- bf16 activations */
+
+static float *widen16(const uint16_t *x, size_t n) {
+    float *f = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)x[i] << 16;
+        memcpy(&f[i], &u, 4);
+    }
+    return f;
+}
+static uint16_t *fetch16(kb_backend *G, const void *p, size_t n) {
+    uint16_t *h = malloc(2 * (n ? n : 1));
+    G->ops->copy(G, h, p, 2 * n);
+    return h;
+}
+/* the bf16 bits the fp32 buffer p holds, rounded as the products round (to_bf16) */
+static uint16_t *round16(kb_backend *G, const float *p, size_t n) {
+    uint16_t *g = G->ops->alloc(G, 2 * (n ? n : 1));
+    G->ops->to_bf16(G, g, p, n);
+    uint16_t *h = fetch16(G, g, n);
+    G->ops->free(G, g);
+    return h;
+}
+
+/* A layer's bf16-activation entries (backend.h *_bf16) at shapes crossing the tiles, each
+ * against its fp32-activation form on the same backend: the bf16 output must be the fp32
+ * output rounded once (bitwise), a product of a bf16 activation bitwise the product of its
+ * fp32 form (which rounds the same values per call), the attention backward from a bf16
+ * output bitwise the fp32 backward given those values widened; and against the CPU (fp32
+ * kernels, rounded the same way) within the fp32 tolerances of the entries above. */
+static void act16_case(int N, int C, int F, attn_geo g) {
+    kb_backend *G = GPU16, *Cb = CPU16;
+    char label[160];
+    snprintf(label, sizeof label, "bf16 activations N=%d C=%d F=%d attention B=%d T=%d nh=%d nkv=%d hd=%d", N, C, F,
+             g.B, g.T, g.nh, g.nkv, g.hd);
+    size_t NC = (size_t)N * C, NF = (size_t)N * F;
+    float *x = gu_rand(NC, 2.0f), *w = gu_rand(C, 1.0f), *b = gu_rand(C, 1.0f), *W1 = gu_rand((size_t)F * C, 0.5f);
+    float *b1 = gu_rand(F, 1.0f), *W2 = gu_rand((size_t)C * F, 0.5f), *dy = gu_rand(NC, 1.0f);
+    float *gx = gu_buf(G, x, NC), *gw = gu_buf(G, w, C), *gb = gu_buf(G, b, C), *gW1 = gu_buf(G, W1, (size_t)F * C);
+    float *gb1 = gu_buf(G, b1, F), *gW2 = gu_buf(G, W2, (size_t)C * F), *gdy = gu_buf(G, dy, NC);
+    float *ln32 = gu_buf(G, NULL, NC), *mean = gu_buf(G, NULL, N), *rstd = gu_buf(G, NULL, N);
+    float *mean16 = gu_buf(G, NULL, N), *rstd16 = gu_buf(G, NULL, N);
+    uint16_t *ln16 = G->ops->alloc(G, 2 * NC), *act16 = G->ops->alloc(G, 2 * NF);
+    float *pre32 = gu_buf(G, NULL, NF), *act32 = gu_buf(G, NULL, NF), *pre16 = gu_buf(G, NULL, NF);
+    float *y32 = gu_buf(G, NULL, NC), *y16 = gu_buf(G, NULL, NC);
+    /* per path: din [N,F], dW2 [C,F], db2 [C] */
+    float *dinA = gu_buf(G, NULL, NF), *dinB = gu_buf(G, NULL, NF);
+    float *dWA = gu_buf(G, NULL, (size_t)C * F), *dWB = gu_buf(G, NULL, (size_t)C * F);
+    float *dbA = gu_buf(G, NULL, C), *dbB = gu_buf(G, NULL, C);
+    const kb_ops *o = G->ops;
+    o->norm_forward(G, false, ln32, mean, rstd, gx, gw, gb, N, C, 1e-5f);
+    o->norm_forward_bf16(G, false, ln16, mean16, rstd16, gx, gw, gb, N, C, 1e-5f);
+    o->linear_gelu_forward(G, act32, pre32, ln32, gW1, NULL, gb1, N, C, F);
+    /* F a multiple of 8: one cuBLASLt product writes the bf16 GELU output (no kernel on the
+     * stand-in, with the weights' bf16 copy given); otherwise the product and a GELU kernel */
+    uint16_t *gW1_16 = o->alloc(G, 2 * (size_t)F * C);
+    o->to_bf16(G, gW1_16, gW1, (size_t)F * C);
+    o->sync(G);
+    unsigned long l0 = launch_count ? launch_count() : 0;
+    o->linear_gelu_forward_bf16(G, act16, pre16, ln16, gW1, gW1_16, gb1, N, C, F);
+    o->sync(G);
+    unsigned long l1 = launch_count ? launch_count() : 0;
+    if (launch_count)
+        CHECK_MSG(F % 8 == 0 ? l1 == l0 : l1 > l0, "%s: the bf16 GELU product launched %lu kernels", label, l1 - l0);
+    o->free(G, gW1_16);
+    /* fc2 from the bf16 GELU output, and (the fp32-activation path) from its values widened */
+    uint16_t *a16h = fetch16(G, act16, NF);
+    float *a16w = widen16(a16h, NF), *actw = gu_buf(G, a16w, NF);
+    free(a16h), free(a16w);
+    o->linear_forward(G, y32, actw, gW2, NULL, b, N, F, C);
+    o->linear_forward_bf16(G, y16, act16, gW2, NULL, b, N, F, C);
+    o->linear_backward(G, dinA, dWA, dbA, gdy, actw, gW2, NULL, N, F, C);
+    o->linear_backward_bf16(G, dinB, dWB, dbB, gdy, act16, gW2, NULL, N, F, C);
+    o->sync(G);
+    CHECK_MSG(G->status == 0, "%s: status %d %s", label, G->status, co_err_detail());
+    kb_backend_clear_status(G);
+    char l2[240];
+    uint16_t *h16 = fetch16(G, ln16, NC), *r16 = round16(G, ln32, NC);
+    snprintf(l2, sizeof l2, "%s: the norm's bf16 output is its fp32 output rounded", label);
+    GU_EQUAL(l2, h16, r16, 2 * NC);
+    float *cln = malloc(sizeof(float) * NC), *cm = malloc(sizeof(float) * N), *cr = malloc(sizeof(float) * N);
+    Cb->ops->norm_forward(Cb, false, cln, cm, cr, x, w, b, N, C, 1e-5f);
+    float *wide = widen16(h16, NC);
+    snprintf(l2, sizeof l2, "%s: the norm's bf16 output against the CPU's", label);
+    GU_CLOSE(l2, wide, cln, NC, 1e-5, 1.0 / 256); /* one bf16 rounding */
+    float *hm = gu_fetch(G, mean16, N), *hm2 = gu_fetch(G, mean, N), *hr = gu_fetch(G, rstd16, N), *hr2 = gu_fetch(G, rstd, N);
+    snprintf(l2, sizeof l2, "%s: the norm's statistics stay fp32", label);
+    GU_EQUAL(l2, hm, hm2, sizeof(float) * N);
+    GU_EQUAL(l2, hr, hr2, sizeof(float) * N);
+    free(h16), free(r16), free(wide), free(cln), free(cm), free(cr), free(hm), free(hm2), free(hr), free(hr2);
+    /* the GELU product with a bf16 output is another cuBLASLt algorithm than the fp32 one, on a
+     * GPU free to sum in another order: bitwise on the stand-in (computed in double either way),
+     * within fp32 rounding (pre) and one bf16 rounding (the output) on a GPU */
+    h16 = fetch16(G, act16, NF), r16 = round16(G, act32, NF);
+    snprintf(l2, sizeof l2, "%s: the GELU product's bf16 output is its fp32 output rounded", label);
+    if (!BIG) {
+        GU_EQUAL(l2, h16, r16, 2 * NF);
+    } else {
+        float *wa = widen16(h16, NF), *wb = widen16(r16, NF);
+        GU_CLOSE(l2, wa, wb, NF, 1e-4, 1.0 / 128);
+        free(wa), free(wb);
+        float *pa = gu_fetch(G, pre32, NF), *pb = gu_fetch(G, pre16, NF);
+        snprintf(l2, sizeof l2, "%s: the GELU product's pre-activation", label);
+        GU_CLOSE(l2, pb, pa, NF, 1e-4 * C / 16 + 1e-5, 1e-4);
+        free(pa), free(pb);
+    }
+    free(h16), free(r16);
+    struct { const char *what; float *a, *b; size_t n; } same[] = {
+        {"fc2 output", y32, y16, NC}, {"fc2 din", dinA, dinB, NF}, {"fc2 dW", dWA, dWB, (size_t)C * F},
+        {"fc2 dbias", dbA, dbB, C}, {"pre-activation", pre32, pre16, NF}};
+    /* (the fc2 entries read the same bf16 values through the same algorithm: bitwise on a GPU too) */
+    for (size_t i = 0; i < sizeof same / sizeof same[0] - (BIG ? 1 : 0); i++) {
+        float *ha = gu_fetch(G, same[i].a, same[i].n), *hb = gu_fetch(G, same[i].b, same[i].n);
+        snprintf(l2, sizeof l2, "%s: %s bitwise the fp32-activation path's", label, same[i].what);
+        GU_EQUAL(l2, hb, ha, sizeof(float) * same[i].n);
+        free(ha), free(hb);
+    }
+    float *gp[] = {actw, gx, gw, gb, gW1, gb1, gW2, gdy, ln32, mean, rstd, mean16, rstd16, pre32, act32, pre16, y32, y16,
+                   dinA, dinB, dWA, dWB, dbA, dbB};
+    for (size_t i = 0; i < sizeof gp / sizeof gp[0]; i++) o->free(G, gp[i]);
+    o->free(G, ln16), o->free(G, act16);
+    free(x), free(w), free(b), free(W1), free(b1), free(W2), free(dy);
+
+    /* attention: out in bf16; the backward reads it */
+    int NT = g.B * g.T, R = (g.nh + 2 * g.nkv) * g.hd, AH = g.nh * g.hd;
+    size_t nq = (size_t)NT * R, no = (size_t)NT * AH, nl = (size_t)g.B * g.nh * g.T;
+    float *qkv = gu_rand(nq, 1.5f), *dout = gu_rand(no, 1.0f);
+    float *gq = gu_buf(G, qkv, nq), *gdo = gu_buf(G, dout, no), *go32 = gu_buf(G, NULL, no);
+    float *gl32 = gu_buf(G, NULL, nl), *gl16 = gu_buf(G, NULL, nl), *gdqA = gu_buf(G, NULL, nq);
+    float *gdqB = gu_buf(G, NULL, nq), *gow = gu_buf(G, NULL, no);
+    uint16_t *go16 = o->alloc(G, 2 * no);
+    o->attention_forward(G, go32, gl32, gq, NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p, 7, 3);
+    o->attention_forward_bf16(G, go16, gl16, gq, NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p, 7, 3);
+    o->sync(G);
+    h16 = fetch16(G, go16, no);
+    wide = widen16(h16, no);
+    o->copy(G, gow, wide, sizeof(float) * no);
+    o->attention_backward(G, gdqA, gdo, gq, gow, gl16, NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p, 7, 3);
+    o->attention_backward_bf16(G, gdqB, gdo, gq, go16, gl16, NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p, 7, 3);
+    o->sync(G);
+    CHECK_MSG(G->status == 0, "%s: attention status %d %s", label, G->status, co_err_detail());
+    kb_backend_clear_status(G);
+    r16 = round16(G, go32, no);
+    snprintf(l2, sizeof l2, "%s: attention's bf16 output is its fp32 output rounded", label);
+    GU_EQUAL(l2, h16, r16, 2 * no);
+    float *la = gu_fetch(G, gl32, nl), *lb = gu_fetch(G, gl16, nl);
+    snprintf(l2, sizeof l2, "%s: attention's lse the same", label);
+    GU_EQUAL(l2, lb, la, sizeof(float) * nl);
+    float *da = gu_fetch(G, gdqA, nq), *db = gu_fetch(G, gdqB, nq);
+    snprintf(l2, sizeof l2, "%s: attention's backward from the bf16 output", label);
+    GU_EQUAL(l2, db, da, sizeof(float) * nq);
+    /* and the CPU's fp32 backward given the same (widened) output */
+    float *cdq = malloc(sizeof(float) * nq);
+    CPU32->ops->attention_backward(CPU32, cdq, dout, qkv, wide, la, NULL, g.B, g.T, g.nh, g.nkv, g.hd, g.p, 7, 3);
+    snprintf(l2, sizeof l2, "%s: attention's backward against the CPU's", label);
+    GU_CLOSE(l2, db, cdq, nq, 5e-2, 5e-2); /* the tensor-core backward's bounds (docs/gpu.md) */
+    free(h16), free(r16), free(wide), free(la), free(lb), free(da), free(db), free(cdq);
+    float *ga[] = {gq, gdo, go32, gl32, gl16, gdqA, gdqB, gow};
+    for (size_t i = 0; i < sizeof ga / sizeof ga[0]; i++) o->free(G, ga[i]);
+    o->free(G, go16);
+    free(qkv), free(dout);
+}
+
+static void test_act16(void) {
+    /* F a multiple of 8 (the bf16-output GELU epilogue) and not (its fallback); attention
+     * on the fp32 kernels (hd 16) and the tensor cores (hd 64) across their tiles */
+    act16_case(37, 24, 64, (attn_geo){2, 33, 2, 1, 16, 0.0f, false});
+    act16_case(5, 16, 20, (attn_geo){1, 17, 2, 2, 64, 0.1f, false});
+    act16_case(130, 64, 256, (attn_geo){1, 65, 4, 2, 64, 0.0f, false});
+    if (BIG) act16_case(2048, 768, 3072, (attn_geo){2, 1024, 12, 12, 64, 0.0f, false});
+    /* fp32 mode refuses them (the model never calls them there) */
+    GPU32->ops->norm_forward_bf16(GPU32, false, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, 1e-5f);
+    CHECK(GPU32->status == 0); /* nothing to do: no error */
+    uint16_t *x16 = GPU32->ops->alloc(GPU32, 64);
+    float *o = gu_buf(GPU32, NULL, 64), *W = gu_buf(GPU32, NULL, 64);
+    GPU32->ops->linear_forward_bf16(GPU32, o, x16, W, NULL, NULL, 2, 4, 4);
+    CHECK_MSG(GPU32->status != 0, "linear_forward_bf16 ran in fp32 mode");
+    kb_backend_clear_status(GPU32);
+    GPU32->ops->free(GPU32, x16), GPU32->ops->free(GPU32, o), GPU32->ops->free(GPU32, W);
+}
+
 /* every entry the CPU backend has, the CUDA backend has too; the CPU has every entry but the
  * fused products (the model composes them there) and the stream, which CUDA has */
 static void test_entries(void) {
@@ -1015,7 +1215,10 @@ static void test_entries(void) {
         bool fused = i * sizeof c == offsetof(kb_ops, linear_gelu_forward) ||
                      i * sizeof c == offsetof(kb_ops, linear_backward_dgelu);
         bool stream = i * sizeof c == offsetof(kb_ops, stream); /* (the CPU has no stream) */
-        CHECK_MSG(c != NULL || fused || stream, "kb_ops entry %zu is NULL on the CPU", i);
+        /* the bf16-activation entries (CUDA's bf16 mode; the CPU rounds per product) */
+        bool act16 = i * sizeof c >= offsetof(kb_ops, norm_forward_bf16) &&
+                     i * sizeof c <= offsetof(kb_ops, attention_backward_bf16);
+        CHECK_MSG(c != NULL || fused || stream || act16, "kb_ops entry %zu is NULL on the CPU", i);
     }
 }
 
@@ -1054,6 +1257,7 @@ int main(void) {
     if (!BIG) CHECK_MSG(sync_count != NULL, "the stand-in has no cudasim_sync_count");
     RUN(test_checksum);
     RUN(test_grouped);
+    RUN(test_act16);
     CHECK_MSG(GPU32->status == 0 && GPU16->status == 0, "sticky status: %d %d (%s)", GPU32->status, GPU16->status,
               co_err_detail());
     kb_backend_destroy(&GPU32);
