@@ -150,10 +150,11 @@ test)
     # The tests that must run alone (suite 'serial', is_parallel false) come after the others:
     # interleaved, each would first wait for every running test to end, leaving cores idle.
     log "running the test suites (release build)"
-    # (suite 'soak': the minutes-long soak and the planner's validation, on demand:
-    # `meson test -C build --suite soak`; suite 'matrix_full': the layouts x features matrix's
-    # cells beyond its trimmed set, on demand: `meson test -C build --suite matrix_full`;
-    # suite 'cudasim_full': the stand-in's second case of a layout or feature, on demand)
+    # (on demand, out of .ci/run's time: suite 'soak', the planner's 10-minute validation (the
+    # two-minute soak, with its own check of the planner, runs here in suite fault); suite
+    # 'matrix_full', the layouts x features matrix's cells beyond its trimmed set; suite
+    # 'cudasim_full', the stand-in's second case of a layout or feature: `meson test -C build
+    # --suite NAME`)
     MESON_TESTTHREADS=${MESON_TESTTHREADS:-4} run_suite build --timeout-multiplier 2 --no-suite serial --no-suite soak \
         --no-suite matrix_full --no-suite cudasim_full
     # The sanitizer trees hold no CUDA code (no GPU test runs there) and build only what their
