@@ -72,6 +72,20 @@ model_parallel() {
     near "$work/${name}1" "$work/${name}d" 6
 }
 
+# mp_layouts CASE: the tiny model and, in lays[], the model-parallel layouts of an overlap case
+# (*_tp: tensor 2 with sequence parallelism; *_pp: pipeline 2, and interleaved with two chunks
+# of one layer a stage, each chunk's buckets started in its own last micro batch's backward;
+# *_cp: context 2)
+mp_layouts() {
+    tiny_model --global-batch-size 16 --attention-dropout 0
+    case $1 in
+    *_tp) lays=("--tensor-model-parallel-size 2 --sequence-parallel");;
+    *_pp) lays=("--pipeline-model-parallel-size 2"
+                "--pipeline-model-parallel-size 2 --num-layers 4 --num-layers-per-virtual-pipeline-stage 1");;
+    *_cp) lays=("--context-parallel-size 2");;
+    esac
+}
+
 case $case_name in
 tp)
     # tensor 2 x data 2: each tensor rank shards its slices over its data-parallel group
@@ -162,16 +176,7 @@ overlap_tp|overlap_pp|overlap_cp)
     # gradient group's own transport while the backward's collectives (tensor sums, pipeline
     # sends, ring shifts) go over the job's; bitwise the same layout without overlap, with and
     # without the distributed optimizer, buckets started during the backward
-    tiny_model --global-batch-size 16 --attention-dropout 0
-    case $case_name in
-    overlap_tp) lay=(--tensor-model-parallel-size 2 --sequence-parallel);;
-    overlap_pp) lay=(--pipeline-model-parallel-size 2);;
-    overlap_cp) lay=(--context-parallel-size 2);;
-    esac
-    lays=("${lay[*]}")
-    # interleaved: two chunks of one layer per stage, each chunk's buckets started in its own
-    # last micro batch's backward
-    [ $case_name = overlap_pp ] && lays+=("${lay[*]} --num-layers 4 --num-layers-per-virtual-pipeline-stage 1")
+    mp_layouts $case_name
     b=(--ddp-bucket-size 1000 --train-iters 4)
     k=0
     for l in "${lays[@]}"; do
@@ -240,14 +245,7 @@ param_gather_tp|param_gather_pp|param_gather_cp)
     # the job's; bitwise the same layout with the distributed optimizer and neither overlap,
     # with a save and an evaluation between (both wait for the gathers first); under an
     # interleaved pipeline each chunk's forward waits for its own buckets
-    tiny_model --global-batch-size 16 --attention-dropout 0
-    case $case_name in
-    param_gather_tp) lay=(--tensor-model-parallel-size 2 --sequence-parallel);;
-    param_gather_pp) lay=(--pipeline-model-parallel-size 2);;
-    param_gather_cp) lay=(--context-parallel-size 2);;
-    esac
-    lays=("${lay[*]}")
-    [ $case_name = param_gather_pp ] && lays+=("${lay[*]} --num-layers 4 --num-layers-per-virtual-pipeline-stage 1")
+    mp_layouts $case_name
     b=(--ddp-bucket-size 1000 --train-iters 4 --save-interval 2 --eval-interval 2 --eval-iters 1)
     k=0
     for l in "${lays[@]}"; do
