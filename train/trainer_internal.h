@@ -326,6 +326,13 @@ int trainer__pipeline_evaluate(trainer *t, int split, double *loss_out, double *
 int trainer__set_batch(trainer *t, int gbs);
 /* The micro batches data-parallel rank r takes of a global batch of gbs samples. */
 int trainer__share(const trainer *t, int gbs, int r);
+/* This rank's micro batches M and the pipeline's schedule over them (1..M_max). */
+int trainer__use_m(trainer *t, int M);
+/* --elastic's sample check: a training micro batch's samples from position first (in
+ * training order) into the step's count, sum and sum of squares (context rank 0's only). */
+void trainer__count_samples(trainer *t, int64_t first);
+/* A micro batch's weight in the step for its ntok loss tokens (0: the auxiliary losses'). */
+double trainer__mb_weight(const trainer *t, double ntok);
 
 /* Faults injected into this rank (resilience/inject.h) around a micro batch: before its
  * forward (kill, stop, hang, slow; a flipped weight or activation); its loss (nan, inf, a
