@@ -70,14 +70,8 @@ static void check_elastic(const co_config *c, co_problems *P) {
     if (c->num_experts > 0 && c->expert_model_parallel_size > 1)
         co_problem(P, "--elastic with --expert-model-parallel-size %d is not supported yet (a replica that leaves "
                       "takes part of other replicas' expert groups): give 1", c->expert_model_parallel_size);
-    if (c->use_distributed_optimizer && c->overlap_grad_reduce)
-        co_problem(P, "--elastic with --use-distributed-optimizer and --overlap-grad-reduce is not supported yet "
-                      "(the overlap's buckets are not re-partitioned): leave --overlap-grad-reduce off");
     if (co_config_was_set(c, "rampup-batch-size"))
         co_problem(P, "--elastic with --rampup-batch-size is not supported yet");
-    if (c->calculate_per_token_loss)
-        co_problem(P, "--elastic with --calculate-per-token-loss is not supported yet (the step's tokens are counted "
-                      "over equal shares of micro batches)");
     if (c->inprocess_active_world_size > 0 && c->inprocess_active_world_size < procs)
         co_problem(P, "--elastic with warm spares (--inprocess-active-world-size) is not supported yet");
     if (!strcmp(c->inprocess_rank_assignment, "shift-ranks"))

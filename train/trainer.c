@@ -939,7 +939,8 @@ static int per_token_weight(trainer *t, int data_rank, int64_t step, float *w) {
         return 0;
     }
     double n = 0;
-    for (int mb = 0; mb < t->M; mb++) {
+    int M = t->cfg.elastic ? trainer__share(t, t->gbs, data_rank) : t->M; /* (--elastic: uneven shares) */
+    for (int mb = 0; mb < M; mb++) {
         gpt_batch b;
         tr_batch *x = &t->mbuf[0];
         int64_t first = t->consumed[0] + ((int64_t)mb * t->topo.dp + data_rank) * t->cfg.micro_batch_size;

@@ -375,6 +375,19 @@ int trainer__dopt_reduce(trainer *t) {
 
 int trainer__dopt_nbuckets(const trainer *t) { return t->dopt->s.L.nbuckets; }
 
+int trainer__dopt_buckets_match(const trainer *t, int nb, const size_t *lo, const size_t *hi, const char *who) {
+    int n = trainer__dopt_nbuckets(t);
+    for (int b = 0; b < n && b < nb; b++) {
+        size_t l, h;
+        trainer__dopt_bucket(t, b, &l, &h);
+        if (l != lo[b] || h != hi[b])
+            return co_err_set(CO_EINTERNAL, "%s: bucket %d is [%zu, %zu), the distributed optimizer's layout has it at "
+                                            "[%zu, %zu)", who, b, lo[b], hi[b], l, h);
+    }
+    if (n != nb) return co_err_set(CO_EINTERNAL, "%s: %d buckets, the distributed optimizer's layout has %d", who, nb, n);
+    return 0;
+}
+
 void trainer__dopt_bucket(const trainer *t, int b, size_t *lo, size_t *hi) {
     *lo = t->dopt->s.L.buckets[b].start;
     *hi = t->dopt->s.L.buckets[b].end;
@@ -701,6 +714,16 @@ static int repartition_if_resized(trainer *t, bool held, bool *done) {
         trainer__dopt_free(t);
         rc = trainer__dopt_setup(t, false);
         t->opt.step = step;
+        /* the overlapped reduction's and gather's buckets are the new layout's (no thread of
+         * theirs runs between generations) */
+        if (!rc && t->ovl) {
+            trainer__overlap_free(t);
+            rc = trainer__overlap_setup(t);
+        }
+        if (!rc && t->pg) {
+            trainer__pgather_free(t);
+            rc = trainer__pgather_setup(t);
+        }
     }
     if (!rc) {
         canonical(t->model, gpt_params(t->model), c, true);

@@ -206,6 +206,9 @@ int trainer__dopt_handover(trainer *t, bool held);
  * the group (choosing the all-reduce path for this generation). */
 int trainer__dopt_nbuckets(const trainer *t);
 void trainer__dopt_bucket(const trainer *t, int b, size_t *lo, size_t *hi);
+/* Whether a copy of the buckets' bounds (the overlap's, the gather's: who) is the layout's
+ * (CO_EINTERNAL with a detail where not: a re-partition left it stale). */
+int trainer__dopt_buckets_match(const trainer *t, int nb, const size_t *lo, const size_t *hi, const char *who);
 int trainer__dopt_reduce_bucket(trainer *t, struct cm_comm *g, int b);
 int trainer__dopt_reduce_finish(trainer *t);
 struct cm_comm *trainer__dopt_group(trainer *t);

@@ -185,6 +185,8 @@ static void on_layer(void *ctx, int layer) {
 int trainer__pgather_start(trainer *t) {
     tr_pgather *p = t->pg;
     trainer__pgather_cancel(t);
+    int rc = trainer__dopt_buckets_match(t, p->nb, p->lo, p->hi, "overlapped parameter all-gather");
+    if (rc) return rc;
     p->g = trainer__dopt_group(t); /* (and this generation's path: all-reduce or all-gather) */
     memset(p->done, 0, sizeof *p->done * (size_t)p->nb);
     memset(p->synced, 0, sizeof *p->synced * (size_t)p->nb);

@@ -35,6 +35,10 @@
 #              the auxiliary losses' gradient over the uneven shares is the global batch's mean
 #              (each micro batch's scaled by dp / the batch's micro batches), so the final
 #              checkpoint is within the same tolerance of the fault-free run's
+#   budget_ptl the budget case with --calculate-per-token-loss (and --eod-mask-loss: the micro
+#              batches' loss tokens differ): each rank counts its own share's tokens
+#   budget_dopt_ovl the budget_dopt case with --overlap-grad-reduce and --overlap-param-gather:
+#              their buckets laid out anew with the re-partitioned shards
 #   budget_dopt the budget case with --use-distributed-optimizer: rank 2's optimizer shard comes
 #              from its copy on rank 3, and every shard is re-partitioned in memory over 3 ranks
 #   refused    what --elastic is not built for is refused with one line each
@@ -193,13 +197,15 @@ min_replicas | node_lost_dopt)
     ! grep -q "model replica(s) lost a rank for good and leave" "$work/f.n0" || fail "shrunk below the floor"
     "$cohort" ckpt verify "$work/fs" >"$work/verify.out" 2>&1 || fail "the last checkpoint: $(tail -3 "$work/verify.out")"
     ;;
-budget | respawn_fails | budget_dopt | budget_moe)
+budget | respawn_fails | budget_dopt | budget_moe | budget_ptl | budget_dopt_ovl)
     # one node of 4 ranks (dp 4); a rank whose replacement cannot be had: the restart budget used
     # up (--inprocess-restart-limit 1: the first kill is replaced, the second is not) or its new
     # process failing to start (the test hook COHORT_TEST_RESPAWN_FAILS) -> its replica leaves,
     # dp 3 (4 micro batches dealt 2, 1, 1) to the end, the supervisor ends 0
     one=(--nproc-per-node 4 --train-iters 40 --elastic --eval-iters 0 --disable-bias-linear)
     [ "$case_name" = budget_dopt ] && one+=(--use-distributed-optimizer)
+    [ "$case_name" = budget_dopt_ovl ] && one+=(--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 4000)
+    [ "$case_name" = budget_ptl ] && one+=(--calculate-per-token-loss --eod-mask-loss)
     [ "$case_name" = budget_moe ] && one+=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
                                           --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3)
     "$cohort" train "${tiny[@]}" "${one[@]}" --metrics-file "$work/clean.jsonl" --save "$work/cs" >"$work/clean.out" 2>&1 ||
@@ -221,7 +227,7 @@ budget | respawn_fails | budget_dopt | budget_moe)
     dps=$(check_samples "$work/f.jsonl" 8)
     [ "$dps" = "4 3" ] || fail "data-parallel sizes $dps, not 4 3"
     grep -q "0 step(s) lost" "$work/f.out" || fail "steps lost: $(grep 'run report' "$work/f.out")"
-    if [ "$case_name" = budget_dopt ]; then # (rank 2's shard from its copy on rank 3, all over 3 ranks)
+    if [ "$case_name" = budget_dopt ] || [ "$case_name" = budget_dopt_ovl ]; then # (rank 2's shard from its copy on rank 3, all over 3 ranks)
         grep -q "distributed optimizer: 4 shards re-partitioned in memory over 3 data-parallel ranks" "$work/f.out" ||
             fail "not re-partitioned: $(grep -i "distributed optimizer" "$work/f.out" | tail -3)"
     fi
