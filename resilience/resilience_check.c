@@ -68,8 +68,9 @@ static void check_elastic(const co_config *c, co_problems *P) {
     /* (pipeline and context parallelism are built: a replica's tp x cp x pp ranks leave and
      * join whole; the interleaved schedule's shares are checked by pp_check_config) */
     if (c->num_experts > 0 && c->expert_model_parallel_size > 1)
-        co_problem(P, "--elastic with --expert-model-parallel-size %d is not supported yet (a replica that leaves "
-                      "takes part of other replicas' expert groups): give 1", c->expert_model_parallel_size);
+        co_problem(P, "--elastic with --expert-model-parallel-size %d is not supported yet (an expert group spans "
+                      "replicas, so one leaving takes part of the others' experts, and its ranks must run the same "
+                      "micro batches, which uneven shares break): give 1", c->expert_model_parallel_size);
     if (co_config_was_set(c, "rampup-batch-size"))
         co_problem(P, "--elastic with --rampup-batch-size is not supported yet");
     if (c->inprocess_active_world_size > 0 && c->inprocess_active_world_size < procs)
