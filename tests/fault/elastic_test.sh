@@ -35,6 +35,7 @@
 #              the auxiliary losses' gradient over the uneven shares is the global batch's mean
 #              (each micro batch's scaled by dp / the batch's micro batches), so the final
 #              checkpoint is within the same tolerance of the fault-free run's
+#   budget_mtp the budget case with --mtp-num-layers 1, whose loss is an auxiliary loss too
 #   budget_ptl the budget case with --calculate-per-token-loss (and --eod-mask-loss: the micro
 #              batches' loss tokens differ): each rank counts its own share's tokens
 #   budget_dopt_ovl the budget_dopt case with --overlap-grad-reduce and --overlap-param-gather:
@@ -197,7 +198,7 @@ min_replicas | node_lost_dopt)
     ! grep -q "model replica(s) lost a rank for good and leave" "$work/f.n0" || fail "shrunk below the floor"
     "$cohort" ckpt verify "$work/fs" >"$work/verify.out" 2>&1 || fail "the last checkpoint: $(tail -3 "$work/verify.out")"
     ;;
-budget | respawn_fails | budget_dopt | budget_moe | budget_ptl | budget_dopt_ovl)
+budget | respawn_fails | budget_dopt | budget_moe | budget_mtp | budget_ptl | budget_dopt_ovl)
     # one node of 4 ranks (dp 4); a rank whose replacement cannot be had: the restart budget used
     # up (--inprocess-restart-limit 1: the first kill is replaced, the second is not) or its new
     # process failing to start (the test hook COHORT_TEST_RESPAWN_FAILS) -> its replica leaves,
@@ -206,6 +207,7 @@ budget | respawn_fails | budget_dopt | budget_moe | budget_ptl | budget_dopt_ovl
     [ "$case_name" = budget_dopt ] && one+=(--use-distributed-optimizer)
     [ "$case_name" = budget_dopt_ovl ] && one+=(--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 4000)
     [ "$case_name" = budget_ptl ] && one+=(--calculate-per-token-loss --eod-mask-loss)
+    [ "$case_name" = budget_mtp ] && one+=(--mtp-num-layers 1)
     [ "$case_name" = budget_moe ] && one+=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
                                           --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3)
     "$cohort" train "${tiny[@]}" "${one[@]}" --metrics-file "$work/clean.jsonl" --save "$work/cs" >"$work/clean.out" 2>&1 ||
