@@ -42,6 +42,10 @@
 #              their buckets laid out anew with the re-partitioned shards
 #   budget_dopt the budget case with --use-distributed-optimizer: rank 2's optimizer shard comes
 #              from its copy on rank 3, and every shard is re-partitioned in memory over 3 ranks
+#   check_pp   one node of 6 ranks, pp 2 x dp 3 (--use-tp-pp-dp-mapping, 3 micro batches): the
+#              budget shrinks it to dp 2 (shares 2 and 1), then a NaN in micro batch 1 of
+#              replica 0 reproduces and replica 1 recomputes replica 0's share: its pipeline
+#              runs 2 micro batches, not its own 1, and reproduces the NaN (correct_result)
 #   refused    what --elastic is not built for is refused with one line each
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
@@ -235,6 +239,15 @@ budget | respawn_fails | budget_dopt | budget_moe | budget_mtp | budget_ptl | bu
     fi
     "$cohort" ckpt diff --json --atol 1e-6 "$work/cs" "$work/fs" >"$work/diff.json" ||
         fail "the final checkpoints differ by more than 1e-6: $(grep -B2 '"status": "differs"' "$work/diff.json" | head -9)"
+    ;;
+check_pp)
+    # (ranks 2d and 2d + 1 are replica d's stages; after the shrink replica 2 is ranks 2, 3)
+    tiny_model --global-batch-size 6
+    nan_reproduced nan_loss "[01]" "[23]" --nproc-per-node 6 --pipeline-model-parallel-size 2 --use-tp-pp-dp-mapping \
+        --elastic --eval-iters 0 --inprocess-restart-limit 1 --inject "kill@rank=2,step=2" --inject "kill@rank=3,step=4" \
+        --inject "nan@rank=1,step=7,microbatch=1,times=always" --train-iters 10
+    grep -qF "elastic: 1 model replica(s) lost a rank for good and leave; the job trains on with 2 replica(s) (4 ranks, it had 6)" \
+        "$work/f.out" || fail "no shrink: $(grep supervisor "$work/f.out" | tail -5)"
     ;;
 refused)
     for bad in "--rampup-batch-size 4 4 100:--elastic with --rampup-batch-size is not supported yet" \
