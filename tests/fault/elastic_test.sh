@@ -18,6 +18,8 @@
 #              batch of 3 micro batches: node 2 lost, dp 3 -> 2 -> 3, the pipeline schedule
 #              running 1 micro batch per rank, then 2 and 1 (uneven shares: each micro batch
 #              weighs dp / (tokens x 3), not 1 / (tokens x its rank's share)), then 1
+#   node_lost_vpp node_lost_pp with the interleaved schedule (4 layers, one per virtual stage: 2
+#              model chunks per rank) and a batch of 12 micro batches (4 per rank, then 6)
 #   node_lost_cp the same with --context-parallel-size 2 (each node one replica's two context
 #              ranks)
 #   grow_dopt  four nodes of one worker, dp 4 with the distributed optimizer: node 2 lost (its
@@ -85,19 +87,23 @@ PY
 }
 
 case $case_name in
-node_lost | node_lost_tp | node_lost_pp | node_lost_cp)
+node_lost | node_lost_tp | node_lost_pp | node_lost_vpp | node_lost_cp)
     # (rank 0 sleeps 20 ms per micro batch, in both runs: the dp 2 phase lasts seconds, time
     # for the new agent to start its workers before the job's end, on a fast machine too)
+    # (vpp: 4 micro batches per rank, 5 ms each)
+    slow=20
+    [ "$case_name" = node_lost_vpp ] && slow=5
     job=(--train-iters 300 --elastic "${hb[@]}" --eval-iters 0 --disable-bias-linear
-         --inject "slow@rank=0,step=1,ms=20,times=always")
+         --inject "slow@rank=0,step=1,ms=$slow,times=always")
     # (dp replicas of per ranks, left after the last node is lost; tp 2: node 1 holds replica
     # 1 whole, ranks 2 and 3, dp 2 -> 1 -> 2; pp 2 and cp 2: three nodes, a replica each,
     # dp 3 -> 2 -> 3, the global batch's 3 micro batches dealt 1, 1, 1 then 2, 1)
-    dp=4 left=2 per=1 gbs=8 nn=2
+    dp=4 left=2 per=1 gbs=8 nn=2 layers=2
     [ "$case_name" = node_lost_tp ] && dp=2 left=1 per=2 job+=(--tensor-model-parallel-size 2)
     [ "$case_name" = node_lost_pp ] && dp=3 left=2 per=2 gbs=6 nn=3 job+=(--pipeline-model-parallel-size 2 --use-tp-pp-dp-mapping)
+    [ "$case_name" = node_lost_vpp ] && dp=3 left=2 per=2 gbs=24 nn=3 layers=4 job+=(--pipeline-model-parallel-size 2 --use-tp-pp-dp-mapping --num-layers-per-virtual-pipeline-stage 1)
     [ "$case_name" = node_lost_cp ] && dp=3 left=2 per=2 gbs=6 nn=3 job+=(--context-parallel-size 2 --attention-dropout 0)
-    tiny_model --global-batch-size $gbs
+    tiny_model --global-batch-size $gbs --num-layers $layers
     lost=$((nn - 1)) # (the last node)
     start_nodes clean $nn "${job[@]}" --save "$work/cs"
     for ((k = nn - 1; k >= 0; k--)); do wait_ok "${node_pid[k]}" "clean: node $k" "$work/clean.n$k"; done
