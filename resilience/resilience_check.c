@@ -71,6 +71,10 @@ static void check_elastic(const co_config *c, co_problems *P) {
         co_problem(P, "--elastic with --expert-model-parallel-size %d is not supported yet (an expert group spans "
                       "replicas, so one leaving takes part of the others' experts, and its ranks must run the same "
                       "micro batches, which uneven shares break): give 1", c->expert_model_parallel_size);
+    if (c->use_distributed_optimizer && c->context_parallel_size > 1)
+        co_problem(P, "--elastic with --use-distributed-optimizer and --context-parallel-size %d is not supported yet "
+                      "(the optimizer's shards are over the data x context ranks, a shard's copy on the next context "
+                      "rank: a replica that leaves takes a shard with its copy)", c->context_parallel_size);
     if (c->num_experts > 0 && !strcmp(c->moe_router_load_balancing_type, "global_aux_loss"))
         co_problem(P, "--elastic with --moe-router-load-balancing-type global_aux_loss is not supported yet (its "
                       "token counts are summed over the data-parallel ranks in every micro batch, which uneven "

@@ -259,6 +259,7 @@ refused)
     for bad in "--rampup-batch-size 4 4 100:--elastic with --rampup-batch-size is not supported yet" \
                "--num-layers 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --microbatch-group-size-per-virtual-pipeline-stage 3 --global-batch-size 20:--elastic: at a data-parallel size of 1 a rank takes 10 micro batches: 10 micro batches mod --microbatch-group-size-per-virtual-pipeline-stage 3 = 1" \
                "--num-experts 4 --expert-model-parallel-size 2:--elastic with --expert-model-parallel-size 2 is not supported yet" \
+               "--context-parallel-size 2 --attention-dropout 0 --use-distributed-optimizer:--elastic with --use-distributed-optimizer and --context-parallel-size 2 is not supported yet" \
                "--num-experts 4 --moe-router-load-balancing-type global_aux_loss:--elastic with --moe-router-load-balancing-type global_aux_loss is not supported yet" \
                "--elastic-min-replicas 5:--elastic-min-replicas 5 is out of range: give 1 to the data-parallel size 4"; do
         read -ra extra <<<"${bad%%:*}"
