@@ -418,7 +418,7 @@ static const flag flags[] = {
     B("resilience", "elastic", elastic,
       "[cohort] elastic data parallelism: capacity lost for good (a node lost with no spare and no new agent "
       "within --node-replacement-timeout, a rank that cannot be restarted) makes the model replicas that lost a "
-      "rank leave, and the rest train on in the same processes with the same global batch; a returning node "
+      "rank (each its tensor x context x pipeline ranks) leave, and the rest train on in the same processes with the same global batch; a returning node "
       "agent grows the job back at the next step (docs/resilience.md, Elastic)"),
     I("resilience", "elastic-min-replicas", elastic_min_replicas, "1",
       "[cohort] --elastic: the fewest model replicas (data-parallel size) the job shrinks to; below it the job "

@@ -65,22 +65,22 @@ static void check_elastic(const co_config *c, co_problems *P) {
     if (procs < 2 || !c->inprocess_restart)
         co_problem(P, "--elastic needs a supervised job with in-process restart (--nproc-per-node 2 or more, "
                       "without --no-inprocess-restart)");
-    if (c->pipeline_model_parallel_size > 1)
-        co_problem(P, "--elastic with --pipeline-model-parallel-size %d is not supported yet (give 1)",
-                   c->pipeline_model_parallel_size);
-    if (c->context_parallel_size > 1)
-        co_problem(P, "--elastic with --context-parallel-size %d is not supported yet (give 1)", c->context_parallel_size);
-    if (c->num_experts > 0)
-        co_problem(P, "--elastic with --num-experts is not supported yet (its auxiliary losses are averaged over "
-                      "the micro batches per rank)");
-    if (c->use_distributed_optimizer && c->overlap_grad_reduce)
-        co_problem(P, "--elastic with --use-distributed-optimizer and --overlap-grad-reduce is not supported yet "
-                      "(the overlap's buckets are not re-partitioned): leave --overlap-grad-reduce off");
+    /* (pipeline and context parallelism are built: a replica's tp x cp x pp ranks leave and
+     * join whole; the interleaved schedule's shares are checked by pp_check_config) */
+    if (c->num_experts > 0 && c->expert_model_parallel_size > 1)
+        co_problem(P, "--elastic with --expert-model-parallel-size %d is not supported yet (an expert group spans "
+                      "replicas, so one leaving takes part of the others' experts, and its ranks must run the same "
+                      "micro batches, which uneven shares break): give 1", c->expert_model_parallel_size);
+    if (c->use_distributed_optimizer && c->context_parallel_size > 1)
+        co_problem(P, "--elastic with --use-distributed-optimizer and --context-parallel-size %d is not supported yet "
+                      "(the optimizer's shards are over the data x context ranks, a shard's copy on the next context "
+                      "rank: a replica that leaves takes a shard with its copy)", c->context_parallel_size);
+    if (c->num_experts > 0 && !strcmp(c->moe_router_load_balancing_type, "global_aux_loss"))
+        co_problem(P, "--elastic with --moe-router-load-balancing-type global_aux_loss is not supported yet (its "
+                      "token counts are summed over the data-parallel ranks in every micro batch, which uneven "
+                      "shares cannot pair up): use aux_loss or seq_aux_loss");
     if (co_config_was_set(c, "rampup-batch-size"))
         co_problem(P, "--elastic with --rampup-batch-size is not supported yet");
-    if (c->calculate_per_token_loss)
-        co_problem(P, "--elastic with --calculate-per-token-loss is not supported yet (the step's tokens are counted "
-                      "over equal shares of micro batches)");
     if (c->inprocess_active_world_size > 0 && c->inprocess_active_world_size < procs)
         co_problem(P, "--elastic with warm spares (--inprocess-active-world-size) is not supported yet");
     if (!strcmp(c->inprocess_rank_assignment, "shift-ranks"))

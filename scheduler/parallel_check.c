@@ -184,6 +184,19 @@ int pp_check_config(const co_config *c, int dp) {
     pp_sched_cfg sc = {.p = p, .rank = 0, .m = c->global_batch_size / (c->micro_batch_size * dp), .v = v,
                        .group = c->microbatch_group_size_per_vp_stage};
     if (pp_sched_check(&sc)) return CO_EINVAL;
+    /* --elastic: every share a data-parallel size from --elastic-min-replicas to dp deals a
+     * rank (the batch's micro batches dealt round the ranks, counts differing by one) */
+    int total = c->global_batch_size / c->micro_batch_size;
+    for (int d = c->elastic && c->elastic_min_replicas >= 1 ? c->elastic_min_replicas : dp + 1; d <= dp; d++)
+        for (int k = 0; k < 2; k++) {
+            sc.m = total / d + k * (total % d != 0);
+            if (sc.m >= 1 && pp_sched_check(&sc)) {
+                char why[300];
+                snprintf(why, sizeof why, "%s", co_err_detail());
+                return co_err_set(CO_EINVAL, "--elastic: at a data-parallel size of %d a rank takes %d micro "
+                                             "batches: %s", d, sc.m, why);
+            }
+        }
     /* a batch ramp-up's smaller batches each run the schedule over their micro batches */
     for (int64_t b = c->rampup_start; c->rampup_start > 0 && b < c->global_batch_size; b += c->rampup_increment) {
         sc.m = (int)(b / (c->micro_batch_size * dp));

@@ -741,7 +741,11 @@ static int elastic_apply(sv *s, const sve_plan *p) {
     s->world = p->layout.world;
     for (int r = 0; r < s->world; r++)
         if (topo_coords(&s->layout, r, &s->coord[r])) return co_err_set(CO_ENOMEM, "elastic: out of memory");
-    int rc = s->val ? svv_set_world(s->val, s->world, s->o.replicas ? s->layout.dp : 0) : 0;
+    int *stage_of = s->o.pp > 1 ? malloc(sizeof *stage_of * (size_t)s->world) : NULL;
+    if (s->o.pp > 1 && !stage_of) return co_err_set(CO_ENOMEM, "elastic: out of memory");
+    for (int r = 0; stage_of && r < s->world; r++) stage_of[r] = s->coord[r].pp;
+    int rc = s->val ? svv_set_world(s->val, s->world, s->o.replicas ? s->layout.dp : 0, stage_of) : 0;
+    free(stage_of);
     if (!rc && s->ckpt) rc = svc_set_world(s->ckpt, s->world);
     return rc;
 }

@@ -964,12 +964,15 @@ void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint
     memset(v->evict_asked, 0, sizeof *v->evict_asked * (size_t)v->W);
 }
 
-int svv_set_world(svv *v, int world, int replicas) {
-    if (world > v->W0 || v->stage_of) /* (pipeline stages are refused with --elastic) */
-        return co_err_set(CO_EINVAL, "validator: world %d (at most %d, without pipeline stages)", world, v->W0);
+int svv_set_world(svv *v, int world, int replicas, const int *stage_of) {
+    if (world > v->W0 || (v->stage_of && !stage_of))
+        return co_err_set(CO_EINVAL, "validator: world %d (at most %d%s)", world, v->W0,
+                          v->stage_of ? ", each rank's pipeline stage given" : "");
     int rc = rr_set_world(v->rr, world, replicas);
     if (rc) return rc;
     v->W = world;
+    /* (the stages keep their numbers; their ranks are numbered anew) */
+    for (int r = 0; v->stage_of && r < world; r++) v->stage_of[r] = stage_of[r];
     /* the ranks are numbered anew: what was learned about each starts over */
     size_t n = (size_t)v->W0;
     memset(v->p, 0, sizeof *v->p * n);

@@ -61,9 +61,10 @@ void svv_note_fault(svv *v, const char *kind, int rank, const char *diagnosis);
 void svv_restart_begin(svv *v, const char *kind, int rank, const char *why, uint64_t detect_ms);
 void svv_restart_done(svv *v, int64_t iteration, bool from_checkpoint);
 /* --elastic: from the restart on, `world` ranks report (at most the world at the start), as
- * `replicas` data-parallel replicas; the goodput counts the rest of the world as shrunk
- * capacity. Call between svv_restart_begin and svv_restart_done. */
-int svv_set_world(svv *v, int world, int replicas);
+ * `replicas` data-parallel replicas, stage_of[world] each rank's pipeline stage (with a
+ * pipeline; NULL without); the goodput counts the rest of the world as shrunk capacity.
+ * Call between svv_restart_begin and svv_restart_done. */
+int svv_set_world(svv *v, int world, int replicas, const int *stage_of);
 /* A round that stopped progressing: some ranks reported, others not, for soft_ms. Returns
  * true with the silent ranks in missing (at most cap) and when the round began in *since. */
 bool svv_stalled(svv *v, uint64_t now, uint64_t soft_ms, int *missing, int cap, int *nmissing, uint64_t *since);

@@ -272,8 +272,10 @@ static int read_batch(trainer *t, int split, int mb, int64_t first_sample, bool 
     x->ntok_all = t->cpn > 1 ? t->cp_ntok : ntok;
     float w = !train                         ? 0.0f
               : c->calculate_per_token_loss ? t->tok_w * trainer__loss_scale(t) /* (the step's, counted first) */
-              : x->ntok_all > 0             ? (float)(1.0 / (x->ntok_all * t->M)) * trainer__loss_scale(t)
+              : x->ntok_all > 0             ? (float)trainer__mb_weight(t, x->ntok_all) * trainer__loss_scale(t)
                                             : 0.0f;
+    /* (--elastic's sample check: the last stage's, whose dp group reports to the supervisor) */
+    if (train && t->pp_rank == t->pp_size - 1) trainer__count_samples(t, first_sample + gmb * B);
     for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
     t->mb_tok_local[mb] = ntok;
     t->have_batch[mb] = 2;
@@ -442,9 +444,14 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     /* data_rank: this replica's own share, or (a check round of the rerun state machine) the
      * suspect replica's, which this whole pipeline recomputes */
     t->share_of = data_rank;
+    /* --elastic: a check round's share may hold one micro batch more or fewer than this
+     * rank's own; the schedule is this share's until the next one's */
+    int rc = t->cfg.elastic ? trainer__use_m(t, trainer__share(t, t->gbs, data_rank)) : 0;
+    if (rc) return rc;
+    memset(t->smp_step, 0, sizeof t->smp_step);
     float wtok;
     if (t->cfg.calculate_per_token_loss) {
-        int rc = trainer__per_token_weight(t, data_rank, step, &wtok);
+        rc = trainer__per_token_weight(t, data_rank, step, &wtok);
         if (rc) return rc;
     }
     say_channels(t);
@@ -455,7 +462,7 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     t->pp_nheld = 0;
     t->pp_last_from = (t->pp_rank + 1) % t->pp_size;
     pp_sched_cfg sc = sched_cfg(t);
-    int rc = on_device(t) ? dev_grecv(t) : 0;
+    rc = on_device(t) ? dev_grecv(t) : 0;
     for (int i = 0; i < t->nops && !rc; i++) {
         const pp_op *op = &t->ops[i];
         int64_t gmb = (int64_t)op->mb * t->topo.dp + data_rank;

@@ -155,6 +155,28 @@ gpt_chunk trainer__chunk_of(const pp_stage *st, int p, int v, int r, int ci, int
                        .mtp_in = mtp_at >= 0 && ci * p + r > mtp_at};
 }
 
+/* Each chunk's activation slots into most[]: the most forwards of a chunk not yet matched by
+ * their backward (a chunk takes its micro batches' backwards in the order of their forwards,
+ * so slot = mb mod slots), in M_max's schedule, or under --elastic in any schedule of up to
+ * M_max micro batches (a shrunk or grown data-parallel size changes a rank's share). */
+static int schedule_slots(trainer *t, int v, int *most) {
+    pp_sched_cfg sc = {.p = t->pp_size, .rank = t->pp_rank, .m = t->M_max, .v = v,
+                       .group = t->cfg.microbatch_group_size_per_vp_stage};
+    for (int M = t->cfg.elastic ? 1 : t->M_max; M <= t->M_max; M++) {
+        sc.m = M;
+        if (t->cfg.elastic && pp_sched_check(&sc)) continue; /* (no share of that many: pp_check_config) */
+        int rc = pp_schedule(&sc, t->ops, 2 * t->M_max * v, &t->nops);
+        if (rc) return rc;
+        int inflight[GPT_MAX_CHUNKS] = {0};
+        for (int i = 0; i < t->nops; i++) {
+            int ci = t->ops[i].chunk;
+            inflight[ci] += t->ops[i].kind == PP_FORWARD ? 1 : -1;
+            if (inflight[ci] > most[ci]) most[ci] = inflight[ci];
+        }
+    }
+    return 0;
+}
+
 /* A pipeline rank's part: its model chunks (Megatron's layer placement), its schedule
  * (1F1B or interleaved) and each chunk's activation slots (the most micro batches the
  * schedule keeps in it at once), the per micro batch buffers. */
@@ -174,25 +196,21 @@ static int pipeline_setup(trainer *t, gpt_config *m) {
         free(st);
         return rc;
     }
-    pp_sched_cfg sc = {.p = t->pp_size, .rank = t->pp_rank, .m = t->M, .v = v,
-                       .group = c->microbatch_group_size_per_vp_stage};
+    /* the room for the most micro batches a rank may take (M_max: the batch's micro batches
+     * over the data-parallel size, or under --elastic the whole batch's) */
     t->vchunks = v;
-    t->ops = malloc(sizeof *t->ops * 2 * (size_t)t->M * (size_t)v);
+    t->ops = malloc(sizeof *t->ops * 2 * (size_t)t->M_max * (size_t)v);
     if (!t->ops) rc = co_err_set(CO_ENOMEM, "pipeline schedule: out of memory");
-    if (!rc) rc = pp_schedule(&sc, t->ops, 2 * t->M * v, &t->nops);
-    /* slots: the most forwards of a chunk not yet matched by their backward (a chunk takes
-     * its micro batches' backwards in the order of their forwards, so slot = mb mod slots) */
-    int inflight[GPT_MAX_CHUNKS] = {0}, most[GPT_MAX_CHUNKS] = {0};
-    for (int i = 0; !rc && i < t->nops; i++) {
-        int ci = t->ops[i].chunk;
-        inflight[ci] += t->ops[i].kind == PP_FORWARD ? 1 : -1;
-        if (inflight[ci] > most[ci]) most[ci] = inflight[ci];
-    }
+    int most[GPT_MAX_CHUNKS] = {0};
+    if (!rc) rc = schedule_slots(t, v, most);
     m->nchunks = v;
     for (int ci = 0; !rc && ci < v; ci++)
         m->chunks[ci] = trainer__chunk_of(st, t->pp_size, v, t->pp_rank, ci, most[ci] > 0 ? most[ci] : 1);
     t->stages = st;
-    int M = t->M;
+    pp_sched_cfg sc = {.p = t->pp_size, .rank = t->pp_rank, .m = t->M, .v = v,
+                       .group = c->microbatch_group_size_per_vp_stage};
+    if (!rc) rc = pp_schedule(&sc, t->ops, 2 * t->M_max * v, &t->nops); /* (the schedule this rank runs first) */
+    int M = t->M_max;
     size_t N = (size_t)c->micro_batch_size * c->seq_length;
     t->have_batch = calloc((size_t)M, 1);
     t->poison = calloc((size_t)M, sizeof *t->poison);
@@ -367,23 +385,42 @@ int trainer__share(const trainer *t, int gbs, int r) {
     return r < total ? (total - r + dp - 1) / dp : 0;
 }
 
+/* The weight of a micro batch with ntok loss tokens (all context ranks' together) in the
+ * step: 1 / (ntok x M), or under --elastic dp / (ntok x the batch's micro batches), so that
+ * the step's gradient, averaged over the dp ranks, is the mean over the batch's micro batches
+ * whatever each rank's share (bit for bit the other when dp divides the batch). ntok 0: the
+ * auxiliary losses' (MoE, MTP) weight, which has no tokens (1 / M or dp / micro batches). */
+double trainer__mb_weight(const trainer *t, double ntok) {
+    if (!t->cfg.elastic) return ntok > 0 ? 1.0 / (ntok * t->M) : (double)(1.0f / (float)t->M);
+    double total = (double)(t->gbs / t->cfg.micro_batch_size);
+    return ntok > 0 ? t->topo.dp / (ntok * total) : t->topo.dp / total;
+}
+
+/* The pipeline's operations over M micro batches of this rank (the buffers hold M_max). */
+int trainer__use_m(trainer *t, int M) {
+    if (M < 1 || M > t->M_max)
+        return co_err_set(CO_EINVAL, "%d micro batches for this rank (1..%d)", M, t->M_max);
+    if (M == t->M) return 0;
+    t->M = M;
+    if (t->pp_size <= 1 || !t->ops) return 0; /* (the pipeline's groups may be between generations) */
+    pp_sched_cfg sc = {.p = t->pp_size, .rank = t->pp_rank, .m = M, .v = t->vchunks,
+                       .group = t->cfg.microbatch_group_size_per_vp_stage};
+    return pp_schedule(&sc, t->ops, 2 * t->M_max * t->vchunks, &t->nops);
+}
+
 /* The iteration's global batch gbs (a batch ramp-up's, or the full one): its micro batches
- * per rank, the pipeline's schedule over them, the auxiliary losses' weight 1/M. The buffers
- * are sized for the full batch. */
+ * per rank, the pipeline's schedule over them, the auxiliary losses' weight (one micro
+ * batch's, trainer__mb_weight). The buffers are sized for the full batch. */
 int trainer__set_batch(trainer *t, int gbs) {
     const co_config *c = &t->cfg;
     int M = c->elastic ? trainer__share(t, gbs, t->topo.dp_rank)
                        : topo_num_microbatches(&t->topo, gbs, c->micro_batch_size);
     if (M < 1 || M > t->M_max) return co_err_set(CO_EINVAL, "global batch %d: %d micro batches per rank (1..%d)", gbs, M, t->M_max);
     t->gbs = gbs;
-    /* the auxiliary losses weigh as the main loss: 1 / M, times --fp16's loss scale */
-    gpt_set_aux_loss_scale(t->model, trainer__loss_scale(t) * (1.0f / (float)M));
-    if (M == t->M) return 0;
-    t->M = M;
-    if (!t->g.pp) return 0;
-    pp_sched_cfg sc = {.p = t->pp_size, .rank = t->pp_rank, .m = M, .v = t->vchunks,
-                       .group = c->microbatch_group_size_per_vp_stage};
-    return pp_schedule(&sc, t->ops, 2 * t->M_max * t->vchunks, &t->nops);
+    int rc = trainer__use_m(t, M);
+    /* the auxiliary losses weigh as the main loss, times --fp16's loss scale */
+    gpt_set_aux_loss_scale(t->model, trainer__loss_scale(t) * (float)trainer__mb_weight(t, 0));
+    return rc;
 }
 
 /* The micro batches' arrays: one set, or with a pipeline one per micro batch of the step
@@ -391,7 +428,7 @@ int trainer__set_batch(trainer *t, int gbs) {
 static int alloc_batches(trainer *t) {
     const co_config *c = &t->cfg;
     size_t N = (size_t)c->micro_batch_size * c->seq_length;
-    t->nmbuf = t->g.pp ? t->M : 1;
+    t->nmbuf = t->g.pp ? t->M_max : 1;
     t->mbuf = calloc((size_t)t->nmbuf, sizeof *t->mbuf);
     t->zeros = calloc(N, sizeof(float));
     t->bcast = t->g.tp ? malloc(5 * N * sizeof(int32_t)) : NULL;
@@ -915,7 +952,8 @@ int trainer__per_token_weight(trainer *t, int data_rank, int64_t step, float *w)
         return 0;
     }
     double n = 0;
-    for (int mb = 0; mb < t->M; mb++) {
+    int M = t->cfg.elastic ? trainer__share(t, t->gbs, data_rank) : t->M; /* (--elastic: uneven shares) */
+    for (int mb = 0; mb < M; mb++) {
         gpt_batch b;
         tr_batch *x = &t->mbuf[0];
         int64_t first = t->consumed[0] + ((int64_t)mb * t->topo.dp + data_rank) * t->cfg.micro_batch_size;
@@ -933,6 +971,14 @@ int trainer__per_token_weight(trainer *t, int data_rank, int64_t step, float *w)
     t->tok_w_step = step + 1;
     per_token_aux(t, *w);
     return 0;
+}
+
+void trainer__count_samples(trainer *t, int64_t first) {
+    if (t->cpn > 1 && t->cpr != 0) return; /* (the context ranks read parts of the same samples) */
+    for (int i = 0; i < t->cfg.micro_batch_size; i++) {
+        double p = (double)(first + i);
+        t->smp_step[0] += 1, t->smp_step[1] += p, t->smp_step[2] += p * p;
+    }
 }
 
 /* Forward and backward of data_rank's share of the step (micro batches mb*dp + data_rank),
@@ -955,7 +1001,6 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
      * each micro batch's loss is its tokens' mean over the batch's micro batches, whichever
      * rank computes it (dp / (tokens x total) is 1 / (tokens x M) bit for bit when dp divides) */
     int M = t->cfg.elastic ? trainer__share(t, t->gbs, data_rank) : t->M;
-    double total = (double)(t->gbs / B);
     memset(t->smp_step, 0, sizeof t->smp_step);
     for (int mb = 0; mb < M; mb++) {
         double t0 = now_s();
@@ -974,13 +1019,9 @@ static int compute_share(trainer *t, int data_rank, int64_t step, double *loss_o
         /* normalised by the whole sequences' loss tokens (all context ranks' together) */
         double nall = t->cpn > 1 ? t->cp_ntok : ntok;
         float w = c->calculate_per_token_loss ? wtok * trainer__loss_scale(t)
-                  : nall > 0 ? (float)(t->cfg.elastic ? t->topo.dp / (nall * total) : 1.0 / (nall * t->M)) *
-                                   trainer__loss_scale(t)
+                  : nall > 0 ? (float)trainer__mb_weight(t, nall) * trainer__loss_scale(t)
                              : 0.0f;
-        for (int i = 0; i < B; i++) { /* the samples' positions in training order */
-            double p = (double)(t->consumed[0] + gmb * B + i);
-            t->smp_step[0] += 1, t->smp_step[1] += p, t->smp_step[2] += p * p;
-        }
+        trainer__count_samples(t, t->consumed[0] + gmb * B);
         for (int i = 0; i < N; i++) x->dscale[i] = x->mask[i] * w;
         uint64_t seed = trainer__dropout_seed(t, gmb);
         double t1 = now_s();
@@ -1250,7 +1291,7 @@ void trainer_set_groups(trainer *t, const tr_groups *g) {
     /* --elastic: the data-parallel size may have changed (a shrink, a grow): this rank's share,
      * and the job's layout over the new world (a verdict's world ranks name replicas by it) */
     if (g->dp && t->cfg.elastic) {
-        t->M = trainer__share(t, t->gbs, t->topo.dp_rank);
+        (void)trainer__use_m(t, trainer__share(t, t->gbs, t->topo.dp_rank)); /* (1..M_max: no error) */
         topo_layout *l = &t->layout;
         char lerr[200];
         if (t->have_layout)

@@ -390,6 +390,19 @@ int trainer__dopt_nbuckets(const trainer *t) {
     return t->dopt->s.L.nbuckets + (t->dopt->ex ? t->dopt->xs.L.nbuckets : 0);
 }
 
+int trainer__dopt_buckets_match(const trainer *t, int nb, const size_t *lo, const size_t *hi, const char *who) {
+    int n = trainer__dopt_nbuckets(t);
+    for (int b = 0; b < n && b < nb; b++) {
+        size_t l, h;
+        trainer__dopt_bucket(t, b, &l, &h);
+        if (l != lo[b] || h != hi[b])
+            return co_err_set(CO_EINTERNAL, "%s: bucket %d is [%zu, %zu), the distributed optimizer's layout has it at "
+                                            "[%zu, %zu)", who, b, lo[b], hi[b], l, h);
+    }
+    if (n != nb) return co_err_set(CO_EINTERNAL, "%s: %d buckets, the distributed optimizer's layout has %d", who, nb, n);
+    return 0;
+}
+
 bool trainer__dopt_bucket_expert(const trainer *t, int b) { return b >= t->dopt->s.L.nbuckets; }
 
 /* The state bucket b belongs to, b made its index there. */
@@ -741,6 +754,16 @@ static int repartition_if_resized(trainer *t, bool held, bool *done) {
         trainer__dopt_free(t);
         rc = trainer__dopt_setup(t, false);
         t->opt.step = step;
+        /* the overlapped reduction's and gather's buckets are the new layout's (no thread of
+         * theirs runs between generations) */
+        if (!rc && t->ovl) {
+            trainer__overlap_free(t);
+            rc = trainer__overlap_setup(t);
+        }
+        if (!rc && t->pg) {
+            trainer__pgather_free(t);
+            rc = trainer__pgather_setup(t);
+        }
     }
     if (!rc) {
         canonical(t->model, gpt_params(t->model), c, true);

@@ -210,6 +210,9 @@ int trainer__dopt_handover(trainer *t, bool held);
 int trainer__dopt_nbuckets(const trainer *t);
 bool trainer__dopt_bucket_expert(const trainer *t, int b);
 void trainer__dopt_bucket(const trainer *t, int b, size_t *lo, size_t *hi);
+/* Whether a copy of the buckets' bounds (the overlap's, the gather's: who) is the layout's
+ * (CO_EINTERNAL with a detail where not: a re-partition left it stale). */
+int trainer__dopt_buckets_match(const trainer *t, int nb, const size_t *lo, const size_t *hi, const char *who);
 int trainer__dopt_reduce_bucket(trainer *t, struct cm_comm *g, int b);
 int trainer__dopt_reduce_finish(trainer *t);
 struct cm_comm *trainer__dopt_group(trainer *t);
@@ -348,6 +351,13 @@ int trainer__share(const trainer *t, int gbs, int r);
 /* --calculate-per-token-loss: the weight of a loss token in step `step` (the step's tokens
  * over the gradient group, counted once per step), set as the auxiliary losses' too. */
 int trainer__per_token_weight(trainer *t, int data_rank, int64_t step, float *w);
+/* This rank's micro batches M and the pipeline's schedule over them (1..M_max). */
+int trainer__use_m(trainer *t, int M);
+/* --elastic's sample check: a training micro batch's samples from position first (in
+ * training order) into the step's count, sum and sum of squares (context rank 0's only). */
+void trainer__count_samples(trainer *t, int64_t first);
+/* A micro batch's weight in the step for its ntok loss tokens (0: the auxiliary losses'). */
+double trainer__mb_weight(const trainer *t, double ntok);
 
 /* Faults injected into this rank (resilience/inject.h) around a micro batch: before its
  * forward (kill, stop, hang, slow; a flipped weight or activation); its loss (nan, inf, a

@@ -32,8 +32,8 @@ void trainer__moe_config(trainer *t, gpt_config *m) {
 int trainer__moe_setup(trainer *t) {
     const co_config *c = &t->cfg;
     /* Megatron's MoEAuxLossAutoScaler and MTPLossAutoScaler: the auxiliary losses' gradient
-     * weighs as the main loss's, 1 / micro batches */
-    gpt_set_aux_loss_scale(t->model, 1.0f / (float)t->M);
+     * weighs as the main loss's, 1 / micro batches (under --elastic dp / the batch's) */
+    gpt_set_aux_loss_scale(t->model, (float)trainer__mb_weight(t, 0));
     if (c->num_experts <= 0) return 0;
     size_t n = (size_t)c->num_layers * (size_t)c->num_experts;
     t->moe_tpe = calloc(n, sizeof *t->moe_tpe);

@@ -444,7 +444,8 @@ void trainer__overlap_last(trainer *t, bool last, bool early) {
 int trainer__overlap_flush(trainer *t, double *local_norm) {
     tr_overlap *o = t->ovl;
     o->last = false;
-    int rc = 0;
+    /* (the buckets are the layout's, re-partitioned or not: --elastic lays them out anew) */
+    int rc = t->dopt ? trainer__dopt_buckets_match(t, o->nb, o->lo, o->hi, "overlapped gradient reduction") : 0;
     for (int b = 0; b < o->nb && !rc && o->g; b++)
         if (!o->posted[b]) rc = post(o, b);
     if (!rc && o->inline_ && o->rc) rc = co_err_set(o->rc, "%s", o->err);

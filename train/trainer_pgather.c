@@ -245,6 +245,8 @@ static bool thread_groups(trainer *t, cm_comm **g, cm_comm **eg) {
 int trainer__pgather_start(trainer *t) {
     tr_pgather *p = t->pg;
     trainer__pgather_cancel(t);
+    int rc = trainer__dopt_buckets_match(t, p->nb, p->lo, p->hi, "overlapped parameter all-gather");
+    if (rc) return rc;
     if (!thread_groups(t, &p->g, &p->eg)) return trainer__dopt_sync(t);
     /* the update's kernels (a queued backend) have written the shards before the thread's
      * collectives read them; the thread calls nothing of the backend */

@@ -13,6 +13,15 @@
 #              seconds counted as shrunk_capacity in the goodput
 #   node_lost_tp the same with --tensor-model-parallel-size 2: node 1's replica of two ranks
 #              leaves (dp 2 -> 1) and comes back (dp 2)
+#   node_lost_pp the same on three nodes with --pipeline-model-parallel-size 2
+#              (--use-tp-pp-dp-mapping: each node holds one replica's two stages) and a global
+#              batch of 3 micro batches: node 2 lost, dp 3 -> 2 -> 3, the pipeline schedule
+#              running 1 micro batch per rank, then 2 and 1 (uneven shares: each micro batch
+#              weighs dp / (tokens x 3), not 1 / (tokens x its rank's share)), then 1
+#   node_lost_vpp node_lost_pp with the interleaved schedule (4 layers, one per virtual stage: 2
+#              model chunks per rank) and a batch of 12 micro batches (4 per rank, then 6)
+#   node_lost_cp the same with --context-parallel-size 2 (each node one replica's two context
+#              ranks)
 #   grow_dopt  four nodes of one worker, dp 4 with the distributed optimizer: node 2 lost (its
 #              shard's copy on node 3) -> dp 3 -> node 2 back -> dp 4, the shards re-partitioned
 #              in memory each time; samples once, 0 steps lost, within the tolerance
@@ -24,8 +33,21 @@
 #              (--inprocess-restart-limit 1): the rank is not replaced, its replica leaves, dp 3
 #              (uneven shares) to the end; samples once, 0 steps lost, within the tolerance
 #   respawn_fails the same with the replacement's process failing to start
+#   budget_moe the budget case with MoE layers (4 experts, top 2, load-balancing and z losses):
+#              the auxiliary losses' gradient over the uneven shares is the global batch's mean
+#              (each micro batch's scaled by dp / the batch's micro batches), so the final
+#              checkpoint is within the same tolerance of the fault-free run's
+#   budget_mtp the budget case with --mtp-num-layers 1, whose loss is an auxiliary loss too
+#   budget_ptl the budget case with --calculate-per-token-loss (and --eod-mask-loss: the micro
+#              batches' loss tokens differ): each rank counts its own share's tokens
+#   budget_dopt_ovl the budget_dopt case with --overlap-grad-reduce and --overlap-param-gather:
+#              their buckets laid out anew with the re-partitioned shards
 #   budget_dopt the budget case with --use-distributed-optimizer: rank 2's optimizer shard comes
 #              from its copy on rank 3, and every shard is re-partitioned in memory over 3 ranks
+#   check_pp   one node of 6 ranks, pp 2 x dp 3 (--use-tp-pp-dp-mapping, 3 micro batches): the
+#              budget shrinks it to dp 2 (shares 2 and 1), then a NaN in micro batch 1 of
+#              replica 0 reproduces and replica 1 recomputes replica 0's share: its pipeline
+#              runs 2 micro batches, not its own 1, and reproduces the NaN (correct_result)
 #   refused    what --elastic is not built for is refused with one line each
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
@@ -65,36 +87,44 @@ PY
 }
 
 case $case_name in
-node_lost | node_lost_tp)
+node_lost | node_lost_tp | node_lost_pp | node_lost_vpp | node_lost_cp)
     # (rank 0 sleeps 20 ms per micro batch, in both runs: the dp 2 phase lasts seconds, time
     # for the new agent to start its workers before the job's end, on a fast machine too)
+    # (vpp: 4 micro batches per rank, 5 ms each)
+    slow=20
+    [ "$case_name" = node_lost_vpp ] && slow=5
     job=(--train-iters 300 --elastic "${hb[@]}" --eval-iters 0 --disable-bias-linear
-         --inject "slow@rank=0,step=1,ms=20,times=always")
-    # (tp 2: node 1 holds replica 1 whole, ranks 2 and 3; dp 2 -> 1 -> 2)
-    dp=4 tp=1
-    [ "$case_name" = node_lost_tp ] && dp=2 tp=2 job+=(--tensor-model-parallel-size 2)
-    start_nodes clean "${NNODES:-2}" "${job[@]}" --save "$work/cs"
-    wait_ok "${node_pid[1]}" "clean: node 1" "$work/clean.n1"
-    wait_ok "${node_pid[0]}" "clean: node 0" "$work/clean.n0"
-    [ "$(check_samples "$work/clean.jsonl" 8)" = $dp ] || fail "the fault-free run's dp: $(check_samples "$work/clean.jsonl" 8)"
-    start_nodes f "${NNODES:-2}" "${job[@]}" --save "$work/fs"
+         --inject "slow@rank=0,step=1,ms=$slow,times=always")
+    # (dp replicas of per ranks, left after the last node is lost; tp 2: node 1 holds replica
+    # 1 whole, ranks 2 and 3, dp 2 -> 1 -> 2; pp 2 and cp 2: three nodes, a replica each,
+    # dp 3 -> 2 -> 3, the global batch's 3 micro batches dealt 1, 1, 1 then 2, 1)
+    dp=4 left=2 per=1 gbs=8 nn=2 layers=2
+    [ "$case_name" = node_lost_tp ] && dp=2 left=1 per=2 job+=(--tensor-model-parallel-size 2)
+    [ "$case_name" = node_lost_pp ] && dp=3 left=2 per=2 gbs=6 nn=3 job+=(--pipeline-model-parallel-size 2 --use-tp-pp-dp-mapping)
+    [ "$case_name" = node_lost_vpp ] && dp=3 left=2 per=2 gbs=24 nn=3 layers=4 job+=(--pipeline-model-parallel-size 2 --use-tp-pp-dp-mapping --num-layers-per-virtual-pipeline-stage 1)
+    [ "$case_name" = node_lost_cp ] && dp=3 left=2 per=2 gbs=6 nn=3 job+=(--context-parallel-size 2 --attention-dropout 0)
+    tiny_model --global-batch-size $gbs --num-layers $layers
+    lost=$((nn - 1)) # (the last node)
+    start_nodes clean $nn "${job[@]}" --save "$work/cs"
+    for ((k = nn - 1; k >= 0; k--)); do wait_ok "${node_pid[k]}" "clean: node $k" "$work/clean.n$k"; done
+    [ "$(check_samples "$work/clean.jsonl" $gbs)" = $dp ] || fail "the fault-free run's dp: $(check_samples "$work/clean.jsonl" $gbs)"
+    start_nodes f $nn "${job[@]}" --save "$work/fs"
     wait_until 60 grep -q "iteration *10/" "$work/f.n0" || fail "no progress: $(tail -3 "$work/f.n0")"
-    agent=$(children "${node_pid[1]}")
-    [ -n "$agent" ] || fail "node 1's agent not found"
+    agent=$(children "${node_pid[lost]}")
+    [ -n "$agent" ] || fail "node $lost's agent not found"
     kill -KILL $agent $(children "$agent") # the machine is gone
-    wait "${node_pid[1]}"
-    wait_until 20 grep -qF "elastic: $((dp / 2)) model replica(s) lost a rank for good and leave; the job trains on with $((dp / 2)) replica(s) (2 ranks, it had 4)" "$work/f.n0" ||
+    wait "${node_pid[lost]}"
+    wait_until 20 grep -qF "elastic: $((dp - left)) model replica(s) lost a rank for good and leave; the job trains on with $left replica(s) ($((left * per)) ranks, it had $((dp * per)))" "$work/f.n0" ||
         fail "no shrink: $(grep -i "supervisor\|elastic" "$work/f.n0" | tail -5)"
     shrunk_at=$(grep -o "iteration *[0-9]*/" "$work/f.n0" | tail -1 | tr -dc 0-9)
     wait_until 30 bash -c "grep -o 'iteration *[0-9]*/' '$work/f.n0' | tail -1 | tr -dc 0-9 | xargs test $((shrunk_at + 5)) -le" ||
-        fail "no progress at dp 2: $(tail -3 "$work/f.n0")"
-    start_agent f.n1b 1 "${job[@]}" --save "$work/fs"
-    wait_until 30 grep -qF "elastic: $((dp / 2)) model replica(s) join; the job trains on with $dp replica(s) (4 ranks, it had 2)" "$work/f.n0" ||
+        fail "no progress at dp $left: $(tail -3 "$work/f.n0")"
+    start_agent f.n${lost}b $lost "${job[@]}" --save "$work/fs"
+    wait_until 30 grep -qF "elastic: $((dp - left)) model replica(s) join; the job trains on with $dp replica(s) ($((dp * per)) ranks, it had $((left * per)))" "$work/f.n0" ||
         fail "no grow: $(grep -i "supervisor\|elastic" "$work/f.n0" | tail -5)"
-    wait_ok "${node_pid[1]}" "node 1 (new agent)" "$work/f.n1b"
-    wait_ok "${node_pid[0]}" "node 0" "$work/f.n0"
-    dps=$(check_samples "$work/f.jsonl" 8)
-    [ "$dps" = "$dp $((dp / 2)) $dp" ] || fail "data-parallel sizes $dps, not $dp $((dp / 2)) $dp"
+    for ((k = nn - 1; k >= 0; k--)); do wait_ok "${node_pid[k]}" "node $k" "$work/f.n$k"; done
+    dps=$(check_samples "$work/f.jsonl" $gbs)
+    [ "$dps" = "$dp $left $dp" ] || fail "data-parallel sizes $dps, not $dp $left $dp"
     grep -q "0 step(s) lost" "$work/f.n0" || fail "steps lost: $(grep 'run report' "$work/f.n0")"
     grep -q "elastic_grow, rank -1, iteration [0-9]*, capacity_returned" "$work/f.n0" ||
         fail "the grow not reported: $(grep -A4 'run report' "$work/f.n0")"
@@ -178,13 +208,18 @@ min_replicas | node_lost_dopt)
     ! grep -q "model replica(s) lost a rank for good and leave" "$work/f.n0" || fail "shrunk below the floor"
     "$cohort" ckpt verify "$work/fs" >"$work/verify.out" 2>&1 || fail "the last checkpoint: $(tail -3 "$work/verify.out")"
     ;;
-budget | respawn_fails | budget_dopt)
+budget | respawn_fails | budget_dopt | budget_moe | budget_mtp | budget_ptl | budget_dopt_ovl)
     # one node of 4 ranks (dp 4); a rank whose replacement cannot be had: the restart budget used
     # up (--inprocess-restart-limit 1: the first kill is replaced, the second is not) or its new
     # process failing to start (the test hook COHORT_TEST_RESPAWN_FAILS) -> its replica leaves,
     # dp 3 (4 micro batches dealt 2, 1, 1) to the end, the supervisor ends 0
     one=(--nproc-per-node 4 --train-iters 40 --elastic --eval-iters 0 --disable-bias-linear)
     [ "$case_name" = budget_dopt ] && one+=(--use-distributed-optimizer)
+    [ "$case_name" = budget_dopt_ovl ] && one+=(--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 4000)
+    [ "$case_name" = budget_ptl ] && one+=(--calculate-per-token-loss --eod-mask-loss)
+    [ "$case_name" = budget_mtp ] && one+=(--mtp-num-layers 1)
+    [ "$case_name" = budget_moe ] && one+=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
+                                          --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3)
     "$cohort" train "${tiny[@]}" "${one[@]}" --metrics-file "$work/clean.jsonl" --save "$work/cs" >"$work/clean.out" 2>&1 ||
         fail "clean: exit $?: $(tail -5 "$work/clean.out")"
     if [ "$case_name" != respawn_fails ]; then
@@ -204,16 +239,28 @@ budget | respawn_fails | budget_dopt)
     dps=$(check_samples "$work/f.jsonl" 8)
     [ "$dps" = "4 3" ] || fail "data-parallel sizes $dps, not 4 3"
     grep -q "0 step(s) lost" "$work/f.out" || fail "steps lost: $(grep 'run report' "$work/f.out")"
-    if [ "$case_name" = budget_dopt ]; then # (rank 2's shard from its copy on rank 3, all over 3 ranks)
+    if [ "$case_name" = budget_dopt ] || [ "$case_name" = budget_dopt_ovl ]; then # (rank 2's shard from its copy on rank 3, all over 3 ranks)
         grep -q "distributed optimizer: 4 shards re-partitioned in memory over 3 data-parallel ranks" "$work/f.out" ||
             fail "not re-partitioned: $(grep -i "distributed optimizer" "$work/f.out" | tail -3)"
     fi
     "$cohort" ckpt diff --json --atol 1e-6 "$work/cs" "$work/fs" >"$work/diff.json" ||
         fail "the final checkpoints differ by more than 1e-6: $(grep -B2 '"status": "differs"' "$work/diff.json" | head -9)"
     ;;
+check_pp)
+    # (ranks 2d and 2d + 1 are replica d's stages; after the shrink replica 2 is ranks 2, 3)
+    tiny_model --global-batch-size 6
+    nan_reproduced nan_loss "[01]" "[23]" --nproc-per-node 6 --pipeline-model-parallel-size 2 --use-tp-pp-dp-mapping \
+        --elastic --eval-iters 0 --inprocess-restart-limit 1 --inject "kill@rank=2,step=2" --inject "kill@rank=3,step=4" \
+        --inject "nan@rank=1,step=7,microbatch=1,times=always" --train-iters 10
+    grep -qF "elastic: 1 model replica(s) lost a rank for good and leave; the job trains on with 2 replica(s) (4 ranks, it had 6)" \
+        "$work/f.out" || fail "no shrink: $(grep supervisor "$work/f.out" | tail -5)"
+    ;;
 refused)
-    for bad in "--pipeline-model-parallel-size 2:--elastic with --pipeline-model-parallel-size 2 is not supported yet" \
-               "--use-distributed-optimizer --overlap-grad-reduce:--elastic with --use-distributed-optimizer and --overlap-grad-reduce is not supported yet" \
+    for bad in "--rampup-batch-size 4 4 100:--elastic with --rampup-batch-size is not supported yet" \
+               "--num-layers 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --microbatch-group-size-per-virtual-pipeline-stage 3 --global-batch-size 20:--elastic: at a data-parallel size of 1 a rank takes 10 micro batches: 10 micro batches mod --microbatch-group-size-per-virtual-pipeline-stage 3 = 1" \
+               "--num-experts 4 --expert-model-parallel-size 2:--elastic with --expert-model-parallel-size 2 is not supported yet" \
+               "--context-parallel-size 2 --attention-dropout 0 --use-distributed-optimizer:--elastic with --use-distributed-optimizer and --context-parallel-size 2 is not supported yet" \
+               "--num-experts 4 --moe-router-load-balancing-type global_aux_loss:--elastic with --moe-router-load-balancing-type global_aux_loss is not supported yet" \
                "--elastic-min-replicas 5:--elastic-min-replicas 5 is out of range: give 1 to the data-parallel size 4"; do
         read -ra extra <<<"${bad%%:*}"
         train_refused "${bad#*:}" --nproc-per-node 4 --elastic "${extra[@]}"
