@@ -197,6 +197,20 @@ syncs_per_step() {
     echo "host waits of the second busiest rank: $a in 2 iterations, $b in 6: $per2 a step"
 }
 
+# overlapped PATTERN: after `feature` with both overlaps (its lay[] the layout without them):
+# the killed rank came back from memory, the stand-in's log shows PATTERN (the overlap at
+# work) and no fallback to an inline reduction or gather, and a stand-in run without the
+# overlaps logs the same numbers and ends at the same checkpoint, bitwise
+overlapped() {
+    ! grep -q "loads the checkpoint" "$work/f.out" || fail "fell back to the checkpoint"
+    grep -q "$1" "$work/cuda.out" || fail "not at work ($1): $(grep -i overlap "$work/cuda.out")"
+    ! grep -q "no transport of the\|no device communicator" "$work/cuda.out" ||
+        fail "not overlapped: $(grep -i 'overlap' "$work/cuda.out" | head -3)"
+    run plain "$cudasim" cuda "${lay[@]}" $slow; ok plain
+    same_losses plain cuda "the overlaps logged other numbers than the stand-in without them"
+    ckpt_same "$(ckpt plain)" "$(ckpt cuda)"
+}
+
 case $case_name in
 dopt_dp2)
     # the killed rank's optimizer shard comes back from its copy on the other rank's device
@@ -277,14 +291,7 @@ param_gather_tp2_dp2)
     # backend, through a kill, and bitwise the stand-in's run without the overlaps
     lay=(--nproc-per-node 4 --tensor-model-parallel-size 2 "$D" --ddp-bucket-size 1000)
     feature "kill@rank=2,step=2,phase=allreduce" "$from_memory" "${lay[@]}" --overlap-grad-reduce --overlap-param-gather
-    ! grep -q "loads the checkpoint" "$work/f.out" || fail "fell back to the checkpoint"
-    grep -q "overlapped parameter all-gather: [1-9][0-9]* buckets" "$work/cuda.out" ||
-        fail "no overlapped gather: $(grep -i overlap "$work/cuda.out")"
-    ! grep -q "no transport of the\|no device communicator" "$work/cuda.out" ||
-        fail "not overlapped: $(grep -i 'overlap' "$work/cuda.out" | head -3)"
-    run plain "$cudasim" cuda "${lay[@]}" $slow; ok plain
-    same_losses plain cuda "the overlaps logged other numbers than the stand-in without them"
-    ckpt_same "$(ckpt plain)" "$(ckpt cuda)"
+    overlapped "overlapped parameter all-gather: [1-9][0-9]* buckets"
     ;;
 overlap_ep2_dp4)
     # both overlaps with expert parallelism: data 4 x expert 2 (expert-data-parallel pairs),
@@ -296,14 +303,7 @@ overlap_ep2_dp4)
         --moe-ffn-hidden-size 48 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3
     lay=(--nproc-per-node 4 --expert-model-parallel-size 2 "$D" --ddp-bucket-size 1000)
     feature "kill@rank=2,step=2,phase=allreduce" "$from_memory" "${lay[@]}" --overlap-grad-reduce --overlap-param-gather
-    ! grep -q "loads the checkpoint" "$work/f.out" || fail "fell back to the checkpoint"
-    grep -q "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward" "$work/cuda.out" ||
-        fail "no bucket reduced during the backward: $(grep -i overlap "$work/cuda.out")"
-    ! grep -q "no transport of the\|no device communicator" "$work/cuda.out" ||
-        fail "not overlapped: $(grep -i 'overlap' "$work/cuda.out" | head -3)"
-    run plain "$cudasim" cuda "${lay[@]}" $slow; ok plain
-    same_losses plain cuda "the overlaps logged other numbers than the stand-in without them"
-    ckpt_same "$(ckpt plain)" "$(ckpt cuda)"
+    overlapped "overlapped gradient reduction: [0-9]* buckets, [1-9][0-9]* started during the backward"
     ;;
 moe_tp2)
     # MoE under tp 2 with sequence parallelism, the experts split over the tensor group (the
