@@ -37,8 +37,16 @@
 #                router): cp 2 and cp 2 x tp 2 (SP) with aux_loss and a shared expert, cp 2 x
 #                dp 2 with sigmoid routing, the expert bias and seq_aux_loss train the one-rank
 #                job's numbers (losses, gradient norms, load_balancing_loss and z_loss within
-#                1e-6 relative; the final parameters and moments within 1e-5); refused with
-#                it: packed sequences (THD)
+#                1e-6 relative; the final parameters and moments within 1e-5)
+#   cp_thd       context parallelism with packed sequences (THD: each document padded to a
+#                multiple of 2cp and split per document; the padding rows route to no expert
+#                and count in no statistic, as Megatron's router padding mask): cp 2 with
+#                aux_loss, z_loss and a shared expert (and tp 2 x cp 2 with SP), with sigmoid routing, the expert bias
+#                and seq_aux_loss, and with a capacity (factor 2, padded to it: no token
+#                dropped) train the one-rank job's numbers (losses, gradient norms,
+#                load_balancing_loss and z_loss within 1e-6 relative; the final parameters
+#                and moments within 1e-5); the layer's semantics (padding rows against the
+#                unpadded batch, tokens dropped too): test_moe.c
 #   dopt         --use-distributed-optimizer (a MoE layer's run one parameter of its layout;
 #                shared expert, grouped products, sigmoid with the expert bias): dp 2 bitwise
 #                the replicated run, dp 4 within 1e-5 (losses, norms, parameters, moments); a
@@ -417,10 +425,42 @@ bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
 assert not bad, bad[:3]
 " || fail "$2: parameters differ from $1's: $(head -c 400 "$work/d.json")"
     done
-    for a in "--cp-packed-sequences --reset-attention-mask:packed sequences (THD) is not supported yet"; do
-        "$cohort" train "${tiny[@]}" --train-iters 2 --context-parallel-size 2 --nproc-per-node 4 ${a%%:*} \
-            >"$work/r.out" 2>&1; rc=$?
-        [ $rc -eq 2 ] && grep -q -- "${a#*:}" "$work/r.out" || fail "${a%%:*}: exit $rc: $(tail -3 "$work/r.out")"
+    ;;
+cp_thd)
+    docs=(--reset-attention-mask --reset-position-ids --eod-mask-loss)
+    thd=(--nproc-per-node 2 --context-parallel-size 2 --cp-packed-sequences)
+    shared=(--moe-shared-expert-intermediate-size 16 --moe-grouped-gemm)
+    eb=(--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01
+        --moe-router-load-balancing-type seq_aux_loss)
+    cap=(--moe-expert-capacity-factor 2 --moe-pad-expert-input-to-capacity)
+    for v in one:shared eb1:eb cap1:cap; do
+        n=${v%%:*}; declare -n f=${v#*:}
+        run "$n" 5 "${docs[@]}" "${f[@]}" --save "$work/$n.ck"
+        run "${n}thd" 5 "${docs[@]}" "${f[@]}" "${thd[@]}" --save "$work/${n}thd.ck"
+        unset -n f
+    done
+    # tp 2 (SP) x cp 2: each tensor rank's shard of the context rank's padded rows
+    run tpthd 5 "${docs[@]}" "${shared[@]}" "${thd[@]}" --nproc-per-node 4 --tensor-model-parallel-size 2 \
+        --sequence-parallel --expert-tensor-parallel-size 1 --save "$work/tpthd.ck"
+    grep -q "context parallelism 2: per-document split (THD" "$work/onethd.out" ||
+        fail "not THD: $(grep -i context "$work/onethd.out")"
+    compare 1 one onethd tpthd
+    compare 1 eb1 eb1thd
+    compare 1 cap1 cap1thd
+    moe_losses_match one:onethd one:tpthd eb1:eb1thd cap1:cap1thd
+    grep -q '"moe_dropped_tokens":0' "$work/cap1thd.jsonl" && ! grep -q '"moe_dropped_tokens":[1-9]' "$work/cap1thd.jsonl" ||
+        fail "cap1thd: tokens dropped (or not reported)"
+    for p in one:onethd one:tpthd eb1:eb1thd cap1:cap1thd; do
+        a=${p%%:*} b=${p#*:}
+        "$cohort" ckpt diff "$work/$a.ck" "$work/$b.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$b: diff"
+        /usr/bin/python3 -c "
+import json
+rows = json.load(open('$work/d.json'))['tensors']
+assert 'layers.2.mlp.experts.3.fc2.weight' in [r['name'] for r in rows]
+assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+assert not bad, bad[:3]
+" || fail "$b: parameters differ from $a's: $(head -c 400 "$work/d.json")"
     done
     ;;
 per_token)
