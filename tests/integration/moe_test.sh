@@ -41,7 +41,8 @@
 #   cp_thd       context parallelism with packed sequences (THD: each document padded to a
 #                multiple of 2cp and split per document; the padding rows route to no expert
 #                and count in no statistic, as Megatron's router padding mask): cp 2 with
-#                aux_loss, z_loss and a shared expert (and tp 2 x cp 2 with SP), with sigmoid routing, the expert bias
+#                aux_loss, z_loss and a shared expert (and tp 2 x cp 2 with SP, and cp 2 x
+#                pp 2 with the MoE layers recomputed), with sigmoid routing, the expert bias
 #                and seq_aux_loss, and with a capacity (factor 2, padded to it: no token
 #                dropped) train the one-rank job's numbers (losses, gradient norms,
 #                load_balancing_loss and z_loss within 1e-6 relative; the final parameters
@@ -442,15 +443,19 @@ cp_thd)
     # tp 2 (SP) x cp 2: each tensor rank's shard of the context rank's padded rows
     run tpthd 5 "${docs[@]}" "${shared[@]}" "${thd[@]}" --nproc-per-node 4 --tensor-model-parallel-size 2 \
         --sequence-parallel --expert-tensor-parallel-size 1 --save "$work/tpthd.ck"
+    # cp 2 x pp 2 with the MoE layers recomputed (selective): a micro batch's recomputation in
+    # its backward, other micro batches in flight, masks its own padding rows
+    run ppthd 5 "${docs[@]}" "${shared[@]}" "${thd[@]}" --nproc-per-node 4 --pipeline-model-parallel-size 2 \
+        --recompute-granularity selective --recompute-modules moe --save "$work/ppthd.ck"
     grep -q "context parallelism 2: per-document split (THD" "$work/onethd.out" ||
         fail "not THD: $(grep -i context "$work/onethd.out")"
-    compare 1 one onethd tpthd
+    compare 1 one onethd tpthd ppthd
     compare 1 eb1 eb1thd
     compare 1 cap1 cap1thd
-    moe_losses_match one:onethd one:tpthd eb1:eb1thd cap1:cap1thd
+    moe_losses_match one:onethd one:tpthd one:ppthd eb1:eb1thd cap1:cap1thd
     grep -q '"moe_dropped_tokens":0' "$work/cap1thd.jsonl" && ! grep -q '"moe_dropped_tokens":[1-9]' "$work/cap1thd.jsonl" ||
         fail "cap1thd: tokens dropped (or not reported)"
-    for p in one:onethd one:tpthd eb1:eb1thd cap1:cap1thd; do
+    for p in one:onethd one:tpthd one:ppthd eb1:eb1thd cap1:cap1thd; do
         a=${p%%:*} b=${p#*:}
         "$cohort" ckpt diff "$work/$a.ck" "$work/$b.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$b: diff"
         /usr/bin/python3 -c "
