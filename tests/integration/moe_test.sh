@@ -46,7 +46,8 @@
 #                and seq_aux_loss, and with a capacity (factor 2, padded to it: no token
 #                dropped) train the one-rank job's numbers (losses, gradient norms,
 #                load_balancing_loss and z_loss within 1e-6 relative; the final parameters
-#                and moments within 1e-5); the layer's semantics (padding rows against the
+#                and moments within 1e-5); packed SFT conversations (--sft) at cp 2 against one
+#                rank (losses, norms, MoE losses); the layer's semantics (padding rows against the
 #                unpadded batch, tokens dropped too): test_moe.c
 #   dopt         --use-distributed-optimizer (a MoE layer's run one parameter of its layout;
 #                shared expert, grouped products, sigmoid with the expert bias): dp 2 bitwise
@@ -467,6 +468,19 @@ bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
 assert not bad, bad[:3]
 " || fail "$b: parameters differ from $a's: $(head -c 400 "$work/d.json")"
     done
+    # packed SFT conversations (--sft: always THD under cp)
+    printf '{"messages": [{"role": "user", "content": "hi %s"}, {"role": "assistant", "content": "hello there, %s"}]}\n' \
+        $(for i in $(seq 60); do echo "$i $(printf 'x%.0s' $(seq $((i % 7))))"; done) >"$work/chat.jsonl"
+    tiny=(--tokenizer-type ByteLevelTokenizer --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 64
+          --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --attention-dropout 0 --log-interval 1
+          --eval-interval 1000 --eval-iters 1 --threads 1 --data-cache-path "$work/cache" --split 90,10,0 --sft
+          --data-path "$work/chat.jsonl" --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
+          --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --disable-bias-linear)
+    run sft1 5
+    run sft2 5 --nproc-per-node 2 --context-parallel-size 2
+    grep -q "per-document split (THD" "$work/sft2.out" || fail "SFT not THD: $(grep -i context "$work/sft2.out")"
+    compare 1 sft1 sft2
+    moe_losses_match sft1:sft2
     ;;
 per_token)
     p=(--calculate-per-token-loss --eod-mask-loss)
