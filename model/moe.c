@@ -354,8 +354,11 @@ static void sinkhorn(moe_layer *m) {
     for (size_t i = 0; i < (size_t)N * E; i++) cost[i] = exp((double)m->logits[i]);
     /* (padding rows: cost 0, so they add nothing to the columns; the rows' mean over the real) */
     int Nv = N;
-    for (int n = 0; n < N && m->masked; n++)
-        if (m->pad[n]) memset(cost + (size_t)n * E, 0, sizeof(double) * (size_t)E), Nv--;
+    for (int n = 0; n < N && m->masked; n++) {
+        if (!m->pad[n]) continue;
+        memset(cost + (size_t)n * E, 0, sizeof(double) * (size_t)E);
+        Nv--;
+    }
     Nv = Nv > 0 ? Nv : 1;
     for (int e = 0; e < E; e++) d1[e] = 1.0;
     for (int round = 0; err > 1e-4 && round < 1000; round++) {
@@ -460,7 +463,9 @@ static int pad_counts(moe_layer *m) {
     m->nvalid = 0;
     for (int n = 0; n < N; n++) {
         m->pad[n] = ids[n] < 0;
-        if (!m->pad[n]) m->nvalid++, m->vseq[(n0 + n) / rows]++;
+        if (m->pad[n]) continue;
+        m->nvalid++;
+        m->vseq[(n0 + n) / rows]++;
     }
     if (m->sq) {
         int rc = m->sq->ops->allreduce_sum(m->sq, m->vseq, (size_t)nseq, CM_I64, m->sq_timeout);
