@@ -120,6 +120,9 @@ typedef struct gpt_config {
      * of packed sequences); attention runs as a ring over the context group
      * (model/ring_attention.h, gpt_set_context_group), everything else per token */
     int cp, cp_rank;
+    /* the per-document split (THD): gpt_batch.rows marks padding rows (-1), which the MoE
+     * layers route to no expert and leave out of their statistics (moe_set_padding) */
+    bool cp_thd;
     /* the chunks this rank holds, in the order of their layers (nchunks 0: one chunk of all
      * layers with the embedding and the head, one slot: no pipelining) */
     int nchunks;

@@ -66,15 +66,6 @@ static void check_moe_tp(const co_config *c, co_problems *P) {
      * rank would, docs/moe.md) */
 }
 
-/* MoE under context parallelism: the router over this rank's tokens, the aux counts over
- * the context group (Megatron's tp_cp group; docs/moe.md "Context parallelism"). */
-static void check_moe_cp(const co_config *c, co_problems *P) {
-    int cp = c->context_parallel_size; /* (a capacity counts each context rank's tokens, as tp's) */
-    if (c->sft || (c->cp_packed_sequences && c->reset_attention_mask))
-        co_problem(P, "--num-experts with --context-parallel-size %d and packed sequences (THD) is not supported "
-                      "yet (the padding tokens of the per-document split would be routed)", cp);
-}
-
 /* The router's flags: score function, bias, balancing, dispatcher, groups, coefficients. */
 static void check_moe_router(const co_config *c, co_problems *P) {
     int E = c->num_experts;
@@ -132,7 +123,10 @@ void gpt_check_moe(const co_config *c, bool sizes_ok, co_problems *P) {
         co_problem(P, "--num-experts: the experts have no biases; add --disable-bias-linear (as Megatron's grouped "
                       "experts)");
     if (sizes_ok && c->tensor_model_parallel_size > 1 && !standin) check_moe_tp(c, P);
-    if (sizes_ok && c->context_parallel_size > 1 && !standin) check_moe_cp(c, P);
+    /* (under context parallelism each rank routes its tokens, the aux counts summed over the
+     * context group (Megatron's tp_cp group); a capacity counts the rank's tokens, as tp's;
+     * with packed sequences (THD) the split's padding rows route to no expert and count in no
+     * statistic: moe_set_padding; docs/moe.md "Context parallelism") */
     check_moe_router(c, P);
 }
 

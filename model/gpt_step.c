@@ -245,6 +245,7 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
         }
         moe_set_training(a->moe, train); /* (sinkhorn routing chooses otherwise outside training) */
         gpt__moe_bind(m, t, a->moe);
+        moe_set_padding(a->moe, c->cp_thd ? x_b.rows : NULL); /* (THD: padding rows route nowhere) */
         int rc = moe_forward(a->moe, tmp, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), B, T);
         if (rc) {
             be->status = rc;
@@ -398,7 +399,7 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
  * (layernorm), then from it a dense layer's fc1 and activation (mlp) or a MoE layer's whole
  * forward (moe, its output discarded): the forward's kernels on the forward's inputs, so the
  * same values. 0, or the backend's status. */
-static int recompute_mlp_side(gpt_model *m, layer_acts *a, int l, int B, int T) {
+static int recompute_mlp_side(gpt_model *m, layer_acts *a, int l, const int32_t *rows, int B, int T) {
     const gpt_config *c = &m->cfg;
     kb_backend *be = m->be;
     const int *t = &m->t_layer[l * NLAYER_T];
@@ -409,6 +410,7 @@ static int recompute_mlp_side(gpt_model *m, layer_acts *a, int l, int B, int T) 
     if (a->moe && (a->sel & GPT_RC_MOE)) {
         moe_set_training(a->moe, true);
         gpt__moe_bind(m, t, a->moe);
+        moe_set_padding(a->moe, c->cp_thd ? rows : NULL);
         int rc = moe_forward(a->moe, m->rc_xout, a->ln2, P(m, t[ROUTER_W]), P(m, t[EBIAS]), B, T);
         if (rc) be->status = rc;
     } else if (!a->moe && (a->sel & GPT_RC_MLP)) {
@@ -433,7 +435,7 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
     int Nl = sp ? N / m->tp : N;
     size_t NlC = (size_t)Nl * C;
     float ph = c->hidden_dropout, pa = c->attention_dropout;
-    if (a->sel && recompute_mlp_side(m, a, l, B, T)) return be->status;
+    if (a->sel && recompute_mlp_side(m, a, l, x_b.rows, B, T)) return be->status;
     /* MLP branch: dmlp = dropout'(dx) */
     const float *dmlp = m->dx;
     if (ph > 0) {

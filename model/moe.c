@@ -122,6 +122,8 @@ void moe_destroy(moe_layer **pm) {
     free(m->gs);
     free(m->elig);
     free(m->cand);
+    free(m->pad);
+    free(m->vseq);
     free(m->snorm);
     free(m->sd0);
     free(m->sd1);
@@ -195,6 +197,8 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     m->gs = malloc(sizeof(double) * E);
     m->elig = malloc(E);
     m->cand = malloc(sizeof(*m->cand) * N);
+    m->pad = calloc(N, 1);
+    m->vseq = malloc(sizeof(int64_t) * N);
     m->train = true;
     if (c->lb == MOE_LB_SINKHORN) {
         m->snorm = malloc(sizeof(double) * N * E);
@@ -207,7 +211,8 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     }
     if (!m->sel || !m->rprobs || !m->probs || !m->map0 || !m->map || !m->lse || !m->auxs || !m->auxcnt || !m->tpe ||
         !m->gsum || !m->gavg ||
-        !m->eoff || !m->row_tok || !m->row_exp || !m->dprob || !m->rs || !m->gs || !m->elig || !m->cand) {
+        !m->eoff || !m->row_tok || !m->row_exp || !m->dprob || !m->rs || !m->gs || !m->elig || !m->cand ||
+        !m->pad || !m->vseq) {
         moe_destroy(&m);
         return co_err_set(CO_ENOMEM, "moe: allocating the routing tables");
     }
@@ -218,6 +223,8 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
 const moe_offsets *moe_layer_offsets(const moe_layer *m) { return &m->off; }
 
 void moe_set_training(moe_layer *m, bool train) { m->train = train; }
+
+void moe_set_padding(moe_layer *m, const int32_t *rows) { m->pad_rows = rows; }
 
 void moe_set_param_offsets(moe_layer *m, size_t fc1, size_t fc2, size_t shared_fc1, size_t shared_fc2) {
     m->off.fc1 = fc1;
@@ -345,12 +352,20 @@ static void sinkhorn(moe_layer *m) {
     int N = m->N, E = m->E;
     double *cost = m->snorm, *d0 = m->sd0, *d1 = m->sd1, eps = 1e-8, err = 1e9;
     for (size_t i = 0; i < (size_t)N * E; i++) cost[i] = exp((double)m->logits[i]);
+    /* (padding rows: cost 0, so they add nothing to the columns; the rows' mean over the real) */
+    int Nv = N;
+    for (int n = 0; n < N && m->masked; n++) {
+        if (!m->pad[n]) continue;
+        memset(cost + (size_t)n * E, 0, sizeof(double) * (size_t)E);
+        Nv--;
+    }
+    Nv = Nv > 0 ? Nv : 1;
     for (int e = 0; e < E; e++) d1[e] = 1.0;
     for (int round = 0; err > 1e-4 && round < 1000; round++) {
         for (int n = 0; n < N; n++) {
             double s = 0;
             for (int e = 0; e < E; e++) s += d1[e] * cost[(size_t)n * E + e];
-            d0[n] = (1.0 / N) * 1.0 / (s + eps);
+            d0[n] = (1.0 / Nv) * 1.0 / (s + eps);
         }
         err = 0;
         for (int e = 0; e < E; e++) {
@@ -405,13 +420,15 @@ static void apply_capacity(moe_layer *m) {
     }
     memset(m->map, 0, NE);
     for (int e = 0; e < E; e++) {
+        int nc = 0; /* (padding rows are never candidates) */
         for (int n = 0; n < N; n++) {
             size_t i = (size_t)n * E + e;
-            m->cand[n].v = m->c.drop == MOE_DROP_PROBS ? m->rprobs[i] : (float)m->map0[i];
-            m->cand[n].n = n;
+            if (m->masked && m->pad[n]) continue;
+            m->cand[nc].v = m->c.drop == MOE_DROP_PROBS ? m->rprobs[i] : (float)m->map0[i];
+            m->cand[nc++].n = n;
         }
-        qsort(m->cand, (size_t)N, sizeof *m->cand, cand_cmp);
-        for (int j = 0; j < cap; j++) {
+        qsort(m->cand, (size_t)nc, sizeof *m->cand, cand_cmp);
+        for (int j = 0; j < cap && j < nc; j++) {
             size_t i = (size_t)m->cand[j].n * E + e;
             m->map[i] = m->c.pad_to_capacity ? 1 : m->map0[i];
         }
@@ -434,24 +451,53 @@ static void aux_shape(const moe_layer *m, int *nseq, int *per, int *rows, int *n
     *n0 = (m->sq_rank % m->sq_shards) * m->N;
 }
 
+/* Padding rows (moe_set_padding): this rank's rows' flags, its real rows, the real rows of
+ * each aux sequence summed over the token group and their total. 0, or the group's error. */
+static int pad_counts(moe_layer *m) {
+    int N = m->N, nseq, per, rows, n0;
+    aux_shape(m, &nseq, &per, &rows, &n0);
+    if (nseq > m->maxN)
+        return co_err_set(CO_EINVAL, "moe: %d sequences of padded rows, the layer holds %d", nseq, m->maxN);
+    const int32_t *ids = m->pad_rows + (size_t)(m->sq_rank % m->sq_shards) * N;
+    memset(m->vseq, 0, sizeof(int64_t) * (size_t)nseq);
+    m->nvalid = 0;
+    for (int n = 0; n < N; n++) {
+        m->pad[n] = ids[n] < 0;
+        if (m->pad[n]) continue;
+        m->nvalid++;
+        m->vseq[(n0 + n) / rows]++;
+    }
+    if (m->sq) {
+        int rc = m->sq->ops->allreduce_sum(m->sq, m->vseq, (size_t)nseq, CM_I64, m->sq_timeout);
+        if (rc) return co_err_set(rc, "moe: summing the real (not padding) tokens over the token group: %s",
+                                  co_err_detail());
+    }
+    m->vtot = 0;
+    for (int b = 0; b < nseq; b++) m->vtot += m->vseq[b];
+    return 0;
+}
+
 /* global_aux_loss (moe_set_global_group): this forward's counts (m->auxcnt, this rank's)
  * summed over the token group and the data-parallel group, added to the step's running sum,
  * the loss from the running mean. 0, or a group's error. */
 static int global_aux(moe_layer *m) {
     const moe_config *c = &m->c;
     int N = m->N, E = m->E, k = m->k;
-    int64_t cnt[E];
+    int64_t cnt[E + 1];
     for (int e = 0; e < E; e++) cnt[e] = m->auxcnt[e];
+    cnt[E] = m->nvalid; /* padding: the batch's real rows, summed with the counts */
+    size_t nc = (size_t)E + (m->masked ? 1 : 0);
     cm_comm *grp[2] = {m->sq, m->gdp};
     int tm[2] = {m->sq_timeout, m->gdp_timeout};
     for (int g = 0; g < 2; g++) {
-        int rc = grp[g] ? grp[g]->ops->allreduce_sum(grp[g], cnt, (size_t)E, CM_I64, tm[g]) : 0;
+        int rc = grp[g] ? grp[g]->ops->allreduce_sum(grp[g], cnt, nc, CM_I64, tm[g]) : 0;
         if (rc) return co_err_set(rc, "moe: summing the global aux loss's token counts over the %s group: %s",
                                   g ? "data-parallel" : "token", co_err_detail());
     }
     moe_layer *a = m->gacc;
     a->gsteps++;
-    double T = (double)N * m->sq_size * (m->gdp ? m->gdp->size : 1), loss = 0;
+    double T = m->masked ? (double)cnt[E] : (double)N * m->sq_size * (m->gdp ? m->gdp->size : 1), loss = 0;
+    m->gT = T;
     for (int e = 0; e < E; e++) {
         a->gsum[e] += cnt[e];
         m->gavg[e] = (double)a->gsum[e] / (double)a->gsteps;
@@ -459,7 +505,7 @@ static int global_aux(moe_layer *m) {
         for (int n = 0; n < N; n++) ps += m->auxs[(size_t)n * E + e];
         loss += ps * m->gavg[e];
     }
-    m->aux = c->aux_coeff * loss * E / ((double)k * T * T);
+    m->aux = T > 0 ? c->aux_coeff * loss * E / ((double)k * T * T) : 0.0;
     return 0;
 }
 
@@ -490,6 +536,10 @@ static int aux_losses(moe_layer *m) {
     for (int n = 0; n < N; n++) {
         const float *l = m->logits + (size_t)n * E;
         float *a = m->auxs + (size_t)n * E;
+        if (m->masked && m->pad[n]) { /* (no score, no count) */
+            memset(a, 0, sizeof(float) * (size_t)E);
+            continue;
+        }
         double *sc = m->gs, *v = m->rs;
         if (c->score == MOE_SCORE_SOFTMAX) {
             row_softmax(l, E, sc);
@@ -526,7 +576,8 @@ static int aux_losses(moe_layer *m) {
             for (int n = lo; n < hi; n++) ps += m->auxs[(size_t)n * E + e];
             lb += ps * m->auxcnt[(size_t)b * E + e];
         }
-        loss += lb * E / ((double)k * per * per);
+        double pb = m->masked ? (double)m->vseq[b] : per; /* (the real tokens of the sequence) */
+        if (pb > 0) loss += lb * E / ((double)k * pb * pb);
     }
     m->aux = c->aux_coeff * loss / nseq;
     return 0;
@@ -653,7 +704,13 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     m->N = N;
     m->B = B;
     m->T = T;
-    m->cap = capacity_of(c, N);
+    m->masked = m->pad_rows != NULL;
+    if (m->masked) {
+        int rc = pad_counts(m);
+        if (rc) return rc;
+    }
+    /* (padding rows: the capacity of this rank's real rows, Megatron's with its padding mask) */
+    m->cap = capacity_of(c, m->masked ? m->nvalid : N);
     router_linear(m, x, params + m->off.router, NULL, NULL, N);
     o->sync(be);
     if (be->status) return be->status;
@@ -667,6 +724,10 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     if (sk && m->train) sinkhorn(m);
     for (int n = 0; n < N; n++) {
         double *sm = m->gs;
+        if (m->masked && m->pad[n]) { /* a padding row: no expert, no z */
+            m->lse[n] = 0;
+            continue;
+        }
         m->lse[n] = row_softmax(m->logits + (size_t)n * E, E, sm);
         z += m->lse[n] * m->lse[n];
         if (sk) route_sinkhorn(m, n, pk);
@@ -679,7 +740,10 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
         }
     }
     /* (Megatron's apply_z_loss: the coefficient over the sequence group's size) */
-    m->z = c->z_coeff > 0 ? c->z_coeff / m->sq_size * z / N : 0.0;
+    if (m->masked) /* the mean over the group's real tokens */
+        m->z = c->z_coeff > 0 && m->vtot > 0 ? c->z_coeff * z / (double)m->vtot : 0.0;
+    else
+        m->z = c->z_coeff > 0 ? c->z_coeff / m->sq_size * z / N : 0.0;
     apply_capacity(m);
     int rc = aux_losses(m);
     if (rc) return rc;
@@ -789,12 +853,14 @@ static void router_backward_token(moe_layer *m, int n, double ls, double *dl) {
         aux_shape(m, &nseq, &per, &rows, &n0);
         double *ga = m->rs;
         if (c->lb == MOE_LB_GLOBAL_AUX) {
-            double T = (double)m->N * m->sq_size * (m->gdp ? m->gdp->size : 1);
-            double w = ls * c->aux_coeff * E / ((double)k * T * T);
+            double T = m->gT;
+            double w = T > 0 ? ls * c->aux_coeff * E / ((double)k * T * T) : 0.0;
             for (int e = 0; e < E; e++) ga[e] = w * m->gavg[e];
         } else {
-            double w = ls * c->aux_coeff / nseq * E / ((double)k * per * per);
-            const int32_t *cnt = m->auxcnt + (size_t)((n0 + n) / rows) * E;
+            int b = (n0 + n) / rows;
+            double pb = m->masked ? (double)m->vseq[b] : per; /* (the sequence's real tokens) */
+            double w = pb > 0 ? ls * c->aux_coeff / nseq * E / ((double)k * pb * pb) : 0.0;
+            const int32_t *cnt = m->auxcnt + (size_t)b * E;
             for (int e = 0; e < E; e++) ga[e] = w * cnt[e];
         }
         if (c->score == MOE_SCORE_SOFTMAX) {
@@ -813,7 +879,8 @@ static void router_backward_token(moe_layer *m, int n, double ls, double *dl) {
     if (c->z_coeff > 0) {
         /* d z / d l[n,e] = coeff/(s N) * 2 lse[n] * softmax[n,e] */
         row_softmax(l, E, sm);
-        double w = ls * c->z_coeff / m->sq_size / m->N * 2.0 * m->lse[n];
+        double w = m->masked ? ls * c->z_coeff / (double)m->vtot * 2.0 * m->lse[n]
+                             : ls * c->z_coeff / m->sq_size / m->N * 2.0 * m->lse[n];
         for (int e = 0; e < E; e++) dl[e] += w * sm[e];
     }
 }
@@ -854,7 +921,8 @@ int moe_backward(moe_layer *m, float *dx, float *dparams, const float *dy, const
     /* the router's logits gradient (host), before any more backend work is queued */
     double dl[E];
     for (int n = 0; n < N; n++) {
-        router_backward_token(m, n, loss_scale, dl);
+        if (m->masked && m->pad[n]) memset(dl, 0, sizeof dl); /* (a padding row: no gradient) */
+        else router_backward_token(m, n, loss_scale, dl);
         for (int e = 0; e < E; e++) m->dlogits[(size_t)n * E + e] = (float)dl[e];
     }
     if (!m->ep.c)

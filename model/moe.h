@@ -248,6 +248,20 @@ int moe_set_sequence_group(moe_layer *m, cm_comm *sq, int timeout_ms);
  * moe_set_token_group(m, sq, sq->size, t). */
 int moe_set_token_group(moe_layer *m, cm_comm *sq, int shards, int timeout_ms);
 
+/* Padding rows (context parallelism's THD split pads each document to a multiple of 2cp;
+ * Megatron's router padding_mask): rows[B*T] gives each row of the next forwards' whole
+ * B x T batch (every shard's rows, cohort's order) an id, < 0 for a padding row; NULL (the
+ * default): none. The pointer is read by every moe_forward until changed (the forward copies
+ * this rank's rows). A padding row is routed to no expert (its routed output 0, no gradient
+ * into the router from it), and left out of every statistic: the aux losses' scores, counts
+ * and token counts (summed over the token group, and dp for the global aux loss), the
+ * z-loss's mean, the tokens per expert (the expert bias's counts), the capacity (computed
+ * from this rank's real rows, which alone are candidates) and sinkhorn's balancing; so every
+ * value is the one of the same batch without its padding rows. The shared expert still runs
+ * on every row (per token, as a dense MLP). With a mask set, each forward sums the real rows
+ * over the token group (one more all-reduce), so every rank of the group must set one. */
+void moe_set_padding(moe_layer *m, const int32_t *rows);
+
 /* Megatron's get_updated_expert_bias: bias[e] += rate * sign(mean(tpe) - tpe[e]). */
 void moe_expert_bias_update(float *bias, const int32_t *tokens_per_expert, int E, float rate);
 

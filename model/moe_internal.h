@@ -93,6 +93,17 @@ struct moe_layer {
     int64_t *gsum;
     int64_t gsteps;
     double *gavg;
+    /* padding rows (moe_set_padding): the caller's row ids of the whole B x T batch (< 0:
+     * padding), or NULL; the last forward's flags for this rank's N rows (1: padding), whether
+     * it had a mask, the real rows per aux sequence summed over the token group [maxN] and
+     * their total, this rank's real rows, and the global aux loss's token count */
+    const int32_t *pad_rows;
+    uint8_t *pad;
+    bool masked;
+    int64_t *vseq;
+    int64_t vtot;
+    int nvalid;             /* this rank's real rows */
+    double gT;
     /* the last forward (N: this rank's tokens; B x T: the whole micro batch's) */
     int N, B, T, M, cap, dropped;
     double aux, z;

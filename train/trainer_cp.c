@@ -70,6 +70,7 @@ int trainer__cp_setup(trainer *t, const trainer_data *data, gpt_config *m) {
                           c->seq_length);
     m->cp = t->cpn;
     m->cp_rank = t->cpr;
+    m->cp_thd = t->thd;
     if (t->log && t->thd)
         fprintf(t->log, "cohort: context parallelism %d: per-document split (THD: documents padded to multiples of %d, "
                         "at most %d tokens per sequence, %d per rank)\n", t->cpn, t->thd_quantum, t->cap_total,

@@ -41,6 +41,9 @@
 #             same experts and slices), and a flipped weight bit on rank 6 is repaired from
 #             the other replica, each bitwise the clean run; a NaN that reproduces on rank 7
 #             is recomputed by the first expert group and diagnosed as the data's (exit 3)
+#   cp_thd    with context parallelism over packed sequences (THD; the padding rows route to no
+#             expert): cp 2 x ep 2 (alltoall) and cp 2 x dp 2 x ep 2 (allgather) against one
+#             rank, as cp
 #   cp        with context parallelism (the context ranks folded into the expert groups, Megatron's
 #             expert layout): cp 2 x ep 2 (alltoall), cp 2 x dp 2 x ep 2 (allgather) and cp 2 x
 #             ep 4, and with tensor parallelism tp 2 x cp 2 x ep 4 (etp 1) and tp 2 x cp 2 x ep 2
@@ -56,8 +59,7 @@
 #   refused   bad configurations exit 2 before any work: experts not divisible by ep, ep
 #             without experts, ep not dividing the data-parallel ranks, ep not a multiple of
 #             the tensor-parallel size at expert tensor size 1, tp x ep not dividing the world
-#             at expert tensor size tp, ep x expert tensor size not a multiple of tp x cp,
-#             packed sequences with ep x cp
+#             at expert tensor size tp, ep x expert tensor size not a multiple of tp x cp
 cohort=$1; case_name=$2
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
 on_cpu "$cohort"
@@ -307,10 +309,20 @@ refused)
     # with context parallelism an expert group holds whole tensor x context groups
     expect "--expert-model-parallel-size 2 x expert tensor size 1 is not a multiple of tensor 1 x context 4" \
         --expert-model-parallel-size 2 --context-parallel-size 4 --nproc-per-node 4
-    # with expert parallelism too, packed sequences (THD) stay refused under cp
-    expect "--num-experts with --context-parallel-size 2 and packed sequences (THD) is not supported" \
-        --expert-model-parallel-size 2 --context-parallel-size 2 --nproc-per-node 2 --cp-packed-sequences \
-        --reset-attention-mask
+    ;;
+cp_thd)
+    # packed sequences (THD) under cp: the per-document split's padding rows route to no expert,
+    # so none is dispatched to another rank and every statistic is the unpadded batch's
+    D=(--reset-attention-mask --reset-position-ids --eod-mask-loss)
+    C=(--context-parallel-size 2 --cp-packed-sequences)
+    run one 5 "${D[@]}"
+    run c2e2 5 "${D[@]}" --nproc-per-node 2 "${C[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
+    run c2d2e2 5 "${D[@]}" --nproc-per-node 4 "${C[@]}" --expert-model-parallel-size 2 \
+        --moe-token-dispatcher-type allgather
+    grep -q "per-document split (THD" "$work/c2e2.out" || fail "not THD: $(grep -i context "$work/c2e2.out")"
+    compare 1 one c2e2 c2d2e2
+    moe_losses_match one:c2e2 one:c2d2e2
+    for n in c2e2 c2d2e2; do close one $n; done
     ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -37,8 +37,18 @@
 #                router): cp 2 and cp 2 x tp 2 (SP) with aux_loss and a shared expert, cp 2 x
 #                dp 2 with sigmoid routing, the expert bias and seq_aux_loss train the one-rank
 #                job's numbers (losses, gradient norms, load_balancing_loss and z_loss within
-#                1e-6 relative; the final parameters and moments within 1e-5); refused with
-#                it: packed sequences (THD)
+#                1e-6 relative; the final parameters and moments within 1e-5)
+#   cp_thd       context parallelism with packed sequences (THD: each document padded to a
+#                multiple of 2cp and split per document; the padding rows route to no expert
+#                and count in no statistic, as Megatron's router padding mask): cp 2 with
+#                aux_loss, z_loss and a shared expert (and tp 2 x cp 2 with SP, and cp 2 x
+#                pp 2 with the MoE layers recomputed), with sigmoid routing, the expert bias
+#                and seq_aux_loss, and with a capacity (factor 2, padded to it: no token
+#                dropped) train the one-rank job's numbers (losses, gradient norms,
+#                load_balancing_loss and z_loss within 1e-6 relative; the final parameters
+#                and moments within 1e-5); packed SFT conversations (--sft) at cp 2 against one
+#                rank (losses, norms, MoE losses); the layer's semantics (padding rows against the
+#                unpadded batch, tokens dropped too): test_moe.c
 #   dopt         --use-distributed-optimizer (a MoE layer's run one parameter of its layout;
 #                shared expert, grouped products, sigmoid with the expert bias): dp 2 bitwise
 #                the replicated run, dp 4 within 1e-5 (losses, norms, parameters, moments); a
@@ -417,11 +427,60 @@ bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
 assert not bad, bad[:3]
 " || fail "$2: parameters differ from $1's: $(head -c 400 "$work/d.json")"
     done
-    for a in "--cp-packed-sequences --reset-attention-mask:packed sequences (THD) is not supported yet"; do
-        "$cohort" train "${tiny[@]}" --train-iters 2 --context-parallel-size 2 --nproc-per-node 4 ${a%%:*} \
-            >"$work/r.out" 2>&1; rc=$?
-        [ $rc -eq 2 ] && grep -q -- "${a#*:}" "$work/r.out" || fail "${a%%:*}: exit $rc: $(tail -3 "$work/r.out")"
+    ;;
+cp_thd)
+    docs=(--reset-attention-mask --reset-position-ids --eod-mask-loss)
+    thd=(--nproc-per-node 2 --context-parallel-size 2 --cp-packed-sequences)
+    shared=(--moe-shared-expert-intermediate-size 16 --moe-grouped-gemm)
+    eb=(--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01
+        --moe-router-load-balancing-type seq_aux_loss)
+    cap=(--moe-expert-capacity-factor 2 --moe-pad-expert-input-to-capacity)
+    for v in one:shared eb1:eb cap1:cap; do
+        n=${v%%:*}; declare -n f=${v#*:}
+        run "$n" 5 "${docs[@]}" "${f[@]}" --save "$work/$n.ck"
+        run "${n}thd" 5 "${docs[@]}" "${f[@]}" "${thd[@]}" --save "$work/${n}thd.ck"
+        unset -n f
     done
+    # tp 2 (SP) x cp 2: each tensor rank's shard of the context rank's padded rows
+    run tpthd 5 "${docs[@]}" "${shared[@]}" "${thd[@]}" --nproc-per-node 4 --tensor-model-parallel-size 2 \
+        --sequence-parallel --expert-tensor-parallel-size 1 --save "$work/tpthd.ck"
+    # cp 2 x pp 2 with the MoE layers recomputed (selective): a micro batch's recomputation in
+    # its backward, other micro batches in flight, masks its own padding rows
+    run ppthd 5 "${docs[@]}" "${shared[@]}" "${thd[@]}" --nproc-per-node 4 --pipeline-model-parallel-size 2 \
+        --recompute-granularity selective --recompute-modules moe --save "$work/ppthd.ck"
+    grep -q "context parallelism 2: per-document split (THD" "$work/onethd.out" ||
+        fail "not THD: $(grep -i context "$work/onethd.out")"
+    compare 1 one onethd tpthd ppthd
+    compare 1 eb1 eb1thd
+    compare 1 cap1 cap1thd
+    moe_losses_match one:onethd one:tpthd one:ppthd eb1:eb1thd cap1:cap1thd
+    grep -q '"moe_dropped_tokens":0' "$work/cap1thd.jsonl" && ! grep -q '"moe_dropped_tokens":[1-9]' "$work/cap1thd.jsonl" ||
+        fail "cap1thd: tokens dropped (or not reported)"
+    for p in one:onethd one:tpthd one:ppthd eb1:eb1thd cap1:cap1thd; do
+        a=${p%%:*} b=${p#*:}
+        "$cohort" ckpt diff "$work/$a.ck" "$work/$b.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$b: diff"
+        /usr/bin/python3 -c "
+import json
+rows = json.load(open('$work/d.json'))['tensors']
+assert 'layers.2.mlp.experts.3.fc2.weight' in [r['name'] for r in rows]
+assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+assert not bad, bad[:3]
+" || fail "$b: parameters differ from $a's: $(head -c 400 "$work/d.json")"
+    done
+    # packed SFT conversations (--sft: always THD under cp)
+    printf '{"messages": [{"role": "user", "content": "hi %s"}, {"role": "assistant", "content": "hello there, %s"}]}\n' \
+        $(for i in $(seq 60); do echo "$i $(printf 'x%.0s' $(seq $((i % 7))))"; done) >"$work/chat.jsonl"
+    tiny=(--tokenizer-type ByteLevelTokenizer --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 64
+          --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --attention-dropout 0 --log-interval 1
+          --eval-interval 1000 --eval-iters 1 --threads 1 --data-cache-path "$work/cache" --split 90,10,0 --sft
+          --data-path "$work/chat.jsonl" --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
+          --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --disable-bias-linear)
+    run sft1 5
+    run sft2 5 --nproc-per-node 2 --context-parallel-size 2
+    grep -q "per-document split (THD" "$work/sft2.out" || fail "SFT not THD: $(grep -i context "$work/sft2.out")"
+    compare 1 sft1 sft2
+    moe_losses_match sft1:sft2
     ;;
 per_token)
     p=(--calculate-per-token-loss --eod-mask-loss)

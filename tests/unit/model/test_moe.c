@@ -409,6 +409,118 @@ static void test_grad_sigmoid_k1_pad(void) {
     grad_check(c, 2, 3, "sigmoid k1/pad/position/shared");
 }
 
+/* ---- padding rows (moe_set_padding: context parallelism's THD split) ---- */
+
+/* close within 1e-5 relative to the larger value (products over other row counts) */
+static bool near(double a, double b) { return fabs(a - b) <= 1e-5 * (1.0 + fmax(fabs(a), fabs(b))); }
+
+/* One configuration: B sequences of Tr real rows against the same rows with padding rows
+ * between them (Tp rows per sequence): the real rows' outputs, input gradients and routing,
+ * the parameter gradients, the aux and z losses, the tokens per expert, the drops and the
+ * capacity are the unpadded layer's; padding rows' outputs and input gradients are 0. */
+static void padding_case(moe_config c, const char *label) {
+    kb_backend *be = backend();
+    REQUIRE(be);
+    const int B = 2, Tr = 12, Tp = 16, Nr = B * Tr, Np = B * Tp, h = c.hidden, E = c.num_experts;
+    run u, p;
+    REQUIRE_MSG(run_new(&u, &c, be, Nr, 31) == 0, "%s: %s", label, co_err_detail());
+    REQUIRE_MSG(run_new(&p, &c, be, Np, 32) == 0, "%s: %s", label, co_err_detail());
+    memcpy(p.params, u.params, sizeof(float) * u.P);
+    memcpy(p.bias, u.bias, sizeof(float) * (size_t)E);
+    /* padded row i of sequence b: a real row, or padding (ids -1) at 3, 7, 14 and 15, whose
+     * inputs are large (they would win every top-k and capacity) and whose output gradient
+     * is 0 (padding carries no loss) */
+    int32_t ids[Np], real_of[Np];
+    for (int b = 0, n = 0; b < B; b++)
+        for (int i = 0; i < Tp; i++) {
+            int r = b * Tp + i;
+            bool pad = i == 3 || i == 7 || i >= 14;
+            ids[r] = pad ? -1 : r;
+            real_of[r] = pad ? -1 : n++;
+            if (pad) {
+                for (int q = 0; q < h; q++) p.x[(size_t)r * h + q] = 8.0f * (float)(q % 3 + 1);
+                memset(p.dy + (size_t)r * h, 0, sizeof(float) * (size_t)h);
+            } else {
+                memcpy(p.x + (size_t)r * h, u.x + (size_t)real_of[r] * h, sizeof(float) * (size_t)h);
+                memcpy(p.dy + (size_t)r * h, u.dy + (size_t)real_of[r] * h, sizeof(float) * (size_t)h);
+            }
+        }
+    moe_set_padding(p.m, ids);
+    if (c.lb == MOE_LB_GLOBAL_AUX) moe_global_aux_reset(u.m), moe_global_aux_reset(p.m);
+    REQUIRE_MSG(fwd_bwd(&u, B, Tr, 1.0f) == 0, "%s: %s", label, co_err_detail());
+    REQUIRE_MSG(fwd_bwd(&p, B, Tp, 1.0f) == 0, "%s: %s", label, co_err_detail());
+    CHECK_MSG(near(moe_aux_loss(u.m), moe_aux_loss(p.m)), "%s: aux %.9g vs %.9g", label, moe_aux_loss(p.m),
+              moe_aux_loss(u.m));
+    CHECK_MSG(near(moe_z_loss(u.m), moe_z_loss(p.m)), "%s: z %.9g vs %.9g", label, moe_z_loss(p.m),
+              moe_z_loss(u.m));
+    CHECK_MSG(c.lb == MOE_LB_NONE || c.lb == MOE_LB_SINKHORN || moe_aux_loss(u.m) > 0, "%s: no aux loss", label);
+    CHECK_MSG(moe_capacity(u.m) == moe_capacity(p.m), "%s: capacity %d vs %d", label, moe_capacity(p.m),
+              moe_capacity(u.m));
+    CHECK_MSG(moe_dropped(u.m) == moe_dropped(p.m), "%s: dropped %d vs %d", label, moe_dropped(p.m),
+              moe_dropped(u.m));
+    CHECK_MSG(memcmp(moe_tokens_per_expert(u.m), moe_tokens_per_expert(p.m), sizeof(int32_t) * (size_t)E) == 0,
+              "%s: tokens per expert differ", label);
+    int bad_map = 0, bad_y = 0, bad_dx = 0, bad_dp = 0;
+    const uint8_t *mu = moe_routing_map(u.m), *mp = moe_routing_map(p.m);
+    for (int r = 0; r < Np; r++) {
+        int n = real_of[r];
+        for (int e = 0; e < E; e++)
+            bad_map += mp[(size_t)r * E + e] != (n < 0 ? 0 : mu[(size_t)n * E + e]);
+        for (int q = 0; q < h; q++) {
+            float y = p.y[(size_t)r * h + q], dx = p.dx[(size_t)r * h + q];
+            bad_y += n < 0 ? (c.shared_ffn == 0 && y != 0.0f) : !near(y, u.y[(size_t)n * h + q]);
+            bad_dx += n < 0 ? (c.shared_ffn == 0 && dx != 0.0f) : !near(dx, u.dx[(size_t)n * h + q]);
+        }
+    }
+    for (size_t i = 0; i < u.P; i++) bad_dp += !near(u.dparams[i], p.dparams[i]);
+    CHECK_MSG(bad_map == 0, "%s: %d routing map entries differ", label, bad_map);
+    CHECK_MSG(bad_y == 0, "%s: %d output entries differ", label, bad_y);
+    CHECK_MSG(bad_dx == 0, "%s: %d input gradient entries differ", label, bad_dx);
+    CHECK_MSG(bad_dp == 0, "%s: %d parameter gradient entries differ", label, bad_dp);
+    /* the mask matters: the same padded rows without it route the padding and change the losses */
+    moe_set_padding(p.m, NULL);
+    REQUIRE(fwd_bwd(&p, B, Tp, 1.0f) == 0);
+    CHECK_MSG(c.lb == MOE_LB_NONE || c.lb == MOE_LB_SINKHORN || !near(moe_aux_loss(u.m), moe_aux_loss(p.m)),
+              "%s: the aux loss does not see the padding", label);
+    run_free(&u);
+    run_free(&p);
+    kb_backend_destroy(&be);
+}
+
+static void test_padding_matches_unpadded(void) {
+    moe_config c = base();
+    c.z_coeff = 1e-2f;
+    padding_case(c, "softmax/aux/z");
+    c.lb = MOE_LB_SEQ_AUX;
+    c.swiglu = true;
+    padding_case(c, "softmax/seq_aux/z/swiglu");
+    c.shared_ffn = 6; /* (the shared expert runs on padding rows too: only real rows compared) */
+    c.pre_softmax = true;
+    padding_case(c, "softmax pre/seq_aux/shared");
+    c = base();
+    c.score = MOE_SCORE_SIGMOID;
+    c.expert_bias = true;
+    c.num_groups = 4;
+    c.group_topk = 2;
+    c.lb = MOE_LB_SEQ_AUX;
+    c.z_coeff = 1e-2f;
+    padding_case(c, "sigmoid/bias/groups/seq_aux");
+    c.capacity_factor = 0.75; /* tokens dropped: the capacity of the real rows, only they candidates */
+    padding_case(c, "sigmoid/capacity 0.75/probs");
+    c = base();
+    c.capacity_factor = 1.0;
+    c.drop = MOE_DROP_POSITION;
+    c.pad_to_capacity = true;
+    padding_case(c, "softmax/capacity 1/position/pad");
+    c = base();
+    c.lb = MOE_LB_GLOBAL_AUX;
+    padding_case(c, "global_aux");
+    c = base();
+    c.lb = MOE_LB_SINKHORN;
+    c.aux_coeff = 0;
+    padding_case(c, "sinkhorn");
+}
+
 /* ---- determinism ---- */
 
 static void test_deterministic(void) {
@@ -639,6 +751,7 @@ int main(int argc, char **argv) {
     RUN(test_grad_softmax_pre_seq);
     RUN(test_grad_sigmoid);
     RUN(test_grad_sigmoid_k1_pad);
+    RUN(test_padding_matches_unpadded);
     RUN(test_against_numpy);
     RUN(test_against_torch);
     return TEST_EXIT();
