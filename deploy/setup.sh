@@ -153,10 +153,11 @@ test)
     # (on demand, out of .ci/run's time: suite 'soak', the planner's 10-minute validation (the
     # two-minute soak, with its own check of the planner, runs here in suite fault); suite
     # 'matrix_full', the layouts x features matrix's cells beyond its trimmed set; suite
-    # 'cudasim_full', the stand-in's second case of a layout or feature: `meson test -C build
+    # 'cudasim_full', the stand-in's second case of a layout or feature; suite 'fault_full',
+    # the second elastic node-loss case of a model-parallel layout: `meson test -C build
     # --suite NAME`)
     MESON_TESTTHREADS=${MESON_TESTTHREADS:-4} run_suite build --timeout-multiplier 2 --no-suite serial --no-suite soak \
-        --no-suite matrix_full --no-suite cudasim_full
+        --no-suite matrix_full --no-suite cudasim_full --no-suite fault_full
     # The sanitizer trees hold no CUDA code (no GPU test runs there) and build only what their
     # suites run. They build while the tests that run alone run, at idle priority: those
     # tests mostly wait (a timeout, a straggler, a restart; about a quarter of the 2 cores), so
@@ -175,7 +176,7 @@ test)
     ) &
     sanitizer_build=$!
     log "running the tests that run alone (suite serial)"
-    run_suite build --timeout-multiplier 2 --suite serial
+    run_suite build --timeout-multiplier 2 --suite serial --no-suite fault_full
     wait $sanitizer_build || { log "building the sanitizer trees failed"; exit 1; }
     log "running the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer"
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_suite build-asan --suite unit
