@@ -72,6 +72,24 @@ model_parallel() {
     near "$work/${name}1" "$work/${name}d" 6
 }
 
+# moment_writers CKPT: every one of the 4 ranks wrote optimizer moments into checkpoint CKPT,
+# the experts' included, each as a flat shard (the distributed optimizer's, written once)
+moment_writers() {
+    /usr/bin/python3 - "$1/manifest.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+files, writers, experts = m["files"], set(), set()
+for t in m["tensors"]:
+    if t["kind"] == "optim":
+        for s in t["slices"]:
+            assert "flat" in s, (t["name"], s)
+            writers.add(files[s["file"]]["writer"])
+            if ".experts." in t["name"]:
+                experts.add(files[s["file"]]["writer"])
+assert sorted(writers) == [0, 1, 2, 3] and sorted(experts) == [0, 1, 2, 3], (writers, experts)
+PY
+}
+
 # mp_layouts CASE: the tiny model and, in lays[], the model-parallel layouts of an overlap case
 # (*_tp: tensor 2 with sequence parallelism; *_pp: pipeline 2, and interleaved with two chunks
 # of one layer a stage, each chunk's buckets started in its own last micro batch's backward;
@@ -347,19 +365,7 @@ ep|kill_ep|kill_overlap_ep|ep_ckpt|ep_ckpt_tp|ep_ckpt_cp)
             same "$work/${n}r" "$work/${n}d" 4
             "$cohort" ckpt verify "$(it_dir "$work/${n}d" 4)" >"$work/verify.txt" 2>&1 ||
                 fail "$n: verify: $(tail -5 "$work/verify.txt")"
-            /usr/bin/python3 - "$(it_dir "$work/${n}d" 4)/manifest.json" <<'PY' || fail "$n: moment writers"
-import json, sys
-m = json.load(open(sys.argv[1]))
-files, writers, experts = m["files"], set(), set()
-for t in m["tensors"]:
-    if t["kind"] == "optim":
-        for s in t["slices"]:
-            assert "flat" in s, (t["name"], s)
-            writers.add(files[s["file"]]["writer"])
-            if ".experts." in t["name"]:
-                experts.add(files[s["file"]]["writer"])
-assert sorted(writers) == [0, 1, 2, 3] and sorted(experts) == [0, 1, 2, 3], (writers, experts)
-PY
+            moment_writers "$(it_dir "$work/${n}d" 4)" || fail "$n: moment writers"
             # to: the same layout with the flag (t only), data 4 x expert 2 with it, one
             # expert rank without it
             tos="e2d e1r"; [ $n = t ] && tos="same e2d e1r"
@@ -391,19 +397,7 @@ PY
         done
         same "$work/sr" "$work/sd" 4
         "$cohort" ckpt verify "$(it_dir "$work/sd" 4)" >"$work/verify.txt" 2>&1 || fail "verify: $(tail -5 "$work/verify.txt")"
-        /usr/bin/python3 - "$(it_dir "$work/sd" 4)/manifest.json" <<'PY' || fail "moment writers"
-import json, sys
-m = json.load(open(sys.argv[1]))
-files, writers, experts = m["files"], set(), set()
-for t in m["tensors"]:
-    if t["kind"] == "optim":
-        for s in t["slices"]:
-            assert "flat" in s, (t["name"], s)
-            writers.add(files[s["file"]]["writer"])
-            if ".experts." in t["name"]:
-                experts.add(files[s["file"]]["writer"])
-assert sorted(writers) == [0, 1, 2, 3] and sorted(experts) == [0, 1, 2, 3], (writers, experts)
-PY
+        moment_writers "$(it_dir "$work/sd" 4)" || fail "moment writers"
         for to in e2d e1d e1r; do
             flag=$D; [ $to = e1r ] && flag=
             lay=(); [ $to = e2d ] && lay=("${ep[@]}")

@@ -103,6 +103,18 @@ workdir moe
 . "${COHORT_SOURCE_ROOT:?}/tests/integration/moe_tiny.sh"
 
 run() { train_ok "$1" --train-iters "$2" "${@:3}"; } # NAME ITERS ARGS...
+# params_close A B: run B's final parameters within 1e-5 of run A's, an expert's among them
+params_close() {
+    "$cohort" ckpt diff "$work/$1.ck" "$work/$2.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$2: diff"
+    /usr/bin/python3 -c "
+import json
+rows = json.load(open('$work/d.json'))['tensors']
+assert 'layers.2.mlp.experts.3.fc2.weight' in [r['name'] for r in rows]
+assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
+bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
+assert not bad, bad[:3]
+" || fail "$2: parameters differ from $1's: $(head -c 400 "$work/d.json")"
+}
 case $case_name in
 train)
     more=(--moe-shared-expert-intermediate-size 16 --moe-expert-capacity-factor 1.5 --moe-grouped-gemm --lr 3e-3)
@@ -313,15 +325,7 @@ cp_pp)
     run cp2pp2 5 --nproc-per-node 4 --context-parallel-size 2 --pipeline-model-parallel-size 2 --save "$work/cp2pp2.ck"
     compare 1 one cp2pp2
     moe_losses_match one:cp2pp2
-    "$cohort" ckpt diff "$work/one.ck" "$work/cp2pp2.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "diff"
-    /usr/bin/python3 -c "
-import json
-rows = json.load(open('$work/d.json'))['tensors']
-assert 'layers.2.mlp.experts.3.fc2.weight' in [r['name'] for r in rows]
-assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
-bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
-assert not bad, bad[:3]
-" || fail "parameters differ from one rank's: $(head -c 400 "$work/d.json")"
+    params_close one cp2pp2
     ;;
 capacity_tpcp)
     cap=(--moe-expert-capacity-factor 0.5)
@@ -458,15 +462,7 @@ cp_thd)
         fail "cap1thd: tokens dropped (or not reported)"
     for p in one:onethd one:tpthd one:ppthd eb1:eb1thd cap1:cap1thd; do
         a=${p%%:*} b=${p#*:}
-        "$cohort" ckpt diff "$work/$a.ck" "$work/$b.ck" --json >"$work/d.json"; [ $? -le 1 ] || fail "$b: diff"
-        /usr/bin/python3 -c "
-import json
-rows = json.load(open('$work/d.json'))['tensors']
-assert 'layers.2.mlp.experts.3.fc2.weight' in [r['name'] for r in rows]
-assert all(r['status'] in ('bitwise equal', 'differs') for r in rows), rows[:3]
-bad = [r for r in rows if r['status'] == 'differs' and r['max_abs'] > 1e-5]
-assert not bad, bad[:3]
-" || fail "$b: parameters differ from $a's: $(head -c 400 "$work/d.json")"
+        params_close "$a" "$b"
     done
     # packed SFT conversations (--sft: always THD under cp)
     printf '{"messages": [{"role": "user", "content": "hi %s"}, {"role": "assistant", "content": "hello there, %s"}]}\n' \
