@@ -6,6 +6,7 @@
 
 #include "actors/actor.h"
 #include "common/error.h"
+#include "common/proctitle.h"
 #include "supervisor/msg.h"
 
 #include <errno.h>
@@ -29,6 +30,7 @@ static int read_job(const char *path, sv_job *j) {
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = '\0';
         if (!strncmp(line, "pid=", 4)) j->pid = atoi(line + 4);
+        else if (!strncmp(line, "start=", 6)) j->start = strtoull(line + 6, NULL, 10);
         else if (!strncmp(line, "endpoint=", 9)) snprintf(j->endpoint, sizeof j->endpoint, "%.399s", line + 9);
         else if (!strncmp(line, "job=", 4)) j->job_id = strtoull(line + 4, NULL, 16);
     }
@@ -51,6 +53,8 @@ int sv_find_jobs(sv_job *jobs, int cap, int *n) {
             sv_job j;
             if (read_job(g.gl_pathv[i], &j)) continue;
             if (kill(j.pid, 0) && errno == ESRCH) continue; /* a job that ended without cleaning up */
+            /* ... whose pid another process has taken since */
+            if (j.start && co_proc_start_ticks(j.pid) != j.start) continue;
             jobs[(*n)++] = j;
         }
         globfree(&g);

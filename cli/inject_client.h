@@ -9,6 +9,7 @@
 
 typedef struct sv_job {
     int pid;            /* the supervisor's */
+    uint64_t start;     /* its start (co_proc_start_ticks; 0: not recorded) */
     char endpoint[400]; /* its control endpoint */
     uint64_t job_id;
 } sv_job;

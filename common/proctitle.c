@@ -111,3 +111,23 @@ void co_proctitle_role(co_proc_role role, int rank, int node, uint64_t job_id) {
     }
     co_proctitle_set(comm, title);
 }
+
+uint64_t co_proc_start_ticks(int pid) {
+    char path[64], buf[1024];
+    if (pid > 0) snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    else snprintf(path, sizeof path, "/proc/self/stat");
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* "pid (comm) state ppid ...": the comm may hold spaces and parentheses, so the fields
+     * are counted from its last ')'; starttime is the 22nd field, the 20th after it */
+    char *p = strrchr(buf, ')');
+    if (!p) return 0;
+    for (int field = 2; field < 21; field++) {
+        p = strchr(p + 1, ' ');
+        if (!p) return 0;
+    }
+    return strtoull(p + 1, NULL, 10);
+}

@@ -26,4 +26,8 @@ typedef enum { CO_PROC_SUPERVISOR, CO_PROC_AGENT, CO_PROC_WORKER } co_proc_role;
  * rank; job_id in hex. */
 void co_proctitle_role(co_proc_role role, int rank, int node, uint64_t job_id);
 
+/* When process pid (0: this one) started, in clock ticks after boot (/proc/PID/stat's
+ * starttime): with the pid, what names one process across pid reuse. 0 where unknown. */
+uint64_t co_proc_start_ticks(int pid);
+
 #endif

@@ -2076,7 +2076,9 @@ static int supervisor_open_mailbox(sv *s, ac_mailbox_opts *mo) {
     snprintf(path, sizeof path, "%s/job", s->ipc_dir);
     FILE *f = fopen(path, "w");
     if (f) {
-        fprintf(f, "pid=%d\nendpoint=%s\njob=%" PRIx64 "\n", (int)getpid(), s->endpoint, s->snd.job_id);
+        /* (start: a pid another process takes after this one died is not this job) */
+        fprintf(f, "pid=%d\nstart=%" PRIu64 "\nendpoint=%s\njob=%" PRIx64 "\n", (int)getpid(), co_proc_start_ticks(0),
+                s->endpoint, s->snd.job_id);
         fclose(f);
     }
     if (s->o.metrics_port > 0) {

@@ -467,6 +467,13 @@ status_errors)
     [ $r -eq 2 ] && grep -q "no running cohort job with supervisor pid or job id 4000000" "$work/e1" || fail "no such job: $r $(cat "$work/e1")"
     "$cohort" status --bogus >"$work/e0" 2>&1; r=$?
     [ $r -eq 2 ] && grep -q "unknown flag --bogus" "$work/e0" || fail "bad flag: $r $(cat "$work/e0")"
+    # the job file a SIGKILLed supervisor left, its pid since taken by another process (this
+    # shell, which started later than the start it records): not a running job
+    mkdir -p "$work/xdg/cohort-stale"
+    printf 'pid=%d\nstart=1\nendpoint=ipc://%s/none\njob=5ca1ab1e5ca1ab1e\n' $$ "$work" >"$work/xdg/cohort-stale/job"
+    XDG_RUNTIME_DIR=$work/xdg "$cohort" status 5ca1ab1e >"$work/e4" 2>&1; r=$?
+    [ $r -eq 2 ] && grep -q "no running cohort job with supervisor pid or job id 5ca1ab1e" "$work/e4" ||
+        fail "a stale job file whose pid was reused: $r $(cat "$work/e4")"
     start a; a=$job
     start b; b=$job
     trained 5 a; trained 5 b
