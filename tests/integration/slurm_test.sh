@@ -174,10 +174,10 @@ clean_run() { # NAME: no rank was lost, killed or restarted
 node_killed() {
     local d agent st
     # (steps 2 and 13 slowed down too, no numeric effect: time to find the node's processes,
-    # and 8 s after the checkpoint of iteration 12 to kill the node in; srun passes the job's
+    # and 5 s after the checkpoint of iteration 12 to kill the node in; srun passes the job's
     # output on late, so the test waits on files and processes)
     d=$(COHORT_MAX_REQUEUES=2 submit d --save-interval 6 --inprocess-heartbeat-interval 0.5 --inprocess-heartbeat-timeout 3 \
-        --inject slow@rank=0,step=2,phase=allreduce,ms=4000 --inject slow@rank=0,step=13,phase=allreduce,ms=8000)
+        --inject slow@rank=0,step=2,phase=allreduce,ms=4000 --inject slow@rank=0,step=13,phase=allreduce,ms=5000)
     wait_until 60 eval '[ -n "$(node_agent "$d" 127.0.0.2)" ]' || fail "job d: no node agent on node 127.0.0.2"
     agent=$(node_agent "$d" 127.0.0.2)
     wait_until 60 grep -qx 12 "$work/d/latest_checkpointed_iteration.txt" ||
