@@ -17,6 +17,8 @@
 #include "data/tokenizer.h"
 #include "data/verify.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -220,8 +222,8 @@ static int data_tokenize(int argc, char **argv) {
     size_t cap = 1 << 20, n = 0;
     char *buf = malloc(cap);
     while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap) break;
+        n += fread(buf + n, 1, cap - 1 - n, f); /* one byte kept for the terminating NUL */
+        if (n < cap - 1) break;
         char *nb = realloc(buf, cap * 2);
         if (!nb) free(buf);
         buf = nb;
@@ -229,6 +231,7 @@ static int data_tokenize(int argc, char **argv) {
     }
     fclose(f);
     if (!buf) return CLI_FAILURE;
+    buf[n] = '\0';
     tok_tokenizer tok;
     if (open_tokenizer(&tf, &tok)) {
         free(buf);
@@ -260,32 +263,46 @@ static int data_tokenize(int argc, char **argv) {
     } else if (out) {
         size_t nid = 0;
         int32_t *ids = malloc((n / (binary ? 4 : 1) + 1) * sizeof *ids);
-        if (binary) {
-            memcpy(ids, buf, n / 4 * 4);
+        if (!ids) {
+            co_log(CO_LOG_ERROR, "out of memory");
+            rc = CLI_FAILURE;
+        } else if (binary && n % 4) {
+            co_log(CO_LOG_ERROR, "%s: %zu bytes is not a whole number of 4-byte ids", input, n);
+            rc = CLI_FAILURE;
+        } else if (binary) {
+            memcpy(ids, buf, n);
             nid = n / 4;
         } else {
+            /* whitespace-separated decimal ids; anything else is refused, never skipped */
             char *p = buf, *end = buf + n;
             while (p < end) {
+                while (p < end && isspace((unsigned char)*p)) p++;
+                if (p >= end) break;
                 char *q;
+                errno = 0;
                 long v = strtol(p, &q, 10);
-                if (q == p) {
-                    p++;
-                    continue;
+                if (q == p || errno || v < INT32_MIN || v > INT32_MAX || (q < end && !isspace((unsigned char)*q))) {
+                    co_log(CO_LOG_ERROR, "%s: \"%.*s\" is not an id (byte %zu)", input,
+                           (int)strcspn(p, " \t\r\n") < 32 ? (int)strcspn(p, " \t\r\n") : 32, p, (size_t)(p - buf));
+                    rc = CLI_FAILURE;
+                    break;
                 }
                 ids[nid++] = (int32_t)v;
                 p = q;
             }
         }
-        int64_t len = tok_decode(&tok, ids, nid, NULL, 0);
-        char *text = len >= 0 ? malloc((size_t)len + 1) : NULL;
-        if (len < 0 || !text) {
-            co_log(CO_LOG_ERROR, "%s", co_err_detail());
-            rc = CLI_FAILURE;
-        } else {
-            tok_decode(&tok, ids, nid, text, (size_t)len + 1);
-            fwrite(text, 1, (size_t)len, out);
+        if (rc == CLI_OK) {
+            int64_t len = tok_decode(&tok, ids, nid, NULL, 0);
+            char *text = len >= 0 ? malloc((size_t)len + 1) : NULL;
+            if (!text) {
+                co_log(CO_LOG_ERROR, "%s", len < 0 ? co_err_detail() : "out of memory");
+                rc = CLI_FAILURE;
+            } else {
+                tok_decode(&tok, ids, nid, text, (size_t)len + 1);
+                fwrite(text, 1, (size_t)len, out);
+            }
+            free(text);
         }
-        free(text);
         free(ids);
     }
     if (out && out != stdout) fclose(out);

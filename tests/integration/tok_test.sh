@@ -142,6 +142,15 @@ tiktoken_ids)
     "$cohort" data tokenize --decode --input "$work/sp" --output "$work/sp.txt" "${tt[@]}" \
         --tiktoken-special-tokens '<unk>' '</s>' '<s>' '<|eot|>' || fail "decode special"
     [ "$(cat "$work/sp.txt")" = "<unk></s><s><SPECIAL_7><SPECIAL_999>" ] || fail "special tokens: $(cat "$work/sp.txt")"
+    # an id file is read to its last byte and no further (the read buffer is not NUL-filled under
+    # MALLOC_PERTURB_); text that is not an id is refused, never skipped
+    MALLOC_PERTURB_=203 "$cohort" data tokenize --decode --input "$work/sp" --output "$work/sp2.txt" "${tt[@]}" \
+        --tiktoken-special-tokens '<unk>' '</s>' '<s>' '<|eot|>' || fail "decode special under MALLOC_PERTURB_"
+    cmp -s "$work/sp.txt" "$work/sp2.txt" || fail "MALLOC_PERTURB_ changed the decoded ids"
+    printf '0 1 x2\n' >"$work/bad"
+    "$cohort" data tokenize --decode --input "$work/bad" --output "$work/bad.txt" "${tt[@]}" 2>"$work/err" &&
+        fail "an id file holding x2 was decoded"
+    grep -qF '"x2" is not an id' "$work/err" || fail "no line naming x2: $(cat "$work/err")"
     ;;
 refused)
     # one line naming the flag or file, exit 2, before any work
