@@ -1610,19 +1610,13 @@ static int apply_update(trainer *t, tr_iter *it, tr_action a, train_end *why) {
     return 0;
 }
 
-/* The iteration counts from here: the position moves on, the distributed optimizer's
- * parameters are gathered, the step's statistics taken, its timeline written. */
-static int commit_iteration(trainer *t) {
+/* The iteration counts from here: the position moves on, the step's statistics taken, its
+ * timeline written. Nothing here communicates, so nothing here can be cut off by an abort:
+ * an iteration committed is one reported (after_step). */
+static void commit_iteration(trainer *t) {
     t->iteration++;
     t->consumed[0] += t->gbs;
     for (int k = 0; k < 3; k++) t->smp_log[k] += t->smp_step[k];
-    if (t->dopt) {
-        /* the shards are updated; the parameters' all-gather follows (with
-         * --overlap-param-gather on a thread, waited for by the next forward), redone by a
-         * restart's handover if an abort interrupts it */
-        int rc = trainer__dopt_gather_start(t);
-        if (rc) return rc;
-    }
     trainer__moe_step(t);
     trainer__mtp_step(t);
     if (t->tl && tl_flush(t->tl)) {
@@ -1630,7 +1624,6 @@ static int commit_iteration(trainer *t) {
         tl_close(&t->tl_open_rec);
     }
     t->tl = NULL;
-    return 0;
 }
 
 /* The log line (every --log-interval) or the progress bar (a terminal, between lines). */
@@ -1657,8 +1650,13 @@ static int report_iteration(trainer *t, const tr_iter *it) {
  * exit rules (*why set and *done true when training ends here). */
 static int after_step(trainer *t, tr_iter *it, train_end *why, bool *done) {
     const co_config *c = &t->cfg;
-    int rc = commit_iteration(t);
-    if (!rc) rc = report_iteration(t, it);
+    commit_iteration(t);
+    int rc = report_iteration(t, it);
+    /* the distributed optimizer's shards are updated; the parameters' all-gather follows the
+     * iteration's report (with --overlap-param-gather on a thread, waited for by the next
+     * forward), redone by a restart's handover if an abort interrupts it: a peer's death in
+     * its update cuts the gather off, not the committed iteration's log line and record */
+    if (!rc && t->dopt) rc = trainer__dopt_gather_start(t);
     bool check = t->g.dp && c->check_replicas_interval > 0 && t->iteration % c->check_replicas_interval == 0;
     bool eval = c->eval_iters > 0 && t->iteration % c->eval_interval == 0 && t->has_split[1] &&
                 t->iteration < c->train_iters;

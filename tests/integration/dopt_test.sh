@@ -541,7 +541,7 @@ ckpt_reshard)
         fail "tp2 load: $(grep -i checkpoint "$work/t2-tp.out")"
     same "$work/rs2" "$work/t2" 8
     ;;
-kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kill_param_gather|kill_param_gather_tp)
+kill|kill_optimizer|kill_optimizer_peer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kill_param_gather|kill_param_gather_tp)
     # a rank holding an optimizer shard dies (in forward; right after its shard's update,
     # before the parameters' all-gather; with shifted ranks; in tensor 2 x data 2, where
     # each tensor rank's data-parallel pair shards its slices; in context 2 x data 2, where
@@ -551,6 +551,11 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kil
     case $case_name in
     kill) inj=(--inject "kill@rank=2,step=6");;
     kill_optimizer) inj=(--inject "kill@rank=3,step=6,phase=optimizer");;
+    kill_optimizer_peer)
+        # killed before its update: the others (the last rank, which prints, among them)
+        # commit iteration 6 and block in the parameters' all-gather until the abort; the
+        # committed iteration's log line is printed all the same
+        inj=(--inject "kill@rank=1,step=6,phase=optimizer");;
     kill_tp) inj=(--inject "kill@rank=2,step=6"); lay=(--tensor-model-parallel-size 2);;
     kill_cp) inj=(--inject "kill@rank=1,step=6"); lay=(--context-parallel-size 2 --attention-dropout 0);;
     kill_overlap)
@@ -593,6 +598,12 @@ kill|kill_optimizer|shift_ranks|kill_tp|kill_cp|kill_overlap|kill_overlap_tp|kil
     fi
     same "$work/clean" "$work/f" 10
     grep -q '"steps_lost": 0' "$work/f.report.json" || fail "steps lost: $(grep steps_lost "$work/f.report.json")"
+    if [ $case_name = kill_optimizer_peer ]; then
+        grep -q "generation aborted during iteration 7" "$work/f.err" ||
+            fail "the abort did not come after iteration 6's commit: $(grep 'generation aborted' "$work/f.err")"
+        got=$(grep -o "iteration *[0-9]*/" "$work/f.out" | tr -dc '0-9\n' | tr '\n' ' ')
+        [ "$got" = "1 2 3 4 5 6 7 8 9 10 " ] || fail "log lines of iterations $got, not 1 to 10 once each"
+    fi
     if [ $case_name = kill_overlap_tp ]; then
         grep -q "cohort rank 0: overlapped gradient reduction, bucket [0-9]* of [0-9]*: .*aborted" "$work/f.err" ||
             fail "no bucket of rank 0 in flight at the abort: $(grep -h 'rank 0' "$work/f.err" | tail -5)"
