@@ -38,9 +38,8 @@
 #     nobody is replaced) ends in an in-process restart (or replay), and bitwise the
 #     fault-free run's checkpoint and losses.
 #   act_flip_bf16: an activation's bit flipped (--bf16, bf16 activations: the final norm's
-#     output in bf16) is caught and the step replayed; the job ends within the bf16 bounds of
-#     the fault-free run (not bitwise: a step replayed in place with --bf16 ends a little off
-#     the fault-free run on the stand-in, with an injected NaN too, before bf16 activations).
+#     output in bf16) is caught and the step replayed; nan_bf16: a NaN loss with --bf16,
+#     replayed; each job ends bitwise the fault-free run (losses and checkpoint).
 #   sdc: silent data corruption: a mantissa bit of rank 1's weights flipped before a forward;
 #     the weights' checksums, hashed on the (stand-in) device, differ in that very step with
 #     no majority of two, so the step is replayed and the rank whose weights changed since its
@@ -410,18 +409,27 @@ nccl_hang)
     grep -q "generation 2: 2 rank(s) resume after iteration 1 with the state of rank [01] (0 replaced" "$work/f.out" ||
         fail "not resumed in process: $(grep supervisor "$work/f.out")"
     ;;
+nan_bf16)
+    # a NaN loss on rank 1 with --bf16 (bf16 activations): replayed in place, the job bitwise
+    # the fault-free run (losses and checkpoint), as on the CPU backend
+    run clean "$cudasim" cuda --nproc-per-node 2 $quick --bf16; ok clean
+    run f "$cudasim" cuda --nproc-per-node 2 $quick --bf16 --inject "nan@rank=1,step=2,microbatch=1"; ok f
+    grep -q "iteration 2: accept (transient_error)" "$work/f.out" || fail "no accepted replay: $(grep supervisor "$work/f.out")"
+    same_losses clean f "the replayed run logged other numbers than the fault-free one"
+    ckpt_same "$(ckpt clean)" "$(ckpt f)"
+    ;;
 act_flip_bf16)
     # bit 30 of an fp32 activation (bf16's bit 14, the exponent's top) flipped in rank 1's
     # final-norm output, which bf16 activations keep in bf16: a huge value, the step replayed
-    # (not bitwise the fault-free run: a step replayed in place with --bf16 on the stand-in
-    # ends a little off it, with a NaN injected as well, before bf16 activations too)
+    # in place and the job bitwise the fault-free run (losses and checkpoint)
     run clean "$cudasim" cuda --nproc-per-node 2 $quick --bf16; ok clean
     run f "$cudasim" cuda --nproc-per-node 2 $quick --bf16 --inject "bitflip-act@rank=1,step=2,bit=30"; ok f
     grep -q "the norms', attention's and GELU's outputs in bf16" "$work/f.out" || fail "no bf16 activations"
     grep -q "iteration 2: rerun: rank 1: \(grad_outlier\|nan_\|inf_\)" "$work/f.out" ||
         fail "the flip was not caught: $(grep -i 'inject\|supervisor' "$work/f.out" | head -4)"
     grep -q "iteration 2: accept (transient_error)" "$work/f.out" || fail "no accepted replay: $(grep supervisor "$work/f.out")"
-    close clean f 2e-5 2.5e-3
+    same_losses clean f "the replayed run logged other numbers than the fault-free one"
+    ckpt_same "$(ckpt clean)" "$(ckpt f)"
     ;;
 sdc)
     faulty --inject-seed 3 --inject "bitflip-param@rank=1,step=2,bit=22,phase=forward"
