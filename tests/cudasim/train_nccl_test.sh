@@ -83,6 +83,12 @@
 #     cross-entropy's row max, the loss read, the end of the backward) + 8, with every
 #     collective of the layers queued on the stream, where syncing before each collective
 #     added 4 a layer and micro batch.
+#   dopt_syncs: the distributed optimizer's step at dp 2 (4 layers, 2 micro batches a rank)
+#     waits at most 12 times on each rank: 2 per micro batch (its loss read, counted twice,
+#     and the end of its backward) + the validator's replica norm + the shard norm's sums and
+#     their all-reduce + the loss sums' all-reduce + the weights' two checksums; the copy's
+#     gradient exchange and the all-gather are queued on the stream (15 when the stream was
+#     synced after the shard's averaging and around the all-gather).
 #   dopt_dp2, dopt_tp2_dp2, dopt_tp2_pp2, mtp_pp2, cp2, cp2_thd, ep2_alltoall, ep2_allgather,
 #     moe_tp2, moe_bf16, overlap_dp2, param_gather_tp2_dp2, overlap_ep2_dp4: what the CPU
 #     backend runs and cuda refused before (the distributed optimizer, multi-token prediction, context
@@ -503,6 +509,14 @@ pp2_syncs)
     [ "$per" -le $max ] || fail "a step waits for the GPU $per times (at most $max expected)"
     # the first stage reads no loss: no wait per micro batch at all
     [ "$per2" -le 8 ] || fail "the first stage waits for the GPU $per2 times a step (at most 8 expected)"
+    ;;
+dopt_syncs)
+    # the distributed optimizer's step queues its shard exchange and all-gather on the
+    # stream: 12 waits a step counted (see the comment at the top; 15 when the stream was
+    # synced after the averaging and around the all-gather)
+    max=12
+    syncs_per_step dopt --nproc-per-node 2 $D
+    [ "$per" -le $max ] || fail "a dopt step waits for the GPU $per times (at most $max expected)"
     ;;
 tp2_syncs)
     max=$((5 * 4 + 8))
