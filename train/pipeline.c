@@ -170,8 +170,10 @@ static int dev_queue(trainer *t, const pp_op *op, void **buf) {
         t->pp_q = q;
         int most = 1;
         for (int ci = 0; ci < gpt_num_chunks(t->model); ci++)
-            for (int out = 0; out < 2; out++)
-                if (gpt_chunk_streams(t->model, ci, out, true) > most) most = gpt_chunk_streams(t->model, ci, out, true);
+            for (int out = 0; out < 2; out++) {
+                int k = gpt_chunk_streams(t->model, ci, out, true);
+                most = k > most ? k : most;
+            }
         size_t bytes = act_floats(t) * sizeof(float) * (size_t)most;
         if (!(q[i].buf = t->be->ops->alloc(t->be, bytes)))
             return co_err_set(CO_ENOMEM, "pipeline: %zu bytes of device memory for a tensor received ahead", bytes);
