@@ -210,7 +210,14 @@ static void shard_gather(const dopt_layout *L, int k, const float *full, float *
 }
 
 void dopt_init_shards(dopt_state *s) {
-    if (s->opt.redundant) shard_gather(&s->L, (s->rank + s->L.dp - 1) % s->L.dp, s->params, s->rparams);
+    if (!s->opt.redundant) return;
+    /* (backend copies in stream order: on CUDA no wait for the kernels that wrote params) */
+    int k = (s->rank + s->L.dp - 1) % s->L.dp;
+    for (int b = 0; b < s->L.nbuckets; b++) {
+        const dopt_bucket *B = &s->L.buckets[b];
+        s->be->ops->copy(s->be, s->rparams + B->shard_base, s->params + B->start + (size_t)k * B->shard,
+                         B->shard * sizeof(float));
+    }
 }
 
 void dopt_copy_refresh(dopt_state *s, size_t lo, size_t hi) {
@@ -220,8 +227,19 @@ void dopt_copy_refresh(dopt_state *s, size_t lo, size_t hi) {
         const dopt_bucket *B = &s->L.buckets[b];
         size_t a = B->start + (size_t)k * B->shard, e = a + B->shard;
         size_t x0 = lo > a ? lo : a, x1 = hi < e ? hi : e;
-        if (x0 < x1) memcpy(s->rparams + B->shard_base + (x0 - a), s->params + x0, (x1 - x0) * sizeof(float));
+        if (x0 < x1)
+            s->be->ops->copy(s->be, s->rparams + B->shard_base + (x0 - a), s->params + x0, (x1 - x0) * sizeof(float));
     }
+}
+
+/* The backend's stream where the group has stream-ordered operations (CUDA with an NCCL
+ * group; not the all-reduce form of the step): the shard's exchange and all-gather then
+ * queue behind the kernels that write their input, with no wait of the host. NULL otherwise. */
+static void *queued_stream(const dopt_state *s, const cm_comm *dp) {
+    if (s->opt.allreduce || !dp || !dp->ops->p2p_q || !dp->ops->allgather_q || !dp->ops->queued_error ||
+        !s->be->ops->stream)
+        return NULL;
+    return s->be->ops->stream(s->be);
 }
 
 void dopt_grads_clear(dopt_state *s) { s->be->ops->zero(s->be, s->grads, s->L.total); }
@@ -273,6 +291,25 @@ static int exchange_shard_grad(dopt_state *s, cm_comm *dp) {
     return rc;
 }
 
+/* The same exchange queued on the backend's stream as one group of sends and receives
+ * (the ring cannot wait on itself: NCCL posts a group's operations together). */
+static int exchange_shard_grad_q(dopt_state *s, cm_comm *dp, void *stream) {
+    const dopt_layout *L = &s->L;
+    int n = L->dp, me = s->rank, nxt = (me + 1) % n, prv = (me + n - 1) % n;
+    cm_p2p *ops = malloc(sizeof *ops * 2 * (size_t)L->nbuckets);
+    if (!ops) return co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
+    for (int b = 0; b < L->nbuckets; b++) {
+        const dopt_bucket *B = &L->buckets[b];
+        size_t bytes = B->shard * sizeof(float);
+        ops[2 * b] = (cm_p2p){.c = dp, .buf = s->grads + B->start + (size_t)me * B->shard, .bytes = bytes, .peer = nxt,
+                              .send = 1};
+        ops[2 * b + 1] = (cm_p2p){.c = dp, .buf = s->rgrad + B->shard_base, .bytes = bytes, .peer = prv};
+    }
+    int rc = dp->ops->p2p_q(ops, 2 * L->nbuckets, stream);
+    free(ops);
+    return rc;
+}
+
 static int check_group(const dopt_state *s, const cm_comm *dp) {
     if (s->L.dp == 1 && !dp) return 0;
     if (!dp || dp->size != s->L.dp || dp->rank != s->rank)
@@ -316,6 +353,59 @@ static double counted_sumsq(const dopt_state *s, size_t lo, size_t hi) {
     return sq;
 }
 
+/* The sum of squares of this rank's shards, bucket by bucket in bucket order (each as
+ * counted_sumsq sums it): with the backend's sumsq_runs in one wait per 4 buckets (on CUDA
+ * the runs' sums stay on the device, the 8-byte results come back together), bit for bit
+ * the loop. */
+static int shard_sumsq(const dopt_state *s, double *sq) {
+    const dopt_layout *L = &s->L;
+    kb_backend *be = s->be;
+    *sq = 0;
+    if (!be->ops->sumsq_runs) {
+        for (int b = 0; b < L->nbuckets; b++) {
+            size_t lo = L->buckets[b].start + (size_t)s->rank * L->buckets[b].shard;
+            *sq += counted_sumsq(s, lo, lo + L->buckets[b].shard);
+        }
+        return 0;
+    }
+    size_t cap = (size_t)L->nbuckets * (size_t)(s->norm_runs ? s->nnorm_runs + 1 : 1);
+    const float **x = malloc(sizeof *x * cap);
+    size_t *len = malloc(sizeof *len * cap);
+    int *end = malloc(sizeof *end * (size_t)L->nbuckets);
+    double *out = malloc(sizeof *out * (size_t)L->nbuckets);
+    if (!x || !len || !end || !out) {
+        free(x), free(len), free(end), free(out);
+        return co_err_set(CO_ENOMEM, "distributed optimizer: out of memory");
+    }
+    int k = 0;
+    for (int b = 0; b < L->nbuckets; b++) {
+        size_t lo = L->buckets[b].start + (size_t)s->rank * L->buckets[b].shard, hi = lo + L->buckets[b].shard;
+        if (!s->norm_runs) {
+            x[k] = s->grads + lo, len[k++] = hi - lo;
+        } else {
+            for (int i = 0; i < s->nnorm_runs; i++) {
+                size_t a = s->norm_runs[2 * i], e = s->norm_runs[2 * i + 1];
+                if (e <= lo) continue;
+                if (a >= hi) break;
+                a = a > lo ? a : lo;
+                e = e < hi ? e : hi;
+                x[k] = s->grads + a, len[k++] = e - a;
+            }
+        }
+        end[b] = k;
+    }
+    /* (at most 4 groups a call, as CUDA's sumsq_runs takes: one wait per 4 buckets) */
+    for (int b0 = 0; b0 < L->nbuckets; b0 += 4) {
+        int ng = L->nbuckets - b0 < 4 ? L->nbuckets - b0 : 4, j0 = b0 ? end[b0 - 1] : 0;
+        int e[4];
+        for (int g = 0; g < ng; g++) e[g] = end[b0 + g] - j0;
+        be->ops->sumsq_runs(be, x + j0, len + j0, e, ng, out + b0);
+    }
+    for (int b = 0; b < L->nbuckets; b++) *sq += out[b];
+    free(x), free(len), free(end), free(out);
+    return 0;
+}
+
 int dopt_reduce(dopt_state *s, cm_comm *dp, double *grad_norm_out) {
     return dopt_reduce_mp(s, dp, NULL, grad_norm_out);
 }
@@ -354,16 +444,17 @@ int dopt_reduce_finish(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_nor
     for (int b = 0; b < L->nbuckets && (n > 1 || inv != 1.0f); b++)
         be->ops->scale(be, s->grads + L->buckets[b].start + (size_t)me * L->buckets[b].shard, inv,
                        L->buckets[b].shard);
-    /* (a queued backend, CUDA: the averaged shard is read by the norm, the copy's exchange
-     * and the host from here on) */
-    if (n > 1) be->ops->sync(be);
+    /* (a queued backend, CUDA, without stream-ordered operations of the group: the copy's
+     * exchange reads the averaged shard from the host's side of the stream; with them it is
+     * queued behind the averaging, and the norm's 8-byte sums are the only wait) */
+    void *q = queued_stream(s, dp);
+    if (n > 1 && s->opt.redundant && !s->opt.allreduce && !q) be->ops->sync(be);
     /* 2. the global norm: sum of squares of every rank's shards (padding is zero), all-reduced
      * over the group, then over the replica's model-parallel ranks */
     double sq = 0;
-    for (int b = 0; b < L->nbuckets; b++) {
-        size_t lo = L->buckets[b].start + (size_t)me * L->buckets[b].shard;
-        sq += counted_sumsq(s, lo, lo + L->buckets[b].shard);
-    }
+    if ((rc = shard_sumsq(s, &sq))) return rc;
+    if (q && (rc = dp->ops->queued_error(dp))) /* (the last step's queued exchange and gather have run) */
+        return co_err_set(rc, "distributed optimizer step: a queued shard exchange or all-gather: %s", co_err_detail());
     if (n > 1 && (rc = dp->ops->allreduce_sum(dp, &sq, 1, CM_F64, s->opt.timeout_ms)))
         return co_err_set(rc, "distributed optimizer step: all-reduce of the gradient norm: %s", co_err_detail());
     if (mp && (rc = mp->ops->allreduce_sum(mp, &sq, 1, CM_F64, s->opt.timeout_ms)))
@@ -375,10 +466,14 @@ int dopt_reduce_finish(dopt_state *s, cm_comm *dp, cm_comm *mp, double *grad_nor
         int prv = (me + n - 1) % n;
         for (int b = 0; b < L->nbuckets; b++) {
             const dopt_bucket *B = &L->buckets[b];
-            memcpy(s->rgrad + B->shard_base, s->grads + B->start + (size_t)prv * B->shard, B->shard * sizeof(float));
+            be->ops->copy(be, s->rgrad + B->shard_base, s->grads + B->start + (size_t)prv * B->shard,
+                          B->shard * sizeof(float));
             be->ops->scale(be, s->rgrad + B->shard_base, inv, B->shard);
         }
-    } else if (s->opt.redundant && (rc = exchange_shard_grad(s, dp)))
+    } else if (s->opt.redundant && n > 1 && q && (rc = exchange_shard_grad_q(s, dp, q))) {
+        return co_err_set(rc, "distributed optimizer step: shard gradient to rank %d / from rank %d (queued): %s",
+                          (me + 1) % n, (me + n - 1) % n, co_err_detail());
+    } else if (s->opt.redundant && !q && (rc = exchange_shard_grad(s, dp)))
         return co_err_set(rc, "distributed optimizer step: shard gradient to rank %d / from rank %d: %s",
                           (me + 1) % n, (me + n - 1) % n, co_err_detail());
     s->norm_sq = sq;
@@ -434,6 +529,23 @@ int dopt_gather_bucket(dopt_state *s, cm_comm *dp, int b) {
 
 int dopt_gather(dopt_state *s, cm_comm *dp) {
     int rc = check_group(s, dp);
+    if (rc) return rc;
+    void *q = s->L.dp > 1 ? queued_stream(s, dp) : NULL;
+    if (q) {
+        /* queued behind the shard's AdamW, in place (each rank's shard is its part of the
+         * receive buffer), ahead of the next forward's kernels: no wait */
+        for (int b = 0; b < s->L.nbuckets && !rc; b++) {
+            const dopt_bucket *B = &s->L.buckets[b];
+            float *base = s->params + B->start;
+            rc = dp->ops->allgather_q(dp, base + (size_t)s->rank * B->shard, base, B->shard * sizeof(float), q);
+            if (rc)
+                rc = co_err_set(rc, "distributed optimizer step: all-gather of bucket %d of %d (queued): %s", b,
+                                s->L.nbuckets, co_err_detail());
+        }
+        if (!rc && (rc = dp->ops->queued_error(dp)))
+            rc = co_err_set(rc, "distributed optimizer step: a queued all-gather: %s", co_err_detail());
+        return rc;
+    }
     /* the shard's update may still be queued (CUDA): the collectives and the host read it */
     s->be->ops->sync(s->be);
     for (int b = 0; b < s->L.nbuckets && !rc; b++) rc = dopt_gather_bucket(s, dp, b);

@@ -27,8 +27,12 @@
  * dead rank's shard is restored from its neighbour without a disk read (dopt_shard_view_get,
  * dopt_shard_restore).
  *
- * Buffers come from the backend but are copied with memcpy in places (init, pack, views):
- * host memory only (the CPU backend; the trainer refuses the flag on cuda). */
+ * Buffers come from the backend. The step's copies (the copy's initial parameters and its
+ * gradient in the all-reduce form, dopt_init_shards, dopt_copy_refresh) are backend copies in
+ * stream order; pack, unpack, the views and restores are memcpy after a sync (on cuda the
+ * buffers are managed memory). Where the backend has a stream and the group stream-ordered
+ * operations (CUDA with NCCL), the copy's gradient exchange and dopt_gather are queued on the
+ * backend's stream with no wait: the host syncs before it reads the parameters. */
 #ifndef COHORT_OPTIM_DIST_OPT_H
 #define COHORT_OPTIM_DIST_OPT_H
 

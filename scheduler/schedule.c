@@ -108,7 +108,51 @@ bool pp_exchange_step(const pp_sched_cfg *c, int i) {
     return i < w || i >= w + steady || (i - w) % 2 == 0;
 }
 
-bool pp_exchange_grouped(const pp_sched_cfg *c) { return c->v == 1 || pp_sched_group(c) == c->p; }
+/* The wrap-around link of the interleaved schedule into this rank: the last rank's outputs
+ * into rank 0's next chunk (forward), rank 0's input gradients into the last rank's previous
+ * chunk (backward). */
+static bool wraps_in(const pp_sched_cfg *c, const pp_op *o) {
+    if (c->v == 1) return false;
+    return o->kind == PP_FORWARD ? c->rank == 0 && o->chunk > 0 : c->rank == c->p - 1 && o->chunk < c->v - 1;
+}
+
+int pp_exchange_recvs(const pp_sched_cfg *c, const pp_op *ops, int n, int i, pp_op *r, int cap) {
+    int k = 0, nf = 0, nb = 0;
+    /* the step's own operations' receives, but for those of the wrap-around link */
+    for (int j = i; j < n && (j == i || !pp_exchange_step(c, j)); j++) {
+        pp_link l;
+        pp_op_link(c, &ops[j], &l);
+        if (l.from.rank < 0 || wraps_in(c, &ops[j])) continue;
+        if (k == cap) return co_err_set(CO_ERANGE, "more than %d receives in a step of the exchange", cap);
+        r[k++] = ops[j];
+    }
+    if (c->v == 1 || c->p == 1) return k;
+    for (int j = 0; j < i && j < n; j++) {
+        if (ops[j].kind == PP_FORWARD) nf++;
+        else nb++;
+    }
+    /* the wrap-around link's, aligned with its sender (recv_tensor_from_previous_stage): the
+     * leading stage (rank 0 forward, the last rank backward) is p - 1 steps ahead of the
+     * ending one, so the step after its (nf-1)-th forward (nb-1)-th backward takes what the
+     * sender's virtual micro batch nf - p (nb - p) sent, unless that was the sender's last
+     * chunk (forward) or first (backward), which sends nothing round */
+    int mb, ch;
+    if (c->rank == 0 && nf - c->p >= 0) {
+        pp_table(c, nf - c->p, &mb, &ch);
+        if (ch < c->v - 1) {
+            if (k == cap) return co_err_set(CO_ERANGE, "more than %d receives in a step of the exchange", cap);
+            r[k++] = (pp_op){PP_FORWARD, mb, ch + 1};
+        }
+    }
+    if (c->rank == c->p - 1 && nb - c->p >= 0) {
+        pp_table(c, nb - c->p, &mb, &ch); /* (the backward runs chunk v-1-ch) */
+        if (ch < c->v - 1) {
+            if (k == cap) return co_err_set(CO_ERANGE, "more than %d receives in a step of the exchange", cap);
+            r[k++] = (pp_op){PP_BACKWARD, mb, c->v - 2 - ch};
+        }
+    }
+    return k;
+}
 
 void pp_op_link(const pp_sched_cfg *c, const pp_op *op, pp_link *l) {
     int p = c->p, r = c->rank, v = c->v, ch = op->chunk;

@@ -81,11 +81,19 @@ void pp_table(const pp_sched_cfg *c, int k, int *mb, int *chunk);
  * backward's receive with the forward's send before it instead deadlocks the interleaved
  * schedule. c must pass pp_sched_check. */
 bool pp_exchange_step(const pp_sched_cfg *c, int i);
-/* Whether those steps pair up for c: 1F1B, or the interleaved schedule with the micro batch
- * group the pipeline size (Megatron's default). With a larger group the first stage takes
- * the last stage's outputs of the first chunk several steps before the forwards that read
- * them (Megatron queues them in lists): receiving each with its forward deadlocks there. */
-bool pp_exchange_grouped(const pp_sched_cfg *c);
+/* The receives posted in the group of the step that begins at operation i of rank
+ * c->rank's training list ops[0..n) (pp_schedule's), as the operations whose inputs they
+ * are, into r[0..cap): the number, or CO_ERANGE. Each operation's input is received with
+ * its own step, except on the interleaved schedule's wrap-around link (the last rank's
+ * outputs into rank 0's next chunk; rank 0's input gradients into the last rank's previous
+ * chunk), where the receive is aligned with its sender as Megatron's
+ * recv_tensor_from_previous_stage does: the step after the leading rank's k-th forward
+ * (backward) takes what the sender's virtual micro batch k + 1 - p sent. With the micro
+ * batch group the pipeline size that is the consuming operation's own step; with a larger
+ * group the first stage takes the last stage's first-chunk outputs several steps before
+ * the forwards that read them, and the receiver keeps them in a queue (Megatron's lists)
+ * until then. Receiving each with its consumer deadlocks there. */
+int pp_exchange_recvs(const pp_sched_cfg *c, const pp_op *ops, int n, int i, pp_op *r, int cap);
 
 /* A peer stage: pipeline rank and model chunk; rank -1 = none. */
 typedef struct pp_peer {

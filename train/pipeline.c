@@ -30,9 +30,12 @@
  * that each send to and receive from the other never wait on each other's send. (Holding
  * each send for the next operation's receive deadlocks the interleaved schedule: a send
  * waits in a group for a receive its peer posts after a group that waits for this rank's
- * next.) The interleaved schedule with a micro batch group larger than the pipeline has no
- * such pairing without buffering received tensors (Megatron keeps them in lists): it stays
- * on the host channels. A backward's gradient is received into a buffer of its own
+ * next.) On the interleaved schedule's wrap-around link (the last rank's outputs into rank
+ * 0's next chunk, rank 0's input gradients into the last rank's previous chunk) the receive
+ * is aligned with its sender (pp_exchange_recvs, Megatron's recv_tensor_from_previous_stage):
+ * with a micro batch group larger than the pipeline it comes several steps before the
+ * operation that reads it, so it goes into a queued buffer of its own (pp_q; Megatron's
+ * lists), which that operation copies from in stream order. A backward's gradient is received into a buffer of its own
  * (pp_grecv) and copied into the model's, whose previous contents a held send still reads.
  * Nothing is held across a wait of the host, so no peer's stream waits on a send this rank
  * has not posted. The positions and document starts, which the host needs, still go on the
@@ -103,8 +106,7 @@ static bool on_device(const trainer *t) {
     if (!(t->g.pp_dev && t->g.pp_dev_bwd && t->g.pp_dev->ops->p2p_q && t->g.pp_dev->ops->queued_error &&
           t->be->ops->stream && t->be->ops->stream(t->be)))
         return false;
-    pp_sched_cfg sc = sched_cfg(t);
-    return pp_exchange_grouped(&sc);
+    return true;
 }
 
 /* Once: which channels the activations take (the tests read it). */
@@ -113,13 +115,12 @@ static void say_channels(trainer *t) {
     t->pp_said = true;
     pp_sched_cfg sc = sched_cfg(t);
     if (on_device(t))
-        co_log(CO_LOG_INFO, "pipeline: activations and gradients over NCCL on the device, in stream order%s",
-               sc.v > 1 ? " (the interleaved schedule, Megatron's batched steps)" : "");
-    else if (!pp_exchange_grouped(&sc))
-        co_log(CO_LOG_INFO, "pipeline: the interleaved schedule's activations and gradients go over the host "
-                            "(ZeroMQ, managed memory), not NCCL: --microbatch-group-size-per-virtual-pipeline-stage "
-                            "%d is not the pipeline size %d",
-               pp_sched_group(&sc), sc.p);
+        co_log(CO_LOG_INFO, "pipeline: activations and gradients over NCCL on the device, in stream order%s%s",
+               sc.v > 1 ? " (the interleaved schedule, Megatron's batched steps" : "",
+               sc.v == 1                     ? ""
+               : pp_sched_group(&sc) > sc.p ? "; the wrap-around link's tensors received ahead into queued buffers: "
+                                               "micro batch group larger than the pipeline)"
+                                             : ")");
     else
         co_log(CO_LOG_INFO, "pipeline: activations and gradients go over the host (ZeroMQ, managed memory), not "
                             "NCCL: the backend has no stream or the pipeline group no stream-ordered send/recv");
@@ -157,10 +158,52 @@ static int dev_grecv(trainer *t) {
     return 0;
 }
 
+/* A buffer of its own for what the wrap-around link receives ahead of operation op (a free
+ * one of the queue, or a new one: the most streams a chunk's input or output has), marked
+ * as op's. */
+static int dev_queue(trainer *t, const pp_op *op, void **buf) {
+    int i = 0;
+    while (i < t->pp_nq && t->pp_q[i].busy) i++;
+    if (i == t->pp_nq) {
+        struct tr_pp_queued *q = realloc(t->pp_q, sizeof *q * (size_t)(t->pp_nq + 1));
+        if (!q) return co_err_set(CO_ENOMEM, "pipeline: the queue of received tensors");
+        t->pp_q = q;
+        int most = 1;
+        for (int ci = 0; ci < gpt_num_chunks(t->model); ci++)
+            for (int out = 0; out < 2; out++) {
+                int k = gpt_chunk_streams(t->model, ci, out, true);
+                most = k > most ? k : most;
+            }
+        size_t bytes = act_floats(t) * sizeof(float) * (size_t)most;
+        if (!(q[i].buf = t->be->ops->alloc(t->be, bytes)))
+            return co_err_set(CO_ENOMEM, "pipeline: %zu bytes of device memory for a tensor received ahead", bytes);
+        t->pp_nq++;
+    }
+    t->pp_q[i].op = *op;
+    t->pp_q[i].busy = true;
+    *buf = t->pp_q[i].buf;
+    return 0;
+}
+
+/* The queued buffer operation (kind, mb, chunk) reads, given back to the queue (the copy out
+ * of it is queued before any later receive into it); NULL where its input was received in
+ * its own step. */
+static void *dev_take(trainer *t, pp_kind kind, int mb, int chunk) {
+    for (int i = 0; i < t->pp_nq; i++) {
+        struct tr_pp_queued *q = &t->pp_q[i];
+        if (q->busy && q->op.kind == kind && q->op.mb == mb && q->op.chunk == chunk) {
+            q->busy = false;
+            return q->buf;
+        }
+    }
+    return NULL;
+}
+
 /* A step of the exchange on the device: the held sends and the receives of ops[0..n)
- * posted as one group on the backend's stream. */
-static int dev_post(trainer *t, const pp_op *ops, int nops, bool train) {
-    cm_p2p g[4];
+ * (into into[i] where into and into[i] are given, else the operation's own buffer) posted
+ * as one group on the backend's stream. */
+static int dev_post(trainer *t, const pp_op *ops, void *const *into, int nops, bool train) {
+    cm_p2p g[6];
     int n = 0;
     for (int i = 0; i < t->pp_nheld; i++) g[n++] = t->pp_held[i];
     t->pp_nheld = 0;
@@ -168,6 +211,7 @@ static int dev_post(trainer *t, const pp_op *ops, int nops, bool train) {
         if (n == (int)(sizeof g / sizeof g[0]))
             return co_err_set(CO_EINTERNAL, "pipeline: more than %d sends and receives in a step", n);
         if (!dev_recv_of(t, &ops[i], train, &g[n])) continue;
+        if (into && into[i]) g[n].buf = into[i];
         t->pp_last_from = g[n++].peer;
     }
     if (!n) return 0;
@@ -178,12 +222,26 @@ static int dev_post(trainer *t, const pp_op *ops, int nops, bool train) {
 }
 
 /* Before operation i of the list on the device: where a step of the exchange begins, its
- * group (the step's operations: up to the next step's first). */
+ * group (pp_exchange_recvs: the step's operations' receives, up to the next step's first,
+ * and the wrap-around link's aligned with its sender; one for a later operation goes into a
+ * buffer of the queue, which that operation takes). */
 static int dev_step(trainer *t, const pp_sched_cfg *sc, int i) {
     if (!pp_exchange_step(sc, i)) return 0;
     int j = i + 1;
     while (j < t->nops && !pp_exchange_step(sc, j)) j++;
-    return dev_post(t, t->ops + i, j - i, true);
+    pp_op rv[4];
+    void *into[4];
+    int n = pp_exchange_recvs(sc, t->ops, t->nops, i, rv, 4);
+    if (n < 0) return n;
+    for (int k = 0; k < n; k++) {
+        bool own = false;
+        for (int o = i; o < j; o++)
+            own |= t->ops[o].kind == rv[k].kind && t->ops[o].mb == rv[k].mb && t->ops[o].chunk == rv[k].chunk;
+        into[k] = NULL;
+        int rc = own ? 0 : dev_queue(t, &rv[k], &into[k]);
+        if (rc) return rc;
+    }
+    return dev_post(t, rv, into, n, true);
 }
 
 /* A send held for the next step of the exchange (at most one per operation). */
@@ -318,6 +376,8 @@ static int stage_forward(trainer *t, int split, int64_t first_sample, int mb, in
         }
     }
     if (rc) return rc;
+    void *queued = dev && !d->embedding ? dev_take(t, PP_FORWARD, mb, ci) : NULL;
+    if (queued) t->be->ops->copy(t->be, gpt_chunk_input(t->model, ci, s), queued, act_in * sizeof(float));
     double t1 = now_s();
     gpt_batch b;
     describe(t, mb, &b);
@@ -363,9 +423,12 @@ static int stage_backward(trainer *t, int mb, int ci, uint64_t seed) {
     int rc = 0;
     int prev = (t->pp_rank + t->pp_size - 1) % t->pp_size, next = (t->pp_rank + 1) % t->pp_size;
     if (on_device(t)) {
-        /* the output gradient, received with its step (dev_step) into pp_grecv: nothing for
-         * the host to wait for */
-        if (!d->head) t->be->ops->copy(t->be, gpt_chunk_output_grad(t->model), t->pp_grecv, act_out * sizeof(float));
+        /* the output gradient, received with its step (dev_step) into pp_grecv or earlier
+         * into a queued buffer: nothing for the host to wait for */
+        void *queued = d->head ? NULL : dev_take(t, PP_BACKWARD, mb, ci);
+        if (!d->head)
+            t->be->ops->copy(t->be, gpt_chunk_output_grad(t->model), queued ? queued : t->pp_grecv,
+                             act_out * sizeof(float));
     } else if (!d->head) {
         cm_comm *ch = t->g.pp_bwd;
         double tw = now_s(), tl0 = tl_now();
@@ -460,6 +523,7 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     gpt_zero_grad(t->model);
     memset(t->have_batch, 0, sizeof *t->have_batch * (size_t)t->M);
     t->pp_nheld = 0;
+    for (int i = 0; i < t->pp_nq; i++) t->pp_q[i].busy = false; /* (a failed list's leftovers) */
     t->pp_last_from = (t->pp_rank + 1) % t->pp_size;
     pp_sched_cfg sc = sched_cfg(t);
     rc = on_device(t) ? dev_grecv(t) : 0;
@@ -476,7 +540,7 @@ int trainer__pipeline_share(trainer *t, int data_rank, int64_t step, double *los
     }
     /* on the device: the last sends (before the losses' wait), then the one wait of the
      * list, for the gradients the host reads next, and the failures of what was queued */
-    if (!rc && on_device(t)) rc = dev_post(t, NULL, 0, true);
+    if (!rc && on_device(t)) rc = dev_post(t, NULL, NULL, 0, true);
     if (!rc && on_device(t)) {
         dev_wait(t, t->pp_last_from);
         rc = dev_status(t);
@@ -509,10 +573,10 @@ int trainer__pipeline_evaluate(trainer *t, int split, double *loss_out, double *
         for (int mb = 0; mb < t->M && !rc; mb++)
             for (int ci = 0; ci < gpt_num_chunks(t->model) && !rc; ci++) {
                 pp_op op = {PP_FORWARD, mb, ci}; /* (each its own step: its receive with the last sends) */
-                if (on_device(t)) rc = dev_post(t, &op, 1, false);
+                if (on_device(t)) rc = dev_post(t, &op, NULL, 1, false);
                 if (!rc) rc = stage_forward(t, split, t->consumed[split], mb, ci, false, 0);
             }
-        if (!rc && on_device(t)) rc = dev_post(t, NULL, 0, false);
+        if (!rc && on_device(t)) rc = dev_post(t, NULL, NULL, 0, false);
         if (!rc && on_device(t)) { /* (what the host does next may read the weights) */
             t->be->ops->sync(t->be);
             rc = dev_status(t);

@@ -564,6 +564,8 @@ void trainer_destroy(trainer **pt) {
         gpt_destroy(&t->model);
     }
     if (t->pp_grecv && t->be) t->be->ops->free(t->be, t->pp_grecv); /* (pipeline.c's device staging) */
+    for (int i = 0; i < t->pp_nq && t->be; i++) t->be->ops->free(t->be, t->pp_q[i].buf);
+    free(t->pp_q);
     kb_backend_destroy(&t->be);
     if (t->metrics && !t->metrics_borrowed) fclose(t->metrics);
     else if (t->metrics) fflush(t->metrics);

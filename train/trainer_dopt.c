@@ -28,6 +28,8 @@ struct tr_dopt {
     bool held;    /* this rank's shards (own and copy) hold the state of the trainer's iteration */
     bool reduced; /* the gradients of this round are reduce-scattered, norm computed */
     bool gather;  /* the shards are updated, the full parameter buffer is not yet (trainer__dopt_sync) */
+    bool queued;  /* the all-gather is queued on the backend's stream (CUDA with NCCL), not yet waited
+                   * for: trainer__dopt_sync waits before the host reads the parameters */
     uint64_t *sum; /* where the gathered weights' checksum goes (the rerun state machine's), or NULL */
     double norm;
     /* COHORT_TEST_DOPT_REDUCE_SCATTER=1: reduce-scatter and all-gather on one host too (the
@@ -471,30 +473,43 @@ int trainer__dopt_gather_bucket(trainer *t, cm_comm *g, int b) {
     return dopt_gather_bucket(s, g, b);
 }
 
+/* The all-gather of the updated shards, when one is due; host: then wait for it where it is
+ * queued on the backend's stream, so that the host may read the parameters. */
+static int gather(trainer *t, bool host) {
+    tr_dopt *d = t->dopt;
+    if (!d) return 0;
+    int rc = 0;
+    if (d->gather) {
+        if (trainer__pgather_pending(t)) { /* (the thread gathers both layouts' buckets) */
+            rc = trainer__pgather_finish(t);
+        } else {
+            rc = dopt_gather(&d->s, step_group(t));
+            if (!rc && d->ex) rc = dopt_gather(&d->xs, t->g.edp);
+            d->queued = !rc; /* (dopt_gather queues it on CUDA with NCCL; elsewhere it has ended) */
+        }
+        if (rc) return rc;
+        d->gather = false;
+        gpt_sync_bf16(t->model);
+        if (d->sum) *d->sum = gpt_weights_checksum(t->model);
+        d->sum = NULL;
+    }
+    if (host && d->queued) {
+        t->be->ops->sync(t->be);
+        d->queued = false;
+        rc = kb_backend_status(t->be);
+    }
+    return rc;
+}
+
 int trainer__dopt_gather_start(trainer *t) {
     tr_dopt *d = t->dopt;
     /* (--overlap-param-gather: on a thread, waited for by the next forward) */
     if (d && d->gather && t->pg && tr_groups_grad(&t->g)) return trainer__pgather_start(t);
-    return trainer__dopt_sync(t);
+    /* (queued on the stream ahead of the next forward's kernels: no wait of the host) */
+    return gather(t, false);
 }
 
-int trainer__dopt_sync(trainer *t) {
-    tr_dopt *d = t->dopt;
-    if (!d || !d->gather) return 0;
-    int rc = 0;
-    if (trainer__pgather_pending(t)) { /* (the thread gathers both layouts' buckets) */
-        rc = trainer__pgather_finish(t);
-    } else {
-        rc = dopt_gather(&d->s, step_group(t));
-        if (!rc && d->ex) rc = dopt_gather(&d->xs, t->g.edp);
-    }
-    if (rc) return rc;
-    d->gather = false;
-    gpt_sync_bf16(t->model);
-    if (d->sum) *d->sum = gpt_weights_checksum(t->model);
-    d->sum = NULL;
-    return 0;
-}
+int trainer__dopt_sync(trainer *t) { return gather(t, true); }
 
 /* ---- checkpoints: the shard to save, the full moments only while loaded ---- */
 

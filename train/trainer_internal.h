@@ -141,6 +141,15 @@ struct trainer {
     float *pp_grecv;        /* on the device: backend memory the output's gradient is received
                              * into, apart from the backward's buffer that its send reads */
     int pp_nheld;
+    struct tr_pp_queued {   /* on the device: what the interleaved schedule's wrap-around link
+                             * received ahead of the operation that reads it (a micro batch
+                             * group larger than the pipeline; Megatron's lists), by that
+                             * operation */
+        void *buf;
+        pp_op op;
+        bool busy;
+    } *pp_q;
+    int pp_nq;
     int pp_last_from;       /* the pipeline rank of the last receive posted on the device */
     bool pp_said;           /* which channels the pipeline uses was logged */
     int share_of;           /* the data-parallel replica whose micro batches the pipeline runs */

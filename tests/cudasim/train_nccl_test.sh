@@ -50,6 +50,13 @@
 #     queued on their streams: its stage has no other replica, so the new generation (new
 #     NCCL world and pipeline channels) loads the checkpoint of iteration 1 on every rank and
 #     the job ends bitwise the fault-free run.
+#   vpp2_group: the interleaved schedule with a micro batch group larger than the pipeline
+#     (pp 2, 2 chunks a rank, 5 micro batches in groups of 3): the first stage receives the
+#     last stage's first-chunk outputs over NCCL steps before the forwards that read them,
+#     into queued buffers (the last stage the first stage's gradients alike); each rank must
+#     say so and none that anything goes over the host; against the CPU backend's same layout
+#     (the fp32 tolerances), a second stand-in run bitwise the first, and a run with the last
+#     stage SIGKILLed in iteration 2 (the checkpoint of iteration 1) bitwise the fault-free one.
 #   pp2_nan: a NaN loss on the last stage of a pp 2 job is replayed and the job ends bitwise
 #     the fault-free run.
 #   pp2_nccl_hang: the last stage of a pp 2 job hangs in its forward, so the first stage's
@@ -75,6 +82,12 @@
 #     cross-entropy's row max, the loss read, the end of the backward) + 8, with every
 #     collective of the layers queued on the stream, where syncing before each collective
 #     added 4 a layer and micro batch.
+#   dopt_syncs: the distributed optimizer's step at dp 2 (4 layers, 2 micro batches a rank)
+#     waits at most 12 times on each rank: 2 per micro batch (its loss read, counted twice,
+#     and the end of its backward) + the validator's replica norm + the shard norm's sums and
+#     their all-reduce + the loss sums' all-reduce + the weights' two checksums; the copy's
+#     gradient exchange and the all-gather are queued on the stream (15 when the stream was
+#     synced after the shard's averaging and around the all-gather).
 #   dopt_dp2, dopt_tp2_dp2, dopt_tp2_pp2, mtp_pp2, cp2, cp2_thd, ep2_alltoall, ep2_allgather,
 #     moe_tp2, moe_bf16, overlap_dp2, param_gather_tp2_dp2, overlap_ep2_dp4: what the CPU
 #     backend runs and cuda refused before (the distributed optimizer, multi-token prediction, context
@@ -453,6 +466,26 @@ pp2_killed|tp2_pp2_killed|vpp2_killed)
     same_losses clean f "the faulty run logged other numbers than the fault-free one"
     ckpt_same "$(ckpt clean)" "$(ckpt f)"
     ;;
+vpp2_group)
+    tiny_model --train-iters $iters --global-batch-size 10
+    flags=($(layout vpp2) --microbatch-group-size-per-virtual-pipeline-stage 3 --save-interval 1 $slow)
+    run cpu "$cohort" cpu "${flags[@]}"; ok cpu
+    run cuda "$cudasim" cuda "${flags[@]}"; ok cuda
+    grep -q "cudasim (the CPU stand-in" "$work/cuda.out" || fail "not on the stand-in: $(head -3 "$work/cuda.out")"
+    close cpu cuda 1e-5 1e-5
+    n=$(grep -c "pipeline: activations and gradients over NCCL.*(the interleaved schedule.*received ahead into queued" "$work/cuda.out")
+    [ "$n" -ge 2 ] || fail "$n rank(s) say the pipeline goes over NCCL with queued receives: $(grep -i pipeline: "$work/cuda.out" | head -3)"
+    ! grep -q "pipeline: .* go over the host" "$work/cuda.out" || fail "over the host: $(grep -m1 "over the host" "$work/cuda.out")"
+    run again "$cudasim" cuda "${flags[@]}"; ok again
+    same_losses cuda again "two stand-in runs differ"
+    ckpt_same "$(ckpt cuda)" "$(ckpt again)"
+    run f "$cudasim" cuda "${flags[@]}" --inject "kill@rank=1,step=2"; ok f
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    grep -q "loads the checkpoint of iteration 1" "$work/f.out" ||
+        fail "not resumed from the checkpoint: $(grep supervisor "$work/f.out")"
+    same_losses cuda f "the faulty run logged other numbers than the fault-free one"
+    ckpt_same "$(ckpt cuda)" "$(ckpt f)"
+    ;;
 pp2_nan)
     pp=(--nproc-per-node 2 --pipeline-model-parallel-size 2 $quick)
     run clean "$cudasim" cuda "${pp[@]}"; ok clean
@@ -484,6 +517,14 @@ pp2_syncs)
     [ "$per" -le $max ] || fail "a step waits for the GPU $per times (at most $max expected)"
     # the first stage reads no loss: no wait per micro batch at all
     [ "$per2" -le 8 ] || fail "the first stage waits for the GPU $per2 times a step (at most 8 expected)"
+    ;;
+dopt_syncs)
+    # the distributed optimizer's step queues its shard exchange and all-gather on the
+    # stream: 12 waits a step counted (see the comment at the top; 15 when the stream was
+    # synced after the averaging and around the all-gather)
+    max=12
+    syncs_per_step dopt --nproc-per-node 2 $D
+    [ "$per" -le $max ] || fail "a dopt step waits for the GPU $per times (at most $max expected)"
     ;;
 tp2_syncs)
     max=$((5 * 4 + 8))
