@@ -175,7 +175,10 @@ struct gpt_model {
     bool host_batch;
     /* bf16 activations (backend.h's *_bf16 operations, CUDA in bf16 mode): the norms' outputs
      * and attention's output stored in bf16 (act16), the GELU's output too (act16_mlp: GELU
-     * layers); at tp 1 and cp 1 without MoE layers or MTP depths, fp32 elsewhere */
+     * layers); at cp 1 without MoE layers, fp32 elsewhere; under tensor parallelism the
+     * sequence-parallel all-gathers of the norms' outputs move bf16 elements; with MTP the
+     * depths' layers too, while the main final norm's output on the MTP chunk and the depths'
+     * own norms stay fp32 (gpt__lnf16) */
     bool act16, act16_mlp;
     /* mixture of experts */
     float aux_loss_scale;
@@ -276,6 +279,11 @@ int gpt__mtp_loss_backward(gpt_model *m, chunk_slot *sl, const float *in, float 
 /* The chunk applies the final norm: the head's, unless the MTP depths ran before it (then
  * the MTP chunk's, before the depths). */
 static inline bool gpt__has_final_norm(const gpt_chunk *d) { return d->mtp || (d->head && !d->mtp_in); }
+/* The final norm's output (the output layer's input on the head: sl->lnf, or the first
+ * stream received after the MTP stage) holds bf16: with act16 where only the output layer
+ * reads it; fp32 on an MTP chunk (the depth 0 hnorm's input, a norm's, and the stream sent
+ * on after an MTP stage) and on the head after one (the stream received is fp32). */
+static inline bool gpt__lnf16(const gpt_model *m, const gpt_chunk *d) { return m->act16 && !d->mtp && !d->mtp_in; }
 
 /* ---- gpt_tp.c: the tensor group (each a no-op at tp 1 where it says so) ---- */
 /* x[n] summed over the group (reduce_from_tensor_region) */
@@ -284,6 +292,9 @@ void gpt__tp_allreduce(gpt_model *m, float *x, size_t n);
 void gpt__tp_reduce_scatter(gpt_model *m, float *shard, const float *full, size_t shard_n);
 /* full = every rank's shard, in rank order */
 void gpt__tp_allgather(gpt_model *m, float *full, const float *shard, size_t shard_n);
+/* the same of an activation buffer (a norm's output before qkv, fc1 or the output layer
+ * under sequence parallelism): its kb_bf16 elements, 2 bytes each, when a16 */
+void gpt__tp_allgather_act(gpt_model *m, float *full, const float *shard, size_t shard_n, bool a16);
 /* din (summed over the group into dh) and dW of a column-parallel layer (qkv, fc1, the
  * output layer); at tp 1 the one-rank product into dh */
 void gpt__column_parallel_backward(gpt_model *m, float *dW, float *dbias, const float *dout, const float *in,
@@ -294,6 +305,14 @@ void gpt__row_parallel_forward(gpt_model *m, float *out, const float *in, const 
                                const float *bias, int N, int IC, int Nl);
 void gpt__row_parallel_backward(gpt_model *m, float *din, float *dW, float *dbias, const float *dout,
                                 const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int Nl);
+/* the three with an activation input `in` of bf16 elements when a16 (gpt_model.act16: the
+ * norms', attention's and the GELU's outputs); the gradients fp32 either way */
+void gpt__column_parallel_backward_act(gpt_model *m, bool a16, float *dW, float *dbias, const float *dout,
+                                       const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int OC);
+void gpt__row_parallel_forward_act(gpt_model *m, bool a16, float *out, const float *in, const float *W,
+                                   const kb_bf16 *W16, const float *bias, int N, int IC, int Nl);
+void gpt__row_parallel_backward_act(gpt_model *m, bool a16, float *din, float *dW, float *dbias, const float *dout,
+                                    const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int Nl);
 /* the seed of dropout inside the tensor region: seed + 2718 + tp_rank (tp > 1) */
 uint64_t gpt__tp_seed(const gpt_model *m, uint64_t seed);
 

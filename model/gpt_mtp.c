@@ -17,8 +17,15 @@
  * Backward runs the depths in reverse: the output layer, the final norm, the layer, eh_proj,
  * then enorm into the embedding's gradient and hnorm into the previous depth's output (or,
  * for depth 0, m->mtp_dlnf: the main final norm's output). The rolled batch is made on the
- * host and copied to the backend (CUDA: stream-ordered); the concatenations are host loops
- * over the rows after a sync (CUDA: managed memory).
+ * host and copied to the backend (CUDA: stream-ordered); the concatenation, its gradient's
+ * split and eh_proj's column gathers and slices under tensor parallelism are pitched copies
+ * queued with the kernels (kb_ops.copy_rows: no sync, no host loop).
+ *
+ * bf16 activations (gpt_internal.h act16): each depth's transformer layer keeps them as a
+ * decoder layer does; the depths' own norms (enorm, hnorm, the final norm), their
+ * concatenation and the main final norm's output the depths read stay fp32: h_prev is a
+ * norm's input (hnorm reads the main final norm's output or the previous depth's), and the
+ * outputs are the streams an MTP stage sends on (docs/gpu.md).
  *
  * Split over two stages (the layout's m on a stage before L's; gpt.h gpt_chunk.mtp/mtp_in,
  * Megatron's MTP stage): the MTP stage runs the depths up to their final norms and sends
@@ -44,7 +51,6 @@
 #include "common/error.h"
 
 #include <math.h>
-#include <string.h>
 
 /* tok/pos/tgt/mask of depth k (rolled k+1 places left per sequence, zero-filled). Under
  * context parallelism from the whole micro batch (b->full_*): each local token's source is
@@ -104,11 +110,10 @@ static void eh_forward(gpt_model *m, float *x, const float *cat, const float *W,
      * (scatter_to_sequence_parallel_region) this rank's token rows only */
     gpt__tp_allgather(m, m->mtp_blk, m->mtp_part, (size_t)N * Cl);
     if (m->be->status) return;
-    int r0 = m->sp ? m->tpr * Nl : 0;
-    for (int n = 0; n < Nl; n++)
-        for (int j = 0; j < tp; j++)
-            memcpy(x + (size_t)n * C + (size_t)j * Cl, m->mtp_blk + ((size_t)j * N + r0 + n) * Cl,
-                   sizeof(float) * (size_t)Cl);
+    size_t r0 = m->sp ? (size_t)m->tpr * Nl : 0, row = sizeof(float) * (size_t)Cl;
+    for (int j = 0; j < tp; j++) /* rank j's columns [j Cl, (j+1) Cl) of this rank's rows */
+        o->copy_rows(m->be, x + (size_t)j * Cl, sizeof(float) * (size_t)C, m->mtp_blk + ((size_t)j * N + r0) * Cl, row,
+                     row, (size_t)Nl);
 }
 
 /* eh_proj backward from dx[Nl,C]: dcat[Nl,2C] (overwritten), dW accumulated */
@@ -123,10 +128,9 @@ static void eh_backward(gpt_model *m, float *dcat, float *dW, const float *dx, c
     /* this rank's output columns of the gradient (all-gathered over the tokens under SP) */
     const float *dfull = dx;
     if (m->sp) gpt__tp_allgather(m, m->dfull, dx, (size_t)Nl * C), dfull = m->dfull;
-    else o->sync(m->be);
     if (m->be->status) return;
-    for (int n = 0; n < N; n++)
-        memcpy(m->mtp_part + (size_t)n * Cl, dfull + (size_t)n * C + (size_t)m->tpr * Cl, sizeof(float) * (size_t)Cl);
+    o->copy_rows(m->be, m->mtp_part, sizeof(float) * (size_t)Cl, dfull + (size_t)m->tpr * Cl, sizeof(float) * (size_t)C,
+                 sizeof(float) * (size_t)Cl, (size_t)N);
     const float *in = cat;
     if (m->sp) gpt__tp_allgather(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C), in = m->mtp_gcat;
     float *dpart = m->sp ? m->mtp_dcatf : dcat;
@@ -190,12 +194,10 @@ static int depth_hidden_forward(gpt_model *m, mtp_acts *q, int k, const float *h
                     c->norm_eps);
     o->norm_forward(be, c->rmsnorm, q->hn, q->hn_mean, q->hn_rstd, h_prev, gpt__norm_w(m, t[MTP_HN_W]), P(m, t[MTP_HN_B]), Nl, C,
                     c->norm_eps);
-    o->sync(be);
-    if (be->status) return be->status;
-    for (int n = 0; n < Nl; n++) {
-        memcpy(q->cat + (size_t)n * 2 * C, q->en + (size_t)n * C, sizeof(float) * (size_t)C);
-        memcpy(q->cat + (size_t)n * 2 * C + C, q->hn + (size_t)n * C, sizeof(float) * (size_t)C);
-    }
+    /* cat = [en | hn], row by row */
+    size_t row = sizeof(float) * (size_t)C;
+    o->copy_rows(be, q->cat, 2 * row, q->en, row, row, (size_t)Nl);
+    o->copy_rows(be, q->cat + C, 2 * row, q->hn, row, row, (size_t)Nl);
     /* eh_proj (column-parallel under tensor parallelism) */
     eh_forward(m, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
     int rc = gpt__layer_forward(m, &q->layer, L + k, q->x_out, &xb, B, T, true, seed);
@@ -254,14 +256,12 @@ static int depth_hidden_backward(gpt_model *m, mtp_acts *q, int k, const float *
     if (rc) return rc;
     /* eh_proj: m->dx is the gradient of its output */
     eh_backward(m, m->mtp_dcat, G(m, t[MTP_EH_W]), m->dx, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
-    o->sync(be);
     if (be->status) return be->status;
     /* split [d en | d hn]: d en into mtp_dout, d hn into dh */
     float *dhn = m->dh;
-    for (int n = 0; n < Nl; n++) {
-        memcpy(m->mtp_dout + (size_t)n * C, m->mtp_dcat + (size_t)n * 2 * C, sizeof(float) * (size_t)C);
-        memcpy(dhn + (size_t)n * C, m->mtp_dcat + (size_t)n * 2 * C + C, sizeof(float) * (size_t)C);
-    }
+    size_t row = sizeof(float) * (size_t)C;
+    o->copy_rows(be, m->mtp_dout, row, m->mtp_dcat, 2 * row, row, (size_t)Nl);
+    o->copy_rows(be, dhn, row, m->mtp_dcat + C, 2 * row, row, (size_t)Nl);
     /* enorm into the embedding (the decoder's embedding backward) */
     o->zero(be, m->mtp_demb, NlC);
     o->norm_backward(be, c->rmsnorm, m->mtp_demb, G(m, t[MTP_EN_W]), G(m, t[MTP_EN_B]), m->mtp_dout, q->emb,
