@@ -3,7 +3,10 @@
  * row-parallel layers' products around them, the input-gradient sum overlapped with the
  * weight gradient, the gradient norm over the group and the partial gradients summed after
  * the last micro batch. A collective that fails records its error in the backend's sticky
- * status; once it is set the rest of the pass communicates no more.
+ * status; once it is set the rest of the pass communicates no more. With bf16 activations
+ * (gpt_internal.h act16) the layers' inputs that are activation buffers hold bf16 elements:
+ * the *_act forms take them so, and gpt__tp_allgather_act gathers their 2-byte elements
+ * (sums stay fp32: outputs and gradients are).
  *
  * On CUDA with an NCCL tensor group the collectives are queued on the backend's stream
  * (comm.h's stream-ordered operations), between the kernels that write their input and
