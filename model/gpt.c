@@ -647,13 +647,13 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
                         q->layer.rc_pos = -1;
                         if ((rc = layer_acts_new(m, &q->layer, true, false, N, Nl, NULL))) goto fail;
                         AA(q->emb, Nl * C);
-                        AA(q->en, Nl * C);
+                        AA(q->en, act_n(Nl * C, m->act16)); /* (en, hn, cat: bf16 with act16) */
                         AA(q->en_mean, Nl);
                         AA(q->en_rstd, Nl);
-                        AA(q->hn, Nl * C);
+                        AA(q->hn, act_n(Nl * C, m->act16));
                         AA(q->hn_mean, Nl);
                         AA(q->hn_rstd, Nl);
-                        AA(q->cat, 2 * Nl * C);
+                        AA(q->cat, act_n(2 * Nl * C, m->act16));
                         AA(q->x_out, Nl * C);
                         AA(q->out, Nl * C);
                         AA(q->out_mean, Nl);

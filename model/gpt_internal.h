@@ -57,7 +57,7 @@ typedef struct mtp_acts {
     layer_acts layer;                       /* layer.x_in = eh_proj's output */
     float *emb, *en, *en_mean, *en_rstd;    /* [N,C], [N,C], [N], [N] */
     float *hn, *hn_mean, *hn_rstd;          /* [N,C], [N], [N] */
-    float *cat;                             /* [N,2C] = [en | hn] */
+    float *cat;                             /* [N,2C] = [en | hn]; en, hn, cat kb_bf16 with act16 */
     float *x_out, *out, *out_mean, *out_rstd; /* the layer's output, the final norm's */
     float *logits, *losses;                 /* [N,V], [N] */
     int32_t *tok, *pos, *tgt;               /* [N] rolled k+1 places left, zero-filled */
@@ -118,8 +118,9 @@ struct gpt_model {
     int *t_layer; /* [L + mtp_layers][NLAYER_T] by global layer, -1 when absent */
     int t_mtp[GPT_MAX_MTP][MTP_NT]; /* the MTP depths' own tensors (head chunk) */
     float *mtp_dout, *mtp_dcat, *mtp_demb, *mtp_dh[2]; /* MTP backward scratch [N,C], [N,2C], [N,C], 2x[N,C] */
-    /* tp > 1: eh_proj's gathered input [N,2C], its input gradient's partial sum [N,2C], this
-     * rank's output columns [N,C/tp] (or their gradient), the gathered columns [tp][N][C/tp] */
+    /* tp > 1: eh_proj's gathered input [N,2C] (kb_bf16 with act16), its input gradient's
+     * partial sum [N,2C], this rank's output columns [N,C/tp] (or their gradient), the
+     * gathered columns [tp][N][C/tp] */
     float *mtp_gcat, *mtp_dcatf, *mtp_part, *mtp_blk;
     float *mtp_dlnf;    /* the MTP depths' gradient of the main final norm's output (NULL: none) */
     float *mtp_gin;     /* an MTP chunk without the head: [1+D, N, C] its output's gradient, kept
@@ -177,8 +178,9 @@ struct gpt_model {
      * and attention's output stored in bf16 (act16), the GELU's output too (act16_mlp: GELU
      * layers); at cp 1 without MoE layers, fp32 elsewhere; under tensor parallelism the
      * sequence-parallel all-gathers of the norms' outputs move bf16 elements; with MTP the
-     * depths' layers too, while the main final norm's output on the MTP chunk and the depths'
-     * own norms stay fp32 (gpt__lnf16) */
+     * depths' layers, enorm's and hnorm's outputs and their concatenation too, while the
+     * main final norm's output on the MTP chunk and the depths' final norms' stay fp32
+     * (gpt__lnf16) */
     bool act16, act16_mlp;
     /* mixture of experts */
     float aux_loss_scale;

@@ -22,10 +22,11 @@
  * queued with the kernels (kb_ops.copy_rows: no sync, no host loop).
  *
  * bf16 activations (gpt_internal.h act16): each depth's transformer layer keeps them as a
- * decoder layer does; the depths' own norms (enorm, hnorm, the final norm), their
- * concatenation and the main final norm's output the depths read stay fp32: h_prev is a
- * norm's input (hnorm reads the main final norm's output or the previous depth's), and the
- * outputs are the streams an MTP stage sends on (docs/gpu.md).
+ * decoder layer does, and enorm's and hnorm's outputs and their concatenation, which only
+ * eh_proj reads, are bf16 too (the concatenation copies 2-byte elements, the sequence-
+ * parallel gather of it moves them). The depths' final norms and the main final norm's
+ * output the depths read stay fp32: each is hnorm's input (a norm's, which reads fp32) and
+ * a stream an MTP stage sends on (docs/gpu.md).
  *
  * Split over two stages (the layout's m on a stage before L's; gpt.h gpt_chunk.mtp/mtp_in,
  * Megatron's MTP stage): the MTP stage runs the depths up to their final norms and sends
@@ -95,17 +96,18 @@ static double rolled_tokens(const mtp_acts *q, const gpt_batch *b, int k) {
     return ntok;
 }
 
-/* eh_proj forward, x[Nl,C] = cat[Nl,2C] W^T: one product at tp 1; column-parallel above */
+/* eh_proj forward, x[Nl,C] = cat[Nl,2C] W^T: one product at tp 1; column-parallel above
+ * (cat, and its gathered copy, bf16 with act16) */
 static void eh_forward(gpt_model *m, float *x, const float *cat, const float *W, const kb_bf16 *W16, int N) {
     const kb_ops *o = m->ops;
     int C = m->cfg.hidden, tp = m->tp, Nl = m->sp ? N / tp : N, Cl = C / tp;
     if (tp == 1) {
-        o->linear_forward(m->be, x, cat, W, W16, NULL, N, 2 * C, C);
+        gpt__linear_act(m, x, cat, m->act16, W, W16, NULL, N, 2 * C, C);
         return;
     }
     const float *in = cat;
-    if (m->sp) gpt__tp_allgather(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C), in = m->mtp_gcat;
-    o->linear_forward(m->be, m->mtp_part, in, W, W16, NULL, N, 2 * C, Cl);
+    if (m->sp) gpt__tp_allgather_act(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C, m->act16), in = m->mtp_gcat;
+    gpt__linear_act(m, m->mtp_part, in, m->act16, W, W16, NULL, N, 2 * C, Cl);
     /* gather_from_tensor_model_parallel_region: the ranks' columns side by side; under SP
      * (scatter_to_sequence_parallel_region) this rank's token rows only */
     gpt__tp_allgather(m, m->mtp_blk, m->mtp_part, (size_t)N * Cl);
@@ -116,13 +118,23 @@ static void eh_forward(gpt_model *m, float *x, const float *cat, const float *W,
                      row, (size_t)Nl);
 }
 
+/* eh_proj's product backward: din (overwritten; fp32) and dW from its input cat (bf16 with
+ * act16) */
+static void eh_product_backward(gpt_model *m, float *din, float *dW, const float *dout, const float *cat,
+                                const float *W, const kb_bf16 *W16, int N, int OC) {
+    int IC = 2 * m->cfg.hidden;
+    if (m->act16)
+        m->ops->linear_backward_bf16(m->be, din, dW, NULL, dout, (const kb_bf16 *)(const void *)cat, W, W16, N, IC, OC);
+    else m->ops->linear_backward(m->be, din, dW, NULL, dout, cat, W, W16, N, IC, OC);
+}
+
 /* eh_proj backward from dx[Nl,C]: dcat[Nl,2C] (overwritten), dW accumulated */
 static void eh_backward(gpt_model *m, float *dcat, float *dW, const float *dx, const float *cat, const float *W,
                         const kb_bf16 *W16, int N) {
     const kb_ops *o = m->ops;
     int C = m->cfg.hidden, tp = m->tp, Nl = m->sp ? N / tp : N, Cl = C / tp;
     if (tp == 1) {
-        o->linear_backward(m->be, dcat, dW, NULL, dx, cat, W, W16, N, 2 * C, C);
+        eh_product_backward(m, dcat, dW, dx, cat, W, W16, N, C);
         return;
     }
     /* this rank's output columns of the gradient (all-gathered over the tokens under SP) */
@@ -132,9 +144,9 @@ static void eh_backward(gpt_model *m, float *dcat, float *dW, const float *dx, c
     o->copy_rows(m->be, m->mtp_part, sizeof(float) * (size_t)Cl, dfull + (size_t)m->tpr * Cl, sizeof(float) * (size_t)C,
                  sizeof(float) * (size_t)Cl, (size_t)N);
     const float *in = cat;
-    if (m->sp) gpt__tp_allgather(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C), in = m->mtp_gcat;
+    if (m->sp) gpt__tp_allgather_act(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C, m->act16), in = m->mtp_gcat;
     float *dpart = m->sp ? m->mtp_dcatf : dcat;
-    o->linear_backward(m->be, dpart, dW, NULL, m->mtp_part, in, W, W16, N, 2 * C, Cl);
+    eh_product_backward(m, dpart, dW, m->mtp_part, in, W, W16, N, Cl);
     if (m->sp) gpt__tp_reduce_scatter(m, dcat, dpart, (size_t)Nl * 2 * C);
     else gpt__tp_allreduce(m, dcat, (size_t)N * 2 * C);
 }
@@ -190,14 +202,13 @@ static int depth_hidden_forward(gpt_model *m, mtp_acts *q, int k, const float *h
     gpt__embedding_forward(m, q->emb, q->tok, xb.tokens, xb.positions, N);
     if (c->hidden_dropout > 0)
         gpt__dropout_rows(m, b->rows, N * m->cp, q->emb, q->emb, Nl, c->hidden_dropout, seed, gpt__site(L + k, 0));
-    o->norm_forward(be, c->rmsnorm, q->en, q->en_mean, q->en_rstd, q->emb, gpt__norm_w(m, t[MTP_EN_W]), P(m, t[MTP_EN_B]), Nl, C,
-                    c->norm_eps);
-    o->norm_forward(be, c->rmsnorm, q->hn, q->hn_mean, q->hn_rstd, h_prev, gpt__norm_w(m, t[MTP_HN_W]), P(m, t[MTP_HN_B]), Nl, C,
-                    c->norm_eps);
-    /* cat = [en | hn], row by row */
-    size_t row = sizeof(float) * (size_t)C;
+    /* enorm and hnorm: outputs only eh_proj reads (through cat): bf16 with act16 */
+    gpt__norm_act(m, q->en, q->en_mean, q->en_rstd, q->emb, gpt__norm_w(m, t[MTP_EN_W]), P(m, t[MTP_EN_B]), Nl);
+    gpt__norm_act(m, q->hn, q->hn_mean, q->hn_rstd, h_prev, gpt__norm_w(m, t[MTP_HN_W]), P(m, t[MTP_HN_B]), Nl);
+    /* cat = [en | hn], row by row (elements of 2 bytes with act16) */
+    size_t row = (m->act16 ? sizeof(kb_bf16) : sizeof(float)) * (size_t)C;
     o->copy_rows(be, q->cat, 2 * row, q->en, row, row, (size_t)Nl);
-    o->copy_rows(be, q->cat + C, 2 * row, q->hn, row, row, (size_t)Nl);
+    o->copy_rows(be, (char *)q->cat + row, 2 * row, q->hn, row, row, (size_t)Nl);
     /* eh_proj (column-parallel under tensor parallelism) */
     eh_forward(m, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
     int rc = gpt__layer_forward(m, &q->layer, L + k, q->x_out, &xb, B, T, true, seed);

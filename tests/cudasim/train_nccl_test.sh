@@ -98,9 +98,10 @@
 #     depths on the last stage) and at tp 2 with sequence parallelism (eh_proj column-
 #     parallel: its gathered columns and sliced gradient, and the [enorm | hnorm]
 #     concatenation and its split, pitched copies on the device): bf16 activations (the log
-#     says so; the depths' transformer layers keep them too), against the CPU's --bf16 within
-#     the bf16 bounds (each depth's loss as lm loss), and with a rank SIGKILLed in iteration 2
-#     (the checkpoint of iteration 1) bitwise the fault-free stand-in run.
+#     says so; the depths' transformer layers keep them too, and enorm's and hnorm's outputs
+#     and their concatenation: mtp_tp2_sp_bf16 checks the bytes), against the CPU's --bf16
+#     within the bf16 bounds (each depth's loss as lm loss), and with a rank SIGKILLed in
+#     iteration 2 (the checkpoint of iteration 1) bitwise the fault-free stand-in run.
 #   train_nccl_test.sh COHORT COHORT_CUDASIM CASE
 cohort=$1; cudasim=$2; case_name=$3
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
@@ -264,6 +265,15 @@ mtp_pp2_bf16|mtp_tp2_sp_bf16)
         fail "no bf16 activations: $(grep -m1 'activation memory' "$work/cuda.out")"
     grep -q '"mtp_2_loss"' "$work/cuda.jsonl" || fail "no MTP loss logged: $(tail -1 "$work/cuda.jsonl")"
     close cpu cuda 2e-5 2.5e-3
+    if [ $case_name = mtp_tp2_sp_bf16 ]; then
+        # the activation bytes (every rank the same): 2 bytes fewer than the CPU's per bf16
+        # element, in the 2 decoder layers and the 2 depths' layers (ln1, ln2 [Nl,C], attention's
+        # output [N,AH/2], the GELU's [N,F/2]) and each depth's enorm and hnorm outputs [Nl,C]
+        # and their concatenation [Nl,2C] (N 64, Nl 32, C = AH 32, F 128); the final norms fp32
+        ab() { grep -m1 -o 'activation memory: [0-9]*' "$work/$1.out" | grep -o '[0-9]*$'; }
+        [ $(( $(ab cpu) - $(ab cuda) )) -eq $(( 2 * (4 * (2 * 32 * 32 + 64 * 16 + 64 * 64) + 2 * 4 * 32 * 32) )) ] ||
+            fail "activation bytes: cpu $(ab cpu), stand-in $(ab cuda)"
+    fi
     run f "$cudasim" cuda "${flags[@]}" --inject "kill@rank=1,step=2"; ok f
     grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
     grep -q "loads the checkpoint of iteration 1" "$work/f.out" || fail "not resumed: $(grep supervisor "$work/f.out")"
