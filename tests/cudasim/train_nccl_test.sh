@@ -94,8 +94,11 @@
 #     iteration 2: the job restarts in process and ends bitwise the stand-in's fault-free
 #     run (which also shows two stand-in runs bitwise alike). Tolerances: MTP's parameters
 #     3e-5, moe_bf16 the bf16 ones above.
-#   mtp_pp2_bf16, mtp_tp2_sp_bf16: multi-token prediction (2 depths) with --bf16 at pp 2 (the
-#     depths on the last stage) and at tp 2 with sequence parallelism (eh_proj column-
+#   mtp_pp2_bf16, mtp_tp2_sp_bf16, mtp_p3_bf16: multi-token prediction (2 depths) with --bf16
+#     at pp 2 (the depths on the last stage), at pp 3 with the depths on a stage of their own
+#     before the loss's (layout Et|tmm|L: the MTP stage's final norm and the 1 + D streams it
+#     sends fp32, the loss's stage's output layer reading them so) and at tp 2 with sequence
+#     parallelism (eh_proj column-
 #     parallel: its gathered columns and sliced gradient, and the [enorm | hnorm]
 #     concatenation and its split, pitched copies on the device): bf16 activations (the log
 #     says so; the depths' transformer layers keep them too, and enorm's and hnorm's outputs
@@ -252,11 +255,13 @@ mtp_pp2)
         --pipeline-model-parallel-size 2 --mtp-num-layers 2 --position-embedding-type rope --save-interval 1
     grep -q '"mtp_2_loss"' "$work/cuda.jsonl" || fail "no MTP loss logged: $(tail -1 "$work/cuda.jsonl")"
     ;;
-mtp_pp2_bf16|mtp_tp2_sp_bf16)
+mtp_pp2_bf16|mtp_tp2_sp_bf16|mtp_p3_bf16)
     # the depths' transformer layers with bf16 activations; their norms, the concatenation and
     # the main final norm's output they read fp32 (docs/gpu.md)
     lay=(--nproc-per-node 2 --pipeline-model-parallel-size 2 --position-embedding-type rope)
     [ $case_name = mtp_tp2_sp_bf16 ] && lay=(--nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel)
+    [ $case_name = mtp_p3_bf16 ] && lay=(--nproc-per-node 3 --pipeline-model-parallel-size 3
+        --pipeline-model-parallel-layout "Et|tmm|L" --position-embedding-type rope)
     flags=("${lay[@]}" --mtp-num-layers 2 --bf16 --save-interval 1 $slow)
     run cpu "$cohort" cpu "${flags[@]}"; ok cpu
     run cuda "$cudasim" cuda "${flags[@]}"; ok cuda
