@@ -309,6 +309,13 @@ typedef struct kb_ops {
     void (*attention_backward_bf16)(kb_backend *b, float *dqkv, const float *dout, const float *qkv,
                                     const kb_bf16 *out, const float *lse, const int32_t *seg, int B, int T, int nh,
                                     int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset);
+
+    /* ---- pitched copies ---- */
+    /* rows x width bytes: row r of dst (dst + r dst_pitch) = row r of src (src + r src_pitch),
+     * in order with the queued operations, both in backend memory (not overlapping): a
+     * concatenation along the rows' width or a slice of columns without a wait. */
+    void (*copy_rows)(kb_backend *b, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                      size_t rows);
 } kb_ops;
 
 struct kb_backend {

@@ -413,7 +413,7 @@ static void choose_act16(gpt_model *m) {
     const kb_ops *o = m->ops;
     bool ok = m->be->opt.bf16 && !m->be->opt.fp16 && o->norm_forward_bf16 && o->linear_forward_bf16 &&
               o->linear_backward_bf16 && o->linear_gelu_forward_bf16 && o->attention_forward_bf16 &&
-              o->attention_backward_bf16 && m->tp == 1 && m->cp == 1 && c->mtp_layers <= 0;
+              o->attention_backward_bf16 && m->cp == 1;
     for (int l = 0; ok && l < c->num_layers; l++) ok = !gpt_layer_is_moe(c, l);
     m->act16 = ok;
     m->act16_mlp = m->act16 && !c->swiglu;
@@ -629,7 +629,7 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
             /* after MTP depths on an earlier stage the input is 1 + D streams */
             AA(sl->x_end, (d->mtp_in ? 1 + (size_t)D : 1) * Nl * C);
             if (gpt__has_final_norm(d)) {
-                AA(sl->lnf, act_n(Nl * C, m->act16)); /* (the LM head's input: bf16 with act16) */
+                AA(sl->lnf, act_n(Nl * C, gpt__lnf16(m, d))); /* (the LM head's input: bf16 with act16) */
                 AA(sl->lnf_mean, Nl);
                 AA(sl->lnf_rstd, Nl);
             }
@@ -647,13 +647,13 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
                         q->layer.rc_pos = -1;
                         if ((rc = layer_acts_new(m, &q->layer, true, false, N, Nl, NULL))) goto fail;
                         AA(q->emb, Nl * C);
-                        AA(q->en, Nl * C);
+                        AA(q->en, act_n(Nl * C, m->act16)); /* (en, hn, cat: bf16 with act16) */
                         AA(q->en_mean, Nl);
                         AA(q->en_rstd, Nl);
-                        AA(q->hn, Nl * C);
+                        AA(q->hn, act_n(Nl * C, m->act16));
                         AA(q->hn_mean, Nl);
                         AA(q->hn_rstd, Nl);
-                        AA(q->cat, 2 * Nl * C);
+                        AA(q->cat, act_n(2 * Nl * C, m->act16));
                         AA(q->x_out, Nl * C);
                         AA(q->out, Nl * C);
                         AA(q->out_mean, Nl);

@@ -57,7 +57,7 @@ typedef struct mtp_acts {
     layer_acts layer;                       /* layer.x_in = eh_proj's output */
     float *emb, *en, *en_mean, *en_rstd;    /* [N,C], [N,C], [N], [N] */
     float *hn, *hn_mean, *hn_rstd;          /* [N,C], [N], [N] */
-    float *cat;                             /* [N,2C] = [en | hn] */
+    float *cat;                             /* [N,2C] = [en | hn]; en, hn, cat kb_bf16 with act16 */
     float *x_out, *out, *out_mean, *out_rstd; /* the layer's output, the final norm's */
     float *logits, *losses;                 /* [N,V], [N] */
     int32_t *tok, *pos, *tgt;               /* [N] rolled k+1 places left, zero-filled */
@@ -118,8 +118,9 @@ struct gpt_model {
     int *t_layer; /* [L + mtp_layers][NLAYER_T] by global layer, -1 when absent */
     int t_mtp[GPT_MAX_MTP][MTP_NT]; /* the MTP depths' own tensors (head chunk) */
     float *mtp_dout, *mtp_dcat, *mtp_demb, *mtp_dh[2]; /* MTP backward scratch [N,C], [N,2C], [N,C], 2x[N,C] */
-    /* tp > 1: eh_proj's gathered input [N,2C], its input gradient's partial sum [N,2C], this
-     * rank's output columns [N,C/tp] (or their gradient), the gathered columns [tp][N][C/tp] */
+    /* tp > 1: eh_proj's gathered input [N,2C] (kb_bf16 with act16), its input gradient's
+     * partial sum [N,2C], this rank's output columns [N,C/tp] (or their gradient), the
+     * gathered columns [tp][N][C/tp] */
     float *mtp_gcat, *mtp_dcatf, *mtp_part, *mtp_blk;
     float *mtp_dlnf;    /* the MTP depths' gradient of the main final norm's output (NULL: none) */
     float *mtp_gin;     /* an MTP chunk without the head: [1+D, N, C] its output's gradient, kept
@@ -175,7 +176,11 @@ struct gpt_model {
     bool host_batch;
     /* bf16 activations (backend.h's *_bf16 operations, CUDA in bf16 mode): the norms' outputs
      * and attention's output stored in bf16 (act16), the GELU's output too (act16_mlp: GELU
-     * layers); at tp 1 and cp 1 without MoE layers or MTP depths, fp32 elsewhere */
+     * layers); at cp 1 without MoE layers, fp32 elsewhere; under tensor parallelism the
+     * sequence-parallel all-gathers of the norms' outputs move bf16 elements; with MTP the
+     * depths' layers, enorm's and hnorm's outputs and their concatenation too, while the
+     * main final norm's output on the MTP chunk and the depths' final norms' stay fp32
+     * (gpt__lnf16) */
     bool act16, act16_mlp;
     /* mixture of experts */
     float aux_loss_scale;
@@ -276,6 +281,11 @@ int gpt__mtp_loss_backward(gpt_model *m, chunk_slot *sl, const float *in, float 
 /* The chunk applies the final norm: the head's, unless the MTP depths ran before it (then
  * the MTP chunk's, before the depths). */
 static inline bool gpt__has_final_norm(const gpt_chunk *d) { return d->mtp || (d->head && !d->mtp_in); }
+/* The final norm's output (the output layer's input on the head: sl->lnf, or the first
+ * stream received after the MTP stage) holds bf16: with act16 where only the output layer
+ * reads it; fp32 on an MTP chunk (the depth 0 hnorm's input, a norm's, and the stream sent
+ * on after an MTP stage) and on the head after one (the stream received is fp32). */
+static inline bool gpt__lnf16(const gpt_model *m, const gpt_chunk *d) { return m->act16 && !d->mtp && !d->mtp_in; }
 
 /* ---- gpt_tp.c: the tensor group (each a no-op at tp 1 where it says so) ---- */
 /* x[n] summed over the group (reduce_from_tensor_region) */
@@ -284,6 +294,9 @@ void gpt__tp_allreduce(gpt_model *m, float *x, size_t n);
 void gpt__tp_reduce_scatter(gpt_model *m, float *shard, const float *full, size_t shard_n);
 /* full = every rank's shard, in rank order */
 void gpt__tp_allgather(gpt_model *m, float *full, const float *shard, size_t shard_n);
+/* the same of an activation buffer (a norm's output before qkv, fc1 or the output layer
+ * under sequence parallelism): its kb_bf16 elements, 2 bytes each, when a16 */
+void gpt__tp_allgather_act(gpt_model *m, float *full, const float *shard, size_t shard_n, bool a16);
 /* din (summed over the group into dh) and dW of a column-parallel layer (qkv, fc1, the
  * output layer); at tp 1 the one-rank product into dh */
 void gpt__column_parallel_backward(gpt_model *m, float *dW, float *dbias, const float *dout, const float *in,
@@ -294,6 +307,14 @@ void gpt__row_parallel_forward(gpt_model *m, float *out, const float *in, const 
                                const float *bias, int N, int IC, int Nl);
 void gpt__row_parallel_backward(gpt_model *m, float *din, float *dW, float *dbias, const float *dout,
                                 const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int Nl);
+/* the three with an activation input `in` of bf16 elements when a16 (gpt_model.act16: the
+ * norms', attention's and the GELU's outputs); the gradients fp32 either way */
+void gpt__column_parallel_backward_act(gpt_model *m, bool a16, float *dW, float *dbias, const float *dout,
+                                       const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int OC);
+void gpt__row_parallel_forward_act(gpt_model *m, bool a16, float *out, const float *in, const float *W,
+                                   const kb_bf16 *W16, const float *bias, int N, int IC, int Nl);
+void gpt__row_parallel_backward_act(gpt_model *m, bool a16, float *din, float *dW, float *dbias, const float *dout,
+                                    const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int Nl);
 /* the seed of dropout inside the tensor region: seed + 2718 + tp_rank (tp > 1) */
 uint64_t gpt__tp_seed(const gpt_model *m, uint64_t seed);
 

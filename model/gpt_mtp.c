@@ -17,8 +17,16 @@
  * Backward runs the depths in reverse: the output layer, the final norm, the layer, eh_proj,
  * then enorm into the embedding's gradient and hnorm into the previous depth's output (or,
  * for depth 0, m->mtp_dlnf: the main final norm's output). The rolled batch is made on the
- * host and copied to the backend (CUDA: stream-ordered); the concatenations are host loops
- * over the rows after a sync (CUDA: managed memory).
+ * host and copied to the backend (CUDA: stream-ordered); the concatenation, its gradient's
+ * split and eh_proj's column gathers and slices under tensor parallelism are pitched copies
+ * queued with the kernels (kb_ops.copy_rows: no sync, no host loop).
+ *
+ * bf16 activations (gpt_internal.h act16): each depth's transformer layer keeps them as a
+ * decoder layer does, and enorm's and hnorm's outputs and their concatenation, which only
+ * eh_proj reads, are bf16 too (the concatenation copies 2-byte elements, the sequence-
+ * parallel gather of it moves them). The depths' final norms and the main final norm's
+ * output the depths read stay fp32: each is hnorm's input (a norm's, which reads fp32) and
+ * a stream an MTP stage sends on (docs/gpu.md).
  *
  * Split over two stages (the layout's m on a stage before L's; gpt.h gpt_chunk.mtp/mtp_in,
  * Megatron's MTP stage): the MTP stage runs the depths up to their final norms and sends
@@ -44,7 +52,6 @@
 #include "common/error.h"
 
 #include <math.h>
-#include <string.h>
 
 /* tok/pos/tgt/mask of depth k (rolled k+1 places left per sequence, zero-filled). Under
  * context parallelism from the whole micro batch (b->full_*): each local token's source is
@@ -89,26 +96,36 @@ static double rolled_tokens(const mtp_acts *q, const gpt_batch *b, int k) {
     return ntok;
 }
 
-/* eh_proj forward, x[Nl,C] = cat[Nl,2C] W^T: one product at tp 1; column-parallel above */
+/* eh_proj forward, x[Nl,C] = cat[Nl,2C] W^T: one product at tp 1; column-parallel above
+ * (cat, and its gathered copy, bf16 with act16) */
 static void eh_forward(gpt_model *m, float *x, const float *cat, const float *W, const kb_bf16 *W16, int N) {
     const kb_ops *o = m->ops;
     int C = m->cfg.hidden, tp = m->tp, Nl = m->sp ? N / tp : N, Cl = C / tp;
     if (tp == 1) {
-        o->linear_forward(m->be, x, cat, W, W16, NULL, N, 2 * C, C);
+        gpt__linear_act(m, x, cat, m->act16, W, W16, NULL, N, 2 * C, C);
         return;
     }
     const float *in = cat;
-    if (m->sp) gpt__tp_allgather(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C), in = m->mtp_gcat;
-    o->linear_forward(m->be, m->mtp_part, in, W, W16, NULL, N, 2 * C, Cl);
+    if (m->sp) gpt__tp_allgather_act(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C, m->act16), in = m->mtp_gcat;
+    gpt__linear_act(m, m->mtp_part, in, m->act16, W, W16, NULL, N, 2 * C, Cl);
     /* gather_from_tensor_model_parallel_region: the ranks' columns side by side; under SP
      * (scatter_to_sequence_parallel_region) this rank's token rows only */
     gpt__tp_allgather(m, m->mtp_blk, m->mtp_part, (size_t)N * Cl);
     if (m->be->status) return;
-    int r0 = m->sp ? m->tpr * Nl : 0;
-    for (int n = 0; n < Nl; n++)
-        for (int j = 0; j < tp; j++)
-            memcpy(x + (size_t)n * C + (size_t)j * Cl, m->mtp_blk + ((size_t)j * N + r0 + n) * Cl,
-                   sizeof(float) * (size_t)Cl);
+    size_t r0 = m->sp ? (size_t)m->tpr * Nl : 0, row = sizeof(float) * (size_t)Cl;
+    for (int j = 0; j < tp; j++) /* rank j's columns [j Cl, (j+1) Cl) of this rank's rows */
+        o->copy_rows(m->be, x + (size_t)j * Cl, sizeof(float) * (size_t)C, m->mtp_blk + ((size_t)j * N + r0) * Cl, row,
+                     row, (size_t)Nl);
+}
+
+/* eh_proj's product backward: din (overwritten; fp32) and dW from its input cat (bf16 with
+ * act16) */
+static void eh_product_backward(gpt_model *m, float *din, float *dW, const float *dout, const float *cat,
+                                const float *W, const kb_bf16 *W16, int N, int OC) {
+    int IC = 2 * m->cfg.hidden;
+    if (m->act16)
+        m->ops->linear_backward_bf16(m->be, din, dW, NULL, dout, (const kb_bf16 *)(const void *)cat, W, W16, N, IC, OC);
+    else m->ops->linear_backward(m->be, din, dW, NULL, dout, cat, W, W16, N, IC, OC);
 }
 
 /* eh_proj backward from dx[Nl,C]: dcat[Nl,2C] (overwritten), dW accumulated */
@@ -117,20 +134,19 @@ static void eh_backward(gpt_model *m, float *dcat, float *dW, const float *dx, c
     const kb_ops *o = m->ops;
     int C = m->cfg.hidden, tp = m->tp, Nl = m->sp ? N / tp : N, Cl = C / tp;
     if (tp == 1) {
-        o->linear_backward(m->be, dcat, dW, NULL, dx, cat, W, W16, N, 2 * C, C);
+        eh_product_backward(m, dcat, dW, dx, cat, W, W16, N, C);
         return;
     }
     /* this rank's output columns of the gradient (all-gathered over the tokens under SP) */
     const float *dfull = dx;
     if (m->sp) gpt__tp_allgather(m, m->dfull, dx, (size_t)Nl * C), dfull = m->dfull;
-    else o->sync(m->be);
     if (m->be->status) return;
-    for (int n = 0; n < N; n++)
-        memcpy(m->mtp_part + (size_t)n * Cl, dfull + (size_t)n * C + (size_t)m->tpr * Cl, sizeof(float) * (size_t)Cl);
+    o->copy_rows(m->be, m->mtp_part, sizeof(float) * (size_t)Cl, dfull + (size_t)m->tpr * Cl, sizeof(float) * (size_t)C,
+                 sizeof(float) * (size_t)Cl, (size_t)N);
     const float *in = cat;
-    if (m->sp) gpt__tp_allgather(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C), in = m->mtp_gcat;
+    if (m->sp) gpt__tp_allgather_act(m, m->mtp_gcat, cat, (size_t)Nl * 2 * C, m->act16), in = m->mtp_gcat;
     float *dpart = m->sp ? m->mtp_dcatf : dcat;
-    o->linear_backward(m->be, dpart, dW, NULL, m->mtp_part, in, W, W16, N, 2 * C, Cl);
+    eh_product_backward(m, dpart, dW, m->mtp_part, in, W, W16, N, Cl);
     if (m->sp) gpt__tp_reduce_scatter(m, dcat, dpart, (size_t)Nl * 2 * C);
     else gpt__tp_allreduce(m, dcat, (size_t)N * 2 * C);
 }
@@ -186,16 +202,13 @@ static int depth_hidden_forward(gpt_model *m, mtp_acts *q, int k, const float *h
     gpt__embedding_forward(m, q->emb, q->tok, xb.tokens, xb.positions, N);
     if (c->hidden_dropout > 0)
         gpt__dropout_rows(m, b->rows, N * m->cp, q->emb, q->emb, Nl, c->hidden_dropout, seed, gpt__site(L + k, 0));
-    o->norm_forward(be, c->rmsnorm, q->en, q->en_mean, q->en_rstd, q->emb, gpt__norm_w(m, t[MTP_EN_W]), P(m, t[MTP_EN_B]), Nl, C,
-                    c->norm_eps);
-    o->norm_forward(be, c->rmsnorm, q->hn, q->hn_mean, q->hn_rstd, h_prev, gpt__norm_w(m, t[MTP_HN_W]), P(m, t[MTP_HN_B]), Nl, C,
-                    c->norm_eps);
-    o->sync(be);
-    if (be->status) return be->status;
-    for (int n = 0; n < Nl; n++) {
-        memcpy(q->cat + (size_t)n * 2 * C, q->en + (size_t)n * C, sizeof(float) * (size_t)C);
-        memcpy(q->cat + (size_t)n * 2 * C + C, q->hn + (size_t)n * C, sizeof(float) * (size_t)C);
-    }
+    /* enorm and hnorm: outputs only eh_proj reads (through cat): bf16 with act16 */
+    gpt__norm_act(m, q->en, q->en_mean, q->en_rstd, q->emb, gpt__norm_w(m, t[MTP_EN_W]), P(m, t[MTP_EN_B]), Nl);
+    gpt__norm_act(m, q->hn, q->hn_mean, q->hn_rstd, h_prev, gpt__norm_w(m, t[MTP_HN_W]), P(m, t[MTP_HN_B]), Nl);
+    /* cat = [en | hn], row by row (elements of 2 bytes with act16) */
+    size_t row = (m->act16 ? sizeof(kb_bf16) : sizeof(float)) * (size_t)C;
+    o->copy_rows(be, q->cat, 2 * row, q->en, row, row, (size_t)Nl);
+    o->copy_rows(be, (char *)q->cat + row, 2 * row, q->hn, row, row, (size_t)Nl);
     /* eh_proj (column-parallel under tensor parallelism) */
     eh_forward(m, q->layer.x_in, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
     int rc = gpt__layer_forward(m, &q->layer, L + k, q->x_out, &xb, B, T, true, seed);
@@ -254,14 +267,12 @@ static int depth_hidden_backward(gpt_model *m, mtp_acts *q, int k, const float *
     if (rc) return rc;
     /* eh_proj: m->dx is the gradient of its output */
     eh_backward(m, m->mtp_dcat, G(m, t[MTP_EH_W]), m->dx, q->cat, P(m, t[MTP_EH_W]), P16(m, t[MTP_EH_W]), N);
-    o->sync(be);
     if (be->status) return be->status;
     /* split [d en | d hn]: d en into mtp_dout, d hn into dh */
     float *dhn = m->dh;
-    for (int n = 0; n < Nl; n++) {
-        memcpy(m->mtp_dout + (size_t)n * C, m->mtp_dcat + (size_t)n * 2 * C, sizeof(float) * (size_t)C);
-        memcpy(dhn + (size_t)n * C, m->mtp_dcat + (size_t)n * 2 * C + C, sizeof(float) * (size_t)C);
-    }
+    size_t row = sizeof(float) * (size_t)C;
+    o->copy_rows(be, m->mtp_dout, row, m->mtp_dcat, 2 * row, row, (size_t)Nl);
+    o->copy_rows(be, dhn, row, m->mtp_dcat + C, 2 * row, row, (size_t)Nl);
     /* enorm into the embedding (the decoder's embedding backward) */
     o->zero(be, m->mtp_demb, NlC);
     o->norm_backward(be, c->rmsnorm, m->mtp_demb, G(m, t[MTP_EN_W]), G(m, t[MTP_EN_B]), m->mtp_dout, q->emb,

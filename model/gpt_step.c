@@ -159,8 +159,9 @@ void gpt__cross_entropy(gpt_model *m, float *losses, float *logits, const int32_
 
 /* bf16 activations (gpt_internal.h act16): the layers' norm outputs, attention's output and
  * the GELU's output are made and kept in bf16 by the backend's *_bf16 operations, which
- * every reader of those buffers below goes through; act16 holds only at tp 1 (no
- * collectives on them), so the products are the one-rank ones. */
+ * every reader of those buffers below goes through: the products here and in gpt_tp.c's
+ * column- and row-parallel layers (*_act), and under sequence parallelism the all-gather of
+ * a norm's output, which moves its bf16 elements (gpt__tp_allgather_act). */
 void gpt__norm_act(gpt_model *m, float *out, float *mean, float *rstd, const float *in, const float *w,
                    const float *bias, int N) {
     const gpt_config *c = &m->cfg;
@@ -224,14 +225,14 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
     gpt__norm_act(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, gpt__norm_w(m, t[LN1_W]), P(m, t[LN1_B]), Nl);
     /* column-parallel qkv (its input all-gathered under sequence parallelism) */
     const float *in1 = a->ln1;
-    if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
+    if (sp) gpt__tp_allgather_act(m, m->gath, a->ln1, NlC, m->act16), in1 = m->gath;
     gpt__linear_act(m, a->qkv, in1, m->act16, P(m, t[QKV_W]), P16(m, t[QKV_W]), P(m, t[QKV_B]), N, C, Q);
     if (c->rope) o->rope(be, a->qkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, false);
     gpt__attention_forward(m, a->att, a->lse, a->qkv, x_b.seg, B, T, pa, gpt__tp_seed(m, seed), site(l, 1));
     /* row-parallel proj: x_mid = x_in + dropout(sum over the group of att Wproj^T, + b) */
     float *tmp = m->tmp;
-    if (m->act16) gpt__linear_act(m, tmp, a->att, true, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, C);
-    else gpt__row_parallel_forward(m, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH, Nl);
+    gpt__row_parallel_forward_act(m, m->act16, tmp, a->att, P(m, t[PROJ_W]), P16(m, t[PROJ_W]), P(m, t[PROJ_B]), N, AH,
+                                  Nl);
     if (ph > 0) gpt__dropout_rows(m, x_b.rows, N * m->cp, tmp, tmp, Nl, ph, seed, site(l, 2));
     o->add(be, a->x_mid, a->x_in, tmp, NlC);
     gpt__norm_act(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, gpt__norm_w(m, t[LN2_W]), P(m, t[LN2_B]), Nl);
@@ -264,10 +265,10 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
         }
     } else {
         const float *in2 = a->ln2;
-        if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
+        if (sp) gpt__tp_allgather_act(m, m->gath, a->ln2, NlC, m->act16), in2 = m->gath;
         gpt__fc1_forward(m, a, in2, t, N);
-        if (m->act16_mlp) gpt__linear_act(m, tmp, a->act, true, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, C);
-        else gpt__row_parallel_forward(m, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N, F, Nl);
+        gpt__row_parallel_forward_act(m, m->act16_mlp, tmp, a->act, P(m, t[FC2_W]), P16(m, t[FC2_W]), P(m, t[FC2_B]), N,
+                                      F, Nl);
     }
     if (ph > 0) gpt__dropout_rows(m, x_b.rows, N * m->cp, tmp, tmp, Nl, ph, seed, site(l, 3));
     o->add(be, x_out, a->x_mid, tmp, NlC);
@@ -279,11 +280,11 @@ int gpt__layer_forward(gpt_model *m, layer_acts *a, int l, float *x_out, const d
  * the injected index on below 1 in magnitude (a high exponent bit then turns it into a huge
  * value instead of a tiny one). With bf16 activations x holds bf16, whose bit b - 16 is fp32's
  * bit b (sign, exponent and the high mantissa; a lower bit flips bf16's bit b). */
-static void act_flip(gpt_model *m, float *x, size_t n) {
+static void act_flip(gpt_model *m, float *x, size_t n, bool a16) {
     size_t i = m->act_flip_index % n;
     int bit = m->act_flip_bit;
     m->act_flip = false;
-    if (m->act16) {
+    if (a16) {
         kb_bf16 *h = gpt__a16(x);
         for (size_t k = 0; k < n; k++, i = (i + 1) % n) {
             uint32_t w = (uint32_t)h[i] << 16;
@@ -345,9 +346,13 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
         }
     }
     if (m->fwd_hook) m->fwd_hook(m->fwd_hook_ctx, GPT_HOOK_AFTER_LAYERS);
-    if (gpt__has_final_norm(d))
+    bool l16 = gpt__lnf16(m, d);
+    if (gpt__has_final_norm(d) && l16)
         gpt__norm_act(m, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, gpt__norm_w(m, m->t_lnf_w), P(m, m->t_lnf_b),
                       Nl);
+    else if (gpt__has_final_norm(d)) /* (fp32: hnorm's input too, or sent on to the loss's stage) */
+        o->norm_forward(be, c->rmsnorm, sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->x_end, gpt__norm_w(m, m->t_lnf_w),
+                        P(m, m->t_lnf_b), Nl, C, c->norm_eps);
     if (d->mtp && !d->head) {
         /* the MTP stage: the main final norm's output and (training) each depth's, on */
         if (train) {
@@ -366,12 +371,12 @@ double gpt_chunk_forward(gpt_model *m, int ci, int s, const gpt_batch *b, bool t
     float *lnf = d->mtp_in ? sl->x_end : sl->lnf;
     if (m->act_flip) {
         o->sync(be); /* the norm's output is written before the host reads it (CUDA) */
-        act_flip(m, lnf, NlC);
+        act_flip(m, lnf, NlC, l16);
     }
     const float *inf = lnf;
-    if (sp) gpt__tp_allgather(m, m->gath, lnf, NlC), inf = m->gath;
+    if (sp) gpt__tp_allgather_act(m, m->gath, lnf, NlC, l16), inf = m->gath;
     /* the output layer: column-parallel over the vocabulary */
-    gpt__linear_act(m, sl->logits, inf, m->act16, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, V);
+    gpt__linear_act(m, sl->logits, inf, l16, P(m, m->t_lm), P16(m, m->t_lm), NULL, N, C, V);
     if (!dscale) {
         o->sync(be); /* sampling: the logits stay readable by the host */
         return 0.0;
@@ -415,7 +420,7 @@ static int recompute_mlp_side(gpt_model *m, layer_acts *a, int l, const int32_t 
         if (rc) be->status = rc;
     } else if (!a->moe && (a->sel & GPT_RC_MLP)) {
         const float *in2 = a->ln2;
-        if (m->sp) gpt__tp_allgather(m, m->gath, a->ln2, (size_t)Nl * C), in2 = m->gath;
+        if (m->sp) gpt__tp_allgather_act(m, m->gath, a->ln2, (size_t)Nl * C, m->act16), in2 = m->gath;
         gpt__fc1_forward(m, a, in2, t, N);
     }
     return be->status;
@@ -466,22 +471,14 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
             o->linear_backward_dgelu(be, m->dbig, G(m, t[FC1_B]), dmlp, P(m, t[FC2_W]), P16(m, t[FC2_W]), a->fc1,
                                      N, F, C);
         } else {
-            if (m->act16_mlp)
-                linear_act_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
-                                    P16(m, t[FC2_W]), N, F, C);
-            else
-                gpt__row_parallel_backward(m, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act, P(m, t[FC2_W]),
-                                           P16(m, t[FC2_W]), N, F, Nl);
+            gpt__row_parallel_backward_act(m, m->act16_mlp, m->dffn, G(m, t[FC2_W]), G(m, t[FC2_B]), dmlp, a->act,
+                                           P(m, t[FC2_W]), P16(m, t[FC2_W]), N, F, Nl);
             if (c->swiglu) o->swiglu_backward(be, m->dbig, m->dffn, a->fc1, N, F);
             else o->gelu_backward(be, m->dbig, m->dffn, a->fc1, (size_t)N * F);
         }
         const float *in2 = a->ln2;
-        if (sp) gpt__tp_allgather(m, m->gath, a->ln2, NlC), in2 = m->gath;
-        if (m->act16)
-            linear_act_backward(m, m->dh, G(m, t[FC1_W]), fused ? NULL : G(m, t[FC1_B]), m->dbig, in2, P(m, t[FC1_W]),
-                                P16(m, t[FC1_W]), N, C, F1);
-        else
-            gpt__column_parallel_backward(m, G(m, t[FC1_W]), fused ? NULL : G(m, t[FC1_B]), m->dbig, in2,
+        if (sp) gpt__tp_allgather_act(m, m->gath, a->ln2, NlC, m->act16), in2 = m->gath;
+        gpt__column_parallel_backward_act(m, m->act16, G(m, t[FC1_W]), fused ? NULL : G(m, t[FC1_B]), m->dbig, in2,
                                           P(m, t[FC1_W]), P16(m, t[FC1_W]), N, C, F1);
     }
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN2_W]), G(m, t[LN2_B]), m->dh, a->x_mid,
@@ -495,12 +492,8 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
     /* selective core_attn: attention's output and log-sum-exp again from the kept qkv */
     if (a->sel & GPT_RC_CORE_ATTN)
         gpt__attention_forward(m, a->att, a->lse, a->qkv, x_b.seg, B, T, pa, gpt__tp_seed(m, seed), site(l, 1));
-    if (m->act16)
-        linear_act_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
-                            P16(m, t[PROJ_W]), N, AH, C);
-    else
-        gpt__row_parallel_backward(m, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att, P(m, t[PROJ_W]),
-                                   P16(m, t[PROJ_W]), N, AH, Nl);
+    gpt__row_parallel_backward_act(m, m->act16, m->datt, G(m, t[PROJ_W]), G(m, t[PROJ_B]), datt_out, a->att,
+                                   P(m, t[PROJ_W]), P16(m, t[PROJ_W]), N, AH, Nl);
     gpt__attention_backward(m, m->dqkv, m->datt, a->qkv, a->att, a->lse, x_b.seg, B, T, pa, gpt__tp_seed(m, seed),
                             site(l, 1));
     if (c->rope) o->rope(be, m->dqkv, x_b.positions, N, NH, NKV, c->head_dim, c->rotary_base, true);
@@ -508,12 +501,8 @@ int gpt__layer_backward(gpt_model *m, layer_acts *a, int l, const dev_batch *xb,
     if (a->sel & GPT_RC_LAYERNORM)
         gpt__norm_act(m, a->ln1, a->ln1_mean, a->ln1_rstd, a->x_in, gpt__norm_w(m, t[LN1_W]), P(m, t[LN1_B]), Nl);
     const float *in1 = a->ln1;
-    if (sp) gpt__tp_allgather(m, m->gath, a->ln1, NlC), in1 = m->gath;
-    if (m->act16)
-        linear_act_backward(m, m->dh, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]), P16(m, t[QKV_W]),
-                            N, C, Q);
-    else
-        gpt__column_parallel_backward(m, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
+    if (sp) gpt__tp_allgather_act(m, m->gath, a->ln1, NlC, m->act16), in1 = m->gath;
+    gpt__column_parallel_backward_act(m, m->act16, G(m, t[QKV_W]), G(m, t[QKV_B]), m->dqkv, in1, P(m, t[QKV_W]),
                                       P16(m, t[QKV_W]), N, C, Q);
     o->norm_backward(be, c->rmsnorm, m->dx, G(m, t[LN1_W]), G(m, t[LN1_B]), m->dh, a->x_in, gpt__norm_w(m, t[LN1_W]),
                      a->ln1_mean, a->ln1_rstd, Nl, C);
@@ -572,12 +561,10 @@ void gpt_chunk_backward(gpt_model *m, int ci, int s, const gpt_batch *b, uint64_
         /* LM head: the logits hold dloss/dlogits */
         const float *lnf = d->mtp_in ? sl->x_end : sl->lnf;
         const float *inf = lnf;
-        if (sp) gpt__tp_allgather(m, m->gath, lnf, NlC), inf = m->gath;
-        if (m->act16)
-            linear_act_backward(m, m->dh, G(m, m->t_lm), NULL, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N, C, V);
-        else
-            gpt__column_parallel_backward(m, G(m, m->t_lm), NULL, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm), N,
-                                          C, V);
+        bool l16 = gpt__lnf16(m, d);
+        if (sp) gpt__tp_allgather_act(m, m->gath, lnf, NlC, l16), inf = m->gath;
+        gpt__column_parallel_backward_act(m, l16, G(m, m->t_lm), NULL, sl->logits, inf, P(m, m->t_lm), P16(m, m->t_lm),
+                                          N, C, V);
         if (d->mtp && m->mtp_dlnf) o->add(be, m->dh, m->dh, m->mtp_dlnf, NlC);
         if (d->mtp_in) {
             o->copy(be, m->dx, m->dh, NlC * sizeof(float)); /* the first stream's gradient */

@@ -3,7 +3,10 @@
  * row-parallel layers' products around them, the input-gradient sum overlapped with the
  * weight gradient, the gradient norm over the group and the partial gradients summed after
  * the last micro batch. A collective that fails records its error in the backend's sticky
- * status; once it is set the rest of the pass communicates no more.
+ * status; once it is set the rest of the pass communicates no more. With bf16 activations
+ * (gpt_internal.h act16) the layers' inputs that are activation buffers hold bf16 elements:
+ * the *_act forms take them so, and gpt__tp_allgather_act gathers their 2-byte elements
+ * (sums stay fp32: outputs and gradients are).
  *
  * On CUDA with an NCCL tensor group the collectives are queued on the backend's stream
  * (comm.h's stream-ordered operations), between the kernels that write their input and
@@ -104,14 +107,26 @@ void gpt__tp_reduce_scatter(gpt_model *m, float *shard, const float *full, size_
     tp_reduce_scatter_q(m, shard, full, shard_n, true);
 }
 
-/* full = every rank's shard, in rank order */
-void gpt__tp_allgather(gpt_model *m, float *full, const float *shard, size_t shard_n) {
+/* full = every rank's shard of shard_n elements of `size` bytes, in rank order: a byte
+ * all-gather (queued on the stream with an NCCL group: no host staging) */
+static void tp_allgather_bytes(gpt_model *m, void *full, const void *shard, size_t shard_n, size_t size) {
     if (!tp_ok(m, "tensor-parallel all-gather", true)) return;
     double t0 = mono_s();
-    int rc = m->tp_stream ? m->tpc->ops->allgather_q(m->tpc, shard, full, shard_n * sizeof(float), m->tp_stream)
-                          : m->tpc->ops->allgather(m->tpc, shard, full, shard_n * sizeof(float), m->tp_timeout);
+    size_t bytes = shard_n * size;
+    int rc = m->tp_stream ? m->tpc->ops->allgather_q(m->tpc, shard, full, bytes, m->tp_stream)
+                          : m->tpc->ops->allgather(m->tpc, shard, full, bytes, m->tp_timeout);
     if (rc) m->be->status = rc;
-    tp_count(m, t0, (double)(m->tp - 1) * (double)shard_n * sizeof(float));
+    tp_count(m, t0, (double)(m->tp - 1) * (double)bytes);
+}
+
+/* full = every rank's shard, in rank order */
+void gpt__tp_allgather(gpt_model *m, float *full, const float *shard, size_t shard_n) {
+    tp_allgather_bytes(m, full, shard, shard_n, sizeof(float));
+}
+
+/* the same of an activation buffer: its kb_bf16 elements (2 bytes each) when a16 */
+void gpt__tp_allgather_act(gpt_model *m, float *full, const float *shard, size_t shard_n, bool a16) {
+    tp_allgather_bytes(m, full, shard, shard_n, a16 ? sizeof(kb_bf16) : sizeof(float));
 }
 
 void gpt_tp_set_overlap(gpt_model *m, bool on) { m->overlap = on; }
@@ -226,22 +241,36 @@ static void async_wait(tp_async *a) {
     a->running = false;
 }
 
+/* A product's backward whose input is an activation buffer: bf16 elements when a16
+ * (gpt_internal.h act16; the gradients fp32 either way) */
+static void lin_bwd_act(gpt_model *m, bool a16, float *din, float *dW, float *dbias, const float *dout,
+                        const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int OC) {
+    if (a16)
+        m->ops->linear_backward_bf16(m->be, din, dW, dbias, dout, (const kb_bf16 *)(const void *)in, W, W16, N, IC,
+                                     OC);
+    else m->ops->linear_backward(m->be, din, dW, dbias, dout, in, W, W16, N, IC, OC);
+}
+
 /* din (summed over the group into dh) and dW of a column-parallel layer (qkv, fc1, the
  * output layer): the input gradient first, its sum started, the weight gradient meanwhile.
- * At tp 1 the one-rank product into dh. */
-void gpt__column_parallel_backward(gpt_model *m, float *dW, float *dbias, const float *dout, const float *in,
-                                   const float *W, const kb_bf16 *W16, int N, int IC, int OC) {
-    const kb_ops *o = m->ops;
+ * At tp 1 the one-rank product into dh. in holds bf16 elements when a16. */
+void gpt__column_parallel_backward_act(gpt_model *m, bool a16, float *dW, float *dbias, const float *dout,
+                                       const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int OC) {
     if (m->tp == 1) {
-        o->linear_backward(m->be, m->dh, dW, dbias, dout, in, W, W16, N, IC, OC);
+        lin_bwd_act(m, a16, m->dh, dW, dbias, dout, in, W, W16, N, IC, OC);
         return;
     }
     float *din = m->sp ? m->dfull : m->dh;
-    o->linear_backward(m->be, din, NULL, dbias, dout, in, W, W16, N, IC, OC);
+    lin_bwd_act(m, a16, din, NULL, dbias, dout, in, W, W16, N, IC, OC);
     tp_async a;
     async_start(&a, m, N);
-    o->linear_backward(m->be, NULL, dW, NULL, dout, in, W, W16, N, IC, OC);
+    lin_bwd_act(m, a16, NULL, dW, NULL, dout, in, W, W16, N, IC, OC);
     async_wait(&a);
+}
+
+void gpt__column_parallel_backward(gpt_model *m, float *dW, float *dbias, const float *dout, const float *in,
+                                   const float *W, const kb_bf16 *W16, int N, int IC, int OC) {
+    gpt__column_parallel_backward_act(m, false, dW, dbias, dout, in, W, W16, N, IC, OC);
 }
 
 int gpt_tp_finalize_grads(gpt_model *m) {
@@ -286,33 +315,42 @@ int gpt_tp_finalize_grads(gpt_model *m) {
 uint64_t gpt__tp_seed(const gpt_model *m, uint64_t seed) { return m->tp > 1 ? seed + 2718u + (uint64_t)m->tpr : seed; }
 
 /* A row-parallel layer (proj, fc2) forward: out[Nl,C] = (in[N,IC] W^T summed over the
- * group, reduce-scattered to this rank's tokens under SP) + bias. At tp 1 one fused product. */
-void gpt__row_parallel_forward(gpt_model *m, float *out, const float *in, const float *W, const kb_bf16 *W16,
-                               const float *bias, int N, int IC, int Nl) {
+ * group, reduce-scattered to this rank's tokens under SP) + bias. At tp 1 one fused product.
+ * in holds bf16 elements when a16 (attention's or the GELU's output: gpt_internal.h act16). */
+void gpt__row_parallel_forward_act(gpt_model *m, bool a16, float *out, const float *in, const float *W,
+                                   const kb_bf16 *W16, const float *bias, int N, int IC, int Nl) {
     const kb_ops *o = m->ops;
     int C = m->cfg.hidden;
     if (m->tp == 1) {
-        o->linear_forward(m->be, out, in, W, W16, bias, N, IC, C);
+        gpt__linear_act(m, out, in, a16, W, W16, bias, N, IC, C);
         return;
     }
-    o->linear_forward(m->be, m->sp ? m->dfull : out, in, W, W16, NULL, N, IC, C);
+    gpt__linear_act(m, m->sp ? m->dfull : out, in, a16, W, W16, NULL, N, IC, C);
     if (m->sp) gpt__tp_reduce_scatter(m, out, m->dfull, (size_t)Nl * C);
     else gpt__tp_allreduce(m, out, (size_t)Nl * C);
     if (bias) o->bias_add(m->be, out, bias, Nl, C);
 }
 
-/* Its backward: dbias from this rank's tokens' dout[Nl,C], then (SP: all-gathered) the
- * input gradient din[N,IC] and dW. */
-void gpt__row_parallel_backward(gpt_model *m, float *din, float *dW, float *dbias, const float *dout,
-                                const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int Nl) {
-    const kb_ops *o = m->ops;
-    int C = m->cfg.hidden;
-    if (m->tp == 1) {
-        o->linear_backward(m->be, din, dW, dbias, dout, in, W, W16, N, IC, C);
-        return;
-    }
-    if (dbias) o->bias_grad(m->be, dbias, dout, Nl, C);
-    if (m->sp) gpt__tp_allgather(m, m->dfull, dout, (size_t)Nl * C), dout = m->dfull;
-    o->linear_backward(m->be, din, dW, NULL, dout, in, W, W16, N, IC, C);
+void gpt__row_parallel_forward(gpt_model *m, float *out, const float *in, const float *W, const kb_bf16 *W16,
+                               const float *bias, int N, int IC, int Nl) {
+    gpt__row_parallel_forward_act(m, false, out, in, W, W16, bias, N, IC, Nl);
 }
 
+/* Its backward: dbias from this rank's tokens' dout[Nl,C], then (SP: all-gathered) the
+ * input gradient din[N,IC] and dW. */
+void gpt__row_parallel_backward_act(gpt_model *m, bool a16, float *din, float *dW, float *dbias, const float *dout,
+                                    const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int Nl) {
+    int C = m->cfg.hidden;
+    if (m->tp == 1) {
+        lin_bwd_act(m, a16, din, dW, dbias, dout, in, W, W16, N, IC, C);
+        return;
+    }
+    if (dbias) m->ops->bias_grad(m->be, dbias, dout, Nl, C);
+    if (m->sp) gpt__tp_allgather(m, m->dfull, dout, (size_t)Nl * C), dout = m->dfull;
+    lin_bwd_act(m, a16, din, dW, NULL, dout, in, W, W16, N, IC, C);
+}
+
+void gpt__row_parallel_backward(gpt_model *m, float *din, float *dW, float *dbias, const float *dout,
+                                const float *in, const float *W, const kb_bf16 *W16, int N, int IC, int Nl) {
+    gpt__row_parallel_backward_act(m, false, din, dW, dbias, dout, in, W, W16, N, IC, Nl);
+}

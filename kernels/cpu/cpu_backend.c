@@ -42,6 +42,13 @@ void *cpu_scratch(cpu_state *st, int slot, size_t nbytes) {
     return st->scratch[slot];
 }
 
+/* copy_rows: row by row (operations finish before they return) */
+static void cpu_copy_rows(kb_backend *b, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                          size_t rows) {
+    (void)b;
+    for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
+}
+
 /* sumsq_runs and checksum_runs: on the host they are the loops their callers would write */
 static void cpu_sumsq_runs(kb_backend *b, const float *const *x, const size_t *n, const int *end, int ngroups,
                            double *out) {
@@ -98,6 +105,7 @@ static const kb_ops cpu_ops = {
     .ce_grad = cpu_ce_grad,
     .grouped_linear_forward = cpu_grouped_linear_forward,
     .grouped_linear_backward = cpu_grouped_linear_backward,
+    .copy_rows = cpu_copy_rows,
 };
 
 /* Attention through the variant compiled for this CPU's level (kernels/meson.build builds

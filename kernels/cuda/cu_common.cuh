@@ -299,6 +299,8 @@ void cu_gelu_backward(kb_backend *b, float *din, const float *dout, const float 
 void cu_swiglu_forward(kb_backend *b, float *out, const float *in, int N, int F);
 void cu_swiglu_backward(kb_backend *b, float *din, const float *dout, const float *in, int N, int F);
 void cu_add(kb_backend *b, float *out, const float *x, const float *y, size_t n);
+void cu_copy_rows(kb_backend *b, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                  size_t rows);
 void cu_scale(kb_backend *b, float *x, float s, size_t n);
 void cu_dropout(kb_backend *b, float *out, const float *in, size_t n, float p, uint64_t seed, uint64_t offset);
 void cu_cross_entropy(kb_backend *b, float *losses, float *logits, const int32_t *targets, const float *dscale,

@@ -208,6 +208,8 @@ static const kb_ops cuda_ops = {
     /* .linear_gelu_forward_bf16 = */ cu_linear_gelu_forward_bf16,
     /* .attention_forward_bf16 = */ cu_attention_forward_bf16,
     /* .attention_backward_bf16 = */ cu_attention_backward_bf16,
+    // pitched copies (the MTP concatenation and column slices): cuda_copy_rows.cu
+    /* .copy_rows = */ cu_copy_rows,
 };
 
 // ---- which GPUs this build can run on ----

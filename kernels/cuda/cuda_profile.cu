@@ -123,6 +123,9 @@ PW(K_MM, linear_backward_dgelu, (kb_backend * b, float *di, float *db, const flo
                               const kb_bf16 *W16, const float *pre, int N, int IC, int OC),
    (b, di, db, d, W, W16, pre, N, IC, OC))
 
+PW(K_MEM, copy_rows, (kb_backend * b, void *d, size_t dp, const void *s, size_t sp, size_t w, size_t r),
+   (b, d, dp, s, sp, w, r))
+
 // bf16 activations
 PW(K_EW, norm_forward_bf16, (kb_backend * b, bool rms, kb_bf16 *o, float *mean, float *rstd, const float *i,
                             const float *w, const float *bi, int N, int C, float eps),
@@ -166,6 +169,7 @@ static void pr_table(const kb_ops *r) {
     SET(grouped_linear_forward), SET(grouped_linear_backward), SET(linear_gelu_forward), SET(linear_backward_dgelu);
     SET(norm_forward_bf16), SET(linear_forward_bf16), SET(linear_backward_bf16), SET(linear_gelu_forward_bf16);
     SET(attention_forward_bf16), SET(attention_backward_bf16);
+    SET(copy_rows);
 #undef SET
 }
 

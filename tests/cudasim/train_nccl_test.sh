@@ -11,12 +11,18 @@
 #     --bf16: the products' bf16 roundings differ with the summation order), and the final
 #     parameters within 1e-5 absolute (fp32; with --bf16 only within 2.5e-3, a bound of what 3
 #     Adam steps at lr 1e-3 can move a weight, where an update near zero may go either way).
-#     dp2_bf16 and pp2_bf16 run with bf16 activations on the stand-in (the log must say so;
-#     tp2_bf16 and tp2_dp2_bf16 must not: fp32 under tensor parallelism), which the CPU's
-#     bf16 mode does not keep: the products read the same bf16 values, but the attention
-#     backward's rowsum(O dO) and the bias gradients (the BGRADB epilogue) take bf16-rounded
-#     O and dout where the CPU takes fp32, inside the same bounds (dp2_bf16: 1.5e-3 seen);
-#     dp2_bf16 runs twice on the stand-in, bitwise alike.
+#     The *_bf16 layouts run with bf16 activations on the stand-in (the log must say so; under
+#     tensor parallelism too: tp2_bf16, tp2_dp2_bf16, tp2_sp_bf16, whose sequence-parallel
+#     all-gathers move the norms' bf16 elements), which the CPU's bf16 mode does not keep:
+#     the products read the same bf16 values, but the attention backward's rowsum(O dO) and
+#     the bias gradients (the BGRADB epilogue) take bf16-rounded O and dout where the CPU
+#     takes fp32, inside the same bounds (dp2_bf16: 1.5e-3 seen); the layer activation bytes
+#     of dp2, tp2 and tp2_sp are the CPU's less 2 bytes per bf16 element; each layout without
+#     a pipeline runs twice on the stand-in, bitwise alike. tp2_sp_bf16 also runs with
+#     selective recomputation of every module and with full recomputation (the bf16 buffers
+#     made again, gathered again), each bitwise the run without, and with tensor rank 1
+#     SIGKILLed in iteration 2 (no replica: the checkpoint of iteration 1), bitwise the
+#     fault-free run.
 #     With a pipeline (pp2, tp2_pp2; vpp2: 4 layers, --num-layers-per-virtual-pipeline-stage 1,
 #     so 2 chunks a rank, the interleaved schedule, in Megatron's batched steps) the
 #     activations and gradients go over NCCL on the device in stream order
@@ -100,6 +106,17 @@
 #     iteration 2: the job restarts in process and ends bitwise the stand-in's fault-free
 #     run (which also shows two stand-in runs bitwise alike). Tolerances: MTP's parameters
 #     3e-5, moe_bf16 the bf16 ones above.
+#   mtp_pp2_bf16, mtp_tp2_sp_bf16, mtp_p3_bf16: multi-token prediction (2 depths) with --bf16
+#     at pp 2 (the depths on the last stage), at pp 3 with the depths on a stage of their own
+#     before the loss's (layout Et|tmm|L: the MTP stage's final norm and the 1 + D streams it
+#     sends fp32, the loss's stage's output layer reading them so) and at tp 2 with sequence
+#     parallelism (eh_proj column-
+#     parallel: its gathered columns and sliced gradient, and the [enorm | hnorm]
+#     concatenation and its split, pitched copies on the device): bf16 activations (the log
+#     says so; the depths' transformer layers keep them too, and enorm's and hnorm's outputs
+#     and their concatenation: mtp_tp2_sp_bf16 checks the bytes), against the CPU's --bf16
+#     within the bf16 bounds (each depth's loss as lm loss), and with a rank SIGKILLed in
+#     iteration 2 (the checkpoint of iteration 1) bitwise the fault-free stand-in run.
 #   train_nccl_test.sh COHORT COHORT_CUDASIM CASE
 cohort=$1; cudasim=$2; case_name=$3
 . "${COHORT_SOURCE_ROOT:?}/tests/lib.sh"
@@ -250,6 +267,36 @@ mtp_pp2)
         --pipeline-model-parallel-size 2 --mtp-num-layers 2 --position-embedding-type rope --save-interval 1
     grep -q '"mtp_2_loss"' "$work/cuda.jsonl" || fail "no MTP loss logged: $(tail -1 "$work/cuda.jsonl")"
     ;;
+mtp_pp2_bf16|mtp_tp2_sp_bf16|mtp_p3_bf16)
+    # the depths' transformer layers with bf16 activations; their norms, the concatenation and
+    # the main final norm's output they read fp32 (docs/gpu.md)
+    lay=(--nproc-per-node 2 --pipeline-model-parallel-size 2 --position-embedding-type rope)
+    [ $case_name = mtp_tp2_sp_bf16 ] && lay=(--nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel)
+    [ $case_name = mtp_p3_bf16 ] && lay=(--nproc-per-node 3 --pipeline-model-parallel-size 3
+        --pipeline-model-parallel-layout "Et|tmm|L" --position-embedding-type rope)
+    flags=("${lay[@]}" --mtp-num-layers 2 --bf16 --save-interval 1 $slow)
+    run cpu "$cohort" cpu "${flags[@]}"; ok cpu
+    run cuda "$cudasim" cuda "${flags[@]}"; ok cuda
+    grep -q "cudasim (the CPU stand-in" "$work/cuda.out" || fail "not on the stand-in: $(head -3 "$work/cuda.out")"
+    grep -q "the norms', attention's and GELU's outputs in bf16" "$work/cuda.out" ||
+        fail "no bf16 activations: $(grep -m1 'activation memory' "$work/cuda.out")"
+    grep -q '"mtp_2_loss"' "$work/cuda.jsonl" || fail "no MTP loss logged: $(tail -1 "$work/cuda.jsonl")"
+    close cpu cuda 2e-5 2.5e-3
+    if [ $case_name = mtp_tp2_sp_bf16 ]; then
+        # the activation bytes (every rank the same): 2 bytes fewer than the CPU's per bf16
+        # element, in the 2 decoder layers and the 2 depths' layers (ln1, ln2 [Nl,C], attention's
+        # output [N,AH/2], the GELU's [N,F/2]) and each depth's enorm and hnorm outputs [Nl,C]
+        # and their concatenation [Nl,2C] (N 64, Nl 32, C = AH 32, F 128); the final norms fp32
+        ab() { grep -m1 -o 'activation memory: [0-9]*' "$work/$1.out" | grep -o '[0-9]*$'; }
+        [ $(( $(ab cpu) - $(ab cuda) )) -eq $(( 2 * (4 * (2 * 32 * 32 + 64 * 16 + 64 * 64) + 2 * 4 * 32 * 32) )) ] ||
+            fail "activation bytes: cpu $(ab cpu), stand-in $(ab cuda)"
+    fi
+    run f "$cudasim" cuda "${flags[@]}" --inject "kill@rank=1,step=2"; ok f
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    grep -q "loads the checkpoint of iteration 1" "$work/f.out" || fail "not resumed: $(grep supervisor "$work/f.out")"
+    same_losses cuda f "the faulty stand-in run logged other numbers than the fault-free one"
+    ckpt_same "$(ckpt cuda)" "$(ckpt f)"
+    ;;
 cp2|cp2_thd)
     # ring attention over the NCCL context group (block attention kernels, send/recv on device
     # buffers); THD: short documents packed into each sequence, split per document
@@ -344,7 +391,7 @@ moe_bf16)
     same_losses cuda f "the faulty stand-in run logged other numbers than the fault-free one"
     ckpt_same "$(ckpt cuda)" "$(ckpt f)"
     ;;
-dp2|tp2|pp2|tp2_dp2|vpp2|tp2_pp2|tp2_sp|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16)
+dp2|tp2|pp2|tp2_dp2|vpp2|tp2_pp2|tp2_sp|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16|tp2_sp_bf16)
     l=${case_name%_bf16}; flags=($(layout $l)); lrel=1e-5; pabs=1e-5
     [ "$l" != "$case_name" ] && { flags+=(--bf16); lrel=2e-5; pabs=2.5e-3; }
     run cpu "$cohort" cpu "${flags[@]}"; ok cpu
@@ -352,26 +399,41 @@ dp2|tp2|pp2|tp2_dp2|vpp2|tp2_pp2|tp2_sp|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16)
     grep -q "cudasim (the CPU stand-in" "$work/cuda.out" || fail "not on the stand-in: $(head -3 "$work/cuda.out")"
     close cpu cuda $lrel $pabs
     if [ "$l" != "$case_name" ]; then
-        # bf16 activations (the norms', attention's and GELU's outputs stored in bf16) where
-        # the model keeps them: one tensor rank; fp32 under tensor parallelism
-        said="outputs in bf16"
-        if [[ " ${flags[*]} " == *" --tensor-model-parallel-size "* ]]; then
-            ! grep -q "$said" "$work/cuda.out" || fail "bf16 activations under tensor parallelism"
-        else
-            grep -q "the norms', attention's and GELU's $said" "$work/cuda.out" ||
-                fail "no bf16 activations: $(grep -m1 'activation memory' "$work/cuda.out")"
-            # the bytes (dp 2: every rank holds the same): per layer ln1, ln2 [N,C], attention's
-            # output [N,AH] and the GELU's [N,F] in bf16, 2 bytes each fewer than the CPU's fp32
-            # (N 64, C = AH 32, F 128; 2 layers)
-            lb() { grep -m1 -o 'activation memory: [0-9]* bytes on this rank (layers [0-9]*' "$work/$1.out" | grep -o '[0-9]*$'; }
-            [ $l != dp2 ] || [ $(( $(lb cpu) - $(lb cuda) )) -eq $(( 2 * 2 * (2 * 64 * 32 + 64 * 32 + 64 * 128) )) ] ||
-                fail "layer activation bytes: cpu $(lb cpu), stand-in $(lb cuda)"
-            [[ " ${flags[*]} " == *" --pipeline-model-parallel-size "* ]] || {
-                run again "$cudasim" cuda "${flags[@]}"; ok again
-                same_losses cuda again "two stand-in runs differ"
-                ckpt_same "$(ckpt cuda)" "$(ckpt again)"
-            }
-        fi
+        # bf16 activations (the norms', attention's and GELU's outputs stored in bf16), under
+        # tensor parallelism too
+        said="the norms', attention's and GELU's outputs in bf16"
+        grep -q "$said" "$work/cuda.out" || fail "no bf16 activations: $(grep -m1 'activation memory' "$work/cuda.out")"
+        # the bytes (the tensor group's rank 0 logs; every rank holds the same): per layer ln1,
+        # ln2 [Nl,C], attention's output [N,AH/tp] and the GELU's [N,F/tp] in bf16, 2 bytes each
+        # fewer than the CPU's fp32 (N 64, Nl = N/tp under sequence parallelism, C = AH 32, F 128;
+        # 2 layers)
+        lb() { grep -m1 -o 'activation memory: [0-9]* bytes on this rank (layers [0-9]*' "$work/$1.out" | grep -o '[0-9]*$'; }
+        case $l in dp2) nl=64 tp=1 ;; tp2) nl=64 tp=2 ;; tp2_sp) nl=32 tp=2 ;; *) nl= ;; esac
+        [ -z "$nl" ] || [ $(( $(lb cpu) - $(lb cuda) )) -eq $(( 2 * 2 * (2 * nl * 32 + 64 * (32 + 128) / tp) )) ] ||
+            fail "layer activation bytes: cpu $(lb cpu), stand-in $(lb cuda)"
+        [[ " ${flags[*]} " == *" --pipeline-model-parallel-size "* ]] || {
+            run again "$cudasim" cuda "${flags[@]}"; ok again
+            same_losses cuda again "two stand-in runs differ"
+            ckpt_same "$(ckpt cuda)" "$(ckpt again)"
+        }
+    fi
+    if [ $case_name = tp2_sp_bf16 ]; then
+        # recomputation rewrites the bf16 buffers (and gathers them again): bitwise the run without
+        rc_sel=(--recompute-granularity selective --recompute-modules layernorm core_attn mlp)
+        rc_full=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1)
+        run sel "$cudasim" cuda "${flags[@]}" "${rc_sel[@]}"; ok sel
+        same_losses cuda sel "selective recomputation changed the numbers"
+        ckpt_same "$(ckpt cuda)" "$(ckpt sel)"
+        run full "$cudasim" cuda "${flags[@]}" "${rc_full[@]}"; ok full
+        same_losses cuda full "full recomputation changed the numbers"
+        ckpt_same "$(ckpt cuda)" "$(ckpt full)"
+        grep -q "$said" "$work/full.out" || fail "no bf16 activations with full recomputation"
+        # a tensor rank killed: no replica, the checkpoint of iteration 1, bitwise the fault-free run
+        run f "$cudasim" cuda "${flags[@]}" --save-interval 1 $slow --inject "kill@rank=1,step=2"; ok f
+        grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+        grep -q "loads the checkpoint of iteration 1" "$work/f.out" || fail "not resumed: $(grep supervisor "$work/f.out")"
+        same_losses cuda f "the faulty stand-in run logged other numbers than the fault-free one"
+        ckpt_same "$(ckpt cuda)" "$(ckpt f)"
     fi
     if [[ " ${flags[*]} " == *" --pipeline-model-parallel-size "* ]]; then
         said="pipeline: activations and gradients over NCCL"

@@ -18,7 +18,8 @@
  * a missing module a failure, not a skip, and keeps the shapes small (the stand-in runs every
  * CUDA thread as a fiber); COHORT_CUDASIM_SEED varies the thread order per run.
  * The weights' checksum and the gradient norm's runs are checked bit for bit against the
- * host (kernels/checksum.c, sumsq per run), and on the stand-in each with one host wait. */
+ * host (kernels/checksum.c, sumsq per run), and on the stand-in each with one host wait;
+ * copy_rows bitwise against the CPU's and the host's, with none. */
 #include "tests/gpu/gpu_util.h"
 
 #include "kernels/checksum.h"
@@ -1203,6 +1204,45 @@ static void test_act16(void) {
     GPU32->ops->free(GPU32, x16), GPU32->ops->free(GPU32, o), GPU32->ops->free(GPU32, W);
 }
 
+/* copy_rows (the MTP concatenation, its split, eh_proj's column slices): rows of a pitched
+ * buffer into another, bitwise the CPU's (a plain copy) and the host's, the gaps between the
+ * rows untouched; 4-byte words, bf16 elements (2-byte alignment) and bytes (odd offsets);
+ * on the stand-in no host wait until the result is read */
+static void copy_rows_case(size_t rows, size_t width, size_t spitch, size_t dpitch, size_t soff, size_t doff) {
+    char label[160];
+    snprintf(label, sizeof label, "copy_rows rows=%zu width=%zu pitches %zu/%zu offsets %zu/%zu", rows, width, spitch,
+             dpitch, soff, doff);
+    size_t sn = soff + rows * spitch, dn = doff + rows * dpitch;
+    float *sf = gu_rand((sn + 3) / 4, 3.0f), *df = gu_rand((dn + 3) / 4, 3.0f);
+    float *gs = gu_buf(GPU32, sf, (sn + 3) / 4), *gd = gu_buf(GPU32, df, (dn + 3) / 4);
+    char *want = malloc(dn), *cpu = malloc(dn), *got = malloc(dn);
+    memcpy(want, df, dn);
+    memcpy(cpu, df, dn);
+    for (size_t r = 0; r < rows; r++) memcpy(want + doff + r * dpitch, (char *)sf + soff + r * spitch, width);
+    CPU32->ops->copy_rows(CPU32, cpu + doff, dpitch, (char *)sf + soff, spitch, width, rows);
+    unsigned long s0 = sync_count ? sync_count() : 0;
+    GPU32->ops->copy_rows(GPU32, (char *)gd + doff, dpitch, (char *)gs + soff, spitch, width, rows);
+    if (sync_count) CHECK_MSG(sync_count() - s0 == 0, "%s: %lu host waits", label, sync_count() - s0);
+    GPU32->ops->copy(GPU32, got, gd, dn);
+    CHECK_MSG(GPU32->status == 0, "%s: status %d", label, GPU32->status);
+    GU_EQUAL(label, cpu, want, dn);
+    GU_EQUAL(label, got, want, dn);
+    GPU32->ops->free(GPU32, gs), GPU32->ops->free(GPU32, gd);
+    free(sf), free(df), free(want), free(cpu), free(got);
+}
+
+static void test_copy_rows(void) {
+    copy_rows_case(37, 4 * 24, 4 * 24, 4 * 48, 0, 0);          /* [en | hn]: the left half */
+    copy_rows_case(37, 4 * 24, 4 * 24, 4 * 48, 0, 4 * 24);     /* the right half */
+    copy_rows_case(64, 4 * 16, 4 * 32, 4 * 16, 4 * 16, 0);     /* the split, a column slice */
+    copy_rows_case(1000, 2 * 33, 2 * 66, 2 * 33, 2 * 33, 2);   /* bf16 elements */
+    copy_rows_case(5, 7, 9, 11, 1, 3);                         /* bytes */
+    copy_rows_case(3, 4 * 5, 4 * 5, 4 * 5, 0, 0);              /* contiguous */
+    GPU32->ops->copy_rows(GPU32, NULL, 0, NULL, 0, 0, 5);      /* nothing to copy */
+    GPU32->ops->copy_rows(GPU32, NULL, 0, NULL, 0, 8, 0);
+    CHECK(GPU32->status == 0);
+}
+
 /* every entry the CPU backend has, the CUDA backend has too; the CPU has every entry but the
  * fused products (the model composes them there) and the stream, which CUDA has */
 static void test_entries(void) {
@@ -1258,6 +1298,7 @@ int main(void) {
     RUN(test_checksum);
     RUN(test_grouped);
     RUN(test_act16);
+    RUN(test_copy_rows);
     CHECK_MSG(GPU32->status == 0 && GPU16->status == 0, "sticky status: %d %d (%s)", GPU32->status, GPU16->status,
               co_err_detail());
     kb_backend_destroy(&GPU32);
