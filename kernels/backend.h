@@ -154,8 +154,8 @@ typedef struct kb_ops {
      * sets (a rank's own chunks against a chunk received from another rank). GQA as above:
      * query head h uses key/value group h / (nh/nkv); scores scaled by 1/sqrt(hd). No
      * dropout. See kb_block_attn for the shapes and masks.
-     * Only the CPU backend provides these so far: on CUDA both pointers are NULL, and
-     * callers check (ring_attention_* fail with CO_EUNSUPPORTED). */
+     * Both backends provide them (CUDA: kernels/cuda/cuda_cp.cu); ring_attention_* fail
+     * with CO_EUNSUPPORTED where a backend has none. */
     /* out[B*Tq, nh*hd] and lse[(b*nh + h)*Tq + t] (both overwritten). A row that sees no key
      * (every key masked) gets out = 0 and lse = -INFINITY. */
     void (*block_attention_forward)(kb_backend *b, const struct kb_block_attn *a, float *out,
@@ -309,6 +309,23 @@ typedef struct kb_ops {
     void (*attention_backward_bf16)(kb_backend *b, float *dqkv, const float *dout, const float *qkv,
                                     const kb_bf16 *out, const float *lse, const int32_t *seg, int B, int T, int nh,
                                     int nkv, int hd, float p_drop, uint64_t seed, uint64_t offset);
+
+    /* ---- ring attention's bookkeeping (context parallelism, model/ring_attention.c): the
+     * steps' merge and the ring's copies in the backend's order, so that a queued backend
+     * (CUDA) needs no host wait per ring step. The CPU's are the same loops on the host. ---- */
+    /* rows strided copy of 32-bit words: dst[r*dstride + c] = src[r*sstride + c] for r < rows,
+     * c < width (floats, or int32 through the cast); dst and src do not overlap */
+    void (*copy_rows)(kb_backend *b, float *dst, size_t dstride, const float *src, size_t sstride, size_t width,
+                      size_t rows);
+    /* The LSE merge of a ring step's partial result into the running one, for rows q0..q0+nq
+     * of each of B sequences of L rows: out[B*L, nh*hd], lse[(b*nh + h)*L + t] (updated);
+     * po[B*nq, nh*hd], pl[(b*nh + h)*nq + t] (the step's block). Per row, where pl is not
+     * -inf: lse' = max + log1p(exp(min - max)) of (lse, pl), out' = out e^(lse - lse') +
+     * po e^(pl - lse'); rows whose pl is -inf (no key seen) are left alone. */
+    void (*ring_merge)(kb_backend *b, float *out, float *lse, const float *po, const float *pl, int B, int nh,
+                       int hd, int L, int q0, int nq);
+    /* dst[i] = src16[i] as fp32 (bf16 widened, exact) */
+    void (*bf16_to_f32)(kb_backend *b, float *dst, const kb_bf16 *src, size_t n);
 } kb_ops;
 
 struct kb_backend {

@@ -7,6 +7,7 @@
 
 #include "kernels/checksum.h"
 #include "model/gpt_check.h"
+#include "model/ring_attention.h"
 
 #include <xxhash.h>
 
@@ -413,7 +414,7 @@ static void choose_act16(gpt_model *m) {
     const kb_ops *o = m->ops;
     bool ok = m->be->opt.bf16 && !m->be->opt.fp16 && o->norm_forward_bf16 && o->linear_forward_bf16 &&
               o->linear_backward_bf16 && o->linear_gelu_forward_bf16 && o->attention_forward_bf16 &&
-              o->attention_backward_bf16 && m->tp == 1 && m->cp == 1 && c->mtp_layers <= 0;
+              o->attention_backward_bf16 && m->tp == 1 && (m->cp == 1 || o->ring_merge) && c->mtp_layers <= 0;
     for (int l = 0; ok && l < c->num_layers; l++) ok = !gpt_layer_is_moe(c, l);
     m->act16 = ok;
     m->act16_mlp = m->act16 && !c->swiglu;
@@ -774,6 +775,7 @@ void gpt_destroy(gpt_model **pm) {
     if (!m) return;
     kb_backend *be = m->be;
     const kb_ops *o = m->ops;
+    ring_ws_free(&m->ring_ws);
     for (int k = 0; k < m->nchunks; k++) {
         chunk_state *ch = &m->chunk[k];
         for (int s = 0; ch->slot && s < ch->slots; s++) {

@@ -169,6 +169,7 @@ struct gpt_model {
     int cp, cpr;
     struct cm_comm *cpc;
     int cp_timeout;
+    struct ring_ws *ring_ws; /* ring attention's buffers, kept across calls (cp > 1; gpt_cp.c) */
     /* Backends whose memory the host cannot hand to kernels (CUDA): the batch arrays are
      * copied into backend buffers each forward, and losses come back through host_losses.
      * host_batch (CPU): the caller's arrays are used as they are. */

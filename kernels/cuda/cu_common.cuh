@@ -265,6 +265,12 @@ void cu_block_attention_forward(kb_backend *b, const kb_block_attn *a, float *ou
 void cu_block_attention_backward(kb_backend *b, const kb_block_attn *a, const float *out, const float *lse,
                                  const float *dout, float *dq, size_t dq_stride, float *dk, size_t dk_stride,
                                  float *dv, size_t dv_stride);
+// ring attention's bookkeeping (backend.h: copy_rows, ring_merge, bf16_to_f32; cuda_ring.cu)
+void cu_copy_rows(kb_backend *b, float *dst, size_t dstride, const float *src, size_t sstride, size_t width,
+                  size_t rows);
+void cu_ring_merge(kb_backend *b, float *out, float *lse, const float *po, const float *pl, int B, int nh, int hd,
+                   int L, int q0, int nq);
+void cu_bf16_to_f32(kb_backend *b, float *dst, const kb_bf16 *src, size_t n);
 
 void cu_zero(kb_backend *b, float *x, size_t n);
 void cu_to_bf16(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n);

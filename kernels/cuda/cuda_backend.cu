@@ -208,6 +208,10 @@ static const kb_ops cuda_ops = {
     /* .linear_gelu_forward_bf16 = */ cu_linear_gelu_forward_bf16,
     /* .attention_forward_bf16 = */ cu_attention_forward_bf16,
     /* .attention_backward_bf16 = */ cu_attention_backward_bf16,
+    // ring attention's bookkeeping (context parallelism): cuda_ring.cu
+    /* .copy_rows = */ cu_copy_rows,
+    /* .ring_merge = */ cu_ring_merge,
+    /* .bf16_to_f32 = */ cu_bf16_to_f32,
 };
 
 // ---- which GPUs this build can run on ----
