@@ -176,7 +176,8 @@ struct gpt_model {
     bool host_batch;
     /* bf16 activations (backend.h's *_bf16 operations, CUDA in bf16 mode): the norms' outputs
      * and attention's output stored in bf16 (act16), the GELU's output too (act16_mlp: GELU
-     * layers); at tp 1 and cp 1 without MoE layers or MTP depths, fp32 elsewhere */
+     * layers); at tp 1 (any cp: the ring rounds att once, gpt_cp.c) without MoE layers or MTP
+     * depths, fp32 elsewhere */
     bool act16, act16_mlp;
     /* mixture of experts */
     float aux_loss_scale;

@@ -89,8 +89,8 @@ int ring_attention_forward_ws(kb_backend *b, ring_ws *ws, const ring_exchange *x
 
 /* Backward from the forward's out and lse: dqkv (overwritten) from dout. Calls x->shift
  * 2cp-1 times: at step i > 0 the dK/dV accumulator finished at step i-1, then (i < cp-1) the
- * next step's KV, both on a helper thread beside step i's block; and the last accumulator
- * home after the last step. */
+ * next step's KV, both beside step i's block (a helper thread on the CPU; queued before it
+ * with shift_q); and the last accumulator home after the last step. */
 int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_geo *g,
                             float *dqkv, const float *dout, const float *qkv, const float *out,
                             const float *lse, const int32_t *doc);
