@@ -326,6 +326,15 @@ typedef struct kb_ops {
                        int hd, int L, int q0, int nq);
     /* dst[i] = src16[i] as fp32 (bf16 widened, exact) */
     void (*bf16_to_f32)(kb_backend *b, float *dst, const kb_bf16 *src, size_t n);
+    /* A second stream beside the backend's (CUDA; NULL where operations finish before they
+     * return, CPU), for work that should run beside the kernels (the ring's NCCL shifts):
+     * side_fork makes it wait for everything queued on the backend's stream so far,
+     * side_join makes the backend's stream wait for everything queued on it so far (events:
+     * no host wait). Work queued on it must be joined before the next sync, which waits for
+     * the backend's stream only. */
+    void *(*side_stream)(kb_backend *b);
+    void (*side_fork)(kb_backend *b);
+    void (*side_join)(kb_backend *b);
 } kb_ops;
 
 struct kb_backend {

@@ -77,7 +77,7 @@ static ring_ws *ring_ws_of(gpt_model *m, const ring_exchange *x) {
     }
     if (m->ops->stream && m->ops->stream(m->be))
         co_log(CO_LOG_INFO, "context parallelism: the ring's merge and dK/dV sums on the device, its shifts %s",
-               x->shift_q ? "queued on the backend's stream (NCCL send/recv): no host wait per ring step"
+               x->shift_q ? "queued beside its blocks on the backend's streams (NCCL send/recv): no host wait per ring step"
                           : "blocking (the host waits for the device before each ring step's shifts)");
     return m->ring_ws;
 }

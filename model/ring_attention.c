@@ -190,9 +190,11 @@ static void *ws_get(kb_backend *b, ring_ws *w, int i, size_t bytes) {
 }
 
 /* How a call's shifts are ordered with the backend's work:
- *   RING_QUEUED: the exchange queues them on the backend's stream (shift_q, NCCL in stream
- *     order), behind the kernels that wrote what they send and before those that read what
- *     they receive: no host wait at all;
+ *   RING_QUEUED: the exchange queues them (shift_q, NCCL in stream order) on the backend's
+ *     side stream where it has one, else on its stream: a step's shifts wait there for the
+ *     kernels queued before them (side_fork: what they send is written, what they receive
+ *     into no longer read) and run beside the step's block; the stream then waits for them
+ *     (side_join) before anything that reads what they received. No host wait at all;
  *   RING_THREAD: a backend whose operations finish before they return (the CPU): the shifts
  *     run on a helper thread beside the step's block;
  *   RING_WAIT: a queued backend and a blocking exchange: the host waits for the device before
@@ -200,26 +202,38 @@ static void *ws_get(kb_backend *b, ring_ws *w, int i, size_t bytes) {
  *     block may still read), then runs them here, before the step's block. */
 typedef enum { RING_QUEUED, RING_THREAD, RING_WAIT } ring_mode;
 
-static ring_mode mode_of(kb_backend *b, const ring_exchange *x, void **stream) {
-    *stream = b->ops->stream ? b->ops->stream(b) : NULL;
-    if (!*stream) return RING_THREAD;
-    return x->shift_q ? RING_QUEUED : RING_WAIT;
+typedef struct ring_order {
+    ring_mode md;
+    void *stream; /* RING_QUEUED: the stream the shifts are queued on */
+    bool side;    /* ... the backend's side stream (forked and joined around them) */
+} ring_order;
+
+static ring_order order_of(kb_backend *b, const ring_exchange *x) {
+    const kb_ops *o = b->ops;
+    ring_order r = {.md = RING_THREAD};
+    void *own = o->stream ? o->stream(b) : NULL;
+    if (!own) return r;
+    if (!x->shift_q) return (ring_order){.md = RING_WAIT};
+    void *side = o->side_stream && o->side_fork && o->side_join ? o->side_stream(b) : NULL;
+    return (ring_order){.md = RING_QUEUED, .stream = side ? side : own, .side = side != NULL};
 }
 
-/* Starts a step's shifts as the mode says: queued (their failure to queue in j->rc), on a
+/* Starts a step's shifts as the order says: queued (their failure to queue in j->rc), on a
  * helper thread (*threaded), or here after a wait for the device. */
-static void step_shifts(kb_backend *b, ring_mode md, void *stream, shift_job *j, pthread_t *th, bool *threaded) {
+static void step_shifts(kb_backend *b, const ring_order *ro, shift_job *j, pthread_t *th, bool *threaded) {
     *threaded = false;
     if (!j->n) return;
-    if (md == RING_THREAD) {
+    if (ro->md == RING_THREAD) {
         job_start(j, th, threaded);
         return;
     }
-    if (md == RING_WAIT) {
+    if (ro->md == RING_WAIT) {
         b->ops->sync(b);
         shift_main(j);
         return;
     }
+    if (ro->side) b->ops->side_fork(b);
+    void *stream = ro->stream;
     for (int k = 0; k < j->n && !j->rc; k++) {
         j->rc = j->x->shift_q(j->x->ctx, j->send[k], j->recv[k], j->bytes[k], stream);
         if (j->rc) {
@@ -227,6 +241,13 @@ static void step_shifts(kb_backend *b, ring_mode md, void *stream, shift_job *j,
             snprintf(j->err, sizeof j->err, "%s", co_err_detail());
         }
     }
+}
+
+/* After the step's block is queued: its shifts (queued on the side stream) finish before the
+ * backend's stream goes on, or (a helper thread) are joined. */
+static void step_join(kb_backend *b, const ring_order *ro, const shift_job *j, pthread_t *th, bool threaded) {
+    if (threaded) pthread_join(*th, NULL);
+    if (ro->md == RING_QUEUED && ro->side && j->n) b->ops->side_join(b);
 }
 
 /* the local K, V and doc ids into a message, by the backend's copies */
@@ -296,8 +317,7 @@ int ring_attention_forward_ws(kb_backend *b, ring_ws *ws, const ring_exchange *x
     ring_ws *w = ws ? ws : &tmp;
     const int L = g->seq / g->cp, nh = g->nh, hd = g->hd;
     const size_t on = (size_t)g->B * L * nh * hd;
-    void *stream;
-    const ring_mode md = mode_of(b, x, &stream);
+    const ring_order ro = order_of(b, x);
     ring_msg m;
     msg_init(&m, g, doc != NULL);
     void *cur = ws_get(b, w, RW_CUR, m.bytes), *nxt = g->cp > 1 ? ws_get(b, w, RW_NXT, m.bytes) : NULL;
@@ -318,7 +338,7 @@ int ring_attention_forward_ws(kb_backend *b, ring_ws *ws, const ring_exchange *x
         if (i + 1 < g->cp) job_add(&j, cur, nxt, m.bytes, "KV");
         pthread_t th;
         bool threaded;
-        step_shifts(b, md, stream, &j, &th, &threaded);
+        step_shifts(b, &ro, &j, &th, &threaded);
         const ring_step s = step_of(g, i);
         kb_block_attn a = block_of(g, &s, &m, cur, qkv, doc);
         if (i == 0) {
@@ -328,7 +348,7 @@ int ring_attention_forward_ws(kb_backend *b, ring_ws *ws, const ring_exchange *x
             b->ops->block_attention_forward(b, &a, po, pl);
             b->ops->ring_merge(b, o, lse, po, pl, g->B, nh, hd, L, s.q0, s.nq);
         }
-        if (threaded) pthread_join(th, NULL);
+        step_join(b, &ro, &j, &th, threaded);
         if ((rc = step_status(b, &j, op, i))) goto done;
         if (i + 1 < g->cp) {
             void *t = cur;
@@ -360,8 +380,7 @@ int ring_attention_backward_ws(kb_backend *b, ring_ws *ws, const ring_exchange *
     ring_ws *w = ws ? ws : &tmp;
     const int L = g->seq / g->cp, S = L / 2, nh = g->nh, nkv = g->nkv, hd = g->hd;
     const size_t R = (size_t)(nh + 2 * nkv) * hd, AH = (size_t)nh * hd;
-    void *stream;
-    const ring_mode md = mode_of(b, x, &stream);
+    const ring_order ro = order_of(b, x);
     /* KV (with the doc ids) and the dK/dV accumulators travel in separate messages. At step i
      * the accumulator finished at step i-1 goes on (the one of the KV held now, which the
      * ranks before us filled, arrives) and then step i+1's KV is fetched, while the block
@@ -400,21 +419,21 @@ int ring_attention_backward_ws(kb_backend *b, ring_ws *ws, const ring_exchange *
         if (i + 1 < g->cp) job_add(&j, cur, nxt, m.bytes, "KV");
         pthread_t th;
         bool threaded;
-        step_shifts(b, md, stream, &j, &th, &threaded);
+        step_shifts(b, &ro, &j, &th, &threaded);
         const ring_step s = step_of(g, i);
         kb_block_attn a = block_of(g, &s, &m, cur, qkv, doc);
         const int half = s.q0 != 0;
         b->ops->zero(b, dloc, dn);
         b->ops->block_attention_backward(b, &a, half ? ho : of, half ? hl : lse, half ? hdo : dout,
                                          dqkv + (size_t)s.q0 * R, R, dloc, m.kw, dloc + (size_t)nkv * hd, m.kw);
-        /* (a helper thread sends dfin: it is written only after the join) */
-        if (threaded) pthread_join(th, NULL);
+        /* (the shifts send dfin and receive dacc: both are touched only after the join) */
+        step_join(b, &ro, &j, &th, threaded);
         if ((rc = step_status(b, &j, op, i))) goto done;
         if (i == 0) {
             float *t = dfin; /* our own KV: nobody added before us */
             dfin = dloc, dloc = t;
         } else {
-            b->ops->add(b, dfin, dacc, dloc, dn); /* (queued behind the shift that sent dfin) */
+            b->ops->add(b, dfin, dacc, dloc, dn); /* (queued behind the join of the shifts) */
         }
         if (i + 1 < g->cp) {
             void *t = cur;
@@ -427,7 +446,11 @@ int ring_attention_backward_ws(kb_backend *b, ring_ws *ws, const ring_exchange *
         shift_job j = {.x = x};
         job_add(&j, dfin, dacc, dbytes, "dKV");
         bool threaded;
-        step_shifts(b, md == RING_THREAD ? RING_WAIT : md, stream, &j, NULL, &threaded); /* (never threaded) */
+        ring_order last = ro;
+        if (last.md == RING_THREAD) last.md = RING_WAIT; /* (nothing to overlap: here, blocking) */
+        pthread_t none;
+        step_shifts(b, &last, &j, &none, &threaded);
+        step_join(b, &last, &j, &none, threaded);
         if (j.rc) {
             rc = co_err_set(j.rc, "%s: returning dKV to its owner: %s", op, j.err);
             goto done;

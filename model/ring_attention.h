@@ -24,9 +24,10 @@
  * Errors are CO_E* codes with co_err_detail() naming the step. Everything a step computes
  * (the block, the LSE merge, the dK/dV accumulation, the message's packing) is a backend
  * operation (kernels/backend.h: block attention, ring_merge, add, copy_rows), so on CUDA it
- * is queued on the backend's stream; with an exchange that queues its shifts there too
- * (shift_q: NCCL) a call makes no host wait at all, otherwise the host waits for the device
- * before each step's shifts. A call returns with its work queued (sync before reading). */
+ * is queued on the backend's stream; with an exchange that queues its shifts as well
+ * (shift_q: NCCL, on the backend's side stream beside the block, ordered by events) a call
+ * makes no host wait at all, otherwise the host waits for the device before each step's
+ * shifts. A call returns with its work queued (sync before reading). */
 #ifndef COHORT_MODEL_RING_ATTENTION_H
 #define COHORT_MODEL_RING_ATTENTION_H
 
@@ -42,9 +43,10 @@
  * returns 0 or a CO_E* code. */
 typedef struct ring_exchange {
     int (*shift)(void *ctx, const void *send, void *recv, size_t nbytes);
-    /* The same shift queued on a CUDA stream (the backend's, kb_ops.stream) behind the work
-     * queued there, returning once queued; NULL where the exchange has none (ring_sim, a
-     * ZeroMQ group). With it a queued backend's ring waits for the device at no step. */
+    /* The same shift queued on a CUDA stream (the backend's side stream, kb_ops.side_stream,
+     * or its stream) behind the work queued there, returning once queued; NULL where the
+     * exchange has none (ring_sim, a ZeroMQ group). With it a queued backend's ring waits
+     * for the device at no step. */
     int (*shift_q)(void *ctx, const void *send, void *recv, size_t nbytes, void *stream);
     void *ctx;
 } ring_exchange;

@@ -212,6 +212,9 @@ static const kb_ops cuda_ops = {
     /* .copy_rows = */ cu_copy_rows,
     /* .ring_merge = */ cu_ring_merge,
     /* .bf16_to_f32 = */ cu_bf16_to_f32,
+    /* .side_stream = */ cu_side_stream,
+    /* .side_fork = */ cu_side_fork,
+    /* .side_join = */ cu_side_join,
 };
 
 // ---- which GPUs this build can run on ----
@@ -301,6 +304,7 @@ extern "C" void cuda_backend_release(kb_backend *b) {
         cu_blas_release(st);
         cu_digests_release(st);
         cu_profile_release(st);
+        cu_side_release(st);
         for (int i = 0; i < CU_NSCRATCH; i++)
             if (st->scratch[i]) cudaFreeAsync(st->scratch[i], st->stream);
         if (st->stream) cudaStreamSynchronize(st->stream);

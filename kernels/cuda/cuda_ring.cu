@@ -3,7 +3,8 @@
 // device at no ring step: the message's packing and the dK/dV scatter (strided copies), the
 // LSE merge of each step's partial output, and the widening of a bf16 attention output for
 // the backward. The same math as the CPU's (kernels/cpu/ring_ops.c): one thread per merged
-// row, its channels in index order, no atomics.
+// row, its channels in index order, no atomics. And the side stream the ring's NCCL shifts
+// are queued on beside the blocks (side_stream, side_fork, side_join: events, no host wait).
 #include "kernels/cuda/cu_common.cuh"
 
 #include <math.h>
@@ -63,4 +64,49 @@ void cu_bf16_to_f32(kb_backend *b, float *dst, const kb_bf16 *src, size_t n) {
     if (!cu_enter(b) || n == 0) return;
     k_bf16_to_f32<<<cu_blocks(n, RING_THREADS), RING_THREADS, 0, cu_st(b)->stream>>>(dst, src, n);
     cu_launched(b, "bf16_to_f32");
+}
+
+// ---- the side stream ----
+
+// the side stream and its events, made on first use; false (status set) when they cannot be
+static bool side_ready(kb_backend *b) {
+    cu_state *st = cu_st(b);
+    if (st->side) return true;
+    if (!cu_enter(b)) return false;
+    cudaError_t e = cudaStreamCreateWithFlags(&st->side, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&st->ev_fork, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&st->ev_join, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        cu_check(b, e, "side stream");
+        cu_side_release(st);
+        return false;
+    }
+    return true;
+}
+
+void *cu_side_stream(kb_backend *b) { return side_ready(b) ? (void *)cu_st(b)->side : NULL; }
+
+void cu_side_fork(kb_backend *b) {
+    if (!side_ready(b) || !cu_enter(b)) return;
+    cu_state *st = cu_st(b);
+    cudaError_t e = cudaEventRecord(st->ev_fork, st->stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(st->side, st->ev_fork, 0);
+    cu_check(b, e, "side_fork");
+}
+
+void cu_side_join(kb_backend *b) {
+    if (!side_ready(b) || !cu_enter(b)) return;
+    cu_state *st = cu_st(b);
+    cudaError_t e = cudaEventRecord(st->ev_join, st->side);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(st->stream, st->ev_join, 0);
+    cu_check(b, e, "side_join");
+}
+
+void cu_side_release(cu_state *st) {
+    if (st->side) cudaStreamSynchronize(st->side);
+    if (st->ev_fork) cudaEventDestroy(st->ev_fork);
+    if (st->ev_join) cudaEventDestroy(st->ev_join);
+    if (st->side) cudaStreamDestroy(st->side);
+    st->side = NULL, st->ev_fork = st->ev_join = NULL;
+    (void)cudaGetLastError();
 }

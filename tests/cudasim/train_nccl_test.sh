@@ -246,7 +246,8 @@ mtp_pp2)
     ;;
 cp2|cp2_thd|cp2_bf16|cp2_thd_bf16)
     # ring attention over the NCCL context group (block attention kernels, the LSE merge and
-    # the dK/dV sums on the device, send/recv queued on the backend's stream); THD: short
+    # the dK/dV sums on the device, send/recv queued on the backend's side stream beside the
+    # blocks, ordered by events); THD: short
     # documents packed into each sequence, split per document. *_bf16: --bf16 with bf16
     # activations (attention's output rounded once to bf16 after the ring's last merge),
     # against the CPU's --bf16 within the bf16 layouts' bounds (2e-5, 2.5e-3)
@@ -269,7 +270,7 @@ for i in range(600):
         --attention-dropout 0 --save-interval 1 "${extra[@]}"
     grep -q "context parallelism 2" "$work/cuda.out" || fail "no context parallelism: $(head -3 "$work/cuda.out")"
     [ $l = cp2 ] || grep -q "per-document split (THD" "$work/cuda.out" || fail "not THD: $(grep -i context "$work/cuda.out")"
-    n=$(grep -c "the ring's merge and dK/dV sums on the device, its shifts queued on the backend's stream" "$work/cuda.out")
+    n=$(grep -c "the ring's merge and dK/dV sums on the device, its shifts queued beside its blocks" "$work/cuda.out")
     [ "$n" -ge 2 ] || fail "$n rank(s) say the ring runs on the device: $(grep -i "ring's" "$work/cuda.out" | head -2)"
     if [ $l != $case_name ]; then
         for r in cuda f; do
@@ -280,7 +281,7 @@ for i in range(600):
     ;;
 cp2_syncs)
     # the ring's steps wait for the device nowhere: its merge and dK/dV sums are kernels and
-    # its shifts NCCL sends and receives queued on the backend's stream; a step of cp 2 (4
+    # its shifts NCCL sends and receives queued on the backend's side stream; a step of cp 2 (4
     # micro batches, 4 layers) at most 2 a micro batch (loss read, end of the backward) + 10
     # waits on the busiest rank: 16 are counted, where the ring's host merge, its per-call
     # buffers and a wait per ring step made it 304 (docs/gpu.md)

@@ -1298,7 +1298,7 @@ static void test_ring_ops(void) {
 }
 
 /* every entry the CPU backend has, the CUDA backend has too; the CPU has every entry but the
- * fused products (the model composes them there) and the stream, which CUDA has */
+ * fused products (the model composes them there) and the streams, which CUDA has */
 static void test_entries(void) {
     const size_t n = sizeof(kb_ops) / sizeof(void (*)(void));
     for (size_t i = 0; i < n; i++) {
@@ -1308,7 +1308,9 @@ static void test_entries(void) {
         CHECK_MSG(g != NULL, "kb_ops entry %zu is NULL on CUDA", i);
         bool fused = i * sizeof c == offsetof(kb_ops, linear_gelu_forward) ||
                      i * sizeof c == offsetof(kb_ops, linear_backward_dgelu);
-        bool stream = i * sizeof c == offsetof(kb_ops, stream); /* (the CPU has no stream) */
+        bool stream = i * sizeof c == offsetof(kb_ops, stream) || /* (the CPU has no stream, */
+                      (i * sizeof c >= offsetof(kb_ops, side_stream) &&  /* nor a side one) */
+                       i * sizeof c <= offsetof(kb_ops, side_join));
         /* the bf16-activation entries (CUDA's bf16 mode; the CPU rounds per product) */
         bool act16 = i * sizeof c >= offsetof(kb_ops, norm_forward_bf16) &&
                      i * sizeof c <= offsetof(kb_ops, attention_backward_bf16);
