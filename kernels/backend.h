@@ -154,8 +154,8 @@ typedef struct kb_ops {
      * sets (a rank's own chunks against a chunk received from another rank). GQA as above:
      * query head h uses key/value group h / (nh/nkv); scores scaled by 1/sqrt(hd). No
      * dropout. See kb_block_attn for the shapes and masks.
-     * Only the CPU backend provides these so far: on CUDA both pointers are NULL, and
-     * callers check (ring_attention_* fail with CO_EUNSUPPORTED). */
+     * Both backends provide them (CUDA: kernels/cuda/cuda_cp.cu); ring_attention_* fail
+     * with CO_EUNSUPPORTED where a backend has none. */
     /* out[B*Tq, nh*hd] and lse[(b*nh + h)*Tq + t] (both overwritten). A row that sees no key
      * (every key masked) gets out = 0 and lse = -INFINITY. */
     void (*block_attention_forward)(kb_backend *b, const struct kb_block_attn *a, float *out,
@@ -316,6 +316,28 @@ typedef struct kb_ops {
      * concatenation along the rows' width or a slice of columns without a wait. */
     void (*copy_rows)(kb_backend *b, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
                       size_t rows);
+    /* ---- ring attention's bookkeeping (context parallelism, model/ring_attention.c): the
+     * steps' merge in the backend's order (with copy_rows above for the ring's copies), so
+     * that a queued backend (CUDA) needs no host wait per ring step. The CPU's are the same
+     * loops on the host. ---- */
+    /* The LSE merge of a ring step's partial result into the running one, for rows q0..q0+nq
+     * of each of B sequences of L rows: out[B*L, nh*hd], lse[(b*nh + h)*L + t] (updated);
+     * po[B*nq, nh*hd], pl[(b*nh + h)*nq + t] (the step's block). Per row, where pl is not
+     * -inf: lse' = max + log1p(exp(min - max)) of (lse, pl), out' = out e^(lse - lse') +
+     * po e^(pl - lse'); rows whose pl is -inf (no key seen) are left alone. */
+    void (*ring_merge)(kb_backend *b, float *out, float *lse, const float *po, const float *pl, int B, int nh,
+                       int hd, int L, int q0, int nq);
+    /* dst[i] = src16[i] as fp32 (bf16 widened, exact) */
+    void (*bf16_to_f32)(kb_backend *b, float *dst, const kb_bf16 *src, size_t n);
+    /* A second stream beside the backend's (CUDA; NULL where operations finish before they
+     * return, CPU), for work that should run beside the kernels (the ring's NCCL shifts):
+     * side_fork makes it wait for everything queued on the backend's stream so far,
+     * side_join makes the backend's stream wait for everything queued on it so far (events:
+     * no host wait). Work queued on it must be joined before the next sync, which waits for
+     * the backend's stream only. */
+    void *(*side_stream)(kb_backend *b);
+    void (*side_fork)(kb_backend *b);
+    void (*side_join)(kb_backend *b);
 } kb_ops;
 
 struct kb_backend {

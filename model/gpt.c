@@ -7,6 +7,7 @@
 
 #include "kernels/checksum.h"
 #include "model/gpt_check.h"
+#include "model/ring_attention.h"
 
 #include <xxhash.h>
 
@@ -405,15 +406,15 @@ static size_t act_n(size_t n, bool a16) {
 }
 
 /* Whether this model keeps bf16 activations (gpt_internal.h act16): the backend has the
- * bf16 operations (CUDA in bf16 mode), one tensor and one context rank, dense layers only
- * and no MTP depths (the paths that read these buffers as fp32: the collectives of tensor
- * and context parallelism, the MoE layer's input, the MTP concatenation). */
+ * bf16 operations (CUDA in bf16 mode), at a context size above 1 the ring's device merge
+ * too (it rounds attention's output once), and dense layers only (the MoE layer reads its
+ * input as fp32). Tensor parallelism and MTP depths take the bf16 buffers as they are. */
 static void choose_act16(gpt_model *m) {
     const gpt_config *c = &m->cfg;
     const kb_ops *o = m->ops;
     bool ok = m->be->opt.bf16 && !m->be->opt.fp16 && o->norm_forward_bf16 && o->linear_forward_bf16 &&
               o->linear_backward_bf16 && o->linear_gelu_forward_bf16 && o->attention_forward_bf16 &&
-              o->attention_backward_bf16 && m->cp == 1;
+              o->attention_backward_bf16 && (m->cp == 1 || o->ring_merge);
     for (int l = 0; ok && l < c->num_layers; l++) ok = !gpt_layer_is_moe(c, l);
     m->act16 = ok;
     m->act16_mlp = m->act16 && !c->swiglu;
@@ -774,6 +775,7 @@ void gpt_destroy(gpt_model **pm) {
     if (!m) return;
     kb_backend *be = m->be;
     const kb_ops *o = m->ops;
+    ring_ws_free(&m->ring_ws);
     for (int k = 0; k < m->nchunks; k++) {
         chunk_state *ch = &m->chunk[k];
         for (int s = 0; ch->slot && s < ch->slots; s++) {

@@ -6,6 +6,7 @@
 
 #include "comm/comm.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "model/ring_attention.h"
 
 void gpt_set_context_group(gpt_model *m, struct cm_comm *cp, int timeout_ms) {
@@ -55,13 +56,36 @@ static bool ring_of(gpt_model *m, int B, int T, ring_geo *g, ring_comm *rc, ring
                     .hd = m->cfg.head_dim};
     *rc = (ring_comm){.c = m->cpc, .timeout_ms = m->cp_timeout};
     ring_exchange_comm(x, rc);
+    if (x->shift_q && !m->cpc->ops->queued_error) x->shift_q = NULL; /* (no way to see a failure) */
+    if (x->shift_q) { /* stream-ordered: an earlier queued shift's failure stops the pass */
+        int e = m->cpc->ops->queued_error(m->cpc);
+        if (e) {
+            m->be->status = e;
+            return false;
+        }
+    }
     return true;
+}
+
+/* The model's ring workspace (made on first use, when the rank says how its ring's steps are
+ * ordered with the device); NULL with the backend's status set. */
+static ring_ws *ring_ws_of(gpt_model *m, const ring_exchange *x) {
+    if (m->ring_ws) return m->ring_ws;
+    if (!(m->ring_ws = ring_ws_new())) {
+        m->be->status = co_err_set(CO_ENOMEM, "attention (context parallel): out of memory for the ring's workspace");
+        return NULL;
+    }
+    if (m->ops->stream && m->ops->stream(m->be))
+        co_log(CO_LOG_INFO, "context parallelism: the ring's merge and dK/dV sums on the device, its shifts %s",
+               x->shift_q ? "queued beside its blocks on the backend's streams (NCCL send/recv): no host wait per ring step"
+                          : "blocking (the host waits for the device before each ring step's shifts)");
+    return m->ring_ws;
 }
 
 void gpt__attention_forward(gpt_model *m, float *att, float *lse, const float *qkv, const int32_t *seg, int B, int T,
                             float pa, uint64_t seed, uint64_t site) {
     if (m->be->status) return;
-    if (m->act16) { /* (cp 1) attention's output in bf16: gpt_internal.h act16 */
+    if (m->cp <= 1 && m->act16) { /* attention's output in bf16: gpt_internal.h act16 */
         m->ops->attention_forward_bf16(m->be, gpt__a16(att), lse, qkv, seg, B, T, m->NHl, m->NKVl, m->cfg.head_dim, pa,
                                        seed, site);
         return;
@@ -73,8 +97,10 @@ void gpt__attention_forward(gpt_model *m, float *att, float *lse, const float *q
     ring_geo g;
     ring_comm rc;
     ring_exchange x;
-    if (!ring_of(m, B, T, &g, &rc, &x, "attention (context parallel)")) return;
-    int e = ring_attention_forward(m->be, &x, &g, att, lse, qkv, seg);
+    if (!ring_of(m, B, T, &g, &rc, &x, "attention (context parallel)") || !ring_ws_of(m, &x)) return;
+    /* with act16 the merged output is rounded once to bf16 into att */
+    int e = ring_attention_forward_ws(m->be, m->ring_ws, &x, &g, m->act16 ? NULL : att,
+                                      m->act16 ? gpt__a16(att) : NULL, lse, qkv, seg);
     if (e) m->be->status = e;
 }
 
@@ -82,9 +108,10 @@ void gpt__attention_backward(gpt_model *m, float *dqkv, const float *datt, const
                              const float *lse, const int32_t *seg, int B, int T, float pa, uint64_t seed,
                              uint64_t site) {
     if (m->be->status) return;
-    if (m->act16) {
-        m->ops->attention_backward_bf16(m->be, dqkv, datt, qkv, (const kb_bf16 *)(const void *)att, lse, seg, B, T, m->NHl,
-                                        m->NKVl, m->cfg.head_dim, pa, seed, site);
+    const kb_bf16 *att16 = m->act16 ? (const kb_bf16 *)(const void *)att : NULL;
+    if (m->cp <= 1 && att16) {
+        m->ops->attention_backward_bf16(m->be, dqkv, datt, qkv, att16, lse, seg, B, T, m->NHl, m->NKVl,
+                                        m->cfg.head_dim, pa, seed, site);
         return;
     }
     if (m->cp <= 1) {
@@ -95,8 +122,9 @@ void gpt__attention_backward(gpt_model *m, float *dqkv, const float *datt, const
     ring_geo g;
     ring_comm rc;
     ring_exchange x;
-    if (!ring_of(m, B, T, &g, &rc, &x, "attention backward (context parallel)")) return;
-    int e = ring_attention_backward(m->be, &x, &g, dqkv, datt, qkv, att, lse, seg);
+    if (!ring_of(m, B, T, &g, &rc, &x, "attention backward (context parallel)") || !ring_ws_of(m, &x)) return;
+    int e = ring_attention_backward_ws(m->be, m->ring_ws, &x, &g, dqkv, datt, qkv, att16 ? NULL : att, att16, lse,
+                                       seg);
     if (e) m->be->status = e;
 }
 

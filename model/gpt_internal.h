@@ -170,17 +170,18 @@ struct gpt_model {
     int cp, cpr;
     struct cm_comm *cpc;
     int cp_timeout;
+    struct ring_ws *ring_ws; /* ring attention's buffers, kept across calls (cp > 1; gpt_cp.c) */
     /* Backends whose memory the host cannot hand to kernels (CUDA): the batch arrays are
      * copied into backend buffers each forward, and losses come back through host_losses.
      * host_batch (CPU): the caller's arrays are used as they are. */
     bool host_batch;
     /* bf16 activations (backend.h's *_bf16 operations, CUDA in bf16 mode): the norms' outputs
      * and attention's output stored in bf16 (act16), the GELU's output too (act16_mlp: GELU
-     * layers); at cp 1 without MoE layers, fp32 elsewhere; under tensor parallelism the
-     * sequence-parallel all-gathers of the norms' outputs move bf16 elements; with MTP the
-     * depths' layers, enorm's and hnorm's outputs and their concatenation too, while the
-     * main final norm's output on the MTP chunk and the depths' final norms' stay fp32
-     * (gpt__lnf16) */
+     * layers); at any cp (the ring rounds att once, gpt_cp.c) without MoE layers, fp32
+     * elsewhere; under tensor parallelism the sequence-parallel all-gathers of the norms'
+     * outputs move bf16 elements; with MTP the depths' layers, enorm's and hnorm's outputs
+     * and their concatenation too, while the main final norm's output on the MTP chunk and
+     * the depths' final norms' stay fp32 (gpt__lnf16) */
     bool act16, act16_mlp;
     /* mixture of experts */
     float aux_loss_scale;

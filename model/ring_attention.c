@@ -80,6 +80,14 @@ int ring_unsplit_rows(void *dst, const void *src, size_t row_bytes, int B, int s
 
 /* ---- forward and backward ---- */
 
+/* rows x width floats of src (rows sstride floats apart) into dst (dstride apart), in the
+ * backend's order (kb_ops.copy_rows counts bytes) */
+static void copy_f32_rows(kb_backend *b, float *dst, size_t dstride, const float *src, size_t sstride, size_t width,
+                          size_t rows) {
+    const size_t f = sizeof(float);
+    b->ops->copy_rows(b, dst, dstride * f, src, sstride * f, width * f, rows);
+}
+
 static int kernel_status(kb_backend *b, const char *op, int step) {
     if (!b->status) return 0;
     return co_err_set(b->status, "%s, step %d: %s", op, step, co_err_detail());
@@ -152,13 +160,110 @@ static void job_start(shift_job *j, pthread_t *th, bool *threaded) {
     if (!*threaded) shift_main(j);
 }
 
-/* the local K, V and doc ids into a message */
-static void msg_pack(const ring_msg *m, void *buf, const ring_geo *g, const float *qkv,
+/* The ring's buffers, kept across calls (ring_ws) so that a step allocates nothing (a CUDA
+ * allocation waits for the device). Each slot grows on demand; its contents between calls
+ * are undefined. */
+enum { RW_CUR, RW_NXT, RW_PO, RW_PL, RW_OF, RW_DLOC, RW_DFIN, RW_DACC, RW_HO, RW_HDO, RW_HL, RW_N };
+struct ring_ws {
+    kb_backend *b; /* the backend its buffers are from */
+    void *p[RW_N];
+    size_t n[RW_N];
+};
+
+ring_ws *ring_ws_new(void) { return calloc(1, sizeof(ring_ws)); }
+
+static void ws_release(ring_ws *w) {
+    for (int i = 0; i < RW_N; i++)
+        if (w->p[i]) w->b->ops->free(w->b, w->p[i]);
+    memset(w->p, 0, sizeof w->p);
+    memset(w->n, 0, sizeof w->n);
+}
+
+void ring_ws_free(ring_ws **wp) {
+    if (!*wp) return;
+    ws_release(*wp);
+    free(*wp);
+    *wp = NULL;
+}
+
+/* slot i of at least bytes from the backend; NULL when it cannot be allocated */
+static void *ws_get(kb_backend *b, ring_ws *w, int i, size_t bytes) {
+    if (w->b && w->b != b) ws_release(w);
+    w->b = b;
+    if (w->p[i] && w->n[i] >= bytes) return w->p[i];
+    if (w->p[i]) b->ops->free(b, w->p[i]);
+    w->p[i] = b->ops->alloc(b, bytes ? bytes : 1);
+    w->n[i] = w->p[i] ? bytes : 0;
+    return w->p[i];
+}
+
+/* How a call's shifts are ordered with the backend's work:
+ *   RING_QUEUED: the exchange queues them (shift_q, NCCL in stream order) on the backend's
+ *     side stream where it has one, else on its stream: a step's shifts wait there for the
+ *     kernels queued before them (side_fork: what they send is written, what they receive
+ *     into no longer read) and run beside the step's block; the stream then waits for them
+ *     (side_join) before anything that reads what they received. No host wait at all;
+ *   RING_THREAD: a backend whose operations finish before they return (the CPU): the shifts
+ *     run on a helper thread beside the step's block;
+ *   RING_WAIT: a queued backend and a blocking exchange: the host waits for the device before
+ *     each step's shifts (they read what kernels wrote, and receive into a buffer a queued
+ *     block may still read), then runs them here, before the step's block. */
+typedef enum { RING_QUEUED, RING_THREAD, RING_WAIT } ring_mode;
+
+typedef struct ring_order {
+    ring_mode md;
+    void *stream; /* RING_QUEUED: the stream the shifts are queued on */
+    bool side;    /* ... the backend's side stream (forked and joined around them) */
+} ring_order;
+
+static ring_order order_of(kb_backend *b, const ring_exchange *x) {
+    const kb_ops *o = b->ops;
+    ring_order r = {.md = RING_THREAD};
+    void *own = o->stream ? o->stream(b) : NULL;
+    if (!own) return r;
+    if (!x->shift_q) return (ring_order){.md = RING_WAIT};
+    void *side = o->side_stream && o->side_fork && o->side_join ? o->side_stream(b) : NULL;
+    return (ring_order){.md = RING_QUEUED, .stream = side ? side : own, .side = side != NULL};
+}
+
+/* Starts a step's shifts as the order says: queued (their failure to queue in j->rc), on a
+ * helper thread (*threaded), or here after a wait for the device. */
+static void step_shifts(kb_backend *b, const ring_order *ro, shift_job *j, pthread_t *th, bool *threaded) {
+    *threaded = false;
+    if (!j->n) return;
+    if (ro->md == RING_THREAD) {
+        job_start(j, th, threaded);
+        return;
+    }
+    if (ro->md == RING_WAIT) {
+        b->ops->sync(b);
+        shift_main(j);
+        return;
+    }
+    if (ro->side) b->ops->side_fork(b);
+    void *stream = ro->stream;
+    for (int k = 0; k < j->n && !j->rc; k++) {
+        j->rc = j->x->shift_q(j->x->ctx, j->send[k], j->recv[k], j->bytes[k], stream);
+        if (j->rc) {
+            j->failed = j->what[k];
+            snprintf(j->err, sizeof j->err, "%s", co_err_detail());
+        }
+    }
+}
+
+/* After the step's block is queued: its shifts (queued on the side stream) finish before the
+ * backend's stream goes on, or (a helper thread) are joined. */
+static void step_join(kb_backend *b, const ring_order *ro, const shift_job *j, pthread_t *th, bool threaded) {
+    if (threaded) pthread_join(*th, NULL);
+    if (ro->md == RING_QUEUED && ro->side && j->n) b->ops->side_join(b);
+}
+
+/* the local K, V and doc ids into a message, by the backend's copies */
+static void msg_pack(kb_backend *b, const ring_msg *m, void *buf, const ring_geo *g, const float *qkv,
                      const int32_t *doc) {
     const size_t R = (size_t)(g->nh + 2 * g->nkv) * g->hd, koff = (size_t)g->nh * g->hd;
-    float *kv = msg_kv(m, buf);
-    for (size_t i = 0; i < m->rows; i++) memcpy(kv + i * m->kw, qkv + i * R + koff, m->kw * sizeof(float));
-    if (m->with_doc) memcpy(msg_doc(m, buf), doc, m->rows * sizeof(int32_t));
+    copy_f32_rows(b, msg_kv(m, buf), m->kw, qkv + koff, R, m->kw, m->rows);
+    if (m->with_doc) b->ops->copy(b, msg_doc(m, buf), doc, m->rows * sizeof(int32_t));
 }
 
 /* The block of step i for rank r: which queries against which keys.
@@ -193,149 +298,128 @@ static kb_block_attn block_of(const ring_geo *g, const ring_step *s, const ring_
     return a;
 }
 
-/* rows [q0, q0+nq) of each sequence: full[B*L rows of w] <-> part[B*nq rows of w] */
-static void rows_gather(float *part, const float *full, int B, int L, int q0, int nq, size_t w) {
-    for (int b = 0; b < B; b++)
-        memcpy(part + (size_t)b * nq * w, full + ((size_t)b * L + q0) * w, (size_t)nq * w * sizeof(float));
-}
-
-/* lse[(b*nh + h)*L + t] rows q0.. -> part[(b*nh + h)*nq + t] */
-static void lse_gather(float *part, const float *lse, int B, int nh, int L, int q0, int nq) {
-    for (int bh = 0; bh < B * nh; bh++)
-        memcpy(part + (size_t)bh * nq, lse + (size_t)bh * L + q0, (size_t)nq * sizeof(float));
-}
-
-/* Merges a partial result (po[B*nq, nh*hd], pl[(b*nh+h)*nq + t]) for local rows q0..q0+nq
- * into out/lse: lse' = max + log1p(exp(min - max)); out' = out e^(lse - lse') + po e^(pl - lse'). */
-static void merge(float *out, float *lse, const float *po, const float *pl, const ring_geo *g,
-                  int q0, int nq) {
-    const int L = g->seq / g->cp, nh = g->nh, hd = g->hd;
-    for (int b = 0; b < g->B; b++)
-        for (int h = 0; h < nh; h++)
-            for (int t = 0; t < nq; t++) {
-                const float ls = pl[((size_t)b * nh + h) * nq + t];
-                if (ls == -INFINITY) continue; /* nothing seen in this block */
-                float *lo = lse + ((size_t)b * nh + h) * L + q0 + t;
-                const float mx = *lo > ls ? *lo : ls, mn = *lo > ls ? ls : *lo;
-                const float ln = mx + log1pf(expf(mn - mx));
-                const float ca = expf(*lo - ln), cb = expf(ls - ln);
-                float *o = out + ((size_t)b * L + q0 + t) * nh * hd + (size_t)h * hd;
-                const float *p = po + ((size_t)b * nq + t) * nh * hd + (size_t)h * hd;
-                for (int c = 0; c < hd; c++) o[c] = o[c] * ca + p[c] * cb;
-                *lo = ln;
-            }
-}
-
-/* The ring's buffers come from the backend, so that its kernels can read them (CUDA: managed
- * memory, which the host loops here read and write after a sync; the CPU: plain memory). */
-static void *rbuf(kb_backend *b, size_t bytes) { return b->ops->alloc(b, bytes ? bytes : 1); }
-static void rfree(kb_backend *b, void *p) {
-    if (p) b->ops->free(b, p);
-}
-
 static int ops_check(kb_backend *b, const ring_geo *g, const char *op) {
     int rc = ring_check(g);
     if (rc) return co_err_set(rc, "%s: %s", op, co_err_detail());
-    if (!b->ops->block_attention_forward || !b->ops->block_attention_backward)
+    const kb_ops *o = b->ops;
+    if (!o->block_attention_forward || !o->block_attention_backward || !o->copy_rows || !o->ring_merge ||
+        !o->bf16_to_f32)
         return co_err_set(CO_EUNSUPPORTED,
                           "%s: this backend has no block attention", op);
     return 0;
 }
 
-int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo *g, float *out,
-                           float *lse, const float *qkv, const int32_t *doc) {
+/* after a step: the kernels' status, then the exchange's failure */
+static int step_status(kb_backend *b, const shift_job *j, const char *op, int step) {
+    int rc = kernel_status(b, op, step);
+    if (!rc && j->rc) rc = co_err_set(j->rc, "%s, step %d: %s exchange: %s", op, step, j->failed, j->err);
+    return rc;
+}
+
+int ring_attention_forward_ws(kb_backend *b, ring_ws *ws, const ring_exchange *x, const ring_geo *g, float *out,
+                              kb_bf16 *out16, float *lse, const float *qkv, const int32_t *doc) {
     static const char op[] = "ring_attention_forward";
     int rc = ops_check(b, g, op);
     if (rc) return rc;
+    ring_ws tmp = {0};
+    ring_ws *w = ws ? ws : &tmp;
     const int L = g->seq / g->cp, nh = g->nh, hd = g->hd;
+    const size_t on = (size_t)g->B * L * nh * hd;
+    const ring_order ro = order_of(b, x);
     ring_msg m;
     msg_init(&m, g, doc != NULL);
-    void *cur = rbuf(b, m.bytes), *nxt = g->cp > 1 ? rbuf(b, m.bytes) : NULL;
-    /* partial results: at most [B*L, nh*hd] and [B*nh*L] */
-    float *po = g->cp > 1 ? rbuf(b, (size_t)g->B * L * nh * hd * sizeof(float)) : NULL;
-    float *pl = g->cp > 1 ? rbuf(b, (size_t)g->B * nh * L * sizeof(float)) : NULL;
-    if (!cur || (g->cp > 1 && (!nxt || !po || !pl))) {
+    void *cur = ws_get(b, w, RW_CUR, m.bytes), *nxt = g->cp > 1 ? ws_get(b, w, RW_NXT, m.bytes) : NULL;
+    /* partial results: at most [B*L, nh*hd] and [B*nh*L]; with a bf16 output the running
+     * fp32 one, rounded once when the last step is merged */
+    float *po = g->cp > 1 ? ws_get(b, w, RW_PO, on * sizeof(float)) : NULL;
+    float *pl = g->cp > 1 ? ws_get(b, w, RW_PL, (size_t)g->B * nh * L * sizeof(float)) : NULL;
+    float *o = out16 ? ws_get(b, w, RW_OF, on * sizeof(float)) : out;
+    if (!cur || !o || (g->cp > 1 && (!nxt || !po || !pl))) {
         rc = co_err_set(CO_ENOMEM, "%s: cannot allocate the ring buffers", op);
         goto done;
     }
-    b->ops->sync(b); /* (a queued backend: qkv and doc are written) */
-    msg_pack(&m, cur, g, qkv, doc);
+    msg_pack(b, &m, cur, g, qkv, doc);
     for (int i = 0; i < g->cp; i++) {
         /* cur holds the KV of rank (rank - i); the KV of rank (rank - i - 1) arrives from the
-         * left neighbour into nxt on a helper thread meanwhile (where no thread can be
-         * started, before the block, blocking) */
+         * left neighbour into nxt meanwhile (step_shifts) */
         shift_job j = {.x = x};
         if (i + 1 < g->cp) job_add(&j, cur, nxt, m.bytes, "KV");
         pthread_t th;
         bool threaded;
-        job_start(&j, &th, &threaded);
+        step_shifts(b, &ro, &j, &th, &threaded);
         const ring_step s = step_of(g, i);
         kb_block_attn a = block_of(g, &s, &m, cur, qkv, doc);
         if (i == 0) {
-            b->ops->block_attention_forward(b, &a, out, lse);
+            b->ops->block_attention_forward(b, &a, o, lse);
         } else {
+            /* the block, then its merge into the running result, in the backend's order */
             b->ops->block_attention_forward(b, &a, po, pl);
+            b->ops->ring_merge(b, o, lse, po, pl, g->B, nh, hd, L, s.q0, s.nq);
         }
-        /* the merge too runs beside the exchange (neither touches the other's buffers); a
-         * queued backend's block first finishes (the host reads it) */
-        b->ops->sync(b);
-        const int krc = kernel_status(b, op, i);
-        if (!krc && i > 0) merge(out, lse, po, pl, g, s.q0, s.nq);
-        if (threaded) pthread_join(th, NULL);
-        if ((rc = krc)) goto done;
-        if (j.rc) {
-            rc = co_err_set(j.rc, "%s, step %d: %s exchange: %s", op, i + 1, j.failed, j.err);
-            goto done;
-        }
+        step_join(b, &ro, &j, &th, threaded);
+        if ((rc = step_status(b, &j, op, i))) goto done;
         if (i + 1 < g->cp) {
             void *t = cur;
             cur = nxt, nxt = t;
         }
     }
+    if (out16) b->ops->to_bf16(b, out16, o, on);
+    rc = kernel_status(b, op, g->cp);
 done:
-    rfree(b, cur);
-    rfree(b, nxt);
-    rfree(b, po);
-    rfree(b, pl);
+    if (!ws) {
+        b->ops->sync(b); /* (queued work reads the call's own buffers) */
+        ws_release(&tmp);
+    }
     return rc;
 }
 
-int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_geo *g,
-                            float *dqkv, const float *dout, const float *qkv, const float *out,
-                            const float *lse, const int32_t *doc) {
+int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo *g, float *out,
+                           float *lse, const float *qkv, const int32_t *doc) {
+    return ring_attention_forward_ws(b, NULL, x, g, out, NULL, lse, qkv, doc);
+}
+
+int ring_attention_backward_ws(kb_backend *b, ring_ws *ws, const ring_exchange *x, const ring_geo *g, float *dqkv,
+                               const float *dout, const float *qkv, const float *out, const kb_bf16 *out16,
+                               const float *lse, const int32_t *doc) {
     static const char op[] = "ring_attention_backward";
     int rc = ops_check(b, g, op);
     if (rc) return rc;
+    ring_ws tmp = {0};
+    ring_ws *w = ws ? ws : &tmp;
     const int L = g->seq / g->cp, S = L / 2, nh = g->nh, nkv = g->nkv, hd = g->hd;
-    const size_t R = (size_t)(nh + 2 * nkv) * hd;
+    const size_t R = (size_t)(nh + 2 * nkv) * hd, AH = (size_t)nh * hd;
+    const ring_order ro = order_of(b, x);
     /* KV (with the doc ids) and the dK/dV accumulators travel in separate messages. At step i
-     * a helper thread passes on the accumulator finished at step i-1 (receiving the one of
-     * the KV held now, which the ranks before us filled) and then fetches step i+1's KV,
-     * while the block computes this rank's dK/dV of the current KV into dloc; after it the
-     * accumulator is finished: dfin = dacc + dloc. The last one goes home by a shift after
-     * the last step (the one exchange not beside a block). */
+     * the accumulator finished at step i-1 goes on (the one of the KV held now, which the
+     * ranks before us filled, arrives) and then step i+1's KV is fetched, while the block
+     * computes this rank's dK/dV of the current KV into dloc; after it the accumulator is
+     * finished: dfin = dacc + dloc. The last one goes home by a shift after the last step
+     * (the one exchange not beside a block). */
     ring_msg m;
     msg_init(&m, g, doc != NULL);
     const size_t dn = m.rows * m.kw, dbytes = dn * sizeof(float);
-    void *cur = rbuf(b, m.bytes), *nxt = g->cp > 1 ? rbuf(b, m.bytes) : NULL;
-    float *dloc = rbuf(b, dbytes), *dfin = rbuf(b, dbytes), *dacc = g->cp > 1 ? rbuf(b, dbytes) : NULL;
+    void *cur = ws_get(b, w, RW_CUR, m.bytes), *nxt = g->cp > 1 ? ws_get(b, w, RW_NXT, m.bytes) : NULL;
+    float *dloc = ws_get(b, w, RW_DLOC, dbytes), *dfin = ws_get(b, w, RW_DFIN, dbytes);
+    float *dacc = g->cp > 1 ? ws_get(b, w, RW_DACC, dbytes) : NULL;
+    /* a bf16 output widened (exactly) for D = rowsum(O dO), as attention_backward_bf16 reads it */
+    const float *of = out16 ? ws_get(b, w, RW_OF, (size_t)g->B * L * AH * sizeof(float)) : out;
     /* the upper half's out, dout and lse gathered contiguous for the i > rank steps */
     const int need_half = g->rank < g->cp - 1;
-    float *ho = need_half ? rbuf(b, (size_t)g->B * S * nh * hd * sizeof(float)) : NULL;
-    float *hdo = need_half ? rbuf(b, (size_t)g->B * S * nh * hd * sizeof(float)) : NULL;
-    float *hl = need_half ? rbuf(b, (size_t)g->B * nh * S * sizeof(float)) : NULL;
-    if (!cur || !dloc || !dfin || (g->cp > 1 && (!nxt || !dacc)) || (need_half && (!ho || !hdo || !hl))) {
+    float *ho = need_half ? ws_get(b, w, RW_HO, (size_t)g->B * S * AH * sizeof(float)) : NULL;
+    float *hdo = need_half ? ws_get(b, w, RW_HDO, (size_t)g->B * S * AH * sizeof(float)) : NULL;
+    float *hl = need_half ? ws_get(b, w, RW_HL, (size_t)g->B * nh * S * sizeof(float)) : NULL;
+    if (!cur || !dloc || !dfin || !of || (g->cp > 1 && (!nxt || !dacc)) || (need_half && (!ho || !hdo || !hl))) {
         rc = co_err_set(CO_ENOMEM, "%s: cannot allocate the ring buffers", op);
         goto done;
     }
-    b->ops->sync(b); /* (a queued backend: the forward's and the gradient's rows are written) */
+    if (out16) b->ops->bf16_to_f32(b, (float *)of, out16, (size_t)g->B * L * AH);
     if (need_half) {
-        rows_gather(ho, out, g->B, L, S, S, (size_t)nh * hd);
-        rows_gather(hdo, dout, g->B, L, S, S, (size_t)nh * hd);
-        lse_gather(hl, lse, g->B, nh, L, S, S);
+        copy_f32_rows(b, ho, (size_t)S * AH, of + (size_t)S * AH, (size_t)L * AH, (size_t)S * AH, g->B);
+        copy_f32_rows(b, hdo, (size_t)S * AH, dout + (size_t)S * AH, (size_t)L * AH, (size_t)S * AH, g->B);
+        copy_f32_rows(b, hl, S, lse + S, L, S, (size_t)g->B * nh);
     }
-    memset(dqkv, 0, (size_t)g->B * L * R * sizeof(float));
-    msg_pack(&m, cur, g, qkv, doc);
+    b->ops->zero(b, dqkv, (size_t)g->B * L * R);
+    msg_pack(b, &m, cur, g, qkv, doc);
     for (int i = 0; i < g->cp; i++) {
         /* cur: the KV of rank (rank - i) */
         shift_job j = {.x = x};
@@ -343,26 +427,21 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
         if (i + 1 < g->cp) job_add(&j, cur, nxt, m.bytes, "KV");
         pthread_t th;
         bool threaded;
-        job_start(&j, &th, &threaded);
+        step_shifts(b, &ro, &j, &th, &threaded);
         const ring_step s = step_of(g, i);
         kb_block_attn a = block_of(g, &s, &m, cur, qkv, doc);
         const int half = s.q0 != 0;
-        memset(dloc, 0, dbytes);
-        b->ops->block_attention_backward(b, &a, half ? ho : out, half ? hl : lse,
-                                         half ? hdo : dout, dqkv + (size_t)s.q0 * R, R, dloc,
-                                         m.kw, dloc + (size_t)nkv * hd, m.kw);
-        b->ops->sync(b); /* (the host adds dloc next) */
-        if (threaded) pthread_join(th, NULL);
-        if ((rc = kernel_status(b, op, i))) goto done;
-        if (j.rc) {
-            rc = co_err_set(j.rc, "%s, step %d: %s exchange: %s", op, i, j.failed, j.err);
-            goto done;
-        }
+        b->ops->zero(b, dloc, dn);
+        b->ops->block_attention_backward(b, &a, half ? ho : of, half ? hl : lse, half ? hdo : dout,
+                                         dqkv + (size_t)s.q0 * R, R, dloc, m.kw, dloc + (size_t)nkv * hd, m.kw);
+        /* (the shifts send dfin and receive dacc: both are touched only after the join) */
+        step_join(b, &ro, &j, &th, threaded);
+        if ((rc = step_status(b, &j, op, i))) goto done;
         if (i == 0) {
             float *t = dfin; /* our own KV: nobody added before us */
             dfin = dloc, dloc = t;
         } else {
-            for (size_t k = 0; k < dn; k++) dfin[k] = dacc[k] + dloc[k];
+            b->ops->add(b, dfin, dacc, dloc, dn); /* (queued behind the join of the shifts) */
         }
         if (i + 1 < g->cp) {
             void *t = cur;
@@ -372,25 +451,34 @@ int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_ge
     const float *dkv = dfin;
     if (g->cp > 1) {
         /* the accumulator finished last belongs to rank + 1; ours arrives from rank - 1 */
-        rc = x->shift(x->ctx, dfin, dacc, dbytes);
-        if (rc) {
-            rc = co_err_set(rc, "%s: returning dKV to its owner: %s", op, co_err_detail());
+        shift_job j = {.x = x};
+        job_add(&j, dfin, dacc, dbytes, "dKV");
+        bool threaded;
+        ring_order last = ro;
+        if (last.md == RING_THREAD) last.md = RING_WAIT; /* (nothing to overlap: here, blocking) */
+        pthread_t none;
+        step_shifts(b, &last, &j, &none, &threaded);
+        step_join(b, &last, &j, &none, threaded);
+        if (j.rc) {
+            rc = co_err_set(j.rc, "%s: returning dKV to its owner: %s", op, j.err);
             goto done;
         }
         dkv = dacc;
     }
-    for (size_t r = 0; r < m.rows; r++)
-        memcpy(dqkv + r * R + (size_t)nh * hd, dkv + r * m.kw, m.kw * sizeof(float));
+    copy_f32_rows(b, dqkv + AH, R, dkv, m.kw, m.kw, m.rows);
+    rc = kernel_status(b, op, g->cp);
 done:
-    rfree(b, cur);
-    rfree(b, nxt);
-    rfree(b, dloc);
-    rfree(b, dfin);
-    rfree(b, dacc);
-    rfree(b, ho);
-    rfree(b, hdo);
-    rfree(b, hl);
+    if (!ws) {
+        b->ops->sync(b);
+        ws_release(&tmp);
+    }
     return rc;
+}
+
+int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_geo *g,
+                            float *dqkv, const float *dout, const float *qkv, const float *out,
+                            const float *lse, const int32_t *doc) {
+    return ring_attention_backward_ws(b, NULL, x, g, dqkv, dout, qkv, out, NULL, lse, doc);
 }
 
 /* ---- exchange over cohort's comm ---- */
@@ -418,8 +506,22 @@ static int comm_shift(void *ctx, const void *send, void *recv, size_t n) {
     return 0;
 }
 
+/* The shift queued on a CUDA stream: the send and the receive as one NCCL group, so that
+ * no rank's send waits for its own receive (cm_ops.p2p_q) */
+static int comm_shift_q(void *ctx, const void *send, void *recv, size_t n, void *stream) {
+    ring_comm *rc = ctx;
+    cm_comm *c = rc->c;
+    const int next = (c->rank + 1) % c->size, prev = (c->rank + c->size - 1) % c->size;
+    cm_p2p ops[2] = {{.c = c, .buf = (void *)send, .bytes = n, .peer = next, .send = 1},
+                     {.c = c, .buf = recv, .bytes = n, .peer = prev, .send = 0}};
+    int e = c->ops->p2p_q(ops, 2, stream);
+    if (e) return co_err_set(e, "ring shift (queued) to rank %d, from rank %d: %s", next, prev, co_err_detail());
+    return 0;
+}
+
 void ring_exchange_comm(ring_exchange *x, ring_comm *rc) {
     x->shift = comm_shift;
+    x->shift_q = rc->c->ops->p2p_q && rc->c->size > 1 ? comm_shift_q : NULL;
     x->ctx = rc;
 }
 
@@ -519,6 +621,7 @@ int ring_sim_new(ring_sim **out, int cp, int timeout_ms) {
 
 void ring_sim_exchange(ring_sim *s, int rank, ring_exchange *x) {
     x->shift = sim_shift;
+    x->shift_q = NULL;
     x->ctx = &s->ranks[rank];
 }
 

@@ -21,8 +21,13 @@
  *   doc[B*L] (or NULL): document id of each token (e.g. the global index of its document's
  *     first token, i.e. the seg[] of the full sequence); attention never crosses ids
  *   out[B*L, nh*hd], lse[(b*nh + h)*L + t], dout like out, dqkv like qkv (overwritten).
- * Errors are CO_E* codes with co_err_detail() naming the step; the block kernels run on the
- * CPU backend only (CO_EUNSUPPORTED elsewhere). */
+ * Errors are CO_E* codes with co_err_detail() naming the step. Everything a step computes
+ * (the block, the LSE merge, the dK/dV accumulation, the message's packing) is a backend
+ * operation (kernels/backend.h: block attention, ring_merge, add, copy_rows), so on CUDA it
+ * is queued on the backend's stream; with an exchange that queues its shifts as well
+ * (shift_q: NCCL, on the backend's side stream beside the block, ordered by events) a call
+ * makes no host wait at all, otherwise the host waits for the device before each step's
+ * shifts. A call returns with its work queued (sync before reading). */
 #ifndef COHORT_MODEL_RING_ATTENTION_H
 #define COHORT_MODEL_RING_ATTENTION_H
 
@@ -38,6 +43,11 @@
  * returns 0 or a CO_E* code. */
 typedef struct ring_exchange {
     int (*shift)(void *ctx, const void *send, void *recv, size_t nbytes);
+    /* The same shift queued on a CUDA stream (the backend's side stream, kb_ops.side_stream,
+     * or its stream) behind the work queued there, returning once queued; NULL where the
+     * exchange has none (ring_sim, a ZeroMQ group). With it a queued backend's ring waits
+     * for the device at no step. */
+    int (*shift_q)(void *ctx, const void *send, void *recv, size_t nbytes, void *stream);
     void *ctx;
 } ring_exchange;
 
@@ -67,13 +77,31 @@ int ring_unsplit_rows(void *dst, const void *src, size_t row_bytes, int B, int s
 int ring_attention_forward(kb_backend *b, const ring_exchange *x, const ring_geo *g, float *out,
                            float *lse, const float *qkv, const int32_t *doc);
 
+/* The ring's buffers, kept across calls (a queued backend's allocation waits for the
+ * device); the calls without _ws allocate and free their own. One per backend and thread. */
+typedef struct ring_ws ring_ws;
+ring_ws *ring_ws_new(void); /* NULL when out of memory */
+void ring_ws_free(ring_ws **ws);
+
+/* ring_attention_forward with a workspace (NULL: the call's own) and, where out16 is set, the
+ * output rounded once to bf16 into out16[B*L, nh*hd] after the last merge (out unused, may be
+ * NULL; the running output is fp32 in the workspace). */
+int ring_attention_forward_ws(kb_backend *b, ring_ws *ws, const ring_exchange *x, const ring_geo *g, float *out,
+                              kb_bf16 *out16, float *lse, const float *qkv, const int32_t *doc);
+
 /* Backward from the forward's out and lse: dqkv (overwritten) from dout. Calls x->shift
  * 2cp-1 times: at step i > 0 the dK/dV accumulator finished at step i-1, then (i < cp-1) the
- * next step's KV, both on a helper thread beside step i's block; and the last accumulator
- * home after the last step. */
+ * next step's KV, both beside step i's block (a helper thread on the CPU; queued before it
+ * with shift_q); and the last accumulator home after the last step. */
 int ring_attention_backward(kb_backend *b, const ring_exchange *x, const ring_geo *g,
                             float *dqkv, const float *dout, const float *qkv, const float *out,
                             const float *lse, const int32_t *doc);
+/* ring_attention_backward with a workspace (NULL: the call's own) and, where out16 is set,
+ * the forward's bf16 output (out unused): D = rowsum(O dO) from its bf16 values, as
+ * kb_ops.attention_backward_bf16 takes them. */
+int ring_attention_backward_ws(kb_backend *b, ring_ws *ws, const ring_exchange *x, const ring_geo *g, float *dqkv,
+                               const float *dout, const float *qkv, const float *out, const kb_bf16 *out16,
+                               const float *lse, const int32_t *doc);
 
 /* ---- exchange over cohort's comm: blocking send/recv (the comm interface has no
  * non-blocking calls), even ranks send first and odd ranks receive first, so no pair waits

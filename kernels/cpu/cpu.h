@@ -108,6 +108,11 @@ CPU_BLOCK_ATTN_DECL(_avx512)
 CPU_BLOCK_ATTN_DECL(_avx2)
 CPU_BLOCK_ATTN_DECL(_base)
 
+/* ring attention's bookkeeping (ring_ops.c) */
+void cpu_ring_merge(kb_backend *b, float *out, float *lse, const float *po, const float *pl, int B, int nh, int hd,
+                    int L, int q0, int nq);
+void cpu_bf16_to_f32(kb_backend *b, float *dst, const kb_bf16 *src, size_t n);
+
 void cpu_zero(kb_backend *b, float *x, size_t n);
 void cpu_to_bf16(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n);
 void cpu_embed_forward(kb_backend *b, float *out, const int32_t *tok, const int32_t *pos,

@@ -106,6 +106,8 @@ static const kb_ops cpu_ops = {
     .grouped_linear_forward = cpu_grouped_linear_forward,
     .grouped_linear_backward = cpu_grouped_linear_backward,
     .copy_rows = cpu_copy_rows,
+    .ring_merge = cpu_ring_merge,
+    .bf16_to_f32 = cpu_bf16_to_f32,
 };
 
 /* Attention through the variant compiled for this CPU's level (kernels/meson.build builds

@@ -64,6 +64,8 @@ typedef struct cu_state {
     int grouped_mode;     // 0: cublasGemmGroupedBatchedEx; -1: one cublasSgemm per group
     char desc[256];
     void *prof;           // the operation timings (cuda_profile.cu), NULL unless COHORT_CUDA_PROFILE=1
+    cudaStream_t side;    // the side stream and its two events (cuda_ring.cu): NULL until first used
+    cudaEvent_t ev_fork, ev_join;
 } cu_state;
 // operation timings (cuda_profile.cu)
 void cu_profile_setup(kb_backend *b);
@@ -265,6 +267,14 @@ void cu_block_attention_forward(kb_backend *b, const kb_block_attn *a, float *ou
 void cu_block_attention_backward(kb_backend *b, const kb_block_attn *a, const float *out, const float *lse,
                                  const float *dout, float *dq, size_t dq_stride, float *dk, size_t dk_stride,
                                  float *dv, size_t dv_stride);
+// ring attention's bookkeeping (backend.h: ring_merge, bf16_to_f32; cuda_ring.cu)
+void cu_ring_merge(kb_backend *b, float *out, float *lse, const float *po, const float *pl, int B, int nh, int hd,
+                   int L, int q0, int nq);
+void cu_bf16_to_f32(kb_backend *b, float *dst, const kb_bf16 *src, size_t n);
+void *cu_side_stream(kb_backend *b);
+void cu_side_fork(kb_backend *b);
+void cu_side_join(kb_backend *b);
+void cu_side_release(cu_state *st);
 
 void cu_zero(kb_backend *b, float *x, size_t n);
 void cu_to_bf16(kb_backend *b, kb_bf16 *dst16, const float *src, size_t n);

@@ -210,6 +210,12 @@ static const kb_ops cuda_ops = {
     /* .attention_backward_bf16 = */ cu_attention_backward_bf16,
     // pitched copies (the MTP concatenation and column slices): cuda_copy_rows.cu
     /* .copy_rows = */ cu_copy_rows,
+    // ring attention's bookkeeping (context parallelism): cuda_ring.cu
+    /* .ring_merge = */ cu_ring_merge,
+    /* .bf16_to_f32 = */ cu_bf16_to_f32,
+    /* .side_stream = */ cu_side_stream,
+    /* .side_fork = */ cu_side_fork,
+    /* .side_join = */ cu_side_join,
 };
 
 // ---- which GPUs this build can run on ----
@@ -299,6 +305,7 @@ extern "C" void cuda_backend_release(kb_backend *b) {
         cu_blas_release(st);
         cu_digests_release(st);
         cu_profile_release(st);
+        cu_side_release(st);
         for (int i = 0; i < CU_NSCRATCH; i++)
             if (st->scratch[i]) cudaFreeAsync(st->scratch[i], st->stream);
         if (st->stream) cudaStreamSynchronize(st->stream);

@@ -66,7 +66,11 @@ struct CUstream_st {
 
 struct CUevent_st {
     cudaStream_t stream;
-    bool recorded, done;
+    bool recorded, done; // done: the latest record has run
+    // records made and run, counted: a stream's wait is for the record made before it, not
+    // for a later one (CUDA's cudaStreamWaitEvent), so an event recorded again while the
+    // wait is queued neither releases it early nor holds it
+    uint64_t rec_gen, done_gen;
     double t; // when it ran (CLOCK_MONOTONIC, seconds): cudaEventElapsedTime is the host time between two
 };
 
@@ -752,11 +756,13 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e) return set_last(cudaErrorInvalidResourceHandle);
     std::lock_guard<std::recursive_mutex> lk(g_lock);
     e->stream = s, e->recorded = true, e->done = false;
-    return set_last(enqueue(s, "cudaEventRecord", [e]() {
+    const uint64_t g = ++e->rec_gen;
+    return set_last(enqueue(s, "cudaEventRecord", [e, g]() {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         e->t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-        e->done = true;
+        if (g > e->done_gen) e->done_gen = g;
+        e->done = e->done_gen == e->rec_gen;
     }, {}));
 }
 
@@ -783,9 +789,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     std::lock_guard<std::recursive_mutex> lk(g_lock);
     if (!e->recorded || e->done) return cudaSuccess;
     cudaStream_t other = e->stream;
+    const uint64_t g = e->rec_gen; // the record this wait is for
     // when s reaches this point, other runs up to (at least) the event
-    return set_last(enqueue(s, "cudaStreamWaitEvent", [e, other]() {
-        if (!e->done) drain(other);
+    return set_last(enqueue(s, "cudaStreamWaitEvent", [e, other, g]() {
+        if (e->done_gen < g) drain(other);
     }, {}));
 }
 

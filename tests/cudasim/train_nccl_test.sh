@@ -94,6 +94,12 @@
 #     their all-reduce + the loss sums' all-reduce + the weights' two checksums; the copy's
 #     gradient exchange and the all-gather are queued on the stream (15 when the stream was
 #     synced after the shard's averaging and around the all-gather).
+#   cp2_bf16, cp2_thd_bf16: cp2 and cp2_thd (below) with --bf16: bf16 activations at cp 2 (the
+#     log must say so, in the faulty run too), against the CPU's --bf16 within the bf16 bounds
+#     above, the killed run bitwise the stand-in's fault-free one.
+#   cp2_syncs: as pp2_syncs, a step of cp 2 makes a bounded number of host waits: the ring
+#     waits for the device at no step (the merge and the dK/dV sums are kernels, the shifts
+#     queued NCCL send/recv): at most 2 per micro batch + 10 (16 counted; 304 before).
 #   dopt_dp2, dopt_tp2_dp2, dopt_tp2_pp2, mtp_pp2, cp2, cp2_thd, ep2_alltoall, ep2_allgather,
 #     moe_tp2, moe_bf16, overlap_dp2, param_gather_tp2_dp2, overlap_ep2_dp4: what the CPU
 #     backend runs and cuda refused before (the distributed optimizer, multi-token prediction, context
@@ -189,14 +195,14 @@ faulty() {
 # supervisor's line matching RESUMED, and bitwise the fault-free stand-in run
 # (soft timeout 10 s: a pipeline stage's or the ring's step on the stand-in, on a loaded
 # machine, can take longer than $quick's 2 s; a killed rank is seen by its exit at once)
-pabs=1e-5
+pabs=1e-5 lrel=1e-5
 slow="--inprocess-soft-timeout 10 --inprocess-hard-timeout 20 --inprocess-barrier-timeout 60"
 feature() {
     local inj=$1 resumed=$2; shift 2
     run cpu "$cohort" cpu "$@" $slow; ok cpu
     run cuda "$cudasim" cuda "$@" $slow; ok cuda
     grep -q "cudasim (the CPU stand-in" "$work/cuda.out" || fail "not on the stand-in: $(head -3 "$work/cuda.out")"
-    close cpu cuda 1e-5 $pabs
+    close cpu cuda $lrel $pabs
     run f "$cudasim" cuda "$@" $slow --inject "$inj"; ok f
     grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
     grep -q "$resumed" "$work/f.out" || fail "not resumed as expected ($resumed): $(grep supervisor "$work/f.out")"
@@ -297,11 +303,15 @@ mtp_pp2_bf16|mtp_tp2_sp_bf16|mtp_p3_bf16)
     same_losses cuda f "the faulty stand-in run logged other numbers than the fault-free one"
     ckpt_same "$(ckpt cuda)" "$(ckpt f)"
     ;;
-cp2|cp2_thd)
-    # ring attention over the NCCL context group (block attention kernels, send/recv on device
-    # buffers); THD: short documents packed into each sequence, split per document
-    extra=()
-    if [ $case_name = cp2_thd ]; then
+cp2|cp2_thd|cp2_bf16|cp2_thd_bf16)
+    # ring attention over the NCCL context group (block attention kernels, the LSE merge and
+    # the dK/dV sums on the device, send/recv queued on the backend's side stream beside the
+    # blocks, ordered by events); THD: short
+    # documents packed into each sequence, split per document. *_bf16: --bf16 with bf16
+    # activations (attention's output rounded once to bf16 after the ring's last merge),
+    # against the CPU's --bf16 within the bf16 layouts' bounds (2e-5, 2.5e-3)
+    l=${case_name%_bf16}; extra=()
+    if [ $l = cp2_thd ]; then
         /usr/bin/python3 -c 'import json, random
 r = random.Random(5)
 for i in range(600):
@@ -314,10 +324,29 @@ for i in range(600):
               --eval-iters 1 --threads 1 --train-iters $iters --reset-attention-mask --reset-position-ids --eod-mask-loss)
         extra=(--cp-packed-sequences)
     fi
+    [ $l = $case_name ] || { extra+=(--bf16); lrel=2e-5; pabs=2.5e-3; }
     feature "kill@rank=1,step=2" "loads the checkpoint of iteration 1" --nproc-per-node 2 --context-parallel-size 2 \
         --attention-dropout 0 --save-interval 1 "${extra[@]}"
     grep -q "context parallelism 2" "$work/cuda.out" || fail "no context parallelism: $(head -3 "$work/cuda.out")"
-    [ $case_name = cp2 ] || grep -q "per-document split (THD" "$work/cuda.out" || fail "not THD: $(grep -i context "$work/cuda.out")"
+    [ $l = cp2 ] || grep -q "per-document split (THD" "$work/cuda.out" || fail "not THD: $(grep -i context "$work/cuda.out")"
+    n=$(grep -c "the ring's merge and dK/dV sums on the device, its shifts queued beside its blocks" "$work/cuda.out")
+    [ "$n" -ge 2 ] || fail "$n rank(s) say the ring runs on the device: $(grep -i "ring's" "$work/cuda.out" | head -2)"
+    if [ $l != $case_name ]; then
+        for r in cuda f; do
+            grep -q "the norms', attention's and GELU's outputs in bf16" "$work/$r.out" ||
+                fail "no bf16 activations at cp 2 ($r): $(grep -m1 'activation memory' "$work/$r.out")"
+        done
+    fi
+    ;;
+cp2_syncs)
+    # the ring's steps wait for the device nowhere: its merge and dK/dV sums are kernels and
+    # its shifts NCCL sends and receives queued on the backend's side stream; a step of cp 2 (4
+    # micro batches, 4 layers) at most 2 a micro batch (loss read, end of the backward) + 10
+    # waits on the busiest rank: 16 are counted, where the ring's host merge, its per-call
+    # buffers and a wait per ring step made it 304 (docs/gpu.md)
+    max=$((2 * 4 + 10))
+    syncs_per_step cp --nproc-per-node 2 --context-parallel-size 2 --attention-dropout 0
+    [ "$per" -le $max ] || fail "a step of cp 2 waits for the GPU $per times (at most $max expected)"
     ;;
 ep2_alltoall|ep2_allgather)
     # the experts split over 2 ranks, tokens exchanged by all-to-all or all-gather and

@@ -11,7 +11,9 @@
  * tolerances; the CPU's bf16 reference takes bf16 on any CPU (kb_options.bf16_reference).
  * Every entry is set on CUDA too; block attention (context parallelism) is checked with the
  * queries the upper halves of a packed buffer's sequences, causal and unmasked blocks, with
- * and without document ids (rows that see no key: lse -inf), dq/dk/dv accumulated.
+ * and without document ids (rows that see no key: lse -inf), dq/dk/dv accumulated; the ring's
+ * LSE merge, strided copies and bf16 widening bitwise the CPU's on the stand-in, with no
+ * host wait.
  * On a GPU (suite gpu) it exits 77 without one, and uses GPT-2-sized shapes too. On the CUDA
  * stand-in (tests/cudasim/: the real kernels/cuda sources on the CPU, loaded as the module
  * libcohort_cudasim.so through COHORT_CUDA_MODULE; suite cudasim) COHORT_TEST_STANDIN=1 makes
@@ -1243,8 +1245,100 @@ static void test_copy_rows(void) {
     CHECK(GPU32->status == 0);
 }
 
+/* ---------------------------------------------------------------- ring attention's bookkeeping */
+
+/* One LSE merge (kernels/cuda/cuda_ring.cu) against the CPU's: B sequences of L rows, the
+ * step's rows q0..q0+nq, some rows of the step's block with no key seen (pl -inf: left
+ * alone), some running rows with none yet (lse -inf). Bitwise on the stand-in (the same
+ * libm), within an ulp's tolerance on a GPU; no host wait. */
+static void merge_case(int B, int nh, int hd, int L, int q0, int nq) {
+    char label[120];
+    snprintf(label, sizeof label, "ring_merge B=%d nh=%d hd=%d L=%d q0=%d nq=%d", B, nh, hd, L, q0, nq);
+    const size_t no = (size_t)B * L * nh * hd, nl = (size_t)B * nh * L, npo = (size_t)B * nq * nh * hd;
+    const size_t npl = (size_t)B * nh * nq;
+    float *out = gu_rand(no, 1.0f), *lse = gu_rand(nl, 3.0f), *po = gu_rand(npo, 1.0f), *pl = gu_rand(npl, 3.0f);
+    for (size_t i = 0; i < npl; i += 7) pl[i] = -INFINITY;
+    for (size_t i = 3; i < nl; i += 11) lse[i] = -INFINITY;
+    float *go = gu_buf(GPU32, out, no), *gl = gu_buf(GPU32, lse, nl), *gpo = gu_buf(GPU32, po, npo);
+    float *gpl = gu_buf(GPU32, pl, npl);
+    GPU32->ops->sync(GPU32);
+    unsigned long s0 = sync_count ? sync_count() : 0;
+    GPU32->ops->ring_merge(GPU32, go, gl, gpo, gpl, B, nh, hd, L, q0, nq);
+    if (sync_count) CHECK_MSG(sync_count() == s0, "%s: %lu host waits", label, sync_count() - s0);
+    CPU32->ops->ring_merge(CPU32, out, lse, po, pl, B, nh, hd, L, q0, nq);
+    char l2[160];
+    float *h = gu_fetch(GPU32, go, no);
+    snprintf(l2, sizeof l2, "%s out", label);
+    if (!BIG) GU_EQUAL(l2, h, out, no * sizeof(float));
+    GU_CLOSE(l2, h, out, no, 1e-6, 1e-5);
+    free(h);
+    h = gu_fetch(GPU32, gl, nl);
+    size_t bad = 0;
+    for (size_t i = 0; i < nl; i++)
+        bad += isinf(lse[i]) ? !(isinf(h[i]) && h[i] < 0) : !(fabsf(h[i] - lse[i]) <= 1e-6f + 1e-6f * fabsf(lse[i]));
+    CHECK_MSG(bad == 0, "%s lse: %zu of %zu differ", label, bad, nl);
+    if (!BIG) GU_EQUAL(label, h, lse, nl * sizeof(float));
+    free(h);
+    float *gp[] = {go, gl, gpo, gpl};
+    for (int i = 0; i < 4; i++) GPU32->ops->free(GPU32, gp[i]);
+    free(out), free(lse), free(po), free(pl);
+}
+
+/* copy_rows (the ring's message packing, gathers and dK/dV scatter) and bf16_to_f32 (a bf16
+ * attention output widened for the backward): bitwise the CPU's, queued without a host wait */
+static void copy_case(size_t rows, size_t width, size_t sstride, size_t dstride) {
+    char label[120];
+    snprintf(label, sizeof label, "copy_rows rows=%zu width=%zu strides %zu %zu", rows, width, sstride, dstride);
+    const size_t ns = rows * sstride, nd = rows * dstride;
+    float *src = gu_rand(ns, 2.0f), *dst = gu_rand(nd, 1.0f);
+    float *gs = gu_buf(GPU32, src, ns), *gd = gu_buf(GPU32, dst, nd);
+    GPU32->ops->sync(GPU32);
+    unsigned long s0 = sync_count ? sync_count() : 0;
+    GPU32->ops->copy_rows(GPU32, gd, dstride * 4, gs, sstride * 4, width * 4, rows); /* (bytes) */
+    if (sync_count) CHECK_MSG(sync_count() == s0, "%s: %lu host waits", label, sync_count() - s0);
+    CPU32->ops->copy_rows(CPU32, dst, dstride * 4, src, sstride * 4, width * 4, rows);
+    float *h = gu_fetch(GPU32, gd, nd);
+    GU_EQUAL(label, h, dst, nd * sizeof(float)); /* (the gaps between rows kept too) */
+    free(h);
+    GPU32->ops->free(GPU32, gs), GPU32->ops->free(GPU32, gd);
+    free(src), free(dst);
+}
+
+static void test_ring_ops(void) {
+    merge_case(1, 1, 1, 2, 1, 1);
+    merge_case(2, 3, 8, 66, 33, 33);   /* the upper half's rows (a step i > rank) */
+    merge_case(2, 2, 33, 66, 0, 66);   /* every row (i <= rank), hd across a warp */
+    merge_case(1, 4, 128, 130, 0, 65); /* the lower half; the backend's largest head */
+    if (BIG) merge_case(4, 16, 128, 2048, 1024, 1024);
+    copy_case(1, 1, 1, 1);
+    copy_case(33, 31, 40, 33);
+    copy_case(7, 257, 300, 257);
+    copy_case(130, 64, 192, 64); /* K and V out of a packed qkv's rows */
+    /* bf16 -> fp32: every bit pattern's widening */
+    const size_t n = 65536;
+    kb_bf16 *x = malloc(n * sizeof *x);
+    float *want = malloc(n * sizeof *want);
+    for (size_t i = 0; i < n; i++) x[i] = (kb_bf16)i;
+    kb_bf16 *gx = GPU32->ops->alloc(GPU32, n * sizeof *gx);
+    float *gy = gu_buf(GPU32, NULL, n);
+    GPU32->ops->copy(GPU32, gx, x, n * sizeof *x);
+    GPU32->ops->sync(GPU32);
+    unsigned long s0 = sync_count ? sync_count() : 0;
+    GPU32->ops->bf16_to_f32(GPU32, gy, gx, n);
+    if (sync_count) CHECK_MSG(sync_count() == s0, "bf16_to_f32: %lu host waits", sync_count() - s0);
+    CPU32->ops->bf16_to_f32(CPU32, want, x, n);
+    float *h = gu_fetch(GPU32, gy, n);
+    GU_EQUAL("bf16_to_f32", h, want, n * sizeof(float));
+    uint32_t w;
+    memcpy(&w, &want[0x3f80], sizeof w);
+    CHECK_MSG(w == 0x3f800000u && want[0x3f80] == 1.0f, "bf16_to_f32: 0x3f80 is not 1.0");
+    free(h), free(x), free(want);
+    GPU32->ops->free(GPU32, gx), GPU32->ops->free(GPU32, gy);
+    CHECK_MSG(GPU32->status == 0, "ring ops: status %d %s", GPU32->status, co_err_detail());
+}
+
 /* every entry the CPU backend has, the CUDA backend has too; the CPU has every entry but the
- * fused products (the model composes them there) and the stream, which CUDA has */
+ * fused products (the model composes them there) and the streams, which CUDA has */
 static void test_entries(void) {
     const size_t n = sizeof(kb_ops) / sizeof(void (*)(void));
     for (size_t i = 0; i < n; i++) {
@@ -1254,7 +1348,9 @@ static void test_entries(void) {
         CHECK_MSG(g != NULL, "kb_ops entry %zu is NULL on CUDA", i);
         bool fused = i * sizeof c == offsetof(kb_ops, linear_gelu_forward) ||
                      i * sizeof c == offsetof(kb_ops, linear_backward_dgelu);
-        bool stream = i * sizeof c == offsetof(kb_ops, stream); /* (the CPU has no stream) */
+        bool stream = i * sizeof c == offsetof(kb_ops, stream) || /* (the CPU has no stream, */
+                      (i * sizeof c >= offsetof(kb_ops, side_stream) &&  /* nor a side one) */
+                       i * sizeof c <= offsetof(kb_ops, side_join));
         /* the bf16-activation entries (CUDA's bf16 mode; the CPU rounds per product) */
         bool act16 = i * sizeof c >= offsetof(kb_ops, norm_forward_bf16) &&
                      i * sizeof c <= offsetof(kb_ops, attention_backward_bf16);
@@ -1296,6 +1392,7 @@ int main(void) {
     find_sync_count();
     if (!BIG) CHECK_MSG(sync_count != NULL, "the stand-in has no cudasim_sync_count");
     RUN(test_checksum);
+    RUN(test_ring_ops);
     RUN(test_grouped);
     RUN(test_act16);
     RUN(test_copy_rows);

@@ -4,7 +4,8 @@
  * GQA and with documents that cross chunk boundaries; bitwise repeatable; the split and its
  * refusals (seq % (2*cp) != 0); and over cohort's comm (cm_zmq, forked ranks) for cp = 2 and
  * 3, bitwise equal to the one-process result; the block kernels bitwise equal at 1 and 3
- * threads. Prints the measured errors. */
+ * threads; the bf16-output forms (bf16 activations) against the fp32 ones, bitwise. Prints
+ * the measured errors. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -91,8 +92,34 @@ typedef struct rank_job {
     ring_sim *sim;
     float *qkv, *dout, *out, *lse, *dqkv; /* local */
     int32_t *doc;
+    int act16; /* also the bf16-output forms (rank_act16) */
     int rc;
+    int bad;   /* act16: the bf16 forms' results differ from the fp32 forms' (a count) */
 } rank_job;
+
+/* The bf16-output forms on one rank, after the fp32 forms wrote j->out, j->lse, j->dqkv, with
+ * one workspace for both calls: out16 must be the fp32 output rounded once (to_bf16) and lse
+ * the same bits; the backward from out16 the fp32 backward's bits from out16 widened. */
+static int rank_act16(rank_job *j, kb_backend *b, const ring_exchange *x, const ring_geo *g) {
+    const int L = g->seq / g->cp;
+    const size_t no = (size_t)g->B * L * g->nh * g->hd, nl = (size_t)g->B * g->nh * L;
+    const size_t nd = (size_t)g->B * L * (g->nh + 2 * g->nkv) * g->hd;
+    kb_bf16 *o16 = malloc(no * sizeof *o16), *want16 = malloc(no * sizeof *want16);
+    float *lse = malloc(nl * sizeof(float)), *ow = malloc(no * sizeof(float));
+    float *d16 = malloc(nd * sizeof(float)), *dref = malloc(nd * sizeof(float));
+    ring_ws *ws = ring_ws_new();
+    MUST(o16 && want16 && lse && ow && d16 && dref && ws);
+    int rc = ring_attention_forward_ws(b, ws, x, g, NULL, o16, lse, j->qkv, j->doc);
+    if (!rc) rc = ring_attention_backward_ws(b, ws, x, g, d16, j->dout, j->qkv, NULL, o16, lse, j->doc);
+    b->ops->bf16_to_f32(b, ow, o16, no);
+    if (!rc) rc = ring_attention_backward(b, x, g, dref, j->dout, j->qkv, ow, j->lse, j->doc);
+    b->ops->to_bf16(b, want16, j->out, no);
+    j->bad = (memcmp(o16, want16, no * sizeof *o16) != 0) + (memcmp(lse, j->lse, nl * sizeof(float)) != 0) +
+             (memcmp(d16, dref, nd * sizeof(float)) != 0);
+    ring_ws_free(&ws);
+    free(o16), free(want16), free(lse), free(ow), free(d16), free(dref);
+    return rc;
+}
 
 static void *rank_main(void *arg) {
     rank_job *j = arg;
@@ -106,6 +133,7 @@ static void *rank_main(void *arg) {
     if (!j->rc)
         j->rc = ring_attention_backward(b, &x, &g, j->dqkv, j->dout, j->qkv, j->out, j->lse,
                                         j->doc);
+    if (!j->rc && j->act16) j->rc = rank_act16(j, b, &x, &g);
     if (j->rc) {
         fprintf(stderr, "rank %d: %s: %s\n", j->rank, co_err_name(j->rc), co_err_detail());
         ring_sim_abort(j->sim);
@@ -114,8 +142,9 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
-/* Runs the ring for cp ranks; out/lse/dqkv reassembled to full layout. 0 or a code. */
-static int run_ring(const prob *p, int cp, float *out, float *lse, float *dqkv) {
+/* Runs the ring for cp ranks; out/lse/dqkv reassembled to full layout. 0 or a code. With
+ * act16 the ranks check the bf16-output forms too, *bad their mismatches. */
+static int run_ring_mode(const prob *p, int cp, float *out, float *lse, float *dqkv, int act16, int *bad) {
     const int B = p->B, seq = p->seq, L = seq / cp, nh = p->nh;
     const size_t R = R_of(p), C = (size_t)nh * p->hd;
     ring_sim *sim = NULL;
@@ -124,7 +153,7 @@ static int run_ring(const prob *p, int cp, float *out, float *lse, float *dqkv) 
     pthread_t *th = calloc((size_t)cp, sizeof *th);
     for (int r = 0; r < cp; r++) {
         rank_job *j = &jobs[r];
-        *j = (rank_job){.p = p, .cp = cp, .rank = r, .sim = sim};
+        *j = (rank_job){.p = p, .cp = cp, .rank = r, .sim = sim, .act16 = act16};
         j->qkv = malloc((size_t)B * L * R * sizeof(float));
         j->dout = malloc((size_t)B * L * C * sizeof(float));
         j->out = malloc((size_t)B * L * C * sizeof(float));
@@ -144,6 +173,7 @@ static int run_ring(const prob *p, int cp, float *out, float *lse, float *dqkv) 
         pthread_join(th[r], NULL);
         rank_job *j = &jobs[r];
         if (j->rc && !rc) rc = j->rc;
+        if (bad) *bad += j->bad;
         MUST(ring_unsplit_rows(out, j->out, C * sizeof(float), B, seq, cp, r) == 0);
         MUST(ring_unsplit_rows(dqkv, j->dqkv, R * sizeof(float), B, seq, cp, r) == 0);
         MUST(ring_positions(pos, seq, cp, r) == 0);
@@ -156,6 +186,30 @@ static int run_ring(const prob *p, int cp, float *out, float *lse, float *dqkv) 
     free(th);
     ring_sim_free(&sim);
     return rc;
+}
+
+static int run_ring(const prob *p, int cp, float *out, float *lse, float *dqkv) {
+    return run_ring_mode(p, cp, out, lse, dqkv, 0, NULL);
+}
+
+/* bf16 activations under context parallelism (model/gpt_cp.c): attention's output rounded
+ * once after the last merge, and the backward's D from its bf16 values, on every rank of cp
+ * 2 and 3 with documents (ring_attention_*_ws against the fp32 forms, bitwise) */
+static void test_ring_act16(void) {
+    kb_backend *b = kt_backend(1, false);
+    prob p;
+    prob_init(&p, b, 2, 48, 4, 2, 16, 1);
+    const size_t N = (size_t)p.B * p.seq;
+    float *out = malloc(N * 64 * sizeof(float)), *lse = malloc(N * 4 * sizeof(float));
+    float *dqkv = malloc(N * R_of(&p) * sizeof(float));
+    for (int cp = 2; cp <= 3; cp++) {
+        int bad = 0;
+        REQUIRE(run_ring_mode(&p, cp, out, lse, dqkv, 1, &bad) == 0);
+        CHECK_MSG(bad == 0, "cp %d: %d results of the bf16 forms differ from the fp32 forms'", cp, bad);
+    }
+    free(out), free(lse), free(dqkv);
+    prob_free(&p);
+    kb_backend_destroy(&b);
 }
 
 /* max abs error, max error relative to |ref|, and worst (err / (ATOL + RTOL |ref|)) */
@@ -473,6 +527,7 @@ int main(int argc, char **argv) {
     RUN(test_ring_mha_docs);
     RUN(test_ring_mqa);
     RUN(test_ring_long);
+    RUN(test_ring_act16);
     RUN(test_ring_comm_2);
     RUN(test_ring_comm_3);
     return TEST_EXIT();
