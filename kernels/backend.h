@@ -70,6 +70,10 @@ typedef struct kb_block_attn {
     const int32_t *qdoc, *kdoc;
 } kb_block_attn;
 
+/* The most groups one sumsq_runs call sums (the distributed optimizer's buckets: one wait
+ * for up to this many) */
+#define KB_SUMSQ_MAX_GROUPS 256
+
 typedef struct kb_ops {
     /* ---- memory ---- */
     /* Allocates n bytes (64-byte aligned, zeroed). NULL on failure. */
@@ -222,7 +226,7 @@ typedef struct kb_ops {
      * run reduced as sumsq reduces it, so out equals a host loop over sumsq bit for bit. On
      * CUDA the runs' sums stay on the device and one copy brings out[] to the host. */
     void (*sumsq_runs)(kb_backend *b, const float *const *x, const size_t *n, const int *end,
-                       int ngroups, double *out);
+                       int ngroups, double *out); /* ngroups <= KB_SUMSQ_MAX_GROUPS */
     /* The XOR over runs j < nruns of kb_checksum_f32(x[j], n[j], seed[j]) (kernels/checksum.h),
      * computed where the data lives: on CUDA by a kernel, only the 8-byte digest copied to
      * the host (one wait). Returns 0 with b->status set when it cannot run. */

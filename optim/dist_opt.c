@@ -354,7 +354,7 @@ static double counted_sumsq(const dopt_state *s, size_t lo, size_t hi) {
 }
 
 /* The sum of squares of this rank's shards, bucket by bucket in bucket order (each as
- * counted_sumsq sums it): with the backend's sumsq_runs in one wait per 4 buckets (on CUDA
+ * counted_sumsq sums it): with the backend's sumsq_runs in one wait (on CUDA
  * the runs' sums stay on the device, the 8-byte results come back together), bit for bit
  * the loop. */
 static int shard_sumsq(const dopt_state *s, double *sq) {
@@ -394,10 +394,11 @@ static int shard_sumsq(const dopt_state *s, double *sq) {
         }
         end[b] = k;
     }
-    /* (at most 4 groups a call, as CUDA's sumsq_runs takes: one wait per 4 buckets) */
-    for (int b0 = 0; b0 < L->nbuckets; b0 += 4) {
-        int ng = L->nbuckets - b0 < 4 ? L->nbuckets - b0 : 4, j0 = b0 ? end[b0 - 1] : 0;
-        int e[4];
+    /* (at most KB_SUMSQ_MAX_GROUPS buckets a call: one wait for a model of up to that many) */
+    for (int b0 = 0; b0 < L->nbuckets; b0 += KB_SUMSQ_MAX_GROUPS) {
+        int ng = L->nbuckets - b0 < KB_SUMSQ_MAX_GROUPS ? L->nbuckets - b0 : KB_SUMSQ_MAX_GROUPS;
+        int j0 = b0 ? end[b0 - 1] : 0;
+        int e[KB_SUMSQ_MAX_GROUPS];
         for (int g = 0; g < ng; g++) e[g] = end[b0 + g] - j0;
         be->ops->sumsq_runs(be, x + j0, len + j0, e, ng, out + b0);
     }

@@ -354,7 +354,7 @@ extern "C" int cuda_backend_create(kb_backend **out, const kb_options *opt) {
     cudaError_t e = cudaSetDevice(st->device);
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&prop, st->device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess) e = cudaMallocHost((void **)&st->host_result, sizeof(double) * 4);
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&st->host_result, sizeof(double) * KB_SUMSQ_MAX_GROUPS);
     st->ws_size = (size_t)32 << 20; // cuBLASLt workspace, as NVIDIA recommends for Hopper
     if (e == cudaSuccess) e = cudaMalloc(&st->ws, st->ws_size);
     if (e != cudaSuccess) {

@@ -573,17 +573,17 @@ __global__ void k_sum_seq(double *__restrict__ out, const double *__restrict__ r
 void cu_sumsq_runs(kb_backend *b, const float *const *x, const size_t *n, const int *end, int ngroups, double *out) {
     for (int k = 0; k < ngroups; k++) out[k] = NAN;
     if (!cu_enter(b) || ngroups <= 0) return;
-    if (ngroups > 4) {
-        cu_fail(b, CO_EINVAL, "sumsq_runs", "more than 4 groups");
+    if (ngroups > KB_SUMSQ_MAX_GROUPS) {
+        cu_fail(b, CO_EINVAL, "sumsq_runs", "more than KB_SUMSQ_MAX_GROUPS groups");
         return;
     }
     cu_state *st = cu_st(b);
     int nruns = end[ngroups - 1];
     size_t np = 0;
     for (int j = 0; j < nruns; j++) np += (n[j] + SS_CHUNK - 1) / SS_CHUNK;
-    double *red = (double *)cu_scratch(b, CU_SCR_RED, (4 + (size_t)nruns + np) * sizeof(double), "sumsq_runs");
+    double *red = (double *)cu_scratch(b, CU_SCR_RED, ((size_t)ngroups + nruns + np) * sizeof(double), "sumsq_runs");
     if (!red) return;
-    double *runs = red + 4, *part = runs + nruns;
+    double *runs = red + ngroups, *part = runs + nruns;
     for (int j = 0; j < nruns; j++) {
         size_t npj = (n[j] + SS_CHUNK - 1) / SS_CHUNK;
         if (npj > 0x7fffffff) {

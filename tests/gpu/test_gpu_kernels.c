@@ -936,6 +936,19 @@ static void test_checksum(void) {
     if (sync_count) CHECK_MSG(sync_count() - s0 == 1, "sumsq_runs: %lu host waits", sync_count() - s0);
     CHECK_MSG(memcmp(out, loop, sizeof out) == 0, "sumsq_runs %.17g %.17g, loop %.17g %.17g", out[0], out[1],
               loop[0], loop[1]);
+    /* one group a run (the distributed optimizer's buckets: more than the 4 it once took) */
+    int end1[NS];
+    double out1[NS];
+    for (int k = 0; k < NS; k++) end1[k] = k + 1;
+    s0 = sync_count ? sync_count() : 0;
+    GPU32->ops->sumsq_runs(GPU32, gx, n, end1, NS, out1);
+    if (sync_count) CHECK_MSG(sync_count() - s0 == 1, "sumsq_runs, %d groups: %lu host waits", NS, sync_count() - s0);
+    for (int k = 0; k < NS; k++) { /* (bitwise: some runs hold NaN patterns) */
+        double one = GPU32->ops->sumsq(GPU32, gx[k], n[k]);
+        CHECK_MSG(memcmp(&out1[k], &one, sizeof one) == 0, "sumsq_runs group %d of %d: %.17g, sumsq %.17g", k, NS,
+                  out1[k], one);
+    }
+    CHECK_MSG(GPU32->status == 0, "sumsq_runs, %d groups: status %d", NS, GPU32->status);
 
     /* AdamW with the checksum of what it wrote: the p of the plain step, the digest of that p,
      * delivered at the sync (one wait for every tensor) */
