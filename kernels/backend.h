@@ -307,6 +307,9 @@ typedef struct kb_ops {
     /* as linear_gelu_forward with a bf16 input and output (bias may be NULL) */
     void (*linear_gelu_forward_bf16)(kb_backend *b, kb_bf16 *out, float *pre, const kb_bf16 *in, const float *W,
                                      const kb_bf16 *W16, const float *bias, int N, int IC, int OC);
+    /* as swiglu_forward with the output rounded once to bf16 (out[N, F]; in[N, 2F] fp32, the
+     * backward's input as before) */
+    void (*swiglu_forward_bf16)(kb_backend *b, kb_bf16 *out, const float *in, int N, int F);
     void (*attention_forward_bf16)(kb_backend *b, kb_bf16 *out, float *lse, const float *qkv, const int32_t *seg,
                                    int B, int T, int nh, int nkv, int hd, float p_drop, uint64_t seed,
                                    uint64_t offset);

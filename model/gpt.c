@@ -417,7 +417,7 @@ static void choose_act16(gpt_model *m) {
               o->attention_backward_bf16 && (m->cp == 1 || o->ring_merge);
     for (int l = 0; ok && l < c->num_layers; l++) ok = !gpt_layer_is_moe(c, l);
     m->act16 = ok;
-    m->act16_mlp = m->act16 && !c->swiglu;
+    m->act16_mlp = m->act16 && (!c->swiglu || o->swiglu_forward_bf16);
 }
 
 /* A MoE layer's state, kept in m->moes (which owns it). */
@@ -753,7 +753,8 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
     if (m->tpr == 0) /* (the tensor group's ranks hold the same) */
         co_log(CO_LOG_INFO, "activation memory: %zu bytes on this rank (layers %zu, recomputation scratch %zu)%s",
                m->act_bytes, m->act_layer_bytes, m->act_rc_bytes,
-               m->act16_mlp ? "; the norms', attention's and GELU's outputs in bf16"
+               m->act16_mlp ? (c->swiglu ? "; the norms', attention's and SwiGLU's outputs in bf16"
+                                         : "; the norms', attention's and GELU's outputs in bf16")
                : m->act16   ? "; the norms' and attention's outputs in bf16"
                             : "");
     *out = m;

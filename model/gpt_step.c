@@ -188,14 +188,15 @@ static void gpt__fc1_forward(gpt_model *m, layer_acts *a, const float *in2, cons
     const kb_ops *o = m->ops;
     kb_backend *be = m->be;
     int C = c->hidden, F = m->Fl, F1 = gpt__fc1_local(m);
-    if (m->act16_mlp) { /* bf16 in, bf16 GELU out, the pre-activation fp32 */
+    if (m->act16_mlp && !c->swiglu) { /* bf16 in, bf16 GELU out, the pre-activation fp32 */
         o->linear_gelu_forward_bf16(be, gpt__a16(a->act), a->fc1, (const kb_bf16 *)(const void *)in2, P(m, t[FC1_W]),
                                     P16(m, t[FC1_W]), t[FC1_B] >= 0 ? P(m, t[FC1_B]) : NULL, N, C, F1);
         return;
     }
-    if (m->act16) { /* SwiGLU: bf16 in, fp32 out */
+    if (m->act16) { /* SwiGLU: bf16 in, its output bf16 too where the backend rounds it (act16_mlp) */
         gpt__linear_act(m, a->fc1, in2, true, P(m, t[FC1_W]), P16(m, t[FC1_W]), P(m, t[FC1_B]), N, C, F1);
-        o->swiglu_forward(be, a->act, a->fc1, N, F);
+        if (m->act16_mlp) o->swiglu_forward_bf16(be, gpt__a16(a->act), a->fc1, N, F);
+        else o->swiglu_forward(be, a->act, a->fc1, N, F);
         return;
     }
     if (!c->swiglu && o->linear_gelu_forward && t[FC1_B] >= 0) {

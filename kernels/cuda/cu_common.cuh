@@ -294,6 +294,7 @@ void cu_gelu_forward(kb_backend *b, float *out, const float *in, size_t n);
 void cu_norm_forward_bf16(kb_backend *b, bool rms, kb_bf16 *out, float *mean, float *rstd, const float *in,
                           const float *w, const float *bias, int N, int C, float eps);
 void cu_gelu_forward_bf16(kb_backend *b, kb_bf16 *out, const float *in, size_t n);
+void cu_swiglu_forward_bf16(kb_backend *b, kb_bf16 *out, const float *in, int N, int F);
 void cu_linear_forward_bf16(kb_backend *b, float *out, const kb_bf16 *in, const float *W, const kb_bf16 *W16,
                             const float *bias, int N, int IC, int OC);
 void cu_linear_backward_bf16(kb_backend *b, float *din, float *dW, float *dbias, const float *dout,

@@ -206,6 +206,7 @@ static const kb_ops cuda_ops = {
     /* .linear_forward_bf16 = */ cu_linear_forward_bf16,
     /* .linear_backward_bf16 = */ cu_linear_backward_bf16,
     /* .linear_gelu_forward_bf16 = */ cu_linear_gelu_forward_bf16,
+    /* .swiglu_forward_bf16 = */ cu_swiglu_forward_bf16,
     /* .attention_forward_bf16 = */ cu_attention_forward_bf16,
     /* .attention_backward_bf16 = */ cu_attention_backward_bf16,
     // pitched copies (the MTP concatenation and column slices): cuda_copy_rows.cu

@@ -293,12 +293,14 @@ void cu_gelu_backward(kb_backend *b, float *din, const float *dout, const float 
     cu_launched(b, "gelu_backward");
 }
 
-__global__ void k_swiglu_fwd(float *__restrict__ out, const float *__restrict__ in, int N, int F) {
+// T: float, or uint16_t for bf16 activations (rounded once, cu_put)
+template <typename T>
+__global__ void k_swiglu_fwd(T *__restrict__ out, const float *__restrict__ in, int N, int F) {
     size_t total = (size_t)N * F;
     GRID_STRIDE(idx, total) {
         size_t n = idx / (size_t)F, i = idx % (size_t)F;
         float a = in[n * 2 * F + i], g = in[n * 2 * F + F + i];
-        out[idx] = a * sigmoid_fast(a) * g;
+        cu_put(out + idx, a * sigmoid_fast(a) * g);
     }
 }
 
@@ -316,8 +318,14 @@ __global__ void k_swiglu_bwd(float *__restrict__ din, const float *__restrict__ 
 
 void cu_swiglu_forward(kb_backend *b, float *out, const float *in, int N, int F) {
     if (!cu_enter(b) || N <= 0 || F <= 0) return;
-    k_swiglu_fwd<<<cu_blocks((size_t)N * F, 256), 256, 0, cu_st(b)->stream>>>(out, in, N, F);
+    k_swiglu_fwd<float><<<cu_blocks((size_t)N * F, 256), 256, 0, cu_st(b)->stream>>>(out, in, N, F);
     cu_launched(b, "swiglu_forward");
+}
+
+void cu_swiglu_forward_bf16(kb_backend *b, kb_bf16 *out, const float *in, int N, int F) {
+    if (!cu_enter(b) || N <= 0 || F <= 0) return;
+    k_swiglu_fwd<uint16_t><<<cu_blocks((size_t)N * F, 256), 256, 0, cu_st(b)->stream>>>(out, in, N, F);
+    cu_launched(b, "swiglu_forward_bf16");
 }
 
 void cu_swiglu_backward(kb_backend *b, float *din, const float *dout, const float *in, int N, int F) {

@@ -138,6 +138,7 @@ PW(K_MM, linear_backward_bf16, (kb_backend * b, float *di, float *dW, float *db,
 PW(K_MM, linear_gelu_forward_bf16, (kb_backend * b, kb_bf16 *o, float *pre, const kb_bf16 *i, const float *W,
                                    const kb_bf16 *W16, const float *bi, int N, int IC, int OC),
    (b, o, pre, i, W, W16, bi, N, IC, OC))
+PW(K_EW, swiglu_forward_bf16, (kb_backend * b, kb_bf16 *o, const float *i, int N, int F), (b, o, i, N, F))
 PW(K_ATT, attention_forward_bf16, (kb_backend * b, kb_bf16 *o, float *l, const float *q, const int32_t *s, int B, int T,
                                   int nh, int nkv, int hd, float p, uint64_t seed, uint64_t off),
    (b, o, l, q, s, B, T, nh, nkv, hd, p, seed, off))
@@ -168,7 +169,7 @@ static void pr_table(const kb_ops *r) {
     SET(sumsq_runs), SET(checksum_runs), SET(bias_add), SET(bias_grad), SET(ce_max), SET(ce_sums), SET(ce_grad);
     SET(grouped_linear_forward), SET(grouped_linear_backward), SET(linear_gelu_forward), SET(linear_backward_dgelu);
     SET(norm_forward_bf16), SET(linear_forward_bf16), SET(linear_backward_bf16), SET(linear_gelu_forward_bf16);
-    SET(attention_forward_bf16), SET(attention_backward_bf16);
+    SET(swiglu_forward_bf16), SET(attention_forward_bf16), SET(attention_backward_bf16);
     SET(copy_rows);
 #undef SET
 }

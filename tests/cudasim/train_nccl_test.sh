@@ -475,6 +475,25 @@ dp2|tp2|pp2|tp2_dp2|vpp2|tp2_pp2|tp2_sp|dp2_bf16|tp2_bf16|pp2_bf16|tp2_dp2_bf16|
         ckpt_same "$(ckpt cuda)" "$(ckpt again)"
     fi
     ;;
+swiglu_bf16)
+    # SwiGLU layers with bf16 activations: the SwiGLU output made in bf16 by its kernel (as the
+    # GELU's) and read by fc2 as it is; against the CPU's --bf16 dp 2 within the bf16 bounds,
+    # the layer activation bytes the bf16 count fewer (ln1, ln2 [N,C], attention's [N,AH] and
+    # the SwiGLU output [N,F]: N 64, C = AH 32, F 64 (Megatron's --swiglu width: 4C 2/3 rounded
+    # down to a multiple of 64), 2 layers), two runs bitwise alike
+    flags=($(layout dp2) --swiglu --bf16)
+    run cpu "$cohort" cpu "${flags[@]}"; ok cpu
+    run cuda "$cudasim" cuda "${flags[@]}"; ok cuda
+    close cpu cuda 2e-5 2.5e-3
+    grep -q "the norms', attention's and SwiGLU's outputs in bf16" "$work/cuda.out" ||
+        fail "no bf16 SwiGLU output: $(grep -m1 'activation memory' "$work/cuda.out")"
+    lb() { grep -m1 -o 'activation memory: [0-9]* bytes on this rank (layers [0-9]*' "$work/$1.out" | grep -o '[0-9]*$'; }
+    [ $(( $(lb cpu) - $(lb cuda) )) -eq $(( 2 * 2 * (2 * 64 * 32 + 64 * (32 + 64)) )) ] ||
+        fail "layer activation bytes: cpu $(lb cpu), stand-in $(lb cuda)"
+    run again "$cudasim" cuda "${flags[@]}"; ok again
+    same_losses cuda again "two stand-in runs differ"
+    ckpt_same "$(ckpt cuda)" "$(ckpt again)"
+    ;;
 tp2_dp2_fp16)
     flags=($(layout tp2_dp2) --fp16 --loss-scale 4096)
     export COHORT_TEST_FP16_OVERFLOW=3:2

@@ -1062,6 +1062,28 @@ static uint16_t *round16(kb_backend *G, const float *p, size_t n) {
     return h;
 }
 
+/* swiglu_forward_bf16: its bf16 output is the fp32 swiglu_forward's output rounded once,
+ * bitwise, at shapes crossing the blocks (the SwiGLU layers' output under bf16 activations) */
+static void test_swiglu16(void) {
+    kb_backend *G = GPU16;
+    static const int shapes[][2] = {{1, 1}, {133, 150}, {64, 1024}, {7, 4097}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int N = shapes[k][0], F = shapes[k][1];
+        size_t NF = (size_t)N * F;
+        float *x = gu_rand(2 * NF, 6.0f), *gx = gu_buf(G, x, 2 * NF), *o32 = gu_buf(G, NULL, NF);
+        uint16_t *o16 = G->ops->alloc(G, 2 * NF);
+        G->ops->swiglu_forward(G, o32, gx, N, F);
+        G->ops->swiglu_forward_bf16(G, o16, gx, N, F);
+        uint16_t *h = fetch16(G, o16, NF), *r = round16(G, o32, NF);
+        char label[80];
+        snprintf(label, sizeof label, "swiglu_forward_bf16 N=%d F=%d", N, F);
+        GU_EQUAL(label, h, r, 2 * NF);
+        CHECK_MSG(G->status == 0, "%s: status %d", label, G->status);
+        free(h), free(r), free(x);
+        G->ops->free(G, gx), G->ops->free(G, o32), G->ops->free(G, o16);
+    }
+}
+
 /* A layer's bf16-activation entries (backend.h *_bf16) at shapes crossing the tiles, each
  * against its fp32-activation form on the same backend: the bf16 output must be the fp32
  * output rounded once (bitwise), a product of a bf16 activation bitwise the product of its
@@ -1409,6 +1431,7 @@ int main(void) {
     RUN(test_grouped);
     RUN(test_act16);
     RUN(test_copy_rows);
+    RUN(test_swiglu16);
     CHECK_MSG(GPU32->status == 0 && GPU16->status == 0, "sticky status: %d %d (%s)", GPU32->status, GPU16->status,
               co_err_detail());
     kb_backend_destroy(&GPU32);
