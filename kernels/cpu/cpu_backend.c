@@ -98,6 +98,10 @@ static const kb_ops cpu_ops = {
     .ce_grad = cpu_ce_grad,
     .grouped_linear_forward = cpu_grouped_linear_forward,
     .grouped_linear_backward = cpu_grouped_linear_backward,
+    .gather_rows = cpu_gather_rows,
+    .gather_rows_bf16 = cpu_gather_rows_bf16,
+    .combine_rows = cpu_combine_rows,
+    .combine_backward = cpu_combine_backward,
 };
 
 /* Attention through the variant compiled for this CPU's level (kernels/meson.build builds

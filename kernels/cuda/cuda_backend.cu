@@ -208,6 +208,11 @@ static const kb_ops cuda_ops = {
     /* .linear_gelu_forward_bf16 = */ cu_linear_gelu_forward_bf16,
     /* .attention_forward_bf16 = */ cu_attention_forward_bf16,
     /* .attention_backward_bf16 = */ cu_attention_backward_bf16,
+    // the MoE layer's token permutations: cuda_moe.cu
+    /* .gather_rows = */ cu_gather_rows,
+    /* .gather_rows_bf16 = */ cu_gather_rows_bf16,
+    /* .combine_rows = */ cu_combine_rows,
+    /* .combine_backward = */ cu_combine_backward,
 };
 
 // ---- which GPUs this build can run on ----
