@@ -175,8 +175,11 @@ struct gpt_model {
     bool host_batch;
     /* bf16 activations (backend.h's *_bf16 operations, CUDA in bf16 mode): the norms' outputs
      * and attention's output stored in bf16 (act16), the GELU's output too (act16_mlp: GELU
-     * layers); at tp 1 and cp 1 without MoE layers or MTP depths, fp32 elsewhere */
+     * layers); at tp 1 and cp 1 without MTP depths (MoE layers take their input in bf16:
+     * moe_set_input16), fp32 elsewhere */
     bool act16, act16_mlp;
+    float *moe_x32;     /* act16 with MoE layers: their shared fp32 input scratch (moe_set_input16) */
+    size_t moe_x32_n;
     /* mixture of experts */
     float aux_loss_scale;
     float mtp_tok_w; /* --calculate-per-token-loss's MTP token weight, < 0: none */

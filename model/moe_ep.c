@@ -45,9 +45,20 @@ static void ep_bufs_free(moe_layer *m) {
         if (*b[i]) m->o->free(m->be, *b[i]);
         *b[i] = NULL;
     }
+    void *dev[] = {ep->d_perm, ep->d_inv, ep->d_grow, ep->d_gw, ep->d_rw, ep->d_dw};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) m->o->free(m->be, dev[i]);
+    ep->d_perm = ep->d_inv = ep->d_grow = NULL;
+    ep->d_gw = ep->d_rw = NULL;
+    ep->d_dw = NULL;
     free(ep->perm);
     free(ep->rtok);
-    ep->perm = ep->rtok = NULL;
+    free(ep->grow);
+    free(ep->gw);
+    free(ep->hdw);
+    ep->perm = ep->rtok = ep->grow = NULL;
+    ep->gw = NULL;
+    ep->hdw = NULL;
     ep->cap = 0;
 }
 
@@ -59,6 +70,10 @@ void moe__ep_free(moe_layer *m) {
         if (*g[i]) m->o->free(m->be, *g[i]);
         *g[i] = NULL;
     }
+    if (ep->d_goff) m->o->free(m->be, ep->d_goff);
+    ep->d_goff = NULL;
+    free(ep->goff);
+    ep->goff = NULL;
     free(ep->mg);
     free(ep->dpg);
     free(ep->roff);
@@ -95,7 +110,17 @@ static int ep_reserve(moe_layer *m, size_t R) {
     }
     ep->perm = malloc(sizeof(int32_t) * cap);
     ep->rtok = malloc(sizeof(int32_t) * cap);
-    if (!ep->perm || !ep->rtok) {
+    ep->grow = malloc(sizeof(int32_t) * cap);
+    ep->gw = malloc(sizeof(float) * 2 * cap);
+    ep->hdw = malloc(sizeof(double) * cap);
+    ep->d_perm = m->o->alloc(m->be, sizeof(int32_t) * cap);
+    ep->d_inv = m->o->alloc(m->be, sizeof(int32_t) * cap);
+    ep->d_grow = m->o->alloc(m->be, sizeof(int32_t) * cap);
+    ep->d_gw = m->o->alloc(m->be, sizeof(float) * cap);
+    ep->d_rw = m->o->alloc(m->be, sizeof(float) * cap);
+    ep->d_dw = m->o->alloc(m->be, sizeof(double) * cap);
+    if (!ep->perm || !ep->rtok || !ep->grow || !ep->gw || !ep->hdw || !ep->d_perm || !ep->d_inv || !ep->d_grow ||
+        !ep->d_gw || !ep->d_rw || !ep->d_dw) {
         ep_bufs_free(m);
         return co_err_set(CO_ENOMEM, "moe: expert parallelism: the row tables");
     }
@@ -140,7 +165,9 @@ int moe_set_expert_group(moe_layer *m, cm_comm *c, moe_dispatcher d, int timeout
         ep->pg = m->o->alloc(m->be, sizeof(float) * G * E);
         ep->mg = malloc(G * E);
         ep->dpg = malloc(sizeof(double) * G * E);
-        if (!ep->xg || !ep->yg || !ep->pg || !ep->mg || !ep->dpg)
+        ep->goff = malloc(sizeof(int32_t) * (2 * G + 1));
+        ep->d_goff = m->o->alloc(m->be, sizeof(int32_t) * (G + 1));
+        if (!ep->xg || !ep->yg || !ep->pg || !ep->mg || !ep->dpg || !ep->goff || !ep->d_goff)
             rc = co_err_set(CO_ENOMEM, "moe: the allgather dispatcher's %zu gathered tokens", G);
     }
     if (!rc && d == MOE_DISPATCH_ALLTOALL && t > 1) {
@@ -219,8 +246,10 @@ static const float *a2a_send_rows(moe_layer *m, const float *src) {
  * its expert rank (partial sums over their slices), summed in member order into dst. */
 static int a2a_home(moe_layer *m, const float *rows, float *dst, const char *step) {
     moe__ep *ep = &m->ep;
-    size_t h = (size_t)m->h, row = sizeof(float) * h;
-    for (size_t q = 0; q < ep->R; q++) memcpy(ep->xs + (size_t)ep->perm[q] * m->h, rows + q * m->h, row);
+    size_t h = (size_t)m->h;
+    m->o->gather_rows(m->be, ep->xs, rows, ep->d_inv, (int)ep->R, m->h);
+    m->o->sync(m->be); /* (the exchange reads them from the host) */
+    if (m->be->status) return m->be->status;
     float *recv = ep->etp > 1 ? ep->home : dst;
     int rc = ep->c->ops->alltoallv(ep->c, ep->xs, ep->rbytes, recv, ep->sbytes, ep->timeout_ms);
     if (rc) return ep_err(rc, step);
@@ -271,36 +300,82 @@ static int a2a_forward(moe_layer *m, const float *params) {
     srow[0] = 0;
     for (int s = 0; s < P; s++) srow[s + 1] = srow[s] + ep->rbytes[s] / row;
     size_t r = 0;
+    int32_t *inv = ep->rtok; /* (unused by alltoall: the inverse permutation's room) */
     for (int j = 0; j < El; j++) {
         ep->roff[j] = (int32_t)r;
         for (int s = 0; s < P; s++) {
             size_t first = srow[s];
             for (int q = 0; q < j; q++) first += (size_t)ep->rcnt[s * El + q];
-            for (int i = 0; i < ep->rcnt[s * El + j]; i++) {
+            for (int i = 0; i < ep->rcnt[s * El + j]; i++, r++) {
                 ep->perm[r] = (int32_t)(first + (size_t)i);
-                memcpy(ep->xr + r * m->h, ep->xs + (first + (size_t)i) * m->h, row);
-                r++;
+                inv[first + (size_t)i] = (int32_t)r;
             }
         }
     }
     ep->roff[El] = (int32_t)r;
+    if (R) {
+        m->o->copy(m->be, ep->d_perm, ep->perm, sizeof(int32_t) * R);
+        m->o->copy(m->be, ep->d_inv, inv, sizeof(int32_t) * R);
+    }
+    m->o->gather_rows(m->be, ep->xr, ep->xs, ep->d_perm, (int)R, m->h);
     if ((rc = experts_forward(m, params))) return rc;
     return a2a_home(m, ep->out, m->out, "the all-to-all of the experts' outputs back");
 }
 
 static int a2a_backward(moe_layer *m, const float *params, float *dparams) {
     moe__ep *ep = &m->ep;
-    size_t row = sizeof(float) * (size_t)m->h, R = ep->R;
+    size_t R = ep->R;
+    m->o->sync(m->be); /* (the exchange reads m->dout from the host) */
+    if (m->be->status) return m->be->status;
     int rc = ep->c->ops->alltoallv(ep->c, a2a_send_rows(m, m->dout), ep->sbytes, ep->xs, ep->rbytes, ep->timeout_ms);
     if (rc) return ep_err(rc, "the all-to-all of the output gradients to the experts");
     ep->bytes_out += sent(ep, ep->sbytes);
     float *doutr = ep->out; /* the outputs went home in forward */
-    for (size_t q = 0; q < R; q++) memcpy(doutr + q * m->h, ep->xs + (size_t)ep->perm[q] * m->h, row);
+    m->o->gather_rows(m->be, doutr, ep->xs, ep->d_perm, (int)R, m->h);
     if ((rc = experts_backward(m, params, dparams, doutr))) return rc;
     return a2a_home(m, ep->dx, m->dxp, "the all-to-all of the input gradients back");
 }
 
 /* ---- allgather ---- */
+
+/* The allgather dispatcher's tables from the gathered routing map and probabilities (host):
+ * the local experts' rows in expert, then gathered-token order (rtok, roff, each row's
+ * probability gw[cap + q]), and each gathered token's rows in expert order (goff, grow, gw);
+ * copied into backend memory in order with the queued work. */
+static void ag_tables(moe_layer *m, size_t G) {
+    moe__ep *ep = &m->ep;
+    int El = ep->El, E = m->E;
+    int32_t *cur = ep->goff + G + 1; /* (goff holds G + 1 offsets, then G cursors) */
+    float *rw = ep->gw + ep->cap;
+    memset(ep->goff, 0, sizeof(int32_t) * (G + 1));
+    size_t r = 0;
+    for (int j = 0; j < El; j++) {
+        ep->roff[j] = (int32_t)r;
+        for (size_t g = 0; g < G; g++)
+            if (ep->mg[g * E + ep->e0 + j]) {
+                rw[r] = ep->pg[g * E + ep->e0 + j];
+                ep->rtok[r++] = (int32_t)g;
+                ep->goff[g + 1]++;
+            }
+    }
+    ep->roff[El] = (int32_t)r;
+    for (size_t g = 0; g < G; g++) ep->goff[g + 1] += ep->goff[g];
+    memcpy(cur, ep->goff, sizeof(int32_t) * G);
+    /* rows ascend by expert: each token's fill in expert order */
+    for (size_t q = 0; q < r; q++) {
+        int at = cur[ep->rtok[q]]++;
+        ep->grow[at] = (int32_t)q;
+        ep->gw[at] = rw[q];
+    }
+    const kb_ops *o = m->o;
+    kb_backend *be = m->be;
+    o->copy(be, ep->d_goff, ep->goff, sizeof(int32_t) * (G + 1));
+    if (!r) return;
+    o->copy(be, ep->d_perm, ep->rtok, sizeof(int32_t) * r);
+    o->copy(be, ep->d_grow, ep->grow, sizeof(int32_t) * r);
+    o->copy(be, ep->d_gw, ep->gw, sizeof(float) * r);
+    o->copy(be, ep->d_rw, rw, sizeof(float) * r);
+}
 
 static int ag_forward(moe_layer *m, const float *params, const float *x, float *y) {
     moe__ep *ep = &m->ep;
@@ -319,27 +394,13 @@ static int ag_forward(moe_layer *m, const float *params, const float *x, float *
         for (int j = 0; j < El; j++) R += ep->mg[g * E + ep->e0 + j];
     if ((rc = ep_reserve(m, R))) return rc;
     ep->R = R;
-    size_t r = 0;
-    for (int j = 0; j < El; j++) {
-        ep->roff[j] = (int32_t)r;
-        for (size_t g = 0; g < G; g++)
-            if (ep->mg[g * E + ep->e0 + j]) {
-                ep->rtok[r] = (int32_t)g;
-                memcpy(ep->xr + r * h, ep->xg + g * h, sizeof(float) * (size_t)h);
-                r++;
-            }
-    }
-    ep->roff[El] = (int32_t)r;
+    ag_tables(m, G);
+    m->o->gather_rows(m->be, ep->xr, ep->xg, ep->d_perm, (int)R, h);
     if ((rc = experts_forward(m, params))) return rc;
-    memset(ep->yg, 0, sizeof(float) * G * h);
-    for (int j = 0; j < El; j++)
-        for (int q = ep->roff[j]; q < ep->roff[j + 1]; q++) {
-            size_t g = (size_t)ep->rtok[q];
-            float p = ep->pg[g * E + ep->e0 + j];
-            float *yg = ep->yg + g * h;
-            const float *o = ep->out + (size_t)q * h;
-            for (int i = 0; i < h; i++) yg[i] += p * o[i];
-        }
+    /* each gathered token's partial output: its rows here, in expert order, weighted */
+    m->o->combine_rows(m->be, ep->yg, ep->out, ep->d_goff, ep->d_grow, ep->d_gw, (int)G, h, false);
+    m->o->sync(m->be); /* (the exchange reads yg from the host) */
+    if (m->be->status) return m->be->status;
     rc = c->ops->reduce_scatter_sum(c, ep->yg, y, (size_t)N * h, CM_F32, ep->timeout_ms);
     if (rc) return ep_err(rc, "the reduce-scatter of the experts' outputs");
     ep->bytes_out += out * sizeof(float) * (size_t)N * h;
@@ -353,32 +414,25 @@ static int ag_backward(moe_layer *m, const float *params, float *dparams, const 
     size_t G = (size_t)P * N;
     uint64_t out = (uint64_t)(P - 1);
     float *dyg = ep->xg; /* the gathered x is not needed any more (the rows are in xr) */
+    m->o->sync(m->be); /* (the exchange reads dy from the host) */
+    if (m->be->status) return m->be->status;
     int rc = c->ops->allgather(c, dy, dyg, sizeof(float) * (size_t)N * h, ep->timeout_ms);
     if (rc) return ep_err(rc, "the all-gather of the output gradients");
     ep->bytes_out += out * sizeof(float) * (size_t)N * h;
-    float *doutr = ep->out;
+    /* the local rows' output gradients (into xs, free under this dispatcher) and their
+     * probabilities' gradients, on the backend */
+    float *doutr = ep->xs;
+    int R = (int)ep->R;
+    m->o->combine_backward(m->be, doutr, ep->d_dw, dyg, ep->out, ep->d_perm, ep->d_rw, R, h);
+    if ((rc = experts_backward(m, params, dparams, doutr))) return rc;
+    /* each gathered token's input gradient: its rows here, in expert order */
+    m->o->combine_rows(m->be, ep->yg, ep->dx, ep->d_goff, ep->d_grow, NULL, (int)G, h, false);
+    if (R) m->o->copy(m->be, ep->hdw, ep->d_dw, sizeof(double) * (size_t)R); /* (waits for all of it) */
+    else m->o->sync(m->be);
+    if (m->be->status) return m->be->status;
     memset(ep->dpg, 0, sizeof(double) * G * E);
     for (int j = 0; j < El; j++)
-        for (int q = ep->roff[j]; q < ep->roff[j + 1]; q++) {
-            size_t g = (size_t)ep->rtok[q];
-            size_t i = g * E + ep->e0 + j;
-            float p = ep->pg[i];
-            const float *d = dyg + g * h;
-            float *o = doutr + (size_t)q * h; /* out[q] becomes dout[q] */
-            double dot = 0;
-            for (int k = 0; k < h; k++) {
-                dot += (double)d[k] * o[k];
-                o[k] = p * d[k];
-            }
-            ep->dpg[i] = dot;
-        }
-    if ((rc = experts_backward(m, params, dparams, doutr))) return rc;
-    memset(ep->yg, 0, sizeof(float) * G * h);
-    for (size_t q = 0; q < ep->R; q++) {
-        float *d = ep->yg + (size_t)ep->rtok[q] * h;
-        const float *s = ep->dx + q * h;
-        for (int k = 0; k < h; k++) d[k] += s[k];
-    }
+        for (int q = ep->roff[j]; q < ep->roff[j + 1]; q++) ep->dpg[(size_t)ep->rtok[q] * E + ep->e0 + j] = ep->hdw[q];
     rc = c->ops->reduce_scatter_sum(c, ep->yg, dx_experts, (size_t)N * h, CM_F32, ep->timeout_ms);
     if (!rc) rc = c->ops->reduce_scatter_sum(c, ep->dpg, m->dprob, (size_t)N * E, CM_F64, ep->timeout_ms);
     if (rc) return ep_err(rc, "the reduce-scatter of the input and routing gradients");
