@@ -1,23 +1,28 @@
-/* moe.c - the mixture-of-experts MLP on one rank (moe.h): routing on the host, the experts'
- * matrix products and activations through the backend, forward and backward.
+/* moe.c - the mixture-of-experts MLP on one rank (moe.h): routing on the host, the token
+ * permutations, the experts' matrix products and activations through the backend, forward
+ * and backward.
  *
  * Forward of N tokens:
  *   logits[N,E] = x Wr^T                                  backend (linear_forward), then sync
  *   per token: lse, selection (route_token), routing probs, aux scores   host
  *   capacity: per expert keep cap tokens (apply_capacity)                host
- *   permute: rows ordered by expert, then token: xp[M,h] = x[row_tok]    host
+ *   permute: rows ordered by expert, then token (tables on the host, copied):
+ *     xp[M,h] = x[row_tok]                                 backend (gather_rows)
  *   per expert e (rows [eoff[e], eoff[e+1])):
  *     h1[rows,F1] = xp W1_e^T; act[rows,F] = gelu(h1) | swiglu(h1);
  *     out[rows,h] = act W2_e^T                                            backend
- *   y[n] = sum over its rows, in expert order, of prob * out[row]        host
+ *   y[n] = sum over its rows, in expert order, of prob * out[row]  backend (combine_rows)
  *   shared expert: y += act_s(x Ws1^T) Ws2^T                             backend
- * Backward walks it back: dprob[n,e] = dy[n] . out[row]; the experts' products with
- * dout[row] = prob * dy[n]; the router from dprob through the score function, plus the aux
- * and z losses' gradients (router_backward), dWr and dx through linear_backward; the
- * experts' input gradients added into dx row by row in the same order as forward.
+ * Backward walks it back: dprob[n,e] = dy[n] . out[row] and dout[row] = prob * dy[n]
+ * (combine_backward; dprob read by the host after one sync); the experts' products; the
+ * router from dprob through the score function, plus the aux and z losses' gradients
+ * (router_backward), dWr and dx through linear_backward; the experts' input gradients added
+ * into dx per token in the same order as forward (combine_rows).
  * Under a sequence group (moe_set_sequence_group) the aux losses' counts are all-reduced over
  * it between the routing and the losses, the rest runs on this rank's tokens unchanged.
- * The host parts are plain loops in a fixed order, so results are bitwise reproducible. */
+ * With bf16 input (moe_set_input16) x is bf16, widened into an fp32 scratch first. The host
+ * parts are plain loops in a fixed order and the backend's permutations have a fixed order
+ * too, so results are bitwise reproducible. */
 #include "model/moe.h"
 #include "model/moe_internal.h"
 
@@ -109,7 +114,6 @@ void moe_destroy(moe_layer **pm) {
     free(m->trow);
     free(m->tw);
     free(m->rw);
-    free(m->hdw);
     free(m->sel);
     free(m->rprobs);
     free(m->probs);
@@ -202,7 +206,6 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     m->trow = malloc(sizeof(int32_t) * maxM);
     m->tw = malloc(sizeof(float) * maxM);
     m->rw = malloc(sizeof(float) * maxM);
-    m->hdw = malloc(sizeof(double) * maxM);
     m->sel = malloc(sizeof(int32_t) * N * (size_t)m->k);
     m->rprobs = malloc(sizeof(float) * N * E);
     m->probs = malloc(sizeof(float) * N * E);
@@ -238,7 +241,7 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     if (!m->sel || !m->rprobs || !m->probs || !m->map0 || !m->map || !m->lse || !m->auxs || !m->auxcnt || !m->tpe ||
         !m->gsum || !m->gavg ||
         !m->eoff || !m->row_tok || !m->row_exp || !m->dprob || !m->rs || !m->gs || !m->elig || !m->cand ||
-        !m->pad || !m->vseq || !m->toff || !m->trow || !m->tw || !m->rw || !m->hdw) {
+        !m->pad || !m->vseq || !m->toff || !m->trow || !m->tw || !m->rw) {
         moe_destroy(&m);
         return co_err_set(CO_ENOMEM, "moe: allocating the routing tables");
     }
@@ -980,15 +983,11 @@ int moe_backward(moe_layer *m, float *dx, float *dparams, const float *dy, const
         int rc = moe__ep_backward(m, params, dparams, dy, m->tmp);
         if (rc) return rc;
     }
-    /* the rows' probability gradients to the host, for the router's backward there (the one
-     * wait of the backward: the copy returns when everything queued has run) */
-    if (!gathered && M) {
-        o->copy(be, m->hdw, m->d_dw, sizeof(double) * (size_t)M);
-        for (int r = 0; r < M; r++) m->dprob[(size_t)m->row_tok[r] * E + m->row_exp[r]] = m->hdw[r];
-    } else {
-        o->sync(be);
-    }
+    /* the rows' probability gradients read by the host, for the router's backward there (the
+     * one wait of the backward without an expert group) */
+    o->sync(be);
     if (be->status) return be->status;
+    for (int r = 0; r < M && !gathered; r++) m->dprob[(size_t)m->row_tok[r] * E + m->row_exp[r]] = m->d_dw[r];
     /* the router's logits gradient (host), before any more backend work is queued */
     double dl[E];
     for (int n = 0; n < N; n++) {

@@ -5,14 +5,16 @@
  * alltoall (Megatron's MoEAlltoAllTokenDispatcher), forward:
  *   counts: rank p receives, per (source s, local expert j), how many rows s sends   all-to-all
  *   rows:   m->xp (rows by expert, so by owner rank) go to the owners, arriving
- *           source-major [s][j][token]; sorted expert-major [j][s][token] (perm)      all-to-all
+ *           source-major [s][j][token]; sorted expert-major [j][s][token] (perm, on the
+ *           backend: gather_rows; the outputs back through its inverse)              all-to-all
  *   experts on the expert-major rows (moe__experts_forward)
  *   outputs back to source-major, and home into m->out in m->xp's order             all-to-all
  * backward: m->dout the same way out, the experts' backward (weight gradients stay here),
  *   input gradients home into m->dxp.
  * allgather (MoEAllGatherTokenDispatcher), forward: x, the probabilities and the routing
  *   map of the group's tokens gathered [s][token]; each local expert's rows in gathered
- *   token order; y's expert part as every rank's partial sum, reduce-scattered to the
+ *   token order (gather_rows); y's expert part as every rank's partial sum (combine_rows,
+ *   each gathered token's rows in expert order), reduce-scattered to the
  *   tokens' owners. backward: dy gathered; dout = prob * dy and dprob = dy . out for the
  *   local experts' rows; dx's expert part and dprob reduce-scattered back.
  * Experts split over an expert-tensor group (moe_config.etp_size t > 1): the group is the
@@ -55,10 +57,8 @@ static void ep_bufs_free(moe_layer *m) {
     free(ep->rtok);
     free(ep->grow);
     free(ep->gw);
-    free(ep->hdw);
     ep->perm = ep->rtok = ep->grow = NULL;
     ep->gw = NULL;
-    ep->hdw = NULL;
     ep->cap = 0;
 }
 
@@ -112,14 +112,13 @@ static int ep_reserve(moe_layer *m, size_t R) {
     ep->rtok = malloc(sizeof(int32_t) * cap);
     ep->grow = malloc(sizeof(int32_t) * cap);
     ep->gw = malloc(sizeof(float) * 2 * cap);
-    ep->hdw = malloc(sizeof(double) * cap);
     ep->d_perm = m->o->alloc(m->be, sizeof(int32_t) * cap);
     ep->d_inv = m->o->alloc(m->be, sizeof(int32_t) * cap);
     ep->d_grow = m->o->alloc(m->be, sizeof(int32_t) * cap);
     ep->d_gw = m->o->alloc(m->be, sizeof(float) * cap);
     ep->d_rw = m->o->alloc(m->be, sizeof(float) * cap);
     ep->d_dw = m->o->alloc(m->be, sizeof(double) * cap);
-    if (!ep->perm || !ep->rtok || !ep->grow || !ep->gw || !ep->hdw || !ep->d_perm || !ep->d_inv || !ep->d_grow ||
+    if (!ep->perm || !ep->rtok || !ep->grow || !ep->gw || !ep->d_perm || !ep->d_inv || !ep->d_grow ||
         !ep->d_gw || !ep->d_rw || !ep->d_dw) {
         ep_bufs_free(m);
         return co_err_set(CO_ENOMEM, "moe: expert parallelism: the row tables");
@@ -202,12 +201,26 @@ static uint64_t sent(const moe__ep *ep, const size_t *bytes) {
     return s;
 }
 
+/* Queued after the experts, before the one wait the exchange back needs: the expert-major
+ * rows back to source-major order in ep->xs (alltoall), or each gathered token's sum of its
+ * rows here in ep->yg, weighted by the probabilities in forward (allgather). */
+static void rows_for_exchange(moe_layer *m, const float *rows, bool fwd) {
+    moe__ep *ep = &m->ep;
+    if (ep->disp == MOE_DISPATCH_ALLTOALL)
+        m->o->gather_rows(m->be, ep->xs, rows, ep->d_inv, (int)ep->R, m->h);
+    else
+        m->o->combine_rows(m->be, ep->yg, rows, ep->d_goff, ep->d_grow, fwd ? ep->d_gw : NULL, ep->size * m->N,
+                           m->h, false);
+}
+
 /* The local experts over the rows gathered in ep->xr (ep->roff): forward into ep->out, or
- * backward from doutr into ep->dx and dparams. Their time is not dispatch's. */
+ * backward from doutr into ep->dx and dparams, then rows_for_exchange and one wait. Their
+ * time is not dispatch's. */
 static int experts_forward(moe_layer *m, const float *params) {
     moe__ep *ep = &m->ep;
     double te = now_s();
     moe__experts_forward(m, params, ep->xr, ep->h1, ep->act, ep->out, ep->roff, ep->El);
+    rows_for_exchange(m, ep->out, true);
     m->o->sync(m->be);
     ep->dispatch_s -= now_s() - te;
     return m->be->status;
@@ -218,6 +231,7 @@ static int experts_backward(moe_layer *m, const float *params, float *dparams, c
     double te = now_s();
     moe__experts_backward(m, params, dparams, doutr, ep->xr, ep->h1, ep->act, ep->dact, ep->dh1, ep->dx, ep->roff,
                           ep->El);
+    rows_for_exchange(m, ep->dx, false);
     m->o->sync(m->be);
     ep->dispatch_s -= now_s() - te;
     return m->be->status;
@@ -241,15 +255,12 @@ static const float *a2a_send_rows(moe_layer *m, const float *src) {
     return ep->dup;
 }
 
-/* The owner's rows (expert-major, ep->R of them) back to their source ranks' order in ep->xs,
- * then home by the all-to-all into dst; with etp > 1 each row comes home from every member of
+/* The owner's rows (expert-major, ep->R of them), put back in their source ranks' order in
+ * ep->xs by rows_for_exchange, home by the all-to-all into dst; with etp > 1 each row comes home from every member of
  * its expert rank (partial sums over their slices), summed in member order into dst. */
-static int a2a_home(moe_layer *m, const float *rows, float *dst, const char *step) {
+static int a2a_home(moe_layer *m, float *dst, const char *step) {
     moe__ep *ep = &m->ep;
     size_t h = (size_t)m->h;
-    m->o->gather_rows(m->be, ep->xs, rows, ep->d_inv, (int)ep->R, m->h);
-    m->o->sync(m->be); /* (the exchange reads them from the host) */
-    if (m->be->status) return m->be->status;
     float *recv = ep->etp > 1 ? ep->home : dst;
     int rc = ep->c->ops->alltoallv(ep->c, ep->xs, ep->rbytes, recv, ep->sbytes, ep->timeout_ms);
     if (rc) return ep_err(rc, step);
@@ -319,7 +330,7 @@ static int a2a_forward(moe_layer *m, const float *params) {
     }
     m->o->gather_rows(m->be, ep->xr, ep->xs, ep->d_perm, (int)R, m->h);
     if ((rc = experts_forward(m, params))) return rc;
-    return a2a_home(m, ep->out, m->out, "the all-to-all of the experts' outputs back");
+    return a2a_home(m, m->out, "the all-to-all of the experts' outputs back");
 }
 
 static int a2a_backward(moe_layer *m, const float *params, float *dparams) {
@@ -333,7 +344,7 @@ static int a2a_backward(moe_layer *m, const float *params, float *dparams) {
     float *doutr = ep->out; /* the outputs went home in forward */
     m->o->gather_rows(m->be, doutr, ep->xs, ep->d_perm, (int)R, m->h);
     if ((rc = experts_backward(m, params, dparams, doutr))) return rc;
-    return a2a_home(m, ep->dx, m->dxp, "the all-to-all of the input gradients back");
+    return a2a_home(m, m->dxp, "the all-to-all of the input gradients back");
 }
 
 /* ---- allgather ---- */
@@ -396,11 +407,8 @@ static int ag_forward(moe_layer *m, const float *params, const float *x, float *
     ep->R = R;
     ag_tables(m, G);
     m->o->gather_rows(m->be, ep->xr, ep->xg, ep->d_perm, (int)R, h);
+    /* (each gathered token's partial output into yg: its rows here, in expert order, weighted) */
     if ((rc = experts_forward(m, params))) return rc;
-    /* each gathered token's partial output: its rows here, in expert order, weighted */
-    m->o->combine_rows(m->be, ep->yg, ep->out, ep->d_goff, ep->d_grow, ep->d_gw, (int)G, h, false);
-    m->o->sync(m->be); /* (the exchange reads yg from the host) */
-    if (m->be->status) return m->be->status;
     rc = c->ops->reduce_scatter_sum(c, ep->yg, y, (size_t)N * h, CM_F32, ep->timeout_ms);
     if (rc) return ep_err(rc, "the reduce-scatter of the experts' outputs");
     ep->bytes_out += out * sizeof(float) * (size_t)N * h;
@@ -424,15 +432,12 @@ static int ag_backward(moe_layer *m, const float *params, float *dparams, const 
     float *doutr = ep->xs;
     int R = (int)ep->R;
     m->o->combine_backward(m->be, doutr, ep->d_dw, dyg, ep->out, ep->d_perm, ep->d_rw, R, h);
+    /* (each gathered token's input gradient into yg: its rows here, in expert order; the wait
+     * after it lets the host read the rows' probability gradients in backend memory) */
     if ((rc = experts_backward(m, params, dparams, doutr))) return rc;
-    /* each gathered token's input gradient: its rows here, in expert order */
-    m->o->combine_rows(m->be, ep->yg, ep->dx, ep->d_goff, ep->d_grow, NULL, (int)G, h, false);
-    if (R) m->o->copy(m->be, ep->hdw, ep->d_dw, sizeof(double) * (size_t)R); /* (waits for all of it) */
-    else m->o->sync(m->be);
-    if (m->be->status) return m->be->status;
     memset(ep->dpg, 0, sizeof(double) * G * E);
     for (int j = 0; j < El; j++)
-        for (int q = ep->roff[j]; q < ep->roff[j + 1]; q++) ep->dpg[(size_t)ep->rtok[q] * E + ep->e0 + j] = ep->hdw[q];
+        for (int q = ep->roff[j]; q < ep->roff[j + 1]; q++) ep->dpg[(size_t)ep->rtok[q] * E + ep->e0 + j] = ep->d_dw[q];
     rc = c->ops->reduce_scatter_sum(c, ep->yg, dx_experts, (size_t)N * h, CM_F32, ep->timeout_ms);
     if (!rc) rc = c->ops->reduce_scatter_sum(c, ep->dpg, m->dprob, (size_t)N * E, CM_F64, ep->timeout_ms);
     if (rc) return ep_err(rc, "the reduce-scatter of the input and routing gradients");

@@ -43,7 +43,7 @@ typedef struct moe__ep {
     float *gw;              /* allgather (host): their routing probabilities */
     int32_t *d_goff, *d_grow;
     float *d_gw, *d_rw;     /* allgather: goff's weights; each expert-major row's */
-    double *d_dw, *hdw;     /* allgather: each row's probability gradient (device, host) */
+    double *d_dw;           /* allgather: each row's probability gradient (read by the host after a wait) */
     uint64_t bytes_out;     /* bytes this rank sent to peers (both directions of every exchange) */
     double dispatch_s;      /* seconds in dispatch and combine (exchanges, sorting; not the experts) */
 } moe__ep;
@@ -87,10 +87,10 @@ struct moe_layer {
     /* the permutations on the backend (backend.h gather_rows, combine_rows, combine_backward):
      * the host's tables copied into backend memory each forward. Rows r < M are expert-major
      * (row_tok, row_exp); token n's rows are trow[toff[n] .. toff[n+1]) in expert order with
-     * their probabilities tw; rw[r] is row r's probability; hdw[r] its gradient. */
+     * their probabilities tw; rw[r] is row r's probability, d_dw[r] its gradient (read by
+     * the host after the backward's wait). */
     int32_t *toff, *trow;   /* host: [maxN+1], [maxM] */
     float *tw, *rw;         /* host: [maxM] each */
-    double *hdw;            /* host: [maxM] */
     int32_t *d_rowtok, *d_toff, *d_trow; /* backend copies of row_tok, toff, trow */
     float *d_tw, *d_rw;
     double *d_dw;
