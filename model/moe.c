@@ -984,8 +984,9 @@ int moe_backward(moe_layer *m, float *dx, float *dparams, const float *dy, const
         if (rc) return rc;
     }
     /* the rows' probability gradients read by the host, for the router's backward there (the
-     * one wait of the backward without an expert group) */
-    o->sync(be);
+     * one wait of the backward without an expert group; with one, its exchanges have waited
+     * after the last queued work already) */
+    if (!m->ep.c) o->sync(be);
     if (be->status) return be->status;
     for (int r = 0; r < M && !gathered; r++) m->dprob[(size_t)m->row_tok[r] * E + m->row_exp[r]] = m->d_dw[r];
     /* the router's logits gradient (host), before any more backend work is queued */

@@ -256,8 +256,9 @@ static const float *a2a_send_rows(moe_layer *m, const float *src) {
 }
 
 /* The owner's rows (expert-major, ep->R of them), put back in their source ranks' order in
- * ep->xs by rows_for_exchange, home by the all-to-all into dst; with etp > 1 each row comes home from every member of
- * its expert rank (partial sums over their slices), summed in member order into dst. */
+ * ep->xs by rows_for_exchange, home by the all-to-all into dst; with etp > 1 each row comes
+ * home from every member of its expert rank (partial sums over their slices), summed in
+ * member order into dst. Nothing is queued after it: the caller may read what it wrote. */
 static int a2a_home(moe_layer *m, float *dst, const char *step) {
     moe__ep *ep = &m->ep;
     size_t h = (size_t)m->h;
