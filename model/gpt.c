@@ -405,18 +405,17 @@ static size_t act_n(size_t n, bool a16) {
 }
 
 /* Whether this model keeps bf16 activations (gpt_internal.h act16): the backend has the
- * bf16 operations (CUDA in bf16 mode), one tensor and one context rank, MoE layers only where
- * the backend widens their bf16 input (gather_rows_bf16: moe_set_input16; not with
- * COHORT_TEST_MOE_FP32_INPUT=1 in the environment, tests: the fp32 input) and no MTP depths
- * (the paths that read these buffers as fp32: the collectives of tensor and context
- * parallelism, the MTP concatenation). */
+ * bf16 operations (CUDA in bf16 mode), one tensor and one context rank, dense layers only
+ * and no MTP depths (the paths that read these buffers as fp32: the collectives of tensor
+ * and context parallelism, the MoE layer's input, the MTP concatenation). */
 static void choose_act16(gpt_model *m) {
     const gpt_config *c = &m->cfg;
     const kb_ops *o = m->ops;
     bool ok = m->be->opt.bf16 && !m->be->opt.fp16 && o->norm_forward_bf16 && o->linear_forward_bf16 &&
               o->linear_backward_bf16 && o->linear_gelu_forward_bf16 && o->attention_forward_bf16 &&
               o->attention_backward_bf16 && m->tp == 1 && m->cp == 1 && c->mtp_layers <= 0;
-    for (int l = 0; ok && l < c->num_layers; l++) ok = !gpt_layer_is_moe(c, l) || (o->gather_rows_bf16 && !getenv("COHORT_TEST_MOE_FP32_INPUT"));
+    for (int l = 0; ok && l < c->num_layers; l++) ok = !gpt_layer_is_moe(c, l) || (o->gather_rows_bf16 &&
+                                                                                   !getenv("COHORT_TEST_MOE_FP32_INPUT"));
     m->act16 = ok;
     m->act16_mlp = m->act16 && !c->swiglu;
 }
@@ -432,8 +431,10 @@ static int moe_add(gpt_model *m, moe_layer **out, size_t N) {
     if (rc) return co_err_set(rc, "gpt_new: a MoE layer: %s", co_err_detail());
     m->moes[m->nmoes++] = *out;
     if (!m->act16) return 0;
-    /* bf16 activations: the layer's input (the second norm's output) is bf16, widened during
-     * each call into one fp32 scratch all MoE layers share (they run one at a time) */
+    /* bf16 activations (choose_act16: with MoE layers where the backend has gather_rows_bf16,
+     * not with COHORT_TEST_MOE_FP32_INPUT=1 in the environment, tests): the layer's input (the
+     * second norm's output) is bf16, widened during each call into one fp32 scratch all MoE
+     * layers share (they run one at a time) */
     if (m->moe_x32_n < N * (size_t)c->hidden) {
         if (m->moe_x32) m->ops->free(m->be, m->moe_x32);
         m->moe_x32_n = N * (size_t)c->hidden;
