@@ -345,6 +345,25 @@ typedef struct kb_ops {
     void *(*side_stream)(kb_backend *b);
     void (*side_fork)(kb_backend *b);
     void (*side_join)(kb_backend *b);
+    /* ---- the MoE layer's token permutations (model/moe.c, moe_ep.c): rows of C floats moved
+     * and combined where the data lives, so the tokens never pass through the host. Index
+     * tables (idx, off, row) and weights (w) are in backend memory (the caller fills them with
+     * copy). Each output element is computed by one thread in a fixed order: deterministic, no
+     * atomics, bitwise the CPU backend's (explicit fused multiply-adds on both). ---- */
+    /* out[r, :] = in[idx[r], :] for r < M (idx NULL: in[r, :]). out must not alias in. */
+    void (*gather_rows)(kb_backend *b, float *out, const float *in, const int32_t *idx, int M, int C);
+    /* the same from bf16 rows (the MoE layer's bf16 input), widened exactly to fp32 */
+    void (*gather_rows_bf16)(kb_backend *b, float *out, const kb_bf16 *in, const int32_t *idx, int M, int C);
+    /* y[n, :] = (acc ? y[n, :] : 0) + sum over j = off[n] .. off[n+1]-1, in that order, of
+     * w[j] * src[row[j], :] (w NULL: weight 1, a plain addition), for n < N; a row with no
+     * entries is 0 (acc: unchanged). y must not alias src. */
+    void (*combine_rows)(kb_backend *b, float *y, const float *src, const int32_t *off, const int32_t *row,
+                         const float *w, int N, int C, bool acc);
+    /* The backward of out[r] weighted by w[r] into y[idx[r]], for r < M: dout[r, :] (overwrites)
+     * = w[r] * dy[idx[r], :]; dw[r] (double, overwrites) = sum over q ascending of
+     * dy[idx[r], q] * out[r, q]. dout must not alias out. */
+    void (*combine_backward)(kb_backend *b, float *dout, double *dw, const float *dy, const float *out,
+                             const int32_t *idx, const float *w, int M, int C);
 } kb_ops;
 
 struct kb_backend {

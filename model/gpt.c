@@ -407,15 +407,16 @@ static size_t act_n(size_t n, bool a16) {
 
 /* Whether this model keeps bf16 activations (gpt_internal.h act16): the backend has the
  * bf16 operations (CUDA in bf16 mode), at a context size above 1 the ring's device merge
- * too (it rounds attention's output once), and dense layers only (the MoE layer reads its
- * input as fp32). Tensor parallelism and MTP depths take the bf16 buffers as they are. */
+ * too (it rounds attention's output once), and for MoE layers gather_rows_bf16 (the layer
+ * widens its bf16 input into one fp32 scratch). Tensor parallelism and MTP depths take the
+ * bf16 buffers as they are. */
 static void choose_act16(gpt_model *m) {
     const gpt_config *c = &m->cfg;
     const kb_ops *o = m->ops;
     bool ok = m->be->opt.bf16 && !m->be->opt.fp16 && o->norm_forward_bf16 && o->linear_forward_bf16 &&
               o->linear_backward_bf16 && o->linear_gelu_forward_bf16 && o->attention_forward_bf16 &&
               o->attention_backward_bf16 && (m->cp == 1 || o->ring_merge);
-    for (int l = 0; ok && l < c->num_layers; l++) ok = !gpt_layer_is_moe(c, l);
+    for (int l = 0; ok && l < c->num_layers; l++) ok = !gpt_layer_is_moe(c, l) || o->gather_rows_bf16;
     m->act16 = ok;
     m->act16_mlp = m->act16 && (!c->swiglu || o->swiglu_forward_bf16);
 }
@@ -430,7 +431,18 @@ static int moe_add(gpt_model *m, moe_layer **out, size_t N) {
     int rc = moe_new(out, &mc, m->be, (int)N);
     if (rc) return co_err_set(rc, "gpt_new: a MoE layer: %s", co_err_detail());
     m->moes[m->nmoes++] = *out;
-    return 0;
+    if (!m->act16) return 0;
+    /* bf16 activations (choose_act16: with MoE layers where the backend has gather_rows_bf16):
+     * the layer's input (the second norm's output) is bf16, widened during each call into one
+     * fp32 scratch all MoE layers share (they run one at a time) */
+    if (m->moe_x32_n < N * (size_t)c->hidden) {
+        if (m->moe_x32) m->ops->free(m->be, m->moe_x32);
+        m->moe_x32_n = N * (size_t)c->hidden;
+        if (!(m->moe_x32 = m->ops->alloc(m->be, sizeof(float) * m->moe_x32_n)))
+            return co_err_set(CO_ENOMEM, "gpt_new: the MoE layers' fp32 input scratch");
+        for (int k = 0; k < m->nmoes; k++) moe_set_input16(m->moes[k], m->moe_x32);
+    }
+    return moe_set_input16(*out, m->moe_x32);
 }
 
 /* One transformer layer's activations for micro batches of N tokens (gpt_internal.h's
@@ -751,12 +763,12 @@ int gpt_new(gpt_model **out, const gpt_config *cfg, kb_backend *be, int max_B, i
 #undef A
 #undef AA
     if (m->tpr == 0) /* (the tensor group's ranks hold the same) */
-        co_log(CO_LOG_INFO, "activation memory: %zu bytes on this rank (layers %zu, recomputation scratch %zu)%s",
+        co_log(CO_LOG_INFO, "activation memory: %zu bytes on this rank (layers %zu, recomputation scratch %zu)%s%s",
                m->act_bytes, m->act_layer_bytes, m->act_rc_bytes,
                m->act16_mlp ? (c->swiglu ? "; the norms', attention's and SwiGLU's outputs in bf16"
                                          : "; the norms', attention's and GELU's outputs in bf16")
                : m->act16   ? "; the norms' and attention's outputs in bf16"
-                            : "");
+                            : "", m->act16 && m->nmoes ? " (the MoE layers' inputs too)" : "");
     *out = m;
     return 0;
 nomem:
@@ -816,6 +828,7 @@ void gpt_destroy(gpt_model **pm) {
                    m->gath, m->dfull, m->dhs, m->ce_mx, m->ce_all, m->ce_sums, m->tp_buf, (float *)m->d_tokl};
     for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) if (ps[k]) o->free(be, ps[k]);
     if (m->params16) o->free(be, m->params16);
+    if (m->moe_x32) o->free(be, m->moe_x32);
     free(m->host_losses);
     free(m->moe_tpe);
     free(m->tok_l);
@@ -982,6 +995,7 @@ static int packed_before(const gpt_model *m, int i) {
 }
 
 void gpt__moe_bind(gpt_model *m, const int *t, struct moe_layer *moe) {
+    if (moe) moe_set_params16(moe, P16(m, t[ROUTER_W])); /* (the step's copies, after the optimizer) */
     if (!m->moe_moved || !moe) return;
     int r = t[ROUTER_W], n = 0, fc1 = -1, fc2 = -1, sh = -1;
     const gpt_tensor *x = m->tensors;

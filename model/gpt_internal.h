@@ -177,12 +177,15 @@ struct gpt_model {
     bool host_batch;
     /* bf16 activations (backend.h's *_bf16 operations, CUDA in bf16 mode): the norms' outputs
      * and attention's output stored in bf16 (act16), the GELU's output too (act16_mlp: GELU
-     * layers); at any cp (the ring rounds att once, gpt_cp.c) without MoE layers, fp32
-     * elsewhere; under tensor parallelism the sequence-parallel all-gathers of the norms'
-     * outputs move bf16 elements; with MTP the depths' layers, enorm's and hnorm's outputs
-     * and their concatenation too, while the main final norm's output on the MTP chunk and
-     * the depths' final norms' stay fp32 (gpt__lnf16) */
+     * layers); at any cp (the ring rounds att once, gpt_cp.c); MoE layers take their input
+     * in bf16 (moe_set_input16); fp32 elsewhere; under tensor parallelism the
+     * sequence-parallel all-gathers of the norms' outputs move bf16 elements; with MTP the
+     * depths' layers, enorm's and hnorm's outputs and their concatenation too, while the
+     * main final norm's output on the MTP chunk and the depths' final norms' stay fp32
+     * (gpt__lnf16) */
     bool act16, act16_mlp;
+    float *moe_x32;     /* act16 with MoE layers: their shared fp32 input scratch (moe_set_input16) */
+    size_t moe_x32_n;
     /* mixture of experts */
     float aux_loss_scale;
     float mtp_tok_w; /* --calculate-per-token-loss's MTP token weight, < 0: none */

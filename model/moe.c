@@ -1,23 +1,28 @@
-/* moe.c - the mixture-of-experts MLP on one rank (moe.h): routing on the host, the experts'
- * matrix products and activations through the backend, forward and backward.
+/* moe.c - the mixture-of-experts MLP on one rank (moe.h): routing on the host, the token
+ * permutations, the experts' matrix products and activations through the backend, forward
+ * and backward.
  *
  * Forward of N tokens:
  *   logits[N,E] = x Wr^T                                  backend (linear_forward), then sync
  *   per token: lse, selection (route_token), routing probs, aux scores   host
  *   capacity: per expert keep cap tokens (apply_capacity)                host
- *   permute: rows ordered by expert, then token: xp[M,h] = x[row_tok]    host
+ *   permute: rows ordered by expert, then token (tables on the host, copied):
+ *     xp[M,h] = x[row_tok]                                 backend (gather_rows)
  *   per expert e (rows [eoff[e], eoff[e+1])):
  *     h1[rows,F1] = xp W1_e^T; act[rows,F] = gelu(h1) | swiglu(h1);
  *     out[rows,h] = act W2_e^T                                            backend
- *   y[n] = sum over its rows, in expert order, of prob * out[row]        host
+ *   y[n] = sum over its rows, in expert order, of prob * out[row]  backend (combine_rows)
  *   shared expert: y += act_s(x Ws1^T) Ws2^T                             backend
- * Backward walks it back: dprob[n,e] = dy[n] . out[row]; the experts' products with
- * dout[row] = prob * dy[n]; the router from dprob through the score function, plus the aux
- * and z losses' gradients (router_backward), dWr and dx through linear_backward; the
- * experts' input gradients added into dx row by row in the same order as forward.
+ * Backward walks it back: dprob[n,e] = dy[n] . out[row] and dout[row] = prob * dy[n]
+ * (combine_backward; dprob read by the host after one sync); the experts' products; the
+ * router from dprob through the score function, plus the aux and z losses' gradients
+ * (router_backward), dWr and dx through linear_backward; the experts' input gradients added
+ * into dx per token in the same order as forward (combine_rows).
  * Under a sequence group (moe_set_sequence_group) the aux losses' counts are all-reduced over
  * it between the routing and the losses, the rest runs on this rank's tokens unchanged.
- * The host parts are plain loops in a fixed order, so results are bitwise reproducible. */
+ * With bf16 input (moe_set_input16) x is bf16, widened into an fp32 scratch first. The host
+ * parts are plain loops in a fixed order and the backend's permutations have a fixed order
+ * too, so results are bitwise reproducible. */
 #include "model/moe.h"
 #include "model/moe_internal.h"
 
@@ -102,6 +107,13 @@ void moe_destroy(moe_layer **pm) {
                       &m->dlogits, &m->s_h1, &m->s_act, &m->s_dact, &m->s_dh1, &m->tmp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (*bufs[i]) m->o->free(m->be, *bufs[i]);
+    void *dev[] = {m->d_rowtok, m->d_toff, m->d_trow, m->d_tw, m->d_rw, m->d_dw};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) m->o->free(m->be, dev[i]);
+    free(m->toff);
+    free(m->trow);
+    free(m->tw);
+    free(m->rw);
     free(m->sel);
     free(m->rprobs);
     free(m->probs);
@@ -137,6 +149,8 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     int rc = moe_layout(c, &off);
     if (rc) return rc;
     if (max_tokens <= 0) return co_err_set(CO_EINVAL, "moe: max_tokens %d must be positive", max_tokens);
+    if (!be->ops->gather_rows || !be->ops->combine_rows || !be->ops->combine_backward)
+        return co_err_set(CO_EUNSUPPORTED, "moe: the backend has no token permutations (gather_rows, combine_rows)");
     moe_layer *m = calloc(1, sizeof *m);
     if (!m) return co_err_set(CO_ENOMEM, "moe: allocating the layer");
     m->c = *c;
@@ -177,6 +191,21 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
             return co_err_set(CO_ENOMEM, "moe: allocating %zu floats of activations", bb[i].n);
         }
     }
+    struct {
+        void **p;
+        size_t bytes;
+    } dt[] = {{(void **)&m->d_rowtok, sizeof(int32_t) * maxM}, {(void **)&m->d_toff, sizeof(int32_t) * (N + 1)},
+              {(void **)&m->d_trow, sizeof(int32_t) * maxM},   {(void **)&m->d_tw, sizeof(float) * maxM},
+              {(void **)&m->d_rw, sizeof(float) * maxM},       {(void **)&m->d_dw, sizeof(double) * maxM}};
+    for (size_t i = 0; i < sizeof dt / sizeof dt[0]; i++)
+        if (!(*dt[i].p = m->o->alloc(be, dt[i].bytes))) {
+            moe_destroy(&m);
+            return co_err_set(CO_ENOMEM, "moe: allocating the permutations' tables (%zu bytes)", dt[i].bytes);
+        }
+    m->toff = malloc(sizeof(int32_t) * (N + 1));
+    m->trow = malloc(sizeof(int32_t) * maxM);
+    m->tw = malloc(sizeof(float) * maxM);
+    m->rw = malloc(sizeof(float) * maxM);
     m->sel = malloc(sizeof(int32_t) * N * (size_t)m->k);
     m->rprobs = malloc(sizeof(float) * N * E);
     m->probs = malloc(sizeof(float) * N * E);
@@ -212,7 +241,7 @@ int moe_new(moe_layer **out, const moe_config *c, kb_backend *be, int max_tokens
     if (!m->sel || !m->rprobs || !m->probs || !m->map0 || !m->map || !m->lse || !m->auxs || !m->auxcnt || !m->tpe ||
         !m->gsum || !m->gavg ||
         !m->eoff || !m->row_tok || !m->row_exp || !m->dprob || !m->rs || !m->gs || !m->elig || !m->cand ||
-        !m->pad || !m->vseq) {
+        !m->pad || !m->vseq || !m->toff || !m->trow || !m->tw || !m->rw) {
         moe_destroy(&m);
         return co_err_set(CO_ENOMEM, "moe: allocating the routing tables");
     }
@@ -225,6 +254,16 @@ const moe_offsets *moe_layer_offsets(const moe_layer *m) { return &m->off; }
 void moe_set_training(moe_layer *m, bool train) { m->train = train; }
 
 void moe_set_padding(moe_layer *m, const int32_t *rows) { m->pad_rows = rows; }
+
+void moe_set_params16(moe_layer *m, const kb_bf16 *p16) { m->p16 = p16; }
+
+int moe_set_input16(moe_layer *m, float *x32) {
+    if (x32 && !m->o->gather_rows_bf16)
+        return co_err_set(CO_EUNSUPPORTED, "moe: bf16 input on a backend without gather_rows_bf16");
+    m->x16 = x32 != NULL;
+    m->x32 = x32;
+    return 0;
+}
 
 void moe_set_param_offsets(moe_layer *m, size_t fc1, size_t fc2, size_t shared_fc1, size_t shared_fc2) {
     m->off.fc1 = fc1;
@@ -630,12 +669,17 @@ static void router_linear(moe_layer *m, const float *x, const float *Wr, float *
     be->opt.fp16 = fp16;
 }
 
+/* Local expert j's 16-bit weight copy of matrix `which` (fc1: [rows,h], fc2: [h,rows]), or
+ * NULL without copies (moe_set_params16). With copies the experts run one product per expert
+ * (the grouped call has no copies to take; in 16-bit mode it is one product per group too). */
+#define W16_OF(m, which, j, rows) ((m)->p16 ? (m)->p16 + (m)->off.which + (size_t)(j) * (size_t)(rows) * (size_t)(m)->h : NULL)
+
 void moe__experts_forward(moe_layer *m, const float *params, const float *xin, float *h1, float *act, float *out,
                           const int32_t *off, int n) {
     const kb_ops *o = m->o;
     kb_backend *be = m->be;
     int h = m->h, F = m->F, F1 = m->F1;
-    if (m->c.grouped_gemm && o->grouped_linear_forward) {
+    if (m->c.grouped_gemm && o->grouped_linear_forward && !m->p16) {
         /* one grouped product per matrix, the activation over every row at once */
         int r0 = off[0], rows = off[n] - off[0];
         if (rows <= 0) return;
@@ -650,10 +694,10 @@ void moe__experts_forward(moe_layer *m, const float *params, const float *xin, f
         if (!cnt) continue;
         const float *W1 = params + m->off.fc1 + (size_t)j * F1 * h, *W2 = params + m->off.fc2 + (size_t)j * h * F;
         float *h1j = h1 + (size_t)r0 * F1, *actj = act + (size_t)r0 * F;
-        o->linear_forward(be, h1j, xin + (size_t)r0 * h, W1, NULL, NULL, cnt, h, F1);
+        o->linear_forward(be, h1j, xin + (size_t)r0 * h, W1, W16_OF(m, fc1, j, F1), NULL, cnt, h, F1);
         if (m->c.swiglu) o->swiglu_forward(be, actj, h1j, cnt, F);
         else o->gelu_forward(be, actj, h1j, (size_t)cnt * F);
-        o->linear_forward(be, out + (size_t)r0 * h, actj, W2, NULL, NULL, cnt, F, h);
+        o->linear_forward(be, out + (size_t)r0 * h, actj, W2, W16_OF(m, fc2, j, F), NULL, cnt, F, h);
     }
 }
 
@@ -663,7 +707,7 @@ void moe__experts_backward(moe_layer *m, const float *params, float *dparams, co
     const kb_ops *o = m->o;
     kb_backend *be = m->be;
     int h = m->h, F = m->F, F1 = m->F1;
-    if (m->c.grouped_gemm && o->grouped_linear_backward) {
+    if (m->c.grouped_gemm && o->grouped_linear_backward && !m->p16) {
         int r0 = off[0], rows = off[n] - off[0];
         if (rows <= 0) return;
         o->grouped_linear_backward(be, dact, dparams + m->off.fc2, dout, act, params + m->off.fc2, off, n, F, h);
@@ -681,11 +725,66 @@ void moe__experts_backward(moe_layer *m, const float *params, float *dparams, co
         const float *W1 = params + m->off.fc1 + (size_t)j * F1 * h, *W2 = params + m->off.fc2 + (size_t)j * h * F;
         float *dW1 = dparams + m->off.fc1 + (size_t)j * F1 * h, *dW2 = dparams + m->off.fc2 + (size_t)j * h * F;
         float *dactj = dact + (size_t)r0 * F, *dh1j = dh1 + (size_t)r0 * F1;
-        o->linear_backward(be, dactj, dW2, NULL, dout + (size_t)r0 * h, act + (size_t)r0 * F, W2, NULL, cnt, F, h);
+        o->linear_backward(be, dactj, dW2, NULL, dout + (size_t)r0 * h, act + (size_t)r0 * F, W2, W16_OF(m, fc2, j, F),
+                           cnt, F, h);
         if (m->c.swiglu) o->swiglu_backward(be, dh1j, dactj, h1 + (size_t)r0 * F1, cnt, F);
         else o->gelu_backward(be, dh1j, dactj, h1 + (size_t)r0 * F1, (size_t)cnt * F);
-        o->linear_backward(be, dxin + (size_t)r0 * h, dW1, NULL, dh1j, xin + (size_t)r0 * h, W1, NULL, cnt, h, F1);
+        o->linear_backward(be, dxin + (size_t)r0 * h, dW1, NULL, dh1j, xin + (size_t)r0 * h, W1, W16_OF(m, fc1, j, F1),
+                           cnt, h, F1);
     }
+}
+
+/* the shared expert's 16-bit weights (moe_set_params16), or NULL */
+#define P16_AT(m, which) ((m)->p16 && (m)->Fs ? (m)->p16 + (m)->off.which : NULL)
+
+/* The layer's input in fp32: x itself, or (bf16 input, moe_set_input16) x widened into x32. */
+static const float *input32(moe_layer *m, const float *x, int N) {
+    if (!m->x16) return x;
+    m->o->gather_rows_bf16(m->be, m->x32, (const kb_bf16 *)(const void *)x, NULL, N, m->h);
+    return m->x32;
+}
+
+/* The permutation's tables from m->map and m->probs: the expert-major rows (row_tok, row_exp,
+ * rw; eoff, tpe) and each token's rows in expert order (toff, trow, tw), copied into backend
+ * memory in order with the queued work. Returns M. */
+static int permute_tables(moe_layer *m) {
+    int N = m->N, E = m->E, M = 0;
+    memset(m->toff, 0, sizeof(int32_t) * ((size_t)N + 1));
+    for (int e = 0; e < E; e++) {
+        m->eoff[e] = M;
+        for (int n = 0; n < N; n++)
+            if (m->map[(size_t)n * E + e]) {
+                m->row_tok[M] = n;
+                m->row_exp[M] = e;
+                m->rw[M] = m->probs[(size_t)n * E + e];
+                m->toff[n + 1]++;
+                M++;
+            }
+        m->tpe[e] = M - m->eoff[e];
+    }
+    m->eoff[E] = M;
+    m->M = M;
+    for (int n = 0; n < N; n++) m->toff[n + 1] += m->toff[n];
+    /* rows ascend by expert, so each token's rows fill in expert order */
+    int32_t *at = m->trow; /* (a cursor per token, kept in cand's room: maxN entries) */
+    int32_t *cur = (int32_t *)(void *)m->cand;
+    for (int n = 0; n < N; n++) cur[n] = m->toff[n];
+    for (int r = 0; r < M; r++) {
+        int j = cur[m->row_tok[r]]++;
+        at[j] = r;
+        m->tw[j] = m->rw[r];
+    }
+    const kb_ops *o = m->o;
+    kb_backend *be = m->be;
+    size_t i4 = sizeof(int32_t), f4 = sizeof(float);
+    o->copy(be, m->d_toff, m->toff, i4 * ((size_t)N + 1));
+    if (M) {
+        o->copy(be, m->d_rowtok, m->row_tok, i4 * (size_t)M);
+        o->copy(be, m->d_trow, m->trow, i4 * (size_t)M);
+        o->copy(be, m->d_tw, m->tw, f4 * (size_t)M);
+        o->copy(be, m->d_rw, m->rw, f4 * (size_t)M);
+    }
+    return M;
 }
 
 int moe_forward(moe_layer *m, float *y, const float *x, const float *params, const float *expert_bias, int B,
@@ -711,7 +810,8 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     }
     /* (padding rows: the capacity of this rank's real rows, Megatron's with its padding mask) */
     m->cap = capacity_of(c, m->masked ? m->nvalid : N);
-    router_linear(m, x, params + m->off.router, NULL, NULL, N);
+    const float *xf = input32(m, x, N);
+    router_linear(m, xf, params + m->off.router, NULL, NULL, N);
     o->sync(be);
     if (be->status) return be->status;
 
@@ -748,49 +848,28 @@ int moe_forward(moe_layer *m, float *y, const float *x, const float *params, con
     int rc = aux_losses(m);
     if (rc) return rc;
 
-    /* permute: rows by expert, then token */
-    int M = 0;
-    for (int e = 0; e < E; e++) {
-        m->eoff[e] = M;
-        for (int n = 0; n < N; n++)
-            if (m->map[(size_t)n * E + e]) {
-                m->row_tok[M] = n;
-                m->row_exp[M] = e;
-                memcpy(m->xp + (size_t)M * h, x + (size_t)n * h, sizeof(float) * (size_t)h);
-                M++;
-            }
-        m->tpe[e] = M - m->eoff[e];
-    }
-    m->eoff[E] = M;
-    m->M = M;
+    /* permute: rows by expert, then token (the tables on the host, the rows on the backend) */
+    int M = permute_tables(m);
+    o->gather_rows(be, m->xp, xf, m->d_rowtok, M, h);
     bool gathered = m->ep.c && m->ep.disp == MOE_DISPATCH_ALLGATHER;
     if (m->ep.c) {
         /* the experts of the group: m->out rows back in m->xp's order (alltoall) or the
          * experts' sum straight into y (allgather) */
-        rc = moe__ep_forward(m, params, x, y);
+        rc = moe__ep_forward(m, params, xf, y);
         if (rc) return rc;
     } else {
         moe__experts_forward(m, params, m->xp, m->h1, m->act, m->out, m->eoff, E);
     }
     if (m->Fs) {
-        o->linear_forward(be, m->s_h1, x, params + m->off.shared_fc1, NULL, NULL, N, h, m->Fs1);
+        o->linear_forward(be, m->s_h1, xf, params + m->off.shared_fc1, P16_AT(m, shared_fc1), NULL, N, h, m->Fs1);
         if (c->swiglu) o->swiglu_forward(be, m->s_act, m->s_h1, N, m->Fs);
         else o->gelu_forward(be, m->s_act, m->s_h1, (size_t)N * m->Fs);
-        o->linear_forward(be, m->tmp, m->s_act, params + m->off.shared_fc2, NULL, NULL, N, m->Fs, h);
+        o->linear_forward(be, m->tmp, m->s_act, params + m->off.shared_fc2, P16_AT(m, shared_fc2), NULL, N, m->Fs, h);
     }
-    o->sync(be);
-    if (be->status) return be->status;
-    /* combine: each token's rows in expert order */
-    if (!gathered) memset(y, 0, sizeof(float) * (size_t)N * h);
-    for (int r = 0; r < M && !gathered; r++) {
-        int n = m->row_tok[r];
-        float p = m->probs[(size_t)n * E + m->row_exp[r]];
-        float *yn = y + (size_t)n * h;
-        const float *orow = m->out + (size_t)r * h;
-        for (int i = 0; i < h; i++) yn[i] += p * orow[i];
-    }
+    /* combine: each token's rows in expert order, weighted by their probabilities (queued:
+     * no wait; the caller's next operations are ordered after it) */
+    if (!gathered) o->combine_rows(be, y, m->out, m->d_toff, m->d_trow, m->d_tw, N, h, false);
     if (m->Fs) o->add(be, y, y, m->tmp, (size_t)N * h);
-    o->sync(be);
     if (be->status) return be->status;
     m->have_fwd = true;
     return 0;
@@ -894,30 +973,22 @@ int moe_backward(moe_layer *m, float *dx, float *dparams, const float *dy, const
     int N = m->N, E = m->E, h = m->h, M = m->M;
     size_t NE = (size_t)N * E;
     bool gathered = m->ep.c && m->ep.disp == MOE_DISPATCH_ALLGATHER;
-    o->sync(be);
-    /* the routed rows: dout = prob * dy, dprob = dy . out (allgather: the experts' owners
-     * compute both, moe__ep_backward) */
+    /* the routed rows: dout = prob * dy, dprob = dy . out, on the backend (allgather: the
+     * experts' owners compute both, moe__ep_backward) */
     for (size_t i = 0; i < NE; i++) m->dprob[i] = 0;
-    for (int r = 0; r < M && !gathered; r++) {
-        int n = m->row_tok[r];
-        size_t i = (size_t)n * E + m->row_exp[r];
-        float p = m->probs[i];
-        const float *dyn = dy + (size_t)n * h, *orow = m->out + (size_t)r * h;
-        float *d = m->dout + (size_t)r * h;
-        double dot = 0;
-        for (int q = 0; q < h; q++) {
-            d[q] = p * dyn[q];
-            dot += (double)dyn[q] * orow[q];
-        }
-        m->dprob[i] = dot;
-    }
+    if (!gathered && M) o->combine_backward(be, m->dout, m->d_dw, dy, m->out, m->d_rowtok, m->d_rw, M, h);
     /* the experts: m->dxp rows in m->xp's order (alltoall), or their sum per token into
      * m->tmp (allgather) */
     if (m->ep.c) {
         int rc = moe__ep_backward(m, params, dparams, dy, m->tmp);
         if (rc) return rc;
-        o->sync(be);
     }
+    /* the rows' probability gradients read by the host, for the router's backward there (the
+     * one wait of the backward without an expert group; with one, its exchanges have waited
+     * after the last queued work already) */
+    if (!m->ep.c) o->sync(be);
+    if (be->status) return be->status;
+    for (int r = 0; r < M && !gathered; r++) m->dprob[(size_t)m->row_tok[r] * E + m->row_exp[r]] = m->d_dw[r];
     /* the router's logits gradient (host), before any more backend work is queued */
     double dl[E];
     for (int n = 0; n < N; n++) {
@@ -927,25 +998,20 @@ int moe_backward(moe_layer *m, float *dx, float *dparams, const float *dy, const
     }
     if (!m->ep.c)
         moe__experts_backward(m, params, dparams, m->dout, m->xp, m->h1, m->act, m->dact, m->dh1, m->dxp, m->eoff, E);
-    router_linear(m, x, params + m->off.router, dx, dparams + m->off.router, N);
+    const float *xf = input32(m, x, N); /* (bf16 input: widened again) */
+    router_linear(m, xf, params + m->off.router, dx, dparams + m->off.router, N);
     if (gathered) o->add(be, dx, dx, m->tmp, (size_t)N * h);
     if (m->Fs) {
         int Fs = m->Fs, Fs1 = m->Fs1;
         o->linear_backward(be, m->s_dact, dparams + m->off.shared_fc2, NULL, dy, m->s_act, params + m->off.shared_fc2,
-                           NULL, N, Fs, h);
+                           P16_AT(m, shared_fc2), N, Fs, h);
         if (c->swiglu) o->swiglu_backward(be, m->s_dh1, m->s_dact, m->s_h1, N, Fs);
         else o->gelu_backward(be, m->s_dh1, m->s_dact, m->s_h1, (size_t)N * Fs);
-        o->linear_backward(be, m->tmp, dparams + m->off.shared_fc1, NULL, m->s_dh1, x, params + m->off.shared_fc1,
-                           NULL, N, h, Fs1);
+        o->linear_backward(be, m->tmp, dparams + m->off.shared_fc1, NULL, m->s_dh1, xf, params + m->off.shared_fc1,
+                           P16_AT(m, shared_fc1), N, h, Fs1);
         o->add(be, dx, dx, m->tmp, (size_t)N * h);
     }
-    o->sync(be);
-    if (be->status) return be->status;
-    /* the experts' input gradients, row by row in forward's order */
-    for (int r = 0; r < M && !gathered; r++) {
-        float *dxn = dx + (size_t)m->row_tok[r] * h;
-        const float *g = m->dxp + (size_t)r * h;
-        for (int q = 0; q < h; q++) dxn[q] += g[q];
-    }
-    return 0;
+    /* the experts' input gradients added into each token's, its rows in forward's order */
+    if (!gathered && M) o->combine_rows(be, dx, m->dxp, m->d_toff, m->d_trow, NULL, N, h, true);
+    return be->status;
 }

@@ -42,7 +42,9 @@
  * Parameters live in one flat buffer (moe_offsets), gradients in another of the same
  * layout; the expert bias is not a parameter (Megatron's buffer, updated from the token
  * counts by moe_expert_bias_update). Routing runs on the host over backend memory (a sync
- * before it reads the logits); matrix products and activations go through the backend.
+ * before it reads the logits); matrix products, activations and the token permutations
+ * (backend.h gather_rows, combine_rows, combine_backward, from index tables the routing
+ * writes) go through the backend, so the tokens themselves never pass through the host.
  * Every operation is deterministic: the same inputs and thread count give the same bits. */
 #ifndef COHORT_MODEL_MOE_H
 #define COHORT_MODEL_MOE_H
@@ -133,6 +135,18 @@ void moe_set_training(moe_layer *m, bool train);
  * (the params and dparams the calls take): moe_layout's places by default; the distributed
  * optimizer with expert parallelism lays the experts out apart from the rest (gpt_relayout). */
 void moe_set_param_offsets(moe_layer *m, size_t fc1, size_t fc2, size_t shared_fc1, size_t shared_fc2);
+/* The 16-bit copies (bf16, or fp16 with --fp16) of the params the next calls take, at the
+ * same offsets (the model's per-step copies, made after the optimizer), or NULL: then the
+ * experts' 16-bit products convert their weights per call. With copies the experts run one
+ * product per expert reading them (what the grouped products do in 16-bit mode). */
+void moe_set_params16(moe_layer *m, const kb_bf16 *p16);
+/* bf16 input (the model's bf16 activations, gpt_internal.h act16): from now on the x that
+ * moe_forward and moe_backward take holds N x h bf16 values (kb_bf16), which each call widens
+ * exactly into x32 (backend memory of at least max_tokens x h floats, which other layers may
+ * share: it is only used during a call) for the router (fp32 math, as Megatron's
+ * --moe-router-dtype fp32), the shared expert and the dispatch. x32 NULL: fp32 input. 0, or
+ * CO_EUNSUPPORTED where the backend has no gather_rows_bf16. */
+int moe_set_input16(moe_layer *m, float *x32);
 /* Deterministic initialisation of params[total]: normal(0, std) from seed (co_rng). */
 void moe_init_params(const moe_layer *m, float *params, float std, uint64_t seed);
 

@@ -5,14 +5,16 @@
  * alltoall (Megatron's MoEAlltoAllTokenDispatcher), forward:
  *   counts: rank p receives, per (source s, local expert j), how many rows s sends   all-to-all
  *   rows:   m->xp (rows by expert, so by owner rank) go to the owners, arriving
- *           source-major [s][j][token]; sorted expert-major [j][s][token] (perm)      all-to-all
+ *           source-major [s][j][token]; sorted expert-major [j][s][token] (perm, on the
+ *           backend: gather_rows; the outputs back through its inverse)              all-to-all
  *   experts on the expert-major rows (moe__experts_forward)
  *   outputs back to source-major, and home into m->out in m->xp's order             all-to-all
  * backward: m->dout the same way out, the experts' backward (weight gradients stay here),
  *   input gradients home into m->dxp.
  * allgather (MoEAllGatherTokenDispatcher), forward: x, the probabilities and the routing
  *   map of the group's tokens gathered [s][token]; each local expert's rows in gathered
- *   token order; y's expert part as every rank's partial sum, reduce-scattered to the
+ *   token order (gather_rows); y's expert part as every rank's partial sum (combine_rows,
+ *   each gathered token's rows in expert order), reduce-scattered to the
  *   tokens' owners. backward: dy gathered; dout = prob * dy and dprob = dy . out for the
  *   local experts' rows; dx's expert part and dprob reduce-scattered back.
  * Experts split over an expert-tensor group (moe_config.etp_size t > 1): the group is the
@@ -45,9 +47,18 @@ static void ep_bufs_free(moe_layer *m) {
         if (*b[i]) m->o->free(m->be, *b[i]);
         *b[i] = NULL;
     }
+    void *dev[] = {ep->d_perm, ep->d_inv, ep->d_grow, ep->d_gw, ep->d_rw, ep->d_dw};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) m->o->free(m->be, dev[i]);
+    ep->d_perm = ep->d_inv = ep->d_grow = NULL;
+    ep->d_gw = ep->d_rw = NULL;
+    ep->d_dw = NULL;
     free(ep->perm);
     free(ep->rtok);
-    ep->perm = ep->rtok = NULL;
+    free(ep->grow);
+    free(ep->gw);
+    ep->perm = ep->rtok = ep->grow = NULL;
+    ep->gw = NULL;
     ep->cap = 0;
 }
 
@@ -59,6 +70,10 @@ void moe__ep_free(moe_layer *m) {
         if (*g[i]) m->o->free(m->be, *g[i]);
         *g[i] = NULL;
     }
+    if (ep->d_goff) m->o->free(m->be, ep->d_goff);
+    ep->d_goff = NULL;
+    free(ep->goff);
+    ep->goff = NULL;
     free(ep->mg);
     free(ep->dpg);
     free(ep->roff);
@@ -95,7 +110,16 @@ static int ep_reserve(moe_layer *m, size_t R) {
     }
     ep->perm = malloc(sizeof(int32_t) * cap);
     ep->rtok = malloc(sizeof(int32_t) * cap);
-    if (!ep->perm || !ep->rtok) {
+    ep->grow = malloc(sizeof(int32_t) * cap);
+    ep->gw = malloc(sizeof(float) * 2 * cap);
+    ep->d_perm = m->o->alloc(m->be, sizeof(int32_t) * cap);
+    ep->d_inv = m->o->alloc(m->be, sizeof(int32_t) * cap);
+    ep->d_grow = m->o->alloc(m->be, sizeof(int32_t) * cap);
+    ep->d_gw = m->o->alloc(m->be, sizeof(float) * cap);
+    ep->d_rw = m->o->alloc(m->be, sizeof(float) * cap);
+    ep->d_dw = m->o->alloc(m->be, sizeof(double) * cap);
+    if (!ep->perm || !ep->rtok || !ep->grow || !ep->gw || !ep->d_perm || !ep->d_inv || !ep->d_grow ||
+        !ep->d_gw || !ep->d_rw || !ep->d_dw) {
         ep_bufs_free(m);
         return co_err_set(CO_ENOMEM, "moe: expert parallelism: the row tables");
     }
@@ -140,7 +164,9 @@ int moe_set_expert_group(moe_layer *m, cm_comm *c, moe_dispatcher d, int timeout
         ep->pg = m->o->alloc(m->be, sizeof(float) * G * E);
         ep->mg = malloc(G * E);
         ep->dpg = malloc(sizeof(double) * G * E);
-        if (!ep->xg || !ep->yg || !ep->pg || !ep->mg || !ep->dpg)
+        ep->goff = malloc(sizeof(int32_t) * (2 * G + 1));
+        ep->d_goff = m->o->alloc(m->be, sizeof(int32_t) * (G + 1));
+        if (!ep->xg || !ep->yg || !ep->pg || !ep->mg || !ep->dpg || !ep->goff || !ep->d_goff)
             rc = co_err_set(CO_ENOMEM, "moe: the allgather dispatcher's %zu gathered tokens", G);
     }
     if (!rc && d == MOE_DISPATCH_ALLTOALL && t > 1) {
@@ -175,12 +201,26 @@ static uint64_t sent(const moe__ep *ep, const size_t *bytes) {
     return s;
 }
 
+/* Queued after the experts, before the one wait the exchange back needs: the expert-major
+ * rows back to source-major order in ep->xs (alltoall), or each gathered token's sum of its
+ * rows here in ep->yg, weighted by the probabilities in forward (allgather). */
+static void rows_for_exchange(moe_layer *m, const float *rows, bool fwd) {
+    moe__ep *ep = &m->ep;
+    if (ep->disp == MOE_DISPATCH_ALLTOALL)
+        m->o->gather_rows(m->be, ep->xs, rows, ep->d_inv, (int)ep->R, m->h);
+    else
+        m->o->combine_rows(m->be, ep->yg, rows, ep->d_goff, ep->d_grow, fwd ? ep->d_gw : NULL, ep->size * m->N,
+                           m->h, false);
+}
+
 /* The local experts over the rows gathered in ep->xr (ep->roff): forward into ep->out, or
- * backward from doutr into ep->dx and dparams. Their time is not dispatch's. */
+ * backward from doutr into ep->dx and dparams, then rows_for_exchange and one wait. Their
+ * time is not dispatch's. */
 static int experts_forward(moe_layer *m, const float *params) {
     moe__ep *ep = &m->ep;
     double te = now_s();
     moe__experts_forward(m, params, ep->xr, ep->h1, ep->act, ep->out, ep->roff, ep->El);
+    rows_for_exchange(m, ep->out, true);
     m->o->sync(m->be);
     ep->dispatch_s -= now_s() - te;
     return m->be->status;
@@ -191,6 +231,7 @@ static int experts_backward(moe_layer *m, const float *params, float *dparams, c
     double te = now_s();
     moe__experts_backward(m, params, dparams, doutr, ep->xr, ep->h1, ep->act, ep->dact, ep->dh1, ep->dx, ep->roff,
                           ep->El);
+    rows_for_exchange(m, ep->dx, false);
     m->o->sync(m->be);
     ep->dispatch_s -= now_s() - te;
     return m->be->status;
@@ -214,13 +255,13 @@ static const float *a2a_send_rows(moe_layer *m, const float *src) {
     return ep->dup;
 }
 
-/* The owner's rows (expert-major, ep->R of them) back to their source ranks' order in ep->xs,
- * then home by the all-to-all into dst; with etp > 1 each row comes home from every member of
- * its expert rank (partial sums over their slices), summed in member order into dst. */
-static int a2a_home(moe_layer *m, const float *rows, float *dst, const char *step) {
+/* The owner's rows (expert-major, ep->R of them), put back in their source ranks' order in
+ * ep->xs by rows_for_exchange, home by the all-to-all into dst; with etp > 1 each row comes
+ * home from every member of its expert rank (partial sums over their slices), summed in
+ * member order into dst. Nothing is queued after it: the caller may read what it wrote. */
+static int a2a_home(moe_layer *m, float *dst, const char *step) {
     moe__ep *ep = &m->ep;
-    size_t h = (size_t)m->h, row = sizeof(float) * h;
-    for (size_t q = 0; q < ep->R; q++) memcpy(ep->xs + (size_t)ep->perm[q] * m->h, rows + q * m->h, row);
+    size_t h = (size_t)m->h;
     float *recv = ep->etp > 1 ? ep->home : dst;
     int rc = ep->c->ops->alltoallv(ep->c, ep->xs, ep->rbytes, recv, ep->sbytes, ep->timeout_ms);
     if (rc) return ep_err(rc, step);
@@ -271,36 +312,82 @@ static int a2a_forward(moe_layer *m, const float *params) {
     srow[0] = 0;
     for (int s = 0; s < P; s++) srow[s + 1] = srow[s] + ep->rbytes[s] / row;
     size_t r = 0;
+    int32_t *inv = ep->rtok; /* (unused by alltoall: the inverse permutation's room) */
     for (int j = 0; j < El; j++) {
         ep->roff[j] = (int32_t)r;
         for (int s = 0; s < P; s++) {
             size_t first = srow[s];
             for (int q = 0; q < j; q++) first += (size_t)ep->rcnt[s * El + q];
-            for (int i = 0; i < ep->rcnt[s * El + j]; i++) {
+            for (int i = 0; i < ep->rcnt[s * El + j]; i++, r++) {
                 ep->perm[r] = (int32_t)(first + (size_t)i);
-                memcpy(ep->xr + r * m->h, ep->xs + (first + (size_t)i) * m->h, row);
-                r++;
+                inv[first + (size_t)i] = (int32_t)r;
             }
         }
     }
     ep->roff[El] = (int32_t)r;
+    if (R) {
+        m->o->copy(m->be, ep->d_perm, ep->perm, sizeof(int32_t) * R);
+        m->o->copy(m->be, ep->d_inv, inv, sizeof(int32_t) * R);
+    }
+    m->o->gather_rows(m->be, ep->xr, ep->xs, ep->d_perm, (int)R, m->h);
     if ((rc = experts_forward(m, params))) return rc;
-    return a2a_home(m, ep->out, m->out, "the all-to-all of the experts' outputs back");
+    return a2a_home(m, m->out, "the all-to-all of the experts' outputs back");
 }
 
 static int a2a_backward(moe_layer *m, const float *params, float *dparams) {
     moe__ep *ep = &m->ep;
-    size_t row = sizeof(float) * (size_t)m->h, R = ep->R;
+    size_t R = ep->R;
+    m->o->sync(m->be); /* (the exchange reads m->dout from the host) */
+    if (m->be->status) return m->be->status;
     int rc = ep->c->ops->alltoallv(ep->c, a2a_send_rows(m, m->dout), ep->sbytes, ep->xs, ep->rbytes, ep->timeout_ms);
     if (rc) return ep_err(rc, "the all-to-all of the output gradients to the experts");
     ep->bytes_out += sent(ep, ep->sbytes);
     float *doutr = ep->out; /* the outputs went home in forward */
-    for (size_t q = 0; q < R; q++) memcpy(doutr + q * m->h, ep->xs + (size_t)ep->perm[q] * m->h, row);
+    m->o->gather_rows(m->be, doutr, ep->xs, ep->d_perm, (int)R, m->h);
     if ((rc = experts_backward(m, params, dparams, doutr))) return rc;
-    return a2a_home(m, ep->dx, m->dxp, "the all-to-all of the input gradients back");
+    return a2a_home(m, m->dxp, "the all-to-all of the input gradients back");
 }
 
 /* ---- allgather ---- */
+
+/* The allgather dispatcher's tables from the gathered routing map and probabilities (host):
+ * the local experts' rows in expert, then gathered-token order (rtok, roff, each row's
+ * probability gw[cap + q]), and each gathered token's rows in expert order (goff, grow, gw);
+ * copied into backend memory in order with the queued work. */
+static void ag_tables(moe_layer *m, size_t G) {
+    moe__ep *ep = &m->ep;
+    int El = ep->El, E = m->E;
+    int32_t *cur = ep->goff + G + 1; /* (goff holds G + 1 offsets, then G cursors) */
+    float *rw = ep->gw + ep->cap;
+    memset(ep->goff, 0, sizeof(int32_t) * (G + 1));
+    size_t r = 0;
+    for (int j = 0; j < El; j++) {
+        ep->roff[j] = (int32_t)r;
+        for (size_t g = 0; g < G; g++)
+            if (ep->mg[g * E + ep->e0 + j]) {
+                rw[r] = ep->pg[g * E + ep->e0 + j];
+                ep->rtok[r++] = (int32_t)g;
+                ep->goff[g + 1]++;
+            }
+    }
+    ep->roff[El] = (int32_t)r;
+    for (size_t g = 0; g < G; g++) ep->goff[g + 1] += ep->goff[g];
+    memcpy(cur, ep->goff, sizeof(int32_t) * G);
+    /* rows ascend by expert: each token's fill in expert order */
+    for (size_t q = 0; q < r; q++) {
+        int at = cur[ep->rtok[q]]++;
+        ep->grow[at] = (int32_t)q;
+        ep->gw[at] = rw[q];
+    }
+    const kb_ops *o = m->o;
+    kb_backend *be = m->be;
+    o->copy(be, ep->d_goff, ep->goff, sizeof(int32_t) * (G + 1));
+    if (!r) return;
+    o->copy(be, ep->d_perm, ep->rtok, sizeof(int32_t) * r);
+    o->copy(be, ep->d_grow, ep->grow, sizeof(int32_t) * r);
+    o->copy(be, ep->d_gw, ep->gw, sizeof(float) * r);
+    o->copy(be, ep->d_rw, rw, sizeof(float) * r);
+}
 
 static int ag_forward(moe_layer *m, const float *params, const float *x, float *y) {
     moe__ep *ep = &m->ep;
@@ -319,27 +406,10 @@ static int ag_forward(moe_layer *m, const float *params, const float *x, float *
         for (int j = 0; j < El; j++) R += ep->mg[g * E + ep->e0 + j];
     if ((rc = ep_reserve(m, R))) return rc;
     ep->R = R;
-    size_t r = 0;
-    for (int j = 0; j < El; j++) {
-        ep->roff[j] = (int32_t)r;
-        for (size_t g = 0; g < G; g++)
-            if (ep->mg[g * E + ep->e0 + j]) {
-                ep->rtok[r] = (int32_t)g;
-                memcpy(ep->xr + r * h, ep->xg + g * h, sizeof(float) * (size_t)h);
-                r++;
-            }
-    }
-    ep->roff[El] = (int32_t)r;
+    ag_tables(m, G);
+    m->o->gather_rows(m->be, ep->xr, ep->xg, ep->d_perm, (int)R, h);
+    /* (each gathered token's partial output into yg: its rows here, in expert order, weighted) */
     if ((rc = experts_forward(m, params))) return rc;
-    memset(ep->yg, 0, sizeof(float) * G * h);
-    for (int j = 0; j < El; j++)
-        for (int q = ep->roff[j]; q < ep->roff[j + 1]; q++) {
-            size_t g = (size_t)ep->rtok[q];
-            float p = ep->pg[g * E + ep->e0 + j];
-            float *yg = ep->yg + g * h;
-            const float *o = ep->out + (size_t)q * h;
-            for (int i = 0; i < h; i++) yg[i] += p * o[i];
-        }
     rc = c->ops->reduce_scatter_sum(c, ep->yg, y, (size_t)N * h, CM_F32, ep->timeout_ms);
     if (rc) return ep_err(rc, "the reduce-scatter of the experts' outputs");
     ep->bytes_out += out * sizeof(float) * (size_t)N * h;
@@ -353,32 +423,22 @@ static int ag_backward(moe_layer *m, const float *params, float *dparams, const 
     size_t G = (size_t)P * N;
     uint64_t out = (uint64_t)(P - 1);
     float *dyg = ep->xg; /* the gathered x is not needed any more (the rows are in xr) */
+    m->o->sync(m->be); /* (the exchange reads dy from the host) */
+    if (m->be->status) return m->be->status;
     int rc = c->ops->allgather(c, dy, dyg, sizeof(float) * (size_t)N * h, ep->timeout_ms);
     if (rc) return ep_err(rc, "the all-gather of the output gradients");
     ep->bytes_out += out * sizeof(float) * (size_t)N * h;
-    float *doutr = ep->out;
+    /* the local rows' output gradients (into xs, free under this dispatcher) and their
+     * probabilities' gradients, on the backend */
+    float *doutr = ep->xs;
+    int R = (int)ep->R;
+    m->o->combine_backward(m->be, doutr, ep->d_dw, dyg, ep->out, ep->d_perm, ep->d_rw, R, h);
+    /* (each gathered token's input gradient into yg: its rows here, in expert order; the wait
+     * after it lets the host read the rows' probability gradients in backend memory) */
+    if ((rc = experts_backward(m, params, dparams, doutr))) return rc;
     memset(ep->dpg, 0, sizeof(double) * G * E);
     for (int j = 0; j < El; j++)
-        for (int q = ep->roff[j]; q < ep->roff[j + 1]; q++) {
-            size_t g = (size_t)ep->rtok[q];
-            size_t i = g * E + ep->e0 + j;
-            float p = ep->pg[i];
-            const float *d = dyg + g * h;
-            float *o = doutr + (size_t)q * h; /* out[q] becomes dout[q] */
-            double dot = 0;
-            for (int k = 0; k < h; k++) {
-                dot += (double)d[k] * o[k];
-                o[k] = p * d[k];
-            }
-            ep->dpg[i] = dot;
-        }
-    if ((rc = experts_backward(m, params, dparams, doutr))) return rc;
-    memset(ep->yg, 0, sizeof(float) * G * h);
-    for (size_t q = 0; q < ep->R; q++) {
-        float *d = ep->yg + (size_t)ep->rtok[q] * h;
-        const float *s = ep->dx + q * h;
-        for (int k = 0; k < h; k++) d[k] += s[k];
-    }
+        for (int q = ep->roff[j]; q < ep->roff[j + 1]; q++) ep->dpg[(size_t)ep->rtok[q] * E + ep->e0 + j] = ep->d_dw[q];
     rc = c->ops->reduce_scatter_sum(c, ep->yg, dx_experts, (size_t)N * h, CM_F32, ep->timeout_ms);
     if (!rc) rc = c->ops->reduce_scatter_sum(c, ep->dpg, m->dprob, (size_t)N * E, CM_F64, ep->timeout_ms);
     if (rc) return ep_err(rc, "the reduce-scatter of the input and routing gradients");

@@ -35,6 +35,15 @@ typedef struct moe__ep {
     float *yg;              /* [size*maxN,h] partial outputs, then input gradients */
     double *dpg;            /* [size*maxN,E] */
     int32_t *rtok;          /* [cap] gathered token of each expert-major row */
+    /* the permutations' tables in backend memory (backend.h gather_rows, combine_rows), copied
+     * from the host's: [cap] each, the allgather's per-token offsets [size*maxN+1] */
+    int32_t *d_perm;        /* alltoall: expert-major row -> source-major row; allgather: rtok */
+    int32_t *d_inv;         /* alltoall: source-major row -> expert-major row */
+    int32_t *goff, *grow;   /* allgather (host): each gathered token's rows, in expert order */
+    float *gw;              /* allgather (host): their routing probabilities */
+    int32_t *d_goff, *d_grow;
+    float *d_gw, *d_rw;     /* allgather: goff's weights; each expert-major row's */
+    double *d_dw;           /* allgather: each row's probability gradient (read by the host after a wait) */
     uint64_t bytes_out;     /* bytes this rank sent to peers (both directions of every exchange) */
     double dispatch_s;      /* seconds in dispatch and combine (exchanges, sorting; not the experts) */
 } moe__ep;
@@ -75,6 +84,21 @@ struct moe_layer {
     double *snorm, *sd0, *sd1; /* sinkhorn routing: [maxN,E] the balanced scores, [maxN], [E] */
     bool train;             /* the forward trains (moe_set_training) */
     struct cand { float v; int32_t n; } *cand; /* [maxN] */
+    /* the permutations on the backend (backend.h gather_rows, combine_rows, combine_backward):
+     * the host's tables copied into backend memory each forward. Rows r < M are expert-major
+     * (row_tok, row_exp); token n's rows are trow[toff[n] .. toff[n+1]) in expert order with
+     * their probabilities tw; rw[r] is row r's probability, d_dw[r] its gradient (read by
+     * the host after the backward's wait). */
+    int32_t *toff, *trow;   /* host: [maxN+1], [maxM] */
+    float *tw, *rw;         /* host: [maxM] each */
+    int32_t *d_rowtok, *d_toff, *d_trow; /* backend copies of row_tok, toff, trow */
+    float *d_tw, *d_rw;
+    double *d_dw;
+    /* bf16 input (moe_set_input16): x holds bf16, widened into x32 (shared scratch [maxN,h])
+     * for the router and the shared expert; the bf16 copies of params (moe_set_params16) */
+    bool x16;
+    float *x32;
+    const kb_bf16 *p16;
     /* expert parallelism (moe_ep.c): ep NULL = every expert on this rank (El = E, e0 = 0) */
     moe__ep ep;
     /* sequence and context parallelism (moe_set_token_group): the group whose ranks hold the
@@ -122,6 +146,7 @@ void moe__experts_backward(moe_layer *m, const float *params, float *dparams, co
 /* moe_ep.c: with an expert group, the forward's expert part (from m->xp, m->eoff, m->tpe to
  * m->out rows in m->xp's order; the allgather dispatcher: to y directly) and the backward's
  * (from m->dout to m->dxp; allgather: dy to dx's expert part and m->dprob). */
+/* x: the layer's input in fp32 (widened already under bf16 input) */
 int moe__ep_forward(moe_layer *m, const float *params, const float *x, float *y);
 int moe__ep_backward(moe_layer *m, const float *params, float *dparams, const float *dy, float *dx_experts);
 void moe__ep_free(moe_layer *m);

@@ -133,6 +133,13 @@ void cpu_gelu_backward(kb_backend *b, float *din, const float *dout, const float
 void cpu_swiglu_forward(kb_backend *b, float *out, const float *in, int N, int F);
 void cpu_swiglu_backward(kb_backend *b, float *din, const float *dout, const float *in,
                          int N, int F);
+/* the MoE layer's token permutations (moe_perm.c) */
+void cpu_gather_rows(kb_backend *b, float *out, const float *in, const int32_t *idx, int M, int C);
+void cpu_gather_rows_bf16(kb_backend *b, float *out, const kb_bf16 *in, const int32_t *idx, int M, int C);
+void cpu_combine_rows(kb_backend *b, float *y, const float *src, const int32_t *off, const int32_t *row,
+                      const float *w, int N, int C, bool acc);
+void cpu_combine_backward(kb_backend *b, float *dout, double *dw, const float *dy, const float *out,
+                          const int32_t *idx, const float *w, int M, int C);
 void cpu_add(kb_backend *b, float *out, const float *x, const float *y, size_t n);
 void cpu_scale(kb_backend *b, float *x, float s, size_t n);
 void cpu_dropout(kb_backend *b, float *out, const float *in, size_t n, float p, uint64_t seed,

@@ -108,6 +108,10 @@ static const kb_ops cpu_ops = {
     .copy_rows = cpu_copy_rows,
     .ring_merge = cpu_ring_merge,
     .bf16_to_f32 = cpu_bf16_to_f32,
+    .gather_rows = cpu_gather_rows,
+    .gather_rows_bf16 = cpu_gather_rows_bf16,
+    .combine_rows = cpu_combine_rows,
+    .combine_backward = cpu_combine_backward,
 };
 
 /* Attention through the variant compiled for this CPU's level (kernels/meson.build builds

@@ -239,6 +239,13 @@ void cu_grouped_linear_forward(kb_backend *b, float *out, const float *in, const
 void cu_grouped_linear_backward(kb_backend *b, float *din, float *dW, const float *dout, const float *in,
                                 const float *W, const int32_t *off, int n, int IC, int OC);
 void cu_blas_release(cu_state *st);
+// the MoE layer's token permutations (backend.h: gather_rows ... combine_backward; cuda_moe.cu)
+void cu_gather_rows(kb_backend *b, float *out, const float *in, const int32_t *idx, int M, int C);
+void cu_gather_rows_bf16(kb_backend *b, float *out, const kb_bf16 *in, const int32_t *idx, int M, int C);
+void cu_combine_rows(kb_backend *b, float *y, const float *src, const int32_t *off, const int32_t *row,
+                     const float *w, int N, int C, bool acc);
+void cu_combine_backward(kb_backend *b, float *dout, double *dw, const float *dy, const float *out,
+                         const int32_t *idx, const float *w, int M, int C);
 // dst[c] += sum over rows of (mode 0) dy[n,c]; (mode 1) dy[n,c] * (x[n,c]-mean[n])*rstd[n]
 void cu_col_sums(kb_backend *b, float *dst, const float *dy, const float *x, const float *mean,
                  const float *rstd, int N, int C, int mode);

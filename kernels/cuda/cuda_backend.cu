@@ -217,6 +217,11 @@ static const kb_ops cuda_ops = {
     /* .side_stream = */ cu_side_stream,
     /* .side_fork = */ cu_side_fork,
     /* .side_join = */ cu_side_join,
+    // the MoE layer's token permutations: cuda_moe.cu
+    /* .gather_rows = */ cu_gather_rows,
+    /* .gather_rows_bf16 = */ cu_gather_rows_bf16,
+    /* .combine_rows = */ cu_combine_rows,
+    /* .combine_backward = */ cu_combine_backward,
 };
 
 // ---- which GPUs this build can run on ----

@@ -1036,6 +1036,107 @@ static void test_grouped(void) {
     grouped_case(8, r3, 1, 33, 16);
 }
 
+
+/* ---------------------------------------------------------------- MoE permutations */
+
+/* A backend copy of n bytes of host data */
+static void *mp_dev(kb_backend *G, const void *host, size_t n) {
+    void *p = G->ops->alloc(G, n ? n : 1);
+    if (n) G->ops->copy(G, p, host, n);
+    return p;
+}
+
+/* gather_rows (with and without an index, from fp32 and bf16), combine_rows (weighted and
+ * not, overwriting and accumulating, tokens with no rows) and combine_backward at N tokens
+ * of M rows of C columns (M, N, C crossing the kernels' 256- and 128-thread blocks): bitwise
+ * the CPU backend's, and a second GPU run bitwise the first. */
+static void perm_case(int N, int M, int C) {
+    char label[96];
+    snprintf(label, sizeof label, "moe permutations N=%d M=%d C=%d", N, M, C);
+    size_t NC = (size_t)N * C, MC = (size_t)M * C;
+    int32_t *idx = malloc(sizeof(int32_t) * (M ? M : 1)), *off = malloc(sizeof(int32_t) * (N + 1));
+    int32_t *row = malloc(sizeof(int32_t) * (M ? M : 1));
+    for (int r = 0; r < M; r++) idx[r] = gu_randint(N);
+    /* each token's rows: the rows r with idx[r] == n, ascending (as the MoE layer's tables);
+     * token 0 none when N > 1 */
+    off[0] = 0;
+    for (int n = 0, k = 0; n < N; n++) {
+        for (int r = 0; r < M; r++)
+            if (idx[r] == n && !(n == 0 && N > 1)) row[k++] = r;
+        off[n + 1] = k;
+    }
+    int K = off[N];
+    float *x = gu_rand(NC, 1.0f), *src = gu_rand(MC, 1.0f), *w = gu_rand(M, 1.0f), *dy = gu_rand(NC, 1.0f);
+    uint16_t *x16 = malloc(2 * (NC ? NC : 1));
+    for (size_t i = 0; i < NC; i++) x16[i] = (uint16_t)(gu_randint(65536) & 0xff7f); /* (no NaN) */
+    float *yc = gu_rand(NC, 1.0f);
+    /* CPU */
+    float *c_g = malloc(sizeof(float) * (MC ? MC : 1)), *c_gi = malloc(sizeof(float) * (NC ? NC : 1));
+    float *c_g16 = malloc(sizeof(float) * (MC ? MC : 1)), *c_y = malloc(sizeof(float) * (NC ? NC : 1));
+    float *c_ya = malloc(sizeof(float) * (NC ? NC : 1)), *c_do = malloc(sizeof(float) * (MC ? MC : 1));
+    double *c_dw = malloc(sizeof(double) * (M ? M : 1));
+    memcpy(c_ya, yc, sizeof(float) * NC);
+    const kb_ops *co = CPU32->ops;
+    co->gather_rows(CPU32, c_g, x, idx, M, C);
+    co->gather_rows(CPU32, c_gi, x, NULL, N, C);
+    co->gather_rows_bf16(CPU32, c_g16, x16, idx, M, C);
+    co->combine_rows(CPU32, c_y, src, off, row, w, N, C, false);
+    co->combine_rows(CPU32, c_ya, src, off, row, NULL, N, C, true);
+    co->combine_backward(CPU32, c_do, c_dw, dy, src, idx, w, M, C);
+    for (int rep = 0; rep < 2; rep++) {
+        kb_backend *G = rep ? GPU16 : GPU32; /* (the mode does not matter to these) */
+        const kb_ops *o = G->ops;
+        int32_t *gidx = mp_dev(G, idx, sizeof(int32_t) * M), *goff = mp_dev(G, off, sizeof(int32_t) * (N + 1));
+        int32_t *grow = mp_dev(G, row, sizeof(int32_t) * K);
+        float *gx = gu_buf(G, x, NC), *gsrc = gu_buf(G, src, MC), *gw = gu_buf(G, w, M), *gdy = gu_buf(G, dy, NC);
+        uint16_t *gx16 = mp_dev(G, x16, 2 * NC);
+        float *g_g = gu_buf(G, NULL, MC), *g_gi = gu_buf(G, NULL, NC), *g_g16 = gu_buf(G, NULL, MC);
+        float *g_y = gu_buf(G, yc, NC), *g_ya = gu_buf(G, yc, NC), *g_do = gu_buf(G, NULL, MC);
+        double *g_dw = G->ops->alloc(G, sizeof(double) * (M ? M : 1));
+        o->gather_rows(G, g_g, gx, gidx, M, C);
+        o->gather_rows(G, g_gi, gx, NULL, N, C);
+        o->gather_rows_bf16(G, g_g16, gx16, gidx, M, C);
+        o->combine_rows(G, g_y, gsrc, goff, grow, gw, N, C, false);
+        o->combine_rows(G, g_ya, gsrc, goff, grow, NULL, N, C, true);
+        o->combine_backward(G, g_do, g_dw, gdy, gsrc, gidx, gw, M, C);
+        o->sync(G);
+        CHECK_MSG(G->status == 0, "%s: status %d %s", label, G->status, co_err_detail());
+        struct {
+            const char *what;
+            const void *g, *c;
+            size_t bytes;
+        } cmp[] = {{"gather_rows", g_g, c_g, 4 * MC},          {"gather_rows (no index)", g_gi, c_gi, 4 * NC},
+                   {"gather_rows_bf16", g_g16, c_g16, 4 * MC}, {"combine_rows", g_y, c_y, 4 * NC},
+                   {"combine_rows (acc)", g_ya, c_ya, 4 * NC}, {"combine_backward dout", g_do, c_do, 4 * MC},
+                   {"combine_backward dw", g_dw, c_dw, 8 * (size_t)M}};
+        for (size_t i = 0; i < sizeof cmp / sizeof cmp[0]; i++) {
+            void *h = malloc(cmp[i].bytes ? cmp[i].bytes : 1);
+            o->copy(G, h, cmp[i].g, cmp[i].bytes);
+            CHECK_MSG(memcmp(h, cmp[i].c, cmp[i].bytes) == 0, "%s: %s (%s) is not bitwise the CPU's", label,
+                      cmp[i].what, rep ? "bf16 backend" : "fp32 backend");
+            free(h);
+        }
+        void *gp[] = {gidx, goff, grow, gx, gsrc, gw, gdy, gx16, g_g, g_gi, g_g16, g_y, g_ya, g_do, g_dw};
+        for (size_t i = 0; i < sizeof gp / sizeof gp[0]; i++) o->free(G, gp[i]);
+    }
+    /* the bf16 widening is exact */
+    for (int r = 0; r < M; r++) {
+        uint32_t u;
+        memcpy(&u, &c_g16[(size_t)r * C], 4);
+        CHECK_MSG(C == 0 || u == (uint32_t)x16[(size_t)idx[r] * C] << 16, "%s: gather_rows_bf16 row %d", label, r);
+    }
+    free(idx), free(off), free(row), free(x), free(src), free(w), free(dy), free(x16), free(yc);
+    free(c_g), free(c_gi), free(c_g16), free(c_y), free(c_ya), free(c_do), free(c_dw);
+}
+
+static void test_moe_permutations(void) {
+    perm_case(1, 1, 1);
+    perm_case(7, 0, 33);
+    perm_case(37, 80, 33);     /* M*C = 2640: past ten 256-thread blocks */
+    perm_case(129, 300, 257);  /* M > 256 rows (combine_backward's 128-thread blocks), C > 256 */
+    if (BIG) perm_case(4096, 8192, 768);
+}
+
 /* ---------------------------------------------------------------- the table */
 
 /* ---------------------------------------------------------------- bf16 activations */
@@ -1432,6 +1533,7 @@ int main(void) {
     RUN(test_act16);
     RUN(test_copy_rows);
     RUN(test_swiglu16);
+    RUN(test_moe_permutations);
     CHECK_MSG(GPU32->status == 0 && GPU16->status == 0, "sticky status: %d %d (%s)", GPU32->status, GPU16->status,
               co_err_detail());
     kb_backend_destroy(&GPU32);

@@ -15,6 +15,7 @@
 #include "model/moe.h"
 #include "tests/gpu/gpu_util.h"
 
+#include <dlfcn.h>
 #include <math.h>
 
 typedef struct side {
@@ -210,8 +211,96 @@ static void test_cuda_vs_cpu(void) {
     kb_backend_destroy(&cpu);
 }
 
+/* the stand-in's counts of kernel launches and host waits, or NULL on a GPU */
+static unsigned long (*launch_count)(void), (*sync_count)(void);
+
+/* One bf16 forward and backward of layer m on G: y, dx, dparams into host copies; the
+ * launches and host waits it took into *launches, *waits (0 on a GPU). */
+static void bf16_pass(kb_backend *G, moe_layer *m, const float *x, const float *params, const float *dy, float *y,
+                      float *dx, float *dparams, size_t Nh, size_t P, int B, int T, float *hy, float *hdx, float *hdp,
+                      unsigned long *launches, unsigned long *waits) {
+    const kb_ops *o = G->ops;
+    o->zero(G, dparams, P);
+    o->sync(G);
+    unsigned long l0 = launch_count ? launch_count() : 0, w0 = sync_count ? sync_count() : 0;
+    REQUIRE_MSG(moe_forward(m, y, x, params, NULL, B, T) == 0, "%s", co_err_detail());
+    REQUIRE_MSG(moe_backward(m, dx, dparams, dy, x, params, 1.0f) == 0, "%s", co_err_detail());
+    *launches = launch_count ? launch_count() - l0 : 0;
+    *waits = sync_count ? sync_count() - w0 : 0;
+    o->copy(G, hy, y, sizeof(float) * Nh);
+    o->copy(G, hdx, dx, sizeof(float) * Nh);
+    o->copy(G, hdp, dparams, sizeof(float) * P);
+}
+
+/* --bf16 on CUDA (bf16 mode), --moe-grouped-gemm, a shared expert:
+ *   the experts' products on the step's bf16 weight copies (moe_set_params16) give the bits
+ *   of the products converting their weights per call, with fewer kernel launches (no
+ *   conversion of the weights);
+ *   a bf16 input (moe_set_input16: the model's bf16 activations) gives the bits of the fp32
+ *   input holding the same (bf16) values: the widening is exact and the router, the shared
+ *   expert and the dispatch read the widened input;
+ *   the forward and the backward wait for the device once each (the routing reads the
+ *   logits, the router's backward the routing gradients; the permutations are device work). */
+static void test_bf16_copies_and_input(void) {
+    const char *mod = getenv("COHORT_CUDA_MODULE");
+    void *hm = mod ? dlopen(mod, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (hm) *(void **)&launch_count = dlsym(hm, "cudasim_launch_count");
+    if (hm) *(void **)&sync_count = dlsym(hm, "cudasim_sync_count");
+    kb_backend *G = gu_backend(KB_DEVICE_CUDA, true);
+    const kb_ops *o = G->ops;
+    moe_config c = {.hidden = 64, .num_experts = 8, .ffn_hidden = 96, .topk = 2, .score = MOE_SCORE_SOFTMAX,
+                    .lb = MOE_LB_AUX, .aux_coeff = 0.01f, .z_coeff = 1e-3f, .shared_ffn = 48, .grouped_gemm = true};
+    int B = 2, T = 32, N = B * T;
+    moe_offsets off;
+    REQUIRE(moe_layout(&c, &off) == 0);
+    size_t Nh = (size_t)N * c.hidden, P = off.total;
+    float *hx = malloc(sizeof(float) * Nh), *hdy = malloc(sizeof(float) * Nh), *hp = malloc(sizeof(float) * P);
+    for (size_t i = 0; i < Nh; i++) hx[i] = gu_uniform(), hdy[i] = gu_uniform();
+    for (size_t i = 0; i < P; i++) hp[i] = 0.3f * gu_uniform();
+    float *x = gu_buf(G, hx, Nh), *dy = gu_buf(G, hdy, Nh), *params = gu_buf(G, hp, P);
+    float *y = gu_buf(G, NULL, Nh), *dx = gu_buf(G, NULL, Nh), *dparams = gu_buf(G, NULL, P);
+    kb_bf16 *p16 = o->alloc(G, sizeof(kb_bf16) * P), *x16 = o->alloc(G, sizeof(kb_bf16) * Nh);
+    float *xw = gu_buf(G, NULL, Nh), *scratch = gu_buf(G, NULL, Nh);
+    o->to_bf16(G, p16, params, P);
+    o->to_bf16(G, x16, x, Nh);
+    o->gather_rows_bf16(G, xw, x16, NULL, N, c.hidden); /* the bf16 values in fp32 */
+    float *r[3][3];
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < 3; j++) r[k][j] = malloc(sizeof(float) * (j == 2 ? P : Nh));
+    unsigned long la[3], wa[3];
+    moe_layer *m = NULL;
+    REQUIRE_MSG(moe_new(&m, &c, G, N) == 0, "%s", co_err_detail());
+    /* 0: per-call conversion, fp32 input of bf16 values; 1: the copies; 2: the copies, bf16 input */
+    bf16_pass(G, m, xw, params, dy, y, dx, dparams, Nh, P, B, T, r[0][0], r[0][1], r[0][2], &la[0], &wa[0]);
+    moe_set_params16(m, p16);
+    bf16_pass(G, m, xw, params, dy, y, dx, dparams, Nh, P, B, T, r[1][0], r[1][1], r[1][2], &la[1], &wa[1]);
+    REQUIRE(moe_set_input16(m, scratch) == 0);
+    bf16_pass(G, m, (const float *)(const void *)x16, params, dy, y, dx, dparams, Nh, P, B, T, r[2][0], r[2][1],
+              r[2][2], &la[2], &wa[2]);
+    CHECK_MSG(G->status == 0, "status %d %s", G->status, co_err_detail());
+    for (int k = 1; k < 3; k++)
+        CHECK_MSG(!memcmp(r[k][0], r[0][0], sizeof(float) * Nh) && !memcmp(r[k][1], r[0][1], sizeof(float) * Nh) &&
+                      !memcmp(r[k][2], r[0][2], sizeof(float) * P),
+                  "bf16 %s: not bitwise the per-call conversion's", k == 1 ? "weight copies" : "input");
+    fprintf(stderr, "  bf16 layer: %lu launches converting per call, %lu on the copies, %lu with bf16 input; "
+            "host waits %lu %lu %lu\n", la[0], la[1], la[2], wa[0], wa[1], wa[2]);
+    if (launch_count) CHECK_MSG(la[1] < la[0], "the weight copies saved no launch (%lu, %lu)", la[1], la[0]);
+    if (sync_count) CHECK_MSG(wa[0] == 2 && wa[1] == 2 && wa[2] == 2, "host waits %lu %lu %lu (2 expected)", wa[0],
+                              wa[1], wa[2]);
+    moe_destroy(&m);
+    float *bufs[] = {x, dy, params, y, dx, dparams, xw, scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) o->free(G, bufs[i]);
+    o->free(G, p16);
+    o->free(G, x16);
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < 3; j++) free(r[k][j]);
+    free(hx), free(hdy), free(hp);
+    kb_backend_destroy(&G);
+}
+
 int main(void) {
     gu_require_gpu();
     RUN(test_cuda_vs_cpu);
+    RUN(test_bf16_copies_and_input);
     return TEST_EXIT();
 }
