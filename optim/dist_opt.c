@@ -336,38 +336,15 @@ int dopt_set_norm_runs(dopt_state *s, const size_t *runs, int n) {
     return 0;
 }
 
-/* The sum of squares of [lo, hi) of the gradient buffer, only where the norm runs say this
- * rank counts it. */
-static double counted_sumsq(const dopt_state *s, size_t lo, size_t hi) {
-    kb_backend *be = s->be;
-    if (!s->norm_runs) return be->ops->sumsq(be, s->grads + lo, hi - lo);
-    double sq = 0;
-    for (int i = 0; i < s->nnorm_runs; i++) {
-        size_t a = s->norm_runs[2 * i], e = s->norm_runs[2 * i + 1];
-        if (e <= lo) continue;
-        if (a >= hi) break;
-        a = a > lo ? a : lo;
-        e = e < hi ? e : hi;
-        sq += be->ops->sumsq(be, s->grads + a, e - a);
-    }
-    return sq;
-}
-
-/* The sum of squares of this rank's shards, bucket by bucket in bucket order (each as
- * counted_sumsq sums it): with the backend's sumsq_runs in one wait (on CUDA
- * the runs' sums stay on the device, the 8-byte results come back together), bit for bit
- * the loop. */
+/* The sum of squares of this rank's shards, bucket by bucket in bucket order, each bucket
+ * the sum in order of its runs' sums (its shard, or where norm runs are set only the parts
+ * this rank counts): with the backend's sumsq_runs in one wait (on CUDA the runs' sums stay
+ * on the device, the 8-byte results come back together), bit for bit the host's loop over
+ * sumsq, which backends without it run. */
 static int shard_sumsq(const dopt_state *s, double *sq) {
     const dopt_layout *L = &s->L;
     kb_backend *be = s->be;
     *sq = 0;
-    if (!be->ops->sumsq_runs) {
-        for (int b = 0; b < L->nbuckets; b++) {
-            size_t lo = L->buckets[b].start + (size_t)s->rank * L->buckets[b].shard;
-            *sq += counted_sumsq(s, lo, lo + L->buckets[b].shard);
-        }
-        return 0;
-    }
     size_t cap = (size_t)L->nbuckets * (size_t)(s->norm_runs ? s->nnorm_runs + 1 : 1);
     const float **x = malloc(sizeof *x * cap);
     size_t *len = malloc(sizeof *len * cap);
@@ -394,8 +371,12 @@ static int shard_sumsq(const dopt_state *s, double *sq) {
         }
         end[b] = k;
     }
+    for (int b = 0; !be->ops->sumsq_runs && b < L->nbuckets; b++) {
+        out[b] = 0;
+        for (int j = b ? end[b - 1] : 0; j < end[b]; j++) out[b] += be->ops->sumsq(be, x[j], len[j]);
+    }
     /* (at most KB_SUMSQ_MAX_GROUPS buckets a call: one wait for a model of up to that many) */
-    for (int b0 = 0; b0 < L->nbuckets; b0 += KB_SUMSQ_MAX_GROUPS) {
+    for (int b0 = 0; be->ops->sumsq_runs && b0 < L->nbuckets; b0 += KB_SUMSQ_MAX_GROUPS) {
         int ng = L->nbuckets - b0 < KB_SUMSQ_MAX_GROUPS ? L->nbuckets - b0 : KB_SUMSQ_MAX_GROUPS;
         int j0 = b0 ? end[b0 - 1] : 0;
         int e[KB_SUMSQ_MAX_GROUPS];
