@@ -150,6 +150,15 @@ run() {
 }
 ok() { [ $rc -eq 0 ] || fail "$1 exited $rc: $(grep -v '^cohort rank' "$work/$1.out" | tail -6)"; }
 ckpt() { printf '%s/%s.ckpt/iter_%07d' "$work" "$1" $iters; }
+# resumed_bitwise NAME: the faulty run $work/f restarted in process, resumed from the checkpoint
+# of iteration 1, and ended bitwise the fault-free run NAME (losses and checkpoint)
+resumed_bitwise() {
+    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
+    grep -q "loads the checkpoint of iteration 1" "$work/f.out" ||
+        fail "not resumed from the checkpoint: $(grep supervisor "$work/f.out")"
+    same_losses "$1" f "the faulty run logged other numbers than the fault-free one"
+    ckpt_same "$(ckpt "$1")" "$(ckpt f)"
+}
 
 # close NAME_A NAME_B LOSS_REL PARAM_ABS: logged losses and final parameters within tolerance
 close() {
@@ -591,11 +600,7 @@ pp2_killed|tp2_pp2_killed|vpp2_killed)
     [ $case_name != vpp2_killed ] || grep -q "over NCCL on the device.*(the interleaved schedule" "$work/clean.out" ||
         fail "the interleaved pipeline is not over NCCL: $(grep -m1 "pipeline:" "$work/clean.out")"
     run f "$cudasim" cuda "${pp[@]}" --inject "kill@rank=$victim,step=2"; ok f
-    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
-    grep -q "loads the checkpoint of iteration 1" "$work/f.out" ||
-        fail "not resumed from the checkpoint: $(grep supervisor "$work/f.out")"
-    same_losses clean f "the faulty run logged other numbers than the fault-free one"
-    ckpt_same "$(ckpt clean)" "$(ckpt f)"
+    resumed_bitwise clean
     ;;
 vpp2_group)
     tiny_model --train-iters $iters --global-batch-size 10
@@ -611,11 +616,7 @@ vpp2_group)
     same_losses cuda again "two stand-in runs differ"
     ckpt_same "$(ckpt cuda)" "$(ckpt again)"
     run f "$cudasim" cuda "${flags[@]}" --inject "kill@rank=1,step=2"; ok f
-    grep -q "in-process restart into generation 2" "$work/f.out" || fail "no restart: $(grep supervisor "$work/f.out")"
-    grep -q "loads the checkpoint of iteration 1" "$work/f.out" ||
-        fail "not resumed from the checkpoint: $(grep supervisor "$work/f.out")"
-    same_losses cuda f "the faulty run logged other numbers than the fault-free one"
-    ckpt_same "$(ckpt cuda)" "$(ckpt f)"
+    resumed_bitwise cuda
     ;;
 pp2_nan)
     pp=(--nproc-per-node 2 --pipeline-model-parallel-size 2 $quick)

@@ -61,37 +61,26 @@ deterministic)
         fail "two stand-in runs under different thread orders differ: $(losses "$work/m1.jsonl") / $(losses "$work/m2.jsonl")"
     [ "$(grep -c lm_loss "$work/m1.jsonl")" -ge 3 ] || fail "metrics file has too few lines"
     ;;
-bf16_recompute)
-    b16=(--bf16 --hidden-dropout 0.1 --attention-dropout 0.1)
-    runs=(plain "--recompute-granularity selective --recompute-modules layernorm core_attn mlp"
+bf16_recompute|bf16_recompute_moe)
+    # bf16_recompute_moe: bf16 activations in a MoE model (every second layer; their input
+    # stored in bf16, the router and the shared expert reading it widened): selective
+    # recomputation of the norms, attention and the MoE layers, and full recomputation, give
+    # bitwise the same losses and gradient norms as none (the recomputed MoE forward widens
+    # the same bf16 input)
+    b16=(--bf16 --hidden-dropout 0.1 --attention-dropout 0.1); mod=mlp
+    said="the norms', attention's and GELU's outputs in bf16"
+    if [ $case_name = bf16_recompute_moe ]; then
+        b16+=(--disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --moe-layer-freq 2
+              --moe-shared-expert-intermediate-size 32 --moe-grouped-gemm --moe-aux-loss-coeff 1e-2)
+        mod=moe said="outputs in bf16 (the MoE layers' inputs too)"
+    fi
+    runs=(plain "--recompute-granularity selective --recompute-modules layernorm core_attn $mod"
           "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
     for r in 0 1 2; do
         extra=(); [ $r -gt 0 ] && extra=(${runs[r]})
         COHORT_CUDASIM_SEED=$((r + 1)) "$cudasim" train "${tiny[@]}" "${b16[@]}" "${extra[@]}" --device cuda \
             --metrics-file "$work/m$r.jsonl" >"$work/out$r" 2>&1 || fail "run $r (${runs[r]}): $(tail -5 "$work/out$r")"
-        grep -q "the norms', attention's and GELU's outputs in bf16" "$work/out$r" ||
-            fail "run $r: no bf16 activations: $(grep -m1 'activation memory' "$work/out$r")"
-        [ $r -eq 0 ] || [ "$(gn "$work/m0.jsonl")" = "$(gn "$work/m$r.jsonl")" ] ||
-            fail "${runs[r]} against none: $(gn "$work/m0.jsonl") / $(gn "$work/m$r.jsonl")"
-    done
-    [ "$(grep -c lm_loss "$work/m0.jsonl")" -ge 3 ] || fail "metrics file has too few lines"
-    ;;
-bf16_recompute_moe)
-    # bf16 activations in a MoE model (every second layer; their input stored in bf16, the
-    # router and the shared expert reading it widened): selective recomputation of the
-    # norms, attention and the MoE layers, and full recomputation, give bitwise the same
-    # losses and gradient norms as none (the recomputed MoE forward widens the same bf16 input)
-    b16=(--bf16 --hidden-dropout 0.1 --attention-dropout 0.1 --disable-bias-linear --num-experts 4 --moe-router-topk 2
-         --moe-ffn-hidden-size 48 --moe-layer-freq 2 --moe-shared-expert-intermediate-size 32 --moe-grouped-gemm
-         --moe-aux-loss-coeff 1e-2)
-    runs=(plain "--recompute-granularity selective --recompute-modules layernorm core_attn moe"
-          "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
-    for r in 0 1 2; do
-        extra=(); [ $r -gt 0 ] && extra=(${runs[r]})
-        "$cudasim" train "${tiny[@]}" "${b16[@]}" "${extra[@]}" --device cuda \
-            --metrics-file "$work/m$r.jsonl" >"$work/out$r" 2>&1 || fail "run $r (${runs[r]}): $(tail -5 "$work/out$r")"
-        grep -q "outputs in bf16 (the MoE layers' inputs too)" "$work/out$r" ||
-            fail "run $r: no bf16 activations in the MoE layers: $(grep -m1 'activation memory' "$work/out$r")"
+        grep -q "$said" "$work/out$r" || fail "run $r: no bf16 activations: $(grep -m1 'activation memory' "$work/out$r")"
         [ $r -eq 0 ] || [ "$(gn "$work/m0.jsonl")" = "$(gn "$work/m$r.jsonl")" ] ||
             fail "${runs[r]} against none: $(gn "$work/m0.jsonl") / $(gn "$work/m$r.jsonl")"
     done
