@@ -1206,10 +1206,15 @@ static const char *evict_refusal(svp_evict_verdict e) {
 /* An eviction decided in an earlier iteration (--straggler-evict-after) is carried out once a
  * report of a later one comes (a step boundary, as a quarantine): a warm spare takes the
  * straggler's rank and its shard's state from a peer in an in-process restart, its process
- * (with node granularity its node's) is stopped. Where that cannot be, it is said and the job
- * goes on. True if the restart began. */
-static bool evict_straggler(sv *s, int64_t it) {
+ * (with node granularity its node's) is stopped. The last rank writes the log line and the
+ * metrics record of each iteration after its verdict: evicting it, the boundary is its own
+ * report of a later iteration (from: the sender), which it sends after that record on the
+ * same connection, so the record is in before its process is stopped (another rank's report
+ * of that iteration can come first). Where the eviction cannot be, it is said and the job goes
+ * on. True if the restart began. */
+static bool evict_straggler(sv *s, int64_t it, const worker *from) {
     if (s->evict_rank < 0 || it <= s->evict_after) return false;
+    if (s->evict_rank == s->world - 1 && from->rank != s->evict_rank) return false;
     int r = s->evict_rank;
     s->evict_rank = -1;
     worker *w = rank_slot(s, r);
@@ -1260,7 +1265,7 @@ static void on_report(sv *s, worker *w, const Cohort__V1__Envelope *e) {
     int quarantine = -1;
     bool sum = e->body_case == COHORT__V1__ENVELOPE__BODY_PARAMS_CHECKSUM;
     int64_t it = (int64_t)(sum ? e->params_checksum->iteration : e->loss_report->iteration);
-    if (retire_quarantined(s, it) || evict_straggler(s, it)) return;
+    if (retire_quarantined(s, it) || evict_straggler(s, it, w)) return;
     if (w->state == SVP_REGISTERED) sv__w_set(w, SVP_TRAINING);
     int st = w->rank < 0 ? 0
              : sum      ? svv_on_checksum(s->val, w->rank, e->params_checksum, why, sizeof why, &quarantine)
