@@ -154,8 +154,8 @@ test)
     # two-minute soak, with its own check of the planner, runs here in suite fault); suite
     # 'matrix_full', the layouts x features matrix's cells beyond its trimmed set; suite
     # 'cudasim_full', the stand-in's second case of a layout or feature; suite 'fault_full',
-    # the elastic node-loss cases of model-parallel layouts beyond the pipeline's: `meson test -C build
-    # --suite NAME`)
+    # the elastic node-loss cases of model-parallel layouts and the random injector's short job:
+    # `meson test -C build --suite NAME`)
     MESON_TESTTHREADS=${MESON_TESTTHREADS:-4} run_suite build --timeout-multiplier 2 --no-suite serial --no-suite soak \
         --no-suite matrix_full --no-suite cudasim_full --no-suite fault_full
     # The sanitizer trees hold no CUDA code (no GPU test runs there) and build only what their
