@@ -68,20 +68,23 @@ static bool side_ready(kb_backend *b) {
 
 void *cu_side_stream(kb_backend *b) { return side_ready(b) ? (void *)cu_st(b)->side : NULL; }
 
+// `to` waits (on the device) for everything queued on `from` so far, through event ev
+static void stream_after(kb_backend *b, cudaEvent_t ev, cudaStream_t from, cudaStream_t to, const char *what) {
+    cudaError_t e = cudaEventRecord(ev, from);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(to, ev, 0);
+    cu_check(b, e, what);
+}
+
 void cu_side_fork(kb_backend *b) {
     if (!side_ready(b) || !cu_enter(b)) return;
     cu_state *st = cu_st(b);
-    cudaError_t e = cudaEventRecord(st->ev_fork, st->stream);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(st->side, st->ev_fork, 0);
-    cu_check(b, e, "side_fork");
+    stream_after(b, st->ev_fork, st->stream, st->side, "side_fork");
 }
 
 void cu_side_join(kb_backend *b) {
     if (!side_ready(b) || !cu_enter(b)) return;
     cu_state *st = cu_st(b);
-    cudaError_t e = cudaEventRecord(st->ev_join, st->side);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(st->stream, st->ev_join, 0);
-    cu_check(b, e, "side_join");
+    stream_after(b, st->ev_join, st->side, st->stream, "side_join");
 }
 
 void cu_side_release(cu_state *st) {
